@@ -1,0 +1,179 @@
+"""Cumulative error curves: how error grows node by node under a quantization config.
+
+For each config, the metric between every normal node's output and the float model's, in
+topological order (x = node index). Beside it, the *local* error of each node: its error
+when its own inputs are quantized from float values and nothing upstream is, which tells
+a node that is bad by itself from one that only inherits error.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import numpy as np
+
+from .errors import PTQError
+from .metrics import get_metrics
+from .progress import Progress
+from .sensitivity import _json_safe, engine_for, sample_indices
+
+KINDS = ("weight", "activation")
+
+
+@dataclasses.dataclass
+class Curves:
+    """``values[config][k]`` is the metric at ``nodes[k]`` (tensor ``tensors[k]``)."""
+
+    metric: str
+    nodes: list
+    tensors: list
+    values: dict
+    configs: dict  # label -> calibration nodes quantized
+    local: list | None = None  # local error per node under full quantization (None if not fed)
+    average_mode: bool = False
+    samples: int = 0
+    png: str | None = None
+
+    def worst(self, label, k=3):
+        """The ``k`` nodes with the worst value in a config's curve, worst first."""
+        m = get_metrics(self.metric)[0]
+        order = sorted(range(len(self.nodes)), key=lambda i: m.sort_key(self.values[label][i]))
+        return [(self.nodes[i], self.values[label][i]) for i in order[:k]]
+
+    def to_dict(self):
+        return _json_safe(dataclasses.asdict(self))
+
+
+def configs_from(engine, quantize_node=None, non_quantize_node=None):
+    """``{label: calibration nodes quantized}`` from the seed's argument forms.
+
+    ``['weight', 'activation']``: one config per kind (only those quantized); a list of
+    names: one config per name; a list of lists: one config per inner list. With
+    ``non_quantize_node`` the same forms give "everything but those".
+    """
+    qm = engine.qmodel
+    every = list(engine.calib_names)
+    if quantize_node is not None and non_quantize_node is not None:
+        raise PTQError("give quantize_node or non_quantize_node, not both")
+    spec, invert = (quantize_node, False) if quantize_node is not None else (non_quantize_node, True)
+    if spec is None:
+        return {"all quantized": every}
+    if isinstance(spec, str):
+        spec = [spec]
+    configs = {}
+    for entry in spec:
+        if isinstance(entry, str) and entry in KINDS:
+            names = [c.name for c in qm.of_kind(entry) if c.bypassable]
+            label = f"{entry} only" if not invert else f"all but {entry}"
+        else:
+            group = [entry] if isinstance(entry, str) else list(entry)
+            names = qm.resolve_calibration(group)
+            label = ("+".join(group) if not invert else "all but " + "+".join(group))
+        chosen = set(names)
+        configs[label] = [c for c in every if (c in chosen) != invert]
+    return configs
+
+
+def get_acc_error(engine, configs, metric="cosine-similarity", data_num=None, local=True, progress=True):
+    """Compute the curves (no plot). Memory: one sample's activations at a time."""
+    m = get_metrics(metric)[0]
+    indices = sample_indices(engine, data_num)
+    qm = engine.qmodel
+    tensor_of = {}
+    for n in qm.normal.values():
+        t = next((o for o in n.outputs if o in engine.probe_tensors), None)
+        if t is not None:
+            tensor_of[n.name] = t
+    nodes, tensors = list(tensor_of), list(tensor_of.values())
+    states = {label: [m.new() for _ in tensors] for label in configs}
+    local_states = [m.new() for _ in tensors] if local else None
+    with Progress(len(indices) * (len(configs) + 1), "error curves", enabled=progress) as bar:
+        for i in indices:
+            if local:
+                ref, local_vals = engine.local(i)
+                for k, t in enumerate(tensors):
+                    if t in local_vals:
+                        m.update(local_states[k], ref[t], local_vals[t])
+            else:
+                ref = engine.run(i, (), tensors, kind="probe")
+            ref = {t: ref[t] for t in tensors}
+            bar.advance()
+            for label, quantized in configs.items():
+                out = engine.run(i, quantized, tensors, kind="probe")
+                for k, t in enumerate(tensors):
+                    m.update(states[label][k], ref[t], out[t])
+                del out
+                bar.advance()
+            del ref
+    values = {label: [m.value(s) for s in st] for label, st in states.items()}
+    fed = {n for n in qm.normal if qm.normal[n].calibration_inputs}
+    local_vals = ([m.value(s) if nodes[k] in fed else None for k, s in enumerate(local_states)]
+                  if local else None)
+    return Curves(metric=m.name, nodes=nodes, tensors=tensors, values=values, configs=configs,
+                  local=local_vals, samples=len(indices))
+
+
+def running_mean(values):
+    arr = np.asarray(values, dtype=np.float64)
+    return list(np.cumsum(arr) / np.arange(1, len(arr) + 1))
+
+
+def plot_curves(curves, path, title=None, annotate=3):
+    """Write the curves as a PNG: node index on x, the metric on y, worst points named."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    m = get_metrics(curves.metric)[0]
+    fig, ax = plt.subplots(figsize=(12, 5.5), dpi=100)
+    x = np.arange(len(curves.nodes))
+    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for k, (label, vals) in enumerate(curves.values.items()):
+        ys = running_mean(vals) if curves.average_mode else vals
+        colour = colours[k % len(colours)]
+        ax.plot(x, ys, marker=".", markersize=3, linewidth=1.2, color=colour, label=label)
+        order = sorted(range(len(ys)), key=lambda i: m.sort_key(ys[i]))[:annotate]
+        for i in order:
+            ax.annotate(curves.nodes[i], (x[i], ys[i]), textcoords="offset points", xytext=(4, -12 if m.higher_is_better else 6),
+                        fontsize=7, color=colour, arrowprops=dict(arrowstyle="-", color=colour, lw=0.5))
+    if curves.local is not None:
+        idx = [i for i, v in enumerate(curves.local) if v is not None]
+        ax.scatter(idx, [curves.local[i] for i in idx], s=10, marker="x", color="grey",
+                   label="local error (float inputs, full quantization)", zorder=3)
+    mode = " (running mean)" if curves.average_mode else ""
+    ax.set_title(title or f"Cumulative {curves.metric}{mode} vs float model, {curves.samples} sample(s)")
+    ax.set_xlabel("normal node index (topological order)")
+    ax.set_ylabel(curves.metric + (" (higher is better)" if m.higher_is_better else " (lower is better)"))
+    ax.ticklabel_format(axis="y", useOffset=False)
+    ax.grid(True, alpha=0.3)
+    ax.legend(loc="best", fontsize=8)
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def plot_acc_error(save_dir, calibrated_data=None, model_or_file=None, quantize_node=None,
+                   non_quantize_node=None, metric="cosine-similarity", average_mode=False,
+                   data_num=None, float_model=None, local=True, progress=True, filename=None):
+    """Cumulative error curves of each config, written to ``save_dir`` as a PNG.
+
+    Returns :class:`Curves`; ``curves.png`` is the written file.
+    """
+    if model_or_file is None:
+        raise PTQError("plot_acc_error needs model_or_file (the calibrated model)")
+    engine = engine_for(model_or_file, calibrated_data, float_model=float_model)
+    configs = configs_from(engine, quantize_node, non_quantize_node)
+    curves = get_acc_error(engine, configs, metric, data_num, local=local, progress=progress)
+    curves.average_mode = average_mode
+    name = filename or f"acc_error_{'_'.join(_slug(c) for c in configs)[:80]}.png"
+    curves.png = str(plot_curves(curves, Path(save_dir) / name))
+    return curves
+
+
+def _slug(text):
+    return "".join(ch if ch.isalnum() else "-" for ch in text).strip("-")

@@ -1,0 +1,238 @@
+"""Calibration data: the seed's folder layout, stacked arrays, or an in-memory mapping.
+
+Samples load lazily, one at a time, so memory stays bounded by one sample whatever the
+number of samples.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+from .errors import PTQError
+
+_NP_OF_ONNX = {
+    onnx.TensorProto.FLOAT: np.float32, onnx.TensorProto.FLOAT16: np.float16,
+    onnx.TensorProto.DOUBLE: np.float64, onnx.TensorProto.INT64: np.int64,
+    onnx.TensorProto.INT32: np.int32, onnx.TensorProto.INT8: np.int8,
+    onnx.TensorProto.UINT8: np.uint8, onnx.TensorProto.BOOL: np.bool_,
+}
+
+
+def _numeric_key(path):
+    m = re.search(r"(\d+)", path.stem)
+    return (int(m.group(1)) if m else -1, path.name)
+
+
+class _Source:
+    """The samples of one input: files, or rows of a stacked array, or a list."""
+
+    def __init__(self, where, items):
+        self.where = where  # for messages
+        self.items = items
+
+    def __len__(self):
+        return len(self.items)
+
+    def describe(self, i):
+        item = self.items[i]
+        return str(item[0]) if isinstance(item, tuple) else str(item) if isinstance(item, Path) else f"{self.where}[{i}]"
+
+    def header(self, i):
+        """(shape, dtype) of sample i without reading its values where possible."""
+        item = self.items[i]
+        if isinstance(item, Path):
+            try:
+                arr = np.load(item, mmap_mode="r", allow_pickle=False)
+            except Exception as exc:
+                raise PTQError(f"calibration file {str(item)!r} is not a readable .npy array "
+                               f"({type(exc).__name__}); re-save it with numpy.save") from None
+            return arr.shape, arr.dtype
+        arr = self.load(i)
+        return arr.shape, arr.dtype
+
+    def load(self, i):
+        item = self.items[i]
+        if isinstance(item, Path):
+            try:
+                return np.load(item, allow_pickle=False)
+            except Exception as exc:
+                raise PTQError(f"calibration file {str(item)!r} is not a readable .npy array "
+                               f"({type(exc).__name__}); re-save it with numpy.save") from None
+        if isinstance(item, tuple):  # (file, stacked array, row)
+            return np.asarray(item[1][item[2]])
+        return np.asarray(item)
+
+
+class CalibrationData:
+    """Samples for every model input, validated against the model.
+
+    ``sample(i)`` returns ``{input name: array}`` with the batch dimension the model expects.
+    """
+
+    def __init__(self, sources, where):
+        self.sources = sources
+        self.where = where
+        counts = {k: len(v) for k, v in sources.items()}
+        if len(set(counts.values())) > 1:
+            raise PTQError(f"calibration data {where!r} has different sample counts per input "
+                           f"({counts}); give every input the same number of samples")
+        self.count = next(iter(counts.values())) if counts else 0
+        if self.count == 0:
+            raise PTQError(f"calibration data {where!r} holds no samples; add at least one .npy per input")
+        self.indices = list(range(self.count))
+
+    def __len__(self):
+        return len(self.indices)
+
+    @property
+    def names(self):
+        return list(self.sources)
+
+    def limit(self, data_num):
+        """Keep the first ``data_num`` samples (deterministic); None keeps all."""
+        if data_num is None:
+            return self
+        if int(data_num) < 1:
+            raise PTQError(f"data_num must be at least 1, got {data_num}")
+        self.indices = list(range(min(int(data_num), self.count)))
+        return self
+
+    def validate(self, qmodel):
+        """Check input names, ranks, static dims and dtypes against the model (headers only)."""
+        expected = qmodel.input_names
+        missing = [n for n in expected if n not in self.sources]
+        extra = [n for n in self.sources if n not in expected]
+        if missing:
+            hint = f" (it has {extra})" if extra else ""
+            raise PTQError(f"calibration data {self.where!r} has no samples for model input "
+                           f"{missing[0]!r}{hint}; add a folder {missing[0]!r} with one .npy per sample")
+        if extra:
+            raise PTQError(f"calibration data {self.where!r} has samples for {extra[0]!r}, which is not "
+                           f"an input of {qmodel.source!r} (inputs: {expected}); rename or remove it")
+        self.expected = {}
+        for name in expected:
+            tt = qmodel.inputs[name].type.tensor_type
+            dims = [d.dim_value if d.HasField("dim_value") else None for d in tt.shape.dim]
+            dtype = _NP_OF_ONNX.get(tt.elem_type)
+            self.expected[name] = (dims, dtype)
+            src = self.sources[name]
+            for i in self.indices:
+                shape, dt = src.header(i)
+                _check_shape(name, src.describe(i), shape, dt, dims, dtype)
+        return self
+
+    def sample(self, i):
+        """The ``i``-th selected sample, as float arrays shaped for the model."""
+        idx = self.indices[i]
+        out = {}
+        for name, src in self.sources.items():
+            arr = src.load(idx)
+            dims, dtype = getattr(self, "expected", {}).get(name, (None, None))
+            if dims is not None and arr.ndim == len(dims) - 1:
+                arr = arr[None]
+            if dtype is not None and arr.dtype != dtype:
+                arr = arr.astype(dtype)
+            if arr.dtype.kind == "f" and not np.isfinite(arr).all():
+                bad = int((~np.isfinite(arr)).sum())
+                raise PTQError(f"calibration sample {src.describe(idx)!r} for input {name!r} holds "
+                               f"{bad} NaN/Inf values; fix the preprocessing or drop the sample")
+            out[name] = np.ascontiguousarray(arr)
+        return out
+
+    def __iter__(self):
+        for i in range(len(self)):
+            yield self.sample(i)
+
+
+def _check_shape(name, where, shape, dt, dims, dtype):
+    if dims is None:
+        return
+    if len(shape) == len(dims) - 1:  # a sample saved without its batch dim
+        shape = (1, *shape)
+    if len(shape) != len(dims):
+        raise PTQError(f"calibration sample {where!r} for input {name!r} has shape {tuple(shape)} but "
+                       f"the model expects rank {len(dims)} ({_fmt(dims)}); save one preprocessed sample per file")
+    for k, (got, want) in enumerate(zip(shape, dims)):
+        if want and got != want:
+            raise PTQError(f"calibration sample {where!r} for input {name!r} has shape {tuple(shape)} but "
+                           f"the model expects {_fmt(dims)} (dim {k} differs); check resizing and layout "
+                           f"(NCHW vs NHWC)")
+    if dtype is not None and np.dtype(dt).kind != np.dtype(dtype).kind:
+        raise PTQError(f"calibration sample {where!r} for input {name!r} has dtype {np.dtype(dt)} but the "
+                       f"model expects {np.dtype(dtype)}; convert it with astype before saving")
+
+
+def _fmt(dims):
+    return "[" + ", ".join("?" if d is None else str(d) for d in dims) + "]"
+
+
+def load_data(calibrated_data, qmodel=None, data_num=None):
+    """Open calibration data and validate it against ``qmodel`` when given.
+
+    Accepted forms: a folder ``DIR/<input>/<i>.npy`` (numeric order), a folder of
+    ``<input>.npy`` stacked arrays (samples on axis 0), a single ``.npz`` (one key per input,
+    samples stacked on axis 0), or a mapping ``{input: [array, ...]}``.
+    """
+    if isinstance(calibrated_data, CalibrationData):
+        data = calibrated_data
+    elif isinstance(calibrated_data, dict):
+        data = CalibrationData({k: _Source(f"{k}", list(v) if not isinstance(v, np.ndarray) else list(v))
+                                for k, v in calibrated_data.items()}, "<mapping>")
+    else:
+        path = Path(os.fspath(calibrated_data))
+        if path.is_file() and path.suffix == ".npz":
+            data = CalibrationData(_open_npz(path), str(path))
+        elif path.is_dir():
+            data = CalibrationData(_open_dir(path), str(path))
+        elif path.exists():
+            raise PTQError(f"calibration data {str(path)!r} is neither a folder nor an .npz file; "
+                           "give a folder with one sub-folder of .npy files per model input")
+        else:
+            raise PTQError(f"calibration data {str(path)!r} does not exist; give a folder with one "
+                           "sub-folder of .npy files per model input")
+    data.limit(data_num)
+    if qmodel is not None:
+        data.validate(qmodel)
+    return data
+
+
+def _open_npz(path):
+    try:
+        npz = np.load(path, allow_pickle=False)
+        arrays = {k: npz[k] for k in npz.files}
+    except (zipfile.BadZipFile, OSError, ValueError) as exc:
+        raise PTQError(f"calibration file {str(path)!r} is not a readable .npz archive "
+                       f"({type(exc).__name__}); re-save it with numpy.savez") from None
+    return {k: _Source(f"{path}:{k}", [(f"{path}:{k}[{i}]", a, i) for i in range(len(a))])
+            for k, a in arrays.items()}
+
+
+def _open_dir(path):
+    subdirs = sorted(p for p in path.iterdir() if p.is_dir() and not p.name.startswith("."))
+    stacked = sorted(p for p in path.glob("*.npy"))
+    sources = {}
+    for d in subdirs:
+        files = sorted(d.glob("*.npy"), key=_numeric_key)
+        if not files:
+            raise PTQError(f"calibration folder {str(d)!r} holds no .npy files; save one sample per file "
+                           "as 0.npy, 1.npy, ...")
+        sources[d.name] = _Source(str(d), files)
+    for f in stacked:
+        if f.stem in sources:
+            continue
+        try:
+            arr = np.load(f, mmap_mode="r", allow_pickle=False)
+        except Exception as exc:
+            raise PTQError(f"calibration file {str(f)!r} is not a readable .npy array "
+                           f"({type(exc).__name__}); re-save it with numpy.save") from None
+        sources[f.stem] = _Source(str(f), [(f"{f}[{i}]", arr, i) for i in range(len(arr))])
+    if not sources:
+        raise PTQError(f"calibration data {str(path)!r} holds neither input folders nor .npy files; "
+                       "lay it out as DIR/<input name>/<i>.npy")
+    return sources

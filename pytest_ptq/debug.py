@@ -1,0 +1,30 @@
+"""The seed-compatible API: ``import pytest_ptq.debug as dbg``.
+
+Names and parameter names follow the seed tool (``horizon_nn.debug``) so its users feel at
+home. Every function takes ``model_or_file`` (a path, a ModelProto, or an :class:`Engine`
+to reuse one compiled model across calls) and ``calibrated_data`` (a folder, an ``.npz``,
+or ``{input name: [arrays]}``), returns plain data, and writes only under ``save_dir``.
+"""
+
+from .curves import Curves, configs_from, get_acc_error, plot_acc_error
+from .engine import Engine
+from .errors import PTQError
+from .metrics import METRICS, compare
+from .model import QuantModel
+from .sensitivity import Sensitivity, get_sensitivity_of_nodes
+
+
+def load_sensitivity(path):
+    """Read a sensitivity result written by ``Sensitivity.save`` or ``--json``."""
+    return Sensitivity.load(path)
+
+
+def save_sensitivity(result, path):
+    """Write a sensitivity result as JSON; returns the path."""
+    return result.save(path)
+
+
+__all__ = [
+    "Curves", "Engine", "METRICS", "PTQError", "QuantModel", "Sensitivity", "compare", "configs_from",
+    "get_acc_error", "get_sensitivity_of_nodes", "load_sensitivity", "plot_acc_error", "save_sensitivity",
+]

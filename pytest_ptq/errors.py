@@ -1,0 +1,24 @@
+"""Errors the user can act on.
+
+Every error raised on bad input is a :class:`PTQError` whose message is one sentence
+naming the file, node or input at fault and what to do; the CLI prints it and exits 2.
+"""
+
+
+class PTQError(ValueError):
+    """Bad input or an unsupported model: the message says what to do."""
+
+
+def closest(name, candidates, n=3):
+    """Up to ``n`` names from ``candidates`` that look like ``name``, best first."""
+    import difflib
+
+    return difflib.get_close_matches(str(name), list(candidates), n=n, cutoff=0.4)
+
+
+def unknown(kind, name, candidates):
+    """A PTQError for an unknown ``kind`` called ``name``, suggesting the closest names."""
+    near = closest(name, candidates)
+    hint = f"; did you mean {', '.join(repr(c) for c in near)}?" if near else (
+        f"; known {kind}s are listed by `ptq-debug list-nodes`" if kind == "node" else "")
+    return PTQError(f"unknown {kind} {name!r}{hint}")

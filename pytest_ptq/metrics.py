@@ -1,0 +1,182 @@
+"""Metrics between a float reference and a quantized tensor, pooled over samples.
+
+Each metric keeps running sums, so a value over many samples equals the value over the
+samples concatenated, with memory bounded by one sample. ``higher_is_better`` tells the
+sort order: similarities rank ascending (worst first), errors descending (worst first).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .errors import PTQError, unknown
+
+
+class Metric:
+    name = ""
+    higher_is_better = False
+    doc = ""
+
+    def new(self):
+        return np.zeros(self._slots, dtype=np.float64)
+
+    def worst(self, values):
+        """The worst of several values (min for similarities, max for errors)."""
+        values = [v for v in values if not math.isnan(v)] or [math.nan]
+        return min(values) if self.higher_is_better else max(values)
+
+    def sort_key(self, value):
+        """Key that sorts worst first."""
+        if math.isnan(value):
+            return -math.inf
+        return value if self.higher_is_better else -value
+
+    def worse(self, a, b):
+        """True when value ``a`` is worse than value ``b``."""
+        return a < b if self.higher_is_better else a > b
+
+
+def _pair(ref, test):
+    r = np.asarray(ref, dtype=np.float64).ravel()
+    t = np.asarray(test, dtype=np.float64).ravel()
+    return r, t
+
+
+class Cosine(Metric):
+    name, higher_is_better, _slots = "cosine-similarity", True, 3
+    doc = "cosine of the angle between the flattened tensors (1 = identical direction)"
+
+    def update(self, s, ref, test):
+        r, t = _pair(ref, test)
+        s += (r @ t, r @ r, t @ t)
+
+    def value(self, s):
+        if s[1] == 0 and s[2] == 0:
+            return 1.0
+        if s[1] == 0 or s[2] == 0:
+            return 0.0
+        return float(s[0] / math.sqrt(s[1] * s[2]))
+
+
+class MSE(Metric):
+    name, _slots = "mse", 2
+    doc = "mean squared error"
+
+    def update(self, s, ref, test):
+        r, t = _pair(ref, test)
+        d = t - r
+        s += (d @ d, d.size)
+
+    def value(self, s):
+        return float(s[0] / s[1]) if s[1] else 0.0
+
+
+class MRE(Metric):
+    name, _slots = "mre", 2
+    doc = "mean relative error: mean |test - ref| over mean |ref|"
+
+    def update(self, s, ref, test):
+        r, t = _pair(ref, test)
+        s += (np.abs(t - r).sum(), np.abs(r).sum())
+
+    def value(self, s):
+        if s[1] == 0:
+            return 0.0 if s[0] == 0 else math.inf
+        return float(s[0] / s[1])
+
+
+class SQNR(Metric):
+    name, higher_is_better, _slots = "sqnr", True, 2
+    doc = "signal to quantization noise ratio in dB: 10 log10(sum ref^2 / sum (test - ref)^2)"
+
+    def update(self, s, ref, test):
+        r, t = _pair(ref, test)
+        d = t - r
+        s += (r @ r, d @ d)
+
+    def value(self, s):
+        if s[1] == 0:
+            return math.inf
+        if s[0] == 0:
+            return -math.inf
+        return float(10 * math.log10(s[0] / s[1]))
+
+
+class Chebyshev(Metric):
+    name, _slots = "chebyshev", 1
+    doc = "largest absolute difference"
+
+    def update(self, s, ref, test):
+        r, t = _pair(ref, test)
+        if r.size:
+            s[0] = max(s[0], float(np.abs(t - r).max()))
+
+    def value(self, s):
+        return float(s[0])
+
+
+class L1(Metric):
+    name, _slots = "l1", 2
+    doc = "mean absolute difference"
+
+    def update(self, s, ref, test):
+        r, t = _pair(ref, test)
+        s += (np.abs(t - r).sum(), r.size)
+
+    def value(self, s):
+        return float(s[0] / s[1]) if s[1] else 0.0
+
+
+class KL(Metric):
+    name, _slots = "kl", 2
+    doc = "KL(softmax(ref) || softmax(test)) over the last axis, mean over rows, in nats"
+
+    def update(self, s, ref, test):
+        r = np.asarray(ref, dtype=np.float64)
+        t = np.asarray(test, dtype=np.float64)
+        if r.ndim == 0:
+            r, t = r.reshape(1, 1), t.reshape(1, 1)
+        r = r.reshape(-1, r.shape[-1])
+        t = t.reshape(-1, t.shape[-1])
+        lp = r - r.max(axis=1, keepdims=True)
+        lp -= np.log(np.exp(lp).sum(axis=1, keepdims=True))
+        lq = t - t.max(axis=1, keepdims=True)
+        lq -= np.log(np.exp(lq).sum(axis=1, keepdims=True))
+        s += ((np.exp(lp) * (lp - lq)).sum(), r.shape[0])
+
+    def value(self, s):
+        return float(max(s[0], 0.0) / s[1]) if s[1] else 0.0
+
+
+METRICS = {m.name: m for m in (Cosine(), MSE(), MRE(), SQNR(), Chebyshev(), L1(), KL())}
+_ALIASES = {"cosine": "cosine-similarity", "cos": "cosine-similarity", "cosine_similarity": "cosine-similarity",
+            "max-abs": "chebyshev", "mae": "l1"}
+
+
+def get_metrics(metrics):
+    """Metric objects for a name or a list of names (first one decides the sort order)."""
+    if metrics is None:
+        metrics = ["cosine-similarity"]
+    if isinstance(metrics, str):
+        metrics = [metrics]
+    out = []
+    for m in metrics:
+        key = _ALIASES.get(str(m).lower(), str(m).lower())
+        if key not in METRICS:
+            raise unknown("metric", m, list(METRICS))
+        out.append(METRICS[key])
+    if not out:
+        raise PTQError("no metric given; use one of " + ", ".join(METRICS))
+    return out
+
+
+def compare(ref, test, metrics=("cosine-similarity",)):
+    """All ``metrics`` between two arrays: ``{metric name: value}``."""
+    result = {}
+    for m in get_metrics(list(metrics)):
+        s = m.new()
+        m.update(s, ref, test)
+        result[m.name] = m.value(s)
+    return result

@@ -1,0 +1,239 @@
+"""Node sensitivity: the error of the model output when only one node is quantized.
+
+The headline value of a node, per metric, pools every selected sample (the metric of the
+samples concatenated) and takes the worst over the compared outputs (the lowest similarity
+or the highest error). Per-output and per-sample values are kept beside it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from . import __version__
+from .engine import Engine
+from .errors import PTQError, unknown
+from .metrics import get_metrics
+from .outputs import parse_outputs
+from .progress import Progress
+from .tables import format_table
+
+NODE_TYPES = ("node", "weight", "activation")
+
+
+def engine_for(model_or_file, calibrated_data, float_model=None, **kw):
+    """Reuse an :class:`Engine` passed as ``model_or_file``; otherwise compile one."""
+    if isinstance(model_or_file, Engine):
+        if calibrated_data is not None and model_or_file.data is None:
+            from .data import load_data
+
+            model_or_file.data = load_data(calibrated_data, model_or_file.qmodel)
+        return model_or_file
+    return Engine(model_or_file, calibrated_data, float_model=float_model, **kw)
+
+
+def sample_indices(engine, data_num):
+    if engine.data is None:
+        raise PTQError("no calibration data was given; pass calibrated_data (a folder or a mapping)")
+    n = len(engine.data)
+    if data_num is not None:
+        if int(data_num) < 1:
+            raise PTQError(f"data_num must be at least 1, got {data_num}")
+        n = min(n, int(data_num))
+    return list(range(n))
+
+
+def targets_for(engine, node_type, interested_nodes=None):
+    """``{target name: calibration nodes quantized}`` for a node type, in graph order."""
+    qm = engine.qmodel
+    if node_type not in NODE_TYPES:
+        raise unknown("node_type", node_type, NODE_TYPES)
+    if node_type == "node":
+        targets = {n.name: [c for c in n.calibration_inputs if c in engine._flag]
+                   for n in qm.normal.values() if n.calibration_inputs}
+    else:
+        targets = {c.name: [c.name] for c in qm.of_kind(node_type) if c.bypassable}
+    if interested_nodes:
+        chosen = {}
+        wanted = [interested_nodes] if isinstance(interested_nodes, str) else list(interested_nodes)
+        for name in wanted:
+            if name in targets:
+                chosen[name] = targets[name]
+            elif name in qm.calibration or name in qm.normal:
+                raise PTQError(f"node {name!r} is not a {node_type} node "
+                               f"(it is a {_kind_of(qm, name)} node); use node_type="
+                               f"{_kind_of(qm, name)!r} or pick from the {node_type} nodes")
+            else:
+                raise unknown("node", name, list(targets))
+        targets = chosen
+    return {k: v for k, v in targets.items() if v}
+
+
+def _kind_of(qm, name):
+    return qm.calibration[name].kind if name in qm.calibration else "node"
+
+
+class Sensitivity(dict):
+    """Ordered ``{node: {metric: value}}``, most sensitive first by the first metric.
+
+    ``details[node]`` holds ``per_output`` ({output: {metric: value}}), ``per_sample``
+    ({metric: [value per sample]}) and descriptive fields (kind, threshold, bit, feeds).
+    """
+
+    def __init__(self, node_type="node", metrics=(), outputs=(), samples=0, model="", details=None):
+        super().__init__()
+        self.node_type, self.metrics, self.outputs = node_type, list(metrics), list(outputs)
+        self.samples, self.model, self.details = samples, model, dict(details or {})
+
+    @property
+    def ranking(self):
+        return list(self)
+
+    def rows(self):
+        rows = []
+        for name, values in self.items():
+            row = {"node": name, **values}
+            d = self.details.get(name, {})
+            for key in ("feeds", "threshold", "bit", "op_type", "spread"):
+                if key in d:
+                    row[key] = d[key]
+            rows.append(row)
+        return rows
+
+    def table(self, limit=None):
+        """The seed's table: node, metrics, then threshold/bit (activation) and fed nodes."""
+        cols = ["node"] + list(self.metrics)
+        if self.node_type == "activation":
+            cols += ["threshold", "bit"]
+        if self.node_type in ("weight", "activation"):
+            cols += ["feeds"]
+        else:
+            cols += ["op_type"]
+        return format_table(self.rows(), cols, limit)
+
+    def to_dict(self):
+        return {"tool": "pytest-ptq", "version": __version__, "model": self.model,
+                "node_type": self.node_type, "metrics": list(self.metrics), "outputs": list(self.outputs),
+                "samples": self.samples, "ranking": list(self),
+                "values": {k: dict(v) for k, v in self.items()}, "details": self.details}
+
+    def save(self, path):
+        """Write the result as JSON (sorted keys, ranking order kept in ``ranking``)."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(_json_safe(self.to_dict()), indent=1, sort_keys=True))
+        return path
+
+    @classmethod
+    def from_dict(cls, d):
+        s = cls(node_type=d["node_type"], metrics=d["metrics"], outputs=d.get("outputs", []),
+                samples=d.get("samples", 0), model=d.get("model", ""),
+                details={k: _json_restore(v) for k, v in d.get("details", {}).items()})
+        for name in d["ranking"]:
+            dict.__setitem__(s, name, _json_restore(d["values"][name]))
+        return s
+
+    @classmethod
+    def load(cls, path):
+        try:
+            return cls.from_dict(json.loads(Path(path).read_text()))
+        except (OSError, ValueError, KeyError) as exc:
+            raise PTQError(f"sensitivity file {str(path)!r} cannot be read ({type(exc).__name__}: {exc}); "
+                           "write it with Sensitivity.save or --json") from None
+
+
+def _json_safe(obj):
+    """Infinities as strings: JSON has no inf, and browsers reject Python's ``Infinity``."""
+    if isinstance(obj, float) and (math.isinf(obj) or math.isnan(obj)):
+        return str(obj)
+    if isinstance(obj, dict):
+        return {str(k): _json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_json_safe(v) for v in obj]
+    if hasattr(obj, "item") and callable(obj.item):
+        return _json_safe(obj.item())
+    return obj
+
+
+def _json_restore(obj):
+    if isinstance(obj, str) and obj in ("inf", "-inf", "nan"):
+        return float(obj)
+    if isinstance(obj, dict):
+        return {k: _json_restore(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_json_restore(v) for v in obj]
+    return obj
+
+
+def score_configs(engine, configs, metrics, specs, indices, progress=None):
+    """Pooled metric states for each config: ``{label: (pooled, per_sample)}``.
+
+    ``configs``: ``{label: calibration nodes quantized}``. Samples are the outer loop so
+    that only one sample's tensors are alive at a time; the float reference of each sample
+    is computed once and shared by every config.
+    """
+    tensors = list(dict.fromkeys(s.tensor for s in specs))
+    pooled = {label: {(s.name, m.name): m.new() for s in specs for m in metrics} for label in configs}
+    per_sample = {label: {m.name: [] for m in metrics} for label in configs}
+    for i in indices:
+        ref = engine.reference(i, tensors)
+        for label, quantized in configs.items():
+            out = engine.run(i, quantized, tensors)
+            for m in metrics:
+                sample_vals = []
+                for s in specs:
+                    r, t = s.take(ref[s.tensor]), s.take(out[s.tensor])
+                    m.update(pooled[label][(s.name, m.name)], r, t)
+                    one = m.new()
+                    m.update(one, r, t)
+                    sample_vals.append(m.value(one))
+                per_sample[label][m.name].append(m.worst(sample_vals))
+            if progress is not None:
+                progress.advance()
+    return {label: ({k: m_state for k, m_state in pooled[label].items()}, per_sample[label])
+            for label in configs}
+
+
+def get_sensitivity_of_nodes(model_or_file, metrics=("cosine-similarity",), calibrated_data=None,
+                             output_node=None, node_type="node", data_num=None, verbose=False,
+                             interested_nodes=None, float_model=None, progress=None):
+    """Sensitivity of each node of ``node_type``: the output error with only it quantized.
+
+    For a normal node, its calibration inputs are quantized together. Returns a
+    :class:`Sensitivity`, most sensitive first by the first metric (similarities
+    ascending, errors descending).
+    """
+    engine = engine_for(model_or_file, calibrated_data, float_model=float_model)
+    metric_objs = get_metrics(metrics)
+    specs = parse_outputs(output_node, engine.qmodel)
+    indices = sample_indices(engine, data_num)
+    targets = targets_for(engine, node_type, interested_nodes)
+    show = verbose if progress is None else progress
+    with Progress(len(indices) * len(targets), f"sensitivity ({node_type})", enabled=bool(show)) as bar:
+        scores = score_configs(engine, targets, metric_objs, specs, indices, bar)
+    qm = engine.qmodel
+    result = Sensitivity(node_type=node_type, metrics=[m.name for m in metric_objs],
+                         outputs=[s.name for s in specs], samples=len(indices), model=qm.source)
+    entries = {}
+    for name, (pooled, per_sample) in scores.items():
+        per_output = {s.name: {m.name: m.value(pooled[(s.name, m.name)]) for m in metric_objs} for s in specs}
+        headline = {m.name: m.worst([per_output[s.name][m.name] for s in specs]) for m in metric_objs}
+        entries[name] = headline
+        result.details[name] = {**_describe(qm, name, node_type, targets[name]),
+                                "per_output": per_output, "per_sample": per_sample}
+    first = metric_objs[0]
+    for name in sorted(entries, key=lambda n: first.sort_key(entries[n][first.name])):
+        dict.__setitem__(result, name, entries[name])
+    if verbose:
+        print(result.table())
+    return result
+
+
+def _describe(qm, name, node_type, quantized):
+    if node_type == "node":
+        n = qm.normal[name]
+        return {"kind": "node", "op_type": n.op_type, "calibration_nodes": list(quantized)}
+    c = qm.calibration[name]
+    return {"kind": c.kind, "threshold": c.threshold, "bit": c.bit, "feeds": list(c.consumers),
+            "per_channel": c.per_channel, "input": c.input}

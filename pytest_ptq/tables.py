@@ -1,0 +1,34 @@
+"""Plain-text tables, as the seed tool prints them."""
+
+from __future__ import annotations
+
+import math
+
+
+def fmt(value):
+    if isinstance(value, float):
+        if math.isinf(value) or math.isnan(value):
+            return str(value)
+        if value != 0 and (abs(value) < 1e-3 or abs(value) >= 1e5):
+            return f"{value:.4e}"
+        return f"{value:.6f}"
+    if isinstance(value, (list, tuple)):
+        return ",".join(str(v) for v in value)
+    return str(value)
+
+
+def format_table(rows, columns, limit=None):
+    """``rows``: list of dicts; ``columns``: keys to show, in order. Returns one string."""
+    shown = rows if limit is None else rows[:limit]
+    cells = [[str(c) for c in columns]] + [[fmt(r.get(c, "")) for c in columns] for r in shown]
+    widths = [max(len(row[k]) for row in cells) for k in range(len(columns))]
+    line = "+" + "+".join("-" * (w + 2) for w in widths) + "+"
+    out = [line]
+    for k, row in enumerate(cells):
+        out.append("| " + " | ".join(v.ljust(w) for v, w in zip(row, widths)) + " |")
+        if k == 0:
+            out.append(line)
+    out.append(line)
+    if limit is not None and len(rows) > limit:
+        out.append(f"... {len(rows) - limit} more")
+    return "\n".join(out)
