@@ -57,6 +57,10 @@ def session_options(optimization="all"):
     so = ort.SessionOptions()
     so.graph_optimization_level = getattr(ort.GraphOptimizationLevel, _LEVELS[optimization])
     so.add_session_config_entry("session.disable_quant_qdq", "1")
+    # An engine holds many sessions run one after another: threads left spinning by one
+    # starve the next (measured: a float pass 6x slower with spinning on).
+    so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    so.add_session_config_entry("session.inter_op.allow_spinning", "0")
     so.log_severity_level = 3
     return so
 
@@ -85,7 +89,7 @@ class Engine:
     """
 
     def __init__(self, model_or_file, calibrated_data=None, float_model=None, data_num=None,
-                 optimization="all", providers=None, check=True, alternatives=None):
+                 optimization="all", providers=None, check=True, alternatives=None, segments=None):
         if isinstance(model_or_file, QuantModel):
             self.qmodel = model_or_file
         else:
@@ -105,6 +109,9 @@ class Engine:
         self._alt = {name: f"{ALT_PREFIX}{k}" for k, name in enumerate(self.alternatives)}
         self._true, self._false = np.array(True), np.array(False)
         self._sessions = {}
+        self._segments_count = segments
+        self._segments = None
+        self._last_sample = None
         self._ref_cache, self._ref_bytes = {}, 0
         self.model_outputs = list(self.qmodel.output_names)
         self.probe_tensors = [t for n in self.qmodel.normal.values() for t in n.outputs
@@ -281,6 +288,15 @@ class Engine:
             self._sessions[kind] = make_session(model, self.optimization, self.providers)
         return self._sessions[kind]
 
+    @property
+    def segments(self):
+        """The segmented runner for model outputs (None when ``segments=0``)."""
+        if self._segments is None and self._segments_count != 0:
+            from .segments import Segments
+
+            self._segments = Segments(self, self._segments_count)
+        return self._segments
+
     # -- running -----------------------------------------------------------------------
     def feeds(self, sample, quantized=(), alternative=()):
         """Model inputs plus one flag per calibration node (True = quantized), and one per
@@ -298,9 +314,12 @@ class Engine:
         return feeds
 
     def sample(self, i):
+        """Sample ``i`` of the data; the last one is kept, since analyses loop samples outermost."""
         if self.data is None:
             raise PTQError("no calibration data was given; pass calibrated_data")
-        return self.data.sample(i)
+        if self._last_sample is None or self._last_sample[0] != i:
+            self._last_sample = (i, self.data.sample(i))
+        return self._last_sample[1]
 
     def run(self, sample, quantized=(), tensors=None, kind=None, alternative=()):
         """Tensors of one sample (an index or a feed dict) under a config.
@@ -309,8 +328,10 @@ class Engine:
         ``tensors``: the tensor names to return (default: the model outputs).
         ``alternative``: quantized nodes that use their alternative parameters.
         """
+        key = None
         if isinstance(sample, (int, np.integer)):
-            sample = self.sample(int(sample))
+            key = int(sample)
+            sample = self.sample(key)
         if isinstance(quantized, str) and quantized == "all":
             quantized = self.calib_names
         tensors = list(tensors or self.model_outputs)
@@ -322,9 +343,10 @@ class Engine:
             missing = [t for t in tensors if t not in self.model_outputs and t not in self.probe_tensors]
             raise PTQError(f"tensor {missing[0]!r} is not a float output of a normal node of "
                            f"{self.qmodel.source!r}; name a model output or a node output")
-        sess = self.session(kind)
         try:
-            values = sess.run(tensors, self.feeds(sample, quantized, alternative))
+            if kind == "main" and self.segments is not None:
+                return self._run_segmented(key, sample, quantized, alternative, tensors)
+            values = self.session(kind).run(tensors, self.feeds(sample, quantized, alternative))
         except PTQError:
             raise
         except Exception as exc:
@@ -332,6 +354,12 @@ class Engine:
             raise PTQError(f"onnxruntime failed to run {self.qmodel.source!r} on the calibration "
                            f"data ({msg}); check the data's shapes and dtypes") from None
         return dict(zip(tensors, values))
+
+    def _run_segmented(self, key, sample, quantized, alternative, tensors):
+        feeds = self.feeds({}, quantized, alternative)
+        seg = self.segments
+        touched = {seg.segment_of_gate[name] for name in quantized if name in seg.segment_of_gate}
+        return seg.run(key, sample, feeds, touched, tensors)
 
     def reference(self, i, tensors=None):
         """Float (all bypassed) values of sample ``i``; model outputs are cached per sample."""

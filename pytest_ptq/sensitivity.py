@@ -183,10 +183,9 @@ def score_configs(engine, configs, metrics, specs, indices, progress=None):
             for m in metrics:
                 sample_vals = []
                 for s in specs:
-                    r, t = s.take(ref[s.tensor]), s.take(out[s.tensor])
-                    m.update(pooled[label][(s.name, m.name)], r, t)
                     one = m.new()
-                    m.update(one, r, t)
+                    m.update(one, s.take(ref[s.tensor]), s.take(out[s.tensor]))
+                    m.merge(pooled[label][(s.name, m.name)], one)
                     sample_vals.append(m.value(one))
                 per_sample[label][m.name].append(m.worst(sample_vals))
             if progress is not None:

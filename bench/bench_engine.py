@@ -1,0 +1,137 @@
+"""Benchmark: sensitivity of every activation node by the engine vs the floor and a naive rebuild.
+
+Prints, measured in one run on the same machine:
+  (a) the engine's time for the sensitivity of all activation nodes,
+  (b) the floor: configs x samples x one plain forward pass of the float model (Q/DQ removed),
+  (c) the same sensitivity by a naive rebuild of model and session per config,
+and the ratios (a)/(b) (target <= 1.3) and (c)/(a) (target >= 3). Machines are shared and
+noisy, so per-pass times are medians and the figures to quote are the ratios.
+
+Usage: python bench/bench_engine.py [MODEL DATA] [--data-num N] [--naive-configs K]
+Without MODEL/DATA it uses the example suite's PP-OCRv4 text detector (prepared on demand).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from pytest_ptq.engine import Engine, make_session  # noqa: E402
+from pytest_ptq.metrics import compare  # noqa: E402
+from pytest_ptq.model import QuantModel  # noqa: E402
+from pytest_ptq.sensitivity import get_sensitivity_of_nodes  # noqa: E402
+
+
+def rewire(qm, keep):
+    """A copy of the QDQ model in which only the calibration nodes in ``keep`` remain.
+
+    This is what a user would write by hand: drop every other pair and reconnect its
+    consumers to the pair's float input.
+    """
+    model = onnx.ModelProto()
+    model.CopyFrom(qm.model)
+    rename, dropped = {}, set()
+    for c in qm.calibration.values():
+        if c.name in keep or not c.bypassable:
+            continue
+        for dq in c.dq_nodes:
+            rename[dq.output[0]] = c.float_weight or c.input
+            dropped.add(dq.name)
+        if c.q_node is not None:
+            dropped.add(c.q_node.name)
+    nodes = [n for n in model.graph.node if n.name not in dropped]
+    for n in nodes:
+        for k, i in enumerate(n.input):
+            if i in rename:
+                n.input[k] = rename[i]
+    # an output produced by a removed DQ keeps its name through an Identity
+    nodes += [onnx.helper.make_node("Identity", [rename[o.name]], [o.name])
+              for o in model.graph.output if o.name in rename]
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
+    for name, value in qm.float_weights.items():
+        model.graph.initializer.append(onnx.numpy_helper.from_array(value, name))
+    return model
+
+
+def median_pass(session, feeds, repeats=7):
+    for _ in range(2):
+        session.run(None, feeds)
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        session.run(None, feeds)
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("model", nargs="?")
+    p.add_argument("data", nargs="?")
+    p.add_argument("--data-num", type=int, default=1)
+    p.add_argument("--naive-configs", type=int, default=None,
+                   help="time the naive rebuild on this many configs and extrapolate. Default: all")
+    args = p.parse_args(argv)
+    if args.model is None:
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "example_suite"))
+        from prepare import prepare
+
+        paths = prepare(verbose=False)
+        det = paths["det"] if "det" in paths else next(iter(paths.values()))
+        args.model, args.data = det["calibrated_model"], det["calibration_data"]
+
+    qm = QuantModel(args.model)
+    acts = [c.name for c in qm.of_kind("activation")]
+    print(f"model {args.model}: {len(qm.calibration)} calibration nodes, {len(acts)} activation; "
+          f"{args.data_num} sample(s)")
+
+    engine = Engine(qm, args.data, data_num=args.data_num)
+    samples = [engine.sample(i) for i in range(len(engine.data))]
+    configs = len(acts) * len(samples)
+
+    # (b) the floor: plain float forward passes (Q/DQ removed), same optimisation level
+    float_session = make_session(rewire(qm, set()), "all")
+    per_pass = statistics.median(median_pass(float_session, s) for s in samples)
+    floor = per_pass * configs
+
+    # (a) the engine, compile included
+    t0 = time.perf_counter()
+    engine = Engine(qm, args.data, data_num=args.data_num)
+    result = get_sensitivity_of_nodes(engine, ["cosine-similarity"], node_type="activation", progress=False)
+    t_engine = time.perf_counter() - t0
+
+    # (c) naive: a rebuilt model and session per config
+    chosen = acts if args.naive_configs is None else acts[: args.naive_configs]
+    t0 = time.perf_counter()
+    naive = {}
+    ref = [float_session.run(None, s) for s in samples]
+    for name in chosen:
+        sess = make_session(rewire(qm, {name}), "all")
+        outs = [sess.run(None, s) for s in samples]
+        naive[name] = min(compare(np.concatenate([r[k].ravel() for r in ref]),
+                                  np.concatenate([o[k].ravel() for o in outs]))["cosine-similarity"]
+                          for k in range(len(ref[0])))
+    t_naive = (time.perf_counter() - t0) * len(acts) / len(chosen)
+
+    agree = max(abs(naive[n] - result[n]["cosine-similarity"]) for n in chosen)
+    print(f"float forward pass (median)      : {per_pass * 1e3:8.1f} ms")
+    print(f"(a) engine, all activation nodes : {t_engine:8.2f} s")
+    print(f"(b) floor, {configs} float passes : {floor:8.2f} s")
+    print(f"(c) naive rebuild per config     : {t_naive:8.2f} s"
+          + ("" if len(chosen) == len(acts) else f" (extrapolated from {len(chosen)} configs)"))
+    print(f"(a)/(b) = {t_engine / floor:.2f}   (target <= 1.3)")
+    print(f"(c)/(a) = {t_naive / t_engine:.2f}   (target >= 3)")
+    print(f"largest |cosine difference| engine vs naive: {agree:.2e}")
+
+
+if __name__ == "__main__":
+    main()

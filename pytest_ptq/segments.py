@@ -1,0 +1,245 @@
+"""Segmented execution: configs reuse the float prefix they share with the reference.
+
+The instrumented graph is cut, in topological order, into a chain of segments. Each
+segment is compiled twice: a *float* form (every gate replaced by a pass-through, weights
+constant, so onnxruntime prepacks and fuses as in the float model) and a *gated* form
+(its calibration nodes switchable by feeds). For a config, everything before the first
+segment it touches equals the float reference and is taken from the reference's cached
+boundary tensors; touched segments run gated, the others float. A config that quantizes
+one node therefore costs its downstream part of a float pass, plus one gated segment.
+"""
+
+from __future__ import annotations
+
+import math
+
+import onnx
+from onnx import helper
+
+from .errors import PTQError
+
+
+def _subgraph_refs(graph, bound):
+    """Names a subgraph reads from the enclosing scope."""
+    bound = set(bound) | {i.name for i in graph.input} | {i.name for i in graph.initializer}
+    refs = []
+    for node in graph.node:
+        for i in node.input:
+            if i and i not in bound:
+                refs.append(i)
+        for a in node.attribute:
+            for g in ([a.g] if a.type == onnx.AttributeProto.GRAPH else
+                      list(a.graphs) if a.type == onnx.AttributeProto.GRAPHS else []):
+                refs += _subgraph_refs(g, bound)
+        bound.update(node.output)
+    return refs
+
+
+def node_refs(node):
+    """Explicit inputs plus names read implicitly by the node's subgraphs, in order, unique."""
+    refs = [i for i in node.input if i]
+    for a in node.attribute:
+        for g in ([a.g] if a.type == onnx.AttributeProto.GRAPH else
+                  list(a.graphs) if a.type == onnx.AttributeProto.GRAPHS else []):
+            refs += _subgraph_refs(g, ())
+    return list(dict.fromkeys(refs))
+
+
+class Segments:
+    """A chain of segment sessions over the instrumented model of an :class:`Engine`."""
+
+    def __init__(self, engine, count=None):
+        self.engine = engine
+        qm = engine.qmodel
+        model = engine._instrumented()
+        self.template = model
+        graph = model.graph
+        self.inits = {i.name: i for i in graph.initializer}
+        self.nodes = self._constants_late(list(graph.node))
+        self.flag_names = set(engine._flag.values()) | set(engine._alt.values())
+        self.model_inputs = [i.name for i in graph.input if i.name not in self.flag_names
+                             and i.name not in self.inits]
+        self.outputs = [o.name for o in graph.output]
+        self.types = dict(qm.value_types)
+        self.gate_of = {}  # node index -> calibration node name
+        self.float_src = {}
+        for k, n in enumerate(self.nodes):
+            if n.op_type == "If" and n.name.startswith("ptq_if::"):
+                name = n.name[len("ptq_if::"):]
+                self.gate_of[k] = name
+                c = qm.calibration[name]
+                self.float_src[name] = c.float_weight or c.input
+        self.refs = [node_refs(n) for n in self.nodes]
+        self._plan(count)
+        self._sessions = {}
+        self._state = None  # (sample key, boundary values) of the last reference
+
+    def _constants_late(self, nodes):
+        """Move every node computed from constants only (weight gates, weight DQs, Constant)
+        to just before its first consumer.
+
+        Quantizers emit weight Q/DQ first; left there, a dequantized weight would cross
+        segment boundaries as a fed tensor, and onnxruntime cannot prepack a fed weight.
+        """
+        constant = set(self.inits)
+        deferred = {}  # output name -> node
+        order, emitted = [], set()
+
+        def emit(node):
+            if id(node) in emitted:
+                return
+            emitted.add(id(node))
+            for r in node_refs(node):
+                if r in deferred:
+                    emit(deferred[r])
+            order.append(node)
+
+        for node in nodes:
+            refs = node_refs(node)
+            if node.op_type != "If" or node.name.startswith("ptq_if::"):
+                if all(r in constant for r in refs if not r.startswith("ptq_flag::")
+                       and not r.startswith("ptq_alt::")):
+                    constant.update(node.output)
+                    for o in node.output:
+                        deferred[o] = node
+                    continue
+            emit(node)
+        for node in nodes:
+            emit(node)
+        return order
+
+    # -- planning ------------------------------------------------------------------------
+    def _plan(self, count):
+        n = len(self.nodes)
+        produced = {}
+        for k, node in enumerate(self.nodes):
+            for o in node.output:
+                produced[o] = k
+        last_use = {}
+        for k, refs in enumerate(self.refs):
+            for r in refs:
+                last_use[r] = k
+        for o in self.outputs:
+            last_use[o] = n
+        for i in self.model_inputs:
+            produced.setdefault(i, -1)
+        self.produced, self.last_use = produced, last_use
+        gates = len(self.gate_of)
+        if count is None:
+            count = max(1, min(16, round(math.sqrt(max(gates, 1)))))
+        count = max(1, min(count, n))
+        cuts = [0]
+        for j in range(1, count):
+            target = j * n / count
+            window = range(max(cuts[-1] + 1, int(target - n / (4 * count))),
+                           min(n, int(target + n / (4 * count)) + 1))
+            best = None
+            for p in window:
+                live = self.live(p)
+                if any(t not in self.types and t not in self.model_inputs for t in live):
+                    continue  # a boundary tensor of unknown type cannot be a segment input
+                if best is None or len(live) < best[0]:
+                    best = (len(live), p)
+            if best is not None:
+                cuts.append(best[1])
+        cuts.append(n)
+        self.cuts = cuts
+        self.cut_live = [self.live(c) for c in cuts]
+        self.segment_of_gate = {}
+        for j in range(len(cuts) - 1):
+            for k in range(cuts[j], cuts[j + 1]):
+                if k in self.gate_of:
+                    self.segment_of_gate[self.gate_of[k]] = j
+
+    def live(self, p):
+        """Tensors computed before node ``p`` (or fed) that node ``p`` or later still reads."""
+        return [t for t, k in self.produced.items() if k < p <= self.last_use.get(t, -1)
+                and t not in self.inits]
+
+    def __len__(self):
+        return len(self.cuts) - 1
+
+    # -- compilation ---------------------------------------------------------------------
+    def _segment_model(self, j, gated):
+        lo, hi = self.cuts[j], self.cuts[j + 1]
+        nodes, flags = [], []
+        for k in range(lo, hi):
+            node = self.nodes[k]
+            if k in self.gate_of and not gated:
+                src = self.float_src[self.gate_of[k]]
+                nodes += [helper.make_node("Identity", [src], [o]) for o in node.output]
+            else:
+                nodes.append(node)
+                if k in self.gate_of:
+                    name = self.gate_of[k]
+                    flags.append(self.engine._flag[name])
+                    if name in self.engine._alt:
+                        flags.append(self.engine._alt[name])
+        produced = {o for nd in nodes for o in nd.output}
+        refs = list(dict.fromkeys(r for nd in nodes for r in node_refs(nd)))
+        inputs = [r for r in refs if r not in produced and r not in self.inits and r not in flags]
+        used_inits = [self.inits[r] for r in refs if r in self.inits]
+        outputs = [o for o in produced if self.last_use.get(o, -1) >= hi]
+        model = onnx.ModelProto()
+        model.CopyFrom(self.template)
+        g = model.graph
+        del g.node[:], g.input[:], g.output[:], g.initializer[:], g.value_info[:]
+        g.node.extend(nodes)
+        g.initializer.extend(used_inits)
+        for name in inputs:
+            g.input.append(helper.make_tensor_value_info(name, self._type(name), None))
+        for name in flags:
+            g.input.append(helper.make_tensor_value_info(name, onnx.TensorProto.BOOL, []))
+        for name in outputs:
+            g.output.append(helper.make_tensor_value_info(name, self._type(name), None))
+        return model, inputs, flags, outputs
+
+    def _type(self, name):
+        if name in self.types:
+            return self.types[name]
+        for i in self.template.graph.input:
+            if i.name == name:
+                return i.type.tensor_type.elem_type
+        raise PTQError(f"tensor {name!r} has no known type; run onnx shape inference on the model")
+
+    def session(self, j, gated):
+        key = (j, gated)
+        if key not in self._sessions:
+            from .engine import make_session
+
+            model, inputs, flags, outputs = self._segment_model(j, gated)
+            self._sessions[key] = (make_session(model, self.engine.optimization, self.engine.providers),
+                                   inputs, flags, outputs)
+        return self._sessions[key]
+
+    # -- running ---------------------------------------------------------------------------
+    def _run_segment(self, j, values, gated, flag_values):
+        sess, inputs, flags, outputs = self.session(j, gated)
+        feeds = {name: values[name] for name in inputs}
+        for f in flags:
+            feeds[f] = flag_values[f]
+        values.update(zip(outputs, sess.run(outputs, feeds)))
+
+    def reference(self, key, sample):
+        """Float run of a sample; keeps the values at every segment boundary for reuse."""
+        if self._state is not None and self._state[0] == key and key is not None:
+            return self._state[1]
+        values = dict(sample)
+        boundaries = []
+        for j in range(len(self)):
+            boundaries.append({t: values[t] for t in self.cut_live[j] if t in values})
+            self._run_segment(j, values, False, None)
+        boundaries.append({t: values[t] for t in self.outputs})
+        self._state = (key, boundaries)
+        return boundaries
+
+    def run(self, key, sample, flag_values, touched, tensors):
+        """Model outputs of a sample under a config: float prefix reused, then the rest."""
+        boundaries = self.reference(key, sample)
+        if not touched:
+            return {t: boundaries[-1][t] for t in tensors}
+        first = min(touched)
+        values = dict(boundaries[first])
+        for j in range(first, len(self)):
+            self._run_segment(j, values, j in touched, flag_values)
+        return {t: values[t] for t in tensors}
