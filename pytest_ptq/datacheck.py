@@ -1,0 +1,697 @@
+"""Calibration data checks: rule out the data before blaming the quantization (seed 003).
+
+The checks read the raw ``.npy`` arrays themselves, so a folder that does not fit the
+model (NHWC data for an NCHW model, raw uint8 pixels) is diagnosed instead of rejected:
+
+* count against the 20-100 samples the seed recommends; NaN/Inf; constant samples (a plain
+  colour image); duplicate samples;
+* dtype and layout against the model input (``[1, H, W, 3]`` data for a ``[1, 3, H, W]``
+  input is NHWC);
+* value range against the range the input's Q/DQ pair was calibrated for, and the data's
+  own statistics (whole numbers in 0-255 are unnormalised pixels);
+* per-channel mean/std against expected preprocessing statistics or a held-out set:
+  reversed channel means are BGR data for an RGB model, shifted or scaled ones a
+  mean/scale mismatch;
+* with a held-out set, the fully quantized model's output metric on both sets: a model
+  that holds on the calibration data and fails on held-out data was calibrated on data
+  that do not represent what it will see.
+
+Each finding has a severity (``error``, ``warning``, ``info``) and a fix.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+from collections import Counter, defaultdict
+from pathlib import Path
+
+import numpy as np
+
+from .data import _NP_OF_ONNX, load_data
+from .errors import PTQError
+from .metrics import get_metrics
+from .model import QuantModel, load_model
+from .progress import Progress
+from .sensitivity import _json_safe
+
+SEVERITIES = ("error", "warning", "info")
+FEW_SAMPLES, MANY_SAMPLES = 20, 100
+# Share of values outside the calibrated input range above which the data cannot be the
+# data the model was calibrated for.
+CLIPPED_ERROR = 0.01
+# Data spanning less than this share of the calibrated input range are scaled down.
+NARROW_SHARE = 1 / 8
+# Channel means this many standard deviations apart differ; this close, they agree.
+MEAN_DIFFERS, MEAN_AGREES = 0.5, 0.25
+STD_RATIO = 1.5
+_SHOWN = 5
+# Errors after which the quantized model cannot run on the data or its result means nothing.
+_BLOCKING = {"inputs", "unreadable", "nan", "shape", "layout", "dtype", "preprocessing-differs"}
+
+
+@dataclasses.dataclass
+class Finding:
+    """One problem: ``check`` is a short code (``count``, ``nan``, ``constant``, ``duplicate``,
+    ``dtype``, ``layout``, ``shape``, ``inputs``, ``unreadable``, ``range``, ``range-narrow``,
+    ``raw-pixels``, ``colour-order``, ``channel-stats``, ``channel-scale``,
+    ``preprocessing-differs``, ``not-representative``, ``heldout-worse``,
+    ``heldout-clipping``, ``no-qdq``, ``heldout-skipped``)."""
+
+    check: str
+    severity: str
+    message: str
+    fix: str = ""
+    input: str | None = None
+    dataset: str = "calibration"
+    samples: list = dataclasses.field(default_factory=list)
+    details: dict = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass
+class DataReport:
+    """Findings, worst first, and the statistics they rest on; truthy when no error.
+
+    ``stats[dataset][input]``: samples, shape, dtype, layout, min/max/mean/std, channel
+    means/stds, the calibrated input range and the share of values outside it.
+    ``quantized``: ``{dataset: {metric: value}}`` of the fully quantized model against the
+    float model (with a held-out set).
+    """
+
+    findings: list
+    stats: dict
+    quantized: dict | None
+    model: str
+    data: str
+    heldout: str | None = None
+
+    def __bool__(self):
+        return not self.errors
+
+    @property
+    def errors(self):
+        return [f for f in self.findings if f.severity == "error"]
+
+    @property
+    def warnings(self):
+        return [f for f in self.findings if f.severity == "warning"]
+
+    def checks(self, severity=None):
+        """The check codes found (optionally of one severity), in report order."""
+        return [f.check for f in self.findings if severity is None or f.severity == severity]
+
+    def text(self):
+        lines = []
+        for f in self.findings:
+            where = f" [{f.dataset}:{f.input}]" if f.input else f" [{f.dataset}]"
+            lines.append(f"{f.severity.upper():7} {f.check}{where}: {f.message}")
+            if f.fix:
+                lines.append(f"        fix: {f.fix}")
+        if not self.findings:
+            lines.append("no problem found")
+        errors, warnings = len(self.errors), len(self.warnings)
+        lines.append(f"{errors} error(s), {warnings} warning(s), {len(self.findings) - errors - warnings} note(s)")
+        return "\n".join(lines)
+
+    def to_dict(self):
+        return _json_safe(dataclasses.asdict(self))
+
+    def save(self, path):
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(self.to_dict(), indent=1))
+        return path
+
+
+# -- the model side ---------------------------------------------------------------------------
+@dataclasses.dataclass
+class _InputSpec:
+    name: str
+    dims: list | None
+    dtype: object
+    range: tuple | None = None  # calibrated (lo, hi) of the input's Q/DQ pair
+    step: float = 0.0
+    channel_axis: int | None = None  # of the model's layout
+
+
+def _model_side(model_or_file, float_model):
+    """(QuantModel or None, {input: _InputSpec}, source)."""
+    try:
+        qm = QuantModel(model_or_file, float_model=float_model)
+        model, source = qm.model, qm.source
+    except PTQError as exc:
+        if "no QuantizeLinear/DequantizeLinear" not in str(exc):
+            raise
+        qm = None
+        model, path = load_model(model_or_file)
+        source = str(path) if path else "<ModelProto>"
+    inits = {i.name for i in model.graph.initializer}
+    specs = {}
+    for i in model.graph.input:
+        if i.name in inits:
+            continue
+        tt = i.type.tensor_type
+        dims = [d.dim_value if d.HasField("dim_value") else None for d in tt.shape.dim] if tt.HasField("shape") else None
+        specs[i.name] = _InputSpec(i.name, dims, _NP_OF_ONNX.get(tt.elem_type))
+        if dims and len(dims) >= 3:
+            specs[i.name].channel_axis = _model_channel_axis(dims)
+    if qm is not None:
+        for c in qm.of_kind("activation"):
+            if c.input in specs:
+                lo, hi = c.range()
+                specs[c.input].range = (float(np.min(lo)), float(np.max(hi)))
+                specs[c.input].step = float(np.max(c.scale))
+    return qm, specs, source
+
+
+def _model_channel_axis(dims):
+    """1 for an image-like NCHW input, the last axis for NHWC; 1 when it cannot be told."""
+    small = (1, 3, 4)
+    if len(dims) == 4:
+        if dims[1] in small and dims[3] not in small:
+            return 1
+        if dims[3] in small and dims[1] not in small:
+            return 3
+    return 1
+
+
+# -- the data side ----------------------------------------------------------------------------
+def _matches(shape, dims):
+    return len(shape) == len(dims) and all(d is None or d == 0 or s == d for s, d in zip(shape, dims))
+
+
+def _layout(shape, spec):
+    """(verdict, channel axis of the data, message, fix) for one sample shape."""
+    dims = spec.dims
+    if dims is None:
+        return "ok", None, "", ""
+    shape = tuple(shape)
+    if len(shape) == len(dims) - 1:  # saved without its batch dim
+        shape = (1, *shape)
+        off = 1
+    else:
+        off = 0
+    if len(shape) == len(dims) and _matches(shape, dims):
+        ax = spec.channel_axis
+        return "ok", (ax - off if ax is not None else None), "", ""
+    if len(shape) == 4 == len(dims):
+        n, a, b, c = shape
+        if _matches((n, c, a, b), dims):
+            return ("nhwc", 3 - off,
+                    f"samples are {list(shape)} (NHWC) but the model expects {_fmt(dims)} (NCHW)",
+                    "transpose each sample with np.transpose(a, (0, 3, 1, 2)) (HWC->CHW) before saving")
+        if _matches((n, b, c, a), dims):
+            return ("nchw", 1 - off,
+                    f"samples are {list(shape)} (NCHW) but the model expects {_fmt(dims)} (NHWC)",
+                    "transpose each sample with np.transpose(a, (0, 2, 3, 1)) (CHW->HWC) before saving")
+    return ("shape", None, f"samples are {list(shape)} but the model expects {_fmt(dims)}",
+            "resize/crop to the model's input size and save one preprocessed sample per file")
+
+
+def _fmt(dims):
+    return "[" + ", ".join("?" if not d else str(d) for d in dims) + "]"
+
+
+class _Stats:
+    """One pass over one input's samples: moments, extremes, channel moments, clipping."""
+
+    def __init__(self, spec):
+        self.spec = spec
+        self.n = 0
+        self.shapes, self.dtypes = Counter(), Counter()
+        self.lo, self.hi = math.inf, -math.inf
+        self.total = self.total_sq = 0.0
+        self.count = 0
+        self.integral = True
+        self.nonfinite, self.constant, self.unreadable = [], [], []
+        self.clipped = 0
+        self.layout = None
+        self.axis = None
+        self.layout_message = self.layout_fix = ""
+        self.ch_sum = self.ch_sq = None
+        self.ch_count = 0
+        self.digests = {}  # sample index -> digest of its array
+        self.wheres = {}
+
+    def add(self, arr, where, index):
+        self.n += 1
+        self.shapes[tuple(arr.shape)] += 1
+        self.dtypes[str(arr.dtype)] += 1
+        self.digests[index] = hashlib.blake2b(
+            arr.tobytes() + str(arr.shape).encode() + str(arr.dtype).encode(), digest_size=16).hexdigest()
+        self.wheres[index] = where
+        if self.layout is None:
+            self.layout, self.axis, self.layout_message, self.layout_fix = _layout(arr.shape, self.spec)
+        if arr.dtype.kind not in "fiub":
+            return
+        a = arr.astype(np.float64, copy=False)
+        finite = np.isfinite(a)
+        if not finite.all():
+            self.nonfinite.append(where)
+            a = np.where(finite, a, np.nan)
+        vals = a[finite] if not finite.all() else a.ravel()
+        if vals.size == 0:
+            return
+        lo, hi = float(vals.min()), float(vals.max())
+        if lo == hi:
+            self.constant.append(where)
+        self.lo, self.hi = min(self.lo, lo), max(self.hi, hi)
+        self.total += float(vals.sum())
+        self.total_sq += float(np.square(vals).sum())
+        self.count += vals.size
+        if self.integral and not np.all(vals == np.round(vals)):
+            self.integral = False
+        if self.spec.range is not None:
+            rlo, rhi = self.spec.range
+            tol = self.spec.step / 2
+            self.clipped += int(np.count_nonzero((vals < rlo - tol) | (vals > rhi + tol)))
+        if self.axis is not None and a.ndim > self.axis and a.shape[self.axis] <= 64 and finite.all():
+            other = tuple(k for k in range(a.ndim) if k != self.axis)
+            s, sq = a.sum(axis=other), np.square(a).sum(axis=other)
+            if self.ch_sum is None or self.ch_sum.shape != s.shape:
+                if self.ch_sum is not None:
+                    self.axis = None  # shapes vary: no channel statistics
+                    return
+                self.ch_sum, self.ch_sq = np.zeros_like(s), np.zeros_like(sq)
+            self.ch_sum += s
+            self.ch_sq += sq
+            self.ch_count += a.size // a.shape[self.axis]
+
+    def mean(self):
+        return self.total / self.count if self.count else math.nan
+
+    def std(self):
+        if not self.count:
+            return math.nan
+        return math.sqrt(max(self.total_sq / self.count - self.mean() ** 2, 0.0))
+
+    def channel_mean(self):
+        return self.ch_sum / self.ch_count if self.ch_sum is not None and self.ch_count else None
+
+    def channel_std(self):
+        m = self.channel_mean()
+        if m is None:
+            return None
+        return np.sqrt(np.maximum(self.ch_sq / self.ch_count - m**2, 0.0))
+
+    def to_dict(self):
+        shape = self.shapes.most_common(1)[0][0] if self.shapes else None
+        cm, cs = self.channel_mean(), self.channel_std()
+        return {"samples": self.n, "shape": list(shape) if shape else None,
+                "dtype": self.dtypes.most_common(1)[0][0] if self.dtypes else None,
+                "layout": self.layout, "channel_axis": self.axis,
+                "min": self.lo if self.count else None, "max": self.hi if self.count else None,
+                "mean": self.mean(), "std": self.std(), "whole_numbers": self.integral and self.count > 0,
+                "channel_mean": cm.tolist() if cm is not None else None,
+                "channel_std": cs.tolist() if cs is not None else None,
+                "calibrated_range": list(self.spec.range) if self.spec.range else None,
+                "clipped_share": self.clipped / self.count if self.count and self.spec.range else None}
+
+
+def _scan(data, specs, dataset, bar):
+    """Statistics of every input of ``data`` (a CalibrationData, unvalidated) and the
+    per-sample digests for duplicate detection."""
+    stats = {}
+    for name, src in data.sources.items():
+        st = _Stats(specs.get(name) or _InputSpec(name, None, None))
+        for i in range(len(src)):
+            try:
+                arr = src.load(i)
+            except PTQError:
+                st.unreadable.append(src.describe(i))
+                continue
+            st.add(np.asarray(arr), src.describe(i), i)
+            bar.advance()
+        stats[name] = st
+    return stats
+
+
+def _describe_scale(lo, hi, integral=False):
+    if lo >= 0 and hi <= 1.0 + 1e-6:
+        return "0-1"
+    if lo >= 0 and hi <= 255 and (integral or hi > 2):
+        return "0-255"
+    if lo < 0:
+        return "zero-centred (normalised)"
+    return "other"
+
+
+# -- findings -----------------------------------------------------------------------------------
+def _data_findings(stats, specs, dataset):
+    out = []
+    names = list(stats)
+    n = max((s.n for s in stats.values()), default=0)
+    if dataset == "calibration":
+        if n < FEW_SAMPLES:
+            out.append(Finding("count", "warning", f"{n} sample(s); calibration wants {FEW_SAMPLES}-{MANY_SAMPLES} "
+                               "representative samples, fewer give ranges that miss real data",
+                               f"add samples from the training/validation set up to {FEW_SAMPLES}-{MANY_SAMPLES}",
+                               dataset=dataset))
+        elif n > MANY_SAMPLES:
+            out.append(Finding("count", "info", f"{n} samples; beyond {MANY_SAMPLES} calibration is slower and "
+                               "rarely more accurate", f"use {FEW_SAMPLES}-{MANY_SAMPLES} representative samples",
+                               dataset=dataset))
+    missing = [k for k in specs if k not in stats]
+    extra = [k for k in stats if k not in specs]
+    for k in missing:
+        out.append(Finding("inputs", "error", f"no samples for model input {k!r} (the data hold {names})",
+                           f"add a folder {k!r} with one .npy per sample", input=k, dataset=dataset))
+    for k in extra:
+        out.append(Finding("inputs", "error", f"samples for {k!r}, which is not a model input "
+                           f"(inputs: {list(specs)})", "rename the folder after the model input or remove it",
+                           input=k, dataset=dataset))
+    for name, st in stats.items():
+        spec = st.spec
+        if st.unreadable:
+            out.append(Finding("unreadable", "error", f"{len(st.unreadable)} file(s) are not readable .npy arrays",
+                               "re-save them with numpy.save", name, dataset, st.unreadable[:_SHOWN]))
+        if st.nonfinite:
+            out.append(Finding("nan", "error", f"{len(st.nonfinite)} sample(s) hold NaN or Inf values",
+                               "fix the preprocessing (division by zero, log of 0) or drop these samples",
+                               name, dataset, st.nonfinite[:_SHOWN]))
+        if st.constant:
+            out.append(Finding("constant", "warning", f"{len(st.constant)} sample(s) hold a single value "
+                               "(a plain-colour or blank image); they narrow nothing and skew ranges",
+                               "replace them with representative samples", name, dataset, st.constant[:_SHOWN]))
+        if len(st.shapes) > 1:
+            out.append(Finding("shape", "error", f"samples have different shapes "
+                               f"({', '.join(str(list(s)) for s in list(st.shapes)[:3])})",
+                               "save every sample with the model's input shape", name, dataset))
+        if st.layout in ("nhwc", "nchw", "shape") and spec.dims is not None:
+            check = "layout" if st.layout in ("nhwc", "nchw") else "shape"
+            out.append(Finding(check, "error", st.layout_message, st.layout_fix, name, dataset,
+                               details={"layout": st.layout}))
+        if spec.dtype is not None and st.dtypes:
+            got = np.dtype(st.dtypes.most_common(1)[0][0])
+            want = np.dtype(spec.dtype)
+            if got.kind != want.kind:
+                out.append(Finding("dtype", "error", f"samples are {got} but the model input is {want}",
+                                   f"preprocess, then save with a.astype(np.{want.name})", name, dataset))
+            elif got != want:
+                out.append(Finding("dtype", "info", f"samples are {got}; they are converted to {want} on load",
+                                   f"save them as {want.name} to halve the files" if got.itemsize > want.itemsize else "",
+                                   name, dataset))
+        if dataset == "calibration":
+            # held-out values beyond the calibrated range are what the held-out comparison measures
+            out += _range_findings(name, st, spec, dataset)
+    groups = _duplicates(stats)
+    if groups:
+        shown = [" = ".join(Path(w).name if "/" in w else w for w in g[:3]) for g in groups[:_SHOWN]]
+        out.append(Finding("duplicate", "warning", f"{sum(len(g) - 1 for g in groups)} sample(s) repeat others "
+                           f"({'; '.join(shown)}); duplicates weigh their content twice",
+                           "drop the copies and add distinct samples", None, dataset, shown))
+    return out
+
+
+def _duplicates(stats):
+    """Groups of samples equal in every input, each as the first input's file names."""
+    if not stats:
+        return []
+    per_input = list(stats.values())
+    common = set.intersection(*(set(s.digests) for s in per_input))
+    groups = defaultdict(list)
+    for i in sorted(common):
+        groups[tuple(s.digests[i] for s in per_input)].append(per_input[0].wheres[i])
+    return [g for g in groups.values() if len(g) > 1]
+
+
+def _range_findings(name, st, spec, dataset):
+    out = []
+    if not st.count:
+        return out
+    scale = _describe_scale(st.lo, st.hi, st.integral)
+    consistent = True
+    if spec.range is not None:
+        rlo, rhi = spec.range
+        share = st.clipped / st.count
+        cal_scale = _describe_scale(rlo, rhi)
+        details = {"data_range": [st.lo, st.hi], "calibrated_range": [rlo, rhi], "clipped_share": share}
+        if share > CLIPPED_ERROR:
+            consistent = False
+            out.append(Finding(
+                "range", "error",
+                f"{share:.1%} of the values fall outside [{rlo:.4g}, {rhi:.4g}], the range the input's Q/DQ pair "
+                f"was calibrated for (data span [{st.lo:.4g}, {st.hi:.4g}], {scale}; calibrated: {cal_scale})",
+                "apply the model's own preprocessing (e.g. /255, then (x - mean) / std) before saving; if these "
+                "data are right, the model was calibrated on wrongly preprocessed data: re-calibrate",
+                name, dataset, details=details))
+        elif (st.hi - st.lo) < NARROW_SHARE * (rhi - rlo):
+            consistent = False
+            out.append(Finding(
+                "range-narrow", "warning",
+                f"the data span [{st.lo:.4g}, {st.hi:.4g}] ({scale}), only {(st.hi - st.lo) / (rhi - rlo):.1%} of "
+                f"the calibrated range [{rlo:.4g}, {rhi:.4g}] ({cal_scale}): scaled down (divided by 255 twice?)",
+                "preprocess exactly as for the data the model was calibrated on", name, dataset, details=details))
+    if scale == "0-255" and st.integral and st.hi > 1:
+        severity = "info" if spec.range is not None and consistent else "warning"
+        out.append(Finding(
+            "raw-pixels", severity,
+            f"the values are whole numbers in [{st.lo:.4g}, {st.hi:.4g}]: unnormalised 0-255 pixels",
+            "if the model was trained on x/255 or normalised inputs, apply that before saving"
+            + ("; the model was calibrated on the same scale" if severity == "info" else ""),
+            name, dataset))
+    return out
+
+
+def _channel_findings(name, cal, other, other_std, against, dataset="calibration"):
+    """Compare calibration channel means with ``other`` (expected or held-out means).
+
+    ``against`` names the reference in messages. Distances are in units of the channel std.
+    """
+    cm = cal.channel_mean()
+    if cm is None or other is None:
+        return []
+    other = np.asarray(other, dtype=np.float64)
+    if other.shape != cm.shape:
+        return [Finding("channel-stats", "warning", f"{len(cm)} data channels but {len(other)} {against} channel "
+                        "means; check the channel axis", "", name, dataset)]
+    cs = cal.channel_std()
+    scale = np.maximum((cs + (np.asarray(other_std) if other_std is not None else cs)) / 2, 1e-12)
+    d_same = float(np.max(np.abs(cm - other) / scale))
+    d_rev = float(np.max(np.abs(cm - other[::-1]) / scale))
+    details = {"channel_mean": cm.tolist(), "reference_mean": other.tolist(), "distance": d_same,
+               "distance_reversed": d_rev}
+    out = []
+    if len(cm) > 1 and d_same > MEAN_DIFFERS and d_rev < MEAN_AGREES:
+        out.append(Finding(
+            "colour-order", "error",
+            f"the channel means {_vec(cm)} match the {against} means {_vec(other)} in reverse order: the channels "
+            "are swapped (BGR vs RGB)",
+            "reverse the channel axis (a[:, ::-1] for NCHW, a[..., ::-1] for NHWC) in the preprocessing",
+            name, dataset, details=details))
+    elif d_same > MEAN_DIFFERS:
+        out.append(Finding(
+            "channel-stats", "warning",
+            f"the channel means {_vec(cm)} differ from the {against} means {_vec(other)} by up to {d_same:.2g} "
+            "standard deviations: a different mean/scale in the preprocessing",
+            "use the same mean and scale (mean_value / scale_value) as the model's training preprocessing",
+            name, dataset, details=details))
+    if other_std is not None:
+        ratio = cs / np.maximum(np.asarray(other_std, dtype=np.float64), 1e-12)
+        if np.any(ratio > STD_RATIO) or np.any(ratio < 1 / STD_RATIO):
+            out.append(Finding(
+                "channel-scale", "warning",
+                f"the channel standard deviations {_vec(cs)} are {_vec(ratio)} times the {against} ones: a "
+                "different scale (std / scale_value) in the preprocessing",
+                "divide by the same std (or multiply by the same scale_value) as at training", name, dataset,
+                details={"channel_std": cs.tolist(), "reference_std": list(map(float, other_std))}))
+    return out
+
+
+def _scale_class_findings(name, cal, held):
+    if not cal.count or not held.count:
+        return []
+    a = _describe_scale(cal.lo, cal.hi, cal.integral)
+    b = _describe_scale(held.lo, held.hi, held.integral)
+    if a == b:
+        return []
+    return [Finding("preprocessing-differs", "error",
+                    f"the calibration data are {a} (span [{cal.lo:.4g}, {cal.hi:.4g}]) but the held-out data are {b} "
+                    f"(span [{held.lo:.4g}, {held.hi:.4g}]): the two sets are preprocessed differently",
+                    "preprocess both sets with the same function as the model's training pipeline", name, "heldout")]
+
+
+def _vec(v):
+    return "[" + ", ".join(f"{x:.3g}" for x in np.asarray(v).ravel()) + "]"
+
+
+# -- held-out comparison --------------------------------------------------------------------------
+def _quantized_metrics(qm, data, metric, float_model, bar):
+    """Pooled metric (worst output) of the fully quantized model and the per-node share of
+    float activation values outside their calibrated range."""
+    from .engine import Engine
+
+    engine = Engine(qm, data, float_model=float_model, check=False)
+    states = {o: metric.new() for o in engine.model_outputs}
+    acts = [c for c in qm.of_kind("activation") if c.name in engine._flag]
+    clipped, counted = Counter(), Counter()
+    for i in range(len(engine.data)):
+        sample = engine.sample(i)
+        probe = [c.input for c in acts if c.input in engine.probe_tensors]
+        ref = engine.run(sample, (), list(dict.fromkeys(engine.model_outputs + probe)), kind="probe")
+        out = engine.run(sample, "all")
+        for o in engine.model_outputs:
+            metric.update(states[o], ref[o], out[o])
+        values = {**sample, **ref}
+        for c in acts:
+            v = values.get(c.input)
+            if v is None or v.dtype.kind != "f":
+                continue
+            lo, hi = c.range()
+            tol = float(np.max(c.scale)) / 2
+            clipped[c.name] += int(np.count_nonzero((v < np.min(lo) - tol) | (v > np.max(hi) + tol)))
+            counted[c.name] += v.size
+        bar.advance()
+    value = metric.worst([metric.value(s) for s in states.values()])
+    shares = {n: clipped[n] / counted[n] for n in counted if counted[n]}
+    return value, shares
+
+
+def _heldout_findings(qm, cal_data, held_data, metric, threshold, float_model, bar):
+    cal_value, cal_clip = _quantized_metrics(qm, cal_data, metric, float_model, bar)
+    held_value, held_clip = _quantized_metrics(qm, held_data, metric, float_model, bar)
+    quantized = {"calibration": {metric.name: cal_value}, "heldout": {metric.name: held_value}}
+    clipping = sorted(((n, s) for n, s in held_clip.items() if s > max(1e-3, 10 * cal_clip.get(n, 0.0))),
+                      key=lambda x: -x[1])
+    out = []
+    hint = ""
+    if clipping:
+        hint = "; held-out values fall outside the calibrated range of " + ", ".join(
+            f"{n} ({s:.1%})" for n, s in clipping[:3])
+    details = {"calibration": cal_value, "heldout": held_value,
+               "heldout_clipping": {n: s for n, s in clipping[:10]}}
+    if threshold is None:
+        out.append(Finding("heldout-worse", "info", f"fully quantized {metric.name}: {cal_value:.6g} on the calibration "
+                           f"data, {held_value:.6g} on the held-out data{hint}", "", None, "heldout", details=details))
+        return out, quantized
+    cal_ok = not metric.worse(cal_value, threshold)
+    held_ok = not metric.worse(held_value, threshold)
+    if cal_ok and not held_ok:
+        out.append(Finding(
+            "not-representative", "error",
+            f"quantization keeps {metric.name} at {cal_value:.6g} on the calibration data but only {held_value:.6g} on "
+            f"the held-out data (threshold {threshold}): the calibration set does not represent the data the model "
+            f"will see{hint}",
+            "calibrate on 20-100 samples drawn like the held-out/production data (scenes, lighting, classes, value range)",
+            None, "heldout", details=details))
+    elif not cal_ok and not held_ok:
+        out.append(Finding(
+            "heldout-worse", "info",
+            f"quantization misses {threshold} on both sets ({metric.name} {cal_value:.6g} calibration, {held_value:.6g} "
+            "held-out): not a representativeness problem; rank the sensitive nodes", "run get-sensitivity-of-nodes "
+            "and suggest", None, "heldout", details=details))
+    elif clipping:
+        out.append(Finding("heldout-clipping", "warning", f"held-out data exceed calibrated ranges{hint} "
+                           f"({metric.name} still {held_value:.6g})",
+                           "add samples like these to the calibration set", None, "heldout", details=details))
+    return out, quantized
+
+
+# -- entry point ---------------------------------------------------------------------------------
+def check_data(model_or_file, calibrated_data, heldout=None, data_num=None, float_model=None,
+               metric="cosine-similarity", threshold=None, expect_mean=None, expect_std=None, progress=None):
+    """Check calibration data (and a held-out set) against the model.
+
+    ``model_or_file``: the calibrated QDQ model (a float model works too, without the
+    range and held-out checks). ``expect_mean``/``expect_std``: per-channel statistics that
+    correctly preprocessed data should have (after normalisation). ``threshold`` applies to
+    ``metric`` for the held-out comparison (default 0.99 for cosine similarity). Returns a
+    :class:`DataReport`, findings ordered error, warning, info.
+    """
+    m = get_metrics(metric)[0]
+    if threshold is None and m.name == "cosine-similarity":
+        threshold = 0.99
+    qm, specs, source = _model_side(model_or_file, float_model)
+    datasets = {"calibration": load_data(calibrated_data, None, data_num)}
+    if heldout is not None:
+        datasets["heldout"] = load_data(heldout, None, data_num)
+    total = sum(len(d) * len(d.sources) for d in datasets.values())
+    findings, stats, scans = [], {}, {}
+    if qm is None:
+        findings.append(Finding("no-qdq", "info", f"{source} has no Q/DQ pairs: range and held-out checks need "
+                                "the calibrated model", "pass the calibrated QDQ model"))
+    with Progress(total + (2 * sum(len(d) for d in datasets.values()) if heldout is not None else 0),
+                  "check data", enabled=bool(progress)) as bar:
+        for dataset, data in datasets.items():
+            scans[dataset] = _scan(data, specs, dataset, bar)
+            stats[dataset] = {k: v.to_dict() for k, v in scans[dataset].items()}
+            findings += _data_findings(scans[dataset], specs, dataset)
+        for name, st in scans["calibration"].items():
+            if expect_mean is not None:
+                findings += _channel_findings(name, st, expect_mean, expect_std, "expected")
+            elif expect_std is not None and st.channel_std() is not None:
+                findings += _channel_findings(name, st, st.channel_mean(), expect_std, "expected")
+            if "heldout" in scans and name in scans["heldout"]:
+                held = scans["heldout"][name]
+                findings += _scale_class_findings(name, st, held)
+                findings += _channel_findings(name, st, held.channel_mean(),
+                                              held.channel_std(), "held-out")
+        quantized = None
+        if heldout is not None and qm is not None:
+            blocking = [f for f in findings if f.severity == "error" and f.check in _BLOCKING]
+            if blocking:
+                findings.append(Finding("heldout-skipped", "info", "the quantized model was not run on the two sets "
+                                        f"because of the errors above ({blocking[0].check})",
+                                        "fix the errors, then check again", None, "heldout"))
+            else:
+                cal = load_data(calibrated_data, qm, data_num)
+                held = load_data(heldout, qm, data_num)
+                more, quantized = _heldout_findings(qm, cal, held, m, threshold, float_model, bar)
+                findings += more
+    order = {s: k for k, s in enumerate(SEVERITIES)}
+    findings.sort(key=lambda f: order[f.severity])
+    data_where = getattr(datasets["calibration"], "where", str(calibrated_data))
+    held_where = getattr(datasets.get("heldout"), "where", None) if heldout is not None else None
+    return DataReport(findings=findings, stats=stats, quantized=quantized, model=source, data=data_where,
+                      heldout=held_where)
+
+
+def _register():
+    from . import cli
+
+    @cli.subcommand("check-data", "check calibration data: count, NaN/Inf, duplicates, layout, value range, "
+                    "channel statistics, and (with --heldout) whether it represents other data")
+    def cmd_check_data(args):
+        from .tables import format_table
+
+        report = check_data(args.model, args.data, heldout=args.heldout, data_num=args.data_num,
+                            float_model=args.float_model, metric=args.metric, threshold=args.threshold,
+                            expect_mean=args.expect_mean, expect_std=args.expect_std, progress=not args.quiet)
+        rows = []
+        for dataset, per_input in report.stats.items():
+            for name, s in per_input.items():
+                rows.append({"data": dataset, "input": name, "samples": s["samples"], "shape": s["shape"],
+                             "dtype": s["dtype"], "min": s["min"], "max": s["max"], "mean": s["mean"],
+                             "std": s["std"], "channel means": _vec(s["channel_mean"]) if s["channel_mean"] else "",
+                             "calibrated range": s["calibrated_range"] or ""})
+        print(format_table(rows, ["data", "input", "samples", "shape", "dtype", "min", "max", "mean", "std",
+                                  "channel means", "calibrated range"]))
+        if report.quantized:
+            for dataset, values in report.quantized.items():
+                print(f"fully quantized on {dataset} data: " + ", ".join(f"{k} {v:.6g}" for k, v in values.items()))
+        print(report.text())
+        if args.json:
+            print(f"wrote {report.save(args.json)}")
+        return 1 if report.errors else 0
+
+    def configure(p):
+        cli._common(p)
+        p.add_argument("--heldout", default=None, metavar="DIR",
+                       help="held-out data in the same layout, to check that the calibration set represents it")
+        p.add_argument("--expect-mean", type=float, nargs="+", default=None, metavar="M",
+                       help="per-channel means correctly preprocessed data should have (e.g. 0 0 0 after "
+                            "normalisation)")
+        p.add_argument("--expect-std", type=float, nargs="+", default=None, metavar="S",
+                       help="per-channel standard deviations correctly preprocessed data should have")
+        p.add_argument("--metric", default="cosine-similarity",
+                       help="metric for the held-out comparison. Default: cosine-similarity")
+        p.add_argument("--threshold", type=float, default=None,
+                       help="value of --metric the quantized model must keep. Default: 0.99 for cosine-similarity")
+        p.add_argument("--json", default=None, metavar="OUT", help="also save the report as JSON")
+
+    cmd_check_data.configure = configure
+
+
+_register()

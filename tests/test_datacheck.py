@@ -1,0 +1,197 @@
+"""Calibration data checks on folders with one planted problem each."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx
+import pytest
+from onnx import numpy_helper
+
+import builders
+from pytest_ptq.cli import main
+from pytest_ptq.datacheck import check_data
+
+N = 20  # enough samples that the count check stays quiet
+
+
+@pytest.fixture(scope="module")
+def net(tmp_path_factory):
+    root = tmp_path_factory.mktemp("datacheck")
+    data = builders.samples(N, seed=7)
+    fpath = builders.conv_net(root / "float.onnx")
+    qpath = builders.quantize(fpath, root / "qdq.onnx", data)
+    return {"float": fpath, "qdq": qpath, "data": data, "root": root}
+
+
+@pytest.fixture(scope="module")
+def rgb_net(tmp_path_factory):
+    """A model calibrated on image-like RGB data whose channel means differ."""
+    root = tmp_path_factory.mktemp("rgb")
+    rng = np.random.default_rng(11)
+    mean = np.array([0.7, 0.45, 0.2], np.float32).reshape(1, 3, 1, 1)
+    data = {"x": [(mean + 0.1 * rng.standard_normal((1, 3, 16, 16))).astype(np.float32) for _ in range(N)]}
+    fpath = builders.conv_net(root / "float.onnx")
+    qpath = builders.quantize(fpath, root / "qdq.onnx", data)
+    return {"qdq": qpath, "data": data, "root": root}
+
+
+def _input_range(qpath):
+    """(lo, hi) of the pair on the model input, read from the proto."""
+    model = onnx.load(str(qpath))
+    inits = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+    q = next(n for n in model.graph.node if n.op_type == "QuantizeLinear" and n.input[0] == "x")
+    s, z = float(inits[q.input[1]]), int(inits[q.input[2]])
+    return s * (0 - z), s * (255 - z), s
+
+
+def test_clean_data_pass(net):
+    report = check_data(str(net["qdq"]), builders.save_folder(net["data"], net["root"] / "clean"))
+    assert report.findings == []
+    assert report
+    stats = report.stats["calibration"]["x"]
+    arr = np.stack(net["data"]["x"]).astype(np.float64)
+    assert stats["samples"] == N and stats["layout"] == "ok"
+    assert stats["mean"] == pytest.approx(arr.mean()) and stats["std"] == pytest.approx(arr.std())
+    assert stats["channel_mean"] == pytest.approx(arr.mean(axis=(0, 1, 3, 4)).tolist())
+    assert stats["clipped_share"] == 0
+
+
+def test_an_nhwc_folder_is_named_as_such(net, tmp_path):
+    folder = builders.save_folder({"x": [a.transpose(0, 2, 3, 1) for a in net["data"]["x"]]}, tmp_path / "nhwc")
+    before = {p: p.read_bytes() for p in folder.rglob("*.npy")}
+    report = check_data(str(net["qdq"]), folder)
+    assert report.checks("error") == ["layout"]
+    f = report.errors[0]
+    assert f.input == "x" and "NHWC" in f.message and "(0, 3, 1, 2)" in f.fix
+    assert report.stats["calibration"]["x"]["channel_axis"] == 3
+    assert {p: p.read_bytes() for p in folder.rglob("*.npy")} == before  # the user's files are untouched
+
+
+def test_samples_saved_without_batch_dim_in_hwc_are_nhwc_too(net, tmp_path):
+    folder = builders.save_folder({"x": [a[0].transpose(1, 2, 0) for a in net["data"]["x"]]}, tmp_path / "hwc")
+    assert check_data(str(net["qdq"]), folder).checks("error") == ["layout"]
+
+
+def test_0_255_pixels_fall_outside_the_calibrated_range(net, tmp_path):
+    rng = np.random.default_rng(0)
+    pixels = [rng.integers(0, 256, (1, 3, 16, 16)).astype(np.float32) for _ in range(N)]
+    report = check_data(str(net["qdq"]), builders.save_folder({"x": pixels}, tmp_path / "px"))
+    assert report.checks("error") == ["range"]
+    lo, hi, step = _input_range(net["qdq"])
+    values = np.stack(pixels)
+    share = np.mean((values < lo - step / 2) | (values > hi + step / 2))
+    assert report.errors[0].details["clipped_share"] == pytest.approx(share)
+    assert "0-255" in report.errors[0].message
+    assert "raw-pixels" in report.checks("warning")
+
+
+def test_data_divided_by_255_twice_use_a_sliver_of_the_range(tmp_path):
+    rng = np.random.default_rng(2)
+    good = {"x": [rng.uniform(0, 1, (1, 3, 16, 16)).astype(np.float32) for _ in range(N)]}
+    fpath = builders.conv_net(tmp_path / "f.onnx")
+    qpath = builders.quantize(fpath, tmp_path / "q.onnx", good)
+    report = check_data(str(qpath), {"x": [a / 255 for a in good["x"]]})
+    assert report.checks() == ["range-narrow"]
+
+
+def test_nan_constant_and_duplicate_samples_are_named(net, tmp_path):
+    arrays = [a.copy() for a in net["data"]["x"]]
+    arrays[1][0, 0, 0, 0] = np.nan
+    arrays[2] = np.full_like(arrays[2], 0.5)
+    arrays[9] = arrays[4].copy()
+    folder = builders.save_folder({"x": arrays}, tmp_path / "bad")
+    report = check_data(str(net["qdq"]), folder)
+    by_check = {f.check: f for f in report.findings}
+    assert set(by_check) == {"nan", "constant", "duplicate"}
+    assert by_check["nan"].severity == "error" and by_check["nan"].samples == [str(folder / "x" / "1.npy")]
+    assert by_check["constant"].samples == [str(folder / "x" / "2.npy")]
+    assert by_check["duplicate"].samples == ["4.npy = 9.npy"]
+
+
+def test_wrong_dtype_and_missing_input(net, tmp_path):
+    report = check_data(str(net["qdq"]), {"x": [(a * 50 + 128).clip(0, 255).astype(np.uint8) for a in net["data"]["x"]]})
+    assert "dtype" in report.checks("error")
+    report = check_data(str(net["qdq"]), {"y": net["data"]["x"]})
+    assert report.checks("error") == ["inputs", "inputs"]
+
+
+def test_too_few_samples_are_a_warning(net):
+    report = check_data(str(net["qdq"]), {"x": net["data"]["x"][:3]})
+    assert report.checks() == ["count"] and report
+
+
+def test_bgr_data_against_rgb_heldout_data(rgb_net):
+    bgr = {"x": [a[:, ::-1].copy() for a in rgb_net["data"]["x"]]}
+    report = check_data(str(rgb_net["qdq"]), bgr, heldout=rgb_net["data"])
+    assert report.checks("error") == ["colour-order"]
+    f = report.errors[0]
+    means = np.stack(bgr["x"]).mean(axis=(0, 1, 3, 4))
+    assert f.details["channel_mean"] == pytest.approx(means.tolist())
+    assert "BGR" in f.message and "::-1" in f.fix
+
+
+def test_bgr_data_against_expected_statistics(rgb_net):
+    bgr = {"x": [a[:, ::-1].copy() for a in rgb_net["data"]["x"]]}
+    expect = dict(expect_mean=[0.7, 0.45, 0.2], expect_std=[0.1, 0.1, 0.1])
+    assert check_data(str(rgb_net["qdq"]), bgr, **expect).checks() == ["colour-order"]
+    assert check_data(str(rgb_net["qdq"]), rgb_net["data"], **expect).findings == []
+    # a missing normalisation shifts and scales every channel
+    report = check_data(str(rgb_net["qdq"]), rgb_net["data"], expect_mean=[0, 0, 0], expect_std=[1, 1, 1])
+    assert report.checks() == ["channel-stats", "channel-scale"]
+
+
+def test_a_calibration_set_that_misses_the_heldout_data(net, tmp_path):
+    # calibrated on low-contrast samples: ranges too narrow for real data
+    dim = {"x": [a * 0.2 for a in net["data"]["x"]]}
+    qpath = builders.quantize(net["float"], tmp_path / "dim.onnx", dim)
+    report = check_data(str(qpath), dim, heldout=net["data"])
+    assert "not-representative" in report.checks("error")
+    feeds_c = [{"x": a} for a in dim["x"]]
+    feeds_h = [{"x": a} for a in net["data"]["x"]]
+    for dataset, feeds in (("calibration", feeds_c), ("heldout", feeds_h)):
+        ref = [o["prob"] for o in builders.run_model(net["float"], feeds)]
+        got = [o["prob"] for o in builders.run_model(qpath, feeds)]
+        r = np.concatenate([a.ravel() for a in ref]).astype(np.float64)
+        t = np.concatenate([a.ravel() for a in got]).astype(np.float64)
+        # loose: a float32 difference flips a rounding of the badly clipped model here and there
+        assert report.quantized[dataset]["cosine-similarity"] == pytest.approx(
+            r @ t / np.sqrt((r @ r) * (t @ t)), abs=1e-4)
+    assert report.quantized["calibration"]["cosine-similarity"] >= 0.99
+    assert report.quantized["heldout"]["cosine-similarity"] < 0.99
+    # the same comparison with a held-out set drawn like the calibration set passes
+    fine = check_data(str(net["qdq"]), net["data"], heldout=builders.samples(N, seed=8))
+    assert fine.checks("error") == [] and fine.quantized["heldout"]["cosine-similarity"] >= 0.99
+
+
+def test_heldout_preprocessed_differently_is_not_blamed_on_representativeness(net):
+    rng = np.random.default_rng(4)
+    pixels = {"x": [rng.integers(0, 256, (1, 3, 16, 16)).astype(np.float32) for _ in range(N)]}
+    report = check_data(str(net["qdq"]), net["data"], heldout=pixels)
+    assert "preprocessing-differs" in report.checks("error")
+    assert "not-representative" not in report.checks()
+    assert "heldout-skipped" in report.checks("info")
+
+
+def test_a_float_model_gets_the_data_checks_only(net, tmp_path):
+    folder = builders.save_folder({"x": [a.transpose(0, 2, 3, 1) for a in net["data"]["x"]]}, tmp_path / "f")
+    report = check_data(str(net["float"]), folder)
+    assert report.checks("error") == ["layout"] and "no-qdq" in report.checks("info")
+
+
+def test_cli_check_data(net, tmp_path, capsys):
+    good = builders.save_folder(net["data"], tmp_path / "good")
+    nhwc = builders.save_folder({"x": [a.transpose(0, 2, 3, 1) for a in net["data"]["x"]]}, tmp_path / "nhwc")
+    assert main(["check-data", str(net["qdq"]), str(good), "--heldout", str(good), "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert "no problem found" in out and "fully quantized on heldout data" in out
+    assert main(["check-data", str(net["qdq"]), str(nhwc), "--json", str(tmp_path / "r.json"), "--quiet"]) == 1
+    assert "ERROR   layout" in capsys.readouterr().out
+    assert json.loads((tmp_path / "r.json").read_text())["findings"][0]["check"] == "layout"
+    assert main(["check-data", str(net["qdq"]), str(tmp_path / "nowhere")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exc:
+        main(["check-data", "-h"])
+    assert exc.value.code == 0
+    assert "--heldout" in capsys.readouterr().out

@@ -1,0 +1,272 @@
+"""Remedy search on models with a planted cause, checked against onnxruntime itself.
+
+Two planted causes: a conv whose output channel 3 has 50x larger weights (per-tensor int8
+weights then starve the other channels: per channel or float fixes it), and an activation
+pair whose scale was made 64x too coarse (only more bits or float fix it; per-channel
+weights cannot).
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx
+import pytest
+from onnx import numpy_helper
+
+import builders
+from pytest_ptq import remedy as remedy_mod
+from pytest_ptq.cli import main
+from pytest_ptq.errors import PTQError
+from pytest_ptq.model import QuantModel
+from pytest_ptq.remedy import onnxruntime_settings, quantize_static_kwargs, suggest_remedy
+
+N = 8
+SLICE = "c1[:, 0:3]"  # conv1's channels beside the outlier: where the starved weights show
+
+
+def _cosine(refs, tests):
+    r = np.concatenate([a.ravel() for a in refs]).astype(np.float64)
+    t = np.concatenate([a.ravel() for a in tests]).astype(np.float64)
+    return float(r @ t / np.sqrt((r @ r) * (t @ t)))
+
+
+def _feeds(data):
+    return [{k: v[i] for k, v in data.items()} for i in range(N)]
+
+
+@pytest.fixture(scope="module")
+def outlier(tmp_path_factory):
+    root = tmp_path_factory.mktemp("outlier")
+    data = builders.samples(N)
+    fpath = builders.conv_net(root / "float.onnx", outlier_channel=3)
+    qpath = builders.quantize(fpath, root / "qdq.onnx", data)
+    return {"float": fpath, "qdq": qpath, "data": data, "root": root}
+
+
+@pytest.fixture(scope="module")
+def planted(tmp_path_factory):
+    """The plain net with r1's activation scale 64x too coarse: 4 levels for its real range."""
+    root = tmp_path_factory.mktemp("planted")
+    data = builders.samples(N)
+    fpath = builders.conv_net(root / "float.onnx")
+    qpath = builders.quantize(fpath, root / "qdq.onnx", data)
+    model = onnx.load(str(qpath))
+    for init in model.graph.initializer:
+        if init.name == "r1_scale":
+            init.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(init) * 64, init.name))
+    onnx.save(model, str(root / "planted.onnx"))
+    return {"float": fpath, "qdq": root / "planted.onnx", "data": data, "root": root}
+
+
+def _exposing_c1(path_or_model):
+    """The model unchanged but for conv1's output added as a graph output."""
+    model = path_or_model if isinstance(path_or_model, onnx.ModelProto) else onnx.load(str(path_or_model))
+    model.graph.output.append(onnx.helper.make_tensor_value_info("c1", onnx.TensorProto.FLOAT, None))
+    return model
+
+
+def _without_pair(path, q_name):
+    """The QDQ model with one Q/DQ pair removed: its readers read the Q's float input."""
+    model = onnx.load(str(path))
+    graph = model.graph
+    q = next(n for n in graph.node if n.name == q_name)
+    gone = {n.output[0] for n in graph.node if n.op_type == "DequantizeLinear" and n.input[0] == q.output[0]}
+    kept = [n for n in graph.node if n.name != q_name and n.output[0] not in gone]
+    for n in kept:
+        for k, i in enumerate(n.input):
+            if i in gone:
+                n.input[k] = q.input[0]
+    del graph.node[:]
+    graph.node.extend(kept)
+    return model
+
+
+def _sliced(outputs):
+    return [o["c1"][:, 0:3] for o in outputs]
+
+
+def test_per_channel_finds_the_outlier_weight_and_onnxruntime_agrees(outlier, tmp_path):
+    r = suggest_remedy(str(outlier["qdq"]), outlier["data"], target=0.99, remedy="per-channel",
+                       output_node=SLICE, float_model=str(outlier["float"]), save_dir=tmp_path)
+    assert r.baseline < 0.99
+    assert r.met and r.nodes == ["w1_QuantizeLinear"]
+    assert r.settings["TensorQuantOverrides"] == {"w1": [{"axis": 0}]}
+    assert r.settings["nodes_to_exclude"] == []
+    # the re-quantized model really holds w1 per channel and nothing else changed
+    pairs = builders.qdq_pairs(r.measured["model"])
+    q = pairs["w1_QuantizeLinear"][0]
+    scale = numpy_helper.to_array(next(i for i in onnx.load(r.measured["model"]).graph.initializer
+                                       if i.name == q.input[1]))
+    assert scale.shape == (8,)
+    assert r.measured["collateral"] == [] and r.measured["not_applied"] == []
+    # measured value, recomputed with plain sessions: re-quantized model vs float model
+    feeds = _feeds(outlier["data"])
+    ref = builders.run_model(_exposing_c1(outlier["float"]), feeds, outputs=["c1"])
+    got = builders.run_model(_exposing_c1(r.measured["model"]), feeds, outputs=["c1"])
+    assert r.measured["value"] == pytest.approx(_cosine(_sliced(ref), _sliced(got)), abs=1e-9)
+    assert r.measured["met"]
+    # onnxruntime's own per-channel quantizer and the simulation agree
+    assert r.value == pytest.approx(r.measured["value"], abs=1e-4)
+    assert r.measured["baseline_value"] == pytest.approx(r.baseline, abs=1e-6)
+    assert (tmp_path / "remedy_per-channel.png").stat().st_size > 10_000
+
+
+def test_float_remedy_excludes_the_node_reading_the_weight(outlier):
+    r = suggest_remedy(str(outlier["qdq"]), outlier["data"], target=0.99, remedy="float",
+                       output_node=SLICE, float_model=str(outlier["float"]))
+    assert r.nodes == ["w1_QuantizeLinear"]
+    assert r.settings["nodes_to_exclude"] == ["conv1"]
+    # simulated value = the QDQ model with w1's pair removed by rewiring, run plainly
+    rewired = _exposing_c1(_without_pair(outlier["qdq"], "w1_QuantizeLinear"))
+    feeds = _feeds(outlier["data"])
+    ref = builders.run_model(_exposing_c1(outlier["float"]), feeds, outputs=["c1"])
+    got = builders.run_model(rewired, feeds, outputs=["c1"])
+    assert r.value == pytest.approx(_cosine(_sliced(ref), _sliced(got)), abs=1e-9)
+    assert r.measured["met"] and r.measured["value"] >= r.value - 1e-6
+    # conv1 was x's only reader: its pair cannot survive the exclusion
+    assert "x" in r.measured["collateral"]
+    assert r.model.endswith("qdq.onnx") and r.samples == N
+
+
+def test_int16_finds_exactly_the_coarse_activation(planted):
+    r = suggest_remedy(str(planted["qdq"]), planted["data"], target=0.999, remedy="int16")
+    assert r.baseline < 0.999
+    assert r.met and r.nodes == ["r1_QuantizeLinear"]
+    assert r.settings["TensorQuantOverrides"] == {"r1": [{"quant_type": "QUInt16"}]}
+    # independent: r1's pair rewritten by hand as uint16 over the same range
+    model = onnx.load(str(planted["qdq"]))
+    inits = {i.name: i for i in model.graph.initializer}
+    s8 = float(numpy_helper.to_array(inits["r1_scale"]))
+    assert int(numpy_helper.to_array(inits["r1_zero_point"])) == 0
+    model.graph.initializer.extend([numpy_helper.from_array(np.array(s8 * 255 / 65535, np.float32), "r1_s16"),
+                                    numpy_helper.from_array(np.array(0, np.uint16), "r1_z16")])
+    for n in model.graph.node:
+        if n.op_type in ("QuantizeLinear", "DequantizeLinear") and n.input[1] == "r1_scale":
+            n.input[1], n.input[2] = "r1_s16", "r1_z16"
+            n.domain = "com.microsoft"  # uint16 Q/DQ below opset 21
+    model.opset_import.append(onnx.helper.make_opsetid("com.microsoft", 1))
+    feeds = _feeds(planted["data"])
+    ref = builders.run_model(planted["float"], feeds)
+    got = builders.run_model(model, feeds)
+    assert r.value == pytest.approx(_cosine([o["prob"] for o in ref], [o["prob"] for o in got]), abs=1e-7)
+
+
+def test_per_channel_cannot_fix_a_coarse_activation(planted):
+    r = suggest_remedy(str(planted["qdq"]), planted["data"], target=0.999, remedy="per-channel")
+    assert not r.met
+    assert r.ceiling < 0.999
+    assert any("short of" in n for n in r.notes)
+    assert all(n.startswith("w") for n in r.nodes)  # weights only: activations need --per-channel-activations
+
+
+def test_overrides_are_written_as_onnxruntime_names_and_turned_into_enums():
+    from onnxruntime.quantization import QuantType
+
+    kw = quantize_static_kwargs({"nodes_to_exclude": ["conv1"],
+                                 "TensorQuantOverrides": {"r1": [{"quant_type": "QUInt16"}], "w1": [{"axis": 0}]}})
+    assert kw["nodes_to_exclude"] == ["conv1"]
+    assert kw["extra_options"]["TensorQuantOverrides"]["r1"][0]["quant_type"] is QuantType.QUInt16
+    assert str(QuantType.QUInt16) == "QUInt16"  # the JSON form is onnxruntime's own
+    assert kw["extra_options"]["TensorQuantOverrides"]["w1"] == [{"axis": 0}]
+
+
+def test_keeping_a_tensor_float_needs_its_producer_and_all_consumers(zoo, tmp_path):
+    qm = QuantModel(str(zoo.qdq()))
+    settings = onnxruntime_settings(qm, "float", ["r1_QuantizeLinear"])
+    assert settings["nodes_to_exclude"] == ["relu1", "conv2", "add2"]
+
+    def quantized_tensors(exclude, name):
+        path = builders.quantize(zoo.float(), tmp_path / name, zoo.data(), nodes_to_exclude=exclude)
+        return {q.input[0] for q, _ in builders.qdq_pairs(path).values() if q is not None}
+
+    assert "r1" not in quantized_tensors(settings["nodes_to_exclude"], "all.onnx")
+    # the consumers alone are not enough: the producer still asks for its output's pair
+    assert "r1" in quantized_tensors(["conv2", "add2"], "consumers.onnx")
+
+
+def test_pruning_drops_members_the_target_does_not_need(outlier):
+    r = suggest_remedy(str(outlier["qdq"]), outlier["data"], target=0.99, remedy="float", output_node=SLICE,
+                       ranking=["x_QuantizeLinear", "w1_QuantizeLinear"], requantize_check=False)
+    assert [p["added"] for p in r.curve] == [None, "x_QuantizeLinear", "w1_QuantizeLinear"]
+    assert r.curve[1]["value"] < 0.99 <= r.curve[2]["value"]
+    assert r.pruned == ["x_QuantizeLinear"]
+    assert r.nodes == ["w1_QuantizeLinear"]
+    assert r.needed_for(0.99) == 2 and r.needed_for(1.5) is None
+
+
+def test_a_budget_stop_keeps_the_best_result_so_far(outlier, monkeypatch):
+    calls = []
+    original = remedy_mod._Scorer.__call__
+
+    def limited(self, chosen):
+        calls.append(chosen)
+        if len(calls) > 3:  # baseline, ceiling, first greedy step; then time is up
+            raise remedy_mod._OutOfTime
+        return original(self, chosen)
+
+    monkeypatch.setattr(remedy_mod._Scorer, "__call__", limited)
+    r = suggest_remedy(str(outlier["qdq"]), outlier["data"], target=0.99, remedy="float", output_node=SLICE,
+                       full_curve=True, budget=3600, requantize_check=False)
+    assert r.budget_exhausted
+    assert r.met and r.nodes == ["w1_QuantizeLinear"]
+    assert len(r.curve) == 2
+    assert any("budget" in n for n in r.notes)
+
+
+def test_a_budget_too_short_for_anything_still_returns_a_result(outlier):
+    r = suggest_remedy(str(outlier["qdq"]), outlier["data"], target=0.99, output_node=SLICE, budget=1e-9)
+    assert r.budget_exhausted and not r.met and r.nodes == [] and r.value is None
+
+
+@pytest.mark.parametrize("kwargs, words", [
+    ({"remedy": "int4"}, "unknown remedy"),
+    ({"target": 1.5}, "[-1, 1]"),
+    ({"candidates": ["nope"]}, "unknown node"),
+    ({"metric": "cosin"}, "did you mean"),
+    ({"budget": 0}, "positive"),
+])
+def test_bad_arguments_get_one_clear_sentence(outlier, kwargs, words):
+    with pytest.raises(PTQError, match=None) as exc:
+        suggest_remedy(str(outlier["qdq"]), outlier["data"], **kwargs)
+    assert words in str(exc.value)
+
+
+# -- command line ---------------------------------------------------------------------------
+def test_cli_suggest_prints_and_writes_the_settings(outlier, tmp_path, capsys):
+    folder = builders.save_folder(outlier["data"], tmp_path / "data")
+    out = tmp_path / "out"
+    rc = main(["suggest", str(outlier["qdq"]), str(folder), "--target-cosine", "0.99", "--remedy", "per-channel",
+               "-o", SLICE, "--float-model", str(outlier["float"]), "-s", str(out), "--quiet"])
+    text = capsys.readouterr().out
+    assert rc == 0
+    assert '{"w1": [{"axis": 0}]}' in text and "re-quantized with these settings" in text
+    settings = json.loads((out / "remedy_per-channel_settings.json").read_text())
+    assert quantize_static_kwargs(settings)["extra_options"]["TensorQuantOverrides"] == {"w1": [{"axis": 0}]}
+    saved = json.loads((out / "remedy_per-channel.json").read_text())
+    assert saved["nodes"] == ["w1_QuantizeLinear"] and saved["met"] is True
+
+
+def test_cli_suggest_exits_1_when_the_target_is_out_of_reach(planted, tmp_path, capsys):
+    folder = builders.save_folder(planted["data"], tmp_path / "data")
+    rc = main(["suggest", str(planted["qdq"]), str(folder), "--target-cosine", "0.999", "--remedy", "per-channel",
+               "--no-save", "--quiet"])
+    assert rc == 1
+    assert "not met" in capsys.readouterr().out
+
+
+def test_cli_suggest_bad_input_exits_2(tmp_path, capsys):
+    assert main(["suggest", str(tmp_path / "missing.onnx"), str(tmp_path), "--no-save"]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    assert main(["suggest", str(tmp_path / "m.onnx"), str(tmp_path), "--metric", "mse", "--no-save"]) == 2
+    assert "--target" in capsys.readouterr().err
+
+
+def test_cli_suggest_help(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["suggest", "-h"])
+    assert exc.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())
+    for option in ("--target-cosine", "--remedy", "--budget", "--float-model", "Default: 0.99"):
+        assert option in text

@@ -1,0 +1,119 @@
+"""Stage localisation against plain onnxruntime sessions, and its verdicts."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import numpy_helper
+
+import builders
+from pytest_ptq.cli import main
+from pytest_ptq.errors import PTQError
+from pytest_ptq.stages import STAGES, localize_stages, verdict
+
+N = 6
+
+
+def _session(path, level, fake_quant):
+    so = ort.SessionOptions()
+    so.graph_optimization_level = level
+    if fake_quant:
+        so.add_session_config_entry("session.disable_quant_qdq", "1")
+    return ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+
+
+def _pooled_cosine(ref, got):
+    r = np.concatenate([a.ravel() for a in ref]).astype(np.float64)
+    t = np.concatenate([a.ravel() for a in got]).astype(np.float64)
+    return float(r @ t / np.sqrt((r @ r) * (t @ t)))
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    root = tmp_path_factory.mktemp("stages")
+    data = builders.samples(N, seed=3)
+    fpath = builders.conv_net(root / "float.onnx")
+    qpath = builders.quantize(fpath, root / "qdq.onnx", data, keep_float=False)
+    # the same model with r1's activation scale 64x too coarse: a calibration fault
+    model = onnx.load(str(qpath))
+    for init in model.graph.initializer:
+        if init.name == "r1_scale":
+            init.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(init) * 64, init.name))
+    onnx.save(model, str(root / "planted.onnx"))
+    return {"float": fpath, "qdq": qpath, "planted": root / "planted.onnx", "data": data, "root": root}
+
+
+def test_each_stage_matches_a_plain_session(models, tmp_path):
+    report = localize_stages(str(models["float"]), str(models["qdq"]), models["data"], save_dir=tmp_path)
+    L = ort.GraphOptimizationLevel
+    ref_sess = _session(models["float"], L.ORT_DISABLE_ALL, False)
+    sessions = {"optimized-float": _session(models["float"], L.ORT_ENABLE_ALL, False),
+                "fake-quant": _session(models["qdq"], L.ORT_ENABLE_ALL, True),
+                "integer": _session(models["qdq"], L.ORT_ENABLE_ALL, False)}
+    feeds = [{"x": a} for a in models["data"]["x"]]
+    ref = [ref_sess.run(["prob"], f)[0] for f in feeds]
+    outs = {k: [s.run(["prob"], f)[0] for f in feeds] for k, s in sessions.items()}
+    assert [s["stage"] for s in report.stages] == list(STAGES)
+    for stage, got in outs.items():
+        assert report.value(stage) == pytest.approx(_pooled_cosine(ref, got), abs=1e-9)
+    assert report.kernel_gap["values"]["cosine-similarity"] == pytest.approx(
+        _pooled_cosine(outs["fake-quant"], outs["integer"]), abs=1e-9)
+    # the fused model really runs integer kernels: it is not the fake-quant model
+    assert not all(np.array_equal(a, b) for a, b in zip(outs["fake-quant"], outs["integer"]))
+    assert report and report.first_drop is None
+    assert (tmp_path / "optimized_float_model.onnx").is_file()
+    assert report.samples == N and len(report.stages[0]["per_sample"]["cosine-similarity"]) == N
+
+
+def test_a_calibration_fault_is_placed_at_the_fake_quant_stage(models):
+    report = localize_stages(str(models["float"]), str(models["planted"]), models["data"], threshold=0.999)
+    assert report.value("optimized-float") > 0.9999
+    assert report.value("fake-quant") < 0.999
+    assert report.first_drop == "fake-quant" and not report
+    assert "calibration" in report.message
+
+
+@pytest.mark.parametrize("values, gap, first, words", [
+    ({"optimized-float": 0.95, "fake-quant": 0.94, "integer": 0.94}, 1.0, "optimized-float", "export"),
+    ({"optimized-float": 1.0, "fake-quant": 0.999, "integer": 0.90}, 0.90, "integer", "kernel"),
+    ({"optimized-float": 1.0, "fake-quant": 0.999, "integer": 0.995}, 0.98, None, "differ from the simulation"),
+    ({"optimized-float": 1.0, "fake-quant": 0.999, "integer": 0.999}, 1.0, None, "every stage"),
+])
+def test_verdicts(values, gap, first, words):
+    stage, message = verdict(values, gap, "cosine-similarity", 0.99)
+    assert stage == first
+    assert words in message
+
+
+def test_error_metrics_rank_the_other_way():
+    stage, _ = verdict({"optimized-float": 0.0, "fake-quant": 0.5, "integer": 0.5}, 0.0, "mse", 0.1)
+    assert stage == "fake-quant"
+    assert verdict({"optimized-float": 0.0, "fake-quant": 0.5, "integer": 0.5}, 0.0, "mse", None)[0] is None
+
+
+def test_models_that_do_not_belong_together(models, tmp_path):
+    other = builders.conv_net(tmp_path / "two.onnx", two_inputs=True)
+    with pytest.raises(PTQError, match="inputs"):
+        localize_stages(str(other), str(models["qdq"]), models["data"])
+    with pytest.raises(PTQError, match="not an output of both"):
+        localize_stages(str(models["float"]), str(models["qdq"]), models["data"], output_node="r1")
+
+
+def test_cli_stages(models, tmp_path, capsys):
+    folder = builders.save_folder(models["data"], tmp_path / "data")
+    assert main(["stages", str(models["float"]), str(models["qdq"]), str(folder), "--quiet"]) == 0
+    text = capsys.readouterr().out
+    assert "integer vs fake-quant" in text and "every stage keeps" in text
+    rc = main(["stages", str(models["float"]), str(models["planted"]), str(folder), "--threshold", "0.999",
+               "-m", "cosine-similarity", "sqnr", "--json", str(tmp_path / "s.json"), "--quiet"])
+    assert rc == 1
+    assert "'fake-quant'" in capsys.readouterr().out
+    assert (tmp_path / "s.json").is_file()
+    assert main(["stages", str(tmp_path / "none.onnx"), str(models["qdq"]), str(folder)]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exc:
+        main(["stages", "-h"])
+    assert exc.value.code == 0
+    assert "FLOAT_MODEL" in capsys.readouterr().out
