@@ -1,0 +1,220 @@
+"""One model under test: its compiled engine and every result computed on it, cached.
+
+The plugin keeps one :class:`Analysis` per (model, data, float model, data_num) for the
+session (per xdist worker, each has its own): the model is compiled once, the float
+reference outputs of each sample are computed once, and every test on that model shares
+them with the sensitivities and curves computed so far.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+from pathlib import Path
+
+from .curves import configs_from, get_acc_error
+from .data import load_data
+from .engine import Engine
+from .errors import PTQError
+from .metrics import get_metrics
+from .outputs import parse_outputs
+from .sensitivity import get_sensitivity_of_nodes
+
+
+@dataclasses.dataclass(frozen=True)
+class AnalysisKey:
+    """What makes two analyses the same: absolute paths and the sample limit."""
+
+    model: str
+    data: str
+    float_model: str | None = None
+    data_num: int | None = None
+
+    @property
+    def id(self):
+        """A string naming the key, equal across xdist workers."""
+        return "|".join(str(v) for v in (self.model, self.data, self.float_model, self.data_num))
+
+
+def file_hash(path):
+    """sha256 of a file, or of a folder's files (relative names and bytes, sorted by name)."""
+    path = Path(path)
+    h = hashlib.sha256()
+    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
+    for f in files:
+        if f != path:
+            h.update(f.relative_to(path).as_posix().encode() + b"\0")
+        with open(f, "rb") as fh:
+            for block in iter(lambda: fh.read(1 << 20), b""):
+                h.update(block)
+    return h.hexdigest()
+
+
+@dataclasses.dataclass
+class OutputMetrics:
+    """``values[output][metric]`` pooled over ``samples`` samples (quantized vs float)."""
+
+    values: dict
+    samples: int
+    data: str
+
+
+class Analysis:
+    """The cached results of one model; build it through :meth:`PTQSession.analysis`."""
+
+    def __init__(self, key, root="."):
+        self.key = key
+        self.root = Path(root)
+        self.label = self.relative(key.model)
+        self._engine = None
+        self._cache = {}
+
+    def relative(self, path):
+        """``path`` as shown in messages: relative to the rootdir where it lies below it."""
+        return relative(path, self.root) if _below(path, self.root) else Path(path).as_posix()
+
+    @property
+    def engine(self):
+        """The compiled :class:`Engine` (built on first use)."""
+        if self._engine is None:
+            self._engine = Engine(self.key.model, self.key.data, float_model=self.key.float_model,
+                                  data_num=self.key.data_num)
+        return self._engine
+
+    @property
+    def qmodel(self):
+        return self.engine.qmodel
+
+    @property
+    def samples(self):
+        """Number of calibration samples analysed."""
+        return len(self.engine.data)
+
+    def cached(self, key, compute):
+        """``compute()`` once per ``key`` for the session (results shared by every test)."""
+        if key not in self._cache:
+            self._cache[key] = compute()
+        return self._cache[key]
+
+    def dataset(self, holdout=None):
+        """The calibration data, or held-out data validated against the model."""
+        if holdout is None:
+            return self.engine.data
+        return self.cached(("holdout", str(holdout)), lambda: load_data(holdout, self.qmodel))
+
+    def output_metrics(self, outputs=None, metrics=("cosine-similarity",), holdout=None):
+        """Metrics of the fully quantized model against the float one, per output.
+
+        ``outputs``: None (every model output), or names and slices like
+        ``"cls=prob[:, 4:]"``. Each value pools every sample (the metric of the samples
+        concatenated).
+        """
+        metric_objs = get_metrics(list(metrics))
+        specs = parse_outputs(None if outputs is None else list(outputs), self.qmodel)
+        key = ("outputs", tuple((s.name, s.tensor, repr(s.index)) for s in specs),
+               tuple(m.name for m in metric_objs), str(holdout))
+        return self.cached(key, lambda: self._output_metrics(specs, metric_objs, holdout))
+
+    def _output_metrics(self, specs, metric_objs, holdout):
+        engine = self.engine
+        tensors = list(dict.fromkeys(s.tensor for s in specs))
+        states = {(s.name, m.name): m.new() for s in specs for m in metric_objs}
+        data = self.dataset(holdout)
+        for i in range(len(data)):
+            if holdout is None:
+                ref = engine.reference(i, tensors)  # cached and shared with sensitivity
+                out = engine.run(i, "all", tensors)
+            else:
+                feeds = data.sample(i)
+                ref, out = engine.run(feeds, (), tensors), engine.run(feeds, "all", tensors)
+            for s in specs:
+                for m in metric_objs:
+                    m.update(states[(s.name, m.name)], s.take(ref[s.tensor]), s.take(out[s.tensor]))
+        values = {s.name: {m.name: m.value(states[(s.name, m.name)]) for m in metric_objs} for s in specs}
+        return OutputMetrics(values=values, samples=len(data), data=str(holdout or self.key.data))
+
+    def sensitivity(self, node_type="node", metric="cosine-similarity", outputs=None):
+        """:class:`Sensitivity` of every node of ``node_type``, most sensitive first."""
+        name = get_metrics(metric)[0].name
+        key = ("sensitivity", node_type, name, None if outputs is None else tuple(outputs))
+        return self.cached(key, lambda: get_sensitivity_of_nodes(
+            self.engine, metrics=[name], node_type=node_type,
+            output_node=None if outputs is None else list(outputs)))
+
+    def curves(self, metric="cosine-similarity"):
+        """Cumulative error curves: only weights, only activations, everything quantized."""
+        name = get_metrics(metric)[0].name
+
+        def compute():
+            engine = self.engine
+            configs = {label: names for label, names in configs_from(engine, ["weight", "activation"]).items()
+                       if names}
+            configs["all quantized"] = list(engine.calib_names)
+            return get_acc_error(engine, configs, name, progress=False)
+
+        return self.cached(("curves", name), compute)
+
+    def accuracy(self, evaluate, holdout=None):
+        """``(float score, quantized score)`` of a user evaluation function.
+
+        ``evaluate(run, data) -> float`` (higher is better) is called twice: ``run(feeds)``
+        maps ``{input name: array}`` to ``{output name: array}`` through the float model,
+        then through the quantized one; ``data`` is the sample set (``len(data)``,
+        ``data.sample(i)``, iteration yields feed dicts in order).
+        """
+        engine = self.engine
+        data = self.dataset(holdout)
+
+        def run_float(feeds):
+            return engine.run(dict(feeds), ())
+
+        def run_quantized(feeds):
+            return engine.run(dict(feeds), "all")
+
+        scores = []
+        for run in (run_float, run_quantized):
+            score = evaluate(run, data)
+            try:
+                scores.append(float(score))
+            except (TypeError, ValueError):
+                raise PTQError(f"the evaluation function {_name(evaluate)} returned {score!r}; it must "
+                               "return one number (higher is better)") from None
+        return tuple(scores)
+
+    def fingerprint(self):
+        """Hashes of the model, data and float model, for baselines (not compared exactly)."""
+        def compute():
+            import onnx
+            import onnxruntime
+
+            from . import __version__
+
+            fp = {"model_sha256": file_hash(self.key.model), "data_sha256": file_hash(self.key.data),
+                  "samples": self.samples, "pytest_ptq": __version__, "onnxruntime": onnxruntime.__version__,
+                  "onnx": onnx.__version__}
+            if self.key.float_model:
+                fp["float_model_sha256"] = file_hash(self.key.float_model)
+            return fp
+
+        return self.cached(("fingerprint",), compute)
+
+
+def _name(fn):
+    return getattr(fn, "__qualname__", None) or repr(fn)
+
+
+def _below(path, root):
+    try:
+        Path(path).resolve().relative_to(Path(root).resolve())
+        return True
+    except ValueError:
+        return False
+
+
+def relative(path, start):
+    """``path`` relative to ``start`` with forward slashes where possible, else absolute."""
+    try:
+        return Path(os.path.relpath(path, start)).as_posix()
+    except ValueError:  # another drive on Windows
+        return Path(path).as_posix()

@@ -1,0 +1,529 @@
+"""Accuracy checks and their results.
+
+Each ``check_*`` function measures one property of an :class:`Analysis` and returns a
+result object that is true when the check passes and carries its figures (like
+Polygraphy's ``DistanceMetricsResult``); ``assert_*`` raises :class:`ContractFailed` with
+the result's plain-text report when it does not. :class:`PTQ` (the ``ptq`` fixture) binds
+them to one test's model and settings and records every result for the reports.
+
+Thresholds follow the metric's direction: a floor for similarities (cosine, sqnr), a
+ceiling for errors (mse, mre, chebyshev, l1, kl). Per-output thresholds are a dict whose
+``""`` key is the default for every model output not named, Polygraphy style; a key may
+be an output slice such as ``"cls=prob[:, 4:]"``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fnmatch
+import statistics
+from pathlib import Path
+
+from .baseline import Baseline, compare, measure
+from .errors import PTQError, closest
+from .metrics import get_metrics
+from .outputs import parse_outputs
+from .tables import fmt, format_table
+
+COSINE = "cosine-similarity"
+# How many rows a failure message lists before it says "... N more".
+_CAP = 20
+
+
+class ContractFailed(AssertionError):
+    """A check failed; ``result`` holds its figures and ``str()`` its report."""
+
+    def __init__(self, result):
+        super().__init__(result.text)
+        self.result = result
+
+
+class Result:
+    """Common behaviour: truth is ``passed``; ``text`` is the readable report."""
+
+    kind = "check"
+
+    def __bool__(self):
+        return bool(self.passed)
+
+    def __str__(self):
+        return self.text
+
+    @property
+    def text(self):
+        return self.summary + ("\n" + self.details if self.details else "")
+
+    def properties(self):
+        """``(name, value)`` pairs for JUnit XML ``<property>`` elements."""
+        return [(f"ptq.{self.kind}.{k}", v) for k, v in self.figures().items()]
+
+    def to_dict(self):
+        """JSON-safe form for reports and xdist payloads."""
+        return {"kind": self.kind, "passed": bool(self.passed), "summary": self.summary,
+                "details": self.details, "figures": {k: _plain(v) for k, v in self.figures().items()}}
+
+
+def _plain(value):
+    return value if isinstance(value, (str, int, bool)) or value is None else float(value)
+
+
+def _bound(metric):
+    return ">=" if metric.higher_is_better else "<="
+
+
+# -- outputs -------------------------------------------------------------------------------
+@dataclasses.dataclass(repr=False)
+class OutputResult(Result):
+    """The fully quantized model against the float one, per output (or output slice)."""
+
+    passed: bool
+    metric: str
+    values: dict  # output -> value
+    thresholds: dict  # output -> threshold
+    samples: int
+    model: str
+    data: str
+    kind = "outputs"
+
+    def __repr__(self):
+        return f"OutputResult(passed={self.passed}, metric={self.metric!r}, values={self.values})"
+
+    @property
+    def failing(self):
+        m = get_metrics(self.metric)[0]
+        return [o for o, v in self.values.items() if not _meets(m, v, self.thresholds[o])]
+
+    @property
+    def summary(self):
+        m = get_metrics(self.metric)[0]
+        bad = self.failing
+        where = f"{self.model}, {self.samples} sample(s) of {self.data}"
+        if bad:
+            listed = ", ".join(f"{o!r} {fmt(self.values[o])} (needs {_bound(m)} {fmt(self.thresholds[o])})"
+                               for o in bad[:5])
+            return (f"output {self.metric} fails for {len(bad)} of {len(self.values)} output(s): {listed} "
+                    f"[{where}]")
+        worst = min(self.values, key=lambda o: m.sort_key(self.values[o]))
+        return (f"output {self.metric} meets every threshold (worst {worst!r} {fmt(self.values[worst])} "
+                f"{_bound(m)} {fmt(self.thresholds[worst])}) [{where}]")
+
+    @property
+    def details(self):
+        m = get_metrics(self.metric)[0]
+        rows = [{"output": o, self.metric: v, "threshold": f"{_bound(m)} {fmt(self.thresholds[o])}",
+                 "verdict": "ok" if _meets(m, v, self.thresholds[o]) else "FAIL"} for o, v in self.values.items()]
+        return format_table(rows, ["output", self.metric, "threshold", "verdict"], _CAP)
+
+    def figures(self):
+        return {f"{o}.{self.metric}": v for o, v in self.values.items()}
+
+
+def _meets(metric, value, threshold):
+    # A bound is a bound: equality passes, nothing else is fudged (a NaN never passes).
+    return value >= threshold if metric.higher_is_better else value <= threshold
+
+
+def thresholds(spec):
+    """Normalise a threshold spec to ``{output or slice: value}``; ``""`` is the default.
+
+    ``spec``: a number (every output), a mapping (``""`` or ``"default"`` for the rest),
+    or None (nothing).
+    """
+    if spec is None:
+        return {}
+    if isinstance(spec, dict):
+        out = {}
+        for k, v in spec.items():
+            key = "" if k in ("", "default", None) else str(k)
+            out[key] = _number(v, f"threshold for {key or 'the default'!r}")
+        return out
+    return {"": _number(spec, "threshold")}
+
+
+def _number(value, what):
+    if isinstance(value, bool):
+        raise PTQError(f"{what} must be a number, got {value!r}")
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise PTQError(f"{what} must be a number, got {value!r}") from None
+    if number != number:
+        raise PTQError(f"{what} must be a number, got NaN")
+    return number
+
+
+def check_outputs(analysis, threshold, metric=COSINE, holdout=None):
+    """Output ``metric`` of the quantized model vs float, each against its threshold.
+
+    ``threshold``: a number or ``{output or slice: value, "": default}`` (see module doc).
+    Model outputs not named get the ``""`` value; without one only the named are checked.
+    """
+    m = get_metrics(metric)[0]
+    th = thresholds(threshold)
+    if not th:
+        raise PTQError(f"no threshold for output {m.name}; pass a number or {{output: value}}")
+    named = [k for k in th if k]
+    specs = parse_outputs(named, analysis.qmodel) if named else []
+    limit = {s.name: th[k] for s, k in zip(specs, named)}
+    if "" in th:
+        for out in analysis.qmodel.output_names:
+            if out not in limit and not any(s.tensor == out and not s.index for s in specs):
+                limit[out] = th[""]
+                specs.append(parse_outputs(out, analysis.qmodel)[0])
+    metrics = analysis.output_metrics(specs, [m.name], holdout)
+    values = {name: vals[m.name] for name, vals in metrics.values.items()}
+    ok = all(_meets(m, values[o], limit[o]) for o in values)
+    return OutputResult(passed=ok, metric=m.name, values=values, thresholds=limit, samples=metrics.samples,
+                        model=analysis.label, data=analysis.relative(metrics.data))
+
+
+# -- nodes ---------------------------------------------------------------------------------
+@dataclasses.dataclass(repr=False)
+class NodeResult(Result):
+    """Every node's sensitivity against a limit, with an allow-list."""
+
+    passed: bool
+    metric: str
+    threshold: float
+    node_type: str
+    offenders: list  # (node, value), worst first
+    allowed: list  # (node, value) past the limit but allowed
+    worst: tuple  # (node, value) or ()
+    nodes: int
+    table: str
+    model: str
+    kind = "nodes"
+
+    def __repr__(self):
+        return f"NodeResult(passed={self.passed}, offenders={self.offenders})"
+
+    @property
+    def summary(self):
+        m = get_metrics(self.metric)[0]
+        rule = f"{self.metric} {_bound(m)} {fmt(self.threshold)} with only that node quantized"
+        if self.offenders:
+            listed = ", ".join(f"{n} ({fmt(v)})" for n, v in self.offenders[:5])
+            more = f" and {len(self.offenders) - 5} more" if len(self.offenders) > 5 else ""
+            return (f"{len(self.offenders)} of {self.nodes} {_nodes(self.node_type)} of {self.model} are too "
+                    f"sensitive (need {rule}): {listed}{more}; keep them in higher precision, or allow "
+                    "them with allow=[...]")
+        allowed = f"; {len(self.allowed)} allowed past it" if self.allowed else ""
+        worst = f" (most sensitive {self.worst[0]}: {fmt(self.worst[1])})" if self.worst else ""
+        return f"all {self.nodes} {_nodes(self.node_type)} of {self.model} meet {rule}{worst}{allowed}"
+
+    @property
+    def details(self):
+        return "most sensitive nodes:\n" + self.table if self.table else ""
+
+    def figures(self):
+        fig = {"over_limit": len(self.offenders)}
+        if self.worst:
+            fig["worst"] = self.worst[0]
+            fig[f"worst.{self.metric}"] = self.worst[1]
+        return fig
+
+
+def _nodes(node_type):
+    return "nodes" if node_type == "node" else f"{node_type} nodes"
+
+
+def check_nodes(analysis, threshold, metric=COSINE, node_type="node", allow=(), outputs=None, top=10):
+    """No node of ``node_type`` more sensitive than ``threshold``, except allowed ones.
+
+    A node's sensitivity is ``metric`` at the outputs with only that node quantized.
+    ``allow``: node names or glob patterns (``"conv*"``); an entry matching no node is an
+    error, since it is most likely a typo.
+    """
+    m = get_metrics(metric)[0]
+    limit = _number(threshold, f"node {m.name} threshold")
+    sens = analysis.sensitivity(node_type, m.name, outputs)
+    names = list(sens)
+    patterns = [allow] if isinstance(allow, str) else list(allow or ())
+    for p in patterns:
+        if not fnmatch.filter(names, p):
+            near = closest(p, names)
+            hint = f"; did you mean {', '.join(repr(n) for n in near)}?" if near else ""
+            raise PTQError(f"allow-list entry {p!r} matches none of the {_nodes(node_type)} of {analysis.label}{hint}")
+    offenders, allowed = [], []
+    for name, values in sens.items():
+        v = values[m.name]
+        if not _meets(m, v, limit):
+            (allowed if any(fnmatch.fnmatchcase(name, p) for p in patterns) else offenders).append((name, v))
+    worst = (names[0], sens[names[0]][m.name]) if names else ()
+    return NodeResult(passed=not offenders, metric=m.name, threshold=limit, node_type=node_type,
+                      offenders=offenders, allowed=allowed, worst=worst, nodes=len(names),
+                      table=sens.table(limit=top) if names else "", model=analysis.label)
+
+
+# -- task accuracy -------------------------------------------------------------------------
+@dataclasses.dataclass(repr=False)
+class AccuracyResult(Result):
+    """A user metric (accuracy, mAP, ...) of the quantized model relative to float."""
+
+    passed: bool
+    float_score: float
+    quantized_score: float
+    ratio: float
+    min_ratio: float
+    evaluate: str
+    model: str
+    kind = "accuracy"
+
+    def __repr__(self):
+        return f"AccuracyResult(passed={self.passed}, ratio={self.ratio:.6g})"
+
+    @property
+    def summary(self):
+        verdict = "meets" if self.passed else "is below"
+        return (f"{self.evaluate}: quantized {fmt(self.quantized_score)} = {self.ratio:.3%} of float "
+                f"{fmt(self.float_score)}, which {verdict} the {self.min_ratio:.3%} required [{self.model}]")
+
+    details = ""
+
+    def figures(self):
+        return {"float": self.float_score, "quantized": self.quantized_score, "ratio": self.ratio}
+
+
+def check_accuracy(analysis, evaluate, min_ratio=0.99, holdout=None):
+    """``evaluate`` of the quantized model at least ``min_ratio`` times that of the float one.
+
+    ``evaluate(run, data) -> float``, higher is better: ``run(feeds)`` maps
+    ``{input: array}`` to ``{output: array}``; ``data`` is the sample set (calibration data,
+    or ``holdout``): ``len(data)``, ``data.sample(i)``, iterating yields feed dicts.
+    """
+    ratio_min = _number(min_ratio, "min_ratio")
+    f_score, q_score = analysis.accuracy(evaluate, holdout)
+    name = getattr(evaluate, "__name__", None) or type(evaluate).__name__
+    if not f_score > 0:
+        raise PTQError(f"the evaluation function {name} gave the float model {f_score!r}; a ratio needs a "
+                       "positive score, so return an accuracy-like number where higher is better")
+    ratio = q_score / f_score
+    return AccuracyResult(passed=ratio >= ratio_min, float_score=f_score, quantized_score=q_score,
+                          ratio=ratio, min_ratio=ratio_min, evaluate=name, model=analysis.label)
+
+
+# -- baseline ------------------------------------------------------------------------------
+@dataclasses.dataclass(repr=False)
+class BaselineResult(Result):
+    """Sensitivity and output metrics against the committed baseline."""
+
+    passed: bool
+    status: str  # "ok" | "degraded" | "missing" | "created" | "rewritten" | "unreadable"
+    path: str
+    diff: object  # baseline.Diff or None
+    tolerance: float
+    model: str
+    kind = "baseline"
+
+    def __repr__(self):
+        return f"BaselineResult(passed={self.passed}, status={self.status!r})"
+
+    @property
+    def summary(self):
+        p = self.path
+        if self.status == "missing":
+            return (f"baseline {p} does not exist, so there is nothing to compare {self.model} against; "
+                    "create it with `pytest --ptq-update-baseline`, review it and commit it")
+        if self.status == "created":
+            return (f"baseline {p} did not exist and has been written; review and commit it, then rerun "
+                    "(this run fails so that a run never passes on a baseline it wrote itself)")
+        if self.status == "unreadable":
+            return f"baseline {p} cannot be read; rewrite it with `pytest --ptq-update-baseline`"
+        d = self.diff
+        if self.status == "rewritten":
+            what = "failed against it and " if d is not None and not d.ok else ""
+            tail = "" if self.passed else "; rerun to compare against it"
+            return f"baseline {p} {what}has been rewritten from this run ({self.model}){tail}"
+        if d.mismatch:
+            return (f"baseline {p} does not fit this check: {d.mismatch}; rewrite it with "
+                    "`pytest --ptq-update-baseline`")
+        if self.status == "degraded":
+            parts = []
+            if d.nodes:
+                parts.append(f"{len(d.nodes)} node(s)")
+            if d.outputs:
+                parts.append(f"{len(d.outputs)} output(s)")
+            return (f"{' and '.join(parts)} of {self.model} got worse than baseline {p} by more than "
+                    f"{self.tolerance:g} {d.metric}; if intended, run `pytest --ptq-update-baseline` "
+                    "and commit the new file")
+        return (f"{self.model} is within {self.tolerance:g} {d.metric} of baseline {p} "
+                f"({len(d.improved)} value(s) improved)")
+
+    @property
+    def details(self):
+        d = self.diff
+        if d is None:
+            return ""
+        lines = []
+        for title, moves in (("outputs", d.outputs), ("nodes", d.nodes)):
+            if not moves:
+                continue
+            worse = [mv.worse for mv in moves]
+            lines.append(f"{title} worse by more than {d.tolerance:g} ({d.metric}, old -> new): "
+                         f"max {fmt(max(worse))}, mean {fmt(statistics.fmean(worse))}, "
+                         f"median {fmt(statistics.median(worse))}")
+            lines += [f"  {mv.name}: {fmt(mv.old)} -> {fmt(mv.new)} (worse by {fmt(mv.worse)})" for mv in moves[:_CAP]]
+            if len(moves) > _CAP:
+                lines.append(f"  ... {len(moves) - _CAP} more")
+        if d.improved and self.status in ("degraded", "ok"):
+            names = ", ".join(f"{mv.name} {fmt(mv.old)} -> {fmt(mv.new)}" for mv in d.improved[:5])
+            lines.append(f"improved past the tolerance: {names}" + (" ..." if len(d.improved) > 5 else ""))
+        if d.removed:
+            lines.append(f"in the baseline but not measured now: {', '.join(d.removed[:10])}")
+        if d.added:
+            lines.append(f"measured now but not in the baseline: {', '.join(d.added[:10])}")
+        lines += d.notes
+        return "\n".join(lines)
+
+    def figures(self):
+        d = self.diff
+        fig = {"status": self.status}
+        if d is not None:
+            fig["nodes_worse"] = len(d.nodes)
+            fig["outputs_worse"] = len(d.outputs)
+        return fig
+
+
+def check_baseline(analysis, path, update="none", tolerance=0.001, node_type="node", metric=COSINE,
+                   outputs=None):
+    """Compare ``analysis`` with the baseline at ``path`` and apply the update policy.
+
+    ``update``: ``"none"`` (CI: a missing baseline fails), ``"failing"`` (write missing or
+    failing baselines; the check still fails), ``"all"`` (rewrite and pass). A baseline is
+    only ever written, never deleted.
+    """
+    tol = _number(tolerance, "tolerance")
+    path = Path(path)
+    new = measure(analysis, metric, node_type, outputs, relative_to=path.parent)
+    shown = analysis.relative(path)
+
+    def result(passed, status, diff=None):
+        return BaselineResult(passed=passed, status=status, path=shown, diff=diff, tolerance=tol,
+                              model=analysis.label)
+
+    if not path.exists():
+        if update == "none":
+            return result(False, "missing")
+        new.save(path)
+        return result(update == "all", "created")
+    try:
+        old = Baseline.load(path)
+    except PTQError:
+        if update == "none":
+            return result(False, "unreadable")
+        new.save(path)
+        return result(update == "all", "rewritten")
+    diff = compare(old, new, tol)
+    if update == "all" or (update == "failing" and not diff.ok):
+        new.save(path)
+        return result(update == "all", "rewritten", diff)
+    return result(diff.ok, "ok" if diff.ok else "degraded", diff)
+
+
+# -- the per-test helper -------------------------------------------------------------------
+class PTQ:
+    """The ``ptq`` fixture: the checks bound to one test's model and settings.
+
+    Every ``check_*`` returns its result (true when it passes); every ``assert_*`` raises
+    :class:`ContractFailed` on failure and returns the result otherwise. Each result is
+    recorded for the failure section, JUnit properties and the HTML report.
+    """
+
+    def __init__(self, analysis, settings, record, baseline_path):
+        self.analysis = analysis
+        self.settings = settings
+        self._record = record
+        self._baseline_path = baseline_path
+
+    @property
+    def engine(self):
+        return self.analysis.engine
+
+    def _done(self, result):
+        self._record(result)
+        return result
+
+    def check_outputs(self, threshold=None, metric=COSINE, holdout=None):
+        """Output similarity (or error) vs float; default threshold ``min_cosine``, on the
+        marker's ``holdout`` data when it names some, else on the calibration data."""
+        m = get_metrics(metric)[0]
+        if threshold is None:
+            if m.name != COSINE:
+                raise PTQError(f"give a threshold for output {m.name}; only cosine has a default (min_cosine)")
+            threshold = self.settings.min_cosine
+        return self._done(check_outputs(self.analysis, threshold, m.name,
+                                        holdout if holdout is not None else self.settings.holdout))
+
+    def check_nodes(self, threshold=None, allow=None, node_type=None, metric=None, outputs=None):
+        """No node more sensitive than ``threshold``; defaults ``min_node_cosine``, marker allow-list."""
+        m = get_metrics(metric or self.settings.metric)[0]
+        if threshold is None:
+            if m.name != COSINE:
+                raise PTQError(f"give a threshold for node {m.name}; only cosine has a default (min_node_cosine)")
+            threshold = self.settings.min_node_cosine
+        allowed = tuple(self.settings.allow) + tuple([allow] if isinstance(allow, str) else (allow or ()))
+        return self._done(check_nodes(self.analysis, threshold, m.name, node_type or self.settings.node_type,
+                                      allowed, outputs, self.settings.top))
+
+    def check_accuracy(self, evaluate, min_ratio=0.99, holdout=None):
+        """``evaluate(run, data) -> float`` of quantized at least ``min_ratio`` x float."""
+        return self._done(check_accuracy(self.analysis, evaluate, min_ratio,
+                                         holdout if holdout is not None else self.settings.holdout))
+
+    def check_baseline(self, path=None, tolerance=None, node_type=None, metric=None):
+        """Against the baseline file (default: from the test id under ``--ptq-baseline-dir``)."""
+        s = self.settings
+        return self._done(check_baseline(
+            self.analysis, path or s.baseline or self._baseline_path, s.update,
+            s.tolerance if tolerance is None else tolerance, node_type or s.node_type, metric or s.metric))
+
+    def assert_outputs(self, threshold=None, metric=COSINE, holdout=None):
+        __tracebackhide__ = True
+        return _raise_unless(self.check_outputs, threshold, metric, holdout)
+
+    def assert_nodes(self, threshold=None, allow=None, node_type=None, metric=None, outputs=None):
+        __tracebackhide__ = True
+        return _raise_unless(self.check_nodes, threshold, allow, node_type, metric, outputs)
+
+    def assert_accuracy(self, evaluate, min_ratio=0.99, holdout=None):
+        __tracebackhide__ = True
+        return _raise_unless(self.check_accuracy, evaluate, min_ratio, holdout)
+
+    def assert_baseline(self, path=None, tolerance=None, node_type=None, metric=None):
+        __tracebackhide__ = True
+        return _raise_unless(self.check_baseline, path, tolerance, node_type, metric)
+
+
+def _raise_unless(check, *args):
+    __tracebackhide__ = True
+    import pytest
+
+    try:
+        result = check(*args)
+    except PTQError as exc:
+        error = str(exc)
+    else:
+        error = None
+    if error is not None:  # outside the except block: no "during handling" chain
+        pytest.fail(error, pytrace=False)
+    if not result:
+        raise ContractFailed(result)
+    return result
+
+
+def assert_outputs(analysis, threshold, metric=COSINE, holdout=None):
+    """:func:`check_outputs`, raising :class:`ContractFailed` when it fails."""
+    __tracebackhide__ = True
+    return _raise_unless(check_outputs, analysis, threshold, metric, holdout)
+
+
+def assert_nodes(analysis, threshold, metric=COSINE, node_type="node", allow=(), outputs=None):
+    """:func:`check_nodes`, raising :class:`ContractFailed` when it fails."""
+    __tracebackhide__ = True
+    return _raise_unless(check_nodes, analysis, threshold, metric, node_type, allow, outputs)
+
+
+def assert_accuracy(analysis, evaluate, min_ratio=0.99, holdout=None):
+    """:func:`check_accuracy`, raising :class:`ContractFailed` when it fails."""
+    __tracebackhide__ = True
+    return _raise_unless(check_accuracy, analysis, evaluate, min_ratio, holdout)

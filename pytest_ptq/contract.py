@@ -1,0 +1,330 @@
+"""Accuracy contracts as data: ``*.ptq.yaml`` files collected as pytest items.
+
+A contract needs no Python::
+
+    # resnet.ptq.yaml -- paths are relative to this file
+    model: resnet_qdq.onnx
+    data: calibration_data          # folder DIR/<input>/<i>.npy, <input>.npy stacks, or .npz
+    float_model: resnet.onnx        # optional
+    holdout: holdout_data           # optional: output and accuracy checks run on it
+    data_num: 16                    # optional: first N calibration samples
+    metric: cosine-similarity       # optional: metric of every threshold below
+    outputs:                        # floor (similarity) or ceiling (error) per output
+      default: 0.99                 # every output not named ("" works too)
+      "cls=prob[:, 4:]": 0.999      # an output slice
+    nodes:                          # optional: no node more sensitive than this
+      type: activation              # node | weight | activation
+      threshold: 0.999
+      allow: [conv1*]
+    accuracy:                       # optional: task metric relative to float
+      evaluate: evaluate.py:top1    # FILE.py:FUNCTION (relative) or package.module:FUNCTION
+      min_ratio: 0.99
+    baseline: baselines/resnet.json # optional; default <name>.baseline.json beside this file;
+                                    # false turns the baseline check off
+    tolerance: 0.001                # optional: how far the baseline may be missed
+
+Each contract gives the items ``outputs``, ``baseline`` (unless off), ``nodes`` and
+``accuracy`` (when given). A failing item prints plain lines, not a traceback; a schema
+error names the key and the file.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import importlib.util
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from . import checks
+from . import session as ptq_session
+from .errors import PTQError, closest
+from .metrics import METRICS, get_metrics
+from .plugin import CONTRACT_SUFFIXES as SUFFIXES
+from .sensitivity import NODE_TYPES
+_KEYS = {"model", "data", "float_model", "holdout", "data_num", "metric", "outputs", "nodes", "accuracy",
+         "baseline", "tolerance"}
+_NODE_KEYS = {"type", "threshold", "allow", "metric"}
+_ACCURACY_KEYS = {"evaluate", "min_ratio"}
+
+
+class ContractError(PTQError):
+    """A contract file that does not fit the schema; the message names the file and key."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Contract:
+    """A validated contract; paths are absolute."""
+
+    path: Path
+    name: str
+    model: Path
+    data: Path
+    float_model: Path | None = None
+    holdout: Path | None = None
+    data_num: int | None = None
+    metric: str | None = None
+    outputs: object = None  # number or {output: number}; None: the session's min_cosine
+    nodes: dict | None = None  # {type, threshold, allow, metric}
+    accuracy: dict | None = None  # {evaluate, min_ratio}
+    baseline: Path | None = None  # None: no baseline check
+    tolerance: float | None = None
+
+    @property
+    def checks(self):
+        names = ["outputs"]
+        if self.nodes is not None:
+            names.append("nodes")
+        if self.accuracy is not None:
+            names.append("accuracy")
+        if self.baseline is not None:
+            names.append("baseline")
+        return names
+
+
+def _stem(path):
+    name = path.name
+    for suffix in SUFFIXES:
+        if name.endswith(suffix):
+            return name[: -len(suffix)]
+    return path.stem
+
+
+def load(path):
+    """Read and validate a contract file; raises :class:`ContractError`."""
+    import yaml
+
+    path = Path(path)
+    where = f"contract {path.name!r}"
+    try:
+        doc = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise ContractError(f"{where} ({path}) is not valid YAML{at}: {problem}") from None
+    except OSError as exc:
+        raise ContractError(f"{where} ({path}) cannot be read: {exc.strerror}") from None
+    if not isinstance(doc, dict):
+        raise ContractError(f"{where} ({path}) must be a mapping of keys such as 'model:' and 'data:', "
+                            f"got {type(doc).__name__}")
+    _known(doc, _KEYS, "", where)
+    base = path.parent
+
+    def req_path(key):
+        if key not in doc or doc[key] in (None, ""):
+            raise ContractError(f"{where} has no {key!r} key; add '{key}: PATH' (relative to {path.name})")
+        return opt_path(key)
+
+    def opt_path(key):
+        value = doc.get(key)
+        if value in (None, ""):
+            return None
+        if not isinstance(value, str):
+            raise ContractError(f"{where}: {key!r} must be a path string, got {value!r}")
+        return (base / os.path.expanduser(value)).resolve()
+
+    metric = doc.get("metric")
+    if metric is not None:
+        metric = _metric(metric, "metric", where)
+    data_num = doc.get("data_num")
+    if data_num is not None and (isinstance(data_num, bool) or not isinstance(data_num, int) or data_num < 1):
+        raise ContractError(f"{where}: 'data_num' must be a whole number >= 1, got {data_num!r}")
+    outputs = doc.get("outputs")
+    if outputs is not None:
+        outputs = _outputs(outputs, where)
+    nodes = doc.get("nodes")
+    if nodes is not None:
+        nodes = _nodes(nodes, where)
+    accuracy = doc.get("accuracy")
+    if accuracy is not None:
+        accuracy = _accuracy(accuracy, where)
+    baseline = doc.get("baseline", f"{_stem(path)}.baseline.json")
+    if baseline is False:
+        baseline = None
+    elif isinstance(baseline, str) and baseline:
+        baseline = (base / os.path.expanduser(baseline)).resolve()
+    else:
+        raise ContractError(f"{where}: 'baseline' must be a path or false, got {baseline!r}")
+    tolerance = doc.get("tolerance")
+    if tolerance is not None:
+        tolerance = _num(tolerance, "tolerance", where)
+        if tolerance < 0:
+            raise ContractError(f"{where}: 'tolerance' must be >= 0, got {tolerance}")
+    return Contract(path=path.resolve(), name=_stem(path), model=req_path("model"), data=req_path("data"),
+                    float_model=opt_path("float_model"), holdout=opt_path("holdout"), data_num=data_num,
+                    metric=metric, outputs=outputs, nodes=nodes, accuracy=accuracy, baseline=baseline,
+                    tolerance=tolerance)
+
+
+def _known(mapping, allowed, prefix, where):
+    for key in mapping:
+        if key not in allowed:
+            near = closest(str(key), sorted(allowed))
+            hint = f"; did you mean {near[0]!r}?" if near else f"; allowed keys: {', '.join(sorted(allowed))}"
+            raise ContractError(f"{where}: unknown key {prefix + str(key)!r}{hint}")
+
+
+def _num(value, key, where):
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ContractError(f"{where}: {key!r} must be a number, got {value!r}")
+    return float(value)
+
+
+def _metric(value, key, where):
+    if not isinstance(value, str):
+        raise ContractError(f"{where}: {key!r} must be a metric name ({', '.join(METRICS)}), got {value!r}")
+    try:
+        return get_metrics(value)[0].name
+    except PTQError as exc:
+        raise ContractError(f"{where}: {key!r}: {exc}") from None
+
+
+def _outputs(value, where):
+    if isinstance(value, dict):
+        out = {}
+        for k, v in value.items():
+            key = "" if k in (None, "", "default") else str(k)
+            out[key] = _num(v, f"outputs.{k}", where)
+        if not out:
+            raise ContractError(f"{where}: 'outputs' is empty; give 'default: 0.99' or one threshold per output")
+        return out
+    return _num(value, "outputs", where)
+
+
+def _nodes(value, where):
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        value = {"threshold": value}
+    if not isinstance(value, dict):
+        raise ContractError(f"{where}: 'nodes' must be a mapping (type, threshold, allow) or a number, "
+                            f"got {value!r}")
+    _known(value, _NODE_KEYS, "nodes.", where)
+    node_type = value.get("type", None)
+    if node_type is not None and node_type not in NODE_TYPES:
+        raise ContractError(f"{where}: 'nodes.type' must be one of {', '.join(NODE_TYPES)}, got {node_type!r}")
+    allow = value.get("allow", [])
+    if isinstance(allow, str):
+        allow = [allow]
+    if not isinstance(allow, list) or not all(isinstance(a, str) for a in allow):
+        raise ContractError(f"{where}: 'nodes.allow' must be a list of node names or patterns, got {allow!r}")
+    return {"type": node_type,
+            "threshold": _num(value["threshold"], "nodes.threshold", where) if "threshold" in value else None,
+            "allow": list(allow),
+            "metric": _metric(value["metric"], "nodes.metric", where) if "metric" in value else None}
+
+
+def _accuracy(value, where):
+    if not isinstance(value, dict):
+        raise ContractError(f"{where}: 'accuracy' must be a mapping with 'evaluate' and 'min_ratio', got {value!r}")
+    _known(value, _ACCURACY_KEYS, "accuracy.", where)
+    fn = value.get("evaluate")
+    if not isinstance(fn, str) or ":" not in fn:
+        raise ContractError(f"{where}: 'accuracy.evaluate' must be 'FILE.py:FUNCTION' or 'module:FUNCTION', "
+                            f"got {fn!r}")
+    ratio = _num(value.get("min_ratio", 0.99), "accuracy.min_ratio", where)
+    if not 0 < ratio <= 10:
+        raise ContractError(f"{where}: 'accuracy.min_ratio' must be a ratio such as 0.99, got {ratio}")
+    return {"evaluate": fn, "min_ratio": ratio}
+
+
+def load_function(spec, base, where):
+    """The function named by ``FILE.py:NAME`` (relative to ``base``) or ``module:NAME``."""
+    target, _, name = spec.rpartition(":")
+    if target.endswith(".py"):
+        file = (base / target).resolve()
+        if not file.is_file():
+            raise ContractError(f"{where}: 'accuracy.evaluate' file {str(file)!r} does not exist")
+        mod_name = f"ptq_contract_{abs(hash(str(file)))}"
+        module = sys.modules.get(mod_name)
+        if module is None:
+            spec_obj = importlib.util.spec_from_file_location(mod_name, file)
+            module = importlib.util.module_from_spec(spec_obj)
+            spec_obj.loader.exec_module(module)
+            sys.modules[mod_name] = module
+    else:
+        try:
+            module = importlib.import_module(target)
+        except ImportError as exc:
+            raise ContractError(f"{where}: 'accuracy.evaluate' module {target!r} cannot be imported ({exc})") from None
+    fn = getattr(module, name, None)
+    if not callable(fn):
+        raise ContractError(f"{where}: 'accuracy.evaluate' names {name!r}, which {target} does not define "
+                            "as a function")
+    return fn
+
+
+class ContractFile(pytest.File):
+    """A ``*.ptq.yaml`` file: one item per check of its contract."""
+
+    def collect(self):
+        contract = load(self.path)
+        for check in contract.checks:
+            yield ContractItem.from_parent(self, name=check, contract=contract)
+
+    def repr_failure(self, excinfo):
+        if isinstance(excinfo.value, ContractError):
+            return str(excinfo.value)
+        return super().repr_failure(excinfo)
+
+
+class ContractItem(pytest.Item):
+    """One check of a contract; failures print the check's report as plain lines."""
+
+    def __init__(self, *, contract, **kwargs):
+        super().__init__(**kwargs)
+        self.contract = contract
+        self.ptq_settings = None  # set when it runs: the session's settings with the contract's
+
+    def runtest(self):
+        ptq = ptq_session.get(self.config)
+        c = self.contract
+        s = ptq.settings
+        analysis = ptq.analysis(c.model, c.data, c.float_model, c.data_num)
+        ptq.use(self, analysis)
+        metric = c.metric or s.metric
+        self.ptq_settings = s.replace(metric=metric, node_type=(c.nodes or {}).get("type") or s.node_type)
+        where = f"contract {self.path.name!r}"
+        if self.name == "outputs":
+            threshold = c.outputs
+            if threshold is None:
+                if metric != checks.COSINE:
+                    raise ContractError(f"{where} sets metric {metric} but no 'outputs' thresholds; add "
+                                        "'outputs: {default: VALUE}' in that metric")
+                threshold = s.min_cosine
+            result = checks.check_outputs(analysis, threshold, metric, c.holdout)
+        elif self.name == "nodes":
+            n = c.nodes
+            node_metric = n["metric"] or metric
+            threshold = n["threshold"]
+            if threshold is None:
+                if node_metric != checks.COSINE:
+                    raise ContractError(f"{where}: 'nodes' uses metric {node_metric} and needs a 'threshold'")
+                threshold = s.min_node_cosine
+            result = checks.check_nodes(analysis, threshold, node_metric, n["type"] or s.node_type, n["allow"],
+                                        top=s.top)
+        elif self.name == "accuracy":
+            fn = load_function(c.accuracy["evaluate"], c.path.parent, where)
+            result = checks.check_accuracy(analysis, fn, c.accuracy["min_ratio"], c.holdout)
+        else:
+            result = checks.check_baseline(analysis, c.baseline, s.update,
+                                           s.tolerance if c.tolerance is None else c.tolerance,
+                                           (c.nodes or {}).get("type") or s.node_type, metric)
+        ptq.record(self, analysis, result)
+        if not result:
+            raise checks.ContractFailed(result)
+
+    def repr_failure(self, excinfo, style=None):
+        """Plain lines: the check's report, or the one-sentence input error."""
+        if isinstance(excinfo.value, checks.ContractFailed):
+            return f"contract {self.contract.name} ({self.path.name}), check {self.name}: FAILED\n" + str(excinfo.value)
+        if isinstance(excinfo.value, ContractError):
+            return str(excinfo.value)
+        if isinstance(excinfo.value, PTQError):
+            return f"contract {self.contract.name} ({self.path.name}), check {self.name}: {excinfo.value}"
+        return super().repr_failure(excinfo, style=style)
+
+    def reportinfo(self):
+        return self.path, None, f"ptq contract {self.contract.name}: {self.name}"

@@ -1,0 +1,168 @@
+"""pytest-ptq as a pytest plugin (entry point ``pytest11: ptq``).
+
+Options (``--ptq-*``, one group) and ini keys (``ptq_*``) are in ``settings.py``; the
+fixtures are below; ``*.ptq.yaml`` contracts are collected by ``contract.py``. Hooks only
+hand their work to the :class:`~pytest_ptq.session.PTQSession` of the run.
+
+Fixtures: ``ptq_model`` and ``ptq_data`` (paths), ``ptq_analysis`` (the shared, cached
+analysis of the test's model), ``ptq`` (the assertion helpers bound to the test),
+``ptq_session`` and ``ptq_settings``.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from . import session as ptq_session_mod
+from . import settings as ptq_settings_mod
+from .errors import PTQError
+
+# Only settings, metrics and the session shell load with pytest: onnx, onnxruntime and
+# matplotlib load when a test first uses a model, so the plugin costs nothing elsewhere.
+CONTRACT_SUFFIXES = (".ptq.yaml", ".ptq.yml")
+
+
+def pytest_addoption(parser):
+    """Register the ``ptq`` option group and its ini keys."""
+    ptq_settings_mod.add_options(parser)
+
+
+def pytest_configure(config):
+    """Register the marker and the session object; a bad ini value stops the run here."""
+    config.addinivalue_line("markers", ptq_settings_mod.MARKER_HELP)
+    try:
+        ptq = ptq_session_mod.PTQSession(config)
+    except PTQError as exc:
+        raise pytest.UsageError(str(exc)) from None
+    config.stash[ptq_session_mod.SESSION_KEY] = ptq
+    config.pluginmanager.register(_Hooks(ptq), "ptq-session-hooks")
+
+
+def pytest_collect_file(file_path, parent):
+    """Collect ``*.ptq.yaml`` contracts."""
+    if file_path.name.endswith(CONTRACT_SUFFIXES):
+        from .contract import ContractFile
+
+        return ContractFile.from_parent(parent, path=file_path)
+    return None
+
+
+class _Hooks:
+    """Run-time hooks, bound to the run's session object."""
+
+    def __init__(self, ptq):
+        self.ptq = ptq
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_makereport(self, item, call):
+        """A failing test gets a ``ptq`` section; pytest-html gets the figures as extras."""
+        # an input error (PTQError) is one sentence; tables would only bury it
+        if call.when == "call" and call.excinfo is not None and not call.excinfo.errisinstance(
+                (pytest.skip.Exception, PTQError)):
+            section = self.ptq.failure_section(item)
+            if section:
+                item.add_report_section("call", "ptq", section)
+        rep = yield
+        # extras in the call phase: pytest-html drops what arrives in teardown
+        if call.when == "call" and item.config.getoption("htmlpath", None):
+            self.ptq.html_extras(item, rep)
+        return rep
+
+    def pytest_runtest_logreport(self, report):
+        """Track the outcome of tests that used a model."""
+        self.ptq.logreport(report)
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_sessionfinish(self, session):
+        """Write the HTML report (or, on an xdist worker, send its data)."""
+        self.ptq.finish()
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_testnodedown(self, node, error):
+        """xdist controller: collect a worker's report data."""
+        self.ptq.node_down(node)
+
+    def pytest_terminal_summary(self, terminalreporter):
+        """Say where the report went."""
+        self.ptq.terminal_summary(terminalreporter)
+
+
+def _fail(exc):
+    __tracebackhide__ = True
+    pytest.fail(str(exc), pytrace=False)
+
+
+def _param_path(request, name):
+    """An indirect parametrisation value as an absolute path (relative to the test module)."""
+    value = getattr(request, "param", None)
+    if value is None:
+        return None
+    path = Path(os.path.expanduser(str(value)))
+    path = path if path.is_absolute() else Path(request.node.path).parent / path
+    if not path.exists():
+        _fail(PTQError(f"{name} {str(value)!r} (parametrised) does not exist at {path}"))
+    return path.resolve()
+
+
+@pytest.fixture(scope="session")
+def ptq_session(pytestconfig):
+    """The run's :class:`PTQSession`: ``ptq_session.analysis(model, data, float_model,
+    data_num)`` returns the shared analysis of any model (one per worker under xdist)."""
+    return ptq_session_mod.get(pytestconfig)
+
+
+@pytest.fixture
+def ptq_settings(request, ptq_session):
+    """This test's :class:`Settings`: its ``ptq`` marker, then ``--ptq-*``, then ``ptq_*`` ini keys."""
+    try:
+        return ptq_session.settings_for(request.node)
+    except PTQError as exc:
+        _fail(exc)
+
+
+@pytest.fixture
+def ptq_model(request, ptq_settings):
+    """Path of the calibrated QDQ model under test (indirect parametrisation overrides it)."""
+    path = _param_path(request, "model") or ptq_settings.model
+    if path is None:
+        _fail(PTQError("no model to test: pass --ptq-model PATH, set ptq_model in [tool.pytest.ini_options], "
+                       "or mark the test @pytest.mark.ptq(model=...)"))
+    return path
+
+
+@pytest.fixture
+def ptq_data(request, ptq_settings):
+    """Path of the calibration data (folder or .npz; indirect parametrisation overrides it)."""
+    path = _param_path(request, "data") or ptq_settings.data
+    if path is None:
+        _fail(PTQError("no calibration data: pass --ptq-data PATH, set ptq_data in [tool.pytest.ini_options], "
+                       "or mark the test @pytest.mark.ptq(data=...)"))
+    return path
+
+
+@pytest.fixture
+def ptq_analysis(request, ptq_session, ptq_settings, ptq_model, ptq_data):
+    """The shared :class:`Analysis` of this test's model and data: compiled once per session,
+    float reference and results cached for every test on the same model."""
+    analysis = ptq_session.analysis(ptq_model, ptq_data, ptq_settings.float_model, ptq_settings.data_num)
+    ptq_session.use(request.node, analysis)  # the report lists a model that fails to load too
+    try:
+        _ = analysis.engine  # compile in setup, so a bad model or data is one sentence, not a traceback
+    except PTQError as exc:
+        _fail(exc)
+    return analysis
+
+
+@pytest.fixture
+def ptq(request, ptq_session, ptq_settings, ptq_analysis):
+    """Assertion helpers on this test's model: ``ptq.assert_outputs()``, ``ptq.assert_nodes()``,
+    ``ptq.assert_accuracy(evaluate)``, ``ptq.assert_baseline()`` (and ``check_*`` forms that
+    return the result instead of raising)."""
+    from .checks import PTQ
+
+    node = request.node
+    return PTQ(ptq_analysis, ptq_settings, lambda result: ptq_session.record(node, ptq_analysis, result),
+               ptq_session.baseline_path(node, ptq_settings))

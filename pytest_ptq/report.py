@@ -1,0 +1,279 @@
+"""The session's HTML report: one self-contained page, every model, failing models first.
+
+Each model gets its verdict, the tests that used it and their checks, the output metrics,
+the most sensitive nodes, the cumulative error curves and the distributions of its most
+sensitive nodes. Figures are embedded as palette PNGs (base64) downscaled to a browser-
+friendly width, and the page drops figures past a size budget, so a report of many models
+stays a few MB. No script, no external resource: the page opens anywhere, offline.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime
+import html
+import io
+import os
+import tempfile
+from collections import defaultdict
+from pathlib import Path
+
+from .errors import PTQError
+from .sensitivity import _json_safe
+from .tables import fmt
+
+# Figures wider than this are downscaled: wider than a laptop screen helps no one.
+MAX_WIDTH = 1000
+# Embedded figures stop here; a browser handles a few MB without complaint.
+IMAGE_BUDGET = 4 * 2**20
+DISTRIBUTIONS = 3
+OUTPUT_METRICS = ["cosine-similarity", "sqnr", "mre", "chebyshev"]
+
+
+def compress_png(path):
+    """PNG bytes of the image at ``path``, downscaled to ``MAX_WIDTH`` and palette-encoded."""
+    from PIL import Image
+
+    with Image.open(path) as img:
+        img = img.convert("RGB")
+        if img.width > MAX_WIDTH:
+            img = img.resize((MAX_WIDTH, round(img.height * MAX_WIDTH / img.width)), Image.Resampling.LANCZOS)
+        # an octree palette keeps thin coloured lines apart (median cut merges them into the
+        # white background's buckets) at a quarter of the RGB size
+        img = img.quantize(colors=128, method=Image.Quantize.FASTOCTREE)
+        buf = io.BytesIO()
+        img.save(buf, format="PNG", optimize=True)
+    return buf.getvalue()
+
+
+def _image(path, title):
+    return {"title": title, "png": base64.b64encode(compress_png(path)).decode("ascii")}
+
+
+def collect(session):
+    """JSON-safe data of every model the session analysed (computes curves and figures)."""
+    settings = session.settings
+    tests = defaultdict(list)
+    for rec in session.tests.values():
+        for model_id in rec.models:
+            tests[model_id].append({"nodeid": rec.nodeid, "outcome": rec.outcome, "section": rec.section,
+                                    "results": [r.to_dict() for mid, r in rec.results if mid == model_id]})
+    models = []
+    for analysis in session.analyses.values():
+        if analysis.key.id in tests:
+            models.append(model_payload(analysis, tests[analysis.key.id], settings))
+    return _json_safe(models)
+
+
+def model_payload(analysis, tests, settings):
+    """The report data of one model; analysis errors become notes, not crashes."""
+    key = analysis.key
+    data = {"id": key.id, "label": analysis.label, "data": analysis.relative(key.data),
+            "float_model": analysis.relative(key.float_model) if key.float_model else None,
+            "data_num": key.data_num, "tests": tests, "outputs": [], "sensitivity": None,
+            "images": [], "notes": []}
+    try:
+        data["samples"] = analysis.samples
+        data["notes"] += list(analysis.engine.warnings)
+        values = analysis.output_metrics(None, OUTPUT_METRICS).values
+        data["outputs"] = [{"output": o, **v} for o, v in values.items()]
+        sens = analysis.sensitivity(settings.node_type, settings.metric)
+        data["sensitivity"] = {"node_type": settings.node_type, "metric": settings.metric,
+                               "nodes": len(sens), "rows": sens.rows()[:settings.top]}
+        data["images"] += _figures(analysis, sens, settings, data["notes"])
+    except PTQError as exc:
+        data["notes"].append(f"analysis failed: {exc}")
+    return data
+
+
+def _plot_curves(analysis, settings, tmp):
+    from .curves import plot_curves
+
+    curves = analysis.curves(settings.metric)
+    return plot_curves(curves, tmp / "curves.png",
+                       title=f"Cumulative {curves.metric} vs float, {analysis.label}, {curves.samples} sample(s)")
+
+
+def curves_png(analysis, settings):
+    """The cumulative curves of ``analysis`` as base64 PNG text, drawn once per model."""
+    def draw():
+        with tempfile.TemporaryDirectory(prefix="ptq-curves-") as tmp:
+            return base64.b64encode(compress_png(_plot_curves(analysis, settings, Path(tmp)))).decode("ascii")
+
+    return analysis.cached(("curves_png", settings.metric), draw)
+
+
+def results_html(results):
+    """A small table of check results (for pytest-html)."""
+    rows = [{"check": r["kind"], "verdict": "ok" if r["passed"] else "FAIL", "summary": r["summary"]}
+            for r in results]
+    return _table(rows, ["check", "verdict", "summary"], "ptq-results")
+
+
+def _figures(analysis, sens, settings, notes):
+    images = [{"title": "Cumulative error: every normal node's output vs float, per configuration",
+               "png": curves_png(analysis, settings)}]
+    try:
+        from .distribution import plot_distribution
+    except ImportError:
+        notes.append("distributions not shown: this pytest-ptq has no distribution module")
+        return images
+    top = list(sens)[:DISTRIBUTIONS]
+    if not top:
+        return images
+    try:
+        with tempfile.TemporaryDirectory(prefix="ptq-distributions-") as tmp:
+            stats = plot_distribution(tmp, analysis.engine, None, top)
+            for node, d in stats.items():
+                if isinstance(d, dict) and d.get("png"):
+                    rank = f" (sensitivity rank {top.index(node) + 1})" if node in top else ""
+                    images.append(_image(d["png"], f"Distribution of {node}{rank}"))
+    except (PTQError, TypeError, ValueError) as exc:
+        notes.append(f"distributions not shown: {exc}")
+    return images
+
+
+def merge(models):
+    """One entry per model from several workers' lists: tests united, figures kept once."""
+    merged = {}
+    for m in models:
+        if m["id"] not in merged:
+            merged[m["id"]] = dict(m, tests=list(m["tests"]))
+            continue
+        into = merged[m["id"]]
+        seen = {t["nodeid"] for t in into["tests"]}
+        into["tests"] += [t for t in m["tests"] if t["nodeid"] not in seen]
+        for field in ("images", "outputs", "sensitivity"):
+            if not into.get(field) and m.get(field):
+                into[field] = m[field]
+        into["notes"] = list(dict.fromkeys(into["notes"] + m["notes"]))
+    return list(merged.values())
+
+
+def verdict(model):
+    """``failed`` when any of its tests failed or errored, else ``passed`` (or ``skipped``)."""
+    outcomes = {t["outcome"] for t in model["tests"]}
+    if outcomes & {"failed", "error"}:
+        return "failed"
+    return "passed" if "passed" in outcomes else "skipped"
+
+
+_ORDER = {"failed": 0, "passed": 1, "skipped": 2}
+
+_CSS = """
+body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:2em;color:#222;max-width:1100px}
+h1{margin-bottom:.2em} h2{border-bottom:1px solid #ccc;padding-bottom:.2em;margin-top:2em}
+table{border-collapse:collapse;margin:.5em 0 1em;font-size:.9em}
+th,td{border:1px solid #ccc;padding:.25em .6em;text-align:left;vertical-align:top}
+th{background:#f3f3f3} td.num{text-align:right;font-family:ui-monospace,monospace}
+.v-failed,.v-error{color:#b00020;font-weight:bold} .v-passed{color:#1b7f2a;font-weight:bold}
+.v-skipped{color:#8a6d00} li.v-passed,li.v-failed{font-weight:normal}
+pre{background:#f7f7f7;border:1px solid #ddd;padding:.6em;overflow-x:auto;font-size:.85em}
+figure{margin:1em 0} figure img{max-width:100%;height:auto;border:1px solid #ddd}
+figcaption{font-size:.85em;color:#555} .note{color:#8a6d00}
+"""
+
+
+def _e(text):
+    return html.escape(str(text), quote=True)
+
+
+def _cell(value):
+    if isinstance(value, float) or (isinstance(value, str) and value in ("inf", "-inf", "nan")):
+        return f'<td class="num">{_e(fmt(float(value)))}</td>'
+    if isinstance(value, (int,)) and not isinstance(value, bool):
+        return f'<td class="num">{value}</td>'
+    if isinstance(value, list):
+        return f"<td>{_e(', '.join(str(v) for v in value))}</td>"
+    return f"<td>{_e('' if value is None else value)}</td>"
+
+
+def _table(rows, columns, cls=""):
+    head = "".join(f"<th>{_e(c)}</th>" for c in columns)
+    body = "".join("<tr>" + "".join(_cell(r.get(c)) for c in columns) + "</tr>" for r in rows)
+    return f'<table class="{cls}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
+
+
+def _model_html(k, m):
+    v = verdict(m)
+    parts = [f'<section class="model" data-verdict="{v}" id="model-{k}">',
+             f'<h2>{_e(m["label"])} <span class="v-{v}">{v.upper()}</span></h2>',
+             f'<p>data {_e(m["data"])}, {_e(m.get("samples", "?"))} sample(s)'
+             + (f', float model {_e(m["float_model"])}' if m.get("float_model") else "") + "</p>"]
+    for note in m["notes"]:
+        parts.append(f'<p class="note">{_e(note)}</p>')
+    parts.append("<h3>Tests</h3>")
+    rows = []
+    for t in sorted(m["tests"], key=lambda t: (t["outcome"] not in ("failed", "error"), t["nodeid"])):
+        checks = "".join(f'<li class="v-{"passed" if r["passed"] else "failed"}">{_e(r["summary"])}</li>'
+                         for r in t["results"])
+        details = "".join(f"<pre>{_e(r['details'])}</pre>" for r in t["results"] if not r["passed"] and r["details"])
+        rows.append(f'<tr><td>{_e(t["nodeid"])}</td><td class="v-{t["outcome"]}">{_e(t["outcome"])}</td>'
+                    f"<td><ul>{checks}</ul>{details}</td></tr>")
+    parts.append('<table class="tests"><thead><tr><th>test</th><th>outcome</th><th>checks</th></tr></thead>'
+                 f"<tbody>{''.join(rows)}</tbody></table>")
+    if m["outputs"]:
+        parts.append("<h3>Output metrics (fully quantized vs float)</h3>")
+        cols = ["output"] + [c for c in OUTPUT_METRICS if c in m["outputs"][0]]
+        parts.append(_table(m["outputs"], cols, "outputs"))
+    s = m.get("sensitivity")
+    if s:
+        kind = "nodes" if s["node_type"] == "node" else f'{s["node_type"]} nodes'
+        parts.append(f'<h3>Most sensitive {_e(kind)} ({len(s["rows"])} of {s["nodes"]})</h3>'
+                     f'<p>{_e(s["metric"])} at the model outputs with only that node quantized, worst first.</p>')
+        extra = [c for c in ("op_type", "threshold", "bit", "feeds") if any(c in r for r in s["rows"])]
+        parts.append(_table(s["rows"], ["node", s["metric"]] + extra, "sensitivity"))
+    for img in m["images"]:
+        parts.append(f'<figure><img src="data:image/png;base64,{img["png"]}" alt="{_e(img["title"])}">'
+                     f"<figcaption>{_e(img['title'])}</figcaption></figure>")
+    if m.get("images_dropped"):
+        parts.append(f'<p class="note">{m["images_dropped"]} figure(s) left out to keep this page small.</p>')
+    parts.append("</section>")
+    return "\n".join(parts)
+
+
+def render(models):
+    """The page for ``models`` (merged payloads), failing models first."""
+    models = [dict(m) for m in sorted(models, key=lambda m: (_ORDER[verdict(m)], m["label"]))]
+    budget = IMAGE_BUDGET
+    for m in models:  # failing models first, so they keep their figures
+        kept = []
+        for img in m["images"]:
+            if len(img["png"]) <= budget:
+                kept.append(img)
+                budget -= len(img["png"])
+        m["images_dropped"] = len(m["images"]) - len(kept)
+        m["images"] = kept
+    failing = sum(verdict(m) == "failed" for m in models)
+    summary = []
+    for k, m in enumerate(models):
+        v = verdict(m)
+        worst = min((r.get("cosine-similarity", float("nan")) for r in m["outputs"]), default=None)
+        top = m["sensitivity"]["rows"][0]["node"] if m.get("sensitivity") and m["sensitivity"]["rows"] else ""
+        summary.append(f'<tr><td><a href="#model-{k}">{_e(m["label"])}</a></td><td class="v-{v}">{v}</td>'
+                       f'<td class="num">{len(m["tests"])}</td>{_cell(worst) if worst is not None else "<td></td>"}'
+                       f"<td>{_e(top)}</td></tr>")
+    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    body = [f"<h1>pytest-ptq report</h1><p>{len(models)} model(s), "
+            f'<span class="v-{"failed" if failing else "passed"}">{failing} failing</span>; generated {stamp}.</p>']
+    if models:
+        body.append('<table class="summary"><thead><tr><th>model</th><th>verdict</th><th>tests</th>'
+                    "<th>worst output cosine</th><th>most sensitive node</th></tr></thead>"
+                    f"<tbody>{''.join(summary)}</tbody></table>")
+    else:
+        body.append("<p>No test used a ptq fixture or contract in this session.</p>")
+    body += [_model_html(k, m) for k, m in enumerate(models)]
+    return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+            "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">"
+            f"<title>pytest-ptq report</title><style>{_CSS}</style></head><body>\n"
+            + "\n".join(body) + "\n</body></html>\n")
+
+
+def write(path, models):
+    """Write the page atomically; returns the path."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(render(models), encoding="utf-8")
+    os.replace(tmp, path)
+    return path

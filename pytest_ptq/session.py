@@ -1,0 +1,215 @@
+"""The plugin's state for one pytest session: analyses, per-test results, the report.
+
+One :class:`PTQSession` lives in ``config.stash``. It builds each :class:`Analysis` once
+(per xdist worker) and shares it with every test on that model; it records each check's
+result for the test's failure section, JUnit properties and pytest-html extras; at the
+end it turns what it saw into the JSON-safe payload of the HTML report. Under xdist each
+worker sends its payload through ``config.workeroutput`` and the controller, which runs
+no test, merges them and writes the page.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from .errors import PTQError
+from .settings import apply_marker, from_config
+from .tables import format_table
+
+WORKER_KEY = "ptq_report"
+
+
+@dataclasses.dataclass
+class Record:
+    """What one test did with models: which it used, its check results, its outcome."""
+
+    nodeid: str
+    models: list = dataclasses.field(default_factory=list)  # AnalysisKey.id, first use first
+    results: list = dataclasses.field(default_factory=list)  # (AnalysisKey.id, Result)
+    outcome: str = "passed"
+    section: str = ""
+
+
+class PTQSession:
+    """Everything the plugin keeps for one session; hooks and fixtures delegate here."""
+
+    def __init__(self, config):
+        self.config = config
+        self.root = Path(config.rootpath)
+        self.settings = from_config(config)
+        self.analyses = {}  # AnalysisKey.id -> Analysis
+        self.tests = {}  # node id -> Record
+        self.worker_payloads = []
+        self.is_worker = hasattr(config, "workerinput")
+
+    # -- analyses and settings -------------------------------------------------------------
+    def analysis(self, model, data, float_model=None, data_num=None):
+        """The shared :class:`Analysis` of a model and its data (paths made absolute)."""
+        if model is None:
+            raise PTQError("no model to analyse: pass --ptq-model PATH, set ptq_model in "
+                           "[tool.pytest.ini_options], or mark the test @pytest.mark.ptq(model=...)")
+        if data is None:
+            raise PTQError("no calibration data: pass --ptq-data PATH, set ptq_data in "
+                           "[tool.pytest.ini_options], or mark the test @pytest.mark.ptq(data=...)")
+        from .analysis import Analysis, AnalysisKey  # onnx and onnxruntime load on first use
+
+        key = AnalysisKey(str(Path(model).resolve()), str(Path(data).resolve()),
+                          str(Path(float_model).resolve()) if float_model else None,
+                          int(data_num) if data_num else None)
+        if key.id not in self.analyses:
+            self.analyses[key.id] = Analysis(key, self.root)
+        return self.analyses[key.id]
+
+    def settings_for(self, item):
+        """Session settings overridden by the item's ``ptq`` markers, closest last."""
+        settings = self.settings
+        base = Path(item.path).parent
+        for mark in reversed(list(item.iter_markers("ptq"))):
+            settings = apply_marker(settings, mark.args, mark.kwargs, base)
+        return settings
+
+    def baseline_path(self, item, settings):
+        """Default baseline of a Python test, mirroring its node id under the baseline folder:
+        ``tests/test_x.py::TestC::test_y[a]`` -> ``DIR/tests/test_x/TestC.test_y[a].json``."""
+        file, _, rest = item.nodeid.partition("::")
+        folder = Path(file).with_suffix("") if file.endswith(".py") else Path(file)
+        # a test outside the rootdir must not write outside the baseline folder
+        folder = Path(*[p if p not in ("..", ".", "/") else "_" for p in folder.parts])
+        name = re.sub(r"[^A-Za-z0-9._\-\[\]=,]+", "_", rest.replace("::", ".")).strip("._") or "baseline"
+        return Path(settings.baseline_dir) / folder / f"{name}.json"
+
+    # -- per-test records ------------------------------------------------------------------
+    def use(self, item, analysis):
+        """Note that ``item`` works on ``analysis`` (for the report and the failure section)."""
+        rec = self.tests.setdefault(item.nodeid, Record(item.nodeid))
+        if analysis.key.id not in rec.models:
+            rec.models.append(analysis.key.id)
+            item.user_properties.append(("ptq.model", analysis.label))
+        return rec
+
+    def record(self, item, analysis, result):
+        """Keep ``result`` for ``item``'s reports; headline figures go to JUnit properties."""
+        self.use(item, analysis).results.append((analysis.key.id, result))
+        # appended directly: record_property warns under xunit2, user_properties does not
+        item.user_properties.extend(result.properties())
+
+    def failure_section(self, item):
+        """The ``ptq`` section of a failing test: its check results, the output metrics and
+        the most sensitive nodes of each model it used."""
+        rec = self.tests.get(item.nodeid)
+        if rec is None or not rec.models:
+            return None
+        settings = self._settings_of(item)
+        blocks = []
+        for model_id in rec.models:
+            analysis = self.analyses[model_id]
+            lines = [f"model {analysis.label}, data {analysis.relative(analysis.key.data)}"]
+            done = [f"{r.kind} {'ok' if r else 'FAILED'}" for mid, r in rec.results if mid == model_id]
+            if done:
+                lines[0] += f"; checks: {', '.join(done)}"
+            try:
+                lines.append(_outputs_table(analysis))
+                sens = analysis.sensitivity(settings.node_type, settings.metric)
+                kind = "nodes" if settings.node_type == "node" else f"{settings.node_type} nodes"
+                lines.append(f"most sensitive {kind} ({settings.metric} at the outputs with only that node "
+                             "quantized, worst first):")
+                lines.append(sens.table(limit=settings.top))
+            except PTQError as exc:
+                lines.append(f"(no analysis: {exc})")
+            blocks.append("\n".join(lines))
+        rec.section = "\n\n".join(blocks)
+        return rec.section
+
+    def _settings_of(self, item):
+        """The item's settings for reporting: a contract item carries its own (its node type
+        and metric); a bad marker, already reported as the test's error, falls back."""
+        if getattr(item, "ptq_settings", None) is not None:
+            return item.ptq_settings
+        try:
+            return self.settings_for(item)
+        except PTQError:
+            return self.settings
+
+    def logreport(self, report):
+        """Track the outcome of each test that used a model: a failed call is ``failed``, a
+        failed setup or teardown ``error`` (unless the call failed too), then ``skipped``."""
+        rec = self.tests.get(report.nodeid)
+        if rec is None:
+            return
+        if report.failed:
+            rec.outcome = "failed" if report.when == "call" or rec.outcome == "failed" else "error"
+        elif report.skipped and rec.outcome == "passed":
+            rec.outcome = "skipped"
+
+    def html_extras(self, item, rep):
+        """pytest-html extras: the check results, and on failure the ptq section and curves."""
+        rec = self.tests.get(item.nodeid)
+        if rec is None or not rec.models:
+            return
+        from pytest_html import extras
+
+        from . import report as html_report
+
+        extra = [extras.html(html_report.results_html([r.to_dict() for _, r in rec.results]))]
+        if rep.failed and rec.section:
+            extra.append(extras.text(rec.section, name="ptq"))
+            for model_id in rec.models:
+                analysis = self.analyses[model_id]
+                try:
+                    png = html_report.curves_png(analysis, self._settings_of(item))
+                except PTQError:
+                    continue
+                extra.append(extras.png(png, name=f"ptq curves {analysis.label}"))
+        rep.extras = list(getattr(rep, "extras", [])) + extra
+
+    # -- the HTML report ---------------------------------------------------------------------
+    def payload(self):
+        """JSON-safe report data of every model this process analysed."""
+        from . import report as html_report
+
+        return html_report.collect(self)
+
+    def finish(self):
+        """At session end: a worker hands its payload over, anyone else writes the page."""
+        if self.settings.report is None:
+            return
+        if self.is_worker:
+            self.config.workeroutput[WORKER_KEY] = json.dumps(self.payload())
+            return
+        from . import report as html_report
+
+        models = self.payload()
+        for payload in self.worker_payloads:
+            models.extend(json.loads(payload))
+        html_report.write(self.settings.report, html_report.merge(models))
+
+    def node_down(self, node):
+        """xdist controller: keep a finished worker's payload."""
+        payload = getattr(node, "workeroutput", {}).get(WORKER_KEY)
+        if payload:
+            self.worker_payloads.append(payload)
+
+    def terminal_summary(self, terminalreporter):
+        """One line saying where the report went (on the process that wrote it)."""
+        if self.settings.report is not None and not self.is_worker:
+            terminalreporter.write_sep("-", f"ptq report: {self.settings.report}")
+
+
+def _outputs_table(analysis):
+    metrics = ["cosine-similarity", "sqnr", "mre", "chebyshev"]
+    values = analysis.output_metrics(None, metrics).values
+    rows = [{"output": o, **v} for o, v in values.items()]
+    return "output metrics, fully quantized vs float:\n" + format_table(rows, ["output"] + metrics)
+
+
+def get(config):
+    """The session object of ``config`` (created by the plugin at configure time)."""
+    return config.stash[SESSION_KEY]
+
+
+SESSION_KEY = pytest.StashKey[PTQSession]()

@@ -1,0 +1,254 @@
+"""The plugin's settings: command-line options, ini keys and the ``ptq`` marker.
+
+A value comes from the closest ``ptq`` marker, else the command line, else the ini key in
+``[tool.pytest.ini_options]``, else the default. A path is relative to what names it: the
+command line to the current directory, an ini key to the ini file's folder, a marker to
+the test module's folder (a contract's paths to its YAML file, see ``contract.py``).
+
+Every value goes through the same parser wherever it comes from, so a bad threshold is
+rejected at start-up (command line, ini) or when the test starts (marker), never mid-run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+from pathlib import Path
+
+from .errors import PTQError, unknown
+from .metrics import METRICS, get_metrics
+
+# sensitivity.NODE_TYPES, spelled out so that pytest start-up does not import onnx
+NODE_TYPES = ("node", "weight", "activation")
+
+
+def _number(text, what):
+    try:
+        value = float(text)
+    except (TypeError, ValueError):
+        raise argparse.ArgumentTypeError(f"{what} must be a number, got {text!r}") from None
+    if value != value:
+        raise argparse.ArgumentTypeError(f"{what} must be a number, got NaN")
+    return value
+
+
+def cosine(text):
+    """A cosine similarity threshold in [-1, 1]."""
+    value = _number(text, "a cosine threshold")
+    if not -1.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"a cosine threshold must lie in [-1, 1], got {text}")
+    return value
+
+
+def non_negative(text):
+    """A tolerance: a number >= 0."""
+    value = _number(text, "a tolerance")
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"a tolerance must be >= 0, got {text}")
+    return value
+
+
+def positive_int(text):
+    """A count >= 1."""
+    try:
+        value = int(str(text).strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text}")
+    return value
+
+
+def node_type(text):
+    if text not in NODE_TYPES:
+        raise argparse.ArgumentTypeError(f"node type must be one of {', '.join(NODE_TYPES)}, got {text!r}")
+    return text
+
+
+def metric(text):
+    try:
+        return get_metrics(text)[0].name
+    except PTQError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def existing_path(text):
+    """A model or data path that exists (file or folder)."""
+    path = Path(os.path.expanduser(str(text)))
+    if not path.exists():
+        raise argparse.ArgumentTypeError(f"{str(text)!r} does not exist")
+    return path.resolve()
+
+
+def report_path(text):
+    """Where the HTML report goes: not an existing folder."""
+    path = Path(os.path.expanduser(str(text)))
+    if path.is_dir():
+        raise argparse.ArgumentTypeError(f"{str(text)!r} is a folder; give a file name such as ptq-report.html")
+    return path.resolve()
+
+
+def folder(text):
+    path = Path(os.path.expanduser(str(text)))
+    if path.exists() and not path.is_dir():
+        raise argparse.ArgumentTypeError(f"{str(text)!r} is a file; give a folder")
+    return path.resolve()
+
+
+@dataclasses.dataclass(frozen=True)
+class Option:
+    """One setting: ``--ptq-<flag>`` on the command line, ``ptq_<name>`` in the ini file,
+    ``<name>=`` in the marker."""
+
+    name: str
+    parse: object
+    default: object
+    help: str
+    metavar: str = "VALUE"
+    is_path: bool = False
+    shown: str | None = None  # the default as the help states it, when not the value itself
+
+    @property
+    def flag(self):
+        return "--ptq-" + self.name.replace("_", "-")
+
+    @property
+    def ini(self):
+        return "ptq_" + self.name
+
+
+OPTIONS = [
+    Option("model", existing_path, None, "calibrated QDQ model (.onnx) that the ptq fixtures analyse",
+           "PATH", True),
+    Option("data", existing_path, None, "calibration data: a folder DIR/<input>/<i>.npy, a folder of "
+           "<input>.npy stacks, or an .npz", "PATH", True),
+    Option("float_model", existing_path, None, "float model the QDQ model came from (recovers float "
+           "weights stored quantized)", "PATH", True),
+    Option("data_num", positive_int, None, "use only the first N calibration samples", "N", shown="all samples"),
+    Option("node_type", node_type, "node", "nodes ranked by sensitivity and baselines: "
+           + ", ".join(NODE_TYPES), "TYPE"),
+    Option("metric", metric, "cosine-similarity", "metric of node sensitivity and baselines: "
+           + ", ".join(METRICS), "NAME"),
+    Option("min_cosine", cosine, 0.99, "lowest output cosine similarity (quantized vs float) that passes",
+           "X"),
+    Option("min_node_cosine", cosine, 0.999, "lowest output cosine with a single node quantized; "
+           "a node below it is too sensitive", "X"),
+    Option("tolerance", non_negative, 0.001, "how far (in metric units) a node's sensitivity or an output "
+           "metric may move the wrong way before the baseline check fails", "T"),
+    Option("baseline_dir", folder, "ptq_baselines", "folder of the baselines of Python tests (a "
+           "contract's baseline sits beside its YAML file)", "DIR", True, shown="<rootdir>/ptq_baselines"),
+    Option("report", report_path, None, "write one self-contained HTML page for the session: verdicts, "
+           "tables and plots per model, failing models first", "PATH.html", True),
+    Option("top", positive_int, 10, "rows of the sensitive-node table in failure reports", "N"),
+]
+BY_NAME = {o.name: o for o in OPTIONS}
+# Marker-only keys: a per-test allow-list, baseline file and held-out data.
+MARKER_ONLY = ("allow", "baseline", "holdout")
+HOLDOUT = Option("holdout", existing_path, None, "held-out data for output and accuracy checks", "PATH", True)
+MARKER_HELP = (
+    "ptq(model=None, data=None, *, float_model=None, data_num=None, holdout=None, node_type='node', "
+    "metric='cosine-similarity', min_cosine=0.99, min_node_cosine=0.999, tolerance=0.001, "
+    "allow=(), baseline=None): the model, data and thresholds of this test's ptq fixtures; paths are "
+    "relative to the test module; values override --ptq-* options and ptq_* ini keys."
+)
+
+
+def add_options(parser):
+    """Register the ``ptq`` option group and its ini keys on pytest's parser."""
+    group = parser.getgroup("ptq", "post-training quantization accuracy contracts (pytest-ptq)")
+    for o in OPTIONS:
+        shown = o.shown or ("none" if o.default is None else o.default)
+        group.addoption(o.flag, dest="ptq_" + o.name, metavar=o.metavar, type=o.parse, default=None,
+                        help=f"{o.help}. Ini: {o.ini}. Default: {shown}.")
+        parser.addini(o.ini, f"{o.help} (pytest-ptq; same as {o.flag}). Default: {shown}.", default=None)
+    group.addoption("--ptq-update-baseline", action="store_true", dest="ptq_update_baseline", default=False,
+                    help="write the baselines that are missing or failing (those tests still fail, so "
+                    "a CI run never passes on new baselines). Default: off.")
+    group.addoption("--ptq-update-all", action="store_true", dest="ptq_update_all", default=False,
+                    help="rewrite every baseline a test reaches, and pass its baseline check. Default: off.")
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """The resolved values for one test (or one contract)."""
+
+    model: Path | None = None
+    data: Path | None = None
+    float_model: Path | None = None
+    data_num: int | None = None
+    holdout: Path | None = None
+    node_type: str = "node"
+    metric: str = "cosine-similarity"
+    min_cosine: float = 0.99
+    min_node_cosine: float = 0.999
+    tolerance: float = 0.001
+    allow: tuple = ()
+    baseline: Path | None = None
+    baseline_dir: Path | None = None
+    report: Path | None = None
+    top: int = 10
+    update: str = "none"  # "none" | "failing" | "all"
+
+    def replace(self, **changes):
+        return dataclasses.replace(self, **changes)
+
+
+def _parse(option, raw, where, base):
+    """Parse a raw ini/marker value; a path is made absolute against ``base``."""
+    if option.is_path and not isinstance(raw, Path):
+        raw = os.path.expanduser(str(raw))
+        raw = raw if os.path.isabs(raw) else str(base / raw)
+    try:
+        return option.parse(raw)
+    except argparse.ArgumentTypeError as exc:
+        raise PTQError(f"{where}: {exc}") from None
+
+
+def from_config(config):
+    """Session-wide settings from the command line, the ini file and the defaults.
+
+    Raises PTQError naming the ini key when an ini value is bad.
+    """
+    ini_base = Path(config.inipath).parent if config.inipath else Path(config.rootpath)
+    values = {}
+    for o in OPTIONS:
+        value = config.getoption("ptq_" + o.name)
+        if value is None:
+            raw = config.getini(o.ini)
+            if raw not in (None, "", []):
+                value = _parse(o, raw, f"ini key {o.ini} = {raw!r}", ini_base)
+        if value is None and o.name == "baseline_dir":
+            value = Path(config.rootpath) / o.default
+        if value is None:
+            value = o.default
+        values[o.name] = value
+    update = "all" if config.getoption("ptq_update_all") else (
+        "failing" if config.getoption("ptq_update_baseline") else "none")
+    return Settings(update=update, **values)
+
+
+def apply_marker(settings, args, kwargs, base):
+    """``settings`` overridden by one ``ptq`` marker's arguments (paths against ``base``)."""
+    if len(args) > 2:
+        raise PTQError(f"ptq marker takes at most two positional arguments (model, data), got {len(args)}")
+    given = dict(zip(("model", "data"), args))
+    for key in given:
+        if key in kwargs:
+            raise PTQError(f"ptq marker got {key!r} both positionally and as a keyword")
+    given.update(kwargs)
+    changes = {}
+    for key, raw in given.items():
+        if key in BY_NAME and key not in ("report", "baseline_dir"):
+            changes[key] = None if raw is None else _parse(BY_NAME[key], raw, f"ptq marker {key}={raw!r}", base)
+        elif key == "holdout":
+            changes[key] = None if raw is None else _parse(HOLDOUT, raw, f"ptq marker holdout={raw!r}", base)
+        elif key == "baseline":
+            changes[key] = None if raw is None else (base / os.path.expanduser(str(raw))).resolve()
+        elif key == "allow":
+            changes[key] = (raw,) if isinstance(raw, str) else tuple(str(a) for a in raw)
+        else:
+            raise unknown("ptq marker argument", key, [o.name for o in OPTIONS
+                                                       if o.name not in ("report", "baseline_dir")]
+                          + list(MARKER_ONLY))
+    return settings.replace(**changes)

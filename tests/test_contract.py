@@ -1,0 +1,184 @@
+"""Accuracy contracts as data: ``*.ptq.yaml`` files collected as pytest items.
+
+Thresholds sit just above or below figures computed here with plain onnxruntime, so a
+pass or a fail proves the contract measured the right thing.
+"""
+
+from __future__ import annotations
+
+import shutil
+import textwrap
+
+import numpy as np
+import pytest
+
+import builders
+from test_plugin import N, activation_pairs, feeds_of, independent_sensitivity, keep_only, pooled_cosine, run
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    root = tmp_path_factory.mktemp("contract_models")
+    float_path = builders.conv_net(root / "float.onnx")
+    data = builders.samples(N)
+    builders.save_folder(data, root / "calib")
+    builders.save_folder(builders.samples(N, seed=7), root / "holdout")
+    builders.quantize(float_path, root / "model.onnx", data)
+    feeds = feeds_of(data)
+    ref = builders.run_model(keep_only(root / "model.onnx"), feeds)
+    quant = builders.run_model(root / "model.onnx", feeds)
+    names = activation_pairs(root / "model.onnx")
+    return {"root": root, "feeds": feeds, "ref": ref, "quant": quant,
+            "sensitivity": independent_sensitivity(root / "model.onnx", feeds, names)}
+
+
+@pytest.fixture
+def project(pytester, models):
+    """model.onnx, calib/ and holdout/ under models/; contracts go in contracts/."""
+    (pytester.path / "models").mkdir()
+    for name in ("model.onnx", "calib", "holdout"):
+        src = models["root"] / name
+        (shutil.copytree if src.is_dir() else shutil.copy)(src, pytester.path / "models" / name)
+    (pytester.path / "contracts").mkdir()
+    return pytester
+
+
+def contract(project, name, text):
+    path = project.path / "contracts" / f"{name}.ptq.yaml"
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+def test_contract_checks_are_items_with_plain_failures(project, models):
+    cos = pooled_cosine([r["prob"] for r in models["ref"]], [q["prob"] for q in models["quant"]])
+    cls = pooled_cosine([r["prob"][:, 4:] for r in models["ref"]], [q["prob"][:, 4:] for q in models["quant"]])
+    sens = models["sensitivity"]
+    order = sorted(sens, key=sens.get)
+    limit = (sens[order[1]] + sens[order[2]]) / 2
+    contract(project, "net", f"""
+        # paths are relative to this file
+        model: ../models/model.onnx
+        data: ../models/calib
+        outputs:
+          default: {cos - 1e-6}
+          "cls=prob[:, 4:]": {cls + 1e-6}
+        nodes:
+          type: activation
+          threshold: {limit}
+          allow: [{order[0]}]
+        baseline: false
+    """)
+    result = run(project, "-v")
+    result.stdout.fnmatch_lines(["contracts/net.ptq.yaml::outputs FAILED*", "contracts/net.ptq.yaml::nodes FAILED*"])
+    result.assert_outcomes(failed=2)
+    result.stdout.fnmatch_lines([
+        "*_ ptq contract net: outputs _*",
+        "contract net (net.ptq.yaml), check outputs: FAILED",
+        "output cosine-similarity fails for 1 of 2 output(s): 'cls' * (needs >= *) [[]models/model.onnx, "
+        "4 sample(s) of models/calib[]]",
+        "| cls    | * | FAIL    |",
+        "| prob   | * | ok      |",
+        "*_ ptq contract net: nodes _*",
+        "contract net (net.ptq.yaml), check nodes: FAILED",
+        f"1 of {len(sens)} activation nodes of models/model.onnx are too sensitive (need cosine-similarity >= * "
+        f"with only that node quantized): {order[1]} (*); *",
+        "most sensitive activation nodes *",
+        f"| {order[0]} *",
+    ])
+    out = result.stdout.str()
+    assert "Traceback" not in out and "contract.py" not in out and "def runtest" not in out
+
+
+def test_contract_baseline_sits_beside_the_yaml(project):
+    contract(project, "net", """
+        model: ../models/model.onnx
+        data: ../models/calib
+        outputs: 0.5
+        tolerance: 0.0001
+    """)
+    path = project.path / "contracts" / "net.baseline.json"
+    missing = run(project, "-v")
+    missing.stdout.fnmatch_lines(["*::outputs PASSED*", "*::baseline FAILED*",
+                                  "*baseline contracts/net.baseline.json does not exist*"])
+    assert not path.exists()
+    run(project, "--ptq-update-baseline").assert_outcomes(passed=1, failed=1)
+    assert path.is_file()
+    run(project).assert_outcomes(passed=2)
+
+
+def test_accuracy_and_holdout(project, models):
+    def score(outputs):
+        return float(np.mean([o["prob"][0, 3] for o in outputs]))
+
+    holdout = builders.samples(N, seed=7)
+    hfeeds = feeds_of(holdout)
+    ratio = (score(builders.run_model(project.path / "models" / "model.onnx", hfeeds))
+             / score(builders.run_model(keep_only(project.path / "models" / "model.onnx"), hfeeds)))
+    (project.path / "contracts" / "evaluate.py").write_text(textwrap.dedent("""
+        import numpy as np
+
+        def mean_class3(run, data):
+            return float(np.mean([run(feeds)["prob"][0, 3] for feeds in data]))
+    """))
+    for name, min_ratio in (("meets", ratio - 1e-5), ("misses", ratio + 1e-5)):
+        contract(project, name, f"""
+            model: ../models/model.onnx
+            data: ../models/calib
+            holdout: ../models/holdout
+            outputs: 0.5
+            accuracy:
+              evaluate: evaluate.py:mean_class3
+              min_ratio: {min_ratio}
+            baseline: false
+        """)
+    result = run(project, "-v")
+    result.stdout.fnmatch_lines(["contracts/meets.ptq.yaml::accuracy PASSED*",
+                                 "contracts/misses.ptq.yaml::accuracy FAILED*"])
+    result.assert_outcomes(passed=3, failed=1)
+    result.stdout.fnmatch_lines(["contract misses (misses.ptq.yaml), check accuracy: FAILED",
+                                 "mean_class3: quantized * = *% of float *, which is below the *% required*"])
+
+
+@pytest.mark.parametrize("body, message", [
+    ("modle: m.onnx\n", "contract 'bad.ptq.yaml': unknown key 'modle'; did you mean 'model'?"),
+    ("model: ../models/model.onnx\ndata: ../models/calib\nnodes:\n  treshold: 0.9\n",
+     "contract 'bad.ptq.yaml': unknown key 'nodes.treshold'; did you mean 'threshold'?"),
+    ("model: ../models/model.onnx\n", "contract 'bad.ptq.yaml' has no 'data' key; add 'data: PATH' (relative to "
+     "bad.ptq.yaml)"),
+    ("model: ../models/model.onnx\ndata: ../models/calib\noutputs:\n  prob: high\n",
+     "contract 'bad.ptq.yaml': 'outputs.prob' must be a number, got 'high'"),
+    ("model: ../models/model.onnx\ndata: ../models/calib\nmetric: cosin\n",
+     "contract 'bad.ptq.yaml': 'metric': unknown metric 'cosin'; did you mean*"),
+    ("model: ../models/model.onnx\ndata: ../models/calib\ndata_num: 0\n",
+     "contract 'bad.ptq.yaml': 'data_num' must be a whole number >= 1, got 0"),
+    ("model: [unclosed\n", "contract 'bad.ptq.yaml' (*bad.ptq.yaml) is not valid YAML at line *"),
+    ("- model\n", "contract 'bad.ptq.yaml' (*) must be a mapping of keys such as 'model:' and 'data:', got list"),
+])
+def test_schema_errors_name_the_key_and_the_file(project, body, message):
+    contract(project, "bad", body)
+    result = run(project)
+    assert result.ret == pytest.ExitCode.INTERRUPTED
+    result.stdout.fnmatch_lines(["*ERROR collecting contracts/bad.ptq.yaml*", message])
+    assert "Traceback" not in result.stdout.str()
+
+
+def test_bad_paths_fail_the_items_in_one_sentence(project):
+    contract(project, "nomodel", """
+        model: ../models/missing.onnx
+        data: ../models/calib
+        baseline: false
+    """)
+    contract(project, "noeval", """
+        model: ../models/model.onnx
+        data: ../models/calib
+        accuracy: {evaluate: "nowhere.py:top1"}
+        baseline: false
+    """)
+    result = run(project)
+    result.assert_outcomes(passed=1, failed=2)
+    result.stdout.fnmatch_lines([
+        "contract 'noeval.ptq.yaml': 'accuracy.evaluate' file '*nowhere.py' does not exist",
+        "contract nomodel (nomodel.ptq.yaml), check outputs: model file '*missing.onnx' does not exist; *",
+    ])
+    assert "Traceback" not in result.stdout.str()
+    assert "Captured ptq call" not in result.stdout.str()  # no tables under an input error

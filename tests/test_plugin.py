@@ -1,0 +1,433 @@
+"""The pytest plugin: options, ini keys, the marker, fixtures and assertion helpers.
+
+Every figure the plugin reports is checked against plain onnxruntime sessions on rewired
+models (tests/builders.py), computed here without pytest_ptq.
+"""
+
+from __future__ import annotations
+
+import importlib
+import shutil
+import xml.etree.ElementTree as ET
+from importlib.metadata import entry_points
+
+import numpy as np
+import onnx
+import pytest
+from onnx import helper
+
+import builders
+
+N = 4
+
+
+def plugin_args():
+    """``-p`` for the plugin: by entry point name when installed, else by module."""
+    if any(ep.name == "ptq" and ep.value == "pytest_ptq.plugin" for ep in entry_points(group="pytest11")):
+        return ["-p", "ptq"]  # also loads it under PYTEST_DISABLE_PLUGIN_AUTOLOAD
+    return ["-p", "pytest_ptq.plugin"]
+
+
+def run(pytester, *args):
+    return pytester.runpytest_inprocess(*plugin_args(), "-p", "no:cacheprovider", *args)
+
+
+def feeds_of(data):
+    return [{k: v[i] for k, v in data.items()} for i in range(N)]
+
+
+def pooled_cosine(refs, tests):
+    r = np.concatenate([np.ravel(a).astype(np.float64) for a in refs])
+    t = np.concatenate([np.ravel(a).astype(np.float64) for a in tests])
+    return float(r @ t / np.sqrt((r @ r) * (t @ t)))
+
+
+def activation_pairs(model_path):
+    """Names of the Q nodes on run-time tensors, read from the proto."""
+    graph = onnx.load(str(model_path)).graph
+    inits = {i.name for i in graph.initializer}
+    return [n.name for n in graph.node if n.op_type == "QuantizeLinear" and n.input[0] not in inits]
+
+
+def keep_only(model_path, keep=()):
+    """The QDQ model with every Q -> DQ pair not in ``keep`` cut out by reconnecting its
+    consumers to the Q's float input (lone DQs of quantized biases stay)."""
+    model = onnx.load(str(model_path))
+    graph = model.graph
+    q_of = {n.output[0]: n for n in graph.node if n.op_type == "QuantizeLinear"}
+    replace, drop = {}, set()
+    for n in graph.node:
+        if n.op_type == "DequantizeLinear" and n.input[0] in q_of and q_of[n.input[0]].name not in keep:
+            replace[n.output[0]] = q_of[n.input[0]].input[0]
+            drop.update({n.name, q_of[n.input[0]].name})
+    kept = []
+    for n in graph.node:
+        if n.name not in drop:
+            copy = onnx.NodeProto()
+            copy.CopyFrom(n)
+            copy.input[:] = [replace.get(i, i) for i in n.input]
+            kept.append(copy)
+    for o in graph.output:
+        if o.name in replace:
+            kept.append(helper.make_node("Identity", [replace[o.name]], [o.name]))
+    del graph.node[:]
+    graph.node.extend(kept)
+    return model
+
+
+def independent_sensitivity(model_path, feeds, names):
+    """Output cosine with only one pair kept, per pair (plain onnxruntime on rewired models)."""
+    ref = builders.run_model(keep_only(model_path), feeds)
+    out = {}
+    for name in names:
+        got = builders.run_model(keep_only(model_path, {name}), feeds)
+        out[name] = pooled_cosine([r["prob"] for r in ref], [g["prob"] for g in got])
+    return out
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    """A float net, its calibration folder and two QDQ quantizations."""
+    root = tmp_path_factory.mktemp("plugin_models")
+    float_path = builders.conv_net(root / "float.onnx")
+    data = builders.samples(N)
+    builders.save_folder(data, root / "calib")
+    builders.quantize(float_path, root / "model.onnx", data)
+    builders.quantize(float_path, root / "model_pc.onnx", data, per_channel=True)
+    feeds = feeds_of(data)
+    ref = builders.run_model(keep_only(root / "model.onnx"), feeds)
+    quant = builders.run_model(root / "model.onnx", feeds)
+    return {"root": root, "feeds": feeds, "ref": ref, "quant": quant}
+
+
+@pytest.fixture
+def project(pytester, models):
+    """The pytester folder with model.onnx, model_pc.onnx and calib/ copied in."""
+    root = models["root"]
+    for name in ("model.onnx", "model_pc.onnx", "float.onnx"):
+        shutil.copy(root / name, pytester.path / name)
+    shutil.copytree(root / "calib", pytester.path / "calib")
+    return pytester
+
+
+def properties(path):
+    """``{test name: {property: value}}`` from a JUnit XML file."""
+    tree = ET.parse(path)
+    return {tc.get("name"): {p.get("name"): p.get("value") for p in tc.iter("property")}
+            for tc in tree.iter("testcase")}
+
+
+# -- options -------------------------------------------------------------------------------
+def help_entries(text, title):
+    """``{option: help text on one line}`` of one option group of ``pytest --help``."""
+    block = text.split(title + "\n", 1)[1].split("\n\n", 1)[0]
+    entries = {}
+    for chunk in ("\n" + block).split("\n  --")[1:]:
+        words = " ".join(chunk.split())
+        flag, _, rest = words.partition(" ")
+        entries["--" + flag.split("=")[0]] = rest
+    return entries
+
+
+def test_help_pins_the_option_group(pytester):
+    result = run(pytester, "--help")
+    entries = help_entries(result.stdout.str(), "post-training quantization accuracy contracts (pytest-ptq):")
+    assert list(entries) == [
+        "--ptq-model", "--ptq-data", "--ptq-float-model", "--ptq-data-num", "--ptq-node-type", "--ptq-metric",
+        "--ptq-min-cosine", "--ptq-min-node-cosine", "--ptq-tolerance", "--ptq-baseline-dir", "--ptq-report",
+        "--ptq-top", "--ptq-update-baseline", "--ptq-update-all"]
+    defaults = {"--ptq-model": "none", "--ptq-data-num": "all samples", "--ptq-node-type": "node",
+                "--ptq-metric": "cosine-similarity", "--ptq-min-cosine": "0.99", "--ptq-min-node-cosine": "0.999",
+                "--ptq-tolerance": "0.001", "--ptq-baseline-dir": "<rootdir>/ptq_baselines", "--ptq-report": "none",
+                "--ptq-top": "10", "--ptq-update-baseline": "off", "--ptq-update-all": "off"}
+    for flag, help_text in entries.items():
+        assert help_text.endswith(f"Default: {defaults.get(flag, 'none')}."), (flag, help_text)
+        if flag not in ("--ptq-update-baseline", "--ptq-update-all"):
+            assert f"Ini: ptq_{flag[6:].replace('-', '_')}." in help_text, flag
+    result.stdout.fnmatch_lines(["  ptq_model (string):*", "  ptq_min_cosine (string):*"])
+
+
+def test_node_types_spelled_out_for_start_up_match_the_analysis():
+    from pytest_ptq import sensitivity, settings
+
+    assert settings.NODE_TYPES == sensitivity.NODE_TYPES
+
+
+@pytest.mark.parametrize("flag, value, message", [
+    ("--ptq-min-cosine", "2", "a cosine threshold must lie in [[]-1, 1[]], got 2"),
+    ("--ptq-min-node-cosine", "high", "a cosine threshold must be a number, got 'high'"),
+    ("--ptq-tolerance", "-0.5", "a tolerance must be >= 0, got -0.5"),
+    ("--ptq-data-num", "0", "expected a whole number >= 1, got 0"),
+    ("--ptq-metric", "cosin", "unknown metric 'cosin'; did you mean*"),
+    ("--ptq-node-type", "layer", "node type must be one of node, weight, activation, got 'layer'"),
+    ("--ptq-model", "missing.onnx", "'missing.onnx' does not exist"),
+])
+def test_bad_option_values_are_rejected_at_startup(pytester, flag, value, message):
+    pytester.makepyfile("def test_never_runs(): raise AssertionError")
+    result = run(pytester, flag, value)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([f"*argument {flag}: {message}*"])
+    result.stdout.no_fnmatch_line("*test_never_runs*")
+
+
+def test_bad_ini_value_names_the_key(pytester):
+    pytester.makeini("[pytest]\nptq_tolerance = lots\n")
+    pytester.makepyfile("def test_never_runs(): raise AssertionError")
+    result = run(pytester)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*ini key ptq_tolerance = 'lots': a tolerance must be a number, got 'lots'*"])
+
+
+# -- outputs -------------------------------------------------------------------------------
+def test_output_metrics_match_plain_onnxruntime(project, models):
+    cos = pooled_cosine([r["prob"] for r in models["ref"]], [q["prob"] for q in models["quant"]])
+    cls = pooled_cosine([r["prob"][:, 4:] for r in models["ref"]], [q["prob"][:, 4:] for q in models["quant"]])
+    mse = float(np.mean([np.mean((q["prob"].astype(np.float64) - r["prob"]) ** 2)
+                         for r, q in zip(models["ref"], models["quant"])]))
+    assert 0.99 < cos < 1.0 and mse > 0
+    project.makepyfile(f"""
+        import pytest
+
+        @pytest.mark.ptq(model="model.onnx", data="calib")
+        def test_error_metric_is_a_ceiling(ptq):
+            assert ptq.check_outputs({mse * 1.001}, metric="mse")
+            assert not ptq.check_outputs({mse * 0.999}, metric="mse")
+
+        @pytest.mark.ptq(model="model.onnx", data="calib")
+        def test_just_below(ptq):
+            ptq.assert_outputs({{"": {cos - 1e-6}, "cls=prob[:, 4:]": {cls - 1e-6}}})
+
+        @pytest.mark.ptq(model="model.onnx", data="calib")
+        def test_just_above(ptq):
+            ptq.assert_outputs({{"": {cos + 1e-6}}})
+
+        @pytest.mark.ptq(model="model.onnx", data="calib")
+        def test_slice_just_above(ptq):
+            result = ptq.check_outputs({{"": 0.5, "cls=prob[:, 4:]": {cls + 1e-6}}})
+            assert not result and result.failing == ["cls"]
+            assert result.values["prob"] > 0.5
+    """)
+    result = run(project, "--junitxml=junit.xml")
+    result.assert_outcomes(passed=3, failed=1)
+    props = properties(project.path / "junit.xml")
+    assert float(props["test_error_metric_is_a_ceiling"]["ptq.outputs.prob.mse"]) == pytest.approx(mse, rel=1e-4)
+    assert props["test_just_below"]["ptq.model"] == "model.onnx"
+    assert float(props["test_just_below"]["ptq.outputs.prob.cosine-similarity"]) == pytest.approx(cos, abs=2e-7)
+    assert float(props["test_just_below"]["ptq.outputs.cls.cosine-similarity"]) == pytest.approx(cls, abs=2e-7)
+    result.stdout.fnmatch_lines([
+        "*ContractFailed: output cosine-similarity fails for 1 of 1 output(s): 'prob' 0.99* (needs >= 0.99*)*",
+        "*| output | cosine-similarity | threshold *| verdict |",
+        "*| prob   | 0.99*| FAIL    |",
+        "*- Captured ptq call -*",
+        "model model.onnx, data calib; checks: outputs FAILED",
+        "output metrics, fully quantized vs float:",
+        "most sensitive nodes (cosine-similarity at the outputs with only that node quantized, worst first):",
+        "| node *| cosine-similarity | op_type *|",
+    ])
+
+
+def test_node_check_names_exactly_the_nodes_past_the_limit(project, models):
+    names = activation_pairs(models["root"] / "model.onnx")
+    sens = independent_sensitivity(models["root"] / "model.onnx", models["feeds"], names)
+    order = sorted(sens, key=sens.get)
+    limit = (sens[order[1]] + sens[order[2]]) / 2  # two nodes fall below it
+    project.makepyfile(f"""
+        import pytest
+        pytestmark = pytest.mark.ptq(model="model.onnx", data="calib", node_type="activation")
+
+        def test_two_offenders(ptq):
+            ptq.assert_nodes({limit!r})
+
+        @pytest.mark.ptq(allow=["{order[0]}"])
+        def test_one_allowed_by_marker(ptq):
+            ptq.assert_nodes({limit!r})
+
+        def test_both_allowed(ptq):
+            result = ptq.assert_nodes({limit!r}, allow=["{order[0]}", "{order[1][:3]}*"])
+            assert [n for n, _ in result.allowed] == {order[:2]!r}
+
+        def test_typo_in_allow_list(ptq):
+            ptq.assert_nodes({limit!r}, allow=["{order[0]}_typo"])
+    """)
+    result = run(project, "--junitxml=junit.xml", "-W", "ignore::pytest.PytestUnknownMarkWarning")
+    result.assert_outcomes(passed=1, failed=3)
+    props = properties(project.path / "junit.xml")
+    assert props["test_two_offenders"]["ptq.nodes.over_limit"] == "2"
+    assert props["test_two_offenders"]["ptq.nodes.worst"] == order[0]
+    worst = float(props["test_two_offenders"]["ptq.nodes.worst.cosine-similarity"])
+    assert worst == pytest.approx(sens[order[0]], abs=2e-7)
+    assert props["test_one_allowed_by_marker"]["ptq.nodes.over_limit"] == "1"
+    result.stdout.fnmatch_lines([
+        f"*ContractFailed: 2 of {len(names)} activation nodes of model.onnx are too sensitive (need "
+        f"cosine-similarity >= * with only that node quantized): {order[0]} (*), {order[1]} (*); *",
+        f"*ContractFailed: 1 of {len(names)} activation nodes*: {order[1]} (*)*",
+        f"*allow-list entry '{order[0]}_typo' matches none of the activation nodes of model.onnx; "
+        f"did you mean '{order[0]}'*",
+    ])
+
+
+def test_accuracy_ratio_of_a_user_evaluation_function(project, models):
+    def score(outputs):
+        return float(np.mean([o["prob"][0, 3] for o in outputs]))
+
+    ratio = score(models["quant"]) / score(models["ref"])
+    assert ratio != 1.0
+    project.makepyfile(f"""
+        import numpy as np
+        import pytest
+
+        def mean_class3(run, data):
+            assert len(data) == {N}
+            return float(np.mean([run(feeds)["prob"][0, 3] for feeds in data]))
+
+        @pytest.mark.ptq(model="model.onnx", data="calib")
+        def test_meets(ptq):
+            ptq.assert_accuracy(mean_class3, min_ratio={ratio - 1e-5})
+
+        @pytest.mark.ptq(model="model.onnx", data="calib")
+        def test_misses(ptq):
+            ptq.assert_accuracy(mean_class3, min_ratio={ratio + 1e-5})
+
+        @pytest.mark.ptq(model="model.onnx", data="calib")
+        def test_not_a_number(ptq):
+            ptq.assert_accuracy(lambda run, data: "high")
+    """)
+    result = run(project, "--junitxml=junit.xml")
+    result.assert_outcomes(passed=1, failed=2)
+    props = properties(project.path / "junit.xml")
+    assert float(props["test_meets"]["ptq.accuracy.ratio"]) == pytest.approx(ratio, abs=2e-6)
+    assert float(props["test_meets"]["ptq.accuracy.float"]) == pytest.approx(score(models["ref"]), rel=1e-5)
+    result.stdout.fnmatch_lines([
+        "*ContractFailed: mean_class3: quantized * = *% of float *, which is below the *% required [[]model.onnx[]]",
+        "*the evaluation function *<lambda> returned 'high'; it must return one number*",
+    ])
+
+
+# -- settings precedence and the marker ----------------------------------------------------
+def test_marker_over_command_line_over_ini(project):
+    project.mkdir("models")
+    shutil.move(project.path / "model.onnx", project.path / "models" / "model.onnx")
+    # ini paths are relative to the ini file; cosine 1.0 fails any real quantization
+    project.makepyprojecttoml("""
+        [tool.pytest.ini_options]
+        ptq_model = "models/model.onnx"
+        ptq_data = "calib"
+        ptq_min_cosine = "1.0"
+    """)
+    project.mkdir("tests")
+    (project.path / "tests" / "test_prec.py").write_text(
+        "import pytest\n\n"
+        "def test_default(ptq):\n    ptq.assert_outputs()\n\n"
+        "@pytest.mark.ptq(min_cosine=0.5)\ndef test_marker_low(ptq):\n    ptq.assert_outputs()\n\n"
+        "@pytest.mark.ptq(min_cosine=1.0)\ndef test_marker_high(ptq):\n    ptq.assert_outputs()\n")
+    first = run(project, "tests", "-v")
+    first.stdout.fnmatch_lines(["*test_default FAILED*", "*test_marker_low PASSED*", "*test_marker_high FAILED*"])
+    second = run(project, "tests", "-v", "--ptq-min-cosine", "0.5")
+    second.stdout.fnmatch_lines(["*test_default PASSED*", "*test_marker_low PASSED*", "*test_marker_high FAILED*"])
+
+
+def test_bad_marker_argument_fails_the_test_in_one_sentence(project):
+    project.makepyfile("""
+        import pytest
+
+        @pytest.mark.ptq(model="model.onnx", data="calib", min_cosin=0.9)
+        def test_typo(ptq):
+            pass
+
+        @pytest.mark.ptq(model="model.onnx", data="calib", min_cosine=3)
+        def test_range(ptq):
+            pass
+
+        def test_no_model(ptq_model):
+            pass
+    """)
+    result = run(project)
+    result.assert_outcomes(errors=3)
+    result.stdout.fnmatch_lines([
+        "*unknown ptq marker argument 'min_cosin'; did you mean 'min_cosine'*",
+        "*ptq marker min_cosine=3: a cosine threshold must lie in [[]-1, 1[]], got 3*",
+        "*no model to test: pass --ptq-model PATH, set ptq_model in [[]tool.pytest.ini_options[]], or mark*",
+    ])
+    result.stdout.no_fnmatch_line("*Traceback*")
+
+
+def test_marker_help_carries_the_signature(pytester):
+    result = run(pytester, "--markers")
+    result.stdout.fnmatch_lines(["@pytest.mark.ptq(model=None, data=None, *, float_model=None, data_num=None, "
+                                 "holdout=None, node_type='node', *min_cosine=0.99*allow=(), baseline=None)*"])
+
+
+def test_one_analysis_per_model_data_and_sample_count(project, monkeypatch):
+    # through sys.modules, as the plugin's lazy import does: pytester drops modules that
+    # earlier in-process runs imported, so the package attribute may be a stale copy
+    analysis = importlib.import_module("pytest_ptq.analysis")
+    built = []
+
+    class CountingEngine(analysis.Engine):
+        def __init__(self, model, data, **kw):
+            built.append((model.rsplit("/", 1)[-1], kw.get("data_num")))
+            super().__init__(model, data, **kw)
+
+    monkeypatch.setattr(analysis, "Engine", CountingEngine)
+    project.makepyfile("""
+        import pytest
+
+        pytestmark = pytest.mark.ptq(data="calib")
+
+        @pytest.mark.ptq(model="model.onnx")
+        def test_a(ptq):
+            ptq.assert_outputs(0.5)
+
+        @pytest.mark.ptq(model="model.onnx")
+        def test_b(ptq, ptq_analysis):
+            ptq.assert_nodes(0.5)
+            assert ptq.analysis is ptq_analysis
+
+        @pytest.mark.ptq(model="model.onnx", data_num=2)
+        def test_fewer_samples(ptq_analysis):
+            assert ptq_analysis.samples == 2
+
+        @pytest.mark.parametrize("ptq_model", ["model.onnx", "model_pc.onnx"], indirect=True)
+        def test_two_models(ptq, ptq_model):
+            assert ptq.analysis.key.model == str(ptq_model)
+            ptq.assert_outputs(0.9)
+    """)
+    result = run(project)
+    result.assert_outcomes(passed=5)
+    assert sorted(built, key=str) == [("model.onnx", 2), ("model.onnx", None), ("model_pc.onnx", None)]
+
+
+def test_bad_model_fails_setup_in_one_sentence(project):
+    (project.path / "broken.onnx").write_bytes(b"not a model")
+    project.makepyfile("""
+        import pytest
+
+        @pytest.mark.ptq(model="broken.onnx", data="calib")
+        def test_broken(ptq):
+            pass
+    """)
+    result = run(project)
+    result.assert_outcomes(errors=1)
+    result.stdout.fnmatch_lines(["*model file '*broken.onnx' is not a readable ONNX model*"])
+    result.stdout.no_fnmatch_line("*Traceback*")
+
+
+def test_pytest_html_gets_the_figures_as_extras(project):
+    pytest.importorskip("pytest_html")
+    project.makepyfile("""
+        import pytest
+
+        @pytest.mark.ptq(model="model.onnx", data="calib")
+        def test_pass(ptq):
+            ptq.assert_outputs(0.5)
+
+        @pytest.mark.ptq(model="model.onnx", data="calib")
+        def test_fail(ptq):
+            ptq.assert_outputs(1.0)
+    """)
+    result = run(project, "--html=page.html", "--self-contained-html")
+    result.assert_outcomes(passed=1, failed=1)
+    page = (project.path / "page.html").read_text()
+    assert page.count("ptq-results") == 2  # one results table per test
+    assert "ptq curves model.onnx" in page  # the failing test's cumulative curve
+    assert "image/png" in page

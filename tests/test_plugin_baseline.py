@@ -1,0 +1,194 @@
+"""Baselines: missing -> fail; update -> still fail but written; rerun -> pass; model changed
+-> fail naming the nodes old -> new; update-all -> pass. Partial runs delete nothing.
+
+The figures in a baseline and the nodes a failure names are checked against plain
+onnxruntime sessions on rewired models (test_plugin.keep_only), computed here.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import shutil
+
+import pytest
+
+import builders
+from test_plugin import N, activation_pairs, feeds_of, independent_sensitivity, pooled_cosine, keep_only, run
+
+TOL = 1e-4
+GUARDED = f"""
+import pytest
+
+pytestmark = pytest.mark.ptq(data="calib", node_type="activation", tolerance={TOL})
+
+@pytest.mark.ptq(model="model.onnx")
+def test_guarded(ptq):
+    ptq.assert_baseline()
+"""
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    """model.onnx, and model_clipped.onnx: the same net calibrated on data shrunk 10x, so
+    its activation ranges clip and some activation nodes get more sensitive."""
+    root = tmp_path_factory.mktemp("baseline_models")
+    float_path = builders.conv_net(root / "float.onnx")
+    data = builders.samples(N)
+    builders.save_folder(data, root / "calib")
+    builders.quantize(float_path, root / "model.onnx", data)
+    builders.quantize(float_path, root / "model_clipped.onnx", {k: [a * 0.1 for a in v] for k, v in data.items()})
+    builders.quantize(float_path, root / "model_pc.onnx", data, per_channel=True)
+    return {"root": root, "feeds": feeds_of(data)}
+
+
+@pytest.fixture
+def project(pytester, models):
+    for name in ("model.onnx", "model_clipped.onnx", "model_pc.onnx"):
+        shutil.copy(models["root"] / name, pytester.path / name)
+    shutil.copytree(models["root"] / "calib", pytester.path / "calib")
+    return pytester
+
+
+def moved_lines(text):
+    """``{node: (old, new)}`` from the failure's ``  node: old -> new (worse by d)`` lines."""
+    return {m.group(1): (float(m.group(2)), float(m.group(3)))
+            for m in re.finditer(r"^E?\s+(\S+): (\S+) -> (\S+) \(worse by \S+\)$", text, re.M)}
+
+
+def test_baseline_lifecycle(project, models):
+    project.makepyfile(test_life=GUARDED)
+    path = project.path / "ptq_baselines" / "test_life" / "test_guarded.json"
+
+    missing = run(project)
+    missing.assert_outcomes(failed=1)
+    missing.stdout.fnmatch_lines(["*baseline ptq_baselines/test_life/test_guarded.json does not exist, so there "
+                                  "is nothing to compare model.onnx against; create it with `pytest "
+                                  "--ptq-update-baseline`, review it and commit it"])
+    assert not path.exists()
+
+    created = run(project, "--ptq-update-baseline")
+    created.assert_outcomes(failed=1)
+    created.stdout.fnmatch_lines(["*baseline ptq_baselines/test_life/test_guarded.json did not exist and has been "
+                                  "written; review and commit it, then rerun*"])
+    text = path.read_text()
+    saved = json.loads(text)
+    assert text == json.dumps(saved, indent=2, sort_keys=True) + "\n"
+    assert str(project.path) not in text  # no machine-specific path
+    assert saved["model"] == {"path": "../../model.onnx",
+                              "sha256": hashlib.sha256((project.path / "model.onnx").read_bytes()).hexdigest()}
+    assert saved["data"]["samples"] == N and saved["metric"] == "cosine-similarity"
+    assert set(saved["tool"]) == {"pytest_ptq", "onnxruntime", "onnx"}
+    names = activation_pairs(project.path / "model.onnx")
+    before = independent_sensitivity(project.path / "model.onnx", models["feeds"], names)
+    assert set(saved["sensitivity"]) == set(names)
+    for name, value in before.items():
+        assert saved["sensitivity"][name] == pytest.approx(value, abs=2e-7), name
+    ref = builders.run_model(keep_only(project.path / "model.onnx"), models["feeds"])
+    quant = builders.run_model(project.path / "model.onnx", models["feeds"])
+    assert saved["outputs"]["prob"] == pytest.approx(pooled_cosine([r["prob"] for r in ref],
+                                                                   [q["prob"] for q in quant]), abs=2e-7)
+
+    run(project).assert_outcomes(passed=1)
+
+    shutil.copy(project.path / "model_clipped.onnx", project.path / "model.onnx")
+    after = independent_sensitivity(project.path / "model.onnx", models["feeds"], names)
+    expected = {n for n in names if saved["sensitivity"][n] - after[n] > TOL}
+    assert expected, "the clipped calibration must degrade some activation node"
+    changed = run(project)
+    changed.assert_outcomes(failed=1)
+    changed.stdout.fnmatch_lines([
+        f"*{len(expected)} node(s)* of model.onnx got worse than baseline ptq_baselines/test_life/test_guarded.json "
+        f"by more than 0.0001 cosine-similarity; if intended, run `pytest --ptq-update-baseline`*",
+        "*the model changed since the baseline (sha256 *",
+    ])
+    moved = moved_lines(changed.stdout.str())
+    assert set(moved) - {"prob"} == expected
+    for name in expected:
+        old, new = moved[name]
+        assert old == pytest.approx(saved["sensitivity"][name], abs=1e-6)
+        assert new == pytest.approx(after[name], abs=1e-6)
+
+    run(project, "--ptq-update-all").assert_outcomes(passed=1)
+    rewritten = json.loads(path.read_text())
+    for name in names:
+        assert rewritten["sensitivity"][name] == pytest.approx(after[name], abs=2e-7), name
+    run(project).assert_outcomes(passed=1)
+
+
+def test_update_rewrites_only_failing_baselines(project):
+    project.makepyfile(test_two=GUARDED + """
+@pytest.mark.ptq(model="model_pc.onnx")
+def test_other(ptq):
+    ptq.assert_baseline()
+""")
+    run(project, "--ptq-update-baseline").assert_outcomes(failed=2)
+    guarded = project.path / "ptq_baselines" / "test_two" / "test_guarded.json"
+    other = project.path / "ptq_baselines" / "test_two" / "test_other.json"
+    other_before, other_mtime = other.read_bytes(), other.stat().st_mtime_ns
+    guarded_before = guarded.read_bytes()
+    shutil.copy(project.path / "model_clipped.onnx", project.path / "model.onnx")
+    result = run(project, "--ptq-update-baseline", "-v")
+    result.stdout.fnmatch_lines(["*test_guarded FAILED*", "*test_other PASSED*"])
+    result.stdout.fnmatch_lines(["*baseline ptq_baselines/test_two/test_guarded.json failed against it and has "
+                                 "been rewritten from this run (model.onnx); rerun to compare against it"])
+    assert guarded.read_bytes() != guarded_before
+    assert other.read_bytes() == other_before and other.stat().st_mtime_ns == other_mtime
+    run(project).assert_outcomes(passed=2)
+
+
+def test_partial_runs_delete_nothing(project):
+    project.makepyfile(test_part=GUARDED + """
+@pytest.mark.ptq(model="model_pc.onnx")
+def test_other(ptq):
+    ptq.assert_baseline()
+""")
+    folder = project.path / "ptq_baselines" / "test_part"
+    run(project, "--ptq-update-all").assert_outcomes(passed=2)
+    stale = folder / "test_removed_long_ago.json"
+    stale.write_text("{}")
+    snapshot = {p.name: p.read_bytes() for p in folder.iterdir()}
+    run(project, "--ptq-update-all", "-k", "other").assert_outcomes(passed=1, deselected=1)
+    run(project, "--ptq-update-baseline", "-n", "2").assert_outcomes(passed=2)
+    assert {p.name: p.read_bytes() for p in folder.iterdir()} == snapshot
+
+
+def test_workers_write_their_baselines(project):
+    project.makepyfile(test_xd=GUARDED + """
+@pytest.mark.ptq(model="model_pc.onnx")
+def test_other(ptq):
+    ptq.assert_baseline()
+""")
+    run(project, "-n", "2", "--ptq-update-baseline").assert_outcomes(failed=2)
+    assert sorted(p.name for p in (project.path / "ptq_baselines" / "test_xd").iterdir()) == [
+        "test_guarded.json", "test_other.json"]
+    run(project, "-n", "2").assert_outcomes(passed=2)
+
+
+def test_tolerance_is_a_tolerance(project):
+    """A node that looks worse than its baseline by half the tolerance passes; by twice, fails."""
+    project.makepyfile(test_tol=GUARDED)
+    run(project, "--ptq-update-baseline").assert_outcomes(failed=1)
+    path = project.path / "ptq_baselines" / "test_tol" / "test_guarded.json"
+    saved = json.loads(path.read_text())
+    node = sorted(saved["sensitivity"], key=saved["sensitivity"].get)[0]
+    for shift, outcome in ((0.5 * TOL, "passed"), (2 * TOL, "failed")):
+        nudged = dict(saved, sensitivity=dict(saved["sensitivity"], **{node: saved["sensitivity"][node] + shift}))
+        path.write_text(json.dumps(nudged))
+        result = run(project)
+        result.assert_outcomes(**{outcome: 1})
+    assert set(moved_lines(result.stdout.str())) == {node}
+
+
+def test_unreadable_baseline_fails_in_one_sentence(project):
+    project.makepyfile(test_bad=GUARDED)
+    path = project.path / "ptq_baselines" / "test_bad" / "test_guarded.json"
+    path.parent.mkdir(parents=True)
+    path.write_text("{ not json")
+    result = run(project)
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*baseline ptq_baselines/test_bad/test_guarded.json cannot be read; rewrite it "
+                                 "with `pytest --ptq-update-baseline`"])
+    run(project, "--ptq-update-baseline").assert_outcomes(failed=1)
+    run(project).assert_outcomes(passed=1)
