@@ -1,0 +1,360 @@
+"""Per-channel statistics of a calibration node's input, and their box plot.
+
+The seed reads these plots for one thing: a channel whose range dwarfs the others makes a
+per-tensor scale waste most of its levels on the rest ("per-tensor risk"), so the node
+wants per-channel quantization, a wider type, or a model fix.
+
+Channel axis, when not given:
+
+1. the axis of a per-channel quantized node;
+2. weights: the output-channel axis of the op they feed (Conv 0, ConvTranspose 1, Gemm 0
+   with transB else 1, MatMul last), otherwise 0;
+3. activations: 1 when a consumer or the producer is a channel-first op (Conv, pooling,
+   BatchNormalization, ...), the last axis when it is MatMul/Gemm/LayerNormalization;
+   otherwise 1 for rank >= 4 (NCHW) and the last axis for rank 2 and 3 ([N, C] and the
+   transformer layout [B, T, C]);
+4. a tensor of rank below 2 has no channel axis: pass ``axis`` explicitly.
+
+Memory: exact per-channel count, min, max, mean and max |x|; quartiles and whiskers come
+from a uniform reservoir sample of each channel (``reservoir_size`` values, exact while a
+channel has no more values than that).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .errors import PTQError
+
+# A channel is an outlier when its max |x| exceeds OUTLIER_K times the median over channels
+# of max |x| (channels that are all zero excluded): at 8x a per-tensor scale leaves the
+# typical channel 1/8 of the levels, i.e. 3 bits fewer.
+OUTLIER_K = 8.0
+# Reservoir values kept per channel, and the cap on all channels together (elements).
+RESERVOIR = 4096
+RESERVOIR_TOTAL = 16 * 2**20
+BOXES_PER_PANEL = 64
+PANELS_MAX = 4  # beyond BOXES_PER_PANEL * PANELS_MAX channels, the plot summarises
+
+_CHANNEL_FIRST = {"Conv", "ConvTranspose", "BatchNormalization", "InstanceNormalization",
+                  "GlobalAveragePool", "GlobalMaxPool", "AveragePool", "MaxPool", "LpPool",
+                  "Resize", "Upsample", "DepthToSpace", "SpaceToDepth", "PRelu", "LRN",
+                  "GroupNormalization", "ConvInteger", "QLinearConv"}
+_CHANNEL_LAST = {"MatMul", "Gemm", "LayerNormalization", "MatMulInteger", "QLinearMatMul"}
+
+
+def channel_axis(qm, c, shape, axis=None):
+    """The channel axis (non-negative) of calibration node ``c``'s input of ``shape``.
+
+    Raises PTQError when ``axis`` is out of range or none can be inferred (rank < 2).
+    """
+    rank = len(shape)
+    what = f"input {c.input!r} of {c.name!r} has shape {tuple(shape)}"
+    if axis is not None:
+        if not -rank <= int(axis) < max(rank, 1):
+            raise PTQError(f"axis {axis} is out of range: {what}; pass an axis in [{-rank}, {rank - 1}]")
+        return int(axis) % rank
+    if c.per_channel and c.axis is not None:
+        return c.axis % rank
+    if rank < 2:
+        raise PTQError(f"{what}, so it has no channel axis to infer; pass axis=0 to box-plot each "
+                       "element as a channel")
+    if c.kind == "weight":
+        for n in c.consumers:
+            node = qm.normal.get(n)
+            if node is None:
+                continue
+            if node.op_type == "Conv":
+                return 0
+            if node.op_type == "ConvTranspose":
+                return 1
+            if node.op_type == "MatMul":
+                return rank - 1
+            if node.op_type == "Gemm":
+                trans_b = _attr(qm, n, "transB", 0)
+                weight_is_b = len(node.inputs) > 1 and node.inputs[1] in c.outputs
+                return (0 if trans_b else 1) if weight_is_b else (rank - 1 if _attr(qm, n, "transA", 0) else 0)
+        return 0
+    ops = [qm.normal[n].op_type for n in c.consumers if n in qm.normal]
+    if c.producer in qm.normal:
+        ops.append(qm.normal[c.producer].op_type)
+    for op in ops:
+        if op in _CHANNEL_FIRST:
+            return 1
+        if op in _CHANNEL_LAST:
+            return rank - 1
+    return 1 if rank >= 4 else rank - 1
+
+
+def _attr(qm, node_name, name, default):
+    proto = next((p for p in qm.model.graph.node if p.name == node_name), None)
+    for a in getattr(proto, "attribute", ()):
+        if a.name == name:
+            return a.i
+    return default
+
+
+class ChannelStats:
+    """Accumulates per-channel statistics of one tensor over samples, memory bounded."""
+
+    def __init__(self, axis, reservoir_size=RESERVOIR, seed=0):
+        self.axis = axis
+        self.reservoir_size = reservoir_size
+        self.rng = np.random.default_rng(seed)
+        self.channels = None
+        self.shape = None
+
+    def _start(self, channels):
+        self.channels = channels
+        self.size = int(max(16, min(self.reservoir_size, RESERVOIR_TOTAL // max(channels, 1))))
+        self.res = np.empty((channels, self.size), dtype=np.float32)
+        self.filled = 0
+        self.seen = 0
+        self.count = 0
+        self.min = np.full(channels, np.inf)
+        self.max = np.full(channels, -np.inf)
+        self.total = np.zeros(channels)
+        self.max_abs = np.zeros(channels)
+
+    def add(self, array):
+        arr = np.asarray(array)
+        if self.shape is None:
+            self.shape = list(arr.shape)
+        block = np.moveaxis(arr, self.axis, 0).reshape(arr.shape[self.axis], -1).astype(np.float32)
+        if self.channels is None:
+            self._start(block.shape[0])
+        elif block.shape[0] != self.channels:
+            raise PTQError(f"the channel axis {self.axis} has {block.shape[0]} channels in one sample and "
+                           f"{self.channels} in another; pass a fixed axis")
+        if block.shape[1] == 0:
+            return
+        self.min = np.minimum(self.min, block.min(axis=1))
+        self.max = np.maximum(self.max, block.max(axis=1))
+        self.total += block.sum(axis=1, dtype=np.float64)
+        self.max_abs = np.maximum(self.max_abs, np.abs(block).max(axis=1))
+        self.count += block.shape[1]
+        self._reservoir(block)
+
+    def _reservoir(self, block):
+        """Algorithm R, the same slot draws for every channel (channels stay independent)."""
+        m = block.shape[1]
+        take = min(m, self.size - self.filled)
+        if take:
+            self.res[:, self.filled:self.filled + take] = block[:, :take]
+            self.filled += take
+        rest = block[:, take:]
+        if rest.shape[1]:
+            position = self.seen + take + np.arange(rest.shape[1])
+            slot = self.rng.integers(0, position + 1)
+            keep = np.nonzero(slot < self.size)[0]
+            # a later value replacing the same slot wins, as in the sequential algorithm
+            slots_rev, cols_rev = slot[keep][::-1], keep[::-1]
+            uniq, first = np.unique(slots_rev, return_index=True)
+            self.res[:, uniq] = rest[:, cols_rev[first]]
+        self.seen += m
+
+    @property
+    def exact(self):
+        """True when every value is in the reservoir, so quartiles are exact."""
+        return self.count <= self.size
+
+    def result(self, outlier_k=OUTLIER_K):
+        """Box statistics per channel (lists indexed by channel) and the outlier channels."""
+        vals = self.res[:, :self.filled].astype(np.float64)
+        q1, med, q3 = np.percentile(vals, [25, 50, 75], axis=1)
+        iqr = q3 - q1
+        lo_lim, hi_lim = q1 - 1.5 * iqr, q3 + 1.5 * iqr
+        whislo = np.where(vals >= lo_lim[:, None], vals, np.inf).min(axis=1)
+        whishi = np.where(vals <= hi_lim[:, None], vals, -np.inf).max(axis=1)
+        # the exact extremes bound the whiskers when they fall inside the fences
+        whislo = np.where(self.min >= lo_lim, self.min, whislo)
+        whishi = np.where(self.max <= hi_lim, self.max, whishi)
+        mean = self.total / max(self.count, 1)
+        live = self.max_abs[self.max_abs > 0]
+        reference = float(np.median(live)) if live.size else 0.0
+        ratio = self.max_abs / reference if reference > 0 else np.zeros_like(self.max_abs)
+        outliers = [int(k) for k in np.argsort(-self.max_abs, kind="stable") if reference > 0 and ratio[k] > outlier_k]
+        return {
+            "channels": int(self.channels),
+            "values_per_channel": int(self.count),
+            "exact_quartiles": bool(self.exact),
+            "q1": q1.tolist(), "median": med.tolist(), "q3": q3.tolist(),
+            "whisker_lo": whislo.tolist(), "whisker_hi": whishi.tolist(),
+            "mean": mean.tolist(), "min": self.min.tolist(), "max": self.max.tolist(),
+            "max_abs": self.max_abs.tolist(),
+            "median_channel_max_abs": reference,
+            "outlier_k": float(outlier_k),
+            "outlier_channels": outliers,
+            "outlier_ratios": [float(ratio[k]) for k in outliers],
+        }
+
+
+def lost_bits(ratio):
+    """Bits of resolution a per-tensor scale costs the median channel next to one ``ratio``x wider."""
+    return math.log2(ratio) if ratio > 1 else 0.0
+
+
+def plot_channels(stats, path, title):
+    """Write the box plot of ``stats`` (:meth:`ChannelStats.result` plus the node's fields) to ``path``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+
+    C = stats["channels"]
+    outliers = set(stats["outlier_channels"])
+    if C <= BOXES_PER_PANEL * PANELS_MAX:
+        groups = [list(range(s, min(s + BOXES_PER_PANEL, C))) for s in range(0, C, BOXES_PER_PANEL)]
+        summary = False
+    else:
+        widest = list(np.argsort(-np.asarray(stats["max_abs"]), kind="stable")[:48])
+        groups = [sorted(int(k) for k in widest)]
+        summary = True
+    rows = len(groups) + (1 if summary else 0)
+    width = max(8.0, min(18.0, 2.5 + 0.22 * max(len(g) for g in groups)))
+    heading = wrap(title, width) + "\n" + wrap(reading(stats), width)
+    lines = heading.count("\n") + 1
+    rotated = max(len(g) for g in groups) > 32
+    ncol = 5 if width >= 12 else 3
+    # fixed margins (inches) instead of tight_layout, which costs a full extra draw
+    top_in, tick_in = 0.15 + 0.17 * lines + (0.25 if summary else 0.0), (0.85 if rotated else 0.55)
+    bottom_in = tick_in + 0.1 + 0.2 * math.ceil(5 / ncol)
+    panel_in = 2.9
+    height = top_in + bottom_in + rows * panel_in + (rows - 1) * tick_in
+    fig, axes = plt.subplots(rows, 1, figsize=(width, height), dpi=100, squeeze=False, sharey=True)
+    fig.subplots_adjust(left=0.8 / width, right=1 - 0.2 / width, top=1 - top_in / height,
+                        bottom=bottom_in / height, hspace=tick_in / panel_in)
+    axes = axes[:, 0]
+    lo, hi = stats.get("range_lo"), stats.get("range_hi")
+    span = max(abs(v) for v in (stats["min"] + stats["max"])) if C else 1.0
+    if summary:
+        _band(axes[0], stats, outliers, lo, hi, span)
+    for ax, group in zip(axes[1:] if summary else axes, groups):
+        _boxes(ax, stats, group, outliers)
+        _range_lines(ax, stats, group, lo, hi, span)
+        ax.tick_params(axis="x", labelsize=7 if len(group) > 32 else 9, rotation=90 if len(group) > 32 else 0)
+        ax.set_xlabel("channel (widest 48, by index)" if summary else f"channel (axis {stats['axis']})")
+        ax.set_ylabel("value")
+        ax.grid(True, axis="y", alpha=0.3)
+    handles = [Line2D([], [], color="red", lw=1.5, label="median"),
+               Line2D([], [], color="blue", lw=1.2, ls="--", label="mean"),
+               Patch(facecolor="#dbe9f6", edgecolor="black", label="q1-q3; whiskers 1.5 IQR; dots min/max"),
+               Patch(facecolor="#f4a261", edgecolor="black",
+                     label=f"outlier channel (max|x| > {stats['outlier_k']:g}x median channel)")]
+    if lo is not None and _drawable(lo, hi, span):
+        handles.append(Line2D([], [], color="#c0392b", lw=1, ls=":", label="quantization range"))
+    # below the plots: inside, it would hide the tallest boxes, which are the point
+    fig.legend(handles=handles, loc="lower center", bbox_to_anchor=(0.5, 0.05 / height), ncol=ncol, fontsize=7,
+               frameon=False)
+    fig.suptitle(heading, fontsize=10, y=1 - 0.08 / height, va="top")
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def _boxes(ax, stats, group, outliers):
+    """Draw one box per channel of ``group`` at x = 1..n with a handful of collections:
+    matplotlib's bxp makes seven artists per box, seconds for a few hundred channels."""
+    from matplotlib.collections import LineCollection, PolyCollection
+
+    x = np.arange(1, len(group) + 1, dtype=float)
+    g = np.asarray(group)
+    q1, med, q3 = (np.asarray(stats[k])[g] for k in ("q1", "median", "q3"))
+    wlo, whi, mean = (np.asarray(stats[k])[g] for k in ("whisker_lo", "whisker_hi", "mean"))
+    vmin, vmax = np.asarray(stats["min"])[g], np.asarray(stats["max"])[g]
+    half, cap = 0.3, 0.15
+    rects = [[(xi - half, a), (xi + half, a), (xi + half, b), (xi - half, b)] for xi, a, b in zip(x, q1, q3)]
+    colours = ["#f4a261" if k in outliers else "#dbe9f6" for k in group]
+    ax.add_collection(PolyCollection(rects, facecolors=colours, edgecolors="black", linewidths=0.8, zorder=2))
+    whiskers = [[(xi, a), (xi, b)] for xi, a, b in zip(x, q1, wlo)] + [[(xi, a), (xi, b)] for xi, a, b in zip(x, q3, whi)]
+    caps = [[(xi - cap, v), (xi + cap, v)] for xi, v in zip(np.r_[x, x], np.r_[wlo, whi])]
+    ax.add_collection(LineCollection(whiskers + caps, colors="black", linewidths=0.8, zorder=1))
+    ax.add_collection(LineCollection([[(xi - half, v), (xi + half, v)] for xi, v in zip(x, med)],
+                                     colors="red", linewidths=1.5, zorder=3))
+    ax.add_collection(LineCollection([[(xi - half, v), (xi + half, v)] for xi, v in zip(x, mean)],
+                                     colors="blue", linewidths=1.2, linestyles="--", zorder=3))
+    low, high = vmin < wlo, vmax > whi
+    ax.scatter(np.r_[x[low], x[high]], np.r_[vmin[low], vmax[high]], s=6, facecolors="none",
+               edgecolors="grey", linewidths=0.8, zorder=3)
+    ax.set_xlim(0.4, len(group) + 0.6)
+    ax.update_datalim(np.c_[np.r_[x, x], np.r_[np.minimum(vmin, wlo), np.maximum(vmax, whi)]])
+    ax.autoscale_view(scalex=False)
+    ax.set_xticks(x, [str(k) for k in group])
+    for tick, k in zip(ax.get_xticklabels(), group):
+        if k in outliers:
+            tick.set_color("#c0392b")
+            tick.set_fontweight("bold")
+
+
+def wrap(text, width_inches, fontsize=10):
+    """Break a title into lines that fit a figure ``width_inches`` wide."""
+    import textwrap
+
+    return textwrap.fill(text, width=max(40, int(width_inches * 135 / fontsize)))
+
+
+def _band(ax, stats, outliers, lo, hi, span):
+    x = np.arange(stats["channels"])
+    ax.fill_between(x, stats["min"], stats["max"], color="#dbe9f6", step="mid", label="min-max")
+    ax.fill_between(x, stats["q1"], stats["q3"], color="#7fa7d1", step="mid", label="q1-q3")
+    ax.plot(x, stats["median"], color="red", lw=0.6, label="median")
+    marked = sorted(outliers, key=lambda k: -stats["max_abs"][k])[:8]
+    if outliers:
+        idx = sorted(outliers)
+        ax.scatter(idx, [stats["max"][k] if abs(stats["max"][k]) >= abs(stats["min"][k]) else stats["min"][k]
+                         for k in idx], color="#c0392b", s=12, zorder=3)
+        for k in marked:
+            v = stats["max"][k] if abs(stats["max"][k]) >= abs(stats["min"][k]) else stats["min"][k]
+            ax.annotate(str(k), (k, v), xytext=(3, 3), textcoords="offset points", fontsize=7, color="#c0392b")
+    if lo is not None and _drawable(lo, hi, span):
+        ax.axhline(min(np.atleast_1d(lo)), color="#c0392b", ls=":", lw=1)
+        ax.axhline(max(np.atleast_1d(hi)), color="#c0392b", ls=":", lw=1)
+    ax.set_xlim(-0.5, stats["channels"] - 0.5)
+    ax.set_xlabel(f"channel (axis {stats['axis']}), all {stats['channels']}")
+    ax.set_ylabel("value")
+    ax.set_title("every channel: min-max (light), q1-q3 (dark), median (red); outliers marked", fontsize=9)
+    ax.grid(True, axis="y", alpha=0.3)
+
+
+def _drawable(lo, hi, span):
+    """Draw the calibration range only near the data: an int32 bias range would flatten it."""
+    reach = max(np.max(np.abs(np.atleast_1d(lo))), np.max(np.abs(np.atleast_1d(hi))))
+    return reach <= 20 * max(span, 1e-12)
+
+
+def _range_lines(ax, stats, group, lo, hi, span):
+    if lo is None or not _drawable(lo, hi, span):
+        return
+    lo, hi = np.atleast_1d(lo), np.atleast_1d(hi)
+    if lo.size == 1:
+        ax.axhline(lo[0], color="#c0392b", ls=":", lw=1)
+        ax.axhline(hi[0], color="#c0392b", ls=":", lw=1)
+    elif stats.get("range_axis") == stats["axis"] and lo.size == stats["channels"]:
+        pos = np.arange(1, len(group) + 1)
+        ax.scatter(pos, lo[group], marker="_", color="#c0392b", s=80)
+        ax.scatter(pos, hi[group], marker="_", color="#c0392b", s=80)
+
+
+def reading(stats):
+    """One line saying what the box plot means for quantization."""
+    outliers = stats["outlier_channels"]
+    if not outliers:
+        return (f"no outlier channel: the widest channel reaches "
+                f"{_widest_ratio(stats):.1f}x the median channel's max|x|")
+    shown = ", ".join(f"{k} ({r:.0f}x)" for k, r in zip(outliers[:5], stats["outlier_ratios"][:5]))
+    more = f" and {len(outliers) - 5} more" if len(outliers) > 5 else ""
+    if stats.get("per_channel"):
+        return f"outlier channels {shown}{more}; already quantized per channel, so each has its own scale"
+    bits = lost_bits(stats["outlier_ratios"][0])
+    remedy = "per-channel weights" if stats.get("kind") == "weight" else "try per-channel or int16"
+    return (f"outlier channels {shown}{more}: a per-tensor scale costs the median channel "
+            f"~{bits:.1f} bits -> {remedy}")
+
+
+def _widest_ratio(stats):
+    ref = stats["median_channel_max_abs"]
+    return max(stats["max_abs"]) / ref if ref > 0 and stats["max_abs"] else 0.0

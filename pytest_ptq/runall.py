@@ -1,0 +1,435 @@
+"""``runall``: every analysis in the seed's order, with one engine, and a verdict.
+
+1. sensitivity of the weight and of the activation calibration nodes;
+2. distributions of the top ``top`` of each (for ``node_type='node'``: of the calibration
+   nodes feeding the top normal nodes, and those nodes' outputs);
+3. their per-channel box plots;
+4. the weight-only and activation-only cumulative error curves (and the fully quantized
+   one), and the model outputs under each of these configs.
+
+One compiled engine serves every step and the float reference of each sample is computed
+once (the engine caches model outputs), so the whole costs little more than its
+sensitivity and curve steps.
+
+The verdict says whether weights or activations lose the accuracy, which nodes, and what
+to try for each; the rules (thresholds are the module constants below):
+
+* activation with an outlier channel, quantized per tensor -> per-channel or int16 (or
+  fix the model: equalise the channel ranges);
+* activation with more than CLIP_SHARE of its values clipped (a Relu after it excepted)
+  -> recalibrate with a wider range, or int16;
+* activation whose bulk (all but 0.05% at each end) spans fewer than 16 levels (fewer
+  than 1/16 of them below 8 bits) -> int16, or fix the model (rare huge values set the range);
+* weight with an outlier or starved channel (below 20 dB SQNR) quantized per tensor ->
+  per-channel weights; already per channel, or too few bits for the whole tensor -> int16
+  or QAT;
+* a node alone costing more than SEVERE of the output (cosine below 0.9) -> keep in float;
+* otherwise the node is sensitive with a well-shaped distribution -> int16, else float.
+
+Beside each, whether the error at the node it feeds is its own (local error, its inputs
+quantized from float values, at least half its error in the fully quantized model) or
+inherited from upstream.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+from . import __version__
+from .curves import configs_from, get_acc_error, plot_curves
+from .distribution import (CLIP_SHARE, activation_reading, collect, draw_channelwise, draw_distribution,
+                           few_levels, weight_issue)
+from .channelwise import reading as channel_reading
+from .errors import PTQError, unknown
+from .metrics import get_metrics
+from .outputs import parse_outputs
+from .sensitivity import _json_safe, engine_for, get_sensitivity_of_nodes, sample_indices, score_configs
+
+SEVERE = 0.1  # badness (1 - cosine) of a single node beyond which it should stay in float
+DOMINANT = 2.0  # one kind dominates when its output badness is this many times the other's
+CLOSE = 1e-3  # full-model badness (1 - cosine) under which the model is close to float
+RELEVANT = 0.1  # next steps name nodes costing at least this share of the worst node's badness
+KINDS = ("weight", "activation")
+ALL = "all quantized"
+
+
+def badness(metric, value):
+    """A non-negative "how far from float" for any metric: 1 - cosine, the noise-to-signal
+    power ratio for SQNR, the value itself for error metrics."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return math.nan
+    if metric == "cosine-similarity":
+        return max(0.0, 1.0 - value)
+    if metric == "sqnr":
+        return 0.0 if value == math.inf else 10 ** (-value / 10)
+    return float(value)
+
+
+@contextlib.contextmanager
+def _step(timings, key, label, progress):
+    if progress:
+        print(f"runall: {label}", file=sys.stderr, flush=True)
+    start = time.perf_counter()
+    yield
+    timings[key] = round(time.perf_counter() - start, 3)
+
+
+def _node_types(node_type):
+    if node_type is None:
+        return list(KINDS)
+    types = [node_type] if isinstance(node_type, str) else list(node_type)
+    for t in types:
+        if t not in ("node",) + KINDS:
+            raise unknown("node_type", t, ("node",) + KINDS)
+    return list(dict.fromkeys(types))
+
+
+def runall(model_or_file, calibrated_data=None, save_dir="ptq_debug_runall", metrics=("cosine-similarity",),
+           output_node=None, node_type=None, data_num=None, top=5, axis=None, float_model=None,
+           progress=True, average_mode=False):
+    """Run every analysis and write a tidy folder under ``save_dir``.
+
+    ``node_type``: None ranks weight and activation nodes (the seed's runall); 'node' (or a
+    list) ranks normal nodes too. ``top``: how many of each ranking get distributions and
+    box plots. The first of ``metrics`` sorts the rankings and draws the curves.
+
+    Writes ``summary.md`` (the verdict), ``summary.json`` (everything below),
+    ``sensitivity_<type>.json`` (reloadable with ``Sensitivity.load``), ``acc_error.png``,
+    ``distributions/*.png`` and ``channelwise/*.png``. Returns the summary dict; its
+    ``files`` entry holds the paths written.
+    """
+    if top < 1:
+        raise PTQError(f"top must be at least 1, got {top}")
+    start = time.perf_counter()
+    engine = engine_for(model_or_file, calibrated_data, float_model=float_model)
+    metric_objs = get_metrics(metrics)
+    metric = metric_objs[0].name
+    indices = sample_indices(engine, data_num)
+    specs = parse_outputs(output_node, engine.qmodel)
+    types = _node_types(node_type)
+    qm = engine.qmodel
+    out = Path(save_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    timings, files, steps = {}, {"sensitivity": {}}, len(types) + 3
+
+    sens = {}
+    for k, t in enumerate(types):
+        with _step(timings, f"sensitivity_{t}", f"[{k + 1}/{steps}] sensitivity of {t} nodes", progress):
+            sens[t] = get_sensitivity_of_nodes(engine, [m.name for m in metric_objs], output_node=output_node,
+                                               node_type=t, data_num=data_num, progress=progress)
+            files["sensitivity"][t] = str(sens[t].save(out / f"sensitivity_{t}.json"))
+
+    top_nodes = {t: list(sens[t])[:top] for t in types}
+    dist_nodes, box_nodes = [], []
+    for t in types:
+        for name in top_nodes[t]:
+            calib = qm.normal[name].calibration_inputs if t == "node" else [name]
+            if t == "node":
+                dist_nodes.append(name)
+            for c in calib:
+                if qm.calibration[c].role != "bias":
+                    dist_nodes.append(c)
+                    box_nodes.append(c)
+    dist_nodes, box_nodes = list(dict.fromkeys(dist_nodes)), list(dict.fromkeys(box_nodes))
+    with _step(timings, "distributions", f"[{len(types) + 1}/{steps}] distributions and box plots of "
+               f"{len(box_nodes)} calibration nodes", progress):
+        dist, boxes = collect(engine, dist_nodes, box_nodes, axis=axis, data_num=data_num,
+                              progress=progress, skip_unboxable=True)
+        files["distributions"] = [d.setdefault("png", draw_distribution(d, out / "distributions"))
+                                  for d in dist.values()]
+        files["channelwise"] = [d.setdefault("png", draw_channelwise(d, out / "channelwise"))
+                                for d in boxes.values() if "skipped" not in d]
+
+    with _step(timings, "curves", f"[{len(types) + 2}/{steps}] weight-only, activation-only and full error curves",
+               progress):
+        configs = configs_from(engine, list(KINDS))
+        # full quantization beside the seed's two curves: where a node's local error is set
+        # against the error it carries in the deployed model
+        curves = get_acc_error(engine, {**configs, ALL: list(engine.calib_names)}, metric, data_num,
+                               local=True, progress=progress)
+        curves.average_mode = average_mode
+        curves.png = str(plot_curves(curves, out / "acc_error.png"))
+        files["acc_error"] = curves.png
+
+    with _step(timings, "outputs", f"[{len(types) + 3}/{steps}] model outputs per config", progress):
+        configs_out = {**configs, ALL: list(engine.calib_names)}
+        scores = score_configs(engine, configs_out, metric_objs, specs, indices)
+        outputs = {}
+        for label, (pooled, _per_sample) in scores.items():
+            per_output = {s.name: {m.name: m.value(pooled[(s.name, m.name)]) for m in metric_objs} for s in specs}
+            outputs[label] = {m.name: m.worst([per_output[s.name][m.name] for s in specs]) for m in metric_objs}
+            outputs[label]["per_output"] = per_output
+
+    verdict = _verdict(engine, metric, outputs, sens, top_nodes, dist, boxes, curves)
+    timings["total"] = round(time.perf_counter() - start, 3)
+    summary = {
+        "tool": "pytest-ptq", "version": __version__, "model": qm.source,
+        "data": getattr(engine.data, "where", None), "samples": len(indices), "metrics": [m.name for m in metric_objs],
+        "outputs_compared": [s.name for s in specs], "node_types": types, "top": top,
+        "top_nodes": top_nodes, "outputs": outputs, "verdict": verdict,
+        "sensitivity": {t: s.to_dict() for t, s in sens.items()},
+        "distributions": dist, "channelwise": boxes, "curves": curves.to_dict(),
+        "warnings": list(engine.warnings), "timings_s": timings,
+    }
+    files["summary_md"] = str(out / "summary.md")
+    files["summary_json"] = str(out / "summary.json")
+    summary["files"] = files
+    summary = _json_safe(summary)
+    Path(files["summary_md"]).write_text(markdown(summary))
+    Path(files["summary_json"]).write_text(json.dumps(summary, indent=1))
+    return summary
+
+
+# -- verdict --------------------------------------------------------------------------------
+def _verdict(engine, metric, outputs, sens, top_nodes, dist, boxes, curves):
+    bw = badness(metric, outputs["weight only"][metric])
+    ba = badness(metric, outputs["activation only"][metric])
+    ball = badness(metric, outputs[ALL][metric])
+    weights_known = any(c.bypassable and c.kind == "weight" for c in engine.qmodel.calibration.values())
+    if metric == "cosine-similarity" and ball <= CLOSE:
+        source = "neither"
+        text = (f"the quantized model stays close to float (output cosine {outputs['all quantized'][metric]:.6f}); "
+                "the rankings below show where the remaining error comes from")
+    elif ba > DOMINANT * bw:
+        source = "activation"
+        text = "activation quantization causes most of the loss"
+    elif bw > DOMINANT * ba:
+        source = "weight"
+        text = "weight quantization causes most of the loss"
+    else:
+        source = "both"
+        text = ("neither weights nor activations alone explain the loss; they add up, so rank normal nodes "
+                "(node_type='node') to find where")
+    if not weights_known:
+        text += ("; weights are stored quantized and no float model was given, so weight-only results "
+                 "cannot show weight error")
+    items = []
+    for t, names in top_nodes.items():
+        for rank, name in enumerate(names, 1):
+            items.append(_advise(engine, metric, t, rank, name, sens[t], dist, boxes, curves))
+    worst = max((it["badness"] for it in items), default=0.0)
+    # nodes an order of magnitude below the worst would not move the output if fixed
+    relevant = [it for it in items if it["badness"] > 0 and it["badness"] >= RELEVANT * worst]
+    for it in items:
+        if it not in relevant and it["try"][0] in ("int16", "keep in float"):
+            it["try"] = []
+            it["reasons"].append("it costs little next to the worst node: nothing to do")
+    if source == "neither":
+        next_steps = (["nothing urgent; if a task metric still drops, start from the top nodes listed here"]
+                      + [s + " (optional)" for s in _plan(items, [], source, structural_only=True)])
+    else:
+        next_steps = _plan(items, relevant, source)
+    return {"source": source, "text": text, "metric": metric,
+            "weight_only": outputs["weight only"][metric], "activation_only": outputs["activation only"][metric],
+            "all_quantized": outputs[ALL][metric], "nodes": items, "next_steps": next_steps}
+
+
+def _advise(engine, metric, kind, rank, name, sens, dist, boxes, curves):
+    qm = engine.qmodel
+    value = sens[name][metric]
+    bad = badness(metric, value)
+    calib = qm.normal[name].calibration_inputs if kind == "node" else [name]
+    tries, reasons, findings = [], [], []
+    for c in calib:
+        d, b = dist.get(c), boxes.get(c)
+        if d is None:
+            continue
+        t, r = (_advise_activation if d["kind"] == "activation" else _advise_weight)(d, b)
+        label = f"{c}: " if kind == "node" else ""
+        tries += [x for x in t if x not in tries]
+        reasons += [label + x for x in r]
+        findings.append({"node": c, "kind": d["kind"], "try": t})
+    if metric == "cosine-similarity" and bad >= SEVERE:
+        tries.insert(0, "keep in float")
+        reasons.insert(0, f"quantizing it alone drops the output {metric} to {value:.4f}")
+    if not tries:
+        tries = ["int16", "keep in float"]
+    item = {"node": name, "kind": kind, "rank": rank, metric: value, "badness": bad, "try": tries,
+            "reasons": reasons, "findings": findings, "feeds": list(qm.calibration[name].consumers) if name in qm.calibration else []}
+    item.update(_origin(qm, metric, kind, name, curves))
+    return item
+
+
+def _advise_activation(d, b):
+    tries, reasons = [], []
+    if b and "skipped" not in b and b["outlier_channels"] and not d["per_channel"]:
+        tries += ["per-channel", "int16", "fix the model"]
+        reasons.append(channel_reading(b) + "; or equalise the channel ranges in the model")
+    if d.get("effective_clipped_share", 0) > CLIP_SHARE:
+        tries += ["recalibrate", "int16"]
+        reasons.append(activation_reading(d))
+    elif d.get("bulk_levels") is not None and d["bulk_levels"] < few_levels(d["bit"]):
+        tries += ["int16", "fix the model"]
+        reasons.append(activation_reading(d))
+    if not tries:
+        tries = ["int16", "keep in float"]
+        clipped = d.get("effective_clipped_share", 0)
+        relu = " beyond what the Relu after it zeroes" if d.get("relu_follows") and d.get("clipped_low") else ""
+        reasons.append(f"its distribution is well shaped (clipped {100 * clipped:.3f}%{relu}, bulk "
+                       f"spans {d.get('bulk_levels') or 0:.0f} levels): the node is simply sensitive")
+    return list(dict.fromkeys(tries)), reasons
+
+
+def _advise_weight(d, b):
+    tries, reason = weight_issue(d, b)
+    if not tries:
+        return ["int16", "keep in float"], [reason + "; the node is simply sensitive"]
+    return tries, [reason]
+
+
+def _origin(qm, metric, kind, name, curves):
+    """At the first normal node the target feeds: its local error (its own inputs quantized
+    from float values) against its error with everything quantized. At least half of it
+    local: the node is bad by itself; less: it mostly inherits error from upstream."""
+    nodes = [name] if kind == "node" else list(qm.calibration[name].consumers)
+    for n in nodes:
+        if n not in curves.nodes or curves.local is None or ALL not in curves.values:
+            continue
+        k = curves.nodes.index(n)
+        local, acc = curves.local[k], curves.values[ALL][k]
+        if local is None:
+            continue
+        lb, ab = badness(metric, local), badness(metric, acc)
+        own = ab == 0 or lb >= 0.5 * ab
+        return {"at": n, "local": local, "accumulated": acc, "origin": "local" if own else "inherited"}
+    return {"origin": None}
+
+
+def _names(names):
+    names = list(dict.fromkeys(names))
+    shown = ", ".join(f"`{n}`" for n in names[:5])
+    return shown + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+
+
+def _plan(items, relevant, source, structural_only=False):
+    """Next steps, most effective first: per-channel weights (one switch for the whole
+    model), per-node structure fixes, then int16 and float for what stays sensitive."""
+    # per-channel weights is one switch for the whole model: worth it for any ranked weight
+    # when weights are (part of) the problem, otherwise only for nodes that matter
+    pool = items if source in ("weight", "both", "neither") else relevant
+    weight_pc = [f["node"] for it in pool for f in it["findings"] if f["kind"] == "weight" and f["try"][0] == "per-channel"]
+    pool = items if source in ("activation", "both", "neither") else relevant
+    act_pc = [f["node"] for it in pool for f in it["findings"]
+              if f["kind"] == "activation" and f["try"][0] == "per-channel"]
+    recal = [f["node"] for it in relevant for f in it["findings"] if f["try"][0] == "recalibrate"]
+    steps = []
+    if weight_pc:
+        steps.append(("weight", f"quantize weights per channel (quantize_static(per_channel=True)): "
+                                f"{_names(weight_pc)} lose channels to a per-tensor scale"))
+    if act_pc:
+        steps.append(("activation", f"{_names(act_pc)} have outlier channels that make a per-tensor scale "
+                                    "coarse: quantize them per channel where the backend allows, else raise them "
+                                    "to int16 or equalise the channel ranges in the model"))
+    if recal:
+        steps.append(("activation", f"recalibrate {_names(recal)} with a wider range (MinMax, or a higher "
+                                    "percentile), or raise them to int16"))
+    if structural_only:
+        return [text for _, text in steps]
+    steps.sort(key=lambda s: s[0] != source)
+    handled = set(weight_pc) | set(act_pc) | set(recal)
+    severe = [it for it in relevant if it["try"][0] == "keep in float"]
+    if severe:
+        first = "if they still cost too much after that, " if steps else ""
+        steps.append(("", f"{first}keep {_names(it['node'] for it in severe)} in float (onnxruntime: "
+                          "nodes_to_exclude) and re-check the output"))
+    rest = [it["node"] for it in sorted(relevant, key=lambda it: it["kind"] != source)
+            if it not in severe and not ({f["node"] for f in it["findings"]} & handled)]
+    if rest:
+        steps.append(("", f"raise {_names(rest)} to int16 (TensorQuantOverrides with a 16-bit type), or keep "
+                          "them in float, and re-check"))
+    return [text for _, text in steps]
+
+
+# -- summary text -----------------------------------------------------------------------------
+def _v(x):
+    if isinstance(x, float):
+        # 8 significant digits: cosines that matter differ in the 5th-7th decimal
+        return f"{x:.8g}" if abs(x) >= 1e-3 or x == 0 else f"{x:.3e}"
+    return str(x)
+
+
+def markdown(summary):
+    """The human summary of a runall result: verdict, top nodes, next steps, files."""
+    v = summary["verdict"]
+    m = v["metric"]
+    lines = [f"# PTQ debug summary: {Path(summary['model']).name}", "",
+             f"Model `{summary['model']}`, {summary['samples']} sample(s), metric {m} on "
+             f"{', '.join(summary['outputs_compared'])}.", "", "## Verdict", "",
+             f"**{v['text'][0].upper() + v['text'][1:]}.**", "",
+             "| config | " + m + " |", "|---|---|",
+             f"| weights only quantized | {_v(v['weight_only'])} |",
+             f"| activations only quantized | {_v(v['activation_only'])} |",
+             f"| everything quantized | {_v(v['all_quantized'])} |", ""]
+    for t, names in summary["top_nodes"].items():
+        lines += [f"## Most sensitive {t} nodes", "",
+                  f"| rank | node | {m} | try | why | error of the node it feeds: own or inherited |",
+                  "|---|---|---|---|---|---|"]
+        for it in (i for i in v["nodes"] if i["kind"] == t):
+            origin = ""
+            if it.get("origin"):
+                origin = (f"{'bad by itself' if it['origin'] == 'local' else 'inherited'} at `{it['at']}` "
+                          f"(local {_v(it['local'])}, fully quantized {_v(it['accumulated'])})")
+            lines.append(f"| {it['rank']} | `{it['node']}` | {_v(it[m])} | {', '.join(it['try']) or '-'} | "
+                         f"{'; '.join(it['reasons'])} | {origin} |")
+        if not names:
+            lines.append("| - | (none: nothing of this kind can be bypassed) | | | | |")
+        lines.append("")
+    lines += ["## What to try next", ""]
+    lines += [f"{k}. {s}" for k, s in enumerate(v["next_steps"], 1)] or ["nothing stands out."]
+    lines += ["", "## Files", ""]
+    files = summary["files"]
+    lines.append(f"- `{Path(files['acc_error']).name}`: weight-only, activation-only and fully quantized "
+                 "cumulative error curves, with each node's local error")
+    for t, p in files["sensitivity"].items():
+        lines.append(f"- `{Path(p).name}`: {t} sensitivity (reload with `Sensitivity.load`)")
+    lines.append(f"- `distributions/`: {len(files['distributions'])} histograms; "
+                 f"`channelwise/`: {len(files['channelwise'])} per-channel box plots")
+    lines.append("- `summary.json`: every number above and behind the plots")
+    skipped = [k for k, d in summary["channelwise"].items() if "skipped" in d]
+    if skipped:
+        lines.append(f"- no box plot for {', '.join(f'`{k}`' for k in skipped)} (no channel axis)")
+    if summary["warnings"]:
+        lines += ["", "## Warnings", ""] + [f"- {w}" for w in summary["warnings"]]
+    t = summary["timings_s"]
+    lines += ["", "Timings (s): " + ", ".join(f"{k} {val}" for k, val in t.items()), ""]
+    return "\n".join(lines)
+
+
+# -- command line -----------------------------------------------------------------------------
+def _register():
+    from . import cli
+
+    @cli.subcommand("runall", "run every analysis (sensitivity, distributions, box plots, curves) "
+                    "and write a folder with a verdict")
+    def cmd_runall(args):
+        summary = runall(cli._engine(args), save_dir=args.save_dir, metrics=args.metrics,
+                         output_node=args.output_node, node_type=args.node_type, top=args.top,
+                         axis=args.axis, progress=not args.quiet, data_num=args.data_num)
+        print(Path(summary["files"]["summary_md"]).read_text())
+        print(f"wrote {args.save_dir}")
+
+    def configure(p):
+        cli._common(p)
+        p.add_argument("-o", "--save-dir", default="ptq_debug_runall", metavar="DIR",
+                       help="output folder. Default: ptq_debug_runall")
+        p.add_argument("--top", type=cli._positive_int, default=5,
+                       help="nodes of each ranking that get distributions and box plots. Default: 5")
+        p.add_argument("-m", "--metrics", nargs="+", default=["cosine-similarity"], metavar="METRIC",
+                       help="metrics, the first sorts the rankings and draws the curves. Default: cosine-similarity")
+        p.add_argument("-t", "--node-type", nargs="+", default=None, choices=["node", "weight", "activation"],
+                       metavar="TYPE", help="rankings to compute: node, weight, activation. Default: weight activation")
+        p.add_argument("--output-node", nargs="+", default=None, metavar="OUTPUT",
+                       help="outputs to compare (a tensor, a node, or a slice 'name=out[:, 0:4]'). "
+                            "Default: every model output")
+        p.add_argument("--axis", type=int, default=None,
+                       help="channel axis for the box plots. Default: inferred per node")
+
+    cmd_runall.configure = configure
+
+
+_register()

@@ -1,0 +1,361 @@
+"""Distributions and per-channel box plots: the numbers behind the plots against numpy
+computed from plain onnxruntime sessions on the float and calibrated models."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import helper, numpy_helper
+
+import builders
+from pytest_ptq import channelwise, cli, distribution
+from pytest_ptq.distribution import get_channelwise_data_distribution, plot_distribution
+from pytest_ptq.engine import Engine
+from pytest_ptq.errors import PTQError
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    root = tmp_path_factory.mktemp("dist")
+    data = builders.samples(4)
+    fp = builders.conv_net(root / "float.onnx", outlier_channel=3)
+    q = builders.quantize(fp, root / "q.onnx", data)
+    # weights stored quantized (lone DequantizeLinear), Relu kept so bypassing stays float
+    qd = builders.quantize(fp, root / "qd.onnx", data, extra_options={"AddQDQPairToWeight": False})
+    folder = builders.save_folder(data, root / "calibration_data")
+    # with the float model the int32 bias DQs bypass too, so "float" is exactly float.onnx
+    return {"root": root, "data": data, "float": fp, "q": q, "qd": qd, "folder": folder,
+            "engine": Engine(q, data, float_model=fp)}
+
+
+def _run_plain(path, data, tensors):
+    """Run a model with extra intermediate outputs in a plain session, no optimisation."""
+    model = onnx.load(str(path))
+    have = {o.name for o in model.graph.output}
+    for t in tensors:
+        if t not in have:
+            model.graph.output.append(helper.make_tensor_value_info(t, onnx.TensorProto.FLOAT, None))
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    n = len(next(iter(data.values())))
+    outs = {t: [] for t in tensors}
+    for i in range(n):
+        vals = sess.run(tensors, {k: v[i] for k, v in data.items()})
+        for t, v in zip(tensors, vals):
+            outs[t].append(v)
+    return {t: np.concatenate(v, axis=0) for t, v in outs.items()}
+
+
+def _qparams(path, q_name):
+    """(scale, zero point, qmin, qmax) of a QuantizeLinear read straight from the file."""
+    model = onnx.load(str(path))
+    inits = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+    node = next(n for n in model.graph.node if n.name == q_name)
+    zp = inits[node.input[2]]
+    info = np.iinfo(zp.dtype)
+    return inits[node.input[1]].astype(np.float64), zp.astype(np.float64), info.min, info.max
+
+
+def _is_png(path):
+    with open(path, "rb") as f:
+        return f.read(8) == PNG_MAGIC
+
+
+def _tukey(values):
+    q1, med, q3 = np.percentile(values, [25, 50, 75])
+    iqr = q3 - q1
+    return (q1, med, q3, values[values >= q1 - 1.5 * iqr].min(), values[values <= q3 + 1.5 * iqr].max())
+
+
+# -- activation histograms -------------------------------------------------------------------
+def test_activation_histogram_threshold_and_clipping(models, tmp_path):
+    res = plot_distribution(tmp_path, models["engine"], nodes_list=["c2_QuantizeLinear"])
+    d = res["c2_QuantizeLinear"]
+    x = _run_plain(models["float"], models["data"], ["c2"])["c2"]
+    scale, zp, qmin, qmax = _qparams(models["q"], "c2_QuantizeLinear")
+    lo, hi = scale * (qmin - zp), scale * (qmax - zp)
+    assert d["kind"] == "activation" and d["bit"] == 8 and d["samples"] == 4
+    assert d["count"] == x.size
+    assert d["max_abs"] == pytest.approx(float(np.abs(x).max()), rel=1e-6)
+    assert d["threshold"] == pytest.approx(max(hi, -lo), rel=1e-6)
+    assert (d["range_lo"], d["range_hi"]) == (pytest.approx(lo, rel=1e-6), pytest.approx(hi, rel=1e-6))
+    edges = np.asarray(d["hist"]["edges"])
+    assert len(edges) == distribution.HIST_BINS + 1
+    assert edges[0] == pytest.approx(x.min()) and edges[-1] == pytest.approx(x.max())
+    assert d["hist"]["counts"] == np.histogram(x, bins=edges)[0].tolist()
+    # clipped: beyond the range by more than half a step (the error exceeds rounding)
+    clipped = np.count_nonzero((x < lo - scale / 2) | (x > hi + scale / 2))
+    assert d["clipped_count"] == clipped
+    assert d["clipped_share"] == pytest.approx(clipped / x.size)
+    assert _is_png(d["png"])
+    json.dumps(res, allow_nan=False)
+
+
+def test_model_input_taken_from_the_samples(models, tmp_path):
+    d = plot_distribution(tmp_path, models["engine"], nodes_list="x_QuantizeLinear")["x_QuantizeLinear"]
+    x = np.concatenate(models["data"]["x"])
+    assert d["tensor"] == "x"
+    assert d["hist"]["counts"] == np.histogram(x, bins=np.asarray(d["hist"]["edges"]))[0].tolist()
+    assert d["mean"] == pytest.approx(float(x.astype(np.float64).mean()), abs=1e-9)
+    assert d["std"] == pytest.approx(float(x.astype(np.float64).std()), rel=1e-6)
+
+
+def test_clipping_below_zero_before_relu_is_marked_harmless(models, tmp_path):
+    # onnxruntime gives a Conv followed by Relu the Relu's [0, max] range
+    d = plot_distribution(tmp_path, models["engine"], nodes_list=["c1_QuantizeLinear"])["c1_QuantizeLinear"]
+    x = _run_plain(models["float"], models["data"], ["c1"])["c1"]
+    assert d["relu_follows"] and d["range_lo"] == 0.0
+    half = d["scale"] / 2
+    assert d["clipped_low"] == np.count_nonzero(x < -half) > 0
+    assert d["effective_clipped_share"] == pytest.approx(np.count_nonzero(x > d["range_hi"] + half) / x.size)
+    assert "harmless" in distribution.activation_reading(d)
+
+
+def test_second_pass_when_the_cache_is_full(models, tmp_path, monkeypatch):
+    monkeypatch.setattr(distribution, "CACHE_BYTES", 0)
+    d = plot_distribution(tmp_path, models["engine"], nodes_list=["r1_QuantizeLinear"])["r1_QuantizeLinear"]
+    x = _run_plain(models["float"], models["data"], ["r1"])["r1"]
+    assert d["hist"]["counts"] == np.histogram(x, bins=np.asarray(d["hist"]["edges"]))[0].tolist()
+
+
+def test_bulk_range_is_within_a_bin_of_the_quantiles(models, tmp_path):
+    d = plot_distribution(tmp_path, models["engine"], nodes_list=["c2_QuantizeLinear"])["c2_QuantizeLinear"]
+    x = _run_plain(models["float"], models["data"], ["c2"])["c2"].ravel()
+    width = d["hist"]["edges"][1] - d["hist"]["edges"][0]
+    assert abs(d["bulk_lo"] - np.quantile(x, distribution.BULK_TAIL)) <= width
+    assert abs(d["bulk_hi"] - np.quantile(x, 1 - distribution.BULK_TAIL)) <= width
+    assert d["bulk_levels"] == pytest.approx((d["bulk_hi"] - d["bulk_lo"]) / d["scale"])
+
+
+def test_input_of_a_pair_chained_behind_another(models, tmp_path):
+    # a second Q/DQ pair reading the first pair's output: its input is no node's output
+    model = onnx.load(str(models["q"]))
+    nodes = []
+    for n in model.graph.node:
+        if n.name == "conv2":
+            n.input[0] = "rq_dq"
+        nodes.append(n)
+        if n.name == "r1_DequantizeLinear":
+            nodes += [helper.make_node("QuantizeLinear", ["r1_DequantizeLinear_Output", "r1_scale", "r1_zero_point"],
+                                       ["rq"], name="requant_Q"),
+                      helper.make_node("DequantizeLinear", ["rq", "r1_scale", "r1_zero_point"], ["rq_dq"],
+                                       name="requant_DQ")]
+    copies = []
+    for n in nodes:
+        c = onnx.NodeProto()
+        c.CopyFrom(n)
+        copies.append(c)
+    del model.graph.node[:]
+    model.graph.node.extend(copies)
+    d = plot_distribution(tmp_path, model, models["data"], ["requant_Q"], float_model=models["float"])["requant_Q"]
+    x = _run_plain(models["float"], models["data"], ["r1"])["r1"]
+    assert d["tensor"] == "r1_DequantizeLinear_Output"
+    assert d["max_abs"] == pytest.approx(float(np.abs(x).max()), rel=1e-6)
+    assert d["hist"]["counts"] == np.histogram(x, bins=np.asarray(d["hist"]["edges"]))[0].tolist()
+
+
+# -- weights ----------------------------------------------------------------------------------
+def test_weight_float_vs_dequantized(models, tmp_path):
+    d = plot_distribution(tmp_path, models["engine"], nodes_list=["w1_QuantizeLinear"])["w1_QuantizeLinear"]
+    w = numpy_helper.to_array(next(i for i in onnx.load(str(models["float"])).graph.initializer if i.name == "w1"))
+    scale, zp, qmin, qmax = _qparams(models["q"], "w1_QuantizeLinear")
+    s32, zp32 = np.float32(scale), np.float32(zp)  # QuantizeLinear computes in float32
+    deq = (np.clip(np.rint(w / s32) + zp32, qmin, qmax) - zp32) * s32
+    err = deq.astype(np.float64) - w
+    assert d["compared_against"] == "float weight"
+    assert d["hist"]["counts"] == np.histogram(w, bins=np.asarray(d["hist"]["edges"]))[0].tolist()
+    assert d["dequantized"]["hist"]["counts"] == np.histogram(deq, bins=np.asarray(d["hist"]["edges"]))[0].tolist()
+    assert d["error"]["max_abs"] == pytest.approx(np.abs(err).max(), rel=1e-4)
+    assert d["error"]["max_abs"] <= scale / 2 * 1.0001
+    per_channel = 10 * np.log10((w.reshape(8, -1) ** 2).sum(1) / (err.reshape(8, -1) ** 2).sum(1))
+    assert d["worst_channel"] == int(np.argmin(per_channel))
+    assert d["worst_channel_sqnr"] == pytest.approx(per_channel.min(), abs=0.05)
+    # the per-tensor scale is set by the planted wide channel: the others starve
+    assert d["worst_channel"] != 3 and d["worst_channel_sqnr"] < distribution.WEAK_SQNR_DB
+    assert "per-channel" in distribution.weight_reading(d)
+
+
+def test_lone_dq_weight_without_float_model_says_so(models, tmp_path):
+    res = plot_distribution(tmp_path, models["qd"], models["data"], ["w1_DequantizeLinear"])
+    d = res["w1_DequantizeLinear"]
+    assert d["compared_against"] == "dequantized weight"
+    assert "dequantized weight" in d["note"]
+    assert d["error"]["max_abs"] == 0.0
+    assert _is_png(d["png"])
+
+
+def test_lone_dq_weight_with_float_model_compares_float(models, tmp_path):
+    res = plot_distribution(tmp_path, models["qd"], models["data"], ["w1_DequantizeLinear"],
+                            float_model=models["float"])
+    d = res["w1_DequantizeLinear"]
+    w = numpy_helper.to_array(next(i for i in onnx.load(str(models["float"])).graph.initializer if i.name == "w1"))
+    assert d["compared_against"] == "float weight" and "note" not in d
+    assert d["max_abs"] == pytest.approx(float(np.abs(w).max()))
+    assert 0 < d["error"]["max_abs"] <= d["scale"] / 2 * 1.0001
+
+
+# -- normal nodes -----------------------------------------------------------------------------
+def test_normal_node_float_vs_fully_quantized(models, tmp_path):
+    d = plot_distribution(tmp_path, models["engine"], nodes_list=["conv2"])["conv2"]
+    f = _run_plain(models["float"], models["data"], ["c2"])["c2"]
+    q = _run_plain(models["q"], models["data"], ["c2"])["c2"]
+    edges = np.asarray(d["float"]["hist"]["edges"])
+    assert d["tensor"] == "c2" and d["kind"] == "node"
+    assert edges[0] == pytest.approx(min(f.min(), q.min()), rel=1e-5)
+    assert d["float"]["hist"]["counts"] == np.histogram(f, bins=edges)[0].tolist()
+    # fake-quant in a different session may round a value across a bin edge, not more
+    assert np.abs(np.asarray(d["quantized"]["hist"]["counts"]) - np.histogram(q, bins=edges)[0]).sum() <= 4
+    e = q.astype(np.float64) - f
+    cos = float((f.ravel() @ q.ravel()) / np.sqrt((f.ravel() @ f.ravel()) * (q.ravel() @ q.ravel())))
+    assert d["cosine-similarity"] == pytest.approx(cos, abs=1e-6)
+    assert d["error"]["max_abs"] == pytest.approx(np.abs(e).max(), rel=1e-3)
+    assert d["rmse"] == pytest.approx(np.sqrt((e ** 2).mean()), rel=1e-3)
+
+
+# -- box plots --------------------------------------------------------------------------------
+def test_box_statistics_per_channel_and_outlier_channel(models, tmp_path):
+    res = get_channelwise_data_distribution(tmp_path, models["engine"], nodes_list=["r1_QuantizeLinear"])
+    d = res["r1_QuantizeLinear"]
+    x = _run_plain(models["float"], models["data"], ["r1"])["r1"]
+    per = np.moveaxis(x, 1, 0).reshape(8, -1).astype(np.float64)
+    assert d["axis"] == 1 and d["channels"] == 8 and d["exact_quartiles"]
+    for k in range(8):
+        q1, med, q3, wlo, whi = _tukey(per[k])
+        assert d["q1"][k] == pytest.approx(q1, abs=1e-5)
+        assert d["median"][k] == pytest.approx(med, abs=1e-5)
+        assert d["q3"][k] == pytest.approx(q3, abs=1e-5)
+        assert d["whisker_lo"][k] == pytest.approx(wlo, abs=1e-5)
+        assert d["whisker_hi"][k] == pytest.approx(whi, abs=1e-5)
+        assert d["mean"][k] == pytest.approx(per[k].mean(), rel=1e-6, abs=1e-6)
+        assert d["min"][k] == pytest.approx(per[k].min()) and d["max"][k] == pytest.approx(per[k].max())
+    ref = np.median(np.abs(per).max(1)[np.abs(per).max(1) > 0])
+    expected = [k for k in np.argsort(-np.abs(per).max(1)) if np.abs(per[k]).max() > channelwise.OUTLIER_K * ref]
+    assert d["outlier_channels"] == expected == [3]
+    assert d["outlier_ratios"][0] == pytest.approx(np.abs(per[3]).max() / ref, rel=1e-5)
+    assert _is_png(d["png"])
+    json.dumps(res, allow_nan=False)
+
+
+def test_explicit_axis_and_weight_axis(models, tmp_path):
+    res = get_channelwise_data_distribution(tmp_path, models["engine"],
+                                            nodes_list=["c2_QuantizeLinear"], axis=-1)
+    d = res["c2_QuantizeLinear"]
+    x = _run_plain(models["float"], models["data"], ["c2"])["c2"]
+    per = np.moveaxis(x, 3, 0).reshape(16, -1)
+    assert d["axis"] == 3 and d["channels"] == 16
+    assert d["median"] == pytest.approx(np.median(per, axis=1).tolist(), abs=1e-5)
+    w = get_channelwise_data_distribution(tmp_path, models["engine"], nodes_list=["w1_QuantizeLinear"])
+    assert w["w1_QuantizeLinear"]["axis"] == 0 and w["w1_QuantizeLinear"]["outlier_channels"] == [3]
+    assert "per-channel weights" in channelwise.reading(w["w1_QuantizeLinear"])
+
+
+def test_axis_inference_rules(models):
+    qm = models["engine"].qmodel
+    c = qm.calibration
+    assert channelwise.channel_axis(qm, c["logits_QuantizeLinear"], (1, 10)) == 1
+    assert channelwise.channel_axis(qm, c["r1_QuantizeLinear"], (1, 8, 16, 16)) == 1
+    assert channelwise.channel_axis(qm, c["wf_QuantizeLinear"], (10, 8)) == 0  # Gemm transB=1
+    with pytest.raises(PTQError, match="no channel axis"):
+        channelwise.channel_axis(qm, c["p_QuantizeLinear"], (8,))
+    with pytest.raises(PTQError, match="out of range"):
+        channelwise.channel_axis(qm, c["r1_QuantizeLinear"], (1, 8, 16, 16), axis=4)
+
+
+def test_reservoir_keeps_exact_extremes_and_close_quartiles():
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((20, 4, 500)).astype(np.float32)
+    x[:, 2] *= 30
+    stats = channelwise.ChannelStats(axis=1, reservoir_size=512)
+    for s in x:
+        stats.add(s[None])
+    r = stats.result()
+    per = np.moveaxis(x, 1, 0).reshape(4, -1)
+    assert not r["exact_quartiles"] and r["values_per_channel"] == 10000
+    assert r["min"] == pytest.approx(per.min(1).tolist()) and r["max"] == pytest.approx(per.max(1).tolist())
+    assert r["mean"] == pytest.approx(per.mean(1).tolist(), abs=1e-5)
+    spread = per.std(1)
+    for k in range(4):
+        assert abs(r["median"][k] - np.median(per[k])) < 0.15 * spread[k]
+        assert abs(r["q3"][k] - np.percentile(per[k], 75)) < 0.15 * spread[k]
+    assert r["outlier_channels"] == [2]
+
+
+@pytest.mark.parametrize("channels", [100, 300])
+def test_many_channels_stay_readable(tmp_path, channels):
+    data = builders.samples(1, size=8)
+    fp = builders.conv_net(tmp_path / "f.onnx", channels=channels, size=8, outlier_channel=7)
+    q = builders.quantize(fp, tmp_path / "q.onnx", data)
+    res = get_channelwise_data_distribution(tmp_path, q, data, ["r1_QuantizeLinear"])
+    d = res["r1_QuantizeLinear"]
+    assert d["channels"] == channels and 7 in d["outlier_channels"]
+    assert _is_png(d["png"])
+    import matplotlib.image as mpimg
+
+    height, width = mpimg.imread(d["png"]).shape[:2]
+    assert width <= 1800 and height <= 1800
+
+
+# -- bad input --------------------------------------------------------------------------------
+def test_unknown_node_suggests_names(models, tmp_path):
+    with pytest.raises(PTQError, match="did you mean 'c2_QuantizeLinear'"):
+        plot_distribution(tmp_path, models["engine"], nodes_list=["c2_QuantizeLinea"])
+
+
+def test_channelwise_rejects_normal_nodes_and_empty_lists(models, tmp_path):
+    with pytest.raises(PTQError, match="calibration nodes.*fed by"):
+        get_channelwise_data_distribution(tmp_path, models["engine"], nodes_list=["conv2"])
+    with pytest.raises(PTQError, match="nodes_list"):
+        plot_distribution(tmp_path, models["engine"], nodes_list=[])
+
+
+def test_nothing_written_outside_save_dir(models, tmp_path):
+    before = sorted(p.name for p in models["root"].iterdir())
+    plot_distribution(tmp_path / "out", models["engine"], nodes_list=["r1_QuantizeLinear", "conv2"])
+    assert sorted(p.name for p in models["root"].iterdir()) == before
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["distribution_conv2.png",
+                                                                  "distribution_r1_QuantizeLinear.png"]
+
+
+# -- command line -----------------------------------------------------------------------------
+def test_cli_plot_distribution(models, tmp_path, capsys):
+    out = tmp_path / "o"
+    rc = cli.main(["plot-distribution", str(models["q"]), str(models["folder"]), "-n",
+                   "['r1_QuantizeLinear','conv2']", "-s", str(out), "--quiet", "--json", str(out / "d.json")])
+    text = capsys.readouterr().out
+    assert rc == 0
+    assert "r1_QuantizeLinear" in text and "conv2" in text
+    saved = json.loads((out / "d.json").read_text())
+    assert list(saved) == ["r1_QuantizeLinear", "conv2"]
+    assert _is_png(saved["conv2"]["png"])
+
+
+def test_cli_channelwise(models, tmp_path, capsys):
+    rc = cli.main(["get-channelwise-data-distribution", str(models["q"]), str(models["folder"]), "-n",
+                   "r1_QuantizeLinear", "--axis", "1", "-s", str(tmp_path), "--quiet"])
+    text = capsys.readouterr().out
+    assert rc == 0
+    row = next(line for line in text.splitlines() if "r1_QuantizeLinear" in line and "|" in line)
+    assert row.split("|")[-2].strip() == "3"
+    assert (tmp_path / "channelwise_r1_QuantizeLinear.png").is_file()
+
+
+def test_cli_errors_and_help(models, tmp_path, capsys):
+    rc = cli.main(["get-channelwise-data-distribution", str(models["q"]), str(models["folder"]), "-n",
+                   "r1_QuantizeLinear", "--axis", "7", "-s", str(tmp_path), "--quiet"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "out of range" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+    rc = cli.main(["plot-distribution", str(models["q"]), str(models["folder"]), "-n", "nosuch", "--quiet",
+                   "-s", str(tmp_path)])
+    assert rc == 2 and "unknown node 'nosuch'" in capsys.readouterr().err
+    for command in ("plot-distribution", "get-channelwise-data-distribution"):
+        with pytest.raises(SystemExit) as exc:
+            cli.main([command, "-h"])
+        assert exc.value.code == 0
+        assert "--nodes" in capsys.readouterr().out

@@ -1,0 +1,211 @@
+"""runall: the folder it writes, the numbers behind its verdict against brute-force rewired
+models in plain onnxruntime sessions, one engine for every step, and its command line."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import helper
+
+import builders
+from pytest_ptq import cli
+from pytest_ptq.engine import Engine
+from pytest_ptq.errors import PTQError
+from pytest_ptq.runall import runall
+from pytest_ptq.sensitivity import Sensitivity
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    root = tmp_path_factory.mktemp("runall")
+    data = builders.samples(4)
+    fp = builders.conv_net(root / "float.onnx", outlier_channel=3)
+    # calibrated on samples ten times too small: activation ranges clip, weights are untouched
+    narrow = {k: [a * 0.1 for a in v] for k, v in data.items()}
+    qa = builders.quantize(fp, root / "qa.onnx", narrow)
+    folder = builders.save_folder(data, root / "calibration_data")
+    out = root / "out"
+    summary = runall(qa, folder, save_dir=out, top=2, output_node=["logits"], progress=False)
+    return {"root": root, "data": data, "float": fp, "qa": qa, "folder": folder, "out": out,
+            "summary": summary}
+
+
+def _is_png(path):
+    with open(path, "rb") as f:
+        return f.read(8) == PNG_MAGIC
+
+
+def _bypassed(path, kinds):
+    """The model with the Q/DQ pairs of ``kinds`` removed (their consumers read the float
+    tensor); int32 bias DequantizeLinears stay, as they do in the engine without a float model."""
+    model = onnx.load(str(path))
+    g = model.graph
+    inits = {i.name for i in g.initializer}
+    rename, drop = {}, set()
+    for q in g.node:
+        if q.op_type != "QuantizeLinear":
+            continue
+        if ("weight" if q.input[0] in inits else "activation") not in kinds:
+            continue
+        drop.add(q.name)
+        for dq in g.node:
+            if dq.op_type == "DequantizeLinear" and dq.input[0] == q.output[0]:
+                drop.add(dq.name)
+                rename[dq.output[0]] = q.input[0]
+    nodes = []
+    for n in g.node:
+        if n.name in drop:
+            continue
+        c = onnx.NodeProto()
+        c.CopyFrom(n)
+        for k, i in enumerate(c.input):
+            c.input[k] = rename.get(i, i)
+        nodes.append(c)
+    nodes += [helper.make_node("Identity", [rename[o.name]], [o.name]) for o in g.output if o.name in rename]
+    del g.node[:]
+    g.node.extend(nodes)
+    return model
+
+
+def _outputs(model, data, tensor):
+    model.graph.output.append(helper.make_tensor_value_info(tensor, onnx.TensorProto.FLOAT, None))
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    n = len(data["x"])
+    return np.concatenate([sess.run([tensor], {"x": data["x"][i]})[0] for i in range(n)]).astype(np.float64)
+
+
+def _cos(a, b):
+    a, b = a.ravel(), b.ravel()
+    return float(a @ b / np.sqrt((a @ a) * (b @ b)))
+
+
+def test_folder_holds_what_it_promises(setup):
+    s, out = setup["summary"], setup["out"]
+    saved = json.loads((out / "summary.json").read_text())
+    assert saved == json.loads(json.dumps(s))
+    for key in ("verdict", "outputs", "sensitivity", "top_nodes", "distributions", "channelwise", "curves",
+                "files", "timings_s", "samples"):
+        assert key in saved
+    assert _is_png(out / "acc_error.png")
+    for node in s["top_nodes"]["weight"] + s["top_nodes"]["activation"]:
+        assert _is_png(out / "distributions" / f"distribution_{node}.png")
+        assert _is_png(out / "channelwise" / f"channelwise_{node}.png")
+    assert sorted(s["files"]["distributions"]) == sorted(str(p) for p in (out / "distributions").iterdir())
+    for kind in ("weight", "activation"):
+        loaded = Sensitivity.load(out / f"sensitivity_{kind}.json")
+        assert loaded.ranking[:2] == s["top_nodes"][kind]
+        assert list(saved["sensitivity"][kind]["ranking"]) == loaded.ranking
+    text = (out / "summary.md").read_text()
+    for node in s["top_nodes"]["weight"] + s["top_nodes"]["activation"]:
+        assert f"`{node}`" in text
+    assert "## Verdict" in text and "## What to try next" in text
+
+
+def test_output_numbers_match_rewired_models(setup):
+    data, qa = setup["data"], setup["qa"]
+    ref = _outputs(_bypassed(qa, {"weight", "activation"}), data, "logits")
+    expected = {"weight only": _cos(ref, _outputs(_bypassed(qa, {"activation"}), data, "logits")),
+                "activation only": _cos(ref, _outputs(_bypassed(qa, {"weight"}), data, "logits")),
+                "all quantized": _cos(ref, _outputs(onnx.load(str(qa)), data, "logits"))}
+    for label, value in expected.items():
+        assert setup["summary"]["outputs"][label]["cosine-similarity"] == pytest.approx(value, abs=1e-6)
+
+
+def test_verdict_blames_clipped_activations(setup):
+    v = setup["summary"]["verdict"]
+    assert v["source"] == "activation"
+    assert v["activation_only"] < v["weight_only"]
+    acts = [it for it in v["nodes"] if it["kind"] == "activation"]
+    assert all("recalibrate" in it["try"] for it in acts)
+    for it in acts:
+        d = setup["summary"]["distributions"][it["node"]]
+        assert d["effective_clipped_share"] > 0.01
+    assert "recalibrate" in v["next_steps"][0]
+    assert any(f"`{acts[0]['node']}`" in step for step in v["next_steps"])
+
+
+def test_weight_verdict_points_to_per_channel(tmp_path):
+    data = builders.samples(2)
+    fp = builders.conv_net(tmp_path / "float.onnx", outlier_channel=3)
+    # int4 per-tensor weights beside 16-bit activations: the planted channel starves the others
+    qw = builders.quantize(fp, tmp_path / "qw.onnx", data, weight_type="QInt4", activation_type="QUInt16")
+    s = runall(qw, data, save_dir=tmp_path / "out", top=3, output_node=["logits"], progress=False)
+    v = s["verdict"]
+    assert v["source"] == "weight" and v["weight_only"] < v["activation_only"]
+    assert s["channelwise"]["w1_QuantizeLinear"]["outlier_channels"] == [3]
+    tries = {it["node"]: it["try"][0] for it in v["nodes"] if it["kind"] == "weight"}
+    # w1 is starved by its wide channel; the others are merely coarse at 4 bits
+    assert tries == {"w1_QuantizeLinear": "per-channel", "w2_QuantizeLinear": "int16", "wf_QuantizeLinear": "int16"}
+    assert v["next_steps"][0].startswith("quantize weights per channel") and "`w1_QuantizeLinear`" in v["next_steps"][0]
+    assert "int16" in v["next_steps"][1] and "`wf_QuantizeLinear`" in v["next_steps"][1]
+
+
+def test_one_engine_one_float_reference(setup, tmp_path, monkeypatch):
+    engine = Engine(setup["qa"], setup["folder"])
+    calls = []
+    original = Engine.run
+
+    def spy(self, sample, quantized=(), tensors=None, kind=None, alternative=()):
+        calls.append((sample if isinstance(sample, int) else "feed", tuple(quantized) if not isinstance(quantized, str)
+                      else quantized, kind, tuple(tensors or ())))
+        return original(self, sample, quantized, tensors, kind, alternative)
+
+    monkeypatch.setattr(Engine, "run", spy)
+    s = runall(engine, save_dir=tmp_path / "out", data_num=2, top=1, progress=False)
+    assert s["samples"] == 2 and s["curves"]["samples"] == 2
+    float_model_outputs = [c for c in calls if c[1] == () and c[2] in (None, "main")]
+    # the model outputs of the float model: once per sample, cached for every later step
+    assert len(float_model_outputs) == 2
+    assert set(engine._sessions) <= {"main", "probe", "local"}
+
+
+def test_node_type_node_plots_the_nodes_and_their_calibration_inputs(setup, tmp_path):
+    s = runall(setup["qa"], setup["data"], save_dir=tmp_path / "out", node_type="node", top=1,
+               output_node=["logits"], progress=False)
+    (top,) = s["top_nodes"]["node"]
+    assert s["distributions"][top]["kind"] == "node"
+    feeds = [c for c in s["sensitivity"]["node"]["details"][top]["calibration_nodes"]
+             if not c.startswith("b")]
+    assert feeds and all(c in s["distributions"] and c in s["channelwise"] for c in feeds)
+    assert f"`{top}`" in (tmp_path / "out" / "summary.md").read_text()
+
+
+def test_bad_arguments(setup, tmp_path):
+    with pytest.raises(PTQError, match="top must be at least 1"):
+        runall(setup["qa"], setup["data"], save_dir=tmp_path, top=0, progress=False)
+    with pytest.raises(PTQError, match="unknown node_type 'weights'"):
+        runall(setup["qa"], setup["data"], save_dir=tmp_path, node_type="weights", progress=False)
+
+
+def test_cli_runall(setup, tmp_path, capsys):
+    out = tmp_path / "cli"
+    rc = cli.main(["runall", str(setup["qa"]), str(setup["folder"]), "-o", str(out), "--data-num", "1",
+                   "--top", "1", "--quiet"])
+    text = capsys.readouterr().out
+    assert rc == 0
+    assert "## Verdict" in text and f"wrote {out}" in text
+    saved = json.loads((out / "summary.json").read_text())
+    assert saved["samples"] == 1 and saved["top"] == 1
+    assert all(f"`{n}`" in text for n in saved["top_nodes"]["activation"])
+
+
+def test_cli_runall_errors_and_help(setup, tmp_path, capsys):
+    rc = cli.main(["runall", str(setup["qa"]), str(setup["folder"]), "-o", str(tmp_path), "-m", "cosin",
+                   "--quiet"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "unknown metric 'cosin'" in err and len(err.strip().splitlines()) == 1
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["runall", "-h"])
+    assert exc.value.code == 0
+    assert "--top" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["runall", str(setup["qa"]), str(setup["folder"]), "--top", "0"])
+    assert exc.value.code == 2
