@@ -9,6 +9,7 @@ and biases). Every other node is a *normal node*.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from collections import defaultdict
 from pathlib import Path
@@ -70,6 +71,9 @@ class CalibrationNode:
     float_weight: str | None = None  # initializer holding the float weight, when known
     consumers: list = dataclasses.field(default_factory=list)  # normal nodes fed, by name
     producer: str | None = None  # normal node that computes an activation's input
+    # (op_type, low, high) of a Relu/Clip that quantize_static folded into this pair's range
+    # and deleted, found in the float model; bypassing the pair re-applies it
+    folded: tuple | None = None
 
     @property
     def outputs(self):
@@ -308,6 +312,7 @@ class QuantModel:
         onnxruntime names a quantized weight ``<W>_quantized``; the float model keeps ``<W>``.
         """
         fmodel, _ = load_model(float_model, what="float model")
+        self._find_folded(fmodel)
         finits = {i.name: i for i in fmodel.graph.initializer}
         for c in self.calibration.values():
             if c.q_node is not None:
@@ -319,6 +324,32 @@ class QuantModel:
             name = f"ptq_float::{base}"
             self.float_weights[name] = numpy_helper.to_array(init)
             c.float_weight = name
+
+    def _find_folded(self, fmodel):
+        """Mark activation pairs whose input the float model computes with a Relu/Clip that
+        the QDQ model lacks: quantize_static folded it into the range and deleted it."""
+        fprod = {o: n for n in fmodel.graph.node for o in n.output}
+        fconst = {i.name: numpy_helper.to_array(i) for i in fmodel.graph.initializer}
+        for n in fmodel.graph.node:
+            if n.op_type == "Constant":
+                for a in n.attribute:
+                    if a.name == "value":
+                        fconst[n.output[0]] = numpy_helper.to_array(a.t)
+        for c in self.of_kind("activation"):
+            f, q = fprod.get(c.input), self.producer.get(c.input)
+            if f is None or q is None or f.op_type not in ("Relu", "Clip") or q.op_type == f.op_type:
+                continue
+            bounds = [0.0, math.inf]
+            if f.op_type == "Clip":
+                attrs = {a.name: a.f for a in f.attribute}  # opset < 11 keeps bounds as attributes
+                bounds = [attrs.get("min", -math.inf), attrs.get("max", math.inf)]
+                given = [i for i in f.input[1:3] if i]
+                if any(i not in fconst for i in given):
+                    continue  # bounds computed at run time: nothing to re-apply faithfully
+                for k, name in enumerate(f.input[1:3]):
+                    if name:
+                        bounds[k] = float(np.asarray(fconst[name]).reshape(-1)[0])
+            c.folded = (f.op_type, float(bounds[0]), float(bounds[1]))
 
     def _map_normal_nodes(self):
         dq_out = {}
@@ -371,6 +402,8 @@ class QuantModel:
         """
         out = []
         for c in self.of_kind("activation"):
+            if c.folded is not None:
+                continue  # found in the float model: the bypass re-applies it
             lo, _ = c.range()
             prod = self.producer.get(c.input)
             kept = any(n.op_type in ("Relu", "Clip") for dq in c.dq_nodes for n in self.consumers[dq.output[0]])

@@ -16,6 +16,7 @@ import math
 import onnx
 from onnx import helper
 
+from .engine import bypass_nodes
 from .errors import PTQError
 
 
@@ -166,8 +167,9 @@ class Segments:
         for k in range(lo, hi):
             node = self.nodes[k]
             if k in self.gate_of and not gated:
-                src = self.float_src[self.gate_of[k]]
-                nodes += [helper.make_node("Identity", [src], [o]) for o in node.output]
+                c = self.engine.qmodel.calibration[self.gate_of[k]]
+                nodes += [n for o in node.output
+                          for n in bypass_nodes(c, o, self.types.get(o, onnx.TensorProto.FLOAT))]
             else:
                 nodes.append(node)
                 if k in self.gate_of:

@@ -60,6 +60,10 @@ def targets_for(engine, node_type, interested_nodes=None):
         for name in wanted:
             if name in targets:
                 chosen[name] = targets[name]
+            elif name in qm.calibration and qm.calibration[name].kind == node_type:
+                raise PTQError(f"weight {name!r} of {qm.source!r} is stored already quantized "
+                               "(DequantizeLinear only), so it cannot be bypassed; pass the float model "
+                               "(float_model=... / --float-model) to recover its float weight")
             elif name in qm.calibration or name in qm.normal:
                 raise PTQError(f"node {name!r} is not a {node_type} node "
                                f"(it is a {_kind_of(qm, name)} node); use node_type="

@@ -92,3 +92,164 @@ def quantize(float_path, out_path, data, per_channel=False, activation_type="QUI
                     weight_type=getattr(QuantType, weight_type), extra_options=opts,
                     nodes_to_exclude=nodes_to_exclude or [])
     return out_path
+
+
+# -- independent references for the engine tests -----------------------------------------
+# These read the QDQ proto directly (no pytest_ptq code), so a test comparing the engine
+# with them compares two independent computations.
+
+def load(model_or_path):
+    if isinstance(model_or_path, onnx.ModelProto):
+        copy = onnx.ModelProto()
+        copy.CopyFrom(model_or_path)
+        return copy
+    return onnx.load(str(model_or_path))
+
+
+def qdq_pairs(model_or_path):
+    """``{name: (Q node or None, [DQ nodes])}`` straight from the proto, in graph order.
+
+    A Q and every DQ it feeds are one entry named after the Q; a DQ of an initializer is
+    an entry of its own named after the DQ.
+    """
+    model = load(model_or_path)
+    inits = {i.name for i in model.graph.initializer}
+    pairs = {}
+    for q in model.graph.node:
+        if q.op_type == "QuantizeLinear":
+            pairs[q.name] = (q, [d for d in model.graph.node
+                                 if d.op_type == "DequantizeLinear" and d.input[0] == q.output[0]])
+    for d in model.graph.node:
+        if d.op_type == "DequantizeLinear" and d.input[0] in inits:
+            pairs[d.name] = (None, [d])
+    return pairs
+
+
+def rewire(qdq_model, keep=(), float_model=None, outputs=()):
+    """The QDQ model with every Q/DQ pair not named in ``keep`` removed by reconnecting.
+
+    Consumers of a removed pair's DQ outputs read the Q's float input instead; a lone DQ
+    of a quantized weight is replaced by the float weight that the node of the same name
+    reads at the same input position in ``float_model`` (kept when no float model is
+    given). ``outputs`` adds intermediate tensors as graph outputs.
+    """
+    model = load(qdq_model)
+    graph = model.graph
+    nodes = []
+    for n in graph.node:  # plain copies: protobuf hands out a new wrapper on every access
+        copy = onnx.NodeProto()
+        copy.CopyFrom(n)
+        nodes.append(copy)
+    fnodes, finits = {}, {}
+    if float_model is not None:
+        fm = load(float_model)
+        fnodes = {n.name: n for n in fm.graph.node if n.name}
+        finits = {i.name: i for i in fm.graph.initializer}
+    inits = {i.name for i in graph.initializer}
+    replace, drop = {}, set()
+    for name, (q, dqs) in qdq_pairs(model).items():
+        if name in keep:
+            continue
+        if q is not None:
+            for d in dqs:
+                replace[d.output[0]] = q.input[0]
+                drop.add(d.output[0])
+            drop.add(q.output[0])
+            continue
+        d = dqs[0]
+        users = [(n, k) for n in nodes for k, i in enumerate(n.input) if i == d.output[0]]
+        sources = {fnodes[n.name].input[k] for n, k in users if n.name in fnodes}
+        if len(sources) != 1 or next(iter(sources)) not in finits:
+            continue  # no float weight known: the dequantized weight stays
+        src = next(iter(sources))
+        if src not in inits:
+            graph.initializer.append(finits[src])
+            inits.add(src)
+        if src != d.output[0]:  # onnxruntime names a bias DQ's output after the float bias
+            replace[d.output[0]] = src
+        drop.add(d.output[0])
+    kept = [n for n in nodes if n.output[0] not in drop]
+    for n in kept:
+        for k in range(len(n.input)):
+            i = n.input[k]
+            while i in replace:
+                i = replace[i]
+            n.input[k] = i
+    graph_outputs = {o.name for o in graph.output}
+    for t in sorted(graph_outputs):
+        src = t
+        while src in replace:
+            src = replace[src]
+        if src != t:  # a graph output keeps its name through an Identity
+            kept.append(helper.make_node("Identity", [src], [t], name=f"ref_out_{t}"))
+    del graph.node[:]
+    graph.node.extend(kept)
+    for t in outputs:
+        if t not in graph_outputs:
+            graph.output.append(helper.make_tensor_value_info(t, TensorProto.FLOAT, None))
+    return model
+
+
+def run_model(model, feeds, level="disable", outputs=None):
+    """Run a ModelProto or path in a plain onnxruntime session; Q/DQ stay fake-quant.
+
+    ``level``: "disable" (ORT_DISABLE_ALL) or "all" (ORT_ENABLE_ALL).
+    """
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.graph_optimization_level = (ort.GraphOptimizationLevel.ORT_DISABLE_ALL if level == "disable"
+                                   else ort.GraphOptimizationLevel.ORT_ENABLE_ALL)
+    so.add_session_config_entry("session.disable_quant_qdq", "1")
+    so.log_severity_level = 3
+    src = model.SerializeToString() if isinstance(model, onnx.ModelProto) else str(model)
+    sess = ort.InferenceSession(src, so, providers=["CPUExecutionProvider"])
+    names = outputs or [o.name for o in sess.get_outputs()]
+    if isinstance(feeds, dict):
+        return dict(zip(names, sess.run(names, feeds)))
+    return [dict(zip(names, sess.run(names, f))) for f in feeds]
+
+
+def split_dq(qdq_path, out_path, q_name):
+    """Give each consumer of ``q_name``'s DQ its own DQ, as torch and modelopt exports do."""
+    model = load(qdq_path)
+    graph = model.graph
+    q = next(n for n in graph.node if n.name == q_name)
+    dq = next(n for n in graph.node if n.op_type == "DequantizeLinear" and n.input[0] == q.output[0])
+    users = [n for n in graph.node if dq.output[0] in n.input]
+    nodes = list(graph.node)
+    at = nodes.index(dq)
+    for k, user in enumerate(users[1:], start=1):
+        extra = onnx.NodeProto()
+        extra.CopyFrom(dq)
+        extra.name = f"{dq.name}_{k}"
+        extra.output[0] = f"{dq.output[0]}_{k}"
+        for j, i in enumerate(user.input):
+            if i == dq.output[0]:
+                user.input[j] = extra.output[0]
+        nodes.insert(at + k, extra)
+    del graph.node[:]
+    graph.node.extend(nodes)
+    onnx.save(model, str(out_path))
+    return out_path
+
+
+def conv_clip_net(path, seed=0):
+    """Conv -> Clip(0, 6) -> Conv, float32, input ``x`` [1, 3, 8, 8]: quantize_static with its
+    defaults folds the Clip into the Q/DQ range and deletes it."""
+    rng = np.random.default_rng(seed)
+    inits = [numpy_helper.from_array((rng.standard_normal((4, 3, 3, 3)) * 2).astype(np.float32), "w"),
+             numpy_helper.from_array(np.array(0, np.float32), "lo"),
+             numpy_helper.from_array(np.array(6, np.float32), "hi"),
+             numpy_helper.from_array(rng.standard_normal((2, 4, 1, 1)).astype(np.float32), "w2")]
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w"], ["c"], name="conv"),
+         helper.make_node("Clip", ["c", "lo", "hi"], ["r"], name="clip"),
+         helper.make_node("Conv", ["r", "w2"], ["y"], name="conv_out")],
+        "clip", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2, 6, 6])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    onnx.save(model, str(path))
+    return path

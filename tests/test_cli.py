@@ -1,0 +1,141 @@
+"""The ptq-debug command line: in-process through cli.main and as a real subprocess."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pytest_ptq.cli import main
+from pytest_ptq.engine import Engine
+from pytest_ptq.sensitivity import get_sensitivity_of_nodes
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def paths(zoo):
+    return {"model": str(zoo.qdq("qdq")), "data": str(zoo.folder("qdq")), "float": str(zoo.float("qdq")),
+            "default": str(zoo.qdq("default"))}
+
+
+def test_sensitivity_options_reach_the_analysis(paths, tmp_path, capsys):
+    out = tmp_path / "sens.json"
+    nodes = ["logits_QuantizeLinear", "r2_QuantizeLinear", "c2_QuantizeLinear"]
+    rc = main(["get-sensitivity-of-nodes", paths["model"], paths["data"], "-m", "cosine-similarity", "mse",
+               "-t", "activation", "--output-node", "cls=prob[:, 4:]", "--data-num", "2",
+               "-i", *nodes, "--json", str(out), "--quiet"])
+    captured = capsys.readouterr()
+    assert rc == 0, captured.err
+    saved = json.loads(out.read_text())
+    assert (saved["metrics"], saved["node_type"], saved["outputs"], saved["samples"]) == (
+        ["cosine-similarity", "mse"], "activation", ["cls"], 2)
+    assert sorted(saved["ranking"]) == sorted(nodes)
+    # the same call through the API gives the same numbers
+    api = get_sensitivity_of_nodes(Engine(paths["model"], paths["data"], data_num=2),
+                                   ["cosine-similarity", "mse"], output_node="cls=prob[:, 4:]",
+                                   node_type="activation", interested_nodes=nodes)
+    assert saved["ranking"] == list(api)
+    assert saved["values"] == {k: dict(v) for k, v in api.items()}
+    # the printed table is the seed's, in ranking order
+    lines = [line for line in captured.out.splitlines() if line.startswith("| ")]
+    assert "threshold" in lines[0] and "bit" in lines[0]
+    assert [line.split("|")[1].strip() for line in lines[1:]] == saved["ranking"]
+    assert f"wrote {out}" in captured.out
+
+
+def test_acc_error_options(paths, tmp_path, capsys):
+    rc = main(["plot-acc-error", paths["model"], paths["data"], "-q", "weight", "activation", "--average",
+               "-s", str(tmp_path / "plots"), "--json", str(tmp_path / "curves.json"), "--quiet"])
+    captured = capsys.readouterr()
+    assert rc == 0, captured.err
+    curves = json.loads((tmp_path / "curves.json").read_text())
+    assert list(curves["values"]) == ["weight only", "activation only"] and curves["average_mode"]
+    assert Path(curves["png"]).stat().st_size > 10_000
+    assert captured.out.splitlines()[0].startswith("weight only: final cosine-similarity ")
+
+    rc = main(["plot-acc-error", paths["model"], paths["data"], "-nq", "conv2,fc", "r1_QuantizeLinear",
+               "-s", str(tmp_path / "plots"), "--json", str(tmp_path / "nq.json"), "--quiet", "--no-local"])
+    assert rc == 0
+    curves = json.loads((tmp_path / "nq.json").read_text())
+    assert list(curves["values"]) == ["all but conv2+fc", "all but r1_QuantizeLinear"]
+    assert "r1_QuantizeLinear" not in curves["configs"]["all but r1_QuantizeLinear"]
+    assert "w2_QuantizeLinear" not in curves["configs"]["all but conv2+fc"]
+    assert curves["local"] is None
+
+
+@pytest.mark.parametrize("command,options", [
+    ("get-sensitivity-of-nodes", ["--metrics", "--node-type", "--output-node", "--interested-nodes",
+                                  "--data-num", "--json", "--float-model"]),
+    ("plot-acc-error", ["--quantize-node", "--non-quantize-node", "--average", "--metric", "--save-dir",
+                        "--data-num", "--float-model"]),
+])
+def test_help(command, options, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main([command, "-h"])
+    assert exit_.value.code == 0
+    out = capsys.readouterr().out
+    for option in options:
+        assert option in out, option
+
+
+def _one_line_error(capsys, argv, *needles):
+    __tracebackhide__ = True
+    rc = main(argv)
+    err = capsys.readouterr().err
+    assert rc == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in err, err
+    for needle in needles:
+        assert needle in lines[0], (needle, lines[0])
+    return lines[0]
+
+
+def test_bad_inputs_exit_2_with_one_line(paths, tmp_path, capsys):
+    sens = ["get-sensitivity-of-nodes"]
+    _one_line_error(capsys, sens + [str(tmp_path / "missing.onnx"), paths["data"]], "missing.onnx", "does not exist")
+    _one_line_error(capsys, sens + [paths["float"], paths["data"]], "no QuantizeLinear/DequantizeLinear")
+    _one_line_error(capsys, sens + [paths["model"], str(tmp_path / "nodata")], "nodata", "does not exist")
+    _one_line_error(capsys, sens + [paths["model"], paths["data"], "-m", "cosin"], "unknown metric 'cosin'")
+    _one_line_error(capsys, sens + [paths["model"], paths["data"], "-i", "conv_2"], "'conv2'")
+    _one_line_error(capsys, sens + [paths["model"], paths["data"], "-o", "prob[:, a]"], "not an integer")
+    line = _one_line_error(capsys, sens + [paths["default"], paths["data"]], "--float-model")
+    assert "QDQKeepRemovableActivations" in line
+    _one_line_error(capsys, ["plot-acc-error", paths["model"], paths["data"], "-q", "conv_2",
+                             "-s", str(tmp_path / "p")], "unknown node 'conv_2'")
+
+
+def test_argparse_errors_exit_2_without_traceback(paths, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["get-sensitivity-of-nodes", paths["model"], paths["data"], "--data-num", "0"])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "--data-num: must be at least 1, got 0" in err.splitlines()[-1]
+
+
+def test_folded_model_works_with_float_model(paths, zoo, capsys):
+    rc = main(["get-sensitivity-of-nodes", paths["default"], paths["data"], "--float-model",
+               str(zoo.float("default")), "-t", "weight", "--quiet"])
+    out = capsys.readouterr().out
+    assert rc == 0 and "w2_DequantizeLinear" in out
+
+
+def _run(*args):
+    return subprocess.run([sys.executable, "-m", "pytest_ptq", *args], capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
+
+
+def test_real_subprocess(paths, tmp_path):
+    out = tmp_path / "w.json"
+    proc = _run("get-sensitivity-of-nodes", paths["model"], paths["data"], "-t", "weight", "--data-num", "2",
+                "--json", str(out), "--quiet")
+    assert proc.returncode == 0, proc.stderr
+    saved = json.loads(out.read_text())
+    assert saved["node_type"] == "weight" and len(saved["ranking"]) == 3 and saved["samples"] == 2
+    bad = _run("plot-acc-error", paths["model"], str(tmp_path / "nowhere"))
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr
+    assert bad.stderr.strip().count("\n") == 0 and "nowhere" in bad.stderr

@@ -1,0 +1,251 @@
+"""Cumulative and local error curves against rewired models and hand-built single nodes."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import helper, numpy_helper
+
+import builders
+from pytest_ptq.curves import configs_from, get_acc_error, plot_acc_error, running_mean
+from pytest_ptq.engine import Engine
+from pytest_ptq.errors import PTQError
+
+QDQ_OPS = ("QuantizeLinear", "DequantizeLinear")
+ROOT = Path(__file__).resolve().parents[1]
+# Per-element difference between the engine and the rewired references at ORT_DISABLE_ALL
+# (float32 summation order, measured <= 7.5e-8 in test_engine), doubled for two runs.
+DELTA = 2e-7
+
+
+def _cos(r, t):
+    return float(r @ t / np.sqrt((r @ r) * (t @ t)))
+
+
+def _mse(r, t):
+    return float(((t - r) ** 2).mean())
+
+
+def assert_cosine(got, r, t):
+    """``got`` is cos(r, t) up to what DELTA per element can move it (|e|/|t| times the sine)."""
+    __tracebackhide__ = True
+    want = _cos(r, t)
+    rms = min(np.sqrt((r * r).mean()), np.sqrt((t * t).mean()))
+    tol = 2 * DELTA / rms * math.sqrt(max(2 * (1 - want), 0.0)) + 1e-12
+    assert abs(got - want) <= tol, (got, want, tol)
+
+
+class Setup:
+    def __init__(self, zoo, variant="qdq_pc"):
+        self.qpath, self.fpath = zoo.qdq(variant), zoo.float(variant)
+        data = zoo.data(variant)
+        self.data = data
+        self.feeds = [{k: data[k][i] for k in data} for i in range(len(data["x"]))]
+        self.engine = Engine(self.qpath, data, float_model=self.fpath, optimization="disable")
+        self.model = onnx.load(str(self.qpath))
+        self.pairs = builders.qdq_pairs(self.model)
+        self.inits = {i.name: numpy_helper.to_array(i) for i in self.model.graph.initializer}
+        self.normal = [n for n in self.model.graph.node if n.op_type not in QDQ_OPS]
+
+    def kind(self, name):
+        q, dqs = self.pairs[name]
+        return "weight" if (q or dqs[0]).input[0] in self.inits else "activation"
+
+    def outputs(self, keep, tensors):
+        model = builders.rewire(self.qpath, keep=set(keep), float_model=self.fpath, outputs=tensors)
+        return builders.run_model(model, self.feeds, "disable", tensors)
+
+    def pooled(self, runs, tensor):
+        return np.concatenate([o[tensor].ravel() for o in runs]).astype(np.float64)
+
+
+@pytest.fixture(scope="module")
+def setup(zoo):
+    return Setup(zoo)
+
+
+def test_cumulative_values_equal_rewired_models(setup):
+    acts = [n for n in setup.pairs if setup.kind(n) == "activation"]
+    configs = {"some": ["w1_QuantizeLinear", "r1_QuantizeLinear", "a2_QuantizeLinear"], "acts": acts}
+    curves = get_acc_error(setup.engine, configs, "cosine-similarity", local=False, progress=False)
+    assert curves.nodes == [n.name for n in setup.normal]
+    assert curves.tensors == [n.output[0] for n in setup.normal]
+    assert curves.samples == len(setup.feeds) and curves.local is None
+    ref = setup.outputs((), curves.tensors)
+    for label, keep in configs.items():
+        test = setup.outputs(keep, curves.tensors)
+        assert len(curves.values[label]) == len(curves.nodes)
+        for k, t in enumerate(curves.tensors):
+            assert_cosine(curves.values[label][k], setup.pooled(ref, t), setup.pooled(test, t))
+    # w1 is quantized, so the very first node already deviates
+    assert curves.values["some"][0] < 1
+
+
+def test_mse_curve_and_data_num(setup):
+    curves = get_acc_error(setup.engine, {"one": ["c2_QuantizeLinear"]}, "mse", data_num=2,
+                           local=False, progress=False)
+    assert curves.samples == 2 and curves.metric == "mse"
+    ref = setup.outputs((), curves.tensors)[:2]
+    test = setup.outputs(["c2_QuantizeLinear"], curves.tensors)[:2]
+    for k, t in enumerate(curves.tensors):
+        r, q = setup.pooled(ref, t), setup.pooled(test, t)
+        assert abs(math.sqrt(curves.values["one"][k]) - math.sqrt(_mse(r, q))) <= DELTA
+    # nothing upstream of c2's pair changes
+    before = curves.nodes.index("add2")
+    assert all(v == 0 for v in curves.values["one"][:before]) and curves.values["one"][before] > 0
+
+
+def test_config_forms(setup):
+    engine = setup.engine
+    weights = [n for n in engine.calib_names if setup.kind(n) == "weight"]
+    acts = [n for n in engine.calib_names if setup.kind(n) == "activation"]
+    assert len(weights) == 6 and len(acts) == 10
+    assert configs_from(engine, ["weight", "activation"]) == {"weight only": weights, "activation only": acts}
+    assert configs_from(engine, non_quantize_node=["weight"]) == {"all but weight": acts}
+    assert configs_from(engine) == {"all quantized": list(engine.calib_names)}
+    conv2_inputs = ["r1_QuantizeLinear", "w2_QuantizeLinear", "b2_DequantizeLinear"]
+    one_each = configs_from(engine, ["c2_QuantizeLinear", "conv2"])
+    assert list(one_each) == ["c2_QuantizeLinear", "conv2"]
+    assert one_each["c2_QuantizeLinear"] == ["c2_QuantizeLinear"]
+    assert sorted(one_each["conv2"]) == sorted(conv2_inputs)
+    grouped = configs_from(engine, [["c2_QuantizeLinear", "conv2"], ["fc"]])
+    assert sorted(grouped["c2_QuantizeLinear+conv2"]) == sorted(conv2_inputs + ["c2_QuantizeLinear"])
+    assert sorted(grouped["fc"]) == ["bf_DequantizeLinear", "f_QuantizeLinear", "wf_QuantizeLinear"]
+    inverted = configs_from(engine, non_quantize_node=[["conv2", "c2_QuantizeLinear"]])
+    assert sorted(inverted["all but conv2+c2_QuantizeLinear"]) == sorted(
+        set(engine.calib_names) - set(conv2_inputs) - {"c2_QuantizeLinear"})
+    # configs keep the engine's order, so their labels and contents are reproducible
+    assert all(v == [n for n in engine.calib_names if n in v] for v in grouped.values())
+    with pytest.raises(PTQError, match="not both"):
+        configs_from(engine, ["weight"], ["activation"])
+    with pytest.raises(PTQError, match="unknown node 'conv_2'.*'conv2'"):
+        configs_from(engine, ["conv_2"])
+
+
+def _fake_quant(x, scale, zp, axis=None):
+    """QuantizeLinear then DequantizeLinear in numpy (round half to even, saturate)."""
+    info = np.iinfo(zp.dtype)
+    s, z = scale.astype(np.float32), zp.astype(np.float32)
+    if s.size > 1:
+        shape = [1] * x.ndim
+        shape[axis] = -1
+        s, z = s.reshape(shape), z.reshape(shape)
+    q = np.clip(np.rint(x / s) + z, info.min, info.max)
+    return ((q - z) * s).astype(np.float32)
+
+
+def _params(setup, name):
+    q, dqs = setup.pairs[name]
+    node = q or dqs[0]
+    axis = next((a.i for a in node.attribute if a.name == "axis"), 1)
+    return setup.inits[node.input[1]], setup.inits[node.input[2]], axis
+
+
+def test_local_error_equals_a_single_node_recomputed_by_hand(setup):
+    curves = get_acc_error(setup.engine, {"all": list(setup.engine.calib_names)}, "cosine-similarity",
+                           progress=False)
+    k = curves.nodes.index("conv2")
+    fed = {n.name for n in setup.normal if any(i in {d.output[0] for _, ds in setup.pairs.values() for d in ds}
+                                               for i in n.input)}
+    assert [v is not None for v in curves.local] == [n in fed for n in curves.nodes]
+
+    # conv2 alone, fed its float input and weight fake-quantized with the model's own pairs
+    conv = next(n for n in setup.normal if n.name == "conv2")
+    floats = setup.outputs((), ["r1", "c2"])
+    w = _fake_quant(setup.inits["w2"], *_params(setup, "w2_QuantizeLinear"))
+    bq = setup.pairs["b2_DequantizeLinear"][1][0]
+    b = (setup.inits[bq.input[0]].astype(np.float32) * setup.inits[bq.input[1]]).astype(np.float32)
+    single = helper.make_model(helper.make_graph(
+        [helper.make_node("Conv", ["x", "w", "b"], ["y"], **{a.name: helper.get_attribute_value(a)
+                                                            for a in conv.attribute})],
+        "conv2", [helper.make_tensor_value_info(n, onnx.TensorProto.FLOAT, None) for n in ("x", "w", "b")],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)]),
+        opset_imports=[helper.make_opsetid("", 17)])
+    x_params = _params(setup, "r1_QuantizeLinear")
+    local = [builders.run_model(single, {"x": _fake_quant(f["r1"], *x_params), "w": w, "b": b})["y"]
+             for f in floats]
+    r = np.concatenate([f["c2"].ravel() for f in floats]).astype(np.float64)
+    t = np.concatenate([y.ravel() for y in local]).astype(np.float64)
+    assert_cosine(curves.local[k], r, t)
+    assert curves.local[k] < 1
+
+
+def test_running_mean():
+    values = [1.0, 0.5, 0.9, 0.2]
+    assert running_mean(values) == pytest.approx(np.cumsum(values) / np.arange(1, 5))
+
+
+def test_plot_writes_a_png(setup, tmp_path):
+    curves = plot_acc_error(tmp_path / "plots", setup.data, setup.engine,
+                            quantize_node=["weight", "activation"], average_mode=True, progress=False)
+    png = tmp_path / "plots" / "acc_error_weight-only_activation-only.png"
+    assert curves.png == str(png) and curves.average_mode
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+    assert list(curves.values) == ["weight only", "activation only"]
+    json.dumps(curves.to_dict())  # JSON-safe
+    curves2 = plot_acc_error(tmp_path / "plots", setup.data, setup.engine,
+                             non_quantize_node=[["conv2", "fc"]], local=False, progress=False,
+                             filename="nq.png")
+    assert (tmp_path / "plots" / "nq.png").stat().st_size > 10_000 and curves2.local is None
+    assert sorted(p.name for p in tmp_path.rglob("*") if p.is_file()) == [
+        "acc_error_weight-only_activation-only.png", "nq.png"]
+
+
+_MEMORY_SCRIPT = """
+import resource, sys
+from pytest_ptq.curves import configs_from, get_acc_error
+from pytest_ptq.engine import Engine
+engine = Engine(sys.argv[1], sys.argv[2], data_num=int(sys.argv[3]))
+get_acc_error(engine, configs_from(engine, ["weight", "activation"]), progress=False)
+print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+"""
+
+
+def test_curve_memory_does_not_grow_with_data_num(tmp_path):
+    fpath = builders.conv_net(tmp_path / "big.onnx", channels=32, size=128)
+    data = builders.samples(32, size=128)
+    qpath = builders.quantize(fpath, tmp_path / "big_q.onnx", {"x": data["x"][:4]})
+    folder = builders.save_folder(data, tmp_path / "calib")
+
+    def peak_kib(n):
+        # a fresh interpreter per measurement: ru_maxrss never goes down within a process
+        out = subprocess.run([sys.executable, "-c", _MEMORY_SCRIPT, str(qpath), str(folder), str(n)],
+                             capture_output=True, text=True, timeout=300,
+                             env={**os.environ, "PYTHONPATH": str(ROOT)})
+        assert out.returncode == 0, out.stderr[-2000:]
+        return int(out.stdout.split()[-1])
+
+    one, many = peak_kib(1), peak_kib(32)
+    print(f"peak RSS of a cumulative curve: data_num=1 {one / 1024:.1f} MiB, data_num=32 {many / 1024:.1f} MiB, "
+          f"ratio {many / one:.3f}")
+    assert many <= 1.5 * one
+
+
+def test_average_mode_plots_the_running_mean(setup, tmp_path, monkeypatch):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib.axes import Axes
+
+    drawn = {}
+    original = Axes.plot
+
+    def record(self, x, y, *args, **kwargs):
+        drawn[kwargs.get("label")] = list(y)
+        return original(self, x, y, *args, **kwargs)
+
+    monkeypatch.setattr(Axes, "plot", record)
+    for average in (False, True):
+        curves = plot_acc_error(tmp_path, setup.data, setup.engine, quantize_node=["activation"],
+                                average_mode=average, local=False, progress=False, filename=f"{average}.png")
+        values = curves.values["activation only"]
+        want = np.cumsum(values) / np.arange(1, len(values) + 1) if average else values
+        assert drawn["activation only"] == pytest.approx(list(want), rel=1e-12)

@@ -1,0 +1,173 @@
+"""Calibration data: every accepted layout, validation errors that name the file, and the
+promise that the user's files are never written."""
+
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+import pytest
+
+import builders
+from pytest_ptq.curves import plot_acc_error
+from pytest_ptq.data import load_data
+from pytest_ptq.errors import PTQError
+from pytest_ptq.model import QuantModel
+from pytest_ptq.sensitivity import get_sensitivity_of_nodes
+
+
+@pytest.fixture(scope="module")
+def qm(zoo):
+    return QuantModel(zoo.qdq("qdq"))
+
+
+def _distinct(n, shape=(1, 3, 16, 16)):
+    """Samples whose index is readable from their values: sample k is filled around k."""
+    rng = np.random.default_rng(5)
+    return [(k + 0.01 * rng.standard_normal(shape)).astype(np.float32) for k in range(n)]
+
+
+def _assert_samples(data, arrays):
+    assert len(data) == len(arrays)
+    for k, want in enumerate(arrays):
+        got = data.sample(k)["x"]
+        assert got.shape == (1, 3, 16, 16) and got.dtype == np.float32
+        np.testing.assert_array_equal(got, want.reshape(1, 3, 16, 16))
+
+
+def test_folder_layout_loads_in_numeric_order(qm, tmp_path):
+    arrays = _distinct(12)
+    builders.save_folder({"x": arrays}, tmp_path)
+    names = sorted(p.name for p in (tmp_path / "x").iterdir())
+    assert names.index("10.npy") < names.index("2.npy")  # a plain sort would get it wrong
+    _assert_samples(load_data(tmp_path, qm), arrays)
+
+
+def test_samples_saved_without_batch_dim_get_one(qm, tmp_path):
+    arrays = _distinct(3)
+    builders.save_folder({"x": [a[0] for a in arrays]}, tmp_path)
+    _assert_samples(load_data(tmp_path, qm), arrays)
+
+
+@pytest.mark.parametrize("batched", [True, False])
+def test_stacked_npy_per_input(qm, tmp_path, batched):
+    arrays = _distinct(5)
+    stacked = np.stack(arrays) if batched else np.concatenate(arrays)  # (5, 1, 3, H, W) or (5, 3, H, W)
+    np.save(tmp_path / "x.npy", stacked)
+    _assert_samples(load_data(tmp_path, qm), arrays)
+
+
+def test_single_npz(qm, tmp_path):
+    arrays = _distinct(4)
+    np.savez(tmp_path / "calib.npz", x=np.stack(arrays))
+    _assert_samples(load_data(tmp_path / "calib.npz", qm), arrays)
+
+
+def test_mapping(qm):
+    arrays = _distinct(3)
+    _assert_samples(load_data({"x": arrays}, qm), arrays)
+
+
+def test_data_num_takes_the_first_samples(qm, tmp_path):
+    arrays = _distinct(11)
+    builders.save_folder({"x": arrays}, tmp_path)
+    _assert_samples(load_data(tmp_path, qm, data_num=3), arrays[:3])
+    _assert_samples(load_data(tmp_path, qm, data_num=50), arrays)
+    with pytest.raises(PTQError, match="data_num must be at least 1"):
+        load_data(tmp_path, qm, data_num=0)
+
+
+def test_two_inputs_folder(zoo, tmp_path):
+    qm2 = QuantModel(zoo.qdq("two_inputs"))
+    data = builders.samples(3, names=("x", "y"))
+    builders.save_folder(data, tmp_path)
+    loaded = load_data(tmp_path, qm2)
+    for k in range(3):
+        s = loaded.sample(k)
+        np.testing.assert_array_equal(s["x"], data["x"][k])
+        np.testing.assert_array_equal(s["y"], data["y"][k])
+
+
+def _folder(tmp_path, arrays=None, name="x"):
+    builders.save_folder({name: arrays if arrays is not None else _distinct(3)}, tmp_path)
+    return tmp_path / name
+
+
+def test_wrong_input_name_names_the_folder(qm, tmp_path):
+    _folder(tmp_path, name="images")
+    with pytest.raises(PTQError, match=r"model input 'x' \(it has \['images'\]\)"):
+        load_data(tmp_path, qm)
+
+
+def test_extra_input_folder_is_named(qm, tmp_path):
+    _folder(tmp_path)
+    _folder(tmp_path, name="extra")
+    with pytest.raises(PTQError, match="'extra', which is not an input"):
+        load_data(tmp_path, qm)
+
+
+@pytest.mark.parametrize("bad,match", [
+    (np.zeros((3, 16), np.float32), "has shape \\(3, 16\\) but the model expects rank 4"),
+    (np.zeros((1, 3, 15, 16), np.float32), "dim 2 differs"),
+    (np.zeros((1, 3, 16, 16), np.int64), "dtype int64 but the model expects float32"),
+])
+def test_bad_sample_names_the_file(qm, tmp_path, bad, match):
+    d = _folder(tmp_path)
+    np.save(d / "1.npy", bad)
+    with pytest.raises(PTQError, match=match) as err:
+        load_data(tmp_path, qm)
+    assert str(d / "1.npy") in str(err.value)
+
+
+def test_corrupt_npy_names_the_file(qm, tmp_path):
+    d = _folder(tmp_path)
+    (d / "2.npy").write_bytes(b"\x93NUMPY garbage \x00\x01\x02" * 7)
+    with pytest.raises(PTQError, match="not a readable .npy") as err:
+        load_data(tmp_path, qm)
+    assert str(d / "2.npy") in str(err.value)
+
+
+def test_missing_and_empty_folders(qm, tmp_path):
+    with pytest.raises(PTQError, match="does not exist") as err:
+        load_data(tmp_path / "nowhere", qm)
+    assert str(tmp_path / "nowhere") in str(err.value)
+    (tmp_path / "x").mkdir()
+    with pytest.raises(PTQError, match="holds no .npy files") as err:
+        load_data(tmp_path, qm)
+    assert str(tmp_path / "x") in str(err.value)
+
+
+@pytest.mark.parametrize("bad_value", [np.nan, np.inf])
+def test_nan_or_inf_names_the_file(zoo, tmp_path, bad_value):
+    arrays = _distinct(4)
+    arrays[2][0, 1, 3, 3] = bad_value
+    d = _folder(tmp_path, arrays)
+    data = load_data(tmp_path, QuantModel(zoo.qdq("qdq")))
+    data.sample(1)
+    with pytest.raises(PTQError, match="holds 1 NaN/Inf values") as err:
+        data.sample(2)
+    assert str(d / "2.npy") in str(err.value)
+    # the same sentence reaches the user of an analysis, not an onnxruntime traceback
+    with pytest.raises(PTQError, match="2.npy"):
+        get_sensitivity_of_nodes(zoo.qdq("qdq"), calibrated_data=tmp_path, node_type="activation")
+
+
+def _fingerprint(paths):
+    return {str(p): (p.stat().st_mtime_ns, hashlib.sha256(p.read_bytes()).hexdigest()) for p in paths}
+
+
+def test_user_files_are_never_written(zoo, tmp_path):
+    user = tmp_path / "user"
+    data_dir = builders.save_folder(builders.samples(3), user / "calib")
+    model = user / "model.onnx"
+    model.write_bytes(zoo.qdq("default").read_bytes())
+    fmodel = user / "float.onnx"
+    fmodel.write_bytes(zoo.float("default").read_bytes())
+    files = sorted(p for p in user.rglob("*") if p.is_file())
+    before = _fingerprint(files)
+    get_sensitivity_of_nodes(model, ["cosine-similarity", "mse"], data_dir, node_type="weight",
+                             float_model=fmodel)
+    plot_acc_error(tmp_path / "out", data_dir, model, quantize_node=["weight", "activation"],
+                   float_model=fmodel, progress=False)
+    assert sorted(p for p in user.rglob("*") if p.is_file()) == files
+    assert _fingerprint(files) == before

@@ -1,0 +1,246 @@
+"""Engine exactness against plain onnxruntime sessions on independently rewired models.
+
+The references come from ``builders.rewire``, which removes Q/DQ pairs from the proto by
+reconnecting their consumers (no pytest_ptq code involved), and run at the same
+optimisation level as the engine.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import numpy_helper
+
+import builders
+from pytest_ptq.engine import Engine
+from pytest_ptq.errors import PTQError
+
+# Variants whose every pair can be rewired away without touching the graph otherwise.
+EXACT = ["qdq", "qdq_pc", "dq_weights", "dq_weights_pc", "int16", "uint16"]
+
+
+def _feeds(zoo, variant):
+    data = zoo.data(variant)
+    names = list(data)
+    return [{k: data[k][i] for k in names} for i in range(len(data[names[0]]))]
+
+
+def _output_step(path, output="prob"):
+    """Scale of the Q/DQ that produces a graph output: one quantization step of it."""
+    model = onnx.load(str(path))
+    inits = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+    dq = next(n for n in model.graph.node if n.output[0] == output)
+    return float(np.max(inits[dq.input[1]]))
+
+
+def _cos(a, b):
+    a, b = a.astype(np.float64).ravel(), b.astype(np.float64).ravel()
+    return float(a @ b / np.sqrt((a @ a) * (b @ b)))
+
+
+ATOL = 1e-6
+
+
+def assert_matches(got, want, level, step, what=""):
+    """Engine outputs ``got`` equal the reference ``want`` within the level's tolerance;
+    returns True when they agree to ATOL (no rounding step moved)."""
+    __tracebackhide__ = True
+    exact = True
+    for k, w in want.items():
+        g = got[k]
+        if level == "disable":
+            # Same kernels on the same values. The one difference: weights reach Conv/Gemm
+            # through the engine's If gates instead of as initializers, so onnxruntime may not
+            # prepack them and sums in another order: float32 rounding, measured <= 7.5e-8.
+            np.testing.assert_allclose(g, w, rtol=0, atol=ATOL, err_msg=f"{what} {k}")
+        else:
+            # ORT_ENABLE_ALL fuses the rewired model (Conv+Relu, Conv+Add, constant folding) but
+            # cannot fuse across the engine's If gates; a float32 rounding difference can move
+            # a fake-quant value across a rounding boundary, which costs one whole step of a
+            # quantizer. Allow one step of the output's Q/DQ and a cosine of 0.9999 per run;
+            # callers also check that such runs stay rare.
+            diff = float(np.abs(g - w).max())
+            assert diff <= step + ATOL, f"{what} {k}: {diff} > one output step {step}"
+            assert _cos(g, w) >= 0.9999, f"{what} {k}"
+            exact = exact and diff <= ATOL
+    return exact
+
+
+def assert_mostly_exact(flags, what):
+    """A rounding step moves only where a value sits within float32 noise of a rounding
+    boundary: rare. Most runs must agree to ATOL, or the tolerance would hide a wrong config."""
+    __tracebackhide__ = True
+    assert sum(flags) >= 0.9 * len(flags), f"{what}: only {sum(flags)} of {len(flags)} runs agree to {ATOL}"
+
+
+@pytest.mark.parametrize("level", ["disable", "all"])
+@pytest.mark.parametrize("variant", EXACT)
+def test_all_quantized_and_all_bypassed_match_rewired_models(zoo, variant, level):
+    qpath, fpath = zoo.qdq(variant), zoo.float(variant)
+    feeds = _feeds(zoo, variant)
+    engine = Engine(qpath, zoo.data(variant), float_model=fpath, optimization=level)
+    step = _output_step(qpath)
+    n = len(feeds)
+    # with the float model every pair, biases included, can be bypassed
+    assert sorted(engine.calib_names) == sorted(builders.qdq_pairs(qpath))
+
+    # (a) everything quantized is the QDQ model itself, fake-quant
+    want = builders.run_model(qpath, feeds, level)
+    for i in range(n):
+        assert_matches(engine.run(i, "all"), want[i], level, step, "all quantized")
+
+    # (b) everything bypassed is the graph without Q/DQ, and the float model
+    no_qdq = builders.run_model(builders.rewire(qpath, float_model=fpath), feeds, level)
+    float_out = builders.run_model(fpath, feeds, level)
+    for i in range(n):
+        got = engine.run(i, ())
+        # no fake-quant on the path, so no rounding step can move: float tolerance at any level
+        assert_matches(got, no_qdq[i], "disable", step, "all bypassed")
+        assert_matches(got, float_out[i], "disable", step, "float model")
+        np.testing.assert_array_equal(engine.reference(i)["prob"], got["prob"])
+
+
+@pytest.mark.parametrize("level", ["disable", "all"])
+@pytest.mark.parametrize("variant", ["qdq_pc", "dq_weights"])
+def test_each_node_alone_matches_its_rewired_model(zoo, variant, level):
+    """(c) one node quantized is the model with only that pair kept, for every node."""
+    qpath, fpath = zoo.qdq(variant), zoo.float(variant)
+    feeds = _feeds(zoo, variant)
+    engine = Engine(qpath, zoo.data(variant), float_model=fpath, optimization=level)
+    step = _output_step(qpath)
+    n = len(feeds)
+    assert len(engine.calib_names) == 16
+    exact = []
+    for name in engine.calib_names:
+        want = builders.run_model(builders.rewire(qpath, keep={name}, float_model=fpath), feeds, level)
+        exact += [assert_matches(engine.run(i, [name]), want[i], level, step, name) for i in range(n)]
+    assert_mostly_exact(exact, "one node quantized")
+
+
+def test_lone_dq_weights_without_float_model_stay_dequantized(zoo):
+    qpath = zoo.qdq("dq_weights")
+    feeds = _feeds(zoo, "dq_weights")
+    engine = Engine(qpath, zoo.data("dq_weights"), optimization="disable")
+    lone = [name for name, (q, _) in builders.qdq_pairs(qpath).items() if q is None]
+    assert lone and not set(lone) & set(engine.calib_names)
+    assert any("float model" in w for w in engine.warnings)
+    # bypassing everything removes the activation pairs only
+    want = builders.run_model(builders.rewire(qpath), feeds)
+    for i in range(len(feeds)):
+        np.testing.assert_allclose(engine.run(i, ())["prob"], want[i]["prob"], rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("variant", ["default", "default_pc"])
+def test_folded_activations_are_refused_without_the_float_model(zoo, variant):
+    with pytest.raises(PTQError) as err:
+        Engine(zoo.qdq(variant), zoo.data(variant))
+    msg = str(err.value)
+    assert "float model" in msg and "QDQKeepRemovableActivations" in msg
+    assert "r1_QuantizeLinear" in msg and str(zoo.qdq(variant)) in msg
+
+
+@pytest.mark.parametrize("level", ["disable", "all"])
+def test_float_model_restores_folded_activations(zoo, level):
+    qpath, fpath = zoo.qdq("default"), zoo.float("default")
+    feeds = _feeds(zoo, "default")
+    engine = Engine(qpath, zoo.data("default"), float_model=fpath, optimization=level)
+    assert engine.warnings == []
+    float_out = builders.run_model(fpath, feeds, level)
+    qdq_out = builders.run_model(qpath, feeds, level)
+    step = _output_step(qpath)
+    for i in range(len(feeds)):
+        # bypassed runs hold no fake-quant: float tolerance at both levels
+        assert_matches(engine.run(i, ()), float_out[i], "disable", step, "bypassed")
+        assert_matches(engine.run(i, "all"), qdq_out[i], level, step, "quantized")
+        # the probe session bypasses the same way as the main one
+        assert_matches(engine.run(i, (), ["prob", "c2"], kind="probe"), {"prob": float_out[i]["prob"]},
+                       "disable", step, "probe")
+
+
+def test_a_quantize_feeding_several_dequantizes(zoo, tmp_path):
+    qpath = builders.split_dq(zoo.qdq("qdq"), tmp_path / "split.onnx", "r1_QuantizeLinear")
+    feeds = _feeds(zoo, "qdq")
+    engine = Engine(qpath, zoo.data("qdq"), optimization="disable")
+    want_all = builders.run_model(qpath, feeds)
+    want_one = builders.run_model(builders.rewire(qpath, keep={"r1_QuantizeLinear"}), feeds)
+    for i in range(len(feeds)):
+        assert_matches(engine.run(i, "all"), want_all[i], "disable", 0)
+        assert_matches(engine.run(i, ["r1_QuantizeLinear"]), want_one[i], "disable", 0)
+
+
+def test_two_inputs(zoo):
+    qpath = zoo.qdq("two_inputs")
+    feeds = _feeds(zoo, "two_inputs")
+    engine = Engine(qpath, zoo.data("two_inputs"), optimization="disable")
+    want = builders.run_model(builders.rewire(qpath, keep={"y_QuantizeLinear"}), feeds)
+    for i in range(len(feeds)):
+        assert_matches(engine.run(i, ["y_QuantizeLinear"]), want[i], "disable", 0)
+
+
+def test_external_data_model_runs_like_the_inline_one(zoo, tmp_path):
+    src = zoo.qdq("qdq_pc")
+    out = tmp_path / "model.onnx"
+    onnx.save(onnx.load(str(src)), str(out), save_as_external_data=True, location="w.bin", size_threshold=0)
+    ext = Engine(out, zoo.data("qdq_pc"), optimization="disable")
+    inline = Engine(src, zoo.data("qdq_pc"), optimization="disable")
+    for i in range(2):
+        for config in ("all", (), ["c2_QuantizeLinear"]):
+            np.testing.assert_array_equal(ext.run(i, config)["prob"], inline.run(i, config)["prob"])
+
+
+def test_intermediate_tensors_and_bad_requests(zoo):
+    qpath = zoo.qdq("qdq")
+    feeds = _feeds(zoo, "qdq")
+    engine = Engine(qpath, zoo.data("qdq"), optimization="disable")
+    assert {"c1", "r1", "c2", "a2", "logits"} <= set(engine.probe_tensors)
+    want = builders.run_model(builders.rewire(qpath, keep={"w2_QuantizeLinear"}, outputs=["a2", "logits"]),
+                              feeds[1])
+    got = engine.run(1, ["w2_QuantizeLinear"], ["a2", "logits"])
+    assert_matches(got, {k: want[k] for k in ("a2", "logits")}, "disable", 0)
+    with pytest.raises(PTQError, match="unknown node 'c2_quantizelinear'.*'c2_QuantizeLinear'"):
+        engine.run(0, ["c2_quantizelinear"])
+    with pytest.raises(PTQError, match="tensor 'nope' is not a float output"):
+        engine.run(0, (), ["nope"])
+    with pytest.raises(PTQError, match="unknown optimization level 'fast'"):
+        Engine(qpath, zoo.data("qdq"), optimization="fast")
+    with pytest.raises(PTQError, match="no calibration data"):
+        Engine(qpath).run(0)
+
+
+def test_unnamed_nodes_are_addressed_by_generated_names(zoo):
+    qpath = zoo.qdq("unnamed")
+    feeds = _feeds(zoo, "unnamed")
+    engine = Engine(qpath, zoo.data("unnamed"), optimization="disable")
+    conv = engine.qmodel.normal["Conv_1"]
+    assert conv.op_type == "Conv" and "r1_QuantizeLinear" in conv.calibration_inputs
+    keep = [c for c in conv.calibration_inputs if c in engine.calib_names]
+    want = builders.run_model(builders.rewire(qpath, keep=set(keep)), feeds)
+    for i in range(len(feeds)):
+        assert_matches(engine.run(i, keep), want[i], "disable", 0)
+
+
+def test_a_float_model_that_does_not_match_is_refused(zoo, tmp_path):
+    other = builders.conv_net(tmp_path / "other.onnx", seed=7)
+    with pytest.raises(PTQError, match="does not reproduce the float model .*other.onnx.*quantized from"):
+        Engine(zoo.qdq("qdq"), zoo.data("qdq"), float_model=other)
+
+
+@pytest.mark.parametrize("level", ["disable", "all"])
+def test_float_model_restores_a_folded_clip(tmp_path, level):
+    fpath = builders.conv_clip_net(tmp_path / "clip.onnx")
+    data = builders.samples(4, size=8)
+    qpath = builders.quantize(fpath, tmp_path / "clip_q.onnx", data, keep_float=False)
+    # one suspect is not enough to refuse the model, but it is flagged
+    suspected = Engine(qpath, data, optimization=level).warnings
+    assert any("folded activations suspected" in w for w in suspected)
+    engine = Engine(qpath, data, float_model=fpath, optimization=level)
+    assert engine.warnings == []
+    feeds = [{"x": a} for a in data["x"]]
+    float_out = builders.run_model(fpath, feeds, level)
+    qdq_out = builders.run_model(qpath, feeds, level)
+    step = _output_step(qpath, "y") if any(n.output[0] == "y" and n.op_type == "DequantizeLinear"
+                                           for n in onnx.load(str(qpath)).graph.node) else 0.0
+    for i in range(len(feeds)):
+        assert_matches(engine.run(i, ()), float_out[i], "disable", step, "bypassed")
+        assert_matches(engine.run(i, "all"), qdq_out[i], level, step, "quantized")

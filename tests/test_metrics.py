@@ -1,0 +1,91 @@
+"""Each metric against an independent numpy formula, pooling, and sort order."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from pytest_ptq.errors import PTQError
+from pytest_ptq.metrics import METRICS, compare, get_metrics
+
+
+def _log_softmax(a):
+    a = a - a.max(axis=-1, keepdims=True)
+    return a - np.log(np.exp(a).sum(axis=-1, keepdims=True))
+
+
+NUMPY = {
+    "cosine-similarity": lambda r, t: float((r * t).sum() / np.sqrt((r * r).sum() * (t * t).sum())),
+    "mse": lambda r, t: float(((t - r) ** 2).mean()),
+    "mre": lambda r, t: float(np.abs(t - r).sum() / np.abs(r).sum()),
+    "sqnr": lambda r, t: float(10 * np.log10((r ** 2).sum() / ((t - r) ** 2).sum())),
+    "chebyshev": lambda r, t: float(np.abs(t - r).max()),
+    "l1": lambda r, t: float(np.abs(t - r).mean()),
+    "kl": lambda r, t: float((np.exp(_log_softmax(r)) * (_log_softmax(r) - _log_softmax(t))).sum(-1).mean()),
+}
+
+
+def _pair(seed, shape=(4, 3, 10)):
+    rng = np.random.default_rng(seed)
+    ref = rng.standard_normal(shape).astype(np.float32)
+    return ref, (ref + 0.2 * rng.standard_normal(shape)).astype(np.float32)
+
+
+def test_every_metric_has_a_numpy_formula():
+    assert set(NUMPY) == set(METRICS)
+
+
+@pytest.mark.parametrize("name", sorted(NUMPY))
+def test_metric_equals_numpy(name):
+    ref, test = _pair(0)
+    r, t = ref.astype(np.float64), test.astype(np.float64)
+    assert compare(ref, test, [name])[name] == pytest.approx(NUMPY[name](r, t), rel=1e-9)
+
+
+@pytest.mark.parametrize("name", sorted(NUMPY))
+def test_pooled_over_updates_equals_the_concatenation(name):
+    (r1, t1), (r2, t2) = _pair(1, (2, 3, 10)), _pair(2, (5, 3, 10))
+    m = get_metrics(name)[0]
+    state = m.new()
+    m.update(state, r1, t1)
+    m.update(state, r2, t2)
+    r = np.concatenate([r1, r2]).astype(np.float64)
+    t = np.concatenate([t1, t2]).astype(np.float64)
+    assert m.value(state) == pytest.approx(NUMPY[name](r, t), rel=1e-9)
+    # and it is not simply the mean of the two per-call values
+    one, two = compare(r1, t1, [name])[name], compare(r2, t2, [name])[name]
+    if name not in ("chebyshev",):
+        assert m.value(state) != pytest.approx((one + two) / 2, rel=1e-6)
+
+
+def test_identical_and_zero_tensors():
+    a = np.arange(1, 7, dtype=np.float32)
+    same = compare(a, a, list(METRICS))
+    assert same["cosine-similarity"] == pytest.approx(1.0)
+    assert same["mse"] == same["mre"] == same["chebyshev"] == same["l1"] == 0.0
+    assert same["sqnr"] == math.inf and abs(same["kl"]) < 1e-12
+    zero = np.zeros(4, np.float32)
+    assert compare(zero, zero)["cosine-similarity"] == 1.0
+    assert compare(zero, a[:4])["cosine-similarity"] == 0.0
+
+
+def test_sort_key_puts_the_worst_first():
+    values = [0.99, 0.5, 0.9999, math.nan]
+    cos, mse = get_metrics(["cosine-similarity", "mse"])
+    assert sorted(values[:3], key=cos.sort_key) == [0.5, 0.99, 0.9999]  # similarity ascending
+    assert sorted(values[:3], key=mse.sort_key) == [0.9999, 0.99, 0.5]  # error descending
+    assert math.isnan(sorted(values, key=cos.sort_key)[0])  # an undefined value is flagged first
+    assert cos.worst(values) == 0.5 and mse.worst(values) == 0.9999
+    assert cos.worse(0.5, 0.9) and mse.worse(0.9, 0.5)
+
+
+def test_names_and_aliases():
+    assert [m.name for m in get_metrics(["cosine", "MSE", "mae", "max-abs"])] == [
+        "cosine-similarity", "mse", "l1", "chebyshev"]
+    assert [m.name for m in get_metrics(None)] == ["cosine-similarity"]
+    with pytest.raises(PTQError, match="unknown metric 'cosin-similarity'.*'cosine-similarity'"):
+        get_metrics(["cosin-similarity"])
+    with pytest.raises(PTQError, match="no metric given"):
+        get_metrics([])

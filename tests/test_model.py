@@ -1,0 +1,275 @@
+"""QuantModel parsing, checked against the ONNX proto read directly with numpy."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import helper, numpy_helper
+
+import builders
+from pytest_ptq.errors import PTQError
+from pytest_ptq.model import QuantModel
+
+QDQ_OPS = ("QuantizeLinear", "DequantizeLinear")
+BITS = {np.dtype(np.int8): 8, np.dtype(np.uint8): 8, np.dtype(np.int16): 16,
+        np.dtype(np.uint16): 16, np.dtype(np.int32): 32}
+
+
+def _inits(model):
+    return {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+
+
+def _expected(path):
+    """Every calibration node's parameters, from the proto and numpy only."""
+    model = onnx.load(str(path))
+    inits = _inits(model)
+    out = {}
+    for name, (q, dqs) in builders.qdq_pairs(model).items():
+        node = q if q is not None else dqs[0]
+        scale = inits[node.input[1]].astype(np.float64).reshape(-1)
+        zp_arr = inits[node.input[2]]
+        info = np.iinfo(zp_arr.dtype)
+        zp = np.broadcast_to(zp_arr.astype(np.float64).reshape(-1), scale.shape)
+        axis = None
+        if scale.size > 1:
+            axis = next((a.i for a in node.attribute if a.name == "axis"), 1)
+        users = [n.name for d in dqs for n in model.graph.node
+                 if d.output[0] in n.input and n.op_type not in QDQ_OPS]
+        out[name] = {
+            "kind": "weight" if node.input[0] in inits else "activation",
+            "input": node.input[0], "scale": scale, "zp": zp, "axis": axis, "bit": BITS[zp_arr.dtype],
+            "threshold": float(np.max(scale * np.maximum(info.max - zp, zp - info.min))),
+            "role": "bias" if zp_arr.dtype == np.int32 else "",
+            "consumers": users, "dq_outputs": {d.output[0] for d in dqs},
+        }
+    return out
+
+
+VARIANTS = ["qdq", "qdq_pc", "default", "default_pc", "dq_weights", "int8", "int16", "uint16"]
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_calibration_nodes_match_the_proto(zoo, variant):
+    path = zoo.qdq(variant)
+    want = _expected(path)
+    qm = QuantModel(path)
+    assert set(qm.calibration) == set(want)
+    for name, c in qm.calibration.items():
+        w = want[name]
+        assert (c.kind, c.input, c.axis, c.bit, c.role) == (w["kind"], w["input"], w["axis"], w["bit"], w["role"]), name
+        np.testing.assert_array_equal(c.scale.astype(np.float64).reshape(-1), w["scale"])
+        np.testing.assert_array_equal(np.broadcast_to(c.zero_point.reshape(-1), w["scale"].shape), w["zp"])
+        assert c.threshold == pytest.approx(w["threshold"], rel=1e-6), name
+        assert c.per_channel == (w["axis"] is not None)
+        assert sorted(c.consumers) == sorted(w["consumers"]), name
+        assert set(c.outputs) == w["dq_outputs"]
+
+
+@pytest.mark.parametrize("variant", ["qdq", "default", "dq_weights_pc"])
+def test_normal_nodes_map_to_their_calibration_inputs(zoo, variant):
+    path = zoo.qdq(variant)
+    model = onnx.load(str(path))
+    dq_owner = {o: name for name, (_, dqs) in builders.qdq_pairs(model).items() for d in dqs for o in d.output}
+    qm = QuantModel(path)
+    normal = [n for n in model.graph.node if n.op_type not in QDQ_OPS]
+    assert list(qm.normal) == [n.name for n in normal]  # graph order is topological here
+    for n in normal:
+        feeding = list(dict.fromkeys(dq_owner[i] for i in n.input if i in dq_owner))
+        got = qm.normal[n.name]
+        assert got.calibration_inputs == feeding, n.name
+        assert (got.op_type, got.inputs, got.outputs) == (n.op_type, list(n.input), list(n.output))
+    # the two directions agree
+    for c in qm.calibration.values():
+        for consumer in c.consumers:
+            assert c.name in qm.normal[consumer].calibration_inputs
+
+
+def test_weight_and_activation_kinds_for_default_quantization(zoo):
+    qm = QuantModel(zoo.qdq("default_pc"))
+    weights = qm.of_kind("weight")
+    # onnxruntime's default: weights and biases are quantized initializers behind a lone DQ
+    assert weights and all(c.q_node is None and len(c.dq_nodes) == 1 for c in weights)
+    assert {c.role for c in weights} == {"bias", ""}
+    assert all(c.bit == 32 for c in weights if c.role == "bias")
+    assert all(c.axis == 0 and c.per_channel for c in weights if c.role == "")
+    assert all(c.q_node is not None for c in qm.of_kind("activation"))
+    # without the float model a lone DQ cannot be bypassed
+    assert not any(c.bypassable for c in weights)
+
+
+@pytest.mark.parametrize("variant,qtype,bit", [("int16", onnx.TensorProto.INT16, 16),
+                                               ("uint16", onnx.TensorProto.UINT16, 16),
+                                               ("int8", onnx.TensorProto.INT8, 8)])
+def test_activation_bit_width(zoo, variant, qtype, bit):
+    qm = QuantModel(zoo.qdq(variant))
+    acts = qm.of_kind("activation")
+    assert acts and all(c.qtype == qtype and c.bit == bit for c in acts)
+    assert all(c.bit == 8 for c in qm.of_kind("weight") if c.role == "")
+
+
+def test_a_quantize_feeding_several_dequantizes_is_one_node(zoo, tmp_path):
+    path = builders.split_dq(zoo.qdq("qdq"), tmp_path / "split.onnx", "r1_QuantizeLinear")
+    model = onnx.load(str(path))
+    q_out = next(n.output[0] for n in model.graph.node if n.name == "r1_QuantizeLinear")
+    assert sum(q_out in n.input for n in model.graph.node) == 2
+    qm = QuantModel(path)
+    c = qm.calibration["r1_QuantizeLinear"]
+    assert len(c.dq_nodes) == 2 and sorted(c.consumers) == ["add2", "conv2"]
+    assert not any(d.name in qm.calibration for d in c.dq_nodes)
+    assert len(qm.calibration) == len(QuantModel(zoo.qdq("qdq")).calibration)
+
+
+def test_fake_quant_equals_onnxruntime_quantize_dequantize(zoo):
+    qm = QuantModel(zoo.qdq("qdq_pc"))
+    rng = np.random.default_rng(3)
+    for c in (qm.calibration["w2_QuantizeLinear"], qm.calibration["c2_QuantizeLinear"]):
+        x = (rng.standard_normal((8, 8, 3, 3)) * 2 * c.threshold).astype(np.float32)
+        # a Q/DQ model with the node's own parameters as the reference
+        scale = numpy_helper.from_array(c.scale, "s")
+        zp = numpy_helper.from_array(qm.constant(c.q_node.input[2]), "z")
+        axis = {"axis": c.axis} if c.axis is not None else {}
+        graph = helper.make_graph(
+            [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["q"], **axis),
+             helper.make_node("DequantizeLinear", ["q", "s", "z"], ["y"], **axis)],
+            "qdq", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, list(x.shape))],
+            [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)], [scale, zp])
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+        want = builders.run_model(model, {"x": x})["y"]
+        np.testing.assert_array_equal(c.fake_quant(x), want)
+        lo, hi = c.range()
+        assert np.max(np.maximum(-lo, hi)) == pytest.approx(c.threshold, rel=1e-6)
+
+
+def test_external_data_model_parses_like_the_inline_one(zoo, tmp_path):
+    src = zoo.qdq("qdq_pc")
+    out = tmp_path / "ext" / "model.onnx"
+    out.parent.mkdir()
+    onnx.save(onnx.load(str(src)), str(out), save_as_external_data=True, all_tensors_to_one_file=True,
+              location="weights.bin", size_threshold=0)
+    assert (out.parent / "weights.bin").stat().st_size > 0
+    assert not onnx.load(str(out), load_external_data=False).graph.initializer[0].raw_data
+    before = sorted((p.name, p.stat().st_mtime_ns) for p in out.parent.iterdir())
+    ext, inline = QuantModel(out), QuantModel(src)
+    assert list(ext.calibration) == list(inline.calibration)
+    for name, c in ext.calibration.items():
+        np.testing.assert_array_equal(c.scale, inline.calibration[name].scale)
+        assert c.threshold == inline.calibration[name].threshold
+    assert sorted((p.name, p.stat().st_mtime_ns) for p in out.parent.iterdir()) == before
+
+
+def test_unnamed_nodes_get_stable_generated_names(zoo, tmp_path):
+    path = zoo.qdq("unnamed")
+    raw = onnx.load(str(path))
+    assert any(not n.name for n in raw.graph.node if n.op_type not in QDQ_OPS)
+    first = QuantModel(path)
+    names = list(first.normal)
+    assert all(names) and len(set(names)) == len(names)
+    assert names[:2] == ["Conv_0", "Relu_0"]
+    # same names on reload, and from a copy saved elsewhere
+    copy = tmp_path / "copy.onnx"
+    onnx.save(raw, str(copy))
+    assert list(QuantModel(path).normal) == names == list(QuantModel(copy).normal)
+    assert QuantModel(copy).calibration["r1_QuantizeLinear"].consumers == ["Conv_1", "Add_0"]
+    # the user's file keeps its unnamed nodes
+    assert onnx.load(str(path)) == raw
+
+
+def test_two_inputs_and_two_outputs(zoo):
+    qm = QuantModel(zoo.qdq("two_inputs"))
+    assert qm.input_names == ["x", "y"]
+    assert {"x_QuantizeLinear", "y_QuantizeLinear"} <= set(qm.calibration)
+    assert qm.normal["add_in"].calibration_inputs == ["x_QuantizeLinear", "y_QuantizeLinear"]
+    qm2 = QuantModel(zoo.qdq("two_outputs"))
+    assert qm2.output_names == ["prob", "r2"]
+
+
+def test_float_model_recovers_lone_dq_weights(zoo):
+    fpath = zoo.float("default")
+    finits = _inits(onnx.load(str(fpath)))
+    fnodes = {n.name: n for n in onnx.load(str(fpath)).graph.node}
+    qm = QuantModel(zoo.qdq("default"), float_model=fpath)
+    weights = qm.of_kind("weight")
+    assert len(weights) == 6
+    for c in weights:
+        assert c.bypassable and c.float_weight is not None, c.name
+        # the float weight is what the float model's node of the same name reads there
+        (consumer,) = c.consumers
+        k = qm.normal[consumer].inputs.index(c.outputs[0])
+        np.testing.assert_array_equal(qm.float_weights[c.float_weight], finits[fnodes[consumer].input[k]])
+    # the Relu that quantize_static folded into these pairs and deleted is found
+    folded = {c.name: c.folded for c in qm.of_kind("activation") if c.folded}
+    assert folded == {"r1_QuantizeLinear": ("Relu", 0.0, np.inf), "r2_QuantizeLinear": ("Relu", 0.0, np.inf)}
+    assert QuantModel(zoo.qdq("default")).folded_activation_suspects() == list(folded)
+    assert qm.folded_activation_suspects() == []
+
+
+def test_float_model_finds_a_folded_clip_with_its_bounds(tmp_path):
+    fpath = builders.conv_clip_net(tmp_path / "clip.onnx")
+    qpath = builders.quantize(fpath, tmp_path / "clip_q.onnx", builders.samples(4, size=8), keep_float=False)
+    assert "Clip" not in [n.op_type for n in onnx.load(str(qpath)).graph.node]
+    qm = QuantModel(qpath, float_model=fpath)
+    assert [c.folded for c in qm.of_kind("activation") if c.folded] == [("Clip", 0.0, 6.0)]
+
+
+def test_model_without_qdq_is_a_clear_error(zoo):
+    with pytest.raises(PTQError, match="no QuantizeLinear/DequantizeLinear.*quantize_static") as err:
+        QuantModel(zoo.float())
+    assert str(zoo.float()) in str(err.value)
+
+
+def test_missing_and_corrupt_model_files(tmp_path):
+    with pytest.raises(PTQError, match="does not exist"):
+        QuantModel(tmp_path / "nope.onnx")
+    bad = tmp_path / "bad.onnx"
+    bad.write_bytes(b"\x00\xffnot a model" * 10)
+    with pytest.raises(PTQError, match="bad.onnx.*not a readable ONNX model"):
+        QuantModel(bad)
+
+
+def test_resolve_calibration_and_unknown_names(zoo):
+    qm = QuantModel(zoo.qdq("qdq"))
+    assert qm.resolve_calibration(["conv2", "x_QuantizeLinear"]) == [
+        "r1_QuantizeLinear", "w2_QuantizeLinear", "b2_DequantizeLinear", "x_QuantizeLinear"]
+    with pytest.raises(PTQError, match="unknown node 'conv_2'.*'conv2'"):
+        qm.resolve_calibration(["conv_2"])
+
+
+def _single_pair(q_attrs, zero_point, opset):
+    """x -> Q -> DQ -> Relu with scale 0.05, the zero point optional."""
+    inits = [numpy_helper.from_array(np.array(0.05, np.float32), "s")]
+    q_in = ["x", "s"]
+    if zero_point is not None:
+        inits.append(numpy_helper.from_array(zero_point, "z"))
+        q_in.append("z")
+    graph = helper.make_graph(
+        [helper.make_node("QuantizeLinear", q_in, ["q"], name="q_x", **q_attrs),
+         helper.make_node("DequantizeLinear", ["q", *q_in[1:]], ["dq"], name="dq_x"),
+         helper.make_node("Relu", ["dq"], ["y"], name="relu")],
+        "pair", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 3, 4, 4])],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 3, 4, 4])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+
+
+@pytest.mark.parametrize("q_attrs,zero_point,opset,qtype,qmax_minus_zp", [
+    ({}, None, 17, onnx.TensorProto.UINT8, 255),  # no zero point: uint8, zero point 0
+    ({"output_dtype": onnx.TensorProto.INT16}, None, 21, onnx.TensorProto.INT16, 32768),
+    ({}, np.array(3, np.int8), 17, onnx.TensorProto.INT8, 131),  # max(127 - 3, 3 + 128)
+])
+def test_hand_built_pairs(q_attrs, zero_point, opset, qtype, qmax_minus_zp):
+    model = _single_pair(q_attrs, zero_point, opset)
+    before = model.SerializeToString()
+    c = QuantModel(model).calibration["q_x"]
+    assert model.SerializeToString() == before  # a ModelProto passed in is not touched
+    assert (c.kind, c.qtype, c.bit) == ("activation", qtype, BITS[np.dtype(helper.tensor_dtype_to_np_dtype(qtype))])
+    assert c.threshold == pytest.approx(0.05 * qmax_minus_zp)
+    x = (np.random.default_rng(0).standard_normal((1, 3, 4, 4)) * 1000).astype(np.float32)
+    want = builders.run_model(model, {"x": x})["y"]
+    np.testing.assert_array_equal(np.maximum(c.fake_quant(x), 0), want)
+
+
+def test_a_model_proto_keeps_its_unnamed_nodes(zoo):
+    proto = onnx.load(str(zoo.qdq("unnamed")))
+    before = proto.SerializeToString()
+    assert "Conv_0" in QuantModel(proto).normal
+    assert proto.SerializeToString() == before
