@@ -25,7 +25,13 @@ A contract needs no Python::
 
 Each contract gives the items ``outputs``, ``baseline`` (unless off), ``nodes`` and
 ``accuracy`` (when given). A failing item prints plain lines, not a traceback; a schema
-error names the key and the file.
+error names the key and the file. Output thresholds are cosine similarities unless the
+contract sets ``metric``.
+
+``--ptq-model`` (ini ``ptq_model``) alone is a contract too: with no test using the
+plugin, the session gets the items ``ptq::<model file>::outputs``, ``nodes`` and
+``baseline`` of :func:`from_settings`, so that ``pytest --ptq-model m.onnx --ptq-data
+calib`` checks a model in a project with no test file.
 """
 
 from __future__ import annotations
@@ -160,6 +166,19 @@ def load(path):
                     tolerance=tolerance)
 
 
+def from_settings(settings):
+    """The built-in contract of the session's ``--ptq-model``: outputs cosine >= ``min_cosine``
+    (on ``holdout`` when given), no ``node_type`` node below ``min_node_cosine``, and the
+    baseline ``<baseline_dir>/<model stem>.json`` in ``metric`` within ``tolerance``."""
+    model = Path(settings.model)
+    return Contract(path=model, name=model.stem, model=model, data=settings.data,
+                    float_model=settings.float_model, holdout=settings.holdout, data_num=settings.data_num,
+                    outputs=settings.min_cosine,
+                    nodes={"type": settings.node_type, "threshold": settings.min_node_cosine, "allow": [],
+                           "metric": checks.COSINE},
+                    baseline=Path(settings.baseline_dir) / f"{model.stem}.json")
+
+
 def _known(mapping, allowed, prefix, where):
     for key in mapping:
         if key not in allowed:
@@ -270,6 +289,30 @@ class ContractFile(pytest.File):
         return super().repr_failure(excinfo)
 
 
+class DefaultContracts(pytest.Collector):
+    """``ptq``: the built-in contract of the session's model, a child named after its file."""
+
+    def __init__(self, *, settings, **kwargs):
+        super().__init__(**kwargs)
+        self.settings = settings
+
+    def collect(self):
+        contract = from_settings(self.settings)
+        yield ModelContract.from_parent(self, name=contract.model.name, path=contract.model, contract=contract)
+
+
+class ModelContract(pytest.Collector):
+    """A contract that no file spells out: one item per check, located at the model file."""
+
+    def __init__(self, *, contract, **kwargs):
+        super().__init__(**kwargs)
+        self.contract = contract
+
+    def collect(self):
+        for check in self.contract.checks:
+            yield ContractItem.from_parent(self, name=check, contract=self.contract)
+
+
 class ContractItem(pytest.Item):
     """One check of a contract; failures print the check's report as plain lines."""
 
@@ -288,13 +331,16 @@ class ContractItem(pytest.Item):
         self.ptq_settings = s.replace(metric=metric, node_type=(c.nodes or {}).get("type") or s.node_type)
         where = f"contract {self.path.name!r}"
         if self.name == "outputs":
+            # --ptq-metric is the metric of sensitivity and baselines; output thresholds stay
+            # cosines unless the contract itself says otherwise, as in ptq.check_outputs()
+            out_metric = c.metric or checks.COSINE
             threshold = c.outputs
             if threshold is None:
-                if metric != checks.COSINE:
-                    raise ContractError(f"{where} sets metric {metric} but no 'outputs' thresholds; add "
+                if out_metric != checks.COSINE:
+                    raise ContractError(f"{where} sets metric {out_metric} but no 'outputs' thresholds; add "
                                         "'outputs: {default: VALUE}' in that metric")
                 threshold = s.min_cosine
-            result = checks.check_outputs(analysis, threshold, metric, c.holdout)
+            result = checks.check_outputs(analysis, threshold, out_metric, c.holdout)
         elif self.name == "nodes":
             n = c.nodes
             node_metric = n["metric"] or metric

@@ -1,8 +1,9 @@
 """pytest-ptq as a pytest plugin (entry point ``pytest11: ptq``).
 
 Options (``--ptq-*``, one group) and ini keys (``ptq_*``) are in ``settings.py``; the
-fixtures are below; ``*.ptq.yaml`` contracts are collected by ``contract.py``. Hooks only
-hand their work to the :class:`~pytest_ptq.session.PTQSession` of the run.
+fixtures are below; ``*.ptq.yaml`` contracts are collected by ``contract.py``, which also
+holds the built-in contract that ``--ptq-model`` adds when no collected test uses the
+plugin. Hooks only hand their work to the :class:`~pytest_ptq.session.PTQSession` of the run.
 
 Fixtures: ``ptq_model`` and ``ptq_data`` (paths), ``ptq_analysis`` (the shared, cached
 analysis of the test's model), ``ptq`` (the assertion helpers bound to the test),
@@ -23,6 +24,8 @@ from .errors import PTQError
 # Only settings, metrics and the session shell load with pytest: onnx, onnxruntime and
 # matplotlib load when a test first uses a model, so the plugin costs nothing elsewhere.
 CONTRACT_SUFFIXES = (".ptq.yaml", ".ptq.yml")
+# A test asking for one of these writes its own checks: the built-in contract steps aside.
+FIXTURES = ("ptq", "ptq_model", "ptq_data", "ptq_analysis", "ptq_settings", "ptq_session")
 
 
 def pytest_addoption(parser):
@@ -56,6 +59,13 @@ class _Hooks:
     def __init__(self, ptq):
         self.ptq = ptq
 
+    # tryfirst: -k, -m and --deselect then select the built-in contract's items like any other
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_collection_modifyitems(self, session, items):
+        """Add the built-in contract of ``--ptq-model`` when no collected test uses the plugin."""
+        if not any(_uses_plugin(item) for item in items):
+            items.extend(self.ptq.default_contract(session))
+
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_makereport(self, item, call):
         """A failing test gets a ``ptq`` section; pytest-html gets the figures as extras."""
@@ -88,6 +98,12 @@ class _Hooks:
     def pytest_terminal_summary(self, terminalreporter):
         """Say where the report went."""
         self.ptq.terminal_summary(terminalreporter)
+
+
+def _uses_plugin(item):
+    """A contract check, a test marked ``ptq`` or one that asks for a ptq fixture."""
+    return (item.path.name.endswith(CONTRACT_SUFFIXES) or item.get_closest_marker("ptq") is not None
+            or any(name in FIXTURES for name in getattr(item, "fixturenames", ())))
 
 
 def _fail(exc):

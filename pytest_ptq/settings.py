@@ -119,10 +119,13 @@ class Option:
 
 
 OPTIONS = [
-    Option("model", existing_path, None, "calibrated QDQ model (.onnx) that the ptq fixtures analyse",
-           "PATH", True),
+    Option("model", existing_path, None, "calibrated QDQ model (.onnx) that the ptq fixtures analyse; with "
+           "no test using them, a built-in contract checks it (see --ptq-no-default-contract)", "PATH", True),
     Option("data", existing_path, None, "calibration data: a folder DIR/<input>/<i>.npy, a folder of "
            "<input>.npy stacks, or an .npz", "PATH", True),
+    Option("holdout", existing_path, None, "held-out data for the output and accuracy checks (a YAML "
+           "contract names its own), in the layouts of --ptq-data; node sensitivity and baselines stay on the "
+           "calibration data", "PATH", True, shown="the calibration data"),
     Option("float_model", existing_path, None, "float model the QDQ model came from (recovers float "
            "weights stored quantized)", "PATH", True),
     Option("data_num", positive_int, None, "use only the first N calibration samples", "N", shown="all samples"),
@@ -136,16 +139,16 @@ OPTIONS = [
            "a node below it is too sensitive", "X"),
     Option("tolerance", non_negative, 0.001, "how far (in metric units) a node's sensitivity or an output "
            "metric may move the wrong way before the baseline check fails", "T"),
-    Option("baseline_dir", folder, "ptq_baselines", "folder of the baselines of Python tests (a "
-           "contract's baseline sits beside its YAML file)", "DIR", True, shown="<rootdir>/ptq_baselines"),
+    Option("baseline_dir", folder, "ptq_baselines", "folder of the baselines of Python tests and of the "
+           "built-in contract (DIR/<model stem>.json); a YAML contract's sits beside its file", "DIR", True,
+           shown="<rootdir>/ptq_baselines"),
     Option("report", report_path, None, "write one self-contained HTML page for the session: verdicts, "
            "tables and plots per model, failing models first", "PATH.html", True),
     Option("top", positive_int, 10, "rows of the sensitive-node table in failure reports", "N"),
 ]
 BY_NAME = {o.name: o for o in OPTIONS}
-# Marker-only keys: a per-test allow-list, baseline file and held-out data.
-MARKER_ONLY = ("allow", "baseline", "holdout")
-HOLDOUT = Option("holdout", existing_path, None, "held-out data for output and accuracy checks", "PATH", True)
+# Marker-only keys: a per-test allow-list and baseline file.
+MARKER_ONLY = ("allow", "baseline")
 MARKER_HELP = (
     "ptq(model=None, data=None, *, float_model=None, data_num=None, holdout=None, node_type='node', "
     "metric='cosine-similarity', min_cosine=0.99, min_node_cosine=0.999, tolerance=0.001, "
@@ -167,6 +170,10 @@ def add_options(parser):
                     "a CI run never passes on new baselines). Default: off.")
     group.addoption("--ptq-update-all", action="store_true", dest="ptq_update_all", default=False,
                     help="rewrite every baseline a test reaches, and pass its baseline check. Default: off.")
+    group.addoption("--ptq-no-default-contract", action="store_true", dest="ptq_no_default_contract",
+                    default=False, help="do not add the built-in contract of --ptq-model (ptq_model): its items "
+                    "ptq::MODEL.onnx::outputs, nodes and baseline, added only when no collected test uses the "
+                    "ptq fixtures, the ptq marker or a *.ptq.yaml contract. Default: off.")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -241,8 +248,6 @@ def apply_marker(settings, args, kwargs, base):
     for key, raw in given.items():
         if key in BY_NAME and key not in ("report", "baseline_dir"):
             changes[key] = None if raw is None else _parse(BY_NAME[key], raw, f"ptq marker {key}={raw!r}", base)
-        elif key == "holdout":
-            changes[key] = None if raw is None else _parse(HOLDOUT, raw, f"ptq marker holdout={raw!r}", base)
         elif key == "baseline":
             changes[key] = None if raw is None else (base / os.path.expanduser(str(raw))).resolve()
         elif key == "allow":

@@ -18,6 +18,12 @@ for _p in (str(HERE.parent), str(HERE)):
 
 import builders  # noqa: E402
 
+# pytester's in-process runs drop the modules a run imported; importing the plugin's
+# modules here keeps one copy of each, so their classes stay the same between runs.
+import pytest_ptq.analysis  # noqa: E402,F401
+import pytest_ptq.checks  # noqa: E402,F401
+import pytest_ptq.contract  # noqa: E402,F401
+
 # name -> (conv_net keyword arguments, quantize keyword arguments)
 RECIPES = {
     # float weights behind Q/DQ pairs, Relu kept: every pair can be bypassed
