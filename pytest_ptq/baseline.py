@@ -23,7 +23,7 @@ from pathlib import Path
 from .analysis import relative
 from .errors import PTQError
 from .metrics import get_metrics
-from .sensitivity import _json_restore, _json_safe
+from .results import json_restore, json_safe
 
 FORMAT = 1
 # Significant digits kept: float32 results carry about 7, and fewer digits keep diffs readable.
@@ -49,7 +49,7 @@ class Baseline:
     tool: dict = dataclasses.field(default_factory=dict)
 
     def to_dict(self):
-        return _json_safe({"format": FORMAT, **dataclasses.asdict(self)})
+        return json_safe({"format": FORMAT, **dataclasses.asdict(self)})
 
     def save(self, path):
         """Write atomically (a reader never sees half a file); returns the path."""
@@ -73,7 +73,7 @@ class Baseline:
             if d.get("format") != FORMAT:
                 raise ValueError(f"format {d.get('format')!r}, expected {FORMAT}")
             return cls(metric=d["metric"], node_type=d["node_type"],
-                       outputs=_json_restore(d["outputs"]), sensitivity=_json_restore(d["sensitivity"]),
+                       outputs=json_restore(d["outputs"]), sensitivity=json_restore(d["sensitivity"]),
                        model=d.get("model", {}), data=d.get("data", {}), float_model=d.get("float_model"),
                        tool=d.get("tool", {}))
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:

@@ -27,6 +27,7 @@ import math
 import numpy as np
 
 from .errors import PTQError
+from .figures import pyplot, save_figure
 
 # A channel is an outlier when its max |x| exceeds OUTLIER_K times the median over channels
 # of max |x| (channels that are all zero excluded): at 8x a per-tensor scale leaves the
@@ -198,10 +199,7 @@ def lost_bits(ratio):
 
 def plot_channels(stats, path, title):
     """Write the box plot of ``stats`` (:meth:`ChannelStats.result` plus the node's fields) to ``path``."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
     from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
 
@@ -251,8 +249,7 @@ def plot_channels(stats, path, title):
     fig.legend(handles=handles, loc="lower center", bbox_to_anchor=(0.5, 0.05 / height), ncol=ncol, fontsize=7,
                frameon=False)
     fig.suptitle(heading, fontsize=10, y=1 - 0.08 / height, va="top")
-    fig.savefig(path)
-    plt.close(fig)
+    save_figure(fig, path, tight=False)
     return path
 
 

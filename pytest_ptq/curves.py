@@ -14,15 +14,17 @@ from pathlib import Path
 import numpy as np
 
 from .errors import PTQError
+from .figures import metric_label, pyplot, save_figure
 from .metrics import get_metrics
 from .progress import Progress
-from .sensitivity import _json_safe, engine_for, sample_indices
+from .results import JsonResult
+from .sensitivity import engine_for, sample_indices
 
 KINDS = ("weight", "activation")
 
 
 @dataclasses.dataclass
-class Curves:
+class Curves(JsonResult):
     """``values[config][k]`` is the metric at ``nodes[k]`` (tensor ``tensors[k]``)."""
 
     metric: str
@@ -40,9 +42,6 @@ class Curves:
         m = get_metrics(self.metric)[0]
         order = sorted(range(len(self.nodes)), key=lambda i: m.sort_key(self.values[label][i]))
         return [(self.nodes[i], self.values[label][i]) for i in order[:k]]
-
-    def to_dict(self):
-        return _json_safe(dataclasses.asdict(self))
 
 
 def configs_from(engine, quantize_node=None, non_quantize_node=None):
@@ -121,11 +120,7 @@ def running_mean(values):
 
 def plot_curves(curves, path, title=None, annotate=3):
     """Write the curves as a PNG: node index on x, the metric on y, worst points named."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     m = get_metrics(curves.metric)[0]
     fig, ax = plt.subplots(figsize=(12, 5.5), dpi=100)
     x = np.arange(len(curves.nodes))
@@ -145,16 +140,11 @@ def plot_curves(curves, path, title=None, annotate=3):
     mode = " (running mean)" if curves.average_mode else ""
     ax.set_title(title or f"Cumulative {curves.metric}{mode} vs float model, {curves.samples} sample(s)")
     ax.set_xlabel("normal node index (topological order)")
-    ax.set_ylabel(curves.metric + (" (higher is better)" if m.higher_is_better else " (lower is better)"))
+    ax.set_ylabel(metric_label(m))
     ax.ticklabel_format(axis="y", useOffset=False)
     ax.grid(True, alpha=0.3)
     ax.legend(loc="best", fontsize=8)
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def plot_acc_error(save_dir, calibrated_data=None, model_or_file=None, quantize_node=None,

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import json
 import math
 from collections import Counter, defaultdict
 from pathlib import Path
@@ -35,7 +34,7 @@ from .errors import PTQError
 from .metrics import get_metrics
 from .model import QuantModel, load_model
 from .progress import Progress
-from .sensitivity import _json_safe
+from .results import JsonResult
 
 SEVERITIES = ("error", "warning", "info")
 FEW_SAMPLES, MANY_SAMPLES = 20, 100
@@ -71,7 +70,7 @@ class Finding:
 
 
 @dataclasses.dataclass
-class DataReport:
+class DataReport(JsonResult):
     """Findings, worst first, and the statistics they rest on; truthy when no error.
 
     ``stats[dataset][input]``: samples, shape, dtype, layout, min/max/mean/std, channel
@@ -115,14 +114,7 @@ class DataReport:
         lines.append(f"{errors} error(s), {warnings} warning(s), {len(self.findings) - errors - warnings} note(s)")
         return "\n".join(lines)
 
-    def to_dict(self):
-        return _json_safe(dataclasses.asdict(self))
 
-    def save(self, path):
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(self.to_dict(), indent=1))
-        return path
 
 
 # -- the model side ---------------------------------------------------------------------------

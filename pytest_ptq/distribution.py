@@ -31,8 +31,10 @@ import numpy as np
 from .channelwise import OUTLIER_K, ChannelStats, channel_axis, plot_channels, wrap
 from .channelwise import reading as channel_reading
 from .errors import PTQError, unknown
+from .figures import pyplot, save_figure
 from .progress import Progress
-from .sensitivity import _json_safe, engine_for, sample_indices
+from .results import json_safe
+from .sensitivity import engine_for, sample_indices
 
 HIST_BINS = 128
 CACHE_BYTES = 256 * 2**20
@@ -430,8 +432,8 @@ def collect(engine, dist_nodes=(), box_nodes=(), axis=None, data_num=None, bins=
                     samples=samples if info["kind"] == "activation" else 0)
         out_boxes[name] = info
     order = list(dict.fromkeys(list(dist_nodes)))
-    return ({k: _json_safe(dist[k]) for k in order},
-            {k: _json_safe(out_boxes[k]) for k in dict.fromkeys(box_nodes)})
+    return ({k: json_safe(dist[k]) for k in order},
+            {k: json_safe(out_boxes[k]) for k in dict.fromkeys(box_nodes)})
 
 
 def _levels(info, r):
@@ -494,15 +496,6 @@ def _slug(name):
     if safe != name:
         safe += "-" + hashlib.sha1(name.encode()).hexdigest()[:6]
     return safe[:120]
-
-
-def _plt():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
 
 
 def _stairs(ax, hist, label, colour, fill=True, alpha=0.55):
@@ -570,7 +563,7 @@ def activation_reading(d):
 
 
 def _plot_activation(d, path, title):
-    plt = _plt()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(10, 4.8), dpi=100)
     _stairs(ax, d["hist"], f"float input '{d['tensor']}'", "#4c72b0")
     ax.plot([d["peak"]], [0.03], marker="^", markersize=11, color="#1f3f8f", clip_on=False, linestyle="none",
@@ -596,12 +589,11 @@ def _plot_activation(d, path, title):
     heading = wrap(title, 10) + "\n" + wrap(activation_reading(d), 10)
     ax.set_title(heading, fontsize=10)
     _margins(fig, heading, 4.8)
-    fig.savefig(path)
-    plt.close(fig)
+    save_figure(fig, path, tight=False)
 
 
 def _plot_pair(d, path, title, left_a, left_b, labels, note=None):
-    plt = _plt()
+    plt = pyplot()
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 4.8), dpi=100)
     known = d.get("compared_against") != "dequantized weight"
     _stairs(ax1, left_a["hist"], labels[0], "#4c72b0")
@@ -645,8 +637,7 @@ def _plot_pair(d, path, title, left_a, left_b, labels, note=None):
     heading = wrap(title, 13) + ("\n" + wrap(note, 13) if note else "")
     fig.suptitle(heading, fontsize=10)
     _margins(fig, heading, 4.8, extra=0.28)
-    fig.savefig(path)
-    plt.close(fig)
+    save_figure(fig, path, tight=False)
 
 
 def weight_issue(d, box=None):

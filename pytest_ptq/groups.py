@@ -20,7 +20,8 @@ from .errors import PTQError, unknown
 from .metrics import get_metrics
 from .outputs import parse_outputs
 from .progress import Progress
-from .sensitivity import Sensitivity, _json_safe, engine_for, sample_indices, score_configs
+from .results import JsonResult
+from .sensitivity import Sensitivity, engine_for, sample_indices, score_configs
 
 
 @dataclasses.dataclass(frozen=True)
@@ -151,7 +152,7 @@ def group_sensitivity(model_or_file, groups, calibrated_data=None, metrics=("cos
 
 # -- ranking confidence -------------------------------------------------------------------
 @dataclasses.dataclass
-class Confidence:
+class Confidence(JsonResult):
     """How stable a sensitivity ranking is under resampling of the calibration samples.
 
     ``nodes[name]``: ``mean``, ``std``, ``min``, ``max`` of the per-sample values, ``rank``
@@ -178,8 +179,6 @@ class Confidence:
     def __bool__(self):
         return bool(self.stable)
 
-    def to_dict(self):
-        return _json_safe(dataclasses.asdict(self))
 
     def rows(self):
         return [{"node": n, **v} for n, v in self.nodes.items()]

@@ -41,11 +41,13 @@ import numpy as np
 import onnx
 
 from .errors import PTQError, unknown
+from .figures import metric_label, pyplot, save_figure
 from .metrics import get_metrics
 from .model import QParams, load_model
 from .outputs import parse_outputs
 from .progress import Progress
-from .sensitivity import _json_safe, engine_for, get_sensitivity_of_nodes, sample_indices
+from .results import JsonResult
+from .sensitivity import engine_for, get_sensitivity_of_nodes, sample_indices
 
 REMEDIES = ("float", "int16", "per-channel")
 _QUANT_TYPES = {onnx.TensorProto.INT8: "QInt8", onnx.TensorProto.UINT8: "QUInt8",
@@ -82,7 +84,7 @@ class _Clock:
 
 
 @dataclasses.dataclass
-class Remedy:
+class Remedy(JsonResult):
     """The outcome of a remedy search; truthy when the target is met in simulation.
 
     ``nodes``: calibration nodes to remedy, most sensitive first. ``value``: the simulated
@@ -142,15 +144,7 @@ class Remedy:
             parts.append("extra_options={'TensorQuantOverrides': {" + body + "}}")
         return "quantize_static(..., " + ", ".join(parts) + ")"
 
-    def to_dict(self):
-        return _json_safe(dataclasses.asdict(self))
 
-    def save(self, path):
-        """Write the result as JSON; returns the path."""
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(self.to_dict(), indent=1))
-        return path
 
     def summary(self):
         """A few readable lines: the verdict, the nodes, and the settings to use."""
@@ -768,11 +762,7 @@ def _effect(old, new, result):
 # -- plot -----------------------------------------------------------------------------------
 def plot_remedy(result, path):
     """The search curve as a PNG: nodes remedied on x, the metric on y, the target dashed."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     m = get_metrics(result.metric)[0]
     pts = [p for p in result.curve if p["value"] is not None]
     fig, ax = plt.subplots(figsize=(9, 5), dpi=100)
@@ -792,17 +782,12 @@ def plot_remedy(result, path):
                    zorder=4, label="measured after re-quantizing")
     ax.set_title(f"Remedy search ({result.remedy}) on {Path(result.model).name}, {result.samples} sample(s)")
     ax.set_xlabel("number of nodes remedied (most sensitive first)")
-    ax.set_ylabel(result.metric + (" (higher is better)" if m.higher_is_better else " (lower is better)"))
+    ax.set_ylabel(metric_label(m))
     ax.ticklabel_format(axis="y", useOffset=False)
     ax.xaxis.get_major_locator().set_params(integer=True)
     ax.grid(True, alpha=0.3)
     ax.legend(loc="best", fontsize=8)
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 # -- command line ------------------------------------------------------------------------------

@@ -19,7 +19,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from .errors import PTQError
-from .sensitivity import _json_safe
+from .results import json_safe
 from .tables import fmt
 
 # Figures wider than this are downscaled: wider than a laptop screen helps no one.
@@ -62,7 +62,7 @@ def collect(session):
     for analysis in session.analyses.values():
         if analysis.key.id in tests:
             models.append(model_payload(analysis, tests[analysis.key.id], settings))
-    return _json_safe(models)
+    return json_safe(models)
 
 
 def model_payload(analysis, tests, settings):

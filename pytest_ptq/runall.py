@@ -48,7 +48,8 @@ from .channelwise import reading as channel_reading
 from .errors import PTQError, unknown
 from .metrics import get_metrics
 from .outputs import parse_outputs
-from .sensitivity import _json_safe, engine_for, get_sensitivity_of_nodes, sample_indices, score_configs
+from .results import json_safe
+from .sensitivity import engine_for, get_sensitivity_of_nodes, sample_indices, score_configs
 
 SEVERE = 0.1  # badness (1 - cosine) of a single node beyond which it should stay in float
 DOMINANT = 2.0  # one kind dominates when its output badness is this many times the other's
@@ -179,7 +180,7 @@ def runall(model_or_file, calibrated_data=None, save_dir="ptq_debug_runall", met
     files["summary_md"] = str(out / "summary.md")
     files["summary_json"] = str(out / "summary.json")
     summary["files"] = files
-    summary = _json_safe(summary)
+    summary = json_safe(summary)
     Path(files["summary_md"]).write_text(markdown(summary))
     Path(files["summary_json"]).write_text(json.dumps(summary, indent=1))
     return summary

@@ -8,7 +8,6 @@ or the highest error). Per-output and per-sample values are kept beside it.
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 
 from . import __version__
@@ -17,6 +16,7 @@ from .errors import PTQError, unknown
 from .metrics import get_metrics
 from .outputs import parse_outputs
 from .progress import Progress
+from .results import json_restore, write_json
 from .tables import format_table
 
 NODE_TYPES = ("node", "weight", "activation")
@@ -124,18 +124,15 @@ class Sensitivity(dict):
 
     def save(self, path):
         """Write the result as JSON (sorted keys, ranking order kept in ``ranking``)."""
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(_json_safe(self.to_dict()), indent=1, sort_keys=True))
-        return path
+        return write_json(self.to_dict(), path)
 
     @classmethod
     def from_dict(cls, d):
         s = cls(node_type=d["node_type"], metrics=d["metrics"], outputs=d.get("outputs", []),
                 samples=d.get("samples", 0), model=d.get("model", ""),
-                details={k: _json_restore(v) for k, v in d.get("details", {}).items()})
+                details={k: json_restore(v) for k, v in d.get("details", {}).items()})
         for name in d["ranking"]:
-            dict.__setitem__(s, name, _json_restore(d["values"][name]))
+            dict.__setitem__(s, name, json_restore(d["values"][name]))
         return s
 
     @classmethod
@@ -145,29 +142,6 @@ class Sensitivity(dict):
         except (OSError, ValueError, KeyError) as exc:
             raise PTQError(f"sensitivity file {str(path)!r} cannot be read ({type(exc).__name__}: {exc}); "
                            "write it with Sensitivity.save or --json") from None
-
-
-def _json_safe(obj):
-    """Infinities as strings: JSON has no inf, and browsers reject Python's ``Infinity``."""
-    if isinstance(obj, float) and (math.isinf(obj) or math.isnan(obj)):
-        return str(obj)
-    if isinstance(obj, dict):
-        return {str(k): _json_safe(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_json_safe(v) for v in obj]
-    if hasattr(obj, "item") and callable(obj.item):
-        return _json_safe(obj.item())
-    return obj
-
-
-def _json_restore(obj):
-    if isinstance(obj, str) and obj in ("inf", "-inf", "nan"):
-        return float(obj)
-    if isinstance(obj, dict):
-        return {k: _json_restore(v) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [_json_restore(v) for v in obj]
-    return obj
 
 
 def score_configs(engine, configs, metrics, specs, indices, progress=None):

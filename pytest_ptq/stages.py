@@ -18,7 +18,6 @@ only at the integer kernels. ``kernel_gap`` compares stages 3 and 2 directly.
 from __future__ import annotations
 
 import dataclasses
-import json
 from pathlib import Path
 
 from .data import load_data
@@ -27,7 +26,7 @@ from .metrics import get_metrics
 from .model import QuantModel, load_model
 from .outputs import parse_outputs
 from .progress import Progress
-from .sensitivity import _json_safe
+from .results import JsonResult
 from .tables import format_table
 
 STAGES = {
@@ -47,7 +46,7 @@ _ADVICE = {
 
 
 @dataclasses.dataclass
-class StageReport:
+class StageReport(JsonResult):
     """Per stage ``{"stage", "description", "values": {metric: v}, "per_output": {output:
     {metric: v}}, "per_sample": {metric: [v]}}`` in pipeline order; ``values`` is the worst
     output, samples pooled. ``kernel_gap``: integer vs fake-quant, same shape.
@@ -83,14 +82,7 @@ class StageReport:
                      "description": "how far the integer kernels are from the simulation"})
         return format_table(rows, ["stage"] + self.metrics + ["description"])
 
-    def to_dict(self):
-        return _json_safe(dataclasses.asdict(self))
 
-    def save(self, path):
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(self.to_dict(), indent=1))
-        return path
 
 
 def _session(model, level, fake_quant=False, providers=None, save_to=None):

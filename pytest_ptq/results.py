@@ -1,0 +1,52 @@
+"""Result objects as plain JSON: what every analysis returns and saves."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from pathlib import Path
+
+
+def json_safe(obj):
+    """Infinities and NaN as strings (JSON has none; browsers reject Python's ``Infinity``),
+    numpy scalars as Python numbers, tuples as lists."""
+    if isinstance(obj, float) and (math.isinf(obj) or math.isnan(obj)):
+        return str(obj)
+    if isinstance(obj, dict):
+        return {str(k): json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [json_safe(v) for v in obj]
+    if hasattr(obj, "item") and callable(obj.item):
+        return json_safe(obj.item())
+    return obj
+
+
+def json_restore(obj):
+    """The inverse of :func:`json_safe` for the special floats."""
+    if isinstance(obj, str) and obj in ("inf", "-inf", "nan"):
+        return float(obj)
+    if isinstance(obj, dict):
+        return {k: json_restore(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [json_restore(v) for v in obj]
+    return obj
+
+
+def write_json(data, path):
+    """Write ``data`` (made JSON-safe) with sorted keys; returns the path."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(json_safe(data), indent=1, sort_keys=True))
+    return path
+
+
+class JsonResult:
+    """Mixin for dataclass results: ``to_dict()`` is JSON-safe, ``save(path)`` writes it."""
+
+    def to_dict(self):
+        return json_safe(dataclasses.asdict(self))
+
+    def save(self, path):
+        """Write the result as JSON; returns the path."""
+        return write_json(self.to_dict(), path)
