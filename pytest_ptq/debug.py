@@ -7,11 +7,17 @@ or ``{input name: [arrays]}``), returns plain data, and writes only under ``save
 """
 
 from .curves import Curves, configs_from, get_acc_error, plot_acc_error
+from .datacheck import DataReport, Finding, check_data
+from .distribution import get_channelwise_data_distribution, plot_distribution
 from .engine import Engine
 from .errors import PTQError
+from .groups import Confidence, Subgraph, group_sensitivity, ranking_confidence, subgraph_nodes
 from .metrics import METRICS, compare
 from .model import QuantModel
+from .remedy import Remedy, onnxruntime_settings, quantize_static_kwargs, suggest_remedy
+from .runall import runall
 from .sensitivity import Sensitivity, get_sensitivity_of_nodes
+from .stages import StageReport, localize_stages
 
 
 def load_sensitivity(path):
@@ -25,24 +31,13 @@ def save_sensitivity(result, path):
 
 
 __all__ = [
-    "Curves", "Engine", "METRICS", "PTQError", "QuantModel", "Sensitivity", "compare", "configs_from",
-    "get_acc_error", "get_sensitivity_of_nodes", "load_sensitivity", "plot_acc_error", "save_sensitivity",
+    # seed parity
+    "get_sensitivity_of_nodes", "plot_acc_error", "plot_distribution", "get_channelwise_data_distribution",
+    "runall", "load_sensitivity", "save_sensitivity",
+    # beyond the seed: remedy search, blocks, ranking confidence, stages, data checks
+    "suggest_remedy", "onnxruntime_settings", "quantize_static_kwargs", "group_sensitivity", "subgraph_nodes",
+    "ranking_confidence", "localize_stages", "check_data",
+    # building blocks and result types
+    "Engine", "QuantModel", "METRICS", "compare", "configs_from", "get_acc_error", "PTQError",
+    "Sensitivity", "Curves", "Remedy", "Confidence", "Subgraph", "StageReport", "DataReport", "Finding",
 ]
-
-# Beyond the seed: remedy search, blocks, ranking confidence, stages, data checks.
-from .datacheck import DataReport, Finding, check_data  # noqa: E402
-from .groups import Confidence, Subgraph, group_sensitivity, ranking_confidence, subgraph_nodes  # noqa: E402
-from .remedy import Remedy, onnxruntime_settings, quantize_static_kwargs, suggest_remedy  # noqa: E402
-from .stages import StageReport, localize_stages  # noqa: E402
-
-__all__ += [
-    "Confidence", "DataReport", "Finding", "Remedy", "StageReport", "Subgraph", "check_data", "group_sensitivity",
-    "localize_stages", "onnxruntime_settings", "quantize_static_kwargs", "ranking_confidence", "subgraph_nodes",
-    "suggest_remedy",
-]
-
-# Distributions, per-channel box plots and the one-command run (seed parity).
-from .distribution import get_channelwise_data_distribution, plot_distribution  # noqa: E402
-from .runall import runall  # noqa: E402
-
-__all__ += ["get_channelwise_data_distribution", "plot_distribution", "runall"]
