@@ -7,6 +7,7 @@ and no cache, the run stops with one sentence saying what to do.
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -16,12 +17,24 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
 
+def _cache_dir():
+    """``.cache/`` beside this file, where the contracts name their files; a cache kept
+    elsewhere (``PTQ_EXAMPLE_CACHE``, e.g. outside a CI checkout) is linked there."""
+    cache = HERE / ".cache"
+    elsewhere = os.environ.get("PTQ_EXAMPLE_CACHE")
+    if elsewhere and not cache.exists():
+        target = Path(elsewhere).expanduser().resolve()
+        target.mkdir(parents=True, exist_ok=True)
+        cache.symlink_to(target, target_is_directory=True)
+    return cache
+
+
 def pytest_sessionstart(session):
     from example_suite.fixes import build_fixed_models
     from example_suite.prepare import PrepareError, prepare
 
     try:
-        paths = prepare(verbose=False)
+        paths = prepare(cache_dir=_cache_dir(), verbose=False)
         build_fixed_models(paths)
     except PrepareError as exc:
         pytest.exit(f"example suite: {exc}", returncode=2)
