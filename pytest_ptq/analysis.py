@@ -155,6 +155,52 @@ class Analysis:
 
         return self.cached(("curves", name), compute)
 
+    def data_check(self, holdout=None):
+        """:class:`~pytest_ptq.datacheck.DataReport` of the calibration data (the first
+        ``data_num`` samples), and of a held-out set against them when ``holdout`` is given."""
+        from .datacheck import check_data
+
+        key = ("data_check", None if holdout is None else str(holdout))
+        return self.cached(key, lambda: check_data(self.key.model, self.key.data, heldout=holdout,
+                                                   data_num=self.key.data_num, float_model=self.key.float_model))
+
+    def stages(self, float_model=None):
+        """:class:`~pytest_ptq.stages.StageReport`: the float model under graph optimisations,
+        the fake-quant and the integer-kernel model against the float model, on the calibration
+        data. ``float_model`` defaults to the analysis' own float model."""
+        from .stages import localize_stages
+
+        float_model = float_model or self.key.float_model
+        if float_model is None:
+            raise PTQError(f"comparing the stages of {self.label} needs the float model it came from; pass "
+                           "float_model=..., the marker's float_model= or --ptq-float-model")
+        float_model = str(Path(float_model).resolve())
+        return self.cached(("stages", float_model), lambda: localize_stages(
+            float_model, self.key.model, self.key.data, data_num=self.key.data_num))
+
+    def suggest(self, target=0.99, remedy="float", metric="cosine-similarity", outputs=None, budget=None,
+                candidates=None):
+        """:class:`~pytest_ptq.remedy.Remedy`: the fewest nodes to keep in float, raise to 16 bit
+        or quantize per channel so that ``metric`` meets ``target``; measured by re-quantizing
+        when the analysis has a float model. Kept for the report."""
+        from .remedy import suggest_remedy
+
+        name = get_metrics(metric)[0].name
+        try:
+            target = float(target)
+        except (TypeError, ValueError):
+            raise PTQError(f"target must be a number, got {target!r}") from None
+        key = ("remedy", remedy, name, target, _frozen(outputs), budget, _frozen(candidates))
+        return self.cached(key, lambda: suggest_remedy(
+            self.engine, target=target, metric=name, remedy=remedy,
+            output_node=None if outputs is None else outputs, budget=budget, candidates=candidates,
+            float_model=self.key.float_model, progress=False))
+
+    def computed(self, kind):
+        """The results of ``kind`` (``"data_check"``, ``"stages"``, ``"remedy"``, ...) that tests
+        have computed so far, in the order computed; computes nothing."""
+        return [value for key, value in self._cache.items() if key[0] == kind]
+
     def accuracy(self, evaluate, holdout=None):
         """``(float score, quantized score)`` of a user evaluation function.
 
@@ -198,6 +244,13 @@ class Analysis:
             return fp
 
         return self.cached(("fingerprint",), compute)
+
+
+def _frozen(value):
+    """A hashable cache key part of a name or list of names."""
+    if value is None or isinstance(value, str):
+        return value
+    return tuple(value)
 
 
 def _name(fn):

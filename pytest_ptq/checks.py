@@ -420,6 +420,166 @@ def check_baseline(analysis, path, update="none", tolerance=0.001, node_type="no
     return result(diff.ok, "ok" if diff.ok else "degraded", diff)
 
 
+# -- calibration data ----------------------------------------------------------------------
+# datacheck.SEVERITIES, most severe first; spelled out so that this module does not load onnx
+SEVERITIES = ("error", "warning", "info")
+
+
+@dataclasses.dataclass(repr=False)
+class DataResult(Result):
+    """The calibration data checks of :func:`pytest_ptq.datacheck.check_data`; fails on any
+    finding at or above ``max_severity`` (error > warning > info)."""
+
+    passed: bool
+    max_severity: str
+    findings: list  # {check, severity, message, fix, input, dataset, samples}, errors first
+    samples: int
+    model: str
+    data: str
+    holdout: str | None = None
+    kind = "data"
+
+    def __repr__(self):
+        return f"DataResult(passed={self.passed}, failing={[f['check'] for f in self.failing]})"
+
+    @property
+    def failing(self):
+        """The findings at or above ``max_severity``, errors first."""
+        limit = SEVERITIES.index(self.max_severity)
+        return [f for f in self.findings if SEVERITIES.index(f["severity"]) <= limit]
+
+    @property
+    def summary(self):
+        where = f"calibration data {self.data}" + (f" (held out: {self.holdout})" if self.holdout else "")
+        bad = self.failing
+        if bad:
+            listed = ", ".join(f"{f['check']} ({f['severity']})" for f in bad[:6])
+            more = f" and {len(bad) - 6} more" if len(bad) > 6 else ""
+            accept = ("" if any(f["severity"] == "error" for f in bad)
+                      else '; or accept warnings with max_severity="error"')
+            return (f"{len(bad)} finding(s) at or above {self.max_severity} in the {where} of {self.model}: "
+                    f"{listed}{more}; fix them as listed below{accept}")
+        below = (f"; below it: {', '.join(f['check'] + ' (' + f['severity'] + ')' for f in self.findings[:6])}"
+                 if self.findings else "")
+        return (f"the {where} of {self.model} ({self.samples} sample(s)) have no finding at or above "
+                f"{self.max_severity}{below}")
+
+    @property
+    def details(self):
+        lines = []
+        for f in self.findings:
+            where = f"{f['dataset']}:{f['input']}" if f["input"] else f["dataset"]
+            lines.append(f"{f['severity'].upper():7} {f['check']} [{where}]: {f['message']}")
+            if f["samples"] and not all(x in f["message"] for x in f["samples"]):
+                lines.append(f"        samples: {', '.join(f['samples'])}")
+            if f["fix"]:
+                lines.append(f"        fix: {f['fix']}")
+        return "\n".join(lines)
+
+    def figures(self):
+        count = {s: sum(f["severity"] == s for f in self.findings) for s in SEVERITIES}
+        fig = {"errors": count["error"], "warnings": count["warning"], "notes": count["info"]}
+        if self.failing:
+            fig["failing"] = ",".join(f["check"] for f in self.failing)
+        return fig
+
+
+def check_data(analysis, max_severity="warning", holdout=None):
+    """No finding of the calibration data checks at or above ``max_severity``.
+
+    The checks (count, NaN/Inf, constant and duplicate samples, dtype, layout, value range
+    against the calibrated input range, and with ``holdout`` whether the calibration set
+    represents the held-out data) are those of ``ptq-debug check-data``.
+    """
+    if max_severity not in SEVERITIES:
+        raise PTQError(f"max_severity must be one of {', '.join(SEVERITIES)}, got {max_severity!r}")
+    report = analysis.data_check(holdout)
+    findings = [{"check": f.check, "severity": f.severity, "message": f.message, "fix": f.fix, "input": f.input,
+                 "dataset": f.dataset, "samples": [analysis.relative(s) if "/" in s else s for s in f.samples]}
+                for f in report.findings]
+    limit = SEVERITIES.index(max_severity)
+    samples = max((s["samples"] for s in report.stats.get("calibration", {}).values()), default=0)
+    return DataResult(passed=not any(SEVERITIES.index(f["severity"]) <= limit for f in findings),
+                      max_severity=max_severity, findings=findings, samples=samples, model=analysis.label,
+                      data=analysis.relative(analysis.key.data),
+                      holdout=analysis.relative(holdout) if holdout is not None else None)
+
+
+# -- stages --------------------------------------------------------------------------------
+@dataclasses.dataclass(repr=False)
+class StagesResult(Result):
+    """The integer-kernel model (onnxruntime's fused Q/DQ kernels) against the float model and
+    against the fake-quant simulation the other checks measure."""
+
+    passed: bool
+    threshold: float
+    values: dict  # stage -> output cosine against the unoptimised float model, pipeline order
+    kernel_gap: float  # output cosine between the integer and the fake-quant model
+    first_drop: str | None
+    message: str
+    samples: int
+    model: str
+    float_model: str
+    descriptions: dict = dataclasses.field(default_factory=dict)
+    kind = "stages"
+
+    def __repr__(self):
+        return f"StagesResult(passed={self.passed}, integer={self.values.get('integer')}, gap={self.kernel_gap})"
+
+    @property
+    def summary(self):
+        t = self.threshold
+        where = f"[{self.model} vs float {self.float_model}, {self.samples} sample(s)]"
+        problems = []
+        if not _meets(_cosine(), self.values["integer"], t):
+            problems.append(f"the integer-kernel outputs reach cosine {fmt(self.values['integer'])} against "
+                            f"float, below {t:g}")
+        if not _meets(_cosine(), self.kernel_gap, t):
+            problems.append(f"the integer kernels reach only cosine {fmt(self.kernel_gap)} against the "
+                            f"fake-quant simulation, below {t:g}")
+        if problems:
+            return "; ".join(problems) + f". {self.message} {where}"
+        return (f"the integer-kernel outputs keep cosine {fmt(self.values['integer'])} >= {t:g} against float "
+                f"and {fmt(self.kernel_gap)} against the fake-quant simulation {where}")
+
+    @property
+    def details(self):
+        rows = [{"stage": s, COSINE: v, "required": f">= {self.threshold:g}" if s == "integer" else "",
+                 "description": self.descriptions.get(s, "")} for s, v in self.values.items()]
+        rows.append({"stage": "integer vs fake-quant", COSINE: self.kernel_gap, "required": f">= {self.threshold:g}",
+                     "description": "how far the integer kernels are from the simulation"})
+        return format_table(rows, ["stage", COSINE, "required", "description"])
+
+    def figures(self):
+        fig = {f"{stage}.{COSINE}": v for stage, v in self.values.items()}
+        fig[f"kernel_gap.{COSINE}"] = self.kernel_gap
+        if self.first_drop:
+            fig["first_drop"] = self.first_drop
+        return fig
+
+
+def _cosine():
+    return get_metrics(COSINE)[0]
+
+
+def check_stages(analysis, float_model=None, min_cosine=0.99):
+    """The integer-kernel outputs at least ``min_cosine`` against the float model, and at least
+    ``min_cosine`` against the fake-quant outputs (so that what the other checks simulate is
+    what onnxruntime runs). ``float_model`` defaults to the analysis' float model."""
+    from .stages import verdict
+
+    t = _number(min_cosine, "min_cosine")
+    report = analysis.stages(float_model)
+    values = {s["stage"]: s["values"][COSINE] for s in report.stages}
+    gap = report.kernel_gap["values"][COSINE]
+    first_drop, message = verdict(values, gap, COSINE, t)
+    m = _cosine()
+    return StagesResult(passed=_meets(m, values["integer"], t) and _meets(m, gap, t), threshold=t, values=values,
+                        kernel_gap=gap, first_drop=first_drop, message=message, samples=report.samples,
+                        model=analysis.label, float_model=analysis.relative(report.float_model),
+                        descriptions={s["stage"]: s["description"] for s in report.stages})
+
+
 # -- the per-test helper -------------------------------------------------------------------
 class PTQ:
     """The ``ptq`` fixture: the checks bound to one test's model and settings.
@@ -477,6 +637,31 @@ class PTQ:
             self.analysis, path or s.baseline or self._baseline_path, s.update,
             s.tolerance if tolerance is None else tolerance, node_type or s.node_type, metric or s.metric))
 
+    def check_data(self, max_severity="warning", holdout=None):
+        """The calibration data checks; fails on a finding at or above ``max_severity``. With
+        held-out data (``holdout``, else the marker's or ``--ptq-holdout``) also whether the
+        calibration set represents them."""
+        return self._done(check_data(self.analysis, max_severity,
+                                     holdout if holdout is not None else self.settings.holdout))
+
+    def check_stages(self, float_model=None, min_cosine=None):
+        """Integer-kernel outputs vs float and vs fake-quant, both >= ``min_cosine`` (default
+        ``min_cosine``); the float model defaults to the marker's or ``--ptq-float-model``."""
+        return self._done(check_stages(self.analysis, float_model or self.settings.float_model,
+                                       self.settings.min_cosine if min_cosine is None else min_cosine))
+
+    def suggest(self, target=None, remedy="float", metric=COSINE, outputs=None, budget=None, candidates=None):
+        """The fewest nodes to keep in float (``remedy="float"``), raise to 16 bit (``"int16"``)
+        or quantize per channel (``"per-channel"``) so that ``metric`` meets ``target``
+        (default ``min_cosine``); returns the :class:`~pytest_ptq.remedy.Remedy` (true when
+        met) and keeps it for the HTML report. Budget in seconds."""
+        m = get_metrics(metric)[0]
+        if target is None:
+            if m.name != COSINE:
+                raise PTQError(f"give a target for {m.name}; only cosine has a default (min_cosine)")
+            target = self.settings.min_cosine
+        return self.analysis.suggest(target, remedy, m.name, outputs, budget, candidates)
+
     def assert_outputs(self, threshold=None, metric=COSINE, holdout=None):
         __tracebackhide__ = True
         return _raise_unless(self.check_outputs, threshold, metric, holdout)
@@ -492,6 +677,14 @@ class PTQ:
     def assert_baseline(self, path=None, tolerance=None, node_type=None, metric=None):
         __tracebackhide__ = True
         return _raise_unless(self.check_baseline, path, tolerance, node_type, metric)
+
+    def assert_data(self, max_severity="warning", holdout=None):
+        __tracebackhide__ = True
+        return _raise_unless(self.check_data, max_severity, holdout)
+
+    def assert_stages(self, float_model=None, min_cosine=None):
+        __tracebackhide__ = True
+        return _raise_unless(self.check_stages, float_model, min_cosine)
 
 
 def _raise_unless(check, *args):
@@ -527,3 +720,15 @@ def assert_accuracy(analysis, evaluate, min_ratio=0.99, holdout=None):
     """:func:`check_accuracy`, raising :class:`ContractFailed` when it fails."""
     __tracebackhide__ = True
     return _raise_unless(check_accuracy, analysis, evaluate, min_ratio, holdout)
+
+
+def assert_data(analysis, max_severity="warning", holdout=None):
+    """:func:`check_data`, raising :class:`ContractFailed` when it fails."""
+    __tracebackhide__ = True
+    return _raise_unless(check_data, analysis, max_severity, holdout)
+
+
+def assert_stages(analysis, float_model=None, min_cosine=0.99):
+    """:func:`check_stages`, raising :class:`ContractFailed` when it fails."""
+    __tracebackhide__ = True
+    return _raise_unless(check_stages, analysis, float_model, min_cosine)

@@ -55,7 +55,7 @@ def _engine(args):
 
 
 # Modules that register more subcommands with @subcommand when imported.
-_COMMAND_MODULES = ("runall", "distribution", "remedy", "stages", "datacheck")
+_COMMAND_MODULES = ("runall", "distribution", "remedy", "stages", "datacheck", "groups")
 
 
 def _load_command_modules():
@@ -108,6 +108,10 @@ def cmd_sensitivity(args):
                                       node_type=args.node_type, interested_nodes=args.interested_nodes,
                                       progress=not args.quiet)
     print(result.table(limit=args.top))
+    if args.confidence:
+        from .groups import print_confidence
+
+        print_confidence(result, args.confidence, args.top)
     if args.json:
         print(f"wrote {result.save(args.json)}")
 
@@ -126,6 +130,9 @@ def _configure_sensitivity(p):
                    help="rank only these nodes. Default: all of the node type")
     p.add_argument("--top", type=_positive_int, default=None, help="print only the top N rows. Default: all")
     p.add_argument("--json", default=None, metavar="OUT", help="also save the result as JSON")
+    from .groups import add_confidence_option
+
+    add_confidence_option(p)
 
 
 cmd_sensitivity.configure = _configure_sensitivity

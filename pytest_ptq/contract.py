@@ -19,12 +19,14 @@ A contract needs no Python::
     accuracy:                       # optional: task metric relative to float
       evaluate: evaluate.py:top1    # FILE.py:FUNCTION (relative) or package.module:FUNCTION
       min_ratio: 0.99
+    data_check:                     # optional: the checks of ptq-debug check-data
+      max_severity: warning         # fail on findings this severe or worse: error, warning, info
     baseline: baselines/resnet.json # optional; default <name>.baseline.json beside this file;
                                     # false turns the baseline check off
     tolerance: 0.001                # optional: how far the baseline may be missed
 
-Each contract gives the items ``outputs``, ``baseline`` (unless off), ``nodes`` and
-``accuracy`` (when given). A failing item prints plain lines, not a traceback; a schema
+Each contract gives the items ``outputs``, ``baseline`` (unless off), ``nodes``,
+``accuracy`` and ``data_check`` (when given). A failing item prints plain lines, not a traceback; a schema
 error names the key and the file. Output thresholds are cosine similarities unless the
 contract sets ``metric``.
 
@@ -52,9 +54,10 @@ from .metrics import METRICS, get_metrics
 from .plugin import CONTRACT_SUFFIXES as SUFFIXES
 from .sensitivity import NODE_TYPES
 _KEYS = {"model", "data", "float_model", "holdout", "data_num", "metric", "outputs", "nodes", "accuracy",
-         "baseline", "tolerance"}
+         "data_check", "baseline", "tolerance"}
 _NODE_KEYS = {"type", "threshold", "allow", "metric"}
 _ACCURACY_KEYS = {"evaluate", "min_ratio"}
+_DATA_CHECK_KEYS = {"max_severity"}
 
 
 class ContractError(PTQError):
@@ -76,6 +79,7 @@ class Contract:
     outputs: object = None  # number or {output: number}; None: the session's min_cosine
     nodes: dict | None = None  # {type, threshold, allow, metric}
     accuracy: dict | None = None  # {evaluate, min_ratio}
+    data_check: dict | None = None  # {max_severity}
     baseline: Path | None = None  # None: no baseline check
     tolerance: float | None = None
 
@@ -86,6 +90,8 @@ class Contract:
             names.append("nodes")
         if self.accuracy is not None:
             names.append("accuracy")
+        if self.data_check is not None:
+            names.append("data_check")
         if self.baseline is not None:
             names.append("baseline")
         return names
@@ -148,6 +154,7 @@ def load(path):
     accuracy = doc.get("accuracy")
     if accuracy is not None:
         accuracy = _accuracy(accuracy, where)
+    data_check = _data_check(doc.get("data_check"), where)
     baseline = doc.get("baseline", f"{_stem(path)}.baseline.json")
     if baseline is False:
         baseline = None
@@ -162,8 +169,8 @@ def load(path):
             raise ContractError(f"{where}: 'tolerance' must be >= 0, got {tolerance}")
     return Contract(path=path.resolve(), name=_stem(path), model=req_path("model"), data=req_path("data"),
                     float_model=opt_path("float_model"), holdout=opt_path("holdout"), data_num=data_num,
-                    metric=metric, outputs=outputs, nodes=nodes, accuracy=accuracy, baseline=baseline,
-                    tolerance=tolerance)
+                    metric=metric, outputs=outputs, nodes=nodes, accuracy=accuracy, data_check=data_check,
+                    baseline=baseline, tolerance=tolerance)
 
 
 def from_settings(settings):
@@ -247,6 +254,24 @@ def _accuracy(value, where):
     if not 0 < ratio <= 10:
         raise ContractError(f"{where}: 'accuracy.min_ratio' must be a ratio such as 0.99, got {ratio}")
     return {"evaluate": fn, "min_ratio": ratio}
+
+
+def _data_check(value, where):
+    """``{max_severity}`` from ``data_check:`` (a mapping, or true for the defaults); None when
+    absent or false."""
+    if value is None or value is False:
+        return None
+    if value is True:
+        value = {}
+    if not isinstance(value, dict):
+        raise ContractError(f"{where}: 'data_check' must be a mapping such as '{{max_severity: warning}}' or true, "
+                            f"got {value!r}")
+    _known(value, _DATA_CHECK_KEYS, "data_check.", where)
+    severity = value.get("max_severity", "warning")
+    if severity not in checks.SEVERITIES:
+        raise ContractError(f"{where}: 'data_check.max_severity' must be one of {', '.join(checks.SEVERITIES)}, "
+                            f"got {severity!r}")
+    return {"max_severity": severity}
 
 
 def load_function(spec, base, where):
@@ -354,6 +379,8 @@ class ContractItem(pytest.Item):
         elif self.name == "accuracy":
             fn = load_function(c.accuracy["evaluate"], c.path.parent, where)
             result = checks.check_accuracy(analysis, fn, c.accuracy["min_ratio"], c.holdout)
+        elif self.name == "data_check":
+            result = checks.check_data(analysis, c.data_check["max_severity"], c.holdout)
         else:
             result = checks.check_baseline(analysis, c.baseline, s.update,
                                            s.tolerance if c.tolerance is None else c.tolerance,

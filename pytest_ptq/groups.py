@@ -287,3 +287,101 @@ def _keys(values, metric):
 
 
 _BIG = 1e30
+
+
+# -- command line -----------------------------------------------------------------------------
+def confidence_rows(conf):
+    """Table rows of a :class:`Confidence`, mean-rank order; bootstrap columns only when
+    there were samples enough to resample."""
+    rows = []
+    for name, v in conf.nodes.items():
+        row = {"node": name, "rank": v["rank"], f"mean {conf.metric}": v["mean"], "spread (std)": v["std"],
+               "min": v["min"], "max": v["max"]}
+        if v["rank_low"] is not None:
+            row["rank 5-95%"] = f"{v['rank_low']:g}-{v['rank_high']:g}"
+            row[f"in top {conf.k}"] = f"{v['top_k_frequency']:.0%}"
+        rows.append(row)
+    return rows
+
+
+def print_confidence(sensitivity, k, limit=None):
+    """Print the spread of each node over samples and whether the top ``k`` holds; returns
+    the :class:`Confidence` (it also annotates ``sensitivity.details``)."""
+    from .tables import format_table
+
+    conf = ranking_confidence(sensitivity, k=k)
+    rows = confidence_rows(conf)
+    columns = list(rows[0]) if rows else ["node"]
+    print(f"ranking confidence ({conf.metric} per sample, {conf.samples} sample(s), {conf.resamples} resamples):")
+    print(format_table(rows, columns, limit))
+    print(conf.message)
+    return conf
+
+
+def _cli_groups(args):
+    """The groups of ``-g`` and ``--from/--to``, checked before any model is loaded."""
+    groups = []
+    for entry in args.group or []:
+        members = [m.strip() for m in entry.split(",")]
+        if not all(members):
+            raise PTQError(f"group {entry!r} has an empty node name; separate node names with single commas")
+        groups.append(members)
+    starts, ends = args.start or [], args.end or []
+    if len(starts) != len(ends):
+        raise PTQError(f"--from and --to come in pairs, got {len(starts)} --from and {len(ends)} --to")
+    groups += [Subgraph(s, e, not args.no_weights) for s, e in zip(starts, ends)]
+    if not groups:
+        raise PTQError("no group given; pass -g NODE[,NODE...] (one group per entry) or --from TENSOR --to TENSOR")
+    return groups
+
+
+def _register():
+    from . import cli
+    from .tables import format_table
+
+    @cli.subcommand("group-sensitivity", "rank blocks of nodes by the output error when only the block is "
+                    "quantized: nodes given together, or the subgraph between two tensors")
+    def cmd_group_sensitivity(args):
+        groups = _cli_groups(args)
+        result = group_sensitivity(cli._engine(args), groups, metrics=args.metrics, output_node=args.output_node,
+                                   progress=not args.quiet)
+        rows = [{"group": label, **values, "size": result.details[label]["size"],
+                 "calibration nodes": result.details[label]["calibration_nodes"]} for label, values in result.items()]
+        print(format_table(rows, ["group", *result.metrics, "size", "calibration nodes"], args.top))
+        if args.confidence:
+            print_confidence(result, args.confidence, args.top)
+        if args.json:
+            print(f"wrote {result.save(args.json)}")
+
+    def configure(p):
+        cli._common(p)
+        p.add_argument("-g", "--group", nargs="+", action="extend", default=None, metavar="NODE[,NODE...]",
+                       help="one group per entry: calibration or normal nodes joined by commas, quantized together")
+        p.add_argument("--from", dest="start", action="append", default=None, metavar="TENSOR",
+                       help="a block's input tensor: the group is every calibration node between it and --to "
+                            "(repeat --from/--to for several blocks)")
+        p.add_argument("--to", dest="end", action="append", default=None, metavar="TENSOR",
+                       help="a block's output tensor (the pair quantizing it belongs to the next block)")
+        p.add_argument("--no-weights", action="store_true",
+                       help="--from/--to blocks without the weights their nodes read")
+        p.add_argument("-m", "--metrics", nargs="+", default=["cosine-similarity"], metavar="METRIC",
+                       help="metrics, the first sorts the ranking. Default: cosine-similarity")
+        p.add_argument("-o", "--output-node", nargs="+", default=None, metavar="OUTPUT",
+                       help="outputs to compare (a tensor or a slice 'name=out[:, 0:4]'). Default: every model output")
+        add_confidence_option(p)
+        p.add_argument("--top", type=cli._positive_int, default=None, help="print only the top N rows. Default: all")
+        p.add_argument("--json", default=None, metavar="OUT", help="also save the result as JSON")
+
+    cmd_group_sensitivity.configure = configure
+
+
+def add_confidence_option(p):
+    """``--confidence [K]``, shared by group-sensitivity and get-sensitivity-of-nodes."""
+    from .cli import _positive_int
+
+    p.add_argument("--confidence", nargs="?", const=5, type=_positive_int, default=None, metavar="K",
+                   help="also resample the samples (bootstrap) to print each node's spread over samples and "
+                        "whether the top K (default 5) order is stable; needs several samples")
+
+
+_register()

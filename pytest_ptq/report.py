@@ -1,10 +1,12 @@
 """The session's HTML report: one self-contained page, every model, failing models first.
 
 Each model gets its verdict, the tests that used it and their checks, the output metrics,
-the most sensitive nodes, the cumulative error curves and the distributions of its most
-sensitive nodes. Figures are embedded as palette PNGs (base64) downscaled to a browser-
-friendly width, and the page drops figures past a size budget, so a report of many models
-stays a few MB. No script, no external resource: the page opens anywhere, offline.
+the most sensitive nodes, what its tests asked for beyond that (calibration data findings,
+the stage comparison, remedy searches with their settings and curves), the cumulative
+error curves and the distributions of its most sensitive nodes. Figures are embedded as
+palette PNGs (base64) downscaled to a browser-friendly width, and the page drops figures
+past a size budget, so a report of many models stays a few MB. No script, no external
+resource: the page opens anywhere, offline.
 """
 
 from __future__ import annotations
@@ -72,6 +74,10 @@ def model_payload(analysis, tests, settings):
             "float_model": analysis.relative(key.float_model) if key.float_model else None,
             "data_num": key.data_num, "tests": tests, "outputs": [], "sensitivity": None,
             "images": [], "notes": []}
+    # only what tests computed: the report runs no data check, stage comparison or search itself
+    data["data_checks"] = [_data_check(analysis, r) for r in analysis.computed("data_check")]
+    data["stages"] = [_stages(analysis, r) for r in analysis.computed("stages")]
+    data["remedies"] = [_remedy(r, data["notes"]) for r in analysis.computed("remedy")]
     try:
         data["samples"] = analysis.samples
         data["notes"] += list(analysis.engine.warnings)
@@ -84,6 +90,56 @@ def model_payload(analysis, tests, settings):
     except PTQError as exc:
         data["notes"].append(f"analysis failed: {exc}")
     return data
+
+
+def _data_check(analysis, report):
+    """A :class:`~pytest_ptq.datacheck.DataReport` as report data: findings and statistics."""
+    findings = [{"severity": f.severity, "check": f.check, "dataset": f.dataset, "input": f.input or "",
+                 "message": f.message, "fix": f.fix} for f in report.findings]
+    stats = [{"data": dataset, "input": name, "samples": st["samples"], "shape": st["shape"], "dtype": st["dtype"],
+              "min": st["min"], "max": st["max"], "mean": st["mean"], "std": st["std"],
+              "calibrated range": _span(st["calibrated_range"])}
+             for dataset, per_input in report.stats.items() for name, st in per_input.items()]
+    heldout = analysis.relative(report.heldout) if report.heldout else None
+    return {"key": f"data|{heldout}", "data": analysis.relative(report.data), "heldout": heldout,
+            "findings": findings, "stats": stats, "quantized": report.quantized}
+
+
+def _span(pair):
+    return f"[{pair[0]:.4g}, {pair[1]:.4g}]" if pair else ""
+
+
+def _stages(analysis, report):
+    """A :class:`~pytest_ptq.stages.StageReport` as report data: one row per stage."""
+    rows = [{"stage": s["stage"], **s["values"], "description": s["description"]} for s in report.stages]
+    rows.append({"stage": "integer vs fake-quant", **report.kernel_gap["values"],
+                 "description": "how far the integer kernels are from the simulation"})
+    float_model = analysis.relative(report.float_model)
+    return {"key": f"stages|{float_model}", "float_model": float_model, "samples": report.samples,
+            "metrics": list(report.metrics), "rows": rows}
+
+
+def _remedy(result, notes):
+    """A :class:`~pytest_ptq.remedy.Remedy` as report data, its search curve drawn as a PNG."""
+    from .remedy import plot_remedy
+
+    measured = result.measured.get("value") if result.measured else None
+    row = {"remedy": result.remedy, "metric": result.metric, "target": result.target,
+           "met": "yes" if result.met else "no", "nodes": len(result.nodes), "simulated": result.value,
+           "re-quantized": measured, "baseline": result.baseline, "every candidate": result.ceiling}
+    # the same search on two xdist workers finds the same nodes: one entry
+    entry = {"key": "|".join(["remedy", result.remedy, result.metric, str(result.target), ",".join(result.outputs),
+                              ",".join(result.nodes)]),
+             "row": row, "summary": result.summary(), "settings": result.settings, "image": None}
+    if result.curve:
+        try:
+            with tempfile.TemporaryDirectory(prefix="ptq-remedy-") as tmp:
+                png = plot_remedy(result, Path(tmp) / "remedy.png")
+                entry["image"] = _image(png, f"Remedy search ({result.remedy}): {result.metric} with the k most "
+                                             f"sensitive nodes remedied, target {result.target}")
+        except (PTQError, ValueError, OSError) as exc:
+            notes.append(f"remedy curve not shown: {exc}")
+    return entry
 
 
 def _plot_curves(analysis, settings, tmp):
@@ -146,6 +202,9 @@ def merge(models):
         for field in ("images", "outputs", "sensitivity"):
             if not into.get(field) and m.get(field):
                 into[field] = m[field]
+        for field in ("data_checks", "stages", "remedies"):  # each worker may have computed others
+            have = {e["key"] for e in into.get(field, [])}
+            into[field] = list(into.get(field, [])) + [e for e in m.get(field, []) if e["key"] not in have]
         into["notes"] = list(dict.fromkeys(into["notes"] + m["notes"]))
     return list(merged.values())
 
@@ -223,13 +282,56 @@ def _model_html(k, m):
                      f'<p>{_e(s["metric"])} at the model outputs with only that node quantized, worst first.</p>')
         extra = [c for c in ("op_type", "threshold", "bit", "feeds") if any(c in r for r in s["rows"])]
         parts.append(_table(s["rows"], ["node", s["metric"]] + extra, "sensitivity"))
+    parts += _extras_html(m)
     for img in m["images"]:
-        parts.append(f'<figure><img src="data:image/png;base64,{img["png"]}" alt="{_e(img["title"])}">'
-                     f"<figcaption>{_e(img['title'])}</figcaption></figure>")
+        parts.append(_figure(img))
     if m.get("images_dropped"):
         parts.append(f'<p class="note">{m["images_dropped"]} figure(s) left out to keep this page small.</p>')
     parts.append("</section>")
     return "\n".join(parts)
+
+
+def _figure(img):
+    return (f'<figure><img src="data:image/png;base64,{img["png"]}" alt="{_e(img["title"])}">'
+            f"<figcaption>{_e(img['title'])}</figcaption></figure>")
+
+
+def _extras_html(m):
+    """The data checks, stage comparisons and remedy searches the model's tests ran."""
+    parts = []
+    for d in m.get("data_checks", []):
+        held = f" against held-out data {d['heldout']}" if d["heldout"] else ""
+        count = {s: sum(f["severity"] == s for f in d["findings"]) for s in ("error", "warning", "info")}
+        parts.append(f"<h3>Calibration data check{_e(held)}</h3>"
+                     f'<p>{_e(d["data"])}: {count["error"]} error(s), {count["warning"]} warning(s), '
+                     f'{count["info"]} note(s).</p>')
+        if d["findings"]:
+            parts.append(_table(d["findings"], ["severity", "check", "dataset", "input", "message", "fix"],
+                                "findings"))
+        else:
+            parts.append("<p>No problem found.</p>")
+        parts.append(_table(d["stats"], ["data", "input", "samples", "shape", "dtype", "min", "max", "mean", "std",
+                                         "calibrated range"], "data-stats"))
+        for dataset, values in (d.get("quantized") or {}).items():
+            parts.append(f"<p>Fully quantized on the {_e(dataset)} data: "
+                         + _e(", ".join(f"{k} {fmt(float(v))}" for k, v in values.items())) + ".</p>")
+    for st in m.get("stages", []):
+        parts.append(f"<h3>Stages against float model {_e(st['float_model'])}</h3>"
+                     f"<p>Output metrics of each stage against the float model run without graph optimisations, "
+                     f"{st['samples']} sample(s); the last row compares the integer kernels with the fake-quant "
+                     "simulation.</p>")
+        parts.append(_table(st["rows"], ["stage", *st["metrics"], "description"], "stages"))
+    if m.get("remedies"):
+        parts.append("<h3>Remedy searches</h3><p>The fewest nodes to remedy so that the outputs meet the target "
+                     "(simulated; re-quantized with the settings when the float model is known).</p>")
+        parts.append(_table([r["row"] for r in m["remedies"]],
+                            ["remedy", "metric", "target", "met", "nodes", "simulated", "re-quantized", "baseline",
+                             "every candidate"], "remedies"))
+        for r in m["remedies"]:
+            parts.append(f'<pre class="remedy">{_e(r["summary"])}</pre>')
+            if r.get("image"):
+                parts.append(_figure(r["image"]))
+    return parts
 
 
 def render(models):
@@ -237,12 +339,22 @@ def render(models):
     models = [dict(m) for m in sorted(models, key=lambda m: (_ORDER[verdict(m)], m["label"]))]
     budget = IMAGE_BUDGET
     for m in models:  # failing models first, so they keep their figures
+        dropped = 0
+        # a remedy curve first: a test asked for it, the other figures come with every model
+        m["remedies"] = [dict(r) for r in m.get("remedies", [])]
+        for r in m["remedies"]:
+            if r.get("image"):
+                if len(r["image"]["png"]) <= budget:
+                    budget -= len(r["image"]["png"])
+                else:
+                    r["image"] = None
+                    dropped += 1
         kept = []
         for img in m["images"]:
             if len(img["png"]) <= budget:
                 kept.append(img)
                 budget -= len(img["png"])
-        m["images_dropped"] = len(m["images"]) - len(kept)
+        m["images_dropped"] = dropped + len(m["images"]) - len(kept)
         m["images"] = kept
     failing = sum(verdict(m) == "failed" for m in models)
     summary = []

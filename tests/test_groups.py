@@ -9,11 +9,13 @@ import onnx
 import pytest
 
 import builders
+from pytest_ptq.cli import main
 from pytest_ptq.engine import Engine
 from pytest_ptq.errors import PTQError
 from pytest_ptq.groups import Subgraph, group_sensitivity, ranking_confidence, subgraph_nodes
 from pytest_ptq.model import QuantModel
 from pytest_ptq.sensitivity import Sensitivity, get_sensitivity_of_nodes
+from pytest_ptq.tables import fmt
 
 N = 8
 
@@ -163,3 +165,118 @@ def test_confidence_needs_per_sample_values():
     dict.__setitem__(s, "a", {"cosine-similarity": 0.9})
     with pytest.raises(PTQError, match="per-sample"):
         ranking_confidence(s)
+
+
+# -- command line -------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def folder(net, tmp_path_factory):
+    return str(builders.save_folder(net["data"], tmp_path_factory.mktemp("groups_cli")))
+
+
+def _tables(text):
+    """Every printed table as a list of row dicts, in print order."""
+    tables, block = [], []
+    for line in text.splitlines() + [""]:
+        if line.startswith("| "):
+            block.append([c.strip() for c in line.strip().strip("|").split("|")])
+        elif block and not line.startswith("+"):
+            tables.append([dict(zip(block[0], r)) for r in block[1:]])
+            block = []
+    return tables
+
+
+def test_cli_group_sensitivity_prints_the_api_values(net, folder, tmp_path, capsys):
+    out = tmp_path / "groups.json"
+    rc = main(["group-sensitivity", str(net["qdq"]), folder, "-g", "conv1,conv2", "fc", "--from", "r1", "--to", "r2",
+               "-m", "cosine-similarity", "mse", "--json", str(out), "--quiet"])
+    captured = capsys.readouterr()
+    assert rc == 0, captured.err
+    api = group_sensitivity(Engine(str(net["qdq"]), folder), [["conv1", "conv2"], ["fc"], Subgraph("r1", "r2")],
+                            metrics=["cosine-similarity", "mse"])
+    [table] = _tables(captured.out)
+    assert [r["group"] for r in table] == list(api) and set(api) == {"conv1+conv2", "fc", "r1->r2"}
+    for row in table:
+        label = row["group"]
+        assert row["cosine-similarity"] == fmt(api[label]["cosine-similarity"])
+        assert row["mse"] == fmt(api[label]["mse"])
+        assert row["calibration nodes"] == ",".join(api.details[label]["calibration_nodes"])
+    saved = json.loads(out.read_text())
+    assert saved["ranking"] == list(api) and saved["values"] == {k: dict(v) for k, v in api.items()}
+    # and the block's value is the model with only that block's pairs kept, in plain onnxruntime
+    keep = {n for n in api.details["fc"]["calibration_nodes"] if not n.endswith("DequantizeLinear")}
+    got = builders.run_model(_only(net["qdq"], keep), net["feeds"])
+    assert saved["values"]["fc"]["cosine-similarity"] == pytest.approx(_pooled_cosine(net["ref"], got), abs=1e-6)
+
+
+def test_cli_subgraph_without_weights(net, folder, capsys):
+    assert main(["group-sensitivity", str(net["qdq"]), folder, "--from", "r1", "--to", "r2", "--no-weights",
+                 "--quiet"]) == 0
+    [table] = _tables(capsys.readouterr().out)
+    assert table[0]["calibration nodes"].split(",") == subgraph_nodes(QuantModel(str(net["qdq"])), "r1", "r2",
+                                                                      weights=False)
+
+
+def test_cli_confidence_prints_the_spread_and_the_verdict(net, folder, tmp_path, capsys):
+    out = tmp_path / "sens.json"
+    rc = main(["get-sensitivity-of-nodes", str(net["qdq"]), folder, "-t", "activation", "--confidence", "3",
+               "--json", str(out), "--quiet"])
+    captured = capsys.readouterr()
+    assert rc == 0, captured.err
+    sens = get_sensitivity_of_nodes(Engine(str(net["qdq"]), folder), node_type="activation")
+    conf = ranking_confidence(sens, k=3)
+    ranking, spread = _tables(captured.out)
+    assert [r["node"] for r in ranking] == list(sens)
+    assert [r["node"] for r in spread] == list(conf.nodes)
+    for row in spread:
+        v = conf.nodes[row["node"]]
+        assert row["spread (std)"] == fmt(v["std"]) and row["rank"] == str(v["rank"])
+        assert row["in top 3"] == f"{v['top_k_frequency']:.0%}"
+        assert row["rank 5-95%"] == f"{v['rank_low']:g}-{v['rank_high']:g}"
+    assert conf.message in captured.out
+    # the spread is numpy's std of the node's per-sample cosines, computed here from plain runs
+    worst = next(iter(sens))
+    got = builders.run_model(_only(net["qdq"], {worst}), net["feeds"])
+    assert conf.nodes[worst]["std"] == pytest.approx(np.std(_per_sample_cosines(net["ref"], got)), abs=1e-6)
+    saved = json.loads(out.read_text())
+    assert saved["details"][worst]["spread"] == pytest.approx(conf.nodes[worst]["std"])
+
+
+def test_cli_confidence_with_one_sample_says_it_cannot_judge(net, folder, capsys):
+    assert main(["get-sensitivity-of-nodes", str(net["qdq"]), folder, "-t", "activation", "--data-num", "1",
+                 "--confidence", "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert "only 1 sample(s): the ranking's stability cannot be judged" in out
+    assert "rank 5-95%" not in out
+
+
+@pytest.mark.parametrize("command", ["group-sensitivity", "get-sensitivity-of-nodes"])
+def test_cli_help(command, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main([command, "-h"])
+    assert exc.value.code == 0
+    text = capsys.readouterr().out
+    assert "--confidence [K]" in text
+    if command == "group-sensitivity":
+        assert "--from TENSOR" in text and "--to TENSOR" in text and "-g NODE[,NODE...]" in text
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--from", "r1"], "--from and --to come in pairs, got 1 --from and 0 --to"),
+    ([], "no group given"),
+    (["-g", "conv1,"], "group 'conv1,' has an empty node name"),
+    (["-g", "conv9"], "unknown node 'conv9'; did you mean"),
+    (["--from", "r3", "--to", "r2"], "unknown tensor 'r3'"),
+    (["--from", "r2", "--to", "r1"], "does not depend on tensor 'r2'"),
+])
+def test_cli_bad_groups_exit_2_in_one_line(net, folder, args, message, capsys):
+    assert main(["group-sensitivity", str(net["qdq"]), folder, "--quiet", *args]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("ptq-debug group-sensitivity: error: ") and message in err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+def test_cli_confidence_needs_a_positive_k(net, folder, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["get-sensitivity-of-nodes", str(net["qdq"]), folder, "--confidence", "0"])
+    assert exc.value.code == 2
+    assert "--confidence: must be at least 1, got 0" in capsys.readouterr().err

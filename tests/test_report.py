@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import base64
 import io
+import json
 import shutil
 import subprocess
 from html.parser import HTMLParser
 
+import numpy as np
+import onnx
 import pytest
 from PIL import Image
 
@@ -193,3 +196,155 @@ def test_figures_past_the_budget_are_left_out(monkeypatch):
     assert [(s["title"], len(s["images"])) for s in page.sections] == [("m1.onnx FAILED", 3),
                                                                        ("m0.onnx PASSED", 1)]
     assert "2 figure(s) left out to keep this page small." in report.render(models)
+
+
+# -- data checks, stages and remedies ---------------------------------------------------------
+EXTRAS = """
+import pytest
+
+pytestmark = pytest.mark.ptq(model="model.onnx", data="calib", float_model="float.onnx")
+
+def test_data(ptq):
+    ptq.assert_data(max_severity="error")
+
+def test_stages(ptq):
+    ptq.assert_stages(min_cosine=0.9)
+
+def test_remedy(ptq):
+    ptq.suggest(target={target!r}).save("remedy.json")
+"""
+
+
+class ExtrasPage(Page):
+    """A report page with each section's preformatted blocks and figure captions too."""
+
+    def __init__(self, text):
+        self._pre = self._caption = None
+        super().__init__(text)
+
+    def handle_starttag(self, tag, attrs):
+        super().handle_starttag(tag, attrs)
+        if tag == "section":
+            self.sections[-1].update(pre=[], captions=[])
+        elif tag == "pre":
+            self._pre = []
+        elif tag == "figcaption":
+            self._caption = []
+
+    def handle_endtag(self, tag):
+        super().handle_endtag(tag)
+        if tag == "pre" and self._pre is not None:
+            self.sections[-1]["pre"].append("".join(self._pre))
+            self._pre = None
+        elif tag == "figcaption" and self._caption is not None:
+            self.sections[-1]["captions"].append("".join(self._caption))
+            self._caption = None
+
+    def handle_data(self, data):
+        super().handle_data(data)
+        for buf in (self._pre, self._caption):
+            if buf is not None:
+                buf.append(data)
+
+
+@pytest.fixture
+def extras_project(pytester, models):
+    for name in ("model.onnx", "float.onnx"):
+        shutil.copy(models["root"] / name, pytester.path / name)
+    shutil.copytree(models["root"] / "calib", pytester.path / "calib")
+    # a target between the quantized model's cosine and 1, so that the search has work to do
+    pytester.makepyfile(test_extras=EXTRAS.format(target=1 - (1 - models["cosine"]) / 10))
+    return pytester
+
+
+def _figure_png(section, caption_start):
+    k = next(i for i, c in enumerate(section["captions"]) if c.startswith(caption_start))
+    png = base64.b64decode(section["images"][k].split(",", 1)[1])
+    with Image.open(io.BytesIO(png)) as img:
+        return img.width, len(png)
+
+
+def test_report_shows_data_checks_stages_and_remedies(extras_project, models):
+    from test_plugin_extras import stage_outputs
+
+    project = extras_project
+    run(project, "--ptq-report", "report.html", "-p", "no:xdist").assert_outcomes(passed=3)
+    text = (project.path / "report.html").read_text()
+    assert len(text) < 3 * 2**20
+    [section] = ExtrasPage(text).sections
+    tables = section["tables"]
+
+    # the data check: the one planted cause of this tiny set (4 files), and numpy's statistics
+    files = sorted((project.path / "calib" / "x").glob("*.npy"))
+    [finding] = rows(tables["findings"])
+    assert (finding["severity"], finding["check"]) == ("warning", "count")
+    assert finding["message"].startswith(f"{len(files)} sample(s)")
+    [stats] = rows(tables["data-stats"])
+    arr = np.stack([np.load(f) for f in files]).astype(np.float64)
+    assert int(stats["samples"]) == len(files)
+    for key, value in (("min", arr.min()), ("max", arr.max()), ("mean", arr.mean()), ("std", arr.std())):
+        assert float(stats[key]) == pytest.approx(value, abs=1e-6)
+
+    # the stages: plain onnxruntime sessions, computed here
+    feeds = feeds_of({"x": [np.load(f) for f in files]})
+    out = stage_outputs(models["root"] / "float.onnx", models["root"] / "model.onnx", feeds)
+    stages = {r["stage"]: float(r["cosine-similarity"]) for r in rows(tables["stages"])}
+    assert list(stages) == ["optimized-float", "fake-quant", "integer", "integer vs fake-quant"]
+    for stage in ("optimized-float", "fake-quant", "integer"):
+        assert stages[stage] == pytest.approx(pooled_cosine(out["reference"], out[stage]), abs=1e-6)
+    assert stages["integer vs fake-quant"] == pytest.approx(pooled_cosine(out["fake-quant"], out["integer"]), abs=1e-6)
+
+    # the remedy: the table's numbers are the search's, its value a rewired model's
+    remedy = json.loads((project.path / "remedy.json").read_text())
+    [row] = rows(tables["remedies"])
+    assert (row["remedy"], row["met"], int(row["nodes"])) == ("float", "yes" if remedy["met"] else "no",
+                                                             len(remedy["nodes"]))
+    for column, key in (("target", "target"), ("simulated", "value"), ("baseline", "baseline")):
+        assert float(row[column]) == pytest.approx(remedy[key], abs=1e-6)
+    assert float(row["re-quantized"]) == pytest.approx(remedy["measured"]["value"], abs=1e-6)
+    model = models["root"] / "model.onnx"
+    pairs = [n.name for n in onnx.load(str(model)).graph.node if n.op_type == "QuantizeLinear"]
+    ref = [r["prob"] for r in builders.run_model(keep_only(model), feeds)]
+    fixed = builders.run_model(keep_only(model, set(pairs) - set(remedy["nodes"])), feeds)
+    assert float(row["simulated"]) == pytest.approx(pooled_cosine(ref, [g["prob"] for g in fixed]), abs=1e-6)
+    [summary] = [p for p in section["pre"] if "nodes_to_exclude=" in p]
+    assert "nodes_to_exclude=" + json.dumps(remedy["settings"]["nodes_to_exclude"]) in summary
+    assert all(f"  {n}\n" in summary for n in remedy["nodes"])
+    width, size = _figure_png(section, "Remedy search (float)")
+    assert 200 < width <= report.MAX_WIDTH and size < 100_000
+
+
+def test_xdist_report_keeps_what_each_worker_computed(extras_project):
+    run(extras_project, "--ptq-report", "report.html", "-n", "2").assert_outcomes(passed=3)
+    [section] = ExtrasPage((extras_project.path / "report.html").read_text()).sections
+    assert {"findings", "data-stats", "stages", "remedies"} <= set(section["tables"])
+    assert len(rows(section["tables"]["remedies"])) == 1
+    assert sum(c.startswith("Remedy search") for c in section["captions"]) == 1
+
+
+def test_merge_unites_data_checks_stages_and_remedies_once_each():
+    def payload(**fields):
+        base = {"id": "m", "label": "m.onnx", "data": "d", "tests": [], "outputs": [], "sensitivity": None,
+                "images": [], "notes": [], "data_checks": [], "stages": [], "remedies": []}
+        return {**base, **fields}
+
+    check, stage = {"key": "data|None", "findings": []}, {"key": "stages|f.onnx", "rows": []}
+    remedies = [{"key": f"remedy|float|cosine-similarity|{t}|prob", "row": {"target": t}} for t in (0.99, 0.999)]
+    [merged] = report.merge([payload(data_checks=[check], remedies=remedies[:1]),
+                             payload(data_checks=[check], stages=[stage], remedies=remedies)])
+    assert merged["data_checks"] == [check] and merged["stages"] == [stage] and merged["remedies"] == remedies
+
+
+def test_a_remedy_curve_is_kept_before_the_other_figures(monkeypatch):
+    png = "A" * 1000
+    model = {"id": "m", "label": "m.onnx", "data": "d", "notes": [], "outputs": [], "sensitivity": None,
+             "tests": [{"nodeid": "t", "outcome": "passed", "results": [], "section": ""}],
+             "images": [{"title": "curves", "png": png}] * 2,
+             "remedies": [{"key": "r", "row": {"remedy": "float"}, "summary": "s", "settings": {},
+                           "image": {"title": "Remedy search (float)", "png": png}}]}
+    monkeypatch.setattr(report, "IMAGE_BUDGET", 2500)
+    text = report.render([model])
+    [section] = ExtrasPage(text).sections
+    assert section["captions"] == ["Remedy search (float)", "curves"]
+    assert "1 figure(s) left out to keep this page small." in text
+    assert model["remedies"][0]["image"] is not None  # the caller's payload is left as it was
