@@ -210,14 +210,17 @@ def merge(models):
 
 
 def verdict(model):
-    """``failed`` when any of its tests failed or errored, else ``passed`` (or ``skipped``)."""
+    """``failed`` when any of its tests failed or errored, else ``passed``, else ``xfailed``
+    (its failures were expected), else ``skipped``."""
     outcomes = {t["outcome"] for t in model["tests"]}
     if outcomes & {"failed", "error"}:
         return "failed"
-    return "passed" if "passed" in outcomes else "skipped"
+    if "passed" in outcomes:
+        return "passed"
+    return "xfailed" if "xfailed" in outcomes else "skipped"
 
 
-_ORDER = {"failed": 0, "passed": 1, "skipped": 2}
+_ORDER = {"failed": 0, "passed": 1, "xfailed": 2, "skipped": 3}
 
 _CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:2em;color:#222;max-width:1100px}
@@ -226,7 +229,7 @@ table{border-collapse:collapse;margin:.5em 0 1em;font-size:.9em}
 th,td{border:1px solid #ccc;padding:.25em .6em;text-align:left;vertical-align:top}
 th{background:#f3f3f3} td.num{text-align:right;font-family:ui-monospace,monospace}
 .v-failed,.v-error{color:#b00020;font-weight:bold} .v-passed{color:#1b7f2a;font-weight:bold}
-.v-skipped{color:#8a6d00} li.v-passed,li.v-failed{font-weight:normal}
+.v-skipped,.v-xfailed{color:#8a6d00} li.v-passed,li.v-failed{font-weight:normal}
 pre{background:#f7f7f7;border:1px solid #ddd;padding:.6em;overflow-x:auto;font-size:.85em}
 figure{margin:1em 0} figure img{max-width:100%;height:auto;border:1px solid #ddd}
 figcaption{font-size:.85em;color:#555} .note{color:#8a6d00}

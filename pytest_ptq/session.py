@@ -150,11 +150,14 @@ class PTQSession:
 
     def logreport(self, report):
         """Track the outcome of each test that used a model: a failed call is ``failed``, a
-        failed setup or teardown ``error`` (unless the call failed too), then ``skipped``."""
+        failed setup or teardown ``error`` (unless the call failed too), an expected failure
+        ``xfailed``, then ``skipped``."""
         rec = self.tests.get(report.nodeid)
         if rec is None:
             return
-        if report.failed:
+        if hasattr(report, "wasxfail") and report.skipped:
+            rec.outcome = "xfailed"
+        elif report.failed:
             rec.outcome = "failed" if report.when == "call" or rec.outcome == "failed" else "error"
         elif report.skipped and rec.outcome == "passed":
             rec.outcome = "skipped"

@@ -348,3 +348,24 @@ def test_a_remedy_curve_is_kept_before_the_other_figures(monkeypatch):
     assert section["captions"] == ["Remedy search (float)", "curves"]
     assert "1 figure(s) left out to keep this page small." in text
     assert model["remedies"][0]["image"] is not None  # the caller's payload is left as it was
+
+
+XFAIL_SUITE = """
+import pytest
+
+@pytest.mark.xfail(strict=True, reason="naive quantization falls short")
+@pytest.mark.ptq(model="model.onnx", data="calib")
+def test_expected_to_fail(ptq):
+    ptq.assert_outputs(0.99999999)
+"""
+
+
+def test_a_model_whose_failures_are_expected_reads_xfailed(project):
+    project.makepyfile(test_suite=XFAIL_SUITE)
+    result = run(project, "--ptq-report", "out/report.html", "-p", "no:xdist")
+    result.assert_outcomes(xfailed=1)
+    page = Page((project.path / "out" / "report.html").read_text())
+    assert [s["title"] for s in page.sections] == ["model.onnx XFAILED"]
+    assert [r["verdict"] for r in rows(page.summary)] == ["xfailed"]
+    tests = {r["test"]: r["outcome"] for r in rows(page.sections[0]["tables"]["tests"])}
+    assert tests == {"test_suite.py::test_expected_to_fail": "xfailed"}
