@@ -62,7 +62,7 @@ _RANK_CHUNK = 16
 
 
 class _OutOfTime(Exception):
-    pass
+    """The time budget ran out; the search returns its best result so far."""
 
 
 class _Clock:

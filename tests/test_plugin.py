@@ -88,7 +88,12 @@ def independent_sensitivity(model_path, feeds, names):
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
     """A float net, its calibration folder and two QDQ quantizations."""
-    root = tmp_path_factory.mktemp("plugin_models")
+    return build_models(tmp_path_factory.mktemp("plugin_models"))
+
+
+def build_models(root):
+    """Float net, calibration folder, per-tensor and per-channel QDQ models, and the float
+    and quantized outputs computed by plain onnxruntime sessions."""
     float_path = builders.conv_net(root / "float.onnx")
     data = builders.samples(N)
     builders.save_folder(data, root / "calib")

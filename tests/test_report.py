@@ -17,7 +17,8 @@ from PIL import Image
 
 import builders
 from pytest_ptq import report
-from test_plugin import N, activation_pairs, feeds_of, independent_sensitivity, keep_only, pooled_cosine, run
+from test_plugin import (activation_pairs, build_models, feeds_of, independent_sensitivity, keep_only, pooled_cosine,
+                         run)
 
 SUITE = """
 import pytest
@@ -89,15 +90,8 @@ def rows(table):
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
-    root = tmp_path_factory.mktemp("report_models")
-    float_path = builders.conv_net(root / "float.onnx")
-    data = builders.samples(N)
-    builders.save_folder(data, root / "calib")
-    builders.quantize(float_path, root / "model.onnx", data)
-    builders.quantize(float_path, root / "model_pc.onnx", data, per_channel=True)
-    feeds = feeds_of(data)
-    ref = builders.run_model(keep_only(root / "model.onnx"), feeds)
-    quant = builders.run_model(root / "model.onnx", feeds)
+    built = build_models(tmp_path_factory.mktemp("report_models"))
+    root, feeds, ref, quant = built["root"], built["feeds"], built["ref"], built["quant"]
     sens = independent_sensitivity(root / "model.onnx", feeds, activation_pairs(root / "model.onnx"))
     return {"root": root, "cosine": pooled_cosine([r["prob"] for r in ref], [q["prob"] for q in quant]),
             "sensitivity": sens}
