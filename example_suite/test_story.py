@@ -16,14 +16,16 @@ CLS = ".cache/ppocr_mobile_v2_cls"
 DET = ".cache/ppocrv4_det"
 
 
-@pytest.mark.ptq(model=f"{CLS}/fixed_model.onnx", data=f"{CLS}/calibration_data",
+# data_num as in the YAML contracts: the same analysis (engine, float reference, the report's
+# sensitivity table) then serves both
+@pytest.mark.ptq(model=f"{CLS}/fixed_model.onnx", data=f"{CLS}/calibration_data", data_num=16,
                  holdout=f"{CLS}/heldout_data", float_model=f"{CLS}/float_model.onnx")
 def test_classifier_fix_meets_the_contract(ptq):
     ptq.assert_outputs(0.99)
     ptq.assert_accuracy(class_agreement, min_ratio=0.9)
 
 
-@pytest.mark.ptq(model=f"{DET}/fixed_model.onnx", data=f"{DET}/calibration_data",
+@pytest.mark.ptq(model=f"{DET}/fixed_model.onnx", data=f"{DET}/calibration_data", data_num=4,
                  holdout=f"{DET}/heldout_data", float_model=f"{DET}/float_model.onnx")
 def test_detector_fix_meets_the_contract(ptq):
     ptq.assert_outputs(0.95)
@@ -32,7 +34,7 @@ def test_detector_fix_meets_the_contract(ptq):
 
 @pytest.mark.xfail(strict=True, reason="naive per-tensor int8: the classifier's direction agrees with "
                                        "float on 80% of held-out crops, below the contract's 90%")
-@pytest.mark.ptq(model=f"{CLS}/calibrated_model.onnx", data=f"{CLS}/calibration_data",
+@pytest.mark.ptq(model=f"{CLS}/calibrated_model.onnx", data=f"{CLS}/calibration_data", data_num=16,
                  holdout=f"{CLS}/heldout_data", float_model=f"{CLS}/float_model.onnx")
 def test_naive_classifier_falls_short(ptq):
     ptq.assert_accuracy(class_agreement, min_ratio=0.9)
