@@ -101,6 +101,15 @@ class Engine:
 
     ``run(i, quantized)`` returns the chosen tensors of sample ``i`` with exactly the
     calibration nodes in ``quantized`` quantized and every other one bypassed.
+
+    ``float_model``: the original float model, to recover float weights and folded Relu/Clip.
+    ``data_num``: keep the first N samples. ``optimization``: onnxruntime graph optimisation
+    level (``disable``, ``basic``, ``extended``, ``all``). ``providers``: onnxruntime
+    execution providers (default: CUDA when available, else CPU). ``check``: refuse a model
+    whose bypassed form cannot be the float model. ``alternatives``: ``{node: QParams}``, a
+    second fake-quant per node (16 bit, per channel) chosen per run. ``segments``: number of
+    segments for model-output runs (default about sqrt(#calibration nodes), at most 16; 0 runs
+    the whole gated model instead).
     """
 
     def __init__(self, model_or_file, calibrated_data=None, float_model=None, data_num=None,
