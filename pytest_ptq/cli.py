@@ -10,6 +10,7 @@ import json
 import sys
 from pathlib import Path
 
+from . import __version__
 from .errors import PTQError
 from .metrics import METRICS
 
@@ -74,6 +75,7 @@ def build_parser():
     parser = argparse.ArgumentParser(
         prog="ptq-debug",
         description="Find why a post-training-quantized ONNX (QDQ) model lost accuracy.")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     subs = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (func, help) in SUBCOMMANDS.items():
         p = subs.add_parser(name, help=help, description=help)

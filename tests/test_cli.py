@@ -139,3 +139,12 @@ def test_real_subprocess(paths, tmp_path):
     bad = _run("plot-acc-error", paths["model"], str(tmp_path / "nowhere"))
     assert bad.returncode == 2 and "Traceback" not in bad.stderr
     assert bad.stderr.strip().count("\n") == 0 and "nowhere" in bad.stderr
+
+
+def test_version(capsys):
+    from pytest_ptq import __version__
+
+    with pytest.raises(SystemExit) as exc:
+        main(["--version"])
+    assert exc.value.code == 0
+    assert capsys.readouterr().out.strip() == f"ptq-debug {__version__}"
