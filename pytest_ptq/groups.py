@@ -18,10 +18,8 @@ import numpy as np
 
 from .errors import PTQError, unknown
 from .metrics import get_metrics
-from .outputs import parse_outputs
-from .progress import Progress
 from .results import JsonResult
-from .sensitivity import Sensitivity, engine_for, sample_indices, score_configs
+from .sensitivity import Sensitivity, engine_for, rank_configs
 
 
 @dataclasses.dataclass(frozen=True)
@@ -126,28 +124,11 @@ def group_sensitivity(model_or_file, groups, calibrated_data=None, metrics=("cos
     ``details[label]["calibration_nodes"]`` lists what each block quantizes.
     """
     engine = engine_for(model_or_file, calibrated_data, float_model=float_model)
-    metric_objs = get_metrics(metrics)
-    specs = parse_outputs(output_node, engine.qmodel)
-    indices = sample_indices(engine, data_num)
     configs = resolve_groups(engine, groups)
-    show = verbose if progress is None else progress
-    with Progress(len(indices) * len(configs), "group sensitivity", enabled=bool(show)) as bar:
-        scores = score_configs(engine, configs, metric_objs, specs, indices, bar)
-    result = Sensitivity(node_type="group", metrics=[m.name for m in metric_objs],
-                         outputs=[s.name for s in specs], samples=len(indices), model=engine.qmodel.source)
-    entries = {}
-    for label, (pooled, per_sample) in scores.items():
-        per_output = {s.name: {m.name: m.value(pooled[(s.name, m.name)]) for m in metric_objs} for s in specs}
-        entries[label] = {m.name: m.worst([per_output[s.name][m.name] for s in specs]) for m in metric_objs}
-        result.details[label] = {"kind": "group", "calibration_nodes": list(configs[label]),
-                                 "size": len(configs[label]), "per_output": per_output,
-                                 "per_sample": per_sample}
-    first = metric_objs[0]
-    for label in sorted(entries, key=lambda n: first.sort_key(entries[n][first.name])):
-        dict.__setitem__(result, label, entries[label])
-    if verbose:
-        print(result.table())
-    return result
+    return rank_configs(engine, configs, metrics, output_node, data_num, "group",
+                        lambda label: {"kind": "group", "calibration_nodes": list(configs[label]),
+                                       "size": len(configs[label])},
+                        "group sensitivity", verbose, progress)
 
 
 # -- ranking confidence -------------------------------------------------------------------

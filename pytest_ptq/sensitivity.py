@@ -182,23 +182,30 @@ def get_sensitivity_of_nodes(model_or_file, metrics=("cosine-similarity",), cali
     ascending, errors descending).
     """
     engine = engine_for(model_or_file, calibrated_data, float_model=float_model)
+    targets = targets_for(engine, node_type, interested_nodes)
+    qm = engine.qmodel
+    return rank_configs(engine, targets, metrics, output_node, data_num, node_type,
+                        lambda name: _describe(qm, name, node_type, targets[name]),
+                        f"sensitivity ({node_type})", verbose, progress)
+
+
+def rank_configs(engine, configs, metrics, output_node, data_num, node_type, describe, desc,
+                 verbose=False, progress=None):
+    """Score ``{label: calibration nodes quantized}`` and rank them in a :class:`Sensitivity`,
+    worst first by the first metric; ``describe(label)`` gives each entry's descriptive details."""
     metric_objs = get_metrics(metrics)
     specs = parse_outputs(output_node, engine.qmodel)
     indices = sample_indices(engine, data_num)
-    targets = targets_for(engine, node_type, interested_nodes)
     show = verbose if progress is None else progress
-    with Progress(len(indices) * len(targets), f"sensitivity ({node_type})", enabled=bool(show)) as bar:
-        scores = score_configs(engine, targets, metric_objs, specs, indices, bar)
-    qm = engine.qmodel
+    with Progress(len(indices) * len(configs), desc, enabled=bool(show)) as bar:
+        scores = score_configs(engine, configs, metric_objs, specs, indices, bar)
     result = Sensitivity(node_type=node_type, metrics=[m.name for m in metric_objs],
-                         outputs=[s.name for s in specs], samples=len(indices), model=qm.source)
+                         outputs=[s.name for s in specs], samples=len(indices), model=engine.qmodel.source)
     entries = {}
     for name, (pooled, per_sample) in scores.items():
         per_output = {s.name: {m.name: m.value(pooled[(s.name, m.name)]) for m in metric_objs} for s in specs}
-        headline = {m.name: m.worst([per_output[s.name][m.name] for s in specs]) for m in metric_objs}
-        entries[name] = headline
-        result.details[name] = {**_describe(qm, name, node_type, targets[name]),
-                                "per_output": per_output, "per_sample": per_sample}
+        entries[name] = {m.name: m.worst([per_output[s.name][m.name] for s in specs]) for m in metric_objs}
+        result.details[name] = {**describe(name), "per_output": per_output, "per_sample": per_sample}
     first = metric_objs[0]
     for name in sorted(entries, key=lambda n: first.sort_key(entries[n][first.name])):
         dict.__setitem__(result, name, entries[name])
