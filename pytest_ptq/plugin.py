@@ -139,24 +139,32 @@ def ptq_settings(request, ptq_session):
         _fail(exc)
 
 
+_MISSING = {
+    "model": "no model to test: pass --ptq-model PATH, set ptq_model in [tool.pytest.ini_options], "
+             "or mark the test @pytest.mark.ptq(model=...)",
+    "data": "no calibration data: pass --ptq-data PATH, set ptq_data in [tool.pytest.ini_options], "
+            "or mark the test @pytest.mark.ptq(data=...)",
+}
+
+
+def _required_path(request, settings, key):
+    """An indirect parameter, else the setting; a missing one fails the test in one sentence."""
+    path = _param_path(request, key) or getattr(settings, key)
+    if path is None:
+        _fail(PTQError(_MISSING[key]))
+    return path
+
+
 @pytest.fixture
 def ptq_model(request, ptq_settings):
     """Path of the calibrated QDQ model under test (indirect parametrisation overrides it)."""
-    path = _param_path(request, "model") or ptq_settings.model
-    if path is None:
-        _fail(PTQError("no model to test: pass --ptq-model PATH, set ptq_model in [tool.pytest.ini_options], "
-                       "or mark the test @pytest.mark.ptq(model=...)"))
-    return path
+    return _required_path(request, ptq_settings, "model")
 
 
 @pytest.fixture
 def ptq_data(request, ptq_settings):
     """Path of the calibration data (folder or .npz; indirect parametrisation overrides it)."""
-    path = _param_path(request, "data") or ptq_settings.data
-    if path is None:
-        _fail(PTQError("no calibration data: pass --ptq-data PATH, set ptq_data in [tool.pytest.ini_options], "
-                       "or mark the test @pytest.mark.ptq(data=...)"))
-    return path
+    return _required_path(request, ptq_settings, "data")
 
 
 @pytest.fixture
