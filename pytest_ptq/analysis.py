@@ -76,7 +76,9 @@ class Analysis:
 
     @property
     def engine(self):
-        """The compiled :class:`Engine` (built on first use)."""
+        """The compiled :class:`Engine` (built on first use). Its data are the first
+        ``data_num`` calibration samples: the one place the key's ``data_num`` is applied, so
+        every analysis below runs on all of the engine's samples."""
         if self._engine is None:
             self._engine = Engine(self.key.model, self.key.data, float_model=self.key.float_model,
                                   data_num=self.key.data_num)
@@ -87,9 +89,14 @@ class Analysis:
         return self.engine.qmodel
 
     @property
+    def data(self):
+        """The calibration samples the checks use (the engine's)."""
+        return self.engine.data
+
+    @property
     def samples(self):
         """Number of calibration samples analysed."""
-        return len(self.engine.data)
+        return len(self.data)
 
     def cached(self, key, compute):
         """``compute()`` once per ``key`` for the session (results shared by every test)."""
@@ -100,7 +107,7 @@ class Analysis:
     def dataset(self, holdout=None):
         """The calibration data, or held-out data validated against the model."""
         if holdout is None:
-            return self.engine.data
+            return self.data
         return self.cached(("holdout", str(holdout)), lambda: load_data(holdout, self.qmodel))
 
     def output_metrics(self, outputs=None, metrics=("cosine-similarity",), holdout=None):
@@ -161,8 +168,7 @@ class Analysis:
         from .datacheck import check_data
 
         key = ("data_check", None if holdout is None else str(holdout))
-        return self.cached(key, lambda: check_data(self.key.model, self.key.data, heldout=holdout,
-                                                   data_num=self.key.data_num, float_model=self.key.float_model))
+        return self.cached(key, lambda: check_data(self.engine, heldout=holdout, data_num=self.key.data_num))
 
     def stages(self, float_model=None):
         """:class:`~pytest_ptq.stages.StageReport`: the float model under graph optimisations,
@@ -175,8 +181,7 @@ class Analysis:
             raise PTQError(f"comparing the stages of {self.label} needs the float model it came from; pass "
                            "float_model=..., the marker's float_model= or --ptq-float-model")
         float_model = str(Path(float_model).resolve())
-        return self.cached(("stages", float_model), lambda: localize_stages(
-            float_model, self.key.model, self.key.data, data_num=self.key.data_num))
+        return self.cached(("stages", float_model), lambda: localize_stages(float_model, self.engine, self.data))
 
     def suggest(self, target=0.99, remedy="float", metric="cosine-similarity", outputs=None, budget=None,
                 candidates=None):

@@ -19,13 +19,13 @@ import fnmatch
 import statistics
 from pathlib import Path
 
+from . import params
 from .baseline import Baseline, compare, measure
 from .errors import PTQError, closest
-from .metrics import get_metrics
+from .metrics import COSINE, get_metrics
 from .outputs import parse_outputs
 from .tables import fmt, format_table
 
-COSINE = "cosine-similarity"
 # How many rows a failure message lists before it says "... N more".
 _CAP = 20
 
@@ -135,21 +135,9 @@ def thresholds(spec):
         out = {}
         for k, v in spec.items():
             key = "" if k in ("", "default", None) else str(k)
-            out[key] = _number(v, f"threshold for {key or 'the default'!r}")
+            out[key] = params.number(v, f"threshold for {key or 'the default'!r}")
         return out
-    return {"": _number(spec, "threshold")}
-
-
-def _number(value, what):
-    if isinstance(value, bool):
-        raise PTQError(f"{what} must be a number, got {value!r}")
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        raise PTQError(f"{what} must be a number, got {value!r}") from None
-    if number != number:
-        raise PTQError(f"{what} must be a number, got NaN")
-    return number
+    return {"": params.number(spec, "threshold")}
 
 
 def check_outputs(analysis, threshold, metric=COSINE, holdout=None):
@@ -235,7 +223,7 @@ def check_nodes(analysis, threshold, metric=COSINE, node_type="node", allow=(), 
     error, since it is most likely a typo.
     """
     m = get_metrics(metric)[0]
-    limit = _number(threshold, f"node {m.name} threshold")
+    limit = params.number(threshold, f"node {m.name} threshold")
     sens = analysis.sensitivity(node_type, m.name, outputs)
     names = list(sens)
     patterns = [allow] if isinstance(allow, str) else list(allow or ())
@@ -291,7 +279,7 @@ def check_accuracy(analysis, evaluate, min_ratio=0.99, holdout=None):
     ``{input: array}`` to ``{output: array}``; ``data`` is the sample set (calibration data,
     or ``holdout``): ``len(data)``, ``data.sample(i)``, iterating yields feed dicts.
     """
-    ratio_min = _number(min_ratio, "min_ratio")
+    ratio_min = params.number(min_ratio, "min_ratio")
     f_score, q_score = analysis.accuracy(evaluate, holdout)
     name = getattr(evaluate, "__name__", None) or type(evaluate).__name__
     if not f_score > 0:
@@ -392,7 +380,7 @@ def check_baseline(analysis, path, update="none", tolerance=0.001, node_type="no
     failing baselines; the check still fails), ``"all"`` (rewrite and pass). A baseline is
     only ever written, never deleted.
     """
-    tol = _number(tolerance, "tolerance")
+    tol = params.number(tolerance, "tolerance")
     path = Path(path)
     new = measure(analysis, metric, node_type, outputs, relative_to=path.parent)
     shown = analysis.relative(path)
@@ -421,8 +409,7 @@ def check_baseline(analysis, path, update="none", tolerance=0.001, node_type="no
 
 
 # -- calibration data ----------------------------------------------------------------------
-# datacheck.SEVERITIES, most severe first; spelled out so that this module does not load onnx
-SEVERITIES = ("error", "warning", "info")
+SEVERITIES = params.SEVERITIES
 
 
 @dataclasses.dataclass(repr=False)
@@ -491,8 +478,7 @@ def check_data(analysis, max_severity="warning", holdout=None):
     against the calibrated input range, and with ``holdout`` whether the calibration set
     represents the held-out data) are those of ``ptq-debug check-data``.
     """
-    if max_severity not in SEVERITIES:
-        raise PTQError(f"max_severity must be one of {', '.join(SEVERITIES)}, got {max_severity!r}")
+    params.severity(max_severity)
     report = analysis.data_check(holdout)
     findings = [{"check": f.check, "severity": f.severity, "message": f.message, "fix": f.fix, "input": f.input,
                  "dataset": f.dataset, "samples": [analysis.relative(s) if "/" in s else s for s in f.samples]}
@@ -568,7 +554,7 @@ def check_stages(analysis, float_model=None, min_cosine=0.99):
     what onnxruntime runs). ``float_model`` defaults to the analysis' float model."""
     from .stages import verdict
 
-    t = _number(min_cosine, "min_cosine")
+    t = params.number(min_cosine, "min_cosine")
     report = analysis.stages(float_model)
     values = {s["stage"]: s["values"][COSINE] for s in report.stages}
     gap = report.kernel_gap["values"][COSINE]
@@ -702,33 +688,3 @@ def _raise_unless(check, *args):
     if not result:
         raise ContractFailed(result)
     return result
-
-
-def assert_outputs(analysis, threshold, metric=COSINE, holdout=None):
-    """:func:`check_outputs`, raising :class:`ContractFailed` when it fails."""
-    __tracebackhide__ = True
-    return _raise_unless(check_outputs, analysis, threshold, metric, holdout)
-
-
-def assert_nodes(analysis, threshold, metric=COSINE, node_type="node", allow=(), outputs=None):
-    """:func:`check_nodes`, raising :class:`ContractFailed` when it fails."""
-    __tracebackhide__ = True
-    return _raise_unless(check_nodes, analysis, threshold, metric, node_type, allow, outputs)
-
-
-def assert_accuracy(analysis, evaluate, min_ratio=0.99, holdout=None):
-    """:func:`check_accuracy`, raising :class:`ContractFailed` when it fails."""
-    __tracebackhide__ = True
-    return _raise_unless(check_accuracy, analysis, evaluate, min_ratio, holdout)
-
-
-def assert_data(analysis, max_severity="warning", holdout=None):
-    """:func:`check_data`, raising :class:`ContractFailed` when it fails."""
-    __tracebackhide__ = True
-    return _raise_unless(check_data, analysis, max_severity, holdout)
-
-
-def assert_stages(analysis, float_model=None, min_cosine=0.99):
-    """:func:`check_stages`, raising :class:`ContractFailed` when it fails."""
-    __tracebackhide__ = True
-    return _raise_unless(check_stages, analysis, float_model, min_cosine)

@@ -47,12 +47,13 @@ from pathlib import Path
 
 import pytest
 
-from . import checks
+from . import params
 from . import session as ptq_session
 from .errors import PTQError, closest
-from .metrics import METRICS, get_metrics
-from .plugin import CONTRACT_SUFFIXES as SUFFIXES
-from .sensitivity import NODE_TYPES
+from .metrics import COSINE, METRICS
+
+# Files collected as contracts. This module loads no onnx: checks load with the first item run.
+SUFFIXES = (".ptq.yaml", ".ptq.yml")
 _KEYS = {"model", "data", "float_model", "holdout", "data_num", "metric", "outputs", "nodes", "accuracy",
          "data_check", "baseline", "tolerance"}
 _NODE_KEYS = {"type", "threshold", "allow", "metric"}
@@ -142,9 +143,7 @@ def load(path):
     metric = doc.get("metric")
     if metric is not None:
         metric = _metric(metric, "metric", where)
-    data_num = doc.get("data_num")
-    if data_num is not None and (isinstance(data_num, bool) or not isinstance(data_num, int) or data_num < 1):
-        raise ContractError(f"{where}: 'data_num' must be a whole number >= 1, got {data_num!r}")
+    data_num = _valid(params.data_num, doc.get("data_num"), "data_num", where)
     outputs = doc.get("outputs")
     if outputs is not None:
         outputs = _outputs(outputs, where)
@@ -164,9 +163,7 @@ def load(path):
         raise ContractError(f"{where}: 'baseline' must be a path or false, got {baseline!r}")
     tolerance = doc.get("tolerance")
     if tolerance is not None:
-        tolerance = _num(tolerance, "tolerance", where)
-        if tolerance < 0:
-            raise ContractError(f"{where}: 'tolerance' must be >= 0, got {tolerance}")
+        tolerance = _valid(params.non_negative, tolerance, "tolerance", where)
     return Contract(path=path.resolve(), name=_stem(path), model=req_path("model"), data=req_path("data"),
                     float_model=opt_path("float_model"), holdout=opt_path("holdout"), data_num=data_num,
                     metric=metric, outputs=outputs, nodes=nodes, accuracy=accuracy, data_check=data_check,
@@ -182,7 +179,7 @@ def from_settings(settings):
                     float_model=settings.float_model, holdout=settings.holdout, data_num=settings.data_num,
                     outputs=settings.min_cosine,
                     nodes={"type": settings.node_type, "threshold": settings.min_node_cosine, "allow": [],
-                           "metric": checks.COSINE},
+                           "metric": COSINE},
                     baseline=Path(settings.baseline_dir) / f"{model.stem}.json")
 
 
@@ -194,17 +191,25 @@ def _known(mapping, allowed, prefix, where):
             raise ContractError(f"{where}: unknown key {prefix + str(key)!r}{hint}")
 
 
+def _valid(validator, value, key, where):
+    """``validator(value)`` of :mod:`~pytest_ptq.params`, its error naming the file and the key."""
+    try:
+        return validator(value, repr(key))
+    except PTQError as exc:
+        raise ContractError(f"{where}: {exc}") from None
+
+
 def _num(value, key, where):
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    if not isinstance(value, (int, float)):  # YAML text such as '0.99' is a mistake, not a number
         raise ContractError(f"{where}: {key!r} must be a number, got {value!r}")
-    return float(value)
+    return _valid(params.number, value, key, where)
 
 
 def _metric(value, key, where):
     if not isinstance(value, str):
         raise ContractError(f"{where}: {key!r} must be a metric name ({', '.join(METRICS)}), got {value!r}")
     try:
-        return get_metrics(value)[0].name
+        return params.metric(value)
     except PTQError as exc:
         raise ContractError(f"{where}: {key!r}: {exc}") from None
 
@@ -229,8 +234,8 @@ def _nodes(value, where):
                             f"got {value!r}")
     _known(value, _NODE_KEYS, "nodes.", where)
     node_type = value.get("type", None)
-    if node_type is not None and node_type not in NODE_TYPES:
-        raise ContractError(f"{where}: 'nodes.type' must be one of {', '.join(NODE_TYPES)}, got {node_type!r}")
+    if node_type is not None:
+        node_type = _valid(params.node_type, node_type, "nodes.type", where)
     allow = value.get("allow", [])
     if isinstance(allow, str):
         allow = [allow]
@@ -267,11 +272,8 @@ def _data_check(value, where):
         raise ContractError(f"{where}: 'data_check' must be a mapping such as '{{max_severity: warning}}' or true, "
                             f"got {value!r}")
     _known(value, _DATA_CHECK_KEYS, "data_check.", where)
-    severity = value.get("max_severity", "warning")
-    if severity not in checks.SEVERITIES:
-        raise ContractError(f"{where}: 'data_check.max_severity' must be one of {', '.join(checks.SEVERITIES)}, "
-                            f"got {severity!r}")
-    return {"max_severity": severity}
+    return {"max_severity": _valid(params.severity, value.get("max_severity", "warning"), "data_check.max_severity",
+                                   where)}
 
 
 def load_function(spec, base, where):
@@ -338,60 +340,55 @@ class ModelContract(pytest.Collector):
             yield ContractItem.from_parent(self, name=check, contract=self.contract)
 
 
+def contract_settings(settings, contract):
+    """The session's settings with a contract's own values: what its checks default to."""
+    nodes = contract.nodes or {}
+    return settings.replace(
+        model=contract.model, data=contract.data, float_model=contract.float_model, holdout=contract.holdout,
+        data_num=contract.data_num, metric=contract.metric or settings.metric,
+        node_type=nodes.get("type") or settings.node_type, allow=tuple(nodes.get("allow") or ()),
+        baseline=contract.baseline,
+        tolerance=settings.tolerance if contract.tolerance is None else contract.tolerance)
+
+
 class ContractItem(pytest.Item):
-    """One check of a contract; failures print the check's report as plain lines."""
+    """One check of a contract, run by the same checks as the ``ptq`` fixture; failures print
+    the check's report as plain lines."""
 
     def __init__(self, *, contract, **kwargs):
         super().__init__(**kwargs)
         self.contract = contract
-        self.ptq_settings = None  # set when it runs: the session's settings with the contract's
 
     def runtest(self):
-        ptq = ptq_session.get(self.config)
+        from .checks import PTQ, ContractFailed
+
+        session = ptq_session.get(self.config)
         c = self.contract
-        s = ptq.settings
-        analysis = ptq.analysis(c.model, c.data, c.float_model, c.data_num)
-        ptq.use(self, analysis)
-        metric = c.metric or s.metric
-        self.ptq_settings = s.replace(metric=metric, node_type=(c.nodes or {}).get("type") or s.node_type)
-        where = f"contract {self.path.name!r}"
+        analysis = session.analysis(c.model, c.data, c.float_model, c.data_num)
+        session.use(self, analysis)
+        settings = contract_settings(session.settings, c)
+        self.stash[ptq_session.SETTINGS_KEY] = settings
+        ptq = PTQ(analysis, settings, lambda result: session.record(self, analysis, result), c.baseline)
         if self.name == "outputs":
-            # --ptq-metric is the metric of sensitivity and baselines; output thresholds stay
-            # cosines unless the contract itself says otherwise, as in ptq.check_outputs()
-            out_metric = c.metric or checks.COSINE
-            threshold = c.outputs
-            if threshold is None:
-                if out_metric != checks.COSINE:
-                    raise ContractError(f"{where} sets metric {out_metric} but no 'outputs' thresholds; add "
-                                        "'outputs: {default: VALUE}' in that metric")
-                threshold = s.min_cosine
-            result = checks.check_outputs(analysis, threshold, out_metric, c.holdout)
+            # output thresholds are cosines unless the contract itself names a metric
+            result = ptq.check_outputs(c.outputs, c.metric or COSINE)
         elif self.name == "nodes":
-            n = c.nodes
-            node_metric = n["metric"] or metric
-            threshold = n["threshold"]
-            if threshold is None:
-                if node_metric != checks.COSINE:
-                    raise ContractError(f"{where}: 'nodes' uses metric {node_metric} and needs a 'threshold'")
-                threshold = s.min_node_cosine
-            result = checks.check_nodes(analysis, threshold, node_metric, n["type"] or s.node_type, n["allow"],
-                                        top=s.top)
+            result = ptq.check_nodes(c.nodes["threshold"], metric=c.nodes["metric"])
         elif self.name == "accuracy":
-            fn = load_function(c.accuracy["evaluate"], c.path.parent, where)
-            result = checks.check_accuracy(analysis, fn, c.accuracy["min_ratio"], c.holdout)
+            fn = load_function(c.accuracy["evaluate"], c.path.parent, f"contract {self.path.name!r}")
+            result = ptq.check_accuracy(fn, c.accuracy["min_ratio"])
         elif self.name == "data_check":
-            result = checks.check_data(analysis, c.data_check["max_severity"], c.holdout)
+            result = ptq.check_data(c.data_check["max_severity"])
         else:
-            result = checks.check_baseline(analysis, c.baseline, s.update,
-                                           s.tolerance if c.tolerance is None else c.tolerance,
-                                           (c.nodes or {}).get("type") or s.node_type, metric)
-        ptq.record(self, analysis, result)
+            result = ptq.check_baseline()
         if not result:
-            raise checks.ContractFailed(result)
+            raise ContractFailed(result)
 
     def repr_failure(self, excinfo, style=None):
         """Plain lines: the check's report, or the one-sentence input error."""
-        if isinstance(excinfo.value, checks.ContractFailed):
+        from .checks import ContractFailed
+
+        if isinstance(excinfo.value, ContractFailed):
             return f"contract {self.contract.name} ({self.path.name}), check {self.name}: FAILED\n" + str(excinfo.value)
         if isinstance(excinfo.value, ContractError):
             return str(excinfo.value)

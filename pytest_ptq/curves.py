@@ -18,7 +18,8 @@ from .figures import metric_label, pyplot, save_figure
 from .metrics import get_metrics
 from .progress import Progress
 from .results import JsonResult
-from .sensitivity import engine_for, sample_indices
+from .engine import engine_for
+from .sensitivity import sample_indices
 
 KINDS = ("weight", "activation")
 

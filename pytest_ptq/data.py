@@ -6,6 +6,7 @@ number of samples.
 
 from __future__ import annotations
 
+import copy
 import os
 import re
 import zipfile
@@ -14,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 
+from . import params
 from .errors import PTQError
 
 _NP_OF_ONNX = {
@@ -95,13 +97,14 @@ class CalibrationData:
         return list(self.sources)
 
     def limit(self, data_num):
-        """Keep the first ``data_num`` samples (deterministic); None keeps all."""
+        """The first ``data_num`` samples (deterministic) as a new view on the same files;
+        None keeps all. The data itself is never changed, so an engine's data stays whole."""
+        data_num = params.data_num(data_num)
         if data_num is None:
             return self
-        if int(data_num) < 1:
-            raise PTQError(f"data_num must be at least 1, got {data_num}")
-        self.indices = list(range(min(int(data_num), self.count)))
-        return self
+        view = copy.copy(self)
+        view.indices = self.indices[:data_num]
+        return view
 
     def validate(self, qmodel):
         """Check input names, ranks, static dims and dtypes against the model (headers only)."""
@@ -196,7 +199,7 @@ def load_data(calibrated_data, qmodel=None, data_num=None):
         else:
             raise PTQError(f"calibration data {str(path)!r} does not exist; give a folder with one "
                            "sub-folder of .npy files per model input")
-    data.limit(data_num)
+    data = data.limit(data_num)
     if qmodel is not None:
         data.validate(qmodel)
     return data

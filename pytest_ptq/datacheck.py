@@ -30,13 +30,15 @@ from pathlib import Path
 import numpy as np
 
 from .data import _NP_OF_ONNX, load_data
-from .errors import PTQError
+from . import params
+from .errors import NotQuantized, PTQError
 from .metrics import get_metrics
+from .engine import Engine
 from .model import QuantModel, load_model
 from .progress import Progress
 from .results import JsonResult
 
-SEVERITIES = ("error", "warning", "info")
+SEVERITIES = params.SEVERITIES
 FEW_SAMPLES, MANY_SAMPLES = 20, 100
 # Share of values outside the calibrated input range above which the data cannot be the
 # data the model was calibrated for.
@@ -129,13 +131,12 @@ class _InputSpec:
 
 
 def _model_side(model_or_file, float_model):
-    """(QuantModel or None, {input: _InputSpec}, source)."""
+    """(QuantModel or None, {input: _InputSpec}, source); an :class:`Engine` lends its model."""
     try:
-        qm = QuantModel(model_or_file, float_model=float_model)
+        qm = model_or_file.qmodel if isinstance(model_or_file, Engine) else QuantModel(model_or_file,
+                                                                                        float_model=float_model)
         model, source = qm.model, qm.source
-    except PTQError as exc:
-        if "no QuantizeLinear/DequantizeLinear" not in str(exc):
-            raise
+    except NotQuantized:
         qm = None
         model, path = load_model(model_or_file)
         source = str(path) if path else "<ModelProto>"
@@ -469,14 +470,14 @@ def _channel_findings(name, cal, other, other_std, against, dataset="calibration
     if len(cm) > 1 and d_same > MEAN_DIFFERS and d_rev < MEAN_AGREES:
         out.append(Finding(
             "colour-order", "error",
-            f"the channel means {_vec(cm)} match the {against} means {_vec(other)} in reverse order: the channels "
+            f"the channel means {vector(cm)} match the {against} means {vector(other)} in reverse order: the channels "
             "are swapped (BGR vs RGB)",
             "reverse the channel axis (a[:, ::-1] for NCHW, a[..., ::-1] for NHWC) in the preprocessing",
             name, dataset, details=details))
     elif d_same > MEAN_DIFFERS:
         out.append(Finding(
             "channel-stats", "warning",
-            f"the channel means {_vec(cm)} differ from the {against} means {_vec(other)} by up to {d_same:.2g} "
+            f"the channel means {vector(cm)} differ from the {against} means {vector(other)} by up to {d_same:.2g} "
             "standard deviations: a different mean/scale in the preprocessing",
             "use the same mean and scale (mean_value / scale_value) as the model's training preprocessing",
             name, dataset, details=details))
@@ -485,7 +486,7 @@ def _channel_findings(name, cal, other, other_std, against, dataset="calibration
         if np.any(ratio > STD_RATIO) or np.any(ratio < 1 / STD_RATIO):
             out.append(Finding(
                 "channel-scale", "warning",
-                f"the channel standard deviations {_vec(cs)} are {_vec(ratio)} times the {against} ones: a "
+                f"the channel standard deviations {vector(cs)} are {vector(ratio)} times the {against} ones: a "
                 "different scale (std / scale_value) in the preprocessing",
                 "divide by the same std (or multiply by the same scale_value) as at training", name, dataset,
                 details={"channel_std": cs.tolist(), "reference_std": list(map(float, other_std))}))
@@ -505,22 +506,20 @@ def _scale_class_findings(name, cal, held):
                     "preprocess both sets with the same function as the model's training pipeline", name, "heldout")]
 
 
-def _vec(v):
+def vector(v):
     return "[" + ", ".join(f"{x:.3g}" for x in np.asarray(v).ravel()) + "]"
 
 
 # -- held-out comparison --------------------------------------------------------------------------
-def _quantized_metrics(qm, data, metric, float_model, bar):
-    """Pooled metric (worst output) of the fully quantized model and the per-node share of
-    float activation values outside their calibrated range."""
-    from .engine import Engine
-
-    engine = Engine(qm, data, float_model=float_model, check=False)
+def _quantized_metrics(engine, data, metric, bar):
+    """Pooled metric (worst output) of the fully quantized model on ``data`` and the per-node
+    share of float activation values outside their calibrated range."""
+    qm = engine.qmodel
     states = {o: metric.new() for o in engine.model_outputs}
-    acts = [c for c in qm.of_kind("activation") if c.name in engine._flag]
+    acts = [c for c in qm.of_kind("activation") if engine.is_gated(c.name)]
     clipped, counted = Counter(), Counter()
-    for i in range(len(engine.data)):
-        sample = engine.sample(i)
+    for i in range(len(data)):
+        sample = data.sample(i)
         probe = [c.input for c in acts if c.input in engine.probe_tensors]
         ref = engine.run(sample, (), list(dict.fromkeys(engine.model_outputs + probe)), kind="probe")
         out = engine.run(sample, "all")
@@ -541,9 +540,9 @@ def _quantized_metrics(qm, data, metric, float_model, bar):
     return value, shares
 
 
-def _heldout_findings(qm, cal_data, held_data, metric, threshold, float_model, bar):
-    cal_value, cal_clip = _quantized_metrics(qm, cal_data, metric, float_model, bar)
-    held_value, held_clip = _quantized_metrics(qm, held_data, metric, float_model, bar)
+def _heldout_findings(engine, cal_data, held_data, metric, threshold, bar):
+    cal_value, cal_clip = _quantized_metrics(engine, cal_data, metric, bar)
+    held_value, held_clip = _quantized_metrics(engine, held_data, metric, bar)
     quantized = {"calibration": {metric.name: cal_value}, "heldout": {metric.name: held_value}}
     clipping = sorted(((n, s) for n, s in held_clip.items() if s > max(1e-3, 10 * cal_clip.get(n, 0.0))),
                       key=lambda x: -x[1])
@@ -582,12 +581,12 @@ def _heldout_findings(qm, cal_data, held_data, metric, threshold, float_model, b
 
 
 # -- entry point ---------------------------------------------------------------------------------
-def check_data(model_or_file, calibrated_data, heldout=None, data_num=None, float_model=None,
+def check_data(model_or_file, calibrated_data=None, heldout=None, data_num=None, float_model=None,
                metric="cosine-similarity", threshold=None, expect_mean=None, expect_std=None, progress=None):
     """Check calibration data (and a held-out set) against the model.
 
     ``model_or_file``: the calibrated QDQ model (a float model works too, without the
-    range and held-out checks). ``expect_mean``/``expect_std``: per-channel statistics that
+    range and held-out checks), or an :class:`Engine` whose model and data are reused. ``expect_mean``/``expect_std``: per-channel statistics that
     correctly preprocessed data should have (after normalisation). ``threshold`` applies to
     ``metric`` for the held-out comparison (default 0.99 for cosine similarity). Returns a
     :class:`DataReport`, findings ordered error, warning, info.
@@ -595,6 +594,8 @@ def check_data(model_or_file, calibrated_data, heldout=None, data_num=None, floa
     m = get_metrics(metric)[0]
     if threshold is None and m.name == "cosine-similarity":
         threshold = 0.99
+    if calibrated_data is None and isinstance(model_or_file, Engine):
+        calibrated_data = model_or_file.data
     qm, specs, source = _model_side(model_or_file, float_model)
     datasets = {"calibration": load_data(calibrated_data, None, data_num)}
     if heldout is not None:
@@ -628,9 +629,11 @@ def check_data(model_or_file, calibrated_data, heldout=None, data_num=None, floa
                                         f"because of the errors above ({blocking[0].check})",
                                         "fix the errors, then check again", None, "heldout"))
             else:
+                engine = model_or_file if isinstance(model_or_file, Engine) else Engine(
+                    qm, None, float_model=float_model, check=False)
                 cal = load_data(calibrated_data, qm, data_num)
                 held = load_data(heldout, qm, data_num)
-                more, quantized = _heldout_findings(qm, cal, held, m, threshold, float_model, bar)
+                more, quantized = _heldout_findings(engine, cal, held, m, threshold, bar)
                 findings += more
     order = {s: k for k, s in enumerate(SEVERITIES)}
     findings.sort(key=lambda f: order[f.severity])
@@ -638,52 +641,3 @@ def check_data(model_or_file, calibrated_data, heldout=None, data_num=None, floa
     held_where = getattr(datasets.get("heldout"), "where", None) if heldout is not None else None
     return DataReport(findings=findings, stats=stats, quantized=quantized, model=source, data=data_where,
                       heldout=held_where)
-
-
-def _register():
-    from . import cli
-
-    @cli.subcommand("check-data", "check calibration data: count, NaN/Inf, duplicates, layout, value range, "
-                    "channel statistics, and (with --heldout) whether it represents other data")
-    def cmd_check_data(args):
-        from .tables import format_table
-
-        report = check_data(args.model, args.data, heldout=args.heldout, data_num=args.data_num,
-                            float_model=args.float_model, metric=args.metric, threshold=args.threshold,
-                            expect_mean=args.expect_mean, expect_std=args.expect_std, progress=not args.quiet)
-        rows = []
-        for dataset, per_input in report.stats.items():
-            for name, s in per_input.items():
-                rows.append({"data": dataset, "input": name, "samples": s["samples"], "shape": s["shape"],
-                             "dtype": s["dtype"], "min": s["min"], "max": s["max"], "mean": s["mean"],
-                             "std": s["std"], "channel means": _vec(s["channel_mean"]) if s["channel_mean"] else "",
-                             "calibrated range": s["calibrated_range"] or ""})
-        print(format_table(rows, ["data", "input", "samples", "shape", "dtype", "min", "max", "mean", "std",
-                                  "channel means", "calibrated range"]))
-        if report.quantized:
-            for dataset, values in report.quantized.items():
-                print(f"fully quantized on {dataset} data: " + ", ".join(f"{k} {v:.6g}" for k, v in values.items()))
-        print(report.text())
-        if args.json:
-            print(f"wrote {report.save(args.json)}")
-        return 1 if report.errors else 0
-
-    def configure(p):
-        cli._common(p)
-        p.add_argument("--heldout", default=None, metavar="DIR",
-                       help="held-out data in the same layout, to check that the calibration set represents it")
-        p.add_argument("--expect-mean", type=float, nargs="+", default=None, metavar="M",
-                       help="per-channel means correctly preprocessed data should have (e.g. 0 0 0 after "
-                            "normalisation)")
-        p.add_argument("--expect-std", type=float, nargs="+", default=None, metavar="S",
-                       help="per-channel standard deviations correctly preprocessed data should have")
-        p.add_argument("--metric", default="cosine-similarity",
-                       help="metric for the held-out comparison. Default: cosine-similarity")
-        p.add_argument("--threshold", type=float, default=None,
-                       help="value of --metric the quantized model must keep. Default: 0.99 for cosine-similarity")
-        p.add_argument("--json", default=None, metavar="OUT", help="also save the report as JSON")
-
-    cmd_check_data.configure = configure
-
-
-_register()

@@ -11,7 +11,8 @@ from .datacheck import DataReport, Finding, check_data
 from .distribution import get_channelwise_data_distribution, plot_distribution
 from .engine import Engine
 from .errors import PTQError
-from .groups import Confidence, Subgraph, group_sensitivity, ranking_confidence, subgraph_nodes
+from .confidence import Confidence, ranking_confidence
+from .groups import Subgraph, group_sensitivity, subgraph_nodes
 from .metrics import METRICS, compare
 from .model import QuantModel
 from .remedy import Remedy, onnxruntime_settings, quantize_static_kwargs, suggest_remedy

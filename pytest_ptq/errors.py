@@ -9,6 +9,10 @@ class PTQError(ValueError):
     """Bad input or an unsupported model: the message says what to do."""
 
 
+class NotQuantized(PTQError):
+    """The model holds nothing the tool can analyse as quantized (a float model, say)."""
+
+
 def closest(name, candidates, n=3):
     """Up to ``n`` names from ``candidates`` that look like ``name``, best first."""
     import difflib

@@ -162,6 +162,7 @@ class KL(Metric):
         return float(max(s[0], 0.0) / s[1]) if s[1] else 0.0
 
 
+COSINE = "cosine-similarity"
 METRICS = {m.name: m for m in (Cosine(), MSE(), MRE(), SQNR(), Chebyshev(), L1(), KL())}
 _ALIASES = {"cosine": "cosine-similarity", "cos": "cosine-similarity", "cosine_similarity": "cosine-similarity",
             "max-abs": "chebyshev", "mae": "l1"}

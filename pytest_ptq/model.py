@@ -18,7 +18,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from .errors import PTQError, unknown
+from .errors import NotQuantized, PTQError, unknown
 
 Q_OPS = {"QuantizeLinear"}
 DQ_OPS = {"DequantizeLinear"}
@@ -210,7 +210,7 @@ class QuantModel:
         self.value_types = self._infer_types()
         self.calibration = self._find_calibration_nodes()
         if not self.calibration:
-            raise PTQError(f"model {self.source!r} has no QuantizeLinear/DequantizeLinear pairs; "
+            raise NotQuantized(f"model {self.source!r} has no QuantizeLinear/DequantizeLinear pairs; "
                            "pass the calibrated QDQ model (quantize_static with QuantFormat.QDQ), "
                            "not the float one")
         self.float_weights = {}

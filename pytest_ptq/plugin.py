@@ -17,13 +17,15 @@ from pathlib import Path
 
 import pytest
 
+from . import contract as ptq_contract
 from . import session as ptq_session_mod
 from . import settings as ptq_settings_mod
 from .errors import PTQError
 
-# Only settings, metrics and the session shell load with pytest: onnx, onnxruntime and
-# matplotlib load when a test first uses a model, so the plugin costs nothing elsewhere.
-CONTRACT_SUFFIXES = (".ptq.yaml", ".ptq.yml")
+# Only settings, metrics, contracts and the session shell load with pytest: onnx,
+# onnxruntime and matplotlib load when a test first uses a model, so the plugin costs
+# nothing elsewhere.
+CONTRACT_SUFFIXES = ptq_contract.SUFFIXES
 # A test asking for one of these writes its own checks: the built-in contract steps aside.
 FIXTURES = ("ptq", "ptq_model", "ptq_data", "ptq_analysis", "ptq_settings", "ptq_session")
 
@@ -47,9 +49,7 @@ def pytest_configure(config):
 def pytest_collect_file(file_path, parent):
     """Collect ``*.ptq.yaml`` contracts."""
     if file_path.name.endswith(CONTRACT_SUFFIXES):
-        from .contract import ContractFile
-
-        return ContractFile.from_parent(parent, path=file_path)
+        return ptq_contract.ContractFile.from_parent(parent, path=file_path)
     return None
 
 
@@ -64,7 +64,7 @@ class _Hooks:
     def pytest_collection_modifyitems(self, session, items):
         """Add the built-in contract of ``--ptq-model`` when no collected test uses the plugin."""
         if not any(_uses_plugin(item) for item in items):
-            items.extend(self.ptq.default_contract(session))
+            items.extend(_default_contract(session, self.ptq))
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_makereport(self, item, call):
@@ -98,6 +98,18 @@ class _Hooks:
     def pytest_terminal_summary(self, terminalreporter):
         """Say where the report went."""
         self.ptq.terminal_summary(terminalreporter)
+
+
+def _default_contract(session, ptq):
+    """The collected items of the built-in contract of ``--ptq-model`` (ini ``ptq_model``):
+    ``ptq::<model file>::outputs``, ``nodes`` and ``baseline``; none without a model or with
+    ``--ptq-no-default-contract``. Without data its items fail saying so."""
+    if ptq.settings.model is None or session.config.getoption("ptq_no_default_contract"):
+        return []
+    # through the session's own collection, so that collect reports, counts and errors
+    # come out as for any collected file
+    return list(session.genitems(ptq_contract.DefaultContracts.from_parent(
+        session, name="ptq", nodeid="ptq", settings=ptq.settings)))
 
 
 def _uses_plugin(item):

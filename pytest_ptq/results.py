@@ -33,11 +33,11 @@ def json_restore(obj):
     return obj
 
 
-def write_json(data, path):
-    """Write ``data`` (made JSON-safe) with sorted keys; returns the path."""
+def write_json(data, path, sort_keys=False):
+    """Write ``data`` (made JSON-safe), keys in their order unless ``sort_keys``; returns the path."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(json_safe(data), indent=1, sort_keys=True))
+    path.write_text(json.dumps(json_safe(data), indent=1, sort_keys=sort_keys))
     return path
 
 

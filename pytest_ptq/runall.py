@@ -40,16 +40,16 @@ import sys
 import time
 from pathlib import Path
 
-from . import __version__
+from . import __version__, params
 from .curves import configs_from, get_acc_error, plot_curves
 from .distribution import (CLIP_SHARE, activation_reading, collect, draw_channelwise, draw_distribution,
                            few_levels, weight_issue)
 from .channelwise import reading as channel_reading
-from .errors import PTQError, unknown
 from .metrics import get_metrics
 from .outputs import parse_outputs
 from .results import json_safe
-from .sensitivity import engine_for, get_sensitivity_of_nodes, sample_indices, score_configs
+from .engine import engine_for
+from .sensitivity import get_sensitivity_of_nodes, sample_indices, score_configs
 
 SEVERE = 0.1  # badness (1 - cosine) of a single node beyond which it should stay in float
 DOMINANT = 2.0  # one kind dominates when its output badness is this many times the other's
@@ -84,10 +84,7 @@ def _node_types(node_type):
     if node_type is None:
         return list(KINDS)
     types = [node_type] if isinstance(node_type, str) else list(node_type)
-    for t in types:
-        if t not in ("node",) + KINDS:
-            raise unknown("node_type", t, ("node",) + KINDS)
-    return list(dict.fromkeys(types))
+    return list(dict.fromkeys(params.node_type(t) for t in types))
 
 
 def runall(model_or_file, calibrated_data=None, save_dir="ptq_debug_runall", metrics=("cosine-similarity",),
@@ -104,8 +101,7 @@ def runall(model_or_file, calibrated_data=None, save_dir="ptq_debug_runall", met
     ``distributions/*.png`` and ``channelwise/*.png``. Returns the summary dict; its
     ``files`` entry holds the paths written.
     """
-    if top < 1:
-        raise PTQError(f"top must be at least 1, got {top}")
+    top = params.positive_int(top, "top")
     start = time.perf_counter()
     engine = engine_for(model_or_file, calibrated_data, float_model=float_model)
     metric_objs = get_metrics(metrics)
@@ -401,36 +397,3 @@ def markdown(summary):
     return "\n".join(lines)
 
 
-# -- command line -----------------------------------------------------------------------------
-def _register():
-    from . import cli
-
-    @cli.subcommand("runall", "run every analysis (sensitivity, distributions, box plots, curves) "
-                    "and write a folder with a verdict")
-    def cmd_runall(args):
-        summary = runall(cli._engine(args), save_dir=args.save_dir, metrics=args.metrics,
-                         output_node=args.output_node, node_type=args.node_type, top=args.top,
-                         axis=args.axis, progress=not args.quiet, data_num=args.data_num)
-        print(Path(summary["files"]["summary_md"]).read_text())
-        print(f"wrote {args.save_dir}")
-
-    def configure(p):
-        cli._common(p)
-        p.add_argument("-o", "--save-dir", default="ptq_debug_runall", metavar="DIR",
-                       help="output folder. Default: ptq_debug_runall")
-        p.add_argument("--top", type=cli._positive_int, default=5,
-                       help="nodes of each ranking that get distributions and box plots. Default: 5")
-        p.add_argument("-m", "--metrics", nargs="+", default=["cosine-similarity"], metavar="METRIC",
-                       help="metrics, the first sorts the rankings and draws the curves. Default: cosine-similarity")
-        p.add_argument("-t", "--node-type", nargs="+", default=None, choices=["node", "weight", "activation"],
-                       metavar="TYPE", help="rankings to compute: node, weight, activation. Default: weight activation")
-        p.add_argument("--output-node", nargs="+", default=None, metavar="OUTPUT",
-                       help="outputs to compare (a tensor, a node, or a slice 'name=out[:, 0:4]'). "
-                            "Default: every model output")
-        p.add_argument("--axis", type=int, default=None,
-                       help="channel axis for the box plots. Default: inferred per node")
-
-    cmd_runall.configure = configure
-
-
-_register()

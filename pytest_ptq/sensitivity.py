@@ -10,8 +10,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from . import __version__
-from .engine import Engine
+from . import __version__, params
+from .engine import engine_for
 from .errors import PTQError, unknown
 from .metrics import get_metrics
 from .outputs import parse_outputs
@@ -19,38 +19,24 @@ from .progress import Progress
 from .results import json_restore, write_json
 from .tables import format_table
 
-NODE_TYPES = ("node", "weight", "activation")
-
-
-def engine_for(model_or_file, calibrated_data, float_model=None, **kw):
-    """Reuse an :class:`Engine` passed as ``model_or_file``; otherwise compile one."""
-    if isinstance(model_or_file, Engine):
-        if calibrated_data is not None and model_or_file.data is None:
-            from .data import load_data
-
-            model_or_file.data = load_data(calibrated_data, model_or_file.qmodel)
-        return model_or_file
-    return Engine(model_or_file, calibrated_data, float_model=float_model, **kw)
+NODE_TYPES = params.NODE_TYPES
+__all__ = ["Sensitivity", "get_sensitivity_of_nodes", "engine_for", "sample_indices", "rank_configs"]
 
 
 def sample_indices(engine, data_num):
+    """The samples an analysis uses: the first ``data_num`` of the engine's data (all when
+    None). This is where ``data_num`` is applied."""
     if engine.data is None:
         raise PTQError("no calibration data was given; pass calibrated_data (a folder or a mapping)")
-    n = len(engine.data)
-    if data_num is not None:
-        if int(data_num) < 1:
-            raise PTQError(f"data_num must be at least 1, got {data_num}")
-        n = min(n, int(data_num))
-    return list(range(n))
+    return list(range(len(engine.data.limit(data_num))))
 
 
 def targets_for(engine, node_type, interested_nodes=None):
     """``{target name: calibration nodes quantized}`` for a node type, in graph order."""
     qm = engine.qmodel
-    if node_type not in NODE_TYPES:
-        raise unknown("node_type", node_type, NODE_TYPES)
+    params.node_type(node_type)
     if node_type == "node":
-        targets = {n.name: [c for c in n.calibration_inputs if c in engine._flag]
+        targets = {n.name: engine.gated(n.calibration_inputs)
                    for n in qm.normal.values() if n.calibration_inputs}
     else:
         targets = {c.name: [c.name] for c in qm.of_kind(node_type) if c.bypassable}
@@ -124,7 +110,7 @@ class Sensitivity(dict):
 
     def save(self, path):
         """Write the result as JSON (sorted keys, ranking order kept in ``ranking``)."""
-        return write_json(self.to_dict(), path)
+        return write_json(self.to_dict(), path, sort_keys=True)
 
     @classmethod
     def from_dict(cls, d):
@@ -182,22 +168,24 @@ def get_sensitivity_of_nodes(model_or_file, metrics=("cosine-similarity",), cali
     ascending, errors descending).
     """
     engine = engine_for(model_or_file, calibrated_data, float_model=float_model)
-    targets = targets_for(engine, node_type, interested_nodes)
-    qm = engine.qmodel
-    return rank_configs(engine, targets, metrics, output_node, data_num, node_type,
-                        lambda name: _describe(qm, name, node_type, targets[name]),
-                        f"sensitivity ({node_type})", verbose, progress)
-
-
-def rank_configs(engine, configs, metrics, output_node, data_num, node_type, describe, desc,
-                 verbose=False, progress=None):
-    """Score ``{label: calibration nodes quantized}`` and rank them in a :class:`Sensitivity`,
-    worst first by the first metric; ``describe(label)`` gives each entry's descriptive details."""
     metric_objs = get_metrics(metrics)
     specs = parse_outputs(output_node, engine.qmodel)
     indices = sample_indices(engine, data_num)
-    show = verbose if progress is None else progress
-    with Progress(len(indices) * len(configs), desc, enabled=bool(show)) as bar:
+    targets = targets_for(engine, node_type, interested_nodes)
+    qm = engine.qmodel
+    result = rank_configs(engine, targets, metric_objs, specs, indices, node_type,
+                          lambda name: _describe(qm, name, node_type, targets[name]),
+                          f"sensitivity ({node_type})", verbose if progress is None else progress)
+    if verbose:
+        print(result.table())
+    return result
+
+
+def rank_configs(engine, configs, metric_objs, specs, indices, node_type, describe, desc, progress=False):
+    """Score ``{label: calibration nodes quantized}`` on the samples ``indices`` and rank them
+    in a :class:`Sensitivity`, worst first by the first of ``metric_objs``; ``specs``: the
+    parsed outputs; ``describe(label)`` gives each entry's descriptive details."""
+    with Progress(len(indices) * len(configs), desc, enabled=bool(progress)) as bar:
         scores = score_configs(engine, configs, metric_objs, specs, indices, bar)
     result = Sensitivity(node_type=node_type, metrics=[m.name for m in metric_objs],
                          outputs=[s.name for s in specs], samples=len(indices), model=engine.qmodel.source)
@@ -209,8 +197,6 @@ def rank_configs(engine, configs, metrics, output_node, data_num, node_type, des
     first = metric_objs[0]
     for name in sorted(entries, key=lambda n: first.sort_key(entries[n][first.name])):
         dict.__setitem__(result, name, entries[name])
-    if verbose:
-        print(result.table())
     return result
 
 

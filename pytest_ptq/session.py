@@ -83,19 +83,6 @@ class PTQSession:
         name = re.sub(r"[^A-Za-z0-9._\-\[\]=,]+", "_", rest.replace("::", ".")).strip("._") or "baseline"
         return Path(settings.baseline_dir) / folder / f"{name}.json"
 
-    def default_contract(self, session):
-        """The collected items of the built-in contract of ``--ptq-model`` (ini ``ptq_model``):
-        ``ptq::<model file>::outputs``, ``nodes`` and ``baseline``; none without a model or
-        with ``--ptq-no-default-contract``. Without data its items fail saying so."""
-        if self.settings.model is None or self.config.getoption("ptq_no_default_contract"):
-            return []
-        from .contract import DefaultContracts
-
-        # through the session's own collection, so that collect reports, counts and errors
-        # come out as for any collected file
-        return list(session.genitems(DefaultContracts.from_parent(
-            session, name="ptq", nodeid="ptq", settings=self.settings)))
-
     # -- per-test records ------------------------------------------------------------------
     def use(self, item, analysis):
         """Note that ``item`` works on ``analysis`` (for the report and the failure section)."""
@@ -141,8 +128,8 @@ class PTQSession:
     def _settings_of(self, item):
         """The item's settings for reporting: a contract item carries its own (its node type
         and metric); a bad marker, already reported as the test's error, falls back."""
-        if getattr(item, "ptq_settings", None) is not None:
-            return item.ptq_settings
+        if SETTINGS_KEY in item.stash:
+            return item.stash[SETTINGS_KEY]
         try:
             return self.settings_for(item)
         except PTQError:
@@ -229,3 +216,5 @@ def get(config):
 
 
 SESSION_KEY = pytest.StashKey[PTQSession]()
+# The settings a contract item ran with (its metric, node type, thresholds), for its reports.
+SETTINGS_KEY = pytest.StashKey["Settings"]()

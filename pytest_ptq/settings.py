@@ -16,68 +16,41 @@ import dataclasses
 import os
 from pathlib import Path
 
+from . import params
 from .errors import PTQError, unknown
-from .metrics import METRICS, get_metrics
+from .metrics import METRICS
 
-# sensitivity.NODE_TYPES, spelled out so that pytest start-up does not import onnx
-NODE_TYPES = ("node", "weight", "activation")
-
-
-def _number(text, what):
-    try:
-        value = float(text)
-    except (TypeError, ValueError):
-        raise argparse.ArgumentTypeError(f"{what} must be a number, got {text!r}") from None
-    if value != value:
-        raise argparse.ArgumentTypeError(f"{what} must be a number, got NaN")
-    return value
+NODE_TYPES = params.NODE_TYPES
 
 
 def cosine(text):
     """A cosine similarity threshold in [-1, 1]."""
-    value = _number(text, "a cosine threshold")
-    if not -1.0 <= value <= 1.0:
-        raise argparse.ArgumentTypeError(f"a cosine threshold must lie in [-1, 1], got {text}")
-    return value
+    return params.cosine(text)
 
 
 def non_negative(text):
     """A tolerance: a number >= 0."""
-    value = _number(text, "a tolerance")
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"a tolerance must be >= 0, got {text}")
-    return value
+    return params.non_negative(text)
 
 
 def positive_int(text):
     """A count >= 1."""
-    try:
-        value = int(str(text).strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text}")
-    return value
+    return params.positive_int(text, "")
 
 
 def node_type(text):
-    if text not in NODE_TYPES:
-        raise argparse.ArgumentTypeError(f"node type must be one of {', '.join(NODE_TYPES)}, got {text!r}")
-    return text
+    return params.node_type(text)
 
 
 def metric(text):
-    try:
-        return get_metrics(text)[0].name
-    except PTQError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
+    return params.metric(text)
 
 
 def existing_path(text):
     """A model or data path that exists (file or folder)."""
     path = Path(os.path.expanduser(str(text)))
     if not path.exists():
-        raise argparse.ArgumentTypeError(f"{str(text)!r} does not exist")
+        raise PTQError(f"{str(text)!r} does not exist")
     return path.resolve()
 
 
@@ -85,15 +58,28 @@ def report_path(text):
     """Where the HTML report goes: not an existing folder."""
     path = Path(os.path.expanduser(str(text)))
     if path.is_dir():
-        raise argparse.ArgumentTypeError(f"{str(text)!r} is a folder; give a file name such as ptq-report.html")
+        raise PTQError(f"{str(text)!r} is a folder; give a file name such as ptq-report.html")
     return path.resolve()
 
 
 def folder(text):
     path = Path(os.path.expanduser(str(text)))
     if path.exists() and not path.is_dir():
-        raise argparse.ArgumentTypeError(f"{str(text)!r} is a file; give a folder")
+        raise PTQError(f"{str(text)!r} is a file; give a folder")
     return path.resolve()
+
+
+def _argtype(parse):
+    """``parse`` as an argparse ``type=``: argparse reports the option with its message."""
+
+    def wrapped(text):
+        try:
+            return parse(text)
+        except PTQError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    wrapped.__name__ = parse.__name__
+    return wrapped
 
 
 @dataclasses.dataclass(frozen=True)
@@ -162,7 +148,7 @@ def add_options(parser):
     group = parser.getgroup("ptq", "post-training quantization accuracy contracts (pytest-ptq)")
     for o in OPTIONS:
         shown = o.shown or ("none" if o.default is None else o.default)
-        group.addoption(o.flag, dest="ptq_" + o.name, metavar=o.metavar, type=o.parse, default=None,
+        group.addoption(o.flag, dest="ptq_" + o.name, metavar=o.metavar, type=_argtype(o.parse), default=None,
                         help=f"{o.help}. Ini: {o.ini}. Default: {shown}.")
         parser.addini(o.ini, f"{o.help} (pytest-ptq; same as {o.flag}). Default: {shown}.", default=None)
     group.addoption("--ptq-update-baseline", action="store_true", dest="ptq_update_baseline", default=False,
@@ -208,7 +194,7 @@ def _parse(option, raw, where, base):
         raw = raw if os.path.isabs(raw) else str(base / raw)
     try:
         return option.parse(raw)
-    except argparse.ArgumentTypeError as exc:
+    except PTQError as exc:
         raise PTQError(f"{where}: {exc}") from None
 
 

@@ -21,6 +21,8 @@ import dataclasses
 from pathlib import Path
 
 from .data import load_data
+from .engine import Engine
+from .engine.runtime import make_session, run
 from .errors import PTQError
 from .metrics import get_metrics
 from .model import QuantModel, load_model
@@ -85,25 +87,6 @@ class StageReport(JsonResult):
 
 
 
-def _session(model, level, fake_quant=False, providers=None, save_to=None):
-    import onnxruntime as ort
-
-    so = ort.SessionOptions()
-    so.graph_optimization_level = getattr(ort.GraphOptimizationLevel, level)
-    if fake_quant:
-        so.add_session_config_entry("session.disable_quant_qdq", "1")
-    if save_to is not None:
-        so.optimized_model_filepath = str(save_to)
-    so.log_severity_level = 3
-    try:
-        return ort.InferenceSession(model.SerializeToString(), so,
-                                    providers=providers or ["CPUExecutionProvider"])
-    except Exception as exc:
-        msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise PTQError(f"onnxruntime cannot load the model for stage comparison ({msg}); check that it runs "
-                       "in a plain onnxruntime session") from None
-
-
 def localize_stages(float_model, calibrated_model, calibrated_data, metrics=("cosine-similarity",),
                     output_node=None, data_num=None, threshold=None, providers=None, save_dir=None,
                     progress=None):
@@ -112,6 +95,8 @@ def localize_stages(float_model, calibrated_model, calibrated_data, metrics=("co
     ``threshold`` applies to the first metric (default 0.99 for cosine similarity, none for
     other metrics, which then only report values). ``output_node``: model outputs or slices
     of them. With ``save_dir``, onnxruntime's optimised float model is written there.
+    ``calibrated_model`` may be an :class:`Engine`: its model and (with ``calibrated_data``
+    None) its data are reused.
     Returns a :class:`StageReport`.
     """
     metric_objs = get_metrics(metrics)
@@ -119,9 +104,13 @@ def localize_stages(float_model, calibrated_model, calibrated_data, metrics=("co
     if threshold is None and first.name == "cosine-similarity":
         threshold = 0.99
     fmodel, fpath = load_model(float_model, what="float model")
-    qm = QuantModel(calibrated_model)
+    if isinstance(calibrated_model, Engine):  # its model and data, loaded once
+        qm = calibrated_model.qmodel
+        data = load_data(calibrated_model.data if calibrated_data is None else calibrated_data, qm, data_num)
+    else:
+        qm = QuantModel(calibrated_model)
+        data = load_data(calibrated_data, qm, data_num)
     qmodel = qm.model
-    data = load_data(calibrated_data, qm, data_num)
     specs = parse_outputs(output_node, qm)
     float_outputs = {o.name for o in fmodel.graph.output}
     for s in specs:
@@ -136,12 +125,16 @@ def localize_stages(float_model, calibrated_model, calibrated_data, metrics=("co
     if save_dir is not None:
         Path(save_dir).mkdir(parents=True, exist_ok=True)
         optimized = Path(save_dir) / "optimized_float_model.onnx"
+    providers = providers or ["CPUExecutionProvider"]
+    what = "the model for stage comparison"
     sessions = {
-        "reference": _session(fmodel, "ORT_DISABLE_ALL", providers=providers),
-        "optimized-float": _session(fmodel, "ORT_ENABLE_ALL", providers=providers, save_to=optimized),
-        "fake-quant": _session(qmodel, "ORT_ENABLE_ALL", fake_quant=True, providers=providers),
-        "integer": _session(qmodel, "ORT_ENABLE_ALL", providers=providers),
+        "reference": make_session(fmodel, "disable", providers, fake_quant=False, what=what),
+        "optimized-float": make_session(fmodel, "all", providers, fake_quant=False, optimized_path=optimized,
+                                        what=what),
+        "fake-quant": make_session(qmodel, "all", providers, fake_quant=True, what=what),
+        "integer": make_session(qmodel, "all", providers, fake_quant=False, what=what),
     }
+    sources = {"reference": fpath, "optimized-float": fpath, "fake-quant": qm.source, "integer": qm.source}
     tensors = list(dict.fromkeys(s.tensor for s in specs))
     labels = list(STAGES) + ["kernel-gap"]
     pooled = {k: {(s.name, m.name): m.new() for s in specs for m in metric_objs} for k in labels}
@@ -150,7 +143,8 @@ def localize_stages(float_model, calibrated_model, calibrated_data, metrics=("co
     with Progress(len(data), "stages", enabled=bool(progress)) as bar:
         for i in indices:
             feeds = data.sample(i)
-            outs = {k: dict(zip(tensors, sess.run(tensors, feeds))) for k, sess in sessions.items()}
+            outs = {k: dict(zip(tensors, run(sess, tensors, feeds, str(sources[k] or "<ModelProto>"))))
+                    for k, sess in sessions.items()}
             for k in labels:
                 ref, test = (outs["fake-quant"], outs["integer"]) if k == "kernel-gap" else (outs["reference"], outs[k])
                 for m in metric_objs:
@@ -196,43 +190,3 @@ def verdict(values, kernel_gap, metric, threshold):
         gap = (f"; the integer kernels differ from the simulation ({m.name} {kernel_gap:.6g} between them), "
                "so results on other data may not hold")
     return None, f"every stage keeps {m.name} at or above {threshold}{gap}"
-
-
-def _register():
-    from . import cli
-
-    @cli.subcommand("stages", "compare the float, optimised float, fake-quant and integer-kernel models "
-                    "on the same data to see at which stage accuracy drops")
-    def cmd_stages(args):
-        report = localize_stages(args.float_model_path, args.model, args.data, metrics=args.metrics,
-                                 output_node=args.output_node, data_num=args.data_num, threshold=args.threshold,
-                                 save_dir=args.save_dir, progress=not args.quiet)
-        print(report.table())
-        print(report.message)
-        if report.optimized_model:
-            print(f"wrote {report.optimized_model}")
-        if args.json:
-            print(f"wrote {report.save(args.json)}")
-        return 0 if report else 1
-
-    def configure(p):
-        p.add_argument("float_model_path", metavar="FLOAT_MODEL", help="the float model (.onnx)")
-        p.add_argument("model", metavar="CALIBRATED_MODEL", help="the calibrated QDQ model (.onnx)")
-        p.add_argument("data", help="calibration data: DIR/<input>/<i>.npy, DIR/<input>.npy or one .npz")
-        p.add_argument("--data-num", type=cli._positive_int, default=None,
-                       help="use the first N samples only. Default: all")
-        p.add_argument("-m", "--metrics", nargs="+", default=["cosine-similarity"], metavar="METRIC",
-                       help="metrics; the first decides the verdict. Default: cosine-similarity")
-        p.add_argument("--threshold", type=float, default=None,
-                       help="value of the first metric a stage must keep. Default: 0.99 for cosine-similarity")
-        p.add_argument("-o", "--output-node", nargs="+", default=None, metavar="OUTPUT",
-                       help="model outputs (or slices 'name=out[:, 0:4]') to compare. Default: every output")
-        p.add_argument("-s", "--save-dir", default=None,
-                       help="write onnxruntime's optimised float model here. Default: write nothing")
-        p.add_argument("--json", default=None, metavar="OUT", help="also save the report as JSON")
-        p.add_argument("--quiet", action="store_true", help="no progress bar")
-
-    cmd_stages.configure = configure
-
-
-_register()

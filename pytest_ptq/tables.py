@@ -17,6 +17,17 @@ def fmt(value):
     return str(value)
 
 
+def short(value):
+    """A figure at four significant digits, for plots and sentences ("n/a" for None)."""
+    if value is None:
+        return "n/a"
+    if isinstance(value, str):
+        return value
+    if value != 0 and (abs(value) < 1e-3 or abs(value) >= 1e5):
+        return f"{value:.3e}"
+    return f"{value:.4g}"
+
+
 def format_table(rows, columns, limit=None):
     """``rows``: list of dicts; ``columns``: keys to show, in order. Returns one string."""
     shown = rows if limit is None else rows[:limit]

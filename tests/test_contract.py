@@ -150,7 +150,7 @@ def test_accuracy_and_holdout(project, models):
     ("model: ../models/model.onnx\ndata: ../models/calib\nmetric: cosin\n",
      "contract 'bad.ptq.yaml': 'metric': unknown metric 'cosin'; did you mean*"),
     ("model: ../models/model.onnx\ndata: ../models/calib\ndata_num: 0\n",
-     "contract 'bad.ptq.yaml': 'data_num' must be a whole number >= 1, got 0"),
+     "contract 'bad.ptq.yaml': 'data_num' must be at least 1, got 0"),
     ("model: [unclosed\n", "contract 'bad.ptq.yaml' (*bad.ptq.yaml) is not valid YAML at line *"),
     ("- model\n", "contract 'bad.ptq.yaml' (*) must be a mapping of keys such as 'model:' and 'data:', got list"),
 ])

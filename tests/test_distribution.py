@@ -119,7 +119,7 @@ def test_clipping_below_zero_before_relu_is_marked_harmless(models, tmp_path):
 
 
 def test_second_pass_when_the_cache_is_full(models, tmp_path, monkeypatch):
-    monkeypatch.setattr(distribution, "CACHE_BYTES", 0)
+    monkeypatch.setattr(distribution.gather, "CACHE_BYTES", 0)
     d = plot_distribution(tmp_path, models["engine"], nodes_list=["r1_QuantizeLinear"])["r1_QuantizeLinear"]
     x = _run_plain(models["float"], models["data"], ["r1"])["r1"]
     assert d["hist"]["counts"] == np.histogram(x, bins=np.asarray(d["hist"]["edges"]))[0].tolist()

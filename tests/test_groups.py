@@ -12,7 +12,8 @@ import builders
 from pytest_ptq.cli import main
 from pytest_ptq.engine import Engine
 from pytest_ptq.errors import PTQError
-from pytest_ptq.groups import Subgraph, group_sensitivity, ranking_confidence, subgraph_nodes
+from pytest_ptq.confidence import ranking_confidence
+from pytest_ptq.groups import Subgraph, group_sensitivity, subgraph_nodes
 from pytest_ptq.model import QuantModel
 from pytest_ptq.sensitivity import Sensitivity, get_sensitivity_of_nodes
 from pytest_ptq.tables import fmt

@@ -164,9 +164,9 @@ def test_node_types_spelled_out_for_start_up_match_the_analysis():
     ("--ptq-min-cosine", "2", "a cosine threshold must lie in [[]-1, 1[]], got 2"),
     ("--ptq-min-node-cosine", "high", "a cosine threshold must be a number, got 'high'"),
     ("--ptq-tolerance", "-0.5", "a tolerance must be >= 0, got -0.5"),
-    ("--ptq-data-num", "0", "expected a whole number >= 1, got 0"),
+    ("--ptq-data-num", "0", "must be at least 1, got 0"),
     ("--ptq-metric", "cosin", "unknown metric 'cosin'; did you mean*"),
-    ("--ptq-node-type", "layer", "node type must be one of node, weight, activation, got 'layer'"),
+    ("--ptq-node-type", "layer", "unknown node_type 'layer' (one of node, weight, activation)"),
     ("--ptq-model", "missing.onnx", "'missing.onnx' does not exist"),
 ])
 def test_bad_option_values_are_rejected_at_startup(pytester, flag, value, message):

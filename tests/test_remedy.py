@@ -16,7 +16,7 @@ import pytest
 from onnx import numpy_helper
 
 import builders
-from pytest_ptq import remedy as remedy_mod
+from pytest_ptq.remedy import scoring as remedy_mod
 from pytest_ptq.cli import main
 from pytest_ptq.errors import PTQError
 from pytest_ptq.model import QuantModel
@@ -198,15 +198,15 @@ def test_pruning_drops_members_the_target_does_not_need(outlier):
 
 def test_a_budget_stop_keeps_the_best_result_so_far(outlier, monkeypatch):
     calls = []
-    original = remedy_mod._Scorer.__call__
+    original = remedy_mod.Scorer.__call__
 
     def limited(self, chosen):
         calls.append(chosen)
         if len(calls) > 3:  # baseline, ceiling, first greedy step; then time is up
-            raise remedy_mod._OutOfTime
+            raise remedy_mod.OutOfTime
         return original(self, chosen)
 
-    monkeypatch.setattr(remedy_mod._Scorer, "__call__", limited)
+    monkeypatch.setattr(remedy_mod.Scorer, "__call__", limited)
     r = suggest_remedy(str(outlier["qdq"]), outlier["data"], target=0.99, remedy="float", output_node=SLICE,
                        full_curve=True, budget=3600, requantize_check=False)
     assert r.budget_exhausted

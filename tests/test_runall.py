@@ -187,7 +187,7 @@ def test_bad_arguments(setup, tmp_path):
 
 def test_cli_runall(setup, tmp_path, capsys):
     out = tmp_path / "cli"
-    rc = cli.main(["runall", str(setup["qa"]), str(setup["folder"]), "-o", str(out), "--data-num", "1",
+    rc = cli.main(["runall", str(setup["qa"]), str(setup["folder"]), "-s", str(out), "--data-num", "1",
                    "--top", "1", "--quiet"])
     text = capsys.readouterr().out
     assert rc == 0
@@ -198,7 +198,7 @@ def test_cli_runall(setup, tmp_path, capsys):
 
 
 def test_cli_runall_errors_and_help(setup, tmp_path, capsys):
-    rc = cli.main(["runall", str(setup["qa"]), str(setup["folder"]), "-o", str(tmp_path), "-m", "cosin",
+    rc = cli.main(["runall", str(setup["qa"]), str(setup["folder"]), "-s", str(tmp_path), "-m", "cosin",
                    "--quiet"])
     err = capsys.readouterr().err
     assert rc == 2 and "unknown metric 'cosin'" in err and len(err.strip().splitlines()) == 1

@@ -16,8 +16,9 @@ import math
 import onnx
 from onnx import helper
 
-from .engine import bypass_nodes
-from .errors import PTQError
+from ..errors import PTQError
+from .instrument import bypass_nodes, gate_of
+from .runtime import make_session, run
 
 
 def _subgraph_refs(graph, bound):
@@ -47,29 +48,30 @@ def node_refs(node):
 
 
 class Segments:
-    """A chain of segment sessions over the instrumented model of an :class:`Engine`."""
+    """A chain of segment sessions over a gated model (see :mod:`.instrument`).
 
-    def __init__(self, engine, count=None):
-        self.engine = engine
-        qm = engine.qmodel
-        model = engine._instrumented()
+    ``model``: the gated model; ``qmodel`` its calibrated model; ``gates`` its feeds;
+    ``optimization``, ``providers``: as for every engine session; ``source``: the model's
+    name in messages.
+    """
+
+    def __init__(self, model, qmodel, gates, optimization="all", providers=None, count=None, source=""):
+        self.qmodel, self.gates = qmodel, gates
+        self.optimization, self.providers, self.source = optimization, providers, source
         self.template = model
         graph = model.graph
         self.inits = {i.name: i for i in graph.initializer}
         self.nodes = self._constants_late(list(graph.node))
-        self.flag_names = set(engine._flag.values()) | set(engine._alt.values())
+        self.flag_names = gates.feed_names()
         self.model_inputs = [i.name for i in graph.input if i.name not in self.flag_names
                              and i.name not in self.inits]
         self.outputs = [o.name for o in graph.output]
-        self.types = dict(qm.value_types)
+        self.types = dict(qmodel.value_types)
         self.gate_of = {}  # node index -> calibration node name
-        self.float_src = {}
         for k, n in enumerate(self.nodes):
-            if n.op_type == "If" and n.name.startswith("ptq_if::"):
-                name = n.name[len("ptq_if::"):]
+            name = gate_of(n)
+            if name is not None:
                 self.gate_of[k] = name
-                c = qm.calibration[name]
-                self.float_src[name] = c.float_weight or c.input
         self.refs = [node_refs(n) for n in self.nodes]
         self._plan(count)
         self._sessions = {}
@@ -97,9 +99,8 @@ class Segments:
 
         for node in nodes:
             refs = node_refs(node)
-            if node.op_type != "If" or node.name.startswith("ptq_if::"):
-                if all(r in constant for r in refs if not r.startswith("ptq_flag::")
-                       and not r.startswith("ptq_alt::")):
+            if node.op_type != "If" or gate_of(node) is not None:
+                if all(r in constant for r in refs if not self.gates.is_feed(r)):
                     constant.update(node.output)
                     for o in node.output:
                         deferred[o] = node
@@ -167,16 +168,16 @@ class Segments:
         for k in range(lo, hi):
             node = self.nodes[k]
             if k in self.gate_of and not gated:
-                c = self.engine.qmodel.calibration[self.gate_of[k]]
+                c = self.qmodel.calibration[self.gate_of[k]]
                 nodes += [n for o in node.output
                           for n in bypass_nodes(c, o, self.types.get(o, onnx.TensorProto.FLOAT))]
             else:
                 nodes.append(node)
                 if k in self.gate_of:
                     name = self.gate_of[k]
-                    flags.append(self.engine._flag[name])
-                    if name in self.engine._alt:
-                        flags.append(self.engine._alt[name])
+                    flags.append(self.gates.flags[name])
+                    if name in self.gates.alt_flags:
+                        flags.append(self.gates.alt_flags[name])
         produced = {o for nd in nodes for o in nd.output}
         refs = list(dict.fromkeys(r for nd in nodes for r in node_refs(nd)))
         inputs = [r for r in refs if r not in produced and r not in self.inits and r not in flags]
@@ -207,10 +208,8 @@ class Segments:
     def session(self, j, gated):
         key = (j, gated)
         if key not in self._sessions:
-            from .engine import make_session
-
             model, inputs, flags, outputs = self._segment_model(j, gated)
-            self._sessions[key] = (make_session(model, self.engine.optimization, self.engine.providers),
+            self._sessions[key] = (make_session(model, self.optimization, self.providers, what=self.source),
                                    inputs, flags, outputs)
         return self._sessions[key]
 
@@ -220,7 +219,7 @@ class Segments:
         feeds = {name: values[name] for name in inputs}
         for f in flags:
             feeds[f] = flag_values[f]
-        values.update(zip(outputs, sess.run(outputs, feeds)))
+        values.update(zip(outputs, run(sess, outputs, feeds, self.source)))
 
     def reference(self, key, sample):
         """Float run of a sample; keeps the values at every segment boundary for reuse."""

@@ -1,0 +1,107 @@
+"""Arguments every subcommand shares: one definition, one help text each.
+
+Argument values go through the validators of :mod:`pytest_ptq.params`, so a bad value is
+rejected by argparse (exit 2) in the same words the API uses.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+
+from .. import params
+from ..errors import PTQError
+from ..metrics import METRICS
+
+DATA_HELP = "calibration data: DIR/<input>/<i>.npy, DIR/<input>.npy or one .npz"
+
+
+@dataclasses.dataclass(frozen=True)
+class Command:
+    """``ptq-debug NAME``: ``configure(parser)`` adds its options, ``run(args)`` returns the exit code."""
+
+    name: str
+    help: str
+    configure: object
+    run: object
+
+
+def argtype(validator, name=None):
+    """An argparse ``type=`` from a :mod:`~pytest_ptq.params` validator; argparse names the
+    option, so the message starts with the verb."""
+
+    def parse(text):
+        try:
+            return validator(text, "")
+        except PTQError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    parse.__name__ = name or validator.__name__
+    return parse
+
+
+positive_int = argtype(params.positive_int, "positive integer")
+cosine = argtype(params.cosine, "cosine")
+seconds = argtype(params.seconds, "seconds")
+number = argtype(params.number, "number")
+
+
+def add_model(p, data=True):
+    """MODEL [DATA] [--data-num N] [--float-model F] [--quiet]."""
+    p.add_argument("model", help="calibrated QDQ model (.onnx)")
+    if data:
+        p.add_argument("data", help=DATA_HELP)
+        add_data_num(p)
+    p.add_argument("--float-model", default=None,
+                   help="the original float model, to recover float weights and check the float reference")
+    add_quiet(p)
+
+
+def add_data_num(p):
+    p.add_argument("--data-num", type=positive_int, default=None, metavar="N",
+                   help="use the first N calibration samples only. Default: all")
+
+
+def add_quiet(p):
+    # '-q' belongs to the seed's --quantize-node, so quiet has only its long name
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
+def add_metrics(p, what="the first sorts the ranking"):
+    p.add_argument("-m", "--metrics", nargs="+", default=["cosine-similarity"], metavar="METRIC",
+                   help=f"metrics, {what}; one of {', '.join(METRICS)}. Default: cosine-similarity")
+
+
+def add_output_node(p):
+    p.add_argument("-o", "--output-node", nargs="+", default=None, metavar="OUTPUT",
+                   help="outputs to compare: a tensor, a node, or a slice 'name=out[:, 0:4]'. "
+                        "Default: every model output")
+
+
+def add_top(p, help="print only the top N rows", default=None):
+    shown = "all" if default is None else default
+    p.add_argument("--top", type=positive_int, default=default, metavar="N", help=f"{help}. Default: {shown}")
+
+
+def add_json(p):
+    p.add_argument("--json", default=None, metavar="OUT", help="also write the result as JSON to OUT")
+
+
+def add_save_dir(p, default="ptq_debug_output"):
+    shown = default or "write nothing"
+    p.add_argument("-s", "--save-dir", default=default, metavar="DIR",
+                   help=f"folder for the files written. Default: {shown}")
+
+
+def add_confidence(p):
+    p.add_argument("--confidence", nargs="?", const=5, type=positive_int, default=None, metavar="K",
+                   help="also resample the samples (bootstrap) to print each node's spread over samples and "
+                        "whether the top K (default 5) order is stable; needs several samples")
+
+
+def engine(args):
+    """The :class:`~pytest_ptq.engine.Engine` of a subcommand's model and data, with every
+    sample: ``--data-num`` is applied by the analysis, once."""
+    from ..engine import Engine
+
+    return Engine(args.model, args.data, float_model=args.float_model)

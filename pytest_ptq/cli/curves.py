@@ -1,0 +1,45 @@
+"""``plot-acc-error``: cumulative error curves under the seed's config forms."""
+
+from __future__ import annotations
+
+from ..curves import plot_acc_error
+from . import args as a
+
+
+def nested(values):
+    """CLI form of the seed's list of lists: 'a,b' quantizes a and b together in one config."""
+    if values is None:
+        return None
+    return [v.split(",") if "," in v else v for v in values]
+
+
+def run(args):
+    curves = plot_acc_error(args.save_dir, model_or_file=a.engine(args), quantize_node=nested(args.quantize_node),
+                            non_quantize_node=nested(args.non_quantize_node), metric=args.metric,
+                            average_mode=args.average, data_num=args.data_num, local=not args.no_local,
+                            progress=not args.quiet)
+    for label in curves.values:
+        worst = ", ".join(f"{n} ({v:.6g})" for n, v in curves.worst(label))
+        print(f"{label}: final {curves.metric} {curves.values[label][-1]:.6g}; worst at {worst}")
+    print(f"wrote {curves.png}")
+    if args.json:
+        print(f"wrote {curves.save(args.json)}")
+
+
+def configure(p):
+    a.add_model(p)
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("-q", "--quantize-node", nargs="+", default=None, metavar="NODE",
+                   help="one config per entry with only it quantized: 'weight', 'activation', a node, "
+                        "or 'a,b' for a group. Default: everything quantized")
+    g.add_argument("-nq", "--non-quantize-node", nargs="+", default=None, metavar="NODE",
+                   help="one config per entry with everything but it quantized")
+    p.add_argument("--metric", default="cosine-similarity", help="Default: cosine-similarity")
+    p.add_argument("--average", action="store_true", help="plot the running mean of each curve")
+    p.add_argument("--no-local", action="store_true", help="skip the local error markers")
+    a.add_save_dir(p)
+    a.add_json(p)
+
+
+COMMANDS = [a.Command("plot-acc-error", "plot cumulative error curves node by node under quantization configs",
+                      configure, run)]

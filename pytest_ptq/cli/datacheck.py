@@ -1,0 +1,48 @@
+"""``check-data``: rule out the calibration data before blaming the quantization."""
+
+from __future__ import annotations
+
+from ..datacheck import check_data, vector
+from ..tables import format_table
+from . import args as a
+
+
+def run(args):
+    report = check_data(args.model, args.data, heldout=args.heldout, data_num=args.data_num,
+                        float_model=args.float_model, metric=args.metric, threshold=args.threshold,
+                        expect_mean=args.expect_mean, expect_std=args.expect_std, progress=not args.quiet)
+    rows = []
+    for dataset, per_input in report.stats.items():
+        for name, s in per_input.items():
+            rows.append({"data": dataset, "input": name, "samples": s["samples"], "shape": s["shape"],
+                         "dtype": s["dtype"], "min": s["min"], "max": s["max"], "mean": s["mean"],
+                         "std": s["std"], "channel means": vector(s["channel_mean"]) if s["channel_mean"] else "",
+                         "calibrated range": s["calibrated_range"] or ""})
+    print(format_table(rows, ["data", "input", "samples", "shape", "dtype", "min", "max", "mean", "std",
+                              "channel means", "calibrated range"]))
+    if report.quantized:
+        for dataset, values in report.quantized.items():
+            print(f"fully quantized on {dataset} data: " + ", ".join(f"{k} {v:.6g}" for k, v in values.items()))
+    print(report.text())
+    if args.json:
+        print(f"wrote {report.save(args.json)}")
+    return 1 if report.errors else 0
+
+
+def configure(p):
+    a.add_model(p)
+    p.add_argument("--heldout", default=None, metavar="DIR",
+                   help="held-out data in the same layout, to check that the calibration set represents it")
+    p.add_argument("--expect-mean", type=a.number, nargs="+", default=None, metavar="M",
+                   help="per-channel means correctly preprocessed data should have (e.g. 0 0 0 after normalisation)")
+    p.add_argument("--expect-std", type=a.number, nargs="+", default=None, metavar="S",
+                   help="per-channel standard deviations correctly preprocessed data should have")
+    p.add_argument("--metric", default="cosine-similarity",
+                   help="metric for the held-out comparison. Default: cosine-similarity")
+    p.add_argument("--threshold", type=a.number, default=None,
+                   help="value of --metric the quantized model must keep. Default: 0.99 for cosine-similarity")
+    a.add_json(p)
+
+
+COMMANDS = [a.Command("check-data", "check calibration data: count, NaN/Inf, duplicates, layout, value range, "
+                      "channel statistics, and (with --heldout) whether it represents other data", configure, run)]

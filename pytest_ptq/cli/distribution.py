@@ -1,0 +1,81 @@
+"""``plot-distribution`` and ``get-channelwise-data-distribution``."""
+
+from __future__ import annotations
+
+import re
+
+from ..channelwise import OUTLIER_K
+from ..distribution import HIST_BINS, get_channelwise_data_distribution, plot_distribution
+from ..results import write_json
+from ..tables import format_table
+from . import args as a
+
+
+def node_names(values):
+    """CLI node lists in either form: ``-n a b`` or the seed's ``-n "['a','b']"``."""
+    out = []
+    for v in values or []:
+        for part in re.split(r"[,\s]+", v.strip().strip("[]")):
+            part = part.strip().strip("'\"")
+            if part:
+                out.append(part)
+    return out
+
+
+def _written(args, result):
+    for d in result.values():
+        print(f"wrote {d['png']}")
+    if args.json:
+        print(f"wrote {write_json(result, args.json)}")
+
+
+def run_distribution(args):
+    dist = plot_distribution(args.save_dir, a.engine(args), nodes_list=node_names(args.nodes),
+                             data_num=args.data_num, bins=args.bins, progress=not args.quiet)
+    rows = [{"node": k, "kind": d["kind"], "tensor": d["tensor"], "max_abs": d["max_abs"],
+             "threshold": d.get("threshold", ""), "clipped %": 100 * d["clipped_share"]
+             if d.get("clipped_share") is not None else "", "bit": d.get("bit", ""),
+             "cosine": d.get("cosine-similarity", "")} for k, d in dist.items()]
+    print(format_table(rows, ["node", "kind", "tensor", "max_abs", "threshold", "clipped %", "bit", "cosine"]))
+    _written(args, dist)
+
+
+def configure_distribution(p):
+    a.add_model(p)
+    p.add_argument("-n", "--nodes", nargs="+", required=True, metavar="NODE",
+                   help="calibration or normal nodes to plot (also the seed's \"['a','b']\" form)")
+    a.add_save_dir(p)
+    p.add_argument("--bins", type=a.positive_int, default=HIST_BINS, help=f"histogram bins. Default: {HIST_BINS}")
+    a.add_json(p)
+
+
+def run_channelwise(args):
+    boxes = get_channelwise_data_distribution(args.save_dir, a.engine(args), nodes_list=node_names(args.nodes),
+                                              axis=args.axis, data_num=args.data_num, outlier_k=args.outlier_k,
+                                              progress=not args.quiet)
+    rows = [{"node": k, "tensor": d["tensor"], "axis": d["axis"], "channels": d["channels"],
+             "outlier channels": ",".join(map(str, d["outlier_channels"][:10])) or "-"}
+            for k, d in boxes.items()]
+    print(format_table(rows, ["node", "tensor", "axis", "channels", "outlier channels"]))
+    _written(args, boxes)
+
+
+def configure_channelwise(p):
+    a.add_model(p)
+    p.add_argument("-n", "--nodes", nargs="+", required=True, metavar="NODE",
+                   help="calibration nodes (also the seed's \"['a','b']\" form)")
+    p.add_argument("--axis", type=int, default=None,
+                   help="channel axis of the input. Default: inferred (1 for NCHW, last for [B, T, C])")
+    p.add_argument("--outlier-k", type=a.number, default=OUTLIER_K,
+                   help=f"a channel is an outlier when its max|x| exceeds K x the median channel's. "
+                        f"Default: {OUTLIER_K:g}")
+    a.add_save_dir(p)
+    a.add_json(p)
+
+
+COMMANDS = [
+    a.Command("plot-distribution", "histogram a node's data: activation input vs its calibration range, float vs "
+              "dequantized weight, or float vs quantized output", configure_distribution, run_distribution),
+    a.Command("get-channelwise-data-distribution", "box plot per channel of a calibration node's input; names "
+              "outlier channels", configure_channelwise, run_channelwise),
+]

@@ -1,0 +1,22 @@
+"""``list-nodes``: what the tool sees in a model."""
+
+from __future__ import annotations
+
+from ..model import QuantModel
+from ..tables import format_table
+from . import args as a
+
+
+def run(args):
+    qm = QuantModel(args.model, float_model=args.float_model)
+    rows = [c.summary() for c in qm.calibration.values()]
+    print(format_table(rows, ["name", "kind", "dtype", "threshold", "per_channel", "consumers"]))
+    print(f"{len(qm.of_kind('weight'))} weight and {len(qm.of_kind('activation'))} activation calibration "
+          f"nodes, {len(qm.normal)} normal nodes")
+
+
+def configure(p):
+    a.add_model(p, data=False)
+
+
+COMMANDS = [a.Command("list-nodes", "list calibration nodes (weight/activation) and normal nodes", configure, run)]

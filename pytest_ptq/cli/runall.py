@@ -1,0 +1,31 @@
+"""``runall``: every analysis, one folder, a verdict."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..runall import runall
+from . import args as a
+
+
+def run(args):
+    summary = runall(a.engine(args), save_dir=args.save_dir, metrics=args.metrics, output_node=args.output_node,
+                     node_type=args.node_type, top=args.top, axis=args.axis, data_num=args.data_num,
+                     progress=not args.quiet)
+    print(Path(summary["files"]["summary_md"]).read_text())
+    print(f"wrote {args.save_dir}")
+
+
+def configure(p):
+    a.add_model(p)
+    a.add_save_dir(p, "ptq_debug_runall")
+    a.add_top(p, "nodes of each ranking that get distributions and box plots", 5)
+    a.add_metrics(p, "the first sorts the rankings and draws the curves")
+    p.add_argument("-t", "--node-type", nargs="+", default=None, choices=["node", "weight", "activation"],
+                   metavar="TYPE", help="rankings to compute: node, weight, activation. Default: weight activation")
+    a.add_output_node(p)
+    p.add_argument("--axis", type=int, default=None, help="channel axis for the box plots. Default: inferred per node")
+
+
+COMMANDS = [a.Command("runall", "run every analysis (sensitivity, distributions, box plots, curves) and write a "
+                      "folder with a verdict", configure, run)]

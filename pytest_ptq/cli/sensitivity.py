@@ -1,0 +1,102 @@
+"""``get-sensitivity-of-nodes`` and ``group-sensitivity``: rankings, with their confidence."""
+
+from __future__ import annotations
+
+from ..confidence import confidence_rows, ranking_confidence
+from ..errors import PTQError
+from ..groups import Subgraph, group_sensitivity
+from ..sensitivity import get_sensitivity_of_nodes
+from ..tables import format_table
+from . import args as a
+
+
+def print_confidence(sensitivity, k, limit=None):
+    """Print the spread of each node over samples and whether the top ``k`` holds; returns
+    the :class:`~pytest_ptq.confidence.Confidence` (it also annotates ``sensitivity.details``)."""
+    conf = ranking_confidence(sensitivity, k=k)
+    rows = confidence_rows(conf)
+    columns = list(rows[0]) if rows else ["node"]
+    print(f"ranking confidence ({conf.metric} per sample, {conf.samples} sample(s), {conf.resamples} resamples):")
+    print(format_table(rows, columns, limit))
+    print(conf.message)
+    return conf
+
+
+def _finish(args, result, table):
+    print(table)
+    if args.confidence:
+        print_confidence(result, args.confidence, args.top)
+    if args.json:
+        print(f"wrote {result.save(args.json)}")
+
+
+def run_sensitivity(args):
+    result = get_sensitivity_of_nodes(a.engine(args), args.metrics, output_node=args.output_node,
+                                      node_type=args.node_type, data_num=args.data_num,
+                                      interested_nodes=args.interested_nodes, progress=not args.quiet)
+    _finish(args, result, result.table(limit=args.top))
+
+
+def configure_sensitivity(p):
+    a.add_model(p)
+    a.add_metrics(p)
+    p.add_argument("-t", "--node-type", default="node", choices=["node", "weight", "activation"],
+                   help="which nodes to rank. Default: node")
+    a.add_output_node(p)
+    p.add_argument("-i", "--interested-nodes", nargs="+", default=None, metavar="NODE",
+                   help="rank only these nodes. Default: all of the node type")
+    a.add_top(p)
+    a.add_json(p)
+    a.add_confidence(p)
+
+
+def groups_of(args):
+    """The groups of ``-g`` and ``--from/--to``, checked before any model is loaded."""
+    groups = []
+    for entry in args.group or []:
+        members = [m.strip() for m in entry.split(",")]
+        if not all(members):
+            raise PTQError(f"group {entry!r} has an empty node name; separate node names with single commas")
+        groups.append(members)
+    starts, ends = args.start or [], args.end or []
+    if len(starts) != len(ends):
+        raise PTQError(f"--from and --to come in pairs, got {len(starts)} --from and {len(ends)} --to")
+    groups += [Subgraph(s, e, not args.no_weights) for s, e in zip(starts, ends)]
+    if not groups:
+        raise PTQError("no group given; pass -g NODE[,NODE...] (one group per entry) or --from TENSOR --to TENSOR")
+    return groups
+
+
+def run_groups(args):
+    groups = groups_of(args)
+    result = group_sensitivity(a.engine(args), groups, metrics=args.metrics, output_node=args.output_node,
+                               data_num=args.data_num, progress=not args.quiet)
+    rows = [{"group": label, **values, "size": result.details[label]["size"],
+             "calibration nodes": result.details[label]["calibration_nodes"]} for label, values in result.items()]
+    _finish(args, result, format_table(rows, ["group", *result.metrics, "size", "calibration nodes"], args.top))
+
+
+def configure_groups(p):
+    a.add_model(p)
+    p.add_argument("-g", "--group", nargs="+", action="extend", default=None, metavar="NODE[,NODE...]",
+                   help="one group per entry: calibration or normal nodes joined by commas, quantized together")
+    p.add_argument("--from", dest="start", action="append", default=None, metavar="TENSOR",
+                   help="a block's input tensor: the group is every calibration node between it and --to "
+                        "(repeat --from/--to for several blocks)")
+    p.add_argument("--to", dest="end", action="append", default=None, metavar="TENSOR",
+                   help="a block's output tensor (the pair quantizing it belongs to the next block)")
+    p.add_argument("--no-weights", action="store_true",
+                   help="--from/--to blocks without the weights their nodes read")
+    a.add_metrics(p)
+    a.add_output_node(p)
+    a.add_confidence(p)
+    a.add_top(p)
+    a.add_json(p)
+
+
+COMMANDS = [
+    a.Command("get-sensitivity-of-nodes", "rank nodes by the output error when only they are quantized",
+              configure_sensitivity, run_sensitivity),
+    a.Command("group-sensitivity", "rank blocks of nodes by the output error when only the block is quantized: "
+              "nodes given together, or the subgraph between two tensors", configure_groups, run_groups),
+]

@@ -1,0 +1,71 @@
+"""Data distributions of chosen nodes (histograms) and per-channel box plots.
+
+What is drawn, per node kind:
+
+* activation calibration node: its input in the float model (every pair bypassed) over the
+  chosen samples, the max |x| (triangle), the calibration range (dashed, both ends), the
+  share of values outside it (clipped) and the bit width;
+* weight calibration node: the float weight against the dequantized one, and the error;
+  a lone DequantizeLinear whose float weight is unknown compares the dequantized weight
+  with itself and says so;
+* normal node: its output in the float model against the fully quantized model, and the
+  error between them.
+
+The package: :mod:`.gather` sweeps the samples once into exact statistics (memory bounded
+by one sample), :mod:`.readings` says what they mean for quantization, :mod:`.plots`
+draws them.
+"""
+
+from __future__ import annotations
+
+from ..channelwise import OUTLIER_K
+from ..engine import engine_for
+from .gather import BULK_TAIL, CACHE_BYTES, HIST_BINS, clip_bounds, collect, resolve_nodes, weight_arrays
+from .plots import draw_channelwise, draw_distribution
+from .readings import (CLIP_SHARE, FEW_LEVELS, WEAK_SQNR_DB, activation_reading, few_levels, weight_issue,
+                       weight_reading)
+
+__all__ = ["plot_distribution", "get_channelwise_data_distribution", "collect", "draw_distribution",
+           "draw_channelwise", "activation_reading", "weight_reading", "weight_issue", "few_levels",
+           "weight_arrays", "clip_bounds", "HIST_BINS", "CACHE_BYTES", "BULK_TAIL", "CLIP_SHARE", "FEW_LEVELS",
+           "WEAK_SQNR_DB"]
+
+
+def plot_distribution(save_dir, model_or_file, calibrated_data=None, nodes_list=None, data_num=None,
+                      float_model=None, bins=HIST_BINS, progress=False):
+    """Histograms of the chosen nodes, one PNG per node under ``save_dir``.
+
+    Returns ``{node: statistics}`` in the order given: ``hist`` (``counts`` and ``edges``,
+    ``bins`` equal-width bins over the exact min..max), ``max_abs``, ``min``, ``max``,
+    ``mean``, ``std``, ``count``; for calibration nodes ``threshold``, ``range_lo``/``range_hi``
+    (the representable range), ``clipped_share`` (values beyond it by more than half a step),
+    ``bit``, ``dtype``; for weights and
+    normal nodes the compared histograms and ``error`` with cosine, SQNR (dB) and max error.
+    ``png`` is the written file.
+    """
+    engine = engine_for(model_or_file, calibrated_data, float_model=float_model)
+    names = resolve_nodes(engine.qmodel, nodes_list, "plot_distribution")
+    dist, _ = collect(engine, names, (), data_num=data_num, bins=bins, progress=progress)
+    for d in dist.values():
+        d["png"] = draw_distribution(d, save_dir)
+    return dist
+
+
+def get_channelwise_data_distribution(save_dir, model_or_file, calibrated_data=None, nodes_list=None,
+                                      axis=None, data_num=None, float_model=None, outlier_k=OUTLIER_K,
+                                      progress=False):
+    """Box plot per channel of each calibration node's input, one PNG per node.
+
+    ``axis`` is the channel axis (inferred when None, see :mod:`pytest_ptq.channelwise`).
+    Returns ``{node: statistics}`` with lists indexed by channel (``q1``, ``median``, ``q3``,
+    ``whisker_lo``/``whisker_hi`` at 1.5 IQR, ``mean``, ``min``, ``max``, ``max_abs``) and
+    ``outlier_channels``: channels whose max |x| exceeds ``outlier_k`` times the median
+    channel's, widest first, with ``outlier_ratios``.
+    """
+    engine = engine_for(model_or_file, calibrated_data, float_model=float_model)
+    names = resolve_nodes(engine.qmodel, nodes_list, "get_channelwise_data_distribution")
+    _, boxes = collect(engine, (), names, axis=axis, data_num=data_num, outlier_k=outlier_k,
+                       progress=progress)
+    for d in boxes.values():
+        d["png"] = draw_channelwise(d, save_dir)
+    return boxes

@@ -1,0 +1,437 @@
+"""Gathering the statistics behind the distribution and box plots, in one sweep.
+
+Memory: one pass over the samples gives exact counts, extremes, moments and clipped
+shares; histogram bins are then fixed from the exact range. The samples' tensors are kept
+for the histograms while they fit in ``CACHE_BYTES``; beyond, a second pass recomputes
+them, so memory stays bounded by one sample plus the per-channel reservoirs
+(see :mod:`pytest_ptq.channelwise`).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..channelwise import OUTLIER_K, ChannelStats, channel_axis
+from ..errors import PTQError, unknown
+from ..progress import Progress
+from ..results import json_safe
+from ..sensitivity import sample_indices
+
+HIST_BINS = 128
+CACHE_BYTES = 256 * 2**20
+# Share of values left out at each end when measuring the "bulk" range of a tensor.
+BULK_TAIL = 0.0005
+
+
+class _Values:
+    """Exact scalars of a stream of arrays, then a histogram over fixed edges."""
+
+    def __init__(self, get, lo=None, hi=None, axis=None):
+        self.get, self.lo, self.hi, self.axis = get, lo, hi, axis
+        self.count = self.nonfinite = self.clipped_lo = self.clipped_hi = 0
+        self.min, self.max, self.sum, self.sumsq = math.inf, -math.inf, 0.0, 0.0
+        self.peak = 0.0  # the value with the largest magnitude, sign kept
+        self.edges = self.counts = None
+        self.shape = None
+
+    def first(self, vals):
+        a = np.asarray(self.get(vals))
+        if self.shape is None:
+            self.shape = list(a.shape)
+        finite = np.isfinite(a)
+        if not finite.all():
+            self.nonfinite += int(a.size - finite.sum())
+            a_flat = a[finite]
+        else:
+            a_flat = a.reshape(-1)
+        if a_flat.size == 0:
+            return
+        amin, amax = float(a_flat.min()), float(a_flat.max())
+        self.min, self.max = min(self.min, amin), max(self.max, amax)
+        big = amax if abs(amax) >= abs(amin) else amin
+        if abs(big) > abs(self.peak):
+            self.peak = big
+        f64 = a_flat.astype(np.float64)
+        self.sum += float(f64.sum())
+        self.sumsq += float(f64 @ f64)
+        self.count += a_flat.size
+        if self.lo is not None:
+            lo, hi = self._bounds(a)
+            self.clipped_lo += int(np.count_nonzero(a < lo))
+            self.clipped_hi += int(np.count_nonzero(a > hi))
+
+    def _bounds(self, a):
+        lo, hi = np.asarray(self.lo, np.float64), np.asarray(self.hi, np.float64)
+        if lo.size > 1:
+            shape = [1] * a.ndim
+            shape[self.axis % a.ndim] = -1
+            return lo.reshape(shape), hi.reshape(shape)
+        return lo.reshape(()), hi.reshape(())
+
+    def set_edges(self, lo, hi, bins):
+        if not math.isfinite(lo) or not math.isfinite(hi):
+            lo, hi = 0.0, 0.0
+        if hi <= lo:
+            lo, hi = lo - 0.5, hi + 0.5
+        self.edges = np.linspace(lo, hi, bins + 1)
+        self.counts = np.zeros(bins, dtype=np.int64)
+
+    def second(self, vals):
+        a = np.asarray(self.get(vals)).reshape(-1)
+        a = a[np.isfinite(a)] if self.nonfinite else a
+        self.counts += np.histogram(a, bins=self.edges)[0]
+
+    def result(self):
+        n = max(self.count, 1)
+        mean = self.sum / n
+        out = {"count": int(self.count), "min": self.min if self.count else None,
+               "max": self.max if self.count else None, "max_abs": abs(self.peak), "peak": self.peak,
+               "mean": mean, "std": math.sqrt(max(self.sumsq / n - mean * mean, 0.0)),
+               "nonfinite": int(self.nonfinite), "shape": self.shape,
+               "hist": {"counts": self.counts.tolist(), "edges": self.edges.tolist()}}
+        out["bulk_lo"], out["bulk_hi"] = _bulk(self.counts, self.edges)
+        if self.lo is not None:
+            clipped = self.clipped_lo + self.clipped_hi
+            out.update(clipped_count=int(clipped), clipped_low=int(self.clipped_lo),
+                       clipped_high=int(self.clipped_hi), clipped_share=clipped / n)
+        return out
+
+
+def _bulk(counts, edges):
+    """The range holding all but BULK_TAIL of the values at each end, to a bin's width."""
+    total = counts.sum()
+    if not total:
+        return None, None
+    cum = np.cumsum(counts)
+    lo = int(np.searchsorted(cum, BULK_TAIL * total, side="right"))
+    hi = int(np.searchsorted(cum, (1 - BULK_TAIL) * total, side="left"))
+    return float(edges[lo]), float(edges[min(hi + 1, len(edges) - 1)])
+
+
+class _Group:
+    """Histograms that share their bins (float and quantized overlays)."""
+
+    def __init__(self, members, bins):
+        self.members, self.bins = members, bins
+
+    def first(self, vals):
+        for m in self.members:
+            m.first(vals)
+
+    def prepare(self):
+        live = [m for m in self.members if m.count]
+        lo = min((m.min for m in live), default=0.0)
+        hi = max((m.max for m in live), default=0.0)
+        for m in self.members:
+            m.set_edges(lo, hi, self.bins)
+        return True
+
+    def second(self, vals):
+        for m in self.members:
+            m.second(vals)
+
+
+class _Pair:
+    """Similarity of a quantized stream to its float stream (cosine, SQNR, max error)."""
+
+    def __init__(self, ref, test):
+        self.ref, self.test = ref, test
+        self.dot = self.rr = self.tt = 0.0
+
+    def first(self, vals):
+        r = np.asarray(self.ref(vals), np.float64).reshape(-1)
+        t = np.asarray(self.test(vals), np.float64).reshape(-1)
+        self.dot += float(r @ t)
+        self.rr += float(r @ r)
+        self.tt += float(t @ t)
+
+    def prepare(self):
+        return False
+
+    def result(self, err):
+        cos = 1.0 if self.rr == 0 and self.tt == 0 else (
+            0.0 if self.rr == 0 or self.tt == 0 else self.dot / math.sqrt(self.rr * self.tt))
+        noise = err["std"] ** 2 + err["mean"] ** 2
+        signal = self.rr / max(err["count"], 1)
+        sqnr = math.inf if noise == 0 else (-math.inf if signal == 0 else 10 * math.log10(signal / noise))
+        return {"cosine-similarity": cos, "sqnr": sqnr, "max_abs_error": err["max_abs"],
+                "rmse": math.sqrt(noise)}
+
+
+class _Channels:
+    """Per-channel statistics of a stream; the channel axis is settled by its first array."""
+
+    def __init__(self, get, stats, axis_of, skip_unboxable=False):
+        self.get, self.stats, self.axis_of, self.skip = get, stats, axis_of, skip_unboxable
+        self.error = None
+
+    def first(self, vals):
+        if self.error is not None:
+            return
+        a = self.get(vals)
+        if self.stats.axis is None:
+            try:
+                self.stats.axis = self.axis_of(np.shape(a))
+            except PTQError as exc:
+                if not self.skip:
+                    raise
+                self.error = str(exc)
+                return
+        self.stats.add(a)
+
+    def prepare(self):
+        return False
+
+
+def _sweep(engine, indices, float_tensors, quant_tensors, accs, bar):
+    """Feed every sample's tensors to the accumulators (two passes where they need one)."""
+    def fetch(i):
+        vals = {}
+        if float_tensors:
+            vals.update({("f", t): v for t, v in engine.tensors(i, (), float_tensors).items()})
+        if quant_tensors:
+            vals.update({("q", t): v for t, v in engine.tensors(i, "all", quant_tensors).items()})
+        return vals
+
+    cache, size, complete = [], 0, True
+    for i in indices:
+        vals = fetch(i)
+        for a in accs:
+            a.first(vals)
+        if complete:
+            size += sum(v.nbytes for v in vals.values())
+            if size <= CACHE_BYTES:
+                cache.append(vals)
+            else:
+                complete, cache = False, []
+        bar.advance()
+    second = [a for a in accs if a.prepare()]
+    if second:
+        for k, i in enumerate(indices):
+            vals = cache[k] if complete else fetch(i)
+            for a in second:
+                a.second(vals)
+            if not complete:
+                bar.advance()
+
+
+# -- node description ---------------------------------------------------------------------
+def resolve_nodes(qm, nodes_list, what):
+    if nodes_list is None or (not isinstance(nodes_list, str) and len(nodes_list) == 0):
+        raise PTQError(f"{what} needs nodes_list: the calibration or normal node names to plot "
+                       "(list them with `ptq-debug list-nodes MODEL`)")
+    names = [nodes_list] if isinstance(nodes_list, str) else list(nodes_list)
+    for name in names:
+        if name not in qm.calibration and name not in qm.normal:
+            raise unknown("node", name, list(qm.calibration) + list(qm.normal))
+    return list(dict.fromkeys(names))
+
+
+def _output_tensor(engine, node):
+    t = next((o for o in node.outputs if o in engine.probe_tensors), None)
+    if t is None:
+        raise PTQError(f"node {node.name!r} ({node.op_type}) has no float output to compare; "
+                       "pick a node that computes a float tensor")
+    return t
+
+
+def weight_arrays(qm, c):
+    """(float weight or None, dequantized weight) of weight calibration node ``c``."""
+    deq = None
+    if c.q_node is not None:
+        w = qm.constant(c.input)
+        if w is None:
+            raise PTQError(f"weight {c.name!r} of {qm.source!r} has no constant input {c.input!r}")
+        w = np.asarray(w, dtype=np.float32)
+        return w, c.fake_quant(w)
+    ints = np.asarray(qm.constant(c.input)).astype(np.float64)
+    s, zp = c.scale.astype(np.float64), c.zero_point.astype(np.float64)
+    if c.per_channel and ints.ndim:
+        shape = [1] * ints.ndim
+        shape[c.axis % ints.ndim] = -1
+        s, zp = s.reshape(shape), zp.reshape(shape)
+    deq = ((ints - zp) * s).astype(np.float32)
+    w = qm.float_weights.get(c.float_weight) if c.float_weight else None
+    return (None if w is None else np.asarray(w, dtype=np.float32)), deq
+
+
+def clip_bounds(c):
+    """Values below the first or above the second are clipped: beyond the representable
+    range by more than half a step, so their error exceeds rounding's."""
+    lo, hi = c.range()
+    half = c.scale.astype(np.float64) / 2
+    return lo - half, hi + half
+
+
+def _describe(c):
+    lo, hi = c.range()
+    return {"kind": c.kind, "tensor": c.input, "bit": c.bit, "dtype": c.dtype_name,
+            "per_channel": c.per_channel, "axis": c.axis, "threshold": float(c.threshold),
+            "range_lo": float(np.min(lo)), "range_hi": float(np.max(hi)),
+            "scale": float(np.max(c.scale)), "role": c.role, "feeds": list(c.consumers)}
+
+
+# -- collection ---------------------------------------------------------------------------
+def collect(engine, dist_nodes=(), box_nodes=(), axis=None, data_num=None, bins=HIST_BINS,
+            outlier_k=OUTLIER_K, progress=False, skip_unboxable=False):
+    """Statistics for the distribution and box plots of the given nodes, from one sweep.
+
+    Returns ``(distributions, channelwise)``: dicts keyed by node name, JSON-safe, without
+    the plots (see :func:`plot_distribution`, :func:`get_channelwise_data_distribution`).
+    With ``skip_unboxable``, a node without a channel axis gets ``{"skipped": reason}``
+    instead of raising.
+    """
+    qm = engine.qmodel
+    for name in box_nodes:
+        if name not in qm.calibration:
+            feeds = qm.normal[name].calibration_inputs if name in qm.normal else []
+            hint = f"; it is a normal node fed by {feeds}" if feeds else ""
+            raise PTQError(f"get_channelwise_data_distribution takes calibration nodes and {name!r} is not "
+                           f"one{hint}")
+    float_t, quant_t, accs, plans = [], [], [], {}
+    dist, boxes = {}, {}
+
+    def need(lst, t):
+        if t not in lst:
+            lst.append(t)
+
+    for name in dist_nodes:
+        if name in qm.calibration:
+            c = qm.calibration[name]
+            info = {"node": name, **_describe(c)}
+            if c.kind == "weight":
+                dist[name] = _weight_distribution(qm, c, info, bins)
+                continue
+            need(float_t, c.input)
+            info["relu_follows"] = bool(c.consumers) and all(
+                qm.normal[n].op_type == "Relu" for n in c.consumers if n in qm.normal)
+            v = _Values(lambda vals, t=c.input: vals[("f", t)], *clip_bounds(c), axis=c.axis)
+            accs.append(_Group([v], bins))
+            plans[name] = ("activation", info, v)
+        else:
+            n = qm.normal[name]
+            t = _output_tensor(engine, n)
+            need(float_t, t)
+            need(quant_t, t)
+            fv = _Values(lambda vals, t=t: vals[("f", t)])
+            qv = _Values(lambda vals, t=t: vals[("q", t)])
+            ev = _Values(lambda vals, t=t: vals[("q", t)].astype(np.float64) - vals[("f", t)])
+            pair = _Pair(lambda vals, t=t: vals[("f", t)], lambda vals, t=t: vals[("q", t)])
+            accs += [_Group([fv, qv], bins), _Group([ev], bins), pair]
+            info = {"node": name, "kind": "node", "op_type": n.op_type, "tensor": t,
+                    "calibration_inputs": list(n.calibration_inputs)}
+            plans[name] = ("node", info, (fv, qv, ev, pair))
+    errors = {}
+    for name in box_nodes:
+        c = qm.calibration[name]
+        info = {"node": name, **_describe(c)}
+        lo, hi = c.range()
+        info.update(range_lo=np.asarray(lo).reshape(-1).tolist() if c.per_channel else float(np.min(lo)),
+                    range_hi=np.asarray(hi).reshape(-1).tolist() if c.per_channel else float(np.max(hi)),
+                    range_axis=c.axis)
+        stats = ChannelStats(None)
+        boxes[name] = (info, stats)
+        if c.kind == "weight":
+            w, deq = weight_arrays(qm, c)
+            info["compared_against"] = "float weight" if w is not None else "dequantized weight"
+            chan = _Channels(lambda v: v, stats, lambda shape, c=c: channel_axis(qm, c, shape, axis),
+                             skip_unboxable)
+            chan.first(w if w is not None else deq)
+            errors[name] = chan
+            continue
+        need(float_t, c.input)
+        chan = _Channels(lambda vals, t=c.input: vals[("f", t)], stats,
+                         lambda shape, c=c: channel_axis(qm, c, shape, axis), skip_unboxable)
+        accs.append(chan)
+        errors[name] = chan
+    if accs:
+        indices = sample_indices(engine, data_num)
+        with Progress(len(indices), "distributions", enabled=progress) as bar:
+            _sweep(engine, indices, float_t, quant_t, accs, bar)
+        samples = len(indices)
+    else:
+        samples = 0
+    for name, (kind, info, acc) in plans.items():
+        info["samples"] = samples
+        if kind == "activation":
+            r = acc.result()
+            info.update(r)
+            info["bulk_levels"] = _levels(info, r)
+            # a Relu after the pair zeroes what is clipped below a range starting at <= 0 anyway
+            harmless = info["relu_follows"] and info["range_lo"] <= 0
+            info["effective_clipped_share"] = (r["clipped_high"] if harmless else r["clipped_count"]) / max(r["count"], 1)
+        else:
+            fv, qv, ev, pair = acc
+            err = ev.result()
+            info.update(float=fv.result(), quantized=qv.result(), error=err, **pair.result(err))
+            info["max_abs"] = info["float"]["max_abs"]
+        dist[name] = info
+    out_boxes = {}
+    for name, (info, stats) in boxes.items():
+        if errors[name].error is not None:
+            out_boxes[name] = {"node": name, "kind": info["kind"], "skipped": errors[name].error}
+            continue
+        if stats.channels is None:
+            raise PTQError(f"node {name!r} produced no values to box-plot")
+        info.update(stats.result(outlier_k), axis=stats.axis, shape=stats.shape,
+                    samples=samples if info["kind"] == "activation" else 0)
+        out_boxes[name] = info
+    order = list(dict.fromkeys(list(dist_nodes)))
+    return ({k: json_safe(dist[k]) for k in order},
+            {k: json_safe(out_boxes[k]) for k in dict.fromkeys(box_nodes)})
+
+
+def _levels(info, r):
+    """Quantization levels spanned by the bulk of the values (all but the thinnest tails)."""
+    if r["bulk_lo"] is None or not info["scale"]:
+        return None
+    return float((r["bulk_hi"] - r["bulk_lo"]) / info["scale"])
+
+
+def _weight_distribution(qm, c, info, bins):
+    w, deq = weight_arrays(qm, c)
+    ref = w if w is not None else deq
+    fv = _Values(lambda v: v["w"], *clip_bounds(c), axis=c.axis)
+    qv = _Values(lambda v: v["d"])
+    ev = _Values(lambda v: v["d"].astype(np.float64) - v["w"])
+    pair = _Pair(lambda v: v["w"], lambda v: v["d"])
+    vals = {"w": ref, "d": deq}
+    groups = [_Group([fv, qv], bins), _Group([ev], bins), pair]
+    for g in groups:
+        g.first(vals)
+    for g in groups:
+        if g.prepare():
+            g.second(vals)
+    err = ev.result()
+    f = fv.result()
+    info.update(samples=0, compared_against="float weight" if w is not None else "dequantized weight",
+                float=f, dequantized=qv.result(), error=err, **pair.result(err))
+    for key in ("count", "min", "max", "max_abs", "mean", "std", "hist", "clipped_share", "clipped_count",
+                "bulk_lo", "bulk_hi", "shape"):
+        info[key] = f.get(key)
+    info["bulk_levels"] = _levels(info, f)
+    info.update(_channel_sqnr(qm, c, ref, deq))
+    if w is None:
+        info["note"] = ("float weight unknown (stored quantized, no float model given): compared "
+                        "against the dequantized weight, so the error is zero by construction")
+    return info
+
+
+def _channel_sqnr(qm, c, w, deq):
+    """SQNR (dB) of each output channel: a per-tensor scale set by one wide channel shows up
+    as a weak channel even when the whole tensor's SQNR looks fine."""
+    try:
+        ax = channel_axis(qm, c, w.shape)
+    except PTQError:
+        return {"channel_axis": None, "channel_sqnr": None, "worst_channel": None, "worst_channel_sqnr": None}
+    wf = np.moveaxis(w.astype(np.float64), ax, 0).reshape(w.shape[ax], -1)
+    ef = np.moveaxis(deq.astype(np.float64), ax, 0).reshape(w.shape[ax], -1) - wf
+    signal, noise = (wf * wf).sum(axis=1), (ef * ef).sum(axis=1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        db = np.where(noise > 0, 10 * np.log10(np.where(signal > 0, signal, 1e-300) / noise), np.inf)
+    db = np.where((signal == 0) & (noise > 0), -np.inf, db)
+    worst = int(np.argmin(db))
+    return {"channel_axis": ax, "channel_sqnr": db.tolist(), "worst_channel": worst,
+            "worst_channel_sqnr": float(db[worst])}

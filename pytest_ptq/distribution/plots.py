@@ -1,0 +1,170 @@
+"""The distribution and box-plot figures of :func:`~pytest_ptq.distribution.collect`'s statistics."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from pathlib import Path
+
+import numpy as np
+
+from ..channelwise import plot_channels, wrap
+from ..figures import pyplot, save_figure
+from ..tables import short as _fmt
+from .readings import activation_reading, weight_reading
+
+
+def _slug(name):
+    safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", name).strip("._") or "node"
+    if safe != name:
+        safe += "-" + hashlib.sha1(name.encode()).hexdigest()[:6]
+    return safe[:120]
+
+
+def _stairs(ax, hist, label, colour, fill=True, alpha=0.55):
+    counts, edges = np.asarray(hist["counts"]), np.asarray(hist["edges"])
+    ax.stairs(counts, edges, fill=fill, alpha=alpha if fill else 1.0, color=colour, label=label,
+              linewidth=1.2)
+    from matplotlib.ticker import FuncFormatter, MaxNLocator, NullFormatter
+
+    if ax.get_yscale() == "linear" and counts.max(initial=0) < 50:
+        # a handful of values: a log axis would show one tick and hide nothing
+        # headroom above the tallest bar for the legend and the statistics box
+        ax.set_ylim(0, max(ax.get_ylim()[1], counts.max(initial=0) * 1.4))
+        ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_ylabel("count")
+        return
+    ax.set_yscale("log")
+    ax.set_ylim(0.7, max(ax.get_ylim()[1], counts.max(initial=1) * 12))
+    ax.set_ylabel("count (log scale)")
+
+    # plain numbers: sub-decade ranges otherwise get labels like 6x10^0 on minor ticks
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.yaxis.set_minor_formatter(NullFormatter())
+
+
+def _margins(fig, heading, height, extra=0.0):
+    """Fixed margins for a known layout: tight_layout costs a full extra draw per figure."""
+    lines = heading.count("\n") + 1
+    top = 1 - (0.12 + 0.17 * lines + extra) / height
+    width = fig.get_figwidth()
+    fig.subplots_adjust(left=0.95 / width, right=1 - 0.2 / width, bottom=0.5 / height, top=top, wspace=0.18)
+
+
+def _plot_activation(d, path, title):
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(10, 4.8), dpi=100)
+    _stairs(ax, d["hist"], f"float input '{d['tensor']}'", "#4c72b0")
+    ax.plot([d["peak"]], [0.03], marker="^", markersize=11, color="#1f3f8f", clip_on=False, linestyle="none",
+            label=f"max |x| = {_fmt(d['max_abs'])}", zorder=5, transform=ax.get_xaxis_transform())
+    span = max(abs(d["min"] or 0), abs(d["max"] or 0), 1e-12)
+    if max(abs(d["range_lo"]), abs(d["range_hi"])) <= 20 * span:
+        ax.axvline(d["range_lo"], color="#c0392b", ls="--", lw=1.4,
+                   label=f"calibration range [{_fmt(d['range_lo'])}, {_fmt(d['range_hi'])}]")
+        ax.axvline(d["range_hi"], color="#c0392b", ls="--", lw=1.4)
+        lo_x, hi_x = ax.get_xlim()
+        ax.axvspan(lo_x, d["range_lo"], color="#c0392b", alpha=0.06)
+        ax.axvspan(d["range_hi"], hi_x, color="#c0392b", alpha=0.06)
+        ax.set_xlim(lo_x, hi_x)
+    harmless = " (Relu follows)" if d.get("relu_follows") and d["clipped_low"] else ""
+    text = (f"max |x|: {_fmt(d['max_abs'])}   threshold: {_fmt(d['threshold'])}\n"
+            f"clipped: {100 * d['clipped_share']:.3f}% ({d['clipped_count']} of {d['count']}){harmless}\n"
+            f"scale: {_fmt(d['scale'])}   99.9% of values span {_fmt(d['bulk_levels'])} levels")
+    ax.text(0.01, 0.97, text, transform=ax.transAxes, va="top", fontsize=8, family="monospace",
+            bbox=dict(boxstyle="round", facecolor="white", alpha=0.85))
+    ax.set_xlabel("value")
+    ax.legend(loc="upper right", fontsize=8)
+    ax.grid(True, alpha=0.3)
+    heading = wrap(title, 10) + "\n" + wrap(activation_reading(d), 10)
+    ax.set_title(heading, fontsize=10)
+    _margins(fig, heading, 4.8)
+    save_figure(fig, path, tight=False)
+
+
+def _plot_pair(d, path, title, left_a, left_b, labels, note=None):
+    plt = pyplot()
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 4.8), dpi=100)
+    known = d.get("compared_against") != "dequantized weight"
+    _stairs(ax1, left_a["hist"], labels[0], "#4c72b0")
+    if known:
+        _stairs(ax1, left_b["hist"], labels[1], "#dd8452", fill=False)
+    if d["kind"] == "weight":
+        span = max(abs(left_a["min"] or 0), abs(left_a["max"] or 0), 1e-12)
+        if max(abs(d["range_lo"]), abs(d["range_hi"])) <= 20 * span:
+            ax1.axvline(d["range_lo"], color="#c0392b", ls="--", lw=1.2,
+                        label=f"quantization range [{_fmt(d['range_lo'])}, {_fmt(d['range_hi'])}]")
+            ax1.axvline(d["range_hi"], color="#c0392b", ls="--", lw=1.2)
+    ax1.plot([left_a["peak"]], [0.03], marker="^", markersize=10, color="#1f3f8f", linestyle="none",
+             clip_on=False, label=f"max |x| = {_fmt(left_a['max_abs'])}", zorder=5,
+             transform=ax1.get_xaxis_transform())
+    ax1.set_xlabel("value")
+    ax1.legend(loc="upper right", fontsize=8)
+    ax1.grid(True, alpha=0.3)
+    ax1.set_title("values", fontsize=10)
+    err = d["error"]
+    if not known:
+        ax2.text(0.5, 0.5, "float weight unknown:\nthe quantization error cannot be measured.\n"
+                 "Pass the float model (float_model= / --float-model).", ha="center", va="center",
+                 transform=ax2.transAxes, fontsize=11)
+        ax2.set_axis_off()
+    else:
+        _stairs(ax2, err["hist"], "quantized - float", "#c44e52")
+        if d["kind"] == "weight" and not d["per_channel"]:
+            ax2.axvline(-d["scale"] / 2, color="grey", ls=":", lw=1, label="+-scale/2 (rounding bound)")
+            ax2.axvline(d["scale"] / 2, color="grey", ls=":", lw=1)
+        ax2.set_xlabel("error (quantized - float)")
+        ax2.legend(loc="upper right", fontsize=8)
+        ax2.grid(True, alpha=0.3)
+        ax2.set_title("error", fontsize=10)
+        text = (f"cosine: {d['cosine-similarity']:.6f}   SQNR: {_fmt(d['sqnr'])} dB\n"
+                f"max |error|: {_fmt(err['max_abs'])}   rmse: {_fmt(d['rmse'])}\n"
+                f"mean error: {_fmt(err['mean'])}")
+        if d.get("worst_channel") is not None:
+            text += f"\nworst channel: {d['worst_channel']} at {_fmt(d['worst_channel_sqnr'])} dB"
+        ax2.text(0.01, 0.97, text, transform=ax2.transAxes, va="top", fontsize=8, family="monospace",
+                 bbox=dict(boxstyle="round", facecolor="white", alpha=0.85))
+    heading = wrap(title, 13) + ("\n" + wrap(note, 13) if note else "")
+    fig.suptitle(heading, fontsize=10)
+    _margins(fig, heading, 4.8, extra=0.28)
+    save_figure(fig, path, tight=False)
+
+
+def draw_distribution(d, save_dir):
+    """Write one node's distribution PNG under ``save_dir``; returns its path."""
+    path = Path(save_dir) / f"distribution_{_slug(d['node'])}.png"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if d["kind"] == "activation":
+        where = "per channel" if d["per_channel"] else "per tensor"
+        title = (f"{d['node']}: activation input '{d['tensor']}' in the float model, {d['samples']} sample(s) "
+                 f"- {d['dtype']} ({d['bit']}-bit, {where})")
+        _plot_activation(d, path, title)
+    elif d["kind"] == "weight":
+        where = f"per channel (axis {d['axis']})" if d["per_channel"] else "per tensor"
+        known = d["compared_against"] == "float weight"
+        what = "float vs dequantized" if known else "dequantized only (float unknown)"
+        title = (f"{d['node']}: weight '{d['tensor']}' {what} - {d['dtype']} ({d['bit']}-bit, "
+                 f"{where}), feeds {', '.join(d['feeds']) or '-'}")
+        _plot_pair(d, path, title, d["float"], d["dequantized"],
+                   ["float weight" if known else "dequantized weight", "dequantized weight"],
+                   note=weight_reading(d))
+    else:
+        title = (f"{d['node']} ({d['op_type']}): output '{d['tensor']}', float model vs fully quantized, "
+                 f"{d['samples']} sample(s)")
+        _plot_pair(d, path, title, d["float"], d["quantized"], ["float model", "fully quantized model"],
+                   note=f"output cosine {d['cosine-similarity']:.6f} with every pair quantized")
+    return str(path)
+
+
+def draw_channelwise(d, save_dir):
+    """Write one node's per-channel box plot under ``save_dir``; returns its path."""
+    path = Path(save_dir) / f"channelwise_{_slug(d['node'])}.png"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    what = "float weight" if d["kind"] == "weight" else "float input"
+    if d["kind"] == "weight" and d.get("compared_against") == "dequantized weight":
+        what = "dequantized weight (float unknown)"
+    where = "per channel" if d["per_channel"] else "per tensor"
+    samples = f", {d['samples']} sample(s)" if d["kind"] == "activation" else ""
+    title = (f"{d['node']}: {what} '{d['tensor']}' by channel (axis {d['axis']} of {d['shape']}, "
+             f"{d['channels']} channels{samples}) - {d['dtype']} {where}")
+    plot_channels(d, path, title)
+    return str(path)

@@ -1,0 +1,73 @@
+"""What a node's statistics mean for quantization: one readable line, and what to try."""
+
+from __future__ import annotations
+
+from ..channelwise import reading as channel_reading
+from ..tables import short as _fmt
+
+# Share of clipped values beyond which the calibration range is too narrow.
+CLIP_SHARE = 1e-3
+# The bulk of a tensor spanning fewer levels than this wastes at least 4 bits of an 8-bit type.
+FEW_LEVELS = 16
+# A weight channel below this SQNR (dB) is starved of levels (int8 weights usually reach 30-40).
+WEAK_SQNR_DB = 20.0
+
+
+def few_levels(bit):
+    """Levels under which a tensor's bulk counts as starved: FEW_LEVELS, or 1/16 of a narrower type's."""
+    return min(FEW_LEVELS, 2 ** bit / 16)
+
+
+def activation_reading(d):
+    """One line saying what an activation's histogram means for quantization."""
+    if d.get("effective_clipped_share", 0) > CLIP_SHARE:
+        return (f"{100 * d['effective_clipped_share']:.2f}% of values fall outside the calibration range and "
+                "are clipped -> recalibrate with a wider range, or int16")
+    if d.get("clipped_share", 0) > CLIP_SHARE and d.get("relu_follows"):
+        extra = "the Relu after it zeroes them anyway"
+        return (f"{100 * d['clipped_share']:.2f}% of values fall below the range's start and are clipped; "
+                f"{extra}, so the cut is harmless")
+    levels = d.get("bulk_levels")
+    if levels is not None and levels < few_levels(d["bit"]):
+        return (f"99.9% of values span only {levels:.0f} of the {2 ** d['bit']} levels: rare large values "
+                "stretch the range -> int16, or fix the model (clip/normalise the tail)")
+    if d["max_abs"] and d["threshold"] > 4 * d["max_abs"] and d["role"] != "bias":
+        return (f"the calibration range is {d['threshold'] / d['max_abs']:.0f}x wider than the data on these "
+                "samples: the samples may not match the calibration data")
+    return "the range fits the data: per-tensor quantization looks adequate here"
+
+
+def weight_issue(d, box=None):
+    """``(remedies, reason)`` for a weight's statistics (and box plot, when drawn); the
+    remedies are empty when the weight quantizes cleanly."""
+    if d.get("note"):
+        return ["keep in float"], "float weight unknown: pass the float model to judge the weight itself"
+    if d["role"] == "bias":
+        return [], "int32 bias: its quantization error is negligible"
+    worst, whole, levels = d.get("worst_channel_sqnr"), d["sqnr"], d.get("bulk_levels")
+    starved_bulk = levels is not None and levels < few_levels(d["bit"])
+    if not d["per_channel"]:
+        if worst is not None and worst < WEAK_SQNR_DB and whole - worst > 6:
+            return ["per-channel"], (f"channel {d['worst_channel']} keeps only {worst:.1f} dB SQNR (whole tensor "
+                                     f"{whole:.1f} dB): a few wide channels set the per-tensor scale -> per-channel weights")
+        if box and "skipped" not in box and box["outlier_channels"]:
+            return ["per-channel"], channel_reading(box)
+        if starved_bulk:
+            return ["per-channel"], (f"99.9% of the weights span {levels:.0f} of {2 ** d['bit']} levels: a few "
+                                     "large weights set the scale -> per-channel weights")
+    if whole < WEAK_SQNR_DB:
+        return ["int16", "fix the model"], (f"SQNR {whole:.1f} dB at {d['bit']} bits: too few levels for this "
+                                            "weight -> more bits (int8/int16), or QAT")
+    if worst is not None and worst < WEAK_SQNR_DB:
+        return ["int16", "fix the model"], (f"channel {d['worst_channel']} keeps only {worst:.1f} dB even per "
+                                            "channel -> int16 weights, or QAT")
+    if starved_bulk:
+        return ["int16", "fix the model"], (f"99.9% of the weights span {levels:.0f} of {2 ** d['bit']} levels "
+                                            "even per channel -> int16 weights, or QAT")
+    tail = f", worst channel {worst:.1f} dB" if worst is not None else ""
+    return [], f"SQNR {_fmt(whole)} dB{tail}: the weight quantizes cleanly"
+
+
+def weight_reading(d):
+    """One line saying what a weight's histogram means for quantization."""
+    return weight_issue(d)[1]

@@ -1,0 +1,298 @@
+"""The engine: a calibrated QDQ model compiled once, run under any quantization config.
+
+Every calibration node becomes an ``If`` on a boolean feed (see :mod:`.instrument`), so a
+config (which calibration nodes are quantized) is a set of feed values, one onnxruntime
+session serves every config, and a bypassed pair costs one ``If`` dispatch instead of a
+quantize-dequantize over the whole tensor: a config with one quantized node costs about one
+float forward pass. Model outputs run through :mod:`.segments`, which reuse the float
+prefix a config shares with the reference.
+
+Q/DQ run as fake-quant: onnxruntime's QDQ-to-integer fusion is switched off.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+
+from ..data import load_data
+from ..errors import PTQError, unknown
+from ..metrics import compare
+from ..model import QuantModel, load_model
+from . import runtime
+from .instrument import LOCAL_PREFIX, Gates, instrument
+from .segments import Segments
+
+# Keep float references in memory up to this many bytes; beyond, they are recomputed.
+_REF_CACHE_BYTES = 512 * 2**20
+
+
+class Engine:
+    """A calibrated model and its data, compiled once for every analysis.
+
+    ``run(i, quantized)`` returns the chosen tensors of sample ``i`` with exactly the
+    calibration nodes in ``quantized`` quantized and every other one bypassed.
+
+    ``float_model``: the original float model, to recover float weights and folded Relu/Clip.
+    ``data_num``: keep only the first N samples of the data (analyses take their own
+    ``data_num`` too; give it in one place). ``optimization``: onnxruntime graph optimisation
+    level (``disable``, ``basic``, ``extended``, ``all``). ``providers``: onnxruntime
+    execution providers (default: CUDA when available, else CPU). ``check``: refuse a model
+    whose bypassed form cannot be the float model. ``alternatives``: ``{node: QParams}``, a
+    second fake-quant per node (16 bit, per channel) chosen per run. ``segments``: number of
+    segments for model-output runs (default about sqrt(#calibration nodes), at most 16; 0 runs
+    the whole gated model instead).
+    """
+
+    def __init__(self, model_or_file, calibrated_data=None, float_model=None, data_num=None,
+                 optimization="all", providers=None, check=True, alternatives=None, segments=None):
+        if isinstance(model_or_file, QuantModel):
+            self.qmodel = model_or_file
+        else:
+            self.qmodel = QuantModel(model_or_file, float_model=float_model)
+        self.float_model = float_model
+        self.optimization = runtime.check_level(optimization)
+        self.providers = providers or runtime.default_providers()
+        self.data = load_data(calibrated_data, self.qmodel, data_num) if calibrated_data is not None else None
+        self.calib_names = [c.name for c in self.qmodel.calibration.values() if c.bypassable]
+        alternatives = dict(alternatives or {})
+        for name in alternatives:
+            if name not in self.calib_names:
+                raise unknown("node", name, self.calib_names)
+        self.alternatives = alternatives
+        self._gates = Gates.of(self.calib_names, alternatives)
+        self._true, self._false = np.array(True), np.array(False)
+        self._sessions = {}
+        self._segments_count = segments
+        self._segments = None
+        self._last_sample = None
+        self._ref_cache, self._ref_bytes = {}, 0
+        self.model_outputs = list(self.qmodel.output_names)
+        self.probe_tensors = [t for n in self.qmodel.normal.values() for t in n.outputs
+                              if t and self.qmodel.is_float_tensor(t)]
+        self.warnings = []
+        if not self.calib_names:
+            self.warnings.append(
+                "every calibration node is a lone DequantizeLinear of an already quantized weight, so "
+                "nothing can be bypassed; pass the float model (float_model=...) to recover float weights")
+        elif any(not c.bypassable and c.role != "bias" for c in self.qmodel.calibration.values()):
+            self.warnings.append(
+                "weights are stored already quantized (DequantizeLinear only) and no float model was "
+                "given: weight analyses compare against the dequantized weight; pass the float model "
+                "or quantize with extra_options={'AddQDQPairToWeight': True} for float weights")
+        if check and self.data is not None:
+            self.check_float_equivalence()
+
+    # -- what can be switched ------------------------------------------------------------
+    def is_gated(self, name):
+        """True when calibration node ``name`` can be quantized or bypassed per run."""
+        return name in self._gates.flags
+
+    def gated(self, names):
+        """The names among ``names`` that can be switched, in the order given."""
+        return [n for n in names if n in self._gates.flags]
+
+    def with_alternatives(self, alternatives):
+        """A second engine on the same model and data whose nodes in ``alternatives``
+        (``{node: QParams}``) can also run their alternative fake-quant."""
+        return Engine(self.qmodel, self.data, float_model=self.float_model, optimization=self.optimization,
+                      providers=self.providers, check=False, alternatives=alternatives,
+                      segments=self._segments_count)
+
+    @property
+    def source(self):
+        """The calibrated model's name in messages."""
+        return self.qmodel.source
+
+    # -- compilation -----------------------------------------------------------------------
+    def session(self, kind="main"):
+        """The compiled session: ``main`` (model outputs), ``probe`` (every normal node's
+        output too) or ``local`` (plus clones that measure local error). Built on first use."""
+        if kind not in self._sessions:
+            if kind == "main":
+                model = instrument(self.qmodel, self._gates)
+            elif kind == "probe":
+                model = instrument(self.qmodel, self._gates, self.probe_tensors)
+            elif kind == "local":
+                model = instrument(self.qmodel, self._gates, self.probe_tensors, local=True)
+            else:
+                raise ValueError(kind)
+            self._sessions[kind] = self._compile(model)
+        return self._sessions[kind]
+
+    def _compile(self, model):
+        return runtime.make_session(model, self.optimization, self.providers, what=repr(self.source))
+
+    @property
+    def segments(self):
+        """The segmented runner for model outputs (None when ``segments=0``)."""
+        if self._segments is None and self._segments_count != 0:
+            self._segments = Segments(instrument(self.qmodel, self._gates), self.qmodel, self._gates,
+                                      self.optimization, self.providers, self._segments_count,
+                                      source=self.source)
+        return self._segments
+
+    # -- running -----------------------------------------------------------------------
+    def feeds(self, sample, quantized=(), alternative=()):
+        """Model inputs plus one flag per calibration node (True = quantized), and one per
+        alternative (True = quantized the alternative way)."""
+        quantized, alternative = set(quantized), set(alternative)
+        unknown_names = quantized - set(self._gates.flags) - set(self.qmodel.calibration)
+        if unknown_names:
+            raise unknown("node", sorted(unknown_names)[0], list(self.qmodel.calibration))
+        feeds = dict(sample)
+        for name, flag in self._gates.flags.items():
+            feeds[flag] = self._true if name in quantized else self._false
+        for name, flag in self._gates.alt_flags.items():
+            feeds[flag] = self._true if name in alternative else self._false
+        return feeds
+
+    def sample(self, i):
+        """Sample ``i`` of the data; the last one is kept, since analyses loop samples outermost."""
+        if self.data is None:
+            raise PTQError("no calibration data was given; pass calibrated_data")
+        if self._last_sample is None or self._last_sample[0] != i:
+            self._last_sample = (i, self.data.sample(i))
+        return self._last_sample[1]
+
+    def _config(self, quantized):
+        if isinstance(quantized, str) and quantized == "all":
+            return self.calib_names
+        return quantized
+
+    def run(self, sample, quantized=(), tensors=None, kind=None, alternative=()):
+        """Tensors of one sample (an index or a feed dict) under a config.
+
+        ``quantized``: the calibration node names quantized ("all" for every one).
+        ``tensors``: the tensor names to return (default: the model outputs); each must be a
+        model output or a float output of a normal node.
+        ``alternative``: quantized nodes that use their alternative parameters.
+        """
+        key = None
+        if isinstance(sample, (int, np.integer)):
+            key = int(sample)
+            sample = self.sample(key)
+        quantized = self._config(quantized)
+        tensors = list(tensors or self.model_outputs)
+        if kind is None:
+            kind = "main" if all(t in self.model_outputs for t in tensors) else "probe"
+        if kind == "probe":
+            missing = [t for t in tensors if t not in self.model_outputs and t not in self.probe_tensors]
+            if missing:
+                raise PTQError(f"tensor {missing[0]!r} is not a float output of a normal node of "
+                               f"{self.source!r}; name a model output or a node output")
+        if kind == "main" and self.segments is not None:
+            seg = self.segments
+            touched = {seg.segment_of_gate[name] for name in quantized if name in seg.segment_of_gate}
+            return seg.run(key, sample, self.feeds({}, quantized, alternative), touched, tensors)
+        values = runtime.run(self.session(kind), tensors, self.feeds(sample, quantized, alternative), self.source)
+        return dict(zip(tensors, values))
+
+    def tensors(self, sample, quantized=(), names=()):
+        """Any tensors of one sample under a config: model inputs from the sample, model and
+        normal-node outputs from the probe session, any other tensor (the output of a pair,
+        say) from a session that exposes it, compiled on first use and kept."""
+        if isinstance(sample, (int, np.integer)):
+            sample = self.sample(int(sample))
+        out = {t: sample[t] for t in names if t in sample}
+        rest = [t for t in names if t not in out]
+        if not rest:
+            return out
+        known = set(self.probe_tensors) | set(self.model_outputs)
+        if all(t in known for t in rest):
+            out.update(self.run(sample, quantized, rest, kind="probe"))
+            return out
+        key = ("extra", tuple(sorted(rest)))
+        if key not in self._sessions:
+            self._sessions[key] = self._compile(instrument(self.qmodel, self._gates, list(key[1])))
+        values = runtime.run(self._sessions[key], rest, self.feeds(sample, self._config(quantized)), self.source)
+        out.update(zip(rest, values))
+        return out
+
+    def reference(self, i, tensors=None):
+        """Float (all bypassed) values of sample ``i``; model outputs are cached per sample."""
+        tensors = list(tensors or self.model_outputs)
+        key = (i, tuple(tensors))
+        if key in self._ref_cache:
+            return self._ref_cache[key]
+        values = self.run(i, (), tensors)
+        size = sum(v.nbytes for v in values.values())
+        if self._ref_bytes + size <= _REF_CACHE_BYTES:
+            self._ref_cache[key] = values
+            self._ref_bytes += size
+        return values
+
+    def local(self, i):
+        """(float values, locally quantized values) of every normal node output of sample i.
+
+        The second dict holds, per normal node fed by calibration nodes, its output when its
+        own inputs are quantized from their float values and nothing upstream is.
+        """
+        sess = self.session("local")
+        names = [o.name for o in sess.get_outputs()]
+        values = dict(zip(names, runtime.run(sess, names, self.feeds(self.sample(i)), self.source)))
+        local = {k[len(LOCAL_PREFIX):]: v for k, v in values.items() if k.startswith(LOCAL_PREFIX)}
+        return values, local
+
+    # -- sanity --------------------------------------------------------------------------
+    def check_float_equivalence(self, sample=0):
+        """Raise when bypassing every pair cannot be the float model (folded Relu/Clip)."""
+        qm = self.qmodel
+        suspects = qm.folded_activation_suspects()
+        bypassed = self.run(sample, ())
+        quant = self.run(sample, "all")
+        broken = [k for k, v in bypassed.items() if v.dtype.kind == "f" and not np.isfinite(v).all()]
+        exploded = []
+        # One suspect can be a conv whose outputs happen to be non-negative; folding by the
+        # quantizer marks many. A badly quantized model can legitimately sit far from float,
+        # so drift alone convicts only with many suspects.
+        many = len(suspects) >= max(2, 0.1 * len(qm.of_kind("activation")))
+        for k, v in bypassed.items():
+            q = quant[k]
+            if suspects and v.dtype.kind == "f" and np.isfinite(v).all() and np.isfinite(q).all():
+                vn, qn = float(np.abs(v).max(initial=0)), float(np.abs(q).max(initial=0))
+                if vn > 10 * max(qn, 1e-6) or (many and compare(v, q)["cosine-similarity"] < 0.99):
+                    exploded.append(k)
+        fix = ("pass the float model (float_model=... / --float-model) or re-quantize with "
+               "extra_options={'AddQDQPairToWeight': True, 'QDQKeepRemovableActivations': True}")
+        if broken or exploded:
+            why = (f"gives non-finite values in output {broken[0]!r}" if broken
+                   else f"makes output {exploded[0]!r} diverge from the quantized model")
+            extra = (f" ({len(suspects)} activation pairs such as {suspects[0]!r} start at exactly 0 after "
+                     f"a signed op: their Relu/Clip was folded into the Q/DQ range and deleted)"
+                     if suspects else "")
+            raise PTQError(f"bypassing every Q/DQ pair of {qm.source!r} {why}, so it is not the float "
+                           f"model{extra}; {fix}")
+        if self.float_model is not None:
+            fmodel, fpath = load_model(self.float_model, what="float model")
+            fsess = runtime.make_session(fmodel, self.optimization, self.providers, what="the float model")
+            feeds = self.sample(sample) if isinstance(sample, int) else sample
+            names = [o.name for o in fsess.get_outputs()]
+            ref = dict(zip(names, runtime.run(fsess, names, feeds, str(fpath) if fpath else "<ModelProto>")))
+            for k, v in bypassed.items():
+                if k in ref:
+                    cos = compare(ref[k], v)["cosine-similarity"]
+                    if cos < 0.999:
+                        where = str(fpath) if fpath else "<ModelProto>"
+                        raise PTQError(f"bypassing every Q/DQ pair of {qm.source!r} does not reproduce the "
+                                       f"float model {where!r} on output {k!r} (cosine "
+                                       f"{cos:.4f}); check that it is the model this one was quantized "
+                                       "from, or re-quantize with extra_options={'AddQDQPairToWeight': "
+                                       "True, 'QDQKeepRemovableActivations': True}")
+        elif suspects:
+            self.warnings.append("folded activations suspected: " + ", ".join(suspects[:5]))
+        if many and self.float_model is None:
+            warnings.warn(f"{len(suspects)} activation pairs of {qm.source} (e.g. {suspects[0]}) look like "
+                          "they absorbed a deleted Relu/Clip; bypassed results may not be the float "
+                          f"model: {fix}", stacklevel=2)
+
+
+def engine_for(model_or_file, calibrated_data=None, float_model=None):
+    """The :class:`Engine` an analysis works on: ``model_or_file`` itself when it is one (its
+    data attached when it has none), else a new one compiled from a path or ModelProto."""
+    if isinstance(model_or_file, Engine):
+        if calibrated_data is not None and model_or_file.data is None:
+            model_or_file.data = load_data(calibrated_data, model_or_file.qmodel)
+        return model_or_file
+    return Engine(model_or_file, calibrated_data, float_model=float_model)

@@ -1,0 +1,216 @@
+"""QDQ model -> gated model: graph rewrites only (ModelProto in, ModelProto out).
+
+Every bypassable calibration node becomes an ``If`` on a boolean feed (its *gate*): the
+then-branch holds the original Q/DQ nodes, the else-branch passes the float tensor
+through. A config (which calibration nodes are quantized) is then a set of feed values,
+and one compiled model serves every config. A node may carry a second fake-quant (16 bit,
+per channel), chosen by a second feed; and the model may carry *local clones*: a copy of
+each normal node fed by calibration nodes, reading its inputs quantized from their float
+values, so that one pass gives every node's local error.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+FLAG_PREFIX = "ptq_flag::"
+ALT_PREFIX = "ptq_alt::"
+GATE_PREFIX = "ptq_if::"
+LOCAL_PREFIX = "ptq_local::"
+
+
+@dataclasses.dataclass
+class Gates:
+    """The feeds of a gated model: one flag per bypassable calibration node (True =
+    quantized) and one per alternative (True = quantized the alternative way)."""
+
+    flags: dict  # calibration node name -> flag input name
+    alternatives: dict  # calibration node name -> QParams
+    alt_flags: dict  # calibration node name -> alternative flag input name
+
+    @classmethod
+    def of(cls, names, alternatives=None):
+        alternatives = dict(alternatives or {})
+        return cls(flags={n: f"{FLAG_PREFIX}{k}" for k, n in enumerate(names)}, alternatives=alternatives,
+                   alt_flags={n: f"{ALT_PREFIX}{k}" for k, n in enumerate(alternatives)})
+
+    def is_feed(self, name):
+        return name.startswith(FLAG_PREFIX) or name.startswith(ALT_PREFIX)
+
+    def feed_names(self):
+        return set(self.flags.values()) | set(self.alt_flags.values())
+
+
+def bypass_nodes(c, out, elem=onnx.TensorProto.FLOAT):
+    """Nodes computing ``out`` for calibration node ``c`` bypassed: its float tensor, with the
+    Relu/Clip that quantize_static folded into the pair (``c.folded``) applied again."""
+    src = c.float_weight or c.input
+    if c.folded is None:
+        return [helper.make_node("Identity", [src], [out])]
+    op, lo, hi = c.folded
+    if op == "Relu":
+        return [helper.make_node("Relu", [src], [out])]
+    dtype = onnx.helper.tensor_dtype_to_np_dtype(elem)
+    return [helper.make_node("Constant", [], [f"{out}::lo"], value=numpy_helper.from_array(np.array(lo, dtype))),
+            helper.make_node("Constant", [], [f"{out}::hi"], value=numpy_helper.from_array(np.array(hi, dtype))),
+            helper.make_node("Clip", [src, f"{out}::lo", f"{out}::hi"], [out])]
+
+
+def gate_of(node):
+    """The calibration node a gate ``If`` stands for, or None for any other node."""
+    if node.op_type == "If" and node.name.startswith(GATE_PREFIX):
+        return node.name[len(GATE_PREFIX):]
+    return None
+
+
+def instrument(qmodel, gates, extra_outputs=(), local=False):
+    """The gated copy of ``qmodel``'s graph, with ``extra_outputs`` exposed and, with
+    ``local``, the local clones (their outputs exposed too)."""
+    model = onnx.ModelProto()
+    model.CopyFrom(qmodel.model)
+    graph = model.graph
+    del graph.node[:]
+    at_node, dropped = {}, set()
+    for c in qmodel.calibration.values():
+        if c.name not in gates.flags:
+            continue
+        anchor = c.q_node if c.q_node is not None else c.dq_nodes[0]
+        at_node[anchor.name] = c
+        dropped.update(d.name for d in c.dq_nodes)
+    for node in qmodel.model.graph.node:
+        if node.name in at_node:
+            graph.node.append(_gate(qmodel, gates, at_node[node.name]))
+        elif node.name not in dropped:
+            graph.node.append(node)
+    for name, value in qmodel.float_weights.items():
+        graph.initializer.append(numpy_helper.from_array(value, name))
+    for name in gates.flags.values():
+        graph.input.append(helper.make_tensor_value_info(name, onnx.TensorProto.BOOL, []))
+    for name, alt in gates.alternatives.items():
+        k = gates.alt_flags[name]
+        graph.input.append(helper.make_tensor_value_info(k, onnx.TensorProto.BOOL, []))
+        graph.initializer.extend([
+            numpy_helper.from_array(np.asarray(alt.scale, np.float32), f"{k}::scale"),
+            numpy_helper.from_array(np.asarray(alt.zero_point, np.float32), f"{k}::zp"),
+            numpy_helper.from_array(np.asarray(alt.qmin, np.float32), f"{k}::qmin"),
+            numpy_helper.from_array(np.asarray(alt.qmax, np.float32), f"{k}::qmax")])
+    if local:
+        extra_outputs = list(extra_outputs) + _add_local_clones(qmodel, graph)
+    present = {o.name for o in graph.output}
+    for t in extra_outputs:
+        if t not in present:
+            graph.output.append(helper.make_tensor_value_info(
+                t, qmodel.value_types.get(t, onnx.TensorProto.FLOAT), None))
+            present.add(t)
+    return model
+
+
+def _tensor_type(elem_type):
+    return onnx.helper.make_tensor_type_proto(elem_type, None)
+
+
+def _gate(qmodel, gates, c):
+    """The If node that computes ``c``'s DQ outputs, quantized or bypassed by its flag."""
+    then_nodes, then_out, else_nodes, else_out = [], [], [], []
+    if c.q_node is not None:
+        q = onnx.NodeProto()
+        q.CopyFrom(c.q_node)
+        q.output[0] = f"ptq_t::{c.q_node.output[0]}"
+        then_nodes.append(q)
+    for dq in c.dq_nodes:
+        d = onnx.NodeProto()
+        d.CopyFrom(dq)
+        if c.q_node is not None:
+            d.input[0] = f"ptq_t::{c.q_node.output[0]}"
+        d.output[0] = f"ptq_t::{dq.output[0]}"
+        then_nodes.append(d)
+        elem = qmodel.value_types.get(dq.output[0]) or onnx.helper.np_dtype_to_tensor_dtype(c.scale.dtype)
+        then_out.append(helper.make_value_info(d.output[0], _tensor_type(elem)))
+        else_nodes += bypass_nodes(c, f"ptq_e::{dq.output[0]}", elem)
+        else_out.append(helper.make_value_info(f"ptq_e::{dq.output[0]}", _tensor_type(elem)))
+    then_g = helper.make_graph(then_nodes, f"ptq_q_{c.name}", [], then_out)
+    if c.name in gates.alternatives:
+        then_g = _alternative_branch(gates, c, then_g)
+    else_g = helper.make_graph(else_nodes, f"ptq_f_{c.name}", [], else_out)
+    return helper.make_node("If", [gates.flags[c.name]], c.outputs, name=f"{GATE_PREFIX}{c.name}",
+                            then_branch=then_g, else_branch=else_g)
+
+
+def _alternative_branch(gates, c, original):
+    """Wrap the quantized branch in an If choosing the alternative fake-quant by its flag.
+
+    The alternative is plain arithmetic (Round is half-to-even like QuantizeLinear), so it
+    works at any opset and any bit width.
+    """
+    k = gates.alt_flags[c.name]
+    src = c.float_weight or c.input
+    out_nodes, outs = [], []
+    for j, _ in enumerate(c.dq_nodes):
+        p = f"ptq_a::{c.name}::{j}"
+        out_nodes += [
+            helper.make_node("Div", [src, f"{k}::scale"], [f"{p}::d"]),
+            helper.make_node("Round", [f"{p}::d"], [f"{p}::r"]),
+            helper.make_node("Add", [f"{p}::r", f"{k}::zp"], [f"{p}::z"]),
+            helper.make_node("Max", [f"{p}::z", f"{k}::qmin"], [f"{p}::lo"]),
+            helper.make_node("Min", [f"{p}::lo", f"{k}::qmax"], [f"{p}::c"]),
+            helper.make_node("Sub", [f"{p}::c", f"{k}::zp"], [f"{p}::s"]),
+            helper.make_node("Mul", [f"{p}::s", f"{k}::scale"], [f"{p}::y"]),
+        ]
+        outs.append(helper.make_value_info(f"{p}::y", original.output[j].type))
+    alt_g = helper.make_graph(out_nodes, f"ptq_alt_{c.name}", [], outs)
+    wrapped = [helper.make_value_info(f"ptq_w::{c.name}::{j}", o.type) for j, o in enumerate(original.output)]
+    node = helper.make_node("If", [k], [o.name for o in wrapped], then_branch=alt_g, else_branch=original)
+    return helper.make_graph([node], f"ptq_qa_{c.name}", [], wrapped)
+
+
+def _add_local_clones(qmodel, graph):
+    """Append, for every normal node fed by calibration nodes, a clone fed by its inputs
+    quantized from their float values; returns the clone outputs to expose.
+
+    Run with every flag off, the clones give each node's *local* error in one pass.
+    """
+    by_output = {o: c for c in qmodel.calibration.values() for o in c.outputs}
+    protos = {p.name: p for p in qmodel.model.graph.node}
+    local_in, outputs = {}, []
+    for n in qmodel.normal.values():
+        if not n.calibration_inputs:
+            continue
+        proto = protos[n.name]
+        if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in proto.attribute):
+            continue
+        clone = onnx.NodeProto()
+        clone.CopyFrom(proto)
+        clone.name = f"{LOCAL_PREFIX}{n.name}"
+        for k, i in enumerate(proto.input):
+            c = by_output.get(i)
+            if c is None:
+                continue
+            if i not in local_in:
+                dq = next(d for d in c.dq_nodes if d.output[0] == i)
+                src = c.float_weight or c.input
+                if c.q_node is not None:
+                    q = onnx.NodeProto()
+                    q.CopyFrom(c.q_node)
+                    q.name = f"ptq_lq::{q.name}::{i}"
+                    q.input[0] = src
+                    q.output[0] = f"ptq_lq::{i}::q"
+                    graph.node.append(q)
+                d = onnx.NodeProto()
+                d.CopyFrom(dq)
+                d.name = f"ptq_ldq::{i}"
+                if c.q_node is not None:
+                    d.input[0] = f"ptq_lq::{i}::q"
+                d.output[0] = f"ptq_lq::{i}"
+                graph.node.append(d)
+                local_in[i] = d.output[0]
+            clone.input[k] = local_in[i]
+        for k, o in enumerate(proto.output):
+            if o:
+                clone.output[k] = f"{LOCAL_PREFIX}{o}"
+        graph.node.append(clone)
+        outputs += [o for o in clone.output if o and qmodel.is_float_tensor(o[len(LOCAL_PREFIX):])]
+    return outputs

@@ -1,0 +1,136 @@
+"""Which calibration nodes a remedy can act on, and the fake-quant that simulates it."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..channelwise import channel_axis
+from ..model import QParams
+from .scoring import Clock
+
+# onnxruntime quantizes the weight input of these ops per channel.
+PER_CHANNEL_OPS = {"Conv", "ConvTranspose", "Gemm", "MatMul"}
+
+
+def candidates_for(engine, remedy, per_channel_activations=False):
+    """Calibration nodes the remedy can act on, graph order, and why others cannot."""
+    qm = engine.qmodel
+    out, skipped = [], []
+    for c in qm.calibration.values():
+        if c.role == "bias" or c.kind not in ("weight", "activation"):
+            continue
+        if not engine.is_gated(c.name):
+            skipped.append(c.name)
+            continue
+        if remedy == "int16" and c.bit >= 16:
+            continue
+        if remedy == "per-channel":
+            if c.per_channel:
+                continue
+            if c.kind == "weight" and not any(qm.normal[n].op_type in PER_CHANNEL_OPS for n in c.consumers):
+                continue
+            if c.kind == "activation" and not per_channel_activations:
+                continue
+        out.append(c.name)
+    return out, skipped
+
+
+def float_input(engine, c):
+    """The float value of a weight node's input (the float weight), or None if unknown."""
+    qm = engine.qmodel
+    if c.float_weight:
+        return qm.float_weights[c.float_weight]
+    if c.q_node is not None:
+        return qm.constant(c.input)
+    return None
+
+
+def channel_range_qparams(c, lo, hi, rank, axis):
+    """Per-channel QParams covering ``[lo, hi]`` (one value per channel) at ``c``'s bit width.
+
+    Signed nodes with zero points of 0 stay symmetric (onnxruntime's weight default, which
+    uses ``[-127, 127]`` for int8); others are asymmetric over the range extended to 0.
+    """
+    qmin, qmax = c.qrange
+    lo = np.asarray(lo, dtype=np.float64)
+    hi = np.asarray(hi, dtype=np.float64)
+    if qmin < 0 and np.all(c.zero_point == 0):
+        q = min(qmax, -qmin)
+        span = np.maximum(np.abs(lo), np.abs(hi))
+        scale = np.where(span > 0, span / q, 1.0)
+        zp = np.zeros_like(scale)
+        qlo, qhi = -q, q
+    else:
+        lo, hi = np.minimum(lo, 0.0), np.maximum(hi, 0.0)
+        span = hi - lo
+        # a channel of zeros quantizes exactly with any scale
+        scale = np.where(span > 0, span / (qmax - qmin), 1.0)
+        zp = np.clip(np.rint(qmin - lo / scale), qmin, qmax)
+        qlo, qhi = qmin, qmax
+    shape = [1] * rank
+    shape[axis] = -1
+    return QParams(scale.astype(np.float32).reshape(shape), zp.astype(np.float32).reshape(shape),
+                   qlo, qhi, f"per-channel {c.dtype_name}")
+
+
+def _activation_ranges(engine, names, indices, clock):
+    """Per-channel (min, max, rank, axis) of the float input of activation nodes over samples."""
+
+    qm = engine.qmodel
+    tensors = {n: qm.calibration[n].input for n in names}
+    found = {}
+    for i in indices:
+        clock.check()
+        sample = engine.sample(i)
+        probe = [t for t in tensors.values() if t not in sample and t in engine.probe_tensors]
+        values = dict(sample)
+        if probe:
+            values.update(engine.run(sample, (), probe, kind="probe"))
+        for n, t in tensors.items():
+            if t not in values:
+                continue
+            v = values[t]
+            if v.ndim < 2:
+                continue
+            axis = channel_axis(qm, qm.calibration[n], v.shape)
+            other = tuple(a for a in range(v.ndim) if a != axis)
+            lo, hi = v.min(axis=other), v.max(axis=other)
+            if n in found:
+                found[n] = (np.minimum(found[n][0], lo), np.maximum(found[n][1], hi), v.ndim, axis)
+            else:
+                found[n] = (lo, hi, v.ndim, axis)
+    return found
+
+
+def alternatives_for(engine, remedy, names, indices, clock=None):
+    """``({node: QParams}, {node: channel axis})`` simulating ``remedy`` for ``names``."""
+
+    clock = clock or Clock(None)
+    qm = engine.qmodel
+    alts, axes = {}, {}
+    if remedy == "int16":
+        for n in names:
+            c = qm.calibration[n]
+            rank = None
+            if c.per_channel:
+                w = float_input(engine, c)
+                rank = w.ndim if w is not None else None
+            alts[n] = QParams.wider(c, 16, rank)
+    elif remedy == "per-channel":
+        acts = [n for n in names if qm.calibration[n].kind == "activation"]
+        for n in names:
+            c = qm.calibration[n]
+            if c.kind != "weight":
+                continue
+            w = float_input(engine, c)
+            if w is None or w.ndim < 2:
+                continue
+            axis = channel_axis(qm, c, w.shape)
+            other = tuple(a for a in range(w.ndim) if a != axis)
+            alts[n] = channel_range_qparams(c, w.min(axis=other), w.max(axis=other), w.ndim, axis)
+            axes[n] = axis
+        for n, (lo, hi, rank, axis) in _activation_ranges(engine, acts, indices, clock).items():
+            alts[n] = channel_range_qparams(qm.calibration[n], lo, hi, rank, axis)
+            axes[n] = axis
+    return alts, axes
+

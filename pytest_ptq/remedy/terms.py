@@ -1,0 +1,96 @@
+"""A remedy in onnxruntime's own terms (``quantize_static`` arguments).
+
+* **float**: ``nodes_to_exclude`` names normal nodes. onnxruntime puts a Q/DQ pair on a
+  tensor when its producer *or any* of its consumers is quantized, and then every consumer
+  reads the pair's output. Keeping tensor T in float therefore needs T's producer and all
+  of T's consumers excluded; a weight needs the node that reads it excluded. Excluding a
+  node also leaves its other inputs and outputs in float unless a neighbour still asks
+  for them; the re-quantized check reports such collateral tensors.
+* **int16**: ``extra_options["TensorQuantOverrides"] = {tensor: [{"quant_type":
+  QuantType.QUInt16}]}`` (``QInt16`` where the node is signed): the same calibrated range
+  at 16 bit. JSON holds the type's name (``"QUInt16"``), as onnxruntime itself writes it;
+  :func:`quantize_static_kwargs` turns it back into the enum quantize_static requires.
+* **per-channel**: weights get ``{weight: [{"axis": A}]}`` (onnxruntime quantizes that
+  initializer per channel whatever ``per_channel`` says). onnxruntime cannot quantize
+  activations per channel; with ``per_channel_activations`` they are simulated and listed
+  under ``simulation_only``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from ..errors import PTQError, unknown
+from .result import REMEDIES
+
+
+def float_tensor_name(qmodel, c):
+    """The tensor of the float model that calibration node ``c`` quantizes.
+
+    onnxruntime renames a quantized graph output's producer output to
+    ``<name>_QuantizeLinear_Input`` and stores weights as ``<W>_quantized``.
+    """
+    if c.kind == "weight":
+        if c.float_weight:
+            return c.float_weight[len("ptq_float::"):]
+        if c.q_node is None and c.input.endswith("_quantized"):
+            return c.input[: -len("_quantized")]
+        return c.input
+    for o in c.outputs:
+        if o in qmodel.output_names:
+            return o
+    return c.input
+
+
+def onnxruntime_settings(qmodel, remedy, nodes, axes=None):
+    """``{"nodes_to_exclude": [...], "TensorQuantOverrides": {...}, "simulation_only": [...]}``
+    that apply ``remedy`` to the calibration ``nodes`` when quantizing the float model.
+
+    ``nodes_to_exclude`` is in topological order; see the module docstring for why a tensor
+    kept in float excludes both its producer and its consumers.
+    """
+    if remedy not in REMEDIES:
+        raise unknown("remedy", remedy, REMEDIES)
+    axes = axes or {}
+    exclude, overrides, sim_only = set(), {}, []
+    for name in nodes:
+        c = qmodel.calibration[name]
+        if remedy == "float":
+            if c.kind == "activation" and c.producer in qmodel.normal:
+                exclude.add(c.producer)
+            exclude.update(n for n in c.consumers if n in qmodel.normal)
+        elif remedy == "int16":
+            signed = c.qrange[0] < 0
+            overrides[float_tensor_name(qmodel, c)] = [{"quant_type": "QInt16" if signed else "QUInt16"}]
+        elif c.kind == "weight" and name in axes:
+            overrides[float_tensor_name(qmodel, c)] = [{"axis": int(axes[name])}]
+        else:
+            sim_only.append(name)
+    ordered = sorted(exclude, key=lambda n: qmodel.normal[n].index)
+    return {"nodes_to_exclude": ordered, "TensorQuantOverrides": overrides, "simulation_only": sim_only}
+
+
+def quantize_static_kwargs(settings):
+    """``nodes_to_exclude`` and ``extra_options`` for quantize_static from JSON settings
+    (a dict or a path), with quant types turned into ``QuantType`` members."""
+    from onnxruntime.quantization import QuantType
+
+    if not isinstance(settings, dict):
+        try:
+            settings = json.loads(Path(settings).read_text())
+        except (OSError, ValueError) as exc:
+            raise PTQError(f"remedy settings {str(settings)!r} cannot be read ({type(exc).__name__}); "
+                           "write them with ptq-debug suggest") from None
+    overrides = {}
+    for tensor, entries in settings.get("TensorQuantOverrides", {}).items():
+        fixed = []
+        for entry in entries:
+            entry = dict(entry)
+            if isinstance(entry.get("quant_type"), str):
+                entry["quant_type"] = QuantType.from_string(entry["quant_type"])
+            fixed.append(entry)
+        overrides[tensor] = fixed
+    extra = {"TensorQuantOverrides": overrides} if overrides else {}
+    return {"nodes_to_exclude": list(settings.get("nodes_to_exclude", [])), "extra_options": extra}
+
