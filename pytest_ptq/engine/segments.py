@@ -17,34 +17,9 @@ import onnx
 from onnx import helper
 
 from ..errors import PTQError
+from ..model.graph import node_refs
 from .instrument import bypass_nodes, gate_of
 from .runtime import make_session, run
-
-
-def _subgraph_refs(graph, bound):
-    """Names a subgraph reads from the enclosing scope."""
-    bound = set(bound) | {i.name for i in graph.input} | {i.name for i in graph.initializer}
-    refs = []
-    for node in graph.node:
-        for i in node.input:
-            if i and i not in bound:
-                refs.append(i)
-        for a in node.attribute:
-            for g in ([a.g] if a.type == onnx.AttributeProto.GRAPH else
-                      list(a.graphs) if a.type == onnx.AttributeProto.GRAPHS else []):
-                refs += _subgraph_refs(g, bound)
-        bound.update(node.output)
-    return refs
-
-
-def node_refs(node):
-    """Explicit inputs plus names read implicitly by the node's subgraphs, in order, unique."""
-    refs = [i for i in node.input if i]
-    for a in node.attribute:
-        for g in ([a.g] if a.type == onnx.AttributeProto.GRAPH else
-                  list(a.graphs) if a.type == onnx.AttributeProto.GRAPHS else []):
-            refs += _subgraph_refs(g, ())
-    return list(dict.fromkeys(refs))
 
 
 class Segments:

@@ -1,0 +1,335 @@
+"""The float model a QDQ model came from, aligned with it by structure and values.
+
+Quantizers rename tensors (``W_quantized``, ``*_QuantizeInput``, ``*_q``), store weights
+already quantized, round float weights onto the grid, delete Relu/Clip after folding them
+into a pair's range, and insert Casts. None of that can be undone by names. Here the QDQ
+graph with every Q/DQ bypassed is walked in topological order beside the float graph:
+
+* graph inputs match by name (else by position);
+* a normal node matches the unmatched float node of the same op type that reads the
+  tensors its own inputs match, position by position, a constant where it reads a weight;
+  a float Relu/Clip between the two is one the quantizer deleted and folded into the pair
+  there (re-applied when the pair is bypassed);
+* a Cast or Identity the quantizer inserted passes its input's match through;
+* the float constant a weight matches is its float weight when the dequantized weight lies
+  within rounding (half a step on an integer grid) of it, or outside the range (clipped),
+  for nearly every element; weights left unmatched are tried against every float constant
+  of their shape by value alone.
+
+What stays unmatched on either side is a rewrite by the quantizer (a Sigmoid replaced by
+HardSigmoid and Mul, a BatchNormalization folded); :attr:`Alignment.rewrites` lists it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections import defaultdict
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+from . import grids
+from .graph import load_model, name_nodes, sort_topologically
+
+# Share of a weight's elements that must lie within rounding of the float candidate.
+FIT_SHARE = 0.99
+# Ops a quantizer deletes after folding them into the range of the pair that follows.
+FOLDABLE = ("Relu", "Clip")
+# Ops a quantizer inserts (dtype changes, pass-throughs) that stand for no float op.
+TRANSPARENT = ("Cast", "Identity")
+
+
+@dataclasses.dataclass
+class Alignment:
+    """What the alignment found: node matches, recovered weights, folds and rewrites."""
+
+    nodes: dict  # QDQ normal node -> float node
+    weights: dict  # calibration node -> float initializer name
+    folded: dict  # calibration node -> (op, lo, hi)
+    rewrites: list  # sentences, e.g. "float Sigmoid 'sig' has no counterpart"
+    unmatched_weights: list  # weight calibration nodes whose float weight was not found
+    unmatched_float: list = dataclasses.field(default_factory=list)  # float node names
+    unmatched_qdq: list = dataclasses.field(default_factory=list)  # QDQ normal node names
+
+
+class _Float:
+    """The float graph, sorted and named like the QDQ one, with its constants."""
+
+    def __init__(self, model):
+        graph = model.graph
+        name_nodes(graph)
+        sort_topologically(graph, "the float model")
+        self.inits = {i.name: i for i in graph.initializer}
+        self.constant_nodes = {n.output[0]: n for n in graph.node if n.op_type == "Constant"}
+        self.nodes = [n for n in graph.node if n.op_type != "Constant"]
+        self.inputs = [i.name for i in graph.input if i.name not in self.inits]
+        self.producer = {o: n for n in graph.node for o in n.output if o}
+        self.consumers = defaultdict(list)
+        for n in self.nodes:
+            for i in n.input:
+                if i:
+                    self.consumers[i].append(n)
+        self._values = {}
+
+    def constant(self, name):
+        if name in self._values:
+            return self._values[name]
+        value = None
+        if name in self.inits:
+            value = numpy_helper.to_array(self.inits[name])
+        elif name in self.constant_nodes:
+            for a in self.constant_nodes[name].attribute:
+                if a.name == "value":
+                    value = numpy_helper.to_array(a.t)
+        elif name in self.producer and self.producer[name].op_type in TRANSPARENT:
+            node = self.producer[name]
+            value = self.constant(node.input[0])
+            if value is not None and node.op_type == "Cast":
+                to = next(a.i for a in node.attribute if a.name == "to")
+                value = value.astype(onnx.helper.tensor_dtype_to_np_dtype(to))
+        self._values[name] = value
+        return value
+
+    def fold_bounds(self, node):
+        """``(op, lo, hi)`` of a Relu/Clip, or None when a Clip bound is computed at run time."""
+        if node.op_type == "Relu":
+            return ("Relu", 0.0, math.inf)
+        attrs = {a.name: a.f for a in node.attribute}  # opset < 11 keeps bounds as attributes
+        bounds = [attrs.get("min", -math.inf), attrs.get("max", math.inf)]
+        for k, name in enumerate(node.input[1:3]):
+            if name:
+                value = self.constant(name)
+                if value is None:
+                    return None
+                bounds[k] = float(np.asarray(value).reshape(-1)[0])
+        return ("Clip", float(bounds[0]), float(bounds[1]))
+
+
+def align(qm, float_model):
+    """Align ``qm`` (a :class:`~pytest_ptq.model.QuantModel`) with ``float_model``; sets the
+    float weights (``qm.float_weights``, ``c.float_weight``) and folds (``c.folded``) it finds
+    and returns the :class:`Alignment` (also kept as ``qm.alignment``)."""
+    fmodel, _ = load_model(float_model, what="float model")
+    f = _Float(fmodel)
+    by_output = qm.by_output()
+    tmatch = {}  # QDQ tensor -> float tensor
+    q_inputs, f_inputs = qm.input_names, f.inputs
+    for k, name in enumerate(q_inputs):
+        if name in f_inputs:
+            tmatch[name] = name
+        elif len(q_inputs) == len(f_inputs):
+            tmatch[name] = f_inputs[k]
+    nodes, weights_at, folded, used = {}, {}, {}, set()
+    for n in qm.normal.values():
+        proto = qm.node(n.name)
+        expect = [_expectation(qm, by_output, tmatch, i) for i in proto.input]
+        best = _best_candidate(f, proto, expect, used)
+        if best is None:
+            tensors = [e for e in expect if e[0] == "tensor"]
+            if proto.op_type in TRANSPARENT and len(tensors) == 1:
+                tmatch[proto.output[0]] = tensors[0][1]
+            continue
+        fnode, folds = best
+        used.add(fnode.name)
+        nodes[n.name] = fnode.name
+        for qo, fo in zip(proto.output, fnode.output):
+            if qo and fo:
+                tmatch[qo] = fo
+        for cname, fold in folds.items():
+            folded[cname] = fold
+        for k, e in enumerate(expect):
+            if e[0] == "weight" and k < len(fnode.input) and fnode.input[k]:
+                weights_at.setdefault(e[1].name, []).append(fnode.input[k])
+    weights, unmatched = _assign_weights(qm, f, weights_at)
+    for cname, fold in folded.items():
+        qm.calibration[cname].folded = fold
+    rewrites, unmatched_float, unmatched_qdq = _rewrites(qm, f, nodes, used, folded)
+    result = Alignment(nodes=nodes, weights=weights, folded=folded, rewrites=rewrites,
+                       unmatched_weights=unmatched, unmatched_float=unmatched_float, unmatched_qdq=unmatched_qdq)
+    qm.alignment = result
+    return result
+
+
+def _expectation(qm, by_output, tmatch, name):
+    """What input ``name`` of a QDQ node should be on the float side."""
+    if not name:
+        return ("none",)
+    c = by_output.get(name)
+    if c is not None and c.kind == "weight":
+        return ("weight", c, tuple(qm.shapes.get(c.input, ())))
+    t = c.input if c is not None else name
+    if t in tmatch:
+        return ("tensor", tmatch[t], c)
+    if qm.is_constant(t):
+        return ("const", qm.constant(t))
+    return ("unknown",)
+
+
+def _best_candidate(f, proto, expect, used):
+    """The float node ``proto`` matches, with the folds it implies, or None."""
+    pool = []
+    for e in expect:
+        if e[0] != "tensor":
+            continue
+        for user in f.consumers.get(e[1], ()):
+            pool.append(user)
+            if user.op_type in FOLDABLE:
+                pool += f.consumers.get(user.output[0], ())
+    best, best_score = None, -1
+    seen = set()
+    for cand in pool:
+        if cand.name in seen or cand.name in used or cand.op_type != proto.op_type:
+            continue
+        seen.add(cand.name)
+        fit = _fits_inputs(f, cand, expect)
+        if fit is not None and fit[0] > best_score:
+            best, best_score = (cand, fit[1]), fit[0]
+    return best
+
+
+def _fits_inputs(f, cand, expect):
+    """``(score, folds)`` when float node ``cand`` reads what ``expect`` says, else None."""
+    if any(cand.input[len(expect):]):
+        return None  # the float node reads more than the QDQ node
+    score, folds = 0, {}
+    for k, e in enumerate(expect):
+        fin = cand.input[k] if k < len(cand.input) else ""
+        kind = e[0]
+        if kind == "none":
+            if fin:
+                return None
+        elif kind == "tensor":
+            if fin == e[1]:
+                score += 2
+                continue
+            prod = f.producer.get(fin)
+            c = e[2]
+            if (prod is not None and prod.op_type in FOLDABLE and prod.input[0] == e[1] and c is not None
+                    and c.kind == "activation"):
+                bounds = f.fold_bounds(prod)
+                if bounds is None:
+                    return None
+                folds[c.name] = bounds
+                score += 2
+                continue
+            return None
+        elif kind in ("weight", "const"):
+            value = f.constant(fin) if fin else None
+            if value is None:
+                return None
+            want = e[2] if kind == "weight" else np.shape(e[1])
+            if tuple(np.shape(value)) != tuple(want):
+                return None
+            score += 1
+        # "unknown": an input whose source did not match; anything goes
+    return score, folds
+
+
+def _assign_weights(qm, f, weights_at):
+    """Float weights for the weight calibration nodes, from their positional matches, then by
+    value among the float constants of their shape."""
+    weights, unmatched, taken = {}, [], set()
+    for c in qm.of_kind("weight"):
+        mine = _model_value(qm, c)
+        if mine is None:
+            continue
+        found = None
+        for fname in dict.fromkeys(weights_at.get(c.name, ())):
+            fw = f.constant(fname)
+            if fw is not None and fits(c, mine, fw):
+                found = fname
+                break
+        if found is None and _needs_float(qm, c):
+            found = _by_value(qm, f, c, mine, taken)
+        if found is None:
+            if _needs_float(qm, c):
+                unmatched.append(c.name)
+            continue
+        taken.add(found)
+        weights[c.name] = found
+        _set_float(qm, c, mine, f.constant(found), found)
+    return weights, unmatched
+
+
+def _model_value(qm, c):
+    """What the QDQ model holds for a weight: its float tensor behind a pair, or its
+    dequantized initializer behind a lone DQ."""
+    value = qm.constant(c.input)
+    if value is None:
+        return None
+    return np.asarray(value, np.float32) if c.q_node is not None else c.dequantize(value)
+
+
+def _needs_float(qm, c):
+    """A lone DQ without a float weight, or a pair whose float weight is already on the grid."""
+    return c.q_node is None or c.on_grid
+
+
+def _by_value(qm, f, c, mine, taken):
+    hits = []
+    for fname in list(f.inits) + list(f.constant_nodes):
+        if fname in taken:
+            continue
+        fw = f.constant(fname)
+        if fw is not None and fw.dtype.kind == "f" and fw.shape == mine.shape and fits(c, mine, fw):
+            hits.append(fname)
+            if len(hits) > 1:
+                return None  # two float constants fit: do not guess
+    return hits[0] if hits else None
+
+
+def fits(c, mine, fw):
+    """True when the model's weight ``mine`` is ``fw`` quantized by ``c``: within rounding of it,
+    or clipped where it lies outside the range, for at least FIT_SHARE of the elements."""
+    fw = np.asarray(fw)
+    if fw.dtype.kind != "f" or tuple(fw.shape) != tuple(mine.shape):
+        return False
+    fw64 = fw.astype(np.float64)
+    try:
+        bound = grids.step_bound(fw64, c.grid, c.scale, c.axis, c.block_size)
+        lo, hi = c.bounds(fw.shape)
+    except ValueError:  # scales that do not broadcast against this shape: not its weight
+        return False
+    err = np.abs(mine.astype(np.float64) - fw64)
+    ok = (err <= bound * 1.001 + 1e-7 * np.abs(fw64)) | (fw64 < lo) | (fw64 > hi)
+    return bool(ok.mean() >= FIT_SHARE)
+
+
+def _set_float(qm, c, mine, fw, fname):
+    """Use ``fw`` as ``c``'s float weight, in the dtype the graph computes with there."""
+    elem = qm.value_types.get(c.outputs[0], onnx.TensorProto.FLOAT)
+    dtype = onnx.helper.tensor_dtype_to_np_dtype(elem)
+    if c.q_node is not None and not c.on_grid:
+        return  # the float weight behind the pair is the float weight
+    name = f"ptq_float::{fname}"
+    qm.float_weights[name] = np.asarray(fw).astype(dtype)
+    c.float_weight = name
+
+
+def _rewrites(qm, f, nodes, used, folded):
+    """Sentences for what the quantizer changed beyond Q/DQ: float ops without counterpart and
+    QDQ ops the float model does not have."""
+    # a float Relu/Clip the quantizer deleted is explained when the node after it matched
+    explained = {n.name for n in f.nodes if n.op_type in FOLDABLE and n.name not in used
+                 and any(u.name in used for u in f.consumers.get(n.output[0], ()))}
+    unmatched_float = [n.name for n in f.nodes if n.name not in used and n.name not in explained
+                       and n.op_type not in ("Identity", "Dropout")]
+    unmatched_qdq = [n.name for n in qm.normal.values() if n.name not in nodes and n.op_type not in TRANSPARENT]
+    out = []
+    if unmatched_float or unmatched_qdq:
+        fops = _ops(f.nodes, unmatched_float)
+        qops = _ops([qm.node(n) for n in unmatched_qdq], unmatched_qdq)
+        out.append(f"the quantizer changed the graph beyond Q/DQ: float {fops or 'nothing'} without counterpart, "
+                   f"QDQ {qops or 'nothing'} not in the float model")
+    return out, unmatched_float, unmatched_qdq
+
+
+def _ops(nodes, names):
+    wanted = set(names)
+    counts = defaultdict(int)
+    for n in nodes:
+        if n.name in wanted:
+            counts[n.op_type] += 1
+    return ", ".join(f"{k} x{v}" if v > 1 else k for k, v in sorted(counts.items()))

@@ -1,0 +1,158 @@
+"""Quantization grids: what a Q/DQ pair of each ONNX type can represent, and its numpy
+fake-quant, following onnxruntime's semantics.
+
+* integer grids (int2/uint2, int4/uint4, int8/uint8, int16/uint16, int32): ``q = clip(round(x /
+  scale) + zp, qmin, qmax)`` with round half to even, then ``(q - zp) * scale``;
+* float grids (float8 e4m3fn / e4m3fnuz / e5m2 / e5m2fnuz, float4 e2m1): ``x / scale`` rounded to
+  the nearest value of the float type (ties to even) and saturated to its largest finite
+  value (the ``saturate=1`` default of QuantizeLinear), then times ``scale``; the zero
+  point is 0.
+
+Scales broadcast per tensor (one value), per axis (one per index of ``axis``) or per block
+(``block_size`` consecutive elements of ``axis`` share one), as QuantizeLinear-21 defines.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import onnx
+
+from ..errors import PTQError
+
+TP = onnx.TensorProto
+
+
+@dataclasses.dataclass(frozen=True)
+class Grid:
+    """The values a quantized type represents. ``qmin``/``qmax``: the code range (integers) or
+    the largest finite magnitudes (floats); ``levels``: how many distinct values it has."""
+
+    dtype: int
+    name: str
+    bits: int
+    kind: str  # "int" or "float"
+    qmin: float
+    qmax: float
+    np_type: object = None  # ml_dtypes type of a float grid
+
+    @property
+    def signed(self):
+        return self.qmin < 0
+
+    @property
+    def is_float(self):
+        return self.kind == "float"
+
+    @property
+    def levels(self):
+        """Distinct representable values (finite ones for a float grid; +0 and -0 count once)."""
+        if not self.is_float:
+            return int(self.qmax - self.qmin + 1)
+        values = np.arange(2 ** self.bits, dtype=np.uint8).view(self.np_type).astype(np.float32)
+        return int(np.unique(values[np.isfinite(values)]).size)
+
+    def quantize(self, scaled, zero_point=0.0):
+        """Codes on the grid of ``scaled`` (= x / scale): integers, or float-type values as float64."""
+        if self.is_float:
+            x = np.clip(np.asarray(scaled, np.float64), self.qmin, self.qmax)
+            return x.astype(np.float32).astype(self.np_type).astype(np.float64)
+        return np.clip(np.rint(np.asarray(scaled, np.float64)) + zero_point, self.qmin, self.qmax)
+
+    def dequantize(self, codes, zero_point=0.0):
+        """``codes - zero_point`` in grid units (multiply by the scale for input units)."""
+        return np.asarray(codes, np.float64) - (0.0 if self.is_float else zero_point)
+
+
+def _grids():
+    grids = {}
+    ints = [("INT8", "int8", 8, -128, 127), ("UINT8", "uint8", 8, 0, 255), ("INT16", "int16", 16, -32768, 32767),
+            ("UINT16", "uint16", 16, 0, 65535), ("INT32", "int32", 32, -(2 ** 31), 2 ** 31 - 1),
+            ("INT4", "int4", 4, -8, 7), ("UINT4", "uint4", 4, 0, 15), ("INT2", "int2", 2, -2, 1),
+            ("UINT2", "uint2", 2, 0, 3)]
+    for attr, name, bits, lo, hi in ints:
+        if hasattr(TP, attr):
+            grids[getattr(TP, attr)] = Grid(getattr(TP, attr), name, bits, "int", lo, hi)
+    try:
+        import ml_dtypes
+    except ImportError:  # onnx depends on it; without it float grids are unknown
+        return grids
+    floats = [("FLOAT8E4M3FN", "float8e4m3fn", 8, "float8_e4m3fn"), ("FLOAT8E4M3FNUZ", "float8e4m3fnuz", 8,
+              "float8_e4m3fnuz"), ("FLOAT8E5M2", "float8e5m2", 8, "float8_e5m2"),
+              ("FLOAT8E5M2FNUZ", "float8e5m2fnuz", 8, "float8_e5m2fnuz"), ("FLOAT4E2M1", "float4e2m1", 4,
+                                                                            "float4_e2m1fn")]
+    for attr, name, bits, np_name in floats:
+        np_type = getattr(ml_dtypes, np_name, None)
+        if hasattr(TP, attr) and np_type is not None:
+            top = float(ml_dtypes.finfo(np_type).max)
+            grids[getattr(TP, attr)] = Grid(getattr(TP, attr), name, bits, "float", -top, top, np_type)
+    return grids
+
+
+GRIDS = _grids()
+
+
+def grid_of(dtype, where=""):
+    """The :class:`Grid` of an ONNX quantized type; a type with none is one sentence."""
+    if dtype in GRIDS:
+        return GRIDS[dtype]
+    name = TP.DataType.Name(dtype) if dtype in TP.DataType.values() else str(dtype)
+    raise PTQError(f"{where}quantizes to {name}, a type pytest-ptq has no grid for; supported: "
+                   + ", ".join(g.name for g in GRIDS.values()))
+
+
+def broadcast(values, shape, axis=None, block_size=0):
+    """``values`` (a scale or zero point) shaped to multiply an array of ``shape``: as is when
+    it has one element, along ``axis`` per index or, with ``block_size``, per block."""
+    values = np.asarray(values)
+    if values.size == 1 or not shape:
+        return values.reshape(())
+    rank = len(shape)
+    axis = (1 if axis is None else axis) % rank
+    if block_size:
+        expanded = np.repeat(values, block_size, axis=axis)
+        index = [slice(None)] * rank
+        index[axis] = slice(0, shape[axis])
+        return expanded[tuple(index)]
+    if values.ndim == rank:  # already shaped like the input
+        return values
+    out = [1] * rank
+    out[axis] = -1
+    return values.reshape(out)
+
+
+def fake_quant(x, grid, scale, zero_point, axis=None, block_size=0):
+    """Quantize then dequantize ``x`` on ``grid`` (float32 result, ``x``'s shape)."""
+    x = np.asarray(x)
+    s = broadcast(np.asarray(scale, np.float64), x.shape, axis, block_size)
+    z = broadcast(np.asarray(zero_point, np.float64), x.shape, axis, block_size)
+    codes = grid.quantize(x.astype(np.float64) / s, z)
+    return (grid.dequantize(codes, z) * s).astype(np.float32)
+
+
+def codes_used(x, grid, scale, zero_point, axis=None, block_size=0):
+    """How many distinct grid values ``x`` falls on (at most ``grid.levels``)."""
+    x = np.asarray(x)
+    if x.size == 0:
+        return 0
+    s = broadcast(np.asarray(scale, np.float64), x.shape, axis, block_size)
+    z = broadcast(np.asarray(zero_point, np.float64), x.shape, axis, block_size)
+    return int(np.unique(grid.quantize(x.astype(np.float64) / s, z)).size)
+
+
+def step_bound(x, grid, scale, axis=None, block_size=0):
+    """The largest rounding error quantization can make on ``x`` where it is not clipped,
+    per element, in input units: half a step on an integer grid; half the local spacing of
+    the float type (relative to |x|) on a float grid."""
+    x = np.asarray(x, np.float64)
+    s = broadcast(np.asarray(scale, np.float64), x.shape, axis, block_size)
+    if not grid.is_float:
+        return np.broadcast_to(s / 2, x.shape)
+    import ml_dtypes
+
+    finfo = ml_dtypes.finfo(grid.np_type)
+    mant = finfo.nmant
+    scaled = np.abs(x / s)
+    exponent = np.floor(np.log2(np.maximum(scaled, float(finfo.smallest_normal))))
+    return (2.0 ** (exponent - mant)) * s / 2 * (1 + 1e-6)

@@ -1,0 +1,425 @@
+"""The calibrated QDQ model as the analyses see it.
+
+A *calibration node* is what the seed tool calls HzCalibration: here a ``QuantizeLinear``
+and the ``DequantizeLinear`` nodes it feeds (one node however many DQs it feeds), or a
+lone ``DequantizeLinear`` of a quantized initializer (onnxruntime's default for weights
+and biases). Every other node is a *normal node*. Q/DQ are recognised by op type in the
+standard domain and in onnxruntime's ``com.microsoft`` one, whatever their names; their
+type (int2..int16, int32 biases, float8, float4) and granularity (per tensor, per axis,
+per block) come from the graph's types and the ops' attributes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import defaultdict
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+from ..errors import NotQuantized, PTQError, unknown
+from . import grids
+from .graph import load_model, name_nodes, sort_topologically
+
+QDQ_DOMAINS = ("", "ai.onnx", "com.microsoft")
+Q_OPS = {"QuantizeLinear"}
+DQ_OPS = {"DequantizeLinear"}
+FLOAT_TYPES = (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE, onnx.TensorProto.BFLOAT16)
+
+
+def is_q(node):
+    return node.op_type in Q_OPS and node.domain in QDQ_DOMAINS
+
+
+def is_dq(node):
+    return node.op_type in DQ_OPS and node.domain in QDQ_DOMAINS
+
+
+def attribute(node, name, default=None):
+    """An int, float, string or tensor attribute of ``node``, or ``default``."""
+    for a in node.attribute:
+        if a.name == name:
+            return onnx.helper.get_attribute_value(a)
+    return default
+
+
+@dataclasses.dataclass
+class CalibrationNode:
+    """One Q/DQ pair (or lone DQ) with its quantization parameters.
+
+    ``threshold`` is the largest magnitude the pair represents, in the units of its input
+    (``scale * max(qmax - zp, zp - qmin)``, the max over channels or blocks).
+    """
+
+    name: str
+    kind: str  # "activation" or "weight"
+    input: str  # the tensor quantized (float for pairs; the quantized initializer for a lone DQ)
+    q_node: onnx.NodeProto | None
+    dq_nodes: list
+    scale: np.ndarray
+    zero_point: np.ndarray
+    axis: int | None
+    qtype: int
+    grid: grids.Grid
+    threshold: float
+    block_size: int = 0
+    role: str = ""  # "bias" for int32 bias DQs
+    float_weight: str | None = None  # initializer holding the float weight, when known
+    consumers: list = dataclasses.field(default_factory=list)  # normal nodes fed, by name
+    producer: str | None = None  # normal node that computes an activation's input
+    # (op_type, low, high) of a Relu/Clip that the quantizer folded into this pair's range
+    # and deleted, found in the float model; bypassing the pair re-applies it
+    folded: tuple | None = None
+    on_grid: bool = False  # a float weight behind the pair already rounded onto its grid
+
+    @property
+    def outputs(self):
+        return [dq.output[0] for dq in self.dq_nodes]
+
+    @property
+    def bypassable(self):
+        """False for a lone DQ whose float weight is unknown: bypassing it changes nothing."""
+        return self.q_node is not None or self.float_weight is not None
+
+    @property
+    def bit(self):
+        return self.grid.bits
+
+    @property
+    def per_channel(self):
+        """One scale per index of ``axis`` (not per block)."""
+        return self.scale.size > 1 and not self.block_size
+
+    @property
+    def granularity(self):
+        if self.block_size:
+            return f"per-block ({self.block_size})"
+        return "per-channel" if self.per_channel else "per-tensor"
+
+    @property
+    def qrange(self):
+        return self.grid.qmin, self.grid.qmax
+
+    @property
+    def dtype_name(self):
+        return self.grid.name
+
+    def range(self):
+        """(lowest, highest) representable values, per channel or block, in input units."""
+        s = self.scale.astype(np.float64)
+        zp = 0.0 if self.grid.is_float else self.zero_point.astype(np.float64)
+        return s * (self.grid.qmin - zp), s * (self.grid.qmax - zp)
+
+    def bounds(self, shape):
+        """:meth:`range` broadcast against a tensor of ``shape`` (channels or blocks expanded)."""
+        lo, hi = self.range()
+        return (grids.broadcast(lo, shape, self.axis, self.block_size),
+                grids.broadcast(hi, shape, self.axis, self.block_size))
+
+    def fake_quant(self, x):
+        """Quantize then dequantize ``x`` with this node's parameters in numpy (onnxruntime's rounding)."""
+        return grids.fake_quant(x, self.grid, self.scale, self.zero_point, self.axis, self.block_size)
+
+    def dequantize(self, codes):
+        """The float value of a quantized initializer (a lone DQ's input)."""
+        codes = np.asarray(codes).astype(np.float64)
+        s = grids.broadcast(self.scale.astype(np.float64), codes.shape, self.axis, self.block_size)
+        z = grids.broadcast(self.zero_point.astype(np.float64), codes.shape, self.axis, self.block_size)
+        return (self.grid.dequantize(codes, z) * s).astype(np.float32)
+
+    def codes_used(self, x):
+        """Distinct grid values that ``x`` quantizes to."""
+        return grids.codes_used(x, self.grid, self.scale, self.zero_point, self.axis, self.block_size)
+
+    def summary(self):
+        return {"name": self.name, "kind": self.kind, "input": self.input, "bit": self.bit,
+                "dtype": self.dtype_name, "threshold": self.threshold, "granularity": self.granularity,
+                "per_channel": self.per_channel, "axis": self.axis, "block_size": self.block_size,
+                "consumers": list(self.consumers), "role": self.role}
+
+
+@dataclasses.dataclass
+class QParams:
+    """An alternative fake-quant for a calibration node: ``scale`` and ``zero_point`` are
+    shaped to broadcast against the node's input (per channel: ``[1, C, 1, 1]`` and so on)."""
+
+    scale: np.ndarray
+    zero_point: np.ndarray
+    qmin: float
+    qmax: float
+    label: str = ""
+
+    @classmethod
+    def wider(cls, c, bits=16, rank=None):
+        """The same range as ``c`` at ``bits`` bits: the pair re-quantized finer, not wider."""
+        lo, hi = c.range()
+        signed = c.grid.signed
+        nmin, nmax = (-(2 ** (bits - 1)), 2 ** (bits - 1) - 1) if signed else (0, 2**bits - 1)
+        scale = (hi - lo) / (nmax - nmin)
+        zp = np.rint(nmin - lo / scale)
+        return cls(_broadcast(c, scale, rank), _broadcast(c, zp, rank), nmin, nmax,
+                   f"int{bits}" if signed else f"uint{bits}")
+
+
+def _broadcast(c, values, rank=None):
+    values = np.asarray(values, dtype=np.float32)
+    if values.size == 1:
+        return values.reshape(())
+    rank = rank or 4
+    shape = [1] * rank
+    shape[(c.axis if c.axis is not None else 1) % rank] = -1
+    return values.reshape(shape)
+
+
+@dataclasses.dataclass
+class NormalNode:
+    name: str
+    op_type: str
+    inputs: list
+    outputs: list
+    calibration_inputs: list  # names of the calibration nodes feeding it
+    index: int  # topological position among normal nodes
+
+
+class QuantModel:
+    """A calibrated QDQ model parsed into calibration nodes and normal nodes.
+
+    ``calibration`` keeps graph order; ``normal`` is in topological order. ``float_model``:
+    the model it was quantized from, aligned by structure and values to recover float
+    weights and the activations the quantizer deleted (see :mod:`.align`).
+    """
+
+    def __init__(self, model_or_file, float_model=None):
+        self.model, self.path = load_model(model_or_file)
+        self.source = str(self.path) if self.path else "<ModelProto>"
+        graph = self.model.graph
+        name_nodes(graph)
+        self.resorted = sort_topologically(graph, repr(self.source))
+        self.notes = []
+        if self.resorted:
+            self.notes.append("the graph was stored out of topological order; it is analysed sorted")
+        self.inits = {i.name: i for i in graph.initializer}
+        self.constants = {n.output[0]: n for n in graph.node if n.op_type == "Constant"}
+        self.input_names = [i.name for i in graph.input if i.name not in self.inits]
+        self.inputs = {i.name: i for i in graph.input if i.name not in self.inits}
+        self.output_names = [o.name for o in graph.output]
+        self.producer = {o: n for n in graph.node for o in n.output}
+        self.consumers = defaultdict(list)
+        for n in graph.node:
+            for i in n.input:
+                if i:
+                    self.consumers[i].append(n)
+        self.value_types = self._infer_types()
+        self._constant_cache = {}
+        self.calibration = self._find_calibration_nodes()
+        if not self.calibration:
+            raise NotQuantized(f"model {self.source!r} has no QuantizeLinear/DequantizeLinear pairs; "
+                               "pass the calibrated QDQ model (quantize_static with QuantFormat.QDQ), "
+                               "not the float one")
+        self._mark_on_grid()
+        self.float_weights = {}
+        self._map_normal_nodes()
+        if float_model is not None:
+            from .align import align
+
+            align(self, float_model)
+
+    # -- parsing -------------------------------------------------------------------------
+    def _infer_types(self):
+        try:
+            inferred = onnx.shape_inference.infer_shapes(self.model, strict_mode=False)
+            values = list(inferred.graph.value_info) + list(inferred.graph.output) + list(inferred.graph.input)
+        except Exception:  # inference is a help for typing outputs, never a requirement
+            values = list(self.model.graph.value_info) + list(self.model.graph.output) + list(self.model.graph.input)
+        types, shapes = {}, {}
+        for v in values:
+            if v.type.HasField("tensor_type") and v.type.tensor_type.elem_type:
+                types[v.name] = v.type.tensor_type.elem_type
+                if v.type.tensor_type.HasField("shape"):
+                    shapes[v.name] = [d.dim_value if d.HasField("dim_value") else None
+                                      for d in v.type.tensor_type.shape.dim]
+        for name, init in self.inits.items():
+            types[name] = init.data_type
+            shapes[name] = list(init.dims)
+        self.shapes = shapes
+        return types
+
+    def constant(self, name):
+        """The numpy value of an initializer or Constant output (also through Identity or
+        Cast of one, as fp16 exports store scales), or None."""
+        if name in self._constant_cache:
+            return self._constant_cache[name]
+        value = None
+        if name in self.inits:
+            value = numpy_helper.to_array(self.inits[name])
+        elif name in self.constants:
+            t = attribute(self.constants[name], "value")
+            value = numpy_helper.to_array(t) if t is not None else None
+        elif name in self.producer and self.producer[name].op_type in ("Identity", "Cast"):
+            node = self.producer[name]
+            src = self.constant(node.input[0])
+            if src is not None and node.op_type == "Cast":
+                src = src.astype(onnx.helper.tensor_dtype_to_np_dtype(attribute(node, "to")))
+            value = src
+        self._constant_cache[name] = value
+        return value
+
+    def is_constant(self, name):
+        return self.constant(name) is not None
+
+    def _qparams(self, node, qtype):
+        where = f"node {node.name!r} of {self.source!r} "
+        scale = self.constant(node.input[1]) if len(node.input) > 1 else None
+        if scale is None:
+            raise PTQError(f"{where}takes its scale {node.input[1] if len(node.input) > 1 else ''!r} from a "
+                           "computed tensor; only constant scales are supported")
+        grid = grids.grid_of(qtype, where)
+        zp = self.constant(node.input[2]) if len(node.input) > 2 and node.input[2] else None
+        zp = np.zeros_like(scale, dtype=np.float64) if zp is None or grid.is_float else np.asarray(zp).astype(np.int64)
+        block_size = int(attribute(node, "block_size", 0) or 0)
+        axis = None
+        if scale.size > 1 or block_size:
+            axis = int(attribute(node, "axis", 1))
+        return scale.astype(np.float32), zp, axis, block_size, grid
+
+    def _qtype(self, node, tensor):
+        """The quantized type of a Q's output or a DQ's input: from the graph's types, else
+        the Q's ``output_dtype`` or zero point, else uint8 (QuantizeLinear's default)."""
+        if tensor in self.value_types and self.value_types[tensor] not in FLOAT_TYPES:
+            return self.value_types[tensor]
+        out_dtype = attribute(node, "output_dtype", 0)
+        if out_dtype:
+            return out_dtype
+        if len(node.input) > 2 and node.input[2]:
+            zp = self.constant(node.input[2])
+            if zp is not None:
+                return onnx.helper.np_dtype_to_tensor_dtype(np.asarray(zp).dtype)
+        return onnx.TensorProto.UINT8
+
+    def _find_calibration_nodes(self):
+        graph = self.model.graph
+        found, used = [], set()
+        for node in graph.node:
+            if is_q(node):
+                users = self.consumers[node.output[0]]
+                dqs = [c for c in users if is_dq(c)]
+                if not dqs or len(dqs) != len(users):
+                    continue  # a Q feeding integer kernels is not a fake-quant pair
+                qtype = self._qtype(node, node.output[0])
+                scale, zp, axis, block, grid = self._qparams(node, qtype)
+                kind = "weight" if self.is_constant(node.input[0]) else "activation"
+                found.append(self._calib(node.name, kind, node.input[0], node, dqs, scale, zp, axis, block, grid))
+                used.update(d.name for d in dqs)
+        for node in graph.node:
+            if is_dq(node) and node.name not in used and self.is_constant(node.input[0]):
+                qtype = self._qtype(node, node.input[0])
+                scale, zp, axis, block, grid = self._qparams(node, qtype)
+                c = self._calib(node.name, "weight", node.input[0], None, [node], scale, zp, axis, block, grid)
+                c.role = "bias" if qtype == onnx.TensorProto.INT32 else ""
+                found.append(c)
+        return {c.name: c for c in found}
+
+    def _mark_on_grid(self):
+        """Flag float weights behind a pair that are already rounded onto its grid (aimet and
+        QAT exports): bypassing such a pair changes nothing, so only the float model can show
+        the weight's quantization error."""
+        for c in self.of_kind("weight"):
+            w = self.constant(c.input) if c.q_node is not None else None
+            if w is None or np.size(w) < 8 or np.asarray(w).dtype.kind != "f":
+                continue
+            w = np.asarray(w, np.float32)
+            close = np.abs(c.fake_quant(w) - w) <= 1e-6 * np.abs(w) + 1e-12
+            c.on_grid = bool(close.mean() >= 0.999)
+
+    def _calib(self, name, kind, inp, q, dqs, scale, zp, axis, block, grid):
+        s = scale.astype(np.float64).reshape(-1)
+        if grid.is_float:
+            threshold = float(np.max(s * grid.qmax))
+        else:
+            z = np.broadcast_to(zp.astype(np.float64).reshape(-1), s.shape)
+            threshold = float(np.max(s * np.maximum(grid.qmax - z, z - grid.qmin)))
+        producer = self.producer[inp].name if kind == "activation" and inp in self.producer else None
+        return CalibrationNode(name=name, kind=kind, input=inp, q_node=q, dq_nodes=dqs, scale=scale,
+                               zero_point=zp, axis=axis, qtype=grid.dtype, grid=grid, threshold=threshold,
+                               block_size=block, producer=producer)
+
+    def _map_normal_nodes(self):
+        dq_out, calib_nodes = {}, set()
+        for c in self.calibration.values():
+            for dq in c.dq_nodes:
+                dq_out[dq.output[0]] = c.name
+                calib_nodes.add(dq.name)
+            if c.q_node is not None:
+                calib_nodes.add(c.q_node.name)
+        self.normal = {}
+        for node in self.model.graph.node:
+            if node.name in calib_nodes or node.op_type == "Constant":
+                continue
+            feeding = []
+            for i in node.input:
+                if i in dq_out and dq_out[i] not in feeding:
+                    feeding.append(dq_out[i])
+            n = NormalNode(node.name, node.op_type, list(node.input), list(node.output), feeding, len(self.normal))
+            self.normal[node.name] = n
+            for cname in feeding:
+                self.calibration[cname].consumers.append(node.name)
+
+    # -- queries -------------------------------------------------------------------------
+    def of_kind(self, kind):
+        return [c for c in self.calibration.values() if c.kind == kind]
+
+    def node(self, name):
+        """The NodeProto of a node (normal or calibration) by name."""
+        if not hasattr(self, "_protos"):
+            self._protos = {n.name: n for n in self.model.graph.node}
+        return self._protos[name]
+
+    def resolve_calibration(self, names):
+        """Calibration node names for a list of calibration or normal node names."""
+        out = []
+        for name in names:
+            if name in self.calibration:
+                out.append(name)
+            elif name in self.normal:
+                out.extend(self.normal[name].calibration_inputs)
+            else:
+                raise unknown("node", name, list(self.calibration) + list(self.normal))
+        return list(dict.fromkeys(out))
+
+    def is_float_tensor(self, name):
+        return self.value_types.get(name) in FLOAT_TYPES
+
+    def source_of(self, tensor):
+        """The tensor a normal node reads with every Q/DQ bypassed: a DQ output maps to the
+        pair's float input (or, for a lone DQ, its quantized initializer)."""
+        c = self.by_output().get(tensor)
+        return tensor if c is None else (c.float_weight or c.input)
+
+    def by_output(self):
+        """``{DQ output tensor: calibration node}``."""
+        if not hasattr(self, "_by_output"):
+            self._by_output = {o: c for c in self.calibration.values() for o in c.outputs}
+        return self._by_output
+
+    def folded_activation_suspects(self):
+        """Activation pairs whose range starts at exactly 0 right after an op that can go
+        negative, and which no Relu/Clip follows: where a quantizer that deletes Relu/Clip after
+        folding them into the Q/DQ range would leave its mark. Only candidates: a range that
+        starts at 0 is also what MinMax calibration gives any non-negative tensor, so the
+        engine confirms them on data (see :mod:`pytest_ptq.engine.sanity`)."""
+        out = []
+        for c in self.of_kind("activation"):
+            if c.folded is not None:
+                continue  # found in the float model: the bypass re-applies it
+            lo, _ = c.range()
+            prod = self.producer.get(c.input)
+            kept = any(n.op_type in ("Relu", "Clip") for dq in c.dq_nodes for n in self.consumers[dq.output[0]])
+            if prod is not None and prod.op_type in _SIGNED_PRODUCERS and np.all(lo == 0) and not kept:
+                out.append(c.name)
+        return out
+
+
+# Ops after which a tensor can be negative.
+_SIGNED_PRODUCERS = {"Conv", "ConvTranspose", "Gemm", "MatMul", "Add", "Sub", "BatchNormalization",
+                     "InstanceNormalization", "LayerNormalization", "Mul"}
