@@ -12,15 +12,12 @@ Q/DQ run as fake-quant: onnxruntime's QDQ-to-integer fusion is switched off.
 
 from __future__ import annotations
 
-import warnings
-
 import numpy as np
 
 from ..data import load_data
 from ..errors import PTQError, unknown
-from ..metrics import compare
-from ..model import QuantModel, load_model
-from . import runtime
+from ..model import QuantModel
+from . import runtime, sanity
 from .instrument import LOCAL_PREFIX, Gates, instrument
 from .segments import Segments
 
@@ -71,7 +68,8 @@ class Engine:
         self.model_outputs = list(self.qmodel.output_names)
         self.probe_tensors = [t for n in self.qmodel.normal.values() for t in n.outputs
                               if t and self.qmodel.is_float_tensor(t)]
-        self.warnings = []
+        self.warnings = list(self.qmodel.notes)
+        self.rewrite = None
         if not self.calib_names:
             self.warnings.append(
                 "every calibration node is a lone DequantizeLinear of an already quantized weight, so "
@@ -236,56 +234,14 @@ class Engine:
         return values, local
 
     # -- sanity --------------------------------------------------------------------------
-    def check_float_equivalence(self, sample=0):
-        """Raise when bypassing every pair cannot be the float model (folded Relu/Clip)."""
-        qm = self.qmodel
-        suspects = qm.folded_activation_suspects()
-        bypassed = self.run(sample, ())
-        quant = self.run(sample, "all")
-        broken = [k for k, v in bypassed.items() if v.dtype.kind == "f" and not np.isfinite(v).all()]
-        exploded = []
-        # One suspect can be a conv whose outputs happen to be non-negative; folding by the
-        # quantizer marks many. A badly quantized model can legitimately sit far from float,
-        # so drift alone convicts only with many suspects.
-        many = len(suspects) >= max(2, 0.1 * len(qm.of_kind("activation")))
-        for k, v in bypassed.items():
-            q = quant[k]
-            if suspects and v.dtype.kind == "f" and np.isfinite(v).all() and np.isfinite(q).all():
-                vn, qn = float(np.abs(v).max(initial=0)), float(np.abs(q).max(initial=0))
-                if vn > 10 * max(qn, 1e-6) or (many and compare(v, q)["cosine-similarity"] < 0.99):
-                    exploded.append(k)
-        fix = ("pass the float model (float_model=... / --float-model) or re-quantize with "
-               "extra_options={'AddQDQPairToWeight': True, 'QDQKeepRemovableActivations': True}")
-        if broken or exploded:
-            why = (f"gives non-finite values in output {broken[0]!r}" if broken
-                   else f"makes output {exploded[0]!r} diverge from the quantized model")
-            extra = (f" ({len(suspects)} activation pairs such as {suspects[0]!r} start at exactly 0 after "
-                     f"a signed op: their Relu/Clip was folded into the Q/DQ range and deleted)"
-                     if suspects else "")
-            raise PTQError(f"bypassing every Q/DQ pair of {qm.source!r} {why}, so it is not the float "
-                           f"model{extra}; {fix}")
-        if self.float_model is not None:
-            fmodel, fpath = load_model(self.float_model, what="float model")
-            fsess = runtime.make_session(fmodel, self.optimization, self.providers, what="the float model")
-            feeds = self.sample(sample) if isinstance(sample, int) else sample
-            names = [o.name for o in fsess.get_outputs()]
-            ref = dict(zip(names, runtime.run(fsess, names, feeds, str(fpath) if fpath else "<ModelProto>")))
-            for k, v in bypassed.items():
-                if k in ref:
-                    cos = compare(ref[k], v)["cosine-similarity"]
-                    if cos < 0.999:
-                        where = str(fpath) if fpath else "<ModelProto>"
-                        raise PTQError(f"bypassing every Q/DQ pair of {qm.source!r} does not reproduce the "
-                                       f"float model {where!r} on output {k!r} (cosine "
-                                       f"{cos:.4f}); check that it is the model this one was quantized "
-                                       "from, or re-quantize with extra_options={'AddQDQPairToWeight': "
-                                       "True, 'QDQKeepRemovableActivations': True}")
-        elif suspects:
-            self.warnings.append("folded activations suspected: " + ", ".join(suspects[:5]))
-        if many and self.float_model is None:
-            warnings.warn(f"{len(suspects)} activation pairs of {qm.source} (e.g. {suspects[0]}) look like "
-                          "they absorbed a deleted Relu/Clip; bypassed results may not be the float "
-                          f"model: {fix}", stacklevel=2)
+    def check_float_equivalence(self):
+        """Refuse a model whose bypassed form cannot be the float model, on evidence from the
+        data (see :mod:`.sanity`); keep its warnings and any rewrite by the quantizer
+        (``self.rewrite``)."""
+        result = sanity.check(self)
+        self.warnings += result.warnings
+        self.rewrite = result.rewrite
+        return result
 
 
 def engine_for(model_or_file, calibrated_data=None, float_model=None):

@@ -52,6 +52,20 @@ class Alignment:
     unmatched_weights: list  # weight calibration nodes whose float weight was not found
     unmatched_float: list = dataclasses.field(default_factory=list)  # float node names
     unmatched_qdq: list = dataclasses.field(default_factory=list)  # QDQ normal node names
+    weights_tried: int = 0  # weights whose matched float constant was compared by value
+    weights_fitted: int = 0  # ... and lay within rounding of it
+
+    @property
+    def matched_share(self):
+        """Share of the QDQ graph's normal nodes that found their float node."""
+        total = len(self.nodes) + len(self.unmatched_qdq)
+        return len(self.nodes) / total if total else 1.0
+
+    @property
+    def same_weights(self):
+        """False when most weights that matched by position differ from the float model's:
+        the float model is not the one this model was quantized from."""
+        return self.weights_tried == 0 or self.weights_fitted >= 0.5 * self.weights_tried
 
 
 class _Float:
@@ -142,12 +156,13 @@ def align(qm, float_model):
         for k, e in enumerate(expect):
             if e[0] == "weight" and k < len(fnode.input) and fnode.input[k]:
                 weights_at.setdefault(e[1].name, []).append(fnode.input[k])
-    weights, unmatched = _assign_weights(qm, f, weights_at)
+    weights, unmatched, tried, fitted = _assign_weights(qm, f, weights_at)
     for cname, fold in folded.items():
         qm.calibration[cname].folded = fold
-    rewrites, unmatched_float, unmatched_qdq = _rewrites(qm, f, nodes, used, folded)
+    rewrites, unmatched_float, unmatched_qdq = _rewrites(qm, f, nodes, used)
     result = Alignment(nodes=nodes, weights=weights, folded=folded, rewrites=rewrites,
-                       unmatched_weights=unmatched, unmatched_float=unmatched_float, unmatched_qdq=unmatched_qdq)
+                       unmatched_weights=unmatched, unmatched_float=unmatched_float, unmatched_qdq=unmatched_qdq,
+                       weights_tried=tried, weights_fitted=fitted)
     qm.alignment = result
     return result
 
@@ -231,15 +246,18 @@ def _assign_weights(qm, f, weights_at):
     """Float weights for the weight calibration nodes, from their positional matches, then by
     value among the float constants of their shape."""
     weights, unmatched, taken = {}, [], set()
+    tried = fitted = 0
     for c in qm.of_kind("weight"):
         mine = _model_value(qm, c)
         if mine is None:
             continue
         found = None
-        for fname in dict.fromkeys(weights_at.get(c.name, ())):
-            fw = f.constant(fname)
-            if fw is not None and fits(c, mine, fw):
+        candidates = [n for n in dict.fromkeys(weights_at.get(c.name, ())) if f.constant(n) is not None]
+        tried += bool(candidates)
+        for fname in candidates:
+            if fits(c, mine, f.constant(fname)):
                 found = fname
+                fitted += 1
                 break
         if found is None and _needs_float(qm, c):
             found = _by_value(qm, f, c, mine, taken)
@@ -250,7 +268,7 @@ def _assign_weights(qm, f, weights_at):
         taken.add(found)
         weights[c.name] = found
         _set_float(qm, c, mine, f.constant(found), found)
-    return weights, unmatched
+    return weights, unmatched, tried, fitted
 
 
 def _model_value(qm, c):
@@ -308,7 +326,7 @@ def _set_float(qm, c, mine, fw, fname):
     c.float_weight = name
 
 
-def _rewrites(qm, f, nodes, used, folded):
+def _rewrites(qm, f, nodes, used):
     """Sentences for what the quantizer changed beyond Q/DQ: float ops without counterpart and
     QDQ ops the float model does not have."""
     # a float Relu/Clip the quantizer deleted is explained when the node after it matched

@@ -117,6 +117,10 @@ class CalibrationNode:
         return (grids.broadcast(lo, shape, self.axis, self.block_size),
                 grids.broadcast(hi, shape, self.axis, self.block_size))
 
+    def half_step(self, shape):
+        """Half a quantization step (the scale over 2), broadcast against ``shape``."""
+        return grids.broadcast(self.scale.astype(np.float64) / 2, shape, self.axis, self.block_size)
+
     def fake_quant(self, x):
         """Quantize then dequantize ``x`` with this node's parameters in numpy (onnxruntime's rounding)."""
         return grids.fake_quant(x, self.grid, self.scale, self.zero_point, self.axis, self.block_size)

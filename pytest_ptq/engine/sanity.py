@@ -1,0 +1,160 @@
+"""Is the model with every pair bypassed the float model? Decided on the data.
+
+Quantizers that delete a Relu/Clip after folding it into a pair's range leave a graph
+whose bypassed form is not the float model, and every sensitivity would then be measured
+against the wrong reference. The mark is in the values: with every pair bypassed, the
+input of such a pair goes below the floor of its range (the deleted Relu made it
+non-negative), on a good share of the data. A range starting at 0 alone says nothing
+(MinMax calibration puts 0 in every range, and many tensors are non-negative by nature),
+and a bypassed model far from the quantized one is a badly quantized model, not evidence.
+
+So, on a spread of samples: a pair is a suspect when more than ``FLOOR_SHARE`` of its
+input's values fall below its floor by more than half a step. The model is refused only on
+decisive evidence (bypassed outputs that are non-finite or explode, or suspects on several
+pairs); one suspect is a warning with its evidence and the fix. With the float model, the
+bypassed outputs are compared with it; a gap the alignment explains as a rewrite by the
+quantizer is reported (``rewrite``), one it cannot explain means another float model.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from ..errors import PTQError
+from ..metrics import compare
+from ..model import load_model
+from . import runtime
+
+SPREAD = 8  # samples the checks look at, spread over the data
+FLOOR_SHARE = 0.01  # share of a pair's input values below its floor that makes it a suspect
+EXPLODE = 1e3  # bypassed outputs this many times larger than the quantized ones explode
+SAME = 0.999  # output cosine at which the bypassed model is the float model
+FIX = ("pass the float model (float_model=... / --float-model) or re-quantize with "
+       "extra_options={'AddQDQPairToWeight': True, 'QDQKeepRemovableActivations': True}")
+
+
+@dataclasses.dataclass
+class Equivalence:
+    """What the check saw: ``suspects[pair] = (values below its floor, values seen)``;
+    ``rewrite``: ``{"cosine", "output", "sample", "changes"}`` when the quantizer rewrote the
+    graph beyond Q/DQ (the float model's outputs against the bypassed ones); ``warnings``:
+    sentences for the user."""
+
+    samples: list
+    suspects: dict
+    rewrite: dict | None
+    warnings: list
+
+
+def spread(n, k=SPREAD):
+    """Up to ``k`` sample indices spread evenly over ``n`` samples, first and last included."""
+    if n <= k:
+        return list(range(n))
+    return sorted({int(round(v)) for v in np.linspace(0, n - 1, k)})
+
+
+def check(engine):
+    """Check ``engine`` (which has data); raise :class:`PTQError` on decisive evidence, else
+    return the :class:`Equivalence`."""
+    qm = engine.qmodel
+    samples = spread(len(engine.data))
+    candidates = [qm.calibration[n] for n in qm.folded_activation_suspects() if engine.is_gated(n)]
+    watched = list(dict.fromkeys(c.input for c in candidates))
+    below, seen = {c.name: 0 for c in candidates}, {c.name: 0 for c in candidates}
+    broken, exploded = None, None
+    for i in samples:
+        bypassed = engine.run(i, ())
+        quant = engine.run(i, "all")
+        for k, v in bypassed.items():
+            if v.dtype.kind != "f":
+                continue
+            if broken is None and not np.isfinite(v).all():
+                broken = (k, i)
+            q = quant[k]
+            if exploded is None and np.isfinite(v).all() and np.isfinite(q).all() and v.size:
+                if float(np.abs(v).max()) > EXPLODE * max(float(np.abs(q).max()), 1e-6):
+                    exploded = (k, i)
+        if watched:
+            values = engine.tensors(i, (), watched)
+            for c in candidates:
+                x = np.asarray(values[c.input], np.float64)
+                lo, _ = c.bounds(x.shape)
+                below[c.name] += int(np.count_nonzero(x < lo - c.half_step(x.shape)))
+                seen[c.name] += x.size
+    suspects = {n: (below[n], seen[n]) for n in below if seen[n] and below[n] > FLOOR_SHARE * seen[n]}
+    evidence = _evidence(suspects)
+    if broken or exploded or len(suspects) >= 2:
+        if broken:
+            why = f"gives non-finite values in output {broken[0]!r} (sample {broken[1]})"
+        elif exploded:
+            why = (f"makes output {exploded[0]!r} more than {EXPLODE:g} times larger than the quantized model's "
+                   f"(sample {exploded[1]})")
+        else:
+            why = "is not the float model"
+        extra = (f": on {len(samples)} sample(s) the inputs of {evidence}, so the Relu/Clip that kept them "
+                 "non-negative was folded into the Q/DQ range and deleted" if suspects else "")
+        raise PTQError(f"bypassing every Q/DQ pair of {qm.source!r} {why}{extra}; {FIX}")
+    warnings = []
+    if suspects:
+        warnings.append(f"folded activations suspected: with every pair bypassed, the input of {evidence} on "
+                        f"{len(samples)} sample(s); its Relu/Clip was probably folded into the range and deleted: "
+                        f"{FIX}")
+    rewrite = None
+    if engine.float_model is not None:
+        lost = getattr(qm, "alignment", None) and qm.alignment.unmatched_weights
+        if lost:
+            warnings.append(f"the float model holds no weight that {len(lost)} quantized weight(s) such as "
+                            f"{lost[0]!r} round to; weight analyses compare them against their dequantized values")
+        rewrite = _against_float(engine, samples)
+        if rewrite is not None:
+            warnings.append(f"graph rewritten by the quantizer: output cosine {rewrite['cosine']:.6f} between the float "
+                            f"model and this model with every pair bypassed (output {rewrite['output']!r}, worst "
+                            f"on sample {rewrite['sample']}; {rewrite['changes']}); analyses compare against the "
+                            "bypassed graph, and the gap is reported as its own stage")
+    else:
+        on_grid = [c for c in qm.of_kind("weight") if c.on_grid and c.float_weight is None]
+        if on_grid:
+            warnings.append(f"{len(on_grid)} weight(s) such as {on_grid[0].name!r} sit behind Q/DQ already rounded "
+                            "onto their grid, so bypassing them changes nothing and their sensitivity reads as "
+                            "none; pass the float model (float_model=... / --float-model) to measure them")
+    return Equivalence(samples=samples, suspects=suspects, rewrite=rewrite, warnings=warnings)
+
+
+def _evidence(suspects):
+    shown = sorted(suspects, key=lambda n: -suspects[n][0] / suspects[n][1])
+    parts = [f"{n!r} ({suspects[n][0]} of {suspects[n][1]} values, {suspects[n][0] / suspects[n][1]:.1%}, below its "
+             "range floor)" for n in shown[:5]]
+    more = f" and {len(shown) - 5} more" if len(shown) > 5 else ""
+    return (f"{len(shown)} pair(s) " if len(shown) > 1 else "pair ") + ", ".join(parts) + more
+
+
+def _against_float(engine, samples):
+    """The float model against the bypassed model on ``samples``: None when they agree, a
+    rewrite record when the alignment explains the gap; raise when nothing does."""
+    qm = engine.qmodel
+    fmodel, fpath = load_model(engine.float_model, what="float model")
+    where = str(fpath) if fpath else "<ModelProto>"
+    fsess = runtime.make_session(fmodel, engine.optimization, engine.providers, what="the float model")
+    names = [o.name for o in fsess.get_outputs()]
+    del fmodel
+    worst = None
+    for i in samples:
+        ref = dict(zip(names, runtime.run(fsess, names, engine.sample(i), where)))
+        bypassed = engine.run(i, ())
+        for k, v in bypassed.items():
+            if k in ref and v.dtype.kind == "f":
+                cos = compare(ref[k], v)["cosine-similarity"]
+                if worst is None or cos < worst[0]:
+                    worst = (cos, k, i)
+    if worst is None or worst[0] >= SAME:
+        return None
+    alignment = getattr(qm, "alignment", None)
+    if alignment is None or not alignment.same_weights or alignment.matched_share < 0.5:
+        raise PTQError(f"bypassing every Q/DQ pair of {qm.source!r} does not reproduce the float model {where!r} on "
+                       f"output {worst[1]!r} (cosine {worst[0]:.4f} on sample {worst[2]}); check that it is the model "
+                       "this one was quantized from, or re-quantize with extra_options={'AddQDQPairToWeight': True, "
+                       "'QDQKeepRemovableActivations': True}")
+    changes = "; ".join(alignment.rewrites) or "no op changed, but the values differ"
+    return {"cosine": worst[0], "output": worst[1], "sample": worst[2], "changes": changes}
