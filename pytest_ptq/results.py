@@ -8,17 +8,28 @@ import math
 from pathlib import Path
 
 
+def plain(obj):
+    """numpy scalars as Python numbers and tuples as lists, infinities kept: results that
+    analyses still compute with (an infinite SQNR is a number, not a string)."""
+    if isinstance(obj, dict):
+        return {str(k): plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [plain(v) for v in obj]
+    if hasattr(obj, "item") and callable(obj.item) and not isinstance(obj, (str, bytes)):
+        return plain(obj.item())
+    return obj
+
+
 def json_safe(obj):
-    """Infinities and NaN as strings (JSON has none; browsers reject Python's ``Infinity``),
-    numpy scalars as Python numbers, tuples as lists."""
+    """:func:`plain`, with infinities and NaN as strings (JSON has none; browsers reject
+    Python's ``Infinity``)."""
+    obj = plain(obj)
     if isinstance(obj, float) and (math.isinf(obj) or math.isnan(obj)):
         return str(obj)
     if isinstance(obj, dict):
-        return {str(k): json_safe(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
+        return {k: json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, list):
         return [json_safe(v) for v in obj]
-    if hasattr(obj, "item") and callable(obj.item):
-        return json_safe(obj.item())
     return obj
 
 

@@ -127,12 +127,13 @@ def localize_stages(float_model, calibrated_model, calibrated_data, metrics=("co
         optimized = Path(save_dir) / "optimized_float_model.onnx"
     providers = providers or ["CPUExecutionProvider"]
     what = "the model for stage comparison"
+    libs = calibrated_model.libraries if isinstance(calibrated_model, Engine) else ()
     sessions = {
         "reference": make_session(fmodel, "disable", providers, fake_quant=False, what=what),
         "optimized-float": make_session(fmodel, "all", providers, fake_quant=False, optimized_path=optimized,
                                         what=what),
-        "fake-quant": make_session(qmodel, "all", providers, fake_quant=True, what=what),
-        "integer": make_session(qmodel, "all", providers, fake_quant=False, what=what),
+        "fake-quant": make_session(qmodel, "all", providers, fake_quant=True, what=what, libraries=libs),
+        "integer": make_session(qmodel, "all", providers, fake_quant=False, what=what, libraries=libs),
     }
     sources = {"reference": fpath, "optimized-float": fpath, "fake-quant": qm.source, "integer": qm.source}
     tensors = list(dict.fromkeys(s.tensor for s in specs))

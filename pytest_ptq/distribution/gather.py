@@ -16,7 +16,7 @@ import numpy as np
 from ..channelwise import OUTLIER_K, ChannelStats, channel_axis
 from ..errors import PTQError, unknown
 from ..progress import Progress
-from ..results import json_safe
+from ..results import plain
 from ..sensitivity import sample_indices
 
 HIST_BINS = 128
@@ -28,8 +28,9 @@ BULK_TAIL = 0.0005
 class _Values:
     """Exact scalars of a stream of arrays, then a histogram over fixed edges."""
 
-    def __init__(self, get, lo=None, hi=None, axis=None):
-        self.get, self.lo, self.hi, self.axis = get, lo, hi, axis
+    def __init__(self, get, bounds=None):
+        # bounds(shape) -> (lo, hi) broadcast against an array of that shape: values outside are clipped
+        self.get, self.bounds = get, bounds
         self.count = self.nonfinite = self.clipped_lo = self.clipped_hi = 0
         self.min, self.max, self.sum, self.sumsq = math.inf, -math.inf, 0.0, 0.0
         self.peak = 0.0  # the value with the largest magnitude, sign kept
@@ -57,18 +58,10 @@ class _Values:
         self.sum += float(f64.sum())
         self.sumsq += float(f64 @ f64)
         self.count += a_flat.size
-        if self.lo is not None:
-            lo, hi = self._bounds(a)
+        if self.bounds is not None:
+            lo, hi = self.bounds(a.shape)
             self.clipped_lo += int(np.count_nonzero(a < lo))
             self.clipped_hi += int(np.count_nonzero(a > hi))
-
-    def _bounds(self, a):
-        lo, hi = np.asarray(self.lo, np.float64), np.asarray(self.hi, np.float64)
-        if lo.size > 1:
-            shape = [1] * a.ndim
-            shape[self.axis % a.ndim] = -1
-            return lo.reshape(shape), hi.reshape(shape)
-        return lo.reshape(()), hi.reshape(())
 
     def set_edges(self, lo, hi, bins):
         if not math.isfinite(lo) or not math.isfinite(hi):
@@ -92,7 +85,7 @@ class _Values:
                "nonfinite": int(self.nonfinite), "shape": self.shape,
                "hist": {"counts": self.counts.tolist(), "edges": self.edges.tolist()}}
         out["bulk_lo"], out["bulk_hi"] = _bulk(self.counts, self.edges)
-        if self.lo is not None:
+        if self.bounds is not None:
             clipped = self.clipped_lo + self.clipped_hi
             out.update(clipped_count=int(clipped), clipped_low=int(self.clipped_lo),
                        clipped_high=int(self.clipped_hi), clipped_share=clipped / n)
@@ -238,31 +231,35 @@ def _output_tensor(engine, node):
 
 
 def weight_arrays(qm, c):
-    """(float weight or None, dequantized weight) of weight calibration node ``c``."""
-    deq = None
+    """(float weight or None, dequantized weight) of weight calibration node ``c``.
+
+    The float weight is the float model's where the alignment found it (a weight stored
+    quantized, or one already rounded onto the grid), else the float tensor behind the pair.
+    """
+    stored = qm.constant(c.input)
+    if stored is None:
+        raise PTQError(f"weight {c.name!r} of {qm.source!r} has no constant input {c.input!r}")
     if c.q_node is not None:
-        w = qm.constant(c.input)
-        if w is None:
-            raise PTQError(f"weight {c.name!r} of {qm.source!r} has no constant input {c.input!r}")
-        w = np.asarray(w, dtype=np.float32)
-        return w, c.fake_quant(w)
-    ints = np.asarray(qm.constant(c.input)).astype(np.float64)
-    s, zp = c.scale.astype(np.float64), c.zero_point.astype(np.float64)
-    if c.per_channel and ints.ndim:
-        shape = [1] * ints.ndim
-        shape[c.axis % ints.ndim] = -1
-        s, zp = s.reshape(shape), zp.reshape(shape)
-    deq = ((ints - zp) * s).astype(np.float32)
-    w = qm.float_weights.get(c.float_weight) if c.float_weight else None
+        stored = np.asarray(stored, dtype=np.float32)
+        deq = c.fake_quant(stored)
+        w = stored
+    else:
+        deq = c.dequantize(stored)
+        w = None
+    if c.float_weight:
+        w = qm.float_weights[c.float_weight]
     return (None if w is None else np.asarray(w, dtype=np.float32)), deq
 
 
 def clip_bounds(c):
-    """Values below the first or above the second are clipped: beyond the representable
-    range by more than half a step, so their error exceeds rounding's."""
-    lo, hi = c.range()
-    half = c.scale.astype(np.float64) / 2
-    return lo - half, hi + half
+    """``bounds(shape)``: values below the first or above the second are clipped, beyond the
+    representable range by more than half a step, so their error exceeds rounding's."""
+    def bounds(shape):
+        lo, hi = c.bounds(shape)
+        half = c.half_step(shape)
+        return lo - half, hi + half
+
+    return bounds
 
 
 def _describe(c):
@@ -307,7 +304,7 @@ def collect(engine, dist_nodes=(), box_nodes=(), axis=None, data_num=None, bins=
             need(float_t, c.input)
             info["relu_follows"] = bool(c.consumers) and all(
                 qm.normal[n].op_type == "Relu" for n in c.consumers if n in qm.normal)
-            v = _Values(lambda vals, t=c.input: vals[("f", t)], *clip_bounds(c), axis=c.axis)
+            v = _Values(lambda vals, t=c.input: vals[("f", t)], clip_bounds(c))
             accs.append(_Group([v], bins))
             plans[name] = ("activation", info, v)
         else:
@@ -379,8 +376,7 @@ def collect(engine, dist_nodes=(), box_nodes=(), axis=None, data_num=None, bins=
                     samples=samples if info["kind"] == "activation" else 0)
         out_boxes[name] = info
     order = list(dict.fromkeys(list(dist_nodes)))
-    return ({k: json_safe(dist[k]) for k in order},
-            {k: json_safe(out_boxes[k]) for k in dict.fromkeys(box_nodes)})
+    return ({k: plain(dist[k]) for k in order}, {k: plain(out_boxes[k]) for k in dict.fromkeys(box_nodes)})
 
 
 def _levels(info, r):
@@ -393,7 +389,7 @@ def _levels(info, r):
 def _weight_distribution(qm, c, info, bins):
     w, deq = weight_arrays(qm, c)
     ref = w if w is not None else deq
-    fv = _Values(lambda v: v["w"], *clip_bounds(c), axis=c.axis)
+    fv = _Values(lambda v: v["w"], clip_bounds(c))
     qv = _Values(lambda v: v["d"])
     ev = _Values(lambda v: v["d"].astype(np.float64) - v["w"])
     pair = _Pair(lambda v: v["w"], lambda v: v["d"])

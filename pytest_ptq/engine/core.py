@@ -17,6 +17,7 @@ import numpy as np
 from ..data import load_data
 from ..errors import PTQError, unknown
 from ..model import QuantModel
+from ..model.qdq import custom_op_sentence
 from . import runtime, sanity
 from .instrument import LOCAL_PREFIX, Gates, instrument
 from .segments import Segments
@@ -39,15 +40,21 @@ class Engine:
     whose bypassed form cannot be the float model. ``alternatives``: ``{node: QParams}``, a
     second fake-quant per node (16 bit, per channel) chosen per run. ``segments``: number of
     segments for model-output runs (default about sqrt(#calibration nodes), at most 16; 0 runs
-    the whole gated model instead).
+    the whole gated model instead). ``custom_op_libraries``: paths of onnxruntime custom-op
+    libraries the model's custom Q/DQ ops need (AMD Quark's BF16/BFP16, say).
     """
 
     def __init__(self, model_or_file, calibrated_data=None, float_model=None, data_num=None,
-                 optimization="all", providers=None, check=True, alternatives=None, segments=None):
+                 optimization="all", providers=None, check=True, alternatives=None, segments=None,
+                 custom_op_libraries=()):
         if isinstance(model_or_file, QuantModel):
             self.qmodel = model_or_file
         else:
             self.qmodel = QuantModel(model_or_file, float_model=float_model)
+        self.libraries = [str(p) for p in ([custom_op_libraries] if isinstance(custom_op_libraries, (str, bytes))
+                                           or hasattr(custom_op_libraries, "__fspath__") else custom_op_libraries or ())]
+        if self.qmodel.custom_ops and not self.libraries:
+            raise PTQError(custom_op_sentence(self.qmodel))
         self.float_model = float_model
         self.optimization = runtime.check_level(optimization)
         self.providers = providers or runtime.default_providers()
@@ -96,7 +103,7 @@ class Engine:
         (``{node: QParams}``) can also run their alternative fake-quant."""
         return Engine(self.qmodel, self.data, float_model=self.float_model, optimization=self.optimization,
                       providers=self.providers, check=False, alternatives=alternatives,
-                      segments=self._segments_count)
+                      segments=self._segments_count, custom_op_libraries=self.libraries)
 
     @property
     def source(self):
@@ -120,7 +127,8 @@ class Engine:
         return self._sessions[kind]
 
     def _compile(self, model):
-        return runtime.make_session(model, self.optimization, self.providers, what=repr(self.source))
+        return runtime.make_session(model, self.optimization, self.providers, what=repr(self.source),
+                                    libraries=self.libraries)
 
     @property
     def segments(self):
@@ -128,7 +136,7 @@ class Engine:
         if self._segments is None and self._segments_count != 0:
             self._segments = Segments(instrument(self.qmodel, self._gates), self.qmodel, self._gates,
                                       self.optimization, self.providers, self._segments_count,
-                                      source=self.source)
+                                      source=self.source, libraries=self.libraries)
         return self._segments
 
     # -- running -----------------------------------------------------------------------

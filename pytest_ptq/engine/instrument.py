@@ -93,20 +93,34 @@ def instrument(qmodel, gates, extra_outputs=(), local=False):
     for name, alt in gates.alternatives.items():
         k = gates.alt_flags[name]
         graph.input.append(helper.make_tensor_value_info(k, onnx.TensorProto.BOOL, []))
+        # the alternative's arithmetic runs in the dtype of the tensor it quantizes (fp16 graphs)
+        dtype = onnx.helper.tensor_dtype_to_np_dtype(_float_type(qmodel, qmodel.calibration[name]))
         graph.initializer.extend([
-            numpy_helper.from_array(np.asarray(alt.scale, np.float32), f"{k}::scale"),
-            numpy_helper.from_array(np.asarray(alt.zero_point, np.float32), f"{k}::zp"),
-            numpy_helper.from_array(np.asarray(alt.qmin, np.float32), f"{k}::qmin"),
-            numpy_helper.from_array(np.asarray(alt.qmax, np.float32), f"{k}::qmax")])
+            numpy_helper.from_array(np.asarray(alt.scale).astype(dtype), f"{k}::scale"),
+            numpy_helper.from_array(np.asarray(alt.zero_point).astype(dtype), f"{k}::zp"),
+            numpy_helper.from_array(np.asarray(alt.qmin).astype(dtype), f"{k}::qmin"),
+            numpy_helper.from_array(np.asarray(alt.qmax).astype(dtype), f"{k}::qmax")])
     if local:
         extra_outputs = list(extra_outputs) + _add_local_clones(qmodel, graph)
     present = {o.name for o in graph.output}
     for t in extra_outputs:
         if t not in present:
+            # a local clone's output has the type of the output it copies
+            base = t[len(LOCAL_PREFIX):] if t.startswith(LOCAL_PREFIX) else t
             graph.output.append(helper.make_tensor_value_info(
-                t, qmodel.value_types.get(t, onnx.TensorProto.FLOAT), None))
+                t, qmodel.value_types.get(base, onnx.TensorProto.FLOAT), None))
             present.add(t)
     return model
+
+
+def _float_type(qmodel, c):
+    """The float type a calibration node's float side computes in (float32 or float16...)."""
+    for t in (c.float_weight, c.input, *c.outputs):
+        if t in qmodel.float_weights:
+            return onnx.helper.np_dtype_to_tensor_dtype(qmodel.float_weights[t].dtype)
+        if t and qmodel.is_float_tensor(t):
+            return qmodel.value_types[t]
+    return onnx.TensorProto.FLOAT
 
 
 def _tensor_type(elem_type):
@@ -116,7 +130,7 @@ def _tensor_type(elem_type):
 def _gate(qmodel, gates, c):
     """The If node that computes ``c``'s DQ outputs, quantized or bypassed by its flag."""
     then_nodes, then_out, else_nodes, else_out = [], [], [], []
-    if c.q_node is not None:
+    if c.q_node is not None and not c.fused:
         q = onnx.NodeProto()
         q.CopyFrom(c.q_node)
         q.output[0] = f"ptq_t::{c.q_node.output[0]}"
@@ -124,7 +138,7 @@ def _gate(qmodel, gates, c):
     for dq in c.dq_nodes:
         d = onnx.NodeProto()
         d.CopyFrom(dq)
-        if c.q_node is not None:
+        if c.q_node is not None and not c.fused:
             d.input[0] = f"ptq_t::{c.q_node.output[0]}"
         d.output[0] = f"ptq_t::{dq.output[0]}"
         then_nodes.append(d)
@@ -192,6 +206,16 @@ def _add_local_clones(qmodel, graph):
             if i not in local_in:
                 dq = next(d for d in c.dq_nodes if d.output[0] == i)
                 src = c.float_weight or c.input
+                if c.fused:
+                    d = onnx.NodeProto()
+                    d.CopyFrom(dq)
+                    d.name = f"ptq_ldq::{i}"
+                    d.input[0] = src
+                    d.output[0] = f"ptq_lq::{i}"
+                    graph.node.append(d)
+                    local_in[i] = d.output[0]
+                    clone.input[k] = local_in[i]
+                    continue
                 if c.q_node is not None:
                     q = onnx.NodeProto()
                     q.CopyFrom(c.q_node)

@@ -39,13 +39,13 @@ def check_level(optimization):
     return optimization
 
 
-def session_options(optimization="all", fake_quant=True, optimized_path=None):
+def session_options(optimization="all", fake_quant=True, optimized_path=None, libraries=()):
     """SessionOptions at the given optimisation level.
 
     ``fake_quant`` keeps Q/DQ as float arithmetic (onnxruntime's QDQ-to-integer fusion off),
     which is what every analysis simulates; False lets onnxruntime fuse Q/DQ into its integer
     kernels (the "integer" stage). ``optimized_path``: where onnxruntime writes the optimised
-    model.
+    model. ``libraries``: custom-op libraries (shared objects) to register.
     """
     rt = ort()
     so = rt.SessionOptions()
@@ -58,6 +58,12 @@ def session_options(optimization="all", fake_quant=True, optimized_path=None):
     so.add_session_config_entry("session.inter_op.allow_spinning", "0")
     if optimized_path is not None:
         so.optimized_model_filepath = str(optimized_path)
+    for lib in libraries:
+        try:
+            so.register_custom_ops_library(str(lib))
+        except Exception as exc:
+            raise PTQError(f"onnxruntime cannot load the custom-op library {str(lib)!r} ({first_line(exc)}); check "
+                           "that it was built for this onnxruntime and that its own dependencies load") from None
     so.log_severity_level = 3
     return so
 
@@ -69,12 +75,11 @@ def first_line(exc):
 
 
 def make_session(model, optimization="all", providers=None, fake_quant=True, optimized_path=None,
-                 what="the model"):
+                 what="the model", libraries=()):
     """An onnxruntime session for a ModelProto; a failure is one sentence quoting onnxruntime."""
+    options = session_options(optimization, fake_quant, optimized_path, libraries)
     try:
-        return ort().InferenceSession(model.SerializeToString(),
-                                      session_options(optimization, fake_quant, optimized_path),
-                                      providers=providers or default_providers())
+        return ort().InferenceSession(model.SerializeToString(), options, providers=providers or default_providers())
     except PTQError:
         raise
     except Exception as exc:

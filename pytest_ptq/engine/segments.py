@@ -30,8 +30,9 @@ class Segments:
     name in messages.
     """
 
-    def __init__(self, model, qmodel, gates, optimization="all", providers=None, count=None, source=""):
-        self.qmodel, self.gates = qmodel, gates
+    def __init__(self, model, qmodel, gates, optimization="all", providers=None, count=None, source="",
+                 libraries=()):
+        self.qmodel, self.gates, self.libraries = qmodel, gates, libraries
         self.optimization, self.providers, self.source = optimization, providers, source
         self.template = model
         graph = model.graph
@@ -184,7 +185,8 @@ class Segments:
         key = (j, gated)
         if key not in self._sessions:
             model, inputs, flags, outputs = self._segment_model(j, gated)
-            self._sessions[key] = (make_session(model, self.optimization, self.providers, what=self.source),
+            self._sessions[key] = (make_session(model, self.optimization, self.providers, what=self.source,
+                                                libraries=self.libraries),
                                    inputs, flags, outputs)
         return self._sessions[key]
 

@@ -243,32 +243,54 @@ def _fits_inputs(f, cand, expect):
 
 
 def _assign_weights(qm, f, weights_at):
-    """Float weights for the weight calibration nodes, from their positional matches, then by
-    value among the float constants of their shape."""
-    weights, unmatched, taken = {}, [], set()
+    """Float weights for the weight calibration nodes: their positional match when it fits,
+    else the best-fitting float constant of their shape (or, for a matrix, of its transposed
+    shape: quantizers turn MatMul into Gemm with transB). Returns ``(weights, unmatched,
+    tried, fitted)``; scalars are left out, they tell nothing."""
+    index = defaultdict(list)
+    for fname in list(f.inits) + list(f.constant_nodes):
+        value = f.constant(fname)
+        if value is not None and value.dtype.kind == "f" and value.size > 1:
+            index[tuple(value.shape)].append(fname)
+    weights, unmatched = {}, []
     tried = fitted = 0
     for c in qm.of_kind("weight"):
         mine = _model_value(qm, c)
-        if mine is None:
+        if mine is None or mine.size < 2:
             continue
+        tried += 1
         found = None
-        candidates = [n for n in dict.fromkeys(weights_at.get(c.name, ())) if f.constant(n) is not None]
-        tried += bool(candidates)
-        for fname in candidates:
-            if fits(c, mine, f.constant(fname)):
-                found = fname
-                fitted += 1
+        for fname in dict.fromkeys(weights_at.get(c.name, ())):
+            fw = f.constant(fname)
+            if fw is not None and fits(c, mine, fw):
+                found = (fname, fw)
                 break
-        if found is None and _needs_float(qm, c):
-            found = _by_value(qm, f, c, mine, taken)
+        if found is None:
+            found = _by_value(f, index, c, mine)
         if found is None:
             if _needs_float(qm, c):
                 unmatched.append(c.name)
             continue
-        taken.add(found)
-        weights[c.name] = found
-        _set_float(qm, c, mine, f.constant(found), found)
+        fitted += 1
+        weights[c.name] = found[0]
+        _set_float(qm, c, found[1], found[0])
     return weights, unmatched, tried, fitted
+
+
+def _by_value(f, index, c, mine):
+    """``(name, value)`` of the float constant closest to ``mine`` among those it fits, the
+    value transposed when the match is the transposed matrix; or None."""
+    best = None
+    shapes = [(tuple(mine.shape), False)] + ([(tuple(mine.shape[::-1]), True)] if mine.ndim == 2 else [])
+    for shape, transposed in shapes:
+        for fname in index.get(shape, ()):
+            fw = f.constant(fname)
+            fw = fw.T if transposed else fw
+            if fits(c, mine, fw):
+                err = float(np.abs(mine.astype(np.float64) - fw).max())
+                if best is None or err < best[0]:
+                    best = (err, fname, fw)
+    return None if best is None else (best[1], best[2])
 
 
 def _model_value(qm, c):
@@ -283,19 +305,6 @@ def _model_value(qm, c):
 def _needs_float(qm, c):
     """A lone DQ without a float weight, or a pair whose float weight is already on the grid."""
     return c.q_node is None or c.on_grid
-
-
-def _by_value(qm, f, c, mine, taken):
-    hits = []
-    for fname in list(f.inits) + list(f.constant_nodes):
-        if fname in taken:
-            continue
-        fw = f.constant(fname)
-        if fw is not None and fw.dtype.kind == "f" and fw.shape == mine.shape and fits(c, mine, fw):
-            hits.append(fname)
-            if len(hits) > 1:
-                return None  # two float constants fit: do not guess
-    return hits[0] if hits else None
 
 
 def fits(c, mine, fw):
@@ -315,14 +324,17 @@ def fits(c, mine, fw):
     return bool(ok.mean() >= FIT_SHARE)
 
 
-def _set_float(qm, c, mine, fw, fname):
+def _set_float(qm, c, fw, fname):
     """Use ``fw`` as ``c``'s float weight, in the dtype the graph computes with there."""
     elem = qm.value_types.get(c.outputs[0], onnx.TensorProto.FLOAT)
     dtype = onnx.helper.tensor_dtype_to_np_dtype(elem)
     if c.q_node is not None and not c.on_grid:
         return  # the float weight behind the pair is the float weight
+    value = np.ascontiguousarray(np.asarray(fw).astype(dtype))
     name = f"ptq_float::{fname}"
-    qm.float_weights[name] = np.asarray(fw).astype(dtype)
+    if name in qm.float_weights and qm.float_weights[name].shape != value.shape:
+        name += "::T"  # the same float weight transposed for another node
+    qm.float_weights[name] = value
     c.float_weight = name
 
 

@@ -46,15 +46,25 @@ class Grid:
         return self.kind == "float"
 
     @property
+    def is_custom(self):
+        """A quantizer known only through its custom op (block floating point, say)."""
+        return self.kind == "custom"
+
+    @property
     def levels(self):
         """Distinct representable values (finite ones for a float grid; +0 and -0 count once)."""
+        if self.is_custom:
+            return 2 ** self.bits
         if not self.is_float:
             return int(self.qmax - self.qmin + 1)
-        values = np.arange(2 ** self.bits, dtype=np.uint8).view(self.np_type).astype(np.float32)
+        codes = np.arange(2 ** self.bits, dtype=np.uint16 if self.bits > 8 else np.uint8)
+        values = codes.view(self.np_type).astype(np.float32)
         return int(np.unique(values[np.isfinite(values)]).size)
 
     def quantize(self, scaled, zero_point=0.0):
         """Codes on the grid of ``scaled`` (= x / scale): integers, or float-type values as float64."""
+        if self.is_custom:
+            raise PTQError(f"{self.name} is computed by its custom op only; pytest-ptq cannot simulate it in numpy")
         if self.is_float:
             x = np.clip(np.asarray(scaled, np.float64), self.qmin, self.qmax)
             return x.astype(np.float32).astype(self.np_type).astype(np.float64)
@@ -81,7 +91,8 @@ def _grids():
     floats = [("FLOAT8E4M3FN", "float8e4m3fn", 8, "float8_e4m3fn"), ("FLOAT8E4M3FNUZ", "float8e4m3fnuz", 8,
               "float8_e4m3fnuz"), ("FLOAT8E5M2", "float8e5m2", 8, "float8_e5m2"),
               ("FLOAT8E5M2FNUZ", "float8e5m2fnuz", 8, "float8_e5m2fnuz"), ("FLOAT4E2M1", "float4e2m1", 4,
-                                                                            "float4_e2m1fn")]
+                                                                            "float4_e2m1fn"),
+              ("BFLOAT16", "bfloat16", 16, "bfloat16")]
     for attr, name, bits, np_name in floats:
         np_type = getattr(ml_dtypes, np_name, None)
         if hasattr(TP, attr) and np_type is not None:
@@ -91,6 +102,11 @@ def _grids():
 
 
 GRIDS = _grids()
+
+
+def custom(name, bits=16):
+    """The grid of a fused custom fake-quant op, known by name only."""
+    return Grid(0, name, bits, "custom", -np.inf, np.inf)
 
 
 def grid_of(dtype, where=""):

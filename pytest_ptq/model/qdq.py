@@ -21,19 +21,26 @@ from onnx import numpy_helper
 from ..errors import NotQuantized, PTQError, unknown
 from . import grids
 from .graph import load_model, name_nodes, sort_topologically
+from .producers import detect
 
-QDQ_DOMAINS = ("", "ai.onnx", "com.microsoft")
-Q_OPS = {"QuantizeLinear"}
-DQ_OPS = {"DequantizeLinear"}
+# Domains whose ops onnxruntime runs without a custom-op library.
+STANDARD_DOMAINS = ("", "ai.onnx", "com.microsoft", "ai.onnx.ml")
 FLOAT_TYPES = (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE, onnx.TensorProto.BFLOAT16)
 
 
 def is_q(node):
-    return node.op_type in Q_OPS and node.domain in QDQ_DOMAINS
+    """QuantizeLinear, in any domain (custom ones such as ExtendedQuantizeLinear too)."""
+    return node.op_type.endswith("QuantizeLinear") and not node.op_type.endswith("DequantizeLinear")
 
 
 def is_dq(node):
-    return node.op_type in DQ_OPS and node.domain in QDQ_DOMAINS
+    """DequantizeLinear, in any domain."""
+    return node.op_type.endswith("DequantizeLinear")
+
+
+def is_fused(node):
+    """A custom op that quantizes and dequantizes in one node (e.g. BFPQuantizeDequantize)."""
+    return "QuantizeDequantize" in node.op_type and node.domain not in STANDARD_DOMAINS
 
 
 def attribute(node, name, default=None):
@@ -72,6 +79,7 @@ class CalibrationNode:
     # and deleted, found in the float model; bypassing the pair re-applies it
     folded: tuple | None = None
     on_grid: bool = False  # a float weight behind the pair already rounded onto its grid
+    fused: bool = False  # one custom node quantizes and dequantizes (q_node is dq_nodes[0])
 
     @property
     def outputs(self):
@@ -155,25 +163,19 @@ class QParams:
     label: str = ""
 
     @classmethod
-    def wider(cls, c, bits=16, rank=None):
-        """The same range as ``c`` at ``bits`` bits: the pair re-quantized finer, not wider."""
+    def wider(cls, c, bits=16, shape=None):
+        """The same range as ``c`` at ``bits`` bits: the pair re-quantized finer, not wider.
+        ``shape``: of the tensor quantized, needed when ``c`` has several scales."""
         lo, hi = c.range()
         signed = c.grid.signed
         nmin, nmax = (-(2 ** (bits - 1)), 2 ** (bits - 1) - 1) if signed else (0, 2**bits - 1)
         scale = (hi - lo) / (nmax - nmin)
         zp = np.rint(nmin - lo / scale)
-        return cls(_broadcast(c, scale, rank), _broadcast(c, zp, rank), nmin, nmax,
-                   f"int{bits}" if signed else f"uint{bits}")
-
-
-def _broadcast(c, values, rank=None):
-    values = np.asarray(values, dtype=np.float32)
-    if values.size == 1:
-        return values.reshape(())
-    rank = rank or 4
-    shape = [1] * rank
-    shape[(c.axis if c.axis is not None else 1) % rank] = -1
-    return values.reshape(shape)
+        if scale.size > 1 and shape is None:
+            shape = [1] * 4
+            shape[(c.axis if c.axis is not None else 1) % 4] = scale.size
+        as_input = lambda v: grids.broadcast(np.asarray(v, np.float32), shape, c.axis, c.block_size)  # noqa: E731
+        return cls(as_input(scale), as_input(zp), nmin, nmax, f"int{bits}" if signed else f"uint{bits}")
 
 
 @dataclasses.dataclass
@@ -199,6 +201,7 @@ class QuantModel:
         self.source = str(self.path) if self.path else "<ModelProto>"
         graph = self.model.graph
         name_nodes(graph)
+        self.made_by = detect(self.model)  # the quantizer, for reports and remedies only
         self.resorted = sort_topologically(graph, repr(self.source))
         self.notes = []
         if self.resorted:
@@ -216,7 +219,12 @@ class QuantModel:
                     self.consumers[i].append(n)
         self.value_types = self._infer_types()
         self._constant_cache = {}
+        self.custom_ops = sorted({(n.domain, n.op_type) for n in graph.node if n.domain not in STANDARD_DOMAINS})
         self.calibration = self._find_calibration_nodes()
+        if not self.calibration and self.custom_ops:
+            raise PTQError(f"model {self.source!r} holds no Q/DQ pair the tool recognises but custom ops "
+                           f"{_ops(self.custom_ops)}; pytest-ptq analyses QuantizeLinear/DequantizeLinear pairs in any "
+                           "domain and fused *QuantizeDequantize ops, so re-export it with one of those")
         if not self.calibration:
             raise NotQuantized(f"model {self.source!r} has no QuantizeLinear/DequantizeLinear pairs; "
                                "pass the calibrated QDQ model (quantize_static with QuantFormat.QDQ), "
@@ -284,8 +292,27 @@ class QuantModel:
         block_size = int(attribute(node, "block_size", 0) or 0)
         axis = None
         if scale.size > 1 or block_size:
-            axis = int(attribute(node, "axis", 1))
+            axis = self._valid_axis(node, int(attribute(node, "axis", 1)), scale)
         return scale.astype(np.float32), zp, axis, block_size, grid
+
+    def _valid_axis(self, node, axis, scale):
+        """The per-axis quantization axis of ``node``, repaired in the tool's copy when a
+        quantizer wrote one outside a 1-D input (a bias DQ with ``axis=1``: onnxruntime runs it
+        only with its QDQ fusion on, and fails with the fake-quant the analyses need)."""
+        shape = self.shapes.get(node.input[0])
+        if shape is None or -len(shape) <= axis < len(shape):
+            return axis
+        where = (f"{node.op_type} {node.name!r} of {self.source!r} has axis {axis} on its {len(shape)}-D input "
+                 f"{node.input[0]!r}")
+        if len(shape) == 1 and shape[0] in (None, scale.size):
+            for a in node.attribute:
+                if a.name == "axis":
+                    a.i = 0
+            self.notes.append(f"{where}, which onnxruntime runs only with its QDQ fusion on; it is analysed with "
+                              "axis 0 (fix the export: the axis of a 1-D tensor is 0)")
+            return 0
+        raise PTQError(f"{where}: out of range for that input; fix the export so that the axis indexes the "
+                       "channels of the quantized tensor")
 
     def _qtype(self, node, tensor):
         """The quantized type of a Q's output or a DQ's input: from the graph's types, else
@@ -316,6 +343,9 @@ class QuantModel:
                 found.append(self._calib(node.name, kind, node.input[0], node, dqs, scale, zp, axis, block, grid))
                 used.update(d.name for d in dqs)
         for node in graph.node:
+            if is_fused(node):
+                found.append(self._fused(node))
+        for node in graph.node:
             if is_dq(node) and node.name not in used and self.is_constant(node.input[0]):
                 qtype = self._qtype(node, node.input[0])
                 scale, zp, axis, block, grid = self._qparams(node, qtype)
@@ -329,16 +359,28 @@ class QuantModel:
         QAT exports): bypassing such a pair changes nothing, so only the float model can show
         the weight's quantization error."""
         for c in self.of_kind("weight"):
-            w = self.constant(c.input) if c.q_node is not None else None
+            w = self.constant(c.input) if c.q_node is not None and not c.grid.is_custom else None
             if w is None or np.size(w) < 8 or np.asarray(w).dtype.kind != "f":
                 continue
             w = np.asarray(w, np.float32)
             close = np.abs(c.fake_quant(w) - w) <= 1e-6 * np.abs(w) + 1e-12
             c.on_grid = bool(close.mean() >= 0.999)
 
+    def _fused(self, node):
+        """A custom node that is a whole fake-quant: its numbers are its op's business."""
+        bits = int(attribute(node, "bit_width", 16) or 16)
+        grid = grids.custom(f"{node.domain}::{node.op_type}", bits)
+        kind = "weight" if self.is_constant(node.input[0]) else "activation"
+        c = self._calib(node.name, kind, node.input[0], node, [node], np.ones(1, np.float32),
+                        np.zeros(1, np.float64), None, 0, grid)
+        c.fused = True
+        return c
+
     def _calib(self, name, kind, inp, q, dqs, scale, zp, axis, block, grid):
         s = scale.astype(np.float64).reshape(-1)
-        if grid.is_float:
+        if grid.is_custom:
+            threshold = float("inf")
+        elif grid.is_float:
             threshold = float(np.max(s * grid.qmax))
         else:
             z = np.broadcast_to(zp.astype(np.float64).reshape(-1), s.shape)
@@ -427,3 +469,18 @@ class QuantModel:
 # Ops after which a tensor can be negative.
 _SIGNED_PRODUCERS = {"Conv", "ConvTranspose", "Gemm", "MatMul", "Add", "Sub", "BatchNormalization",
                      "InstanceNormalization", "LayerNormalization", "Mul"}
+
+
+def _ops(ops, shown=3):
+    """``domain::Op`` names of custom ops, the first ``shown`` of them."""
+    names = [f"{d}::{o}" for d, o in ops]
+    more = f" and {len(names) - shown} more" if len(names) > shown else ""
+    return ", ".join(names[:shown]) + more
+
+
+def custom_op_sentence(qm):
+    """What to do when a model needs a custom-op library that was not given."""
+    return (f"model {qm.source!r} uses custom ops {_ops(qm.custom_ops)} that plain onnxruntime does not know; "
+            "register the library that implements them (the quantizer ships it, e.g. AMD Quark's custom-op "
+            "library) with --custom-op-library PATH (custom_op_libraries=[PATH] in the API, ptq_custom_op_library "
+            "in the ini file, custom_op_library in a marker or a contract)")

@@ -22,8 +22,8 @@ def candidates_for(engine, remedy, per_channel_activations=False):
         if not engine.is_gated(c.name):
             skipped.append(c.name)
             continue
-        if remedy == "int16" and c.bit >= 16:
-            continue
+        if remedy == "int16" and (c.bit >= 16 or c.grid.is_float):
+            continue  # already 16-bit, or a float grid (fp8) whose wider form is float16, not int16
         if remedy == "per-channel":
             if c.per_channel:
                 continue
@@ -111,11 +111,11 @@ def alternatives_for(engine, remedy, names, indices, clock=None):
     if remedy == "int16":
         for n in names:
             c = qm.calibration[n]
-            rank = None
-            if c.per_channel:
+            shape = None
+            if c.scale.size > 1:
                 w = float_input(engine, c)
-                rank = w.ndim if w is not None else None
-            alts[n] = QParams.wider(c, 16, rank)
+                shape = w.shape if w is not None else None
+            alts[n] = QParams.wider(c, 16, shape)
     elif remedy == "per-channel":
         acts = [n for n in names if qm.calibration[n].kind == "activation"]
         for n in names:

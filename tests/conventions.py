@@ -1,0 +1,355 @@
+"""QDQ models in other quantizers' conventions, made from a float model with onnx.helper.
+
+A small quantizer of its own (MinMax ranges from the calibration samples) whose options
+reproduce what NVIDIA Model Optimizer, AMD Quark, Intel Neural Compressor, Qualcomm
+aimet-onnx and onnxruntime write: the Q/DQ type (integer or float8, standard or
+com.microsoft domain), granularity (per tensor, per channel, per block), where weights
+live (float behind a pair, already on the grid, stored quantized behind a lone DQ), folded
+and deleted Relu, renamed tensors, an fp16 graph with Casts, a graph stored out of order,
+Sigmoid replaced by HardSigmoid, a bias DQ with a stray axis. No pytest_ptq code is used.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import ml_dtypes
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+import builders
+
+# Ops whose float inputs get a Q/DQ pair, and the input positions that are weights.
+QUANT_OPS = {"Conv": (1,), "Gemm": (1,), "MatMul": (1,), "Add": (), "Mul": (), "GlobalAveragePool": (),
+             "Concat": (), "AveragePool": ()}
+FOLDABLE = {"Relu"}
+_NP = {TensorProto.INT8: np.int8, TensorProto.UINT8: np.uint8, TensorProto.INT16: np.int16,
+       TensorProto.UINT16: np.uint16, TensorProto.INT4: ml_dtypes.int4, TensorProto.UINT4: ml_dtypes.uint4,
+       TensorProto.FLOAT8E4M3FN: ml_dtypes.float8_e4m3fn}
+_RANGE = {TensorProto.INT8: (-128, 127), TensorProto.UINT8: (0, 255), TensorProto.INT16: (-32768, 32767),
+          TensorProto.UINT16: (0, 65535), TensorProto.INT4: (-8, 7), TensorProto.UINT4: (0, 15),
+          TensorProto.FLOAT8E4M3FN: (-448.0, 448.0)}
+
+
+@dataclasses.dataclass(frozen=True)
+class Convention:
+    """How a quantizer writes its QDQ model (see the module docstring)."""
+
+    act: int = TensorProto.UINT8
+    weight: int = TensorProto.INT8
+    per_channel: bool = False
+    block_size: int = 0  # weights quantized per block of this many input channels (MatMul)
+    weights: str = "pair"  # "pair": float behind Q/DQ; "on_grid": rounded first; "stored": lone DQ
+    act_weights_only: bool = False  # no activation pairs (weight-only int4)
+    fold_relu: bool = False  # delete Relu after folding it into the range of the pair that follows
+    fp16: bool = False  # compute in float16, Cast at the inputs and outputs, fp16 scales
+    shuffle: bool = False  # store the nodes out of topological order
+    domain: str = ""  # domain of the Q/DQ ops ("com.microsoft" for onnxruntime's contrib ops)
+    rename: str = ""  # suffix given to every intermediate tensor and initializer
+    hardsigmoid: bool = False  # Sigmoid replaced by HardSigmoid (a quantizer rewriting ops)
+    bias: bool = False  # Conv/Gemm biases quantized to int32 behind a lone DQ
+    bias_axis: int | None = None  # axis attribute written on a per-channel bias DQ
+    pow2: bool = False  # scales rounded up to powers of two
+    symmetric: bool = False  # signed activations with zero point 0
+    opset: int = 21
+
+
+CONVENTIONS = {
+    "onnxruntime": Convention(),
+    "modelopt_int8_fp16": Convention(act=TensorProto.INT8, per_channel=True, symmetric=True, fp16=True),
+    "modelopt_int8_fp32": Convention(act=TensorProto.INT8, per_channel=True, symmetric=True),
+    "modelopt_fp8": Convention(act=TensorProto.FLOAT8E4M3FN, weight=TensorProto.FLOAT8E4M3FN, per_channel=True,
+                               symmetric=True),
+    "modelopt_int4": Convention(weight=TensorProto.INT4, block_size=32, weights="stored", act_weights_only=True,
+                                rename="_i4"),
+    "quark_xint8": Convention(act=TensorProto.INT8, symmetric=True, pow2=True, shuffle=True, hardsigmoid=True),
+    "quark_a16w8": Convention(act=TensorProto.UINT16, domain="com.microsoft", opset=17),
+    "inc": Convention(weights="stored", fold_relu=True, rename="_QuantizeInput", bias=True),
+    "inc_per_channel": Convention(weights="stored", fold_relu=True, rename="_QuantizeInput", bias=True,
+                                  per_channel=True, bias_axis=1),
+    "aimet": Convention(act=TensorProto.UINT8, per_channel=True, weights="on_grid", symmetric=False),
+}
+
+
+def _scale_zp(lo, hi, qtype, symmetric, pow2):
+    qmin, qmax = _RANGE[qtype]
+    lo, hi = min(float(lo), 0.0), max(float(hi), 0.0)
+    if qtype == TensorProto.FLOAT8E4M3FN or symmetric or qmin < 0 and symmetric:
+        amax = max(abs(lo), abs(hi), 1e-8)
+        scale = amax / (qmax if qtype == TensorProto.FLOAT8E4M3FN else min(qmax, -qmin))
+        zp = 0
+    else:
+        scale = max(hi - lo, 1e-8) / (qmax - qmin)
+        zp = int(np.clip(np.rint(qmin - lo / scale), qmin, qmax))
+    if pow2:
+        scale = float(2.0 ** np.ceil(np.log2(scale)))
+        if zp:
+            zp = int(np.clip(np.rint(qmin - lo / scale), qmin, qmax))
+    return scale, zp
+
+
+def _quantize(w, scale, zp, qtype, shape):
+    s = np.broadcast_to(scale, shape) if np.ndim(scale) else scale
+    qmin, qmax = _RANGE[qtype]
+    if qtype == TensorProto.FLOAT8E4M3FN:
+        return np.clip(w / s, qmin, qmax).astype(np.float32).astype(ml_dtypes.float8_e4m3fn)
+    return np.clip(np.rint(w / s) + zp, qmin, qmax).astype(_NP[qtype])
+
+
+def _ranges(model, data, tensors):
+    probe = onnx.ModelProto()
+    probe.CopyFrom(model)
+    have = {o.name for o in probe.graph.output}
+    for t in tensors:
+        if t not in have:
+            probe.graph.output.append(helper.make_tensor_value_info(t, TensorProto.FLOAT, None))
+    names = list(data)
+    feeds = [{k: data[k][i] for k in names} for i in range(len(data[names[0]]))]
+    runs = builders.run_model(probe, feeds, outputs=list(tensors))
+    return {t: (min(float(r[t].min()) for r in runs), max(float(r[t].max()) for r in runs)) for t in tensors}
+
+
+def make(float_path, out_path, data, convention):
+    """Quantize ``float_path`` the way ``convention`` (a name of :data:`CONVENTIONS` or a
+    :class:`Convention`) does; returns ``out_path``."""
+    cv = CONVENTIONS[convention] if isinstance(convention, str) else convention
+    model = onnx.load(str(float_path))
+    graph = model.graph
+    if cv.hardsigmoid:
+        for n in graph.node:
+            if n.op_type == "Sigmoid":
+                n.op_type = "HardSigmoid"
+                n.attribute.extend([helper.make_attribute("alpha", 1 / 6), helper.make_attribute("beta", 0.5)])
+    inits = {i.name: numpy_helper.to_array(i) for i in graph.initializer}
+    producer = {o: n for n in graph.node for o in n.output}
+    consumers = {}
+    for n in graph.node:
+        for i in n.input:
+            consumers.setdefault(i, []).append(n)
+    outputs = {o.name for o in graph.output}
+    acts = []
+    for n in graph.node:
+        if n.op_type in QUANT_OPS:
+            for k, i in enumerate(n.input):
+                if i and i not in inits and k not in QUANT_OPS[n.op_type] and i not in acts:
+                    acts.append(i)
+    ranges = _ranges(model, data, list(dict.fromkeys(acts + [r.output[0] for r in graph.node if r.op_type == "Relu"])))
+    # fold: a Relu right after a quantized op's output is deleted; the pair on its input takes its range
+    drop, replace = set(), {}
+    if cv.fold_relu:
+        for r in graph.node:
+            src = producer.get(r.input[0])
+            if (r.op_type in FOLDABLE and src is not None and src.op_type in ("Conv", "Gemm", "MatMul", "Add")
+                    and len(consumers[r.input[0]]) == 1 and r.output[0] in acts and r.output[0] not in outputs):
+                drop.add(r.name)
+                replace[r.output[0]] = r.input[0]
+                ranges[r.input[0]] = ranges[r.output[0]]
+    nodes, new_inits, qnames = [], [], {}
+    float_np = np.float16 if cv.fp16 else np.float32
+
+    def pair(t, lo, hi):
+        if t in qnames:
+            return qnames[t]
+        scale, zp = _scale_zp(lo, hi, cv.act, cv.symmetric, cv.pow2)
+        s, z = f"{t}_scale", f"{t}_zero_point"
+        new_inits.append(numpy_helper.from_array(np.array(scale, float_np), s))
+        zp_arr = (np.array(0, np.float32).astype(ml_dtypes.float8_e4m3fn) if cv.act == TensorProto.FLOAT8E4M3FN
+                  else np.array(zp, _NP[cv.act]))
+        new_inits.append(numpy_helper.from_array(zp_arr, z))
+        nodes.append(helper.make_node("QuantizeLinear", [t, s, z], [f"{t}_q"], name=f"{t}_QuantizeLinear",
+                                      domain=cv.domain))
+        nodes.append(helper.make_node("DequantizeLinear", [f"{t}_q", s, z], [f"{t}_dq"], name=f"{t}_DequantizeLinear",
+                                      domain=cv.domain))
+        qnames[t] = f"{t}_dq"
+        return qnames[t]
+
+    w_scales = {}
+
+    def weight(n, k, name):
+        w = inits[name].astype(np.float32)
+        axis = None
+        if cv.block_size and n.op_type == "MatMul":
+            axis, blocks = 0, -(-w.shape[0] // cv.block_size)
+            amax = np.stack([np.abs(w[b * cv.block_size:(b + 1) * cv.block_size]).max(axis=0) for b in range(blocks)])
+            scale = np.maximum(amax, 1e-8) / _RANGE[cv.weight][1]
+            full = np.repeat(scale, cv.block_size, axis=0)[: w.shape[0]]
+            zp = np.zeros_like(scale, dtype=_NP[cv.weight])
+        elif cv.per_channel:
+            axis = 1 if n.op_type == "MatMul" else 0
+            other = tuple(a for a in range(w.ndim) if a != axis)
+            amax = np.abs(w).max(axis=other)
+            qmax = _RANGE[cv.weight][1]
+            scale = np.maximum(amax, 1e-8) / (qmax if cv.weight == TensorProto.FLOAT8E4M3FN else min(qmax, 127))
+            shape = [1] * w.ndim
+            shape[axis] = -1
+            full = scale.reshape(shape)
+            zp = np.zeros(scale.shape, _NP[cv.weight]) if cv.weight != TensorProto.FLOAT8E4M3FN else \
+                np.zeros(scale.shape, np.float32).astype(ml_dtypes.float8_e4m3fn)
+        else:
+            scale = max(float(np.abs(w).max()), 1e-8) / 127
+            full = scale
+            zp = np.array(0, _NP[cv.weight]) if cv.weight != TensorProto.FLOAT8E4M3FN else \
+                np.array(0, np.float32).astype(ml_dtypes.float8_e4m3fn)
+        scale = np.asarray(scale, np.float32)
+        w_scales[n.name] = scale
+        attrs = {"axis": axis} if axis is not None else {}
+        if cv.block_size and axis == 0 and n.op_type == "MatMul":
+            attrs["block_size"] = cv.block_size
+        s, z = f"{name}_scale", f"{name}_zero_point"
+        new_inits.append(numpy_helper.from_array(scale.astype(float_np), s))
+        new_inits.append(numpy_helper.from_array(np.asarray(zp), z))
+        q = _quantize(w, full, 0, cv.weight, w.shape)
+        if cv.weights == "stored":
+            qi = f"{name}_quantized"
+            new_inits.append(numpy_helper.from_array(np.asarray(q), qi))
+            nodes.append(helper.make_node("DequantizeLinear", [qi, s, z], [f"{name}_dq"], name=f"{name}_DequantizeLinear",
+                                          domain=cv.domain, **attrs))
+        else:
+            value = w
+            if cv.weights == "on_grid":
+                value = (q.astype(np.float32) * full).astype(np.float32)
+            new_inits.append(numpy_helper.from_array(value.astype(float_np), f"{name}_float"))
+            nodes.append(helper.make_node("QuantizeLinear", [f"{name}_float", s, z], [f"{name}_q"],
+                                          name=f"{name}_QuantizeLinear", domain=cv.domain, **attrs))
+            nodes.append(helper.make_node("DequantizeLinear", [f"{name}_q", s, z], [f"{name}_dq"],
+                                          name=f"{name}_DequantizeLinear", domain=cv.domain, **attrs))
+        return f"{name}_dq"
+
+    def bias(n, name, act_in):
+        act_scale = float(numpy_helper.to_array(next(i for i in new_inits if i.name == f"{act_in}_scale")))
+        scale = (w_scales[n.name] * act_scale).astype(np.float32)
+        b = inits[name].astype(np.float32)
+        q = np.rint(b / scale).astype(np.int32)
+        qi, s = f"{name}_quantized", f"{name}_scale"
+        new_inits.extend([numpy_helper.from_array(q, qi), numpy_helper.from_array(scale.astype(float_np), s)])
+        attrs = {"axis": cv.bias_axis} if cv.bias_axis is not None and scale.size > 1 else {}
+        nodes.append(helper.make_node("DequantizeLinear", [qi, s], [f"{name}_dq"], name=f"{name}_DequantizeLinear",
+                                      domain=cv.domain, **attrs))
+        return f"{name}_dq"
+
+    used_inits = set()
+    for n in graph.node:
+        if n.name in drop:
+            continue
+        new = onnx.NodeProto()
+        new.CopyFrom(n)
+        for k, i in enumerate(new.input):
+            i = replace.get(i, i)
+            new.input[k] = i
+            if n.op_type not in QUANT_OPS or not i:
+                continue
+            if i in inits and k in QUANT_OPS[n.op_type]:
+                new.input[k] = weight(n, k, i)
+                used_inits.add(i)
+            elif i in inits and k == 2 and cv.bias and n.op_type in ("Conv", "Gemm") and not cv.act_weights_only:
+                new.input[k] = bias(n, i, replace.get(n.input[0], n.input[0]))
+                used_inits.add(i)
+            elif i not in inits and not cv.act_weights_only:
+                lo, hi = ranges[i]
+                new.input[k] = pair(i, lo, hi)
+        nodes.append(new)
+    keep_inits = [i for i in graph.initializer if i.name not in used_inits or cv.weights != "stored"]
+    if cv.weights != "stored":
+        keep_inits = [i for i in graph.initializer if i.name not in used_inits]
+    if cv.fp16:
+        keep_inits = [numpy_helper.from_array(numpy_helper.to_array(i).astype(np.float16), i.name)
+                      if i.data_type == TensorProto.FLOAT else i for i in keep_inits]
+    del graph.node[:]
+    graph.node.extend(nodes)
+    del graph.initializer[:]
+    graph.initializer.extend(keep_inits + new_inits)
+    del graph.value_info[:]
+    if cv.fp16:
+        _cast_to_fp16(graph)
+    if cv.rename:
+        _rename(graph, cv.rename)
+    if cv.shuffle:
+        order = list(graph.node)
+        del graph.node[:]
+        graph.node.extend(order[::-1])
+    if cv.domain:
+        model.opset_import.append(helper.make_opsetid(cv.domain, 1))
+    for op in model.opset_import:
+        if op.domain in ("", "ai.onnx"):
+            op.version = max(op.version, cv.opset)
+    model.ir_version = 10 if cv.opset >= 21 else 8
+    model.producer_name = "pytest-ptq tests/conventions.py"
+    onnx.save(model, str(out_path))
+    return out_path
+
+
+def _cast_to_fp16(graph):
+    """Graph inputs cast to float16 on entry, outputs back to float32 on exit."""
+    entry = []
+    for i in graph.input:
+        if i.type.tensor_type.elem_type == TensorProto.FLOAT:
+            entry.append(helper.make_node("Cast", [i.name], [f"{i.name}_fp16"], to=TensorProto.FLOAT16,
+                                          name=f"{i.name}_cast_fp16"))
+            for n in graph.node:
+                for k, x in enumerate(n.input):
+                    if x == i.name:
+                        n.input[k] = f"{i.name}_fp16"
+    exits = []
+    for o in graph.output:
+        if o.type.tensor_type.elem_type == TensorProto.FLOAT:
+            for n in graph.node:
+                for k, x in enumerate(n.output):
+                    if x == o.name:
+                        n.output[k] = f"{o.name}_fp16"
+                for k, x in enumerate(n.input):
+                    if x == o.name:
+                        n.input[k] = f"{o.name}_fp16"
+            exits.append(helper.make_node("Cast", [f"{o.name}_fp16"], [o.name], to=TensorProto.FLOAT,
+                                          name=f"{o.name}_cast_fp32"))
+    nodes = entry + list(graph.node) + exits
+    del graph.node[:]
+    graph.node.extend(nodes)
+
+
+def _rename(graph, suffix):
+    """Every intermediate tensor and initializer gets ``suffix``: names carry no information."""
+    keep = {i.name for i in graph.input} | {o.name for o in graph.output}
+    mapping = {}
+    for n in graph.node:
+        for o in n.output:
+            if o and o not in keep:
+                mapping[o] = o + suffix
+    for i in graph.initializer:
+        if i.name not in keep:
+            mapping[i.name] = i.name + suffix
+            i.name = mapping[i.name]
+    for n in graph.node:
+        for k, x in enumerate(n.input):
+            n.input[k] = mapping.get(x, x)
+        for k, x in enumerate(n.output):
+            n.output[k] = mapping.get(x, x)
+
+
+def mlp_net(path, seed=0, width=64, hidden=128):
+    """x [1, 8, width] -> MatMul -> Add -> Relu -> MatMul -> Sigmoid*x (SiLU) -> MatMul -> y."""
+    rng = np.random.default_rng(seed)
+    w1 = (rng.standard_normal((width, hidden)) / np.sqrt(width)).astype(np.float32)
+    b1 = (rng.standard_normal(hidden) * 0.1).astype(np.float32)
+    w2 = (rng.standard_normal((hidden, hidden)) / np.sqrt(hidden)).astype(np.float32)
+    w3 = (rng.standard_normal((hidden, width)) / np.sqrt(hidden)).astype(np.float32)
+    inits = [numpy_helper.from_array(a, n) for a, n in ((w1, "w1"), (b1, "b1"), (w2, "w2"), (w3, "w3"))]
+    nodes = [helper.make_node("MatMul", ["x", "w1"], ["m1"], name="mm1"),
+             helper.make_node("Add", ["m1", "b1"], ["a1"], name="add1"),
+             helper.make_node("Relu", ["a1"], ["r1"], name="relu1"),
+             helper.make_node("MatMul", ["r1", "w2"], ["m2"], name="mm2"),
+             helper.make_node("Sigmoid", ["m2"], ["s2"], name="sig2"),
+             helper.make_node("Mul", ["m2", "s2"], ["g2"], name="silu2"),
+             helper.make_node("MatMul", ["g2", "w3"], ["y"], name="mm3")]
+    graph = helper.make_graph(nodes, "mlp", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, width])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, width])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    onnx.save(model, str(path))
+    return path
+
+
+def mlp_samples(n=4, width=64, seed=1):
+    rng = np.random.default_rng(seed)
+    return {"x": [rng.standard_normal((1, 8, width)).astype(np.float32) for _ in range(n)]}
