@@ -29,7 +29,9 @@ from . import runtime
 
 SPREAD = 8  # samples the checks look at, spread over the data
 FLOOR_SHARE = 0.01  # share of a pair's input values below its floor that makes it a suspect
-EXPLODE = 1e3  # bypassed outputs this many times larger than the quantized ones explode
+# Bypassed outputs explode when they exceed this many times the quantized ones (or 1, when
+# those collapsed toward 0: a badly quantized model's outputs are no measure of scale).
+EXPLODE = 1e3
 SAME = 0.999  # output cosine at which the bypassed model is the float model
 FIX = ("pass the float model (float_model=... / --float-model) or re-quantize with "
        "extra_options={'AddQDQPairToWeight': True, 'QDQKeepRemovableActivations': True}")
@@ -74,7 +76,7 @@ def check(engine):
                 broken = (k, i)
             q = quant[k]
             if exploded is None and np.isfinite(v).all() and np.isfinite(q).all() and v.size:
-                if float(np.abs(v).max()) > EXPLODE * max(float(np.abs(q).max()), 1e-6):
+                if float(np.abs(v).max()) > EXPLODE * max(float(np.abs(q).max()), 1.0):
                     exploded = (k, i)
         if watched:
             values = engine.tensors(i, (), watched)

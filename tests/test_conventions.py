@@ -1,0 +1,256 @@
+"""Other quantizers' QDQ conventions (tests/conventions.py), checked against plain
+onnxruntime: the file run as stored, independently rewired copies, and the float model."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import builders
+import conventions
+from pytest_ptq.engine import Engine
+from pytest_ptq.errors import PTQError
+from pytest_ptq.model import QuantModel
+from pytest_ptq.sensitivity import get_sensitivity_of_nodes
+
+FP16 = {"modelopt_int8_fp16"}
+CASES = [(name, base) for name in conventions.CONVENTIONS for base in ("conv", "mlp")
+         if not (name == "modelopt_int4" and base == "conv")]  # int4 weight-only quantizes MatMul weights
+
+
+def _cos(a, b):
+    a, b = np.asarray(a, np.float64).ravel(), np.asarray(b, np.float64).ravel()
+    return float(a @ b / np.sqrt((a @ a) * (b @ b)))
+
+
+class Made:
+    def __init__(self, root):
+        self.root, self.cache = root, {}
+
+    def __call__(self, name, base):
+        key = (name, base)
+        if key not in self.cache:
+            if base == "conv":
+                fpath, data = builders.conv_net(self.root / "conv.onnx"), builders.samples(3)
+            else:
+                fpath, data = conventions.mlp_net(self.root / "mlp.onnx"), conventions.mlp_samples(3)
+            qpath = conventions.make(fpath, self.root / f"{name}_{base}.onnx", data, name)
+            feeds = [{k: v[i] for k, v in data.items()} for i in range(3)]
+            self.cache[key] = (qpath, fpath, data, feeds)
+        return self.cache[key]
+
+
+@pytest.fixture(scope="module")
+def made(tmp_path_factory):
+    return Made(tmp_path_factory.mktemp("conventions"))
+
+
+def _runnable(qpath, tmp_path):
+    """The file as onnxruntime runs it with its QDQ fusion off: a 1-D DQ's axis of 1 (which
+    only the fused kernels accept) set to 0, independently of pytest_ptq."""
+    model = onnx.load(str(qpath))
+    inits = {i.name: list(i.dims) for i in model.graph.initializer}
+    changed = False
+    for n in model.graph.node:
+        if n.op_type == "DequantizeLinear" and len(inits.get(n.input[0], [0, 0])) == 1:
+            for a in n.attribute:
+                if a.name == "axis" and a.i not in (0, -1):
+                    a.i, changed = 0, True
+    if not changed:
+        return qpath
+    out = tmp_path / "runnable.onnx"
+    onnx.save(model, str(out))
+    return out
+
+
+@pytest.mark.parametrize("name,base", CASES)
+def test_fully_quantized_equals_onnxruntime_running_the_file(made, name, base, tmp_path):
+    qpath, fpath, data, feeds = made(name, base)
+    engine = Engine(qpath, data, float_model=fpath, optimization="disable")
+    want = builders.run_model(_runnable(qpath, tmp_path), feeds)
+    for i in range(len(feeds)):
+        got = engine.run(i, "all")
+        for k, w in want[i].items():
+            if name in FP16:
+                # onnxruntime's CPU kernels compute fp16 ops in float32 between the casts it
+                # inserts, and the engine's gates round to fp16 at every pair: fp16 precision
+                assert _cos(got[k], w) >= 0.9995, (name, k)
+            else:
+                np.testing.assert_allclose(got[k], w, rtol=1e-5, atol=1e-5, err_msg=f"{name} {k}")
+
+
+@pytest.mark.parametrize("name,base", CASES)
+def test_bypassing_every_pair_with_the_float_model_is_the_float_model(made, name, base):
+    qpath, fpath, data, feeds = made(name, base)
+    engine = Engine(qpath, data, float_model=fpath, optimization="disable")
+    want = builders.run_model(fpath, feeds)
+    cosines = [min(_cos(engine.run(i, ())[k], want[i][k]) for k in want[i]) for i in range(len(feeds))]
+    if conventions.CONVENTIONS[name].hardsigmoid and base == "mlp":
+        # Sigmoid -> HardSigmoid changes the function: reported as the quantizer's rewrite,
+        # with the cosine of the independent float and bypassed runs
+        assert engine.rewrite is not None and "HardSigmoid" in engine.rewrite["changes"]
+        assert engine.rewrite["cosine"] == pytest.approx(min(cosines), abs=1e-6)
+        assert any("graph rewritten by the quantizer" in w for w in engine.warnings)
+    else:
+        assert min(cosines) > 1 - 1e-6, (name, cosines)
+        assert engine.rewrite is None
+
+
+# builders.rewire removes pairs but cannot put back a Relu the quantizer deleted; fp16 graphs
+# cannot take its float32 weights: those are covered by the two tests above
+@pytest.mark.parametrize("name,base", [c for c in CASES if not conventions.CONVENTIONS[c[0]].fp16
+                                       and not conventions.CONVENTIONS[c[0]].fold_relu])
+def test_one_node_quantized_matches_an_independently_rewired_model(made, name, base):
+    qpath, fpath, data, feeds = made(name, base)
+    engine = Engine(qpath, data, float_model=fpath, optimization="disable")
+    picked = [c.name for c in engine.qmodel.calibration.values() if engine.is_gated(c.name)][::3][:4]
+    for node in picked:
+        want = builders.run_model(_true_float_weights(builders.rewire(qpath, keep={node}, float_model=fpath), fpath),
+                                  feeds)
+        for i in range(len(feeds)):
+            got = engine.run(i, [node])
+            for k, w in want[i].items():
+                np.testing.assert_allclose(got[k], w, rtol=1e-5, atol=1e-5, err_msg=f"{name} {node} {k}")
+
+
+def _true_float_weights(model, fpath):
+    """Weights that conventions.py stored behind pairs already rounded (``<w>_float``, aimet's
+    habit) replaced by the float model's ``<w>``: what bypassing them should give."""
+    floats = {i.name: i for i in onnx.load(str(fpath)).graph.initializer}
+    for k, init in enumerate(model.graph.initializer):
+        stem = init.name[: -len("_float")] if init.name.endswith("_float") else None
+        if stem in floats:
+            replacement = onnx.TensorProto()
+            replacement.CopyFrom(floats[stem])
+            replacement.name = init.name
+            model.graph.initializer[k].CopyFrom(replacement)
+    return model
+
+
+@pytest.mark.parametrize("name,base,expect", [
+    ("onnxruntime", "conv", "clean"), ("modelopt_int8_fp16", "conv", "clean"), ("modelopt_fp8", "mlp", "clean"),
+    ("quark_xint8", "conv", "clean"), ("quark_a16w8", "mlp", "clean"),
+    ("inc", "conv", "refused"),  # two Relus deleted: decisive value evidence
+    ("inc", "mlp", "suspected"),  # one Relu deleted: a warning with the evidence
+    ("aimet", "conv", "on grid"), ("modelopt_int4", "mlp", "nothing bypassable"),
+])
+def test_without_the_float_model(made, name, base, expect):
+    qpath, fpath, data, feeds = made(name, base)
+    if expect == "refused":
+        with pytest.raises(PTQError, match=r"below its range floor.*float model"):
+            Engine(qpath, data)
+        return
+    engine = Engine(qpath, data)
+    text = " ".join(engine.warnings)
+    if expect == "clean":
+        assert "folded" not in text and "rewritten" not in text
+    elif expect == "suspected":
+        assert "folded activations suspected" in text and "below its range floor" in text
+    elif expect == "on grid":
+        assert "already rounded onto their grid" in text
+        # which is why its weights read as harmless: bypassing them changes nothing
+        s = get_sensitivity_of_nodes(engine, node_type="weight")
+        assert all(v["cosine-similarity"] == pytest.approx(1.0, abs=1e-12) for v in s.values())
+    else:
+        assert not engine.calib_names and "lone DequantizeLinear" in text
+
+
+def test_rankings_are_finite_and_weights_named_by_structure(made):
+    qpath, fpath, data, feeds = made("inc", "conv")
+    qm = QuantModel(qpath, float_model=fpath)
+    # tensors and initializers were renamed: the float weights were found by structure
+    weights = [c for c in qm.of_kind("weight")]
+    assert weights and all(c.float_weight for c in weights)
+    assert {c.folded for c in qm.of_kind("activation") if c.folded} == {("Relu", 0.0, np.inf)}
+    engine = Engine(qm, data, optimization="disable")
+    for kind in ("weight", "activation", "node"):
+        s = get_sensitivity_of_nodes(engine, node_type=kind)
+        assert s and all(np.isfinite(v["cosine-similarity"]) for v in s.values())
+
+
+def test_a_graph_stored_out_of_order_is_sorted(made):
+    qpath, _, data, _ = made("quark_xint8", "conv")
+    stored = [n.name for n in onnx.load(str(qpath)).graph.node]
+    qm = QuantModel(qpath)
+    assert qm.resorted and any("topological order" in n for n in qm.notes)
+    position = {n.name: k for k, n in enumerate(qm.model.graph.node)}
+    producer = {o: n.name for n in qm.model.graph.node for o in n.output}
+    for n in qm.model.graph.node:
+        assert all(position[producer[i]] < position[n.name] for i in n.input if i in producer)
+    assert onnx.load(str(qpath)).graph.node[0].name == stored[0]  # the file is untouched
+
+
+def test_a_malformed_bias_axis_is_named_and_repaired_in_the_copy(made):
+    qpath, fpath, data, _ = made("inc_per_channel", "conv")
+    qm = QuantModel(qpath)
+    note = next(n for n in qm.notes if "axis" in n)
+    assert "b1_DequantizeLinear" in note and "axis 0" in note
+    assert next(a.i for n in onnx.load(str(qpath)).graph.node if n.name == "b1_DequantizeLinear"
+                for a in n.attribute if a.name == "axis") == 1
+
+
+# -- grids: the numpy fake-quant against onnxruntime's QuantizeLinear/DequantizeLinear ----------
+def _pair_model(qtype, scale, zp, shape, axis=None, block_size=0):
+    inits = [numpy_helper.from_array(np.asarray(scale, np.float32), "s")]
+    names = ["x", "s"]
+    if zp is not None:
+        inits.append(numpy_helper.from_array(zp, "z"))
+        names.append("z")
+    attrs = {}
+    if axis is not None:
+        attrs["axis"] = axis
+    if block_size:
+        attrs["block_size"] = block_size
+    if zp is None:
+        attrs["output_dtype"] = qtype
+    q_attrs = dict(attrs)
+    dq_attrs = {k: v for k, v in attrs.items() if k != "output_dtype"}
+    graph = helper.make_graph(
+        [helper.make_node("QuantizeLinear", names, ["q"], name="q", **q_attrs),
+         helper.make_node("DequantizeLinear", ["q", *names[1:]], ["y"], name="dq", **dq_attrs)],
+        "pair", [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(shape))],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, list(shape))], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+    model.ir_version = 10
+    return model
+
+
+import ml_dtypes  # noqa: E402
+
+GRID_CASES = [
+    ("int8", TensorProto.INT8, 0.05, np.array(3, np.int8), None, 0),
+    ("uint8", TensorProto.UINT8, 0.02, np.array(128, np.uint8), None, 0),
+    ("int16", TensorProto.INT16, 1e-4, np.array(0, np.int16), None, 0),
+    ("uint16", TensorProto.UINT16, 1e-4, np.array(30000, np.uint16), None, 0),
+    ("int4 per block", TensorProto.INT4, np.full((2, 6), 0.3), np.zeros((2, 6), ml_dtypes.int4), 0, 4),
+    ("uint4", TensorProto.UINT4, 0.4, np.array(8, ml_dtypes.uint4), None, 0),
+    ("int8 per axis", TensorProto.INT8, np.linspace(0.01, 0.1, 6), np.zeros(6, np.int8), 1, 0),
+    ("float8e4m3fn", TensorProto.FLOAT8E4M3FN, 0.01, None, None, 0),
+    ("float8e5m2", TensorProto.FLOAT8E5M2, 0.01, None, None, 0),
+]
+
+
+@pytest.mark.parametrize("label,qtype,scale,zp,axis,block", GRID_CASES, ids=[c[0] for c in GRID_CASES])
+def test_numpy_fake_quant_equals_onnxruntime(label, qtype, scale, zp, axis, block):
+    shape = (8, 6)
+    x = (np.random.default_rng(3).standard_normal(shape) * 8).astype(np.float32)
+    model = _pair_model(qtype, scale, zp, shape, axis, block)
+    want = builders.run_model(model, {"x": x})["y"]
+    c = QuantModel(model).calibration["q"]
+    np.testing.assert_array_equal(c.fake_quant(x), want)
+    assert c.grid.name == label.split()[0]
+
+
+def test_custom_qdq_ops_without_their_library_are_one_sentence(tmp_path, zoo):
+    model = onnx.load(str(zoo.qdq("qdq")))
+    for n in model.graph.node:
+        if n.op_type in ("QuantizeLinear", "DequantizeLinear"):
+            n.op_type, n.domain = "Extended" + n.op_type, "com.example.quant"
+    model.opset_import.append(helper.make_opsetid("com.example.quant", 1))
+    path = tmp_path / "custom.onnx"
+    onnx.save(model, str(path))
+    assert len(QuantModel(path).calibration) == len(QuantModel(zoo.qdq("qdq")).calibration)
+    with pytest.raises(PTQError, match=r"com\.example\.quant::ExtendedDequantizeLinear.*--custom-op-library"):
+        Engine(path, zoo.data("qdq"))
