@@ -30,11 +30,15 @@ class AnalysisKey:
     data: str
     float_model: str | None = None
     data_num: int | None = None
+    custom_op_library: str | None = None
 
     @property
     def id(self):
         """A string naming the key, equal across xdist workers."""
-        return "|".join(str(v) for v in (self.model, self.data, self.float_model, self.data_num))
+        parts = [self.model, self.data, self.float_model, self.data_num]
+        if self.custom_op_library:
+            parts.append(self.custom_op_library)
+        return "|".join(str(v) for v in parts)
 
 
 def file_hash(path):
@@ -81,7 +85,8 @@ class Analysis:
         every analysis below runs on all of the engine's samples."""
         if self._engine is None:
             self._engine = Engine(self.key.model, self.key.data, float_model=self.key.float_model,
-                                  data_num=self.key.data_num)
+                                  data_num=self.key.data_num,
+                                  custom_op_libraries=[self.key.custom_op_library] if self.key.custom_op_library else ())
         return self._engine
 
     @property

@@ -6,6 +6,7 @@ A contract needs no Python::
     model: resnet_qdq.onnx
     data: calibration_data          # folder DIR/<input>/<i>.npy, <input>.npy stacks, or .npz
     float_model: resnet.onnx        # optional
+    custom_op_library: libquark.so  # optional: onnxruntime library of custom Q/DQ ops
     holdout: holdout_data           # optional: output and accuracy checks run on it
     data_num: 16                    # optional: first N calibration samples
     metric: cosine-similarity       # optional: metric of every threshold below
@@ -54,7 +55,7 @@ from .metrics import COSINE, METRICS
 
 # Files collected as contracts. This module loads no onnx: checks load with the first item run.
 SUFFIXES = (".ptq.yaml", ".ptq.yml")
-_KEYS = {"model", "data", "float_model", "holdout", "data_num", "metric", "outputs", "nodes", "accuracy",
+_KEYS = {"model", "data", "float_model", "custom_op_library", "holdout", "data_num", "metric", "outputs", "nodes", "accuracy",
          "data_check", "baseline", "tolerance"}
 _NODE_KEYS = {"type", "threshold", "allow", "metric"}
 _ACCURACY_KEYS = {"evaluate", "min_ratio"}
@@ -74,6 +75,7 @@ class Contract:
     model: Path
     data: Path
     float_model: Path | None = None
+    custom_op_library: Path | None = None
     holdout: Path | None = None
     data_num: int | None = None
     metric: str | None = None
@@ -165,7 +167,8 @@ def load(path):
     if tolerance is not None:
         tolerance = _valid(params.non_negative, tolerance, "tolerance", where)
     return Contract(path=path.resolve(), name=_stem(path), model=req_path("model"), data=req_path("data"),
-                    float_model=opt_path("float_model"), holdout=opt_path("holdout"), data_num=data_num,
+                    float_model=opt_path("float_model"), custom_op_library=opt_path("custom_op_library"),
+                    holdout=opt_path("holdout"), data_num=data_num,
                     metric=metric, outputs=outputs, nodes=nodes, accuracy=accuracy, data_check=data_check,
                     baseline=baseline, tolerance=tolerance)
 
@@ -176,7 +179,8 @@ def from_settings(settings):
     baseline ``<baseline_dir>/<model stem>.json`` in ``metric`` within ``tolerance``."""
     model = Path(settings.model)
     return Contract(path=model, name=model.stem, model=model, data=settings.data,
-                    float_model=settings.float_model, holdout=settings.holdout, data_num=settings.data_num,
+                    float_model=settings.float_model, custom_op_library=settings.custom_op_library,
+                    holdout=settings.holdout, data_num=settings.data_num,
                     outputs=settings.min_cosine,
                     nodes={"type": settings.node_type, "threshold": settings.min_node_cosine, "allow": [],
                            "metric": COSINE},
@@ -345,6 +349,7 @@ def contract_settings(settings, contract):
     nodes = contract.nodes or {}
     return settings.replace(
         model=contract.model, data=contract.data, float_model=contract.float_model, holdout=contract.holdout,
+        custom_op_library=contract.custom_op_library or settings.custom_op_library,
         data_num=contract.data_num, metric=contract.metric or settings.metric,
         node_type=nodes.get("type") or settings.node_type, allow=tuple(nodes.get("allow") or ()),
         baseline=contract.baseline,
@@ -364,7 +369,8 @@ class ContractItem(pytest.Item):
 
         session = ptq_session.get(self.config)
         c = self.contract
-        analysis = session.analysis(c.model, c.data, c.float_model, c.data_num)
+        analysis = session.analysis(c.model, c.data, c.float_model, c.data_num,
+                                    c.custom_op_library or session.settings.custom_op_library)
         session.use(self, analysis)
         settings = contract_settings(session.settings, c)
         self.stash[ptq_session.SETTINGS_KEY] = settings

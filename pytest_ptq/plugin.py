@@ -183,7 +183,8 @@ def ptq_data(request, ptq_settings):
 def ptq_analysis(request, ptq_session, ptq_settings, ptq_model, ptq_data):
     """The shared :class:`Analysis` of this test's model and data: compiled once per session,
     float reference and results cached for every test on the same model."""
-    analysis = ptq_session.analysis(ptq_model, ptq_data, ptq_settings.float_model, ptq_settings.data_num)
+    analysis = ptq_session.analysis(ptq_model, ptq_data, ptq_settings.float_model, ptq_settings.data_num,
+                                    ptq_settings.custom_op_library)
     ptq_session.use(request.node, analysis)  # the report lists a model that fails to load too
     try:
         _ = analysis.engine  # compile in setup, so a bad model or data is one sentence, not a traceback

@@ -48,7 +48,7 @@ class PTQSession:
         self.is_worker = hasattr(config, "workerinput")
 
     # -- analyses and settings -------------------------------------------------------------
-    def analysis(self, model, data, float_model=None, data_num=None):
+    def analysis(self, model, data, float_model=None, data_num=None, custom_op_library=None):
         """The shared :class:`Analysis` of a model and its data (paths made absolute)."""
         if model is None:
             raise PTQError("no model to analyse: pass --ptq-model PATH, set ptq_model in "
@@ -60,7 +60,8 @@ class PTQSession:
 
         key = AnalysisKey(str(Path(model).resolve()), str(Path(data).resolve()),
                           str(Path(float_model).resolve()) if float_model else None,
-                          int(data_num) if data_num else None)
+                          int(data_num) if data_num else None,
+                          str(Path(custom_op_library).resolve()) if custom_op_library else None)
         if key.id not in self.analyses:
             self.analyses[key.id] = Analysis(key, self.root)
         return self.analyses[key.id]

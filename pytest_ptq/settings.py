@@ -114,6 +114,8 @@ OPTIONS = [
            "calibration data", "PATH", True, shown="the calibration data"),
     Option("float_model", existing_path, None, "float model the QDQ model came from (recovers float "
            "weights stored quantized)", "PATH", True),
+    Option("custom_op_library", existing_path, None, "onnxruntime custom-op library (.so/.dll) that the model's "
+           "custom Q/DQ ops need, e.g. AMD Quark's for its BF16/BFP16 models", "PATH", True),
     Option("data_num", positive_int, None, "use only the first N calibration samples", "N", shown="all samples"),
     Option("node_type", node_type, "node", "nodes ranked by sensitivity and baselines: "
            + ", ".join(NODE_TYPES), "TYPE"),
@@ -136,7 +138,8 @@ BY_NAME = {o.name: o for o in OPTIONS}
 # Marker-only keys: a per-test allow-list and baseline file.
 MARKER_ONLY = ("allow", "baseline")
 MARKER_HELP = (
-    "ptq(model=None, data=None, *, float_model=None, data_num=None, holdout=None, node_type='node', "
+    "ptq(model=None, data=None, *, float_model=None, custom_op_library=None, data_num=None, holdout=None, "
+    "node_type='node', "
     "metric='cosine-similarity', min_cosine=0.99, min_node_cosine=0.999, tolerance=0.001, "
     "allow=(), baseline=None): the model, data and thresholds of this test's ptq fixtures; paths are "
     "relative to the test module; values override --ptq-* options and ptq_* ini keys."
@@ -169,6 +172,7 @@ class Settings:
     model: Path | None = None
     data: Path | None = None
     float_model: Path | None = None
+    custom_op_library: Path | None = None
     data_num: int | None = None
     holdout: Path | None = None
     node_type: str = "node"

@@ -5,14 +5,18 @@ model comparison).
 Stages, each compared with the float model run without graph optimisations:
 
 1. ``optimized-float``: the float model under onnxruntime's ORT_ENABLE_ALL optimisations;
-2. ``fake-quant``: the calibrated QDQ model with Q/DQ kept as float arithmetic
+2. ``rewritten`` (only when the quantizer changed the graph beyond Q/DQ): the QDQ model with
+   every pair bypassed (float weights from the float model): what is left of the float model
+   after the quantizer's own changes (a Sigmoid made a HardSigmoid, a BatchNormalization folded);
+3. ``fake-quant``: the calibrated QDQ model with Q/DQ kept as float arithmetic
    (``session.disable_quant_qdq=1``): the quantization as simulated;
-3. ``integer``: the same QDQ model with default session options, where onnxruntime fuses
+4. ``integer``: the same QDQ model with default session options, where onnxruntime fuses
    Q/DQ into its integer kernels (QLinearConv, QLinearMatMul, ...).
 
-A drop at stage 1 points at the export or a graph optimisation, at stage 2 at calibration
-and quantization (find the nodes with sensitivity, fix them with ``suggest``), at stage 3
-only at the integer kernels. ``kernel_gap`` compares stages 3 and 2 directly.
+A drop at stage 1 points at the export or a graph optimisation, at stage 2 at the
+quantizer's rewrite, at stage 3 at calibration and quantization (find the nodes with
+sensitivity, fix them with ``suggest``), at stage 4 only at the integer kernels.
+``kernel_gap`` compares stages 4 and 3 directly.
 """
 
 from __future__ import annotations
@@ -36,9 +40,15 @@ STAGES = {
     "fake-quant": "QDQ model, Q/DQ simulated in float (disable_quant_qdq=1)",
     "integer": "QDQ model on onnxruntime's integer kernels (default options)",
 }
+# Shown between optimized-float and fake-quant only when the quantizer changed the graph
+# beyond Q/DQ: a clean model would only carry a row of 1.0 there.
+REWRITE = ("rewritten", "QDQ model with every pair bypassed: the float graph as the quantizer rewrote it")
 _ADVICE = {
     "optimized-float": ("the float model already changes under onnxruntime's graph optimisations: check the "
                         "export (opset, unsupported ops) before looking at quantization"),
+    "rewritten": ("the quantizer changed the graph beyond inserting Q/DQ (ops replaced or fused, e.g. Sigmoid -> "
+                  "HardSigmoid): that change alone loses it; turn the rewrite off in the quantizer's options or exclude "
+                  "those ops"),
     "fake-quant": ("the simulated quantization loses it: a calibration or quantization problem; rank the nodes "
                    "with get-sensitivity-of-nodes and fix them with suggest"),
     "integer": ("the simulation holds but onnxruntime's integer kernels do not: a kernel problem (int16 "
@@ -105,11 +115,16 @@ def localize_stages(float_model, calibrated_model, calibrated_data, metrics=("co
         threshold = 0.99
     fmodel, fpath = load_model(float_model, what="float model")
     if isinstance(calibrated_model, Engine):  # its model and data, loaded once
-        qm = calibrated_model.qmodel
-        data = load_data(calibrated_model.data if calibrated_data is None else calibrated_data, qm, data_num)
+        engine = calibrated_model
+        qm = engine.qmodel
+        data = load_data(engine.data if calibrated_data is None else calibrated_data, qm, data_num)
+        if engine.float_model is None:  # the bypassed stage needs the float weights
+            engine = Engine(QuantModel(qm.model, float_model=fmodel), None, check=False,
+                            custom_op_libraries=engine.libraries)
     else:
-        qm = QuantModel(calibrated_model)
+        qm = QuantModel(calibrated_model, float_model=fmodel)
         data = load_data(calibrated_data, qm, data_num)
+        engine = Engine(qm, None, check=False)
     qmodel = qm.model
     specs = parse_outputs(output_node, qm)
     float_outputs = {o.name for o in fmodel.graph.output}
@@ -137,7 +152,7 @@ def localize_stages(float_model, calibrated_model, calibrated_data, metrics=("co
     }
     sources = {"reference": fpath, "optimized-float": fpath, "fake-quant": qm.source, "integer": qm.source}
     tensors = list(dict.fromkeys(s.tensor for s in specs))
-    labels = list(STAGES) + ["kernel-gap"]
+    labels = ["optimized-float", REWRITE[0], "fake-quant", "integer", "kernel-gap"]
     pooled = {k: {(s.name, m.name): m.new() for s in specs for m in metric_objs} for k in labels}
     per_sample = {k: {m.name: [] for m in metric_objs} for k in labels}
     indices = range(len(data))
@@ -146,6 +161,7 @@ def localize_stages(float_model, calibrated_model, calibrated_data, metrics=("co
             feeds = data.sample(i)
             outs = {k: dict(zip(tensors, run(sess, tensors, feeds, str(sources[k] or "<ModelProto>"))))
                     for k, sess in sessions.items()}
+            outs["rewritten"] = engine.run(feeds, (), tensors)
             for k in labels:
                 ref, test = (outs["fake-quant"], outs["integer"]) if k == "kernel-gap" else (outs["reference"], outs[k])
                 for m in metric_objs:
@@ -162,10 +178,14 @@ def localize_stages(float_model, calibrated_model, calibrated_data, metrics=("co
     for k in labels:
         per_output = {s.name: {m.name: m.value(pooled[k][(s.name, m.name)]) for m in metric_objs} for s in specs}
         values = {m.name: m.worst([per_output[s.name][m.name] for s in specs]) for m in metric_objs}
-        rows[k] = {"stage": k, "description": STAGES.get(k, "integer kernels vs the simulation"),
-                   "values": values, "per_output": per_output, "per_sample": per_sample[k]}
-    stages = [rows[k] for k in STAGES]
-    first_drop, message = verdict({k: rows[k]["values"][first.name] for k in STAGES},
+        rows[k] = {"stage": k, "description": {**STAGES, REWRITE[0]: REWRITE[1]}.get(
+            k, "integer kernels vs the simulation"), "values": values, "per_output": per_output,
+            "per_sample": per_sample[k]}
+    rewritten = bool(getattr(engine.qmodel, "alignment", None) and engine.qmodel.alignment.rewrites) or \
+        rows[REWRITE[0]]["values"].get("cosine-similarity", 1.0) < 1 - 1e-6
+    shown = [k for k in labels[:-1] if k != REWRITE[0] or rewritten]
+    stages = [rows[k] for k in shown]
+    first_drop, message = verdict({k: rows[k]["values"][first.name] for k in shown},
                                   rows["kernel-gap"]["values"][first.name], first.name, threshold)
     return StageReport(metrics=[m.name for m in metric_objs], outputs=[s.name for s in specs], samples=len(data),
                        threshold=threshold, stages=stages, kernel_gap=rows["kernel-gap"], first_drop=first_drop,
@@ -182,7 +202,7 @@ def verdict(values, kernel_gap, metric, threshold):
     m = get_metrics(metric)[0]
     if threshold is None:
         return None, (f"no threshold for {m.name}: compare the stages by eye or pass a threshold")
-    for stage in STAGES:
+    for stage in (st for st in ("optimized-float", REWRITE[0], *list(STAGES)[1:]) if st in values):
         v = values[stage]
         if v != v or m.worse(v, threshold):
             return stage, f"{m.name} first falls below {threshold} at stage {stage!r} ({v:.6g}): {_ADVICE[stage]}"

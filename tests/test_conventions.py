@@ -254,3 +254,44 @@ def test_custom_qdq_ops_without_their_library_are_one_sentence(tmp_path, zoo):
     assert len(QuantModel(path).calibration) == len(QuantModel(zoo.qdq("qdq")).calibration)
     with pytest.raises(PTQError, match=r"com\.example\.quant::ExtendedDequantizeLinear.*--custom-op-library"):
         Engine(path, zoo.data("qdq"))
+
+
+def test_a_rewrite_by_the_quantizer_is_its_own_stage(made):
+    from pytest_ptq.stages import localize_stages
+
+    qpath, fpath, data, feeds = made("quark_xint8", "mlp")
+    report = localize_stages(fpath, qpath, data, threshold=0.999)
+    stages = [s["stage"] for s in report.stages]
+    assert stages == ["optimized-float", "rewritten", "fake-quant", "integer"]
+    # the stage's cosine is that of the float model against the rewired (every pair removed) file
+    ref = builders.run_model(fpath, feeds)
+    bypassed = builders.run_model(builders.rewire(qpath), feeds)
+    y = [r["y"] for r in ref], [b["y"] for b in bypassed]
+    want = _cos(np.concatenate(y[0]), np.concatenate(y[1]))
+    assert report.value("rewritten") == pytest.approx(want, abs=1e-6)
+    assert report.first_drop == "rewritten" and "HardSigmoid" in report.message
+    clean = localize_stages(*made("onnxruntime", "mlp")[1::-1], made("onnxruntime", "mlp")[2])
+    assert "rewritten" not in [s["stage"] for s in clean.stages]
+
+
+def test_custom_op_library_reaches_onnxruntime_from_every_face(tmp_path, zoo, capsys, pytester):
+    from pytest_ptq.cli import main
+
+    model = onnx.load(str(zoo.qdq("qdq")))
+    for n in model.graph.node:
+        if n.op_type in ("QuantizeLinear", "DequantizeLinear"):
+            n.op_type, n.domain = "Extended" + n.op_type, "com.example.quant"
+    model.opset_import.append(helper.make_opsetid("com.example.quant", 1))
+    path = tmp_path / "custom.onnx"
+    onnx.save(model, str(path))
+    fake = tmp_path / "libnot_a_library.so"
+    fake.write_bytes(b"not a shared object")
+    data = str(zoo.folder("qdq"))
+    for extra, needle in (([], "--custom-op-library PATH"), (["--custom-op-library", str(fake)],
+                                                              "cannot load the custom-op library")):
+        rc = main(["get-sensitivity-of-nodes", str(path), data, "--quiet", *extra])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert rc == 2 and len(err) == 1 and needle in err[0] and "Traceback" not in err[0]
+    pytester.makefile(".ptq.yaml", custom=f"model: {path}\ndata: {data}\ncustom_op_library: {fake}\nbaseline: false\n")
+    result = pytester.runpytest("-p", "no:cacheprovider")
+    result.stdout.fnmatch_lines(["*cannot load the custom-op library*libnot_a_library.so*"])

@@ -138,7 +138,7 @@ def test_help_pins_the_option_group(pytester):
     result = run(pytester, "--help")
     entries = help_entries(result.stdout.str(), "post-training quantization accuracy contracts (pytest-ptq):")
     assert list(entries) == [
-        "--ptq-model", "--ptq-data", "--ptq-holdout", "--ptq-float-model", "--ptq-data-num", "--ptq-node-type",
+        "--ptq-model", "--ptq-data", "--ptq-holdout", "--ptq-float-model", "--ptq-custom-op-library", "--ptq-data-num", "--ptq-node-type",
         "--ptq-metric", "--ptq-min-cosine", "--ptq-min-node-cosine", "--ptq-tolerance", "--ptq-baseline-dir",
         "--ptq-report", "--ptq-top", "--ptq-update-baseline", "--ptq-update-all", "--ptq-no-default-contract"]
     defaults = {"--ptq-model": "none", "--ptq-holdout": "the calibration data", "--ptq-data-num": "all samples",
@@ -360,8 +360,9 @@ def test_bad_marker_argument_fails_the_test_in_one_sentence(project):
 
 def test_marker_help_carries_the_signature(pytester):
     result = run(pytester, "--markers")
-    result.stdout.fnmatch_lines(["@pytest.mark.ptq(model=None, data=None, *, float_model=None, data_num=None, "
-                                 "holdout=None, node_type='node', *min_cosine=0.99*allow=(), baseline=None)*"])
+    result.stdout.fnmatch_lines(["@pytest.mark.ptq(model=None, data=None, *, float_model=None, custom_op_library=None, "
+                                 "data_num=None, holdout=None, node_type='node', *min_cosine=0.99*allow=(), "
+                                 "baseline=None)*"])
 
 
 def test_one_analysis_per_model_data_and_sample_count(project, monkeypatch):

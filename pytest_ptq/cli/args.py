@@ -54,7 +54,14 @@ def add_model(p, data=True):
         add_data_num(p)
     p.add_argument("--float-model", default=None,
                    help="the original float model, to recover float weights and check the float reference")
+    add_custom_op_library(p)
     add_quiet(p)
+
+
+def add_custom_op_library(p):
+    p.add_argument("--custom-op-library", action="append", default=[], metavar="PATH",
+                   help="onnxruntime custom-op library the model's custom Q/DQ ops need (repeatable), e.g. AMD "
+                        "Quark's for its BF16/BFP16 models. Default: none")
 
 
 def add_data_num(p):
@@ -104,4 +111,4 @@ def engine(args):
     sample: ``--data-num`` is applied by the analysis, once."""
     from ..engine import Engine
 
-    return Engine(args.model, args.data, float_model=args.float_model)
+    return Engine(args.model, args.data, float_model=args.float_model, custom_op_libraries=args.custom_op_library)

@@ -9,8 +9,11 @@ from . import args as a
 
 def run(args):
     qm = QuantModel(args.model, float_model=args.float_model)
+    print(f"{qm.source}: {qm.format} model, made by {qm.made_by.label} ({qm.made_by.evidence})")
     rows = [c.summary() for c in qm.calibration.values()]
-    print(format_table(rows, ["name", "kind", "dtype", "threshold", "per_channel", "consumers"]))
+    print(format_table(rows, ["name", "kind", "dtype", "threshold", "granularity", "consumers"]))
+    for note in qm.notes:
+        print(f"note: {note}")
     print(f"{len(qm.of_kind('weight'))} weight and {len(qm.of_kind('activation'))} activation calibration "
           f"nodes, {len(qm.normal)} normal nodes")
 

@@ -412,6 +412,11 @@ class QuantModel:
                 self.calibration[cname].consumers.append(node.name)
 
     # -- queries -------------------------------------------------------------------------
+    @property
+    def format(self):
+        """How the model is quantized, in a word: ``QDQ`` (Q/DQ pairs and lone DQs)."""
+        return "QDQ"
+
     def of_kind(self, kind):
         return [c for c in self.calibration.values() if c.kind == kind]
 
