@@ -295,3 +295,21 @@ def test_custom_op_library_reaches_onnxruntime_from_every_face(tmp_path, zoo, ca
     pytester.makefile(".ptq.yaml", custom=f"model: {path}\ndata: {data}\ncustom_op_library: {fake}\nbaseline: false\n")
     result = pytester.runpytest("-p", "no:cacheprovider")
     result.stdout.fnmatch_lines(["*cannot load the custom-op library*libnot_a_library.so*"])
+
+
+def test_the_producer_is_named_from_the_file(zoo, made):
+    from pytest_ptq.model import detect
+
+    assert detect(onnx.load(str(zoo.qdq("qdq")))).key == "onnxruntime"
+    inc = onnx.load(str(made("inc", "conv")[0]))
+    inc.producer_name, inc.producer_version = "onnx.quantize", "0.1.0"  # what both INC and onnxruntime write
+    assert detect(inc).key == "neural-compressor"
+    quark = onnx.load(str(made("quark_xint8", "conv")[0]))
+    quark.producer_name, quark.producer_version = "quark.onnx", "0.13"
+    assert detect(quark).label == "AMD Quark 0.13"
+    aimet = onnx.load(str(made("aimet", "conv")[0]))
+    aimet.producer_name = "PaddlePaddle"
+    aimet.metadata_props.add(key="onnx.quant.pre_process", value="onnxruntime.quant")
+    aimet.metadata_props.add(key="producer", value="aimet-onnx 2.42.0")
+    assert detect(aimet).label == "Qualcomm aimet-onnx 2.42.0"
+    assert detect(onnx.load(str(made("modelopt_int4", "mlp")[0]))).key == "modelopt"

@@ -47,19 +47,47 @@ _PRODUCER_NAMES = [
 def detect(model):
     """The :class:`Producer` of a ModelProto."""
     raw = f"{model.producer_name} {model.producer_version}".strip()
+    if model.producer_name == "onnx.quantize":
+        # onnxruntime's quantizer writes this, and so do Model Optimizer and Neural Compressor
+        return _onnx_quantize(model)
     for pattern, key in _PRODUCER_NAMES:
         if pattern.search(model.producer_name or ""):
             return Producer(key, KNOWN[key], model.producer_version, f"producer_name {model.producer_name!r}")
-    meta = " ".join(f"{p.key}={p.value}" for p in model.metadata_props)
-    for pattern, key in _PRODUCER_NAMES:
-        if meta and pattern.search(meta):
-            return Producer(key, KNOWN[key], "", "metadata")
+    meta = {p.key: p.value for p in model.metadata_props}
+    # a 'producer' entry names the tool; others (onnx.quant.pre_process=onnxruntime.quant) name
+    # a step it ran, so onnxruntime's name counts only when nothing more specific does
+    texts = [meta["producer"]] if "producer" in meta else []
+    texts.append(" ".join(f"{k}={v}" for k, v in meta.items()))
+    for text in texts:
+        for pattern, key in sorted(_PRODUCER_NAMES, key=lambda pk: pk[1] == "onnxruntime"):
+            if text and pattern.search(text):
+                version = text.split()[-1] if text is meta.get("producer") and " " in text else ""
+                return Producer(key, KNOWN[key], version, "metadata")
     domains = {n.domain for n in model.graph.node}
     if any(d.startswith("com.amd.quark") or d.startswith("com.vai.quantize") for d in domains):
         return Producer("quark", KNOWN["quark"], "", "com.amd.quark ops")
     names = [n.name for n in model.graph.node[:2000]] + [i.name for i in model.graph.initializer[:2000]]
     if any(n.endswith("_QuantizeInput") for n in names):
         return Producer("neural-compressor", KNOWN["neural-compressor"], "", "tensor names *_QuantizeInput")
-    if any(n.endswith("_QuantizeLinear") or n.endswith("_quantized") for n in names):
-        return Producer("onnxruntime", KNOWN["onnxruntime"], "", "node names *_QuantizeLinear")
+    if any(n.op_type == "DequantizeLinear" and any(a.name == "block_size" for a in n.attribute)
+           for n in model.graph.node):
+        return Producer("modelopt", KNOWN["modelopt"], "", "block-wise DequantizeLinear weights (its int4 export)")
     return Producer("unknown", raw, "", "nothing in the file names it")
+
+
+def _onnx_quantize(model):
+    """Which of the three quantizers that write ``producer_name='onnx.quantize'`` it was."""
+    nodes = list(model.graph.node)
+    names = [n.name for n in nodes] + [o for n in nodes for o in n.output]
+    if any(n.endswith("_QuantizeInput") or n.endswith("_quant") for n in names):
+        return Producer("neural-compressor", KNOWN["neural-compressor"], "", "producer_name 'onnx.quantize' and "
+                        "tensors named *_QuantizeInput")
+    by_output = {o: n for n in nodes for o in n.output}
+    for n in nodes:
+        if n.op_type == "DequantizeLinear" and n.input[0] in by_output:
+            q = by_output[n.input[0]]
+            if q.op_type == "QuantizeLinear" and len(q.input) > 1 and q.input[1] != n.input[1]:
+                # Model Optimizer gives the Q and the DQ of a pair their own scale tensors
+                return Producer("modelopt", KNOWN["modelopt"], "", "producer_name 'onnx.quantize' and pairs with "
+                                "separate Q and DQ scales")
+    return Producer("onnxruntime", KNOWN["onnxruntime"], model.producer_version, "producer_name 'onnx.quantize'")
