@@ -1,0 +1,122 @@
+"""Integration: QDQ models made by the real third-party quantizers, analysed right.
+
+The models come from tests/producers/make_models.py, run in each producer's own virtual
+environment (the producers pin onnxruntime builds of their own, so they never share one
+with pytest-ptq): point ``PTQ_PRODUCER_MODELS`` at its output folder. A producer that is
+importable here is also run directly. Without either, the module is skipped.
+
+Per model, as the producers issue asks: the engine loads it with its float model;
+bypassing every pair reproduces the float model, or the tool reports the quantizer's
+rewrite; the fully quantized engine equals onnxruntime running the file with its QDQ fusion
+off; weight and activation rankings are finite; runall finishes.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import os
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+
+from pytest_ptq.data import load_data
+from pytest_ptq.engine import Engine
+from pytest_ptq.metrics import compare
+from pytest_ptq.runall import runall
+from pytest_ptq.sensitivity import get_sensitivity_of_nodes
+
+MODULES = {"modelopt": "modelopt.onnx.quantization", "quark": "quark.onnx", "inc": "onnx_neural_compressor",
+           "aimet": "aimet_onnx"}
+
+
+def _importable(module):
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:
+        return False
+
+
+def _folders():
+    root = os.environ.get("PTQ_PRODUCER_MODELS")
+    found = sorted(p for p in Path(root).iterdir() if (p / "model.onnx").exists()) if root else []
+    here = [name for name, module in MODULES.items() if _importable(module)]
+    return found, here
+
+
+FOUND, HERE = _folders()
+
+
+@pytest.fixture(scope="module")
+def made_here(tmp_path_factory):
+    """Models quantized in this process by the producers importable here."""
+    import make_models
+
+    root = tmp_path_factory.mktemp("producer_models")
+    return {f.name: f for p in HERE for f in make_models.make(p, root)}
+
+
+def _cases():
+    cases = [pytest.param(str(f), id=f.name) for f in FOUND]
+    cases += [pytest.param(f"here:{p}", id=f"here-{p}") for p in HERE]
+    return cases or [pytest.param(None, marks=pytest.mark.skip(
+        reason="no producer models: run tests/producers/make_models.py in a producer's venv and set "
+               "PTQ_PRODUCER_MODELS (see tests/producers/README.md)"))]
+
+
+def _cos(a, b):
+    return compare(a, b)["cosine-similarity"]
+
+
+def _check(folder):
+    data = load_data(folder / "calib", None, 4)
+    samples = {k: [data.sample(i)[k] for i in range(len(data))] for k in data.names}
+    engine = Engine(folder / "model.onnx", samples, float_model=folder / "float.onnx")
+    feeds = [data.sample(i) for i in range(len(data))]
+    # bypassed: the float model, or a rewrite the tool names
+    import onnxruntime as ort
+
+    fsess = ort.InferenceSession(str(folder / "float.onnx"), providers=["CPUExecutionProvider"])
+    names = [o.name for o in fsess.get_outputs()]
+    bypassed = min(_cos(dict(zip(names, fsess.run(names, f)))[k], engine.run(i, ())[k])
+                   for i, f in enumerate(feeds) for k in engine.model_outputs if k in names)
+    if engine.rewrite is None:
+        assert bypassed > 0.9999, (folder.name, bypassed)
+    else:
+        assert engine.rewrite["cosine"] == pytest.approx(bypassed, abs=1e-5)
+    # fully quantized: onnxruntime running the file as stored, QDQ fusion off; at
+    # ORT_ENABLE_BASIC, whose result onnxruntime's other levels but ENABLE_ALL share
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    so.add_session_config_entry("session.disable_quant_qdq", "1")
+    plain = ort.InferenceSession(str(folder / "model.onnx"), so, providers=["CPUExecutionProvider"])
+    fp16 = any(i.data_type == onnx.TensorProto.FLOAT16
+               for i in onnx.load(str(folder / "model.onnx"), load_external_data=False).graph.initializer)
+    for i, f in enumerate(feeds):
+        want = dict(zip([o.name for o in plain.get_outputs()], plain.run(None, f)))
+        got = engine.run(i, "all")
+        for k in engine.model_outputs:
+            if fp16:  # onnxruntime computes fp16 ops in float32 between casts; the gates round to fp16
+                assert _cos(want[k], got[k]) > 0.998, (folder.name, k)
+            else:
+                np.testing.assert_allclose(got[k], want[k], rtol=1e-4, atol=1e-4, err_msg=folder.name)
+    for kind in ("weight", "activation"):
+        s = get_sensitivity_of_nodes(engine, node_type=kind, data_num=2)
+        assert all(math.isfinite(v["cosine-similarity"]) for v in s.values()), (folder.name, kind)
+    return engine
+
+
+@pytest.mark.parametrize("case", _cases())
+def test_a_producers_models_are_analysed_right(case, request, tmp_path):
+    if case.startswith("here:"):
+        producer = case[len("here:"):]
+        folders = [f for name, f in request.getfixturevalue("made_here").items() if name.startswith(producer + "_")]
+    else:
+        folders = [Path(case)]
+    assert folders
+    for folder in folders:
+        engine = _check(folder)
+        summary = runall(engine, save_dir=tmp_path / folder.name, data_num=1, top=2, progress=False)
+        assert summary["verdict"]["source"] in ("weight", "activation", "both", "neither")
