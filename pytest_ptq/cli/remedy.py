@@ -81,7 +81,7 @@ def run(args):
                             min_ratio=args.min_ratio, costs=_costs(args.cost), search=args.search)
     name = result.objective.get("metric", result.metric)
     columns = ["nodes", "cost", "added", "kind", name] if result.remedy == MIXED else ["nodes", "added", name]
-    rows = [{"nodes": p["nodes"], "cost": p.get("cost"), "added": p["added"] or "(baseline)",
+    rows = [{"nodes": p["nodes"], "cost": f"{p.get('cost', p['nodes']):g}", "added": p["added"] or "(baseline)",
              "kind": p.get("kind") or "", name: p["value"]} for p in result.curve]
     print("search curve on the search samples:")
     print(format_table(rows, columns))

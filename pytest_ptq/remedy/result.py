@@ -147,17 +147,19 @@ class Remedy(JsonResult):
         order = [k for k in ("calibration", "search", "confirmation", "held-out") if k in self.figures]
         for key in order:
             f = self.figures[key]
-            rows.append({"data": f"{key} ({f['samples']})", "no remedy": f["before"], "remedy": f["after"],
-                         "target": f["target"], "met": "yes" if f["met"] else "no"})
+            rows.append({"data": f"{key} ({f['samples']})", "float": f.get("float"), "no remedy": f["before"],
+                         "remedy": f["after"], "target": f["target"], "met": "yes" if f["met"] else "no"})
         measured = (self.measured or {}).get("figures", {})
         for key in order:
             if key in measured:
                 f = measured[key]
-                rows.append({"data": f"{key}, re-quantized", "no remedy": f["before"], "remedy": f["after"],
+                rows.append({"data": f"{key}, re-quantized", "float": self.figures.get(key, {}).get("float"),
+                             "no remedy": f["before"], "remedy": f["after"],
                              "target": f["target"], "met": "yes" if f["met"] else "no"})
         if not rows:
             return ""
-        return format_table(rows, ["data", "no remedy", "remedy", "target", "met"])
+        task = self.objective.get("kind") == "task"
+        return format_table(rows, ["data"] + (["float"] if task else []) + ["no remedy", "remedy", "target", "met"])
 
     def summary(self):
         """A few readable lines: the verdict, the figures, the nodes and the settings to use."""
@@ -170,10 +172,11 @@ class Remedy(JsonResult):
             lines.append(f"{name} {_fmt(judged.get('after', self.value))}{where} meets the target {self.target_text} "
                          f"with {len(self.nodes)} node(s) {what} (baseline {_fmt(judged.get('before', self.baseline))})")
         else:
+            ceiling = ("" if self.ceiling is None else
+                       f", every candidate {what} on the search samples: {_fmt(self.ceiling)}")
             lines.append(f"target {name} {self.target_text} not met{where}: best "
                          f"{_fmt(judged.get('after', self.value))} with {len(self.nodes)} node(s) {what} (baseline "
-                         f"{_fmt(judged.get('before', self.baseline))}, every candidate {what} on the search samples: "
-                         f"{_fmt(self.ceiling)})")
+                         f"{_fmt(judged.get('before', self.baseline))}{ceiling})")
         if self.remedy == MIXED and self.nodes:
             lines.append(f"cost {self.cost:g} (" + ", ".join(f"{k} {v:g}" for k, v in self.costs.items()) + " per node)")
         table = self.figures_table()

@@ -150,6 +150,7 @@ def suggest_remedy(model_or_file, calibrated_data=None, target=None, metric="cos
         result.nodes = list(result.choices)
         result.cost = cost_of(chosen, costs)
         _figures(result, lay, objective, scorer, judge, chosen)
+        _warn_chosen(result, searcher, chosen)
     result.settings = onnxruntime_settings(qm, remedy, result.nodes, axes, result.choices)
     if float_model is not None and requantize_check and result.nodes and not result.budget_exhausted:
         parts = {"calibration": (lay.calibration, _scorer_for(lay.calibration, scorer, judge, objective))}
@@ -174,7 +175,7 @@ def _where(heldout, lay):
         return None
     if isinstance(heldout, (str, Path)):
         return str(heldout)
-    return lay.judge.where
+    return getattr(heldout, "where", None) or lay.judge.where
 
 
 def _alternatives(engine, remedy, menus, costs, objective, base, clock, notes):
@@ -219,16 +220,20 @@ def _alternatives(engine, remedy, menus, costs, objective, base, clock, notes):
 
 
 def _pick(searcher, lay):
-    """The set to report: the best on the judging data; a set the budget left unjudged is
-    judged now (outside the budget) and kept if better."""
+    """The set to report: the best on the judging data, no remedy included; a set the budget
+    left unjudged is judged now (outside the budget) and kept if better."""
     if searcher.best_S is None:
         return None
     if not lay.confirms:
         return searcher.best_S[1]
     best = searcher.best_J
-    candidate = searcher.best_S[1]
-    if best is None or (candidate not in searcher.J.memo):
-        value = searcher.J.final(candidate)
+    for candidate in (searcher.best_S[1], frozenset()):
+        if best is not None and candidate in searcher.J.memo and candidate != best[1]:
+            value = searcher.J.memo[candidate]
+        elif best is None or candidate not in searcher.J.memo:
+            value = searcher.J.final(candidate)
+        else:
+            continue
         r = searcher.rank(searcher.J, candidate, value)
         if best is None or r > best[0]:
             best = (r, candidate)
@@ -274,16 +279,51 @@ def _figures(result, lay, objective, scorer, judge, chosen):
 
 
 def _warn(result, figures, prefix):
-    """One sentence per gain that does not hold on the judging data."""
+    """One sentence when the reported set's gain does not hold on the judging data."""
     if result.judged_on not in figures or result.judged_on == "calibration" or not result.nodes:
         return
     cal, judged = figures.get("search", figures["calibration"]), figures[result.judged_on]
+    what = f"{prefix}{len(result.nodes)} node(s) {WHAT[result.remedy]}"
+    sentence = _not_holding(result, what, (cal["before"], cal["after"], cal["met"]),
+                            (judged["before"], judged["after"], judged["met"], judged["target"]))
+    if sentence:
+        result.warnings.append(sentence)
+
+
+def _not_holding(result, what, search, judged):
+    """``what: 0.9958 on calibration, 0.904 on held-out: worse than no remedy (0.954)`` or
+    ``...: the gain does not hold, short of the target T``; None when the gain holds."""
     m = result.objective_metric
     on = "held-out" if result.judged_on == "held-out" else "the confirmation samples"
-    gained = m.worse(cal["before"], cal["after"])
-    what = f"{prefix}{len(result.nodes)} node(s) {WHAT[result.remedy]}"
-    figs = f"{cal['after']:.6g} on calibration, {judged['after']:.6g} on {on}"
-    if gained and m.worse(judged["after"], judged["before"]):
-        result.warnings.append(f"{what}: {figs}: worse than no remedy ({judged['before']:.6g})")
-    elif cal["met"] and not judged["met"]:
-        result.warnings.append(f"{what}: {figs}: the gain does not hold, short of the target {judged['target']:.6g}")
+    s_before, s_after, s_met = search
+    j_before, j_after, j_met, target = judged
+    figs = f"{s_after:.6g} on calibration, {j_after:.6g} on {on}"
+    if m.worse(s_before, s_after) and m.worse(j_after, j_before):
+        return f"{what}: {figs}: worse than no remedy ({j_before:.6g})"
+    if s_met and not j_met:
+        return f"{what}: {figs}: the gain does not hold, short of the target {target:.6g}"
+    return None
+
+
+def _warn_chosen(result, searcher, chosen):
+    """The set the search samples chose, when the judge overruled it: say why, one sentence."""
+    first = searcher.chosen
+    if first is None or first == chosen or first not in searcher.J.memo:
+        return
+    S, J = searcher.S, searcher.J
+    base = frozenset()
+    if not first:
+        if S.meets(S.final(base)) and not J.meets(J.final(base)):
+            on = "held-out data" if result.judged_on == "held-out" else "the confirmation samples"
+            how = (f"the nodes were found by adding remedies in ranking order and pruning, judged on {on}"
+                   if result.met else f"adding remedies in ranking order found no set that meets it on {on}")
+            result.notes.append(f"the search samples already meet the target without a remedy "
+                                f"({S.final(base):.6g}) but {on} do not ({J.final(base):.6g}): {how}")
+        return
+    what = f"the set chosen on the search samples ({len(first)} node(s) {WHAT[result.remedy]})"
+    sentence = _not_holding(result, what, (S.final(base), S.final(first), S.meets(S.final(first))),
+                            (J.final(base), J.final(first), J.meets(J.final(first)), J.target))
+    if sentence:
+        then = (f"; {len(chosen)} node(s) found by adding and pruning on that data meet it" if result.met
+                else "")
+        result.warnings.append(sentence + then)

@@ -43,6 +43,8 @@ class Search:
         self.costs, self._moves, self.mode, self.full_curve = costs, moves, mode, full_curve
         self.order = None
         self.best_S = self.best_J = None  # (rank, set)
+        # the set the search samples chose, before the judge had its say
+        self.chosen = None
 
     # -- bookkeeping ----------------------------------------------------------------------
     def moves(self):
@@ -59,7 +61,10 @@ class Search:
 
     def rank(self, scorer, chosen, value):
         met = scorer.meets(value)
-        return (met, -cost_of(chosen, self.costs) if met else 0.0, scorer.key(value))
+        cost = cost_of(chosen, self.costs)
+        # met beats unmet; among met sets the cheaper, then the better value; among unmet the
+        # better value, then the cheaper
+        return (met, -cost if met else 0.0, scorer.key(value), -cost)
 
     def score(self, chosen):
         chosen = frozenset(chosen)
@@ -102,6 +107,7 @@ class Search:
             chosen = self.greedy()
             if self.mode == "refine":
                 chosen = self.refine(chosen)
+        self.chosen = chosen
         if self.J is self.S:
             return
         if self.J.meets(self.judge(chosen, "chosen")):
@@ -219,7 +225,9 @@ class Search:
         if strongest not in steps:
             steps.append(strongest)
         for trial in steps:
-            self.score(trial)
+            value = self.score(trial)
+            if trial == strongest and self.result.ceiling is None:
+                self.result.ceiling = value
             if self.J.meets(self.judge(trial, "escalation")):
                 self.shrink(trial)
                 return
