@@ -29,7 +29,8 @@ def infer_quantize_options(qmodel):
 
     The calibration method and ``op_types_to_quantize`` leave no trace; MinMax and the
     default op list are assumed. Float weights and Relu/Clip are always kept
-    (AddQDQPairToWeight, QDQKeepRemovableActivations) so that the result can be analysed.
+    (AddQDQPairToWeight, QDQKeepRemovableActivations) so that the result can be analysed;
+    biases stay float (QuantizeBias=False) when every quantized Conv/Gemm reads a float one.
     """
     acts = [c for c in qmodel.of_kind("activation") if c.q_node is not None]
     weights = [c for c in qmodel.of_kind("weight") if c.role != "bias"]
@@ -47,6 +48,12 @@ def infer_quantize_options(qmodel):
     unsigned_w = [c for c in weights if c.qrange[0] >= 0]
     if unsigned_w and any(np.any(c.zero_point != 0) for c in unsigned_w):
         extra["WeightSymmetric"] = False
+    # biases left float (QuantizeBias=False) read a float initializer; re-quantizing them to
+    # int32 would move the outputs away from the model being remedied
+    biased = [n for n in qmodel.normal.values() if n.op_type in PER_CHANNEL_OPS and n.calibration_inputs
+              and len(n.inputs) > 2 and n.inputs[2]]
+    if biased and all(qmodel.is_constant(n.inputs[2]) and qmodel.is_float_tensor(n.inputs[2]) for n in biased):
+        extra["QuantizeBias"] = False
     # a node onnxruntime would quantize that reads no Q/DQ was excluded on purpose
     excluded = [n.name for n in qmodel.normal.values()
                 if n.op_type in PER_CHANNEL_OPS and not n.calibration_inputs]
