@@ -170,7 +170,8 @@ class Remedy(JsonResult):
         where = "" if self.judged_on == "calibration" else f" on {_on(self.judged_on)}"
         if self.met:
             lines.append(f"{name} {_fmt(judged.get('after', self.value))}{where} meets the target {self.target_text} "
-                         f"with {len(self.nodes)} node(s) {what} (baseline {_fmt(judged.get('before', self.baseline))})")
+                         f"with {len(self.nodes)} node(s) {what} "
+                         f"(baseline {_fmt(judged.get('before', self.baseline))})")
         else:
             ceiling = ("" if self.ceiling is None else
                        f", every candidate {what} on the search samples: {_fmt(self.ceiling)}")
@@ -178,7 +179,8 @@ class Remedy(JsonResult):
                          f"{_fmt(judged.get('after', self.value))} with {len(self.nodes)} node(s) {what} (baseline "
                          f"{_fmt(judged.get('before', self.baseline))}{ceiling})")
         if self.remedy == MIXED and self.nodes:
-            lines.append(f"cost {self.cost:g} (" + ", ".join(f"{k} {v:g}" for k, v in self.costs.items()) + " per node)")
+            each = ", ".join(f"{k} {v:g}" for k, v in self.costs.items())
+            lines.append(f"cost {self.cost:g} ({each} per node)")
         table = self.figures_table()
         if table:
             lines.append(table)

@@ -35,15 +35,6 @@ class Clock:
         return time.perf_counter() - self.start
 
 
-def as_set(chosen, kind):
-    """A set from node names (all remedied as ``kind``), ``(node, kind)`` pairs or a mapping."""
-    if isinstance(chosen, frozenset) and all(isinstance(x, tuple) for x in chosen):
-        return chosen
-    if isinstance(chosen, dict):
-        return frozenset(chosen.items())
-    return frozenset(x if isinstance(x, tuple) else (x, kind) for x in chosen)
-
-
 def cost_of(chosen, costs):
     """The cost of a set: the sum of its kinds' costs."""
     return float(sum(costs[k] for _, k in chosen))

@@ -228,12 +228,9 @@ def _pick(searcher, lay):
         return searcher.best_S[1]
     best = searcher.best_J
     for candidate in (searcher.best_S[1], frozenset()):
-        if best is not None and candidate in searcher.J.memo and candidate != best[1]:
-            value = searcher.J.memo[candidate]
-        elif best is None or candidate not in searcher.J.memo:
-            value = searcher.J.final(candidate)
-        else:
-            continue
+        if best is not None and candidate in searcher.J.memo:
+            continue  # judged during the search: best_J has weighed it
+        value = searcher.J.final(candidate)
         r = searcher.rank(searcher.J, candidate, value)
         if best is None or r > best[0]:
             best = (r, candidate)
@@ -266,7 +263,8 @@ def _figures(result, lay, objective, scorer, judge, chosen):
             values = sc.final(base), sc.final(chosen)
         target = sc.target
         f = {"samples": len(part), "where": part.where, "before": values[0], "after": values[1], "target": target,
-             "met": meets(objective.metric, values[1], target), "met_before": meets(objective.metric, values[0], target)}
+             "met": meets(objective.metric, values[1], target),
+             "met_before": meets(objective.metric, values[0], target)}
         if objective.is_task:
             guide = Scorer(part, objective, None, metric=objective.guide)
             f["float"] = sc.float_score()
