@@ -284,7 +284,8 @@ def side_net(path, size=16, k=9, seed=0):
         helper.make_node("Softmax", ["logits"], ["prob"], axis=1, name="softmax"),
         helper.make_node("Conv", ["x", "ws"], ["side"], pads=[p, p, p, p], name="conv_side"),
     ]
-    graph = helper.make_graph(nodes, "side", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, size, size])],
+    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, size, size])]
+    graph = helper.make_graph(nodes, "side", inputs,
                               [helper.make_tensor_value_info("prob", TensorProto.FLOAT, [1, 10]),
                                helper.make_tensor_value_info("side", TensorProto.FLOAT, [1, 2, size, size])], inits)
     return _save(graph, path)

@@ -160,3 +160,13 @@ def test_ptq_suggest_takes_the_markers_holdout(pytester, side):
     assert saved["nodes"] == ["side_QuantizeLinear"]
     assert saved["figures"]["held-out"]["after"] == pytest.approx(
         cosine_with(side, saved["nodes"], side["held"]), abs=1e-6)
+
+
+def test_the_requantized_check_keeps_float_biases_as_the_model_has_them(side, tmp_path):
+    # quantized with QuantizeBias=False: int32 biases in the re-quantized check would measure another model
+    qpath = builders.quantize(side["float"], tmp_path / "float_bias.onnx", side["cal"],
+                              extra_options={"QuantizeBias": False})
+    r = suggest_remedy(str(qpath), side["cal"], target=TARGET, heldout=side["held"], float_model=str(side["float"]))
+    assert r.measured["options"]["extra_options"]["QuantizeBias"] is False
+    for part in ("calibration", "held-out"):
+        assert r.measured["figures"][part]["before"] == pytest.approx(r.figures[part]["before"], abs=1e-6)
