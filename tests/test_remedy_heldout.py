@@ -170,3 +170,20 @@ def test_the_requantized_check_keeps_float_biases_as_the_model_has_them(side, tm
     assert r.measured["options"]["extra_options"]["QuantizeBias"] is False
     for part in ("calibration", "held-out"):
         assert r.measured["figures"][part]["before"] == pytest.approx(r.figures[part]["before"], abs=1e-6)
+
+
+def test_one_sample_leaves_nothing_to_confirm_on_and_says_so(side):
+    one = {"x": side["cal"]["x"][:1]}
+    r = suggest_remedy(str(side["qdq"]), one, target=TARGET, requantize_check=False)
+    assert r.judged_on == "calibration" and r.split is None
+    assert any("nothing is left to confirm on" in n for n in r.notes)
+
+
+def test_cli_help_names_the_new_options(capsys):
+    with pytest.raises(SystemExit):
+        main(["suggest", "-h"])
+    text = " ".join(capsys.readouterr().out.split())
+    for option in ("--heldout DIR", "--evaluate FILE.py:FUNCTION", "--min-ratio R", "--cost KIND=COST",
+                   "--search {refine,greedy}", "{float,int16,per-channel,mixed}",
+                   "int16=2 float=4"):  # argparse may break "per-channel" at its hyphen
+        assert option in text

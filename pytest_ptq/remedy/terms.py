@@ -10,11 +10,11 @@
   QuantType.QUInt16}]}`` (``QInt16`` where the node is signed): the same calibrated range
   at 16 bit. JSON holds the type's name (``"QUInt16"``), as onnxruntime itself writes it;
   :func:`quantize_static_kwargs` turns it back into the enum quantize_static requires.
-* **mixed**: each node its own kind of the three, the settings merged.
 * **per-channel**: weights get ``{weight: [{"axis": A}]}`` (onnxruntime quantizes that
   initializer per channel whatever ``per_channel`` says). onnxruntime cannot quantize
   activations per channel; with ``per_channel_activations`` they are simulated and listed
   under ``simulation_only``.
+* **mixed**: each node its own kind of the three, their settings merged.
 """
 
 from __future__ import annotations
