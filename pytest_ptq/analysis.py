@@ -189,22 +189,29 @@ class Analysis:
         return self.cached(("stages", float_model), lambda: localize_stages(float_model, self.engine, self.data))
 
     def suggest(self, target=0.99, remedy="float", metric="cosine-similarity", outputs=None, budget=None,
-                candidates=None):
-        """:class:`~pytest_ptq.remedy.Remedy`: the fewest nodes to keep in float, raise to 16 bit
-        or quantize per channel so that ``metric`` meets ``target``; measured by re-quantizing
-        when the analysis has a float model. Kept for the report."""
+                candidates=None, holdout=None, evaluate=None, min_ratio=None, costs=None, search="refine"):
+        """:class:`~pytest_ptq.remedy.Remedy`: the cheapest set of nodes to keep in float, raise to
+        16 bit or quantize per channel (``remedy="mixed"``: a kind per node at ``costs``) so that
+        ``metric`` meets ``target``, or the task score of ``evaluate(run, data)`` meets ``target``
+        or ``min_ratio`` x float. Chosen on the calibration samples, accepted on ``holdout`` data
+        (else on calibration samples the search did not see); measured by re-quantizing when
+        the analysis has a float model. Kept for the report."""
         from .remedy import suggest_remedy
 
         name = get_metrics(metric)[0].name
-        try:
-            target = float(target)
-        except (TypeError, ValueError):
-            raise PTQError(f"target must be a number, got {target!r}") from None
-        key = ("remedy", remedy, name, target, _frozen(outputs), budget, _frozen(candidates))
+        if target is not None:
+            try:
+                target = float(target)
+            except (TypeError, ValueError):
+                raise PTQError(f"target must be a number, got {target!r}") from None
+        key = ("remedy", remedy, name, target, _frozen(outputs), budget, _frozen(candidates),
+               None if holdout is None else str(holdout), evaluate, min_ratio, _frozen(costs), search)
         return self.cached(key, lambda: suggest_remedy(
             self.engine, target=target, metric=name, remedy=remedy,
             output_node=None if outputs is None else outputs, budget=budget, candidates=candidates,
-            float_model=self.key.float_model, progress=False))
+            float_model=self.key.float_model, progress=False,
+            heldout=None if holdout is None else self.dataset(holdout), evaluate=evaluate, min_ratio=min_ratio,
+            costs=costs, search=search))
 
     def computed(self, kind):
         """The results of ``kind`` (``"data_check"``, ``"stages"``, ``"remedy"``, ...) that tests
@@ -257,9 +264,11 @@ class Analysis:
 
 
 def _frozen(value):
-    """A hashable cache key part of a name or list of names."""
+    """A hashable cache key part of a name, a list of names or a mapping."""
     if value is None or isinstance(value, str):
         return value
+    if isinstance(value, dict):
+        return tuple(sorted(value.items()))
     return tuple(value)
 
 

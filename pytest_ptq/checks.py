@@ -636,17 +636,24 @@ class PTQ:
         return self._done(check_stages(self.analysis, float_model or self.settings.float_model,
                                        self.settings.min_cosine if min_cosine is None else min_cosine))
 
-    def suggest(self, target=None, remedy="float", metric=COSINE, outputs=None, budget=None, candidates=None):
-        """The fewest nodes to keep in float (``remedy="float"``), raise to 16 bit (``"int16"``)
-        or quantize per channel (``"per-channel"``) so that ``metric`` meets ``target``
-        (default ``min_cosine``); returns the :class:`~pytest_ptq.remedy.Remedy` (true when
-        met) and keeps it for the HTML report. Budget in seconds."""
+    def suggest(self, target=None, remedy="float", metric=COSINE, outputs=None, budget=None, candidates=None,
+                holdout=None, evaluate=None, min_ratio=None, costs=None, search="refine"):
+        """The cheapest set of nodes to keep in float (``remedy="float"``), raise to 16 bit
+        (``"int16"``), quantize per channel (``"per-channel"``) or any of these per node at
+        ``costs`` (``"mixed"``) so that ``metric`` meets ``target`` (default ``min_cosine``), or
+        with ``evaluate(run, data) -> float`` the task score meets ``target`` or ``min_ratio``
+        x float (default 0.99 x). Chosen on the calibration samples and accepted on held-out
+        data (``holdout``, else the marker's or ``--ptq-holdout``; without any, on calibration
+        samples the search did not see). Returns the :class:`~pytest_ptq.remedy.Remedy` (true
+        when met there) and keeps it for the HTML report. Budget in seconds."""
         m = get_metrics(metric)[0]
-        if target is None:
+        if target is None and evaluate is None:
             if m.name != COSINE:
                 raise PTQError(f"give a target for {m.name}; only cosine has a default (min_cosine)")
             target = self.settings.min_cosine
-        return self.analysis.suggest(target, remedy, m.name, outputs, budget, candidates)
+        return self.analysis.suggest(target, remedy, m.name, outputs, budget, candidates,
+                                     holdout if holdout is not None else self.settings.holdout, evaluate,
+                                     min_ratio, costs, search)
 
     def assert_outputs(self, threshold=None, metric=COSINE, holdout=None):
         __tracebackhide__ = True

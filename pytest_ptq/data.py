@@ -106,6 +106,13 @@ class CalibrationData:
         view.indices = self.indices[:data_num]
         return view
 
+    def subset(self, positions):
+        """The samples at ``positions`` (0-based, in this view, in the order given) as a new
+        view on the same files: a part of the data that another part must not see."""
+        view = copy.copy(self)
+        view.indices = [self.indices[p] for p in positions]
+        return view
+
     def validate(self, qmodel):
         """Check input names, ranks, static dims and dtypes against the model (headers only)."""
         expected = qmodel.input_names

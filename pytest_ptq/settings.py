@@ -109,9 +109,10 @@ OPTIONS = [
            "no test using them, a built-in contract checks it (see --ptq-no-default-contract)", "PATH", True),
     Option("data", existing_path, None, "calibration data: a folder DIR/<input>/<i>.npy, a folder of "
            "<input>.npy stacks, or an .npz", "PATH", True),
-    Option("holdout", existing_path, None, "held-out data for the output and accuracy checks (a YAML "
-           "contract names its own), in the layouts of --ptq-data; node sensitivity and baselines stay on the "
-           "calibration data", "PATH", True, shown="the calibration data"),
+    Option("holdout", existing_path, None, "held-out data for the output and accuracy checks and for "
+           "accepting ptq.suggest's remedies (a YAML contract names its own), in the layouts of --ptq-data; "
+           "node sensitivity and baselines stay on the calibration data", "PATH", True,
+           shown="the calibration data"),
     Option("float_model", existing_path, None, "float model the QDQ model came from (recovers float "
            "weights stored quantized)", "PATH", True),
     Option("custom_op_library", existing_path, None, "onnxruntime custom-op library (.so/.dll) that the model's "

@@ -253,3 +253,101 @@ def conv_clip_net(path, seed=0):
     onnx.checker.check_model(model)
     onnx.save(model, str(path))
     return path
+
+
+# -- planted causes for the remedy search ------------------------------------------------
+
+def side_net(path, size=16, k=9, seed=0):
+    """Two outputs: ``prob``, a Conv-Relu-Pool-Gemm-Softmax classifier that reads input
+    channels 0-1 only, and ``side``, a k x k mean filter (and its negative) of channel 2.
+
+    White noise barely excites a mean filter (its response shrinks by k), a smooth image
+    does not: calibrated on noise, ``side``'s pair gets a range k times too narrow for
+    smooth images (see :func:`smooth_samples`), and clips them.
+    """
+    rng = np.random.default_rng(seed)
+    w1 = (rng.standard_normal((4, 3, 3, 3)) * 0.3).astype(np.float32)
+    w1[:, 2] = 0
+    b1 = (rng.standard_normal(4) * 0.1).astype(np.float32)
+    wf = (rng.standard_normal((10, 4)) * 0.5).astype(np.float32)
+    bf = (rng.standard_normal(10) * 0.1).astype(np.float32)
+    ws = np.zeros((2, 3, k, k), np.float32)
+    ws[0, 2], ws[1, 2] = 1.0 / (k * k), -1.0 / (k * k)
+    inits = [numpy_helper.from_array(a, n) for a, n in ((w1, "w1"), (b1, "b1"), (wf, "wf"), (bf, "bf"), (ws, "ws"))]
+    p = k // 2
+    nodes = [
+        helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1], name="conv1"),
+        helper.make_node("Relu", ["c1"], ["r1"], name="relu1"),
+        helper.make_node("GlobalAveragePool", ["r1"], ["p"], name="pool"),
+        helper.make_node("Flatten", ["p"], ["f"], name="flatten"),
+        helper.make_node("Gemm", ["f", "wf", "bf"], ["logits"], transB=1, name="fc"),
+        helper.make_node("Softmax", ["logits"], ["prob"], axis=1, name="softmax"),
+        helper.make_node("Conv", ["x", "ws"], ["side"], pads=[p, p, p, p], name="conv_side"),
+    ]
+    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, size, size])]
+    graph = helper.make_graph(nodes, "side", inputs,
+                              [helper.make_tensor_value_info("prob", TensorProto.FLOAT, [1, 10]),
+                               helper.make_tensor_value_info("side", TensorProto.FLOAT, [1, 2, size, size])], inits)
+    return _save(graph, path)
+
+
+def smooth_samples(n, size=16, seed=2):
+    """Like :func:`samples` but channel 2 is a smooth field (2 x 2 blocks, same spread)."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(n):
+        x = rng.standard_normal((1, 3, size, size)).astype(np.float32)
+        x[0, 2] = np.kron(rng.standard_normal((2, 2)), np.ones((size // 2, size // 2)))
+        out.append(x)
+    return {"x": out}
+
+
+def cancel_net(path, big=100.0, k=0.99, seed=0):
+    """``y = (Conv(x, wa) - Conv(x, k * wa)) + Conv(x, wv)``, float32, input [1, 3, 8, 8].
+
+    The first two convs are large and nearly equal, their difference small: quantized with
+    the same integers (scales in the ratio k), their errors cancel; remedy one of a pair
+    alone and the other's error shows, amplified 1 / (1 - k) times.
+    """
+    rng = np.random.default_rng(seed)
+    wa = (rng.standard_normal((4, 3, 3, 3)) * 0.3 * big).astype(np.float32)
+    wv = (rng.standard_normal((4, 3, 3, 3)) * 0.3).astype(np.float32)
+    inits = [numpy_helper.from_array(a, n) for a, n in ((wa, "wa"), ((wa * k).astype(np.float32), "wb"), (wv, "wv"))]
+    nodes = [helper.make_node("Conv", ["x", "wa"], ["a"], pads=[1, 1, 1, 1], name="conv_a"),
+             helper.make_node("Conv", ["x", "wb"], ["b"], pads=[1, 1, 1, 1], name="conv_b"),
+             helper.make_node("Sub", ["a", "b"], ["d"], name="sub"),
+             helper.make_node("Conv", ["x", "wv"], ["v"], pads=[1, 1, 1, 1], name="conv_v"),
+             helper.make_node("Add", ["d", "v"], ["y"], name="add")]
+    graph = helper.make_graph(nodes, "cancel", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 8, 8])], inits)
+    return _save(graph, path)
+
+
+def scaled(qdq_path, out_path, initializer, factor):
+    """The QDQ model with one initializer (a pair's scale) multiplied by ``factor``."""
+    model = load(qdq_path)
+    for init in model.graph.initializer:
+        if init.name == initializer:
+            init.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(init) * factor, init.name))
+    onnx.save(model, str(out_path))
+    return out_path
+
+
+def pooled_cosine(refs, tests):
+    """Cosine of the samples concatenated (float64)."""
+    r = np.concatenate([np.asarray(a).ravel() for a in refs]).astype(np.float64)
+    t = np.concatenate([np.asarray(a).ravel() for a in tests]).astype(np.float64)
+    return float(r @ t / np.sqrt((r @ r) * (t @ t)))
+
+
+def worst_cosine(ref_outputs, test_outputs):
+    """The worst output's pooled cosine, from ``run_model`` results of two models."""
+    return min(pooled_cosine([o[k] for o in ref_outputs], [o[k] for o in test_outputs]) for k in ref_outputs[0])
+
+
+def _save(graph, path):
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    onnx.save(model, str(path))
+    return path

@@ -1,30 +1,90 @@
-"""``suggest``: the fewest nodes to remedy so the output meets a target."""
+"""``suggest``: the cheapest set of nodes to remedy so the model meets a target on data the
+search did not choose on."""
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 
+from .. import params
 from ..errors import PTQError
-from ..remedy import REMEDIES, suggest_remedy
+from ..remedy import DEFAULT_COSTS, MIXED, REMEDIES, suggest_remedy
 from ..results import write_json
 from ..tables import format_table
 from . import args as a
 
 
+def _cost(text):
+    """``KIND=COST`` (a kind of --remedy mixed and its positive cost) or ``nodes``."""
+    if text == "nodes":
+        return text
+    kind, sep, value = text.partition("=")
+    if not sep or kind not in REMEDIES:
+        raise argparse.ArgumentTypeError(f"expected KIND=COST with KIND one of {', '.join(REMEDIES)}, or 'nodes'; "
+                                         f"got {text!r}")
+    try:
+        cost = params.number(value, "")
+    except PTQError as exc:
+        raise argparse.ArgumentTypeError(f"{kind}: {exc}") from None
+    if not cost > 0:
+        raise argparse.ArgumentTypeError(f"{kind}: the cost must be positive, got {value}")
+    return kind, cost
+
+
+def _costs(values):
+    if values is None:
+        return None
+    if "nodes" in values:
+        if len(values) > 1:
+            raise PTQError("--cost nodes counts every remedied node as 1; give it alone")
+        return "nodes"
+    return dict(values)
+
+
+def _evaluate(spec):
+    """The function of ``--evaluate FILE.py:NAME`` (relative to the working folder) or
+    ``module:NAME``."""
+    target, sep, name = spec.rpartition(":")
+    if not sep or not target or not name:
+        raise PTQError(f"--evaluate must be FILE.py:FUNCTION or module:FUNCTION, got {spec!r}")
+    if target.endswith(".py") and not Path(target).is_file():
+        raise PTQError(f"--evaluate file {target!r} does not exist; give FILE.py:FUNCTION relative to the working "
+                       "folder")
+    from ..contract import load_function
+
+    return load_function(spec, Path.cwd(), "--evaluate")
+
+
 def run(args):
-    if args.target is None and args.metric != "cosine-similarity":
+    evaluate = _evaluate(args.evaluate) if args.evaluate else None
+    if evaluate is None and args.min_ratio is not None:
+        raise PTQError("--min-ratio is a share of the float model's task score; give --evaluate FILE.py:FUNCTION "
+                       "with it")
+    if evaluate is None and args.target is None and args.metric != "cosine-similarity":
         raise PTQError(f"--metric {args.metric} needs --target VALUE (--target-cosine is for cosine similarity)")
-    metric, target = ("cosine-similarity", args.target_cosine) if args.target is None else (args.metric, args.target)
+    if evaluate is not None and args.target_cosine is not None:
+        raise PTQError("with --evaluate the target is the task score: give --target SCORE or --min-ratio R, "
+                       "not --target-cosine")
+    if evaluate is None:
+        metric = "cosine-similarity" if args.target is None else args.metric
+        target = args.target if args.target is not None else (
+            args.target_cosine if args.target_cosine is not None else 0.99)
+    else:
+        metric, target = args.metric, args.target
     save_dir = None if args.no_save else args.save_dir
     result = suggest_remedy(a.engine(args), metric=metric, target=target, remedy=args.remedy,
                             output_node=args.output_node, data_num=args.data_num, budget=args.budget,
                             candidates=args.candidates, full_curve=args.full_curve,
                             per_channel_activations=args.per_channel_activations,
                             requantize_check=not args.no_requantize, save_dir=save_dir,
-                            progress=not args.quiet)
-    rows = [{"nodes": p["nodes"], "added": p["added"] or "(baseline)", result.metric: p["value"]}
-            for p in result.curve]
-    print(format_table(rows, ["nodes", "added", result.metric]))
+                            progress=not args.quiet, heldout=args.heldout, evaluate=evaluate,
+                            min_ratio=args.min_ratio, costs=_costs(args.cost), search=args.search)
+    name = result.objective.get("metric", result.metric)
+    columns = ["nodes", "cost", "added", "kind", name] if result.remedy == MIXED else ["nodes", "added", name]
+    rows = [{"nodes": p["nodes"], "cost": f"{p.get('cost', p['nodes']):g}", "added": p["added"] or "(baseline)",
+             "kind": p.get("kind") or "", name: p["value"]} for p in result.curve]
+    print("search curve on the search samples:")
+    print(format_table(rows, columns))
     print(result.summary())
     if save_dir is not None:
         settings = write_json(result.settings, Path(save_dir) / f"remedy_{result.remedy}_settings.json")
@@ -34,20 +94,44 @@ def run(args):
             print(f"wrote {result.png}")
     if args.json:
         print(f"wrote {result.save(args.json)}")
-    measured_ok = result.measured is None or result.measured.get("met", True)
-    return 0 if result.met and measured_ok else 1
+    why = result.failure()
+    if why:
+        print(f"exit 1: {why}")
+        return 1
+    return 0
 
 
 def configure(p):
     a.add_model(p)
     g = p.add_mutually_exclusive_group()
-    g.add_argument("--target-cosine", type=a.cosine, default=0.99, metavar="C",
+    g.add_argument("--target-cosine", type=a.cosine, default=None, metavar="C",
                    help="cosine similarity the outputs must reach. Default: 0.99")
     g.add_argument("--target", type=a.number, default=None, metavar="V",
-                   help="value of --metric the outputs must reach (instead of --target-cosine)")
-    p.add_argument("--metric", default="cosine-similarity", help="metric for --target. Default: cosine-similarity")
-    p.add_argument("--remedy", default="float", choices=REMEDIES,
-                   help="keep nodes in float, raise them to 16 bit, or quantize them per channel. Default: float")
+                   help="value of --metric the outputs must reach (instead of --target-cosine); with --evaluate, "
+                        "the task score the quantized model must reach")
+    p.add_argument("--metric", default="cosine-similarity",
+                   help="metric for --target; with --evaluate, the output metric that ranks nodes. "
+                        "Default: cosine-similarity")
+    p.add_argument("--heldout", default=None, metavar="DIR",
+                   help="held-out data (layouts of DATA): a set is accepted only when it meets the target there. "
+                        "Default: the calibration samples the search did not choose on (beyond --data-num, "
+                        "else every third)")
+    p.add_argument("--evaluate", default=None, metavar="FILE.py:FUNCTION",
+                   help="task metric evaluate(run, data) -> float, higher is better (the accuracy check's "
+                        "contract); the target is then --target SCORE or --min-ratio. Default: none")
+    p.add_argument("--min-ratio", type=a.number, default=None, metavar="R",
+                   help="with --evaluate: the quantized score must reach R x the float model's on the same "
+                        "samples. Default: 0.99 when --target is not given")
+    p.add_argument("--remedy", default="float", choices=REMEDIES + (MIXED,),
+                   help="keep nodes in float, raise them to 16 bit, quantize them per channel, or choose per node "
+                        "(mixed, see --cost). Default: float")
+    shown = " ".join(f"{k}={v:g}" for k, v in DEFAULT_COSTS.items())
+    p.add_argument("--cost", nargs="+", type=_cost, default=None, metavar="KIND=COST",
+                   help="with --remedy mixed: the kinds a node may take and the cost of each (bytes per element "
+                        "by default), or 'nodes' for the fewest non-int8 nodes. Default: " + shown)
+    p.add_argument("--search", default="refine", choices=("refine", "greedy"),
+                   help="refine: greedy on the ranking, then local moves (drop, drop a pair, swap, cheaper kind) "
+                        "that handle interacting nodes; greedy: the ranking order and pruning only. Default: refine")
     p.add_argument("--budget", type=a.seconds, default=None, metavar="SECONDS",
                    help="stop after this long and report the best result so far. Default: no limit")
     a.add_output_node(p)
@@ -65,5 +149,6 @@ def configure(p):
     a.add_json(p)
 
 
-COMMANDS = [a.Command("suggest", "find the fewest nodes to keep in float, raise to 16 bit or quantize per channel "
-                      "so the output meets a target; print onnxruntime settings", configure, run)]
+COMMANDS = [a.Command("suggest", "find the cheapest set of nodes to keep in float, raise to 16 bit or quantize per "
+                      "channel so the model meets a target on held-out data; print onnxruntime settings",
+                      configure, run)]

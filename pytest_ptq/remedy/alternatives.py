@@ -35,6 +35,18 @@ def candidates_for(engine, remedy, per_channel_activations=False):
     return out, skipped
 
 
+def menus_for(engine, kinds, per_channel_activations=False):
+    """``({node: [kinds it can take]}, skipped)`` for a mixed search over ``kinds``, graph order."""
+    menus, skipped = {}, []
+    for kind in kinds:
+        pool, out = candidates_for(engine, kind, per_channel_activations)
+        skipped += [n for n in out if n not in skipped]
+        for n in pool:
+            menus.setdefault(n, []).append(kind)
+    order = {n: k for k, n in enumerate(engine.qmodel.calibration)}
+    return {n: menus[n] for n in sorted(menus, key=order.get)}, skipped
+
+
 def float_input(engine, c):
     """The float value of a weight node's input (the float weight), or None if unknown."""
     qm = engine.qmodel

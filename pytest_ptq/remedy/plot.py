@@ -1,40 +1,66 @@
-"""The remedy search curve as a figure."""
+"""The remedy search as a figure: the objective against the cost of the set."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from ..figures import metric_label, pyplot, save_figure
-from ..metrics import get_metrics
+
+_ON = {"held-out": "held-out", "confirmation": "confirmation samples", "calibration": "calibration"}
 
 
 def plot_remedy(result, path):
-    """The search curve as a PNG: nodes remedied on x, the metric on y, the target dashed."""
+    """A PNG of the search: cost on x (nodes for a single remedy), the objective on y; the
+    greedy path on the search samples, refinements, every set scored on the judging data,
+    the chosen set on calibration and judging data, and the target dashed."""
     plt = pyplot()
-    m = get_metrics(result.metric)[0]
-    pts = [p for p in result.curve if p["value"] is not None]
+    m = result.objective_metric
+    single = result.remedy != "mixed"
     fig, ax = plt.subplots(figsize=(9, 5), dpi=100)
-    xs = [p["nodes"] for p in pts]
-    ys = [p["value"] for p in pts]
-    ax.plot(xs, ys, marker="o", linewidth=1.5, label=f"top-k nodes by sensitivity ({result.remedy})")
+    pts = [p for p in result.curve if p["value"] is not None]
+    xs = [p.get("cost", p["nodes"]) for p in pts]
+    ax.plot(xs, [p["value"] for p in pts], marker="o", linewidth=1.5, label=f"greedy on the search samples "
+            f"({result.remedy})")
     # name the first additions only: beyond a handful the labels pile up
-    for p in pts[1:9]:
-        ax.annotate(p["added"], (p["nodes"], p["value"]), textcoords="offset points", xytext=(4, -12),
-                    fontsize=7, rotation=-20)
-    ax.axhline(result.target, linestyle="--", color="tab:red", linewidth=1, label=f"target {result.target}")
+    for p, x in list(zip(pts, xs))[1:9]:
+        ax.annotate(p["added"], (x, p["value"]), textcoords="offset points", xytext=(4, -12), fontsize=7,
+                    rotation=-20)
+    moves = [r for r in result.refinements if r.get("value") is not None]
+    if moves:
+        ax.scatter([r["cost"] for r in moves], [r["value"] for r in moves], marker="s", s=30, color="tab:orange",
+                   zorder=3, label="refined on the search samples")
+    judged = [c for c in result.confirmations if c.get("value") is not None]
+    on = _ON.get(result.judged_on, result.judged_on)
+    for met, colour, word in ((True, "tab:green", "meets"), (False, "tab:gray", "short")):
+        group = [c for c in judged if bool(c["met"]) is met]
+        if group:
+            ax.scatter([c["cost"] for c in group], [c["value"] for c in group], marker="D", s=28, color=colour,
+                       alpha=0.7, zorder=3, label=f"scored on {on}: {word}")
+    ax.axhline(result.target if result.objective.get("min_ratio") is None else
+               result.figures.get(result.judged_on, {}).get("target", result.target),
+               linestyle="--", color="tab:red", linewidth=1, label=f"target {result.target_text}")
     if result.value is not None:
-        ax.scatter([len(result.nodes)], [result.value], s=120, facecolors="none", edgecolors="tab:green",
-                   linewidths=2, zorder=3, label=f"chosen after pruning: {len(result.nodes)} node(s)")
-    if result.measured and result.measured.get("value") is not None:
-        ax.scatter([len(result.nodes)], [result.measured["value"]], marker="*", s=150, color="tab:purple",
-                   zorder=4, label="measured after re-quantizing")
-    ax.set_title(f"Remedy search ({result.remedy}) on {Path(result.model).name}, {result.samples} sample(s)")
-    ax.set_xlabel("number of nodes remedied (most sensitive first)")
+        x = result.cost
+        ax.scatter([x], [result.value], s=120, facecolors="none", edgecolors="tab:blue", linewidths=2, zorder=4,
+                   label=f"chosen, on calibration: {len(result.nodes)} node(s)")
+        after = result.figures.get(result.judged_on, {}).get("after")
+        if after is not None and result.judged_on != "calibration":
+            ax.scatter([x], [after], s=140, facecolors="none", edgecolors="tab:green", linewidths=2, zorder=4,
+                       label=f"chosen, on {on}")
+        if result.measured:
+            mf = result.measured.get("figures", {}).get(result.judged_on, {})
+            value = mf.get("after", result.measured.get("value"))
+            if value is not None:
+                ax.scatter([x], [value], marker="*", s=150, color="tab:purple", zorder=5,
+                           label=f"re-quantized, on {on}")
+    ax.set_title(f"Remedy search ({result.remedy}) on {Path(result.model).name}, {result.samples} calibration "
+                 "sample(s)")
+    ax.set_xlabel("number of nodes remedied" if single else
+                  "cost (" + ", ".join(f"{k} {v:g}" for k, v in result.costs.items()) + " per node)")
     ax.set_ylabel(metric_label(m))
     ax.ticklabel_format(axis="y", useOffset=False)
-    ax.xaxis.get_major_locator().set_params(integer=True)
+    if single:
+        ax.xaxis.get_major_locator().set_params(integer=True)
     ax.grid(True, alpha=0.3)
     ax.legend(loc="best", fontsize=8)
     return save_figure(fig, path)
-
-

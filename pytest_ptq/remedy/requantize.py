@@ -15,7 +15,6 @@ from ..errors import PTQError
 from ..model import load_model
 from .alternatives import PER_CHANNEL_OPS
 from .result import meets
-from .scoring import score
 from .terms import float_tensor_name, quantize_static_kwargs
 
 _QUANT_TYPES = {onnx.TensorProto.INT8: "QInt8", onnx.TensorProto.UINT8: "QUInt8",
@@ -30,7 +29,8 @@ def infer_quantize_options(qmodel):
 
     The calibration method and ``op_types_to_quantize`` leave no trace; MinMax and the
     default op list are assumed. Float weights and Relu/Clip are always kept
-    (AddQDQPairToWeight, QDQKeepRemovableActivations) so that the result can be analysed.
+    (AddQDQPairToWeight, QDQKeepRemovableActivations) so that the result can be analysed;
+    biases stay float (QuantizeBias=False) when every quantized Conv/Gemm reads a float one.
     """
     acts = [c for c in qmodel.of_kind("activation") if c.q_node is not None]
     weights = [c for c in qmodel.of_kind("weight") if c.role != "bias"]
@@ -48,6 +48,12 @@ def infer_quantize_options(qmodel):
     unsigned_w = [c for c in weights if c.qrange[0] >= 0]
     if unsigned_w and any(np.any(c.zero_point != 0) for c in unsigned_w):
         extra["WeightSymmetric"] = False
+    # biases left float (QuantizeBias=False) read a float initializer; re-quantizing them to
+    # int32 would move the outputs away from the model being remedied
+    biased = [n for n in qmodel.normal.values() if n.op_type in PER_CHANNEL_OPS and n.calibration_inputs
+              and len(n.inputs) > 2 and n.inputs[2]]
+    if biased and all(qmodel.is_constant(n.inputs[2]) and qmodel.is_float_tensor(n.inputs[2]) for n in biased):
+        extra["QuantizeBias"] = False
     # a node onnxruntime would quantize that reads no Q/DQ was excluded on purpose
     excluded = [n.name for n in qmodel.normal.values()
                 if n.op_type in PER_CHANNEL_OPS and not n.calibration_inputs]
@@ -106,10 +112,13 @@ def requantize(float_model, out_path, data, options, settings=None):
 
 
 
-def measure(engine, qm, float_model, result, specs, m, indices, save_dir):
-    """Re-quantize the float model without and with the settings; score both against the
-    original engine's float reference."""
-
+def measure(parts, objective, float_model, result, save_dir):
+    """Re-quantize the float model without and with the settings and score both on each
+    part of ``parts`` (``{name: (Part, Scorer)}``, ``calibration`` first, then the judging
+    part) against the calibrated model's float reference; the scorer gives each part's bar."""
+    cal_part = parts["calibration"][0]
+    engine = cal_part.engine
+    qm = engine.qmodel
     options = infer_quantize_options(qm)
     tmp = None
     if save_dir is None:
@@ -130,20 +139,35 @@ def measure(engine, qm, float_model, result, specs, m, indices, save_dir):
         if unknown_names:
             result.notes.append(f"nodes_to_exclude names {unknown_names} are not node names of the float model "
                                 "(unnamed nodes get generated names); exclude them by their float-model names")
-        values = {}
-        for key, path in (("baseline_value", base_path), ("value", fixed_path)):
-            new = Engine(str(path), engine.data, optimization=engine.optimization, providers=engine.providers,
-                         check=False)
-            missing = [s.tensor for s in specs if s.tensor not in new.model_outputs and s.tensor not in new.probe_tensors]
-            if missing:
-                result.notes.append(f"tensor {missing[0]!r} is not in the re-quantized model; no measured value")
-                return None
-            values[key] = score(new, "all", specs, m, indices, reference=engine)
-            if key == "value":
-                measured.update(_effect(qm, new.qmodel, result))
-        measured.update(values)
-        measured["met"] = meets(m, values["value"], result.target)
-        if meets(m, values["baseline_value"], result.target) and not meets(m, result.baseline, result.target):
+        figures = {name: {"samples": len(part)} for name, (part, _) in parts.items()}
+        for key, path in (("before", base_path), ("after", fixed_path)):
+            # one engine per data set: runs by index reuse each sample's float reference
+            engines = {}
+            for name, (part, scorer) in parts.items():
+                data = part.engine.data
+                if id(data) not in engines:
+                    engines[id(data)] = Engine(str(path), data, optimization=engine.optimization,
+                                               providers=engine.providers, check=False, segments=0)
+                new = engines[id(data)]
+                if not objective.is_task:
+                    missing = [s.tensor for s in objective.specs
+                               if s.tensor not in new.model_outputs and s.tensor not in new.probe_tensors]
+                    if missing:
+                        result.notes.append(f"tensor {missing[0]!r} is not in the re-quantized model; no measured "
+                                            "value")
+                        return None
+                figures[name][key] = _value(new, part, objective)
+                figures[name]["target"] = scorer.target
+            if key == "after":
+                measured.update(_effect(qm, engines[id(engine.data)].qmodel, result))
+        for name, f in figures.items():
+            f["met"] = meets(objective.metric, f["after"], f["target"])
+        cal = figures["calibration"]
+        judged = figures.get(result.judged_on, cal)
+        measured.update({"value": cal["after"], "baseline_value": cal["before"], "met": judged["met"],
+                         "figures": figures})
+        if meets(objective.metric, judged["before"], judged["target"]) and not result.figures.get(
+                result.judged_on, {}).get("met_before", False):
             result.notes.append("re-quantizing without the settings already meets the target: the model was "
                                 "calibrated differently (another method or other data) from MinMax on these samples")
         return measured
@@ -152,25 +176,45 @@ def measure(engine, qm, float_model, result, specs, m, indices, save_dir):
             tmp.cleanup()
 
 
+def _value(new, part, objective):
+    """The objective of the re-quantized model ``new`` (everything quantized) on ``part``."""
+    if objective.is_task:
+        score = objective.evaluate(lambda feeds: new.run(dict(feeds), "all"), part.data())
+        return float(score)
+    m = objective.metric
+    tensors = list(dict.fromkeys(s.tensor for s in objective.specs))
+    states = {s.name: m.new() for s in objective.specs}
+    for i in part.indices:
+        ref = part.engine.reference(i, tensors)
+        out = new.run(i, "all", tensors)
+        for s in objective.specs:
+            m.update(states[s.name], s.take(ref[s.tensor]), s.take(out[s.tensor]))
+    return m.worst([m.value(st) for st in states.values()])
+
+
 def _effect(old, new, result):
     """What the re-quantization changed beyond, or failed to change among, the chosen nodes."""
     def quantized(qm):
         return {float_tensor_name(qm, c): c for c in qm.calibration.values() if c.role != "bias"}
 
     before, after = quantized(old), quantized(new)
-    intended = {float_tensor_name(old, old.calibration[n]) for n in result.nodes}
-    collateral, not_applied = [], []
-    if result.remedy == "float":
-        collateral = sorted(t for t in before if t not in after and t not in intended)
-        not_applied = sorted(t for t in intended if t in after)
-    elif result.remedy == "int16":
-        collateral = sorted(t for t in after if t in before and after[t].bit != before[t].bit and t not in intended)
-        not_applied = sorted(t for t in intended if t in after and after[t].bit < 16)
-    else:
-        weights = {t for t in intended if t in before and before[t].kind == "weight"}
-        collateral = sorted(t for t in after if t in before and after[t].per_channel and not before[t].per_channel
-                            and t not in intended)
-        not_applied = sorted(t for t in weights if t in after and not after[t].per_channel)
-    return {"collateral": collateral, "not_applied": not_applied}
+    kinds = {n: result.choices.get(n, result.remedy) for n in result.nodes}
+    intended = {kind: {float_tensor_name(old, old.calibration[n]) for n, k in kinds.items() if k == kind}
+                for kind in set(kinds.values())}
+    every = set().union(*intended.values()) if intended else set()
+    collateral, not_applied = set(), set()
+    for kind, tensors in intended.items():
+        if kind == "float":
+            collateral.update(t for t in before if t not in after and t not in every)
+            not_applied.update(t for t in tensors if t in after)
+        elif kind == "int16":
+            collateral.update(t for t in after if t in before and after[t].bit != before[t].bit and t not in every)
+            not_applied.update(t for t in tensors if t in after and after[t].bit < 16)
+        else:
+            weights = {t for t in tensors if t in before and before[t].kind == "weight"}
+            collateral.update(t for t in after if t in before and after[t].per_channel
+                              and not before[t].per_channel and t not in every)
+            not_applied.update(t for t in weights if t in after and not after[t].per_channel)
+    return {"collateral": sorted(collateral), "not_applied": sorted(not_applied)}
 
 

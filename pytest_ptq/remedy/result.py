@@ -5,24 +5,42 @@ from __future__ import annotations
 import dataclasses
 import json
 
-import numpy as np
-
 from ..metrics import get_metrics
 from ..results import JsonResult
+from ..tables import format_table
+from .objective import TaskMetric
+from .scoring import meets
 
 REMEDIES = ("float", "int16", "per-channel")
+MIXED = "mixed"
+# A mixed search's default cost per remedied node: bytes per element of the tensor left
+# off int8 (float 4, int16 2); a per-channel int8 weight runs on the same kernels but is
+# still a change, so 1.
+DEFAULT_COSTS = {"per-channel": 1.0, "int16": 2.0, "float": 4.0}
+WHAT = {"float": "kept in float", "int16": "raised to 16 bit", "per-channel": "quantized per channel",
+        MIXED: "remedied"}
 
 
 @dataclasses.dataclass
 class Remedy(JsonResult):
-    """The outcome of a remedy search; truthy when the target is met in simulation.
+    """The outcome of a remedy search; truthy when the target is met on the judging data.
 
-    ``nodes``: calibration nodes to remedy, most sensitive first. ``value``: the simulated
-    metric with them remedied (worst over outputs, samples pooled); ``baseline``: with
-    nothing remedied; ``ceiling``: with every candidate remedied. ``curve``: one point per
-    greedy step, ``{"nodes": k, "added": name, "value": v}`` with ``k = 0`` the baseline.
-    ``settings``: ``nodes_to_exclude``, ``TensorQuantOverrides`` (JSON form) and
-    ``simulation_only``. ``measured``: the re-quantized check (None without a float model).
+    The judging data (``judged_on``) are the held-out data when given, else the calibration
+    samples the search did not choose on (``split``), else (one sample) the search's own.
+
+    ``nodes``: calibration nodes to remedy, most promising first; ``choices``: the kind of
+    each (``float``, ``int16``, ``per-channel``), ``cost`` their total under ``costs``.
+    ``value`` / ``baseline``: the objective with them remedied / with nothing remedied, on
+    every calibration sample used (output metrics: worst output, samples pooled).
+    ``figures``: per data set (``calibration``, ``search`` when split, ``held-out`` or
+    ``confirmation``) ``{samples, before, after, target, met, ...}``. ``ceiling``: every
+    candidate remedied, on the search samples. ``curve``: one point per greedy step on the
+    search samples, ``{"nodes": k, "cost": c, "added": name, "kind": kind, "value": v}``
+    with ``k = 0`` the baseline. ``confirmations``: every set scored on the judging data.
+    ``refinements``: the moves that improved the greedy set. ``settings``:
+    ``nodes_to_exclude``, ``TensorQuantOverrides`` (JSON form) and ``simulation_only``.
+    ``measured``: the re-quantized check (None without a float model), with its figures.
+    ``warnings``: gains that do not hold on the judging data, one sentence each.
     """
 
     remedy: str
@@ -47,13 +65,39 @@ class Remedy(JsonResult):
     budget_exhausted: bool = False
     model: str = ""
     png: str | None = None
+    objective: dict = dataclasses.field(default_factory=dict)
+    choices: dict = dataclasses.field(default_factory=dict)
+    cost: float = 0.0
+    costs: dict = dataclasses.field(default_factory=dict)
+    search: str = "refine"
+    judged_on: str = "calibration"
+    heldout: str | None = None
+    split: dict | None = None
+    figures: dict = dataclasses.field(default_factory=dict)
+    confirmations: list = dataclasses.field(default_factory=list)
+    refinements: list = dataclasses.field(default_factory=list)
+    warnings: list = dataclasses.field(default_factory=list)
 
     def __bool__(self):
         return bool(self.met)
 
+    @property
+    def objective_metric(self):
+        """The metric object of the figures: an output metric, or the task (higher is better)."""
+        if self.objective.get("kind") == "task":
+            return TaskMetric(self.objective["metric"])
+        return get_metrics(self.metric)[0]
+
+    @property
+    def target_text(self):
+        """The target as the user gave it: ``0.99`` or ``0.99 x float``."""
+        if self.objective.get("min_ratio") is not None:
+            return f"{self.objective['min_ratio']:g} x float"
+        return f"{self.target:g}"
+
     def needed_for(self, target):
-        """The fewest nodes on the curve whose value meets ``target``, or None."""
-        m = get_metrics(self.metric)[0]
+        """The fewest nodes on the search curve whose value meets ``target``, or None."""
+        m = self.objective_metric
         for point in self.curve:
             if point["value"] is not None and meets(m, point["value"], target):
                 return point["nodes"]
@@ -74,21 +118,75 @@ class Remedy(JsonResult):
             parts.append("extra_options={'TensorQuantOverrides': {" + body + "}}")
         return "quantize_static(..., " + ", ".join(parts) + ")"
 
+    def failure(self):
+        """Why the remedy does not hold, in one sentence; None when it does."""
+        on = _on(self.judged_on)
+        name = self.objective.get("metric", self.metric)
+        if self.value is None:
+            return "the budget ended before anything was scored; raise --budget"
+        if not self.met:
+            judged = self.figures.get(self.judged_on, {})
+            why = " before the budget ended" if self.budget_exhausted else ""
+            return (f"no set found{why} meets the target {self.target_text} on {on}: the best, {len(self.nodes)} "
+                    f"node(s), reaches {name} {_fmt(judged.get('after', self.value))}"
+                    + (f" (target there {_fmt(judged['target'])})" if self.objective.get("min_ratio") is not None
+                       and judged.get("target") is not None else ""))
+        mm = self.measured
+        if mm and not mm.get("met", True):
+            judged = mm.get("figures", {}).get(self.judged_on, {})
+            value = judged.get("after", mm.get("value"))
+            target = judged.get("target", self.target)
+            return (f"the re-quantized model reaches {name} {_fmt(value)} on {on}, short of the target "
+                    f"{_fmt(target)}")
+        return None
 
+    def figures_table(self):
+        """The figures before and after the remedy, one row per data set (simulated, then
+        re-quantized when measured)."""
+        rows = []
+        order = [k for k in ("calibration", "search", "confirmation", "held-out") if k in self.figures]
+        for key in order:
+            f = self.figures[key]
+            rows.append({"data": f"{key} ({f['samples']})", "float": f.get("float"), "no remedy": f["before"],
+                         "remedy": f["after"], "target": f["target"], "met": "yes" if f["met"] else "no"})
+        measured = (self.measured or {}).get("figures", {})
+        for key in order:
+            if key in measured:
+                f = measured[key]
+                rows.append({"data": f"{key}, re-quantized", "float": self.figures.get(key, {}).get("float"),
+                             "no remedy": f["before"], "remedy": f["after"],
+                             "target": f["target"], "met": "yes" if f["met"] else "no"})
+        if not rows:
+            return ""
+        task = self.objective.get("kind") == "task"
+        return format_table(rows, ["data"] + (["float"] if task else []) + ["no remedy", "remedy", "target", "met"])
 
     def summary(self):
-        """A few readable lines: the verdict, the nodes, and the settings to use."""
+        """A few readable lines: the verdict, the figures, the nodes and the settings to use."""
         lines = []
-        what = {"float": "kept in float", "int16": "raised to 16 bit", "per-channel": "quantized per channel"}
+        what = WHAT[self.remedy]
+        name = self.objective.get("metric", self.metric)
+        judged = self.figures.get(self.judged_on, {})
+        where = "" if self.judged_on == "calibration" else f" on {_on(self.judged_on)}"
         if self.met:
-            lines.append(f"{self.metric} {_fmt(self.value)} meets the target {self.target} with "
-                         f"{len(self.nodes)} node(s) {what[self.remedy]} (baseline {_fmt(self.baseline)})")
+            lines.append(f"{name} {_fmt(judged.get('after', self.value))}{where} meets the target {self.target_text} "
+                         f"with {len(self.nodes)} node(s) {what} "
+                         f"(baseline {_fmt(judged.get('before', self.baseline))})")
         else:
-            lines.append(f"target {self.metric} {self.target} not met: best {_fmt(self.value)} with "
-                         f"{len(self.nodes)} node(s) {what[self.remedy]} (baseline {_fmt(self.baseline)}, "
-                         f"every candidate {what[self.remedy]}: {_fmt(self.ceiling)})")
+            ceiling = ("" if self.ceiling is None else
+                       f", every candidate {what} on the search samples: {_fmt(self.ceiling)}")
+            lines.append(f"target {name} {self.target_text} not met{where}: best "
+                         f"{_fmt(judged.get('after', self.value))} with {len(self.nodes)} node(s) {what} (baseline "
+                         f"{_fmt(judged.get('before', self.baseline))}{ceiling})")
+        if self.remedy == MIXED and self.nodes:
+            each = ", ".join(f"{k} {v:g}" for k, v in self.costs.items())
+            lines.append(f"cost {self.cost:g} ({each} per node)")
+        table = self.figures_table()
+        if table:
+            lines.append(table)
         for n in self.nodes:
-            lines.append(f"  {n}")
+            kind = self.choices.get(n)
+            lines.append(f"  {n}" + (f" ({kind})" if self.remedy == MIXED and kind else ""))
         s = self.settings
         if s.get("nodes_to_exclude"):
             lines.append("nodes_to_exclude=" + json.dumps(s["nodes_to_exclude"]))
@@ -100,21 +198,21 @@ class Remedy(JsonResult):
             lines.append("simulation only (onnxruntime cannot express it): " + ", ".join(s["simulation_only"]))
         if self.measured:
             mm = self.measured
-            lines.append(f"re-quantized with these settings: {self.metric} {_fmt(mm.get('value'))} "
+            lines.append(f"re-quantized with these settings: {name} {_fmt(mm.get('value'))} on calibration "
                          f"(simulated {_fmt(self.value)}; re-quantized without them {_fmt(mm.get('baseline_value'))})")
             if mm.get("collateral"):
                 lines.append("  also changed by onnxruntime: " + ", ".join(mm["collateral"]))
             if mm.get("not_applied"):
                 lines.append("  not applied by onnxruntime: " + ", ".join(mm["not_applied"]))
+        lines += [f"warning: {w}" for w in self.warnings]
         lines += [f"note: {n}" for n in self.notes]
         return "\n".join(lines)
 
 
+def _on(judged_on):
+    return {"held-out": "held-out data", "confirmation": "the confirmation samples",
+            "calibration": "calibration data"}.get(judged_on, judged_on)
+
+
 def _fmt(v):
     return "n/a" if v is None else f"{v:.6g}"
-
-
-def meets(metric, value, target):
-    return value is not None and not np.isnan(value) and not metric.worse(value, target)
-
-

@@ -1,9 +1,14 @@
-"""Scoring configs for the search: the metric of one config against the float reference,
-within a time budget."""
+"""Scoring remedy sets: the objective of one set on one part of the data, within a time budget.
+
+A *set* is a frozenset of ``(node, kind)`` pairs: the calibration nodes remedied and how
+(``float``, ``int16``, ``per-channel``); every other node stays quantized as calibrated.
+"""
 
 from __future__ import annotations
 
 import time
+
+import numpy as np
 
 from ..errors import PTQError
 
@@ -30,31 +35,156 @@ class Clock:
         return time.perf_counter() - self.start
 
 
+def cost_of(chosen, costs):
+    """The cost of a set: the sum of its kinds' costs."""
+    return float(sum(costs[k] for _, k in chosen))
+
+
+def config(engine, chosen):
+    """``(quantized, alternative)`` of a set: float nodes bypassed, others on their alternative."""
+    floats = {n for n, k in chosen if k == "float"}
+    return [n for n in engine.calib_names if n not in floats], [n for n, k in chosen if k != "float"]
+
 
 class Scorer:
-    """The metric of one config, worst over outputs, samples pooled; memoised per set."""
+    """The objective of sets on one :class:`~.parts.Part`, memoised per set.
 
-    def __init__(self, engine, remedy, metric, specs, indices, clock, bar):
-        self.engine, self.remedy, self.metric = engine, remedy, metric
-        self.specs, self.indices, self.clock, self.bar = specs, indices, clock, bar
-        self.tensors = list(dict.fromkeys(s.tensor for s in specs))
-        self.memo = {}
+    ``scorer(s)`` counts against the budget; ``scorer.prepare(sets)`` scores several with the
+    samples as the outer loop (each sample's float pass is shared by every set);
+    ``scorer.final(s)`` reports a set after the search, outside the budget. Output metrics
+    keep their pooled sums per set, so that two parts' figures can be pooled (:func:`pooled`).
+    """
+
+    def __init__(self, part, objective, clock, bar=None, metric=None):
+        self.part, self.objective, self.clock, self.bar = part, objective, clock, bar
+        # a task objective's guide figures are an output metric on the same part
+        self.metric = metric or objective.metric
+        self.task = self.metric is objective.metric and objective.is_task
+        self.specs = objective.specs
+        self.tensors = list(dict.fromkeys(s.tensor for s in self.specs))
+        self.memo, self.states = {}, {}
         self.evaluations = 0
+        self._float_score = None
 
-    def config(self, chosen):
-        if self.remedy == "float":
-            return [n for n in self.engine.calib_names if n not in chosen], ()
-        return self.engine.calib_names, list(chosen)
+    @property
+    def engine(self):
+        return self.part.engine
 
+    # -- the bar on this part ------------------------------------------------------------
+    @property
+    def target(self):
+        """The absolute bar on this part (a ratio target times the float score here)."""
+        if self.objective.min_ratio is None:
+            return self.objective.target
+        return self.objective.min_ratio * self.float_score()
+
+    def float_score(self):
+        """The task score of the float model on this part (computed once)."""
+        if self._float_score is None:
+            engine = self.engine
+            self._float_score = self._evaluate(lambda feeds: engine.run(dict(feeds), ()))
+            if not self._float_score > 0:
+                raise PTQError(f"the evaluation function {self.metric.name} gave the float model "
+                               f"{self._float_score!r} on the {self.part.where}; a ratio target needs a positive "
+                               "score, so return an accuracy-like number where higher is better")
+        return self._float_score
+
+    def meets(self, value):
+        return meets(self.metric, value, self.target)
+
+    def key(self, value):
+        """Sort key of a value, better last (NaN and None worst)."""
+        if value is None:
+            return -np.inf
+        return self.metric.sort_key(value)
+
+    # -- scoring -------------------------------------------------------------------------
     def __call__(self, chosen):
         key = frozenset(chosen)
         if key not in self.memo:
-            quantized, alternative = self.config(key)
-            self.memo[key] = score(self.engine, quantized, self.specs, self.metric, self.indices,
-                                   alternative=alternative, clock=self.clock)
-            self.evaluations += 1
-            self.bar.advance()
+            self._compute([key], self.clock)
+            self._advance()
         return self.memo[key]
+
+    def prepare(self, sets):
+        """Score the new sets among ``sets`` together, samples outermost, so that each
+        sample's float pass serves all of them; calls then find them memoised."""
+        fresh = list(dict.fromkeys(frozenset(s) for s in sets if frozenset(s) not in self.memo))
+        if len(fresh) > 1 and not self.task:
+            self._compute(fresh, self.clock)
+            for _ in fresh:
+                self._advance()
+
+    def final(self, chosen):
+        """The value of a set, computed outside the budget when the search did not score it."""
+        key = frozenset(chosen)
+        if key not in self.memo:
+            self._compute([key], None)
+        return self.memo[key]
+
+    def state(self, chosen):
+        """Pooled sums of an output metric per output (after :meth:`final` or a call)."""
+        return self.states[frozenset(chosen)]
+
+    def _advance(self):
+        self.evaluations += 1
+        if self.bar is not None:
+            self.bar.total = max(self.bar.total, self.bar.done + 1)
+            self.bar.advance()
+
+    def _compute(self, keys, clock):
+        if self.task:
+            for k in keys:
+                if clock is not None:
+                    clock.check()
+                quantized, alternative = config(self.engine, k)
+                engine = self.engine
+                self.memo[k] = self._evaluate(lambda feeds: engine.run(dict(feeds), quantized,
+                                                                       alternative=alternative))
+            return
+        m = self.metric
+        states = {k: {s.name: m.new() for s in self.specs} for k in keys}
+        configs = {k: config(self.engine, k) for k in keys}
+        for i in self.part.indices:
+            ref = self.engine.reference(i, self.tensors)
+            for k in keys:
+                if clock is not None:
+                    clock.check()
+                quantized, alternative = configs[k]
+                out = self.engine.run(i, quantized, self.tensors, alternative=alternative)
+                for s in self.specs:
+                    m.update(states[k][s.name], s.take(ref[s.tensor]), s.take(out[s.tensor]))
+        for k in keys:
+            self.states[k] = states[k]
+            self.memo[k] = m.worst([m.value(st) for st in states[k].values()])
+
+    def _evaluate(self, run):
+        score = self.objective.evaluate(run, self.part.data())
+        try:
+            return float(score)
+        except (TypeError, ValueError):
+            raise PTQError(f"the evaluation function {self.metric.name} returned {score!r}; it must return one "
+                           "number (higher is better)") from None
+
+
+def pooled(scorers, chosen):
+    """The output metric of a set over the samples of several scorers' parts together."""
+    m = scorers[0].metric
+    total = None
+    for sc in scorers:
+        sc.final(chosen)
+        st = sc.state(chosen)
+        if total is None:
+            total = {k: v.copy() for k, v in st.items()}
+        else:
+            for k, v in st.items():
+                m.merge(total[k], v)
+    return m.worst([m.value(st) for st in total.values()])
+
+
+def meets(metric, value, target):
+    """True when ``value`` is a number at least as good as ``target``."""
+    return value is not None and not np.isnan(value) and not metric.worse(value, target)
 
 
 def score(engine, quantized, specs, metric, indices, alternative=(), clock=None, reference=None):
@@ -72,5 +202,3 @@ def score(engine, quantized, specs, metric, indices, alternative=(), clock=None,
         for s in specs:
             metric.update(states[s.name], s.take(ref[s.tensor]), s.take(out[s.tensor]))
     return metric.worst([metric.value(st) for st in states.values()])
-
-

@@ -1,138 +1,164 @@
-"""The search: greedy on the sensitivity ranking, then pruning, within a time budget."""
+"""The remedy search's entry point: arguments, data sets, the search, the figures."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
-
 from ..engine import engine_for
 from ..errors import PTQError, unknown
-from ..metrics import get_metrics
 from ..outputs import parse_outputs
 from ..progress import Progress
-from ..sensitivity import rank_configs, sample_indices
-from .alternatives import alternatives_for, candidates_for
+from ..sensitivity import sample_indices
+from .alternatives import alternatives_for, menus_for
+from .objective import objective_for
+from .parts import layout, with_alternatives
 from .plot import plot_remedy
+from .ranking import mixed_moves, rank
 from .requantize import measure
-from .result import REMEDIES, Remedy, meets
-from .scoring import Clock, OutOfTime, Scorer
+from .result import DEFAULT_COSTS, MIXED, REMEDIES, WHAT, Remedy, meets
+from .scoring import Clock, OutOfTime, Scorer, cost_of, pooled
+from .strategy import Search
 from .terms import onnxruntime_settings
 
-# Candidates are ranked this many at a time so that a time budget can stop the ranking.
-_RANK_CHUNK = 16
+SEARCHES = ("refine", "greedy")
 
 
-def _rank(engine, names, metric, specs, indices, clock, ranking):
-    """``[(node, sensitivity)]`` most sensitive first, from a given ranking or computed."""
-    if ranking is not None:
-        return _given_ranking(ranking, names, metric)
-    values = {}
-    for k in range(0, len(names), _RANK_CHUNK):
-        clock.check()
-        chunk = {n: [n] for n in names[k:k + _RANK_CHUNK]}
-        s = rank_configs(engine, chunk, [metric], specs, indices, "calibration", lambda n: {}, "ranking")
-        values.update({n: v[metric.name] for n, v in s.items()})
-    order = sorted(values, key=lambda n: metric.sort_key(values[n]))
-    return [(n, values[n]) for n in order]
+def costs_for(remedy, costs):
+    """``{kind: cost}`` of a search: one kind at cost 1 for a single remedy; for ``mixed`` the
+    kinds given (their menu) or :data:`DEFAULT_COSTS`, ``"nodes"`` counting every kind 1."""
+    if remedy != MIXED:
+        if costs not in (None, "nodes") and not isinstance(costs, dict):
+            raise PTQError(f"costs must be a mapping {{kind: cost}} or 'nodes', got {costs!r}")
+        return {remedy: 1.0}
+    if costs is None:
+        return dict(DEFAULT_COSTS)
+    if costs == "nodes":
+        return {k: 1.0 for k in REMEDIES}
+    if not isinstance(costs, dict) or not costs:
+        raise PTQError(f"costs must be a mapping {{kind: cost}} such as {DEFAULT_COSTS} or 'nodes', got {costs!r}")
+    out = {}
+    for kind, cost in costs.items():
+        if kind not in REMEDIES:
+            raise unknown("remedy", kind, REMEDIES)
+        try:
+            value = float(cost)
+        except (TypeError, ValueError):
+            value = float("nan")
+        if not value > 0:
+            raise PTQError(f"the cost of {kind!r} must be a positive number, got {cost!r}")
+        out[kind] = value
+    return {k: out[k] for k in REMEDIES if k in out}
 
 
-def _given_ranking(ranking, names, metric):
-    allowed = set(names)
-    if isinstance(ranking, dict):
-        ranking = [ranking]
-    entries = {}
-    order = []
-    for item in ranking:
-        if isinstance(item, str):
-            if item in allowed and item not in entries:
-                entries[item] = None
-                order.append(item)
-        elif isinstance(item, dict):
-            for n, v in item.items():
-                if n in allowed and n not in entries:
-                    entries[n] = v.get(metric.name) if isinstance(v, dict) else None
-                    order.append(n)
-        else:
-            raise PTQError("ranking must be a Sensitivity, a list of them, or a list of node names")
-    if all(v is not None for v in entries.values()):
-        order.sort(key=lambda n: metric.sort_key(entries[n]))
-    return [(n, entries[n]) for n in order]
-
-
-def suggest_remedy(model_or_file, calibrated_data=None, target=0.99, metric="cosine-similarity",
+def suggest_remedy(model_or_file, calibrated_data=None, target=None, metric="cosine-similarity",
                    remedy="float", output_node=None, data_num=None, float_model=None, budget=None,
                    candidates=None, ranking=None, full_curve=False, per_channel_activations=False,
-                   requantize_check=True, save_dir=None, progress=None, verbose=False):
-    """The fewest nodes to remedy so that ``metric`` meets ``target`` (worst output, samples
-    pooled), found greedily on the sensitivity ranking and then pruned.
+                   requantize_check=True, save_dir=None, progress=None, verbose=False, heldout=None,
+                   evaluate=None, min_ratio=None, costs=None, search="refine"):
+    """The cheapest set of nodes to remedy so that the objective meets its target on data the
+    search did not choose on. Returns :class:`Remedy`.
 
-    ``remedy``: "float", "int16" or "per-channel". ``budget``: seconds for the whole search;
-    when it ends the best result so far is returned (``budget_exhausted`` set).
-    ``candidates``: restrict to these calibration or normal nodes. ``ranking``: a weight or
-    activation :class:`Sensitivity` (or a list of them, or calibration node names, most
-    sensitive first) to reuse instead of ranking anew. With the float model (``float_model``
-    or the engine's), the settings are applied by re-quantizing (after the search, outside
-    the budget) and the measured value is reported beside the simulated one; the
-    re-quantized models go to ``save_dir`` (or a temporary folder). Returns :class:`Remedy`.
+    The search scores sets on calibration samples (the first ``data_num``); a set is
+    accepted only when it meets the target on ``heldout`` data (a folder, ``.npz`` or
+    mapping like ``calibrated_data``) or, without it, on calibration samples it did not
+    choose on (those beyond ``data_num``, else every third). The objective is ``metric``
+    (worst output, samples pooled) against ``target`` (default 0.99 cosine), or with
+    ``evaluate(run, data) -> float`` (the accuracy check's contract) the task score against
+    ``target`` or ``min_ratio`` x the float score (default 0.99 x).
+
+    ``remedy``: "float", "int16", "per-channel", or "mixed" (a kind per node among the keys
+    of ``costs``: ``{kind: cost}``, default :data:`DEFAULT_COSTS`, or "nodes" for the fewest
+    non-int8 nodes). ``search``: "refine" (greedy, then local moves) or "greedy" (greedy on
+    the ranking, then pruning). ``budget``: seconds for the search; when it ends the best
+    result so far is returned (``budget_exhausted``); the final figures and the re-quantized
+    check come after it. ``candidates``: restrict to these calibration or normal nodes.
+    ``ranking``: a weight or activation :class:`Sensitivity` (or a list of them, or calibration
+    node names, most sensitive first) to reuse instead of ranking anew. With the float model
+    (``float_model`` or the engine's) the settings are applied by re-quantizing and measured
+    on the same data sets; the re-quantized models go to ``save_dir`` (or a temporary folder).
     """
-    if remedy not in REMEDIES:
-        raise unknown("remedy", remedy, REMEDIES)
+    if remedy not in REMEDIES + (MIXED,):
+        raise unknown("remedy", remedy, REMEDIES + (MIXED,))
+    if search not in SEARCHES:
+        raise unknown("search", search, SEARCHES)
     clock = Clock(budget)
     engine = engine_for(model_or_file, calibrated_data, float_model=float_model)
     float_model = float_model if float_model is not None else engine.float_model
-    m = get_metrics(metric)[0]
-    try:
-        target = float(target)
-    except (TypeError, ValueError):
-        raise PTQError(f"target must be a number, got {target!r}") from None
-    if m.name == "cosine-similarity" and not -1 <= target <= 1:
-        raise PTQError(f"a cosine-similarity target must lie in [-1, 1], got {target}")
-    specs = parse_outputs(output_node, engine.qmodel)
-    indices = sample_indices(engine, data_num)
     qm = engine.qmodel
-    pool, skipped = candidates_for(engine, remedy, per_channel_activations)
+    specs = parse_outputs(output_node, qm)
+    objective = objective_for(metric, target, specs, evaluate, min_ratio)
+    costs = costs_for(remedy, costs)
+    indices = sample_indices(engine, data_num)
+    if remedy == MIXED and ranking is not None:
+        raise PTQError("a mixed search ranks each node on each kind itself; leave out ranking=")
+    menus, skipped = menus_for(engine, list(costs), per_channel_activations)
     notes = []
     if skipped:
         notes.append(f"{len(skipped)} weight node(s) such as {skipped[0]!r} are stored already quantized and "
                      "cannot be simulated; pass the float model to consider them")
     if candidates is not None:
         wanted = set(qm.resolve_calibration([candidates] if isinstance(candidates, str) else list(candidates)))
-        pool = [n for n in pool if n in wanted]
-    if not pool:
+        menus = {n: k for n, k in menus.items() if n in wanted}
+    if not menus:
         raise PTQError(f"no node of {qm.source!r} can take the {remedy!r} remedy"
                        + (" among the given candidates" if candidates is not None else "")
                        + "; try another remedy")
-
-    result = Remedy(remedy=remedy, metric=m.name, target=target, met=False, nodes=[], value=None,
-                    baseline=None, ceiling=None, curve=[], pruned=[], ranking=[],
+    base = layout(engine, indices, heldout)
+    if base.note:
+        notes.append(base.note)
+    result = Remedy(remedy=remedy, metric=objective.guide.name,
+                    target=objective.min_ratio if objective.min_ratio is not None else objective.target,
+                    met=False, nodes=[], value=None, baseline=None, ceiling=None, curve=[], pruned=[], ranking=[],
                     settings={"nodes_to_exclude": [], "TensorQuantOverrides": {}, "simulation_only": []},
-                    notes=notes, samples=len(indices), outputs=[s.name for s in specs], budget_s=budget,
-                    model=qm.source)
+                    notes=notes, samples=len(base.calibration), outputs=[s.name for s in specs], budget_s=budget,
+                    model=qm.source, objective=objective.to_dict(), costs=costs, search=search,
+                    judged_on=base.judge.name, heldout=_where(heldout, base))
+    if base.confirms and base.judge.engine is base.search.engine:
+        result.split = {"search": list(base.search.indices), "confirmation": list(base.judge.indices)}
     show = verbose if progress is None else progress
-    axes = {}
-    scorer = None
-    with Progress(len(pool) + 2, f"remedy search ({remedy})", enabled=bool(show)) as bar:
+    axes, lay, searcher = {}, base, None
+    scorer = judge = None
+    with Progress(len(menus) + 2, f"remedy search ({remedy})", enabled=bool(show)) as bar:
         try:
-            search_engine = engine
-            if remedy != "float":
-                alts, axes = alternatives_for(engine, remedy, pool, indices, clock)
-                missing = [n for n in pool if n not in alts]
-                if missing:
-                    notes.append(f"{len(missing)} node(s) such as {missing[0]!r} have no channel axis to "
-                                 "quantize along and were left out")
-                pool = [n for n in pool if n in alts]
-                search_engine = engine.with_alternatives(alts)
-            scorer = Scorer(search_engine, remedy, m, specs, indices, clock, bar)
-            _search(result, scorer, engine, m, specs, indices, clock, pool, ranking, full_curve)
+            alts, axes, moves = _alternatives(engine, remedy, menus, costs, objective, base, clock, notes)
+            lay = with_alternatives(base, alts)
+            scorer = Scorer(lay.search, objective, clock, bar)
+            judge = Scorer(lay.judge, objective, clock, bar) if lay.confirms else scorer
+            if moves is None:
+                pool = list(menus)
+
+                def moves():
+                    ranked = rank(base.search.engine, pool, objective.guide, specs, base.search.indices, clock,
+                                  ranking)
+                    result.ranking = [{"node": n, "sensitivity": v} for n, v in ranked]
+                    return [(n, remedy) for n, _ in ranked]
+            else:
+                ordered = moves
+                moves = lambda: ordered  # noqa: E731
+            searcher = Search(result, scorer, judge, costs, moves, search, full_curve)
+            searcher.run()
         except OutOfTime:
             result.budget_exhausted = True
             notes.append(f"the {budget:g} s budget ended after {clock.elapsed:.1f} s; the result is the best "
                          "found so far (raise --budget for a complete search)")
-        result.evaluations = scorer.evaluations if scorer is not None else 0
-    result.settings = onnxruntime_settings(qm, remedy, result.nodes, axes)
+        result.evaluations = (scorer.evaluations if scorer is not None else 0) + (
+            judge.evaluations if judge is not None and judge is not scorer else 0)
+    chosen = _pick(searcher, lay) if searcher is not None else None
+    if chosen is not None:
+        order = searcher.sorted(chosen)
+        result.choices = {n: k for n, k in order}
+        result.nodes = list(result.choices)
+        result.cost = cost_of(chosen, costs)
+        _figures(result, lay, objective, scorer, judge, chosen)
+        _warn_chosen(result, searcher, chosen)
+    result.settings = onnxruntime_settings(qm, remedy, result.nodes, axes, result.choices)
     if float_model is not None and requantize_check and result.nodes and not result.budget_exhausted:
-        result.measured = measure(engine, qm, float_model, result, specs, m, indices, save_dir)
+        parts = {"calibration": (lay.calibration, _scorer_for(lay.calibration, scorer, judge, objective))}
+        if lay.confirms:
+            parts[lay.judge.name] = (lay.judge, judge)
+        result.measured = measure(parts, objective, float_model, result, save_dir)
+        if result.measured:
+            _warn(result, result.measured["figures"], "re-quantized: ")
     elif float_model is None and result.nodes:
         notes.append("pass the float model (float_model= / --float-model) to check the settings by "
                      "re-quantizing")
@@ -144,57 +170,158 @@ def suggest_remedy(model_or_file, calibrated_data=None, target=0.99, metric="cos
     return result
 
 
-def _search(result, scorer, engine, m, specs, indices, clock, pool, ranking, full_curve):
-    """Greedy on the ranking, then pruning; fills ``result`` as it goes so that a budget
-    stop leaves the best configuration found so far in it."""
-    target = result.target
+def _where(heldout, lay):
+    if heldout is None:
+        return None
+    if isinstance(heldout, (str, Path)):
+        return str(heldout)
+    return getattr(heldout, "where", None) or lay.judge.where
 
-    def rank_of(nodes, value, met):
-        # met beats unmet; among met, fewer nodes; then the better value
-        return (met, -len(nodes) if met else 0, m.sort_key(value) if value is not None else -np.inf)
 
-    def keep(nodes, value):
-        met = meets(m, value, target)
-        if result.value is None or rank_of(nodes, value, met) > rank_of(result.nodes, result.value, result.met):
-            result.nodes, result.value, result.met = list(nodes), value, met
+def _alternatives(engine, remedy, menus, costs, objective, base, clock, notes):
+    """``(alternatives, axes, moves)``: the fake-quant each node can switch to, the channel axes
+    of per-channel ones, and for a mixed search its ranked moves (None: rank lazily)."""
+    cal = base.calibration.indices
+    if remedy == "float":
+        return {}, {}, None
+    if remedy != MIXED:
+        alts, axes = alternatives_for(engine, remedy, list(menus), cal, clock)
+        missing = [n for n in menus if n not in alts]
+        if missing:
+            notes.append(f"{len(missing)} node(s) such as {missing[0]!r} have no channel axis to quantize along "
+                         "and were left out")
+            for n in missing:
+                del menus[n]
+        if not menus:
+            raise PTQError(f"no node of {engine.qmodel.source!r} can take the {remedy!r} remedy; try another remedy")
+        return alts, axes, None
+    by_kind, axes, engines = {}, {}, {}
+    for kind in costs:
+        if kind == "float":
+            continue
+        names = [n for n, ks in menus.items() if kind in ks]
+        alts, kind_axes = alternatives_for(engine, kind, names, cal, clock)
+        for n in names:
+            if n not in alts:
+                menus[n] = [k for k in menus[n] if k != kind]
+        by_kind[kind] = (alts, kind_axes)
+        if alts:
+            engines[kind] = engine.with_alternatives(alts)
+    for n in [n for n, ks in menus.items() if not ks]:
+        del menus[n]
+    moves, kinds, gains = mixed_moves(engine, engines, menus, costs, objective.guide, objective.specs,
+                                      base.search.indices, clock)
+    mix = {}
+    for n, kind in kinds.items():
+        mix[n] = by_kind[kind][0][n]
+        if n in by_kind[kind][1]:
+            axes[n] = by_kind[kind][1][n]
+    return mix, axes, moves
 
-    result.baseline = scorer(())
-    result.curve.append({"nodes": 0, "added": None, "value": result.baseline})
-    keep([], result.baseline)
-    if result.met:
+
+def _pick(searcher, lay):
+    """The set to report: the best on the judging data, no remedy included; a set the budget
+    left unjudged is judged now (outside the budget) and kept if better."""
+    if searcher.best_S is None:
+        return None
+    if not lay.confirms:
+        return searcher.best_S[1]
+    best = searcher.best_J
+    for candidate in (searcher.best_S[1], frozenset()):
+        if best is not None and candidate in searcher.J.memo:
+            continue  # judged during the search: best_J has weighed it
+        value = searcher.J.final(candidate)
+        r = searcher.rank(searcher.J, candidate, value)
+        if best is None or r > best[0]:
+            best = (r, candidate)
+    return best[1]
+
+
+def _scorer_for(part, scorer, judge, objective):
+    """The scorer of ``part``: the search's or the judge's, else a new one (outside the budget)."""
+    for sc in (scorer, judge):
+        if sc is not None and part is sc.part:
+            return sc
+    return Scorer(part, objective, None)
+
+
+def _figures(result, lay, objective, scorer, judge, chosen):
+    """Fill ``result.figures`` (and ``value``, ``baseline``, ``met``) before and after ``chosen``."""
+    base = frozenset()
+    parts = {"calibration": lay.calibration}
+    if lay.confirms:
+        if lay.calibration is not lay.search:
+            parts["search"] = lay.search
+        parts[lay.judge.name] = lay.judge
+    figures = {}
+    for name, part in parts.items():
+        sc = _scorer_for(part, scorer, judge, objective)
+        if name == "calibration" and sc is not scorer and not objective.is_task:
+            # the split's two parts make up the calibration samples: pool their sums, no rerun
+            values = pooled([scorer, judge], base), pooled([scorer, judge], chosen)
+        else:
+            values = sc.final(base), sc.final(chosen)
+        target = sc.target
+        f = {"samples": len(part), "where": part.where, "before": values[0], "after": values[1], "target": target,
+             "met": meets(objective.metric, values[1], target),
+             "met_before": meets(objective.metric, values[0], target)}
+        if objective.is_task:
+            guide = Scorer(part, objective, None, metric=objective.guide)
+            f["float"] = sc.float_score()
+            f[objective.guide.name] = {"before": guide.final(base), "after": guide.final(chosen)}
+        figures[name] = f
+    result.figures = figures
+    result.baseline, result.value = figures["calibration"]["before"], figures["calibration"]["after"]
+    result.met = figures.get(result.judged_on, figures["calibration"])["met"]
+    _warn(result, figures, "")
+
+
+def _warn(result, figures, prefix):
+    """One sentence when the reported set's gain does not hold on the judging data."""
+    if result.judged_on not in figures or result.judged_on == "calibration" or not result.nodes:
         return
-    ranked = _rank(engine, pool, m, specs, indices, clock, ranking)
-    result.ranking = [{"node": n, "sensitivity": v} for n, v in ranked]
-    order = [n for n, _ in ranked]
-    if not order:
-        raise PTQError("the given ranking names none of the candidate nodes; rank the same model's nodes")
-    result.ceiling = scorer(order)
-    if not meets(m, result.ceiling, target):
-        what = {"float": "in float", "int16": "at 16 bit", "per-channel": "per channel"}[result.remedy]
-        result.notes.append(f"even with every candidate {what} the {m.name} is {result.ceiling:.6g}, short of "
-                            f"{target}; try another remedy or check the data and the float model")
-    found = None
-    for k in range(1, len(order) + 1):
-        value = scorer(order[:k])
-        result.curve.append({"nodes": k, "added": order[k - 1], "value": value})
-        keep(order[:k], value)
-        if found is None and meets(m, value, target):
-            found = order[:k]
-            if not full_curve:
-                break
-    if found is None:
-        keep(order, result.ceiling)
+    cal, judged = figures.get("search", figures["calibration"]), figures[result.judged_on]
+    what = f"{prefix}{len(result.nodes)} node(s) {WHAT[result.remedy]}"
+    sentence = _not_holding(result, what, (cal["before"], cal["after"], cal["met"]),
+                            (judged["before"], judged["after"], judged["met"], judged["target"]))
+    if sentence:
+        result.warnings.append(sentence)
+
+
+def _not_holding(result, what, search, judged):
+    """``what: 0.9958 on calibration, 0.904 on held-out: worse than no remedy (0.954)`` or
+    ``...: the gain does not hold, short of the target T``; None when the gain holds."""
+    m = result.objective_metric
+    on = "held-out" if result.judged_on == "held-out" else "the confirmation samples"
+    s_before, s_after, s_met = search
+    j_before, j_after, j_met, target = judged
+    figs = f"{s_after:.6g} on calibration, {j_after:.6g} on {on}"
+    if m.worse(s_before, s_after) and m.worse(j_after, j_before):
+        return f"{what}: {figs}: worse than no remedy ({j_before:.6g})"
+    if s_met and not j_met:
+        return f"{what}: {figs}: the gain does not hold, short of the target {target:.6g}"
+    return None
+
+
+def _warn_chosen(result, searcher, chosen):
+    """The set the search samples chose, when the judge overruled it: say why, one sentence."""
+    first = searcher.chosen
+    if first is None or first == chosen or first not in searcher.J.memo:
         return
-    chosen = list(found)
-    for n in reversed(found):
-        if len(chosen) == 1:
-            break
-        trial = [x for x in chosen if x != n]
-        value = scorer(trial)
-        if meets(m, value, target):
-            chosen = trial
-            result.pruned.append(n)
-            keep(chosen, value)
-    result.nodes, result.value, result.met = chosen, scorer(chosen), True
-
-
+    S, J = searcher.S, searcher.J
+    base = frozenset()
+    if not first:
+        if S.meets(S.final(base)) and not J.meets(J.final(base)):
+            on = "held-out data" if result.judged_on == "held-out" else "the confirmation samples"
+            how = (f"the nodes were found by adding remedies in ranking order and pruning, judged on {on}"
+                   if result.met else f"adding remedies in ranking order found no set that meets it on {on}")
+            result.notes.append(f"the search samples already meet the target without a remedy "
+                                f"({S.final(base):.6g}) but {on} do not ({J.final(base):.6g}): {how}")
+        return
+    what = f"the set chosen on the search samples ({len(first)} node(s) {WHAT[result.remedy]})"
+    sentence = _not_holding(result, what, (S.final(base), S.final(first), S.meets(S.final(first))),
+                            (J.final(base), J.final(first), J.meets(J.final(first)), J.target))
+    if sentence:
+        then = (f"; {len(chosen)} node(s) found by adding and pruning on that data meet it" if result.met
+                else "")
+        result.warnings.append(sentence + then)

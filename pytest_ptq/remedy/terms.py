@@ -14,6 +14,7 @@
   initializer per channel whatever ``per_channel`` says). onnxruntime cannot quantize
   activations per channel; with ``per_channel_activations`` they are simulated and listed
   under ``simulation_only``.
+* **mixed**: each node its own kind of the three, their settings merged.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import json
 from pathlib import Path
 
 from ..errors import PTQError, unknown
-from .result import REMEDIES
+from .result import MIXED, REMEDIES
 
 
 def float_tensor_name(qmodel, c):
@@ -43,24 +44,28 @@ def float_tensor_name(qmodel, c):
     return c.input
 
 
-def onnxruntime_settings(qmodel, remedy, nodes, axes=None):
+def onnxruntime_settings(qmodel, remedy, nodes, axes=None, choices=None):
     """``{"nodes_to_exclude": [...], "TensorQuantOverrides": {...}, "simulation_only": [...]}``
     that apply ``remedy`` to the calibration ``nodes`` when quantizing the float model.
 
+    ``remedy="mixed"`` takes each node's kind from ``choices`` (``{node: kind}``).
     ``nodes_to_exclude`` is in topological order; see the module docstring for why a tensor
     kept in float excludes both its producer and its consumers.
     """
-    if remedy not in REMEDIES:
-        raise unknown("remedy", remedy, REMEDIES)
-    axes = axes or {}
+    if remedy not in REMEDIES + (MIXED,):
+        raise unknown("remedy", remedy, REMEDIES + (MIXED,))
+    axes, choices = axes or {}, choices or {}
     exclude, overrides, sim_only = set(), {}, []
     for name in nodes:
         c = qmodel.calibration[name]
-        if remedy == "float":
+        kind = choices.get(name, remedy)
+        if kind not in REMEDIES:
+            raise PTQError(f"node {name!r} needs a remedy kind ({', '.join(REMEDIES)}) in choices, got {kind!r}")
+        if kind == "float":
             if c.kind == "activation" and c.producer in qmodel.normal:
                 exclude.add(c.producer)
             exclude.update(n for n in c.consumers if n in qmodel.normal)
-        elif remedy == "int16":
+        elif kind == "int16":
             signed = c.qrange[0] < 0
             overrides[float_tensor_name(qmodel, c)] = [{"quant_type": "QInt16" if signed else "QUInt16"}]
         elif c.kind == "weight" and name in axes:

@@ -1,0 +1,117 @@
+"""The order in which the search tries remedies: most promising first.
+
+A single remedy follows the nodes' sensitivity (the output metric with only that node
+quantized, as ``get-sensitivity-of-nodes`` ranks them). A mixed remedy needs a kind per node
+too: each node is also run alone on each alternative, and a move ``(node, kind)`` is worth
+what it recovers of the node's loss per unit of cost, as in AIMET's mixed-precision search.
+"""
+
+from __future__ import annotations
+
+import math
+
+from ..errors import PTQError
+from ..sensitivity import rank_configs
+
+# Candidates are ranked this many at a time so that a time budget can stop the ranking.
+RANK_CHUNK = 16
+
+
+def rank(engine, names, metric, specs, indices, clock, ranking=None):
+    """``[(node, sensitivity)]`` most sensitive first, from a given ranking or computed."""
+    if ranking is not None:
+        return _given_ranking(ranking, names, metric)
+    values = {}
+    for k in range(0, len(names), RANK_CHUNK):
+        clock.check()
+        chunk = {n: [n] for n in names[k:k + RANK_CHUNK]}
+        s = rank_configs(engine, chunk, [metric], specs, indices, "calibration", lambda n: {}, "ranking")
+        values.update({n: v[metric.name] for n, v in s.items()})
+    order = sorted(values, key=lambda n: metric.sort_key(values[n]))
+    return [(n, values[n]) for n in order]
+
+
+def _given_ranking(ranking, names, metric):
+    allowed = set(names)
+    if isinstance(ranking, dict):
+        ranking = [ranking]
+    entries = {}
+    order = []
+    for item in ranking:
+        if isinstance(item, str):
+            if item in allowed and item not in entries:
+                entries[item] = None
+                order.append(item)
+        elif isinstance(item, dict):
+            for n, v in item.items():
+                if n in allowed and n not in entries:
+                    entries[n] = v.get(metric.name) if isinstance(v, dict) else None
+                    order.append(n)
+        else:
+            raise PTQError("ranking must be a Sensitivity, a list of them, or a list of node names")
+    if not order:
+        raise PTQError("the given ranking names none of the candidate nodes; rank the same model's nodes")
+    if all(v is not None for v in entries.values()):
+        order.sort(key=lambda n: metric.sort_key(entries[n]))
+    return [(n, entries[n]) for n in order]
+
+
+def one_node_values(engine, names, metric, specs, indices, clock, alternative=False):
+    """``{node: metric}`` with only that node quantized (on its alternative when asked)."""
+    tensors = list(dict.fromkeys(s.tensor for s in specs))
+    values = {}
+    for k in range(0, len(names), RANK_CHUNK):
+        chunk = names[k:k + RANK_CHUNK]
+        states = {n: {s.name: metric.new() for s in specs} for n in chunk}
+        for i in indices:
+            clock.check()
+            ref = engine.reference(i, tensors)
+            for n in chunk:
+                out = engine.run(i, [n], tensors, alternative=[n] if alternative else ())
+                for s in specs:
+                    metric.update(states[n][s.name], s.take(ref[s.tensor]), s.take(out[s.tensor]))
+        for n in chunk:
+            values[n] = metric.worst([metric.value(st) for st in states[n].values()])
+    return values
+
+
+def mixed_moves(engine, alt_engines, menus, costs, metric, specs, indices, clock):
+    """``(moves, kinds, gains)`` for a mixed search.
+
+    ``moves``: ``[(node, kind)]`` by estimated gain per cost, best first, with each node's
+    float move and its one alternative (``kinds[node]``: the alternative with the best gain
+    per cost; the engine can simulate one per node). ``gains``: ``{(node, kind): gain}`` in
+    the metric's sort units (what the move recovers with the node alone quantized).
+    ``alt_engines``: ``{kind: engine}`` able to run that kind on every node whose menu has it.
+    """
+    names = list(menus)
+    int8 = one_node_values(engine, names, metric, specs, indices, clock)
+    alone = {}
+    for kind, eng in alt_engines.items():
+        have = [n for n in names if kind in menus[n]]
+        for n, v in one_node_values(eng, have, metric, specs, indices, clock, alternative=True).items():
+            alone[(n, kind)] = v
+    keys = [metric.sort_key(v) for v in list(int8.values()) + list(alone.values())]
+    # an error-free output: cosine 1, error 0; SQNR's is infinite, so cap it at the best seen
+    perfect = math.inf if metric.name == "sqnr" else metric.sort_key(1.0 if metric.higher_is_better else 0.0)
+    if not math.isfinite(perfect):
+        perfect = max([k for k in keys if math.isfinite(k)], default=0.0)
+    gains, kinds, moves = {}, {}, []
+    for n in names:
+        base = metric.sort_key(int8[n])
+        options = {}
+        for kind in menus[n]:
+            if kind == "float":
+                options[kind] = perfect - base
+            elif (n, kind) in alone:
+                options[kind] = metric.sort_key(alone[(n, kind)]) - base
+        alts = [k for k in options if k != "float"]
+        if alts:
+            # ties go to the cheaper kind
+            kinds[n] = max(alts, key=lambda k: (options[k] / costs[k], -costs[k]))
+        for kind, gain in options.items():
+            if kind == "float" or kind == kinds.get(n):
+                gains[(n, kind)] = gain
+                moves.append((n, kind))
+    moves.sort(key=lambda mv: (-gains[mv] / costs[mv[1]], costs[mv[1]]))
+    return moves, kinds, gains

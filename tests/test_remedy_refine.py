@@ -1,0 +1,171 @@
+"""Interacting nodes and mixed remedies, checked with plain onnxruntime sessions.
+
+Interaction (builders.cancel_net): two large convs a, b = 0.99 a whose difference feeds the
+output; quantized alike, their errors cancel. The real loss is a third pair, v, planted
+16 times too coarse. Alone, a, b and their weights are the most sensitive nodes, so the
+greedy order remedies them first, and every one of them then needs its partner: no single
+member can be pruned. Only dropping a pair at a time reaches the one node that matters.
+
+Mixed (builders.conv_net with an outlier channel in conv1's weight and r1's activation
+scale 64 times too coarse): per channel fixes the weight, 16 bit the activation; with the
+default costs (per-channel 1, int16 2, float 4) the cheapest set is one of each.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import helper, numpy_helper
+
+import builders
+from pytest_ptq.cli import main
+from pytest_ptq.remedy import suggest_remedy
+
+N = 12
+TARGET = 0.999
+PAIRS = ["wa_QuantizeLinear", "wb_QuantizeLinear", "a_QuantizeLinear", "b_QuantizeLinear"]
+
+
+@pytest.fixture(scope="module")
+def cancel(tmp_path_factory):
+    root = tmp_path_factory.mktemp("cancel")
+    data = builders.samples(N, size=8)
+    fpath = builders.cancel_net(root / "float.onnx")
+    qpath = builders.quantize(fpath, root / "qdq.onnx", data)
+    return {"qdq": builders.scaled(qpath, root / "planted.onnx", "v_scale", 16), "data": data}
+
+
+def rewired_cosine(qdq, remedied, data):
+    pairs = set(builders.qdq_pairs(qdq))
+    fs = [{"x": a} for a in data["x"]]
+    ref = builders.run_model(builders.rewire(qdq), fs)
+    return builders.worst_cosine(ref, builders.run_model(builders.rewire(qdq, keep=pairs - set(remedied)), fs))
+
+
+def test_greedy_order_fails_where_refinement_succeeds(cancel):
+    qdq, data = str(cancel["qdq"]), cancel["data"]
+    # the interaction, independently: one of a cancelling pair remedied alone is worse than nothing
+    nothing = rewired_cosine(qdq, [], data)
+    assert nothing < TARGET <= rewired_cosine(qdq, ["v_QuantizeLinear"], data)
+    for node in PAIRS:
+        assert rewired_cosine(qdq, [node], data) < nothing - 0.01
+
+    greedy = suggest_remedy(qdq, data, target=TARGET, search="greedy")
+    assert greedy.met and set(greedy.nodes) == set(PAIRS) | {"v_QuantizeLinear"}
+    assert greedy.curve[1]["value"] < greedy.curve[0]["value"] - 0.01  # the first addition hurts
+    assert greedy.pruned == []  # every member needs its partner
+
+    r = suggest_remedy(qdq, data, target=TARGET)
+    assert r.met and r.nodes == ["v_QuantizeLinear"] and r.cost == 1
+    assert [m["move"] for m in r.refinements] == ["drop pair", "drop pair"]
+    assert {frozenset(m["removed"]) for m in r.refinements} == {
+        frozenset(PAIRS[:2]), frozenset(PAIRS[2:])}
+    assert r.curve == greedy.curve  # the same greedy path, then refined
+    assert r.value == pytest.approx(rewired_cosine(qdq, r.nodes, data), abs=1e-6)
+    assert r.baseline == pytest.approx(nothing, abs=1e-6)
+    assert greedy.value == pytest.approx(rewired_cosine(qdq, greedy.nodes, data), abs=1e-6)
+
+
+def test_a_budget_stop_in_refinement_keeps_the_best_set_so_far(cancel, monkeypatch):
+    from pytest_ptq.remedy import scoring, strategy
+
+    def out_of_time(self, cur):
+        raise scoring.OutOfTime
+
+    monkeypatch.setattr(strategy.Search, "_pairs", out_of_time)  # time runs out at the first pair move
+    r = suggest_remedy(str(cancel["qdq"]), cancel["data"], target=TARGET, budget=3600)
+    assert r.budget_exhausted and r.met and len(r.nodes) == 5
+    assert r.value == pytest.approx(rewired_cosine(str(cancel["qdq"]), r.nodes, cancel["data"]), abs=1e-6)
+
+
+@pytest.fixture(scope="module")
+def mixed(tmp_path_factory):
+    root = tmp_path_factory.mktemp("mixed")
+    data = builders.samples(N)
+    fpath = builders.conv_net(root / "float.onnx", outlier_channel=3)
+    qpath = builders.quantize(fpath, root / "qdq.onnx", data)
+    return {"float": fpath, "qdq": builders.scaled(qpath, root / "planted.onnx", "r1_scale", 64), "data": data,
+            "root": root}
+
+
+OUTPUTS = ["c1[:, 0:3]", "r2"]  # conv1's starved channels, and what the coarse r1 feeds
+
+
+def remedied_by_hand(m, per_channel=(), uint16=()):
+    """The planted QDQ model with weights' pairs rewritten per channel (symmetric int8 over
+    each output channel's range) and activations' pairs as uint16 over the same range."""
+    model = onnx.load(str(m["qdq"]))
+    fweights = {i.name: numpy_helper.to_array(i) for i in onnx.load(str(m["float"])).graph.initializer}
+    inits = {i.name: i for i in model.graph.initializer}
+    for name in per_channel:
+        old = next(n for n in model.graph.node if n.op_type == "QuantizeLinear" and n.input[0] == name).input[1]
+        w = fweights[name]
+        scale = (np.abs(w.reshape(w.shape[0], -1)).max(axis=1) / 127).astype(np.float32)
+        model.graph.initializer.extend([numpy_helper.from_array(scale, f"{name}_pc_scale"),
+                                        numpy_helper.from_array(np.zeros(w.shape[0], np.int8), f"{name}_pc_zp")])
+        for n in model.graph.node:
+            if n.op_type in ("QuantizeLinear", "DequantizeLinear") and n.input[1] == old:
+                n.input[1], n.input[2] = f"{name}_pc_scale", f"{name}_pc_zp"
+                n.attribute.append(helper.make_attribute("axis", 0))
+    for name in uint16:
+        s8 = float(numpy_helper.to_array(inits[f"{name}_scale"]))
+        assert int(numpy_helper.to_array(inits[f"{name}_zero_point"])) == 0
+        model.graph.initializer.extend([
+            numpy_helper.from_array(np.array(s8 * 255 / 65535, np.float32), f"{name}_s16"),
+            numpy_helper.from_array(np.array(0, np.uint16), f"{name}_z16")])
+        for n in model.graph.node:
+            if n.op_type in ("QuantizeLinear", "DequantizeLinear") and n.input[1] == f"{name}_scale":
+                n.input[1], n.input[2] = f"{name}_s16", f"{name}_z16"
+                n.domain = "com.microsoft"  # uint16 Q/DQ below opset 21
+    model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
+    return model
+
+
+def sliced_cosine(m, model):
+    fs = [{"x": a} for a in m["data"]["x"]]
+    ref = builders.run_model(builders.rewire(m["qdq"], float_model=m["float"], outputs=["c1", "r2"]), fs,
+                             outputs=["c1", "r2"])
+    got = builders.run_model(builders.rewire(model, keep=set(builders.qdq_pairs(model)), outputs=["c1", "r2"]), fs,
+                             outputs=["c1", "r2"])
+    return min(builders.pooled_cosine([o["c1"][:, 0:3] for o in ref], [o["c1"][:, 0:3] for o in got]),
+               builders.pooled_cosine([o["r2"] for o in ref], [o["r2"] for o in got]))
+
+
+def test_mixed_chooses_a_kind_per_node_at_the_stated_cost(mixed, tmp_path):
+    r = suggest_remedy(str(mixed["qdq"]), mixed["data"], target=TARGET, remedy="mixed", output_node=OUTPUTS,
+                       float_model=str(mixed["float"]), requantize_check=False, save_dir=tmp_path)
+    assert r.met and r.choices == {"w1_QuantizeLinear": "per-channel", "r1_QuantizeLinear": "int16"}
+    assert r.cost == 3 and r.costs == {"per-channel": 1, "int16": 2, "float": 4}
+    assert r.settings["TensorQuantOverrides"] == {"w1": [{"axis": 0}], "r1": [{"quant_type": "QUInt16"}]}
+    assert r.settings["nodes_to_exclude"] == []
+    # independently: the two pairs rewritten by hand, run plainly
+    by_hand = remedied_by_hand(mixed, per_channel=["w1"], uint16=["r1"])
+    assert r.value == pytest.approx(sliced_cosine(mixed, by_hand), abs=1e-5)
+    assert r.baseline < TARGET <= sliced_cosine(mixed, by_hand)
+    # either alone falls short: the set is the smallest of its kinds
+    for alone in (remedied_by_hand(mixed, per_channel=["w1"]), remedied_by_hand(mixed, uint16=["r1"])):
+        assert sliced_cosine(mixed, alone) < TARGET
+    assert "w1_QuantizeLinear (per-channel)" in r.summary() and "cost 3" in r.summary()
+    assert (tmp_path / "remedy_mixed.png").stat().st_size > 10_000
+
+
+@pytest.mark.parametrize("costs, expected", [
+    ("nodes", {"w1_QuantizeLinear": "float", "r1_QuantizeLinear": "float"}),
+    ({"int16": 1, "float": 3}, {"w1_QuantizeLinear": "int16", "r1_QuantizeLinear": "int16"}),
+])
+def test_the_cost_model_decides_the_kinds(mixed, costs, expected):
+    r = suggest_remedy(str(mixed["qdq"]), mixed["data"], target=TARGET, remedy="mixed", output_node=OUTPUTS,
+                       costs=costs, requantize_check=False)
+    assert r.met and r.choices == expected and r.cost == 2
+
+
+def test_cli_mixed_with_costs(mixed, capsys):
+    folder = builders.save_folder(mixed["data"], mixed["root"] / "calib")
+    rc = main(["suggest", str(mixed["qdq"]), str(folder), "--target-cosine", str(TARGET), "--remedy", "mixed",
+               "--cost", "int16=1", "float=3", "-o", *OUTPUTS, "--no-save", "--quiet"])
+    text = capsys.readouterr().out
+    assert rc == 0 and "r1_QuantizeLinear (int16)" in text and "cost 2 (float 3, int16 1 per node)" in text
+    with pytest.raises(SystemExit) as exc:  # argparse rejects a bad cost at start-up
+        main(["suggest", str(mixed["qdq"]), str(folder), "--remedy", "mixed", "--cost", "int8=1", "--no-save"])
+    assert exc.value.code == 2 and "expected KIND=COST" in capsys.readouterr().err
