@@ -351,3 +351,21 @@ def _save(graph, path):
     onnx.checker.check_model(model)
     onnx.save(model, str(path))
     return path
+
+
+def runnable(qpath, out_path):
+    """The QDQ file as onnxruntime runs it with its QDQ fusion off: a 1-D DQ's axis of 1
+    (which only the fused kernels accept, Neural Compressor writes it on biases) set to 0.
+    Returns ``qpath`` itself when nothing needs it."""
+    model = onnx.load(str(qpath))
+    ranks = {i.name: len(i.dims) for i in model.graph.initializer}
+    changed = False
+    for n in model.graph.node:
+        if n.op_type == "DequantizeLinear" and ranks.get(n.input[0]) == 1:
+            for a in n.attribute:
+                if a.name == "axis" and a.i not in (0, -1):
+                    a.i, changed = 0, True
+    if not changed:
+        return qpath
+    onnx.save(model, str(out_path))
+    return out_path

@@ -47,29 +47,11 @@ def made(tmp_path_factory):
     return Made(tmp_path_factory.mktemp("conventions"))
 
 
-def _runnable(qpath, tmp_path):
-    """The file as onnxruntime runs it with its QDQ fusion off: a 1-D DQ's axis of 1 (which
-    only the fused kernels accept) set to 0, independently of pytest_ptq."""
-    model = onnx.load(str(qpath))
-    inits = {i.name: list(i.dims) for i in model.graph.initializer}
-    changed = False
-    for n in model.graph.node:
-        if n.op_type == "DequantizeLinear" and len(inits.get(n.input[0], [0, 0])) == 1:
-            for a in n.attribute:
-                if a.name == "axis" and a.i not in (0, -1):
-                    a.i, changed = 0, True
-    if not changed:
-        return qpath
-    out = tmp_path / "runnable.onnx"
-    onnx.save(model, str(out))
-    return out
-
-
 @pytest.mark.parametrize("name,base", CASES)
 def test_fully_quantized_equals_onnxruntime_running_the_file(made, name, base, tmp_path):
     qpath, fpath, data, feeds = made(name, base)
     engine = Engine(qpath, data, float_model=fpath, optimization="disable")
-    want = builders.run_model(_runnable(qpath, tmp_path), feeds)
+    want = builders.run_model(builders.runnable(qpath, tmp_path / "runnable.onnx"), feeds)
     for i in range(len(feeds)):
         got = engine.run(i, "all")
         for k, w in want[i].items():

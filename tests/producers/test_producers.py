@@ -22,6 +22,7 @@ import numpy as np
 import onnx
 import pytest
 
+import builders
 from pytest_ptq.data import load_data
 from pytest_ptq.engine import Engine
 from pytest_ptq.metrics import compare
@@ -70,7 +71,7 @@ def _cos(a, b):
     return compare(a, b)["cosine-similarity"]
 
 
-def _check(folder):
+def _check(folder, tmp_path):
     data = load_data(folder / "calib", None, 4)
     samples = {k: [data.sample(i)[k] for i in range(len(data))] for k in data.names}
     engine = Engine(folder / "model.onnx", samples, float_model=folder / "float.onnx")
@@ -91,7 +92,8 @@ def _check(folder):
     so = ort.SessionOptions()
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
     so.add_session_config_entry("session.disable_quant_qdq", "1")
-    plain = ort.InferenceSession(str(folder / "model.onnx"), so, providers=["CPUExecutionProvider"])
+    plain = ort.InferenceSession(str(builders.runnable(folder / "model.onnx", tmp_path / "runnable.onnx")), so,
+                                 providers=["CPUExecutionProvider"])
     fp16 = any(i.data_type == onnx.TensorProto.FLOAT16
                for i in onnx.load(str(folder / "model.onnx"), load_external_data=False).graph.initializer)
     for i, f in enumerate(feeds):
@@ -117,6 +119,6 @@ def test_a_producers_models_are_analysed_right(case, request, tmp_path):
         folders = [Path(case)]
     assert folders
     for folder in folders:
-        engine = _check(folder)
+        engine = _check(folder, tmp_path)
         summary = runall(engine, save_dir=tmp_path / folder.name, data_num=1, top=2, progress=False)
         assert summary["verdict"]["source"] in ("weight", "activation", "both", "neither")
