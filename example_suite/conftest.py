@@ -32,15 +32,32 @@ def _cache_dir():
 def pytest_sessionstart(session):
     from example_suite.fixes import build_fixed_models
     from example_suite.prepare import PrepareError, prepare
+    from example_suite.producers import build_modelopt_model
 
     try:
         paths = prepare(cache_dir=_cache_dir(), verbose=False)
         build_fixed_models(paths)
-    except PrepareError as exc:
+        build_modelopt_model(paths)
+    except (PrepareError, RuntimeError) as exc:
         pytest.exit(f"example suite: {exc}", returncode=2)
 
 
 def pytest_collection_modifyitems(config, items):
+    from example_suite.producers import ENV, FILE, MODEL
+
+    # The third-party producer's model exists only where Model Optimizer could make it.
+    if not (HERE / ".cache" / MODEL / FILE).exists():
+        skip = pytest.mark.skip(reason=f"no Model Optimizer: set {ENV} to the Python of a venv with "
+                                       "nvidia-modelopt[onnx] (tests/producers/README.md)")
+        for item in items:
+            if "modelopt" in Path(str(item.fspath)).name:
+                item.add_marker(skip)
+    # Model Optimizer's default int8 misses the classifier's contract on held-out images
+    # (measured: output cosine 0.953, direction agreement 75%); its baseline still guards it.
+    for item in items:
+        if "modelopt" in Path(str(item.fspath)).name and item.name in ("outputs", "accuracy"):
+            item.add_marker(pytest.mark.xfail(strict=True, reason="NVIDIA Model Optimizer's default int8 (fp16 graph) "
+                                              "loses the classifier's accuracy on held-out images"))
     # The naive models' contracts are expected to fail: that is the story they tell.
     for item in items:
         if "naive" in Path(str(item.fspath)).name:
