@@ -44,6 +44,7 @@ from . import __version__, params
 from .curves import configs_from, get_acc_error, plot_curves
 from .distribution import (CLIP_SHARE, activation_reading, collect, draw_channelwise, draw_distribution,
                            few_levels, weight_issue)
+from .distribution.readings import bulk_codes, codes_text
 from .channelwise import reading as channel_reading
 from .metrics import get_metrics
 from .outputs import parse_outputs
@@ -260,15 +261,16 @@ def _advise_activation(d, b):
     if d.get("effective_clipped_share", 0) > CLIP_SHARE:
         tries += ["recalibrate", "int16"]
         reasons.append(activation_reading(d))
-    elif d.get("bulk_levels") is not None and d["bulk_levels"] < few_levels(d["bit"]):
+    elif bulk_codes(d) is not None and bulk_codes(d) < few_levels(d["bit"]):
         tries += ["int16", "fix the model"]
         reasons.append(activation_reading(d))
     if not tries:
         tries = ["int16", "keep in float"]
         clipped = d.get("effective_clipped_share", 0)
         relu = " beyond what the Relu after it zeroes" if d.get("relu_follows") and d.get("clipped_low") else ""
-        reasons.append(f"its distribution is well shaped (clipped {100 * clipped:.3f}%{relu}, bulk "
-                       f"spans {d.get('bulk_levels') or 0:.0f} levels): the node is simply sensitive")
+        used = codes_text(d) or f"bulk spans {d.get('bulk_levels') or 0:.0f} levels"
+        reasons.append(f"its distribution is well shaped (clipped {100 * clipped:.3f}%{relu}, {used}): the node is "
+                       "simply sensitive")
     return list(dict.fromkeys(tries)), reasons
 
 

@@ -14,6 +14,7 @@ import math
 import numpy as np
 
 from ..channelwise import OUTLIER_K, ChannelStats, channel_axis
+from ..model import grids
 from ..errors import PTQError, unknown
 from ..progress import Progress
 from ..results import plain
@@ -101,6 +102,26 @@ def _bulk(counts, edges):
     lo = int(np.searchsorted(cum, BULK_TAIL * total, side="right"))
     hi = int(np.searchsorted(cum, (1 - BULK_TAIL) * total, side="left"))
     return float(edges[lo]), float(edges[min(hi + 1, len(edges) - 1)])
+
+
+class _Codes:
+    """Counts of the grid codes a stream of arrays quantizes to, for the levels it really uses."""
+
+    def __init__(self, get, c):
+        self.get, self.c, self.counts = get, c, None
+
+    def first(self, vals):
+        counts = self.c.code_counts(self.get(vals))
+        if counts is not None:
+            self.counts = counts if self.counts is None else self.counts + counts
+
+    def prepare(self):
+        return False
+
+    def result(self):
+        if self.counts is None:
+            return {}
+        return grids.code_usage(self.counts, self.c.grid.levels, BULK_TAIL)
 
 
 class _Group:
@@ -305,8 +326,9 @@ def collect(engine, dist_nodes=(), box_nodes=(), axis=None, data_num=None, bins=
             info["relu_follows"] = bool(c.consumers) and all(
                 qm.normal[n].op_type == "Relu" for n in c.consumers if n in qm.normal)
             v = _Values(lambda vals, t=c.input: vals[("f", t)], clip_bounds(c))
-            accs.append(_Group([v], bins))
-            plans[name] = ("activation", info, v)
+            codes = _Codes(lambda vals, t=c.input: vals[("f", t)], c)
+            accs += [_Group([v], bins), codes]
+            plans[name] = ("activation", info, (v, codes))
         else:
             n = qm.normal[name]
             t = _output_tensor(engine, n)
@@ -353,8 +375,8 @@ def collect(engine, dist_nodes=(), box_nodes=(), axis=None, data_num=None, bins=
     for name, (kind, info, acc) in plans.items():
         info["samples"] = samples
         if kind == "activation":
-            r = acc.result()
-            info.update(r)
+            r = acc[0].result()
+            info.update(r, **acc[1].result())
             info["bulk_levels"] = _levels(info, r)
             # a Relu after the pair zeroes what is clipped below a range starting at <= 0 anyway
             harmless = info["relu_follows"] and info["range_lo"] <= 0
@@ -408,6 +430,9 @@ def _weight_distribution(qm, c, info, bins):
                 "bulk_lo", "bulk_hi", "shape"):
         info[key] = f.get(key)
     info["bulk_levels"] = _levels(info, f)
+    codes = _Codes(lambda v: v, c)
+    codes.first(ref)
+    info.update(codes.result())
     info.update(_channel_sqnr(qm, c, ref, deq))
     if w is None:
         info["note"] = ("float weight unknown (stored quantized, no float model given): compared "
@@ -421,7 +446,8 @@ def _channel_sqnr(qm, c, w, deq):
     try:
         ax = channel_axis(qm, c, w.shape)
     except PTQError:
-        return {"channel_axis": None, "channel_sqnr": None, "worst_channel": None, "worst_channel_sqnr": None}
+        return {"channel_axis": None, "channel_sqnr": None, "worst_channel": None, "worst_channel_sqnr": None,
+                "widest_channel": None, "widest_ratio": None}
     wf = np.moveaxis(w.astype(np.float64), ax, 0).reshape(w.shape[ax], -1)
     ef = np.moveaxis(deq.astype(np.float64), ax, 0).reshape(w.shape[ax], -1) - wf
     signal, noise = (wf * wf).sum(axis=1), (ef * ef).sum(axis=1)
@@ -429,5 +455,10 @@ def _channel_sqnr(qm, c, w, deq):
         db = np.where(noise > 0, 10 * np.log10(np.where(signal > 0, signal, 1e-300) / noise), np.inf)
     db = np.where((signal == 0) & (noise > 0), -np.inf, db)
     worst = int(np.argmin(db))
+    # the channel whose range sets a per-tensor scale: the one the box plot marks widest
+    peak = np.abs(wf).max(axis=1) if wf.size else np.zeros(len(wf))
+    live = peak[peak > 0]
+    widest = int(np.argmax(peak)) if peak.size else None
+    ratio = float(peak[widest] / np.median(live)) if widest is not None and live.size else 0.0
     return {"channel_axis": ax, "channel_sqnr": db.tolist(), "worst_channel": worst,
-            "worst_channel_sqnr": float(db[worst])}
+            "worst_channel_sqnr": float(db[worst]), "widest_channel": widest, "widest_ratio": ratio}

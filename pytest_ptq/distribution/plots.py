@@ -11,7 +11,7 @@ import numpy as np
 from ..channelwise import plot_channels, wrap
 from ..figures import pyplot, save_figure
 from ..tables import short as _fmt
-from .readings import activation_reading, weight_reading
+from .readings import activation_reading, codes_text, weight_reading
 
 
 def _slug(name):
@@ -69,7 +69,7 @@ def _plot_activation(d, path, title):
     harmless = " (Relu follows)" if d.get("relu_follows") and d["clipped_low"] else ""
     text = (f"max |x|: {_fmt(d['max_abs'])}   threshold: {_fmt(d['threshold'])}\n"
             f"clipped: {100 * d['clipped_share']:.3f}% ({d['clipped_count']} of {d['count']}){harmless}\n"
-            f"scale: {_fmt(d['scale'])}   99.9% of values span {_fmt(d['bulk_levels'])} levels")
+            f"scale: {_fmt(d['scale'])}   " + (codes_text(d) or f"99.9% of values span {_fmt(d['bulk_levels'])} levels"))
     ax.text(0.01, 0.97, text, transform=ax.transAxes, va="top", fontsize=8, family="monospace",
             bbox=dict(boxstyle="round", facecolor="white", alpha=0.85))
     ax.set_xlabel("value")

@@ -18,6 +18,19 @@ def few_levels(bit):
     return min(FEW_LEVELS, 2 ** bit / 16)
 
 
+def bulk_codes(d):
+    """Distinct grid codes that all but the thinnest tails of the data fall on (counted on the
+    real grid), else the histogram estimate of the levels the bulk spans."""
+    return d.get("bulk_codes", d.get("bulk_levels"))
+
+
+def codes_text(d):
+    """"uses 37 of 256 codes (99.9% of values on 12)", or "" when not counted."""
+    if d.get("codes_used") is None:
+        return ""
+    return f"uses {d['codes_used']} of {d['levels']} codes (99.9% of values on {d['bulk_codes']})"
+
+
 def activation_reading(d):
     """One line saying what an activation's histogram means for quantization."""
     if d.get("effective_clipped_share", 0) > CLIP_SHARE:
@@ -27,14 +40,15 @@ def activation_reading(d):
         extra = "the Relu after it zeroes them anyway"
         return (f"{100 * d['clipped_share']:.2f}% of values fall below the range's start and are clipped; "
                 f"{extra}, so the cut is harmless")
-    levels = d.get("bulk_levels")
+    levels = bulk_codes(d)
     if levels is not None and levels < few_levels(d["bit"]):
-        return (f"99.9% of values span only {levels:.0f} of the {2 ** d['bit']} levels: rare large values "
-                "stretch the range -> int16, or fix the model (clip/normalise the tail)")
+        return (f"99.9% of values fall on only {levels:.0f} of the {d.get('levels', 2 ** d['bit'])} codes: rare "
+                "large values stretch the range -> int16, or fix the model (clip/normalise the tail)")
     if d["max_abs"] and d["threshold"] > 4 * d["max_abs"] and d["role"] != "bias":
         return (f"the calibration range is {d['threshold'] / d['max_abs']:.0f}x wider than the data on these "
                 "samples: the samples may not match the calibration data")
-    return "the range fits the data: per-tensor quantization looks adequate here"
+    used = codes_text(d)
+    return f"the range fits the data ({used})" if used else "the range fits the data: per-tensor quantization looks adequate here"
 
 
 def weight_issue(d, box=None):
@@ -44,17 +58,21 @@ def weight_issue(d, box=None):
         return ["keep in float"], "float weight unknown: pass the float model to judge the weight itself"
     if d["role"] == "bias":
         return [], "int32 bias: its quantization error is negligible"
-    worst, whole, levels = d.get("worst_channel_sqnr"), d["sqnr"], d.get("bulk_levels")
+    worst, whole, levels = d.get("worst_channel_sqnr"), d["sqnr"], bulk_codes(d)
     starved_bulk = levels is not None and levels < few_levels(d["bit"])
     if not d["per_channel"]:
         if worst is not None and worst < WEAK_SQNR_DB and whole - worst > 6:
+            wide = d.get("widest_channel")
+            who = (f"channel {wide}, {d['widest_ratio']:.0f}x wider than the median channel, sets the per-tensor "
+                   "scale" if wide is not None and wide != d["worst_channel"] else "a few wide channels set the "
+                   "per-tensor scale")
             return ["per-channel"], (f"channel {d['worst_channel']} keeps only {worst:.1f} dB SQNR (whole tensor "
-                                     f"{whole:.1f} dB): a few wide channels set the per-tensor scale -> per-channel weights")
+                                     f"{whole:.1f} dB): {who} -> per-channel weights")
         if box and "skipped" not in box and box["outlier_channels"]:
             return ["per-channel"], channel_reading(box)
         if starved_bulk:
-            return ["per-channel"], (f"99.9% of the weights span {levels:.0f} of {2 ** d['bit']} levels: a few "
-                                     "large weights set the scale -> per-channel weights")
+            return ["per-channel"], (f"99.9% of the weights fall on {levels:.0f} of {d.get('levels', 2 ** d['bit'])} "
+                                     "codes: a few large weights set the scale -> per-channel weights")
     if whole < WEAK_SQNR_DB:
         return ["int16", "fix the model"], (f"SQNR {whole:.1f} dB at {d['bit']} bits: too few levels for this "
                                             "weight -> more bits (int8/int16), or QAT")
@@ -62,8 +80,9 @@ def weight_issue(d, box=None):
         return ["int16", "fix the model"], (f"channel {d['worst_channel']} keeps only {worst:.1f} dB even per "
                                             "channel -> int16 weights, or QAT")
     if starved_bulk:
-        return ["int16", "fix the model"], (f"99.9% of the weights span {levels:.0f} of {2 ** d['bit']} levels "
-                                            "even per channel -> int16 weights, or QAT")
+        return ["int16", "fix the model"], (f"99.9% of the weights fall on {levels:.0f} of "
+                                            f"{d.get('levels', 2 ** d['bit'])} codes even per channel -> int16 weights, "
+                                            "or QAT")
     tail = f", worst channel {worst:.1f} dB" if worst is not None else ""
     return [], f"SQNR {_fmt(whole)} dB{tail}: the weight quantizes cleanly"
 

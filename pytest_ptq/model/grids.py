@@ -157,6 +157,21 @@ def codes_used(x, grid, scale, zero_point, axis=None, block_size=0):
     return int(np.unique(grid.quantize(x.astype(np.float64) / s, z)).size)
 
 
+def code_usage(counts, levels, tail=0.0005):
+    """What share of a grid the data use, from per-code counts: ``codes_used`` (distinct codes
+    hit), ``bulk_codes`` (distinct codes holding all but ``tail`` of the values at each end) and
+    ``levels`` (codes the grid has)."""
+    counts = np.asarray(counts)
+    total = int(counts.sum())
+    if not total:
+        return {"codes_used": 0, "bulk_codes": 0, "levels": int(levels)}
+    cum = np.cumsum(counts)
+    lo = int(np.searchsorted(cum, tail * total, side="right"))
+    hi = int(np.searchsorted(cum, (1 - tail) * total, side="left"))
+    return {"codes_used": int(np.count_nonzero(counts)), "bulk_codes": int(np.count_nonzero(counts[lo:hi + 1])),
+            "levels": int(levels)}
+
+
 def step_bound(x, grid, scale, axis=None, block_size=0):
     """The largest rounding error quantization can make on ``x`` where it is not clipped,
     per element, in input units: half a step on an integer grid; half the local spacing of

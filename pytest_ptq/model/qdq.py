@@ -144,6 +144,22 @@ class CalibrationNode:
         """Distinct grid values that ``x`` quantizes to."""
         return grids.codes_used(x, self.grid, self.scale, self.zero_point, self.axis, self.block_size)
 
+    def code_counts(self, x):
+        """How many values of ``x`` fall on each code of the grid, indexed from the lowest code
+        (integer grids) or by bit pattern (float grids); None for grids too large to count
+        (int32) or known only to their custom op."""
+        g = self.grid
+        if g.is_custom or g.bits > 16:
+            return None
+        x = np.asarray(x, np.float64)
+        s = grids.broadcast(self.scale.astype(np.float64), x.shape, self.axis, self.block_size)
+        z = grids.broadcast(self.zero_point.astype(np.float64), x.shape, self.axis, self.block_size)
+        codes = g.quantize(x / s, z)
+        if g.is_float:
+            bits = codes.astype(np.float32).astype(g.np_type).view(np.uint8 if g.bits <= 8 else np.uint16)
+            return np.bincount(bits.reshape(-1).astype(np.int64), minlength=2 ** g.bits)
+        return np.bincount((codes - g.qmin).reshape(-1).astype(np.int64), minlength=g.levels)
+
     def summary(self):
         return {"name": self.name, "kind": self.kind, "input": self.input, "bit": self.bit,
                 "dtype": self.dtype_name, "threshold": self.threshold, "granularity": self.granularity,
