@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import math
 import sys
 import time
 from pathlib import Path
@@ -50,26 +49,12 @@ from .metrics import get_metrics
 from .outputs import parse_outputs
 from .results import json_safe
 from .engine import engine_for
-from .sensitivity import get_sensitivity_of_nodes, sample_indices, score_configs
+from .sensitivity import get_sensitivity_of_nodes, sample_indices
+from .verdict import ALL, badness, three_configs
 
 SEVERE = 0.1  # badness (1 - cosine) of a single node beyond which it should stay in float
-DOMINANT = 2.0  # one kind dominates when its output badness is this many times the other's
-CLOSE = 1e-3  # full-model badness (1 - cosine) under which the model is close to float
 RELEVANT = 0.1  # next steps name nodes costing at least this share of the worst node's badness
 KINDS = ("weight", "activation")
-ALL = "all quantized"
-
-
-def badness(metric, value):
-    """A non-negative "how far from float" for any metric: 1 - cosine, the noise-to-signal
-    power ratio for SQNR, the value itself for error metrics."""
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return math.nan
-    if metric == "cosine-similarity":
-        return max(0.0, 1.0 - value)
-    if metric == "sqnr":
-        return 0.0 if value == math.inf else 10 ** (-value / 10)
-    return float(value)
 
 
 @contextlib.contextmanager
@@ -90,7 +75,7 @@ def _node_types(node_type):
 
 def runall(model_or_file, calibrated_data=None, save_dir="ptq_debug_runall", metrics=("cosine-similarity",),
            output_node=None, node_type=None, data_num=None, top=5, axis=None, float_model=None,
-           progress=True, average_mode=False):
+           progress=True, average_mode=False, heldout=None):
     """Run every analysis and write a tidy folder under ``save_dir``.
 
     ``node_type``: None ranks weight and activation nodes (the seed's runall); 'node' (or a
@@ -154,19 +139,18 @@ def runall(model_or_file, calibrated_data=None, save_dir="ptq_debug_runall", met
         curves.png = str(plot_curves(curves, out / "acc_error.png"))
         files["acc_error"] = curves.png
 
-    with _step(timings, "outputs", f"[{len(types) + 3}/{steps}] model outputs per config", progress):
-        configs_out = {**configs, ALL: list(engine.calib_names)}
-        scores = score_configs(engine, configs_out, metric_objs, specs, indices)
-        outputs = {}
-        for label, (pooled, _per_sample) in scores.items():
-            per_output = {s.name: {m.name: m.value(pooled[(s.name, m.name)]) for m in metric_objs} for s in specs}
-            outputs[label] = {m.name: m.worst([per_output[s.name][m.name] for s in specs]) for m in metric_objs}
-            outputs[label]["per_output"] = per_output
+    every = len(engine.data)
+    with _step(timings, "outputs", f"[{len(types) + 3}/{steps}] weights only, activations only and everything "
+               f"quantized on all {every} sample(s)" + (" and the held-out data" if heldout is not None else ""),
+               progress):
+        three = three_configs(engine, specs, metric, heldout, ranking_samples=len(indices))
+        outputs = {label: {metric: value} for label, value in three.figures.items()}
 
-    verdict = _verdict(engine, metric, outputs, sens, top_nodes, dist, boxes, curves)
+    verdict = _verdict(engine, metric, three, sens, top_nodes, dist, boxes, curves)
     timings["total"] = round(time.perf_counter() - start, 3)
     summary = {
-        "tool": "pytest-ptq", "version": __version__, "model": qm.source,
+        "tool": "pytest-ptq", "version": __version__, "model": qm.source, "format": qm.format,
+        "producer": qm.made_by.label,
         "data": getattr(engine.data, "where", None), "samples": len(indices), "metrics": [m.name for m in metric_objs],
         "outputs_compared": [s.name for s in specs], "node_types": types, "top": top,
         "top_nodes": top_nodes, "outputs": outputs, "verdict": verdict,
@@ -184,28 +168,8 @@ def runall(model_or_file, calibrated_data=None, save_dir="ptq_debug_runall", met
 
 
 # -- verdict --------------------------------------------------------------------------------
-def _verdict(engine, metric, outputs, sens, top_nodes, dist, boxes, curves):
-    bw = badness(metric, outputs["weight only"][metric])
-    ba = badness(metric, outputs["activation only"][metric])
-    ball = badness(metric, outputs[ALL][metric])
-    weights_known = any(c.bypassable and c.kind == "weight" for c in engine.qmodel.calibration.values())
-    if metric == "cosine-similarity" and ball <= CLOSE:
-        source = "neither"
-        text = (f"the quantized model stays close to float (output cosine {outputs['all quantized'][metric]:.6f}); "
-                "the rankings below show where the remaining error comes from")
-    elif ba > DOMINANT * bw:
-        source = "activation"
-        text = "activation quantization causes most of the loss"
-    elif bw > DOMINANT * ba:
-        source = "weight"
-        text = "weight quantization causes most of the loss"
-    else:
-        source = "both"
-        text = ("neither weights nor activations alone explain the loss; they add up, so rank normal nodes "
-                "(node_type='node') to find where")
-    if not weights_known:
-        text += ("; weights are stored quantized and no float model was given, so weight-only results "
-                 "cannot show weight error")
+def _verdict(engine, metric, three, sens, top_nodes, dist, boxes, curves):
+    source, text = three.source, three.text
     items = []
     for t, names in top_nodes.items():
         for rank, name in enumerate(names, 1):
@@ -222,9 +186,11 @@ def _verdict(engine, metric, outputs, sens, top_nodes, dist, boxes, curves):
                       + [s + " (optional)" for s in _plan(items, [], source, structural_only=True)])
     else:
         next_steps = _plan(items, relevant, source)
-    return {"source": source, "text": text, "metric": metric,
-            "weight_only": outputs["weight only"][metric], "activation_only": outputs["activation only"][metric],
-            "all_quantized": outputs[ALL][metric], "nodes": items, "next_steps": next_steps}
+    figures = three.figures
+    return {"source": source, "text": text, "metric": metric, "rule": three.rule, "decided_on": three.decided_on,
+            "samples": three.samples, "values": three.values, "disagreement": three.disagreement,
+            "weight_only": figures["weight only"], "activation_only": figures["activation only"],
+            "all_quantized": figures[ALL], "nodes": items, "next_steps": next_steps}
 
 
 def _advise(engine, metric, kind, rank, name, sens, dist, boxes, curves):
@@ -356,14 +322,21 @@ def markdown(summary):
     """The human summary of a runall result: verdict, top nodes, next steps, files."""
     v = summary["verdict"]
     m = v["metric"]
+    sets = list(v["values"])
+    made = f" ({summary['format']}, made by {summary['producer']})" if summary.get("producer") else ""
     lines = [f"# PTQ debug summary: {Path(summary['model']).name}", "",
-             f"Model `{summary['model']}`, {summary['samples']} sample(s), metric {m} on "
+             f"Model `{summary['model']}`{made}; rankings on {summary['samples']} sample(s), metric {m} on "
              f"{', '.join(summary['outputs_compared'])}.", "", "## Verdict", "",
              f"**{v['text'][0].upper() + v['text'][1:]}.**", "",
-             "| config | " + m + " |", "|---|---|",
-             f"| weights only quantized | {_v(v['weight_only'])} |",
-             f"| activations only quantized | {_v(v['activation_only'])} |",
-             f"| everything quantized | {_v(v['all_quantized'])} |", ""]
+             "| config | " + " | ".join(f"{m}, {k} ({v['samples'][k]} samples)" for k in sets) + " |",
+             "|---|" + "---|" * len(sets)]
+    for label, key in (("weights only quantized", "weight only"), ("activations only quantized", "activation only"),
+                       ("everything quantized", "all quantized")):
+        lines.append(f"| {label} | " + " | ".join(_v(v["values"][k][key]) for k in sets) + " |")
+    lines += ["", f"Rule: {v['rule']} (decided on the {v['decided_on']} data)."]
+    if v.get("disagreement"):
+        lines += ["", f"Note: {v['disagreement']}."]
+    lines.append("")
     for t, names in summary["top_nodes"].items():
         lines += [f"## Most sensitive {t} nodes", "",
                   f"| rank | node | {m} | try | why | error of the node it feeds: own or inherited |",

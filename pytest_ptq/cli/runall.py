@@ -11,7 +11,7 @@ from . import args as a
 def run(args):
     summary = runall(a.engine(args), save_dir=args.save_dir, metrics=args.metrics, output_node=args.output_node,
                      node_type=args.node_type, top=args.top, axis=args.axis, data_num=args.data_num,
-                     progress=not args.quiet)
+                     heldout=args.heldout, progress=not args.quiet)
     print(Path(summary["files"]["summary_md"]).read_text())
     print(f"wrote {args.save_dir}")
 
@@ -25,6 +25,8 @@ def configure(p):
                    metavar="TYPE", help="rankings to compute: node, weight, activation. Default: weight activation")
     a.add_output_node(p)
     p.add_argument("--axis", type=int, default=None, help="channel axis for the box plots. Default: inferred per node")
+    p.add_argument("--heldout", default=None, metavar="DIR",
+                   help="held-out data: the weights/activations verdict is decided on it. Default: the calibration data")
 
 
 COMMANDS = [a.Command("runall", "run every analysis (sensitivity, distributions, box plots, curves) and write a "

@@ -1,0 +1,143 @@
+"""Whose loss is it: weights, activations, or both? Three configs on every sample.
+
+Quantizing only the weights, only the activations, and everything costs three passes per
+sample, so the verdict is computed on every calibration sample (and the held-out ones when
+given), whatever number of samples the rankings used: a verdict from one sample can be
+wrong (on a text recogniser, sample 0 says weights-only 0.968 while all five samples say
+0.73).
+
+The rule, with ``loss = 1 - cosine`` (for other metrics see :func:`badness`):
+
+* everything quantized loses at most ``CLOSE``: **neither**, the model is close to float;
+* one kind alone loses at least ``DOMINANT`` times what the other loses alone: **that kind**;
+* otherwise **both**: each alone loses a comparable part; fix the worst nodes of each.
+
+The sentence always carries the three figures, so it cannot contradict its table.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from .curves import configs_from
+from .data import load_data
+from .metrics import get_metrics
+from .results import JsonResult
+from .tables import short
+
+CLOSE = 1e-3  # loss (1 - cosine) with everything quantized under which the model is close to float
+DOMINANT = 2.0  # one kind explains the loss when its own loss is this many times the other's
+WEIGHT, ACTIVATION, ALL = "weight only", "activation only", "all quantized"
+
+
+def badness(metric, value):
+    """A non-negative "how far from float" for any metric: 1 - cosine, the noise-to-signal
+    power ratio for SQNR, the value itself for error metrics."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return math.nan
+    if metric == "cosine-similarity":
+        return max(0.0, 1.0 - value)
+    if metric == "sqnr":
+        return 0.0 if value == math.inf else 10 ** (-value / 10)
+    return float(value)
+
+
+@dataclasses.dataclass
+class Verdict(JsonResult):
+    """``values[dataset][config]``: the metric (worst output, samples pooled) of ``weight
+    only``, ``activation only`` and ``all quantized`` on ``calibration`` (every sample) and
+    ``heldout``; ``source``: weight, activation, both or neither, decided on the held-out data
+    when given, else on the calibration data; ``text``: the sentence with its figures;
+    ``disagreement``: a sentence when the ranking's samples alone would decide otherwise."""
+
+    metric: str
+    source: str
+    text: str
+    rule: str
+    values: dict
+    samples: dict
+    decided_on: str
+    disagreement: str | None = None
+    ranking: dict | None = None  # the three values on the ranking's samples only
+
+    @property
+    def figures(self):
+        """The three values the verdict was decided on."""
+        return self.values[self.decided_on]
+
+
+def score(engine, data, specs, metric, configs, count=None):
+    """``{label: value}`` of each config on every sample of ``data`` (worst output, pooled);
+    ``data`` None: the first ``count`` (default all) of the engine's own samples, whose float
+    references the engine caches."""
+    states = {label: {s.name: metric.new() for s in specs} for label in configs}
+    tensors = list(dict.fromkeys(s.tensor for s in specs))
+    own = data is None
+    for i in range((count or len(engine.data)) if own else len(data)):
+        feeds = i if own else data.sample(i)
+        ref = engine.reference(i, tensors) if own else engine.run(feeds, (), tensors)
+        for label, quantized in configs.items():
+            out = engine.run(feeds, quantized, tensors)
+            for s in specs:
+                metric.update(states[label][s.name], s.take(ref[s.tensor]), s.take(out[s.tensor]))
+    return {label: metric.worst([metric.value(st) for st in per.values()]) for label, per in states.items()}
+
+
+def decide(values, metric, weights_known=True):
+    """``(source, sentence)`` from ``{weight only, activation only, all quantized: value}``."""
+    bw, ba, ball = (badness(metric, values[k]) for k in (WEIGHT, ACTIVATION, ALL))
+    figures = (f"{metric} {short(values[WEIGHT])} with weights only quantized, {short(values[ACTIVATION])} with "
+               f"activations only, {short(values[ALL])} with everything")
+    if ball <= CLOSE:
+        source, text = "neither", f"the quantized model stays close to float ({figures})"
+    elif bw >= DOMINANT * ba:
+        source, text = "weight", f"weight quantization causes most of the loss ({figures})"
+    elif ba >= DOMINANT * bw:
+        source, text = "activation", f"activation quantization causes most of the loss ({figures})"
+    else:
+        source = "both"
+        text = (f"weights and activations each cause a comparable part of the loss ({figures}): fix the worst "
+                "nodes of each, or rank normal nodes (node_type='node') to see where they add up")
+    if not weights_known:
+        text += ("; weights are stored quantized and no float model was given, so weights only cannot show "
+                 "weight error")
+    return source, text
+
+
+RULE = (f"loss = 1 - cosine; everything quantized losing at most {CLOSE:g}: neither; one kind alone losing at "
+        f"least {DOMINANT:g}x what the other loses alone: that kind; otherwise both")
+
+
+def three_configs(engine, specs, metric="cosine-similarity", heldout=None, ranking_samples=None, data=None):
+    """The :class:`Verdict` of ``engine`` on every sample of ``data`` (default: all of the
+    engine's) and of ``heldout``; with ``ranking_samples`` (the count a ranking used), says
+    when those samples alone would decide otherwise."""
+    m = get_metrics(metric)[0]
+    configs = {**configs_from(engine, ["weight", "activation"]), ALL: list(engine.calib_names)}
+    weights_known = any(c.bypassable and c.kind == "weight" for c in engine.qmodel.calibration.values())
+    own = data is None
+    datasets = {"calibration": data}
+    if heldout is not None:
+        datasets["heldout"] = load_data(heldout, engine.qmodel)
+    values = {name: score(engine, d, specs, m, configs) for name, d in datasets.items()}
+    data = engine.data if data is None else data
+    datasets["calibration"] = data
+    decided_on = "heldout" if "heldout" in values else "calibration"
+    source, text = decide(values[decided_on], m.name, weights_known)
+    if decided_on == "heldout":
+        text += f" on {len(datasets['heldout'])} held-out sample(s)"
+    verdict = Verdict(metric=m.name, source=source, text=text, rule=RULE, values=values,
+                      samples={k: len(d) for k, d in datasets.items()}, decided_on=decided_on)
+    if ranking_samples is not None and ranking_samples < len(data):
+        few = score(engine, None, specs, m, configs, ranking_samples) if own else \
+            score(engine, data.limit(ranking_samples), specs, m, configs)
+        verdict.ranking = few
+        alone, _ = decide(few, m.name, weights_known)
+        if alone != source:
+            verdict.disagreement = (
+                f"on the {ranking_samples} sample(s) the rankings used, the verdict would be {alone!r} (weights only "
+                f"{short(few[WEIGHT])}, activations only {short(few[ACTIVATION])}); on all {len(data)} samples "
+                f"weights only is {short(values['calibration'][WEIGHT])} and activations only "
+                f"{short(values['calibration'][ACTIVATION])}: trust the verdict, and rank on more samples")
+    return verdict
