@@ -13,6 +13,7 @@ import hashlib
 import os
 from pathlib import Path
 
+from . import params
 from .curves import configs_from, get_acc_error
 from .data import load_data
 from .engine import Engine
@@ -191,10 +192,7 @@ class Analysis:
         from .remedy import suggest_remedy
 
         name = get_metrics(metric)[0].name
-        try:
-            target = float(target)
-        except (TypeError, ValueError):
-            raise PTQError(f"target must be a number, got {target!r}") from None
+        target = params.number(target, "target")
         key = ("remedy", remedy, name, target, _frozen(outputs), budget, _frozen(candidates))
         return self.cached(key, lambda: suggest_remedy(
             self.engine, target=target, metric=name, remedy=remedy,

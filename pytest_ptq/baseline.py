@@ -53,18 +53,8 @@ class Baseline:
 
     def save(self, path):
         """Write atomically (a reader never sees half a file); returns the path."""
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
         text = json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n"
-        # a per-process name: xdist workers never share a temporary file
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        try:
-            tmp.write_text(text, encoding="utf-8")
-            os.replace(tmp, path)
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
-        return path
+        return guard.write_text(Path(path), text, atomic=True)
 
     @classmethod
     def load(cls, path):

@@ -226,7 +226,7 @@ def check_nodes(analysis, threshold, metric=COSINE, node_type="node", allow=(), 
     limit = params.number(threshold, f"node {m.name} threshold")
     sens = analysis.sensitivity(node_type, m.name, outputs)
     names = list(sens)
-    patterns = [allow] if isinstance(allow, str) else list(allow or ())
+    patterns = params.names(allow, "allow") or []
     for p in patterns:
         if not fnmatch.filter(names, p):
             near = closest(p, names)
@@ -380,7 +380,7 @@ def check_baseline(analysis, path, update="none", tolerance=0.001, node_type="no
     failing baselines; the check still fails), ``"all"`` (rewrite and pass). A baseline is
     only ever written, never deleted.
     """
-    tol = params.number(tolerance, "tolerance")
+    tol = params.non_negative(tolerance, "tolerance")
     path = Path(path)
     new = measure(analysis, metric, node_type, outputs, relative_to=path.parent)
     shown = analysis.relative(path)
@@ -607,7 +607,7 @@ class PTQ:
             if m.name != COSINE:
                 raise PTQError(f"give a threshold for node {m.name}; only cosine has a default (min_node_cosine)")
             threshold = self.settings.min_node_cosine
-        allowed = tuple(self.settings.allow) + tuple([allow] if isinstance(allow, str) else (allow or ()))
+        allowed = tuple(self.settings.allow) + tuple(params.names(allow, "allow") or ())
         return self._done(check_nodes(self.analysis, threshold, m.name, node_type or self.settings.node_type,
                                       allowed, outputs, self.settings.top))
 

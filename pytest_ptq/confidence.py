@@ -11,6 +11,7 @@ import dataclasses
 
 import numpy as np
 
+from . import params
 from .errors import PTQError
 from .metrics import get_metrics
 from .results import JsonResult
@@ -59,6 +60,10 @@ def ranking_confidence(sensitivity, k=5, resamples=1000, seed=0, metric=None, st
     over samples) and the 5-95% rank interval go into ``sensitivity.details[node]``.
     Returns a :class:`Confidence`, nodes in mean-rank order.
     """
+    k = params.positive_int(k, "k")
+    resamples = params.positive_int(resamples, "resamples")
+    seed = params.whole(seed, "seed", minimum=0)
+    stable_at = params.fraction(stable_at, "stable_at")
     if not isinstance(sensitivity, Sensitivity):
         raise PTQError("ranking_confidence needs a Sensitivity result (from get_sensitivity_of_nodes, "
                        "group_sensitivity or Sensitivity.load)")

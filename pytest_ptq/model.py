@@ -18,7 +18,8 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from .errors import NotQuantized, PTQError, unknown
+from . import params
+from .errors import NotQuantized, PTQError, shown, unknown
 
 Q_OPS = {"QuantizeLinear"}
 DQ_OPS = {"DequantizeLinear"}
@@ -171,7 +172,11 @@ def load_model(model_or_file, what="model"):
         model = onnx.ModelProto()
         model.CopyFrom(model_or_file)
         return model, None
-    path = Path(os.fspath(model_or_file))
+    if isinstance(model_or_file, bool) or not isinstance(model_or_file, (str, os.PathLike)):
+        raise PTQError(f"{what} must be the path of an .onnx file or an onnx.ModelProto, got {shown(model_or_file)}")
+    path = params.input_path(model_or_file, f"{what} file")
+    if path.is_dir():
+        raise PTQError(f"{what} {str(path)!r} is a folder; pass the .onnx file")
     if not path.is_file():
         raise PTQError(f"{what} file {str(path)!r} does not exist; pass the path of an .onnx file")
     try:
@@ -381,7 +386,7 @@ class QuantModel:
     def resolve_calibration(self, names):
         """Calibration node names for a list of calibration or normal node names."""
         out = []
-        for name in names:
+        for name in params.names(names, "node names"):
             if name in self.calibration:
                 out.append(name)
             elif name in self.normal:

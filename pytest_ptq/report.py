@@ -15,11 +15,11 @@ import base64
 import datetime
 import html
 import io
-import os
 import tempfile
 from collections import defaultdict
 from pathlib import Path
 
+from . import guard
 from .errors import PTQError
 from .results import json_safe
 from .tables import fmt
@@ -386,9 +386,4 @@ def render(models):
 
 def write(path, models):
     """Write the page atomically; returns the path."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(render(models), encoding="utf-8")
-    os.replace(tmp, path)
-    return path
+    return guard.write_text(Path(path), render(models), atomic=True)

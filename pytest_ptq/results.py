@@ -7,6 +7,8 @@ import json
 import math
 from pathlib import Path
 
+from . import guard
+
 
 def json_safe(obj):
     """Infinities and NaN as strings (JSON has none; browsers reject Python's ``Infinity``),
@@ -34,11 +36,9 @@ def json_restore(obj):
 
 
 def write_json(data, path, sort_keys=False):
-    """Write ``data`` (made JSON-safe), keys in their order unless ``sort_keys``; returns the path."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(json_safe(data), indent=1, sort_keys=sort_keys))
-    return path
+    """Write ``data`` (made JSON-safe), keys in their order unless ``sort_keys``; returns the path.
+    Never onto a protected input; a failed write is one sentence (see :mod:`.guard`)."""
+    return guard.write_text(Path(path), json.dumps(json_safe(data), indent=1, sort_keys=sort_keys))
 
 
 class JsonResult:

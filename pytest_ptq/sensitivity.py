@@ -40,10 +40,11 @@ def targets_for(engine, node_type, interested_nodes=None):
                    for n in qm.normal.values() if n.calibration_inputs}
     else:
         targets = {c.name: [c.name] for c in qm.of_kind(node_type) if c.bypassable}
+    if interested_nodes is not None and not isinstance(interested_nodes, str):
+        interested_nodes = params.names(interested_nodes, "interested_nodes")
     if interested_nodes:
         chosen = {}
-        wanted = [interested_nodes] if isinstance(interested_nodes, str) else list(interested_nodes)
-        for name in wanted:
+        for name in params.names(interested_nodes, "interested_nodes"):
             if name in targets:
                 chosen[name] = targets[name]
             elif name in qm.calibration and qm.calibration[name].kind == node_type:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+from . import guard, params
 from .data import load_data
 from .engine import Engine
 from .engine.runtime import make_session, run
@@ -101,6 +102,7 @@ def localize_stages(float_model, calibrated_model, calibrated_data, metrics=("co
     """
     metric_objs = get_metrics(metrics)
     first = metric_objs[0]
+    threshold = params.optional_number(threshold, "threshold")
     if threshold is None and first.name == "cosine-similarity":
         threshold = 0.99
     fmodel, fpath = load_model(float_model, what="float model")
@@ -111,6 +113,10 @@ def localize_stages(float_model, calibrated_model, calibrated_data, metrics=("co
         qm = QuantModel(calibrated_model)
         data = load_data(calibrated_data, qm, data_num)
     qmodel = qm.model
+    inputs = (guard.Inputs().add(fpath, "float model").add(qm.path, "model file")
+              .add(getattr(data, "path", None), "calibration data"))
+    if save_dir is not None:
+        save_dir = guard.output_path(save_dir, "save_dir", inputs, folder=True)
     specs = parse_outputs(output_node, qm)
     float_outputs = {o.name for o in fmodel.graph.output}
     for s in specs:
@@ -123,8 +129,8 @@ def localize_stages(float_model, calibrated_model, calibrated_data, metrics=("co
                        "pass the float model the calibrated model was made from")
     optimized = None
     if save_dir is not None:
-        Path(save_dir).mkdir(parents=True, exist_ok=True)
-        optimized = Path(save_dir) / "optimized_float_model.onnx"
+        guard.makedirs(save_dir)
+        optimized = inputs.check(guard.claim(save_dir / "optimized_float_model.onnx"), "the optimised float model")
     providers = providers or ["CPUExecutionProvider"]
     what = "the model for stage comparison"
     sessions = {

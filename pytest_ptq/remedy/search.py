@@ -6,6 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .. import guard, params
 from ..engine import engine_for
 from ..errors import PTQError, unknown
 from ..metrics import get_metrics
@@ -76,16 +77,24 @@ def suggest_remedy(model_or_file, calibrated_data=None, target=0.99, metric="cos
     the budget) and the measured value is reported beside the simulated one; the
     re-quantized models go to ``save_dir`` (or a temporary folder). Returns :class:`Remedy`.
     """
-    if remedy not in REMEDIES:
+    if not isinstance(remedy, str) or remedy not in REMEDIES:
         raise unknown("remedy", remedy, REMEDIES)
+    budget = None if budget is None else params.seconds(budget, "budget")
+    target = params.number(target, "target")
+    candidates = None if candidates is None else params.names(candidates, "candidates")
     clock = Clock(budget)
     engine = engine_for(model_or_file, calibrated_data, float_model=float_model)
+    with engine.writes(save_dir, also=guard.Inputs().add(float_model, "float model"),
+                       optional=True) as out:
+        return _suggest(engine, out, clock, target, metric, remedy, output_node, data_num, float_model, budget,
+                        candidates, ranking, full_curve, per_channel_activations, requantize_check, progress,
+                        verbose)
+
+
+def _suggest(engine, save_dir, clock, target, metric, remedy, output_node, data_num, float_model, budget,
+             candidates, ranking, full_curve, per_channel_activations, requantize_check, progress, verbose):
     float_model = float_model if float_model is not None else engine.float_model
     m = get_metrics(metric)[0]
-    try:
-        target = float(target)
-    except (TypeError, ValueError):
-        raise PTQError(f"target must be a number, got {target!r}") from None
     if m.name == "cosine-similarity" and not -1 <= target <= 1:
         raise PTQError(f"a cosine-similarity target must lie in [-1, 1], got {target}")
     specs = parse_outputs(output_node, engine.qmodel)
@@ -97,7 +106,7 @@ def suggest_remedy(model_or_file, calibrated_data=None, target=0.99, metric="cos
         notes.append(f"{len(skipped)} weight node(s) such as {skipped[0]!r} are stored already quantized and "
                      "cannot be simulated; pass the float model to consider them")
     if candidates is not None:
-        wanted = set(qm.resolve_calibration([candidates] if isinstance(candidates, str) else list(candidates)))
+        wanted = set(qm.resolve_calibration(candidates))
         pool = [n for n in pool if n in wanted]
     if not pool:
         raise PTQError(f"no node of {qm.source!r} can take the {remedy!r} remedy"
