@@ -13,7 +13,7 @@ import hashlib
 import os
 from pathlib import Path
 
-from . import params
+from . import guard, params
 from .curves import configs_from, get_acc_error
 from .data import load_data
 from .engine import Engine
@@ -70,6 +70,15 @@ class Analysis:
         self.label = self.relative(key.model)
         self._engine = None
         self._cache = {}
+
+    def inputs(self, *more):
+        """What this analysis reads (model, data, float model) and the paths ``more`` (held-out
+        data, say), as :class:`~pytest_ptq.guard.Inputs` for the output guard."""
+        inputs = (guard.Inputs().add(self.key.model, "model file").add(self.key.data, "calibration data")
+                  .add(self.key.float_model, "float model"))
+        for path in more:
+            inputs.add(path, "held-out data")
+        return inputs
 
     def relative(self, path):
         """``path`` as shown in messages: relative to the rootdir where it lies below it."""

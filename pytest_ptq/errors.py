@@ -31,6 +31,12 @@ def shown(value, limit=_SHOWN):
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+def clip(text, limit=_SHOWN):
+    """Plain ``text`` (a message quoted from elsewhere) cut to ``limit`` characters."""
+    text = str(text)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 def closest(name, candidates, n=3):
     """Up to ``n`` names from ``candidates`` that look like ``name``, best first."""
     import difflib

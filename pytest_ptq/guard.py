@@ -26,13 +26,19 @@ import stat
 import time
 from pathlib import Path
 
-from .errors import PTQError, shown
+from .errors import PTQError
+from .errors import shown as _shown
 
 # A temporary file of an atomic write older than this is stale whoever wrote it: a write
 # takes milliseconds, and a process on another machine sharing the folder cannot be asked.
 STALE_AFTER_S = 3600.0
 # ... and one whose writer is gone (same machine) is stale after this grace period.
 DEAD_GRACE_S = 60.0
+
+def shown(value):
+    # paths are the point of these messages: cut only what no one could read anyway
+    return _shown(value, 240)
+
 
 _PROTECTED = contextvars.ContextVar("pytest_ptq_protected_inputs", default=None)
 
@@ -198,10 +204,11 @@ def _walk(folder):
 
 
 # -- checking an output before any work ------------------------------------------------------
-def output_path(value, label, inputs=None, folder=False, atomic=False):
+def output_path(value, label, inputs=None, folder=False, atomic=False, writable=True):
     """``value`` as the Path of an output, checked before any work: a path (str or PathLike),
-    not an input nor inside a data folder, of the right kind (file or folder), and writable
-    as far as can be told without writing. ``label`` names the option in messages."""
+    not an input nor inside a data folder, of the right kind (file or folder), and (unless
+    ``writable`` is false: it may only be read this time) writable as far as can be told
+    without writing. ``label`` names the option in messages."""
     if isinstance(value, bool) or not isinstance(value, (str, os.PathLike)):
         raise PTQError(f"{label} must be a path, got {shown(value)}")
     text = os.fspath(value)
@@ -212,14 +219,14 @@ def output_path(value, label, inputs=None, folder=False, atomic=False):
     path = Path(os.path.expanduser(text))
     if inputs:
         inputs.check(path, label)
-    check_writable(path, label, folder=folder, atomic=atomic)
+    check_writable(path, label, folder=folder, atomic=atomic, access=writable)
     return path
 
 
-def check_writable(path, label, folder=False, atomic=False):
+def check_writable(path, label, folder=False, atomic=False, access=True):
     """Raise PTQError when ``path`` cannot be written: the wrong kind of thing is there, a
-    parent is a file, or the folder it goes in is read-only (``atomic`` writes replace the
-    file, so they need its folder writable and a regular file there)."""
+    parent is a file, or (with ``access``) the folder it goes in is read-only. ``atomic``
+    writes replace the file, so they need its folder writable and a regular file there."""
     path = Path(path)
     where = f"{label} {shown(str(path))}"
     st = _stat_missing_ok(path)
@@ -230,11 +237,11 @@ def check_writable(path, label, folder=False, atomic=False):
         if not folder and is_dir:
             raise PTQError(f"{where} is a folder; give a file name")
         if folder:
-            if not os.access(path, os.W_OK | os.X_OK):
+            if access and not os.access(path, os.W_OK | os.X_OK):
                 raise PTQError(f"{where} is a read-only folder; choose a writable folder or fix its permissions")
             return
         if not atomic:
-            if not os.access(path, os.W_OK):
+            if access and not os.access(path, os.W_OK):
                 raise PTQError(f"{where} is read-only; choose another path or fix its permissions")
             return
         if not stat.S_ISREG(st.st_mode):
@@ -246,7 +253,7 @@ def check_writable(path, label, folder=False, atomic=False):
     if not stat.S_ISDIR(anc_st.st_mode):
         raise PTQError(f"{where} cannot be written because {shown(str(anc))} is a file, not a folder; "
                        "remove that file or choose another path")
-    if not os.access(anc, os.W_OK | os.X_OK):
+    if access and not os.access(anc, os.W_OK | os.X_OK):
         raise PTQError(f"{where} cannot be written because the folder {shown(str(anc))} is read-only; "
                        "choose a writable location or fix its permissions")
 

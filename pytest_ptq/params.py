@@ -246,3 +246,17 @@ def severity(value, what="max_severity"):
     if value not in SEVERITIES:
         raise _fail(what, f"must be one of {', '.join(SEVERITIES)}, got {shown(value)}")
     return value
+
+
+def baseline_path(value, inputs=None, writable=True, what="baseline"):
+    """The Path of a baseline file, checked before any work: a ``.json`` path, neither an
+    input nor inside a data folder (``inputs``: :class:`~pytest_ptq.guard.Inputs`), and
+    writable when it may be written. The suffix keeps an update from rewriting a file
+    that was never a baseline (a model, a script, a README)."""
+    from . import guard
+
+    path = guard.output_path(value, what, inputs, atomic=True, writable=writable)
+    if path.suffix.lower() != ".json":
+        raise PTQError(f"{what} {shown(str(path), 240)} must be a .json file (baselines are JSON); "
+                       f"name it like {shown(path.stem + '.json', 240)}")
+    return path

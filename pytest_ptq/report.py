@@ -29,6 +29,8 @@ MAX_WIDTH = 1000
 # Embedded figures stop here; a browser handles a few MB without complaint.
 IMAGE_BUDGET = 4 * 2**20
 DISTRIBUTIONS = 3
+# Marks a page as pytest-ptq's, so that a rerun replaces it and nothing else.
+GENERATOR = '<meta name="generator" content="pytest-ptq">'
 OUTPUT_METRICS = ["cosine-similarity", "sqnr", "mre", "chebyshev"]
 
 
@@ -378,7 +380,7 @@ def render(models):
     else:
         body.append("<p>No test used a ptq fixture or contract in this session.</p>")
     body += [_model_html(k, m) for k, m in enumerate(models)]
-    return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+    return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">" + GENERATOR +
             "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">"
             f"<title>pytest-ptq report</title><style>{_CSS}</style></head><body>\n"
             + "\n".join(body) + "\n</body></html>\n")
@@ -387,3 +389,17 @@ def render(models):
 def write(path, models):
     """Write the page atomically; returns the path."""
     return guard.write_text(Path(path), render(models), atomic=True)
+
+
+def foreign(path):
+    """True when ``path`` holds something other than a pytest-ptq report (an empty file or
+    none at all is not foreign): the report only ever replaces a report."""
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(4096)
+    except FileNotFoundError:
+        return False
+    except OSError:
+        return True
+    # reports before the generator tag carry the title
+    return bool(head.strip()) and GENERATOR.encode() not in head and b"<title>pytest-ptq report</title>" not in head
