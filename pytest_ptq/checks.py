@@ -714,7 +714,9 @@ def _raise_unless(check, *args):
     else:
         error = None
     if error is not None:  # outside the except block: no "during handling" chain
-        pytest.fail(error, pytrace=False)
+        from .settings import InputFailure
+
+        raise InputFailure(error, pytrace=False)
     if not result:
         raise ContractFailed(result)
     return result

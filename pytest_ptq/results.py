@@ -38,7 +38,17 @@ def json_restore(obj):
 def write_json(data, path, sort_keys=False):
     """Write ``data`` (made JSON-safe), keys in their order unless ``sort_keys``; returns the path.
     Never onto a protected input; a failed write is one sentence (see :mod:`.guard`)."""
-    return guard.write_text(Path(path), json.dumps(json_safe(data), indent=1, sort_keys=sort_keys))
+    path = guard.output_path(path, "output file")
+    return guard.write_text(path, json.dumps(json_safe(data), indent=1, sort_keys=sort_keys))
+
+
+def save_result(result, data, path, sort_keys=False):
+    """:func:`write_json` of a result's ``data``, never onto the model or data it describes
+    (its ``model`` and ``data`` attributes, when they are paths)."""
+    inputs = (guard.Inputs().add(getattr(result, "model", None), "model file")
+              .add(getattr(result, "data", None), "calibration data"))
+    with guard.protecting(inputs):
+        return write_json(data, path, sort_keys=sort_keys)
 
 
 class JsonResult:
@@ -49,4 +59,4 @@ class JsonResult:
 
     def save(self, path):
         """Write the result as JSON; returns the path."""
-        return write_json(self.to_dict(), path)
+        return save_result(self, self.to_dict(), path)

@@ -116,6 +116,9 @@ def _runall(engine, out, metrics, output_node, node_type, data_num, top, axis, p
     specs = parse_outputs(output_node, engine.qmodel)
     types = _node_types(node_type)
     qm = engine.qmodel
+    # the files named in advance are checked before the work (plots are checked as written)
+    for name in ("summary.md", "summary.json", "acc_error.png", *(f"sensitivity_{t}.json" for t in types)):
+        guard.claim(out / name)
     guard.makedirs(out)
     timings, files, steps = {}, {"sensitivity": {}}, len(types) + 3
 

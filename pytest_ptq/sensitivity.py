@@ -16,7 +16,7 @@ from .errors import PTQError, unknown
 from .metrics import get_metrics
 from .outputs import parse_outputs
 from .progress import Progress
-from .results import json_restore, write_json
+from .results import json_restore, save_result
 from .tables import format_table
 
 NODE_TYPES = params.NODE_TYPES
@@ -111,7 +111,7 @@ class Sensitivity(dict):
 
     def save(self, path):
         """Write the result as JSON (sorted keys, ranking order kept in ``ranking``)."""
-        return write_json(self.to_dict(), path, sort_keys=True)
+        return save_result(self, self.to_dict(), path, sort_keys=True)
 
     @classmethod
     def from_dict(cls, d):

@@ -25,6 +25,11 @@ from .metrics import METRICS
 NODE_TYPES = params.NODE_TYPES
 
 
+class InputFailure(pytest.fail.Exception):
+    """A test failed on bad input (a PTQError): its one sentence is the whole report, with
+    no ptq section of tables under it."""
+
+
 class PTQPathWarning(pytest.PytestWarning):
     """A baseline or report path outside the rootdir: legal, but rarely what a project wants
     (it is not committed with the tests that need it)."""

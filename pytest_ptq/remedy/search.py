@@ -86,6 +86,10 @@ def suggest_remedy(model_or_file, calibrated_data=None, target=0.99, metric="cos
     engine = engine_for(model_or_file, calibrated_data, float_model=float_model)
     with engine.writes(save_dir, also=guard.Inputs().add(float_model, "float model"),
                        optional=True) as out:
+        if out is not None:  # the files named in advance, before the search
+            for name in ("requantized_baseline.onnx", f"requantized_{remedy}.onnx", f"remedy_{remedy}.png",
+                         f"remedy_{remedy}.json", f"remedy_{remedy}_settings.json"):
+                guard.claim(out / name)
         return _suggest(engine, out, clock, target, metric, remedy, output_node, data_num, float_model, budget,
                         candidates, ranking, full_curve, per_channel_activations, requantize_check, progress,
                         verbose)
