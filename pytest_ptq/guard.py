@@ -60,6 +60,7 @@ class Inputs:
     def __init__(self, items=()):
         self.items = list(items)
         self._files = None  # {(st_dev, st_ino): (Input, file)} of every input file, built on demand
+        self._external = {}  # model path -> its external data files, read on demand
 
     def add(self, path, what):
         """Add ``path`` (a file or folder; None, a ModelProto or a mapping is ignored)."""
@@ -101,32 +102,39 @@ class Inputs:
                 raise PTQError(f"{where} lies inside the {item.what} folder {shown(item.shown)}; the next run "
                                "would read what is written there as data, so choose a path outside it")
         key = _key(target)
-        if key is not None:
-            hit = self._file_index().get(key)
-            if hit is not None:
-                item, file = hit
-                if item.folder:
-                    what = f"the {item.what} file {shown(file)} (in {shown(item.shown)})"
-                elif file != item.real:
-                    what = f"the external data file {shown(file.name)} of the {item.what} {shown(item.shown)}"
-                else:
-                    what = f"the {item.what} {shown(item.shown)}"
-                raise PTQError(f"{where} is {what}; writing it would destroy an input, so choose another path")
+        if key is None:  # nothing there yet, so it is no input file
+            return target
+        hit = self._file_index().get(key)
+        if hit is not None:
+            item, file = hit
+            what = (f"the {item.what} file {shown(file)} (in {shown(item.shown)})" if item.folder
+                    else f"the {item.what} {shown(item.shown)}")
+            raise PTQError(f"{where} is {what}; writing it would destroy an input, so choose another path")
+        for item in self.items:
+            # external data lies beside its model: read the model's tensor list only then
+            if item.model and _inside(target, item.real.parent):
+                for file in self._externals(item):
+                    if _key(file) == key:
+                        raise PTQError(f"{where} is the external data file {shown(file.name)} of the {item.what} "
+                                       f"{shown(item.shown)}; writing it would destroy an input, so choose "
+                                       "another path")
         return target
 
     def _file_index(self):
         if self._files is None:
             files = {}
             for item in self.items:
-                candidates = _walk(item.real) if item.folder else [item.real]
-                if item.model:
-                    candidates += external_data_files(item.real)
-                for f in candidates:
+                for f in _walk(item.real) if item.folder else [item.real]:
                     key = _key(f)
                     if key is not None:
                         files.setdefault(key, (item, f))
             self._files = files
         return self._files
+
+    def _externals(self, item):
+        if item.real not in self._external:
+            self._external[item.real] = external_data_files(item.real)
+        return self._external[item.real]
 
 
 def external_data_files(model_path):
