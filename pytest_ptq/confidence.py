@@ -14,7 +14,7 @@ import numpy as np
 from . import params
 from .errors import PTQError
 from .metrics import get_metrics
-from .results import JsonResult
+from .results import JsonResult, inputs_of, read_from
 from .sensitivity import Sensitivity
 
 
@@ -142,9 +142,10 @@ def ranking_confidence(sensitivity, k=5, resamples=1000, seed=0, metric=None, st
         message = (f"the top {k} is the same in only {set_freq:.0%} of {resamples} resamples of the "
                    f"{n_samples} samples{who}: do not trust its order, add samples or compare with "
                    "group sensitivity")
-    return Confidence(metric=m.name, samples=n_samples, k=k, resamples=int(resamples), top_k=top_k,
-                      top_k_set_frequency=set_freq, stable=stable, stable_at=stable_at,
-                      unstable_nodes=unstable, nodes=nodes, pooled_top_k=pooled_top_k, message=message)
+    return read_from(Confidence(metric=m.name, samples=n_samples, k=k, resamples=int(resamples), top_k=top_k,
+                                top_k_set_frequency=set_freq, stable=stable, stable_at=stable_at,
+                                unstable_nodes=unstable, nodes=nodes, pooled_top_k=pooled_top_k, message=message),
+                     inputs_of(sensitivity))
 
 
 def _keys(values, metric):

@@ -18,7 +18,7 @@ from .errors import PTQError, shown
 from .figures import metric_label, pyplot, save_figure
 from .metrics import get_metrics
 from .progress import Progress
-from .results import JsonResult
+from .results import JsonResult, read_from
 from .engine import engine_for
 from .sensitivity import sample_indices
 
@@ -110,8 +110,8 @@ def get_acc_error(engine, configs, metric="cosine-similarity", data_num=None, lo
     fed = {n for n in qm.normal if qm.normal[n].calibration_inputs}
     local_vals = ([m.value(s) if nodes[k] in fed else None for k, s in enumerate(local_states)]
                   if local else None)
-    return Curves(metric=m.name, nodes=nodes, tensors=tensors, values=values, configs=configs,
-                  local=local_vals, samples=len(indices))
+    return read_from(Curves(metric=m.name, nodes=nodes, tensors=tensors, values=values, configs=configs,
+                            local=local_vals, samples=len(indices)), engine.inputs())
 
 
 def running_mean(values):

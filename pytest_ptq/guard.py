@@ -35,6 +35,7 @@ STALE_AFTER_S = 3600.0
 # ... and one whose writer is gone (same machine) is stale after this grace period.
 DEAD_GRACE_S = 60.0
 
+
 def shown(value):
     # paths are the point of these messages: cut only what no one could read anyway
     return _shown(value, 240)
@@ -47,7 +48,7 @@ _PROTECTED = contextvars.ContextVar("pytest_ptq_protected_inputs", default=None)
 class Input:
     """One thing a run reads: ``folder`` inputs (data folders) protect everything inside."""
 
-    shown: str  # as the user gave it, for messages
+    given: str  # as the user spelled it, for messages
     real: Path
     what: str  # "model file", "calibration data", ...
     folder: bool
@@ -66,7 +67,7 @@ class Inputs:
         """Add ``path`` (a file or folder; None, a ModelProto or a mapping is ignored)."""
         if path is None or not isinstance(path, (str, os.PathLike)) or not os.fspath(path):
             return self
-        given = os.fspath(path)
+        given = os.fsdecode(os.fspath(path))
         real = _real(given)
         folder = _isdir(real)
         self.items.append(Input(given, real, what, folder, model=not folder and real.suffix.lower() == ".onnx"))
@@ -96,10 +97,10 @@ class Inputs:
             if not item.folder:
                 continue
             if _same(target, item.real):
-                raise PTQError(f"{where} is the {item.what} folder {shown(item.shown)}; pytest-ptq never "
+                raise PTQError(f"{where} is the {item.what} folder {shown(item.given)}; pytest-ptq never "
                                "writes onto an input, so choose a path outside it")
             if _inside(target, item.real):
-                raise PTQError(f"{where} lies inside the {item.what} folder {shown(item.shown)}; the next run "
+                raise PTQError(f"{where} lies inside the {item.what} folder {shown(item.given)}; the next run "
                                "would read what is written there as data, so choose a path outside it")
         key = _key(target)
         if key is None:  # nothing there yet, so it is no input file
@@ -107,8 +108,8 @@ class Inputs:
         hit = self._file_index().get(key)
         if hit is not None:
             item, file = hit
-            what = (f"the {item.what} file {shown(file)} (in {shown(item.shown)})" if item.folder
-                    else f"the {item.what} {shown(item.shown)}")
+            what = (f"the {item.what} file {shown(file)} (in {shown(item.given)})" if item.folder
+                    else f"the {item.what} {shown(item.given)}")
             raise PTQError(f"{where} is {what}; writing it would destroy an input, so choose another path")
         for item in self.items:
             # external data lies beside its model: read the model's tensor list only then
@@ -116,7 +117,7 @@ class Inputs:
                 for file in self._externals(item):
                     if _key(file) == key:
                         raise PTQError(f"{where} is the external data file {shown(file.name)} of the {item.what} "
-                                       f"{shown(item.shown)}; writing it would destroy an input, so choose "
+                                       f"{shown(item.given)}; writing it would destroy an input, so choose "
                                        "another path")
         return target
 

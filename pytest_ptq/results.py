@@ -42,11 +42,25 @@ def write_json(data, path, sort_keys=False):
     return guard.write_text(path, json.dumps(json_safe(data), indent=1, sort_keys=sort_keys))
 
 
+def read_from(result, inputs):
+    """Note on ``result`` what it was computed from (:class:`~pytest_ptq.guard.Inputs`), so that
+    saving it never overwrites those files; returns ``result``."""
+    result._ptq_inputs = inputs  # not a field: to_dict() and the saved JSON do not carry it
+    return result
+
+
+def inputs_of(result):
+    """What ``result`` was computed from (see :func:`read_from`), or None."""
+    return getattr(result, "_ptq_inputs", None)
+
+
 def save_result(result, data, path, sort_keys=False):
-    """:func:`write_json` of a result's ``data``, never onto the model or data it describes
-    (its ``model`` and ``data`` attributes, when they are paths)."""
+    """:func:`write_json` of a result's ``data``, never onto what it was computed from
+    (:func:`read_from`, and its ``model``, ``data``, ``heldout`` and ``float_model`` paths)."""
     inputs = (guard.Inputs().add(getattr(result, "model", None), "model file")
-              .add(getattr(result, "data", None), "calibration data"))
+              .add(getattr(result, "data", None), "calibration data")
+              .add(getattr(result, "heldout", None), "held-out data")
+              .add(getattr(result, "float_model", None), "float model")) | inputs_of(result)
     with guard.protecting(inputs):
         return write_json(data, path, sort_keys=sort_keys)
 

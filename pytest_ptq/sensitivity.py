@@ -16,7 +16,7 @@ from .errors import PTQError, unknown
 from .metrics import get_metrics
 from .outputs import parse_outputs
 from .progress import Progress
-from .results import json_restore, save_result
+from .results import json_restore, read_from, save_result
 from .tables import format_table
 
 NODE_TYPES = params.NODE_TYPES
@@ -188,8 +188,9 @@ def rank_configs(engine, configs, metric_objs, specs, indices, node_type, descri
     parsed outputs; ``describe(label)`` gives each entry's descriptive details."""
     with Progress(len(indices) * len(configs), desc, enabled=bool(progress)) as bar:
         scores = score_configs(engine, configs, metric_objs, specs, indices, bar)
-    result = Sensitivity(node_type=node_type, metrics=[m.name for m in metric_objs],
-                         outputs=[s.name for s in specs], samples=len(indices), model=engine.qmodel.source)
+    result = read_from(Sensitivity(node_type=node_type, metrics=[m.name for m in metric_objs],
+                                   outputs=[s.name for s in specs], samples=len(indices),
+                                   model=engine.qmodel.source), engine.inputs())
     entries = {}
     for name, (pooled, per_sample) in scores.items():
         per_output = {s.name: {m.name: m.value(pooled[(s.name, m.name)]) for m in metric_objs} for s in specs}

@@ -232,7 +232,7 @@ class PTQSession:
         if self.is_worker:
             self.config.workeroutput[WORKER_KEY] = json.dumps(self.payload())
             self.config.workeroutput[WORKER_INPUTS] = json.dumps(
-                [[i.shown, i.what] for a in self.analyses.values() for i in a.inputs().items])
+                [[i.given, i.what] for a in self.analyses.values() for i in a.inputs().items])
             return
         from . import report as html_report
 

@@ -29,7 +29,7 @@ from .metrics import get_metrics
 from .model import QuantModel, load_model
 from .outputs import parse_outputs
 from .progress import Progress
-from .results import JsonResult
+from .results import JsonResult, read_from
 from .tables import format_table
 
 STAGES = {
@@ -172,10 +172,11 @@ def localize_stages(float_model, calibrated_model, calibrated_data, metrics=("co
     stages = [rows[k] for k in STAGES]
     first_drop, message = verdict({k: rows[k]["values"][first.name] for k in STAGES},
                                   rows["kernel-gap"]["values"][first.name], first.name, threshold)
-    return StageReport(metrics=[m.name for m in metric_objs], outputs=[s.name for s in specs], samples=len(data),
-                       threshold=threshold, stages=stages, kernel_gap=rows["kernel-gap"], first_drop=first_drop,
-                       message=message, float_model=str(fpath) if fpath else "<ModelProto>",
-                       calibrated_model=qm.source, optimized_model=str(optimized) if optimized else None)
+    return read_from(StageReport(
+        metrics=[m.name for m in metric_objs], outputs=[s.name for s in specs], samples=len(data),
+        threshold=threshold, stages=stages, kernel_gap=rows["kernel-gap"], first_drop=first_drop, message=message,
+        float_model=str(fpath) if fpath else "<ModelProto>", calibrated_model=qm.source,
+        optimized_model=str(optimized) if optimized else None), inputs)
 
 
 def verdict(values, kernel_gap, metric, threshold):

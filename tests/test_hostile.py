@@ -300,6 +300,10 @@ API_CASES = [
     ("data-number", lambda: dbg.Engine("m.onnx", 7), "calibration data must be a path, got 7"),
     ("result-saved-onto-its-model", lambda: dbg.get_sensitivity_of_nodes("m.onnx", calibrated_data="calib").save(
         "m.onnx"), "output file 'm.onnx' is the model file"),
+    ("result-saved-into-its-data", lambda: dbg.get_sensitivity_of_nodes(_engine()).save("calib/x/1.npy"),
+     "output file 'calib/x/1.npy' lies inside the calibration data folder"),
+    ("curves-saved-onto-its-model", lambda: dbg.get_acc_error(_engine(), {"all": []}, progress=False).save("m.onnx"),
+     "output file 'm.onnx' is the model file"),
     ("result-saved-to-a-number", lambda: dbg.get_sensitivity_of_nodes(_engine()).save(5),
      "output file must be a path, got 5"),
     ("stages-save-dir-is-float", lambda: dbg.localize_stages("f.onnx", "m.onnx", "calib", save_dir="f.onnx"),

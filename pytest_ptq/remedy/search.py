@@ -12,6 +12,7 @@ from ..errors import PTQError, unknown
 from ..metrics import get_metrics
 from ..outputs import parse_outputs
 from ..progress import Progress
+from ..results import read_from
 from ..sensitivity import rank_configs, sample_indices
 from .alternatives import alternatives_for, candidates_for
 from .plot import plot_remedy
@@ -122,6 +123,7 @@ def _suggest(engine, save_dir, clock, target, metric, remedy, output_node, data_
                     settings={"nodes_to_exclude": [], "TensorQuantOverrides": {}, "simulation_only": []},
                     notes=notes, samples=len(indices), outputs=[s.name for s in specs], budget_s=budget,
                     model=qm.source)
+    read_from(result, engine.inputs() | guard.Inputs().add(float_model, "float model"))
     show = verbose if progress is None else progress
     axes = {}
     scorer = None
