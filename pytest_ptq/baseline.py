@@ -75,7 +75,7 @@ class Baseline:
         except OSError as exc:
             raise BaselineError(path, "cannot be read", exc.strerror or type(exc).__name__) from None
         except UnicodeDecodeError:
-            raise BaselineError(path, "cannot be read", "it is not UTF-8 text") from None
+            raise BaselineError(path, "cannot be read", "it is not UTF-8 text", foreign=True) from None
         except ValueError as exc:
             raise BaselineError(path, "cannot be read", f"it is not valid JSON: {clip(str(exc), 120)}") from None
         except RecursionError:
@@ -87,8 +87,10 @@ class BaselineError(PTQError):
     """A baseline file that cannot be used: ``problem`` says what is wrong with it (one
     clause naming the key, when one is at fault), ``detail`` why it could not be read."""
 
-    def __init__(self, path, problem, detail=""):
+    def __init__(self, path, problem, detail="", foreign=False):
         self.path, self.problem, self.detail = Path(path), problem, detail
+        # not a baseline gone wrong but some other file (package.json, a binary): never rewritten
+        self.foreign = foreign
         tail = f" ({detail})" if detail else ""
         super().__init__(f"baseline {str(path)!r} {problem}{tail}; rewrite it with --ptq-update-baseline")
 
@@ -102,8 +104,9 @@ def validate(d, path):
     def bad(key, must, value):
         return BaselineError(path, f"has a malformed {shown(key)}: it must be {must}, got {shown(value)}")
 
-    if not isinstance(d, dict):
-        raise BaselineError(path, f"is not a baseline: it must be a JSON object, got {shown(d)}")
+    if not isinstance(d, dict) or (d and not any(key in _FIELDS for key in d)):
+        raise BaselineError(path, f"is not a pytest-ptq baseline: it must be a JSON object with keys such as "
+                            f"'format' and 'sensitivity', got {shown(d)}", foreign=True)
     for key in d:
         if key not in _FIELDS:
             near = difflib.get_close_matches(str(key)[:100], _FIELDS, n=1, cutoff=0.7)

@@ -411,6 +411,9 @@ def check_baseline(analysis, path, update="none", tolerance=0.001, node_type="no
     except BaselineError as exc:
         if update == "none":
             return result(False, "unreadable", problem=exc.problem, detail=exc.detail)
+        if exc.foreign:
+            raise PTQError(f"baseline {shown_value(str(path), 240)} {exc.problem}; pytest-ptq only ever replaces its "
+                           "own baselines, so choose another path for this one") from None
         new.save(path)
         return result(update == "all", "rewritten", problem=exc.problem)
     diff = compare(old, new, tol)
@@ -705,8 +708,6 @@ class PTQ:
 
 def _raise_unless(check, *args):
     __tracebackhide__ = True
-    import pytest
-
     try:
         result = check(*args)
     except PTQError as exc:

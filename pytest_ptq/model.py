@@ -12,7 +12,6 @@ import dataclasses
 import math
 import os
 from collections import defaultdict
-from pathlib import Path
 
 import numpy as np
 import onnx

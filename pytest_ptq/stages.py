@@ -18,7 +18,6 @@ only at the integer kernels. ``kernel_gap`` compares stages 3 and 2 directly.
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 
 from . import guard, params
 from .data import load_data

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import pickle
 import shutil
 import subprocess
 import sys
@@ -60,6 +59,8 @@ def template(zoo, tmp_path_factory):
     (root / "corrupt" / "x").mkdir(parents=True)
     (root / "corrupt" / "x" / "0.npy").write_bytes(b"\x93NUMPY garbage")
     (root / "notes.txt").write_text("notes\n")
+    (root / "package.json").write_text('{"name": "web", "version": "1.0.0"}\n')
+    (root / "binary.json").write_bytes(b"\x89PNG\r\n\x1a\n\xff\xfe")
     (root / "outdir").mkdir()
     return root
 
@@ -362,8 +363,10 @@ def test_malformed_baseline_fails_naming_the_key_and_is_repaired(analysis, templ
 @pytest.mark.parametrize("target,needle", [
     ("m.onnx", "is the model file"), ("calib/x/b.json", "inside the calibration data folder"),
     ("notes.txt", "must be a .json file"), ("notes.txt/b.json", "is a file, not a folder"),
-], ids=["onto-model", "into-data", "not-json", "parent-is-a-file"])
+    ("package.json", "is not a pytest-ptq baseline"), ("binary.json", "pytest-ptq only ever replaces its own"),
+], ids=["onto-model", "into-data", "not-json", "parent-is-a-file", "other-json", "binary"])
 def test_baseline_never_written_onto_an_input(analysis, template, target, needle):
+    """Nor onto a file that is not a baseline: an update only ever replaces a baseline."""
     before = tree(template)
     with pytest.raises(PTQError) as exc:
         check_baseline(analysis, template / target, update="all")
