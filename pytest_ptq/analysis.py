@@ -13,6 +13,7 @@ import hashlib
 import os
 from pathlib import Path
 
+from . import guard, params
 from .curves import configs_from, get_acc_error
 from .data import load_data
 from .engine import Engine
@@ -73,6 +74,15 @@ class Analysis:
         self.label = self.relative(key.model)
         self._engine = None
         self._cache = {}
+
+    def inputs(self, *more):
+        """What this analysis reads (model, data, float model) and the paths ``more`` (held-out
+        data, say), as :class:`~pytest_ptq.guard.Inputs` for the output guard."""
+        inputs = (guard.Inputs().add(self.key.model, "model file").add(self.key.data, "calibration data")
+                  .add(self.key.float_model, "float model"))
+        for path in more:
+            inputs.add(path, "held-out data")
+        return inputs
 
     def relative(self, path):
         """``path`` as shown in messages: relative to the rootdir where it lies below it."""
@@ -199,11 +209,7 @@ class Analysis:
         from .remedy import suggest_remedy
 
         name = get_metrics(metric)[0].name
-        if target is not None:
-            try:
-                target = float(target)
-            except (TypeError, ValueError):
-                raise PTQError(f"target must be a number, got {target!r}") from None
+        target = None if target is None else params.number(target, "target")
         key = ("remedy", remedy, name, target, _frozen(outputs), budget, _frozen(candidates),
                None if holdout is None else str(holdout), evaluate, min_ratio, _frozen(costs), search)
         return self.cached(key, lambda: suggest_remedy(

@@ -15,17 +15,21 @@ wrong way (a similarity down, an error up) by more than the tolerance.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import json
 import math
-import os
+import numbers
 from pathlib import Path
 
+from . import guard, params
 from .analysis import relative
-from .errors import PTQError
-from .metrics import get_metrics
+from .errors import PTQError, clip, shown
+from .metrics import METRICS, get_metrics
 from .results import json_restore, json_safe
 
 FORMAT = 1
+# A baseline holds a few numbers per node; anything this large is not one, and is not read.
+MAX_BYTES = 64 * 2**20
 # Significant digits kept: float32 results carry about 7, and fewer digits keep diffs readable.
 _DIGITS = 8
 
@@ -53,32 +57,116 @@ class Baseline:
 
     def save(self, path):
         """Write atomically (a reader never sees half a file); returns the path."""
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
         text = json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n"
-        # a per-process name: xdist workers never share a temporary file
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        try:
-            tmp.write_text(text, encoding="utf-8")
-            os.replace(tmp, path)
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
-        return path
+        return guard.write_text(Path(path), text, atomic=True)
 
     @classmethod
     def load(cls, path):
+        """Read and validate a baseline file; raises :class:`BaselineError` naming the file and,
+        for a malformed field, the key."""
+        path = Path(path)
         try:
-            d = json.loads(Path(path).read_text())
-            if d.get("format") != FORMAT:
-                raise ValueError(f"format {d.get('format')!r}, expected {FORMAT}")
-            return cls(metric=d["metric"], node_type=d["node_type"],
-                       outputs=json_restore(d["outputs"]), sensitivity=json_restore(d["sensitivity"]),
-                       model=d.get("model", {}), data=d.get("data", {}), float_model=d.get("float_model"),
-                       tool=d.get("tool", {}))
-        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
-            raise PTQError(f"baseline {str(path)!r} cannot be read ({type(exc).__name__}: {exc}); "
-                           "rewrite it with --ptq-update-baseline") from None
+            size = path.stat().st_size
+            if size > MAX_BYTES:
+                raise BaselineError(path, "cannot be read", f"it is {size / 2**20:.0f} MiB, larger than any baseline")
+            d = json.loads(path.read_bytes().decode("utf-8"))
+        except BaselineError:
+            raise
+        except OSError as exc:
+            raise BaselineError(path, "cannot be read", exc.strerror or type(exc).__name__) from None
+        except UnicodeDecodeError:
+            raise BaselineError(path, "cannot be read", "it is not UTF-8 text", foreign=True) from None
+        except ValueError as exc:
+            raise BaselineError(path, "cannot be read", f"it is not valid JSON: {clip(str(exc), 120)}") from None
+        except RecursionError:
+            raise BaselineError(path, "cannot be read", "its JSON nests too deeply") from None
+        return cls(**validate(d, path))
+
+
+class BaselineError(PTQError):
+    """A baseline file that cannot be used: ``problem`` says what is wrong with it (one
+    clause naming the key, when one is at fault), ``detail`` why it could not be read."""
+
+    def __init__(self, path, problem, detail="", foreign=False):
+        self.path, self.problem, self.detail = Path(path), problem, detail
+        # not a baseline gone wrong but some other file (package.json, a binary): never rewritten
+        self.foreign = foreign
+        tail = f" ({detail})" if detail else ""
+        super().__init__(f"baseline {str(path)!r} {problem}{tail}; rewrite it with --ptq-update-baseline")
+
+
+_FIELDS = ("format", "metric", "node_type", "outputs", "sensitivity", "model", "data", "float_model", "tool")
+
+
+def validate(d, path):
+    """The :class:`Baseline` fields of a parsed baseline file, every field's type checked
+    (a malformed field is never read as "nothing to compare")."""
+    def bad(key, must, value):
+        return BaselineError(path, f"has a malformed {shown(key)}: it must be {must}, got {shown(value)}")
+
+    if not isinstance(d, dict) or (d and not any(key in _FIELDS for key in d)):
+        raise BaselineError(path, f"is not a pytest-ptq baseline: it must be a JSON object with keys such as "
+                            f"'format' and 'sensitivity', got {shown(d)}", foreign=True)
+    for key in d:
+        if key not in _FIELDS:
+            near = difflib.get_close_matches(str(key)[:100], _FIELDS, n=1, cutoff=0.7)
+            hint = f" (did you mean {near[0]!r}?)" if near else ""
+            raise BaselineError(path, f"has an unknown key {shown(key)}{hint}")
+    for key in ("format", "metric", "node_type", "outputs", "sensitivity"):
+        if key not in d:
+            raise BaselineError(path, f"has no {key!r} key")
+    if d["format"] != FORMAT or isinstance(d["format"], bool):
+        raise bad("format", f"{FORMAT} (this version of pytest-ptq writes format {FORMAT})", d["format"])
+    if not isinstance(d["metric"], str) or not _metric_ok(d["metric"]):
+        raise bad("metric", f"one of {', '.join(METRICS)}", d["metric"])
+    if not isinstance(d["node_type"], str) or d["node_type"] not in params.NODE_TYPES:
+        raise bad("node_type", f"one of {', '.join(params.NODE_TYPES)}", d["node_type"])
+    outputs = _values(d["outputs"], "outputs", "output", bad)
+    if not outputs:
+        raise bad("outputs", "a mapping of output names to numbers with at least one output", d["outputs"])
+    sensitivity = _values(d["sensitivity"], "sensitivity", "node", bad)
+    fields = {"metric": get_metrics(d["metric"])[0].name, "node_type": d["node_type"], "outputs": outputs,
+              "sensitivity": sensitivity}
+    for key in ("model", "data", "float_model"):
+        value = d.get(key, None if key == "float_model" else {})
+        if value is None and key == "float_model":
+            fields[key] = None
+            continue
+        if not isinstance(value, dict):
+            must = "null or " if key == "float_model" else ""
+            raise bad(key, must + "a mapping with 'path' and 'sha256'", value)
+        for sub, types, must in (("path", str, "a path"), ("sha256", str, "a hex digest"),
+                                 ("samples", int, "a whole number")):
+            if sub in value and value[sub] is not None and (not isinstance(value[sub], types)
+                                                            or isinstance(value[sub], bool)):
+                raise bad(f"{key}.{sub}", must, value[sub])
+        fields[key] = value
+    tool = d.get("tool", {})
+    if not isinstance(tool, dict) or not all(isinstance(v, str) or v is None for v in tool.values()):
+        raise bad("tool", "a mapping of package names to version strings", tool)
+    fields["tool"] = tool
+    return fields
+
+
+def _metric_ok(name):
+    try:
+        get_metrics(name)
+        return True
+    except PTQError:
+        return False
+
+
+def _values(value, key, what, bad):
+    """``{name: float}`` from a baseline mapping; the special floats come as strings."""
+    if not isinstance(value, dict):
+        raise bad(key, f"a mapping of {what} names to numbers", value)
+    out = {}
+    for name, v in value.items():
+        v = json_restore(v)
+        if isinstance(v, bool) or not isinstance(v, numbers.Real):
+            raise bad(f"{key}.{name}", "a number", v)
+        out[name] = float(v)
+    return out
 
 
 def measure(analysis, metric="cosine-similarity", node_type="node", outputs=None, relative_to="."):

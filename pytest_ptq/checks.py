@@ -19,9 +19,10 @@ import fnmatch
 import statistics
 from pathlib import Path
 
-from . import params
-from .baseline import Baseline, compare, measure
+from . import guard, params
+from .baseline import Baseline, BaselineError, compare, measure
 from .errors import PTQError, closest
+from .errors import shown as shown_value
 from .metrics import COSINE, get_metrics
 from .outputs import parse_outputs
 from .tables import fmt, format_table
@@ -226,7 +227,7 @@ def check_nodes(analysis, threshold, metric=COSINE, node_type="node", allow=(), 
     limit = params.number(threshold, f"node {m.name} threshold")
     sens = analysis.sensitivity(node_type, m.name, outputs)
     names = list(sens)
-    patterns = [allow] if isinstance(allow, str) else list(allow or ())
+    patterns = params.names(allow, "allow") or []
     for p in patterns:
         if not fnmatch.filter(names, p):
             near = closest(p, names)
@@ -301,6 +302,8 @@ class BaselineResult(Result):
     diff: object  # baseline.Diff or None
     tolerance: float
     model: str
+    problem: str = ""  # what is wrong with an unreadable or malformed baseline, naming the key
+    detail: str = ""  # why it could not be read
     kind = "baseline"
 
     def __repr__(self):
@@ -316,10 +319,11 @@ class BaselineResult(Result):
             return (f"baseline {p} did not exist and has been written; review and commit it, then rerun "
                     "(this run fails so that a run never passes on a baseline it wrote itself)")
         if self.status == "unreadable":
-            return f"baseline {p} cannot be read; rewrite it with `pytest --ptq-update-baseline`"
+            return f"baseline {p} {self.problem or 'cannot be read'}; rewrite it with `pytest --ptq-update-baseline`"
         d = self.diff
         if self.status == "rewritten":
-            what = "failed against it and " if d is not None and not d.ok else ""
+            what = "failed against it and " if d is not None and not d.ok else (
+                f"{self.problem} and " if self.problem else "")
             tail = "" if self.passed else "; rerun to compare against it"
             return f"baseline {p} {what}has been rewritten from this run ({self.model}){tail}"
         if d.mismatch:
@@ -341,7 +345,7 @@ class BaselineResult(Result):
     def details(self):
         d = self.diff
         if d is None:
-            return ""
+            return self.detail
         lines = []
         for title, moves in (("outputs", d.outputs), ("nodes", d.nodes)):
             if not moves:
@@ -372,22 +376,30 @@ class BaselineResult(Result):
         return fig
 
 
+UPDATES = ("none", "failing", "all")
+
+
 def check_baseline(analysis, path, update="none", tolerance=0.001, node_type="node", metric=COSINE,
-                   outputs=None):
+                   outputs=None, inputs=None):
     """Compare ``analysis`` with the baseline at ``path`` and apply the update policy.
 
     ``update``: ``"none"`` (CI: a missing baseline fails), ``"failing"`` (write missing or
     failing baselines; the check still fails), ``"all"`` (rewrite and pass). A baseline is
-    only ever written, never deleted.
+    only ever written, never deleted, and never onto what the analysis reads (or ``inputs``:
+    :class:`~pytest_ptq.guard.Inputs`, default the analysis' model, data and float model).
     """
-    tol = params.number(tolerance, "tolerance")
-    path = Path(path)
+    tol = params.non_negative(tolerance, "tolerance")
+    if update not in UPDATES:
+        raise PTQError(f"update must be one of {', '.join(UPDATES)}, got {shown_value(update)}")
+    path = params.baseline_path(path, inputs if inputs is not None else analysis.inputs(), writable=update != "none")
+    # a killed update leaves its temporary file beside the baseline; never let it be committed
+    guard.clean_stale_temps(path.parent, path.name)
     new = measure(analysis, metric, node_type, outputs, relative_to=path.parent)
     shown = analysis.relative(path)
 
-    def result(passed, status, diff=None):
+    def result(passed, status, diff=None, problem="", detail=""):
         return BaselineResult(passed=passed, status=status, path=shown, diff=diff, tolerance=tol,
-                              model=analysis.label)
+                              model=analysis.label, problem=problem, detail=detail)
 
     if not path.exists():
         if update == "none":
@@ -396,11 +408,14 @@ def check_baseline(analysis, path, update="none", tolerance=0.001, node_type="no
         return result(update == "all", "created")
     try:
         old = Baseline.load(path)
-    except PTQError:
+    except BaselineError as exc:
         if update == "none":
-            return result(False, "unreadable")
+            return result(False, "unreadable", problem=exc.problem, detail=exc.detail)
+        if exc.foreign:
+            raise PTQError(f"baseline {shown_value(str(path), 240)} {exc.problem}; pytest-ptq only ever replaces its "
+                           "own baselines, so choose another path for this one") from None
         new.save(path)
-        return result(update == "all", "rewritten")
+        return result(update == "all", "rewritten", problem=exc.problem)
     diff = compare(old, new, tol)
     if update == "all" or (update == "failing" and not diff.ok):
         new.save(path)
@@ -575,11 +590,12 @@ class PTQ:
     recorded for the failure section, JUnit properties and the HTML report.
     """
 
-    def __init__(self, analysis, settings, record, baseline_path):
+    def __init__(self, analysis, settings, record, baseline_path, inputs=None):
         self.analysis = analysis
         self.settings = settings
         self._record = record
         self._baseline_path = baseline_path
+        self._inputs = inputs  # what the test reads beyond the analysis (a contract, its evaluate file)
 
     @property
     def engine(self):
@@ -607,7 +623,7 @@ class PTQ:
             if m.name != COSINE:
                 raise PTQError(f"give a threshold for node {m.name}; only cosine has a default (min_node_cosine)")
             threshold = self.settings.min_node_cosine
-        allowed = tuple(self.settings.allow) + tuple([allow] if isinstance(allow, str) else (allow or ()))
+        allowed = tuple(self.settings.allow) + tuple(params.names(allow, "allow") or ())
         return self._done(check_nodes(self.analysis, threshold, m.name, node_type or self.settings.node_type,
                                       allowed, outputs, self.settings.top))
 
@@ -619,9 +635,26 @@ class PTQ:
     def check_baseline(self, path=None, tolerance=None, node_type=None, metric=None):
         """Against the baseline file (default: from the test id under ``--ptq-baseline-dir``)."""
         s = self.settings
+        path = path or s.baseline or self._baseline_path
+        inputs = self.analysis.inputs(*[p for p in (s.holdout,) if p is not None]) | self._inputs
+        if isinstance(path, (str, Path)):
+            self._warn_outside_root(Path(path))
         return self._done(check_baseline(
-            self.analysis, path or s.baseline or self._baseline_path, s.update,
-            s.tolerance if tolerance is None else tolerance, node_type or s.node_type, metric or s.metric))
+            self.analysis, path, s.update, s.tolerance if tolerance is None else tolerance,
+            node_type or s.node_type, metric or s.metric, inputs=inputs))
+
+    def _warn_outside_root(self, path):
+        # the baseline folder itself is warned about once, at start-up (see session.py)
+        import warnings
+
+        from .settings import PTQPathWarning, below
+
+        root = self.analysis.root
+        if below(path, root) or (self.settings.baseline_dir is not None and below(path, self.settings.baseline_dir)):
+            return
+        warnings.warn(PTQPathWarning(f"baseline {str(path)!r} lies outside the rootdir {str(root)!r}, so it is not "
+                                     "kept with the project; move it under the rootdir unless that is intended"),
+                      stacklevel=3)
 
     def check_data(self, max_severity="warning", holdout=None):
         """The calibration data checks; fails on a finding at or above ``max_severity``. With
@@ -682,8 +715,6 @@ class PTQ:
 
 def _raise_unless(check, *args):
     __tracebackhide__ = True
-    import pytest
-
     try:
         result = check(*args)
     except PTQError as exc:
@@ -691,7 +722,9 @@ def _raise_unless(check, *args):
     else:
         error = None
     if error is not None:  # outside the except block: no "during handling" chain
-        pytest.fail(error, pytrace=False)
+        from .settings import InputFailure
+
+        raise InputFailure(error, pytrace=False)
     if not result:
         raise ContractFailed(result)
     return result

@@ -11,9 +11,10 @@ import dataclasses
 
 import numpy as np
 
+from . import params
 from .errors import PTQError
 from .metrics import get_metrics
-from .results import JsonResult
+from .results import JsonResult, inputs_of, read_from
 from .sensitivity import Sensitivity
 
 
@@ -59,6 +60,10 @@ def ranking_confidence(sensitivity, k=5, resamples=1000, seed=0, metric=None, st
     over samples) and the 5-95% rank interval go into ``sensitivity.details[node]``.
     Returns a :class:`Confidence`, nodes in mean-rank order.
     """
+    k = params.positive_int(k, "k")
+    resamples = params.positive_int(resamples, "resamples")
+    seed = params.whole(seed, "seed", minimum=0)
+    stable_at = params.fraction(stable_at, "stable_at")
     if not isinstance(sensitivity, Sensitivity):
         raise PTQError("ranking_confidence needs a Sensitivity result (from get_sensitivity_of_nodes, "
                        "group_sensitivity or Sensitivity.load)")
@@ -137,9 +142,10 @@ def ranking_confidence(sensitivity, k=5, resamples=1000, seed=0, metric=None, st
         message = (f"the top {k} is the same in only {set_freq:.0%} of {resamples} resamples of the "
                    f"{n_samples} samples{who}: do not trust its order, add samples or compare with "
                    "group sensitivity")
-    return Confidence(metric=m.name, samples=n_samples, k=k, resamples=int(resamples), top_k=top_k,
-                      top_k_set_frequency=set_freq, stable=stable, stable_at=stable_at,
-                      unstable_nodes=unstable, nodes=nodes, pooled_top_k=pooled_top_k, message=message)
+    return read_from(Confidence(metric=m.name, samples=n_samples, k=k, resamples=int(resamples), top_k=top_k,
+                                top_k_set_frequency=set_freq, stable=stable, stable_at=stable_at,
+                                unstable_nodes=unstable, nodes=nodes, pooled_top_k=pooled_top_k, message=message),
+                     inputs_of(sensitivity))
 
 
 def _keys(values, metric):

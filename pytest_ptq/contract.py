@@ -42,6 +42,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import importlib.util
+import math
 import os
 import sys
 from pathlib import Path
@@ -50,11 +51,16 @@ import pytest
 
 from . import params
 from . import session as ptq_session
-from .errors import PTQError, closest
+from . import guard
+from .errors import PTQError, clip, closest, shown
 from .metrics import COSINE, METRICS
 
 # Files collected as contracts. This module loads no onnx: checks load with the first item run.
 SUFFIXES = (".ptq.yaml", ".ptq.yml")
+# A contract is a few lines; these bound what a hostile file can cost before the schema runs:
+# its size, and the size of the document once aliases are expanded ("billion laughs").
+MAX_BYTES = 1 * 2**20
+MAX_NODES = 20_000
 _KEYS = {"model", "data", "float_model", "custom_op_library", "holdout", "data_num", "metric", "outputs", "nodes", "accuracy",
          "data_check", "baseline", "tolerance"}
 _NODE_KEYS = {"type", "threshold", "allow", "metric"}
@@ -86,6 +92,17 @@ class Contract:
     baseline: Path | None = None  # None: no baseline check
     tolerance: float | None = None
 
+    def inputs(self):
+        """What the contract's checks read: the contract itself, its model, data, float model,
+        held-out data and evaluation file (:class:`~pytest_ptq.guard.Inputs`)."""
+        inputs = (guard.Inputs().add(self.path, "contract file").add(self.model, "model file")
+                  .add(self.data, "calibration data").add(self.float_model, "float model")
+                  .add(self.holdout, "held-out data").add(self.custom_op_library, "custom-op library"))
+        target, _, _ = (self.accuracy or {}).get("evaluate", "").rpartition(":")
+        if target.endswith(".py"):
+            inputs.add(self.path.parent / target, "evaluation file")
+        return inputs
+
     @property
     def checks(self):
         names = ["outputs"]
@@ -108,21 +125,83 @@ def _stem(path):
     return path.stem
 
 
-def load(path):
-    """Read and validate a contract file; raises :class:`ContractError`."""
+def read_yaml(path, where):
+    """The YAML document of ``path`` (safe types only), its size and its expanded size
+    bounded before anything is built from it; raises :class:`ContractError`."""
     import yaml
 
-    path = Path(path)
-    where = f"contract {path.name!r}"
     try:
-        doc = yaml.safe_load(path.read_text(encoding="utf-8"))
+        size = path.stat().st_size
+        if size > MAX_BYTES:
+            raise ContractError(f"{where} ({path}) is {size / 2**20:.1f} MiB; a contract is a few lines of YAML "
+                                f"(at most {MAX_BYTES // 2**20} MiB), so check that this is the right file")
+        text = path.read_bytes().decode("utf-8")
+    except ContractError:
+        raise
+    except OSError as exc:
+        raise ContractError(f"{where} ({path}) cannot be read: {exc.strerror or type(exc).__name__}") from None
+    except UnicodeDecodeError as exc:
+        raise ContractError(f"{where} ({path}) is not UTF-8 text (byte {exc.start}); save it as UTF-8") from None
+    loader = yaml.SafeLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        expanded = _expanded_size(node)
+        if expanded > MAX_NODES:
+            raise ContractError(f"{where} ({path}) expands to more than {MAX_NODES} YAML values through its "
+                                "aliases (*name); write the contract out without aliases")
+        return loader.construct_document(node)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise ContractError(f"{where} ({path}) is not valid YAML{at}: {problem}") from None
-    except OSError as exc:
-        raise ContractError(f"{where} ({path}) cannot be read: {exc.strerror}") from None
+        raise ContractError(f"{where} ({path}) is not valid YAML{at}: {clip(problem)}") from None
+    except RecursionError:
+        raise ContractError(f"{where} ({path}) nests too deeply to be a contract; flatten it") from None
+    finally:
+        loader.dispose()
+
+
+def _expanded_size(root):
+    """How many values the YAML node graph ``root`` holds once every alias is expanded,
+    counted without expanding (each node's size once); a recursive alias counts as
+    unbounded."""
+    import yaml
+
+    sizes, state, stack = {}, {}, [root]
+    while stack:
+        node = stack[-1]
+        key = id(node)
+        if key in sizes:
+            stack.pop()
+            continue
+        if isinstance(node, yaml.SequenceNode):
+            children = list(node.value)
+        elif isinstance(node, yaml.MappingNode):
+            children = [n for pair in node.value for n in pair]
+        else:
+            children = []
+        if state.get(key) is None:
+            state[key] = "open"
+            pending = [c for c in children if id(c) not in sizes]
+            for c in pending:
+                if state.get(id(c)) == "open":
+                    return math.inf  # an alias inside its own anchor
+            stack.extend(pending)
+            if pending:
+                continue
+        total = 1 + sum(sizes[id(c)] for c in children)
+        sizes[key] = min(total, MAX_NODES + 1)  # capped: only "too many" matters
+        stack.pop()
+    return sizes[id(root)]
+
+
+def load(path):
+    """Read and validate a contract file; raises :class:`ContractError`."""
+    path = Path(path)
+    where = f"contract {path.name!r}"
+    doc = read_yaml(path, where)
     if not isinstance(doc, dict):
         raise ContractError(f"{where} ({path}) must be a mapping of keys such as 'model:' and 'data:', "
                             f"got {type(doc).__name__}")
@@ -139,8 +218,8 @@ def load(path):
         if value in (None, ""):
             return None
         if not isinstance(value, str):
-            raise ContractError(f"{where}: {key!r} must be a path string, got {value!r}")
-        return (base / os.path.expanduser(value)).resolve()
+            raise ContractError(f"{where}: {key!r} must be a path string, got {shown(value)}")
+        return _resolve(base, _valid(params.input_path, value, key, where))
 
     metric = doc.get("metric")
     if metric is not None:
@@ -160,17 +239,29 @@ def load(path):
     if baseline is False:
         baseline = None
     elif isinstance(baseline, str) and baseline:
-        baseline = (base / os.path.expanduser(baseline)).resolve()
+        baseline = _resolve(base, _valid(params.input_path, baseline, "baseline", where))
     else:
-        raise ContractError(f"{where}: 'baseline' must be a path or false, got {baseline!r}")
+        raise ContractError(f"{where}: 'baseline' must be a path or false, got {shown(baseline)}")
     tolerance = doc.get("tolerance")
     if tolerance is not None:
         tolerance = _valid(params.non_negative, tolerance, "tolerance", where)
-    return Contract(path=path.resolve(), name=_stem(path), model=req_path("model"), data=req_path("data"),
-                    float_model=opt_path("float_model"), custom_op_library=opt_path("custom_op_library"),
-                    holdout=opt_path("holdout"), data_num=data_num,
-                    metric=metric, outputs=outputs, nodes=nodes, accuracy=accuracy, data_check=data_check,
-                    baseline=baseline, tolerance=tolerance)
+    contract = Contract(path=path.resolve(), name=_stem(path), model=req_path("model"), data=req_path("data"),
+                        float_model=opt_path("float_model"), custom_op_library=opt_path("custom_op_library"),
+                        holdout=opt_path("holdout"), data_num=data_num,
+                        metric=metric, outputs=outputs, nodes=nodes, accuracy=accuracy, data_check=data_check,
+                        baseline=baseline, tolerance=tolerance)
+    if baseline is not None:
+        # at collection, before any work: a baseline that names an input fails the contract
+        try:
+            params.baseline_path(baseline, contract.inputs(), writable=False, what="'baseline'")
+        except PTQError as exc:
+            raise ContractError(f"{where}: {exc}") from None
+    return contract
+
+
+def _resolve(base, path):
+    """``path`` (relative to ``base``) made absolute, symlinks and ``..`` resolved."""
+    return Path(os.path.realpath(base / path))
 
 
 def from_settings(settings):
@@ -192,7 +283,7 @@ def _known(mapping, allowed, prefix, where):
         if key not in allowed:
             near = closest(str(key), sorted(allowed))
             hint = f"; did you mean {near[0]!r}?" if near else f"; allowed keys: {', '.join(sorted(allowed))}"
-            raise ContractError(f"{where}: unknown key {prefix + str(key)!r}{hint}")
+            raise ContractError(f"{where}: unknown key {shown(prefix + str(key))}{hint}")
 
 
 def _valid(validator, value, key, where):
@@ -205,13 +296,13 @@ def _valid(validator, value, key, where):
 
 def _num(value, key, where):
     if not isinstance(value, (int, float)):  # YAML text such as '0.99' is a mistake, not a number
-        raise ContractError(f"{where}: {key!r} must be a number, got {value!r}")
+        raise ContractError(f"{where}: {shown(key)} must be a number, got {shown(value)}")
     return _valid(params.number, value, key, where)
 
 
 def _metric(value, key, where):
     if not isinstance(value, str):
-        raise ContractError(f"{where}: {key!r} must be a metric name ({', '.join(METRICS)}), got {value!r}")
+        raise ContractError(f"{where}: {key!r} must be a metric name ({', '.join(METRICS)}), got {shown(value)}")
     try:
         return params.metric(value)
     except PTQError as exc:
@@ -235,7 +326,7 @@ def _nodes(value, where):
         value = {"threshold": value}
     if not isinstance(value, dict):
         raise ContractError(f"{where}: 'nodes' must be a mapping (type, threshold, allow) or a number, "
-                            f"got {value!r}")
+                            f"got {shown(value)}")
     _known(value, _NODE_KEYS, "nodes.", where)
     node_type = value.get("type", None)
     if node_type is not None:
@@ -244,7 +335,7 @@ def _nodes(value, where):
     if isinstance(allow, str):
         allow = [allow]
     if not isinstance(allow, list) or not all(isinstance(a, str) for a in allow):
-        raise ContractError(f"{where}: 'nodes.allow' must be a list of node names or patterns, got {allow!r}")
+        raise ContractError(f"{where}: 'nodes.allow' must be a list of node names or patterns, got {shown(allow)}")
     return {"type": node_type,
             "threshold": _num(value["threshold"], "nodes.threshold", where) if "threshold" in value else None,
             "allow": list(allow),
@@ -253,12 +344,12 @@ def _nodes(value, where):
 
 def _accuracy(value, where):
     if not isinstance(value, dict):
-        raise ContractError(f"{where}: 'accuracy' must be a mapping with 'evaluate' and 'min_ratio', got {value!r}")
+        raise ContractError(f"{where}: 'accuracy' must be a mapping with 'evaluate' and 'min_ratio', got {shown(value)}")
     _known(value, _ACCURACY_KEYS, "accuracy.", where)
     fn = value.get("evaluate")
     if not isinstance(fn, str) or ":" not in fn:
         raise ContractError(f"{where}: 'accuracy.evaluate' must be 'FILE.py:FUNCTION' or 'module:FUNCTION', "
-                            f"got {fn!r}")
+                            f"got {shown(fn)}")
     ratio = _num(value.get("min_ratio", 0.99), "accuracy.min_ratio", where)
     if not 0 < ratio <= 10:
         raise ContractError(f"{where}: 'accuracy.min_ratio' must be a ratio such as 0.99, got {ratio}")
@@ -274,7 +365,7 @@ def _data_check(value, where):
         value = {}
     if not isinstance(value, dict):
         raise ContractError(f"{where}: 'data_check' must be a mapping such as '{{max_severity: warning}}' or true, "
-                            f"got {value!r}")
+                            f"got {shown(value)}")
     _known(value, _DATA_CHECK_KEYS, "data_check.", where)
     return {"max_severity": _valid(params.severity, value.get("max_severity", "warning"), "data_check.max_severity",
                                    where)}
@@ -292,13 +383,31 @@ def load_function(spec, base, where):
         if module is None:
             spec_obj = importlib.util.spec_from_file_location(mod_name, file)
             module = importlib.util.module_from_spec(spec_obj)
-            spec_obj.loader.exec_module(module)
+            # no __pycache__ beside the user's file: nothing is written outside declared outputs
+            dont_write, sys.dont_write_bytecode = sys.dont_write_bytecode, True
+            try:
+                spec_obj.loader.exec_module(module)
+            except Exception as exc:  # the user's file: its error, in one sentence with its line
+                line = getattr(exc, "lineno", None)
+                if line is None:
+                    tb = exc.__traceback__
+                    while tb is not None:
+                        if tb.tb_frame.f_code.co_filename == str(file):
+                            line = tb.tb_lineno
+                        tb = tb.tb_next
+                at = f" at line {line}" if line else ""
+                raise ContractError(f"{where}: 'accuracy.evaluate' file {str(file)!r} fails to import{at} "
+                                    f"({type(exc).__name__}: {clip(str(exc).splitlines()[0] if str(exc) else '')}); "
+                                    "fix the file") from None
+            finally:
+                sys.dont_write_bytecode = dont_write
             sys.modules[mod_name] = module
     else:
         try:
             module = importlib.import_module(target)
-        except ImportError as exc:
-            raise ContractError(f"{where}: 'accuracy.evaluate' module {target!r} cannot be imported ({exc})") from None
+        except Exception as exc:  # ImportError, or whatever the module raises on import
+            raise ContractError(f"{where}: 'accuracy.evaluate' module {shown(target)} cannot be imported "
+                                f"({type(exc).__name__}: {clip(str(exc))})") from None
     fn = getattr(module, name, None)
     if not callable(fn):
         raise ContractError(f"{where}: 'accuracy.evaluate' names {name!r}, which {target} does not define "
@@ -374,7 +483,8 @@ class ContractItem(pytest.Item):
         session.use(self, analysis)
         settings = contract_settings(session.settings, c)
         self.stash[ptq_session.SETTINGS_KEY] = settings
-        ptq = PTQ(analysis, settings, lambda result: session.record(self, analysis, result), c.baseline)
+        ptq = PTQ(analysis, settings, lambda result: session.record(self, analysis, result), c.baseline,
+                  inputs=c.inputs())
         if self.name == "outputs":
             # output thresholds are cosines unless the contract itself names a metric
             result = ptq.check_outputs(c.outputs, c.metric or COSINE)

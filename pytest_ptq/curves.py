@@ -13,11 +13,12 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import PTQError
+from . import params
+from .errors import PTQError, shown
 from .figures import metric_label, pyplot, save_figure
 from .metrics import get_metrics
 from .progress import Progress
-from .results import JsonResult
+from .results import JsonResult, read_from
 from .engine import engine_for
 from .sensitivity import sample_indices
 
@@ -59,8 +60,7 @@ def configs_from(engine, quantize_node=None, non_quantize_node=None):
     spec, invert = (quantize_node, False) if quantize_node is not None else (non_quantize_node, True)
     if spec is None:
         return {"all quantized": every}
-    if isinstance(spec, str):
-        spec = [spec]
+    spec = params.names(spec, "non_quantize_node" if invert else "quantize_node", nested=True)
     configs = {}
     for entry in spec:
         if isinstance(entry, str) and entry in KINDS:
@@ -110,8 +110,8 @@ def get_acc_error(engine, configs, metric="cosine-similarity", data_num=None, lo
     fed = {n for n in qm.normal if qm.normal[n].calibration_inputs}
     local_vals = ([m.value(s) if nodes[k] in fed else None for k, s in enumerate(local_states)]
                   if local else None)
-    return Curves(metric=m.name, nodes=nodes, tensors=tensors, values=values, configs=configs,
-                  local=local_vals, samples=len(indices))
+    return read_from(Curves(metric=m.name, nodes=nodes, tensors=tensors, values=values, configs=configs,
+                            local=local_vals, samples=len(indices)), engine.inputs())
 
 
 def running_mean(values):
@@ -157,12 +157,16 @@ def plot_acc_error(save_dir, calibrated_data=None, model_or_file=None, quantize_
     """
     if model_or_file is None:
         raise PTQError("plot_acc_error needs model_or_file (the calibrated model)")
+    if filename is not None and (not isinstance(filename, str) or Path(filename).name != filename
+                                 or filename in ("", ".", "..")):
+        raise PTQError(f"filename must be a plain file name (it goes into save_dir), got {shown(filename)}")
     engine = engine_for(model_or_file, calibrated_data, float_model=float_model)
-    configs = configs_from(engine, quantize_node, non_quantize_node)
-    curves = get_acc_error(engine, configs, metric, data_num, local=local, progress=progress)
-    curves.average_mode = average_mode
-    name = filename or f"acc_error_{'_'.join(_slug(c) for c in configs)[:80]}.png"
-    curves.png = str(plot_curves(curves, Path(save_dir) / name))
+    with engine.writes(save_dir) as out:
+        configs = configs_from(engine, quantize_node, non_quantize_node)
+        curves = get_acc_error(engine, configs, metric, data_num, local=local, progress=progress)
+        curves.average_mode = average_mode
+        name = filename or f"acc_error_{'_'.join(_slug(c) for c in configs)[:80]}.png"
+        curves.png = str(plot_curves(curves, out / name))
     return curves
 
 

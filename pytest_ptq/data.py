@@ -7,7 +7,6 @@ number of samples.
 from __future__ import annotations
 
 import copy
-import os
 import re
 import zipfile
 from pathlib import Path
@@ -26,9 +25,10 @@ _NP_OF_ONNX = {
 }
 
 
-def _numeric_key(path):
+def _sample_number(path):
+    """The sample number in a file name (``7.npy``, ``img_007.npy`` -> 7), or None."""
     m = re.search(r"(\d+)", path.stem)
-    return (int(m.group(1)) if m else -1, path.name)
+    return int(m.group(1)) if m else None
 
 
 class _Source:
@@ -77,9 +77,10 @@ class CalibrationData:
     ``sample(i)`` returns ``{input name: array}`` with the batch dimension the model expects.
     """
 
-    def __init__(self, sources, where):
+    def __init__(self, sources, where, path=None):
         self.sources = sources
         self.where = where
+        self.path = path  # the file or folder read, None for a mapping
         counts = {k: len(v) for k, v in sources.items()}
         if len(set(counts.values())) > 1:
             raise PTQError(f"calibration data {where!r} has different sample counts per input "
@@ -195,11 +196,11 @@ def load_data(calibrated_data, qmodel=None, data_num=None):
         data = CalibrationData({k: _Source(f"{k}", list(v) if not isinstance(v, np.ndarray) else list(v))
                                 for k, v in calibrated_data.items()}, "<mapping>")
     else:
-        path = Path(os.fspath(calibrated_data))
+        path = params.input_path(calibrated_data, "calibration data")
         if path.is_file() and path.suffix == ".npz":
-            data = CalibrationData(_open_npz(path), str(path))
+            data = CalibrationData(_open_npz(path), str(path), path)
         elif path.is_dir():
-            data = CalibrationData(_open_dir(path), str(path))
+            data = CalibrationData(_open_dir(path), str(path), path)
         elif path.exists():
             raise PTQError(f"calibration data {str(path)!r} is neither a folder nor an .npz file; "
                            "give a folder with one sub-folder of .npy files per model input")
@@ -223,16 +224,53 @@ def _open_npz(path):
             for k, a in arrays.items()}
 
 
+def _npy_files(folder):
+    # hidden files are not samples: macOS leaves ._0.npy beside 0.npy on foreign disks
+    return sorted(p for p in folder.glob("*.npy") if not p.name.startswith(".") and p.is_file())
+
+
+def _numbered(folder, files):
+    """``files`` in sample order. Every name must carry a sample number, once: the order
+    decides which samples ``data_num`` keeps and which files of several inputs form one
+    sample, so it is never guessed."""
+    numbers = {}
+    unnumbered = []
+    for f in files:
+        n = _sample_number(f)
+        if n is None:
+            unnumbered.append(f.name)
+        elif n in numbers:
+            raise PTQError(f"calibration folder {str(folder)!r} has two files for sample {n} "
+                           f"({numbers[n].name!r} and {f.name!r}); keep one file per sample number")
+        else:
+            numbers[n] = f
+    if unnumbered:
+        listed = ", ".join(repr(n) for n in unnumbered[:3]) + (" ..." if len(unnumbered) > 3 else "")
+        raise PTQError(f"calibration folder {str(folder)!r} has files without a sample number ({listed}), so "
+                       "their order is unknown; name the samples 0.npy, 1.npy, ... or move the others out")
+    return [numbers[n] for n in sorted(numbers)]
+
+
 def _open_dir(path):
     subdirs = sorted(p for p in path.iterdir() if p.is_dir() and not p.name.startswith("."))
-    stacked = sorted(p for p in path.glob("*.npy"))
-    sources = {}
+    stacked = _npy_files(path)
+    sources, numbers = {}, {}
     for d in subdirs:
-        files = sorted(d.glob("*.npy"), key=_numeric_key)
+        files = _numbered(d, _npy_files(d))
         if not files:
             raise PTQError(f"calibration folder {str(d)!r} holds no .npy files; save one sample per file "
                            "as 0.npy, 1.npy, ...")
         sources[d.name] = _Source(str(d), files)
+        numbers[d.name] = [_sample_number(f) for f in files]
+    if len({tuple(v) for v in numbers.values()}) > 1:
+        first, *others = numbers
+        for other in others:
+            missing = sorted(set(numbers[first]) ^ set(numbers[other]))
+            if missing:
+                n = missing[0]
+                has, lacks = (first, other) if n in numbers[first] else (other, first)
+                raise PTQError(f"calibration data {str(path)!r} has sample {n} for input {has!r} but not for "
+                               f"{lacks!r}; give every input the same sample numbers")
     for f in stacked:
         if f.stem in sources:
             continue

@@ -592,6 +592,9 @@ def check_data(model_or_file, calibrated_data=None, heldout=None, data_num=None,
     :class:`DataReport`, findings ordered error, warning, info.
     """
     m = get_metrics(metric)[0]
+    threshold = params.optional_number(threshold, "threshold")
+    expect_mean = params.numbers_list(expect_mean, "expect_mean")
+    expect_std = params.numbers_list(expect_std, "expect_std")
     if threshold is None and m.name == "cosine-similarity":
         threshold = 0.99
     if calibrated_data is None and isinstance(model_or_file, Engine):

@@ -13,6 +13,30 @@ class NotQuantized(PTQError):
     """The model holds nothing the tool can analyse as quantized (a float model, say)."""
 
 
+_SHOWN = 80
+
+
+def shown(value, limit=_SHOWN):
+    """``repr(value)`` cut to about ``limit`` characters, for messages.
+
+    reprlib bounds the work as well as the text: a YAML alias bomb expands to a structure
+    whose full repr would take gigabytes, and a message must not be what hangs the run.
+    """
+    import reprlib
+
+    r = reprlib.Repr()
+    r.maxlevel, r.maxdict, r.maxlist, r.maxtuple, r.maxset = 3, 4, 6, 6, 6
+    r.maxstring, r.maxother, r.maxlong = limit, limit, 40
+    text = r.repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def clip(text, limit=_SHOWN):
+    """Plain ``text`` (a message quoted from elsewhere) cut to ``limit`` characters."""
+    text = str(text)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 def closest(name, candidates, n=3):
     """Up to ``n`` names from ``candidates`` that look like ``name``, best first."""
     import difflib
@@ -22,7 +46,7 @@ def closest(name, candidates, n=3):
 
 def unknown(kind, name, candidates):
     """A PTQError for an unknown ``kind`` called ``name``, suggesting the closest names."""
-    near = closest(name, candidates)
-    hint = f"; did you mean {', '.join(repr(c) for c in near)}?" if near else (
+    near = closest(name, candidates) if isinstance(name, str) and len(name) <= 200 else []
+    hint = f"; did you mean {', '.join(shown(c) for c in near)}?" if near else (
         f"; known {kind}s are listed by `ptq-debug list-nodes`" if kind == "node" else "")
-    return PTQError(f"unknown {kind} {name!r}{hint}")
+    return PTQError(f"unknown {kind} {shown(name)}{hint}")

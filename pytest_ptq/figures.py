@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from . import guard
+
 
 def pyplot():
     """matplotlib.pyplot on the Agg backend: the analyses run headless, in CI too."""
@@ -18,12 +20,13 @@ def pyplot():
 def save_figure(fig, path, tight=True):
     """Write ``fig`` to ``path`` (parents created) and close it; returns the Path."""
     plt = pyplot()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if tight:
-        fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    try:
+        with guard.writing(Path(path)) as path:
+            if tight:
+                fig.tight_layout()
+            fig.savefig(path)
+    finally:
+        plt.close(fig)
     return path
 
 

@@ -11,7 +11,7 @@ import dataclasses
 from collections import deque
 
 from .engine import engine_for
-from .errors import PTQError, unknown
+from .errors import PTQError, shown, unknown
 from .metrics import get_metrics
 from .outputs import parse_outputs
 from .sensitivity import rank_configs, sample_indices
@@ -83,6 +83,9 @@ def resolve_groups(engine, groups):
     """
     if isinstance(groups, (str, Subgraph)):
         groups = [groups]
+    if not isinstance(groups, (dict, list, tuple)):
+        raise PTQError(f"groups must be a list of groups (node names, lists of names or Subgraphs) or a dict "
+                       f"{{label: group}}, got {shown(groups)}")
     items = list(groups.items()) if isinstance(groups, dict) else [(None, g) for g in groups]
     if not items:
         raise PTQError("no group given; pass a list of node names or a Subgraph(start, end)")
@@ -95,6 +98,9 @@ def resolve_groups(engine, groups):
             names = subgraph_nodes(qm, spec.start, spec.end, spec.weights)
             label = label or spec.label
         else:
+            if not isinstance(spec, (str, list, tuple)) or not all(isinstance(n, str) for n in (
+                    [spec] if isinstance(spec, str) else spec)):
+                raise PTQError(f"a group must be a node name, a list of node names or a Subgraph, got {shown(spec)}")
             members = [spec] if isinstance(spec, str) else list(spec)
             if not members:
                 raise PTQError("a group is empty; give at least one node name")

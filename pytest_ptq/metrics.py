@@ -11,7 +11,7 @@ import math
 
 import numpy as np
 
-from .errors import PTQError, unknown
+from .errors import PTQError, shown, unknown
 
 
 class Metric:
@@ -174,6 +174,9 @@ def get_metrics(metrics):
         metrics = ["cosine-similarity"]
     if isinstance(metrics, str):
         metrics = [metrics]
+    if not isinstance(metrics, (list, tuple)) and not (hasattr(metrics, "__iter__") and not isinstance(metrics, dict)):
+        raise PTQError(f"metrics must be a metric name or a list of names such as ['cosine-similarity'], "
+                       f"got {shown(metrics)}")
     out = []
     for m in metrics:
         key = _ALIASES.get(str(m).lower(), str(m).lower())

@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import re
 
-from .errors import PTQError, unknown
+from .errors import PTQError, shown, unknown
 
 _SLICE = re.compile(r"^\s*(?:(?P<alias>[^=\[\]]+?)\s*=\s*)?(?P<tensor>[^\[\]]+?)\s*(?:\[(?P<index>[^\]]*)\])?\s*$")
 
@@ -70,7 +70,13 @@ def parse_outputs(output_node, qmodel):
     if output_node is None:
         specs = [OutputSpec(n, n) for n in qmodel.output_names]
     else:
-        items = [output_node] if isinstance(output_node, (str, OutputSpec)) else list(output_node)
+        if isinstance(output_node, (str, OutputSpec)):
+            items = [output_node]
+        elif isinstance(output_node, (list, tuple)) and all(isinstance(o, (str, OutputSpec)) for o in output_node):
+            items = list(output_node)
+        else:
+            raise PTQError(f"output_node must be an output name, a slice such as 'out[:, 0:4]' or a list of them, "
+                           f"got {shown(output_node)}")
         specs = [parse_output(o, qmodel) for o in items]
     names = [s.name for s in specs]
     if len(set(names)) != len(names):

@@ -9,10 +9,13 @@ onnx or onnxruntime, so pytest start-up stays cheap.
 
 from __future__ import annotations
 
+import errno
 import math
 import numbers
+import os
+from pathlib import Path
 
-from .errors import PTQError, unknown
+from .errors import PTQError, shown, unknown
 
 NODE_TYPES = ("node", "weight", "activation")
 
@@ -23,6 +26,10 @@ def _fail(what, text):
     return PTQError(f"{what} {text}".strip())
 
 
+def _fail_value(what, must, value):
+    return _fail(what, f"must be {must}, got {shown(value)}")
+
+
 def _text(value):
     return value.strip() if isinstance(value, str) else value
 
@@ -31,16 +38,16 @@ def whole(value, what, minimum=None):
     """An integer (``3``, ``"3"``, ``3.0``); bools, fractions and text are refused."""
     raw = _text(value)
     if isinstance(raw, bool):
-        raise _fail(what, f"must be a whole number, got {value!r}")
+        raise _fail(what, f"must be a whole number, got {shown(value)}")
     if isinstance(raw, str):
         try:
             raw = int(raw)
         except ValueError:
-            raise _fail(what, f"must be a whole number, got {value!r}") from None
+            raise _fail(what, f"must be a whole number, got {shown(value)}") from None
     if isinstance(raw, numbers.Integral) or isinstance(raw, numbers.Real) and math.isfinite(raw) and float(raw).is_integer():
         number = int(raw)
     else:
-        raise _fail(what, f"must be a whole number, got {value!r}")
+        raise _fail(what, f"must be a whole number, got {shown(value)}")
     if minimum is not None and number < minimum:
         raise _fail(what, f"must be at least {minimum}, got {number}")
     return number
@@ -62,11 +69,11 @@ def number(value, what):
     """A finite real number (``0.99``, ``"0.99"``); bools and NaN are refused."""
     raw = _text(value)
     if isinstance(raw, bool):
-        raise _fail(what, f"must be a number, got {value!r}")
+        raise _fail(what, f"must be a number, got {shown(value)}")
     try:
         result = float(raw)
     except (TypeError, ValueError):
-        raise _fail(what, f"must be a number, got {value!r}") from None
+        raise _fail(what, f"must be a number, got {shown(value)}") from None
     if math.isnan(result):
         raise _fail(what, "must be a number, got NaN")
     return result
@@ -76,7 +83,7 @@ def cosine(value, what="a cosine threshold"):
     """A cosine similarity in [-1, 1]."""
     result = number(value, what)
     if not -1.0 <= result <= 1.0:
-        raise _fail(what, f"must lie in [-1, 1], got {value}")
+        raise _fail(what, f"must lie in [-1, 1], got {result:g}")
     return result
 
 
@@ -84,7 +91,7 @@ def non_negative(value, what="a tolerance"):
     """A number >= 0."""
     result = number(value, what)
     if result < 0:
-        raise _fail(what, f"must be >= 0, got {value}")
+        raise _fail(what, f"must be >= 0, got {result:g}")
     return result
 
 
@@ -92,13 +99,116 @@ def seconds(value, what="a time budget"):
     """A positive number of seconds."""
     result = number(value, what)
     if result <= 0:
-        raise _fail(what, f"must be a positive number of seconds, got {value}")
+        raise _fail(what, f"must be a positive number of seconds, got {result:g}")
     return result
+
+
+def positive(value, what):
+    """A number > 0."""
+    result = number(value, what)
+    if not result > 0:
+        raise _fail(what, f"must be > 0, got {result:g}")
+    return result
+
+
+def fraction(value, what):
+    """A number in (0, 1]."""
+    result = number(value, what)
+    if not 0 < result <= 1:
+        raise _fail(what, f"must lie in (0, 1], got {result:g}")
+    return result
+
+
+def optional_number(value, what):
+    """None, or a finite real number (see :func:`number`)."""
+    return None if value is None else number(value, what)
+
+
+def numbers_list(value, what):
+    """None, a number, or a list of numbers (per-channel statistics) as a list of floats."""
+    if value is None:
+        return None
+    if isinstance(value, (str, numbers.Real)) and not isinstance(value, bool):
+        return [number(value, what)]
+    if not isinstance(value, (list, tuple)) and not hasattr(value, "tolist"):
+        raise _fail_value(what, "a number or a list of numbers", value)
+    items = list(value.tolist() if hasattr(value, "tolist") else value)
+    if not items:
+        raise _fail(what, "must hold at least one number, got an empty list")
+    return [number(v, what) for v in items]
+
+
+def axis(value, what="axis"):
+    """None (inferred) or a whole number, negative counting from the end; the range is
+    checked against each tensor's rank where it is used."""
+    if value is None:
+        return None
+    return whole(value, what)
+
+
+def names(value, what, nested=False):
+    """None, a name, or a list of names (node, output or tensor names) as a list of str.
+
+    With ``nested`` an entry may itself be a list of names (the seed's groups ``[["a", "b"]]``).
+    """
+    if value is None:
+        return None
+    if isinstance(value, str):
+        return [value]
+    if not isinstance(value, (list, tuple, set, frozenset)) and not _is_sequence(value):
+        raise _fail_value(what, "a name or a list of names", value)
+    out = []
+    for entry in value:
+        if isinstance(entry, str):
+            out.append(entry)
+        elif nested and isinstance(entry, (list, tuple)) and entry and all(isinstance(e, str) for e in entry):
+            out.append(list(entry))
+        else:
+            raise _fail_value(what, "a list of names" + (" or of lists of names" if nested else ""), entry)
+    return out
+
+
+def _is_sequence(value):
+    # dict views, generators, numpy arrays of names: iterable, not a mapping, not text
+    return hasattr(value, "__iter__") and not isinstance(value, (dict, bytes, str))
+
+
+def node_types(value, what="node_type"):
+    """None, one of :data:`NODE_TYPES`, or a list of them, as a list without repeats."""
+    if value is None:
+        return None
+    types = names(value, what)
+    if not types:
+        raise _fail(what, f"must name at least one of {', '.join(NODE_TYPES)}, got an empty list")
+    return list(dict.fromkeys(node_type(t, what) for t in types))
+
+
+def input_path(value, what):
+    """A path to read (str or PathLike) as a Path; whether it exists is the loader's to say,
+    but a name the system cannot even look up (too long, not searchable) is refused here."""
+    if isinstance(value, bool) or not isinstance(value, (str, os.PathLike)):
+        raise _fail_value(what, "a path", value)
+    text = os.fspath(value)
+    if isinstance(text, bytes):
+        text = os.fsdecode(text)
+    if not text.strip():
+        raise _fail(what, "must be a path, got an empty string")
+    if "\0" in text:
+        raise _fail(what, f"{shown(text)} holds a NUL character; give a plain path")
+    path = Path(os.path.expanduser(text))
+    try:
+        os.stat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        pass
+    except OSError as exc:
+        reason = "the name is too long" if exc.errno == errno.ENAMETOOLONG else (exc.strerror or type(exc).__name__)
+        raise PTQError(f"{what} {shown(text)} cannot be read ({reason}); check the path") from None
+    return path
 
 
 def node_type(value, what="node_type"):
     """One of :data:`NODE_TYPES`."""
-    if value not in NODE_TYPES:
+    if not isinstance(value, str) or value not in NODE_TYPES:
         err = unknown(what, value, NODE_TYPES)
         raise PTQError(f"{err} (one of {', '.join(NODE_TYPES)})")
     return value
@@ -109,7 +219,7 @@ def metric(value):
     from .metrics import get_metrics
 
     if not isinstance(value, str):
-        raise PTQError(f"a metric must be a name such as 'cosine-similarity', got {value!r}")
+        raise PTQError(f"a metric must be a name such as 'cosine-similarity', got {shown(value)}")
     return get_metrics(value)[0].name
 
 
@@ -119,6 +229,9 @@ def metrics(values):
         return ["cosine-similarity"]
     if isinstance(values, str):
         values = [values]
+    if not isinstance(values, (list, tuple)) and not _is_sequence(values):
+        raise PTQError(f"metrics must be a metric name or a list of names such as ['cosine-similarity'], "
+                       f"got {shown(values)}")
     names = [metric(v) for v in values]
     if not names:
         raise PTQError("no metric given; name at least one, such as 'cosine-similarity'")
@@ -131,5 +244,19 @@ SEVERITIES = ("error", "warning", "info")  # most severe first
 def severity(value, what="max_severity"):
     """One of :data:`SEVERITIES`."""
     if value not in SEVERITIES:
-        raise _fail(what, f"must be one of {', '.join(SEVERITIES)}, got {value!r}")
+        raise _fail(what, f"must be one of {', '.join(SEVERITIES)}, got {shown(value)}")
     return value
+
+
+def baseline_path(value, inputs=None, writable=True, what="baseline"):
+    """The Path of a baseline file, checked before any work: a ``.json`` path, neither an
+    input nor inside a data folder (``inputs``: :class:`~pytest_ptq.guard.Inputs`), and
+    writable when it may be written. The suffix keeps an update from rewriting a file
+    that was never a baseline (a model, a script, a README)."""
+    from . import guard
+
+    path = guard.output_path(value, what, inputs, atomic=True, writable=writable)
+    if path.suffix.lower() != ".json":
+        raise PTQError(f"{what} {shown(str(path), 240)} must be a .json file (baselines are JSON); "
+                       f"name it like {shown(path.stem + '.json', 240)}")
+    return path

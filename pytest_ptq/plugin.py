@@ -71,7 +71,7 @@ class _Hooks:
         """A failing test gets a ``ptq`` section; pytest-html gets the figures as extras."""
         # an input error (PTQError) is one sentence; tables would only bury it
         if call.when == "call" and call.excinfo is not None and not call.excinfo.errisinstance(
-                (pytest.skip.Exception, PTQError)):
+                (pytest.skip.Exception, PTQError, ptq_settings_mod.InputFailure)):
             section = self.ptq.failure_section(item)
             if section:
                 item.add_report_section("call", "ptq", section)

@@ -15,11 +15,11 @@ import base64
 import datetime
 import html
 import io
-import os
 import tempfile
 from collections import defaultdict
 from pathlib import Path
 
+from . import guard
 from .errors import PTQError
 from .results import json_safe
 from .tables import fmt
@@ -29,6 +29,8 @@ MAX_WIDTH = 1000
 # Embedded figures stop here; a browser handles a few MB without complaint.
 IMAGE_BUDGET = 4 * 2**20
 DISTRIBUTIONS = 3
+# Marks a page as pytest-ptq's, so that a rerun replaces it and nothing else.
+GENERATOR = '<meta name="generator" content="pytest-ptq">'
 OUTPUT_METRICS = ["cosine-similarity", "sqnr", "mre", "chebyshev"]
 
 
@@ -382,7 +384,7 @@ def render(models):
     else:
         body.append("<p>No test used a ptq fixture or contract in this session.</p>")
     body += [_model_html(k, m) for k, m in enumerate(models)]
-    return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+    return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">" + GENERATOR +
             "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">"
             f"<title>pytest-ptq report</title><style>{_CSS}</style></head><body>\n"
             + "\n".join(body) + "\n</body></html>\n")
@@ -390,9 +392,18 @@ def render(models):
 
 def write(path, models):
     """Write the page atomically; returns the path."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(render(models), encoding="utf-8")
-    os.replace(tmp, path)
-    return path
+    return guard.write_text(Path(path), render(models), atomic=True)
+
+
+def foreign(path):
+    """True when ``path`` holds something other than a pytest-ptq report (an empty file or
+    none at all is not foreign): the report only ever replaces a report."""
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(4096)
+    except FileNotFoundError:
+        return False
+    except OSError:
+        return True
+    # reports before the generator tag carry the title
+    return bool(head.strip()) and GENERATOR.encode() not in head and b"<title>pytest-ptq report</title>" not in head

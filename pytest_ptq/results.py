@@ -5,7 +5,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-from pathlib import Path
+
+from . import guard
 
 
 def plain(obj):
@@ -45,11 +46,33 @@ def json_restore(obj):
 
 
 def write_json(data, path, sort_keys=False):
-    """Write ``data`` (made JSON-safe), keys in their order unless ``sort_keys``; returns the path."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(json_safe(data), indent=1, sort_keys=sort_keys))
-    return path
+    """Write ``data`` (made JSON-safe), keys in their order unless ``sort_keys``; returns the path.
+    Never onto a protected input; a failed write is one sentence (see :mod:`.guard`)."""
+    path = guard.output_path(path, "output file")
+    return guard.write_text(path, json.dumps(json_safe(data), indent=1, sort_keys=sort_keys))
+
+
+def read_from(result, inputs):
+    """Note on ``result`` what it was computed from (:class:`~pytest_ptq.guard.Inputs`), so that
+    saving it never overwrites those files; returns ``result``."""
+    result._ptq_inputs = inputs  # not a field: to_dict() and the saved JSON do not carry it
+    return result
+
+
+def inputs_of(result):
+    """What ``result`` was computed from (see :func:`read_from`), or None."""
+    return getattr(result, "_ptq_inputs", None)
+
+
+def save_result(result, data, path, sort_keys=False):
+    """:func:`write_json` of a result's ``data``, never onto what it was computed from
+    (:func:`read_from`, and its ``model``, ``data``, ``heldout`` and ``float_model`` paths)."""
+    inputs = (guard.Inputs().add(getattr(result, "model", None), "model file")
+              .add(getattr(result, "data", None), "calibration data")
+              .add(getattr(result, "heldout", None), "held-out data")
+              .add(getattr(result, "float_model", None), "float model")) | inputs_of(result)
+    with guard.protecting(inputs):
+        return write_json(data, path, sort_keys=sort_keys)
 
 
 class JsonResult:
@@ -60,4 +83,4 @@ class JsonResult:
 
     def save(self, path):
         """Write the result as JSON; returns the path."""
-        return write_json(self.to_dict(), path)
+        return save_result(self, self.to_dict(), path)

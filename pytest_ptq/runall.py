@@ -39,7 +39,7 @@ import sys
 import time
 from pathlib import Path
 
-from . import __version__, params
+from . import __version__, guard, params
 from .curves import configs_from, get_acc_error, plot_curves
 from .distribution import (CLIP_SHARE, activation_reading, collect, draw_channelwise, draw_distribution,
                            few_levels, weight_issue)
@@ -69,8 +69,7 @@ def _step(timings, key, label, progress):
 def _node_types(node_type):
     if node_type is None:
         return list(KINDS)
-    types = [node_type] if isinstance(node_type, str) else list(node_type)
-    return list(dict.fromkeys(params.node_type(t) for t in types))
+    return params.node_types(node_type)
 
 
 def runall(model_or_file, calibrated_data=None, save_dir="ptq_debug_runall", metrics=("cosine-similarity",),
@@ -88,16 +87,27 @@ def runall(model_or_file, calibrated_data=None, save_dir="ptq_debug_runall", met
     ``files`` entry holds the paths written.
     """
     top = params.positive_int(top, "top")
+    axis = params.axis(axis)
     start = time.perf_counter()
     engine = engine_for(model_or_file, calibrated_data, float_model=float_model)
+    also = guard.Inputs().add(heldout if isinstance(heldout, (str, Path)) else None, "held-out data")
+    with engine.writes(save_dir, also=also) as out:
+        return _runall(engine, out, metrics, output_node, node_type, data_num, top, axis, progress,
+                       average_mode, start, heldout)
+
+
+def _runall(engine, out, metrics, output_node, node_type, data_num, top, axis, progress, average_mode, start,
+            heldout):
     metric_objs = get_metrics(metrics)
     metric = metric_objs[0].name
     indices = sample_indices(engine, data_num)
     specs = parse_outputs(output_node, engine.qmodel)
     types = _node_types(node_type)
     qm = engine.qmodel
-    out = Path(save_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    # the files named in advance are checked before the work (plots are checked as written)
+    for name in ("summary.md", "summary.json", "acc_error.png", *(f"sensitivity_{t}.json" for t in types)):
+        guard.claim(out / name)
+    guard.makedirs(out)
     timings, files, steps = {}, {"sensitivity": {}}, len(types) + 3
 
     sens = {}
@@ -162,8 +172,8 @@ def runall(model_or_file, calibrated_data=None, save_dir="ptq_debug_runall", met
     files["summary_json"] = str(out / "summary.json")
     summary["files"] = files
     summary = json_safe(summary)
-    Path(files["summary_md"]).write_text(markdown(summary))
-    Path(files["summary_json"]).write_text(json.dumps(summary, indent=1))
+    guard.write_text(Path(files["summary_md"]), markdown(summary))
+    guard.write_text(Path(files["summary_json"]), json.dumps(summary, indent=1))
     return summary
 
 

@@ -16,7 +16,7 @@ from .errors import PTQError, unknown
 from .metrics import get_metrics
 from .outputs import parse_outputs
 from .progress import Progress
-from .results import json_restore, write_json
+from .results import json_restore, read_from, save_result
 from .tables import format_table
 
 NODE_TYPES = params.NODE_TYPES
@@ -40,10 +40,11 @@ def targets_for(engine, node_type, interested_nodes=None):
                    for n in qm.normal.values() if n.calibration_inputs}
     else:
         targets = {c.name: [c.name] for c in qm.of_kind(node_type) if c.bypassable}
+    if interested_nodes is not None and not isinstance(interested_nodes, str):
+        interested_nodes = params.names(interested_nodes, "interested_nodes")
     if interested_nodes:
         chosen = {}
-        wanted = [interested_nodes] if isinstance(interested_nodes, str) else list(interested_nodes)
-        for name in wanted:
+        for name in params.names(interested_nodes, "interested_nodes"):
             if name in targets:
                 chosen[name] = targets[name]
             elif name in qm.calibration and qm.calibration[name].kind == node_type:
@@ -110,7 +111,7 @@ class Sensitivity(dict):
 
     def save(self, path):
         """Write the result as JSON (sorted keys, ranking order kept in ``ranking``)."""
-        return write_json(self.to_dict(), path, sort_keys=True)
+        return save_result(self, self.to_dict(), path, sort_keys=True)
 
     @classmethod
     def from_dict(cls, d):
@@ -187,8 +188,9 @@ def rank_configs(engine, configs, metric_objs, specs, indices, node_type, descri
     parsed outputs; ``describe(label)`` gives each entry's descriptive details."""
     with Progress(len(indices) * len(configs), desc, enabled=bool(progress)) as bar:
         scores = score_configs(engine, configs, metric_objs, specs, indices, bar)
-    result = Sensitivity(node_type=node_type, metrics=[m.name for m in metric_objs],
-                         outputs=[s.name for s in specs], samples=len(indices), model=engine.qmodel.source)
+    result = read_from(Sensitivity(node_type=node_type, metrics=[m.name for m in metric_objs],
+                                   outputs=[s.name for s in specs], samples=len(indices),
+                                   model=engine.qmodel.source), engine.inputs())
     entries = {}
     for name, (pooled, per_sample) in scores.items():
         per_output = {s.name: {m.name: m.value(pooled[(s.name, m.name)]) for m in metric_objs} for s in specs}

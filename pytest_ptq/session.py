@@ -12,16 +12,20 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import re
 from pathlib import Path
 
 import pytest
 
+from . import guard
 from .errors import PTQError
-from .settings import apply_marker, from_config
+from .settings import PTQPathWarning, apply_marker, below, from_config
 from .tables import format_table
 
 WORKER_KEY = "ptq_report"
+# What a worker's tests read, so that the controller never writes the report onto it.
+WORKER_INPUTS = "ptq_inputs"
 
 
 @dataclasses.dataclass
@@ -45,7 +49,51 @@ class PTQSession:
         self.analyses = {}  # AnalysisKey.id -> Analysis
         self.tests = {}  # node id -> Record
         self.worker_payloads = []
+        self.worker_inputs = []  # [path, what] read by the workers' tests
         self.is_worker = hasattr(config, "workerinput")
+        self.report_error = None  # why the report was not written, as one sentence
+        if not self.is_worker:  # the controller checks once; its workers write no report
+            self._check_outputs()
+
+    # -- outputs, checked before any test runs -----------------------------------------------
+    def inputs(self):
+        """What the session's own options name as inputs (model, data, float model, held-out
+        data), as :class:`~pytest_ptq.guard.Inputs`."""
+        s = self.settings
+        return (guard.Inputs().add(s.model, "model file").add(s.data, "calibration data")
+                .add(s.float_model, "float model").add(s.holdout, "held-out data"))
+
+    def _check_outputs(self):
+        """--ptq-report and --ptq-baseline-dir against the inputs, before any work; a path
+        outside the rootdir is legal but gets a warning. Raises PTQError (a usage error)."""
+        s, inputs = self.settings, self.inputs()
+        if s.report is not None:
+            self._report_path(inputs)
+            self._warn_outside_root("report", "--ptq-report", s.report)
+        default_dir = self.root / "ptq_baselines"
+        if s.baseline_dir is not None and Path(s.baseline_dir) != default_dir:
+            guard.output_path(s.baseline_dir, "--ptq-baseline-dir", inputs, folder=True,
+                              writable=s.update != "none")
+            self._warn_outside_root("baseline folder", "--ptq-baseline-dir", s.baseline_dir)
+        if s.baseline_dir is not None:
+            # a killed update leaves temporary files; remove them before anyone commits them
+            for folder, _dirs, _files in os.walk(s.baseline_dir):
+                guard.clean_stale_temps(folder)
+
+    def _report_path(self, inputs):
+        from . import report as html_report
+
+        path = guard.output_path(self.settings.report, "--ptq-report", inputs, atomic=True)
+        if html_report.foreign(path):
+            raise PTQError(f"--ptq-report {str(path)!r} exists and is not a pytest-ptq report; remove it or "
+                           "choose another file name, such as ptq-report.html")
+        return path
+
+    def _warn_outside_root(self, what, option, path):
+        if not below(path, self.root):
+            self.config.issue_config_time_warning(PTQPathWarning(
+                f"{option}: the {what} {str(path)!r} lies outside the rootdir {str(self.root)!r}, so it is not "
+                "kept with the project; move it under the rootdir unless that is intended"), stacklevel=2)
 
     # -- analyses and settings -------------------------------------------------------------
     def analysis(self, model, data, float_model=None, data_num=None, custom_op_library=None):
@@ -184,23 +232,42 @@ class PTQSession:
             return
         if self.is_worker:
             self.config.workeroutput[WORKER_KEY] = json.dumps(self.payload())
+            self.config.workeroutput[WORKER_INPUTS] = json.dumps(
+                [[i.given, i.what] for a in self.analyses.values() for i in a.inputs().items])
             return
         from . import report as html_report
 
-        models = self.payload()
-        for payload in self.worker_payloads:
-            models.extend(json.loads(payload))
-        html_report.write(self.settings.report, html_report.merge(models))
+        try:
+            # tests may have read models no option named (markers, contracts): check those too;
+            # any other existing file is refused by _report_path as not a report
+            inputs = self.inputs()
+            for analysis in self.analyses.values():
+                inputs = inputs | analysis.inputs()
+            for path, what in self.worker_inputs:
+                inputs.add(path, what)
+            path = self._report_path(inputs)
+            models = self.payload()
+            for payload in self.worker_payloads:
+                models.extend(json.loads(payload))
+            html_report.write(path, html_report.merge(models))
+        except PTQError as exc:
+            # the run's results stand: the missing page is an error line of the summary, not a crash
+            self.report_error = f"the ptq report was not written: {exc}"
 
     def node_down(self, node):
         """xdist controller: keep a finished worker's payload."""
-        payload = getattr(node, "workeroutput", {}).get(WORKER_KEY)
-        if payload:
-            self.worker_payloads.append(payload)
+        output = getattr(node, "workeroutput", {})
+        if output.get(WORKER_KEY):
+            self.worker_payloads.append(output[WORKER_KEY])
+        self.worker_inputs += json.loads(output.get(WORKER_INPUTS, "[]"))
 
     def terminal_summary(self, terminalreporter):
         """One line saying where the report went (on the process that wrote it)."""
-        if self.settings.report is not None and not self.is_worker:
+        if self.settings.report is None or self.is_worker:
+            return
+        if self.report_error:
+            terminalreporter.write_line(f"ERROR: {self.report_error}", red=True, bold=True)
+        else:
             terminalreporter.write_sep("-", f"ptq report: {self.settings.report}")
 
 

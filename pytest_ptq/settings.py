@@ -16,11 +16,32 @@ import dataclasses
 import os
 from pathlib import Path
 
+import pytest
+
 from . import params
-from .errors import PTQError, unknown
+from .errors import PTQError, shown, unknown
 from .metrics import METRICS
 
 NODE_TYPES = params.NODE_TYPES
+
+
+class InputFailure(pytest.fail.Exception):
+    """A test failed on bad input (a PTQError): its one sentence is the whole report, with
+    no ptq section of tables under it."""
+
+
+class PTQPathWarning(pytest.PytestWarning):
+    """A baseline or report path outside the rootdir: legal, but rarely what a project wants
+    (it is not committed with the tests that need it)."""
+
+
+def below(path, root):
+    """True when ``path`` lies inside the folder ``root`` (both resolved)."""
+    try:
+        Path(os.path.realpath(path)).relative_to(os.path.realpath(root))
+        return True
+    except ValueError:
+        return False
 
 
 def cosine(text):
@@ -46,26 +67,31 @@ def metric(text):
     return params.metric(text)
 
 
+def _path(text):
+    return params.input_path(str(text), "path")
+
+
 def existing_path(text):
     """A model or data path that exists (file or folder)."""
-    path = Path(os.path.expanduser(str(text)))
+    path = _path(text)
     if not path.exists():
-        raise PTQError(f"{str(text)!r} does not exist")
+        raise PTQError(f"{shown(str(text), 240)} does not exist")
     return path.resolve()
 
 
 def report_path(text):
-    """Where the HTML report goes: not an existing folder."""
-    path = Path(os.path.expanduser(str(text)))
+    """Where the HTML report goes: not an existing folder (the session checks the rest)."""
+    path = _path(text)
     if path.is_dir():
-        raise PTQError(f"{str(text)!r} is a folder; give a file name such as ptq-report.html")
+        raise PTQError(f"{shown(str(text), 240)} is a folder; give a file name such as ptq-report.html")
     return path.resolve()
 
 
 def folder(text):
-    path = Path(os.path.expanduser(str(text)))
+    """A folder (for baselines): not an existing file."""
+    path = _path(text)
     if path.exists() and not path.is_dir():
-        raise PTQError(f"{str(text)!r} is a file; give a folder")
+        raise PTQError(f"{shown(str(text), 240)} is a file; give a folder")
     return path.resolve()
 
 
@@ -215,7 +241,7 @@ def from_config(config):
         if value is None:
             raw = config.getini(o.ini)
             if raw not in (None, "", []):
-                value = _parse(o, raw, f"ini key {o.ini} = {raw!r}", ini_base)
+                value = _parse(o, raw, f"ini key {o.ini} = {shown(raw)}", ini_base)
         if value is None and o.name == "baseline_dir":
             value = Path(config.rootpath) / o.default
         if value is None:
@@ -238,11 +264,16 @@ def apply_marker(settings, args, kwargs, base):
     changes = {}
     for key, raw in given.items():
         if key in BY_NAME and key not in ("report", "baseline_dir"):
-            changes[key] = None if raw is None else _parse(BY_NAME[key], raw, f"ptq marker {key}={raw!r}", base)
+            changes[key] = None if raw is None else _parse(BY_NAME[key], raw, f"ptq marker {key}={shown(raw)}", base)
         elif key == "baseline":
-            changes[key] = None if raw is None else (base / os.path.expanduser(str(raw))).resolve()
+            if raw is not None and not isinstance(raw, (str, os.PathLike)):
+                raise PTQError(f"ptq marker baseline= must be a path, got {shown(raw)}")
+            changes[key] = None if raw is None else (base / params.input_path(raw, "ptq marker baseline=")).resolve()
         elif key == "allow":
-            changes[key] = (raw,) if isinstance(raw, str) else tuple(str(a) for a in raw)
+            try:
+                changes[key] = tuple(params.names(raw, "ptq marker allow=") or ())
+            except PTQError as exc:
+                raise PTQError(f"{exc}; give node names or patterns such as allow=['conv1*']") from None
         else:
             raise unknown("ptq marker argument", key, [o.name for o in OPTIONS
                                                        if o.name not in ("report", "baseline_dir")]

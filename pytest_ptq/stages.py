@@ -22,8 +22,8 @@ sensitivity, fix them with ``suggest``), at stage 4 only at the integer kernels.
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 
+from . import guard, params
 from .data import load_data
 from .engine import Engine
 from .engine.runtime import make_session, run
@@ -32,7 +32,7 @@ from .metrics import get_metrics
 from .model import QuantModel, load_model
 from .outputs import parse_outputs
 from .progress import Progress
-from .results import JsonResult
+from .results import JsonResult, read_from
 from .tables import format_table
 
 STAGES = {
@@ -111,6 +111,7 @@ def localize_stages(float_model, calibrated_model, calibrated_data, metrics=("co
     """
     metric_objs = get_metrics(metrics)
     first = metric_objs[0]
+    threshold = params.optional_number(threshold, "threshold")
     if threshold is None and first.name == "cosine-similarity":
         threshold = 0.99
     fmodel, fpath = load_model(float_model, what="float model")
@@ -126,6 +127,10 @@ def localize_stages(float_model, calibrated_model, calibrated_data, metrics=("co
         data = load_data(calibrated_data, qm, data_num)
         engine = Engine(qm, None, check=False)
     qmodel = qm.model
+    inputs = (guard.Inputs().add(fpath, "float model").add(qm.path, "model file")
+              .add(getattr(data, "path", None), "calibration data"))
+    if save_dir is not None:
+        save_dir = guard.output_path(save_dir, "save_dir", inputs, folder=True)
     specs = parse_outputs(output_node, qm)
     float_outputs = {o.name for o in fmodel.graph.output}
     for s in specs:
@@ -138,8 +143,8 @@ def localize_stages(float_model, calibrated_model, calibrated_data, metrics=("co
                        "pass the float model the calibrated model was made from")
     optimized = None
     if save_dir is not None:
-        Path(save_dir).mkdir(parents=True, exist_ok=True)
-        optimized = Path(save_dir) / "optimized_float_model.onnx"
+        guard.makedirs(save_dir)
+        optimized = inputs.check(guard.claim(save_dir / "optimized_float_model.onnx"), "the optimised float model")
     providers = providers or ["CPUExecutionProvider"]
     what = "the model for stage comparison"
     libs = calibrated_model.libraries if isinstance(calibrated_model, Engine) else ()
@@ -187,10 +192,11 @@ def localize_stages(float_model, calibrated_model, calibrated_data, metrics=("co
     stages = [rows[k] for k in shown]
     first_drop, message = verdict({k: rows[k]["values"][first.name] for k in shown},
                                   rows["kernel-gap"]["values"][first.name], first.name, threshold)
-    return StageReport(metrics=[m.name for m in metric_objs], outputs=[s.name for s in specs], samples=len(data),
-                       threshold=threshold, stages=stages, kernel_gap=rows["kernel-gap"], first_drop=first_drop,
-                       message=message, float_model=str(fpath) if fpath else "<ModelProto>",
-                       calibrated_model=qm.source, optimized_model=str(optimized) if optimized else None)
+    return read_from(StageReport(
+        metrics=[m.name for m in metric_objs], outputs=[s.name for s in specs], samples=len(data),
+        threshold=threshold, stages=stages, kernel_gap=rows["kernel-gap"], first_drop=first_drop, message=message,
+        float_model=str(fpath) if fpath else "<ModelProto>", calibrated_model=qm.source,
+        optimized_model=str(optimized) if optimized else None), inputs)
 
 
 def verdict(values, kernel_gap, metric, threshold):

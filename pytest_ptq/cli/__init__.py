@@ -3,17 +3,23 @@
 Each module of this package owns its subcommands (a list ``COMMANDS`` of
 :class:`~pytest_ptq.cli.args.Command`); :mod:`.args` holds the options they share. No
 analysis imports this package. Bad input prints one sentence on stderr and exits 2, with
-no traceback.
+no traceback; every output path is checked against every input before the command runs
+(:func:`~pytest_ptq.cli.args.check_outputs`), and a closed pipe ends the command quietly.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
-from .. import __version__
+from .. import __version__, guard
 from ..errors import PTQError
+from .args import check_outputs
+
+# Exit status of a command whose reader went away, as a shell reports a tool SIGPIPE ended.
+BROKEN_PIPE = 128 + 13
 
 # The modules whose COMMANDS make up ptq-debug, in the order `ptq-debug -h` lists them.
 _MODULES = ("sensitivity", "curves", "distribution", "runall", "remedy", "stages", "datacheck", "listing")
@@ -27,8 +33,15 @@ def commands():
     return out
 
 
+class Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose errors are one line, like every other error of ptq-debug."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message}; see {self.prog} -h\n")
+
+
 def build_parser():
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="ptq-debug",
         description="Find why a post-training-quantized ONNX (QDQ) model lost accuracy.")
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
@@ -47,10 +60,25 @@ def main(argv=None):
         parser.print_help()
         return 2
     try:
-        return args.func(args) or 0
+        inputs = check_outputs(args)
+        with guard.protecting(inputs):
+            return args.func(args) or 0
     except PTQError as exc:
         print(f"ptq-debug {args.command}: error: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:
+        _silence_stdout()
+        return BROKEN_PIPE
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+
+
+def _silence_stdout():
+    """After the reader of stdout went away (``ptq-debug list-nodes m.onnx | head``): point
+    stdout at /dev/null, so that the interpreter's last flush does not fail again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):  # in-process (captured) stdout has no descriptor
+        pass

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
-from .. import params
+from .. import guard, params
 from ..errors import PTQError
 from ..metrics import METRICS
 
@@ -24,6 +24,45 @@ class Command:
     help: str
     configure: object
     run: object
+
+
+# What a command reads and writes, by argparse dest. main() guards every command through
+# these, so a command (also one added later) is covered by naming its options with them.
+INPUT_DESTS = {"model": "model file", "float_model": "float model", "float_model_path": "float model",
+               "data": "calibration data", "heldout": "held-out data", "evaluate": "evaluation file"}
+OUTPUT_DESTS = {"json": ("--json", False), "save_dir": ("-s/--save-dir", True)}  # dest: (label, folder)
+
+
+def inputs_of(args):
+    """The :class:`~pytest_ptq.guard.Inputs` a parsed command line reads."""
+    inputs = guard.Inputs()
+    for dest, what in INPUT_DESTS.items():
+        for value in _values(getattr(args, dest, None)):
+            if dest == "evaluate":  # FILE.py:FUNCTION reads FILE.py; module:FUNCTION reads no file here
+                target, sep, _ = value.rpartition(":")
+                if not (sep and target.endswith(".py")):
+                    continue
+                value = target
+            inputs.add(value, what)
+    return inputs
+
+
+def check_outputs(args):
+    """Check every output path of a parsed command line against its inputs before any work
+    (``--no-save`` turns the save folder off); returns the inputs, to protect while it runs."""
+    inputs = inputs_of(args)
+    for dest, (label, folder) in OUTPUT_DESTS.items():
+        if dest == "save_dir" and getattr(args, "no_save", False):
+            continue
+        for value in _values(getattr(args, dest, None)):
+            guard.output_path(value, label, inputs, folder=folder)
+    return inputs
+
+
+def _values(value):
+    if value is None:
+        return []
+    return [v for v in (value if isinstance(value, (list, tuple)) else [value]) if isinstance(v, str)]
 
 
 def argtype(validator, name=None):

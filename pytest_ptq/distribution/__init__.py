@@ -44,10 +44,11 @@ def plot_distribution(save_dir, model_or_file, calibrated_data=None, nodes_list=
     ``png`` is the written file.
     """
     engine = engine_for(model_or_file, calibrated_data, float_model=float_model)
-    names = resolve_nodes(engine.qmodel, nodes_list, "plot_distribution")
-    dist, _ = collect(engine, names, (), data_num=data_num, bins=bins, progress=progress)
-    for d in dist.values():
-        d["png"] = draw_distribution(d, save_dir)
+    with engine.writes(save_dir) as out:
+        names = resolve_nodes(engine.qmodel, nodes_list, "plot_distribution")
+        dist, _ = collect(engine, names, (), data_num=data_num, bins=bins, progress=progress)
+        for d in dist.values():
+            d["png"] = draw_distribution(d, out)
     return dist
 
 
@@ -63,9 +64,10 @@ def get_channelwise_data_distribution(save_dir, model_or_file, calibrated_data=N
     channel's, widest first, with ``outlier_ratios``.
     """
     engine = engine_for(model_or_file, calibrated_data, float_model=float_model)
-    names = resolve_nodes(engine.qmodel, nodes_list, "get_channelwise_data_distribution")
-    _, boxes = collect(engine, (), names, axis=axis, data_num=data_num, outlier_k=outlier_k,
-                       progress=progress)
-    for d in boxes.values():
-        d["png"] = draw_channelwise(d, save_dir)
+    with engine.writes(save_dir) as out:
+        names = resolve_nodes(engine.qmodel, nodes_list, "get_channelwise_data_distribution")
+        _, boxes = collect(engine, (), names, axis=axis, data_num=data_num, outlier_k=outlier_k,
+                           progress=progress)
+        for d in boxes.values():
+            d["png"] = draw_channelwise(d, out)
     return boxes

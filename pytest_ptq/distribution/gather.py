@@ -13,6 +13,7 @@ import math
 
 import numpy as np
 
+from .. import params
 from ..channelwise import OUTLIER_K, ChannelStats, channel_axis
 from ..model import grids
 from ..errors import PTQError, unknown
@@ -233,10 +234,10 @@ def _sweep(engine, indices, float_tensors, quant_tensors, accs, bar):
 
 # -- node description ---------------------------------------------------------------------
 def resolve_nodes(qm, nodes_list, what):
-    if nodes_list is None or (not isinstance(nodes_list, str) and len(nodes_list) == 0):
+    names = params.names(nodes_list, "nodes_list")
+    if not names:
         raise PTQError(f"{what} needs nodes_list: the calibration or normal node names to plot "
                        "(list them with `ptq-debug list-nodes MODEL`)")
-    names = [nodes_list] if isinstance(nodes_list, str) else list(nodes_list)
     for name in names:
         if name not in qm.calibration and name not in qm.normal:
             raise unknown("node", name, list(qm.calibration) + list(qm.normal))
@@ -301,6 +302,10 @@ def collect(engine, dist_nodes=(), box_nodes=(), axis=None, data_num=None, bins=
     With ``skip_unboxable``, a node without a channel axis gets ``{"skipped": reason}``
     instead of raising.
     """
+    bins = params.positive_int(bins, "bins")
+    axis = params.axis(axis)
+    outlier_k = params.positive(outlier_k, "outlier_k")
+    params.data_num(data_num)
     qm = engine.qmodel
     for name in box_nodes:
         if name not in qm.calibration:

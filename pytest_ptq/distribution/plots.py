@@ -132,7 +132,6 @@ def _plot_pair(d, path, title, left_a, left_b, labels, note=None):
 def draw_distribution(d, save_dir):
     """Write one node's distribution PNG under ``save_dir``; returns its path."""
     path = Path(save_dir) / f"distribution_{_slug(d['node'])}.png"
-    path.parent.mkdir(parents=True, exist_ok=True)
     if d["kind"] == "activation":
         where = "per channel" if d["per_channel"] else "per tensor"
         title = (f"{d['node']}: activation input '{d['tensor']}' in the float model, {d['samples']} sample(s) "
@@ -158,7 +157,6 @@ def draw_distribution(d, save_dir):
 def draw_channelwise(d, save_dir):
     """Write one node's per-channel box plot under ``save_dir``; returns its path."""
     path = Path(save_dir) / f"channelwise_{_slug(d['node'])}.png"
-    path.parent.mkdir(parents=True, exist_ok=True)
     what = "float weight" if d["kind"] == "weight" else "float input"
     if d["kind"] == "weight" and d.get("compared_against") == "dequantized weight":
         what = "dequantized weight (float unknown)"

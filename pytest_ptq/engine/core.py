@@ -12,8 +12,11 @@ Q/DQ run as fake-quant: onnxruntime's QDQ-to-integer fusion is switched off.
 
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 
+from .. import guard
 from ..data import load_data
 from ..errors import PTQError, unknown
 from ..model import QuantModel
@@ -109,6 +112,29 @@ class Engine:
     def source(self):
         """The calibrated model's name in messages."""
         return self.qmodel.source
+
+    # -- what it reads, and where an analysis may write ------------------------------------
+    def inputs(self):
+        """The files and folders this engine reads (:class:`~pytest_ptq.guard.Inputs`)."""
+        inputs = guard.Inputs().add(self.qmodel.path, "model file")
+        inputs.add(self.float_model, "float model")
+        for lib in self.libraries:
+            inputs.add(lib, "custom-op library")
+        if self.data is not None:
+            inputs.add(getattr(self.data, "path", None), "calibration data")
+        return inputs
+
+    @contextlib.contextmanager
+    def writes(self, save_dir, label="save_dir", also=None, optional=False):
+        """An analysis writing under ``save_dir`` on this engine (with ``optional``, None
+        writes nowhere): the folder is checked before any work, and within the block nothing
+        the engine reads (nor the :class:`~pytest_ptq.guard.Inputs` ``also``) can be
+        written. Yields the folder as a Path (or None)."""
+        inputs = self.inputs() | also
+        skip = optional and save_dir is None
+        out = None if skip else guard.output_path(save_dir, label, inputs, folder=True)
+        with guard.protecting(inputs):
+            yield out
 
     # -- compilation -----------------------------------------------------------------------
     def session(self, kind="main"):

@@ -34,7 +34,7 @@ def default_providers():
 
 def check_level(optimization):
     """Reject an unknown graph optimisation level before any work is done."""
-    if optimization not in LEVELS:
+    if not isinstance(optimization, str) or optimization not in LEVELS:
         raise unknown("optimization level", optimization, list(LEVELS))
     return optimization
 

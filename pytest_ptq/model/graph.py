@@ -11,11 +11,11 @@ from __future__ import annotations
 import heapq
 import os
 from collections import defaultdict
-from pathlib import Path
 
 import onnx
 
-from ..errors import PTQError
+from .. import params
+from ..errors import PTQError, shown
 
 
 def load_model(model_or_file, what="model"):
@@ -24,9 +24,11 @@ def load_model(model_or_file, what="model"):
         model = onnx.ModelProto()
         model.CopyFrom(model_or_file)
         return model, None
-    path = Path(os.fspath(model_or_file))
+    if isinstance(model_or_file, bool) or not isinstance(model_or_file, (str, os.PathLike)):
+        raise PTQError(f"{what} must be the path of an .onnx file or an onnx.ModelProto, got {shown(model_or_file)}")
+    path = params.input_path(model_or_file, f"{what} file")
     if path.is_dir():
-        raise PTQError(f"{what} {str(path)!r} is a folder; pass the path of the .onnx file in it")
+        raise PTQError(f"{what} {str(path)!r} is a folder; pass the .onnx file")
     if not path.is_file():
         raise PTQError(f"{what} file {str(path)!r} does not exist; pass the path of an .onnx file")
     try:

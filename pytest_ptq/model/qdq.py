@@ -18,6 +18,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from .. import params
 from ..errors import NotQuantized, PTQError, unknown
 from . import grids
 from .graph import load_model, name_nodes, sort_topologically
@@ -445,7 +446,7 @@ class QuantModel:
     def resolve_calibration(self, names):
         """Calibration node names for a list of calibration or normal node names."""
         out = []
-        for name in names:
+        for name in params.names(names, "node names"):
             if name in self.calibration:
                 out.append(name)
             elif name in self.normal:

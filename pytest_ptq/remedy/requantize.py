@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 
+from .. import guard
 from ..engine import Engine
 from ..errors import PTQError
 from ..model import load_model
@@ -95,6 +96,7 @@ def requantize(float_model, out_path, data, options, settings=None):
     level = root.level
     # quantize_static logs a pre-processing advice on every call; it is noise here
     root.setLevel(logging.ERROR)
+    guard.claim(out_path)
     try:
         quantize_static(source, str(out_path), _Reader(), quant_format=QuantFormat.QDQ,
                         activation_type=QuantType.from_string(options["activation_type"]),
@@ -102,6 +104,8 @@ def requantize(float_model, out_path, data, options, settings=None):
                         per_channel=options["per_channel"], nodes_to_exclude=exclude, extra_options=extra)
     except PTQError:
         raise
+    except OSError as exc:
+        raise guard.write_error(getattr(exc, "filename", None) or out_path, exc) from None
     except Exception as exc:
         msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise PTQError(f"onnxruntime could not re-quantize the float model with the suggested settings "
@@ -126,7 +130,7 @@ def measure(parts, objective, float_model, result, save_dir):
         out_dir = Path(tmp.name)
     else:
         out_dir = Path(save_dir)
-        out_dir.mkdir(parents=True, exist_ok=True)
+        guard.makedirs(out_dir)
     try:
         base_path = requantize(float_model, out_dir / "requantized_baseline.onnx", engine.data, options)
         fixed_path = requantize(float_model, out_dir / f"requantized_{result.remedy}.onnx", engine.data,

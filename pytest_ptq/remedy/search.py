@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from .. import guard, params
 from ..engine import engine_for
 from ..errors import PTQError, unknown
 from ..outputs import parse_outputs
 from ..progress import Progress
+from ..results import read_from
 from ..sensitivity import sample_indices
 from .alternatives import alternatives_for, menus_for
 from .objective import objective_for
@@ -77,12 +79,30 @@ def suggest_remedy(model_or_file, calibrated_data=None, target=None, metric="cos
     (``float_model`` or the engine's) the settings are applied by re-quantizing and measured
     on the same data sets; the re-quantized models go to ``save_dir`` (or a temporary folder).
     """
-    if remedy not in REMEDIES + (MIXED,):
+    if not isinstance(remedy, str) or remedy not in REMEDIES + (MIXED,):
         raise unknown("remedy", remedy, REMEDIES + (MIXED,))
-    if search not in SEARCHES:
+    if not isinstance(search, str) or search not in SEARCHES:
         raise unknown("search", search, SEARCHES)
+    budget = None if budget is None else params.seconds(budget, "budget")
+    target = None if target is None else params.number(target, "target")
+    candidates = None if candidates is None else params.names(candidates, "candidates")
     clock = Clock(budget)
     engine = engine_for(model_or_file, calibrated_data, float_model=float_model)
+    also = guard.Inputs().add(float_model, "float model").add(heldout if isinstance(heldout, (str, Path)) else None,
+                                                               "held-out data")
+    with engine.writes(save_dir, also=also, optional=True) as out:
+        if out is not None:  # the files named in advance, before the search
+            for name in ("requantized_baseline.onnx", f"requantized_{remedy}.onnx", f"remedy_{remedy}.png",
+                         f"remedy_{remedy}.json", f"remedy_{remedy}_settings.json"):
+                guard.claim(out / name)
+        return _suggest(engine, out, clock, target, metric, remedy, output_node, data_num, float_model, budget,
+                        candidates, ranking, full_curve, per_channel_activations, requantize_check, progress,
+                        verbose, heldout, evaluate, min_ratio, costs, search, also)
+
+
+def _suggest(engine, save_dir, clock, target, metric, remedy, output_node, data_num, float_model, budget,
+             candidates, ranking, full_curve, per_channel_activations, requantize_check, progress, verbose,
+             heldout, evaluate, min_ratio, costs, search, also):
     float_model = float_model if float_model is not None else engine.float_model
     qm = engine.qmodel
     specs = parse_outputs(output_node, qm)
@@ -97,7 +117,7 @@ def suggest_remedy(model_or_file, calibrated_data=None, target=None, metric="cos
         notes.append(f"{len(skipped)} weight node(s) such as {skipped[0]!r} are stored already quantized and "
                      "cannot be simulated; pass the float model to consider them")
     if candidates is not None:
-        wanted = set(qm.resolve_calibration([candidates] if isinstance(candidates, str) else list(candidates)))
+        wanted = set(qm.resolve_calibration(candidates))
         menus = {n: k for n, k in menus.items() if n in wanted}
     if not menus:
         raise PTQError(f"no node of {qm.source!r} can take the {remedy!r} remedy"
@@ -113,6 +133,7 @@ def suggest_remedy(model_or_file, calibrated_data=None, target=None, metric="cos
                     notes=notes, samples=len(base.calibration), outputs=[s.name for s in specs], budget_s=budget,
                     model=qm.source, objective=objective.to_dict(), costs=costs, search=search,
                     judged_on=base.judge.name, heldout=_where(heldout, base))
+    read_from(result, engine.inputs() | also)
     if base.confirms and base.judge.engine is base.search.engine:
         result.split = {"search": list(base.search.indices), "confirmation": list(base.judge.indices)}
     show = verbose if progress is None else progress

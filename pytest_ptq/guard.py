@@ -1,0 +1,439 @@
+"""Outputs never land on inputs, and a failed write is one sentence.
+
+Each face declares what a run reads as :class:`Inputs` (the model and its external data
+files, the float model, calibration and held-out data, evaluation files, contracts) and
+checks every output path it was given with :func:`output_path` before any work: writing
+onto an input, or inside a data folder, is refused. Files written under an output folder
+are only named when written, so every write goes through :func:`write_text` or
+:func:`writing`, which check the path again against the inputs in force
+(:func:`protecting`) and turn an ``OSError`` into a :class:`~pytest_ptq.errors.PTQError`
+naming the path and what to do.
+
+Paths are compared by what they are on disk, not by their spelling: resolved real paths
+for containment, and device and inode numbers for files, so symlinks, hard links, ``..``
+and the case of names on case-insensitive file systems do not slip through.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import dataclasses
+import errno
+import os
+import re
+import stat
+import time
+from pathlib import Path
+
+from .errors import PTQError
+from .errors import shown as _shown
+
+# A temporary file of an atomic write older than this is stale whoever wrote it: a write
+# takes milliseconds, and a process on another machine sharing the folder cannot be asked.
+STALE_AFTER_S = 3600.0
+# ... and one whose writer is gone (same machine) is stale after this grace period.
+DEAD_GRACE_S = 60.0
+
+
+def shown(value):
+    # paths are the point of these messages: cut only what no one could read anyway
+    return _shown(value, 240)
+
+
+_PROTECTED = contextvars.ContextVar("pytest_ptq_protected_inputs", default=None)
+
+
+@dataclasses.dataclass(frozen=True)
+class Input:
+    """One thing a run reads: ``folder`` inputs (data folders) protect everything inside."""
+
+    given: str  # as the user spelled it, for messages
+    real: Path
+    what: str  # "model file", "calibration data", ...
+    folder: bool
+    model: bool = False  # an .onnx file: its external data files are inputs too
+
+
+class Inputs:
+    """What a run reads; :meth:`check` refuses an output that would land on any of it."""
+
+    def __init__(self, items=()):
+        self.items = list(items)
+        self._files = None  # {(st_dev, st_ino): (Input, file)} of every input file, built on demand
+        self._external = {}  # model path -> its external data files, read on demand
+
+    def add(self, path, what):
+        """Add ``path`` (a file or folder; None, a ModelProto or a mapping is ignored)."""
+        if path is None or not isinstance(path, (str, os.PathLike)) or not os.fspath(path):
+            return self
+        given = os.fsdecode(os.fspath(path))
+        real = _real(given)
+        folder = _isdir(real)
+        self.items.append(Input(given, real, what, folder, model=not folder and real.suffix.lower() == ".onnx"))
+        if folder:
+            # a data folder's sub-folders may be symlinks into other trees: protect those too
+            try:
+                for child in os.scandir(real):
+                    if child.is_symlink() and child.is_dir():
+                        self.items.append(Input(os.path.join(given, child.name), _real(child.path), what, True))
+            except OSError:
+                pass
+        self._files = None
+        return self
+
+    def __or__(self, other):
+        return Inputs(self.items + (list(other.items) if other is not None else []))
+
+    def __bool__(self):
+        return bool(self.items)
+
+    def check(self, path, label):
+        """Raise PTQError when writing ``path`` (a file or a folder) would write onto an input
+        or inside a data folder; ``label`` names the option. Returns the resolved path."""
+        target = _real(path)
+        where = f"{label} {shown(os.fspath(path))}"
+        for item in self.items:
+            if not item.folder:
+                continue
+            if _same(target, item.real):
+                raise PTQError(f"{where} is the {item.what} folder {shown(item.given)}; pytest-ptq never "
+                               "writes onto an input, so choose a path outside it")
+            if _inside(target, item.real):
+                raise PTQError(f"{where} lies inside the {item.what} folder {shown(item.given)}; the next run "
+                               "would read what is written there as data, so choose a path outside it")
+        key = _key(target)
+        if key is None:  # nothing there yet, so it is no input file
+            return target
+        hit = self._file_index().get(key)
+        if hit is not None:
+            item, file = hit
+            what = (f"the {item.what} file {shown(file)} (in {shown(item.given)})" if item.folder
+                    else f"the {item.what} {shown(item.given)}")
+            raise PTQError(f"{where} is {what}; writing it would destroy an input, so choose another path")
+        for item in self.items:
+            # external data lies beside its model: read the model's tensor list only then
+            if item.model and _inside(target, item.real.parent):
+                for file in self._externals(item):
+                    if _key(file) == key:
+                        raise PTQError(f"{where} is the external data file {shown(file.name)} of the {item.what} "
+                                       f"{shown(item.given)}; writing it would destroy an input, so choose "
+                                       "another path")
+        return target
+
+    def _file_index(self):
+        if self._files is None:
+            files = {}
+            for item in self.items:
+                for f in _walk(item.real) if item.folder else [item.real]:
+                    key = _key(f)
+                    if key is not None:
+                        files.setdefault(key, (item, f))
+            self._files = files
+        return self._files
+
+    def _externals(self, item):
+        if item.real not in self._external:
+            self._external[item.real] = external_data_files(item.real)
+        return self._external[item.real]
+
+
+def external_data_files(model_path):
+    """The external data files an .onnx file names (resolved); none when it cannot be read."""
+    try:
+        import onnx
+        from onnx.external_data_helper import _get_all_tensors, uses_external_data
+
+        model = onnx.load(str(model_path), load_external_data=False)
+    except Exception:  # an unreadable model is reported by the loader, not here
+        return []
+    base = Path(model_path).parent
+    out = []
+    for tensor in _get_all_tensors(model):
+        if uses_external_data(tensor):
+            location = next((e.value for e in tensor.external_data if e.key == "location"), None)
+            if location:
+                out.append(_real(base / location))
+    return list(dict.fromkeys(out))
+
+
+def _real(path):
+    try:
+        return Path(os.path.realpath(os.path.expanduser(os.fspath(path))))
+    except (OSError, ValueError):
+        return Path(os.path.abspath(os.fspath(path)))
+
+
+def _stat(path):
+    try:
+        return os.stat(path)
+    except (OSError, ValueError):
+        return None
+
+
+def _key(path):
+    st = _stat(path)
+    return (st.st_dev, st.st_ino) if st is not None else None
+
+
+def _isdir(path):
+    st = _stat(path)
+    return st is not None and stat.S_ISDIR(st.st_mode)
+
+
+def _same(a, b):
+    if a == b:
+        return True
+    ka, kb = _key(a), _key(b)
+    return ka is not None and ka == kb
+
+
+def _inside(target, folder):
+    """True when ``target`` lies below ``folder``, by name or by the identity of an ancestor
+    (a case-insensitive file system spells one folder several ways)."""
+    try:
+        target.relative_to(folder)
+        return True
+    except ValueError:
+        pass
+    folder_key = _key(folder)
+    if folder_key is None:
+        return False
+    for parent in target.parents:
+        if _key(parent) == folder_key:
+            return True
+    return False
+
+
+def _walk(folder):
+    out = []
+    for root, _dirs, files in os.walk(folder, followlinks=True):
+        out.extend(Path(root) / f for f in files)
+    return out
+
+
+# -- checking an output before any work ------------------------------------------------------
+def output_path(value, label, inputs=None, folder=False, atomic=False, writable=True):
+    """``value`` as the Path of an output, checked before any work: a path (str or PathLike),
+    not an input nor inside a data folder, of the right kind (file or folder), and (unless
+    ``writable`` is false: it may only be read this time) writable as far as can be told
+    without writing. ``label`` names the option in messages."""
+    if isinstance(value, bool) or not isinstance(value, (str, os.PathLike)):
+        raise PTQError(f"{label} must be a path, got {shown(value)}")
+    text = os.fspath(value)
+    if not isinstance(text, str) or not text.strip():
+        raise PTQError(f"{label} must be a path, got {shown(value)}")
+    if "\0" in text:
+        raise PTQError(f"{label} {shown(text)} holds a NUL character; give a plain path")
+    path = Path(os.path.expanduser(text))
+    if inputs:
+        inputs.check(path, label)
+    check_writable(path, label, folder=folder, atomic=atomic, access=writable)
+    return path
+
+
+def check_writable(path, label, folder=False, atomic=False, access=True):
+    """Raise PTQError when ``path`` cannot be written: the wrong kind of thing is there, a
+    parent is a file, or (with ``access``) the folder it goes in is read-only. ``atomic``
+    writes replace the file, so they need its folder writable and a regular file there."""
+    path = Path(path)
+    where = f"{label} {shown(str(path))}"
+    st = _stat_missing_ok(path)
+    if st is not None:
+        is_dir = stat.S_ISDIR(st.st_mode)
+        if folder and not is_dir:
+            raise PTQError(f"{where} is a file; give a folder")
+        if not folder and is_dir:
+            raise PTQError(f"{where} is a folder; give a file name")
+        if folder:
+            if access and not os.access(path, os.W_OK | os.X_OK):
+                raise PTQError(f"{where} is a read-only folder; choose a writable folder or fix its permissions")
+            return
+        if not atomic:
+            if access and not os.access(path, os.W_OK):
+                raise PTQError(f"{where} is read-only; choose another path or fix its permissions")
+            return
+        if not stat.S_ISREG(st.st_mode):
+            raise PTQError(f"{where} is not a regular file; give the path of a file")
+    found = _existing_ancestor(path if folder else path.parent)
+    if found is None:
+        return
+    anc, anc_st = found
+    if not stat.S_ISDIR(anc_st.st_mode):
+        raise PTQError(f"{where} cannot be written because {shown(str(anc))} is a file, not a folder; "
+                       "remove that file or choose another path")
+    if access and not os.access(anc, os.W_OK | os.X_OK):
+        raise PTQError(f"{where} cannot be written because the folder {shown(str(anc))} is read-only; "
+                       "choose a writable location or fix its permissions")
+
+
+def _stat_missing_ok(path):
+    try:
+        return os.stat(path)
+    except FileNotFoundError:
+        return None
+    except NotADirectoryError:
+        return None
+    except OSError as exc:
+        raise write_error(path, exc) from None
+
+
+def _existing_ancestor(path):
+    """The nearest existing ``path`` or ancestor and its stat (a file there stops the walk)."""
+    p = Path(path)  # as spelled, so that messages name what the user wrote
+    for candidate in (p, *p.parents, Path(os.path.abspath(path)).parent):
+        try:
+            return candidate, os.stat(candidate)
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        except OSError:
+            return None
+    return None
+
+
+# -- writing ---------------------------------------------------------------------------------
+@contextlib.contextmanager
+def protecting(inputs):
+    """Within the block every write checks its path against ``inputs`` too (added to those
+    already protected)."""
+    current = _PROTECTED.get()
+    token = _PROTECTED.set(inputs | current if inputs is not None else current)
+    try:
+        yield
+    finally:
+        _PROTECTED.reset(token)
+
+
+def protected():
+    """The inputs every write is checked against now (empty outside :func:`protecting`)."""
+    return _PROTECTED.get() or Inputs()
+
+
+def claim(path, label="output file"):
+    """Refuse ``path`` when it is a protected input or lies in a protected data folder."""
+    inputs = _PROTECTED.get()
+    if inputs:
+        inputs.check(path, label)
+    return Path(path)
+
+
+def write_error(path, exc):
+    """The one-sentence PTQError for ``exc`` (an OSError) writing ``path``."""
+    where = f"cannot write {shown(str(path))}"
+    code = getattr(exc, "errno", None)
+    if code in (errno.EACCES, errno.EPERM):
+        return PTQError(f"{where}: permission denied; choose a writable location or fix its permissions")
+    if code == errno.EROFS:
+        return PTQError(f"{where}: the file system is read-only; choose another location")
+    if code in (errno.ENOSPC, getattr(errno, "EDQUOT", -1)):
+        return PTQError(f"{where}: no space left on the device; free some space or choose another location")
+    if code == errno.ENAMETOOLONG:
+        return PTQError(f"{where}: the name is too long; choose a shorter path")
+    if code == errno.EISDIR:
+        return PTQError(f"{where}: it is a folder; give a file name")
+    if code in (errno.ENOTDIR, errno.EEXIST):
+        found = _existing_ancestor(Path(path).parent)
+        blocker = f"{shown(str(found[0]))} is a file, not a folder" if found else "a parent is a file"
+        return PTQError(f"{where}: {blocker}; remove that file or choose another path")
+    if code == errno.ENOENT:
+        return PTQError(f"{where}: its folder disappeared during the run; create it or choose another path")
+    reason = getattr(exc, "strerror", None) or type(exc).__name__
+    return PTQError(f"{where} ({reason}); check the location and try again")
+
+
+def makedirs(path):
+    """Create folder ``path`` and its parents; a failure is one sentence."""
+    claim(path, "output folder")
+    try:
+        Path(path).mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise write_error(path, exc) from None
+    return Path(path)
+
+
+@contextlib.contextmanager
+def writing(path):
+    """Around code that writes the file ``path`` (matplotlib, onnxruntime): the path is
+    claimed, its folder created, and an OSError becomes one sentence naming it."""
+    path = claim(path)
+    makedirs(path.parent)
+    try:
+        yield path
+    except OSError as exc:
+        raise write_error(path, exc) from None
+
+
+def write_text(path, text, atomic=False):
+    """Write ``text`` (UTF-8) to ``path``; with ``atomic`` a reader never sees half a file
+    (written beside it, then renamed). Returns the Path."""
+    path = claim(path)
+    makedirs(path.parent)
+    if not atomic:
+        try:
+            path.write_text(text, encoding="utf-8")
+        except OSError as exc:
+            raise write_error(path, exc) from None
+        return path
+    clean_stale_temps(path.parent, path.name)
+    # a per-process name: xdist workers never share a temporary file
+    tmp = temp_name(path)
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, path)
+    except BaseException as exc:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        if isinstance(exc, OSError):
+            raise write_error(path, exc) from None
+        raise
+    return path
+
+
+def temp_name(path):
+    """The temporary file of an atomic write of ``path`` by this process."""
+    path = Path(path)
+    return path.with_name(f".{path.name}.{os.getpid()}.tmp")
+
+
+_TEMP = re.compile(r"^\.(?P<name>.+)\.(?P<pid>\d+)\.tmp$")
+
+
+def clean_stale_temps(folder, name=None):
+    """Remove the temporary files that killed atomic writes left in ``folder`` (of ``name``
+    only, when given): those older than :data:`STALE_AFTER_S`, or whose process is gone and
+    that are older than :data:`DEAD_GRACE_S`. Returns the paths removed; never raises."""
+    removed = []
+    try:
+        entries = list(os.scandir(folder))
+    except OSError:
+        return removed
+    now = time.time()
+    for entry in entries:
+        m = _TEMP.match(entry.name)
+        if not m or (name is not None and m.group("name") != name):
+            continue
+        try:
+            if not entry.is_file(follow_symlinks=False):
+                continue
+            age = now - entry.stat(follow_symlinks=False).st_mtime
+            pid = int(m.group("pid"))
+            if pid == os.getpid() or age < DEAD_GRACE_S:
+                continue
+            if age > STALE_AFTER_S or not _alive(pid):
+                os.unlink(entry.path)
+                removed.append(Path(entry.path))
+        except (OSError, ValueError):
+            continue
+    return removed
+
+
+def _alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OverflowError:
+        return False  # no process can have that number
+    except OSError:
+        return True  # someone else's process: keep its file
+    return True

@@ -1,0 +1,530 @@
+"""Hostile input: every case ends in one sentence, never a traceback, and touches no input.
+
+Each case runs in a fresh copy of one project (a QDQ model, its float model, a model with
+external data, calibration and held-out folders, and folders of broken samples) through the
+CLI (in-process and as real processes), the API or the plugin, and asserts the exit code,
+one line of message naming what is wrong, no traceback, the hash of every file that was
+there before, and that nothing appeared or changed outside the outputs the case declares.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+
+import builders
+from test_plugin import run as run_pytest
+
+from pytest_ptq import debug as dbg
+from pytest_ptq.analysis import Analysis, AnalysisKey
+from pytest_ptq.checks import check_baseline
+from pytest_ptq.cli import BROKEN_PIPE, main
+from pytest_ptq.errors import PTQError
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+class Payload:
+    """Unpickling this creates the file ``pwned``: the tree check proves nothing unpickled it."""
+
+    def __reduce__(self):
+        return (open, ("pwned", "w"))
+
+
+@pytest.fixture(scope="module")
+def template(zoo, tmp_path_factory):
+    root = tmp_path_factory.mktemp("hostile_template")
+    shutil.copy(zoo.qdq("qdq"), root / "m.onnx")
+    shutil.copy(zoo.float("qdq"), root / "f.onnx")
+    onnx.save_model(onnx.load(str(root / "m.onnx")), str(root / "ext.onnx"), save_as_external_data=True,
+                    all_tensors_to_one_file=True, location="ext.onnx.data", size_threshold=0)
+    shutil.copytree(zoo.folder("qdq"), root / "calib")
+    builders.save_folder(builders.samples(2, seed=5), root / "held")
+    sample = np.load(root / "calib" / "x" / "0.npy")
+    for name, files in {"unnumbered": ["a", "2", "10"], "twice": ["1", "01"]}.items():
+        (root / name / "x").mkdir(parents=True)
+        for f in files:
+            np.save(root / name / "x" / f"{f}.npy", sample)
+    (root / "pickled" / "x").mkdir(parents=True)
+    np.save(root / "pickled" / "x" / "0.npy", np.array([Payload()], dtype=object), allow_pickle=True)
+    (root / "corrupt" / "x").mkdir(parents=True)
+    (root / "corrupt" / "x" / "0.npy").write_bytes(b"\x93NUMPY garbage")
+    (root / "notes.txt").write_text("notes\n")
+    (root / "package.json").write_text('{"name": "web", "version": "1.0.0"}\n')
+    (root / "binary.json").write_bytes(b"\x89PNG\r\n\x1a\n\xff\xfe")
+    (root / "outdir").mkdir()
+    return root
+
+
+@pytest.fixture
+def project(template, tmp_path, monkeypatch):
+    root = tmp_path / "project"
+    shutil.copytree(template, root, symlinks=True)
+    monkeypatch.chdir(root)
+    return root
+
+
+def tree(root):
+    """``{relative path: sha256, "<dir>" or "-> target"}`` of everything under ``root``."""
+    out = {}
+    for folder, dirs, files in os.walk(root):
+        for name in dirs + files:
+            p = Path(folder) / name
+            rel = p.relative_to(root).as_posix()
+            if p.is_symlink():
+                out[rel] = "-> " + os.readlink(p)
+            elif p.is_dir():
+                out[rel] = "<dir>"
+            else:
+                out[rel] = hashlib.sha256(p.read_bytes()).hexdigest()
+    return out
+
+
+def assert_untouched(before, after, declared=()):
+    """Every file there before is unchanged, and every new or changed path lies under a
+    declared output."""
+    __tracebackhide__ = True
+
+    def declared_path(rel):
+        return any(rel == d or rel.startswith(d.rstrip("/") + "/") for d in declared)
+
+    for rel, digest in before.items():
+        assert after.get(rel) == digest or declared_path(rel), f"input {rel} changed or vanished"
+    stray = [rel for rel in after if rel not in before and not declared_path(rel)]
+    assert not stray, f"written outside the declared outputs: {stray}"
+
+
+def one_line(text, *needles):
+    """The one line of ``text``, holding every needle, without a traceback."""
+    __tracebackhide__ = True
+    assert "Traceback" not in text, text
+    lines = [line for line in text.strip().splitlines() if line.strip()]
+    assert len(lines) == 1, text
+    for needle in needles:
+        assert needle in lines[0], (needle, lines[0])
+    return lines[0]
+
+
+# -- the command line, in-process --------------------------------------------------------------
+def _symlink(target, link):
+    def make(root):
+        os.symlink(target, root / link)
+    return make
+
+
+def _hardlink(target, link):
+    def make(root):
+        os.link(root / target, root / link)
+    return make
+
+
+def _suggest_setup(root):
+    (root / "prev").mkdir()
+    shutil.copy(root / "m.onnx", root / "prev" / "requantized_float.onnx")
+
+
+SENS = ["get-sensitivity-of-nodes", "m.onnx", "calib", "--quiet"]
+RUNALL = ["runall", "m.onnx", "calib", "--quiet"]
+CLI_CASES = [
+    # (id, setup, argv, needles; every case exits 2 and writes nothing)
+    ("json-onto-model", None, SENS + ["--json", "m.onnx"], ["--json 'm.onnx' is the model file"]),
+    ("json-onto-sample", None, SENS + ["--json", "calib/x/0.npy"], ["inside the calibration data folder 'calib'"]),
+    ("json-new-file-in-data", None, SENS + ["--json", "calib/result.json"], ["inside the calibration data folder"]),
+    ("json-symlink-to-model", _symlink("m.onnx", "link.json"), SENS + ["--json", "link.json"], ["is the model file"]),
+    ("json-hardlink-to-model", _hardlink("m.onnx", "hard.json"), SENS + ["--json", "hard.json"],
+     ["is the model file"]),
+    ("json-dotdot-onto-model", None, SENS + ["--json", "outdir/../m.onnx"], ["is the model file"]),
+    ("json-onto-float-model", None, SENS + ["--float-model", "f.onnx", "--json", "f.onnx"], ["is the float model"]),
+    ("json-onto-external-data", None, ["get-sensitivity-of-nodes", "ext.onnx", "calib", "--json", "ext.onnx.data"],
+     ["external data file 'ext.onnx.data' of the model file 'ext.onnx'"]),
+    ("save-dir-is-data", None, RUNALL + ["-s", "calib"], ["is the calibration data folder 'calib'"]),
+    ("save-dir-inside-data", None, RUNALL + ["-s", "calib/out"], ["lies inside the calibration data folder"]),
+    ("save-dir-dotdot-into-data", None, RUNALL + ["-s", "outdir/../calib/x/out"], ["inside the calibration data"]),
+    ("save-dir-symlink-into-data", _symlink("calib", "linked"), RUNALL + ["-s", "linked/out"],
+     ["inside the calibration data folder"]),
+    ("save-dir-is-model", None, ["plot-acc-error", "m.onnx", "calib", "-s", "m.onnx"], ["is the model file"]),
+    ("save-dir-is-a-file", None, RUNALL + ["-s", "notes.txt"], ["'notes.txt' is a file; give a folder"]),
+    ("json-is-a-folder", None, SENS + ["--json", "outdir"], ["is a folder; give a file name"]),
+    ("json-parent-is-a-file", None, SENS + ["--json", "notes.txt/r.json"], ["'notes.txt' is a file, not a folder"]),
+    ("json-disk-full", None, SENS + ["--json", "/dev/full"], ["cannot write '/dev/full': no space left"]),
+    ("json-name-too-long", None, SENS + ["--json", "x" * 300 + ".json"], ["the name is too long"]),
+    ("json-nul", None, SENS + ["--json", "a\0b.json"], ["NUL character"]),
+    ("heldout-json", None, ["check-data", "m.onnx", "calib", "--heldout", "held", "--json", "held/r.json"],
+     ["inside the held-out data folder 'held'"]),
+    ("stages-json-onto-float", None, ["stages", "f.onnx", "m.onnx", "calib", "--json", "f.onnx", "--quiet"],
+     ["is the float model"]),
+    # the model is the remedy's own output of an earlier run: analysing it again must not
+    # overwrite it with the new re-quantization
+    ("suggest-save-onto-its-model", _suggest_setup,
+     ["suggest", "prev/requantized_float.onnx", "calib", "--float-model", "f.onnx", "-s", "prev", "--quiet"],
+     ["'prev/requantized_float.onnx' is the model file"]),
+    ("model-is-a-folder", None, ["get-sensitivity-of-nodes", "calib", "calib"], ["model 'calib' is a folder; pass the .onnx file"]),
+    ("model-missing", None, ["list-nodes", "nope.onnx"], ["'nope.onnx' does not exist"]),
+    ("model-not-onnx", None, ["list-nodes", "notes.txt"], ["is not a readable ONNX model"]),
+    ("samples-without-numbers", None, ["get-sensitivity-of-nodes", "m.onnx", "unnumbered"],
+     ["files without a sample number ('a.npy')"]),
+    ("samples-numbered-twice", None, ["get-sensitivity-of-nodes", "m.onnx", "twice"], ["two files for sample 1"]),
+    ("pickled-npy", None, ["get-sensitivity-of-nodes", "m.onnx", "pickled", "--quiet"], ["is not a readable .npy"]),
+    ("corrupt-npy", None, ["get-sensitivity-of-nodes", "m.onnx", "corrupt", "--quiet"], ["is not a readable .npy"]),
+    ("data-num-text", None, SENS + ["--data-num", "abc"], ["--data-num: must be a whole number, got 'abc'"]),
+    ("unknown-metric", None, SENS + ["-m", "cosin"], ["unknown metric 'cosin'"]),
+    ("unknown-node", None, SENS + ["-i", "conv_2"], ["unknown node 'conv_2'", "'conv2'"]),
+]
+
+
+@pytest.mark.parametrize("setup,argv,needles", [c[1:] for c in CLI_CASES], ids=[c[0] for c in CLI_CASES])
+def test_cli_refuses_in_one_sentence(project, capsys, setup, argv, needles):
+    if setup:
+        setup(project)
+    before = tree(project)
+    try:
+        rc = main(argv)
+    except SystemExit as exc:  # argparse
+        rc = exc.code
+    err = capsys.readouterr().err
+    assert rc == 2, err
+    one_line(err, *needles)
+    assert_untouched(before, tree(project))
+
+
+def test_cli_writes_only_its_declared_outputs(project, capsys):
+    """The control case: the same command with a fresh output writes that and nothing else."""
+    before = tree(project)
+    assert main(SENS + ["--json", "out/deep/r.json"]) == 0, capsys.readouterr().err
+    assert_untouched(before, tree(project), declared=["out"])
+    assert (project / "out" / "deep" / "r.json").stat().st_size > 100
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only folders")
+def test_cli_read_only_folder(project, capsys):
+    (project / "ro").mkdir(mode=0o500)
+    before = tree(project)
+    assert main(SENS + ["--json", "ro/r.json"]) == 2
+    one_line(capsys.readouterr().err, "'ro' is read-only")
+    assert_untouched(before, tree(project))
+
+
+def test_cli_write_failure_mid_run_is_one_sentence(project, capsys, monkeypatch):
+    """A disk error after the checks (simulated: the write itself fails) is one sentence too."""
+    import errno
+
+    def fail(self, *args, **kwargs):
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(Path, "write_text", fail)
+    before = tree(project)
+    assert main(SENS + ["--json", "r.json"]) == 2
+    one_line(capsys.readouterr().err, "cannot write 'r.json' (Input/output error)")
+    assert_untouched(before, tree(project))
+
+
+# -- the command line, as real processes ---------------------------------------------------------
+def _process(*args):
+    return subprocess.run([sys.executable, "-m", "pytest_ptq", *args], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(ROOT), "PYTHONDONTWRITEBYTECODE": "1"})
+
+
+@pytest.mark.parametrize("argv,needles", [
+    (["get-sensitivity-of-nodes", "m.onnx", "calib", "--json", "m.onnx"], ["is the model file"]),
+    (["runall", "m.onnx", "calib", "-s", "calib/out"], ["inside the calibration data folder"]),
+    (["get-sensitivity-of-nodes", "m.onnx", "calib", "--data-num", "0"], ["must be at least 1, got 0"]),
+], ids=["json-onto-model", "save-dir-in-data", "argparse-error"])
+def test_process_refuses_in_one_sentence(project, argv, needles):
+    before = tree(project)
+    proc = _process(*argv)
+    assert proc.returncode == 2 and proc.stdout == ""
+    one_line(proc.stderr, *needles)
+    assert_untouched(before, tree(project))
+
+
+def test_closed_pipe_ends_quietly(project):
+    """``ptq-debug list-nodes m.onnx | head``: the reader is gone before the table is printed."""
+    before = tree(project)
+    proc = subprocess.Popen([sys.executable, "-m", "pytest_ptq", "list-nodes", "m.onnx"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, env={**os.environ, "PYTHONPATH": str(ROOT),
+                                                         "PYTHONDONTWRITEBYTECODE": "1"})
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == BROKEN_PIPE
+    assert err == ""
+    assert_untouched(before, tree(project))
+
+
+# -- the API ---------------------------------------------------------------------------------
+def _engine():
+    return dbg.Engine("m.onnx", "calib")
+
+
+API_CASES = [
+    ("runall-save-dir-in-data", lambda: dbg.runall("m.onnx", "calib", save_dir="calib/out", progress=False),
+     "save_dir 'calib/out' lies inside the calibration data folder"),
+    ("curves-save-dir-is-model", lambda: dbg.plot_acc_error("m.onnx", model_or_file=_engine(), progress=False),
+     "save_dir 'm.onnx' is the model file"),
+    ("curves-filename-escapes", lambda: dbg.plot_acc_error("out", model_or_file=_engine(), filename="../m.onnx",
+                                                           progress=False), "filename must be a plain file name"),
+    ("curves-save-dir-none", lambda: dbg.plot_acc_error(None, model_or_file=_engine(), progress=False),
+     "save_dir must be a path, got None"),
+    ("data-num-text", lambda: dbg.get_sensitivity_of_nodes(_engine(), data_num="abc"),
+     "data_num must be a whole number, got 'abc'"),
+    ("data-num-fraction", lambda: dbg.get_sensitivity_of_nodes(_engine(), data_num=1.5),
+     "data_num must be a whole number, got 1.5"),
+    ("metrics-number", lambda: dbg.get_sensitivity_of_nodes(_engine(), metrics=1.5), "metrics must be a metric name"),
+    ("node-type-list", lambda: dbg.get_sensitivity_of_nodes(_engine(), node_type=["weight"]), "unknown node_type"),
+    ("output-node-number", lambda: dbg.get_sensitivity_of_nodes(_engine(), output_node=3), "output_node must be"),
+    ("interested-number", lambda: dbg.get_sensitivity_of_nodes(_engine(), interested_nodes=3),
+     "interested_nodes must be a name or a list of names"),
+    ("bins-text", lambda: dbg.plot_distribution("out", _engine(), nodes_list=["conv1"], bins="abc"),
+     "bins must be a whole number, got 'abc'"),
+    ("axis-text", lambda: dbg.get_channelwise_data_distribution("out", _engine(), nodes_list=["r1_QuantizeLinear"],
+                                                                axis="abc"), "axis must be a whole number"),
+    ("outlier-k-none", lambda: dbg.get_channelwise_data_distribution(
+        "out", _engine(), nodes_list=["r1_QuantizeLinear"], outlier_k=None), "outlier_k must be a number"),
+    ("runall-top-zero", lambda: dbg.runall(_engine(), save_dir="out", top=0), "top must be at least 1"),
+    ("budget-text", lambda: dbg.suggest_remedy(_engine(), budget="abc"), "budget must be a number"),
+    ("target-bool", lambda: dbg.suggest_remedy(_engine(), target=True), "target must be a number, got True"),
+    ("confidence-k", lambda: dbg.ranking_confidence(dbg.get_sensitivity_of_nodes(_engine()), k="abc"),
+     "k must be a whole number"),
+    ("threshold-text", lambda: dbg.check_data(_engine(), threshold="high"), "threshold must be a number"),
+    ("expect-mean-text", lambda: dbg.check_data(_engine(), expect_mean="abc"), "expect_mean must be a number"),
+    ("groups-number", lambda: dbg.group_sensitivity(_engine(), 3), "groups must be a list of groups"),
+    ("model-number", lambda: dbg.Engine(1.5, "calib"), "model must be the path of an .onnx file"),
+    ("model-folder", lambda: dbg.Engine("calib", "calib"), "model 'calib' is a folder; pass the .onnx file"),
+    ("data-number", lambda: dbg.Engine("m.onnx", 7), "calibration data must be a path, got 7"),
+    ("result-saved-onto-its-model", lambda: dbg.get_sensitivity_of_nodes("m.onnx", calibrated_data="calib").save(
+        "m.onnx"), "output file 'm.onnx' is the model file"),
+    ("result-saved-into-its-data", lambda: dbg.get_sensitivity_of_nodes(_engine()).save("calib/x/1.npy"),
+     "output file 'calib/x/1.npy' lies inside the calibration data folder"),
+    ("curves-saved-onto-its-model", lambda: dbg.get_acc_error(_engine(), {"all": []}, progress=False).save("m.onnx"),
+     "output file 'm.onnx' is the model file"),
+    ("result-saved-to-a-number", lambda: dbg.get_sensitivity_of_nodes(_engine()).save(5),
+     "output file must be a path, got 5"),
+    ("stages-save-dir-is-float", lambda: dbg.localize_stages("f.onnx", "m.onnx", "calib", save_dir="f.onnx"),
+     "save_dir 'f.onnx' is the float model"),
+]
+
+
+@pytest.mark.parametrize("call,needle", [c[1:] for c in API_CASES], ids=[c[0] for c in API_CASES])
+def test_api_refuses_with_a_ptq_error(project, call, needle):
+    before = tree(project)
+    with pytest.raises(PTQError) as exc:
+        call()
+    one_line(str(exc.value), needle)
+    assert_untouched(before, tree(project))
+
+
+# -- baselines -------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def analysis(template):
+    return Analysis(AnalysisKey(str(template / "m.onnx"), str(template / "calib")), template)
+
+
+BAD_FIELDS = [
+    ("outputs-text", {"outputs": "0.99"}, "has a malformed 'outputs': it must be a mapping of output names"),
+    ("outputs-empty", {"outputs": {}}, "has a malformed 'outputs'"),
+    ("value-text", {"outputs": {"prob": "high"}}, "has a malformed 'outputs.prob': it must be a number, got 'high'"),
+    ("value-null", {"sensitivity": {"conv1": None}}, "has a malformed 'sensitivity.conv1'"),
+    ("sensitivity-list", {"sensitivity": [1, 2]}, "has a malformed 'sensitivity'"),
+    ("metric-unknown", {"metric": "cosin"}, "has a malformed 'metric': it must be one of cosine-similarity"),
+    ("node-type", {"node_type": "layer"}, "has a malformed 'node_type'"),
+    ("model-text", {"model": "m.onnx"}, "has a malformed 'model'"),
+    ("tool-list", {"tool": [1]}, "has a malformed 'tool'"),
+    ("format", {"format": 2}, "has a malformed 'format'"),
+    ("unknown-key", {"sensitivty": {}}, "has an unknown key 'sensitivty' (did you mean 'sensitivity'?)"),
+]
+
+
+@pytest.mark.parametrize("change,needle", [c[1:] for c in BAD_FIELDS], ids=[c[0] for c in BAD_FIELDS])
+def test_malformed_baseline_fails_naming_the_key_and_is_repaired(analysis, template, tmp_path, change, needle):
+    import json
+
+    before = tree(template)
+    path = tmp_path / "b.json"
+    assert check_baseline(analysis, path, update="failing").status == "created"
+    path.write_text(json.dumps({**json.loads(path.read_text()), **change}))
+    result = check_baseline(analysis, path)
+    assert not result and result.status == "unreadable"
+    one_line(result.summary, f"baseline {path}", needle, "rewrite it with `pytest --ptq-update-baseline`")
+    repaired = check_baseline(analysis, path, update="failing")
+    assert repaired.status == "rewritten" and not repaired
+    assert check_baseline(analysis, path).status == "ok"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["b.json"]
+    assert_untouched(before, tree(template))
+
+
+@pytest.mark.parametrize("target,needle", [
+    ("m.onnx", "is the model file"), ("calib/x/b.json", "inside the calibration data folder"),
+    ("notes.txt", "must be a .json file"), ("notes.txt/b.json", "is a file, not a folder"),
+    ("package.json", "is not a pytest-ptq baseline"), ("binary.json", "pytest-ptq only ever replaces its own"),
+], ids=["onto-model", "into-data", "not-json", "parent-is-a-file", "other-json", "binary"])
+def test_baseline_never_written_onto_an_input(analysis, template, target, needle):
+    """Nor onto a file that is not a baseline: an update only ever replaces a baseline."""
+    before = tree(template)
+    with pytest.raises(PTQError) as exc:
+        check_baseline(analysis, template / target, update="all")
+    one_line(str(exc.value), needle)
+    assert_untouched(before, tree(template))
+
+
+def test_stale_temporary_files_are_removed(analysis, template, tmp_path):
+    """A killed update leaves ``.NAME.PID.tmp``: removed once its process is gone and a minute
+    has passed; a young one, or one of a live process, is kept (it may be being written)."""
+    gone = []
+    for _ in range(2):
+        proc = subprocess.Popen([sys.executable, "-c", "pass"])
+        proc.wait()
+        gone.append(proc.pid)
+    path = tmp_path / "b.json"
+    stale, young, alive = (tmp_path / f".b.json.{gone[0]}.tmp", tmp_path / f".b.json.{gone[1]}.tmp",
+                           tmp_path / f".b.json.{os.getppid()}.tmp")
+    for f in (stale, young, alive):
+        f.write_text("{")
+    old = time.time() - 120
+    os.utime(stale, (old, old))
+    os.utime(alive, (old, old))
+    check_baseline(analysis, path, update="failing")
+    assert not stale.exists() and young.exists() and alive.exists() and path.exists()
+
+
+# -- the plugin --------------------------------------------------------------------------------
+@pytest.fixture
+def plugin_project(pytester, template, monkeypatch):
+    monkeypatch.setattr(sys, "dont_write_bytecode", True)  # pytest's own __pycache__ is not ours
+    for entry in template.iterdir():
+        (shutil.copytree if entry.is_dir() else shutil.copy)(entry, pytester.path / entry.name)
+    return pytester
+
+
+def _billion_laughs():
+    """The classic: 9 levels of 9 aliases, some 400 bytes that expand to 9**9 strings."""
+    lines = ['a: &a ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
+    for prev, name in zip("abcdefgh", "bcdefghi"):
+        lines.append(f"{name}: &{name} [{', '.join([f'*{prev}'] * 9)}]")
+    return "\n".join(lines) + "\n"
+
+
+BOMB = _billion_laughs()
+
+MARKED = """
+import pytest
+
+@pytest.mark.ptq(model="m.onnx", data="calib", {marker})
+def test_b(ptq):
+    ptq.assert_baseline()
+"""
+
+PLUGIN_CASES = [
+    # (id, files, args, exit code, needles on one output line, declared outputs)
+    ("report-onto-model", {}, ["--ptq-model", "m.onnx", "--ptq-data", "calib", "--ptq-report", "m.onnx"], 4,
+     ["--ptq-report", "is the model file"], []),
+    ("report-onto-foreign-file", {}, ["--ptq-report", "notes.txt"], 4,
+     ["--ptq-report", "exists and is not a pytest-ptq report"], []),
+    ("report-inside-data", {}, ["--ptq-data", "calib", "--ptq-report", "calib/r.html"], 4,
+     ["inside the calibration data folder"], []),
+    ("report-parent-is-a-file", {}, ["--ptq-report", "notes.txt/r.html"], 4, ["is a file, not a folder"], []),
+    ("baseline-dir-inside-data", {}, ["--ptq-data", "calib", "--ptq-baseline-dir", "calib/baselines"], 4,
+     ["--ptq-baseline-dir", "inside the calibration data folder"], []),
+    ("baseline-dir-parent-is-a-file", {}, ["--ptq-baseline-dir", "notes.txt/b", "--ptq-update-baseline"], 4,
+     ["--ptq-baseline-dir", "notes.txt' is a file, not a folder"], []),
+    ("marker-baseline-onto-model", {"test_m.py": MARKED.format(marker='baseline="m.onnx"')},
+     ["--ptq-update-baseline"], 1, ["baseline", "m.onnx' is the model file"], []),
+    ("marker-baseline-into-data", {"test_m.py": MARKED.format(marker='baseline="calib/x/b.json"')},
+     ["--ptq-update-baseline"], 1, ["lies inside the calibration data folder"], []),
+    ("marker-baseline-folder-is-a-file", {"test_m.py": MARKED.format(marker='baseline="notes.txt/b.json"')},
+     ["--ptq-update-baseline"], 1, ["baseline '", "notes.txt' is a file, not a folder"], []),
+    ("yaml-baseline-onto-model", {"c.ptq.yaml": "model: m.onnx\ndata: calib\nbaseline: m.onnx\n"}, [], 2,
+     ["contract 'c.ptq.yaml'", "is the model file"], []),
+    ("yaml-baseline-onto-itself", {"c.ptq.yaml": "model: m.onnx\ndata: calib\nbaseline: c.ptq.yaml\n"}, [], 2,
+     ["is the contract file"], []),
+    ("yaml-alias-bomb", {"bomb.ptq.yaml": BOMB}, [], 2,
+     ["expands to more than", "aliases"], []),
+    ("yaml-huge", {"big.ptq.yaml": "# " + "x" * (2 * 2**20) + "\nmodel: m.onnx\n"}, [], 2,
+     ["is 2.0 MiB; a contract is a few lines"], []),
+    ("yaml-not-utf8", {"bin.ptq.yaml": b"model: \xff\xfe\n"}, [], 2, ["is not UTF-8 text"], []),
+    ("yaml-python-object", {"obj.ptq.yaml": "model: !!python/object/apply:os.system ['touch pwned']\n"}, [], 2,
+     ["is not valid YAML", "could not determine a constructor"], []),
+    ("yaml-long-value", {"long.ptq.yaml": "model: m.onnx\ndata: calib\nbaseline: false\noutputs: " + "9" * 500 + "x\n"},
+     [], 2, ["'outputs' must be a number", "..."], []),
+    ("yaml-model-is-a-folder", {"d.ptq.yaml": "model: calib\ndata: calib\nbaseline: false\n"}, [], 1,
+     ["check outputs: model", "is a folder; pass the .onnx file"], []),
+    ("yaml-evaluate-broken", {"e.ptq.yaml": "model: m.onnx\ndata: calib\nbaseline: false\n"
+                                            "accuracy: {evaluate: ev.py:top1}\n", "ev.py": "def top1(:\n"},
+     ["-k", "accuracy"], 1, ["'accuracy.evaluate' file", "fails to import at line 1 (SyntaxError"], []),
+]
+
+
+@pytest.mark.parametrize("files,args,code,needles,declared", [c[1:] for c in PLUGIN_CASES],
+                         ids=[c[0] for c in PLUGIN_CASES])
+def test_plugin_refuses_in_one_sentence(plugin_project, files, args, code, needles, declared):
+    for name, content in files.items():
+        path = plugin_project.path / name
+        path.write_bytes(content) if isinstance(content, bytes) else path.write_text(content)
+    before = tree(plugin_project.path)
+    start = time.perf_counter()
+    result = run_pytest(plugin_project, *args)
+    assert time.perf_counter() - start < 30
+    out = result.outlines + result.errlines
+    assert result.ret == code, "\n".join(out)
+    text = "\n".join(out)
+    assert "Traceback" not in text and not any(line.startswith(">  ") for line in out), text
+    hits = [line for line in out if all(n in line for n in needles)]
+    assert hits, text
+    assert_untouched(before, tree(plugin_project.path), declared)
+
+
+def test_unwritable_report_is_an_error_line_and_the_summary_prints(plugin_project):
+    """The report's folder turns into a file during the run: the tests' results stand, the
+    summary prints, and one line says why there is no report."""
+    plugin_project.makepyfile(test_r="""
+        from pathlib import Path
+
+        def test_blocks_the_report():
+            Path("out").write_text("a file where the report's folder should be")
+    """)
+    before = tree(plugin_project.path)
+    result = run_pytest(plugin_project, "--ptq-report", "out/r.html")
+    assert result.ret == 0
+    result.stdout.fnmatch_lines(["ERROR: the ptq report was not written: --ptq-report '*out/r.html' cannot be "
+                                 "written because '*out' is a file, not a folder; remove that file or choose another "
+                                 "path", "*1 passed*"])
+    assert "Traceback" not in result.stdout.str()
+    assert_untouched(before, tree(plugin_project.path), declared=["out"])
+
+
+def test_malformed_baseline_fails_and_update_repairs_it(plugin_project):
+    plugin_project.makepyfile(test_m=MARKED.format(marker='baseline="b.json"'))
+    plugin_project.path.joinpath("b.json").write_text('{"format": 1, "metric": "cosine-similarity", '
+                                                      '"node_type": "node", "outputs": "0.99", "sensitivity": {}}')
+    before = tree(plugin_project.path)
+    failed = run_pytest(plugin_project)
+    failed.assert_outcomes(failed=1)
+    failed.stdout.fnmatch_lines(["*baseline b.json has a malformed 'outputs': it must be a mapping of output names to "
+                                 "numbers, got '0.99'; rewrite it with `pytest --ptq-update-baseline`"])
+    assert_untouched(before, tree(plugin_project.path))
+    run_pytest(plugin_project, "--ptq-update-baseline").assert_outcomes(failed=1)
+    run_pytest(plugin_project).assert_outcomes(passed=1)
+    assert_untouched(before, tree(plugin_project.path), declared=["b.json"])
+
+
+def test_baseline_outside_the_rootdir_is_warned_about(plugin_project, tmp_path):
+    outside = tmp_path / "elsewhere" / "b.json"
+    plugin_project.makepyfile(test_m=MARKED.format(marker=f"baseline={str(outside)!r}"))
+    result = run_pytest(plugin_project, "--ptq-update-baseline")
+    result.stdout.fnmatch_lines([f"*PTQPathWarning: baseline '{outside}' lies outside the rootdir*"])
+    assert outside.exists()
+
+
+def test_report_outside_the_rootdir_is_warned_about(plugin_project, tmp_path):
+    outside = tmp_path / "reports" / "r.html"
+    result = run_pytest(plugin_project, "--ptq-report", str(outside))
+    result.stdout.fnmatch_lines([f"*PTQPathWarning: --ptq-report: the report '{outside}' lies outside the rootdir*",
+                                 f"*ptq report: {outside}*"])
+    assert outside.read_text().startswith("<!DOCTYPE html>")
