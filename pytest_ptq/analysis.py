@@ -164,6 +164,21 @@ class Analysis:
             self.engine, metrics=[name], node_type=node_type,
             output_node=None if outputs is None else list(outputs)))
 
+    def verdict(self, holdout=None, metric="cosine-similarity"):
+        """:class:`~pytest_ptq.verdict.Verdict`: weights only, activations only and everything
+        quantized on every calibration sample (not only the first ``data_num``) and on
+        ``holdout`` when given; the rankings' samples are compared with the whole set."""
+        from .verdict import three_configs
+
+        name = get_metrics(metric)[0].name
+
+        def compute():
+            every = self.cached(("all data",), lambda: load_data(self.key.data, self.qmodel))
+            specs = parse_outputs(None, self.qmodel)
+            return three_configs(self.engine, specs, name, holdout, ranking_samples=self.samples, data=every)
+
+        return self.cached(("verdict", None if holdout is None else str(holdout), name), compute)
+
     def curves(self, metric="cosine-similarity"):
         """Cumulative error curves: only weights, only activations, everything quantized."""
         name = get_metrics(metric)[0].name
