@@ -120,7 +120,7 @@ def localize_stages(float_model, calibrated_model, calibrated_data, metrics=("co
         qm = engine.qmodel
         data = load_data(engine.data if calibrated_data is None else calibrated_data, qm, data_num)
         if engine.float_model is None:  # the bypassed stage needs the float weights
-            engine = Engine(QuantModel(qm.model, float_model=fmodel), None, check=False,
+            engine = Engine(QuantModel(qm.model, float_model=fmodel, shared=qm.shared), None, check=False,
                             custom_op_libraries=engine.libraries)
     else:
         qm = QuantModel(calibrated_model, float_model=fmodel)
@@ -152,8 +152,10 @@ def localize_stages(float_model, calibrated_model, calibrated_data, metrics=("co
         "reference": make_session(fmodel, "disable", providers, fake_quant=False, what=what),
         "optimized-float": make_session(fmodel, "all", providers, fake_quant=False, optimized_path=optimized,
                                         what=what),
-        "fake-quant": make_session(qmodel, "all", providers, fake_quant=True, what=what, libraries=libs),
-        "integer": make_session(qmodel, "all", providers, fake_quant=False, what=what, libraries=libs),
+        "fake-quant": make_session(qmodel, "all", providers, fake_quant=True, what=what, libraries=libs,
+                                   shared=engine.shared),
+        "integer": make_session(qmodel, "all", providers, fake_quant=False, what=what, libraries=libs,
+                                shared=engine.shared),
     }
     sources = {"reference": fpath, "optimized-float": fpath, "fake-quant": qm.source, "integer": qm.source}
     tensors = list(dict.fromkeys(s.tensor for s in specs))

@@ -25,6 +25,8 @@ from . import runtime, sanity
 from .instrument import LOCAL_PREFIX, Gates, instrument
 from .segments import Segments
 
+# Models with this many bytes of large weights run in low-memory mode by default.
+LOW_MEMORY_BYTES = 64 * 2**20
 # Keep float references in memory up to this many bytes; beyond, they are recomputed.
 _REF_CACHE_BYTES = 512 * 2**20
 
@@ -44,12 +46,15 @@ class Engine:
     second fake-quant per node (16 bit, per channel) chosen per run. ``segments``: number of
     segments for model-output runs (default about sqrt(#calibration nodes), at most 16; 0 runs
     the whole gated model instead). ``custom_op_libraries``: paths of onnxruntime custom-op
-    libraries the model's custom Q/DQ ops need (AMD Quark's BF16/BFP16, say).
+    libraries the model's custom Q/DQ ops need (AMD Quark's BF16/BFP16, say). ``memory``:
+    ``"low"`` shares the large weights among every session without prepacking them,
+    ``"fast"`` lets each session prepack its own copy, ``"auto"`` (default) is low for models
+    with at least :data:`LOW_MEMORY_BYTES` of large weights.
     """
 
     def __init__(self, model_or_file, calibrated_data=None, float_model=None, data_num=None,
                  optimization="all", providers=None, check=True, alternatives=None, segments=None,
-                 custom_op_libraries=()):
+                 custom_op_libraries=(), memory="auto"):
         if isinstance(model_or_file, QuantModel):
             self.qmodel = model_or_file
         else:
@@ -59,6 +64,13 @@ class Engine:
         if self.qmodel.custom_ops and not self.libraries:
             raise PTQError(custom_op_sentence(self.qmodel))
         self.float_model = float_model
+        if memory not in ("auto", "low", "fast"):
+            raise unknown("memory mode", memory, ("auto", "low", "fast"))
+        self.memory = memory
+        weight_bytes = sum(a.nbytes for a in self.qmodel.shared.values()) + sum(
+            a.nbytes for a in self.qmodel.float_weights.values())
+        self.shared = runtime.SharedWeights(self.qmodel.shared, low_memory=memory == "low" or (
+            memory == "auto" and weight_bytes >= LOW_MEMORY_BYTES))
         self.optimization = runtime.check_level(optimization)
         self.providers = providers or runtime.default_providers()
         self.data = load_data(calibrated_data, self.qmodel, data_num) if calibrated_data is not None else None
@@ -106,7 +118,7 @@ class Engine:
         (``{node: QParams}``) can also run their alternative fake-quant."""
         return Engine(self.qmodel, self.data, float_model=self.float_model, optimization=self.optimization,
                       providers=self.providers, check=False, alternatives=alternatives,
-                      segments=self._segments_count, custom_op_libraries=self.libraries)
+                      segments=self._segments_count, custom_op_libraries=self.libraries, memory=self.memory)
 
     @property
     def source(self):
@@ -142,27 +154,34 @@ class Engine:
         output too) or ``local`` (plus clones that measure local error). Built on first use."""
         if kind not in self._sessions:
             if kind == "main":
-                model = instrument(self.qmodel, self._gates)
+                model = self._instrument()
             elif kind == "probe":
-                model = instrument(self.qmodel, self._gates, self.probe_tensors)
+                model = self._instrument(self.probe_tensors)
             elif kind == "local":
-                model = instrument(self.qmodel, self._gates, self.probe_tensors, local=True)
+                model = self._instrument(self.probe_tensors, local=True)
             else:
                 raise ValueError(kind)
             self._sessions[kind] = self._compile(model)
         return self._sessions[kind]
 
+    def _instrument(self, extra_outputs=(), local=False):
+        """The gated model; its large float weights join the shared ones."""
+        found = {}
+        model = instrument(self.qmodel, self._gates, extra_outputs, local, shared=found)
+        self.shared.add(found)
+        return model
+
     def _compile(self, model):
         return runtime.make_session(model, self.optimization, self.providers, what=repr(self.source),
-                                    libraries=self.libraries)
+                                    libraries=self.libraries, shared=self.shared)
 
     @property
     def segments(self):
         """The segmented runner for model outputs (None when ``segments=0``)."""
         if self._segments is None and self._segments_count != 0:
-            self._segments = Segments(instrument(self.qmodel, self._gates), self.qmodel, self._gates,
+            self._segments = Segments(self._instrument(), self.qmodel, self._gates,
                                       self.optimization, self.providers, self._segments_count,
-                                      source=self.source, libraries=self.libraries)
+                                      source=self.source, libraries=self.libraries, shared=self.shared)
         return self._segments
 
     # -- running -----------------------------------------------------------------------
@@ -237,7 +256,7 @@ class Engine:
             return out
         key = ("extra", tuple(sorted(rest)))
         if key not in self._sessions:
-            self._sessions[key] = self._compile(instrument(self.qmodel, self._gates, list(key[1])))
+            self._sessions[key] = self._compile(self._instrument(list(key[1])))
         values = runtime.run(self._sessions[key], rest, self.feeds(sample, self._config(quantized)), self.source)
         out.update(zip(rest, values))
         return out

@@ -17,6 +17,8 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from ..model.graph import initializer
+
 FLAG_PREFIX = "ptq_flag::"
 ALT_PREFIX = "ptq_alt::"
 GATE_PREFIX = "ptq_if::"
@@ -67,9 +69,10 @@ def gate_of(node):
     return None
 
 
-def instrument(qmodel, gates, extra_outputs=(), local=False):
+def instrument(qmodel, gates, extra_outputs=(), local=False, shared=None):
     """The gated copy of ``qmodel``'s graph, with ``extra_outputs`` exposed and, with
-    ``local``, the local clones (their outputs exposed too)."""
+    ``local``, the local clones (their outputs exposed too). Large float weights go into
+    ``shared`` (``{name: array}``) behind placeholders, like the model's own large weights."""
     model = onnx.ModelProto()
     model.CopyFrom(qmodel.model)
     graph = model.graph
@@ -86,8 +89,9 @@ def instrument(qmodel, gates, extra_outputs=(), local=False):
             graph.node.append(_gate(qmodel, gates, at_node[node.name]))
         elif node.name not in dropped:
             graph.node.append(node)
+    shared = {} if shared is None else shared
     for name, value in qmodel.float_weights.items():
-        graph.initializer.append(numpy_helper.from_array(value, name))
+        graph.initializer.append(initializer(name, value, shared))
     for name in gates.flags.values():
         graph.input.append(helper.make_tensor_value_info(name, onnx.TensorProto.BOOL, []))
     for name, alt in gates.alternatives.items():

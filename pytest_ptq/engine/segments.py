@@ -31,8 +31,8 @@ class Segments:
     """
 
     def __init__(self, model, qmodel, gates, optimization="all", providers=None, count=None, source="",
-                 libraries=()):
-        self.qmodel, self.gates, self.libraries = qmodel, gates, libraries
+                 libraries=(), shared=None):
+        self.qmodel, self.gates, self.libraries, self.shared = qmodel, gates, libraries, shared
         self.optimization, self.providers, self.source = optimization, providers, source
         self.template = model
         graph = model.graph
@@ -186,7 +186,7 @@ class Segments:
         if key not in self._sessions:
             model, inputs, flags, outputs = self._segment_model(j, gated)
             self._sessions[key] = (make_session(model, self.optimization, self.providers, what=self.source,
-                                                libraries=self.libraries),
+                                                libraries=self.libraries, shared=self.shared),
                                    inputs, flags, outputs)
         return self._sessions[key]
 

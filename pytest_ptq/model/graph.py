@@ -12,14 +12,18 @@ import heapq
 import os
 from collections import defaultdict
 
+import numpy as np
 import onnx
+from onnx import numpy_helper
 
 from .. import params
 from ..errors import PTQError, shown
 
 
-def load_model(model_or_file, what="model"):
-    """Load an ONNX model from a path or return a copy of a ModelProto (never modified)."""
+def load_model(model_or_file, what="model", external=True, parse=True):
+    """Load an ONNX model from a path or return a copy of a ModelProto (never modified).
+    ``external=False`` leaves external data where it is (see :func:`externalize`);
+    ``parse=False`` only checks the path (returns ``(None, path)``)."""
     if isinstance(model_or_file, onnx.ModelProto):
         model = onnx.ModelProto()
         model.CopyFrom(model_or_file)
@@ -31,8 +35,10 @@ def load_model(model_or_file, what="model"):
         raise PTQError(f"{what} {str(path)!r} is a folder; pass the .onnx file")
     if not path.is_file():
         raise PTQError(f"{what} file {str(path)!r} does not exist; pass the path of an .onnx file")
+    if not parse:
+        return None, path
     try:
-        model = onnx.load(str(path), load_external_data=True)
+        model = onnx.load(str(path), load_external_data=external)
     except Exception as exc:  # onnx raises DecodeError, OSError, ... for a broken file
         first = str(exc).splitlines()[0] if str(exc) else ""
         raise PTQError(f"{what} file {str(path)!r} is not a readable ONNX model "
@@ -133,3 +139,228 @@ def name_nodes(graph):
         seen[n.name] += 1
         if seen[n.name] > 1:
             n.name = f"{n.name}__{seen[n.name] - 1}"
+
+
+# Initializers at least this large leave the ModelProto: their values are kept once, as numpy
+# arrays, and every onnxruntime session the engine builds shares them (see engine/runtime.py),
+# so copying and serializing the graph for each session costs nothing.
+LARGE_BYTES = 64 * 2**10
+# The external-data location a placeholder names: never read, its session supplies the value.
+SHARED_LOCATION = "ptq-shared-initializer"
+
+
+def placeholder(name, array):
+    """A TensorProto with the name, type and shape of ``array`` and no data: onnxruntime gets
+    the value through SessionOptions.add_initializer, onnx's shape inference only its type."""
+    t = onnx.TensorProto()
+    t.name = name
+    t.data_type = onnx.helper.np_dtype_to_tensor_dtype(np.asarray(array).dtype)
+    t.dims.extend(np.shape(array))
+    t.data_location = onnx.TensorProto.EXTERNAL
+    for key, value in (("location", SHARED_LOCATION), ("offset", "0"), ("length", "1")):
+        entry = t.external_data.add()
+        entry.key, entry.value = key, value
+    return t
+
+
+def is_placeholder(tensor):
+    return tensor.data_location == onnx.TensorProto.EXTERNAL and any(
+        e.key == "location" and e.value == SHARED_LOCATION for e in tensor.external_data)
+
+
+def externalize(graph, shared=None, folder=None, source="the model"):
+    """Move every large initializer of ``graph`` out into ``{name: numpy array}`` (returned),
+    leaving a placeholder. External data (beside the model, under ``folder``) is mapped from
+    its file, not copied; inline data is copied out one tensor at a time and dropped from the
+    proto; placeholders already there take their value from ``shared``."""
+    out = {}
+    for k, init in enumerate(graph.initializer):
+        if is_placeholder(init):
+            if shared is None or init.name not in shared:
+                raise ValueError(f"initializer {init.name!r} has no value to share")
+            out[init.name] = shared[init.name]
+            continue
+        if init.data_location == onnx.TensorProto.EXTERNAL:
+            value = _mapped(init, folder, source)
+        elif _nbytes(init) >= LARGE_BYTES:
+            value = numpy_helper.to_array(init)
+        else:
+            continue
+        out[init.name] = value
+        graph.initializer[k].CopyFrom(placeholder(init.name, value))
+    return out
+
+
+def _nbytes(init):
+    if init.data_type in (onnx.TensorProto.STRING, onnx.TensorProto.UNDEFINED):
+        return 0
+    return int(np.prod(init.dims, dtype=np.int64)) * onnx.helper.tensor_dtype_to_np_dtype(init.data_type).itemsize
+
+
+def _mapped(init, folder, source):
+    """A read-only memory map of an initializer's external data: pages stay in the file until
+    read, and onnxruntime shares them instead of copying."""
+    info = {e.key: e.value for e in init.external_data}
+    path = os.path.join(folder or ".", info.get("location", ""))
+    dtype = onnx.helper.tensor_dtype_to_np_dtype(init.data_type)
+    shape = tuple(init.dims)
+    count = int(np.prod(shape, dtype=np.int64))
+    offset = int(info.get("offset", 0))
+    if dtype.itemsize == 0 or init.data_type in (onnx.TensorProto.INT4, onnx.TensorProto.UINT4) or (
+            hasattr(onnx.TensorProto, "FLOAT4E2M1") and init.data_type == onnx.TensorProto.FLOAT4E2M1):
+        # packed sub-byte types: onnx unpacks them
+        return numpy_helper.to_array(init, base_dir=folder or "")
+    try:
+        return np.memmap(path, dtype=dtype, mode="r", offset=offset, shape=shape if count else (0,)).reshape(shape)
+    except (OSError, ValueError) as exc:
+        raise PTQError(f"initializer {init.name!r} of {source} keeps its data in {path!r}, which cannot be read "
+                       f"({type(exc).__name__}: {exc}); keep the external data file beside the model") from None
+
+
+def initializer(name, value, shared):
+    """The TensorProto for ``value`` in a built graph: a placeholder registered in ``shared``
+    when large, else the value itself."""
+    value = np.asarray(value)
+    if value.nbytes >= LARGE_BYTES:
+        shared[name] = value
+        return placeholder(name, value)
+    return numpy_helper.from_array(value, name)
+
+
+def restore(model, shared):
+    """A copy of ``model`` with every placeholder filled from ``shared`` (for tools that
+    run the model without the engine)."""
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    for k, init in enumerate(copy.graph.initializer):
+        if is_placeholder(init):
+            copy.graph.initializer[k].CopyFrom(numpy_helper.from_array(shared[init.name], init.name))
+    return copy
+
+
+# -- inline weights, mapped from the file instead of parsed into the proto -------------------
+# ModelProto.graph = 7, GraphProto.initializer = 5, TensorProto: data_type = 2,
+# name = 8, raw_data = 9 (onnx.proto).
+_GRAPH, _INITIALIZER, _DATA_TYPE, _NAME, _RAW = 7, 5, 2, 8, 9
+
+
+def _varint(buf, pos):
+    value, shift = 0, 0
+    while True:
+        byte = buf[pos]
+        pos += 1
+        value |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return value, pos
+        shift += 7
+
+
+def _encode(value):
+    out = bytearray()
+    while True:
+        byte = value & 0x7F
+        value >>= 7
+        if value:
+            out.append(byte | 0x80)
+        else:
+            out.append(byte)
+            return bytes(out)
+
+
+def _fields(buf, start, end):
+    """``(field, wire type, header start, value start, value end)`` of a message's fields."""
+    pos = start
+    while pos < end:
+        head = pos
+        key, pos = _varint(buf, pos)
+        field, wire = key >> 3, key & 7
+        if wire == 0:
+            _, after = _varint(buf, pos)
+        elif wire == 1:
+            after = pos + 8
+        elif wire == 2:
+            length, pos = _varint(buf, pos)
+            after = pos + length
+        elif wire == 5:
+            after = pos + 4
+        else:
+            raise ValueError(f"unsupported protobuf wire type {wire}")
+        yield field, wire, head, pos, after
+        pos = after
+
+
+# Types whose raw data is not one element per item (packed, or variable length).
+_UNMAPPABLE = {onnx.TensorProto.STRING, onnx.TensorProto.UNDEFINED} | {
+    getattr(onnx.TensorProto, t) for t in ("INT4", "UINT4", "INT2", "UINT2", "FLOAT4E2M1") if hasattr(onnx.TensorProto, t)}
+
+
+def _without_raw(buf, start, end, found):
+    """A TensorProto's bytes without its raw data when that is large (its place in the file
+    noted in ``found``), or None to keep it as it is."""
+    name, raw, dtype = None, None, onnx.TensorProto.UNDEFINED
+    for field, wire, head, vstart, vend in _fields(buf, start, end):
+        if field == _NAME and wire == 2:
+            name = bytes(buf[vstart:vend]).decode("utf-8")
+        elif field == _DATA_TYPE and wire == 0:
+            dtype, _ = _varint(buf, vstart)
+        elif field == _RAW and wire == 2 and vend - vstart >= LARGE_BYTES:
+            raw = (head, vstart, vend)
+    if raw is None or name is None or dtype in _UNMAPPABLE:
+        return None
+    found[name] = (raw[1], raw[2] - raw[1])
+    return bytes(buf[start:raw[0]]) + bytes(buf[raw[2]:end])
+
+
+def _light_graph(buf, start, end, found):
+    pieces, changed = [], False
+    for field, wire, head, vstart, vend in _fields(buf, start, end):
+        if field == _INITIALIZER and wire == 2:
+            tensor = _without_raw(buf, vstart, vend, found)
+            if tensor is not None:
+                pieces.append(bytes(buf[head:vstart - len(_encode(vend - vstart))]) + _encode(len(tensor)) + tensor)
+                changed = True
+                continue
+        pieces.append(bytes(buf[head:vend]))
+    return b"".join(pieces) if changed else None
+
+
+def load_mapped(path):
+    """``(model, {name: array})`` of an .onnx file whose large inline weights stay in the file:
+    the model is parsed without them (placeholders in their place) and each is a read-only
+    view on a memory map of the file, so loading costs no copy of the weights. None when the
+    file has no large inline weights (load it as usual)."""
+    import mmap
+
+    with open(path, "rb") as fh:
+        try:
+            mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+        except ValueError:  # an empty file
+            return None
+    buf = memoryview(mm)
+    found, pieces, changed = {}, [], False
+    try:
+        for field, wire, head, vstart, vend in _fields(buf, 0, len(buf)):
+            if field == _GRAPH and wire == 2:
+                graph = _light_graph(buf, vstart, vend, found)
+                if graph is not None:
+                    key = bytes(buf[head:vstart - len(_encode(vend - vstart))])
+                    pieces.append(key + _encode(len(graph)) + graph)
+                    changed = True
+                    continue
+            pieces.append(bytes(buf[head:vend]))
+    except (ValueError, IndexError):
+        return None  # not a protobuf we can walk: onnx.load says why
+    if not changed:
+        buf.release()
+        return None
+    model = onnx.ModelProto()
+    model.ParseFromString(b"".join(pieces))
+    arrays = {}
+    for init in model.graph.initializer:
+        if init.name in found and not init.HasField("raw_data"):
+            offset, length = found[init.name]
+            dtype = onnx.helper.tensor_dtype_to_np_dtype(init.data_type)
+            arrays[init.name] = np.frombuffer(mm, dtype=dtype, count=length // dtype.itemsize,
+                                              offset=offset).reshape(tuple(init.dims))
+            init.CopyFrom(placeholder(init.name, arrays[init.name]))
+    return model, arrays

@@ -1,0 +1,138 @@
+"""Benchmark: peak memory of the engine against a plain onnxruntime session, same QDQ model.
+
+Builds a QDQ model whose float weights total ``--weights-mib`` (a stack of MatMuls with
+per-channel int8 weight pairs and uint8 activation pairs, float weights kept behind the
+pairs, as quantize_static with AddQDQPairToWeight writes them) and measures, each in a
+fresh process (peak resident set, VmHWM):
+
+  plain     onnxruntime.InferenceSession(model) with default options, one run;
+  plain-fake-quant   the same with QDQ fusion off, as the engine simulates it;
+  engine N  pytest_ptq Engine on N samples + activation sensitivity of every pair.
+
+and prints the ratios engine / plain (target <= 1.5 at any N); each figure is the median
+of --repeat processes.
+
+Usage: python bench/bench_memory.py [--weights-mib 192] [--samples 1 8] [--keep DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+WIDTH = 2048  # MatMul width: a layer holds WIDTH^2 float32 weights (16 MiB)
+TOKENS = 16
+
+
+def build(folder, weights_mib, inline=False):
+    """The QDQ model (``model.onnx`` + external data) and 8 samples under ``folder``."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    layers = max(1, round(weights_mib * 2**20 / (WIDTH * WIDTH * 4)))
+    rng = np.random.default_rng(0)
+    nodes, inits, src = [], [], "x"
+
+    def pair(t, scale, zp, qtype, axis=None):
+        s, z = f"{t}_scale", f"{t}_zp"
+        inits.extend([numpy_helper.from_array(np.asarray(scale, np.float32), s),
+                      numpy_helper.from_array(np.asarray(zp, qtype), z)])
+        attrs = {} if axis is None else {"axis": axis}
+        nodes.extend([helper.make_node("QuantizeLinear", [t, s, z], [f"{t}_q"], name=f"{t}_QuantizeLinear", **attrs),
+                      helper.make_node("DequantizeLinear", [f"{t}_q", s, z], [f"{t}_dq"], name=f"{t}_DequantizeLinear",
+                                       **attrs)])
+        return f"{t}_dq"
+
+    for k in range(layers):
+        w = (rng.standard_normal((WIDTH, WIDTH), dtype=np.float32) / np.sqrt(WIDTH)).astype(np.float32)
+        inits.append(numpy_helper.from_array(w, f"w{k}"))
+        wq = pair(f"w{k}", np.abs(w).max(axis=0) / 127, np.zeros(WIDTH, np.int8), np.int8, axis=1)
+        xq = pair(src, 8.0 / 255, 128, np.uint8)
+        nodes.append(helper.make_node("MatMul", [xq, wq], [f"m{k}"], name=f"mm{k}"))
+        nodes.append(helper.make_node("Tanh", [f"m{k}"], [f"h{k}"], name=f"tanh{k}"))
+        src = f"h{k}"
+    graph = helper.make_graph(nodes, "big", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, TOKENS, WIDTH])],
+                              [helper.make_tensor_value_info(src, TensorProto.FLOAT, [1, TOKENS, WIDTH])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    if inline:
+        onnx.save(model, str(folder / "model.onnx"))
+    else:
+        onnx.save(model, str(folder / "model.onnx"), save_as_external_data=True, location="model.onnx.data",
+                  size_threshold=1024)
+    for i in range(8):
+        (folder / "data" / "x").mkdir(parents=True, exist_ok=True)
+        np.save(folder / "data" / "x" / f"{i}.npy", rng.standard_normal((1, TOKENS, WIDTH)).astype(np.float32))
+    return layers
+
+
+CHILD = r'''
+import json, sys
+def peak():
+    for line in open("/proc/self/status"):
+        if line.startswith("VmHWM"):
+            return int(line.split()[1]) / 1024
+mode, folder, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
+import numpy as np
+if mode in ("plain", "plain-fake-quant"):
+    import onnxruntime as ort
+    so = ort.SessionOptions()
+    if mode == "plain-fake-quant":
+        so.add_session_config_entry("session.disable_quant_qdq", "1")
+    s = ort.InferenceSession(folder + "/model.onnx", so, providers=["CPUExecutionProvider"])
+    s.run(None, {"x": np.load(folder + "/data/x/0.npy")})
+else:
+    sys.path.insert(0, sys.argv[4])
+    from pytest_ptq.engine import Engine
+    from pytest_ptq.sensitivity import get_sensitivity_of_nodes
+    e = Engine(folder + "/model.onnx", folder + "/data")
+    get_sensitivity_of_nodes(e, node_type="activation", data_num=n)
+print(json.dumps({"peak_mib": peak()}))
+'''
+
+
+def measure(mode, folder, n=1, repeat=3):
+    """Median peak (MiB) over ``repeat`` fresh processes: a single process's peak moves by
+    tens of MiB from run to run."""
+    peaks = []
+    for _ in range(repeat):
+        out = subprocess.run([sys.executable, "-c", CHILD, mode, str(folder), str(n), str(ROOT)],
+                             capture_output=True, text=True, check=True)
+        peaks.append(json.loads(out.stdout.strip().splitlines()[-1])["peak_mib"])
+    return statistics.median(peaks)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--weights-mib", type=float, default=192)
+    p.add_argument("--samples", type=int, nargs="+", default=[1, 8])
+    p.add_argument("--inline", action="store_true", help="weights inside the .onnx file (default: external data)")
+    p.add_argument("--repeat", type=int, default=3, help="processes per measurement (the median is printed)")
+    p.add_argument("--keep", default=None, help="build the model here (and keep it) instead of a temp folder")
+    args = p.parse_args(argv)
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(args.keep or tmp)
+        folder.mkdir(parents=True, exist_ok=True)
+        layers = build(folder, args.weights_mib, args.inline)
+        plain = measure("plain", folder, repeat=args.repeat)
+        fake = measure("plain-fake-quant", folder, repeat=args.repeat)
+        where = "inline" if args.inline else "as external data"
+        print(f"model: {layers} MatMul layers, {layers * WIDTH * WIDTH * 4 / 2**20:.0f} MiB of float weights {where}")
+        print(f"plain onnxruntime session: peak {plain:.0f} MiB (QDQ fused into int8 kernels, the float weights "
+              f"dropped); with QDQ fusion off (disable_quant_qdq=1, float weights kept): {fake:.0f} MiB")
+        for n in args.samples:
+            peak = measure("engine", folder, n, repeat=args.repeat)
+            print(f"engine + activation sensitivity, {n} sample(s): peak {peak:.0f} MiB = {peak / plain:.2f}x plain, "
+                  f"{peak / fake:.2f}x plain with fusion off")
+
+
+if __name__ == "__main__":
+    main()
