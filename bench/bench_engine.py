@@ -37,7 +37,7 @@ def rewire(qm, keep):
     consumers to the pair's float input.
     """
     model = onnx.ModelProto()
-    model.CopyFrom(qm.model)
+    model.CopyFrom(qm.full_model())
     rename, dropped = {}, set()
     for c in qm.calibration.values():
         if c.name in keep or not c.bypassable:
