@@ -58,6 +58,7 @@ class _Hooks:
 
     def __init__(self, ptq):
         self.ptq = ptq
+        self.groups_file = None  # xdist controller: see pytest_configure_node
 
     # tryfirst: -k, -m and --deselect then select the built-in contract's items like any other
     @pytest.hookimpl(tryfirst=True)
@@ -65,6 +66,15 @@ class _Hooks:
         """Add the built-in contract of ``--ptq-model`` when no collected test uses the plugin."""
         if not any(_uses_plugin(item) for item in items):
             items.extend(_default_contract(session, self.ptq))
+
+    # tryfirst: before xdist's worker sends the collection to the controller
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_collection_finish(self, session):
+        """xdist worker: write which model each selected item checks (see ``spread``)."""
+        path = getattr(session.config, "workerinput", {}).get("ptq_groups_file")
+        if path:
+            from . import spread
+            spread.write_groups(path, _models_of(session.items, self.ptq))
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_makereport(self, item, call):
@@ -91,6 +101,26 @@ class _Hooks:
         self.ptq.finish()
 
     @pytest.hookimpl(optionalhook=True)
+    def pytest_configure_node(self, node):
+        """xdist controller: name the file where the workers say which model each item checks."""
+        from . import spread
+        self.groups_file = spread.groups_file(node.workerinput["testrunuid"])
+        node.workerinput[spread.WORKERINPUT_KEY] = str(self.groups_file)
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_xdist_make_scheduler(self, config, log):
+        """xdist controller: with the default ``--dist load``, a model's items go to one worker,
+        which compiles its engine once; any other ``--dist`` is the user's choice."""
+        if config.getoption("dist") != "load" or self.groups_file is None:
+            return None
+        from . import spread
+        return spread.ModelScheduling(config, log, self.groups_file)
+
+    def pytest_unconfigure(self, config):
+        if self.groups_file is not None:
+            self.groups_file.unlink(missing_ok=True)
+
+    @pytest.hookimpl(optionalhook=True)
     def pytest_testnodedown(self, node, error):
         """xdist controller: collect a worker's report data."""
         self.ptq.node_down(node)
@@ -110,6 +140,22 @@ def _default_contract(session, ptq):
     # come out as for any collected file
     return list(session.genitems(ptq_contract.DefaultContracts.from_parent(
         session, name="ptq", nodeid="ptq", settings=ptq.settings)))
+
+
+def _models_of(items, ptq):
+    """``{node id: model path}`` of the items that check a model known at collection (a
+    contract's, a ``ptq`` marker's or the session's); other items are left out."""
+    models = {}
+    for item in items:
+        model = getattr(getattr(item, "contract", None), "model", None)
+        if model is None and _uses_plugin(item):
+            try:
+                model = ptq.settings_for(item).model
+            except PTQError:
+                continue  # a bad marker: the test reports it
+        if model is not None:
+            models[item.nodeid] = str(model)
+    return models
 
 
 def _uses_plugin(item):

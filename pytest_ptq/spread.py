@@ -1,0 +1,64 @@
+"""Spreading a suite over pytest-xdist workers one model at a time.
+
+With ``-n N`` xdist's default scheduling hands out single tests, so the items of one model
+land on several workers and each of them compiles that model's engine. Here the items of
+one model form one unit that goes to one worker; every other test is still handed out
+alone. xdist's own ``--dist loadgroup`` cannot carry this: it tags node ids on the workers
+and pytest 9 no longer lets a plugin rename an item. So the workers, which collect, write
+the model of each item to a small file the controller named, and the controller's
+scheduler reads it when it splits the collection. All workers collect the same items
+(xdist checks), so they write the same file; a worker that cannot write it only costs the
+grouping, never a test.
+
+Import this module only where xdist is installed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+
+from xdist.scheduler import LoadScopeScheduling
+
+# the controller names the file in every worker's ``workerinput`` under this key
+WORKERINPUT_KEY = "ptq_groups_file"
+
+
+def groups_file(testrunuid):
+    """The file one run's workers write their groups to, in the system's temporary folder."""
+    return Path(tempfile.gettempdir()) / f"pytest-ptq-groups-{testrunuid}.json"
+
+
+def write_groups(path, models):
+    """Worker: write ``{node id: model path}`` (``models``) to ``path``, atomically, so that
+    the controller never reads half a file while another worker rewrites it."""
+    path = Path(path)
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(json.dumps(models), encoding="utf-8")
+        os.replace(tmp, path)
+    except OSError:
+        tmp.unlink(missing_ok=True)  # no grouping then; every test still runs
+
+
+class ModelScheduling(LoadScopeScheduling):
+    """xdist scheduling whose unit of work is a model's items (or a lone test)."""
+
+    def __init__(self, config, log=None, path=None):
+        super().__init__(config, log)
+        self._path = path
+        self._models = None
+
+    def _split_scope(self, nodeid):
+        if self._models is None:  # first asked once every worker has collected
+            try:
+                self._models = json.loads(Path(self._path).read_text(encoding="utf-8"))
+            except (OSError, ValueError):
+                self._models = {}
+            if not isinstance(self._models, dict):
+                self._models = {}
+        model = self._models.get(nodeid)
+        # "::" cannot start a node id, so a model's unit never equals a test's
+        return f"::ptq-model::{model}" if model else nodeid

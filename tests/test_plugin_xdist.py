@@ -1,0 +1,70 @@
+"""pytest-xdist: the items of one model run on one worker, so each worker compiles only the
+models it checks."""
+
+from __future__ import annotations
+
+import re
+import shutil
+
+import pytest
+
+import builders
+from test_plugin import N, run
+
+
+@pytest.fixture(scope="module")
+def two_models(tmp_path_factory):
+    root = tmp_path_factory.mktemp("xdist_models")
+    data = builders.samples(N)
+    builders.save_folder(data, root / "calib")
+    for k in (0, 1):
+        builders.quantize(builders.conv_net(root / f"float{k}.onnx", seed=k), root / f"m{k}.onnx", data)
+    return root
+
+
+def test_a_models_items_share_one_worker(pytester, two_models):
+    for name in ("m0.onnx", "m1.onnx", "calib"):
+        src = two_models / name
+        (shutil.copytree if src.is_dir() else shutil.copy)(src, pytester.path / name)
+    for k in (0, 1):
+        pytester.makefile(".ptq.yaml", **{f"c{k}": f"model: m{k}.onnx\ndata: calib\nnodes: {{threshold: 0.0}}\n"
+                                                   "baseline: false\n"})
+    # Python tests of the same models, in another file, join their model's worker
+    pytester.makepyfile(test_py="""
+        import pytest
+
+        @pytest.mark.ptq(model="m0.onnx", data="calib")
+        def test_c0(ptq_analysis):
+            assert ptq_analysis.engine
+
+        @pytest.mark.ptq(model="m1.onnx", data="calib")
+        def test_c1(ptq_analysis):
+            assert ptq_analysis.engine
+
+        def test_plain():
+            pass
+    """)
+    result = run(pytester, "-n", "2", "-v")
+    result.assert_outcomes(passed=7)
+    workers = {}
+    for line in result.stdout.lines:
+        m = re.search(r"\[(gw\d)\] .*PASSED \S*(c\d)\b", line)
+        if m:
+            workers.setdefault(m.group(2), set()).add(m.group(1))
+    assert set(workers) == {"c0", "c1"} and all(len(w) == 1 for w in workers.values()), workers
+
+
+def test_baselines_keep_their_paths_under_xdist(pytester, two_models):
+    shutil.copy(two_models / "m0.onnx", pytester.path / "m0.onnx")
+    shutil.copytree(two_models / "calib", pytester.path / "calib")
+    pytester.makepyfile(test_m="""
+        import pytest
+
+        @pytest.mark.ptq(model="m0.onnx", data="calib")
+        def test_base(ptq):
+            ptq.assert_baseline()
+    """)
+    run(pytester, "-n", "2", "--ptq-update-baseline").assert_outcomes(failed=1)
+    written = sorted(p.relative_to(pytester.path).as_posix() for p in pytester.path.rglob("*.json"))
+    assert written == ["ptq_baselines/test_m/test_base.json"]
+    run(pytester, "-p", "no:xdist").assert_outcomes(passed=1)
