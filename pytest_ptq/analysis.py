@@ -9,11 +9,11 @@ them with the sensitivities and curves computed so far.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import os
 from pathlib import Path
 
 from . import guard, params
+from .cache import ResultCache, file_hash
 from .curves import configs_from, get_acc_error
 from .data import load_data
 from .engine import Engine
@@ -42,20 +42,6 @@ class AnalysisKey:
         return "|".join(str(v) for v in parts)
 
 
-def file_hash(path):
-    """sha256 of a file, or of a folder's files (relative names and bytes, sorted by name)."""
-    path = Path(path)
-    h = hashlib.sha256()
-    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
-    for f in files:
-        if f != path:
-            h.update(f.relative_to(path).as_posix().encode() + b"\0")
-        with open(f, "rb") as fh:
-            for block in iter(lambda: fh.read(1 << 20), b""):
-                h.update(block)
-    return h.hexdigest()
-
-
 @dataclasses.dataclass
 class OutputMetrics:
     """``values[output][metric]`` pooled over ``samples`` samples (quantized vs float)."""
@@ -68,12 +54,22 @@ class OutputMetrics:
 class Analysis:
     """The cached results of one model; build it through :meth:`PTQSession.analysis`."""
 
-    def __init__(self, key, root="."):
+    def __init__(self, key, root=".", cache_dir=None):
         self.key = key
         self.root = Path(root)
         self.label = self.relative(key.model)
         self._engine = None
         self._cache = {}
+        # results on disk (cache.py), keyed by every file the engine reads
+        self.store = None if cache_dir is None else ResultCache(cache_dir, self._files, (("data_num", key.data_num),),
+                                                                   option="--ptq-cache-dir")
+
+    def _files(self):
+        """The files behind the engine's results, by role (the model's external data too)."""
+        files = {"model file": self.key.model, "calibration data": self.key.data,
+                 "float model": self.key.float_model, "custom-op library": self.key.custom_op_library}
+        files.update({f"model data {i}": p for i, p in enumerate(guard.external_data_files(self.key.model))})
+        return files
 
     def inputs(self, *more):
         """What this analysis reads (model, data, float model) and the paths ``more`` (held-out
@@ -113,10 +109,15 @@ class Analysis:
         """Number of calibration samples analysed."""
         return len(self.data)
 
-    def cached(self, key, compute):
-        """``compute()`` once per ``key`` for the session (results shared by every test)."""
+    def cached(self, key, compute, files=None):
+        """``compute()`` once per ``key`` for the session (results shared by every test). With
+        ``files`` (the files it reads beyond the model's own, possibly none) the result is
+        also kept on disk when the analysis has a cache folder."""
         if key not in self._cache:
-            self._cache[key] = compute()
+            if self.store is None or files is None:
+                self._cache[key] = compute()
+            else:
+                self._cache[key] = self.store.get(key, compute, files)
         return self._cache[key]
 
     def dataset(self, holdout=None):
@@ -136,7 +137,7 @@ class Analysis:
         specs = parse_outputs(None if outputs is None else list(outputs), self.qmodel)
         key = ("outputs", tuple((s.name, s.tensor, repr(s.index)) for s in specs),
                tuple(m.name for m in metric_objs), str(holdout))
-        return self.cached(key, lambda: self._output_metrics(specs, metric_objs, holdout))
+        return self.cached(key, lambda: self._output_metrics(specs, metric_objs, holdout), files=(holdout,))
 
     def _output_metrics(self, specs, metric_objs, holdout):
         engine = self.engine
@@ -162,7 +163,7 @@ class Analysis:
         key = ("sensitivity", node_type, name, None if outputs is None else tuple(outputs))
         return self.cached(key, lambda: get_sensitivity_of_nodes(
             self.engine, metrics=[name], node_type=node_type,
-            output_node=None if outputs is None else list(outputs)))
+            output_node=None if outputs is None else list(outputs)), files=())
 
     def verdict(self, holdout=None, metric="cosine-similarity"):
         """:class:`~pytest_ptq.verdict.Verdict`: weights only, activations only and everything
@@ -177,7 +178,7 @@ class Analysis:
             specs = parse_outputs(None, self.qmodel)
             return three_configs(self.engine, specs, name, holdout, ranking_samples=self.samples, data=every)
 
-        return self.cached(("verdict", None if holdout is None else str(holdout), name), compute)
+        return self.cached(("verdict", None if holdout is None else str(holdout), name), compute, files=(holdout,))
 
     def curves(self, metric="cosine-similarity"):
         """Cumulative error curves: only weights, only activations, everything quantized."""
@@ -190,7 +191,7 @@ class Analysis:
             configs["all quantized"] = list(engine.calib_names)
             return get_acc_error(engine, configs, name, progress=False)
 
-        return self.cached(("curves", name), compute)
+        return self.cached(("curves", name), compute, files=())
 
     def data_check(self, holdout=None):
         """:class:`~pytest_ptq.datacheck.DataReport` of the calibration data (the first
@@ -198,7 +199,8 @@ class Analysis:
         from .datacheck import check_data
 
         key = ("data_check", None if holdout is None else str(holdout))
-        return self.cached(key, lambda: check_data(self.engine, heldout=holdout, data_num=self.key.data_num))
+        return self.cached(key, lambda: check_data(self.engine, heldout=holdout, data_num=self.key.data_num),
+                           files=(holdout,))
 
     def stages(self, float_model=None):
         """:class:`~pytest_ptq.stages.StageReport`: the float model under graph optimisations,
@@ -211,7 +213,8 @@ class Analysis:
             raise PTQError(f"comparing the stages of {self.label} needs the float model it came from; pass "
                            "float_model=..., the marker's float_model= or --ptq-float-model")
         float_model = str(Path(float_model).resolve())
-        return self.cached(("stages", float_model), lambda: localize_stages(float_model, self.engine, self.data))
+        return self.cached(("stages", float_model), lambda: localize_stages(float_model, self.engine, self.data),
+                           files=(float_model,))
 
     def suggest(self, target=0.99, remedy="float", metric="cosine-similarity", outputs=None, budget=None,
                 candidates=None, holdout=None, evaluate=None, min_ratio=None, costs=None, search="refine"):
@@ -232,7 +235,7 @@ class Analysis:
             output_node=None if outputs is None else outputs, budget=budget, candidates=candidates,
             float_model=self.key.float_model, progress=False,
             heldout=None if holdout is None else self.dataset(holdout), evaluate=evaluate, min_ratio=min_ratio,
-            costs=costs, search=search))
+            costs=costs, search=search), files=(holdout,))
 
     def computed(self, kind):
         """The results of ``kind`` (``"data_check"``, ``"stages"``, ``"remedy"``, ...) that tests
@@ -274,11 +277,12 @@ class Analysis:
 
             from . import __version__
 
-            fp = {"model_sha256": file_hash(self.key.model), "data_sha256": file_hash(self.key.data),
+            digest = file_hash if self.store is None else self.store.hash_of
+            fp = {"model_sha256": digest(self.key.model), "data_sha256": digest(self.key.data),
                   "samples": self.samples, "pytest_ptq": __version__, "onnxruntime": onnxruntime.__version__,
                   "onnx": onnx.__version__}
             if self.key.float_model:
-                fp["float_model_sha256"] = file_hash(self.key.float_model)
+                fp["float_model_sha256"] = digest(self.key.float_model)
             return fp
 
         return self.cached(("fingerprint",), compute)

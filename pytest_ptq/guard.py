@@ -332,7 +332,7 @@ def write_error(path, exc):
     if code == errno.EISDIR:
         return PTQError(f"{where}: it is a folder; give a file name")
     if code in (errno.ENOTDIR, errno.EEXIST):
-        found = _existing_ancestor(Path(path).parent)
+        found = _existing_ancestor(Path(path))  # the path itself when a folder was wanted there
         blocker = f"{shown(str(found[0]))} is a file, not a folder" if found else "a parent is a file"
         return PTQError(f"{where}: {blocker}; remove that file or choose another path")
     if code == errno.ENOENT:
@@ -366,11 +366,27 @@ def writing(path):
 def write_text(path, text, atomic=False):
     """Write ``text`` (UTF-8) to ``path``; with ``atomic`` a reader never sees half a file
     (written beside it, then renamed). Returns the Path."""
+    return _write(path, text, atomic)
+
+
+def write_bytes(path, data):
+    """Write ``data`` to ``path`` atomically (see :func:`write_text`). Returns the Path."""
+    return _write(path, data, atomic=True)
+
+
+def _write(path, content, atomic):
     path = claim(path)
     makedirs(path.parent)
+
+    def put(target):
+        if isinstance(content, bytes):
+            target.write_bytes(content)
+        else:
+            target.write_text(content, encoding="utf-8")
+
     if not atomic:
         try:
-            path.write_text(text, encoding="utf-8")
+            put(path)
         except OSError as exc:
             raise write_error(path, exc) from None
         return path
@@ -378,7 +394,7 @@ def write_text(path, text, atomic=False):
     # a per-process name: xdist workers never share a temporary file
     tmp = temp_name(path)
     try:
-        tmp.write_text(text, encoding="utf-8")
+        put(tmp)
         os.replace(tmp, path)
     except BaseException as exc:
         with contextlib.suppress(OSError):

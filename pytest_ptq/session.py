@@ -75,6 +75,12 @@ class PTQSession:
             guard.output_path(s.baseline_dir, "--ptq-baseline-dir", inputs, folder=True,
                               writable=s.update != "none")
             self._warn_outside_root("baseline folder", "--ptq-baseline-dir", s.baseline_dir)
+        if s.cache_dir is not None and not self.config.getoption("ptq_no_cache"):
+            guard.output_path(s.cache_dir, "--ptq-cache-dir", inputs, folder=True)
+            if self.config.getoption("cacheclear", False):
+                from . import cache
+
+                cache.clear(s.cache_dir)
         if s.baseline_dir is not None:
             # a killed update leaves temporary files; remove them before anyone commits them
             for folder, _dirs, _files in os.walk(s.baseline_dir):
@@ -111,8 +117,19 @@ class PTQSession:
                           int(data_num) if data_num else None,
                           str(Path(custom_op_library).resolve()) if custom_op_library else None)
         if key.id not in self.analyses:
-            self.analyses[key.id] = Analysis(key, self.root)
+            self.analyses[key.id] = Analysis(key, self.root, cache_dir=self.cache_dir())
         return self.analyses[key.id]
+
+    def cache_dir(self):
+        """Where results are kept between runs: --ptq-cache-dir, else ``d/ptq`` under pytest's
+        cache dir (which --cache-clear empties); None with --ptq-no-cache or without pytest's
+        cache plugin (``-p no:cacheprovider``)."""
+        if self.config.getoption("ptq_no_cache"):
+            return None
+        if self.settings.cache_dir is not None:
+            return self.settings.cache_dir
+        pytest_cache = getattr(self.config, "cache", None)
+        return None if pytest_cache is None else pytest_cache.mkdir("ptq")
 
     def settings_for(self, item):
         """Session settings overridden by the item's ``ptq`` markers, closest last."""

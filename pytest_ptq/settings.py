@@ -160,10 +160,16 @@ OPTIONS = [
     Option("report", report_path, None, "write one self-contained HTML page for the session: verdicts, "
            "tables and plots per model, failing models first", "PATH.html", True),
     Option("top", positive_int, 10, "rows of the sensitive-node table in failure reports", "N"),
+    Option("cache_dir", folder, None, "folder of the results kept between runs (sensitivities, curves, verdicts, "
+           "remedies), keyed by hashes of the model, data, float model, options and tool versions; "
+           "--cache-clear empties it, --ptq-no-cache turns it off", "DIR", True,
+           shown="<pytest's cache dir>/d/ptq"),
 ]
 BY_NAME = {o.name: o for o in OPTIONS}
 # Marker-only keys: a per-test allow-list and baseline file.
 MARKER_ONLY = ("allow", "baseline")
+# Session-wide keys a marker cannot change.
+SESSION_ONLY = ("report", "baseline_dir", "cache_dir")
 MARKER_HELP = (
     "ptq(model=None, data=None, *, float_model=None, custom_op_library=None, data_num=None, holdout=None, "
     "node_type='node', "
@@ -190,6 +196,8 @@ def add_options(parser):
                     default=False, help="do not add the built-in contract of --ptq-model (ptq_model): its items "
                     "ptq::MODEL.onnx::outputs, nodes and baseline, added only when no collected test uses the "
                     "ptq fixtures, the ptq marker or a *.ptq.yaml contract. Default: off.")
+    group.addoption("--ptq-no-cache", action="store_true", dest="ptq_no_cache", default=False,
+                    help="compute every result afresh and keep none on disk (see --ptq-cache-dir). Default: off.")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -212,6 +220,7 @@ class Settings:
     baseline_dir: Path | None = None
     report: Path | None = None
     top: int = 10
+    cache_dir: Path | None = None
     update: str = "none"  # "none" | "failing" | "all"
 
     def replace(self, **changes):
@@ -263,7 +272,7 @@ def apply_marker(settings, args, kwargs, base):
     given.update(kwargs)
     changes = {}
     for key, raw in given.items():
-        if key in BY_NAME and key not in ("report", "baseline_dir"):
+        if key in BY_NAME and key not in SESSION_ONLY:
             changes[key] = None if raw is None else _parse(BY_NAME[key], raw, f"ptq marker {key}={shown(raw)}", base)
         elif key == "baseline":
             if raw is not None and not isinstance(raw, (str, os.PathLike)):
@@ -275,7 +284,6 @@ def apply_marker(settings, args, kwargs, base):
             except PTQError as exc:
                 raise PTQError(f"{exc}; give node names or patterns such as allow=['conv1*']") from None
         else:
-            raise unknown("ptq marker argument", key, [o.name for o in OPTIONS
-                                                       if o.name not in ("report", "baseline_dir")]
+            raise unknown("ptq marker argument", key, [o.name for o in OPTIONS if o.name not in SESSION_ONLY]
                           + list(MARKER_ONLY))
     return settings.replace(**changes)

@@ -1,0 +1,194 @@
+"""Results kept on disk between runs, keyed by everything they depend on.
+
+A rerun of an unchanged contract reads its sensitivities, curves, verdicts and remedies
+instead of computing them again. An entry's key holds the sha256 of the model, the
+calibration data, the float model, the custom-op library and of any other file the result
+read (held-out data), the sample limit, the request itself (node type, metric, outputs,
+...), and the versions of pytest-ptq (with a digest of its own source, so an edited
+checkout never reads its old results), onnx, onnxruntime, numpy and the providers
+onnxruntime offers. Change any of them and the result is computed again.
+
+An entry is one file: a header naming the format, the sha256 of the payload, then the
+pickled ``(key, result)``. It is read only when the checksum and the key both match, so a
+truncated, edited or colliding file is ignored (and rewritten by the next computation),
+never trusted. Writes are atomic, so xdist workers can share the folder. A request with
+a part that has no stable text (a Python callable, say) is computed, not cached.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+import pickle
+import warnings
+from pathlib import Path
+
+from . import guard
+from .errors import PTQError
+
+MAGIC = b"pytest-ptq cache 1\n"
+SUFFIX = ".ptq-cache"
+_PLAIN = (str, int, float, bool, type(None))
+
+
+class PTQCacheWarning(UserWarning):
+    """A result could not be kept on disk: the run goes on, the next one computes it again."""
+
+
+def file_hash(path):
+    """sha256 of a file, or of a folder's files (relative names and bytes, sorted by name)."""
+    path = Path(path)
+    h = hashlib.sha256()
+    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
+    for f in files:
+        if f != path:
+            h.update(f.relative_to(path).as_posix().encode() + b"\0")
+        with open(f, "rb") as fh:
+            for block in iter(lambda: fh.read(1 << 20), b""):
+                h.update(block)
+    return h.hexdigest()
+
+
+@functools.cache
+def tool_versions():
+    """``(name, version)`` pairs of what computes a result; pytest-ptq's includes a digest
+    of its source files."""
+    import numpy
+    import onnx
+    import onnxruntime
+
+    from . import __version__
+
+    package = Path(__file__).resolve().parent
+    source = hashlib.sha256()
+    for f in sorted(package.rglob("*.py")):
+        source.update(f.relative_to(package).as_posix().encode() + b"\0" + f.read_bytes())
+    return (("pytest_ptq", f"{__version__}+{source.hexdigest()[:16]}"), ("onnx", onnx.__version__),
+            ("onnxruntime", onnxruntime.__version__), ("numpy", numpy.__version__),
+            ("providers", tuple(onnxruntime.get_available_providers())))
+
+
+def plain(value):
+    """True when ``value`` is made of strings, numbers, None and tuples of them only: a key
+    part whose text is the same in every run."""
+    if isinstance(value, tuple):
+        return all(plain(v) for v in value)
+    return isinstance(value, _PLAIN)
+
+
+class ResultCache:
+    """The entries of one model under ``folder``: :meth:`get` a result, computing and
+    storing it when absent (``option`` names the folder's setting in the one warning a failed
+    write gives). ``inputs()`` returns a mapping of a role (``"model"``, ``"data"``,
+    ...) to the path it names or None, asked once on first use; ``settings`` is a tuple of
+    further plain key parts (the sample limit)."""
+
+    def __init__(self, folder, inputs, settings=(), option="the cache folder"):
+        self.folder = Path(folder)
+        self.option = option  # how the user named the folder, for the warning
+        self.inputs = inputs
+        self.settings = tuple(settings)
+        self._base = None
+        self._guard = None  # guard.Inputs of the inputs, built on the first write
+        self._hashes = {}
+        self.hits = self.misses = 0
+        self.write_error = None  # the first failed write, as one sentence (warned once)
+
+    def hash_of(self, path):
+        """sha256 of a file or folder (computed once per cache)."""
+        key = str(path)
+        if key not in self._hashes:
+            self._hashes[key] = file_hash(path)
+        return self._hashes[key]
+
+    def base(self):
+        """The key parts every entry shares: input hashes, settings and tool versions."""
+        if self._base is None:
+            inputs = sorted(self.inputs().items())
+            self._base = (tuple((role, None if p is None else self.hash_of(p)) for role, p in inputs),
+                          self.settings, tool_versions())
+        return self._base
+
+    def key(self, request, files=()):
+        """The full key of ``request`` (a tuple of plain parts) that also read ``files``; None
+        when the request cannot be keyed (a part without stable text)."""
+        if not plain(request):
+            return None
+        return (self.base(), request, tuple(None if f is None else self.hash_of(f) for f in files))
+
+    def path(self, key):
+        return self.folder / (hashlib.sha256(repr(key).encode()).hexdigest()[:40] + SUFFIX)
+
+    def get(self, request, compute, files=()):
+        """The stored result of ``request``, else ``compute()`` stored for next time."""
+        key = self.key(request, files)
+        if key is None:
+            return compute()
+        path = self.path(key)
+        found, value = _read(path, key)
+        if found:
+            self.hits += 1
+            return value
+        self.misses += 1
+        value = compute()
+        self._store(path, key, value, files)
+        return value
+
+    def _store(self, path, key, value, files):
+        try:
+            payload = pickle.dumps((repr(key), value), protocol=pickle.HIGHEST_PROTOCOL)
+        except Exception:  # noqa: BLE001 - a result that cannot be pickled is simply not kept
+            return
+        if self._guard is None:
+            self._guard = guard.Inputs()
+            for role, p in self.inputs().items():
+                self._guard.add(p, role)
+        protect = guard.Inputs(self._guard.items)
+        for f in files:
+            protect.add(f, "input")
+        try:
+            # never inside what the results were computed from: the next run would read it as data
+            with guard.protecting(protect):
+                guard.write_bytes(path, MAGIC + hashlib.sha256(payload).hexdigest().encode() + b"\n" + payload)
+        except PTQError as exc:
+            if self.write_error is None:
+                self.write_error = str(exc)
+                warnings.warn(PTQCacheWarning(f"results are not kept between runs ({self.option}): {exc}"),
+                              stacklevel=2)
+
+
+def _read(path, key):
+    """``(True, result)`` from a sound entry of ``key`` at ``path``, else ``(False, None)``."""
+    try:
+        with open(path, "rb") as fh:
+            blob = fh.read()
+    except OSError:
+        return False, None
+    head, _, rest = blob[len(MAGIC):].partition(b"\n")
+    if not blob.startswith(MAGIC) or hashlib.sha256(rest).hexdigest().encode() != head:
+        return False, None
+    try:
+        stored_key, value = pickle.loads(rest)  # noqa: S301 - checksummed, written by this tool
+    except Exception:  # noqa: BLE001 - a class renamed since: the entry is stale, not an error
+        return False, None
+    return (True, value) if stored_key == repr(key) else (False, None)
+
+
+def clear(folder):
+    """Remove the cache entries (and stale temporary files) in ``folder``; other files stay.
+    Returns how many entries were removed."""
+    removed = 0
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return 0
+    for name in names:
+        if name.endswith(SUFFIX):
+            try:
+                os.unlink(os.path.join(folder, name))
+                removed += 1
+            except OSError:
+                pass
+    guard.clean_stale_temps(folder)
+    return removed

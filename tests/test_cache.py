@@ -1,0 +1,192 @@
+"""Results kept on disk between runs (pytest_ptq.cache): read back only when every key part
+matches and the entry is sound; computed again otherwise."""
+
+from __future__ import annotations
+
+import shutil
+
+import numpy as np
+import pytest
+
+import builders
+from pytest_ptq import cache
+from pytest_ptq.analysis import Analysis, AnalysisKey
+from test_plugin import N, independent_sensitivity, plugin_args
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    root = tmp_path_factory.mktemp("cache_models")
+    data = builders.samples(N)
+    builders.save_folder(data, root / "calib")
+    builders.quantize(builders.conv_net(root / "float.onnx"), root / "q.onnx", data)
+    return root
+
+
+@pytest.fixture
+def inputs(tmp_path, model_dir):
+    """A private copy of the model and data (tests below edit them)."""
+    shutil.copy(model_dir / "q.onnx", tmp_path / "q.onnx")
+    shutil.copytree(model_dir / "calib", tmp_path / "calib")
+    return tmp_path
+
+
+def store(folder, inputs, data_num=None):
+    return cache.ResultCache(folder, lambda: {"model": inputs / "q.onnx", "data": inputs / "calib"},
+                             (("data_num", data_num),))
+
+
+def never():
+    raise AssertionError("computed although the cache holds the result")
+
+
+def test_a_result_is_computed_once_and_read_back_in_a_new_cache(tmp_path, inputs):
+    calls = []
+    first = store(tmp_path / "c", inputs).get(("r", 1), lambda: calls.append(1) or {"x": np.arange(3)})
+    again = store(tmp_path / "c", inputs).get(("r", 1), never)
+    assert calls == [1] and np.array_equal(again["x"], first["x"])
+
+
+@pytest.mark.parametrize("change", ["data", "model", "request", "data_num", "extra file"])
+def test_any_change_of_a_key_part_computes_again(tmp_path, inputs, change):
+    extra = tmp_path / "holdout.npy"
+    np.save(extra, np.zeros(3))
+    store(tmp_path / "c", inputs).get(("r", 1), lambda: "old", files=(extra,))
+    request, data_num = ("r", 1), None
+    if change == "data":
+        x = inputs / "calib" / "x" / "0.npy"
+        np.save(x, np.load(x) + 1)
+    elif change == "model":
+        (inputs / "q.onnx").write_bytes((inputs / "q.onnx").read_bytes() + b"\0")
+    elif change == "request":
+        request = ("r", 2)
+    elif change == "data_num":
+        data_num = 2
+    else:
+        np.save(extra, np.ones(3))
+    assert store(tmp_path / "c", inputs, data_num).get(request, lambda: "new", files=(extra,)) == "new"
+
+
+@pytest.mark.parametrize("damage", ["truncated", "flipped byte", "not ours", "empty"])
+def test_a_damaged_entry_is_ignored_and_rewritten(tmp_path, inputs, damage):
+    store(tmp_path / "c", inputs).get(("r",), lambda: "good")
+    (entry,) = (tmp_path / "c").iterdir()
+    blob = entry.read_bytes()
+    entry.write_bytes({"truncated": blob[:-5], "flipped byte": blob[:-1] + bytes([blob[-1] ^ 1]),
+                       "not ours": b"hello", "empty": b""}[damage])
+    assert store(tmp_path / "c", inputs).get(("r",), lambda: "fresh") == "fresh"
+    assert store(tmp_path / "c", inputs).get(("r",), never) == "fresh"
+
+
+def test_a_sound_entry_under_another_keys_name_is_not_trusted(tmp_path, inputs):
+    s = store(tmp_path / "c", inputs)
+    s.get(("a",), lambda: "of a")
+    (entry,) = (tmp_path / "c").iterdir()
+    entry.rename(s.path(s.key(("b",))))  # as if two keys' names collided
+    assert store(tmp_path / "c", inputs).get(("b",), lambda: "of b") == "of b"
+
+
+def test_a_request_without_stable_text_is_computed_and_not_kept(tmp_path, inputs):
+    s = store(tmp_path / "c", inputs)
+    assert s.get(("remedy", print), lambda: 1) == 1 and s.get(("remedy", print), lambda: 2) == 2
+    assert not (tmp_path / "c").exists() or not list((tmp_path / "c").iterdir())
+
+
+def test_an_unwritable_cache_costs_the_cache_only(tmp_path, inputs):
+    (tmp_path / "c").write_text("a file where the folder should be")
+    s = store(tmp_path / "c", inputs)
+    with pytest.warns(cache.PTQCacheWarning, match=r"not kept between runs \(the cache folder\): cannot write .*c'?: .*c'? is a file, not a folder"):
+        assert s.get(("r",), lambda: 5) == 5
+    assert s.get(("s",), lambda: 6) == 6  # warned once
+
+
+def test_clear_removes_entries_only(tmp_path, inputs):
+    store(tmp_path / "c", inputs).get(("r",), lambda: 1)
+    (tmp_path / "c" / "notes.txt").write_text("mine")
+    assert cache.clear(tmp_path / "c") == 1
+    assert [p.name for p in (tmp_path / "c").iterdir()] == ["notes.txt"]
+
+
+def test_a_cached_sensitivity_equals_a_brute_force_one_without_compiling(tmp_path, inputs):
+    key = AnalysisKey(str(inputs / "q.onnx"), str(inputs / "calib"))
+    Analysis(key, tmp_path, cache_dir=tmp_path / "c").sensitivity("activation")
+    again = Analysis(key, tmp_path, cache_dir=tmp_path / "c")
+    sens = again.sensitivity("activation")
+    assert again.store.hits == 1 and again.store.misses == 0
+    data = builders.samples(N)
+    feeds = [{k: v[i] for k, v in data.items()} for i in range(N)]
+    expected = independent_sensitivity(inputs / "q.onnx", feeds, list(sens))
+    for name, value in expected.items():
+        assert sens[name]["cosine-similarity"] == pytest.approx(value, abs=1e-5), name
+
+
+# -- the plugin ----------------------------------------------------------------------------
+
+CONTRACT = "model: q.onnx\ndata: calib\nnodes: {threshold: 0.0}\nbaseline: false\n"
+# a conftest that fails any sensitivity computed in this process: a test that passes with it
+# read its ranking from the cache
+NO_COMPUTE = """
+import pytest_ptq.analysis as a
+from pytest_ptq.errors import PTQError
+
+_computing = a.get_sensitivity_of_nodes
+
+def _refuse(*args, **kwargs):
+    raise PTQError("sensitivity computed")
+
+def pytest_configure(config):
+    a.get_sensitivity_of_nodes = _refuse
+
+def pytest_unconfigure(config):
+    a.get_sensitivity_of_nodes = _computing
+"""
+
+
+def runp(pytester, *args):
+    return pytester.runpytest_inprocess(*plugin_args(), *args)
+
+
+def setup_project(pytester, inputs):
+    shutil.copy(inputs / "q.onnx", pytester.path / "q.onnx")
+    shutil.copytree(inputs / "calib", pytester.path / "calib")
+    pytester.makefile(".ptq.yaml", c=CONTRACT)
+
+
+def test_plugin_rerun_reads_the_default_cache_and_cache_clear_empties_it(pytester, inputs):
+    setup_project(pytester, inputs)
+    runp(pytester).assert_outcomes(passed=2)
+    assert list((pytester.path / ".pytest_cache" / "d" / "ptq").glob("*" + cache.SUFFIX))
+    pytester.makeconftest(NO_COMPUTE)
+    runp(pytester).assert_outcomes(passed=2)  # read back
+    runp(pytester, "--ptq-no-cache").assert_outcomes(passed=1, failed=1)
+    runp(pytester, "--cache-clear").assert_outcomes(passed=1, failed=1)
+
+
+def test_plugin_explicit_cache_dir_and_its_cache_clear(pytester, inputs, tmp_path):
+    setup_project(pytester, inputs)
+    folder = tmp_path / "shared-cache"
+    runp(pytester, "-p", "no:cacheprovider", f"--ptq-cache-dir={folder}").assert_outcomes(passed=2)
+    assert list(folder.glob("*" + cache.SUFFIX))
+    pytester.makeconftest(NO_COMPUTE)
+    runp(pytester, "-p", "no:cacheprovider", f"--ptq-cache-dir={folder}").assert_outcomes(passed=2)
+    # without pytest's cache plugin nor a folder, nothing is kept
+    runp(pytester, "-p", "no:cacheprovider").assert_outcomes(passed=1, failed=1)
+    runp(pytester, f"--ptq-cache-dir={folder}", "--cache-clear").assert_outcomes(passed=1, failed=1)
+
+
+def test_plugin_refuses_a_cache_dir_inside_the_session_data(pytester, inputs):
+    setup_project(pytester, inputs)
+    result = runp(pytester, "--ptq-data=calib", "--ptq-cache-dir=calib/cache")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert "--ptq-cache-dir" in result.stderr.str() and "calib" in result.stderr.str()
+    assert not (pytester.path / "calib" / "cache").exists()
+
+
+def test_plugin_writes_no_cache_inside_a_contracts_data_and_says_so(pytester, inputs):
+    setup_project(pytester, inputs)
+    result = runp(pytester, "--ptq-cache-dir=calib/cache")
+    result.assert_outcomes(passed=2)
+    assert result.stdout.str().count("PTQCacheWarning") == 1
+    result.stdout.fnmatch_lines(["*PTQCacheWarning: results are not kept between runs (--ptq-cache-dir): "
+                                 "*inside the calibration data folder*calib*"])
+    assert not (pytester.path / "calib" / "cache").exists()
