@@ -140,16 +140,18 @@ def test_help_pins_the_option_group(pytester):
     assert list(entries) == [
         "--ptq-model", "--ptq-data", "--ptq-holdout", "--ptq-float-model", "--ptq-custom-op-library", "--ptq-data-num", "--ptq-node-type",
         "--ptq-metric", "--ptq-min-cosine", "--ptq-min-node-cosine", "--ptq-tolerance", "--ptq-baseline-dir",
-        "--ptq-report", "--ptq-top", "--ptq-update-baseline", "--ptq-update-all", "--ptq-no-default-contract"]
+        "--ptq-report", "--ptq-top", "--ptq-cache-dir", "--ptq-update-baseline", "--ptq-update-all",
+        "--ptq-no-default-contract", "--ptq-no-cache"]
     defaults = {"--ptq-model": "none", "--ptq-holdout": "the calibration data", "--ptq-data-num": "all samples",
                 "--ptq-node-type": "node",
                 "--ptq-metric": "cosine-similarity", "--ptq-min-cosine": "0.99", "--ptq-min-node-cosine": "0.999",
                 "--ptq-tolerance": "0.001", "--ptq-baseline-dir": "<rootdir>/ptq_baselines", "--ptq-report": "none",
                 "--ptq-top": "10", "--ptq-update-baseline": "off", "--ptq-update-all": "off",
-                "--ptq-no-default-contract": "off"}
+                "--ptq-no-default-contract": "off", "--ptq-cache-dir": "<pytest's cache dir>/d/ptq",
+                "--ptq-no-cache": "off"}
     for flag, help_text in entries.items():
         assert help_text.endswith(f"Default: {defaults.get(flag, 'none')}."), (flag, help_text)
-        if flag not in ("--ptq-update-baseline", "--ptq-update-all", "--ptq-no-default-contract"):
+        if flag not in ("--ptq-update-baseline", "--ptq-update-all", "--ptq-no-default-contract", "--ptq-no-cache"):
             assert f"Ini: ptq_{flag[6:].replace('-', '_')}." in help_text, flag
     result.stdout.fnmatch_lines(["  ptq_model (string):*", "  ptq_min_cosine (string):*"])
 
