@@ -165,8 +165,8 @@ def runall(model_or_file, calibrated_data=None, save_dir="ptq_debug_runall", met
     verdict = _verdict(engine, metric, outputs, sens, top_nodes, dist, boxes, curves)
     timings["total"] = round(time.perf_counter() - start, 3)
     summary = {
-        "tool": "pytest-ptq", "version": __version__, "model": qm.source,
-        "data": getattr(engine.data, "where", None), "samples": len(indices), "metrics": [m.name for m in metric_objs],
+        "tool": "pytest-ptq", "version": __version__, "model": qm.source, "format": qm.format_label,
+        "made_by": qm.made_by.label, "data": getattr(engine.data, "where", None), "samples": len(indices), "metrics": [m.name for m in metric_objs],
         "outputs_compared": [s.name for s in specs], "node_types": types, "top": top,
         "top_nodes": top_nodes, "outputs": outputs, "verdict": verdict,
         "sensitivity": {t: s.to_dict() for t, s in sens.items()},
@@ -236,7 +236,7 @@ def _advise(engine, metric, kind, rank, name, sens, dist, boxes, curves):
         d, b = dist.get(c), boxes.get(c)
         if d is None:
             continue
-        t, r = (_advise_activation if d["kind"] == "activation" else _advise_weight)(d, b)
+        t, r = _ADVICE[d["kind"]](d, b)
         label = f"{c}: " if kind == "node" else ""
         tries += [x for x in t if x not in tries]
         reasons += [label + x for x in r]
@@ -277,6 +277,20 @@ def _advise_weight(d, b):
     if not tries:
         return ["int16", "keep in float"], [reason + "; the node is simply sensitive"]
     return tries, [reason]
+
+
+def _advise_dynamic(d, b):
+    """A dynamic quantizer clips nothing and quantize_dynamic offers it no other type: what
+    remains is keeping its consumers in float."""
+    levels = d.get("bulk_levels")
+    if levels is not None and levels < few_levels(d["bit"]):
+        return ["keep in float"], [activation_reading(d) + "; quantize_dynamic has no 16-bit activations, so keep "
+                                   "its consumers in float (nodes_to_exclude)"]
+    return ["keep in float"], [f"its range is computed per run (bulk spans {levels or 0:.0f} levels): the node is "
+                               "simply sensitive; keep its consumers in float (nodes_to_exclude) if it costs too much"]
+
+
+_ADVICE = {"activation": _advise_activation, "weight": _advise_weight, "dynamic": _advise_dynamic}
 
 
 def _origin(qm, metric, kind, name, curves):
@@ -355,7 +369,8 @@ def markdown(summary):
     v = summary["verdict"]
     m = v["metric"]
     lines = [f"# PTQ debug summary: {Path(summary['model']).name}", "",
-             f"Model `{summary['model']}`, {summary['samples']} sample(s), metric {m} on "
+             f"Model `{summary['model']}` ({summary.get('format', 'QDQ')} format, made by "
+             f"{summary.get('made_by', 'an unknown producer')}), {summary['samples']} sample(s), metric {m} on "
              f"{', '.join(summary['outputs_compared'])}.", "", "## Verdict", "",
              f"**{v['text'][0].upper() + v['text'][1:]}.**", "",
              "| config | " + m + " |", "|---|---|",
