@@ -81,6 +81,8 @@ _SHAPE_ONLY = {"Shape", "Size"}  # read only the shape of a quantized tensor
 _CODES = (TensorProto.INT8, TensorProto.UINT8, TensorProto.INT16, TensorProto.UINT16, TensorProto.INT4,
           TensorProto.UINT4)
 
+_FUSED = ("FusedConv", "FusedGemm", "FusedMatMul")  # com.microsoft fusions split back into their ops
+
 _ACTIVATIONS = {"Relu", "Tanh", "Sigmoid", "LeakyRelu", "HardSigmoid", "Clip", "Elu", "Selu", "Softplus",
                 "Softsign", "ThresholdedRelu"}
 
@@ -136,7 +138,7 @@ def to_qdq(model, source="the model"):
     """``model`` in QDQ form (the same object when it is already, a rewritten copy of its
     graph otherwise) as a :class:`Rewrite`; ``source`` names it in messages."""
     parts = formats_of(model)
-    fused = any(n.domain == "com.microsoft" and n.op_type in ("FusedConv", "FusedGemm") for n in model.graph.node)
+    fused = any(n.domain == "com.microsoft" and n.op_type in _FUSED for n in model.graph.node)
     if parts in ((), (QDQ,)) and not fused:
         return Rewrite(model, QDQ, parts, [])
     fmt = parts[0] if len(parts) == 1 else (MIXED if parts else QDQ)
@@ -188,6 +190,7 @@ class _Rewriter:
         self.skip = set()  # ids of original nodes another node's rewrite absorbed
         self.touched = set()  # tensors whose consumers changed (dead-code candidates)
         self.hints = self._hints()
+        self._ranks = None
 
     # -- helpers -------------------------------------------------------------------------
     def fresh(self, base):
@@ -362,8 +365,10 @@ class _Rewriter:
                 self.qattention(node)
             elif op == "DynamicQuantizeLSTM":
                 self.lstm(node)
-            elif node.domain == "com.microsoft" and op in ("FusedConv", "FusedGemm"):
+            elif node.domain == "com.microsoft" and op in _FUSED[:2]:
                 self.unfuse(node)
+            elif node.domain == "com.microsoft" and op == "FusedMatMul":
+                self.unfuse_matmul(node)
             elif op.endswith("QuantizeLinear") and not op.endswith("DequantizeLinear"):
                 self.keep(node)
                 axis = next((a.i for a in node.attribute if a.name == "axis"), None)
@@ -434,7 +439,7 @@ class _Rewriter:
         value = self.float_name(out) if has_q else out
         name = self.op_name(node)
         if channels_last and op in ("QLinearConv", "QLinearGlobalAveragePool", "QLinearAveragePool"):
-            rank = self._rank(quantized[0][0])
+            rank = self._rank(quantized[0][0], node)
             to_first = [0, rank - 1] + list(range(1, rank - 1))
             to_last = [0] + list(range(2, rank)) + [1]
             nchw = self.fresh(f"{inputs[0]}_nchw")
@@ -447,11 +452,20 @@ class _Rewriter:
         if has_q:
             self.quantize_output(value, out, ins[ys], ins[yz] if yz < len(ins) else "")
 
-    def _rank(self, tensor):
-        for v in list(self.graph.value_info) + list(self.graph.input) + list(self.graph.output):
-            if v.name == tensor and v.type.tensor_type.HasField("shape"):
-                return len(v.type.tensor_type.shape.dim)
-        return 4
+    def _rank(self, tensor, node=None):
+        """The rank of ``tensor`` in the original graph, from its types or shape inference."""
+        if self._ranks is None:
+            try:
+                graph = onnx.shape_inference.infer_shapes(self.model, strict_mode=False).graph
+            except Exception:  # inference helps; the graph's own value infos may suffice
+                graph = self.graph
+            self._ranks = {v.name: len(v.type.tensor_type.shape.dim)
+                           for v in list(graph.value_info) + list(graph.input) + list(graph.output)
+                           if v.type.tensor_type.HasField("shape")}
+            self._ranks.update({i.name: len(i.dims) for i in self.graph.initializer})
+        if tensor not in self._ranks:
+            self.fail(node or self.producer.get(tensor), f"reads {tensor!r}, whose rank is unknown")
+        return self._ranks[tensor]
 
     def bias(self, node, bias, scales, alpha=1.0):
         """A lone DQ of an int32 bias, its scale the product of the input and weight scales
@@ -581,9 +595,11 @@ class _Rewriter:
         direction or per direction and gate row)."""
         # X, W, R, B, sequence_lens, initial_h, initial_c, P, W_scale, W_zp, R_scale, R_zp
         ins = list(node.input) + [""] * 12
-        x = ins[0]
-        if x in self.quantized:
+        if ins[0] in self.quantized:
             self.fail(node, "reads a quantized input")
+        # the kernel quantizes its input dynamically once per run, as DynamicQuantizeLinear does
+        xq, xs, xz = self.dynamic_quantize(ins[0])
+        x = self.float_of(node, xq, xs, xz)
         weights = []
         for t, s, z in ((ins[1], ins[8], ins[9]), (ins[2], ins[10], ins[11])):
             w, scale, zp = self.constant(t), self.constant(s), self.constant(z)
@@ -591,11 +607,13 @@ class _Rewriter:
                 self.fail(node, f"reads weight {t!r} or its scale from a computed tensor")
             directions = w.shape[0]
             rows = np.ascontiguousarray(np.transpose(w, (0, 2, 1)))  # back to LSTM's [dirs, 4H, in]
-            if scale.size == 1 or (scale.size == directions and directions == 1):
+            if scale.size == 1:
                 layout, axis = rows, None
             elif scale.size == directions:
                 layout, axis = rows, 0
-            else:  # one scale per direction and gate row: DequantizeLinear needs them on one axis
+            elif directions == 1:  # one scale per gate row
+                layout, axis = rows, 1
+            else:  # per direction and gate row: DequantizeLinear takes them on one axis of a matrix
                 layout, axis = rows.reshape(-1, rows.shape[2]), 0
             wq = self.add_init(t, layout)
             sn = self.add_init(s, np.asarray(scale, np.float32).reshape(-1) if axis is not None
@@ -613,8 +631,8 @@ class _Rewriter:
         while inputs and not inputs[-1]:
             inputs.pop()
         self.emit("LSTM", inputs, list(node.output), self.op_name(node), **attrs)
-        self.notes.append(f"DynamicQuantizeLSTM {node.name!r} quantizes its input and hidden state inside its "
-                          "kernel at every step; the analysis simulates its weights' quantization only")
+        self.notes.append(f"DynamicQuantizeLSTM {node.name!r} also quantizes its hidden state inside its kernel at "
+                          "every step; the analysis simulates the quantization of its input and weights only")
 
     def unfuse(self, node):
         """com.microsoft FusedConv/FusedGemm -> the op, the Add of FusedConv's Z, the activation."""
@@ -648,6 +666,30 @@ class _Rewriter:
                 act_inputs += [self.add_init(f"{node.name}_min", np.float32(params[0])),
                                self.add_init(f"{node.name}_max", np.float32(params[1]))]
             self.emit(act, act_inputs, [out], self.fresh(f"{node.name}_{act.lower()}"), **act_attrs)
+
+    def unfuse_matmul(self, node):
+        """com.microsoft FusedMatMul (``alpha * op(A) @ op(B)``) -> Transposes, MatMul and Mul,
+        the ops onnxruntime fused."""
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        if attrs.get("transBatchA") or attrs.get("transBatchB"):
+            self.fail(node, "transposes batch axes")
+        ins = []
+        for k, flag in enumerate(("transA", "transB")):
+            t = node.input[k]
+            if attrs.get(flag):
+                rank = self._rank(t, node)
+                perm = list(range(rank - 2)) + [rank - 1, rank - 2]
+                out = self.fresh(f"{t}_transposed")
+                self.emit("Transpose", [t], [out], self.fresh(f"{node.name}_{flag}"), perm=perm)
+                t = out
+            ins.append(t)
+        alpha = float(attrs.get("alpha", 1.0))
+        out = node.output[0]
+        value = self.fresh(f"{out}_unscaled") if alpha != 1.0 else out
+        self.emit("MatMul", ins, [value], node.name)
+        if alpha != 1.0:
+            self.emit("Mul", [value, self.add_init(f"{node.name}_alpha", np.float32(alpha))], [out],
+                      self.fresh(f"{node.name}_alpha"))
 
     def moving(self, node):
         """An op that moves quantized values: it runs on their float values."""
@@ -713,6 +755,8 @@ class _Rewriter:
         if s is None or z is None or code is None:
             self.fail(node, "pads with a computed value")
         value = (np.asarray(code, np.float64) - np.asarray(z, np.float64)) * np.asarray(s, np.float64)
+        if not np.any(value):  # onnxruntime pads with the zero point: Pad's default 0, as in the float model
+            return ins[:2]
         ins = ins + [""] * (3 - len(ins))
         ins[2] = self.add_init(f"{node.name or 'Pad'}_value", np.asarray(value, np.float32).reshape(()))
         return ins
