@@ -224,6 +224,7 @@ class QuantModel:
         # QOperator and dynamic models are analysed in their QDQ form (see .formats)
         rewrite = formats.to_qdq(self.model, repr(self.source))
         self.model, self._format, self.format_label = rewrite.model, rewrite.format, rewrite.label
+        self._given = None if self._format == formats.QDQ else model_or_file
         self.notes += rewrite.notes
         graph = self.model.graph
         name_nodes(graph)
@@ -465,6 +466,11 @@ class QuantModel:
         ``QOperator`` (QLinear ops), ``dynamic`` (DynamicQuantizeLinear and integer ops) or
         ``mixed``; :attr:`format_label` names what a mixed one mixes."""
         return self._format
+
+    def as_given(self):
+        """The model in the format it came in (QOperator, dynamic): what onnxruntime's integer
+        kernels run. A QDQ model is :attr:`model` itself."""
+        return self.model if self._given is None else load_model(self._given)[0]
 
     def of_kind(self, kind):
         """Calibration nodes of ``kind`` in graph order; ``activation`` includes the dynamic ones."""
