@@ -137,3 +137,4 @@ def optimized(path, out_path, level="extended"):
     so.log_severity_level = 3
     ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
     return out_path
+

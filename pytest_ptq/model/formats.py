@@ -38,6 +38,7 @@ from ..errors import PTQError
 from .graph import node_refs, sort_topologically
 
 QDQ, QOPERATOR, DYNAMIC, MIXED = "QDQ", "QOperator", "dynamic", "mixed"
+WEIGHT_ONLY = "weight-only"  # onnxruntime's block-wise weight-only ops: named in errors only
 
 # QOperator ops: (quantized inputs as (tensor, scale, zero point) positions, output scale
 # and zero point positions, the float op). Positions beyond the node's inputs are absent.
@@ -49,13 +50,11 @@ QLINEAR = {
     "QGemm": ([(0, 1, 2), (3, 4, 5)], (7, 8), "Gemm"),
     "QLinearAdd": ([(0, 1, 2), (3, 4, 5)], (6, 7), "Add"),
     "QLinearMul": ([(0, 1, 2), (3, 4, 5)], (6, 7), "Mul"),
-    "QLinearWhere": ([(1, 2, 3), (4, 5, 6)], (7, 8), "Where"),
     "QLinearSigmoid": (*_UNARY, "Sigmoid"),
     "QLinearLeakyRelu": (*_UNARY, "LeakyRelu"),
     "QLinearSoftmax": (*_UNARY, "Softmax"),
     "QLinearGlobalAveragePool": (*_UNARY, "GlobalAveragePool"),
     "QLinearAveragePool": (*_UNARY, "AveragePool"),
-    "QLinearReduceMean": (*_UNARY, "ReduceMean"),
     "QLinearConcat": (None, (0, 1), "Concat"),  # inputs: Y_scale, Y_zp, then (X, scale, zp) triples
 }
 # Integer ops whose int32 result is cast and scaled (dynamic quantization, or static with
@@ -64,10 +63,15 @@ INTEGER = {"ConvInteger": "Conv", "MatMulInteger": "MatMul"}
 # onnxruntime's fused forms of dynamic quantization.
 FUSED_DYNAMIC = ("DynamicQuantizeLinear", "DynamicQuantizeMatMul", "MatMulIntegerToFloat", "QAttention",
                  "DynamicQuantizeLSTM")
-# Quantized ops seen in the wild that this module does not rewrite (named in the error).
-UNSUPPORTED = ("QEmbedLayerNormalization", "QOrderedMatMul", "QOrderedAttention", "QOrderedGelu",
-               "QOrderedLayerNormalization", "QOrderedLongformerAttention", "QLinearLayerNorm", "QLinearGelu",
-               "MatMulNBits", "MatMulBnb4", "GatherBlockQuantized", "QMoE", "DynamicQuantizeLSTM2")
+# Quantized ops seen in the wild that this module does not rewrite (named in the error), and
+# the weight-only ones among them (MatMulNBits: int4 blocks packed in uint8).
+UNSUPPORTED = ("QEmbedLayerNormalization", "QMoE", "MatMulNBits", "MatMulBnb4", "GatherBlockQuantized")
+WEIGHT_ONLY_OPS = ("MatMulNBits", "MatMulBnb4", "GatherBlockQuantized")
+
+
+def unsupported(op):
+    """True for a quantized op that :func:`to_qdq` cannot rewrite."""
+    return op in UNSUPPORTED or (op.startswith("QLinear") and op not in QLINEAR) or op.startswith("QOrdered")
 
 # Ops that only move quantized values (their output is on the input's grid): they run on the
 # dequantized tensor and their output keeps the input's scale and zero point.
@@ -114,7 +118,9 @@ def formats_of(model):
     found = set()
     for n in graph.node:
         op = n.op_type
-        if op in QLINEAR or op in UNSUPPORTED and op.startswith("Q"):
+        if op in WEIGHT_ONLY_OPS:
+            found.add(WEIGHT_ONLY)
+        elif op in QLINEAR or unsupported(op):
             found.add(QOPERATOR)
         elif op in FUSED_DYNAMIC:
             found.add(DYNAMIC)
@@ -131,7 +137,7 @@ def formats_of(model):
                     c.op_type in ("Conv", "ConvTranspose", "MatMul", "Gemm")
                     for c in consumers.get(n.output[0], ())):
                 found.add(QDQ)
-    return tuple(f for f in (QDQ, QOPERATOR, DYNAMIC) if f in found)
+    return tuple(f for f in (QDQ, QOPERATOR, DYNAMIC, WEIGHT_ONLY) if f in found)
 
 
 def to_qdq(model, source="the model"):
@@ -239,11 +245,13 @@ class _Rewriter:
         return name
 
     def fail(self, node, why):
-        raise PTQError(f"model {self.source} is in {self.label} format and its {node.op_type} node "
-                       f"{node.name or '(unnamed)'!r} {why}; pytest-ptq rewrites onnxruntime's QLinear ops, QGemm, "
-                       "ConvInteger/MatMulInteger and its dynamic-quantization ops into Q/DQ pairs but not this, so "
-                       "quantize the float model in QDQ format (quantize_static(..., quant_format=QuantFormat.QDQ)) "
-                       "to analyse it")
+        fix = ("quantize it with MatMulNBitsQuantizer(..., quant_format=QuantFormat.QDQ), which writes block-wise "
+               "DequantizeLinear weights" if node is not None and node.op_type in WEIGHT_ONLY_OPS else
+               "quantize the float model in QDQ format (quantize_static(..., quant_format=QuantFormat.QDQ))")
+        what = f"its {node.op_type} node {node.name or '(unnamed)'!r}" if node is not None else "it"
+        raise PTQError(f"model {self.source} is in {self.label} format and {what} {why}; pytest-ptq rewrites "
+                       "onnxruntime's QLinear ops, QGemm, ConvInteger/MatMulInteger and its dynamic-quantization "
+                       f"ops into Q/DQ pairs but not this; to analyse it, {fix}")
 
     def same_params(self, a, b):
         """True when scale/zero-point tensor names ``a`` and ``b`` hold the same values."""
@@ -340,7 +348,8 @@ class _Rewriter:
     def quantize_output(self, value, out, scale, zero_point):
         """Q of float ``value`` into the op's original integer output ``out``."""
         inputs = [value, scale] + ([zero_point] if zero_point else [])
-        self.emit("QuantizeLinear", inputs, [out], self.fresh(f"{value}_QuantizeLinear"))
+        # named after the tensor, as onnxruntime names the Q of the same tensor in QDQ form
+        self.emit("QuantizeLinear", inputs, [out], self.fresh(f"{self.stem(out)}_QuantizeLinear"))
         self.quantized[out] = _Quantized(scale, zero_point)
 
     # -- the walk ------------------------------------------------------------------------
@@ -349,7 +358,7 @@ class _Rewriter:
             if _key(node) in self.skip:
                 continue
             op = node.op_type
-            if op in UNSUPPORTED:
+            if unsupported(op):
                 self.fail(node, "is a quantized op")
             if op in QLINEAR:
                 self.qlinear(node)
@@ -423,17 +432,13 @@ class _Rewriter:
         for k, (t, s, z) in enumerate(quantized):
             floats.append(self.float_of(node, t, s, z, weight_axis if k == 1 else None))
         inputs = floats
-        if op == "QLinearWhere":
-            inputs = [ins[0]] + floats
-        elif op in ("QLinearConv", "QLinearConvTranspose") and len(ins) > 8 and ins[8]:
+        if op in ("QLinearConv", "QLinearConvTranspose") and len(ins) > 8 and ins[8]:
             inputs = floats + [self.bias(node, ins[8], [ins[1], ins[4]])]
         elif op == "QGemm" and len(ins) > 6 and ins[6]:
             alpha = attrs.get("alpha", 1.0)
             inputs = floats + [self.bias(node, ins[6], [ins[1], ins[4]], alpha)]
         if op == "QLinearSoftmax":
             attrs.pop("opset", None)
-        if op == "QLinearReduceMean" and self.opset >= 18 and "axes" in attrs:
-            inputs.append(self.add_init(f"{node.name}_axes", np.asarray(attrs.pop("axes"), np.int64)))
         out = node.output[0]
         has_q = ys < len(ins) and ins[ys]
         value = self.float_name(out) if has_q else out
