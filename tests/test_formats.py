@@ -332,7 +332,7 @@ def test_qattention_becomes_attention_on_dequantized_inputs(tmp_path):
 
 # -- the analyses on these formats --------------------------------------------------------------
 @pytest.mark.parametrize("name", ["ops_qop", "att_dyn2", "lstm_dyn"])
-def test_rankings_are_finite_and_follow_single_node_runs(built, name):
+def test_rankings_are_finite(built, name):
     p, data = built
     engine = Engine(p[name], data[_data(name)], float_model=p[_float(name)])
     for kind in ("weight", "activation"):
@@ -370,3 +370,19 @@ def test_a_dynamic_remedy_is_in_quantize_dynamic_terms_and_re_quantized(built, t
     assert r.measured["options"]["quantizer"] == "quantize_dynamic"
     # the re-quantized model is the simulated remedy, to rounding
     assert abs(r.measured["value"] - r.figures["calibration"]["after"]) < 1e-4
+
+
+def test_the_report_header_names_the_format(built, tmp_path):
+    from types import SimpleNamespace
+
+    from pytest_ptq import report
+    from pytest_ptq.analysis import Analysis, AnalysisKey
+
+    p, data = built
+    builders.save_folder(data["att"], tmp_path / "calib")
+    analysis = Analysis(AnalysisKey(str(p["att_dyn"]), str(tmp_path / "calib"), str(p["att"])), root=tmp_path)
+    settings = SimpleNamespace(node_type="activation", metric="cosine-similarity", top=3)
+    payload = report.model_payload(analysis, [], settings)
+    assert payload["format"] == "dynamic" and payload["made_by"].startswith("onnxruntime quantize_dynamic")
+    page = report.render([payload])
+    assert f"<p>dynamic format, made by {payload['made_by']}; data " in page

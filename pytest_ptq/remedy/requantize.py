@@ -184,8 +184,12 @@ def measure(parts, objective, float_model, result, save_dir):
                          "figures": figures})
         if meets(objective.metric, judged["before"], judged["target"]) and not result.figures.get(
                 result.judged_on, {}).get("met_before", False):
-            result.notes.append("re-quantizing without the settings already meets the target: the model was "
-                                "calibrated differently (another method or other data) from MinMax on these samples")
+            result.notes.append(
+                "re-quantizing without the settings already meets the target: quantize_dynamic calibrates nothing, "
+                "so the simulation and the re-quantized model differ only where float rounding flips a few codes of "
+                "a range computed per run" if options.get("quantizer") == "quantize_dynamic" else
+                "re-quantizing without the settings already meets the target: the model was calibrated differently "
+                "(another method or other data) from MinMax on these samples")
         return measured
     finally:
         if tmp is not None:
