@@ -4,7 +4,6 @@ quantizations (quantize_static with QuantFormat.QOperator, quantize_dynamic)."""
 from __future__ import annotations
 
 import numpy as np
-import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from builders import _save

@@ -15,8 +15,6 @@ output step per element, and the tests also bound how often it is reached.
 
 from __future__ import annotations
 
-import logging
-
 import numpy as np
 import onnx
 import pytest
@@ -32,8 +30,6 @@ from pytest_ptq.model import QuantModel
 from pytest_ptq.model.formats import formats_of
 from pytest_ptq.model.grids import dynamic_fake_quant
 from pytest_ptq.sensitivity import get_sensitivity_of_nodes
-
-logging.getLogger("root").setLevel(logging.ERROR)  # quantize_* advise pre-processing on every call
 
 
 @pytest.fixture(scope="module")
@@ -386,3 +382,19 @@ def test_the_report_header_names_the_format(built, tmp_path):
     assert payload["format"] == "dynamic" and payload["made_by"].startswith("onnxruntime quantize_dynamic")
     page = report.render([payload])
     assert f"<p>dynamic format, made by {payload['made_by']}; data " in page
+
+
+@pytest.mark.parametrize("name", ["ops_qop", "lstm_dyn"])
+def test_the_integer_stage_runs_the_file_as_given(built, name):
+    import pytest_ptq.debug as dbg
+
+    p, data = built
+    samples = data[_data(name)]
+    report = dbg.localize_stages(p[_float(name)], p[name], samples)
+    outs = [o.name for o in onnx.load(str(p[name])).graph.output]
+    floats = [run_model(p[_float(name)], {"x": x}) for x in samples["x"]]
+    files = [run_model(p[name], {"x": x}, level="all") for x in samples["x"]]
+    expected = min(pooled_cosine([f[o] for f in floats], [q[o] for q in files]) for o in outs)
+    assert report.value("integer") == pytest.approx(expected, abs=1e-9)
+    # the simulation is the QDQ form: within a step of the kernels, or the LSTM's hidden state
+    assert 0.9999 <= report.kernel_gap["values"]["cosine-similarity"] < 1 - 1e-9

@@ -19,8 +19,8 @@
 Integer tensors keep their names, float tensors take the float model's names where
 onnxruntime's ``_quantized`` suffix gives them away, and the float op takes the name of the
 node it replaces less onnxruntime's ``_quant`` suffix, so names read as in the float model
-(and as ``nodes_to_exclude`` wants them). ``com.microsoft`` ``FusedConv`` / ``FusedGemm``
-are split into the op and its activation, so that each matches the float model.
+(and as ``nodes_to_exclude`` wants them). ``com.microsoft`` ``FusedConv`` / ``FusedGemm`` /
+``FusedMatMul`` are split into the ops onnxruntime fused, so that each matches the float model.
 
 A model already in QDQ form is returned as it is. Anything this cannot rewrite is one
 sentence naming the op and the format.
@@ -57,8 +57,7 @@ QLINEAR = {
     "QLinearAveragePool": (*_UNARY, "AveragePool"),
     "QLinearConcat": (None, (0, 1), "Concat"),  # inputs: Y_scale, Y_zp, then (X, scale, zp) triples
 }
-# Integer ops whose int32 result is cast and scaled (dynamic quantization, or static with
-# both scales known).
+# Integer ops whose int32 result is cast and multiplied by the product of the input scales.
 INTEGER = {"ConvInteger": "Conv", "MatMulInteger": "MatMul"}
 # onnxruntime's fused forms of dynamic quantization.
 FUSED_DYNAMIC = ("DynamicQuantizeLinear", "DynamicQuantizeMatMul", "MatMulIntegerToFloat", "QAttention",
@@ -67,11 +66,6 @@ FUSED_DYNAMIC = ("DynamicQuantizeLinear", "DynamicQuantizeMatMul", "MatMulIntege
 # the weight-only ones among them (MatMulNBits: int4 blocks packed in uint8).
 UNSUPPORTED = ("QEmbedLayerNormalization", "QMoE", "MatMulNBits", "MatMulBnb4", "GatherBlockQuantized")
 WEIGHT_ONLY_OPS = ("MatMulNBits", "MatMulBnb4", "GatherBlockQuantized")
-
-
-def unsupported(op):
-    """True for a quantized op that :func:`to_qdq` cannot rewrite."""
-    return op in UNSUPPORTED or (op.startswith("QLinear") and op not in QLINEAR) or op.startswith("QOrdered")
 
 # Ops that only move quantized values (their output is on the input's grid): they run on the
 # dequantized tensor and their output keeps the input's scale and zero point.
@@ -89,6 +83,11 @@ _FUSED = ("FusedConv", "FusedGemm", "FusedMatMul")  # com.microsoft fusions spli
 
 _ACTIVATIONS = {"Relu", "Tanh", "Sigmoid", "LeakyRelu", "HardSigmoid", "Clip", "Elu", "Selu", "Softplus",
                 "Softsign", "ThresholdedRelu"}
+
+
+def unsupported(op):
+    """True for a quantized op that :func:`to_qdq` cannot rewrite."""
+    return op in UNSUPPORTED or (op.startswith("QLinear") and op not in QLINEAR) or op.startswith("QOrdered")
 
 
 @dataclasses.dataclass
@@ -141,17 +140,15 @@ def formats_of(model):
 
 
 def to_qdq(model, source="the model"):
-    """``model`` in QDQ form (the same object when it is already, a rewritten copy of its
-    graph otherwise) as a :class:`Rewrite`; ``source`` names it in messages."""
+    """``model`` in QDQ form, as a :class:`Rewrite`: its graph is rewritten in place (pass a
+    copy of the user's model); ``source`` names it in messages."""
     parts = formats_of(model)
-    fused = any(n.domain == "com.microsoft" and n.op_type in _FUSED for n in model.graph.node)
-    if parts in ((), (QDQ,)) and not fused:
-        return Rewrite(model, QDQ, parts, [])
-    fmt = parts[0] if len(parts) == 1 else (MIXED if parts else QDQ)
-    label = f"{MIXED} ({' + '.join(parts)})" if fmt == MIXED else fmt
-    rewriter = _Rewriter(model, source, label)
-    rewriter.run()
-    return Rewrite(model, fmt, parts, rewriter.notes)
+    result = Rewrite(model, parts[0] if len(parts) == 1 else (MIXED if parts else QDQ), parts, [])
+    if parts in ((), (QDQ,)) and not any(n.domain == "com.microsoft" and n.op_type in _FUSED
+                                           for n in model.graph.node):
+        return result
+    _Rewriter(model, source, result.label, result.notes).run()
+    return result
 
 
 def _key(node):
@@ -171,10 +168,12 @@ class _Quantized:
 
 
 class _Rewriter:
-    def __init__(self, model, source, label):
+    """One walk over the graph in topological order, emitting the QDQ form of each node."""
+
+    def __init__(self, model, source, label, notes):
         self.model, self.graph = model, model.graph
         self.source, self.label = source, label
-        self.notes = []
+        self.notes = notes
         sort_topologically(self.graph, repr(source))
         # one list of wrappers: protobuf hands out a new one on every access of graph.node
         self.original = list(self.graph.node)
@@ -193,7 +192,7 @@ class _Rewriter:
         self.dequantized = {}  # (tensor, scale, zero point) -> float tensor
         self.dynamic = {}  # float tensor -> its DynamicQuantizeLinear outputs
         self.nodes = []
-        self.skip = set()  # ids of original nodes another node's rewrite absorbed
+        self.skip = set()  # keys of original nodes another node's rewrite absorbed
         self.touched = set()  # tensors whose consumers changed (dead-code candidates)
         self.hints = self._hints()
         self._ranks = None
@@ -217,12 +216,10 @@ class _Rewriter:
         return self.fresh(f"{tensor}_float")
 
     def op_name(self, node):
+        """The float op's name: the integer node's less onnxruntime's ``_quant``, when free."""
         name = node.name or node.op_type
-        for suffix in ("_quant",):
-            if name.endswith(suffix) and name[: -len(suffix)] not in self.taken:
-                name = name[: -len(suffix)]
-                self.taken.add(name)
-                return name
+        if name.endswith("_quant") and name[: -len("_quant")] not in self.taken:
+            return self.fresh(name[: -len("_quant")])
         return self.fresh(name) if name != node.name else name
 
     def constant(self, name):
@@ -506,7 +503,7 @@ class _Rewriter:
         self.skip.update((_key(cast), _key(mul)))
         self.touched.add(product)
         inputs, value = [fa, fb], mul.output[0]
-        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        attrs = {at.name: helper.get_attribute_value(at) for at in node.attribute}
         if op == "ConvInteger":
             folded = self._bias_add(value)
             if folded is not None:
@@ -534,9 +531,6 @@ class _Rewriter:
                 return node.input[1]
             if node.input[1] == scale:
                 return node.input[0]
-        s, p = self.constant(scale), self.constant(product)
-        if s is not None and p is not None:  # both scales static: the weight's is the quotient
-            return self.add_init(f"{product}_weight_scale", (np.asarray(p, np.float32) / s).astype(np.float32))
         return None
 
     def _bias_add(self, value):
