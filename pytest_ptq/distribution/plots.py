@@ -163,7 +163,7 @@ def draw_channelwise(d, save_dir):
     what = "float weight" if d["kind"] == "weight" else "float input"
     if d["kind"] == "weight" and d.get("compared_against") == "dequantized weight":
         what = "dequantized weight (float unknown)"
-    where = "per channel" if d["per_channel"] else "per tensor"
+    where = "per channel" if d["per_channel"] else ("per run" if d["kind"] == "dynamic" else "per tensor")
     samples = f", {d['samples']} sample(s)" if d["kind"] != "weight" else ""
     title = (f"{d['node']}: {what} '{d['tensor']}' by channel (axis {d['axis']} of {d['shape']}, "
              f"{d['channels']} channels{samples}) - {d['dtype']} {where}")
