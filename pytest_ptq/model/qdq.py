@@ -6,7 +6,9 @@ lone ``DequantizeLinear`` of a quantized initializer (onnxruntime's default for 
 and biases). Every other node is a *normal node*. Q/DQ are recognised by op type in the
 standard domain and in onnxruntime's ``com.microsoft`` one, whatever their names; their
 type (int2..int16, int32 biases, float8, float4) and granularity (per tensor, per axis,
-per block) come from the graph's types and the ops' attributes.
+per block) come from the graph's types and the ops' attributes. A ``DynamicQuantizeLinear``
+feeding a DQ of its own outputs is a calibration node of kind ``dynamic``: its range is
+computed on every run. QOperator and dynamic models arrive here in QDQ form (:mod:`.formats`).
 """
 
 from __future__ import annotations
@@ -311,7 +313,8 @@ class QuantModel:
         scale = self.constant(node.input[1]) if len(node.input) > 1 else None
         if scale is None:
             raise PTQError(f"{where}takes its scale {node.input[1] if len(node.input) > 1 else ''!r} from a "
-                           "computed tensor; only constant scales are supported")
+                           "computed tensor; pytest-ptq reads constant scales, and ranges computed per run only "
+                           "from DynamicQuantizeLinear (quantize_dynamic at opset 11 or later writes it)")
         grid = grids.grid_of(qtype, where)
         zp = self.constant(node.input[2]) if len(node.input) > 2 and node.input[2] else None
         zp = np.zeros_like(scale, dtype=np.float64) if zp is None or grid.is_float else np.asarray(zp).astype(np.int64)
