@@ -33,10 +33,12 @@ def pytest_sessionstart(session):
     from example_suite.fixes import build_fixed_models
     from example_suite.prepare import PrepareError, prepare
     from example_suite.producers import build_modelopt_model
+    from example_suite.quantize import build_dynamic_model
 
     try:
         paths = prepare(cache_dir=_cache_dir(), verbose=False)
         build_fixed_models(paths)
+        build_dynamic_model(paths)
         build_modelopt_model(paths)
     except (PrepareError, RuntimeError) as exc:
         pytest.exit(f"example suite: {exc}", returncode=2)
@@ -60,7 +62,13 @@ def pytest_collection_modifyitems(config, items):
                                               "loses the classifier's accuracy on held-out images"))
     # The naive models' contracts are expected to fail: that is the story they tell.
     for item in items:
-        if "naive" in Path(str(item.fspath)).name:
+        name = Path(str(item.fspath)).name
+        if "dynamic_naive" in name:
+            item.add_marker(pytest.mark.xfail(
+                strict=True, reason="quantize_dynamic's defaults (uint8 activations ranged per run, per-tensor "
+                                    "int8 weights) fall short on held-out crops (measured: output cosine 0.985, "
+                                    "direction agreement 82.5%); the fixed dynamic model's contract passes"))
+        elif "naive" in name:
             item.add_marker(pytest.mark.xfail(
                 strict=True, reason="naive per-tensor int8 quantization: the contract it should meet "
                                     "fails; the fixed model's contract passes"))

@@ -1,9 +1,11 @@
 """The fixes found by ``ptq-debug suggest``, re-applied with onnxruntime's quantizer.
 
-``fixes.json`` records, per model, the settings the remedy search emitted (onnxruntime's
-``nodes_to_exclude`` and ``TensorQuantOverrides``) and the command that found them. The
-suite re-quantizes the float model with them into ``<cache>/<model>/fixed_model.onnx``,
-reusing the calibration ranges, and rebuilds it only when the settings change.
+``fixes.json`` records, per fixed model, the settings the remedy search emitted
+(onnxruntime's ``nodes_to_exclude`` and ``TensorQuantOverrides``) and the command that found
+them. The suite re-quantizes the float model with them into ``<cache>/<model>/fixed_model.onnx``
+(``quantize_static``, reusing the calibration ranges), or, for an entry whose settings name
+``quantize_dynamic``, into the entry's ``file`` with that quantizer; an entry's ``model`` (the
+model folder) defaults to its key. A model is rebuilt only when its settings change.
 """
 
 from __future__ import annotations
@@ -20,24 +22,27 @@ FIXES = HERE / "fixes.json"
 def build_fixed_models(paths, verbose=True):
     """Write ``fixed_model.onnx`` for every model in fixes.json; returns {model: path}."""
     sys.path.insert(0, str(HERE.parent))
-    from example_suite.quantize import quantize
+    from example_suite.quantize import quantize, quantize_dynamically
     from pytest_ptq.remedy import quantize_static_kwargs
 
     fixes = json.loads(FIXES.read_text())
     built = {}
-    for model, fix in fixes.items():
-        info = paths["models"][model]
-        out = Path(info["dir"]) / "fixed_model.onnx"
+    for key, fix in fixes.items():
+        info = paths["models"][fix.get("model", key)]
+        out = Path(info["dir"]) / fix.get("file", "fixed_model.onnx")
         stamp = out.with_suffix(".settings")
         fingerprint = hashlib.sha256(json.dumps(fix["settings"], sort_keys=True).encode()).hexdigest()
         if not out.exists() or not stamp.exists() or stamp.read_text() != fingerprint:
             if verbose:
-                print(f"example suite: re-quantizing {model} with the fix from fixes.json", file=sys.stderr)
+                print(f"example suite: re-quantizing {key} with the fix from fixes.json", file=sys.stderr)
             kwargs = quantize_static_kwargs(fix["settings"])
-            quantize(info["float_model"], out, info["calibration_data"],
-                     nodes_to_exclude=kwargs["nodes_to_exclude"],
-                     tensor_quant_overrides=kwargs["extra_options"].get("TensorQuantOverrides"),
-                     calibration_cache=info["calibration_cache"])
+            if fix["settings"].get("quantizer") == "quantize_dynamic":
+                quantize_dynamically(info["float_model"], out, nodes_to_exclude=kwargs["nodes_to_exclude"])
+            else:
+                quantize(info["float_model"], out, info["calibration_data"],
+                         nodes_to_exclude=kwargs["nodes_to_exclude"],
+                         tensor_quant_overrides=kwargs["extra_options"].get("TensorQuantOverrides"),
+                         calibration_cache=info["calibration_cache"])
             stamp.write_text(fingerprint)
-        built[model] = out
+        built[key] = out
     return built

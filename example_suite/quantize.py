@@ -71,6 +71,7 @@ from onnxruntime.quantization import (
     CalibrationMethod,
     QuantFormat,
     QuantType,
+    quantize_dynamic,
     quantize_static,
 )
 
@@ -79,6 +80,8 @@ __all__ = [
     "NpyCalibrationDataReader",
     "load_samples",
     "quantize",
+    "quantize_dynamically",
+    "build_dynamic_model",
 ]
 
 #: Extra options of the "bypassable" calibrated model (see the module docstring).
@@ -237,3 +240,42 @@ def quantize(
     finally:
         root.removeFilter(hint_filter)
     return out_path
+
+
+#: The classifier quantized with onnxruntime's ``quantize_dynamic``, in its model folder.
+DYNAMIC_MODEL = "dynamic_model.onnx"
+
+
+def quantize_dynamically(float_model: str | Path, out_path: str | Path,
+                         nodes_to_exclude: Sequence[str] | None = None) -> Path:
+    """``quantize_dynamic`` with its defaults, as onnxruntime recommends it for a first try:
+    int8 weights per tensor, uint8 activations whose range DynamicQuantizeLinear computes on
+    every run (no calibration data), ConvInteger/MatMulInteger kernels."""
+    out_path = Path(out_path)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    hint_filter = _DropPreprocessHint()
+    root = logging.getLogger()
+    root.addFilter(hint_filter)
+    try:
+        quantize_dynamic(str(float_model), str(out_path), weight_type=QuantType.QInt8,
+                         nodes_to_exclude=list(nodes_to_exclude or []))
+    finally:
+        root.removeFilter(hint_filter)
+    return out_path
+
+
+def build_dynamic_model(paths: Mapping, model: str = "ppocr_mobile_v2_cls", verbose: bool = True) -> Path:
+    """``<cache>/<model>/dynamic_model.onnx``, made again when the float model changes."""
+    import hashlib
+    import sys
+
+    info = paths["models"][model]
+    out = Path(info["dir"]) / DYNAMIC_MODEL
+    stamp = out.with_suffix(".float")
+    fingerprint = hashlib.sha256(Path(info["float_model"]).read_bytes()).hexdigest()
+    if not out.exists() or not stamp.exists() or stamp.read_text() != fingerprint:
+        if verbose:
+            print(f"example suite: quantizing {model} with quantize_dynamic", file=sys.stderr)
+        quantize_dynamically(info["float_model"], out)
+        stamp.write_text(fingerprint)
+    return out

@@ -152,7 +152,7 @@ def _model_side(model_or_file, float_model):
             specs[i.name].channel_axis = _model_channel_axis(dims)
     if qm is not None:
         for c in qm.of_kind("activation"):
-            if c.input in specs:
+            if c.input in specs and not c.dynamic:  # a dynamic range fits any data
                 lo, hi = c.range()
                 specs[c.input].range = (float(np.min(lo)), float(np.max(hi)))
                 specs[c.input].step = float(np.max(c.scale))
@@ -516,7 +516,7 @@ def _quantized_metrics(engine, data, metric, bar):
     share of float activation values outside their calibrated range."""
     qm = engine.qmodel
     states = {o: metric.new() for o in engine.model_outputs}
-    acts = [c for c in qm.of_kind("activation") if engine.is_gated(c.name)]
+    acts = [c for c in qm.of_kind("activation") if engine.is_gated(c.name) and not c.dynamic]
     clipped, counted = Counter(), Counter()
     for i in range(len(data)):
         sample = data.sample(i)

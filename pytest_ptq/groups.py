@@ -53,7 +53,7 @@ def subgraph_nodes(qmodel, start, end, weights=True):
     on_path_names = {n.name for n in on_path}
     chosen = []
     for c in qmodel.calibration.values():
-        if c.kind == "activation":
+        if c.is_activation:
             if c.input in forward and c.input != end and any(o in backward for o in c.outputs):
                 chosen.append(c.name)
         elif weights and any(n in on_path_names for n in c.consumers):

@@ -82,6 +82,8 @@ def model_payload(analysis, tests, settings):
     data["remedies"] = [_remedy(r, data["notes"]) for r in analysis.computed("remedy")]
     try:
         data["samples"] = analysis.samples
+        qm = analysis.engine.qmodel
+        data["format"], data["made_by"] = qm.format_label, qm.made_by.label
         data["notes"] += list(analysis.engine.warnings)
         values = analysis.output_metrics(None, OUTPUT_METRICS).values
         data["outputs"] = [{"output": o, **v} for o, v in values.items()]
@@ -264,7 +266,8 @@ def _model_html(k, m):
     v = verdict(m)
     parts = [f'<section class="model" data-verdict="{v}" id="model-{k}">',
              f'<h2>{_e(m["label"])} <span class="v-{v}">{v.upper()}</span></h2>',
-             f'<p>data {_e(m["data"])}, {_e(m.get("samples", "?"))} sample(s)'
+             f'<p>{_e(m["format"]) + " format, made by " + _e(m.get("made_by")) + "; " if m.get("format") else ""}'
+             f'data {_e(m["data"])}, {_e(m.get("samples", "?"))} sample(s)'
              + (f', float model {_e(m["float_model"])}' if m.get("float_model") else "") + "</p>"]
     for note in m["notes"]:
         parts.append(f'<p class="note">{_e(note)}</p>')

@@ -159,9 +159,8 @@ def _runall(engine, out, metrics, output_node, node_type, data_num, top, axis, p
     verdict = _verdict(engine, metric, three, sens, top_nodes, dist, boxes, curves)
     timings["total"] = round(time.perf_counter() - start, 3)
     summary = {
-        "tool": "pytest-ptq", "version": __version__, "model": qm.source, "format": qm.format,
-        "producer": qm.made_by.label,
-        "data": getattr(engine.data, "where", None), "samples": len(indices), "metrics": [m.name for m in metric_objs],
+        "tool": "pytest-ptq", "version": __version__, "model": qm.source, "format": qm.format_label,
+        "made_by": qm.made_by.label, "data": getattr(engine.data, "where", None), "samples": len(indices), "metrics": [m.name for m in metric_objs],
         "outputs_compared": [s.name for s in specs], "node_types": types, "top": top,
         "top_nodes": top_nodes, "outputs": outputs, "verdict": verdict,
         "sensitivity": {t: s.to_dict() for t, s in sens.items()},
@@ -213,7 +212,7 @@ def _advise(engine, metric, kind, rank, name, sens, dist, boxes, curves):
         d, b = dist.get(c), boxes.get(c)
         if d is None:
             continue
-        t, r = (_advise_activation if d["kind"] == "activation" else _advise_weight)(d, b)
+        t, r = _ADVICE[d["kind"]](d, b)
         label = f"{c}: " if kind == "node" else ""
         tries += [x for x in t if x not in tries]
         reasons += [label + x for x in r]
@@ -255,6 +254,20 @@ def _advise_weight(d, b):
     if not tries:
         return ["int16", "keep in float"], [reason + "; the node is simply sensitive"]
     return tries, [reason]
+
+
+def _advise_dynamic(d, b):
+    """A dynamic quantizer clips nothing and quantize_dynamic offers it no other type: what
+    remains is keeping its consumers in float."""
+    levels = d.get("bulk_levels")
+    if levels is not None and levels < few_levels(d["bit"]):
+        return ["keep in float"], [activation_reading(d) + "; quantize_dynamic has no 16-bit activations, so keep "
+                                   "its consumers in float (nodes_to_exclude)"]
+    return ["keep in float"], [f"its range is computed per run (bulk spans {levels or 0:.0f} levels): the node is "
+                               "simply sensitive; keep its consumers in float (nodes_to_exclude) if it costs too much"]
+
+
+_ADVICE = {"activation": _advise_activation, "weight": _advise_weight, "dynamic": _advise_dynamic}
 
 
 def _origin(qm, metric, kind, name, curves):
@@ -333,9 +346,9 @@ def markdown(summary):
     v = summary["verdict"]
     m = v["metric"]
     sets = list(v["values"])
-    made = f" ({summary['format']}, made by {summary['producer']})" if summary.get("producer") else ""
     lines = [f"# PTQ debug summary: {Path(summary['model']).name}", "",
-             f"Model `{summary['model']}`{made}; rankings on {summary['samples']} sample(s), metric {m} on "
+             f"Model `{summary['model']}` ({summary.get('format', 'QDQ')} format, made by "
+             f"{summary.get('made_by', 'an unknown producer')}); rankings on {summary['samples']} sample(s), metric {m} on "
              f"{', '.join(summary['outputs_compared'])}.", "", "## Verdict", "",
              f"**{v['text'][0].upper() + v['text'][1:]}.**", "",
              "| config | " + " | ".join(f"{m}, {k} ({v['samples'][k]} samples)" for k in sets) + " |",

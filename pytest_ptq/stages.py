@@ -11,7 +11,8 @@ Stages, each compared with the float model run without graph optimisations:
 3. ``fake-quant``: the calibrated QDQ model with Q/DQ kept as float arithmetic
    (``session.disable_quant_qdq=1``): the quantization as simulated;
 4. ``integer``: the same QDQ model with default session options, where onnxruntime fuses
-   Q/DQ into its integer kernels (QLinearConv, QLinearMatMul, ...).
+   Q/DQ into its integer kernels (QLinearConv, QLinearMatMul, ...); a QOperator or dynamic
+   model runs as its file holds it (stage 3 runs its QDQ form).
 
 A drop at stage 1 points at the export or a graph optimisation, at stage 2 at the
 quantizer's rewrite, at stage 3 at calibration and quantization (find the nodes with
@@ -154,7 +155,7 @@ def localize_stages(float_model, calibrated_model, calibrated_data, metrics=("co
                                         what=what),
         "fake-quant": make_session(qmodel, "all", providers, fake_quant=True, what=what, libraries=libs,
                                    shared=engine.shared),
-        "integer": make_session(qmodel, "all", providers, fake_quant=False, what=what, libraries=libs,
+        "integer": make_session(qm.as_given(), "all", providers, fake_quant=False, what=what, libraries=libs,
                                 shared=engine.shared),
     }
     sources = {"reference": fpath, "optimized-float": fpath, "fake-quant": qm.source, "integer": qm.source}

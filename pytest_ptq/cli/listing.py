@@ -9,13 +9,15 @@ from . import args as a
 
 def run(args):
     qm = QuantModel(args.model, float_model=args.float_model)
-    print(f"{qm.source}: {qm.format} model, made by {qm.made_by.label} ({qm.made_by.evidence})")
+    print(f"{qm.source}: {qm.format_label} model, made by {qm.made_by.label} ({qm.made_by.evidence})")
     rows = [c.summary() for c in qm.calibration.values()]
     print(format_table(rows, ["name", "kind", "dtype", "threshold", "granularity", "consumers"]))
     for note in qm.notes:
         print(f"note: {note}")
+    dynamic = len(qm.of_kind("dynamic"))
+    of_which = f" ({dynamic} of them dynamic: ranges computed per run)" if dynamic else ""
     print(f"{len(qm.of_kind('weight'))} weight and {len(qm.of_kind('activation'))} activation calibration "
-          f"nodes, {len(qm.normal)} normal nodes")
+          f"nodes{of_which}, {len(qm.normal)} normal nodes")
 
 
 def configure(p):

@@ -382,6 +382,8 @@ def collect(engine, dist_nodes=(), box_nodes=(), axis=None, data_num=None, bins=
         if kind == "activation":
             r = acc[0].result()
             info.update(r, **acc[1].result())
+            if info["kind"] == "dynamic":
+                info.update(_dynamic_range(r))
             info["bulk_levels"] = _levels(info, r)
             # a Relu after the pair zeroes what is clipped below a range starting at <= 0 anyway
             harmless = info["relu_follows"] and info["range_lo"] <= 0
@@ -400,10 +402,19 @@ def collect(engine, dist_nodes=(), box_nodes=(), axis=None, data_num=None, bins=
         if stats.channels is None:
             raise PTQError(f"node {name!r} produced no values to box-plot")
         info.update(stats.result(outlier_k), axis=stats.axis, shape=stats.shape,
-                    samples=samples if info["kind"] == "activation" else 0)
+                    samples=samples if info["kind"] != "weight" else 0)
         out_boxes[name] = info
     order = list(dict.fromkeys(list(dist_nodes)))
     return ({k: plain(dist[k]) for k in order}, {k: plain(out_boxes[k]) for k in dict.fromkeys(box_nodes)})
+
+
+def _dynamic_range(r):
+    """A dynamic quantizer's widest per-run range: DynamicQuantizeLinear spans each run's
+    values and 0, so the extremes over every sample bound the range of any one run."""
+    if not r["count"]:
+        return {}
+    lo, hi = min(0.0, r["min"]), max(0.0, r["max"])
+    return {"range_lo": lo, "range_hi": hi, "scale": (hi - lo) / 255, "threshold": max(-lo, hi)}
 
 
 def _levels(info, r):

@@ -59,8 +59,9 @@ def _plot_activation(d, path, title):
             label=f"max |x| = {_fmt(d['max_abs'])}", zorder=5, transform=ax.get_xaxis_transform())
     span = max(abs(d["min"] or 0), abs(d["max"] or 0), 1e-12)
     if max(abs(d["range_lo"]), abs(d["range_hi"])) <= 20 * span:
+        which = "widest per-run range" if d["kind"] == "dynamic" else "calibration range"
         ax.axvline(d["range_lo"], color="#c0392b", ls="--", lw=1.4,
-                   label=f"calibration range [{_fmt(d['range_lo'])}, {_fmt(d['range_hi'])}]")
+                   label=f"{which} [{_fmt(d['range_lo'])}, {_fmt(d['range_hi'])}]")
         ax.axvline(d["range_hi"], color="#c0392b", ls="--", lw=1.4)
         lo_x, hi_x = ax.get_xlim()
         ax.axvspan(lo_x, d["range_lo"], color="#c0392b", alpha=0.06)
@@ -132,8 +133,8 @@ def _plot_pair(d, path, title, left_a, left_b, labels, note=None):
 def draw_distribution(d, save_dir):
     """Write one node's distribution PNG under ``save_dir``; returns its path."""
     path = Path(save_dir) / f"distribution_{_slug(d['node'])}.png"
-    if d["kind"] == "activation":
-        where = "per channel" if d["per_channel"] else "per tensor"
+    if d["kind"] in ("activation", "dynamic"):
+        where = "per channel" if d["per_channel"] else ("per run" if d["kind"] == "dynamic" else "per tensor")
         title = (f"{d['node']}: activation input '{d['tensor']}' in the float model, {d['samples']} sample(s) "
                  f"- {d['dtype']} ({d['bit']}-bit, {where})")
         _plot_activation(d, path, title)
@@ -160,8 +161,8 @@ def draw_channelwise(d, save_dir):
     what = "float weight" if d["kind"] == "weight" else "float input"
     if d["kind"] == "weight" and d.get("compared_against") == "dequantized weight":
         what = "dequantized weight (float unknown)"
-    where = "per channel" if d["per_channel"] else "per tensor"
-    samples = f", {d['samples']} sample(s)" if d["kind"] == "activation" else ""
+    where = "per channel" if d["per_channel"] else ("per run" if d["kind"] == "dynamic" else "per tensor")
+    samples = f", {d['samples']} sample(s)" if d["kind"] != "weight" else ""
     title = (f"{d['node']}: {what} '{d['tensor']}' by channel (axis {d['axis']} of {d['shape']}, "
              f"{d['channels']} channels{samples}) - {d['dtype']} {where}")
     plot_channels(d, path, title)

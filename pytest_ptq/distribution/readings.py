@@ -44,6 +44,8 @@ def activation_reading(d):
     if levels is not None and levels < few_levels(d["bit"]):
         return (f"99.9% of values fall on only {levels:.0f} of the {d.get('levels', 2 ** d['bit'])} codes: rare "
                 "large values stretch the range -> int16, or fix the model (clip/normalise the tail)")
+    if d["kind"] == "dynamic":
+        return "the range is computed on every run from the tensor itself: nothing is clipped, and it fits the data"
     if d["max_abs"] and d["threshold"] > 4 * d["max_abs"] and d["role"] != "bias":
         return (f"the calibration range is {d['threshold'] / d['max_abs']:.0f}x wider than the data on these "
                 "samples: the samples may not match the calibration data")

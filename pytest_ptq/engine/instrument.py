@@ -134,16 +134,16 @@ def _tensor_type(elem_type):
 def _gate(qmodel, gates, c):
     """The If node that computes ``c``'s DQ outputs, quantized or bypassed by its flag."""
     then_nodes, then_out, else_nodes, else_out = [], [], [], []
+    renamed = {}
     if c.q_node is not None and not c.fused:
-        q = onnx.NodeProto()
-        q.CopyFrom(c.q_node)
-        q.output[0] = f"ptq_t::{c.q_node.output[0]}"
+        # every output: a dynamic quantizer's scale and zero point feed the DQ too
+        q, renamed = _renamed_copy(c.q_node, "ptq_t::")
         then_nodes.append(q)
     for dq in c.dq_nodes:
         d = onnx.NodeProto()
         d.CopyFrom(dq)
-        if c.q_node is not None and not c.fused:
-            d.input[0] = f"ptq_t::{c.q_node.output[0]}"
+        for k, i in enumerate(d.input):
+            d.input[k] = renamed.get(i, i)
         d.output[0] = f"ptq_t::{dq.output[0]}"
         then_nodes.append(d)
         elem = qmodel.value_types.get(dq.output[0]) or onnx.helper.np_dtype_to_tensor_dtype(c.scale.dtype)
@@ -156,6 +156,17 @@ def _gate(qmodel, gates, c):
     else_g = helper.make_graph(else_nodes, f"ptq_f_{c.name}", [], else_out)
     return helper.make_node("If", [gates.flags[c.name]], c.outputs, name=f"{GATE_PREFIX}{c.name}",
                             then_branch=then_g, else_branch=else_g)
+
+
+def _renamed_copy(node, prefix):
+    """A copy of ``node`` whose outputs carry ``prefix``, and ``{old name: new name}``."""
+    copy = onnx.NodeProto()
+    copy.CopyFrom(node)
+    renamed = {}
+    for k, o in enumerate(node.output):
+        if o:
+            renamed[o] = copy.output[k] = f"{prefix}{o}"
+    return copy, renamed
 
 
 def _alternative_branch(gates, c, original):
@@ -220,18 +231,17 @@ def _add_local_clones(qmodel, graph):
                     local_in[i] = d.output[0]
                     clone.input[k] = local_in[i]
                     continue
+                renamed = {}
                 if c.q_node is not None:
-                    q = onnx.NodeProto()
-                    q.CopyFrom(c.q_node)
+                    q, renamed = _renamed_copy(c.q_node, f"ptq_lq::{i}::")
                     q.name = f"ptq_lq::{q.name}::{i}"
                     q.input[0] = src
-                    q.output[0] = f"ptq_lq::{i}::q"
                     graph.node.append(q)
                 d = onnx.NodeProto()
                 d.CopyFrom(dq)
                 d.name = f"ptq_ldq::{i}"
-                if c.q_node is not None:
-                    d.input[0] = f"ptq_lq::{i}::q"
+                for j, name in enumerate(d.input):
+                    d.input[j] = renamed.get(name, name)
                 d.output[0] = f"ptq_lq::{i}"
                 graph.node.append(d)
                 local_in[i] = d.output[0]

@@ -135,10 +135,10 @@ def align(qm, float_model):
             tmatch[name] = name
         elif len(q_inputs) == len(f_inputs):
             tmatch[name] = f_inputs[k]
-    nodes, weights_at, folded, used = {}, {}, {}, set()
+    nodes, weights_at, folded, used, values = {}, {}, {}, set(), {}
     for n in qm.normal.values():
         proto = qm.node(n.name)
-        expect = [_expectation(qm, by_output, tmatch, i) for i in proto.input]
+        expect = [_expectation(qm, by_output, tmatch, i, values) for i in proto.input]
         best = _best_candidate(f, proto, expect, used)
         if best is None:
             tensors = [e for e in expect if e[0] == "tensor"]
@@ -167,13 +167,20 @@ def align(qm, float_model):
     return result
 
 
-def _expectation(qm, by_output, tmatch, name):
-    """What input ``name`` of a QDQ node should be on the float side."""
+def _once(cache, key, fn, *args):
+    if key not in cache:
+        cache[key] = fn(*args)
+    return cache[key]
+
+
+def _expectation(qm, by_output, tmatch, name, values):
+    """What input ``name`` of a QDQ node should be on the float side; ``values`` caches the
+    weights' values, compared with every candidate."""
     if not name:
         return ("none",)
     c = by_output.get(name)
     if c is not None and c.kind == "weight":
-        return ("weight", c, tuple(qm.shapes.get(c.input, ())))
+        return ("weight", c, tuple(qm.shapes.get(c.input, ())), lambda: _once(values, c.name, _model_value, qm, c))
     t = c.input if c is not None else name
     if t in tmatch:
         return ("tensor", tmatch[t], c)
@@ -238,6 +245,11 @@ def _fits_inputs(f, cand, expect):
             if tuple(np.shape(value)) != tuple(want):
                 return None
             score += 1
+            if kind == "weight" and np.size(value) > 1:
+                # among nodes of one op reading one tensor (q, k and v projections), the one
+                # whose weight the quantized weight rounds to
+                mine = e[3]()
+                score += 1 if mine is not None and fits(e[1], mine, value) else 0
         # "unknown": an input whose source did not match; anything goes
     return score, folds
 
@@ -246,17 +258,27 @@ def _assign_weights(qm, f, weights_at):
     """Float weights for the weight calibration nodes: their positional match when it fits,
     else the best-fitting float constant of their shape (or, for a matrix, of its transposed
     shape: quantizers turn MatMul into Gemm with transB). Returns ``(weights, unmatched,
-    tried, fitted)``; scalars are left out, they tell nothing."""
-    index = defaultdict(list)
+    tried, fitted)``; scalars (a QLinearMul's constant factor, say) are matched by position
+    only and left out of the counts: by value they tell nothing."""
+    index, by_size = defaultdict(list), defaultdict(list)
     for fname in list(f.inits) + list(f.constant_nodes):
         value = f.constant(fname)
         if value is not None and value.dtype.kind == "f" and value.size > 1:
             index[tuple(value.shape)].append(fname)
+            by_size[value.size].append(fname)
     weights, unmatched = {}, []
     tried = fitted = 0
     for c in qm.of_kind("weight"):
         mine = _model_value(qm, c)
-        if mine is None or mine.size < 2:
+        if mine is None:
+            continue
+        if mine.size < 2:
+            fname = next((n for n in weights_at.get(c.name, ()) if f.constant(n) is not None
+                          and np.size(f.constant(n)) == mine.size
+                          and fits(c, mine, np.asarray(f.constant(n)).reshape(mine.shape))), None)
+            if fname is not None:
+                weights[c.name] = fname
+                _set_float(qm, c, np.asarray(f.constant(fname)).reshape(mine.shape), fname)
             continue
         tried += 1
         found = None
@@ -266,7 +288,7 @@ def _assign_weights(qm, f, weights_at):
                 found = (fname, fw)
                 break
         if found is None:
-            found = _by_value(f, index, c, mine)
+            found = _by_value(f, index, c, mine, by_size)
         if found is None:
             if _needs_float(qm, c):
                 unmatched.append(c.name)
@@ -277,15 +299,21 @@ def _assign_weights(qm, f, weights_at):
     return weights, unmatched, tried, fitted
 
 
-def _by_value(f, index, c, mine):
+def _by_value(f, index, c, mine, by_size=None):
     """``(name, value)`` of the float constant closest to ``mine`` among those it fits, the
-    value transposed when the match is the transposed matrix; or None."""
+    value transposed when the match is the transposed matrix, or reshaped when the match
+    has the same trailing axis and the leading ones merged or split (an LSTM's weights per
+    direction and gate, stored as one matrix); or None."""
     best = None
-    shapes = [(tuple(mine.shape), False)] + ([(tuple(mine.shape[::-1]), True)] if mine.ndim == 2 else [])
-    for shape, transposed in shapes:
-        for fname in index.get(shape, ()):
+    reshaped = [n for n in (by_size or {}).get(mine.size, ())
+                if f.constant(n).ndim != mine.ndim and f.constant(n).shape[-1] == mine.shape[-1]]
+    pools = [("same", index.get(tuple(mine.shape), ())), ("reshaped", reshaped)]
+    if mine.ndim == 2:
+        pools.insert(1, ("transposed", index.get(tuple(mine.shape[::-1]), ())))
+    for how, names in pools:
+        for fname in names:
             fw = f.constant(fname)
-            fw = fw.T if transposed else fw
+            fw = {"same": fw, "transposed": fw.T}.get(how) if how != "reshaped" else fw.reshape(mine.shape)
             if fits(c, mine, fw):
                 err = float(np.abs(mine.astype(np.float64) - fw).max())
                 if best is None or err < best[0]:

@@ -187,3 +187,26 @@ def step_bound(x, grid, scale, axis=None, block_size=0):
     scaled = np.abs(x / s)
     exponent = np.floor(np.log2(np.maximum(scaled, float(finfo.smallest_normal))))
     return (2.0 ** (exponent - mant)) * s / 2 * (1 + 1e-6)
+
+
+def dynamic_qparams(x):
+    """``(scale, zero_point)`` that DynamicQuantizeLinear computes for ``x``: uint8 over the
+    range of ``x`` extended to include 0, in float32 as onnxruntime does."""
+    x = np.asarray(x, np.float32)
+    lo = np.float32(min(0.0, float(x.min()))) if x.size else np.float32(0)
+    hi = np.float32(max(0.0, float(x.max()))) if x.size else np.float32(0)
+    scale = np.float32((hi - lo) / np.float32(255))
+    if scale == 0:
+        return scale, np.int64(0)
+    zp = np.int64(np.clip(np.rint(np.float32(0) - lo / scale), 0, 255))
+    return scale, zp
+
+
+def dynamic_fake_quant(x):
+    """Quantize then dequantize ``x`` as DynamicQuantizeLinear + DequantizeLinear do: the
+    range comes from ``x`` itself on every call."""
+    x = np.asarray(x)
+    scale, zp = dynamic_qparams(x)
+    if scale == 0:
+        return np.zeros(x.shape, np.float32)
+    return fake_quant(x, GRIDS[TP.UINT8], scale, zp)

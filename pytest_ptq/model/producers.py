@@ -44,12 +44,20 @@ _PRODUCER_NAMES = [
 ]
 
 
-def detect(model):
-    """The :class:`Producer` of a ModelProto."""
+def detect(model, fmt="QDQ"):
+    """The :class:`Producer` of a ModelProto; ``fmt``, the format the file came in, tells
+    onnxruntime's quantize_dynamic from its quantize_static."""
+    found = _detect(model, fmt)
+    if found.key == "onnxruntime" and fmt == "dynamic":
+        return dataclasses.replace(found, name="onnxruntime quantize_dynamic")
+    return found
+
+
+def _detect(model, fmt):
     raw = f"{model.producer_name} {model.producer_version}".strip()
     if model.producer_name == "onnx.quantize":
         # onnxruntime's quantizer writes this, and so do Model Optimizer and Neural Compressor
-        return _onnx_quantize(model)
+        return _onnx_quantize(model, qdq=fmt == "QDQ")
     for pattern, key in _PRODUCER_NAMES:
         if pattern.search(model.producer_name or ""):
             return Producer(key, KNOWN[key], model.producer_version, f"producer_name {model.producer_name!r}")
@@ -75,11 +83,13 @@ def detect(model):
     return Producer("unknown", raw, "", "nothing in the file names it")
 
 
-def _onnx_quantize(model):
-    """Which of the three quantizers that write ``producer_name='onnx.quantize'`` it was."""
+def _onnx_quantize(model, qdq=True):
+    """Which of the three quantizers that write ``producer_name='onnx.quantize'`` it was.
+    ``qdq``: False for a file that came in QOperator or dynamic form, whose ``*_quant``
+    names are onnxruntime's own."""
     nodes = list(model.graph.node)
     names = [n.name for n in nodes] + [o for n in nodes for o in n.output]
-    if any(n.endswith("_QuantizeInput") or n.endswith("_quant") for n in names):
+    if any(n.endswith("_QuantizeInput") or (qdq and n.endswith("_quant")) for n in names):
         return Producer("neural-compressor", KNOWN["neural-compressor"], "", "producer_name 'onnx.quantize' and "
                         "tensors named *_QuantizeInput")
     by_output = {o: n for n in nodes for o in n.output}

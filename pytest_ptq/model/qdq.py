@@ -6,7 +6,9 @@ lone ``DequantizeLinear`` of a quantized initializer (onnxruntime's default for 
 and biases). Every other node is a *normal node*. Q/DQ are recognised by op type in the
 standard domain and in onnxruntime's ``com.microsoft`` one, whatever their names; their
 type (int2..int16, int32 biases, float8, float4) and granularity (per tensor, per axis,
-per block) come from the graph's types and the ops' attributes.
+per block) come from the graph's types and the ops' attributes. A ``DynamicQuantizeLinear``
+feeding a DQ of its own outputs is a calibration node of kind ``dynamic``: its range is
+computed on every run. QOperator and dynamic models arrive here in QDQ form (:mod:`.formats`).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from onnx import numpy_helper
 
 from .. import params
 from ..errors import NotQuantized, PTQError, unknown
-from . import grids
+from . import formats, grids
 from .graph import externalize, load_mapped, load_model, name_nodes, restore, sort_topologically
 from .producers import detect
 
@@ -30,8 +32,10 @@ FLOAT_TYPES = (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProt
 
 
 def is_q(node):
-    """QuantizeLinear, in any domain (custom ones such as ExtendedQuantizeLinear too)."""
-    return node.op_type.endswith("QuantizeLinear") and not node.op_type.endswith("DequantizeLinear")
+    """QuantizeLinear, in any domain (custom ones such as ExtendedQuantizeLinear too), with
+    its scale as an input (not DynamicQuantizeLinear, which computes it)."""
+    op = node.op_type
+    return op.endswith("QuantizeLinear") and not op.endswith("DequantizeLinear") and op != "DynamicQuantizeLinear"
 
 
 def is_dq(node):
@@ -61,7 +65,10 @@ class CalibrationNode:
     """
 
     name: str
-    kind: str  # "activation" or "weight"
+    # "activation", "weight", or "dynamic": an activation quantizer (DynamicQuantizeLinear)
+    # whose scale and zero point each run computes from the tensor, so that ``scale`` and
+    # ``threshold`` are NaN
+    kind: str
     input: str  # the tensor quantized (float for pairs; the quantized initializer for a lone DQ)
     q_node: onnx.NodeProto | None
     dq_nodes: list
@@ -85,6 +92,16 @@ class CalibrationNode:
     @property
     def outputs(self):
         return [dq.output[0] for dq in self.dq_nodes]
+
+    @property
+    def dynamic(self):
+        """True for a quantizer whose range each run computes (no calibrated range)."""
+        return self.kind == "dynamic"
+
+    @property
+    def is_activation(self):
+        """An activation quantizer, calibrated or dynamic."""
+        return self.kind in ("activation", "dynamic")
 
     @property
     def bypassable(self):
@@ -131,7 +148,10 @@ class CalibrationNode:
         return grids.broadcast(self.scale.astype(np.float64) / 2, shape, self.axis, self.block_size)
 
     def fake_quant(self, x):
-        """Quantize then dequantize ``x`` with this node's parameters in numpy (onnxruntime's rounding)."""
+        """Quantize then dequantize ``x`` with this node's parameters in numpy (onnxruntime's
+        rounding); a dynamic node takes them from ``x`` as DynamicQuantizeLinear does."""
+        if self.dynamic:
+            return grids.dynamic_fake_quant(x)
         return grids.fake_quant(x, self.grid, self.scale, self.zero_point, self.axis, self.block_size)
 
     def dequantize(self, codes):
@@ -143,6 +163,9 @@ class CalibrationNode:
 
     def codes_used(self, x):
         """Distinct grid values that ``x`` quantizes to."""
+        if self.dynamic:
+            scale, zp = grids.dynamic_qparams(x)
+            return grids.codes_used(x, self.grid, scale, zp) if scale else 1
         return grids.codes_used(x, self.grid, self.scale, self.zero_point, self.axis, self.block_size)
 
     def code_counts(self, x):
@@ -153,8 +176,14 @@ class CalibrationNode:
         if g.is_custom or g.bits > 16:
             return None
         x = np.asarray(x, np.float64)
-        s = grids.broadcast(self.scale.astype(np.float64), x.shape, self.axis, self.block_size)
-        z = grids.broadcast(self.zero_point.astype(np.float64), x.shape, self.axis, self.block_size)
+        if self.dynamic:  # this run's own range, as DynamicQuantizeLinear takes it
+            scale, zp = grids.dynamic_qparams(x)
+            if not scale:
+                return None
+            s, z = np.float64(scale), np.float64(zp)
+        else:
+            s = grids.broadcast(self.scale.astype(np.float64), x.shape, self.axis, self.block_size)
+            z = grids.broadcast(self.zero_point.astype(np.float64), x.shape, self.axis, self.block_size)
         codes = g.quantize(x / s, z)
         if g.is_float:
             bits = codes.astype(np.float32).astype(g.np_type).view(np.uint8 if g.bits <= 8 else np.uint16)
@@ -216,15 +245,20 @@ class QuantModel:
     def __init__(self, model_or_file, float_model=None, shared=None):
         self.model, self.path, mapped = _load(model_or_file)
         self.source = str(self.path) if self.path else "<ModelProto>"
+        self.notes = []
+        # QOperator and dynamic models are analysed in their QDQ form (see .formats)
+        rewrite = formats.to_qdq(self.model, repr(self.source))
+        self.model, self._format, self.format_label = rewrite.model, rewrite.format, rewrite.label
+        self._given = None if self._format == formats.QDQ else model_or_file
+        self.notes += rewrite.notes
         graph = self.model.graph
         shared = {**(shared or {}), **mapped}
         # large initializers as numpy arrays (external data mapped from its file), shared by
         # every session (``shared``: the values of a ModelProto from another QuantModel)
         self.shared = externalize(graph, shared, self.path.parent if self.path else None, repr(self.source))
         name_nodes(graph)
-        self.made_by = detect(self.model)  # the quantizer, for reports and remedies only
+        self.made_by = detect(self.model, self._format)  # the quantizer, for reports and remedies only
         self.resorted = sort_topologically(graph, repr(self.source))
-        self.notes = []
         if self.resorted:
             self.notes.append("the graph was stored out of topological order; it is analysed sorted")
         self.inits = {i.name: i for i in graph.initializer}
@@ -308,7 +342,8 @@ class QuantModel:
         scale = self.constant(node.input[1]) if len(node.input) > 1 else None
         if scale is None:
             raise PTQError(f"{where}takes its scale {node.input[1] if len(node.input) > 1 else ''!r} from a "
-                           "computed tensor; only constant scales are supported")
+                           "computed tensor; pytest-ptq reads constant scales, and ranges computed per run only "
+                           "from DynamicQuantizeLinear (quantize_dynamic at opset 11 or later writes it)")
         grid = grids.grid_of(qtype, where)
         zp = self.constant(node.input[2]) if len(node.input) > 2 and node.input[2] else None
         zp = np.zeros_like(scale, dtype=np.float64) if zp is None or grid.is_float else np.asarray(zp).astype(np.int64)
@@ -368,6 +403,11 @@ class QuantModel:
         for node in graph.node:
             if is_fused(node):
                 found.append(self._fused(node))
+            elif node.op_type == "DynamicQuantizeLinear":
+                c = self._dynamic(node)
+                if c is not None:
+                    found.append(c)
+                    used.update(d.name for d in c.dq_nodes)
         for node in graph.node:
             if is_dq(node) and node.name not in used and self.is_constant(node.input[0]):
                 qtype = self._qtype(node, node.input[0])
@@ -394,6 +434,21 @@ class QuantModel:
             close = np.abs(c.fake_quant(w) - w) <= 1e-6 * np.abs(w) + 1e-12
             c.on_grid = bool(close.mean() >= 0.999)
 
+    def _dynamic(self, node):
+        """A DynamicQuantizeLinear whose three outputs only feed DequantizeLinear nodes: an
+        activation quantizer whose range is computed on every run (kind ``dynamic``)."""
+        dqs = [c for c in self.consumers[node.output[0]] if is_dq(c)]
+        if not dqs or len(dqs) != len(self.consumers[node.output[0]]):
+            return None
+        readers = {c.name for t in node.output[1:] for c in self.consumers[t]}
+        if not readers <= {d.name for d in dqs} or any(list(d.input[1:3]) != list(node.output[1:3]) for d in dqs):
+            return None
+        grid = grids.grid_of(onnx.TensorProto.UINT8)
+        c = self._calib(node.name, "dynamic", node.input[0], node, dqs, np.full(1, np.nan, np.float32),
+                        np.zeros(1, np.int64), None, 0, grid)
+        c.producer = self.producer[node.input[0]].name if node.input[0] in self.producer else None
+        return c
+
     def _fused(self, node):
         """A custom node that is a whole fake-quant: its numbers are its op's business."""
         bits = int(attribute(node, "bit_width", 16) or 16)
@@ -408,6 +463,8 @@ class QuantModel:
         s = scale.astype(np.float64).reshape(-1)
         if grid.is_custom:
             threshold = float("inf")
+        elif kind == "dynamic":
+            threshold = float("nan")  # set by each run's range
         elif grid.is_float:
             threshold = float(np.max(s * grid.qmax))
         else:
@@ -446,10 +503,20 @@ class QuantModel:
     # -- queries -------------------------------------------------------------------------
     @property
     def format(self):
-        """How the model is quantized, in a word: ``QDQ`` (Q/DQ pairs and lone DQs)."""
-        return "QDQ"
+        """How the file is quantized, in a word: ``QDQ`` (Q/DQ pairs and lone DQs),
+        ``QOperator`` (QLinear ops), ``dynamic`` (DynamicQuantizeLinear and integer ops) or
+        ``mixed``; :attr:`format_label` names what a mixed one mixes."""
+        return self._format
+
+    def as_given(self):
+        """The model in the format it came in (QOperator, dynamic): what onnxruntime's integer
+        kernels run. A QDQ model is :attr:`model` itself."""
+        return self.model if self._given is None else load_model(self._given)[0]
 
     def of_kind(self, kind):
+        """Calibration nodes of ``kind`` in graph order; ``activation`` includes the dynamic ones."""
+        if kind == "activation":
+            return [c for c in self.calibration.values() if c.is_activation]
         return [c for c in self.calibration.values() if c.kind == kind]
 
     def node(self, name):
@@ -493,8 +560,8 @@ class QuantModel:
         engine confirms them on data (see :mod:`pytest_ptq.engine.sanity`)."""
         out = []
         for c in self.of_kind("activation"):
-            if c.folded is not None:
-                continue  # found in the float model: the bypass re-applies it
+            if c.folded is not None or c.dynamic:
+                continue  # found in the float model: the bypass re-applies it; a dynamic range folds nothing
             lo, _ = c.range()
             prod = self.producer.get(c.input)
             kept = any(n.op_type in ("Relu", "Clip") for dq in c.dq_nodes for n in self.consumers[dq.output[0]])

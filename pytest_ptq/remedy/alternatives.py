@@ -17,8 +17,10 @@ def candidates_for(engine, remedy, per_channel_activations=False):
     qm = engine.qmodel
     out, skipped = [], []
     for c in qm.calibration.values():
-        if c.role == "bias" or c.kind not in ("weight", "activation"):
-            continue
+        if c.role == "bias" or (c.dynamic and remedy != "float"):
+            continue  # a dynamic range has no calibrated range to widen or split by channel
+        if remedy == "int16" and qm.format == "dynamic":
+            continue  # ConvInteger/MatMulInteger take 8-bit operands only
         if not engine.is_gated(c.name):
             skipped.append(c.name)
             continue

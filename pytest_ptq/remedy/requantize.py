@@ -32,13 +32,26 @@ def infer_quantize_options(qmodel):
     default op list are assumed. Float weights and Relu/Clip are always kept
     (AddQDQPairToWeight, QDQKeepRemovableActivations) so that the result can be analysed;
     biases stay float (QuantizeBias=False) when every quantized Conv/Gemm reads a float one.
+    A dynamically quantized model is re-quantized with quantize_dynamic (``quantizer``). A
+    QOperator model comes back in QDQ form: the same quantization, and analysable.
     """
-    acts = [c for c in qmodel.of_kind("activation") if c.q_node is not None]
+    acts = [c for c in qmodel.of_kind("activation") if c.q_node is not None and not c.dynamic]
     weights = [c for c in qmodel.of_kind("weight") if c.role != "bias"]
 
     def common(nodes, default):
         types = Counter(_QUANT_TYPES.get(c.qtype) for c in nodes if c.qtype in _QUANT_TYPES)
         return types.most_common(1)[0][0] if types else default
+
+    # a node onnxruntime would quantize that reads no Q/DQ was excluded on purpose
+    excluded = [n.name for n in qmodel.normal.values()
+                if n.op_type in PER_CHANNEL_OPS and not n.calibration_inputs]
+    if qmodel.format == "dynamic":
+        # quantize_dynamic quantizes a MatMul between two activations only when told to
+        both = any(sum(qmodel.calibration[c].dynamic for c in n.calibration_inputs) > 1
+                   for n in qmodel.normal.values() if n.op_type == "MatMul")
+        return {"quantizer": "quantize_dynamic", "weight_type": common(weights, "QInt8"),
+                "per_channel": any(c.per_channel for c in weights),
+                "extra_options": {"MatMulConstBOnly": False} if both else {}, "nodes_to_exclude": excluded}
 
     act_type = common(acts, "QUInt8")
     weight_type = common(weights, "QInt8")
@@ -55,21 +68,20 @@ def infer_quantize_options(qmodel):
               and len(n.inputs) > 2 and n.inputs[2]]
     if biased and all(qmodel.is_constant(n.inputs[2]) and qmodel.is_float_tensor(n.inputs[2]) for n in biased):
         extra["QuantizeBias"] = False
-    # a node onnxruntime would quantize that reads no Q/DQ was excluded on purpose
-    excluded = [n.name for n in qmodel.normal.values()
-                if n.op_type in PER_CHANNEL_OPS and not n.calibration_inputs]
-    return {"activation_type": act_type, "weight_type": weight_type,
+    return {"quantizer": "quantize_static", "activation_type": act_type, "weight_type": weight_type,
             "per_channel": any(c.per_channel for c in weights), "extra_options": extra,
             "nodes_to_exclude": excluded}
 
 
 def requantize(float_model, out_path, data, options, settings=None):
-    """Run quantize_static (QDQ format, MinMax) on ``float_model`` with ``options`` from
-    :func:`infer_quantize_options` plus remedy ``settings``; returns ``out_path``."""
+    """Run quantize_static (QDQ format, MinMax), or quantize_dynamic for a dynamic model, on
+    ``float_model`` with ``options`` from :func:`infer_quantize_options` plus remedy
+    ``settings``; returns ``out_path``."""
     from onnxruntime.quantization import (
         CalibrationDataReader,
         QuantFormat,
         QuantType,
+        quantize_dynamic,
         quantize_static,
     )
 
@@ -98,10 +110,14 @@ def requantize(float_model, out_path, data, options, settings=None):
     root.setLevel(logging.ERROR)
     guard.claim(out_path)
     try:
-        quantize_static(source, str(out_path), _Reader(), quant_format=QuantFormat.QDQ,
-                        activation_type=QuantType.from_string(options["activation_type"]),
-                        weight_type=QuantType.from_string(options["weight_type"]),
-                        per_channel=options["per_channel"], nodes_to_exclude=exclude, extra_options=extra)
+        if options.get("quantizer") == "quantize_dynamic":
+            quantize_dynamic(source, str(out_path), weight_type=QuantType.from_string(options["weight_type"]),
+                             per_channel=options["per_channel"], nodes_to_exclude=exclude, extra_options=extra)
+        else:
+            quantize_static(source, str(out_path), _Reader(), quant_format=QuantFormat.QDQ,
+                            activation_type=QuantType.from_string(options["activation_type"]),
+                            weight_type=QuantType.from_string(options["weight_type"]),
+                            per_channel=options["per_channel"], nodes_to_exclude=exclude, extra_options=extra)
     except PTQError:
         raise
     except OSError as exc:
@@ -172,8 +188,12 @@ def measure(parts, objective, float_model, result, save_dir):
                          "figures": figures})
         if meets(objective.metric, judged["before"], judged["target"]) and not result.figures.get(
                 result.judged_on, {}).get("met_before", False):
-            result.notes.append("re-quantizing without the settings already meets the target: the model was "
-                                "calibrated differently (another method or other data) from MinMax on these samples")
+            result.notes.append(
+                "re-quantizing without the settings already meets the target: quantize_dynamic calibrates nothing, "
+                "so the simulation and the re-quantized model differ only where float rounding flips a few codes of "
+                "a range computed per run" if options.get("quantizer") == "quantize_dynamic" else
+                "re-quantizing without the settings already meets the target: the model was calibrated differently "
+                "(another method or other data) from MinMax on these samples")
         return measured
     finally:
         if tmp is not None:

@@ -104,7 +104,7 @@ class Remedy(JsonResult):
         return None
 
     def python_snippet(self):
-        """The settings as quantize_static keyword arguments, ready to paste."""
+        """The settings as quantize_static (quantize_dynamic) keyword arguments, ready to paste."""
         parts = []
         if self.settings.get("nodes_to_exclude"):
             parts.append(f"nodes_to_exclude={self.settings['nodes_to_exclude']!r}")
@@ -116,7 +116,7 @@ class Remedy(JsonResult):
                     for e in entries) + "]"
                 for t, entries in overrides.items())
             parts.append("extra_options={'TensorQuantOverrides': {" + body + "}}")
-        return "quantize_static(..., " + ", ".join(parts) + ")"
+        return self.settings.get("quantizer", "quantize_static") + "(..., " + ", ".join(parts) + ")"
 
     def failure(self):
         """Why the remedy does not hold, in one sentence; None when it does."""

@@ -62,6 +62,7 @@ def onnxruntime_settings(qmodel, remedy, nodes, axes=None, choices=None):
         if kind not in REMEDIES:
             raise PTQError(f"node {name!r} needs a remedy kind ({', '.join(REMEDIES)}) in choices, got {kind!r}")
         if kind == "float":
+            # a dynamic quantizer serves only its consumers: excluding them is enough
             if c.kind == "activation" and c.producer in qmodel.normal:
                 exclude.add(c.producer)
             exclude.update(n for n in c.consumers if n in qmodel.normal)
@@ -73,7 +74,10 @@ def onnxruntime_settings(qmodel, remedy, nodes, axes=None, choices=None):
         else:
             sim_only.append(name)
     ordered = sorted(exclude, key=lambda n: qmodel.normal[n].index)
-    return {"nodes_to_exclude": ordered, "TensorQuantOverrides": overrides, "simulation_only": sim_only}
+    settings = {"nodes_to_exclude": ordered, "TensorQuantOverrides": overrides, "simulation_only": sim_only}
+    if qmodel.format == "dynamic":
+        settings["quantizer"] = "quantize_dynamic"  # the same arguments, for the quantizer that made it
+    return settings
 
 
 def quantize_static_kwargs(settings):

@@ -1,0 +1,809 @@
+"""onnxruntime's other two formats, rewritten into QDQ form before the model is parsed.
+
+* **QOperator** (``quantize_static(quant_format=QuantFormat.QOperator)``, the ONNX zoo's
+  ``-int8`` models): integer ops such as ``QLinearConv`` read and write quantized tensors
+  and carry the scales of their inputs and output. Each becomes its QDQ form: a
+  DequantizeLinear of every quantized input (a lone DQ of an integer weight or int32 bias),
+  the float op, and a QuantizeLinear of its output with the op's output scale and zero
+  point, writing the integer tensor the op wrote. Ops that move quantized values without
+  computing (MaxPool, Reshape, Transpose, ...) run on the dequantized tensor instead, and a
+  Q is added after them only where they compute new values (Resize with interpolation).
+* **dynamic** (``quantize_dynamic``): ``DynamicQuantizeLinear`` computes an activation's
+  scale and zero point on every run; it feeds ``ConvInteger`` / ``MatMulInteger`` whose int32
+  result is cast and multiplied by the scales' product. The quantizer stays, followed by a
+  DequantizeLinear of its own outputs (a *dynamic* calibration node); the integer op, its
+  Cast and scale Mul become the float op on dequantized inputs (and Conv takes back the bias
+  the quantizer moved into an Add). onnxruntime's fused forms (``MatMulIntegerToFloat``,
+  ``DynamicQuantizeMatMul``, ``QAttention``, ``DynamicQuantizeLSTM``) are unfused likewise.
+
+Integer tensors keep their names, float tensors take the float model's names where
+onnxruntime's ``_quantized`` suffix gives them away, and the float op takes the name of the
+node it replaces less onnxruntime's ``_quant`` suffix, so names read as in the float model
+(and as ``nodes_to_exclude`` wants them). ``com.microsoft`` ``FusedConv`` / ``FusedGemm`` /
+``FusedMatMul`` are split into the ops onnxruntime fused, so that each matches the float model.
+
+A model already in QDQ form is returned as it is. Anything this cannot rewrite is one
+sentence naming the op and the format.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from ..errors import PTQError
+from .graph import node_refs, sort_topologically
+
+QDQ, QOPERATOR, DYNAMIC, MIXED = "QDQ", "QOperator", "dynamic", "mixed"
+WEIGHT_ONLY = "weight-only"  # onnxruntime's block-wise weight-only ops: named in errors only
+
+# QOperator ops: (quantized inputs as (tensor, scale, zero point) positions, output scale
+# and zero point positions, the float op). Positions beyond the node's inputs are absent.
+_UNARY = ([(0, 1, 2)], (3, 4))
+QLINEAR = {
+    "QLinearConv": ([(0, 1, 2), (3, 4, 5)], (6, 7), "Conv"),
+    "QLinearConvTranspose": ([(0, 1, 2), (3, 4, 5)], (6, 7), "ConvTranspose"),
+    "QLinearMatMul": ([(0, 1, 2), (3, 4, 5)], (6, 7), "MatMul"),
+    "QGemm": ([(0, 1, 2), (3, 4, 5)], (7, 8), "Gemm"),
+    "QLinearAdd": ([(0, 1, 2), (3, 4, 5)], (6, 7), "Add"),
+    "QLinearMul": ([(0, 1, 2), (3, 4, 5)], (6, 7), "Mul"),
+    "QLinearSigmoid": (*_UNARY, "Sigmoid"),
+    "QLinearLeakyRelu": (*_UNARY, "LeakyRelu"),
+    "QLinearSoftmax": (*_UNARY, "Softmax"),
+    "QLinearGlobalAveragePool": (*_UNARY, "GlobalAveragePool"),
+    "QLinearAveragePool": (*_UNARY, "AveragePool"),
+    "QLinearConcat": (None, (0, 1), "Concat"),  # inputs: Y_scale, Y_zp, then (X, scale, zp) triples
+}
+# Integer ops whose int32 result is cast and multiplied by the product of the input scales.
+INTEGER = {"ConvInteger": "Conv", "MatMulInteger": "MatMul"}
+# onnxruntime's fused forms of dynamic quantization.
+FUSED_DYNAMIC = ("DynamicQuantizeLinear", "DynamicQuantizeMatMul", "MatMulIntegerToFloat", "QAttention",
+                 "DynamicQuantizeLSTM")
+# Quantized ops seen in the wild that this module does not rewrite (named in the error), and
+# the weight-only ones among them (MatMulNBits: int4 blocks packed in uint8).
+UNSUPPORTED = ("QEmbedLayerNormalization", "QMoE", "MatMulNBits", "MatMulBnb4", "GatherBlockQuantized")
+WEIGHT_ONLY_OPS = ("MatMulNBits", "MatMulBnb4", "GatherBlockQuantized")
+
+# Ops that only move quantized values (their output is on the input's grid): they run on the
+# dequantized tensor and their output keeps the input's scale and zero point.
+MOVING = {"MaxPool", "Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten", "Split", "Gather",
+          "GatherElements", "GatherND", "Slice", "Pad", "Identity", "Expand", "Tile", "DepthToSpace",
+          "SpaceToDepth", "Concat", "ArgMax", "ArgMin", "TopK", "ReduceMax", "ReduceMin", "Resize", "Upsample",
+          "GlobalMaxPool", "Dropout"}
+_INDEX_ONLY = {"ArgMax", "ArgMin"}  # read quantized values, write indices
+
+_SHAPE_ONLY = {"Shape", "Size"}  # read only the shape of a quantized tensor
+_CODES = (TensorProto.INT8, TensorProto.UINT8, TensorProto.INT16, TensorProto.UINT16, TensorProto.INT4,
+          TensorProto.UINT4)
+
+_FUSED = ("FusedConv", "FusedGemm", "FusedMatMul")  # com.microsoft fusions split back into their ops
+
+_ACTIVATIONS = {"Relu", "Tanh", "Sigmoid", "LeakyRelu", "HardSigmoid", "Clip", "Elu", "Selu", "Softplus",
+                "Softsign", "ThresholdedRelu"}
+
+
+def unsupported(op):
+    """True for a quantized op that :func:`to_qdq` cannot rewrite."""
+    return op in UNSUPPORTED or (op.startswith("QLinear") and op not in QLINEAR) or op.startswith("QOrdered")
+
+
+@dataclasses.dataclass
+class Rewrite:
+    """The QDQ-form model, the format found, and sentences for the user."""
+
+    model: onnx.ModelProto
+    format: str  # QDQ, QOperator, dynamic or mixed
+    parts: tuple  # the formats a mixed model mixes
+    notes: list
+
+    @property
+    def label(self):
+        """``mixed (QDQ + QOperator)``, or the format alone."""
+        return f"{MIXED} ({' + '.join(self.parts)})" if self.format == MIXED else self.format
+
+
+def formats_of(model):
+    """The quantization formats ``model`` uses, in a fixed order (empty for a float model)."""
+    graph = model.graph
+    inits = {i.name for i in graph.initializer}
+    producer = {o: n for n in graph.node for o in n.output}
+    consumers = {}
+    for n in graph.node:
+        for i in n.input:
+            consumers.setdefault(i, []).append(n)
+    found = set()
+    for n in graph.node:
+        op = n.op_type
+        if op in WEIGHT_ONLY_OPS:
+            found.add(WEIGHT_ONLY)
+        elif op in QLINEAR or unsupported(op):
+            found.add(QOPERATOR)
+        elif op in FUSED_DYNAMIC:
+            found.add(DYNAMIC)
+        elif op in INTEGER:
+            src = producer.get(n.input[0])
+            found.add(DYNAMIC if src is not None and src.op_type == "DynamicQuantizeLinear" else QOPERATOR)
+        elif op.endswith("DequantizeLinear") and n.input[0] in inits:
+            # a weight in QDQ form: a lone DQ of an integer initializer read by a float op
+            if any(not c.op_type.endswith("QuantizeLinear") for c in consumers.get(n.output[0], ())):
+                found.add(QDQ)
+        elif op.endswith("DequantizeLinear") and n.input[0] in producer:
+            q = producer[n.input[0]]
+            if q.op_type.endswith("QuantizeLinear") and not q.op_type.endswith("DequantizeLinear") and any(
+                    c.op_type in ("Conv", "ConvTranspose", "MatMul", "Gemm")
+                    for c in consumers.get(n.output[0], ())):
+                found.add(QDQ)
+    return tuple(f for f in (QDQ, QOPERATOR, DYNAMIC, WEIGHT_ONLY) if f in found)
+
+
+def to_qdq(model, source="the model"):
+    """``model`` in QDQ form, as a :class:`Rewrite`: its graph is rewritten in place (pass a
+    copy of the user's model); ``source`` names it in messages."""
+    parts = formats_of(model)
+    result = Rewrite(model, parts[0] if len(parts) == 1 else (MIXED if parts else QDQ), parts, [])
+    if parts in ((), (QDQ,)) and not any(n.domain == "com.microsoft" and n.op_type in _FUSED
+                                           for n in model.graph.node):
+        return result
+    _Rewriter(model, source, result.label, result.notes).run()
+    return result
+
+
+def _key(node):
+    return node.name, tuple(node.output)
+
+
+@dataclasses.dataclass
+class _Quantized:
+    """An integer tensor of the original graph: its scale and zero point (tensor names; ""
+    for none), its axis, and where its float value lives in the rewritten graph."""
+
+    scale: str
+    zero_point: str
+    axis: int | None = None
+    float: str | None = None  # the float tensor equal to its dequantized value, once made
+    real: bool = True  # the integer tensor exists in the rewritten graph
+
+
+class _Rewriter:
+    """One walk over the graph in topological order, emitting the QDQ form of each node."""
+
+    def __init__(self, model, source, label, notes):
+        self.model, self.graph = model, model.graph
+        self.source, self.label = source, label
+        self.notes = notes
+        sort_topologically(self.graph, repr(source))
+        # one list of wrappers: protobuf hands out a new one on every access of graph.node
+        self.original = list(self.graph.node)
+        self.inits = {i.name: i for i in self.graph.initializer}
+        self.constants = {n.output[0]: n for n in self.original if n.op_type == "Constant"}
+        self.producer = {o: n for n in self.original for o in n.output if o}
+        self.consumers = {}
+        for n in self.original:
+            for i in n.input:
+                if i:
+                    self.consumers.setdefault(i, []).append(n)
+        self.inputs = {i.name for i in self.graph.input}
+        self.taken = {n.name for n in self.original} | set(self.producer) | set(self.inits) | self.inputs
+        self.opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 13)
+        self.quantized = {}  # integer tensor -> _Quantized
+        self.dequantized = {}  # (tensor, scale, zero point) -> float tensor
+        self.dynamic = {}  # float tensor -> its DynamicQuantizeLinear outputs
+        self.nodes = []
+        self.skip = set()  # keys of original nodes another node's rewrite absorbed
+        self.touched = set()  # tensors whose consumers changed (dead-code candidates)
+        self.hints = self._hints()
+        self._ranks = None
+
+    # -- helpers -------------------------------------------------------------------------
+    def fresh(self, base):
+        name, k = base, 1
+        while name in self.taken:
+            name, k = f"{base}_{k}", k + 1
+        self.taken.add(name)
+        return name
+
+    def float_name(self, tensor):
+        """A name for the float tensor whose quantized form is ``tensor``: onnxruntime's
+        ``<float>_quantized`` gives the float model's own name back."""
+        stem = self.stem(tensor)
+        if stem != tensor and stem not in self.taken:
+            return self.fresh(stem)
+        if stem in self._graph_outputs():  # as onnxruntime names it in QDQ form
+            return self.fresh(f"{stem}_QuantizeLinear_Input")
+        return self.fresh(f"{tensor}_float")
+
+    def op_name(self, node):
+        """The float op's name: the integer node's less onnxruntime's ``_quant``, when free."""
+        name = node.name or node.op_type
+        if name.endswith("_quant") and name[: -len("_quant")] not in self.taken:
+            return self.fresh(name[: -len("_quant")])
+        return self.fresh(name) if name != node.name else name
+
+    def constant(self, name):
+        if name in self.inits:
+            return numpy_helper.to_array(self.inits[name])
+        if name in self.constants:
+            for a in self.constants[name].attribute:
+                if a.name == "value":
+                    return numpy_helper.to_array(a.t)
+        return None
+
+    def integer_constant(self, name):
+        return name in self.inits and self.inits[name].data_type in _CODES
+
+    def add_init(self, base, value):
+        name = self.fresh(base)
+        init = numpy_helper.from_array(np.asarray(value), name)
+        self.graph.initializer.append(init)
+        self.inits[name] = init
+        return name
+
+    def fail(self, node, why):
+        fix = ("quantize it with MatMulNBitsQuantizer(..., quant_format=QuantFormat.QDQ), which writes block-wise "
+               "DequantizeLinear weights" if node is not None and node.op_type in WEIGHT_ONLY_OPS else
+               "quantize the float model in QDQ format (quantize_static(..., quant_format=QuantFormat.QDQ))")
+        what = f"its {node.op_type} node {node.name or '(unnamed)'!r}" if node is not None else "it"
+        raise PTQError(f"model {self.source} is in {self.label} format and {what} {why}; pytest-ptq rewrites "
+                       "onnxruntime's QLinear ops, QGemm, ConvInteger/MatMulInteger and its dynamic-quantization "
+                       f"ops into Q/DQ pairs but not this; to analyse it, {fix}")
+
+    def same_params(self, a, b):
+        """True when scale/zero-point tensor names ``a`` and ``b`` hold the same values."""
+        if a == b:
+            return True
+        va, vb = self.constant(a) if a else 0, self.constant(b) if b else 0
+        return va is not None and vb is not None and np.array_equal(np.asarray(va), np.asarray(vb))
+
+    def _hints(self):
+        """``{integer initializer: (scale, zero point)}`` for integer constants that ops moving
+        quantized values read (an embedding table before Gather): their parameters are those
+        the first quantized reader downstream gives."""
+        hints = {}
+        for n in reversed(self.original):
+            if n.op_type.endswith("DequantizeLinear"):
+                hints.setdefault(n.input[0], (n.input[1], n.input[2] if len(n.input) > 2 else ""))
+            elif n.op_type in QLINEAR:
+                for t, s, z in self._quantized_inputs(n):
+                    hints.setdefault(t, (s, z))
+            elif n.op_type in MOVING and n.input and self.integer_constant(n.input[0]) and n.output[0] in hints:
+                hints.setdefault(n.input[0], hints[n.output[0]])
+        return hints
+
+    def _quantized_inputs(self, n):
+        spec = QLINEAR[n.op_type][0]
+        if spec is None:  # QLinearConcat
+            spec = [(k, k + 1, k + 2) for k in range(2, len(n.input), 3)]
+        ins = list(n.input)
+        get = lambda k: ins[k] if k < len(ins) else ""  # noqa: E731
+        return [(get(t), get(s), get(z)) for t, s, z in spec if get(t)]
+
+    # -- emitting ------------------------------------------------------------------------
+    def emit(self, op, inputs, outputs, name, domain="", **attrs):
+        node = helper.make_node(op, inputs, outputs, name=name, domain=domain or None, **attrs)
+        self.nodes.append(node)
+        return node
+
+    def dq(self, tensor, scale, zero_point, axis=None, base=None):
+        """The float tensor ``DequantizeLinear(tensor, scale, zero_point)``, made once."""
+        key = (tensor, scale, zero_point)
+        if key in self.dequantized:
+            return self.dequantized[key]
+        stem = base or self.stem(tensor)
+        name = self.fresh(f"{stem}_DequantizeLinear")
+        out = self.fresh(f"{stem}_DequantizeLinear_Output")
+        inputs = [tensor, scale] + ([zero_point] if zero_point else [])
+        attrs = {"axis": axis} if axis is not None else {}
+        if axis is not None and self.opset < 13:
+            raise PTQError(f"model {self.source} is in {self.label} format at opset {self.opset} and quantizes "
+                           f"{tensor!r} per channel, which DequantizeLinear supports from opset 13; convert the float "
+                           "model to opset 13 or later and quantize it again")
+        self.emit("DequantizeLinear", inputs, [out], name, **attrs)
+        self.dequantized[key] = out
+        return out
+
+    @staticmethod
+    def stem(tensor):
+        for suffix in ("_output_quantized", "_quantized"):
+            if tensor.endswith(suffix):
+                return tensor[: -len(suffix)]
+        return tensor
+
+    def float_of(self, node, tensor, scale, zero_point, axis_for=None):
+        """The float value of quantized input ``tensor`` read with ``scale``/``zero_point``:
+        a lone DQ of an integer constant (per channel along ``axis_for(rank)``), the float of
+        a tensor an op moved, or a DQ of the integer tensor."""
+        if tensor in self.inits or tensor in self.constants:
+            value = self.constant(tensor)
+            s = self.constant(scale)
+            axis = None
+            if s is not None and np.size(s) > 1:
+                axis = axis_for(value.ndim) if axis_for else 0
+            return self.dq(tensor, scale, zero_point, axis)
+        info = self.quantized.get(tensor)
+        if info is None:
+            if tensor in self.producer or tensor in self.inputs:
+                return self.dq(tensor, scale, zero_point)  # an integer graph input, say
+            self.fail(node, f"reads {tensor!r}, which nothing produces")
+        if not info.real:
+            if self.same_params(info.scale, scale) and self.same_params(info.zero_point, zero_point):
+                return info.float
+            self.materialize(tensor)
+        return self.dq(tensor, scale, zero_point)
+
+    def materialize(self, tensor):
+        """Make the integer tensor exist: quantize the float value an op moved."""
+        info = self.quantized[tensor]
+        if info.real:
+            return
+        inputs = [info.float, info.scale] + ([info.zero_point] if info.zero_point else [])
+        self.emit("QuantizeLinear", inputs, [tensor], self.fresh(f"{info.float}_QuantizeLinear"))
+        info.real = True
+
+    def quantize_output(self, value, out, scale, zero_point):
+        """Q of float ``value`` into the op's original integer output ``out``."""
+        inputs = [value, scale] + ([zero_point] if zero_point else [])
+        # named after the tensor, as onnxruntime names the Q of the same tensor in QDQ form
+        self.emit("QuantizeLinear", inputs, [out], self.fresh(f"{self.stem(out)}_QuantizeLinear"))
+        self.quantized[out] = _Quantized(scale, zero_point)
+
+    # -- the walk ------------------------------------------------------------------------
+    def run(self):
+        for node in self.original:
+            if _key(node) in self.skip:
+                continue
+            op = node.op_type
+            if unsupported(op):
+                self.fail(node, "is a quantized op")
+            if op in QLINEAR:
+                self.qlinear(node)
+            elif op in INTEGER:
+                self.integer(node)
+            elif op == "DynamicQuantizeLinear":
+                self.keep(node)
+                self.dynamic[node.input[0]] = list(node.output)
+                self.quantized[node.output[0]] = _Quantized(node.output[1], node.output[2])
+            elif op in ("MatMulIntegerToFloat", "DynamicQuantizeMatMul"):
+                self.matmul_to_float(node)
+            elif op == "QAttention":
+                self.qattention(node)
+            elif op == "DynamicQuantizeLSTM":
+                self.lstm(node)
+            elif node.domain == "com.microsoft" and op in _FUSED[:2]:
+                self.unfuse(node)
+            elif node.domain == "com.microsoft" and op == "FusedMatMul":
+                self.unfuse_matmul(node)
+            elif op.endswith("QuantizeLinear") and not op.endswith("DequantizeLinear"):
+                self.keep(node)
+                axis = next((a.i for a in node.attribute if a.name == "axis"), None)
+                self.quantized[node.output[0]] = _Quantized(node.input[1], node.input[2] if len(node.input) > 2
+                                                            else "", axis)
+            elif op.endswith("DequantizeLinear"):
+                self.dequantize(node)
+            elif any(i in self.quantized for i in node.input) or (
+                    node.input and node.input[0] in self.hints and self.integer_constant(node.input[0])):
+                self.moving(node)
+            else:
+                self.keep(node)
+        self.finish()
+
+    def keep(self, node):
+        copy = onnx.NodeProto()
+        copy.CopyFrom(node)
+        self.nodes.append(copy)
+
+    def dequantize(self, node):
+        """An original DQ: of an op-moved tensor it is the float value itself."""
+        t = node.input[0]
+        info = self.quantized.get(t)
+        scale, zp = node.input[1], node.input[2] if len(node.input) > 2 else ""
+        if info is not None and not info.real:
+            if self.same_params(info.scale, scale) and self.same_params(info.zero_point, zp):
+                self.emit("Identity", [info.float], [node.output[0]], self.fresh(node.name or "Identity"))
+                return
+            self.materialize(t)
+        self.keep(node)
+        self.dequantized.setdefault((t, scale, zp), node.output[0])
+
+    def qlinear(self, node):
+        op = node.op_type
+        _, (ys, yz), float_op = QLINEAR[op]
+        ins = list(node.input)
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        channels_last = bool(attrs.pop("channels_last", 0))
+        trans_b = attrs.get("transB", 0)
+
+        def weight_axis(rank):
+            if op == "QLinearConvTranspose":
+                return 1
+            if op == "QGemm":
+                return 0 if trans_b else 1
+            if op == "QLinearMatMul":
+                return rank - 1
+            return 0
+
+        floats = []
+        quantized = self._quantized_inputs(node)
+        for k, (t, s, z) in enumerate(quantized):
+            floats.append(self.float_of(node, t, s, z, weight_axis if k == 1 else None))
+        inputs = floats
+        if op in ("QLinearConv", "QLinearConvTranspose") and len(ins) > 8 and ins[8]:
+            inputs = floats + [self.bias(node, ins[8], [ins[1], ins[4]])]
+        elif op == "QGemm" and len(ins) > 6 and ins[6]:
+            alpha = attrs.get("alpha", 1.0)
+            inputs = floats + [self.bias(node, ins[6], [ins[1], ins[4]], alpha)]
+        if op == "QLinearSoftmax":
+            attrs.pop("opset", None)
+        out = node.output[0]
+        has_q = ys < len(ins) and ins[ys]
+        value = self.float_name(out) if has_q else out
+        name = self.op_name(node)
+        if channels_last and op in ("QLinearConv", "QLinearGlobalAveragePool", "QLinearAveragePool"):
+            rank = self._rank(quantized[0][0], node)
+            to_first = [0, rank - 1] + list(range(1, rank - 1))
+            to_last = [0] + list(range(2, rank)) + [1]
+            nchw = self.fresh(f"{inputs[0]}_nchw")
+            self.emit("Transpose", [inputs[0]], [nchw], self.fresh(f"{name}_to_nchw"), perm=to_first)
+            inner = self.fresh(f"{value}_nchw")
+            self.emit(float_op, [nchw] + inputs[1:], [inner], name, **attrs)
+            self.emit("Transpose", [inner], [value], self.fresh(f"{name}_to_nhwc"), perm=to_last)
+        else:
+            self.emit(float_op, inputs, [value], name, **attrs)
+        if has_q:
+            self.quantize_output(value, out, ins[ys], ins[yz] if yz < len(ins) else "")
+
+    def _rank(self, tensor, node=None):
+        """The rank of ``tensor`` in the original graph, from its types or shape inference."""
+        if self._ranks is None:
+            try:
+                graph = onnx.shape_inference.infer_shapes(self.model, strict_mode=False).graph
+            except Exception:  # inference helps; the graph's own value infos may suffice
+                graph = self.graph
+            self._ranks = {v.name: len(v.type.tensor_type.shape.dim)
+                           for v in list(graph.value_info) + list(graph.input) + list(graph.output)
+                           if v.type.tensor_type.HasField("shape")}
+            self._ranks.update({i.name: len(i.dims) for i in self.graph.initializer})
+        if tensor not in self._ranks:
+            self.fail(node or self.producer.get(tensor), f"reads {tensor!r}, whose rank is unknown")
+        return self._ranks[tensor]
+
+    def bias(self, node, bias, scales, alpha=1.0):
+        """A lone DQ of an int32 bias, its scale the product of the input and weight scales
+        (times Gemm's alpha), as the integer kernels read it."""
+        values = [self.constant(s) for s in scales]
+        if any(v is None for v in values) or self.constant(bias) is None:
+            self.fail(node, f"reads bias {bias!r} or its scales from computed tensors")
+        scale = (np.asarray(values[0], np.float32) * np.asarray(values[1], np.float32) * np.float32(alpha))
+        scale_name = self.add_init(f"{self.stem(bias)}_scale", scale.astype(np.float32))
+        return self.dq(bias, scale_name, "", 0 if scale.size > 1 else None)
+
+    def integer(self, node):
+        """ConvInteger/MatMulInteger -> Cast -> Mul(scales): the float op on dequantized inputs."""
+        op = node.op_type
+        out = node.output[0]
+        cast = self._only_consumer(out, "Cast")
+        mul = self._only_consumer(cast.output[0], "Mul") if cast is not None else None
+        if mul is None:
+            self.fail(node, "is not followed by the Cast and scale Mul that onnxruntime writes")
+        product = mul.input[1] if mul.input[0] == cast.output[0] else mul.input[0]
+        ins = list(node.input) + [""] * 4
+        a, b, a_zp, b_zp = ins[:4]
+        a_info = self.quantized.get(a)
+        if a_info is None:
+            self.fail(node, f"reads {a!r}, which no quantizer wrote")
+        a_zp = a_zp or a_info.zero_point
+        b_scale = self._other_scale(product, a_info.scale)
+        if b_scale is None:
+            self.fail(node, f"is scaled by {product!r}, which is not the product of its inputs' scales")
+        fa = self.float_of(node, a, a_info.scale, a_zp)
+        rank_axis = (lambda rank: 0) if op == "ConvInteger" else (lambda rank: rank - 1)
+        fb = self.float_of(node, b, b_scale, b_zp, rank_axis)
+        self.skip.update((_key(cast), _key(mul)))
+        self.touched.add(product)
+        inputs, value = [fa, fb], mul.output[0]
+        attrs = {at.name: helper.get_attribute_value(at) for at in node.attribute}
+        if op == "ConvInteger":
+            folded = self._bias_add(value)
+            if folded is not None:
+                add, bias = folded
+                inputs.append(bias)
+                value = add.output[0]
+                self.skip.add(_key(add))
+                self.touched.update(add.input)
+        self.emit(INTEGER[op], inputs, [value], self.op_name(node), **attrs)
+
+    def _only_consumer(self, tensor, op):
+        users = self.consumers.get(tensor, [])
+        if len(users) == 1 and users[0].op_type == op and tensor not in self._graph_outputs():
+            return users[0]
+        return None
+
+    def _graph_outputs(self):
+        return {o.name for o in self.graph.output}
+
+    def _other_scale(self, product, scale):
+        """The factor beside ``scale`` in ``product`` (a Mul of two scales), or None."""
+        node = self.producer.get(product)
+        if node is not None and node.op_type == "Mul":
+            if node.input[0] == scale:
+                return node.input[1]
+            if node.input[1] == scale:
+                return node.input[0]
+        return None
+
+    def _bias_add(self, value):
+        """``(Add, bias)`` when ``value`` only feeds an Add of a per-channel constant shaped
+        ``[1, C, 1, ...]`` or a Reshape of a 1-D one (how quantize_dynamic moves a Conv's bias
+        out of ConvInteger); ``bias`` is the 1-D tensor Conv takes."""
+        add = self._only_consumer(value, "Add")
+        if add is None:
+            return None
+        other = add.input[1] if add.input[0] == value else add.input[0]
+        reshape = self.producer.get(other)
+        if reshape is not None and reshape.op_type == "Reshape" and len(self.consumers.get(other, [])) == 1:
+            bias = self.constant(reshape.input[0])
+            return (add, reshape.input[0]) if bias is not None and bias.ndim == 1 else None
+        bias = self.constant(other)
+        if bias is None or bias.ndim < 2 or bias.shape[0] != 1 or any(d != 1 for d in bias.shape[2:]):
+            return None
+        return add, self.add_init(f"{other}_bias", bias.reshape(-1))
+
+    def dynamic_quantize(self, tensor):
+        """The DynamicQuantizeLinear outputs for float ``tensor`` (made once)."""
+        if tensor not in self.dynamic:
+            stem = tensor
+            outs = [self.fresh(f"{stem}_quantized"), self.fresh(f"{stem}_scale"), self.fresh(f"{stem}_zero_point")]
+            self.emit("DynamicQuantizeLinear", [tensor], outs, self.fresh(f"{stem}_QuantizeLinear"))
+            self.dynamic[tensor] = outs
+            self.quantized[outs[0]] = _Quantized(outs[1], outs[2])
+        return self.dynamic[tensor]
+
+    def matmul_to_float(self, node):
+        ins = list(node.input) + [""] * 7
+        if node.op_type == "DynamicQuantizeMatMul":  # A, B, b_scale, b_zp, bias
+            aq, a_s, a_zp = self.dynamic_quantize(ins[0])
+            b, b_s, b_zp, bias = ins[1], ins[2], ins[3], ins[4]
+        else:  # MatMulIntegerToFloat: A, B, a_scale, b_scale, a_zp, b_zp, bias
+            aq, b, a_s, b_s, a_zp, b_zp, bias = ins[:7]
+        fa = self.float_of(node, aq, a_s, a_zp)
+        fb = self.float_of(node, b, b_s, b_zp, lambda rank: rank - 1)
+        name = self.op_name(node)
+        out = node.output[0]
+        if bias:
+            mm = self.fresh(f"{out}_MatMul")
+            self.emit("MatMul", [fa, fb], [mm], name)
+            self.emit("Add", [mm, bias], [out], self.fresh(f"{name}_bias"))
+        else:
+            self.emit("MatMul", [fa, fb], [out], name)
+
+    def qattention(self, node):
+        # input, weight, bias, input_scale, weight_scale, mask_index, input_zp, weight_zp, past
+        ins = list(node.input) + [""] * 9
+        fa = self.float_of(node, ins[0], ins[3], ins[6])
+        fw = self.float_of(node, ins[1], ins[4], ins[7], lambda rank: rank - 1)
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        inputs = [fa, fw, ins[2], ins[5], ins[8]]
+        while inputs and not inputs[-1]:
+            inputs.pop()
+        self.emit("Attention", inputs, list(node.output), self.op_name(node), domain="com.microsoft", **attrs)
+
+    def lstm(self, node):
+        """DynamicQuantizeLSTM -> LSTM with dequantized weights (stored transposed, scales per
+        direction or per direction and gate row)."""
+        # X, W, R, B, sequence_lens, initial_h, initial_c, P, W_scale, W_zp, R_scale, R_zp
+        ins = list(node.input) + [""] * 12
+        if ins[0] in self.quantized:
+            self.fail(node, "reads a quantized input")
+        # the kernel quantizes its input dynamically once per run, as DynamicQuantizeLinear does
+        xq, xs, xz = self.dynamic_quantize(ins[0])
+        x = self.float_of(node, xq, xs, xz)
+        weights = []
+        for t, s, z in ((ins[1], ins[8], ins[9]), (ins[2], ins[10], ins[11])):
+            w, scale, zp = self.constant(t), self.constant(s), self.constant(z)
+            if w is None or scale is None or w.ndim != 3:
+                self.fail(node, f"reads weight {t!r} or its scale from a computed tensor")
+            directions = w.shape[0]
+            rows = np.ascontiguousarray(np.transpose(w, (0, 2, 1)))  # back to LSTM's [dirs, 4H, in]
+            if scale.size == 1:
+                layout, axis = rows, None
+            elif scale.size == directions:
+                layout, axis = rows, 0
+            elif directions == 1:  # one scale per gate row
+                layout, axis = rows, 1
+            else:  # per direction and gate row: DequantizeLinear takes them on one axis of a matrix
+                layout, axis = rows.reshape(-1, rows.shape[2]), 0
+            wq = self.add_init(t, layout)
+            sn = self.add_init(s, np.asarray(scale, np.float32).reshape(-1) if axis is not None
+                               else np.asarray(scale, np.float32).reshape(()))
+            zn = self.add_init(z, np.asarray(zp).reshape(-1) if axis is not None else np.asarray(zp).reshape(()))
+            fw = self.dq(wq, sn, zn, axis, base=self.stem(t))
+            if layout.ndim == 2:
+                shape = self.add_init(f"{t}_shape", np.asarray(rows.shape, np.int64))
+                shaped = self.fresh(f"{fw}_shaped")
+                self.emit("Reshape", [fw, shape], [shaped], self.fresh(f"{self.stem(t)}_Reshape"))
+                fw = shaped
+            weights.append(fw)
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        inputs = [x] + weights + ins[3:8]
+        while inputs and not inputs[-1]:
+            inputs.pop()
+        self.emit("LSTM", inputs, list(node.output), self.op_name(node), **attrs)
+        self.notes.append(f"DynamicQuantizeLSTM {node.name!r} also quantizes its hidden state inside its kernel at "
+                          "every step; the analysis simulates the quantization of its input and weights only")
+
+    def unfuse(self, node):
+        """com.microsoft FusedConv/FusedGemm -> the op, the Add of FusedConv's Z, the activation."""
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        act = attrs.pop("activation", b"")
+        act = act.decode() if isinstance(act, bytes) else act
+        params = list(attrs.pop("activation_params", []) or [])
+        for key in [k for k in attrs if k.startswith("activation_")]:
+            attrs.pop(key)
+        op = "Conv" if node.op_type == "FusedConv" else "Gemm"
+        ins = list(node.input)
+        z = ins[3] if op == "Conv" and len(ins) > 3 else ""
+        out = node.output[0]
+        value = self.fresh(f"{out}_{op.lower()}") if act or z else out
+        self.emit(op, ins[:3], [value], node.name, **attrs)
+        if z:
+            added = self.fresh(f"{out}_sum") if act else out
+            self.emit("Add", [value, z], [added], self.fresh(f"{node.name}_add"))
+            value = added
+        if act:
+            if act not in _ACTIVATIONS:
+                self.fail(node, f"fuses activation {act!r}")
+            act_attrs, act_inputs = {}, [value]
+            if act in ("LeakyRelu", "Elu", "ThresholdedRelu") and params:
+                act_attrs["alpha"] = float(params[0])
+            elif act == "HardSigmoid" and len(params) >= 2:
+                act_attrs.update(alpha=float(params[0]), beta=float(params[1]))
+            elif act == "Selu" and len(params) >= 2:
+                act_attrs.update(alpha=float(params[0]), gamma=float(params[1]))
+            elif act == "Clip" and len(params) >= 2:
+                act_inputs += [self.add_init(f"{node.name}_min", np.float32(params[0])),
+                               self.add_init(f"{node.name}_max", np.float32(params[1]))]
+            self.emit(act, act_inputs, [out], self.fresh(f"{node.name}_{act.lower()}"), **act_attrs)
+
+    def unfuse_matmul(self, node):
+        """com.microsoft FusedMatMul (``alpha * op(A) @ op(B)``) -> Transposes, MatMul and Mul,
+        the ops onnxruntime fused."""
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        if attrs.get("transBatchA") or attrs.get("transBatchB"):
+            self.fail(node, "transposes batch axes")
+        ins = []
+        for k, flag in enumerate(("transA", "transB")):
+            t = node.input[k]
+            if attrs.get(flag):
+                rank = self._rank(t, node)
+                perm = list(range(rank - 2)) + [rank - 1, rank - 2]
+                out = self.fresh(f"{t}_transposed")
+                self.emit("Transpose", [t], [out], self.fresh(f"{node.name}_{flag}"), perm=perm)
+                t = out
+            ins.append(t)
+        alpha = float(attrs.get("alpha", 1.0))
+        out = node.output[0]
+        value = self.fresh(f"{out}_unscaled") if alpha != 1.0 else out
+        self.emit("MatMul", ins, [value], node.name)
+        if alpha != 1.0:
+            self.emit("Mul", [value, self.add_init(f"{node.name}_alpha", np.float32(alpha))], [out],
+                      self.fresh(f"{node.name}_alpha"))
+
+    def moving(self, node):
+        """An op that moves quantized values: it runs on their float values."""
+        op = node.op_type
+        if op not in MOVING and op not in _SHAPE_ONLY:
+            t = next(i for i in node.input if i in self.quantized or i in self.hints)
+            self.fail(node, f"reads the quantized tensor {t!r}")
+        ins = list(node.input)
+        params = None
+        for k, t in enumerate(ins):
+            if not t:
+                continue
+            info = self.quantized.get(t)
+            if info is None and self.integer_constant(t) and t in self.hints and (k == 0 or op == "Concat"):
+                s, z = self.hints[t]
+                ins[k] = self.float_of(node, t, s, z)
+                params = params or (s, z, None)
+                continue
+            if info is None:
+                continue
+            if params is not None and not (self.same_params(params[0], info.scale)
+                                           and self.same_params(params[1], info.zero_point)):
+                self.fail(node, "joins quantized tensors of different scales")
+            params = params or (info.scale, info.zero_point, info.axis)
+            ins[k] = self.float_of(node, t, info.scale, info.zero_point)
+        if op == "Pad":
+            ins = self._pad_value(node, ins, params)
+        data = list(range(len(node.output))) if op == "Split" else (
+            [] if op in _INDEX_ONLY or op in _SHAPE_ONLY else [0])
+        outs = list(node.output)
+        new = []
+        for k in data:
+            if k < len(outs) and outs[k]:
+                value = self.float_name(outs[k])
+                self.quantized[outs[k]] = _Quantized(params[0], params[1], params[2], float=value, real=False)
+                new.append((outs[k], value))
+                outs[k] = value
+        copy = onnx.NodeProto()
+        copy.CopyFrom(node)
+        del copy.input[:]
+        copy.input.extend(ins)
+        del copy.output[:]
+        copy.output.extend(outs)
+        self.nodes.append(copy)
+        if not self._keeps_grid(node):
+            for t, _ in new:
+                self.materialize(t)
+
+    def _keeps_grid(self, node):
+        if node.op_type in ("Resize", "Upsample"):
+            mode = next((a.s for a in node.attribute if a.name == "mode"), b"nearest")
+            return mode in (b"nearest", "nearest")
+        return True
+
+    def _pad_value(self, node, ins, params):
+        """Pad's constant is a code; on float values it is that code dequantized."""
+        mode = next((a.s for a in node.attribute if a.name == "mode"), b"constant")
+        if mode not in (b"constant", "constant") or params is None:
+            return ins
+        s = self.constant(params[0])
+        z = self.constant(params[1]) if params[1] else 0
+        code = self.constant(ins[2]) if len(ins) > 2 and ins[2] else 0
+        if s is None or z is None or code is None:
+            self.fail(node, "pads with a computed value")
+        value = (np.asarray(code, np.float64) - np.asarray(z, np.float64)) * np.asarray(s, np.float64)
+        if not np.any(value):  # onnxruntime pads with the zero point: Pad's default 0, as in the float model
+            return ins[:2]
+        ins = ins + [""] * (3 - len(ins))
+        ins[2] = self.add_init(f"{node.name or 'Pad'}_value", np.asarray(value, np.float32).reshape(()))
+        return ins
+
+    # -- the end -------------------------------------------------------------------------
+    def finish(self):
+        graph = self.graph
+        for out in graph.output:
+            if out.name in self.quantized:
+                self.materialize(out.name)
+        del graph.node[:]
+        graph.node.extend(self.nodes)
+        self._drop_dead()
+        used = {i for n in graph.node for i in n.input} | self._graph_outputs()
+        used |= {r for n in graph.node for r in node_refs(n)}
+        for init in [i for i in graph.initializer if i.name not in used]:
+            graph.initializer.remove(init)
+        produced = {o for n in graph.node for o in n.output} | {i.name for i in graph.input}
+        keep = [v for v in graph.value_info if v.name in produced and self._same_type(v)]
+        del graph.value_info[:]
+        graph.value_info.extend(keep)
+        for out in graph.output:
+            if out.name not in produced:
+                raise PTQError(f"model {self.source} is in {self.label} format and its output {out.name!r} was lost "
+                               "rewriting it into Q/DQ form; report this model")
+        sort_topologically(graph, repr(self.source))
+        if any(n.domain == "com.microsoft" for n in graph.node) and not any(
+                o.domain == "com.microsoft" for o in self.model.opset_import):
+            self.model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
+
+    def _same_type(self, v):
+        """False for the value info of a tensor whose type the rewrite changed."""
+        return v.name not in self.quantized or self.quantized[v.name].real
+
+    def _drop_dead(self):
+        """Remove the nodes the rewrite left without readers (the scales' products, the bias
+        Reshapes), and nothing the user's graph had without readers already."""
+        graph = self.graph
+        outputs = self._graph_outputs()
+        candidates = set(self.touched)
+        while candidates:
+            readers = {i for n in graph.node for i in n.input} | outputs
+            readers |= {r for n in graph.node for r in node_refs(n)}
+            dead = [n for n in graph.node if any(o in candidates for o in n.output)
+                    and not any(o in readers for o in n.output if o)]
+            if not dead:
+                break
+            candidates = set()
+            for n in dead:
+                graph.node.remove(n)
+                candidates.update(i for i in n.input if i)

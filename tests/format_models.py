@@ -1,0 +1,139 @@
+"""Float models that exercise onnxruntime's QOperator and dynamic formats, and their
+quantizations (quantize_static with QuantFormat.QOperator, quantize_dynamic)."""
+
+from __future__ import annotations
+
+import numpy as np
+from onnx import TensorProto, helper, numpy_helper
+
+from builders import _save
+
+
+def _inits(rng, **shapes):
+    return [numpy_helper.from_array((rng.standard_normal(s) * scale).astype(np.float32), n)
+            for n, (s, scale) in shapes.items()]
+
+
+def ops_net(path, size=16, seed=0):
+    """Conv-LeakyRelu, MaxPool and AveragePool side by side, Concat, Conv, x*Sigmoid(x), Add,
+    GlobalAveragePool, MatMul, Gemm, Softmax; a second output through Pad, Resize (nearest)
+    and Resize (linear). Input ``x`` [1, 3, size, size]."""
+    rng = np.random.default_rng(seed)
+    inits = _inits(rng, w1=((8, 3, 3, 3), 0.3), b1=((8,), 0.1), w2=((8, 16, 1, 1), 0.3), b2=((8,), 0.1),
+                   wm=((8, 12), 0.4), wf=((10, 12), 0.4), bf=((10,), 0.1))
+    inits += [numpy_helper.from_array(np.array([1, 1, 2, 2], np.float32), "scales"),
+              numpy_helper.from_array(np.array([0, 0, 1, 1, 0, 0, 1, 1], np.int64), "pads")]
+    nodes = [
+        helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1], name="conv1"),
+        helper.make_node("LeakyRelu", ["c1"], ["l1"], alpha=0.1, name="leaky"),
+        helper.make_node("MaxPool", ["l1"], ["m1"], kernel_shape=[2, 2], strides=[2, 2], name="maxpool"),
+        helper.make_node("AveragePool", ["l1"], ["a1"], kernel_shape=[2, 2], strides=[2, 2], name="avgpool"),
+        helper.make_node("Concat", ["m1", "a1"], ["cat"], axis=1, name="concat"),
+        helper.make_node("Conv", ["cat", "w2", "b2"], ["c2"], name="conv2"),
+        helper.make_node("Sigmoid", ["c2"], ["s2"], name="sigmoid"),
+        helper.make_node("Mul", ["c2", "s2"], ["sw"], name="swish"),
+        helper.make_node("Add", ["sw", "m1"], ["ad"], name="add"),
+        helper.make_node("GlobalAveragePool", ["ad"], ["g"], name="gap"),
+        helper.make_node("Flatten", ["g"], ["f"], name="flatten"),
+        helper.make_node("MatMul", ["f", "wm"], ["mm"], name="matmul"),
+        helper.make_node("Gemm", ["mm", "wf", "bf"], ["logits"], transB=1, name="fc"),
+        helper.make_node("Softmax", ["logits"], ["prob"], axis=1, name="softmax"),
+        helper.make_node("Pad", ["ad", "pads"], ["pd"], mode="constant", name="pad"),
+        helper.make_node("Resize", ["pd", "", "scales"], ["up"], mode="nearest", name="resize"),
+        helper.make_node("Resize", ["up", "", "scales"], ["up2"], mode="linear", name="resize_linear"),
+    ]
+    graph = helper.make_graph(nodes, "ops", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, size, size])],
+                              [helper.make_tensor_value_info("prob", TensorProto.FLOAT, [1, 10]),
+                               helper.make_tensor_value_info("up2", TensorProto.FLOAT, [1, 8, 40, 40])], inits)
+    return _save(graph, path)
+
+
+def attention_net(path, tokens=6, dim=16, seed=0):
+    """One self-attention block: q, k, v projections (MatMul + Add), q k^T scaled, Softmax,
+    times v, output projection, residual Add. Input ``x`` [1, tokens, dim]."""
+    rng = np.random.default_rng(seed)
+    d = dim
+    inits = _inits(rng, wq=((d, d), 0.3), bq=((d,), 0.1), wk=((d, d), 0.3), bk=((d,), 0.1),
+                   wv=((d, d), 0.3), bv=((d,), 0.1), wo=((d, d), 0.3), bo=((d,), 0.1))
+    inits.append(numpy_helper.from_array(np.array(1 / np.sqrt(d), np.float32), "inv_sqrt_d"))
+    nodes = []
+    for n in "qkv":
+        nodes += [helper.make_node("MatMul", ["x", f"w{n}"], [f"{n}0"], name=f"proj_{n}"),
+                  helper.make_node("Add", [f"{n}0", f"b{n}"], [n], name=f"bias_{n}")]
+    nodes += [
+        helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 2, 1], name="transpose_k"),
+        helper.make_node("MatMul", ["q", "kt"], ["qk"], name="scores"),
+        helper.make_node("Mul", ["qk", "inv_sqrt_d"], ["qks"], name="scale"),
+        helper.make_node("Softmax", ["qks"], ["p"], axis=-1, name="softmax"),
+        helper.make_node("MatMul", ["p", "v"], ["ctx"], name="context"),
+        helper.make_node("MatMul", ["ctx", "wo"], ["o0"], name="proj_o"),
+        helper.make_node("Add", ["o0", "bo"], ["o"], name="bias_o"),
+        helper.make_node("Add", ["o", "x"], ["y"], name="residual"),
+    ]
+    graph = helper.make_graph(nodes, "attention",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, tokens, dim])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, tokens, dim])], inits)
+    return _save(graph, path)
+
+
+def lstm_net(path, steps=5, inputs=8, hidden=6, seed=0, bidirectional=False):
+    """LSTM over ``x`` [steps, 1, inputs], its last output through a MatMul classifier."""
+    rng = np.random.default_rng(seed)
+    dirs = 2 if bidirectional else 1
+    inits = _inits(rng, W=((dirs, 4 * hidden, inputs), 0.4), R=((dirs, 4 * hidden, hidden), 0.4),
+                   B=((dirs, 8 * hidden), 0.1), wc=((dirs * hidden, 4), 0.5))
+    inits.append(numpy_helper.from_array(np.array([steps, dirs * hidden], np.int64), "shape"))
+    nodes = [helper.make_node("LSTM", ["x", "W", "R", "B"], ["Y"], hidden_size=hidden, name="lstm",
+                              direction="bidirectional" if bidirectional else "forward"),
+             helper.make_node("Transpose", ["Y"], ["Yt"], perm=[0, 2, 1, 3], name="transpose"),
+             helper.make_node("Reshape", ["Yt", "shape"], ["h"], name="reshape"),
+             helper.make_node("MatMul", ["h", "wc"], ["logits"], name="classifier")]
+    graph = helper.make_graph(nodes, "lstm", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [steps, 1, inputs])],
+                              [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [steps, 4])], inits)
+    return _save(graph, path)
+
+
+def samples_of(shape, n=6, seed=1):
+    rng = np.random.default_rng(seed)
+    return {"x": [rng.standard_normal(shape).astype(np.float32) for _ in range(n)]}
+
+
+def quantize_qoperator(float_path, out_path, data, per_channel=False, activation_type="QUInt8",
+                       weight_type="QInt8", extra_options=None):
+    """quantize_static in QOperator format (onnxruntime's defaults: Relu/Clip folded)."""
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+
+    class Reader(CalibrationDataReader):
+        def __init__(self):
+            self.it = iter([{"x": a} for a in data["x"]])
+
+        def get_next(self):
+            return next(self.it, None)
+
+    quantize_static(str(float_path), str(out_path), Reader(), quant_format=QuantFormat.QOperator,
+                    per_channel=per_channel, activation_type=getattr(QuantType, activation_type),
+                    weight_type=getattr(QuantType, weight_type), extra_options=extra_options or {})
+    return out_path
+
+
+def quantize_dyn(float_path, out_path, per_channel=False, extra_options=None, op_types=None, nodes_to_exclude=None):
+    """quantize_dynamic with onnxruntime's defaults."""
+    from onnxruntime.quantization import quantize_dynamic
+
+    quantize_dynamic(str(float_path), str(out_path), per_channel=per_channel, extra_options=extra_options or {},
+                     op_types_to_quantize=op_types, nodes_to_exclude=nodes_to_exclude or [])
+    return out_path
+
+
+def optimized(path, out_path, level="extended"):
+    """The model as onnxruntime saves it after its graph optimisations (fused contrib ops)."""
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.graph_optimization_level = {"basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+                                   "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED}[level]
+    so.optimized_model_filepath = str(out_path)
+    so.log_severity_level = 3
+    ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+    return out_path
+

@@ -1,0 +1,400 @@
+"""onnxruntime's QOperator and dynamic formats, analysed through their QDQ form.
+
+The references are computed without pytest_ptq: plain onnxruntime on the original files
+(the integer kernels), on the float models, on models quantized by onnxruntime itself with
+other options (QDQ format, ``nodes_to_quantize``) and on QDQ models rewired in the tests.
+
+Tolerances. Against the integer kernels, fake-quant agrees to float rounding except where a
+kernel rounds an intermediate value differently: QLinearConv, QLinearMatMul, QGemm add
+exact int32 sums and requantize them with one float multiplier, the simulation rounds the
+float sum, so an output may land one quantization step away when it falls within float
+error of a rounding boundary; onnxruntime's uint8 Resize (linear) interpolates codes and
+rounds its ties another way than QuantizeLinear's half-to-even. The bound is therefore one
+output step per element, and the tests also bound how often it is reached.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import builders
+import format_models as fm
+from builders import pooled_cosine, rewire, run_model
+from pytest_ptq.cli import main
+from pytest_ptq.engine import Engine
+from pytest_ptq.errors import NotQuantized, PTQError
+from pytest_ptq.model import QuantModel
+from pytest_ptq.model.formats import formats_of
+from pytest_ptq.model.grids import dynamic_fake_quant
+from pytest_ptq.sensitivity import get_sensitivity_of_nodes
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    """Float models, their onnxruntime quantizations and data, built once."""
+    root = tmp_path_factory.mktemp("formats")
+    p = {name: root / f"{name}.onnx" for name in (
+        "ops", "ops_qop", "ops_qop_pc", "ops_qdq", "att", "att_qop", "att_dyn", "att_dyn2", "att_dyn_opt",
+        "lstm", "lstm_dyn", "lstm2", "lstm2_dyn_pc")}
+    data = {"ops": fm.samples_of((1, 3, 16, 16)), "att": fm.samples_of((1, 6, 16)), "lstm": fm.samples_of((5, 1, 8))}
+    fm.ops_net(p["ops"])
+    fm.quantize_qoperator(p["ops"], p["ops_qop"], data["ops"])
+    fm.quantize_qoperator(p["ops"], p["ops_qop_pc"], data["ops"], per_channel=True, activation_type="QInt8",
+                          extra_options={"ActivationSymmetric": True})
+    builders.quantize(p["ops"], p["ops_qdq"], data["ops"], keep_float=False)
+    fm.attention_net(p["att"])
+    fm.quantize_qoperator(p["att"], p["att_qop"], data["att"])
+    fm.quantize_dyn(p["att"], p["att_dyn"])
+    fm.quantize_dyn(p["att"], p["att_dyn2"], per_channel=True, extra_options={"MatMulConstBOnly": False})
+    fm.optimized(p["att_dyn"], p["att_dyn_opt"])
+    fm.lstm_net(p["lstm"])
+    fm.quantize_dyn(p["lstm"], p["lstm_dyn"])
+    fm.lstm_net(p["lstm2"], bidirectional=True)
+    fm.quantize_dyn(p["lstm2"], p["lstm2_dyn_pc"], per_channel=True)
+    return p, data
+
+
+def _data(name):
+    return "ops" if name.startswith("ops") else ("att" if name.startswith("att") else "lstm")
+
+
+def _float(name):
+    return {"ops": "ops", "att": "att", "lstm": "lstm"}[_data(name)] if not name.startswith("lstm2") else "lstm2"
+
+
+def _output_steps(path):
+    """``{graph output: its quantization step}`` from the final DequantizeLinear of each."""
+    model = onnx.load(str(path))
+    inits = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+    outputs = {o.name for o in model.graph.output}
+    return {n.output[0]: float(inits[n.input[1]]) for n in model.graph.node
+            if n.op_type == "DequantizeLinear" and n.output[0] in outputs}
+
+
+def _ops(path):
+    return {n.op_type for n in onnx.load(str(path)).graph.node}
+
+
+# -- what the tool says it found --------------------------------------------------------------
+@pytest.mark.parametrize("name, fmt", [("ops_qop", "QOperator"), ("att_dyn", "dynamic"), ("att_dyn_opt", "dynamic"),
+                                       ("lstm_dyn", "dynamic"), ("ops_qdq", "QDQ")])
+def test_the_format_is_named(built, name, fmt):
+    p, _ = built
+    qm = QuantModel(p[name])
+    assert qm.format == fmt and qm.format_label == fmt
+    kinds = {c.kind for c in qm.calibration.values()}
+    assert kinds == ({"weight", "dynamic"} if fmt == "dynamic" else {"weight", "activation"})
+    assert qm.made_by.name == ("onnxruntime quantize_dynamic" if fmt == "dynamic" else "onnxruntime quantize_static")
+    # no integer op is left: every analysis sees Q/DQ pairs and float ops
+    left = {n.op_type for n in qm.model.graph.node} & {"QLinearConv", "QGemm", "QLinearMatMul", "ConvInteger",
+                                                       "MatMulInteger", "DynamicQuantizeMatMul",
+                                                       "MatMulIntegerToFloat", "DynamicQuantizeLSTM"}
+    assert not left
+
+
+def test_the_qoperator_test_model_covers_the_common_ops(built):
+    p, _ = built
+    assert {"QLinearConv", "QLinearLeakyRelu", "QLinearAveragePool", "QLinearConcat", "QLinearSigmoid", "QLinearMul",
+            "QLinearAdd", "QLinearGlobalAveragePool", "QLinearMatMul", "QGemm", "QLinearSoftmax", "MaxPool", "Pad",
+            "Resize"} <= _ops(p["ops_qop"])
+    assert {"DynamicQuantizeMatMul", "MatMulIntegerToFloat", "FusedMatMul"} <= _ops(p["att_dyn_opt"])
+    assert "DynamicQuantizeLSTM" in _ops(p["lstm_dyn"])
+
+
+def test_list_nodes_names_the_format(built, capsys):
+    p, _ = built
+    assert main(["list-nodes", str(p["att_dyn"])]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[0].startswith(f"{p['att_dyn']}: dynamic model, made by onnxruntime quantize_dynamic")
+    assert "(2 of them dynamic: ranges computed per run)" in out
+    assert "| x_QuantizeLinear " in out and " dynamic " in out
+
+
+def _mixed_model():
+    """A Conv in QDQ form (Q/DQ input, lone-DQ weight) feeding a QLinearConv."""
+    rng = np.random.default_rng(0)
+    w1 = rng.integers(-100, 100, (4, 3, 3, 3)).astype(np.int8)
+    w2 = rng.integers(-100, 100, (2, 4, 1, 1)).astype(np.int8)
+    c = lambda v, n, t=np.float32: numpy_helper.from_array(np.asarray(v, t), n)  # noqa: E731
+    inits = [c(0.02, "xs"), c(128, "xz", np.uint8), c(w1, "w1q", np.int8), c(0.003, "w1s"), c(0, "w1z", np.int8),
+             c(0.05, "ys"), c(128, "yz", np.uint8), c(w2, "w2q", np.int8), c(0.004, "w2s"), c(0, "w2z", np.int8),
+             c(0.03, "zs"), c(128, "zz", np.uint8)]
+    nodes = [helper.make_node("QuantizeLinear", ["x", "xs", "xz"], ["xq"], name="x_QuantizeLinear"),
+             helper.make_node("DequantizeLinear", ["xq", "xs", "xz"], ["xd"], name="x_DequantizeLinear"),
+             helper.make_node("DequantizeLinear", ["w1q", "w1s", "w1z"], ["w1d"], name="w1_DequantizeLinear"),
+             helper.make_node("Conv", ["xd", "w1d"], ["y"], name="conv1"),
+             helper.make_node("QuantizeLinear", ["y", "ys", "yz"], ["y_quantized"], name="y_QuantizeLinear"),
+             helper.make_node("QLinearConv", ["y_quantized", "ys", "yz", "w2q", "w2s", "w2z", "zs", "zz"],
+                              ["z_quantized"], name="conv2_quant"),
+             helper.make_node("DequantizeLinear", ["z_quantized", "zs", "zz"], ["z"], name="z_DequantizeLinear")]
+    graph = helper.make_graph(nodes, "mixed", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
+                              [helper.make_tensor_value_info("z", TensorProto.FLOAT, [1, 2, 6, 6])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+def test_a_mixed_model_is_named_and_runs_as_onnxruntime_runs_it():
+    model = _mixed_model()
+    assert formats_of(model) == ("QDQ", "QOperator")
+    data = fm.samples_of((1, 3, 8, 8), n=3)
+    engine = Engine(model, data)
+    assert (engine.qmodel.format, engine.qmodel.format_label) == ("mixed", "mixed (QDQ + QOperator)")
+    for i, x in enumerate(data["x"]):
+        ref = run_model(model, {"x": x}, level="all")["z"]  # the QLinearConv on its integer kernel
+        assert np.abs(engine.run(i, "all")["z"] - ref).max() <= 0.03 + 1e-6  # one output step at most
+
+
+def test_what_cannot_be_rewritten_is_one_sentence_naming_op_and_format():
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])
+    inits = [numpy_helper.from_array(np.zeros((4, 1, 4), np.uint8), "w"),
+             numpy_helper.from_array(np.ones(4, np.float32), "s")]
+    nbits = helper.make_node("MatMulNBits", ["x", "w", "s"], ["y"], domain="com.microsoft", K=8, N=4, bits=4,
+                             block_size=8, name="mm")
+    model = helper.make_model(helper.make_graph([nbits], "g", [x], [y], inits),
+                              opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
+    with pytest.raises(PTQError) as err:
+        QuantModel(model)
+    msg = str(err.value)
+    assert not isinstance(err.value, NotQuantized) and "\n" not in msg
+    assert msg.startswith("model '<ModelProto>' is in weight-only format and its MatMulNBits node 'mm' is a "
+                          "quantized op;")
+    assert "MatMulNBitsQuantizer(..., quant_format=QuantFormat.QDQ)" in msg
+    model.graph.node[0].op_type = "QLinearLayerNorm"
+    with pytest.raises(PTQError, match="is in QOperator format and its QLinearLayerNorm node 'mm' is a quantized "
+                                       r"op; .*quant_format=QuantFormat\.QDQ"):
+        QuantModel(model)
+
+
+# -- QOperator: the rewrite against the integer kernels and the float model -------------------
+@pytest.mark.parametrize("name", ["ops_qop", "ops_qop_pc", "att_qop"])
+def test_qoperator_fake_quant_matches_the_integer_kernels(built, name):
+    p, data = built
+    samples = data[_data(name)]
+    engine = Engine(p[name], samples)
+    steps = _output_steps(p[name])
+    assert set(steps) == set(engine.model_outputs)
+    for out, step in steps.items():
+        off = []
+        for i, x in enumerate(samples["x"]):
+            ref = run_model(p[name], {"x": x}, level="all")[out]
+            diff = np.abs(engine.run(i, "all")[out].astype(np.float64) - ref) / step
+            assert diff.max() <= 1 + 1e-4, (out, i)  # one output step at most
+            off.append(diff > 0.5)
+        share = float(np.mean(np.concatenate([o.ravel() for o in off])))
+        # on these models only the linear Resize's ties differ, on a quarter of its values
+        assert share <= (0.3 if out == "up2" else 0.01), (out, share)
+
+
+@pytest.mark.parametrize("name", ["ops_qop", "ops_qop_pc", "att_qop"])
+def test_qoperator_bypassed_is_the_float_model(built, name):
+    p, data = built
+    samples = data[_data(name)]
+    engine = Engine(p[name], samples, float_model=p[_float(name)])
+    qm = engine.qmodel
+    assert not qm.alignment.rewrites and not qm.alignment.unmatched_weights
+    assert all(c.bypassable for c in qm.calibration.values())
+    # Relu folded into the conv's output range is found again in the float model
+    for i, x in enumerate(samples["x"]):
+        ref = run_model(p[_float(name)], {"x": x})
+        got = engine.run(i, ())
+        for out, r in ref.items():
+            assert np.abs(got[out] - r).max() <= 1e-5 * max(1.0, float(np.abs(r).max())), out
+
+
+def test_qoperator_single_nodes_match_onnxruntimes_own_qdq_form_rewired(built):
+    """Each node alone quantized in the rewritten QOperator model against the QDQ model that
+    onnxruntime makes from the same float model and data, rewired to keep that node only."""
+    p, data = built
+    samples = data["ops"]
+    engine = Engine(p["ops_qop"], samples, float_model=p["ops"])
+    qdq = builders.qdq_pairs(p["ops_qdq"])
+    qdq_inits = {i.name: numpy_helper.to_array(i) for i in onnx.load(str(p["ops_qdq"])).graph.initializer}
+    qop_inits = {i.name: numpy_helper.to_array(i) for i in onnx.load(str(p["ops_qop"])).graph.initializer}
+    qop_q = {n.name: n for n in onnx.load(str(p["ops_qop"])).graph.node if n.op_type == "QuantizeLinear"}
+
+    def same_scale(name):
+        q, dqs = qdq[name]
+        mine = engine.qmodel.calibration[name]
+        return np.allclose(qdq_inits[(q or dqs[0]).input[1]], mine.scale, rtol=1e-6)
+
+    common = [n for n in engine.calib_names if n in qdq]
+    differ = sorted(n for n in common if not same_scale(n))
+    # the two formats differ there: QDQ gives AveragePool its input's scale, QLinearAveragePool
+    # its own; QLinearSoftmax quantizes to 1/256, QDQ's Softmax to 1/255
+    assert differ == ["a1_QuantizeLinear", "prob_QuantizeLinear"]
+    assert qop_inits[qop_q["x_QuantizeLinear"].input[1]] == qdq_inits[qdq["x_QuantizeLinear"][0].input[1]]
+    common = [n for n in common if n not in differ]
+    assert len(common) >= 15
+    x = samples["x"][0]
+    for name in common:
+        ref = run_model(rewire(p["ops_qdq"], keep=[name], float_model=p["ops"]), {"x": x})
+        got = engine.run(0, [name])
+        for out, r in ref.items():
+            assert np.abs(got[out] - r).max() <= 1e-5 * max(1.0, float(np.abs(r).max())), (name, out)
+
+
+# -- dynamic ---------------------------------------------------------------------------------
+def test_dynamic_fake_quant_is_dynamicquantizelinear():
+    graph = helper.make_graph(
+        [helper.make_node("DynamicQuantizeLinear", ["x"], ["q", "s", "z"]),
+         helper.make_node("DequantizeLinear", ["q", "s", "z"], ["y"])], "dql",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, None)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    rng = np.random.default_rng(3)
+    for x in (rng.standard_normal((4, 50)) * 3, rng.uniform(0.5, 2, (30,)), -rng.uniform(0, 1, (7, 7)),
+              np.zeros((5,))):
+        x = x.astype(np.float32)
+        ref = run_model(model, {"x": x})["y"]
+        np.testing.assert_allclose(dynamic_fake_quant(x), ref, rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", ["att_dyn", "att_dyn2", "att_dyn_opt", "lstm_dyn", "lstm2_dyn_pc"])
+def test_dynamic_bypassed_is_the_float_model_and_quantized_is_the_file(built, name):
+    p, data = built
+    samples = data[_data(name)]
+    engine = Engine(p[name], samples, float_model=p[_float(name)])
+    qm = engine.qmodel
+    assert not qm.alignment.unmatched_weights
+    if not name.startswith("lstm2"):  # the bidirectional LSTM's weights are stored as one matrix (a Reshape)
+        assert not qm.alignment.rewrites
+    dynamic = qm.of_kind("dynamic")
+    assert dynamic and all(np.isnan(c.threshold) and c.bypassable for c in dynamic)
+    ref_q, got_q = [], []
+    for i, x in enumerate(samples["x"]):
+        feeds = {"x": x}
+        for out, r in run_model(p[_float(name)], feeds).items():
+            np.testing.assert_allclose(engine.run(i, ())[out], r, rtol=0, atol=1e-6)
+        for out, r in run_model(p[name], feeds, level="all").items():
+            got = engine.run(i, "all")[out]
+            ref_q.append(r)
+            got_q.append(got)
+            if not name.startswith("lstm"):
+                # integer sums are exact, the rest is float rounding
+                assert np.abs(got - r).max() <= 1e-5 * max(1.0, float(np.abs(r).max())), out
+    # DynamicQuantizeLSTM also quantizes its hidden state at every step, which no Q/DQ
+    # expresses: the simulation covers its input and weights
+    assert pooled_cosine(ref_q, got_q) >= (0.99999 if name.startswith("lstm") else 0.9999999)
+    if name.startswith("lstm"):
+        assert any("hidden state" in w for w in engine.warnings)
+
+
+@pytest.mark.parametrize("nodes, config", [
+    (["proj_q", "proj_k", "proj_v"], ["x_QuantizeLinear", "wq_DequantizeLinear", "wk_DequantizeLinear",
+                                      "wv_DequantizeLinear"]),
+    (["proj_o"], ["ctx_QuantizeLinear", "wo_DequantizeLinear"]),
+    (["scores"], ["q_QuantizeLinear", "kt_QuantizeLinear"]),
+])
+def test_dynamic_configs_match_onnxruntime_quantizing_those_nodes(built, tmp_path, nodes, config):
+    """A config of the engine against quantize_dynamic(nodes_to_quantize=...) run as is."""
+    p, data = built
+    engine = Engine(p["att_dyn2"], data["att"], float_model=p["att"])
+    from onnxruntime.quantization import quantize_dynamic
+
+    quantize_dynamic(str(p["att"]), str(tmp_path / "part.onnx"), per_channel=True, nodes_to_quantize=nodes,
+                     extra_options={"MatMulConstBOnly": False})
+    for i, x in enumerate(data["att"]["x"]):
+        ref = run_model(tmp_path / "part.onnx", {"x": x}, level="all")["y"]
+        got = engine.run(i, config)["y"]
+        assert np.abs(got - ref).max() <= 1e-5 * float(np.abs(ref).max())
+
+
+def test_qattention_becomes_attention_on_dequantized_inputs(tmp_path):
+    rng = np.random.default_rng(0)
+    h = 16
+    inits = [numpy_helper.from_array((rng.standard_normal((h, 3 * h)) * 0.3).astype(np.float32), "w"),
+             numpy_helper.from_array((rng.standard_normal(3 * h) * 0.1).astype(np.float32), "b")]
+    node = helper.make_node("Attention", ["x", "w", "b"], ["y"], domain="com.microsoft", num_heads=2, name="attn")
+    graph = helper.make_graph([node], "a", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 6, h])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 6, h])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
+    model.ir_version = 8
+    onnx.save(model, str(tmp_path / "a.onnx"))
+    fm.quantize_dyn(tmp_path / "a.onnx", tmp_path / "a_dyn.onnx")
+    assert "QAttention" in _ops(tmp_path / "a_dyn.onnx")
+    data = fm.samples_of((1, 6, h), n=3)
+    engine = Engine(tmp_path / "a_dyn.onnx", data, float_model=tmp_path / "a.onnx")
+    assert [c.kind for c in engine.qmodel.calibration.values()] == ["dynamic", "weight"]
+    for i, x in enumerate(data["x"]):
+        np.testing.assert_allclose(engine.run(i, ())["y"], run_model(tmp_path / "a.onnx", {"x": x})["y"], atol=1e-6)
+        ref = run_model(tmp_path / "a_dyn.onnx", {"x": x}, level="all")["y"]
+        assert np.abs(engine.run(i, "all")["y"] - ref).max() <= 1e-5 * float(np.abs(ref).max())
+
+
+# -- the analyses on these formats --------------------------------------------------------------
+@pytest.mark.parametrize("name", ["ops_qop", "att_dyn2", "lstm_dyn"])
+def test_rankings_are_finite(built, name):
+    p, data = built
+    engine = Engine(p[name], data[_data(name)], float_model=p[_float(name)])
+    for kind in ("weight", "activation"):
+        sens = get_sensitivity_of_nodes(engine, ["cosine-similarity"], node_type=kind, progress=False)
+        values = [v["cosine-similarity"] for v in sens.values()]
+        assert values and all(np.isfinite(values)), kind
+    if name == "att_dyn2":
+        assert {sens.details[n]["kind"] for n in sens} == {"dynamic"}
+
+
+def test_runall_on_a_dynamic_model(built, tmp_path):
+    import pytest_ptq.debug as dbg
+
+    p, data = built
+    summary = dbg.runall(p["att_dyn2"], data["att"], save_dir=tmp_path / "out", float_model=p["att"], top=2,
+                         progress=False)
+    assert summary["format"] == "dynamic" and summary["made_by"].startswith("onnxruntime quantize_dynamic")
+    md = (tmp_path / "out" / "summary.md").read_text()
+    assert f"(dynamic format, made by {summary['made_by']})" in md
+    dynamic = [d for d in summary["distributions"].values() if d["kind"] == "dynamic"]
+    assert dynamic and all(d["clipped_count"] == 0 and d["range_lo"] <= 0 <= d["range_hi"] for d in dynamic)
+    items = [it for it in summary["verdict"]["nodes"] if it["kind"] == "activation"]
+    assert items and all(it["try"] == ["keep in float"] for it in items)  # quantize_dynamic has no int16
+
+
+def test_a_dynamic_remedy_is_in_quantize_dynamic_terms_and_re_quantized(built, tmp_path):
+    import pytest_ptq.debug as dbg
+
+    p, data = built
+    engine = Engine(p["att_dyn2"], data["att"], float_model=p["att"])
+    r = dbg.suggest_remedy(engine, target=0.99996, float_model=p["att"], save_dir=tmp_path)
+    assert r.settings["quantizer"] == "quantize_dynamic" and r.settings["nodes_to_exclude"]
+    assert r.python_snippet().startswith("quantize_dynamic(..., nodes_to_exclude=")
+    assert set(r.settings["nodes_to_exclude"]) <= {n.name for n in onnx.load(str(p["att"])).graph.node}
+    assert r.measured["options"]["quantizer"] == "quantize_dynamic"
+    # the re-quantized model is the simulated remedy, to rounding
+    assert abs(r.measured["value"] - r.figures["calibration"]["after"]) < 1e-4
+
+
+def test_the_report_header_names_the_format(built, tmp_path):
+    from types import SimpleNamespace
+
+    from pytest_ptq import report
+    from pytest_ptq.analysis import Analysis, AnalysisKey
+
+    p, data = built
+    builders.save_folder(data["att"], tmp_path / "calib")
+    analysis = Analysis(AnalysisKey(str(p["att_dyn"]), str(tmp_path / "calib"), str(p["att"])), root=tmp_path)
+    settings = SimpleNamespace(node_type="activation", metric="cosine-similarity", top=3)
+    payload = report.model_payload(analysis, [], settings)
+    assert payload["format"] == "dynamic" and payload["made_by"].startswith("onnxruntime quantize_dynamic")
+    page = report.render([payload])
+    assert f"<p>dynamic format, made by {payload['made_by']}; data " in page
+
+
+@pytest.mark.parametrize("name", ["ops_qop", "lstm_dyn"])
+def test_the_integer_stage_runs_the_file_as_given(built, name):
+    import pytest_ptq.debug as dbg
+
+    p, data = built
+    samples = data[_data(name)]
+    report = dbg.localize_stages(p[_float(name)], p[name], samples)
+    outs = [o.name for o in onnx.load(str(p[name])).graph.output]
+    floats = [run_model(p[_float(name)], {"x": x}) for x in samples["x"]]
+    files = [run_model(p[name], {"x": x}, level="all") for x in samples["x"]]
+    expected = min(pooled_cosine([f[o] for f in floats], [q[o] for q in files]) for o in outs)
+    assert report.value("integer") == pytest.approx(expected, abs=1e-9)
+    # the simulation is the QDQ form: within a step of the kernels, or the LSTM's hidden state
+    assert 0.9999 <= report.kernel_gap["values"]["cosine-similarity"] < 1 - 1e-9
