@@ -65,6 +65,17 @@ def data_num(value, what="data_num"):
     return positive_int(value, what)
 
 
+def rank_samples(value, what="rank_samples"):
+    """How many samples a ranking scores every node on: None (chosen by the time budget),
+    "all", or a whole number >= 1. Returns None, "all" or an int."""
+    if value is None or (isinstance(value, str) and value.strip().lower() == "all"):
+        return None if value is None else "all"
+    try:
+        return positive_int(value, what)
+    except PTQError:
+        raise _fail(what, f"must be a whole number >= 1 or 'all', got {_text(value)}") from None
+
+
 def number(value, what):
     """A finite real number (``0.99``, ``"0.99"``); bools and NaN are refused."""
     raw = _text(value)

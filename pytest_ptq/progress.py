@@ -42,6 +42,7 @@ class Progress:
             self.stream.flush()
         elif elapsed > 2 and (pct // 10 != self._last_pct // 10 or self.done == self.total):
             # logs get a line per 10%, and short runs none at all
-            self.stream.write(f"{self.desc}: {self.done}/{self.total} ({pct}%) {elapsed:.1f}s\n")
+            left = f", ~{eta:.0f}s left" if self.done < self.total else ""
+            self.stream.write(f"{self.desc}: {self.done}/{self.total} ({pct}%) {elapsed:.1f}s elapsed{left}\n")
             self.stream.flush()
         self._last_pct = pct

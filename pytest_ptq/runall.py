@@ -49,7 +49,8 @@ from .metrics import get_metrics
 from .outputs import parse_outputs
 from .results import json_safe
 from .engine import engine_for
-from .sensitivity import get_sensitivity_of_nodes, sample_indices
+from .screening import DEFAULT_BUDGET_S, screen
+from .sensitivity import sample_indices
 from .verdict import ALL, badness, three_configs
 
 SEVERE = 0.1  # badness (1 - cosine) of a single node beyond which it should stay in float
@@ -74,12 +75,18 @@ def _node_types(node_type):
 
 def runall(model_or_file, calibrated_data=None, save_dir="ptq_debug_runall", metrics=("cosine-similarity",),
            output_node=None, node_type=None, data_num=None, top=5, axis=None, float_model=None,
-           progress=True, average_mode=False, heldout=None):
+           progress=True, average_mode=False, heldout=None, rank_samples=None, time_budget=DEFAULT_BUDGET_S):
     """Run every analysis and write a tidy folder under ``save_dir``.
 
     ``node_type``: None ranks weight and activation nodes (the seed's runall); 'node' (or a
     list) ranks normal nodes too. ``top``: how many of each ranking get distributions and
     box plots. The first of ``metrics`` sorts the rankings and draws the curves.
+
+    Samples: ``data_num`` limits every step to the first N samples. The rankings score every
+    node on ``rank_samples`` of them (an int, or "all"); by default (with neither given) on as
+    many as ``time_budget`` seconds allow, at least two, and then confirm the top 10 of each
+    ranking on every sample (see :mod:`~pytest_ptq.screening`); distributions and curves use
+    the ranking's samples, the weights/activations verdict every sample.
 
     Writes ``summary.md`` (the verdict), ``summary.json`` (everything below),
     ``sensitivity_<type>.json`` (reloadable with ``Sensitivity.load``), ``acc_error.png``,
@@ -88,19 +95,23 @@ def runall(model_or_file, calibrated_data=None, save_dir="ptq_debug_runall", met
     """
     top = params.positive_int(top, "top")
     axis = params.axis(axis)
+    rank_samples = params.rank_samples(rank_samples)
+    time_budget = params.seconds(time_budget, "time_budget")
+    if rank_samples is None and data_num is not None:
+        rank_samples = "all"  # asked for N samples: rank on all N
     start = time.perf_counter()
     engine = engine_for(model_or_file, calibrated_data, float_model=float_model)
     also = guard.Inputs().add(heldout if isinstance(heldout, (str, Path)) else None, "held-out data")
     with engine.writes(save_dir, also=also) as out:
         return _runall(engine, out, metrics, output_node, node_type, data_num, top, axis, progress,
-                       average_mode, start, heldout)
+                       average_mode, start, heldout, rank_samples, time_budget)
 
 
 def _runall(engine, out, metrics, output_node, node_type, data_num, top, axis, progress, average_mode, start,
-            heldout):
+            heldout, rank_samples, time_budget):
     metric_objs = get_metrics(metrics)
     metric = metric_objs[0].name
-    indices = sample_indices(engine, data_num)
+    every_index = sample_indices(engine, data_num)
     specs = parse_outputs(output_node, engine.qmodel)
     types = _node_types(node_type)
     qm = engine.qmodel
@@ -108,14 +119,20 @@ def _runall(engine, out, metrics, output_node, node_type, data_num, top, axis, p
     for name in ("summary.md", "summary.json", "acc_error.png", *(f"sensitivity_{t}.json" for t in types)):
         guard.claim(out / name)
     guard.makedirs(out)
-    timings, files, steps = {}, {"sensitivity": {}}, len(types) + 3
+    timings, files, steps = {}, {"sensitivity": {}}, 4
 
-    sens = {}
-    for k, t in enumerate(types):
-        with _step(timings, f"sensitivity_{t}", f"[{k + 1}/{steps}] sensitivity of {t} nodes", progress):
-            sens[t] = get_sensitivity_of_nodes(engine, [m.name for m in metric_objs], output_node=output_node,
-                                               node_type=t, data_num=data_num, progress=progress)
+    budget = "" if rank_samples is not None else f", as many samples as {time_budget:.0f} s allow"
+    with _step(timings, "sensitivity", f"[1/{steps}] sensitivity of {' and '.join(types)} nodes{budget}", progress):
+        sens, screening = screen(engine, types, metric_objs, specs, every_index, budget_s=time_budget,
+                                 rank_samples=None if rank_samples is None else
+                                 (len(every_index) if rank_samples == "all" else rank_samples),
+                                 progress=progress)
+        for t in types:
             files["sensitivity"][t] = str(sens[t].save(out / f"sensitivity_{t}.json"))
+    indices = every_index[:screening.samples]
+    data_num = len(indices)  # distributions and curves: the ranking's samples
+    if progress:
+        print(f"runall: {screening.text()}", file=sys.stderr, flush=True)
 
     top_nodes = {t: list(sens[t])[:top] for t in types}
     dist_nodes, box_nodes = [], []
@@ -129,7 +146,7 @@ def _runall(engine, out, metrics, output_node, node_type, data_num, top, axis, p
                     dist_nodes.append(c)
                     box_nodes.append(c)
     dist_nodes, box_nodes = list(dict.fromkeys(dist_nodes)), list(dict.fromkeys(box_nodes))
-    with _step(timings, "distributions", f"[{len(types) + 1}/{steps}] distributions and box plots of "
+    with _step(timings, "distributions", f"[2/{steps}] distributions and box plots of "
                f"{len(box_nodes)} calibration nodes", progress):
         dist, boxes = collect(engine, dist_nodes, box_nodes, axis=axis, data_num=data_num,
                               progress=progress, skip_unboxable=True)
@@ -138,7 +155,7 @@ def _runall(engine, out, metrics, output_node, node_type, data_num, top, axis, p
         files["channelwise"] = [d.setdefault("png", draw_channelwise(d, out / "channelwise"))
                                 for d in boxes.values() if "skipped" not in d]
 
-    with _step(timings, "curves", f"[{len(types) + 2}/{steps}] weight-only, activation-only and full error curves",
+    with _step(timings, "curves", f"[3/{steps}] weight-only, activation-only and full error curves",
                progress):
         configs = configs_from(engine, list(KINDS))
         # full quantization beside the seed's two curves: where a node's local error is set
@@ -150,7 +167,7 @@ def _runall(engine, out, metrics, output_node, node_type, data_num, top, axis, p
         files["acc_error"] = curves.png
 
     every = len(engine.data)
-    with _step(timings, "outputs", f"[{len(types) + 3}/{steps}] weights only, activations only and everything "
+    with _step(timings, "outputs", f"[4/{steps}] weights only, activations only and everything "
                f"quantized on all {every} sample(s)" + (" and the held-out data" if heldout is not None else ""),
                progress):
         three = three_configs(engine, specs, metric, heldout, ranking_samples=len(indices))
@@ -160,7 +177,8 @@ def _runall(engine, out, metrics, output_node, node_type, data_num, top, axis, p
     timings["total"] = round(time.perf_counter() - start, 3)
     summary = {
         "tool": "pytest-ptq", "version": __version__, "model": qm.source, "format": qm.format_label,
-        "made_by": qm.made_by.label, "data": getattr(engine.data, "where", None), "samples": len(indices), "metrics": [m.name for m in metric_objs],
+        "made_by": qm.made_by.label, "data": getattr(engine.data, "where", None), "samples": len(indices),
+        "ranking": screening.to_dict(), "metrics": [m.name for m in metric_objs],
         "outputs_compared": [s.name for s in specs], "node_types": types, "top": top,
         "top_nodes": top_nodes, "outputs": outputs, "verdict": verdict,
         "sensitivity": {t: s.to_dict() for t, s in sens.items()},
@@ -341,6 +359,15 @@ def _v(x):
     return str(x)
 
 
+def _ranking_text(summary):
+    ranking = summary.get("ranking") or {}
+    text = ranking.get("text") or f"rankings on {summary['samples']} sample(s)"
+    unstable = [t for t, c in ranking.get("confidence", {}).items() if c.get("stable") is False]
+    if unstable:
+        text += f" (the top of the {' and '.join(unstable)} ranking is not stable over the samples)"
+    return text
+
+
 def markdown(summary):
     """The human summary of a runall result: verdict, top nodes, next steps, files."""
     v = summary["verdict"]
@@ -348,7 +375,7 @@ def markdown(summary):
     sets = list(v["values"])
     lines = [f"# PTQ debug summary: {Path(summary['model']).name}", "",
              f"Model `{summary['model']}` ({summary.get('format', 'QDQ')} format, made by "
-             f"{summary.get('made_by', 'an unknown producer')}); rankings on {summary['samples']} sample(s), metric {m} on "
+             f"{summary.get('made_by', 'an unknown producer')}); {_ranking_text(summary)}, metric {m} on "
              f"{', '.join(summary['outputs_compared'])}.", "", "## Verdict", "",
              f"**{v['text'][0].upper() + v['text'][1:]}.**", "",
              "| config | " + " | ".join(f"{m}, {k} ({v['samples'][k]} samples)" for k in sets) + " |",

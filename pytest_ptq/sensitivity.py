@@ -70,12 +70,16 @@ class Sensitivity(dict):
 
     ``details[node]`` holds ``per_output`` ({output: {metric: value}}), ``per_sample``
     ({metric: [value per sample]}) and descriptive fields (kind, threshold, bit, feeds).
+    ``samples``: the samples every node was scored on; ``confirmed``: the top nodes re-scored
+    on all ``confirmed_samples`` samples (see :mod:`~pytest_ptq.screening`), first, in that order.
     """
 
-    def __init__(self, node_type="node", metrics=(), outputs=(), samples=0, model="", details=None):
+    def __init__(self, node_type="node", metrics=(), outputs=(), samples=0, model="", details=None,
+                 confirmed=(), confirmed_samples=0):
         super().__init__()
         self.node_type, self.metrics, self.outputs = node_type, list(metrics), list(outputs)
         self.samples, self.model, self.details = samples, model, dict(details or {})
+        self.confirmed, self.confirmed_samples = list(confirmed), confirmed_samples
 
     @property
     def ranking(self):
@@ -101,13 +105,18 @@ class Sensitivity(dict):
             cols += ["feeds"]
         else:
             cols += ["op_type"]
-        return format_table(self.rows(), cols, limit)
+        table = format_table(self.rows(), cols, limit)
+        if self.confirmed:
+            table += (f"\n(the top {len(self.confirmed)} on all {self.confirmed_samples} samples; the rest ranked on "
+                      f"{self.samples})")
+        return table
 
     def to_dict(self):
         return {"tool": "pytest-ptq", "version": __version__, "model": self.model,
                 "node_type": self.node_type, "metrics": list(self.metrics), "outputs": list(self.outputs),
                 "samples": self.samples, "ranking": list(self),
-                "values": {k: dict(v) for k, v in self.items()}, "details": self.details}
+                "values": {k: dict(v) for k, v in self.items()}, "details": self.details,
+                **({"confirmed": self.confirmed, "confirmed_samples": self.confirmed_samples} if self.confirmed else {})}
 
     def save(self, path):
         """Write the result as JSON (sorted keys, ranking order kept in ``ranking``)."""
@@ -117,7 +126,8 @@ class Sensitivity(dict):
     def from_dict(cls, d):
         s = cls(node_type=d["node_type"], metrics=d["metrics"], outputs=d.get("outputs", []),
                 samples=d.get("samples", 0), model=d.get("model", ""),
-                details={k: json_restore(v) for k, v in d.get("details", {}).items()})
+                details={k: json_restore(v) for k, v in d.get("details", {}).items()},
+                confirmed=d.get("confirmed", ()), confirmed_samples=d.get("confirmed_samples", 0))
         for name in d["ranking"]:
             dict.__setitem__(s, name, json_restore(d["values"][name]))
         return s
@@ -175,7 +185,7 @@ def get_sensitivity_of_nodes(model_or_file, metrics=("cosine-similarity",), cali
     targets = targets_for(engine, node_type, interested_nodes)
     qm = engine.qmodel
     result = rank_configs(engine, targets, metric_objs, specs, indices, node_type,
-                          lambda name: _describe(qm, name, node_type, targets[name]),
+                          lambda name: describe(qm, name, node_type, targets[name]),
                           f"sensitivity ({node_type})", verbose if progress is None else progress)
     if verbose:
         print(result.table())
@@ -188,8 +198,27 @@ def rank_configs(engine, configs, metric_objs, specs, indices, node_type, descri
     parsed outputs; ``describe(label)`` gives each entry's descriptive details."""
     with Progress(len(indices) * len(configs), desc, enabled=bool(progress)) as bar:
         scores = score_configs(engine, configs, metric_objs, specs, indices, bar)
+    return ranked(engine, scores, metric_objs, specs, len(indices), node_type, describe)
+
+
+def merge_scores(into, more, metric_objs):
+    """Add the scores ``more`` of further samples to ``into`` (both from :func:`score_configs`,
+    same labels and outputs), in place: pooled states merge, per-sample values extend."""
+    for label, (pooled, per_sample) in more.items():
+        into_pooled, into_per_sample = into[label]
+        for key, state in pooled.items():
+            metric = next(m for m in metric_objs if m.name == key[1])
+            metric.merge(into_pooled[key], state)
+        for name, values in per_sample.items():
+            into_per_sample[name].extend(values)
+    return into
+
+
+def ranked(engine, scores, metric_objs, specs, samples, node_type, describe):
+    """The :class:`Sensitivity` of ``scores`` (from :func:`score_configs` on ``samples``
+    samples), worst first by the first of ``metric_objs``."""
     result = read_from(Sensitivity(node_type=node_type, metrics=[m.name for m in metric_objs],
-                                   outputs=[s.name for s in specs], samples=len(indices),
+                                   outputs=[s.name for s in specs], samples=samples,
                                    model=engine.qmodel.source), engine.inputs())
     entries = {}
     for name, (pooled, per_sample) in scores.items():
@@ -202,7 +231,9 @@ def rank_configs(engine, configs, metric_objs, specs, indices, node_type, descri
     return result
 
 
-def _describe(qm, name, node_type, quantized):
+def describe(qm, name, node_type, quantized):
+    """The descriptive details of a ranked entry: op type and calibration nodes of a normal
+    node; kind, threshold, bit, fed nodes and granularity of a calibration node."""
     if node_type == "node":
         n = qm.normal[name]
         return {"kind": "node", "op_type": n.op_type, "calibration_nodes": list(quantized)}

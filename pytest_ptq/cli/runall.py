@@ -4,14 +4,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from .. import params
 from ..runall import runall
+from ..screening import DEFAULT_BUDGET_S
 from . import args as a
 
 
 def run(args):
     summary = runall(a.engine(args), save_dir=args.save_dir, metrics=args.metrics, output_node=args.output_node,
                      node_type=args.node_type, top=args.top, axis=args.axis, data_num=args.data_num,
-                     heldout=args.heldout, progress=not args.quiet)
+                     heldout=args.heldout, progress=not args.quiet, rank_samples=args.rank_samples,
+                     time_budget=args.time_budget)
     print(Path(summary["files"]["summary_md"]).read_text())
     print(f"wrote {args.save_dir}")
 
@@ -25,6 +28,13 @@ def configure(p):
                    metavar="TYPE", help="rankings to compute: node, weight, activation. Default: weight activation")
     a.add_output_node(p)
     p.add_argument("--axis", type=int, default=None, help="channel axis for the box plots. Default: inferred per node")
+    p.add_argument("--rank-samples", type=a.argtype(params.rank_samples, "samples"), default=None,
+                   metavar="N|all", help="samples the rankings score every node on. Default: as many as "
+                   "--time-budget allows (at least 2), then the top 10 of each confirmed on every sample; "
+                   "all the --data-num samples when --data-num is given")
+    p.add_argument("--time-budget", type=a.seconds, default=DEFAULT_BUDGET_S,
+                   metavar="SECONDS", help=f"time the rankings may take when --rank-samples is not given. "
+                   f"Default: {DEFAULT_BUDGET_S:.0f}")
     p.add_argument("--heldout", default=None, metavar="DIR",
                    help="held-out data: the weights/activations verdict is decided on it. Default: the calibration data")
 

@@ -1,0 +1,138 @@
+"""Rankings on many samples in bounded time: rank on the samples a time budget allows,
+then confirm the top of each ranking on every sample.
+
+Ranking every node costs one run per node per sample, so on 32 samples it costs 32 times
+one sample. The order of the top nodes is what a user acts on, and it is settled on a few
+samples far more often than the tail's. So :func:`screen` scores every node on the first
+sample, measures what that took, scores as many further samples as fit in the budget
+(never fewer than ``min_samples``), and then scores the top ``confirm`` nodes of each
+ranking on the remaining samples. The confirmed nodes' values are exact over every sample
+(pooled as any ranking pools them) and they are re-ordered by them; the rest keep their
+values on the screening samples. The bootstrap of the confirmed nodes' per-sample values
+(:func:`~pytest_ptq.confidence.ranking_confidence`) says whether their top order holds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+
+from .confidence import ranking_confidence
+from .progress import Progress
+from .results import inputs_of, read_from
+from .sensitivity import Sensitivity, describe, merge_scores, ranked, score_configs, targets_for
+
+DEFAULT_BUDGET_S = 60.0
+DEFAULT_CONFIRM = 10
+
+
+@dataclasses.dataclass
+class Screening:
+    """How the rankings were computed: on ``samples`` of ``of`` samples (chosen for
+    ``budget_s`` seconds, or all of them when ``budget_s`` is None), the top ``confirmed``
+    of each re-scored on all ``of``; ``confidence[type]`` is the bootstrap of the confirmed
+    nodes (a :class:`~pytest_ptq.confidence.Confidence`), ``reordered[type]`` whether
+    confirming changed their order, ``seconds`` what ranking and confirming took."""
+
+    samples: int
+    of: int
+    budget_s: float | None
+    confirmed: int
+    seconds: float
+    confidence: dict
+    reordered: dict
+
+    def to_dict(self):
+        return {"text": self.text(), "samples": self.samples, "of": self.of, "budget_s": self.budget_s, "confirmed": self.confirmed,
+                "seconds": round(self.seconds, 3), "reordered": dict(self.reordered),
+                "confidence": {t: {"stable": c.stable, "top_k": c.top_k, "top_k_set_frequency": c.top_k_set_frequency,
+                                   "message": c.message} for t, c in self.confidence.items()}}
+
+    def text(self):
+        """One sentence: how many samples ranked, how many confirmed the top."""
+        if self.samples >= self.of:
+            return f"rankings on all {self.of} sample(s)"
+        budget = f" (what a {self.budget_s:.0f} s budget allows)" if self.budget_s is not None else ""
+        return (f"rankings on {self.samples} of {self.of} samples{budget}, the top {self.confirmed} of each "
+                f"confirmed on all {self.of}")
+
+
+def samples_within(budget_s, first_s, total, min_samples, confirm_share):
+    """How many samples every node can be scored on within ``budget_s`` seconds, when one
+    sample took ``first_s`` and the remaining samples still have to score a ``confirm_share``
+    of the nodes: between ``min_samples`` and ``total``."""
+    if total <= min_samples or first_s <= 0:
+        return total
+    # k samples of everything and (total - k) of the confirmed share fit in the budget
+    k = (budget_s / first_s - total * confirm_share) / max(1e-9, 1 - confirm_share)
+    return max(min_samples, min(total, math.floor(k)))
+
+
+def screen(engine, node_types, metric_objs, specs, indices, budget_s=DEFAULT_BUDGET_S, rank_samples=None,
+           min_samples=2, confirm=DEFAULT_CONFIRM, progress=False):
+    """``({node type: Sensitivity}, Screening)`` on the samples ``indices``.
+
+    ``rank_samples``: how many samples every node is scored on (an int, or None to choose by
+    ``budget_s`` seconds, never fewer than ``min_samples``); the top ``confirm`` nodes of each
+    ranking are then scored on all of ``indices``. Rankings are worst first; the confirmed
+    nodes come first, in their order over every sample, each with ``details["samples"]``.
+    """
+    qm = engine.qmodel
+    start = time.perf_counter()
+    configs, describers = {}, {}
+    for t in node_types:
+        for name, quantized in targets_for(engine, t).items():
+            configs[(t, name)] = quantized
+            describers[(t, name)] = describe(qm, name, t, quantized)
+    total = len(indices)
+    desc = f"sensitivity ({', '.join(node_types)})"
+    planned = total if rank_samples is None else min(total, rank_samples)
+    with Progress(planned * len(configs), desc, enabled=bool(progress)) as bar:
+        scores = score_configs(engine, configs, metric_objs, specs, indices[:1], bar)
+        first_s = time.perf_counter() - start
+        share = min(1.0, confirm * len(node_types) / max(1, len(configs)))
+        k = (min(total, rank_samples) if rank_samples is not None
+             else samples_within(budget_s, first_s, total, min_samples, share))
+        k = max(1, k)
+        top = {}
+        confirm_configs = {}
+        if k < total:
+            # the bar now counts what is left for sure: the screening samples, then the confirmation
+            bar.total = k * len(configs) + (total - k) * min(len(configs), confirm * len(node_types))
+        merge_scores(scores, score_configs(engine, configs, metric_objs, specs, indices[1:k], bar), metric_objs)
+        by_type = {t: {name: scores[(t, name)] for (tt, name) in configs if tt == t} for t in node_types}
+        sens = {t: ranked(engine, by_type[t], metric_objs, specs, k, t,
+                          lambda name, t=t: describers[(t, name)]) for t in node_types}
+        if k < total:
+            for t in node_types:
+                top[t] = list(sens[t])[:confirm]
+                confirm_configs.update({(t, name): configs[(t, name)] for name in top[t]})
+            more = score_configs(engine, confirm_configs, metric_objs, specs, indices[k:], bar)
+    confidence, reordered = {}, {}
+    if k < total:
+        for t in node_types:
+            exact = merge_scores({name: scores[(t, name)] for name in top[t]},
+                                 {name: more[(t, name)] for name in top[t]}, metric_objs)
+            confirmed = ranked(engine, exact, metric_objs, specs, total, t, lambda name, t=t: describers[(t, name)])
+            reordered[t] = list(confirmed) != top[t]
+            if len(confirmed) > 1:
+                confidence[t] = ranking_confidence(confirmed, k=min(5, len(confirmed)), annotate=False)
+            sens[t] = _with_confirmed(sens[t], confirmed, k)
+    return sens, Screening(samples=k, of=total, budget_s=budget_s if rank_samples is None else None,
+                           confirmed=confirm if k < total else 0, seconds=time.perf_counter() - start,
+                           confidence=confidence, reordered=reordered)
+
+
+def _with_confirmed(screened, confirmed, samples):
+    """``screened`` with the ``confirmed`` nodes first, in their order and with their values
+    over every sample; each entry's ``details["samples"]`` says which it has."""
+    out = read_from(Sensitivity(node_type=screened.node_type, metrics=screened.metrics, outputs=screened.outputs,
+                                samples=samples, model=screened.model, confirmed=list(confirmed),
+                                confirmed_samples=confirmed.samples), inputs_of(screened))
+    for source, n in ((confirmed, confirmed.samples), (screened, samples)):
+        for name, values in source.items():
+            if name not in out:
+                dict.__setitem__(out, name, values)
+                out.details[name] = {**source.details[name], "samples": n}
+    return out

@@ -1,0 +1,122 @@
+"""Screening (pytest_ptq.screening): every node ranked on a few samples, the top confirmed on
+all of them; the values against brute-force rewired models in plain onnxruntime sessions."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import pytest
+
+import builders
+from pytest_ptq.engine import Engine
+from pytest_ptq.metrics import get_metrics
+from pytest_ptq.outputs import parse_outputs
+from pytest_ptq.runall import runall
+from pytest_ptq.screening import samples_within, screen
+from pytest_ptq.sensitivity import Sensitivity
+from test_plugin import independent_sensitivity
+
+SAMPLES = 6
+
+
+@pytest.fixture(scope="module")
+def net(tmp_path_factory):
+    root = tmp_path_factory.mktemp("screening")
+    data = builders.samples(SAMPLES, seed=5)
+    folder = builders.save_folder(data, root / "calib")
+    # calibrated on samples ten times too small, so that activation pairs differ clearly
+    narrow = {k: [a * 0.1 for a in v] for k, v in data.items()}
+    model = builders.quantize(builders.conv_net(root / "float.onnx", outlier_channel=3), root / "q.onnx", narrow)
+    feeds = [{k: v[i] for k, v in data.items()} for i in range(SAMPLES)]
+    return {"model": model, "folder": folder, "feeds": feeds, "root": root}
+
+
+def _screen(net, **kw):
+    engine = Engine(net["model"], net["folder"])
+    metrics = get_metrics(["cosine-similarity"])
+    specs = parse_outputs(None, engine.qmodel)
+    return screen(engine, ["activation"], metrics, specs, list(range(SAMPLES)), **kw)
+
+
+def test_confirmed_nodes_carry_their_all_sample_values_and_the_rest_their_screening_ones(net):
+    sens, how = _screen(net, rank_samples=2, confirm=2)
+    s = sens["activation"]
+    names = list(s)
+    assert how.samples == 2 and how.of == SAMPLES and how.confirmed == 2 and len(names) > 2
+    every = independent_sensitivity(net["model"], net["feeds"], names)
+    first_two = independent_sensitivity(net["model"], net["feeds"][:2], names)
+    assert s.confirmed == names[:2]
+    for name in names[:2]:
+        assert s[name]["cosine-similarity"] == pytest.approx(every[name], abs=1e-5), name
+        assert s.details[name]["samples"] == SAMPLES
+        assert len(s.details[name]["per_sample"]["cosine-similarity"]) == SAMPLES
+    for name in names[2:]:
+        assert s[name]["cosine-similarity"] == pytest.approx(first_two[name], abs=1e-5), name
+        assert s.details[name]["samples"] == 2
+    # the confirmed are in their all-sample order; they were the top two on the screening samples
+    assert every[names[0]] <= every[names[1]] + 1e-9
+    assert set(names[:2]) == set(sorted(first_two, key=first_two.get)[:2])
+    assert "the top 2 on all 6 samples; the rest ranked on 2" in s.table()
+    again = Sensitivity.from_dict(json.loads(json.dumps(s.to_dict(), default=float)))
+    assert again.confirmed == s.confirmed and again.confirmed_samples == SAMPLES
+
+
+def test_ranking_on_every_sample_confirms_nothing(net):
+    sens, how = _screen(net, rank_samples=SAMPLES)
+    every = independent_sensitivity(net["model"], net["feeds"], list(sens["activation"]))
+    assert how.samples == SAMPLES and how.confirmed == 0 and not sens["activation"].confirmed
+    for name, value in every.items():
+        assert sens["activation"][name]["cosine-similarity"] == pytest.approx(value, abs=1e-5)
+    assert how.text() == f"rankings on all {SAMPLES} sample(s)"
+
+
+def test_a_tiny_budget_ranks_on_the_minimum_and_says_so(net):
+    sens, how = _screen(net, budget_s=1e-9, min_samples=3, confirm=1)
+    assert how.samples == 3 and how.budget_s == 1e-9 and how.confirmed == 1
+    assert how.text().startswith(f"rankings on 3 of {SAMPLES} samples (what a 0 s budget allows)")
+    assert set(how.confidence) == set() or all(c.samples == SAMPLES for c in how.confidence.values())
+
+
+@pytest.mark.parametrize("budget, first, total, share, expected", [
+    (60, 10, 32, 0.05, 4),     # (6 - 1.6) / 0.95 = 4.6 samples of everything
+    (60, 100, 32, 0.05, 2),    # one sample already beyond the budget: the minimum
+    (60, 0.5, 32, 0.05, 32),   # everything fits
+    (60, 10, 2, 0.05, 2),      # no more samples than the minimum: all of them
+])
+def test_samples_within_the_budget(budget, first, total, share, expected):
+    assert samples_within(budget, first, total, 2, share) == expected
+
+
+def test_runall_by_default_screens_within_its_budget_and_verdicts_on_every_sample(net):
+    summary = runall(net["model"], net["folder"], save_dir=net["root"] / "out", progress=False,
+                     time_budget=1e-9, top=2)
+    r = summary["ranking"]
+    assert r["samples"] == 2 and r["of"] == SAMPLES and r["confirmed"] == 10
+    assert summary["samples"] == 2 and summary["verdict"]["samples"]["calibration"] == SAMPLES
+    saved = Sensitivity.load(summary["files"]["sensitivity"]["activation"])
+    assert saved.confirmed and saved.confirmed_samples == SAMPLES
+    md = open(summary["files"]["summary_md"]).read()
+    assert f"rankings on 2 of {SAMPLES} samples (what a 0 s budget allows), the top 10 of each confirmed" in md
+
+
+def test_runall_with_data_num_ranks_on_all_of_them(net):
+    summary = runall(net["model"], net["folder"], save_dir=net["root"] / "out3", progress=False,
+                     time_budget=1e-9, data_num=3, top=1)
+    assert summary["ranking"]["samples"] == 3 and summary["ranking"]["of"] == 3
+
+
+def test_progress_counts_what_the_screening_does(net, monkeypatch):
+    import pytest_ptq.progress as progress_mod
+
+    seen = []
+
+    class Recording(progress_mod.Progress):
+        def __exit__(self, *exc):
+            seen.append((self.done, self.total))
+            return super().__exit__(*exc)
+
+    monkeypatch.setattr("pytest_ptq.screening.Progress", Recording)
+    _screen(net, rank_samples=2, confirm=2, progress=io.StringIO())
+    (done, total), = seen
+    assert done == total
