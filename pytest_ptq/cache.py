@@ -158,6 +158,27 @@ class ResultCache:
                               stacklevel=2)
 
 
+def for_engine(folder, engine, option="--cache-dir"):
+    """A :class:`ResultCache` under ``folder`` for results computed on ``engine``, keyed by
+    every file it reads (the model's external data too); None when its model or data came
+    as objects, which have no file to hash."""
+    model, data = engine.qmodel.path, getattr(engine.data, "path", None)
+    if model is None or data is None:
+        return None
+
+    def inputs():
+        files = {f"{item.what} {i}": item.real for i, item in enumerate(engine.inputs().items)}
+        files.update({f"model data {i}": p for i, p in enumerate(guard.external_data_files(model))})
+        return files
+
+    return ResultCache(folder, inputs, option=option)
+
+
+def through(store, request, compute, files=()):
+    """``store.get(request, compute, files)``, or just ``compute()`` without a store."""
+    return compute() if store is None else store.get(request, compute, files)
+
+
 def _read(path, key):
     """``(True, result)`` from a sound entry of ``key`` at ``path``, else ``(False, None)``."""
     try:

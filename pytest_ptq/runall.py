@@ -40,6 +40,7 @@ import time
 from pathlib import Path
 
 from . import __version__, guard, params
+from .cache import through
 from .curves import configs_from, get_acc_error, plot_curves
 from .distribution import (CLIP_SHARE, activation_reading, collect, draw_channelwise, draw_distribution,
                            few_levels, weight_issue)
@@ -75,7 +76,8 @@ def _node_types(node_type):
 
 def runall(model_or_file, calibrated_data=None, save_dir="ptq_debug_runall", metrics=("cosine-similarity",),
            output_node=None, node_type=None, data_num=None, top=5, axis=None, float_model=None,
-           progress=True, average_mode=False, heldout=None, rank_samples=None, time_budget=DEFAULT_BUDGET_S):
+           progress=True, average_mode=False, heldout=None, rank_samples=None, time_budget=DEFAULT_BUDGET_S,
+           cache=None):
     """Run every analysis and write a tidy folder under ``save_dir``.
 
     ``node_type``: None ranks weight and activation nodes (the seed's runall); 'node' (or a
@@ -87,6 +89,9 @@ def runall(model_or_file, calibrated_data=None, save_dir="ptq_debug_runall", met
     many as ``time_budget`` seconds allow, at least two, and then confirm the top 10 of each
     ranking on every sample (see :mod:`~pytest_ptq.screening`); distributions and curves use
     the ranking's samples, the weights/activations verdict every sample.
+
+    ``cache``: a :class:`~pytest_ptq.cache.ResultCache` that keeps each step's results
+    between runs (plots are drawn again from them).
 
     Writes ``summary.md`` (the verdict), ``summary.json`` (everything below),
     ``sensitivity_<type>.json`` (reloadable with ``Sensitivity.load``), ``acc_error.png``,
@@ -104,13 +109,16 @@ def runall(model_or_file, calibrated_data=None, save_dir="ptq_debug_runall", met
     also = guard.Inputs().add(heldout if isinstance(heldout, (str, Path)) else None, "held-out data")
     with engine.writes(save_dir, also=also) as out:
         return _runall(engine, out, metrics, output_node, node_type, data_num, top, axis, progress,
-                       average_mode, start, heldout, rank_samples, time_budget)
+                       average_mode, start, heldout, rank_samples, time_budget, cache)
 
 
 def _runall(engine, out, metrics, output_node, node_type, data_num, top, axis, progress, average_mode, start,
-            heldout, rank_samples, time_budget):
+            heldout, rank_samples, time_budget, cache):
     metric_objs = get_metrics(metrics)
     metric = metric_objs[0].name
+    # what every step's cached result depends on besides the engine's files (cache.py)
+    base = (tuple(m.name for m in metric_objs), None if output_node is None else tuple(params.names(output_node, "")),
+            data_num)
     every_index = sample_indices(engine, data_num)
     specs = parse_outputs(output_node, engine.qmodel)
     types = _node_types(node_type)
@@ -123,10 +131,11 @@ def _runall(engine, out, metrics, output_node, node_type, data_num, top, axis, p
 
     budget = "" if rank_samples is not None else f", as many samples as {time_budget:.0f} s allow"
     with _step(timings, "sensitivity", f"[1/{steps}] sensitivity of {' and '.join(types)} nodes{budget}", progress):
-        sens, screening = screen(engine, types, metric_objs, specs, every_index, budget_s=time_budget,
-                                 rank_samples=None if rank_samples is None else
-                                 (len(every_index) if rank_samples == "all" else rank_samples),
-                                 progress=progress)
+        sens, screening = through(cache, ("runall rankings", base, tuple(types), rank_samples, time_budget),
+                                  lambda: screen(engine, types, metric_objs, specs, every_index, budget_s=time_budget,
+                                                 rank_samples=None if rank_samples is None else
+                                                 (len(every_index) if rank_samples == "all" else rank_samples),
+                                                 progress=progress))
         for t in types:
             files["sensitivity"][t] = str(sens[t].save(out / f"sensitivity_{t}.json"))
     indices = every_index[:screening.samples]
@@ -148,8 +157,9 @@ def _runall(engine, out, metrics, output_node, node_type, data_num, top, axis, p
     dist_nodes, box_nodes = list(dict.fromkeys(dist_nodes)), list(dict.fromkeys(box_nodes))
     with _step(timings, "distributions", f"[2/{steps}] distributions and box plots of "
                f"{len(box_nodes)} calibration nodes", progress):
-        dist, boxes = collect(engine, dist_nodes, box_nodes, axis=axis, data_num=data_num,
-                              progress=progress, skip_unboxable=True)
+        dist, boxes = through(cache, ("runall distributions", data_num, tuple(dist_nodes), tuple(box_nodes), axis),
+                              lambda: collect(engine, dist_nodes, box_nodes, axis=axis, data_num=data_num,
+                                              progress=progress, skip_unboxable=True))
         files["distributions"] = [d.setdefault("png", draw_distribution(d, out / "distributions"))
                                   for d in dist.values()]
         files["channelwise"] = [d.setdefault("png", draw_channelwise(d, out / "channelwise"))
@@ -160,8 +170,9 @@ def _runall(engine, out, metrics, output_node, node_type, data_num, top, axis, p
         configs = configs_from(engine, list(KINDS))
         # full quantization beside the seed's two curves: where a node's local error is set
         # against the error it carries in the deployed model
-        curves = get_acc_error(engine, {**configs, ALL: list(engine.calib_names)}, metric, data_num,
-                               local=True, progress=progress)
+        curves = through(cache, ("runall curves", base, data_num),
+                         lambda: get_acc_error(engine, {**configs, ALL: list(engine.calib_names)}, metric, data_num,
+                                               local=True, progress=progress))
         curves.average_mode = average_mode
         curves.png = str(plot_curves(curves, out / "acc_error.png"))
         files["acc_error"] = curves.png
@@ -170,7 +181,11 @@ def _runall(engine, out, metrics, output_node, node_type, data_num, top, axis, p
     with _step(timings, "outputs", f"[4/{steps}] weights only, activations only and everything "
                f"quantized on all {every} sample(s)" + (" and the held-out data" if heldout is not None else ""),
                progress):
-        three = three_configs(engine, specs, metric, heldout, ranking_samples=len(indices))
+        # held-out data given as arrays has no file to hash: then the verdict is not kept
+        held = str(heldout) if isinstance(heldout, (str, Path)) else (None if heldout is None else object())
+        three = through(cache, ("runall verdict", base, held, len(indices)),
+                        lambda: three_configs(engine, specs, metric, heldout, ranking_samples=len(indices)),
+                        files=(heldout,) if isinstance(held, str) else ())
         outputs = {label: {metric: value} for label, value in three.figures.items()}
 
     verdict = _verdict(engine, metric, three, sens, top_nodes, dist, boxes, curves)

@@ -190,3 +190,47 @@ def test_plugin_writes_no_cache_inside_a_contracts_data_and_says_so(pytester, in
     result.stdout.fnmatch_lines(["*PTQCacheWarning: results are not kept between runs (--ptq-cache-dir): "
                                  "*inside the calibration data folder*calib*"])
     assert not (pytester.path / "calib" / "cache").exists()
+
+
+# -- the command line ------------------------------------------------------------------------
+
+def test_cli_rerun_reads_its_cache_dir(tmp_path, inputs, monkeypatch, capsys):
+    from pytest_ptq import cli
+
+    common = [str(inputs / "q.onnx"), str(inputs / "calib"), "--quiet", "--cache-dir", str(tmp_path / "c")]
+    assert cli.main(["runall", *common, "-s", str(tmp_path / "r1"), "--top", "1"]) == 0
+    assert cli.main(["get-sensitivity-of-nodes", *common, "-t", "activation",
+                     "--json", str(tmp_path / "s1.json")]) == 0
+    import json
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("computed although the cache holds the result")
+
+    for where in ("pytest_ptq.runall.screen", "pytest_ptq.runall.collect", "pytest_ptq.runall.get_acc_error",
+                  "pytest_ptq.runall.three_configs", "pytest_ptq.cli.sensitivity.get_sensitivity_of_nodes"):
+        monkeypatch.setattr(where, refuse)
+    assert cli.main(["runall", *common, "-s", str(tmp_path / "r2"), "--top", "1"]) == 0
+    assert cli.main(["get-sensitivity-of-nodes", *common, "-t", "activation",
+                     "--json", str(tmp_path / "s2.json")]) == 0
+    first, again = (json.loads((tmp_path / r / "summary.json").read_text()) for r in ("r1", "r2"))
+    for summary in (first, again):
+        summary["curves"].pop("png")  # where each run drew it
+    for key in ("sensitivity", "verdict", "outputs", "ranking", "curves"):
+        assert json.dumps(first[key], sort_keys=True) == json.dumps(again[key], sort_keys=True)
+    assert (json.loads((tmp_path / "s1.json").read_text())["values"]
+            == json.loads((tmp_path / "s2.json").read_text())["values"])
+    assert (tmp_path / "r2" / "acc_error.png").exists()  # plots drawn again from the results
+    # another option is another request
+    with pytest.raises(AssertionError, match="computed although"):
+        cli.main(["get-sensitivity-of-nodes", *common, "-t", "weight"])
+
+
+def test_cli_refuses_a_cache_dir_inside_the_data(inputs, capsys):
+    from pytest_ptq import cli
+
+    code = cli.main(["get-sensitivity-of-nodes", str(inputs / "q.onnx"), str(inputs / "calib"), "--quiet",
+                     "--cache-dir", str(inputs / "calib" / "c")])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "--cache-dir" in err and "inside the calibration data folder" in err
+    assert not (inputs / "calib" / "c").exists()

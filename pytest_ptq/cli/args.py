@@ -30,7 +30,8 @@ class Command:
 # these, so a command (also one added later) is covered by naming its options with them.
 INPUT_DESTS = {"model": "model file", "float_model": "float model", "float_model_path": "float model",
                "data": "calibration data", "heldout": "held-out data", "evaluate": "evaluation file"}
-OUTPUT_DESTS = {"json": ("--json", False), "save_dir": ("-s/--save-dir", True)}  # dest: (label, folder)
+OUTPUT_DESTS = {"json": ("--json", False), "save_dir": ("-s/--save-dir", True),  # dest: (label, folder)
+                "cache_dir": ("--cache-dir", True)}
 
 
 def inputs_of(args):
@@ -143,6 +144,21 @@ def add_confidence(p):
     p.add_argument("--confidence", nargs="?", const=5, type=positive_int, default=None, metavar="K",
                    help="also resample the samples (bootstrap) to print each node's spread over samples and "
                         "whether the top K (default 5) order is stable; needs several samples")
+
+
+def add_cache_dir(p):
+    p.add_argument("--cache-dir", default=None, metavar="DIR",
+                   help="keep the results in DIR between runs, keyed by hashes of the model, data, options and "
+                        "tool versions: an unchanged rerun reads them. Default: compute afresh, keep nothing")
+
+
+def result_cache(args, engine):
+    """The :class:`~pytest_ptq.cache.ResultCache` of ``--cache-dir`` for ``engine``, or None."""
+    if not getattr(args, "cache_dir", None):
+        return None
+    from ..cache import for_engine
+
+    return for_engine(args.cache_dir, engine)
 
 
 def engine(args):

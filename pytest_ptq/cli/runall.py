@@ -11,10 +11,11 @@ from . import args as a
 
 
 def run(args):
-    summary = runall(a.engine(args), save_dir=args.save_dir, metrics=args.metrics, output_node=args.output_node,
+    engine = a.engine(args)
+    summary = runall(engine, save_dir=args.save_dir, metrics=args.metrics, output_node=args.output_node,
                      node_type=args.node_type, top=args.top, axis=args.axis, data_num=args.data_num,
                      heldout=args.heldout, progress=not args.quiet, rank_samples=args.rank_samples,
-                     time_budget=args.time_budget)
+                     time_budget=args.time_budget, cache=a.result_cache(args, engine))
     print(Path(summary["files"]["summary_md"]).read_text())
     print(f"wrote {args.save_dir}")
 
@@ -37,6 +38,7 @@ def configure(p):
                    f"Default: {DEFAULT_BUDGET_S:.0f}")
     p.add_argument("--heldout", default=None, metavar="DIR",
                    help="held-out data: the weights/activations verdict is decided on it. Default: the calibration data")
+    a.add_cache_dir(p)
 
 
 COMMANDS = [a.Command("runall", "run every analysis (sensitivity, distributions, box plots, curves) and write a "

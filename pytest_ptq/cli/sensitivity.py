@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ..cache import through
 from ..confidence import confidence_rows, ranking_confidence
 from ..errors import PTQError
 from ..groups import Subgraph, group_sensitivity
@@ -31,10 +32,17 @@ def _finish(args, result, table):
 
 
 def run_sensitivity(args):
-    result = get_sensitivity_of_nodes(a.engine(args), args.metrics, output_node=args.output_node,
-                                      node_type=args.node_type, data_num=args.data_num,
-                                      interested_nodes=args.interested_nodes, progress=not args.quiet)
+    engine = a.engine(args)
+    request = ("sensitivity", tuple(args.metrics), _tuple(args.output_node), args.node_type, args.data_num,
+               _tuple(args.interested_nodes))
+    result = through(a.result_cache(args, engine), request, lambda: get_sensitivity_of_nodes(
+        engine, args.metrics, output_node=args.output_node, node_type=args.node_type, data_num=args.data_num,
+        interested_nodes=args.interested_nodes, progress=not args.quiet))
     _finish(args, result, result.table(limit=args.top))
+
+
+def _tuple(values):
+    return None if values is None else tuple(values)
 
 
 def configure_sensitivity(p):
@@ -48,6 +56,7 @@ def configure_sensitivity(p):
     a.add_top(p)
     a.add_json(p)
     a.add_confidence(p)
+    a.add_cache_dir(p)
 
 
 def groups_of(args):
