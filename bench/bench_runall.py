@@ -40,12 +40,12 @@ SHAPE = (1, 3, 48, 320)
 
 def prepare(samples):
     """``(model, data folder)``: the QDQ recognizer and ``samples`` crops, built once."""
-    from example_suite import prepare as ex
-    from example_suite import quantize as exq
-
     model, data = CACHE / f"rec_qdq_{samples}.onnx", CACHE / f"calib_{samples}"
     if model.exists() and data.exists():
         return model, data
+    from example_suite import prepare as ex
+    from example_suite import quantize as exq
+
     CACHE.mkdir(parents=True, exist_ok=True)
     wheels = ex._fetch_wheels(ex.default_cache_dir(), verbose=True)
     with zipfile.ZipFile(wheels["rapidocr"]) as z:
