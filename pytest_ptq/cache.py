@@ -53,7 +53,7 @@ def file_hash(path):
 @functools.cache
 def tool_versions():
     """``(name, version)`` pairs of what computes a result; pytest-ptq's includes a digest
-    of its source files."""
+    of its source files, the providers those onnxruntime offers and PTQ_PROVIDERS picks."""
     import numpy
     import onnx
     import onnxruntime
@@ -66,7 +66,7 @@ def tool_versions():
         source.update(f.relative_to(package).as_posix().encode() + b"\0" + f.read_bytes())
     return (("pytest_ptq", f"{__version__}+{source.hexdigest()[:16]}"), ("onnx", onnx.__version__),
             ("onnxruntime", onnxruntime.__version__), ("numpy", numpy.__version__),
-            ("providers", tuple(onnxruntime.get_available_providers())))
+            ("providers", tuple(onnxruntime.get_available_providers()), os.environ.get("PTQ_PROVIDERS")))
 
 
 def plain(value):
