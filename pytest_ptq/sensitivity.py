@@ -145,26 +145,31 @@ def score_configs(engine, configs, metrics, specs, indices, progress=None):
     """Pooled metric states for each config: ``{label: (pooled, per_sample)}``.
 
     ``configs``: ``{label: calibration nodes quantized}``. Samples are the outer loop so
-    that only one sample's tensors are alive at a time; the float reference of each sample
-    is computed once and shared by every config.
+    that only one sample's (or one group's, see :meth:`Engine.batches`) tensors are alive at
+    a time; the float reference of each is computed once and shared by every config.
+    ``per_sample`` lists follow ``indices``.
     """
+    from .engine.batching import split
+
     tensors = list(dict.fromkeys(s.tensor for s in specs))
     pooled = {label: {(s.name, m.name): m.new() for s in specs for m in metrics} for label in configs}
     per_sample = {label: {m.name: [] for m in metrics} for label in configs}
-    for i in indices:
-        ref = engine.reference(i, tensors)
+    for group in engine.batches(indices, tensors):
+        count = len(group) if isinstance(group, tuple) else 1
+        refs = split(engine.reference(group, tensors), count) if count > 1 else [engine.reference(group, tensors)]
         for label, quantized in configs.items():
-            out = engine.run(i, quantized, tensors)
-            for m in metrics:
-                sample_vals = []
-                for s in specs:
-                    one = m.new()
-                    m.update(one, s.take(ref[s.tensor]), s.take(out[s.tensor]))
-                    m.merge(pooled[label][(s.name, m.name)], one)
-                    sample_vals.append(m.value(one))
-                per_sample[label][m.name].append(m.worst(sample_vals))
+            out = engine.run(group, quantized, tensors)
+            for ref, got in zip(refs, split(out, count) if count > 1 else [out]):
+                for m in metrics:
+                    sample_vals = []
+                    for s in specs:
+                        one = m.new()
+                        m.update(one, s.take(ref[s.tensor]), s.take(got[s.tensor]))
+                        m.merge(pooled[label][(s.name, m.name)], one)
+                        sample_vals.append(m.value(one))
+                    per_sample[label][m.name].append(m.worst(sample_vals))
             if progress is not None:
-                progress.advance()
+                progress.advance(count)
     return {label: ({k: m_state for k, m_state in pooled[label].items()}, per_sample[label])
             for label in configs}
 

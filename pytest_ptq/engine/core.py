@@ -21,7 +21,7 @@ from ..data import load_data
 from ..errors import PTQError, unknown
 from ..model import QuantModel
 from ..model.qdq import custom_op_sentence
-from . import runtime, sanity
+from . import batching, runtime, sanity
 from .instrument import LOCAL_PREFIX, Gates, instrument
 from .segments import Segments
 
@@ -49,12 +49,14 @@ class Engine:
     libraries the model's custom Q/DQ ops need (AMD Quark's BF16/BFP16, say). ``memory``:
     ``"low"`` shares the large weights among every session without prepacking them,
     ``"fast"`` lets each session prepack its own copy, ``"auto"`` (default) is low for models
-    with at least :data:`LOW_MEMORY_BYTES` of large weights.
+    with at least :data:`LOW_MEMORY_BYTES` of large weights. ``batch``: samples per run of
+    model outputs in :meth:`batches` (``"auto"``: up to 8 where the model allows it and it
+    measures faster, see :mod:`.batching`; 1: one at a time; N: N where the model allows it).
     """
 
     def __init__(self, model_or_file, calibrated_data=None, float_model=None, data_num=None,
                  optimization="all", providers=None, check=True, alternatives=None, segments=None,
-                 custom_op_libraries=(), memory="auto"):
+                 custom_op_libraries=(), memory="auto", batch="auto"):
         if isinstance(model_or_file, QuantModel):
             self.qmodel = model_or_file
         else:
@@ -67,6 +69,9 @@ class Engine:
         if memory not in ("auto", "low", "fast"):
             raise unknown("memory mode", memory, ("auto", "low", "fast"))
         self.memory = memory
+        if batch != "auto" and (isinstance(batch, bool) or not isinstance(batch, (int, np.integer)) or batch < 1):
+            raise PTQError(f"batch must be 'auto' or a whole number >= 1, got {batch!r}")
+        self.batch, self._batching = batch, None
         weight_bytes = sum(a.nbytes for a in self.qmodel.shared.values()) + sum(
             a.nbytes for a in self.qmodel.float_weights.values())
         self.shared = runtime.SharedWeights(self.qmodel.shared, low_memory=memory == "low" or (
@@ -200,12 +205,44 @@ class Engine:
         return feeds
 
     def sample(self, i):
-        """Sample ``i`` of the data; the last one is kept, since analyses loop samples outermost."""
+        """Sample ``i`` of the data (a tuple of indices: those samples stacked on axis 0); the
+        last one is kept, since analyses loop samples outermost."""
         if self.data is None:
             raise PTQError("no calibration data was given; pass calibrated_data")
         if self._last_sample is None or self._last_sample[0] != i:
-            self._last_sample = (i, self.data.sample(i))
+            value = batching.stack([self.data.sample(k) for k in i]) if isinstance(i, tuple) else self.data.sample(i)
+            self._last_sample = (i, value)
         return self._last_sample[1]
+
+    def batching(self, indices):
+        """How :meth:`batches` groups samples (a :class:`~.batching.Batching`), decided on the
+        first call with at least two samples and kept."""
+        if self._batching is None:
+            if self.batch == 1:
+                return batching.Batching(1, "one sample per run, as asked")
+            if len(indices) < 2:
+                return batching.Batching(1, "fewer than two samples")
+            size = batching.MAX_GROUP if self.batch == "auto" else int(self.batch)
+            choice = batching.decide(self, indices, size)
+            if self.batch != "auto" and choice.size == 1 and choice.gain is not None:
+                choice = batching.Batching(size, f"{size} samples per run, as asked ({choice.gain:.2f}x)", choice.gain)
+            self._batching = choice
+        return self._batching
+
+    def batches(self, indices, tensors=None):
+        """``indices`` in the groups that runs of ``tensors`` (default: the model outputs) take:
+        ints, or tuples of samples run stacked (see :meth:`batching`; only model outputs run
+        stacked); :func:`~.batching.split` cuts a group's outputs."""
+        if any(t not in self.model_outputs for t in tensors or ()):
+            return list(indices)
+        return batching.groups(list(indices), self.batching(list(indices)).size)
+
+    def forget(self, key):
+        """Drop the cached float reference of sample (or group) ``key``."""
+        for k in [k for k in self._ref_cache if k[0] == key]:
+            self._ref_bytes -= sum(v.nbytes for v in self._ref_cache.pop(k).values())
+        if self._last_sample is not None and self._last_sample[0] == key:
+            self._last_sample = None
 
     def _config(self, quantized):
         if isinstance(quantized, str) and quantized == "all":
@@ -221,7 +258,12 @@ class Engine:
         ``alternative``: quantized nodes that use their alternative parameters.
         """
         key = None
-        if isinstance(sample, (int, np.integer)):
+        if isinstance(sample, tuple):  # stacked samples: model outputs through the segments only
+            key = sample
+            sample = self.sample(key)
+            if self.segments is None or not all(t in self.model_outputs for t in (tensors or self.model_outputs)):
+                raise PTQError("stacked samples run model outputs only, through the segments")
+        elif isinstance(sample, (int, np.integer)):
             key = int(sample)
             sample = self.sample(key)
         quantized = self._config(quantized)

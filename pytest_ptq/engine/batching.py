@@ -1,0 +1,118 @@
+"""Several samples in one run, where the model allows it and it is faster.
+
+Rankings score every config on every sample. Stacking samples along the batch axis runs
+each config once per group instead of once per sample, which onnxruntime executes faster
+on some models (matrix-heavy ones) and slower on others (a batch-1 convolution already
+uses every core), so the engine measures before it decides. A group is used only when
+
+* no quantizer computes its range per run (DynamicQuantizeLinear: the range of a stacked
+  batch is not the range of each sample) and no Q/DQ is a custom op of unknown semantics;
+* every sample has batch size 1 and every model input and output a batch axis first;
+* the stacked run gives what the samples give one at a time (float and fully quantized,
+  to within float rounding: a different kernel may sum in another order), and
+* it is at least :data:`MIN_GAIN` times faster, measured on the first group.
+
+Otherwise samples run one at a time, as before. Only model outputs run in groups (through
+the segments); tensors of single nodes always run one sample at a time.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import numpy as np
+
+MAX_GROUP = 8
+MIN_GAIN = 1.1
+RTOL, ATOL = 1e-3, 1e-4  # atol relative to the largest magnitude of each output
+
+
+@dataclasses.dataclass(frozen=True)
+class Batching:
+    """The engine's choice: ``size`` samples per run (1: one at a time), ``reason`` in words
+    and ``gain`` (one-at-a-time time / grouped time, None when not measured)."""
+
+    size: int
+    reason: str
+    gain: float | None = None
+
+
+def stack(samples):
+    """One feed dict of the samples (``[{input: array}]``) stacked on axis 0."""
+    return {name: np.concatenate([s[name] for s in samples], axis=0) for name in samples[0]}
+
+
+def split(values, count):
+    """``count`` per-sample dicts of the stacked ``values`` (axis 0 split into size 1)."""
+    return [{t: v[j:j + 1] for t, v in values.items()} for j in range(count)]
+
+
+def groups(indices, size):
+    """``indices`` cut into consecutive groups: tuples of up to ``size`` (a lone sample stays an int)."""
+    if size <= 1:
+        return list(indices)
+    out = []
+    for k in range(0, len(indices), size):
+        part = tuple(indices[k:k + size])
+        out.append(part if len(part) > 1 else part[0])
+    return out
+
+
+def _blocker(engine):
+    """Why the model cannot run samples in groups, or None."""
+    qm = engine.qmodel
+    if engine.segments is None:
+        return "the engine runs without segments"
+    if any(c.kind == "dynamic" for c in qm.calibration.values()):
+        return "a quantizer computes its range per run (DynamicQuantizeLinear)"
+    if qm.custom_ops:
+        return "custom Q/DQ ops of unknown batch semantics"
+    for value_info in list(qm.model.graph.input) + list(qm.model.graph.output):
+        if value_info.name in qm.inits:
+            continue
+        dims = value_info.type.tensor_type.shape.dim
+        if not dims or (dims[0].HasField("dim_value") and dims[0].dim_value != 1):
+            return f"{value_info.name!r} has no batch axis of size 1 first"
+    return None
+
+
+def _close(a, b):
+    scale = float(np.max(np.abs(a))) if a.size else 0.0
+    return a.shape == b.shape and np.allclose(a, b, rtol=RTOL, atol=ATOL * max(scale, 1e-30), equal_nan=True)
+
+
+def decide(engine, indices, size=MAX_GROUP):
+    """:class:`Batching` for ``engine`` measured on the first ``size`` of ``indices``."""
+    trial = list(indices[:size])
+    if len(trial) < 2:
+        return Batching(1, "fewer than two samples")
+    why = _blocker(engine)
+    if why is None and any(np.shape(v)[:1] != (1,) for i in trial for v in engine.sample(i).values()):
+        why = "a sample holds more than one item"
+    if why is not None:
+        return Batching(1, why)
+    key = tuple(trial)
+    timings = {}
+    try:
+        for config in ((), "all"):
+            start = time.perf_counter()
+            one = [engine.run(i, config) for i in trial]
+            alone = time.perf_counter() - start
+            engine.run(key, config)  # the first stacked run also sizes onnxruntime's buffers
+            start = time.perf_counter()
+            stacked = engine.run(key, config)
+            grouped = time.perf_counter() - start
+            timings[config or "float"] = (alone, grouped)
+            for name, value in stacked.items():
+                if not _close(np.concatenate([o[name] for o in one], axis=0), value):
+                    return Batching(1, f"stacked samples give other values at {name!r} (the graph fixes its "
+                                       "batch size somewhere)")
+    except Exception as exc:  # noqa: BLE001 - a graph that rejects a batch only loses the speed-up
+        return Batching(1, f"the graph does not take stacked samples ({type(exc).__name__})")
+    finally:
+        engine.forget(key)
+    gain = sum(a for a, _ in timings.values()) / max(1e-12, sum(g for _, g in timings.values()))
+    if gain < MIN_GAIN:
+        return Batching(1, f"stacking {len(trial)} samples is not faster here ({gain:.2f}x)", gain)
+    return Batching(len(trial), f"{len(trial)} samples per run, {gain:.2f}x faster than one at a time", gain)

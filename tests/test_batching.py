@@ -1,0 +1,118 @@
+"""Samples run in groups (pytest_ptq.engine.batching): the same rankings as one at a time and
+as brute-force rewired models in plain onnxruntime sessions; groups only where the model
+takes them."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import builders
+import format_models
+from pytest_ptq.engine import Engine
+from pytest_ptq.engine.batching import Batching, groups, split, stack
+from pytest_ptq.errors import PTQError
+from pytest_ptq.sensitivity import get_sensitivity_of_nodes
+from test_plugin import independent_sensitivity
+
+N = 6
+
+
+@pytest.fixture(scope="module")
+def net(tmp_path_factory):
+    root = tmp_path_factory.mktemp("batching")
+    data = builders.samples(N, seed=3)
+    folder = builders.save_folder(data, root / "calib")
+    narrow = {k: [a * 0.1 for a in v] for k, v in data.items()}
+    q = builders.quantize(builders.conv_net(root / "float.onnx", outlier_channel=3), root / "q.onnx", narrow)
+    return {"q": q, "folder": folder, "feeds": [{k: v[i] for k, v in data.items()} for i in range(N)],
+            "root": root, "data": data}
+
+
+@pytest.mark.parametrize("node_type", ["activation", "weight", "node"])
+def test_grouped_rankings_equal_one_at_a_time_and_brute_force(net, node_type):
+    grouped_engine = Engine(net["q"], net["folder"], batch=4)
+    grouped = get_sensitivity_of_nodes(grouped_engine, node_type=node_type)
+    assert grouped_engine.batching(list(range(N))).size == 4
+    assert grouped_engine.batches(range(N)) == [(0, 1, 2, 3), (4, 5)]
+    alone = get_sensitivity_of_nodes(Engine(net["q"], net["folder"], batch=1), node_type=node_type)
+    assert set(grouped) == set(alone)
+    for name in alone:
+        assert grouped[name]["cosine-similarity"] == pytest.approx(alone[name]["cosine-similarity"], abs=1e-6)
+        assert grouped.details[name]["per_sample"]["cosine-similarity"] == pytest.approx(
+            alone.details[name]["per_sample"]["cosine-similarity"], abs=1e-6)
+    if node_type == "activation":
+        expected = independent_sensitivity(net["q"], net["feeds"], list(grouped))
+        for name, value in expected.items():
+            assert grouped[name]["cosine-similarity"] == pytest.approx(value, abs=1e-5), name
+
+
+def test_auto_measures_and_says_why(net):
+    engine = Engine(net["q"], net["folder"])
+    choice = engine.batching(list(range(N)))
+    assert isinstance(choice, Batching) and choice.gain is not None and choice.gain > 0
+    assert (choice.size == N and "faster than one at a time" in choice.reason) or (
+        choice.size == 1 and "not faster here" in choice.reason)
+
+
+def _fixed_batch_model(path):
+    """A net that reshapes to a literal [1, -1]: a stacked batch comes out as one long row."""
+    rng = np.random.default_rng(0)
+    w = numpy_helper.from_array(rng.normal(size=(4, 4, 3, 3)).astype(np.float32), "w")
+    shape = numpy_helper.from_array(np.array([1, -1], np.int64), "shape")
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1], name="conv"),
+             helper.make_node("Relu", ["c"], ["r"], name="relu"),
+             helper.make_node("Reshape", ["r", "shape"], ["y"], name="reshape")]
+    graph = helper.make_graph(nodes, "fixed", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 6, 6])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 144])], [w, shape])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    onnx.save(model, path)
+    return path
+
+
+def test_a_graph_that_fixes_its_batch_runs_one_at_a_time(tmp_path):
+    data = {"x": [np.random.default_rng(i).normal(size=(1, 4, 6, 6)).astype(np.float32) for i in range(4)]}
+    folder = builders.save_folder(data, tmp_path / "calib")
+    q = builders.quantize(_fixed_batch_model(tmp_path / "f.onnx"), tmp_path / "q.onnx", data)
+    engine = Engine(q, folder)
+    choice = engine.batching(list(range(4)))
+    assert choice.size == 1
+    assert "stacked samples" in choice.reason or "does not take stacked samples" in choice.reason
+    assert engine.batches(range(4)) == [0, 1, 2, 3]
+    get_sensitivity_of_nodes(engine, node_type="activation")  # still runs, one at a time
+
+
+def test_dynamic_quantizers_never_run_in_groups(tmp_path):
+    fp = format_models.ops_net(tmp_path / "f.onnx")
+    q = format_models.quantize_dyn(fp, tmp_path / "q.onnx")
+    x = onnx.load(str(fp)).graph.input[0]
+    shape = [d.dim_value for d in x.type.tensor_type.shape.dim]
+    folder = builders.save_folder({x.name: [np.random.default_rng(i).normal(size=shape).astype(np.float32)
+                                            for i in range(3)]}, tmp_path / "calib")
+    choice = Engine(q, folder, float_model=fp, batch=3).batching([0, 1, 2])
+    assert choice.size == 1 and "DynamicQuantizeLinear" in choice.reason
+
+
+def test_stacked_samples_run_model_outputs_only(net):
+    engine = Engine(net["q"], net["folder"])
+    name = engine.probe_tensors[0]
+    with pytest.raises(PTQError, match="stacked samples run model outputs only"):
+        engine.run((0, 1), (), [name])
+
+
+def test_bad_batch_setting_is_one_sentence(net):
+    for bad in (0, -2, "many", 2.5, True):
+        with pytest.raises(PTQError, match="batch must be 'auto' or a whole number >= 1"):
+            Engine(net["q"], net["folder"], batch=bad)
+
+
+def test_groups_stack_and_split():
+    assert groups([0, 1, 2, 3, 4], 2) == [(0, 1), (2, 3), 4]
+    assert groups([0, 1, 2], 1) == [0, 1, 2]
+    samples = [{"x": np.full((1, 2), i, np.float32)} for i in range(3)]
+    stacked = stack(samples)
+    assert stacked["x"].shape == (3, 2)
+    back = split(stacked, 3)
+    assert all(np.array_equal(b["x"], s["x"]) for b, s in zip(back, samples))
