@@ -11,10 +11,19 @@ from __future__ import annotations
 import hashlib
 import json
 import sys
+import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 FIXES = HERE / "fixes.json"
+
+
+def _say(verbose, message):
+    """``verbose``: True prints to stderr, a callable (the conftest's progress) takes the line."""
+    if callable(verbose):
+        verbose(message)
+    elif verbose:
+        print(f"example suite: {message}", file=sys.stderr, flush=True)
 
 
 def build_fixed_models(paths, verbose=True):
@@ -31,13 +40,14 @@ def build_fixed_models(paths, verbose=True):
         stamp = out.with_suffix(".settings")
         fingerprint = hashlib.sha256(json.dumps(fix["settings"], sort_keys=True).encode()).hexdigest()
         if not out.exists() or not stamp.exists() or stamp.read_text() != fingerprint:
-            if verbose:
-                print(f"example suite: re-quantizing {model} with the fix from fixes.json", file=sys.stderr)
+            _say(verbose, f"re-quantizing {model} with the fix from fixes.json into {out.name} ...")
+            start = time.perf_counter()
             kwargs = quantize_static_kwargs(fix["settings"])
             quantize(info["float_model"], out, info["calibration_data"],
                      nodes_to_exclude=kwargs["nodes_to_exclude"],
                      tensor_quant_overrides=kwargs["extra_options"].get("TensorQuantOverrides"),
                      calibration_cache=info["calibration_cache"])
             stamp.write_text(fingerprint)
+            _say(verbose, f"{model}: {out.name} ({time.perf_counter() - start:.1f} s)")
         built[model] = out
     return built
