@@ -304,6 +304,8 @@ def wrap(text, width_inches, fontsize=10):
             if line.strip():
                 lines.append(line.rstrip())
             piece = piece.lstrip()
+            if piece.startswith("- "):  # a dash between phrases means nothing at the start of a line
+                piece = piece[2:]
             if len(piece) > width:
                 *full, piece = textwrap.wrap(piece, width=width, break_on_hyphens=False) or [""]
                 lines += full

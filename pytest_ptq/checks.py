@@ -66,7 +66,8 @@ class Result:
         shown = [m for m in ms if not m["passed"]] or ms
         if not shown or self.kind in ("baseline", "data"):  # their sentence names the file and what to run
             return self.summary
-        return "; ".join(_measure_text(m) for m in shown[:3]) + (f"; and {len(shown) - 3} more" if len(shown) > 3 else "")
+        more = f"; and {len(shown) - 3} more" if len(shown) > 3 else ""
+        return "; ".join(_measure_text(m) for m in shown[:3]) + more
 
     def properties(self):
         """``(name, value)`` pairs for JUnit XML ``<property>`` elements."""

@@ -323,16 +323,18 @@ def _fixes(qm, relevant, source):
     if groups["activation per-channel"] and not modelopt:
         fixes.append({"kind": "activation", "nodes": groups["activation per-channel"], "short": "int16 activations",
                       "text": f"{_names(groups['activation per-channel'])} "
-                              f"{_verb(groups['activation per-channel'], 'has', 'have')} outlier channels under a per-tensor "
+                              f"{_verb(groups['activation per-channel'], 'has', 'have')} outlier channels under a "
+                              "per-tensor "
                               "scale and onnxruntime cannot quantize activations per channel: raise them to 16 bit ("
                               + _overrides_text(qm, groups["activation per-channel"]) + "), or equalise the channel "
                               "ranges in the model"})
     if groups["recalibrate"]:
         fixes.append({"kind": "activation", "nodes": groups["recalibrate"], "short": "recalibrate",
                       "text": f"{_names(groups['recalibrate'])} {_verb(groups['recalibrate'], 'clips', 'clip')} values "
-                              "outside the calibrated range: "
-                              "calibrate with calibrate_method=CalibrationMethod.MinMax on samples like the held-out "
-                              "ones, or raise them to 16 bit"})
+                              "outside the calibrated range: calibrate with "
+                              + ("calibration_method='max' (modelopt.onnx.quantization.quantize)" if modelopt
+                                 else "calibrate_method=CalibrationMethod.MinMax")
+                              + " on samples like the held-out ones" + ("" if modelopt else ", or raise them to 16 bit")})
     plain16 = [n for n in groups["int16"]]
     if plain16 and not modelopt:
         kinds = {qm.calibration[n].kind for n in plain16}

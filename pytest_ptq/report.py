@@ -95,10 +95,14 @@ def model_payload(analysis, tests, settings, holdout=None, suggest=""):
         sens = analysis.sensitivity(settings.node_type, settings.metric)
         data["sensitivity"] = {"node_type": settings.node_type, "metric": settings.metric,
                                "nodes": len(sens), "rows": sens.rows()[:settings.top], "samples": sens.samples}
-        d = analysis.diagnosis(settings.node_type, settings.metric, holdout, settings.top)
-        data["diagnosis"] = {**d.to_dict(), "cause_text": d.cause_text(), "caveat": d.caveat(), "cause": d.cause,
-                             "headline": d.headline()}
-        data["images"] += _figures(analysis, sens, settings, data["notes"])
+        d = None
+        # why it fails, for a model that fails (or fails as expected): its verdict costs three
+        # passes over every calibration and held-out sample, which a passing model is spared
+        if any(t["outcome"] in ("failed", "error", "xfailed") for t in tests):
+            d = analysis.diagnosis(settings.node_type, settings.metric, holdout, settings.top)
+            data["diagnosis"] = {**d.to_dict(), "cause_text": d.cause_text(), "caveat": d.caveat(),
+                                 "cause": d.cause, "headline": d.headline()}
+        data["images"] += _figures(analysis, sens, settings, data["notes"], d)
     except PTQError as exc:
         data["notes"].append(f"analysis failed: {exc}")
     return data
@@ -180,33 +184,47 @@ def results_html(results):
     return _table(rows, ["check", "verdict", "summary"], "ptq-results")
 
 
-def _figures(analysis, sens, settings, notes):
+def _figures(analysis, sens, settings, notes, diagnosis=None):
+    """The cumulative curves, then for each of the top ``DISTRIBUTIONS`` nodes its
+    distribution and, for an operator, the distribution of the input its diagnosis blames
+    (with that input's box plot when the reason is its channels): the figure behind each
+    "why"."""
     images = [{"title": "Cumulative error: each operator's output against the float model's, in execution order, "
                         "with only the weights, only the activations, and everything quantized",
                "png": curves_png(analysis, settings)}]
-    try:
-        from .distribution import plot_distribution
-    except ImportError:
-        notes.append("distributions not shown: this pytest-ptq has no distribution module")
-        return images
+    from .distribution import collect, draw_channelwise, draw_distribution
+
     top = list(sens)[:DISTRIBUTIONS]
     if not top:
         return images
+    blamed = {}  # node -> the calibration input its reason is about
+    for it in (diagnosis.nodes if diagnosis is not None else []):
+        if it["node"] in top and it["kind"] == "operator" and it.get("chosen"):
+            blamed[it["node"]] = it["chosen"][0]
+    boxed = [c for c in blamed.values() if "channel" in next(
+        (i["reason"] for it in diagnosis.nodes for i in it["inputs"] if i["node"] == c), "")] if diagnosis else []
+    metric = settings.metric
     try:
         with tempfile.TemporaryDirectory(prefix="ptq-distributions-") as tmp:
-            stats = plot_distribution(tmp, analysis.engine, None, top)
-            metric = settings.metric
-            for node, d in stats.items():
-                if isinstance(d, dict) and d.get("png"):
-                    rank = ""
-                    if node in top:
-                        rank = (f" (sensitivity rank {top.index(node) + 1}: {metric} {fmt(sens[node][metric])} at the "
-                                "model outputs with only this node quantized")
-                        if d.get("kind") == "node":
-                            rank += ("; the figure's cosine is this node's own output with every pair quantized, "
-                                     "error accumulated from upstream included")
-                        rank += ")"
-                    images.append(_image(d["png"], f"Distribution of {node}{rank}"))
+            dist, boxes = collect(analysis.engine, list(dict.fromkeys(top + list(blamed.values()))), boxed,
+                                  data_num=sens.samples, skip_unboxable=True)
+            for k, node in enumerate(top, 1):
+                d = dist.get(node)
+                if not d:
+                    continue
+                rank = (f"sensitivity rank {k}: {metric} {fmt(sens[node][metric])} at the model outputs with only "
+                        "this node quantized")
+                if d.get("kind") == "node":
+                    rank += ("; the figure's cosine is this node's own output with every pair quantized, error "
+                             "accumulated from upstream included")
+                images.append(_image(draw_distribution(d, tmp), f"Distribution of {node} ({rank})"))
+                c = blamed.get(node)
+                if c and c in dist and c != node:
+                    images.append(_image(draw_distribution(dist[c], tmp), f"Distribution of {c}, the "
+                                         f"{dist[c]['kind']} input of {node} that its 'why' is about"))
+                if c in boxes and "skipped" not in boxes[c]:
+                    images.append(_image(draw_channelwise(boxes[c], tmp), f"Channels of {c}, the input of {node} "
+                                         "whose channels its 'why' is about"))
     except (PTQError, TypeError, ValueError) as exc:
         notes.append(f"distributions not shown: {exc}")
     return images
@@ -233,17 +251,18 @@ def merge(models):
 
 
 def verdict(model):
-    """``failed`` when any of its tests failed or errored, else ``passed``, else ``xfailed``
-    (its failures were expected), else ``skipped``."""
+    """``failed`` when any of its tests failed or errored, else ``xfailed`` when any failed as
+    expected (the model misses a check, knowingly), else ``passed``, else ``skipped``."""
     outcomes = {t["outcome"] for t in model["tests"]}
     if outcomes & {"failed", "error"}:
         return "failed"
-    if "passed" in outcomes:
-        return "passed"
-    return "xfailed" if "xfailed" in outcomes else "skipped"
+    if "xfailed" in outcomes:
+        return "xfailed"
+    return "passed" if "passed" in outcomes else "skipped"
 
 
-_ORDER = {"failed": 0, "passed": 1, "xfailed": 2, "skipped": 3}
+# failing models first, then those failing as expected: both are what a reader looks for
+_ORDER = {"failed": 0, "xfailed": 1, "passed": 2, "skipped": 3}
 
 _CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:2em;color:#222;max-width:1280px}
@@ -260,6 +279,7 @@ figcaption{font-size:.85em;color:#555} .note{color:#8a6d00} .warning{color:#8a3d
 section[data-verdict=passed] .why{border-left-color:#1b7f2a;background:#f6fbf6}
 section[data-verdict=xfailed] .why{border-left-color:#8a6d00;background:#fffbef}
 .why td.num.v-failed{color:#b00020} pre.snippet{white-space:pre-wrap}
+table.summary td:first-child{overflow-wrap:anywhere;max-width:22em}
 table.sensitivity{font-size:.82em} table.sensitivity td.c-why{min-width:26em} td.c-try{min-width:7em}
 """
 
@@ -350,7 +370,8 @@ def headline(m):
     outs = [r for r in measures(m) if r["check"] == "outputs"]
     if outs:
         worst = min(outs, key=lambda r: (r["_passed"], r["value"] if isinstance(r["value"], float) else 0))
-        return (worst["value"], f"{worst['measured']} on {worst['on']}, needs {worst['threshold']}",
+        on = worst["on"].split(" (", 1)[0]  # the data's path is in the model's section
+        return (worst["value"], f"{worst['measured']} on {on}, needs {worst['threshold']}",
                 "v-passed" if worst["_passed"] else "v-failed")
     worst = min((r.get("cosine-similarity", float("nan")) for r in m["outputs"]), default=None)
     if worst is None:
@@ -366,7 +387,7 @@ def _why_html(m, v):
     if v in ("failed", "xfailed"):
         title = "Why it fails" if v == "failed" else "Why it fails (expected: xfail)"
     else:
-        title = "Where the loss comes from"
+        title = "Its checks"
     parts.append(f'<div class="why"><h3>{title}</h3>')
     rows = measures(m)
     if rows:
@@ -411,15 +432,16 @@ def _nodes_html(m):
     kind = "nodes" if s["node_type"] == "node" else f'{s["node_type"]} nodes'
     parts = [f'<h3>Most sensitive {_e(kind)} ({len(s["rows"])} of {s["nodes"]})</h3>'
              f'<p>{_e(metric)} at the model outputs with only that node quantized (an operator: the Q/DQ pairs '
-             f'feeding it), on {_e(s.get("samples", "?"))} calibration sample(s), worst first. "cause" says which of an '
+             f'feeding it), on {_e(s.get("samples", "?"))} calibration sample(s), worst first. "cause" says which '
+             'of an '
              "operator's inputs costs more, weights or activations, each quantized alone; \"why\" reads its "
-             "statistics.</p>"]
+             "statistics." + ("" if d else " (A passing model is not diagnosed.)") + "</p>"]
     by_node = {n["node"]: n for n in (d or {}).get("nodes", [])}
     rows = []
     for k, r in enumerate(s["rows"], 1):
         n = by_node.get(r["node"], {})
         split = n.get("split") or {}
-        kind_of = n.get("kind", s["node_type"])
+        kind_of = n.get("kind", {"node": "operator"}.get(s["node_type"], s["node_type"]))
         op = r.get("op_type") or n.get("op_type", "")
         what = f"{kind_of} ({op})" if kind_of == "operator" else f"{kind_of} into {op}" if op else kind_of
         rows.append({"rank": k, "node": r["node"], "kind": what, metric: r[metric],
@@ -429,7 +451,7 @@ def _nodes_html(m):
     cols = ["rank", "node", "kind", metric]
     if any(r["weights alone"] is not None for r in rows):
         cols += ["weights alone", "activations alone"]
-    cols += ["cause", "why", "try"] + [c for c in ("threshold", "bit", "feeds") if any(c in r for r in rows)]
+    cols += (["cause", "why", "try"] if d else []) + [c for c in ("threshold", "bit", "feeds") if any(c in r for r in rows)]
     parts.append(_table(rows, cols, "sensitivity"))
     return parts
 
@@ -518,7 +540,7 @@ def render(models):
                        f"<td>{_e(fix)}</td><td>{_e(top)}</td></tr>")
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     failing = counts["failed"]
-    expected = [m for m in models if verdict(m) == "xfailed"]
+    expected = [m for m in models if any(t["outcome"] == "xfailed" for t in m["tests"])]
     body = [f"<h1>pytest-ptq report</h1><p>{len(models)} model(s): "
             f'<span class="v-{"failed" if failing else "passed"}">{failing} failing</span>, '
             + (f'<span class="v-xfailed">{counts["xfailed"]} failing as expected (xfail)</span>, '
@@ -528,9 +550,12 @@ def render(models):
     if expected:
         items = []
         for m in expected:
-            reasons = list(dict.fromkeys(t["xfail_reason"] for t in m["tests"] if t.get("xfail_reason")))
-            items.append(f"<li>{_e(m['label'])}: {_e('; '.join(reasons) or 'no reason given')}</li>")
-        body.append(f'<p>Expected to fail, not counted as failures:</p><ul class="xfails">{"".join(items)}</ul>')
+            xfailed = [t for t in m["tests"] if t["outcome"] == "xfailed"]
+            reasons = list(dict.fromkeys(t["xfail_reason"] for t in xfailed if t.get("xfail_reason")))
+            items.append(f"<li>{_e(m['label'])} ({len(xfailed)} test(s)): "
+                         f"{_e('; '.join(reasons) or 'no reason given')}</li>")
+        body.append("<p>Expected failures (xfail), not counted as failures:</p>"
+                    f"<ul class=\"xfails\">{''.join(items)}</ul>")
     if models:
         body.append('<table class="summary"><thead><tr><th>model</th><th>verdict</th><th>tests</th>'
                     "<th>contract figure</th><th>measured on, threshold</th><th>cause</th><th>fix to try</th>"

@@ -391,7 +391,8 @@ def merge_terminal(payloads):
             into["tests"] += [t for t in m["tests"] if t["nodeid"] not in seen]
             into["diagnosis"] = into.get("diagnosis") or m.get("diagnosis")
             seen = {w["text"] for w in into.get("warnings", [])}
-            into["warnings"] = list(into.get("warnings", [])) + [w for w in m.get("warnings", []) if w["text"] not in seen]
+            into["warnings"] = list(into.get("warnings", [])) + [w for w in m.get("warnings", [])
+                                                                 if w["text"] not in seen]
     return sorted(merged.values(), key=lambda m: m["label"])
 
 
@@ -412,7 +413,8 @@ def terminal_lines(models):
     # a model whose failures no diagnosis explains (a missing baseline, a data finding) has
     # said what to do in its failure sentences; repeating them here would bury them
     failing = [m for m in models if model_outcome(m["tests"]) == "failed" and m.get("diagnosis")]
-    expected = [m for m in models if model_outcome(m["tests"]) == "xfailed"]
+    # expected failures, counted apart: any model with an xfailed test, whatever its others did
+    expected = [m for m in models if any(t["outcome"] == "xfailed" for t in m["tests"])]
     warned = [m for m in models if m.get("warnings")]
     if not (failing or expected or warned):
         return out
@@ -427,8 +429,9 @@ def terminal_lines(models):
         for t in tests:
             # the checks of the failing tests: what each measured, beside its threshold
             for c in t["checks"]:
+                mark = "FAILED" if not c["passed"] else "ok"
                 out.append(("error" if not c["passed"] else "",
-                            f"  {'FAILED' if not c['passed'] else 'ok':6} {c['kind']:8} {c['headline']}  [{t['nodeid']}]"))
+                            f"  {mark:6} {c['kind']:8} {c['headline']}  [{t['nodeid']}]"))
             if not any(not c["passed"] for c in t["checks"]):
                 out.append(("error", f"  FAILED {t['nodeid']}: no ptq check failed; see its failure above"))
         if passed:
@@ -436,12 +439,14 @@ def terminal_lines(models):
             out.append(("", f"  passed: {names}" + (f" and {len(passed) - 4} more" if len(passed) > 4 else "")))
         out += [("", line) for line in d.get("lines", [])]
     if expected:
-        out.append(("", f"{len(expected)} model(s) fail as expected (xfail), not counted as failures:"))
+        count = sum(t["outcome"] == "xfailed" for m in expected for t in m["tests"])
+        out.append(("", f"{count} expected failure(s) (xfail) on {len(expected)} model(s), not counted as failures:"))
         for m in expected:
-            reasons = list(dict.fromkeys(t["xfail_reason"] for t in m["tests"] if t["xfail_reason"]))
+            xfailed = [t for t in m["tests"] if t["outcome"] == "xfailed"]
+            reasons = list(dict.fromkeys(t["xfail_reason"] for t in xfailed if t["xfail_reason"]))
             why = f": {'; '.join(reasons)}" if reasons else ""
             head = (m.get("diagnosis") or {}).get("headline")
-            out.append(("", f"  {m['label']}{why}" + (f"; {head}" if head else "")))
+            out.append(("", f"  {m['label']} ({len(xfailed)} test(s)){why}" + (f"; {head}" if head else "")))
     for m in warned:
         for w in m["warnings"]:
             out.append(("warning", f"warning: {m['label']}: {w['text']}" + (f"; fix: {w['fix']}" if w["fix"] else "")))

@@ -11,8 +11,8 @@ def fmt(value):
             return str(value)
         if value != 0 and (abs(value) < 1e-3 or abs(value) >= 1e5):
             return f"{value:.4e}"
-        if 0.999999 < abs(value) < 1:  # a similarity a hair below 1 must not read as 1.000000
-            return f"{value:.{min(12, 1 - math.floor(math.log10(1 - abs(value))))}f}"
+        if 0.999999 < abs(value) < 1 - 1e-10:  # a similarity a hair below 1 must not read as 1.000000
+            return f"{value:.{1 - math.floor(math.log10(1 - abs(value)))}f}"
         return f"{value:.6f}"
     if isinstance(value, (list, tuple)):
         return ",".join(str(v) for v in value)

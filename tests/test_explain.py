@@ -83,7 +83,7 @@ def block(text, label):
     lines = text.splitlines()
     start = next(k for k, line in enumerate(lines) if re.match(rf"_+ ptq: {re.escape(label)} FAILED", line))
     end = next(k for k in range(start + 1, len(lines)) if re.match(r"^(_{3,}|={3,}|-{3,}) ", lines[k])
-               or lines[k].startswith(("1 model(s) fail as expected", "warning: ")))
+               or lines[k].startswith(("1 expected failure(s)", "warning: ")))
     return lines[start:end]
 
 
@@ -134,8 +134,8 @@ def test_terminal_prints_each_failing_model_once(project, planted, dist):
     assert "ptq-debug suggest qw.onnx calib --heldout held --float-model float.onnx --target-cosine 0.9999" in text
     # the expected failure is counted apart, with its reason, and gets no block
     assert "ptq: naive.onnx FAILED" not in out
-    assert re.search(r"1 model\(s\) fail as expected \(xfail\), not counted as failures:\n  naive\.onnx: a copy kept "
-                     r"as the naive baseline of the story; cause: weights", out)
+    assert re.search(r"1 expected failure\(s\) \(xfail\) on 1 model\(s\), not counted as failures:\n  naive\.onnx "
+                     r"\(1 test\(s\)\): a copy kept as the naive baseline of the story; cause: weights", out)
     # a warning of a passing model, with its fix, in the summary
     assert re.search(r"warning: stored\.onnx: weights are stored already quantized .*pass the float model", out)
 
@@ -148,12 +148,12 @@ def test_report_shows_the_cause_the_fix_and_the_contract_figure(project, planted
     qw = summary["qw.onnx"]
     # the contract's own figure: held-out, with its threshold
     assert float(qw["contract figure"]) == pytest.approx(planted["held_cosine"], abs=1e-6)
-    assert qw["measured on, threshold"] == "cosine-similarity of 'r2' on 4 held-out sample(s) (held), needs >= 0.9999"
+    assert qw["measured on, threshold"] == "cosine-similarity of 'r2' on 4 held-out sample(s), needs >= 0.9999"
     assert qw["cause"] == "weights" and qw["fix to try"] == "per-channel weights"
     assert summary["naive.onnx"]["verdict"] == "xfailed"
     assert re.search(r"3 model\(s\): <span[^>]*>1 failing</span>, <span[^>]*>1 failing as expected \(xfail\)</span>, "
                      r"1 passing", text)
-    assert "naive.onnx: a copy kept as the naive baseline of the story" in text
+    assert "naive.onnx (1 test(s)): a copy kept as the naive baseline of the story" in text
     section = next(s for s in page.sections if s["title"] == "qw.onnx FAILED")
     measured = rows(section["tables"]["measures"])
     assert {r["check"] for r in measured} == {"outputs", "nodes"}
