@@ -85,7 +85,8 @@ def _measure_text(m):
     value = m["value"] if isinstance(m["value"], str) else fmt(m["value"])
     need = f", needs {m['bound']} {_short_threshold(m['threshold'])}" if m.get("bound") else ""
     on = f" on {m['on']}" if m.get("on") else ""
-    return f"{m['what']} {value}{on}{need}"
+    detail = f" ({m['detail']})" if m.get("detail") else ""
+    return f"{m['what']} {value}{detail}{on}{need}"
 
 
 def _short_threshold(t):
@@ -326,8 +327,9 @@ class AccuracyResult(Result):
     details = ""
 
     def measures(self):
-        return [{"what": f"{self.evaluate} ratio to float ({fmt(self.quantized_score)} / {fmt(self.float_score)})",
-                 "value": self.ratio, "bound": ">=", "threshold": self.min_ratio, "passed": bool(self.passed),
+        return [{"what": f"{self.evaluate} ratio to float", "value": self.ratio,
+                 "detail": f"quantized {fmt(self.quantized_score)}, float {fmt(self.float_score)}",
+                 "bound": ">=", "threshold": self.min_ratio, "passed": bool(self.passed),
                  "on": _on(self.samples, self.data, self.holdout) if self.samples else ""}]
 
     def figures(self):

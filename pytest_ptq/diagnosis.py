@@ -340,7 +340,8 @@ def _fixes(qm, relevant, source):
         kinds = {qm.calibration[n].kind for n in plain16}
         reasons = [i["reason"] for it in relevant for i in it["inputs"] if i["node"] in plain16]
         why = ("sensitive although well shaped" if all("simply sensitive" in r for r in reasons)
-               else "their grid is too coarse for them (see why above)")
+               else _verb(plain16, "its grid is too coarse for it", "their grid is too coarse for them")
+               + " (see why above)")
         fixes.append({"kind": kinds.pop() if len(kinds) == 1 else "", "nodes": plain16, "short": "16-bit tensors",
                       "text": f"raise {_names(plain16)} to 16 bit ({_overrides_text(qm, plain16)}): {why}"})
     if groups["float"]:

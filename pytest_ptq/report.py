@@ -280,6 +280,7 @@ section[data-verdict=passed] .why{border-left-color:#1b7f2a;background:#f6fbf6}
 section[data-verdict=xfailed] .why{border-left-color:#8a6d00;background:#fffbef}
 .why td.num.v-failed{color:#b00020} pre.snippet{white-space:pre-wrap}
 table.summary td:first-child{overflow-wrap:anywhere;max-width:22em}
+.why table.measures{font-size:.85em} .why td.c-test,.why td.c-on{overflow-wrap:anywhere;max-width:20em}
 table.sensitivity{font-size:.82em} table.sensitivity td.c-why{min-width:26em} td.c-try{min-width:7em}
 """
 
@@ -351,7 +352,8 @@ def measures(m):
     for t in m["tests"]:
         for r in t["results"]:
             for x in r.get("measures", []):
-                rows.append({"check": r["kind"], "measured": x["what"], "value": x["value"],
+                what = x["what"] + (f" ({x['detail']})" if x.get("detail") else "")
+                rows.append({"check": r["kind"], "measured": what, "value": x["value"],
                              "threshold": f"{x['bound']} {_threshold(x['threshold'])}" if x.get("bound") else "",
                              "on": x.get("on", ""), "result": "ok" if x["passed"] else "FAIL", "test": t["nodeid"],
                              "_passed": x["passed"], "_outcome": t["outcome"]})
