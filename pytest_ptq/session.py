@@ -207,11 +207,10 @@ class PTQSession:
         key = analysis.key
         here = self.config.invocation_params.dir
         holdout = self.judged_on(key.id)
-        target = settings.min_cosine
-        for rec in self.tests.values():
-            for mid, r in rec.results:
-                if mid == key.id and r.kind == "outputs" and r.metric == "cosine-similarity" and r.thresholds:
-                    target = max(r.thresholds.values())
+        # the target of the output checks that failed (else of any): the strictest of them
+        floors = [(not r, max(r.thresholds.values())) for rec in self.tests.values() for mid, r in rec.results
+                  if mid == key.id and r.kind == "outputs" and r.metric == "cosine-similarity" and r.thresholds]
+        target = max(floors)[1] if floors else settings.min_cosine
         args = ["ptq-debug", "suggest", _shown_path(key.model, here), _shown_path(key.data, here)]
         if holdout:
             args += ["--heldout", _shown_path(holdout, here)]

@@ -216,6 +216,8 @@ def test_report_opens_in_headless_chromium(project, tmp_path):
     assert top < 2 * probe["height"], "the cause of the failing model is not on its first screens"
     assert text.startswith("cause: ") and any(w in text for w in ("weights", "activations", "neither"))
     assert probe["why"][4] == "Why it fails" and probe["fix"] is not None and probe["fix"][1] > 0
+    # the search it suggests aims at the failing check's threshold (1.0), not the passing one's
+    assert "ptq-debug suggest model.onnx calib --target-cosine 1 --remedy mixed" in path.read_text()
 
     # a screenshot, kept for CI (PTQ_SCREENSHOT_DIR) and looked at by people
     shot = tmp_path / "report.png"
