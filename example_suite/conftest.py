@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -29,17 +30,35 @@ def _cache_dir():
     return cache
 
 
+def _progress(config):
+    """Progress lines of the first run's downloads and preparation, on stderr as they happen
+    (pytest captures output at this point; the lines go around it), each with its time."""
+    capman = config.pluginmanager.getplugin("capturemanager")
+    start = time.perf_counter()
+
+    def say(message):
+        line = f"example suite [{time.perf_counter() - start:5.1f} s]: {message}"
+        if capman is None:
+            print(line, file=sys.stderr, flush=True)
+            return
+        with capman.global_and_fixture_disabled():
+            print(line, file=sys.stderr, flush=True)
+
+    return say
+
+
 def pytest_sessionstart(session):
     from example_suite.fixes import build_fixed_models
     from example_suite.prepare import PrepareError, prepare
     from example_suite.producers import build_modelopt_model
     from example_suite.quantize import build_dynamic_model
 
+    say = _progress(session.config)
     try:
-        paths = prepare(cache_dir=_cache_dir(), verbose=False)
-        build_fixed_models(paths)
-        build_dynamic_model(paths)
-        build_modelopt_model(paths)
+        paths = prepare(cache_dir=_cache_dir(), verbose=say)
+        build_fixed_models(paths, verbose=say)
+        build_dynamic_model(paths, verbose=say)
+        build_modelopt_model(paths, verbose=say)
     except (PrepareError, RuntimeError) as exc:
         pytest.exit(f"example suite: {exc}", returncode=2)
 

@@ -13,10 +13,19 @@ from __future__ import annotations
 import hashlib
 import json
 import sys
+import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 FIXES = HERE / "fixes.json"
+
+
+def _say(verbose, message):
+    """``verbose``: True prints to stderr, a callable (the conftest's progress) takes the line."""
+    if callable(verbose):
+        verbose(message)
+    elif verbose:
+        print(f"example suite: {message}", file=sys.stderr, flush=True)
 
 
 def build_fixed_models(paths, verbose=True):
@@ -33,8 +42,8 @@ def build_fixed_models(paths, verbose=True):
         stamp = out.with_suffix(".settings")
         fingerprint = hashlib.sha256(json.dumps(fix["settings"], sort_keys=True).encode()).hexdigest()
         if not out.exists() or not stamp.exists() or stamp.read_text() != fingerprint:
-            if verbose:
-                print(f"example suite: re-quantizing {key} with the fix from fixes.json", file=sys.stderr)
+            _say(verbose, f"re-quantizing {key} with the fix from fixes.json into {out.name} ...")
+            start = time.perf_counter()
             kwargs = quantize_static_kwargs(fix["settings"])
             if fix["settings"].get("quantizer") == "quantize_dynamic":
                 quantize_dynamically(info["float_model"], out, nodes_to_exclude=kwargs["nodes_to_exclude"])
@@ -44,5 +53,6 @@ def build_fixed_models(paths, verbose=True):
                          tensor_quant_overrides=kwargs["extra_options"].get("TensorQuantOverrides"),
                          calibration_cache=info["calibration_cache"])
             stamp.write_text(fingerprint)
+            _say(verbose, f"{key}: {out.name} ({time.perf_counter() - start:.1f} s)")
         built[key] = out
     return built

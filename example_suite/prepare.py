@@ -183,8 +183,11 @@ def _read_info(path: Path):
         return None
 
 
-def _log(verbose: bool, *args) -> None:
-    if verbose:
+def _log(verbose, *args) -> None:
+    """Progress: ``verbose`` True prints it, a callable (the example suite's conftest) takes it."""
+    if callable(verbose):
+        verbose(" ".join(str(a) for a in args))
+    elif verbose:
         print("[prepare]", *args, flush=True)
 
 
@@ -221,9 +224,11 @@ def _fetch_wheels(cache_dir: Path, verbose: bool) -> dict[str, Path]:
 
     rapidocr = wheel_dir / RAPIDOCR_WHEEL
     if not rapidocr.is_file():
-        _log(verbose, f"downloading {RAPIDOCR_REQUIREMENT} ...")
+        _log(verbose, f"downloading {RAPIDOCR_REQUIREMENT} from PyPI (the OCR models, about 15 MB) ...")
+        t = time.perf_counter()
         if not _pip_download(wheel_dir, RAPIDOCR_REQUIREMENT, log_path=log_path) or not rapidocr.is_file():
             raise PrepareError(f"could not download {RAPIDOCR_REQUIREMENT} with pip; {offline_hint}.")
+        _log(verbose, f"downloaded {RAPIDOCR_WHEEL} ({time.perf_counter() - t:.1f} s)")
 
     def find_skimage():
         found = sorted(glob.glob(str(wheel_dir / SKIMAGE_WHEEL_GLOB)))
@@ -231,12 +236,15 @@ def _fetch_wheels(cache_dir: Path, verbose: bool) -> dict[str, Path]:
 
     skimage = find_skimage()
     if skimage is None:
-        _log(verbose, f"downloading {SKIMAGE_REQUIREMENT} (only its skimage/data images are used) ...")
+        _log(verbose, f"downloading {SKIMAGE_REQUIREMENT} from PyPI (about 14 MB; only its skimage/data images "
+                      "are used) ...")
+        t = time.perf_counter()
         if not _pip_download(wheel_dir, SKIMAGE_REQUIREMENT, SKIMAGE_PINNED_PLATFORM, log_path):
             _pip_download(wheel_dir, SKIMAGE_REQUIREMENT, log_path=log_path)
         skimage = find_skimage()
         if skimage is None:
             raise PrepareError(f"could not download {SKIMAGE_REQUIREMENT} with pip; {offline_hint}.")
+        _log(verbose, f"downloaded {skimage.name} ({time.perf_counter() - t:.1f} s)")
     return {"rapidocr": rapidocr, "skimage": skimage}
 
 
@@ -1026,7 +1034,8 @@ def prepare(cache_dir: str | Path | None = None, verbose: bool = True, remeasure
 
     Args:
         cache_dir: the cache folder; default ``$PTQ_EXAMPLE_CACHE`` or ``example_suite/.cache``.
-        verbose: print progress and the measured figures.
+        verbose: True prints progress and the measured figures; a callable receives each
+            progress line instead (and the figures are not printed).
         remeasure: measure again even if ``prepare.json`` holds figures.
 
     Returns:
@@ -1051,7 +1060,7 @@ def prepare(cache_dir: str | Path | None = None, verbose: bool = True, remeasure
                            "set PTQ_EXAMPLE_CACHE to a writable folder.") from None
     with _cache_lock(cache_dir):
         result = _prepare_locked(cache_dir, verbose, remeasure)
-    if verbose:
+    if verbose is True:
         for name, info in result["models"].items():
             print(_describe(name, info), flush=True)
         _log(True, f"cache: {cache_dir} ({time.perf_counter() - t_start:.1f} s)")
@@ -1122,6 +1131,7 @@ def _build_model(name, cache_dir, wheels, old_info, remeasure, verbose) -> dict:
     input_shape = [1, 3, DET_SIZE, DET_SIZE] if name == DET else [1, *pre["cls_image_shape"]]
     fingerprint = _fingerprint(name, input_shape, pre)
     model_dir = cache_dir / name
+    _log(verbose, f"{name}: preparing the model and its samples into {model_dir} ...")
     if old_info is not None and old_info.get("fingerprint") != fingerprint:
         _log(verbose, f"{name}: cache made with other settings, rebuilding {model_dir}")
         shutil.rmtree(model_dir, ignore_errors=True)
@@ -1185,7 +1195,8 @@ def _build_model(name, cache_dir, wheels, old_info, remeasure, verbose) -> dict:
         info["figures"]["measured_on"] = f"{os.cpu_count()} CPU cores, onnxruntime CPUExecutionProvider"
         if hasattr(os, "getloadavg"):  # timings are only comparable on an idle machine
             info["figures"]["load_average_1min"] = round(os.getloadavg()[0], 2)
-        _log(verbose, f"{name}: measured ({time.perf_counter() - t:.1f} s)")
+        _log(verbose, f"{name}: measured float vs quantized outputs and timings into prepare.json "
+                      f"({time.perf_counter() - t:.1f} s)")
     tmp = paths["info"].with_name("prepare.json.tmp")
     tmp.write_text(json.dumps(info, indent=1, default=str))
     os.replace(tmp, paths["info"])

@@ -16,6 +16,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import numpy as np
@@ -32,6 +33,14 @@ def modelopt_python():
     return python if python and Path(python).exists() else None
 
 
+def _say(verbose, message):
+    """``verbose``: True prints to stderr, a callable (the conftest's progress) takes the line."""
+    if callable(verbose):
+        verbose(message)
+    elif verbose:
+        print(f"example suite: {message}", file=sys.stderr, flush=True)
+
+
 def build_modelopt_model(paths, verbose=True):
     """``<cache>/<MODEL>/modelopt_int8.onnx`` (made on first use), or None without Model Optimizer."""
     python = modelopt_python()
@@ -44,8 +53,8 @@ def build_modelopt_model(paths, verbose=True):
         return out
     if python is None:
         return None
-    if verbose:
-        print(f"example suite: quantizing {MODEL} with NVIDIA Model Optimizer ({python})", file=sys.stderr)
+    _say(verbose, f"quantizing {MODEL} with NVIDIA Model Optimizer ({python}) into {FILE} ...")
+    start = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
         npz = Path(tmp) / "calib.npz"
         np.savez(npz, x=np.concatenate([np.load(f) for f in calib]))
@@ -56,4 +65,5 @@ def build_modelopt_model(paths, verbose=True):
         last = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
         raise RuntimeError(f"Model Optimizer could not quantize {MODEL}: {last[0]}")
     stamp.write_text(fingerprint)
+    _say(verbose, f"{MODEL}: {FILE} ({time.perf_counter() - start:.1f} s)")
     return out

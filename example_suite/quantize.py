@@ -274,8 +274,11 @@ def build_dynamic_model(paths: Mapping, model: str = "ppocr_mobile_v2_cls", verb
     stamp = out.with_suffix(".float")
     fingerprint = hashlib.sha256(Path(info["float_model"]).read_bytes()).hexdigest()
     if not out.exists() or not stamp.exists() or stamp.read_text() != fingerprint:
-        if verbose:
-            print(f"example suite: quantizing {model} with quantize_dynamic", file=sys.stderr)
+        message = f"quantizing {model} with quantize_dynamic into {out.name} ..."
+        if callable(verbose):  # the conftest's progress line
+            verbose(message)
+        elif verbose:
+            print(f"example suite: {message}", file=sys.stderr)
         quantize_dynamically(info["float_model"], out)
         stamp.write_text(fingerprint)
     return out

@@ -100,6 +100,12 @@ class Analysis:
         return self.engine.qmodel
 
     @property
+    def warnings(self):
+        """The engine's warnings (folded activations, rewritten graphs, ...); none before it is
+        built: reading them never compiles the model."""
+        return list(self._engine.warnings) if self._engine is not None else []
+
+    @property
     def data(self):
         """The calibration samples the checks use (the engine's)."""
         return self.engine.data
@@ -179,6 +185,18 @@ class Analysis:
             return three_configs(self.engine, specs, name, holdout, ranking_samples=self.samples, data=every)
 
         return self.cached(("verdict", None if holdout is None else str(holdout), name), compute, files=(holdout,))
+
+    def diagnosis(self, node_type="node", metric="cosine-similarity", holdout=None, top=10):
+        """:class:`~pytest_ptq.diagnosis.Diagnosis`: why the model loses accuracy, from the
+        :meth:`verdict` on ``holdout`` (the data a contract judged on) and the ``node_type``
+        ranking: each top node's kind, the reading behind it, and the fix in the producer's
+        terms. Costs one sweep of the top nodes' statistics; no remedy search."""
+        from .diagnosis import diagnose
+
+        name = get_metrics(metric)[0].name
+        key = ("diagnosis", node_type, name, None if holdout is None else str(holdout), top)
+        return self.cached(key, lambda: diagnose(self.engine, self.sensitivity(node_type, name),
+                                                 self.verdict(holdout), top))
 
     def curves(self, metric="cosine-similarity"):
         """Cumulative error curves: only weights, only activations, everything quantized."""

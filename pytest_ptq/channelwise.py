@@ -288,10 +288,48 @@ def _boxes(ax, stats, group, outliers):
 
 
 def wrap(text, width_inches, fontsize=10):
-    """Break a title into lines that fit a figure ``width_inches`` wide."""
+    """Break a title into lines that fit a figure ``width_inches`` wide: between phrases
+    (after "; ", ": " or ", ", before " - " or " -> ", never inside brackets) where it can,
+    between words only inside a phrase longer than a line."""
     import textwrap
 
-    return textwrap.fill(text, width=max(40, int(width_inches * 135 / fontsize)))
+    width = max(40, int(width_inches * 135 / fontsize))
+    lines = []
+    for paragraph in text.split("\n"):
+        line = ""
+        for piece in _phrases(paragraph):
+            if len(line) + len(piece) <= width:
+                line += piece
+                continue
+            if line.strip():
+                lines.append(line.rstrip())
+            piece = piece.lstrip()
+            if piece.startswith("- "):  # a dash between phrases means nothing at the start of a line
+                piece = piece[2:]
+            if len(piece) > width:
+                *full, piece = textwrap.wrap(piece, width=width, break_on_hyphens=False) or [""]
+                lines += full
+            line = piece
+        lines.append(line.rstrip())
+    return "\n".join(lines)
+
+
+def _phrases(text):
+    """``text`` cut into phrases at depth 0 of its brackets, each keeping its separator."""
+    out, start, depth = [], 0, 0
+    for i, ch in enumerate(text):
+        if ch in "([{":
+            depth += 1
+        elif ch in ")]}":
+            depth = max(0, depth - 1)
+        elif depth == 0 and ch == " " and i > start:
+            after_sep = text[i - 1] in ";:,"
+            before_dash = text.startswith(" - ", i) or text.startswith(" -> ", i)
+            if after_sep or before_dash:
+                out.append(text[start:i + (1 if after_sep else 0)])
+                start = i + (1 if after_sep else 0)
+    out.append(text[start:])
+    return [p for p in out if p]
 
 
 def _band(ax, stats, outliers, lo, hi, span):

@@ -54,6 +54,21 @@ class Result:
     def text(self):
         return self.summary + ("\n" + self.details if self.details else "")
 
+    def measures(self):
+        """What the check measured, each beside its threshold: dicts with ``what``, ``value``,
+        ``bound`` (">=", "<=" or ""), ``threshold``, ``passed`` and ``on`` (the data)."""
+        return []
+
+    def headline(self):
+        """The measured values beside their thresholds, in one line (the failing ones, or all
+        when none fails); the summary when the check measures nothing."""
+        ms = self.measures()
+        shown = [m for m in ms if not m["passed"]] or ms
+        if not shown or self.kind in ("baseline", "data"):  # their sentence names the file and what to run
+            return self.summary
+        more = f"; and {len(shown) - 3} more" if len(shown) > 3 else ""
+        return "; ".join(_measure_text(m) for m in shown[:3]) + more
+
     def properties(self):
         """``(name, value)`` pairs for JUnit XML ``<property>`` elements."""
         return [(f"ptq.{self.kind}.{k}", v) for k, v in self.figures().items()]
@@ -61,7 +76,26 @@ class Result:
     def to_dict(self):
         """JSON-safe form for reports and xdist payloads."""
         return {"kind": self.kind, "passed": bool(self.passed), "summary": self.summary,
-                "details": self.details, "figures": {k: _plain(v) for k, v in self.figures().items()}}
+                "details": self.details, "figures": {k: _plain(v) for k, v in self.figures().items()},
+                "headline": self.headline(), "measures": [{k: _plain(v) if not isinstance(v, (list, dict)) else v
+                                                            for k, v in m.items()} for m in self.measures()]}
+
+
+def _measure_text(m):
+    value = m["value"] if isinstance(m["value"], str) else fmt(m["value"])
+    need = f", needs {m['bound']} {_short_threshold(m['threshold'])}" if m.get("bound") else ""
+    on = f" on {m['on']}" if m.get("on") else ""
+    detail = f" ({m['detail']})" if m.get("detail") else ""
+    return f"{m['what']} {value}{detail}{on}{need}"
+
+
+def _short_threshold(t):
+    return f"{t:g}" if isinstance(t, float) else str(t)
+
+
+def _on(samples, data, holdout):
+    """"24 held-out samples" or "16 calibration samples"."""
+    return f"{samples} {'held-out' if holdout else 'calibration'} sample(s) ({data})"
 
 
 def _plain(value):
@@ -84,6 +118,7 @@ class OutputResult(Result):
     samples: int
     model: str
     data: str
+    holdout: str | None = None  # the held-out data judged on (absolute), None: calibration data
     kind = "outputs"
 
     def __repr__(self):
@@ -108,9 +143,18 @@ class OutputResult(Result):
         return (f"output {self.metric} meets every threshold (worst {worst!r} {fmt(self.values[worst])} "
                 f"{_bound(m)} {fmt(self.thresholds[worst])}) [{where}]")
 
+    def measures(self):
+        m = get_metrics(self.metric)[0]
+        on = _on(self.samples, self.data, self.holdout)
+        return [{"what": f"{self.metric} of {o!r}" if len(self.values) > 1 else self.metric, "value": v,
+                 "bound": _bound(m), "threshold": self.thresholds[o], "passed": _meets(m, v, self.thresholds[o]),
+                 "on": on, "output": o} for o, v in self.values.items()]
+
     @property
     def details(self):
         m = get_metrics(self.metric)[0]
+        if len(self.values) == 1:  # the summary says it all
+            return ""
         rows = [{"output": o, self.metric: v, "threshold": f"{_bound(m)} {fmt(self.thresholds[o])}",
                  "verdict": "ok" if _meets(m, v, self.thresholds[o]) else "FAIL"} for o, v in self.values.items()]
         return format_table(rows, ["output", self.metric, "threshold", "verdict"], _CAP)
@@ -163,7 +207,8 @@ def check_outputs(analysis, threshold, metric=COSINE, holdout=None):
     values = {name: vals[m.name] for name, vals in metrics.values.items()}
     ok = all(_meets(m, values[o], limit[o]) for o in values)
     return OutputResult(passed=ok, metric=m.name, values=values, thresholds=limit, samples=metrics.samples,
-                        model=analysis.label, data=analysis.relative(metrics.data))
+                        model=analysis.label, data=analysis.relative(metrics.data),
+                        holdout=None if holdout is None else str(holdout))
 
 
 # -- nodes ---------------------------------------------------------------------------------
@@ -203,6 +248,15 @@ class NodeResult(Result):
     @property
     def details(self):
         return "most sensitive nodes:\n" + self.table if self.table else ""
+
+    def measures(self):
+        if not self.worst:
+            return []
+        m = get_metrics(self.metric)[0]
+        name, value = (self.offenders[0] if self.offenders else self.worst)
+        return [{"what": f"{self.metric} with only {name} quantized", "value": value, "bound": _bound(m),
+                 "threshold": self.threshold, "passed": not self.offenders, "on": "",
+                 "over_limit": len(self.offenders)}]
 
     def figures(self):
         fig = {"over_limit": len(self.offenders)}
@@ -256,6 +310,9 @@ class AccuracyResult(Result):
     min_ratio: float
     evaluate: str
     model: str
+    samples: int = 0
+    data: str = ""
+    holdout: str | None = None  # the held-out data judged on (absolute), None: calibration data
     kind = "accuracy"
 
     def __repr__(self):
@@ -268,6 +325,12 @@ class AccuracyResult(Result):
                 f"{fmt(self.float_score)}, which {verdict} the {self.min_ratio:.3%} required [{self.model}]")
 
     details = ""
+
+    def measures(self):
+        return [{"what": f"{self.evaluate} ratio to float", "value": self.ratio,
+                 "detail": f"quantized {fmt(self.quantized_score)}, float {fmt(self.float_score)}",
+                 "bound": ">=", "threshold": self.min_ratio, "passed": bool(self.passed),
+                 "on": _on(self.samples, self.data, self.holdout) if self.samples else ""}]
 
     def figures(self):
         return {"float": self.float_score, "quantized": self.quantized_score, "ratio": self.ratio}
@@ -287,8 +350,11 @@ def check_accuracy(analysis, evaluate, min_ratio=0.99, holdout=None):
         raise PTQError(f"the evaluation function {name} gave the float model {f_score!r}; a ratio needs a "
                        "positive score, so return an accuracy-like number where higher is better")
     ratio = q_score / f_score
+    data = analysis.dataset(holdout)
     return AccuracyResult(passed=ratio >= ratio_min, float_score=f_score, quantized_score=q_score,
-                          ratio=ratio, min_ratio=ratio_min, evaluate=name, model=analysis.label)
+                          ratio=ratio, min_ratio=ratio_min, evaluate=name, model=analysis.label, samples=len(data),
+                          data=analysis.relative(holdout if holdout is not None else analysis.key.data),
+                          holdout=None if holdout is None else str(holdout))
 
 
 # -- baseline ------------------------------------------------------------------------------
@@ -304,6 +370,9 @@ class BaselineResult(Result):
     model: str
     problem: str = ""  # what is wrong with an unreadable or malformed baseline, naming the key
     detail: str = ""  # why it could not be read
+    # the command that writes it: this run's own options, so that it runs as printed
+    update_command: str = "pytest --ptq-update-baseline"
+    rerun_command: str = "pytest"
     kind = "baseline"
 
     def __repr__(self):
@@ -314,12 +383,14 @@ class BaselineResult(Result):
         p = self.path
         if self.status == "missing":
             return (f"baseline {p} does not exist, so there is nothing to compare {self.model} against; "
-                    "create it with `pytest --ptq-update-baseline`, review it and commit it")
+                    f"create it with `{self.update_command}`, review it and commit it")
         if self.status == "created":
             return (f"baseline {p} did not exist and has been written; review and commit it, then rerun "
-                    "(this run fails so that a run never passes on a baseline it wrote itself)")
+                    f"`{self.rerun_command}` (this run fails so that a run never passes on a baseline it wrote "
+                    "itself)")
         if self.status == "unreadable":
-            return f"baseline {p} {self.problem or 'cannot be read'}; rewrite it with `pytest --ptq-update-baseline`"
+            return (f"baseline {p} {self.problem or 'cannot be read'}; rewrite it with "
+                    f"`{self.update_command}`")
         d = self.diff
         if self.status == "rewritten":
             what = "failed against it and " if d is not None and not d.ok else (
@@ -328,7 +399,7 @@ class BaselineResult(Result):
             return f"baseline {p} {what}has been rewritten from this run ({self.model}){tail}"
         if d.mismatch:
             return (f"baseline {p} does not fit this check: {d.mismatch}; rewrite it with "
-                    "`pytest --ptq-update-baseline`")
+                    f"`{self.update_command}`")
         if self.status == "degraded":
             parts = []
             if d.nodes:
@@ -336,7 +407,7 @@ class BaselineResult(Result):
             if d.outputs:
                 parts.append(f"{len(d.outputs)} output(s)")
             return (f"{' and '.join(parts)} of {self.model} got worse than baseline {p} by more than "
-                    f"{self.tolerance:g} {d.metric}; if intended, run `pytest --ptq-update-baseline` "
+                    f"{self.tolerance:g} {d.metric}; if intended, run `{self.update_command}` "
                     "and commit the new file")
         return (f"{self.model} is within {self.tolerance:g} {d.metric} of baseline {p} "
                 f"({len(d.improved)} value(s) improved)")
@@ -367,6 +438,15 @@ class BaselineResult(Result):
         lines += d.notes
         return "\n".join(lines)
 
+    def measures(self):
+        d = self.diff
+        if d is None or not (d.nodes or d.outputs):
+            return [{"what": "baseline", "value": self.status, "bound": "", "threshold": None,
+                     "passed": bool(self.passed), "on": self.path}]
+        worst = max((mv for mv in d.nodes + d.outputs), key=lambda mv: mv.worse)
+        return [{"what": f"{d.metric} of {worst.name} moved the wrong way by", "value": worst.worse, "bound": "<=",
+                 "threshold": self.tolerance, "passed": False, "on": f"baseline {self.path}"}]
+
     def figures(self):
         d = self.diff
         fig = {"status": self.status}
@@ -380,7 +460,7 @@ UPDATES = ("none", "failing", "all")
 
 
 def check_baseline(analysis, path, update="none", tolerance=0.001, node_type="node", metric=COSINE,
-                   outputs=None, inputs=None):
+                   outputs=None, inputs=None, update_command=None, rerun_command=None):
     """Compare ``analysis`` with the baseline at ``path`` and apply the update policy.
 
     ``update``: ``"none"`` (CI: a missing baseline fails), ``"failing"`` (write missing or
@@ -399,7 +479,9 @@ def check_baseline(analysis, path, update="none", tolerance=0.001, node_type="no
 
     def result(passed, status, diff=None, problem="", detail=""):
         return BaselineResult(passed=passed, status=status, path=shown, diff=diff, tolerance=tol,
-                              model=analysis.label, problem=problem, detail=detail)
+                              model=analysis.label, problem=problem, detail=detail,
+                              update_command=update_command or "pytest --ptq-update-baseline",
+                              rerun_command=rerun_command or "pytest")
 
     if not path.exists():
         if update == "none":
@@ -478,6 +560,10 @@ class DataResult(Result):
                 lines.append(f"        fix: {f['fix']}")
         return "\n".join(lines)
 
+    def measures(self):
+        return [{"what": f"findings at or above {self.max_severity}", "value": len(self.failing), "bound": "<=",
+                 "threshold": 0, "passed": bool(self.passed), "on": self.data}]
+
     def figures(self):
         count = {s: sum(f["severity"] == s for f in self.findings) for s in SEVERITIES}
         fig = {"errors": count["error"], "warnings": count["warning"], "notes": count["info"]}
@@ -551,6 +637,14 @@ class StagesResult(Result):
                      "description": "how far the integer kernels are from the simulation"})
         return format_table(rows, ["stage", COSINE, "required", "description"])
 
+    def measures(self):
+        t, m = self.threshold, _cosine()
+        on = f"{self.samples} calibration sample(s)"
+        return [{"what": "integer-kernel output cosine vs float", "value": self.values["integer"], "bound": ">=",
+                 "threshold": t, "passed": _meets(m, self.values["integer"], t), "on": on},
+                {"what": "integer kernels vs fake-quant cosine", "value": self.kernel_gap, "bound": ">=",
+                 "threshold": t, "passed": _meets(m, self.kernel_gap, t), "on": on}]
+
     def figures(self):
         fig = {f"{stage}.{COSINE}": v for stage, v in self.values.items()}
         fig[f"kernel_gap.{COSINE}"] = self.kernel_gap
@@ -590,12 +684,14 @@ class PTQ:
     recorded for the failure section, JUnit properties and the HTML report.
     """
 
-    def __init__(self, analysis, settings, record, baseline_path, inputs=None):
+    def __init__(self, analysis, settings, record, baseline_path, inputs=None, commands=None):
         self.analysis = analysis
         self.settings = settings
         self._record = record
         self._baseline_path = baseline_path
         self._inputs = inputs  # what the test reads beyond the analysis (a contract, its evaluate file)
+        # how to run this test again, as printed in messages: {"update": ..., "rerun": ...}
+        self._commands = commands or {}
 
     @property
     def engine(self):
@@ -641,7 +737,8 @@ class PTQ:
             self._warn_outside_root(Path(path))
         return self._done(check_baseline(
             self.analysis, path, s.update, s.tolerance if tolerance is None else tolerance,
-            node_type or s.node_type, metric or s.metric, inputs=inputs))
+            node_type or s.node_type, metric or s.metric, inputs=inputs,
+            update_command=self._commands.get("update"), rerun_command=self._commands.get("rerun")))
 
     def _warn_outside_root(self, path):
         # the baseline folder itself is warned about once, at start-up (see session.py)

@@ -19,6 +19,7 @@ from .figures import metric_label, pyplot, save_figure
 from .metrics import get_metrics
 from .progress import Progress
 from .results import JsonResult, read_from
+from .tables import short
 from .engine import engine_for
 from .sensitivity import sample_indices
 
@@ -120,32 +121,48 @@ def running_mean(values):
 
 
 def plot_curves(curves, path, title=None, annotate=3):
-    """Write the curves as a PNG: node index on x, the metric on y, worst points named."""
+    """Write the curves as a PNG: operators in execution order on x, the metric on y; the
+    ``annotate`` worst points of each curve are numbered on it and named in a side panel with
+    the legend, so that no label covers a curve or another label."""
+    from .figures import mark_points, side_text, with_side_panel
+
     plt = pyplot()
     m = get_metrics(curves.metric)[0]
-    fig, ax = plt.subplots(figsize=(12, 5.5), dpi=100)
+    fig, ax, side = with_side_panel(plt, (12.5, 5.5), ratio=(4.0, 1.1))
     x = np.arange(len(curves.nodes))
     colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    worst = {}  # node index -> [(config, value)]
     for k, (label, vals) in enumerate(curves.values.items()):
         ys = running_mean(vals) if curves.average_mode else vals
         colour = colours[k % len(colours)]
         ax.plot(x, ys, marker=".", markersize=3, linewidth=1.2, color=colour, label=label)
-        order = sorted(range(len(ys)), key=lambda i: m.sort_key(ys[i]))[:annotate]
-        for i in order:
-            ax.annotate(curves.nodes[i], (x[i], ys[i]), textcoords="offset points", xytext=(4, -12 if m.higher_is_better else 6),
-                        fontsize=7, color=colour, arrowprops=dict(arrowstyle="-", color=colour, lw=0.5))
+        for i in sorted(range(len(ys)), key=lambda i: m.sort_key(ys[i]))[:annotate]:
+            worst.setdefault(i, []).append((label, ys[i]))
     if curves.local is not None:
         idx = [i for i, v in enumerate(curves.local) if v is not None]
         ax.scatter(idx, [curves.local[i] for i in idx], s=10, marker="x", color="grey",
-                   label="local error (float inputs, full quantization)", zorder=3)
+                   label="local error: its own\ninputs quantized only", zorder=3)
     mode = " (running mean)" if curves.average_mode else ""
-    ax.set_title(title or f"Cumulative {curves.metric}{mode} vs float model, {curves.samples} sample(s)")
-    ax.set_xlabel("normal node index (topological order)")
+    ax.set_title(title or f"Cumulative {curves.metric}{mode} vs float model, {curves.samples} sample(s)", fontsize=11)
+    ax.set_xlabel("operator, in execution order (index from the model inputs)")
     ax.set_ylabel(metric_label(m))
     ax.ticklabel_format(axis="y", useOffset=False)
     ax.grid(True, alpha=0.3)
-    ax.legend(loc="best", fontsize=8)
-    return save_figure(fig, path)
+    # one number per marked operator, worst first; the side panel names it
+    order = sorted(worst, key=lambda i: min(m.sort_key(v) for _, v in worst[i]))
+    mark_points(ax, [(i, min((v for _, v in worst[i]), key=m.sort_key)) for i in order])
+    handles, labels = ax.get_legend_handles_labels()
+    side.legend(handles, labels, loc="upper left", fontsize=8, frameon=False, borderaxespad=0)
+    lines = ["worst points:"]
+    for k, i in enumerate(order, 1):
+        lines.append(f"{k:>2} {_clip(curves.nodes[i], 26)} (#{i})")
+        lines += [f"   {_clip(label, 16)} {short(v)}" for label, v in worst[i]]
+    side_text(side, lines, top=0.98 - 0.055 * (len(labels) + 1), fontsize=7.5)
+    return save_figure(fig, path, tight=False)
+
+
+def _clip(text, width):
+    return text if len(text) <= width else text[: width - 1] + "~"
 
 
 def plot_acc_error(save_dir, calibrated_data=None, model_or_file=None, quantize_node=None,

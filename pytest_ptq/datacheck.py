@@ -37,6 +37,7 @@ from .engine import Engine
 from .model import QuantModel, load_model
 from .progress import Progress
 from .results import JsonResult
+from .verdict import badness
 
 SEVERITIES = params.SEVERITIES
 FEW_SAMPLES, MANY_SAMPLES = 20, 100
@@ -58,7 +59,7 @@ class Finding:
     """One problem: ``check`` is a short code (``count``, ``nan``, ``constant``, ``duplicate``,
     ``dtype``, ``layout``, ``shape``, ``inputs``, ``unreadable``, ``range``, ``range-narrow``,
     ``raw-pixels``, ``colour-order``, ``channel-stats``, ``channel-scale``,
-    ``preprocessing-differs``, ``not-representative``, ``heldout-worse``,
+    ``preprocessing-differs``, ``not-representative``, ``heldout-gap``, ``heldout-worse``,
     ``heldout-clipping``, ``no-qdq``, ``heldout-skipped``)."""
 
     check: str
@@ -540,6 +541,20 @@ def _quantized_metrics(engine, data, metric, bar):
     return value, shares
 
 
+# The held-out data losing this many times what the calibration data lose (and by GAP_MIN at
+# least) is a gap between the two sets, whatever the threshold.
+GAP_RATIO = 1.5
+GAP_MIN = 0.01
+
+
+def _gap(metric, cal_value, held_value):
+    """True when the held-out loss is GAP_RATIO times the calibration loss, and GAP_MIN more."""
+    cal, held = badness(metric.name, cal_value), badness(metric.name, held_value)
+    if metric.name not in ("cosine-similarity", "sqnr"):  # error metrics: no absolute scale for GAP_MIN
+        return held >= GAP_RATIO * cal and held > cal
+    return held >= GAP_RATIO * cal and held - cal >= GAP_MIN * (1 if metric.name == "cosine-similarity" else 0.1)
+
+
 def _heldout_findings(engine, cal_data, held_data, metric, threshold, bar):
     cal_value, cal_clip = _quantized_metrics(engine, cal_data, metric, bar)
     held_value, held_clip = _quantized_metrics(engine, held_data, metric, bar)
@@ -554,8 +569,13 @@ def _heldout_findings(engine, cal_data, held_data, metric, threshold, bar):
     details = {"calibration": cal_value, "heldout": held_value,
                "heldout_clipping": {n: s for n, s in clipping[:10]}}
     if threshold is None:
-        out.append(Finding("heldout-worse", "info", f"fully quantized {metric.name}: {cal_value:.6g} on the calibration "
-                           f"data, {held_value:.6g} on the held-out data{hint}", "", None, "heldout", details=details))
+        gap = _gap(metric, cal_value, held_value)
+        out.append(Finding("heldout-gap" if gap else "heldout-worse", "warning" if gap else "info",
+                           f"fully quantized {metric.name}: {cal_value:.6g} on the calibration data, {held_value:.6g} "
+                           f"on the held-out data{hint}" + (": the calibration set does not represent the held-out "
+                                                             "data" if gap else ""),
+                           "calibrate on samples drawn like the held-out data" if gap else "", None, "heldout",
+                           details=details))
         return out, quantized
     cal_ok = not metric.worse(cal_value, threshold)
     held_ok = not metric.worse(held_value, threshold)
@@ -567,12 +587,22 @@ def _heldout_findings(engine, cal_data, held_data, metric, threshold, bar):
             f"will see{hint}",
             "calibrate on 20-100 samples drawn like the held-out/production data (scenes, lighting, classes, value range)",
             None, "heldout", details=details))
+    elif not cal_ok and not held_ok and _gap(metric, cal_value, held_value):
+        ratio = badness(metric.name, held_value) / max(badness(metric.name, cal_value), 1e-12)
+        out.append(Finding(
+            "heldout-gap", "warning",
+            f"quantization misses {threshold} on both sets, and the held-out data lose {ratio:.1f}x as much "
+            f"({metric.name} {cal_value:.6g} on the calibration data, {held_value:.6g} on the held-out data){hint}: "
+            "the model is sensitive and the calibration set does not represent the held-out data either",
+            "calibrate on 20-100 samples drawn like the held-out data (a remedy chosen on the calibration set may not "
+            "hold there), then rank the sensitive nodes and run suggest with --heldout", None, "heldout",
+            details={**details, "loss_ratio": ratio}))
     elif not cal_ok and not held_ok:
         out.append(Finding(
             "heldout-worse", "info",
             f"quantization misses {threshold} on both sets ({metric.name} {cal_value:.6g} calibration, {held_value:.6g} "
-            "held-out): not a representativeness problem; rank the sensitive nodes", "run get-sensitivity-of-nodes "
-            "and suggest", None, "heldout", details=details))
+            "held-out) by comparable amounts: not a representativeness problem; rank the sensitive nodes",
+            "run get-sensitivity-of-nodes and suggest", None, "heldout", details=details))
     elif clipping:
         out.append(Finding("heldout-clipping", "warning", f"held-out data exceed calibrated ranges{hint} "
                            f"({metric.name} still {held_value:.6g})",

@@ -33,3 +33,50 @@ def save_figure(fig, path, tight=True):
 def metric_label(metric):
     """Axis label of a metric that says which way is better."""
     return metric.name + (" (higher is better)" if metric.higher_is_better else " (lower is better)")
+
+
+def with_side_panel(plt, figsize, ratio=(4.0, 1.35)):
+    """A figure with the plot on the left and a text panel on the right, where legends and
+    the labels of marked points go instead of onto the curves: ``(fig, ax, side)``."""
+    fig = plt.figure(figsize=figsize, dpi=100)
+    # fixed margins: tight_layout does not handle a panel without axes
+    grid = fig.add_gridspec(1, 2, width_ratios=list(ratio), wspace=0.03, left=1.0 / figsize[0],
+                            right=1 - 0.1 / figsize[0], top=1 - 0.45 / figsize[1], bottom=0.6 / figsize[1])
+    ax, side = fig.add_subplot(grid[0]), fig.add_subplot(grid[1])
+    side.set_axis_off()
+    return fig, ax, side
+
+
+def mark_points(ax, points, colour="black"):
+    """Number the ``(x, y)`` points on ``ax`` (1, 2, ...) with small labels placed where they
+    overlap neither each other nor the marker: each label tries a few offsets around its
+    point and takes the first free one. Returns the numbers, in the order of ``points``."""
+    ax.figure.canvas.draw()  # settles the limits, so that data map to their final pixels
+    taken = []  # label boxes in pixels
+    to_px = ax.transData.transform
+    offsets = [(6, 6), (6, -14), (-14, 6), (-14, -14), (6, 18), (6, -26), (-26, 6), (18, -4), (-30, -4)]
+    for k, (x, y) in enumerate(points, 1):
+        px, py = to_px((x, y))
+        ax.plot([x], [y], marker="o", markersize=7, markerfacecolor="none", markeredgecolor=colour, zorder=5,
+                linestyle="none")
+        width = 7 * len(str(k)) + 2
+        for dx, dy in offsets:
+            box = (px + dx, py + dy, px + dx + width, py + dy + 11)
+            if not any(_overlap(box, b) for b in taken):
+                break
+        taken.append(box)
+        ax.annotate(str(k), (x, y), xytext=(dx, dy), textcoords="offset pixels", fontsize=8, color=colour,
+                    fontweight="bold", zorder=6)
+    return list(range(1, len(points) + 1))
+
+
+def _overlap(a, b):
+    return a[0] < b[2] and b[0] < a[2] and a[1] < b[3] and b[1] < a[3]
+
+
+def side_text(side, lines, top=1.0, fontsize=8):
+    """Write ``lines`` down the side panel from ``top`` (axes fraction); returns the fraction
+    where the text ends."""
+    text = "\n".join(lines)
+    side.text(0.02, top, text, transform=side.transAxes, va="top", ha="left", fontsize=fontsize, family="monospace")
+    return top - (len(lines) + 0.5) * fontsize * 1.35 / (side.bbox.height or 1)

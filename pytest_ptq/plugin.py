@@ -78,14 +78,13 @@ class _Hooks:
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_makereport(self, item, call):
-        """A failing test gets a ``ptq`` section; pytest-html gets the figures as extras."""
-        # an input error (PTQError) is one sentence; tables would only bury it
+        """A failing test's models are diagnosed (once each, for the terminal summary and the
+        reports); pytest-html gets the figures as extras."""
+        rep = yield
+        # an input error (PTQError) is one sentence; a diagnosis would only bury it
         if call.when == "call" and call.excinfo is not None and not call.excinfo.errisinstance(
                 (pytest.skip.Exception, PTQError, ptq_settings_mod.InputFailure)):
-            section = self.ptq.failure_section(item)
-            if section:
-                item.add_report_section("call", "ptq", section)
-        rep = yield
+            self.ptq.explain(item)
         # extras in the call phase: pytest-html drops what arrives in teardown
         if call.when == "call" and item.config.getoption("htmlpath", None):
             self.ptq.html_extras(item, rep)
@@ -126,7 +125,7 @@ class _Hooks:
         self.ptq.node_down(node)
 
     def pytest_terminal_summary(self, terminalreporter):
-        """Say where the report went."""
+        """Why each failing model fails, once per model; warnings; where the report went."""
         self.ptq.terminal_summary(terminalreporter)
 
 
@@ -234,8 +233,11 @@ def ptq_analysis(request, ptq_session, ptq_settings, ptq_model, ptq_data):
     ptq_session.use(request.node, analysis)  # the report lists a model that fails to load too
     try:
         _ = analysis.engine  # compile in setup, so a bad model or data is one sentence, not a traceback
+        error = None
     except PTQError as exc:
-        _fail(exc)
+        error = exc
+    if error is not None:  # outside the except block: the sentence once, not twice with a chain
+        _fail(error)
     return analysis
 
 
@@ -248,4 +250,4 @@ def ptq(request, ptq_session, ptq_settings, ptq_analysis):
 
     node = request.node
     return PTQ(ptq_analysis, ptq_settings, lambda result: ptq_session.record(node, ptq_analysis, result),
-               ptq_session.baseline_path(node, ptq_settings))
+               ptq_session.baseline_path(node, ptq_settings), commands=ptq_session.commands(node))

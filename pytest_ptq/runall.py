@@ -42,10 +42,8 @@ from pathlib import Path
 from . import __version__, guard, params
 from .cache import through
 from .curves import configs_from, get_acc_error, plot_curves
-from .distribution import (CLIP_SHARE, activation_reading, collect, draw_channelwise, draw_distribution,
-                           few_levels, weight_issue)
-from .distribution.readings import bulk_codes, codes_text
-from .channelwise import reading as channel_reading
+from .distribution import collect, draw_channelwise, draw_distribution
+from .distribution.readings import advise
 from .metrics import get_metrics
 from .outputs import parse_outputs
 from .results import json_safe
@@ -245,7 +243,7 @@ def _advise(engine, metric, kind, rank, name, sens, dist, boxes, curves):
         d, b = dist.get(c), boxes.get(c)
         if d is None:
             continue
-        t, r = _ADVICE[d["kind"]](d, b)
+        t, r = advise(d, b)
         label = f"{c}: " if kind == "node" else ""
         tries += [x for x in t if x not in tries]
         reasons += [label + x for x in r]
@@ -259,48 +257,6 @@ def _advise(engine, metric, kind, rank, name, sens, dist, boxes, curves):
             "reasons": reasons, "findings": findings, "feeds": list(qm.calibration[name].consumers) if name in qm.calibration else []}
     item.update(_origin(qm, metric, kind, name, curves))
     return item
-
-
-def _advise_activation(d, b):
-    tries, reasons = [], []
-    if b and "skipped" not in b and b["outlier_channels"] and not d["per_channel"]:
-        tries += ["per-channel", "int16", "fix the model"]
-        reasons.append(channel_reading(b) + "; or equalise the channel ranges in the model")
-    if d.get("effective_clipped_share", 0) > CLIP_SHARE:
-        tries += ["recalibrate", "int16"]
-        reasons.append(activation_reading(d))
-    elif bulk_codes(d) is not None and bulk_codes(d) < few_levels(d["bit"]):
-        tries += ["int16", "fix the model"]
-        reasons.append(activation_reading(d))
-    if not tries:
-        tries = ["int16", "keep in float"]
-        clipped = d.get("effective_clipped_share", 0)
-        relu = " beyond what the Relu after it zeroes" if d.get("relu_follows") and d.get("clipped_low") else ""
-        used = codes_text(d) or f"bulk spans {d.get('bulk_levels') or 0:.0f} levels"
-        reasons.append(f"its distribution is well shaped (clipped {100 * clipped:.3f}%{relu}, {used}): the node is "
-                       "simply sensitive")
-    return list(dict.fromkeys(tries)), reasons
-
-
-def _advise_weight(d, b):
-    tries, reason = weight_issue(d, b)
-    if not tries:
-        return ["int16", "keep in float"], [reason + "; the node is simply sensitive"]
-    return tries, [reason]
-
-
-def _advise_dynamic(d, b):
-    """A dynamic quantizer clips nothing and quantize_dynamic offers it no other type: what
-    remains is keeping its consumers in float."""
-    levels = d.get("bulk_levels")
-    if levels is not None and levels < few_levels(d["bit"]):
-        return ["keep in float"], [activation_reading(d) + "; quantize_dynamic has no 16-bit activations, so keep "
-                                   "its consumers in float (nodes_to_exclude)"]
-    return ["keep in float"], [f"its range is computed per run (bulk spans {levels or 0:.0f} levels): the node is "
-                               "simply sensitive; keep its consumers in float (nodes_to_exclude) if it costs too much"]
-
-
-_ADVICE = {"activation": _advise_activation, "weight": _advise_weight, "dynamic": _advise_dynamic}
 
 
 def _origin(qm, metric, kind, name, curves):

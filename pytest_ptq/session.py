@@ -14,6 +14,7 @@ import dataclasses
 import json
 import os
 import re
+import shlex
 from pathlib import Path
 
 import pytest
@@ -21,11 +22,17 @@ import pytest
 from . import guard
 from .errors import PTQError
 from .settings import PTQPathWarning, apply_marker, below, from_config
-from .tables import format_table
 
 WORKER_KEY = "ptq_report"
 # What a worker's tests read, so that the controller never writes the report onto it.
 WORKER_INPUTS = "ptq_inputs"
+# Each model's checks, diagnosis and warnings, for the controller's terminal summary.
+WORKER_TERMINAL = "ptq_terminal"
+# Options that a printed command drops or adds itself.
+UPDATE_FLAGS = ("--ptq-update-baseline", "--ptq-update-all")
+# Failed checks whose cause is the quantization itself: a diagnosis explains them. A missing
+# baseline or a data finding is explained by its own sentence.
+DIAGNOSED = ("outputs", "nodes", "accuracy", "stages")
 
 
 @dataclasses.dataclass
@@ -37,6 +44,7 @@ class Record:
     results: list = dataclasses.field(default_factory=list)  # (AnalysisKey.id, Result)
     outcome: str = "passed"
     section: str = ""
+    xfail_reason: str = ""  # why its failure is expected (the xfail marker's reason)
 
 
 class PTQSession:
@@ -50,6 +58,8 @@ class PTQSession:
         self.tests = {}  # node id -> Record
         self.worker_payloads = []
         self.worker_inputs = []  # [path, what] read by the workers' tests
+        self.worker_terminal = []  # the workers' terminal payloads (JSON text)
+        self.diagnoses = {}  # AnalysisKey.id -> the lines explaining why it fails, computed once
         self.is_worker = hasattr(config, "workerinput")
         self.report_error = None  # why the report was not written, as one sentence
         if not self.is_worker:  # the controller checks once; its workers write no report
@@ -164,32 +174,99 @@ class PTQSession:
         # appended directly: record_property warns under xunit2, user_properties does not
         item.user_properties.extend(result.properties())
 
-    def failure_section(self, item):
-        """The ``ptq`` section of a failing test: its check results, the output metrics and
-        the most sensitive nodes of each model it used."""
+    # -- why a model fails ----------------------------------------------------------------
+    def judged_on(self, model_id):
+        """The held-out data the model's output and accuracy checks used (absolute path), or
+        None when they ran on the calibration data: the data a verdict must be decided on."""
+        for rec in self.tests.values():
+            for mid, r in rec.results:
+                if mid == model_id and getattr(r, "holdout", None):
+                    return r.holdout
+        return None
+
+    def explain(self, item):
+        """After a failing (or expectedly failing) call: the diagnosis of each model the test
+        used, computed once per model, kept for the terminal summary, the report and
+        pytest-html; returns the text (also the record's ``section``)."""
         rec = self.tests.get(item.nodeid)
         if rec is None or not rec.models:
             return None
+        failed = [r for _, r in rec.results if not r]
+        if failed and not any(r.kind in DIAGNOSED or (r.kind == "baseline" and r.status == "degraded")
+                              for r in failed):
+            return None  # a missing baseline or a data finding: its own sentence says what to do
         settings = self._settings_of(item)
-        blocks = []
         for model_id in rec.models:
-            analysis = self.analyses[model_id]
-            lines = [f"model {analysis.label}, data {analysis.relative(analysis.key.data)}"]
-            done = [f"{r.kind} {'ok' if r else 'FAILED'}" for mid, r in rec.results if mid == model_id]
-            if done:
-                lines[0] += f"; checks: {', '.join(done)}"
-            try:
-                lines.append(_outputs_table(analysis))
-                sens = analysis.sensitivity(settings.node_type, settings.metric)
-                kind = "nodes" if settings.node_type == "node" else f"{settings.node_type} nodes"
-                lines.append(f"most sensitive {kind} ({settings.metric} at the outputs with only that node "
-                             "quantized, worst first):")
-                lines.append(sens.table(limit=settings.top))
-            except PTQError as exc:
-                lines.append(f"(no analysis: {exc})")
-            blocks.append("\n".join(lines))
-        rec.section = "\n\n".join(blocks)
+            if model_id not in self.diagnoses:
+                self.diagnoses[model_id] = self._diagnose(model_id, settings)
+        rec.section = "\n\n".join(f"{self.analyses[m].label}:\n" + "\n".join(self.diagnoses[m]["lines"])
+                                   for m in rec.models if m in self.diagnoses)
         return rec.section
+
+    def _diagnose(self, model_id, settings):
+        analysis = self.analyses[model_id]
+        try:
+            d = analysis.diagnosis(settings.node_type, settings.metric, self.judged_on(model_id), settings.top)
+        except PTQError as exc:
+            return {"lines": [f"(no diagnosis: {exc})"], "headline": "", "about": ""}
+        qm = analysis.qmodel
+        about = (f"{qm.format} model made by {d.producer}; ranked on {d.samples} of {analysis.samples} calibration "
+                 f"sample(s) of {analysis.relative(analysis.key.data)}")
+        lines = d.lines(settings.top)
+        suggest = self.suggest_command(analysis, settings)
+        if suggest:
+            lines.append(f"  the smallest set that meets the contract, searched and re-quantized (minutes): {suggest}")
+        return {"lines": lines, "headline": d.headline(), "about": about}
+
+    def suggest_command(self, analysis, settings):
+        """``ptq-debug suggest`` on the model with the contract's data and target, runnable from
+        where pytest was started (empty without a float model to re-quantize)."""
+        key = analysis.key
+        here = self.config.invocation_params.dir
+        holdout = self.judged_on(key.id)
+        # the target of the output checks that failed (else of any): the strictest of them
+        floors = [(not r, max(r.thresholds.values())) for rec in self.tests.values() for mid, r in rec.results
+                  if mid == key.id and r.kind == "outputs" and r.metric == "cosine-similarity" and r.thresholds]
+        target = max(floors)[1] if floors else settings.min_cosine
+        args = ["ptq-debug", "suggest", _shown_path(key.model, here), _shown_path(key.data, here)]
+        if holdout:
+            args += ["--heldout", _shown_path(holdout, here)]
+        if key.float_model:
+            args += ["--float-model", _shown_path(key.float_model, here)]
+        if key.data_num:
+            args += ["--data-num", str(key.data_num)]
+        args += ["--target-cosine", f"{target:g}", "--remedy", "mixed"]
+        return shlex.join(args)
+
+    def warnings_of(self, analysis):
+        """The engine's warnings of ``analysis`` as ``{text, fix}``, the fix's commands with the
+        model's paths as this run names them; none before its engine is built."""
+        from .diagnosis import warning
+
+        key, here = analysis.key, self.config.invocation_params.dir
+        stages = shlex.join(["ptq-debug", "stages", _shown_path(key.float_model, here) if key.float_model
+                             else "FLOAT_MODEL", _shown_path(key.model, here), _shown_path(key.data, here)])
+        return [warning(w, stages) for w in analysis.warnings]
+
+    # -- commands printed in messages -------------------------------------------------------
+    def commands(self, item):
+        """How to rerun ``item`` as this run did: ``{"update": ... --ptq-update-baseline,
+        "rerun": ...}``, for the messages that suggest them."""
+        return {"update": self.command(item, "--ptq-update-baseline"), "rerun": self.command(item)}
+
+    def command(self, item=None, *extra):
+        """This run's command line with ``extra`` options, runnable as printed from where
+        pytest was started: its own options (``--ptq-model``, ``--ptq-data``, ``-p``, ...), and
+        for a test or contract file the item itself instead of the paths given; the built-in
+        contract of ``--ptq-model`` keeps the paths given, as it has no file."""
+        inv = self.config.invocation_params
+        args = [str(a) for a in inv.args if str(a) not in UPDATE_FLAGS]
+        if item is not None and not item.nodeid.startswith("ptq::"):
+            given = {str(a) for a in self.config.args}
+            args = [a for a in args if a not in given]
+            _, sep, rest = item.nodeid.partition("::")
+            args.append(_shown_path(item.path, inv.dir) + (sep + rest if sep else ""))
+        return shlex.join(["pytest", *args, *extra])
 
     def _settings_of(self, item):
         """The item's settings for reporting: a contract item carries its own (its node type
@@ -210,6 +287,7 @@ class PTQSession:
             return
         if hasattr(report, "wasxfail") and report.skipped:
             rec.outcome = "xfailed"
+            rec.xfail_reason = report.wasxfail
         elif report.failed:
             rec.outcome = "failed" if report.when == "call" or rec.outcome == "failed" else "error"
         elif report.skipped and rec.outcome == "passed":
@@ -243,8 +321,26 @@ class PTQSession:
 
         return html_report.collect(self)
 
+    def terminal_payload(self):
+        """JSON-safe terminal data of every model this process's tests used: each test's
+        outcome and checks (the measured values beside their thresholds), the diagnosis when a
+        failure computed one, and the engine's warnings."""
+        models = {}
+        for rec in self.tests.values():
+            for model_id in rec.models:
+                analysis = self.analyses[model_id]
+                m = models.setdefault(model_id, {"id": model_id, "label": analysis.label, "tests": [],
+                                                 "diagnosis": self.diagnoses.get(model_id),
+                                                 "warnings": self.warnings_of(analysis)})
+                m["tests"].append({"nodeid": rec.nodeid, "outcome": rec.outcome, "xfail_reason": rec.xfail_reason,
+                                   "checks": [{"kind": r.kind, "passed": bool(r), "headline": r.headline()}
+                                              for mid, r in rec.results if mid == model_id]})
+        return list(models.values())
+
     def finish(self):
-        """At session end: a worker hands its payload over, anyone else writes the page."""
+        """At session end: a worker hands its payloads over, anyone else writes the page."""
+        if self.is_worker:
+            self.config.workeroutput[WORKER_TERMINAL] = json.dumps(self.terminal_payload())
         if self.settings.report is None:
             return
         if self.is_worker:
@@ -272,15 +368,28 @@ class PTQSession:
             self.report_error = f"the ptq report was not written: {exc}"
 
     def node_down(self, node):
-        """xdist controller: keep a finished worker's payload."""
+        """xdist controller: keep a finished worker's payloads."""
         output = getattr(node, "workeroutput", {})
         if output.get(WORKER_KEY):
             self.worker_payloads.append(output[WORKER_KEY])
+        if output.get(WORKER_TERMINAL):
+            self.worker_terminal.append(output[WORKER_TERMINAL])
         self.worker_inputs += json.loads(output.get(WORKER_INPUTS, "[]"))
 
     def terminal_summary(self, terminalreporter):
-        """One line saying where the report went (on the process that wrote it)."""
-        if self.settings.report is None or self.is_worker:
+        """Once per model: why each failing model fails (its checks against their thresholds,
+        the cause, the nodes, the fix), the models expected to fail with their reasons, the
+        warnings with their fixes; then where the report went."""
+        if self.is_worker:
+            return
+        models = merge_terminal([self.terminal_payload()] + [json.loads(p) for p in self.worker_terminal])
+        for line_args in terminal_lines(models):
+            kind, text = line_args
+            if kind == "sep":
+                terminalreporter.write_sep("_" if text.startswith("ptq: ") else "=", text)
+            else:
+                terminalreporter.write_line(text, red=kind == "error", yellow=kind == "warning")
+        if self.settings.report is None:
             return
         if self.report_error:
             terminalreporter.write_line(f"ERROR: {self.report_error}", red=True, bold=True)
@@ -288,13 +397,86 @@ class PTQSession:
             terminalreporter.write_sep("-", f"ptq report: {self.settings.report}")
 
 
-def _outputs_table(analysis):
-    metrics = ["cosine-similarity", "sqnr", "mre", "chebyshev"]
-    values = analysis.output_metrics(None, metrics).values
-    rows = [{"output": o, **v} for o, v in values.items()]
-    return "output metrics, fully quantized vs float:\n" + format_table(rows, ["output"] + metrics)
+def merge_terminal(payloads):
+    """One entry per model from several processes' terminal payloads, tests united."""
+    merged = {}
+    for payload in payloads:
+        for m in payload:
+            into = merged.setdefault(m["id"], dict(m, tests=[]))
+            seen = {t["nodeid"] for t in into["tests"]}
+            into["tests"] += [t for t in m["tests"] if t["nodeid"] not in seen]
+            into["diagnosis"] = into.get("diagnosis") or m.get("diagnosis")
+            seen = {w["text"] for w in into.get("warnings", [])}
+            into["warnings"] = list(into.get("warnings", [])) + [w for w in m.get("warnings", [])
+                                                                 if w["text"] not in seen]
+    return sorted(merged.values(), key=lambda m: m["label"])
 
 
+def model_outcome(tests):
+    """``failed`` when a test failed or errored, else ``passed``, ``xfailed``, ``skipped``."""
+    outcomes = {t["outcome"] for t in tests}
+    for o in ("failed", "error", "passed", "xfailed"):
+        if o in outcomes:
+            return "failed" if o == "error" else o
+    return "skipped"
+
+
+def terminal_lines(models):
+    """``(kind, text)`` pairs of the terminal summary: ``sep`` headings, ``error``,
+    ``warning`` and plain lines. A failing model's block comes once, whatever the number of
+    its failing tests."""
+    out = []
+    # a model whose failures no diagnosis explains (a missing baseline, a data finding) has
+    # said what to do in its failure sentences; repeating them here would bury them
+    failing = [m for m in models if model_outcome(m["tests"]) == "failed" and m.get("diagnosis")]
+    # expected failures, counted apart: any model with an xfailed test, whatever its others did
+    expected = [m for m in models if any(t["outcome"] == "xfailed" for t in m["tests"])]
+    warned = [m for m in models if m.get("warnings")]
+    if not (failing or expected or warned):
+        return out
+    out.append(("sep", "ptq: why the models fail" if failing else "ptq"))
+    for m in failing:
+        tests = [t for t in m["tests"] if t["outcome"] in ("failed", "error")]
+        passed = [t for t in m["tests"] if t["outcome"] == "passed"]
+        out.append(("sep", f"ptq: {m['label']} FAILED: {len(tests)} of {len(m['tests'])} test(s) failed"))
+        d = m.get("diagnosis") or {}
+        if d.get("about"):
+            out.append(("", d["about"]))
+        for t in tests:
+            # the checks of the failing tests: what each measured, beside its threshold
+            for c in t["checks"]:
+                mark = "FAILED" if not c["passed"] else "ok"
+                out.append(("error" if not c["passed"] else "",
+                            f"  {mark:6} {c['kind']:8} {c['headline']}  [{t['nodeid']}]"))
+            if not any(not c["passed"] for c in t["checks"]):
+                out.append(("error", f"  FAILED {t['nodeid']}: no ptq check failed; see its failure above"))
+        if passed:
+            names = ", ".join(t["nodeid"].rpartition("::")[2] or t["nodeid"] for t in passed[:4])
+            out.append(("", f"  passed: {names}" + (f" and {len(passed) - 4} more" if len(passed) > 4 else "")))
+        out += [("", line) for line in d.get("lines", [])]
+    if expected:
+        count = sum(t["outcome"] == "xfailed" for m in expected for t in m["tests"])
+        out.append(("", f"{count} expected failure(s) (xfail) on {len(expected)} model(s), not counted as failures:"))
+        for m in expected:
+            xfailed = [t for t in m["tests"] if t["outcome"] == "xfailed"]
+            reasons = list(dict.fromkeys(t["xfail_reason"] for t in xfailed if t["xfail_reason"]))
+            why = f": {'; '.join(reasons)}" if reasons else ""
+            head = (m.get("diagnosis") or {}).get("headline")
+            out.append(("", f"  {m['label']} ({len(xfailed)} test(s)){why}" + (f"; {head}" if head else "")))
+    for m in warned:
+        for w in m["warnings"]:
+            out.append(("warning", f"warning: {m['label']}: {w['text']}" + (f"; fix: {w['fix']}" if w["fix"] else "")))
+    return out
+
+
+def _shown_path(path, start):
+    """``path`` as a command line names it from ``start``: relative when below it."""
+    path = Path(path)
+    try:
+        return Path(os.path.relpath(path, start)).as_posix() if Path(path).resolve().is_relative_to(
+            Path(start).resolve()) else path.as_posix()
+    except ValueError:  # another drive on Windows
+        return path.as_posix()
 def get(config):
     """The session object of ``config`` (created by the plugin at configure time)."""
     return config.stash[SESSION_KEY]

@@ -11,6 +11,8 @@ def fmt(value):
             return str(value)
         if value != 0 and (abs(value) < 1e-3 or abs(value) >= 1e5):
             return f"{value:.4e}"
+        if 0.999999 < abs(value) < 1 - 1e-10:  # a similarity a hair below 1 must not read as 1.000000
+            return f"{value:.{1 - math.floor(math.log10(1 - abs(value)))}f}"
         return f"{value:.6f}"
     if isinstance(value, (list, tuple)):
         return ",".join(str(v) for v in value)
@@ -18,13 +20,19 @@ def fmt(value):
 
 
 def short(value):
-    """A figure at four significant digits, for plots and sentences ("n/a" for None)."""
+    """A figure at four significant digits, for plots and sentences ("n/a" for None); a
+    similarity just below 1 keeps two digits of its distance to 1 (0.999981, not 1)."""
     if value is None:
         return "n/a"
     if isinstance(value, str):
         return value
+    if isinstance(value, float) and (math.isinf(value) or math.isnan(value)):
+        return str(value)
     if value != 0 and (abs(value) < 1e-3 or abs(value) >= 1e5):
         return f"{value:.3e}"
+    if 0.99 <= abs(value) < 1:
+        digits = min(9, 2 - math.floor(math.log10(1 - abs(value))))
+        return f"{value:.{digits}g}"
     return f"{value:.4g}"
 
 

@@ -82,8 +82,12 @@ def test_contract_checks_are_items_with_plain_failures(project, models):
         "contract net (net.ptq.yaml), check nodes: FAILED",
         f"1 of {len(sens)} activation nodes of models/model.onnx are too sensitive (need cosine-similarity >= * "
         f"with only that node quantized): {order[1]} (*); *",
-        "most sensitive activation nodes *",
+        "most sensitive nodes:",
         f"| {order[0]} *",
+        "*_ ptq: models/model.onnx FAILED: 2 of 2 test(s) failed _*",
+        "cause: *",
+        "most sensitive activation nodes (cosine-similarity of the model outputs with only that node quantized, *",
+        f"  1. {order[0]} (activation into *) *",
     ])
     out = result.stdout.str()
     assert "Traceback" not in out and "contract.py" not in out and "def runtest" not in out

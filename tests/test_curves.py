@@ -249,3 +249,33 @@ def test_average_mode_plots_the_running_mean(setup, tmp_path, monkeypatch):
         values = curves.values["activation only"]
         want = np.cumsum(values) / np.arange(1, len(values) + 1) if average else values
         assert drawn["activation only"] == pytest.approx(list(want), rel=1e-12)
+
+
+def test_marked_points_are_numbered_without_overlapping_labels():
+    """The worst points of a curve often sit side by side (the last operators): their
+    numbers must not pile onto each other, and the names go to the side panel."""
+    from pytest_ptq.figures import mark_points, pyplot, with_side_panel
+
+    plt = pyplot()
+    fig, ax, side = with_side_panel(plt, (12.5, 5.5))
+    x = np.arange(180)
+    ax.plot(x, 1 - 0.001 * (x % 7))
+    points = [(172, 0.96), (173, 0.9601), (174, 0.9602), (175, 0.9603)]
+    assert mark_points(ax, points) == [1, 2, 3, 4]
+    fig.canvas.draw()
+    boxes = [t.get_window_extent() for t in ax.texts]
+    assert len(boxes) == 4
+    for i in range(4):
+        for j in range(i + 1, 4):
+            assert not boxes[i].overlaps(boxes[j]), (i, j)
+    plt.close(fig)
+
+
+def test_plot_names_the_worst_points_beside_the_axes(tmp_path):
+    from pytest_ptq.curves import Curves, plot_curves
+
+    nodes = [f"Conv@{k}" for k in range(30)]
+    values = {"weight only": [1 - 0.001 * k for k in range(30)], "all quantized": [1 - 0.002 * k for k in range(30)]}
+    curves = Curves(metric="cosine-similarity", nodes=nodes, tensors=nodes, values=values, configs={}, samples=1)
+    png = plot_curves(curves, tmp_path / "c.png")
+    assert png.exists()

@@ -359,3 +359,18 @@ def test_cli_errors_and_help(models, tmp_path, capsys):
             cli.main([command, "-h"])
         assert exc.value.code == 0
         assert "--nodes" in capsys.readouterr().out
+
+
+def test_titles_wrap_between_phrases_never_inside_brackets():
+    from pytest_ptq.channelwise import wrap
+
+    title = ("conv2d_412.w_0_QuantizeLinear: float weight 'conv2d_412.w_0' by channel (axis 0 of [256, 64, 3, 3], "
+             "256 channels, 4 sample(s)) - int8 per tensor\noutlier channels 189 (37x), 3 (12x): a per-tensor scale "
+             "costs the median channel ~5.2 bits -> per-channel weights")
+    lines = wrap(title, 8).split("\n")
+    assert len(lines) >= 3
+    for line in lines:
+        assert len(line) <= 108
+        assert line.count("(") == line.count(")") and line.count("[") == line.count("]"), line
+    assert [w for w in " ".join(lines).split() if w != "-"] == [w for w in title.split() if w != "-"]
+    assert not any(line.startswith("- ") for line in lines)

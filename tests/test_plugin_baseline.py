@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import shlex
 import shutil
 
 import pytest
@@ -57,6 +58,20 @@ def moved_lines(text):
             for m in re.finditer(r"^E?\s+(\S+): (\S+) -> (\S+) \(worse by \S+\)$", text, re.M)}
 
 
+def printed_command(result, after):
+    """The command quoted in backticks right after ``after`` in a run's output, as argv."""
+    match = re.search(re.escape(after) + r" `([^`]+)`", result.stdout.str())
+    assert match, f"no command after {after!r}"
+    return shlex.split(match.group(1))
+
+
+def run_printed(pytester, result, after):
+    """Run the command a message printed, literally (in process, from the same folder)."""
+    argv = printed_command(result, after)
+    assert argv[0] == "pytest"
+    return pytester.runpytest_inprocess(*argv[1:])
+
+
 def test_baseline_lifecycle(project, models):
     project.makepyfile(test_life=GUARDED)
     path = project.path / "ptq_baselines" / "test_life" / "test_guarded.json"
@@ -64,14 +79,16 @@ def test_baseline_lifecycle(project, models):
     missing = run(project)
     missing.assert_outcomes(failed=1)
     missing.stdout.fnmatch_lines(["*baseline ptq_baselines/test_life/test_guarded.json does not exist, so there "
-                                  "is nothing to compare model.onnx against; create it with `pytest "
-                                  "--ptq-update-baseline`, review it and commit it"])
+                                  "is nothing to compare model.onnx against; create it with `pytest -p * "
+                                  "test_life.py::test_guarded --ptq-update-baseline`, review it and commit it"])
     assert not path.exists()
 
-    created = run(project, "--ptq-update-baseline")
+    # the command the message prints, run as printed: it selects the test and writes its baseline
+    created = run_printed(project, missing, "create it with")
     created.assert_outcomes(failed=1)
     created.stdout.fnmatch_lines(["*baseline ptq_baselines/test_life/test_guarded.json did not exist and has been "
-                                  "written; review and commit it, then rerun*"])
+                                  "written; review and commit it, then rerun `pytest -p * test_life.py::test_guarded` "
+                                  "(this run fails *"])
     text = path.read_text()
     saved = json.loads(text)
     assert text == json.dumps(saved, indent=2, sort_keys=True) + "\n"
@@ -100,8 +117,13 @@ def test_baseline_lifecycle(project, models):
     changed.assert_outcomes(failed=1)
     changed.stdout.fnmatch_lines([
         f"*{len(expected)} node(s)* of model.onnx got worse than baseline ptq_baselines/test_life/test_guarded.json "
-        f"by more than 0.0001 cosine-similarity; if intended, run `pytest --ptq-update-baseline`*",
+        f"by more than 0.0001 cosine-similarity; if intended, run `pytest -p * test_life.py::test_guarded "
+        "--ptq-update-baseline`*",
         "*the model changed since the baseline (sha256 *",
+        # a degraded baseline is a quantization loss: the model's diagnosis names its cause
+        "*_ ptq: model.onnx FAILED: 1 of 1 test(s) failed _*",
+        "  FAILED baseline * got worse than baseline *",
+        "cause: activations: *",
     ])
     moved = moved_lines(changed.stdout.str())
     assert set(moved) - {"prob"} == expected
@@ -189,6 +211,6 @@ def test_unreadable_baseline_fails_in_one_sentence(project):
     result = run(project)
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*baseline ptq_baselines/test_bad/test_guarded.json cannot be read; rewrite it "
-                                 "with `pytest --ptq-update-baseline`"])
-    run(project, "--ptq-update-baseline").assert_outcomes(failed=1)
+                                 "with `pytest -p * test_bad.py::test_guarded --ptq-update-baseline`"])
+    run_printed(project, result, "rewrite it with").assert_outcomes(failed=1)
     run(project).assert_outcomes(passed=1)

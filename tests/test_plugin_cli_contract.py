@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 import builders
+from test_plugin_baseline import run_printed
 from test_plugin import N, activation_pairs, feeds_of, independent_sensitivity, keep_only, pooled_cosine, \
     properties, run
 from test_report import Page, rows
@@ -70,12 +71,14 @@ def test_baseline_lifecycle_from_the_command_line(project, models):
                                   "ptq::m.onnx::baseline FAILED*"])
     missing.stdout.fnmatch_lines(["contract m (m.onnx), check baseline: FAILED",
                                   "baseline ptq_baselines/m.json does not exist, so there is nothing to compare "
-                                  "m.onnx against; create it with `pytest --ptq-update-baseline`, review it and "
-                                  "commit it"])
+                                  "m.onnx against; create it with `pytest -p * --ptq-model m.onnx --ptq-data calib "
+                                  "--ptq-node-type activation --ptq-min-node-cosine * -v --ptq-update-baseline`, "
+                                  "review it and commit it"])
     assert "Traceback" not in missing.stdout.str()
     assert not path.exists()
 
-    created = run(project, *args, "--ptq-update-baseline")
+    # run as printed: the built-in contract needs --ptq-model and --ptq-data, which the command keeps
+    created = run_printed(project, missing, "create it with")
     created.assert_outcomes(passed=2, failed=1)
     created.stdout.fnmatch_lines(["baseline ptq_baselines/m.json did not exist and has been written; *"])
     saved = json.loads(path.read_text())

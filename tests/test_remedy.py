@@ -242,6 +242,8 @@ def test_cli_suggest_prints_and_writes_the_settings(outlier, tmp_path, capsys):
     text = capsys.readouterr().out
     assert rc == 0
     assert '{"w1": [{"axis": 0}]}' in text and "re-quantized with these settings" in text
+    # the last line says why the status is 0, as it says why it is 1
+    assert text.splitlines()[-1].startswith("exit 0: the target holds on ") and "re-quantized" in text.splitlines()[-1]
     settings = json.loads((out / "remedy_per-channel_settings.json").read_text())
     assert quantize_static_kwargs(settings)["extra_options"]["TensorQuantOverrides"] == {"w1": [{"axis": 0}]}
     saved = json.loads((out / "remedy_per-channel.json").read_text())
@@ -253,7 +255,9 @@ def test_cli_suggest_exits_1_when_the_target_is_out_of_reach(planted, tmp_path, 
     rc = main(["suggest", str(planted["qdq"]), str(folder), "--target-cosine", "0.999", "--remedy", "per-channel",
                "--no-save", "--quiet"])
     assert rc == 1
-    assert "not met" in capsys.readouterr().out
+    text = capsys.readouterr().out
+    assert "not met" in text
+    assert text.splitlines()[-1].startswith("exit 1: no set found meets the target 0.999 on ")
 
 
 def test_cli_suggest_bad_input_exits_2(tmp_path, capsys):

@@ -4,11 +4,14 @@ the same with and without xdist, and clean in a real browser."""
 from __future__ import annotations
 
 import base64
+import html
 import io
 import json
+import os
 import shutil
 import subprocess
 from html.parser import HTMLParser
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -154,22 +157,81 @@ def test_xdist_workers_merge_into_the_same_report(project):
     assert distributed == single
 
 
-def test_report_opens_in_headless_chromium(project, tmp_path):
+def chromium():
+    """The headless browser of the report test: Debian's chromium (.ci/run installs it). In CI
+    its absence fails the test: a skipped browser test checks nothing."""
     browser = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
     if browser is None:
-        pytest.skip("no chromium installed")
-    path = make_report(project)
-    proc = subprocess.run(
+        if os.environ.get("CI"):
+            pytest.fail("no chromium in CI: .ci/run installs it with `apt-get install -y chromium`")
+        pytest.skip("no chromium installed (apt-get install -y chromium)")
+    return browser
+
+
+def run_chromium(browser, profile, *args):
+    return subprocess.run(
         [browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync",
-         f"--user-data-dir={tmp_path / 'profile'}", "--enable-logging=stderr", "--v=0",
-         "--dump-dom", path.as_uri()],
-        capture_output=True, text=True, timeout=120)
+         "--disable-background-networking", "--disable-component-update", "--disable-sync", "--hide-scrollbars",
+         f"--user-data-dir={profile}", "--enable-logging=stderr", "--v=0", "--window-size=1280,900", *args],
+        capture_output=True, text=True, timeout=180)
+
+
+# Appended to a copy of the page (the report itself has no script): after load, every figure's
+# decoded size, and where the failing model's cause and fix sit, written into the DOM.
+PROBE = """<script>
+window.addEventListener("load", () => {
+  const imgs = [...document.images].map(i => [i.complete, i.naturalWidth, i.naturalHeight]);
+  const box = sel => { const e = document.querySelector(sel); if (!e) return null;
+    const r = e.getBoundingClientRect(), st = getComputedStyle(e);
+    return [r.top + scrollY, r.height, st.display, st.visibility, e.textContent]; };
+  const out = document.createElement("pre"); out.id = "probe";
+  out.textContent = JSON.stringify({imgs, cause: box("section .why .cause"), fix: box("section .why ol.fixes"),
+                                    why: box("section .why h3"), height: innerHeight});
+  document.body.appendChild(out);
+});
+</script>"""
+
+
+def test_report_opens_in_headless_chromium(project, tmp_path):
+    browser = chromium()
+    path = make_report(project)
+    proc = run_chromium(browser, tmp_path / "profile", "--dump-dom", path.as_uri())
     assert proc.returncode == 0, proc.stderr[-2000:]
     dom = Page(proc.stdout)
     assert [s["title"] for s in dom.sections] == ["model.onnx FAILED", "model_pc.onnx PASSED"]
     console = [line for line in proc.stderr.splitlines() if "CONSOLE" in line or "Uncaught" in line]
     assert console == []
+
+    # the figures decode, and the failing model's cause and fix are on the page's first screens
+    probed = tmp_path / "probed.html"
+    probed.write_text(path.read_text().replace("</body>", PROBE + "</body>"))
+    proc = run_chromium(browser, tmp_path / "profile", "--virtual-time-budget=10000", "--dump-dom", probed.as_uri())
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    probe = json.loads(html.unescape(proc.stdout.split('<pre id="probe">', 1)[1].split("</pre>", 1)[0]))
+    assert len(probe["imgs"]) == sum(len(s["images"]) for s in dom.sections) >= 2
+    for complete, width, height in probe["imgs"]:
+        assert complete and 200 < width <= report.MAX_WIDTH and height > 100
+    top, height, display, visibility, text = probe["cause"]
+    assert display != "none" and visibility == "visible" and height > 0
+    assert top < 2 * probe["height"], "the cause of the failing model is not on its first screens"
+    assert text.startswith("cause: ") and any(w in text for w in ("weights", "activations", "neither"))
+    assert probe["why"][4] == "Why it fails" and probe["fix"] is not None and probe["fix"][1] > 0
+    # the search it suggests aims at the failing check's threshold (1.0), not the passing one's
+    assert "ptq-debug suggest model.onnx calib --target-cosine 1 --remedy mixed" in path.read_text()
+
+    # a screenshot, kept for CI (PTQ_SCREENSHOT_DIR) and looked at by people
+    shot = tmp_path / "report.png"
+    proc = run_chromium(browser, tmp_path / "profile", f"--screenshot={shot}", "--window-size=1280,2400",
+                        path.as_uri())
+    assert proc.returncode == 0 and shot.exists(), proc.stderr[-2000:]
+    with Image.open(shot) as img:
+        assert img.size == (1280, 2400)
+        colours = img.convert("RGB").resize((64, 120)).getcolors(64 * 120)
+        assert len(colours) > 50  # text, tables and figures, not a blank page
+    if os.environ.get("PTQ_SCREENSHOT_DIR"):
+        target = Path(os.environ["PTQ_SCREENSHOT_DIR"])
+        target.mkdir(parents=True, exist_ok=True)
+        shutil.copy(shot, target / "report.png")
 
 
 def test_report_of_a_session_without_models(pytester):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ..datacheck import check_data, vector
-from ..tables import format_table
+from ..tables import format_table, short
 from . import args as a
 
 
@@ -17,16 +17,21 @@ def run(args):
             rows.append({"data": dataset, "input": name, "samples": s["samples"], "shape": s["shape"],
                          "dtype": s["dtype"], "min": s["min"], "max": s["max"], "mean": s["mean"],
                          "std": s["std"], "channel means": vector(s["channel_mean"]) if s["channel_mean"] else "",
-                         "calibrated range": s["calibrated_range"] or ""})
+                         "calibrated range": _span(s["calibrated_range"])})
     print(format_table(rows, ["data", "input", "samples", "shape", "dtype", "min", "max", "mean", "std",
                               "channel means", "calibrated range"]))
     if report.quantized:
         for dataset, values in report.quantized.items():
-            print(f"fully quantized on {dataset} data: " + ", ".join(f"{k} {v:.6g}" for k, v in values.items()))
+            print(f"fully quantized on the {'held-out' if dataset == 'heldout' else dataset} data: " + ", ".join(f"{k} {v:.6g}" for k, v in values.items()))
     print(report.text())
     if args.json:
         print(f"wrote {report.save(args.json)}")
     return 1 if report.errors else 0
+
+
+def _span(pair):
+    """A calibrated range at four significant digits: [-2.118, 2.64]."""
+    return f"[{short(float(pair[0]))}, {short(float(pair[1]))}]" if pair else ""
 
 
 def configure(p):

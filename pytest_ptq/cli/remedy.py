@@ -96,8 +96,12 @@ def run(args):
         print(f"wrote {result.save(args.json)}")
     why = result.failure()
     if why:
-        print(f"exit 1: {why}")
+        print(f"exit 1: {why}")  # last, so that a log cut to its tail still says why
         return 1
+    where = {"held-out": "the held-out data", "confirmation": "the confirmation samples"}.get(
+        result.judged_on, "the calibration data")
+    print(f"exit 0: the target holds on {where}" + (
+        ", simulated and re-quantized" if result.measured else " (simulated; pass --float-model to re-quantize)"))
     return 0
 
 

@@ -151,7 +151,9 @@ def draw_distribution(d, save_dir):
         title = (f"{d['node']} ({d['op_type']}): output '{d['tensor']}', float model vs fully quantized, "
                  f"{d['samples']} sample(s)")
         _plot_pair(d, path, title, d["float"], d["quantized"], ["float model", "fully quantized model"],
-                   note=f"output cosine {d['cosine-similarity']:.6f} with every pair quantized")
+                   note=f"this node's own output vs float with every pair quantized: cosine "
+                        f"{_fmt(d['cosine-similarity'])}, upstream error included (not the sensitivity ranking's "
+                        "figure, which is the model outputs' cosine with only this node quantized)")
     return str(path)
 
 

@@ -92,3 +92,54 @@ def weight_issue(d, box=None):
 def weight_reading(d):
     """One line saying what a weight's histogram means for quantization."""
     return weight_issue(d)[1]
+
+
+def advise_activation(d, box=None):
+    """``(what to try, reasons)`` for an activation's statistics (and box plot, when drawn):
+    outlier channels under a per-tensor scale, clipping, or a bulk starved of codes; a
+    well-shaped distribution leaves int16 or float."""
+    tries, reasons = [], []
+    if box and "skipped" not in box and box["outlier_channels"] and not d["per_channel"]:
+        tries += ["per-channel", "int16", "fix the model"]
+        reasons.append(channel_reading(box) + "; or equalise the channel ranges in the model")
+    if d.get("effective_clipped_share", 0) > CLIP_SHARE:
+        tries += ["recalibrate", "int16"]
+        reasons.append(activation_reading(d))
+    elif bulk_codes(d) is not None and bulk_codes(d) < few_levels(d["bit"]):
+        tries += ["int16", "fix the model"]
+        reasons.append(activation_reading(d))
+    if not tries:
+        tries = ["int16", "keep in float"]
+        clipped = d.get("effective_clipped_share", 0)
+        relu = " beyond what the Relu after it zeroes" if d.get("relu_follows") and d.get("clipped_low") else ""
+        used = codes_text(d) or f"bulk spans {d.get('bulk_levels') or 0:.0f} levels"
+        reasons.append(f"its distribution is well shaped (clipped {100 * clipped:.3f}%{relu}, {used}): the node is "
+                       "simply sensitive")
+    return list(dict.fromkeys(tries)), reasons
+
+
+def advise_weight(d, box=None):
+    """``(what to try, reasons)`` for a weight's statistics: :func:`weight_issue`'s remedy, or
+    int16 / float for a weight that quantizes cleanly but is sensitive all the same."""
+    tries, reason = weight_issue(d, box)
+    if not tries:
+        return ["int16", "keep in float"], [reason + "; the node is simply sensitive"]
+    return tries, [reason]
+
+
+def advise_dynamic(d, box=None):
+    """``(what to try, reasons)`` for a dynamic quantizer (DynamicQuantizeLinear): it clips
+    nothing and quantize_dynamic offers it no other type, so what remains is keeping its
+    consumers in float."""
+    levels = d.get("bulk_levels")
+    if levels is not None and levels < few_levels(d["bit"]):
+        return ["keep in float"], [activation_reading(d) + "; quantize_dynamic has no 16-bit activations, so keep "
+                                   "its consumers in float (nodes_to_exclude)"]
+    return ["keep in float"], [f"its range is computed per run (bulk spans {levels or 0:.0f} levels): the node is "
+                               "simply sensitive; keep its consumers in float (nodes_to_exclude) if it costs too much"]
+
+
+def advise(d, box=None):
+    """``(what to try, reasons)`` for a calibration node's statistics ``d`` (from
+    :func:`~pytest_ptq.distribution.collect`), by its kind."""
+    return {"activation": advise_activation, "weight": advise_weight, "dynamic": advise_dynamic}[d["kind"]](d, box)

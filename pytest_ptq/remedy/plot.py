@@ -13,18 +13,17 @@ def plot_remedy(result, path):
     """A PNG of the search: cost on x (nodes for a single remedy), the objective on y; the
     greedy path on the search samples, refinements, every set scored on the judging data,
     the chosen set on calibration and judging data, and the target dashed."""
+    from ..figures import mark_points, side_text, with_side_panel
+    from ..tables import short
+
     plt = pyplot()
     m = result.objective_metric
     single = result.remedy != "mixed"
-    fig, ax = plt.subplots(figsize=(9, 5), dpi=100)
+    fig, ax, side = with_side_panel(plt, (11, 5.2), ratio=(3.0, 1.25))
     pts = [p for p in result.curve if p["value"] is not None]
     xs = [p.get("cost", p["nodes"]) for p in pts]
     ax.plot(xs, [p["value"] for p in pts], marker="o", linewidth=1.5, label=f"greedy on the search samples "
             f"({result.remedy})")
-    # name the first additions only: beyond a handful the labels pile up
-    for p, x in list(zip(pts, xs))[1:9]:
-        ax.annotate(p["added"], (x, p["value"]), textcoords="offset points", xytext=(4, -12), fontsize=7,
-                    rotation=-20)
     moves = [r for r in result.refinements if r.get("value") is not None]
     if moves:
         ax.scatter([r["cost"] for r in moves], [r["value"] for r in moves], marker="s", s=30, color="tab:orange",
@@ -54,13 +53,31 @@ def plot_remedy(result, path):
                 ax.scatter([x], [value], marker="*", s=150, color="tab:purple", zorder=5,
                            label=f"re-quantized, on {on}")
     ax.set_title(f"Remedy search ({result.remedy}) on {Path(result.model).name}, {result.samples} calibration "
-                 "sample(s)")
-    ax.set_xlabel("number of nodes remedied" if single else
-                  "cost (" + ", ".join(f"{k} {v:g}" for k, v in result.costs.items()) + " per node)")
+                 "sample(s)", fontsize=11)
+    ax.set_xlabel(f"number of nodes {_DONE.get(result.remedy, 'remedied')}" if single else
+                  "cost of the set (" + ", ".join(f"{k} {v:g}" for k, v in result.costs.items()) + " per node)")
     ax.set_ylabel(metric_label(m))
     ax.ticklabel_format(axis="y", useOffset=False)
     if single:
         ax.xaxis.get_major_locator().set_params(integer=True)
     ax.grid(True, alpha=0.3)
-    ax.legend(loc="best", fontsize=8)
-    return save_figure(fig, path)
+    # the greedy path's additions are numbered on it and named beside it: on the curve the
+    # names pile up onto each other and onto the points
+    added = list(zip(pts, xs))[1:_NAMED + 1]
+    mark_points(ax, [(x, p["value"]) for p, x in added], colour="tab:blue")
+    handles, labels = ax.get_legend_handles_labels()
+    side.legend(handles, labels, loc="upper left", fontsize=8, frameon=False, borderaxespad=0)
+    lines = ["greedy additions, in order:"] + [f"{k:>2} {_clip(p['added'], 24)} {short(p['value'])}"
+                                               for k, (p, _) in enumerate(added, 1)]
+    if len(pts) - 1 > len(added):
+        lines.append(f"   ... {len(pts) - 1 - len(added)} more")
+    side_text(side, lines, top=0.98 - 0.058 * (len(labels) + 1.5), fontsize=7.5)
+    return save_figure(fig, path, tight=False)
+
+
+_NAMED = 12  # additions named beside the plot
+_DONE = {"float": "kept in float", "int16": "raised to 16 bit", "per-channel": "quantized per channel"}
+
+
+def _clip(text, width):
+    return str(text) if len(str(text)) <= width else str(text)[: width - 1] + "~"

@@ -168,10 +168,12 @@ class Remedy(JsonResult):
         name = self.objective.get("metric", self.metric)
         judged = self.figures.get(self.judged_on, {})
         where = "" if self.judged_on == "calibration" else f" on {_on(self.judged_on)}"
+        missed = bool(self.measured) and not self.measured.get("met", True)
         if self.met:
             lines.append(f"{name} {_fmt(judged.get('after', self.value))}{where} meets the target {self.target_text} "
-                         f"with {len(self.nodes)} node(s) {what} "
-                         f"(baseline {_fmt(judged.get('before', self.baseline))})")
+                         f"{'in simulation ' if missed else ''}with {len(self.nodes)} node(s) {what} "
+                         f"(baseline {_fmt(judged.get('before', self.baseline))})"
+                         + ("; re-quantized with its settings it falls short (below)" if missed else ""))
         else:
             ceiling = ("" if self.ceiling is None else
                        f", every candidate {what} on the search samples: {_fmt(self.ceiling)}")
@@ -199,7 +201,8 @@ class Remedy(JsonResult):
         if self.measured:
             mm = self.measured
             lines.append(f"re-quantized with these settings: {name} {_fmt(mm.get('value'))} on calibration "
-                         f"(simulated {_fmt(self.value)}; re-quantized without them {_fmt(mm.get('baseline_value'))})")
+                         f"(simulated {_fmt(self.value)}; re-quantized without them {_fmt(mm.get('baseline_value'))})"
+                         + (f"; {self.failure()}" if missed else ""))
             if mm.get("collateral"):
                 lines.append("  also changed by onnxruntime: " + ", ".join(mm["collateral"]))
             if mm.get("not_applied"):

@@ -1,0 +1,391 @@
+"""Why a model misses its contract: whose loss it is, which nodes, why, and what to change.
+
+A failing check says *that* a model falls short; this says *why*, from what the plugin has
+already computed plus one cheap sweep, so that every failing test can afford it (no remedy
+search runs here):
+
+* the three-config :class:`~pytest_ptq.verdict.Verdict` (weights only, activations only,
+  everything) on the data the contract judged on;
+* each of the top ranked nodes with its kind (weight, activation, or operator: a normal node,
+  whose weight and activation inputs are scored apart to say which of them costs more), and
+  the reading of its statistics behind it (the same readings as ``runall``: a per-tensor weight
+  scale losing channels, clipping, a bulk starved of codes, or a plainly sensitive node);
+* the fix in the producer's terms: onnxruntime ``quantize_static`` settings
+  (``per_channel=True``, ``nodes_to_exclude``, ``TensorQuantOverrides`` at 16 bit), with what
+  each is for; NVIDIA Model Optimizer's ``nodes_to_exclude`` where it made the model;
+* the engine's warnings (folded activations, rewritten graphs, weights on the grid) with the
+  fix each names.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from .distribution import collect
+from .distribution.readings import advise
+from .metrics import get_metrics
+from .outputs import parse_outputs
+from .remedy.terms import float_tensor_name, onnxruntime_settings
+from .results import JsonResult
+from .sensitivity import rank_configs
+from .tables import short
+from .verdict import DOMINANT, badness
+
+# A node alone costing this much (1 - cosine) stays in float, as runall says.
+SEVERE = 0.1
+# Fixes name nodes costing at least this share of the worst node's loss: the others would not
+# move the output.
+RELEVANT = 0.1
+KIND_WORDS = {"weight": "weight", "activation": "activation", "node": "operator"}
+SOURCE_WORDS = {"weight": "weights", "activation": "activations", "both": "weights and activations",
+                "neither": "neither (close to float)"}
+# What the engine's warnings ask for, where their sentence does not say it already;
+# {stages} is the stage comparison's command for the model at hand.
+_WARNING_FIXES = {
+    "graph rewritten by the quantizer": "compare the stages (ptq.assert_stages() in a test, or `{stages}`) to see "
+                                        "what the rewrite costs on its own",
+}
+
+
+@dataclasses.dataclass
+class Diagnosis(JsonResult):
+    """``verdict``: the :class:`~pytest_ptq.verdict.Verdict` as a dict (``source``, ``text``,
+    ``values``, ``decided_on``, ``samples``); ``nodes``: the top ranked nodes, each with
+    ``kind``, ``op_type``, its ``value``, the ``cause`` (weight, activation, both) and
+    ``reason``, ``try`` and its calibration ``inputs``; ``fixes``: ``{kind, text, nodes}`` most
+    useful first; ``settings``: the fixes as quantizer arguments, ``snippet`` the call;
+    ``warnings``: ``{text, fix}``."""
+
+    model: str
+    producer: str
+    producer_key: str
+    format: str
+    metric: str
+    node_type: str
+    samples: int
+    verdict: dict
+    nodes: list
+    fixes: list
+    settings: dict
+    snippet: str
+    terms: str
+    warnings: list
+
+    @property
+    def source(self):
+        return self.verdict["source"]
+
+    @property
+    def cause(self):
+        """"weights", "activations", "weights and activations" or "neither (close to float)"."""
+        return SOURCE_WORDS.get(self.source, self.source)
+
+    def headline(self):
+        """The cause and the first fix, in one line (for summaries)."""
+        fix = f"; try {self.fixes[0]['short']}" if self.fixes else ""
+        return f"cause: {self.cause} ({self.verdict_figures()}){fix}"
+
+    def verdict_figures(self, dataset=None):
+        """"0.9257 weights only, 0.9314 activations only, 0.8661 everything, on 24 held-out samples"."""
+        v = self.verdict
+        dataset = dataset or v["decided_on"]
+        f = v["values"][dataset]
+        on = "held-out" if dataset == "heldout" else "calibration"
+        return (f"{short(f['weight only'])} weights only, {short(f['activation only'])} activations only, "
+                f"{short(f['all quantized'])} everything, on {v['samples'][dataset]} {on} samples")
+
+    def cause_text(self):
+        """The verdict in one sentence with its figures, on the data it was decided on (and
+        the calibration figures beside held-out ones)."""
+        v = self.verdict
+        what = {"weight": "weight quantization causes most of the loss",
+                "activation": "activation quantization causes most of the loss",
+                "both": "weights and activations each cause a comparable part of the loss: fix the worst nodes "
+                        "of each",
+                "neither": "the quantized model stays close to float; the threshold asks for more than that"}
+        text = f"cause: {self.cause}: {what.get(self.source, self.source)} ({v['metric']} {self.verdict_figures()}"
+        if v["decided_on"] != "calibration":
+            text += f"; {self.verdict_figures('calibration')}"
+        text += ")"
+        if "cannot show weight error" in v.get("text", ""):
+            text += ("; weights are stored quantized and no float model was given, so weights only cannot show "
+                     "weight error")
+        return text
+
+    def caveat(self):
+        """When the ranking's few samples alone would blame another kind, a sentence saying so."""
+        v = self.verdict
+        if not v.get("disagreement") or not v.get("ranking"):
+            return ""
+        r = v["ranking"]
+        return (f"note: on the {self.samples} sample(s) the ranking used, weights only reach {short(r['weight only'])} "
+                f"and activations only {short(r['activation only'])}, which would blame another kind; the cause "
+                "above is measured on all samples: rank on more samples (data_num) before trusting the node order")
+
+    def lines(self, top=None, width=118):
+        """Plain text lines: the verdict, the ranked nodes with their reasons, the fix."""
+        import textwrap
+
+        def wrapped(text, indent="  ", first=None, max_lines=None):
+            return textwrap.wrap(text, width=width, initial_indent=first if first is not None else indent,
+                                 subsequent_indent=indent + "    ", break_on_hyphens=False, max_lines=max_lines,
+                                 placeholder=" ... (the report has it all)") or [indent]
+
+        out = wrapped(self.cause_text(), first="")
+        if self.caveat():
+            out += wrapped(self.caveat())
+        # the nodes that matter: those costing a tenth of the worst node's loss or more
+        ranked = self.nodes if top is None else self.nodes[:top]
+        nodes = [it for it in ranked if it.get("relevant", True)] or ranked[:1]
+        kind = "nodes" if self.node_type == "node" else f"{self.node_type} nodes"
+        out.append(f"most sensitive {kind} ({self.metric} of the model outputs with only that node quantized, "
+                   f"{self.samples} sample(s), worst first):")
+        for it in nodes:
+            what = f"{it['op_type']} operator" if it["kind"] == "operator" else f"{it['kind']} into {it['op_type']}"
+            cause = f": {it['cause']}" if it["kind"] == "operator" and it.get("cause") else ""
+            split = ""
+            if it.get("split"):
+                split = (f" (its weights alone {short(it['split']['weight'])}, its activations alone "
+                         f"{short(it['split']['activation'])})")
+            head = f"{it['rank']:>3}. {it['node']} ({what}) {short(it[self.metric])}{cause}{split}"
+            out += wrapped(head, indent="  ", first="")
+            if it.get("reason"):
+                out += wrapped(f"why: {it['reason']}", indent="       ", max_lines=2)
+        if len(nodes) < len(ranked):
+            out.append(f"  ... {len(ranked) - len(nodes)} more of the top {len(ranked)} cost less than a tenth of the "
+                       "worst node's loss (the HTML report lists them)")
+        if self.fixes:
+            out.append(f"fix to try ({self.terms}):")
+            for k, f in enumerate(self.fixes, 1):
+                out += wrapped(f"{k}. {f['text']}", indent="  ")
+            if self.snippet:
+                out += wrapped(f"all at once: {self.snippet}", indent="  ")
+        return out  # the warnings are the caller's to print: once per model, passing or not
+
+
+def diagnose(engine, sensitivity, verdict, top=10, outputs=None):
+    """The :class:`Diagnosis` of ``engine``'s model from its ``verdict`` and ``sensitivity``
+    ranking (any node type): the top ``top`` nodes' statistics are gathered in one sweep over
+    the ranking's samples, and an operator's weights and activations are scored apart."""
+    qm = engine.qmodel
+    metric = sensitivity.metrics[0]
+    m = get_metrics(metric)[0]
+    names = list(sensitivity)[:top]
+    inputs = {n: _calibration_inputs(qm, sensitivity.node_type, n) for n in names}
+    calib = list(dict.fromkeys(c for cs in inputs.values() for c in cs))
+    dist, boxes = collect(engine, calib, calib, data_num=sensitivity.samples, skip_unboxable=True) if calib \
+        else ({}, {})
+    split = _split(engine, qm, sensitivity, names, inputs, m, outputs)
+    nodes = [_node(qm, sensitivity, k + 1, n, inputs[n], dist, boxes, split.get(n), metric)
+             for k, n in enumerate(names)]
+    worst = max((it["badness"] for it in nodes), default=0.0)
+    relevant = [it for it in nodes if it["badness"] > 0 and it["badness"] >= RELEVANT * worst]
+    for it in nodes:
+        it["relevant"] = it in relevant
+    fixes, settings, snippet, terms = _fixes(qm, relevant, verdict.source)
+    return Diagnosis(model=qm.source, producer=qm.made_by.label, producer_key=qm.made_by.key, format=qm.format,
+                     metric=metric, node_type=sensitivity.node_type, samples=sensitivity.samples,
+                     verdict=verdict.to_dict(), nodes=nodes, fixes=fixes, settings=settings, snippet=snippet,
+                     terms=terms, warnings=[warning(w, _stages_command(engine)) for w in engine.warnings])
+
+
+def warning(text, stages="ptq-debug stages FLOAT_MODEL CALIBRATED_MODEL DATA"):
+    """``{text, fix}`` of an engine warning: the fix it implies where its sentence does not
+    name one. ``stages``: the stage comparison's command, with the model's own paths."""
+    for start, fix in _WARNING_FIXES.items():
+        if text.startswith(start):
+            return {"text": text, "fix": fix.format(stages=stages)}
+    return {"text": text, "fix": ""}
+
+
+def _stages_command(engine):
+    import shlex
+
+    float_model = engine.float_model if isinstance(engine.float_model, (str, Path)) else "FLOAT_MODEL"
+    data = getattr(engine.data, "where", None) or "DATA"
+    return shlex.join(["ptq-debug", "stages", str(float_model), str(engine.qmodel.source), str(data)])
+
+
+def _calibration_inputs(qm, node_type, name):
+    names = qm.normal[name].calibration_inputs if node_type == "node" else [name]
+    return [c for c in names if qm.calibration[c].role != "bias"]
+
+
+def _split(engine, qm, sensitivity, names, inputs, m, outputs):
+    """``{operator: {"weight": value, "activation": value}}`` with only its weight inputs, then
+    only its activation inputs quantized, for operators that have both."""
+    if sensitivity.node_type != "node":
+        return {}
+    configs = {}
+    for n in names:
+        # a dynamic quantizer is an activation's
+        by_kind = {k: engine.gated([c for c in inputs[n] if (qm.calibration[c].is_activation if k == "activation"
+                                                             else qm.calibration[c].kind == k)])
+                   for k in ("weight", "activation")}
+        if all(by_kind.values()):
+            configs.update({(n, k): v for k, v in by_kind.items()})
+    if not configs:
+        return {}
+    labels = {f"{n}\0{k}": v for (n, k), v in configs.items()}
+    specs = parse_outputs(None if outputs is None else list(outputs), qm)
+    scored = rank_configs(engine, labels, [m], specs, list(range(sensitivity.samples)), "node", lambda _: {},
+                          "operator inputs", False)
+    out = {}
+    for label, values in scored.items():
+        n, k = label.split("\0")
+        out.setdefault(n, {})[k] = values[m.name]
+    return out
+
+
+def _node(qm, sens, rank, name, calib, dist, boxes, split, metric):
+    value = sens[name][metric]
+    bad = badness(metric, value)
+    kind = KIND_WORDS[sens.node_type]
+    op_type = qm.normal[name].op_type if sens.node_type == "node" else ", ".join(
+        dict.fromkeys(qm.normal[n].op_type for n in qm.calibration[name].consumers if n in qm.normal))
+    ins = []
+    for c in calib:
+        cn = qm.calibration[c]
+        d = dist.get(c)
+        if d is None:
+            continue
+        tries, reasons = advise(d, boxes.get(c))
+        ins.append({"node": c, "kind": cn.kind, "tensor": cn.input, "granularity": cn.granularity, "bit": cn.bit,
+                    "try": tries, "reason": "; ".join(reasons)})
+    if split:
+        bw, ba = badness(metric, split["weight"]), badness(metric, split["activation"])
+        cause = "weight" if bw >= DOMINANT * ba else "activation" if ba >= DOMINANT * bw else "both"
+    else:
+        kinds = {i["kind"] for i in ins}
+        cause = kinds.pop() if len(kinds) == 1 else ("both" if kinds else None)
+    # the inputs that explain the node: those of its cause, the worst-read first
+    chosen = [i for i in ins if cause in (i["kind"], "both")] or ins
+    chosen.sort(key=lambda i: i["try"][:1] in (["int16"], ["keep in float"]))
+    tries = list(dict.fromkeys(t for i in chosen for t in i["try"]))
+    reason = "; ".join((f"{i['kind']} {i['node']} ({i['granularity']} {i['bit']}-bit): " if sens.node_type == "node"
+                        else f"{i['granularity']} {i['bit']}-bit: ") + i["reason"] for i in chosen[:2])
+    if metric == "cosine-similarity" and bad >= SEVERE:
+        tries.insert(0, "keep in float")
+        reason = f"quantizing it alone drops the output cosine to {short(value)}; " + reason
+    return {"rank": rank, "node": name, "kind": kind, "op_type": op_type, metric: value, "badness": bad,
+            "cause": cause, "split": split, "reason": reason, "try": tries or ["int16", "keep in float"],
+            "inputs": ins, "chosen": [i["node"] for i in chosen]}
+
+
+def _names(names, limit=4):
+    names = list(dict.fromkeys(names))
+    shown = ", ".join(names[:limit])
+    return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
+
+
+def _fixes(qm, relevant, source):
+    """``(fixes, settings, snippet, terms)`` for the relevant nodes, the verdict's kind first."""
+    groups = {"per-channel": [], "int16": [], "float": [], "recalibrate": [], "activation per-channel": []}
+    for it in relevant:
+        if it["try"][0] == "keep in float":
+            groups["float"] += it["chosen"]
+            continue
+        for name in it["chosen"]:
+            i = next(x for x in it["inputs"] if x["node"] == name)
+            first = i["try"][0]
+            if first == "per-channel" and i["kind"] == "weight":
+                groups["per-channel"].append(name)
+            elif first == "per-channel":
+                groups["activation per-channel"].append(name)
+            elif first == "recalibrate":
+                groups["recalibrate"].append(name)
+            elif first == "keep in float":
+                groups["float"].append(name)
+            else:
+                groups["int16"].append(name)
+    groups = {k: list(dict.fromkeys(v)) for k, v in groups.items()}
+    # a node kept in float needs no other remedy
+    for k in ("per-channel", "int16", "recalibrate", "activation per-channel"):
+        groups[k] = [n for n in groups[k] if n not in groups["float"]]
+    modelopt = qm.made_by.key == "modelopt"
+    int16 = groups["int16"] + groups["activation per-channel"]
+    if modelopt:  # Model Optimizer's int8 mode has no 16-bit override: those nodes stay in float
+        groups["float"] += int16
+        int16 = []
+    choices = {**{n: "float" for n in groups["float"]}, **{n: "int16" for n in int16}}
+    ort = onnxruntime_settings(qm, "mixed", list(choices), choices=choices) if choices else {
+        "nodes_to_exclude": [], "TensorQuantOverrides": {}}
+    settings = {"nodes_to_exclude": ort["nodes_to_exclude"], "TensorQuantOverrides": ort["TensorQuantOverrides"]}
+    per_channel = bool(groups["per-channel"])
+    if per_channel:
+        settings["per_channel"] = True
+    fixes = []
+    if per_channel:
+        what = ("keeps weights per channel by default; the ones below are per tensor: re-export them per channel"
+                if modelopt else "quantize_static(..., per_channel=True)")
+        fixes.append({"kind": "weight", "nodes": groups["per-channel"], "short": "per-channel weights",
+                      "text": f"per-channel weights ({what}): {_names(groups['per-channel'])} "
+                              f"{_verb(groups['per-channel'], 'loses', 'lose')} channels to a per-tensor scale"})
+    if groups["activation per-channel"] and not modelopt:
+        fixes.append({"kind": "activation", "nodes": groups["activation per-channel"], "short": "int16 activations",
+                      "text": f"{_names(groups['activation per-channel'])} "
+                              f"{_verb(groups['activation per-channel'], 'has', 'have')} outlier channels under a "
+                              "per-tensor "
+                              "scale and onnxruntime cannot quantize activations per channel: raise them to 16 bit ("
+                              + _overrides_text(qm, groups["activation per-channel"]) + "), or equalise the channel "
+                              "ranges in the model"})
+    if groups["recalibrate"]:
+        fixes.append({"kind": "activation", "nodes": groups["recalibrate"], "short": "recalibrate",
+                      "text": f"{_names(groups['recalibrate'])} {_verb(groups['recalibrate'], 'clips', 'clip')} values "
+                              "outside the calibrated range: calibrate with "
+                              + ("calibration_method='max' (modelopt.onnx.quantization.quantize)" if modelopt
+                                 else "calibrate_method=CalibrationMethod.MinMax")
+                              + " on samples like the held-out ones" + ("" if modelopt else ", or raise them to 16 bit")})
+    plain16 = [n for n in groups["int16"]]
+    if plain16 and not modelopt:
+        kinds = {qm.calibration[n].kind for n in plain16}
+        reasons = [i["reason"] for it in relevant for i in it["inputs"] if i["node"] in plain16]
+        why = ("sensitive although well shaped" if all("simply sensitive" in r for r in reasons)
+               else _verb(plain16, "its grid is too coarse for it", "their grid is too coarse for them")
+               + " (see why above)")
+        fixes.append({"kind": kinds.pop() if len(kinds) == 1 else "", "nodes": plain16, "short": "16-bit tensors",
+                      "text": f"raise {_names(plain16)} to 16 bit ({_overrides_text(qm, plain16)}): {why}"})
+    if groups["float"]:
+        excl = onnxruntime_settings(qm, "float", groups["float"])["nodes_to_exclude"]
+        how = ("modelopt.onnx.quantization.quantize(..., nodes_to_exclude=" if modelopt
+               else "quantize_static(..., nodes_to_exclude=") + repr(excl) + ")"
+        fixes.append({"kind": "", "nodes": groups["float"], "short": "keep nodes in float",
+                      "text": f"keep {_names(groups['float'])} in float: {how}"})
+    # the verdict's kind first: fixing the other kind would not move the output much
+    fixes.sort(key=lambda f: f["kind"] != source and not (source == "both" and f["kind"]))
+    terms = ("NVIDIA Model Optimizer" if modelopt else "onnxruntime quantize_static" if qm.made_by.key == "onnxruntime"
+             else f"onnxruntime quantize_static on the float model; {qm.made_by.label} has its own settings")
+    return fixes, settings, _snippet(settings, modelopt), terms
+
+
+def _verb(names, one, many):
+    return one if len(names) == 1 else many
+
+
+def _overrides_text(qm, names):
+    tensors = {float_tensor_name(qm, qm.calibration[n]): "QInt16" if qm.calibration[n].qrange[0] < 0 else "QUInt16"
+               for n in names}
+    shown = list(tensors.items())[:2]
+    body = ", ".join(f"{t!r}: [{{'quant_type': QuantType.{q}}}]" for t, q in shown)
+    more = ", ..." if len(tensors) > 2 else ""
+    return f"extra_options={{'TensorQuantOverrides': {{{body}{more}}}}}"
+
+
+def _snippet(settings, modelopt=False):
+    """The settings as one call, ready to paste."""
+    parts = []
+    if settings.get("per_channel") and not modelopt:
+        parts.append("per_channel=True")
+    if settings.get("nodes_to_exclude"):
+        parts.append(f"nodes_to_exclude={settings['nodes_to_exclude']!r}")
+    overrides = settings.get("TensorQuantOverrides")
+    if overrides and not modelopt:
+        body = ", ".join(f"{t!r}: [" + ", ".join("{" + ", ".join(
+            f"{k!r}: QuantType.{v}" if k == "quant_type" else f"{k!r}: {v!r}" for k, v in e.items()) + "}"
+            for e in entries) + "]" for t, entries in overrides.items())
+        parts.append("extra_options={'TensorQuantOverrides': {" + body + "}}")
+    if not parts:
+        return ""
+    call = "modelopt.onnx.quantization.quantize" if modelopt else "quantize_static"
+    return f"{call}(..., {', '.join(parts)})"

@@ -1,0 +1,171 @@
+"""A failure that explains itself: the diagnosis (whose loss, which nodes and why, the fix),
+printed once per model in the terminal, and the same in the HTML report.
+
+The planted model: int4 per-tensor weights beside 16-bit activations, with one wide output
+channel in conv1's weight (w1), so that weights cause the loss and w1's other channels round
+to nothing. Figures are checked against plain onnxruntime sessions on rewired models.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+
+import pytest
+
+import builders
+from pytest_ptq.analysis import Analysis, AnalysisKey
+from test_plugin import feeds_of, keep_only, pooled_cosine, run
+from test_report import Page, rows
+
+N = 4
+CONTRACT = """
+model: qw.onnx
+data: calib
+float_model: float.onnx
+holdout: held
+outputs: {default: 0.9999}
+nodes: {threshold: 0.9999}
+baseline: false
+"""
+TESTS = """
+import pytest
+
+@pytest.mark.ptq(model="qw.onnx", data="calib", float_model="float.onnx", holdout="held")
+def test_qw_outputs(ptq):
+    ptq.assert_outputs(0.9999)
+
+@pytest.mark.xfail(strict=True, reason="a copy kept as the naive baseline of the story")
+@pytest.mark.ptq(model="naive.onnx", data="calib", float_model="float.onnx")
+def test_naive(ptq):
+    ptq.assert_outputs(0.9999)
+
+@pytest.mark.ptq(model="stored.onnx", data="calib")
+def test_stored_weights(ptq):
+    ptq.assert_outputs(0.5)
+"""
+
+
+@pytest.fixture(scope="module")
+def planted(tmp_path_factory):
+    root = tmp_path_factory.mktemp("explain")
+    calib, held = builders.samples(N, seed=1), builders.samples(N, seed=5)
+    builders.save_folder(calib, root / "calib")
+    builders.save_folder(held, root / "held")
+    # two outputs: the feature map r2 shows the loss that the saturated softmax hides
+    fp = builders.conv_net(root / "float.onnx", outlier_channel=3, two_outputs=True)
+    builders.quantize(fp, root / "qw.onnx", calib, weight_type="QInt4", activation_type="QUInt16")
+    shutil.copy(root / "qw.onnx", root / "naive.onnx")
+    # weights stored quantized behind a lone DequantizeLinear, as onnxruntime does by default
+    builders.quantize(fp, root / "stored.onnx", calib, keep_float=False,
+                      extra_options={"QDQKeepRemovableActivations": True})
+    feeds = feeds_of(held)
+    ref = builders.run_model(keep_only(root / "qw.onnx"), feeds)
+    out = builders.run_model(root / "qw.onnx", feeds)
+    cosines = {t: pooled_cosine([r[t] for r in ref], [o[t] for o in out]) for t in ("prob", "r2")}
+    assert cosines["r2"] < cosines["prob"]
+    return {"root": root, "held_cosine": cosines["r2"]}
+
+
+@pytest.fixture
+def project(pytester, planted):
+    for name in ("float.onnx", "qw.onnx", "naive.onnx", "stored.onnx"):
+        shutil.copy(planted["root"] / name, pytester.path / name)
+    for name in ("calib", "held"):
+        shutil.copytree(planted["root"] / name, pytester.path / name)
+    pytester.makefile(".ptq.yaml", qw=CONTRACT)
+    pytester.makepyfile(test_models=TESTS)
+    return pytester
+
+
+def block(text, label):
+    """The lines of a model's block in the terminal summary."""
+    lines = text.splitlines()
+    start = next(k for k, line in enumerate(lines) if re.match(rf"_+ ptq: {re.escape(label)} FAILED", line))
+    end = next(k for k in range(start + 1, len(lines)) if re.match(r"^(_{3,}|={3,}|-{3,}) ", lines[k])
+               or lines[k].startswith(("1 expected failure(s)", "warning: ")))
+    return lines[start:end]
+
+
+def test_diagnosis_names_the_weights_the_channel_and_the_fix(planted):
+    root = planted["root"]
+    a = Analysis(AnalysisKey(str(root / "qw.onnx"), str(root / "calib"), str(root / "float.onnx")), root)
+    d = a.diagnosis("node", holdout=root / "held")
+    assert d.source == "weight" and d.verdict["decided_on"] == "heldout"
+    assert d.verdict["values"]["heldout"]["all quantized"] == pytest.approx(planted["held_cosine"], abs=1e-6)
+    conv1 = next(n for n in d.nodes if n["node"] == "conv1")
+    assert conv1["kind"] == "operator" and conv1["op_type"] == "Conv" and conv1["cause"] == "weight"
+    assert conv1["split"]["weight"] < conv1["split"]["activation"]
+    assert "channel" in conv1["reason"] and "w1_QuantizeLinear" in conv1["reason"]
+    assert d.fixes[0]["kind"] == "weight" and "per_channel=True" in d.fixes[0]["text"]
+    assert d.settings["per_channel"] is True and d.snippet.startswith("quantize_static(..., per_channel=True")
+    assert d.terms == "onnxruntime quantize_static"
+    # a ranking of weights says weight, and names the channel in the same words as runall
+    w = a.diagnosis("weight", holdout=root / "held")
+    w1 = next(n for n in w.nodes if n["node"] == "w1_QuantizeLinear")
+    assert w1["kind"] == "weight" and w1["op_type"] == "Conv" and w1["cause"] == "weight"
+    assert "keeps only" in w1["reason"] and "per-channel weights" in w1["reason"]
+
+
+@pytest.mark.parametrize("dist", [["-p", "no:xdist"], ["-n", "2"]], ids=["one process", "xdist"])
+def test_terminal_prints_each_failing_model_once(project, planted, dist):
+    result = run(project, *dist)
+    result.assert_outcomes(failed=3, passed=1, xfailed=1)
+    out = result.stdout.str()
+    # three failing items on one model (two contract checks and a Python test): one block
+    assert out.count("ptq: qw.onnx FAILED") == 1
+    assert out.count("cause: weights:") == 1
+    assert "Captured ptq call" not in out
+    lines = block(out, "qw.onnx")
+    assert len(lines) <= 45, "\n".join(lines)
+    text = "\n".join(lines)
+    assert "ptq: qw.onnx FAILED: 3 of 3 test(s) failed" in lines[0]
+    # every measured value beside its threshold, on the data the check used
+    held = f"{planted['held_cosine']:.6f}"
+    assert re.search(rf"FAILED outputs  cosine-similarity of 'r2' {held} on 4 held-out sample\(s\) \(held\), needs >= "
+                     r"0\.9999  \[qw\.ptq\.yaml::outputs\]", text), text
+    assert re.search(r"FAILED nodes    cosine-similarity with only \S+ quantized 0\.\d+, needs >= 0\.9999", text)
+    # the cause on held-out data, the operator and its weight's channel, the fix in onnxruntime's terms
+    assert re.search(r"cause: weights: weight quantization causes most of the loss \(cosine-similarity .* on 4 "
+                     r"held-out samples; .* on 4 calibration samples\)", " ".join(lines)), text
+    assert re.search(r"\d+\. conv1 \(Conv operator\) 0\.\d+: weight \(its weights alone", text)
+    assert "fix to try (onnxruntime quantize_static):" in text
+    assert "per-channel weights (quantize_static(..., per_channel=True)): w1_QuantizeLinear loses channels" in text
+    assert "ptq-debug suggest qw.onnx calib --heldout held --float-model float.onnx --target-cosine 0.9999" in text
+    # the expected failure is counted apart, with its reason, and gets no block
+    assert "ptq: naive.onnx FAILED" not in out
+    assert re.search(r"1 expected failure\(s\) \(xfail\) on 1 model\(s\), not counted as failures:\n  naive\.onnx "
+                     r"\(1 test\(s\)\): a copy kept as the naive baseline of the story; cause: weights", out)
+    # a warning of a passing model, with its fix, in the summary
+    assert re.search(r"warning: stored\.onnx: weights are stored already quantized .*pass the float model", out)
+
+
+def test_report_shows_the_cause_the_fix_and_the_contract_figure(project, planted):
+    run(project, "--ptq-report", "report.html", "-p", "no:xdist").assert_outcomes(failed=3, passed=1, xfailed=1)
+    text = (project.path / "report.html").read_text()
+    page = Page(text)
+    summary = {r["model"]: r for r in rows(page.summary)}
+    qw = summary["qw.onnx"]
+    # the contract's own figure: held-out, with its threshold
+    assert float(qw["contract figure"]) == pytest.approx(planted["held_cosine"], abs=1e-6)
+    assert qw["measured on, threshold"] == "cosine-similarity of 'r2' on 4 held-out sample(s), needs >= 0.9999"
+    assert qw["cause"] == "weights" and qw["fix to try"] == "per-channel weights"
+    assert summary["naive.onnx"]["verdict"] == "xfailed"
+    assert re.search(r"3 model\(s\): <span[^>]*>1 failing</span>, <span[^>]*>1 failing as expected \(xfail\)</span>, "
+                     r"1 passing", text)
+    assert "naive.onnx (1 test(s)): a copy kept as the naive baseline of the story" in text
+    section = next(s for s in page.sections if s["title"] == "qw.onnx FAILED")
+    measured = rows(section["tables"]["measures"])
+    assert {r["check"] for r in measured} == {"outputs", "nodes"}
+    assert all(r["threshold"].startswith(">= ") for r in measured)
+    nodes = rows(section["tables"]["sensitivity"])
+    conv1 = next(r for r in nodes if r["node"] == "conv1")
+    assert conv1["kind"] == "operator (Conv)" and conv1["cause"] == "weight" and "channel" in conv1["why"]
+    assert "quantize_static(..., per_channel=True" in text
+    verdict = rows(section["tables"]["verdict"])
+    assert [r["quantized"] for r in verdict] == ["weights only", "activations only", "everything"]
+    assert float(verdict[2]["cosine-similarity, held-out (4 samples)"]) == pytest.approx(planted["held_cosine"],
+                                                                                         abs=1e-6)
+    stored = next(s for s in page.sections if s["title"] == "stored.onnx PASSED")
+    assert stored["tables"]["sensitivity"]
+    assert "warning: weights are stored already quantized" in text
