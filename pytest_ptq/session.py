@@ -207,8 +207,9 @@ class PTQSession:
         analysis = self.analyses[model_id]
         try:
             d = analysis.diagnosis(settings.node_type, settings.metric, self.judged_on(model_id), settings.top)
-        except PTQError as exc:
-            return {"lines": [f"(no diagnosis: {exc})"], "headline": "", "about": ""}
+        except Exception as exc:  # noqa: BLE001 - an explanation that fails must not hide the test's result
+            why = str(exc) if isinstance(exc, PTQError) else f"{type(exc).__name__}: {exc}"
+            return {"lines": [f"(no diagnosis: {why})"], "headline": "", "about": ""}
         qm = analysis.qmodel
         about = (f"{qm.format} model made by {d.producer}; ranked on {d.samples} of {analysis.samples} calibration "
                  f"sample(s) of {analysis.relative(analysis.key.data)}")
@@ -309,7 +310,7 @@ class PTQSession:
                 analysis = self.analyses[model_id]
                 try:
                     png = html_report.curves_png(analysis, self._settings_of(item))
-                except PTQError:
+                except Exception:  # noqa: BLE001 - a missing plot must not hide the test's result
                     continue
                 extra.append(extras.png(png, name=f"ptq curves {analysis.label}"))
         rep.extras = list(getattr(rep, "extras", [])) + extra

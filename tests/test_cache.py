@@ -234,3 +234,4 @@ def test_cli_refuses_a_cache_dir_inside_the_data(inputs, capsys):
     err = capsys.readouterr().err
     assert "--cache-dir" in err and "inside the calibration data folder" in err
     assert not (inputs / "calib" / "c").exists()
+

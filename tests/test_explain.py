@@ -169,3 +169,25 @@ def test_report_shows_the_cause_the_fix_and_the_contract_figure(project, planted
     stored = next(s for s in page.sections if s["title"] == "stored.onnx PASSED")
     assert stored["tables"]["sensitivity"]
     assert "warning: weights are stored already quantized" in text
+
+
+def test_a_diagnosis_that_crashes_leaves_the_failure_standing(project):
+    project.makeconftest("""
+import pytest_ptq.analysis as a
+
+_real = a.Analysis.diagnosis
+
+def _crash(self, *args, **kwargs):
+    raise ValueError("boom")
+
+def pytest_configure(config):
+    a.Analysis.diagnosis = _crash
+
+def pytest_unconfigure(config):
+    a.Analysis.diagnosis = _real
+""")
+    result = run(project)
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    assert "INTERNALERROR" not in result.stdout.str() + result.stderr.str()
+    result.stdout.fnmatch_lines(["*no diagnosis: ValueError: boom*"])
+
