@@ -124,7 +124,7 @@ def main(argv=None):
             full, every = timed("all samples", lambda: runall(model, data, save_dir=f"{tmp}/all",
                                                             rank_samples="all", progress=False))
             for kind, nodes in summary["top_nodes"].items():
-                ref = list(every["sensitivity"][kind]["nodes"])[:10]
+                ref = every["sensitivity"][kind]["ranking"][:10]
                 mine = nodes[:10]
                 print(f"  {kind}: {len(set(mine) & set(ref))} of the default's top {len(mine)} are in the "
                       f"all-sample top 10")

@@ -191,7 +191,8 @@ def _runall(engine, out, metrics, output_node, node_type, data_num, top, axis, p
     summary = {
         "tool": "pytest-ptq", "version": __version__, "model": qm.source, "format": qm.format_label,
         "made_by": qm.made_by.label, "data": getattr(engine.data, "where", None), "samples": len(indices),
-        "ranking": screening.to_dict(), "metrics": [m.name for m in metric_objs],
+        "ranking": screening.to_dict(), "samples_per_run": engine.batching(every_index).reason,
+        "metrics": [m.name for m in metric_objs],
         "outputs_compared": [s.name for s in specs], "node_types": types, "top": top,
         "top_nodes": top_nodes, "outputs": outputs, "verdict": verdict,
         "sensitivity": {t: s.to_dict() for t, s in sens.items()},

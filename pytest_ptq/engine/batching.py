@@ -23,6 +23,8 @@ import time
 
 import numpy as np
 
+from ..errors import PTQError, shown
+
 MAX_GROUP = 8
 MIN_GAIN = 1.1
 RTOL, ATOL = 1e-3, 1e-4  # atol relative to the largest magnitude of each output
@@ -97,7 +99,8 @@ def decide(engine, indices, size=MAX_GROUP):
     try:
         for config in ((), "all"):
             start = time.perf_counter()
-            one = [engine.run(i, config) for i in trial]
+            # the float runs are the cached references every ranking reads anyway
+            one = [engine.reference(i) if config == () else engine.run(i, config) for i in trial]
             alone = time.perf_counter() - start
             engine.run(key, config)  # the first stacked run also sizes onnxruntime's buffers
             start = time.perf_counter()
@@ -109,7 +112,8 @@ def decide(engine, indices, size=MAX_GROUP):
                     return Batching(1, f"stacked samples give other values at {name!r} (the graph fixes its "
                                        "batch size somewhere)")
     except Exception as exc:  # noqa: BLE001 - a graph that rejects a batch only loses the speed-up
-        return Batching(1, f"the graph does not take stacked samples ({type(exc).__name__})")
+        text = str(exc).split(": ", 1)[-1] if isinstance(exc, PTQError) else f"{type(exc).__name__}: {exc}"
+        return Batching(1, f"the graph does not take stacked samples ({shown(text, 160)})")
     finally:
         engine.forget(key)
     gain = sum(a for a, _ in timings.values()) / max(1e-12, sum(g for _, g in timings.values()))

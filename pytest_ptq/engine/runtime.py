@@ -180,10 +180,24 @@ def make_session(model, optimization="all", providers=None, fake_quant=True, opt
                        "onnxruntime session") from None
 
 
+_QUIET = None
+
+
+def _quiet_run():
+    """RunOptions that keep onnxruntime's own error log off stderr: a failure is raised and
+    reported once, as a sentence quoting onnxruntime (and a stacked-samples trial that a
+    graph rejects is no error at all)."""
+    global _QUIET
+    if _QUIET is None:
+        _QUIET = ort().RunOptions()
+        _QUIET.log_severity_level = 4  # fatal only
+    return _QUIET
+
+
 def run(session, names, feeds, source):
     """``session.run(names, feeds)``; a failure names the model and quotes onnxruntime."""
     try:
-        return session.run(names, feeds)
+        return session.run(names, feeds, _quiet_run())
     except Exception as exc:
         raise run_error(exc, source) from None
 
