@@ -95,6 +95,12 @@ class Analysis:
                                   custom_op_libraries=[self.key.custom_op_library] if self.key.custom_op_library else ())
         return self._engine
 
+    def release(self):
+        """Free the engine's sessions and cached tensors (results stay); used again, it
+        recompiles."""
+        if self._engine is not None:
+            self._engine.release()
+
     @property
     def qmodel(self):
         return self.engine.qmodel

@@ -70,11 +70,20 @@ class _Hooks:
     # tryfirst: before xdist's worker sends the collection to the controller
     @pytest.hookimpl(tryfirst=True)
     def pytest_collection_finish(self, session):
-        """xdist worker: write which model each selected item checks (see ``spread``)."""
+        """Which model each selected item checks: an xdist worker writes it for the controller
+        (see ``spread``); the session frees a model's sessions once its items ran."""
+        models = _models_of(session.items, self.ptq)
         path = getattr(session.config, "workerinput", {}).get("ptq_groups_file")
         if path:
             from . import spread
-            spread.write_groups(path, _models_of(session.items, self.ptq))
+            spread.write_groups(path, models)
+        unknown = any(_uses_plugin(item) and (item.nodeid not in models or _model_by_fixture(item))
+                      for item in session.items)
+        self.ptq.plan(models, unknown)
+
+    def pytest_runtest_logfinish(self, nodeid, location):
+        """An item ran: free what no later item needs."""
+        self.ptq.test_done(nodeid)
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_makereport(self, item, call):
@@ -155,6 +164,12 @@ def _models_of(items, ptq):
         if model is not None:
             models[item.nodeid] = str(model)
     return models
+
+
+def _model_by_fixture(item):
+    """An item whose model or data come from a parametrised fixture: known only when it runs."""
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    return any(name in params for name in ("ptq_model", "ptq_data"))
 
 
 def _uses_plugin(item):

@@ -16,7 +16,6 @@ import datetime
 import html
 import io
 import tempfile
-from collections import defaultdict
 from pathlib import Path
 
 from . import guard
@@ -56,21 +55,21 @@ def _image(path, title):
 
 def collect(session):
     """JSON-safe data of every model the session analysed (computes curves and figures)."""
-    settings = session.settings
-    tests = defaultdict(list)
-    for rec in session.tests.values():
-        for model_id in rec.models:
-            tests[model_id].append({"nodeid": rec.nodeid, "outcome": rec.outcome, "section": rec.section,
-                                    "xfail_reason": rec.xfail_reason,
-                                    "results": [r.to_dict() for mid, r in rec.results if mid == model_id]})
-    models = []
-    for analysis in session.analyses.values():
-        if analysis.key.id in tests:
-            payload = model_payload(analysis, tests[analysis.key.id], settings, session.judged_on(analysis.key.id),
-                                    session.suggest_command(analysis, settings))
-            payload["warnings"] = session.warnings_of(analysis)  # their commands as this run names paths
-            models.append(payload)
-    return json_safe(models)
+    return json_safe([session.report_payload(a) for a in session.analyses.values()
+                      if any(a.key.id in rec.models for rec in session.tests.values())])
+
+
+def payload_of(session, analysis):
+    """The report data of one model of ``session`` (its tests so far); computes curves and
+    figures, so it needs the model's engine."""
+    settings, model_id = session.settings, analysis.key.id
+    tests = [{"nodeid": rec.nodeid, "outcome": rec.outcome, "section": rec.section, "xfail_reason": rec.xfail_reason,
+              "results": [r.to_dict() for mid, r in rec.results if mid == model_id]}
+             for rec in session.tests.values() if model_id in rec.models]
+    payload = model_payload(analysis, tests, settings, session.judged_on(model_id),
+                            session.suggest_command(analysis, settings))
+    payload["warnings"] = session.warnings_of(analysis)  # their commands as this run names paths
+    return payload
 
 
 def model_payload(analysis, tests, settings, holdout=None, suggest=""):

@@ -60,6 +60,8 @@ class PTQSession:
         self.worker_inputs = []  # [path, what] read by the workers' tests
         self.worker_terminal = []  # the workers' terminal payloads (JSON text)
         self.diagnoses = {}  # AnalysisKey.id -> the lines explaining why it fails, computed once
+        self.pending = None  # model path -> node ids still to run (see plan), or None: never release
+        self.early = {}  # AnalysisKey.id -> (test count, report payload) of a model whose tests all ran
         self.is_worker = hasattr(config, "workerinput")
         self.report_error = None  # why the report was not written, as one sentence
         if not self.is_worker:  # the controller checks once; its workers write no report
@@ -316,6 +318,51 @@ class PTQSession:
         rep.extras = list(getattr(rep, "extras", [])) + extra
 
     # -- the HTML report ---------------------------------------------------------------------
+    # -- a model's sessions freed once its tests ran ----------------------------------------
+    def plan(self, models, unknown):
+        """Collection done: ``models`` maps each selected item to the model path it checks,
+        ``unknown`` says whether some item's model is only known when it runs (a fixture
+        parametrised with its model). Without such items, a model's engine sessions are freed
+        as soon as its last item ran, so a suite's memory is one model's, not the sum. Not on
+        xdist workers: a worker does not know which items it will still get."""
+        if self.is_worker or unknown:
+            return
+        self.pending = {}
+        for nodeid, model in models.items():
+            self.pending.setdefault(str(Path(model).resolve()), set()).add(nodeid)
+
+    def test_done(self, nodeid):
+        """An item finished: free the sessions of the models no item left will use (after
+        computing their report data, which needs them)."""
+        if self.pending is None:
+            return
+        for model, left in list(self.pending.items()):
+            left.discard(nodeid)
+            if left:
+                continue
+            del self.pending[model]
+            for analysis in self.analyses.values():
+                if analysis.key.model == model:
+                    if self.settings.report is not None:
+                        self.early[analysis.key.id] = (self._tests_of(analysis), self._model_payload(analysis))
+                    analysis.release()
+
+    def _tests_of(self, analysis):
+        return sum(analysis.key.id in rec.models for rec in self.tests.values())
+
+    def _model_payload(self, analysis):
+        from . import report as html_report
+
+        return html_report.payload_of(self, analysis)
+
+    def report_payload(self, analysis):
+        """The report data of ``analysis``: computed when its last test ran, unless a test
+        used it since."""
+        early = self.early.get(analysis.key.id)
+        if early is not None and early[0] == self._tests_of(analysis):
+            return early[1]
+        return self._model_payload(analysis)
+
     def payload(self):
         """JSON-safe report data of every model this process analysed."""
         from . import report as html_report

@@ -68,3 +68,55 @@ def test_baselines_keep_their_paths_under_xdist(pytester, two_models):
     written = sorted(p.relative_to(pytester.path).as_posix() for p in pytester.path.rglob("*.json"))
     assert written == ["ptq_baselines/test_m/test_base.json"]
     run(pytester, "-p", "no:xdist").assert_outcomes(passed=1)
+
+
+RELEASE_PROBE = """
+import json
+
+def pytest_sessionfinish(session):
+    from pytest_ptq import session as s
+    ptq = session.config.stash[s.SESSION_KEY]
+    state = {a.label: {"sessions": len(a.engine._sessions), "segments": a.engine._segments is not None,
+                       "early": a.key.id in ptq.early}
+             for a in ptq.analyses.values()}
+    open("released.json", "w").write(json.dumps(state))
+"""
+
+
+def test_a_models_sessions_are_freed_once_its_tests_ran(pytester, two_models):
+    for name in ("m0.onnx", "m1.onnx", "calib"):
+        src = two_models / name
+        (shutil.copytree if src.is_dir() else shutil.copy)(src, pytester.path / name)
+    for k in (0, 1):
+        pytester.makefile(".ptq.yaml", **{f"c{k}": f"model: m{k}.onnx\ndata: calib\nnodes: {{threshold: 0.0}}\n"
+                                                   "baseline: false\n"})
+    pytester.makeconftest(RELEASE_PROBE)
+    run(pytester, "--ptq-report=r.html").assert_outcomes(passed=4)
+    import json
+
+    state = json.loads((pytester.path / "released.json").read_text())
+    assert set(state) == {"m0.onnx", "m1.onnx"}
+    # the report page was computed model by model, before each was freed
+    assert all(s == {"sessions": 0, "segments": False, "early": True} for s in state.values()), state
+    page = (pytester.path / "r.html").read_text()
+    assert "m0.onnx" in page and "m1.onnx" in page
+
+
+def test_a_model_known_only_at_run_time_keeps_every_session(pytester, two_models):
+    for name in ("m0.onnx", "calib"):
+        src = two_models / name
+        (shutil.copytree if src.is_dir() else shutil.copy)(src, pytester.path / name)
+    pytester.makeconftest(RELEASE_PROBE)
+    pytester.makepyfile(test_m="""
+        import pytest
+
+        @pytest.mark.parametrize("ptq_model", ["m0.onnx"], indirect=True)
+        @pytest.mark.ptq(data="calib")
+        def test_it(ptq_analysis):
+            assert ptq_analysis.sensitivity("activation")
+    """)
+    run(pytester).assert_outcomes(passed=1)
+    import json
+
+    state = json.loads((pytester.path / "released.json").read_text())
+    assert list(state.values()) == [{"sessions": 0, "segments": True, "early": False}]

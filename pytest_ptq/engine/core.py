@@ -237,6 +237,16 @@ class Engine:
             return list(indices)
         return batching.groups(list(indices), self.batching(list(indices)).size)
 
+    def release(self):
+        """Drop every compiled session and cached tensor; they are rebuilt on next use. For a
+        caller done with the engine for now (a test session whose tests of this model ran)."""
+        self._sessions.clear()
+        self._segments = None
+        self._ref_cache.clear()
+        self._ref_bytes = 0
+        self._last_sample = None
+        runtime.trim_memory()
+
     def forget(self, key):
         """Drop the cached float reference of sample (or group) ``key``."""
         for k in [k for k in self._ref_cache if k[0] == key]:

@@ -129,6 +129,21 @@ def _return_freed_memory():
 _MALLOC_SET = False
 
 
+def trim_memory():
+    """Ask glibc to hand freed heap memory back to the system (after sessions are dropped);
+    a no-op elsewhere."""
+    import ctypes
+    import ctypes.util
+
+    name = ctypes.util.find_library("c")
+    try:
+        libc = ctypes.CDLL(name) if name else None
+        if libc is not None and hasattr(libc, "malloc_trim"):
+            libc.malloc_trim(0)
+    except OSError:
+        pass
+
+
 def session_options(optimization="all", fake_quant=True, optimized_path=None, libraries=()):
     """SessionOptions at the given optimisation level.
 
