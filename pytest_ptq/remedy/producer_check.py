@@ -124,8 +124,9 @@ def requantize_with_producer(key, float_model, data, out_path, settings=None, re
 
 def effect(terms, float_model, baseline_path, fixed_path):
     """What re-quantizing with the terms did to the remedied tensors: ``kept`` (per kind,
-    tensor -> applied), ``not_applied`` and ``collateral`` (tensors it also left in float or
-    changed that the remedy did not name), read by structure from both re-quantized models."""
+    tensor -> applied), ``not_applied``, ``in_float`` (asked at 16 bit or per channel, left in
+    float) and ``collateral`` (tensors it also left in float or changed that the remedy did
+    not name), read by structure from both re-quantized models."""
     key = terms["producer"]
 
     def quantized(path):
@@ -139,13 +140,16 @@ def effect(terms, float_model, baseline_path, fixed_path):
     before, after = quantized(baseline_path), quantized(fixed_path)
     expect = terms["expect"]
     named = {t for ts in expect.values() for t in ts}
+    # a tensor asked at 16 bit or per channel that came out float (a neighbour kept in float
+    # took its quantizer away) has more precision than asked: applied, and said
     kept = {"float": {t: t not in after for t in expect["float"]},
-            "int16": {t: t in after and after[t].bit >= 16 for t in expect["int16"]},
-            "per-channel": {t: t in after and after[t].per_channel for t in expect["per-channel"]}}
+            "int16": {t: t not in after or after[t].bit >= 16 for t in expect["int16"]},
+            "per-channel": {t: t not in after or after[t].per_channel for t in expect["per-channel"]}}
+    in_float = sorted(t for t in expect["int16"] + expect["per-channel"] if t not in after)
     collateral = sorted(t for t in before if t not in named and (
         t not in after or after[t].bit != before[t].bit or after[t].per_channel != before[t].per_channel))
     not_applied = sorted(t for ts in kept.values() for t, ok in ts.items() if not ok)
-    return {"kept": kept, "not_applied": not_applied, "collateral": collateral}
+    return {"kept": kept, "not_applied": not_applied, "collateral": collateral, "in_float": in_float}
 
 
 def output_score(engine, float_model, metric="cosine-similarity"):
@@ -159,16 +163,26 @@ def output_score(engine, float_model, metric="cosine-similarity"):
     source = "<float ModelProto>" if isinstance(float_model, onnx.ModelProto) else str(float_model)
 
     def score(path=None):
-        new = engine if path is None else Engine(str(path), engine.data, optimization=engine.optimization,
-                                                 providers=engine.providers, check=False, segments=0)
-        tensors = [o for o in engine.model_outputs if o in new.model_outputs and o in float_outputs]
+        plain = None
+        try:
+            new = engine if path is None else Engine(str(path), engine.data, optimization=engine.optimization,
+                                                     providers=engine.providers, check=False, segments=0)
+            outputs = new.model_outputs
+        except NotQuantized:  # the terms left nothing quantized: the file runs as it is
+            model = load_model(path, what="the re-quantized model")[0]
+            plain = make_session(model, engine.optimization, engine.providers, fake_quant=False,
+                                 what=f"the re-quantized model {str(path)!r}")
+            outputs = [o.name for o in model.graph.output]
+        tensors = [o for o in engine.model_outputs if o in outputs and o in float_outputs]
         if not tensors:
             raise PTQError(f"the float model and the re-quantized model share no output (float: "
                            f"{sorted(float_outputs)}); pass the float model the calibrated model was made from")
         states = {t: m.new() for t in tensors}
         for i in range(len(engine.data)):
-            ref = dict(zip(tensors, run(reference, tensors, engine.data.sample(i), source)))
-            out = new.run(i, "all", tensors)
+            feeds = engine.data.sample(i)
+            ref = dict(zip(tensors, run(reference, tensors, feeds, source)))
+            out = (new.run(i, "all", tensors) if plain is None
+                   else dict(zip(tensors, run(plain, tensors, feeds, str(path)))))
             for t in tensors:
                 m.update(states[t], ref[t], out[t])
         return {"calibration": m.worst([m.value(st) for st in states.values()])}

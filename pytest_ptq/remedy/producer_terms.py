@@ -123,12 +123,17 @@ class ProducerNames:
         return name
 
     def tensor(self, c):
-        """``(float tensor, folded Relu/Clip node or None)`` that calibration node ``c`` quantizes."""
+        """``(float tensor, folded Relu/Clip node or None)`` that calibration node ``c`` quantizes.
+
+        Quark applies its tensor settings to the graph it rewrote first (MatMul+Add into a
+        Gemm with a transposed weight of its own name, say), so its names are those the QDQ
+        file shows, less its Q/DQ suffixes; the others' are the float model's."""
         qm = self.qm
+        alignment = None if self.key == "quark" else self.alignment
         if c.kind == "weight":
-            if self.alignment is not None and c.name in self.alignment.weights:
-                return self.alignment.weights[c.name], None
-            if c.float_weight:
+            if alignment is not None and c.name in alignment.weights:
+                return alignment.weights[c.name], None
+            if c.float_weight and alignment is not None:
                 return c.float_weight[len("ptq_float::"):].removesuffix("::T"), None
             suffix = _STORED_SUFFIX.get(self.key, "_quantized")
             if c.q_node is None and c.input.endswith(suffix):
@@ -139,8 +144,8 @@ class ProducerNames:
         for o in c.outputs:
             if o in qm.output_names:
                 return o, None  # the pair writes the graph output (Quark, aimet)
-        if self.alignment is not None and c.producer in self.alignment.nodes:
-            fnode = self.alignment.nodes[c.producer]
+        if alignment is not None and c.producer in alignment.nodes:
+            fnode = alignment.nodes[c.producer]
             k = list(qm.normal[c.producer].outputs).index(c.input)
             tensor = self.fg.outputs[fnode][k]
             if c.folded:
@@ -263,7 +268,7 @@ def _modelopt(qm, names, kinds, axes, terms):
             nodes = names.keep_float(c, with_producer=False)
             instead += nodes
             _entry(terms, name, kind, tensor, nodes)
-            _unsupported(terms, name, kind, "Model Optimizer has no 16-bit integer quantization (int8, fp8, int4 "
+            _unsupported(terms, name, kind, "Model Optimizer has no int16 quantization (int8, fp8 and int4 "
                          "only)", {"nodes_to_exclude": nodes})
         elif c.kind == "weight":
             _entry(terms, name, kind, tensor)

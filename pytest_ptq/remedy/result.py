@@ -241,6 +241,8 @@ def producer_lines(terms, measured=None, metric="cosine-similarity"):
                      f"); {kept} of {total} remedied tensor(s) as asked")
         if m.get("not_applied"):
             lines.append(f"  not applied by {terms['short']}: " + ", ".join(m["not_applied"]))
+        if m.get("in_float"):
+            lines.append(f"  left in float by {terms['short']} (more than asked): " + ", ".join(m["in_float"]))
         if m.get("collateral"):
             lines.append(f"  also changed by {terms['short']}: " + ", ".join(m["collateral"]))
     return lines
