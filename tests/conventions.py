@@ -110,9 +110,11 @@ def _ranges(model, data, tensors):
     return {t: (min(float(r[t].min()) for r in runs), max(float(r[t].max()) for r in runs)) for t in tensors}
 
 
-def make(float_path, out_path, data, convention):
+def make(float_path, out_path, data, convention, exclude=()):
     """Quantize ``float_path`` the way ``convention`` (a name of :data:`CONVENTIONS` or a
-    :class:`Convention`) does; returns ``out_path``."""
+    :class:`Convention`) does, leaving the inputs of the nodes named in ``exclude`` alone
+    (Model Optimizer's ``nodes_to_exclude``: pairs sit on the inputs of quantized ops only);
+    returns ``out_path``."""
     cv = CONVENTIONS[convention] if isinstance(convention, str) else convention
     model = onnx.load(str(float_path))
     graph = model.graph
@@ -130,7 +132,7 @@ def make(float_path, out_path, data, convention):
     outputs = {o.name for o in graph.output}
     acts = []
     for n in graph.node:
-        if n.op_type in QUANT_OPS:
+        if n.op_type in QUANT_OPS and n.name not in exclude:
             for k, i in enumerate(n.input):
                 if i and i not in inits and k not in QUANT_OPS[n.op_type] and i not in acts:
                     acts.append(i)
@@ -237,7 +239,7 @@ def make(float_path, out_path, data, convention):
         for k, i in enumerate(new.input):
             i = replace.get(i, i)
             new.input[k] = i
-            if n.op_type not in QUANT_OPS or not i:
+            if n.op_type not in QUANT_OPS or not i or n.name in exclude:
                 continue
             if i in inits and k in QUANT_OPS[n.op_type]:
                 new.input[k] = weight(n, k, i)

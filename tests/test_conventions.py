@@ -295,3 +295,18 @@ def test_the_producer_is_named_from_the_file(zoo, made):
     aimet.metadata_props.add(key="producer", value="aimet-onnx 2.42.0")
     assert detect(aimet).label == "Qualcomm aimet-onnx 2.42.0"
     assert detect(onnx.load(str(made("modelopt_int4", "mlp")[0]))).key == "modelopt"
+
+
+def test_model_optimizer_with_an_fp32_graph_is_told_from_onnxruntime(made):
+    """Its pairs share their scales as onnxruntime's do; IR 10 and symmetric int8 activations
+    (its defaults) tell it, uint8 activations or the float model's IR do not."""
+    from pytest_ptq.model import detect
+
+    mo = onnx.load(str(made("modelopt_int8_fp32", "mlp")[0]))
+    mo.producer_name, mo.producer_version, mo.ir_version = "onnx.quantize", "0.1.0", 10
+    assert detect(mo).key == "modelopt"
+    mo.ir_version = 8  # what onnxruntime keeps from an IR-8 float model
+    assert detect(mo).key == "onnxruntime"
+    ort = onnx.load(str(made("onnxruntime", "mlp")[0]))  # uint8 activations
+    ort.producer_name, ort.producer_version, ort.ir_version = "onnx.quantize", "0.1.0", 10
+    assert detect(ort).key == "onnxruntime"

@@ -11,6 +11,9 @@ from __future__ import annotations
 import dataclasses
 import re
 
+import onnx
+from onnx import numpy_helper
+
 KNOWN = {
     "onnxruntime": "onnxruntime quantize_static",
     "modelopt": "NVIDIA Model Optimizer",
@@ -100,4 +103,27 @@ def _onnx_quantize(model, qdq=True):
                 # Model Optimizer gives the Q and the DQ of a pair their own scale tensors
                 return Producer("modelopt", KNOWN["modelopt"], "", "producer_name 'onnx.quantize' and pairs with "
                                 "separate Q and DQ scales")
+    if model.ir_version >= 10 and _symmetric_signed_activations(model):
+        # with an fp32 graph Model Optimizer's pairs share their scales as onnxruntime's do; what
+        # remains is its defaults: IR raised to 10 and int8 (or fp8) activations with zero point 0,
+        # where onnxruntime keeps the IR it was given and quantizes activations to uint8
+        return Producer("modelopt", KNOWN["modelopt"], "", "producer_name 'onnx.quantize', IR 10 and symmetric "
+                        "int8/fp8 activations")
     return Producer("onnxruntime", KNOWN["onnxruntime"], model.producer_version, "producer_name 'onnx.quantize'")
+
+
+_SIGNED = {onnx.TensorProto.INT8, onnx.TensorProto.FLOAT8E4M3FN}
+
+
+def _symmetric_signed_activations(model):
+    """True when every QuantizeLinear of a computed tensor has a signed 8-bit zero point of 0."""
+    inits = {i.name: i for i in model.graph.initializer}
+    found = False
+    for n in model.graph.node:
+        if n.op_type != "QuantizeLinear" or n.input[0] in inits:
+            continue
+        zp = inits.get(n.input[2]) if len(n.input) > 2 else None
+        if zp is None or zp.data_type not in _SIGNED or numpy_helper.to_array(zp).astype(float).any():
+            return False
+        found = True
+    return found

@@ -15,7 +15,10 @@ can take a remedy and its fake-quant), :mod:`.ranking` (the order moves are trie
 :mod:`.scoring` (one set on one data set, within the budget), :mod:`.strategy` (greedy,
 refinement and acceptance), :mod:`.search` (the entry point and the figures), :mod:`.terms`
 (the result in onnxruntime's settings), :mod:`.requantize` (applying them to the float model
-and measuring), :mod:`.plot` (metric vs cost).
+and measuring), :mod:`.producer_terms` (the result in the terms of the quantizer that made the
+model: Model Optimizer, Quark, Neural Compressor, aimet-onnx), :mod:`.producer_check`
+(re-quantizing with that quantizer, in its own Python, to check them), :mod:`.plot` (metric
+vs cost).
 """
 
 from __future__ import annotations
@@ -29,6 +32,8 @@ from .alternatives import (
 )
 from .objective import Objective, TaskMetric, objective_for
 from .plot import plot_remedy
+from .producer_check import PYTHON_ENV, check_producer_terms, producer_recipe, requantize_with_producer
+from .producer_terms import producer_terms
 from .requantize import infer_quantize_options, requantize
 from .result import DEFAULT_COSTS, MIXED, REMEDIES, Remedy
 from .scoring import score
@@ -39,11 +44,13 @@ __all__ = [
            "DEFAULT_COSTS",
            "MIXED",
            "Objective",
+           "PYTHON_ENV",
            "REMEDIES",
            "Remedy",
            "TaskMetric",
            "alternatives_for",
            "candidates_for",
+           "check_producer_terms",
            "channel_range_qparams",
            "float_input",
            "float_tensor_name",
@@ -52,8 +59,11 @@ __all__ = [
            "objective_for",
            "onnxruntime_settings",
            "plot_remedy",
+           "producer_recipe",
+           "producer_terms",
            "quantize_static_kwargs",
            "requantize",
+           "requantize_with_producer",
            "score",
            "suggest_remedy",
 ]

@@ -41,6 +41,10 @@ class Remedy(JsonResult):
     ``nodes_to_exclude``, ``TensorQuantOverrides`` (JSON form) and ``simulation_only``.
     ``measured``: the re-quantized check (None without a float model), with its figures.
     ``warnings``: gains that do not hold on the judging data, one sentence each.
+    ``producer_terms``: the remedy in the terms of the quantizer that made the model (see
+    :func:`~pytest_ptq.remedy.producer_terms.producer_terms`; None for onnxruntime's own and
+    unknown producers); ``producer_measured``: re-quantizing with that producer and them,
+    when its Python is named (see :mod:`~pytest_ptq.remedy.producer_check`).
     """
 
     remedy: str
@@ -77,6 +81,8 @@ class Remedy(JsonResult):
     confirmations: list = dataclasses.field(default_factory=list)
     refinements: list = dataclasses.field(default_factory=list)
     warnings: list = dataclasses.field(default_factory=list)
+    producer_terms: dict | None = None
+    producer_measured: dict | None = None
 
     def __bool__(self):
         return bool(self.met)
@@ -207,9 +213,42 @@ class Remedy(JsonResult):
                 lines.append("  also changed by onnxruntime: " + ", ".join(mm["collateral"]))
             if mm.get("not_applied"):
                 lines.append("  not applied by onnxruntime: " + ", ".join(mm["not_applied"]))
+        lines += producer_lines(self.producer_terms, self.producer_measured, name)
         lines += [f"warning: {w}" for w in self.warnings]
         lines += [f"note: {n}" for n in self.notes]
         return "\n".join(lines)
+
+
+def producer_lines(terms, measured=None, metric="cosine-similarity"):
+    """The remedy in the producer's terms as a few summary lines: what to pass it, what it
+    cannot express, and what re-quantizing with it measured."""
+    if not terms or not (terms["lines"] or terms["unsupported"]):
+        return []
+    lines = [f"in {terms['label']}'s terms (names of the {terms['names']}):"]
+    lines += [f"  {line}" for line in terms["lines"]]
+    by_why = {}
+    for item in terms["unsupported"]:
+        by_why.setdefault((item["kind"], item["why"]), []).append(item["node"])
+    for (kind, why), nodes in by_why.items():
+        lines.append(f"  no {terms['short']} term for {len(nodes)} node(s) to take {kind} ({why}): " + ", ".join(nodes))
+    if terms.get("instead"):
+        lines.append(f"  to keep those in float instead: {terms['instead']}")
+    lines += [f"  note: {n}" for n in terms["notes"]]
+    if measured:
+        m = measured
+        kept = sum(ok for ts in m["kept"].values() for ok in ts.values())
+        total = sum(len(ts) for ts in m["kept"].values())
+        lines.append(f"  re-quantized with {terms['short']} and these terms: {metric} "
+                     f"{_fmt(m['after'].get('calibration'))} on calibration against the float model (without them "
+                     f"{_fmt(m['before'].get('calibration'))}, the model as given {_fmt(m['original'].get('calibration'))}"
+                     f"); {kept} of {total} remedied tensor(s) as asked")
+        if m.get("not_applied"):
+            lines.append(f"  not applied by {terms['short']}: " + ", ".join(m["not_applied"]))
+        if m.get("in_float"):
+            lines.append(f"  left in float by {terms['short']} (more than asked): " + ", ".join(m["in_float"]))
+        if m.get("collateral"):
+            lines.append(f"  also changed by {terms['short']}: " + ", ".join(m["collateral"]))
+    return lines
 
 
 def _on(judged_on):

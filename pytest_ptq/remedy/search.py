@@ -15,6 +15,8 @@ from .alternatives import alternatives_for, menus_for
 from .objective import objective_for
 from .parts import layout, with_alternatives
 from .plot import plot_remedy
+from .producer_check import PACKAGE, PYTHON_ENV, check_producer_terms, output_score, producer_python
+from .producer_terms import producer_terms
 from .ranking import mixed_moves, rank
 from .requantize import measure
 from .result import DEFAULT_COSTS, MIXED, REMEDIES, WHAT, Remedy, meets
@@ -92,8 +94,10 @@ def suggest_remedy(model_or_file, calibrated_data=None, target=None, metric="cos
                                                                "held-out data")
     with engine.writes(save_dir, also=also, optional=True) as out:
         if out is not None:  # the files named in advance, before the search
+            tag = engine.qmodel.made_by.key.replace("-", "_")
             for name in ("requantized_baseline.onnx", f"requantized_{remedy}.onnx", f"remedy_{remedy}.png",
-                         f"remedy_{remedy}.json", f"remedy_{remedy}_settings.json"):
+                         f"remedy_{remedy}.json", f"remedy_{remedy}_settings.json",
+                         f"requantized_{tag}_baseline.onnx", f"requantized_{tag}_remedy.onnx"):
                 guard.claim(out / name)
         return _suggest(engine, out, clock, target, metric, remedy, output_node, data_num, float_model, budget,
                         candidates, ranking, full_curve, per_channel_activations, requantize_check, progress,
@@ -183,12 +187,38 @@ def _suggest(engine, save_dir, clock, target, metric, remedy, output_node, data_
     elif float_model is None and result.nodes:
         notes.append("pass the float model (float_model= / --float-model) to check the settings by "
                      "re-quantizing")
+    result.producer_terms = producer_terms(qm, remedy, result.nodes, axes, result.choices, float_model)
+    if float_model is not None and requantize_check and result.nodes and not result.budget_exhausted:
+        _check_with_producer(engine, result, float_model, save_dir)
     result.elapsed_s = clock.elapsed
     if save_dir is not None and result.curve:
         result.png = str(plot_remedy(result, Path(save_dir) / f"remedy_{remedy}.png"))
     if verbose:
         print(result.summary())
     return result
+
+
+def _check_with_producer(engine, result, float_model, save_dir):
+    """Re-quantize with the producer that made the model and the remedy in its terms, when
+    its Python is named; a producer that fails is a warning, the search's result stands."""
+    terms = result.producer_terms
+    if not terms or not any(terms["expect"].values()):
+        return
+    key = terms["producer"]
+    if not producer_python(key):
+        result.notes.append(f"set {PYTHON_ENV[key]} to the Python of an environment with {PACKAGE[key]} to check "
+                            f"the {terms['short']} terms by re-quantizing with it")
+        return
+    try:
+        measured = check_producer_terms(engine, terms, float_model, save_dir=save_dir,
+                                        score=output_score(engine, float_model, result.metric))
+    except PTQError as exc:
+        result.warnings.append(f"re-quantizing with {terms['short']} failed: {exc}")
+        return
+    result.producer_measured = measured
+    if measured["not_applied"]:
+        result.warnings.append(f"re-quantized with {terms['short']}, {', '.join(measured['not_applied'])} did not "
+                               "come out as the remedy asks")
 
 
 def _where(heldout, lay):

@@ -49,8 +49,9 @@ def onnxruntime_settings(qmodel, remedy, nodes, axes=None, choices=None):
     that apply ``remedy`` to the calibration ``nodes`` when quantizing the float model.
 
     ``remedy="mixed"`` takes each node's kind from ``choices`` (``{node: kind}``).
-    ``nodes_to_exclude`` is in topological order; see the module docstring for why a tensor
-    kept in float excludes both its producer and its consumers.
+    ``nodes_to_exclude`` is in topological order, named as in the float model when ``qmodel``
+    was aligned with one; see the module docstring for why a tensor kept in float excludes
+    both its producer and its consumers.
     """
     if remedy not in REMEDIES + (MIXED,):
         raise unknown("remedy", remedy, REMEDIES + (MIXED,))
@@ -74,6 +75,11 @@ def onnxruntime_settings(qmodel, remedy, nodes, axes=None, choices=None):
         else:
             sim_only.append(name)
     ordered = sorted(exclude, key=lambda n: qmodel.normal[n].index)
+    alignment = getattr(qmodel, "alignment", None)
+    if alignment is not None:
+        # quantize_static reads the float model: its node names, where a quantizer renamed
+        # nodes (Neural Compressor's '<name>_quant') and the alignment found them
+        ordered = [alignment.nodes.get(n, n) for n in ordered]
     settings = {"nodes_to_exclude": ordered, "TensorQuantOverrides": overrides, "simulation_only": sim_only}
     if qmodel.format == "dynamic":
         settings["quantizer"] = "quantize_dynamic"  # the same arguments, for the quantizer that made it

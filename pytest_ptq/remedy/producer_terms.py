@@ -1,0 +1,436 @@
+"""A remedy in the terms of the quantizer that made the model, beside onnxruntime's.
+
+Each producer places Q/DQ pairs by its own rule and takes its own settings; what each can
+express, as read in its installed source (versions in tests/producers/README.md):
+
+* **NVIDIA Model Optimizer** (``modelopt.onnx.quantization``): Q/DQ only on the inputs of the
+  ops it quantizes, so a tensor stays float when every node that reads it through the pair
+  is excluded (``--nodes_to_exclude``, regular expressions matched with ``re.match``, so a
+  name that prefixes another gets a ``$``; ``--op_types_to_exclude`` when every node of an
+  op type goes). It has no 16-bit integer mode and quantizes int8 weights per channel
+  always: those remedies have no Model Optimizer term.
+* **AMD Quark** (``quark.onnx.ModelQuantizer(QConfig)``): onnxruntime's placement (a tensor
+  gets a pair when its producer or any consumer is quantized), so a float tensor needs its
+  producer and consumers in ``config.exclude`` (exact node names). 16 bit and per-channel
+  weights go into ``config.extra_options["TensorQuantOverrides"]`` per tensor
+  (``{"quant_type": ExtendedQuantType.QInt16}``, ``{"axis": A}``).
+* **Intel Neural Compressor** (``onnx_neural_compressor``): onnxruntime's placement too, plus
+  the Relu/Clip it folds into the pair, in ``StaticQuantConfig(nodes_to_exclude=[...])``
+  (exact names of its own graph: the float names, or those of the ops it fused, shown in
+  the QDQ file without the ``_quant`` suffix). Its quantizer knows int8/uint8 only (no
+  int16 term); per-channel weights per node are ``set_local(pattern,
+  OperatorConfig(..., per_channel=True))``.
+* **Qualcomm aimet-onnx** (``QuantizationSimModel``): one quantizer per float tensor, named
+  by the tensor: ``sim.qc_quantize_op_dict[name].enabled = False`` keeps it float,
+  ``.set_bitwidth(16)`` raises it, ``.enable_per_channel_quantization()`` for a weight; set
+  before ``compute_encodings``.
+
+Names: a remedy names calibration nodes of the QDQ graph; producers want the float model's
+nodes and tensors. With the float model the QDQ nodes are mapped onto it by
+:mod:`~pytest_ptq.model.align` (structure and values, not names); without it the QDQ names
+are used (Model Optimizer, Quark and aimet keep the float names; Neural Compressor's lose
+their ``_quant`` suffix) and the terms say so. Activations per channel have no term in any
+of them (simulation only), as in onnxruntime.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from collections import Counter, defaultdict
+
+from ..errors import PTQError, unknown
+from ..model import load_model
+from ..model.align import FOLDABLE, TRANSPARENT
+from ..model.graph import name_nodes, sort_topologically
+from .result import MIXED, REMEDIES
+
+PRODUCERS = ("modelopt", "quark", "neural-compressor", "aimet")
+SHORT = {"modelopt": "ModelOpt", "quark": "Quark", "neural-compressor": "Neural Compressor", "aimet": "aimet-onnx"}
+# How each stores a weight behind a lone DequantizeLinear: the float name plus this suffix.
+_STORED_SUFFIX = {"modelopt": "_i4", "aimet": "_q", "quark": "_quantized", "neural-compressor": "_quantized"}
+_QUANT_TYPES = {8: ("QInt8", "QUInt8"), 16: ("QInt16", "QUInt16")}
+
+
+class _FloatGraph:
+    """Names, op types, producers and consumers of the float model (or, without one, of the
+    QDQ graph's normal nodes), named as the alignment names them."""
+
+    def __init__(self, qm, float_model, own):
+        self.given = float_model is not None
+        if float_model is not None:
+            model = load_model(float_model, what="float model")[0]
+            graph = model.graph
+            self.unnamed = {k for k, n in enumerate(graph.node) if not n.name}
+            name_nodes(graph)  # the names the alignment gave unnamed nodes
+            self.unnamed = {graph.node[k].name for k in self.unnamed}
+            sort_topologically(graph, "the float model")
+            nodes = [n for n in graph.node if n.op_type != "Constant"]
+            self.op = {n.name: n.op_type for n in nodes}  # in topological order, as the alignment sorts it
+            self.outputs = {n.name: list(n.output) for n in nodes}
+            self.consumers = defaultdict(list)
+            for n in nodes:
+                for i in n.input:
+                    if i:
+                        self.consumers[i].append(n.name)
+        else:
+            self.unnamed = set()
+            self.op = {own(n.name): n.op_type for n in qm.normal.values()}
+            self.outputs = {own(n.name): list(n.outputs) for n in qm.normal.values()}
+            self.consumers = defaultdict(list)
+
+    def of_type(self, op_type):
+        return [n for n, t in self.op.items() if t == op_type]
+
+    def ordered(self, names):
+        """``names`` once each, in graph order (names it does not know last, as given)."""
+        index = {n: k for k, n in enumerate(self.op)}
+        names = list(dict.fromkeys(names))
+        return sorted(names, key=lambda n: (index.get(n, len(index)), names.index(n)))
+
+
+class ProducerNames:
+    """The names producer ``key`` gives the QDQ nodes and calibration nodes of ``qm``: the
+    float model's, mapped by the alignment, or the QDQ graph's without a float model."""
+
+    def __init__(self, qm, key, float_model):
+        self.qm, self.key = qm, key
+        self.fg = _FloatGraph(qm, float_model, self._own)
+        self.alignment = getattr(qm, "alignment", None) if float_model is not None else None
+        self.rewritten = []  # QDQ nodes with no float counterpart, named as in the QDQ graph
+
+    def node(self, name):
+        """The producer's name for QDQ normal node ``name``, or None for a node it inserted
+        that stands for nothing (a Cast, an Identity)."""
+        qn = self.qm.normal[name]
+        own = self._own(name)
+        if self.alignment is not None:
+            if name in self.alignment.nodes:
+                return self.alignment.nodes[name]
+            if qn.op_type in TRANSPARENT:
+                return None
+            if self.fg.op.get(own) != qn.op_type:
+                # past a rewrite the structural match stops; a float node of the same name and
+                # op is the producer's own (it keeps names), anything else is its rewrite
+                self.rewritten.append(own)
+        return own
+
+    def _own(self, name):
+        # Neural Compressor renames the nodes it quantizes '<name>_quant' and matches its
+        # settings against the name without it (quant_utils.get_node_original_name)
+        if self.key == "neural-compressor" and name.endswith("_quant"):
+            return name[: -len("_quant")]
+        return name
+
+    def tensor(self, c):
+        """``(float tensor, folded Relu/Clip node or None)`` that calibration node ``c`` quantizes.
+
+        Quark applies its tensor settings to the graph it rewrote first (MatMul+Add into a
+        Gemm with a transposed weight of its own name, say), so its names are those the QDQ
+        file shows, less its Q/DQ suffixes; the others' are the float model's."""
+        qm = self.qm
+        alignment = None if self.key == "quark" else self.alignment
+        if c.kind == "weight":
+            if alignment is not None and c.name in alignment.weights:
+                return alignment.weights[c.name], None
+            if c.float_weight and alignment is not None:
+                return c.float_weight[len("ptq_float::"):].removesuffix("::T"), None
+            suffix = _STORED_SUFFIX.get(self.key, "_quantized")
+            if c.q_node is None and c.input.endswith(suffix):
+                return c.input[: -len(suffix)], None
+            return c.input, None
+        if c.input in qm.input_names:
+            return c.input, None
+        for o in c.outputs:
+            if o in qm.output_names:
+                return o, None  # the pair writes the graph output (Quark, aimet)
+        if alignment is not None and c.producer in alignment.nodes:
+            fnode = alignment.nodes[c.producer]
+            k = list(qm.normal[c.producer].outputs).index(c.input)
+            tensor = self.fg.outputs[fnode][k]
+            if c.folded:
+                # the quantizer deleted the Relu/Clip after the op and took its range: the
+                # float tensor is the activation's output, and the activation is excluded too
+                act = next((n for n in self.fg.consumers.get(tensor, ()) if self.fg.op[n] in FOLDABLE), None)
+                if act is not None:
+                    return self.fg.outputs[act][0], act
+            return tensor, None
+        for suffix in ("_QuantizeInput", "_QuantizeLinear_Input"):
+            if c.input.endswith(suffix):
+                return c.input[: -len(suffix)], None
+        return c.input, None
+
+    def keep_float(self, c, with_producer):
+        """Nodes to exclude so that ``c``'s tensor is not quantized: the nodes reading the
+        pair, and with onnxruntime's placement its producer (and a folded activation)."""
+        out = []
+        _, act = self.tensor(c)
+        if with_producer and c.is_activation and c.producer in self.qm.normal:
+            out.append(self.node(c.producer))
+            out.append(act)
+        out += [self.node(n) for n in c.consumers if n in self.qm.normal]
+        return [n for n in dict.fromkeys(out) if n]
+
+
+def producer_terms(qmodel, remedy, nodes, axes=None, choices=None, float_model=None):
+    """The remedy in the terms of the producer that made ``qmodel`` (its ``made_by``), or
+    None when that is onnxruntime or unknown (onnxruntime's settings say it all).
+
+    ``remedy``, ``axes`` (per-channel axes of weights) and ``choices`` as in
+    :func:`~pytest_ptq.remedy.onnxruntime_settings`; ``float_model`` (path or ModelProto) maps the
+    QDQ names onto the float model's. Returns a JSON-safe dict: ``producer``, ``label``
+    (and ``short``),
+    ``names`` (``"float model"`` or ``"QDQ graph"``), ``settings`` in the producer's own
+    vocabulary, ``expect`` (float tensors that must come out ``float``, ``int16`` or
+    ``per-channel`` when re-quantized with them), ``unsupported`` (what it cannot express,
+    with why; ``instead``: the nearest term, keeping those nodes in float), ``lines`` (the
+    ready-to-paste command or code) and ``notes``; :meth:`Remedy.summary` prints them.
+    """
+    if remedy not in REMEDIES + (MIXED,):
+        raise unknown("remedy", remedy, REMEDIES + (MIXED,))
+    key = qmodel.made_by.key
+    if key not in PRODUCERS:
+        return None
+    choices, axes = choices or {}, axes or {}
+    if float_model is not None and getattr(qmodel, "alignment", None) is None:
+        from ..model import QuantModel
+
+        qmodel = QuantModel(qmodel.full_model(), float_model=float_model)  # aligned, the given one untouched
+    names = ProducerNames(qmodel, key, float_model)
+    kinds = {}
+    for name in nodes:
+        if name not in qmodel.calibration:
+            raise unknown("calibration node", name, list(qmodel.calibration))
+        kind = choices.get(name, remedy)
+        if kind not in REMEDIES:
+            raise PTQError(f"node {name!r} needs a remedy kind ({', '.join(REMEDIES)}) in choices, got {kind!r}")
+        kinds[name] = kind
+    terms = {"producer": key, "label": qmodel.made_by.label, "short": SHORT[key], "names": "float model" if names.fg.given else
+             "QDQ graph", "settings": {}, "nodes": {}, "expect": {k: [] for k in REMEDIES}, "unsupported": [],
+             "lines": [], "notes": []}
+    build = {"modelopt": _modelopt, "quark": _quark, "neural-compressor": _inc, "aimet": _aimet}[key]
+    build(qmodel, names, kinds, axes, terms)
+    for kind in REMEDIES:
+        terms["expect"][kind] = list(dict.fromkeys(terms["expect"][kind]))
+    if not names.fg.given:
+        terms["notes"].append(f"names are the QDQ graph's ({_keeps(key)}); pass the float model to map them onto "
+                              "its nodes")
+    if names.rewritten:
+        shown = ", ".join(dict.fromkeys(names.rewritten))
+        terms["notes"].append(f"{shown}: made by {SHORT[key]}'s own rewrite (no float-model counterpart), named as "
+                              "in the QDQ graph")
+    generated = sorted({n for entry in terms["nodes"].values() for n in entry.get("nodes", ())} & names.fg.unnamed)
+    if generated:
+        terms["notes"].append(f"float node(s) {', '.join(generated)} have no name in the file (the names are "
+                              f"generated); name them in the float model so that {SHORT[key]} can exclude them")
+    return terms
+
+
+def _keeps(key):
+    return {"neural-compressor": "Neural Compressor's without their _quant suffix"}.get(
+        key, f"{SHORT[key]} keeps the float model's names")
+
+
+def _entry(terms, name, kind, tensor, nodes=None):
+    entry = {"kind": kind, "tensor": tensor}
+    if nodes is not None:
+        entry["nodes"] = nodes
+    terms["nodes"][name] = entry
+
+
+def _unsupported(terms, name, kind, why, instead=None):
+    item = {"node": name, "kind": kind, "why": why}
+    if instead is not None:
+        item["instead"] = instead
+    terms["unsupported"].append(item)
+
+
+def _pattern(name, others):
+    """A ``re.match`` pattern that matches node ``name`` and no other: the name itself when
+    it is no regular-expression trouble, anchored with ``$`` when it prefixes another."""
+    pattern = re.escape(name)
+    if any(o != name and re.match(pattern, o) for o in others):
+        pattern += "$"
+    return pattern
+
+
+def _modelopt(qm, names, kinds, axes, terms):
+    excluded, instead = [], []
+    for name, kind in kinds.items():
+        c = qm.calibration[name]
+        tensor, _ = names.tensor(c)
+        if kind == "float":
+            nodes = names.keep_float(c, with_producer=False)
+            excluded += nodes
+            _entry(terms, name, kind, tensor, nodes)
+            terms["expect"]["float"].append(tensor)
+        elif kind == "int16":
+            nodes = names.keep_float(c, with_producer=False)
+            instead += nodes
+            _entry(terms, name, kind, tensor, nodes)
+            _unsupported(terms, name, kind, "Model Optimizer has no int16 quantization (int8, fp8 and int4 "
+                         "only)", {"nodes_to_exclude": nodes})
+        elif c.kind == "weight":
+            _entry(terms, name, kind, tensor)
+            _unsupported(terms, name, kind, "Model Optimizer quantizes int8 weights per channel always; there is no "
+                         "per-tensor setting to change")
+        else:
+            _entry(terms, name, kind, tensor)
+            _unsupported(terms, name, kind, "Model Optimizer quantizes activations per tensor only")
+    excluded = names.fg.ordered(excluded)
+    node_list, op_types = _by_op_type(names.fg, excluded)
+    every = list(names.fg.op)
+    patterns = [_pattern(n, every) for n in node_list]
+    terms["settings"] = {"nodes_to_exclude": patterns, "op_types_to_exclude": op_types}
+    if patterns or op_types:
+        cli = ["python -m modelopt.onnx.quantization --onnx_path FLOAT.onnx ..."]
+        if patterns:
+            cli.append("--nodes_to_exclude " + " ".join(shlex.quote(p) for p in patterns))
+        if op_types:
+            cli.append("--op_types_to_exclude " + " ".join(op_types))
+        terms["lines"].append(" ".join(cli))
+        kw = ([f"nodes_to_exclude={patterns!r}"] if patterns else []) + (
+            [f"op_types_to_exclude={op_types!r}"] if op_types else [])
+        terms["lines"].append("in Python: modelopt.onnx.quantization.quantize(..., " + ", ".join(kw) + ")")
+    if instead:
+        shown = " ".join(shlex.quote(_pattern(n, every)) for n in dict.fromkeys(instead))
+        terms["instead"] = f"--nodes_to_exclude {shown}"
+
+
+def _by_op_type(fg, excluded):
+    """``(names, op types)``: an op type replaces its names when every node of it (two or
+    more) is excluded, as ``--op_types_to_exclude`` says it shorter."""
+    counts = Counter(fg.op.get(n) for n in excluded)
+    types = sorted(t for t, k in counts.items() if t and k >= 2 and k == len(fg.of_type(t)))
+    return [n for n in excluded if fg.op.get(n) not in types], types
+
+
+def _signed_type(c, bits):
+    signed, unsigned = _QUANT_TYPES[bits]
+    return signed if c.qrange[0] < 0 else unsigned
+
+
+def _quark(qm, names, kinds, axes, terms):
+    excluded, overrides = [], {}
+    for name, kind in kinds.items():
+        c = qm.calibration[name]
+        tensor, _ = names.tensor(c)
+        if kind == "float":
+            nodes = names.keep_float(c, with_producer=True)
+            excluded += nodes
+            _entry(terms, name, kind, tensor, nodes)
+            terms["expect"]["float"].append(tensor)
+        elif kind == "int16":
+            overrides.setdefault(tensor, [{}])[0]["quant_type"] = _signed_type(c, 16)
+            _entry(terms, name, kind, tensor)
+            terms["expect"]["int16"].append(tensor)
+        elif c.kind == "weight" and name in axes:
+            overrides.setdefault(tensor, [{}])[0]["axis"] = int(axes[name])
+            _entry(terms, name, kind, tensor)
+            terms["expect"]["per-channel"].append(tensor)
+        else:
+            _entry(terms, name, kind, tensor)
+            _unsupported(terms, name, kind, "Quark quantizes activations per tensor only")
+    excluded = names.fg.ordered(excluded)
+    terms["settings"] = {"exclude": excluded, "TensorQuantOverrides": overrides}
+    if excluded or overrides:
+        terms["lines"].append("config = copy.deepcopy(quark.onnx.<the QConfig you used>)")
+        if excluded:
+            terms["lines"].append(f"config.exclude += {excluded!r}")
+        if overrides:
+            body = ", ".join(f"{t!r}: [{{" + ", ".join(
+                f"'quant_type': ExtendedQuantType.{v}" if k == "quant_type" else f"{k!r}: {v!r}"
+                for k, v in e[0].items()) + "}]" for t, e in overrides.items())
+            terms["lines"].append("config.extra_options.setdefault('TensorQuantOverrides', {}).update({" + body
+                                  + "})  # from quark.onnx import ExtendedQuantType")
+        terms["lines"].append("ModelQuantizer(config).quantize_model(FLOAT.onnx, OUT.onnx, reader)")
+
+
+def _inc(qm, names, kinds, axes, terms):
+    excluded, per_channel, instead = [], [], []
+    for name, kind in kinds.items():
+        c = qm.calibration[name]
+        tensor, _ = names.tensor(c)
+        if kind == "float":
+            nodes = names.keep_float(c, with_producer=True)
+            excluded += nodes
+            _entry(terms, name, kind, tensor, nodes)
+            terms["expect"]["float"].append(tensor)
+        elif kind == "int16":
+            nodes = names.keep_float(c, with_producer=True)
+            instead += nodes
+            _entry(terms, name, kind, tensor, nodes)
+            _unsupported(terms, name, kind, "Neural Compressor's quantizer knows 8-bit types only (no int16)",
+                         {"nodes_to_exclude": nodes})
+        elif c.kind == "weight" and name in axes:
+            nodes = names.keep_float(c, with_producer=False)  # the nodes reading the weight
+            per_channel += nodes
+            _entry(terms, name, kind, tensor, nodes)
+            terms["expect"]["per-channel"].append(tensor)
+        else:
+            _entry(terms, name, kind, tensor)
+            _unsupported(terms, name, kind, "Neural Compressor quantizes activations per tensor only")
+    excluded = names.fg.ordered(excluded)
+    per_channel = names.fg.ordered(per_channel)
+    every = list(names.fg.op)
+    op_config = _inc_operator_config(qm) if per_channel else None
+    terms["settings"] = {"nodes_to_exclude": excluded,
+                         "per_channel": {_pattern(n, every): op_config for n in per_channel}}
+    if excluded or per_channel:
+        terms["lines"].append("qconfig = config.StaticQuantConfig(calibration_data_reader=reader, "
+                              f"quant_format=QuantFormat.QDQ, nodes_to_exclude={excluded!r})")
+        for n in per_channel:
+            kw = ", ".join(f"{k}=QuantType.{v}" if k.endswith("_type") else f"{k}={v!r}" for k, v in op_config.items())
+            terms["lines"].append(f"qconfig.set_local({_pattern(n, every)!r}, config.OperatorConfig({kw}))")
+        terms["lines"].append("quantize(FLOAT.onnx, OUT.onnx, qconfig)  # from onnx_neural_compressor.quantization")
+    if instead:
+        terms["instead"] = f"nodes_to_exclude={list(dict.fromkeys(instead))!r}"
+
+
+def _inc_operator_config(qm):
+    """The model's own weight and activation types and symmetry, for an OperatorConfig that
+    changes only per_channel."""
+    def common(cs, default):
+        types = Counter((c.bit, c.qrange[0] < 0) for c in cs if c.bit == 8)
+        if not types:
+            return default
+        bits, signed = types.most_common(1)[0][0]
+        return _QUANT_TYPES[bits][0 if signed else 1]
+
+    acts = [c for c in qm.of_kind("activation") if c.q_node is not None]
+    weights = [c for c in qm.of_kind("weight") if c.role != "bias"]
+    act_type = common(acts, "QUInt8")
+    return {"weight_type": common(weights, "QInt8"), "activation_type": act_type, "per_channel": True,
+            "weight_sym": all(not c.zero_point.any() for c in weights) if weights else True,
+            "activation_sym": act_type == "QInt8" and all(not c.zero_point.any() for c in acts)}
+
+
+def _aimet(qm, names, kinds, axes, terms):
+    disable, bitwidth, per_channel = [], {}, []
+    for name, kind in kinds.items():
+        c = qm.calibration[name]
+        tensor, _ = names.tensor(c)
+        _entry(terms, name, kind, tensor)
+        if kind == "float":
+            disable.append(tensor)
+            terms["expect"]["float"].append(tensor)
+        elif kind == "int16":
+            bitwidth[tensor] = 16
+            terms["expect"]["int16"].append(tensor)
+        elif c.kind == "weight":
+            per_channel.append(tensor)
+            terms["expect"]["per-channel"].append(tensor)
+        else:
+            _unsupported(terms, name, kind, "aimet-onnx quantizes activations per tensor only")
+    disable = list(dict.fromkeys(disable))
+    per_channel = list(dict.fromkeys(per_channel))
+    terms["settings"] = {"disable": disable, "bitwidth": bitwidth, "per_channel": per_channel}
+    if disable or bitwidth or per_channel:
+        terms["lines"].append("sim = QuantizationSimModel(model, ...)  # then, before sim.compute_encodings(...):")
+        if disable:
+            terms["lines"].append(f"for name in {disable!r}: sim.qc_quantize_op_dict[name].enabled = False")
+        if bitwidth:
+            terms["lines"].append(f"for name in {list(bitwidth)!r}: sim.qc_quantize_op_dict[name].set_bitwidth(16)")
+        if per_channel:
+            terms["lines"].append(f"for name in {per_channel!r}: "
+                                  "sim.qc_quantize_op_dict[name].enable_per_channel_quantization()")

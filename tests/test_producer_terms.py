@@ -1,0 +1,368 @@
+"""A remedy in the producer's own terms, checked against the graph without any producer.
+
+Models in each producer's conventions (tests/conventions.py) carry its marks, so that the
+producer is detected as from the real files. What the terms name is checked independently:
+the float tensor is the one the float model's node reads where the QDQ node reads the pair;
+Model Optimizer's exclusions are replayed by the conventions quantizer (pairs on the inputs
+of quantized ops, as Model Optimizer places them), Quark's and Neural Compressor's by
+onnxruntime's quantize_static (whose placement both inherit). Each named node must be needed
+and together they must be enough.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import stat
+import sys
+from pathlib import Path
+
+import onnx
+import pytest
+
+import builders
+import conventions
+from pytest_ptq.errors import PTQError
+from pytest_ptq.model import QuantModel
+from pytest_ptq.remedy import check_producer_terms, producer_recipe, producer_terms, requantize_with_producer, \
+    suggest_remedy
+from pytest_ptq.remedy.result import producer_lines
+
+HERE = Path(__file__).resolve().parent
+
+
+def _mark(model, producer):
+    """What each producer writes into the file (tests/producers/README.md, measured)."""
+    if producer in ("modelopt", "inc"):
+        model.producer_name, model.producer_version = "onnx.quantize", "0.1.0"
+    elif producer == "quark":
+        model.producer_name, model.producer_version = "quark.onnx", "0.13"
+    elif producer == "aimet":
+        model.metadata_props.add(key="producer", value="aimet-onnx 2.42.0")
+    if producer == "modelopt":
+        model.ir_version = 10
+
+
+class Made:
+    def __init__(self, root):
+        self.root, self.cache = root, {}
+
+    def float(self, base):
+        if base == "conv":
+            return builders.conv_net(self.root / "conv.onnx"), builders.samples(3)
+        return conventions.mlp_net(self.root / "mlp.onnx"), conventions.mlp_samples(3)
+
+    def __call__(self, convention, producer, base="conv", quant_suffix=False):
+        key = (convention, producer, base, quant_suffix)
+        if key not in self.cache:
+            fpath, data = self.float(base)
+            qpath = conventions.make(fpath, self.root / f"{convention}_{producer}_{base}_{quant_suffix}.onnx", data,
+                                     convention)
+            model = onnx.load(str(qpath))
+            if quant_suffix:  # Neural Compressor renames the nodes it quantizes '<name>_quant'
+                dq_out = {d.output[0] for d in model.graph.node if d.op_type == "DequantizeLinear"}
+                for n in model.graph.node:
+                    if n.op_type not in ("QuantizeLinear", "DequantizeLinear") and set(n.input) & dq_out:
+                        n.name += "_quant"
+            _mark(model, producer)
+            onnx.save(model, str(qpath))
+            self.cache[key] = (qpath, fpath, data)
+        return self.cache[key]
+
+
+@pytest.fixture(scope="module")
+def made(tmp_path_factory):
+    return Made(tmp_path_factory.mktemp("producer_terms"))
+
+
+def _expected_tensor(qpath, fpath, c):
+    """The float tensor of calibration node ``c``, read from the protos: what the float node of
+    the same name (less a '_quant' suffix) reads where the QDQ node reads the pair."""
+    q, f = onnx.load(str(qpath)), onnx.load(str(fpath))
+    fnodes = {n.name: n for n in f.graph.node}
+    dq_out = {d.output[0] for d in c.dq_nodes}
+    for n in q.graph.node:
+        for k, i in enumerate(n.input):
+            if i in dq_out:
+                return fnodes[n.name.removesuffix("_quant")].input[k]
+    return None
+
+
+def _pairs_on(path):
+    """The float tensors quantized in a conventions-made or onnxruntime model: Q inputs and
+    lone-DQ initializers, less the suffixes those quantizers give stored weights."""
+    out = set()
+    for q, dqs in builders.qdq_pairs(path).values():
+        name = q.input[0] if q is not None else dqs[0].input[0]
+        for suffix in ("_float", "_quantized"):
+            name = name.removesuffix(suffix)
+        out.add(name)
+    return out
+
+
+def _float_names(fpath):
+    return [n.name for n in onnx.load(str(fpath)).graph.node]
+
+
+def _modelopt_expand(fpath, settings):
+    """Node names Model Optimizer excludes for these settings: its patterns are applied with
+    ``re.match`` (graph_utils.expand_node_names_from_patterns), op types by op."""
+    f = onnx.load(str(fpath))
+    return [n.name for n in f.graph.node if any(re.match(p, n.name) for p in settings["nodes_to_exclude"])
+            or n.op_type in settings["op_types_to_exclude"]]
+
+
+@pytest.mark.parametrize("base", ["conv", "mlp"])
+def test_model_optimizer_exclusions_are_exactly_the_nodes_that_read_the_pair(made, base, tmp_path):
+    qpath, fpath, data = made("modelopt_int8_fp32", "modelopt", base)
+    qm = QuantModel(str(qpath), float_model=str(fpath))
+    assert qm.made_by.key == "modelopt"
+    checked = 0
+    for c in qm.calibration.values():
+        terms = producer_terms(qm, "float", [c.name], float_model=str(fpath))
+        tensor = terms["nodes"][c.name]["tensor"]
+        assert tensor == _expected_tensor(qpath, fpath, c), c.name
+        assert terms["expect"]["float"] == [tensor]
+        names = _modelopt_expand(fpath, terms["settings"])
+        assert names and set(names) <= set(_float_names(fpath))
+        again = conventions.make(fpath, tmp_path / "all.onnx", data, "modelopt_int8_fp32", exclude=names)
+        assert tensor not in _pairs_on(again), (c.name, names)
+        for n in names:  # each one is needed
+            fewer = conventions.make(fpath, tmp_path / "fewer.onnx", data, "modelopt_int8_fp32",
+                                     exclude=[m for m in names if m != n])
+            assert tensor in _pairs_on(fewer), (c.name, n)
+        checked += 1
+    assert checked >= 4
+
+
+def test_model_optimizer_patterns_match_one_node_and_whole_op_types_go_by_type(made, tmp_path):
+    fpath, data = made.float("conv")
+    model = onnx.load(str(fpath))
+    next(n for n in model.graph.node if n.name == "conv2").name = "conv1_b"  # 'conv1' now prefixes it
+    renamed = tmp_path / "renamed.onnx"
+    onnx.save(model, str(renamed))
+    qpath = conventions.make(renamed, tmp_path / "q.onnx", data, "modelopt_int8_fp32")
+    q = onnx.load(str(qpath))
+    _mark(q, "modelopt")
+    onnx.save(q, str(qpath))
+    qm = QuantModel(str(qpath), float_model=str(renamed))
+    x = next(c.name for c in qm.calibration.values() if c.input == "x")
+    terms = producer_terms(qm, "float", [x], float_model=str(renamed))
+    assert terms["settings"]["nodes_to_exclude"] == ["conv1$"]
+    assert _modelopt_expand(renamed, terms["settings"]) == ["conv1"]
+    weights = [c.name for c in qm.of_kind("weight") if c.consumers[0] in ("conv1", "conv1_b")]
+    both = producer_terms(qm, "float", weights, float_model=str(renamed))
+    assert both["settings"] == {"nodes_to_exclude": [], "op_types_to_exclude": ["Conv"]}
+    assert "--op_types_to_exclude Conv" in both["lines"][0]
+
+
+def _ort_pairs(fpath, data, exclude, path):
+    return _pairs_on(builders.quantize(fpath, path, data, nodes_to_exclude=exclude))
+
+
+def test_quark_exclusions_are_onnxruntime_placements_producer_and_consumers(made, tmp_path):
+    qpath, fpath, data = made("quark_xint8", "quark", "conv")
+    qm = QuantModel(str(qpath), float_model=str(fpath))
+    assert qm.made_by.key == "quark"
+    checked = 0
+    for c in qm.of_kind("activation"):
+        terms = producer_terms(qm, "float", [c.name], float_model=str(fpath))
+        tensor = terms["nodes"][c.name]["tensor"]
+        assert tensor == _expected_tensor(qpath, fpath, c), c.name
+        names = terms["settings"]["exclude"]
+        assert set(names) <= set(_float_names(fpath))
+        assert tensor not in _ort_pairs(fpath, data, names, tmp_path / "all.onnx"), (c.name, names)
+        for n in names:
+            fewer = [m for m in names if m != n]
+            assert tensor in _ort_pairs(fpath, data, fewer, tmp_path / "fewer.onnx"), (c.name, n)
+        checked += 1
+    assert checked >= 3
+
+
+def test_neural_compressor_names_lose_their_quant_suffix_and_take_the_folded_relu(made, tmp_path):
+    qpath, fpath, data = made("inc", "inc", "conv", quant_suffix=True)
+    qm = QuantModel(str(qpath), float_model=str(fpath))
+    assert qm.made_by.key == "neural-compressor"
+    folded = [c for c in qm.of_kind("activation") if c.folded]
+    assert folded  # the convention deletes the Relu after conv1 and takes its range
+    for c in qm.of_kind("activation"):
+        terms = producer_terms(qm, "float", [c.name], float_model=str(fpath))
+        tensor = terms["nodes"][c.name]["tensor"]
+        assert tensor == _expected_tensor(qpath, fpath, c), c.name
+        names = terms["settings"]["nodes_to_exclude"]
+        assert set(names) <= set(_float_names(fpath)), names
+        assert not any(n.endswith("_quant") for n in names)
+        quantized = _ort_pairs(fpath, data, names, tmp_path / "all.onnx")
+        assert tensor not in quantized, (c.name, names)
+        if c.folded:  # the tensor before the folded Relu stays float as well
+            relu = next(n for n in onnx.load(str(fpath)).graph.node if n.output[0] == tensor)
+            assert relu.name in names and relu.input[0] not in quantized
+    # without the float model: the QDQ graph's names, less '_quant', and a note saying so
+    bare = QuantModel(str(qpath))
+    c = folded[0]
+    terms = producer_terms(bare, "float", [c.name])
+    assert terms["names"] == "QDQ graph" and all(not n.endswith("_quant") for n in terms["settings"]["nodes_to_exclude"])
+    assert any("pass the float model" in n for n in terms["notes"])
+
+
+def test_aimet_terms_name_the_float_tensors_of_its_quantizers(made):
+    qpath, fpath, _ = made("aimet", "aimet", "conv")
+    qm = QuantModel(str(qpath), float_model=str(fpath))
+    assert qm.made_by.key == "aimet"
+    acts = [c for c in qm.calibration.values() if c.is_activation]
+    weights = [c for c in qm.of_kind("weight")]
+    kinds = {acts[0].name: "float", acts[1].name: "int16", weights[0].name: "per-channel"}
+    terms = producer_terms(qm, "mixed", list(kinds), {weights[0].name: 0}, kinds, float_model=str(fpath))
+    want = {n: _expected_tensor(qpath, fpath, qm.calibration[n]) for n in kinds}
+    assert {n: e["tensor"] for n, e in terms["nodes"].items()} == want
+    assert "w1" in want.values()  # the weight is named as in the float model, not as stored ('w1_float')
+    assert terms["settings"] == {"disable": [want[acts[0].name]], "bitwidth": {want[acts[1].name]: 16},
+                                 "per_channel": [want[weights[0].name]]}
+    assert terms["expect"] == {"float": [want[acts[0].name]], "int16": [want[acts[1].name]],
+                               "per-channel": [want[weights[0].name]]}
+
+
+@pytest.mark.parametrize("convention,producer", [("modelopt_int8_fp32", "modelopt"), ("inc", "inc")])
+def test_no_int16_term_where_the_producer_has_none_keeping_float_is_offered_instead(made, convention, producer):
+    qpath, fpath, _ = made(convention, producer, "conv")
+    qm = QuantModel(str(qpath), float_model=str(fpath))
+    c = next(c for c in qm.of_kind("activation") if c.consumers and c.producer)
+    raised = producer_terms(qm, "int16", [c.name], float_model=str(fpath))
+    floated = producer_terms(qm, "float", [c.name], float_model=str(fpath))
+    assert raised["expect"] == {"float": [], "int16": [], "per-channel": []}
+    assert all(not v for v in raised["settings"].values())  # nothing emitted
+    assert [u["node"] for u in raised["unsupported"]] == [c.name] and "int16" in raised["unsupported"][0]["why"]
+    excluded = floated["settings"]["nodes_to_exclude"]
+    assert raised["unsupported"][0]["instead"] == {"nodes_to_exclude": floated["nodes"][c.name]["nodes"]}
+    assert all(n in raised["instead"] for n in excluded)
+    text = "\n".join(producer_lines(raised))
+    assert "no " in text and "to keep those in float instead" in text
+
+
+@pytest.mark.parametrize("convention,producer,qtype", [("quark_xint8", "quark", "QInt16"),
+                                                       ("quark_a16w8", "quark", "QUInt16")])
+def test_quark_raises_a_tensor_to_16_bit_with_its_sign(made, convention, producer, qtype):
+    qpath, fpath, _ = made(convention, producer, "conv")
+    qm = QuantModel(str(qpath), float_model=str(fpath))
+    c = next(c for c in qm.of_kind("activation") if c.producer)
+    terms = producer_terms(qm, "int16", [c.name], float_model=str(fpath))
+    tensor = _expected_tensor(qpath, fpath, c)
+    assert terms["settings"]["TensorQuantOverrides"] == {tensor: [{"quant_type": qtype}]}
+    assert f"ExtendedQuantType.{qtype}" in "\n".join(terms["lines"])
+
+
+@pytest.mark.parametrize("convention,producer", [("modelopt_int8_fp32", "modelopt"), ("quark_xint8", "quark"),
+                                                 ("inc", "inc"), ("aimet", "aimet")])
+def test_activations_per_channel_have_no_term_anywhere(made, convention, producer):
+    qpath, fpath, _ = made(convention, producer, "conv")
+    qm = QuantModel(str(qpath), float_model=str(fpath))
+    c = next(c for c in qm.of_kind("activation") if c.producer)
+    terms = producer_terms(qm, "per-channel", [c.name], float_model=str(fpath))
+    assert [u["node"] for u in terms["unsupported"]] == [c.name]
+    assert not any(terms["expect"].values())
+
+
+def test_onnxruntime_and_unknown_producers_get_no_second_block(zoo):
+    qm = QuantModel(str(zoo.qdq()))
+    assert producer_terms(qm, "float", ["r1_QuantizeLinear"]) is None
+
+
+def test_bad_input_is_one_sentence(made):
+    qpath, fpath, _ = made("modelopt_int8_fp32", "modelopt", "conv")
+    qm = QuantModel(str(qpath))
+    with pytest.raises(PTQError, match="calibration node"):
+        producer_terms(qm, "float", ["no_such_node"])
+    with pytest.raises(PTQError, match="remedy"):
+        producer_terms(qm, "fp4", [next(iter(qm.calibration))])
+
+
+def test_suggest_prints_the_producers_terms_and_says_how_to_check_them(made, monkeypatch, tmp_path):
+    monkeypatch.delenv("PTQ_MODELOPT_PYTHON", raising=False)
+    qpath, fpath, data = made("modelopt_int8_fp32", "modelopt", "conv")
+    r = suggest_remedy(str(qpath), data, target=0.99999, remedy="float", float_model=str(fpath),
+                       requantize_check=True)
+    assert r.nodes and r.producer_terms["producer"] == "modelopt"
+    text = r.summary()
+    assert "in NVIDIA Model Optimizer's terms (names of the float model):" in text
+    assert "--nodes_to_exclude" in text and "nodes_to_exclude=" in text  # beside onnxruntime's
+    assert any("PTQ_MODELOPT_PYTHON" in n for n in r.notes) and r.producer_measured is None
+    saved = json.loads(Path(r.save(tmp_path / "remedy.json")).read_text())
+    assert saved["producer_terms"]["settings"] == r.producer_terms["settings"]
+    for n, entry in r.producer_terms["nodes"].items():
+        assert entry["tensor"] == _expected_tensor(qpath, fpath, QuantModel(str(qpath)).calibration[n])
+
+
+FAKE = '''
+"""A stand-in for Model Optimizer: the conventions quantizer with its exclusions."""
+import json, re, sys
+import numpy as np, onnx
+sys.path.insert(0, {tests!r})
+import conventions
+spec = json.load(open(sys.argv[2]))  # argv[1]: the producer script, not needed here
+if {fail!r}:
+    sys.exit("ModuleNotFoundError: No module named 'modelopt'")
+with np.load(spec["samples"]) as z:
+    data = {{k: list(z[k]) for k in z.files}}
+s = spec["settings"]
+f = onnx.load(spec["float"])
+names = [n.name for n in f.graph.node if any(re.match(p, n.name) for p in s.get("nodes_to_exclude", []))
+         or n.op_type in s.get("op_types_to_exclude", [])]
+conventions.make(spec["float"], spec["out"], data, "modelopt_int8_fp32", exclude=names)
+'''
+
+
+def _fake_python(tmp_path, fail=False):
+    script = tmp_path / "fake_modelopt.py"
+    script.write_text(FAKE.format(tests=str(HERE), fail=fail))
+    python = tmp_path / ("fail_python" if fail else "python")
+    python.write_text(f"#!/bin/sh\nexec {sys.executable!r} {str(script)!r} \"$@\"\n")
+    python.chmod(python.stat().st_mode | stat.S_IEXEC)
+    return str(python)
+
+
+def test_the_check_re_quantizes_and_reads_what_the_producer_did(made, monkeypatch, tmp_path):
+    qpath, fpath, data = made("modelopt_int8_fp32", "modelopt", "conv")
+    from pytest_ptq.engine import Engine
+
+    engine = Engine(str(qpath), data, float_model=str(fpath))
+    qm = engine.qmodel
+    assert producer_recipe(qm) == {"quantize_mode": "int8", "high_precision_dtype": "fp32", "dq_only": False}
+    c = next(c for c in qm.of_kind("activation") if len(c.consumers) > 1)
+    terms = producer_terms(qm, "float", [c.name], float_model=str(fpath))
+    monkeypatch.setenv("PTQ_MODELOPT_PYTHON", _fake_python(tmp_path))
+    m = check_producer_terms(engine, terms, save_dir=tmp_path / "out")
+    tensor = terms["nodes"][c.name]["tensor"]
+    assert m["kept"]["float"] == {tensor: True} and m["applied"] and m["not_applied"] == []
+    assert 0 < m["before"]["calibration"] <= 1 and 0 < m["after"]["calibration"] <= 1
+    assert Path(m["model"]).exists() and Path(m["baseline_model"]).exists()
+    # terms that leave the tensor quantized are caught
+    short = dict(terms, settings={"nodes_to_exclude": terms["settings"]["nodes_to_exclude"][:1],
+                                  "op_types_to_exclude": []})
+    m = check_producer_terms(engine, short)
+    assert m["kept"]["float"] == {tensor: False} and m["not_applied"] == [tensor]
+
+
+def test_a_producer_that_fails_or_is_missing_is_one_sentence(made, monkeypatch, tmp_path):
+    qpath, fpath, data = made("modelopt_int8_fp32", "modelopt", "conv")
+    from pytest_ptq.data import load_data
+
+    samples = load_data(data, None, None)
+    monkeypatch.delenv("PTQ_MODELOPT_PYTHON", raising=False)
+    with pytest.raises(PTQError, match="set PTQ_MODELOPT_PYTHON"):
+        requantize_with_producer("modelopt", fpath, samples, tmp_path / "x.onnx")
+    with pytest.raises(PTQError, match="does not exist"):
+        requantize_with_producer("modelopt", fpath, samples, tmp_path / "x.onnx", python=str(tmp_path / "nope"))
+    with pytest.raises(PTQError, match=r"could not re-quantize .*No module named 'modelopt'"):
+        requantize_with_producer("modelopt", fpath, samples, tmp_path / "x.onnx", python=_fake_python(tmp_path, True))
+    # the real script in a Python without the producer says what is missing, in one line
+    with pytest.raises(PTQError, match="No module named"):
+        requantize_with_producer("aimet", fpath, samples, tmp_path / "x.onnx", python=sys.executable)
+    assert not (tmp_path / "x.onnx").exists()
+
+
+def test_recipes_follow_what_the_pairs_show(made):
+    quark = QuantModel(str(made("quark_xint8", "quark", "conv")[0]))
+    assert producer_recipe(quark) == {"config": "XINT8_QCONFIG"}  # power-of-two scales
+    assert producer_recipe(QuantModel(str(made("quark_a16w8", "quark", "conv")[0]))) == {"config": "A16W8_QCONFIG"}
+    assert producer_recipe(QuantModel(str(made("inc_per_channel", "inc", "conv")[0]))) == {"per_channel": True}
+    assert producer_recipe(QuantModel(str(made("aimet", "aimet", "conv")[0])))["activation_type"] == "int8"
