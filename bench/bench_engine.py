@@ -87,8 +87,8 @@ def main(argv=None):
         sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "example_suite"))
         from prepare import prepare
 
-        paths = prepare(verbose=False)
-        det = paths["det"] if "det" in paths else next(iter(paths.values()))
+        models = prepare(verbose=False)["models"]
+        det = models.get("ppocrv4_det") or next(iter(models.values()))
         args.model, args.data = det["calibrated_model"], det["calibration_data"]
 
     qm = QuantModel(args.model)
