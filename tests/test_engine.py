@@ -244,3 +244,23 @@ def test_float_model_restores_a_folded_clip(tmp_path, level):
     for i in range(len(feeds)):
         assert_matches(engine.run(i, ()), float_out[i], "disable", step, "bypassed")
         assert_matches(engine.run(i, "all"), qdq_out[i], level, step, "quantized")
+
+
+@pytest.mark.parametrize("variant", ["qdq_pc", "dq_weights"])
+def test_weights_shared_between_sessions_run_as_embedded_ones(zoo, variant, monkeypatch):
+    """memory="low" hands every session the same weight values instead of a copy each; at the
+    full optimisation level onnxruntime's layout transforms read convolution weights while
+    loading, so every initializer is made a shared one here and the runs must not change."""
+    from pytest_ptq.model import graph
+
+    qpath, fpath = zoo.qdq(variant), zoo.float(variant)
+    feeds = _feeds(zoo, variant)
+    fast = Engine(qpath, zoo.data(variant), float_model=fpath, optimization="all", memory="fast")
+    monkeypatch.setattr(graph, "LARGE_BYTES", 1)
+    low = Engine(qpath, zoo.data(variant), float_model=fpath, optimization="all", memory="low")
+    assert low.shared.nbytes > 0
+    for config in [(), "all", *[[name] for name in fast.calib_names[:4]]]:
+        for i in range(len(feeds)):
+            want, got = fast.run(i, config), low.run(i, config)
+            for name in want:
+                np.testing.assert_allclose(got[name], want[name], rtol=1e-5, atol=1e-6, err_msg=f"{config} {name}")
