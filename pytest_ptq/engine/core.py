@@ -223,7 +223,7 @@ class Engine:
             if len(indices) < 2:
                 return batching.Batching(1, "fewer than two samples")
             size = batching.MAX_GROUP if self.batch == "auto" else int(self.batch)
-            choice = batching.decide(self, indices, size)
+            choice = batching.decide(self, indices, size, grow=self.batch == "auto")
             if self.batch != "auto" and choice.size == 1 and choice.gain is not None:
                 choice = batching.Batching(size, f"{size} samples per run, as asked ({choice.gain:.2f}x)", choice.gain)
             self._batching = choice
@@ -253,6 +253,8 @@ class Engine:
             self._ref_bytes -= sum(v.nbytes for v in self._ref_cache.pop(k).values())
         if self._last_sample is not None and self._last_sample[0] == key:
             self._last_sample = None
+        if self.segments is not None:
+            self.segments.forget(key)
 
     def _config(self, quantized):
         if isinstance(quantized, str) and quantized == "all":

@@ -191,12 +191,12 @@ class Segments:
         return self._sessions[key]
 
     # -- running ---------------------------------------------------------------------------
-    def _run_segment(self, j, values, gated, flag_values):
+    def _run_segment(self, j, values, gated, flag_values, stacked=False):
         sess, inputs, flags, outputs = self.session(j, gated)
         feeds = {name: values[name] for name in inputs}
         for f in flags:
             feeds[f] = flag_values[f]
-        values.update(zip(outputs, run(sess, outputs, feeds, self.source)))
+        values.update(zip(outputs, run(sess, outputs, feeds, self.source, shrink=stacked)))
 
     def reference(self, key, sample):
         """Float run of a sample; keeps the values at every segment boundary for reuse."""
@@ -206,10 +206,15 @@ class Segments:
         boundaries = []
         for j in range(len(self)):
             boundaries.append({t: values[t] for t in self.cut_live[j] if t in values})
-            self._run_segment(j, values, False, None)
+            self._run_segment(j, values, False, None, isinstance(key, tuple))
         boundaries.append({t: values[t] for t in self.outputs})
         self._state = (key, boundaries)
         return boundaries
+
+    def forget(self, key):
+        """Drop the kept boundary values if they are sample (or group) ``key``'s."""
+        if self._state is not None and self._state[0] == key:
+            self._state = None
 
     def run(self, key, sample, flag_values, touched, tensors):
         """Model outputs of a sample under a config: float prefix reused, then the rest."""
@@ -219,5 +224,5 @@ class Segments:
         first = min(touched)
         values = dict(boundaries[first])
         for j in range(first, len(self)):
-            self._run_segment(j, values, j in touched, flag_values)
+            self._run_segment(j, values, j in touched, flag_values, isinstance(key, tuple))
         return {t: values[t] for t in tensors}
