@@ -13,6 +13,7 @@ and prints the ratios engine / plain (target <= 1.5 at any N); each figure is th
 of --repeat processes.
 
 Usage: python bench/bench_memory.py [--weights-mib 192] [--samples 1 8] [--keep DIR]
+       python bench/bench_memory.py --model QDQ.onnx --data DATA [--float-model FLOAT.onnx]
 """
 
 from __future__ import annotations
@@ -75,37 +76,40 @@ def build(folder, weights_mib, inline=False):
 
 
 CHILD = r'''
-import json, sys
+import json, os, sys
 def peak():
     for line in open("/proc/self/status"):
         if line.startswith("VmHWM"):
             return int(line.split()[1]) / 1024
-mode, folder, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
+mode, model, data, n = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
 import numpy as np
 if mode in ("plain", "plain-fake-quant"):
     import onnxruntime as ort
     so = ort.SessionOptions()
     if mode == "plain-fake-quant":
         so.add_session_config_entry("session.disable_quant_qdq", "1")
-    s = ort.InferenceSession(folder + "/model.onnx", so, providers=["CPUExecutionProvider"])
-    s.run(None, {"x": np.load(folder + "/data/x/0.npy")})
+    s = ort.InferenceSession(model, so, providers=["CPUExecutionProvider"])
+    # the first n samples of a <data>/<input>/<i>.npy folder
+    for i in range(n):
+        s.run(None, {x.name: np.load(os.path.join(data, x.name, sorted(
+            os.listdir(os.path.join(data, x.name)), key=lambda f: int(f.split(".")[0]))[i])) for x in s.get_inputs()})
 else:
-    sys.path.insert(0, sys.argv[4])
+    sys.path.insert(0, sys.argv[5])
     from pytest_ptq.engine import Engine
     from pytest_ptq.sensitivity import get_sensitivity_of_nodes
-    e = Engine(folder + "/model.onnx", folder + "/data")
+    e = Engine(model, data, float_model=sys.argv[6] or None)
     get_sensitivity_of_nodes(e, node_type="activation", data_num=n)
 print(json.dumps({"peak_mib": peak()}))
 '''
 
 
-def measure(mode, folder, n=1, repeat=3):
+def measure(mode, model, data, n=1, repeat=3, float_model=None):
     """Median peak (MiB) over ``repeat`` fresh processes: a single process's peak moves by
     tens of MiB from run to run."""
     peaks = []
     for _ in range(repeat):
-        out = subprocess.run([sys.executable, "-c", CHILD, mode, str(folder), str(n), str(ROOT)],
-                             capture_output=True, text=True, check=True)
+        out = subprocess.run([sys.executable, "-c", CHILD, mode, str(model), str(data), str(n), str(ROOT),
+                              str(float_model or "")], capture_output=True, text=True, check=True)
         peaks.append(json.loads(out.stdout.strip().splitlines()[-1])["peak_mib"])
     return statistics.median(peaks)
 
@@ -117,19 +121,28 @@ def main(argv=None):
     p.add_argument("--inline", action="store_true", help="weights inside the .onnx file (default: external data)")
     p.add_argument("--repeat", type=int, default=3, help="processes per measurement (the median is printed)")
     p.add_argument("--keep", default=None, help="build the model here (and keep it) instead of a temp folder")
+    p.add_argument("--model", default=None, help="measure this QDQ model instead of building one (with --data)")
+    p.add_argument("--data", default=None, help="its calibration data: a folder of <input>/<i>.npy")
+    p.add_argument("--float-model", default=None, help="its float model, if the engine needs it")
     args = p.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
-        folder = Path(args.keep or tmp)
-        folder.mkdir(parents=True, exist_ok=True)
-        layers = build(folder, args.weights_mib, args.inline)
-        plain = measure("plain", folder, repeat=args.repeat)
-        fake = measure("plain-fake-quant", folder, repeat=args.repeat)
-        where = "inline" if args.inline else "as external data"
-        print(f"model: {layers} MatMul layers, {layers * WIDTH * WIDTH * 4 / 2**20:.0f} MiB of float weights {where}")
-        print(f"plain onnxruntime session: peak {plain:.0f} MiB (QDQ fused into int8 kernels, the float weights "
-              f"dropped); with QDQ fusion off (disable_quant_qdq=1, float weights kept): {fake:.0f} MiB")
+        if args.model:
+            model, data = Path(args.model), Path(args.data)
+            print(f"model: {model}")
+        else:
+            folder = Path(args.keep or tmp)
+            folder.mkdir(parents=True, exist_ok=True)
+            layers = build(folder, args.weights_mib, args.inline)
+            model, data = folder / "model.onnx", folder / "data"
+            where = "inline" if args.inline else "as external data"
+            print(f"model: {layers} MatMul layers, {layers * WIDTH * WIDTH * 4 / 2**20:.0f} MiB of float weights {where}")
+        most = max(args.samples)
+        plain = measure("plain", model, data, most, repeat=args.repeat)
+        fake = measure("plain-fake-quant", model, data, most, repeat=args.repeat)
+        print(f"plain onnxruntime session, {most} sample(s): peak {plain:.0f} MiB (QDQ fused into int8 kernels, the "
+              f"float weights dropped); with QDQ fusion off (disable_quant_qdq=1, float weights kept): {fake:.0f} MiB")
         for n in args.samples:
-            peak = measure("engine", folder, n, repeat=args.repeat)
+            peak = measure("engine", model, data, n, repeat=args.repeat, float_model=args.float_model)
             print(f"engine + activation sensitivity, {n} sample(s): peak {peak:.0f} MiB = {peak / plain:.2f}x plain, "
                   f"{peak / fake:.2f}x plain with fusion off")
 
