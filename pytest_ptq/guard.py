@@ -351,6 +351,17 @@ def makedirs(path):
     return Path(path)
 
 
+def output_folder(save_dir, prefix):
+    """``(folder, temporary)``: ``save_dir``, created, and None; or, when ``save_dir`` is None,
+    a new temporary folder and its ``TemporaryDirectory``, which the caller cleans up."""
+    if save_dir is not None:
+        return makedirs(save_dir), None
+    import tempfile
+
+    temporary = tempfile.TemporaryDirectory(prefix=prefix)
+    return Path(temporary.name), temporary
+
+
 @contextlib.contextmanager
 def writing(path):
     """Around code that writes the file ``path`` (matplotlib, onnxruntime): the path is

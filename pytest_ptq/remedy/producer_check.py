@@ -208,13 +208,7 @@ def check_producer_terms(engine, terms, float_model=None, recipe=None, save_dir=
     recipe = recipe if recipe is not None else producer_recipe(engine.qmodel)
     python = python or producer_python(key)
     score = score or output_score(engine, float_model)
-    tmp = None
-    if save_dir is None:
-        tmp = tempfile.TemporaryDirectory(prefix="ptq_producer_check_")
-        out_dir = Path(tmp.name)
-    else:
-        out_dir = Path(save_dir)
-        guard.makedirs(out_dir)
+    out_dir, tmp = guard.output_folder(save_dir, "ptq_producer_check_")
     try:
         tag = key.replace("-", "_")
         base = requantize_with_producer(key, float_model, engine.data, out_dir / f"requantized_{tag}_baseline.onnx",

@@ -254,22 +254,28 @@ def _pattern(name, others):
     return pattern
 
 
+def _exclusion(terms, names, c, name, kind, tensor, with_producer, cannot=None):
+    """The nodes to exclude that keep calibration node ``c``'s tensor in float, entered in
+    ``terms``; ``cannot``: why the producer cannot apply ``kind``, which float then replaces."""
+    nodes = names.keep_float(c, with_producer=with_producer)
+    _entry(terms, name, kind, tensor, nodes)
+    if cannot is None:
+        terms["expect"]["float"].append(tensor)
+    else:
+        _unsupported(terms, name, kind, cannot, {"nodes_to_exclude": nodes})
+    return nodes
+
+
 def _modelopt(qm, names, kinds, axes, terms):
     excluded, instead = [], []
     for name, kind in kinds.items():
         c = qm.calibration[name]
         tensor, _ = names.tensor(c)
         if kind == "float":
-            nodes = names.keep_float(c, with_producer=False)
-            excluded += nodes
-            _entry(terms, name, kind, tensor, nodes)
-            terms["expect"]["float"].append(tensor)
+            excluded += _exclusion(terms, names, c, name, kind, tensor, False)
         elif kind == "int16":
-            nodes = names.keep_float(c, with_producer=False)
-            instead += nodes
-            _entry(terms, name, kind, tensor, nodes)
-            _unsupported(terms, name, kind, "Model Optimizer has no int16 quantization (int8, fp8 and int4 "
-                         "only)", {"nodes_to_exclude": nodes})
+            instead += _exclusion(terms, names, c, name, kind, tensor, False,
+                                  "Model Optimizer has no int16 quantization (int8, fp8 and int4 only)")
         elif c.kind == "weight":
             _entry(terms, name, kind, tensor)
             _unsupported(terms, name, kind, "Model Optimizer quantizes int8 weights per channel always; there is no "
@@ -352,16 +358,10 @@ def _inc(qm, names, kinds, axes, terms):
         c = qm.calibration[name]
         tensor, _ = names.tensor(c)
         if kind == "float":
-            nodes = names.keep_float(c, with_producer=True)
-            excluded += nodes
-            _entry(terms, name, kind, tensor, nodes)
-            terms["expect"]["float"].append(tensor)
+            excluded += _exclusion(terms, names, c, name, kind, tensor, True)
         elif kind == "int16":
-            nodes = names.keep_float(c, with_producer=True)
-            instead += nodes
-            _entry(terms, name, kind, tensor, nodes)
-            _unsupported(terms, name, kind, "Neural Compressor's quantizer knows 8-bit types only (no int16)",
-                         {"nodes_to_exclude": nodes})
+            instead += _exclusion(terms, names, c, name, kind, tensor, True,
+                                  "Neural Compressor's quantizer knows 8-bit types only (no int16)")
         elif c.kind == "weight" and name in axes:
             nodes = names.keep_float(c, with_producer=False)  # the nodes reading the weight
             per_channel += nodes

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import tempfile
 from collections import Counter
 from pathlib import Path
 
@@ -140,13 +139,7 @@ def measure(parts, objective, float_model, result, save_dir):
     engine = cal_part.engine
     qm = engine.qmodel
     options = infer_quantize_options(qm)
-    tmp = None
-    if save_dir is None:
-        tmp = tempfile.TemporaryDirectory(prefix="ptq_remedy_")
-        out_dir = Path(tmp.name)
-    else:
-        out_dir = Path(save_dir)
-        guard.makedirs(out_dir)
+    out_dir, tmp = guard.output_folder(save_dir, "ptq_remedy_")
     try:
         base_path = requantize(float_model, out_dir / "requantized_baseline.onnx", engine.data, options)
         fixed_path = requantize(float_model, out_dir / f"requantized_{result.remedy}.onnx", engine.data,
