@@ -129,6 +129,10 @@ class PTQSession:
                           int(data_num) if data_num else None,
                           str(Path(custom_op_library).resolve()) if custom_op_library else None)
         if key.id not in self.analyses:
+            if not self.analyses and self.is_worker:
+                from .engine import runtime
+
+                runtime.share_cores(self.config.workerinput.get("workercount", 1))
             self.analyses[key.id] = Analysis(key, self.root, cache_dir=self.cache_dir())
         return self.analyses[key.id]
 

@@ -3,6 +3,7 @@ models it checks."""
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 
@@ -120,3 +121,23 @@ def test_a_model_known_only_at_run_time_keeps_every_session(pytester, two_models
 
     state = json.loads((pytester.path / "released.json").read_text())
     assert list(state.values()) == [{"sessions": 0, "segments": True, "early": False}]
+
+
+def test_workers_share_the_cores(pytester, two_models, monkeypatch):
+    """Two workers each running onnxruntime on every core would only take turns: each gets
+    its share of the cores; one process keeps onnxruntime's default (0)."""
+    shutil.copy(two_models / "m0.onnx", pytester.path / "m0.onnx")
+    shutil.copytree(two_models / "calib", pytester.path / "calib")
+    pytester.makepyfile(test_t="""
+        import os
+        import pytest
+
+        @pytest.mark.ptq(model="m0.onnx", data="calib")
+        def test_threads(ptq_analysis):
+            threads = ptq_analysis.engine.session("main").get_session_options().intra_op_num_threads
+            assert threads == int(os.environ["EXPECTED_THREADS"]), threads
+    """)
+    monkeypatch.setenv("EXPECTED_THREADS", str(max(1, (os.cpu_count() or 1) // 2)))
+    run(pytester, "-n", "2").assert_outcomes(passed=1)
+    monkeypatch.setenv("EXPECTED_THREADS", "0")
+    run(pytester, "-p", "no:xdist").assert_outcomes(passed=1)

@@ -146,6 +146,16 @@ def trim_memory():
         pass
 
 
+_THREADS = 0  # intra-op threads of every session; 0: onnxruntime's default (one per core)
+
+
+def share_cores(processes):
+    """Give this process's sessions ``1/processes`` of the machine's cores: pytest-xdist
+    workers each running onnxruntime on every core would only take turns."""
+    global _THREADS
+    _THREADS = max(1, (os.cpu_count() or 1) // max(1, int(processes))) if processes and processes > 1 else 0
+
+
 def session_options(optimization="all", fake_quant=True, optimized_path=None, libraries=()):
     """SessionOptions at the given optimisation level.
 
@@ -163,6 +173,8 @@ def session_options(optimization="all", fake_quant=True, optimized_path=None, li
     # starve the next (measured: a float pass 6x slower with spinning on).
     so.add_session_config_entry("session.intra_op.allow_spinning", "0")
     so.add_session_config_entry("session.inter_op.allow_spinning", "0")
+    if _THREADS:
+        so.intra_op_num_threads = _THREADS
     if optimized_path is not None:
         so.optimized_model_filepath = str(optimized_path)
     for lib in libraries:
