@@ -13,8 +13,7 @@ uses every core), so the engine measures before it decides. A group is used only
 * it is at least :data:`MIN_GAIN` times faster, measured on the first samples: stacks of
   2, 4, ... are tried while each is faster than the last (a stack can be slower than a
   smaller one: the PP-OCRv4 detector ran 1.19x faster by 2, 1.11x by 4, 0.92x by 8, in
-  one run), and
-  the fastest is kept. Stacked runs hand their buffers back when they end (see
+  one run), and the fastest is kept. Stacked runs hand their buffers back when they end (see
   :func:`.runtime.run`), so the trial does not leave every session sized for the stack.
 
 Otherwise samples run one at a time, as before. Only model outputs run in groups (through
