@@ -8,12 +8,13 @@ uses every core), so the engine measures before it decides. A group is used only
 * no quantizer computes its range per run (DynamicQuantizeLinear: the range of a stacked
   batch is not the range of each sample) and no Q/DQ is a custom op of unknown semantics;
 * every sample has batch size 1 and every model input and output a batch axis first;
-* the stacked run gives what the samples give one at a time (float and fully quantized,
-  to within float rounding: a different kernel may sum in another order), and
-* it is at least :data:`MIN_GAIN` times faster, measured on the first samples: stacks of
-  2, 4, ... are tried while each is faster than the last (a stack can be slower than a
-  smaller one: the PP-OCRv4 detector ran 1.19x faster by 2, 1.11x by 4, 0.92x by 8, in
-  one run), and the fastest is kept. Stacked runs hand their buffers back when they end (see
+* the stacked run gives what the samples give one at a time (float, and every activation
+  quantized: weight quantizers see no sample), to within float rounding (a different
+  kernel may sum in another order), and
+* its float pass is at least :data:`MIN_GAIN` times faster, measured on the first samples:
+  stacks of 2, 4, ... are tried while each is faster than the last, and the fastest is
+  kept (the PP-OCRv4 detector ran 0.90x as fast by 2, 0.88x by 4, 0.83x by 8: one at a
+  time; a MatMul stack 3.2x faster by 8). Stacked runs hand their buffers back when they end (see
   :func:`.runtime.run`), so the trial does not leave every session sized for the stack.
 
 Otherwise samples run one at a time, as before. Only model outputs run in groups (through
@@ -31,8 +32,8 @@ from ..errors import PTQError, shown
 from .runtime import trim_memory
 
 MAX_GROUP = 8
-# A trial times a whole fully quantized pass; a ranking's configs run only their downstream
-# part and gain less (the PP-OCRv4 detector: 1.11x in a trial, nothing in its ranking).
+# A trial times whole float passes, a ranking's configs their downstream part, and the trial
+# itself costs a few passes: a small gain would not pay for it.
 MIN_GAIN = 1.25
 REPEAT = 3  # timings of a trial: the best of these (one run moves by tens of percent on a shared machine)
 RTOL, ATOL = 1e-3, 1e-4  # atol relative to the largest magnitude of each output
@@ -95,7 +96,7 @@ def _close(a, b):
 def decide(engine, indices, size=MAX_GROUP, grow=True):
     """:class:`Batching` for ``engine``: stacks of 2, 4, ... up to ``size`` of ``indices`` are
     tried while each is faster than the last, and the fastest is kept (``grow=False``: only
-    ``size`` is tried). Times are the best of :data:`REPEAT` runs."""
+    ``size`` is tried). Times are the best of :data:`REPEAT` float passes."""
     if len(indices) < 2:
         return Batching(1, "fewer than two samples")
     why = _blocker(engine)
@@ -103,12 +104,13 @@ def decide(engine, indices, size=MAX_GROUP, grow=True):
         why = "a sample holds more than one item"
     if why is not None:
         return Batching(1, why)
+    why = _differs(engine, tuple(indices[:2]))
+    if why is not None:
+        return Batching(1, why)
     best, count = None, 2 if grow else size
     while True:
         count = min(count, size, len(indices))
-        gain, why = _trial(engine, tuple(indices[:count]))
-        if why is not None:
-            return best or Batching(1, why)
+        gain = _gain(engine, tuple(indices[:count]))
         if best is not None and gain <= best.gain:
             return best
         if gain < MIN_GAIN:
@@ -119,39 +121,50 @@ def decide(engine, indices, size=MAX_GROUP, grow=True):
         count *= 2
 
 
-def _trial(engine, key):
-    """``(gain, None)`` of running the samples ``key`` stacked, or ``(None, why not)``.
-
-    Rankings run one float pass per sample (or group), then every config from its
-    boundaries: so the float runs are compared, and the fully quantized run from a kept float
-    reference, on both sides, is what is timed."""
+def _differs(engine, key):
+    """Why the samples ``key`` stacked do not give what they give one at a time (float, and
+    every activation quantized), or None. Weight quantizers see no sample, so they are left
+    out: fake-quantizing every weight is most of a fully quantized pass's cost."""
+    names = set(engine.calib_names)
+    acts = [c.name for c in engine.qmodel.calibration.values() if c.kind != "weight" and c.name in names]
     try:
-        # the float runs are the cached references every ranking reads anyway
-        one_float = [engine.reference(i) for i in key]
-        alone, grouped = [], []
-        for _ in range(REPEAT):
-            one_all, seconds = [], 0.0
-            for i in key:
-                engine.run(i, "all")  # keeps sample i's float boundaries
-                start = time.perf_counter()
-                one_all.append(engine.run(i, "all"))
-                seconds += time.perf_counter() - start
-            alone.append(seconds)
-            stacked_float = engine.run(key, ())
-            if not grouped:
-                engine.run(key, "all")  # the first stacked run also sizes onnxruntime's buffers
-            start = time.perf_counter()
-            stacked_all = engine.run(key, "all")
-            grouped.append(time.perf_counter() - start)
-        for one, stacked in ((one_float, stacked_float), (one_all, stacked_all)):
-            for name, value in stacked.items():
-                if not _close(np.concatenate([o[name] for o in one], axis=0), value):
-                    return None, (f"stacked samples give other values at {name!r} (the graph fixes its batch size "
-                                  "somewhere)")
+        one = [(engine.reference(i), engine.run(i, acts)) for i in key]
+        stacked = (engine.run(key, ()), engine.run(key, acts))
+        for k, values in enumerate(stacked):
+            for name, value in values.items():
+                if not _close(np.concatenate([o[k][name] for o in one], axis=0), value):
+                    return f"stacked samples give other values at {name!r} (the graph fixes its batch size somewhere)"
     except Exception as exc:  # noqa: BLE001 - a graph that rejects a batch only loses the speed-up
         text = str(exc).split(": ", 1)[-1] if isinstance(exc, PTQError) else f"{type(exc).__name__}: {exc}"
-        return None, f"the graph does not take stacked samples ({shown(text, 160)})"
+        return f"the graph does not take stacked samples ({shown(text, 160)})"
     finally:
         engine.forget(key)
         trim_memory()  # the stack's buffers, freed by the arenas, back to the system
-    return min(alone) / max(1e-12, min(grouped)), None
+    return None
+
+
+def _gain(engine, key):
+    """How many times faster the float pass of the samples ``key`` runs stacked than one at
+    a time, best of :data:`REPEAT`. The float pass is the proxy: a ranking's configs run
+    float segments but for the one they touch, and it costs a trial no fake-quantization."""
+    segments = engine.segments
+    samples = {i: engine.sample(i) for i in key}
+    stack_feed = stack([samples[i] for i in key])
+    alone, grouped = [], []
+    try:
+        for _ in range(REPEAT):
+            seconds = 0.0
+            for i in key:
+                segments.forget(i)
+                start = time.perf_counter()
+                segments.reference(i, samples[i])
+                seconds += time.perf_counter() - start
+            alone.append(seconds)
+            segments.forget(key)
+            start = time.perf_counter()  # the first stacked run also sizes onnxruntime's buffers: min drops it
+            segments.reference(key, stack_feed)
+            grouped.append(time.perf_counter() - start)
+    finally:
+        engine.forget(key)
+        trim_memory()
+    return min(alone) / max(1e-12, min(grouped))
