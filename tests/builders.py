@@ -72,6 +72,18 @@ def save_folder(data, root):
     return root
 
 
+def narrow_conv_setup(root, n, seed):
+    """A conv net with an outlier channel quantized on samples ten times too small (so that
+    activation pairs differ clearly), and its ``n`` samples: ``{"q", "folder", "feeds",
+    "data", "root"}``."""
+    data = samples(n, seed=seed)
+    folder = save_folder(data, root / "calib")
+    narrow = {k: [a * 0.1 for a in v] for k, v in data.items()}
+    q = quantize(conv_net(root / "float.onnx", outlier_channel=3), root / "q.onnx", narrow)
+    return {"q": q, "folder": folder, "feeds": [{k: v[i] for k, v in data.items()} for i in range(n)],
+            "data": data, "root": root}
+
+
 def quantize(float_path, out_path, data, per_channel=False, activation_type="QUInt8",
              weight_type="QInt8", keep_float=True, extra_options=None, nodes_to_exclude=None):
     """quantize_static in QDQ format; ``keep_float`` keeps float weights and Relu/Clip."""

@@ -22,13 +22,7 @@ N = 6
 
 @pytest.fixture(scope="module")
 def net(tmp_path_factory):
-    root = tmp_path_factory.mktemp("batching")
-    data = builders.samples(N, seed=3)
-    folder = builders.save_folder(data, root / "calib")
-    narrow = {k: [a * 0.1 for a in v] for k, v in data.items()}
-    q = builders.quantize(builders.conv_net(root / "float.onnx", outlier_channel=3), root / "q.onnx", narrow)
-    return {"q": q, "folder": folder, "feeds": [{k: v[i] for k, v in data.items()} for i in range(N)],
-            "root": root, "data": data}
+    return builders.narrow_conv_setup(tmp_path_factory.mktemp("batching"), N, seed=3)
 
 
 @pytest.mark.parametrize("node_type", ["activation", "weight", "node"])

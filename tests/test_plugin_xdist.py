@@ -23,13 +23,18 @@ def two_models(tmp_path_factory):
     return root
 
 
-def test_a_models_items_share_one_worker(pytester, two_models):
+def _two_contracts(pytester, two_models):
+    """Both models, their data and a contract each (c0, c1) in the pytester project."""
     for name in ("m0.onnx", "m1.onnx", "calib"):
         src = two_models / name
         (shutil.copytree if src.is_dir() else shutil.copy)(src, pytester.path / name)
     for k in (0, 1):
         pytester.makefile(".ptq.yaml", **{f"c{k}": f"model: m{k}.onnx\ndata: calib\nnodes: {{threshold: 0.0}}\n"
                                                    "baseline: false\n"})
+
+
+def test_a_models_items_share_one_worker(pytester, two_models):
+    _two_contracts(pytester, two_models)
     # Python tests of the same models, in another file, join their model's worker
     pytester.makepyfile(test_py="""
         import pytest
@@ -85,12 +90,7 @@ def pytest_sessionfinish(session):
 
 
 def test_a_models_sessions_are_freed_once_its_tests_ran(pytester, two_models):
-    for name in ("m0.onnx", "m1.onnx", "calib"):
-        src = two_models / name
-        (shutil.copytree if src.is_dir() else shutil.copy)(src, pytester.path / name)
-    for k in (0, 1):
-        pytester.makefile(".ptq.yaml", **{f"c{k}": f"model: m{k}.onnx\ndata: calib\nnodes: {{threshold: 0.0}}\n"
-                                                   "baseline: false\n"})
+    _two_contracts(pytester, two_models)
     pytester.makeconftest(RELEASE_PROBE)
     run(pytester, "--ptq-report=r.html").assert_outcomes(passed=4)
     import json

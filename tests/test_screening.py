@@ -22,14 +22,8 @@ SAMPLES = 6
 
 @pytest.fixture(scope="module")
 def net(tmp_path_factory):
-    root = tmp_path_factory.mktemp("screening")
-    data = builders.samples(SAMPLES, seed=5)
-    folder = builders.save_folder(data, root / "calib")
-    # calibrated on samples ten times too small, so that activation pairs differ clearly
-    narrow = {k: [a * 0.1 for a in v] for k, v in data.items()}
-    model = builders.quantize(builders.conv_net(root / "float.onnx", outlier_channel=3), root / "q.onnx", narrow)
-    feeds = [{k: v[i] for k, v in data.items()} for i in range(SAMPLES)]
-    return {"model": model, "folder": folder, "feeds": feeds, "root": root}
+    setup = builders.narrow_conv_setup(tmp_path_factory.mktemp("screening"), SAMPLES, seed=5)
+    return {**setup, "model": setup["q"]}
 
 
 def _screen(net, **kw):
