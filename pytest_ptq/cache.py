@@ -209,7 +209,7 @@ def clear(folder):
             try:
                 os.unlink(os.path.join(folder, name))
                 removed += 1
-            except OSError:
+            except OSError:  # gone already, or not ours to remove: clearing the rest is what counts
                 pass
     guard.clean_stale_temps(folder)
     return removed

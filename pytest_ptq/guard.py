@@ -77,7 +77,7 @@ class Inputs:
                 for child in os.scandir(real):
                     if child.is_symlink() and child.is_dir():
                         self.items.append(Input(os.path.join(given, child.name), _real(child.path), what, True))
-            except OSError:
+            except OSError:  # an unreadable folder: loading its data will say so in its own words
                 pass
         self._files = None
         return self
@@ -191,11 +191,8 @@ def _same(a, b):
 def _inside(target, folder):
     """True when ``target`` lies below ``folder``, by name or by the identity of an ancestor
     (a case-insensitive file system spells one folder several ways)."""
-    try:
-        target.relative_to(folder)
+    if target.is_relative_to(folder):
         return True
-    except ValueError:
-        pass
     folder_key = _key(folder)
     if folder_key is None:
         return False

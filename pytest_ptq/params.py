@@ -209,7 +209,7 @@ def input_path(value, what):
     path = Path(os.path.expanduser(text))
     try:
         os.stat(path)
-    except (FileNotFoundError, NotADirectoryError):
+    except (FileNotFoundError, NotADirectoryError):  # missing is for the caller to judge (an output, say)
         pass
     except OSError as exc:
         reason = "the name is too long" if exc.errno == errno.ENAMETOOLONG else (exc.strerror or type(exc).__name__)
