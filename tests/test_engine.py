@@ -264,3 +264,25 @@ def test_weights_shared_between_sessions_run_as_embedded_ones(zoo, variant, monk
             want, got = fast.run(i, config), low.run(i, config)
             for name in want:
                 np.testing.assert_allclose(got[name], want[name], rtol=1e-5, atol=1e-6, err_msg=f"{config} {name}")
+
+
+@pytest.mark.parametrize("variant", ["qdq", "qdq_pc"])
+def test_configs_mixing_weights_and_activations_match_rewired_models(zoo, variant):
+    """A segment runs in the form of the groups a config quantizes there (weights,
+    activations or both): weight-only, activation-only and mixed configs, over several
+    segments, each equal the model with exactly those pairs kept."""
+    qpath, fpath = zoo.qdq(variant), zoo.float(variant)
+    feeds = _feeds(zoo, variant)
+    engine = Engine(qpath, zoo.data(variant), float_model=fpath, optimization="disable", segments=4)
+    kinds = {c.name: c.kind for c in engine.qmodel.calibration.values()}
+    weights = [n for n in engine.calib_names if kinds[n] == "weight"]
+    acts = [n for n in engine.calib_names if kinds[n] != "weight"]
+    assert weights and acts
+    rng = np.random.default_rng(0)
+    configs = [weights, acts, weights[::2] + acts[1::2]]
+    configs += [list(rng.choice(engine.calib_names, size=k, replace=False)) for k in (2, 5, 9)]
+    step = _output_step(qpath)
+    for keep in configs:
+        want = builders.run_model(builders.rewire(qpath, keep=set(keep), float_model=fpath), feeds, "disable")
+        for i in range(len(feeds)):
+            assert_matches(engine.run(i, keep), want[i], "disable", step, f"{sorted(keep)}")

@@ -289,8 +289,7 @@ class Engine:
                                f"{self.source!r}; name a model output or a node output")
         if kind == "main" and self.segments is not None:
             seg = self.segments
-            touched = {seg.segment_of_gate[name] for name in quantized if name in seg.segment_of_gate}
-            return seg.run(key, sample, self.feeds({}, quantized, alternative), touched, tensors)
+            return seg.run(key, sample, self.feeds({}, quantized, alternative), seg.touched(quantized), tensors)
         values = runtime.run(self.session(kind), tensors, self.feeds(sample, quantized, alternative), self.source)
         return dict(zip(tensors, values))
 

@@ -1,12 +1,17 @@
 """Segmented execution: configs reuse the float prefix they share with the reference.
 
 The instrumented graph is cut, in topological order, into a chain of segments. Each
-segment is compiled twice: a *float* form (every gate replaced by a pass-through, weights
-constant, so onnxruntime prepacks and fuses as in the float model) and a *gated* form
-(its calibration nodes switchable by feeds). For a config, everything before the first
+segment has a *float* form (every gate replaced by a pass-through, weights constant, so
+onnxruntime prepacks and fuses as in the float model) and *gated* forms, one per group of
+calibration nodes a config switches there: weight quantizers (:data:`WEIGHTS`), activation
+quantizers (:data:`ACTIVATIONS`) or both; the other group's gates stay pass-throughs. So an
+activation config keeps constant, prepacked weights, and a weight config pays no activation
+gate (measured on the PP-OCRv4 detector: a segment with every gate switchable ran 2x its
+float form). Forms are compiled on first use. For a config, everything before the first
 segment it touches equals the float reference and is taken from the reference's cached
-boundary tensors; touched segments run gated, the others float. A config that quantizes
-one node therefore costs its downstream part of a float pass, plus one gated segment.
+boundary tensors; touched segments run in the form of the groups it quantizes there, the
+others float. A config that quantizes one node therefore costs its downstream part of a
+float pass, plus one gated segment.
 """
 
 from __future__ import annotations
@@ -20,6 +25,8 @@ from ..errors import PTQError
 from ..model.graph import node_refs
 from .instrument import bypass_nodes, gate_of
 from .runtime import make_session, run
+
+WEIGHTS, ACTIVATIONS = "weights", "activations"  # the groups of gates a segment's form switches
 
 
 class Segments:
@@ -44,6 +51,7 @@ class Segments:
         self.outputs = [o.name for o in graph.output]
         self.types = dict(qmodel.value_types)
         self.gate_of = {}  # node index -> calibration node name
+        self.group_of = {c.name: WEIGHTS if c.kind == "weight" else ACTIVATIONS for c in qmodel.calibration.values()}
         for k, n in enumerate(self.nodes):
             name = gate_of(n)
             if name is not None:
@@ -138,12 +146,22 @@ class Segments:
         return len(self.cuts) - 1
 
     # -- compilation ---------------------------------------------------------------------
-    def _segment_model(self, j, gated):
+    def touched(self, quantized):
+        """``{segment index: form}`` of the config quantizing ``quantized`` (names): the
+        segments it touches, each with the groups of gates it switches there."""
+        groups = {}
+        for name in quantized:
+            j = self.segment_of_gate.get(name)
+            if j is not None:
+                groups.setdefault(j, set()).add(self.group_of[name])
+        return {j: frozenset(g) for j, g in groups.items()}
+
+    def _segment_model(self, j, form):
         lo, hi = self.cuts[j], self.cuts[j + 1]
         nodes, flags = [], []
         for k in range(lo, hi):
             node = self.nodes[k]
-            if k in self.gate_of and not gated:
+            if k in self.gate_of and self.group_of[self.gate_of[k]] not in form:
                 c = self.qmodel.calibration[self.gate_of[k]]
                 nodes += [n for o in node.output
                           for n in bypass_nodes(c, o, self.types.get(o, onnx.TensorProto.FLOAT))]
@@ -181,18 +199,19 @@ class Segments:
                 return i.type.tensor_type.elem_type
         raise PTQError(f"tensor {name!r} has no known type; run onnx shape inference on the model")
 
-    def session(self, j, gated):
-        key = (j, gated)
+    def session(self, j, form=frozenset()):
+        """Segment ``j``'s session in ``form`` (the groups of gates it switches; empty: float)."""
+        key = (j, form)
         if key not in self._sessions:
-            model, inputs, flags, outputs = self._segment_model(j, gated)
+            model, inputs, flags, outputs = self._segment_model(j, form)
             self._sessions[key] = (make_session(model, self.optimization, self.providers, what=self.source,
                                                 libraries=self.libraries, shared=self.shared),
                                    inputs, flags, outputs)
         return self._sessions[key]
 
     # -- running ---------------------------------------------------------------------------
-    def _run_segment(self, j, values, gated, flag_values, stacked=False):
-        sess, inputs, flags, outputs = self.session(j, gated)
+    def _run_segment(self, j, values, form, flag_values, stacked=False):
+        sess, inputs, flags, outputs = self.session(j, form)
         feeds = {name: values[name] for name in inputs}
         for f in flags:
             feeds[f] = flag_values[f]
@@ -206,7 +225,7 @@ class Segments:
         boundaries = []
         for j in range(len(self)):
             boundaries.append({t: values[t] for t in self.cut_live[j] if t in values})
-            self._run_segment(j, values, False, None, isinstance(key, tuple))
+            self._run_segment(j, values, frozenset(), None, isinstance(key, tuple))
         boundaries.append({t: values[t] for t in self.outputs})
         self._state = (key, boundaries)
         return boundaries
@@ -217,12 +236,13 @@ class Segments:
             self._state = None
 
     def run(self, key, sample, flag_values, touched, tensors):
-        """Model outputs of a sample under a config: float prefix reused, then the rest."""
+        """Model outputs of a sample under a config (``touched``: see :meth:`touched`): float
+        prefix reused, then the rest."""
         boundaries = self.reference(key, sample)
         if not touched:
             return {t: boundaries[-1][t] for t in tensors}
         first = min(touched)
         values = dict(boundaries[first])
         for j in range(first, len(self)):
-            self._run_segment(j, values, j in touched, flag_values, isinstance(key, tuple))
+            self._run_segment(j, values, touched.get(j, frozenset()), flag_values, isinstance(key, tuple))
         return {t: values[t] for t in tensors}
