@@ -9,7 +9,10 @@ producers issue asks for and prints one row per model, then a tally per folder p
 * bypass: output cosine of every pair bypassed against float.onnx (or the rewrite the
   tool reports instead);
 * quant: output cosine and max |diff| of the fully quantized engine against onnxruntime
-  running model.onnx with QDQ fusion off (session.disable_quant_qdq=1, ORT_ENABLE_BASIC);
+  running model.onnx with QDQ fusion off (session.disable_quant_qdq=1), both at
+  onnxruntime's default level (ORT_ENABLE_ALL), the file without onnxruntime's Relu/Clip-
+  before-QuantizeLinear rewrites, which are wrong (Relu) or fail the session (Clip) on float8
+  (see pytest_ptq.engine.runtime.ALWAYS_DISABLED);
 * ranks: weight and activation sensitivities all finite;
 * runall: finishes (one sample, top 2).
 
@@ -41,19 +44,16 @@ from pytest_ptq.runall import runall  # noqa: E402
 from pytest_ptq.sensitivity import get_sensitivity_of_nodes  # noqa: E402
 
 
-def plain_run(path, feeds, libraries, level="ORT_ENABLE_BASIC"):
+def plain_run(path, feeds, libraries):
     import onnxruntime as ort
 
     so = ort.SessionOptions()
-    # onnxruntime's ENABLE_ALL layout transforms change float32 rounding and with it some
-    # quantization codes (measured: cosine 0.994 against its own BASIC/EXTENDED/DISABLE_ALL on
-    # PP-OCRv4 det), so the file is run at a level whose result every lower level agrees with
-    so.graph_optimization_level = getattr(ort.GraphOptimizationLevel, level)
     so.add_session_config_entry("session.disable_quant_qdq", "1")
     so.log_severity_level = 3
     for lib in libraries:
         so.register_custom_ops_library(lib)
-    sess = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+    sess = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"],
+                                disabled_optimizers=list(runtime.ALWAYS_DISABLED))
     names = [o.name for o in sess.get_outputs()]
     return [dict(zip(names, sess.run(names, f))) for f in feeds]
 

@@ -202,7 +202,7 @@ def rewire(qdq_model, keep=(), float_model=None, outputs=()):
     return model
 
 
-def run_model(model, feeds, level="disable", outputs=None):
+def run_model(model, feeds, level="disable", outputs=None, disabled_optimizers=()):
     """Run a ModelProto or path in a plain onnxruntime session; Q/DQ stay fake-quant.
 
     ``level``: "disable" (ORT_DISABLE_ALL) or "all" (ORT_ENABLE_ALL).
@@ -215,7 +215,7 @@ def run_model(model, feeds, level="disable", outputs=None):
     so.add_session_config_entry("session.disable_quant_qdq", "1")
     so.log_severity_level = 3
     src = model.SerializeToString() if isinstance(model, onnx.ModelProto) else str(model)
-    sess = ort.InferenceSession(src, so, providers=["CPUExecutionProvider"])
+    sess = ort.InferenceSession(src, so, providers=["CPUExecutionProvider"], disabled_optimizers=list(disabled_optimizers))
     names = outputs or [o.name for o in sess.get_outputs()]
     if isinstance(feeds, dict):
         return dict(zip(names, sess.run(names, feeds)))

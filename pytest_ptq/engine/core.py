@@ -22,7 +22,7 @@ from ..errors import PTQError, unknown
 from ..model import QuantModel
 from ..model.qdq import custom_op_sentence
 from . import batching, runtime, sanity
-from .instrument import LOCAL_PREFIX, Gates, instrument
+from .instrument import LOCAL_PREFIX, Gates, instrument, lowered
 from .segments import Segments
 
 # Models with this many bytes of large weights run in low-memory mode by default.
@@ -177,6 +177,9 @@ class Engine:
         return model
 
     def _compile(self, model):
+        nodes = lowered(model.graph.node)
+        del model.graph.node[:]
+        model.graph.node.extend(nodes)
         return runtime.make_session(model, self.optimization, self.providers, what=repr(self.source),
                                     libraries=self.libraries, shared=self.shared)
 
@@ -226,6 +229,8 @@ class Engine:
             choice = batching.decide(self, indices, size, grow=self.batch == "auto")
             if self.batch != "auto" and choice.size == 1 and choice.gain is not None:
                 choice = batching.Batching(size, f"{size} samples per run, as asked ({choice.gain:.2f}x)", choice.gain)
+            if choice.size == 1 and self.segments is not None:
+                self.segments.drop_stacked()  # the trial's
             self._batching = choice
         return self._batching
 
