@@ -274,6 +274,7 @@ class Segments:
         """Float run of a sample; keeps the values at every segment boundary for reuse."""
         if self._state is not None and self._state[0] == key and key is not None:
             return self._state[1]
+        self._state = None  # the last sample's boundaries go before this one's are computed
         values = dict(sample)
         boundaries = []
         for j in range(len(self)):
@@ -306,11 +307,23 @@ class Segments:
             values = dict(sample)
             self._run_segment(None, values, whole, flag_values, isinstance(key, tuple))
             return {t: values[t] for t in tensors}
-        boundaries = self.reference(key, sample)
         if not touched:
-            return {t: boundaries[-1][t] for t in tensors}
+            return {t: self.reference(key, sample)[-1][t] for t in tensors}
         first = min(touched)
-        values = dict(boundaries[first])
-        for j in range(first, len(self)):
-            self._run_segment(j, values, touched.get(j, frozenset()), flag_values, isinstance(key, tuple))
+        # a config touching the first segment needs no float prefix: none is computed
+        values = self._chain(dict(sample if first == 0 else self.reference(key, sample)[first]), first,
+                             touched, flag_values, isinstance(key, tuple))
         return {t: values[t] for t in tensors}
+
+    def float_outputs(self, key, sample):
+        """Model outputs of a float run of a sample (or stack), nothing kept for reuse (a
+        trial's stacked runs: their boundaries would double the reference's memory)."""
+        return self._chain(dict(sample), 0, {}, None, isinstance(key, tuple))
+
+    def _chain(self, values, first, touched, flag_values, stacked):
+        """Segments ``first`` onwards on ``values`` (a boundary's), each in its form."""
+        for j in range(first, len(self)):
+            self._run_segment(j, values, touched.get(j, frozenset()), flag_values, stacked)
+            # what later segments no longer read goes now, not with the config (peak memory)
+            values = {t: values[t] for t in self.cut_live[j + 1] if t in values}
+        return values
