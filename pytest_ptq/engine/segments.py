@@ -19,6 +19,7 @@ float pass, plus one gated segment.
 
 from __future__ import annotations
 
+import collections
 import math
 
 import onnx
@@ -30,6 +31,11 @@ from .instrument import bypass_nodes, gate_of, lowered, quantized_nodes
 from .runtime import make_session, run
 
 WEIGHTS, ACTIVATIONS = "weights", "activations"  # the groups of gates in a segment's form
+# Quantized forms kept per segment beside its float one, the least recently used dropped
+# first: an analysis uses one or two (runall up to nine, one after another), and a form
+# compiles in milliseconds where each kept one holds its kernels and prepacked weights
+# (measured: the example suite peaked at 1.79 GB keeping every form)
+MAX_FORMS = 3
 ON, SWITCHED = "on", "switched"  # a group's state in a form: all quantized, inline; some, by feeds
 
 
@@ -64,7 +70,7 @@ class Segments:
                 self.gate_of[k] = name
         self.refs = [node_refs(n) for n in self.nodes]
         self._plan(count)
-        self._sessions = {}
+        self._sessions = collections.OrderedDict()  # (segment, form, stacked) -> session, by last use
         self._state = None  # (sample key, boundary values) of the last reference
 
     def _constants_late(self, nodes):
@@ -255,11 +261,17 @@ class Segments:
         """Segment ``j``'s session (None: the whole graph's) in ``form`` (see :meth:`touched`;
         empty: float), for samples run stacked or one at a time."""
         key = (j, form, stacked)
-        if key not in self._sessions:
-            model, inputs, flags, outputs = self._segment_model(j, form, stacked)
-            self._sessions[key] = (make_session(model, self.optimization, self.providers, what=self.source,
-                                                libraries=self.libraries, shared=self.shared),
-                                   inputs, flags, outputs)
+        if key in self._sessions:
+            self._sessions.move_to_end(key)
+            return self._sessions[key]
+        if form:
+            kept = [k for k in self._sessions if k[0] == j and k[1] and k[2] == stacked]
+            for old in kept[:max(0, len(kept) - MAX_FORMS + 1)]:  # the least recently used
+                del self._sessions[old]
+        model, inputs, flags, outputs = self._segment_model(j, form, stacked)
+        self._sessions[key] = (make_session(model, self.optimization, self.providers, what=self.source,
+                                            libraries=self.libraries, shared=self.shared),
+                               inputs, flags, outputs)
         return self._sessions[key]
 
     # -- running ---------------------------------------------------------------------------
