@@ -15,7 +15,6 @@ from pytest_ptq.errors import PTQError
 from pytest_ptq.model import QuantModel
 from pytest_ptq.sensitivity import get_sensitivity_of_nodes
 
-FP16 = {"modelopt_int8_fp16"}
 CASES = [(name, base) for name in conventions.CONVENTIONS for base in ("conv", "mlp")
          if not (name == "modelopt_int4" and base == "conv")]  # int4 weight-only quantizes MatMul weights
 

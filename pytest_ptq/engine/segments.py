@@ -246,8 +246,7 @@ class Segments:
         if not shape:
             return None
         # a name per tensor and axis: onnxruntime may take equally named dimensions as equal
-        dims = [d if d is not None and not (stacked and k == 0) else f"{name}::{k}" for k, d in enumerate(shape)]
-        return dims
+        return [d if d is not None and not (stacked and k == 0) else f"{name}::{k}" for k, d in enumerate(shape)]
 
     def _type(self, name):
         if name in self.types:
