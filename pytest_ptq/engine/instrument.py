@@ -18,6 +18,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from ..model.graph import initializer
+from ..model.qdq import HALF_TYPES
 
 FLAG_PREFIX = "ptq_flag::"
 ALT_PREFIX = "ptq_alt::"
@@ -117,9 +118,6 @@ def instrument(qmodel, gates, extra_outputs=(), local=False, shared=None):
     return model
 
 
-_LOW_PRECISION = (onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16)
-
-
 def lowered(nodes):
     """``nodes`` with every gate on a 16-bit float tensor (fp16/bf16 graphs) turned into
     plain nodes: both branches' nodes, then ``Where(flag, quantized, bypassed)`` per output.
@@ -144,7 +142,7 @@ def quantized_nodes(node):
     the gate's outputs (constant weights then fold and fuse as in the file; measured on Model
     Optimizer's fp16 transformer: a MatMul whose weight comes through a gate is not fused
     with its bias Add into a Gemm, 0.9986 cosine to the file fully quantized)."""
-    branch = next(a.g for a in node.attribute if a.name == "then_branch")
+    branch = _branches(node)["then_branch"]
     rename = {o.name: node.output[k] for k, o in enumerate(branch.output)}
     nodes = []
     for n in branch.node:
@@ -156,15 +154,19 @@ def quantized_nodes(node):
     return nodes
 
 
+def _branches(node):
+    """An If node's ``{"then_branch": graph, "else_branch": graph}``."""
+    return {a.name: a.g for a in node.attribute if a.type == onnx.AttributeProto.GRAPH}
+
+
 def _low_precision(node):
-    branch = next(a.g for a in node.attribute if a.name == "else_branch")
-    return any(o.type.tensor_type.elem_type in _LOW_PRECISION for o in branch.output)
+    return any(o.type.tensor_type.elem_type in HALF_TYPES for o in _branches(node)["else_branch"].output)
 
 
 def _as_where(node):
     """An If's branches inlined, nested Ifs (an alternative's) too, joined by Where."""
     flag = node.input[0]
-    branches = {a.name: a.g for a in node.attribute}
+    branches = _branches(node)
     nodes = []
     for key in ("then_branch", "else_branch"):
         for n in branches[key].node:

@@ -27,6 +27,7 @@ from onnx import helper
 
 from ..errors import PTQError
 from ..model.graph import node_refs
+from ..model.qdq import HALF_TYPES
 from .instrument import bypass_nodes, gate_of, lowered, quantized_nodes
 from .runtime import make_session, run
 
@@ -60,8 +61,7 @@ class Segments:
                              and i.name not in self.inits]
         self.outputs = [o.name for o in graph.output]
         self.types = dict(qmodel.value_types)
-        self.low_precision = any(e in (onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16)
-                                 for e in self.types.values())
+        self.low_precision = any(e in HALF_TYPES for e in self.types.values())
         self.gate_of = {}  # node index -> calibration node name
         self.group_of = {c.name: WEIGHTS if c.kind == "weight" else ACTIVATIONS for c in qmodel.calibration.values()}
         for k, n in enumerate(self.nodes):

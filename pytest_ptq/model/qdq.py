@@ -29,6 +29,7 @@ from .producers import detect
 # Domains whose ops onnxruntime runs without a custom-op library.
 STANDARD_DOMAINS = ("", "ai.onnx", "com.microsoft", "ai.onnx.ml")
 FLOAT_TYPES = (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE, onnx.TensorProto.BFLOAT16)
+HALF_TYPES = (onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16)  # 16-bit floats
 
 
 def is_q(node):
