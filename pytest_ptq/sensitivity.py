@@ -157,8 +157,8 @@ def score_configs(engine, configs, metrics, specs, indices, progress=None):
     for group in engine.batches(indices, tensors):
         count = len(group) if isinstance(group, tuple) else 1
         refs = split(engine.reference(group, tensors), count) if count > 1 else [engine.reference(group, tensors)]
-        for label, quantized in configs.items():
-            out = engine.run(group, quantized, tensors)
+        outs = engine.run_many(group, [(quantized, ()) for quantized in configs.values()], tensors)
+        for label, out in zip(configs, outs):
             for ref, got in zip(refs, split(out, count) if count > 1 else [out]):
                 for m in metrics:
                     sample_vals = []

@@ -77,8 +77,7 @@ def score(engine, data, specs, metric, configs, count=None):
     for i in range((count or len(engine.data)) if own else len(data)):
         feeds = i if own else data.sample(i)
         ref = engine.reference(i, tensors) if own else engine.run(feeds, (), tensors)
-        for label, quantized in configs.items():
-            out = engine.run(feeds, quantized, tensors)
+        for label, out in zip(configs, engine.run_many(feeds, [(q, ()) for q in configs.values()], tensors)):
             for s in specs:
                 metric.update(states[label][s.name], s.take(ref[s.tensor]), s.take(out[s.tensor]))
     return {label: metric.worst([metric.value(st) for st in per.values()]) for label, per in states.items()}

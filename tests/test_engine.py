@@ -286,3 +286,47 @@ def test_configs_mixing_weights_and_activations_match_rewired_models(zoo, varian
         want = builders.run_model(builders.rewire(qpath, keep=set(keep), float_model=fpath), feeds, "disable")
         for i in range(len(feeds)):
             assert_matches(engine.run(i, keep), want[i], "disable", step, f"{sorted(keep)}")
+
+
+@pytest.mark.parametrize("variant", ["qdq", "qdq_pc"])
+def test_configs_run_side_by_side_match_rewired_models(zoo, variant):
+    """run_many runs the configs of a sample on two threads at once (each segment session on
+    one core): every config's outputs equal the model with exactly those pairs kept, in the
+    order asked, and equal one config at a time."""
+    qpath, fpath = zoo.qdq(variant), zoo.float(variant)
+    feeds = _feeds(zoo, variant)
+    engine = Engine(qpath, zoo.data(variant), float_model=fpath, optimization="disable", segments=4, workers=2)
+    serial = Engine(qpath, zoo.data(variant), float_model=fpath, optimization="disable", segments=4, workers=1)
+    rng = np.random.default_rng(1)
+    keeps = [[n] for n in engine.calib_names] + [list(rng.choice(engine.calib_names, size=k, replace=False))
+                                                 for k in (2, 5)] + [[], "all"]
+    step = _output_step(qpath)
+    for i in range(len(feeds)):
+        got = list(engine.run_many(i, [(keep, ()) for keep in keeps]))
+        alone = list(serial.run_many(i, [(keep, ()) for keep in keeps]))
+        assert len(got) == len(keeps)
+        for keep, out, one in zip(keeps, got, alone):
+            kept = set(engine.calib_names) if keep == "all" else set(keep)
+            want = builders.run_model(builders.rewire(qpath, keep=kept, float_model=fpath), [feeds[i]], "disable")[0]
+            assert_matches(out, want, "disable", step, f"{sorted(kept)}")
+            for name in one:
+                np.testing.assert_allclose(out[name], one[name], rtol=0, atol=1e-6, err_msg=f"{sorted(kept)}")
+
+
+def test_configs_side_by_side_stop_with_their_loop_and_raise_in_order(zoo):
+    """A loop that stops early leaves no run behind (the next sample's runs are right), and a
+    config that cannot run raises where the loop reaches it, as one sentence."""
+    qpath, fpath = zoo.qdq("qdq"), zoo.float("qdq")
+    feeds = _feeds(zoo, "qdq")
+    engine = Engine(qpath, zoo.data("qdq"), float_model=fpath, optimization="disable", segments=4, workers=2)
+    names = engine.calib_names
+    for out in engine.run_many(0, [([n], ()) for n in names]):
+        break
+    want = builders.run_model(builders.rewire(qpath, keep={names[-1]}, float_model=fpath), [feeds[1]], "disable")[0]
+    assert_matches(engine.run(1, [names[-1]]), want, "disable", _output_step(qpath))
+    outs = engine.run_many(1, [([names[0]], ()), (["no such node"], ()), ([names[1]], ())])
+    assert next(outs).keys() == want.keys()
+    with pytest.raises(PTQError, match="no such node"):
+        next(outs)
+    with pytest.raises(PTQError, match="workers must be 'auto' or a whole number >= 1, got 0"):
+        Engine(qpath, zoo.data("qdq"), float_model=fpath, workers=0)

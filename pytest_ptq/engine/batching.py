@@ -96,7 +96,8 @@ def _close(a, b):
 def decide(engine, indices, size=MAX_GROUP, grow=True):
     """:class:`Batching` for ``engine``: stacks of 2, 4, ... up to ``size`` of ``indices`` are
     tried while each is faster than the last, and the fastest is kept (``grow=False``: only
-    ``size`` is tried). Times are the best of :data:`REPEAT` float passes."""
+    ``size`` is tried). Times are the best of :data:`REPEAT` float passes; the stacked values
+    are checked (:func:`_differs`) once a stack is faster or ``size`` was asked for."""
     if len(indices) < 2:
         return Batching(1, "fewer than two samples")
     why = _blocker(engine)
@@ -104,17 +105,23 @@ def decide(engine, indices, size=MAX_GROUP, grow=True):
         why = "a sample holds more than one item"
     if why is not None:
         return Batching(1, why)
-    why = _differs(engine, tuple(indices[:2]))
-    if why is not None:
-        return Batching(1, why)
     best, count = None, 2 if grow else size
     while True:
         count = min(count, size, len(indices))
         gain = _gain(engine, tuple(indices[:count]))
+        if isinstance(gain, str):
+            return Batching(1, gain)
         if best is not None and gain <= best.gain:
             return best
+        slower = Batching(1, f"stacking {count} samples is not faster here ({gain:.2f}x)", gain)
+        if gain < MIN_GAIN and grow:
+            return slower
+        # checked once it pays (or was asked for): the check compiles quantized segments for stacks too
+        why = _differs(engine, tuple(indices[:2])) if best is None else None
+        if why is not None:
+            return Batching(1, why)
         if gain < MIN_GAIN:
-            return Batching(1, f"stacking {count} samples is not faster here ({gain:.2f}x)", gain)
+            return slower
         best = Batching(count, f"{count} samples per run, {gain:.2f}x faster than one at a time", gain)
         if count >= min(size, len(indices)):
             return best
@@ -129,24 +136,31 @@ def _differs(engine, key):
     acts = [c.name for c in engine.qmodel.calibration.values() if c.kind != "weight" and c.name in names]
     try:
         one = [(engine.reference(i), engine.run(i, acts)) for i in key]
+        for i in key:  # a sample's kept boundaries would sit beside the stack's buffers
+            engine.forget(i)
         stacked = (engine.segments.float_outputs(key, engine.sample(key)), engine.run(key, acts))
         for k, values in enumerate(stacked):
             for name, value in values.items():
                 if not _close(np.concatenate([o[k][name] for o in one], axis=0), value):
                     return f"stacked samples give other values at {name!r} (the graph fixes its batch size somewhere)"
     except Exception as exc:  # noqa: BLE001 - a graph that rejects a batch only loses the speed-up
-        text = str(exc).split(": ", 1)[-1] if isinstance(exc, PTQError) else f"{type(exc).__name__}: {exc}"
-        return f"the graph does not take stacked samples ({shown(text, 160)})"
+        return _rejected(exc)
     finally:
         engine.forget(key)
         trim_memory()  # the stack's buffers, freed by the arenas, back to the system
     return None
 
 
+def _rejected(exc):
+    text = str(exc).split(": ", 1)[-1] if isinstance(exc, PTQError) else f"{type(exc).__name__}: {exc}"
+    return f"the graph does not take stacked samples ({shown(text, 160)})"
+
+
 def _gain(engine, key):
     """How many times faster the float pass of the samples ``key`` runs stacked than one at
-    a time, best of :data:`REPEAT`. The float pass is the proxy: a ranking's configs run
-    float segments but for the one they touch, and it costs a trial no fake-quantization."""
+    a time, best of :data:`REPEAT`; or why the graph cannot run them stacked. The float pass
+    is the proxy: a ranking's configs run float segments but for the one they touch, and it
+    costs a trial no fake-quantization."""
     segments = engine.segments
     samples = {i: engine.sample(i) for i in key}
     stack_feed = stack([samples[i] for i in key])
@@ -162,6 +176,8 @@ def _gain(engine, key):
             start = time.perf_counter()  # the first stacked run also sizes onnxruntime's buffers: min drops it
             segments.float_outputs(key, stack_feed)
             grouped.append(time.perf_counter() - start)
+    except Exception as exc:  # noqa: BLE001 - as in _differs
+        return _rejected(exc)
     finally:
         engine.forget(key)
         trim_memory()

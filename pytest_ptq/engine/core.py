@@ -13,6 +13,7 @@ Q/DQ run as fake-quant: onnxruntime's QDQ-to-integer fusion is switched off.
 from __future__ import annotations
 
 import contextlib
+import os
 
 import numpy as np
 
@@ -24,6 +25,7 @@ from ..model.qdq import custom_op_sentence
 from . import batching, runtime, sanity
 from .instrument import LOCAL_PREFIX, Gates, instrument, lowered
 from .segments import Segments
+from .workers import Workers, check_count, default_count
 
 # Models with this many bytes of large weights run in low-memory mode by default.
 LOW_MEMORY_BYTES = 64 * 2**20
@@ -52,11 +54,14 @@ class Engine:
     with at least :data:`LOW_MEMORY_BYTES` of large weights. ``batch``: samples per run of
     model outputs in :meth:`batches` (``"auto"``: up to 8 where the model allows it and it
     measures faster, see :mod:`.batching`; 1: one at a time; N: N where the model allows it).
+    ``workers``: configs :meth:`run_many` runs at once, each on one core (``"auto"``: one
+    per core this process may use, but one on a GPU or in low-memory mode; see
+    :mod:`.workers`).
     """
 
     def __init__(self, model_or_file, calibrated_data=None, float_model=None, data_num=None,
                  optimization="all", providers=None, check=True, alternatives=None, segments=None,
-                 custom_op_libraries=(), memory="auto", batch="auto"):
+                 custom_op_libraries=(), memory="auto", batch="auto", workers="auto"):
         if isinstance(model_or_file, QuantModel):
             self.qmodel = model_or_file
         else:
@@ -78,6 +83,10 @@ class Engine:
             memory == "auto" and weight_bytes >= LOW_MEMORY_BYTES))
         self.optimization = runtime.check_level(optimization)
         self.providers = providers or runtime.default_providers()
+        self.workers = check_count(workers)
+        count = default_count(self.providers, self.shared.low_memory, runtime.process_threads()) \
+            if workers == "auto" else workers
+        self._workers = Workers(count)
         self.data = load_data(calibrated_data, self.qmodel, data_num) if calibrated_data is not None else None
         self.calib_names = [c.name for c in self.qmodel.calibration.values() if c.bypassable]
         alternatives = dict(alternatives or {})
@@ -123,7 +132,8 @@ class Engine:
         (``{node: QParams}``) can also run their alternative fake-quant."""
         return Engine(self.qmodel, self.data, float_model=self.float_model, optimization=self.optimization,
                       providers=self.providers, check=False, alternatives=alternatives,
-                      segments=self._segments_count, custom_op_libraries=self.libraries, memory=self.memory)
+                      segments=self._segments_count, custom_op_libraries=self.libraries, memory=self.memory,
+                      workers=self.workers)
 
     @property
     def source(self):
@@ -189,8 +199,16 @@ class Engine:
         if self._segments is None and self._segments_count != 0:
             self._segments = Segments(self._instrument(), self.qmodel, self._gates,
                                       self.optimization, self.providers, self._segments_count,
-                                      source=self.source, libraries=self.libraries, shared=self.shared)
+                                      source=self.source, libraries=self.libraries, shared=self.shared,
+                                      threads=self._segment_threads())
         return self._segments
+
+    def _segment_threads(self):
+        """Intra-op threads of a segment session: the process's cores shared among the
+        configs run at once (None: the process's share, one config at a time)."""
+        if self._workers.count <= 1:
+            return None
+        return max(1, (runtime.process_threads() or os.cpu_count() or 1) // self._workers.count)
 
     # -- running -----------------------------------------------------------------------
     def feeds(self, sample, quantized=(), alternative=()):
@@ -245,6 +263,7 @@ class Engine:
     def release(self):
         """Drop every compiled session and cached tensor; they are rebuilt on next use. For a
         caller done with the engine for now (a test session whose tests of this model ran)."""
+        self._workers.close()
         self._sessions.clear()
         self._segments = None
         self._ref_cache.clear()
@@ -293,10 +312,31 @@ class Engine:
                 raise PTQError(f"tensor {missing[0]!r} is not a float output of a normal node of "
                                f"{self.source!r}; name a model output or a node output")
         if kind == "main" and self.segments is not None:
-            seg = self.segments
-            return seg.run(key, sample, self.feeds({}, quantized, alternative), seg.touched(quantized), tensors)
+            return self._through_segments(key, sample, quantized, alternative, tensors)
         values = runtime.run(self.session(kind), tensors, self.feeds(sample, quantized, alternative), self.source)
         return dict(zip(tensors, values))
+
+    def _through_segments(self, key, sample, quantized, alternative, tensors):
+        seg = self.segments
+        return seg.run(key, sample, self.feeds({}, quantized, alternative), seg.touched(quantized), tensors)
+
+    def run_many(self, i, configs, tensors=None):
+        """:meth:`run` of sample (or stacked group) ``i`` under each of ``configs``
+        (``[(quantized, alternative)]``), yielded in order. Model outputs of an indexed sample
+        run up to ``workers`` configs at once (see :mod:`.workers`); anything else one at a
+        time. Stopping the loop early stops the runs."""
+        tensors = list(tensors or self.model_outputs)
+        configs = list(configs)
+        if (self._workers.count <= 1 or len(configs) < 2 or self.segments is None
+                or not isinstance(i, (int, np.integer, tuple)) or any(t not in self.model_outputs for t in tensors)):
+            for quantized, alternative in configs:
+                yield self.run(i, quantized, tensors, alternative=alternative)
+            return
+        key = i if isinstance(i, tuple) else int(i)
+        sample = self.sample(key)
+        self.segments.reference(key, sample)  # the float prefix every config reads, computed once here
+        yield from self._workers.map(
+            lambda qa: self._through_segments(key, sample, self._config(qa[0]), qa[1], tensors), configs)
 
     def tensors(self, sample, quantized=(), names=()):
         """Any tensors of one sample under a config: model inputs from the sample, model and

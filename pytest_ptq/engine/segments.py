@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import collections
 import math
+import threading
 
 import onnx
 from onnx import helper
@@ -45,12 +46,16 @@ class Segments:
 
     ``model``: the gated model; ``qmodel`` its calibrated model; ``gates`` its feeds;
     ``optimization``, ``providers``: as for every engine session; ``source``: the model's
-    name in messages.
+    name in messages; ``threads``: intra-op threads of each segment session (None: the
+    process's share). Configs of one sample may run from several threads at once (see
+    :mod:`.workers`) once its reference is computed: compiling is under a lock, and the kept
+    reference changes only in :meth:`reference`.
     """
 
     def __init__(self, model, qmodel, gates, optimization="all", providers=None, count=None, source="",
-                 libraries=(), shared=None):
+                 libraries=(), shared=None, threads=None):
         self.qmodel, self.gates, self.libraries, self.shared = qmodel, gates, libraries, shared
+        self.threads, self._lock = threads, threading.Lock()
         self.optimization, self.providers, self.source = optimization, providers, source
         self.template = model
         graph = model.graph
@@ -260,18 +265,19 @@ class Segments:
         """Segment ``j``'s session (None: the whole graph's) in ``form`` (see :meth:`touched`;
         empty: float), for samples run stacked or one at a time."""
         key = (j, form, stacked)
-        if key in self._sessions:
-            self._sessions.move_to_end(key)
+        with self._lock:
+            if key in self._sessions:
+                self._sessions.move_to_end(key)
+                return self._sessions[key]
+            if form:  # a thread still running a dropped form keeps it alive until it returns
+                kept = [k for k in self._sessions if k[0] == j and k[1] and k[2] == stacked]
+                for old in kept[:max(0, len(kept) - MAX_FORMS + 1)]:  # the least recently used
+                    del self._sessions[old]
+            model, inputs, flags, outputs = self._segment_model(j, form, stacked)
+            self._sessions[key] = (make_session(model, self.optimization, self.providers, what=self.source,
+                                                libraries=self.libraries, shared=self.shared, threads=self.threads),
+                                   inputs, flags, outputs)
             return self._sessions[key]
-        if form:
-            kept = [k for k in self._sessions if k[0] == j and k[1] and k[2] == stacked]
-            for old in kept[:max(0, len(kept) - MAX_FORMS + 1)]:  # the least recently used
-                del self._sessions[old]
-        model, inputs, flags, outputs = self._segment_model(j, form, stacked)
-        self._sessions[key] = (make_session(model, self.optimization, self.providers, what=self.source,
-                                            libraries=self.libraries, shared=self.shared),
-                               inputs, flags, outputs)
-        return self._sessions[key]
 
     # -- running ---------------------------------------------------------------------------
     def _run_segment(self, j, values, form, flag_values, stacked=False):
@@ -302,8 +308,9 @@ class Segments:
 
     def drop_stacked(self):
         """Drop the sessions compiled for stacked samples (after a trial that rejected them)."""
-        for key in [k for k in self._sessions if k[2]]:
-            del self._sessions[key]
+        with self._lock:
+            for key in [k for k in self._sessions if k[2]]:
+                del self._sessions[key]
 
     def run(self, key, sample, flag_values, touched, tensors):
         """Model outputs of a sample under a config (``touched``: see :meth:`touched`): float

@@ -66,8 +66,8 @@ def one_node_values(engine, names, metric, specs, indices, clock, alternative=Fa
         for i in indices:
             clock.check()
             ref = engine.reference(i, tensors)
-            for n in chunk:
-                out = engine.run(i, [n], tensors, alternative=[n] if alternative else ())
+            outs = engine.run_many(i, [([n], [n] if alternative else ()) for n in chunk], tensors)
+            for n, out in zip(chunk, outs):
                 for s in specs:
                     metric.update(states[n][s.name], s.take(ref[s.tensor]), s.take(out[s.tensor]))
         for n in chunk:
