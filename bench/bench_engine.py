@@ -141,6 +141,7 @@ def main(argv=None):
 
     agree = max(abs(naive[n] - result[n]["cosine-similarity"]) for n in chosen)
     print(f"samples per run                  : {engine.batching(list(range(len(samples)))).reason}")
+    print(f"configs run at once              : {engine.concurrency} (see pytest_ptq.engine.workers)")
     print(f"float forward pass (median)      : {per_pass * 1e3:8.1f} ms (before the engine "
           f"{statistics.median(before) * 1e3:.1f}, after {statistics.median(after) * 1e3:.1f})")
     print(f"(a) engine, all activation nodes : {t_engine:8.2f} s")

@@ -330,3 +330,19 @@ def test_configs_side_by_side_stop_with_their_loop_and_raise_in_order(zoo):
         next(outs)
     with pytest.raises(PTQError, match="workers must be 'auto' or a whole number >= 1, got 0"):
         Engine(qpath, zoo.data("qdq"), float_model=fpath, workers=0)
+
+
+def test_configs_run_one_at_a_time_where_their_tensors_would_not_fit(zoo, monkeypatch):
+    """The runs in flight are bounded by the bytes of a sample's segment boundaries: under a
+    budget smaller than two samples' worth, configs run one at a time, with the same values."""
+    import pytest_ptq.engine.workers as workers
+
+    qpath, fpath = zoo.qdq("qdq"), zoo.float("qdq")
+    wide = Engine(qpath, zoo.data("qdq"), float_model=fpath, segments=4, workers=2)
+    assert wide.concurrency == 2
+    monkeypatch.setattr(workers, "BUDGET_BYTES", wide.segments.boundary_bytes + 1)
+    narrow = Engine(qpath, zoo.data("qdq"), float_model=fpath, segments=4, workers=2)
+    assert narrow.concurrency == 1
+    configs = [([n], ()) for n in wide.calib_names]
+    for a, b in zip(wide.run_many(0, configs), narrow.run_many(0, configs)):
+        np.testing.assert_allclose(a["prob"], b["prob"], rtol=0, atol=1e-6)

@@ -25,7 +25,7 @@ from ..model.qdq import custom_op_sentence
 from . import batching, runtime, sanity
 from .instrument import LOCAL_PREFIX, Gates, instrument, lowered
 from .segments import Segments
-from .workers import Workers, check_count, default_count
+from .workers import Workers, affordable, check_count, default_count
 
 # Models with this many bytes of large weights run in low-memory mode by default.
 LOW_MEMORY_BYTES = 64 * 2**20
@@ -197,11 +197,18 @@ class Engine:
     def segments(self):
         """The segmented runner for model outputs (None when ``segments=0``)."""
         if self._segments is None and self._segments_count != 0:
-            self._segments = Segments(self._instrument(), self.qmodel, self._gates,
-                                      self.optimization, self.providers, self._segments_count,
-                                      source=self.source, libraries=self.libraries, shared=self.shared,
-                                      threads=self._segment_threads())
+            seg = Segments(self._instrument(), self.qmodel, self._gates, self.optimization, self.providers,
+                           self._segments_count, source=self.source, libraries=self.libraries, shared=self.shared)
+            # compiles nothing yet: the runs in flight and each session's threads are set first
+            self._workers.count = affordable(self._workers.count, seg.boundary_bytes)
+            seg.threads = self._segment_threads()
+            self._segments = seg
         return self._segments
+
+    @property
+    def concurrency(self):
+        """How many configs :meth:`run_many` runs at once (decided with the segments)."""
+        return self._workers.count if self.segments is not None else 1
 
     def _segment_threads(self):
         """Intra-op threads of a segment session: the process's cores shared among the

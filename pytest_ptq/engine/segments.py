@@ -148,6 +148,7 @@ class Segments:
         cuts.append(n)
         self.cuts = cuts
         self.cut_live = [self.live(c) for c in cuts]
+        self.boundary_bytes = sum(self._bytes(t) for live in self.cut_live for t in live)
         self.segment_of_gate = {}
         for j in range(len(cuts) - 1):
             for k in range(cuts[j], cuts[j + 1]):
@@ -242,6 +243,15 @@ class Segments:
         for name in outputs:
             g.output.append(helper.make_tensor_value_info(name, self._type(name), None))
         return model, inputs, flags, outputs
+
+    def _bytes(self, name):
+        """Bytes of tensor ``name`` of one sample as inferred (unknown axes count as 1)."""
+        shape = self.qmodel.shapes.get(name) or []
+        try:
+            size = onnx.helper.tensor_dtype_to_np_dtype(self.types.get(name, onnx.TensorProto.FLOAT)).itemsize
+        except (KeyError, TypeError, ValueError):  # a type numpy has no dtype for: an estimate is enough
+            size = 4
+        return math.prod(d if isinstance(d, int) and d > 0 else 1 for d in shape) * size
 
     def _shape(self, name, stacked):
         """The shape a segment declares for its input ``name``: as inferred from the model

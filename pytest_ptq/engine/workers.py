@@ -24,13 +24,26 @@ import os
 from ..errors import PTQError
 
 
+MAX_WORKERS = 8  # beyond, the cores go to each session's own threads (see Engine._segment_threads)
+# Configs in flight together may hold this many bytes of a sample's segment boundaries, a
+# bound of a run's own tensors (measured on the PP-OCRv4 detector: boundaries 45 MiB, one
+# more run in flight 21-30 MiB): a model with large activations runs fewer at once, down to one.
+BUDGET_BYTES = 1 << 30
+
+
 def default_count(providers, low_memory, process_threads):
     """How many configs to run at once by default: one per core this process may use
-    (``process_threads``: 0 for every core), but one on a GPU provider (a device runs its
-    own kernels in parallel) and in low-memory mode (each run in flight holds its buffers)."""
+    (``process_threads``: 0 for every core), at most :data:`MAX_WORKERS`; but one on a GPU
+    provider (a device runs its own kernels in parallel) and in low-memory mode (each run in
+    flight holds its buffers)."""
     if low_memory or any(p != "CPUExecutionProvider" for p in providers):
         return 1
-    return max(1, process_threads or os.cpu_count() or 1)
+    return max(1, min(MAX_WORKERS, process_threads or os.cpu_count() or 1))
+
+
+def affordable(count, run_bytes):
+    """``count`` reduced so that that many runs of ``run_bytes`` each fit :data:`BUDGET_BYTES`."""
+    return max(1, min(count, BUDGET_BYTES // max(1, int(run_bytes))))
 
 
 def check_count(workers):
@@ -52,7 +65,8 @@ class Workers:
         than ``2 * count`` results waiting for the caller (each holds a run's outputs). A
         caller that stops early (an error, a time budget) stops the rest: what has not started
         is cancelled, what runs is waited for, so no run outlives the loop that asked for it."""
-        if self.count <= 1:
+        count = self.count
+        if count <= 1:
             for item in items:
                 yield fn(item)
             return
@@ -62,7 +76,7 @@ class Workers:
         try:
             for item in items:
                 pending.append(self._pool.submit(fn, item))
-                if len(pending) >= 2 * self.count:
+                if len(pending) >= 2 * count:
                     yield pending.popleft().result()
             while pending:
                 yield pending.popleft().result()
