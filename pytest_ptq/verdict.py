@@ -75,9 +75,12 @@ def score(engine, data, specs, metric, configs, count=None):
     tensors = list(dict.fromkeys(s.tensor for s in specs))
     own = data is None
     for i in range((count or len(engine.data)) if own else len(data)):
-        feeds = i if own else data.sample(i)
-        ref = engine.reference(i, tensors) if own else engine.run(feeds, (), tensors)
-        for label, out in zip(configs, engine.run_many(feeds, [(q, ()) for q in configs.values()], tensors)):
+        if own:
+            ref, outs = engine.reference(i, tensors), engine.run_many(i, [(q, ()) for q in configs.values()], tensors)
+        else:  # held-out samples: the float run first, from the same prefix
+            outs = engine.run_many(data.sample(i), [((), ())] + [(q, ()) for q in configs.values()], tensors)
+            ref = next(outs)
+        for label, out in zip(configs, outs):
             for s in specs:
                 metric.update(states[label][s.name], s.take(ref[s.tensor]), s.take(out[s.tensor]))
     return {label: metric.worst([metric.value(st) for st in per.values()]) for label, per in states.items()}

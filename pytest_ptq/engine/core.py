@@ -328,22 +328,26 @@ class Engine:
         return seg.run(key, sample, self.feeds({}, quantized, alternative), seg.touched(quantized), tensors)
 
     def run_many(self, i, configs, tensors=None):
-        """:meth:`run` of sample (or stacked group) ``i`` under each of ``configs``
-        (``[(quantized, alternative)]``), yielded in order. Model outputs of an indexed sample
-        run up to ``workers`` configs at once (see :mod:`.workers`); anything else one at a
-        time. Stopping the loop early stops the runs."""
+        """:meth:`run` of sample ``i`` (an index, a stacked group or a feed dict) under each of
+        ``configs`` (``[(quantized, alternative)]``), yielded in order. Model outputs run
+        through the segments from one float prefix (a feed dict's too, computed once for the
+        call), up to :attr:`concurrency` configs at once (see :mod:`.workers`); other tensors
+        one config at a time. Stopping the loop early stops the runs."""
         tensors = list(tensors or self.model_outputs)
-        configs = list(configs)
-        if (self._workers.count <= 1 or len(configs) < 2 or self.segments is None
-                or not isinstance(i, (int, np.integer, tuple)) or any(t not in self.model_outputs for t in tensors)):
+        if self.segments is None or any(t not in self.model_outputs for t in tensors):
             for quantized, alternative in configs:
                 yield self.run(i, quantized, tensors, alternative=alternative)
             return
-        key = i if isinstance(i, tuple) else int(i)
-        sample = self.sample(key)
+        feeds = isinstance(i, dict)
+        key = object() if feeds else i if isinstance(i, tuple) else int(i)  # a feed dict's: this call's
+        sample = i if feeds else self.sample(key)
         self.segments.reference(key, sample)  # the float prefix every config reads, computed once here
-        yield from self._workers.map(
-            lambda qa: self._through_segments(key, sample, self._config(qa[0]), qa[1], tensors), configs)
+        try:
+            yield from self._workers.map(
+                lambda qa: self._through_segments(key, sample, self._config(qa[0]), qa[1], tensors), configs)
+        finally:
+            if feeds:
+                self.segments.forget(key)
 
     def tensors(self, sample, quantized=(), names=()):
         """Any tensors of one sample under a config: model inputs from the sample, model and
