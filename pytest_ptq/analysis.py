@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 
 from . import guard, params
-from .cache import ResultCache, file_hash
+from .cache import ResultCache, arrays_digest, file_hash
 from .curves import configs_from, get_acc_error
 from .data import load_data
 from .engine import Engine
@@ -90,9 +90,12 @@ class Analysis:
         ``data_num`` calibration samples: the one place the key's ``data_num`` is applied, so
         every analysis below runs on all of the engine's samples."""
         if self._engine is None:
-            self._engine = Engine(self.key.model, self.key.data, float_model=self.key.float_model,
-                                  data_num=self.key.data_num,
-                                  custom_op_libraries=[self.key.custom_op_library] if self.key.custom_op_library else ())
+            engine = Engine(self.key.model, self.key.data, float_model=self.key.float_model,
+                            data_num=self.key.data_num, check=False,
+                            custom_op_libraries=[self.key.custom_op_library] if self.key.custom_op_library else ())
+            if engine.data is not None:  # the check reads only what the cache keys: kept too (a refusal is not)
+                engine.check_float_equivalence(self.cached(("float equivalence",), engine.float_equivalence, files=()))
+            self._engine = engine
         return self._engine
 
     def release(self):
@@ -277,14 +280,18 @@ class Analysis:
         engine = self.engine
         data = self.dataset(holdout)
 
-        def run_float(feeds):
-            return engine.run(dict(feeds), ())
-
-        def run_quantized(feeds):
-            return engine.run(dict(feeds), "all")
+        def through(config):
+            # the function itself always runs (its code is not keyed); the model's outputs for
+            # the samples it feeds are kept on disk, keyed by the feeds' bytes
+            def run(feeds):
+                feeds = dict(feeds)
+                if self.store is None:
+                    return engine.run(feeds, config)
+                return self.store.get(("outputs", config, arrays_digest(feeds)), lambda: engine.run(feeds, config))
+            return run
 
         scores = []
-        for run in (run_float, run_quantized):
+        for run in (through(()), through("all")):
             score = evaluate(run, data)
             try:
                 scores.append(float(score))

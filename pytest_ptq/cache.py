@@ -50,6 +50,18 @@ def file_hash(path):
     return h.hexdigest()
 
 
+def arrays_digest(arrays):
+    """sha256 of ``{name: array}``: names, dtypes, shapes and bytes, by name."""
+    import numpy as np
+
+    h = hashlib.sha256()
+    for name in sorted(arrays):
+        a = np.ascontiguousarray(arrays[name])
+        h.update(f"{name}\0{a.dtype.str}\0{a.shape}\0".encode())
+        h.update(a.data)
+    return h.hexdigest()
+
+
 @functools.cache
 def tool_versions():
     """``(name, version)`` pairs of what computes a result; pytest-ptq's includes a digest

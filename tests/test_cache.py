@@ -120,6 +120,55 @@ def test_a_cached_sensitivity_equals_a_brute_force_one_without_compiling(tmp_pat
         assert sens[name]["cosine-similarity"] == pytest.approx(value, abs=1e-5), name
 
 
+def test_the_float_equivalence_check_is_kept_and_its_warnings_come_back(tmp_path, inputs, monkeypatch):
+    """The engine's check that bypassing every pair gives the float model reads only keyed
+    inputs: a rerun takes its result, warnings and all, instead of running it."""
+    from pytest_ptq.engine import sanity
+
+    key = AnalysisKey(str(inputs / "q.onnx"), str(inputs / "calib"))
+    first = Analysis(key, tmp_path, cache_dir=tmp_path / "c")
+    computed = first.engine.float_equivalence()
+    monkeypatch.setattr(sanity, "check", lambda engine: never())
+    again = Analysis(key, tmp_path, cache_dir=tmp_path / "c")
+    assert again.engine.warnings == first.engine.warnings
+    assert again.store.hits == 1 and again.store.misses == 0
+    assert again.engine.rewrite == computed.rewrite
+
+
+def test_an_accuracy_function_runs_again_on_kept_model_outputs(tmp_path, inputs, monkeypatch):
+    """A task metric is user code, so it runs on every rerun; the model outputs it asks for
+    are kept per feeds' bytes, equal to what the engine computes, and a sample it has not
+    fed before is computed."""
+    from pytest_ptq.engine import Engine
+
+    key = AnalysisKey(str(inputs / "q.onnx"), str(inputs / "calib"))
+    seen = []
+
+    def evaluate(run, data):
+        outs = [run(feeds) for feeds in data]
+        seen.append(outs)
+        return float(np.mean([o["prob"].max() for o in outs]))
+
+    first = Analysis(key, tmp_path, cache_dir=tmp_path / "c").accuracy(evaluate)
+    engine = Analysis(key, tmp_path, cache_dir=tmp_path / "c").engine
+    original = Engine.run
+    ran = []
+    monkeypatch.setattr(Engine, "run", lambda self, *a, **k: ran.append(a) or original(self, *a, **k))
+    again = Analysis(key, tmp_path, cache_dir=tmp_path / "c")
+    assert again.accuracy(evaluate) == first and ran == []
+    for got, want in zip(seen[2:], seen[:2]):
+        for g, w in zip(got, want):
+            np.testing.assert_array_equal(g["prob"], w["prob"])
+    fresh = engine.run(next(iter(again.dataset())), "all")
+    np.testing.assert_array_equal(seen[3][0]["prob"], fresh["prob"])
+
+    def shifted(run, data):
+        return float(run({k: v + 1 for k, v in next(iter(data)).items()})["prob"].max())
+
+    again.accuracy(shifted)
+    assert len(ran) >= 2  # new feeds: float and quantized outputs computed
+
+
 # -- the plugin ----------------------------------------------------------------------------
 
 CONTRACT = "model: q.onnx\ndata: calib\nnodes: {threshold: 0.0}\nbaseline: false\n"

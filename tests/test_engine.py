@@ -290,9 +290,9 @@ def test_configs_mixing_weights_and_activations_match_rewired_models(zoo, varian
 
 @pytest.mark.parametrize("variant", ["qdq", "qdq_pc"])
 def test_configs_run_side_by_side_match_rewired_models(zoo, variant):
-    """run_many runs the configs of a sample on two threads at once (each segment session on
-    one core): every config's outputs equal the model with exactly those pairs kept, in the
-    order asked, and equal one config at a time."""
+    """run_many runs the configs of a sample on two threads at once: every config's outputs
+    equal the model with exactly those pairs kept, in the order asked, and equal one config
+    at a time."""
     qpath, fpath = zoo.qdq(variant), zoo.float(variant)
     feeds = _feeds(zoo, variant)
     engine = Engine(qpath, zoo.data(variant), float_model=fpath, optimization="disable", segments=4, workers=2)

@@ -13,7 +13,6 @@ Q/DQ run as fake-quant: onnxruntime's QDQ-to-integer fusion is switched off.
 from __future__ import annotations
 
 import contextlib
-import os
 
 import numpy as np
 
@@ -54,9 +53,9 @@ class Engine:
     with at least :data:`LOW_MEMORY_BYTES` of large weights. ``batch``: samples per run of
     model outputs in :meth:`batches` (``"auto"``: up to 8 where the model allows it and it
     measures faster, see :mod:`.batching`; 1: one at a time; N: N where the model allows it).
-    ``workers``: configs :meth:`run_many` runs at once, each on one core (``"auto"``: one
-    per core this process may use, but one on a GPU or in low-memory mode; see
-    :mod:`.workers`).
+    ``workers``: configs :meth:`run_many` runs at once (``"auto"``: one per core this
+    process may use, at most 8, fewer where their tensors would not fit, one on a GPU or in
+    low-memory mode; see :mod:`.workers`).
     """
 
     def __init__(self, model_or_file, calibrated_data=None, float_model=None, data_num=None,
@@ -199,9 +198,7 @@ class Engine:
         if self._segments is None and self._segments_count != 0:
             seg = Segments(self._instrument(), self.qmodel, self._gates, self.optimization, self.providers,
                            self._segments_count, source=self.source, libraries=self.libraries, shared=self.shared)
-            # compiles nothing yet: the runs in flight and each session's threads are set first
             self._workers.count = affordable(self._workers.count, seg.boundary_bytes)
-            seg.threads = self._segment_threads()
             self._segments = seg
         return self._segments
 
@@ -209,13 +206,6 @@ class Engine:
     def concurrency(self):
         """How many configs :meth:`run_many` runs at once (decided with the segments)."""
         return self._workers.count if self.segments is not None else 1
-
-    def _segment_threads(self):
-        """Intra-op threads of a segment session: the process's cores shared among the
-        configs run at once (None: the process's share, one config at a time)."""
-        if self._workers.count <= 1:
-            return None
-        return max(1, (runtime.process_threads() or os.cpu_count() or 1) // self._workers.count)
 
     # -- running -----------------------------------------------------------------------
     def feeds(self, sample, quantized=(), alternative=()):
@@ -396,11 +386,17 @@ class Engine:
         return values, local
 
     # -- sanity --------------------------------------------------------------------------
-    def check_float_equivalence(self):
+    def float_equivalence(self):
+        """The evidence :meth:`check_float_equivalence` decides on (a :class:`.sanity.Equivalence`);
+        raises where it refuses the model. Keeps nothing."""
+        return sanity.check(self)
+
+    def check_float_equivalence(self, known=None):
         """Refuse a model whose bypassed form cannot be the float model, on evidence from the
         data (see :mod:`.sanity`); keep its warnings and any rewrite by the quantizer
-        (``self.rewrite``)."""
-        result = sanity.check(self)
+        (``self.rewrite``). ``known``: :meth:`float_equivalence` of the same model, data and
+        versions (kept from an earlier run), taken instead of computing it."""
+        result = known if known is not None else self.float_equivalence()
         self.warnings += result.warnings
         self.rewrite = result.rewrite
         return result

@@ -1,14 +1,17 @@
-"""Configs run side by side: a few threads, each running one config's segments on one core.
+"""Configs run side by side: a few threads, each running one config's segment chain.
 
 A ranking runs hundreds of configs of the same sample, each a short chain of small
 segments. onnxruntime spreads one run over every core, but a small segment's operators
-are too short to split well, and threads that sleep between operators (spinning is off,
-see :func:`.runtime.session_options`) wake up late. Running the configs of a sample on
-one thread per core instead, each session with a single intra-op thread, keeps every core
-busy (measured on the PP-OCRv4 detector on 2 cores, activation sensitivity on 2 samples:
-12.1-14.0 s one config at a time, 7.8-8.1 s two at a time, the same rankings to the last
-bit). Each config in flight holds its own live tensors, so the engine's peak memory grows
-by about one run's buffers per extra thread (216 -> 246 MiB on that model, 8 samples).
+are too short to split well and its threads sleep between them (spinning is off, see
+:func:`.runtime.session_options`), so one run at a time leaves cores idle. Several configs
+in flight fill them (measured on 2 cores, activation sensitivity on 2 samples, same
+rankings to the last bit: the PP-OCRv4 detector 12.6-14.8 s one at a time, 10.3 s two at a
+time; the recogniser 13.2-15.9 s and 9.8-11.8 s). Sessions keep the process's threads:
+with one intra-op thread each, two configs at a time ran the detector in 8.6-9.4 s, but
+every run made one at a time (a float reference, a task metric's evaluation, a remedy's
+candidate) ran up to 1.5x slower. Each config in flight holds its own tensors, so the
+engine's peak memory grows by about one run's buffers per extra thread (the detector at
+one sample: 207 -> 236 MiB), which :data:`BUDGET_BYTES` bounds.
 
 onnxruntime releases the GIL while it runs, and a session may be run from several threads
 at once; what the engine shares between them (the sample, its float prefix, the compiled
@@ -23,8 +26,8 @@ import os
 
 from ..errors import PTQError
 
-
-MAX_WORKERS = 8  # beyond, the cores go to each session's own threads (see Engine._segment_threads)
+# More threads than this only hold more runs' tensors: each session already has every core
+MAX_WORKERS = 8
 # Configs in flight together may hold this many bytes of a sample's segment boundaries, a
 # bound of a run's own tensors (measured on the PP-OCRv4 detector: boundaries 45 MiB, one
 # more run in flight 21-30 MiB): a model with large activations runs fewer at once, down to one.
