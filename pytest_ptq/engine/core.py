@@ -13,6 +13,7 @@ Q/DQ run as fake-quant: onnxruntime's QDQ-to-integer fusion is switched off.
 from __future__ import annotations
 
 import contextlib
+import os
 
 import numpy as np
 
@@ -198,7 +199,9 @@ class Engine:
         if self._segments is None and self._segments_count != 0:
             seg = Segments(self._instrument(), self.qmodel, self._gates, self.optimization, self.providers,
                            self._segments_count, source=self.source, libraries=self.libraries, shared=self.shared)
-            self._workers.count = affordable(self._workers.count, seg.boundary_bytes)
+            self._workers.count = count = affordable(self._workers.count, seg.boundary_bytes)
+            if count > 1:  # the cores shared among the configs in flight (before any session compiles)
+                seg.threads = max(1, (runtime.process_threads() or os.cpu_count() or 1) // count)
             self._segments = seg
         return self._segments
 

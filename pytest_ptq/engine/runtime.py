@@ -161,13 +161,14 @@ def process_threads():
     return _THREADS
 
 
-def session_options(optimization="all", fake_quant=True, optimized_path=None, libraries=()):
+def session_options(optimization="all", fake_quant=True, optimized_path=None, libraries=(), threads=None):
     """SessionOptions at the given optimisation level.
 
     ``fake_quant`` keeps Q/DQ as float arithmetic (onnxruntime's QDQ-to-integer fusion off),
     which is what every analysis simulates; False lets onnxruntime fuse Q/DQ into its integer
     kernels (the "integer" stage). ``optimized_path``: where onnxruntime writes the optimised
-    model. ``libraries``: custom-op libraries (shared objects) to register.
+    model. ``libraries``: custom-op libraries (shared objects) to register. ``threads``:
+    intra-op threads of this session (default: the process's share, see :func:`share_cores`).
     """
     rt = ort()
     so = rt.SessionOptions()
@@ -178,8 +179,8 @@ def session_options(optimization="all", fake_quant=True, optimized_path=None, li
     # starve the next (measured: a float pass 6x slower with spinning on).
     so.add_session_config_entry("session.intra_op.allow_spinning", "0")
     so.add_session_config_entry("session.inter_op.allow_spinning", "0")
-    if _THREADS:
-        so.intra_op_num_threads = _THREADS
+    if threads or _THREADS:
+        so.intra_op_num_threads = threads or _THREADS
     if optimized_path is not None:
         so.optimized_model_filepath = str(optimized_path)
     for lib in libraries:
@@ -228,10 +229,11 @@ ALWAYS_DISABLED = ("ReluQuantRewrite", "ClipQuantRewrite")
 
 
 def make_session(model, optimization="all", providers=None, fake_quant=True, optimized_path=None,
-                 what="the model", libraries=(), shared=None):
+                 what="the model", libraries=(), shared=None, threads=None):
     """An onnxruntime session for a ModelProto (its placeholders filled from ``shared``, a
-    :class:`SharedWeights`); a failure is one sentence quoting onnxruntime."""
-    options = session_options(optimization, fake_quant, optimized_path, libraries)
+    :class:`SharedWeights`; ``threads``: see :func:`session_options`); a failure is one
+    sentence quoting onnxruntime."""
+    options = session_options(optimization, fake_quant, optimized_path, libraries, threads)
     given = model
     model, disabled = shared.prepare(options, model) if shared is not None else (model, [])
     try:
@@ -245,7 +247,7 @@ def make_session(model, optimization="all", providers=None, fake_quant=True, opt
             # that merges weights, say): this session gets its own copy instead
             from ..model.graph import restore
 
-            options = session_options(optimization, fake_quant, optimized_path, libraries)
+            options = session_options(optimization, fake_quant, optimized_path, libraries, threads)
             return ort().InferenceSession(restore(given, shared.arrays).SerializeToString(), options,
                                           providers=providers or default_providers(),
                                           disabled_optimizers=ALWAYS_DISABLED)

@@ -48,13 +48,14 @@ class Segments:
     ``optimization``, ``providers``: as for every engine session; ``source``: the model's
     name in messages. Configs of one sample may run from several threads at once (see
     :mod:`.workers`) once its reference is computed: compiling is under a lock, and the kept
-    reference changes only in :meth:`reference`.
+    reference changes only in :meth:`reference`. ``threads``: intra-op threads of a segment's
+    sessions (None: the process's share; the whole graph's sessions always have that).
     """
 
     def __init__(self, model, qmodel, gates, optimization="all", providers=None, count=None, source="",
                  libraries=(), shared=None):
         self.qmodel, self.gates, self.libraries, self.shared = qmodel, gates, libraries, shared
-        self._lock = threading.Lock()
+        self._lock, self.threads = threading.Lock(), None
         self.optimization, self.providers, self.source = optimization, providers, source
         self.template = model
         graph = model.graph
@@ -284,7 +285,8 @@ class Segments:
                     del self._sessions[old]
             model, inputs, flags, outputs = self._segment_model(j, form, stacked)
             self._sessions[key] = (make_session(model, self.optimization, self.providers, what=self.source,
-                                                libraries=self.libraries, shared=self.shared),
+                                                libraries=self.libraries, shared=self.shared,
+                                                threads=None if j is None else self.threads),
                                    inputs, flags, outputs)
             return self._sessions[key]
 
@@ -323,18 +325,19 @@ class Segments:
 
     def run(self, key, sample, flag_values, touched, tensors):
         """Model outputs of a sample under a config (``touched``: see :meth:`touched`): float
-        prefix reused, then the rest. In a 16-bit float graph, a config quantizing whole
-        groups runs as one session: onnxruntime's CPU provider computes 16-bit ops in float32
-        and passes unrounded values between them within a session, which a segment boundary
-        would round (measured on Model Optimizer's fp16 PP-OCRv4 detector, every pair
-        quantized: 0.9927 cosine to onnxruntime on the file through 16 segments, 1.000000
-        whole; single-node configs, which the segments serve, moved by at most 1.2e-4). A
-        sample without a key (a feed dict run once) has no prefix to reuse: float and
-        whole-group configs run as one session, faster than the chain (the PP-OCRv4 detector's
-        float pass: 24 ms whole, 38 ms through 16 segments)."""
-        alone = key is None and len(self) > 1
-        whole = self._whole(touched) if touched and (self.low_precision or alone) and len(self) > 1 else None
-        if whole is None and alone and not touched:
+        prefix reused, then the rest. A config quantizing whole groups (every weight, every
+        activation, or both) reuses no prefix, and runs as one session of the whole graph:
+        faster than the chain (the PP-OCRv4 detector's float pass: 24 ms whole, 38 ms through
+        16 segments), with the process's threads where segments run on fewer (see
+        :mod:`.workers`), and in a 16-bit float graph the only way to match the file:
+        onnxruntime's CPU provider computes 16-bit ops in float32 and passes unrounded values
+        between them within a session, which a segment boundary would round (measured on
+        Model Optimizer's fp16 PP-OCRv4 detector, every pair quantized: 0.9927 cosine to
+        onnxruntime on the file through 16 segments, 1.000000 whole; single-node configs,
+        which the segments serve, moved by at most 1.2e-4). So does a float run of a sample
+        without a key (a feed dict run once: no prefix to keep)."""
+        whole = self._whole(touched) if touched and len(self) > 1 else None
+        if whole is None and key is None and not touched and len(self) > 1:
             whole = frozenset()
         if whole is not None:
             values = dict(sample)

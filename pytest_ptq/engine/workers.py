@@ -4,14 +4,16 @@ A ranking runs hundreds of configs of the same sample, each a short chain of sma
 segments. onnxruntime spreads one run over every core, but a small segment's operators
 are too short to split well and its threads sleep between them (spinning is off, see
 :func:`.runtime.session_options`), so one run at a time leaves cores idle. Several configs
-in flight fill them (measured on 2 cores, activation sensitivity on 2 samples, same
-rankings to the last bit: the PP-OCRv4 detector 12.6-14.8 s one at a time, 10.3 s two at a
-time; the recogniser 13.2-15.9 s and 9.8-11.8 s). Sessions keep the process's threads:
-with one intra-op thread each, two configs at a time ran the detector in 8.6-9.4 s, but
-every run made one at a time (a float reference, a task metric's evaluation, a remedy's
-candidate) ran up to 1.5x slower. Each config in flight holds its own tensors, so the
-engine's peak memory grows by about one run's buffers per extra thread (the detector at
-one sample: 207 -> 236 MiB), which :data:`BUDGET_BYTES` bounds.
+in flight fill them, each segment session on its share of the cores (one each on two);
+whole-graph sessions keep the process's threads, since they serve runs made one at a time
+(whole-group configs, a feed dict's float run; see :meth:`.segments.Segments.run`).
+Measured on 2 cores, activation sensitivity on 2 samples, same rankings to the last bit:
+the PP-OCRv4 detector 12.6-16.2 s one config at a time, 8.5-9.4 s two at a time (10.3 s
+with every segment session keeping both threads); the recogniser 13.2-15.9 s and
+10.0-10.8 s. A segment chain run alone on one thread (a sample's float reference) is up to
+1.5x slower than on two; there is one per sample. Each config in flight holds its own
+tensors, so the engine's peak memory grows by about one run's buffers per extra thread
+(the detector at one sample: 207 -> 236 MiB), which :data:`BUDGET_BYTES` bounds.
 
 onnxruntime releases the GIL while it runs, and a session may be run from several threads
 at once; what the engine shares between them (the sample, its float prefix, the compiled
@@ -26,7 +28,7 @@ import os
 
 from ..errors import PTQError
 
-# More threads than this only hold more runs' tensors: each session already has every core
+# Beyond this many configs in flight, the cores go to each segment session's own threads
 MAX_WORKERS = 8
 # Configs in flight together may hold this many bytes of a sample's segment boundaries, a
 # bound of a run's own tensors (measured on the PP-OCRv4 detector: boundaries 45 MiB, one
