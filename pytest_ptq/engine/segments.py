@@ -14,7 +14,8 @@ float form). Forms are compiled on first use, with the shapes onnxruntime fuses 
 For a config, everything before the first segment it touches equals the float reference and
 is taken from the reference's cached boundary tensors; touched segments run in their form,
 the others float. A config that quantizes one node therefore costs its downstream part of a
-float pass, plus one gated segment.
+float pass, plus one gated segment. A config quantizing whole groups shares no prefix with
+the reference and runs as one session of the whole graph (see :meth:`Segments.run`).
 """
 
 from __future__ import annotations
@@ -28,7 +29,6 @@ from onnx import helper
 
 from ..errors import PTQError
 from ..model.graph import node_refs
-from ..model.qdq import HALF_TYPES
 from .instrument import bypass_nodes, gate_of, lowered, quantized_nodes
 from .runtime import make_session, run
 
@@ -66,7 +66,6 @@ class Segments:
                              and i.name not in self.inits]
         self.outputs = [o.name for o in graph.output]
         self.types = dict(qmodel.value_types)
-        self.low_precision = any(e in HALF_TYPES for e in self.types.values())
         self.gate_of = {}  # node index -> calibration node name
         self.group_of = {c.name: WEIGHTS if c.kind == "weight" else ACTIVATIONS for c in qmodel.calibration.values()}
         for k, n in enumerate(self.nodes):
