@@ -13,7 +13,7 @@ with every segment session keeping both threads); the recogniser 13.2-15.9 s and
 10.0-10.8 s. A segment chain run alone on one thread (a sample's float reference) is up to
 1.5x slower than on two; there is one per sample. Each config in flight holds its own
 tensors, so the engine's peak memory grows by about one run's buffers per extra thread
-(the detector at one sample: 207 -> 236 MiB), which :data:`BUDGET_BYTES` bounds.
+(the detector at one sample: 207 -> 233 MiB), which :data:`BUDGET_BYTES` bounds.
 
 onnxruntime releases the GIL while it runs, and a session may be run from several threads
 at once; what the engine shares between them (the sample, its float prefix, the compiled
