@@ -13,7 +13,6 @@ Q/DQ run as fake-quant: onnxruntime's QDQ-to-integer fusion is switched off.
 from __future__ import annotations
 
 import contextlib
-import os
 
 import numpy as np
 
@@ -84,7 +83,7 @@ class Engine:
         self.optimization = runtime.check_level(optimization)
         self.providers = providers or runtime.default_providers()
         self.workers = check_count(workers)
-        count = default_count(self.providers, self.shared.low_memory, runtime.process_threads()) \
+        count = default_count(self.providers, self.shared.low_memory, runtime.cores()) \
             if workers == "auto" else workers
         self._workers = Workers(count)
         self.data = load_data(calibrated_data, self.qmodel, data_num) if calibrated_data is not None else None
@@ -201,7 +200,7 @@ class Engine:
                            self._segments_count, source=self.source, libraries=self.libraries, shared=self.shared)
             self._workers.count = count = affordable(self._workers.count, seg.boundary_bytes)
             if count > 1:  # the cores shared among the configs in flight (before any session compiles)
-                seg.threads = max(1, (runtime.process_threads() or os.cpu_count() or 1) // count)
+                seg.threads = max(1, runtime.cores() // count)
             self._segments = seg
         return self._segments
 

@@ -156,9 +156,9 @@ def share_cores(processes):
     _THREADS = max(1, (os.cpu_count() or 1) // max(1, int(processes))) if processes and processes > 1 else 0
 
 
-def process_threads():
-    """The cores this process's sessions may use (see :func:`share_cores`); 0: every core."""
-    return _THREADS
+def cores():
+    """The cores this process's sessions may use (see :func:`share_cores`)."""
+    return _THREADS or os.cpu_count() or 1
 
 
 def session_options(optimization="all", fake_quant=True, optimized_path=None, libraries=(), threads=None):

@@ -192,7 +192,7 @@ class Segments:
 
     def _whole(self, touched):
         """The form of the whole graph when the config ``touched`` quantizes whole groups
-        (every weight, every activation, or both: the model as stored), else None."""
+        (every weight, every activation, or both: the model as stored; none: float), else None."""
         groups = set()
         for form in touched.values():
             for group, state in form:
@@ -335,9 +335,7 @@ class Segments:
         onnxruntime on the file through 16 segments, 1.000000 whole; single-node configs,
         which the segments serve, moved by at most 1.2e-4). So does a float run of a sample
         without a key (a feed dict run once: no prefix to keep)."""
-        whole = self._whole(touched) if touched and len(self) > 1 else None
-        if whole is None and key is None and not touched and len(self) > 1:
-            whole = frozenset()
+        whole = self._whole(touched) if len(self) > 1 and (touched or key is None) else None
         if whole is not None:
             values = dict(sample)
             self._run_segment(None, values, whole, flag_values, isinstance(key, tuple))

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
-import os
 
 from ..errors import PTQError
 
@@ -36,14 +35,13 @@ MAX_WORKERS = 8
 BUDGET_BYTES = 1 << 30
 
 
-def default_count(providers, low_memory, process_threads):
-    """How many configs to run at once by default: one per core this process may use
-    (``process_threads``: 0 for every core), at most :data:`MAX_WORKERS`; but one on a GPU
-    provider (a device runs its own kernels in parallel) and in low-memory mode (each run in
-    flight holds its buffers)."""
+def default_count(providers, low_memory, cores):
+    """How many configs to run at once by default: one per core this process may use, at
+    most :data:`MAX_WORKERS`; but one on a GPU provider (a device runs its own kernels in
+    parallel) and in low-memory mode (each run in flight holds its buffers)."""
     if low_memory or any(p != "CPUExecutionProvider" for p in providers):
         return 1
-    return max(1, min(MAX_WORKERS, process_threads or os.cpu_count() or 1))
+    return max(1, min(MAX_WORKERS, cores))
 
 
 def affordable(count, run_bytes):
@@ -76,7 +74,7 @@ class Workers:
                 yield fn(item)
             return
         if self._pool is None:
-            self._pool = concurrent.futures.ThreadPoolExecutor(self.count, thread_name_prefix="ptq-config")
+            self._pool = concurrent.futures.ThreadPoolExecutor(count, thread_name_prefix="ptq-config")
         pending = collections.deque()
         try:
             for item in items:
