@@ -208,6 +208,53 @@ def test_intermediate_tensors_and_bad_requests(zoo):
         Engine(qpath).run(0)
 
 
+def test_a_few_tensors_get_their_own_session_and_many_the_probe_one(zoo, monkeypatch):
+    from pytest_ptq.engine import core
+
+    qpath = zoo.qdq("qdq")
+    feeds = _feeds(zoo, "qdq")
+    engine = Engine(qpath, zoo.data("qdq"), optimization="disable", check=False)
+    want = builders.run_model(builders.rewire(qpath, keep={"w2_QuantizeLinear"}, outputs=["a2", "c1"]), feeds[1])
+    got = engine.tensors(1, ["w2_QuantizeLinear"], ["a2", "c1"])
+    assert_matches(got, {k: want[k] for k in ("a2", "c1")}, "disable", 0)
+    # a few tensors: a session exposing exactly them, not one exposing every normal output
+    assert "probe" not in engine._sessions and ("extra", ("a2", "c1")) in engine._sessions
+    engine.forget_tensors(["c1", "a2"])
+    assert ("extra", ("a2", "c1")) not in engine._sessions
+    many = engine.probe_tensors
+    monkeypatch.setattr(core, "FEW_TENSORS", len(many) - 1)
+    got = engine.tensors(1, ["w2_QuantizeLinear"], many)
+    want = builders.run_model(builders.rewire(qpath, keep={"w2_QuantizeLinear"}, outputs=many), feeds[1])
+    assert_matches(got, {k: want[k] for k in many}, "disable", 0)
+    assert "probe" in engine._sessions
+
+
+def test_sessions_do_not_keep_the_serialized_model():
+    import tracemalloc
+
+    from onnx import TensorProto, helper
+
+    from pytest_ptq.engine import make_session
+
+    weight = np.random.default_rng(0).standard_normal((1024, 1024)).astype(np.float32)  # 4 MiB
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1024])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 1024])],
+                              [numpy_helper.from_array(weight, "w")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        session = make_session(model, "all", ["CPUExecutionProvider"])
+        kept = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    x = np.ones((1, 1024), np.float32)
+    np.testing.assert_allclose(session.run(None, {"x": x})[0], x @ weight, rtol=0, atol=1e-3)
+    assert kept < 2**20, f"the session keeps {kept} bytes of Python objects (the model is 4 MiB)"
+
+
 def test_unnamed_nodes_are_addressed_by_generated_names(zoo):
     qpath = zoo.qdq("unnamed")
     feeds = _feeds(zoo, "unnamed")
