@@ -96,6 +96,8 @@ def get_acc_error(engine, configs, metric="cosine-similarity", data_num=None, lo
                 for k, t in enumerate(tensors):
                     if t in local_vals:
                         m.update(local_states[k], ref[t], local_vals[t])
+                # a sample's activations each: gone before the configs' runs add theirs
+                del local_vals
             else:
                 ref = engine.run(i, (), tensors, kind="probe")
             ref = {t: ref[t] for t in tensors}

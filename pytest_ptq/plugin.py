@@ -77,9 +77,7 @@ class _Hooks:
         if path:
             from . import spread
             spread.write_groups(path, models)
-        unknown = any(_uses_plugin(item) and (item.nodeid not in models or _model_by_fixture(item))
-                      for item in session.items)
-        self.ptq.plan(models, unknown)
+        self.ptq.plan(models)
 
     def pytest_runtest_logfinish(self, nodeid, location):
         """An item ran: free what no later item needs."""
@@ -152,11 +150,12 @@ def _default_contract(session, ptq):
 
 def _models_of(items, ptq):
     """``{node id: model path}`` of the items that check a model known at collection (a
-    contract's, a ``ptq`` marker's or the session's); other items are left out."""
+    contract's, a ``ptq`` marker's or the session's); other items, and those whose model or
+    data a parametrised fixture gives, are left out."""
     models = {}
     for item in items:
         model = getattr(getattr(item, "contract", None), "model", None)
-        if model is None and _uses_plugin(item):
+        if model is None and _uses_plugin(item) and not _model_by_fixture(item):
             try:
                 model = ptq.settings_for(item).model
             except PTQError:

@@ -123,6 +123,37 @@ def test_a_model_known_only_at_run_time_keeps_every_session(pytester, two_models
     assert list(state.values()) == [{"sessions": 0, "segments": True, "early": False}]
 
 
+def test_a_model_known_at_collection_is_freed_beside_one_known_only_at_run_time(pytester, two_models):
+    """An item whose model a fixture gives may use a freed model again: it recompiles, with
+    the rankings of the freed model's contract, and the known model's sessions were freed."""
+    _two_contracts(pytester, two_models)
+    pytester.makeconftest(RELEASE_PROBE + """
+import pytest
+
+@pytest.fixture(scope="session")
+def ranked():
+    return {}
+""")
+    pytester.makepyfile(test_z="""
+        import pytest
+
+        @pytest.mark.parametrize("ptq_model", ["m0.onnx"], indirect=True)
+        @pytest.mark.ptq(data="calib")
+        def test_again(ptq_analysis):
+            assert ptq_analysis.engine._segments is None  # freed after c0's items ran
+            ranking = ptq_analysis.sensitivity("activation")
+            assert ranking and all(v == v for v in ranking.values())
+    """)
+    result = run(pytester, "-v")
+    result.assert_outcomes(passed=5)
+    import json
+
+    state = json.loads((pytester.path / "released.json").read_text())
+    # m1 freed once c1 ran; m0 freed after c0, then compiled again for test_again
+    assert state["m1.onnx"] == {"sessions": 0, "segments": False, "early": False}, state
+    assert state["m0.onnx"]["segments"] is True, state
+
+
 def test_workers_share_the_cores(pytester, two_models, monkeypatch):
     """Two workers each running onnxruntime on every core would only take turns: each gets
     its share of the cores; one process keeps onnxruntime's default (0)."""
