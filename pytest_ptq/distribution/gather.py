@@ -374,6 +374,8 @@ def collect(engine, dist_nodes=(), box_nodes=(), axis=None, data_num=None, bins=
         indices = sample_indices(engine, data_num)
         with Progress(len(indices), "distributions", enabled=progress) as bar:
             _sweep(engine, indices, float_t, quant_t, accs, bar)
+        for names in (float_t, quant_t):  # read once: their sessions go (see Engine.tensors)
+            engine.forget_tensors(names)
         samples = len(indices)
     else:
         samples = 0
