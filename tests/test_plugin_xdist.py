@@ -124,16 +124,10 @@ def test_a_model_known_only_at_run_time_keeps_every_session(pytester, two_models
 
 
 def test_a_model_known_at_collection_is_freed_beside_one_known_only_at_run_time(pytester, two_models):
-    """An item whose model a fixture gives may use a freed model again: it recompiles, with
-    the rankings of the freed model's contract, and the known model's sessions were freed."""
+    """The known models' sessions are freed once their items ran, though an item's model is
+    known only at run time; that item, using a freed model, recompiles it and ranks."""
     _two_contracts(pytester, two_models)
-    pytester.makeconftest(RELEASE_PROBE + """
-import pytest
-
-@pytest.fixture(scope="session")
-def ranked():
-    return {}
-""")
+    pytester.makeconftest(RELEASE_PROBE)
     pytester.makepyfile(test_z="""
         import pytest
 
