@@ -270,7 +270,7 @@ def _loaded(model, options, providers, disabled):
     times over (the proto, its bytes, onnxruntime's parse); glibc keeps those freed blocks in
     the heap unless asked to return them. Measured, activation sensitivity on one sample:
     a 48 MiB MatMul stack peaked at 786 MiB before, 674 MiB without the kept bytes and 475
-    MiB with the heap returned too; the PP-OCRv4 detector 233 -> 214 MiB with both, at the
+    MiB with the heap returned too; the PP-OCRv4 detector 233 -> 217 MiB with both, at the
     same speed (a trim takes milliseconds)."""
     session = ort().InferenceSession(model.SerializeToString(), options, providers=providers or default_providers(),
                                      disabled_optimizers=disabled)

@@ -85,8 +85,7 @@ def check(engine):
                 lo, _ = c.bounds(x.shape)
                 below[c.name] += int(np.count_nonzero(x < lo - c.half_step(x.shape)))
                 seen[c.name] += x.size
-    if watched:
-        engine.forget_tensors(watched)
+    engine.forget_tensors(watched)  # read once: its session goes
     suspects = {n: (below[n], seen[n]) for n in below if seen[n] and below[n] > FLOOR_SHARE * seen[n]}
     evidence = _evidence(suspects)
     if broken or exploded or len(suspects) >= 2:
