@@ -93,6 +93,25 @@ def test_contract_checks_are_items_with_plain_failures(project, models):
     assert "Traceback" not in out and "contract.py" not in out and "def runtest" not in out
 
 
+def test_a_skip_mark_on_a_contract_item_skips_it(project):
+    contract(project, "net", """
+        model: ../models/model.onnx
+        data: ../models/calib
+        outputs: 0.5
+        baseline: false
+    """)
+    project.makeconftest("""
+        import pytest
+        def pytest_collection_modifyitems(items):
+            for item in items:
+                item.add_marker(pytest.mark.skip(reason="no tool here"))
+    """)
+    result = run(project, "-rs")
+    result.assert_outcomes(skipped=1)
+    result.stdout.fnmatch_lines(["SKIPPED [[]1[]] contracts/net.ptq.yaml*: no tool here"])
+    assert "INTERNALERROR" not in result.stdout.str()
+
+
 def test_contract_baseline_sits_beside_the_yaml(project):
     contract(project, "net", """
         model: ../models/model.onnx
