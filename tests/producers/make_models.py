@@ -16,6 +16,7 @@ text-direction classifier, say). A variant the producer cannot make is reported 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import shutil
 import subprocess
@@ -137,9 +138,12 @@ PRODUCERS = {"modelopt": modelopt_variants, "quark": quark_variants, "inc": inc_
 def make(producer, out_root, real=None):
     """Quantize every model with every variant of ``producer`` into ``out_root``; returns the
     folders written."""
-    out_root = Path(out_root)
+    out_root = Path(out_root).resolve()
+    real = real and [Path(p).resolve() for p in real]
     written = []
-    with tempfile.TemporaryDirectory() as tmp:
+    # Some producers write reports into the working directory (Quark: quantized_info.csv):
+    # they run in the scratch folder, so that nothing lands beside the caller.
+    with tempfile.TemporaryDirectory() as tmp, contextlib.chdir(tmp):
         models = float_models(Path(tmp) / "float", real)
         for variant, only, run in PRODUCERS[producer]():
             for name, (fpath, samples) in models.items():
