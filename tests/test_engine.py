@@ -7,6 +7,8 @@ optimisation level as the engine.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import onnx
 import pytest
@@ -311,6 +313,54 @@ def test_weights_shared_between_sessions_run_as_embedded_ones(zoo, variant, monk
             want, got = fast.run(i, config), low.run(i, config)
             for name in want:
                 np.testing.assert_allclose(got[name], want[name], rtol=1e-5, atol=1e-6, err_msg=f"{config} {name}")
+
+
+def _resident_kib(path):
+    """KiB of ``path``'s pages mapped into this process and resident (/proc/self/smaps)."""
+    total, inside = 0, False
+    with open("/proc/self/smaps") as fh:
+        for line in fh:
+            head = line.split()
+            if len(head) >= 5 and "-" in head[0] and not head[0].endswith(":"):
+                inside = len(head) >= 6 and head[5] == str(path)
+            elif inside and head[0] == "Rss:":
+                total += int(head[1])
+    return total
+
+
+@pytest.mark.skipif(not Path("/proc/self/smaps").exists(), reason="reads Linux's /proc/self/smaps")
+@pytest.mark.parametrize("where", ["external", "inline"])
+def test_low_memory_runs_hand_mapped_weights_back_above_the_ceiling(zoo, tmp_path, monkeypatch, where):
+    """Weights mapped from the model's file are read by every run. Below the pager's ceiling
+    their pages stay; above it (here: a ceiling of zero) a run hands them back, so the
+    process holds none after it; either way the runs give the embedded weights' outputs."""
+    from pytest_ptq.engine import runtime
+    from pytest_ptq.model import graph
+
+    src = zoo.qdq("qdq_pc")
+    out = tmp_path / "model.onnx"
+    if where == "external":
+        onnx.save(onnx.load(str(src)), str(out), save_as_external_data=True, location="w.bin", size_threshold=0)
+        mapped = tmp_path / "w.bin"
+    else:
+        out.write_bytes(src.read_bytes())
+        mapped = out
+    fast = Engine(src, zoo.data("qdq_pc"), memory="fast")
+    monkeypatch.setattr(graph, "LARGE_BYTES", 1)
+    low = Engine(out, zoo.data("qdq_pc"), memory="low")
+    assert low.shared.nbytes > 0
+    configs = ((), "all", [fast.calib_names[0]])
+    monkeypatch.setattr(runtime.Pager, "SHARE", 1e6)
+    for config in configs:  # far below the ceiling: the pages stay
+        low.run(0, config)
+    assert _resident_kib(mapped) > 0
+    monkeypatch.setattr(runtime.PAGER, "floor", 0)
+    monkeypatch.setattr(runtime.Pager, "SHARE", 0)
+    for config in configs:
+        for i in range(2):
+            want, got = fast.run(i, config), low.run(i, config)
+            assert _resident_kib(mapped) == 0, (config, i)
+            np.testing.assert_allclose(got["prob"], want["prob"], rtol=1e-5, atol=1e-6, err_msg=f"{config}")
 
 
 @pytest.mark.parametrize("variant", ["qdq", "qdq_pc"])

@@ -87,7 +87,9 @@ class SharedWeights:
         so.enable_mem_pattern = False
         for name in names:
             if name not in self._values:
-                self._values[name] = ort().OrtValue.ortvalue_from_numpy(np.ascontiguousarray(self.arrays[name]))
+                array = np.ascontiguousarray(self.arrays[name])
+                self._values[name] = ort().OrtValue.ortvalue_from_numpy(array)
+                PAGER.watch(array)
             so.add_initializer(name, self._values[name])
         # onnxruntime checks that a placeholder's external file exists before the shared value
         # replaces it: one empty file in a private temporary folder, for every session
@@ -105,6 +107,115 @@ class SharedWeights:
             with open(os.path.join(self._folder, location), "wb") as fh:
                 fh.write(b"\0")
         return self._folder
+
+
+class Pager:
+    """Keeps the pages of memory-mapped weights that runs read from growing this process's
+    resident set past a ceiling: while any run is in flight a thread hands them back every
+    :attr:`PERIOD` seconds, and once more when a run ends, whenever they are above it.
+
+    A weight mapped from its file (external data, or an inline tensor of the .onnx, see
+    :func:`~pytest_ptq.model.graph.load_mapped`) is shared with onnxruntime without a copy,
+    but every page a run reads stays mapped, so a run over every layer left all the weights
+    resident. Dropping a read-only shared file mapping's pages (madvise MADV_DONTNEED) is
+    exact: the next read faults them back in from the page cache, which the kernel keeps or
+    reclaims as memory allows. The ceiling is on the resident pages of mapped files: those
+    when the first mapping is watched (the shared libraries') plus a quarter of the mapped
+    bytes, what a plain session holds for the same weights as int8. Below it pages stay, so runs that fit do not fault them back in
+    (refaulting 192 MiB from the page cache takes about 20 ms; releasing after every run
+    made a 192 MiB MatMul stack's activation ranking 2x slower, the ceiling about 1.4x).
+    Measured (bench/bench_memory.py): the 192 MiB stack with external data 318 -> 204 MiB
+    peak, a 1 GiB stack 1146 -> 455 MiB. Low-memory mode only, where sessions
+    share the mapped arrays (fast mode embeds copies). A no-op without madvise.
+    """
+
+    PERIOD = 0.01
+    SHARE = 0.25  # of the mapped bytes that may stay resident
+
+    def __init__(self):
+        import threading
+        import weakref
+
+        self._maps = weakref.WeakSet()
+        self._lock = threading.Lock()
+        self._busy = threading.Event()
+        self._running = 0
+        self._thread = None
+        self.floor = None  # resident file bytes when the first mapping was watched
+
+    @staticmethod
+    def resident():
+        """Bytes of files mapped into this process and resident (the mapped weights, and the
+        shared libraries' pages); None where /proc is not there."""
+        try:
+            with open("/proc/self/statm") as fh:
+                return int(fh.read().split()[2]) * os.sysconf("SC_PAGE_SIZE")
+        except (OSError, ValueError, IndexError):
+            return None
+
+    def watch(self, array):
+        """Release ``array``'s pages from now on, when it is a view on a file mapping."""
+        import mmap
+
+        if not hasattr(mmap, "MADV_DONTNEED"):
+            return
+        base = array
+        while base is not None and not isinstance(base, mmap.mmap):
+            base = base.obj if isinstance(base, memoryview) else getattr(base, "base", None)
+        if base is not None:
+            with self._lock:
+                if self.floor is None:
+                    self.floor = self.resident() or 0
+                self._maps.add(base)
+
+    def release(self):
+        """Hand back every watched mapping's resident pages if this process is above the ceiling."""
+        import mmap
+
+        with self._lock:
+            maps = list(self._maps)
+        resident = self.resident()
+        if resident is not None and resident < self.floor + self.SHARE * sum(len(mm) for mm in maps if not mm.closed):
+            return
+        for mm in maps:
+            try:
+                mm.madvise(mmap.MADV_DONTNEED)
+            except (ValueError, OSError):  # closed since, or this kernel refuses: nothing to hand back
+                pass
+
+    def __enter__(self):
+        if not self._maps:
+            return self
+        with self._lock:
+            self._running += 1
+            self._busy.set()
+            if self._thread is None:
+                import threading
+
+                self._thread = threading.Thread(target=self._loop, name="ptq-pager", daemon=True)
+                self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        if not self._maps:
+            return
+        with self._lock:
+            self._running = max(0, self._running - 1)
+            if not self._running:
+                self._busy.clear()
+        self.release()
+
+    def _loop(self):
+        import time
+
+        while True:
+            self._busy.wait()
+            time.sleep(self.PERIOD)
+            if self._busy.is_set():
+                self.release()
+
+
+PAGER = Pager()
 
 
 def _libc_call(function, *args):
@@ -304,7 +415,8 @@ def run(session, names, feeds, source, shrink=False):
     """``session.run(names, feeds)``; a failure names the model and quotes onnxruntime.
     ``shrink``: return the run's arena memory afterwards (for runs larger than the usual)."""
     try:
-        return session.run(names, feeds, _run_options(shrink))
+        with PAGER:
+            return session.run(names, feeds, _run_options(shrink))
     except Exception as exc:
         raise run_error(exc, source) from None
 
