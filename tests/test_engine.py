@@ -363,6 +363,40 @@ def test_low_memory_runs_hand_mapped_weights_back_above_the_ceiling(zoo, tmp_pat
             np.testing.assert_allclose(got["prob"], want["prob"], rtol=1e-5, atol=1e-6, err_msg=f"{config}")
 
 
+@pytest.mark.parametrize("memory", ["fast", "low"])
+def test_matmul_weights_quantized_on_their_last_axis_match_onnxruntime(tmp_path, memory):
+    """A MatMul weight quantized per output channel (its last axis) is quantized by plain
+    arithmetic in the engine's graph, not by onnxruntime's per-element QuantizeLinear; the
+    integers must be the same, ties (half steps, rounded to even) and saturation included,
+    against the rewired model running onnxruntime's own QuantizeLinear."""
+    import conventions
+    from pytest_ptq.engine.instrument import GATE_PREFIX, Gates, instrument
+
+    data = conventions.mlp_samples(2)
+    qpath = builders.quantize(conventions.mlp_net(tmp_path / "float.onnx"), tmp_path / "q.onnx", data,
+                              per_channel=True)
+    model = onnx.load(str(qpath))
+    inits = {i.name: i for i in model.graph.initializer}
+    scale = numpy_helper.to_array(inits["w1_scale"])
+    w = numpy_helper.to_array(inits["w1"]).copy()
+    k = np.arange(w.shape[0])[:, None] % 9 - 4
+    w[:16] = ((k[:16] + 0.5) * scale).astype(np.float32)  # exactly half a step: rounds to even
+    w[16] = 300 * scale  # beyond int8: saturates
+    w[17] = -300 * scale
+    inits["w1"].CopyFrom(numpy_helper.from_array(w, "w1"))
+    onnx.save(model, str(qpath))
+    feeds = [{"x": x} for x in data["x"]]
+    engine = Engine(qpath, {"x": data["x"]}, optimization="disable", memory=memory)
+    gated = instrument(engine.qmodel, Gates.of(engine.calib_names))
+    gate = next(n for n in gated.graph.node if n.name == f"{GATE_PREFIX}w1_QuantizeLinear")
+    ops = [n.op_type for n in next(a.g for a in gate.attribute if a.name == "then_branch").node]
+    assert "Round" in ops and "QuantizeLinear" not in ops, ops
+    for keep in (["w1_QuantizeLinear"], ["w1_QuantizeLinear", "w3_QuantizeLinear"]):
+        want = builders.run_model(builders.rewire(qpath, keep=keep), feeds)
+        for i in range(2):
+            np.testing.assert_array_equal(engine.run(i, keep)["y"], want[i]["y"], err_msg=f"{keep} {i}")
+
+
 @pytest.mark.parametrize("variant", ["qdq", "qdq_pc"])
 def test_configs_mixing_weights_and_activations_match_rewired_models(zoo, variant):
     """A segment runs in the form of the groups a config quantizes there (weights,
