@@ -34,6 +34,30 @@ _REF_CACHE_BYTES = 512 * 2**20
 FEW_TENSORS = 16
 
 
+MATRIX_OPS = ("MatMul", "Gemm")
+
+
+def shares_weights(qmodel):
+    """Whether ``memory="auto"`` runs ``qmodel`` in low-memory mode: with at least
+    :data:`LOW_MEMORY_BYTES` of large weights, or when most of its large weights' bytes
+    feed matrix products (MatMul, Gemm). Prepacking and layout transforms pay on
+    convolutions (the PP-OCRv4 detector and recogniser, 4-10 MiB of mostly convolution
+    weights, rank 2.1x and 2.8x slower without them), but a matrix product's prepacked
+    copy per session costs more than it saves: MatMul stacks of 8 and 48 MiB (16 to 128
+    tokens) built their engine and ranked as fast or faster in low-memory mode, at 105-194
+    MiB peak instead of 180-884 MiB."""
+    arrays = {**qmodel.shared, **qmodel.float_weights}
+    total = sum(a.nbytes for a in arrays.values())
+    if total >= LOW_MEMORY_BYTES:
+        return True
+    matrix = 0
+    for c in qmodel.calibration.values():
+        array = arrays.get(c.float_weight or c.input) if c.kind == "weight" else None
+        if array is not None and any(qmodel.normal[n].op_type in MATRIX_OPS for n in c.consumers if n in qmodel.normal):
+            matrix += array.nbytes
+    return matrix * 2 > total
+
+
 class Engine:
     """A calibrated model and its data, compiled once for every analysis.
 
@@ -52,7 +76,8 @@ class Engine:
     libraries the model's custom Q/DQ ops need (AMD Quark's BF16/BFP16, say). ``memory``:
     ``"low"`` shares the large weights among every session without prepacking them,
     ``"fast"`` lets each session prepack its own copy, ``"auto"`` (default) is low for models
-    with at least :data:`LOW_MEMORY_BYTES` of large weights. ``batch``: samples per run of
+    with at least :data:`LOW_MEMORY_BYTES` of large weights or mostly matrix-product weights
+    (see :func:`shares_weights`). ``batch``: samples per run of
     model outputs in :meth:`batches` (``"auto"``: up to 8 where the model allows it and it
     measures faster, see :mod:`.batching`; 1: one at a time; N: N where the model allows it).
     ``workers``: configs :meth:`run_many` runs at once (``"auto"``: one per core this
@@ -78,10 +103,8 @@ class Engine:
         if batch != "auto" and (isinstance(batch, bool) or not isinstance(batch, (int, np.integer)) or batch < 1):
             raise PTQError(f"batch must be 'auto' or a whole number >= 1, got {batch!r}")
         self.batch, self._batching = batch, None
-        weight_bytes = sum(a.nbytes for a in self.qmodel.shared.values()) + sum(
-            a.nbytes for a in self.qmodel.float_weights.values())
         self.shared = runtime.SharedWeights(self.qmodel.shared, low_memory=memory == "low" or (
-            memory == "auto" and weight_bytes >= LOW_MEMORY_BYTES))
+            memory == "auto" and shares_weights(self.qmodel)))
         self.optimization = runtime.check_level(optimization)
         self.providers = providers or runtime.default_providers()
         self.workers = check_count(workers)

@@ -45,7 +45,8 @@ class SharedWeights:
 
     ``low_memory`` also turns off prepacking: a prepacked weight is a private copy per
     session (measured: four sessions of a 192 MiB MatMul stack hold 1 GiB prepacked, 30 MiB
-    shared); convolution nets lose about 8% of speed without it, MatMul stacks more.
+    shared); convolution nets lose about 8% of speed without it (MatMul stacks none that
+    the sessions' own copies do not cost back, see :func:`.core.shares_weights`).
     """
 
     def __init__(self, arrays=None, low_memory=False):
