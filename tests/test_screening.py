@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+from pathlib import Path
 
 import pytest
 
@@ -90,7 +91,7 @@ def test_runall_by_default_screens_within_its_budget_and_verdicts_on_every_sampl
     assert summary["samples"] == 2 and summary["verdict"]["samples"]["calibration"] == SAMPLES
     saved = Sensitivity.load(summary["files"]["sensitivity"]["activation"])
     assert saved.confirmed and saved.confirmed_samples == SAMPLES
-    md = open(summary["files"]["summary_md"]).read()
+    md = Path(summary["files"]["summary_md"]).read_text()
     assert f"rankings on 2 of {SAMPLES} samples (what a 0 s budget allows), the top 10 of each confirmed" in md
 
 
