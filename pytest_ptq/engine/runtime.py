@@ -120,9 +120,10 @@ class Pager:
     but every page a run reads stays mapped, so a run over every layer left all the weights
     resident. Dropping a read-only shared file mapping's pages (madvise MADV_DONTNEED) is
     exact: the next read faults them back in from the page cache, which the kernel keeps or
-    reclaims as memory allows. The ceiling is on the resident pages of mapped files: those
-    when the first mapping is watched (the shared libraries') plus a quarter of the mapped
-    bytes, what a plain session holds for the same weights as int8. Below it pages stay, so runs that fit do not fault them back in
+    reclaims as memory allows. The ceiling is on the resident pages of mapped files: the
+    shared libraries' (measured as each mapping is watched, its pages handed back) plus a
+    quarter of the mapped bytes, what a plain session holds for the same weights as int8.
+    Below it pages stay, so runs that fit do not fault them back in
     (refaulting 192 MiB from the page cache takes about 20 ms; releasing after every run
     made a 192 MiB MatMul stack's activation ranking 2x slower, the ceiling about 1.4x).
     Measured (bench/bench_memory.py): the 192 MiB stack with external data 318 -> 204 MiB
@@ -142,7 +143,7 @@ class Pager:
         self._busy = threading.Event()
         self._running = 0
         self._thread = None
-        self.floor = None  # resident file bytes when the first mapping was watched
+        self.floor = None  # resident file bytes without the mappings' pages (see watch)
 
     @staticmethod
     def resident():
@@ -156,22 +157,24 @@ class Pager:
 
     def watch(self, array):
         """Release ``array``'s pages from now on, when it is a view on a file mapping."""
-        import mmap
+        from ..model.graph import hand_back, mapping
 
-        if not hasattr(mmap, "MADV_DONTNEED"):
+        mm = mapping(array)
+        if mm is None:
             return
-        base = array
-        while base is not None and not isinstance(base, mmap.mmap):
-            base = base.obj if isinstance(base, memoryview) else getattr(base, "base", None)
-        if base is not None:
-            with self._lock:
-                if self.floor is None:
-                    self.floor = self.resident() or 0
-                self._maps.add(base)
+        with self._lock:
+            if mm in self._maps:
+                return
+            self._maps.add(mm)
+            # pages read before the sessions go now, and the floor is the lowest resident set
+            # seen once they are gone: the libraries' pages
+            hand_back(mm)
+            resident = self.resident() or 0
+            self.floor = resident if self.floor is None else min(self.floor, resident)
 
     def release(self):
         """Hand back every watched mapping's resident pages if this process is above the ceiling."""
-        import mmap
+        from ..model.graph import hand_back
 
         with self._lock:
             maps = list(self._maps)
@@ -179,10 +182,7 @@ class Pager:
         if resident is not None and resident < self.floor + self.SHARE * sum(len(mm) for mm in maps if not mm.closed):
             return
         for mm in maps:
-            try:
-                mm.madvise(mmap.MADV_DONTNEED)
-            except (ValueError, OSError):  # closed since, or this kernel refuses: nothing to hand back
-                pass
+            hand_back(mm)
 
     def __enter__(self):
         if not self._maps:

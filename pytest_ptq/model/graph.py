@@ -217,6 +217,30 @@ def _mapped(init, folder, source):
                        f"({type(exc).__name__}: {exc}); keep the external data file beside the model") from None
 
 
+def mapping(array):
+    """The memory map ``array`` is a view on (a weight left in its file by :func:`load_mapped`
+    or :func:`externalize`), or None."""
+    import mmap
+
+    base = array
+    while base is not None and not isinstance(base, mmap.mmap):
+        base = base.obj if isinstance(base, memoryview) else getattr(base, "base", None)
+    return base
+
+
+def hand_back(mm):
+    """Drop this process's resident pages of the read-only file mapping ``mm``. Exact: a
+    later read faults them back in from the page cache. A no-op without madvise, or once
+    the mapping is closed."""
+    import mmap
+
+    if mm is not None and hasattr(mmap, "MADV_DONTNEED") and not mm.closed:
+        try:
+            mm.madvise(mmap.MADV_DONTNEED)
+        except (ValueError, OSError):  # this kernel refuses: the pages stay, nothing is lost
+            pass
+
+
 def initializer(name, value, shared):
     """The TensorProto for ``value`` in a built graph: a placeholder registered in ``shared``
     when large, else the value itself."""

@@ -23,7 +23,8 @@ from onnx import numpy_helper
 from .. import params
 from ..errors import NotQuantized, PTQError, unknown
 from . import formats, grids
-from .graph import externalize, load_mapped, load_model, name_nodes, restore, sort_topologically
+from .graph import (externalize, hand_back, load_mapped, load_model, mapping, name_nodes, restore,
+                    sort_topologically)
 from .producers import detect
 
 # Domains whose ops onnxruntime runs without a custom-op library.
@@ -434,6 +435,9 @@ class QuantModel:
                 w = np.take(w, range(min(w.shape[other], 8)), axis=other)
             close = np.abs(c.fake_quant(w) - w) <= 1e-6 * np.abs(w) + 1e-12
             c.on_grid = bool(close.mean() >= 0.999)
+            # a weight left in its file: the pages read go back, so that loading a model
+            # does not leave every weight resident (a 192 MiB model: 184 MiB)
+            hand_back(mapping(self.constant(c.input)))
 
     def _dynamic(self, node):
         """A DynamicQuantizeLinear whose three outputs only feed DequantizeLinear nodes: an
