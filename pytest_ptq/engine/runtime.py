@@ -123,11 +123,13 @@ class Pager:
     reclaims as memory allows. The ceiling is on the resident pages of mapped files: the
     shared libraries' (measured as each mapping is watched, its pages handed back) plus a
     quarter of the mapped bytes, what a plain session holds for the same weights as int8.
-    Below it pages stay, so runs that fit do not fault them back in
-    (refaulting 192 MiB from the page cache takes about 20 ms; releasing after every run
-    made a 192 MiB MatMul stack's activation ranking 2x slower, the ceiling about 1.4x).
-    Measured (bench/bench_memory.py): the 192 MiB stack with external data 318 -> 204 MiB
-    peak, a 1 GiB stack 1146 -> 455 MiB. Low-memory mode only, where sessions
+    Below it pages stay. Measured (bench/bench_memory.py, activation sensitivity): a 192 MiB
+    MatMul stack with external data peaks at 218 MiB instead of 318, a 1 GiB one at 457 MiB
+    instead of 1146 (1.04x a fused plain session). The price is the refaults: mapping pages
+    back costs about 0.1 ms per MiB, and a config of a memory-bound model reads its
+    downstream weights once, so the stacks' activation rankings take 2.2-2.5x as long (192
+    MiB, 8 samples: 1.1 -> 2.75 s; a ceiling of half the bytes 2.3 s at 266 MiB, of all of
+    them 1.6 s at 330 MiB). Low-memory mode only, where sessions
     share the mapped arrays (fast mode embeds copies). A no-op without madvise.
     """
 
