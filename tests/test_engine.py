@@ -397,6 +397,20 @@ def test_matmul_weights_quantized_on_their_last_axis_match_onnxruntime(tmp_path,
             np.testing.assert_array_equal(engine.run(i, keep)["y"], want[i]["y"], err_msg=f"{keep} {i}")
 
 
+def test_auto_memory_shares_matrix_product_weights_and_copies_convolution_ones(zoo, tmp_path, monkeypatch):
+    """memory="auto" runs a model whose large weights mostly feed MatMul in low-memory mode
+    and a convolution net in fast mode, both far below LOW_MEMORY_BYTES."""
+    import conventions
+    from pytest_ptq.model import graph
+
+    monkeypatch.setattr(graph, "LARGE_BYTES", 1)  # every weight is a shared one
+    data = conventions.mlp_samples(2)
+    mlp = builders.quantize(conventions.mlp_net(tmp_path / "float.onnx"), tmp_path / "mlp.onnx", data)
+    assert Engine(mlp, {"x": data["x"]}).shared.low_memory
+    assert not Engine(zoo.qdq("qdq_pc"), zoo.data("qdq_pc")).shared.low_memory
+    assert not Engine(mlp, {"x": data["x"]}, memory="fast").shared.low_memory
+
+
 @pytest.mark.parametrize("variant", ["qdq", "qdq_pc"])
 def test_configs_mixing_weights_and_activations_match_rewired_models(zoo, variant):
     """A segment runs in the form of the groups a config quantizes there (weights,
