@@ -48,7 +48,7 @@ from .metrics import get_metrics
 from .outputs import parse_outputs
 from .results import json_safe
 from .engine import engine_for
-from .screening import DEFAULT_BUDGET_S, screen
+from .screening import DEFAULT_BUDGET_S, DEFAULT_BUDGET_SAMPLES, screen
 from .sensitivity import sample_indices
 from .verdict import ALL, badness, three_configs
 
@@ -74,7 +74,7 @@ def _node_types(node_type):
 
 def runall(model_or_file, calibrated_data=None, save_dir="ptq_debug_runall", metrics=("cosine-similarity",),
            output_node=None, node_type=None, data_num=None, top=5, axis=None, float_model=None,
-           progress=True, average_mode=False, heldout=None, rank_samples=None, time_budget=DEFAULT_BUDGET_S,
+           progress=True, average_mode=False, heldout=None, rank_samples=None, time_budget=None,
            cache=None):
     """Run every analysis and write a tidy folder under ``save_dir``.
 
@@ -84,7 +84,8 @@ def runall(model_or_file, calibrated_data=None, save_dir="ptq_debug_runall", met
 
     Samples: ``data_num`` limits every step to the first N samples. The rankings score every
     node on ``rank_samples`` of them (an int, or "all"); by default (with neither given) on as
-    many as ``time_budget`` seconds allow, at least two, and then confirm the top 10 of each
+    many as ``time_budget`` seconds allow (default: what ranking 6 samples takes, measured on
+    the first, at most 60 s), at least two, and then confirm the top 10 of each
     ranking on every sample (see :mod:`~pytest_ptq.screening`); distributions and curves use
     the ranking's samples, the weights/activations verdict every sample.
 
@@ -99,7 +100,7 @@ def runall(model_or_file, calibrated_data=None, save_dir="ptq_debug_runall", met
     top = params.positive_int(top, "top")
     axis = params.axis(axis)
     rank_samples = params.rank_samples(rank_samples)
-    time_budget = params.seconds(time_budget, "time_budget")
+    time_budget = None if time_budget is None else params.seconds(time_budget, "time_budget")
     if rank_samples is None and data_num is not None:
         rank_samples = "all"  # asked for N samples: rank on all N
     start = time.perf_counter()
@@ -127,7 +128,9 @@ def _runall(engine, out, metrics, output_node, node_type, data_num, top, axis, p
     guard.makedirs(out)
     timings, files, steps = {}, {"sensitivity": {}}, 4
 
-    budget = "" if rank_samples is not None else f", as many samples as {time_budget:.0f} s allow"
+    budget = "" if rank_samples is not None else (
+        f", as many samples as {time_budget:.3g} s allow" if time_budget is not None else
+        f", on as many samples as the time of {DEFAULT_BUDGET_SAMPLES} allows (at most {DEFAULT_BUDGET_S:.0f} s)")
     with _step(timings, "sensitivity", f"[1/{steps}] sensitivity of {' and '.join(types)} nodes{budget}", progress):
         sens, screening = through(cache, ("runall rankings", base, tuple(types), rank_samples, time_budget),
                                   lambda: screen(engine, types, metric_objs, specs, every_index, budget_s=time_budget,

@@ -23,7 +23,14 @@ from .progress import Progress
 from .results import inputs_of, read_from
 from .sensitivity import Sensitivity, describe, merge_scores, ranked, score_configs, targets_for
 
+# The default budget: what ranking DEFAULT_BUDGET_SAMPLES samples takes, measured on the
+# first, and never more than DEFAULT_BUDGET_S. A budget in seconds alone ranked on more
+# samples the faster the machine (the PP-OCRv4 recogniser: 7 of 32 samples in 60 s with one
+# onnxruntime, 21 with a 3x faster one, and runall then cost 5.8x its one-sample run instead
+# of 2.9x); counted in samples, a model ranks on about as many samples on any machine (the
+# recogniser: 5 of 32, runall 2.45x its one-sample run; 7 and 3.07x with the time of 8).
 DEFAULT_BUDGET_S = 60.0
+DEFAULT_BUDGET_SAMPLES = 6
 DEFAULT_CONFIRM = 10
 
 
@@ -53,7 +60,7 @@ class Screening:
         """One sentence: how many samples ranked, how many confirmed the top."""
         if self.samples >= self.of:
             return f"rankings on all {self.of} sample(s)"
-        budget = f" (what a {self.budget_s:.0f} s budget allows)" if self.budget_s is not None else ""
+        budget = f" (what a {self.budget_s:.3g} s budget allows)" if self.budget_s is not None else ""
         return (f"rankings on {self.samples} of {self.of} samples{budget}, the top {self.confirmed} of each "
                 f"confirmed on all {self.of}")
 
@@ -69,12 +76,13 @@ def samples_within(budget_s, first_s, total, min_samples, confirm_share):
     return max(min_samples, min(total, math.floor(k)))
 
 
-def screen(engine, node_types, metric_objs, specs, indices, budget_s=DEFAULT_BUDGET_S, rank_samples=None,
+def screen(engine, node_types, metric_objs, specs, indices, budget_s=None, rank_samples=None,
            min_samples=2, confirm=DEFAULT_CONFIRM, progress=False):
     """``({node type: Sensitivity}, Screening)`` on the samples ``indices``.
 
     ``rank_samples``: how many samples every node is scored on (an int, or None to choose by
-    ``budget_s`` seconds, never fewer than ``min_samples``); the top ``confirm`` nodes of each
+    ``budget_s`` seconds, never fewer than ``min_samples``; None: the time the first sample
+    took times :data:`DEFAULT_BUDGET_SAMPLES`, at most :data:`DEFAULT_BUDGET_S`); the top ``confirm`` nodes of each
     ranking are then scored on all of ``indices``. Rankings are worst first; the confirmed
     nodes come first, in their order over every sample, each with ``details["samples"]``.
     """
@@ -91,6 +99,8 @@ def screen(engine, node_types, metric_objs, specs, indices, budget_s=DEFAULT_BUD
     with Progress(planned * len(configs), desc, enabled=bool(progress)) as bar:
         scores = score_configs(engine, configs, metric_objs, specs, indices[:1], bar)
         first_s = time.perf_counter() - start
+        if budget_s is None:
+            budget_s = min(DEFAULT_BUDGET_S, DEFAULT_BUDGET_SAMPLES * first_s)
         share = min(1.0, confirm * len(node_types) / max(1, len(configs)))
         k = (min(total, rank_samples) if rank_samples is not None
              else samples_within(budget_s, first_s, total, min_samples, share))

@@ -66,10 +66,23 @@ def test_ranking_on_every_sample_confirms_nothing(net):
     assert how.text() == f"rankings on all {SAMPLES} sample(s)"
 
 
+def test_the_default_budget_is_counted_in_samples_and_capped_in_seconds(net, monkeypatch):
+    """Without a budget, the rankings take the time of DEFAULT_BUDGET_SAMPLES samples as the
+    first one measured it (so the same samples on any machine), at most DEFAULT_BUDGET_S."""
+    from pytest_ptq import screening
+
+    monkeypatch.setattr(screening, "DEFAULT_BUDGET_SAMPLES", 3.5)
+    _, how = _screen(net, min_samples=1, confirm=0)
+    assert how.samples == 3 and 0 < how.budget_s < screening.DEFAULT_BUDGET_S
+    monkeypatch.setattr(screening, "DEFAULT_BUDGET_S", 1e-9)
+    _, how = _screen(net, min_samples=1, confirm=0)
+    assert how.samples == 1 and how.budget_s == 1e-9
+
+
 def test_a_tiny_budget_ranks_on_the_minimum_and_says_so(net):
     sens, how = _screen(net, budget_s=1e-9, min_samples=3, confirm=1)
     assert how.samples == 3 and how.budget_s == 1e-9 and how.confirmed == 1
-    assert how.text().startswith(f"rankings on 3 of {SAMPLES} samples (what a 0 s budget allows)")
+    assert how.text().startswith(f"rankings on 3 of {SAMPLES} samples (what a 1e-09 s budget allows)")
     assert set(how.confidence) == set() or all(c.samples == SAMPLES for c in how.confidence.values())
 
 
@@ -92,7 +105,7 @@ def test_runall_by_default_screens_within_its_budget_and_verdicts_on_every_sampl
     saved = Sensitivity.load(summary["files"]["sensitivity"]["activation"])
     assert saved.confirmed and saved.confirmed_samples == SAMPLES
     md = Path(summary["files"]["summary_md"]).read_text()
-    assert f"rankings on 2 of {SAMPLES} samples (what a 0 s budget allows), the top 10 of each confirmed" in md
+    assert f"rankings on 2 of {SAMPLES} samples (what a 1e-09 s budget allows), the top 10 of each confirmed" in md
 
 
 def test_runall_with_data_num_ranks_on_all_of_them(net):

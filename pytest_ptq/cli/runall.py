@@ -6,7 +6,7 @@ from pathlib import Path
 
 from .. import params
 from ..runall import runall
-from ..screening import DEFAULT_BUDGET_S
+from ..screening import DEFAULT_BUDGET_S, DEFAULT_BUDGET_SAMPLES
 from . import args as a
 
 
@@ -33,9 +33,10 @@ def configure(p):
                    metavar="N|all", help="samples the rankings score every node on. Default: as many as "
                    "--time-budget allows (at least 2), then the top 10 of each confirmed on every sample; "
                    "all the --data-num samples when --data-num is given")
-    p.add_argument("--time-budget", type=a.seconds, default=DEFAULT_BUDGET_S,
+    p.add_argument("--time-budget", type=a.seconds, default=None,
                    metavar="SECONDS", help=f"time the rankings may take when --rank-samples is not given. "
-                   f"Default: {DEFAULT_BUDGET_S:.0f}")
+                   f"Default: what ranking {DEFAULT_BUDGET_SAMPLES} samples takes (measured on the first), "
+                   f"at most {DEFAULT_BUDGET_S:.0f}")
     p.add_argument("--heldout", default=None, metavar="DIR",
                    help="held-out data: the weights/activations verdict is decided on it. Default: the calibration data")
     a.add_cache_dir(p)
