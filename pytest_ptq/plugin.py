@@ -58,7 +58,7 @@ class _Hooks:
 
     def __init__(self, ptq):
         self.ptq = ptq
-        self.groups_file = None  # xdist controller: see pytest_configure_node
+        self.groups_file = self.cores_folder = None  # xdist controller: see pytest_configure_node
 
     # tryfirst: -k, -m and --deselect then select the built-in contract's items like any other
     @pytest.hookimpl(tryfirst=True)
@@ -108,9 +108,11 @@ class _Hooks:
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_configure_node(self, node):
-        """xdist controller: name the file where the workers say which model each item checks."""
+        """xdist controller: name the file where the workers say which model each item checks, and
+        the folder where they say they run (see engine.runtime.share_cores)."""
         from . import spread
         self.groups_file = spread.groups_file(node.workerinput["testrunuid"])
+        self.cores_folder = spread.cores_folder(node.workerinput["testrunuid"])
         node.workerinput[spread.WORKERINPUT_KEY] = str(self.groups_file)
 
     @pytest.hookimpl(optionalhook=True)
@@ -125,6 +127,9 @@ class _Hooks:
     def pytest_unconfigure(self, config):
         if self.groups_file is not None:
             self.groups_file.unlink(missing_ok=True)
+            import shutil
+
+            shutil.rmtree(self.cores_folder, ignore_errors=True)
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_testnodedown(self, node, error):

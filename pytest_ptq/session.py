@@ -132,7 +132,10 @@ class PTQSession:
             if not self.analyses and self.is_worker:
                 from .engine import runtime
 
-                runtime.share_cores(self.config.workerinput.get("workercount", 1))
+                from .spread import cores_folder
+
+                runtime.share_cores(self.config.workerinput.get("workercount", 1),
+                                    cores_folder(self.config.workerinput["testrunuid"]))
             self.analyses[key.id] = Analysis(key, self.root, cache_dir=self.cache_dir())
         return self.analyses[key.id]
 
@@ -395,6 +398,10 @@ class PTQSession:
     def finish(self):
         """At session end: a worker hands its payloads over, anyone else writes the page."""
         if self.is_worker:
+            if self.analyses:  # its tests are done: the workers still running may take its cores
+                from .engine import runtime
+
+                runtime.leave()
             self.config.workeroutput[WORKER_TERMINAL] = json.dumps(self.terminal_payload())
         if self.settings.report is None:
             return

@@ -31,6 +31,12 @@ def groups_file(testrunuid):
     return Path(tempfile.gettempdir()) / f"pytest-ptq-groups-{testrunuid}.json"
 
 
+def cores_folder(testrunuid):
+    """The folder where one run's workers each keep a file while they run (see
+    :func:`~pytest_ptq.engine.runtime.share_cores`), in the system's temporary folder."""
+    return Path(tempfile.gettempdir()) / f"pytest-ptq-cores-{testrunuid}"
+
+
 def write_groups(path, models):
     """Worker: write ``{node id: model path}`` (``models``) to ``path``, atomically, so that
     the controller never reads half a file while another worker rewrites it."""

@@ -166,3 +166,46 @@ def test_workers_share_the_cores(pytester, two_models, monkeypatch):
     run(pytester, "-n", "2").assert_outcomes(passed=1)
     monkeypatch.setenv("EXPECTED_THREADS", "0")
     run(pytester, "-p", "no:xdist").assert_outcomes(passed=1)
+
+
+def test_a_worker_left_alone_takes_the_cores_its_peers_gave_back(tmp_path, monkeypatch):
+    """Processes sharing the cores each keep a file in one folder while they run: with two
+    there, each may keep half the cores busy; once the other has left, all of them."""
+    from pytest_ptq.engine import runtime
+
+    for name, value in (("_THREADS", 0), ("_PEERS", None), ("_SPARE", [0.0, 0])):
+        monkeypatch.setattr(runtime, name, value)
+    monkeypatch.setattr(os, "cpu_count", lambda: 4)
+    monkeypatch.setattr(runtime, "SPARE_LOOKUP_S", 0)  # looked up on every call
+    folder = tmp_path / "cores"
+    runtime.share_cores(2, folder)
+    (folder / "peer").touch()
+    assert runtime.cores() == 2 and runtime.all_cores() == 4 and runtime.spare_cores() == 2
+    (folder / "peer").unlink()
+    assert runtime.spare_cores() == 4
+    runtime.leave()
+    assert not any(folder.iterdir()) and runtime.spare_cores() == runtime.cores() == 2
+
+
+@pytest.mark.parametrize("limit", [1, 2])
+def test_configs_in_flight_follow_the_limit_of_the_moment(limit):
+    import threading
+    import time
+
+    from pytest_ptq.engine.workers import Workers
+
+    lock, state = threading.Lock(), {"now": 0, "most": 0}
+
+    def work(i):
+        with lock:
+            state["now"] += 1
+            state["most"] = max(state["most"], state["now"])
+        time.sleep(0.05)
+        with lock:
+            state["now"] -= 1
+        return i
+
+    pool = Workers(3, limit=lambda: limit)
+    assert list(pool.map(work, range(8))) == list(range(8))
+    pool.close()
+    assert state["most"] == limit

@@ -108,9 +108,9 @@ class Engine:
         self.optimization = runtime.check_level(optimization)
         self.providers = providers or runtime.default_providers()
         self.workers = check_count(workers)
-        count = default_count(self.providers, self.shared.low_memory, runtime.cores()) \
+        count = default_count(self.providers, self.shared.low_memory, runtime.all_cores()) \
             if workers == "auto" else workers
-        self._workers = Workers(count)
+        self._workers = Workers(count, limit=runtime.spare_cores if workers == "auto" else None)
         self.data = load_data(calibrated_data, self.qmodel, data_num) if calibrated_data is not None else None
         self.calib_names = [c.name for c in self.qmodel.calibration.values() if c.bypassable]
         alternatives = dict(alternatives or {})

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import threading
 
 from ..errors import PTQError
 
@@ -57,11 +58,30 @@ def check_count(workers):
 
 
 class Workers:
-    """A pool of ``count`` threads started on first use; :meth:`map` keeps the order."""
+    """A pool of ``count`` threads started on first use; :meth:`map` keeps the order.
+    ``limit``: a callable giving how many may run at once now (at most ``count``; the cores
+    this process may keep busy, which grow when the pytest-xdist workers it shares them with
+    have ended; see :func:`.runtime.spare_cores`)."""
 
-    def __init__(self, count):
+    def __init__(self, count, limit=None):
         self.count = count
+        self._limit = limit
         self._pool = None
+        self._gate = threading.Condition()
+        self._active = 0
+
+    def _gated(self, fn, item):
+        """``fn(item)`` once fewer than ``limit()`` calls are running."""
+        with self._gate:
+            while self._active >= max(1, self._limit()):
+                self._gate.wait(0.5)  # the limit is looked up again, not signalled
+            self._active += 1
+        try:
+            return fn(item)
+        finally:
+            with self._gate:
+                self._active -= 1
+                self._gate.notify()
 
     def map(self, fn, items):
         """``fn(item)`` for each of ``items``, in order, at most ``count`` at once, and no more
@@ -77,8 +97,9 @@ class Workers:
             self._pool = concurrent.futures.ThreadPoolExecutor(count, thread_name_prefix="ptq-config")
         pending = collections.deque()
         try:
+            call = fn if self._limit is None else (lambda item: self._gated(fn, item))
             for item in items:
-                pending.append(self._pool.submit(fn, item))
+                pending.append(self._pool.submit(call, item))
                 if len(pending) >= 2 * count:
                     yield pending.popleft().result()
             while pending:
