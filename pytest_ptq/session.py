@@ -131,7 +131,6 @@ class PTQSession:
         if key.id not in self.analyses:
             if not self.analyses and self.is_worker:
                 from .engine import runtime
-
                 from .spread import cores_folder
 
                 runtime.share_cores(self.config.workerinput.get("workercount", 1),
