@@ -287,10 +287,10 @@ def leave():
     """This process stops sharing the cores: its peers may take them (at its end)."""
     global _PEERS
     if _PEERS is not None:
-        try:
+        import contextlib
+
+        with contextlib.suppress(OSError):  # removed with its folder already
             os.remove(_PEERS[1])
-        except OSError:  # removed with its folder already
-            pass
         _PEERS = None
 
 

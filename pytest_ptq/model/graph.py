@@ -8,6 +8,7 @@ order would not) and every node gets a unique name (unnamed ones ``<OpType>_<k>`
 
 from __future__ import annotations
 
+import contextlib
 import heapq
 import os
 from collections import defaultdict
@@ -235,10 +236,8 @@ def hand_back(mm):
     import mmap
 
     if mm is not None and hasattr(mmap, "MADV_DONTNEED") and not mm.closed:
-        try:
+        with contextlib.suppress(ValueError, OSError):  # this kernel refuses: the pages stay, nothing is lost
             mm.madvise(mmap.MADV_DONTNEED)
-        except (ValueError, OSError):  # this kernel refuses: the pages stay, nothing is lost
-            pass
 
 
 def initializer(name, value, shared):
