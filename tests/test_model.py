@@ -273,3 +273,56 @@ def test_a_model_proto_keeps_its_unnamed_nodes(zoo):
     before = proto.SerializeToString()
     assert "Conv_0" in QuantModel(proto).normal
     assert proto.SerializeToString() == before
+
+
+@pytest.mark.parametrize("shape, scale_shape, axis, block", [
+    ((40, 30), (), None, 0),            # per tensor
+    ((40, 30), (40,), 0, 0),            # per channel on the rows (a convolution's output channels)
+    ((40, 30), (30,), 1, 0),            # per channel on another axis (a MatMul weight's columns)
+    ((40, 30), (40, 3), 1, 10),         # blocks along the columns
+    ((45, 30), (3, 30), 0, 16),         # blocks along the rows, the last one short
+    ((), (), None, 0),                  # a scalar
+])
+def test_fake_quant_and_dequantize_by_row_blocks_equal_the_whole_tensor(monkeypatch, shape, scale_shape, axis, block):
+    """A large weight is computed a block of rows at a time; the values are those of the
+    whole tensor at once, computed here with numpy from the parameters directly."""
+    from pytest_ptq.model import grids, qdq
+
+    rng = np.random.default_rng(0)
+    scale = rng.uniform(0.01, 0.05, scale_shape).astype(np.float32)
+    zp = rng.integers(-3, 4, scale_shape).astype(np.int8)
+    c = qdq.CalibrationNode("w_QuantizeLinear", "weight", "w", None, [], scale, zp, axis, onnx.TensorProto.INT8,
+                            grids.GRIDS[onnx.TensorProto.INT8], 1.0, block)
+    x = (rng.standard_normal(shape) * 2).astype(np.float32)
+    codes = rng.integers(-128, 128, shape).astype(np.int8)
+    if block:  # each scale repeated over its block, cut to the tensor
+        s = np.repeat(scale.astype(np.float64), block, axis=axis)[tuple(slice(0, n) for n in shape)]
+        z = np.repeat(zp.astype(np.float64), block, axis=axis)[tuple(slice(0, n) for n in shape)]
+    elif scale.size > 1:
+        s = scale.astype(np.float64).reshape([-1 if k == axis else 1 for k in range(len(shape))])
+        z = zp.astype(np.float64).reshape(s.shape)
+    else:
+        s, z = np.float64(scale), np.float64(zp)
+    want_fq = ((np.clip(np.rint(x / s) + z, -128, 127) - z) * s).astype(np.float32)
+    want_dq = ((codes - z) * s).astype(np.float32)
+    monkeypatch.setattr(qdq, "ROW_BLOCK", 100)  # blocks of about 3 rows
+    assert len(list(c.row_blocks(shape))) == (1 if not shape else -(-shape[0] // (16 if axis == 0 and block else 3)))
+    np.testing.assert_array_equal(c.fake_quant(x), want_fq)
+    np.testing.assert_array_equal(c.dequantize(codes), want_dq)
+
+
+def test_float_weights_stay_mapped_in_the_float_model_file(tmp_path, monkeypatch):
+    """The float model's large weights are read from its file, not copied, and matched to
+    the quantized ones a few rows at a time."""
+    from pytest_ptq.model import graph, qdq
+
+    fpath = builders.conv_net(tmp_path / "f.onnx", channels=64)
+    qpath = builders.quantize(fpath, tmp_path / "q.onnx", builders.samples(4), per_channel=True, keep_float=False)
+    monkeypatch.setattr(qdq, "ROW_BLOCK", 1000)
+    qm = QuantModel(qpath, float_model=fpath)
+    want = _inits(onnx.load(str(fpath)))["w2"]
+    assert want.nbytes >= graph.LARGE_BYTES
+    (c,) = [c for c in qm.of_kind("weight") if "conv2" in c.consumers and c.role != "bias"]
+    value = qm.float_weights[c.float_weight]
+    np.testing.assert_array_equal(value, want)
+    assert graph.mapping(value) is not None  # a view on the file's mapping

@@ -11,10 +11,10 @@
 A new producer convention goes here, recognised by structure and values.
 """
 
-from .graph import load_model
+from .graph import load_model, load_weightless
 from .grids import GRIDS, Grid, grid_of
 from .producers import Producer, detect
 from .qdq import CalibrationNode, NormalNode, QParams, QuantModel
 
-__all__ = ["QuantModel", "CalibrationNode", "NormalNode", "QParams", "load_model", "Grid", "GRIDS", "grid_of",
+__all__ = ["QuantModel", "CalibrationNode", "NormalNode", "QParams", "load_model", "load_weightless", "Grid", "GRIDS", "grid_of",
            "Producer", "detect"]

@@ -31,7 +31,7 @@ import onnx
 from onnx import numpy_helper
 
 from . import grids
-from .graph import load_model, name_nodes, sort_topologically
+from .graph import hand_back, load_weightless, mapping, name_nodes, sort_topologically
 
 # Share of a weight's elements that must lie within rounding of the float candidate.
 FIT_SHARE = 0.99
@@ -71,8 +71,9 @@ class Alignment:
 class _Float:
     """The float graph, sorted and named like the QDQ one, with its constants."""
 
-    def __init__(self, model):
+    def __init__(self, model, arrays):
         graph = model.graph
+        self.arrays = arrays  # its large constants, mapped from the file where they are stored
         name_nodes(graph)
         sort_topologically(graph, "the float model")
         self.inits = {i.name: i for i in graph.initializer}
@@ -91,7 +92,9 @@ class _Float:
         if name in self._values:
             return self._values[name]
         value = None
-        if name in self.inits:
+        if name in self.arrays:
+            value = self.arrays[name]
+        elif name in self.inits:
             value = numpy_helper.to_array(self.inits[name])
         elif name in self.constant_nodes:
             for a in self.constant_nodes[name].attribute:
@@ -125,8 +128,10 @@ def align(qm, float_model):
     """Align ``qm`` (a :class:`~pytest_ptq.model.QuantModel`) with ``float_model``; sets the
     float weights (``qm.float_weights``, ``c.float_weight``) and folds (``c.folded``) it finds
     and returns the :class:`Alignment` (also kept as ``qm.alignment``)."""
-    fmodel, _ = load_model(float_model, what="float model")
-    f = _Float(fmodel)
+    # its large weights stay in their file (mapped), as the calibrated model's do: a float
+    # model read whole held a copy of every weight beside the calibrated one's
+    fmodel, _, arrays = load_weightless(float_model, what="float model")
+    f = _Float(fmodel, arrays)
     by_output = qm.by_output()
     tmatch = {}  # QDQ tensor -> float tensor
     q_inputs, f_inputs = qm.input_names, f.inputs
@@ -167,20 +172,24 @@ def align(qm, float_model):
     return result
 
 
-def _once(cache, key, fn, *args):
+def _latest(cache, key, fn, *args):
+    """``fn(*args)``, kept for the next call with ``key`` only: a node's candidates ask for its
+    weight's value again and again, but keeping every dequantized weight held a float copy
+    of all of them while aligning."""
     if key not in cache:
+        cache.clear()
         cache[key] = fn(*args)
     return cache[key]
 
 
 def _expectation(qm, by_output, tmatch, name, values):
     """What input ``name`` of a QDQ node should be on the float side; ``values`` caches the
-    weights' values, compared with every candidate."""
+    weight's value, compared with every candidate."""
     if not name:
         return ("none",)
     c = by_output.get(name)
     if c is not None and c.kind == "weight":
-        return ("weight", c, tuple(qm.shapes.get(c.input, ())), lambda: _once(values, c.name, _model_value, qm, c))
+        return ("weight", c, tuple(qm.shapes.get(c.input, ())), lambda: _latest(values, c.name, _model_value, qm, c))
     t = c.input if c is not None else name
     if t in tmatch:
         return ("tensor", tmatch[t], c)
@@ -315,7 +324,9 @@ def _by_value(f, index, c, mine, by_size=None):
             fw = f.constant(fname)
             fw = {"same": fw, "transposed": fw.T}.get(how) if how != "reshaped" else fw.reshape(mine.shape)
             if fits(c, mine, fw):
-                err = float(np.abs(mine.astype(np.float64) - fw).max())
+                err = max(float(np.abs(mine[rows].astype(np.float64) - fw[rows]).max(initial=0))
+                          for rows, _ in c.row_blocks(mine.shape))
+                _hand_back(mine, fw)
                 if best is None or err < best[0]:
                     best = (err, fname, fw)
     return None if best is None else (best[1], best[2])
@@ -341,15 +352,26 @@ def fits(c, mine, fw):
     fw = np.asarray(fw)
     if fw.dtype.kind != "f" or tuple(fw.shape) != tuple(mine.shape):
         return False
-    fw64 = fw.astype(np.float64)
-    try:
-        bound = grids.step_bound(fw64, c.grid, c.scale, c.axis, c.block_size)
-        lo, hi = c.bounds(fw.shape)
-    except ValueError:  # scales that do not broadcast against this shape: not its weight
-        return False
-    err = np.abs(mine.astype(np.float64) - fw64)
-    ok = (err <= bound * 1.001 + 1e-7 * np.abs(fw64)) | (fw64 < lo) | (fw64 > hi)
-    return bool(ok.mean() >= FIT_SHARE)
+    good = 0
+    for rows, part in c.row_blocks(fw.shape):
+        fw64 = fw[rows].astype(np.float64)
+        try:
+            bound = grids.step_bound(fw64, part.grid, part.scale, part.axis, part.block_size)
+            lo, hi = part.bounds(fw64.shape)
+        except ValueError:  # scales that do not broadcast against this shape: not its weight
+            return False
+        err = np.abs(mine[rows].astype(np.float64) - fw64)
+        good += int(np.count_nonzero((err <= bound * 1.001 + 1e-7 * np.abs(fw64)) | (fw64 < lo) | (fw64 > hi)))
+    _hand_back(mine, fw)
+    return fw.size > 0 and good >= FIT_SHARE * fw.size
+
+
+def _hand_back(*arrays):
+    """Return the pages of weights left in their files (see :func:`.graph.mapping`) once read:
+    comparing every weight with its float model otherwise leaves both files resident."""
+    for array in arrays:
+        if isinstance(array, np.ndarray):
+            hand_back(mapping(array))
 
 
 def _set_float(qm, c, fw, fname):
@@ -358,7 +380,7 @@ def _set_float(qm, c, fw, fname):
     dtype = onnx.helper.tensor_dtype_to_np_dtype(elem)
     if c.q_node is not None and not c.on_grid:
         return  # the float weight behind the pair is the float weight
-    value = np.ascontiguousarray(np.asarray(fw).astype(dtype))
+    value = np.ascontiguousarray(np.asarray(fw).astype(dtype, copy=False))  # a mapped weight stays mapped
     name = f"ptq_float::{fname}"
     if name in qm.float_weights and qm.float_weights[name].shape != value.shape:
         name += "::T"  # the same float weight transposed for another node

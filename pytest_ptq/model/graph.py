@@ -387,3 +387,26 @@ def load_mapped(path):
                                               offset=offset).reshape(tuple(init.dims))
             init.CopyFrom(placeholder(init.name, arrays[init.name]))
     return model, arrays
+
+
+def load_light(model_or_file, what="model"):
+    """``(model, path, {name: mapped array})``: a file's large inline weights stay in the file
+    (memory-mapped, placeholders in the proto, see :func:`load_mapped`); external data stays
+    where it is (see :func:`externalize`); a ModelProto is copied whole."""
+    if not isinstance(model_or_file, onnx.ModelProto):
+        model, path = load_model(model_or_file, what, external=False, parse=False)
+        light = load_mapped(path)
+        if light is not None and light[0].graph.node:
+            return light[0], path, light[1]
+        return load_model(path, what, external=False) + ({},)
+    return load_model(model_or_file, what) + ({},)
+
+
+def load_weightless(model_or_file, what="model"):
+    """``(model, path, {name: array})``: the model with every large initializer a placeholder
+    and its value mapped from the file that stores it (inline or external data), or copied
+    out of a ModelProto (see :func:`load_light`, :func:`externalize`)."""
+    model, path, mapped = load_light(model_or_file, what)
+    arrays = externalize(model.graph, mapped, path.parent if path else None, f"the {what} {str(path)!r}" if path
+                         else f"the {what}")
+    return model, path, arrays
