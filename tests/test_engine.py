@@ -315,6 +315,29 @@ def test_weights_shared_between_sessions_run_as_embedded_ones(zoo, variant, monk
                 np.testing.assert_allclose(got[name], want[name], rtol=1e-5, atol=1e-6, err_msg=f"{config} {name}")
 
 
+def test_whole_graph_sessions_gate_each_weight_where_it_is_used(zoo, monkeypatch):
+    """quantize_static writes every weight's DQ first; a session whose weights pass through
+    their gates at run time (low-memory mode) would compute them all before the first layer
+    and hold them at once. Each weight's gate comes right before the node reading it."""
+    from pytest_ptq.engine import runtime
+    from pytest_ptq.model import graph
+
+    compiled = []
+    make = runtime.make_session
+    monkeypatch.setattr(runtime, "make_session", lambda model, *a, **k: compiled.append(model) or make(model, *a, **k))
+    monkeypatch.setattr(graph, "LARGE_BYTES", 1)
+    qpath = zoo.qdq("dq_weights")
+    stored = [n.name for n in onnx.load(str(qpath)).graph.node]
+    engine = Engine(qpath, zoo.data("dq_weights"), float_model=zoo.float("dq_weights"), memory="low", check=False)
+    engine.session("main")
+    (model,) = compiled
+    order = [n.name for n in model.graph.node]
+    weight = next(c for c in engine.qmodel.of_kind("weight") if "conv2" in c.consumers and c.role != "bias")
+    assert stored.index(weight.dq_nodes[0].name) < stored.index("conv1")  # the file computes it first
+    gate = next(n.name for n in model.graph.node if weight.outputs[0] in n.output)
+    assert order.index("conv1") < order.index(gate) < order.index("conv2")
+
+
 def _resident_kib(path):
     """KiB of ``path``'s pages mapped into this process and resident (/proc/self/smaps)."""
     total, inside = 0, False

@@ -22,7 +22,7 @@ from ..errors import PTQError, unknown
 from ..model import QuantModel
 from ..model.qdq import custom_op_sentence
 from . import batching, runtime, sanity
-from .instrument import LOCAL_PREFIX, Gates, instrument, lowered
+from .instrument import LOCAL_PREFIX, Gates, constants_late, instrument, lowered
 from .segments import Segments
 from .workers import Workers, affordable, check_count, default_count
 
@@ -211,7 +211,8 @@ class Engine:
         return model
 
     def _compile(self, model):
-        nodes = lowered(model.graph.node)
+        inits = {i.name for i in model.graph.initializer}
+        nodes = lowered(constants_late(list(model.graph.node), inits, self._gates))
         del model.graph.node[:]
         model.graph.node.extend(nodes)
         return runtime.make_session(model, self.optimization, self.providers, what=repr(self.source),

@@ -17,7 +17,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from ..model.graph import initializer
+from ..model.graph import initializer, node_refs
 from ..model.qdq import HALF_TYPES
 
 FLAG_PREFIX = "ptq_flag::"
@@ -116,6 +116,43 @@ def instrument(qmodel, gates, extra_outputs=(), local=False, shared=None):
                 t, qmodel.value_types.get(base, onnx.TensorProto.FLOAT), None))
             present.add(t)
     return model
+
+
+def constants_late(nodes, inits, gates):
+    """``nodes`` with every node computed from constants only (weight gates, weight DQs,
+    Constant; ``inits``: the initializer names, ``gates``: the :class:`Gates`, whose flags
+    count as constants) moved to just before its first consumer.
+
+    Quantizers emit weight Q/DQ first. Left there, a dequantized weight would cross segment
+    boundaries as a fed tensor, which onnxruntime cannot prepack; and a session whose weights
+    pass through gates at run time (low-memory mode) computes them in graph order, so all at
+    once: a 180 MiB convolution net's bypassed run held a copy of every weight (+240 MiB).
+    """
+    constant = set(inits)
+    deferred = {}  # output name -> node
+    order, emitted = [], set()
+
+    def emit(node):
+        if id(node) in emitted:
+            return
+        emitted.add(id(node))
+        for r in node_refs(node):
+            if r in deferred:
+                emit(deferred[r])
+        order.append(node)
+
+    for node in nodes:
+        refs = node_refs(node)
+        if node.op_type != "If" or gate_of(node) is not None:
+            if all(r in constant for r in refs if not gates.is_feed(r)):
+                constant.update(node.output)
+                for o in node.output:
+                    deferred[o] = node
+                continue
+        emit(node)
+    for node in nodes:
+        emit(node)
+    return order
 
 
 def lowered(nodes):

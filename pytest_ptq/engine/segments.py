@@ -29,7 +29,7 @@ from onnx import helper
 
 from ..errors import PTQError
 from ..model.graph import node_refs
-from .instrument import bypass_nodes, gate_of, lowered, quantized_nodes
+from .instrument import bypass_nodes, constants_late, gate_of, lowered, quantized_nodes
 from .runtime import make_session, run
 
 WEIGHTS, ACTIVATIONS = "weights", "activations"  # the groups of gates in a segment's form
@@ -60,7 +60,7 @@ class Segments:
         self.template = model
         graph = model.graph
         self.inits = {i.name: i for i in graph.initializer}
-        self.nodes = self._constants_late(list(graph.node))
+        self.nodes = constants_late(list(graph.node), self.inits, gates)
         self.flag_names = gates.feed_names()
         self.model_inputs = [i.name for i in graph.input if i.name not in self.flag_names
                              and i.name not in self.inits]
@@ -76,39 +76,6 @@ class Segments:
         self._plan(count)
         self._sessions = collections.OrderedDict()  # (segment, form, stacked) -> session, by last use
         self._state = None  # (sample key, boundary values) of the last reference
-
-    def _constants_late(self, nodes):
-        """Move every node computed from constants only (weight gates, weight DQs, Constant)
-        to just before its first consumer.
-
-        Quantizers emit weight Q/DQ first; left there, a dequantized weight would cross
-        segment boundaries as a fed tensor, and onnxruntime cannot prepack a fed weight.
-        """
-        constant = set(self.inits)
-        deferred = {}  # output name -> node
-        order, emitted = [], set()
-
-        def emit(node):
-            if id(node) in emitted:
-                return
-            emitted.add(id(node))
-            for r in node_refs(node):
-                if r in deferred:
-                    emit(deferred[r])
-            order.append(node)
-
-        for node in nodes:
-            refs = node_refs(node)
-            if node.op_type != "If" or gate_of(node) is not None:
-                if all(r in constant for r in refs if not self.gates.is_feed(r)):
-                    constant.update(node.output)
-                    for o in node.output:
-                        deferred[o] = node
-                    continue
-            emit(node)
-        for node in nodes:
-            emit(node)
-        return order
 
     # -- planning ------------------------------------------------------------------------
     def _plan(self, count):
