@@ -2,7 +2,8 @@
 
 Builds a QDQ model whose float weights total ``--weights-mib`` (a stack of MatMuls with
 per-channel int8 weight pairs and uint8 activation pairs, float weights kept behind the
-pairs, as quantize_static with AddQDQPairToWeight writes them) and measures, each in a
+pairs, as quantize_static with AddQDQPairToWeight writes them; with ``--conv``, a stack of
+convolutions that quantize_static quantizes, see :func:`build_conv`) and measures, each in a
 fresh process (peak resident set, VmHWM):
 
   plain     onnxruntime.InferenceSession(model) with default options, one run;
@@ -12,7 +13,7 @@ fresh process (peak resident set, VmHWM):
 and prints the ratios engine / plain (target <= 1.5 at any N); each figure is the median
 of --repeat processes.
 
-Usage: python bench/bench_memory.py [--weights-mib 192] [--samples 1 8] [--keep DIR]
+Usage: python bench/bench_memory.py [--weights-mib 192] [--samples 1 8] [--keep DIR] [--conv dq|pairs]
        python bench/bench_memory.py --model QDQ.onnx --data DATA [--float-model FLOAT.onnx]
 """
 
@@ -75,6 +76,51 @@ def build(folder, weights_mib, inline=False):
     return layers
 
 
+CHANNELS, SIZE = 1024, 14  # --conv: a layer holds CHANNELS^2 3x3 float32 weights (36 MiB)
+
+
+def build_conv(folder, weights_mib, pairs=False):
+    """A stack of 3x3 convolutions + Relu (``float.onnx``, weights inline), quantized by
+    onnxruntime's quantize_static per channel into ``model.onnx``: with its defaults (int8
+    weights behind lone DequantizeLinear, Relus folded: the engine needs the float model), or
+    with ``pairs`` float weights behind Q/DQ pairs. 8 samples under ``folder/data``."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+
+    layers = max(1, round(weights_mib * 2**20 / (CHANNELS * CHANNELS * 9 * 4)))
+    rng = np.random.default_rng(0)
+    nodes, inits, src = [], [], "x"
+    for k in range(layers):
+        w = (rng.standard_normal((CHANNELS, CHANNELS, 3, 3)) / np.sqrt(9 * CHANNELS)).astype(np.float32)
+        inits += [numpy_helper.from_array(w, f"w{k}"), numpy_helper.from_array(np.zeros(CHANNELS, np.float32), f"b{k}")]
+        nodes += [helper.make_node("Conv", [src, f"w{k}", f"b{k}"], [f"c{k}"], pads=[1, 1, 1, 1], name=f"conv{k}"),
+                  helper.make_node("Relu", [f"c{k}"], [f"r{k}"], name=f"relu{k}")]
+        src = f"r{k}"
+    shape = [1, CHANNELS, SIZE, SIZE]
+    graph = helper.make_graph(nodes, "convs", [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+                              [helper.make_tensor_value_info(src, TensorProto.FLOAT, shape)], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, str(folder / "float.onnx"))
+    xs = [rng.standard_normal(shape).astype(np.float32) for _ in range(8)]
+    (folder / "data" / "x").mkdir(parents=True, exist_ok=True)
+    for i, x in enumerate(xs):
+        np.save(folder / "data" / "x" / f"{i}.npy", x)
+
+    class Reader(CalibrationDataReader):
+        def __init__(self):
+            self.it = iter([{"x": x} for x in xs[:2]])
+
+        def get_next(self):
+            return next(self.it, None)
+
+    quantize_static(str(folder / "float.onnx"), str(folder / "model.onnx"), Reader(), quant_format=QuantFormat.QDQ,
+                    per_channel=True, activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8,
+                    extra_options={"AddQDQPairToWeight": True} if pairs else {})
+    return layers
+
+
 CHILD = r'''
 import json, os, sys
 def peak():
@@ -119,6 +165,9 @@ def main(argv=None):
     p.add_argument("--weights-mib", type=float, default=192)
     p.add_argument("--samples", type=int, nargs="+", default=[1, 8])
     p.add_argument("--inline", action="store_true", help="weights inside the .onnx file (default: external data)")
+    p.add_argument("--conv", choices=["dq", "pairs"], default=None,
+                   help="a convolution stack quantized by quantize_static instead: int8 weights behind lone DQs "
+                        "(its defaults) or float weights behind pairs; the engine gets the float model")
     p.add_argument("--repeat", type=int, default=3, help="processes per measurement (the median is printed)")
     p.add_argument("--keep", default=None, help="build the model here (and keep it) instead of a temp folder")
     p.add_argument("--model", default=None, help="measure this QDQ model instead of building one (with --data)")
@@ -132,10 +181,18 @@ def main(argv=None):
         else:
             folder = Path(args.keep or tmp)
             folder.mkdir(parents=True, exist_ok=True)
-            layers = build(folder, args.weights_mib, args.inline)
             model, data = folder / "model.onnx", folder / "data"
-            where = "inline" if args.inline else "as external data"
-            print(f"model: {layers} MatMul layers, {layers * WIDTH * WIDTH * 4 / 2**20:.0f} MiB of float weights {where}")
+            if args.conv:
+                layers = build_conv(folder, args.weights_mib, pairs=args.conv == "pairs")
+                args.float_model = str(folder / "float.onnx")
+                held = "behind Q/DQ pairs" if args.conv == "pairs" else "as int8 behind lone DQs"
+                print(f"model: {layers} 3x3 convolutions, {layers * CHANNELS * CHANNELS * 36 / 2**20:.0f} MiB of float "
+                      f"weights inline, stored {held}; the float model given")
+            else:
+                layers = build(folder, args.weights_mib, args.inline)
+                where = "inline" if args.inline else "as external data"
+                print(f"model: {layers} MatMul layers, {layers * WIDTH * WIDTH * 4 / 2**20:.0f} MiB of float weights "
+                      f"{where}")
         most = max(args.samples)
         plain = measure("plain", model, data, most, repeat=args.repeat)
         fake = measure("plain-fake-quant", model, data, most, repeat=args.repeat)
