@@ -16,5 +16,5 @@ from .grids import GRIDS, Grid, grid_of
 from .producers import Producer, detect
 from .qdq import CalibrationNode, NormalNode, QParams, QuantModel
 
-__all__ = ["QuantModel", "CalibrationNode", "NormalNode", "QParams", "load_model", "load_weightless", "Grid", "GRIDS", "grid_of",
-           "Producer", "detect"]
+__all__ = ["QuantModel", "CalibrationNode", "NormalNode", "QParams", "load_model", "load_weightless", "Grid", "GRIDS",
+           "grid_of", "Producer", "detect"]

@@ -28,8 +28,8 @@ from .graph import (externalize, hand_back, load_light, load_model, mapping, nam
                     sort_topologically)
 from .producers import detect
 
+ROW_BLOCK = 1 << 20  # elements of a weight that numpy computes on at once (see CalibrationNode.row_blocks)
 # Domains whose ops onnxruntime runs without a custom-op library.
-ROW_BLOCK = 1 << 20  # elements of a weight that numpy checks on at once (see CalibrationNode.row_blocks)
 STANDARD_DOMAINS = ("", "ai.onnx", "com.microsoft", "ai.onnx.ml")
 FLOAT_TYPES = (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE, onnx.TensorProto.BFLOAT16)
 HALF_TYPES = (onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16)  # 16-bit floats
@@ -206,7 +206,8 @@ class CalibrationNode:
         """``compute(node, rows)`` (a float32 array of those rows) over :meth:`row_blocks`."""
         blocks = list(self.row_blocks(np.shape(x)))
         if len(blocks) == 1:
-            return compute(*blocks[0][::-1])
+            rows, c = blocks[0]
+            return compute(c, rows)
         out = np.empty(np.shape(x), np.float32)
         for rows, c in blocks:
             out[rows] = compute(c, rows)
