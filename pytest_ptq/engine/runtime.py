@@ -419,9 +419,6 @@ def make_session(model, optimization="all", providers=None, fake_quant=True, opt
     try:
         try:
             session = _loaded(model, options, providers, [*disabled, *ALWAYS_DISABLED])
-            if shared is not None and shared.low_memory:
-                _SHRINKING.add(session)
-            return session
         except Exception as exc:
             if not disabled or "external data" not in str(exc):
                 raise
@@ -430,12 +427,15 @@ def make_session(model, optimization="all", providers=None, fake_quant=True, opt
             from ..model.graph import restore
 
             options = session_options(optimization, fake_quant, optimized_path, libraries, threads)
-            return _loaded(restore(given, shared.arrays), options, providers, list(ALWAYS_DISABLED))
+            session = _loaded(restore(given, shared.arrays), options, providers, list(ALWAYS_DISABLED))
     except PTQError:
         raise
     except Exception as exc:
         raise PTQError(f"onnxruntime cannot load {what} ({first_line(exc)}); check that it runs in a plain "
                        "onnxruntime session") from None
+    if shared is not None and shared.low_memory:
+        _SHRINKING.add(session)
+    return session
 
 
 def _loaded(model, options, providers, disabled):
