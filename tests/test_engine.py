@@ -386,6 +386,61 @@ def test_low_memory_runs_hand_mapped_weights_back_above_the_ceiling(zoo, tmp_pat
             np.testing.assert_allclose(got["prob"], want["prob"], rtol=1e-5, atol=1e-6, err_msg=f"{config}")
 
 
+@pytest.mark.skipif(not Path("/proc/self/smaps").exists(), reason="reads Linux's /proc/self/smaps")
+def test_pager_counts_a_file_mapped_twice_once_and_its_floor_holds_no_weights(zoo, tmp_path, monkeypatch):
+    """The float model is mapped twice (by the alignment and by the check's float session):
+    the ceiling's mapped bytes count it once. And the pages an analysis read before any
+    session (mappings no session was given yet) go when the first weight is watched, so the
+    floor (the libraries' pages) does not hold them for good."""
+    from pytest_ptq.engine import runtime
+    from pytest_ptq.model import graph
+
+    out = tmp_path / "model.onnx"
+    onnx.save(onnx.load(str(zoo.qdq("qdq_pc"))), str(out), save_as_external_data=True, location="w.bin",
+              size_threshold=0)
+    monkeypatch.setattr(graph, "LARGE_BYTES", 1)
+    loads = [graph.load_weightless(out)[2] for _ in range(2)]
+    loads = [{k: a for k, a in arrays.items() if graph.mapping(a) is not None} for arrays in loads]
+    maps = [[graph.mapping(a) for a in arrays.values()] for arrays in loads]
+    assert len(maps[0]) == len(maps[1]) >= 2
+    once = graph.mapped_bytes(maps[0])
+    assert once >= sum(a.nbytes for a in loads[0].values())
+    assert graph.mapped_bytes(maps[0] + maps[1]) == once
+    for arrays in loads:
+        for a in arrays.values():
+            float(np.asarray(a, np.float64).sum())  # read: its pages are resident
+    assert _resident_kib(tmp_path / "w.bin") > 0
+    pager = runtime.Pager()
+    pager.watch(next(iter(loads[0].values())))
+    assert _resident_kib(tmp_path / "w.bin") == 0
+    assert pager.floor <= runtime.Pager.resident()
+
+
+def test_pager_looks_sooner_as_pages_fault_in_fast_near_the_ceiling(monkeypatch):
+    """The pager's next look comes before the resident set, growing at the fastest pace seen,
+    passes the ceiling: at most PERIOD apart, at least MIN_PERIOD."""
+    import time
+
+    from pytest_ptq.engine import runtime
+    from pytest_ptq.model import graph
+
+    mib = 2**20
+    monkeypatch.setattr(graph, "file_mappings", lambda: [])
+    pager = runtime.Pager()
+    pager.floor = 100 * mib  # the ceiling, with no mappings
+    looks = iter([(0.0, 10), (0.010, 60), (0.018, 95), (0.030, 20)])  # (seconds, resident MiB)
+    state = {}
+    monkeypatch.setattr(time, "monotonic", lambda: state["t"])
+    monkeypatch.setattr(runtime.Pager, "resident", staticmethod(lambda: state["r"] * mib))
+    periods = []
+    for t, r in looks:
+        state.update(t=t, r=r)
+        pager.release()
+        periods.append(pager.period)
+    # no growth seen yet; 50 MiB in 10 ms with 40 to go; 5 MiB to go at that pace; far below
+    assert periods == pytest.approx([runtime.Pager.PERIOD, 0.008, runtime.Pager.MIN_PERIOD, runtime.Pager.PERIOD])
+
+
 @pytest.mark.parametrize("memory", ["fast", "low"])
 def test_matmul_weights_quantized_on_their_last_axis_match_onnxruntime(tmp_path, memory):
     """A MatMul weight quantized per output channel (its last axis) is quantized by plain

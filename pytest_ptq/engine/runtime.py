@@ -119,8 +119,9 @@ _MARKERS = None  # the folder of SharedWeights' placeholder files
 
 class Pager:
     """Keeps the pages of memory-mapped weights that runs read from growing this process's
-    resident set past a ceiling: while any run is in flight a thread hands them back every
-    :attr:`PERIOD` seconds, and once more when a run ends, whenever they are above it.
+    resident set past a ceiling: while any run is in flight a thread looks every
+    :attr:`PERIOD` seconds or sooner (see :meth:`_loop`), and once more when a run ends, and
+    hands them back whenever they are above it.
 
     A weight mapped from its file (external data, or an inline tensor of the .onnx, see
     :func:`~pytest_ptq.model.graph.load_mapped`) is shared with onnxruntime without a copy,
@@ -128,8 +129,10 @@ class Pager:
     resident. Dropping a read-only shared file mapping's pages (madvise MADV_DONTNEED) is
     exact: the next read faults them back in from the page cache, which the kernel keeps or
     reclaims as memory allows. The ceiling is on the resident pages of mapped files: the
-    shared libraries' (measured as each mapping is watched, its pages handed back) plus a
-    quarter of the mapped bytes, what a plain session holds for the same weights as int8.
+    shared libraries' (measured as each mapping is first given to a session, with every
+    weight mapping's pages handed back) plus a quarter of the bytes of file the weight
+    mappings cover (a range mapped twice counted once), what a plain session holds for the
+    same weights as int8.
     Below it pages stay. Measured (bench/bench_memory.py, activation sensitivity): a 192 MiB
     MatMul stack with external data peaks at 218 MiB instead of 318, a 1 GiB one at 457 MiB
     instead of 1146 (1.04x a fused plain session). The price is the refaults: mapping pages
@@ -140,7 +143,8 @@ class Pager:
     share the mapped arrays (fast mode embeds copies). A no-op without madvise.
     """
 
-    PERIOD = 0.01
+    PERIOD = 0.01  # seconds between looks at the resident set, at most
+    MIN_PERIOD = 0.001  # and at least, near the ceiling while pages fault in fast
     SHARE = 0.25  # of the mapped bytes that may stay resident
 
     def __init__(self):
@@ -153,6 +157,9 @@ class Pager:
         self._running = 0
         self._thread = None
         self.floor = None  # resident file bytes without the mappings' pages (see watch)
+        self.period = self.PERIOD  # seconds until the next look while runs are in flight
+        self._last = None  # (time, resident bytes) after the last look
+        self._rate = 0.0  # the fastest growth of the resident set seen between looks, bytes/s
 
     @staticmethod
     def resident():
@@ -165,8 +172,9 @@ class Pager:
             return None
 
     def watch(self, array):
-        """Release ``array``'s pages from now on, when it is a view on a file mapping."""
-        from ..model.graph import hand_back, mapping
+        """Keep the weight mappings' pages under the ceiling from now on, when ``array`` (a
+        weight given to a session) is a view on a file mapping."""
+        from ..model.graph import mapping
 
         mm = mapping(array)
         if mm is None:
@@ -175,23 +183,46 @@ class Pager:
             if mm in self._maps:
                 return
             self._maps.add(mm)
-            # pages read before the sessions go now, and the floor is the lowest resident set
-            # seen once they are gone: the libraries' pages
-            hand_back(mm)
+            # the pages read before the sessions (an analysis of the weights, the alignment)
+            # go now, and the floor is the lowest resident set seen with none of them: the
+            # libraries' pages. Every weight mapping's, not only the sessions': one left
+            # resident would count in the floor for good (a 1 GiB model's int8 weights, read
+            # by the alignment before the first session: a floor of 306 MiB)
+            self._hand_back_all()
             resident = self.resident() or 0
             self.floor = resident if self.floor is None else min(self.floor, resident)
 
-    def release(self):
-        """Hand back every watched mapping's resident pages if this process is above the ceiling."""
-        from ..model.graph import hand_back
+    @staticmethod
+    def _hand_back_all(maps=None):
+        from ..model.graph import file_mappings, hand_back
 
-        with self._lock:
-            maps = list(self._maps)
-        resident = self.resident()
-        if resident is not None and resident < self.floor + self.SHARE * sum(len(mm) for mm in maps if not mm.closed):
-            return
-        for mm in maps:
+        for mm in file_mappings() if maps is None else maps:
             hand_back(mm)
+
+    def release(self):
+        """Hand back every weight mapping's resident pages if this process is above the
+        ceiling, and decide when to look next (:attr:`period`)."""
+        import time
+
+        from ..model.graph import file_mappings, mapped_bytes
+
+        maps = file_mappings()
+        before = after = self.resident()
+        ceiling = self.floor + self.SHARE * mapped_bytes(maps)
+        if before is None or before >= ceiling:
+            self._hand_back_all(maps)
+            after = self.resident()
+        now, last = time.monotonic(), self._last
+        if last is not None and before is not None and before > last[1]:
+            self._rate = max(self._rate, (before - last[1]) / max(now - last[0], 1e-4))
+        # the next look comes before pages faulting in at the fastest pace seen pass the
+        # ceiling: runs fault them in bursts (a memory-bound MatMul stack reads a GiB of
+        # weights in 150 ms, 64 MiB above the ceiling between looks 10 ms apart), and a
+        # convolution net's reads a weight then computes for long, so looks far below the
+        # ceiling stay 10 ms apart
+        self.period = self.PERIOD if not self._rate or after is None else \
+            min(self.PERIOD, max(self.MIN_PERIOD, (ceiling - after) / self._rate))
+        self._last = (now, after) if after is not None else None
 
     def __enter__(self):
         if not self._maps:
@@ -220,10 +251,9 @@ class Pager:
 
         while True:
             self._busy.wait()
-            time.sleep(self.PERIOD)
+            time.sleep(self.period)
             if self._busy.is_set():
                 self.release()
-
 
 PAGER = Pager()
 

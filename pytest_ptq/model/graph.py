@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import heapq
 import os
+import weakref
 from collections import defaultdict
 
 import numpy as np
@@ -212,10 +213,38 @@ def _mapped(init, folder, source):
         # packed sub-byte types: onnx unpacks them
         return numpy_helper.to_array(init, base_dir=folder or "")
     try:
-        return np.memmap(path, dtype=dtype, mode="r", offset=offset, shape=shape if count else (0,)).reshape(shape)
+        array = np.memmap(path, dtype=dtype, mode="r", offset=offset, shape=shape if count else (0,))
     except (OSError, ValueError) as exc:
         raise PTQError(f"initializer {init.name!r} of {source} keeps its data in {path!r}, which cannot be read "
                        f"({type(exc).__name__}: {exc}); keep the external data file beside the model") from None
+    _remember(mapping(array), path, offset)
+    return array.reshape(shape)
+
+
+# Every file mapping of weights made here, and what it covers: (real path, offset in the
+# file). A file may be mapped twice (the float model, read by the alignment and again by the
+# check's float session); where mapped bytes set a limit it counts once (see mapped_bytes).
+_COVERS = weakref.WeakKeyDictionary()
+
+
+def _remember(mm, path, offset):
+    if mm is not None:
+        _COVERS[mm] = (os.path.realpath(path), offset)
+
+
+def file_mappings():
+    """The open file mappings of weights this process holds (made by :func:`load_mapped` and
+    :func:`externalize`)."""
+    return [mm for mm in list(_COVERS) if not mm.closed]
+
+
+def mapped_bytes(maps):
+    """Bytes of file the mappings ``maps`` cover, a range mapped more than once counted once."""
+    covered = {}
+    for mm in maps:
+        key = _COVERS.get(mm, mm)
+        covered[key] = max(covered.get(key, 0), len(mm))
+    return sum(covered.values())
 
 
 def mapping(array):
@@ -359,6 +388,7 @@ def load_mapped(path):
             mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
         except ValueError:  # an empty file
             return None
+    _remember(mm, path, 0)
     buf = memoryview(mm)
     found, pieces, changed = {}, [], False
     try:
