@@ -2,8 +2,10 @@
 
 Builds a QDQ model whose float weights total ``--weights-mib`` (a stack of MatMuls with
 per-channel int8 weight pairs and uint8 activation pairs, float weights kept behind the
-pairs, as quantize_static with AddQDQPairToWeight writes them; with ``--conv``, a stack of
-convolutions that quantize_static quantizes, see :func:`build_conv`) and measures, each in a
+pairs, as quantize_static with AddQDQPairToWeight writes them; with ``--lone-dq`` the same
+stack quantized by quantize_static with its defaults, see :func:`build_lone_dq`; with
+``--conv``, a stack of convolutions that quantize_static quantizes, see :func:`build_conv`)
+and measures, each in a
 fresh process (peak resident set, VmHWM):
 
   plain     onnxruntime.InferenceSession(model) with default options, one run;
@@ -13,7 +15,7 @@ fresh process (peak resident set, VmHWM):
 and prints the ratios engine / plain (target <= 1.5 at any N); each figure is the median
 of --repeat processes.
 
-Usage: python bench/bench_memory.py [--weights-mib 192] [--samples 1 8] [--keep DIR] [--conv dq|pairs]
+Usage: python bench/bench_memory.py [--weights-mib 192] [--samples 1 8] [--keep DIR] [--conv dq|pairs | --lone-dq]
        python bench/bench_memory.py --model QDQ.onnx --data DATA [--float-model FLOAT.onnx]
 """
 
@@ -76,6 +78,56 @@ def build(folder, weights_mib, inline=False):
     return layers
 
 
+def build_lone_dq(folder, weights_mib):
+    """The MatMul + Tanh stack of :func:`build` in float (``float.onnx``, external data),
+    quantized by quantize_static with its defaults, per channel, into ``model.onnx`` (int8
+    weights behind lone DequantizeLinear, external data): the engine needs the float model."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    layers = max(1, round(weights_mib * 2**20 / (WIDTH * WIDTH * 4)))
+    rng = np.random.default_rng(0)
+    nodes, inits, src = [], [], "x"
+    for k in range(layers):
+        w = (rng.standard_normal((WIDTH, WIDTH), dtype=np.float32) / np.sqrt(WIDTH)).astype(np.float32)
+        inits.append(numpy_helper.from_array(w, f"w{k}"))
+        nodes += [helper.make_node("MatMul", [src, f"w{k}"], [f"m{k}"], name=f"mm{k}"),
+                  helper.make_node("Tanh", [f"m{k}"], [f"h{k}"], name=f"tanh{k}")]
+        src = f"h{k}"
+    shape = [1, TOKENS, WIDTH]
+    graph = helper.make_graph(nodes, "big", [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+                              [helper.make_tensor_value_info(src, TensorProto.FLOAT, shape)], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, str(folder / "float.onnx"), save_as_external_data=True, location="float.onnx.data",
+              size_threshold=1024)
+    quantize(folder, [rng.standard_normal(shape).astype(np.float32) for _ in range(8)], external=True)
+    return layers
+
+
+def quantize(folder, xs, pairs=False, external=False):
+    """quantize_static of ``folder/float.onnx`` into ``folder/model.onnx``, per channel, int8
+    weights and uint8 activations, calibrated on two of the samples ``xs`` (all 8 saved under
+    ``folder/data``); ``pairs``: float weights behind Q/DQ pairs instead of lone DQs."""
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+
+    (folder / "data" / "x").mkdir(parents=True, exist_ok=True)
+    for i, x in enumerate(xs):
+        np.save(folder / "data" / "x" / f"{i}.npy", x)
+
+    class Reader(CalibrationDataReader):
+        def __init__(self):
+            self.it = iter([{"x": x} for x in xs[:2]])
+
+        def get_next(self):
+            return next(self.it, None)
+
+    quantize_static(str(folder / "float.onnx"), str(folder / "model.onnx"), Reader(), quant_format=QuantFormat.QDQ,
+                    per_channel=True, activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8,
+                    use_external_data_format=external,
+                    extra_options={"AddQDQPairToWeight": True} if pairs else {})
+
+
 CHANNELS, SIZE = 1024, 14  # --conv: a layer holds CHANNELS^2 3x3 float32 weights (36 MiB)
 
 
@@ -86,8 +138,6 @@ def build_conv(folder, weights_mib, pairs=False):
     with ``pairs`` float weights behind Q/DQ pairs. 8 samples under ``folder/data``."""
     import onnx
     from onnx import TensorProto, helper, numpy_helper
-    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
-
     layers = max(1, round(weights_mib * 2**20 / (CHANNELS * CHANNELS * 9 * 4)))
     rng = np.random.default_rng(0)
     nodes, inits, src = [], [], "x"
@@ -104,20 +154,7 @@ def build_conv(folder, weights_mib, pairs=False):
     model.ir_version = 8
     onnx.save(model, str(folder / "float.onnx"))
     xs = [rng.standard_normal(shape).astype(np.float32) for _ in range(8)]
-    (folder / "data" / "x").mkdir(parents=True, exist_ok=True)
-    for i, x in enumerate(xs):
-        np.save(folder / "data" / "x" / f"{i}.npy", x)
-
-    class Reader(CalibrationDataReader):
-        def __init__(self):
-            self.it = iter([{"x": x} for x in xs[:2]])
-
-        def get_next(self):
-            return next(self.it, None)
-
-    quantize_static(str(folder / "float.onnx"), str(folder / "model.onnx"), Reader(), quant_format=QuantFormat.QDQ,
-                    per_channel=True, activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8,
-                    extra_options={"AddQDQPairToWeight": True} if pairs else {})
+    quantize(folder, xs, pairs)
     return layers
 
 
@@ -168,6 +205,9 @@ def main(argv=None):
     p.add_argument("--conv", choices=["dq", "pairs"], default=None,
                    help="a convolution stack quantized by quantize_static instead: int8 weights behind lone DQs "
                         "(its defaults) or float weights behind pairs; the engine gets the float model")
+    p.add_argument("--lone-dq", action="store_true",
+                   help="the MatMul stack quantized by quantize_static with its defaults instead: int8 weights "
+                        "behind lone DQs, external data; the engine gets the float model")
     p.add_argument("--repeat", type=int, default=3, help="processes per measurement (the median is printed)")
     p.add_argument("--keep", default=None, help="build the model here (and keep it) instead of a temp folder")
     p.add_argument("--model", default=None, help="measure this QDQ model instead of building one (with --data)")
@@ -188,6 +228,11 @@ def main(argv=None):
                 held = "behind Q/DQ pairs" if args.conv == "pairs" else "as int8 behind lone DQs"
                 print(f"model: {layers} 3x3 convolutions, {layers * CHANNELS * CHANNELS * 36 / 2**20:.0f} MiB of float "
                       f"weights inline, stored {held}; the float model given")
+            elif args.lone_dq:
+                layers = build_lone_dq(folder, args.weights_mib)
+                args.float_model = str(folder / "float.onnx")
+                print(f"model: {layers} MatMul layers, {layers * WIDTH * WIDTH * 4 / 2**20:.0f} MiB of float weights, "
+                      "stored as int8 behind lone DQs (external data); the float model given")
             else:
                 layers = build(folder, args.weights_mib, args.inline)
                 where = "inline" if args.inline else "as external data"

@@ -120,8 +120,8 @@ _MARKERS = None  # the folder of SharedWeights' placeholder files
 class Pager:
     """Keeps the pages of memory-mapped weights that runs read from growing this process's
     resident set past a ceiling: while any run is in flight a thread looks every
-    :attr:`PERIOD` seconds or sooner (see :meth:`_loop`), and once more when a run ends, and
-    hands them back whenever they are above it.
+    :attr:`PERIOD` seconds or sooner (see :meth:`release`), and once more when a run ends,
+    and hands them back whenever they are above it.
 
     A weight mapped from its file (external data, or an inline tensor of the .onnx, see
     :func:`~pytest_ptq.model.graph.load_mapped`) is shared with onnxruntime without a copy,
@@ -132,15 +132,16 @@ class Pager:
     shared libraries' (measured as each mapping is first given to a session, with every
     weight mapping's pages handed back) plus a quarter of the bytes of file the weight
     mappings cover (a range mapped twice counted once), what a plain session holds for the
-    same weights as int8.
-    Below it pages stay. Measured (bench/bench_memory.py, activation sensitivity): a 192 MiB
-    MatMul stack with external data peaks at 218 MiB instead of 318, a 1 GiB one at 457 MiB
-    instead of 1146 (1.04x a fused plain session). The price is the refaults: mapping pages
-    back costs about 0.1 ms per MiB, and a config of a memory-bound model reads its
-    downstream weights once, so the stacks' activation rankings take 2.2-2.5x as long (192
-    MiB, 8 samples: 1.1 -> 2.75 s; a ceiling of half the bytes 2.3 s at 266 MiB, of all of
-    them 1.6 s at 330 MiB). Low-memory mode only, where sessions
-    share the mapped arrays (fast mode embeds copies). A no-op without madvise.
+    same weights as int8. Below it pages stay. Measured (bench/bench_memory.py, activation
+    sensitivity): a 192 MiB MatMul stack with external data peaks at 218 MiB instead of 318,
+    a 1 GiB one at 457 MiB instead of 1146 (1.04x a fused plain session); the 1 GiB stack
+    behind lone DQs, its float model given, at 461 MiB (1.39x) instead of 933 since the
+    ceiling counts a file range once, the floor holds no weight pages and looks come sooner.
+    The price is the refaults: mapping pages back costs about 0.1 ms per MiB, and a config of
+    a memory-bound model reads its downstream weights once, so the stacks' activation
+    rankings take 2.2-2.5x as long (192 MiB, 8 samples: 1.1 -> 2.75 s; a ceiling of half the
+    bytes 2.3 s at 266 MiB, of all of them 1.6 s at 330 MiB). Low-memory mode only, where
+    sessions share the mapped arrays (fast mode embeds copies). A no-op without madvise.
     """
 
     PERIOD = 0.01  # seconds between looks at the resident set, at most

@@ -235,7 +235,8 @@ def _remember(mm, path, offset):
 def file_mappings():
     """The open file mappings of weights this process holds (made by :func:`load_mapped` and
     :func:`externalize`)."""
-    return [mm for mm in list(_COVERS) if not mm.closed]
+    maps = (ref() for ref in _COVERS.keyrefs())  # a copy taken at once: the pager's thread reads it too
+    return [mm for mm in maps if mm is not None and not mm.closed]
 
 
 def mapped_bytes(maps):
