@@ -311,6 +311,31 @@ def test_fake_quant_and_dequantize_by_row_blocks_equal_the_whole_tensor(monkeypa
     np.testing.assert_array_equal(c.dequantize(codes), want_dq)
 
 
+def test_aligning_lone_dq_weights_holds_one_dequantized_weight_and_a_few_blocks(tmp_path):
+    """Matching int8 weights behind lone DQs to their float model dequantizes each one: the
+    alignment holds one such float copy at a time (not also the last one the node matching
+    compared) and float64 temporaries of a block of rows, not of the weight. Measured with
+    tracemalloc, which sees every numpy allocation: the bound is the largest weight in
+    float32 plus eight float64 temporaries of a block (the last release: 56 MiB here)."""
+    import tracemalloc
+
+    import conventions
+    from pytest_ptq.model import qdq
+
+    fpath = conventions.mlp_net(tmp_path / "f.onnx", width=1024, hidden=2048)
+    qpath = builders.quantize(fpath, tmp_path / "q.onnx", conventions.mlp_samples(2, width=1024), per_channel=True,
+                              keep_float=False)
+    largest = 2048 * 2048 * 4
+    tracemalloc.start()
+    try:
+        qm = QuantModel(qpath, float_model=fpath)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert all(c.float_weight for c in qm.of_kind("weight"))  # every weight matched
+    assert peak < largest + 8 * 8 * qdq.ROW_BLOCK, peak / 2**20
+
+
 def test_float_weights_stay_mapped_in_the_float_model_file(tmp_path, monkeypatch):
     """The float model's large weights are read from its file, not copied, and matched to
     the quantized ones a few rows at a time."""

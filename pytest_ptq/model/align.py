@@ -161,7 +161,7 @@ def align(qm, float_model):
         for k, e in enumerate(expect):
             if e[0] == "weight" and k < len(fnode.input) and fnode.input[k]:
                 weights_at.setdefault(e[1].name, []).append(fnode.input[k])
-    weights, unmatched, tried, fitted = _assign_weights(qm, f, weights_at)
+    weights, unmatched, tried, fitted = _assign_weights(qm, f, weights_at, values)
     for cname, fold in folded.items():
         qm.calibration[cname].folded = fold
     rewrites, unmatched_float, unmatched_qdq = _rewrites(qm, f, nodes, used)
@@ -263,12 +263,14 @@ def _fits_inputs(f, cand, expect):
     return score, folds
 
 
-def _assign_weights(qm, f, weights_at):
+def _assign_weights(qm, f, weights_at, values):
     """Float weights for the weight calibration nodes: their positional match when it fits,
     else the best-fitting float constant of their shape (or, for a matrix, of its transposed
     shape: quantizers turn MatMul into Gemm with transB). Returns ``(weights, unmatched,
     tried, fitted)``; scalars (a QLinearMul's constant factor, say) are matched by position
-    only and left out of the counts: by value they tell nothing."""
+    only and left out of the counts: by value they tell nothing. ``values``: the node
+    matching's cache of the weight being compared (see :func:`_latest`), shared so that
+    one dequantized weight is held at a time, not that one's and the last node's."""
     index, by_size = defaultdict(list), defaultdict(list)
     for fname in list(f.inits) + list(f.constant_nodes):
         value = f.constant(fname)
@@ -278,7 +280,7 @@ def _assign_weights(qm, f, weights_at):
     weights, unmatched = {}, []
     tried = fitted = 0
     for c in qm.of_kind("weight"):
-        mine = _model_value(qm, c)
+        mine = _latest(values, c.name, _model_value, qm, c)
         if mine is None:
             continue
         if mine.size < 2:
