@@ -11,11 +11,11 @@ from . import args as a
 
 
 def run(args):
-    engine = a.engine(args)
+    engine, cache = a.engine_and_cache(args)
     summary = runall(engine, save_dir=args.save_dir, metrics=args.metrics, output_node=args.output_node,
                      node_type=args.node_type, top=args.top, axis=args.axis, data_num=args.data_num,
                      heldout=args.heldout, progress=not args.quiet, rank_samples=args.rank_samples,
-                     time_budget=args.time_budget, cache=a.result_cache(args, engine))
+                     time_budget=args.time_budget, cache=cache)
     print(Path(summary["files"]["summary_md"]).read_text())
     print(f"wrote {args.save_dir}")
 

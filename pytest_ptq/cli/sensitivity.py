@@ -32,10 +32,10 @@ def _finish(args, result, table):
 
 
 def run_sensitivity(args):
-    engine = a.engine(args)
+    engine, cache = a.engine_and_cache(args)
     request = ("sensitivity", tuple(args.metrics), _tuple(args.output_node), args.node_type, args.data_num,
                _tuple(args.interested_nodes))
-    result = through(a.result_cache(args, engine), request, lambda: get_sensitivity_of_nodes(
+    result = through(cache, request, lambda: get_sensitivity_of_nodes(
         engine, args.metrics, output_node=args.output_node, node_type=args.node_type, data_num=args.data_num,
         interested_nodes=args.interested_nodes, progress=not args.quiet))
     _finish(args, result, result.table(limit=args.top))
