@@ -175,7 +175,7 @@ class Pager:
     def watch(self, array):
         """Keep the weight mappings' pages under the ceiling from now on, when ``array`` (a
         weight given to a session) is a view on a file mapping."""
-        from ..model.graph import mapping
+        from ..model.graph import hand_back, mapping
 
         mm = mapping(array)
         if mm is None:
@@ -186,10 +186,15 @@ class Pager:
             self._maps.add(mm)
             # the pages read before the sessions (an analysis of the weights, the alignment)
             # go now, and the floor is the lowest resident set seen with none of them: the
-            # libraries' pages. Every weight mapping's, not only the sessions': one left
-            # resident would count in the floor for good (a 1 GiB model's int8 weights, read
-            # by the alignment before the first session: a floor of 306 MiB)
-            self._hand_back_all()
+            # libraries' pages. At the first, every weight mapping's, not only the sessions':
+            # one left resident would count in the floor for good (a 1 GiB model's int8
+            # weights, read by the alignment before the first session: a floor of 306 MiB);
+            # later ones only their own (the looks hand back every mapping's pages anyway,
+            # and a model of thousands of weights would make this quadratic)
+            if self.floor is None:
+                self._hand_back_all()
+            else:
+                hand_back(mm)
             resident = self.resident() or 0
             self.floor = resident if self.floor is None else min(self.floor, resident)
 
@@ -218,9 +223,9 @@ class Pager:
             self._rate = max(self._rate, (before - last[1]) / max(now - last[0], 1e-4))
         # the next look comes before pages faulting in at the fastest pace seen pass the
         # ceiling: runs fault them in bursts (a memory-bound MatMul stack reads a GiB of
-        # weights in 150 ms, 64 MiB above the ceiling between looks 10 ms apart), and a
-        # convolution net's reads a weight then computes for long, so looks far below the
-        # ceiling stay 10 ms apart
+        # weights in 150 ms, 64 MiB above the ceiling between looks 10 ms apart), while a
+        # convolution reads its weight and then computes for long, so a convolution net's
+        # looks far below the ceiling stay 10 ms apart
         self.period = self.PERIOD if not self._rate or after is None else \
             min(self.PERIOD, max(self.MIN_PERIOD, (ceiling - after) / self._rate))
         self._last = (now, after) if after is not None else None
@@ -255,6 +260,7 @@ class Pager:
             time.sleep(self.period)
             if self._busy.is_set():
                 self.release()
+
 
 PAGER = Pager()
 
