@@ -426,6 +426,7 @@ def test_pager_looks_sooner_as_pages_fault_in_fast_near_the_ceiling(monkeypatch)
 
     mib = 2**20
     monkeypatch.setattr(graph, "file_mappings", lambda: [])
+    monkeypatch.setattr(graph, "mapped_bytes", lambda maps=None: 0)
     pager = runtime.Pager()
     pager.floor = 100 * mib  # the ceiling, with no mappings
     looks = iter([(0.0, 10), (0.010, 60), (0.018, 95), (0.030, 20)])  # (seconds, resident MiB)

@@ -199,10 +199,10 @@ class Pager:
             self.floor = resident if self.floor is None else min(self.floor, resident)
 
     @staticmethod
-    def _hand_back_all(maps=None):
+    def _hand_back_all():
         from ..model.graph import file_mappings, hand_back
 
-        for mm in file_mappings() if maps is None else maps:
+        for mm in file_mappings():
             hand_back(mm)
 
     def release(self):
@@ -210,13 +210,12 @@ class Pager:
         ceiling, and decide when to look next (:attr:`period`)."""
         import time
 
-        from ..model.graph import file_mappings, mapped_bytes
+        from ..model.graph import mapped_bytes
 
-        maps = file_mappings()
         before = after = self.resident()
-        ceiling = self.floor + self.SHARE * mapped_bytes(maps)
+        ceiling = self.floor + self.SHARE * mapped_bytes()
         if before is None or before >= ceiling:
-            self._hand_back_all(maps)
+            self._hand_back_all()
             after = self.resident()
         now, last = time.monotonic(), self._last
         if last is not None and before is not None and before > last[1]:

@@ -225,11 +225,14 @@ def _mapped(init, folder, source):
 # file). A file may be mapped twice (the float model, read by the alignment and again by the
 # check's float session); where mapped bytes set a limit it counts once (see mapped_bytes).
 _COVERS = weakref.WeakKeyDictionary()
+_TOTAL = [None]  # the registry's mapped_bytes, dropped whenever a mapping comes or goes
 
 
 def _remember(mm, path, offset):
     if mm is not None:
         _COVERS[mm] = (os.path.realpath(path), offset)
+        _TOTAL[0] = None
+        weakref.finalize(mm, _TOTAL.__setitem__, 0, None)
 
 
 def file_mappings():
@@ -239,8 +242,14 @@ def file_mappings():
     return [mm for mm in maps if mm is not None and not mm.closed]
 
 
-def mapped_bytes(maps):
-    """Bytes of file the mappings ``maps`` cover, a range mapped more than once counted once."""
+def mapped_bytes(maps=None):
+    """Bytes of file the mappings ``maps`` (default: :func:`file_mappings`, computed once while
+    they stay the same: the pager asks after every run) cover, a range mapped more than once
+    counted once."""
+    if maps is None:
+        if _TOTAL[0] is None:
+            _TOTAL[0] = mapped_bytes(file_mappings())
+        return _TOTAL[0]
     covered = {}
     for mm in maps:
         key = _COVERS.get(mm, mm)
