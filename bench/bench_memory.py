@@ -36,8 +36,9 @@ WIDTH = 2048  # MatMul width: a layer holds WIDTH^2 float32 weights (16 MiB)
 TOKENS = 16
 
 
-def build(folder, weights_mib, inline=False):
-    """The QDQ model (``model.onnx`` + external data) and 8 samples under ``folder``."""
+def build(folder, weights_mib, inline=False, pairs=True, name="model.onnx"):
+    """The QDQ model (``name`` + external data) and 8 samples under ``folder``; without
+    ``pairs``, the float model of the same weights and samples."""
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
@@ -58,8 +59,10 @@ def build(folder, weights_mib, inline=False):
     for k in range(layers):
         w = (rng.standard_normal((WIDTH, WIDTH), dtype=np.float32) / np.sqrt(WIDTH)).astype(np.float32)
         inits.append(numpy_helper.from_array(w, f"w{k}"))
-        wq = pair(f"w{k}", np.abs(w).max(axis=0) / 127, np.zeros(WIDTH, np.int8), np.int8, axis=1)
-        xq = pair(src, 8.0 / 255, 128, np.uint8)
+        wq, xq = f"w{k}", src
+        if pairs:
+            wq = pair(wq, np.abs(w).max(axis=0) / 127, np.zeros(WIDTH, np.int8), np.int8, axis=1)
+            xq = pair(xq, 8.0 / 255, 128, np.uint8)
         nodes.append(helper.make_node("MatMul", [xq, wq], [f"m{k}"], name=f"mm{k}"))
         nodes.append(helper.make_node("Tanh", [f"m{k}"], [f"h{k}"], name=f"tanh{k}"))
         src = f"h{k}"
@@ -68,10 +71,9 @@ def build(folder, weights_mib, inline=False):
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     if inline:
-        onnx.save(model, str(folder / "model.onnx"))
+        onnx.save(model, str(folder / name))
     else:
-        onnx.save(model, str(folder / "model.onnx"), save_as_external_data=True, location="model.onnx.data",
-                  size_threshold=1024)
+        onnx.save(model, str(folder / name), save_as_external_data=True, location=f"{name}.data", size_threshold=1024)
     for i in range(8):
         (folder / "data" / "x").mkdir(parents=True, exist_ok=True)
         np.save(folder / "data" / "x" / f"{i}.npy", rng.standard_normal((1, TOKENS, WIDTH)).astype(np.float32))
@@ -82,42 +84,20 @@ def build_lone_dq(folder, weights_mib):
     """The MatMul + Tanh stack of :func:`build` in float (``float.onnx``, external data),
     quantized by quantize_static with its defaults, per channel, into ``model.onnx`` (int8
     weights behind lone DequantizeLinear, external data): the engine needs the float model."""
-    import onnx
-    from onnx import TensorProto, helper, numpy_helper
-
-    layers = max(1, round(weights_mib * 2**20 / (WIDTH * WIDTH * 4)))
-    rng = np.random.default_rng(0)
-    nodes, inits, src = [], [], "x"
-    for k in range(layers):
-        w = (rng.standard_normal((WIDTH, WIDTH), dtype=np.float32) / np.sqrt(WIDTH)).astype(np.float32)
-        inits.append(numpy_helper.from_array(w, f"w{k}"))
-        nodes += [helper.make_node("MatMul", [src, f"w{k}"], [f"m{k}"], name=f"mm{k}"),
-                  helper.make_node("Tanh", [f"m{k}"], [f"h{k}"], name=f"tanh{k}")]
-        src = f"h{k}"
-    shape = [1, TOKENS, WIDTH]
-    graph = helper.make_graph(nodes, "big", [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
-                              [helper.make_tensor_value_info(src, TensorProto.FLOAT, shape)], inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    onnx.save(model, str(folder / "float.onnx"), save_as_external_data=True, location="float.onnx.data",
-              size_threshold=1024)
-    quantize(folder, [rng.standard_normal(shape).astype(np.float32) for _ in range(8)], external=True)
+    layers = build(folder, weights_mib, pairs=False, name="float.onnx")
+    quantize(folder, [np.load(folder / "data" / "x" / f"{i}.npy") for i in range(2)], external=True)
     return layers
 
 
 def quantize(folder, xs, pairs=False, external=False):
     """quantize_static of ``folder/float.onnx`` into ``folder/model.onnx``, per channel, int8
-    weights and uint8 activations, calibrated on two of the samples ``xs`` (all 8 saved under
-    ``folder/data``); ``pairs``: float weights behind Q/DQ pairs instead of lone DQs."""
+    weights and uint8 activations, calibrated on the samples ``xs``; ``pairs``: float weights
+    behind Q/DQ pairs instead of lone DQs."""
     from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
-
-    (folder / "data" / "x").mkdir(parents=True, exist_ok=True)
-    for i, x in enumerate(xs):
-        np.save(folder / "data" / "x" / f"{i}.npy", x)
 
     class Reader(CalibrationDataReader):
         def __init__(self):
-            self.it = iter([{"x": x} for x in xs[:2]])
+            self.it = iter([{"x": x} for x in xs])
 
         def get_next(self):
             return next(self.it, None)
@@ -154,7 +134,10 @@ def build_conv(folder, weights_mib, pairs=False):
     model.ir_version = 8
     onnx.save(model, str(folder / "float.onnx"))
     xs = [rng.standard_normal(shape).astype(np.float32) for _ in range(8)]
-    quantize(folder, xs, pairs)
+    (folder / "data" / "x").mkdir(parents=True, exist_ok=True)
+    for i, x in enumerate(xs):
+        np.save(folder / "data" / "x" / f"{i}.npy", x)
+    quantize(folder, xs[:2], pairs)
     return layers
 
 
