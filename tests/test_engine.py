@@ -210,25 +210,49 @@ def test_intermediate_tensors_and_bad_requests(zoo):
         Engine(qpath).run(0)
 
 
-def test_a_few_tensors_get_their_own_session_and_many_the_probe_one(zoo, monkeypatch):
-    from pytest_ptq.engine import core
-
+def test_tensors_get_a_session_exposing_just_them_unless_the_probe_one_is_compiled(zoo):
     qpath = zoo.qdq("qdq")
     feeds = _feeds(zoo, "qdq")
     engine = Engine(qpath, zoo.data("qdq"), optimization="disable", check=False)
     want = builders.run_model(builders.rewire(qpath, keep={"w2_QuantizeLinear"}, outputs=["a2", "c1"]), feeds[1])
     got = engine.tensors(1, ["w2_QuantizeLinear"], ["a2", "c1"])
     assert_matches(got, {k: want[k] for k in ("a2", "c1")}, "disable", 0)
-    # a few tensors: a session exposing exactly them, not one exposing every normal output
+    # not one exposing every normal output: that one holds a whole sample's activations
     assert "probe" not in engine._sessions and ("extra", ("a2", "c1")) in engine._sessions
     engine.forget_tensors(["c1", "a2"])
     assert ("extra", ("a2", "c1")) not in engine._sessions
-    many = engine.probe_tensors
-    monkeypatch.setattr(core, "FEW_TENSORS", len(many) - 1)
-    got = engine.tensors(1, ["w2_QuantizeLinear"], many)
+    many = engine.probe_tensors  # as many as there are: still just them
     want = builders.run_model(builders.rewire(qpath, keep={"w2_QuantizeLinear"}, outputs=many), feeds[1])
-    assert_matches(got, {k: want[k] for k in many}, "disable", 0)
-    assert "probe" in engine._sessions
+    assert_matches(engine.tensors(1, ["w2_QuantizeLinear"], many), {k: want[k] for k in many}, "disable", 0)
+    assert "probe" not in engine._sessions and engine._exposing(many) in engine._sessions
+    engine.forget_tensors(many)
+    engine.run(1, (), ["c1"], kind="probe")  # compiled by another analysis (a cumulative curve): reused
+    assert_matches(engine.tensors(1, ["w2_QuantizeLinear"], many), {k: want[k] for k in many}, "disable", 0)
+    assert engine._exposing(many) not in engine._sessions
+
+
+def test_the_float_check_reads_many_watched_tensors_without_the_probe_session(tmp_path):
+    """The check watches every activation pair whose range starts at 0 after a signed op (37
+    on a ViT-S); reading them through the probe session held a whole sample's activations
+    (450 MiB there)."""
+    from onnx import TensorProto, helper
+
+    nodes, inits, h = [], [numpy_helper.from_array(np.float32(1 / 255), "s"),
+                           numpy_helper.from_array(np.uint8(0), "z")], "x"
+    for k in range(20):  # square (never negative: no real suspect), a uint8 pair from 0, tanh
+        nodes += [helper.make_node("Mul", [h, h], [f"sq{k}"], name=f"mul{k}"),
+                  helper.make_node("QuantizeLinear", [f"sq{k}", "s", "z"], [f"q{k}"], name=f"q{k}"),
+                  helper.make_node("DequantizeLinear", [f"q{k}", "s", "z"], [f"dq{k}"], name=f"dq{k}"),
+                  helper.make_node("Tanh", [f"dq{k}"], [f"h{k}"], name=f"tanh{k}")]
+        h = f"h{k}"
+    graph = helper.make_graph(nodes, "squares", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16])],
+                              [helper.make_tensor_value_info(h, TensorProto.FLOAT, [1, 16])], inits)
+    path = tmp_path / "squares.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), path)
+    rng = np.random.default_rng(0)
+    engine = Engine(path, {"x": [rng.standard_normal((1, 16)).astype(np.float32) for _ in range(2)]})
+    assert len(engine.qmodel.folded_activation_suspects()) == 20 and not engine.warnings
+    assert "probe" not in engine._sessions and not any(k[0] == "extra" for k in engine._sessions)
 
 
 def test_sessions_do_not_keep_the_serialized_model():
