@@ -34,6 +34,13 @@ def models(tmp_path_factory):
             "engine": Engine(q, data, float_model=fp)}
 
 
+def _counts_close(counts, want, moved=2):
+    """Histogram counts equal but for ``moved`` values: the engine's session optimises (a
+    fused convolution rounds in the last bit), the plain one does not, so a value on a bin
+    edge may cross it, or leave the range whose ends the engine's values set."""
+    return np.abs(np.asarray(counts) - np.asarray(want)).sum() <= 2 * moved
+
+
 def _run_plain(path, data, tensors):
     """Run a model with extra intermediate outputs in a plain session, no optimisation."""
     model = onnx.load(str(path))
@@ -89,7 +96,7 @@ def test_activation_histogram_threshold_and_clipping(models, tmp_path):
     edges = np.asarray(d["hist"]["edges"])
     assert len(edges) == distribution.HIST_BINS + 1
     assert edges[0] == pytest.approx(x.min()) and edges[-1] == pytest.approx(x.max())
-    assert d["hist"]["counts"] == np.histogram(x, bins=edges)[0].tolist()
+    assert _counts_close(d["hist"]["counts"], np.histogram(x, bins=edges)[0])
     # clipped: beyond the range by more than half a step (the error exceeds rounding)
     clipped = np.count_nonzero((x < lo - scale / 2) | (x > hi + scale / 2))
     assert d["clipped_count"] == clipped
@@ -209,9 +216,8 @@ def test_normal_node_float_vs_fully_quantized(models, tmp_path):
     edges = np.asarray(d["float"]["hist"]["edges"])
     assert d["tensor"] == "c2" and d["kind"] == "node"
     assert edges[0] == pytest.approx(min(f.min(), q.min()), rel=1e-5)
-    assert d["float"]["hist"]["counts"] == np.histogram(f, bins=edges)[0].tolist()
-    # fake-quant in a different session may round a value across a bin edge, not more
-    assert np.abs(np.asarray(d["quantized"]["hist"]["counts"]) - np.histogram(q, bins=edges)[0]).sum() <= 4
+    assert _counts_close(d["float"]["hist"]["counts"], np.histogram(f, bins=edges)[0])
+    assert _counts_close(d["quantized"]["hist"]["counts"], np.histogram(q, bins=edges)[0])
     e = q.astype(np.float64) - f
     cos = float((f.ravel() @ q.ravel()) / np.sqrt((f.ravel() @ f.ravel()) * (q.ravel() @ q.ravel())))
     assert d["cosine-similarity"] == pytest.approx(cos, abs=1e-6)

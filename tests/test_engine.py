@@ -222,12 +222,20 @@ def test_tensors_get_a_session_exposing_just_them_unless_the_probe_one_is_compil
     engine.forget_tensors(["c1", "a2"])
     assert ("extra", ("a2", "c1")) not in engine._sessions
     many = engine.probe_tensors  # as many as there are: still just them
-    want = builders.run_model(builders.rewire(qpath, keep={"w2_QuantizeLinear"}, outputs=many), feeds[1])
-    assert_matches(engine.tensors(1, ["w2_QuantizeLinear"], many), {k: want[k] for k in many}, "disable", 0)
+    w2 = builders.run_model(builders.rewire(qpath, keep={"w2_QuantizeLinear"}, outputs=many), feeds[1])
+    assert_matches(engine.tensors(1, ["w2_QuantizeLinear"], many), {k: w2[k] for k in many}, "disable", 0)
     assert "probe" not in engine._sessions and engine._exposing(many) in engine._sessions
     engine.forget_tensors(many)
+    # nothing or everything quantized: the whole graph without gates, exposing them
+    for config, keep in (((), set()), ("all", set(builders.qdq_pairs(qpath)))):
+        want = builders.run_model(builders.rewire(qpath, keep=keep, outputs=many), feeds[1])
+        assert_matches(engine.tensors(1, config, many), {k: want[k] for k in many}, "disable", 0)
+    assert "probe" not in engine._sessions and engine._exposing(many) not in engine._sessions
+    assert sum(k[3] == tuple(sorted(many)) for k in engine.segments._sessions) == 2
+    engine.forget_tensors(many)
+    assert not any(k[3] for k in engine.segments._sessions)
     engine.run(1, (), ["c1"], kind="probe")  # compiled by another analysis (a cumulative curve): reused
-    assert_matches(engine.tensors(1, ["w2_QuantizeLinear"], many), {k: want[k] for k in many}, "disable", 0)
+    assert_matches(engine.tensors(1, ["w2_QuantizeLinear"], many), {k: w2[k] for k in many}, "disable", 0)
     assert engine._exposing(many) not in engine._sessions
 
 
@@ -253,6 +261,64 @@ def test_the_float_check_reads_many_watched_tensors_without_the_probe_session(tm
     engine = Engine(path, {"x": [rng.standard_normal((1, 16)).astype(np.float32) for _ in range(2)]})
     assert len(engine.qmodel.folded_activation_suspects()) == 20 and not engine.warnings
     assert "probe" not in engine._sessions and not any(k[0] == "extra" for k in engine._sessions)
+    assert not any(k[3] for k in engine.segments._sessions)  # read once, then dropped
+
+
+def test_low_memory_sessions_dequantize_each_weight_just_before_its_layer(tmp_path):
+    """onnxruntime runs the ready node of lowest index first and its fusions (MatMul + Add ->
+    Gemm here) give the fused nodes new, higher indices: unanchored, every weight's DQ ran at
+    the start of the run and its float copy was held to its use."""
+    import json
+
+    import onnxruntime as ort
+    from onnx import TensorProto, helper
+
+    from pytest_ptq.engine import runtime
+    from pytest_ptq.engine.instrument import anchored
+
+    rng = np.random.default_rng(0)
+    nodes, inits, h = [], [], "x"
+    for k in range(4):
+        inits += [numpy_helper.from_array(rng.standard_normal((128, 128)).astype(np.float32) / 11, f"w{k}"),
+                  numpy_helper.from_array(rng.standard_normal(128).astype(np.float32), f"b{k}")]
+        nodes += [helper.make_node("MatMul", [h, f"w{k}"], [f"m{k}"], name=f"mm{k}"),
+                  helper.make_node("Add", [f"m{k}", f"b{k}"], [f"a{k}"], name=f"add{k}"),
+                  helper.make_node("Tanh", [f"a{k}"], [f"h{k}"], name=f"tanh{k}")]
+        h = f"h{k}"
+    graph = helper.make_graph(nodes, "mlp", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 128])],
+                              [helper.make_tensor_value_info(h, TensorProto.FLOAT, [1, 128])], inits)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8),
+              tmp_path / "float.onnx")
+    samples = {"x": [rng.standard_normal((1, 128)).astype(np.float32) for _ in range(2)]}
+    qdq = onnx.load(str(builders.quantize(tmp_path / "float.onnx", tmp_path / "q.onnx", samples, keep_float=False)))
+    weight_dqs = {n.name for n in qdq.graph.node if n.op_type == "DequantizeLinear"
+                  and any(i.name == n.input[0] and len(i.dims) == 2 for i in qdq.graph.initializer)}
+    assert len(weight_dqs) == 4
+
+    def order(graph_nodes):
+        model = onnx.ModelProto()
+        model.CopyFrom(qdq)
+        del model.graph.node[:]
+        model.graph.node.extend(graph_nodes)
+        so = runtime.session_options("all")
+        so.enable_profiling, so.profile_file_prefix = True, str(tmp_path / "profile")
+        sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"],
+                                    disabled_optimizers=["ConstantFolding"])  # as in low-memory mode
+        values = sess.run(None, {"x": samples["x"][0]})
+        events = json.load(open(sess.end_profiling()))
+        ran = [e["name"][:-len("_kernel_time")] for e in events if e.get("cat") == "Node"
+               and e["name"].endswith("_kernel_time")]
+        computed = [sum(1 for n in ran[:ran.index(d)] if n not in weight_dqs and "ptq_anchor" not in n
+                        and "::after::" not in n and not n.endswith("_QuantizeLinear")
+                        and not n.endswith("_DequantizeLinear")) for d in sorted(weight_dqs, key=ran.index)]
+        return values, computed
+
+    inits_by_name = {i.name: i for i in qdq.graph.initializer}
+    plain, before = order(list(qdq.graph.node))
+    values, after = order(anchored(list(qdq.graph.node), inits_by_name))
+    # the k-th weight is dequantized once the k layers before it have computed, not first
+    assert after[1:] == sorted(after[1:]) and all(c >= k for k, c in enumerate(after)), (before, after)
+    np.testing.assert_array_equal(values[0], plain[0])
 
 
 def test_sessions_do_not_keep_the_serialized_model():

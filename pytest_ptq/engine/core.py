@@ -22,7 +22,7 @@ from ..errors import PTQError, unknown
 from ..model import QuantModel
 from ..model.qdq import custom_op_sentence
 from . import batching, runtime, sanity
-from .instrument import LOCAL_PREFIX, Gates, constants_late, instrument, lowered
+from .instrument import LOCAL_PREFIX, Gates, anchored, constants_late, instrument, lowered
 from .segments import Segments
 from .workers import Workers, affordable, check_count, default_count
 
@@ -209,8 +209,10 @@ class Engine:
         return model
 
     def _compile(self, model):
-        inits = {i.name for i in model.graph.initializer}
+        inits = {i.name: i for i in model.graph.initializer}
         nodes = lowered(constants_late(list(model.graph.node), inits, self._gates))
+        if self.shared.low_memory:
+            nodes = anchored(nodes, inits, self._gates.feed_names())
         del model.graph.node[:]
         model.graph.node.extend(nodes)
         return runtime.make_session(model, self.optimization, self.providers, what=repr(self.source),
@@ -369,10 +371,11 @@ class Engine:
         """Any tensors of one sample under a config: model inputs from the sample, the rest
         from a session that exposes them, compiled on first use and kept: the probe session
         (every normal node's output) where it is compiled already, else one exposing exactly
-        these, however many. The probe session cannot reuse the buffer of any tensor it
-        exposes, so it holds a whole sample's activations (measured: 243 MiB on the PP-OCRv4
-        recogniser for the float-equivalence check's few tensors; 450 MiB on a ViT-S for
-        its 37, which a session exposing just them holds in 30 MiB)."""
+        these, however many, without gates where the config quantizes whole groups or
+        nothing (see :meth:`.segments.Segments.exposing`). The probe session cannot reuse the
+        buffer of any tensor it exposes, so it holds a whole sample's activations (measured:
+        243 MiB on the PP-OCRv4 recogniser for the float-equivalence check's few tensors;
+        450 MiB on a ViT-S for its 37, which a session exposing just them holds in 30 MiB)."""
         if isinstance(sample, (int, np.integer)):
             sample = self.sample(int(sample))
         out = {t: sample[t] for t in names if t in sample}
@@ -382,6 +385,10 @@ class Engine:
         known = set(self.probe_tensors) | set(self.model_outputs)
         if all(t in known for t in rest) and "probe" in self._sessions:
             out.update(self.run(sample, quantized, rest, kind="probe"))
+            return out
+        form = self.segments.fixed_form(self._config(quantized)) if self.segments is not None else None
+        if form is not None and all(t in known for t in rest):
+            out.update(self.segments.exposing(sample, form, rest))
             return out
         key = self._exposing(rest)
         if key not in self._sessions:
@@ -397,6 +404,8 @@ class Engine:
         """Drop the session :meth:`tensors` compiled to expose exactly ``names`` (after a
         read made once)."""
         self._sessions.pop(self._exposing(names), None)
+        if self._segments is not None:
+            self._segments.forget_exposing(self._exposing(names)[1])
 
     def reference(self, i, tensors=None):
         """Float (all bypassed) values of sample ``i``; model outputs are cached per sample."""

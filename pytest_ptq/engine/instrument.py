@@ -155,6 +155,90 @@ def constants_late(nodes, inits, gates):
     return order
 
 
+# A node computing from constants only waits for its consumer's input when it reads a
+# constant of at least this many elements (a weight), not for a shape or a scale of its own.
+ANCHOR_ELEMENTS = 1 << 14
+_NO_COPY = ("Identity", "Constant")  # ops whose output aliases or is small: nothing to wait for
+_BOOL = onnx.TensorProto.BOOL
+# what onnxruntime's CPU Expand takes (not bfloat16, 4-bit or float8 types)
+_EXPANDABLE = {getattr(onnx.TensorProto, t) for t in ("FLOAT", "FLOAT16", "DOUBLE", "BOOL", "INT8", "UINT8", "INT16",
+                                                      "UINT16", "INT32", "UINT32", "INT64", "UINT64")}
+
+
+def anchored(nodes, inits, feeds=()):
+    """``nodes`` in which each node that computes from constants only and reads a large one
+    (a weight's gate, its Q/DQ, the lone DQ of an int8 weight) runs just before its first
+    consumer, after the first run-time tensor that consumer reads: one of its small inputs
+    becomes ``Expand(input, Slice(Shape(tensor), [0], [0]))``, the same value, later.
+
+    ``inits``: ``{name: TensorProto}`` of the graph's initializers; ``feeds``: other names
+    available before any node runs (a gated graph's flags). For low-memory sessions, which
+    compute such nodes at run time (no constant folding): onnxruntime runs the ready node of
+    lowest index first, and the nodes its fusions make get new, higher indices, so every
+    weight a fused node reads was computed at the start of the run and held to its use
+    (measured on a ViT-S with int8 weights behind lone DQs, every pair quantized: +96 MiB
+    within a run; +28 MiB with onnxruntime's optimizations off)."""
+    sizes = {name: int(np.prod(t.dims, dtype=np.int64)) for name, t in inits.items()}
+    types = {name: t.data_type for name, t in inits.items()}  # a feed is a boolean flag
+    constant = set(inits) | set(feeds)
+    made_by = {}  # tensor computed from constants only -> its node
+    for node in nodes:
+        if all(r in constant for r in node_refs(node)):
+            constant.update(node.output)
+            for o in node.output:
+                made_by[o] = node
+    out, done, anchors = [], set(), {}
+    zero = "ptq_anchor::zero"
+
+    def anchor(x):
+        if x not in anchors:
+            if not anchors:
+                out.append(helper.make_node("Constant", [], [zero], value=numpy_helper.from_array(np.zeros(1, np.int64))))
+            anchors[x] = f"ptq_anchor::{x}"
+            out.append(helper.make_node("Shape", [x], [f"{anchors[x]}::shape"]))
+            out.append(helper.make_node("Slice", [f"{anchors[x]}::shape", zero, zero], [anchors[x]]))
+        return anchors[x]
+
+    def emit(node, x):
+        if id(node) in done:
+            return
+        done.add(id(node))
+        refs = node_refs(node)
+        for r in refs:
+            if r in made_by:
+                emit(made_by[r], x)
+        root = x is not None and node.op_type not in _NO_COPY and not any(r in made_by for r in refs)
+        if root and max((sizes.get(r, 0) for r in refs), default=0) >= ANCHOR_ELEMENTS:
+            slot = min((k for k, i in enumerate(node.input) if types.get(i, _BOOL) in _EXPANDABLE),
+                       key=lambda k: sizes.get(node.input[k], 1), default=None)
+            if slot is not None:
+                node = _copy(node)
+                waited = f"{node.input[slot]}::after::{x}"
+                out.append(helper.make_node("Expand", [node.input[slot], anchor(x)], [waited]))
+                node.input[slot] = waited
+        out.append(node)
+
+    for node in nodes:
+        if node.output and node.output[0] in made_by:
+            continue  # computed when a consumer needs it
+        refs = node_refs(node)
+        x = next(r for r in refs if r not in constant)
+        for r in refs:
+            if r in made_by:
+                emit(made_by[r], x)
+        done.add(id(node))
+        out.append(node)
+    for node in nodes:  # what no run-time node reads (a constant model output)
+        emit(node, None)
+    return out
+
+
+def _copy(node):
+    copy = onnx.NodeProto()
+    copy.CopyFrom(node)
+    return copy
+
+
 def lowered(nodes):
     """``nodes`` with every gate on a 16-bit float tensor (fp16/bf16 graphs) turned into
     plain nodes: both branches' nodes, then ``Where(flag, quantized, bypassed)`` per output.
