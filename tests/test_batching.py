@@ -53,6 +53,12 @@ def test_auto_measures_and_says_why(net):
         choice.size == 1 and "not faster here" in choice.reason)
 
 
+def test_low_memory_mode_runs_one_sample_at_a_time_unless_asked(net):
+    choice = Engine(net["q"], net["folder"], memory="low").batching(list(range(N)))
+    assert choice.size == 1 and "low-memory mode" in choice.reason and choice.gain is None
+    assert Engine(net["q"], net["folder"], memory="low", batch=4).batches(range(N)) == [(0, 1, 2, 3), (4, 5)]
+
+
 def _fixed_batch_model(path):
     """A net that reshapes to a literal [1, -1]: a stacked batch comes out as one long row."""
     rng = np.random.default_rng(0)

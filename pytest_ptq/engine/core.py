@@ -77,7 +77,8 @@ class Engine:
     with at least :data:`LOW_MEMORY_BYTES` of large weights or mostly matrix-product weights
     (see :func:`shares_weights`). ``batch``: samples per run of
     model outputs in :meth:`batches` (``"auto"``: up to 8 where the model allows it and it
-    measures faster, see :mod:`.batching`; 1: one at a time; N: N where the model allows it).
+    measures faster, see :mod:`.batching`, and one in low-memory mode; 1: one at a time; N: N
+    where the model allows it).
     ``workers``: configs :meth:`run_many` runs at once (``"auto"``: one per core this
     process may use, at most 8, fewer where their tensors would not fit, one on a GPU or in
     low-memory mode; see :mod:`.workers`).
@@ -266,6 +267,12 @@ class Engine:
         if self._batching is None:
             if self.batch == 1:
                 return batching.Batching(1, "one sample per run, as asked")
+            if self.batch == "auto" and self.shared.low_memory:
+                # a stack holds that many samples' tensors (a ViT-S behind lone DQs: 224 MiB at one
+                # sample per run, 274 / 302 / 396 MiB by 2 / 4 / 8), and low-memory configs spend
+                # their time faulting weights in, which a stack does not save
+                return batching.Batching(1, "one sample per run in low-memory mode, so that memory holds one "
+                                            "sample's tensors")
             if len(indices) < 2:
                 return batching.Batching(1, "fewer than two samples")
             size = batching.MAX_GROUP if self.batch == "auto" else int(self.batch)

@@ -59,33 +59,50 @@ def spread(n, k=SPREAD):
 
 def check(engine):
     """Check ``engine`` (which has data); raise :class:`PTQError` on decisive evidence, else
-    return the :class:`Equivalence`."""
+    return the :class:`Equivalence`.
+
+    In two passes over the samples, so that no two whole-graph sessions are held at once
+    (a low-memory engine's peak was set here): bypassed (the model outputs and the watched
+    pair inputs from one session, compared with the float model on the fly when it is
+    given), then every pair quantized."""
     qm = engine.qmodel
     samples = spread(len(engine.data))
     candidates = [qm.calibration[n] for n in qm.folded_activation_suspects() if engine.is_gated(n)]
     watched = list(dict.fromkeys(c.input for c in candidates))
+    read = list(dict.fromkeys(engine.model_outputs + watched))
     below, seen = {c.name: 0 for c in candidates}, {c.name: 0 for c in candidates}
-    broken, exploded = None, None
-    for i in samples:
-        bypassed = engine.run(i, ())
-        quant = engine.run(i, "all")
-        for k, v in bypassed.items():
-            if v.dtype.kind != "f":
-                continue
-            if broken is None and not np.isfinite(v).all():
-                broken = (k, i)
-            q = quant[k]
-            if exploded is None and np.isfinite(v).all() and np.isfinite(q).all() and v.size:
-                if float(np.abs(v).max()) > EXPLODE * max(float(np.abs(q).max()), 1.0):
-                    exploded = (k, i)
-        if watched:
-            values = engine.tensors(i, (), watched)
+    broken, peaks = None, {}
+    against = _FloatModel(engine) if engine.float_model is not None else None
+    try:
+        for i in samples:
+            values = engine.tensors(i, (), read)
+            for k in engine.model_outputs:
+                v = values[k]
+                if v.dtype.kind != "f":
+                    continue
+                if broken is None and not np.isfinite(v).all():
+                    broken = (k, i)
+                if np.isfinite(v).all() and v.size:
+                    peaks[k, i] = float(np.abs(v).max())
+            if against is not None:
+                against.compare(i, values)
             for c in candidates:
                 x = np.asarray(values[c.input], np.float64)
                 lo, _ = c.bounds(x.shape)
                 below[c.name] += int(np.count_nonzero(x < lo - c.half_step(x.shape)))
                 seen[c.name] += x.size
-    engine.forget_tensors(watched)  # read once: its session goes
+            del values
+    finally:
+        if against is not None:
+            against.close()
+        engine.forget_tensors(read)  # read once: its session goes
+    exploded = None
+    for i in samples:
+        quant = engine.run(i, "all")
+        for k, q in quant.items():
+            if exploded is None and (k, i) in peaks and np.isfinite(q).all():
+                if peaks[k, i] > EXPLODE * max(float(np.abs(q).max()), 1.0):
+                    exploded = (k, i)
     suspects = {n: (below[n], seen[n]) for n in below if seen[n] and below[n] > FLOOR_SHARE * seen[n]}
     evidence = _evidence(suspects)
     if broken or exploded or len(suspects) >= 2:
@@ -105,12 +122,12 @@ def check(engine):
                         f"{len(samples)} sample(s); its Relu/Clip was probably folded into the range and deleted: "
                         f"{FIX}")
     rewrite = None
-    if engine.float_model is not None:
+    if against is not None:
         lost = getattr(qm, "alignment", None) and qm.alignment.unmatched_weights
         if lost:
             warnings.append(f"the float model holds no weight that {len(lost)} quantized weight(s) such as "
                             f"{lost[0]!r} round to; weight analyses compare them against their dequantized values")
-        rewrite = _against_float(engine, samples)
+        rewrite = against.verdict()
         if rewrite is not None:
             warnings.append(f"graph rewritten by the quantizer: output cosine {rewrite['cosine']:.6f} between the float "
                             f"model and this model with every pair bypassed (output {rewrite['output']!r}, worst "
@@ -133,37 +150,48 @@ def _evidence(suspects):
     return (f"{len(shown)} pair(s) " if len(shown) > 1 else "pair ") + ", ".join(parts) + more
 
 
-def _against_float(engine, samples):
-    """The float model against the bypassed model on ``samples``: None when they agree, a
-    rewrite record when the alignment explains the gap; raise when nothing does."""
-    qm = engine.qmodel
-    # its weights mapped from their file and shared with the session, not copied: the check
-    # runs it on a few samples only, and a private copy of a large model's float weights set
-    # the engine's peak (a 180 MiB convolution net: +360 MiB)
-    fmodel, fpath, arrays = load_weightless(engine.float_model, what="float model")
-    where = str(fpath) if fpath else "<ModelProto>"
-    shared = runtime.SharedWeights(arrays, low_memory=True)  # kept while the session runs: it holds the values
-    fsess = runtime.make_session(fmodel, engine.optimization, engine.providers, what="the float model",
-                                 libraries=engine.libraries, shared=shared)
-    names = [o.name for o in fsess.get_outputs()]
-    del fmodel
-    worst = None
-    for i in samples:
-        ref = dict(zip(names, runtime.run(fsess, names, engine.sample(i), where)))
-        bypassed = engine.run(i, ())
-        for k, v in bypassed.items():
+class _FloatModel:
+    """The float model run beside the bypassed one, sample by sample: the worst output cosine
+    between them, and the verdict on it."""
+
+    def __init__(self, engine):
+        self.engine = engine
+        # its weights mapped from their file and shared with the session, not copied: the check
+        # runs it on a few samples only, and a private copy of a large model's float weights set
+        # the engine's peak (a 180 MiB convolution net: +360 MiB)
+        fmodel, fpath, arrays = load_weightless(engine.float_model, what="float model")
+        self.where = str(fpath) if fpath else "<ModelProto>"
+        self.shared = runtime.SharedWeights(arrays, low_memory=True)  # kept while the session runs: it holds the values
+        self.session = runtime.make_session(fmodel, engine.optimization, engine.providers, what="the float model",
+                                            libraries=engine.libraries, shared=self.shared)
+        self.names = [o.name for o in self.session.get_outputs()]
+        self.worst = None
+
+    def compare(self, i, bypassed):
+        """Compare the float model on sample ``i`` with ``bypassed`` (name -> value)."""
+        ref = dict(zip(self.names, runtime.run(self.session, self.names, self.engine.sample(i), self.where)))
+        for k in self.engine.model_outputs:
+            v = bypassed[k]
             if k in ref and v.dtype.kind == "f":
                 cos = compare(ref[k], v)["cosine-similarity"]
-                if worst is None or cos < worst[0]:
-                    worst = (cos, k, i)
-    del fsess, shared  # in this order: a session must not outlive the values it was given
-    if worst is None or worst[0] >= SAME:
-        return None
-    alignment = getattr(qm, "alignment", None)
-    if alignment is None or not alignment.same_weights:
-        raise PTQError(f"bypassing every Q/DQ pair of {qm.source!r} does not reproduce the float model {where!r} on "
-                       f"output {worst[1]!r} (cosine {worst[0]:.4f} on sample {worst[2]}); check that it is the model "
-                       "this one was quantized from, or re-quantize with extra_options={'AddQDQPairToWeight': True, "
-                       "'QDQKeepRemovableActivations': True}")
-    changes = "; ".join(alignment.rewrites) or "no op changed, but the values differ"
-    return {"cosine": worst[0], "output": worst[1], "sample": worst[2], "changes": changes}
+                if self.worst is None or cos < self.worst[0]:
+                    self.worst = (cos, k, i)
+
+    def close(self):
+        self.session = None  # before the values it was given: a session must not outlive them
+        self.shared = None
+
+    def verdict(self):
+        """None when the float model and the bypassed one agree, a rewrite record when the
+        alignment explains the gap; raise when nothing does."""
+        qm, worst = self.engine.qmodel, self.worst
+        if worst is None or worst[0] >= SAME:
+            return None
+        alignment = getattr(qm, "alignment", None)
+        if alignment is None or not alignment.same_weights:
+            raise PTQError(f"bypassing every Q/DQ pair of {qm.source!r} does not reproduce the float model "
+                           f"{self.where!r} on output {worst[1]!r} (cosine {worst[0]:.4f} on sample {worst[2]}); check "
+                           "that it is the model this one was quantized from, or re-quantize with extra_options="
+                           "{'AddQDQPairToWeight': True, 'QDQKeepRemovableActivations': True}")
+        changes = "; ".join(alignment.rewrites) or "no op changed, but the values differ"
+        return {"cosine": worst[0], "output": worst[1], "sample": worst[2], "changes": changes}
