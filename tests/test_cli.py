@@ -148,3 +148,22 @@ def test_version(capsys):
         main(["--version"])
     assert exc.value.code == 0
     assert capsys.readouterr().out.strip() == f"ptq-debug {__version__}"
+
+
+def test_list_nodes_caps_the_consumers_of_a_shared_pair(tmp_path, capsys):
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    inits = [numpy_helper.from_array(np.float32(0.1), "s"), numpy_helper.from_array(np.uint8(128), "z")]
+    nodes = [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["q"], name="x_Q"),
+             helper.make_node("DequantizeLinear", ["q", "s", "z"], ["d"], name="x_DQ")]
+    nodes += [helper.make_node("Relu", ["d"], [f"r{k}"], name=f"relu_block{k}") for k in range(5)]
+    nodes.append(helper.make_node("Sum", [f"r{k}" for k in range(5)], ["y"], name="sum"))
+    graph = helper.make_graph(nodes, "shared", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])], inits)
+    path = tmp_path / "shared.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), path)
+    assert main(["list-nodes", str(path)]) == 0
+    row = next(line for line in capsys.readouterr().out.splitlines() if "| x_Q " in line)
+    assert "relu_block0,relu_block1 (+3 more)" in row and "relu_block2" not in row
