@@ -9,7 +9,7 @@ and the ratios (a)/(b) and (c)/(a) (targets: <= 1.3 and >= 3 on one sample; <= 0
 pytest_ptq.engine.batching, and says whether it did). Machines are shared and noisy, so
 per-pass times are medians and the figures to quote are the ratios.
 
-Usage: python bench/bench_engine.py [MODEL DATA] [--data-num N] [--naive-configs K]
+Usage: python bench/bench_engine.py [MODEL DATA [--float-model F] | --vit pairs|dq] [--data-num N] [--naive-configs K]
 Without MODEL/DATA it uses the example suite's PP-OCRv4 text detector (prepared on demand).
 """
 
@@ -94,8 +94,17 @@ def main(argv=None):
     p.add_argument("--data-num", type=int, default=1)
     p.add_argument("--naive-configs", type=int, default=None,
                    help="time the naive rebuild on this many configs and extrapolate. Default: all")
+    p.add_argument("--float-model", default=None, help="the float model, where the engine needs it")
+    p.add_argument("--vit", choices=["pairs", "dq"], default=None,
+                   help="a real ViT-S instead (bench/vit.py): float weights behind pairs, or int8 behind lone DQs "
+                        "with the float model given")
     args = p.parse_args(argv)
-    if args.model is None:
+    if args.vit:
+        from vit import prepare as prepare_vit
+
+        args.model, args.data, args.float_model = prepare_vit(args.vit)
+        args.float_model = args.float_model if args.vit == "dq" else None
+    elif args.model is None:
         sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "example_suite"))
         from prepare import prepare
 
@@ -103,12 +112,12 @@ def main(argv=None):
         det = models.get("ppocrv4_det") or next(iter(models.values()))
         args.model, args.data = det["calibrated_model"], det["calibration_data"]
 
-    qm = QuantModel(args.model)
+    qm = QuantModel(args.model, float_model=args.float_model)
     acts = [c.name for c in qm.of_kind("activation")]
     print(f"model {args.model}: {len(qm.calibration)} calibration nodes, {len(acts)} activation; "
           f"{args.data_num} sample(s)")
 
-    engine = Engine(qm, args.data, data_num=args.data_num)
+    engine = Engine(qm, args.data, data_num=args.data_num, check=False)
     samples = [engine.sample(i) for i in range(len(engine.data))]
     configs = len(acts) * len(samples)
 

@@ -16,6 +16,7 @@ and prints the ratios engine / plain (target <= 1.5 at any N); each figure is th
 of --repeat processes.
 
 Usage: python bench/bench_memory.py [--weights-mib 192] [--samples 1 8] [--keep DIR] [--conv dq|pairs | --lone-dq]
+       python bench/bench_memory.py --vit pairs|dq [--samples 1 8]
        python bench/bench_memory.py --model QDQ.onnx --data DATA [--float-model FLOAT.onnx]
 """
 
@@ -193,10 +194,18 @@ def main(argv=None):
                         "behind lone DQs, external data; the engine gets the float model")
     p.add_argument("--repeat", type=int, default=3, help="processes per measurement (the median is printed)")
     p.add_argument("--keep", default=None, help="build the model here (and keep it) instead of a temp folder")
+    p.add_argument("--vit", choices=["pairs", "dq"], default=None,
+                   help="a real ViT-S instead (bench/vit.py): float weights behind pairs, or int8 behind lone DQs "
+                        "with the float model given")
     p.add_argument("--model", default=None, help="measure this QDQ model instead of building one (with --data)")
     p.add_argument("--data", default=None, help="its calibration data: a folder of <input>/<i>.npy")
     p.add_argument("--float-model", default=None, help="its float model, if the engine needs it")
     args = p.parse_args(argv)
+    if args.vit:
+        from vit import prepare as prepare_vit
+
+        args.model, args.data, float_model = prepare_vit(args.vit)
+        args.float_model = str(float_model) if args.vit == "dq" else None
     with tempfile.TemporaryDirectory() as tmp:
         if args.model:
             model, data = Path(args.model), Path(args.data)

@@ -47,7 +47,7 @@ def prepare(samples):
     from example_suite import quantize as exq
 
     CACHE.mkdir(parents=True, exist_ok=True)
-    wheels = ex._fetch_wheels(ex.default_cache_dir(), verbose=True)
+    wheels = ex.fetch_wheels(ex.default_cache_dir(), verbose=True)
     with zipfile.ZipFile(wheels["rapidocr"]) as z:
         raw = z.read("rapidocr_onnxruntime/models/ch_PP-OCRv4_rec_infer.onnx")
     float_model = CACHE / "rec_float.onnx"

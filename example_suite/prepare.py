@@ -195,7 +195,7 @@ def _log(verbose, *args) -> None:
 # Step 1: the wheels.
 # --------------------------------------------------------------------------------------
 
-def _pip_download(wheel_dir: Path, requirement: str, extra_args=(), log_path: Path | None = None) -> bool:
+def pip_download(wheel_dir: Path, requirement: str, extra_args=(), log_path: Path | None = None) -> bool:
     """``pip download`` one wheel into wheel_dir; True on success.  pip's output goes to log_path."""
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
            "--disable-pip-version-check", "--no-input", "--retries", "2", "--timeout", "20",
@@ -212,7 +212,9 @@ def _pip_download(wheel_dir: Path, requirement: str, extra_args=(), log_path: Pa
     return ok
 
 
-def _fetch_wheels(cache_dir: Path, verbose: bool) -> dict[str, Path]:
+def fetch_wheels(cache_dir: Path, verbose: bool) -> dict[str, Path]:
+    """The wheels the suite reads its models and pictures from, downloaded into
+    ``cache_dir/wheels`` once: ``{"rapidocr": path, "skimage": path}``."""
     wheel_dir = cache_dir / "wheels"
     wheel_dir.mkdir(parents=True, exist_ok=True)
     log_path = cache_dir / "pip-download.log"
@@ -226,7 +228,7 @@ def _fetch_wheels(cache_dir: Path, verbose: bool) -> dict[str, Path]:
     if not rapidocr.is_file():
         _log(verbose, f"downloading {RAPIDOCR_REQUIREMENT} from PyPI (the OCR models, about 15 MB) ...")
         t = time.perf_counter()
-        if not _pip_download(wheel_dir, RAPIDOCR_REQUIREMENT, log_path=log_path) or not rapidocr.is_file():
+        if not pip_download(wheel_dir, RAPIDOCR_REQUIREMENT, log_path=log_path) or not rapidocr.is_file():
             raise PrepareError(f"could not download {RAPIDOCR_REQUIREMENT} with pip; {offline_hint}.")
         _log(verbose, f"downloaded {RAPIDOCR_WHEEL} ({time.perf_counter() - t:.1f} s)")
 
@@ -239,8 +241,8 @@ def _fetch_wheels(cache_dir: Path, verbose: bool) -> dict[str, Path]:
         _log(verbose, f"downloading {SKIMAGE_REQUIREMENT} from PyPI (about 14 MB; only its skimage/data images "
                       "are used) ...")
         t = time.perf_counter()
-        if not _pip_download(wheel_dir, SKIMAGE_REQUIREMENT, SKIMAGE_PINNED_PLATFORM, log_path):
-            _pip_download(wheel_dir, SKIMAGE_REQUIREMENT, log_path=log_path)
+        if not pip_download(wheel_dir, SKIMAGE_REQUIREMENT, SKIMAGE_PINNED_PLATFORM, log_path):
+            pip_download(wheel_dir, SKIMAGE_REQUIREMENT, log_path=log_path)
         skimage = find_skimage()
         if skimage is None:
             raise PrepareError(f"could not download {SKIMAGE_REQUIREMENT} with pip; {offline_hint}.")
@@ -1088,7 +1090,7 @@ def _prepare_locked(cache_dir: Path, verbose: bool, remeasure: bool) -> dict:
                     result["models"][name] = {**paths, **_public(info)}
                     continue
             if wheels is None:
-                wheel_paths = _fetch_wheels(cache_dir, verbose)
+                wheel_paths = fetch_wheels(cache_dir, verbose)
                 wheels = _Wheels(wheel_paths)
             result["models"][name] = _build_model(name, cache_dir, wheels, info, remeasure, verbose)
     finally:
