@@ -269,8 +269,10 @@ class Engine:
                 return batching.Batching(1, "one sample per run, as asked")
             if self.batch == "auto" and self.shared.low_memory:
                 # a stack holds that many samples' tensors (a ViT-S behind lone DQs: 224 MiB at one
-                # sample per run, 274 / 302 / 396 MiB by 2 / 4 / 8), and low-memory configs spend
-                # their time faulting weights in, which a stack does not save
+                # sample per run, 274 / 302 / 396 MiB by 2 / 4 / 8, against 150-162 MiB for a plain
+                # session), more than it saves: its ranking ran 1.2x faster by 2 (behind pairs,
+                # +48 MiB), and memory-bound MatMul stacks' configs spend their time faulting
+                # weights in, which a stack does not save. ``batch=N`` still stacks.
                 return batching.Batching(1, "one sample per run in low-memory mode, so that memory holds one "
                                             "sample's tensors")
             if len(indices) < 2:
