@@ -54,8 +54,10 @@ class OutputMetrics:
 class Analysis:
     """The cached results of one model; build it through :meth:`PTQSession.analysis`."""
 
-    def __init__(self, key, root=".", cache_dir=None):
+    def __init__(self, key, root=".", cache_dir=None, memory="auto", workers="auto"):
         self.key = key
+        # how the engine spends memory and cores; not keyed: the results are the same
+        self.resources = {"memory": memory, "workers": workers}
         self.root = Path(root)
         self.label = self.relative(key.model)
         self._engine = None
@@ -91,7 +93,7 @@ class Analysis:
         every analysis below runs on all of the engine's samples."""
         if self._engine is None:
             engine = Engine(self.key.model, self.key.data, float_model=self.key.float_model,
-                            data_num=self.key.data_num, check=False,
+                            data_num=self.key.data_num, check=False, **self.resources,
                             custom_op_libraries=[self.key.custom_op_library] if self.key.custom_op_library else ())
             if engine.data is not None:  # the check reads only what the cache keys: kept too (a refusal is not)
                 engine.check_float_equivalence(self.cached(("float equivalence",), engine.float_equivalence, files=()))

@@ -76,6 +76,29 @@ def rank_samples(value, what="rank_samples"):
         raise _fail(what, f"must be a whole number >= 1 or 'all', got {_text(value)}") from None
 
 
+MEMORY_MODES = ("auto", "low", "fast")
+
+
+def memory_mode(value, what="memory"):
+    """How an engine holds weights: one of :data:`MEMORY_MODES` ("low": sessions share the
+    mapped weights and hand their pages back; "fast": a copy per session, prepacked; "auto":
+    chosen by the model's weights)."""
+    raw = _text(value)
+    if raw not in MEMORY_MODES:
+        raise _fail(what, f"must be one of {', '.join(MEMORY_MODES)}, got {shown(value)}")
+    return raw
+
+
+def auto_count(value, what):
+    """"auto" or a whole number >= 1 (``2``, ``"2"``). Returns "auto" or an int."""
+    if isinstance(value, str) and value.strip() == "auto":
+        return "auto"
+    try:
+        return positive_int(value, what)
+    except PTQError:
+        raise _fail(what, f"must be 'auto' or a whole number >= 1, got {shown(value)}") from None
+
+
 def number(value, what):
     """A finite real number (``0.99``, ``"0.99"``); bools and NaN are refused."""
     raw = _text(value)

@@ -135,7 +135,8 @@ class PTQSession:
 
                 runtime.share_cores(self.config.workerinput.get("workercount", 1),
                                     cores_folder(self.config.workerinput["testrunuid"]))
-            self.analyses[key.id] = Analysis(key, self.root, cache_dir=self.cache_dir())
+            self.analyses[key.id] = Analysis(key, self.root, cache_dir=self.cache_dir(), memory=self.settings.memory,
+                                             workers=self.settings.workers)
         return self.analyses[key.id]
 
     def cache_dir(self):

@@ -67,6 +67,16 @@ def metric(text):
     return params.metric(text)
 
 
+def memory(text):
+    """An engine's memory mode: auto, low or fast."""
+    return params.memory_mode(text, "")
+
+
+def workers(text):
+    """Configurations an engine runs at once: auto or a count >= 1."""
+    return params.auto_count(text, "")
+
+
 def _path(text):
     return params.input_path(str(text), "path")
 
@@ -164,12 +174,19 @@ OPTIONS = [
            "remedies), keyed by hashes of the model, data, float model, options and tool versions; "
            "--cache-clear empties it, --ptq-no-cache turns it off", "DIR", True,
            shown="<pytest's cache dir>/d/ptq"),
+    Option("memory", memory, "auto", "how each model's engine holds its weights: low (mapped from the file, shared "
+           "by every session and handed back after each run: for models near the machine's memory), fast (a "
+           "prepacked copy per session), auto (low for 64 MiB of weights or more, or mostly matrix-product "
+           "weights); results are the same", "MODE"),
+    Option("workers", workers, "auto", "configurations each engine runs at once: auto (one per core, at most 8, "
+           "fewer where their tensors would not fit, one in low-memory mode; under pytest-xdist the worker's share "
+           "of the cores) or N", "N"),
 ]
 BY_NAME = {o.name: o for o in OPTIONS}
 # Marker-only keys: a per-test allow-list and baseline file.
 MARKER_ONLY = ("allow", "baseline")
 # Session-wide keys a marker cannot change.
-SESSION_ONLY = ("report", "baseline_dir", "cache_dir")
+SESSION_ONLY = ("report", "baseline_dir", "cache_dir", "memory", "workers")
 MARKER_HELP = (
     "ptq(model=None, data=None, *, float_model=None, custom_op_library=None, data_num=None, holdout=None, "
     "node_type='node', "
@@ -221,6 +238,8 @@ class Settings:
     report: Path | None = None
     top: int = 10
     cache_dir: Path | None = None
+    memory: str = "auto"
+    workers: int | str = "auto"
     update: str = "none"  # "none" | "failing" | "all"
 
     def replace(self, **changes):

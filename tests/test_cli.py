@@ -48,6 +48,39 @@ def test_sensitivity_options_reach_the_analysis(paths, tmp_path, capsys):
     assert f"wrote {out}" in captured.out
 
 
+def test_memory_and_workers_reach_the_engine(paths, tmp_path, capsys, monkeypatch):
+    """--memory / --workers build the engine that way; the ranking is the default's to
+    float rounding (fast mode for this small net)."""
+    built = []
+
+    class Recording(Engine):
+        def __init__(self, *a, **kw):
+            super().__init__(*a, **kw)
+            built.append((self.shared.low_memory, self.workers))
+
+    monkeypatch.setattr("pytest_ptq.engine.Engine", Recording)
+    ranks = {}
+    for extra in ([], ["--memory", "low", "--workers", "2"]):
+        out = tmp_path / f"sens{len(extra)}.json"
+        rc = main(["get-sensitivity-of-nodes", paths["model"], paths["data"], "-t", "activation", "--json", str(out),
+                   "--quiet", *extra])
+        assert rc == 0, capsys.readouterr().err
+        ranks[len(extra)] = json.loads(out.read_text())["values"]
+    assert built == [(False, "auto"), (True, 2)]
+    assert ranks[4].keys() == ranks[0].keys() and len(ranks[0]) >= 3
+    for name, values in ranks[0].items():
+        assert ranks[4][name]["cosine-similarity"] == pytest.approx(values["cosine-similarity"], abs=1e-6), name
+    for bad, message in ((["--memory", "tiny"], "--memory: must be one of auto, low, fast, got 'tiny'"),
+                         (["--workers", "none"], "--workers: must be 'auto' or a whole number >= 1, got 'none'")):
+        with pytest.raises(SystemExit) as exit_:
+            main(["runall", paths["model"], paths["data"], *bad])
+        assert exit_.value.code == 2
+        assert message in capsys.readouterr().err.splitlines()[-1]
+    with pytest.raises(SystemExit):  # check-data builds no engine of its own settings
+        main(["check-data", paths["model"], paths["data"], "--memory", "low"])
+    assert "unrecognized arguments: --memory" in capsys.readouterr().err
+
+
 def test_acc_error_options(paths, tmp_path, capsys):
     rc = main(["plot-acc-error", paths["model"], paths["data"], "-q", "weight", "activation", "--average",
                "-s", str(tmp_path / "plots"), "--json", str(tmp_path / "curves.json"), "--quiet"])

@@ -140,7 +140,8 @@ def test_help_pins_the_option_group(pytester):
     assert list(entries) == [
         "--ptq-model", "--ptq-data", "--ptq-holdout", "--ptq-float-model", "--ptq-custom-op-library", "--ptq-data-num", "--ptq-node-type",
         "--ptq-metric", "--ptq-min-cosine", "--ptq-min-node-cosine", "--ptq-tolerance", "--ptq-baseline-dir",
-        "--ptq-report", "--ptq-top", "--ptq-cache-dir", "--ptq-update-baseline", "--ptq-update-all",
+        "--ptq-report", "--ptq-top", "--ptq-cache-dir", "--ptq-memory", "--ptq-workers", "--ptq-update-baseline",
+        "--ptq-update-all",
         "--ptq-no-default-contract", "--ptq-no-cache"]
     defaults = {"--ptq-model": "none", "--ptq-holdout": "the calibration data", "--ptq-data-num": "all samples",
                 "--ptq-node-type": "node",
@@ -148,7 +149,7 @@ def test_help_pins_the_option_group(pytester):
                 "--ptq-tolerance": "0.001", "--ptq-baseline-dir": "<rootdir>/ptq_baselines", "--ptq-report": "none",
                 "--ptq-top": "10", "--ptq-update-baseline": "off", "--ptq-update-all": "off",
                 "--ptq-no-default-contract": "off", "--ptq-cache-dir": "<pytest's cache dir>/d/ptq",
-                "--ptq-no-cache": "off"}
+                "--ptq-no-cache": "off", "--ptq-memory": "auto", "--ptq-workers": "auto"}
     for flag, help_text in entries.items():
         assert help_text.endswith(f"Default: {defaults.get(flag, 'none')}."), (flag, help_text)
         if flag not in ("--ptq-update-baseline", "--ptq-update-all", "--ptq-no-default-contract", "--ptq-no-cache"):
@@ -170,6 +171,8 @@ def test_node_types_spelled_out_for_start_up_match_the_analysis():
     ("--ptq-metric", "cosin", "unknown metric 'cosin'; did you mean*"),
     ("--ptq-node-type", "layer", "unknown node_type 'layer' (one of node, weight, activation)"),
     ("--ptq-model", "missing.onnx", "'missing.onnx' does not exist"),
+    ("--ptq-memory", "tiny", "must be one of auto, low, fast, got 'tiny'"),
+    ("--ptq-workers", "0", "must be 'auto' or a whole number >= 1, got '0'"),
 ])
 def test_bad_option_values_are_rejected_at_startup(pytester, flag, value, message):
     pytester.makepyfile("def test_never_runs(): raise AssertionError")
@@ -408,6 +411,39 @@ def test_one_analysis_per_model_data_and_sample_count(project, monkeypatch):
     result = run(project)
     result.assert_outcomes(passed=5)
     assert sorted(built, key=str) == [("model.onnx", 2), ("model.onnx", None), ("model_pc.onnx", None)]
+
+
+def test_memory_and_workers_reach_every_engine_and_leave_results_alone(project):
+    """--ptq-memory / --ptq-workers (and their ini keys) set how each model's engine runs;
+    the sensitivities are those of the default (fast, for this small conv net) to float
+    rounding, so the options are not part of a result's identity."""
+    project.makepyfile("""
+        import json, pytest
+
+        @pytest.mark.ptq(model="model.onnx", data="calib")
+        def test_engine(ptq_analysis, pytestconfig):
+            engine = ptq_analysis.engine
+            mode = pytestconfig.getini("ptq_memory") or pytestconfig.getoption("ptq_memory") or "auto"
+            with open(f"{mode}.json", "w") as f:
+                json.dump({"low": engine.shared.low_memory, "workers": engine.workers,
+                           "ranking": ptq_analysis.sensitivity("activation")}, f)
+    """)
+    run(project).assert_outcomes(passed=1)
+    run(project, "--ptq-memory", "low", "--ptq-workers", "2").assert_outcomes(passed=1)
+    project.makeini("[pytest]\nptq_memory = fast\n")
+    run(project).assert_outcomes(passed=1)
+    import json
+
+    auto, low, fast = (json.loads((project.path / f"{m}.json").read_text()) for m in ("auto", "low", "fast"))
+    assert (auto["low"], auto["workers"]) == (False, "auto")
+    assert (low["low"], low["workers"]) == (True, 2)
+    assert (fast["low"], fast["workers"]) == (False, "auto")
+    ranking = auto["ranking"]
+    assert len(ranking) >= 3 and low["ranking"].keys() == ranking.keys() == fast["ranking"].keys()
+    for name, metrics in ranking.items():
+        for metric, value in metrics.items():
+            assert low["ranking"][name][metric] == pytest.approx(value, abs=1e-6), (name, metric)
+            assert fast["ranking"][name][metric] == value
 
 
 def test_bad_model_fails_setup_in_one_sentence(project):

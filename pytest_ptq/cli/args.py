@@ -86,8 +86,9 @@ seconds = argtype(params.seconds, "seconds")
 number = argtype(params.number, "number")
 
 
-def add_model(p, data=True):
-    """MODEL [DATA] [--data-num N] [--float-model F] [--quiet]."""
+def add_model(p, data=True, engine=None):
+    """MODEL [DATA] [--data-num N] [--float-model F] [--quiet], and the engine's
+    [--memory MODE] [--workers N] where it builds one (``engine``, by default with data)."""
     p.add_argument("model", help="calibrated QDQ model (.onnx)")
     if data:
         p.add_argument("data", help=DATA_HELP)
@@ -95,7 +96,20 @@ def add_model(p, data=True):
     p.add_argument("--float-model", default=None,
                    help="the original float model, to recover float weights and check the float reference")
     add_custom_op_library(p)
+    if data if engine is None else engine:
+        add_resources(p)
     add_quiet(p)
+
+
+def add_resources(p):
+    p.add_argument("--memory", type=argtype(params.memory_mode, "memory mode"), default="auto",
+                   help="how the engine holds the model's weights: low (mapped from the file, shared by every "
+                        "session, handed back after each run: for models near the machine's memory), fast (a "
+                        "prepacked copy per session), auto (low for 64 MiB of weights or more, or mostly "
+                        "matrix-product weights); results are the same. Default: auto")
+    p.add_argument("--workers", type=argtype(params.auto_count, "workers"), default="auto", metavar="N",
+                   help="configurations the engine runs at once: auto (one per core, at most 8, fewer where "
+                        "their tensors would not fit; one in low-memory mode) or N. Default: auto")
 
 
 def add_custom_op_library(p):
@@ -163,7 +177,7 @@ def engine_and_cache(args):
     from ..engine import Engine
 
     engine = Engine(args.model, args.data, float_model=args.float_model, custom_op_libraries=args.custom_op_library,
-                    check=False)
+                    check=False, memory=args.memory, workers=args.workers)
     cache = for_engine(args.cache_dir, engine) if getattr(args, "cache_dir", None) else None
     if engine.data is not None:
         engine.check_float_equivalence(through(cache, ("float equivalence",), engine.float_equivalence))

@@ -35,7 +35,7 @@ def _span(pair):
 
 
 def configure(p):
-    a.add_model(p)
+    a.add_model(p, engine=False)
     p.add_argument("--heldout", default=None, metavar="DIR",
                    help="held-out data in the same layout, to check that the calibration set represents it")
     p.add_argument("--expect-mean", type=a.number, nargs="+", default=None, metavar="M",

@@ -16,7 +16,7 @@ import contextlib
 
 import numpy as np
 
-from .. import guard
+from .. import guard, params
 from ..data import load_data
 from ..errors import PTQError, unknown
 from ..model import QuantModel
@@ -24,7 +24,7 @@ from ..model.qdq import custom_op_sentence
 from . import batching, runtime, sanity
 from .instrument import LOCAL_PREFIX, Gates, anchored, constants_late, instrument, lowered
 from .segments import Segments
-from .workers import Workers, affordable, check_count, default_count
+from .workers import Workers, affordable, default_count
 
 # Models with this many bytes of large weights run in low-memory mode by default.
 LOW_MEMORY_BYTES = 64 * 2**20
@@ -96,17 +96,13 @@ class Engine:
         if self.qmodel.custom_ops and not self.libraries:
             raise PTQError(custom_op_sentence(self.qmodel))
         self.float_model = float_model
-        if memory not in ("auto", "low", "fast"):
-            raise unknown("memory mode", memory, ("auto", "low", "fast"))
-        self.memory = memory
-        if batch != "auto" and (isinstance(batch, bool) or not isinstance(batch, (int, np.integer)) or batch < 1):
-            raise PTQError(f"batch must be 'auto' or a whole number >= 1, got {batch!r}")
-        self.batch, self._batching = batch, None
+        self.memory = memory = params.memory_mode(memory)
+        self.batch, self._batching = params.auto_count(batch, "batch"), None
         self.shared = runtime.SharedWeights(self.qmodel.shared, low_memory=memory == "low" or (
             memory == "auto" and shares_weights(self.qmodel)))
         self.optimization = runtime.check_level(optimization)
         self.providers = providers or runtime.default_providers()
-        self.workers = check_count(workers)
+        self.workers = workers = params.auto_count(workers, "workers")
         count = default_count(self.providers, self.shared.low_memory, runtime.all_cores()) \
             if workers == "auto" else workers
         self._workers = Workers(count, limit=runtime.spare_cores if workers == "auto" else None)

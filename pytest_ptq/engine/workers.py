@@ -26,7 +26,6 @@ import collections
 import concurrent.futures
 import threading
 
-from ..errors import PTQError
 
 # Beyond this many configs in flight, the cores go to each segment session's own threads
 MAX_WORKERS = 8
@@ -48,13 +47,6 @@ def default_count(providers, low_memory, cores):
 def affordable(count, run_bytes):
     """``count`` reduced so that that many runs of ``run_bytes`` each fit :data:`BUDGET_BYTES`."""
     return max(1, min(count, BUDGET_BYTES // max(1, int(run_bytes))))
-
-
-def check_count(workers):
-    """``workers`` as given to an engine: "auto" or a whole number >= 1."""
-    if workers != "auto" and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 1):
-        raise PTQError(f"workers must be 'auto' or a whole number >= 1, got {workers!r}")
-    return workers
 
 
 class Workers:
