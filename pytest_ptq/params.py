@@ -77,6 +77,13 @@ def rank_samples(value, what="rank_samples"):
 
 
 MEMORY_MODES = ("auto", "low", "fast")
+# the help of the memory and workers settings, the same in the plugin and the CLI
+MEMORY_HELP = ("how the engine holds the model's weights: low (mapped from the file, shared by every session and "
+               "handed back after each run: for models near the machine's memory), fast (a prepacked copy per "
+               "session), auto (low for 64 MiB of weights or more, or mostly matrix-product weights); results agree to "
+               "float rounding")
+WORKERS_HELP = ("configurations the engine runs at once: auto (one per core, at most 8, fewer where their tensors "
+                "would not fit, one in low-memory mode; under pytest-xdist the worker's share of the cores) or N")
 
 
 def memory_mode(value, what="memory"):

@@ -174,13 +174,8 @@ OPTIONS = [
            "remedies), keyed by hashes of the model, data, float model, options and tool versions; "
            "--cache-clear empties it, --ptq-no-cache turns it off", "DIR", True,
            shown="<pytest's cache dir>/d/ptq"),
-    Option("memory", memory, "auto", "how each model's engine holds its weights: low (mapped from the file, shared "
-           "by every session and handed back after each run: for models near the machine's memory), fast (a "
-           "prepacked copy per session), auto (low for 64 MiB of weights or more, or mostly matrix-product "
-           "weights); results are the same", "MODE"),
-    Option("workers", workers, "auto", "configurations each engine runs at once: auto (one per core, at most 8, "
-           "fewer where their tensors would not fit, one in low-memory mode; under pytest-xdist the worker's share "
-           "of the cores) or N", "N"),
+    Option("memory", memory, "auto", params.MEMORY_HELP, "MODE"),
+    Option("workers", workers, "auto", params.WORKERS_HELP, "N"),
 ]
 BY_NAME = {o.name: o for o in OPTIONS}
 # Marker-only keys: a per-test allow-list and baseline file.

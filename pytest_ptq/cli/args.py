@@ -102,14 +102,10 @@ def add_model(p, data=True, engine=None):
 
 
 def add_resources(p):
-    p.add_argument("--memory", type=argtype(params.memory_mode, "memory mode"), default="auto",
-                   help="how the engine holds the model's weights: low (mapped from the file, shared by every "
-                        "session, handed back after each run: for models near the machine's memory), fast (a "
-                        "prepacked copy per session), auto (low for 64 MiB of weights or more, or mostly "
-                        "matrix-product weights); results are the same. Default: auto")
+    p.add_argument("--memory", type=argtype(params.memory_mode, "memory mode"), default="auto", metavar="MODE",
+                   help=f"{params.MEMORY_HELP}. Default: auto")
     p.add_argument("--workers", type=argtype(params.auto_count, "workers"), default="auto", metavar="N",
-                   help="configurations the engine runs at once: auto (one per core, at most 8, fewer where "
-                        "their tensors would not fit; one in low-memory mode) or N. Default: auto")
+                   help=f"{params.WORKERS_HELP}. Default: auto")
 
 
 def add_custom_op_library(p):
