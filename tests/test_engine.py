@@ -506,6 +506,27 @@ def test_pager_counts_a_file_mapped_twice_once_and_its_floor_holds_no_weights(zo
     assert pager.floor <= runtime.Pager.resident()
 
 
+@pytest.mark.skipif(not Path("/proc/self/smaps").exists(), reason="reads Linux's /proc/self/smaps")
+def test_aligning_lone_dq_weights_leaves_none_of_their_file_resident(tmp_path, monkeypatch):
+    """Aligning int8 weights behind lone DQs with the float model reads each stored weight
+    once, into its dequantized copy: its file's pages go then, not at the first session
+    (the whole int8 file resident at the end of the alignment set a 192 MiB MatMul stack's
+    peak)."""
+    from pytest_ptq.model import QuantModel, graph
+
+    fpath = builders.conv_net(tmp_path / "float.onnx", channels=128)  # conv2: 144 KiB of int8
+    q = builders.quantize(fpath, tmp_path / "q.onnx", builders.samples(2), keep_float=False)
+    out = tmp_path / "model.onnx"
+    onnx.save(onnx.load(str(q)), str(out), save_as_external_data=True, location="w.bin", size_threshold=0)
+    monkeypatch.setattr(graph, "LARGE_BYTES", 1)
+    qm = QuantModel(out, float_model=fpath)
+    lone = [c for c in qm.of_kind("weight") if c.q_node is None and c.float_weight is not None]
+    stored = [np.asarray(qm.constant(c.input)) for c in lone]
+    assert len(lone) >= 2 and all(graph.mapping(a) is not None for a in stored)
+    # what stays is the scales, zero points and biases the model's analysis read
+    assert _resident_kib(tmp_path / "w.bin") * 1024 < max(a.nbytes for a in stored) / 4
+
+
 def test_pager_looks_sooner_as_pages_fault_in_fast_near_the_ceiling(monkeypatch):
     """The pager's next look comes before the resident set, growing at the fastest pace seen,
     passes the ceiling: at most PERIOD apart, at least MIN_PERIOD."""
