@@ -56,7 +56,7 @@ class Analysis:
 
     def __init__(self, key, root=".", cache_dir=None, memory="auto", workers="auto"):
         self.key = key
-        # how the engine spends memory and cores; not keyed: the results are the same
+        # how the engine spends memory and cores; not keyed: results agree to float rounding
         self.resources = {"memory": memory, "workers": workers}
         self.root = Path(root)
         self.label = self.relative(key.model)
