@@ -612,13 +612,16 @@ def _heldout_findings(engine, cal_data, held_data, metric, threshold, bar):
 
 # -- entry point ---------------------------------------------------------------------------------
 def check_data(model_or_file, calibrated_data=None, heldout=None, data_num=None, float_model=None,
-               metric="cosine-similarity", threshold=None, expect_mean=None, expect_std=None, progress=None):
+               metric="cosine-similarity", threshold=None, expect_mean=None, expect_std=None, progress=None,
+               custom_op_libraries=()):
     """Check calibration data (and a held-out set) against the model.
 
     ``model_or_file``: the calibrated QDQ model (a float model works too, without the
     range and held-out checks), or an :class:`Engine` whose model and data are reused. ``expect_mean``/``expect_std``: per-channel statistics that
     correctly preprocessed data should have (after normalisation). ``threshold`` applies to
-    ``metric`` for the held-out comparison (default 0.99 for cosine similarity). Returns a
+    ``metric`` for the held-out comparison (default 0.99 for cosine similarity).
+    ``custom_op_libraries``: what the model's custom Q/DQ ops need to run (the held-out
+    comparison runs it). Returns a
     :class:`DataReport`, findings ordered error, warning, info.
     """
     m = get_metrics(metric)[0]
@@ -663,7 +666,7 @@ def check_data(model_or_file, calibrated_data=None, heldout=None, data_num=None,
                                         "fix the errors, then check again", None, "heldout"))
             else:
                 engine = model_or_file if isinstance(model_or_file, Engine) else Engine(
-                    qm, None, float_model=float_model, check=False)
+                    qm, None, float_model=float_model, check=False, custom_op_libraries=custom_op_libraries)
                 cal = load_data(calibrated_data, qm, data_num)
                 held = load_data(heldout, qm, data_num)
                 more, quantized = _heldout_findings(engine, cal, held, m, threshold, bar)

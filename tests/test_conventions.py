@@ -272,9 +272,10 @@ def test_custom_op_library_reaches_onnxruntime_from_every_face(tmp_path, zoo, ca
     data = str(zoo.folder("qdq"))
     for extra, needle in (([], "--custom-op-library PATH"), (["--custom-op-library", str(fake)],
                                                               "cannot load the custom-op library")):
-        rc = main(["get-sensitivity-of-nodes", str(path), data, "--quiet", *extra])
-        err = capsys.readouterr().err.strip().splitlines()
-        assert rc == 2 and len(err) == 1 and needle in err[0] and "Traceback" not in err[0]
+        for command in (["get-sensitivity-of-nodes", str(path), data], ["check-data", str(path), data, "--heldout", data]):
+            rc = main([*command, "--quiet", *extra])
+            err = capsys.readouterr().err.strip().splitlines()
+            assert rc == 2 and len(err) == 1 and needle in err[0] and "Traceback" not in err[0], (command, err)
     pytester.makefile(".ptq.yaml", custom=f"model: {path}\ndata: {data}\ncustom_op_library: {fake}\nbaseline: false\n")
     result = pytester.runpytest("-p", "no:cacheprovider")
     result.stdout.fnmatch_lines(["*cannot load the custom-op library*libnot_a_library.so*"])

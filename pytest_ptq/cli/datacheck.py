@@ -10,7 +10,8 @@ from . import args as a
 def run(args):
     report = check_data(args.model, args.data, heldout=args.heldout, data_num=args.data_num,
                         float_model=args.float_model, metric=args.metric, threshold=args.threshold,
-                        expect_mean=args.expect_mean, expect_std=args.expect_std, progress=not args.quiet)
+                        expect_mean=args.expect_mean, expect_std=args.expect_std, progress=not args.quiet,
+                        custom_op_libraries=args.custom_op_library)
     rows = []
     for dataset, per_input in report.stats.items():
         for name, s in per_input.items():
