@@ -620,9 +620,9 @@ def check_data(model_or_file, calibrated_data=None, heldout=None, data_num=None,
     range and held-out checks), or an :class:`Engine` whose model and data are reused. ``expect_mean``/``expect_std``: per-channel statistics that
     correctly preprocessed data should have (after normalisation). ``threshold`` applies to
     ``metric`` for the held-out comparison (default 0.99 for cosine similarity).
-    ``custom_op_libraries``: what the model's custom Q/DQ ops need to run (the held-out
-    comparison runs it). Returns a
-    :class:`DataReport`, findings ordered error, warning, info.
+    ``custom_op_libraries``: onnxruntime libraries the model's custom Q/DQ ops need (the
+    held-out comparison runs the model). Returns a :class:`DataReport`, findings ordered
+    error, warning, info.
     """
     m = get_metrics(metric)[0]
     threshold = params.optional_number(threshold, "threshold")

@@ -7,6 +7,7 @@ models (tests/builders.py), computed here without pytest_ptq.
 from __future__ import annotations
 
 import importlib
+import json
 import shutil
 import xml.etree.ElementTree as ET
 from importlib.metadata import entry_points
@@ -432,8 +433,6 @@ def test_memory_and_workers_reach_every_engine_and_leave_results_alone(project):
     run(project, "--ptq-memory", "low", "--ptq-workers", "2").assert_outcomes(passed=1)
     project.makeini("[pytest]\nptq_memory = fast\n")
     run(project).assert_outcomes(passed=1)
-    import json
-
     auto, low, fast = (json.loads((project.path / f"{m}.json").read_text()) for m in ("auto", "low", "fast"))
     assert (auto["low"], auto["workers"]) == (False, "auto")
     assert (low["low"], low["workers"]) == (True, 2)

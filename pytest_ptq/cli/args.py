@@ -96,7 +96,8 @@ def add_model(p, data=True, engine=None):
     p.add_argument("--float-model", default=None,
                    help="the original float model, to recover float weights and check the float reference")
     add_custom_op_library(p)
-    if data if engine is None else engine:
+    builds_engine = data if engine is None else engine
+    if builds_engine:
         add_resources(p)
     add_quiet(p)
 
