@@ -7,6 +7,7 @@ optimisation level as the engine.
 
 from __future__ import annotations
 
+import mmap
 from pathlib import Path
 
 import numpy as np
@@ -477,11 +478,12 @@ def test_low_memory_runs_hand_mapped_weights_back_above_the_ceiling(zoo, tmp_pat
 
 
 @pytest.mark.skipif(not Path("/proc/self/smaps").exists(), reason="reads Linux's /proc/self/smaps")
-def test_pager_counts_a_file_mapped_twice_once_and_its_floor_holds_no_weights(zoo, tmp_path, monkeypatch):
-    """The float model is mapped twice (by the alignment and by the check's float session):
-    the ceiling's mapped bytes count it once. And the pages an analysis read before any
-    session (mappings no session was given yet) go when the first weight is watched, so the
-    floor (the libraries' pages) does not hold them for good."""
+def test_a_file_loaded_twice_is_mapped_once_and_the_pager_floor_holds_no_weights(zoo, tmp_path, monkeypatch):
+    """The float model is loaded twice (by the alignment and by the check's float session):
+    its weights are mapped once, so a page both read is resident once, and the ceiling's
+    mapped bytes count it once. A file rewritten in between is mapped anew. And the pages an
+    analysis read before any session (mappings no session was given yet) go when the first
+    weight is watched, so the floor (the libraries' pages) does not hold them for good."""
     from pytest_ptq.engine import runtime
     from pytest_ptq.model import graph
 
@@ -493,6 +495,7 @@ def test_pager_counts_a_file_mapped_twice_once_and_its_floor_holds_no_weights(zo
     loads = [{k: a for k, a in arrays.items() if graph.mapping(a) is not None} for arrays in loads]
     maps = [[graph.mapping(a) for a in arrays.values()] for arrays in loads]
     assert len(maps[0]) == len(maps[1]) >= 2
+    assert all(a is b for a, b in zip(maps[0], maps[1]))
     once = graph.mapped_bytes(maps[0])
     assert once >= sum(a.nbytes for a in loads[0].values())
     assert graph.mapped_bytes(maps[0] + maps[1]) == once
@@ -504,6 +507,17 @@ def test_pager_counts_a_file_mapped_twice_once_and_its_floor_holds_no_weights(zo
     pager.watch(next(iter(loads[0].values())))
     assert _resident_kib(tmp_path / "w.bin") == 0
     assert pager.floor <= runtime.Pager.resident()
+    before = {k: np.array(a) for k, a in loads[0].items()}
+    (tmp_path / "w.bin").unlink()  # rewritten: a new file with other values
+    model = onnx.load(str(zoo.qdq("qdq_pc")))
+    for init in model.graph.initializer:
+        if init.name in before:
+            init.CopyFrom(onnx.numpy_helper.from_array(before[init.name] + 1, init.name))
+    onnx.save(model, str(out), save_as_external_data=True, location="w.bin", size_threshold=0)
+    again = graph.load_weightless(out)[2]
+    for k, a in before.items():
+        assert graph.mapping(again[k]) not in maps[0]
+        np.testing.assert_array_equal(again[k], a + 1)
 
 
 @pytest.mark.skipif(not Path("/proc/self/smaps").exists(), reason="reads Linux's /proc/self/smaps")
@@ -551,6 +565,75 @@ def test_pager_looks_sooner_as_pages_fault_in_fast_near_the_ceiling(monkeypatch)
         periods.append(pager.period)
     # no growth seen yet; 50 MiB in 10 ms with 40 to go; 5 MiB to go at that pace; far below
     assert periods == pytest.approx([runtime.Pager.PERIOD, 0.008, runtime.Pager.MIN_PERIOD, runtime.Pager.PERIOD])
+
+
+def _pager_at(monkeypatch, floor_mib, mapped_mib, largest_mib):
+    """A pager with that floor, mapped bytes and largest weight, whose resident set is
+    ``state["r"]`` MiB and whose hand-backs are recorded (at the resident set they saw)."""
+    import time
+
+    from pytest_ptq.engine import runtime
+    from pytest_ptq.model import graph
+
+    mib = 2**20
+    monkeypatch.setattr(graph, "mapped_bytes", lambda maps=None: mapped_mib * mib)
+    state, handed = {"r": 0}, []
+    monkeypatch.setattr(time, "monotonic", lambda: 0.0)
+    monkeypatch.setattr(runtime.Pager, "resident", staticmethod(lambda: state["r"] * mib))
+    pager = runtime.Pager()
+    pager.floor, pager.largest = floor_mib * mib, largest_mib * mib
+    state["mapping"] = mmap.mmap(-1, 4096)  # something watched, kept alive with the state
+    pager._maps.add(state["mapping"])
+    monkeypatch.setattr(pager, "_hand_back_all", lambda: handed.append(state["r"]))
+    return pager, state, handed
+
+
+def test_pager_hands_back_a_weight_early_where_two_fit_below_the_ceiling(monkeypatch):
+    """A node faults its whole weight in between two looks: the pager hands back once the
+    resident set is within one weight of the ceiling, so that burst stays under it; but never
+    below room for two weights, where it would refault a weight still being read."""
+    # ceiling: 100 + a quarter of 240 = 160 MiB
+    pager, state, handed = _pager_at(monkeypatch, 100, 240, largest_mib=16)
+    for r in (143, 145):
+        state["r"] = r
+        pager.release()
+    assert handed == [145]  # at 144 = 160 - 16
+    pager, state, handed = _pager_at(monkeypatch, 100, 240, largest_mib=36)  # 60 MiB of room: not two
+    for r in (150, 159, 161):
+        state["r"] = r
+        pager.release()
+    assert handed == [161]
+
+
+def test_pager_makes_room_before_a_run_whose_weights_would_pass_the_ceiling(monkeypatch):
+    """A run's weights fault in faster than any look catches: before a run that reads N bytes
+    of mapped weights, the pager hands back the resident pages if N more would pass the ceiling."""
+    pager, state, handed = _pager_at(monkeypatch, 100, 240, largest_mib=16)  # ceiling 160 MiB
+    state["r"] = 120
+    pager.make_room(32 * 2**20)
+    pager.make_room(0)
+    assert handed == []
+    pager.make_room(48 * 2**20)
+    assert handed == [120]
+
+
+def test_low_memory_sessions_know_the_mapped_weight_bytes_they_read(tmp_path, monkeypatch):
+    """What :meth:`Pager.make_room` is told before a run: the bytes of file-mapped weights
+    that session was given; none for a fast-mode session, which holds its own copies."""
+    from pytest_ptq.engine import runtime
+    from pytest_ptq.model import graph
+
+    fpath = builders.conv_net(tmp_path / "float.onnx", channels=32)
+    out = tmp_path / "model.onnx"
+    onnx.save(onnx.load(str(fpath)), str(out), save_as_external_data=True, location="w.bin", size_threshold=0)
+    monkeypatch.setattr(graph, "LARGE_BYTES", 1)
+    model, _, arrays = graph.load_weightless(out)
+    want = sum(a.nbytes for a in arrays.values() if graph.mapping(a) is not None)
+    assert want > 0
+    low = runtime.make_session(model, shared=runtime.SharedWeights(arrays, low_memory=True))
+    fast = runtime.make_session(model, shared=runtime.SharedWeights(arrays, low_memory=False))
+    assert runtime.mapped_reads(low) == want
+    assert runtime.mapped_reads(fast) == 0
 
 
 @pytest.mark.parametrize("memory", ["fast", "low"])

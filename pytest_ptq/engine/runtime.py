@@ -63,7 +63,8 @@ class SharedWeights:
         self.arrays.update(arrays)
 
     def prepare(self, so, model):
-        """``(model, optimizers to disable)`` for a session over ``model``'s placeholders.
+        """``(model, optimizers to disable, bytes of file-mapped weights it reads)`` for a
+        session over ``model``'s placeholders.
 
         Fast mode embeds the values in the session's own copy, as any model holds them. Low
         mode gives ``so`` the shared values instead, and disables the two optimizers that read
@@ -71,13 +72,13 @@ class SharedWeights:
         loading: constant folding (measured on a float8 weight pair inside an If) and the NCHWc
         layout transform of float convolutions (which would reorder a private copy of each
         weight anyway; convolution nets run slower without it)."""
-        from ..model.graph import SHARED_LOCATION, is_placeholder, restore
+        from ..model.graph import SHARED_LOCATION, is_placeholder, mapping, restore
 
         names = [i.name for i in model.graph.initializer if is_placeholder(i)]
         if not names:
-            return model, []
+            return model, [], 0
         if not self.low_memory:
-            return restore(model, self.arrays), []
+            return restore(model, self.arrays), [], 0
         import numpy as np
 
         so.add_session_config_entry("session.disable_prepacking", "1")
@@ -86,16 +87,19 @@ class SharedWeights:
         # they are used, instead of growing a pool that keeps one per layer
         so.enable_cpu_mem_arena = False
         so.enable_mem_pattern = False
+        mapped = 0
         for name in names:
             if name not in self._values:
                 array = np.ascontiguousarray(self.arrays[name])
                 self._values[name] = ort().OrtValue.ortvalue_from_numpy(array)
                 PAGER.watch(array)
+            if mapping(self.arrays[name]) is not None:
+                mapped += self.arrays[name].nbytes
             so.add_initializer(name, self._values[name])
         # onnxruntime checks that a placeholder's external file exists before the shared value
         # replaces it: one empty file in a private temporary folder, for every session
         so.add_session_config_entry("session.model_external_initializers_file_folder_path", self._marker(SHARED_LOCATION))
-        return model, ["ConstantFolding", "NchwcTransformer"]
+        return model, ["ConstantFolding", "NchwcTransformer"], mapped
 
     @staticmethod
     def _marker(location):
@@ -119,9 +123,10 @@ _MARKERS = None  # the folder of SharedWeights' placeholder files
 
 class Pager:
     """Keeps the pages of memory-mapped weights that runs read from growing this process's
-    resident set past a ceiling: while any run is in flight a thread looks every
+    resident set past a ceiling: before a run whose weights would take them past it they are
+    handed back (:meth:`make_room`), and while any run is in flight a thread looks every
     :attr:`PERIOD` seconds or sooner (see :meth:`release`), and once more when a run ends,
-    and hands them back whenever they are above it.
+    and hands them back whenever they are within a weight of it.
 
     A weight mapped from its file (external data, or an inline tensor of the .onnx, see
     :func:`~pytest_ptq.model.graph.load_mapped`) is shared with onnxruntime without a copy,
@@ -137,6 +142,11 @@ class Pager:
     a 1 GiB one at 457 MiB instead of 1146 (1.04x a fused plain session); the 1 GiB stack
     behind lone DQs, its float model given, at 461 MiB (1.39x) instead of 933 since the
     ceiling counts a file range once, the floor holds no weight pages and looks come sooner.
+    Looks alone let a run overshoot: its layers fault in faster than any look catches (16 MiB
+    in under a millisecond), so the 192 MiB stack behind lone DQs peaked at 165-197 MiB over
+    8 samples (1.53-1.82x); with room made before each run, a weight's margin under the
+    ceiling and the float model mapped once, 149-150 MiB in most processes (the rest one or
+    two layers more, set by the check's whole-graph runs, which only the looks bound).
     The price is the refaults: mapping pages back costs about 0.1 ms per MiB, and a config of
     a memory-bound model reads its downstream weights once, so the stacks' activation
     rankings take 2.2-2.5x as long (192 MiB, 8 samples: 1.1 -> 2.75 s; a ceiling of half the
@@ -158,6 +168,7 @@ class Pager:
         self._running = 0
         self._thread = None
         self.floor = None  # resident file bytes without the mappings' pages (see watch)
+        self.largest = 0  # bytes of the largest watched weight: what one node faults in at once
         self.period = self.PERIOD  # seconds until the next look while runs are in flight
         self._last = None  # (time, resident bytes) after the last look
         self._rate = 0.0  # the fastest growth of the resident set seen between looks, bytes/s
@@ -181,6 +192,7 @@ class Pager:
         if mm is None:
             return
         with self._lock:
+            self.largest = max(self.largest, array.nbytes)
             if mm in self._maps:
                 return
             self._maps.add(mm)
@@ -205,28 +217,48 @@ class Pager:
         for mm in file_mappings():
             hand_back(mm)
 
+    def ceiling(self):
+        """Resident bytes of mapped files above which weight pages are handed back."""
+        from ..model.graph import mapped_bytes
+
+        return self.floor + self.SHARE * mapped_bytes()
+
+    def make_room(self, nbytes):
+        """Before a run that reads ``nbytes`` of mapped weights: hand back the resident pages
+        now if that run would take the process past the ceiling. A segment's run faults its
+        weights in faster than any look catches (a 192 MiB MatMul stack: 64 MiB in 2.6 ms,
+        between two looks 1 ms apart), so a run is kept under the ceiling before it starts."""
+        if not self._maps or not nbytes:
+            return
+        resident = self.resident()
+        if resident is None or resident + nbytes > self.ceiling():
+            self._hand_back_all()
+
     def release(self):
         """Hand back every weight mapping's resident pages if this process is above the
         ceiling, and decide when to look next (:attr:`period`)."""
         import time
 
-        from ..model.graph import mapped_bytes
-
         before = after = self.resident()
-        ceiling = self.floor + self.SHARE * mapped_bytes()
-        if before is None or before >= ceiling:
+        ceiling = self.ceiling()
+        # a node faults its weight in within a millisecond, between two looks: handing back one
+        # weight's bytes below the ceiling keeps that burst under it, unless the room left
+        # would not hold two weights (a node's and its successor's), which would refault a
+        # weight still being read (convolutions reread theirs throughout)
+        limit = max(ceiling - self.largest, min(ceiling, self.floor + 2 * self.largest))
+        if before is None or before >= limit:
             self._hand_back_all()
             after = self.resident()
         now, last = time.monotonic(), self._last
         if last is not None and before is not None and before > last[1]:
             self._rate = max(self._rate, (before - last[1]) / max(now - last[0], 1e-4))
         # the next look comes before pages faulting in at the fastest pace seen pass the
-        # ceiling: runs fault them in bursts (a memory-bound MatMul stack reads a GiB of
+        # limit: runs fault them in bursts (a memory-bound MatMul stack reads a GiB of
         # weights in 150 ms, 64 MiB above the ceiling between looks 10 ms apart), while a
         # convolution reads its weight and then computes for long, so a convolution net's
-        # looks far below the ceiling stay 10 ms apart
+        # looks far below the limit stay 10 ms apart
         self.period = self.PERIOD if not self._rate or after is None else \
-            min(self.PERIOD, max(self.MIN_PERIOD, (ceiling - after) / self._rate))
+            min(self.PERIOD, max(self.MIN_PERIOD, (limit - after) / self._rate))
         self._last = (now, after) if after is not None else None
 
     def __enter__(self):
@@ -451,7 +483,7 @@ def make_session(model, optimization="all", providers=None, fake_quant=True, opt
     sentence quoting onnxruntime."""
     options = session_options(optimization, fake_quant, optimized_path, libraries, threads)
     given = model
-    model, disabled = shared.prepare(options, model) if shared is not None else (model, [])
+    model, disabled, reads = shared.prepare(options, model) if shared is not None else (model, [], 0)
     try:
         try:
             session = _loaded(model, options, providers, [*disabled, *ALWAYS_DISABLED])
@@ -464,6 +496,7 @@ def make_session(model, optimization="all", providers=None, fake_quant=True, opt
 
             options = session_options(optimization, fake_quant, optimized_path, libraries, threads)
             session = _loaded(restore(given, shared.arrays), options, providers, list(ALWAYS_DISABLED))
+            reads = 0
     except PTQError:
         raise
     except Exception as exc:
@@ -471,6 +504,7 @@ def make_session(model, optimization="all", providers=None, fake_quant=True, opt
                        "onnxruntime session") from None
     if shared is not None and shared.low_memory:
         _SHRINKING.add(session)
+        _READS[session] = reads
     return session
 
 
@@ -521,6 +555,14 @@ def _run_options(shrink):
 # either way). Without any arena instead, the weight rankings took 7x as long (every large
 # buffer a fresh mapping); shrinking in fast mode too cost the PP-OCRv4 detector 15%.
 _SHRINKING = weakref.WeakSet()
+# Bytes of file-mapped weights each low-memory session reads in a run (see Pager.make_room)
+_READS = weakref.WeakKeyDictionary()
+
+
+def mapped_reads(session):
+    """Bytes of file-mapped weights ``session`` reads in a run (0 for a session holding its
+    own copies)."""
+    return _READS.get(session, 0)
 
 
 def run(session, names, feeds, source, shrink=False):
@@ -528,6 +570,7 @@ def run(session, names, feeds, source, shrink=False):
     ``shrink``: return the run's arena memory afterwards (for runs larger than the usual;
     low-memory sessions always do)."""
     try:
+        PAGER.make_room(mapped_reads(session))
         with PAGER:
             return session.run(names, feeds, _run_options(shrink or session in _SHRINKING))
     except Exception as exc:

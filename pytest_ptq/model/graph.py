@@ -213,12 +213,30 @@ def _mapped(init, folder, source):
         # packed sub-byte types: onnx unpacks them
         return numpy_helper.to_array(init, base_dir=folder or "")
     try:
-        array = np.memmap(path, dtype=dtype, mode="r", offset=offset, shape=shape if count else (0,))
+        key = _file_key(path) + (offset, dtype.str, shape)
+        array = _LIVE.get(key)
+        if array is None:
+            array = np.memmap(path, dtype=dtype, mode="r", offset=offset, shape=shape if count else (0,))
+            _LIVE[key] = array
+            _remember(mapping(array), path, offset)
     except (OSError, ValueError) as exc:
         raise PTQError(f"initializer {init.name!r} of {source} keeps its data in {path!r}, which cannot be read "
                        f"({type(exc).__name__}: {exc}); keep the external data file beside the model") from None
-    _remember(mapping(array), path, offset)
     return array.reshape(shape)
+
+
+def _file_key(path):
+    """A file's identity for reusing its mapping: the same path, inode, size and time of
+    change (a file rewritten in between is mapped anew)."""
+    st = os.stat(path)
+    return os.path.realpath(path), st.st_ino, st.st_size, st.st_mtime_ns
+
+
+# Mappings made here, by file key (and range): a file read twice (the float model, read by
+# the alignment and again by the check's float session) is mapped once, so a page both read
+# is resident once (two mappings of a 192 MiB float model held both copies' pages: the
+# check's peak)
+_LIVE = weakref.WeakValueDictionary()
 
 
 # Every file mapping of weights made here, and what it covers: (real path, offset in the
@@ -393,12 +411,16 @@ def load_mapped(path):
     file has no large inline weights (load it as usual)."""
     import mmap
 
-    with open(path, "rb") as fh:
-        try:
-            mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
-        except ValueError:  # an empty file
-            return None
-    _remember(mm, path, 0)
+    key = _file_key(path) + ("whole",)
+    mm = _LIVE.get(key)
+    if mm is None:
+        with open(path, "rb") as fh:
+            try:
+                mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+            except ValueError:  # an empty file
+                return None
+        _LIVE[key] = mm
+        _remember(mm, path, 0)
     buf = memoryview(mm)
     found, pieces, changed = {}, [], False
     try:
