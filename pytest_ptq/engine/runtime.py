@@ -145,8 +145,8 @@ class Pager:
     Looks alone let a run overshoot: its layers fault in faster than any look catches (16 MiB
     in under a millisecond), so the 192 MiB stack behind lone DQs peaked at 165-197 MiB over
     8 samples (1.53-1.82x); with room made before each run, a weight's margin under the
-    ceiling and the float model mapped once, 149-150 MiB in most processes (the rest one or
-    two layers more, set by the check's whole-graph runs, which only the looks bound).
+    ceiling and the float model mapped once, its ranking peaks at 133-137 MiB and the whole
+    run at 142-151 MiB, set by the check's whole-graph runs, which only the looks bound.
     The price is the refaults: mapping pages back costs about 0.1 ms per MiB, and a config of
     a memory-bound model reads its downstream weights once, so the stacks' activation
     rankings take 2.2-2.5x as long (192 MiB, 8 samples: 1.1 -> 2.75 s; a ceiling of half the

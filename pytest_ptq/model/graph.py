@@ -240,8 +240,9 @@ _LIVE = weakref.WeakValueDictionary()
 
 
 # Every file mapping of weights made here, and what it covers: (real path, offset in the
-# file). A file may be mapped twice (the float model, read by the alignment and again by the
-# check's float session); where mapped bytes set a limit it counts once (see mapped_bytes).
+# file). A range may still be mapped twice (a file's inline weights through its whole-file
+# mapping, its external data range by range); where mapped bytes set a limit it counts once
+# (see mapped_bytes).
 _COVERS = weakref.WeakKeyDictionary()
 _TOTAL = [None]  # the registry's mapped_bytes, dropped whenever a mapping comes or goes
 
