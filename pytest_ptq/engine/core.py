@@ -420,6 +420,14 @@ class Engine:
         if self._segments is not None:
             self._segments.forget_exposing(self._exposing(names)[1])
 
+    def forget_config(self, quantized):
+        """Drop the whole-graph session of a config that quantizes whole groups (``"all"``,
+        say; see :meth:`.segments.Segments.fixed_form`) after runs made once, such as the
+        float-equivalence check's; other configs' sessions serve every analysis and stay."""
+        form = self._segments.fixed_form(self._config(quantized)) if self._segments is not None else None
+        if form:
+            self._segments.forget_whole(form)
+
     def reference(self, i, tensors=None):
         """Float (all bypassed) values of sample ``i``; model outputs are cached per sample."""
         tensors = list(tensors or self.model_outputs)

@@ -62,16 +62,26 @@ def check(engine):
     return the :class:`Equivalence`.
 
     In two passes over the samples, so that no two whole-graph sessions are held at once
-    (a low-memory engine's peak was set here): bypassed (the model outputs and the watched
-    pair inputs from one session, compared with the float model on the fly when it is
-    given), then every pair quantized."""
+    (a low-memory engine's peak was set here): every pair quantized, its session dropped
+    after it (analyses rarely run that config again, and its session beside the float
+    segments every analysis runs set the PP-OCRv4 detector's peak), then bypassed (the
+    model outputs and the watched pair inputs, compared with the float model on the fly
+    when it is given)."""
     qm = engine.qmodel
     samples = spread(len(engine.data))
     candidates = [qm.calibration[n] for n in qm.folded_activation_suspects() if engine.is_gated(n)]
     watched = list(dict.fromkeys(c.input for c in candidates))
     read = list(dict.fromkeys(engine.model_outputs + watched))
     below, seen = {c.name: 0 for c in candidates}, {c.name: 0 for c in candidates}
-    broken, peaks = None, {}
+    scale = {}  # (output, sample) -> the largest finite quantized value, or 1 when smaller
+    try:
+        for i in samples:
+            for k, q in engine.run(i, "all").items():
+                if q.dtype.kind == "f" and q.size and np.isfinite(q).all():
+                    scale[k, i] = max(float(np.abs(q).max()), 1.0)
+    finally:
+        engine.forget_config("all")
+    broken, exploded = None, None
     against = _FloatModel(engine) if engine.float_model is not None else None
     try:
         for i in samples:
@@ -82,8 +92,9 @@ def check(engine):
                     continue
                 if broken is None and not np.isfinite(v).all():
                     broken = (k, i)
-                if np.isfinite(v).all() and v.size:
-                    peaks[k, i] = float(np.abs(v).max())
+                if exploded is None and (k, i) in scale and np.isfinite(v).all() and v.size:
+                    if float(np.abs(v).max()) > EXPLODE * scale[k, i]:
+                        exploded = (k, i)
             if against is not None:
                 against.compare(i, values)
             for c in candidates:
@@ -96,13 +107,6 @@ def check(engine):
         if against is not None:
             against.close()
         engine.forget_tensors(read)  # read once: its session goes
-    exploded = None
-    for i in samples:
-        quant = engine.run(i, "all")
-        for k, q in quant.items():
-            if exploded is None and (k, i) in peaks and np.isfinite(q).all():
-                if peaks[k, i] > EXPLODE * max(float(np.abs(q).max()), 1.0):
-                    exploded = (k, i)
     suspects = {n: (below[n], seen[n]) for n in below if seen[n] and below[n] > FLOOR_SHARE * seen[n]}
     evidence = _evidence(suspects)
     if broken or exploded or len(suspects) >= 2:

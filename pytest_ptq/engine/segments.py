@@ -341,6 +341,12 @@ class Segments:
             for key in [k for k in self._sessions if k[3] == names]:
                 del self._sessions[key]
 
+    def forget_whole(self, form):
+        """Drop the whole graph's sessions in ``form`` (see :meth:`fixed_form`)."""
+        with self._lock:
+            for key in [k for k in self._sessions if k[0] is None and k[1] == form]:
+                del self._sessions[key]
+
     def float_outputs(self, key, sample):
         """Model outputs of a float run of a sample (or stack), nothing kept for reuse (a
         trial's stacked runs: their boundaries would double the reference's memory)."""
