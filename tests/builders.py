@@ -357,6 +357,20 @@ def worst_cosine(ref_outputs, test_outputs):
     return min(pooled_cosine([o[k] for o in ref_outputs], [o[k] for o in test_outputs]) for k in ref_outputs[0])
 
 
+def clipping_pair(path, gain):
+    """x -> Mul(gain) -> a pair whose range is [-1, 1] -> y: quantized, y stays within the
+    range; bypassed, it is ``gain`` times the input."""
+    nodes = [helper.make_node("Mul", ["x", "gain"], ["t"]),
+             helper.make_node("QuantizeLinear", ["t", "s", "z"], ["t_q"]),
+             helper.make_node("DequantizeLinear", ["t_q", "s", "z"], ["y"])]
+    graph = helper.make_graph(nodes, "clip", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 3, 8, 8])],
+                              [numpy_helper.from_array(np.array(gain, np.float32), "gain"),
+                               numpy_helper.from_array(np.array(1 / 127, np.float32), "s"),
+                               numpy_helper.from_array(np.array(0, np.int8), "z")])
+    return _save(graph, path)
+
+
 def _save(graph, path):
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8

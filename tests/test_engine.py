@@ -366,32 +366,16 @@ def test_a_float_model_that_does_not_match_is_refused(zoo, tmp_path):
         Engine(zoo.qdq("qdq"), zoo.data("qdq"), float_model=other)
 
 
-def _clipping_pair(path, gain):
-    """x -> Mul(gain) -> a pair whose range is [-1, 1] -> y: quantized, y stays within the
-    range; bypassed, it is ``gain`` times the input."""
-    from onnx import TensorProto, helper
-
-    nodes = [helper.make_node("Mul", ["x", "gain"], ["t"]),
-             helper.make_node("QuantizeLinear", ["t", "s", "z"], ["t_q"]),
-             helper.make_node("DequantizeLinear", ["t_q", "s", "z"], ["y"])]
-    graph = helper.make_graph(nodes, "clip", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 3, 8, 8])],
-                              [numpy_helper.from_array(np.array(gain, np.float32), "gain"),
-                               numpy_helper.from_array(np.array(1 / 127, np.float32), "s"),
-                               numpy_helper.from_array(np.array(0, np.int8), "z")])
-    return builders._save(graph, path)
-
-
 @pytest.mark.parametrize("gain, why", [(1e6, "more than 1000 times larger than the quantized model's"),
                                        (1e38, "gives non-finite values in output 'y'")])
 def test_a_model_whose_bypassed_outputs_explode_is_refused(tmp_path, gain, why):
     data = builders.samples(4, size=8)
     data["x"][2] = data["x"][2] * 100  # past float32's range at a gain of 1e38
-    qpath = _clipping_pair(tmp_path / "clip.onnx", gain)
+    qpath = builders.clipping_pair(tmp_path / "clip.onnx", gain)
     with pytest.raises(PTQError, match=f"bypassing every Q/DQ pair of .*clip.onnx.* {why}"):
         Engine(qpath, data)
     # a gain the quantized range holds is no evidence
-    Engine(_clipping_pair(tmp_path / "fine.onnx", 0.1), data)
+    Engine(builders.clipping_pair(tmp_path / "fine.onnx", 0.1), data)
 
 
 @pytest.mark.parametrize("level", ["disable", "all"])
