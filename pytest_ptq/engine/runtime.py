@@ -145,8 +145,8 @@ class Pager:
     Looks alone let a run overshoot: its layers fault in faster than any look catches (16 MiB
     in under a millisecond), so the 192 MiB stack behind lone DQs peaked at 165-197 MiB over
     8 samples (1.53-1.82x); with room made before each run, a weight's margin under the
-    ceiling and the float model mapped once, its ranking peaks at 133-137 MiB and the whole
-    run at 142-151 MiB, set by the check's whole-graph runs, which only the looks bound.
+    ceiling and the float model mapped once, its ranking peaks at 124-137 MiB and the whole
+    run at 151 MiB, set by the check's quantized whole-graph pass, which only the looks bound.
     The price is the refaults: mapping pages back costs about 0.1 ms per MiB, and a config of
     a memory-bound model reads its downstream weights once, so the stacks' activation
     rankings take 2.2-2.5x as long (192 MiB, 8 samples: 1.1 -> 2.75 s; a ceiling of half the
@@ -503,8 +503,7 @@ def make_session(model, optimization="all", providers=None, fake_quant=True, opt
         raise PTQError(f"onnxruntime cannot load {what} ({first_line(exc)}); check that it runs in a plain "
                        "onnxruntime session") from None
     if shared is not None and shared.low_memory:
-        _SHRINKING.add(session)
-        _READS[session] = reads
+        _LOW_MEMORY[session] = reads
     return session
 
 
@@ -554,15 +553,14 @@ def _run_options(shrink):
 # (8 samples, interleaved with the code before: 3.7-3.9 s activations, 1.1-1.2 s weights
 # either way). Without any arena instead, the weight rankings took 7x as long (every large
 # buffer a fresh mapping); shrinking in fast mode too cost the PP-OCRv4 detector 15%.
-_SHRINKING = weakref.WeakSet()
-# Bytes of file-mapped weights each low-memory session reads in a run (see Pager.make_room)
-_READS = weakref.WeakKeyDictionary()
+# Each one's value: the bytes of file-mapped weights it reads in a run (see Pager.make_room).
+_LOW_MEMORY = weakref.WeakKeyDictionary()
 
 
 def mapped_reads(session):
     """Bytes of file-mapped weights ``session`` reads in a run (0 for a session holding its
     own copies)."""
-    return _READS.get(session, 0)
+    return _LOW_MEMORY.get(session, 0)
 
 
 def run(session, names, feeds, source, shrink=False):
@@ -572,7 +570,7 @@ def run(session, names, feeds, source, shrink=False):
     try:
         PAGER.make_room(mapped_reads(session))
         with PAGER:
-            return session.run(names, feeds, _run_options(shrink or session in _SHRINKING))
+            return session.run(names, feeds, _run_options(shrink or session in _LOW_MEMORY))
     except Exception as exc:
         raise run_error(exc, source) from None
 
