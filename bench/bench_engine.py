@@ -4,7 +4,10 @@ Prints, measured in one run on the same machine:
   (a) the engine's time for the sensitivity of all activation nodes,
   (b) the floor: configs x samples x one plain forward pass of the float model (Q/DQ removed),
   (c) the same sensitivity by a naive rebuild of model and session per config,
-and the ratios (a)/(b) and (c)/(a) (targets: <= 1.3 and >= 3 on one sample; <= 0.45 and
+  (d) the compute bound of prefix reuse: the engine's time if each config cost only the float
+      segments from its own onwards (no gate, no Python) and its configs in flight scaled
+      perfectly over the cores,
+and the ratios (a)/(b), (c)/(a) and (d)/(b) (targets: <= 1.3 and >= 3 on one sample; <= 0.45 and
 >= 2.5 on 8 samples, where the engine may run samples stacked, see
 pytest_ptq.engine.batching, and says whether it did). Machines are shared and noisy, so
 per-pass times are medians and the figures to quote are the ratios.
@@ -87,6 +90,32 @@ def median_pass(session, feeds, repeats=7):
     return statistics.median(times)
 
 
+def downstream_bound(engine, acts, samples, repeats=15):
+    """(d): seconds of the ranking if each config ran only the float segment chain from the
+    first segment it touches (timed per segment on the first sample, medians, the segments
+    taken round-robin so that the machine's load moves them alike), spread perfectly over
+    the configs in flight. None without segments."""
+    seg = engine.segments
+    if seg is None:
+        return None
+    sample = samples[0]
+    seg.reference(0, sample)
+    first = {}
+    for name in acts:
+        touched = seg.touched([name])
+        if touched:
+            first[name] = min(touched)
+    times = {j: [] for j in set(first.values())}
+    for _ in range(repeats):
+        for j in times:
+            t = time.perf_counter()
+            seg.float_outputs(0, sample, start=j)
+            times[j].append(time.perf_counter() - t)
+    chain = {j: statistics.median(v) for j, v in times.items()}
+    per_config = statistics.fmean(chain[first[n]] for n in first)
+    return per_config * len(acts) * len(samples) / engine.concurrency
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("model", nargs="?")
@@ -148,6 +177,7 @@ def main(argv=None):
                           for k in range(len(ref[0])))
     t_naive = (time.perf_counter() - t0) * len(acts) / len(chosen)
 
+    bound = downstream_bound(engine, acts, samples)
     agree = max(abs(naive[n] - result[n]["cosine-similarity"]) for n in chosen)
     print(f"samples per run                  : {engine.batching(list(range(len(samples)))).reason}")
     print(f"configs run at once              : {engine.concurrency} (see pytest_ptq.engine.workers)")
@@ -157,8 +187,12 @@ def main(argv=None):
     print(f"(b) floor, {configs} float passes : {floor:8.2f} s")
     print(f"(c) naive rebuild per config     : {t_naive:8.2f} s"
           + ("" if len(chosen) == len(acts) else f" (extrapolated from {len(chosen)} configs)"))
+    if bound is not None:
+        print(f"(d) compute bound of prefix reuse  : {bound:8.2f} s")
     print(f"(a)/(b) = {t_engine / floor:.2f}   (target <= 0.45 at 8 samples)")
     print(f"(c)/(a) = {t_naive / t_engine:.2f}   (target >= 2.5 at 8 samples)")
+    if bound is not None:
+        print(f"(d)/(b) = {bound / floor:.2f}   (the engine's segments at no overhead: the least (a)/(b) could be here)")
     print(f"largest |cosine difference| engine vs naive: {agree:.2e}")
 
 

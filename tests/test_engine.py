@@ -104,6 +104,20 @@ def test_all_quantized_and_all_bypassed_match_rewired_models(zoo, variant, level
         np.testing.assert_array_equal(engine.reference(i)["prob"], got["prob"])
 
 
+def test_the_float_chain_from_any_segment_gives_the_float_models_outputs(zoo):
+    """A chain started at a kept boundary (the least a config touching that segment runs)
+    computes what a plain session on the float model does."""
+    qpath, fpath = zoo.qdq("qdq_pc"), zoo.float("qdq_pc")
+    feeds = _feeds(zoo, "qdq_pc")
+    engine = Engine(qpath, zoo.data("qdq_pc"), float_model=fpath, optimization="disable")
+    seg = engine.segments
+    assert len(seg) > 2
+    want = builders.run_model(fpath, feeds, "disable")
+    for i in range(len(feeds)):
+        for j in range(len(seg)):
+            assert_matches(seg.float_outputs(i, engine.sample(i), start=j), want[i], "disable", 0, f"from {j}")
+
+
 @pytest.mark.parametrize("level", ["disable", "all"])
 @pytest.mark.parametrize("variant", ["qdq_pc", "dq_weights"])
 def test_each_node_alone_matches_its_rewired_model(zoo, variant, level):

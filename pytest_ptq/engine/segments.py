@@ -347,10 +347,13 @@ class Segments:
             for key in [k for k in self._sessions if k[0] is None and k[1] == form]:
                 del self._sessions[key]
 
-    def float_outputs(self, key, sample):
+    def float_outputs(self, key, sample, start=0):
         """Model outputs of a float run of a sample (or stack), nothing kept for reuse (a
-        trial's stacked runs: their boundaries would double the reference's memory)."""
-        return self._chain(dict(sample), 0, {}, None, isinstance(key, tuple))
+        trial's stacked runs: their boundaries would double the reference's memory).
+        ``start``: run segments ``start`` onwards from the sample's kept boundary values
+        (computed first if not kept): the least work of a config touching segment ``start``."""
+        values = dict(sample if start == 0 else self.reference(key, sample)[start])
+        return self._chain(values, start, {}, None, isinstance(key, tuple))
 
     def _chain(self, values, first, touched, flag_values, stacked):
         """Segments ``first`` onwards on ``values`` (a boundary's), each in its form."""
