@@ -18,6 +18,7 @@ of --repeat processes.
 Usage: python bench/bench_memory.py [--weights-mib 192] [--samples 1 8] [--keep DIR] [--conv dq|pairs | --lone-dq]
        python bench/bench_memory.py --vit pairs|dq [--samples 1 8]
        python bench/bench_memory.py --model QDQ.onnx --data DATA [--float-model FLOAT.onnx]
+       (any of them with --workers N: N configs at once, as on a machine with N cores)
 """
 
 from __future__ import annotations
@@ -164,19 +165,20 @@ else:
     sys.path.insert(0, sys.argv[5])
     from pytest_ptq.engine import Engine
     from pytest_ptq.sensitivity import get_sensitivity_of_nodes
-    e = Engine(model, data, float_model=sys.argv[6] or None)
+    e = Engine(model, data, float_model=sys.argv[6] or None, workers=int(sys.argv[7]) if sys.argv[7] else None)
     get_sensitivity_of_nodes(e, node_type="activation", data_num=n)
 print(json.dumps({"peak_mib": peak()}))
 '''
 
 
-def measure(mode, model, data, n=1, repeat=3, float_model=None):
+def measure(mode, model, data, n=1, repeat=3, float_model=None, workers=None):
     """Median peak (MiB) over ``repeat`` fresh processes: a single process's peak moves by
-    tens of MiB from run to run."""
+    tens of MiB from run to run. ``workers``: the engine's configs in flight (None: its
+    default, one per core up to 8)."""
     peaks = []
     for _ in range(repeat):
         out = subprocess.run([sys.executable, "-c", CHILD, mode, str(model), str(data), str(n), str(ROOT),
-                              str(float_model or "")], capture_output=True, text=True, check=True)
+                              str(float_model or ""), str(workers or "")], capture_output=True, text=True, check=True)
         peaks.append(json.loads(out.stdout.strip().splitlines()[-1])["peak_mib"])
     return statistics.median(peaks)
 
@@ -200,6 +202,9 @@ def main(argv=None):
     p.add_argument("--model", default=None, help="measure this QDQ model instead of building one (with --data)")
     p.add_argument("--data", default=None, help="its calibration data: a folder of <input>/<i>.npy")
     p.add_argument("--float-model", default=None, help="its float model, if the engine needs it")
+    p.add_argument("--workers", type=int, default=None,
+                   help="configs the engine runs at once (default: one per core, up to 8): what a machine with "
+                        "that many cores would run")
     args = p.parse_args(argv)
     if args.vit:
         from vit import prepare as prepare_vit
@@ -236,7 +241,8 @@ def main(argv=None):
         print(f"plain onnxruntime session, {most} sample(s): peak {plain:.0f} MiB (QDQ fused into int8 kernels, the "
               f"float weights dropped); with QDQ fusion off (disable_quant_qdq=1, float weights kept): {fake:.0f} MiB")
         for n in args.samples:
-            peak = measure("engine", model, data, n, repeat=args.repeat, float_model=args.float_model)
+            peak = measure("engine", model, data, n, repeat=args.repeat, float_model=args.float_model,
+                           workers=args.workers)
             print(f"engine + activation sensitivity, {n} sample(s): peak {peak:.0f} MiB = {peak / plain:.2f}x plain, "
                   f"{peak / fake:.2f}x plain with fusion off")
 
