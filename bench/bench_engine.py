@@ -188,7 +188,7 @@ def main(argv=None):
     print(f"(c) naive rebuild per config     : {t_naive:8.2f} s"
           + ("" if len(chosen) == len(acts) else f" (extrapolated from {len(chosen)} configs)"))
     if bound is not None:
-        print(f"(d) compute bound, no overhead    : {bound:8.2f} s")
+        print(f"(d) compute bound, no overhead   : {bound:8.2f} s")
     print(f"(a)/(b) = {t_engine / floor:.2f}   (target <= 0.45 at 8 samples)")
     print(f"(c)/(a) = {t_naive / t_engine:.2f}   (target >= 2.5 at 8 samples)")
     if bound is not None:
