@@ -165,7 +165,7 @@ else:
     sys.path.insert(0, sys.argv[5])
     from pytest_ptq.engine import Engine
     from pytest_ptq.sensitivity import get_sensitivity_of_nodes
-    e = Engine(model, data, float_model=sys.argv[6] or None, workers=int(sys.argv[7]) if sys.argv[7] else None)
+    e = Engine(model, data, float_model=sys.argv[6] or None, workers=int(sys.argv[7]) if sys.argv[7] else "auto")
     get_sensitivity_of_nodes(e, node_type="activation", data_num=n)
 print(json.dumps({"peak_mib": peak()}))
 '''
