@@ -99,12 +99,7 @@ def downstream_bound(engine, acts, samples, repeats=15):
     if seg is None:
         return None
     sample = samples[0]
-    seg.reference(0, sample)
-    first = {}
-    for name in acts:
-        touched = seg.touched([name])
-        if touched:
-            first[name] = min(touched)
+    first = {name: min(touched) for name in acts if (touched := seg.touched([name]))}
     times = {j: [] for j in set(first.values())}
     for _ in range(repeats):
         for j in times:

@@ -574,10 +574,11 @@ def run(session, names, feeds, source, shrink=False):
     """``session.run(names, feeds)``; a failure names the model and quotes onnxruntime.
     ``shrink``: return the run's arena memory afterwards (for runs larger than the usual;
     low-memory sessions always do)."""
+    reads = _LOW_MEMORY.get(session)  # None: not a low-memory session
     try:
-        PAGER.make_room(mapped_reads(session))
+        PAGER.make_room(reads or 0)
         with PAGER:
-            return session.run(names, feeds, _run_options(shrink or session in _LOW_MEMORY))
+            return session.run(names, feeds, _run_options(shrink or reads is not None))
     except Exception as exc:
         raise run_error(exc, source) from None
 
