@@ -59,30 +59,59 @@ def test_low_memory_mode_runs_one_sample_at_a_time_unless_asked(net):
     assert Engine(net["q"], net["folder"], memory="low", batch=4).batches(range(N)) == [(0, 1, 2, 3), (4, 5)]
 
 
-def _fixed_batch_model(path):
-    """A net that reshapes to a literal [1, -1]: a stacked batch comes out as one long row."""
+def _fixed_batch_model(path, folds=False):
+    """Tokens through a MatMul, flattened by a Reshape to the literal ``[1, 256]`` as batch-1
+    exports write it, then a classifier head to ``prob``. ``folds``: a Reshape to ``[16, 16]``
+    before it folds the batch into a fixed axis, as no rewrite can undo."""
     rng = np.random.default_rng(0)
-    w = numpy_helper.from_array(rng.normal(size=(4, 4, 3, 3)).astype(np.float32), "w")
-    shape = numpy_helper.from_array(np.array([1, -1], np.int64), "shape")
-    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1], name="conv"),
-             helper.make_node("Relu", ["c"], ["r"], name="relu"),
-             helper.make_node("Reshape", ["r", "shape"], ["y"], name="reshape")]
-    graph = helper.make_graph(nodes, "fixed", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 6, 6])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 144])], [w, shape])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    onnx.save(model, path)
+    inits = [numpy_helper.from_array(rng.normal(size=(16, 32)).astype(np.float32), "w1"),
+             numpy_helper.from_array(rng.normal(size=(256, 10)).astype(np.float32) / 16, "w2"),
+             numpy_helper.from_array(np.array([1, 256], np.int64), "flat")]
+    nodes = [helper.make_node("MatMul", ["x", "w1"], ["h"], name="tokens"),
+             helper.make_node("Relu", ["h"], ["r"], name="relu")]
+    if folds:
+        inits.append(numpy_helper.from_array(np.array([16, 16], np.int64), "square"))
+        nodes.append(helper.make_node("Reshape", ["r", "square"], ["s"], name="fold"))
+    nodes += [helper.make_node("Reshape", ["s" if folds else "r", "flat"], ["f"], name="flatten"),
+              helper.make_node("MatMul", ["f", "w2"], ["logits"], name="head"),
+              helper.make_node("Softmax", ["logits"], ["prob"], axis=-1, name="softmax")]
+    graph = helper.make_graph(nodes, "fixed", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 16])],
+                              [helper.make_tensor_value_info("prob", TensorProto.FLOAT, [1, 10])], inits)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
     return path
 
 
-def test_a_graph_that_fixes_its_batch_runs_one_at_a_time(tmp_path):
-    data = {"x": [np.random.default_rng(i).normal(size=(1, 4, 6, 6)).astype(np.float32) for i in range(4)]}
-    folder = builders.save_folder(data, tmp_path / "calib")
-    q = builders.quantize(_fixed_batch_model(tmp_path / "f.onnx"), tmp_path / "q.onnx", data)
-    engine = Engine(q, folder)
+def _fixed_batch_setup(root, folds=False):
+    data = {"x": [np.random.default_rng(i).normal(size=(1, 8, 16)).astype(np.float32) for i in range(4)]}
+    folder = builders.save_folder(data, root / "calib")
+    q = builders.quantize(_fixed_batch_model(root / "f.onnx", folds), root / "q.onnx", data)
+    return q, folder, [{"x": a} for a in data["x"]]
+
+
+def test_a_reshape_that_fixes_the_batch_to_one_is_rebatched(tmp_path):
+    q, folder, feeds = _fixed_batch_setup(tmp_path)
+    engine = Engine(q, folder, batch=4)
     choice = engine.batching(list(range(4)))
-    assert choice.size == 1
-    assert "stacked samples" in choice.reason or "does not take stacked samples" in choice.reason
-    assert engine.batches(range(4)) == [0, 1, 2, 3]
+    assert choice.size == 4 and "samples per run" in choice.reason, choice.reason
+    grouped = get_sensitivity_of_nodes(engine, node_type="activation")
+    alone = get_sensitivity_of_nodes(Engine(q, folder, batch=1), node_type="activation")
+    expected = independent_sensitivity(q, feeds, list(alone))
+    assert set(grouped) == set(alone) == set(expected)
+    for name, value in expected.items():
+        assert grouped[name]["cosine-similarity"] == pytest.approx(alone[name]["cosine-similarity"], abs=1e-6)
+        assert grouped[name]["cosine-similarity"] == pytest.approx(value, abs=1e-5), name
+    # "auto" measures it like any other graph: kept or not faster, never rejected
+    reason = Engine(q, folder).batching(list(range(4))).reason
+    assert "samples per run" in reason or "not faster here" in reason, reason
+
+
+def test_a_graph_that_folds_its_batch_runs_one_at_a_time(tmp_path):
+    q, folder, _ = _fixed_batch_setup(tmp_path, folds=True)
+    for batch in ("auto", 4):
+        engine = Engine(q, folder, batch=batch)
+        choice = engine.batching(list(range(4)))
+        assert choice.size == 1 and "does not take stacked samples" in choice.reason, choice.reason
+        assert engine.batches(range(4)) == [0, 1, 2, 3]
     get_sensitivity_of_nodes(engine, node_type="activation")  # still runs, one at a time
 
 

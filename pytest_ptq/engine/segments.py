@@ -24,8 +24,9 @@ import collections
 import math
 import threading
 
+import numpy as np
 import onnx
-from onnx import helper
+from onnx import helper, numpy_helper
 
 from ..errors import PTQError
 from ..model.graph import node_refs
@@ -193,10 +194,13 @@ class Segments:
         nodes = lowered(nodes)
         if self.shared is not None and self.shared.low_memory:
             nodes = anchored(nodes, self.inits, flags)
+        shapes = {}
+        if stacked:
+            nodes, shapes = self._rebatched(nodes)
         produced = {o for nd in nodes for o in nd.output}
         refs = list(dict.fromkeys(r for nd in nodes for r in node_refs(nd)))
-        inputs = [r for r in refs if r not in produced and r not in self.inits and r not in flags]
-        used_inits = [self.inits[r] for r in refs if r in self.inits]
+        inputs = [r for r in refs if r not in produced and r not in self.inits and r not in flags and r not in shapes]
+        used_inits = [self.inits[r] for r in refs if r in self.inits] + list(shapes.values())
         outputs = [o for o in produced if self.last_use.get(o, -1) >= hi or o in expose]
         model = onnx.ModelProto()
         model.CopyFrom(self.template)
@@ -211,6 +215,25 @@ class Segments:
         for name in outputs:
             g.output.append(helper.make_tensor_value_info(name, self._type(name), None))
         return model, inputs, flags, outputs
+
+    def _rebatched(self, nodes):
+        """``nodes`` for samples stacked on the first axis: each Reshape to a constant shape
+        that starts with 1 starts with 0 instead (its input's first axis, the stack's), and
+        ``{name: initializer}`` of the new shapes. Exports of batch-1 models fix the batch
+        there (a classifier's flatten to ``[1, C]``); where the first axis is not the batch,
+        the stacked values differ and the engine's check rejects the stack (see :mod:`.batching`)."""
+        out, shapes = [], {}
+        for node in nodes:
+            value = self.qmodel.constant(node.input[1]) if node.op_type == "Reshape" and len(node.input) > 1 else None
+            if (value is None or value.ndim != 1 or not value.size or value[0] != 1
+                    or any(a.name == "allowzero" and a.i for a in node.attribute)):
+                out.append(node)
+                continue
+            name = f"{node.input[1]}::stacked"
+            shapes[name] = numpy_helper.from_array(np.concatenate([[0], value[1:]]).astype(value.dtype), name)
+            node = helper.make_node("Reshape", [node.input[0], name], list(node.output), name=node.name)
+            out.append(node)
+        return out, shapes
 
     def _bytes(self, name):
         """Bytes of tensor ``name`` of one sample as inferred (unknown axes count as 1)."""
