@@ -217,22 +217,32 @@ class Segments:
         return model, inputs, flags, outputs
 
     def _rebatched(self, nodes):
-        """``nodes`` for samples stacked on the first axis: each Reshape to a constant shape
-        that starts with 1 starts with 0 instead (its input's first axis, the stack's), and
-        ``{name: initializer}`` of the new shapes. Exports of batch-1 models fix the batch
-        there (a classifier's flatten to ``[1, C]``); where the first axis is not the batch,
-        the stacked values differ and the engine's check rejects the stack (see :mod:`.batching`)."""
+        """``nodes`` for samples stacked on the first axis, and ``{name: initializer}`` of the
+        shapes they reshape to. Exports of batch-1 models fix the batch in Reshapes to
+        constant shapes: a classifier flattens to ``[1, C]``, a transformer folds the batch
+        into its rows (``[1, 40, 120]`` to ``[40, 120]`` for a MatMul, and back). A stack
+        multiplies the first axis of such tensors, so each constant shape leaves its first
+        axis free: -1 where no other axis is (the stack's rows, folded or not), else 0 (the
+        input's first axis) where it was 1. Where the first axis does not carry the stack, a
+        stacked run fails or gives other values, and the engine's check rejects the stack
+        (see :mod:`.batching`)."""
         out, shapes = [], {}
         for node in nodes:
             value = self.qmodel.constant(node.input[1]) if node.op_type == "Reshape" and len(node.input) > 1 else None
-            if (value is None or value.ndim != 1 or not value.size or value[0] != 1
+            if (value is None or value.ndim != 1 or not value.size or value[0] in (0, -1)
                     or any(a.name == "allowzero" and a.i for a in node.attribute)):
                 out.append(node)
                 continue
+            if -1 not in value:
+                first = -1
+            elif value[0] == 1:
+                first = 0
+            else:
+                out.append(node)
+                continue
             name = f"{node.input[1]}::stacked"
-            shapes[name] = numpy_helper.from_array(np.concatenate([[0], value[1:]]).astype(value.dtype), name)
-            node = helper.make_node("Reshape", [node.input[0], name], list(node.output), name=node.name)
-            out.append(node)
+            shapes[name] = numpy_helper.from_array(np.concatenate([[first], value[1:]]).astype(value.dtype), name)
+            out.append(helper.make_node("Reshape", [node.input[0], name], list(node.output), name=node.name))
         return out, shapes
 
     def _bytes(self, name):
