@@ -119,7 +119,7 @@ def test_reshapes_that_fix_the_batch_to_one_are_rebatched(tmp_path):
 
 
 @pytest.mark.parametrize("mode, why", [("transposed", "stacked samples give other values"),
-                                       ("fixed", "does not take stacked samples")])
+                                       ("fixed", "does not take stacked samples: its MatMul node 'mix' fails")])
 def test_a_graph_whose_batch_cannot_be_freed_runs_one_at_a_time(tmp_path, mode, why):
     q, folder, _ = _fixed_batch_setup(tmp_path, mode)
     for batch in ("auto", 4):
