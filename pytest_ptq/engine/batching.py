@@ -7,9 +7,9 @@ uses every core), so the engine measures before it decides. A group is used only
 
 * no quantizer computes its range per run (DynamicQuantizeLinear: the range of a stacked
   batch is not the range of each sample) and no Q/DQ is a custom op of unknown semantics;
-* every sample has batch size 1 and every model input and output a batch axis first (a
-  Reshape to a constant shape starting with 1, as batch-1 exports flatten, keeps the
-  stack's first axis there instead: see :meth:`.segments.Segments._rebatched`);
+* every sample has batch size 1 and every model input and output a batch axis first
+  (Reshapes to constant shapes, where batch-1 exports fix the batch, leave their first axis
+  to the stack: see :meth:`.segments.Segments._rebatched`);
 * the stacked run gives what the samples give one at a time (float, and every activation
   quantized: weight quantizers see no sample), to within float rounding (a different
   kernel may sum in another order), and

@@ -229,15 +229,11 @@ class Segments:
         out, shapes = [], {}
         for node in nodes:
             value = self.qmodel.constant(node.input[1]) if node.op_type == "Reshape" and len(node.input) > 1 else None
-            if (value is None or value.ndim != 1 or not value.size or value[0] in (0, -1)
-                    or any(a.name == "allowzero" and a.i for a in node.attribute)):
-                out.append(node)
-                continue
-            if -1 not in value:
-                first = -1
-            elif value[0] == 1:
-                first = 0
-            else:
+            first = None
+            if (value is not None and value.ndim == 1 and value.size and value[0] not in (0, -1)
+                    and not any(a.name == "allowzero" and a.i for a in node.attribute)):
+                first = -1 if -1 not in value else 0 if value[0] == 1 else None
+            if first is None:
                 out.append(node)
                 continue
             name = f"{node.input[1]}::stacked"
