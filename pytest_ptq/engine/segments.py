@@ -194,13 +194,14 @@ class Segments:
         nodes = lowered(nodes)
         if self.shared is not None and self.shared.low_memory:
             nodes = anchored(nodes, self.inits, flags)
-        shapes = {}
+        inits = self.inits
         if stacked:
             nodes, shapes = self._rebatched(nodes)
+            inits = {**inits, **shapes}
         produced = {o for nd in nodes for o in nd.output}
         refs = list(dict.fromkeys(r for nd in nodes for r in node_refs(nd)))
-        inputs = [r for r in refs if r not in produced and r not in self.inits and r not in flags and r not in shapes]
-        used_inits = [self.inits[r] for r in refs if r in self.inits] + list(shapes.values())
+        inputs = [r for r in refs if r not in produced and r not in inits and r not in flags]
+        used_inits = [inits[r] for r in refs if r in inits]
         outputs = [o for o in produced if self.last_use.get(o, -1) >= hi or o in expose]
         model = onnx.ModelProto()
         model.CopyFrom(self.template)
