@@ -327,3 +327,14 @@ def test_a_relu_before_a_float8_quantizer_is_kept(made, tmp_path):
     for i in range(len(feeds)):
         for k, w in as_stored[i].items():
             np.testing.assert_allclose(engine.run(i, "all")[k], w, rtol=1e-5, atol=1e-5)
+
+
+def test_contrib_domain_q_dq_leave_every_tensor_typed(made):
+    """onnx's inference knows no op of onnxruntime's domain, where 16-bit Q/DQ live below
+    opset 21: the tensors after them are typed all the same, so every node output can be
+    probed and the graph cut into segments."""
+    qpath, fpath, data, _ = made("quark_a16w8", "conv")
+    engine = Engine(qpath, data, float_model=fpath, segments=3)
+    assert {n.domain for n in onnx.load(str(qpath)).graph.node if "Linear" in n.op_type} == {"com.microsoft"}
+    assert [t for n in engine.qmodel.normal.values() for t in n.outputs] == engine.probe_tensors
+    assert len(engine.segments) == 3

@@ -349,11 +349,21 @@ class QuantModel:
 
     # -- parsing -------------------------------------------------------------------------
     def _infer_types(self):
+        # onnx infers no op of onnxruntime's domain, so 16-bit Q/DQ there (quantize_static's and
+        # Quark's below opset 21) left every tensor after them untyped: one segment, and no
+        # node output to probe. They are the standard ops, so they are inferred as those.
+        contrib = [n for n in self.model.graph.node
+                   if n.domain == "com.microsoft" and n.op_type in ("QuantizeLinear", "DequantizeLinear")]
+        for n in contrib:
+            n.domain = ""
         try:
             inferred = onnx.shape_inference.infer_shapes(self.model, strict_mode=False)
             values = list(inferred.graph.value_info) + list(inferred.graph.output) + list(inferred.graph.input)
         except Exception:  # inference is a help for typing outputs, never a requirement
             values = list(self.model.graph.value_info) + list(self.model.graph.output) + list(self.model.graph.input)
+        finally:
+            for n in contrib:
+                n.domain = "com.microsoft"
         types, shapes = {}, {}
         for v in values:
             if v.type.HasField("tensor_type") and v.type.tensor_type.elem_type:
