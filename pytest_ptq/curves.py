@@ -77,7 +77,8 @@ def configs_from(engine, quantize_node=None, non_quantize_node=None):
 
 
 def get_acc_error(engine, configs, metric="cosine-similarity", data_num=None, local=True, progress=True):
-    """Compute the curves (no plot). Memory: one sample's activations at a time."""
+    """Compute the curves (no plot). Memory: one segment's activations at a time where the
+    model runs in segments, else one sample's (see :meth:`.engine.Engine.probes`)."""
     m = get_metrics(metric)[0]
     indices = sample_indices(engine, data_num)
     qm = engine.qmodel
@@ -89,26 +90,18 @@ def get_acc_error(engine, configs, metric="cosine-similarity", data_num=None, lo
     nodes, tensors = list(tensor_of), list(tensor_of.values())
     states = {label: [m.new() for _ in tensors] for label in configs}
     local_states = [m.new() for _ in tensors] if local else None
-    with Progress(len(indices) * (len(configs) + 1), "error curves", enabled=progress) as bar:
-        for i in indices:
-            if local:
-                ref, local_vals = engine.local(i)
-                for k, t in enumerate(tensors):
-                    if t in local_vals:
-                        m.update(local_states[k], ref[t], local_vals[t])
-                # a sample's activations each: gone before the configs' runs add theirs
-                del local_vals
-            else:
-                ref = engine.run(i, (), tensors, kind="probe")
-            ref = {t: ref[t] for t in tensors}
+    index = {t: k for k, t in enumerate(tensors)}
+    parts = engine.probe_parts(tensors)
+    with Progress(len(indices) * parts, "error curves", enabled=progress) as bar:
+        for _, ref, local_vals, outs in engine.probes(indices, list(configs.values()), tensors, local):
+            for t, v in local_vals.items():
+                m.update(local_states[index[t]], ref[t], v)
+            local_vals.clear()  # gone before the configs' runs add theirs
+            for label, out in zip(configs, outs):
+                for t, v in out.items():
+                    m.update(states[label][index[t]], ref[t], v)
+                out.clear()
             bar.advance()
-            for label, quantized in configs.items():
-                out = engine.run(i, quantized, tensors, kind="probe")
-                for k, t in enumerate(tensors):
-                    m.update(states[label][k], ref[t], out[t])
-                del out
-                bar.advance()
-            del ref
     values = {label: [m.value(s) for s in st] for label, st in states.items()}
     fed = {n for n in qm.normal if qm.normal[n].calibration_inputs}
     local_vals = ([m.value(s) if nodes[k] in fed else None for k, s in enumerate(local_states)]

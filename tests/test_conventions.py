@@ -10,6 +10,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import builders
 import conventions
+from pytest_ptq.curves import get_acc_error
 from pytest_ptq.engine import Engine
 from pytest_ptq.errors import PTQError
 from pytest_ptq.model import QuantModel
@@ -327,6 +328,28 @@ def test_a_relu_before_a_float8_quantizer_is_kept(made, tmp_path):
     for i in range(len(feeds)):
         for k, w in as_stored[i].items():
             np.testing.assert_allclose(engine.run(i, "all")[k], w, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("name,base", CASES)
+def test_fully_quantized_curve_is_onnxruntime_running_the_file(made, name, base, tmp_path):
+    """The cumulative curve with every pair quantized: at each node, the metric between the
+    engine's float run and the node's output in the file run by a plain session exposing
+    every node's output, at the default optimisation level, so with the file's fusions
+    (32-bit graphs run segment by segment, each exposing its own nodes; 16-bit ones whole)."""
+    qpath, fpath, data, feeds = made(name, base)
+    engine = Engine(qpath, data, float_model=fpath, optimization="all", segments=3)
+    curves = get_acc_error(engine, {"all": list(engine.calib_names)}, "cosine-similarity", local=False,
+                           progress=False)
+    model = onnx.load(str(builders.runnable(qpath, tmp_path / "runnable.onnx")))
+    model.graph.output.extend(helper.make_tensor_value_info(t, engine.qmodel.value_types[t], None)
+                              for t in curves.tensors if t not in engine.model_outputs)
+    want = builders.run_model(model, feeds, "all", curves.tensors, disabled_optimizers=["ReluQuantRewrite"])
+    floats = [engine.run(i, (), curves.tensors, kind="probe") for i in range(len(feeds))]
+    for k, t in enumerate(curves.tensors):
+        ref = np.concatenate([f[t].ravel() for f in floats])
+        got = np.concatenate([w[t].ravel() for w in want])
+        assert curves.values["all"][k] == pytest.approx(_cos(ref, got), abs=2e-6), (name, t)
+    assert engine.probe_parts(curves.tensors) == (1 if conventions.CONVENTIONS[name].fp16 else 3)
 
 
 def test_contrib_domain_q_dq_leave_every_tensor_typed(made):

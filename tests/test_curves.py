@@ -279,3 +279,27 @@ def test_plot_names_the_worst_points_beside_the_axes(tmp_path):
     curves = Curves(metric="cosine-similarity", nodes=nodes, tensors=nodes, values=values, configs={}, samples=1)
     png = plot_curves(curves, tmp_path / "c.png")
     assert png.exists()
+
+
+@pytest.mark.parametrize("segments,memory", [(2, "fast"), (64, "fast"), (64, "low")])
+def test_segment_by_segment_equals_one_session_exposing_every_node(zoo, segments, memory):
+    """Curves computed segment by segment (each exposing its own nodes; with 64 segments,
+    one node each, so a local clone reads a float input computed segments before) equal
+    those of one session exposing every node, local errors included, in either memory mode
+    (low: weights quantized at run time)."""
+    qpath, fpath, data = zoo.qdq("qdq_pc"), zoo.float("qdq_pc"), zoo.data("qdq_pc")
+    whole = Engine(qpath, data, float_model=fpath, optimization="disable", segments=0)
+    parted = Engine(qpath, data, float_model=fpath, optimization="disable", segments=segments, memory=memory)
+    configs = {"none": [], "c2": ["c2_QuantizeLinear"], "late": ["f_QuantizeLinear", "wf_QuantizeLinear"],
+               "all": list(whole.calib_names)}
+    want = get_acc_error(whole, configs, "cosine-similarity", progress=False)
+    got = get_acc_error(parted, configs, "cosine-similarity", progress=False)
+    assert whole.probe_parts(got.tensors) == 1
+    assert parted.probe_parts(got.tensors) == len(parted.segments) >= min(segments, 10)
+    assert got.tensors == want.tensors and got.samples == want.samples
+    for label in configs:
+        np.testing.assert_allclose(got.values[label], want.values[label], rtol=0, atol=1e-6, err_msg=label)
+    assert [v is None for v in got.local] == [v is None for v in want.local]
+    np.testing.assert_allclose([v for v in got.local if v is not None], [v for v in want.local if v is not None],
+                               rtol=0, atol=1e-6)
+    assert min(want.values["all"]) < 1 - 1e-5 and want.values["none"] == [1.0] * len(want.nodes)

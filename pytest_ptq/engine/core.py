@@ -453,6 +453,41 @@ class Engine:
         local = {k[len(LOCAL_PREFIX):]: v for k, v in values.items() if k.startswith(LOCAL_PREFIX)}
         return values, local
 
+    def probe_parts(self, tensors):
+        """How many parts :meth:`probes` yields per sample for ``tensors``."""
+        seg = self.segments
+        return len(seg) if seg is not None and seg.walkable(tensors) else 1
+
+    def probes(self, indices, configs, tensors, local=False):
+        """``tensors`` (float outputs of normal nodes) of each sample in ``indices``, float
+        and under each of ``configs`` (lists of quantized calibration node names), in
+        :meth:`probe_parts` parts per sample. Yields ``(sample, float, local values,
+        outputs)`` per part: ``{tensor: value}`` of the part's tensors run float; with
+        ``local``, each one's local value where calibration nodes feed its node (inputs
+        quantized from float values; else empty); and an iterator of the same tensors under
+        each config, computed as it is read. Parts are segments run one after another, each
+        exposing only its tensors (see :meth:`.segments.Segments.walk`), where they give
+        what the whole graph gives; else one part per sample from a session exposing all of
+        them. The caller may clear the dicts it is done with."""
+        seg = self.segments
+        if seg is not None and seg.walkable(tensors):
+            forms = [(seg.touched(self._config(q)), self.feeds({}, self._config(q))) for q in configs]
+            try:
+                for i in indices:
+                    for ref, loc, outs in seg.walk(self.sample(i), forms, tensors, local):
+                        yield i, ref, loc, outs
+            finally:
+                seg.forget_walk()
+            return
+        for i in indices:
+            if local:
+                ref, loc = self.local(i)
+                loc = {t: loc[t] for t in tensors if t in loc}
+            else:
+                ref, loc = self.run(i, (), tensors, kind="probe"), {}
+            ref = {t: ref[t] for t in tensors}
+            yield i, ref, loc, (self.run(i, q, tensors, kind="probe") for q in configs)
+
     # -- sanity --------------------------------------------------------------------------
     def float_equivalence(self):
         """The evidence :meth:`check_float_equivalence` decides on (a :class:`.sanity.Equivalence`);

@@ -106,7 +106,9 @@ def instrument(qmodel, gates, extra_outputs=(), local=False, shared=None):
             numpy_helper.from_array(np.asarray(alt.qmin).astype(dtype), f"{k}::qmin"),
             numpy_helper.from_array(np.asarray(alt.qmax).astype(dtype), f"{k}::qmax")])
     if local:
-        extra_outputs = list(extra_outputs) + _add_local_clones(qmodel, graph)
+        clones, outputs = local_clones(qmodel)
+        graph.node.extend(clones)
+        extra_outputs = list(extra_outputs) + outputs
     present = {o.name for o in graph.output}
     for t in extra_outputs:
         if t not in present:
@@ -418,17 +420,18 @@ def _alternative_branch(gates, c, original):
     return helper.make_graph([node], f"ptq_qa_{c.name}", [], wrapped)
 
 
-def _add_local_clones(qmodel, graph):
-    """Append, for every normal node fed by calibration nodes, a clone fed by its inputs
-    quantized from their float values; returns the clone outputs to expose.
+def local_clones(qmodel, names=None):
+    """``(nodes, outputs)``: for every normal node fed by calibration nodes (those named in
+    ``names`` only, when given), a clone fed by its inputs quantized from their float values,
+    with the nodes that quantize them; ``outputs``: the clones' float outputs, to expose.
 
     Run with every flag off, the clones give each node's *local* error in one pass.
     """
     by_output = {o: c for c in qmodel.calibration.values() for o in c.outputs}
     protos = {p.name: p for p in qmodel.model.graph.node}
-    local_in, outputs = {}, []
+    nodes, local_in, outputs = [], {}, []
     for n in qmodel.normal.values():
-        if not n.calibration_inputs:
+        if not n.calibration_inputs or (names is not None and n.name not in names):
             continue
         proto = protos[n.name]
         if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in proto.attribute):
@@ -443,34 +446,26 @@ def _add_local_clones(qmodel, graph):
             if i not in local_in:
                 dq = next(d for d in c.dq_nodes if d.output[0] == i)
                 src = c.float_weight or c.input
-                if c.fused:
-                    d = onnx.NodeProto()
-                    d.CopyFrom(dq)
-                    d.name = f"ptq_ldq::{i}"
-                    d.input[0] = src
-                    d.output[0] = f"ptq_lq::{i}"
-                    graph.node.append(d)
-                    local_in[i] = d.output[0]
-                    clone.input[k] = local_in[i]
-                    continue
                 renamed = {}
-                if c.q_node is not None:
+                if c.q_node is not None and not c.fused:
                     q, renamed = _renamed_copy(c.q_node, f"ptq_lq::{i}::")
                     q.name = f"ptq_lq::{q.name}::{i}"
                     q.input[0] = src
-                    graph.node.extend(_quantizing(qmodel, c, q))
+                    nodes.extend(_quantizing(qmodel, c, q))
                 d = onnx.NodeProto()
                 d.CopyFrom(dq)
                 d.name = f"ptq_ldq::{i}"
+                if c.fused:
+                    d.input[0] = src
                 for j, name in enumerate(d.input):
                     d.input[j] = renamed.get(name, name)
                 d.output[0] = f"ptq_lq::{i}"
-                graph.node.append(d)
+                nodes.append(d)
                 local_in[i] = d.output[0]
             clone.input[k] = local_in[i]
         for k, o in enumerate(proto.output):
             if o:
                 clone.output[k] = f"{LOCAL_PREFIX}{o}"
-        graph.node.append(clone)
+        nodes.append(clone)
         outputs += [o for o in clone.output if o and qmodel.is_float_tensor(o[len(LOCAL_PREFIX):])]
-    return outputs
+    return nodes, outputs
