@@ -93,15 +93,16 @@ def get_acc_error(engine, configs, metric="cosine-similarity", data_num=None, lo
     index = {t: k for k, t in enumerate(tensors)}
     parts = engine.probe_parts(tensors)
     with Progress(len(indices) * parts, "error curves", enabled=progress) as bar:
-        for _, ref, local_vals, outs in engine.probes(indices, list(configs.values()), tensors, local):
-            for t, v in local_vals.items():
-                m.update(local_states[index[t]], ref[t], v)
-            local_vals.clear()  # gone before the configs' runs add theirs
-            for label, out in zip(configs, outs):
-                for t, v in out.items():
-                    m.update(states[label][index[t]], ref[t], v)
-                out.clear()
-            bar.advance()
+        for _, parts in engine.probes(indices, list(configs.values()), tensors, local):
+            for ref, local_vals, outs in parts:
+                for t, v in local_vals.items():
+                    m.update(local_states[index[t]], ref[t], v)
+                local_vals.clear()  # gone before the configs' runs add theirs
+                for label, out in zip(configs, outs):
+                    for t, v in out.items():
+                        m.update(states[label][index[t]], ref[t], v)
+                    out.clear()
+                bar.advance()
     values = {label: [m.value(s) for s in st] for label, st in states.items()}
     fed = {n for n in qm.normal if qm.normal[n].calibration_inputs}
     local_vals = ([m.value(s) if nodes[k] in fed else None for k, s in enumerate(local_states)]

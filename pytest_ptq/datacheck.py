@@ -519,14 +519,8 @@ def _quantized_metrics(engine, data, metric, bar):
     states = {o: metric.new() for o in engine.model_outputs}
     acts = [c for c in qm.of_kind("activation") if engine.is_gated(c.name) and not c.dynamic]
     clipped, counted = Counter(), Counter()
-    for i in range(len(data)):
-        sample = data.sample(i)
-        probe = [c.input for c in acts if c.input in engine.probe_tensors]
-        ref = engine.run(sample, (), list(dict.fromkeys(engine.model_outputs + probe)), kind="probe")
-        out = engine.run(sample, "all")
-        for o in engine.model_outputs:
-            metric.update(states[o], ref[o], out[o])
-        values = {**sample, **ref}
+
+    def count(values):
         for c in acts:
             v = values.get(c.input)
             if v is None or v.dtype.kind != "f":
@@ -535,6 +529,17 @@ def _quantized_metrics(engine, data, metric, bar):
             tol = float(np.max(c.scale)) / 2
             clipped[c.name] += int(np.count_nonzero((v < np.min(lo) - tol) | (v > np.max(hi) + tol)))
             counted[c.name] += v.size
+
+    probe = list(dict.fromkeys(engine.model_outputs + [c.input for c in acts if c.input in engine.probe_tensors]))
+    for sample, parts in engine.probes((data.sample(i) for i in range(len(data))), [], probe):
+        count(sample)
+        ref = {}
+        for values, _, _ in parts:  # float values a part of the sample at a time
+            count(values)
+            ref.update({o: values[o] for o in engine.model_outputs if o in values})
+        out = engine.run(sample, "all")
+        for o in engine.model_outputs:
+            metric.update(states[o], ref[o], out[o])
         bar.advance()
     value = metric.worst([metric.value(s) for s in states.values()])
     shares = {n: clipped[n] / counted[n] for n in counted if counted[n]}

@@ -349,7 +349,8 @@ def test_fully_quantized_curve_is_onnxruntime_running_the_file(made, name, base,
         ref = np.concatenate([f[t].ravel() for f in floats])
         got = np.concatenate([w[t].ravel() for w in want])
         assert curves.values["all"][k] == pytest.approx(_cos(ref, got), abs=2e-6), (name, t)
-    assert engine.probe_parts(curves.tensors) == (1 if conventions.CONVENTIONS[name].fp16 else 3)
+    parts = engine.probe_parts(curves.tensors)
+    assert parts == 1 if conventions.CONVENTIONS[name].fp16 else parts >= 3
 
 
 def test_contrib_domain_q_dq_leave_every_tensor_typed(made):

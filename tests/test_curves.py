@@ -295,7 +295,9 @@ def test_segment_by_segment_equals_one_session_exposing_every_node(zoo, segments
     want = get_acc_error(whole, configs, "cosine-similarity", progress=False)
     got = get_acc_error(parted, configs, "cosine-similarity", progress=False)
     assert whole.probe_parts(got.tensors) == 1
-    assert parted.probe_parts(got.tensors) == len(parted.segments) >= min(segments, 10)
+    # parts: the segments, those computing more than a 16th of the bytes cut further
+    parts = parted.probe_parts(got.tensors)
+    assert parts >= len(parted.segments) >= min(segments, 10) and (segments > 2 or parts > 2)
     assert got.tensors == want.tensors and got.samples == want.samples
     for label in configs:
         np.testing.assert_allclose(got.values[label], want.values[label], rtol=0, atol=1e-6, err_msg=label)

@@ -160,6 +160,22 @@ def test_a_calibration_set_that_misses_the_heldout_data(net, tmp_path):
             r @ t / np.sqrt((r @ r) * (t @ t)), abs=1e-4)
     assert report.quantized["calibration"]["cosine-similarity"] >= 0.99
     assert report.quantized["heldout"]["cosine-similarity"] < 0.99
+    # the share of each node's float input outside its calibrated range (+- half a step), from
+    # the float model exposing those inputs in a plain session
+    finding = next(f for f in report.errors if f.check == "not-representative")
+    clipping = finding.details["heldout_clipping"]
+    model = onnx.load(str(qpath))
+    inits = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+    acts = {name: q for name, (q, _) in builders.qdq_pairs(model).items() if q and q.input[0] not in inits}
+    floats = builders.run_model(builders.rewire(qpath, outputs=[q.input[0] for q in acts.values()]), feeds_h)
+    assert len(clipping) >= 2 and set(clipping) <= set(acts)
+    for name, share in clipping.items():
+        q = acts[name]
+        scale, zp = float(inits[q.input[1]]), float(inits[q.input[2]])
+        info = np.iinfo(inits[q.input[2]].dtype)
+        v = np.concatenate([f[q.input[0]].ravel() for f in floats])
+        out = (v < scale * (info.min - zp) - scale / 2) | (v > scale * (info.max - zp) + scale / 2)
+        assert share == pytest.approx(out.mean(), abs=1e-6), name
     # the same comparison with a held-out set drawn like the calibration set passes
     fine = check_data(str(net["qdq"]), net["data"], heldout=builders.samples(N, seed=8))
     assert fine.checks("error") == [] and fine.quantized["heldout"]["cosine-similarity"] >= 0.99

@@ -456,37 +456,41 @@ class Engine:
     def probe_parts(self, tensors):
         """How many parts :meth:`probes` yields per sample for ``tensors``."""
         seg = self.segments
-        return len(seg) if seg is not None and seg.walkable(tensors) else 1
+        return len(seg.walk_spans(tensors)) if seg is not None and seg.walkable(tensors) else 1
 
-    def probes(self, indices, configs, tensors, local=False):
-        """``tensors`` (float outputs of normal nodes) of each sample in ``indices``, float
-        and under each of ``configs`` (lists of quantized calibration node names), in
-        :meth:`probe_parts` parts per sample. Yields ``(sample, float, local values,
-        outputs)`` per part: ``{tensor: value}`` of the part's tensors run float; with
-        ``local``, each one's local value where calibration nodes feed its node (inputs
-        quantized from float values; else empty); and an iterator of the same tensors under
-        each config, computed as it is read. Parts are segments run one after another, each
-        exposing only its tensors (see :meth:`.segments.Segments.walk`), where they give
-        what the whole graph gives; else one part per sample from a session exposing all of
-        them. The caller may clear the dicts it is done with."""
+    def probes(self, samples, configs, tensors, local=False):
+        """``tensors`` (float outputs of normal nodes, model outputs) of each of ``samples``
+        (indices or feed dicts), float and under each of ``configs`` (lists of quantized
+        calibration node names). Yields ``(sample, parts)`` per sample, ``parts`` iterating
+        :meth:`probe_parts` triples ``(float, local values, outputs)``: ``{tensor: value}``
+        of the part's tensors run float; with ``local`` (indices only), each one's local
+        value where calibration nodes feed its node (inputs quantized from float values;
+        else empty); and an iterator of the same tensors under each config, computed as it
+        is read. Parts are segments run one after another, each exposing only its tensors
+        (see :meth:`.segments.Segments.walk`), where they give what the whole graph gives;
+        else one part from a session exposing all of them. Read each sample's parts before
+        the next sample; the caller may clear the dicts it is done with."""
         seg = self.segments
         if seg is not None and seg.walkable(tensors):
             forms = [(seg.touched(self._config(q)), self.feeds({}, self._config(q))) for q in configs]
             try:
-                for i in indices:
-                    for ref, loc, outs in seg.walk(self.sample(i), forms, tensors, local):
-                        yield i, ref, loc, outs
+                for i in samples:
+                    yield i, seg.walk(i if isinstance(i, dict) else self.sample(i), forms, tensors, local)
             finally:
                 seg.forget_walk()
             return
-        for i in indices:
-            if local:
-                ref, loc = self.local(i)
-                loc = {t: loc[t] for t in tensors if t in loc}
-            else:
-                ref, loc = self.run(i, (), tensors, kind="probe"), {}
-            ref = {t: ref[t] for t in tensors}
-            yield i, ref, loc, (self.run(i, q, tensors, kind="probe") for q in configs)
+        for i in samples:
+            yield i, self._probed(i, configs, tensors, local)
+
+    def _probed(self, i, configs, tensors, local):
+        """:meth:`probes`' one part of sample ``i``, from sessions exposing every tensor."""
+        if local:
+            ref, loc = self.local(i)
+            loc = {t: loc[t] for t in tensors if t in loc}
+        else:
+            ref, loc = self.run(i, (), tensors, kind="probe"), {}
+        ref = {t: ref[t] for t in tensors}
+        yield ref, loc, (self.run(i, q, tensors, kind="probe") for q in configs)
 
     # -- sanity --------------------------------------------------------------------------
     def float_equivalence(self):

@@ -40,6 +40,8 @@ WEIGHTS, ACTIVATIONS = "weights", "activations"  # the groups of gates in a segm
 # compiles in milliseconds where each kept one holds its kernels and prepacked weights
 # (measured: the example suite peaked at 1.79 GB keeping every form)
 MAX_FORMS = 3
+# The parts :meth:`Segments.walk` cuts a sample's exposed tensors into, at least (by bytes)
+WALK_PARTS = 16
 ON, SWITCHED = "on", "switched"  # a group's state in a form: all quantized, inline; some, by feeds
 
 
@@ -173,7 +175,7 @@ class Segments:
         return frozenset((g, ON) for g in groups)
 
     def _segment_model(self, j, form, stacked=False, expose=(), local=False):
-        lo, hi = (0, len(self.nodes)) if j is None else (self.cuts[j], self.cuts[j + 1])
+        lo, hi = (0, len(self.nodes)) if j is None else j if isinstance(j, tuple) else (self.cuts[j], self.cuts[j + 1])
         states = dict(form)
         nodes, flags = [], []
         for k in range(lo, hi):
@@ -276,8 +278,9 @@ class Segments:
         raise PTQError(f"tensor {name!r} has no known type; run onnx shape inference on the model")
 
     def session(self, j, form=frozenset(), stacked=False, expose=(), local=False):
-        """Segment ``j``'s session (None: the whole graph's) in ``form`` (see :meth:`touched`;
-        empty: float), for samples run stacked or one at a time; ``expose``: tensors it
+        """Segment ``j``'s session (None: the whole graph's; ``(first node, end)``: those nodes')
+        in ``form`` (see :meth:`touched`; empty: float), for samples run stacked or one at a
+        time; ``expose``: tensors it
         outputs besides those later segments read; ``local``: with the local clones of its
         normal nodes (see :func:`.instrument.local_clones`), their outputs exposed too."""
         key = (j, form, stacked, tuple(expose), local)
@@ -379,46 +382,69 @@ class Segments:
         return (len(self) > 1 and all(self.produced.get(t, -1) >= 0 for t in tensors)
                 and not any(self.types.get(t) in HALF_TYPES for live in self.cut_live for t in live))
 
+    def walk_spans(self, tensors):
+        """``[(segment, (first node, end))]``: the segments cut further where they compute
+        more than 1/:data:`WALK_PARTS` of ``tensors``' bytes (early layers' activations are
+        large: the PP-OCRv4 detector's first of 16 segments computes a fifth of them), at
+        points whose live tensors are typed and not 16-bit floats."""
+        size = {t: self._bytes(t) for t in tensors}
+        budget = sum(size.values()) / WALK_PARTS
+        spans = []
+        for j in range(len(self)):
+            lo, held = self.cuts[j], 0
+            for k in range(self.cuts[j], self.cuts[j + 1]):
+                add = sum(size.get(o, 0) for o in self.nodes[k].output)
+                if held and held + add > budget and all(
+                        t in self.types and self.types[t] not in HALF_TYPES for t in self.live(k)):
+                    spans.append((j, (lo, k)))
+                    lo, held = k, 0
+                held += add
+            spans.append((j, (lo, self.cuts[j + 1])))
+        return spans
+
     def walk(self, sample, configs, tensors, local=False):
-        """Tensors ``tensors`` of a sample, segment by segment (see :meth:`walkable`). Yields
-        per segment ``(float, local values, outputs)``: ``{tensor: value}`` of the tensors it
+        """Tensors ``tensors`` of a sample, part by part (see :meth:`walkable`). Yields per
+        part ``(float, local values, outputs)``: ``{tensor: value}`` of the tensors it
         computes, run float; with ``local``, the local clones' values of those fed by
         calibration nodes (their inputs quantized from float values, see
         :func:`.instrument.local_clones`; else empty); and an iterator over ``configs``
         (``[(touched, flag values)]``, see :meth:`touched`) of the same tensors under each,
-        computed as it is read. Holds one segment's tensors at a time beside each chain's
-        boundary values, where a session exposing them all holds a whole sample's: the
-        PP-OCRv4 detector's curves took 585 MiB that way, against 88 MiB for a plain session.
-        Its sessions stay until :meth:`forget_walk`."""
-        parts = [tuple(t for t in tensors if self.cuts[j] <= self.produced[t] < self.cuts[j + 1])
-                 for j in range(len(self))]
-        needed = {}  # a local clone's float input -> the last segment that reads it
+        computed as it is read. A part is a segment or a piece of one (see
+        :meth:`walk_spans`), run in its segment's form. Holds one part's tensors at a time
+        beside each chain's boundary values, where a session exposing them all holds a whole
+        sample's: the PP-OCRv4 detector's curves took 585 MiB that way, against 88 MiB for a
+        plain session. Its sessions stay until :meth:`forget_walk`."""
+        spans = self.walk_spans(tensors)
+        parts = [tuple(t for t in tensors if lo <= self.produced[t] < hi) for _, (lo, hi) in spans]
+        ends = [set(self.live(hi)) for _, (_, hi) in spans]  # what later parts read
+        needed = {}  # a local clone's float input -> the last part that reads it
         if local:
-            for j, part in enumerate(parts):
-                for t in self.session(j, frozenset(), expose=part, local=True)[1]:
-                    needed[t] = j
+            for p, ((_, span), part) in enumerate(zip(spans, parts)):
+                for t in self.session(span, frozenset(), expose=part, local=True)[1]:
+                    needed[t] = p
         values = dict(sample)
         chains = [None] * len(configs)  # a config's boundary values, from the first segment it touches
 
-        def outputs(j, part):
+        def outputs(p, part):
+            j, span = spans[p]
             for c, (touched, flag_values) in enumerate(configs):
                 if chains[c] is None and touched and min(touched) == j:
-                    chains[c] = {t: values[t] for t in self.cut_live[j] if t in values}
+                    chains[c] = {t: values[t] for t in self.live(span[0]) if t in values}
                 if chains[c] is None:  # nothing quantized before or here: the float values
                     yield {t: values[t] for t in part}
                     continue
-                self._run_segment(j, chains[c], touched.get(j, frozenset()), flag_values, expose=part)
+                self._run_segment(span, chains[c], touched.get(j, frozenset()), flag_values, expose=part)
                 yield {t: chains[c][t] for t in part}
-                chains[c] = {t: chains[c][t] for t in self.cut_live[j + 1] if t in chains[c]}
+                chains[c] = {t: v for t, v in chains[c].items() if t in ends[p]}
 
-        for j, part in enumerate(parts):
-            self._run_segment(j, values, frozenset(), None, expose=part, local=local)
+        for p, ((_, span), part) in enumerate(zip(spans, parts)):
+            self._run_segment(span, values, frozenset(), None, expose=part, local=local)
             clones = {t: values.pop(LOCAL_PREFIX + t) for t in part if LOCAL_PREFIX + t in values}
-            runs = outputs(j, part)
+            runs = outputs(p, part)
             yield {t: values[t] for t in part}, clones, runs
             for _ in runs:  # configs left unread still advance their chains
                 pass
-            values = {t: v for t, v in values.items() if t in self.cut_live[j + 1] or needed.get(t, -1) > j}
+            values = {t: v for t, v in values.items() if t in ends[p] or needed.get(t, -1) > p}
 
     def forget_walk(self):
         """Drop the sessions :meth:`walk` compiled."""

@@ -93,18 +93,11 @@ def _activation_ranges(engine, names, indices, clock):
     qm = engine.qmodel
     tensors = {n: qm.calibration[n].input for n in names}
     found = {}
-    for i in indices:
-        clock.check()
-        sample = engine.sample(i)
-        probe = [t for t in tensors.values() if t not in sample and t in engine.probe_tensors]
-        values = dict(sample)
-        if probe:
-            values.update(engine.run(sample, (), probe, kind="probe"))
+
+    def add(values):
         for n, t in tensors.items():
-            if t not in values:
-                continue
-            v = values[t]
-            if v.ndim < 2:
+            v = values.get(t)
+            if v is None or v.ndim < 2:
                 continue
             axis = channel_axis(qm, qm.calibration[n], v.shape)
             other = tuple(a for a in range(v.ndim) if a != axis)
@@ -113,6 +106,13 @@ def _activation_ranges(engine, names, indices, clock):
                 found[n] = (np.minimum(found[n][0], lo), np.maximum(found[n][1], hi), v.ndim, axis)
             else:
                 found[n] = (lo, hi, v.ndim, axis)
+
+    probe = list(dict.fromkeys(t for t in tensors.values() if t in engine.probe_tensors))
+    for i, parts in engine.probes(indices, [], probe):
+        clock.check()
+        add(engine.sample(i))  # the model's inputs
+        for values, _, _ in parts:  # the nodes' outputs, a part of the sample at a time
+            add(values)
     return found
 
 
