@@ -10,7 +10,8 @@ fresh process (peak resident set, VmHWM):
 
   plain     onnxruntime.InferenceSession(model) with default options, one run;
   plain-fake-quant   the same with QDQ fusion off, as the engine simulates it;
-  engine N  pytest_ptq Engine on N samples + activation sensitivity of every pair.
+  engine N  pytest_ptq Engine on N samples + activation sensitivity of every pair (with
+            --curves: its cumulative error curves instead, three configs and local errors).
 
 and prints the ratios engine / plain (target <= 1.5 at any N); each figure is the median
 of --repeat processes.
@@ -18,7 +19,8 @@ of --repeat processes.
 Usage: python bench/bench_memory.py [--weights-mib 192] [--samples 1 8] [--keep DIR] [--conv dq|pairs | --lone-dq]
        python bench/bench_memory.py --vit pairs|dq [--samples 1 8]
        python bench/bench_memory.py --model QDQ.onnx --data DATA [--float-model FLOAT.onnx]
-       (any of them with --workers N: N configs at once, as on a machine with N cores)
+       (any of them with --workers N: N configs at once, as on a machine with N cores; with
+       --curves: the cumulative error curves instead of the sensitivity)
 """
 
 from __future__ import annotations
@@ -166,7 +168,12 @@ else:
     from pytest_ptq.engine import Engine
     from pytest_ptq.sensitivity import get_sensitivity_of_nodes
     e = Engine(model, data, float_model=sys.argv[6] or None, workers=int(sys.argv[7]) if sys.argv[7] else "auto")
-    get_sensitivity_of_nodes(e, node_type="activation", data_num=n)
+    if mode == "curves":  # runall's: the seed's two kinds, every pair, each node's local error
+        from pytest_ptq.curves import configs_from, get_acc_error
+        configs = {**configs_from(e, ["weight", "activation"]), "all quantized": list(e.calib_names)}
+        get_acc_error(e, configs, data_num=n, local=True, progress=False)
+    else:
+        get_sensitivity_of_nodes(e, node_type="activation", data_num=n)
 print(json.dumps({"peak_mib": peak()}))
 '''
 
@@ -205,6 +212,9 @@ def main(argv=None):
     p.add_argument("--workers", type=int, default=None,
                    help="configs the engine runs at once (default: one per core, up to 8): what a machine with "
                         "that many cores would run")
+    p.add_argument("--curves", action="store_true",
+                   help="measure the cumulative error curves instead of the activation sensitivity: weight only, "
+                        "activation only and every pair quantized, with each node's local error (runall's)")
     args = p.parse_args(argv)
     if args.vit:
         from vit import prepare as prepare_vit
@@ -240,10 +250,11 @@ def main(argv=None):
         fake = measure("plain-fake-quant", model, data, most, repeat=args.repeat)
         print(f"plain onnxruntime session, {most} sample(s): peak {plain:.0f} MiB (QDQ fused into int8 kernels, the "
               f"float weights dropped); with QDQ fusion off (disable_quant_qdq=1, float weights kept): {fake:.0f} MiB")
+        what = "cumulative curves (3 configs, local errors)" if args.curves else "activation sensitivity"
         for n in args.samples:
-            peak = measure("engine", model, data, n, repeat=args.repeat, float_model=args.float_model,
-                           workers=args.workers)
-            print(f"engine + activation sensitivity, {n} sample(s): peak {peak:.0f} MiB = {peak / plain:.2f}x plain, "
+            peak = measure("curves" if args.curves else "engine", model, data, n, repeat=args.repeat,
+                           float_model=args.float_model, workers=args.workers)
+            print(f"engine + {what}, {n} sample(s): peak {peak:.0f} MiB = {peak / plain:.2f}x plain, "
                   f"{peak / fake:.2f}x plain with fusion off")
 
 
