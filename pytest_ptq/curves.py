@@ -91,8 +91,7 @@ def get_acc_error(engine, configs, metric="cosine-similarity", data_num=None, lo
     states = {label: [m.new() for _ in tensors] for label in configs}
     local_states = [m.new() for _ in tensors] if local else None
     index = {t: k for k, t in enumerate(tensors)}
-    parts = engine.probe_parts(tensors)
-    with Progress(len(indices) * parts, "error curves", enabled=progress) as bar:
+    with Progress(len(indices) * engine.probe_parts(tensors), "error curves", enabled=progress) as bar:
         for _, parts in engine.probes(indices, list(configs.values()), tensors, local):
             for ref, local_vals, outs in parts:
                 for t, v in local_vals.items():

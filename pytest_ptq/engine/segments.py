@@ -31,7 +31,8 @@ from onnx import helper, numpy_helper
 from ..errors import PTQError
 from ..model.graph import node_refs
 from ..model.qdq import HALF_TYPES
-from .instrument import LOCAL_PREFIX, anchored, bypass_nodes, constants_late, gate_of, local_clones, lowered, quantized_nodes
+from .instrument import (LOCAL_PREFIX, anchored, bypass_nodes, constants_late, gate_of, local_clones, lowered,
+                         quantized_nodes)
 from .runtime import make_session, run
 
 WEIGHTS, ACTIVATIONS = "weights", "activations"  # the groups of gates in a segment's form
@@ -175,7 +176,7 @@ class Segments:
         return frozenset((g, ON) for g in groups)
 
     def _segment_model(self, j, form, stacked=False, expose=(), local=False):
-        lo, hi = (0, len(self.nodes)) if j is None else j if isinstance(j, tuple) else (self.cuts[j], self.cuts[j + 1])
+        lo, hi = (0, len(self.nodes)) if j is None else j if isinstance(j, tuple) else self.cuts[j:j + 2]
         states = dict(form)
         nodes, flags = [], []
         for k in range(lo, hi):
@@ -278,11 +279,11 @@ class Segments:
         raise PTQError(f"tensor {name!r} has no known type; run onnx shape inference on the model")
 
     def session(self, j, form=frozenset(), stacked=False, expose=(), local=False):
-        """Segment ``j``'s session (None: the whole graph's; ``(first node, end)``: those nodes')
-        in ``form`` (see :meth:`touched`; empty: float), for samples run stacked or one at a
-        time; ``expose``: tensors it
-        outputs besides those later segments read; ``local``: with the local clones of its
-        normal nodes (see :func:`.instrument.local_clones`), their outputs exposed too."""
+        """Segment ``j``'s session (None: the whole graph's; ``(first node, end)``: those
+        nodes', a part of :meth:`walk`) in ``form`` (see :meth:`touched`; empty: float), for
+        samples run stacked or one at a time; ``expose``: tensors it outputs besides those
+        later nodes read; ``local``: with the local clones of its normal nodes (see
+        :func:`.instrument.local_clones`), their outputs exposed too."""
         key = (j, form, stacked, tuple(expose), local)
         with self._lock:
             if key in self._sessions:
@@ -293,8 +294,8 @@ class Segments:
                 for old in kept[:max(0, len(kept) - MAX_FORMS + 1)]:  # the least recently used
                     del self._sessions[old]
             model, inputs, flags, outputs = self._segment_model(j, form, stacked, expose, local)
-            # a segment exposing tensors runs alone (see :meth:`walk`): on the process's threads
-            threads = None if j is None or expose or local else self.threads
+            # the whole graph and a walk's parts run one at a time: on the process's threads
+            threads = self.threads if isinstance(j, int) else None
             self._sessions[key] = (make_session(model, self.optimization, self.providers, what=self.source,
                                                 libraries=self.libraries, shared=self.shared, threads=threads),
                                    inputs, flags, outputs)
@@ -449,7 +450,7 @@ class Segments:
     def forget_walk(self):
         """Drop the sessions :meth:`walk` compiled."""
         with self._lock:
-            for key in [k for k in self._sessions if k[0] is not None and (k[3] or k[4])]:
+            for key in [k for k in self._sessions if isinstance(k[0], tuple)]:
                 del self._sessions[key]
 
     def forget_exposing(self, names):
