@@ -398,3 +398,26 @@ def test_the_integer_stage_runs_the_file_as_given(built, name):
     assert report.value("integer") == pytest.approx(expected, abs=1e-9)
     # the simulation is the QDQ form: within a step of the kernels, or the LSTM's hidden state
     assert 0.9999 <= report.kernel_gap["values"]["cosine-similarity"] < 1 - 1e-9
+
+
+@pytest.mark.parametrize("name", ["ops_qop", "ops_qop_pc", "att_qop", "att_dyn", "att_dyn2", "att_dyn_opt",
+                                  "lstm_dyn", "lstm2_dyn_pc"])
+def test_curves_part_by_part_equal_one_session_on_rewritten_formats(built, name):
+    """QOperator and dynamic models analysed in their QDQ form: the curves, run part by part
+    through the segments (each part exposing its own nodes), equal those of one session
+    exposing every node, local errors included."""
+    from pytest_ptq.curves import configs_from, get_acc_error
+
+    p, data = built
+    args = (str(p[name]), data[_data(name)])
+    kwargs = dict(float_model=str(p[_float(name)]), optimization="disable")
+    whole, parted = Engine(*args, segments=0, **kwargs), Engine(*args, segments=4, **kwargs)
+    configs = {**configs_from(whole, ["weight", "activation"]), "all": list(whole.calib_names)}
+    want = get_acc_error(whole, configs, progress=False)
+    got = get_acc_error(parted, configs, progress=False)
+    assert got.nodes == want.nodes and parted.probe_parts(got.tensors) > 1
+    for label in configs:
+        np.testing.assert_allclose(got.values[label], want.values[label], rtol=0, atol=1e-6, err_msg=label)
+    assert [v is None for v in got.local] == [v is None for v in want.local]
+    np.testing.assert_allclose([v for v in got.local if v is not None], [v for v in want.local if v is not None],
+                               rtol=0, atol=1e-6)
