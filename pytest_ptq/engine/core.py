@@ -473,9 +473,14 @@ class Engine:
         seg = self.segments
         if seg is not None and seg.walkable(tensors):
             forms = [(seg.touched(self._config(q)), self.feeds({}, self._config(q))) for q in configs]
+            samples = iter(samples)
+            i = next(samples, None)
             try:
-                for i in samples:
-                    yield i, seg.walk(i if isinstance(i, dict) else self.sample(i), forms, tensors, local)
+                while i is not None:  # one sample ahead: the last one's parts go once run
+                    after = next(samples, None)
+                    yield i, seg.walk(i if isinstance(i, dict) else self.sample(i), forms, tensors, local,
+                                      last=after is None)
+                    i = after
             finally:
                 seg.forget_walk()
             return

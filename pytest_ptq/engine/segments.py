@@ -403,7 +403,7 @@ class Segments:
             spans.append((j, (lo, self.cuts[j + 1])))
         return spans
 
-    def walk(self, sample, configs, tensors, local=False):
+    def walk(self, sample, configs, tensors, local=False, last=False):
         """Tensors ``tensors`` of a sample, part by part (see :meth:`walkable`). Yields per
         part ``(float, local values, outputs)``: ``{tensor: value}`` of the tensors it
         computes, run float; with ``local``, the local clones' values of those fed by
@@ -414,7 +414,8 @@ class Segments:
         :meth:`walk_spans`), run in its segment's form. Holds one part's tensors at a time
         beside each chain's boundary values, where a session exposing them all holds a whole
         sample's (the PP-OCRv4 detector's curves: 280 MiB this way, 585 MiB that way, 88 MiB
-        for a plain session). Its sessions stay until :meth:`forget_walk`."""
+        for a plain session). Its sessions stay until :meth:`forget_walk`, a part's until it
+        has run with ``last`` (the walk's last sample)."""
         spans = self.walk_spans(tensors)
         parts = [tuple(t for t in tensors if lo <= self.produced[t] < hi) for _, (lo, hi) in spans]
         ends = [set(self.live(hi)) for _, (_, hi) in spans]  # what later parts read
@@ -446,6 +447,10 @@ class Segments:
             for _ in runs:  # configs left unread still advance their chains
                 pass
             values = {t: v for t, v in values.items() if t in ends[p] or needed.get(t, -1) > p}
+            if last:  # no sample runs this part again
+                with self._lock:
+                    for key in [k for k in self._sessions if k[0] == span]:
+                        del self._sessions[key]
 
     def forget_walk(self):
         """Drop the sessions :meth:`walk` compiled."""
