@@ -456,7 +456,7 @@ class Engine:
     def probe_parts(self, tensors):
         """How many parts :meth:`probes` yields per sample for ``tensors``."""
         seg = self.segments
-        return len(seg.walk_spans(tensors)) if seg is not None and seg.walkable(tensors) else 1
+        return len(seg.walk_plan(tensors)[0]) if seg is not None and seg.walkable(tensors) else 1
 
     def probes(self, samples, configs, tensors, local=False):
         """``tensors`` (float outputs of normal nodes, model outputs) of each of ``samples``

@@ -46,6 +46,13 @@ WALK_PARTS = 16
 ON, SWITCHED = "on", "switched"  # a group's state in a form: all quantized, inline; some, by feeds
 
 
+class WalkPart(collections.namedtuple("WalkPart", "segment span tensors exposed ends")):
+    """A part of :meth:`Segments.walk`: the ``segment`` whose form it runs in, its nodes'
+    ``span`` ``(first, end)``, the ``tensors`` it yields, those its float session outputs
+    (``exposed``: also what a later part's local clones read) and the tensors later parts
+    read (``ends``)."""
+
+
 class Segments:
     """A chain of segment sessions over a gated model (see :mod:`.instrument`).
 
@@ -81,6 +88,7 @@ class Segments:
         self._plan(count)
         self._sessions = collections.OrderedDict()  # (segment, form, stacked) -> session, by last use
         self._state = None  # (sample key, boundary values) of the last reference
+        self._plans = {}  # (tensors, local) -> walk_plan's
 
     # -- planning ------------------------------------------------------------------------
     def _plan(self, count):
@@ -383,11 +391,19 @@ class Segments:
         return (len(self) > 1 and all(self.produced.get(t, -1) >= 0 for t in tensors)
                 and not any(self.types.get(t) in HALF_TYPES for live in self.cut_live for t in live))
 
-    def walk_spans(self, tensors):
-        """``[(segment, (first node, end))]``: the segments cut further where they compute
-        more than 1/:data:`WALK_PARTS` of ``tensors``' bytes (early layers' activations are
-        large: the PP-OCRv4 detector's first of 16 segments computes a fifth of them), at
-        points whose live tensors are typed and not 16-bit floats."""
+    def walk_plan(self, tensors, local=False):
+        """The parts :meth:`walk` runs for ``tensors`` (a list of :class:`WalkPart`), and
+        ``{tensor: the last part whose local clones read it}`` (with ``local``), worked out
+        once per set of tensors."""
+        key = (tuple(tensors), local)
+        if key not in self._plans:
+            self._plans[key] = self._plan_walk(tensors, local)
+        return self._plans[key]
+
+    def _plan_walk(self, tensors, local):
+        # the segments, cut further where they compute more than 1/WALK_PARTS of the bytes
+        # (early layers' activations are large: the PP-OCRv4 detector's first of 16 segments
+        # computes a fifth of them), at points whose live tensors are typed and not 16-bit floats
         size = {t: self._bytes(t) for t in tensors}
         budget = sum(size.values()) / WALK_PARTS
         spans = []
@@ -401,7 +417,20 @@ class Segments:
                     lo, held = k, 0
                 held += add
             spans.append((j, (lo, self.cuts[j + 1])))
-        return spans
+        needed = {}  # what a part's local clones read from before it: kept (and exposed) till then
+        for p, (_, (lo, hi)) in enumerate(spans if local else ()):
+            clones, _ = local_clones(self.qmodel, {self.nodes[k].name for k in range(lo, hi)})
+            made = {o for n in clones for o in n.output}
+            for n in clones:
+                for r in node_refs(n):
+                    if r not in made and r not in self.inits and not lo <= self.produced.get(r, -1) < hi:
+                        needed[r] = p
+        parts = []
+        for j, (lo, hi) in spans:
+            own = tuple(t for t in tensors if lo <= self.produced[t] < hi)
+            kept = tuple(t for t in needed if lo <= self.produced.get(t, -1) < hi and t not in own)
+            parts.append(WalkPart(j, (lo, hi), own, own + kept, frozenset(self.live(hi))))
+        return parts, needed
 
     def walk(self, sample, configs, tensors, local=False, last=False):
         """Tensors ``tensors`` of a sample, part by part (see :meth:`walkable`). Yields per
@@ -411,45 +440,37 @@ class Segments:
         :func:`.instrument.local_clones`; else empty); and an iterator over ``configs``
         (``[(touched, flag values)]``, see :meth:`touched`) of the same tensors under each,
         computed as it is read. A part is a segment or a piece of one (see
-        :meth:`walk_spans`), run in its segment's form. Holds one part's tensors at a time
+        :meth:`walk_plan`), run in its segment's form. Holds one part's tensors at a time
         beside each chain's boundary values, where a session exposing them all holds a whole
         sample's (the PP-OCRv4 detector's curves: 280 MiB this way, 585 MiB that way, 88 MiB
         for a plain session). Its sessions stay until :meth:`forget_walk`, a part's until it
         has run with ``last`` (the walk's last sample)."""
-        spans = self.walk_spans(tensors)
-        parts = [tuple(t for t in tensors if lo <= self.produced[t] < hi) for _, (lo, hi) in spans]
-        ends = [set(self.live(hi)) for _, (_, hi) in spans]  # what later parts read
-        needed = {}  # a local clone's float input -> the last part that reads it
-        if local:
-            for p, ((_, span), part) in enumerate(zip(spans, parts)):
-                for t in self.session(span, frozenset(), expose=part, local=True)[1]:
-                    needed[t] = p
+        parts, needed = self.walk_plan(tensors, local)
         values = dict(sample)
         chains = [None] * len(configs)  # a config's boundary values, from the first segment it touches
 
         def outputs(p, part):
-            j, span = spans[p]
             for c, (touched, flag_values) in enumerate(configs):
-                if chains[c] is None and touched and min(touched) == j:
-                    chains[c] = {t: values[t] for t in self.live(span[0]) if t in values}
+                if chains[c] is None and touched and min(touched) == part.segment:
+                    chains[c] = {t: values[t] for t in self.live(part.span[0]) if t in values}
                 if chains[c] is None:  # nothing quantized before or here: the float values
-                    yield {t: values[t] for t in part}
+                    yield {t: values[t] for t in part.tensors}
                     continue
-                self._run_segment(span, chains[c], touched.get(j, frozenset()), flag_values, expose=part)
-                yield {t: chains[c][t] for t in part}
-                chains[c] = {t: v for t, v in chains[c].items() if t in ends[p]}
+                self._run_segment(part.span, chains[c], touched.get(part.segment, frozenset()), flag_values,
+                                  expose=part.tensors)
+                yield {t: chains[c][t] for t in part.tensors}
+                chains[c] = {t: v for t, v in chains[c].items() if t in part.ends}
 
-        for p, ((_, span), part) in enumerate(zip(spans, parts)):
-            self._run_segment(span, values, frozenset(), None, expose=part, local=local)
-            clones = {t: values.pop(LOCAL_PREFIX + t) for t in part if LOCAL_PREFIX + t in values}
+        for p, part in enumerate(parts):
+            self._run_segment(part.span, values, frozenset(), None, expose=part.exposed, local=local)
+            clones = {t: values.pop(LOCAL_PREFIX + t) for t in part.tensors if LOCAL_PREFIX + t in values}
             runs = outputs(p, part)
-            yield {t: values[t] for t in part}, clones, runs
-            for _ in runs:  # configs left unread still advance their chains
-                pass
-            values = {t: v for t, v in values.items() if t in ends[p] or needed.get(t, -1) > p}
+            yield {t: values[t] for t in part.tensors}, clones, runs
+            collections.deque(runs, maxlen=0)  # configs left unread still advance their chains
+            values = {t: v for t, v in values.items() if t in part.ends or needed.get(t, -1) > p}
             if last:  # no sample runs this part again
                 with self._lock:
-                    for key in [k for k in self._sessions if k[0] == span]:
+                    for key in [k for k in self._sessions if k[0] == part.span]:
                         del self._sessions[key]
 
     def forget_walk(self):
