@@ -115,6 +115,8 @@ class Engine:
         self.alternatives = alternatives
         self._gates = Gates.of(self.calib_names, alternatives)
         self._true, self._false = np.array(True), np.array(False)
+        self._all_off = dict.fromkeys(self._gates.feed_names(), self._false)
+        self._known = set(self._gates.flags) | set(self.qmodel.calibration)
         self._sessions = {}
         self._segments_count = segments
         self._segments = None
@@ -237,14 +239,18 @@ class Engine:
         """Model inputs plus one flag per calibration node (True = quantized), and one per
         alternative (True = quantized the alternative way)."""
         quantized, alternative = set(quantized), set(alternative)
-        unknown_names = quantized - set(self._gates.flags) - set(self.qmodel.calibration)
+        unknown_names = quantized - self._known
         if unknown_names:
             raise unknown("node", sorted(unknown_names)[0], list(self.qmodel.calibration))
-        feeds = dict(sample)
-        for name, flag in self._gates.flags.items():
-            feeds[flag] = self._true if name in quantized else self._false
-        for name, flag in self._gates.alt_flags.items():
-            feeds[flag] = self._true if name in alternative else self._false
+        # every flag off, then the few a config turns on: a config costs its own names, not
+        # one dict entry per gate built in Python (0.25 ms a config with 3000 gates)
+        feeds = {**sample, **self._all_off}
+        for name in quantized:
+            if name in self._gates.flags:
+                feeds[self._gates.flags[name]] = self._true
+        for name in alternative:
+            if name in self._gates.alt_flags:
+                feeds[self._gates.alt_flags[name]] = self._true
         return feeds
 
     def sample(self, i):
