@@ -150,6 +150,9 @@ def _differs(engine, key):
         return _rejected(exc)
     finally:
         engine.forget(key)
+        # the check's whole-graph sessions (one sample, and stacked) serve no ranking's config:
+        # an 8000-node MatMul stack held 100 MiB in them through its ranking
+        engine.forget_config(acts)
         trim_memory()  # the stack's buffers, freed by the arenas, back to the system
     return None
 
