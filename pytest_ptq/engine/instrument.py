@@ -17,7 +17,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from ..model.graph import initializer, node_refs
+from ..model.graph import copy_without, initializer, node_refs
 from ..model.qdq import HALF_TYPES
 
 FLAG_PREFIX = "ptq_flag::"
@@ -74,10 +74,9 @@ def instrument(qmodel, gates, extra_outputs=(), local=False, shared=None):
     """The gated copy of ``qmodel``'s graph, with ``extra_outputs`` exposed and, with
     ``local``, the local clones (their outputs exposed too). Large float weights go into
     ``shared`` (``{name: array}``) behind placeholders, like the model's own large weights."""
-    model = onnx.ModelProto()
-    model.CopyFrom(qmodel.model)
+    model = copy_without(qmodel.model, ("graph",))
+    model.graph.CopyFrom(copy_without(qmodel.model.graph, ("node",)))
     graph = model.graph
-    del graph.node[:]
     at_node, dropped = {}, set()
     for c in qmodel.calibration.values():
         if c.name not in gates.flags:

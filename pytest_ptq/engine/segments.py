@@ -30,7 +30,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from ..errors import PTQError
-from ..model.graph import node_refs
+from ..model.graph import copy_without, node_refs
 from ..model.qdq import HALF_TYPES
 from .instrument import (LOCAL_PREFIX, anchored, bypass_nodes, constants_late, gate_of, local_clones, lowered,
                          quantized_nodes)
@@ -85,10 +85,8 @@ class Segments:
         graph = model.graph
         # a segment's model: the template's opsets and metadata, an empty graph (copying the
         # whole template per session took O(nodes) each: 0.6 s of an 8000-node model's build)
-        self._shell = onnx.ModelProto()
-        self._shell.CopyFrom(model)
-        del (self._shell.graph.node[:], self._shell.graph.input[:], self._shell.graph.output[:],
-             self._shell.graph.initializer[:], self._shell.graph.value_info[:])
+        self._shell = copy_without(model, ("graph",))
+        self._shell.graph.CopyFrom(copy_without(graph, ("node", "input", "output", "initializer", "value_info")))
         self.inits = {i.name: i for i in graph.initializer}
         self.nodes = constants_late(list(graph.node), self.inits, gates)
         self.flag_names = gates.feed_names()

@@ -308,6 +308,24 @@ def initializer(name, value, shared):
     return numpy_helper.from_array(value, name)
 
 
+def copy_without(message, fields):
+    """A copy of protobuf ``message`` (a ModelProto, a GraphProto) without ``fields``, made
+    field by field: a whole copy emptied after keeps the memory of all it held, since
+    protobuf frees a message's memory only with the message (a gated 8000-node model held
+    15 MiB of copied and deleted nodes)."""
+    copy = type(message)()
+    for field, value in message.ListFields():
+        if field.name in fields:
+            continue
+        if field.is_repeated if hasattr(field, "is_repeated") else field.label == field.LABEL_REPEATED:
+            getattr(copy, field.name).extend(value)
+        elif field.message_type is not None:
+            getattr(copy, field.name).CopyFrom(value)
+        else:
+            setattr(copy, field.name, value)
+    return copy
+
+
 def restore(model, shared):
     """A copy of ``model`` with every placeholder filled from ``shared`` (for tools that
     run the model without the engine)."""
