@@ -4,7 +4,8 @@ Builds a QDQ model whose float weights total ``--weights-mib`` (a stack of MatMu
 per-channel int8 weight pairs and uint8 activation pairs, float weights kept behind the
 pairs, as quantize_static with AddQDQPairToWeight writes them; with ``--lone-dq`` the same
 stack quantized by quantize_static with its defaults, see :func:`build_lone_dq`; with
-``--conv``, a stack of convolutions that quantize_static quantizes, see :func:`build_conv`)
+``--conv``, a stack of convolutions that quantize_static quantizes, see :func:`build_conv`;
+with ``--deep``, a deep, narrow residual stack of 16 nodes a block, see :func:`build_deep`)
 and measures, each in a
 fresh process (peak resident set, VmHWM):
 
@@ -17,6 +18,7 @@ and prints the ratios engine / plain (target <= 1.5 at any N); each figure is th
 of --repeat processes.
 
 Usage: python bench/bench_memory.py [--weights-mib 192] [--samples 1 8] [--keep DIR] [--conv dq|pairs | --lone-dq]
+       python bench/bench_memory.py --deep 500 [--keep DIR]
        python bench/bench_memory.py --vit pairs|dq [--samples 1 8]
        python bench/bench_memory.py --model QDQ.onnx --data DATA [--float-model FLOAT.onnx]
        (any of them with --workers N: N configs at once, as on a machine with N cores; with
@@ -145,6 +147,37 @@ def build_conv(folder, weights_mib, pairs=False):
     return layers
 
 
+def build_deep(folder, blocks):
+    """A deep, narrow residual stack (``float.onnx``): ``blocks`` x (MatMul 64x64, bias Add,
+    Tanh, residual Add) on 16 tokens, quantized by quantize_static per channel with float
+    weights behind pairs into ``model.onnx``: 16 nodes a block, about 8000 for 500 blocks, and
+    a few MiB of weights, so the engine's cost per node shows. 8 samples under ``folder/data``."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+    width, rng = 64, np.random.default_rng(0)
+    nodes, inits, src = [], [], "x"
+    for k in range(blocks):
+        inits += [numpy_helper.from_array((rng.standard_normal((width, width)) / 8).astype(np.float32), f"w{k}"),
+                  numpy_helper.from_array(np.zeros(width, np.float32), f"b{k}")]
+        nodes += [helper.make_node("MatMul", [src, f"w{k}"], [f"m{k}"]),
+                  helper.make_node("Add", [f"m{k}", f"b{k}"], [f"a{k}"]),
+                  helper.make_node("Tanh", [f"a{k}"], [f"h{k}"]),
+                  helper.make_node("Add", [f"h{k}", src], [f"r{k}"])]
+        src = f"r{k}"
+    shape = [1, TOKENS, width]
+    graph = helper.make_graph(nodes, "deep", [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+                              [helper.make_tensor_value_info(src, TensorProto.FLOAT, shape)], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, str(folder / "float.onnx"))
+    xs = [rng.standard_normal(shape).astype(np.float32) for _ in range(8)]
+    (folder / "data" / "x").mkdir(parents=True, exist_ok=True)
+    for i, x in enumerate(xs):
+        np.save(folder / "data" / "x" / f"{i}.npy", x)
+    quantize(folder, xs[:2], pairs=True)
+    return len(onnx.load(str(folder / "model.onnx")).graph.node)
+
+
 CHILD = r'''
 import json, os, sys
 def peak():
@@ -201,6 +234,9 @@ def main(argv=None):
     p.add_argument("--lone-dq", action="store_true",
                    help="the MatMul stack quantized by quantize_static with its defaults instead: int8 weights "
                         "behind lone DQs, external data; the engine gets the float model")
+    p.add_argument("--deep", type=int, default=None, metavar="BLOCKS",
+                   help="a deep, narrow residual MatMul stack of BLOCKS blocks instead (16 nodes each, 64 wide): "
+                        "what the engine costs per node")
     p.add_argument("--repeat", type=int, default=3, help="processes per measurement (the median is printed)")
     p.add_argument("--keep", default=None, help="build the model here (and keep it) instead of a temp folder")
     p.add_argument("--vit", choices=["pairs", "dq"], default=None,
@@ -229,7 +265,11 @@ def main(argv=None):
             folder = Path(args.keep or tmp)
             folder.mkdir(parents=True, exist_ok=True)
             model, data = folder / "model.onnx", folder / "data"
-            if args.conv:
+            if args.deep:
+                nodes = build_deep(folder, args.deep)
+                print(f"model: {args.deep} residual MatMul blocks, {nodes} nodes, "
+                      f"{args.deep * 64 * 65 * 4 / 2**20:.1f} MiB of float weights behind pairs")
+            elif args.conv:
                 layers = build_conv(folder, args.weights_mib, pairs=args.conv == "pairs")
                 args.float_model = str(folder / "float.onnx")
                 held = "behind Q/DQ pairs" if args.conv == "pairs" else "as int8 behind lone DQs"
