@@ -368,3 +368,27 @@ def test_copy_without_equals_a_whole_copy_emptied(tmp_path):
     assert got == want and got.metadata_props[0].value == "kept" and got.graph.doc_string == "kept too"
     assert len(got.opset_import) == len(model.opset_import) > 0 and not got.graph.node
     assert model.SerializeToString() == before
+
+
+def test_a_model_proto_gives_the_engine_of_its_file_without_a_second_copy_of_its_weights(tmp_path):
+    from pytest_ptq.engine import Engine
+    from pytest_ptq.model.graph import is_placeholder, load_light
+    from pytest_ptq.sensitivity import get_sensitivity_of_nodes
+
+    fpath = builders.conv_net(tmp_path / "f.onnx", channels=64)
+    data = builders.samples(2)
+    qpath = builders.quantize(fpath, tmp_path / "q.onnx", data, per_channel=True)
+    builders.save_folder(data, tmp_path / "data")
+    proto = onnx.load(str(qpath))
+    before = proto.SerializeToString()
+    light, path, arrays = load_light(proto)
+    assert path is None and arrays and proto.SerializeToString() == before
+    stored = {i.name: i for i in proto.graph.initializer}
+    assert all(is_placeholder(i) for i in light.graph.initializer if i.name in arrays)
+    assert all(np.array_equal(a, numpy_helper.to_array(stored[n])) for n, a in arrays.items())
+    from_file = get_sensitivity_of_nodes(Engine(str(qpath), tmp_path / "data"), node_type="activation")
+    from_proto = get_sensitivity_of_nodes(Engine(proto, tmp_path / "data"), node_type="activation")
+    assert list(from_proto) == list(from_file)
+    for name in from_file:
+        assert from_proto[name]["cosine-similarity"] == pytest.approx(from_file[name]["cosine-similarity"], abs=1e-7)
+    assert proto.SerializeToString() == before

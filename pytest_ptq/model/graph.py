@@ -473,14 +473,32 @@ def load_mapped(path):
 def load_light(model_or_file, what="model"):
     """``(model, path, {name: mapped array})``: a file's large inline weights stay in the file
     (memory-mapped, placeholders in the proto, see :func:`load_mapped`); external data stays
-    where it is (see :func:`externalize`); a ModelProto is copied whole."""
+    where it is (see :func:`externalize`); a ModelProto is copied, its large inline weights
+    copied out into arrays (placeholders in the copy)."""
     if not isinstance(model_or_file, onnx.ModelProto):
         model, path = load_model(model_or_file, what, external=False, parse=False)
         light = load_mapped(path)
         if light is not None and light[0].graph.node:
             return light[0], path, light[1]
         return load_model(path, what, external=False) + ({},)
-    return load_model(model_or_file, what) + ({},)
+    model, arrays = _light_copy(model_or_file)
+    return model, None, arrays
+
+
+def _light_copy(proto):
+    """``(copy, {name: array})``: a copy of ModelProto ``proto`` whose large inline
+    initializers are placeholders, each value copied out once. A whole copy would keep them in
+    its memory after :func:`externalize` replaced them (protobuf frees a message's memory only
+    with the message): a second copy of the weights for the engine's life."""
+    model = copy_without(proto, ("graph",))
+    model.graph.CopyFrom(copy_without(proto.graph, ("initializer",)))
+    arrays = {}
+    for init in proto.graph.initializer:
+        if init.data_location != onnx.TensorProto.EXTERNAL and _nbytes(init) >= LARGE_BYTES:
+            arrays[init.name] = numpy_helper.to_array(init)
+            init = placeholder(init.name, arrays[init.name])
+        model.graph.initializer.append(init)
+    return model, arrays
 
 
 def load_weightless(model_or_file, what="model"):
