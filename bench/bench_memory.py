@@ -122,8 +122,7 @@ def build_conv(folder, weights_mib, pairs=False):
     onnxruntime's quantize_static per channel into ``model.onnx``: with its defaults (int8
     weights behind lone DequantizeLinear, Relus folded: the engine needs the float model), or
     with ``pairs`` float weights behind Q/DQ pairs. 8 samples under ``folder/data``."""
-    import onnx
-    from onnx import TensorProto, helper, numpy_helper
+    from onnx import helper, numpy_helper
     layers = max(1, round(weights_mib * 2**20 / (CHANNELS * CHANNELS * 9 * 4)))
     rng = np.random.default_rng(0)
     nodes, inits, src = [], [], "x"
@@ -133,9 +132,18 @@ def build_conv(folder, weights_mib, pairs=False):
         nodes += [helper.make_node("Conv", [src, f"w{k}", f"b{k}"], [f"c{k}"], pads=[1, 1, 1, 1], name=f"conv{k}"),
                   helper.make_node("Relu", [f"c{k}"], [f"r{k}"], name=f"relu{k}")]
         src = f"r{k}"
-    shape = [1, CHANNELS, SIZE, SIZE]
-    graph = helper.make_graph(nodes, "convs", [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
-                              [helper.make_tensor_value_info(src, TensorProto.FLOAT, shape)], inits)
+    save_and_quantize(folder, nodes, inits, src, [1, CHANNELS, SIZE, SIZE], rng, pairs)
+    return layers
+
+
+def save_and_quantize(folder, nodes, inits, output, shape, rng, pairs):
+    """Save the float graph of ``nodes`` (input ``x`` and ``output`` of ``shape``) as
+    ``folder/float.onnx`` with 8 random samples under ``folder/data``, and quantize it on two
+    of them into ``folder/model.onnx`` (see :func:`quantize`)."""
+    import onnx
+    from onnx import TensorProto, helper
+    graph = helper.make_graph(nodes, "stack", [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+                              [helper.make_tensor_value_info(output, TensorProto.FLOAT, shape)], inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     onnx.save(model, str(folder / "float.onnx"))
@@ -144,7 +152,6 @@ def build_conv(folder, weights_mib, pairs=False):
     for i, x in enumerate(xs):
         np.save(folder / "data" / "x" / f"{i}.npy", x)
     quantize(folder, xs[:2], pairs)
-    return layers
 
 
 def build_deep(folder, blocks):
@@ -153,7 +160,7 @@ def build_deep(folder, blocks):
     weights behind pairs into ``model.onnx``: 16 nodes a block, about 8000 for 500 blocks, and
     a few MiB of weights, so the engine's cost per node shows. 8 samples under ``folder/data``."""
     import onnx
-    from onnx import TensorProto, helper, numpy_helper
+    from onnx import helper, numpy_helper
     width, rng = 64, np.random.default_rng(0)
     nodes, inits, src = [], [], "x"
     for k in range(blocks):
@@ -164,17 +171,7 @@ def build_deep(folder, blocks):
                   helper.make_node("Tanh", [f"a{k}"], [f"h{k}"]),
                   helper.make_node("Add", [f"h{k}", src], [f"r{k}"])]
         src = f"r{k}"
-    shape = [1, TOKENS, width]
-    graph = helper.make_graph(nodes, "deep", [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
-                              [helper.make_tensor_value_info(src, TensorProto.FLOAT, shape)], inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    onnx.save(model, str(folder / "float.onnx"))
-    xs = [rng.standard_normal(shape).astype(np.float32) for _ in range(8)]
-    (folder / "data" / "x").mkdir(parents=True, exist_ok=True)
-    for i, x in enumerate(xs):
-        np.save(folder / "data" / "x" / f"{i}.npy", x)
-    quantize(folder, xs[:2], pairs=True)
+    save_and_quantize(folder, nodes, inits, src, [1, TOKENS, width], rng, pairs=True)
     return len(onnx.load(str(folder / "model.onnx")).graph.node)
 
 
