@@ -395,3 +395,39 @@ def runnable(qpath, out_path):
         return qpath
     onnx.save(model, str(out_path))
     return out_path
+
+
+def relu_out_net(path, seed=0, subgraph=False):
+    """Conv-Relu-Conv-Relu, the last Relu the model's output (quantize_static folds it into
+    the output's pair, where no node after it shows the fold). ``subgraph``: the first Relu's
+    output is read only inside the branches of an If on the input's mean (a Conv in each)."""
+    rng = np.random.default_rng(seed)
+    C = 8
+
+    def w(name, shape):
+        return numpy_helper.from_array((rng.standard_normal(shape) * 0.3).astype(np.float32), name)
+
+    inits = [w("w0", (C, 3, 3, 3)), w("w3", (C, C, 3, 3))]
+    nodes = [helper.make_node("Conv", ["x", "w0"], ["c0"], pads=[1, 1, 1, 1], name="conv0"),
+             helper.make_node("Relu", ["c0"], ["r0"], name="relu0")]
+    if subgraph:
+        inits += [w("w1", (C, C, 3, 3)), w("w2", (C, C, 3, 3)), numpy_helper.from_array(np.float32(0), "zero")]
+
+        def branch(name, weight, op):
+            return helper.make_graph([helper.make_node("Conv", ["r0", weight], [f"{name}c"], pads=[1, 1, 1, 1]),
+                                      helper.make_node(op, [f"{name}c"], [f"{name}y"])], name, [],
+                                     [helper.make_tensor_value_info(f"{name}y", TensorProto.FLOAT, None)])
+
+        nodes += [helper.make_node("ReduceMean", ["x"], ["m"], keepdims=0, name="mean"),
+                  helper.make_node("Greater", ["m", "zero"], ["cond"], name="greater"),
+                  helper.make_node("If", ["cond"], ["b"], then_branch=branch("t", "w1", "Relu"),
+                                   else_branch=branch("e", "w2", "Sigmoid"), name="choose")]
+    nodes += [helper.make_node("Conv", ["b" if subgraph else "r0", "w3"], ["c3"], pads=[1, 1, 1, 1], name="conv3"),
+              helper.make_node("Relu", ["c3"], ["y"], name="relu3")]
+    graph = helper.make_graph(nodes, "reluout", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 16, 16])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, C, 16, 16])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    onnx.save(model, str(path))
+    return path

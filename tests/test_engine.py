@@ -412,6 +412,36 @@ def test_float_model_restores_a_folded_clip(tmp_path, level):
         assert_matches(engine.run(i, "all"), qdq_out[i], level, step, "quantized")
 
 
+def test_float_model_restores_a_relu_folded_into_the_output_pair(tmp_path):
+    # no node reads the output's pair, so only the float model's graph shows the fold
+    fpath = builders.relu_out_net(tmp_path / "f.onnx")
+    data = builders.samples(4)
+    qpath = builders.quantize(fpath, tmp_path / "q.onnx", data, keep_float=False)
+    assert not any(n.op_type == "Relu" for n in onnx.load(str(qpath)).graph.node)
+    with pytest.raises(PTQError, match="'y_QuantizeLinear'"):
+        Engine(qpath, data)
+    engine = Engine(qpath, data, float_model=fpath)
+    assert engine.warnings == []
+    float_out = builders.run_model(fpath, [{"x": a} for a in data["x"]])
+    for i, want in enumerate(float_out):
+        np.testing.assert_allclose(engine.run(i, ())["y"], want["y"], rtol=0, atol=1e-5)
+
+
+def test_a_fold_read_inside_a_subgraph_is_named_with_its_fix(tmp_path):
+    # quantize_static folds the Relu whose output an If's branches read, and leaves the
+    # branches reading its input: the quantized model computes something else there
+    fpath = builders.relu_out_net(tmp_path / "f.onnx", subgraph=True)
+    data = builders.samples(6)
+    qpath = builders.quantize(fpath, tmp_path / "q.onnx", data, keep_float=False)
+    rewritten = [w for w in Engine(qpath, data, float_model=fpath).warnings if "graph rewritten" in w]
+    assert len(rewritten) == 1
+    assert "'r0_QuantizeLinear'" in rewritten[0] and "'choose'" in rewritten[0]
+    assert "QDQKeepRemovableActivations" in rewritten[0]
+    kept = builders.quantize(fpath, tmp_path / "kept.onnx", data, keep_float=False,
+                             extra_options={"QDQKeepRemovableActivations": True})
+    assert not any("graph rewritten" in w for w in Engine(kept, data, float_model=fpath).warnings)
+
+
 @pytest.mark.parametrize("variant", ["qdq_pc", "dq_weights"])
 def test_weights_shared_between_sessions_run_as_embedded_ones(zoo, variant, monkeypatch):
     """memory="low" hands every session the same weight values instead of a copy each; at the

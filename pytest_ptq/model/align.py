@@ -31,7 +31,7 @@ import onnx
 from onnx import numpy_helper
 
 from . import grids
-from .graph import hand_back, load_weightless, mapping, name_nodes, sort_topologically
+from .graph import hand_back, load_weightless, mapping, name_nodes, node_refs, sort_topologically
 
 # Share of a weight's elements that must lie within rounding of the float candidate.
 FIT_SHARE = 0.99
@@ -82,10 +82,13 @@ class _Float:
         self.inputs = [i.name for i in graph.input if i.name not in self.inits]
         self.producer = {o: n for n in graph.node for o in n.output if o}
         self.consumers = defaultdict(list)
+        self.readers = defaultdict(list)  # consumers, and nodes whose subgraphs read the tensor
         for n in self.nodes:
             for i in n.input:
                 if i:
                     self.consumers[i].append(n)
+            for r in node_refs(n):
+                self.readers[r].append(n)
         self._values = {}
 
     def constant(self, name):
@@ -161,15 +164,39 @@ def align(qm, float_model):
         for k, e in enumerate(expect):
             if e[0] == "weight" and k < len(fnode.input) and fnode.input[k]:
                 weights_at.setdefault(e[1].name, []).append(fnode.input[k])
+    stale = []  # sentences: subgraphs still reading a tensor whose fold went into a pair
+    for c in qm.calibration.values():
+        if c.kind == "activation" and c.name not in folded and c.input in tmatch:
+            fold = _unread_fold(f, tmatch[c.input], used)
+            if fold is not None:
+                used.add(fold.name)
+                folded[c.name] = f.fold_bounds(fold)
+                readers = [n.name for n in qm.model.graph.node if c.input not in n.input and c.input in node_refs(n)]
+                if readers:
+                    stale.append(f"the {fold.op_type} folded into {c.name!r} fed the subgraphs of {_listed(readers)}, "
+                                 f"which still read its input {c.input!r} (the quantizer rewired the main graph "
+                                 "only); quantize with extra_options={'QDQKeepRemovableActivations': True}")
     weights, unmatched, tried, fitted = _assign_weights(qm, f, weights_at, values)
     for cname, fold in folded.items():
         qm.calibration[cname].folded = fold
     rewrites, unmatched_float, unmatched_qdq = _rewrites(qm, f, nodes, used)
+    rewrites += stale
     result = Alignment(nodes=nodes, weights=weights, folded=folded, rewrites=rewrites,
                        unmatched_weights=unmatched, unmatched_float=unmatched_float, unmatched_qdq=unmatched_qdq,
                        weights_tried=tried, weights_fitted=fitted)
     qm.alignment = result
     return result
+
+
+def _unread_fold(f, tensor, used):
+    """The float Relu/Clip a quantizer folded into the pair of float ``tensor`` where no QDQ
+    node reads the pair to show it (the node after it matches with the fold, see
+    :func:`_fits_inputs`): the fold's output is a model output, or read only inside a
+    subgraph. It is the one node that reads ``tensor``, and nothing matched it."""
+    readers = f.readers.get(tensor, ())
+    if len(readers) != 1 or readers[0].op_type not in FOLDABLE or readers[0].name in used:
+        return None
+    return readers[0] if f.fold_bounds(readers[0]) is not None else None
 
 
 def _latest(cache, key, fn, *args):
@@ -413,6 +440,10 @@ def _rewrites(qm, f, nodes, used):
         out.append(f"the quantizer changed the graph beyond Q/DQ: float {fops or 'nothing'} without counterpart, "
                    f"QDQ {qops or 'nothing'} not in the float model")
     return out, unmatched_float, unmatched_qdq
+
+
+def _listed(names):
+    return ", ".join(repr(n) for n in names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
 
 
 def _ops(nodes, names):
