@@ -397,10 +397,12 @@ def runnable(qpath, out_path):
     return out_path
 
 
-def relu_out_net(path, seed=0, subgraph=False):
+def relu_out_net(path, seed=0, subgraph=None):
     """Conv-Relu-Conv-Relu, the last Relu the model's output (quantize_static folds it into
-    the output's pair, where no node after it shows the fold). ``subgraph``: the first Relu's
-    output is read only inside the branches of an If on the input's mean (a Conv in each)."""
+    the output's pair, where no node after it shows the fold). ``subgraph="if"``: the first
+    Relu's output is read only inside the branches of an If on the input's mean (a Conv in
+    each); ``"loop"``: it is a Loop's initial value and read inside its body too (3 steps of
+    acc = tanh(acc + it))."""
     rng = np.random.default_rng(seed)
     C = 8
 
@@ -410,7 +412,18 @@ def relu_out_net(path, seed=0, subgraph=False):
     inits = [w("w0", (C, 3, 3, 3)), w("w3", (C, C, 3, 3))]
     nodes = [helper.make_node("Conv", ["x", "w0"], ["c0"], pads=[1, 1, 1, 1], name="conv0"),
              helper.make_node("Relu", ["c0"], ["r0"], name="relu0")]
-    if subgraph:
+    if subgraph == "loop":
+        inits += [numpy_helper.from_array(np.array(3, np.int64), "steps"), numpy_helper.from_array(np.array(True), "go")]
+        body = helper.make_graph(
+            [helper.make_node("Identity", ["go_in"], ["go_out"]), helper.make_node("Add", ["acc", "r0"], ["sum"]),
+             helper.make_node("Tanh", ["sum"], ["acc_out"])], "body",
+            [helper.make_tensor_value_info("i", TensorProto.INT64, []),
+             helper.make_tensor_value_info("go_in", TensorProto.BOOL, []),
+             helper.make_tensor_value_info("acc", TensorProto.FLOAT, None)],
+            [helper.make_tensor_value_info("go_out", TensorProto.BOOL, []),
+             helper.make_tensor_value_info("acc_out", TensorProto.FLOAT, None)])
+        nodes.append(helper.make_node("Loop", ["steps", "go", "r0"], ["b"], body=body, name="repeat"))
+    elif subgraph == "if":
         inits += [w("w1", (C, C, 3, 3)), w("w2", (C, C, 3, 3)), numpy_helper.from_array(np.float32(0), "zero")]
 
         def branch(name, weight, op):

@@ -427,15 +427,16 @@ def test_float_model_restores_a_relu_folded_into_the_output_pair(tmp_path):
         np.testing.assert_allclose(engine.run(i, ())["y"], want["y"], rtol=0, atol=1e-5)
 
 
-def test_a_fold_read_inside_a_subgraph_is_named_with_its_fix(tmp_path):
-    # quantize_static folds the Relu whose output an If's branches read, and leaves the
-    # branches reading its input: the quantized model computes something else there
-    fpath = builders.relu_out_net(tmp_path / "f.onnx", subgraph=True)
+@pytest.mark.parametrize("subgraph, node", [("if", "choose"), ("loop", "repeat")])
+def test_a_fold_read_inside_a_subgraph_is_named_with_its_fix(tmp_path, subgraph, node):
+    # quantize_static folds the Relu whose output a subgraph reads, and leaves the subgraph
+    # reading its input: the quantized model computes something else there
+    fpath = builders.relu_out_net(tmp_path / "f.onnx", subgraph=subgraph)
     data = builders.samples(6)
     qpath = builders.quantize(fpath, tmp_path / "q.onnx", data, keep_float=False)
     rewritten = [w for w in Engine(qpath, data, float_model=fpath).warnings if "graph rewritten" in w]
     assert len(rewritten) == 1
-    assert "'r0_QuantizeLinear'" in rewritten[0] and "'choose'" in rewritten[0]
+    assert "'r0_QuantizeLinear'" in rewritten[0] and f"'{node}'" in rewritten[0]
     assert "QDQKeepRemovableActivations" in rewritten[0]
     kept = builders.quantize(fpath, tmp_path / "kept.onnx", data, keep_float=False,
                              extra_options={"QDQKeepRemovableActivations": True})

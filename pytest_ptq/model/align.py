@@ -31,7 +31,7 @@ import onnx
 from onnx import numpy_helper
 
 from . import grids
-from .graph import hand_back, load_weightless, mapping, name_nodes, node_refs, sort_topologically
+from .graph import hand_back, load_weightless, mapping, name_nodes, node_refs, sort_topologically, subgraphs
 
 # Share of a weight's elements that must lie within rounding of the float candidate.
 FIT_SHARE = 0.99
@@ -164,23 +164,17 @@ def align(qm, float_model):
         for k, e in enumerate(expect):
             if e[0] == "weight" and k < len(fnode.input) and fnode.input[k]:
                 weights_at.setdefault(e[1].name, []).append(fnode.input[k])
-    stale = []  # sentences: subgraphs still reading a tensor whose fold went into a pair
     for c in qm.calibration.values():
         if c.kind == "activation" and c.name not in folded and c.input in tmatch:
             fold = _unread_fold(f, tmatch[c.input], used)
             if fold is not None:
                 used.add(fold.name)
                 folded[c.name] = f.fold_bounds(fold)
-                readers = [n.name for n in qm.model.graph.node if c.input not in n.input and c.input in node_refs(n)]
-                if readers:
-                    stale.append(f"the {fold.op_type} folded into {c.name!r} fed the subgraphs of {_listed(readers)}, "
-                                 f"which still read its input {c.input!r} (the quantizer rewired the main graph "
-                                 "only); quantize with extra_options={'QDQKeepRemovableActivations': True}")
     weights, unmatched, tried, fitted = _assign_weights(qm, f, weights_at, values)
     for cname, fold in folded.items():
         qm.calibration[cname].folded = fold
     rewrites, unmatched_float, unmatched_qdq = _rewrites(qm, f, nodes, used)
-    rewrites += stale
+    rewrites += _stale_subgraph_reads(qm, folded)
     result = Alignment(nodes=nodes, weights=weights, folded=folded, rewrites=rewrites,
                        unmatched_weights=unmatched, unmatched_float=unmatched_float, unmatched_qdq=unmatched_qdq,
                        weights_tried=tried, weights_fitted=fitted)
@@ -197,6 +191,22 @@ def _unread_fold(f, tensor, used):
     if len(readers) != 1 or readers[0].op_type not in FOLDABLE or readers[0].name in used:
         return None
     return readers[0] if f.fold_bounds(readers[0]) is not None else None
+
+
+def _stale_subgraph_reads(qm, folded):
+    """Sentences for folds whose output a subgraph read: quantize_static gives the fold's
+    output name to its input when it deletes it, and rewires the main graph only, so the
+    subgraphs that read the output now read the input."""
+    with_subgraphs = [n for n in qm.model.graph.node if subgraphs(n)]
+    out = []
+    for cname, (op, _, _) in folded.items():
+        tensor = qm.calibration[cname].input
+        readers = [n.name for n in with_subgraphs if tensor not in n.input and tensor in node_refs(n)]
+        if readers:
+            out.append(f"the {op} folded into {cname!r} fed the subgraphs of {_listed(readers)}, which still read "
+                       f"its input {tensor!r} (the quantizer rewired the main graph only); quantize with "
+                       "extra_options={'QDQKeepRemovableActivations': True}")
+    return out
 
 
 def _latest(cache, key, fn, *args):
