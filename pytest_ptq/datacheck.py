@@ -438,7 +438,10 @@ def _range_findings(name, st, spec, dataset):
                 f"the data span [{st.lo:.4g}, {st.hi:.4g}] ({scale}), only {(st.hi - st.lo) / (rhi - rlo):.1%} of "
                 f"the calibrated range [{rlo:.4g}, {rhi:.4g}] ({cal_scale}): scaled down (divided by 255 twice?)",
                 "preprocess exactly as for the data the model was calibrated on", name, dataset, details=details))
-    if scale == "0-255" and st.integral and st.hi > 1:
+    # whole numbers are what an integer input takes (token ids, indices, uint8 images the
+    # model scales itself): pixels left unscaled only where the model wants floats
+    wants_float = spec.dtype is None or np.dtype(spec.dtype).kind == "f"
+    if scale == "0-255" and st.integral and st.hi > 1 and wants_float:
         severity = "info" if spec.range is not None and consistent else "warning"
         out.append(Finding(
             "raw-pixels", severity,

@@ -87,6 +87,25 @@ def test_0_255_pixels_fall_outside_the_calibrated_range(net, tmp_path):
     assert "raw-pixels" in report.checks("warning")
 
 
+def test_token_ids_are_not_taken_for_pixels(tmp_path):
+    from onnx import TensorProto, helper
+
+    rng = np.random.default_rng(3)
+    weights = [numpy_helper.from_array(rng.standard_normal((100, 16)).astype(np.float32), "emb"),
+               numpy_helper.from_array(rng.standard_normal((16, 16)).astype(np.float32), "w")]
+    graph = helper.make_graph(
+        [helper.make_node("Gather", ["emb", "ids"], ["e"]), helper.make_node("MatMul", ["e", "w"], ["y"])], "ids",
+        [helper.make_tensor_value_info("ids", TensorProto.INT64, [1, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 16])], weights)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, tmp_path / "f.onnx")
+    ids = {"ids": [rng.integers(0, 100, (1, 8)).astype(np.int64) for _ in range(N)]}
+    qpath = builders.quantize(tmp_path / "f.onnx", tmp_path / "q.onnx", ids)
+    report = check_data(str(qpath), builders.save_folder(ids, tmp_path / "ids"))
+    assert report.findings == [] and report.stats["calibration"]["ids"]["samples"] == N
+
+
 def test_data_divided_by_255_twice_use_a_sliver_of_the_range(tmp_path):
     rng = np.random.default_rng(2)
     good = {"x": [rng.uniform(0, 1, (1, 3, 16, 16)).astype(np.float32) for _ in range(N)]}
