@@ -427,6 +427,18 @@ def test_float_model_restores_a_relu_folded_into_the_output_pair(tmp_path):
         np.testing.assert_allclose(engine.run(i, ())["y"], want["y"], rtol=0, atol=1e-5)
 
 
+def test_a_float_model_that_does_not_match_is_named_not_asked_for(tmp_path):
+    fpath = builders.relu_out_net(tmp_path / "f.onnx")
+    data = builders.samples(4)
+    qpath = builders.quantize(fpath, tmp_path / "q.onnx", data, keep_float=False)
+    other = builders.conv_net(tmp_path / "other.onnx")
+    with pytest.raises(PTQError) as err:
+        Engine(qpath, data, float_model=other)
+    msg = str(err.value)
+    assert "'y_QuantizeLinear'" in msg and "check that the float model given" in msg
+    assert "pass the float model" not in msg
+
+
 @pytest.mark.parametrize("subgraph, node", [("if", "choose"), ("loop", "repeat")])
 def test_a_fold_read_inside_a_subgraph_is_named_with_its_fix(tmp_path, subgraph, node):
     # quantize_static folds the Relu whose output a subgraph reads, and leaves the subgraph

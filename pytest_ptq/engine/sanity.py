@@ -35,6 +35,10 @@ EXPLODE = 1e3
 SAME = 0.999  # output cosine at which the bypassed model is the float model
 FIX = ("pass the float model (float_model=... / --float-model) or re-quantize with "
        "extra_options={'AddQDQPairToWeight': True, 'QDQKeepRemovableActivations': True}")
+# where the float model was given: its Relu/Clip and weights did not match these pairs
+FIX_GIVEN = ("check that the float model given is the one this model was quantized from (its Relu/Clip and weights "
+             "are matched to the pairs by structure and values), or re-quantize with "
+             "extra_options={'AddQDQPairToWeight': True, 'QDQKeepRemovableActivations': True}")
 
 
 @dataclasses.dataclass
@@ -108,6 +112,7 @@ def check(engine):
             against.close()
         engine.forget_tensors(read)  # read once: its session goes
     suspects = {n: (below[n], seen[n]) for n in below if seen[n] and below[n] > FLOOR_SHARE * seen[n]}
+    fix = FIX if engine.float_model is None else FIX_GIVEN
     evidence = _evidence(suspects)
     if broken or exploded or len(suspects) >= 2:
         if broken:
@@ -119,12 +124,12 @@ def check(engine):
             why = "is not the float model"
         extra = (f": on {len(samples)} sample(s) the inputs of {evidence}, so the Relu/Clip that kept them "
                  "non-negative was folded into the Q/DQ range and deleted" if suspects else "")
-        raise PTQError(f"bypassing every Q/DQ pair of {qm.source!r} {why}{extra}; {FIX}")
+        raise PTQError(f"bypassing every Q/DQ pair of {qm.source!r} {why}{extra}; {fix}")
     warnings = []
     if suspects:
         warnings.append(f"folded activations suspected: with every pair bypassed, the input of {evidence} on "
                         f"{len(samples)} sample(s); its Relu/Clip was probably folded into the range and deleted: "
-                        f"{FIX}")
+                        f"{fix}")
     rewrite = None
     if against is not None:
         lost = getattr(qm, "alignment", None) and qm.alignment.unmatched_weights
