@@ -461,6 +461,8 @@ class Engine:
 
     def probe_parts(self, tensors):
         """How many parts :meth:`probes` yields per sample for ``tensors``."""
+        if not tensors:
+            return 0
         seg = self.segments
         return len(seg.walk_plan(tensors)[0]) if seg is not None and seg.walkable(tensors) else 1
 
@@ -474,8 +476,12 @@ class Engine:
         else empty); and an iterator of the same tensors under each config, computed as it
         is read. Parts are segments run one after another, each exposing only its tensors
         (see :meth:`.segments.Segments.walk`), where they give what the whole graph gives;
-        else one part from a session exposing all of them. Read each sample's parts before
-        the next sample; the caller may clear the dicts it is done with."""
+        else one part from a session exposing all of them; no part without ``tensors``. Read
+        each sample's parts before the next sample; the caller may clear the dicts it is done
+        with."""
+        if not tensors:  # nothing to read: no run
+            yield from ((i, iter(())) for i in samples)
+            return
         seg = self.segments
         if seg is not None and seg.walkable(tensors):
             forms = [(seg.touched(self._config(q)), self.feeds({}, self._config(q))) for q in configs]

@@ -17,7 +17,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from ..model.graph import copy_without, initializer, node_refs
+from ..model.graph import initializer, model_without, node_refs
 from ..model.qdq import HALF_TYPES
 
 FLAG_PREFIX = "ptq_flag::"
@@ -74,8 +74,7 @@ def instrument(qmodel, gates, extra_outputs=(), local=False, shared=None):
     """The gated copy of ``qmodel``'s graph, with ``extra_outputs`` exposed and, with
     ``local``, the local clones (their outputs exposed too). Large float weights go into
     ``shared`` (``{name: array}``) behind placeholders, like the model's own large weights."""
-    model = copy_without(qmodel.model, ("graph",))
-    model.graph.CopyFrom(copy_without(qmodel.model.graph, ("node",)))
+    model = model_without(qmodel.model, ("node",))
     graph = model.graph
     at_node, dropped = {}, set()
     for c in qmodel.calibration.values():

@@ -33,12 +33,11 @@ FLOOR_SHARE = 0.01  # share of a pair's input values below its floor that makes 
 # those collapsed toward 0: a badly quantized model's outputs are no measure of scale).
 EXPLODE = 1e3
 SAME = 0.999  # output cosine at which the bypassed model is the float model
-FIX = ("pass the float model (float_model=... / --float-model) or re-quantize with "
-       "extra_options={'AddQDQPairToWeight': True, 'QDQKeepRemovableActivations': True}")
+_REQUANTIZE = "re-quantize with extra_options={'AddQDQPairToWeight': True, 'QDQKeepRemovableActivations': True}"
+FIX = f"pass the float model (float_model=... / --float-model) or {_REQUANTIZE}"
 # where the float model was given: its Relu/Clip and weights did not match these pairs
 FIX_GIVEN = ("check that the float model given is the one this model was quantized from (its Relu/Clip and weights "
-             "are matched to the pairs by structure and values), or re-quantize with "
-             "extra_options={'AddQDQPairToWeight': True, 'QDQKeepRemovableActivations': True}")
+             f"are matched to the pairs by structure and values), or {_REQUANTIZE}")
 
 
 @dataclasses.dataclass

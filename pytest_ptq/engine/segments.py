@@ -30,7 +30,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from ..errors import PTQError
-from ..model.graph import copy_without, node_refs
+from ..model.graph import model_without, node_refs
 from ..model.qdq import HALF_TYPES
 from .instrument import (LOCAL_PREFIX, anchored, bypass_nodes, constants_late, gate_of, local_clones, lowered,
                          quantized_nodes)
@@ -85,8 +85,7 @@ class Segments:
         graph = model.graph
         # a segment's model: the template's opsets and metadata, an empty graph (copying the
         # whole template per session took O(nodes) each: 0.6 s of an 8000-node model's build)
-        self._shell = copy_without(model, ("graph",))
-        self._shell.graph.CopyFrom(copy_without(graph, ("node", "input", "output", "initializer", "value_info")))
+        self._shell = model_without(model, ("node", "input", "output", "initializer", "value_info"))
         self.inits = {i.name: i for i in graph.initializer}
         self.nodes = constants_late(list(graph.node), self.inits, gates)
         self.flag_names = gates.feed_names()
@@ -363,9 +362,7 @@ class Segments:
 
     def drop_stacked(self):
         """Drop the sessions compiled for stacked samples (after a trial that rejected them)."""
-        with self._lock:
-            for key in [k for k in self._sessions if k[2]]:
-                del self._sessions[key]
+        self._drop(lambda k: k[2])
 
     def run(self, key, sample, flag_values, touched, tensors):
         """Model outputs of a sample under a config (``touched``: see :meth:`touched`): float
@@ -473,7 +470,7 @@ class Segments:
         values = dict(sample)
         chains = [None] * len(configs)  # a config's boundary values, from the first segment it touches
 
-        def outputs(p, part):
+        def outputs(part):
             for c, (touched, flag_values) in enumerate(configs):
                 if chains[c] is None and touched and min(touched) == part.segment:
                     chains[c] = {t: values[t] for t in self.live(part.span[0]) if t in values}
@@ -488,32 +485,30 @@ class Segments:
         for p, part in enumerate(parts):
             self._run_segment(part.span, values, frozenset(), None, expose=part.exposed, local=local)
             clones = {t: values.pop(LOCAL_PREFIX + t) for t in part.tensors if LOCAL_PREFIX + t in values}
-            runs = outputs(p, part)
+            runs = outputs(part)
             yield {t: values[t] for t in part.tensors}, clones, runs
             collections.deque(runs, maxlen=0)  # configs left unread still advance their chains
             values = {t: v for t, v in values.items() if t in part.ends or needed.get(t, -1) > p}
             if last:  # no sample runs this part again
-                with self._lock:
-                    for key in [k for k in self._sessions if k[0] == part.span]:
-                        del self._sessions[key]
+                self._drop(lambda k, span=part.span: k[0] == span)
 
     def forget_walk(self):
         """Drop the sessions :meth:`walk` compiled."""
-        with self._lock:
-            for key in [k for k in self._sessions if isinstance(k[0], tuple)]:
-                del self._sessions[key]
+        self._drop(lambda k: isinstance(k[0], tuple))
 
     def forget_exposing(self, names):
         """Drop the sessions :meth:`exposing` compiled for ``names``."""
         names = tuple(sorted(names))
-        with self._lock:
-            for key in [k for k in self._sessions if k[3] == names]:
-                del self._sessions[key]
+        self._drop(lambda k: k[3] == names)
 
     def forget_whole(self, form):
         """Drop the whole graph's sessions in ``form`` (see :meth:`fixed_form`)."""
+        self._drop(lambda k: k[0] is None and k[1] == form)
+
+    def _drop(self, which):
+        """Drop the sessions whose key ``(segment, form, stacked, expose, local)`` ``which`` picks."""
         with self._lock:
-            for key in [k for k in self._sessions if k[0] is None and k[1] == form]:
+            for key in [k for k in self._sessions if which(k)]:
                 del self._sessions[key]
 
     def float_outputs(self, key, sample, start=0):

@@ -308,7 +308,7 @@ def initializer(name, value, shared):
     return numpy_helper.from_array(value, name)
 
 
-def copy_without(message, fields):
+def _copy_without(message, fields):
     """A copy of protobuf ``message`` (a ModelProto, a GraphProto) without ``fields``, made
     field by field: a whole copy emptied after keeps the memory of all it held, since
     protobuf frees a message's memory only with the message (a gated 8000-node model held
@@ -323,6 +323,13 @@ def copy_without(message, fields):
             getattr(copy, field.name).CopyFrom(value)
         else:
             setattr(copy, field.name, value)
+    return copy
+
+
+def model_without(model, fields):
+    """A copy of ModelProto ``model`` whose graph lacks ``fields`` (see :func:`_copy_without`)."""
+    copy = _copy_without(model, ("graph",))
+    copy.graph.CopyFrom(_copy_without(model.graph, fields))
     return copy
 
 
@@ -490,8 +497,7 @@ def _light_copy(proto):
     initializers are placeholders, each value copied out once. A whole copy would keep them in
     its memory after :func:`externalize` replaced them (protobuf frees a message's memory only
     with the message): a second copy of the weights for the engine's life."""
-    model = copy_without(proto, ("graph",))
-    model.graph.CopyFrom(copy_without(proto.graph, ("initializer",)))
+    model = model_without(proto, ("initializer",))
     arrays = {}
     for init in proto.graph.initializer:
         if init.data_location != onnx.TensorProto.EXTERNAL and _nbytes(init) >= LARGE_BYTES:

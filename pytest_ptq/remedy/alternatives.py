@@ -108,8 +108,7 @@ def _activation_ranges(engine, names, indices, clock):
                 found[n] = (lo, hi, v.ndim, axis)
 
     probe = list(dict.fromkeys(t for t in tensors.values() if t in engine.probe_tensors))
-    # nodes' outputs to read, or the model's inputs only (no run)
-    for i, parts in engine.probes(indices, [], probe) if probe else ((i, ()) for i in indices):
+    for i, parts in engine.probes(indices, [], probe):
         clock.check()
         add(engine.sample(i))  # the model's inputs
         for values, _, _ in parts:  # the nodes' outputs, a part of the sample at a time
