@@ -4,6 +4,7 @@ quantizations (quantize_static with QuantFormat.QOperator, quantize_dynamic)."""
 from __future__ import annotations
 
 import numpy as np
+import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from builders import _save
@@ -137,3 +138,76 @@ def optimized(path, out_path, level="extended"):
     ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
     return out_path
 
+
+
+def early_dynamic_net(path, integer=(0, 1), float_path=None, seed=0):
+    """Two Conv layers with a swish between, written as onnxruntime's first dynamic quantizer
+    (producer ``onnx.quantize`` 0.1.0, opset 12) wrote them: DynamicQuantizeLinear of the
+    input, uint8 weights with zero points, and the float bias quantized on every run with the
+    input's scale (Div, Floor, Cast to int32, Reshape) and added to ConvInteger's int32 sum
+    before the Cast and scale Mul. Layers not in ``integer`` are written as the engine
+    bypasses their input quantizer: a float Conv of the float input and the dequantized
+    weight, the bias still quantized with that run's input scale. The second layer's weight
+    is 64 KiB or more (stored as a large initializer). With ``float_path``, the float model
+    is written there too."""
+    rng = np.random.default_rng(seed)
+    shapes = [(32, 1, 3, 3), (256, 32, 3, 3)]
+    nodes, inits, float_nodes, float_inits, src = [], [], [], [], "x"
+
+    def const(name, value):
+        inits.append(numpy_helper.from_array(np.asarray(value), name))
+        return name
+
+    for k, shape in enumerate(shapes):
+        w = (rng.standard_normal(shape) * 0.3).astype(np.float32)
+        b = (rng.standard_normal(shape[0]) * 0.2).astype(np.float32)
+        float_inits += [numpy_helper.from_array(w, f"w{k}"), numpy_helper.from_array(b, f"b{k}")]
+        float_nodes.append(helper.make_node("Conv", [src, f"w{k}", f"b{k}"], [f"c{k}"], name=f"conv{k}", pads=[1] * 4))
+        lo, hi = min(float(w.min()), 0.0), max(float(w.max()), 0.0)
+        ws = np.float32((hi - lo) / 255)
+        wz = np.uint8(np.clip(np.round(-lo / ws), 0, 255))
+        wq = np.clip(np.round(w / ws) + wz, 0, 255).astype(np.uint8)
+        const(f"w{k}_quantized", wq), const(f"w{k}_scale", ws), const(f"w{k}_zero_point", wz), const(f"b{k}", b)
+        const(f"b{k}_shape", np.array([1, shape[0], 1, 1], np.int64))
+        q, s, z = f"{src}_quantized", f"{src}_scale", f"{src}_zero_point"
+        nodes += [helper.make_node("DynamicQuantizeLinear", [src], [q, s, z], name=f"{src}_QuantizeLinear"),
+                  helper.make_node("Mul", [s, f"w{k}_scale"], [f"b{k}_scale"], name=f"b{k}_scale_node"),
+                  helper.make_node("Div", [f"b{k}", f"b{k}_scale"], [f"b{k}_tmp"], name=f"b{k}_tmp_quant"),
+                  helper.make_node("Floor", [f"b{k}_tmp"], [f"b{k}_rounded"], name=f"b{k}_quant_rounded"),
+                  helper.make_node("Cast", [f"b{k}_rounded"], [f"b{k}_quantized"], to=TensorProto.INT32,
+                                   name=f"b{k}_quantized_node"),
+                  helper.make_node("Reshape", [f"b{k}_quantized", f"b{k}_shape"], [f"b{k}_reshape"],
+                                   name=f"b{k}_quantizedreshape")]
+        if k in integer:
+            nodes += [helper.make_node("ConvInteger", [q, f"w{k}_quantized", z, f"w{k}_zero_point"], [f"c{k}_int"],
+                                       name=f"conv{k}_quant", pads=[1] * 4),
+                      helper.make_node("Add", [f"c{k}_int", f"b{k}_reshape"], [f"c{k}_bias_add"],
+                                       name=f"b{k}_quantizedbias_add"),
+                      helper.make_node("Cast", [f"c{k}_bias_add"], [f"c{k}_cast"], to=TensorProto.FLOAT,
+                                       name=f"c{k}_bias_add_cast"),
+                      helper.make_node("Mul", [s, f"w{k}_scale"], [f"c{k}_scales"], name=f"conv{k}_quant_scales_mul"),
+                      helper.make_node("Mul", [f"c{k}_cast", f"c{k}_scales"], [f"c{k}"],
+                                       name=f"conv{k}_quant_output_scale_mul")]
+        else:
+            nodes += [helper.make_node("DequantizeLinear", [f"w{k}_quantized", f"w{k}_scale", f"w{k}_zero_point"],
+                                       [f"w{k}_dq"], name=f"w{k}_dq"),
+                      helper.make_node("Cast", [f"b{k}_reshape"], [f"b{k}_float"], to=TensorProto.FLOAT,
+                                       name=f"b{k}_float"),
+                      helper.make_node("Mul", [f"b{k}_float", f"b{k}_scale"], [f"b{k}_dq"], name=f"b{k}_dq"),
+                      helper.make_node("Conv", [src, f"w{k}_dq"], [f"c{k}_raw"], name=f"conv{k}", pads=[1] * 4),
+                      helper.make_node("Add", [f"c{k}_raw", f"b{k}_dq"], [f"c{k}"], name=f"conv{k}_bias")]
+        for n in (nodes, float_nodes):
+            n += [helper.make_node("Sigmoid", [f"c{k}"], [f"g{k}"], name=f"sigmoid{k}"),
+                  helper.make_node("Mul", [f"c{k}", f"g{k}"], [f"h{k}"], name=f"swish{k}")]
+        src = f"h{k}"
+    io = ([helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 8, 12])],
+          [helper.make_tensor_value_info(src, TensorProto.FLOAT, [1, shapes[-1][0], 8, 12])])
+    for graph_nodes, graph_inits, out, producer in ((nodes, inits, path, ("onnx.quantize", "0.1.0")),
+                                                    (float_nodes, float_inits, float_path, ("", ""))):
+        if out is not None:
+            model = helper.make_model(helper.make_graph(graph_nodes, "early", *io, graph_inits),
+                                      opset_imports=[helper.make_opsetid("", 12)], producer_name=producer[0],
+                                      producer_version=producer[1])
+            model.ir_version = 7
+            onnx.save(model, str(out))
+    return path

@@ -421,3 +421,78 @@ def test_curves_part_by_part_equal_one_session_on_rewritten_formats(built, name)
     assert [v is None for v in got.local] == [v is None for v in want.local]
     np.testing.assert_allclose([v for v in got.local if v is not None], [v for v in want.local if v is not None],
                                rtol=0, atol=1e-6)
+
+
+def test_the_first_dynamic_quantizers_run_quantized_bias_and_large_weights(tmp_path):
+    """onnx.quantize 0.1.0 (ddddocr's OCR model, say) adds a bias quantized on every run to
+    ConvInteger's sum before the Cast; its second weight is a large initializer, which the
+    rewrite reads from the memory-mapped file. Each config against the same convention
+    written with just those input quantizers (the rest float Convs of the float input) and
+    run in plain onnxruntime, the integer kernels included."""
+    path, float_path = tmp_path / "early.onnx", tmp_path / "early_float.onnx"
+    fm.early_dynamic_net(path, float_path=float_path)
+    data = fm.samples_of((1, 1, 8, 12), n=3)
+    engine = Engine(path, data)
+    dynamic = [c.name for c in engine.qmodel.of_kind("dynamic")]
+    assert engine.qmodel.format_label == "dynamic" and dynamic == ["x_QuantizeLinear", "h0_QuantizeLinear"]
+    assert any("quantized on every run" in n and "'conv0', 'conv1'" in n for n in engine.warnings)
+    out = engine.model_outputs[0]
+    expected = {(0, 1): "all", (0,): dynamic[:1], (1,): dynamic[1:], (): []}
+    for integer, config in expected.items():
+        ref = fm.early_dynamic_net(tmp_path / f"part{len(integer)}{integer[:1]}.onnx", integer=integer)
+        for i, x in enumerate(data["x"]):
+            want, got = run_model(ref, {"x": x})[out], engine.run(i, config)[out]
+            assert np.abs(got - want).max() <= 1e-6 * float(np.abs(want).max()), (integer, i)
+    # with the float model, only the bias's rounding is left between bypassed and float
+    engine = Engine(path, data, float_model=float_path)
+    got = [engine.run(i, ())[out] for i in range(3)]
+    want = [run_model(float_path, {"x": x})[out] for x in data["x"]]
+    assert pooled_cosine(want, got) >= 0.999999 and max(np.abs(g - w).max() for g, w in zip(got, want)) > 0
+
+
+@pytest.mark.parametrize("per_channel", [False, True])
+def test_per_direction_lstm_weights_below_opset_13(tmp_path, per_channel):
+    """quantize_dynamic scales a bidirectional LSTM's weights per direction, which the
+    standard DequantizeLinear takes only from opset 13: at opset 12 the rewrite uses
+    onnxruntime's own; bypassed is the float model, quantized the file."""
+    fm.lstm_net(tmp_path / "lstm.onnx", bidirectional=True)
+    model = onnx.load(str(tmp_path / "lstm.onnx"))
+    model.opset_import[0].version = 12
+    onnx.save(model, str(tmp_path / "lstm12.onnx"))
+    fm.quantize_dyn(tmp_path / "lstm12.onnx", tmp_path / "q.onnx", per_channel=per_channel)
+    data = fm.samples_of((5, 1, 8))
+    engine = Engine(tmp_path / "q.onnx", data, float_model=tmp_path / "lstm12.onnx")
+    assert not engine.qmodel.alignment.unmatched_weights
+    assert engine.qmodel.calibration["W_DequantizeLinear"].axis == 0
+    ref_q, got_q = [], []
+    for i, x in enumerate(data["x"]):
+        want = run_model(tmp_path / "lstm12.onnx", {"x": x})["logits"]
+        np.testing.assert_allclose(engine.run(i, ())["logits"], want, rtol=0, atol=1e-6)
+        ref_q.append(run_model(tmp_path / "q.onnx", {"x": x}, level="all")["logits"])
+        got_q.append(engine.run(i, "all")["logits"])
+    assert pooled_cosine(ref_q, got_q) >= 0.99999  # the kernel also quantizes the hidden state
+
+
+@pytest.mark.parametrize("fmt", ["dynamic", "QOperator"])
+def test_large_integer_weights_are_read_from_the_mapped_file(tmp_path, fmt):
+    """A weight of 64 KiB or more stays in the file (memory-mapped) when the model is loaded;
+    the rewrite into QDQ form reads it from there (it raised onnx's external-data error)."""
+    rng = np.random.default_rng(0)
+    w = numpy_helper.from_array((rng.standard_normal((300, 300)) * 0.05).astype(np.float32), "w")
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")], "big",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 300])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 300])], [w])
+    builders._save(graph, tmp_path / "f.onnx")
+    data = fm.samples_of((1, 4, 300), n=2)
+    if fmt == "dynamic":
+        fm.quantize_dyn(tmp_path / "f.onnx", tmp_path / "q.onnx")
+    else:
+        fm.quantize_qoperator(tmp_path / "f.onnx", tmp_path / "q.onnx", data)
+    assert max(i.ByteSize() for i in onnx.load(str(tmp_path / "q.onnx")).graph.initializer) >= 300 * 300
+    engine = Engine(tmp_path / "q.onnx", data, float_model=tmp_path / "f.onnx")
+    assert engine.qmodel.format_label == fmt
+    for i, x in enumerate(data["x"]):
+        np.testing.assert_allclose(engine.run(i, ())["y"], run_model(tmp_path / "f.onnx", {"x": x})["y"],
+                                   rtol=0, atol=1e-5)
+        want = run_model(tmp_path / "q.onnx", {"x": x}, level="all")["y"]
+        assert pooled_cosine([want], [engine.run(i, "all")["y"]]) >= 0.9999

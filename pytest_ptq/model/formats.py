@@ -139,15 +139,16 @@ def formats_of(model):
     return tuple(f for f in (QDQ, QOPERATOR, DYNAMIC, WEIGHT_ONLY) if f in found)
 
 
-def to_qdq(model, source="the model"):
+def to_qdq(model, source="the model", arrays=None):
     """``model`` in QDQ form, as a :class:`Rewrite`: its graph is rewritten in place (pass a
-    copy of the user's model); ``source`` names it in messages."""
+    copy of the user's model); ``source`` names it in messages; ``arrays``: the values of its
+    placeholder initializers (``{name: array}``, see :func:`.graph.load_light`)."""
     parts = formats_of(model)
     result = Rewrite(model, parts[0] if len(parts) == 1 else (MIXED if parts else QDQ), parts, [])
     if parts in ((), (QDQ,)) and not any(n.domain == "com.microsoft" and n.op_type in _FUSED
                                            for n in model.graph.node):
         return result
-    _Rewriter(model, source, result.label, result.notes).run()
+    _Rewriter(model, source, result.label, result.notes, arrays or {}).run()
     return result
 
 
@@ -170,8 +171,9 @@ class _Quantized:
 class _Rewriter:
     """One walk over the graph in topological order, emitting the QDQ form of each node."""
 
-    def __init__(self, model, source, label, notes):
+    def __init__(self, model, source, label, notes, arrays):
         self.model, self.graph = model, model.graph
+        self.arrays = arrays  # placeholders' values
         self.source, self.label = source, label
         self.notes = notes
         sort_topologically(self.graph, repr(source))
@@ -191,6 +193,7 @@ class _Rewriter:
         self.quantized = {}  # integer tensor -> _Quantized
         self.dequantized = {}  # (tensor, scale, zero point) -> float tensor
         self.dynamic = {}  # float tensor -> its DynamicQuantizeLinear outputs
+        self.run_biases = []  # float ops whose bias the model quantizes on every run
         self.nodes = []
         self.skip = set()  # keys of original nodes another node's rewrite absorbed
         self.touched = set()  # tensors whose consumers changed (dead-code candidates)
@@ -223,6 +226,8 @@ class _Rewriter:
         return self.fresh(name) if name != node.name else name
 
     def constant(self, name):
+        if name in self.arrays:
+            return self.arrays[name]
         if name in self.inits:
             return numpy_helper.to_array(self.inits[name])
         if name in self.constants:
@@ -296,11 +301,10 @@ class _Rewriter:
         out = self.fresh(f"{stem}_DequantizeLinear_Output")
         inputs = [tensor, scale] + ([zero_point] if zero_point else [])
         attrs = {"axis": axis} if axis is not None else {}
-        if axis is not None and self.opset < 13:
-            raise PTQError(f"model {self.source} is in {self.label} format at opset {self.opset} and quantizes "
-                           f"{tensor!r} per channel, which DequantizeLinear supports from opset 13; convert the float "
-                           "model to opset 13 or later and quantize it again")
-        self.emit("DequantizeLinear", inputs, [out], name, **attrs)
+        # per channel below opset 13 (the directions of an LSTM's weights, say): onnxruntime's
+        # own DequantizeLinear takes an axis at any opset
+        domain = "com.microsoft" if axis is not None and self.opset < 13 else ""
+        self.emit("DequantizeLinear", inputs, [out], name, domain=domain, **attrs)
         self.dequantized[key] = out
         return out
 
@@ -483,7 +487,8 @@ class _Rewriter:
         """ConvInteger/MatMulInteger -> Cast -> Mul(scales): the float op on dequantized inputs."""
         op = node.op_type
         out = node.output[0]
-        cast = self._only_consumer(out, "Cast")
+        int_bias = self._integer_bias(out)
+        cast = self._only_consumer(int_bias[0].output[0] if int_bias else out, "Cast")
         mul = self._only_consumer(cast.output[0], "Mul") if cast is not None else None
         if mul is None:
             self.fail(node, "is not followed by the Cast and scale Mul that onnxruntime writes")
@@ -504,6 +509,25 @@ class _Rewriter:
         self.touched.add(product)
         inputs, value = [fa, fb], mul.output[0]
         attrs = {at.name: helper.get_attribute_value(at) for at in node.attribute}
+        if int_bias:
+            add, addend = int_bias
+            self.skip.add(_key(add))
+            self.touched.update(add.input)
+            flat = self._flat_bias(addend) if op == "ConvInteger" else None
+            self.run_biases.append(self.op_name(node))
+            # the int32 bias on the product's grid, as the integer kernel added it: its
+            # rounding (onnx.quantize's Floor) stays in the graph, not a calibration node
+            cast_bias, bias = self.fresh(f"{addend}_float"), self.fresh(f"{addend}_dequantized")
+            self.emit("Cast", [flat or addend], [cast_bias], self.fresh(f"{addend}_Cast"), to=TensorProto.FLOAT)
+            self.emit("Mul", [cast_bias, product], [bias], self.fresh(f"{addend}_scale_Mul"))
+            name = self.run_biases[-1]
+            if flat:
+                self.emit(INTEGER[op], inputs + [bias], [value], name, **attrs)
+            else:
+                raw = self.fresh(f"{value}_unbiased")
+                self.emit(INTEGER[op], inputs, [raw], name, **attrs)
+                self.emit("Add", [raw, bias], [value], self.fresh(f"{name}_bias_Add"))
+            return
         if op == "ConvInteger":
             folded = self._bias_add(value)
             if folded is not None:
@@ -532,6 +556,39 @@ class _Rewriter:
             if node.input[1] == scale:
                 return node.input[0]
         return None
+
+    def _integer_bias(self, out):
+        """``(Add, int32 addend)`` when integer op output ``out`` only feeds an Add of an
+        int32 value before its Cast (how onnxruntime's first dynamic quantizer, producer
+        ``onnx.quantize``, adds a bias quantized on every run with the input's scale), else
+        None."""
+        add = self._only_consumer(out, "Add")
+        if add is None:
+            return None
+        addend = add.input[1] if add.input[0] == out else add.input[0]
+        return (add, addend) if self._is_int32(addend) else None
+
+    def _is_int32(self, tensor):
+        """Whether ``tensor`` is an int32 constant, an int32 Cast, or one reshaped."""
+        if tensor in self.inits:
+            return self.inits[tensor].data_type == TensorProto.INT32
+        node = self.producer.get(tensor)
+        if node is None:
+            value = self.constant(tensor)
+            return value is not None and value.dtype == np.int32
+        if node.op_type == "Cast":
+            return any(a.name == "to" and a.i == TensorProto.INT32 for a in node.attribute)
+        return node.op_type in ("Reshape", "Unsqueeze", "Identity") and self._is_int32(node.input[0])
+
+    def _flat_bias(self, addend):
+        """The 1-D int32 tensor that ``addend`` reshapes to Conv's ``[1, C, 1, ...]``, or None."""
+        node = self.producer.get(addend)
+        if node is None or node.op_type not in ("Reshape", "Unsqueeze") or len(self.consumers.get(addend, [])) != 1:
+            return None
+        shape = self.constant(node.input[1]) if node.op_type == "Reshape" and len(node.input) > 1 else None
+        if shape is None or len(shape) < 3 or shape[0] != 1 or any(d != 1 for d in shape[2:]):
+            return None
+        return node.input[0]
 
     def _bias_add(self, value):
         """``(Add, bias)`` when ``value`` only feeds an Add of a per-channel constant shaped
@@ -763,12 +820,18 @@ class _Rewriter:
     # -- the end -------------------------------------------------------------------------
     def finish(self):
         graph = self.graph
+        if self.run_biases:
+            some = ", ".join(repr(n) for n in self.run_biases[:3]) + (", ..." if len(self.run_biases) > 3 else "")
+            self.notes.append(f"the bias of {len(self.run_biases)} node(s) ({some}) is quantized on every run with its "
+                              "input's scale by the model's own nodes; every config keeps that, so the float reference "
+                              "differs from the float model by the bias's rounding")
         for out in graph.output:
             if out.name in self.quantized:
                 self.materialize(out.name)
         del graph.node[:]
         graph.node.extend(self.nodes)
         self._drop_dead()
+        self._twin_dynamic_scales()
         used = {i for n in graph.node for i in n.input} | self._graph_outputs()
         used |= {r for n in graph.node for r in node_refs(n)}
         for init in [i for i in graph.initializer if i.name not in used]:
@@ -785,6 +848,31 @@ class _Rewriter:
         if any(n.domain == "com.microsoft" for n in graph.node) and not any(
                 o.domain == "com.microsoft" for o in self.model.opset_import):
             self.model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
+
+    def _twin_dynamic_scales(self):
+        """Give a DynamicQuantizeLinear whose scale or zero point other nodes read, besides the
+        DQ of its own output, a twin for those readers (onnx.quantize quantizes a Conv's bias
+        on every run with the input's scale): the quantizer and its DQ then form one
+        calibration node that can be bypassed, while the readers keep the scale each run
+        computes from the same float tensor."""
+        graph = self.graph
+        readers = {}
+        for n in graph.node:
+            for i in n.input:
+                readers.setdefault(i, []).append(n)
+        for node in [n for n in graph.node if n.op_type == "DynamicQuantizeLinear"]:
+            own = list(node.output)
+            others = [r for t in own[1:] for r in readers.get(t, ())
+                      if not (r.op_type.endswith("DequantizeLinear") and list(r.input[:3]) == own)]
+            if not others:
+                continue
+            twin = [self.fresh(f"{t}_twin") for t in own]
+            graph.node.append(helper.make_node("DynamicQuantizeLinear", [node.input[0]], twin,
+                                               name=self.fresh(f"{node.name}_twin")))
+            for r in {id(r): r for r in others}.values():
+                for k, i in enumerate(r.input):
+                    if i in own[1:]:
+                        r.input[k] = twin[own.index(i)]
 
     def _same_type(self, v):
         """False for the value info of a tensor whose type the rewrite changed."""

@@ -302,12 +302,12 @@ class QuantModel:
         self.source = str(self.path) if self.path else "<ModelProto>"
         self.notes = []
         # QOperator and dynamic models are analysed in their QDQ form (see .formats)
-        rewrite = formats.to_qdq(self.model, repr(self.source))
+        shared = {**(shared or {}), **mapped}
+        rewrite = formats.to_qdq(self.model, repr(self.source), shared)
         self.model, self._format, self.format_label = rewrite.model, rewrite.format, rewrite.label
         self._given = None if self._format == formats.QDQ else model_or_file
         self.notes += rewrite.notes
         graph = self.model.graph
-        shared = {**(shared or {}), **mapped}
         # large initializers as numpy arrays (external data mapped from its file), shared by
         # every session (``shared``: the values of a ModelProto from another QuantModel)
         self.shared = externalize(graph, shared, self.path.parent if self.path else None, repr(self.source))
