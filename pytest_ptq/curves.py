@@ -126,13 +126,9 @@ def plot_curves(curves, path, title=None, annotate=3):
     fig, ax, side = with_side_panel(plt, (12.5, 5.5), ratio=(4.0, 1.1))
     x = np.arange(len(curves.nodes))
     colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    worst = {}  # node index -> [(config, value)]
-    for k, (label, vals) in enumerate(curves.values.items()):
-        ys = running_mean(vals) if curves.average_mode else vals
-        colour = colours[k % len(colours)]
-        ax.plot(x, ys, marker=".", markersize=3, linewidth=1.2, color=colour, label=label)
-        for i in sorted(range(len(ys)), key=lambda i: m.sort_key(ys[i]))[:annotate]:
-            worst.setdefault(i, []).append((label, ys[i]))
+    for k, (label, ys) in enumerate(_plotted(curves).items()):
+        ax.plot(x, ys, marker=".", markersize=3, linewidth=1.2, color=colours[k % len(colours)], label=label)
+    worst = marked(curves, annotate)
     if curves.local is not None:
         idx = [i for i, v in enumerate(curves.local) if v is not None]
         ax.scatter(idx, [curves.local[i] for i in idx], s=10, marker="x", color="grey",
@@ -154,6 +150,24 @@ def plot_curves(curves, path, title=None, annotate=3):
         lines += [f"   {_clip(label, 16)} {short(v)}" for label, v in worst[i]]
     side_text(side, lines, top=0.98 - 0.055 * (len(labels) + 1), fontsize=7.5)
     return save_figure(fig, path, tight=False)
+
+
+def _plotted(curves):
+    return {label: running_mean(vals) if curves.average_mode else vals for label, vals in curves.values.items()}
+
+
+def marked(curves, annotate=3):
+    """``{node index: [(config, value)]}``: the ``annotate`` worst points of each plotted
+    curve, those worse than the curve's best only (a flat curve, as when nothing of a kind
+    can be bypassed, has none)."""
+    m = get_metrics(curves.metric)[0]
+    worst = {}
+    for label, ys in _plotted(curves).items():
+        best = max(ys, key=m.sort_key, default=None)
+        for i in sorted(range(len(ys)), key=lambda i: m.sort_key(ys[i]))[:annotate]:
+            if m.worse(ys[i], best):
+                worst.setdefault(i, []).append((label, ys[i]))
+    return worst
 
 
 def _clip(text, width):

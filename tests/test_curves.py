@@ -281,6 +281,21 @@ def test_plot_names_the_worst_points_beside_the_axes(tmp_path):
     assert png.exists()
 
 
+def test_a_flat_curve_marks_no_worst_point():
+    """Weights stored quantized without the float model: the weight-only curve is all 1 and
+    its first points are no one's worst."""
+    from pytest_ptq.curves import Curves, marked
+
+    values = {"weight only": [1.0] * 6, "all quantized": [1.0, 0.99, 0.999, 0.98, 1.0, 0.995]}
+    curves = Curves(metric="mse", nodes=list("abcdef"), tensors=list("abcdef"),
+                    values={k: [1 - v for v in vals] for k, vals in values.items()}, configs={}, samples=1)
+    for metric, vals in (("mse", curves.values), ("cosine-similarity", values)):
+        curves.metric, curves.values = metric, vals
+        points = marked(curves)
+        assert sorted(points) == [1, 3, 5]
+        assert all(p == [("all quantized", vals["all quantized"][i])] for i, p in points.items())
+
+
 @pytest.mark.parametrize("segments,memory", [(2, "fast"), (64, "fast"), (64, "low")])
 def test_segment_by_segment_equals_one_session_exposing_every_node(zoo, segments, memory):
     """Curves computed segment by segment (each exposing its own nodes; with 64 segments,
