@@ -218,6 +218,53 @@ def test_model_without_qdq_is_a_clear_error(zoo):
     assert str(zoo.float()) in str(err.value)
 
 
+def _if_model(branch_nodes, inits):
+    """``y = If(flag)``: the then-branch computes ``branch_nodes`` on ``x``, the else-branch
+    passes ``x`` through; the branches read ``x`` and ``inits`` from the main graph."""
+    out = helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 8])
+    then = helper.make_graph(branch_nodes, "then", [], [helper.make_tensor_value_info(branch_nodes[-1].output[0],
+                                                                                      onnx.TensorProto.FLOAT, [1, 8])])
+    other = helper.make_graph([helper.make_node("Identity", ["x"], ["x_copy"])], "else", [],
+                              [helper.make_tensor_value_info("x_copy", onnx.TensorProto.FLOAT, [1, 8])])
+    graph = helper.make_graph([helper.make_node("If", ["flag"], ["y"], name="gate", then_branch=then,
+                                                else_branch=other)], "g",
+                              [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 8]),
+                               helper.make_tensor_value_info("flag", onnx.TensorProto.BOOL, [])], [out], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_a_model_computing_inside_control_flow_is_told_so(tmp_path):
+    """quantize_static leaves If/Loop subgraphs in float (silero-vad's model is one If): the
+    refusal says where the nodes are and what to export, not "pass the quantized model"."""
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, quantize_static
+
+    from pytest_ptq.errors import NotQuantized
+
+    w = numpy_helper.from_array(np.random.default_rng(0).standard_normal((8, 8)).astype(np.float32), "w")
+    model = _if_model([helper.make_node("MatMul", ["x", "w"], ["m"]), helper.make_node("Tanh", ["m"], ["t"])], [w])
+
+    class Reader(CalibrationDataReader):
+        def __init__(self):
+            self.it = iter([{"x": np.ones((1, 8), np.float32), "flag": np.array(True)}])
+
+        def get_next(self):
+            return next(self.it, None)
+
+    onnx.save(model, str(tmp_path / "f.onnx"))
+    quantize_static(str(tmp_path / "f.onnx"), str(tmp_path / "q.onnx"), Reader(), quant_format=QuantFormat.QDQ)
+    with pytest.raises(NotQuantized) as err:
+        QuantModel(str(tmp_path / "q.onnx"))
+    assert "3 of its 4 nodes are inside the subgraphs of its If node 'gate'" in str(err.value)
+    assert "export the model without that control flow" in str(err.value)
+    # Q/DQ only inside a branch: said as such
+    s, z = (numpy_helper.from_array(np.array(v, t), n) for v, t, n in ((0.1, np.float32, "s"), (0, np.uint8, "z")))
+    model = _if_model([helper.make_node("QuantizeLinear", ["x", "s", "z"], ["q"]),
+                       helper.make_node("DequantizeLinear", ["q", "s", "z"], ["d"])], [s, z])
+    with pytest.raises(NotQuantized, match="its 2 QuantizeLinear/DequantizeLinear node.s. are all inside the "
+                                           "subgraphs of its If node 'gate'"):
+        QuantModel(model)
+
+
 def test_missing_and_corrupt_model_files(tmp_path):
     with pytest.raises(PTQError, match="does not exist"):
         QuantModel(tmp_path / "nope.onnx")

@@ -25,7 +25,7 @@ from .. import params
 from ..errors import NotQuantized, PTQError, unknown
 from . import formats, grids
 from .graph import (externalize, hand_back, load_light, load_model, mapping, name_nodes, restore,
-                    sort_topologically)
+                    sort_topologically, subgraphs)
 from .producers import detect
 
 # Elements of a weight that numpy computes on at once (see CalibrationNode.row_blocks): float64
@@ -336,9 +336,9 @@ class QuantModel:
                            f"{_ops(self.custom_ops)}; pytest-ptq analyses QuantizeLinear/DequantizeLinear pairs in any "
                            "domain and fused *QuantizeDequantize ops, so re-export it with one of those")
         if not self.calibration:
-            raise NotQuantized(f"model {self.source!r} has no QuantizeLinear/DequantizeLinear pairs; "
-                               "pass the calibrated QDQ model (quantize_static with QuantFormat.QDQ), "
-                               "not the float one")
+            raise NotQuantized(self._inside_control_flow() or (
+                f"model {self.source!r} has no QuantizeLinear/DequantizeLinear pairs; pass the calibrated QDQ model "
+                "(quantize_static with QuantFormat.QDQ), not the float one"))
         self._mark_on_grid()
         self.float_weights = {}
         self._map_normal_nodes()
@@ -346,6 +346,35 @@ class QuantModel:
             from .align import align
 
             align(self, float_model)
+
+    def _inside_control_flow(self):
+        """Why a model without pairs in its main graph is not the float one, where most of its
+        nodes, or any Q/DQ, live in If/Loop/Scan subgraphs (quantize_static leaves those in
+        float); else None."""
+        def inside(node):  # (nodes, Q/DQ nodes) in its subgraphs, nested ones included
+            nodes = qdq = 0
+            for g in subgraphs(node):
+                for n in g.node:
+                    deeper = inside(n)
+                    nodes += 1 + deeper[0]
+                    qdq += (n.op_type in ("QuantizeLinear", "DequantizeLinear")) + deeper[1]
+            return nodes, qdq
+
+        holders = [(n, *inside(n)) for n in self.model.graph.node if any(True for _ in subgraphs(n))]
+        if not holders:
+            return None
+        inner, qdq = sum(h[1] for h in holders), sum(h[2] for h in holders)
+        if not qdq and inner * 2 < len(self.model.graph.node) + inner:
+            return None
+        big = max(holders, key=lambda h: h[1])[0]
+        where = (f"the subgraphs of its {big.op_type} node {big.name!r}" +
+                 (f" and {len(holders) - 1} other control-flow node(s)" if len(holders) > 1 else ""))
+        found = (f"its {qdq} QuantizeLinear/DequantizeLinear node(s) are all inside {where}" if qdq else
+                 f"{inner} of its {len(self.model.graph.node) + inner} nodes are inside {where}, which "
+                 "quantize_static does not quantize")
+        return (f"model {self.source!r} has no QuantizeLinear/DequantizeLinear pairs in its main graph: {found}; "
+                "pytest-ptq analyses the main graph's pairs, so export the model without that control flow (its "
+                "branch inputs fixed, or the loop unrolled) and quantize that")
 
     # -- parsing -------------------------------------------------------------------------
     def _infer_types(self):
