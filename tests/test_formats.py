@@ -448,6 +448,11 @@ def test_the_first_dynamic_quantizers_run_quantized_bias_and_large_weights(tmp_p
     got = [engine.run(i, ())[out] for i in range(3)]
     want = [run_model(float_path, {"x": x})[out] for x in data["x"]]
     assert pooled_cosine(want, got) >= 0.999999 and max(np.abs(g - w).max() for g, w in zip(got, want)) > 0
+    # the float model of another training: said so, without quantize_static's QDQ options
+    fm.early_dynamic_net(tmp_path / "other.onnx", float_path=tmp_path / "other_float.onnx", seed=5)
+    with pytest.raises(PTQError, match="only 0 of the 2 weights matched by position round from its values; check "
+                                       "that it is the model this one was quantized from$"):
+        Engine(path, data, float_model=tmp_path / "other_float.onnx")
 
 
 @pytest.mark.parametrize("per_channel", [False, True])

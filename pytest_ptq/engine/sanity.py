@@ -197,9 +197,12 @@ class _FloatModel:
             return None
         alignment = getattr(qm, "alignment", None)
         if alignment is None or not alignment.same_weights:
+            fitted = (f"; only {alignment.weights_fitted} of the {alignment.weights_tried} weights matched by position "
+                      "round from its values" if alignment is not None else "")
+            # the options only exist for quantize_static's QDQ output
+            again = f", or {_REQUANTIZE}" if qm.format_label == "QDQ" else ""
             raise PTQError(f"bypassing every Q/DQ pair of {qm.source!r} does not reproduce the float model "
-                           f"{self.where!r} on output {worst[1]!r} (cosine {worst[0]:.4f} on sample {worst[2]}); check "
-                           "that it is the model this one was quantized from, or re-quantize with extra_options="
-                           "{'AddQDQPairToWeight': True, 'QDQKeepRemovableActivations': True}")
+                           f"{self.where!r} on output {worst[1]!r} (cosine {worst[0]:.4f} on sample {worst[2]}){fitted}; "
+                           f"check that it is the model this one was quantized from{again}")
         changes = "; ".join(alignment.rewrites) or "no op changed, but the values differ"
         return {"cosine": worst[0], "output": worst[1], "sample": worst[2], "changes": changes}
