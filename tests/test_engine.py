@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from onnx import numpy_helper
+from onnx import helper, numpy_helper
 
 import builders
 from pytest_ptq.engine import Engine
@@ -703,6 +703,34 @@ def test_low_memory_sessions_know_the_mapped_weight_bytes_they_read(tmp_path, mo
     fast = runtime.make_session(model, shared=runtime.SharedWeights(arrays, low_memory=False))
     assert runtime.mapped_reads(low) == want
     assert runtime.mapped_reads(fast) == 0
+
+
+def test_low_memory_sessions_share_a_weight_that_a_constant_mul_follows(tmp_path, monkeypatch, capfd):
+    """onnxruntime folds a constant Mul after a convolution into its weight while loading
+    (a CRNN's convolutions, each followed by a per-channel Mul): that reads the weight from
+    the model, where a shared one is a placeholder. Low-memory sessions turn the fusion off,
+    so they still read the shared weight (no private copy, no error logged), and compute
+    what the model does."""
+    from pytest_ptq.engine import runtime
+    from pytest_ptq.model import graph
+
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.standard_normal((16, 3, 3, 3)).astype(np.float32), "w"),
+             numpy_helper.from_array(rng.uniform(0.5, 2, (1, 16, 1, 1)).astype(np.float32), "gamma")]
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], name="conv", pads=[1] * 4),
+             helper.make_node("Mul", ["c", "gamma"], ["y"], name="scale")]
+    graph_proto = helper.make_graph(nodes, "conv_mul", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT,
+                                                                                      [1, 3, 8, 8])],
+                                    [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 16, 8, 8])], inits)
+    path = builders._save(graph_proto, tmp_path / "conv_mul.onnx")
+    monkeypatch.setattr(graph, "LARGE_BYTES", 1)
+    model, _, arrays = graph.load_weightless(path)
+    session = runtime.make_session(model, shared=runtime.SharedWeights(arrays, low_memory=True))
+    assert runtime.mapped_reads(session) == sum(a.nbytes for a in arrays.values())
+    x = rng.standard_normal((1, 3, 8, 8)).astype(np.float32)
+    np.testing.assert_allclose(session.run(None, {"x": x})[0], builders.run_model(path, {"x": x})["y"],
+                               rtol=1e-5, atol=1e-5)
+    assert "Exception during initialization" not in capfd.readouterr().err
 
 
 @pytest.mark.parametrize("memory", ["fast", "low"])

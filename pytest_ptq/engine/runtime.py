@@ -67,11 +67,13 @@ class SharedWeights:
         session over ``model``'s placeholders.
 
         Fast mode embeds the values in the session's own copy, as any model holds them. Low
-        mode gives ``so`` the shared values instead, and disables the two optimizers that read
+        mode gives ``so`` the shared values instead, and disables the optimizers that read
         initializer values from the model's TensorProtos, not from the shared values, while
-        loading: constant folding (measured on a float8 weight pair inside an If) and the NCHWc
+        loading: constant folding (measured on a float8 weight pair inside an If), the NCHWc
         layout transform of float convolutions (which would reorder a private copy of each
-        weight anyway; convolution nets run slower without it)."""
+        weight anyway; convolution nets run slower without it), and the fusions that fold a
+        constant Mul or a BatchNormalization into a weight (a private copy too; a CRNN whose
+        convolutions are followed by per-channel Muls)."""
         from ..model.graph import SHARED_LOCATION, is_placeholder, mapping, restore
 
         names = [i.name for i in model.graph.initializer if is_placeholder(i)]
@@ -98,7 +100,7 @@ class SharedWeights:
         # onnxruntime checks that a placeholder's external file exists before the shared value
         # replaces it: one empty file in a private temporary folder, for every session
         so.add_session_config_entry("session.model_external_initializers_file_folder_path", self._marker(SHARED_LOCATION))
-        return model, ["ConstantFolding", "NchwcTransformer"], mapped
+        return model, ["ConstantFolding", "NchwcTransformer", "ConvMulFusion", "ConvBNFusion", "MatMulBnFusion"], mapped
 
     @staticmethod
     def _marker(location):
@@ -491,6 +493,8 @@ def make_session(model, optimization="all", providers=None, fake_quant=True, opt
     options = session_options(optimization, fake_quant, optimized_path, libraries, threads)
     given = model
     model, disabled, reads = shared.prepare(options, model) if shared is not None else (model, [], 0)
+    if disabled:  # a failure to read a placeholder is caught below: not onnxruntime's error log
+        options.log_severity_level = 4
     try:
         try:
             session = _loaded(model, options, providers, [*disabled, *ALWAYS_DISABLED])
