@@ -355,3 +355,74 @@ def mlp_net(path, seed=0, width=64, hidden=128):
 def mlp_samples(n=4, width=64, seed=1):
     rng = np.random.default_rng(seed)
     return {"x": [rng.standard_normal((1, 8, width)).astype(np.float32) for _ in range(n)]}
+
+
+def preprocessed_net(folder, seed=0):
+    """A float net as PyTorch exports some (a convolution's BatchNormalization left as a
+    per-channel Mul and Add, another as BatchNormalization, a 3-D MatMul and its bias Add, two
+    Shape nodes of one tensor feeding a Reshape), the same net after onnxruntime's basic
+    graph optimizations (what Intel Neural Compressor runs before quantizing, and what
+    ``quant_pre_process`` does: ConvMulFusion, ConvAddFusion, ConvBNFusion, MatMulAddFusion,
+    common subexpression elimination, constant folding), and that optimized net quantized by
+    quantize_static with its defaults (int8 weights behind lone DQs, Relus folded).
+    Returns ``{"float", "optimized", "qdq": path, "samples": {"x": [...]}}``."""
+    import onnxruntime as ort
+    from onnxruntime.quantization import CalibrationDataReader, quantize_static
+
+    rng = np.random.default_rng(seed)
+    c = 8
+
+    def init(name, shape, scale=0.3, low=None):
+        value = rng.uniform(low, 1.5, shape) if low is not None else rng.standard_normal(shape) * scale
+        return numpy_helper.from_array(value.astype(np.float32), name)
+
+    inits = [init("w1", (c, 3, 3, 3)), init("gamma", (1, c, 1, 1), low=0.5), init("beta", (1, c, 1, 1)),
+             init("w2", (c, c, 3, 3)), init("bn_scale", (c,), low=0.5), init("bn_bias", (c,)),
+             init("bn_mean", (c,), 0.1), init("bn_var", (c,), low=0.5), init("wm", (c, 12)), init("bm", (12,)),
+             init("wo", (12, 4)),
+             numpy_helper.from_array(np.array([0], np.int64), "axis0"),
+             numpy_helper.from_array(np.array([-1], np.int64), "minus1"),
+             numpy_helper.from_array(np.array(0, np.int64), "zero"),
+             numpy_helper.from_array(np.array(1, np.int64), "one")]
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["c1"], name="conv1", pads=[1] * 4),
+             helper.make_node("Mul", ["c1", "gamma"], ["m1"], name="scale1"),
+             helper.make_node("Add", ["m1", "beta"], ["a1"], name="shift1"),
+             helper.make_node("Relu", ["a1"], ["r1"], name="relu1"),
+             helper.make_node("Conv", ["r1", "w2"], ["c2"], name="conv2", pads=[1] * 4),
+             helper.make_node("BatchNormalization", ["c2", "bn_scale", "bn_bias", "bn_mean", "bn_var"], ["b2"],
+                              name="bn2", epsilon=1e-3),
+             helper.make_node("Relu", ["b2"], ["r2"], name="relu2"),
+             # [1, C, H, W] -> [1, H*W, C]: the batch size taken twice from one shape
+             helper.make_node("Shape", ["r2"], ["s_a"], name="shape_a"),
+             helper.make_node("Shape", ["r2"], ["s_b"], name="shape_b"),
+             helper.make_node("Gather", ["s_a", "zero"], ["n_a"], name="batch_a"),
+             helper.make_node("Gather", ["s_b", "one"], ["c_b"], name="channels_b"),
+             helper.make_node("Unsqueeze", ["n_a", "axis0"], ["n_1"], name="unsqueeze_n"),
+             helper.make_node("Unsqueeze", ["c_b", "axis0"], ["c_1"], name="unsqueeze_c"),
+             helper.make_node("Concat", ["n_1", "c_1", "minus1"], ["shape3"], name="concat_shape", axis=0),
+             helper.make_node("Reshape", ["r2", "shape3"], ["flat"], name="flatten"),
+             helper.make_node("Transpose", ["flat"], ["tokens"], name="tokens", perm=[0, 2, 1]),
+             helper.make_node("MatMul", ["tokens", "wm"], ["mm"], name="proj"),
+             helper.make_node("Add", ["mm", "bm"], ["pm"], name="proj_bias"),
+             helper.make_node("Relu", ["pm"], ["rp"], name="relu3"),
+             helper.make_node("MatMul", ["rp", "wo"], ["y"], name="head")]
+    graph = helper.make_graph(nodes, "preprocessed", [helper.make_tensor_value_info("x", TensorProto.FLOAT,
+                                                                                    [1, 3, 6, 6])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 36, 4])], inits)
+    paths = {k: folder / f"{k}.onnx" for k in ("float", "optimized", "qdq")}
+    builders._save(graph, paths["float"])
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    options.optimized_model_filepath = str(paths["optimized"])
+    ort.InferenceSession(str(paths["float"]), options, providers=["CPUExecutionProvider"])
+    samples = {"x": [rng.standard_normal((1, 3, 6, 6)).astype(np.float32) for _ in range(4)]}
+
+    class Reader(CalibrationDataReader):
+        def __init__(self):
+            self.it = iter([{"x": a} for a in samples["x"]])
+
+        def get_next(self):
+            return next(self.it, None)
+
+    quantize_static(str(paths["optimized"]), str(paths["qdq"]), Reader())
+    return {**paths, "samples": samples}

@@ -362,3 +362,26 @@ def test_contrib_domain_q_dq_leave_every_tensor_typed(made):
     assert {n.domain for n in onnx.load(str(qpath)).graph.node if "Linear" in n.op_type} == {"com.microsoft"}
     assert [t for n in engine.qmodel.normal.values() for t in n.outputs] == engine.probe_tensors
     assert len(engine.segments) == 3
+
+
+def test_a_float_model_before_the_quantizers_graph_optimizations_aligns(tmp_path):
+    """Intel Neural Compressor, and quantize_static after quant_pre_process, quantize the
+    float model as onnxruntime's basic optimizations leave it: a Mul and Add after a
+    convolution and a BatchNormalization folded into its weight and bias, a 3-D MatMul and
+    its Add made Reshape, Gemm, Reshape, two identical Shapes merged and the shape arithmetic
+    folded. Given the model from before, the alignment folds the same chains into the float
+    weights it compares with, so every weight and every folded Relu is found; bypassed is the
+    float model, fully quantized is the file as onnxruntime runs it."""
+    net = conventions.preprocessed_net(tmp_path)
+    engine = Engine(net["qdq"], net["samples"], float_model=net["float"])
+    alignment = engine.qmodel.alignment
+    assert alignment.weights_fitted == alignment.weights_tried == 7 and not alignment.unmatched_weights
+    # the Relus after conv1, bn2 and the MatMul's Add (its 2-D and 3-D pairs both)
+    assert {"r1_QuantizeLinear", "r2_QuantizeLinear", "rp_QuantizeLinear"} <= set(alignment.folded)
+    assert all(fold[0] == "Relu" for fold in alignment.folded.values())
+    assert not alignment.rewrites and engine.rewrite is None
+    for i, x in enumerate(net["samples"]["x"]):
+        np.testing.assert_allclose(engine.run(i, ())["y"], builders.run_model(net["float"], {"x": x})["y"],
+                                   rtol=1e-4, atol=1e-5)
+        want = builders.run_model(net["qdq"], {"x": x}, level="disable")["y"]
+        assert _cos(engine.run(i, "all")["y"], want) > 0.999999

@@ -16,8 +16,20 @@ graph with every Q/DQ bypassed is walked in topological order beside the float g
   for nearly every element; weights left unmatched are tried against every float constant
   of their shape by value alone.
 
+Quantizers that run onnxruntime's graph optimizations first (Intel Neural Compressor,
+quantize_static after ``quant_pre_process``) also change the float graph in ways that
+keep its values:
+
+* a Mul/Add/Sub/Div by per-channel constants or a BatchNormalization after a Conv, Gemm or
+  MatMul folded into its weight and bias (a MatMul and its Add becoming a Gemm): the float
+  node matches with the chain folded into its constants the same way, when the QDQ
+  weights round to those;
+* Reshapes inserted around such a Gemm pass their input's match through;
+* identical nodes merged into one (common subexpressions), and shape arithmetic folded
+  into constants.
+
 What stays unmatched on either side is a rewrite by the quantizer (a Sigmoid replaced by
-HardSigmoid and Mul, a BatchNormalization folded); :attr:`Alignment.rewrites` lists it.
+HardSigmoid and Mul); :attr:`Alignment.rewrites` lists it.
 """
 
 from __future__ import annotations
@@ -39,6 +51,18 @@ FIT_SHARE = 0.99
 FOLDABLE = ("Relu", "Clip")
 # Ops a quantizer inserts (dtype changes, pass-throughs) that stand for no float op.
 TRANSPARENT = ("Cast", "Identity")
+# Shape-only ops a quantizer's fusion may insert (a 3-D MatMul and Add become Reshape, Gemm,
+# Reshape): where the float model has none to match, they pass their input's match through.
+RESHAPING = ("Reshape", "Flatten", "Squeeze", "Unsqueeze")
+# QDQ ops a float op may have become: a MatMul with the Add after it, a Gemm with a bias.
+BECOMES = {"Gemm": ("Gemm", "MatMul")}
+# Ops whose weights a quantizer's preprocessing may fold the per-channel ops after them into,
+# and those ops (besides BatchNormalization).
+FUSING = ("Conv", "Gemm", "MatMul")
+AFFINE = ("Mul", "Add", "Sub", "Div")
+# Ops whose every run differs: two of them on the same input are not one computation.
+_RANDOM = ("RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike", "Multinomial", "Bernoulli",
+           "Dropout")
 
 
 @dataclasses.dataclass
@@ -80,6 +104,7 @@ class _Float:
         self.constant_nodes = {n.output[0]: n for n in graph.node if n.op_type == "Constant"}
         self.nodes = [n for n in graph.node if n.op_type != "Constant"]
         self.inputs = [i.name for i in graph.input if i.name not in self.inits]
+        self.outputs = {o.name for o in graph.output}
         self.producer = {o: n for n in graph.node for o in n.output if o}
         self.consumers = defaultdict(list)
         self.readers = defaultdict(list)  # consumers, and nodes whose subgraphs read the tensor
@@ -89,7 +114,54 @@ class _Float:
                     self.consumers[i].append(n)
             for r in node_refs(n):
                 self.readers[r].append(n)
-        self._values = {}
+        self._values = {}  # constants read, and those derived by folding a chain (see _fused)
+        self._static = {}  # tensor -> whether it is computed from shapes only
+        # a node computing what an earlier one computes from the same inputs (two Shapes of
+        # one tensor, say) is one the quantizer's preprocessing may have merged (onnxruntime's
+        # common subexpression elimination): its outputs stand for the earlier one's
+        self.same, self.aliases, first = {}, defaultdict(list), {}
+        for n in self.nodes:
+            if n.op_type in _RANDOM or any(True for _ in subgraphs(n)):
+                continue
+            key = (n.domain, n.op_type, tuple(self.canonical(i) for i in n.input),
+                   tuple(a.SerializeToString() for a in n.attribute))
+            if key in first:
+                for o, o0 in zip(n.output, first[key].output):
+                    if o:
+                        self.same[o] = self.canonical(o0)
+                        self.aliases[self.same[o]].append(o)
+            else:
+                first[key] = n
+
+    def shape_derived(self, tensor):
+        """Whether ``tensor`` depends on the graph inputs only through their shapes (Shape,
+        Size), so that a quantizer's constant folding may store it as a constant."""
+        if tensor not in self._static:
+            node = self.producer.get(tensor)
+            if self.constant(tensor) is not None:
+                self._static[tensor] = True
+            elif node is None or node.op_type in _RANDOM or any(True for _ in subgraphs(node)):
+                self._static[tensor] = False
+            elif node.op_type in ("Shape", "Size"):
+                self._static[tensor] = True
+            else:
+                self._static[tensor] = False  # until its inputs say otherwise (no cycles in a DAG)
+                self._static[tensor] = all(self.shape_derived(i) for i in node.input if i)
+        return self._static[tensor]
+
+    def derive(self, name, value):
+        """Make ``value`` the constant ``name`` (a weight with a chain folded into it)."""
+        self._values[name] = value
+        return name
+
+    def canonical(self, tensor):
+        """The tensor ``tensor`` is a common subexpression of (itself if none)."""
+        return self.same.get(tensor, tensor)
+
+    def equivalents(self, tensor):
+        """``tensor`` and every tensor computed the same way."""
+        root = self.canonical(tensor)
+        return [root, *self.aliases.get(root, ())]
 
     def constant(self, name):
         if name in self._values:
@@ -143,27 +215,31 @@ def align(qm, float_model):
             tmatch[name] = name
         elif len(q_inputs) == len(f_inputs):
             tmatch[name] = f_inputs[k]
-    nodes, weights_at, folded, used, values = {}, {}, {}, set(), {}
+    nodes, weights_at, folded, used, values, passed = {}, {}, {}, set(), {}, set()
     for n in qm.normal.values():
         proto = qm.node(n.name)
         expect = [_expectation(qm, by_output, tmatch, i, values) for i in proto.input]
         best = _best_candidate(f, proto, expect, used)
+        if proto.op_type in FUSING and (best is None or not best.weights_fit):
+            best = _fused_candidate(f, proto, expect, used) or best
         if best is None:
             tensors = [e for e in expect if e[0] == "tensor"]
-            if proto.op_type in TRANSPARENT and len(tensors) == 1:
+            if proto.op_type in TRANSPARENT + RESHAPING and len(tensors) == 1:
                 tmatch[proto.output[0]] = tensors[0][1]
+                passed.add(n.name)
             continue
-        fnode, folds = best
-        used.add(fnode.name)
+        fnode = best.node
+        used.update([fnode.name, *(c.name for c in best.chain)])
         nodes[n.name] = fnode.name
-        for qo, fo in zip(proto.output, fnode.output):
+        outputs = [best.chain[-1].output[0]] if best.chain else fnode.output
+        for qo, fo in zip(proto.output, outputs):
             if qo and fo:
                 tmatch[qo] = fo
-        for cname, fold in folds.items():
+        for cname, fold in best.folds.items():
             folded[cname] = fold
         for k, e in enumerate(expect):
-            if e[0] == "weight" and k < len(fnode.input) and fnode.input[k]:
-                weights_at.setdefault(e[1].name, []).append(fnode.input[k])
+            if e[0] == "weight" and k < len(best.inputs) and best.inputs[k]:
+                weights_at.setdefault(e[1].name, []).append(best.inputs[k])
     for c in qm.calibration.values():
         if c.kind == "activation" and c.name not in folded and c.input in tmatch:
             fold = _unread_fold(f, tmatch[c.input], used)
@@ -173,7 +249,7 @@ def align(qm, float_model):
     weights, unmatched, tried, fitted = _assign_weights(qm, f, weights_at, values)
     for cname, fold in folded.items():
         qm.calibration[cname].folded = fold
-    rewrites, unmatched_float, unmatched_qdq = _rewrites(qm, f, nodes, used)
+    rewrites, unmatched_float, unmatched_qdq = _rewrites(qm, f, nodes, used, passed)
     rewrites += _stale_subgraph_reads(qm, folded)
     result = Alignment(nodes=nodes, weights=weights, folded=folded, rewrites=rewrites,
                        unmatched_weights=unmatched, unmatched_float=unmatched_float, unmatched_qdq=unmatched_qdq,
@@ -235,47 +311,165 @@ def _expectation(qm, by_output, tmatch, name, values):
     return ("unknown",)
 
 
-def _best_candidate(f, proto, expect, used):
-    """The float node ``proto`` matches, with the folds it implies, or None."""
+@dataclasses.dataclass
+class _Match:
+    """A float node a QDQ node matches: the folds it implies, whether every weight it reads
+    lies within rounding of the float one, and, where the quantizer's preprocessing folded
+    the float Mul/Add/BatchNormalization after it into its weights (onnxruntime's
+    ConvMulFusion, ConvAddFusion, ConvBNFusion), that chain and the folded constants' names
+    in place of the node's inputs."""
+
+    node: object
+    folds: dict
+    weights_fit: bool
+    score: int = 0
+    chain: tuple = ()
+    inputs: tuple = ()
+
+
+def _candidates(f, expect, used, op):
+    """Unmatched float nodes of type ``op`` reading what ``expect``'s tensors match (or a
+    tensor computed the same way), directly or through a Relu/Clip the quantizer may have
+    folded."""
     pool = []
     for e in expect:
         if e[0] != "tensor":
             continue
-        for user in f.consumers.get(e[1], ()):
-            pool.append(user)
-            if user.op_type in FOLDABLE:
-                pool += f.consumers.get(user.output[0], ())
-    best, best_score = None, -1
-    seen = set()
-    for cand in pool:
-        if cand.name in seen or cand.name in used or cand.op_type != proto.op_type:
-            continue
-        seen.add(cand.name)
+        for tensor in f.equivalents(e[1]):
+            for user in f.consumers.get(tensor, ()):
+                pool.append(user)
+                if user.op_type in FOLDABLE:
+                    pool += f.consumers.get(user.output[0], ())
+    unique = {c.name: c for c in pool}
+    return [c for c in unique.values() if c.name not in used and c.op_type in BECOMES.get(op, (op,))]
+
+
+def _best_candidate(f, proto, expect, used):
+    """The float node ``proto`` matches (a :class:`_Match`), or None."""
+    best = None
+    for cand in _candidates(f, expect, used, proto.op_type):
         fit = _fits_inputs(f, cand, expect)
-        if fit is not None and fit[0] > best_score:
-            best, best_score = (cand, fit[1]), fit[0]
+        if fit is not None and (best is None or fit.score > best.score):
+            best = fit
     return best
 
 
-def _fits_inputs(f, cand, expect):
-    """``(score, folds)`` when float node ``cand`` reads what ``expect`` says, else None."""
-    if any(cand.input[len(expect):]):
+def _fused_candidate(f, proto, expect, used):
+    """The float node ``proto`` matches once the float Mul/Add/Sub/Div by per-channel
+    constants or the BatchNormalization after it are folded into its weight and bias (the
+    longest such chain whose folded weights the QDQ weights round to), or None."""
+    for cand in _candidates(f, expect, used, proto.op_type):
+        chain = _affine_chain(f, cand)
+        for length in range(len(chain), 0, -1):
+            inputs = _fused(f, cand, chain[:length])
+            if inputs is None:
+                continue
+            fit = _fits_inputs(f, cand, expect, inputs)
+            if fit is not None and fit.weights_fit:
+                fit.chain = tuple(chain[:length])
+                return fit
+    return None
+
+
+def _affine_chain(f, node):
+    """The float nodes after ``node`` (its only reader, then that one's) that scale or shift
+    each output channel by a constant, or normalise it (BatchNormalization)."""
+    chain, tensor = [], node.output[0]
+    while True:
+        readers = f.readers.get(tensor, ())
+        if len(readers) != 1 or tensor in f.outputs:
+            return chain
+        r = readers[0]
+        if r.op_type == "BatchNormalization":
+            if any(f.constant(i) is None for i in r.input[1:5]) or len(r.output) > 1 and any(r.output[1:]):
+                return chain
+        elif r.op_type not in AFFINE or r.input[0] != tensor or f.constant(r.input[1]) is None:
+            return chain
+        chain.append(r)
+        tensor = r.output[0]
+
+
+def _fused(f, node, chain):
+    """Names of ``node``'s inputs with ``chain`` folded into its weight and bias (made
+    constants of ``f``), or None where a constant is not one value per output channel.
+    Conv's output channels are its weight's axis 0; Gemm's and MatMul's the output's last
+    axis (Gemm's weight rows with transB)."""
+    weight = f.constant(node.input[1]) if len(node.input) > 1 else None
+    if weight is None or weight.dtype.kind != "f" or weight.ndim < 2:
+        return None
+    trans_b = node.op_type == "Gemm" and any(a.name == "transB" and a.i for a in node.attribute)
+    if node.op_type == "Gemm" and any(a.name in ("alpha", "beta") and a.f != 1 for a in node.attribute):
+        return None
+    axis = 0 if node.op_type == "Conv" or trans_b else weight.ndim - 1
+    channels = weight.shape[axis]
+    from_end = weight.ndim - 2 if node.op_type == "Conv" else 0  # the channel axis of its output
+    bias_in = node.input[2] if len(node.input) > 2 and node.input[2] else None
+    bias = f.constant(bias_in) if bias_in else np.zeros(channels, np.float64)
+    if bias is None or bias.size not in (1, channels):
+        return None
+    w, b = weight.astype(np.float64), np.broadcast_to(bias.astype(np.float64).reshape(-1), (channels,))
+    for r in chain:
+        norm = r.op_type == "BatchNormalization"
+        values = [f.constant(i) for i in r.input[1:5]] if norm else [f.constant(r.input[1])]
+        per = [_per_channel(v, channels, from_end, norm) for v in values]
+        if any(p is None for p in per):
+            return None
+        if r.op_type == "BatchNormalization":
+            eps = next((a.f for a in r.attribute if a.name == "epsilon"), 1e-5)
+            scale, shift, mean, var = per
+            gain = scale / np.sqrt(var + eps)
+            w, b = w * _along(gain, axis, w.ndim), (b - mean) * gain + shift
+        elif r.op_type in ("Mul", "Div"):
+            gain = per[0] if r.op_type == "Mul" else 1 / per[0]
+            w, b = w * _along(gain, axis, w.ndim), b * gain
+        else:
+            b = b + per[0] if r.op_type == "Add" else b - per[0]
+    key = f"{node.name}::fused::{len(chain)}"
+    return (node.input[0], f.derive(f"{key}::weight", w.astype(weight.dtype)),
+            f.derive(f"{key}::bias", b.astype(weight.dtype)))
+
+
+def _per_channel(value, channels, from_end, normalisation=False):
+    """``value`` as one float per output channel, or None where it is not one value per
+    channel broadcast along the output's channel axis, ``from_end`` axes before its last
+    (BatchNormalization's constants are 1-D per channel by definition)."""
+    v = np.asarray(value, np.float64)
+    if v.size == 1:
+        return np.full(channels, float(v.reshape(-1)[0]))
+    if v.size != channels:
+        return None
+    if normalisation and v.ndim == 1:
+        return v
+    return v.reshape(-1) if v.ndim > from_end and v.shape[v.ndim - 1 - from_end] == channels else None
+
+
+def _along(values, axis, ndim):
+    shape = [1] * ndim
+    shape[axis] = values.size
+    return values.reshape(shape)
+
+
+def _fits_inputs(f, cand, expect, inputs=None):
+    """A :class:`_Match` when float node ``cand`` reads what ``expect`` says (``inputs``: its
+    inputs' names, when a folded chain replaced them), else None."""
+    inputs = tuple(cand.input) if inputs is None else tuple(inputs)
+    if any(inputs[len(expect):]):
         return None  # the float node reads more than the QDQ node
-    score, folds = 0, {}
+    score, folds, weights_fit = 0, {}, True
     for k, e in enumerate(expect):
-        fin = cand.input[k] if k < len(cand.input) else ""
+        fin = inputs[k] if k < len(inputs) else ""
         kind = e[0]
         if kind == "none":
             if fin:
                 return None
         elif kind == "tensor":
-            if fin == e[1]:
+            if f.canonical(fin) == f.canonical(e[1]):
                 score += 2
                 continue
             prod = f.producer.get(fin)
             c = e[2]
-            if (prod is not None and prod.op_type in FOLDABLE and prod.input[0] == e[1] and c is not None
-                    and c.kind == "activation"):
+            if (prod is not None and prod.op_type in FOLDABLE and f.canonical(prod.input[0]) == f.canonical(e[1])
+                    and c is not None and c.kind == "activation"):
                 bounds = f.fold_bounds(prod)
                 if bounds is None:
                     return None
@@ -285,19 +479,26 @@ def _fits_inputs(f, cand, expect):
             return None
         elif kind in ("weight", "const"):
             value = f.constant(fin) if fin else None
+            if value is None and kind == "const" and fin and f.shape_derived(fin):
+                score += 1  # a shape computed from shapes, stored folded
+                continue
             if value is None:
                 return None
             want = e[2] if kind == "weight" else np.shape(e[1])
             if tuple(np.shape(value)) != tuple(want):
                 return None
             score += 1
+            if kind == "const" and np.size(value) <= 64 and np.array_equal(value, e[1]):
+                score += 1  # two Gathers of one shape: the one taking the same index
             if kind == "weight" and np.size(value) > 1:
                 # among nodes of one op reading one tensor (q, k and v projections), the one
                 # whose weight the quantized weight rounds to
                 mine = e[3]()
-                score += 1 if mine is not None and fits(e[1], mine, value) else 0
+                fit = mine is not None and fits(e[1], mine, value)
+                score += fit
+                weights_fit = weights_fit and fit
         # "unknown": an input whose source did not match; anything goes
-    return score, folds
+    return _Match(cand, folds, weights_fit, score, inputs=inputs)
 
 
 def _assign_weights(qm, f, weights_at, values):
@@ -434,15 +635,20 @@ def _set_float(qm, c, fw, fname):
     c.float_weight = name
 
 
-def _rewrites(qm, f, nodes, used):
+def _rewrites(qm, f, nodes, used, passed):
     """Sentences for what the quantizer changed beyond Q/DQ: float ops without counterpart and
-    QDQ ops the float model does not have."""
+    QDQ ops the float model does not have (but the reshapes that passed a match through)."""
     # a float Relu/Clip the quantizer deleted is explained when the node after it matched
     explained = {n.name for n in f.nodes if n.op_type in FOLDABLE and n.name not in used
                  and any(u.name in used for u in f.consumers.get(n.output[0], ()))}
+    # so is a float node the quantizer merged with an identical one, and shape arithmetic
+    # (constant-folded where the shapes are fixed)
+    explained |= {n.name for n in f.nodes if n.output and all(o in f.same or f.shape_derived(o)
+                                                              for o in n.output if o)}
     unmatched_float = [n.name for n in f.nodes if n.name not in used and n.name not in explained
                        and n.op_type not in ("Identity", "Dropout")]
-    unmatched_qdq = [n.name for n in qm.normal.values() if n.name not in nodes and n.op_type not in TRANSPARENT]
+    unmatched_qdq = [n.name for n in qm.normal.values() if n.name not in nodes and n.name not in passed
+                     and n.op_type not in TRANSPARENT]
     out = []
     if unmatched_float or unmatched_qdq:
         fops = _ops(f.nodes, unmatched_float)
