@@ -146,7 +146,7 @@ class Analysis:
     def output_metrics(self, outputs=None, metrics=("cosine-similarity",), holdout=None):
         """Metrics of the fully quantized model against the float one, per output.
 
-        ``outputs``: None (every model output), or names and slices like
+        ``outputs``: None (every float model output), or names and slices like
         ``"cls=prob[:, 4:]"``. Each value pools every sample (the metric of the samples
         concatenated).
         """

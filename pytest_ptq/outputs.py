@@ -66,9 +66,13 @@ def parse_output(spec, qmodel):
 
 
 def parse_outputs(output_node, qmodel):
-    """OutputSpecs for ``output_node`` (None = every model output; a name; or a list)."""
+    """OutputSpecs for ``output_node`` (None = every float model output, or every output
+    where none is float; a name; or a list)."""
     if output_node is None:
-        specs = [OutputSpec(n, n) for n in qmodel.output_names]
+        # a bool mask or integer ids passed through carry no quantization error a metric
+        # could weigh (cosine of a mask is 1 whatever happens), unless nothing else is there
+        floats = [n for n in qmodel.output_names if qmodel.is_float_tensor(n)]
+        specs = [OutputSpec(n, n) for n in floats or qmodel.output_names]
     else:
         if isinstance(output_node, (str, OutputSpec)):
             items = [output_node]

@@ -241,3 +241,27 @@ def test_output_node_can_be_an_inner_node(setup):
         r = np.concatenate([o["a2"].ravel() for o in ref]).astype(np.float64)
         t = np.concatenate([o["a2"].ravel() for o in test]).astype(np.float64)
         assert_metric("cosine-similarity", values["cosine-similarity"], r, t)
+
+
+def test_outputs_that_are_not_float_are_left_out_of_the_default_metric(tmp_path):
+    """A label (ArgMax) or a mask passed through is no tensor a cosine weighs: by default the
+    metric reads the float outputs only; a model with no float output keeps them all."""
+    from onnx import TensorProto, helper
+
+    from pytest_ptq.model import QuantModel
+    from pytest_ptq.outputs import parse_outputs
+
+    model = onnx.load(str(builders.conv_net(tmp_path / "f.onnx")))
+    model.graph.node.append(helper.make_node("ArgMax", ["prob"], ["label"], axis=1, name="label"))
+    model.graph.output.append(helper.make_tensor_value_info("label", TensorProto.INT64, [1, 1]))
+    onnx.save(model, str(tmp_path / "f2.onnx"))
+    data = builders.samples(2)
+    qpath = builders.quantize(tmp_path / "f2.onnx", tmp_path / "q.onnx", data)
+    result = get_sensitivity_of_nodes(Engine(qpath, data), node_type="activation", progress=False)
+    assert result.outputs == ["prob"]
+    assert [s.name for s in parse_outputs("label", QuantModel(qpath))] == ["label"]  # asked for: kept
+    # nothing float left: the integer output is what there is
+    model.graph.output.remove(model.graph.output[0])
+    onnx.save(model, str(tmp_path / "f3.onnx"))
+    qpath = builders.quantize(tmp_path / "f3.onnx", tmp_path / "q3.onnx", data)
+    assert [s.name for s in parse_outputs(None, QuantModel(qpath))] == ["label"]

@@ -133,7 +133,7 @@ def add_metrics(p, what="the first sorts the ranking"):
 def add_output_node(p):
     p.add_argument("-o", "--output-node", nargs="+", default=None, metavar="OUTPUT",
                    help="outputs to compare: a tensor, a node, or a slice 'name=out[:, 0:4]'. "
-                        "Default: every model output")
+                        "Default: every float model output (a label or mask output is left out unless named)")
 
 
 def add_top(p, help="print only the top N rows", default=None):
