@@ -514,13 +514,13 @@ class _Rewriter:
             self.skip.add(_key(add))
             self.touched.update(add.input)
             flat = self._flat_bias(addend) if op == "ConvInteger" else None
-            self.run_biases.append(self.op_name(node))
+            name = self.op_name(node)
+            self.run_biases.append(name)
             # the int32 bias on the product's grid, as the integer kernel added it: its
             # rounding (onnx.quantize's Floor) stays in the graph, not a calibration node
             cast_bias, bias = self.fresh(f"{addend}_float"), self.fresh(f"{addend}_dequantized")
             self.emit("Cast", [flat or addend], [cast_bias], self.fresh(f"{addend}_Cast"), to=TensorProto.FLOAT)
             self.emit("Mul", [cast_bias, product], [bias], self.fresh(f"{addend}_scale_Mul"))
-            name = self.run_biases[-1]
             if flat:
                 self.emit(INTEGER[op], inputs + [bias], [value], name, **attrs)
             else:
