@@ -359,7 +359,8 @@ def mlp_samples(n=4, width=64, seed=1):
 
 def preprocessed_net(folder, seed=0):
     """A float net as PyTorch exports some (a convolution's BatchNormalization left as a
-    per-channel Mul and Add, another as BatchNormalization, a 3-D MatMul and its bias Add, two
+    per-channel Mul and Add, another as BatchNormalization, a third convolution without bias
+    scaled per channel, a 3-D MatMul and its bias Add, two
     Shape nodes of one tensor feeding a Reshape), the same net after onnxruntime's basic
     graph optimizations (what Intel Neural Compressor runs before quantizing, and what
     ``quant_pre_process`` does: ConvMulFusion, ConvAddFusion, ConvBNFusion, MatMulAddFusion,
@@ -379,7 +380,7 @@ def preprocessed_net(folder, seed=0):
     inits = [init("w1", (c, 3, 3, 3)), init("gamma", (1, c, 1, 1), low=0.5), init("beta", (1, c, 1, 1)),
              init("w2", (c, c, 3, 3)), init("bn_scale", (c,), low=0.5), init("bn_bias", (c,)),
              init("bn_mean", (c,), 0.1), init("bn_var", (c,), low=0.5), init("wm", (c, 12)), init("bm", (12,)),
-             init("wo", (12, 4)),
+             init("wo", (12, 4)), init("w3", (c, c, 1, 1)), init("gamma3", (1, c, 1, 1), low=0.5),
              numpy_helper.from_array(np.array([0], np.int64), "axis0"),
              numpy_helper.from_array(np.array([-1], np.int64), "minus1"),
              numpy_helper.from_array(np.array(0, np.int64), "zero"),
@@ -391,7 +392,10 @@ def preprocessed_net(folder, seed=0):
              helper.make_node("Conv", ["r1", "w2"], ["c2"], name="conv2", pads=[1] * 4),
              helper.make_node("BatchNormalization", ["c2", "bn_scale", "bn_bias", "bn_mean", "bn_var"], ["b2"],
                               name="bn2", epsilon=1e-3),
-             helper.make_node("Relu", ["b2"], ["r2"], name="relu2"),
+             helper.make_node("Relu", ["b2"], ["r2a"], name="relu2"),
+             helper.make_node("Conv", ["r2a", "w3"], ["c3"], name="conv3"),  # no bias, scaled only
+             helper.make_node("Mul", ["c3", "gamma3"], ["m3"], name="scale3"),
+             helper.make_node("Relu", ["m3"], ["r2"], name="relu3a"),
              # [1, C, H, W] -> [1, H*W, C]: the batch size taken twice from one shape
              helper.make_node("Shape", ["r2"], ["s_a"], name="shape_a"),
              helper.make_node("Shape", ["r2"], ["s_b"], name="shape_b"),

@@ -375,9 +375,10 @@ def test_a_float_model_before_the_quantizers_graph_optimizations_aligns(tmp_path
     net = conventions.preprocessed_net(tmp_path)
     engine = Engine(net["qdq"], net["samples"], float_model=net["float"])
     alignment = engine.qmodel.alignment
-    assert alignment.weights_fitted == alignment.weights_tried == 7 and not alignment.unmatched_weights
-    # the Relus after conv1, bn2 and the MatMul's Add (its 2-D and 3-D pairs both)
-    assert {"r1_QuantizeLinear", "r2_QuantizeLinear", "rp_QuantizeLinear"} <= set(alignment.folded)
+    assert alignment.weights_fitted == alignment.weights_tried == 8 and not alignment.unmatched_weights
+    # the Relus after conv1, bn2, conv3's scale and the MatMul's Add (its 2-D and 3-D pairs both)
+    assert {"r1_QuantizeLinear", "r2a_QuantizeLinear", "r2_QuantizeLinear", "rp_QuantizeLinear"} <= set(
+        alignment.folded)
     assert all(fold[0] == "Relu" for fold in alignment.folded.values())
     assert not alignment.rewrites and engine.rewrite is None
     for i, x in enumerate(net["samples"]["x"]):

@@ -410,6 +410,8 @@ def _fused(f, node, chain):
     w, b = weight.astype(np.float64), np.broadcast_to(bias.astype(np.float64).reshape(-1), (channels,))
     for r in chain:
         norm = r.op_type == "BatchNormalization"
+        if norm and node.op_type == "MatMul":
+            return None  # it normalises axis 1, which is a MatMul's channels only in 2-D
         values = [f.constant(i) for i in r.input[1:5]] if norm else [f.constant(r.input[1])]
         per = [_per_channel(v, channels, from_end, norm) for v in values]
         if any(p is None for p in per):
@@ -425,8 +427,10 @@ def _fused(f, node, chain):
         else:
             b = b + per[0] if r.op_type == "Add" else b - per[0]
     key = f"{node.name}::fused::{len(chain)}"
-    return (node.input[0], f.derive(f"{key}::weight", w.astype(weight.dtype)),
-            f.derive(f"{key}::bias", b.astype(weight.dtype)))
+    inputs = (node.input[0], f.derive(f"{key}::weight", w.astype(weight.dtype)))
+    if bias_in is None and all(r.op_type in ("Mul", "Div") for r in chain):
+        return inputs  # scaled only: still no bias
+    return inputs + (f.derive(f"{key}::bias", b.astype(weight.dtype)),)
 
 
 def _per_channel(value, channels, from_end, normalisation=False):
