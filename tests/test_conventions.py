@@ -381,6 +381,10 @@ def test_a_float_model_before_the_quantizers_graph_optimizations_aligns(tmp_path
         alignment.folded)
     assert all(fold[0] == "Relu" for fold in alignment.folded.values())
     assert not alignment.rewrites and engine.rewrite is None
+    # the fused nodes are told apart: a producer excludes them by the names its optimized graph
+    # gave them ('proj/MatMulAddFusion'), and their outputs are the last fused op's
+    assert alignment.fused == {"conv1": "conv1", "conv2": "conv2", "conv3": "conv3", "proj/MatMulAddFusion": "proj"}
+    assert alignment.nodes == {"flatten": "flatten", "tokens": "tokens", "head": "head"}
     for i, x in enumerate(net["samples"]["x"]):
         np.testing.assert_allclose(engine.run(i, ())["y"], builders.run_model(net["float"], {"x": x})["y"],
                                    rtol=1e-4, atol=1e-5)

@@ -69,7 +69,7 @@ _RANDOM = ("RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLi
 class Alignment:
     """What the alignment found: node matches, recovered weights, folds and rewrites."""
 
-    nodes: dict  # QDQ normal node -> float node
+    nodes: dict  # QDQ normal node -> float node (of the same op, computing the same tensors)
     weights: dict  # calibration node -> float initializer name
     folded: dict  # calibration node -> (op, lo, hi)
     rewrites: list  # sentences, e.g. "float Sigmoid 'sig' has no counterpart"
@@ -78,6 +78,10 @@ class Alignment:
     unmatched_qdq: list = dataclasses.field(default_factory=list)  # QDQ normal node names
     weights_tried: int = 0  # weights whose matched float constant was compared by value
     weights_fitted: int = 0  # ... and lay within rounding of it
+    # QDQ normal node -> the float node the quantizer's graph optimization fused the ops after
+    # into (or turned into another op): the producer knew it by the QDQ graph's name, and its
+    # outputs are the last fused op's
+    fused: dict = dataclasses.field(default_factory=dict)
 
     @property
     def matched_share(self):
@@ -215,7 +219,7 @@ def align(qm, float_model):
             tmatch[name] = name
         elif len(q_inputs) == len(f_inputs):
             tmatch[name] = f_inputs[k]
-    nodes, weights_at, folded, used, values, passed = {}, {}, {}, set(), {}, set()
+    nodes, fused, weights_at, folded, used, values, passed = {}, {}, {}, {}, set(), {}, set()
     for n in qm.normal.values():
         proto = qm.node(n.name)
         expect = [_expectation(qm, by_output, tmatch, i, values) for i in proto.input]
@@ -230,7 +234,7 @@ def align(qm, float_model):
             continue
         fnode = best.node
         used.update([fnode.name, *(c.name for c in best.chain)])
-        nodes[n.name] = fnode.name
+        (fused if best.chain or fnode.op_type != proto.op_type else nodes)[n.name] = fnode.name
         outputs = [best.chain[-1].output[0]] if best.chain else fnode.output
         for qo, fo in zip(proto.output, outputs):
             if qo and fo:
@@ -249,11 +253,11 @@ def align(qm, float_model):
     weights, unmatched, tried, fitted = _assign_weights(qm, f, weights_at, values)
     for cname, fold in folded.items():
         qm.calibration[cname].folded = fold
-    rewrites, unmatched_float, unmatched_qdq = _rewrites(qm, f, nodes, used, passed)
+    rewrites, unmatched_float, unmatched_qdq = _rewrites(qm, f, {**nodes, **fused}, used, passed)
     rewrites += _stale_subgraph_reads(qm, folded)
     result = Alignment(nodes=nodes, weights=weights, folded=folded, rewrites=rewrites,
                        unmatched_weights=unmatched, unmatched_float=unmatched_float, unmatched_qdq=unmatched_qdq,
-                       weights_tried=tried, weights_fitted=fitted)
+                       weights_tried=tried, weights_fitted=fitted, fused=fused)
     qm.alignment = result
     return result
 
