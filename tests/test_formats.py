@@ -478,10 +478,12 @@ def test_per_direction_lstm_weights_below_opset_13(tmp_path, per_channel):
     assert pooled_cosine(ref_q, got_q) >= 0.99999  # the kernel also quantizes the hidden state
 
 
+@pytest.mark.parametrize("where", ["inline", "external"])
 @pytest.mark.parametrize("fmt", ["dynamic", "QOperator"])
-def test_large_integer_weights_are_read_from_the_mapped_file(tmp_path, fmt):
-    """A weight of 64 KiB or more stays in the file (memory-mapped) when the model is loaded;
-    the rewrite into QDQ form reads it from there (it raised onnx's external-data error)."""
+def test_large_integer_weights_are_read_from_the_mapped_file(tmp_path, fmt, where):
+    """A weight of 64 KiB or more stays in the file (memory-mapped) when the model is loaded,
+    the .onnx file or its external data; the rewrite into QDQ form reads it from there (both
+    raised onnx's external-data error)."""
     rng = np.random.default_rng(0)
     w = numpy_helper.from_array((rng.standard_normal((300, 300)) * 0.05).astype(np.float32), "w")
     graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")], "big",
@@ -494,7 +496,13 @@ def test_large_integer_weights_are_read_from_the_mapped_file(tmp_path, fmt):
     else:
         fm.quantize_qoperator(tmp_path / "f.onnx", tmp_path / "q.onnx", data)
     assert max(i.ByteSize() for i in onnx.load(str(tmp_path / "q.onnx")).graph.initializer) >= 300 * 300
-    engine = Engine(tmp_path / "q.onnx", data, float_model=tmp_path / "f.onnx")
+    qpath = tmp_path / "q.onnx"
+    if where == "external":
+        qpath = tmp_path / "external" / "q.onnx"
+        qpath.parent.mkdir()
+        onnx.save(onnx.load(str(tmp_path / "q.onnx")), str(qpath), save_as_external_data=True, location="q.bin",
+                  size_threshold=1024)
+    engine = Engine(qpath, data, float_model=tmp_path / "f.onnx")
     assert engine.qmodel.format_label == fmt
     for i, x in enumerate(data["x"]):
         np.testing.assert_allclose(engine.run(i, ())["y"], run_model(tmp_path / "f.onnx", {"x": x})["y"],

@@ -301,16 +301,18 @@ class QuantModel:
         self.model, self.path, mapped = load_light(model_or_file)
         self.source = str(self.path) if self.path else "<ModelProto>"
         self.notes = []
-        # QOperator and dynamic models are analysed in their QDQ form (see .formats)
-        shared = {**(shared or {}), **mapped}
-        rewrite = formats.to_qdq(self.model, repr(self.source), shared)
+        # large initializers as numpy arrays (external data mapped from its file), shared by
+        # every session (``shared``: the values of a ModelProto from another QuantModel)
+        folder = self.path.parent if self.path else None
+        arrays = externalize(self.model.graph, {**(shared or {}), **mapped}, folder, repr(self.source))
+        # QOperator and dynamic models are analysed in their QDQ form (see .formats), which
+        # reads their weights' values
+        rewrite = formats.to_qdq(self.model, repr(self.source), arrays)
         self.model, self._format, self.format_label = rewrite.model, rewrite.format, rewrite.label
         self._given = None if self._format == formats.QDQ else model_or_file
         self.notes += rewrite.notes
         graph = self.model.graph
-        # large initializers as numpy arrays (external data mapped from its file), shared by
-        # every session (``shared``: the values of a ModelProto from another QuantModel)
-        self.shared = externalize(graph, shared, self.path.parent if self.path else None, repr(self.source))
+        self.shared = externalize(graph, arrays, folder, repr(self.source))  # and the rewrite's own
         name_nodes(graph)
         self.made_by = detect(self.model, self._format)  # the quantizer, for reports and remedies only
         self.resorted = sort_topologically(graph, repr(self.source))
