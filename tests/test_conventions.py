@@ -390,3 +390,19 @@ def test_a_float_model_before_the_quantizers_graph_optimizations_aligns(tmp_path
                                    rtol=1e-4, atol=1e-5)
         want = builders.run_model(net["qdq"], {"x": x}, level="disable")["y"]
         assert _cos(engine.run(i, "all")["y"], want) > 0.999999
+
+
+def test_shape_arithmetic_is_told_apart_on_a_graph_deeper_than_the_recursion_limit():
+    """Whether a tensor is computed from shapes only is followed back through its producers
+    as deep as the graph goes, without recursion (20 000 ops here)."""
+    from pytest_ptq.model.align import _Float
+
+    depth = 20000
+    nodes = [helper.make_node("Neg", [f"t{k}" if k else "x"], [f"t{k + 1}"], name=f"neg{k}") for k in range(depth)]
+    nodes += [helper.make_node("Shape", [f"t{depth}"], ["s"], name="shape"),
+              helper.make_node("Cast", ["s"], ["sf"], to=TensorProto.FLOAT, name="cast"),
+              helper.make_node("Add", [f"t{depth}", "sf"], ["y"], name="add")]
+    graph = helper.make_graph(nodes, "deep", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])])
+    f = _Float(helper.make_model(graph), {})
+    assert f.shape_derived("sf") and not f.shape_derived("y") and not f.shape_derived(f"t{depth}")

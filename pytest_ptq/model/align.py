@@ -140,17 +140,24 @@ class _Float:
     def shape_derived(self, tensor):
         """Whether ``tensor`` depends on the graph inputs only through their shapes (Shape,
         Size), so that a quantizer's constant folding may store it as a constant."""
-        if tensor not in self._static:
-            node = self.producer.get(tensor)
-            if self.constant(tensor) is not None:
-                self._static[tensor] = True
+        stack = [tensor]  # depth-first without recursion: a chain may be as deep as the graph
+        while stack:
+            t = stack[-1]
+            if t in self._static:
+                stack.pop()
+                continue
+            node = self.producer.get(t)
+            if self.constant(t) is not None or (node is not None and node.op_type in ("Shape", "Size")):
+                self._static[t] = True
             elif node is None or node.op_type in _RANDOM or any(True for _ in subgraphs(node)):
-                self._static[tensor] = False
-            elif node.op_type in ("Shape", "Size"):
-                self._static[tensor] = True
+                self._static[t] = False
             else:
-                self._static[tensor] = False  # until its inputs say otherwise (no cycles in a DAG)
-                self._static[tensor] = all(self.shape_derived(i) for i in node.input if i)
+                pending = [i for i in node.input if i and i not in self._static]
+                if pending:
+                    stack.extend(pending)
+                    continue
+                self._static[t] = all(self._static[i] for i in node.input if i)
+            stack.pop()
         return self._static[tensor]
 
     def derive(self, name, value):
