@@ -43,7 +43,7 @@ import onnx
 from onnx import numpy_helper
 
 from . import grids
-from .graph import hand_back, load_weightless, mapping, name_nodes, node_refs, sort_topologically, subgraphs
+from .graph import has_subgraphs, hand_back, load_weightless, mapping, name_nodes, node_refs, sort_topologically
 
 # Share of a weight's elements that must lie within rounding of the float candidate.
 FIT_SHARE = 0.99
@@ -125,7 +125,7 @@ class _Float:
         # common subexpression elimination): its outputs stand for the earlier one's
         self.same, self.aliases, first = {}, defaultdict(list), {}
         for n in self.nodes:
-            if n.op_type in _RANDOM or any(True for _ in subgraphs(n)):
+            if n.op_type in _RANDOM or has_subgraphs(n):
                 continue
             key = (n.domain, n.op_type, tuple(self.canonical(i) for i in n.input),
                    tuple(a.SerializeToString() for a in n.attribute))
@@ -149,7 +149,7 @@ class _Float:
             node = self.producer.get(t)
             if self.constant(t) is not None or (node is not None and node.op_type in ("Shape", "Size")):
                 self._static[t] = True
-            elif node is None or node.op_type in _RANDOM or any(True for _ in subgraphs(node)):
+            elif node is None or node.op_type in _RANDOM or has_subgraphs(node):
                 self._static[t] = False
             else:
                 pending = [i for i in node.input if i and i not in self._static]
@@ -284,7 +284,7 @@ def _stale_subgraph_reads(qm, folded):
     """Sentences for folds whose output a subgraph read: quantize_static gives the fold's
     output name to its input when it deletes it, and rewires the main graph only, so the
     subgraphs that read the output now read the input."""
-    with_subgraphs = [n for n in qm.model.graph.node if subgraphs(n)]
+    with_subgraphs = [n for n in qm.model.graph.node if has_subgraphs(n)]
     out = []
     for cname, (op, _, _) in folded.items():
         tensor = qm.calibration[cname].input

@@ -570,12 +570,12 @@ class _Rewriter:
 
     def _is_int32(self, tensor):
         """Whether ``tensor`` is an int32 constant, an int32 Cast, or one reshaped."""
-        if tensor in self.inits:
-            return self.inits[tensor].data_type == TensorProto.INT32
+        value = self.constant(tensor)  # an initializer or a Constant node
+        if value is not None:
+            return np.asarray(value).dtype == np.int32
         node = self.producer.get(tensor)
         if node is None:
-            value = self.constant(tensor)
-            return value is not None and value.dtype == np.int32
+            return False
         if node.op_type == "Cast":
             return any(a.name == "to" and a.i == TensorProto.INT32 for a in node.attribute)
         return node.op_type in ("Reshape", "Unsqueeze", "Identity") and self._is_int32(node.input[0])

@@ -60,6 +60,11 @@ def subgraphs(node):
             yield from a.graphs
 
 
+def has_subgraphs(node):
+    """Whether ``node`` holds a subgraph (If, Loop, Scan)."""
+    return any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute)
+
+
 def _subgraph_refs(graph, bound):
     """Names a subgraph reads from the enclosing scope."""
     bound = set(bound) | {i.name for i in graph.input} | {i.name for i in graph.initializer}

@@ -25,7 +25,7 @@ from .. import params
 from ..errors import NotQuantized, PTQError, unknown
 from . import formats, grids
 from .graph import (externalize, hand_back, load_light, load_model, mapping, name_nodes, restore,
-                    sort_topologically, subgraphs)
+                    has_subgraphs, sort_topologically, subgraphs)
 from .producers import detect
 
 # Elements of a weight that numpy computes on at once (see CalibrationNode.row_blocks): float64
@@ -362,7 +362,7 @@ class QuantModel:
                     qdq += (n.op_type in ("QuantizeLinear", "DequantizeLinear")) + deeper[1]
             return nodes, qdq
 
-        holders = [(n, *inside(n)) for n in self.model.graph.node if any(True for _ in subgraphs(n))]
+        holders = [(n, *inside(n)) for n in self.model.graph.node if has_subgraphs(n)]
         if not holders:
             return None
         inner, qdq = sum(h[1] for h in holders), sum(h[2] for h in holders)
