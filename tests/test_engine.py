@@ -135,6 +135,38 @@ def test_each_node_alone_matches_its_rewired_model(zoo, variant, level):
     assert_mostly_exact(exact, "one node quantized")
 
 
+def test_constants_nothing_reads_are_left_out_of_every_session(zoo, tmp_path):
+    """Exporters leave unread Constant nodes (a Paddle detector: 500 of its 1493 nodes), some
+    at the end: placed there, they made a segment of nothing but Constants, with no output,
+    which onnxruntime refuses to load. One that is a graph output stays."""
+    qpath, fpath = zoo.qdq("qdq_pc"), zoo.float("qdq_pc")
+    model = onnx.load(str(qpath))
+    value = numpy_helper.from_array(np.arange(4, dtype=np.float32))
+    nodes = list(model.graph.node)
+    dead = [helper.make_node("Constant", [], [f"dead{k}"], name=f"dead{k}", value=value) for k in range(60)]
+    shown = helper.make_node("Constant", [], ["shown"], name="shown", value=value)
+    del model.graph.node[:]
+    model.graph.node.extend(dead[:20] + nodes[:len(nodes) // 2] + dead[20:40] + nodes[len(nodes) // 2:]
+                            + dead[40:] + [shown])
+    model.graph.output.append(helper.make_tensor_value_info("shown", onnx.TensorProto.FLOAT, [4]))
+    path = tmp_path / "dead_constants.onnx"
+    onnx.save(model, str(path))
+    feeds = _feeds(zoo, "qdq_pc")
+    engine = Engine(path, zoo.data("qdq_pc"), float_model=fpath, optimization="disable", segments=16)
+    assert len(engine.segments) > 2
+    step = _output_step(qpath)
+    for config in ("all", ()):
+        want = builders.run_model(path, feeds) if config == "all" else builders.run_model(fpath, feeds)
+        for i in range(len(feeds)):
+            got = engine.run(i, config)
+            assert_matches({k: got[k] for k in want[i]}, want[i], "disable", step, str(config))
+            np.testing.assert_array_equal(got["shown"], np.arange(4))
+    name = engine.calib_names[len(engine.calib_names) // 2]
+    want = builders.run_model(builders.rewire(path, keep={name}, float_model=fpath), feeds)
+    for i in range(len(feeds)):
+        assert_matches(engine.run(i, [name]), want[i], "disable", step, name)
+
+
 def test_lone_dq_weights_without_float_model_stay_dequantized(zoo):
     qpath = zoo.qdq("dq_weights")
     feeds = _feeds(zoo, "dq_weights")

@@ -118,10 +118,11 @@ def instrument(qmodel, gates, extra_outputs=(), local=False, shared=None):
     return model
 
 
-def constants_late(nodes, inits, gates):
+def constants_late(nodes, inits, gates, outputs):
     """``nodes`` with every node computed from constants only (weight gates, weight DQs,
     Constant; ``inits``: the initializer names, ``gates``: the :class:`Gates`, whose flags
-    count as constants) moved to just before its first consumer.
+    count as constants) moved to just before its first consumer; one that no node reads and
+    none of ``outputs`` (the graph's output names) names is left out.
 
     Quantizers emit weight Q/DQ first. Left there, a dequantized weight would cross segment
     boundaries as a fed tensor, which onnxruntime cannot prepack; and a session whose weights
@@ -150,8 +151,13 @@ def constants_late(nodes, inits, gates):
                     deferred[o] = node
                 continue
         emit(node)
+    # what is left unemitted computes from constants and no node reads it: kept for a graph
+    # output only. Exporters leave unread Constants behind (a Paddle detector: hundreds), and
+    # at the end they made a segment of nothing but them, which onnxruntime cannot load.
+    outputs = set(outputs)
     for node in nodes:
-        emit(node)
+        if outputs.intersection(node.output):
+            emit(node)
     return order
 
 
