@@ -30,10 +30,8 @@ from .remedy.terms import float_tensor_name, onnxruntime_settings
 from .results import JsonResult
 from .sensitivity import rank_configs
 from .tables import short
-from .verdict import DOMINANT, badness
+from .verdict import DOMINANT, badness, float_first
 
-# A node alone costing this much (1 - cosine) stays in float, as runall says.
-SEVERE = 0.1
 # Fixes name nodes costing at least this share of the worst node's loss: the others would not
 # move the output.
 RELEVANT = 0.1
@@ -265,8 +263,8 @@ def _node(qm, sens, rank, name, calib, dist, boxes, split, metric):
     tries = list(dict.fromkeys(t for i in chosen for t in i["try"]))
     reason = "; ".join((f"{i['kind']} {i['node']} ({i['granularity']} {i['bit']}-bit): " if sens.node_type == "node"
                         else f"{i['granularity']} {i['bit']}-bit: ") + i["reason"] for i in chosen[:2])
-    if metric == "cosine-similarity" and bad >= SEVERE:
-        tries.insert(0, "keep in float")
+    tries, severe = float_first(metric, bad, tries)
+    if severe:
         reason = f"quantizing it alone drops the output cosine to {short(value)}; " + reason
     return {"rank": rank, "node": name, "kind": kind, "op_type": op_type, metric: value, "badness": bad,
             "cause": cause, "split": split, "reason": reason, "try": tries or ["int16", "keep in float"],

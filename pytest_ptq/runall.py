@@ -50,9 +50,8 @@ from .results import json_safe
 from .engine import engine_for
 from .screening import DEFAULT_BUDGET_S, DEFAULT_BUDGET_SAMPLES, screen
 from .sensitivity import sample_indices
-from .verdict import ALL, badness, three_configs
+from .verdict import ALL, badness, float_first, three_configs
 
-SEVERE = 0.1  # badness (1 - cosine) of a single node beyond which it should stay in float
 RELEVANT = 0.1  # next steps name nodes costing at least this share of the worst node's badness
 KINDS = ("weight", "activation")
 
@@ -252,8 +251,8 @@ def _advise(engine, metric, kind, rank, name, sens, dist, boxes, curves):
         tries += [x for x in t if x not in tries]
         reasons += [label + x for x in r]
         findings.append({"node": c, "kind": d["kind"], "try": t})
-    if metric == "cosine-similarity" and bad >= SEVERE:
-        tries.insert(0, "keep in float")
+    tries, severe = float_first(metric, bad, tries)
+    if severe:
         reasons.insert(0, f"quantizing it alone drops the output {metric} to {value:.4f}")
     if not tries:
         tries = ["int16", "keep in float"]

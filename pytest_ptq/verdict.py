@@ -29,6 +29,7 @@ from .tables import short
 CLOSE = 1e-3  # loss (1 - cosine) with everything quantized under which the model is close to float
 DOMINANT = 2.0  # one kind explains the loss when its own loss is this many times the other's
 WEIGHT, ACTIVATION, ALL = "weight only", "activation only", "all quantized"
+SEVERE = 0.1  # loss (1 - cosine) of one node quantized alone beyond which it should stay in float
 
 
 def badness(metric, value):
@@ -41,6 +42,13 @@ def badness(metric, value):
     if metric == "sqnr":
         return 0.0 if value == math.inf else 10 ** (-value / 10)
     return float(value)
+
+
+def float_first(metric, bad, tries):
+    """``(tries, severe)``: the remedies to try, "keep in float" first and once when quantizing
+    the node alone costs the output more than SEVERE in cosine."""
+    severe = metric == "cosine-similarity" and bad >= SEVERE
+    return (list(dict.fromkeys(["keep in float", *tries])) if severe else tries), severe
 
 
 @dataclasses.dataclass

@@ -17,6 +17,7 @@ from pytest_ptq.engine import Engine
 from pytest_ptq.errors import PTQError
 from pytest_ptq.runall import runall
 from pytest_ptq.sensitivity import Sensitivity
+from pytest_ptq.verdict import float_first
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -211,3 +212,10 @@ def test_cli_runall_errors_and_help(setup, tmp_path, capsys):
     with pytest.raises(SystemExit) as exc:
         cli.main(["runall", str(setup["qa"]), str(setup["folder"]), "--top", "0"])
     assert exc.value.code == 2
+
+
+def test_a_severe_node_is_kept_in_float_first_and_once():
+    # a well-shaped but severe node reads ["int16", "keep in float"] from its distribution
+    assert float_first("cosine-similarity", 0.6, ["int16", "keep in float"]) == (["keep in float", "int16"], True)
+    assert float_first("cosine-similarity", 0.01, ["int16", "keep in float"]) == (["int16", "keep in float"], False)
+    assert float_first("mse", 5.0, ["int16"]) == (["int16"], False)
