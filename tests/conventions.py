@@ -430,3 +430,72 @@ def preprocessed_net(folder, seed=0):
 
     quantize_static(str(paths["optimized"]), str(paths["qdq"]), Reader())
     return {**paths, "samples": samples}
+
+
+def inlined_net(folder, seed=0):
+    """A float net with a HardSwish after a convolution's BatchNormalization, a convolution
+    whose bias is an Add behind an Identity (as Paddle exports them), and a Sigmoid; and that
+    net as AMD Quark quantizes it: HardSwish inlined as its ONNX definition (HardSigmoid and
+    Mul, to quantize between them), onnxruntime's basic optimizations (BatchNormalization and
+    the bias Add folded into the convolutions, the Identity gone), the Sigmoid rewritten as a
+    HardSigmoid, then quantize_static with 16-bit activations (a bias step far below float32
+    rounding of a fold through a large mean). Returns ``{"float", "rewritten", "qdq": path,
+    "samples": {"x": [...]}}``."""
+    import onnxruntime as ort
+    from onnx.inliner import inline_selected_functions
+    from onnxruntime.quantization import CalibrationDataReader, QuantType, quantize_static
+
+    rng = np.random.default_rng(seed)
+    c = 8
+
+    def init(name, shape, scale=0.3, low=None):
+        value = rng.uniform(low, 1.5, shape) if low is not None else rng.standard_normal(shape) * scale
+        return numpy_helper.from_array(value.astype(np.float32), name)
+
+    inits = [init("w1", (c, 3, 3, 3)), init("bn_scale", (c,), low=0.5), init("bn_bias", (c,)),
+             numpy_helper.from_array(rng.uniform(-60, 60, c).astype(np.float32), "bn_mean"),
+             init("bn_var", (c,), low=0.5), init("w2", (c, c, 3, 3)), init("b2", (1, c, 1, 1)),
+             init("w3", (c, c, 1, 1)), init("w4", (c, c, 1, 1)), init("b4", (c,)), init("w5", (2, c, 1, 1))]
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["c1"], name="conv1", pads=[1] * 4),
+             helper.make_node("BatchNormalization", ["c1", "bn_scale", "bn_bias", "bn_mean", "bn_var"], ["n1"],
+                              name="bn1", epsilon=1e-3),
+             helper.make_node("HardSwish", ["n1"], ["h1"], name="hswish"),
+             helper.make_node("Conv", ["h1", "w2"], ["c2"], name="conv2", pads=[1] * 4),
+             helper.make_node("Identity", ["c2"], ["c2i"], name="pass"),
+             helper.make_node("Add", ["c2i", "b2"], ["a2"], name="bias2"),
+             helper.make_node("Relu", ["a2"], ["r2"], name="relu2"),
+             helper.make_node("Conv", ["r2", "w3"], ["c3"], name="conv3"),
+             helper.make_node("Sigmoid", ["c3"], ["s3"], name="sigmoid"),
+             helper.make_node("Conv", ["s3", "w4", "b4"], ["c4"], name="conv4"),
+             helper.make_node("Relu", ["c4"], ["r4"], name="relu4"),
+             helper.make_node("Conv", ["r4", "w5"], ["y"], name="conv5")]
+    graph = helper.make_graph(nodes, "inlined", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 6, 6])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2, 6, 6])], inits)
+    paths = {k: folder / f"{k}.onnx" for k in ("float", "inlined", "rewritten", "qdq")}
+    builders._save(graph, paths["float"])
+    inlined = inline_selected_functions(onnx.load(str(paths["float"])), [("", "HardSwish")],
+                                        inline_schema_functions=True)
+    onnx.save(inlined, str(paths["inlined"]))
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    options.optimized_model_filepath = str(paths["rewritten"])
+    ort.InferenceSession(str(paths["inlined"]), options, providers=["CPUExecutionProvider"])
+    model = onnx.load(str(paths["rewritten"]))
+    for n in model.graph.node:
+        if n.op_type == "Sigmoid":
+            n.op_type = "HardSigmoid"
+            n.attribute.extend([helper.make_attribute("alpha", 0.2), helper.make_attribute("beta", 0.5)])
+    onnx.save(model, str(paths["rewritten"]))
+    samples = {"x": [rng.standard_normal((1, 3, 6, 6)).astype(np.float32) for _ in range(4)]}
+
+    class Reader(CalibrationDataReader):
+        def __init__(self):
+            self.it = iter([{"x": a} for a in samples["x"]])
+
+        def get_next(self):
+            return next(self.it, None)
+
+    quantize_static(str(paths["rewritten"]), str(paths["qdq"]), Reader(), activation_type=QuantType.QInt16,
+                    weight_type=QuantType.QInt8, extra_options={"QDQKeepRemovableActivations": False})
+    del paths["inlined"]
+    return {**paths, "samples": samples}

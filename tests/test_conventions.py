@@ -392,6 +392,32 @@ def test_a_float_model_before_the_quantizers_graph_optimizations_aligns(tmp_path
         assert _cos(engine.run(i, "all")["y"], want) > 0.999999
 
 
+def test_a_float_model_before_inlining_folding_and_a_rewrite_aligns(tmp_path):
+    """AMD Quark inlines HardSwish as its ONNX definition, folds a BatchNormalization and a
+    bias Add behind an Identity into their convolutions and rewrites a Sigmoid as a
+    HardSigmoid. Given the model from before, the float HardSwish is compared as its
+    definition, the Identity is seen through, a fold computed in float32 through a large
+    mean still matches a 16-bit activation's fine bias step, and after the rewrite the match
+    picks up again by weight, so the Relu folded after it is found: only the rewrite is
+    reported, and bypassed is the rewritten graph."""
+    net = conventions.inlined_net(tmp_path)
+    engine = Engine(net["qdq"], net["samples"], float_model=net["float"])
+    alignment = engine.qmodel.alignment
+    assert alignment.weights_fitted == alignment.weights_tried == 8 and not alignment.unmatched_weights
+    assert set(alignment.folded) == {"r2_QuantizeLinear", "r4_QuantizeLinear"}
+    assert alignment.fused == {"conv1": "conv1", "conv2": "conv2"}
+    assert {"conv3": "conv3", "conv4": "conv4", "conv5": "conv5"}.items() <= alignment.nodes.items()
+    assert sorted(engine.qmodel.node(n).op_type for n in alignment.nodes) == ["Conv"] * 3 + ["HardSigmoid", "Mul"]
+    assert alignment.rewrites == ["the quantizer changed the graph beyond Q/DQ: float Sigmoid without counterpart, "
+                                  "QDQ HardSigmoid not in the float model"]
+    assert engine.rewrite is not None
+    for i, x in enumerate(net["samples"]["x"]):
+        np.testing.assert_allclose(engine.run(i, ())["y"], builders.run_model(net["rewritten"], {"x": x})["y"],
+                                   rtol=1e-4, atol=1e-5)
+        want = builders.run_model(net["qdq"], {"x": x}, level="disable")["y"]
+        assert _cos(engine.run(i, "all")["y"], want) > 0.999999
+
+
 def test_shape_arithmetic_is_told_apart_on_a_graph_deeper_than_the_recursion_limit():
     """Whether a tensor is computed from shapes only is followed back through its producers
     as deep as the graph goes, without recursion (20 000 ops here)."""

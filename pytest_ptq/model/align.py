@@ -25,11 +25,15 @@ keep its values:
   node matches with the chain folded into its constants the same way, when the QDQ
   weights round to those;
 * Reshapes inserted around such a Gemm pass their input's match through;
-* identical nodes merged into one (common subexpressions), and shape arithmetic folded
-  into constants.
+* identical nodes merged into one (common subexpressions), Identity nodes removed, and
+  shape arithmetic folded into constants;
+* an op ONNX defines as a function of others inlined as that definition (AMD Quark's
+  HardSwish as HardSigmoid and Mul): the float op is compared as its definition.
 
-What stays unmatched on either side is a rewrite by the quantizer (a Sigmoid replaced by
-HardSigmoid and Mul); :attr:`Alignment.rewrites` lists it.
+Folds are compared with a tolerance for the quantizer's float32 arithmetic in its own
+order. What stays unmatched on either side is a rewrite by the quantizer (a Sigmoid
+replaced by HardSigmoid and Mul); :attr:`Alignment.rewrites` lists it, and the match picks
+up after it at the first node whose weights round to a float node's.
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ from collections import defaultdict
 import numpy as np
 import onnx
 from onnx import numpy_helper
+from onnx.inliner import inline_selected_functions
 
 from . import grids
 from .graph import has_subgraphs, hand_back, load_weightless, mapping, name_nodes, node_refs, sort_topologically
@@ -119,12 +124,19 @@ class _Float:
             for r in node_refs(n):
                 self.readers[r].append(n)
         self._values = {}  # constants read, and those derived by folding a chain (see _fused)
+        self._slack = {}  # derived constant -> how far float32 rounding of its fold may move it
         self._static = {}  # tensor -> whether it is computed from shapes only
         # a node computing what an earlier one computes from the same inputs (two Shapes of
         # one tensor, say) is one the quantizer's preprocessing may have merged (onnxruntime's
         # common subexpression elimination): its outputs stand for the earlier one's
         self.same, self.aliases, first = {}, defaultdict(list), {}
         for n in self.nodes:
+            if n.op_type == "Identity" and n.input[0] and n.output[0] not in self.outputs:
+                # a pass-through the quantizer's graph optimization removes: its output
+                # stands for its input
+                self.same[n.output[0]] = self.canonical(n.input[0])
+                self.aliases[self.same[n.output[0]]].append(n.output[0])
+                continue
             if n.op_type in _RANDOM or has_subgraphs(n):
                 continue
             key = (n.domain, n.op_type, tuple(self.canonical(i) for i in n.input),
@@ -160,10 +172,15 @@ class _Float:
             stack.pop()
         return self._static[tensor]
 
-    def derive(self, name, value):
-        """Make ``value`` the constant ``name`` (a weight with a chain folded into it)."""
-        self._values[name] = value
+    def derive(self, name, value, slack=0.0):
+        """Make ``value`` the constant ``name`` (a weight with a chain folded into it), which
+        the quantizer's own fold may have computed up to ``slack`` (per element) away."""
+        self._values[name], self._slack[name] = value, slack
         return name
+
+    def slack(self, name):
+        """How far a quantizer's float32 fold may have put constant ``name`` from its value here."""
+        return self._slack.get(name, 0.0)
 
     def canonical(self, tensor):
         """The tensor ``tensor`` is a common subexpression of (itself if none)."""
@@ -217,7 +234,7 @@ def align(qm, float_model):
     # its large weights stay in their file (mapped), as the calibrated model's do: a float
     # model read whole held a copy of every weight beside the calibrated one's
     fmodel, _, arrays = load_weightless(float_model, what="float model")
-    f = _Float(fmodel, arrays)
+    f = _Float(_expanded(fmodel, {(qm.node(n).domain, qm.node(n).op_type) for n in qm.normal}), arrays)
     by_output = qm.by_output()
     tmatch = {}  # QDQ tensor -> float tensor
     q_inputs, f_inputs = qm.input_names, f.inputs
@@ -233,6 +250,8 @@ def align(qm, float_model):
         best = _best_candidate(f, proto, expect, used)
         if proto.op_type in FUSING and (best is None or not best.weights_fit):
             best = _fused_candidate(f, proto, expect, used) or best
+        if best is None and not any(e[0] == "tensor" for e in expect):
+            best = _by_weight(f, proto, expect, used)
         if best is None:
             tensors = [e for e in expect if e[0] == "tensor"]
             if proto.op_type in TRANSPARENT + RESHAPING and len(tensors) == 1:
@@ -267,6 +286,30 @@ def align(qm, float_model):
                        weights_tried=tried, weights_fitted=fitted, fused=fused)
     qm.alignment = result
     return result
+
+
+def _expanded(fmodel, qdq_ops):
+    """``fmodel`` with the ops that ONNX defines as a function of other ops (HardSwish as
+    HardSigmoid and Mul, Gelu...) replaced by that definition where the QDQ graph has none of
+    them but every op of the definition: a quantizer may inline them to quantize between
+    their parts (AMD Quark does HardSwish). A Relu or Clip the QDQ graph lacks is one the
+    quantizer folded, and stays."""
+    ids = set()
+    opsets = {o.domain: o.version for o in fmodel.opset_import}
+    ops = {op for _, op in qdq_ops}
+    for n in fmodel.graph.node:
+        key = (n.domain, n.op_type)
+        if key in ids or n.op_type in ops or n.op_type in FOLDABLE or n.domain not in ("", "ai.onnx"):
+            continue
+        try:
+            schema = onnx.defs.get_schema(n.op_type, opsets.get(n.domain, 1), n.domain)
+        except onnx.defs.SchemaError:
+            continue
+        if schema.has_function and {b.op_type for b in schema.function_body.node} <= ops:
+            ids.add(key)
+    if not ids:
+        return fmodel
+    return inline_selected_functions(fmodel, sorted(ids), inline_schema_functions=True)
 
 
 def _unread_fold(f, tensor, used):
@@ -365,11 +408,30 @@ def _best_candidate(f, proto, expect, used):
     return best
 
 
-def _fused_candidate(f, proto, expect, used):
+def _by_weight(f, proto, expect, used):
+    """Where nothing ``proto`` reads matched (it follows a rewrite by the quantizer), the
+    unmatched float node of its op whose every weight the QDQ weights round to, folded chain
+    and all: the match picks up again after the rewrite. None where ``proto`` reads no weight
+    or none fits."""
+    if not any(e[0] == "weight" for e in expect):
+        return None
+    pool = [c for c in f.nodes if c.name not in used and c.op_type in BECOMES.get(proto.op_type, (proto.op_type,))]
+    best = None
+    for cand in pool:
+        fit = _fits_inputs(f, cand, expect)
+        if fit is not None and fit.weights_fit and (best is None or fit.score > best.score):
+            best = fit
+    if best is None and proto.op_type in FUSING:
+        best = _fused_candidate(f, proto, expect, used, pool)
+    return best
+
+
+def _fused_candidate(f, proto, expect, used, pool=None):
     """The float node ``proto`` matches once the float Mul/Add/Sub/Div by per-channel
     constants or the BatchNormalization after it are folded into its weight and bias (the
-    longest such chain whose folded weights the QDQ weights round to), or None."""
-    for cand in _candidates(f, expect, used, proto.op_type):
+    longest such chain whose folded weights the QDQ weights round to), or None. ``pool``: the
+    float nodes to try (default: those reading what ``proto``'s inputs match)."""
+    for cand in _candidates(f, expect, used, proto.op_type) if pool is None else pool:
         chain = _affine_chain(f, cand)
         for length in range(len(chain), 0, -1):
             inputs = _fused(f, cand, chain[:length])
@@ -391,6 +453,9 @@ def _affine_chain(f, node):
         if len(readers) != 1 or tensor in f.outputs:
             return chain
         r = readers[0]
+        if r.op_type == "Identity":  # a pass-through the quantizer's optimization removed
+            tensor = r.output[0]
+            continue
         if r.op_type == "BatchNormalization":
             if any(f.constant(i) is None for i in r.input[1:5]) or len(r.output) > 1 and any(r.output[1:]):
                 return chain
@@ -419,6 +484,7 @@ def _fused(f, node, chain):
     if bias is None or bias.size not in (1, channels):
         return None
     w, b = weight.astype(np.float64), np.broadcast_to(bias.astype(np.float64).reshape(-1), (channels,))
+    size = np.abs(b)  # a bound on the magnitudes each bias value passes through while folding
     for r in chain:
         norm = r.op_type == "BatchNormalization"
         if norm and node.op_type == "MatMul":
@@ -432,16 +498,21 @@ def _fused(f, node, chain):
             scale, shift, mean, var = per
             gain = scale / np.sqrt(var + eps)
             w, b = w * _along(gain, axis, w.ndim), (b - mean) * gain + shift
+            size = (size + np.abs(mean)) * np.abs(gain) + np.abs(shift)
         elif r.op_type in ("Mul", "Div"):
             gain = per[0] if r.op_type == "Mul" else 1 / per[0]
-            w, b = w * _along(gain, axis, w.ndim), b * gain
+            w, b, size = w * _along(gain, axis, w.ndim), b * gain, size * np.abs(gain)
         else:
             b = b + per[0] if r.op_type == "Add" else b - per[0]
+            size = size + np.abs(per[0])
+    # the quantizer folded in float32, in its own order: a few units in the last place of
+    # what the values passed through (a 16-bit activation's bias step is that fine)
+    ulps = 8 * np.finfo(np.float32).eps
     key = f"{node.name}::fused::{len(chain)}"
-    inputs = (node.input[0], f.derive(f"{key}::weight", w.astype(weight.dtype)))
+    inputs = (node.input[0], f.derive(f"{key}::weight", w.astype(weight.dtype), ulps * np.abs(w)))
     if bias_in is None and all(r.op_type in ("Mul", "Div") for r in chain):
         return inputs  # scaled only: still no bias
-    return inputs + (f.derive(f"{key}::bias", b.astype(weight.dtype)),)
+    return inputs + (f.derive(f"{key}::bias", b.astype(weight.dtype), ulps * size),)
 
 
 def _per_channel(value, channels, from_end, normalisation=False):
@@ -509,7 +580,7 @@ def _fits_inputs(f, cand, expect, inputs=None):
                 # among nodes of one op reading one tensor (q, k and v projections), the one
                 # whose weight the quantized weight rounds to
                 mine = e[3]()
-                fit = mine is not None and fits(e[1], mine, value)
+                fit = mine is not None and fits(e[1], mine, value, f.slack(fin))
                 score += fit
                 weights_fit = weights_fit and fit
         # "unknown": an input whose source did not match; anything goes
@@ -548,7 +619,7 @@ def _assign_weights(qm, f, weights_at, values):
         found = None
         for fname in dict.fromkeys(weights_at.get(c.name, ())):
             fw = f.constant(fname)
-            if fw is not None and fits(c, mine, fw):
+            if fw is not None and fits(c, mine, fw, f.slack(fname)):
                 found = (fname, fw)
                 break
         if found is None:
@@ -608,9 +679,12 @@ def _needs_float(qm, c):
     return c.q_node is None or c.on_grid
 
 
-def fits(c, mine, fw):
-    """True when the model's weight ``mine`` is ``fw`` quantized by ``c``: within rounding of it,
-    or clipped where it lies outside the range, for at least FIT_SHARE of the elements."""
+def fits(c, mine, fw, slack=0.0):
+    """True when the model's weight ``mine`` is ``fw`` quantized by ``c``: within rounding of it
+    (and ``slack``: how far the quantizer's own computation of ``fw`` may be, per element or
+    for all), or clipped where it lies outside the range, for at least FIT_SHARE of the
+    elements."""
+    slack = np.broadcast_to(np.asarray(slack, np.float64), np.shape(fw))
     fw = np.asarray(fw)
     if fw.dtype.kind != "f" or tuple(fw.shape) != tuple(mine.shape):
         return False
@@ -623,7 +697,8 @@ def fits(c, mine, fw):
         except ValueError:  # scales that do not broadcast against this shape: not its weight
             return False
         err = np.abs(mine[rows].astype(np.float64) - fw64)
-        good += int(np.count_nonzero((err <= bound * 1.001 + 1e-7 * np.abs(fw64)) | (fw64 < lo) | (fw64 > hi)))
+        tolerance = bound * 1.001 + 1e-7 * np.abs(fw64) + slack[rows]
+        good += int(np.count_nonzero((err <= tolerance) | (fw64 < lo) | (fw64 > hi)))
     _hand_back(mine, fw)
     return fw.size > 0 and good >= FIT_SHARE * fw.size
 
