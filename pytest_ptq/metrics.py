@@ -3,6 +3,7 @@
 Each metric keeps running sums, so a value over many samples equals the value over the
 samples concatenated, with memory bounded by one sample. ``higher_is_better`` tells the
 sort order: similarities rank ascending (worst first), errors descending (worst first).
+A value that infinite or NaN tensors leave undefined is NaN, which sorts worst.
 """
 
 from __future__ import annotations
@@ -62,6 +63,8 @@ class Cosine(Metric):
         s += (_dot(r, t), _dot(r, r), _dot(t, t))
 
     def value(self, s):
+        if not np.isfinite(s).all():
+            return math.nan  # an infinite value (a variance quantized to 0, then divided by)
         if s[1] == 0 and s[2] == 0:
             return 1.0
         if s[1] == 0 or s[2] == 0:
@@ -91,6 +94,8 @@ class MRE(Metric):
         s += (np.abs(t - r).sum(), np.abs(r).sum())
 
     def value(self, s):
+        if not np.isfinite(s).all():
+            return math.nan
         if s[1] == 0:
             return 0.0 if s[0] == 0 else math.inf
         return float(s[0] / s[1])
@@ -106,6 +111,8 @@ class SQNR(Metric):
         s += (_dot(r, r), _dot(d, d))
 
     def value(self, s):
+        if not np.isfinite(s).all():
+            return math.nan
         if s[1] == 0:
             return math.inf
         if s[0] == 0:

@@ -71,6 +71,20 @@ def test_identical_and_zero_tensors():
     assert compare(zero, a[:4])["cosine-similarity"] == 0.0
 
 
+def test_an_infinite_quantized_value_is_undefined_without_a_warning():
+    """A variance quantized to zero and then divided by makes an activation infinite (magika's
+    LayerNorm under aimet-onnx): the ratio metrics are NaN, which sorts worst, and numpy's
+    inf/inf warning is not leaked."""
+    ref = np.arange(1, 7, dtype=np.float32)
+    test = ref.copy()
+    test[2] = np.inf
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = compare(ref, test, ["cosine-similarity", "sqnr", "mre"])
+    assert all(math.isnan(v) for v in got.values())
+
+
 def test_sort_key_puts_the_worst_first():
     values = [0.99, 0.5, 0.9999, math.nan]
     cos, mse = get_metrics(["cosine-similarity", "mse"])

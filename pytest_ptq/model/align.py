@@ -696,9 +696,11 @@ def fits(c, mine, fw, slack=0.0):
             lo, hi = part.bounds(fw64.shape)
         except ValueError:  # scales that do not broadcast against this shape: not its weight
             return False
-        err = np.abs(mine[rows].astype(np.float64) - fw64)
-        tolerance = bound * 1.001 + 1e-7 * np.abs(fw64) + slack[rows]
-        good += int(np.count_nonzero((err <= tolerance) | (fw64 < lo) | (fw64 > hi)))
+        ours = mine[rows].astype(np.float64)
+        with np.errstate(invalid="ignore"):  # an infinite constant (a mask's -inf) equals itself
+            err = np.abs(ours - fw64)
+            tolerance = bound * 1.001 + 1e-7 * np.abs(fw64) + slack[rows]
+            good += int(np.count_nonzero((err <= tolerance) | (ours == fw64) | (fw64 < lo) | (fw64 > hi)))
     _hand_back(mine, fw)
     return fw.size > 0 and good >= FIT_SHARE * fw.size
 
