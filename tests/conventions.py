@@ -438,7 +438,8 @@ def inlined_net(folder, seed=0):
     net as AMD Quark quantizes it: HardSwish inlined as its ONNX definition (HardSigmoid and
     Mul, to quantize between them), onnxruntime's basic optimizations (BatchNormalization and
     the bias Add folded into the convolutions, the Identity gone), the Sigmoid rewritten as a
-    HardSigmoid, then quantize_static with 16-bit activations (a bias step far below float32
+    HardSigmoid, a bias corrected (moved by 0.01), the last convolution's Split made two
+    Slices, then quantize_static with 16-bit activations (a bias step far below float32
     rounding of a fold through a large mean). Returns ``{"float", "rewritten", "qdq": path,
     "samples": {"x": [...]}}``."""
     import onnxruntime as ort
@@ -455,7 +456,8 @@ def inlined_net(folder, seed=0):
     inits = [init("w1", (c, 3, 3, 3)), init("bn_scale", (c,), low=0.5), init("bn_bias", (c,)),
              numpy_helper.from_array(rng.uniform(-60, 60, c).astype(np.float32), "bn_mean"),
              init("bn_var", (c,), low=0.5), init("w2", (c, c, 3, 3)), init("b2", (1, c, 1, 1)),
-             init("w3", (c, c, 1, 1)), init("w4", (c, c, 1, 1)), init("b4", (c,)), init("w5", (2, c, 1, 1))]
+             init("w3", (c, c, 1, 1)), init("w4", (c, c, 1, 1)), init("b4", (c,)), init("w5", (4, c, 1, 1)),
+             numpy_helper.from_array(np.array([2, 2], np.int64), "halves")]
     nodes = [helper.make_node("Conv", ["x", "w1"], ["c1"], name="conv1", pads=[1] * 4),
              helper.make_node("BatchNormalization", ["c1", "bn_scale", "bn_bias", "bn_mean", "bn_var"], ["n1"],
                               name="bn1", epsilon=1e-3),
@@ -468,9 +470,10 @@ def inlined_net(folder, seed=0):
              helper.make_node("Sigmoid", ["c3"], ["s3"], name="sigmoid"),
              helper.make_node("Conv", ["s3", "w4", "b4"], ["c4"], name="conv4"),
              helper.make_node("Relu", ["c4"], ["r4"], name="relu4"),
-             helper.make_node("Conv", ["r4", "w5"], ["y"], name="conv5")]
+             helper.make_node("Conv", ["r4", "w5"], ["c5"], name="conv5"),
+             helper.make_node("Split", ["c5", "halves"], ["y", "z"], name="halve", axis=1)]
     graph = helper.make_graph(nodes, "inlined", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 6, 6])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2, 6, 6])], inits)
+                              [helper.make_tensor_value_info(t, TensorProto.FLOAT, [1, 2, 6, 6]) for t in "yz"], inits)
     paths = {k: folder / f"{k}.onnx" for k in ("float", "inlined", "rewritten", "qdq")}
     builders._save(graph, paths["float"])
     inlined = inline_selected_functions(onnx.load(str(paths["float"])), [("", "HardSwish")],
@@ -481,10 +484,21 @@ def inlined_net(folder, seed=0):
     options.optimized_model_filepath = str(paths["rewritten"])
     ort.InferenceSession(str(paths["inlined"]), options, providers=["CPUExecutionProvider"])
     model = onnx.load(str(paths["rewritten"]))
-    for n in model.graph.node:
+    g = model.graph
+    for n in g.node:
         if n.op_type == "Sigmoid":
             n.op_type = "HardSigmoid"
             n.attribute.extend([helper.make_attribute("alpha", 0.2), helper.make_attribute("beta", 0.5)])
+    b4 = next(i for i in g.initializer if i.name == "b4")
+    b4.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(b4) + np.float32(0.01), "b4"))
+    split = next(n for n in g.node if n.op_type == "Split")
+    g.initializer.extend(numpy_helper.from_array(np.array([v], np.int64), k)
+                         for k, v in (("at0", 0), ("at2", 2), ("at4", 4), ("axis1", 1)))
+    slices = [helper.make_node("Slice", ["c5", lo, hi, "axis1"], [out], name=f"slice_{out}")
+              for lo, hi, out in (("at0", "at2", "y"), ("at2", "at4", "z"))]
+    nodes = [n for n in g.node if n is not split]
+    del g.node[:]
+    g.node.extend(nodes + slices)
     onnx.save(model, str(paths["rewritten"]))
     samples = {"x": [rng.standard_normal((1, 3, 6, 6)).astype(np.float32) for _ in range(4)]}
 

@@ -394,28 +394,38 @@ def test_a_float_model_before_the_quantizers_graph_optimizations_aligns(tmp_path
 
 def test_a_float_model_before_inlining_folding_and_a_rewrite_aligns(tmp_path):
     """AMD Quark inlines HardSwish as its ONNX definition, folds a BatchNormalization and a
-    bias Add behind an Identity into their convolutions and rewrites a Sigmoid as a
-    HardSigmoid. Given the model from before, the float HardSwish is compared as its
-    definition, the Identity is seen through, a fold computed in float32 through a large
-    mean still matches a 16-bit activation's fine bias step, and after the rewrite the match
-    picks up again by weight, so the Relu folded after it is found: only the rewrite is
-    reported, and bypassed is the rewritten graph."""
+    bias Add behind an Identity into their convolutions, rewrites a Sigmoid as a
+    HardSigmoid, corrects a bias and makes a Split two Slices. Given the model from before,
+    the float HardSwish is compared as its definition, the Identity is seen through, a fold
+    computed in float32 through a large mean still matches a 16-bit activation's fine bias
+    step, after the rewrite the match picks up again by weight (the Relu folded after it is
+    found), the corrected bias does not undo its convolution's match, and each Slice is the
+    Split's output it takes: only the rewrite is reported, and bypassed is the rewritten
+    graph but for the corrected bias, which stays as quantized."""
     net = conventions.inlined_net(tmp_path)
     engine = Engine(net["qdq"], net["samples"], float_model=net["float"])
     alignment = engine.qmodel.alignment
-    assert alignment.weights_fitted == alignment.weights_tried == 8 and not alignment.unmatched_weights
+    assert alignment.weights_tried == 8 and alignment.weights_fitted == 7
+    assert alignment.unmatched_weights == ["b4_DequantizeLinear"]
     assert set(alignment.folded) == {"r2_QuantizeLinear", "r4_QuantizeLinear"}
-    assert alignment.fused == {"conv1": "conv1", "conv2": "conv2"}
+    assert alignment.fused == {"conv1": "conv1", "conv2": "conv2", "slice_y": "halve", "slice_z": "halve"}
     assert {"conv3": "conv3", "conv4": "conv4", "conv5": "conv5"}.items() <= alignment.nodes.items()
     assert sorted(engine.qmodel.node(n).op_type for n in alignment.nodes) == ["Conv"] * 3 + ["HardSigmoid", "Mul"]
     assert alignment.rewrites == ["the quantizer changed the graph beyond Q/DQ: float Sigmoid without counterpart, "
                                   "QDQ HardSigmoid not in the float model"]
     assert engine.rewrite is not None
+    rewritten = onnx.load(str(net["rewritten"]))
+    b4 = next(i for i in rewritten.graph.initializer if i.name == "b4")
+    qdq = onnx.load(str(net["qdq"]))
+    stored = {i.name: numpy_helper.to_array(i) for i in qdq.graph.initializer}
+    q, scale, zero = (stored[t] for t in next(n for n in qdq.graph.node if n.name == "b4_DequantizeLinear").input)
+    b4.CopyFrom(numpy_helper.from_array(((q.astype(np.float64) - zero) * scale).astype(np.float32), "b4"))
     for i, x in enumerate(net["samples"]["x"]):
-        np.testing.assert_allclose(engine.run(i, ())["y"], builders.run_model(net["rewritten"], {"x": x})["y"],
-                                   rtol=1e-4, atol=1e-5)
-        want = builders.run_model(net["qdq"], {"x": x}, level="disable")["y"]
-        assert _cos(engine.run(i, "all")["y"], want) > 0.999999
+        bypassed, want = engine.run(i, ()), builders.run_model(rewritten, {"x": x})
+        quantized, file = engine.run(i, "all"), builders.run_model(net["qdq"], {"x": x}, level="disable")
+        for t in "yz":
+            np.testing.assert_allclose(bypassed[t], want[t], rtol=1e-4, atol=1e-5)
+            assert _cos(quantized[t], file[t]) > 0.999999
 
 
 def test_shape_arithmetic_is_told_apart_on_a_graph_deeper_than_the_recursion_limit():

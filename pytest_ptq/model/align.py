@@ -28,12 +28,16 @@ keep its values:
 * identical nodes merged into one (common subexpressions), Identity nodes removed, and
   shape arithmetic folded into constants;
 * an op ONNX defines as a function of others inlined as that definition (AMD Quark's
-  HardSwish as HardSigmoid and Mul): the float op is compared as its definition.
+  HardSwish as HardSigmoid and Mul): the float op is compared as its definition;
+* a Split made Slices: each Slice matches the Split output it takes;
+* a bias corrected by the quantizer: the weight decides the match, and the bias stays as
+  quantized.
 
 Folds are compared with a tolerance for the quantizer's float32 arithmetic in its own
-order. What stays unmatched on either side is a rewrite by the quantizer (a Sigmoid
-replaced by HardSigmoid and Mul); :attr:`Alignment.rewrites` lists it, and the match picks
-up after it at the first node whose weights round to a float node's.
+order; where two float weights both fit, the closer one wins. What stays unmatched on either
+side is a rewrite by the quantizer (a Sigmoid replaced by HardSigmoid and Mul);
+:attr:`Alignment.rewrites` lists it, and the match picks up after it at the first node whose
+weights round to a float node's.
 """
 
 from __future__ import annotations
@@ -252,6 +256,14 @@ def align(qm, float_model):
             best = _fused_candidate(f, proto, expect, used) or best
         if best is None and not any(e[0] == "tensor" for e in expect):
             best = _by_weight(f, proto, expect, used)
+        if best is None and proto.op_type == "Slice":
+            part = _split_part(f, expect, len(qm.shapes.get(proto.input[0]) or ()) or None)
+            if part is not None:  # one output of a float Split, which the quantizer made Slices
+                split, k = part
+                used.add(split.name)
+                fused[n.name] = split.name
+                tmatch[proto.output[0]] = split.output[k]
+                continue
         if best is None:
             tensors = [e for e in expect if e[0] == "tensor"]
             if proto.op_type in TRANSPARENT + RESHAPING and len(tensors) == 1:
@@ -377,6 +389,7 @@ class _Match:
     folds: dict
     weights_fit: bool
     score: int = 0
+    distance: float = 0.0  # of its weights from the float ones (see fit_of): the lower the closer
     chain: tuple = ()
     inputs: tuple = ()
 
@@ -398,28 +411,61 @@ def _candidates(f, expect, used, op):
     return [c for c in unique.values() if c.name not in used and c.op_type in BECOMES.get(op, (op,))]
 
 
+def _better(fit, best):
+    """Whether match ``fit`` beats ``best``: a higher score, else weights closer to its own."""
+    return fit is not None and (best is None or (fit.score, -fit.distance) > (best.score, -best.distance))
+
+
 def _best_candidate(f, proto, expect, used):
     """The float node ``proto`` matches (a :class:`_Match`), or None."""
     best = None
     for cand in _candidates(f, expect, used, proto.op_type):
         fit = _fits_inputs(f, cand, expect)
-        if fit is not None and (best is None or fit.score > best.score):
+        if _better(fit, best):
             best = fit
     return best
+
+
+def _split_part(f, expect, rank):
+    """``(float Split, output index)`` when a Slice whose inputs are ``expect`` takes exactly
+    that output of a float Split of the same tensor (AMD Quark turns Splits into Slices), or
+    None. ``rank``: the sliced tensor's, where known (to compare negative axes)."""
+    if expect[0][0] != "tensor" or any(e[0] not in ("const", "none") for e in expect[1:]):
+        return None
+    values = [np.asarray(e[1]).reshape(-1).tolist() if e[0] == "const" else None for e in expect[1:]]
+    starts, ends, axes, steps = (values + [None] * 4)[:4]
+    if len(starts) != 1 or len(ends) != 1 or (steps is not None and steps != [1]):
+        return None
+    for split in (u for t in f.equivalents(expect[0][1]) for u in f.consumers.get(t, ()) if u.op_type == "Split"):
+        attrs = {a.name: a for a in split.attribute}
+        axis = attrs["axis"].i if "axis" in attrs else 0
+        axis_of = axes[0] if axes else 0
+        if rank is not None:
+            axis, axis_of = axis % rank, axis_of % rank
+        sizes = (f.constant(split.input[1]) if len(split.input) > 1 and split.input[1]
+                 else list(attrs["split"].ints) if "split" in attrs else None)
+        if axis != axis_of or sizes is None:
+            continue  # sizes left to the input's shape: not worked out here
+        offsets = np.concatenate([[0], np.cumsum(np.asarray(sizes, np.int64).reshape(-1))]).tolist()
+        for k in range(len(split.output)):
+            last = k == len(split.output) - 1
+            if starts[0] == offsets[k] and (ends[0] == offsets[k + 1] or last and ends[0] >= offsets[k + 1]):
+                return split, k
+    return None
 
 
 def _by_weight(f, proto, expect, used):
     """Where nothing ``proto`` reads matched (it follows a rewrite by the quantizer), the
     unmatched float node of its op whose every weight the QDQ weights round to, folded chain
     and all: the match picks up again after the rewrite. None where ``proto`` reads no weight
-    or none fits."""
-    if not any(e[0] == "weight" for e in expect):
-        return None
+    of several values or none fits."""
+    if not any(e[0] == "weight" and math.prod(e[2]) > 1 for e in expect):
+        return None  # a scalar (an Add's 3) fits any float constant of its shape
     pool = [c for c in f.nodes if c.name not in used and c.op_type in BECOMES.get(proto.op_type, (proto.op_type,))]
     best = None
     for cand in pool:
         fit = _fits_inputs(f, cand, expect)
-        if fit is not None and fit.weights_fit and (best is None or fit.score > best.score):
+        if fit is not None and fit.weights_fit and _better(fit, best):
             best = fit
     if best is None and proto.op_type in FUSING:
         best = _fused_candidate(f, proto, expect, used, pool)
@@ -428,9 +474,11 @@ def _by_weight(f, proto, expect, used):
 
 def _fused_candidate(f, proto, expect, used, pool=None):
     """The float node ``proto`` matches once the float Mul/Add/Sub/Div by per-channel
-    constants or the BatchNormalization after it are folded into its weight and bias (the
-    longest such chain whose folded weights the QDQ weights round to), or None. ``pool``: the
-    float nodes to try (default: those reading what ``proto``'s inputs match)."""
+    constants or the BatchNormalization after it are folded into its weight and bias (per
+    float node the longest such chain whose folded weights the QDQ weights round to; of
+    those nodes the closest), or None. ``pool``: the float nodes to try (default: those
+    reading what ``proto``'s inputs match)."""
+    best = None
     for cand in _candidates(f, expect, used, proto.op_type) if pool is None else pool:
         chain = _affine_chain(f, cand)
         for length in range(len(chain), 0, -1):
@@ -440,8 +488,9 @@ def _fused_candidate(f, proto, expect, used, pool=None):
             fit = _fits_inputs(f, cand, expect, inputs)
             if fit is not None and fit.weights_fit:
                 fit.chain = tuple(chain[:length])
-                return fit
-    return None
+                best = fit if _better(fit, best) else best
+                break
+    return best
 
 
 def _affine_chain(f, node):
@@ -541,7 +590,7 @@ def _fits_inputs(f, cand, expect, inputs=None):
     inputs = tuple(cand.input) if inputs is None else tuple(inputs)
     if any(inputs[len(expect):]):
         return None  # the float node reads more than the QDQ node
-    score, folds, weights_fit = 0, {}, True
+    score, folds, weights_fit, distance = 0, {}, True, 0.0
     for k, e in enumerate(expect):
         fin = inputs[k] if k < len(inputs) else ""
         kind = e[0]
@@ -580,11 +629,14 @@ def _fits_inputs(f, cand, expect, inputs=None):
                 # among nodes of one op reading one tensor (q, k and v projections), the one
                 # whose weight the quantized weight rounds to
                 mine = e[3]()
-                fit = mine is not None and fits(e[1], mine, value, f.slack(fin))
+                fit, far = fit_of(e[1], mine, value, f.slack(fin)) if mine is not None else (False, math.inf)
                 score += fit
-                weights_fit = weights_fit and fit
+                # a bias that does not round to the float one may be corrected by the
+                # quantizer (bias correction: AMD Quark, aimet): the weight decides
+                bias = k == 2 and cand.op_type in ("Conv", "Gemm")
+                weights_fit, distance = weights_fit and (fit or bias), distance + far
         # "unknown": an input whose source did not match; anything goes
-    return _Match(cand, folds, weights_fit, score, inputs=inputs)
+    return _Match(cand, folds, weights_fit, score, distance, inputs=inputs)
 
 
 def _assign_weights(qm, f, weights_at, values):
@@ -680,29 +732,39 @@ def _needs_float(qm, c):
 
 
 def fits(c, mine, fw, slack=0.0):
-    """True when the model's weight ``mine`` is ``fw`` quantized by ``c``: within rounding of it
-    (and ``slack``: how far the quantizer's own computation of ``fw`` may be, per element or
-    for all), or clipped where it lies outside the range, for at least FIT_SHARE of the
-    elements."""
-    slack = np.broadcast_to(np.asarray(slack, np.float64), np.shape(fw))
+    """True when the model's weight ``mine`` is ``fw`` quantized by ``c`` (see :func:`fit_of`)."""
+    return fit_of(c, mine, fw, slack)[0]
+
+
+def fit_of(c, mine, fw, slack=0.0):
+    """``(fits, distance)``: whether the model's weight ``mine`` is ``fw`` quantized by ``c``,
+    within rounding of it (and ``slack``: how far the quantizer's own computation of ``fw``
+    may be, per element or for all) or clipped where it lies outside the range, for at least
+    FIT_SHARE of the elements; and the squared distance between the two over ``mine``'s
+    squared norm, which tells apart two float weights that both fit (a depthwise weight
+    whose every small element rounds to 0 fits many)."""
     fw = np.asarray(fw)
     if fw.dtype.kind != "f" or tuple(fw.shape) != tuple(mine.shape):
-        return False
-    good = 0
+        return False, math.inf
+    slack = np.broadcast_to(np.asarray(slack, np.float64), fw.shape)
+    good, diff, norm = 0, 0.0, 0.0
     for rows, part in c.row_blocks(fw.shape):
         fw64 = fw[rows].astype(np.float64)
         try:
             bound = grids.step_bound(fw64, part.grid, part.scale, part.axis, part.block_size)
             lo, hi = part.bounds(fw64.shape)
         except ValueError:  # scales that do not broadcast against this shape: not its weight
-            return False
+            return False, math.inf
         ours = mine[rows].astype(np.float64)
         with np.errstate(invalid="ignore"):  # an infinite constant (a mask's -inf) equals itself
             err = np.abs(ours - fw64)
             tolerance = bound * 1.001 + 1e-7 * np.abs(fw64) + slack[rows]
             good += int(np.count_nonzero((err <= tolerance) | (ours == fw64) | (fw64 < lo) | (fw64 > hi)))
+            finite = np.isfinite(err)
+            diff += float(np.square(err[finite]).sum())
+            norm += float(np.square(ours[finite]).sum())
     _hand_back(mine, fw)
-    return fw.size > 0 and good >= FIT_SHARE * fw.size
+    return fw.size > 0 and good >= FIT_SHARE * fw.size, diff / norm if norm else (0.0 if diff == 0 else math.inf)
 
 
 def _hand_back(*arrays):
