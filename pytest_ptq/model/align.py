@@ -238,7 +238,7 @@ def align(qm, float_model):
     # its large weights stay in their file (mapped), as the calibrated model's do: a float
     # model read whole held a copy of every weight beside the calibrated one's
     fmodel, _, arrays = load_weightless(float_model, what="float model")
-    f = _Float(_expanded(fmodel, {(qm.node(n).domain, qm.node(n).op_type) for n in qm.normal}), arrays)
+    f = _Float(_expanded(fmodel, {qm.node(n).op_type for n in qm.normal}), arrays)
     by_output = qm.by_output()
     tmatch = {}  # QDQ tensor -> float tensor
     q_inputs, f_inputs = qm.input_names, f.inputs
@@ -300,15 +300,14 @@ def align(qm, float_model):
     return result
 
 
-def _expanded(fmodel, qdq_ops):
+def _expanded(fmodel, ops):
     """``fmodel`` with the ops that ONNX defines as a function of other ops (HardSwish as
     HardSigmoid and Mul, Gelu...) replaced by that definition where the QDQ graph has none of
     them but every op of the definition: a quantizer may inline them to quantize between
-    their parts (AMD Quark does HardSwish). A Relu or Clip the QDQ graph lacks is one the
-    quantizer folded, and stays."""
+    their parts (AMD Quark does HardSwish). ``ops``: the QDQ graph's op types. A Relu or
+    Clip the QDQ graph lacks is one the quantizer folded, and stays."""
     ids = set()
     opsets = {o.domain: o.version for o in fmodel.opset_import}
-    ops = {op for _, op in qdq_ops}
     for n in fmodel.graph.node:
         key = (n.domain, n.op_type)
         if key in ids or n.op_type in ops or n.op_type in FOLDABLE or n.domain not in ("", "ai.onnx"):
@@ -557,14 +556,14 @@ def _fused(f, node, chain):
         else:
             b = b + per[0] if r.op_type == "Add" else b - per[0]
             size = size + np.abs(per[0])
-    # the quantizer folded in float32, in its own order: a few units in the last place of
-    # what the values passed through (a 16-bit activation's bias step is that fine)
-    ulps = 8 * np.finfo(np.float32).eps
     key = f"{node.name}::fused::{len(chain)}"
-    inputs = (node.input[0], f.derive(f"{key}::weight", w.astype(weight.dtype), ulps * np.abs(w)))
+    inputs = (node.input[0], f.derive(f"{key}::weight", w.astype(weight.dtype)))
     if bias_in is None and all(r.op_type in ("Mul", "Div") for r in chain):
         return inputs  # scaled only: still no bias
-    return inputs + (f.derive(f"{key}::bias", b.astype(weight.dtype), ulps * size),)
+    # the quantizer folded in float32, in its own order: a few units in the last place of
+    # what the bias passed through (a 16-bit activation's bias step is that fine; a weight's
+    # step is far coarser than its product's rounding)
+    return inputs + (f.derive(f"{key}::bias", b.astype(weight.dtype), 8 * np.finfo(np.float32).eps * size),)
 
 
 def _per_channel(value, channels, from_end, normalisation=False):
