@@ -357,6 +357,15 @@ def mlp_samples(n=4, width=64, seed=1):
     return {"x": [rng.standard_normal((1, 8, width)).astype(np.float32) for _ in range(n)]}
 
 
+def _initializers(rng):
+    """``init(name, shape, scale=0.3, low=None)``: a float32 initializer, normal times
+    ``scale``, or uniform in [low, 1.5) (scales and variances)."""
+    def init(name, shape, scale=0.3, low=None):
+        value = rng.uniform(low, 1.5, shape) if low is not None else rng.standard_normal(shape) * scale
+        return numpy_helper.from_array(value.astype(np.float32), name)
+    return init
+
+
 def preprocessed_net(folder, seed=0):
     """A float net as PyTorch exports some (a convolution's BatchNormalization left as a
     per-channel Mul and Add, another as BatchNormalization, a third convolution without bias
@@ -368,14 +377,11 @@ def preprocessed_net(folder, seed=0):
     quantize_static with its defaults (int8 weights behind lone DQs, Relus folded).
     Returns ``{"float", "optimized", "qdq": path, "samples": {"x": [...]}}``."""
     import onnxruntime as ort
-    from onnxruntime.quantization import CalibrationDataReader, quantize_static
 
     rng = np.random.default_rng(seed)
     c = 8
 
-    def init(name, shape, scale=0.3, low=None):
-        value = rng.uniform(low, 1.5, shape) if low is not None else rng.standard_normal(shape) * scale
-        return numpy_helper.from_array(value.astype(np.float32), name)
+    init = _initializers(rng)
 
     inits = [init("w1", (c, 3, 3, 3)), init("gamma", (1, c, 1, 1), low=0.5), init("beta", (1, c, 1, 1)),
              init("w2", (c, c, 3, 3)), init("bn_scale", (c,), low=0.5), init("bn_bias", (c,)),
@@ -420,15 +426,7 @@ def preprocessed_net(folder, seed=0):
     options.optimized_model_filepath = str(paths["optimized"])
     ort.InferenceSession(str(paths["float"]), options, providers=["CPUExecutionProvider"])
     samples = {"x": [rng.standard_normal((1, 3, 6, 6)).astype(np.float32) for _ in range(4)]}
-
-    class Reader(CalibrationDataReader):
-        def __init__(self):
-            self.it = iter([{"x": a} for a in samples["x"]])
-
-        def get_next(self):
-            return next(self.it, None)
-
-    quantize_static(str(paths["optimized"]), str(paths["qdq"]), Reader())
+    builders.quantize(paths["optimized"], paths["qdq"], samples, activation_type="QInt8", keep_float=False)
     return {**paths, "samples": samples}
 
 
@@ -444,14 +442,11 @@ def inlined_net(folder, seed=0):
     "samples": {"x": [...]}}``."""
     import onnxruntime as ort
     from onnx.inliner import inline_selected_functions
-    from onnxruntime.quantization import CalibrationDataReader, QuantType, quantize_static
 
     rng = np.random.default_rng(seed)
     c = 8
 
-    def init(name, shape, scale=0.3, low=None):
-        value = rng.uniform(low, 1.5, shape) if low is not None else rng.standard_normal(shape) * scale
-        return numpy_helper.from_array(value.astype(np.float32), name)
+    init = _initializers(rng)
 
     inits = [init("w1", (c, 3, 3, 3)), init("bn_scale", (c,), low=0.5), init("bn_bias", (c,)),
              numpy_helper.from_array(rng.uniform(-60, 60, c).astype(np.float32), "bn_mean"),
@@ -501,15 +496,6 @@ def inlined_net(folder, seed=0):
     g.node.extend(nodes + slices)
     onnx.save(model, str(paths["rewritten"]))
     samples = {"x": [rng.standard_normal((1, 3, 6, 6)).astype(np.float32) for _ in range(4)]}
-
-    class Reader(CalibrationDataReader):
-        def __init__(self):
-            self.it = iter([{"x": a} for a in samples["x"]])
-
-        def get_next(self):
-            return next(self.it, None)
-
-    quantize_static(str(paths["rewritten"]), str(paths["qdq"]), Reader(), activation_type=QuantType.QInt16,
-                    weight_type=QuantType.QInt8, extra_options={"QDQKeepRemovableActivations": False})
+    builders.quantize(paths["rewritten"], paths["qdq"], samples, activation_type="QInt16", keep_float=False)
     del paths["inlined"]
     return {**paths, "samples": samples}
