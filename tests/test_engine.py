@@ -136,9 +136,10 @@ def test_each_node_alone_matches_its_rewired_model(zoo, variant, level):
 
 
 def test_constants_nothing_reads_are_left_out_of_every_session(zoo, tmp_path):
-    """Exporters leave unread Constant nodes (a Paddle detector: 500 of its 1493 nodes), some
-    at the end: placed there, they made a segment of nothing but Constants, with no output,
-    which onnxruntime refuses to load. One that is a graph output stays."""
+    """quantize_static leaves Constant nodes unread where it moved their values into
+    initializers (188 of a Paddle detector's 878), some at the end: placed there, they made a
+    segment of nothing but Constants, with no output, which onnxruntime refuses to load. One
+    that is a graph output stays."""
     qpath, fpath = zoo.qdq("qdq_pc"), zoo.float("qdq_pc")
     model = onnx.load(str(qpath))
     value = numpy_helper.from_array(np.arange(4, dtype=np.float32))
