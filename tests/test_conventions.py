@@ -14,6 +14,7 @@ from pytest_ptq.curves import get_acc_error
 from pytest_ptq.engine import Engine
 from pytest_ptq.errors import PTQError
 from pytest_ptq.model import QuantModel
+from pytest_ptq.remedy.terms import float_tensor_name
 from pytest_ptq.sensitivity import get_sensitivity_of_nodes
 
 CASES = [(name, base) for name in conventions.CONVENTIONS for base in ("conv", "mlp")
@@ -413,6 +414,14 @@ def test_a_float_model_before_inlining_folding_and_a_rewrite_aligns(tmp_path):
     assert sorted(engine.qmodel.node(n).op_type for n in alignment.nodes) == ["Conv"] * 3 + ["HardSigmoid", "Mul"]
     assert alignment.rewrites == ["the quantizer changed the graph beyond Q/DQ: float Sigmoid without counterpart, "
                                   "QDQ HardSigmoid not in the float model"]
+    # a remedy quantizing the float model names a folded weight as the float model does
+    calibration = engine.qmodel.calibration
+    named = {c: float_tensor_name(engine.qmodel, calibration[c]) for c in alignment.weights}
+    assert {c: named[c] for c in ("ConvBnFusion_W_w1_DequantizeLinear", "w2_DequantizeLinear", "w3_DequantizeLinear",
+                                  "w4_DequantizeLinear", "w5_DequantizeLinear")} == {
+        "ConvBnFusion_W_w1_DequantizeLinear": "w1", "w2_DequantizeLinear": "w2", "w3_DequantizeLinear": "w3",
+        "w4_DequantizeLinear": "w4", "w5_DequantizeLinear": "w5"}
+    assert not any("::fused::" in n for n in named.values())
     assert engine.rewrite is not None
     rewritten = onnx.load(str(net["rewritten"]))
     b4 = next(i for i in rewritten.graph.initializer if i.name == "b4")

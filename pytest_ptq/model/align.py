@@ -69,6 +69,7 @@ BECOMES = {"Gemm": ("Gemm", "MatMul")}
 # and those ops (besides BatchNormalization).
 FUSING = ("Conv", "Gemm", "MatMul")
 AFFINE = ("Mul", "Add", "Sub", "Div")
+FUSED = "::fused::"  # marks the name of a float weight with the ops after its node folded in
 # Ops whose every run differs: two of them on the same input are not one computation.
 _RANDOM = ("RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike", "Multinomial", "Bernoulli",
            "Dropout")
@@ -79,7 +80,7 @@ class Alignment:
     """What the alignment found: node matches, recovered weights, folds and rewrites."""
 
     nodes: dict  # QDQ normal node -> float node (of the same op, computing the same tensors)
-    weights: dict  # calibration node -> float initializer name
+    weights: dict  # calibration node -> float initializer name (see float_source)
     folded: dict  # calibration node -> (op, lo, hi)
     rewrites: list  # sentences, e.g. "float Sigmoid 'sig' has no counterpart"
     unmatched_weights: list  # weight calibration nodes whose float weight was not found
@@ -556,14 +557,23 @@ def _fused(f, node, chain):
         else:
             b = b + per[0] if r.op_type == "Add" else b - per[0]
             size = size + np.abs(per[0])
-    key = f"{node.name}::fused::{len(chain)}"
-    inputs = (node.input[0], f.derive(f"{key}::weight", w.astype(weight.dtype)))
+    # named after the float tensor each stands for (see float_source), unique per node and chain
+    key = f"{FUSED}{node.name}::{len(chain)}"
+    inputs = (node.input[0], f.derive(f"{node.input[1]}{key}", w.astype(weight.dtype)))
     if bias_in is None and all(r.op_type in ("Mul", "Div") for r in chain):
         return inputs  # scaled only: still no bias
     # the quantizer folded in float32, in its own order: a few units in the last place of
     # what the bias passed through (a 16-bit activation's bias step is that fine; a weight's
     # step is far coarser than its product's rounding)
-    return inputs + (f.derive(f"{key}::bias", b.astype(weight.dtype), 8 * np.finfo(np.float32).eps * size),)
+    bias_name = f"{bias_in or node.name + '::bias'}{key}"
+    return inputs + (f.derive(bias_name, b.astype(weight.dtype), 8 * np.finfo(np.float32).eps * size),)
+
+
+def float_source(name):
+    """The float model's tensor that the float weight ``name`` stands for: itself, or, for a
+    weight with the ops after its node folded in, the node's weight or bias input (what a
+    quantizer's settings name when it quantizes the float model)."""
+    return name.split(FUSED)[0]
 
 
 def _per_channel(value, channels, from_end, normalisation=False):
@@ -666,7 +676,7 @@ def _assign_weights(qm, f, weights_at, values):
                           and np.size(f.constant(n)) == mine.size
                           and fits(c, mine, np.asarray(f.constant(n)).reshape(mine.shape))), None)
             if fname is not None:
-                weights[c.name] = fname
+                weights[c.name] = float_source(fname)
                 _set_float(qm, c, np.asarray(f.constant(fname)).reshape(mine.shape), fname)
             continue
         tried += 1
@@ -683,7 +693,7 @@ def _assign_weights(qm, f, weights_at, values):
                 unmatched.append(c.name)
             continue
         fitted += 1
-        weights[c.name] = found[0]
+        weights[c.name] = float_source(found[0])
         _set_float(qm, c, found[1], found[0])
     return weights, unmatched, tried, fitted
 

@@ -41,7 +41,7 @@ from collections import Counter, defaultdict
 
 from ..errors import PTQError, unknown
 from ..model import load_model
-from ..model.align import FOLDABLE, TRANSPARENT
+from ..model.align import FOLDABLE, TRANSPARENT, float_source
 from ..model.graph import name_nodes, sort_topologically
 from .result import MIXED, REMEDIES
 
@@ -134,7 +134,7 @@ class ProducerNames:
             if alignment is not None and c.name in alignment.weights:
                 return alignment.weights[c.name], None
             if c.float_weight and alignment is not None:
-                return c.float_weight[len("ptq_float::"):].removesuffix("::T"), None
+                return float_source(c.float_weight[len("ptq_float::"):].removesuffix("::T")), None
             suffix = _STORED_SUFFIX.get(self.key, "_quantized")
             if c.q_node is None and c.input.endswith(suffix):
                 return c.input[: -len(suffix)], None

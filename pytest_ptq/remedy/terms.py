@@ -23,6 +23,7 @@ import json
 from pathlib import Path
 
 from ..errors import PTQError, unknown
+from ..model.align import float_source
 from .result import MIXED, REMEDIES
 
 
@@ -34,7 +35,7 @@ def float_tensor_name(qmodel, c):
     """
     if c.kind == "weight":
         if c.float_weight:
-            return c.float_weight[len("ptq_float::"):]
+            return float_source(c.float_weight[len("ptq_float::"):].removesuffix("::T"))
         if c.q_node is None and c.input.endswith("_quantized"):
             return c.input[: -len("_quantized")]
         return c.input
