@@ -209,8 +209,7 @@ class Engine:
 
     def _compile(self, model):
         inits = {i.name: i for i in model.graph.initializer}
-        nodes = lowered(constants_late(list(model.graph.node), inits, self._gates,
-                                      [o.name for o in model.graph.output]))
+        nodes = lowered(constants_late(model.graph, inits, self._gates))
         if self.shared.low_memory:
             nodes = anchored(nodes, inits, self._gates.feed_names())
         del model.graph.node[:]

@@ -118,17 +118,18 @@ def instrument(qmodel, gates, extra_outputs=(), local=False, shared=None):
     return model
 
 
-def constants_late(nodes, inits, gates, outputs):
-    """``nodes`` with every node computed from constants only (weight gates, weight DQs,
-    Constant; ``inits``: the initializer names, ``gates``: the :class:`Gates`, whose flags
+def constants_late(graph, inits, gates):
+    """``graph``'s nodes with every node computed from constants only (weight gates, weight
+    DQs, Constant; ``inits``: the initializer names, ``gates``: the :class:`Gates`, whose flags
     count as constants) moved to just before its first consumer; one that no node reads and
-    none of ``outputs`` (the graph's output names) names is left out.
+    that is no graph output is left out.
 
     Quantizers emit weight Q/DQ first. Left there, a dequantized weight would cross segment
     boundaries as a fed tensor, which onnxruntime cannot prepack; and a session whose weights
     pass through gates at run time (low-memory mode) computes them in graph order, so all at
     once: a 180 MiB convolution net's bypassed run held a copy of every weight (+240 MiB).
     """
+    nodes = list(graph.node)  # one wrapper per node: emitted is keyed by identity
     constant = set(inits)
     deferred = {}  # output name -> node
     order, emitted = [], set()
@@ -155,7 +156,7 @@ def constants_late(nodes, inits, gates, outputs):
     # output only. Quantizers leave unread Constants behind (quantize_static, 188 of a Paddle
     # detector's 878), and at the end they made a segment of nothing but them, which
     # onnxruntime cannot load.
-    outputs = set(outputs)
+    outputs = {o.name for o in graph.output}
     for node in nodes:
         if outputs.intersection(node.output):
             emit(node)

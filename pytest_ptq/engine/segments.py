@@ -87,7 +87,7 @@ class Segments:
         # whole template per session took O(nodes) each: 0.6 s of an 8000-node model's build)
         self._shell = model_without(model, ("node", "input", "output", "initializer", "value_info"))
         self.inits = {i.name: i for i in graph.initializer}
-        self.nodes = constants_late(list(graph.node), self.inits, gates, [o.name for o in graph.output])
+        self.nodes = constants_late(graph, self.inits, gates)
         self.flag_names = gates.feed_names()
         self.model_inputs = [i.name for i in graph.input if i.name not in self.flag_names
                              and i.name not in self.inits]

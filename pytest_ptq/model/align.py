@@ -139,8 +139,7 @@ class _Float:
             if n.op_type == "Identity" and n.input[0] and n.output[0] not in self.outputs:
                 # a pass-through the quantizer's graph optimization removes: its output
                 # stands for its input
-                self.same[n.output[0]] = self.canonical(n.input[0])
-                self.aliases[self.same[n.output[0]]].append(n.output[0])
+                self._alias(n.output[0], n.input[0])
                 continue
             if n.op_type in _RANDOM or has_subgraphs(n):
                 continue
@@ -149,10 +148,14 @@ class _Float:
             if key in first:
                 for o, o0 in zip(n.output, first[key].output):
                     if o:
-                        self.same[o] = self.canonical(o0)
-                        self.aliases[self.same[o]].append(o)
+                        self._alias(o, o0)
             else:
                 first[key] = n
+
+    def _alias(self, tensor, of):
+        """Record that ``tensor`` holds what ``of`` holds."""
+        self.same[tensor] = self.canonical(of)
+        self.aliases[self.same[tensor]].append(tensor)
 
     def shape_derived(self, tensor):
         """Whether ``tensor`` depends on the graph inputs only through their shapes (Shape,
