@@ -56,7 +56,7 @@ def arrays_digest(arrays):
 
     h = hashlib.sha256()
     for name in sorted(arrays):
-        a = np.ascontiguousarray(arrays[name])
+        a = np.asarray(arrays[name], order="C")  # a scalar stays 0-d
         h.update(f"{name}\0{a.dtype.str}\0{a.shape}\0".encode())
         h.update(a.data)
     return h.hexdigest()

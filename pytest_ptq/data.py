@@ -153,7 +153,7 @@ class CalibrationData:
                 bad = int((~np.isfinite(arr)).sum())
                 raise PTQError(f"calibration sample {src.describe(idx)!r} for input {name!r} holds "
                                f"{bad} NaN/Inf values; fix the preprocessing or drop the sample")
-            out[name] = np.ascontiguousarray(arr)
+            out[name] = np.asarray(arr, order="C")  # a scalar input stays 0-d
         return out
 
     def __iter__(self):

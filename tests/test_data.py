@@ -171,3 +171,36 @@ def test_user_files_are_never_written(zoo, tmp_path):
                    float_model=fmodel, progress=False)
     assert sorted(p for p in user.rglob("*") if p.is_file()) == files
     assert _fingerprint(files) == before
+
+
+def test_a_scalar_input_stays_a_scalar(tmp_path):
+    # y = Relu(Conv(x) * gain), gain a rank-0 input (as a sample rate or a threshold is)
+    from onnx import TensorProto, helper, numpy_helper
+
+    from pytest_ptq.engine import Engine
+
+    rng = np.random.default_rng(0)
+    w = numpy_helper.from_array((rng.standard_normal((4, 3, 3, 3)) * 0.3).astype(np.float32), "w")
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1], name="conv"),
+         helper.make_node("Mul", ["c", "gain"], ["m"], name="mul"),
+         helper.make_node("Relu", ["m"], ["y"], name="relu")], "scalar_input",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8]),
+         helper.make_tensor_value_info("gain", TensorProto.FLOAT, [])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 8, 8])], [w])
+    fpath = builders._save(graph, tmp_path / "float.onnx")
+    data = {"x": [rng.standard_normal((1, 3, 8, 8)).astype(np.float32) for _ in range(3)],
+            "gain": [np.array(g, np.float32) for g in (0.5, 1.0, 2.0)]}
+    qpath = builders.quantize(fpath, tmp_path / "qdq.onnx", data)
+    folder = builders.save_folder(data, tmp_path / "calib")
+    qm = QuantModel(str(qpath))
+    for loaded in (load_data(folder), load_data(folder, qm), load_data(data, qm)):
+        assert [loaded.sample(k)["gain"].shape for k in range(3)] == [(), (), ()]
+    for source in (folder, data):  # the engine, against plain sessions on the file and the float model
+        engine = Engine(str(qpath), source, float_model=str(fpath))
+        for k in range(3):
+            feeds = {"x": data["x"][k], "gain": data["gain"][k]}
+            np.testing.assert_allclose(engine.run(k, "all")["y"], builders.run_model(qpath, [feeds])[0]["y"],
+                                       atol=1e-6)
+            np.testing.assert_allclose(engine.run(k, ())["y"], builders.run_model(fpath, [feeds])[0]["y"],
+                                       atol=1e-5)

@@ -91,7 +91,7 @@ class SharedWeights:
         mapped = 0
         for name in names:
             if name not in self._values:
-                array = np.ascontiguousarray(self.arrays[name])
+                array = np.asarray(self.arrays[name], order="C")  # a scalar stays 0-d
                 self._values[name] = ort().OrtValue.ortvalue_from_numpy(array)
                 PAGER.watch(array)
             if mapping(self.arrays[name]) is not None:

@@ -796,7 +796,7 @@ def _set_float(qm, c, fw, fname):
     dtype = onnx.helper.tensor_dtype_to_np_dtype(elem)
     if c.q_node is not None and not c.on_grid:
         return  # the float weight behind the pair is the float weight
-    value = np.ascontiguousarray(np.asarray(fw).astype(dtype, copy=False))  # a mapped weight stays mapped
+    value = np.asarray(fw, dtype=dtype, order="C")  # a mapped weight stays mapped, a scalar 0-d
     name = f"ptq_float::{fname}"
     if name in qm.float_weights and qm.float_weights[name].shape != value.shape:
         name += "::T"  # the same float weight transposed for another node
