@@ -140,12 +140,14 @@ def _remedy(result, notes):
     """A :class:`~pytest_ptq.remedy.Remedy` as report data, its search curve drawn as a PNG."""
     from .remedy import plot_remedy
 
-    measured = result.measured.get("value") if result.measured else None
+    decisive = result.requantized
     judged = result.figures.get(result.judged_on, {})
     row = {"remedy": result.remedy, "metric": result.objective.get("metric", result.metric),
            "target": result.target_text, "judged on": result.judged_on, "met": "yes" if result.met else "no",
            "nodes": len(result.nodes), "simulated": result.value, "judged": judged.get("after"),
-           "re-quantized": measured, "baseline": result.baseline, "every candidate": result.ceiling}
+           "re-quantized": decisive[1].get("value") if decisive else None,
+           "re-quantized with": decisive[0] if decisive else None, "baseline": result.baseline,
+           "every candidate": result.ceiling}
     # the same search on two xdist workers finds the same nodes: one entry
     entry = {"key": "|".join(["remedy", result.remedy, result.metric, str(result.target), ",".join(result.outputs),
                               ",".join(result.nodes)]),
@@ -494,10 +496,11 @@ def _extras_html(m):
         parts.append("<h3>Remedy searches</h3><p>The cheapest set of nodes to remedy so that the model meets the "
                      "target on data the search did not choose on ('judged on'; 'judged' is the value there), "
                      "simulated on the calibration samples ('simulated', 'baseline'), and re-quantized with the "
-                     "settings when the float model is known.</p>")
+                     "settings when the float model is known, by the quantizer that made the model "
+                     "('re-quantized with').</p>")
         parts.append(_table([r["row"] for r in m["remedies"]],
                             ["remedy", "metric", "target", "judged on", "met", "nodes", "simulated", "judged",
-                             "re-quantized", "baseline", "every candidate"], "remedies"))
+                             "re-quantized", "re-quantized with", "baseline", "every candidate"], "remedies"))
         for r in m["remedies"]:
             parts.append(f'<pre class="remedy">{_e(r["summary"])}</pre>')
             if r.get("image"):

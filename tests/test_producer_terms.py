@@ -11,12 +11,14 @@ and together they must be enough.
 
 from __future__ import annotations
 
+import importlib
 import json
 import re
 import stat
 import sys
 from pathlib import Path
 
+import numpy as np
 import onnx
 import pytest
 
@@ -307,14 +309,17 @@ s = spec["settings"]
 f = onnx.load(spec["float"])
 names = [n.name for n in f.graph.node if any(re.match(p, n.name) for p in s.get("nodes_to_exclude", []))
          or n.op_type in s.get("op_types_to_exclude", [])]
+if {ignore!r}:  # a producer that takes the terms and quantizes everything anyway
+    names = []
 conventions.make(spec["float"], spec["out"], data, "modelopt_int8_fp32", exclude=names)
 '''
 
 
-def _fake_python(tmp_path, fail=False):
-    script = tmp_path / "fake_modelopt.py"
-    script.write_text(FAKE.format(tests=str(HERE), fail=fail))
-    python = tmp_path / ("fail_python" if fail else "python")
+def _fake_python(tmp_path, fail=False, ignore=False):
+    tag = "fail_" if fail else ("ignore_" if ignore else "")
+    script = tmp_path / f"fake_{tag}modelopt.py"
+    script.write_text(FAKE.format(tests=str(HERE), fail=fail, ignore=ignore))
+    python = tmp_path / f"{tag}python"
     python.write_text(f"#!/bin/sh\nexec {sys.executable!r} {str(script)!r} \"$@\"\n")
     python.chmod(python.stat().st_mode | stat.S_IEXEC)
     return str(python)
@@ -366,3 +371,89 @@ def test_recipes_follow_what_the_pairs_show(made):
     assert producer_recipe(QuantModel(str(made("quark_a16w8", "quark", "conv")[0]))) == {"config": "A16W8_QCONFIG"}
     assert producer_recipe(QuantModel(str(made("inc_per_channel", "inc", "conv")[0]))) == {"per_channel": True}
     assert producer_recipe(QuantModel(str(made("aimet", "aimet", "conv")[0])))["activation_type"] == "int8"
+
+
+@pytest.fixture(scope="module")
+def side_modelopt(tmp_path_factory):
+    """builders.side_net in Model Optimizer's conventions, calibrated on noise that hides the
+    loss the smooth held-out data show (see tests/test_remedy_heldout.py); its ``side`` output
+    passes a Mul by 1, so that a quantizer placing pairs on the inputs of quantized ops only
+    quantizes (and clips) it."""
+    root = tmp_path_factory.mktemp("side_modelopt")
+    cal, held = builders.samples(16, size=16), builders.smooth_samples(16)
+    model = onnx.load(str(builders.side_net(root / "float.onnx")))
+    conv = next(n for n in model.graph.node if n.name == "conv_side")
+    conv.output[0] = "side_raw"
+    model.graph.initializer.append(onnx.numpy_helper.from_array(np.ones(1, np.float32), "one"))
+    model.graph.node.append(onnx.helper.make_node("Mul", ["side_raw", "one"], ["side"], name="side_mul"))
+    fpath = root / "float.onnx"
+    onnx.save(model, str(fpath))
+    qpath = conventions.make(fpath, root / "qdq.onnx", cal, "modelopt_int8_fp32")
+    model = onnx.load(str(qpath))
+    _mark(model, "modelopt")
+    onnx.save(model, str(qpath))
+    return {"float": fpath, "qdq": qpath, "cal": cal, "held": held, "held_dir": builders.save_folder(held, root / "held")}
+
+
+def _plain_cosine(m, path):
+    """Worst output cosine of the model at ``path`` against the float model on the held-out data,
+    both in plain onnxruntime sessions."""
+    feeds = [{"x": x} for x in m["held"]["x"]]
+    return builders.worst_cosine(builders.run_model(m["float"], feeds), builders.run_model(path, feeds))
+
+
+def _suggest(m, tmp_path, monkeypatch, **fake):
+    monkeypatch.setenv("PTQ_MODELOPT_PYTHON", _fake_python(tmp_path, **fake))
+    return suggest_remedy(str(m["qdq"]), m["cal"], target=0.99, heldout=m["held_dir"], float_model=str(m["float"]),
+                          save_dir=tmp_path / "out", progress=False)
+
+
+def test_the_producers_re_quantization_is_judged_on_the_held_out_data(side_modelopt, monkeypatch, tmp_path):
+    r = _suggest(side_modelopt, tmp_path, monkeypatch)
+    assert r.met and r.judged_on == "held-out" and r.nodes and r.producer_terms["producer"] == "modelopt"
+    m = r.producer_measured
+    held = m["figures"]["held-out"]
+    # independently: the producer's two files and the model as given, in plain sessions
+    assert held["after"] == pytest.approx(_plain_cosine(side_modelopt, m["model"]), abs=1e-5)
+    assert held["before"] == pytest.approx(_plain_cosine(side_modelopt, m["baseline_model"]), abs=1e-5)
+    assert held["original"] == pytest.approx(_plain_cosine(side_modelopt, side_modelopt["qdq"]), abs=1e-5)
+    assert held["before"] < 0.99 <= held["after"] and held["met"] and m["met"]
+    assert r.requantized == ("ModelOpt", m) and r.failure() is None
+    assert r.judged_by() == "simulated and re-quantized with ModelOpt"
+    text = r.summary()
+    assert f"on held-out data: cosine-similarity {held['after']:.6g}" in text
+    assert "onnxruntime's quantizer, not ModelOpt's that made the model: reported, not part of the verdict" in text
+
+
+def test_a_producer_that_misses_on_held_out_data_fails_the_remedy(side_modelopt, monkeypatch, tmp_path, capsys):
+    r = _suggest(side_modelopt, tmp_path, monkeypatch, ignore=True)
+    held = r.producer_measured["figures"]["held-out"]
+    assert r.met and r.measured["met"]  # the simulation and onnxruntime's re-quantization both hold
+    assert held["after"] == pytest.approx(_plain_cosine(side_modelopt, r.producer_measured["model"]), abs=1e-5)
+    assert held["after"] < 0.99 and not r.producer_measured["met"]
+    assert r.failure() == (f"re-quantized with ModelOpt, the model reaches cosine-similarity {held['after']:.6g} "
+                           "on held-out data, short of the target 0.99")
+    assert "re-quantized with ModelOpt it falls short (below)" in r.summary()
+    assert any("did not come out as the remedy asks" in w for w in r.warnings)
+    # the command line's exit status says the same
+    from pytest_ptq.cli import main
+
+    cal = builders.save_folder(side_modelopt["cal"], tmp_path / "calib")
+    rc = main(["suggest", str(side_modelopt["qdq"]), str(cal), "--heldout", str(side_modelopt["held_dir"]),
+               "--float-model", str(side_modelopt["float"]), "--no-save", "--quiet"])
+    assert rc == 1 and capsys.readouterr().out.rstrip().endswith(f"exit 1: {r.failure()}")
+
+
+def test_onnxruntime_missing_does_not_fail_a_third_party_models_remedy(side_modelopt, monkeypatch, tmp_path):
+    rq = importlib.import_module("pytest_ptq.remedy.requantize")  # the package's name is its function
+    real = rq.requantize
+    # onnxruntime's re-quantization dropping the settings: its model misses on the held-out data
+    monkeypatch.setattr(rq, "requantize", lambda f, out, data, options, settings=None: real(f, out, data, options))
+    r = _suggest(side_modelopt, tmp_path, monkeypatch)
+    assert not r.measured["met"] and r.producer_measured["met"] and r.failure() is None
+    monkeypatch.delenv("PTQ_MODELOPT_PYTHON")
+    r = suggest_remedy(str(side_modelopt["qdq"]), side_modelopt["cal"], target=0.99, heldout=side_modelopt["held_dir"],
+                       float_model=str(side_modelopt["float"]), progress=False)
+    assert not r.measured["met"] and r.producer_measured is None and r.failure() is None
+    assert r.judged_by() == "simulated; not re-quantized with ModelOpt, which made the model (see the notes)"
+    assert any("PTQ_MODELOPT_PYTHON" in n for n in r.notes)

@@ -100,8 +100,7 @@ def run(args):
         return 1
     where = {"held-out": "the held-out data", "confirmation": "the confirmation samples"}.get(
         result.judged_on, "the calibration data")
-    print(f"exit 0: the target holds on {where}" + (
-        ", simulated and re-quantized" if result.measured else " (simulated; pass --float-model to re-quantize)"))
+    print(f"exit 0: the target holds on {where}, {result.judged_by()}")
     return 0
 
 

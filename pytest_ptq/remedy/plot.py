@@ -46,12 +46,12 @@ def plot_remedy(result, path):
         if after is not None and result.judged_on != "calibration":
             ax.scatter([x], [after], s=140, facecolors="none", edgecolors="tab:green", linewidths=2, zorder=4,
                        label=f"chosen, on {on}")
-        if result.measured:
-            mf = result.measured.get("figures", {}).get(result.judged_on, {})
-            value = mf.get("after", result.measured.get("value"))
+        if result.requantized:
+            by, mm = result.requantized
+            value = mm.get("figures", {}).get(result.judged_on, {}).get("after", mm.get("value"))
             if value is not None:
                 ax.scatter([x], [value], marker="*", s=150, color="tab:purple", zorder=5,
-                           label=f"re-quantized, on {on}")
+                           label=f"re-quantized with {by}, on {on}")
     ax.set_title(f"Remedy search ({result.remedy}) on {Path(result.model).name}, {result.samples} calibration "
                  "sample(s)", fontsize=11)
     ax.set_xlabel(f"number of nodes {_DONE.get(result.remedy, 'remedied')}" if single else

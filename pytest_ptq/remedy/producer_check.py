@@ -20,12 +20,12 @@ import numpy as np
 import onnx
 
 from .. import guard
-from ..engine import Engine
 from ..engine.runtime import make_session, run
 from ..errors import NotQuantized, PTQError
 from ..metrics import get_metrics
 from ..model import QuantModel, load_model
 from .producer_terms import SHORT, ProducerNames
+from .requantize import requantized_runner
 
 PYTHON_ENV = {"modelopt": "PTQ_MODELOPT_PYTHON", "quark": "PTQ_QUARK_PYTHON", "neural-compressor": "PTQ_INC_PYTHON",
               "aimet": "PTQ_AIMET_PYTHON"}
@@ -163,16 +163,8 @@ def output_score(engine, float_model, metric="cosine-similarity"):
     source = "<float ModelProto>" if isinstance(float_model, onnx.ModelProto) else str(float_model)
 
     def score(path=None):
-        plain = None
-        try:
-            new = engine if path is None else Engine(str(path), engine.data, optimization=engine.optimization,
-                                                     providers=engine.providers, check=False, segments=0)
-            outputs = new.model_outputs
-        except NotQuantized:  # the terms left nothing quantized: the file runs as it is
-            model = load_model(path, what="the re-quantized model")[0]
-            plain = make_session(model, engine.optimization, engine.providers, fake_quant=False,
-                                 what=f"the re-quantized model {str(path)!r}")
-            outputs = [o.name for o in model.graph.output]
+        new = engine if path is None else requantized_runner(path, engine.data, engine)
+        outputs = new.model_outputs
         tensors = [o for o in engine.model_outputs if o in outputs and o in float_outputs]
         if not tensors:
             raise PTQError(f"the float model and the re-quantized model share no output (float: "
@@ -181,8 +173,7 @@ def output_score(engine, float_model, metric="cosine-similarity"):
         for i in range(len(engine.data)):
             feeds = engine.data.sample(i)
             ref = dict(zip(tensors, run(reference, tensors, feeds, source)))
-            out = (new.run(i, "all", tensors) if plain is None
-                   else dict(zip(tensors, run(plain, tensors, feeds, str(path)))))
+            out = new.run(i, "all", tensors)
             for t in tensors:
                 m.update(states[t], ref[t], out[t])
         return {"calibration": m.worst([m.value(st) for st in states.values()])}

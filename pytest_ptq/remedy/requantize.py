@@ -11,7 +11,8 @@ import onnx
 
 from .. import guard
 from ..engine import Engine
-from ..errors import PTQError
+from ..engine.runtime import make_session, run
+from ..errors import NotQuantized, PTQError
 from ..model import load_model
 from .alternatives import PER_CHANNEL_OPS
 from .result import meets
@@ -152,27 +153,17 @@ def measure(parts, objective, float_model, result, save_dir):
         if unknown_names:
             result.notes.append(f"nodes_to_exclude names {unknown_names} are not node names of the float model "
                                 "(unnamed nodes get generated names); exclude them by their float-model names")
-        figures = {name: {"samples": len(part)} for name, (part, _) in parts.items()}
+        figures = {name: {"samples": len(part), "target": scorer.target} for name, (part, scorer) in parts.items()}
         for key, path in (("before", base_path), ("after", fixed_path)):
-            # one engine per data set: runs by index reuse each sample's float reference
-            engines = {}
-            for name, (part, scorer) in parts.items():
-                data = part.engine.data
-                if id(data) not in engines:
-                    engines[id(data)] = Engine(str(path), data, optimization=engine.optimization,
-                                               providers=engine.providers, check=False, segments=0)
-                new = engines[id(data)]
-                if not objective.is_task:
-                    missing = [s.tensor for s in objective.specs
-                               if s.tensor not in new.model_outputs and s.tensor not in new.probe_tensors]
-                    if missing:
-                        result.notes.append(f"tensor {missing[0]!r} is not in the re-quantized model; no measured "
-                                            "value")
-                        return None
-                figures[name][key] = _value(new, part, objective)
-                figures[name]["target"] = scorer.target
+            try:
+                values, new = score_parts(parts, objective, path)
+            except MissingTensor as exc:
+                result.notes.append(f"{exc}; no measured value")
+                return None
+            for name, value in values.items():
+                figures[name][key] = value
             if key == "after":
-                measured.update(_effect(qm, engines[id(engine.data)].qmodel, result))
+                measured.update(_effect(qm, new.qmodel, result))
         for name, f in figures.items():
             f["met"] = meets(objective.metric, f["after"], f["target"])
         cal = figures["calibration"]
@@ -191,6 +182,61 @@ def measure(parts, objective, float_model, result, save_dir):
     finally:
         if tmp is not None:
             tmp.cleanup()
+
+
+class MissingTensor(PTQError):
+    """A tensor the objective reads is not in a re-quantized model."""
+
+
+def score_parts(parts, objective, path=None):
+    """``({part: value}, engine)``: the objective of the model at ``path`` fully quantized
+    (None: the calibrated model) on each part of ``parts`` (``{name: (Part, Scorer)}``),
+    against the calibrated model's float reference; ``engine`` runs ``path`` on the
+    calibration part's data (the calibrated engine for None)."""
+    cal = parts["calibration"][0].engine
+    engines, values = {}, {}
+    for name, (part, _) in parts.items():
+        data = part.engine.data
+        if id(data) not in engines:  # one engine per data set: runs by index reuse each sample's float reference
+            engines[id(data)] = part.engine if path is None else requantized_runner(path, data, cal)
+        new = engines[id(data)]
+        if not objective.is_task:
+            missing = [s.tensor for s in objective.specs
+                       if s.tensor not in new.model_outputs and s.tensor not in new.probe_tensors]
+            if missing:
+                raise MissingTensor(f"tensor {missing[0]!r} is not in the re-quantized model {str(path)!r}")
+        values[name] = _value(new, part, objective)
+    return values, engines[id(cal.data)]
+
+
+def requantized_runner(path, data, engine):
+    """What runs the re-quantized model at ``path`` on ``data`` as ``engine`` runs its own
+    (``run(sample, "all", tensors)``): an engine, or a plain session where the model is left
+    with nothing quantized."""
+    try:
+        return Engine(str(path), data, optimization=engine.optimization, providers=engine.providers, check=False,
+                      segments=0)
+    except NotQuantized:
+        return _Plain(path, data, engine)
+
+
+class _Plain:
+    """A re-quantized model with nothing quantized, run as stored (``qmodel`` None)."""
+
+    qmodel = None
+    probe_tensors = ()
+
+    def __init__(self, path, data, engine):
+        model = load_model(str(path), what="the re-quantized model")[0]
+        self.source, self.data = str(path), data
+        self.session = make_session(model, engine.optimization, engine.providers, fake_quant=False,
+                                    what=f"the re-quantized model {self.source!r}")
+        self.model_outputs = [o.name for o in model.graph.output]
+
+    def run(self, sample, quantized="all", tensors=None):
+        feeds = self.data.sample(int(sample)) if isinstance(sample, (int, np.integer)) else sample
+        tensors = list(tensors or self.model_outputs)
+        return dict(zip(tensors, run(self.session, tensors, feeds, self.source)))
 
 
 def _value(new, part, objective):
@@ -214,7 +260,7 @@ def _effect(old, new, result):
     def quantized(qm):
         return {float_tensor_name(qm, c): c for c in qm.calibration.values() if c.role != "bias"}
 
-    before, after = quantized(old), quantized(new)
+    before, after = quantized(old), ({} if new is None else quantized(new))
     kinds = {n: result.choices.get(n, result.remedy) for n in result.nodes}
     intended = {kind: {float_tensor_name(old, old.calibration[n]) for n, k in kinds.items() if k == kind}
                 for kind in set(kinds.values())}

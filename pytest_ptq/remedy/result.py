@@ -137,14 +137,36 @@ class Remedy(JsonResult):
                     f"node(s), reaches {name} {_fmt(judged.get('after', self.value))}"
                     + (f" (target there {_fmt(judged['target'])})" if self.objective.get("min_ratio") is not None
                        and judged.get("target") is not None else ""))
-        mm = self.measured
-        if mm and not mm.get("met", True):
+        decisive = self.requantized
+        if decisive and not decisive[1].get("met", True):
+            by, mm = decisive
             judged = mm.get("figures", {}).get(self.judged_on, {})
             value = judged.get("after", mm.get("value"))
             target = judged.get("target", self.target)
-            return (f"the re-quantized model reaches {name} {_fmt(value)} on {on}, short of the target "
+            return (f"re-quantized with {by}, the model reaches {name} {_fmt(value)} on {on}, short of the target "
                     f"{_fmt(target)}")
         return None
+
+    @property
+    def requantized(self):
+        """``(quantizer, measured)``: the re-quantization that judges the remedy beside the
+        simulation, or None where none ran. For a model a third-party quantizer made it is
+        that quantizer's (``producer_measured``): onnxruntime's re-quantization
+        (``measured``) quantizes the float model its own way, which says nothing of the
+        user's, and is only reported."""
+        if self.producer_terms:
+            return (self.producer_terms["short"], self.producer_measured) if self.producer_measured else None
+        return ("onnxruntime", self.measured) if self.measured else None
+
+    def judged_by(self):
+        """How the verdict was reached, as a phrase: ``simulated and re-quantized with X`` or
+        ``simulated`` and what would re-quantize it."""
+        if self.requantized:
+            return f"simulated and re-quantized with {self.requantized[0]}"
+        if self.producer_terms and self.measured:
+            return (f"simulated; not re-quantized with {self.producer_terms['short']}, which made the model "
+                    "(see the notes)")
+        return "simulated only, not re-quantized"
 
     def figures_table(self):
         """The figures before and after the remedy, one row per data set (simulated, then
@@ -174,12 +196,12 @@ class Remedy(JsonResult):
         name = self.objective.get("metric", self.metric)
         judged = self.figures.get(self.judged_on, {})
         where = "" if self.judged_on == "calibration" else f" on {_on(self.judged_on)}"
-        missed = bool(self.measured) and not self.measured.get("met", True)
+        missed = bool(self.requantized) and not self.requantized[1].get("met", True)
         if self.met:
             lines.append(f"{name} {_fmt(judged.get('after', self.value))}{where} meets the target {self.target_text} "
                          f"{'in simulation ' if missed else ''}with {len(self.nodes)} node(s) {what} "
                          f"(baseline {_fmt(judged.get('before', self.baseline))})"
-                         + ("; re-quantized with its settings it falls short (below)" if missed else ""))
+                         + (f"; re-quantized with {self.requantized[0]} it falls short (below)" if missed else ""))
         else:
             ceiling = ("" if self.ceiling is None else
                        f", every candidate {what} on the search samples: {_fmt(self.ceiling)}")
@@ -206,20 +228,24 @@ class Remedy(JsonResult):
             lines.append("simulation only (onnxruntime cannot express it): " + ", ".join(s["simulation_only"]))
         if self.measured:
             mm = self.measured
-            lines.append(f"re-quantized with these settings: {name} {_fmt(mm.get('value'))} on calibration "
+            other = (f" (onnxruntime's quantizer, not {self.producer_terms['short']}'s that made the model: reported, "
+                     "not part of the verdict)" if self.producer_terms else "")
+            lines.append(f"re-quantized with these settings{other}: {name} {_fmt(mm.get('value'))} on calibration "
                          f"(simulated {_fmt(self.value)}; re-quantized without them {_fmt(mm.get('baseline_value'))})"
-                         + (f"; {self.failure()}" if missed else ""))
+                         + (f"; {self.failure()}" if missed and not self.producer_terms else ""))
             if mm.get("collateral"):
                 lines.append("  also changed by onnxruntime: " + ", ".join(mm["collateral"]))
             if mm.get("not_applied"):
                 lines.append("  not applied by onnxruntime: " + ", ".join(mm["not_applied"]))
-        lines += producer_lines(self.producer_terms, self.producer_measured, name)
+        lines += producer_lines(self.producer_terms, self.producer_measured, name, self.judged_on)
+        if missed and self.producer_terms:
+            lines.append(f"  {self.failure()}")
         lines += [f"warning: {w}" for w in self.warnings]
         lines += [f"note: {n}" for n in self.notes]
         return "\n".join(lines)
 
 
-def producer_lines(terms, measured=None, metric="cosine-similarity"):
+def producer_lines(terms, measured=None, metric="cosine-similarity", judged_on="calibration"):
     """The remedy in the producer's terms as a few summary lines: what to pass it, what it
     cannot express, and what re-quantizing with it measured."""
     if not terms or not (terms["lines"] or terms["unsupported"]):
@@ -242,6 +268,11 @@ def producer_lines(terms, measured=None, metric="cosine-similarity"):
                      f"{_fmt(m['after'].get('calibration'))} on calibration against the float model (without them "
                      f"{_fmt(m['before'].get('calibration'))}, the model as given {_fmt(m['original'].get('calibration'))}"
                      f"); {kept} of {total} remedied tensor(s) as asked")
+        judged = m.get("figures", {}).get(judged_on)
+        if judged and judged_on != "calibration":
+            lines.append(f"  on {_on(judged_on)}: {metric} {_fmt(judged['after'])} (without the terms "
+                         f"{_fmt(judged['before'])}, the model as given {_fmt(judged['original'])}; target "
+                         f"{_fmt(judged['target'])})")
         if m.get("not_applied"):
             lines.append(f"  not applied by {terms['short']}: " + ", ".join(m["not_applied"]))
         if m.get("in_float"):

@@ -15,10 +15,10 @@ from .alternatives import alternatives_for, menus_for
 from .objective import objective_for
 from .parts import layout, with_alternatives
 from .plot import plot_remedy
-from .producer_check import PACKAGE, PYTHON_ENV, check_producer_terms, output_score, producer_python
+from .producer_check import PACKAGE, PYTHON_ENV, check_producer_terms, producer_python
 from .producer_terms import producer_terms
 from .ranking import mixed_moves, rank
-from .requantize import measure
+from .requantize import measure, score_parts
 from .result import DEFAULT_COSTS, MIXED, REMEDIES, WHAT, Remedy, meets
 from .scoring import Clock, OutOfTime, Scorer, cost_of, pooled
 from .strategy import Search
@@ -177,7 +177,8 @@ def _suggest(engine, save_dir, clock, target, metric, remedy, output_node, data_
         _figures(result, lay, objective, scorer, judge, chosen)
         _warn_chosen(result, searcher, chosen)
     result.settings = onnxruntime_settings(qm, remedy, result.nodes, axes, result.choices)
-    if float_model is not None and requantize_check and result.nodes and not result.budget_exhausted:
+    check = float_model is not None and requantize_check and result.nodes and not result.budget_exhausted
+    if check:
         parts = {"calibration": (lay.calibration, _scorer_for(lay.calibration, scorer, judge, objective))}
         if lay.confirms:
             parts[lay.judge.name] = (lay.judge, judge)
@@ -188,8 +189,8 @@ def _suggest(engine, save_dir, clock, target, metric, remedy, output_node, data_
         notes.append("pass the float model (float_model= / --float-model) to check the settings by "
                      "re-quantizing")
     result.producer_terms = producer_terms(qm, remedy, result.nodes, axes, result.choices, float_model)
-    if float_model is not None and requantize_check and result.nodes and not result.budget_exhausted:
-        _check_with_producer(engine, result, float_model, save_dir)
+    if check:
+        _check_with_producer(engine, result, float_model, save_dir, parts, objective)
     result.elapsed_s = clock.elapsed
     if save_dir is not None and result.curve:
         result.png = str(plot_remedy(result, Path(save_dir) / f"remedy_{remedy}.png"))
@@ -198,9 +199,10 @@ def _suggest(engine, save_dir, clock, target, metric, remedy, output_node, data_
     return result
 
 
-def _check_with_producer(engine, result, float_model, save_dir):
+def _check_with_producer(engine, result, float_model, save_dir, parts, objective):
     """Re-quantize with the producer that made the model and the remedy in its terms, when
-    its Python is named; a producer that fails is a warning, the search's result stands."""
+    its Python is named, and judge it as the simulation is judged (same parts, objective and
+    targets); a producer that fails is a warning, the search's result stands."""
     terms = result.producer_terms
     if not terms or not any(terms["expect"].values()):
         return
@@ -211,11 +213,20 @@ def _check_with_producer(engine, result, float_model, save_dir):
         return
     try:
         measured = check_producer_terms(engine, terms, float_model, save_dir=save_dir,
-                                        score=output_score(engine, float_model, result.metric))
+                                        score=lambda path=None: score_parts(parts, objective, path)[0])
     except PTQError as exc:
         result.warnings.append(f"re-quantizing with {terms['short']} failed: {exc}")
         return
+    figures = {}
+    for name, (part, sc) in parts.items():
+        after = measured["after"][name]
+        figures[name] = {"samples": len(part), "original": measured["original"][name],
+                         "before": measured["before"][name], "after": after, "target": sc.target,
+                         "met": meets(objective.metric, after, sc.target)}
+    measured.update({"figures": figures, "value": figures["calibration"]["after"],
+                     "met": figures.get(result.judged_on, figures["calibration"])["met"]})
     result.producer_measured = measured
+    _warn(result, figures, f"re-quantized with {terms['short']}: ")
     if measured["not_applied"]:
         result.warnings.append(f"re-quantized with {terms['short']}, {', '.join(measured['not_applied'])} did not "
                                "come out as the remedy asks")
