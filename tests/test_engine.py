@@ -894,3 +894,29 @@ def test_configs_run_one_at_a_time_where_their_tensors_would_not_fit(zoo, monkey
     configs = [([n], ()) for n in wide.calib_names]
     for a, b in zip(wide.run_many(0, configs), narrow.run_many(0, configs)):
         np.testing.assert_allclose(a["prob"], b["prob"], rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("subgraph, node", [("if", "choose"), ("loop", "repeat")])
+def test_a_fold_that_leaves_a_subgraph_reading_nothing_names_the_deleted_node(tmp_path, subgraph, node):
+    # Neural Compressor deletes the Relu it folds and rewires the main graph only: the
+    # subgraph reads a tensor nothing writes, and onnxruntime refuses the file
+    fpath = builders.relu_out_net(tmp_path / "f.onnx", subgraph=subgraph)
+    qpath = builders.quantize(fpath, tmp_path / "q.onnx", builders.samples(6))
+    model = onnx.load(str(qpath))
+    relu = next(n for n in model.graph.node if n.name == "relu0")
+    model.graph.node.remove(relu)
+    for n in model.graph.node:
+        for k, i in enumerate(n.input):
+            if i == "r0":
+                n.input[k] = "c0"
+    onnx.save(model, str(tmp_path / "broken.onnx"))
+    with pytest.raises(Exception, match="topologically sorted"):  # onnxruntime's own word on it
+        builders.run_model(tmp_path / "broken.onnx", [{"x": builders.samples(1)["x"][0]}])
+    with pytest.raises(PTQError) as info:
+        Engine(str(tmp_path / "broken.onnx"), builders.samples(2))
+    assert str(info.value).startswith(f"a subgraph of node '{node}' of ") and "reads tensor 'r0'" in str(info.value)
+    assert "pass the float model to name the op" in str(info.value)
+    with pytest.raises(PTQError) as info:
+        Engine(str(tmp_path / "broken.onnx"), builders.samples(2), float_model=str(fpath))
+    assert "the float model's Relu 'relu0' writes it and the quantizer removed that node" in str(info.value)
+    assert "\n" not in str(info.value)

@@ -85,6 +85,32 @@ def node_refs(node):
     return list(dict.fromkeys(refs))
 
 
+class Unprovided(PTQError):
+    """A node reads a tensor that nothing in the graph provides (``implicit``: its subgraph
+    reads it from the enclosing graph); :meth:`explain` adds what the float model shows."""
+
+    def __init__(self, node, tensor, implicit, source):
+        self.node, self.tensor, self.implicit, self.source = node, tensor, implicit, source
+        super().__init__(self.explain())
+
+    def explain(self, float_node=None):
+        """The sentence; ``float_node``: the float model's node that writes the tensor."""
+        where = "a subgraph of node" if self.implicit else "node"
+        head = (f"{where} {self.node.name or self.node.op_type!r} of {self.source} reads tensor {self.tensor!r}, "
+                "which no node, input or initializer provides (onnxruntime refuses the file too)")
+        if float_node is not None:
+            return (f"{head}: the float model's {float_node.op_type} {float_node.name or float_node.op_type!r} "
+                    "writes it and the quantizer removed that node without rewiring what reads it"
+                    f"{' inside the subgraph' if self.implicit else ''}; quantize again with that node "
+                    "excluded or kept (onnxruntime: extra_options={'QDQKeepRemovableActivations': True}), or "
+                    "report it to the quantizer")
+        if self.implicit:
+            return (f"{head}; a quantizer that deletes an op it folds (a Relu, say) without rewiring the subgraphs "
+                    "that read its output writes such a file: pass the float model to name the op, and quantize "
+                    "again keeping it")
+        return f"{head}; re-export the model"
+
+
 def sort_topologically(graph, source="the model"):
     """Reorder ``graph.node`` so every node follows the producers of what it reads; a graph
     already in order is left exactly as it is. Returns True when nodes moved."""
@@ -101,8 +127,7 @@ def sort_topologically(graph, source="the model"):
             if r in available:
                 continue
             if r not in producer:
-                raise PTQError(f"node {n.name or n.op_type!r} of {source} reads tensor {r!r}, which no node, "
-                               "input or initializer provides; re-export the model")
+                raise Unprovided(n, r, r not in n.input, source)
             waiting[k] += 1
             users[producer[r]].append(k)
     ready = [k for k in range(len(nodes)) if waiting[k] == 0]

@@ -24,7 +24,7 @@ from onnx import numpy_helper
 from .. import params
 from ..errors import NotQuantized, PTQError, unknown
 from . import formats, grids
-from .graph import (externalize, hand_back, load_light, load_model, mapping, name_nodes, restore,
+from .graph import (Unprovided, externalize, hand_back, load_light, load_model, mapping, name_nodes, restore,
                     has_subgraphs, sort_topologically, subgraphs)
 from .producers import detect
 
@@ -315,7 +315,10 @@ class QuantModel:
         self.shared = externalize(graph, arrays, folder, repr(self.source))  # and the rewrite's own
         name_nodes(graph)
         self.made_by = detect(self.model, self._format)  # the quantizer, for reports and remedies only
-        self.resorted = sort_topologically(graph, repr(self.source))
+        try:
+            self.resorted = sort_topologically(graph, repr(self.source))
+        except Unprovided as exc:
+            raise PTQError(exc.explain(_writer(float_model, exc.tensor))) from None
         if self.resorted:
             self.notes.append("the graph was stored out of topological order; it is analysed sorted")
         self.inits = {i.name: i for i in graph.initializer}
@@ -692,3 +695,11 @@ def custom_op_sentence(qm):
             "register the library that implements them (the quantizer ships it, e.g. AMD Quark's custom-op "
             "library) with --custom-op-library PATH (custom_op_libraries=[PATH] in the API, ptq_custom_op_library "
             "in the ini file, custom_op_library in a marker or a contract)")
+
+
+def _writer(float_model, tensor):
+    """The float model's node that writes ``tensor``, or None (no float model, or none)."""
+    if float_model is None:
+        return None
+    model = load_model(float_model, what="float model", external=False)[0]
+    return next((n for n in model.graph.node if tensor in n.output), None)
