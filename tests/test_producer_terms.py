@@ -434,6 +434,9 @@ def test_a_producer_that_misses_on_held_out_data_fails_the_remedy(side_modelopt,
     assert r.failure() == (f"re-quantized with ModelOpt, the model reaches cosine-similarity {held['after']:.6g} "
                            "on held-out data, short of the target 0.99")
     assert "re-quantized with ModelOpt it falls short (below)" in r.summary()
+    last = [c.strip() for c in r.figures_table().splitlines()[-2].split("|")[1:-1]]
+    assert last == ["held-out, re-quantized with ModelOpt", f"{held['before']:.6f}", f"{held['after']:.6f}",
+                    "0.990000", "no"]
     assert any("did not come out as the remedy asks" in w for w in r.warnings)
     # the command line's exit status says the same
     from pytest_ptq.cli import main

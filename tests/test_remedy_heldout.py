@@ -125,7 +125,7 @@ def test_cli_accepts_on_held_out_data_and_says_why_it_exits_1(side, tmp_path, ca
             "--target-cosine", str(TARGET), "--float-model", str(side["float"]), "--quiet"]
     assert main(args + ["-s", str(tmp_path / "out")]) == 0
     text = capsys.readouterr().out
-    assert "held-out (16)" in text and "held-out, re-quantized" in text and '["conv_side"]' in text
+    assert "held-out (16)" in text and "held-out, re-quantized with onnxruntime" in text and '["conv_side"]' in text
     saved = json.loads((tmp_path / "out" / "remedy_float.json").read_text())
     assert saved["nodes"] == ["side_QuantizeLinear"] and saved["figures"]["held-out"]["met"]
 

@@ -169,21 +169,25 @@ class Remedy(JsonResult):
         return "simulated only, not re-quantized"
 
     def figures_table(self):
-        """The figures before and after the remedy, one row per data set (simulated, then
-        re-quantized when measured)."""
+        """The figures before and after the remedy, one row per data set: simulated, then
+        re-quantized by each quantizer that ran (onnxruntime, the producer's)."""
         rows = []
         order = [k for k in ("calibration", "search", "confirmation", "held-out") if k in self.figures]
         for key in order:
             f = self.figures[key]
             rows.append({"data": f"{key} ({f['samples']})", "float": f.get("float"), "no remedy": f["before"],
                          "remedy": f["after"], "target": f["target"], "met": "yes" if f["met"] else "no"})
-        measured = (self.measured or {}).get("figures", {})
-        for key in order:
-            if key in measured:
-                f = measured[key]
-                rows.append({"data": f"{key}, re-quantized", "float": self.figures.get(key, {}).get("float"),
-                             "no remedy": f["before"], "remedy": f["after"],
-                             "target": f["target"], "met": "yes" if f["met"] else "no"})
+        runs = [("onnxruntime", self.measured)]
+        if self.producer_terms:
+            runs.append((self.producer_terms["short"], self.producer_measured))
+        for by, measured in runs:
+            figures = (measured or {}).get("figures", {})
+            for key in order:
+                if key in figures:
+                    f = figures[key]
+                    rows.append({"data": f"{key}, re-quantized with {by}",
+                                 "float": self.figures.get(key, {}).get("float"), "no remedy": f["before"],
+                                 "remedy": f["after"], "target": f["target"], "met": "yes" if f["met"] else "no"})
         if not rows:
             return ""
         task = self.objective.get("kind") == "task"
