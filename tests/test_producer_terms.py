@@ -33,6 +33,15 @@ from pytest_ptq.remedy.result import producer_lines
 HERE = Path(__file__).resolve().parent
 
 
+def _made_by(fpath, qpath, data, convention, producer):
+    """``fpath`` quantized in ``convention`` to ``qpath``, marked as ``producer`` writes it."""
+    conventions.make(fpath, qpath, data, convention)
+    model = onnx.load(str(qpath))
+    _mark(model, producer)
+    onnx.save(model, str(qpath))
+    return qpath
+
+
 def _mark(model, producer):
     """What each producer writes into the file (tests/producers/README.md, measured)."""
     if producer in ("modelopt", "inc"):
@@ -143,10 +152,7 @@ def test_model_optimizer_patterns_match_one_node_and_whole_op_types_go_by_type(m
     next(n for n in model.graph.node if n.name == "conv2").name = "conv1_b"  # 'conv1' now prefixes it
     renamed = tmp_path / "renamed.onnx"
     onnx.save(model, str(renamed))
-    qpath = conventions.make(renamed, tmp_path / "q.onnx", data, "modelopt_int8_fp32")
-    q = onnx.load(str(qpath))
-    _mark(q, "modelopt")
-    onnx.save(q, str(qpath))
+    qpath = _made_by(renamed, tmp_path / "q.onnx", data, "modelopt_int8_fp32", "modelopt")
     qm = QuantModel(str(qpath), float_model=str(renamed))
     x = next(c.name for c in qm.calibration.values() if c.input == "x")
     terms = producer_terms(qm, "float", [x], float_model=str(renamed))
@@ -388,10 +394,7 @@ def side_modelopt(tmp_path_factory):
     model.graph.node.append(onnx.helper.make_node("Mul", ["side_raw", "one"], ["side"], name="side_mul"))
     fpath = root / "float.onnx"
     onnx.save(model, str(fpath))
-    qpath = conventions.make(fpath, root / "qdq.onnx", cal, "modelopt_int8_fp32")
-    model = onnx.load(str(qpath))
-    _mark(model, "modelopt")
-    onnx.save(model, str(qpath))
+    qpath = _made_by(fpath, root / "qdq.onnx", cal, "modelopt_int8_fp32", "modelopt")
     return {"float": fpath, "qdq": qpath, "cal": cal, "held": held, "held_dir": builders.save_folder(held, root / "held")}
 
 
