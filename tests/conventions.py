@@ -481,6 +481,8 @@ def inlined_net(folder, seed=0):
     model = onnx.load(str(paths["rewritten"]))
     g = model.graph
     for n in g.node:
+        if n.op_type == "HardSigmoid" and not n.name:  # Quark names the inlined HardSigmoid, not the Mul
+            n.name = "_inlfunc_HardSwish_HS_X"
         if n.op_type == "Sigmoid":
             n.op_type = "HardSigmoid"
             n.attribute.extend([helper.make_attribute("alpha", 0.2), helper.make_attribute("beta", 0.5)])

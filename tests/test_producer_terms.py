@@ -16,6 +16,7 @@ import json
 import re
 import stat
 import sys
+from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
@@ -463,3 +464,41 @@ def test_onnxruntime_missing_does_not_fail_a_third_party_models_remedy(side_mode
     assert not r.measured["met"] and r.producer_measured is None and r.failure() is None
     assert r.judged_by() == "simulated; not re-quantized with ModelOpt, which made the model (see the notes)"
     assert any("PTQ_MODELOPT_PYTHON" in n for n in r.notes)
+
+
+def test_quark_terms_use_the_names_of_its_own_graph_and_say_what_has_none(tmp_path):
+    # Quark inlines HardSwish as HardSigmoid (named) and Mul (unnamed) and quantizes between
+    # them; its exclude matches node names, so a tensor that the unnamed Mul reads or writes
+    # cannot be kept in float by it
+    net = conventions.inlined_net(tmp_path)
+    qpath = net["qdq"]
+    model = onnx.load(str(qpath))
+    _mark(model, "quark")
+    onnx.save(model, str(qpath))
+    qm = QuantModel(str(qpath), float_model=str(net["float"]))
+    acts = [c for c in qm.of_kind("activation") if c.producer in qm.normal]
+    terms = producer_terms(qm, "float", [c.name for c in acts], float_model=str(net["float"]))
+    # independently, from the file: the nodes writing and reading each quantized tensor
+    nodes = list(model.graph.node)
+    writer = {o: n for n in nodes for o in n.output}
+    readers = defaultdict(list)
+    for n in nodes:
+        for i in n.input:
+            readers[i].append(n)
+    unsupported = {u["node"] for u in terms["unsupported"]}
+    named = {n.name for n in nodes if n.name} | {n.name for n in onnx.load(str(net["float"])).graph.node}
+    assert set(terms["settings"]["exclude"]) <= named and terms["settings"]["exclude"]
+    assert "HardSigmoid_0" not in terms["settings"]["exclude"]  # a name only the alignment's inlining gives
+    nameless = 0
+    for c in acts:
+        q = next(n for n in nodes if n.op_type == "QuantizeLinear" and n.input[0] == c.input)
+        dqs = [d for d in readers[q.output[0]] if d.op_type == "DequantizeLinear"]
+        touching = [writer[c.input]] + [r for d in dqs for r in readers[d.output[0]]]
+        if any(not n.name for n in touching):
+            nameless += 1
+            assert c.name in unsupported and "unnamed" in next(
+                u["why"] for u in terms["unsupported"] if u["node"] == c.name)
+        else:
+            assert c.name not in unsupported
+            assert {n.name for n in touching} <= set(terms["settings"]["exclude"])
+    assert nameless == 3  # the pairs on the HardSwish's input, its HardSigmoid's output and its own output

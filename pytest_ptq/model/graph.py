@@ -153,9 +153,11 @@ def sort_topologically(graph, source="the model"):
 
 def name_nodes(graph):
     """Give unnamed nodes stable names ``<OpType>_<k>`` (k counts that op type in graph order)
-    and suffix repeated names, so that every result names one node."""
+    and suffix repeated names, so that every result names one node. Returns the names given
+    to nodes that had none (no tool that reads the file can name those)."""
     taken = {n.name for n in graph.node if n.name}
     counts = defaultdict(int)
+    given = set()
     for n in graph.node:
         if n.name:
             continue
@@ -166,11 +168,13 @@ def name_nodes(graph):
                 break
         n.name = candidate
         taken.add(candidate)
+        given.add(candidate)
     seen = defaultdict(int)
     for n in graph.node:
         seen[n.name] += 1
         if seen[n.name] > 1:
             n.name = f"{n.name}__{seen[n.name] - 1}"
+    return given
 
 
 # Initializers at least this large leave the ModelProto: their values are kept once, as numpy

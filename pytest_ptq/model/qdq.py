@@ -313,7 +313,7 @@ class QuantModel:
         self.notes += rewrite.notes
         graph = self.model.graph
         self.shared = externalize(graph, arrays, folder, repr(self.source))  # and the rewrite's own
-        name_nodes(graph)
+        self.unnamed = name_nodes(graph)  # nodes without a name in the file
         self.made_by = detect(self.model, self._format)  # the quantizer, for reports and remedies only
         try:
             self.resorted = sort_topologically(graph, repr(self.source))

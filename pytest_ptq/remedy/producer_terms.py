@@ -61,9 +61,7 @@ class _FloatGraph:
         if float_model is not None:
             model = load_model(float_model, what="float model")[0]
             graph = model.graph
-            self.unnamed = {k for k, n in enumerate(graph.node) if not n.name}
-            name_nodes(graph)  # the names the alignment gave unnamed nodes
-            self.unnamed = {graph.node[k].name for k in self.unnamed}
+            self.unnamed = name_nodes(graph)  # the names the alignment gave unnamed nodes
             sort_topologically(graph, "the float model")
             nodes = [n for n in graph.node if n.op_type != "Constant"]
             self.op = {n.name: n.op_type for n in nodes}  # in topological order, as the alignment sorts it
@@ -93,27 +91,37 @@ class ProducerNames:
     """The names producer ``key`` gives the QDQ nodes and calibration nodes of ``qm``: the
     float model's, mapped by the alignment, or the QDQ graph's without a float model."""
 
-    def __init__(self, qm, key, float_model):
+    def __init__(self, qm, key, float_model, unnamed=None):
         self.qm, self.key = qm, key
         self.fg = _FloatGraph(qm, float_model, self._own)
         self.alignment = getattr(qm, "alignment", None) if float_model is not None else None
         self.rewritten = []  # QDQ nodes with no float counterpart, named as in the QDQ graph
+        # QDQ nodes unnamed in the file (default: ``qm``'s): past a rewrite nothing can name them
+        self.unnamed = qm.unnamed if unnamed is None else unnamed
 
     def node(self, name):
         """The producer's name for QDQ normal node ``name``, or None for a node it inserted
-        that stands for nothing (a Cast, an Identity)."""
+        that stands for nothing (a Cast, an Identity). See :meth:`nameless`."""
         qn = self.qm.normal[name]
         own = self._own(name)
         if self.alignment is not None:
-            if name in self.alignment.nodes:
-                return self.alignment.nodes[name]
-            if qn.op_type in TRANSPARENT:
+            fname = self.alignment.nodes.get(name)
+            if fname is not None and (fname in self.fg.op or not self.fg.given):
+                return fname
+            if fname is None and qn.op_type in TRANSPARENT:
                 return None
-            if self.fg.op.get(own) != qn.op_type:
-                # past a rewrite the structural match stops; a float node of the same name and
-                # op is the producer's own (it keeps names), anything else is its rewrite
+            if fname is not None or self.fg.op.get(own) != qn.op_type:
+                # past a rewrite the structural match stops (or matched a part of a float op
+                # the alignment expanded, a HardSwish the producer inlined); a float node of the
+                # same name and op is the producer's own (it keeps names), anything else is its
+                # rewrite
                 self.rewritten.append(own)
         return own
+
+    def nameless(self, nodes):
+        """Those of ``nodes`` (the producer's names) that only the rewrite made and the file
+        leaves unnamed: the producer has no name to exclude them by."""
+        return [n for n in nodes if n in self.unnamed and n in self.rewritten]
 
     def _own(self, name):
         # Neural Compressor renames the nodes it quantizes '<name>_quant' and matches its
@@ -192,11 +200,12 @@ def producer_terms(qmodel, remedy, nodes, axes=None, choices=None, float_model=N
     if key not in PRODUCERS:
         return None
     choices, axes = choices or {}, axes or {}
+    unnamed = qmodel.unnamed  # a second parse sees the names the first one gave
     if float_model is not None and getattr(qmodel, "alignment", None) is None:
         from ..model import QuantModel
 
         qmodel = QuantModel(qmodel.full_model(), float_model=float_model)  # aligned, the given one untouched
-    names = ProducerNames(qmodel, key, float_model)
+    names = ProducerNames(qmodel, key, float_model, unnamed)
     kinds = {}
     for name in nodes:
         if name not in qmodel.calibration:
@@ -323,9 +332,14 @@ def _quark(qm, names, kinds, axes, terms):
         tensor, _ = names.tensor(c)
         if kind == "float":
             nodes = names.keep_float(c, with_producer=True)
-            excluded += nodes
             _entry(terms, name, kind, tensor, nodes)
-            terms["expect"]["float"].append(tensor)
+            nameless = names.nameless(nodes)
+            if nameless:
+                _unsupported(terms, name, kind, f"Quark's graph leaves {', '.join(nameless)} (its own rewrite) "
+                             "unnamed, and exclude matches names")
+            else:
+                excluded += nodes
+                terms["expect"]["float"].append(tensor)
         elif kind == "int16":
             overrides.setdefault(tensor, [{}])[0]["quant_type"] = _signed_type(c, 16)
             _entry(terms, name, kind, tensor)
