@@ -466,19 +466,42 @@ def test_onnxruntime_missing_does_not_fail_a_third_party_models_remedy(side_mode
     assert any("PTQ_MODELOPT_PYTHON" in n for n in r.notes)
 
 
-def test_quark_terms_use_the_names_of_its_own_graph_and_say_what_has_none(tmp_path):
+@pytest.fixture(scope="module")
+def quark_inlined(tmp_path_factory):
+    """conventions.inlined_net marked as Quark writes it: ``(net, model as written, QuantModel)``."""
+    net = conventions.inlined_net(tmp_path_factory.mktemp("quark_inlined"))
+    model = onnx.load(str(net["qdq"]))
+    _mark(model, "quark")
+    onnx.save(model, str(net["qdq"]))
+    return net, model, QuantModel(str(net["qdq"]), float_model=str(net["float"]))
+
+
+def _touched_by_unnamed(model, qm):
+    """Activation calibration nodes whose tensor a node unnamed in the file writes or reads,
+    found from the file's Q/DQ wiring."""
+    nodes = list(model.graph.node)
+    writer = {o: n for n in nodes for o in n.output}
+    readers = defaultdict(list)
+    for n in nodes:
+        for i in n.input:
+            readers[i].append(n)
+    out = {}
+    for c in qm.of_kind("activation"):
+        if c.producer not in qm.normal:
+            continue
+        q = next(n for n in nodes if n.op_type == "QuantizeLinear" and n.input[0] == c.input)
+        dqs = [d for d in readers[q.output[0]] if d.op_type == "DequantizeLinear"]
+        out[c.name] = [writer[c.input]] + [r for d in dqs for r in readers[d.output[0]]]
+    return out
+
+
+def test_quark_terms_use_the_names_of_its_own_graph_and_say_what_has_none(quark_inlined):
     # Quark inlines HardSwish as HardSigmoid (named) and Mul (unnamed) and quantizes between
     # them; its exclude matches node names, so a tensor that the unnamed Mul reads or writes
     # cannot be kept in float by it
-    net = conventions.inlined_net(tmp_path)
-    qpath = net["qdq"]
-    model = onnx.load(str(qpath))
-    _mark(model, "quark")
-    onnx.save(model, str(qpath))
-    qm = QuantModel(str(qpath), float_model=str(net["float"]))
-    acts = [c for c in qm.of_kind("activation") if c.producer in qm.normal]
-    terms = producer_terms(qm, "float", [c.name for c in acts], float_model=str(net["float"]))
-    # independently, from the file: the nodes writing and reading each quantized tensor
+    net, model, qm = quark_inlined
+    touching = _touched_by_unnamed(model, qm)
+    terms = producer_terms(qm, "float", list(touching), float_model=str(net["float"]))
     nodes = list(model.graph.node)
     writer = {o: n for n in nodes for o in n.output}
     readers = defaultdict(list)
@@ -490,15 +513,28 @@ def test_quark_terms_use_the_names_of_its_own_graph_and_say_what_has_none(tmp_pa
     assert set(terms["settings"]["exclude"]) <= named and terms["settings"]["exclude"]
     assert "HardSigmoid_0" not in terms["settings"]["exclude"]  # a name only the alignment's inlining gives
     nameless = 0
-    for c in acts:
-        q = next(n for n in nodes if n.op_type == "QuantizeLinear" and n.input[0] == c.input)
-        dqs = [d for d in readers[q.output[0]] if d.op_type == "DequantizeLinear"]
-        touching = [writer[c.input]] + [r for d in dqs for r in readers[d.output[0]]]
-        if any(not n.name for n in touching):
+    for name, by in touching.items():
+        if any(not n.name for n in by):
             nameless += 1
-            assert c.name in unsupported and "unnamed" in next(
-                u["why"] for u in terms["unsupported"] if u["node"] == c.name)
+            assert name in unsupported and "unnamed" in next(
+                u["why"] for u in terms["unsupported"] if u["node"] == name)
         else:
-            assert c.name not in unsupported
-            assert {n.name for n in touching} <= set(terms["settings"]["exclude"])
+            assert name not in unsupported
+            assert {n.name for n in by} <= set(terms["settings"]["exclude"])
     assert nameless == 3  # the pairs on the HardSwish's input, its HardSigmoid's output and its own output
+
+
+def test_the_search_keeps_in_float_only_what_the_producer_can_exclude(quark_inlined):
+    net, model, qm = quark_inlined
+    nameless = {n for n, by in _touched_by_unnamed(model, qm).items() if any(not b.name for b in by)}
+    r = suggest_remedy(str(net["qdq"]), net["samples"], target=0.999999, remedy="float", float_model=str(net["float"]),
+                       requantize_check=False, progress=False)
+    ranked = {e["node"] for e in r.ranking}
+    assert r.met and r.nodes and ranked and not ranked & nameless and not r.producer_terms["unsupported"]
+    assert any(n.startswith("3 node(s) not kept in float by the search: Quark has no term") for n in r.notes)
+    # named, they are searched (in simulation), and the terms say what Quark cannot do
+    r = suggest_remedy(str(net["qdq"]), net["samples"], target=0.9999999, remedy="float",
+                       float_model=str(net["float"]), candidates=sorted(nameless), requantize_check=False,
+                       progress=False, full_curve=True)
+    assert {e["node"] for e in r.ranking} == nameless
+    assert not any("not kept in float by the search" in n for n in r.notes)

@@ -123,6 +123,8 @@ def _suggest(engine, save_dir, clock, target, metric, remedy, output_node, data_
     if candidates is not None:
         wanted = set(qm.resolve_calibration(candidates))
         menus = {n: k for n, k in menus.items() if n in wanted}
+    else:
+        menus = _expressible(qm, menus, float_model, notes)
     if not menus:
         raise PTQError(f"no node of {qm.source!r} can take the {remedy!r} remedy"
                        + (" among the given candidates" if candidates is not None else "")
@@ -197,6 +199,30 @@ def _suggest(engine, save_dir, clock, target, metric, remedy, output_node, data_
     if verbose:
         print(result.summary())
     return result
+
+
+def _expressible(qm, menus, float_model, notes):
+    """``menus`` less ``float`` where the quantizer that made the model has no term to keep
+    the node's tensor in float (an unnamed node of its own rewrite touches it, and its
+    exclusions match names): a remedy its user cannot apply is no remedy. onnxruntime's own
+    and unknown producers: unchanged. (The other kinds are tensor settings every producer
+    with them can name.)"""
+    nodes = [n for n, kinds in menus.items() if "float" in kinds]
+    terms = producer_terms(qm, "float", nodes, float_model=float_model) if nodes else None
+    dropped = {u["node"]: u["why"] for u in (terms or {}).get("unsupported", ()) if "instead" not in u}
+    if not dropped:
+        return menus
+    first = next(iter(dropped))
+    notes.append(f"{len(dropped)} node(s) not kept in float by the search: {terms['short']} has no term for it "
+                 f"(e.g. {first!r}: {dropped[first]}); pass candidates= (--candidates) to search them anyway, in "
+                 "simulation")
+    out = {n: [k for k in kinds if not (k == "float" and n in dropped)] for n, kinds in menus.items()}
+    out = {n: kinds for n, kinds in out.items() if kinds}
+    if not out:
+        raise PTQError(f"no node of {qm.source!r} can be kept in float in {terms['short']}'s terms (e.g. {first!r}: "
+                       f"{dropped[first]}); pass candidates= (--candidates) to search in simulation, or try another "
+                       "remedy")
+    return out
 
 
 def _check_with_producer(engine, result, float_model, save_dir, parts, objective):
