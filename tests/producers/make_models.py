@@ -69,13 +69,23 @@ class Reader:
         self.it = iter(self.samples)
 
 
+def _stacked(arrays):
+    """One input's samples as Model Optimizer's calibration file holds them, stacked on the
+    batch axis; a rank-0 input (a sample rate) has none, and goes as its one value."""
+    if arrays[0].ndim:
+        return np.concatenate(arrays)
+    if any(a != arrays[0] for a in arrays):
+        raise ValueError("a rank-0 input varies between samples; Model Optimizer's calibration file cannot hold it")
+    return arrays[0]
+
+
 # -- the producers: (variant, models it applies to, function(float, out, samples)) ----------
 def modelopt_variants():
     def cli(*extra):
         def run(fpath, out, samples):
             with tempfile.TemporaryDirectory() as tmp:
                 npz = Path(tmp) / "calib.npz"
-                np.savez(npz, **{k: np.concatenate([s[k] for s in samples]) for k in samples[0]})
+                np.savez(npz, **{k: _stacked([s[k] for s in samples]) for k in samples[0]})
                 subprocess.run([sys.executable, "-m", "modelopt.onnx.quantization", "--onnx_path", str(fpath),
                                 "--output_path", str(out), "--calibration_data_path", str(npz),
                                 "--calibration_eps", "cpu", *extra], check=True, capture_output=True, text=True)

@@ -87,23 +87,34 @@ def _check(folder, tmp_path):
         assert bypassed > 0.9999, (folder.name, bypassed)
     else:
         assert engine.rewrite["cosine"] == pytest.approx(bypassed, abs=1e-5)
-    # fully quantized: onnxruntime running the file as stored, QDQ fusion off; at
-    # ORT_ENABLE_BASIC, whose result onnxruntime's other levels but ENABLE_ALL share
-    so = ort.SessionOptions()
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
-    so.add_session_config_entry("session.disable_quant_qdq", "1")
-    plain = ort.InferenceSession(str(builders.runnable(folder / "model.onnx", tmp_path / "runnable.onnx")), so,
-                                 providers=["CPUExecutionProvider"])
+    # fully quantized: onnxruntime running the file as stored, QDQ fusion off, at the engine's
+    # level (ORT_ENABLE_ALL, without the rewrites the engine always turns off), or without
+    # optimizations where onnxruntime's own at that level move the file's outputs (the
+    # README's CRNNs); the engine equals one of them on every sample and output
+    from pytest_ptq.engine import runtime
+
+    runnable = str(builders.runnable(folder / "model.onnx", tmp_path / "runnable.onnx"))
+    plains = []
+    for level in (ort.GraphOptimizationLevel.ORT_ENABLE_ALL, ort.GraphOptimizationLevel.ORT_DISABLE_ALL):
+        so = ort.SessionOptions()
+        so.graph_optimization_level = level
+        so.add_session_config_entry("session.disable_quant_qdq", "1")
+        plains.append(ort.InferenceSession(runnable, so, providers=["CPUExecutionProvider"],
+                                           disabled_optimizers=list(runtime.ALWAYS_DISABLED)))
     fp16 = any(i.data_type == onnx.TensorProto.FLOAT16
                for i in onnx.load(str(folder / "model.onnx"), load_external_data=False).graph.initializer)
+    worst = [1.0, 1.0] if fp16 else [0.0, 0.0]  # lowest cosine (fp16) or largest excess over the tolerance
     for i, f in enumerate(feeds):
-        want = dict(zip([o.name for o in plain.get_outputs()], plain.run(None, f)))
         got = engine.run(i, "all")
-        for k in engine.model_outputs:
-            if fp16:  # onnxruntime computes fp16 ops in float32 between casts; the gates round to fp16
-                assert _cos(want[k], got[k]) > 0.998, (folder.name, k)
-            else:
-                np.testing.assert_allclose(got[k], want[k], rtol=1e-4, atol=1e-4, err_msg=folder.name)
+        for j, plain in enumerate(plains):
+            want = dict(zip([o.name for o in plain.get_outputs()], plain.run(None, f)))
+            for k in engine.model_outputs:
+                if fp16:  # onnxruntime computes fp16 ops in float32 between casts; the gates round to fp16
+                    worst[j] = min(worst[j], _cos(want[k], got[k]))
+                else:
+                    excess = np.abs(got[k] - want[k]) - (1e-4 + 1e-4 * np.abs(want[k]))
+                    worst[j] = max(worst[j], float(excess.max()))
+    assert (max(worst) > 0.998) if fp16 else (min(worst) <= 0), (folder.name, worst)
     for kind in ("weight", "activation"):
         s = get_sensitivity_of_nodes(engine, node_type=kind, data_num=2)
         assert all(math.isfinite(v["cosine-similarity"]) for v in s.values()), (folder.name, kind)
