@@ -516,7 +516,7 @@ def test_quark_terms_use_the_names_of_its_own_graph_and_say_what_has_none(quark_
     for name, by in touching.items():
         if any(not n.name for n in by):
             nameless += 1
-            assert name in unsupported and "unnamed" in next(
+            assert name in unsupported and "has no name" in next(
                 u["why"] for u in terms["unsupported"] if u["node"] == name)
         else:
             assert name not in unsupported

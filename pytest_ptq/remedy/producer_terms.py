@@ -335,8 +335,8 @@ def _quark(qm, names, kinds, axes, terms):
             _entry(terms, name, kind, tensor, nodes)
             nameless = names.nameless(nodes)
             if nameless:
-                _unsupported(terms, name, kind, f"Quark's graph leaves {', '.join(nameless)} (its own rewrite) "
-                             "unnamed, and exclude matches names")
+                _unsupported(terms, name, kind, "a node of Quark's own rewrite that reads or writes the tensor "
+                             "(the Mul of an inlined HardSwish, say) has no name, and exclude matches names")
             else:
                 excluded += nodes
                 terms["expect"]["float"].append(tensor)
