@@ -139,7 +139,8 @@ def configure(p):
                    help="stop after this long and report the best result so far. Default: no limit")
     a.add_output_node(p)
     p.add_argument("--candidates", nargs="+", default=None, metavar="NODE",
-                   help="consider only these calibration or normal nodes. Default: every eligible node")
+                   help="consider only these calibration or normal nodes. Default: every eligible node that the "
+                        "quantizer which made the model can remedy in its own terms")
     p.add_argument("--full-curve", action="store_true",
                    help="keep adding nodes after the target is met, for the whole curve")
     p.add_argument("--per-channel-activations", action="store_true",

@@ -75,7 +75,8 @@ def suggest_remedy(model_or_file, calibrated_data=None, target=None, metric="cos
     non-int8 nodes). ``search``: "refine" (greedy, then local moves) or "greedy" (greedy on
     the ranking, then pruning). ``budget``: seconds for the search; when it ends the best
     result so far is returned (``budget_exhausted``); the final figures and the re-quantized
-    check come after it. ``candidates``: restrict to these calibration or normal nodes.
+    check come after it. ``candidates``: restrict to these calibration or normal nodes
+    (default: every node that the quantizer which made the model can remedy in its own terms).
     ``ranking``: a weight or activation :class:`Sensitivity` (or a list of them, or calibration
     node names, most sensitive first) to reuse instead of ranking anew. With the float model
     (``float_model`` or the engine's) the settings are applied by re-quantizing and measured
