@@ -502,14 +502,8 @@ def test_quark_terms_use_the_names_of_its_own_graph_and_say_what_has_none(quark_
     net, model, qm = quark_inlined
     touching = _touched_by_unnamed(model, qm)
     terms = producer_terms(qm, "float", list(touching), float_model=str(net["float"]))
-    nodes = list(model.graph.node)
-    writer = {o: n for n in nodes for o in n.output}
-    readers = defaultdict(list)
-    for n in nodes:
-        for i in n.input:
-            readers[i].append(n)
     unsupported = {u["node"] for u in terms["unsupported"]}
-    named = {n.name for n in nodes if n.name} | {n.name for n in onnx.load(str(net["float"])).graph.node}
+    named = {n.name for n in model.graph.node if n.name} | {n.name for n in onnx.load(str(net["float"])).graph.node}
     assert set(terms["settings"]["exclude"]) <= named and terms["settings"]["exclude"]
     assert "HardSigmoid_0" not in terms["settings"]["exclude"]  # a name only the alignment's inlining gives
     nameless = 0
