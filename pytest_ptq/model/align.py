@@ -70,6 +70,7 @@ BECOMES = {"Gemm": ("Gemm", "MatMul")}
 FUSING = ("Conv", "Gemm", "MatMul")
 AFFINE = ("Mul", "Add", "Sub", "Div")
 FUSED = "::fused::"  # marks the name of a float weight with the ops after its node folded in
+FLOAT_PREFIX = "ptq_float::"  # of the initializers that hold recovered float weights
 # Ops whose every run differs: two of them on the same input are not one computation.
 _RANDOM = ("RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike", "Multinomial", "Bernoulli",
            "Dropout")
@@ -575,8 +576,9 @@ def _fused(f, node, chain):
 def float_source(name):
     """The float model's tensor that the float weight ``name`` stands for: itself, or, for a
     weight with the ops after its node folded in, the node's weight or bias input (what a
-    quantizer's settings name when it quantizes the float model)."""
-    return name.split(FUSED)[0]
+    quantizer's settings name when it quantizes the float model). ``name`` may be a
+    calibration node's ``float_weight`` (``ptq_float::NAME``, ``::T`` when transposed)."""
+    return name.removeprefix(FLOAT_PREFIX).removesuffix("::T").split(FUSED)[0]
 
 
 def _per_channel(value, channels, from_end, normalisation=False):
@@ -797,7 +799,7 @@ def _set_float(qm, c, fw, fname):
     if c.q_node is not None and not c.on_grid:
         return  # the float weight behind the pair is the float weight
     value = np.asarray(fw, dtype=dtype, order="C")  # a mapped weight stays mapped, a scalar 0-d
-    name = f"ptq_float::{fname}"
+    name = f"{FLOAT_PREFIX}{fname}"
     if name in qm.float_weights and qm.float_weights[name].shape != value.shape:
         name += "::T"  # the same float weight transposed for another node
     qm.float_weights[name] = value

@@ -142,7 +142,7 @@ class ProducerNames:
             if alignment is not None and c.name in alignment.weights:
                 return alignment.weights[c.name], None
             if c.float_weight and alignment is not None:
-                return float_source(c.float_weight[len("ptq_float::"):].removesuffix("::T")), None
+                return float_source(c.float_weight), None
             suffix = _STORED_SUFFIX.get(self.key, "_quantized")
             if c.q_node is None and c.input.endswith(suffix):
                 return c.input[: -len(suffix)], None

@@ -164,13 +164,9 @@ def measure(parts, objective, float_model, result, save_dir):
                 figures[name][key] = value
             if key == "after":
                 measured.update(_effect(qm, new.qmodel, result))
-        for name, f in figures.items():
-            f["met"] = meets(objective.metric, f["after"], f["target"])
-        cal = figures["calibration"]
-        judged = figures.get(result.judged_on, cal)
-        measured.update({"value": cal["after"], "baseline_value": cal["before"], "met": judged["met"],
-                         "figures": figures})
-        if meets(objective.metric, judged["before"], judged["target"]) and not result.figures.get(
+        measured.update(judged(figures, objective, result.judged_on))
+        judged_part = figures.get(result.judged_on, figures["calibration"])
+        if meets(objective.metric, judged_part["before"], judged_part["target"]) and not result.figures.get(
                 result.judged_on, {}).get("met_before", False):
             result.notes.append(
                 "re-quantizing without the settings already meets the target: quantize_dynamic calibrates nothing, "
@@ -188,17 +184,27 @@ class MissingTensor(PTQError):
     """A tensor the objective reads is not in a re-quantized model."""
 
 
-def score_parts(parts, objective, path=None):
-    """``({part: value}, engine)``: the objective of the model at ``path`` fully quantized
-    (None: the calibrated model) on each part of ``parts`` (``{name: (Part, Scorer)}``),
-    against the calibrated model's float reference; ``engine`` runs ``path`` on the
-    calibration part's data (the calibrated engine for None)."""
+def judged(figures, objective, judged_on):
+    """``{value, baseline_value, met, figures}`` of a re-quantization: ``figures`` (per part
+    ``{before, after, target, ...}``) each marked ``met``; the values are calibration's, ``met``
+    the judging part's."""
+    for f in figures.values():
+        f["met"] = meets(objective.metric, f["after"], f["target"])
+    cal = figures["calibration"]
+    return {"value": cal["after"], "baseline_value": cal["before"], "met": figures.get(judged_on, cal)["met"],
+            "figures": figures}
+
+
+def score_parts(parts, objective, path):
+    """``({part: value}, engine)``: the objective of the model at ``path`` fully quantized on
+    each part of ``parts`` (``{name: (Part, Scorer)}``), against the calibrated model's float
+    reference; ``engine`` runs ``path`` on the calibration part's data."""
     cal = parts["calibration"][0].engine
     engines, values = {}, {}
     for name, (part, _) in parts.items():
         data = part.engine.data
         if id(data) not in engines:  # one engine per data set: runs by index reuse each sample's float reference
-            engines[id(data)] = part.engine if path is None else requantized_runner(path, data, cal)
+            engines[id(data)] = requantized_runner(path, data, cal)
         new = engines[id(data)]
         if not objective.is_task:
             missing = [s.tensor for s in objective.specs

@@ -18,7 +18,7 @@ from .plot import plot_remedy
 from .producer_check import PACKAGE, PYTHON_ENV, check_producer_terms, producer_python
 from .producer_terms import producer_terms
 from .ranking import mixed_moves, rank
-from .requantize import measure, score_parts
+from .requantize import judged, measure, score_parts
 from .result import DEFAULT_COSTS, MIXED, REMEDIES, WHAT, Remedy, meets
 from .scoring import Clock, OutOfTime, Scorer, cost_of, pooled
 from .strategy import Search
@@ -238,20 +238,19 @@ def _check_with_producer(engine, result, float_model, save_dir, parts, objective
         result.notes.append(f"set {PYTHON_ENV[key]} to the Python of an environment with {PACKAGE[key]} to check "
                             f"the {terms['short']} terms by re-quantizing with it")
         return
+    def score(path=None):  # the model as given: the search's own figures with nothing remedied
+        if path is None:
+            return {name: result.figures[name]["before"] for name in parts}
+        return score_parts(parts, objective, path)[0]
+
     try:
-        measured = check_producer_terms(engine, terms, float_model, save_dir=save_dir,
-                                        score=lambda path=None: score_parts(parts, objective, path)[0])
+        measured = check_producer_terms(engine, terms, float_model, save_dir=save_dir, score=score)
     except PTQError as exc:
         result.warnings.append(f"re-quantizing with {terms['short']} failed: {exc}")
         return
-    figures = {}
-    for name, (part, sc) in parts.items():
-        after = measured["after"][name]
-        figures[name] = {"samples": len(part), "original": measured["original"][name],
-                         "before": measured["before"][name], "after": after, "target": sc.target,
-                         "met": meets(objective.metric, after, sc.target)}
-    measured.update({"figures": figures, "value": figures["calibration"]["after"],
-                     "met": figures.get(result.judged_on, figures["calibration"])["met"]})
+    figures = {name: {"samples": len(part), "original": measured["original"][name], "before": measured["before"][name],
+                      "after": measured["after"][name], "target": sc.target} for name, (part, sc) in parts.items()}
+    measured.update(judged(figures, objective, result.judged_on))
     result.producer_measured = measured
     _warn(result, figures, f"re-quantized with {terms['short']}: ")
     if measured["not_applied"]:

@@ -35,7 +35,7 @@ def float_tensor_name(qmodel, c):
     """
     if c.kind == "weight":
         if c.float_weight:
-            return float_source(c.float_weight[len("ptq_float::"):].removesuffix("::T"))
+            return float_source(c.float_weight)
         if c.q_node is None and c.input.endswith("_quantized"):
             return c.input[: -len("_quantized")]
         return c.input
