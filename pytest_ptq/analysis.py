@@ -151,13 +151,16 @@ class Analysis:
         concatenated).
         """
         metric_objs = get_metrics(list(metrics))
-        specs = parse_outputs(None if outputs is None else list(outputs), self.qmodel)
-        key = ("outputs", tuple((s.name, s.tensor, repr(s.index)) for s in specs),
+        # the default's parts follow from the model and data, which the cache keys already:
+        # resolved when computed, so that a cached result needs no engine
+        specs = None if outputs is None else parse_outputs(list(outputs), self.qmodel)
+        key = ("outputs", None if specs is None else tuple((s.name, s.tensor, repr(s.index)) for s in specs),
                tuple(m.name for m in metric_objs), str(holdout))
         return self.cached(key, lambda: self._output_metrics(specs, metric_objs, holdout), files=(holdout,))
 
     def _output_metrics(self, specs, metric_objs, holdout):
         engine = self.engine
+        specs = parse_outputs(None, engine) if specs is None else specs
         tensors = list(dict.fromkeys(s.tensor for s in specs))
         states = {(s.name, m.name): m.new() for s in specs for m in metric_objs}
         data = self.dataset(holdout)
@@ -192,7 +195,7 @@ class Analysis:
 
         def compute():
             every = self.cached(("all data",), lambda: load_data(self.key.data, self.qmodel))
-            specs = parse_outputs(None, self.qmodel)
+            specs = parse_outputs(None, self.engine)
             return three_configs(self.engine, specs, name, holdout, ranking_samples=self.samples, data=every)
 
         return self.cached(("verdict", None if holdout is None else str(holdout), name), compute, files=(holdout,))

@@ -248,6 +248,10 @@ def compare(old, new, tolerance):
     removed = [n for n in old.sensitivity if n not in new.sensitivity]
     added = [n for n in new.sensitivity if n not in old.sensitivity]
     notes = []
+    gone = [o for o in old.outputs if o not in new.outputs]
+    if gone:  # say so: an output compared no more must not pass unseen
+        notes.append(f"the baseline's output(s) {', '.join(gone)} are not measured now (now: "
+                     f"{', '.join(new.outputs) or 'none'}); update the baseline to compare these")
     for what, a, b in (("model", old.model, new.model), ("calibration data", old.data, new.data),
                        ("float model", old.float_model or {}, new.float_model or {})):
         if a.get("sha256") and b.get("sha256") and a["sha256"] != b["sha256"]:

@@ -11,9 +11,11 @@ Channel axis, when not given:
    with transB else 1, MatMul last), otherwise 0;
 3. activations: 1 when a consumer or the producer is a channel-first op (Conv, pooling,
    BatchNormalization, ...), the last axis when it is MatMul/Gemm/LayerNormalization;
-   otherwise 1 for rank >= 4 (NCHW) and the last axis for rank 2 and 3 ([N, C] and the
-   transformer layout [B, T, C]);
-4. a tensor of rank below 2 has no channel axis: pass ``axis`` explicitly.
+4. otherwise, the axis of a Concat that wrote the tensor (seen through Q/DQ) from parts whose
+   magnitudes differ 10x or more (``[1, 4 + classes, anchors]`` of a YOLOv8 head, boxes in
+   pixels beside scores in 0..1), else 1 for rank >= 4 (NCHW) and the last axis for rank 2
+   and 3 ([N, C] and the transformer layout [B, T, C]);
+5. a tensor of rank below 2 has no channel axis: pass ``axis`` explicitly.
 
 Memory: exact per-channel count, min, max, mean and max |x|; quartiles and whiskers come
 from a uniform reservoir sample of each channel (``reservoir_size`` values, exact while a
@@ -28,6 +30,7 @@ import numpy as np
 
 from .errors import PTQError
 from .figures import pyplot, save_figure
+from .outputs import concatenation, unlike_parts
 
 # A channel is an outlier when its max |x| exceeds OUTLIER_K times the median over channels
 # of max |x| (channels that are all zero excluded): at 8x a per-tensor scale leaves the
@@ -46,8 +49,9 @@ _CHANNEL_FIRST = {"Conv", "ConvTranspose", "BatchNormalization", "InstanceNormal
 _CHANNEL_LAST = {"MatMul", "Gemm", "LayerNormalization", "MatMulInteger", "QLinearMatMul"}
 
 
-def channel_axis(qm, c, shape, axis=None):
-    """The channel axis (non-negative) of calibration node ``c``'s input of ``shape``.
+def channel_axis(qm, c, shape, axis=None, value=None):
+    """The channel axis (non-negative) of calibration node ``c``'s input of ``shape`` (one
+    sample's ``value`` of it, when given, tells a concatenation of unlike parts: rule 4).
 
     Raises PTQError when ``axis`` is out of range or none can be inferred (rank < 2).
     """
@@ -86,6 +90,9 @@ def channel_axis(qm, c, shape, axis=None):
             return 1
         if op in _CHANNEL_LAST:
             return rank - 1
+    layout = concatenation(qm, c.input) if value is not None else None
+    if layout is not None and unlike_parts(value, *layout):
+        return layout[0]  # a detector's boxes beside its scores: the parts are what differ
     return 1 if rank >= 4 else rank - 1
 
 

@@ -24,7 +24,7 @@ from .baseline import Baseline, BaselineError, compare, measure
 from .errors import PTQError, closest
 from .errors import shown as shown_value
 from .metrics import COSINE, get_metrics
-from .outputs import parse_outputs
+from .outputs import parse_output, parse_outputs
 from .tables import fmt, format_table
 
 # How many rows a failure message lists before it says "... N more".
@@ -198,13 +198,14 @@ def check_outputs(analysis, threshold, metric=COSINE, holdout=None):
     named = [k for k in th if k]
     specs = parse_outputs(named, analysis.qmodel) if named else []
     limit = {s.name: th[k] for s, k in zip(specs, named)}
-    if "" in th:
-        for out in analysis.qmodel.output_names:
-            if out not in limit and not any(s.tensor == out and not s.index for s in specs):
-                limit[out] = th[""]
-                specs.append(parse_outputs(out, analysis.qmodel)[0])
-    metrics = analysis.output_metrics(specs, [m.name], holdout)
-    values = {name: vals[m.name] for name, vals in metrics.values.items()}
+    metrics = analysis.output_metrics(specs, [m.name], holdout) if specs else None
+    values = {name: vals[m.name] for name, vals in metrics.values.items()} if specs else {}
+    if "" in th:  # the default outputs (a concatenation of parts of unlike size: each part) not named whole
+        whole = {s.tensor for s in specs if not s.index}
+        metrics = analysis.output_metrics(None, [m.name], holdout)
+        for name, vals in metrics.values.items():
+            if name not in limit and parse_output(name, analysis.qmodel).tensor not in whole:
+                limit[name], values[name] = th[""], vals[m.name]
     ok = all(_meets(m, values[o], limit[o]) for o in values)
     return OutputResult(passed=ok, metric=m.name, values=values, thresholds=limit, samples=metrics.samples,
                         model=analysis.label, data=analysis.relative(metrics.data),

@@ -226,7 +226,7 @@ def _split(engine, qm, sensitivity, names, inputs, m, outputs):
     if not configs:
         return {}
     labels = {f"{n}\0{k}": v for (n, k), v in configs.items()}
-    specs = parse_outputs(None if outputs is None else list(outputs), qm)
+    specs = parse_outputs(None if outputs is None else list(outputs), engine)
     scored = rank_configs(engine, labels, [m], specs, list(range(sensitivity.samples)), "node", lambda _: {},
                           "operator inputs", False)
     out = {}

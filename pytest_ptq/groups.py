@@ -126,7 +126,7 @@ def group_sensitivity(model_or_file, groups, calibrated_data=None, metrics=("cos
     """
     engine = engine_for(model_or_file, calibrated_data, float_model=float_model)
     metric_objs = get_metrics(metrics)
-    specs = parse_outputs(output_node, engine.qmodel)
+    specs = parse_outputs(output_node, engine)
     indices = sample_indices(engine, data_num)
     configs = resolve_groups(engine, groups)
     result = rank_configs(engine, configs, metric_objs, specs, indices, "group",

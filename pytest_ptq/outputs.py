@@ -2,26 +2,41 @@
 
 A slice is written like numpy indexing after a tensor name, ``"output0[:, 0:4]"``, and may
 be named: ``"boxes=output0[:, :4]"``. A whole-tensor cosine of 0.999 can hide a collapse of
-small-valued class scores beside large box coordinates; slicing them apart shows it.
+small-valued class scores beside large box coordinates; slicing them apart shows it. So by
+default an output that concatenates parts whose magnitudes differ by :data:`APART` or more
+(a detector's box coordinates in pixels beside its class scores in 0..1, told apart by the
+graph's Concat and the float values of the first sample) is scored part by part, each part a
+slice named like one a user would write.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 
+import numpy as np
+
 from .errors import PTQError, shown, unknown
+from .model.qdq import attribute
 
 _SLICE = re.compile(r"^\s*(?:(?P<alias>[^=\[\]]+?)\s*=\s*)?(?P<tensor>[^\[\]]+?)\s*(?:\[(?P<index>[^\]]*)\])?\s*$")
 
 
+APART = 10.0  # RMS ratio of adjacent concatenated parts scored apart: a part 10x smaller weighs
+# 1/100 per element in a whole-tensor cosine or error, so its collapse moves the whole by ~1e-2
+_THROUGH = ("QuantizeLinear", "DequantizeLinear", "Identity", "Cast")  # keep every element in place
+
+
 @dataclasses.dataclass(frozen=True)
 class OutputSpec:
-    """A named view on one tensor: ``name`` is what results are keyed by."""
+    """A named view on one tensor: ``name`` is what results are keyed by; ``rms``: for a part
+    of a concatenated output scored apart by default, its float RMS on the first sample."""
 
     name: str
     tensor: str
     index: tuple = ()
+    rms: float | None = None
 
     def take(self, array):
         return array[self.index] if self.index else array
@@ -65,14 +80,17 @@ def parse_output(spec, qmodel):
     return OutputSpec(name=name.strip(), tensor=tensor, index=index)
 
 
-def parse_outputs(output_node, qmodel):
+def parse_outputs(output_node, model):
     """OutputSpecs for ``output_node`` (None = every float model output, or every output
-    where none is float; a name; or a list)."""
+    where none is float; a name; or a list). ``model``: a QuantModel, or an Engine with data,
+    whose float values split a concatenated default output into its parts (see
+    :func:`parts`)."""
+    qmodel = getattr(model, "qmodel", model)
     if output_node is None:
         # a bool mask or integer ids passed through carry no quantization error a metric
         # could weigh (cosine of a mask is 1 whatever happens), unless nothing else is there
         floats = [n for n in qmodel.output_names if qmodel.is_float_tensor(n)]
-        specs = [OutputSpec(n, n) for n in floats or qmodel.output_names]
+        specs = [s for n in floats or qmodel.output_names for s in parts(model, n)]
     else:
         if isinstance(output_node, (str, OutputSpec)):
             items = [output_node]
@@ -86,3 +104,103 @@ def parse_outputs(output_node, qmodel):
     if len(set(names)) != len(names):
         raise PTQError(f"output names {names} repeat; give each slice its own name with 'name=tensor[...]'")
     return specs
+
+
+def concatenation(qmodel, tensor):
+    """``(axis, [extent of each part])`` when ``tensor`` is a Concat's output seen through
+    Q/DQ, Identity, Cast and Transpose, nested Concats on the same axis flattened (axis in
+    ``tensor``'s own order); None where it is not, or a part's extent is not static (one part
+    left unknown is what the others leave of ``tensor``'s own extent, when that is known)."""
+    perms, node = [], qmodel.producer.get(tensor)
+    while node is not None and (node.op_type in _THROUGH or node.op_type == "Transpose"):
+        if node.op_type == "Transpose":
+            perm = attribute(node, "perm")
+            if perm is None:
+                return None
+            perms.append(list(perm))
+        node = qmodel.producer.get(node.input[0])
+    if node is None or node.op_type != "Concat":
+        return None
+    rank = len(qmodel.shapes.get(node.output[0]) or ())
+    if not rank:
+        return None
+    axis = attribute(node, "axis", 0) % rank
+    extents = _extents(qmodel, node, axis, rank)
+    for perm in reversed(perms):  # the concat's axis, carried forward to ``tensor``
+        axis = perm.index(axis)
+    total = (qmodel.shapes.get(tensor) or [None] * rank)[axis]
+    if extents.count(None) == 1 and total is not None:
+        extents[extents.index(None)] = total - sum(e for e in extents if e is not None)
+    if None in extents or len(extents) < 2 or min(extents) <= 0:
+        return None
+    return axis, extents
+
+
+def _extents(qmodel, concat, axis, rank):
+    out = []
+    for inp in concat.input:
+        node = qmodel.producer.get(inp)
+        while node is not None and node.op_type in _THROUGH:
+            node = qmodel.producer.get(node.input[0])
+        if (node is not None and node.op_type == "Concat"
+                and len(qmodel.shapes.get(node.output[0]) or ()) == rank
+                and attribute(node, "axis", 0) % rank == axis):
+            out.extend(_extents(qmodel, node, axis, rank))
+        else:
+            shape = qmodel.shapes.get(inp) or ()
+            out.append(shape[axis] if len(shape) == rank else None)
+    return out
+
+
+def parts(model, tensor):
+    """``tensor``'s default specs: the whole, or, when ``model`` is an Engine with data and
+    ``tensor`` concatenates parts whose float RMS on the first sample differ by :data:`APART`
+    or more from one part to the next, one slice per run of parts within that of each other
+    (parts that are all zero join their neighbour), in axis order."""
+    whole = [OutputSpec(tensor, tensor)]
+    qmodel = getattr(model, "qmodel", None)
+    layout = None if qmodel is None or getattr(model, "data", None) is None else concatenation(qmodel, tensor)
+    if layout is None:
+        return whole
+    axis, extents = layout
+    runs = unlike_parts(model.reference(0, [tensor])[tensor], axis, extents)
+    if not runs:
+        return whole
+    lead = (slice(None),) * axis
+    return [OutputSpec(f"{tensor}[{', '.join([':'] * axis + [f'{a}:{b}'])}]", tensor, lead + (slice(a, b),), rms)
+            for a, b, rms in runs]
+
+
+def unlike_parts(value, axis, extents):
+    """``[(start, stop, RMS)]`` along ``axis`` of ``value`` cut into parts of ``extents``:
+    runs of adjacent parts whose RMS stay within :data:`APART` of each other (an all-zero part
+    joins its neighbour); [] when that leaves one run, or the extents do not fit ``value``."""
+    value = np.asarray(value)
+    if value.ndim <= axis or value.shape[axis] != sum(extents):
+        return []
+    edges = np.cumsum([0] + list(extents)).tolist()
+    runs = []  # [start, stop, sum of squares, count]
+    for a, b in zip(edges[:-1], edges[1:]):
+        part = np.take(value, np.arange(a, b), axis=axis).astype(np.float64)
+        ss, n = float(np.square(part).sum()), part.size
+        if runs and (ss == 0 or runs[-1][2] == 0 or not _apart(runs[-1][2] / runs[-1][3], ss / n)):
+            runs[-1][1:] = [b, runs[-1][2] + ss, runs[-1][3] + n]
+        else:
+            runs.append([a, b, ss, n])
+    return [(a, b, math.sqrt(ss / n)) for a, b, ss, n in runs] if len(runs) > 1 else []
+
+
+def _apart(ms_a, ms_b):
+    return max(ms_a, ms_b) >= APART ** 2 * min(ms_a, ms_b)
+
+
+def parts_note(specs):
+    """One sentence per output scored in parts by default (see :func:`parts`), or []."""
+    notes = []
+    for tensor in dict.fromkeys(s.tensor for s in specs if s.rms is not None):
+        mine = [s for s in specs if s.tensor == tensor]
+        listed = ", ".join(f"{s.name} (RMS {s.rms:.3g})" for s in mine)
+        notes.append(f"output {tensor!r} concatenates parts whose magnitudes differ {APART:g}x or more, so each "
+                     f"is scored apart, as a whole-tensor metric would weigh the largest alone: {listed}; name "
+                     f"the output (output_node / --output-node) to score it whole")
+    return notes

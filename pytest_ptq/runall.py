@@ -45,7 +45,7 @@ from .curves import configs_from, get_acc_error, plot_curves
 from .distribution import collect, draw_channelwise, draw_distribution
 from .distribution.readings import advise
 from .metrics import get_metrics
-from .outputs import parse_outputs
+from .outputs import parse_outputs, parts_note
 from .results import json_safe
 from .engine import engine_for
 from .screening import DEFAULT_BUDGET_S, DEFAULT_BUDGET_SAMPLES, screen
@@ -118,7 +118,7 @@ def _runall(engine, out, metrics, output_node, node_type, data_num, top, axis, p
     base = (tuple(m.name for m in metric_objs), None if output_node is None else tuple(params.names(output_node, "")),
             data_num)
     every_index = sample_indices(engine, data_num)
-    specs = parse_outputs(output_node, engine.qmodel)
+    specs = parse_outputs(output_node, engine)
     types = _node_types(node_type)
     qm = engine.qmodel
     # the files named in advance are checked before the work (plots are checked as written)
@@ -195,7 +195,8 @@ def _runall(engine, out, metrics, output_node, node_type, data_num, top, axis, p
         "made_by": qm.made_by.label, "data": getattr(engine.data, "where", None), "samples": len(indices),
         "ranking": screening.to_dict(), "samples_per_run": engine.batching(every_index).reason,
         "metrics": [m.name for m in metric_objs],
-        "outputs_compared": [s.name for s in specs], "node_types": types, "top": top,
+        "outputs_compared": [s.name for s in specs], "output_parts": parts_note(specs), "node_types": types,
+        "top": top,
         "top_nodes": top_nodes, "outputs": outputs, "verdict": verdict,
         "sensitivity": {t: s.to_dict() for t, s in sens.items()},
         "distributions": dist, "channelwise": boxes, "curves": curves.to_dict(),
@@ -350,7 +351,8 @@ def markdown(summary):
     lines = [f"# PTQ debug summary: {Path(summary['model']).name}", "",
              f"Model `{summary['model']}` ({summary.get('format', 'QDQ')} format, made by "
              f"{summary.get('made_by', 'an unknown producer')}); {_ranking_text(summary)}, metric {m} on "
-             f"{', '.join(summary['outputs_compared'])}.", "", "## Verdict", "",
+             f"{', '.join(summary['outputs_compared'])}.", "",
+             *(line for note in summary.get("output_parts", []) for line in (f"Note: {note}.", "")), "## Verdict", "",
              f"**{v['text'][0].upper() + v['text'][1:]}.**", "",
              "| config | " + " | ".join(f"{m}, {k} ({v['samples'][k]} samples)" for k in sets) + " |",
              "|---|" + "---|" * len(sets)]

@@ -185,7 +185,7 @@ def get_sensitivity_of_nodes(model_or_file, metrics=("cosine-similarity",), cali
     """
     engine = engine_for(model_or_file, calibrated_data, float_model=float_model)
     metric_objs = get_metrics(metrics)
-    specs = parse_outputs(output_node, engine.qmodel)
+    specs = parse_outputs(output_node, engine)
     indices = sample_indices(engine, data_num)
     targets = targets_for(engine, node_type, interested_nodes)
     qm = engine.qmodel

@@ -444,3 +444,39 @@ def relu_out_net(path, seed=0, subgraph=None):
     onnx.checker.check_model(model)
     onnx.save(model, str(path))
     return path
+
+
+def detector_head_net(path, classes=6, transposed=False, like=False, seed=0):
+    """A YOLOv8-like head: Conv to ``4 + classes`` rows of 64 cells, box rows scaled to pixels
+    (0..~300), class rows through a Sigmoid (~0.05), concatenated on axis 1 into ``out``
+    ``[1, 4 + classes, 64]`` (``transposed``: ``[1, 64, 4 + classes]``). ``like``: both parts
+    plain Conv rows of one scale, a concatenation nothing needs to tell apart."""
+    rng = np.random.default_rng(seed)
+    rows = 4 + classes
+    w = (rng.standard_normal((rows, 3, 1, 1)) * 0.5).astype(np.float32)
+    grid = (np.arange(4 * 64, dtype=np.float32).reshape(1, 4, 64) % 64 * 4.0)
+    inits = [numpy_helper.from_array(w, "w"), numpy_helper.from_array(np.array([1, rows, 64], np.int64), "shape"),
+             numpy_helper.from_array(np.array([4, classes], np.int64), "split"),
+             numpy_helper.from_array(np.array(8.0, np.float32), "stride"), numpy_helper.from_array(grid, "grid"),
+             numpy_helper.from_array(np.array(3.0, np.float32), "shift")]
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], name="head_conv"),
+             helper.make_node("Reshape", ["c", "shape"], ["flat"], name="flatten_cells"),
+             helper.make_node("Split", ["flat", "split"], ["box_raw", "cls_raw"], axis=1, name="split_head")]
+    if like:
+        parts = ["box_raw", "cls_raw"]
+    else:
+        nodes += [helper.make_node("Relu", ["box_raw"], ["box_pos"], name="box_relu"),
+                  helper.make_node("Mul", ["box_pos", "stride"], ["box_px"], name="box_scale"),
+                  helper.make_node("Add", ["box_px", "grid"], ["box"], name="box_grid"),
+                  helper.make_node("Sub", ["cls_raw", "shift"], ["cls_low"], name="cls_shift"),
+                  helper.make_node("Sigmoid", ["cls_low"], ["cls"], name="cls_sigmoid")]
+        parts = ["box", "cls"]
+    out = "cat" if transposed else "out"
+    nodes.append(helper.make_node("Concat", parts, [out], axis=1, name="head_concat"))
+    shape = [1, rows, 64]
+    if transposed:
+        nodes.append(helper.make_node("Transpose", ["cat"], ["out"], perm=[0, 2, 1], name="head_transpose"))
+        shape = [1, 64, rows]
+    graph = helper.make_graph(nodes, "head", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
+                              [helper.make_tensor_value_info("out", TensorProto.FLOAT, shape)], inits)
+    return _save(graph, path)

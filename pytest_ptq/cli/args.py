@@ -133,7 +133,9 @@ def add_metrics(p, what="the first sorts the ranking"):
 def add_output_node(p):
     p.add_argument("-o", "--output-node", nargs="+", default=None, metavar="OUTPUT",
                    help="outputs to compare: a tensor, a node, or a slice 'name=out[:, 0:4]'. "
-                        "Default: every float model output (a label or mask output is left out unless named)")
+                        "Default: every float model output (a label or mask output is left out unless named; a "
+                        "concatenation of parts whose magnitudes differ 10x or more, such as a detector's boxes "
+                        "beside its scores, is compared part by part)")
 
 
 def add_top(p, help="print only the top N rows", default=None):

@@ -188,7 +188,7 @@ class _Channels:
         a = self.get(vals)
         if self.stats.axis is None:
             try:
-                self.stats.axis = self.axis_of(np.shape(a))
+                self.stats.axis = self.axis_of(a)
             except PTQError as exc:
                 if not self.skip:
                     raise
@@ -360,14 +360,14 @@ def collect(engine, dist_nodes=(), box_nodes=(), axis=None, data_num=None, bins=
         if c.kind == "weight":
             w, deq = weight_arrays(qm, c)
             info["compared_against"] = "float weight" if w is not None else "dequantized weight"
-            chan = _Channels(lambda v: v, stats, lambda shape, c=c: channel_axis(qm, c, shape, axis),
+            chan = _Channels(lambda v: v, stats, lambda a, c=c: channel_axis(qm, c, np.shape(a), axis),
                              skip_unboxable)
             chan.first(w if w is not None else deq)
             errors[name] = chan
             continue
         need(float_t, c.input)
         chan = _Channels(lambda vals, t=c.input: vals[("f", t)], stats,
-                         lambda shape, c=c: channel_axis(qm, c, shape, axis), skip_unboxable)
+                         lambda a, c=c: channel_axis(qm, c, np.shape(a), axis, a), skip_unboxable)
         accs.append(chan)
         errors[name] = chan
     if accs:

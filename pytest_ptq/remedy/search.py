@@ -110,7 +110,7 @@ def _suggest(engine, save_dir, clock, target, metric, remedy, output_node, data_
              heldout, evaluate, min_ratio, costs, search, also):
     float_model = float_model if float_model is not None else engine.float_model
     qm = engine.qmodel
-    specs = parse_outputs(output_node, qm)
+    specs = parse_outputs(output_node, engine)
     objective = objective_for(metric, target, specs, evaluate, min_ratio)
     costs = costs_for(remedy, costs)
     indices = sample_indices(engine, data_num)

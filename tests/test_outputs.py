@@ -1,0 +1,102 @@
+"""Default outputs: a concatenation of unlike parts (a detector's boxes beside its scores) is
+scored part by part, against slices of plain onnxruntime runs computed here."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import builders
+from pytest_ptq.analysis import Analysis, AnalysisKey
+from pytest_ptq.checks import check_outputs
+from pytest_ptq.distribution import collect
+from pytest_ptq.engine import Engine
+from pytest_ptq.outputs import parse_outputs
+from pytest_ptq.sensitivity import get_sensitivity_of_nodes
+from pytest_ptq.verdict import three_configs
+
+CONCAT_PAIR = "out_QuantizeLinear"  # quantize_static's pair on the Concat's output (its one scale)
+
+
+def _head(tmp_path, **kw):
+    fpath = builders.detector_head_net(tmp_path / "f.onnx", **kw)
+    data = builders.samples(6, size=8)
+    qpath = builders.quantize(fpath, tmp_path / "q.onnx", data)
+    builders.save_folder(data, tmp_path / "calib")
+    return fpath, qpath, data
+
+
+def _cos(refs, tests, take):
+    return builders.pooled_cosine([take(r["out"]) for r in refs], [take(t["out"]) for t in tests])
+
+
+@pytest.mark.parametrize("transposed", [False, True])
+def test_a_detector_output_is_scored_per_part(tmp_path, transposed):
+    fpath, qpath, data = _head(tmp_path, transposed=transposed)
+    engine = Engine(qpath, data, float_model=fpath, optimization="disable")
+    specs = parse_outputs(None, engine)
+    lead = "out[:, :, " if transposed else "out[:, "
+    assert [s.name for s in specs] == [lead + "0:4]", lead + "4:10]"]
+    feeds = [{"x": a} for a in data["x"]]
+    ref = builders.run_model(fpath, feeds)
+    alone = builders.run_model(builders.rewire(qpath, keep={CONCAT_PAIR}, float_model=fpath), feeds)
+    boxes, scores = ((lambda a: a[..., :4], lambda a: a[..., 4:]) if transposed
+                     else (lambda a: a[:, :4], lambda a: a[:, 4:]))
+    # the shared scale of the concatenation leaves the scores a code or two, which a
+    # whole-tensor cosine does not see
+    assert _cos(ref, alone, lambda a: a) > 0.999
+    assert _cos(ref, alone, scores) < 0.9
+    sens = get_sensitivity_of_nodes(engine, node_type="activation", interested_nodes=[CONCAT_PAIR])
+    per_output = sens.details[CONCAT_PAIR]["per_output"]
+    assert per_output[specs[0].name]["cosine-similarity"] == pytest.approx(_cos(ref, alone, boxes), abs=1e-6)
+    assert per_output[specs[1].name]["cosine-similarity"] == pytest.approx(_cos(ref, alone, scores), abs=1e-6)
+    assert sens[CONCAT_PAIR]["cosine-similarity"] == pytest.approx(_cos(ref, alone, scores), abs=1e-6)
+    full = builders.run_model(qpath, feeds)
+    verdict = three_configs(engine, specs)
+    assert verdict.values["calibration"]["all quantized"] == pytest.approx(_cos(ref, full, scores), abs=1e-6)
+
+
+def test_naming_the_output_scores_it_whole_and_parts_alike_stay_whole(tmp_path):
+    fpath, qpath, data = _head(tmp_path)
+    engine = Engine(qpath, data, float_model=fpath, optimization="disable")
+    assert [s.name for s in parse_outputs("out", engine)] == ["out"]
+    assert [s.name for s in parse_outputs(None, engine.qmodel)] == ["out"]  # no values: whole
+    like = tmp_path / "like"
+    like.mkdir()
+    fpath, qpath, data = _head(like, like=True)
+    assert [s.name for s in parse_outputs(None, Engine(qpath, data, float_model=fpath))] == ["out"]
+
+
+def test_the_default_threshold_holds_each_part(tmp_path):
+    fpath, qpath, data = _head(tmp_path)
+    analysis = Analysis(AnalysisKey(str(qpath), str(tmp_path / "calib"), str(fpath)), root=tmp_path)
+    result = check_outputs(analysis, 0.99)
+    assert not result.passed
+    assert set(result.values) == {"out[:, 0:4]", "out[:, 4:10]"}
+    assert result.values["out[:, 0:4]"] > 0.99 > result.values["out[:, 4:10]"]
+    # a part named gets its own threshold, the whole named is the whole
+    assert check_outputs(analysis, {"out[:, 4:10]": 0.0, "": 0.99}).passed
+    assert check_outputs(analysis, {"out": 0.99}).passed
+
+
+def test_the_box_plot_of_the_concatenation_is_by_part(tmp_path):
+    fpath, qpath, data = _head(tmp_path)
+    engine = Engine(qpath, data, float_model=fpath)
+    _, boxes = collect(engine, box_nodes=[CONCAT_PAIR])
+    box = boxes[CONCAT_PAIR]
+    assert box["axis"] == 1 and box["channels"] == 10
+    assert sorted(box["outlier_channels"]) == [0, 1, 2, 3]
+
+
+def test_a_baseline_of_the_whole_output_says_it_is_compared_no_more(tmp_path):
+    import dataclasses
+
+    from pytest_ptq.baseline import compare, measure
+
+    fpath, qpath, _ = _head(tmp_path)
+    now = measure(Analysis(AnalysisKey(str(qpath), str(tmp_path / "calib"), str(fpath)), root=tmp_path))
+    assert set(now.outputs) == {"out[:, 0:4]", "out[:, 4:10]"}
+    before = dataclasses.replace(now, outputs={"out": 0.9999})
+    notes = compare(before, now, 0.001).notes
+    assert any("output(s) out are not measured now" in n for n in notes), notes
+    assert not any("not measured" in n for n in compare(now, now, 0.001).notes)
