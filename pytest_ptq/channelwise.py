@@ -30,7 +30,7 @@ import numpy as np
 
 from .errors import PTQError
 from .figures import pyplot, save_figure
-from .outputs import concatenation, unlike_parts
+from .outputs import layouts, unlike
 
 # A channel is an outlier when its max |x| exceeds OUTLIER_K times the median over channels
 # of max |x| (channels that are all zero excluded): at 8x a per-tensor scale leaves the
@@ -90,9 +90,9 @@ def channel_axis(qm, c, shape, axis=None, value=None):
             return 1
         if op in _CHANNEL_LAST:
             return rank - 1
-    layout = concatenation(qm, c.input) if value is not None else None
-    if layout is not None and unlike_parts(value, *layout):
-        return layout[0]  # a detector's boxes beside its scores: the parts are what differ
+    found = unlike(value, layouts(qm, c.input)) if value is not None else None
+    if found is not None:
+        return found[0]  # a detector's boxes beside its scores: the parts are what differ
     return 1 if rank >= 4 else rank - 1
 
 

@@ -106,50 +106,67 @@ def parse_outputs(output_node, model):
     return specs
 
 
-def concatenation(qmodel, tensor):
-    """``(axis, [extent of each part])`` when ``tensor`` is a Concat's output seen through
-    Q/DQ, Identity, Cast and Transpose, nested Concats on the same axis flattened (axis in
-    ``tensor``'s own order); None where it is not, or a part's extent is not static (one part
-    left unknown is what the others leave of ``tensor``'s own extent, when that is known)."""
-    perms, node = [], qmodel.producer.get(tensor)
-    while node is not None and (node.op_type in _THROUGH or node.op_type == "Transpose"):
-        if node.op_type == "Transpose":
-            perm = attribute(node, "perm")
-            if perm is None:
-                return None
-            perms.append(list(perm))
-        node = qmodel.producer.get(node.input[0])
-    if node is None or node.op_type != "Concat":
-        return None
-    rank = len(qmodel.shapes.get(node.output[0]) or ())
-    if not rank:
-        return None
+def layouts(qmodel, tensor):
+    """``[(axis, [extent of each part])]``: the ways ``tensor`` is a concatenation, axes in
+    its own order: a Concat's output seen through Q/DQ, Identity, Cast, Transpose and a
+    Reshape that keeps the last axis (nested Concats on the same axis flattened), and the
+    layout its inputs all share on another axis (YOLOv5's levels, each ``[xy, wh, scores]`` on
+    the last axis, concatenated along the anchors). A part's extent comes from the inferred
+    shapes; one unknown is what the others leave of the whole."""
+    memo = {}
+
+    def walk(t):
+        if t not in memo:
+            memo[t] = []
+            memo[t] = _layouts(qmodel, t, walk)
+        return memo[t]
+
+    try:
+        return walk(tensor)
+    except RecursionError:  # Concats nested past Python's stack: scored whole
+        return []
+
+
+def _layouts(qmodel, tensor, walk):
+    node = qmodel.producer.get(tensor)
+    if node is None:
+        return []
+    if node.op_type in _THROUGH:
+        return walk(node.input[0])
+    if node.op_type == "Transpose":
+        perm = attribute(node, "perm")
+        return [] if perm is None else [(list(perm).index(a), e) for a, e in walk(node.input[0])]
+    if node.op_type == "Reshape":
+        src, dst = qmodel.shapes.get(node.input[0]) or (), qmodel.shapes.get(tensor) or ()
+        if not src or not dst or src[-1] is None or src[-1] != dst[-1]:
+            return []
+        return [(len(dst) - 1, e) for a, e in walk(node.input[0]) if a == len(src) - 1]
+    rank = len(qmodel.shapes.get(tensor) or ())
+    if node.op_type != "Concat" or not rank:
+        return []
     axis = attribute(node, "axis", 0) % rank
-    extents = _extents(qmodel, node, axis, rank)
-    for perm in reversed(perms):  # the concat's axis, carried forward to ``tensor``
-        axis = perm.index(axis)
-    total = (qmodel.shapes.get(tensor) or [None] * rank)[axis]
+    subs = [walk(i) for i in node.input]
+    extents = []
+    for inp, sub in zip(node.input, subs):
+        nested = next((e for a, e in sub if a == axis), None)
+        shape = qmodel.shapes.get(inp) or ()
+        extents += nested if nested is not None else [shape[axis] if len(shape) == rank else None]
+    total = qmodel.shapes[tensor][axis]
     if extents.count(None) == 1 and total is not None:
         extents[extents.index(None)] = total - sum(e for e in extents if e is not None)
-    if None in extents or len(extents) < 2 or min(extents) <= 0:
-        return None
-    return axis, extents
-
-
-def _extents(qmodel, concat, axis, rank):
-    out = []
-    for inp in concat.input:
-        node = qmodel.producer.get(inp)
-        while node is not None and node.op_type in _THROUGH:
-            node = qmodel.producer.get(node.input[0])
-        if (node is not None and node.op_type == "Concat"
-                and len(qmodel.shapes.get(node.output[0]) or ()) == rank
-                and attribute(node, "axis", 0) % rank == axis):
-            out.extend(_extents(qmodel, node, axis, rank))
-        else:
-            shape = qmodel.shapes.get(inp) or ()
-            out.append(shape[axis] if len(shape) == rank else None)
+    out = [] if None in extents or min(extents) <= 0 else [(axis, extents)]
+    out += [(a, e) for a, e in subs[0] if a != axis and all((a, e) in sub for sub in subs[1:])]
     return out
+
+
+def unlike(value, candidates):
+    """``(axis, [(start, stop, RMS)])`` of the first of ``candidates`` (:func:`layouts`) that
+    cuts ``value`` into runs of unlike parts (:func:`unlike_parts`), or None."""
+    for axis, extents in candidates:
+        runs = unlike_parts(value, axis, extents)
+        if runs:
+            return axis, runs
+    return None
 
 
 def parts(model, tensor):
@@ -159,13 +176,11 @@ def parts(model, tensor):
     (parts that are all zero join their neighbour), in axis order."""
     whole = [OutputSpec(tensor, tensor)]
     qmodel = getattr(model, "qmodel", None)
-    layout = None if qmodel is None or getattr(model, "data", None) is None else concatenation(qmodel, tensor)
-    if layout is None:
+    candidates = [] if qmodel is None or getattr(model, "data", None) is None else layouts(qmodel, tensor)
+    found = unlike(model.reference(0, [tensor])[tensor], candidates) if candidates else None
+    if found is None:
         return whole
-    axis, extents = layout
-    runs = unlike_parts(model.reference(0, [tensor])[tensor], axis, extents)
-    if not runs:
-        return whole
+    axis, runs = found
     lead = (slice(None),) * axis
     return [OutputSpec(f"{tensor}[{', '.join([':'] * axis + [f'{a}:{b}'])}]", tensor, lead + (slice(a, b),), rms)
             for a, b, rms in runs]

@@ -480,3 +480,37 @@ def detector_head_net(path, classes=6, transposed=False, like=False, seed=0):
     graph = helper.make_graph(nodes, "head", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
                               [helper.make_tensor_value_info("out", TensorProto.FLOAT, shape)], inits)
     return _save(graph, path)
+
+
+def yolov5_head_net(path, classes=4, seed=0):
+    """A YOLOv5-like head: two levels (8x8 and 4x4 cells), each ``[1, cells, 4 + classes]``
+    from a Concat on the last axis of box columns in pixels and Sigmoid scores, reshaped
+    (last axis kept) and concatenated along the cells into ``out`` ``[1, 80, 4 + classes]``."""
+    rng = np.random.default_rng(seed)
+    rows = 4 + classes
+    inits = [numpy_helper.from_array(np.array([4, classes], np.int64), "split"),
+             numpy_helper.from_array(np.array(8.0, np.float32), "stride"),
+             numpy_helper.from_array(np.array(3.0, np.float32), "shift")]
+    nodes = [helper.make_node("MaxPool", ["x"], ["x2"], kernel_shape=[2, 2], strides=[2, 2], name="down")]
+    levels = []
+    for k, (src, cells) in enumerate((("x", 64), ("x2", 16))):
+        inits += [numpy_helper.from_array((rng.standard_normal((rows, 3, 1, 1)) * 0.5).astype(np.float32), f"w{k}"),
+                  numpy_helper.from_array(np.array([1, rows, cells], np.int64), f"flat{k}"),
+                  numpy_helper.from_array(np.array([1, cells, rows], np.int64), f"cells{k}"),
+                  numpy_helper.from_array((np.arange(cells * 4, dtype=np.float32).reshape(1, cells, 4) % 64 * 4), f"g{k}")]
+        nodes += [helper.make_node("Conv", [src, f"w{k}"], [f"c{k}"], name=f"conv{k}"),
+                  helper.make_node("Reshape", [f"c{k}", f"flat{k}"], [f"f{k}"], name=f"flat{k}"),
+                  helper.make_node("Transpose", [f"f{k}"], [f"t{k}"], perm=[0, 2, 1], name=f"tr{k}"),
+                  helper.make_node("Split", [f"t{k}", "split"], [f"b{k}", f"s{k}"], axis=2, name=f"split{k}"),
+                  helper.make_node("Relu", [f"b{k}"], [f"bp{k}"], name=f"relu{k}"),
+                  helper.make_node("Mul", [f"bp{k}", "stride"], [f"bs{k}"], name=f"scale{k}"),
+                  helper.make_node("Add", [f"bs{k}", f"g{k}"], [f"box{k}"], name=f"grid{k}"),
+                  helper.make_node("Sub", [f"s{k}", "shift"], [f"sl{k}"], name=f"shift{k}"),
+                  helper.make_node("Sigmoid", [f"sl{k}"], [f"cls{k}"], name=f"sig{k}"),
+                  helper.make_node("Concat", [f"box{k}", f"cls{k}"], [f"y{k}"], axis=-1, name=f"cat{k}"),
+                  helper.make_node("Reshape", [f"y{k}", f"cells{k}"], [f"lvl{k}"], name=f"view{k}")]
+        levels.append(f"lvl{k}")
+    nodes.append(helper.make_node("Concat", levels, ["out"], axis=1, name="levels"))
+    graph = helper.make_graph(nodes, "yolov5_head", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
+                              [helper.make_tensor_value_info("out", TensorProto.FLOAT, [1, 80, rows])], inits)
+    return _save(graph, path)

@@ -100,3 +100,17 @@ def test_a_baseline_of_the_whole_output_says_it_is_compared_no_more(tmp_path):
     notes = compare(before, now, 0.001).notes
     assert any("output(s) out are not measured now" in n for n in notes), notes
     assert not any("not measured" in n for n in compare(now, now, 0.001).notes)
+
+
+def test_levels_split_alike_are_split_on_their_common_axis(tmp_path):
+    fpath = builders.yolov5_head_net(tmp_path / "f.onnx")
+    data = builders.samples(6, size=8)
+    qpath = builders.quantize(fpath, tmp_path / "q.onnx", data)
+    engine = Engine(qpath, data, float_model=fpath, optimization="disable")
+    specs = parse_outputs(None, engine)
+    assert [s.name for s in specs] == ["out[:, :, 0:4]", "out[:, :, 4:8]"]
+    feeds = [{"x": a} for a in data["x"]]
+    ref, full = builders.run_model(fpath, feeds), builders.run_model(qpath, feeds)
+    verdict = three_configs(engine, specs)
+    assert verdict.values["calibration"]["all quantized"] == pytest.approx(
+        _cos(ref, full, lambda a: a[..., 4:]), abs=1e-6)
