@@ -31,7 +31,7 @@ from .engine.runtime import make_session, run
 from .errors import PTQError
 from .metrics import get_metrics
 from .model import QuantModel, load_model
-from .outputs import parse_outputs
+from .outputs import parse_outputs, parts_note
 from .progress import Progress
 from .results import JsonResult, read_from
 from .tables import format_table
@@ -78,6 +78,7 @@ class StageReport(JsonResult):
     float_model: str = ""
     calibrated_model: str = ""
     optimized_model: str | None = None
+    notes: list = dataclasses.field(default_factory=list)  # outputs scored in parts, and why
 
     def __bool__(self):
         return self.first_drop is None
@@ -121,18 +122,18 @@ def localize_stages(float_model, calibrated_model, calibrated_data, metrics=("co
         qm = engine.qmodel
         data = load_data(engine.data if calibrated_data is None else calibrated_data, qm, data_num)
         if engine.float_model is None:  # the bypassed stage needs the float weights
-            engine = Engine(QuantModel(qm.model, float_model=fmodel, shared=qm.shared), None, check=False,
+            engine = Engine(QuantModel(qm.model, float_model=fmodel, shared=qm.shared), data, check=False,
                             custom_op_libraries=engine.libraries)
     else:
         qm = QuantModel(calibrated_model, float_model=fmodel)
         data = load_data(calibrated_data, qm, data_num)
-        engine = Engine(qm, None, check=False)
+        engine = Engine(qm, data, check=False)
     qmodel = qm.model
     inputs = (guard.Inputs().add(fpath, "float model").add(qm.path, "model file")
               .add(getattr(data, "path", None), "calibration data"))
     if save_dir is not None:
         save_dir = guard.output_path(save_dir, "save_dir", inputs, folder=True)
-    specs = parse_outputs(output_node, qm)
+    specs = parse_outputs(output_node, engine)  # a concatenation of unlike parts: by part
     float_outputs = {o.name for o in fmodel.graph.output}
     for s in specs:
         if s.tensor not in qm.output_names or s.tensor not in float_outputs:
@@ -199,7 +200,7 @@ def localize_stages(float_model, calibrated_model, calibrated_data, metrics=("co
         metrics=[m.name for m in metric_objs], outputs=[s.name for s in specs], samples=len(data),
         threshold=threshold, stages=stages, kernel_gap=rows["kernel-gap"], first_drop=first_drop, message=message,
         float_model=str(fpath) if fpath else "<ModelProto>", calibrated_model=qm.source,
-        optimized_model=str(optimized) if optimized else None), inputs)
+        optimized_model=str(optimized) if optimized else None, notes=parts_note(specs)), inputs)
 
 
 def verdict(values, kernel_gap, metric, threshold):

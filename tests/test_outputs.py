@@ -114,3 +114,15 @@ def test_levels_split_alike_are_split_on_their_common_axis(tmp_path):
     verdict = three_configs(engine, specs)
     assert verdict.values["calibration"]["all quantized"] == pytest.approx(
         _cos(ref, full, lambda a: a[..., 4:]), abs=1e-6)
+
+
+def test_stages_compare_the_parts(tmp_path):
+    from pytest_ptq.stages import localize_stages
+
+    fpath, qpath, data = _head(tmp_path)
+    report = localize_stages(fpath, qpath, tmp_path / "calib")
+    assert report.outputs == ["out[:, 0:4]", "out[:, 4:10]"] and "concatenates parts" in report.notes[0]
+    feeds = [{"x": a} for a in data["x"]]
+    ref, full = builders.run_model(fpath, feeds), builders.run_model(qpath, feeds, level="all")
+    assert report.value("fake-quant") == pytest.approx(_cos(ref, full, lambda a: a[:, 4:]), abs=1e-6)
+    assert report.first_drop == "fake-quant"

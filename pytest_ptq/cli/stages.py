@@ -11,6 +11,8 @@ def run(args):
                              output_node=args.output_node, data_num=args.data_num, threshold=args.threshold,
                              save_dir=args.save_dir, progress=not args.quiet)
     print(report.table())
+    for note in report.notes:
+        print(f"note: {note}")
     print(report.message)
     if report.optimized_model:
         print(f"wrote {report.optimized_model}")
