@@ -206,7 +206,7 @@ def _stages_command(engine):
 
 
 def _calibration_inputs(qm, node_type, name):
-    names = qm.normal[name].calibration_inputs if node_type == "node" else [name]
+    names = qm.normal[name].quantizers if node_type == "node" else [name]
     return [c for c in names if qm.calibration[c].role != "bias"]
 
 

@@ -438,7 +438,7 @@ def _nodes_html(m):
     kind = "nodes" if s["node_type"] == "node" else f'{s["node_type"]} nodes'
     parts = [f'<h3>Most sensitive {_e(kind)} ({len(s["rows"])} of {s["nodes"]})</h3>'
              f'<p>{_e(metric)} at the model outputs with only that node quantized (an operator: the Q/DQ pairs '
-             f'feeding it), on {_e(s.get("samples", "?"))} calibration sample(s), worst first. "cause" says which '
+             f'feeding it, and one on a model output that it writes), on {_e(s.get("samples", "?"))} calibration sample(s), worst first. "cause" says which '
              'of an '
              "operator's inputs costs more, weights or activations, each quantized alone; \"why\" reads its "
              "statistics." + ("" if d else " (A passing model is not diagnosed.)") + "</p>"]

@@ -147,7 +147,7 @@ def _runall(engine, out, metrics, output_node, node_type, data_num, top, axis, p
     dist_nodes, box_nodes = [], []
     for t in types:
         for name in top_nodes[t]:
-            calib = qm.normal[name].calibration_inputs if t == "node" else [name]
+            calib = qm.normal[name].quantizers if t == "node" else [name]
             if t == "node":
                 dist_nodes.append(name)
             for c in calib:
@@ -241,7 +241,7 @@ def _advise(engine, metric, kind, rank, name, sens, dist, boxes, curves):
     qm = engine.qmodel
     value = sens[name][metric]
     bad = badness(metric, value)
-    calib = qm.normal[name].calibration_inputs if kind == "node" else [name]
+    calib = qm.normal[name].quantizers if kind == "node" else [name]
     tries, reasons, findings = [], [], []
     for c in calib:
         d, b = dist.get(c), boxes.get(c)

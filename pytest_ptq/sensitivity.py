@@ -36,8 +36,7 @@ def targets_for(engine, node_type, interested_nodes=None):
     qm = engine.qmodel
     params.node_type(node_type)
     if node_type == "node":
-        targets = {n.name: engine.gated(n.calibration_inputs)
-                   for n in qm.normal.values() if n.calibration_inputs}
+        targets = {n.name: engine.gated(n.quantizers) for n in qm.normal.values() if n.quantizers}
     else:
         targets = {c.name: [c.name] for c in qm.of_kind(node_type) if c.bypassable}
     if interested_nodes is not None and not isinstance(interested_nodes, str):
@@ -179,7 +178,8 @@ def get_sensitivity_of_nodes(model_or_file, metrics=("cosine-similarity",), cali
                              interested_nodes=None, float_model=None, progress=None):
     """Sensitivity of each node of ``node_type``: the output error with only it quantized.
 
-    For a normal node, its calibration inputs are quantized together. Returns a
+    For a normal node, its calibration inputs are quantized together (with a pair on a model
+    output it writes, which no node reads). Returns a
     :class:`Sensitivity`, most sensitive first by the first metric (similarities
     ascending, errors descending).
     """

@@ -100,9 +100,9 @@ def test_group_value_equals_the_block_quantized_alone(net):
         assert result[label]["cosine-similarity"] == pytest.approx(_pooled_cosine(net["ref"], got), abs=1e-6)
         assert result.details[label]["per_sample"]["cosine-similarity"] == pytest.approx(
             _per_sample_cosines(net["ref"], got), abs=1e-6)
-    # a normal node stands for the pairs it reads, in input order
+    # a normal node stands for the pairs it reads, in input order, then a pair on a model output it writes
     assert result.details["head"]["calibration_nodes"] == ["f_QuantizeLinear", "wf_QuantizeLinear",
-                                                           "logits_QuantizeLinear"]
+                                                           "logits_QuantizeLinear", "prob_QuantizeLinear"]
     assert result.node_type == "group" and "block" in result.table()
 
 

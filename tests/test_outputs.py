@@ -126,3 +126,18 @@ def test_stages_compare_the_parts(tmp_path):
     ref, full = builders.run_model(fpath, feeds), builders.run_model(qpath, feeds, level="all")
     assert report.value("fake-quant") == pytest.approx(_cos(ref, full, lambda a: a[:, 4:]), abs=1e-6)
     assert report.first_drop == "fake-quant"
+
+
+def test_a_pair_on_a_model_output_belongs_to_the_node_that_writes_it(tmp_path):
+    fpath, qpath, data = _head(tmp_path)
+    engine = Engine(qpath, data, float_model=fpath, optimization="disable")
+    concat = engine.qmodel.normal["head_concat"]
+    assert concat.calibration_outputs == [CONCAT_PAIR]
+    sens = get_sensitivity_of_nodes(engine, node_type="node")
+    assert next(iter(sens)) == "head_concat"  # the worst: its output pair's one scale
+    assert CONCAT_PAIR in sens.details["head_concat"]["calibration_nodes"]
+    feeds = [{"x": a} for a in data["x"]]
+    keep = set(sens.details["head_concat"]["calibration_nodes"])
+    ref = builders.run_model(fpath, feeds)
+    alone = builders.run_model(builders.rewire(qpath, keep=keep, float_model=fpath), feeds)
+    assert sens["head_concat"]["cosine-similarity"] == pytest.approx(_cos(ref, alone, lambda a: a[:, 4:]), abs=1e-6)

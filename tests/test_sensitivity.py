@@ -75,10 +75,14 @@ class Setup:
         return self._float
 
     def keep_for_node(self, node):
-        """The pairs whose DQ outputs feed a normal node, read from the proto."""
+        """The pairs whose DQ outputs feed a normal node, and a pair on its output whose DQ
+        writes a model output, read from the proto."""
         owner = {d.output[0]: name for name, (_, dqs) in self.pairs.items() for d in dqs}
         n = next(n for n in self.model.graph.node if n.name == node)
-        return [owner[i] for i in n.input if i in owner]
+        outputs = {o.name for o in self.model.graph.output}
+        return [owner[i] for i in n.input if i in owner] + [
+            name for name, (q, dqs) in self.pairs.items()
+            if q is not None and q.input[0] in n.output and any(d.output[0] in outputs for d in dqs)]
 
     def pooled(self, keep, tensor="prob", take=lambda a: a):
         """(float, quantized) outputs over every sample, concatenated, in float64."""

@@ -287,6 +287,14 @@ class NormalNode:
     outputs: list
     calibration_inputs: list  # names of the calibration nodes feeding it
     index: int  # topological position among normal nodes
+    # pairs on its outputs that only the model's outputs read (a detector head's Concat): no
+    # node's input, so the node they quantize owns them
+    calibration_outputs: list = dataclasses.field(default_factory=list)
+
+    @property
+    def quantizers(self):
+        """The calibration nodes quantizing this node: its inputs', then its model outputs'."""
+        return self.calibration_inputs + self.calibration_outputs
 
 
 class QuantModel:
@@ -601,6 +609,10 @@ class QuantModel:
             self.normal[node.name] = n
             for cname in feeding:
                 self.calibration[cname].consumers.append(node.name)
+        outputs = set(self.output_names)
+        for c in self.calibration.values():
+            if not c.consumers and c.producer in self.normal and outputs.intersection(c.outputs):
+                self.normal[c.producer].calibration_outputs.append(c.name)
 
     def full_model(self):
         """The (sorted, named) model with every initializer's data back in the proto."""
@@ -638,7 +650,7 @@ class QuantModel:
             if name in self.calibration:
                 out.append(name)
             elif name in self.normal:
-                out.extend(self.normal[name].calibration_inputs)
+                out.extend(self.normal[name].quantizers)
             else:
                 raise unknown("node", name, list(self.calibration) + list(self.normal))
         return list(dict.fromkeys(out))
