@@ -112,7 +112,8 @@ def layouts(qmodel, tensor):
     Reshape that keeps the last axis (nested Concats on the same axis flattened), and the
     layout its inputs all share on another axis (YOLOv5's levels, each ``[xy, wh, scores]`` on
     the last axis, concatenated along the anchors). A part's extent comes from the inferred
-    shapes; one unknown is what the others leave of the whole."""
+    shapes; one unknown is what the others leave of the whole (None where the whole is not
+    known either: a value's extent then tells it)."""
     memo = {}
 
     def walk(t):
@@ -154,7 +155,8 @@ def _layouts(qmodel, tensor, walk):
     total = qmodel.shapes[tensor][axis]
     if extents.count(None) == 1 and total is not None:
         extents[extents.index(None)] = total - sum(e for e in extents if e is not None)
-    out = [] if None in extents or min(extents) <= 0 else [(axis, extents)]
+    known = [e for e in extents if e is not None]
+    out = [] if len(known) < len(extents) - 1 or min(known, default=1) <= 0 else [(axis, extents)]
     out += [(a, e) for a, e in subs[0] if a != axis and all((a, e) in sub for sub in subs[1:])]
     return out
 
@@ -191,7 +193,12 @@ def unlike_parts(value, axis, extents):
     runs of adjacent parts whose RMS stay within :data:`APART` of each other (an all-zero part
     joins its neighbour); [] when that leaves one run, or the extents do not fit ``value``."""
     value = np.asarray(value)
-    if value.ndim <= axis or value.shape[axis] != sum(extents):
+    if value.ndim <= axis:
+        return []
+    if None in extents:  # one part's extent is what the others leave of this value's
+        extents = list(extents)
+        extents[extents.index(None)] = value.shape[axis] - sum(e for e in extents if e is not None)
+    if value.shape[axis] != sum(extents) or min(extents) <= 0:
         return []
     edges = np.cumsum([0] + list(extents)).tolist()
     runs = []  # [start, stop, sum of squares, count]

@@ -141,3 +141,13 @@ def test_a_pair_on_a_model_output_belongs_to_the_node_that_writes_it(tmp_path):
     ref = builders.run_model(fpath, feeds)
     alone = builders.run_model(builders.rewire(qpath, keep=keep, float_model=fpath), feeds)
     assert sens["head_concat"]["cosine-similarity"] == pytest.approx(_cos(ref, alone, lambda a: a[:, 4:]), abs=1e-6)
+
+
+def test_one_unknown_extent_is_what_the_value_leaves():
+    from pytest_ptq.outputs import unlike_parts
+
+    value = np.concatenate([np.full((1, 4, 5), 100.0), np.full((1, 6, 5), 0.5)], axis=1)
+    assert [(a, b) for a, b, _ in unlike_parts(value, 1, [4, None])] == [(0, 4), (4, 10)]
+    assert [(a, b) for a, b, _ in unlike_parts(value, 1, [None, 6])] == [(0, 4), (4, 10)]
+    assert unlike_parts(value, 1, [4, 7]) == []  # extents that do not fit: whole
+    assert unlike_parts(value, 1, [None, 10]) == []  # an empty part: whole
