@@ -920,3 +920,30 @@ def test_a_fold_that_leaves_a_subgraph_reading_nothing_names_the_deleted_node(tm
         Engine(str(tmp_path / "broken.onnx"), builders.samples(2), float_model=str(fpath))
     assert "the float model's Relu 'relu0' writes it and the quantizer removed that node" in str(info.value)
     assert "\n" not in str(info.value)
+
+
+def test_a_samples_float_prefix_holds_the_boundaries_configs_still_read(zoo):
+    """Configs in graph order read their float prefix from one boundary after another: each
+    boundary goes after its last reader (and the float run of the outputs keeps none), and
+    one read again after it went is computed again, equal to the first."""
+    qpath, fpath = zoo.qdq("qdq"), zoo.float("qdq")
+    engine = Engine(qpath, zoo.data("qdq"), float_model=fpath, optimization="disable", segments=16, workers=2)
+    seg = engine.segments
+    assert len(seg) > 3
+    configs = [([n], ()) for n in engine.calib_names]
+    starts = [seg.start(seg.touched(q)) for q, _ in configs]
+    assert any(s for s in starts if s and s < len(seg))
+    engine.reference(0)
+    prefix = seg.prefix(0, engine.sample(0))
+    assert prefix.held == [len(seg)]  # the outputs only
+    for k, _ in enumerate(engine.run_many(0, configs)):
+        later = [s for s in starts[k + 1:] if s is not None]
+        # held: at most what the configs after this one still read (those in flight, too)
+        assert set(prefix.held) - {len(seg)} <= set(later)
+    assert prefix.held == [len(seg)]
+    j = next(s for s in starts if s and s < len(seg))
+    again = prefix.read(j)
+    fresh = seg.prefix(None, engine.sample(0)).read(j)  # a key of None: a new run
+    assert set(again) == set(fresh)
+    for t in again:
+        np.testing.assert_array_equal(again[t], fresh[t])

@@ -370,13 +370,17 @@ class Engine:
         feeds = isinstance(i, dict)
         key = object() if feeds else i if isinstance(i, tuple) else int(i)  # a feed dict's: this call's
         sample = i if feeds else self.sample(key)
-        self.segments.reference(key, sample)  # the float prefix every config reads, computed once here
+        seg = self.segments
+        configs = [(self._config(q), a) for q, a in configs]
+        # the float prefix every config reads, computed once, as far as they ask, and what no
+        # config left reads is dropped (configs come in graph order: one or two boundaries held)
+        seg.prefix(key, sample).expect(seg.start(seg.touched(q)) for q, _ in configs)
         try:
-            yield from self._workers.map(
-                lambda qa: self._through_segments(key, sample, self._config(qa[0]), qa[1], tensors), configs)
+            yield from self._workers.map(lambda qa: self._through_segments(key, sample, qa[0], qa[1], tensors),
+                                         configs)
         finally:
             if feeds:
-                self.segments.forget(key)
+                seg.forget(key)
 
     def tensors(self, sample, quantized=(), names=()):
         """Any tensors of one sample under a config: model inputs from the sample, the rest

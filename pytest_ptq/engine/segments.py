@@ -341,24 +341,33 @@ class Segments:
             feeds[f] = flag_values[f]
         values.update(zip(outputs, run(sess, outputs, feeds, self.source, shrink=stacked)))
 
-    def reference(self, key, sample):
-        """Float run of a sample; keeps the values at every segment boundary for reuse."""
-        if self._state is not None and self._state[0] == key and key is not None:
-            return self._state[1]
-        self._state = None  # the last sample's boundaries go before this one's are computed
-        values = dict(sample)
-        boundaries = []
-        for j in range(len(self)):
-            boundaries.append({t: values[t] for t in self.cut_live[j] if t in values})
-            self._run_segment(j, values, frozenset(), None, isinstance(key, tuple))
-        boundaries.append({t: values[t] for t in self.outputs})
-        self._state = (key, boundaries)
-        return boundaries
+    def prefix(self, key, sample):
+        """The :class:`Prefix` of a sample (or group) ``key``: its float run's values at each
+        segment boundary, kept for reuse until another key's is asked for (a key of None: not
+        kept)."""
+        with self._lock:
+            if self._state is not None and self._state.key == key and key is not None:
+                return self._state
+            self._state = None  # the last sample's boundaries go before this one's are computed
+            prefix = Prefix(self, key, sample)
+            if key is not None:
+                self._state = prefix
+            return prefix
+
+    def start(self, touched):
+        """The boundary a config (``touched``: see :meth:`touched`) reads its float prefix
+        from in :meth:`run` (``len(self)``: the model outputs), or None where it reads none."""
+        if len(self) > 1 and touched and self._whole(touched) is not None:
+            return None
+        if not touched:
+            return len(self)
+        return min(touched) or None
 
     def forget(self, key):
         """Drop the kept boundary values if they are sample (or group) ``key``'s."""
-        if self._state is not None and self._state[0] == key:
-            self._state = None
+        with self._lock:
+            if self._state is not None and self._state.key == key:
+                self._state = None
 
     def drop_stacked(self):
         """Drop the sessions compiled for stacked samples (after a trial that rejected them)."""
@@ -383,10 +392,10 @@ class Segments:
             self._run_segment(None, values, whole, flag_values, isinstance(key, tuple))
             return {t: values[t] for t in tensors}
         if not touched:
-            return {t: self.reference(key, sample)[-1][t] for t in tensors}
+            return {t: self.prefix(key, sample).read(len(self), keep=False)[t] for t in tensors}
         first = min(touched)
         # a config touching the first segment needs no float prefix: none is computed
-        values = self._chain(dict(sample if first == 0 else self.reference(key, sample)[first]), first,
+        values = self._chain(dict(sample if first == 0 else self.prefix(key, sample).read(first)), first,
                              touched, flag_values, isinstance(key, tuple))
         return {t: values[t] for t in tensors}
 
@@ -516,7 +525,7 @@ class Segments:
         trial's stacked runs: their boundaries would double the reference's memory).
         ``start``: run segments ``start`` onwards from the sample's kept boundary values
         (computed first if not kept): the least work of a config touching segment ``start``."""
-        values = dict(sample if start == 0 else self.reference(key, sample)[start])
+        values = dict(sample if start == 0 else self.prefix(key, sample).read(start))
         return self._chain(values, start, {}, None, isinstance(key, tuple))
 
     def _chain(self, values, first, touched, flag_values, stacked):
@@ -526,3 +535,65 @@ class Segments:
             # what later segments no longer read goes now, not with the config (peak memory)
             values = {t: values[t] for t in self.cut_live[j + 1] if t in values}
         return values
+
+
+class Prefix:
+    """A sample's float run through the segments, computed as far as a config asks (the values
+    at boundary ``j``: what later segments read, in :meth:`read`) and forgotten below the
+    boundaries configs still :meth:`expect` to read. So a sample's configs, run in graph order,
+    hold one or two boundaries' values rather than every boundary's (the PicoDet layout
+    detector's: 53 MiB at 800x608, 7.4 MiB at most at one boundary; configs in another order
+    hold the boundaries they still read). Thread-safe: configs in flight read it from several
+    threads."""
+
+    def __init__(self, segments, key, sample):
+        self.key, self._seg, self._sample, self._stacked = key, segments, sample, isinstance(key, tuple)
+        self._lock = threading.Lock()
+        self._kept = {}  # boundary -> {tensor: value}
+        self._values, self._next = dict(sample), 0  # the run so far: values at boundary _next
+        self._expected = collections.Counter()
+
+    def expect(self, starts):
+        """Boundaries that configs about to run will each :meth:`read` once (None: none),
+        besides those still expected: from now on only those are kept (and the model outputs),
+        each until its last expected read."""
+        with self._lock:
+            self._expected.update(j for j in starts if j is not None)
+            for k in [k for k in self._kept if k not in self._expected and k != len(self._seg)]:
+                del self._kept[k]
+
+    @property
+    def held(self):
+        """The boundaries whose values are held now, in order."""
+        with self._lock:
+            return sorted(self._kept)
+
+    def read(self, j, keep=True):
+        """The float values at boundary ``j`` (``len(segments)``: the model outputs). The
+        boundaries computed on the way are kept where :meth:`expect` asked for them, or, with
+        ``keep`` and none asked for, all of them (a float run of the outputs keeps none: the
+        configs after it say which they read)."""
+        seg = self._seg
+        with self._lock:
+            if j not in self._kept and j < self._next:  # dropped earlier: the run starts over
+                self._kept = {k: v for k, v in self._kept.items() if k == len(seg)}
+                self._values, self._next = dict(self._sample), 0
+            while self._next <= j:
+                k = self._next
+                if k < len(seg):
+                    if k == j or (self._expected[k] if self._expected else keep):
+                        self._kept[k] = {t: self._values[t] for t in seg.cut_live[k] if t in self._values}
+                    seg._run_segment(k, self._values, frozenset(), None, self._stacked)
+                    self._values = {t: v for t, v in self._values.items() if t in seg.cut_live[k + 1]
+                                    or t in seg.outputs}
+                else:
+                    self._kept[k] = {t: self._values[t] for t in seg.outputs}
+                self._next = k + 1
+            values = self._kept[j]
+            if self._expected[j] > 0:  # its last expected read: it goes (this reader has it)
+                self._expected[j] -= 1
+                if not self._expected[j]:
+                    del self._expected[j]
+                    if j != len(seg):
+                        del self._kept[j]
+            return values
