@@ -12,7 +12,8 @@ gate (measured on the PP-OCRv4 detector: a segment with every gate switchable ra
 float form). Forms are compiled on first use, with the shapes onnxruntime fuses by.
 
 For a config, everything before the first segment it touches equals the float reference and
-is taken from the reference's cached boundary tensors; touched segments run in their form,
+is taken from the reference's boundary tensors (a :class:`Prefix`, computed as far as configs
+ask and kept while they still read it); touched segments run in their form,
 the others float. A config that quantizes one node therefore costs its downstream part of a
 float pass, plus one gated segment. A config quantizing whole groups shares no prefix with
 the reference and runs as one session of the whole graph (see :meth:`Segments.run`).
@@ -71,8 +72,8 @@ class Segments:
     ``model``: the gated model; ``qmodel`` its calibrated model; ``gates`` its feeds;
     ``optimization``, ``providers``: as for every engine session; ``source``: the model's
     name in messages. Configs of one sample may run from several threads at once (see
-    :mod:`.workers`) once its reference is computed: compiling is under a lock, and the kept
-    reference changes only in :meth:`reference`. ``threads``: intra-op threads of a segment's
+    :mod:`.workers`): compiling is under a lock, and so is a sample's :class:`Prefix`, which
+    :meth:`prefix` replaces. ``threads``: intra-op threads of a segment's
     sessions (None: the process's share; the whole graph's sessions always have that).
     """
 
@@ -102,7 +103,7 @@ class Segments:
         self.refs = [node_refs(n) for n in self.nodes]
         self._plan(count)
         self._sessions = collections.OrderedDict()  # (segment, form, stacked) -> session, by last use
-        self._state = None  # (sample key, boundary values) of the last reference
+        self._state = None  # the Prefix of the last sample asked for
         self._plans = {}  # (tensors, local) -> walk_plan's
 
     # -- planning ------------------------------------------------------------------------
