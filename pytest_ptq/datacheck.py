@@ -35,6 +35,7 @@ from .errors import NotQuantized, PTQError
 from .metrics import get_metrics
 from .engine import Engine
 from .model import QuantModel, load_model
+from .outputs import parse_outputs
 from .progress import Progress
 from .results import JsonResult
 from .verdict import badness
@@ -516,10 +517,12 @@ def vector(v):
 
 # -- held-out comparison --------------------------------------------------------------------------
 def _quantized_metrics(engine, data, metric, bar):
-    """Pooled metric (worst output) of the fully quantized model on ``data`` and the per-node
-    share of float activation values outside their calibrated range."""
+    """Pooled metric (worst of the default outputs, a concatenation of unlike parts by part) of
+    the fully quantized model on ``data`` and the per-node share of float activation values
+    outside their calibrated range."""
     qm = engine.qmodel
-    states = {o: metric.new() for o in engine.model_outputs}
+    specs = parse_outputs(None, engine)
+    states = {s.name: metric.new() for s in specs}
     acts = [c for c in qm.of_kind("activation") if engine.is_gated(c.name) and not c.dynamic]
     clipped, counted = Counter(), Counter()
 
@@ -541,8 +544,8 @@ def _quantized_metrics(engine, data, metric, bar):
             count(values)
             ref.update({o: values[o] for o in engine.model_outputs if o in values})
         out = engine.run(sample, "all")
-        for o in engine.model_outputs:
-            metric.update(states[o], ref[o], out[o])
+        for spec in specs:
+            metric.update(states[spec.name], spec.take(ref[spec.tensor]), spec.take(out[spec.tensor]))
         bar.advance()
     value = metric.worst([metric.value(s) for s in states.values()])
     shares = {n: clipped[n] / counted[n] for n in counted if counted[n]}
@@ -673,9 +676,9 @@ def check_data(model_or_file, calibrated_data=None, heldout=None, data_num=None,
                                         f"because of the errors above ({blocking[0].check})",
                                         "fix the errors, then check again", None, "heldout"))
             else:
-                engine = model_or_file if isinstance(model_or_file, Engine) else Engine(
-                    qm, None, float_model=float_model, check=False, custom_op_libraries=custom_op_libraries)
                 cal = load_data(calibrated_data, qm, data_num)
+                engine = model_or_file if isinstance(model_or_file, Engine) else Engine(
+                    qm, cal, float_model=float_model, check=False, custom_op_libraries=custom_op_libraries)
                 held = load_data(heldout, qm, data_num)
                 more, quantized = _heldout_findings(engine, cal, held, m, threshold, bar)
                 findings += more

@@ -151,3 +151,16 @@ def test_one_unknown_extent_is_what_the_value_leaves():
     assert [(a, b) for a, b, _ in unlike_parts(value, 1, [None, 6])] == [(0, 4), (4, 10)]
     assert unlike_parts(value, 1, [4, 7]) == []  # extents that do not fit: whole
     assert unlike_parts(value, 1, [None, 10]) == []  # an empty part: whole
+
+
+def test_check_data_scores_the_parts(tmp_path):
+    from pytest_ptq.datacheck import check_data
+
+    fpath, qpath, data = _head(tmp_path)
+    held = builders.samples(4, size=8, seed=7)
+    builders.save_folder(held, tmp_path / "held")
+    report = check_data(qpath, tmp_path / "calib", heldout=tmp_path / "held", float_model=fpath)
+    for name, arrays in (("calibration", data), ("heldout", held)):
+        feeds = [{"x": a} for a in arrays["x"]]
+        want = _cos(builders.run_model(fpath, feeds), builders.run_model(qpath, feeds), lambda a: a[:, 4:])
+        assert report.quantized[name]["cosine-similarity"] == pytest.approx(want, abs=1e-6), name
