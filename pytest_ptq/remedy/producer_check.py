@@ -24,6 +24,7 @@ from ..engine.runtime import make_session, run
 from ..errors import NotQuantized, PTQError
 from ..metrics import get_metrics
 from ..model import QuantModel, load_model
+from ..outputs import parse_outputs
 from .producer_terms import SHORT, ProducerNames
 from .requantize import requantized_runner
 
@@ -162,20 +163,22 @@ def output_score(engine, float_model, metric="cosine-similarity"):
     float_outputs = {o.name for o in fmodel.graph.output}
     source = "<float ModelProto>" if isinstance(float_model, onnx.ModelProto) else str(float_model)
 
+    defaults = parse_outputs(None, engine)  # a concatenation of unlike parts: by part
+
     def score(path=None):
         new = engine if path is None else requantized_runner(path, engine.data, engine)
-        outputs = new.model_outputs
-        tensors = [o for o in engine.model_outputs if o in outputs and o in float_outputs]
-        if not tensors:
+        specs = [s for s in defaults if s.tensor in new.model_outputs and s.tensor in float_outputs]
+        if not specs:
             raise PTQError(f"the float model and the re-quantized model share no output (float: "
                            f"{sorted(float_outputs)}); pass the float model the calibrated model was made from")
-        states = {t: m.new() for t in tensors}
+        tensors = list(dict.fromkeys(s.tensor for s in specs))
+        states = {s.name: m.new() for s in specs}
         for i in range(len(engine.data)):
             feeds = engine.data.sample(i)
             ref = dict(zip(tensors, run(reference, tensors, feeds, source)))
             out = new.run(i, "all", tensors)
-            for t in tensors:
-                m.update(states[t], ref[t], out[t])
+            for s in specs:
+                m.update(states[s.name], s.take(ref[s.tensor]), s.take(out[s.tensor]))
         return {"calibration": m.worst([m.value(st) for st in states.values()])}
 
     return score
