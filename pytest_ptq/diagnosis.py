@@ -174,8 +174,8 @@ def diagnose(engine, sensitivity, verdict, top=10, outputs=None):
     calib = list(dict.fromkeys(c for cs in inputs.values() for c in cs))
     dist, boxes = collect(engine, calib, calib, data_num=sensitivity.samples, skip_unboxable=True) if calib \
         else ({}, {})
-    split = _split(engine, qm, sensitivity, names, inputs, m, outputs)
-    nodes = [_node(qm, sensitivity, k + 1, n, inputs[n], dist, boxes, split.get(n), metric)
+    split, alone = _split(engine, qm, sensitivity, names, inputs, m, outputs)
+    nodes = [_node(qm, sensitivity, k + 1, n, inputs[n], dist, boxes, split.get(n), metric, alone)
              for k, n in enumerate(names)]
     worst = max((it["badness"] for it in nodes), default=0.0)
     relevant = [it for it in nodes if it["badness"] > 0 and it["badness"] >= RELEVANT * worst]
@@ -211,10 +211,12 @@ def _calibration_inputs(qm, node_type, name):
 
 
 def _split(engine, qm, sensitivity, names, inputs, m, outputs):
-    """``{operator: {"weight": value, "activation": value}}`` with only its weight inputs, then
-    only its activation inputs quantized, for operators that have both."""
+    """``({operator: {"weight": value, "activation": value}}, {calibration node: value})``:
+    operators that have both with only their weight inputs, then only their activation inputs
+    quantized; and each quantizer alone of an operator quantized by several of a kind (which of
+    them explains it), all scored in one pass over the ranking's samples."""
     if sensitivity.node_type != "node":
-        return {}
+        return {}, {}
     configs = {}
     for n in names:
         # a dynamic quantizer is an activation's
@@ -222,21 +224,26 @@ def _split(engine, qm, sensitivity, names, inputs, m, outputs):
                                                              else qm.calibration[c].kind == k)])
                    for k in ("weight", "activation")}
         if all(by_kind.values()):
-            configs.update({(n, k): v for k, v in by_kind.items()})
+            configs.update({f"{n}\0{k}": v for k, v in by_kind.items()})
+        for gated in by_kind.values():  # one of a kind is the kind's own figure already
+            if len(gated) > 1:
+                configs.update({f"\0{c}": [c] for c in gated})
     if not configs:
-        return {}
-    labels = {f"{n}\0{k}": v for (n, k), v in configs.items()}
+        return {}, {}
     specs = parse_outputs(None if outputs is None else list(outputs), engine)
-    scored = rank_configs(engine, labels, [m], specs, list(range(sensitivity.samples)), "node", lambda _: {},
+    scored = rank_configs(engine, configs, [m], specs, list(range(sensitivity.samples)), "node", lambda _: {},
                           "operator inputs", False)
-    out = {}
+    split, alone = {}, {}
     for label, values in scored.items():
         n, k = label.split("\0")
-        out.setdefault(n, {})[k] = values[m.name]
-    return out
+        if n:
+            split.setdefault(n, {})[k] = values[m.name]
+        else:
+            alone[k] = values[m.name]
+    return split, alone
 
 
-def _node(qm, sens, rank, name, calib, dist, boxes, split, metric):
+def _node(qm, sens, rank, name, calib, dist, boxes, split, metric, alone):
     value = sens[name][metric]
     bad = badness(metric, value)
     kind = KIND_WORDS[sens.node_type]
@@ -249,17 +256,24 @@ def _node(qm, sens, rank, name, calib, dist, boxes, split, metric):
         if d is None:
             continue
         tries, reasons = advise(d, boxes.get(c))
+        if c in alone:
+            reasons.insert(0, f"alone {short(alone[c])}")
         ins.append({"node": c, "kind": cn.kind, "tensor": cn.input, "granularity": cn.granularity, "bit": cn.bit,
-                    "try": tries, "reason": "; ".join(reasons)})
+                    "try": tries, "reason": "; ".join(reasons), "alone": alone.get(c)})
     if split:
         bw, ba = badness(metric, split["weight"]), badness(metric, split["activation"])
         cause = "weight" if bw >= DOMINANT * ba else "activation" if ba >= DOMINANT * bw else "both"
     else:
         kinds = {i["kind"] for i in ins}
         cause = kinds.pop() if len(kinds) == 1 else ("both" if kinds else None)
-    # the inputs that explain the node: those of its cause, the worst-read first
+    # the inputs that explain the node: those of its cause, the worst alone first (where scored),
+    # then the worst-read
     chosen = [i for i in ins if cause in (i["kind"], "both")] or ins
-    chosen.sort(key=lambda i: i["try"][:1] in (["int16"], ["keep in float"]))
+    chosen.sort(key=lambda i: (-badness(metric, i["alone"]) if i["alone"] is not None else 0.0,
+                               i["try"][:1] in (["int16"], ["keep in float"])))
+    scored = [badness(metric, i["alone"]) for i in chosen if i["alone"] is not None]
+    if scored and max(scored) > 0:  # those that cost little alone beside the worst explain nothing
+        chosen = [i for i in chosen if i["alone"] is None or badness(metric, i["alone"]) >= RELEVANT * max(scored)]
     tries = list(dict.fromkeys(t for i in chosen for t in i["try"]))
     reason = "; ".join((f"{i['kind']} {i['node']} ({i['granularity']} {i['bit']}-bit): " if sens.node_type == "node"
                         else f"{i['granularity']} {i['bit']}-bit: ") + i["reason"] for i in chosen[:2])

@@ -164,3 +164,20 @@ def test_check_data_scores_the_parts(tmp_path):
         feeds = [{"x": a} for a in arrays["x"]]
         want = _cos(builders.run_model(fpath, feeds), builders.run_model(qpath, feeds), lambda a: a[:, 4:])
         assert report.quantized[name]["cosine-similarity"] == pytest.approx(want, abs=1e-6), name
+
+
+def test_the_diagnosis_names_the_pair_that_explains_the_node(tmp_path):
+    from pytest_ptq.diagnosis import diagnose
+
+    fpath, qpath, data = _head(tmp_path)
+    engine = Engine(qpath, data, float_model=fpath, optimization="disable")
+    sens = get_sensitivity_of_nodes(engine, node_type="node")
+    diag = diagnose(engine, sens, three_configs(engine, parse_outputs(None, engine)), top=3)
+    head = next(it for it in diag.nodes if it["node"] == "head_concat")
+    assert head["chosen"] == [CONCAT_PAIR]  # not the Sigmoid's or the boxes' pair it also reads
+    feeds = [{"x": a} for a in data["x"]]
+    ref = builders.run_model(fpath, feeds)
+    for i in head["inputs"]:
+        alone = builders.run_model(builders.rewire(qpath, keep={i["node"]}, float_model=fpath), feeds)
+        assert i["alone"] == pytest.approx(min(_cos(ref, alone, lambda a: a[:, :4]),
+                                               _cos(ref, alone, lambda a: a[:, 4:])), abs=1e-6), i["node"]
