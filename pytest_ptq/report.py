@@ -20,6 +20,7 @@ from pathlib import Path
 
 from . import guard
 from .errors import PTQError
+from .outputs import parse_outputs, parts_note
 from .results import json_safe
 from .tables import fmt
 
@@ -93,6 +94,7 @@ def model_payload(analysis, tests, settings, holdout=None, suggest=""):
         data["warnings"] = [warning(w) for w in analysis.engine.warnings]
         values = analysis.output_metrics(None, OUTPUT_METRICS).values
         data["outputs"] = [{"output": o, **v} for o, v in values.items()]
+        data["output_parts"] = parts_note(parse_outputs(None, analysis.engine))
         sens = analysis.sensitivity(settings.node_type, settings.metric)
         data["sensitivity"] = {"node_type": settings.node_type, "metric": settings.metric,
                                "nodes": len(sens), "rows": sens.rows()[:settings.top], "samples": sens.samples}
@@ -340,6 +342,7 @@ def _model_html(k, m):
                      f"{_e(m.get('samples', '?'))} sample(s))</h3>")
         cols = ["output"] + [c for c in OUTPUT_METRICS if c in m["outputs"][0]]
         parts.append(_table(m["outputs"], cols, "outputs"))
+        parts += [f'<p class="note">{_e(note[0].upper() + note[1:])}.</p>' for note in m.get("output_parts", [])]
     parts += _nodes_html(m)
     parts += _extras_html(m)
     for img in m["images"]:

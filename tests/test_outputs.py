@@ -181,3 +181,18 @@ def test_the_diagnosis_names_the_pair_that_explains_the_node(tmp_path):
         alone = builders.run_model(builders.rewire(qpath, keep={i["node"]}, float_model=fpath), feeds)
         assert i["alone"] == pytest.approx(min(_cos(ref, alone, lambda a: a[:, :4]),
                                                _cos(ref, alone, lambda a: a[:, 4:])), abs=1e-6), i["node"]
+
+
+def test_the_plugin_fails_the_scores_and_its_report_says_why(pytester, tmp_path):
+    import html
+
+    from test_plugin import run
+
+    fpath, qpath, data = _head(tmp_path)
+    feeds = [{"x": a} for a in data["x"]]
+    scores = _cos(builders.run_model(fpath, feeds), builders.run_model(qpath, feeds), lambda a: a[:, 4:])
+    result = run(pytester, "--ptq-model", str(qpath), "--ptq-data", str(tmp_path / "calib"), "--ptq-float-model",
+                 str(fpath), "--ptq-report", "report.html", "-p", "no:xdist")
+    result.stdout.fnmatch_lines([f"*cosine-similarity of 'out[[]:, 4:10[]]' {scores:.6f}*needs >= 0.99*"])
+    page = html.unescape((pytester.path / "report.html").read_text())
+    assert "Output 'out' concatenates parts whose magnitudes differ 10x or more" in page
