@@ -112,8 +112,7 @@ def layouts(qmodel, tensor):
     Reshape that keeps the last axis (nested Concats on the same axis flattened), and the
     layout its inputs all share on another axis (YOLOv5's levels, each ``[xy, wh, scores]`` on
     the last axis, concatenated along the anchors). A part's extent comes from the inferred
-    shapes; one unknown is what the others leave of the whole (None where the whole is not
-    known either: a value's extent then tells it)."""
+    shapes; one may be unknown (None): :func:`unlike_parts` reads it off the value."""
     memo = {}
 
     def walk(t):
@@ -152,9 +151,6 @@ def _layouts(qmodel, tensor, walk):
         nested = next((e for a, e in sub if a == axis), None)
         shape = qmodel.shapes.get(inp) or ()
         extents += nested if nested is not None else [shape[axis] if len(shape) == rank else None]
-    total = qmodel.shapes[tensor][axis]
-    if extents.count(None) == 1 and total is not None:
-        extents[extents.index(None)] = total - sum(e for e in extents if e is not None)
     known = [e for e in extents if e is not None]
     out = [] if len(known) < len(extents) - 1 or min(known, default=1) <= 0 else [(axis, extents)]
     out += [(a, e) for a, e in subs[0] if a != axis and all((a, e) in sub for sub in subs[1:])]
