@@ -514,3 +514,37 @@ def yolov5_head_net(path, classes=4, seed=0):
     graph = helper.make_graph(nodes, "yolov5_head", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
                               [helper.make_tensor_value_info("out", TensorProto.FLOAT, [1, 80, rows])], inits)
     return _save(graph, path)
+
+
+def masked_attention_net(path, fill, tokens=8, dim=16, seed=0):
+    """One attention head over ``x [1, tokens, dim]`` whose padded tokens (``mask [1, tokens]``
+    of 1/0) get ``fill`` added to their scores before the Softmax (``scores``), as exporters
+    write an attention mask: -3.4e38 (float32's lowest, PyTorch's), -1e4 (BERT's original)."""
+    rng = np.random.default_rng(seed)
+    wq = (rng.standard_normal((dim, dim)) / np.sqrt(dim)).astype(np.float32)
+    inits = [numpy_helper.from_array(wq, "wq"), numpy_helper.from_array(np.array(1.0, np.float32), "one"),
+             numpy_helper.from_array(np.array(fill, np.float32), "fill"),
+             numpy_helper.from_array(np.array([1, 1, tokens], np.int64), "mask_shape")]
+    nodes = [helper.make_node("MatMul", ["x", "wq"], ["q"], name="query"),
+             helper.make_node("Transpose", ["x"], ["xt"], perm=[0, 2, 1], name="keys"),
+             helper.make_node("MatMul", ["q", "xt"], ["raw"], name="score"),
+             helper.make_node("Sub", ["one", "mask"], ["pad"], name="padded"),
+             helper.make_node("Mul", ["pad", "fill"], ["bias_flat"], name="mask_fill"),
+             helper.make_node("Reshape", ["bias_flat", "mask_shape"], ["bias"], name="mask_rows"),
+             helper.make_node("Add", ["raw", "bias"], ["scores"], name="masked_scores"),
+             helper.make_node("Softmax", ["scores"], ["attn"], axis=-1, name="attention"),
+             helper.make_node("MatMul", ["attn", "x"], ["out"], name="mix")]
+    graph = helper.make_graph(
+        nodes, "attention",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, tokens, dim]),
+         helper.make_tensor_value_info("mask", TensorProto.FLOAT, [1, tokens])],
+        [helper.make_tensor_value_info("out", TensorProto.FLOAT, [1, tokens, dim])], inits)
+    return _save(graph, path)
+
+
+def masked_samples(n=6, tokens=8, dim=16, seed=3):
+    """Inputs for :func:`masked_attention_net`: the last 1-5 tokens of each sample padded."""
+    rng = np.random.default_rng(seed)
+    x = [rng.standard_normal((1, tokens, dim)).astype(np.float32) for _ in range(n)]
+    mask = [(np.arange(tokens) < tokens - 1 - i % 5).astype(np.float32)[None] for i in range(n)]
+    return {"x": x, "mask": mask}

@@ -13,7 +13,7 @@ from onnx import helper, numpy_helper
 
 import builders
 from pytest_ptq import channelwise, cli, distribution
-from pytest_ptq.distribution import get_channelwise_data_distribution, plot_distribution
+from pytest_ptq.distribution import get_channelwise_data_distribution, plot_distribution, readings
 from pytest_ptq.engine import Engine
 from pytest_ptq.errors import PTQError
 
@@ -380,3 +380,51 @@ def test_titles_wrap_between_phrases_never_inside_brackets():
         assert line.count("(") == line.count(")") and line.count("[") == line.count("]"), line
     assert [w for w in " ".join(lines).split() if w != "-"] == [w for w in title.split() if w != "-"]
     assert not any(line.startswith("- ") for line in lines)
+
+
+# -- a range no 16-bit grid resolves ---------------------------------------------------------
+def _bulk_codes(x, scale, zp, qmin, qmax):
+    codes = np.clip(np.rint(x / scale) + zp, qmin, qmax).astype(np.int64)
+    lo, hi = np.quantile(codes, [distribution.BULK_TAIL, 1 - distribution.BULK_TAIL], method="inverted_cdf")
+    return np.unique(codes[(codes >= lo) & (codes <= hi)]).size
+
+
+@pytest.mark.parametrize("fill, int16_helps", [(-3.4028235e38, False), (-1e4, True)])
+def test_a_mask_fill_setting_the_range_is_told_from_a_tail_int16_resolves(tmp_path, fill, int16_helps):
+    from onnxruntime.quantization import QuantType
+
+    data = builders.masked_samples()
+    fp = builders.masked_attention_net(tmp_path / "float.onnx", fill)
+    q8 = builders.quantize(fp, tmp_path / "q8.onnx", data)
+    q16 = builders.quantize(fp, tmp_path / "q16.onnx", data, extra_options={
+        "TensorQuantOverrides": {"scores": [{"quant_type": QuantType.QInt16}]}})
+    pair = "scores_QuantizeLinear"
+    d = plot_distribution(tmp_path / "plots", Engine(q8, data, float_model=fp), nodes_list=[pair])[pair]
+    tries, reasons = readings.advise(d)
+
+    # the 16-bit count is what onnxruntime's own 16-bit calibration of the same data gives
+    # (its range differs from the 8-bit grid's by where each rounded its zero point)
+    x = _run_plain(fp, data, ["scores"])["scores"].ravel()
+    scale, zp, qmin, qmax = _qparams(q16, pair)
+    assert d["bulk_codes_16"] == pytest.approx(_bulk_codes(x, scale, zp, qmin, qmax), rel=0.05, abs=1)
+
+    # and the advice is true of the model's output: int16 recovers it, or only float does
+    feeds = [{k: v[i] for k, v in data.items()} for i in range(len(data["x"]))]
+    ref = [builders.run_model(fp, f)["out"] for f in feeds]
+
+    def cos(model):
+        return builders.pooled_cosine(ref, [builders.run_model(model, f)["out"] for f in feeds])
+
+    others = [n for n in builders.qdq_pairs(q8) if n != pair]
+    float_pair = builders.rewire(q8, keep=others)
+    at8, at16, in_float = cos(q8), cos(q16), cos(float_pair)
+    assert d["bulk_codes"] < 16
+    if int16_helps:
+        assert at16 > 0.999 > at8
+        assert "int16" in tries and "keep in float" not in tries
+        assert "stretch the range -> int16" in reasons[0]
+    else:
+        assert d["bulk_codes_16"] < 16
+        assert at16 < 0.99 < in_float
+        assert tries[0] == "keep in float" and "int16" not in tries
+        assert "values at -3.403e+38" in reasons[0] and "-> keep in float" in reasons[0]

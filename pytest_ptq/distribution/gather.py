@@ -106,15 +106,25 @@ def _bulk(counts, edges):
 
 
 class _Codes:
-    """Counts of the grid codes a stream of arrays quantizes to, for the levels it really uses."""
+    """Counts of the grid codes a stream of arrays quantizes to, for the levels it really uses,
+    and of the codes a 16-bit grid over the same range would give them: whether int16 helps
+    a starved bulk or the range is set by values no grid of that size resolves (a mask's
+    -3.4e38, say)."""
+
+    WIDE = 16
 
     def __init__(self, get, c):
-        self.get, self.c, self.counts = get, c, None
+        self.get, self.c, self.counts, self.wide = get, c, None, None
 
     def first(self, vals):
-        counts = self.c.code_counts(self.get(vals))
+        x = self.get(vals)
+        counts = self.c.code_counts(x)
         if counts is not None:
             self.counts = counts if self.counts is None else self.counts + counts
+            if self.c.grid.bits < self.WIDE:
+                wide = self.c.code_counts(x, self.WIDE)
+                if wide is not None:
+                    self.wide = wide if self.wide is None else self.wide + wide
 
     def prepare(self):
         return False
@@ -122,7 +132,10 @@ class _Codes:
     def result(self):
         if self.counts is None:
             return {}
-        return grids.code_usage(self.counts, self.c.grid.levels, BULK_TAIL)
+        out = grids.code_usage(self.counts, self.c.grid.levels, BULK_TAIL)
+        if self.wide is not None:
+            out["bulk_codes_16"] = grids.code_usage(self.wide, 2 ** self.WIDE, BULK_TAIL)["bulk_codes"]
+        return out
 
 
 class _Group:

@@ -31,6 +31,28 @@ def codes_text(d):
     return f"uses {d['codes_used']} of {d['levels']} codes (99.9% of values on {d['bulk_codes']})"
 
 
+def beyond_int16(d):
+    """Whether the bulk of an activation would stay starved of codes on a 16-bit grid over
+    the same range: more bits cannot help, the range itself is wrong."""
+    wide = d.get("bulk_codes_16")
+    return wide is not None and wide < FEW_LEVELS
+
+
+# A magnitude no real activation reaches: float32's extremes (3.4e38) and the -1e9 style
+# fills that masks use as minus infinity.
+FILL_MAGNITUDE = 1e8
+
+
+def _far(d):
+    """What sets a starved range: named by its extreme when that is a fill value."""
+    lo, hi = d.get("min"), d.get("max")
+    far = [v for v in (lo, hi) if v is not None and abs(v) >= FILL_MAGNITUDE]
+    if far:
+        v = max(far, key=abs)
+        return f"values at {v:.4g} (a fill such as a mask's minus infinity)"
+    return "a few values far from the rest"
+
+
 def activation_reading(d):
     """One line saying what an activation's histogram means for quantization."""
     if d.get("effective_clipped_share", 0) > CLIP_SHARE:
@@ -42,8 +64,11 @@ def activation_reading(d):
                 f"{extra}, so the cut is harmless")
     levels = bulk_codes(d)
     if levels is not None and levels < few_levels(d["bit"]):
-        return (f"99.9% of values fall on only {levels:.0f} of the {d.get('levels', 2 ** d['bit'])} codes: rare "
-                "large values stretch the range -> int16, or fix the model (clip/normalise the tail)")
+        starved = f"99.9% of values fall on only {levels:.0f} of the {d.get('levels', 2 ** d['bit'])} codes"
+        if beyond_int16(d):
+            return (f"{starved}, and would on {d['bulk_codes_16']} of 65536 at 16 bits: {_far(d)} set the range "
+                    "-> keep in float, or fix the model (a finite fill, or clip the tail)")
+        return f"{starved}: rare large values stretch the range -> int16, or fix the model (clip/normalise the tail)"
     if d["kind"] == "dynamic":
         return "the range is computed on every run from the tensor itself: nothing is clipped, and it fits the data"
     if d["max_abs"] and d["threshold"] > 4 * d["max_abs"] and d["role"] != "bias":
@@ -106,7 +131,7 @@ def advise_activation(d, box=None):
         tries += ["recalibrate", "int16"]
         reasons.append(activation_reading(d))
     elif bulk_codes(d) is not None and bulk_codes(d) < few_levels(d["bit"]):
-        tries += ["int16", "fix the model"]
+        tries += ["keep in float", "fix the model"] if beyond_int16(d) else ["int16", "fix the model"]
         reasons.append(activation_reading(d))
     if not tries:
         tries = ["int16", "keep in float"]

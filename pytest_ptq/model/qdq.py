@@ -223,13 +223,17 @@ class CalibrationNode:
             return grids.codes_used(x, self.grid, scale, zp) if scale else 1
         return grids.codes_used(x, self.grid, self.scale, self.zero_point, self.axis, self.block_size)
 
-    def code_counts(self, x):
+    def code_counts(self, x, bits=None):
         """How many values of ``x`` fall on each code of the grid, indexed from the lowest code
         (integer grids) or by bit pattern (float grids); None for grids too large to count
-        (int32) or known only to their custom op."""
+        (int32) or known only to their custom op. With ``bits``, on an integer grid of that many
+        bits spanning the same range (what re-calibrating to a wider type would give the same
+        data); None for float, dynamic or custom grids."""
         g = self.grid
         if g.is_custom or g.bits > 16:
             return None
+        if bits is not None:
+            return self._wider_counts(x, bits)
         x = np.asarray(x, np.float64)
         if self.dynamic:  # this run's own range, as DynamicQuantizeLinear takes it
             scale, zp = grids.dynamic_qparams(x)
@@ -244,6 +248,19 @@ class CalibrationNode:
             bits = codes.astype(np.float32).astype(g.np_type).view(np.uint8 if g.bits <= 8 else np.uint16)
             return np.bincount(bits.reshape(-1).astype(np.int64), minlength=2 ** g.bits)
         return np.bincount((codes - g.qmin).reshape(-1).astype(np.int64), minlength=g.levels)
+
+    def _wider_counts(self, x, bits):
+        g = self.grid
+        if g.is_float or self.dynamic:
+            return None
+        x = np.asarray(x, np.float64)
+        s = grids.broadcast(self.scale.astype(np.float64), x.shape, self.axis, self.block_size)
+        z = grids.broadcast(self.zero_point.astype(np.float64), x.shape, self.axis, self.block_size)
+        # the calibrated range lies within a step of the grid's ends (its zero point was
+        # rounded to a code), so the wider grid spans one step more at each end
+        step = s * (g.levels + 1) / (2 ** bits - 1)
+        codes = np.clip(np.rint((x - (g.qmin - z - 1) * s) / step), 0, 2 ** bits - 1)
+        return np.bincount(codes.reshape(-1).astype(np.int64), minlength=2 ** bits)
 
     def summary(self):
         return {"name": self.name, "kind": self.kind, "input": self.input, "bit": self.bit,
