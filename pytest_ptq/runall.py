@@ -301,9 +301,10 @@ def _plan(items, relevant, source, structural_only=False):
     steps = []
     if weight_pc:
         steps.append(("weight", f"quantize weights per channel (quantize_static(per_channel=True)): "
-                                f"{_names(weight_pc)} lose channels to a per-tensor scale"))
+                                f"{_names(weight_pc)} {'loses' if len(weight_pc) == 1 else 'lose'} channels to a "
+                                "per-tensor scale"))
     if act_pc:
-        steps.append(("activation", f"{_names(act_pc)} have outlier channels that make a per-tensor scale "
+        steps.append(("activation", f"{_names(act_pc)} {'has' if len(act_pc) == 1 else 'have'} outlier channels that make a per-tensor scale "
                                     "coarse: quantize them per channel where the backend allows, else raise them "
                                     "to int16 or equalise the channel ranges in the model"))
     if recal:
