@@ -177,14 +177,14 @@ def _runall(engine, out, metrics, output_node, node_type, data_num, top, axis, p
         curves.png = str(plot_curves(curves, out / "acc_error.png"))
         files["acc_error"] = curves.png
 
-    every = len(engine.data)
     with _step(timings, "outputs", f"[4/{steps}] weights only, activations only and everything "
-               f"quantized on all {every} sample(s)" + (" and the held-out data" if heldout is not None else ""),
-               progress):
+               f"quantized on all {len(every_index)} sample(s)" + (" and the held-out data" if heldout is not None
+                                                                    else ""), progress):
         # held-out data given as arrays has no file to hash: then the verdict is not kept
         held = str(heldout) if isinstance(heldout, (str, Path)) else (None if heldout is None else object())
         three = through(cache, ("runall verdict", base, held, len(indices)),
-                        lambda: three_configs(engine, specs, metric, heldout, ranking_samples=len(indices)),
+                        lambda: three_configs(engine, specs, metric, heldout, ranking_samples=len(indices),
+                                              count=len(every_index)),
                         files=(heldout,) if isinstance(held, str) else ())
         outputs = {label: {metric: value} for label, value in three.figures.items()}
 

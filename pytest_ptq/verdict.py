@@ -119,27 +119,28 @@ RULE = (f"loss = 1 - cosine; everything quantized losing at most {CLOSE:g}: neit
         f"least {DOMINANT:g}x what the other loses alone: that kind; otherwise both")
 
 
-def three_configs(engine, specs, metric="cosine-similarity", heldout=None, ranking_samples=None, data=None):
-    """The :class:`Verdict` of ``engine`` on every sample of ``data`` (default: all of the
-    engine's) and of ``heldout``; with ``ranking_samples`` (the count a ranking used), says
-    when those samples alone would decide otherwise."""
+def three_configs(engine, specs, metric="cosine-similarity", heldout=None, ranking_samples=None, data=None,
+                  count=None):
+    """The :class:`Verdict` of ``engine`` on every sample of ``data`` (default: the first
+    ``count`` of the engine's, default all) and of ``heldout``; with ``ranking_samples`` (the
+    count a ranking used), says when those samples alone would decide otherwise."""
     m = get_metrics(metric)[0]
     configs = {**configs_from(engine, ["weight", "activation"]), ALL: list(engine.calib_names)}
     weights_known = any(c.bypassable and c.kind == "weight" for c in engine.qmodel.calibration.values())
     own = data is None
-    datasets = {"calibration": data}
+    values = {"calibration": score(engine, data, specs, m, configs, count)}
+    samples = {"calibration": (count or len(engine.data)) if own else len(data)}
     if heldout is not None:
-        datasets["heldout"] = load_data(heldout, engine.qmodel)
-    values = {name: score(engine, d, specs, m, configs) for name, d in datasets.items()}
-    data = engine.data if data is None else data
-    datasets["calibration"] = data
+        held = load_data(heldout, engine.qmodel)
+        values["heldout"], samples["heldout"] = score(engine, held, specs, m, configs), len(held)
     decided_on = "heldout" if "heldout" in values else "calibration"
     source, text = decide(values[decided_on], m.name, weights_known)
     if decided_on == "heldout":
-        text += f" on {len(datasets['heldout'])} held-out sample(s)"
-    verdict = Verdict(metric=m.name, source=source, text=text, rule=RULE, values=values,
-                      samples={k: len(d) for k, d in datasets.items()}, decided_on=decided_on)
-    if ranking_samples is not None and ranking_samples < len(data):
+        text += f" on {samples['heldout']} held-out sample(s)"
+    verdict = Verdict(metric=m.name, source=source, text=text, rule=RULE, values=values, samples=samples,
+                      decided_on=decided_on)
+    n = samples["calibration"]
+    if ranking_samples is not None and ranking_samples < n:
         few = score(engine, None, specs, m, configs, ranking_samples) if own else \
             score(engine, data.limit(ranking_samples), specs, m, configs)
         verdict.ranking = few
@@ -147,7 +148,7 @@ def three_configs(engine, specs, metric="cosine-similarity", heldout=None, ranki
         if alone != source:
             verdict.disagreement = (
                 f"on the {ranking_samples} sample(s) the rankings used, the verdict would be {alone!r} (weights only "
-                f"{short(few[WEIGHT])}, activations only {short(few[ACTIVATION])}); on all {len(data)} samples "
+                f"{short(few[WEIGHT])}, activations only {short(few[ACTIVATION])}); on all {n} samples "
                 f"weights only is {short(values['calibration'][WEIGHT])} and activations only "
                 f"{short(values['calibration'][ACTIVATION])}: trust the verdict, and rank on more samples")
     return verdict

@@ -149,6 +149,18 @@ def test_weight_verdict_points_to_per_channel(tmp_path):
     assert "int16" in v["next_steps"][1] and "`wf_QuantizeLinear`" in v["next_steps"][1]
 
 
+def test_data_num_limits_the_verdict_too(setup, tmp_path):
+    data, qa = {k: v[:2] for k, v in setup["data"].items()}, setup["qa"]
+    s = runall(qa, setup["folder"], save_dir=tmp_path / "out", data_num=2, top=1, output_node=["logits"],
+               progress=False)
+    assert s["verdict"]["samples"] == {"calibration": 2}
+    ref = _outputs(_bypassed(qa, {"weight", "activation"}), data, "logits")
+    expected = {"weight only": _cos(ref, _outputs(_bypassed(qa, {"activation"}), data, "logits")),
+                "all quantized": _cos(ref, _outputs(onnx.load(str(qa)), data, "logits"))}
+    for label, value in expected.items():
+        assert s["outputs"][label]["cosine-similarity"] == pytest.approx(value, abs=1e-6)
+
+
 def test_one_engine_one_float_reference(setup, tmp_path, monkeypatch):
     engine = Engine(setup["qa"], setup["folder"])
     calls = []
@@ -164,9 +176,9 @@ def test_one_engine_one_float_reference(setup, tmp_path, monkeypatch):
     assert s["samples"] == 2 and s["curves"]["samples"] == 2
     # (stacked groups, a trial of whether grouping pays, are not counted)
     float_model_outputs = [c for c in calls if c[1] == () and c[2] in (None, "main") and not isinstance(c[0], tuple)]
-    # the model outputs of the float model: once per sample, cached for every later step; the
-    # weights/activations verdict looks at every sample, not only the ranking's two
-    assert len(float_model_outputs) == len(engine.data)
+    # the model outputs of the float model: once per sample, cached for every later step;
+    # data_num limits every step, the weights/activations verdict too
+    assert len(float_model_outputs) == 2 < len(engine.data)
     assert set(engine._sessions) <= {"main", "probe", "local"}
 
 
