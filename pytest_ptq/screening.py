@@ -77,16 +77,18 @@ def samples_within(budget_s, first_s, total, min_samples, confirm_share):
 
 
 def screen(engine, node_types, metric_objs, specs, indices, budget_s=None, rank_samples=None,
-           min_samples=2, confirm=DEFAULT_CONFIRM, progress=False):
+           min_samples=2, confirm=None, progress=False):
     """``({node type: Sensitivity}, Screening)`` on the samples ``indices``.
 
     ``rank_samples``: how many samples every node is scored on (an int, or None to choose by
     ``budget_s`` seconds, never fewer than ``min_samples``; None: the time the first sample
-    took times :data:`DEFAULT_BUDGET_SAMPLES`, at most :data:`DEFAULT_BUDGET_S`); the top ``confirm`` nodes of each
-    ranking are then scored on all of ``indices``. Rankings are worst first; the confirmed
+    took times :data:`DEFAULT_BUDGET_SAMPLES`, at most :data:`DEFAULT_BUDGET_S`); the top ``confirm``
+    (default :data:`DEFAULT_CONFIRM`) nodes of each ranking are then scored on all of ``indices``, and
+    where that is every node of each type, every node is ranked on all of them. Rankings are worst first; the confirmed
     nodes come first, in their order over every sample, each with ``details["samples"]``.
     """
     qm = engine.qmodel
+    confirm = DEFAULT_CONFIRM if confirm is None else confirm
     start = time.perf_counter()
     configs, describers = {}, {}
     for t in node_types:
@@ -102,7 +104,9 @@ def screen(engine, node_types, metric_objs, specs, indices, budget_s=None, rank_
         if budget_s is None:
             budget_s = min(DEFAULT_BUDGET_S, DEFAULT_BUDGET_SAMPLES * first_s)
         share = min(1.0, confirm * len(node_types) / max(1, len(configs)))
-        k = (min(total, rank_samples) if rank_samples is not None
+        # where every node of each type is among its top, confirming them is ranking them all
+        small = all(sum(tt == t for tt, _ in configs) <= confirm for t in node_types)
+        k = (min(total, rank_samples) if rank_samples is not None else total if small
              else samples_within(budget_s, first_s, total, min_samples, share))
         k = max(1, k)
         top = {}

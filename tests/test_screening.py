@@ -96,16 +96,27 @@ def test_samples_within_the_budget(budget, first, total, share, expected):
     assert samples_within(budget, first, total, 2, share) == expected
 
 
-def test_runall_by_default_screens_within_its_budget_and_verdicts_on_every_sample(net):
+def test_runall_by_default_screens_within_its_budget_and_verdicts_on_every_sample(net, monkeypatch):
+    from pytest_ptq import screening
+
+    monkeypatch.setattr(screening, "DEFAULT_CONFIRM", 2)  # fewer than the net's nodes of each type
     summary = runall(net["model"], net["folder"], save_dir=net["root"] / "out", progress=False,
                      time_budget=1e-9, top=2)
     r = summary["ranking"]
-    assert r["samples"] == 2 and r["of"] == SAMPLES and r["confirmed"] == 10
+    assert r["samples"] == 2 and r["of"] == SAMPLES and r["confirmed"] == 2
     assert summary["samples"] == 2 and summary["verdict"]["samples"]["calibration"] == SAMPLES
     saved = Sensitivity.load(summary["files"]["sensitivity"]["activation"])
     assert saved.confirmed and saved.confirmed_samples == SAMPLES
     md = Path(summary["files"]["summary_md"]).read_text()
-    assert f"rankings on 2 of {SAMPLES} samples (what a 1e-09 s budget allows), the top 10 of each confirmed" in md
+    assert f"rankings on 2 of {SAMPLES} samples (what a 1e-09 s budget allows), the top 2 of each confirmed" in md
+
+
+def test_where_the_top_of_each_ranking_is_every_node_every_node_ranks_on_every_sample(net):
+    sens, how = _screen(net, budget_s=1e-9, confirm=100)
+    assert how.samples == SAMPLES and how.confirmed == 0
+    every = independent_sensitivity(net["model"], net["feeds"], list(sens["activation"]))
+    for name, value in every.items():
+        assert sens["activation"][name]["cosine-similarity"] == pytest.approx(value, abs=1e-5)
 
 
 def test_runall_with_data_num_ranks_on_all_of_them(net):

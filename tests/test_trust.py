@@ -101,7 +101,7 @@ def test_the_verdict_comes_from_every_sample_not_the_rankings_first(tmp_path):
     data = builders.samples(8, seed=2)
     data["x"][1:] = [a * 4 for a in data["x"][1:]]
     folder = builders.save_folder(data, tmp_path / "calib")
-    s = runall(str(q), folder, save_dir=tmp_path / "out", data_num=1, top=1, output_node=["logits"], progress=False)
+    s = runall(str(q), folder, save_dir=tmp_path / "out", rank_samples=1, top=1, output_node=["logits"], progress=False)
     v = s["verdict"]
     ref = _outputs(_bypassed(q, {"weight", "activation"}), data, "logits")
     weights_only = _cos(ref, _outputs(_bypassed(q, {"activation"}), data, "logits"))
