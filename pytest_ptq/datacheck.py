@@ -177,6 +177,44 @@ def _matches(shape, dims):
     return len(shape) == len(dims) and all(d is None or d == 0 or s == d for s, d in zip(shape, dims))
 
 
+def _constant(st, name, dataset):
+    """Samples holding one value. Where the input varies in other samples they are blank
+    images or empty records; where every sample holds the same value it is a flag, a mask
+    or a segment id, normal for an integer input (token_type_ids of one-segment text) and
+    worth a note for a float one."""
+    if not st.constant:
+        return []
+    if len(st.constant) < st.n or st.n == 1:
+        what = "a plain-colour or blank image" if len(st.spec.dims or ()) == 4 else "a blank input"
+        return [Finding("constant", "warning", f"{len(st.constant)} sample(s) hold a single value ({what}); they "
+                        "narrow nothing and skew ranges", "replace them with representative samples", name, dataset,
+                        st.constant[:_SHOWN])]
+    if all(np.dtype(d).kind in "iub" for d in st.dtypes):
+        return []
+    return [Finding("constant", "info", f"every sample holds one value ({st.lo:.6g}): right for a flag or "
+                    "a mask, wrong for an image or a feature", "if this input carries data, check the preprocessing",
+                    name, dataset)]
+
+
+def _shapes(st, name, dataset):
+    """Samples of different shapes: an error where they differ on an axis the model fixes,
+    a note where only its open axes vary (sequence lengths, image sizes), which run one at a
+    time."""
+    shapes = list(st.shapes)
+    listed = ", ".join(str(list(s)) for s in shapes[:3])
+    dims = st.spec.dims
+    ranks = {len(s) for s in shapes}
+    if dims is not None and ranks == {len(dims)}:
+        varying = [k for k in range(len(dims)) if len({s[k] for s in shapes}) > 1]
+        if all(dims[k] is None for k in varying):
+            spans = ", ".join(f"axis {k}: {min(s[k] for s in shapes)}-{max(s[k] for s in shapes)}" for k in varying)
+            return Finding("shape", "info", f"samples vary along the model's open axes ({spans}); they run one at a "
+                           "time", "nothing to do; samples of one shape can run stacked, which is faster", name,
+                           dataset)
+    return Finding("shape", "error", f"samples have different shapes ({listed})",
+                   "save every sample with the model's input shape", name, dataset)
+
+
 def _layout(shape, spec):
     """(verdict, channel axis of the data, message, fix) for one sample shape."""
     dims = spec.dims
@@ -366,14 +404,9 @@ def _data_findings(stats, specs, dataset):
             out.append(Finding("nan", "error", f"{len(st.nonfinite)} sample(s) hold NaN or Inf values",
                                "fix the preprocessing (division by zero, log of 0) or drop these samples",
                                name, dataset, st.nonfinite[:_SHOWN]))
-        if st.constant:
-            out.append(Finding("constant", "warning", f"{len(st.constant)} sample(s) hold a single value "
-                               "(a plain-colour or blank image); they narrow nothing and skew ranges",
-                               "replace them with representative samples", name, dataset, st.constant[:_SHOWN]))
+        out += _constant(st, name, dataset)
         if len(st.shapes) > 1:
-            out.append(Finding("shape", "error", f"samples have different shapes "
-                               f"({', '.join(str(list(s)) for s in list(st.shapes)[:3])})",
-                               "save every sample with the model's input shape", name, dataset))
+            out.append(_shapes(st, name, dataset))
         if st.layout in ("nhwc", "nchw", "shape") and spec.dims is not None:
             check = "layout" if st.layout in ("nhwc", "nchw") else "shape"
             out.append(Finding(check, "error", st.layout_message, st.layout_fix, name, dataset,

@@ -12,6 +12,7 @@ from onnx import numpy_helper
 import builders
 from pytest_ptq.cli import main
 from pytest_ptq.datacheck import check_data
+from pytest_ptq.engine import Engine
 
 N = 20  # enough samples that the count check stays quiet
 
@@ -104,6 +105,53 @@ def test_token_ids_are_not_taken_for_pixels(tmp_path):
     qpath = builders.quantize(tmp_path / "f.onnx", tmp_path / "q.onnx", ids)
     report = check_data(str(qpath), builders.save_folder(ids, tmp_path / "ids"))
     assert report.findings == [] and report.stats["calibration"]["ids"]["samples"] == N
+
+
+def _text_model(tmp_path, seq):
+    """Token ids and segment ids (Gather, Add, MatMul), ``seq`` long (None: open)."""
+    from onnx import TensorProto, helper
+
+    rng = np.random.default_rng(4)
+    weights = [numpy_helper.from_array(rng.standard_normal((100, 16)).astype(np.float32), "emb"),
+               numpy_helper.from_array(rng.standard_normal((2, 16)).astype(np.float32), "seg"),
+               numpy_helper.from_array(rng.standard_normal((16, 16)).astype(np.float32), "w")]
+    graph = helper.make_graph(
+        [helper.make_node("Gather", ["emb", "ids"], ["e"]), helper.make_node("Gather", ["seg", "types"], ["t"]),
+         helper.make_node("Add", ["e", "t"], ["h"]), helper.make_node("MatMul", ["h", "w"], ["y"])], "text",
+        [helper.make_tensor_value_info("ids", TensorProto.INT64, [1, seq]),
+         helper.make_tensor_value_info("types", TensorProto.INT64, [1, seq])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, seq, 16])], weights)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, tmp_path / f"text_{seq}.onnx")
+    return tmp_path / f"text_{seq}.onnx"
+
+
+@pytest.mark.parametrize("seq", [None, 12])
+def test_token_inputs_of_several_lengths_and_one_segment(tmp_path, seq):
+    rng = np.random.default_rng(5)
+    lengths = [12] * N if seq else [int(n) for n in rng.integers(5, 30, N)]
+    data = {"ids": [rng.integers(0, 100, (1, n)).astype(np.int64) for n in lengths],
+            "types": [np.zeros((1, n), np.int64) for n in lengths]}  # one-segment text: every id 0
+    fpath = _text_model(tmp_path, seq)
+    qpath = builders.quantize(fpath, tmp_path / "q.onnx", {k: v[:1] for k, v in data.items()})
+    report = check_data(str(qpath), builders.save_folder(data, tmp_path / "text"))
+    assert "constant" not in report.checks()  # an integer input holding one id is no blank image
+    if seq:
+        assert report.findings == []
+    else:  # lengths vary along the axis the model leaves open: a note, and every sample runs
+        assert report.checks("error") == [] and report.checks("info") == ["shape", "shape"]
+        assert "axis 1: " in report.findings[0].message
+        Engine(qpath, data).run(N - 1, "all")
+
+
+def test_a_shape_the_model_fixes_is_an_error_and_a_constant_float_input_a_note(net, tmp_path):
+    arrays = [a.copy() for a in net["data"]["x"]]
+    arrays[3] = arrays[3][:, :, :8]
+    report = check_data(str(net["qdq"]), {"x": arrays})
+    assert "shape" in report.checks("error")
+    report = check_data(str(net["qdq"]), {"x": [np.full_like(a, 0.5) for a in net["data"]["x"]]})
+    assert report.checks("info") == ["constant"] and "0.5" in report.findings[0].message
 
 
 def test_data_divided_by_255_twice_use_a_sliver_of_the_range(tmp_path):
