@@ -187,7 +187,7 @@ def localize_stages(float_model, calibrated_model, calibrated_data, metrics=("co
     for k in labels:
         per_output = {s.name: {m.name: m.value(pooled[k][(s.name, m.name)]) for m in metric_objs} for s in specs}
         values = {m.name: m.worst([per_output[s.name][m.name] for s in specs]) for m in metric_objs}
-        rows[k] = {"stage": k, "description": {**STAGES, REWRITE[0]: REWRITE[1]}.get(
+        rows[k] = {"stage": k, "description": {**_described(qm), REWRITE[0]: REWRITE[1]}.get(
             k, "integer kernels vs the simulation"), "values": values, "per_output": per_output,
             "per_sample": per_sample[k]}
     rewritten = bool(getattr(engine.qmodel, "alignment", None) and engine.qmodel.alignment.rewrites) or \
@@ -201,6 +201,16 @@ def localize_stages(float_model, calibrated_model, calibrated_data, metrics=("co
         threshold=threshold, stages=stages, kernel_gap=rows["kernel-gap"], first_drop=first_drop, message=message,
         float_model=str(fpath) if fpath else "<ModelProto>", calibrated_model=qm.source,
         optimized_model=str(optimized) if optimized else None, notes=parts_note(specs)), inputs)
+
+
+def _described(qm):
+    """:data:`STAGES`, worded for the model's format: a QOperator or dynamic file is simulated
+    through its rewrite into Q/DQ, and its integer stage is the file as stored."""
+    if qm.format == "QDQ":
+        return STAGES
+    return {**STAGES, "fake-quant": f"{qm.format_label} model rewritten to Q/DQ, simulated in float (what the "
+                                    "analyses measure)",
+            "integer": f"{qm.format_label} model as stored, on onnxruntime's kernels (default options)"}
 
 
 def verdict(values, kernel_gap, metric, threshold):

@@ -396,6 +396,10 @@ def test_the_integer_stage_runs_the_file_as_given(built, name):
     files = [run_model(p[name], {"x": x}, level="all") for x in samples["x"]]
     expected = min(pooled_cosine([f[o] for f in floats], [q[o] for q in files]) for o in outs)
     assert report.value("integer") == pytest.approx(expected, abs=1e-9)
+    described = {st["stage"]: st["description"] for st in report.stages}
+    fmt = "QOperator" if name.endswith("qop") else "dynamic"
+    assert described["integer"].startswith(f"{fmt} model as stored")
+    assert described["fake-quant"].startswith(f"{fmt} model rewritten to Q/DQ")
     # the simulation is the QDQ form: within a step of the kernels, or the LSTM's hidden state
     assert 0.9999 <= report.kernel_gap["values"]["cosine-similarity"] < 1 - 1e-9
 
