@@ -9,7 +9,8 @@ import time
 class Progress:
     """``with Progress(total, "sensitivity") as p: ... p.advance()``.
 
-    Draws in place on a terminal; elsewhere (CI logs) prints a line every 10%.
+    Draws in place on a terminal; elsewhere (CI logs) prints a line every 10% with the time
+    left, and one when done; a run under two seconds prints nothing.
     """
 
     def __init__(self, total, desc, enabled=True, stream=None):
@@ -24,9 +25,14 @@ class Progress:
         return self
 
     def __exit__(self, *exc):
-        if self.enabled and self.tty:
+        if not self.enabled:
+            return
+        if self.tty:
             self.stream.write("\n")
-            self.stream.flush()
+        elif exc[0] is None and (self._last_pct >= 0 or time.perf_counter() - self.start > 2):
+            elapsed = time.perf_counter() - self.start
+            self.stream.write(f"{self.desc}: {self.done}/{self.total} done, {elapsed:.1f}s elapsed\n")
+        self.stream.flush()
 
     def advance(self, n=1):
         self.done += n
@@ -40,9 +46,10 @@ class Progress:
             self.stream.write(f"\r{self.desc}: [{bar:<25}] {self.done}/{self.total} "
                               f"{elapsed:5.1f}s elapsed, ~{eta:4.0f}s left")
             self.stream.flush()
-        elif elapsed > 2 and (pct // 10 != self._last_pct // 10 or self.done == self.total):
-            # logs get a line per 10%, and short runs none at all
-            left = f", ~{eta:.0f}s left" if self.done < self.total else ""
-            self.stream.write(f"{self.desc}: {self.done}/{self.total} ({pct}%) {elapsed:.1f}s elapsed{left}\n")
+        elif elapsed > 2 and self.done < self.total and pct // 10 > self._last_pct // 10:
+            # logs get a line per 10% and one at the end (a total that grows as the work
+            # finds more, as a search's does, prints no line per step), short runs none
+            self.stream.write(f"{self.desc}: {self.done}/{self.total} ({pct}%) {elapsed:.1f}s elapsed, "
+                              f"~{eta:.0f}s left\n")
             self.stream.flush()
-        self._last_pct = pct
+            self._last_pct = pct

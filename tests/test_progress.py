@@ -1,0 +1,54 @@
+"""The progress bar in a log (no terminal): a line per 10% with the time left, one at the end."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+
+from pytest_ptq import progress
+from pytest_ptq.progress import Progress
+
+
+@pytest.fixture
+def clock(monkeypatch):
+    now = [0.0]
+    monkeypatch.setattr(progress.time, "perf_counter", lambda: now[0])
+    return now
+
+
+def test_a_log_gets_a_line_per_tenth_and_one_at_the_end(clock):
+    out = io.StringIO()
+    with Progress(50, "work", stream=out) as bar:
+        for _ in range(50):
+            clock[0] += 1.0
+            bar.advance()
+    lines = out.getvalue().splitlines()
+    # the first line once two seconds have passed, then one per tenth, then the end
+    assert lines[0] == "work: 3/50 (6%) 3.0s elapsed, ~47s left"
+    assert lines[1] == "work: 5/50 (10%) 5.0s elapsed, ~45s left"
+    assert len(lines) == 11 and lines[-1] == "work: 50/50 done, 50.0s elapsed"
+
+
+def test_a_total_that_grows_with_the_work_prints_no_line_per_step(clock):
+    out = io.StringIO()
+    with Progress(10, "search", stream=out) as bar:
+        for _ in range(400):
+            clock[0] += 1.0
+            bar.total = max(bar.total, bar.done + 1)  # as a search extends its estimate
+            bar.advance()
+    lines = out.getvalue().splitlines()
+    assert len(lines) < 15 and lines[-1] == "search: 400/400 done, 400.0s elapsed"
+
+
+def test_short_runs_and_failures_print_nothing(clock):
+    out = io.StringIO()
+    with Progress(10, "quick", stream=out) as bar:
+        for _ in range(10):
+            clock[0] += 0.1
+            bar.advance()
+    assert out.getvalue() == ""
+    with pytest.raises(RuntimeError), Progress(10, "broken", stream=out) as bar:
+        clock[0] += 5
+        raise RuntimeError("stop")
+    assert out.getvalue() == ""
