@@ -17,6 +17,7 @@ from . import params
 from .errors import PTQError, shown
 from .figures import metric_label, pyplot, save_figure
 from .metrics import get_metrics
+from .outputs import parse_outputs
 from .progress import Progress
 from .results import JsonResult, read_from
 from .tables import short
@@ -82,30 +83,53 @@ def get_acc_error(engine, configs, metric="cosine-similarity", data_num=None, lo
     m = get_metrics(metric)[0]
     indices = sample_indices(engine, data_num)
     qm = engine.qmodel
-    tensor_of = {}
+    own = {}  # node -> its output tensor, where its local error is read
+    tensor_of = {}  # node -> the tensor its curve reads
     for n in qm.normal.values():
         t = next((o for o in n.outputs if o in engine.probe_tensors), None)
         if t is not None:
-            tensor_of[n.name] = t
+            own[n.name] = t
+            # a node whose own pair writes a model output (a detector head's Concat) is read
+            # after that pair: what the model delivers, the pair's error included
+            tensor_of[n.name] = next((o for c in n.calibration_outputs for o in qm.calibration[c].outputs
+                                      if o in qm.output_names), t)
     nodes, tensors = list(tensor_of), list(tensor_of.values())
-    states = {label: [m.new() for _ in tensors] for label in configs}
-    local_states = [m.new() for _ in tensors] if local else None
-    index = {t: k for k, t in enumerate(tensors)}
-    with Progress(len(indices) * engine.probe_parts(tensors), "error curves", enabled=progress) as bar:
-        for _, parts in engine.probes(indices, list(configs.values()), tensors, local):
+    # a model output the rankings score by part (outputs.parts) is scored by its worst part
+    # here too, so that the curve ends where the verdict does
+    views = {t: [] for t in tensors}
+    for spec in parse_outputs(None, engine):
+        if spec.index and spec.tensor in views:
+            views[spec.tensor].append(spec.take)
+    views = {t: v or [lambda a: a] for t, v in views.items()}
+
+    def fresh(names):
+        return {t: [m.new() for _ in views.get(t, [None])] for t in names}
+
+    def update(st, values, ref):
+        for t, v in values.items():
+            if t in st:
+                for take, one in zip(views.get(t, [lambda a: a]), st[t]):
+                    m.update(one, take(ref[t]), take(v))
+
+    def worst(st):
+        return m.worst([m.value(one) for one in st])
+
+    states = {label: fresh(tensors) for label in configs}
+    local_states = fresh(own.values()) if local else None
+    probed = list(dict.fromkeys(tensors + list(own.values())))
+    with Progress(len(indices) * engine.probe_parts(probed), "error curves", enabled=progress) as bar:
+        for _, parts in engine.probes(indices, list(configs.values()), probed, local):
             for ref, local_vals, outs in parts:
-                for t, v in local_vals.items():
-                    m.update(local_states[index[t]], ref[t], v)
+                if local:
+                    update(local_states, local_vals, ref)
                 local_vals.clear()  # gone before the configs' runs add theirs
                 for label, out in zip(configs, outs):
-                    for t, v in out.items():
-                        m.update(states[label][index[t]], ref[t], v)
+                    update(states[label], out, ref)
                     out.clear()
                 bar.advance()
-    values = {label: [m.value(s) for s in st] for label, st in states.items()}
+    values = {label: [worst(st[t]) for t in tensors] for label, st in states.items()}
     fed = {n for n in qm.normal if qm.normal[n].calibration_inputs}
-    local_vals = ([m.value(s) if nodes[k] in fed else None for k, s in enumerate(local_states)]
-                  if local else None)
+    local_vals = [worst(local_states[own[n]]) if n in fed else None for n in nodes] if local else None
     return read_from(Curves(metric=m.name, nodes=nodes, tensors=tensors, values=values, configs=configs,
                             local=local_vals, samples=len(indices)), engine.inputs())
 

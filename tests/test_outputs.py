@@ -9,6 +9,7 @@ import pytest
 import builders
 from pytest_ptq.analysis import Analysis, AnalysisKey
 from pytest_ptq.checks import check_outputs
+from pytest_ptq.curves import configs_from, get_acc_error
 from pytest_ptq.distribution import collect
 from pytest_ptq.engine import Engine
 from pytest_ptq.outputs import parse_outputs
@@ -54,6 +55,19 @@ def test_a_detector_output_is_scored_per_part(tmp_path, transposed):
     full = builders.run_model(qpath, feeds)
     verdict = three_configs(engine, specs)
     assert verdict.values["calibration"]["all quantized"] == pytest.approx(_cos(ref, full, scores), abs=1e-6)
+
+
+def test_the_curves_end_where_the_verdict_does(tmp_path):
+    fpath, qpath, data = _head(tmp_path)
+    engine = Engine(qpath, data, float_model=fpath, optimization="disable")
+    curves = get_acc_error(engine, {**configs_from(engine, ["activation"]), "all": list(engine.calib_names)})
+    writer = curves.nodes.index("head_concat")
+    feeds = [{"x": a} for a in data["x"]]
+    ref, full = builders.run_model(fpath, feeds), builders.run_model(qpath, feeds)
+    scores = _cos(ref, full, lambda a: a[:, 4:])
+    assert scores < _cos(ref, full, lambda a: a) and scores < _cos(ref, full, lambda a: a[:, :4])
+    assert curves.values["all"][writer] == pytest.approx(scores, abs=1e-6)
+    assert curves.local[writer] is not None  # its local error: its own output, before the pair
 
 
 def test_naming_the_output_scores_it_whole_and_parts_alike_stay_whole(tmp_path):
