@@ -49,6 +49,7 @@ from .outputs import parse_outputs, parts_note
 from .results import json_safe
 from .engine import engine_for
 from .screening import DEFAULT_BUDGET_S, DEFAULT_BUDGET_SAMPLES, screen
+from .stages import SIMULATION_CLOSE, simulation_gap
 from .sensitivity import sample_indices
 from .verdict import ALL, badness, float_first, three_configs
 
@@ -200,7 +201,9 @@ def _runall(engine, out, metrics, output_node, node_type, data_num, top, axis, p
         "top_nodes": top_nodes, "outputs": outputs, "verdict": verdict,
         "sensitivity": {t: s.to_dict() for t, s in sens.items()},
         "distributions": dist, "channelwise": boxes, "curves": curves.to_dict(),
-        "warnings": list(engine.warnings), "timings_s": timings,
+        "warnings": list(engine.warnings) + through(cache, ("runall simulation gap", base),
+                                                    lambda: _simulation_warning(engine, specs)),
+        "timings_s": timings,
     }
     files["summary_md"] = str(out / "summary.md")
     files["summary_json"] = str(out / "summary.json")
@@ -209,6 +212,20 @@ def _runall(engine, out, metrics, output_node, node_type, data_num, top, axis, p
     guard.write_text(Path(files["summary_md"]), markdown(summary))
     guard.write_text(Path(files["summary_json"]), json.dumps(summary, indent=1))
     return summary
+
+
+def _simulation_warning(engine, specs):
+    """A sentence when a QOperator or dynamic file, run as given, differs from the Q/DQ form
+    every figure here simulates."""
+    gap = simulation_gap(engine, specs)
+    if gap is None or gap >= SIMULATION_CLOSE:
+        return []
+    qm = engine.qmodel
+    return [f"every figure here simulates this {qm.format_label} file in its Q/DQ form, and onnxruntime running "
+            f"the file itself differs from that simulation (output cosine {gap:.4f} on the first samples): its "
+            "integer kernels round otherwise than Q/DQ arithmetic, and the model amplifies the difference; the "
+            "rankings and the verdict are the simulation's, so measure the file itself against float with "
+            "`ptq-debug stages FLOAT_MODEL MODEL DATA` before trusting a figure"]
 
 
 # -- verdict --------------------------------------------------------------------------------

@@ -203,6 +203,35 @@ def localize_stages(float_model, calibrated_model, calibrated_data, metrics=("co
         optimized_model=str(optimized) if optimized else None, notes=parts_note(specs)), inputs)
 
 
+# Output cosine between the simulation and a QOperator or dynamic file as onnxruntime runs
+# it, below which runall says the two differ (a step's rounding on 8 bits stays above it)
+SIMULATION_CLOSE = 0.999
+
+
+def simulation_gap(engine, specs, samples=2):
+    """Worst output cosine, over the first ``samples`` samples, between the engine's fully
+    quantized run (a QOperator or dynamic file simulated in its Q/DQ form) and onnxruntime
+    running the file as given, on its integer kernels; None for a QDQ file (``stages``
+    compares its fused kernels) and without samples. The session is dropped after."""
+    qm = engine.qmodel
+    n = min(samples, len(engine.data or ()))
+    if qm.format == "QDQ" or not n:
+        return None
+    cosine = get_metrics("cosine-similarity")[0]
+    tensors = list(dict.fromkeys(s.tensor for s in specs))
+    session = make_session(qm.as_given(), "all", engine.providers, fake_quant=False, what=repr(qm.source),
+                           libraries=engine.libraries, shared=engine.shared)
+    worst = []
+    for i in range(n):
+        given = dict(zip(tensors, run(session, tensors, engine.data.sample(i), qm.source)))
+        simulated = engine.run(i, "all", tensors)
+        for s in specs:
+            one = cosine.new()
+            cosine.update(one, s.take(simulated[s.tensor]), s.take(given[s.tensor]))
+            worst.append(cosine.value(one))
+    return cosine.worst(worst)
+
+
 def _described(qm):
     """:data:`STAGES`, worded for the model's format: a QOperator or dynamic file is simulated
     through its rewrite into Q/DQ, and its integer stage is the file as stored."""

@@ -513,3 +513,30 @@ def test_large_integer_weights_are_read_from_the_mapped_file(tmp_path, fmt, wher
                                    rtol=0, atol=1e-5)
         want = run_model(tmp_path / "q.onnx", {"x": x}, level="all")["y"]
         assert pooled_cosine([want], [engine.run(i, "all")["y"]]) >= 0.9999
+
+
+@pytest.mark.parametrize("name", ["ops_qop", "att_dyn"])
+def test_runall_says_when_the_file_runs_otherwise_than_its_simulation(built, name, tmp_path, monkeypatch):
+    from pytest_ptq import runall as runall_mod
+    from pytest_ptq.outputs import parse_outputs
+    from pytest_ptq.stages import simulation_gap
+
+    p, data = built
+    samples = {k: v[:2] for k, v in data[_data(name)].items()}
+    engine = Engine(p[name], samples, float_model=p[_float(name)])
+    specs = parse_outputs(None, engine)
+    # the file on onnxruntime's kernels against its Q/DQ form run with Q/DQ as float arithmetic
+    rewritten = QuantModel(p[name]).full_model()
+    feeds = [{k: v[i] for k, v in samples.items()} for i in range(2)]
+    given = [run_model(p[name], f, level="all") for f in feeds]
+    simulated = [run_model(rewritten, f) for f in feeds]
+    expected = min(pooled_cosine([g[s.tensor]], [q[s.tensor]]) for g, q in zip(given, simulated) for s in specs)
+    gap = simulation_gap(engine, specs)
+    assert gap == pytest.approx(expected, abs=1e-6) and 0.999 < gap < 1
+    summary = runall_mod.runall(engine, save_dir=tmp_path / "quiet", top=1, progress=False)
+    assert not any("simulates this" in w for w in summary["warnings"])
+    monkeypatch.setattr(runall_mod, "SIMULATION_CLOSE", 1.0)  # any difference at all
+    summary = runall_mod.runall(engine, save_dir=tmp_path / "told", top=1, progress=False)
+    told = [w for w in summary["warnings"] if "simulates this" in w]
+    assert len(told) == 1 and f"output cosine {gap:.4f}" in told[0]
+    assert simulation_gap(Engine(p["ops_qdq"], data["ops"]), specs) is None  # QDQ: stages compares its kernels
