@@ -21,6 +21,7 @@ from .errors import PTQError
 from .metrics import get_metrics
 from .outputs import parse_outputs
 from .sensitivity import get_sensitivity_of_nodes
+from .stages import simulation_warnings
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,6 +62,7 @@ class Analysis:
         self.root = Path(root)
         self.label = self.relative(key.model)
         self._engine = None
+        self._simulation = None
         self._cache = {}
         # results on disk (cache.py), keyed by every file the engine reads
         self.store = None if cache_dir is None else ResultCache(cache_dir, self._files, (("data_num", key.data_num),),
@@ -112,9 +114,14 @@ class Analysis:
 
     @property
     def warnings(self):
-        """The engine's warnings (folded activations, rewritten graphs, ...); none before it is
-        built: reading them never compiles the model."""
-        return list(self._engine.warnings) if self._engine is not None else []
+        """The engine's warnings (folded activations, rewritten graphs, a QOperator or dynamic
+        file that runs otherwise than its simulation, ...); none before it is built: reading
+        them never compiles the model."""
+        if self._engine is None:
+            return []
+        if self._simulation is None:  # once: it runs the file as given (QDQ files: nothing)
+            self._simulation = simulation_warnings(self._engine)
+        return list(self._engine.warnings) + self._simulation
 
     @property
     def data(self):

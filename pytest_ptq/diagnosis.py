@@ -29,6 +29,7 @@ from .outputs import parse_outputs
 from .remedy.terms import float_tensor_name, onnxruntime_settings
 from .results import JsonResult
 from .sensitivity import rank_configs
+from .stages import SIMULATION_WARNING
 from .tables import short
 from .verdict import DOMINANT, badness, float_first
 
@@ -43,6 +44,8 @@ SOURCE_WORDS = {"weight": "weights", "activation": "activations", "both": "weigh
 _WARNING_FIXES = {
     "graph rewritten by the quantizer": "compare the stages (ptq.assert_stages() in a test, or `{stages}`) to see "
                                         "what the rewrite costs on its own",
+    SIMULATION_WARNING: "measure the file itself against float (ptq.assert_stages() in a test, or `{stages}`) "
+                        "before trusting a figure",
 }
 
 

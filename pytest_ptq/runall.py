@@ -42,6 +42,7 @@ from pathlib import Path
 from . import __version__, guard, params
 from .cache import through
 from .curves import configs_from, get_acc_error, plot_curves
+from .diagnosis import warning
 from .distribution import collect, draw_channelwise, draw_distribution
 from .distribution.readings import advise
 from .metrics import get_metrics
@@ -49,7 +50,7 @@ from .outputs import parse_outputs, parts_note
 from .results import json_safe
 from .engine import engine_for
 from .screening import DEFAULT_BUDGET_S, DEFAULT_BUDGET_SAMPLES, screen
-from .stages import SIMULATION_CLOSE, simulation_gap
+from .stages import simulation_warnings
 from .sensitivity import sample_indices
 from .verdict import ALL, badness, float_first, three_configs
 
@@ -202,7 +203,7 @@ def _runall(engine, out, metrics, output_node, node_type, data_num, top, axis, p
         "sensitivity": {t: s.to_dict() for t, s in sens.items()},
         "distributions": dist, "channelwise": boxes, "curves": curves.to_dict(),
         "warnings": list(engine.warnings) + through(cache, ("runall simulation gap", base),
-                                                    lambda: _simulation_warning(engine, specs)),
+                                                    lambda: simulation_warnings(engine, specs)),
         "timings_s": timings,
     }
     files["summary_md"] = str(out / "summary.md")
@@ -212,20 +213,6 @@ def _runall(engine, out, metrics, output_node, node_type, data_num, top, axis, p
     guard.write_text(Path(files["summary_md"]), markdown(summary))
     guard.write_text(Path(files["summary_json"]), json.dumps(summary, indent=1))
     return summary
-
-
-def _simulation_warning(engine, specs):
-    """A sentence when a QOperator or dynamic file, run as given, differs from the Q/DQ form
-    every figure here simulates."""
-    gap = simulation_gap(engine, specs)
-    if gap is None or gap >= SIMULATION_CLOSE:
-        return []
-    qm = engine.qmodel
-    return [f"every figure here simulates this {qm.format_label} file in its Q/DQ form, and onnxruntime running "
-            f"the file itself differs from that simulation (output cosine {gap:.4f} on the first samples): its "
-            "integer kernels round otherwise than Q/DQ arithmetic, and the model amplifies the difference; the "
-            "rankings and the verdict are the simulation's, so measure the file itself against float with "
-            "`ptq-debug stages FLOAT_MODEL MODEL DATA` before trusting a figure"]
 
 
 # -- verdict --------------------------------------------------------------------------------
@@ -410,7 +397,8 @@ def markdown(summary):
     if skipped:
         lines.append(f"- no box plot for {', '.join(f'`{k}`' for k in skipped)} (no channel axis)")
     if summary["warnings"]:
-        lines += ["", "## Warnings", ""] + [f"- {w}" for w in summary["warnings"]]
+        told = [warning(w) for w in summary["warnings"]]
+        lines += ["", "## Warnings", ""] + [f"- {w['text']}" + (f"; {w['fix']}" if w["fix"] else "") for w in told]
     t = summary["timings_s"]
     lines += ["", "Timings (s): " + ", ".join(f"{k} {val}" for k, val in t.items()), ""]
     return "\n".join(lines)

@@ -232,6 +232,23 @@ def simulation_gap(engine, specs, samples=2):
     return cosine.worst(worst)
 
 
+SIMULATION_WARNING = "the file runs otherwise than its simulation"
+
+
+def simulation_warnings(engine, specs=None):
+    """``[sentence]`` when a QOperator or dynamic file, run as given, differs from the Q/DQ
+    form every analysis simulates (:func:`simulation_gap` below :data:`SIMULATION_CLOSE`),
+    else ``[]``. ``specs``: the outputs compared (default: the engine's default outputs)."""
+    specs = parse_outputs(None, engine) if specs is None else specs
+    gap = simulation_gap(engine, specs)
+    if gap is None or gap >= SIMULATION_CLOSE:
+        return []
+    return [f"{SIMULATION_WARNING}: every figure simulates this {engine.qmodel.format_label} file in its Q/DQ form, "
+            f"and onnxruntime running the file itself differs from that simulation (output cosine {gap:.4f} on "
+            "the first samples): its integer kernels round otherwise than Q/DQ arithmetic, and the model "
+            "amplifies the difference; the rankings and the verdict are the simulation's"]
+
+
 def _described(qm):
     """:data:`STAGES`, worded for the model's format: a QOperator or dynamic file is simulated
     through its rewrite into Q/DQ, and its integer stage is the file as stored."""

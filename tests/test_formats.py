@@ -518,6 +518,7 @@ def test_large_integer_weights_are_read_from_the_mapped_file(tmp_path, fmt, wher
 @pytest.mark.parametrize("name", ["ops_qop", "att_dyn"])
 def test_runall_says_when_the_file_runs_otherwise_than_its_simulation(built, name, tmp_path, monkeypatch):
     from pytest_ptq import runall as runall_mod
+    from pytest_ptq import stages
     from pytest_ptq.outputs import parse_outputs
     from pytest_ptq.stages import simulation_gap
 
@@ -535,8 +536,22 @@ def test_runall_says_when_the_file_runs_otherwise_than_its_simulation(built, nam
     assert gap == pytest.approx(expected, abs=1e-6) and 0.999 < gap < 1
     summary = runall_mod.runall(engine, save_dir=tmp_path / "quiet", top=1, progress=False)
     assert not any("simulates this" in w for w in summary["warnings"])
-    monkeypatch.setattr(runall_mod, "SIMULATION_CLOSE", 1.0)  # any difference at all
+    monkeypatch.setattr(stages, "SIMULATION_CLOSE", 1.0)  # any difference at all
     summary = runall_mod.runall(engine, save_dir=tmp_path / "told", top=1, progress=False)
     told = [w for w in summary["warnings"] if "simulates this" in w]
     assert len(told) == 1 and f"output cosine {gap:.4f}" in told[0]
+    assert "before trusting a figure" in (tmp_path / "told" / "summary.md").read_text()
     assert simulation_gap(Engine(p["ops_qdq"], data["ops"]), specs) is None  # QDQ: stages compares its kernels
+
+
+def test_the_plugin_tells_when_the_file_runs_otherwise_than_its_simulation(built, pytester, monkeypatch):
+    from pytest_ptq import stages
+    from test_plugin import run
+
+    p, data = built
+    folder = builders.save_folder({k: v[:4] for k, v in data["ops"].items()}, pytester.path / "calib")
+    monkeypatch.setattr(stages, "SIMULATION_CLOSE", 1.0)  # any difference at all (in-process run)
+    result = run(pytester, "--ptq-model", str(p["ops_qop"]), "--ptq-data", str(folder), "--ptq-float-model",
+                 str(p["ops"]), "-p", "no:xdist")
+    result.stdout.fnmatch_lines(["*the file runs otherwise than its simulation: every figure simulates this "
+                                 "QOperator file*; fix: measure the file itself against float*ptq-debug stages*"])
