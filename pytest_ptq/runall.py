@@ -47,6 +47,7 @@ from .distribution import collect, draw_channelwise, draw_distribution
 from .distribution.readings import advise
 from .metrics import get_metrics
 from .outputs import parse_outputs, parts_note
+from .remedy.terms import onnxruntime_settings
 from .results import json_safe
 from .engine import engine_for
 from .screening import DEFAULT_BUDGET_S, DEFAULT_BUDGET_SAMPLES, screen
@@ -233,7 +234,7 @@ def _verdict(engine, metric, three, sens, top_nodes, dist, boxes, curves):
         next_steps = (["nothing urgent; if a task metric still drops, start from the top nodes listed here"]
                       + [s + " (optional)" for s in _plan(items, [], source, structural_only=True)])
     else:
-        next_steps = _plan(items, relevant, source)
+        next_steps = _plan(items, relevant, source, qm=engine.qmodel)
     figures = three.figures
     return {"source": source, "text": text, "metric": metric, "rule": three.rule, "decided_on": three.decided_on,
             "samples": three.samples, "values": three.values, "disagreement": three.disagreement,
@@ -291,7 +292,7 @@ def _names(names):
     return shown + (f" and {len(names) - 5} more" if len(names) > 5 else "")
 
 
-def _plan(items, relevant, source, structural_only=False):
+def _plan(items, relevant, source, structural_only=False, qm=None):
     """Next steps, most effective first: per-channel weights (one switch for the whole
     model), per-node structure fixes, then int16 and float for what stays sensitive."""
     # per-channel weights is one switch for the whole model: worth it for any ranked weight
@@ -321,8 +322,12 @@ def _plan(items, relevant, source, structural_only=False):
     severe = [it for it in relevant if it["try"][0] == "keep in float"]
     if severe:
         first = "if they still cost too much after that, " if steps else ""
-        steps.append(("", f"{first}keep {_names(it['node'] for it in severe)} in float (onnxruntime: "
-                          "nodes_to_exclude) and re-check the output"))
+        names = [it["node"] for it in severe]
+        # the nodes a re-quantization leaves out, as the float model names them
+        exclude = (onnxruntime_settings(qm, "float", names)["nodes_to_exclude"]
+                   if qm is not None and all(n in qm.calibration for n in names) else [])
+        how = f"quantize_static(..., nodes_to_exclude={exclude})" if exclude else "onnxruntime: nodes_to_exclude"
+        steps.append(("", f"{first}keep {_names(names)} in float ({how}) and re-check the output"))
     rest = [it["node"] for it in sorted(relevant, key=lambda it: it["kind"] != source)
             if it not in severe and not ({f["node"] for f in it["findings"]} & handled)]
     if rest:

@@ -231,3 +231,24 @@ def test_a_severe_node_is_kept_in_float_first_and_once():
     assert float_first("cosine-similarity", 0.6, ["int16", "keep in float"]) == (["keep in float", "int16"], True)
     assert float_first("cosine-similarity", 0.01, ["int16", "keep in float"]) == (["int16", "keep in float"], False)
     assert float_first("mse", 5.0, ["int16"]) == (["int16"], False)
+
+
+def test_a_mask_fill_is_kept_in_float_in_the_quantizers_terms_and_that_recovers_the_output(tmp_path):
+    import ast
+    import re
+
+    data = builders.masked_samples()
+    fp = builders.masked_attention_net(tmp_path / "float.onnx", -3.4028235e38)
+    q = builders.quantize(fp, tmp_path / "q.onnx", data)
+    s = runall(str(q), data, float_model=str(fp), save_dir=tmp_path / "out", top=2, progress=False)
+    step = next(x for x in s["verdict"]["next_steps"] if "nodes_to_exclude=" in x)
+    assert "`scores_QuantizeLinear`" in step
+    exclude = ast.literal_eval(re.search(r"nodes_to_exclude=(\[.*?\])", step).group(1))
+    # the scores' producer and reader, as the float model names them
+    assert exclude == ["masked_scores", "attention"]
+    fixed = builders.quantize(fp, tmp_path / "fixed.onnx", data, nodes_to_exclude=exclude)
+    feeds = [{k: v[i] for k, v in data.items()} for i in range(len(data["x"]))]
+    ref = [builders.run_model(fp, f)["out"] for f in feeds]
+    before = builders.pooled_cosine(ref, [builders.run_model(q, f)["out"] for f in feeds])
+    after = builders.pooled_cosine(ref, [builders.run_model(fixed, f)["out"] for f in feeds])
+    assert before < 0.99 < after
