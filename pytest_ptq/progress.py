@@ -20,6 +20,8 @@ class Progress:
         self.start = time.perf_counter()
         self._last_pct = -1
         self.tty = getattr(self.stream, "isatty", lambda: False)()
+        self.estimate = None  # the first total, once the work has gone past it (see extend)
+        self._last_line = self.start
 
     def __enter__(self):
         return self
@@ -34,6 +36,13 @@ class Progress:
             self.stream.write(f"{self.desc}: {self.done}/{self.total} done, {elapsed:.1f}s elapsed\n")
         self.stream.flush()
 
+    def extend(self):
+        """The work goes on past the total, which was an estimate (a search that finds more
+        to try): no time left is shown from then on, only what was done."""
+        if self.estimate is None:
+            self.estimate = self.total
+        self.total = max(self.total, self.done + 1)
+
     def advance(self, n=1):
         self.done += n
         if not self.enabled:
@@ -41,6 +50,17 @@ class Progress:
         pct = int(100 * self.done / self.total)
         elapsed = time.perf_counter() - self.start
         eta = elapsed / self.done * (self.total - self.done) if self.done else 0
+        if self.estimate is not None:
+            past = (f"{self.desc}: {self.done} done, {elapsed:.1f}s elapsed (past the first estimate of "
+                    f"{self.estimate}; the work decides how much more)")
+            if self.tty:
+                self.stream.write(f"\r{past:<100}")
+                self.stream.flush()
+            elif time.perf_counter() - self._last_line >= 60:  # logs: a line a minute
+                self.stream.write(past + "\n")
+                self.stream.flush()
+                self._last_line = time.perf_counter()
+            return
         if self.tty:
             bar = "#" * (pct // 4)
             self.stream.write(f"\r{self.desc}: [{bar:<25}] {self.done}/{self.total} "

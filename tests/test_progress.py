@@ -30,15 +30,19 @@ def test_a_log_gets_a_line_per_tenth_and_one_at_the_end(clock):
     assert len(lines) == 11 and lines[-1] == "work: 50/50 done, 50.0s elapsed"
 
 
-def test_a_total_that_grows_with_the_work_prints_no_line_per_step(clock):
+def test_work_past_its_estimate_shows_no_time_left_and_a_line_a_minute(clock):
     out = io.StringIO()
     with Progress(10, "search", stream=out) as bar:
         for _ in range(400):
             clock[0] += 1.0
-            bar.total = max(bar.total, bar.done + 1)  # as a search extends its estimate
+            if bar.done + 1 > bar.total:
+                bar.extend()  # as a search that finds more to try
             bar.advance()
     lines = out.getvalue().splitlines()
-    assert len(lines) < 15 and lines[-1] == "search: 400/400 done, 400.0s elapsed"
+    past = [x for x in lines if "past the first estimate of 10" in x]
+    assert len(past) == 6 and "left" not in " ".join(past)  # a line a minute of the run
+    assert past[0] == "search: 60 done, 60.0s elapsed (past the first estimate of 10; the work decides how much more)"
+    assert lines[-1] == "search: 400/400 done, 400.0s elapsed"
 
 
 def test_short_runs_and_failures_print_nothing(clock):

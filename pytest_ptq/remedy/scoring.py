@@ -129,7 +129,8 @@ class Scorer:
     def _advance(self):
         self.evaluations += 1
         if self.bar is not None:
-            self.bar.total = max(self.bar.total, self.bar.done + 1)
+            if self.bar.done + 1 > self.bar.total:
+                self.bar.extend()
             self.bar.advance()
 
     def _compute(self, keys, clock):
