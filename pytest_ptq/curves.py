@@ -96,19 +96,18 @@ def get_acc_error(engine, configs, metric="cosine-similarity", data_num=None, lo
     nodes, tensors = list(tensor_of), list(tensor_of.values())
     # a model output the rankings score by part (outputs.parts) is scored by its worst part
     # here too, so that the curve ends where the verdict does
-    views = {t: [] for t in tensors}
+    whole, views = [lambda a: a], {}
     for spec in parse_outputs(None, engine):
-        if spec.index and spec.tensor in views:
-            views[spec.tensor].append(spec.take)
-    views = {t: v or [lambda a: a] for t, v in views.items()}
+        if spec.index and spec.tensor in tensors:
+            views.setdefault(spec.tensor, []).append(spec.take)
 
     def fresh(names):
-        return {t: [m.new() for _ in views.get(t, [None])] for t in names}
+        return {t: [m.new() for _ in views.get(t, whole)] for t in names}
 
     def update(st, values, ref):
         for t, v in values.items():
             if t in st:
-                for take, one in zip(views.get(t, [lambda a: a]), st[t]):
+                for take, one in zip(views.get(t, whole), st[t]):
                     m.update(one, take(ref[t]), take(v))
 
     def worst(st):

@@ -309,9 +309,10 @@ def _plan(items, relevant, source, structural_only=False, qm=None):
                                 f"{_names(weight_pc)} {'loses' if len(weight_pc) == 1 else 'lose'} channels to a "
                                 "per-tensor scale"))
     if act_pc:
-        steps.append(("activation", f"{_names(act_pc)} {'has' if len(act_pc) == 1 else 'have'} outlier channels that make a per-tensor scale "
-                                    "coarse: quantize them per channel where the backend allows, else raise them "
-                                    "to int16 or equalise the channel ranges in the model"))
+        steps.append(("activation", f"{_names(act_pc)} {'has' if len(act_pc) == 1 else 'have'} outlier channels "
+                                    "that make a per-tensor scale coarse: quantize them per channel where the "
+                                    "backend allows, else raise them to int16 or equalise the channel ranges in "
+                                    "the model"))
     if recal:
         steps.append(("activation", f"recalibrate {_names(recal)} with a wider range (MinMax, or a higher "
                                     "percentile), or raise them to int16"))

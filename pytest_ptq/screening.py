@@ -82,10 +82,11 @@ def screen(engine, node_types, metric_objs, specs, indices, budget_s=None, rank_
 
     ``rank_samples``: how many samples every node is scored on (an int, or None to choose by
     ``budget_s`` seconds, never fewer than ``min_samples``; None: the time the first sample
-    took times :data:`DEFAULT_BUDGET_SAMPLES`, at most :data:`DEFAULT_BUDGET_S`); the top ``confirm``
-    (default :data:`DEFAULT_CONFIRM`) nodes of each ranking are then scored on all of ``indices``, and
-    where that is every node of each type, every node is ranked on all of them. Rankings are worst first; the confirmed
-    nodes come first, in their order over every sample, each with ``details["samples"]``.
+    took times :data:`DEFAULT_BUDGET_SAMPLES`, at most :data:`DEFAULT_BUDGET_S`); the top
+    ``confirm`` (default :data:`DEFAULT_CONFIRM`) nodes of each ranking are then scored on all of
+    ``indices``, and where that is every node of each type, every node is ranked on all of them.
+    Rankings are worst first; the confirmed nodes come first, in their order over every sample,
+    each with ``details["samples"]``.
     """
     qm = engine.qmodel
     confirm = DEFAULT_CONFIRM if confirm is None else confirm
