@@ -106,7 +106,15 @@ class Analysis:
         """Free the engine's sessions and cached tensors (results stay); used again, it
         recompiles."""
         if self._engine is not None:
+            self._simulation_checked()  # it runs the engine: before its sessions go
             self._engine.release()
+
+    def _simulation_checked(self):
+        """The simulation check's sentences, computed once (it runs the file as given; a QDQ
+        file has nothing to run)."""
+        if self._simulation is None:
+            self._simulation = simulation_warnings(self._engine)
+        return self._simulation
 
     @property
     def qmodel(self):
@@ -119,9 +127,7 @@ class Analysis:
         them never compiles the model."""
         if self._engine is None:
             return []
-        if self._simulation is None:  # once: it runs the file as given (QDQ files: nothing)
-            self._simulation = simulation_warnings(self._engine)
-        return list(self._engine.warnings) + self._simulation
+        return list(self._engine.warnings) + self._simulation_checked()
 
     @property
     def data(self):

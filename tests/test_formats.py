@@ -555,3 +555,19 @@ def test_the_plugin_tells_when_the_file_runs_otherwise_than_its_simulation(built
                  str(p["ops"]), "-p", "no:xdist")
     result.stdout.fnmatch_lines(["*the file runs otherwise than its simulation: every figure simulates this "
                                  "QOperator file*; fix: measure the file itself against float*ptq-debug stages*"])
+
+
+def test_a_released_analysis_has_checked_its_simulation_before_its_sessions_went(built, tmp_path, monkeypatch):
+    from pytest_ptq import stages
+    from pytest_ptq.analysis import Analysis, AnalysisKey
+
+    p, data = built
+    folder = builders.save_folder({k: v[:2] for k, v in data["ops"].items()}, tmp_path / "calib")
+    monkeypatch.setattr(stages, "SIMULATION_CLOSE", 1.0)
+    analysis = Analysis(AnalysisKey(str(p["ops_qop"]), str(folder), str(p["ops"])), root=tmp_path)
+    engine = analysis.engine
+    analysis.release()  # as the plugin does after a model's last test
+    runs = []
+    monkeypatch.setattr(type(engine), "run", lambda *a, **k: runs.append(a))
+    told = [w for w in analysis.warnings if w.startswith(stages.SIMULATION_WARNING)]
+    assert len(told) == 1 and runs == []  # read after the release: nothing runs again
