@@ -29,7 +29,7 @@ from .data import load_data
 from .engine import Engine
 from .engine.runtime import make_session, run
 from .errors import PTQError
-from .metrics import get_metrics
+from .metrics import compare, get_metrics
 from .model import QuantModel, load_model
 from .outputs import parse_outputs, parts_note
 from .progress import Progress
@@ -217,7 +217,6 @@ def simulation_gap(engine, specs, samples=2):
     n = min(samples, len(engine.data or ()))
     if qm.format == "QDQ" or not n:
         return None
-    cosine = get_metrics("cosine-similarity")[0]
     tensors = list(dict.fromkeys(s.tensor for s in specs))
     session = make_session(qm.as_given(), "all", engine.providers, fake_quant=False, what=repr(qm.source),
                            libraries=engine.libraries, shared=engine.shared)
@@ -225,11 +224,8 @@ def simulation_gap(engine, specs, samples=2):
     for i in range(n):
         given = dict(zip(tensors, run(session, tensors, engine.data.sample(i), qm.source)))
         simulated = engine.run(i, "all", tensors)
-        for s in specs:
-            one = cosine.new()
-            cosine.update(one, s.take(simulated[s.tensor]), s.take(given[s.tensor]))
-            worst.append(cosine.value(one))
-    return cosine.worst(worst)
+        worst += [compare(s.take(simulated[s.tensor]), s.take(given[s.tensor]))["cosine-similarity"] for s in specs]
+    return get_metrics("cosine-similarity")[0].worst(worst)
 
 
 SIMULATION_WARNING = "the file runs otherwise than its simulation"

@@ -230,10 +230,8 @@ class CalibrationNode:
         bits spanning the same range (what re-calibrating to a wider type would give the same
         data); None for float, dynamic or custom grids."""
         g = self.grid
-        if g.is_custom or g.bits > 16:
+        if g.is_custom or g.bits > 16 or (bits is not None and (g.is_float or self.dynamic)):
             return None
-        if bits is not None:
-            return self._wider_counts(x, bits)
         x = np.asarray(x, np.float64)
         if self.dynamic:  # this run's own range, as DynamicQuantizeLinear takes it
             scale, zp = grids.dynamic_qparams(x)
@@ -243,24 +241,17 @@ class CalibrationNode:
         else:
             s = grids.broadcast(self.scale.astype(np.float64), x.shape, self.axis, self.block_size)
             z = grids.broadcast(self.zero_point.astype(np.float64), x.shape, self.axis, self.block_size)
+        if bits is not None:
+            # the calibrated range lies within a step of the grid's ends (its zero point was
+            # rounded to a code), so the wider grid spans one step more at each end
+            step = s * (g.levels + 1) / (2 ** bits - 1)
+            codes = np.clip(np.rint((x - (g.qmin - z - 1) * s) / step), 0, 2 ** bits - 1)
+            return np.bincount(codes.reshape(-1).astype(np.int64), minlength=2 ** bits)
         codes = g.quantize(x / s, z)
         if g.is_float:
             bits = codes.astype(np.float32).astype(g.np_type).view(np.uint8 if g.bits <= 8 else np.uint16)
             return np.bincount(bits.reshape(-1).astype(np.int64), minlength=2 ** g.bits)
         return np.bincount((codes - g.qmin).reshape(-1).astype(np.int64), minlength=g.levels)
-
-    def _wider_counts(self, x, bits):
-        g = self.grid
-        if g.is_float or self.dynamic:
-            return None
-        x = np.asarray(x, np.float64)
-        s = grids.broadcast(self.scale.astype(np.float64), x.shape, self.axis, self.block_size)
-        z = grids.broadcast(self.zero_point.astype(np.float64), x.shape, self.axis, self.block_size)
-        # the calibrated range lies within a step of the grid's ends (its zero point was
-        # rounded to a code), so the wider grid spans one step more at each end
-        step = s * (g.levels + 1) / (2 ** bits - 1)
-        codes = np.clip(np.rint((x - (g.qmin - z - 1) * s) / step), 0, 2 ** bits - 1)
-        return np.bincount(codes.reshape(-1).astype(np.int64), minlength=2 ** bits)
 
     def summary(self):
         return {"name": self.name, "kind": self.kind, "input": self.input, "bit": self.bit,
