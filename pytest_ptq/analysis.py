@@ -19,7 +19,7 @@ from .data import load_data
 from .engine import Engine
 from .errors import PTQError
 from .metrics import get_metrics
-from .outputs import parse_outputs
+from .outputs import offset_warnings, parse_outputs
 from .sensitivity import get_sensitivity_of_nodes
 from .stages import simulation_warnings
 
@@ -62,7 +62,6 @@ class Analysis:
         self.root = Path(root)
         self.label = self.relative(key.model)
         self._engine = None
-        self._simulation = None
         self._cache = {}
         # results on disk (cache.py), keyed by every file the engine reads
         self.store = None if cache_dir is None else ResultCache(cache_dir, self._files, (("data_num", key.data_num),),
@@ -106,15 +105,16 @@ class Analysis:
         """Free the engine's sessions and cached tensors (results stay); used again, it
         recompiles."""
         if self._engine is not None:
-            self._simulation_checked()  # it runs the engine: before its sessions go
+            self._run_warnings()  # they run the engine: before its sessions go
             self._engine.release()
 
-    def _simulation_checked(self):
-        """The simulation check's sentences, computed once (it runs the file as given; a QDQ
-        file has nothing to run)."""
-        if self._simulation is None:
-            self._simulation = simulation_warnings(self._engine)
-        return self._simulation
+    def _run_warnings(self):
+        """The sentences of the checks that run the model, computed once: the simulation check
+        (a QOperator or dynamic file run as given; a QDQ file has nothing to run) and outputs
+        so far from zero that the default cosine cannot see their errors; kept on disk with
+        the results."""
+        return self.cached(("run warnings",), lambda: simulation_warnings(self._engine)
+                           + offset_warnings(self._engine), files=())
 
     @property
     def qmodel(self):
@@ -123,11 +123,11 @@ class Analysis:
     @property
     def warnings(self):
         """The engine's warnings (folded activations, rewritten graphs, a QOperator or dynamic
-        file that runs otherwise than its simulation, ...); none before it is built: reading
-        them never compiles the model."""
+        file that runs otherwise than its simulation, an output too far from zero for a cosine,
+        ...); none before it is built: reading them never compiles the model."""
         if self._engine is None:
             return []
-        return list(self._engine.warnings) + self._simulation_checked()
+        return list(self._engine.warnings) + self._run_warnings()
 
     @property
     def data(self):

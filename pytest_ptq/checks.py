@@ -6,7 +6,7 @@ Polygraphy's ``DistanceMetricsResult``); ``assert_*`` raises :class:`ContractFai
 the result's plain-text report when it does not. :class:`PTQ` (the ``ptq`` fixture) binds
 them to one test's model and settings and records every result for the reports.
 
-Thresholds follow the metric's direction: a floor for similarities (cosine, sqnr), a
+Thresholds follow the metric's direction: a floor for similarities (cosine, sqnr, correlation), a
 ceiling for errors (mse, mre, chebyshev, l1, kl). Per-output thresholds are a dict whose
 ``""`` key is the default for every model output not named, Polygraphy style; a key may
 be an output slice such as ``"cls=prob[:, 4:]"``.

@@ -25,7 +25,7 @@ from pathlib import Path
 from .distribution import collect
 from .distribution.readings import advise
 from .metrics import get_metrics
-from .outputs import parse_outputs
+from .outputs import offset_warnings, parse_outputs
 from .remedy.terms import float_tensor_name, onnxruntime_settings
 from .results import JsonResult
 from .sensitivity import rank_configs
@@ -188,7 +188,8 @@ def diagnose(engine, sensitivity, verdict, top=10, outputs=None):
     return Diagnosis(model=qm.source, producer=qm.made_by.label, producer_key=qm.made_by.key, format=qm.format,
                      metric=metric, node_type=sensitivity.node_type, samples=sensitivity.samples,
                      verdict=verdict.to_dict(), nodes=nodes, fixes=fixes, settings=settings, snippet=snippet,
-                     terms=terms, warnings=[warning(w, _stages_command(engine)) for w in engine.warnings])
+                     terms=terms, warnings=[warning(w, _stages_command(engine)) for w in engine.warnings + offset_warnings(
+                         engine, parse_outputs(None if outputs is None else list(outputs), engine), metric)])
 
 
 def warning(text, stages="ptq-debug stages FLOAT_MODEL CALIBRATED_MODEL DATA"):

@@ -169,10 +169,48 @@ class KL(Metric):
         return float(max(s[0], 0.0) / s[1]) if s[1] else 0.0
 
 
+class Correlation(Metric):
+    name, higher_is_better, _slots = "correlation", True, 6
+    doc = ("Pearson correlation of the flattened tensors: the cosine of their deviations from their means "
+           "(1 = identical up to offset and scale), for outputs far from zero, where a cosine cannot see errors")
+
+    # (count, mean of ref, mean of test, centred sums of ref^2, test^2, ref*test), pooled by
+    # the parallel formula: raw sums would cancel catastrophically on the far-from-zero
+    # outputs this metric is for
+    def update(self, s, ref, test):
+        r, t = _pair(ref, test)
+        if r.size:
+            mr, mt = float(r.mean()), float(t.mean())
+            dr, dt = r - mr, t - mt
+            self.merge(s, np.array([r.size, mr, mt, _dot(dr, dr), _dot(dt, dt), _dot(dr, dt)]))
+
+    def merge(self, state, other):
+        na, nb = state[0], other[0]
+        if nb == 0:
+            return
+        if na == 0:
+            state[:] = other
+            return
+        n = na + nb
+        dr, dt = other[1] - state[1], other[2] - state[2]
+        w = na * nb / n
+        state[:] = (n, state[1] + dr * nb / n, state[2] + dt * nb / n, state[3] + other[3] + dr * dr * w,
+                    state[4] + other[4] + dt * dt * w, state[5] + other[5] + dr * dt * w)
+
+    def value(self, s):
+        if not np.isfinite(s).all():
+            return math.nan
+        if s[3] == 0 and s[4] == 0:
+            return 1.0  # both constant: no variation to lose
+        if s[3] == 0 or s[4] == 0:
+            return 0.0
+        return float(s[5] / math.sqrt(s[3] * s[4]))
+
+
 COSINE = "cosine-similarity"
-METRICS = {m.name: m for m in (Cosine(), MSE(), MRE(), SQNR(), Chebyshev(), L1(), KL())}
+METRICS = {m.name: m for m in (Cosine(), MSE(), MRE(), SQNR(), Chebyshev(), L1(), KL(), Correlation())}
 _ALIASES = {"cosine": "cosine-similarity", "cos": "cosine-similarity", "cosine_similarity": "cosine-similarity",
-            "max-abs": "chebyshev", "mae": "l1"}
+            "max-abs": "chebyshev", "mae": "l1", "pearson": "correlation"}
 
 
 def get_metrics(metrics):

@@ -91,7 +91,7 @@ def model_payload(analysis, tests, settings, holdout=None, suggest=""):
         data["samples"] = analysis.samples
         qm = analysis.engine.qmodel
         data["format"], data["made_by"] = qm.format_label, qm.made_by.label
-        data["warnings"] = [warning(w) for w in analysis.engine.warnings]
+        data["warnings"] = [warning(w) for w in analysis.warnings]
         values = analysis.output_metrics(None, OUTPUT_METRICS).values
         data["outputs"] = [{"output": o, **v} for o, v in values.items()]
         data["output_parts"] = parts_note(parse_outputs(None, analysis.engine))

@@ -46,7 +46,7 @@ from .diagnosis import warning
 from .distribution import collect, draw_channelwise, draw_distribution
 from .distribution.readings import advise
 from .metrics import get_metrics
-from .outputs import parse_outputs, parts_note
+from .outputs import offset_warnings, parse_outputs, parts_note
 from .remedy.terms import onnxruntime_settings
 from .results import json_safe
 from .engine import engine_for
@@ -122,6 +122,8 @@ def _runall(engine, out, metrics, output_node, node_type, data_num, top, axis, p
             data_num)
     every_index = sample_indices(engine, data_num)
     specs = parse_outputs(output_node, engine)
+    # from the first sample's float outputs, before the rankings use and drop them
+    offsets = through(cache, ("runall offsets", base), lambda: offset_warnings(engine, specs, metric))
     types = _node_types(node_type)
     qm = engine.qmodel
     # the files named in advance are checked before the work (plots are checked as written)
@@ -203,8 +205,8 @@ def _runall(engine, out, metrics, output_node, node_type, data_num, top, axis, p
         "top_nodes": top_nodes, "outputs": outputs, "verdict": verdict,
         "sensitivity": {t: s.to_dict() for t, s in sens.items()},
         "distributions": dist, "channelwise": boxes, "curves": curves.to_dict(),
-        "warnings": list(engine.warnings) + through(cache, ("runall simulation gap", base),
-                                                    lambda: simulation_warnings(engine, specs)),
+        "warnings": [*engine.warnings, *through(cache, ("runall simulation gap", base),
+                                                lambda: simulation_warnings(engine, specs)), *offsets],
         "timings_s": timings,
     }
     files["summary_md"] = str(out / "summary.md")

@@ -548,3 +548,20 @@ def masked_samples(n=6, tokens=8, dim=16, seed=3):
     x = [rng.standard_normal((1, tokens, dim)).astype(np.float32) for _ in range(n)]
     mask = [(np.arange(tokens) < tokens - 1 - i % 5).astype(np.float32)[None] for i in range(n)]
     return {"x": x, "mask": mask}
+
+
+def offset_net(path, offset=100.0, size=8, seed=0):
+    """Conv-Relu-Conv then a constant ``offset`` added: an output (a depth map, a regression
+    in absolute units) whose values sit far from zero, spread by a few units."""
+    rng = np.random.default_rng(seed)
+    w1 = (rng.standard_normal((4, 3, 3, 3)) * 0.3).astype(np.float32)
+    w2 = (rng.standard_normal((1, 4, 3, 3)) * 0.3).astype(np.float32)
+    inits = [numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(w2, "w2"),
+             numpy_helper.from_array(np.array(offset, np.float32), "offset")]
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["c1"], pads=[1, 1, 1, 1], name="conv1"),
+             helper.make_node("Relu", ["c1"], ["r1"], name="relu1"),
+             helper.make_node("Conv", ["r1", "w2"], ["c2"], pads=[1, 1, 1, 1], name="conv2"),
+             helper.make_node("Add", ["c2", "offset"], ["depth"], name="add_offset")]
+    graph = helper.make_graph(nodes, "offset", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, size, size])],
+                              [helper.make_tensor_value_info("depth", TensorProto.FLOAT, [1, 1, size, size])], inits)
+    return _save(graph, path)

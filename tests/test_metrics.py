@@ -24,6 +24,7 @@ NUMPY = {
     "chebyshev": lambda r, t: float(np.abs(t - r).max()),
     "l1": lambda r, t: float(np.abs(t - r).mean()),
     "kl": lambda r, t: float((np.exp(_log_softmax(r)) * (_log_softmax(r) - _log_softmax(t))).sum(-1).mean()),
+    "correlation": lambda r, t: float(np.corrcoef(r.ravel(), t.ravel())[0, 1]),
 }
 
 
@@ -58,6 +59,25 @@ def test_pooled_over_updates_equals_the_concatenation(name):
     one, two = compare(r1, t1, [name])[name], compare(r2, t2, [name])[name]
     if name not in ("chebyshev",):
         assert m.value(state) != pytest.approx((one + two) / 2, rel=1e-6)
+
+
+def test_correlation_pools_far_from_zero_without_cancelling():
+    """States merged as the rankings merge them (one per sample), on values 1e4 from zero with a
+    spread of 1: raw sums of squares would lose the spread to float64 cancellation."""
+    rng = np.random.default_rng(0)
+    refs = [1e4 + rng.standard_normal(300) for _ in range(3)]
+    tests = [r + 0.5 * rng.standard_normal(300) for r in refs]
+    m = get_metrics("correlation")[0]
+    pooled = m.new()
+    for r, t in zip(refs, tests):
+        one = m.new()
+        m.update(one, r, t)
+        m.merge(pooled, one)
+    assert m.value(pooled) == pytest.approx(np.corrcoef(np.concatenate(refs), np.concatenate(tests))[0, 1], rel=1e-12)
+    assert compare(refs[0], refs[0] + 1e3, ["correlation", "cosine-similarity"])["correlation"] == pytest.approx(1.0)
+    constant = np.full(5, 3.0)
+    assert compare(constant, constant + 1, ["correlation"])["correlation"] == 1.0  # no variation to lose
+    assert compare(constant, np.arange(5.0), ["correlation"])["correlation"] == 0.0
 
 
 def test_identical_and_zero_tensors():

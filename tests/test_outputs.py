@@ -210,3 +210,70 @@ def test_the_plugin_fails_the_scores_and_its_report_says_why(pytester, tmp_path)
     result.stdout.fnmatch_lines([f"*cosine-similarity of 'out[[]:, 4:10[]]' {scores:.6f}*needs >= 0.99*"])
     page = html.unescape((pytester.path / "report.html").read_text())
     assert "Output 'out' concatenates parts whose magnitudes differ 10x or more" in page
+
+
+def test_an_output_far_from_zero_is_flagged_and_correlation_sees_what_cosine_hides(tmp_path):
+    from pytest_ptq.outputs import OFFSET_WARNING, offset_warnings
+
+    fpath = builders.offset_net(tmp_path / "f.onnx", offset=300.0)
+    data = builders.samples(6, size=8)
+    qpath = builders.quantize(fpath, tmp_path / "q.onnx", data)
+    builders.save_folder(data, tmp_path / "calib")
+    feeds = [{"x": a} for a in data["x"]]
+    ref, full = builders.run_model(fpath, feeds), builders.run_model(qpath, feeds)
+    r = np.concatenate([o["depth"].ravel() for o in ref]).astype(np.float64)
+    t = np.concatenate([o["depth"].ravel() for o in full]).astype(np.float64)
+    cosine, correlation = float(r @ t / np.sqrt((r @ r) * (t @ t))), float(np.corrcoef(r, t)[0, 1])
+    assert cosine > 0.9999 and correlation < 0.99  # the output's one scale spans 0..300: steps of ~1.2
+    analysis = Analysis(AnalysisKey(str(qpath), str(tmp_path / "calib"), str(fpath)), root=tmp_path)
+    values = analysis.output_metrics(metrics=["cosine-similarity", "correlation"]).values["depth"]
+    assert values["cosine-similarity"] == pytest.approx(cosine, abs=1e-6)
+    assert values["correlation"] == pytest.approx(correlation, abs=1e-6)
+    first = ref[0]["depth"].astype(np.float64)
+    flat = abs(first.mean()) / np.sqrt(np.mean(first ** 2))  # cosine of the first sample against its mean
+    told = [w for w in analysis.warnings if w.startswith(OFFSET_WARNING)]
+    assert len(told) == 1 and "'depth'" in told[0] and f"cosine {flat:.6f}" in told[0], analysis.warnings
+    assert offset_warnings(analysis.engine, metric="mse") == []  # an error in units sees it
+    assert offset_warnings(analysis.engine, metric="correlation") == []
+
+
+def test_outputs_near_zero_raise_no_offset_warning(tmp_path):
+    from pytest_ptq.outputs import offset_warnings
+
+    fpath, qpath, data = _head(tmp_path)
+    assert offset_warnings(Engine(qpath, data, float_model=fpath)) == []
+
+
+def test_a_contract_on_an_output_far_from_zero_warns_and_correlation_fails_it(pytester, tmp_path):
+    from test_plugin import run
+
+    fpath = builders.offset_net(pytester.path / "f.onnx", offset=300.0)
+    data = builders.samples(6, size=8)
+    builders.quantize(fpath, pytester.path / "q.onnx", data)
+    builders.save_folder(data, pytester.path / "calib")
+    pytester.makefile(".ptq.yaml", cos="model: q.onnx\ndata: calib\nfloat_model: f.onnx\noutputs: 0.999\n",
+                      corr="model: q.onnx\ndata: calib\nfloat_model: f.onnx\nmetric: correlation\noutputs: 0.999\n")
+    result = run(pytester, "-p", "no:xdist", "-v")
+    result.stdout.fnmatch_lines(["corr.ptq.yaml::outputs FAILED*"])
+    result.stdout.fnmatch_lines(["cos.ptq.yaml::outputs PASSED*"])  # a cosine of 0.9999+ whatever the grid
+    result.stdout.fnmatch_lines(["*an output sits so far from zero that cosine similarity cannot see its errors:"
+                                 " 'depth' has mean*judge it by correlation*"])
+
+
+def test_runall_and_the_diagnosis_warn_of_an_output_far_from_zero(tmp_path):
+    from pytest_ptq.outputs import OFFSET_WARNING
+    from pytest_ptq.runall import runall
+
+    fpath = builders.offset_net(tmp_path / "f.onnx", offset=300.0)
+    data = builders.samples(4, size=8)
+    qpath = builders.quantize(fpath, tmp_path / "q.onnx", data)
+    summary = runall(Engine(qpath, data, float_model=fpath), save_dir=tmp_path / "out", top=1, progress=False)
+    assert sum(w.startswith(OFFSET_WARNING) for w in summary["warnings"]) == 1
+    assert OFFSET_WARNING in (tmp_path / "out" / "summary.md").read_text()
+    quiet = runall(Engine(qpath, data, float_model=fpath), save_dir=tmp_path / "mse", metrics=["mse"], top=1,
+                   progress=False)
+    assert not any(w.startswith(OFFSET_WARNING) for w in quiet["warnings"])
+    analysis = Analysis(AnalysisKey(str(qpath), str(builders.save_folder(data, tmp_path / "calib")), str(fpath)),
+                        root=tmp_path)
+    told = [w["text"] for w in analysis.diagnosis(node_type="activation").warnings]
+    assert sum(w.startswith(OFFSET_WARNING) for w in told) == 1
