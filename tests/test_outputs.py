@@ -277,3 +277,19 @@ def test_runall_and_the_diagnosis_warn_of_an_output_far_from_zero(tmp_path):
                         root=tmp_path)
     told = [w["text"] for w in analysis.diagnosis(node_type="activation").warnings]
     assert sum(w.startswith(OFFSET_WARNING) for w in told) == 1
+
+
+def test_suggest_warns_when_its_target_is_a_cosine_of_an_output_far_from_zero(tmp_path):
+    from pytest_ptq.outputs import OFFSET_WARNING
+    from pytest_ptq.remedy import suggest_remedy
+
+    fpath = builders.offset_net(tmp_path / "f.onnx", offset=300.0)
+    data = builders.samples(4, size=8)
+    qpath = builders.quantize(fpath, tmp_path / "q.onnx", data)
+    cos = suggest_remedy(str(qpath), data, target=0.999, remedy="float", float_model=str(fpath),
+                         save_dir=tmp_path / "cos", progress=False)
+    assert cos.met and cos.nodes == []  # met by nothing at all
+    assert sum(w.startswith(OFFSET_WARNING) for w in cos.warnings) == 1
+    corr = suggest_remedy(str(qpath), data, target=0.999, metric="correlation", remedy="float",
+                          float_model=str(fpath), save_dir=tmp_path / "corr", progress=False)
+    assert corr.nodes and not any(w.startswith(OFFSET_WARNING) for w in corr.warnings)

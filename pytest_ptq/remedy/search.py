@@ -7,7 +7,7 @@ from pathlib import Path
 from .. import guard, params
 from ..engine import engine_for
 from ..errors import PTQError, unknown
-from ..outputs import parse_outputs
+from ..outputs import offset_warnings, parse_outputs
 from ..progress import Progress
 from ..results import read_from
 from ..sensitivity import sample_indices
@@ -141,6 +141,8 @@ def _suggest(engine, save_dir, clock, target, metric, remedy, output_node, data_
                     model=qm.source, objective=objective.to_dict(), costs=costs, search=search,
                     judged_on=base.judge.name, heldout=_where(heldout, base))
     read_from(result, engine.inputs() | also)
+    if evaluate is None:  # a target met on an output far from zero may be met by nothing at all
+        result.warnings += offset_warnings(engine, specs, objective.metric.name)
     if base.confirms and base.judge.engine is base.search.engine:
         result.split = {"search": list(base.search.indices), "confirmation": list(base.judge.indices)}
     show = verbose if progress is None else progress
