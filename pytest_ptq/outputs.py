@@ -28,6 +28,7 @@ APART = 10.0  # RMS ratio of adjacent concatenated parts scored apart: a part 10
 # An output whose float values, every one replaced by their mean, still read this cosine sits
 # so far from zero that a cosine (or an SQNR, or a relative error) cannot see it flattened
 FLAT_COSINE = 0.99
+OFFSET_SAMPLES = 8  # samples an output constant within each (a score, a scalar) is judged over
 OFFSET_BLIND = ("cosine-similarity", "sqnr", "mre")  # the metrics an offset inflates
 OFFSET_WARNING = "an output sits so far from zero that cosine similarity cannot see its errors"
 _THROUGH = ("QuantizeLinear", "DequantizeLinear", "Identity", "Cast")  # keep every element in place
@@ -231,25 +232,32 @@ def parts_note(specs):
 
 def offset_warnings(engine, specs=None, metric="cosine-similarity"):
     """One sentence per output (or default part, see :func:`parts`) whose float values on the
-    first sample, each replaced by their mean, would still read a cosine of
+    first sample (an output constant within a sample, a score: on up to :data:`OFFSET_SAMPLES`,
+    as the metrics pool them), each replaced by their mean, would still read a cosine of
     :data:`FLAT_COSINE` or more against themselves; [] for a metric an offset does not
     inflate, or an engine without data. ``specs``: the outputs judged (default: the engine's
     default outputs)."""
     if metric not in OFFSET_BLIND or getattr(engine, "data", None) is None:
         return []
     specs = parse_outputs(None, engine) if specs is None else specs
-    ref = engine.reference(0, list(dict.fromkeys(s.tensor for s in specs)))
+    tensors = list(dict.fromkeys(s.tensor for s in specs))
     out = []
     for s in specs:
-        value = np.asarray(s.take(ref[s.tensor]), dtype=np.float64).ravel()
+        seen = []
+        for i in range(min(OFFSET_SAMPLES, len(engine.data))):
+            seen.append(np.asarray(s.take(engine.reference(i, tensors)[s.tensor]), dtype=np.float64).ravel())
+            value = np.concatenate(seen)
+            if not value.size or not np.isfinite(value).all() or value.min() < value.max():
+                break
         if not value.size or not np.isfinite(value).all():
             continue
         mean, spread = float(value.mean()), float(value.std())
         rms = math.sqrt(mean * mean + spread * spread)
         if spread == 0 or abs(mean) < FLAT_COSINE * rms:  # a constant output has nothing to lose
             continue
-        out.append(f"{OFFSET_WARNING}: {s.name!r} has mean {mean:.4g} and spread {spread:.3g} on the first sample, "
-                   f"so even a constant output at its mean reads cosine {abs(mean) / rms:.6f} against it; judge it "
-                   "by correlation (metric: correlation in a contract, --metric correlation), which ignores the "
-                   "offset, or by an error in its units (mse, chebyshev)")
+        on = "the first sample" if len(seen) == 1 else f"the first {len(seen)} samples"
+        out.append(f"{OFFSET_WARNING}: {s.name!r} has mean {mean:.4g} and spread {spread:.3g} on {on}, so even a "
+                   f"constant output at its mean reads cosine {abs(mean) / rms:.6f} against it; judge it by "
+                   "correlation (metric: correlation in a contract, --metric correlation), which ignores the offset, "
+                   "or by an error in its units (mse, chebyshev)")
     return out

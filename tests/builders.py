@@ -550,9 +550,10 @@ def masked_samples(n=6, tokens=8, dim=16, seed=3):
     return {"x": x, "mask": mask}
 
 
-def offset_net(path, offset=100.0, size=8, seed=0):
+def offset_net(path, offset=100.0, size=8, seed=0, scalar=False):
     """Conv-Relu-Conv then a constant ``offset`` added: an output (a depth map, a regression
-    in absolute units) whose values sit far from zero, spread by a few units."""
+    in absolute units) whose values sit far from zero, spread by a few units; ``scalar``: its
+    mean, one value a sample (a score)."""
     rng = np.random.default_rng(seed)
     w1 = (rng.standard_normal((4, 3, 3, 3)) * 0.3).astype(np.float32)
     w2 = (rng.standard_normal((1, 4, 3, 3)) * 0.3).astype(np.float32)
@@ -561,7 +562,10 @@ def offset_net(path, offset=100.0, size=8, seed=0):
     nodes = [helper.make_node("Conv", ["x", "w1"], ["c1"], pads=[1, 1, 1, 1], name="conv1"),
              helper.make_node("Relu", ["c1"], ["r1"], name="relu1"),
              helper.make_node("Conv", ["r1", "w2"], ["c2"], pads=[1, 1, 1, 1], name="conv2"),
-             helper.make_node("Add", ["c2", "offset"], ["depth"], name="add_offset")]
+             helper.make_node("Add", ["c2", "offset"], ["map" if scalar else "depth"], name="add_offset")]
+    if scalar:
+        nodes.append(helper.make_node("ReduceMean", ["map"], ["depth"], name="mean", keepdims=1))
+    shape = [1, 1, 1, 1] if scalar else [1, 1, size, size]
     graph = helper.make_graph(nodes, "offset", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, size, size])],
-                              [helper.make_tensor_value_info("depth", TensorProto.FLOAT, [1, 1, size, size])], inits)
+                              [helper.make_tensor_value_info("depth", TensorProto.FLOAT, shape)], inits)
     return _save(graph, path)

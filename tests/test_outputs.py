@@ -237,6 +237,20 @@ def test_an_output_far_from_zero_is_flagged_and_correlation_sees_what_cosine_hid
     assert offset_warnings(analysis.engine, metric="correlation") == []
 
 
+def test_a_score_far_from_zero_is_judged_over_the_samples(tmp_path):
+    from pytest_ptq.outputs import OFFSET_WARNING, offset_warnings
+
+    fpath = builders.offset_net(tmp_path / "f.onnx", offset=300.0, scalar=True)
+    data = builders.samples(6, size=8)
+    qpath = builders.quantize(fpath, tmp_path / "q.onnx", data)
+    told = offset_warnings(Engine(qpath, data, float_model=fpath))
+    # one value a sample has no spread within it: two samples give it one
+    values = np.array([o["depth"].item() for o in builders.run_model(fpath, [{"x": a} for a in data["x"][:2]])])
+    flat = abs(values.mean()) / np.sqrt(np.mean(values ** 2))
+    assert len(told) == 1 and told[0].startswith(OFFSET_WARNING) and "on the first 2 samples" in told[0]
+    assert f"cosine {flat:.6f}" in told[0]
+
+
 def test_outputs_near_zero_raise_no_offset_warning(tmp_path):
     from pytest_ptq.outputs import offset_warnings
 
