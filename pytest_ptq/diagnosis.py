@@ -185,11 +185,12 @@ def diagnose(engine, sensitivity, verdict, top=10, outputs=None):
     for it in nodes:
         it["relevant"] = it in relevant
     fixes, settings, snippet, terms = _fixes(qm, relevant, verdict.source)
+    told = engine.warnings + offset_warnings(engine, parse_outputs(None if outputs is None else list(outputs), engine),
+                                             metric)
     return Diagnosis(model=qm.source, producer=qm.made_by.label, producer_key=qm.made_by.key, format=qm.format,
                      metric=metric, node_type=sensitivity.node_type, samples=sensitivity.samples,
                      verdict=verdict.to_dict(), nodes=nodes, fixes=fixes, settings=settings, snippet=snippet,
-                     terms=terms, warnings=[warning(w, _stages_command(engine)) for w in engine.warnings + offset_warnings(
-                         engine, parse_outputs(None if outputs is None else list(outputs), engine), metric)])
+                     terms=terms, warnings=[warning(w, _stages_command(engine)) for w in told])
 
 
 def warning(text, stages="ptq-debug stages FLOAT_MODEL CALIBRATED_MODEL DATA"):

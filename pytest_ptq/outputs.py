@@ -243,7 +243,7 @@ def offset_warnings(engine, specs=None, metric="cosine-similarity"):
     tensors = list(dict.fromkeys(s.tensor for s in specs))
     out = []
     for s in specs:
-        seen = []
+        seen, value = [], np.zeros(0)
         for i in range(min(OFFSET_SAMPLES, len(engine.data))):
             seen.append(np.asarray(s.take(engine.reference(i, tensors)[s.tensor]), dtype=np.float64).ravel())
             value = np.concatenate(seen)
