@@ -35,7 +35,7 @@ from .errors import NotQuantized, PTQError
 from .metrics import get_metrics
 from .engine import Engine
 from .model import QuantModel, load_model
-from .outputs import parse_outputs
+from .outputs import offset_warnings, parse_outputs
 from .progress import Progress
 from .results import JsonResult
 from .verdict import badness
@@ -61,7 +61,7 @@ class Finding:
     ``dtype``, ``layout``, ``shape``, ``inputs``, ``unreadable``, ``range``, ``range-narrow``,
     ``raw-pixels``, ``colour-order``, ``channel-stats``, ``channel-scale``,
     ``preprocessing-differs``, ``not-representative``, ``heldout-gap``, ``heldout-worse``,
-    ``heldout-clipping``, ``no-qdq``, ``heldout-skipped``)."""
+    ``heldout-clipping``, ``no-qdq``, ``heldout-skipped``, ``metric-blind``)."""
 
     check: str
     severity: str
@@ -612,6 +612,9 @@ def _heldout_findings(engine, cal_data, held_data, metric, threshold, bar):
             f"{n} ({s:.1%})" for n, s in clipping[:3])
     details = {"calibration": cal_value, "heldout": held_value,
                "heldout_clipping": {n: s for n, s in clipping[:10]}}
+    # an output far from zero reads alike on both sets whatever quantization does to it
+    out += [Finding("metric-blind", "warning", w, "rerun with --metric correlation", None, "heldout")
+            for w in offset_warnings(engine, metric=metric.name)]
     if threshold is None:
         gap = _gap(metric, cal_value, held_value)
         out.append(Finding("heldout-gap" if gap else "heldout-worse", "warning" if gap else "info",

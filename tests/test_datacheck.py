@@ -293,3 +293,15 @@ def test_heldout_gap_in_the_output_metric_is_flagged(net, tmp_path):
     # the same data on both sides: comparable losses, no gap
     same = check_data(net["qdq"], net["data"], heldout=net["data"], threshold=1.0, progress=False)
     assert "heldout-gap" not in same.checks() and "heldout-worse" in same.checks()
+
+
+def test_the_heldout_comparison_says_when_its_metric_cannot_see_an_output(tmp_path):
+    fpath = builders.offset_net(tmp_path / "f.onnx", offset=300.0)
+    data = builders.samples(4, size=8)
+    qpath = builders.quantize(fpath, tmp_path / "q.onnx", data)
+    held = builders.samples(4, size=8, seed=9)
+    cos = check_data(str(qpath), data, heldout=held, float_model=str(fpath))
+    blind = [f for f in cos.findings if f.check == "metric-blind"]
+    assert len(blind) == 1 and blind[0].severity == "warning" and "'depth'" in blind[0].message
+    corr = check_data(str(qpath), data, heldout=held, float_model=str(fpath), metric="correlation")
+    assert not [f for f in corr.findings if f.check == "metric-blind"]
