@@ -594,9 +594,9 @@ GAP_MIN = 0.01
 def _gap(metric, cal_value, held_value):
     """True when the held-out loss is GAP_RATIO times the calibration loss, and GAP_MIN more."""
     cal, held = badness(metric.name, cal_value), badness(metric.name, held_value)
-    if metric.name not in ("cosine-similarity", "sqnr"):  # error metrics: no absolute scale for GAP_MIN
+    if not metric.unit and metric.name != "sqnr":  # error metrics: no absolute scale for GAP_MIN
         return held >= GAP_RATIO * cal and held > cal
-    return held >= GAP_RATIO * cal and held - cal >= GAP_MIN * (1 if metric.name == "cosine-similarity" else 0.1)
+    return held >= GAP_RATIO * cal and held - cal >= GAP_MIN * (1 if metric.unit else 0.1)
 
 
 def _heldout_findings(engine, cal_data, held_data, metric, threshold, bar):

@@ -18,6 +18,7 @@ from .errors import PTQError, shown, unknown
 class Metric:
     name = ""
     higher_is_better = False
+    unit = False  # a similarity of at most 1, reached by identical tensors: its loss is 1 - value
     doc = ""
 
     def new(self):
@@ -55,7 +56,7 @@ def _pair(ref, test):
 
 
 class Cosine(Metric):
-    name, higher_is_better, _slots = "cosine-similarity", True, 3
+    name, higher_is_better, unit, _slots = "cosine-similarity", True, True, 3
     doc = "cosine of the angle between the flattened tensors (1 = identical direction)"
 
     def update(self, s, ref, test):
@@ -170,7 +171,7 @@ class KL(Metric):
 
 
 class Correlation(Metric):
-    name, higher_is_better, _slots = "correlation", True, 6
+    name, higher_is_better, unit, _slots = "correlation", True, True, 6
     doc = ("Pearson correlation of the flattened tensors: the cosine of their deviations from their means "
            "(1 = identical up to offset and scale), for outputs far from zero, where a cosine cannot see errors")
 

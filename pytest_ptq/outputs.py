@@ -230,18 +230,18 @@ def parts_note(specs):
     return notes
 
 
-def offset_warnings(engine, specs=None, metric="cosine-similarity"):
-    """One sentence per output (or default part, see :func:`parts`) whose float values on the
-    first sample (an output constant within a sample, a score: on up to :data:`OFFSET_SAMPLES`,
-    as the metrics pool them), each replaced by their mean, would still read a cosine of
-    :data:`FLAT_COSINE` or more against themselves; [] for a metric an offset does not
-    inflate, or an engine without data. ``specs``: the outputs judged (default: the engine's
-    default outputs)."""
-    if metric not in OFFSET_BLIND or getattr(engine, "data", None) is None:
+def far_from_zero(engine, specs=None):
+    """``[{output, mean, spread, flat, samples}]``: the outputs (or default parts, see
+    :func:`parts`) whose float values, each replaced by their mean, would still read a cosine
+    (``flat``) of :data:`FLAT_COSINE` or more against themselves, judged on the first sample
+    (an output constant within a sample, a score: on up to :data:`OFFSET_SAMPLES`, as the
+    metrics pool them); [] without data. ``specs``: the outputs judged (default: the
+    engine's default outputs)."""
+    if getattr(engine, "data", None) is None:
         return []
     specs = parse_outputs(None, engine) if specs is None else specs
     tensors = list(dict.fromkeys(s.tensor for s in specs))
-    out = []
+    found = []
     for s in specs:
         seen, value = [], np.zeros(0)
         for i in range(min(OFFSET_SAMPLES, len(engine.data))):
@@ -253,11 +253,22 @@ def offset_warnings(engine, specs=None, metric="cosine-similarity"):
             continue
         mean, spread = float(value.mean()), float(value.std())
         rms = math.sqrt(mean * mean + spread * spread)
-        if spread == 0 or abs(mean) < FLAT_COSINE * rms:  # a constant output has nothing to lose
-            continue
-        on = "the first sample" if len(seen) == 1 else f"the first {len(seen)} samples"
-        out.append(f"{OFFSET_WARNING}: {s.name!r} has mean {mean:.4g} and spread {spread:.3g} on {on}, so even a "
-                   f"constant output at its mean reads cosine {abs(mean) / rms:.6f} against it; judge it by "
+        if spread > 0 and abs(mean) >= FLAT_COSINE * rms:  # a constant output has nothing to lose
+            found.append({"output": s.name, "mean": mean, "spread": spread, "flat": abs(mean) / rms,
+                          "samples": len(seen)})
+    return found
+
+
+def offset_warnings(engine, specs=None, metric="cosine-similarity", found=None):
+    """One sentence per output :func:`far_from_zero` finds (``found``: its result, if
+    computed), for a metric an offset inflates (:data:`OFFSET_BLIND`); else []."""
+    if metric not in OFFSET_BLIND:
+        return []
+    out = []
+    for f in far_from_zero(engine, specs) if found is None else found:
+        on = "the first sample" if f["samples"] == 1 else f"the first {f['samples']} samples"
+        out.append(f"{OFFSET_WARNING}: {f['output']!r} has mean {f['mean']:.4g} and spread {f['spread']:.3g} on {on}, "
+                   f"so even a constant output at its mean reads cosine {f['flat']:.6f} against it; judge it by "
                    "correlation (metric: correlation in a contract, --metric correlation), which ignores the offset, "
                    "or by an error in its units (mse, chebyshev)")
     return out

@@ -46,7 +46,7 @@ from .diagnosis import warning
 from .distribution import collect, draw_channelwise, draw_distribution
 from .distribution.readings import advise
 from .metrics import get_metrics
-from .outputs import offset_warnings, parse_outputs, parts_note
+from .outputs import OFFSET_BLIND, far_from_zero, offset_warnings, parse_outputs, parts_note
 from .remedy.terms import onnxruntime_settings
 from .results import json_safe
 from .engine import engine_for
@@ -123,7 +123,8 @@ def _runall(engine, out, metrics, output_node, node_type, data_num, top, axis, p
     every_index = sample_indices(engine, data_num)
     specs = parse_outputs(output_node, engine)
     # from the first sample's float outputs, before the rankings use and drop them
-    offsets = through(cache, ("runall offsets", base), lambda: offset_warnings(engine, specs, metric))
+    far = through(cache, ("runall far from zero", base), lambda: far_from_zero(engine, specs)) \
+        if metric in OFFSET_BLIND else []
     types = _node_types(node_type)
     qm = engine.qmodel
     # the files named in advance are checked before the work (plots are checked as written)
@@ -192,8 +193,15 @@ def _runall(engine, out, metrics, output_node, node_type, data_num, top, axis, p
                                               count=len(every_index)),
                         files=(heldout,) if isinstance(held, str) else ())
         outputs = {label: {metric: value} for label, value in three.figures.items()}
+        blind = None
+        if far:  # outputs the metric cannot see: their verdict by correlation too
+            names = {f["output"] for f in far}
+            blind = through(cache, ("runall verdict by correlation", base, held, len(indices)),
+                            lambda: three_configs(engine, [s for s in specs if s.name in names], "correlation",
+                                                  heldout, count=len(every_index)),
+                            files=(heldout,) if isinstance(held, str) else ())
 
-    verdict = _verdict(engine, metric, three, sens, top_nodes, dist, boxes, curves)
+    verdict = _verdict(engine, metric, three, sens, top_nodes, dist, boxes, curves, blind, far)
     timings["total"] = round(time.perf_counter() - start, 3)
     summary = {
         "tool": "pytest-ptq", "version": __version__, "model": qm.source, "format": qm.format_label,
@@ -206,7 +214,8 @@ def _runall(engine, out, metrics, output_node, node_type, data_num, top, axis, p
         "sensitivity": {t: s.to_dict() for t, s in sens.items()},
         "distributions": dist, "channelwise": boxes, "curves": curves.to_dict(),
         "warnings": [*engine.warnings, *through(cache, ("runall simulation gap", base),
-                                                lambda: simulation_warnings(engine, specs)), *offsets],
+                                                lambda: simulation_warnings(engine, specs)),
+                     *offset_warnings(engine, specs, metric, found=far)],
         "timings_s": timings,
     }
     files["summary_md"] = str(out / "summary.md")
@@ -219,7 +228,9 @@ def _runall(engine, out, metrics, output_node, node_type, data_num, top, axis, p
 
 
 # -- verdict --------------------------------------------------------------------------------
-def _verdict(engine, metric, three, sens, top_nodes, dist, boxes, curves):
+def _verdict(engine, metric, three, sens, top_nodes, dist, boxes, curves, blind=None, far=()):
+    """The verdict, the ranked nodes' advice and the next steps; ``blind``: the verdict by
+    correlation on the outputs ``far`` from zero, which ``metric`` cannot see."""
     source, text = three.source, three.text
     items = []
     for t, names in top_nodes.items():
@@ -233,15 +244,23 @@ def _verdict(engine, metric, three, sens, top_nodes, dist, boxes, curves):
             it["try"] = []
             it["reasons"].append("it costs little next to the worst node: nothing to do")
     if source == "neither":
-        next_steps = (["nothing urgent; if a task metric still drops, start from the top nodes listed here"]
-                      + [s + " (optional)" for s in _plan(items, [], source, structural_only=True)])
+        next_steps = ([] if blind is not None and blind.source != "neither" else
+                      ["nothing urgent; if a task metric still drops, start from the top nodes listed here"]) \
+            + [s + " (optional)" for s in _plan(items, [], source, structural_only=True)]
     else:
         next_steps = _plan(items, relevant, source, qm=engine.qmodel)
+    by_correlation = None
+    if blind is not None:
+        names = _names([f["output"] for f in far])
+        by_correlation = {"outputs": [f["output"] for f in far], "source": blind.source, "text": blind.text,
+                          "values": blind.figures}
+        next_steps.insert(0, f"judge {names} by correlation, which sees what {metric} cannot there: {blind.text}; "
+                             "rerun with --metric correlation to rank the nodes by it")
     figures = three.figures
     return {"source": source, "text": text, "metric": metric, "rule": three.rule, "decided_on": three.decided_on,
             "samples": three.samples, "values": three.values, "disagreement": three.disagreement,
             "weight_only": figures["weight only"], "activation_only": figures["activation only"],
-            "all_quantized": figures[ALL], "nodes": items, "next_steps": next_steps}
+            "all_quantized": figures[ALL], "nodes": items, "next_steps": next_steps, "by_correlation": by_correlation}
 
 
 def _advise(engine, metric, kind, rank, name, sens, dist, boxes, curves):
@@ -367,6 +386,10 @@ def markdown(summary):
              f"{', '.join(summary['outputs_compared'])}.", "",
              *(line for note in summary.get("output_parts", []) for line in (f"Note: {note}.", "")), "## Verdict", "",
              f"**{v['text'][0].upper() + v['text'][1:]}.**", "",
+             *((f"**By correlation on {_names(v['by_correlation']['outputs'])}, "
+                f"{'which sits' if len(v['by_correlation']['outputs']) == 1 else 'which sit'} too far from zero for {m} "
+                f"to see {'its' if len(v['by_correlation']['outputs']) == 1 else 'their'} errors (see Warnings): "
+                f"{v['by_correlation']['text']}.**", "") if v.get("by_correlation") else ()),
              "| config | " + " | ".join(f"{m}, {k} ({v['samples'][k]} samples)" for k in sets) + " |",
              "|---|" + "---|" * len(sets)]
     for label, key in (("weights only quantized", "weight only"), ("activations only quantized", "activation only"),

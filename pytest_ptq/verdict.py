@@ -33,11 +33,12 @@ SEVERE = 0.1  # loss (1 - cosine) of one node quantized alone beyond which it sh
 
 
 def badness(metric, value):
-    """A non-negative "how far from float" for any metric: 1 - cosine, the noise-to-signal
-    power ratio for SQNR, the value itself for error metrics."""
+    """A non-negative "how far from float" for any metric: 1 - value for a similarity of at
+    most 1 (cosine, correlation), the noise-to-signal power ratio for SQNR, the value itself
+    for error metrics."""
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return math.nan
-    if metric == "cosine-similarity":
+    if get_metrics(metric)[0].unit:
         return max(0.0, 1.0 - value)
     if metric == "sqnr":
         return 0.0 if value == math.inf else 10 ** (-value / 10)
@@ -47,7 +48,7 @@ def badness(metric, value):
 def float_first(metric, bad, tries):
     """``(tries, severe)``: the remedies to try, "keep in float" first and once when quantizing
     the node alone costs the output more than SEVERE in cosine."""
-    severe = metric == "cosine-similarity" and bad >= SEVERE
+    severe = get_metrics(metric)[0].unit and bad >= SEVERE
     return (list(dict.fromkeys(["keep in float", *tries])) if severe else tries), severe
 
 
@@ -115,8 +116,13 @@ def decide(values, metric, weights_known=True):
     return source, text
 
 
-RULE = (f"loss = 1 - cosine; everything quantized losing at most {CLOSE:g}: neither; one kind alone losing at "
-        f"least {DOMINANT:g}x what the other loses alone: that kind; otherwise both")
+def rule(metric="cosine-similarity"):
+    """The rule :func:`decide` applies, in words, with ``metric``'s loss (:func:`badness`)."""
+    m = get_metrics(metric)[0]
+    loss = (f"1 - {m.name}" if m.unit else "the noise-to-signal power ratio" if m.name == "sqnr"
+            else f"the {m.name} itself")
+    return (f"loss = {loss}; everything quantized losing at most {CLOSE:g}: neither; one kind alone losing at "
+            f"least {DOMINANT:g}x what the other loses alone: that kind; otherwise both")
 
 
 def three_configs(engine, specs, metric="cosine-similarity", heldout=None, ranking_samples=None, data=None,
@@ -137,7 +143,7 @@ def three_configs(engine, specs, metric="cosine-similarity", heldout=None, ranki
     source, text = decide(values[decided_on], m.name, weights_known)
     if decided_on == "heldout":
         text += f" on {samples['heldout']} held-out sample(s)"
-    verdict = Verdict(metric=m.name, source=source, text=text, rule=RULE, values=values, samples=samples,
+    verdict = Verdict(metric=m.name, source=source, text=text, rule=rule(m.name), values=values, samples=samples,
                       decided_on=decided_on)
     n = samples["calibration"]
     if ranking_samples is not None and ranking_samples < n:

@@ -283,10 +283,23 @@ def test_runall_and_the_diagnosis_warn_of_an_output_far_from_zero(tmp_path):
     qpath = builders.quantize(fpath, tmp_path / "q.onnx", data)
     summary = runall(Engine(qpath, data, float_model=fpath), save_dir=tmp_path / "out", top=1, progress=False)
     assert sum(w.startswith(OFFSET_WARNING) for w in summary["warnings"]) == 1
-    assert OFFSET_WARNING in (tmp_path / "out" / "summary.md").read_text()
-    quiet = runall(Engine(qpath, data, float_model=fpath), save_dir=tmp_path / "mse", metrics=["mse"], top=1,
-                   progress=False)
-    assert not any(w.startswith(OFFSET_WARNING) for w in quiet["warnings"])
+    text = (tmp_path / "out" / "summary.md").read_text()
+    assert OFFSET_WARNING in text and "nothing urgent" not in text
+    # cosine calls it close to float; correlation on the same runs blames the activations
+    feeds = [{"x": a} for a in data["x"]]
+    ref, full = builders.run_model(fpath, feeds), builders.run_model(qpath, feeds)
+    r = np.concatenate([o["depth"].ravel() for o in ref]).astype(np.float64)
+    t = np.concatenate([o["depth"].ravel() for o in full]).astype(np.float64)
+    verdict = summary["verdict"]
+    assert verdict["source"] == "neither" and verdict["by_correlation"]["source"] == "activation"
+    assert verdict["by_correlation"]["values"]["all quantized"] == pytest.approx(np.corrcoef(r, t)[0, 1], abs=1e-6)
+    assert "By correlation on `depth`, which sits too far from zero" in text
+    assert summary["verdict"]["next_steps"][0].startswith("judge `depth` by correlation")
+    quiet = runall(Engine(qpath, data, float_model=fpath), save_dir=tmp_path / "corr", metrics=["correlation"],
+                   top=1, progress=False)
+    assert not any(w.startswith(OFFSET_WARNING) for w in quiet["warnings"]) and quiet["verdict"]["source"] == "activation"
+    assert quiet["top_nodes"]["activation"] == ["depth_QuantizeLinear"]  # the output's one coarse scale
+    assert quiet["verdict"]["by_correlation"] is None
     analysis = Analysis(AnalysisKey(str(qpath), str(builders.save_folder(data, tmp_path / "calib")), str(fpath)),
                         root=tmp_path)
     told = [w["text"] for w in analysis.diagnosis(node_type="activation").warnings]

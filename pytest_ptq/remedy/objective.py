@@ -79,8 +79,8 @@ def objective_for(metric, target, specs, evaluate=None, min_ratio=None):
                 raise PTQError(f"give a target for {guide.name}; only cosine similarity has a default (0.99)")
             target = 0.99
         target = _number(target, "target")
-        if guide.name == COSINE and not -1 <= target <= 1:
-            raise PTQError(f"a cosine-similarity target must lie in [-1, 1], got {target}")
+        if guide.unit and not -1 <= target <= 1:
+            raise PTQError(f"a {guide.name} target must lie in [-1, 1], got {target}")
         return Objective(guide, guide, specs, target=target)
     if not callable(evaluate):
         raise PTQError(f"evaluate must be a function evaluate(run, data) -> float, got {evaluate!r}")
