@@ -9,25 +9,32 @@ checkout never reads its old results), onnx, onnxruntime, numpy and the provider
 onnxruntime offers. Change any of them and the result is computed again.
 
 An entry is one file: a header naming the format, the sha256 of the payload, then the
-pickled ``(key, result)``. It is read only when the checksum and the key both match, so a
-truncated, edited or colliding file is ignored (and rewritten by the next computation),
-never trusted. Writes are atomic, so xdist workers can share the folder. A request with
-a part that has no stable text (a Python callable, say) is computed, not cached.
+payload: the sha256 of the key and the pickled result. It is read only when the checksum and
+the key both match, so a truncated, edited or colliding file is ignored (and rewritten by the
+next computation), never trusted; and it is unpickled only into what results are made of
+(pytest-ptq's data classes, numpy arrays, builtin containers), so an entry crafted by whoever
+can write the folder (a shared CI cache) cannot run code: anything else is a stale entry.
+Writes are atomic, so xdist workers can share the folder. A request with a part that has no
+stable text (a Python callable, say) is computed, not cached.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import enum
 import functools
 import hashlib
+import importlib
+import io
 import os
 import pickle
 import warnings
-from pathlib import Path
+from pathlib import Path, PurePath
 
 from . import guard
 from .errors import PTQError
 
-MAGIC = b"pytest-ptq cache 1\n"
+MAGIC = b"pytest-ptq cache 2\n"
 SUFFIX = ".ptq-cache"
 _PLAIN = (str, int, float, bool, type(None))
 
@@ -149,7 +156,7 @@ class ResultCache:
 
     def _store(self, path, key, value, files):
         try:
-            payload = pickle.dumps((repr(key), value), protocol=pickle.HIGHEST_PROTOCOL)
+            payload = _key_digest(key) + b"\n" + pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
         except Exception:  # noqa: BLE001 - a result that cannot be pickled is simply not kept
             return
         if self._guard is None:
@@ -191,6 +198,60 @@ def through(store, request, compute, files=()):
     return compute() if store is None else store.get(request, compute, files)
 
 
+def _key_digest(key):
+    return hashlib.sha256(repr(key).encode()).hexdigest().encode()
+
+
+# The functions an entry may call while it is read: how numpy, sets and pickle's own helper
+# rebuild their objects. Classes (pytest-ptq's records, numpy's types) are only instantiated
+# the way pickle rebuilds an object, never called: their own code does not run.
+_CALLABLE = {("builtins", n) for n in ("set", "frozenset", "slice", "complex", "bytearray", "range")} | {
+    ("copyreg", "_reconstructor"), ("collections", "OrderedDict"),
+    *((m, n) for m in ("numpy", "numpy.core.multiarray", "numpy._core.multiarray", "numpy.core.numeric",
+                        "numpy._core.numeric")
+      for n in ("dtype", "_reconstruct", "scalar", "_frombuffer"))}
+
+
+class _ResultUnpickler(pickle._Unpickler):  # the Python one: its opcodes can be overridden
+    """Reads what results are made of and refuses the rest: a global must be one of
+    :data:`_CALLABLE` or a class of pytest-ptq, numpy or pathlib, and the only calls are to
+    those functions, an enum's lookup of its member and a path's constructor, so a crafted
+    entry runs no code."""
+
+    def find_class(self, module, name):
+        if (module, name) in _CALLABLE:
+            return super().find_class(module, name)
+        if module.split(".")[0] in ("pytest_ptq", "numpy", "pathlib") and "." not in name:
+            obj = getattr(importlib.import_module(module), name, None)
+            if isinstance(obj, type):
+                return obj
+        raise pickle.UnpicklingError(f"{module}.{name} is not part of a result")
+
+    def _reduce(self):
+        args = self.stack.pop()
+        func = self.stack[-1]
+        if not (func in _callables() or isinstance(func, type) and (
+                issubclass(func, enum.Enum) and len(args) == 1 or issubclass(func, PurePath))):
+            raise pickle.UnpicklingError(f"{func!r} is not called while reading a result")
+        self.stack[-1] = func(*args)  # one of _CALLABLE, an enum member by its value, a path (no I/O)
+
+    dispatch = {**pickle._Unpickler.dispatch, pickle.REDUCE[0]: _reduce}
+
+
+@functools.cache
+def _callables():
+    """The objects :data:`_CALLABLE` names (those this numpy has)."""
+    found = []
+    with warnings.catch_warnings():  # numpy 2 keeps numpy.core, for old pickles, with a warning
+        warnings.simplefilter("ignore", DeprecationWarning)
+        for module, name in _CALLABLE:
+            try:
+                found.append(getattr(importlib.import_module(module), name))
+            except (ImportError, AttributeError):
+                continue
+    return tuple(found)
+
+
 def _read(path, key):
     """``(True, result)`` from a sound entry of ``key`` at ``path``, else ``(False, None)``."""
     try:
@@ -201,11 +262,13 @@ def _read(path, key):
     head, _, rest = blob[len(MAGIC):].partition(b"\n")
     if not blob.startswith(MAGIC) or hashlib.sha256(rest).hexdigest().encode() != head:
         return False, None
-    try:
-        stored_key, value = pickle.loads(rest)  # noqa: S301 - checksummed, written by this tool
-    except Exception:  # noqa: BLE001 - a class renamed since: the entry is stale, not an error
+    stored_key, _, payload = rest.partition(b"\n")
+    if stored_key != _key_digest(key):
         return False, None
-    return (True, value) if stored_key == repr(key) else (False, None)
+    try:
+        return True, _ResultUnpickler(io.BytesIO(payload)).load()
+    except Exception:  # noqa: BLE001 - a class renamed since, or not a result: a stale entry, not an error
+        return False, None
 
 
 def clear(folder):

@@ -3,6 +3,7 @@ matches and the entry is sound; computed again otherwise."""
 
 from __future__ import annotations
 
+import json
 import shutil
 
 import numpy as np
@@ -285,3 +286,38 @@ def test_cli_refuses_a_cache_dir_inside_the_data(inputs, capsys):
     assert "--cache-dir" in err and "inside the calibration data folder" in err
     assert not (inputs / "calib" / "c").exists()
 
+
+
+class _Planted:
+    """What a crafted entry would hold: unpickling it writes a file."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
+
+
+def test_a_crafted_entry_runs_no_code_and_is_recomputed(tmp_path, inputs, capsys):
+    import hashlib
+    import pickle
+
+    from pytest_ptq import cache, cli
+
+    common = [str(inputs / "q.onnx"), str(inputs / "calib"), "--quiet", "--cache-dir", str(tmp_path / "c"),
+              "-t", "activation"]
+    assert cli.main(["get-sensitivity-of-nodes", *common, "--json", str(tmp_path / "s1.json")]) == 0
+    marker = tmp_path / "planted"
+    entries = list((tmp_path / "c").glob(f"*{cache.SUFFIX}"))
+    assert entries
+    for entry in entries:  # the right key and checksum, a payload that would open a file
+        blob = entry.read_bytes()
+        key = blob[len(cache.MAGIC):].partition(b"\n")[2].partition(b"\n")[0]
+        for planted in (_Planted(str(marker)), [1, _Planted(str(marker))]):
+            payload = key + b"\n" + pickle.dumps(planted)
+            entry.write_bytes(cache.MAGIC + hashlib.sha256(payload).hexdigest().encode() + b"\n" + payload)
+            assert cli.main(["get-sensitivity-of-nodes", *common, "--json", str(tmp_path / "s2.json")]) == 0
+            assert not marker.exists()
+            assert (json.loads((tmp_path / "s1.json").read_text())["values"]
+                    == json.loads((tmp_path / "s2.json").read_text())["values"])
+            entry.write_bytes(blob)
