@@ -15,7 +15,7 @@ import numpy as np
 import onnx
 
 from . import params
-from .errors import PTQError
+from .errors import PTQError, shown
 
 _NP_OF_ONNX = {
     onnx.TensorProto.FLOAT: np.float32, onnx.TensorProto.FLOAT16: np.float16,
@@ -49,11 +49,7 @@ class _Source:
         """(shape, dtype) of sample i without reading its values where possible."""
         item = self.items[i]
         if isinstance(item, Path):
-            try:
-                arr = np.load(item, mmap_mode="r", allow_pickle=False)
-            except Exception as exc:
-                raise PTQError(f"calibration file {str(item)!r} is not a readable .npy array "
-                               f"({type(exc).__name__}); re-save it with numpy.save") from None
+            arr = _read_npy(item, mmap_mode="r")
             return arr.shape, arr.dtype
         arr = self.load(i)
         return arr.shape, arr.dtype
@@ -61,11 +57,7 @@ class _Source:
     def load(self, i):
         item = self.items[i]
         if isinstance(item, Path):
-            try:
-                return np.load(item, allow_pickle=False)
-            except Exception as exc:
-                raise PTQError(f"calibration file {str(item)!r} is not a readable .npy array "
-                               f"({type(exc).__name__}); re-save it with numpy.save") from None
+            return _read_npy(item)
         if isinstance(item, tuple):  # (file, stacked array, row)
             return np.asarray(item[1][item[2]])
         return np.asarray(item)
@@ -193,8 +185,7 @@ def load_data(calibrated_data, qmodel=None, data_num=None):
     if isinstance(calibrated_data, CalibrationData):
         data = calibrated_data
     elif isinstance(calibrated_data, dict):
-        data = CalibrationData({k: _Source(f"{k}", list(v) if not isinstance(v, np.ndarray) else list(v))
-                                for k, v in calibrated_data.items()}, "<mapping>")
+        data = CalibrationData({k: _Source(f"{k}", _listed(k, v)) for k, v in calibrated_data.items()}, "<mapping>")
     else:
         path = params.input_path(calibrated_data, "calibration data")
         if path.is_file() and path.suffix == ".npz":
@@ -213,6 +204,17 @@ def load_data(calibrated_data, qmodel=None, data_num=None):
     return data
 
 
+def _listed(name, value):
+    """The samples of input ``name`` in a mapping: a list (or tuple) of arrays, or an array
+    with the samples on its first axis."""
+    if isinstance(value, (list, tuple)):
+        return list(value)
+    if isinstance(value, np.ndarray) and value.ndim:
+        return list(value)
+    raise PTQError(f"calibration data for input {name!r} must be a list of arrays, one per sample, or an array "
+                   f"with the samples along its first axis; got {shown(value)}")
+
+
 def _open_npz(path):
     try:
         npz = np.load(path, allow_pickle=False)
@@ -220,8 +222,33 @@ def _open_npz(path):
     except (zipfile.BadZipFile, OSError, ValueError) as exc:
         raise PTQError(f"calibration file {str(path)!r} is not a readable .npz archive "
                        f"({type(exc).__name__}); re-save it with numpy.savez") from None
+    arrays = {k: _stacked(a, f"{str(path)!r}, key {k!r},") for k, a in arrays.items()}
     return {k: _Source(f"{path}:{k}", [(f"{path}:{k}[{i}]", a, i) for i in range(len(a))])
             for k, a in arrays.items()}
+
+
+def _read_npy(path, mmap_mode=None):
+    """The array of .npy file ``path``, or one sentence saying it is not one (an .npz archive
+    saved under a .npy name loads as an archive)."""
+    try:
+        arr = np.load(path, mmap_mode=mmap_mode, allow_pickle=False)
+    except Exception as exc:
+        raise PTQError(f"calibration file {str(path)!r} is not a readable .npy array "
+                       f"({type(exc).__name__}); re-save it with numpy.save") from None
+    if not isinstance(arr, np.ndarray):
+        if hasattr(arr, "close"):
+            arr.close()
+        raise PTQError(f"calibration file {str(path)!r} is not a readable .npy array (it is an .npz archive); "
+                       "re-save it with numpy.save, or pass the archive itself as the data")
+    return arr
+
+
+def _stacked(arr, where):
+    """``arr``, whose first axis holds the samples; one sentence for a 0-d array."""
+    if np.ndim(arr) == 0:
+        raise PTQError(f"calibration data {where} holds one value, not samples stacked along a first axis; save "
+                       "an array of shape [samples, ...] (or one .npy file per sample)")
+    return arr
 
 
 def _npy_files(folder):
@@ -274,11 +301,7 @@ def _open_dir(path):
     for f in stacked:
         if f.stem in sources:
             continue
-        try:
-            arr = np.load(f, mmap_mode="r", allow_pickle=False)
-        except Exception as exc:
-            raise PTQError(f"calibration file {str(f)!r} is not a readable .npy array "
-                           f"({type(exc).__name__}); re-save it with numpy.save") from None
+        arr = _stacked(_read_npy(f, mmap_mode="r"), repr(str(f)))
         sources[f.stem] = _Source(str(f), [(f"{f}[{i}]", arr, i) for i in range(len(arr))])
     if not sources:
         raise PTQError(f"calibration data {str(path)!r} holds neither input folders nor .npy files; "

@@ -45,7 +45,19 @@ class OutputSpec:
     rms: float | None = None
 
     def take(self, array):
-        return array[self.index] if self.index else array
+        """The values this spec names in ``array`` (the tensor's values); one sentence where
+        the slice does not fit them (a shape the model left open)."""
+        if not self.index:
+            return array
+        try:
+            part = array[self.index]
+        except (IndexError, ValueError, TypeError) as exc:
+            raise PTQError(f"output slice {self.name!r} does not fit {self.tensor!r}, of shape {list(np.shape(array))} "
+                           f"here ({exc}); slice within that shape") from None
+        if not np.size(part):
+            raise PTQError(f"output slice {self.name!r} selects no values of {self.tensor!r}, of shape "
+                           f"{list(np.shape(array))} here; slice within that shape")
+        return part
 
 
 def _parse_index(text, spec):
@@ -54,17 +66,22 @@ def _parse_index(text, spec):
         part = part.strip()
         try:
             if part == "...":
-                parts.append(Ellipsis)
+                value = Ellipsis
             elif ":" in part:
                 bits = [int(b) if b.strip() else None for b in part.split(":")]
                 if len(bits) > 3:
                     raise ValueError
-                parts.append(slice(*bits))
+                value = slice(*bits)
             else:
-                parts.append(int(part))
+                value = int(part)
         except ValueError:
             raise PTQError(f"output slice {spec!r} has an index part {part!r} that is not an integer, "
                            "a start:stop[:step] slice or '...'; write it like 'output0[:, 0:4]'") from None
+        if value is Ellipsis and Ellipsis in parts:
+            raise PTQError(f"output slice {spec!r} has '...' twice; it may stand for the other axes once")
+        if isinstance(value, slice) and value.step == 0:
+            raise PTQError(f"output slice {spec!r} has a step of 0 in {part!r}; a step is a nonzero integer")
+        parts.append(value)
     return tuple(parts)
 
 
@@ -82,8 +99,34 @@ def parse_output(spec, qmodel):
         else:
             raise unknown("output", tensor, qmodel.output_names + list(qmodel.normal))
     index = _parse_index(m.group("index"), spec) if m.group("index") is not None else ()
+    _check_index(spec, tensor, index, qmodel.shapes.get(tensor))
     name = m.group("alias") or (str(spec).strip() if index else tensor)
     return OutputSpec(name=name.strip(), tensor=tensor, index=index)
+
+
+def _check_index(spec, tensor, index, shape):
+    """Refuse, before any work, a slice that does not fit ``tensor``'s ``shape`` as the model
+    declares it (axes left open are checked when the values come, in :meth:`OutputSpec.take`)."""
+    if shape is None or not index:
+        return
+    axes = [p for p in index if p is not Ellipsis]
+    if len(axes) > len(shape):
+        raise PTQError(f"output slice {spec!r} indexes {len(axes)} axes of {tensor!r}, which has {len(shape)} "
+                       f"({shape}); index at most {len(shape)}")
+    if Ellipsis in index:
+        k = index.index(Ellipsis)
+        dims = shape[:k] + shape[len(shape) - (len(index) - k - 1):]
+    else:
+        dims = shape[:len(axes)]
+    for part, dim in zip(axes, dims):
+        if not isinstance(dim, int) or dim <= 0:
+            continue
+        if isinstance(part, int) and not -dim <= part < dim:
+            raise PTQError(f"output slice {spec!r} takes index {part} of an axis of {tensor!r} that has {dim} "
+                           f"({shape}); use an index below {dim}")
+        if isinstance(part, slice) and not len(range(*part.indices(dim))):
+            raise PTQError(f"output slice {spec!r} selects nothing of an axis of {tensor!r} that has {dim} "
+                           f"({shape}); slice within it")
 
 
 def parse_outputs(output_node, model):

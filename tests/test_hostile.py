@@ -132,6 +132,24 @@ def _suggest_setup(root):
     shutil.copy(root / "m.onnx", root / "prev" / "requantized_float.onnx")
 
 
+def _edited(**values):
+    """Write ``bad.onnx``: ``m.onnx`` with initializers replaced by ``values``."""
+    def make(root):
+        model = onnx.load(str(root / "m.onnx"))
+        for init in model.graph.initializer:
+            if init.name in values:
+                init.CopyFrom(onnx.numpy_helper.from_array(values[init.name], init.name))
+        onnx.save(model, str(root / "bad.onnx"))
+    return make
+
+
+def _data_file(folder, write):
+    def make(root):
+        (root / folder).parent.mkdir(parents=True, exist_ok=True)
+        write(root / folder)
+    return make
+
+
 SENS = ["get-sensitivity-of-nodes", "m.onnx", "calib", "--quiet"]
 RUNALL = ["runall", "m.onnx", "calib", "--quiet"]
 CLI_CASES = [
@@ -178,6 +196,24 @@ CLI_CASES = [
     ("data-num-text", None, SENS + ["--data-num", "abc"], ["--data-num: must be a whole number, got 'abc'"]),
     ("unknown-metric", None, SENS + ["-m", "cosin"], ["unknown metric 'cosin'"]),
     ("unknown-node", None, SENS + ["-i", "conv_2"], ["unknown node 'conv_2'", "'conv2'"]),
+    ("zero-points-beside-one-scale", _edited(w1_zero_point=np.zeros(5, np.int8)), ["list-nodes", "bad.onnx"],
+     ["'w1_QuantizeLinear'", "zero point of shape [5]", "beside a scale of shape []"]),
+    ("scales-for-the-wrong-channel-count", _edited(w1_scale=np.full(5, 0.01, np.float32),
+                                                   w1_zero_point=np.zeros(5, np.int8)),
+     ["list-nodes", "bad.onnx"], ["'w1_QuantizeLinear'", "scale of shape [5] for axis 1", "which has 3 there"]),
+    ("scale-nan", _edited(x_scale=np.array(np.nan, np.float32)), ["runall", "bad.onnx", "calib", "--quiet"],
+     ["'x_QuantizeLinear'", "has a scale of nan ('x_scale')"]),
+    ("npz-saved-as-npy", _data_file("zipped/x/0.npy", lambda p: np.savez(open(p, "wb"), x=np.zeros(3))),
+     ["get-sensitivity-of-nodes", "m.onnx", "zipped", "--quiet"], ["is not a readable .npy array (it is an .npz"]),
+    ("stacked-scalar", _data_file("scalar/x.npy", lambda p: np.save(p, np.float32(1))),
+     ["get-sensitivity-of-nodes", "m.onnx", "scalar", "--quiet"], ["holds one value, not samples stacked"]),
+    ("npz-scalar", _data_file("d.npz", lambda p: np.savez(p, x=np.float32(1))),
+     ["get-sensitivity-of-nodes", "m.onnx", "d.npz", "--quiet"], ["'d.npz', key 'x', holds one value"]),
+    ("slice-step-0", None, SENS + ["-o", "p=prob[::0]"], ["has a step of 0"]),
+    ("slice-two-ellipses", None, SENS + ["-o", "p=prob[..., ...]"], ["has '...' twice"]),
+    ("slice-index-out-of-range", None, SENS + ["-o", "p=prob[:, 10]"], ["takes index 10", "has 10 ([1, 10])"]),
+    ("slice-empty", None, SENS + ["-o", "p=prob[:, 99:100]"], ["selects nothing of an axis of 'prob'"]),
+    ("slice-too-many-axes", None, SENS + ["-o", "p=prob[0, 0, 0]"], ["indexes 3 axes of 'prob', which has 2"]),
 ]
 
 
@@ -194,6 +230,13 @@ def test_cli_refuses_in_one_sentence(project, capsys, setup, argv, needles):
     assert rc == 2, err
     one_line(err, *needles)
     assert_untouched(before, tree(project))
+
+
+def test_a_scale_of_zero_is_a_warning_and_every_step_runs(project, capsys):
+    _edited(x_scale=np.array(0, np.float32))(project)
+    assert main(["runall", "bad.onnx", "calib", "--quiet", "-s", "out"]) == 0, capsys.readouterr().err
+    summary = (project / "out" / "summary.md").read_text()
+    assert "QuantizeLinear 'x_QuantizeLinear' of 'bad.onnx' has a scale of 0 ('x_scale')" in summary
 
 
 def test_cli_writes_only_its_declared_outputs(project, capsys):
@@ -299,6 +342,8 @@ API_CASES = [
     ("model-number", lambda: dbg.Engine(1.5, "calib"), "model must be the path of an .onnx file"),
     ("model-folder", lambda: dbg.Engine("calib", "calib"), "model 'calib' is a folder; pass the .onnx file"),
     ("data-number", lambda: dbg.Engine("m.onnx", 7), "calibration data must be a path, got 7"),
+    ("data-mapping-of-a-number", lambda: dbg.Engine("m.onnx", {"x": 5}),
+     "calibration data for input 'x' must be a list of arrays, one per sample"),
     ("result-saved-onto-its-model", lambda: dbg.get_sensitivity_of_nodes("m.onnx", calibrated_data="calib").save(
         "m.onnx"), "output file 'm.onnx' is the model file"),
     ("result-saved-into-its-data", lambda: dbg.get_sensitivity_of_nodes(_engine()).save("calib/x/1.npy"),

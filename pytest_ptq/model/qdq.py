@@ -241,6 +241,8 @@ class CalibrationNode:
         else:
             s = grids.broadcast(self.scale.astype(np.float64), x.shape, self.axis, self.block_size)
             z = grids.broadcast(self.zero_point.astype(np.float64), x.shape, self.axis, self.block_size)
+            if not (np.asarray(s) > 0).all():  # a grid of no width, or reversed: no codes to count
+                return None
         if bits is not None:
             # the calibrated range lies within a step of the grid's ends (its zero point was
             # rounded to a code), so the wider grid spans one step more at each end
@@ -466,7 +468,35 @@ class QuantModel:
         axis = None
         if scale.size > 1 or block_size:
             axis = self._valid_axis(node, int(attribute(node, "axis", 1)), scale)
+        self._check_params(node, scale, zp, axis, block_size)
         return scale.astype(np.float32), zp, axis, block_size, grid
+
+    def _check_params(self, node, scale, zp, axis, block):
+        """Refuse, in one sentence, a scale or zero point whose values or shape onnxruntime
+        would turn into NaN or refuse; note scales of zero or below (values that dequantize to
+        0 or change sign)."""
+        where = f"{node.op_type} {node.name!r} of {self.source!r}"
+        values = np.asarray(scale, np.float64)
+        if not np.isfinite(values).all():
+            raise PTQError(f"{where} has a scale of {values.ravel()[~np.isfinite(values.ravel())][0]} "
+                           f"({node.input[1]!r}); a scale is the step of the quantization grid, a finite positive "
+                           "number: re-calibrate the model, or fix that initializer")
+        # one zero point per scale ([1] beside a scalar is per tensor too, as quantize_static's biases)
+        if np.size(zp) != values.size and len(node.input) > 2 and node.input[2]:
+            raise PTQError(f"{where} has a zero point of shape {list(np.shape(zp))} ({node.input[2]!r}) beside a "
+                           f"scale of shape {list(values.shape)}; they must have the same shape, one zero point "
+                           "per scale: fix the export")
+        if axis is not None and not block:
+            shape = self.shapes.get(node.input[0])
+            channels = shape[axis] if shape is not None and -len(shape) <= axis < len(shape) else None
+            if values.ndim != 1 or (isinstance(channels, int) and channels > 0 and channels != values.size):
+                there = f", which has {channels} there" if isinstance(channels, int) and channels > 0 else ""
+                raise PTQError(f"{where} has a scale of shape {list(values.shape)} for axis {axis} of its input "
+                               f"{node.input[0]!r}{there}; per-channel quantization takes one scale per channel, a "
+                               "1-D scale as long as that axis: fix the export")
+        if (values <= 0).any():
+            self.notes.append(f"{where} has a scale of {values.min():g} ({node.input[1]!r}): its values dequantize "
+                              "to 0 or change sign there; a scale should be positive (re-calibrate the model)")
 
     def _valid_axis(self, node, axis, scale):
         """The per-axis quantization axis of ``node``, repaired in the tool's copy when a
