@@ -140,6 +140,8 @@ class Inputs:
 
 def external_data_files(model_path):
     """The external data files an .onnx file names (resolved); none when it cannot be read."""
+    if not Path(model_path).is_file():  # a pipe would block, a device never end: the loader says so
+        return []
     try:
         import onnx
         from onnx.external_data_helper import _get_all_tensors, uses_external_data

@@ -578,3 +578,17 @@ def test_report_outside_the_rootdir_is_warned_about(plugin_project, tmp_path):
     result.stdout.fnmatch_lines([f"*PTQPathWarning: --ptq-report: the report '{outside}' lies outside the rootdir*",
                                  f"*ptq report: {outside}*"])
     assert outside.read_text().startswith("<!DOCTYPE html>")
+
+
+@pytest.mark.parametrize("kind", ["fifo", "device"])
+def test_plugin_refuses_a_model_that_is_not_a_regular_file(plugin_project, kind):
+    """With pytest's cache on (the default), the result cache hashes what the model names
+    before anything reads it: a pipe blocked it, a device filled memory."""
+    target = "/dev/zero"
+    if kind == "fifo":
+        os.mkfifo(plugin_project.path / "pipe.onnx")
+        target = "pipe.onnx"
+    result = plugin_project.runpytest_subprocess("--ptq-model", target, "--ptq-data", "calib", "-p", "no:xdist",
+                                                 timeout=120)
+    result.stdout.fnmatch_lines([f"*model file '*{target}' is not a regular file (a device or a pipe)*"])
+    assert result.ret == 1

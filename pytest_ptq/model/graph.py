@@ -36,6 +36,9 @@ def load_model(model_or_file, what="model", external=True, parse=True):
     if path.is_dir():
         raise PTQError(f"{what} {str(path)!r} is a folder; pass the .onnx file")
     if not path.is_file():
+        if path.exists():
+            raise PTQError(f"{what} file {str(path)!r} is not a regular file (a device or a pipe); pass the path of "
+                           "an .onnx file")
         raise PTQError(f"{what} file {str(path)!r} does not exist; pass the path of an .onnx file")
     if not parse:
         return None, path
@@ -246,6 +249,9 @@ def _mapped(init, folder, source):
             hasattr(onnx.TensorProto, "FLOAT4E2M1") and init.data_type == onnx.TensorProto.FLOAT4E2M1):
         # packed sub-byte types: onnx unpacks them
         return numpy_helper.to_array(init, base_dir=folder or "")
+    if os.path.exists(path) and not os.path.isfile(path):  # a device maps as endless zeros, a pipe not at all
+        raise PTQError(f"initializer {init.name!r} of {source} keeps its data in {path!r}, which is not a regular "
+                       "file; keep the external data file beside the model")
     try:
         key = _file_key(path) + (offset, dtype.str, shape)
         array = _LIVE.get(key)
