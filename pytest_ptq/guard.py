@@ -331,6 +331,10 @@ def write_error(path, exc):
     if code == errno.EISDIR:
         return PTQError(f"{where}: it is a folder; give a file name")
     if code in (errno.ENOTDIR, errno.EEXIST):
+        dangling = next((p for p in (Path(path), *Path(path).parents) if p.is_symlink() and not p.exists()), None)
+        if dangling is not None:
+            return PTQError(f"{where}: {shown(str(dangling))} is a link to {shown(os.readlink(dangling))}, which does "
+                            "not exist; create the link's target or choose another path")
         found = _existing_ancestor(Path(path))  # the path itself when a folder was wanted there
         blocker = f"{shown(str(found[0]))} is a file, not a folder" if found else "a parent is a file"
         return PTQError(f"{where}: {blocker}; remove that file or choose another path")

@@ -58,6 +58,17 @@ def positive_int(value, what="a count"):
     return whole(value, what, minimum=1)
 
 
+MAX_BINS = 4096  # a histogram's bars: more than a plot shows (and a bar per value of 1e8 never ends)
+
+
+def bins(value, what="bins"):
+    """Histogram bars: a whole number from 1 to :data:`MAX_BINS`."""
+    number = positive_int(value, what)
+    if number > MAX_BINS:
+        raise _fail(what, f"must be at most {MAX_BINS} (a plot shows no more bars), got {number}")
+    return number
+
+
 def data_num(value, what="data_num"):
     """How many samples to use: None (all) or a whole number >= 1."""
     if value is None:

@@ -81,6 +81,7 @@ def argtype(validator, name=None):
 
 
 positive_int = argtype(params.positive_int, "positive integer")
+bins = argtype(params.bins, "number of bins")
 cosine = argtype(params.cosine, "cosine")
 seconds = argtype(params.seconds, "seconds")
 number = argtype(params.number, "number")

@@ -45,7 +45,7 @@ def configure_distribution(p):
     p.add_argument("-n", "--nodes", nargs="+", required=True, metavar="NODE",
                    help="calibration or normal nodes to plot (also the seed's \"['a','b']\" form)")
     a.add_save_dir(p)
-    p.add_argument("--bins", type=a.positive_int, default=HIST_BINS, help=f"histogram bins. Default: {HIST_BINS}")
+    p.add_argument("--bins", type=a.bins, default=HIST_BINS, help=f"histogram bins. Default: {HIST_BINS}")
     a.add_json(p)
 
 

@@ -315,7 +315,7 @@ def collect(engine, dist_nodes=(), box_nodes=(), axis=None, data_num=None, bins=
     With ``skip_unboxable``, a node without a channel axis gets ``{"skipped": reason}``
     instead of raising.
     """
-    bins = params.positive_int(bins, "bins")
+    bins = params.bins(bins)
     axis = params.axis(axis)
     outlier_k = params.positive(outlier_k, "outlier_k")
     params.data_num(data_num)
