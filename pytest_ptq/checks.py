@@ -192,7 +192,8 @@ def check_outputs(analysis, threshold, metric=COSINE, holdout=None):
     Model outputs not named get the ``""`` value; without one only the named are checked.
     """
     m = get_metrics(metric)[0]
-    th = thresholds(threshold)
+    th = {k: params.threshold(v, m.name, f"output {m.name} threshold{f' for {k!r}' if k else ''}")
+          for k, v in thresholds(threshold).items()}
     if not th:
         raise PTQError(f"no threshold for output {m.name}; pass a number or {{output: value}}")
     named = [k for k in th if k]
@@ -279,7 +280,7 @@ def check_nodes(analysis, threshold, metric=COSINE, node_type="node", allow=(), 
     error, since it is most likely a typo.
     """
     m = get_metrics(metric)[0]
-    limit = params.number(threshold, f"node {m.name} threshold")
+    limit = params.threshold(threshold, m.name, f"node {m.name} threshold")
     sens = analysis.sensitivity(node_type, m.name, outputs)
     names = list(sens)
     patterns = params.names(allow, "allow") or []

@@ -227,10 +227,10 @@ def load(path):
     data_num = _valid(params.data_num, doc.get("data_num"), "data_num", where)
     outputs = doc.get("outputs")
     if outputs is not None:
-        outputs = _outputs(outputs, where)
+        outputs = _outputs(outputs, metric or COSINE, where)
     nodes = doc.get("nodes")
     if nodes is not None:
-        nodes = _nodes(nodes, where)
+        nodes = _nodes(nodes, metric, where)
     accuracy = doc.get("accuracy")
     if accuracy is not None:
         accuracy = _accuracy(accuracy, where)
@@ -309,19 +309,25 @@ def _metric(value, key, where):
         raise ContractError(f"{where}: {key!r}: {exc}") from None
 
 
-def _outputs(value, where):
+def _bound(value, key, metric, where):
+    """A threshold on ``metric`` (see :func:`~pytest_ptq.params.threshold`)."""
+    number = _num(value, key, where)
+    return _valid(lambda v, what: params.threshold(v, metric, what), number, key, where)
+
+
+def _outputs(value, metric, where):
     if isinstance(value, dict):
         out = {}
         for k, v in value.items():
             key = "" if k in (None, "", "default") else str(k)
-            out[key] = _num(v, f"outputs.{k}", where)
+            out[key] = _bound(v, f"outputs.{k}", metric, where)
         if not out:
             raise ContractError(f"{where}: 'outputs' is empty; give 'default: 0.99' or one threshold per output")
         return out
-    return _num(value, "outputs", where)
+    return _bound(value, "outputs", metric, where)
 
 
-def _nodes(value, where):
+def _nodes(value, metric, where):
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         value = {"threshold": value}
     if not isinstance(value, dict):
@@ -336,10 +342,13 @@ def _nodes(value, where):
         allow = [allow]
     if not isinstance(allow, list) or not all(isinstance(a, str) for a in allow):
         raise ContractError(f"{where}: 'nodes.allow' must be a list of node names or patterns, got {shown(allow)}")
-    return {"type": node_type,
-            "threshold": _num(value["threshold"], "nodes.threshold", where) if "threshold" in value else None,
-            "allow": list(allow),
-            "metric": _metric(value["metric"], "nodes.metric", where) if "metric" in value else None}
+    own = _metric(value["metric"], "nodes.metric", where) if "metric" in value else None
+    threshold = None
+    if "threshold" in value:  # checked here when the contract names the metric, else when it runs
+        threshold = _num(value["threshold"], "nodes.threshold", where)
+        if own or metric:
+            threshold = _bound(threshold, "nodes.threshold", own or metric, where)
+    return {"type": node_type, "threshold": threshold, "allow": list(allow), "metric": own}
 
 
 def _accuracy(value, where):

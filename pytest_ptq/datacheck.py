@@ -672,9 +672,9 @@ def check_data(model_or_file, calibrated_data=None, heldout=None, data_num=None,
     error, warning, info.
     """
     m = get_metrics(metric)[0]
-    threshold = params.optional_number(threshold, "threshold")
+    threshold = None if threshold is None else params.threshold(threshold, m.name)
     expect_mean = params.numbers_list(expect_mean, "expect_mean")
-    expect_std = params.numbers_list(expect_std, "expect_std")
+    expect_std = params.numbers_list(expect_std, "expect_std", positive=True)
     if threshold is None and m.name == "cosine-similarity":
         threshold = 0.99
     if calibrated_data is None and isinstance(model_or_file, Engine):

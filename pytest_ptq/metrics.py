@@ -235,7 +235,15 @@ def get_metrics(metrics):
 
 
 def compare(ref, test, metrics=("cosine-similarity",)):
-    """All ``metrics`` between two arrays: ``{metric name: value}``."""
+    """All ``metrics`` between two arrays of the same shape: ``{metric name: value}``."""
+    try:
+        shapes = np.shape(ref), np.shape(test)
+        numeric = all(np.asarray(a).dtype.kind in "biuf" for a in (ref, test))
+    except ValueError:  # ragged nested lists
+        shapes, numeric = None, False
+    if not numeric or shapes[0] != shapes[1]:
+        raise PTQError(f"compare needs two numeric arrays of the same shape, got {shown(ref)} and {shown(test)}"
+                       + (f" (shapes {list(shapes[0])} and {list(shapes[1])})" if numeric else ""))
     result = {}
     for m in get_metrics(list(metrics)):
         s = m.new()

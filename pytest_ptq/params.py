@@ -171,13 +171,37 @@ def fraction(value, what):
     return result
 
 
+def threshold(value, metric_name, what="threshold"):
+    """A bound on ``metric_name``: a finite number, in [-1, 1] for a similarity of at most 1
+    (cosine, correlation), at least 0 for an error (mse, chebyshev, ...)."""
+    from .metrics import get_metrics
+
+    m = get_metrics(metric_name)[0]
+    result = number(value, what)
+    if not math.isfinite(result):
+        raise _fail(what, f"must be a finite number, got {result:g}")
+    if m.unit and not -1.0 <= result <= 1.0:
+        raise _fail(what, f"must lie in [-1, 1] for {m.name}, got {result:g}")
+    if not m.higher_is_better and result < 0:
+        raise _fail(what, f"must be >= 0 for {m.name}, an error, got {result:g}")
+    return result
+
+
 def optional_number(value, what):
     """None, or a finite real number (see :func:`number`)."""
     return None if value is None else number(value, what)
 
 
-def numbers_list(value, what):
-    """None, a number, or a list of numbers (per-channel statistics) as a list of floats."""
+def numbers_list(value, what, positive=False):
+    """None, a number, or a list of numbers (per-channel statistics) as a list of floats;
+    ``positive``: each above 0 (a standard deviation)."""
+    items = _numbers_list(value, what)
+    if positive and items is not None and any(not v > 0 for v in items):
+        raise _fail(what, f"must be numbers above 0, got {shown(items)}")
+    return items
+
+
+def _numbers_list(value, what):
     if value is None:
         return None
     if isinstance(value, (str, numbers.Real)) and not isinstance(value, bool):

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from . import __version__, params
 from .engine import engine_for
-from .errors import PTQError, unknown
+from .errors import PTQError, shown, unknown
 from .metrics import get_metrics
 from .outputs import parse_outputs
 from .progress import Progress
@@ -135,9 +135,10 @@ class Sensitivity(dict):
     def load(cls, path):
         try:
             return cls.from_dict(json.loads(Path(path).read_text()))
-        except (OSError, ValueError, KeyError) as exc:
-            raise PTQError(f"sensitivity file {str(path)!r} cannot be read ({type(exc).__name__}: {exc}); "
-                           "write it with Sensitivity.save or --json") from None
+        except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
+            # a JSON list, a number or a nesting deeper than Python's stack instead of a saved ranking
+            raise PTQError(f"sensitivity file {str(path)!r} cannot be read ({type(exc).__name__}: "
+                           f"{shown(str(exc))}); write it with Sensitivity.save or --json") from None
 
 
 def score_configs(engine, configs, metrics, specs, indices, progress=None):

@@ -113,7 +113,7 @@ def localize_stages(float_model, calibrated_model, calibrated_data, metrics=("co
     """
     metric_objs = get_metrics(metrics)
     first = metric_objs[0]
-    threshold = params.optional_number(threshold, "threshold")
+    threshold = None if threshold is None else params.threshold(threshold, first.name)
     if threshold is None and first.name == "cosine-similarity":
         threshold = 0.99
     fmodel, fpath = load_model(float_model, what="float model")

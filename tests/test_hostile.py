@@ -213,6 +213,12 @@ CLI_CASES = [
                                   "100000"], ["--bins: must be at most 4096"]),
     ("save-dir-dangling-link", _symlink("nowhere/at/all", "dangling"), RUNALL + ["-s", "dangling"],
      ["'dangling' is a link to 'nowhere/at/all', which does not exist"]),
+    ("float-model-quantized", None, SENS + ["--float-model", "m.onnx"],
+     ["the float model", "QuantizeLinear node(s), so it is a quantized model"]),
+    ("expect-std-negative", None, ["check-data", "m.onnx", "calib", "--expect-std", "-1", "-1", "-1"],
+     ["expect_std must be numbers above 0"]),
+    ("stages-threshold-beyond-cosine", None, ["stages", "f.onnx", "m.onnx", "calib", "--threshold", "2"],
+     ["threshold must lie in [-1, 1] for cosine-similarity"]),
     ("slice-step-0", None, SENS + ["-o", "p=prob[::0]"], ["has a step of 0"]),
     ("slice-two-ellipses", None, SENS + ["-o", "p=prob[..., ...]"], ["has '...' twice"]),
     ("slice-index-out-of-range", None, SENS + ["-o", "p=prob[:, 10]"], ["takes index 10", "has 10 ([1, 10])"]),
@@ -311,6 +317,15 @@ def _engine():
     return dbg.Engine("m.onnx", "calib")
 
 
+def _json_file(text):
+    """A file outside the project (which the case checks is untouched) holding ``text``."""
+    import tempfile
+
+    path = Path(tempfile.mkdtemp()) / "given.json"
+    path.write_text(text)
+    return str(path)
+
+
 API_CASES = [
     ("runall-save-dir-in-data", lambda: dbg.runall("m.onnx", "calib", save_dir="calib/out", progress=False),
      "save_dir 'calib/out' lies inside the calibration data folder"),
@@ -346,6 +361,12 @@ API_CASES = [
     ("model-number", lambda: dbg.Engine(1.5, "calib"), "model must be the path of an .onnx file"),
     ("model-folder", lambda: dbg.Engine("calib", "calib"), "model 'calib' is a folder; pass the .onnx file"),
     ("data-number", lambda: dbg.Engine("m.onnx", 7), "calibration data must be a path, got 7"),
+    ("compare-shapes", lambda: dbg.compare(np.zeros(3), np.zeros(4)), "(shapes [3] and [4])"),
+    ("compare-text", lambda: dbg.compare("abc", "abd", ["mse"]), "compare needs two numeric arrays"),
+    ("load-sensitivity-list", lambda: dbg.load_sensitivity(_json_file("[1, 2]")),
+     "cannot be read"),
+    ("load-sensitivity-deep", lambda: dbg.load_sensitivity(_json_file("[" * 100000 + "]" * 100000)),
+     "cannot be read (RecursionError"),
     ("data-mapping-of-a-number", lambda: dbg.Engine("m.onnx", {"x": 5}),
      "calibration data for input 'x' must be a list of arrays, one per sample"),
     ("result-saved-onto-its-model", lambda: dbg.get_sensitivity_of_nodes("m.onnx", calibrated_data="calib").save(

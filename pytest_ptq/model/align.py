@@ -51,6 +51,7 @@ import onnx
 from onnx import numpy_helper
 from onnx.inliner import inline_selected_functions
 
+from ..errors import PTQError
 from . import grids
 from .graph import has_subgraphs, hand_back, load_weightless, mapping, name_nodes, node_refs, sort_topologically
 
@@ -242,7 +243,12 @@ def align(qm, float_model):
     and returns the :class:`Alignment` (also kept as ``qm.alignment``)."""
     # its large weights stay in their file (mapped), as the calibrated model's do: a float
     # model read whole held a copy of every weight beside the calibrated one's
-    fmodel, _, arrays = load_weightless(float_model, what="float model")
+    fmodel, fpath, arrays = load_weightless(float_model, what="float model")
+    quantizers = sum(n.op_type == "QuantizeLinear" for n in fmodel.graph.node)
+    if quantizers:  # its outputs would be a quantized reference: every figure 1.0, or near
+        raise PTQError(f"the float model {str(fpath) if fpath else 'given'!r} holds {quantizers} QuantizeLinear "
+                       "node(s), so it is a quantized model; pass the float model the calibrated one was "
+                       "quantized from")
     f = _Float(_expanded(fmodel, {qm.node(n).op_type for n in qm.normal}), arrays)
     by_output = qm.by_output()
     tmatch = {}  # QDQ tensor -> float tensor
