@@ -143,6 +143,15 @@ def _edited(**values):
     return make
 
 
+def _external_on_a_device(root):
+    model = onnx.load(str(root / "ext.onnx"), load_external_data=False)
+    for init in model.graph.initializer:
+        for entry in init.external_data:
+            if entry.key == "location":
+                entry.value = "/dev/zero"
+    onnx.save(model, str(root / "dev.onnx"))
+
+
 def _data_file(folder, write):
     def make(root):
         (root / folder).parent.mkdir(parents=True, exist_ok=True)
@@ -213,6 +222,8 @@ CLI_CASES = [
                                   "100000"], ["--bins: must be at most 4096"]),
     ("save-dir-dangling-link", _symlink("nowhere/at/all", "dangling"), RUNALL + ["-s", "dangling"],
      ["'dangling' is a link to 'nowhere/at/all', which does not exist"]),
+    ("external-data-on-a-device", _external_on_a_device, ["get-sensitivity-of-nodes", "dev.onnx", "calib"],
+     ["keeps its data in '/dev/zero', which is not a regular file"]),
     ("float-model-quantized", None, SENS + ["--float-model", "m.onnx"],
      ["the float model", "QuantizeLinear node(s), so it is a quantized model"]),
     ("expect-std-negative", None, ["check-data", "m.onnx", "calib", "--expect-std", "-1", "-1", "-1"],
