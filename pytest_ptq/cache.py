@@ -12,15 +12,15 @@ An entry is one file: a header naming the format, the sha256 of the payload, the
 payload: the sha256 of the key and the pickled result. It is read only when the checksum and
 the key both match, so a truncated, edited or colliding file is ignored (and rewritten by the
 next computation), never trusted; and it is unpickled only into what results are made of
-(pytest-ptq's data classes, numpy arrays, builtin containers), so an entry crafted by whoever
-can write the folder (a shared CI cache) cannot run code: anything else is a stale entry.
+(pytest-ptq's records, numpy arrays, paths, builtin containers), rebuilt without calling their
+code, so an entry crafted by whoever can write the folder (a shared CI cache) cannot run
+code: anything else is a stale entry.
 Writes are atomic, so xdist workers can share the folder. A request with a part that has no
 stable text (a Python callable, say) is computed, not cached.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import enum
 import functools
 import hashlib
