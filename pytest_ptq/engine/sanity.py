@@ -53,6 +53,10 @@ class Equivalence:
     warnings: list
 
 
+# Float inputs this large are no preprocessed data: an overflow they cause is the data's
+HUGE_INPUT = 1e18
+
+
 def spread(n, k=SPREAD):
     """Up to ``k`` sample indices spread evenly over ``n`` samples, first and last included."""
     if n <= k:
@@ -77,11 +81,14 @@ def check(engine):
     read = list(dict.fromkeys(engine.model_outputs + watched))
     below, seen = {c.name: 0 for c in candidates}, {c.name: 0 for c in candidates}
     scale = {}  # (output, sample) -> the largest finite quantized value, or 1 when smaller
+    both = set()  # (output, sample) non-finite quantized too: the data or the model, not the bypass
     try:
         for i in samples:
             for k, q in engine.run(i, "all").items():
                 if q.dtype.kind == "f" and q.size and np.isfinite(q).all():
                     scale[k, i] = max(float(np.abs(q).max()), 1.0)
+                elif q.dtype.kind == "f" and q.size:
+                    both.add((k, i))
     finally:
         engine.forget_config("all")
     broken, exploded = None, None
@@ -113,6 +120,15 @@ def check(engine):
     suspects = {n: (below[n], seen[n]) for n in below if seen[n] and below[n] > FLOOR_SHARE * seen[n]}
     fix = FIX if engine.float_model is None else FIX_GIVEN
     evidence = _evidence(suspects)
+    if broken:
+        largest = max((float(np.max(np.abs(v))) for v in engine.sample(broken[1]).values()
+                       if np.asarray(v).dtype.kind == "f" and np.size(v)), default=0.0)
+        if broken in both or largest >= HUGE_INPUT:
+            how = ("with every Q/DQ pair quantized and with every pair bypassed" if broken in both
+                   else "with every Q/DQ pair bypassed")
+            raise PTQError(f"{qm.source!r} gives non-finite values in output {broken[0]!r} on sample {broken[1]} "
+                           f"{how}, and that sample's float inputs reach {largest:.3g} in magnitude: the model "
+                           "overflows on its data; check that sample and its preprocessing")
     if broken or exploded or len(suspects) >= 2:
         if broken:
             why = f"gives non-finite values in output {broken[0]!r} (sample {broken[1]})"
