@@ -132,8 +132,8 @@ class ResultCache:
     def key(self, request, files=()):
         """The full key of ``request`` (a tuple of plain parts) that also read ``files``; None
         when the request cannot be keyed (a part without stable text)."""
-        if not plain(request):
-            return None
+        if not plain(request) or any(f is not None and not isinstance(f, (str, os.PathLike)) for f in files):
+            return None  # data given as arrays has no file to hash: computed, not kept
         return (self.base(), request, tuple(None if f is None else self.hash_of(f) for f in files))
 
     def path(self, key):

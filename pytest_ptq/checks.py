@@ -346,6 +346,8 @@ def check_accuracy(analysis, evaluate, min_ratio=0.99, holdout=None):
     or ``holdout``): ``len(data)``, ``data.sample(i)``, iterating yields feed dicts.
     """
     ratio_min = params.number(min_ratio, "min_ratio")
+    if not callable(evaluate):
+        raise PTQError(f"evaluate must be a function evaluate(run, data) -> float, got {shown_value(evaluate)}")
     f_score, q_score = analysis.accuracy(evaluate, holdout)
     name = getattr(evaluate, "__name__", None) or type(evaluate).__name__
     if not f_score > 0:

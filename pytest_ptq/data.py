@@ -175,6 +175,13 @@ def _fmt(dims):
     return "[" + ", ".join("?" if d is None else str(d) for d in dims) + "]"
 
 
+def largest_float(feeds):
+    """The largest magnitude among a sample's float inputs (0 without any): what tells data
+    that overflows a model from a model that breaks."""
+    return max((float(np.max(np.abs(v))) for v in feeds.values() if np.asarray(v).dtype.kind == "f" and np.size(v)),
+               default=0.0)
+
+
 def load_data(calibrated_data, qmodel=None, data_num=None):
     """Open calibration data and validate it against ``qmodel`` when given.
 

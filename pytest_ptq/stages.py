@@ -24,8 +24,10 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
+
 from . import guard, params
-from .data import load_data
+from .data import largest_float, load_data
 from .engine import Engine
 from .engine.runtime import make_session, run
 from .errors import PTQError
@@ -170,6 +172,7 @@ def localize_stages(float_model, calibrated_model, calibrated_data, metrics=("co
             feeds = data.sample(i)
             outs = {k: dict(zip(tensors, run(sess, tensors, feeds, str(sources[k] or "<ModelProto>"))))
                     for k, sess in sessions.items()}
+            _check_reference(outs["reference"], feeds, i, fpath)
             outs["rewritten"] = engine.run(feeds, (), tensors)
             for k in labels:
                 ref, test = (outs["fake-quant"], outs["integer"]) if k == "kernel-gap" else (outs["reference"], outs[k])
@@ -229,6 +232,17 @@ def simulation_gap(engine, specs, samples=2):
 
 
 SIMULATION_WARNING = "the file runs otherwise than its simulation"
+
+
+def _check_reference(values, feeds, i, fpath):
+    """Refuse a sample on which the float model itself gives non-finite outputs: every stage
+    would read NaN and blame the first one."""
+    bad = next((k for k, v in values.items() if np.asarray(v).dtype.kind == "f" and not np.isfinite(v).all()), None)
+    if bad is None:
+        return
+    raise PTQError(f"the float model {str(fpath or 'given')!r} gives non-finite values in output {bad!r} on sample "
+                   f"{i}, whose float inputs reach {largest_float(feeds):.3g} in magnitude: the model overflows on its data; check "
+                   "that sample and its preprocessing")
 
 
 def simulation_warnings(engine, specs=None):

@@ -26,7 +26,7 @@ from test_plugin import run as run_pytest
 
 from pytest_ptq import debug as dbg
 from pytest_ptq.analysis import Analysis, AnalysisKey
-from pytest_ptq.checks import check_baseline
+from pytest_ptq.checks import check_accuracy, check_baseline
 from pytest_ptq.cli import BROKEN_PIPE, main
 from pytest_ptq.errors import PTQError
 
@@ -152,6 +152,18 @@ def _external_on_a_device(root):
     onnx.save(model, str(root / "dev.onnx"))
 
 
+def _outputs_added(*names, duplicate=False):
+    """Write ``bad.onnx``: ``m.onnx`` with ``names`` also listed as outputs (or ``prob`` twice)."""
+    def make(root):
+        model = onnx.load(str(root / "m.onnx"))
+        for name in names:
+            model.graph.output.append(onnx.helper.make_tensor_value_info(name, onnx.TensorProto.UNDEFINED, None))
+        if duplicate:
+            model.graph.output.append(model.graph.output[0])
+        onnx.save(model, str(root / "bad.onnx"))
+    return make
+
+
 def _data_file(folder, write):
     def make(root):
         (root / folder).parent.mkdir(parents=True, exist_ok=True)
@@ -255,6 +267,26 @@ def test_cli_refuses_in_one_sentence(project, capsys, setup, argv, needles):
     assert rc == 2, err
     one_line(err, *needles)
     assert_untouched(before, tree(project))
+
+
+@pytest.mark.parametrize("setup,note", [
+    (_outputs_added("w1"), "model output 'w1' is an initializer"),
+    (_outputs_added("r1_QuantizeLinear_Output"), "is the integer tensor inside pair 'r1_QuantizeLinear'"),
+    (_outputs_added(duplicate=True), "model output 'prob' is listed twice: it is compared once"),
+])
+def test_outputs_nothing_changes_are_left_out_with_a_note(project, capsys, setup, note):
+    setup(project)
+    assert main(["runall", "bad.onnx", "calib", "--quiet", "-s", "out", "--top", "1"]) == 0, capsys.readouterr().err
+    summary = (project / "out" / "summary.md").read_text()
+    assert note in summary and "metric cosine-similarity on prob." in summary  # the output compared, once
+
+
+def test_stages_name_data_that_overflows_the_float_model(project, capsys):
+    (project / "huge" / "x").mkdir(parents=True)
+    np.save(project / "huge" / "x" / "0.npy", np.full((1, 3, 16, 16), 1e38, np.float32))
+    assert main(["stages", "f.onnx", "m.onnx", "huge", "--quiet"]) == 2
+    one_line(capsys.readouterr().err, "the float model 'f.onnx' gives non-finite values in output 'prob' on sample 0",
+             "reach 1e+38 in magnitude")
 
 
 def test_a_scale_of_zero_is_a_warning_and_every_step_runs(project, capsys):
@@ -382,6 +414,8 @@ API_CASES = [
      "cannot be read"),
     ("load-sensitivity-deep", lambda: dbg.load_sensitivity(_json_file("[" * 100000 + "]" * 100000)),
      "cannot be read (RecursionError"),
+    ("accuracy-of-a-number", lambda: check_accuracy(Analysis(AnalysisKey("m.onnx", "calib"), "."), 3),
+     "evaluate must be a function evaluate(run, data) -> float, got 3"),
     ("data-mapping-of-a-number", lambda: dbg.Engine("m.onnx", {"x": 5}),
      "calibration data for input 'x' must be a list of arrays, one per sample"),
     ("result-saved-onto-its-model", lambda: dbg.get_sensitivity_of_nodes("m.onnx", calibrated_data="calib").save(
@@ -632,3 +666,26 @@ def test_plugin_refuses_a_model_that_is_not_a_regular_file(plugin_project, kind)
                                                  timeout=120)
     result.stdout.fnmatch_lines([f"*model file '*{target}' is not a regular file (a device or a pipe)*"])
     assert result.ret == 1
+
+
+def test_pairs_inside_a_branch_are_named_as_not_analysed(project, capsys):
+    """Q/DQ in an If's branches beside the main graph's pairs: the analyses see the main
+    graph's only, and say so."""
+    model = onnx.load(str(project / "m.onnx"))
+    moved = [n for n in model.graph.node if n.name in ("relu1", "r1_QuantizeLinear", "r1_DequantizeLinear")]
+    out = moved[-1].output[0]
+
+    def branch(tag):
+        nodes = [onnx.helper.make_node(n.op_type, list(n.input), list(n.output), name=n.name + tag) for n in moved]
+        return onnx.helper.make_graph(nodes, tag, [], [onnx.helper.make_tensor_value_info(out, 1, None)])
+
+    at = [k for k, n in enumerate(model.graph.node) if n.name == moved[0].name][0]
+    for n in moved:
+        model.graph.node.remove(n)
+    model.graph.initializer.append(onnx.numpy_helper.from_array(np.array(True), "cond"))
+    model.graph.node.insert(at, onnx.helper.make_node("If", ["cond"], [out], name="gate",
+                                                      then_branch=branch("_t"), else_branch=branch("_e")))
+    onnx.save(model, str(project / "branch.onnx"))
+    assert main(["list-nodes", "branch.onnx"]) == 0
+    assert ("4 QuantizeLinear/DequantizeLinear node(s) inside the subgraphs of If 'gate' are not analysed"
+            in capsys.readouterr().out)

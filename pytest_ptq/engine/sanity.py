@@ -22,6 +22,7 @@ import dataclasses
 
 import numpy as np
 
+from ..data import largest_float
 from ..errors import PTQError
 from ..metrics import compare
 from ..model import load_weightless
@@ -121,8 +122,7 @@ def check(engine):
     fix = FIX if engine.float_model is None else FIX_GIVEN
     evidence = _evidence(suspects)
     if broken:
-        largest = max((float(np.max(np.abs(v))) for v in engine.sample(broken[1]).values()
-                       if np.asarray(v).dtype.kind == "f" and np.size(v)), default=0.0)
+        largest = largest_float(engine.sample(broken[1]))
         if broken in both or largest >= HUGE_INPUT:
             how = ("with every Q/DQ pair quantized and with every pair bypassed" if broken in both
                    else "with every Q/DQ pair bypassed")

@@ -362,6 +362,8 @@ class QuantModel:
             raise NotQuantized(self._inside_control_flow() or (
                 f"model {self.source!r} has no QuantizeLinear/DequantizeLinear pairs; pass the calibrated QDQ model "
                 "(quantize_static with QuantFormat.QDQ), not the float one"))
+        self._drop_unchanging_outputs()
+        self._note_inner_pairs()
         self._mark_on_grid()
         self.float_weights = {}
         self._map_normal_nodes()
@@ -370,11 +372,38 @@ class QuantModel:
 
             align(self, float_model)
 
-    def _inside_control_flow(self):
-        """Why a model without pairs in its main graph is not the float one, where most of its
-        nodes, or any Q/DQ, live in If/Loop/Scan subgraphs (quantize_static leaves those in
-        float); else None."""
-        def inside(node):  # (nodes, Q/DQ nodes) in its subgraphs, nested ones included
+    def _drop_unchanging_outputs(self):
+        """Leave out of the tool's copy, with a note, the model outputs no configuration
+        changes: an initializer (no session computes it), and the integer tensor inside a Q/DQ
+        pair (the engine replaces the pair; its dequantized value is what the model computes
+        with); an output listed twice is kept once."""
+        inner = {c.q_node.output[0]: c.name for c in self.calibration.values() if c.q_node is not None}
+        graph = self.model.graph
+        kept, seen = [], set()
+        for o in graph.output:
+            why = ("is listed twice: it is compared once" if o.name in seen
+                   else "is an initializer, which no configuration changes: it is left out of every comparison"
+                   if o.name in self.inits
+                   else f"is the integer tensor inside pair {inner[o.name]!r}, which the analyses replace with its "
+                        "dequantized value: it is left out of every comparison" if o.name in inner else None)
+            if why is None:
+                seen.add(o.name)
+                kept.append(onnx.ValueInfoProto.FromString(o.SerializeToString()))
+            else:
+                self.notes.append(f"model output {o.name!r} {why}")
+        if len(kept) == len(graph.output):
+            return
+        if not kept:
+            raise PTQError(f"model {self.source!r} has no output that quantization changes (each is an initializer "
+                           "or the integer tensor of a Q/DQ pair); export the model with its computed outputs")
+        del graph.output[:]
+        graph.output.extend(kept)
+        self.output_names = [o.name for o in kept]
+
+    def _control_flow(self):
+        """``[(node, nodes inside, Q/DQ nodes inside)]`` of the main graph's If/Loop/Scan nodes,
+        nested subgraphs included."""
+        def inside(node):
             nodes = qdq = 0
             for g in subgraphs(node):
                 for n in g.node:
@@ -383,7 +412,25 @@ class QuantModel:
                     qdq += (n.op_type in ("QuantizeLinear", "DequantizeLinear")) + deeper[1]
             return nodes, qdq
 
-        holders = [(n, *inside(n)) for n in self.model.graph.node if has_subgraphs(n)]
+        return [(n, *inside(n)) for n in self.model.graph.node if has_subgraphs(n)]
+
+    def _note_inner_pairs(self):
+        """A note where Q/DQ nodes live in subgraphs beside the main graph's pairs: the analyses
+        see the main graph's only."""
+        holders = [h for h in self._control_flow() if h[2]]
+        if holders:
+            count = sum(h[2] for h in holders)
+            self.notes.append(f"{count} QuantizeLinear/DequantizeLinear node(s) inside the subgraphs of "
+                              f"{holders[0][0].op_type} {holders[0][0].name!r}"
+                              + (f" and {len(holders) - 1} other control-flow node(s)" if len(holders) > 1 else "")
+                              + " are not analysed: the rankings, curves and verdicts cover the main graph's pairs "
+                                "only (export the branch inline to analyse it)")
+
+    def _inside_control_flow(self):
+        """Why a model without pairs in its main graph is not the float one, where most of its
+        nodes, or any Q/DQ, live in If/Loop/Scan subgraphs (quantize_static leaves those in
+        float); else None."""
+        holders = self._control_flow()
         if not holders:
             return None
         inner, qdq = sum(h[1] for h in holders), sum(h[2] for h in holders)
