@@ -366,6 +366,16 @@ def _v(x):
     return str(x)
 
 
+def _by_correlation(v, metric):
+    """The verdict by correlation on the outputs too far from zero for ``metric``, as lines."""
+    by = v.get("by_correlation")
+    if not by:
+        return ()
+    one = len(by["outputs"]) == 1
+    return (f"**By correlation on {_names(by['outputs'])}, {'which sits' if one else 'which sit'} too far from zero "
+            f"for {metric} to see {'its' if one else 'their'} errors (see Warnings): {by['text']}.**", "")
+
+
 def _ranking_text(summary):
     ranking = summary.get("ranking") or {}
     text = ranking.get("text") or f"rankings on {summary['samples']} sample(s)"
@@ -386,10 +396,7 @@ def markdown(summary):
              f"{', '.join(summary['outputs_compared'])}.", "",
              *(line for note in summary.get("output_parts", []) for line in (f"Note: {note}.", "")), "## Verdict", "",
              f"**{v['text'][0].upper() + v['text'][1:]}.**", "",
-             *((f"**By correlation on {_names(v['by_correlation']['outputs'])}, "
-                f"{'which sits' if len(v['by_correlation']['outputs']) == 1 else 'which sit'} too far from zero for {m} "
-                f"to see {'its' if len(v['by_correlation']['outputs']) == 1 else 'their'} errors (see Warnings): "
-                f"{v['by_correlation']['text']}.**", "") if v.get("by_correlation") else ()),
+             *_by_correlation(v, m),
              "| config | " + " | ".join(f"{m}, {k} ({v['samples'][k]} samples)" for k in sets) + " |",
              "|---|" + "---|" * len(sets)]
     for label, key in (("weights only quantized", "weight only"), ("activations only quantized", "activation only"),

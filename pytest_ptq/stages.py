@@ -241,8 +241,8 @@ def _check_reference(values, feeds, i, fpath):
     if bad is None:
         return
     raise PTQError(f"the float model {str(fpath or 'given')!r} gives non-finite values in output {bad!r} on sample "
-                   f"{i}, whose float inputs reach {largest_float(feeds):.3g} in magnitude: the model overflows on its data; check "
-                   "that sample and its preprocessing")
+                   f"{i}, whose float inputs reach {largest_float(feeds):.3g} in magnitude: the model overflows on "
+                   "its data; check that sample and its preprocessing")
 
 
 def simulation_warnings(engine, specs=None):

@@ -566,6 +566,7 @@ def offset_net(path, offset=100.0, size=8, seed=0, scalar=False):
     if scalar:
         nodes.append(helper.make_node("ReduceMean", ["map"], ["depth"], name="mean", keepdims=1))
     shape = [1, 1, 1, 1] if scalar else [1, 1, size, size]
-    graph = helper.make_graph(nodes, "offset", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, size, size])],
+    graph = helper.make_graph(nodes, "offset",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, size, size])],
                               [helper.make_tensor_value_info("depth", TensorProto.FLOAT, shape)], inits)
     return _save(graph, path)
