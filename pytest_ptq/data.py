@@ -182,6 +182,14 @@ def largest_float(feeds):
                default=0.0)
 
 
+def overflows(what, output, i, feeds):
+    """The PTQError for sample ``i`` (``feeds``) on which ``what`` (the model, as run: "the
+    float model 'f.onnx'", ...) gives non-finite values in ``output``: the data's to check."""
+    return PTQError(f"{what} gives non-finite values in output {output!r} on sample {i}, whose float inputs reach "
+                    f"{largest_float(feeds):.3g} in magnitude: the model overflows on its data; check that sample "
+                    "and its preprocessing")
+
+
 def load_data(calibrated_data, qmodel=None, data_num=None):
     """Open calibration data and validate it against ``qmodel`` when given.
 

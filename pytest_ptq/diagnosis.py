@@ -177,7 +177,8 @@ def diagnose(engine, sensitivity, verdict, top=10, outputs=None):
     calib = list(dict.fromkeys(c for cs in inputs.values() for c in cs))
     dist, boxes = collect(engine, calib, calib, data_num=sensitivity.samples, skip_unboxable=True) if calib \
         else ({}, {})
-    split, alone = _split(engine, qm, sensitivity, names, inputs, m, outputs)
+    specs = parse_outputs(None if outputs is None else list(outputs), engine)
+    split, alone = _split(engine, qm, sensitivity, names, inputs, m, specs)
     nodes = [_node(qm, sensitivity, k + 1, n, inputs[n], dist, boxes, split.get(n), metric, alone)
              for k, n in enumerate(names)]
     worst = max((it["badness"] for it in nodes), default=0.0)
@@ -185,8 +186,7 @@ def diagnose(engine, sensitivity, verdict, top=10, outputs=None):
     for it in nodes:
         it["relevant"] = it in relevant
     fixes, settings, snippet, terms = _fixes(qm, relevant, verdict.source)
-    told = engine.warnings + offset_warnings(engine, parse_outputs(None if outputs is None else list(outputs), engine),
-                                             metric)
+    told = engine.warnings + offset_warnings(engine, specs, metric)
     return Diagnosis(model=qm.source, producer=qm.made_by.label, producer_key=qm.made_by.key, format=qm.format,
                      metric=metric, node_type=sensitivity.node_type, samples=sensitivity.samples,
                      verdict=verdict.to_dict(), nodes=nodes, fixes=fixes, settings=settings, snippet=snippet,
@@ -215,7 +215,7 @@ def _calibration_inputs(qm, node_type, name):
     return [c for c in names if qm.calibration[c].role != "bias"]
 
 
-def _split(engine, qm, sensitivity, names, inputs, m, outputs):
+def _split(engine, qm, sensitivity, names, inputs, m, specs):
     """``({operator: {"weight": value, "activation": value}}, {calibration node: value})``:
     operators that have both with only their weight inputs, then only their activation inputs
     quantized; and each quantizer alone of an operator quantized by several of a kind (which of
@@ -235,7 +235,6 @@ def _split(engine, qm, sensitivity, names, inputs, m, outputs):
                 configs.update({f"\0{c}": [c] for c in gated})
     if not configs:
         return {}, {}
-    specs = parse_outputs(None if outputs is None else list(outputs), engine)
     scored = rank_configs(engine, configs, [m], specs, list(range(sensitivity.samples)), "node", lambda _: {},
                           "operator inputs", False)
     split, alone = {}, {}

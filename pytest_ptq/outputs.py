@@ -284,11 +284,14 @@ def far_from_zero(engine, specs=None):
         return []
     specs = parse_outputs(None, engine) if specs is None else specs
     tensors = list(dict.fromkeys(s.tensor for s in specs))
+    refs = []  # the samples' float outputs, read once for every output (most need the first only)
     found = []
     for s in specs:
         seen, value = [], np.zeros(0)
         for i in range(min(OFFSET_SAMPLES, len(engine.data))):
-            seen.append(np.asarray(s.take(engine.reference(i, tensors)[s.tensor]), dtype=np.float64).ravel())
+            if i == len(refs):
+                refs.append(engine.reference(i, tensors))
+            seen.append(np.asarray(s.take(refs[i][s.tensor]), dtype=np.float64).ravel())
             value = np.concatenate(seen)
             if not value.size or not np.isfinite(value).all() or value.min() < value.max():
                 break

@@ -27,7 +27,7 @@ import dataclasses
 import numpy as np
 
 from . import guard, params
-from .data import largest_float, load_data
+from .data import load_data, overflows
 from .engine import Engine
 from .engine.runtime import make_session, run
 from .errors import PTQError
@@ -240,9 +240,7 @@ def _check_reference(values, feeds, i, fpath):
     bad = next((k for k, v in values.items() if np.asarray(v).dtype.kind == "f" and not np.isfinite(v).all()), None)
     if bad is None:
         return
-    raise PTQError(f"the float model {str(fpath or 'given')!r} gives non-finite values in output {bad!r} on sample "
-                   f"{i}, whose float inputs reach {largest_float(feeds):.3g} in magnitude: the model overflows on "
-                   "its data; check that sample and its preprocessing")
+    raise overflows(f"the float model {str(fpath or 'given')!r}", bad, i, feeds)
 
 
 def simulation_warnings(engine, specs=None):

@@ -17,13 +17,18 @@ def clock(monkeypatch):
     return now
 
 
-def test_a_log_gets_a_line_per_tenth_and_one_at_the_end(clock):
+def _logged(clock, total, label, seconds):
+    """The log of ``total`` steps of ``seconds`` each."""
     out = io.StringIO()
-    with Progress(50, "work", stream=out) as bar:
-        for _ in range(50):
-            clock[0] += 1.0
+    with Progress(total, label, stream=out) as bar:
+        for _ in range(total):
+            clock[0] += seconds
             bar.advance()
-    lines = out.getvalue().splitlines()
+    return out.getvalue()
+
+
+def test_a_log_gets_a_line_per_tenth_and_one_at_the_end(clock):
+    lines = _logged(clock, 50, "work", 1.0).splitlines()
     # the first line once two seconds have passed, then one per tenth, then the end
     assert lines[0] == "work: 3/50 (6%) 3.0s elapsed, ~47s left"
     assert lines[1] == "work: 5/50 (10%) 5.0s elapsed, ~45s left"
@@ -46,12 +51,8 @@ def test_work_past_its_estimate_shows_no_time_left_and_a_line_a_minute(clock):
 
 
 def test_short_runs_and_failures_print_nothing(clock):
+    assert _logged(clock, 10, "quick", 0.1) == ""
     out = io.StringIO()
-    with Progress(10, "quick", stream=out) as bar:
-        for _ in range(10):
-            clock[0] += 0.1
-            bar.advance()
-    assert out.getvalue() == ""
     with pytest.raises(RuntimeError), Progress(10, "broken", stream=out) as bar:
         clock[0] += 5
         raise RuntimeError("stop")

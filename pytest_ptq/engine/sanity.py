@@ -22,7 +22,7 @@ import dataclasses
 
 import numpy as np
 
-from ..data import largest_float
+from ..data import largest_float, overflows
 from ..errors import PTQError
 from ..metrics import compare
 from ..model import load_weightless
@@ -122,13 +122,10 @@ def check(engine):
     fix = FIX if engine.float_model is None else FIX_GIVEN
     evidence = _evidence(suspects)
     if broken:
-        largest = largest_float(engine.sample(broken[1]))
-        if broken in both or largest >= HUGE_INPUT:
-            how = ("with every Q/DQ pair quantized and with every pair bypassed" if broken in both
-                   else "with every Q/DQ pair bypassed")
-            raise PTQError(f"{qm.source!r} gives non-finite values in output {broken[0]!r} on sample {broken[1]} "
-                           f"{how}, and that sample's float inputs reach {largest:.3g} in magnitude: the model "
-                           "overflows on its data; check that sample and its preprocessing")
+        feeds = engine.sample(broken[1])
+        if broken in both or largest_float(feeds) >= HUGE_INPUT:
+            how = "every Q/DQ pair quantized and bypassed" if broken in both else "every Q/DQ pair bypassed"
+            raise overflows(f"{qm.source!r} with {how}", broken[0], broken[1], feeds)
     if broken or exploded or len(suspects) >= 2:
         if broken:
             why = f"gives non-finite values in output {broken[0]!r} (sample {broken[1]})"
