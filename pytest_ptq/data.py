@@ -17,7 +17,7 @@ import onnx
 from . import params
 from .errors import PTQError, shown
 
-_NP_OF_ONNX = {
+NP_OF_ONNX = {
     onnx.TensorProto.FLOAT: np.float32, onnx.TensorProto.FLOAT16: np.float16,
     onnx.TensorProto.DOUBLE: np.float64, onnx.TensorProto.INT64: np.int64,
     onnx.TensorProto.INT32: np.int32, onnx.TensorProto.INT8: np.int8,
@@ -34,9 +34,10 @@ def _sample_number(path):
 class _Source:
     """The samples of one input: files, or rows of a stacked array, or a list."""
 
-    def __init__(self, where, items):
+    def __init__(self, where, items, role="calibration"):
         self.where = where  # for messages
         self.items = items
+        self.role = role
 
     def __len__(self):
         return len(self.items)
@@ -49,7 +50,7 @@ class _Source:
         """(shape, dtype) of sample i without reading its values where possible."""
         item = self.items[i]
         if isinstance(item, Path):
-            arr = _read_npy(item, mmap_mode="r")
+            arr = _read_npy(item, mmap_mode="r", role=self.role)
             return arr.shape, arr.dtype
         arr = self.load(i)
         return arr.shape, arr.dtype
@@ -57,7 +58,7 @@ class _Source:
     def load(self, i):
         item = self.items[i]
         if isinstance(item, Path):
-            return _read_npy(item)
+            return _read_npy(item, role=self.role)
         if isinstance(item, tuple):  # (file, stacked array, row)
             return np.asarray(item[1][item[2]])
         return np.asarray(item)
@@ -69,17 +70,18 @@ class CalibrationData:
     ``sample(i)`` returns ``{input name: array}`` with the batch dimension the model expects.
     """
 
-    def __init__(self, sources, where, path=None):
+    def __init__(self, sources, where, path=None, role="calibration"):
         self.sources = sources
         self.where = where
         self.path = path  # the file or folder read, None for a mapping
+        self.role = role  # "calibration" or "held-out": what messages call this data
         counts = {k: len(v) for k, v in sources.items()}
         if len(set(counts.values())) > 1:
-            raise PTQError(f"calibration data {where!r} has different sample counts per input "
+            raise PTQError(f"{role} data {where!r} has different sample counts per input "
                            f"({counts}); give every input the same number of samples")
         self.count = next(iter(counts.values())) if counts else 0
         if self.count == 0:
-            raise PTQError(f"calibration data {where!r} holds no samples; add at least one .npy per input")
+            raise PTQError(f"{role} data {where!r} holds no samples; add at least one .npy per input")
         self.indices = list(range(self.count))
 
     def __len__(self):
@@ -113,22 +115,30 @@ class CalibrationData:
         extra = [n for n in self.sources if n not in expected]
         if missing:
             hint = f" (it has {extra})" if extra else ""
-            raise PTQError(f"calibration data {self.where!r} has no samples for model input "
-                           f"{missing[0]!r}{hint}; add a folder {missing[0]!r} with one .npy per sample")
+            raise PTQError(f"{self.role} data {self.where!r} has no samples for model input "
+                           f"{missing[0]!r}{hint}; {self._how_to_add(missing[0])}")
         if extra:
-            raise PTQError(f"calibration data {self.where!r} has samples for {extra[0]!r}, which is not "
+            raise PTQError(f"{self.role} data {self.where!r} has samples for {extra[0]!r}, which is not "
                            f"an input of {qmodel.source!r} (inputs: {expected}); rename or remove it")
         self.expected = {}
         for name in expected:
             tt = qmodel.inputs[name].type.tensor_type
             dims = [d.dim_value if d.HasField("dim_value") else None for d in tt.shape.dim]
-            dtype = _NP_OF_ONNX.get(tt.elem_type)
+            dtype = NP_OF_ONNX.get(tt.elem_type)
             self.expected[name] = (dims, dtype)
             src = self.sources[name]
             for i in self.indices:
                 shape, dt = src.header(i)
-                _check_shape(name, src.describe(i), shape, dt, dims, dtype)
+                _check_shape(name, src.describe(i), shape, dt, dims, dtype, self.role)
         return self
+
+    def _how_to_add(self, name):
+        """What to do for input ``name``, in this data's layout."""
+        if self.path is None:
+            return f"add a key {name!r} to the mapping"
+        if self.path.is_file():
+            return f"add an array {name!r} (samples along its first axis) to the archive"
+        return f"add a folder {name!r} with one .npy per sample"
 
     def sample(self, i):
         """The ``i``-th selected sample, as float arrays shaped for the model."""
@@ -143,7 +153,7 @@ class CalibrationData:
                 arr = arr.astype(dtype)
             if arr.dtype.kind == "f" and not np.isfinite(arr).all():
                 bad = int((~np.isfinite(arr)).sum())
-                raise PTQError(f"calibration sample {src.describe(idx)!r} for input {name!r} holds "
+                raise PTQError(f"{self.role} sample {src.describe(idx)!r} for input {name!r} holds "
                                f"{bad} NaN/Inf values; fix the preprocessing or drop the sample")
             out[name] = np.asarray(arr, order="C")  # a scalar input stays 0-d
         return out
@@ -153,21 +163,25 @@ class CalibrationData:
             yield self.sample(i)
 
 
-def _check_shape(name, where, shape, dt, dims, dtype):
+def _check_shape(name, where, shape, dt, dims, dtype, role="calibration"):
+    if np.dtype(dt).kind not in "biuf":  # text, objects, records, complex: no model input takes them
+        raise PTQError(f"{role} sample {where!r} for input {name!r} holds {np.dtype(dt)} values, not numbers; "
+                       "save the preprocessed numeric array the model takes")
     if dims is None:
         return
     if len(shape) == len(dims) - 1:  # a sample saved without its batch dim
         shape = (1, *shape)
     if len(shape) != len(dims):
-        raise PTQError(f"calibration sample {where!r} for input {name!r} has shape {tuple(shape)} but "
-                       f"the model expects rank {len(dims)} ({_fmt(dims)}); save one preprocessed sample per file")
+        raise PTQError(f"{role} sample {where!r} for input {name!r} has shape {tuple(shape)} but "
+                       f"the model expects rank {len(dims)} ({_fmt(dims)}); save each sample preprocessed as the "
+                       "model takes it (a stacked array: the samples along its first axis)")
     for k, (got, want) in enumerate(zip(shape, dims)):
         if want and got != want:
-            raise PTQError(f"calibration sample {where!r} for input {name!r} has shape {tuple(shape)} but "
+            raise PTQError(f"{role} sample {where!r} for input {name!r} has shape {tuple(shape)} but "
                            f"the model expects {_fmt(dims)} (dim {k} differs); check resizing and layout "
                            f"(NCHW vs NHWC)")
     if dtype is not None and np.dtype(dt).kind != np.dtype(dtype).kind:
-        raise PTQError(f"calibration sample {where!r} for input {name!r} has dtype {np.dtype(dt)} but the "
+        raise PTQError(f"{role} sample {where!r} for input {name!r} has dtype {np.dtype(dt)} but the "
                        f"model expects {np.dtype(dtype)}; convert it with astype before saving")
 
 
@@ -190,8 +204,9 @@ def overflows(what, output, i, feeds):
                     "and its preprocessing")
 
 
-def load_data(calibrated_data, qmodel=None, data_num=None):
-    """Open calibration data and validate it against ``qmodel`` when given.
+def load_data(calibrated_data, qmodel=None, data_num=None, role="calibration"):
+    """Open calibration data and validate it against ``qmodel`` when given; ``role`` names the
+    data in messages (``"held-out"`` for held-out data).
 
     Accepted forms: a folder ``DIR/<input>/<i>.npy`` (numeric order), a folder of
     ``<input>.npy`` stacked arrays (samples on axis 0), a single ``.npz`` (one key per input,
@@ -200,18 +215,19 @@ def load_data(calibrated_data, qmodel=None, data_num=None):
     if isinstance(calibrated_data, CalibrationData):
         data = calibrated_data
     elif isinstance(calibrated_data, dict):
-        data = CalibrationData({k: _Source(f"{k}", _listed(k, v)) for k, v in calibrated_data.items()}, "<mapping>")
+        data = CalibrationData({k: _Source(f"{k}", _listed(k, v, role), role) for k, v in calibrated_data.items()},
+                               "<mapping>", role=role)
     else:
-        path = params.input_path(calibrated_data, "calibration data")
+        path = params.input_path(calibrated_data, f"{role} data")
         if path.is_file() and path.suffix == ".npz":
-            data = CalibrationData(_open_npz(path), str(path), path)
+            data = CalibrationData(_open_npz(path, role), str(path), path, role)
         elif path.is_dir():
-            data = CalibrationData(_open_dir(path), str(path), path)
+            data = CalibrationData(_open_dir(path, role), str(path), path, role)
         elif path.exists():
-            raise PTQError(f"calibration data {str(path)!r} is neither a folder nor an .npz file; "
+            raise PTQError(f"{role} data {str(path)!r} is neither a folder nor an .npz file; "
                            "give a folder with one sub-folder of .npy files per model input")
         else:
-            raise PTQError(f"calibration data {str(path)!r} does not exist; give a folder with one "
+            raise PTQError(f"{role} data {str(path)!r} does not exist; give a folder with one "
                            "sub-folder of .npy files per model input")
     data = data.limit(data_num)
     if qmodel is not None:
@@ -219,49 +235,49 @@ def load_data(calibrated_data, qmodel=None, data_num=None):
     return data
 
 
-def _listed(name, value):
+def _listed(name, value, role):
     """The samples of input ``name`` in a mapping: a list (or tuple) of arrays, or an array
     with the samples on its first axis."""
     if isinstance(value, (list, tuple)):
         return list(value)
     if isinstance(value, np.ndarray) and value.ndim:
         return list(value)
-    raise PTQError(f"calibration data for input {name!r} must be a list of arrays, one per sample, or an array "
+    raise PTQError(f"{role} data for input {name!r} must be a list of arrays, one per sample, or an array "
                    f"with the samples along its first axis; got {shown(value)}")
 
 
-def _open_npz(path):
+def _open_npz(path, role):
     try:
         npz = np.load(path, allow_pickle=False)
         arrays = {k: npz[k] for k in npz.files}
     except (zipfile.BadZipFile, OSError, ValueError) as exc:
-        raise PTQError(f"calibration file {str(path)!r} is not a readable .npz archive "
+        raise PTQError(f"{role} file {str(path)!r} is not a readable .npz archive "
                        f"({type(exc).__name__}); re-save it with numpy.savez") from None
-    arrays = {k: _stacked(a, f"{str(path)!r}, key {k!r},") for k, a in arrays.items()}
-    return {k: _Source(f"{path}:{k}", [(f"{path}:{k}[{i}]", a, i) for i in range(len(a))])
+    arrays = {k: _stacked(a, f"{str(path)!r}, key {k!r},", role) for k, a in arrays.items()}
+    return {k: _Source(f"{path}:{k}", [(f"{path}:{k}[{i}]", a, i) for i in range(len(a))], role)
             for k, a in arrays.items()}
 
 
-def _read_npy(path, mmap_mode=None):
+def _read_npy(path, mmap_mode=None, role="calibration"):
     """The array of .npy file ``path``, or one sentence saying it is not one (an .npz archive
     saved under a .npy name loads as an archive)."""
     try:
         arr = np.load(path, mmap_mode=mmap_mode, allow_pickle=False)
     except Exception as exc:
-        raise PTQError(f"calibration file {str(path)!r} is not a readable .npy array "
+        raise PTQError(f"{role} file {str(path)!r} is not a readable .npy array "
                        f"({type(exc).__name__}); re-save it with numpy.save") from None
     if not isinstance(arr, np.ndarray):
         if hasattr(arr, "close"):
             arr.close()
-        raise PTQError(f"calibration file {str(path)!r} is not a readable .npy array (it is an .npz archive); "
+        raise PTQError(f"{role} file {str(path)!r} is not a readable .npy array (it is an .npz archive); "
                        "re-save it with numpy.save, or pass the archive itself as the data")
     return arr
 
 
-def _stacked(arr, where):
+def _stacked(arr, where, role):
     """``arr``, whose first axis holds the samples; one sentence for a 0-d array."""
     if np.ndim(arr) == 0:
-        raise PTQError(f"calibration data {where} holds one value, not samples stacked along a first axis; save "
+        raise PTQError(f"{role} data {where} holds one value, not samples stacked along a first axis; save "
                        "an array of shape [samples, ...] (or one .npy file per sample)")
     return arr
 
@@ -271,7 +287,7 @@ def _npy_files(folder):
     return sorted(p for p in folder.glob("*.npy") if not p.name.startswith(".") and p.is_file())
 
 
-def _numbered(folder, files):
+def _numbered(folder, files, role):
     """``files`` in sample order. Every name must carry a sample number, once: the order
     decides which samples ``data_num`` keeps and which files of several inputs form one
     sample, so it is never guessed."""
@@ -282,27 +298,27 @@ def _numbered(folder, files):
         if n is None:
             unnumbered.append(f.name)
         elif n in numbers:
-            raise PTQError(f"calibration folder {str(folder)!r} has two files for sample {n} "
+            raise PTQError(f"{role} folder {str(folder)!r} has two files for sample {n} "
                            f"({numbers[n].name!r} and {f.name!r}); keep one file per sample number")
         else:
             numbers[n] = f
     if unnumbered:
         listed = ", ".join(repr(n) for n in unnumbered[:3]) + (" ..." if len(unnumbered) > 3 else "")
-        raise PTQError(f"calibration folder {str(folder)!r} has files without a sample number ({listed}), so "
+        raise PTQError(f"{role} folder {str(folder)!r} has files without a sample number ({listed}), so "
                        "their order is unknown; name the samples 0.npy, 1.npy, ... or move the others out")
     return [numbers[n] for n in sorted(numbers)]
 
 
-def _open_dir(path):
+def _open_dir(path, role):
     subdirs = sorted(p for p in path.iterdir() if p.is_dir() and not p.name.startswith("."))
     stacked = _npy_files(path)
     sources, numbers = {}, {}
     for d in subdirs:
-        files = _numbered(d, _npy_files(d))
+        files = _numbered(d, _npy_files(d), role)
         if not files:
-            raise PTQError(f"calibration folder {str(d)!r} holds no .npy files; save one sample per file "
+            raise PTQError(f"{role} folder {str(d)!r} holds no .npy files; save one sample per file "
                            "as 0.npy, 1.npy, ...")
-        sources[d.name] = _Source(str(d), files)
+        sources[d.name] = _Source(str(d), files, role)
         numbers[d.name] = [_sample_number(f) for f in files]
     if len({tuple(v) for v in numbers.values()}) > 1:
         first, *others = numbers
@@ -311,14 +327,14 @@ def _open_dir(path):
             if missing:
                 n = missing[0]
                 has, lacks = (first, other) if n in numbers[first] else (other, first)
-                raise PTQError(f"calibration data {str(path)!r} has sample {n} for input {has!r} but not for "
+                raise PTQError(f"{role} data {str(path)!r} has sample {n} for input {has!r} but not for "
                                f"{lacks!r}; give every input the same sample numbers")
     for f in stacked:
         if f.stem in sources:
             continue
-        arr = _stacked(_read_npy(f, mmap_mode="r"), repr(str(f)))
-        sources[f.stem] = _Source(str(f), [(f"{f}[{i}]", arr, i) for i in range(len(arr))])
+        arr = _stacked(_read_npy(f, mmap_mode="r", role=role), repr(str(f)), role)
+        sources[f.stem] = _Source(str(f), [(f"{f}[{i}]", arr, i) for i in range(len(arr))], role)
     if not sources:
-        raise PTQError(f"calibration data {str(path)!r} holds neither input folders nor .npy files; "
+        raise PTQError(f"{role} data {str(path)!r} holds neither input folders nor .npy files; "
                        "lay it out as DIR/<input name>/<i>.npy")
     return sources

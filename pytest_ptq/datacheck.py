@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .data import _NP_OF_ONNX, load_data
+from .data import NP_OF_ONNX, load_data
 from . import params
 from .errors import NotQuantized, PTQError
 from .metrics import get_metrics
@@ -149,7 +149,7 @@ def _model_side(model_or_file, float_model):
             continue
         tt = i.type.tensor_type
         dims = [d.dim_value if d.HasField("dim_value") else None for d in tt.shape.dim] if tt.HasField("shape") else None
-        specs[i.name] = _InputSpec(i.name, dims, _NP_OF_ONNX.get(tt.elem_type))
+        specs[i.name] = _InputSpec(i.name, dims, NP_OF_ONNX.get(tt.elem_type))
         if dims and len(dims) >= 3:
             specs[i.name].channel_axis = _model_channel_axis(dims)
     if qm is not None:
@@ -682,7 +682,7 @@ def check_data(model_or_file, calibrated_data=None, heldout=None, data_num=None,
     qm, specs, source = _model_side(model_or_file, float_model)
     datasets = {"calibration": load_data(calibrated_data, None, data_num)}
     if heldout is not None:
-        datasets["heldout"] = load_data(heldout, None, data_num)
+        datasets["heldout"] = load_data(heldout, None, data_num, role="held-out")
     total = sum(len(d) * len(d.sources) for d in datasets.values())
     findings, stats, scans = [], {}, {}
     if qm is None:
@@ -715,7 +715,7 @@ def check_data(model_or_file, calibrated_data=None, heldout=None, data_num=None,
                 cal = load_data(calibrated_data, qm, data_num)
                 engine = model_or_file if isinstance(model_or_file, Engine) else Engine(
                     qm, cal, float_model=float_model, check=False, custom_op_libraries=custom_op_libraries)
-                held = load_data(heldout, qm, data_num)
+                held = load_data(heldout, qm, data_num, role="held-out")
                 more, quantized = _heldout_findings(engine, cal, held, m, threshold, bar)
                 findings += more
     order = {s: k for k, s in enumerate(SEVERITIES)}

@@ -119,6 +119,36 @@ def test_bad_sample_names_the_file(qm, tmp_path, bad, match):
     assert str(d / "1.npy") in str(err.value)
 
 
+def test_text_samples_are_named_as_not_numbers(qm, tmp_path):
+    np.savez(tmp_path / "d.npz", x=np.array(["a.png", "b.png"]))
+    with pytest.raises(PTQError, match=r"'.*d.npz:x\[0\]' for input 'x' holds <U5 values, not numbers"):
+        load_data(tmp_path / "d.npz", qm)
+
+
+def test_missing_input_advice_follows_the_layout(qm, tmp_path):
+    np.savez(tmp_path / "d.npz", images=np.zeros((2, 1, 3, 16, 16), np.float32))
+    with pytest.raises(PTQError, match=r"\['images'\]\); add an array 'x' .* to the archive"):
+        load_data(tmp_path / "d.npz", qm)
+    with pytest.raises(PTQError, match=r"\['images'\]\); add a key 'x' to the mapping"):
+        load_data({"images": _distinct(2)}, qm)
+
+
+def test_held_out_data_is_called_held_out(zoo, qm, tmp_path):
+    """Held-out data read by an analysis is named as such in its messages, not as calibration data."""
+    from pytest_ptq.engine import Engine
+    from pytest_ptq.outputs import parse_outputs
+    from pytest_ptq.verdict import three_configs
+
+    cal = tmp_path / "cal"
+    builders.save_folder({"x": _distinct(2)}, cal)
+    held = _folder(tmp_path / "held")
+    np.save(held / "1.npy", np.zeros((1, 3, 15, 16), np.float32))
+    with pytest.raises(PTQError, match=r"^held-out sample '.*1.npy' for input 'x' has shape") as err:
+        engine = Engine(zoo.qdq("qdq"), cal)
+        three_configs(engine, parse_outputs(None, engine.qmodel), heldout=tmp_path / "held")
+    assert "calibration" not in str(err.value)
+
+
 def test_corrupt_npy_names_the_file(qm, tmp_path):
     d = _folder(tmp_path)
     (d / "2.npy").write_bytes(b"\x93NUMPY garbage \x00\x01\x02" * 7)
