@@ -47,9 +47,13 @@ def json_restore(obj):
 
 def write_json(data, path, sort_keys=False):
     """Write ``data`` (made JSON-safe), keys in their order unless ``sort_keys``; returns the path.
-    Never onto a protected input; a failed write is one sentence (see :mod:`.guard`)."""
-    path = guard.output_path(path, "output file")
-    return guard.write_text(path, json.dumps(json_safe(data), indent=1, sort_keys=sort_keys))
+    Never onto a protected input; a failed write is one sentence (see :mod:`.guard`). ``path``
+    may be an open text stream instead (the command line's ``--json -``): returns its name."""
+    text = json.dumps(json_safe(data), indent=1, sort_keys=sort_keys)
+    if hasattr(path, "write"):
+        path.write(text + "\n")
+        return getattr(path, "name", "standard output")
+    return guard.write_text(guard.output_path(path, "output file"), text)
 
 
 def read_from(result, inputs):

@@ -48,6 +48,20 @@ def test_sensitivity_options_reach_the_analysis(paths, tmp_path, capsys):
     assert f"wrote {out}" in captured.out
 
 
+def test_json_dash_puts_the_json_alone_on_stdout(paths, tmp_path, capsys, monkeypatch):
+    """``--json -``: standard output holds the JSON the file would (and nothing else, so a
+    pipe can parse it), the table goes to standard error, and no file named '-' appears."""
+    monkeypatch.chdir(tmp_path)
+    args = ["get-sensitivity-of-nodes", paths["model"], paths["data"], "-t", "activation", "--data-num", "2"]
+    assert main([*args, "--json", "file.json", "--quiet"]) == 0
+    capsys.readouterr()
+    assert main([*args, "--json", "-"]) == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out) == json.loads((tmp_path / "file.json").read_text())
+    assert "| " in captured.err and "wrote standard output" in captured.err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file.json"]
+
+
 def test_memory_and_workers_reach_the_engine(paths, tmp_path, capsys, monkeypatch):
     """--memory / --workers build the engine that way; the ranking is the default's to
     float rounding (fast mode for this small net)."""

@@ -10,13 +10,15 @@ no traceback; every output path is checked against every input before the comman
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
+import io
 import os
 import sys
 
 from .. import __version__, guard
 from ..errors import PTQError
-from .args import check_outputs
+from .args import STDOUT, check_outputs
 
 # Exit status of a command whose reader went away, as a shell reports a tool SIGPIPE ended.
 BROKEN_PIPE = 128 + 13
@@ -62,7 +64,9 @@ def main(argv=None):
     try:
         inputs = check_outputs(args)
         with guard.protecting(inputs):
-            return args.func(args) or 0
+            if getattr(args, "json", None) != STDOUT:
+                return args.func(args) or 0
+            return _json_to_stdout(args)
     except PTQError as exc:
         print(f"ptq-debug {args.command}: error: {exc}", file=sys.stderr)
         return 2
@@ -72,6 +76,17 @@ def main(argv=None):
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+
+
+def _json_to_stdout(args):
+    """Run a command whose JSON goes to standard output (``--json -``): its tables and notes go
+    to standard error, so that a pipe reads JSON alone, written once the command succeeded."""
+    out, args.json = sys.stdout, io.StringIO()
+    args.json.name = "standard output"
+    with contextlib.redirect_stdout(sys.stderr):
+        code = args.func(args) or 0
+    out.write(args.json.getvalue())
+    return code
 
 
 def _silence_stdout():

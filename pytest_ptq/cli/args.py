@@ -30,6 +30,7 @@ class Command:
 # these, so a command (also one added later) is covered by naming its options with them.
 INPUT_DESTS = {"model": "model file", "float_model": "float model", "float_model_path": "float model",
                "data": "calibration data", "heldout": "held-out data", "evaluate": "evaluation file"}
+STDOUT = "-"  # --json -: the JSON on standard output, everything else on standard error
 OUTPUT_DESTS = {"json": ("--json", False), "save_dir": ("-s/--save-dir", True),  # dest: (label, folder)
                 "cache_dir": ("--cache-dir", True)}
 
@@ -56,7 +57,8 @@ def check_outputs(args):
         if dest == "save_dir" and getattr(args, "no_save", False):
             continue
         for value in _values(getattr(args, dest, None)):
-            guard.output_path(value, label, inputs, folder=folder)
+            if not (dest == "json" and value == STDOUT):
+                guard.output_path(value, label, inputs, folder=folder)
     return inputs
 
 
@@ -145,7 +147,8 @@ def add_top(p, help="print only the top N rows", default=None):
 
 
 def add_json(p):
-    p.add_argument("--json", default=None, metavar="OUT", help="also write the result as JSON to OUT")
+    p.add_argument("--json", default=None, metavar="OUT",
+                   help="also write the result as JSON to OUT (-: to standard output, the tables to standard error)")
 
 
 def add_save_dir(p, default="ptq_debug_output"):
