@@ -174,12 +174,20 @@ def _plot_curves(analysis, settings, tmp):
 
 
 def curves_png(analysis, settings):
-    """The cumulative curves of ``analysis`` as base64 PNG text, drawn once per model."""
+    """The cumulative curves of ``analysis`` as base64 PNG text, drawn once per model (kept
+    on disk with its results: a rerun draws nothing)."""
     def draw():
         with tempfile.TemporaryDirectory(prefix="ptq-curves-") as tmp:
             return base64.b64encode(compress_png(_plot_curves(analysis, settings, Path(tmp)))).decode("ascii")
 
-    return analysis.cached(("curves_png", settings.metric), draw)
+    return analysis.cached(("curves_png", settings.metric, analysis.label, _drawn_by()), draw, files=())
+
+
+def _drawn_by():
+    """The matplotlib that draws the figures kept on disk: another one draws them again."""
+    import matplotlib
+
+    return "matplotlib " + matplotlib.__version__
 
 
 def results_html(results):
@@ -197,8 +205,6 @@ def _figures(analysis, sens, settings, notes, diagnosis=None):
     images = [{"title": "Cumulative error: each operator's output against the float model's, in execution order, "
                         "with only the weights, only the activations, and everything quantized",
                "png": curves_png(analysis, settings)}]
-    from .distribution import collect, draw_channelwise, draw_distribution
-
     top = list(sens)[:DISTRIBUTIONS]
     if not top:
         return images
@@ -209,6 +215,23 @@ def _figures(analysis, sens, settings, notes, diagnosis=None):
     boxed = [c for c in blamed.values() if "channel" in next(
         (i["reason"] for it in diagnosis.nodes for i in it["inputs"] if i["node"] == c), "")] if diagnosis else []
     metric = settings.metric
+    # what the figures show, all of it: kept on disk with the model's results under that key,
+    # so that a rerun of an unchanged suite draws nothing (drawing was 2/3 of such a rerun)
+    request = ("distribution figures", metric, tuple(top), tuple(sorted(blamed.items())), tuple(boxed),
+               sens.samples, tuple(float(sens[n][metric]) for n in top), _drawn_by())
+    drawn, failure = analysis.cached(request, lambda: _distribution_figures(analysis, sens, metric, top, blamed,
+                                                                           boxed), files=())
+    if failure:
+        notes.append(failure)
+    return images + drawn
+
+
+def _distribution_figures(analysis, sens, metric, top, blamed, boxed):
+    """The figures of :func:`_figures` after the curves, and the note saying why some are
+    missing (or None)."""
+    from .distribution import collect, draw_channelwise, draw_distribution
+
+    images = []
     try:
         with tempfile.TemporaryDirectory(prefix="ptq-distributions-") as tmp:
             dist, boxes = collect(analysis.engine, list(dict.fromkeys(top + list(blamed.values()))), boxed,
@@ -231,8 +254,8 @@ def _figures(analysis, sens, settings, notes, diagnosis=None):
                     images.append(_image(draw_channelwise(boxes[c], tmp), f"Channels of {c}, the input of {node} "
                                          "whose channels its 'why' is about"))
     except (PTQError, TypeError, ValueError) as exc:
-        notes.append(f"distributions not shown: {exc}")
-    return images
+        return images, f"distributions not shown: {exc}"
+    return images, None
 
 
 def merge(models):

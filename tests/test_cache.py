@@ -212,6 +212,45 @@ def test_plugin_rerun_reads_the_default_cache_and_cache_clear_empties_it(pyteste
     runp(pytester, "--cache-clear").assert_outcomes(passed=1, failed=1)
 
 
+COUNT_DRAWINGS = """
+import matplotlib.figure as f
+
+_save = f.Figure.savefig
+
+def _counted(self, *args, **kwargs):
+    with open("drawn.txt", "a") as out:
+        out.write("x")
+    return _save(self, *args, **kwargs)
+
+def pytest_configure(config):
+    f.Figure.savefig = _counted
+
+def pytest_unconfigure(config):
+    f.Figure.savefig = _save
+"""
+
+
+def test_plugin_rerun_draws_no_report_figure_and_shows_the_same(pytester, inputs):
+    """The report's figures (curves, distributions) are kept with the results: an unchanged
+    rerun draws none and embeds the same images; a changed model draws them again."""
+    import re
+
+    setup_project(pytester, inputs)
+    pytester.makeconftest(COUNT_DRAWINGS)
+    drawn = pytester.path / "drawn.txt"
+    images = []
+    for run in range(3):
+        if run == 2:
+            q, _ = next(iter(builders.qdq_pairs(inputs / "q.onnx").values()))
+            builders.scaled(inputs / "q.onnx", pytester.path / "q.onnx", q.input[1], 1.5)
+        drawn.unlink(missing_ok=True)
+        runp(pytester, f"--ptq-report={pytester.path / 'r.html'}").assert_outcomes(passed=2)
+        images.append(re.findall(r'src="data:image/png;base64,([^"]+)"', (pytester.path / "r.html").read_text()))
+        assert images[-1]
+        assert drawn.exists() != (run == 1), f"run {run}"
+    assert images[1] == images[0]
+
+
 def test_plugin_explicit_cache_dir_and_its_cache_clear(pytester, inputs, tmp_path):
     setup_project(pytester, inputs)
     folder = tmp_path / "shared-cache"
