@@ -26,6 +26,7 @@ from .distribution import collect
 from .distribution.readings import advise
 from .metrics import get_metrics
 from .outputs import offset_warnings, parse_outputs
+from .remedy.producer_terms import PRODUCERS, producer_advice
 from .remedy.terms import float_tensor_name, onnxruntime_settings
 from .results import JsonResult
 from .sensitivity import rank_configs
@@ -56,6 +57,8 @@ class Diagnosis(JsonResult):
     ``kind``, ``op_type``, its ``value``, the ``cause`` (weight, activation, both) and
     ``reason``, ``try`` and its calibration ``inputs``; ``fixes``: ``{kind, text, nodes}`` most
     useful first; ``settings``: the fixes as quantizer arguments, ``snippet`` the call;
+    ``producer_terms``: the fixes in the terms of the quantizer that made the model, where it is
+    neither onnxruntime nor Model Optimizer (whose terms the fixes use), as summary lines;
     ``warnings``: ``{text, fix}``."""
 
     model: str
@@ -72,6 +75,7 @@ class Diagnosis(JsonResult):
     snippet: str
     terms: str
     warnings: list
+    producer_terms: list = dataclasses.field(default_factory=list)
 
     @property
     def source(self):
@@ -162,6 +166,7 @@ class Diagnosis(JsonResult):
                 out += wrapped(f"{k}. {f['text']}", indent="  ")
             if self.snippet:
                 out += wrapped(f"all at once: {self.snippet}", indent="  ")
+            out += self.producer_terms
         return out  # the warnings are the caller's to print: once per model, passing or not
 
 
@@ -185,12 +190,13 @@ def diagnose(engine, sensitivity, verdict, top=10, outputs=None):
     relevant = [it for it in nodes if it["badness"] > 0 and it["badness"] >= RELEVANT * worst]
     for it in nodes:
         it["relevant"] = it in relevant
-    fixes, settings, snippet, terms = _fixes(qm, relevant, verdict.source)
+    fixes, settings, snippet, terms, choices = _fixes(qm, relevant, verdict.source)
+    own = producer_advice(engine, choices) if qm.made_by.key != "modelopt" else []
     told = engine.warnings + offset_warnings(engine, specs, metric)
     return Diagnosis(model=qm.source, producer=qm.made_by.label, producer_key=qm.made_by.key, format=qm.format,
                      metric=metric, node_type=sensitivity.node_type, samples=sensitivity.samples,
                      verdict=verdict.to_dict(), nodes=nodes, fixes=fixes, settings=settings, snippet=snippet,
-                     terms=terms, warnings=[warning(w, _stages_command(engine)) for w in told])
+                     terms=terms, warnings=[warning(w, _stages_command(engine)) for w in told], producer_terms=own)
 
 
 def warning(text, stages="ptq-debug stages FLOAT_MODEL CALIBRATED_MODEL DATA"):
@@ -296,7 +302,10 @@ def _names(names, limit=4):
 
 
 def _fixes(qm, relevant, source):
-    """``(fixes, settings, snippet, terms)`` for the relevant nodes, the verdict's kind first."""
+    """``(fixes, settings, snippet, terms, choices)`` for the relevant nodes, the verdict's kind
+    first; ``choices``: the remedy each fix names per calibration node (``{node: "float" |
+    "int16" | "per-channel"}``; 16 bit for a node to recalibrate, which no quantizer takes per
+    node)."""
     groups = {"per-channel": [], "int16": [], "float": [], "recalibrate": [], "activation per-channel": []}
     for it in relevant:
         if it["try"][0] == "keep in float":
@@ -370,9 +379,13 @@ def _fixes(qm, relevant, source):
                       "text": f"keep {_names(groups['float'])} in float: {how}"})
     # the verdict's kind first: fixing the other kind would not move the output much
     fixes.sort(key=lambda f: f["kind"] != source and not (source == "both" and f["kind"]))
-    terms = ("NVIDIA Model Optimizer" if modelopt else "onnxruntime quantize_static" if qm.made_by.key == "onnxruntime"
-             else f"onnxruntime quantize_static on the float model; {qm.made_by.label} has its own settings")
-    return fixes, settings, _snippet(settings, modelopt), terms
+    terms = ("NVIDIA Model Optimizer" if modelopt else
+             f"onnxruntime quantize_static on the float model; {qm.made_by.label}'s own terms follow them"
+             if qm.made_by.key in PRODUCERS else "onnxruntime quantize_static")
+    choices = {**dict.fromkeys(groups["per-channel"], "per-channel"),
+               **dict.fromkeys(groups["int16"] + groups["activation per-channel"] + groups["recalibrate"], "int16"),
+               **dict.fromkeys(groups["float"], "float")}
+    return fixes, settings, _snippet(settings, modelopt), terms, choices
 
 
 def _verb(names, one, many):

@@ -440,6 +440,8 @@ def _why_html(m, v):
                          + "".join(f"<li>{_e(f['text'])}</li>" for f in d["fixes"]) + "</ol>")
             if d.get("snippet"):
                 parts.append(f'<pre class="snippet">{_e(d["snippet"])}</pre>')
+            if d.get("producer_terms"):
+                parts.append(f'<pre class="snippet">{_e(chr(10).join(d["producer_terms"]))}</pre>')
         if m.get("suggest") and v in ("failed", "xfailed"):
             judged = ("the held-out data" if "--heldout" in m["suggest"] else
                       "calibration samples it did not choose on")

@@ -47,6 +47,7 @@ from .distribution import collect, draw_channelwise, draw_distribution
 from .distribution.readings import advise
 from .metrics import get_metrics
 from .outputs import OFFSET_BLIND, far_from_zero, offset_warnings, parse_outputs, parts_note
+from .remedy.producer_terms import producer_advice
 from .remedy.terms import onnxruntime_settings
 from .results import json_safe
 from .engine import engine_for
@@ -244,11 +245,18 @@ def _verdict(engine, metric, three, sens, top_nodes, dist, boxes, curves, blind=
             it["try"] = []
             it["reasons"].append("it costs little next to the worst node: nothing to do")
     if source == "neither":
+        steps, choices = _plan(items, [], source, structural_only=True)
         next_steps = ([] if blind is not None and blind.source != "neither" else
                       ["nothing urgent; if a task metric still drops, start from the top nodes listed here"]) \
-            + [s + " (optional)" for s in _plan(items, [], source, structural_only=True)]
+            + [s + " (optional)" for s in steps]
     else:
-        next_steps = _plan(items, relevant, source, qm=engine.qmodel)
+        next_steps, choices = _plan(items, relevant, source, qm=engine.qmodel)
+    # the same steps as the quantizer that made the model takes them, where it is not onnxruntime:
+    # a heading, then its code and what it cannot express, a line each
+    terms = producer_advice(engine, choices)
+    if terms:
+        optional = " (optional)" if source == "neither" else ""
+        next_steps.append("\n".join([terms[0].removesuffix(":") + optional + ":", *(t.strip() for t in terms[1:])]))
     by_correlation = None
     if blind is not None:
         names = _names([f["output"] for f in far])
@@ -314,8 +322,10 @@ def _names(names):
 
 
 def _plan(items, relevant, source, structural_only=False, qm=None):
-    """Next steps, most effective first: per-channel weights (one switch for the whole
-    model), per-node structure fixes, then int16 and float for what stays sensitive."""
+    """``(next steps, choices)``: the steps in onnxruntime's terms, most effective first
+    (per-channel weights, one switch for the whole model; per-node structure fixes; then int16
+    and float for what stays sensitive), and the remedy each names per calibration node
+    (``{node: "per-channel" | "int16" | "float"}``, for :func:`producer_advice`)."""
     # per-channel weights is one switch for the whole model: worth it for any ranked weight
     # when weights are (part of) the problem, otherwise only for nodes that matter
     pool = items if source in ("weight", "both", "neither") else relevant
@@ -337,25 +347,39 @@ def _plan(items, relevant, source, structural_only=False, qm=None):
     if recal:
         steps.append(("activation", f"recalibrate {_names(recal)} with a wider range (MinMax, or a higher "
                                     "percentile), or raise them to int16"))
+    # onnxruntime cannot quantize activations per channel, nor any quantizer calibrate one
+    # node its own way: 16 bit is what each can do for those
+    choices = {**dict.fromkeys(act_pc + recal, "int16"), **dict.fromkeys(weight_pc, "per-channel")}
     if structural_only:
-        return [text for _, text in steps]
+        return [text for _, text in steps], choices
     steps.sort(key=lambda s: s[0] != source)
     handled = set(weight_pc) | set(act_pc) | set(recal)
     severe = [it for it in relevant if it["try"][0] == "keep in float"]
+    floats = _calibration(qm, severe)
     if severe:
         first = "if they still cost too much after that, " if steps else ""
-        names = [it["node"] for it in severe]
         # the nodes a re-quantization leaves out, as the float model names them
-        exclude = (onnxruntime_settings(qm, "float", names)["nodes_to_exclude"]
-                   if qm is not None and all(n in qm.calibration for n in names) else [])
+        exclude = onnxruntime_settings(qm, "float", floats)["nodes_to_exclude"] if floats else []
         how = f"quantize_static(..., nodes_to_exclude={exclude})" if exclude else "onnxruntime: nodes_to_exclude"
-        steps.append(("", f"{first}keep {_names(names)} in float ({how}) and re-check the output"))
+        steps.append(("", f"{first}keep {_names([it['node'] for it in severe])} in float ({how}) and re-check the "
+                          "output"))
     rest = [it["node"] for it in sorted(relevant, key=lambda it: it["kind"] != source)
             if it not in severe and not ({f["node"] for f in it["findings"]} & handled)]
     if rest:
         steps.append(("", f"raise {_names(rest)} to int16 (TensorQuantOverrides with a 16-bit type), or keep "
                           "them in float, and re-check"))
-    return [text for _, text in steps]
+        choices.update(dict.fromkeys(_calibration(qm, [it for it in relevant if it["node"] in rest]), "int16"))
+    choices.update(dict.fromkeys(floats, "float"))  # a node kept in float needs nothing else
+    return [text for _, text in steps], choices
+
+
+def _calibration(qm, items):
+    """The calibration nodes of ranked ``items``: an operator's inputs (but its bias), or the
+    calibration node itself."""
+    if qm is None:
+        return []
+    return [c for it in items for c in (qm.normal[it["node"]].quantizers if it["kind"] == "node" else [it["node"]])
+            if qm.calibration[c].role != "bias"]
 
 
 # -- summary text -----------------------------------------------------------------------------
@@ -421,7 +445,13 @@ def markdown(summary):
             lines.append("| - | (none: nothing of this kind can be bypassed) | | | | |")
         lines.append("")
     lines += ["## What to try next", ""]
-    lines += [f"{k}. {s}" for k, s in enumerate(v["next_steps"], 1)] or ["nothing stands out."]
+    for k, step in enumerate(v["next_steps"], 1):
+        first, *more = step.split("\n")
+        lines.append(f"{k}. {first}")
+        if more:  # code to paste: a code block inside the list item
+            lines += ["", *("       " + m for m in more), ""]
+    if not v["next_steps"]:
+        lines.append("nothing stands out.")
     lines += ["", "## Files", ""]
     files = summary["files"]
     lines.append(f"- `{Path(files['acc_error']).name}`: weight-only, activation-only and fully quantized "

@@ -532,3 +532,79 @@ def test_the_search_keeps_in_float_only_what_the_producer_can_exclude(quark_inli
                        progress=False, full_curve=True)
     assert {e["node"] for e in r.ranking} == nameless
     assert not any("not kept in float by the search" in n for n in r.notes)
+
+
+@pytest.fixture(scope="module")
+def outlier_made(tmp_path_factory):
+    """A conv net whose first weight has an outlier channel, in Neural Compressor's, Model
+    Optimizer's and onnxruntime's conventions, and with 4-bit weights in Neural Compressor's
+    (a model that fails), with its float model and data."""
+    import dataclasses
+
+    root = tmp_path_factory.mktemp("outlier_made")
+    fpath = builders.conv_net(root / "float.onnx", outlier_channel=3)
+    data = builders.samples(4, seed=1)
+    builders.save_folder(data, root / "calib")
+    made = {"onnxruntime": builders.quantize(fpath, root / "ort.onnx", data)}
+    for convention, producer in (("inc", "inc"), ("modelopt_int8_fp32", "modelopt")):
+        made[producer] = _made_by(fpath, root / f"{convention}.onnx", data, convention, producer)
+    int4 = dataclasses.replace(conventions.CONVENTIONS["inc"], weight=onnx.TensorProto.INT4)
+    made["inc int4"] = _made_by(fpath, root / "inc_int4.onnx", data, int4, "inc")
+    return root, fpath, made
+
+
+def _reading(fpath, weight):
+    """The float model's node that reads initializer ``weight``, found in the proto."""
+    return next(n.name for n in onnx.load(str(fpath)).graph.node if weight in n.input)
+
+
+def test_runall_says_its_next_steps_in_the_producers_terms(outlier_made, tmp_path):
+    """runall's next steps name onnxruntime's settings; for a model another quantizer made,
+    a last step says them in that quantizer's terms (Neural Compressor's per-node per-channel
+    weights on the float node that reads the outlier weight; no int16, which it has not);
+    nothing more for onnxruntime's own model. The summary shows each step, its code as code."""
+    from pytest_ptq.runall import runall
+
+    root, fpath, made = outlier_made
+    steps = {}
+    for producer in ("onnxruntime", "inc", "modelopt"):
+        s = runall(str(made[producer]), root / "calib", float_model=str(fpath), save_dir=tmp_path / producer, top=3,
+                   progress=False)
+        steps[producer] = s["verdict"]["next_steps"]
+        md = (tmp_path / producer / "summary.md").read_text()
+        for step in steps[producer]:
+            first, *code = step.split("\n")
+            assert first in md and all(f"       {line}" in md for line in code)
+    assert not any("terms" in st for st in steps["onnxruntime"])
+    inc = steps["inc"][-1].split("\n")
+    assert inc[0] == "in Intel Neural Compressor's terms (names of the float model) (optional):"
+    assert any("quantize weights per channel" in st for st in steps["inc"][:-1])
+    assert any(f"set_local('{_reading(fpath, 'w1')}'" in line and "per_channel=True" in line for line in inc)
+    if any("int16" in st for st in steps["inc"][:-1]):
+        assert any(line.startswith("no Neural Compressor term") for line in inc)
+    assert steps["modelopt"][-1].startswith("in NVIDIA Model Optimizer's terms")
+
+
+def test_the_diagnosis_adds_the_producers_terms_to_its_fixes(outlier_made):
+    """A failing model made by Neural Compressor: the fixes keep its 4-bit weights in float, in
+    onnxruntime's terms and in Neural Compressor's, which exclude the float nodes reading them;
+    onnxruntime's own model gets no second block."""
+    from pytest_ptq.analysis import Analysis, AnalysisKey
+
+    root, fpath, made = outlier_made
+    shown = {producer: Analysis(AnalysisKey(str(made[producer]), str(root / "calib"), str(fpath)), root)
+             .diagnosis("weight") for producer in ("onnxruntime", "inc int4")}
+    assert shown["onnxruntime"].producer_terms == [] and shown["onnxruntime"].terms == "onnxruntime quantize_static"
+    inc = shown["inc int4"]
+    assert inc.source == "weight" and "Neural Compressor's own terms follow" in inc.terms
+    floated = [n for f in inc.fixes if f["short"] == "keep nodes in float" for n in f["nodes"]]
+    assert floated and inc.producer_terms[0] == "in Intel Neural Compressor's terms (names of the float model):"
+    # the QDQ nodes reading each kept DQ, named as Neural Compressor's settings name them
+    qdq = onnx.load(str(made["inc int4"])).graph.node
+    outs = {d.output[0] for d in qdq if d.name in floated}
+    excluded = {n.name.removesuffix("_quant") for n in qdq if set(n.input) & outs}
+    assert excluded <= {n.name for n in onnx.load(str(fpath)).graph.node}
+    line = next(line for line in inc.producer_terms if "nodes_to_exclude=" in line)
+    assert set(re.search(r"nodes_to_exclude=(\[[^]]*\])", line).group(1).strip("[]").replace("'", "").split(", ")) \
+        == excluded
+    assert "\n".join(inc.producer_terms) in "\n".join(inc.lines())

@@ -43,7 +43,7 @@ from ..errors import PTQError, unknown
 from ..model import load_model
 from ..model.align import FOLDABLE, TRANSPARENT, float_source
 from ..model.graph import name_nodes, sort_topologically
-from .result import MIXED, REMEDIES
+from .result import MIXED, REMEDIES, producer_lines
 
 PRODUCERS = ("modelopt", "quark", "neural-compressor", "aimet")
 SHORT = {"modelopt": "ModelOpt", "quark": "Quark", "neural-compressor": "Neural Compressor", "aimet": "aimet-onnx"}
@@ -233,6 +233,27 @@ def producer_terms(qmodel, remedy, nodes, axes=None, choices=None, float_model=N
         terms["notes"].append(f"float node(s) {', '.join(generated)} have no name in the file (the names are "
                               f"generated); name them in the float model so that {SHORT[key]} can exclude them")
     return terms
+
+
+def producer_advice(engine, choices):
+    """A fix in the terms of the quantizer that made ``engine``'s model, as the summary lines
+    of :func:`~.result.producer_lines`: ``choices`` maps calibration nodes to ``float``,
+    ``int16`` or ``per-channel`` (a weight's channel axis read from its float values); named
+    as the engine's float model names them when it has one. [] for onnxruntime's own models,
+    an unknown producer or no choice."""
+    from ..channelwise import channel_axis
+    from .alternatives import float_input
+
+    qm = engine.qmodel
+    if not choices or qm.made_by.key not in PRODUCERS:
+        return []
+    axes = {}
+    for name, kind in choices.items():
+        c = qm.calibration[name]
+        w = float_input(engine, c) if kind == "per-channel" and c.kind == "weight" else None
+        if w is not None and w.ndim >= 2:
+            axes[name] = channel_axis(qm, c, w.shape)
+    return producer_lines(producer_terms(qm, MIXED, list(choices), axes, choices, engine.float_model))
 
 
 def _keeps(key):
