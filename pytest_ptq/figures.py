@@ -30,6 +30,34 @@ def save_figure(fig, path, tight=True):
     return path
 
 
+def drawn_by():
+    """The matplotlib that draws figures (a key part of a figure kept between runs: another
+    one draws it again)."""
+    import matplotlib
+
+    return "matplotlib " + matplotlib.__version__
+
+
+def kept_figure(store, request, folder, draw):
+    """The path of the figure ``draw(folder)`` writes under ``folder`` (returning its path),
+    drawn once for ``request`` (a tuple of what the figure shows) while ``store`` (a
+    :class:`~pytest_ptq.cache.ResultCache`, or None) keeps its PNG: a rerun writes the kept
+    bytes instead of drawing them again."""
+    if store is None:
+        return str(draw(folder))
+    drawn = []
+
+    def compute():
+        path = Path(draw(folder))
+        drawn.append(path)
+        return path.name, path.read_bytes()
+
+    name, png = store.get((*request, drawn_by()), compute)
+    if drawn:
+        return str(drawn[0])
+    return str(guard.write_bytes(Path(folder) / name, png))
+
+
 def metric_label(metric):
     """Axis label of a metric that says which way is better."""
     return metric.name + (" (higher is better)" if metric.higher_is_better else " (lower is better)")

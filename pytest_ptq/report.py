@@ -20,6 +20,7 @@ from pathlib import Path
 
 from . import guard
 from .errors import PTQError
+from .figures import drawn_by
 from .outputs import parse_outputs, parts_note
 from .results import json_safe
 from .tables import fmt
@@ -180,14 +181,7 @@ def curves_png(analysis, settings):
         with tempfile.TemporaryDirectory(prefix="ptq-curves-") as tmp:
             return base64.b64encode(compress_png(_plot_curves(analysis, settings, Path(tmp)))).decode("ascii")
 
-    return analysis.cached(("curves_png", settings.metric, analysis.label, _drawn_by()), draw, files=())
-
-
-def _drawn_by():
-    """The matplotlib that draws the figures kept on disk: another one draws them again."""
-    import matplotlib
-
-    return "matplotlib " + matplotlib.__version__
+    return analysis.cached(("curves_png", settings.metric, analysis.label, drawn_by()), draw, files=())
 
 
 def results_html(results):
@@ -218,7 +212,7 @@ def _figures(analysis, sens, settings, notes, diagnosis=None):
     # what the figures show, all of it: kept on disk with the model's results under that key,
     # so that a rerun of an unchanged suite draws nothing (drawing was 2/3 of such a rerun)
     request = ("distribution figures", metric, tuple(top), tuple(sorted(blamed.items())), tuple(boxed),
-               sens.samples, tuple(float(sens[n][metric]) for n in top), _drawn_by())
+               sens.samples, tuple(float(sens[n][metric]) for n in top), drawn_by())
     drawn, failure = analysis.cached(request, lambda: _distribution_figures(analysis, sens, metric, top, blamed,
                                                                            boxed), files=())
     if failure:

@@ -45,6 +45,7 @@ from .curves import configs_from, get_acc_error, plot_curves
 from .diagnosis import warning
 from .distribution import collect, draw_channelwise, draw_distribution
 from .distribution.readings import advise
+from .figures import kept_figure
 from .metrics import get_metrics
 from .outputs import OFFSET_BLIND, far_from_zero, offset_warnings, parse_outputs, parts_note
 from .remedy.producer_terms import producer_advice
@@ -167,10 +168,17 @@ def _runall(engine, out, metrics, output_node, node_type, data_num, top, axis, p
         dist, boxes = through(cache, ("runall distributions", data_num, tuple(dist_nodes), tuple(box_nodes), axis),
                               lambda: collect(engine, dist_nodes, box_nodes, axis=axis, data_num=data_num,
                                               progress=progress, skip_unboxable=True))
-        files["distributions"] = [d.setdefault("png", draw_distribution(d, out / "distributions"))
-                                  for d in dist.values()]
-        files["channelwise"] = [d.setdefault("png", draw_channelwise(d, out / "channelwise"))
-                                for d in boxes.values() if "skipped" not in d]
+        # a rerun writes the figures kept with the results instead of drawing them again
+        shown = (data_num, tuple(dist_nodes), tuple(box_nodes), axis)
+        for d in dist.values():
+            d["png"] = kept_figure(cache, ("runall distribution", *shown, d["node"]), out / "distributions",
+                                   lambda folder, d=d: draw_distribution(d, folder))
+        for d in boxes.values():
+            if "skipped" not in d:
+                d["png"] = kept_figure(cache, ("runall channels", *shown, d["node"]), out / "channelwise",
+                                       lambda folder, d=d: draw_channelwise(d, folder))
+        files["distributions"] = [d["png"] for d in dist.values()]
+        files["channelwise"] = [d["png"] for d in boxes.values() if "skipped" not in d]
 
     with _step(timings, "curves", f"[3/{steps}] weight-only, activation-only and full error curves",
                progress):
@@ -181,7 +189,8 @@ def _runall(engine, out, metrics, output_node, node_type, data_num, top, axis, p
                          lambda: get_acc_error(engine, {**configs, ALL: list(engine.calib_names)}, metric, data_num,
                                                local=True, progress=progress))
         curves.average_mode = average_mode
-        curves.png = str(plot_curves(curves, out / "acc_error.png"))
+        curves.png = kept_figure(cache, ("runall curves", base, data_num, average_mode), out,
+                                 lambda folder: plot_curves(curves, folder / "acc_error.png"))
         files["acc_error"] = curves.png
 
     with _step(timings, "outputs", f"[4/{steps}] weights only, activations only and everything "

@@ -297,19 +297,24 @@ def test_cli_rerun_reads_its_cache_dir(tmp_path, inputs, monkeypatch, capsys):
 
     for where in ("pytest_ptq.runall.screen", "pytest_ptq.runall.collect", "pytest_ptq.runall.get_acc_error",
                   "pytest_ptq.runall.three_configs", "pytest_ptq.cli.sensitivity.get_sensitivity_of_nodes",
-                  "pytest_ptq.engine.sanity.check"):  # the float-equivalence check is kept too
+                  "pytest_ptq.engine.sanity.check",  # the float-equivalence check is kept too
+                  "matplotlib.figure.Figure.savefig"):  # and the figures
         monkeypatch.setattr(where, refuse)
     assert cli.main(["runall", *common, "-s", str(tmp_path / "r2"), "--top", "1"]) == 0
     assert cli.main(["get-sensitivity-of-nodes", *common, "-t", "activation",
                      "--json", str(tmp_path / "s2.json")]) == 0
     first, again = (json.loads((tmp_path / r / "summary.json").read_text()) for r in ("r1", "r2"))
     for summary in (first, again):
-        summary["curves"].pop("png")  # where each run drew it
+        summary["curves"] = dict(summary["curves"], png=None)  # where each run wrote it
     for key in ("sensitivity", "verdict", "outputs", "ranking", "curves"):
         assert json.dumps(first[key], sort_keys=True) == json.dumps(again[key], sort_keys=True)
     assert (json.loads((tmp_path / "s1.json").read_text())["values"]
             == json.loads((tmp_path / "s2.json").read_text())["values"])
-    assert (tmp_path / "r2" / "acc_error.png").exists()  # plots drawn again from the results
+    # the figures, kept with the results, written where this run writes
+    pngs = sorted(p.relative_to(tmp_path / "r1") for p in (tmp_path / "r1").rglob("*.png"))
+    assert len(pngs) >= 3 and pngs == sorted(p.relative_to(tmp_path / "r2") for p in (tmp_path / "r2").rglob("*.png"))
+    assert all((tmp_path / "r1" / p).read_bytes() == (tmp_path / "r2" / p).read_bytes() for p in pngs)
+    assert again["files"]["acc_error"] == str(tmp_path / "r2" / "acc_error.png")
     # another option is another request
     with pytest.raises(AssertionError, match="computed although"):
         cli.main(["get-sensitivity-of-nodes", *common, "-t", "weight"])
