@@ -264,8 +264,10 @@ def _verdict(engine, metric, three, sens, top_nodes, dist, boxes, curves, blind=
     # a heading, then its code and what it cannot express, a line each
     terms = producer_advice(engine, choices)
     if terms:
+        head, *lines = terms
         optional = " (optional)" if source == "neither" else ""
-        next_steps.append("\n".join([terms[0].removesuffix(":") + optional + ":", *(t.strip() for t in terms[1:])]))
+        head = head.removesuffix(":") + optional + ":" if lines else head + optional
+        next_steps.append("\n".join([head, *(line.strip() for line in lines)]))
     by_correlation = None
     if blind is not None:
         names = _names([f["output"] for f in far])

@@ -608,3 +608,18 @@ def test_the_diagnosis_adds_the_producers_terms_to_its_fixes(outlier_made):
     assert set(re.search(r"nodes_to_exclude=(\[[^]]*\])", line).group(1).strip("[]").replace("'", "").split(", ")) \
         == excluded
     assert "\n".join(inc.producer_terms) in "\n".join(inc.lines())
+
+
+def test_terms_that_cannot_be_given_are_said_and_runall_finishes(outlier_made, tmp_path, monkeypatch):
+    from pytest_ptq.runall import runall
+
+    module = importlib.import_module("pytest_ptq.remedy.producer_terms")
+
+    def fail(*args, **kwargs):
+        raise PTQError("the float model's node 'conv1' has no counterpart")
+
+    monkeypatch.setattr(module, "producer_terms", fail)
+    root, fpath, made = outlier_made
+    s = runall(str(made["inc"]), root / "calib", float_model=str(fpath), save_dir=tmp_path, top=3, progress=False)
+    assert s["verdict"]["next_steps"][-1] == ("in Intel Neural Compressor's terms: none given (the float model's "
+                                              "node 'conv1' has no counterpart)" + (" (optional)" if s["verdict"]["source"] == "neither" else ""))

@@ -253,7 +253,10 @@ def producer_advice(engine, choices):
         w = float_input(engine, c) if kind == "per-channel" and c.kind == "weight" else None
         if w is not None and w.ndim >= 2:
             axes[name] = channel_axis(qm, c, w.shape)
-    return producer_lines(producer_terms(qm, MIXED, list(choices), axes, choices, engine.float_model))
+    try:
+        return producer_lines(producer_terms(qm, MIXED, list(choices), axes, choices, engine.float_model))
+    except PTQError as exc:  # advice beside a finished analysis: said, never its end
+        return [f"in {qm.made_by.label}'s terms: none given ({exc})"]
 
 
 def _keeps(key):
