@@ -166,7 +166,7 @@ class Diagnosis(JsonResult):
                 out += wrapped(f"{k}. {f['text']}", indent="  ")
             if self.snippet:
                 out += wrapped(f"all at once: {self.snippet}", indent="  ")
-            out += self.producer_terms
+            out += ["  " + line for line in self.producer_terms]  # one of the fixes' lines
         return out  # the warnings are the caller's to print: once per model, passing or not
 
 

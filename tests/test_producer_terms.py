@@ -607,7 +607,7 @@ def test_the_diagnosis_adds_the_producers_terms_to_its_fixes(outlier_made):
     line = next(line for line in inc.producer_terms if "nodes_to_exclude=" in line)
     assert set(re.search(r"nodes_to_exclude=(\[[^]]*\])", line).group(1).strip("[]").replace("'", "").split(", ")) \
         == excluded
-    assert "\n".join(inc.producer_terms) in "\n".join(inc.lines())
+    assert "\n".join("  " + line for line in inc.producer_terms) in "\n".join(inc.lines())
 
 
 def test_terms_that_cannot_be_given_are_said_and_runall_finishes(outlier_made, tmp_path, monkeypatch):
