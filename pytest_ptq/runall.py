@@ -374,12 +374,12 @@ def _plan(items, relevant, source, structural_only=False, qm=None):
         how = f"quantize_static(..., nodes_to_exclude={exclude})" if exclude else "onnxruntime: nodes_to_exclude"
         steps.append(("", f"{first}keep {_names([it['node'] for it in severe])} in float ({how}) and re-check the "
                           "output"))
-    rest = [it["node"] for it in sorted(relevant, key=lambda it: it["kind"] != source)
+    rest = [it for it in sorted(relevant, key=lambda it: it["kind"] != source)
             if it not in severe and not ({f["node"] for f in it["findings"]} & handled)]
     if rest:
-        steps.append(("", f"raise {_names(rest)} to int16 (TensorQuantOverrides with a 16-bit type), or keep "
-                          "them in float, and re-check"))
-        choices.update(dict.fromkeys(_calibration(qm, [it for it in relevant if it["node"] in rest]), "int16"))
+        steps.append(("", f"raise {_names([it['node'] for it in rest])} to int16 (TensorQuantOverrides with a "
+                          "16-bit type), or keep them in float, and re-check"))
+        choices.update(dict.fromkeys(_calibration(qm, rest), "int16"))
     choices.update(dict.fromkeys(floats, "float"))  # a node kept in float needs nothing else
     return [text for _, text in steps], choices
 
