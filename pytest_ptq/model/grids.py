@@ -104,6 +104,20 @@ def _grids():
 GRIDS = _grids()
 
 
+def narrowed(grid, lo, hi):
+    """``grid`` (an integer one) with its codes clipped to ``[lo, hi]``: a pair whose Q output
+    goes through an integer Clip before its DQ (PyTorch's QAT export of the (0, 127) activation
+    range, Brevitas' sub-8-bit QCDQ). Named by its type and range; ``bits``: those its levels
+    need. ``grid`` itself where the Clip leaves the whole range."""
+    lo, hi = max(grid.qmin, lo), min(grid.qmax, hi)
+    if (lo, hi) == (grid.qmin, grid.qmax):
+        return grid
+    if lo > hi:
+        raise PTQError(f"clips the {grid.name} codes to an empty range [{lo:g}, {hi:g}]")
+    bits = max(1, int(np.ceil(np.log2(hi - lo + 1))))
+    return dataclasses.replace(grid, name=f"{grid.name} [{lo:g}, {hi:g}]", bits=bits, qmin=lo, qmax=hi)
+
+
 def custom(name, bits=16):
     """The grid of a fused custom fake-quant op, known by name only."""
     return Grid(0, name, bits, "custom", -np.inf, np.inf)

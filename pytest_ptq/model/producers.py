@@ -83,6 +83,8 @@ def _detect(model, fmt):
     if any(n.op_type == "DequantizeLinear" and any(a.name == "block_size" for a in n.attribute)
            for n in model.graph.node):
         return Producer("modelopt", KNOWN["modelopt"], "", "block-wise DequantizeLinear weights (its int4 export)")
+    if model.producer_name:  # a name, but not of a quantizer whose conventions are known (a QAT export)
+        return Producer("unknown", raw, "", f"producer_name {model.producer_name!r}, no quantizer known by it")
     return Producer("unknown", raw, "", "nothing in the file names it")
 
 

@@ -95,6 +95,8 @@ class CalibrationNode:
     folded: tuple | None = None
     on_grid: bool = False  # a float weight behind the pair already rounded onto its grid
     fused: bool = False  # one custom node quantizes and dequantizes (q_node is dq_nodes[0])
+    # integer nodes between the Q and its DQs (a Clip narrowing the codes: ``grid`` is narrowed)
+    between: list = dataclasses.field(default_factory=list)
 
     @property
     def outputs(self):
@@ -583,14 +585,23 @@ class QuantModel:
         found, used = [], set()
         for node in graph.node:
             if is_q(node):
-                users = self.consumers[node.output[0]]
+                clipped = self._clipped(node)
+                users = self.consumers[(clipped[0] if clipped else node).output[0]]
                 dqs = [c for c in users if is_dq(c)]
                 if not dqs or len(dqs) != len(users):
                     continue  # a Q feeding integer kernels is not a fake-quant pair
                 qtype = self._qtype(node, node.output[0])
                 scale, zp, axis, block, grid = self._qparams(node, qtype)
+                if clipped:
+                    clip, lo, hi = clipped
+                    try:
+                        grid = grids.narrowed(grid, grid.qmin if lo is None else lo, grid.qmax if hi is None else hi)
+                    except PTQError as exc:
+                        raise PTQError(f"node {clip.name!r} of {self.source!r} {exc}; check the export") from None
                 kind = "weight" if self.is_constant(node.input[0]) else "activation"
-                found.append(self._calib(node.name, kind, node.input[0], node, dqs, scale, zp, axis, block, grid))
+                c = self._calib(node.name, kind, node.input[0], node, dqs, scale, zp, axis, block, grid)
+                c.between = [clipped[0]] if clipped else []
+                found.append(c)
                 used.update(d.name for d in dqs)
         for node in graph.node:
             if is_fused(node):
@@ -608,6 +619,28 @@ class QuantModel:
                 c.role = "bias" if qtype == onnx.TensorProto.INT32 else ""
                 found.append(c)
         return {c.name: c for c in found}
+
+    def _clipped(self, q):
+        """``(clip, low, high)`` for an integer Clip that alone reads Q node ``q``'s codes and
+        only DQs read (a bound it leaves out is None), else None. PyTorch exports its (0, 127)
+        activation range so (QuantizeLinear, Clip to 127, DequantizeLinear) and Brevitas its
+        sub-8-bit grids (QCDQ): one fake-quant on the narrower grid."""
+        users = self.consumers[q.output[0]]
+        if len(users) != 1 or users[0].op_type != "Clip" or users[0].domain not in ("", "ai.onnx"):
+            return None
+        clip = users[0]
+        readers = self.consumers[clip.output[0]]
+        if (clip.input[0] != q.output[0] or not readers or not all(is_dq(r) for r in readers)
+                or clip.output[0] in self.output_names):
+            return None
+        bounds = []
+        for k in (1, 2):
+            name = clip.input[k] if len(clip.input) > k else ""
+            value = self.constant(name) if name else None
+            if name and (value is None or np.size(value) != 1 or np.asarray(value).dtype.kind not in "iu"):
+                return None  # computed or non-integer bounds: not a grid
+            bounds.append(None if value is None else float(np.asarray(value).reshape(())))
+        return clip, bounds[0], bounds[1]
 
     def _mark_on_grid(self):
         """Flag float weights behind a pair that are already rounded onto its grid (aimet and
@@ -682,6 +715,7 @@ class QuantModel:
                 calib_nodes.add(dq.name)
             if c.q_node is not None:
                 calib_nodes.add(c.q_node.name)
+            calib_nodes.update(b.name for b in c.between)
         self.normal = {}
         for node in self.model.graph.node:
             if node.name in calib_nodes or node.op_type == "Constant":
