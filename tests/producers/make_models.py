@@ -5,7 +5,7 @@ tests/producers/README.md); it needs only that producer, onnx and numpy, not pyt
 
     python tests/producers/make_models.py PRODUCER OUT [--real FLOAT.onnx CALIB_DIR]
 
-PRODUCER is modelopt, quark, inc or aimet. For every variant and model it writes
+PRODUCER is modelopt, quark, inc, aimet or torch-qat (PyTorch's QAT export). For every variant and model it writes
 ``OUT/<producer>_<variant>_<model>/`` with ``model.onnx`` (the quantized model),
 ``float.onnx`` (the model given to the quantizer) and ``calib/<input>/<i>.npy``. The
 models are the tests' own conv net and MLP (builders.py, conventions.py) and, with
@@ -142,7 +142,60 @@ def aimet_variants():
     return [("qdq", None, sim()), ("prequant", None, sim(prequantize_constants=True))]
 
 
-PRODUCERS = {"modelopt": modelopt_variants, "quark": quark_variants, "inc": inc_variants, "aimet": aimet_variants}
+def torch_qat_variants():
+    """PyTorch's eager-mode QAT, exported as it trains: a torch module of the float model's
+    input shape (a conv net for images, an MLP for vectors; PyTorch makes its own model, the
+    ONNX float model only lends its shape), a few training steps with fake quantization on the
+    samples, then the fake-quantized module exported (``fbgemm``: reduce-range activations,
+    written as QuantizeLinear, Clip to 127, DequantizeLinear; ``qnnpack``: full range) and the
+    same module with fake quantization off as the float model."""
+    import torch
+    from torch import nn
+    from torch.ao import quantization as tq
+
+    class Net(nn.Module):
+        def __init__(self, shape):
+            super().__init__()
+            self.quant, self.dequant = tq.QuantStub(), tq.DeQuantStub()
+            if len(shape) == 4:
+                c = shape[1]
+                self.body = nn.Sequential(nn.Conv2d(c, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 8, 3, padding=1),
+                                          nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 6))
+            else:
+                self.body = nn.Sequential(nn.Linear(shape[-1], 32), nn.ReLU(), nn.Linear(32, 6))
+
+        def forward(self, x):
+            return self.dequant(self.body(self.quant(x)))
+
+    def export(module, x, path):
+        torch.onnx.export(module, x, str(path), opset_version=13, input_names=["x"], output_names=["y"],
+                          dynamo=False)
+
+    def qat(backend):
+        def run(fpath, out, samples):
+            torch.manual_seed(0)
+            xs = [torch.from_numpy(s["x"]) for s in samples]
+            net = Net(tuple(xs[0].shape))
+            net.qconfig = tq.get_default_qat_qconfig(backend, version=0)  # FakeQuantize modules: exportable
+            net = tq.prepare_qat(net.train())
+            opt = torch.optim.SGD(net.parameters(), lr=0.01)
+            for _ in range(3):
+                for x in xs:
+                    loss = net(x).pow(2).mean()
+                    opt.zero_grad()
+                    loss.backward()
+                    opt.step()
+            net.eval().apply(tq.disable_observer)
+            export(net, xs[0], out)
+            net.apply(tq.disable_fake_quant)
+            export(net, xs[0], fpath)  # the float model: the same weights, fake quantization off
+        return run
+
+    return [("fbgemm", None, qat("fbgemm")), ("qnnpack", None, qat("qnnpack"))]
+
+
+PRODUCERS = {"modelopt": modelopt_variants, "quark": quark_variants, "inc": inc_variants, "aimet": aimet_variants,
+             "torch-qat": torch_qat_variants}
 
 
 def make(producer, out_root, real=None):
