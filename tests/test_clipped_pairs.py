@@ -136,3 +136,24 @@ def test_each_clipped_pairs_sensitivity_is_the_net_with_that_pair_alone(net):
         assert sens[f"{name}_Q"]["cosine-similarity"] == pytest.approx(builders.pooled_cosine(ref, alone), abs=1e-6)
     # the narrow grids cost something: the check would pass were the Clips ignored
     assert min(v["cosine-similarity"] for v in sens.values()) < 0.9999
+
+
+def test_a_clip_that_is_no_grid_is_an_ordinary_node_or_one_sentence(tmp_path):
+    """Bounds that cross (no code left) are one sentence naming the Clip; a Clip whose bounds
+    are computed, or whose output the model also returns, is not part of a pair."""
+    from pytest_ptq.errors import PTQError
+
+    path = clipped_net(tmp_path / "m.onnx", "brevitas")
+    model = onnx.load(str(path))
+    for init in model.graph.initializer:
+        if init.name == "x_lo":
+            init.CopyFrom(numpy_helper.from_array(np.array(9, np.int8), "x_lo"))
+    onnx.save(model, str(tmp_path / "crossed.onnx"))
+    with pytest.raises(PTQError, match=r"^node 'x_Clip' of '.*crossed.onnx' clips the int8 codes to an empty range "
+                                        r"\[9, 7\]; check the export$"):
+        QuantModel(str(tmp_path / "crossed.onnx"))
+    model = onnx.load(str(path))
+    model.graph.output.append(helper.make_tensor_value_info("x_c", TensorProto.INT8, None))
+    onnx.save(model, str(tmp_path / "exposed.onnx"))
+    qm = QuantModel(str(tmp_path / "exposed.onnx"))
+    assert "x_Q" not in qm.calibration and "x_Clip" in qm.normal and "w_Q" in qm.calibration
