@@ -34,7 +34,7 @@ def _sample_number(path):
 class _Source:
     """The samples of one input: files, or rows of a stacked array, or a list."""
 
-    def __init__(self, where, items, role="calibration"):
+    def __init__(self, where, items, role):
         self.where = where  # for messages
         self.items = items
         self.role = role
@@ -50,7 +50,7 @@ class _Source:
         """(shape, dtype) of sample i without reading its values where possible."""
         item = self.items[i]
         if isinstance(item, Path):
-            arr = _read_npy(item, mmap_mode="r", role=self.role)
+            arr = _read_npy(item, self.role, mmap_mode="r")
             return arr.shape, arr.dtype
         arr = self.load(i)
         return arr.shape, arr.dtype
@@ -58,7 +58,7 @@ class _Source:
     def load(self, i):
         item = self.items[i]
         if isinstance(item, Path):
-            return _read_npy(item, role=self.role)
+            return _read_npy(item, self.role)
         if isinstance(item, tuple):  # (file, stacked array, row)
             return np.asarray(item[1][item[2]])
         return np.asarray(item)
@@ -163,7 +163,7 @@ class CalibrationData:
             yield self.sample(i)
 
 
-def _check_shape(name, where, shape, dt, dims, dtype, role="calibration"):
+def _check_shape(name, where, shape, dt, dims, dtype, role):
     if np.dtype(dt).kind not in "biuf":  # text, objects, records, complex: no model input takes them
         raise PTQError(f"{role} sample {where!r} for input {name!r} holds {np.dtype(dt)} values, not numbers; "
                        "save the preprocessed numeric array the model takes")
@@ -258,7 +258,7 @@ def _open_npz(path, role):
             for k, a in arrays.items()}
 
 
-def _read_npy(path, mmap_mode=None, role="calibration"):
+def _read_npy(path, role, mmap_mode=None):
     """The array of .npy file ``path``, or one sentence saying it is not one (an .npz archive
     saved under a .npy name loads as an archive)."""
     try:
@@ -332,7 +332,7 @@ def _open_dir(path, role):
     for f in stacked:
         if f.stem in sources:
             continue
-        arr = _stacked(_read_npy(f, mmap_mode="r", role=role), repr(str(f)), role)
+        arr = _stacked(_read_npy(f, role, mmap_mode="r"), repr(str(f)), role)
         sources[f.stem] = _Source(str(f), [(f"{f}[{i}]", arr, i) for i in range(len(arr))], role)
     if not sources:
         raise PTQError(f"{role} data {str(path)!r} holds neither input folders nor .npy files; "

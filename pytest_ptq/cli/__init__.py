@@ -81,8 +81,7 @@ def main(argv=None):
 def _json_to_stdout(args):
     """Run a command whose JSON goes to standard output (``--json -``): its tables and notes go
     to standard error, so that a pipe reads JSON alone, written once the command succeeded."""
-    out, args.json = sys.stdout, io.StringIO()
-    args.json.name = "standard output"
+    out, args.json = sys.stdout, io.StringIO()  # write_json names it "standard output"
     with contextlib.redirect_stdout(sys.stderr):
         code = args.func(args) or 0
     out.write(args.json.getvalue())

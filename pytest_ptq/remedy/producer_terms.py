@@ -39,10 +39,12 @@ import re
 import shlex
 from collections import Counter, defaultdict
 
+from ..channelwise import channel_axis
 from ..errors import PTQError, unknown
 from ..model import load_model
 from ..model.align import FOLDABLE, TRANSPARENT, float_source
 from ..model.graph import name_nodes, sort_topologically
+from .alternatives import float_input
 from .result import MIXED, REMEDIES, producer_lines
 
 PRODUCERS = ("modelopt", "quark", "neural-compressor", "aimet")
@@ -241,9 +243,6 @@ def producer_advice(engine, choices):
     ``int16`` or ``per-channel`` (a weight's channel axis read from its float values); named
     as the engine's float model names them when it has one. [] for onnxruntime's own models,
     an unknown producer or no choice."""
-    from ..channelwise import channel_axis
-    from .alternatives import float_input
-
     qm = engine.qmodel
     if not choices or qm.made_by.key not in PRODUCERS:
         return []
