@@ -3,16 +3,16 @@ the CPU's rankings. Skipped on machines without it; the product never needs a GP
 
 from __future__ import annotations
 
-import onnxruntime as ort
 import pytest
 
 import builders
 from pytest_ptq.engine import Engine
+from pytest_ptq.engine.runtime import cuda_usable
 from pytest_ptq.sensitivity import get_sensitivity_of_nodes
 
-pytestmark = pytest.mark.skipif("CUDAExecutionProvider" not in ort.get_available_providers(),
-                                reason="onnxruntime here has no CUDAExecutionProvider (install onnxruntime-gpu "
-                                       "on a machine with CUDA to run this)")
+needs_cuda = pytest.mark.skipif(not cuda_usable(),
+                                reason="onnxruntime's CUDAExecutionProvider does not run here (install "
+                                       "onnxruntime-gpu on a machine with CUDA to run this)")
 
 CPU = ["CPUExecutionProvider"]
 CUDA = ["CUDAExecutionProvider", "CPUExecutionProvider"]
@@ -28,6 +28,7 @@ def model(tmp_path_factory):
     return q, folder
 
 
+@needs_cuda
 @pytest.mark.parametrize("node_type", ["weight", "activation", "node"])
 def test_cuda_gives_the_cpu_rankings(model, node_type):
     q, folder = model
@@ -41,6 +42,7 @@ def test_cuda_gives_the_cpu_rankings(model, node_type):
         assert cuda[name]["cosine-similarity"] == pytest.approx(cpu[name]["cosine-similarity"], abs=1e-4), name
 
 
+@needs_cuda
 def test_cuda_fully_quantized_output_matches_cpu(model):
     q, folder = model
     import numpy as np
@@ -51,3 +53,24 @@ def test_cuda_fully_quantized_output_matches_cpu(model):
         for name in a:
             x, y = np.ravel(a[name]).astype(np.float64), np.ravel(b[name]).astype(np.float64)
             assert x @ y / np.sqrt((x @ x) * (y @ y)) > 0.9999, name
+
+
+
+def test_a_listed_cuda_provider_that_does_not_run_leaves_the_cpu(monkeypatch):
+    """onnxruntime-gpu lists CUDA wherever it is installed; without a GPU a session asked for
+    it falls back to the CPU, so the engine must not ask for it on the listing alone."""
+    import onnxruntime
+
+    from pytest_ptq.engine import runtime
+
+    listed = onnxruntime.get_available_providers()
+    if "CUDAExecutionProvider" in listed:
+        pytest.skip("onnxruntime here has the CUDA provider: nothing to pretend")
+    monkeypatch.setattr(onnxruntime, "get_available_providers", lambda: ["CUDAExecutionProvider", *listed])
+    monkeypatch.delenv("PTQ_PROVIDERS", raising=False)
+    runtime.cuda_usable.cache_clear()
+    try:
+        assert runtime.cuda_usable() is False
+        assert runtime.default_providers() == ["CPUExecutionProvider"]
+    finally:
+        runtime.cuda_usable.cache_clear()

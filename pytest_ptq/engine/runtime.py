@@ -7,7 +7,9 @@ reason), so every analysis reports a failure the same way.
 
 from __future__ import annotations
 
+import functools
 import os
+import warnings
 import weakref
 
 from ..errors import PTQError, unknown
@@ -28,9 +30,35 @@ def default_providers():
     env = os.environ.get("PTQ_PROVIDERS")
     if env:
         return [p.strip() for p in env.split(",") if p.strip()]
-    if "CUDAExecutionProvider" in ort().get_available_providers():
+    if cuda_usable():
         return ["CUDAExecutionProvider", "CPUExecutionProvider"]
     return ["CPUExecutionProvider"]
+
+
+@functools.cache
+def cuda_usable():
+    """Whether onnxruntime's CUDA provider runs here. onnxruntime-gpu lists it wherever it is
+    installed, and a session asked for it without a GPU or CUDA's libraries falls back to
+    the CPU, logging an error per session; one probe on a one-node model tells instead."""
+    rt = ort()
+    if "CUDAExecutionProvider" not in rt.get_available_providers():
+        return False
+    from onnx import TensorProto, helper
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])
+    probe = helper.make_model(helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "probe", [x], [y]),
+                              opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
+    options = rt.SessionOptions()
+    options.log_severity_level = 4  # the fallback's error is the answer, not news
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            session = rt.InferenceSession(probe.SerializeToString(), options,
+                                          providers=["CUDAExecutionProvider", "CPUExecutionProvider"])
+    except Exception:  # any failure to start the provider means: not here
+        return False
+    return "CUDAExecutionProvider" in session.get_providers()
 
 
 def check_level(optimization):
