@@ -430,7 +430,7 @@ class QuantModel:
 
     def _inside_control_flow(self):
         """Why a model without pairs in its main graph is not the float one, where most of its
-        nodes, or any Q/DQ, live in If/Loop/Scan subgraphs (quantize_static leaves those in
+        nodes, or any Q/DQ, live in If/Loop/Scan subgraphs (onnxruntime's quantizers leave those in
         float); else None."""
         holders = self._control_flow()
         if not holders:
@@ -443,7 +443,7 @@ class QuantModel:
                  (f" and {len(holders) - 1} other control-flow node(s)" if len(holders) > 1 else ""))
         found = (f"its {qdq} QuantizeLinear/DequantizeLinear node(s) are all inside {where}" if qdq else
                  f"{inner} of its {len(self.model.graph.node) + inner} nodes are inside {where}, which "
-                 "quantize_static does not quantize")
+                 "onnxruntime's quantize_static and quantize_dynamic leave in float")
         return (f"model {self.source!r} has no QuantizeLinear/DequantizeLinear pairs in its main graph: {found}; "
                 "pytest-ptq analyses the main graph's pairs, so export the model without that control flow (its "
                 "branch inputs fixed, or the loop unrolled) and quantize that")
