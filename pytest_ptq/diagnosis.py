@@ -32,11 +32,10 @@ from .results import JsonResult
 from .sensitivity import rank_configs
 from .stages import SIMULATION_WARNING
 from .tables import short
-from .verdict import DOMINANT, badness, float_first
+from .verdict import DOMINANT, RELEVANT, badness, float_first, relevant, severe_reason
 
 # Fixes name nodes costing at least this share of the worst node's loss: the others would not
 # move the output.
-RELEVANT = 0.1
 KIND_WORDS = {"weight": "weight", "activation": "activation", "node": "operator"}
 SOURCE_WORDS = {"weight": "weights", "activation": "activations", "both": "weights and activations",
                 "neither": "neither (close to float)"}
@@ -186,11 +185,10 @@ def diagnose(engine, sensitivity, verdict, top=10, outputs=None):
     split, alone = _split(engine, qm, sensitivity, names, inputs, m, specs)
     nodes = [_node(qm, sensitivity, k + 1, n, inputs[n], dist, boxes, split.get(n), metric, alone)
              for k, n in enumerate(names)]
-    worst = max((it["badness"] for it in nodes), default=0.0)
-    relevant = [it for it in nodes if it["badness"] > 0 and it["badness"] >= RELEVANT * worst]
+    matter = relevant(nodes)
     for it in nodes:
-        it["relevant"] = it in relevant
-    fixes, settings, snippet, terms, choices = _fixes(qm, relevant, verdict.source)
+        it["relevant"] = it in matter
+    fixes, settings, snippet, terms, choices = _fixes(qm, matter, verdict.source)
     own = producer_advice(engine, choices) if qm.made_by.key != "modelopt" else []
     told = engine.warnings + offset_warnings(engine, specs, metric)
     return Diagnosis(model=qm.source, producer=qm.made_by.label, producer_key=qm.made_by.key, format=qm.format,
@@ -289,7 +287,7 @@ def _node(qm, sens, rank, name, calib, dist, boxes, split, metric, alone):
                         else f"{i['granularity']} {i['bit']}-bit: ") + i["reason"] for i in chosen[:2])
     tries, severe = float_first(metric, bad, tries)
     if severe:
-        reason = f"quantizing it alone drops the output cosine to {short(value)}; " + reason
+        reason = severe_reason(qm, metric, name, value) + "; " + reason
     return {"rank": rank, "node": name, "kind": kind, "op_type": op_type, metric: value, "badness": bad,
             "cause": cause, "split": split, "reason": reason, "try": tries or ["int16", "keep in float"],
             "inputs": ins, "chosen": [i["node"] for i in chosen]}

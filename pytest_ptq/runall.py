@@ -55,9 +55,8 @@ from .engine import engine_for
 from .screening import DEFAULT_BUDGET_S, DEFAULT_BUDGET_SAMPLES, screen
 from .stages import simulation_warnings
 from .sensitivity import sample_indices
-from .verdict import ALL, badness, float_first, three_configs
+from .verdict import ALL, badness, float_first, relevant, severe_reason, three_configs
 
-RELEVANT = 0.1  # next steps name nodes costing at least this share of the worst node's badness
 KINDS = ("weight", "activation")
 
 
@@ -246,11 +245,10 @@ def _verdict(engine, metric, three, sens, top_nodes, dist, boxes, curves, blind=
     for t, names in top_nodes.items():
         for rank, name in enumerate(names, 1):
             items.append(_advise(engine, metric, t, rank, name, sens[t], dist, boxes, curves))
-    worst = max((it["badness"] for it in items), default=0.0)
     # nodes an order of magnitude below the worst would not move the output if fixed
-    relevant = [it for it in items if it["badness"] > 0 and it["badness"] >= RELEVANT * worst]
+    matter = relevant(items)
     for it in items:
-        if it not in relevant and it["try"][0] in ("int16", "keep in float"):
+        if it not in matter and it["try"][0] in ("int16", "keep in float"):
             it["try"] = []
             it["reasons"].append("it costs little next to the worst node: nothing to do")
     if source == "neither":
@@ -259,7 +257,7 @@ def _verdict(engine, metric, three, sens, top_nodes, dist, boxes, curves, blind=
                       ["nothing urgent; if a task metric still drops, start from the top nodes listed here"]) \
             + [s + " (optional)" for s in steps]
     else:
-        next_steps, choices = _plan(items, relevant, source, qm=engine.qmodel)
+        next_steps, choices = _plan(items, matter, source, qm=engine.qmodel)
     # the same steps as the quantizer that made the model takes them, where it is not onnxruntime:
     # a heading, then its code and what it cannot express, a line each
     terms = producer_advice(engine, choices)
@@ -299,7 +297,7 @@ def _advise(engine, metric, kind, rank, name, sens, dist, boxes, curves):
         findings.append({"node": c, "kind": d["kind"], "try": t})
     tries, severe = float_first(metric, bad, tries)
     if severe:
-        reasons.insert(0, f"quantizing it alone drops the output {metric} to {value:.4f}")
+        reasons.insert(0, severe_reason(qm, metric, name, value))
     if not tries:
         tries = ["int16", "keep in float"]
     item = {"node": name, "kind": kind, "rank": rank, metric: value, "badness": bad, "try": tries,

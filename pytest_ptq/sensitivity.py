@@ -8,6 +8,7 @@ or the highest error). Per-output and per-sample values are kept beside it.
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 from . import __version__, params
@@ -47,9 +48,7 @@ def targets_for(engine, node_type, interested_nodes=None):
             if name in targets:
                 chosen[name] = targets[name]
             elif name in qm.calibration and qm.calibration[name].kind == node_type:
-                raise PTQError(f"weight {name!r} of {qm.source!r} is stored already quantized "
-                               "(DequantizeLinear only), so it cannot be bypassed; pass the float model "
-                               "(float_model=... / --float-model) to recover its float weight")
+                raise stored_quantized(qm, f"weight {name!r}")
             elif name in qm.calibration or name in qm.normal:
                 raise PTQError(f"node {name!r} is not a {node_type} node "
                                f"(it is a {_kind_of(qm, name)} node); use node_type="
@@ -58,6 +57,13 @@ def targets_for(engine, node_type, interested_nodes=None):
                 raise unknown("node", name, list(targets))
         targets = chosen
     return {k: v for k, v in targets.items() if v}
+
+
+def stored_quantized(qm, what):
+    """The PTQError for ``what`` (weights of ``qm``) stored already quantized, which no config
+    can bypass without the float model."""
+    return PTQError(f"{what} of {qm.source!r}, stored already quantized (DequantizeLinear only), cannot be "
+                    "bypassed; pass the float model (float_model=... / --float-model) to recover the float weights")
 
 
 def _kind_of(qm, name):
@@ -108,6 +114,10 @@ class Sensitivity(dict):
         if self.confirmed:
             table += (f"\n(the top {len(self.confirmed)} on all {self.confirmed_samples} samples; the rest ranked on "
                       f"{self.samples})")
+        broken = [n for n, v in self.items() if any(isinstance(x, float) and math.isnan(x) for x in v.values())]
+        if broken:
+            table += (f"\nnan: quantizing the node alone makes the model outputs non-finite (NaN or Inf), the worst "
+                      f"there is ({len(broken)} node(s): {', '.join(broken[:3])}{' ...' if len(broken) > 3 else ''})")
         return table
 
     def to_dict(self):

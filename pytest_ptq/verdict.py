@@ -32,17 +32,63 @@ WEIGHT, ACTIVATION, ALL = "weight only", "activation only", "all quantized"
 SEVERE = 0.1  # loss (1 - cosine) of one node quantized alone beyond which it should stay in float
 
 
+RELEVANT = 0.1  # a node matters when it costs at least this share of the worst node's badness
+# ops that turn a finite input rounded to 0 (or below it) into Inf or NaN: what they read there,
+# and at which input
+POLES = {"Sqrt": ("a value rounded to 0 or below", 0), "Reciprocal": ("a value rounded to 0", 0),
+         "Div": ("a divisor rounded to 0", 1), "Log": ("a value rounded to 0 or below", 0),
+         "Pow": ("a base rounded to 0 or below", 0)}
+
+
 def badness(metric, value):
     """A non-negative "how far from float" for any metric: 1 - value for a similarity of at
     most 1 (cosine, correlation), the noise-to-signal power ratio for SQNR, the value itself
-    for error metrics."""
-    if value is None or (isinstance(value, float) and math.isnan(value)):
+    for error metrics; infinite for NaN, the metric of outputs gone non-finite (the engine
+    refuses a model whose float or bypassed outputs are), NaN for None (not measured)."""
+    if value is None:
         return math.nan
+    if isinstance(value, float) and math.isnan(value):
+        return math.inf
     if get_metrics(metric)[0].unit:
         return max(0.0, 1.0 - value)
     if metric == "sqnr":
         return 0.0 if value == math.inf else 10 ** (-value / 10)
     return float(value)
+
+
+def relevant(items):
+    """The items (dicts with a "badness") that matter: those whose outputs went non-finite,
+    and those costing at least :data:`RELEVANT` of the worst finite loss, in their order."""
+    worst = max((it["badness"] for it in items if math.isfinite(it["badness"])), default=0.0)
+    return [it for it in items
+            if it["badness"] == math.inf or (it["badness"] > 0 and it["badness"] >= RELEVANT * worst)]
+
+
+def severe_reason(qm, metric, name, value):
+    """The first reason for keeping node ``name`` (calibration or normal) in float: what
+    quantizing it alone does to the outputs, and, where they went non-finite, the consumer
+    that can make them so."""
+    if not (isinstance(value, float) and math.isnan(value)):
+        return f"quantizing it alone drops the output {metric} to {short(value)}"
+    pole = _pole(qm, name)
+    where = (f": it feeds {pole.op_type} {pole.name!r}, which turns {POLES[pole.op_type][0]} into Inf or NaN "
+             "(finer steps near 0: int16)" if pole else " downstream")
+    return f"quantizing it alone makes the model outputs non-finite (NaN or Inf){where}"
+
+
+def _pole(qm, name):
+    """The first normal node fed by ``name`` (or the normal node itself) that reads it where
+    a value rounded to 0 gives Inf or NaN, or None."""
+    c = qm.calibration.get(name)
+    reads = {o for dq in c.dq_nodes for o in dq.output} if c is not None else None
+    for n in (c.consumers if c is not None else [name]):
+        node = qm.normal.get(n)
+        if node is None or node.op_type not in POLES:
+            continue
+        at = POLES[node.op_type][1]
+        if reads is None or (len(node.inputs) > at and node.inputs[at] in reads):
+            return node
+    return None
 
 
 def float_first(metric, bad, tries):

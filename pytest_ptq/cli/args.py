@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import sys
 
 from .. import guard, params
 from ..errors import PTQError
@@ -169,13 +170,14 @@ def add_cache_dir(p):
                         "tool versions: an unchanged rerun reads them. Default: compute afresh, keep nothing")
 
 
-def engine_and_cache(args):
+def engine_and_cache(args, told=False):
     """The :class:`~pytest_ptq.engine.Engine` of a subcommand's model and data, with every
     sample (``--data-num`` is applied by the analysis, once), and the
     :class:`~pytest_ptq.cache.ResultCache` of ``--cache-dir`` (None without one). The
     engine's float-equivalence check is a result like the others: an unchanged rerun reads
     it (it ran a few float passes on every sample it spreads over: 12 of the 16 s a cached
-    rerun took on a 1 GiB model)."""
+    rerun took on a 1 GiB model). The engine's warnings go to standard error, a line each,
+    unless the subcommand's output carries them (``told``: runall's summary)."""
     from ..cache import for_engine, through
     from ..engine import Engine
 
@@ -184,6 +186,9 @@ def engine_and_cache(args):
     cache = for_engine(args.cache_dir, engine) if getattr(args, "cache_dir", None) else None
     if engine.data is not None:
         engine.check_float_equivalence(through(cache, ("float equivalence",), engine.float_equivalence))
+    if not told:
+        for warning in engine.warnings:
+            print(f"warning: {warning}", file=sys.stderr)
     return engine, cache
 
 

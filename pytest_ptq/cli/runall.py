@@ -11,7 +11,7 @@ from . import args as a
 
 
 def run(args):
-    engine, cache = a.engine_and_cache(args)
+    engine, cache = a.engine_and_cache(args, told=True)  # the summary lists the warnings
     summary = runall(engine, save_dir=args.save_dir, metrics=args.metrics, output_node=args.output_node,
                      node_type=args.node_type, top=args.top, axis=args.axis, data_num=args.data_num,
                      heldout=args.heldout, progress=not args.quiet, rank_samples=args.rank_samples,
