@@ -125,6 +125,30 @@ def test_clipping_below_zero_before_relu_is_marked_harmless(models, tmp_path):
     assert "harmless" in distribution.activation_reading(d)
 
 
+def test_a_relu_the_quantizer_deleted_is_applied_again(models, tmp_path):
+    # onnxruntime's defaults delete the Relu after c1 and quantize c1 on the Relu's range: what
+    # the pair reads in the float model is the Relu's output, and nothing of it is clipped
+    root = models["root"]
+    qf = builders.quantize(models["float"], root / "q_folded.onnx", models["data"], keep_float=False)
+    engine = Engine(qf, models["data"], float_model=models["float"])
+    pair = next(c for c in engine.qmodel.of_kind("activation") if c.folded is not None)
+    d = plot_distribution(tmp_path, engine, nodes_list=[pair.name])[pair.name]
+    # the pair reads the tensor the deleted Relu wrote, now the Conv's output
+    relu = next(n for n in onnx.load(str(models["float"])).graph.node
+                if n.op_type == "Relu" and pair.input in (*n.input, *n.output))
+    x = _run_plain(models["float"], models["data"], [relu.output[0]])[relu.output[0]]
+    assert d["count"] == x.size and d["min"] == 0.0
+    assert d["max_abs"] == pytest.approx(float(x.max()), rel=1e-6)
+    assert _counts_close(d["hist"]["counts"], np.histogram(x, bins=np.asarray(d["hist"]["edges"]))[0])
+    half = d["scale"] / 2
+    assert d["clipped_count"] == np.count_nonzero(x > d["range_hi"] + half)
+    assert "recalibrate" not in readings.advise(d)[0]
+    box = get_channelwise_data_distribution(tmp_path / "box", engine, nodes_list=[pair.name])[pair.name]
+    per = np.moveaxis(x, 1, 0).reshape(box["channels"], -1)
+    assert box["min"] == pytest.approx(per.min(1).tolist()) and min(box["min"]) == 0.0
+    assert box["median"] == pytest.approx(np.median(per, 1).tolist(), abs=1e-5)
+
+
 def test_second_pass_when_the_cache_is_full(models, tmp_path, monkeypatch):
     monkeypatch.setattr(distribution.gather, "CACHE_BYTES", 0)
     d = plot_distribution(tmp_path, models["engine"], nodes_list=["r1_QuantizeLinear"])["r1_QuantizeLinear"]

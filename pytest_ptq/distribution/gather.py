@@ -343,8 +343,8 @@ def collect(engine, dist_nodes=(), box_nodes=(), axis=None, data_num=None, bins=
             need(float_t, c.input)
             info["relu_follows"] = bool(c.consumers) and all(
                 qm.normal[n].op_type == "Relu" for n in c.consumers if n in qm.normal)
-            v = _Values(lambda vals, t=c.input: vals[("f", t)], clip_bounds(c))
-            codes = _Codes(lambda vals, t=c.input: vals[("f", t)], c)
+            v = _Values(lambda vals, c=c: c.as_float_model_has_it(vals[("f", c.input)]), clip_bounds(c))
+            codes = _Codes(lambda vals, c=c: c.as_float_model_has_it(vals[("f", c.input)]), c)
             accs += [_Group([v], bins), codes]
             plans[name] = ("activation", info, (v, codes))
         else:
@@ -379,7 +379,7 @@ def collect(engine, dist_nodes=(), box_nodes=(), axis=None, data_num=None, bins=
             errors[name] = chan
             continue
         need(float_t, c.input)
-        chan = _Channels(lambda vals, t=c.input: vals[("f", t)], stats,
+        chan = _Channels(lambda vals, c=c: c.as_float_model_has_it(vals[("f", c.input)]), stats,
                          lambda a, c=c: channel_axis(qm, c, np.shape(a), axis, a), skip_unboxable)
         accs.append(chan)
         errors[name] = chan

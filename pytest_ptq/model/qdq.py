@@ -140,6 +140,15 @@ class CalibrationNode:
     def dtype_name(self):
         return self.grid.name
 
+    def as_float_model_has_it(self, values):
+        """``values`` of this node's input tensor as the float model has them at the pair:
+        through the Relu/Clip the quantizer folded into it (``folded``), if any. What such a
+        fold zeroes or bounds is the model's, not clipping by the quantization grid."""
+        if self.folded is None:
+            return values
+        _, lo, hi = self.folded
+        return np.clip(values, lo, hi)
+
     def range(self):
         """(lowest, highest) representable values, per channel or block, in input units."""
         s = self.scale.astype(np.float64)
