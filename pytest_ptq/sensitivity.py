@@ -254,5 +254,5 @@ def describe(qm, name, node_type, quantized):
         n = qm.normal[name]
         return {"kind": "node", "op_type": n.op_type, "calibration_nodes": list(quantized)}
     c = qm.calibration[name]
-    return {"kind": c.kind, "threshold": c.threshold, "bit": c.bit, "feeds": list(c.consumers),
+    return {"kind": c.kind, "threshold": c.shown_threshold, "bit": c.bit, "feeds": list(c.consumers),
             "per_channel": c.per_channel, "input": c.input}

@@ -54,7 +54,7 @@ def _margins(fig, heading, height, extra=0.0):
 def _plot_activation(d, path, title):
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(10, 4.8), dpi=100)
-    _stairs(ax, d["hist"], f"float input '{d['tensor']}'", "#4c72b0")
+    _stairs(ax, d["hist"], "float input (named in the title)", "#4c72b0")
     ax.plot([d["peak"]], [0.03], marker="^", markersize=11, color="#1f3f8f", clip_on=False, linestyle="none",
             label=f"max |x| = {_fmt(d['max_abs'])}", zorder=5, transform=ax.get_xaxis_transform())
     span = max(abs(d["min"] or 0), abs(d["max"] or 0), 1e-12)

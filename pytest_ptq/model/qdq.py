@@ -266,9 +266,14 @@ class CalibrationNode:
             return np.bincount(bits.reshape(-1).astype(np.int64), minlength=2 ** g.bits)
         return np.bincount((codes - g.qmin).reshape(-1).astype(np.int64), minlength=g.levels)
 
+    @property
+    def shown_threshold(self):
+        """``threshold`` for tables and JSON: "per run" where each run sets the range (dynamic)."""
+        return "per run" if self.dynamic else self.threshold
+
     def summary(self):
         return {"name": self.name, "kind": self.kind, "input": self.input, "bit": self.bit,
-                "dtype": self.dtype_name, "threshold": self.threshold, "granularity": self.granularity,
+                "dtype": self.dtype_name, "threshold": self.shown_threshold, "granularity": self.granularity,
                 "per_channel": self.per_channel, "axis": self.axis, "block_size": self.block_size,
                 "consumers": list(self.consumers), "role": self.role}
 

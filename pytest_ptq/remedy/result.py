@@ -218,6 +218,8 @@ class Remedy(JsonResult):
         table = self.figures_table()
         if table:
             lines.append(table)
+        if self.nodes:
+            lines.append(f"the {len(self.nodes)} node(s) {what}:")
         for n in self.nodes:
             kind = self.choices.get(n)
             lines.append(f"  {n}" + (f" ({kind})" if self.remedy == MIXED and kind else ""))
@@ -238,7 +240,9 @@ class Remedy(JsonResult):
                          f"(simulated {_fmt(self.value)}; re-quantized without them {_fmt(mm.get('baseline_value'))})"
                          + (f"; {self.failure()}" if missed and not self.producer_terms else ""))
             if mm.get("collateral"):
-                lines.append("  also changed by onnxruntime: " + ", ".join(mm["collateral"]))
+                lines.append(f"  also changed by onnxruntime ({len(mm['collateral'])} tensor(s) beyond the chosen "
+                             "nodes that these settings reach, so the re-quantized figure differs from the "
+                             "simulation): " + ", ".join(mm["collateral"]))
             if mm.get("not_applied"):
                 lines.append("  not applied by onnxruntime: " + ", ".join(mm["not_applied"]))
         lines += producer_lines(self.producer_terms, self.producer_measured, name, self.judged_on)
