@@ -43,16 +43,24 @@ def rewire(qm, keep):
     """
     model = onnx.ModelProto()
     model.CopyFrom(qm.full_model())
-    rename, dropped = {}, set()
+    rename, dropped, refolds = {}, set(), []
     for c in qm.calibration.values():
         if c.name in keep or not c.bypassable:
             continue
+        source = c.float_weight or c.input
+        if c.folded is not None:  # the Relu/Clip the quantizer deleted into the pair, back in place
+            _, lo, hi = c.folded
+            source = f"{c.input}::refolded"
+            refolds += [onnx.helper.make_node("Clip", [c.input, f"{source}::lo", f"{source}::hi"], [source]),
+                        *(onnx.helper.make_node("Constant", [], [f"{source}::{k}"],
+                                                value=onnx.numpy_helper.from_array(np.array(v, np.float32)))
+                          for k, v in (("lo", lo), ("hi", hi)))]
         for dq in c.dq_nodes:
-            rename[dq.output[0]] = c.float_weight or c.input
+            rename[dq.output[0]] = source
             dropped.add(dq.name)
         if c.q_node is not None:
             dropped.add(c.q_node.name)
-    nodes = [n for n in model.graph.node if n.name not in dropped]
+    nodes = refolds + [n for n in model.graph.node if n.name not in dropped]
     for n in nodes:
         for k, i in enumerate(n.input):
             if i in rename:
