@@ -34,8 +34,6 @@ from .stages import SIMULATION_WARNING
 from .tables import short
 from .verdict import DOMINANT, RELEVANT, badness, float_first, relevant, severe_reason
 
-# Fixes name nodes costing at least this share of the worst node's loss: the others would not
-# move the output.
 KIND_WORDS = {"weight": "weight", "activation": "activation", "node": "operator"}
 SOURCE_WORDS = {"weight": "weights", "activation": "activations", "both": "weights and activations",
                 "neither": "neither (close to float)"}

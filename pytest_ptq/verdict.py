@@ -30,9 +30,9 @@ CLOSE = 1e-3  # loss (1 - cosine) with everything quantized under which the mode
 DOMINANT = 2.0  # one kind explains the loss when its own loss is this many times the other's
 WEIGHT, ACTIVATION, ALL = "weight only", "activation only", "all quantized"
 SEVERE = 0.1  # loss (1 - cosine) of one node quantized alone beyond which it should stay in float
-
-
-RELEVANT = 0.1  # a node matters when it costs at least this share of the worst node's badness
+# a node matters when it costs at least this share of the worst node's: the others would not
+# move the output if fixed
+RELEVANT = 0.1
 # ops that turn a finite input rounded to 0 (or below it) into Inf or NaN: what they read there,
 # and at which input
 POLES = {"Sqrt": ("a value rounded to 0 or below", 0), "Reciprocal": ("a value rounded to 0", 0),
