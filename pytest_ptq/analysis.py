@@ -178,12 +178,13 @@ class Analysis:
         states = {(s.name, m.name): m.new() for s in specs for m in metric_objs}
         data = self.dataset(holdout)
         for i in range(len(data)):
+            # against the float model itself, not the bypassed graph where a rewrite broke it
             if holdout is None:
-                ref = engine.reference(i, tensors)  # cached and shared with sensitivity
+                ref = engine.true_float(i, tensors)  # cached and shared with sensitivity, as a rule
                 out = engine.run(i, "all", tensors)
             else:
                 feeds = data.sample(i)
-                ref, out = engine.run(feeds, (), tensors), engine.run(feeds, "all", tensors)
+                ref, out = engine.true_float(feeds, tensors), engine.run(feeds, "all", tensors)
             for s in specs:
                 for m in metric_objs:
                     m.update(states[(s.name, m.name)], s.take(ref[s.tensor]), s.take(out[s.tensor]))
@@ -303,9 +304,11 @@ class Analysis:
             # the samples it feeds are kept on disk, keyed by the feeds' bytes
             def run(feeds):
                 feeds = dict(feeds)
+                # the float model itself (see Engine.true_float), or the quantized one
+                compute = (lambda: engine.true_float(feeds)) if config == () else (lambda: engine.run(feeds, config))
                 if self.store is None:
-                    return engine.run(feeds, config)
-                return self.store.get(("outputs", config, arrays_digest(feeds)), lambda: engine.run(feeds, config))
+                    return compute()
+                return self.store.get(("outputs", config, arrays_digest(feeds)), compute)
             return run
 
         scores = []

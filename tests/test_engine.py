@@ -947,3 +947,33 @@ def test_a_samples_float_prefix_holds_the_boundaries_configs_still_read(zoo):
     assert set(again) == set(fresh)
     for t in again:
         np.testing.assert_array_equal(again[t], fresh[t])
+
+
+def test_a_contract_compares_a_rewritten_model_with_the_float_model_not_its_bypassed_graph(tmp_path):
+    """Where the quantizer's rewrite broke the model (a folded Relu a subgraph still reads), the
+    bypassed graph is not the float model: the outputs and accuracy checks compare the quantized
+    model with the float model itself, in a plain session, or a broken model could pass."""
+    from pytest_ptq.analysis import Analysis, AnalysisKey
+    from pytest_ptq.metrics import compare
+
+    fpath = builders.relu_out_net(tmp_path / "f.onnx", subgraph="if")
+    data = builders.samples(6)
+    qpath = builders.quantize(fpath, tmp_path / "q.onnx", data, keep_float=False)
+    folder = builders.save_folder(data, tmp_path / "calib")
+    analysis = Analysis(AnalysisKey(str(qpath), str(folder), float_model=str(fpath)), tmp_path)
+    assert analysis.engine.rewrite is not None
+    out = analysis.output_metrics()
+    # independently: the float model and the quantized file, each in a plain session
+    float_out = builders.run_model(fpath, [{"x": a} for a in data["x"]])
+    quant_out = builders.run_model(qpath, [{"x": a} for a in data["x"]])
+    for name, values in out.values.items():
+        want = compare(np.concatenate([f[name].ravel() for f in float_out]),
+                       np.concatenate([q[name].ravel() for q in quant_out]))["cosine-similarity"]
+        assert values["cosine-similarity"] == pytest.approx(want, abs=1e-5)
+    bypassed = builders.run_model(builders.rewire(qpath, float_model=fpath), [{"x": a} for a in data["x"]])
+    name = next(iter(out.values))
+    assert not np.allclose(bypassed[0][name], float_out[0][name], atol=1e-3)  # the case at hand
+    # a user's evaluation sees the float model as the float model too
+    first = {}
+    analysis.accuracy(lambda run, d: first.setdefault(len(first), run(d.sample(0))[name]).sum())
+    np.testing.assert_allclose(first[0], float_out[0][name], rtol=1e-5, atol=1e-6)

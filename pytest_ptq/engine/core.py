@@ -127,6 +127,7 @@ class Engine:
                               if t and self.qmodel.is_float_tensor(t)]
         self.warnings = list(self.qmodel.notes)
         self.rewrite = None
+        self._float_model = None  # the float model's own session, where it is the reference (true_float)
         if not self.calib_names:
             self.warnings.append(
                 "every calibration node is a lone DequantizeLinear of an already quantized weight, so "
@@ -512,6 +513,26 @@ class Engine:
             ref, loc = self.run(i, (), tensors, kind="probe"), {}
         ref = {t: ref[t] for t in tensors}
         yield ref, loc, (self.run(i, q, tensors, kind="probe") for q in configs)
+
+    def true_float(self, sample, tensors=None):
+        """Model outputs ``tensors`` (default all) of the float model on ``sample`` (an index or
+        a feed dict): the bypassed graph's, which are the float model's, but where the quantizer
+        rewrote the graph beyond Q/DQ (``rewrite``, found by the float-equivalence check) the
+        float model's own, from its session (kept). What a contract compares the quantized
+        model with: against the bypassed graph, a model whose rewrite broke it could pass."""
+        tensors = list(tensors or self.model_outputs)
+        if self.rewrite is None or self.float_model is None:
+            if isinstance(sample, (int, np.integer)):
+                return self.reference(int(sample), tensors)
+            return self.run(sample, (), tensors)
+        if self._float_model is None:
+            self._float_model = sanity.FloatModel(self)
+        feeds = self.sample(int(sample)) if isinstance(sample, (int, np.integer)) else sample
+        values = self._float_model.outputs(feeds)
+        missing = [t for t in tensors if t not in values]  # an output the float model names otherwise
+        if missing:
+            values.update(self.run(sample, (), missing))
+        return {t: values[t] for t in tensors}
 
     # -- sanity --------------------------------------------------------------------------
     def float_equivalence(self):

@@ -93,7 +93,7 @@ def check(engine):
     finally:
         engine.forget_config("all")
     broken, exploded = None, None
-    against = _FloatModel(engine) if engine.float_model is not None else None
+    against = FloatModel(engine) if engine.float_model is not None else None
     try:
         for i in samples:
             values = engine.tensors(i, (), read)
@@ -152,8 +152,9 @@ def check(engine):
         if rewrite is not None:
             warnings.append(f"graph rewritten by the quantizer: output cosine {rewrite['cosine']:.6f} between the float "
                             f"model and this model with every pair bypassed (output {rewrite['output']!r}, worst "
-                            f"on sample {rewrite['sample']}; {rewrite['changes']}); analyses compare against the "
-                            "bypassed graph, and the gap is reported as its own stage")
+                            f"on sample {rewrite['sample']}; {rewrite['changes']}); rankings, curves and the verdict "
+                            "compare against the bypassed graph, a contract's outputs and accuracy against the "
+                            "float model itself, and the gap is reported as its own stage")
     else:
         on_grid = [c for c in qm.of_kind("weight") if c.on_grid and c.float_weight is None]
         if on_grid:
@@ -171,9 +172,10 @@ def _evidence(suspects):
     return (f"{len(shown)} pair(s) " if len(shown) > 1 else "pair ") + ", ".join(parts) + more
 
 
-class _FloatModel:
+class FloatModel:
     """The float model run beside the bypassed one, sample by sample: the worst output cosine
-    between them, and the verdict on it."""
+    between them, and the verdict on it; and its outputs where it, not the bypassed graph, is
+    the reference (see :meth:`.core.Engine.true_float`)."""
 
     def __init__(self, engine):
         self.engine = engine
@@ -188,9 +190,13 @@ class _FloatModel:
         self.names = [o.name for o in self.session.get_outputs()]
         self.worst = None
 
+    def outputs(self, feeds):
+        """The float model's outputs on ``feeds`` ({input: array}), by name."""
+        return dict(zip(self.names, runtime.run(self.session, self.names, feeds, self.where)))
+
     def compare(self, i, bypassed):
         """Compare the float model on sample ``i`` with ``bypassed`` (name -> value)."""
-        ref = dict(zip(self.names, runtime.run(self.session, self.names, self.engine.sample(i), self.where)))
+        ref = self.outputs(self.engine.sample(i))
         for k in self.engine.model_outputs:
             v = bypassed[k]
             if k in ref and v.dtype.kind == "f":
