@@ -274,3 +274,25 @@ def test_cli_suggest_help(capsys):
     text = " ".join(capsys.readouterr().out.split())
     for option in ("--target-cosine", "--remedy", "--budget", "--float-model", "Default: 0.99"):
         assert option in text
+
+
+def test_settings_onnxruntime_cannot_apply_leave_the_simulated_result_and_say_why(tmp_path):
+    """Weights held as Constant nodes: quantize_static quantizes them per tensor, but refuses
+    per-channel overrides on them. The search's simulated result stands, with a warning that
+    names onnxruntime's reason, not advice to check the float model."""
+    data = builders.samples(N)
+    model = onnx.load(str(builders.conv_net(tmp_path / "init.onnx", outlier_channel=3)))
+    weights = [i for i in model.graph.initializer if len(i.dims) == 4]
+    for w in weights:
+        model.graph.initializer.remove(w)
+        model.graph.node.insert(0, onnx.helper.make_node("Constant", [], [w.name], name=f"const_{w.name}", value=w))
+    fpath = tmp_path / "float.onnx"
+    onnx.save(model, str(fpath))
+    qpath = builders.quantize(fpath, tmp_path / "q.onnx", data, keep_float=False)
+    # the logits: the softmax after them saturates on this net
+    result = suggest_remedy(str(qpath), data, target=1.0, remedy="per-channel", float_model=str(fpath),
+                            output_node="logits", candidates=["w1_QuantizeLinear"], save_dir=tmp_path / "out")
+    assert result.nodes and result.measured is None
+    warning = next(w for w in result.warnings if "cannot apply the suggested settings" in w)
+    assert "not an initializer" in warning and "check that the float model" not in warning
+    assert "simulated only" in result.judged_by()

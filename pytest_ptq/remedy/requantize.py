@@ -124,8 +124,12 @@ def requantize(float_model, out_path, data, options, settings=None):
         raise guard.write_error(getattr(exc, "filename", None) or out_path, exc) from None
     except Exception as exc:
         msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise PTQError(f"onnxruntime could not re-quantize the float model with the suggested settings "
-                       f"({msg}); check that the float model is the one the calibrated model came from") from None
+        if settings is None:  # the model as it was quantized: the float model must be the wrong one
+            raise PTQError(f"onnxruntime could not re-quantize the float model with the calibrated model's options "
+                           f"({msg}); check that the float model is the one the calibrated model came from") from None
+        raise SettingsRefused(f"onnxruntime's quantizer cannot apply the suggested settings to the float model "
+                              f"({msg}), though it quantizes it without them: the figures are simulated only; "
+                              "try another remedy (--remedy float), or apply this one by editing the model") from None
     finally:
         root.setLevel(level)
     return Path(out_path)
@@ -143,8 +147,12 @@ def measure(parts, objective, float_model, result, save_dir):
     out_dir, tmp = guard.output_folder(save_dir, "ptq_remedy_")
     try:
         base_path = requantize(float_model, out_dir / "requantized_baseline.onnx", engine.data, options)
-        fixed_path = requantize(float_model, out_dir / f"requantized_{result.remedy}.onnx", engine.data,
-                                options, result.settings)
+        try:
+            fixed_path = requantize(float_model, out_dir / f"requantized_{result.remedy}.onnx", engine.data,
+                                    options, result.settings)
+        except SettingsRefused as exc:
+            result.warnings.append(str(exc))
+            return None
         measured = {"options": options, "model": None if tmp else str(fixed_path),
                     "baseline_model": None if tmp else str(base_path)}
         fmodel = load_model(float_model, what="float model")[0]
@@ -178,6 +186,11 @@ def measure(parts, objective, float_model, result, save_dir):
     finally:
         if tmp is not None:
             tmp.cleanup()
+
+
+class SettingsRefused(PTQError):
+    """onnxruntime's quantizer fails with a remedy's settings on a float model it quantizes
+    without them (per-channel weights it does not hold as initializers, say)."""
 
 
 class MissingTensor(PTQError):
