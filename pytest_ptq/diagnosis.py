@@ -27,7 +27,7 @@ from .distribution.readings import advise
 from .metrics import get_metrics
 from .outputs import offset_warnings, parse_outputs
 from .remedy.producer_terms import PRODUCERS, producer_advice
-from .remedy.terms import float_tensor_name, onnxruntime_settings
+from .remedy.terms import float_tensor_name, onnxruntime_settings, per_channel_weights
 from .results import JsonResult
 from .sensitivity import rank_configs
 from .stages import SIMULATION_WARNING
@@ -339,7 +339,7 @@ def _fixes(qm, relevant, source):
     fixes = []
     if per_channel:
         what = ("keeps weights per channel by default; the ones below are per tensor: re-export them per channel"
-                if modelopt else "quantize_static(..., per_channel=True)")
+                if modelopt else per_channel_weights(qm))
         fixes.append({"kind": "weight", "nodes": groups["per-channel"], "short": "per-channel weights",
                       "text": f"per-channel weights ({what}): {_names(groups['per-channel'])} "
                               f"{_verb(groups['per-channel'], 'loses', 'lose')} channels to a per-tensor scale"})

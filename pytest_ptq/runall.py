@@ -49,7 +49,7 @@ from .figures import kept_figure
 from .metrics import get_metrics
 from .outputs import OFFSET_BLIND, far_from_zero, offset_warnings, parse_outputs, parts_note
 from .remedy.producer_terms import producer_advice
-from .remedy.terms import onnxruntime_settings
+from .remedy.terms import onnxruntime_settings, per_channel_weights
 from .results import json_safe
 from .engine import engine_for
 from .screening import DEFAULT_BUDGET_S, DEFAULT_BUDGET_SAMPLES, screen
@@ -252,7 +252,7 @@ def _verdict(engine, metric, three, sens, top_nodes, dist, boxes, curves, blind=
             it["try"] = []
             it["reasons"].append("it costs little next to the worst node: nothing to do")
     if source == "neither":
-        steps, choices = _plan(items, [], source, structural_only=True)
+        steps, choices = _plan(items, [], source, structural_only=True, qm=engine.qmodel)
         next_steps = ([] if blind is not None and blind.source != "neither" else
                       ["nothing urgent; if a task metric still drops, start from the top nodes listed here"]) \
             + [s + " (optional)" for s in steps]
@@ -345,7 +345,7 @@ def _plan(items, relevant, source, structural_only=False, qm=None):
     recal = [f["node"] for it in relevant for f in it["findings"] if f["try"][0] == "recalibrate"]
     steps = []
     if weight_pc:
-        steps.append(("weight", f"quantize weights per channel (quantize_static(per_channel=True)): "
+        steps.append(("weight", f"quantize weights per channel ({per_channel_weights(qm)}): "
                                 f"{_names(weight_pc)} {'loses' if len(weight_pc) == 1 else 'lose'} channels to a "
                                 "per-tensor scale"))
     if act_pc:

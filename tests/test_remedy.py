@@ -296,3 +296,13 @@ def test_settings_onnxruntime_cannot_apply_leave_the_simulated_result_and_say_wh
     warning = next(w for w in result.warnings if "cannot apply the suggested settings" in w)
     assert "not an initializer" in warning and "check that the float model" not in warning
     assert "simulated only" in result.judged_by()
+
+
+def test_per_channel_advice_on_a_model_already_quantized_per_channel(zoo):
+    """quantize_static(per_channel=True) on a model whose weights are per channel already
+    changes nothing for the weights it left per tensor: the advice asks for their axis."""
+    from pytest_ptq.remedy.terms import per_channel_weights
+
+    assert per_channel_weights(QuantModel(zoo.qdq("qdq"))) == "quantize_static(..., per_channel=True)"
+    advice = per_channel_weights(QuantModel(zoo.qdq("qdq_pc")))
+    assert "left these per tensor" in advice and "TensorQuantOverrides" in advice and "'axis'" in advice

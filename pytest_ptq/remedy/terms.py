@@ -45,6 +45,18 @@ def float_tensor_name(qmodel, c):
     return c.input
 
 
+def per_channel_weights(qmodel):
+    """How to ask onnxruntime for per-channel weights on ``qmodel``'s per-tensor ones: its
+    switch, or, where other weights are per channel already (the switch was on, and
+    onnxruntime left these per tensor: an embedding's Gather, a weight held as a Constant
+    node), their axis one by one."""
+    if any(c.per_channel for c in qmodel.of_kind("weight")):
+        return ("quantize_static(..., per_channel=True) left these per tensor beside the model's per-channel weights: "
+                "ask for their axis in extra_options['TensorQuantOverrides'] ({'axis': A}), which onnxruntime honours "
+                "only on initializers of ops it quantizes per channel, or raise them to int16")
+    return "quantize_static(..., per_channel=True)"
+
+
 def onnxruntime_settings(qmodel, remedy, nodes, axes=None, choices=None):
     """``{"nodes_to_exclude": [...], "TensorQuantOverrides": {...}, "simulation_only": [...]}``
     that apply ``remedy`` to the calibration ``nodes`` when quantizing the float model.
