@@ -520,14 +520,16 @@ def _channel_findings(name, cal, other, other_std, against, dataset="calibration
             "use the same mean and scale (mean_value / scale_value) as the model's training preprocessing",
             name, dataset, details=details))
     if other_std is not None:
-        ratio = cs / np.maximum(np.asarray(other_std, dtype=np.float64), 1e-12)
+        other_std = np.asarray(other_std, dtype=np.float64)
+        # a channel constant on both sides (a recurrent state fed as zeros) has no scale to compare
+        ratio = np.where((cs <= 1e-12) & (other_std <= 1e-12), 1.0, cs / np.maximum(other_std, 1e-12))
         if np.any(ratio > STD_RATIO) or np.any(ratio < 1 / STD_RATIO):
             out.append(Finding(
                 "channel-scale", "warning",
                 f"the channel standard deviations {vector(cs)} are {vector(ratio)} times the {against} ones: a "
                 "different scale (std / scale_value) in the preprocessing",
                 "divide by the same std (or multiply by the same scale_value) as at training", name, dataset,
-                details={"channel_std": cs.tolist(), "reference_std": list(map(float, other_std))}))
+                details={"channel_std": cs.tolist(), "reference_std": other_std.tolist()}))
     return out
 
 

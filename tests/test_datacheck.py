@@ -305,3 +305,13 @@ def test_the_heldout_comparison_says_when_its_metric_cannot_see_an_output(tmp_pa
     assert len(blind) == 1 and blind[0].severity == "warning" and "'depth'" in blind[0].message
     corr = check_data(str(qpath), data, heldout=held, float_model=str(fpath), metric="correlation")
     assert not [f for f in corr.findings if f.check == "metric-blind"]
+
+
+def test_a_channel_constant_on_both_sides_has_no_scale_to_compare(rgb_net):
+    # a recurrent state fed as zeros: constant in the calibration and the held-out data alike
+    zeroed = {"x": [a.copy() for a in rgb_net["data"]["x"]]}
+    for a in zeroed["x"]:
+        a[:, 0] = 0
+    assert "channel-scale" not in check_data(str(rgb_net["qdq"]), zeroed, heldout=zeroed).checks()
+    # constant on one side only is a scale that differs
+    assert "channel-scale" in check_data(str(rgb_net["qdq"]), zeroed, heldout=rgb_net["data"]).checks()
