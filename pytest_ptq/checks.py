@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import fnmatch
+import os
 import statistics
 from pathlib import Path
 
@@ -688,8 +689,9 @@ class PTQ:
     recorded for the failure section, JUnit properties and the HTML report.
     """
 
-    def __init__(self, analysis, settings, record, baseline_path, inputs=None, commands=None):
+    def __init__(self, analysis, settings, record, baseline_path, inputs=None, commands=None, base=None):
         self.analysis = analysis
+        self._base = base  # the test module's folder: paths given to the checks are relative to it
         self.settings = settings
         self._record = record
         self._baseline_path = baseline_path
@@ -700,6 +702,14 @@ class PTQ:
     @property
     def engine(self):
         return self.analysis.engine
+
+    def _here(self, path):
+        """A path given to a check, relative to the test module as the marker's are (data in
+        memory and absolute paths as they are)."""
+        if self._base is None or not isinstance(path, (str, os.PathLike)):
+            return path
+        path = Path(os.path.expanduser(str(path)))
+        return path if path.is_absolute() else Path(self._base) / path
 
     def _done(self, result):
         self._record(result)
@@ -714,7 +724,7 @@ class PTQ:
                 raise PTQError(f"give a threshold for output {m.name}; only cosine has a default (min_cosine)")
             threshold = self.settings.min_cosine
         return self._done(check_outputs(self.analysis, threshold, m.name,
-                                        holdout if holdout is not None else self.settings.holdout))
+                                        self._here(holdout) if holdout is not None else self.settings.holdout))
 
     def check_nodes(self, threshold=None, allow=None, node_type=None, metric=None, outputs=None):
         """No node more sensitive than ``threshold``; defaults ``min_node_cosine``, marker allow-list."""
@@ -730,12 +740,12 @@ class PTQ:
     def check_accuracy(self, evaluate, min_ratio=0.99, holdout=None):
         """``evaluate(run, data) -> float`` of quantized at least ``min_ratio`` x float."""
         return self._done(check_accuracy(self.analysis, evaluate, min_ratio,
-                                         holdout if holdout is not None else self.settings.holdout))
+                                         self._here(holdout) if holdout is not None else self.settings.holdout))
 
     def check_baseline(self, path=None, tolerance=None, node_type=None, metric=None):
         """Against the baseline file (default: from the test id under ``--ptq-baseline-dir``)."""
         s = self.settings
-        path = path or s.baseline or self._baseline_path
+        path = self._here(path) or s.baseline or self._baseline_path
         inputs = self.analysis.inputs(*[p for p in (s.holdout,) if p is not None]) | self._inputs
         if isinstance(path, (str, Path)):
             self._warn_outside_root(Path(path))
@@ -762,12 +772,12 @@ class PTQ:
         held-out data (``holdout``, else the marker's or ``--ptq-holdout``) also whether the
         calibration set represents them."""
         return self._done(check_data(self.analysis, max_severity,
-                                     holdout if holdout is not None else self.settings.holdout))
+                                     self._here(holdout) if holdout is not None else self.settings.holdout))
 
     def check_stages(self, float_model=None, min_cosine=None):
         """Integer-kernel outputs vs float and vs fake-quant, both >= ``min_cosine`` (default
         ``min_cosine``); the float model defaults to the marker's or ``--ptq-float-model``."""
-        return self._done(check_stages(self.analysis, float_model or self.settings.float_model,
+        return self._done(check_stages(self.analysis, self._here(float_model) or self.settings.float_model,
                                        self.settings.min_cosine if min_cosine is None else min_cosine))
 
     def suggest(self, target=None, remedy="float", metric=COSINE, outputs=None, budget=None, candidates=None,
@@ -786,7 +796,7 @@ class PTQ:
                 raise PTQError(f"give a target for {m.name}; only cosine has a default (min_cosine)")
             target = self.settings.min_cosine
         return self.analysis.suggest(target, remedy, m.name, outputs, budget, candidates,
-                                     holdout if holdout is not None else self.settings.holdout, evaluate,
+                                     self._here(holdout) if holdout is not None else self.settings.holdout, evaluate,
                                      min_ratio, costs, search)
 
     def assert_outputs(self, threshold=None, metric=COSINE, holdout=None):

@@ -493,7 +493,7 @@ class ContractItem(pytest.Item):
         settings = contract_settings(session.settings, c)
         self.stash[ptq_session.SETTINGS_KEY] = settings
         ptq = PTQ(analysis, settings, lambda result: session.record(self, analysis, result), c.baseline,
-                  inputs=c.inputs(), commands=session.commands(self))
+                  inputs=c.inputs(), commands=session.commands(self), base=Path(self.path).parent)
         if self.name == "outputs":
             # output thresholds are cosines unless the contract itself names a metric
             result = ptq.check_outputs(c.outputs, c.metric or COSINE)

@@ -185,6 +185,20 @@ def test_assert_data_compares_with_the_marker_holdout(project, models):
 
 
 # -- stages ----------------------------------------------------------------------------------
+def test_paths_given_to_the_checks_are_relative_to_the_test_module_as_the_markers_are(project):
+    # the test module in a folder of its own, pytest run from the project root
+    sub = project.path / "suite"
+    sub.mkdir()
+    (sub / "test_here.py").write_text(
+        "import pytest\n\n"
+        "@pytest.mark.ptq(model='../model.onnx', data='../calib')\n"
+        "def test_here(ptq):\n"
+        "    ptq.check_stages(float_model='../float.onnx', min_cosine=0.0)\n"
+        "    ptq.check_outputs(0.0, holdout='../calib')\n")
+    result = run(project, "suite")
+    result.assert_outcomes(passed=1)
+
+
 def test_assert_stages_checks_the_integer_kernels_against_float_and_simulation(project, models):
     out = models["stages"]["model.onnx"]
     integer = pooled_cosine(out["reference"], out["integer"])
