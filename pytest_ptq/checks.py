@@ -711,6 +711,10 @@ class PTQ:
         path = Path(os.path.expanduser(str(path)))
         return path if path.is_absolute() else Path(self._base) / path
 
+    def _holdout(self, holdout):
+        """The held-out data a check runs on: ``holdout`` (see :meth:`_here`), else the marker's."""
+        return self._here(holdout) if holdout is not None else self.settings.holdout
+
     def _done(self, result):
         self._record(result)
         return result
@@ -724,7 +728,7 @@ class PTQ:
                 raise PTQError(f"give a threshold for output {m.name}; only cosine has a default (min_cosine)")
             threshold = self.settings.min_cosine
         return self._done(check_outputs(self.analysis, threshold, m.name,
-                                        self._here(holdout) if holdout is not None else self.settings.holdout))
+                                        self._holdout(holdout)))
 
     def check_nodes(self, threshold=None, allow=None, node_type=None, metric=None, outputs=None):
         """No node more sensitive than ``threshold``; defaults ``min_node_cosine``, marker allow-list."""
@@ -740,7 +744,7 @@ class PTQ:
     def check_accuracy(self, evaluate, min_ratio=0.99, holdout=None):
         """``evaluate(run, data) -> float`` of quantized at least ``min_ratio`` x float."""
         return self._done(check_accuracy(self.analysis, evaluate, min_ratio,
-                                         self._here(holdout) if holdout is not None else self.settings.holdout))
+                                         self._holdout(holdout)))
 
     def check_baseline(self, path=None, tolerance=None, node_type=None, metric=None):
         """Against the baseline file (default: from the test id under ``--ptq-baseline-dir``)."""
@@ -772,7 +776,7 @@ class PTQ:
         held-out data (``holdout``, else the marker's or ``--ptq-holdout``) also whether the
         calibration set represents them."""
         return self._done(check_data(self.analysis, max_severity,
-                                     self._here(holdout) if holdout is not None else self.settings.holdout))
+                                     self._holdout(holdout)))
 
     def check_stages(self, float_model=None, min_cosine=None):
         """Integer-kernel outputs vs float and vs fake-quant, both >= ``min_cosine`` (default
@@ -796,7 +800,7 @@ class PTQ:
                 raise PTQError(f"give a target for {m.name}; only cosine has a default (min_cosine)")
             target = self.settings.min_cosine
         return self.analysis.suggest(target, remedy, m.name, outputs, budget, candidates,
-                                     self._here(holdout) if holdout is not None else self.settings.holdout, evaluate,
+                                     self._holdout(holdout), evaluate,
                                      min_ratio, costs, search)
 
     def assert_outputs(self, threshold=None, metric=COSINE, holdout=None):
