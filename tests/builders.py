@@ -85,7 +85,7 @@ def narrow_conv_setup(root, n, seed):
 
 
 def quantize(float_path, out_path, data, per_channel=False, activation_type="QUInt8",
-             weight_type="QInt8", keep_float=True, extra_options=None, nodes_to_exclude=None):
+             weight_type="QInt8", keep_float=True, extra_options=None, nodes_to_exclude=None, reduce_range=False):
     """quantize_static in QDQ format; ``keep_float`` keeps float weights and Relu/Clip."""
     from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
 
@@ -102,7 +102,7 @@ def quantize(float_path, out_path, data, per_channel=False, activation_type="QUI
     quantize_static(str(float_path), str(out_path), Reader(), quant_format=QuantFormat.QDQ,
                     per_channel=per_channel, activation_type=getattr(QuantType, activation_type),
                     weight_type=getattr(QuantType, weight_type), extra_options=opts,
-                    nodes_to_exclude=nodes_to_exclude or [])
+                    nodes_to_exclude=nodes_to_exclude or [], reduce_range=reduce_range)
     return out_path
 
 
