@@ -29,7 +29,7 @@ import numpy as np
 from . import guard, params
 from .data import load_data, overflows
 from .engine import Engine
-from .engine.runtime import make_session, run
+from .engine.runtime import integer_kernels_saturate, make_session, run
 from .errors import PTQError
 from .metrics import compare, get_metrics
 from .model import QuantModel, load_model
@@ -46,6 +46,7 @@ STAGES = {
 # Shown between optimized-float and fake-quant only when the quantizer changed the graph
 # beyond Q/DQ: a clean model would only carry a row of 1.0 there.
 REWRITE = ("rewritten", "QDQ model with every pair bypassed: the float graph as the quantizer rewrote it")
+_HOLDS = "the simulation holds but onnxruntime's integer kernels do not: "
 _ADVICE = {
     "optimized-float": ("the float model already changes under onnxruntime's graph optimisations: check the "
                         "export (opset, unsupported ops) before looking at quantization"),
@@ -54,7 +55,7 @@ _ADVICE = {
                   "those ops"),
     "fake-quant": ("the simulated quantization loses it: a calibration or quantization problem; rank the nodes "
                    "with get-sensitivity-of-nodes and fix them with suggest"),
-    "integer": ("the simulation holds but onnxruntime's integer kernels do not: a kernel problem (int16 "
+    "integer": (_HOLDS + "a kernel problem (int16 "
                 "saturation of u8s8 kernels on CPUs without VNNI, an unsupported fusion); try reduce_range=True, "
                 "per-channel weights, QInt8 activations or another execution provider"),
 }
@@ -198,7 +199,8 @@ def localize_stages(float_model, calibrated_model, calibrated_data, metrics=("co
     shown = [k for k in labels[:-1] if k != REWRITE[0] or rewritten]
     stages = [rows[k] for k in shown]
     first_drop, message = verdict({k: rows[k]["values"][first.name] for k in shown},
-                                  rows["kernel-gap"]["values"][first.name], first.name, threshold)
+                                  rows["kernel-gap"]["values"][first.name], first.name, threshold,
+                                  cause=saturation_cause(qm, providers))
     return read_from(StageReport(
         metrics=[m.name for m in metric_objs], outputs=[s.name for s in specs], samples=len(data),
         threshold=threshold, stages=stages, kernel_gap=rows["kernel-gap"], first_drop=first_drop, message=message,
@@ -251,10 +253,40 @@ def simulation_warnings(engine, specs=None):
     gap = simulation_gap(engine, specs)
     if gap is None or gap >= SIMULATION_CLOSE:
         return []
+    cause = (saturation_cause(engine.qmodel, engine.providers) or
+             "its integer kernels round otherwise than Q/DQ arithmetic, and the model amplifies the difference")
     return [f"{SIMULATION_WARNING}: every figure simulates this {engine.qmodel.format_label} file in its Q/DQ form, "
             f"and onnxruntime running the file itself differs from that simulation (output cosine {gap:.4f} on "
-            "the first samples): its integer kernels round otherwise than Q/DQ arithmetic, and the model "
-            "amplifies the difference; the rankings and the verdict are the simulation's"]
+            f"the first samples): {cause}; the rankings and the verdict are the simulation's"]
+
+
+def saturating_nodes(qm):
+    """Names of the nodes, in graph order, that multiply uint8 activation codes by int8 weight
+    codes: the products onnxruntime's CPU kernels saturate on x86 without AVX-VNNI."""
+    from onnx import TensorProto
+
+    def fed(take, qtype):
+        return {c for n in qm.calibration.values() if take(n) and n.qtype == qtype and n.bit == 8 for c in n.consumers}
+
+    both = fed(lambda n: n.is_activation, TensorProto.UINT8) & fed(lambda n: n.kind == "weight" and n.role != "bias",
+                                                                   TensorProto.INT8)
+    return [n.name for n in qm.model.graph.node if n.name in both]
+
+
+def saturation_cause(qm, providers):
+    """A clause naming int16 saturation as why onnxruntime's kernels differ from the
+    simulation, where they run on this CPU, saturate here and the model has such products;
+    else ""."""
+    if (providers or ["CPUExecutionProvider"])[0] != "CPUExecutionProvider" or not integer_kernels_saturate():
+        return ""
+    nodes = saturating_nodes(qm)
+    if not nodes:
+        return ""
+    shown = ", ".join(repr(n) for n in nodes[:3]) + (f" and {len(nodes) - 3} more" if len(nodes) > 3 else "")
+    return (f"on this CPU onnxruntime's kernels saturate uint8 x int8 products (summed in pairs into int16, as on "
+            f"x86 without AVX-VNNI), and {len(nodes)} node(s) here multiply uint8 activations by int8 weights "
+            f"({shown}); with AVX-VNNI, on ARM or on another execution provider the file runs as simulated, and "
+            "quantized with reduce_range=True (7-bit weights) or uint8 weights it runs so here too")
 
 
 def _described(qm):
@@ -267,11 +299,12 @@ def _described(qm):
             "integer": f"{qm.format_label} model as stored, on onnxruntime's kernels (default options)"}
 
 
-def verdict(values, kernel_gap, metric, threshold):
+def verdict(values, kernel_gap, metric, threshold, cause=""):
     """``(first stage worse than threshold or None, one readable sentence)``.
 
     ``values``: ``{stage: value}`` for the stages in :data:`STAGES` order; ``kernel_gap``:
-    the integer-vs-fake-quant value of the same metric.
+    the integer-vs-fake-quant value of the same metric; ``cause``: why the kernels differ,
+    where known (:func:`saturation_cause`).
     """
     m = get_metrics(metric)[0]
     if threshold is None:
@@ -279,9 +312,10 @@ def verdict(values, kernel_gap, metric, threshold):
     for stage in (st for st in ("optimized-float", REWRITE[0], *list(STAGES)[1:]) if st in values):
         v = values[stage]
         if v != v or m.worse(v, threshold):
-            return stage, f"{m.name} first falls below {threshold} at stage {stage!r} ({v:.6g}): {_ADVICE[stage]}"
+            advice = _HOLDS + cause if stage == "integer" and cause else _ADVICE[stage]
+            return stage, f"{m.name} first falls below {threshold} at stage {stage!r} ({v:.6g}): {advice}"
     gap = ""
     if kernel_gap == kernel_gap and m.worse(kernel_gap, threshold):
-        gap = (f"; the integer kernels differ from the simulation ({m.name} {kernel_gap:.6g} between them), "
-               "so results on other data may not hold")
+        why = f": {cause}" if cause else ", so results on other data may not hold"
+        gap = f"; the integer kernels differ from the simulation ({m.name} {kernel_gap:.6g} between them){why}"
     return None, f"every stage keeps {m.name} at or above {threshold}{gap}"

@@ -545,6 +545,25 @@ def test_runall_says_when_the_file_runs_otherwise_than_its_simulation(built, nam
     assert simulation_gap(Engine(p["ops_qdq"], data["ops"]), specs) is None  # QDQ: stages compares its kernels
 
 
+def test_saturating_kernels_are_said_to_be_why_the_file_differs(built, tmp_path):
+    """quantize_dynamic's full-range int8 weights: onnxruntime's kernels run the file as the
+    simulation where they do not saturate, and where they do the warning says so."""
+    from pytest_ptq.engine.runtime import integer_kernels_saturate
+    from pytest_ptq.outputs import parse_outputs
+    from pytest_ptq.stages import simulation_gap, simulation_warnings
+
+    p, data = built
+    path = fm.quantize_dyn(p["att"], tmp_path / "full.onnx", reduce_range=False)
+    engine = Engine(path, data["att"], float_model=p["att"])
+    specs = parse_outputs(None, engine)
+    gap, told = simulation_gap(engine, specs), simulation_warnings(engine, specs)
+    if integer_kernels_saturate():
+        assert gap < 0.999 and len(told) == 1
+        assert "saturate uint8 x int8 products" in told[0] and "4 node(s) here" in told[0] and "'proj_q'" in told[0]
+    else:
+        assert gap > 0.99999 and told == []
+
+
 def test_the_plugin_tells_when_the_file_runs_otherwise_than_its_simulation(built, pytester, monkeypatch):
     from pytest_ptq import stages
     from test_plugin import run

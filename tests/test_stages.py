@@ -11,7 +11,9 @@ from onnx import numpy_helper
 import builders
 from pytest_ptq.cli import main
 from pytest_ptq.errors import PTQError
-from pytest_ptq.stages import STAGES, localize_stages, verdict
+from pytest_ptq.engine.runtime import integer_kernels_saturate
+from pytest_ptq.model import QuantModel
+from pytest_ptq.stages import STAGES, localize_stages, saturating_nodes, saturation_cause, verdict
 
 N = 6
 
@@ -85,6 +87,52 @@ def test_verdicts(values, gap, first, words):
     stage, message = verdict(values, gap, "cosine-similarity", 0.99)
     assert stage == first
     assert words in message
+
+
+def test_a_known_kernel_cause_replaces_the_generic_advice():
+    cause = "on this CPU the kernels saturate"
+    stage, message = verdict({"optimized-float": 1.0, "fake-quant": 0.999, "integer": 0.90}, 0.90,
+                             "cosine-similarity", 0.99, cause=cause)
+    assert stage == "integer" and message.endswith(f"integer kernels do not: {cause}")
+    stage, message = verdict({"optimized-float": 1.0, "fake-quant": 0.999, "integer": 0.995}, 0.98,
+                             "cosine-similarity", 0.99, cause=cause)
+    assert stage is None and message.endswith(f"(cosine-similarity 0.98 between them): {cause}")
+
+
+# -- int16 saturation of onnxruntime's uint8 x int8 kernels ------------------------------------
+def test_the_saturation_probe_predicts_another_kernel():
+    """The probe runs MatMulInteger; QGemm's kernel, fed the same largest codes, saturates on
+    the same CPUs (the exact sum computed here)."""
+    k = 64
+    c = lambda v, n, t: numpy_helper.from_array(np.asarray(v, t), n)  # noqa: E731
+    inits = [c(1.0, "xs", np.float32), c(0, "xz", np.uint8), c(np.full((k, 1), 127), "w", np.int8),
+             c(1.0, "ws", np.float32), c(0, "wz", np.int8)]
+    node = onnx.helper.make_node("QGemm", ["x", "xs", "xz", "w", "ws", "wz"], ["y"], domain="com.microsoft")
+    graph = onnx.helper.make_graph([node], "g", [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.UINT8, [1, k])],
+                                   [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)], inits)
+    model = onnx.helper.make_model(graph, ir_version=8, opset_imports=[onnx.helper.make_opsetid("", 13),
+                                                                       onnx.helper.make_opsetid("com.microsoft", 1)])
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    got = float(sess.run(None, {"x": np.full((1, k), 255, np.uint8)})[0].ravel()[0])
+    assert integer_kernels_saturate() == (got != 255 * 127 * k)
+
+
+def test_saturating_products_are_found_and_named(models, tmp_path, monkeypatch):
+    from pytest_ptq import stages
+
+    qm = QuantModel(str(models["qdq"]))
+    convs = [n.name for n in onnx.load(str(models["float"])).graph.node if n.op_type in ("Conv", "Gemm", "MatMul")]
+    assert len(convs) >= 3 and saturating_nodes(qm) == convs  # uint8 activations, int8 weights: all of them
+    int8 = builders.quantize(models["float"], tmp_path / "s8.onnx", models["data"], activation_type="QInt8")
+    assert saturating_nodes(QuantModel(str(int8))) == []
+    monkeypatch.setattr(stages, "integer_kernels_saturate", lambda: True)
+    cause = saturation_cause(qm, None)
+    assert f"{len(convs)} node(s) here multiply uint8 activations by int8 weights ('{convs[0]}'" in cause
+    assert "reduce_range=True" in cause
+    assert saturation_cause(qm, ["CUDAExecutionProvider", "CPUExecutionProvider"]) == ""
+    assert saturation_cause(QuantModel(str(int8)), None) == ""
+    monkeypatch.setattr(stages, "integer_kernels_saturate", lambda: False)
+    assert saturation_cause(qm, None) == ""
 
 
 def test_error_metrics_rank_the_other_way():

@@ -40,25 +40,48 @@ def cuda_usable():
     """Whether onnxruntime's CUDA provider runs here. onnxruntime-gpu lists it wherever it is
     installed, and a session asked for it without a GPU or CUDA's libraries falls back to
     the CPU, logging an error per session; one probe on a one-node model tells instead."""
-    rt = ort()
-    if "CUDAExecutionProvider" not in rt.get_available_providers():
+    if "CUDAExecutionProvider" not in ort().get_available_providers():
         return False
-    from onnx import TensorProto, helper
+    from onnx import TensorProto
 
-    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])
-    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])
-    probe = helper.make_model(helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "probe", [x], [y]),
-                              opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
-    options = rt.SessionOptions()
-    options.log_severity_level = 4  # the fallback's error is the answer, not news
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            session = rt.InferenceSession(probe.SerializeToString(), options,
-                                          providers=["CUDAExecutionProvider", "CPUExecutionProvider"])
+        session = _probe("Relu", TensorProto.FLOAT, (1,), TensorProto.FLOAT, [], ["CUDAExecutionProvider",
+                                                                                 "CPUExecutionProvider"])
     except Exception:  # any failure to start the provider means: not here
         return False
     return "CUDAExecutionProvider" in session.get_providers()
+
+
+@functools.cache
+def integer_kernels_saturate():
+    """Whether onnxruntime's CPU kernels multiplying uint8 activations by int8 weights
+    saturate here. On x86 CPUs without AVX-VNNI they sum the products in pairs into int16
+    (onnxruntime documents it), so pairs beyond 32767 are clipped; one probe of the largest
+    codes tells."""
+    import numpy as np
+    from onnx import TensorProto, numpy_helper
+
+    weight = numpy_helper.from_array(np.full((64, 1), 127, np.int8), "w")
+    session = _probe("MatMulInteger", TensorProto.UINT8, (1, 64), TensorProto.INT32, [weight], ["CPUExecutionProvider"])
+    got = session.run(None, {"x": np.full((1, 64), 255, np.uint8)})[0]
+    return int(got.ravel()[0]) != 255 * 127 * 64
+
+
+def _probe(op, x_type, shape, y_type, initializers, providers):
+    """A session over one ``op`` node of input ``x`` (and ``initializers``), logging nothing."""
+    from onnx import helper
+
+    rt = ort()
+    x = helper.make_tensor_value_info("x", x_type, list(shape))
+    y = helper.make_tensor_value_info("y", y_type, None)
+    node = helper.make_node(op, ["x", *(i.name for i in initializers)], ["y"])
+    model = helper.make_model(helper.make_graph([node], "probe", [x], [y], initializers),
+                              opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
+    options = rt.SessionOptions()
+    options.log_severity_level = 4  # a fallback's error is the answer, not news
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return rt.InferenceSession(model.SerializeToString(), options, providers=providers)
 
 
 def check_level(optimization):
