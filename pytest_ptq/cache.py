@@ -72,12 +72,15 @@ def arrays_digest(arrays):
 @functools.cache
 def tool_versions():
     """``(name, version)`` pairs of what computes a result; pytest-ptq's includes a digest
-    of its source files, the providers those onnxruntime offers and PTQ_PROVIDERS picks."""
+    of its source files, the providers those onnxruntime offers and PTQ_PROVIDERS picks, and
+    whether this CPU's integer kernels saturate (the integer stage reads otherwise: a cache
+    shared between machines must not hand one CPU's kernels to another)."""
     import numpy
     import onnx
     import onnxruntime
 
     from . import __version__
+    from .engine.runtime import integer_kernels_saturate
 
     package = Path(__file__).resolve().parent
     source = hashlib.sha256()
@@ -85,7 +88,8 @@ def tool_versions():
         source.update(f.relative_to(package).as_posix().encode() + b"\0" + f.read_bytes())
     return (("pytest_ptq", f"{__version__}+{source.hexdigest()[:16]}"), ("onnx", onnx.__version__),
             ("onnxruntime", onnxruntime.__version__), ("numpy", numpy.__version__),
-            ("providers", tuple(onnxruntime.get_available_providers()), os.environ.get("PTQ_PROVIDERS")))
+            ("providers", tuple(onnxruntime.get_available_providers()), os.environ.get("PTQ_PROVIDERS")),
+            ("uint8 x int8 kernels", "saturating" if integer_kernels_saturate() else "exact"))
 
 
 def plain(value):

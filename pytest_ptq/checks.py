@@ -672,7 +672,7 @@ def check_stages(analysis, float_model=None, min_cosine=0.99):
     report = analysis.stages(float_model)
     values = {s["stage"]: s["values"][COSINE] for s in report.stages}
     gap = report.kernel_gap["values"][COSINE]
-    first_drop, message = verdict(values, gap, COSINE, t)
+    first_drop, message = verdict(values, gap, COSINE, t, cause=report.kernel_cause)
     m = _cosine()
     return StagesResult(passed=_meets(m, values["integer"], t) and _meets(m, gap, t), threshold=t, values=values,
                         kernel_gap=gap, first_drop=first_drop, message=message, samples=report.samples,

@@ -82,6 +82,7 @@ class StageReport(JsonResult):
     calibrated_model: str = ""
     optimized_model: str | None = None
     notes: list = dataclasses.field(default_factory=list)  # outputs scored in parts, and why
+    kernel_cause: str = ""  # why the integer kernels differ from the simulation, where known
 
     def __bool__(self):
         return self.first_drop is None
@@ -198,14 +199,14 @@ def localize_stages(float_model, calibrated_model, calibrated_data, metrics=("co
         rows[REWRITE[0]]["values"].get("cosine-similarity", 1.0) < 1 - 1e-6
     shown = [k for k in labels[:-1] if k != REWRITE[0] or rewritten]
     stages = [rows[k] for k in shown]
+    cause = saturation_cause(qm, providers)
     first_drop, message = verdict({k: rows[k]["values"][first.name] for k in shown},
-                                  rows["kernel-gap"]["values"][first.name], first.name, threshold,
-                                  cause=saturation_cause(qm, providers))
+                                  rows["kernel-gap"]["values"][first.name], first.name, threshold, cause=cause)
     return read_from(StageReport(
         metrics=[m.name for m in metric_objs], outputs=[s.name for s in specs], samples=len(data),
         threshold=threshold, stages=stages, kernel_gap=rows["kernel-gap"], first_drop=first_drop, message=message,
         float_model=str(fpath) if fpath else "<ModelProto>", calibrated_model=qm.source,
-        optimized_model=str(optimized) if optimized else None, notes=parts_note(specs)), inputs)
+        optimized_model=str(optimized) if optimized else None, notes=parts_note(specs), kernel_cause=cause), inputs)
 
 
 # Output cosine between the simulation and a QOperator or dynamic file as onnxruntime runs

@@ -11,6 +11,7 @@ import pytest
 
 import builders
 from pytest_ptq import cache
+from pytest_ptq.engine import runtime
 from pytest_ptq.analysis import Analysis, AnalysisKey
 from test_plugin import N, independent_sensitivity, plugin_args
 
@@ -48,8 +49,8 @@ def test_a_result_is_computed_once_and_read_back_in_a_new_cache(tmp_path, inputs
     assert calls == [1] and np.array_equal(again["x"], first["x"])
 
 
-@pytest.mark.parametrize("change", ["data", "model", "request", "data_num", "extra file"])
-def test_any_change_of_a_key_part_computes_again(tmp_path, inputs, change):
+@pytest.mark.parametrize("change", ["data", "model", "request", "data_num", "extra file", "cpu kernels"])
+def test_any_change_of_a_key_part_computes_again(tmp_path, inputs, change, monkeypatch):
     extra = tmp_path / "holdout.npy"
     np.save(extra, np.zeros(3))
     store(tmp_path / "c", inputs).get(("r", 1), lambda: "old", files=(extra,))
@@ -63,9 +64,15 @@ def test_any_change_of_a_key_part_computes_again(tmp_path, inputs, change):
         request = ("r", 2)
     elif change == "data_num":
         data_num = 2
+    elif change == "cpu kernels":  # a cache shared with a machine whose uint8 x int8 kernels differ
+        saturate = runtime.integer_kernels_saturate()
+        monkeypatch.setattr(runtime, "integer_kernels_saturate", lambda: not saturate)
+        cache.tool_versions.cache_clear()
     else:
         np.save(extra, np.ones(3))
-    assert store(tmp_path / "c", inputs, data_num).get(request, lambda: "new", files=(extra,)) == "new"
+    got = store(tmp_path / "c", inputs, data_num).get(request, lambda: "new", files=(extra,))
+    cache.tool_versions.cache_clear()  # the next test's keys read this CPU's kernels again
+    assert got == "new"
 
 
 @pytest.mark.parametrize("damage", ["truncated", "flipped byte", "not ours", "empty"])

@@ -135,6 +135,28 @@ def test_saturating_products_are_found_and_named(models, tmp_path, monkeypatch):
     assert saturation_cause(qm, None) == ""
 
 
+def test_the_report_and_the_contract_carry_the_cause(models, monkeypatch):
+    import dataclasses
+    from types import SimpleNamespace
+
+    from pytest_ptq import stages
+    from pytest_ptq.checks import check_stages
+
+    monkeypatch.setattr(stages, "integer_kernels_saturate", lambda: True)
+    report = localize_stages(str(models["float"]), str(models["qdq"]), models["data"])
+    cause = saturation_cause(QuantModel(str(models["qdq"])), None)
+    assert cause and report.kernel_cause == cause
+    # the contract's check words its verdict with it: its integer stage made to drop
+    dropped = [dict(st, values={**st["values"], "cosine-similarity": 0.9}) if st["stage"] == "integer" else st
+               for st in report.stages]
+    analysis = SimpleNamespace(stages=lambda _: dataclasses.replace(report, stages=dropped), label="m",
+                               relative=str)
+    result = check_stages(analysis, min_cosine=0.99)
+    assert not result.passed and result.first_drop == "integer" and result.message.endswith(cause)
+    monkeypatch.setattr(stages, "integer_kernels_saturate", lambda: False)
+    assert localize_stages(str(models["float"]), str(models["qdq"]), models["data"]).kernel_cause == ""
+
+
 def test_error_metrics_rank_the_other_way():
     stage, _ = verdict({"optimized-float": 0.0, "fake-quant": 0.5, "integer": 0.5}, 0.0, "mse", 0.1)
     assert stage == "fake-quant"
