@@ -552,14 +552,20 @@ def test_saturating_kernels_are_said_to_be_why_the_file_differs(built, tmp_path)
     from pytest_ptq.outputs import parse_outputs
     from pytest_ptq.stages import simulation_gap, simulation_warnings
 
+    from pytest_ptq.stages import saturating_nodes
+
     p, data = built
+    assert saturating_nodes(QuantModel(p["att_dyn"])) == []  # 7-bit weights: no pair reaches int16's limit
     path = fm.quantize_dyn(p["att"], tmp_path / "full.onnx", reduce_range=False)
     engine = Engine(path, data["att"], float_model=p["att"])
     specs = parse_outputs(None, engine)
     gap, told = simulation_gap(engine, specs), simulation_warnings(engine, specs)
     if integer_kernels_saturate():
         assert gap < 0.999 and len(told) == 1
-        assert "saturate uint8 x int8 products" in told[0] and "4 node(s) here" in told[0] and "'proj_q'" in told[0]
+        integer = [n.name for n in onnx.load(str(path)).graph.node if n.op_type in ("MatMulInteger",
+                                                                                     "DynamicQuantizeMatMul")]
+        assert len(integer) == 4 and "saturate uint8 x int8 products" in told[0]
+        assert f"4 node(s) here run such products ('{integer[0]}'" in told[0]
     else:
         assert gap > 0.99999 and told == []
 

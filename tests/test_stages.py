@@ -100,21 +100,31 @@ def test_a_known_kernel_cause_replaces_the_generic_advice():
 
 
 # -- int16 saturation of onnxruntime's uint8 x int8 kernels ------------------------------------
-def test_the_saturation_probe_predicts_another_kernel():
+def _largest_codes_sum(node, x_shape, inits, y_type):
+    """onnxruntime's sum of 255 x 127 products through one integer ``node`` (input "x")."""
+    helper = onnx.helper
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", onnx.TensorProto.UINT8, x_shape)],
+                              [helper.make_tensor_value_info("y", y_type, None)], inits)
+    model = helper.make_model(graph, ir_version=8, opset_imports=[helper.make_opsetid("", 13),
+                                                                  helper.make_opsetid("com.microsoft", 1)])
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return float(sess.run(None, {"x": np.full(x_shape, 255, np.uint8)})[0].ravel()[0])
+
+
+def test_the_saturation_probe_predicts_another_kernel_and_convinteger_sums_exactly():
     """The probe runs MatMulInteger; QGemm's kernel, fed the same largest codes, saturates on
-    the same CPUs (the exact sum computed here)."""
-    k = 64
+    the same CPUs, and ConvInteger's on none (so its nodes are not named); exact sums computed
+    here."""
+    k, helper = 64, onnx.helper
     c = lambda v, n, t: numpy_helper.from_array(np.asarray(v, t), n)  # noqa: E731
     inits = [c(1.0, "xs", np.float32), c(0, "xz", np.uint8), c(np.full((k, 1), 127), "w", np.int8),
              c(1.0, "ws", np.float32), c(0, "wz", np.int8)]
-    node = onnx.helper.make_node("QGemm", ["x", "xs", "xz", "w", "ws", "wz"], ["y"], domain="com.microsoft")
-    graph = onnx.helper.make_graph([node], "g", [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.UINT8, [1, k])],
-                                   [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)], inits)
-    model = onnx.helper.make_model(graph, ir_version=8, opset_imports=[onnx.helper.make_opsetid("", 13),
-                                                                       onnx.helper.make_opsetid("com.microsoft", 1)])
-    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-    got = float(sess.run(None, {"x": np.full((1, k), 255, np.uint8)})[0].ravel()[0])
-    assert integer_kernels_saturate() == (got != 255 * 127 * k)
+    qgemm = helper.make_node("QGemm", ["x", "xs", "xz", "w", "ws", "wz"], ["y"], domain="com.microsoft")
+    assert integer_kernels_saturate() == (_largest_codes_sum(qgemm, [1, k], inits, onnx.TensorProto.FLOAT)
+                                          != 255 * 127 * k)
+    conv = helper.make_node("ConvInteger", ["x", "w"], ["y"])
+    weight = [c(np.full((4, k, 3, 3), 127), "w", np.int8)]
+    assert _largest_codes_sum(conv, [1, k, 5, 5], weight, onnx.TensorProto.INT32) == 255 * 127 * k * 9
 
 
 def test_saturating_products_are_found_and_named(models, tmp_path, monkeypatch):
@@ -125,9 +135,13 @@ def test_saturating_products_are_found_and_named(models, tmp_path, monkeypatch):
     assert len(convs) >= 3 and saturating_nodes(qm) == convs  # uint8 activations, int8 weights: all of them
     int8 = builders.quantize(models["float"], tmp_path / "s8.onnx", models["data"], activation_type="QInt8")
     assert saturating_nodes(QuantModel(str(int8))) == []
+    for keep_float in (True, False):  # 7-bit weights behind pairs or lone DQs: no pair sum reaches int16's limit
+        narrow = builders.quantize(models["float"], tmp_path / f"rr{keep_float}.onnx", models["data"],
+                                   keep_float=keep_float, reduce_range=True)
+        assert saturating_nodes(QuantModel(str(narrow))) == []
     monkeypatch.setattr(stages, "integer_kernels_saturate", lambda: True)
     cause = saturation_cause(qm, None)
-    assert f"{len(convs)} node(s) here multiply uint8 activations by int8 weights ('{convs[0]}'" in cause
+    assert f"{len(convs)} node(s) here run such products ('{convs[0]}'" in cause
     assert "reduce_range=True" in cause
     assert saturation_cause(qm, ["CUDAExecutionProvider", "CPUExecutionProvider"]) == ""
     assert saturation_cause(QuantModel(str(int8)), None) == ""
