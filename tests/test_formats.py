@@ -552,7 +552,7 @@ def test_saturating_kernels_are_said_to_be_why_the_file_differs(built, tmp_path)
     from pytest_ptq.outputs import parse_outputs
     from pytest_ptq.stages import simulation_gap, simulation_warnings
 
-    from pytest_ptq.stages import saturating_nodes
+    from pytest_ptq.kernels import saturating_nodes
 
     p, data = built
     assert saturating_nodes(QuantModel(p["att_dyn"])) == []  # 7-bit weights: no pair reaches int16's limit

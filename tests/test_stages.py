@@ -13,7 +13,9 @@ from pytest_ptq.cli import main
 from pytest_ptq.errors import PTQError
 from pytest_ptq.engine.runtime import integer_kernels_saturate
 from pytest_ptq.model import QuantModel
-from pytest_ptq.stages import STAGES, localize_stages, saturating_nodes, saturation_cause, verdict
+from pytest_ptq import kernels
+from pytest_ptq.kernels import saturating_nodes, saturation_cause
+from pytest_ptq.stages import STAGES, localize_stages, verdict
 
 N = 6
 
@@ -128,8 +130,6 @@ def test_the_saturation_probe_predicts_another_kernel_and_convinteger_sums_exact
 
 
 def test_saturating_products_are_found_and_named(models, tmp_path, monkeypatch):
-    from pytest_ptq import stages
-
     qm = QuantModel(str(models["qdq"]))
     convs = [n.name for n in onnx.load(str(models["float"])).graph.node if n.op_type in ("Conv", "Gemm", "MatMul")]
     assert len(convs) >= 3 and saturating_nodes(qm) == convs  # uint8 activations, int8 weights: all of them
@@ -139,13 +139,13 @@ def test_saturating_products_are_found_and_named(models, tmp_path, monkeypatch):
         narrow = builders.quantize(models["float"], tmp_path / f"rr{keep_float}.onnx", models["data"],
                                    keep_float=keep_float, reduce_range=True)
         assert saturating_nodes(QuantModel(str(narrow))) == []
-    monkeypatch.setattr(stages, "integer_kernels_saturate", lambda: True)
+    monkeypatch.setattr(kernels, "integer_kernels_saturate", lambda: True)
     cause = saturation_cause(qm, None)
     assert f"{len(convs)} node(s) here run such products ('{convs[0]}'" in cause
     assert "reduce_range=True" in cause
     assert saturation_cause(qm, ["CUDAExecutionProvider", "CPUExecutionProvider"]) == ""
     assert saturation_cause(QuantModel(str(int8)), None) == ""
-    monkeypatch.setattr(stages, "integer_kernels_saturate", lambda: False)
+    monkeypatch.setattr(kernels, "integer_kernels_saturate", lambda: False)
     assert saturation_cause(qm, None) == ""
 
 
@@ -153,10 +153,9 @@ def test_the_report_and_the_contract_carry_the_cause(models, monkeypatch):
     import dataclasses
     from types import SimpleNamespace
 
-    from pytest_ptq import stages
     from pytest_ptq.checks import check_stages
 
-    monkeypatch.setattr(stages, "integer_kernels_saturate", lambda: True)
+    monkeypatch.setattr(kernels, "integer_kernels_saturate", lambda: True)
     report = localize_stages(str(models["float"]), str(models["qdq"]), models["data"])
     cause = saturation_cause(QuantModel(str(models["qdq"])), None)
     assert cause and report.kernel_cause == cause
@@ -167,7 +166,7 @@ def test_the_report_and_the_contract_carry_the_cause(models, monkeypatch):
                                relative=str)
     result = check_stages(analysis, min_cosine=0.99)
     assert not result.passed and result.first_drop == "integer" and result.message.endswith(cause)
-    monkeypatch.setattr(stages, "integer_kernels_saturate", lambda: False)
+    monkeypatch.setattr(kernels, "integer_kernels_saturate", lambda: False)
     assert localize_stages(str(models["float"]), str(models["qdq"]), models["data"]).kernel_cause == ""
 
 
