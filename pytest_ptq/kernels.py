@@ -15,6 +15,8 @@ import numpy as np
 from onnx import TensorProto, numpy_helper
 
 from .engine.runtime import integer_kernels_saturate
+from .model import grids
+from .tables import listed
 
 # onnxruntime's integer ops whose CPU kernels sum uint8 x int8 products in pairs into int16:
 # {op: (index of the activation's zero point, None where the kernel quantizes its float input
@@ -69,17 +71,16 @@ def saturating_nodes(qm):
 
 def _wide_weight(qm, c):
     """Whether weight node ``c``'s codes reach beyond :data:`_NARROW` from its zero point
-    (True where its values are unknown or it is quantized by blocks)."""
+    (True where its values are unknown)."""
     values = qm.constant(c.input)
-    if values is None or c.block_size:
+    if values is None:
         return True
-    shape = [1] * values.ndim
-    if c.scale.size > 1:
-        shape[c.axis % values.ndim] = -1
     if c.q_node is None:  # the codes themselves
-        spread = values.astype(np.int32) - c.zero_point.astype(np.int32).reshape(shape)
+        zero = grids.broadcast(c.zero_point.astype(np.int32), values.shape, c.axis, c.block_size)
+        spread = values.astype(np.int32) - zero
     else:  # a float weight, quantized at run time
-        spread = np.rint(values.astype(np.float64) / c.scale.astype(np.float64).reshape(shape))
+        spread = np.rint(values.astype(np.float64)
+                         / grids.broadcast(c.scale.astype(np.float64), values.shape, c.axis, c.block_size))
     return float(np.abs(spread).max(initial=0)) > _NARROW
 
 
@@ -92,8 +93,7 @@ def saturation_cause(qm, providers):
     nodes = saturating_nodes(qm)
     if not nodes:
         return ""
-    shown = ", ".join(repr(n) for n in nodes[:3]) + (f" and {len(nodes) - 3} more" if len(nodes) > 3 else "")
     return (f"on this CPU onnxruntime's kernels saturate uint8 x int8 products (summed in pairs into int16, as on "
             f"x86 without AVX-VNNI), and {len(nodes)} node(s) here run such products "
-            f"({shown}); with AVX-VNNI, on ARM or on another execution provider the file runs as simulated, and "
+            f"({listed(nodes)}); with AVX-VNNI, on ARM or on another execution provider the file runs as simulated, and "
             "quantized with reduce_range=True (7-bit weights) or uint8 weights it runs so here too")

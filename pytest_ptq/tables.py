@@ -19,6 +19,13 @@ def fmt(value):
     return str(value)
 
 
+def listed(names, shown=3):
+    """The first ``shown`` names quoted, and how many more there are."""
+    names = list(names)
+    return ", ".join(repr(n) for n in names[:shown]) + (f" and {len(names) - shown} more" if len(names) > shown
+                                                         else "")
+
+
 def short(value):
     """A figure at four significant digits, for plots and sentences ("n/a" for None); a
     similarity just below 1 keeps two digits of its distance to 1 (0.999981, not 1)."""

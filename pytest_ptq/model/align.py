@@ -52,6 +52,7 @@ from onnx import numpy_helper
 from onnx.inliner import inline_selected_functions
 
 from ..errors import PTQError
+from ..tables import listed
 from . import grids
 from .graph import has_subgraphs, hand_back, load_weightless, mapping, name_nodes, node_refs, sort_topologically
 
@@ -358,7 +359,7 @@ def _stale_subgraph_reads(qm, folded):
         tensor = qm.calibration[cname].input
         readers = [n.name for n in with_subgraphs if tensor not in n.input and tensor in node_refs(n)]
         if readers:
-            out.append(f"the {op} folded into {cname!r} fed the subgraphs of {_listed(readers)}, which still read "
+            out.append(f"the {op} folded into {cname!r} fed the subgraphs of {listed(readers)}, which still read "
                        f"its input {tensor!r} (the quantizer rewired the main graph only); quantize with "
                        "extra_options={'QDQKeepRemovableActivations': True}")
     return out
@@ -833,10 +834,6 @@ def _rewrites(qm, f, nodes, used, passed):
         out.append(f"the quantizer changed the graph beyond Q/DQ: float {fops or 'nothing'} without counterpart, "
                    f"QDQ {qops or 'nothing'} not in the float model")
     return out, unmatched_float, unmatched_qdq
-
-
-def _listed(names):
-    return ", ".join(repr(n) for n in names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
 
 
 def _ops(nodes, names):
