@@ -44,9 +44,16 @@ def closest(name, candidates, n=3):
     return difflib.get_close_matches(str(name), list(candidates), n=n, cutoff=0.4)
 
 
-def unknown(kind, name, candidates):
-    """A PTQError for an unknown ``kind`` called ``name``, suggesting the closest names."""
+def unknown(kind, name, candidates, usual=()):
+    """A PTQError for an unknown ``kind`` called ``name``, suggesting the closest names, else
+    the ``usual`` ones (a model's outputs, say)."""
     near = closest(name, candidates) if isinstance(name, str) and len(name) <= 200 else []
-    hint = f"; did you mean {', '.join(shown(c) for c in near)}?" if near else (
-        f"; known {kind}s are listed by `ptq-debug list-nodes`" if kind == "node" else "")
+    if near:
+        hint = f"; did you mean {', '.join(shown(c) for c in near)}?"
+    elif usual:
+        from .tables import listed
+
+        hint = f"; the model's {kind}s are {listed(usual, shown=5)}"
+    else:
+        hint = f"; known {kind}s are listed by `ptq-debug list-nodes`" if kind == "node" else ""
     return PTQError(f"unknown {kind} {shown(name)}{hint}")

@@ -97,7 +97,7 @@ def parse_output(spec, qmodel):
         if tensor in qmodel.normal:
             tensor = qmodel.normal[tensor].outputs[0]
         else:
-            raise unknown("output", tensor, qmodel.output_names + list(qmodel.normal))
+            raise unknown("output", tensor, qmodel.output_names + list(qmodel.normal), usual=qmodel.output_names)
     index = _parse_index(m.group("index"), spec) if m.group("index") is not None else ()
     _check_index(spec, tensor, index, qmodel.shapes.get(tensor))
     name = m.group("alias") or (str(spec).strip() if index else tensor)

@@ -153,6 +153,8 @@ def test_bad_arguments_are_clear_errors(setup):
         get_sensitivity_of_nodes(setup.engine, ["cosine-sim"])
     with pytest.raises(PTQError, match="unknown output 'probs'.*'prob'"):
         get_sensitivity_of_nodes(setup.engine, output_node="probs")
+    with pytest.raises(PTQError, match="unknown output 'zzzz'; the model's outputs are 'prob'$"):
+        get_sensitivity_of_nodes(setup.engine, output_node="zzzz")
 
 
 def test_output_slice(setup):
