@@ -30,7 +30,7 @@ from . import guard, params
 from .data import load_data, overflows
 from .engine import Engine
 from .engine.runtime import make_session, run
-from .errors import PTQError
+from .errors import NotQuantized, PTQError
 from .kernels import saturation_cause
 from .metrics import compare, get_metrics
 from .model import QuantModel, load_model
@@ -130,7 +130,14 @@ def localize_stages(float_model, calibrated_model, calibrated_data, metrics=("co
             engine = Engine(QuantModel(qm.model, float_model=fmodel, shared=qm.shared), data, check=False,
                             custom_op_libraries=engine.libraries)
     else:
-        qm = QuantModel(calibrated_model, float_model=fmodel)
+        try:
+            qm = QuantModel(calibrated_model, float_model=fmodel)
+        except NotQuantized:
+            if any(n.op_type == "QuantizeLinear" for n in fmodel.graph.node):
+                raise PTQError(f"the calibrated model {str(calibrated_model)!r} has no Q/DQ pairs and the float "
+                               f"model {str(fpath or 'given')!r} has: the two look swapped; give the float model "
+                               "first, then the calibrated one") from None
+            raise
         data = load_data(calibrated_data, qm, data_num)
         engine = Engine(qm, data, check=False)
     qmodel = qm.model

@@ -182,6 +182,8 @@ def test_models_that_do_not_belong_together(models, tmp_path):
         localize_stages(str(other), str(models["qdq"]), models["data"])
     with pytest.raises(PTQError, match="not an output of both"):
         localize_stages(str(models["float"]), str(models["qdq"]), models["data"], output_node="r1")
+    with pytest.raises(PTQError, match="the two look swapped; give the float model first"):
+        localize_stages(str(models["qdq"]), str(models["float"]), models["data"])
 
 
 def test_cli_stages(models, tmp_path, capsys):
