@@ -20,10 +20,10 @@ from .tables import listed
 
 # onnxruntime's integer ops whose CPU kernels sum uint8 x int8 products in pairs into int16:
 # {op: (index of the activation's zero point, None where the kernel quantizes its float input
-# to uint8 itself; index of the weight)}. ConvInteger's kernel sums exactly (measured).
-_PAIR_SUMMED = {"QLinearConv": (2, 3), "QLinearMatMul": (2, 3), "QGemm": (2, 3), "MatMulInteger": (2, 1),
-                "MatMulIntegerToFloat": (4, 1), "DynamicQuantizeMatMul": (None, 1), "DynamicQuantizeLSTM": (None, 1),
-                "QAttention": (None, 1)}
+# to uint8 itself; indices of the weights)}. ConvInteger's kernel sums exactly (measured).
+_PAIR_SUMMED = {"QLinearConv": (2, (3,)), "QLinearMatMul": (2, (3,)), "QGemm": (2, (3,)), "MatMulInteger": (2, (1,)),
+                "MatMulIntegerToFloat": (4, (1,)), "DynamicQuantizeMatMul": (None, (1,)),
+                "DynamicQuantizeLSTM": (None, (1, 2)), "QAttention": (None, (1,))}
 # Weight codes up to this far from the zero point cannot saturate a pair: 2 x 255 x 64 <= 32767
 # (reduce_range's 7-bit weights)
 _NARROW = 64
@@ -60,13 +60,16 @@ def saturating_nodes(qm):
                 else producer is not None and producer.op_type == "DynamicQuantizeLinear")
 
     def wide_int8_weight(node, index):
+        if len(node.input) <= index or not node.input[index]:
+            return False
         init = source(node.input[index])[0]
         # onnxruntime's quantizers, the only writers of these formats, store int8 weights symmetric
         return (init is not None and init.data_type == TensorProto.INT8
                 and int(np.abs(numpy_helper.to_array(init).astype(np.int32)).max(initial=0)) > _NARROW)
 
     return [n.name or n.output[0] for n in graph.node if n.op_type in _PAIR_SUMMED
-            and uint8_activation(n, _PAIR_SUMMED[n.op_type][0]) and wide_int8_weight(n, _PAIR_SUMMED[n.op_type][1])]
+            and uint8_activation(n, _PAIR_SUMMED[n.op_type][0])
+            and any(wide_int8_weight(n, w) for w in _PAIR_SUMMED[n.op_type][1])]
 
 
 def _wide_weight(qm, c):

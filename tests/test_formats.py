@@ -570,6 +570,23 @@ def test_saturating_kernels_are_said_to_be_why_the_file_differs(built, tmp_path)
         assert gap > 0.99999 and told == []
 
 
+def test_an_lstm_is_named_by_its_recurrent_weights_too(built, tmp_path):
+    """DynamicQuantizeLSTM multiplies the hidden state by its recurrent weights R as well as
+    the input by W: full-range codes in either one saturate its pair sums."""
+    from pytest_ptq.kernels import saturating_nodes
+
+    p, _ = built
+    assert saturating_nodes(QuantModel(p["lstm_dyn"])) == []  # reduce_range: both 7-bit
+    for weight in ("W_quantized", "R_quantized"):
+        model = onnx.load(p["lstm_dyn"])
+        init = next(i for i in model.graph.initializer if i.name == weight)
+        codes = numpy_helper.to_array(init).copy()
+        codes.flat[0] = 127
+        init.CopyFrom(numpy_helper.from_array(codes, weight))
+        onnx.save(model, tmp_path / "wide.onnx")
+        assert saturating_nodes(QuantModel(str(tmp_path / "wide.onnx"))) == ["lstm_quant"], weight
+
+
 def test_the_plugin_tells_when_the_file_runs_otherwise_than_its_simulation(built, pytester, monkeypatch):
     from pytest_ptq import stages
     from test_plugin import run
