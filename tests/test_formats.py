@@ -543,6 +543,12 @@ def test_runall_says_when_the_file_runs_otherwise_than_its_simulation(built, nam
     assert len(told) == 1 and f"output cosine {gap:.4f}" in told[0]
     assert "before trusting a figure" in (tmp_path / "told" / "summary.md").read_text()
     assert simulation_gap(Engine(p["ops_qdq"], data["ops"]), specs) is None  # QDQ: stages compares its kernels
+    whole = Engine(p[name], data[_data(name)], float_model=p[_float(name)])
+    read = []
+    monkeypatch.setattr(whole.data, "sample", lambda i, sample=whole.data.sample: read.append(i) or sample(i))
+    simulation_gap(whole, specs, samples=3)  # spread over the data: its end too
+    last = len(whole.data) - 1
+    assert last >= 3 and len(set(read)) == 3 and {0, last} < set(read)
 
 
 def test_saturating_kernels_are_said_to_be_why_the_file_differs(built, tmp_path):
