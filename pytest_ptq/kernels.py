@@ -12,6 +12,7 @@ dynamic file runs as simulated.
 from __future__ import annotations
 
 import numpy as np
+import onnx
 from onnx import TensorProto, numpy_helper
 
 from .engine.runtime import integer_kernels_saturate
@@ -20,10 +21,12 @@ from .tables import listed
 
 # onnxruntime's integer ops whose CPU kernels sum uint8 x int8 products in pairs into int16:
 # {op: (index of the activation's zero point, None where the kernel quantizes its float input
-# to uint8 itself; indices of the weights)}. ConvInteger's kernel sums exactly (measured).
-_PAIR_SUMMED = {"QLinearConv": (2, (3,)), "QLinearMatMul": (2, (3,)), "QGemm": (2, (3,)), "MatMulInteger": (2, (1,)),
-                "MatMulIntegerToFloat": (4, (1,)), "DynamicQuantizeMatMul": (None, (1,)),
-                "DynamicQuantizeLSTM": (None, (1, 2)), "QAttention": (None, (1,))}
+# to uint8 itself; (index of a weight, index of its zero point) for each weight)}. ConvInteger's
+# kernel sums exactly (measured).
+_PAIR_SUMMED = {"QLinearConv": (2, ((3, 5),)), "QLinearMatMul": (2, ((3, 5),)), "QGemm": (2, ((3, 5),)),
+                "MatMulInteger": (2, ((1, 3),)), "MatMulIntegerToFloat": (4, ((1, 5),)),
+                "DynamicQuantizeMatMul": (None, ((1, 3),)), "DynamicQuantizeLSTM": (None, ((1, 9), (2, 11))),
+                "QAttention": (None, ((1, 7),))}
 # Weight codes up to this far from the zero point cannot saturate a pair: 2 x 255 x 64 <= 32767
 # (reduce_range's 7-bit weights)
 _NARROW = 64
@@ -35,41 +38,60 @@ def saturating_nodes(qm):
     without AVX-VNNI: in a QDQ model the ops fed by both (onnxruntime fuses them into such
     kernels), in a QOperator or dynamic file its integer ops that sum in int16 pairs."""
     if qm.format == "QDQ":
-        def fed(take, qtype):
-            return {c for n in qm.calibration.values() if take(n) and n.qtype == qtype and n.bit == 8
-                    for c in n.consumers}
+        consumers = {c for w in _wide_qdq_weights(qm) for c in w.consumers}
+        return [n.name for n in qm.model.graph.node if n.name in consumers and _fed_uint8(qm, n.name)]
+    return [(node.name or node.output[0]) for node, _ in _wide_integer_ops(qm.as_given().graph)]
 
-        both = fed(lambda n: n.is_activation, TensorProto.UINT8) & fed(
-            lambda n: n.kind == "weight" and n.role != "bias" and _wide_weight(qm, n), TensorProto.INT8)
-        return [n.name for n in qm.model.graph.node if n.name in both]
-    graph = qm.as_given().graph
+
+def _wide_qdq_weights(qm):
+    """A QDQ model's 8-bit int8 weight nodes whose codes reach beyond 7 bits."""
+    return [c for c in qm.calibration.values() if c.kind == "weight" and c.role != "bias"
+            and c.qtype == TensorProto.INT8 and c.bit == 8 and _wide_weight(qm, c)]
+
+
+def _fed_uint8(qm, name):
+    return any(c.is_activation and c.qtype == TensorProto.UINT8 and c.bit == 8 and name in c.consumers
+               for c in qm.calibration.values())
+
+
+def _wide_integer_ops(graph):
+    """``[(node, [(weight initializer, the node reading it, at which input, the weight's zero
+    point's input on ``node``), ...])]`` of a
+    QOperator or dynamic graph's pair-summing ops with a uint8 activation and wide int8
+    weights, in graph order."""
     inits = {i.name: i for i in graph.initializer}
     made_by = {o: n for n in graph.node for o in n.output}
 
-    def source(name, hops=3):  # the initializer behind a tensor, through a weight's Reshape/Transpose
-        node = made_by.get(name)
-        if name in inits or node is None or hops == 0 or not node.input:
-            return inits.get(name), node
-        return source(node.input[0], hops - 1) if node.op_type != "DynamicQuantizeLinear" else (None, node)
+    def source(node, index, hops=3):  # the initializer behind an input, through a weight's Reshape/Transpose
+        name = node.input[index] if len(node.input) > index else ""
+        if name in inits or not name:
+            return inits.get(name), node, index
+        producer = made_by.get(name)
+        if producer is None or hops == 0 or not producer.input or producer.op_type == "DynamicQuantizeLinear":
+            return None, producer, None
+        return source(producer, 0, hops - 1)
 
     def uint8_activation(node, zp):
         if zp is None or len(node.input) <= zp or not node.input[zp]:
             return True
-        init, producer = source(node.input[zp])
+        init, producer, _ = source(node, zp)
         return (init.data_type == TensorProto.UINT8 if init is not None
                 else producer is not None and producer.op_type == "DynamicQuantizeLinear")
 
-    def wide_int8_weight(node, index):
-        if len(node.input) <= index or not node.input[index]:
-            return False
-        init = source(node.input[index])[0]
+    def wide_int8(init):
         # onnxruntime's quantizers, the only writers of these formats, store int8 weights symmetric
         return (init is not None and init.data_type == TensorProto.INT8
                 and int(np.abs(numpy_helper.to_array(init).astype(np.int32)).max(initial=0)) > _NARROW)
 
-    return [n.name or n.output[0] for n in graph.node if n.op_type in _PAIR_SUMMED
-            and uint8_activation(n, _PAIR_SUMMED[n.op_type][0])
-            and any(wide_int8_weight(n, w) for w in _PAIR_SUMMED[n.op_type][1])]
+    found = []
+    for node in graph.node:
+        if node.op_type not in _PAIR_SUMMED or not uint8_activation(node, _PAIR_SUMMED[node.op_type][0]):
+            continue
+        wide = [(*source(node, w), zp) for w, zp in _PAIR_SUMMED[node.op_type][1]]
+        wide = [w for w in wide if wide_int8(w[0])]
+        if wide:
+            found.append((node, wide))
+    return found
 
 
 def _wide_weight(qm, c):
@@ -100,3 +122,49 @@ def saturation_cause(qm, providers):
             f"x86 without AVX-VNNI), and {len(nodes)} node(s) here run such products "
             f"({listed(nodes)}); with AVX-VNNI, on ARM or on another execution provider the file runs as simulated, and "
             "quantized with reduce_range=True (7-bit weights) or uint8 weights it runs so here too")
+
+
+def as_uint8_weights(qm):
+    """The file as given with the weights of :func:`saturating_nodes` stored as uint8 codes
+    (codes and zero points plus 128: the same values, which onnxruntime's kernels multiply
+    exactly on every CPU), or None where some cannot be (a missing zero point). Large weights
+    stay placeholders for the engine's shared values; the converted ones are new initializers."""
+    model = onnx.ModelProto()
+    model.CopyFrom(qm.as_given())
+    graph = model.graph
+    added, codes_done = [], {}
+
+    def shifted(name, value):  # a uint8 initializer of ``value`` + 128, once per source tensor
+        if name not in codes_done:
+            codes_done[name] = f"{name}::as_uint8"
+            added.append(numpy_helper.from_array((np.asarray(value, np.int16) + 128).astype(np.uint8),
+                                                 codes_done[name]))
+        return codes_done[name]
+
+    if qm.format == "QDQ":
+        by_output = {n.output[0]: n for n in graph.node if n.output}
+        saturating = set(saturating_nodes(qm))
+        for c in _wide_qdq_weights(qm):
+            if not saturating & set(c.consumers):
+                continue
+            readers = [by_output[d.output[0]] for d in c.dq_nodes] + (
+                [by_output[c.q_node.output[0]]] if c.q_node is not None else [])
+            if c.between or any(len(r.input) < 3 or not r.input[2] for r in readers):
+                return None
+            for r in readers:
+                r.input[2] = shifted(r.input[2], qm.constant(r.input[2]))
+            if c.q_node is None:  # lone DQs of the codes themselves
+                for r in readers:
+                    r.input[0] = shifted(r.input[0], qm.constant(r.input[0]))
+    else:
+        inits = {i.name: i for i in graph.initializer}
+        for node, weights in _wide_integer_ops(graph):
+            for init, reader, at, zp in weights:
+                if len(node.input) <= zp or node.input[zp] not in inits:
+                    return None
+                node.input[zp] = shifted(node.input[zp], numpy_helper.to_array(inits[node.input[zp]]))
+                reader.input[at] = shifted(init.name, numpy_helper.to_array(init))
+    if not added:
+        return None
+    graph.initializer.extend(added)  # the int8 ones stay: a subgraph or another node may read them
+    return model

@@ -32,7 +32,7 @@ from .engine import Engine
 from .engine.runtime import make_session, run
 from .engine.sanity import spread
 from .errors import NotQuantized, PTQError
-from .kernels import saturation_cause
+from .kernels import as_uint8_weights, saturation_cause
 from .metrics import compare, get_metrics
 from .model import QuantModel, load_model
 from .outputs import parse_outputs, parts_note
@@ -208,7 +208,7 @@ def localize_stages(float_model, calibrated_model, calibrated_data, metrics=("co
         rows[REWRITE[0]]["values"].get("cosine-similarity", 1.0) < 1 - 1e-6
     shown = [k for k in labels[:-1] if k != REWRITE[0] or rewritten]
     stages = [rows[k] for k in shown]
-    cause = saturation_cause(qm, providers)
+    cause = kernel_cause(engine, specs, providers)
     first_drop, message = verdict({k: rows[k]["values"][first.name] for k in shown},
                                   rows["kernel-gap"]["values"][first.name], first.name, threshold, cause=cause)
     return read_from(StageReport(
@@ -227,25 +227,44 @@ SIMULATION_CLOSE = 0.999
 SIMULATION_SAMPLES = 8
 
 
-def simulation_gap(engine, specs, samples=SIMULATION_SAMPLES):
+def simulation_gap(engine, specs, samples=SIMULATION_SAMPLES, model=None, providers=None):
     """Worst output cosine between the engine's fully quantized run (a QOperator or dynamic
     file simulated in its Q/DQ form) and onnxruntime running the file as given, on its integer
     kernels, over ``samples`` samples spread evenly over the data (first and last included);
-    None for a QDQ file (``stages`` compares its fused kernels) and without samples. The
-    session is dropped after."""
+    None for a QDQ file (``stages`` compares its fused kernels) and without samples. ``model``:
+    a ModelProto run instead of the file (any format); ``providers``: its session's (default:
+    the engine's). The session is dropped after."""
     qm = engine.qmodel
     n = min(samples, len(engine.data or ()))
-    if qm.format == "QDQ" or not n:
+    if (model is None and qm.format == "QDQ") or not n:
         return None
     tensors = list(dict.fromkeys(s.tensor for s in specs))
-    session = make_session(qm.as_given(), "all", engine.providers, fake_quant=False, what=repr(qm.source),
-                           libraries=engine.libraries, shared=engine.shared)
+    session = make_session(qm.as_given() if model is None else model, "all", providers or engine.providers,
+                           fake_quant=False, what=repr(qm.source), libraries=engine.libraries, shared=engine.shared)
     worst = []
     for i in spread(len(engine.data), n):
         given = dict(zip(tensors, run(session, tensors, engine.data.sample(i), qm.source)))
         simulated = engine.run(i, "all", tensors)
         worst += [compare(s.take(simulated[s.tensor]), s.take(given[s.tensor]))["cosine-similarity"] for s in specs]
     return get_metrics("cosine-similarity")[0].worst(worst)
+
+
+def kernel_cause(engine, specs, providers=None):
+    """Why onnxruntime's integer kernels run the model otherwise than its simulation, where this
+    CPU's saturation of uint8 x int8 products may (:func:`~pytest_ptq.kernels.saturation_cause`),
+    checked by running the file with those weights stored as uint8 (the same values, which no
+    kernel saturates on); "" where it may not."""
+    providers = providers or engine.providers
+    cause = saturation_cause(engine.qmodel, providers)
+    widened = as_uint8_weights(engine.qmodel) if cause else None
+    gap = simulation_gap(engine, specs, model=widened, providers=providers) if widened is not None else None
+    if gap is None:
+        return cause
+    if gap >= SIMULATION_CLOSE:
+        return cause + (f" (checked: with those weights stored as uint8, the same values, the file reads {gap:.6f} "
+                        "against the simulation)")
+    return cause + (f"; but with those weights stored as uint8 the file still reads {gap:.4f} against the simulation, "
+                    "so its kernels depart from the simulation in more than that")
 
 
 SIMULATION_WARNING = "the file runs otherwise than its simulation"
@@ -268,7 +287,7 @@ def simulation_warnings(engine, specs=None):
     gap = simulation_gap(engine, specs)
     if gap is None or gap >= SIMULATION_CLOSE:
         return []
-    cause = (saturation_cause(engine.qmodel, engine.providers) or
+    cause = (kernel_cause(engine, specs) or
              "its integer kernels round otherwise than Q/DQ arithmetic, and the model amplifies the difference")
     return [f"{SIMULATION_WARNING}: every figure simulates this {engine.qmodel.format_label} file in its Q/DQ form, "
             f"and onnxruntime running the file itself differs from that simulation (output cosine {gap:.4f} on "

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import onnx
 import onnxruntime as ort
@@ -158,7 +160,11 @@ def test_the_report_and_the_contract_carry_the_cause(models, monkeypatch):
     monkeypatch.setattr(kernels, "integer_kernels_saturate", lambda: True)
     report = localize_stages(str(models["float"]), str(models["qdq"]), models["data"])
     cause = saturation_cause(QuantModel(str(models["qdq"])), None)
-    assert cause and report.kernel_cause == cause
+    assert cause and report.kernel_cause.startswith(cause)
+    read = re.search(r"\(checked: with those weights stored as uint8, the same values, the file reads ([0-9.]+) ",
+                     report.kernel_cause)
+    assert read and float(read.group(1)) >= 0.999
+    cause = report.kernel_cause
     # the contract's check words its verdict with it: its integer stage made to drop
     dropped = [dict(st, values={**st["values"], "cosine-similarity": 0.9}) if st["stage"] == "integer" else st
                for st in report.stages]
@@ -168,6 +174,48 @@ def test_the_report_and_the_contract_carry_the_cause(models, monkeypatch):
     assert not result.passed and result.first_drop == "integer" and result.message.endswith(cause)
     monkeypatch.setattr(kernels, "integer_kernels_saturate", lambda: False)
     assert localize_stages(str(models["float"]), str(models["qdq"]), models["data"]).kernel_cause == ""
+
+
+@pytest.mark.parametrize("keep_float", [False, True])
+def test_weights_stored_as_uint8_hold_the_same_values_and_run_as_simulated(models, tmp_path, keep_float):
+    """The check behind the saturation cause: lone DQs of int8 codes, or float weights behind
+    pairs, given uint8 codes and zero points 128 higher: the same dequantized values, no
+    product any kernel saturates, and onnxruntime's fused kernels then read as the simulation
+    on every CPU."""
+    qpath = builders.quantize(models["float"], tmp_path / "q.onnx", models["data"], keep_float=keep_float)
+    qm = QuantModel(str(qpath))
+    widened = kernels.as_uint8_weights(qm)
+    assert widened is not None and saturating_nodes(QuantModel(widened)) == []
+    converted = [i for i in widened.graph.initializer if i.name.endswith("::as_uint8")]
+    # every weight's zero point (a pair's Q and DQ share it), and with lone DQs its codes too
+    weights = [c for c in qm.of_kind("weight") if c.role != "bias"]
+    assert len(weights) == 3 and len(converted) == len(weights) * (1 if keep_float else 2)
+    assert all(i.data_type == onnx.TensorProto.UINT8 for i in converted)
+    plain = ort.InferenceSession(widened.SerializeToString(), providers=["CPUExecutionProvider"])
+    for i in range(N):
+        feed = {"x": models["data"]["x"][i]}
+        same = builders.run_model(widened, feed)
+        assert all(np.array_equal(same[k], v) for k, v in builders.run_model(qpath, feed).items())
+        fused = plain.run(None, feed)[0]
+        assert builders.pooled_cosine([same[plain.get_outputs()[0].name]], [fused]) > 0.9999
+
+
+def test_the_checked_cause_says_what_the_uint8_file_read(models, monkeypatch):
+    from pytest_ptq import stages
+    from pytest_ptq.engine import Engine
+    from pytest_ptq.outputs import parse_outputs
+
+    engine = Engine(str(models["qdq"]), models["data"], float_model=str(models["float"]))
+    specs = parse_outputs(None, engine)
+    monkeypatch.setattr(kernels, "integer_kernels_saturate", lambda: True)
+    monkeypatch.setattr(stages, "simulation_gap", lambda *a, **k: 0.99)
+    assert stages.kernel_cause(engine, specs).endswith(
+        "; but with those weights stored as uint8 the file still reads 0.9900 against the simulation, so its kernels "
+        "depart from the simulation in more than that")
+    monkeypatch.setattr(stages, "simulation_gap", lambda *a, **k: 0.9999912)
+    assert stages.kernel_cause(engine, specs).endswith("the file reads 0.999991 against the simulation)")
+    monkeypatch.setattr(kernels, "integer_kernels_saturate", lambda: False)
+    assert stages.kernel_cause(engine, specs) == ""
 
 
 def test_error_metrics_rank_the_other_way():
