@@ -78,17 +78,24 @@ def _wide_integer_ops(graph):
         return (init.data_type == TensorProto.UINT8 if init is not None
                 else producer is not None and producer.op_type == "DynamicQuantizeLinear")
 
-    def wide_int8(init):
-        # onnxruntime's quantizers, the only writers of these formats, store int8 weights symmetric
-        return (init is not None and init.data_type == TensorProto.INT8
-                and int(np.abs(numpy_helper.to_array(init).astype(np.int32)).max(initial=0)) > _NARROW)
+    def wide_int8(init, node, zp):
+        if init is None or init.data_type != TensorProto.INT8:
+            return False
+        codes = numpy_helper.to_array(init).astype(np.int32)
+        zero = inits.get(node.input[zp]) if len(node.input) > zp else None
+        zero = numpy_helper.to_array(zero).astype(np.int32) if zero is not None else np.zeros(1, np.int32)
+        if not codes.size:
+            return False
+        # the farthest a code can be from a zero point of its tensor: exact for one zero point
+        # (onnxruntime's quantizers write 0), an upper bound for per-channel ones
+        return max(int(codes.max()) - int(zero.min()), int(zero.max()) - int(codes.min())) > _NARROW
 
     found = []
     for node in graph.node:
         if node.op_type not in _PAIR_SUMMED or not uint8_activation(node, _PAIR_SUMMED[node.op_type][0]):
             continue
         wide = [(*source(node, w), zp) for w, zp in _PAIR_SUMMED[node.op_type][1]]
-        wide = [w for w in wide if wide_int8(w[0])]
+        wide = [w for w in wide if wide_int8(w[0], node, w[3])]
         if wide:
             found.append((node, wide))
     return found

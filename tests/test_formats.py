@@ -583,7 +583,8 @@ def test_saturating_kernels_are_said_to_be_why_the_file_differs(built, tmp_path)
 
 def test_an_lstm_is_named_by_its_recurrent_weights_too(built, tmp_path):
     """DynamicQuantizeLSTM multiplies the hidden state by its recurrent weights R as well as
-    the input by W: full-range codes in either one saturate its pair sums."""
+    the input by W: full-range codes in either one saturate its pair sums; how far a code
+    reaches is counted from its zero point."""
     from pytest_ptq.kernels import saturating_nodes
 
     p, _ = built
@@ -596,6 +597,16 @@ def test_an_lstm_is_named_by_its_recurrent_weights_too(built, tmp_path):
         init.CopyFrom(numpy_helper.from_array(codes, weight))
         onnx.save(model, tmp_path / "wide.onnx")
         assert saturating_nodes(QuantModel(str(tmp_path / "wide.onnx"))) == ["lstm_quant"], weight
+    # codes far from 0 but near their zero point reach no further than 7-bit ones
+    model = onnx.load(p["lstm_dyn"])
+    shifted = {"R_quantized": lambda r: (r.astype(np.int16) // 2 - 60).astype(np.int8),
+               "R_zero_point": lambda z: np.full_like(z, -60)}
+    for init in model.graph.initializer:
+        if init.name in shifted:
+            init.CopyFrom(numpy_helper.from_array(shifted[init.name](numpy_helper.to_array(init)), init.name))
+    onnx.save(model, tmp_path / "offset.onnx")
+    assert np.abs(numpy_helper.to_array(next(i for i in model.graph.initializer if i.name == "R_quantized"))).max() > 64
+    assert saturating_nodes(QuantModel(str(tmp_path / "offset.onnx"))) == []
 
 
 def test_the_plugin_tells_when_the_file_runs_otherwise_than_its_simulation(built, pytester, monkeypatch):
