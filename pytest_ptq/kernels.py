@@ -55,10 +55,9 @@ def _fed_uint8(qm, name):
 
 
 def _wide_integer_ops(graph):
-    """``[(node, [(weight initializer, the node reading it, at which input, the weight's zero
-    point's input on ``node``), ...])]`` of a
-    QOperator or dynamic graph's pair-summing ops with a uint8 activation and wide int8
-    weights, in graph order."""
+    """A QOperator or dynamic graph's pair-summing ops with a uint8 activation and wide int8
+    weights, in graph order: ``[(node, [(weight initializer, the node reading it, at which
+    input, the index of the weight's zero point on node), ...])]``."""
     inits = {i.name: i for i in graph.initializer}
     made_by = {o: n for n in graph.node for o in n.output}
 
@@ -82,10 +81,10 @@ def _wide_integer_ops(graph):
         if init is None or init.data_type != TensorProto.INT8:
             return False
         codes = numpy_helper.to_array(init).astype(np.int32)
-        zero = inits.get(node.input[zp]) if len(node.input) > zp else None
-        zero = numpy_helper.to_array(zero).astype(np.int32) if zero is not None else np.zeros(1, np.int32)
         if not codes.size:
             return False
+        zero = inits.get(node.input[zp]) if len(node.input) > zp else None
+        zero = numpy_helper.to_array(zero).astype(np.int32) if zero is not None else np.zeros(1, np.int32)
         # the farthest a code can be from a zero point of its tensor: exact for one zero point
         # (onnxruntime's quantizers write 0), an upper bound for per-channel ones
         return max(int(codes.max()) - int(zero.min()), int(zero.max()) - int(codes.min())) > _NARROW
@@ -139,14 +138,13 @@ def as_uint8_weights(qm):
     model = onnx.ModelProto()
     model.CopyFrom(qm.as_given())
     graph = model.graph
-    added, codes_done = [], {}
+    added, renamed = [], {}
 
     def shifted(name, value):  # a uint8 initializer of ``value`` + 128, once per source tensor
-        if name not in codes_done:
-            codes_done[name] = f"{name}::as_uint8"
-            added.append(numpy_helper.from_array((np.asarray(value, np.int16) + 128).astype(np.uint8),
-                                                 codes_done[name]))
-        return codes_done[name]
+        if name not in renamed:
+            renamed[name] = f"{name}::as_uint8"
+            added.append(numpy_helper.from_array((np.asarray(value, np.int16) + 128).astype(np.uint8), renamed[name]))
+        return renamed[name]
 
     if qm.format == "QDQ":
         by_output = {n.output[0]: n for n in graph.node if n.output}
@@ -156,13 +154,14 @@ def as_uint8_weights(qm):
                 continue
             readers = [by_output[d.output[0]] for d in c.dq_nodes] + (
                 [by_output[c.q_node.output[0]]] if c.q_node is not None else [])
-            if c.between or any(len(r.input) < 3 or not r.input[2] for r in readers):
+            if c.between or any(len(r.input) < 3 or qm.constant(r.input[2]) is None for r in readers) or (
+                    c.q_node is None and qm.constant(c.input) is None):
                 return None
             for r in readers:
                 r.input[2] = shifted(r.input[2], qm.constant(r.input[2]))
             if c.q_node is None:  # lone DQs of the codes themselves
                 for r in readers:
-                    r.input[0] = shifted(r.input[0], qm.constant(r.input[0]))
+                    r.input[0] = shifted(r.input[0], qm.constant(c.input))
     else:
         inits = {i.name: i for i in graph.initializer}
         for node, weights in _wide_integer_ops(graph):
