@@ -162,6 +162,11 @@ class CalibrationData:
         for i in range(len(self)):
             yield self.sample(i)
 
+    def shapes(self, i):
+        """``((input, shape), ...)`` of the ``i``-th selected sample as stored, without reading
+        its values where possible."""
+        return tuple((name, tuple(src.header(self.indices[i])[0])) for name, src in self.sources.items())
+
 
 def _check_shape(name, where, shape, dt, dims, dtype, role):
     if np.dtype(dt).kind not in "biuf":  # text, objects, records, complex: no model input takes them

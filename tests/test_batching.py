@@ -143,6 +143,35 @@ def test_dynamic_quantizers_never_run_in_groups(tmp_path):
     assert choice.size == 1 and "DynamicQuantizeLinear" in choice.reason
 
 
+def test_samples_of_other_lengths_run_one_at_a_time(tmp_path):
+    """An open sequence axis: samples of unlike lengths cannot be stacked, whether the unlike
+    one comes within the trial's first samples or after them (the choice is kept for every
+    run); the ranking is one at a time's and a plain session's."""
+    rng = np.random.default_rng(0)
+    table = numpy_helper.from_array(rng.normal(size=(50, 16)).astype(np.float32), "table")
+    mix = numpy_helper.from_array(rng.normal(size=(16, 8)).astype(np.float32) / 4, "mix")
+    graph = helper.make_graph(
+        [helper.make_node("Gather", ["table", "ids"], ["e"], name="embed"),
+         helper.make_node("Tanh", ["e"], ["t"], name="tanh"),
+         helper.make_node("MatMul", ["t", "mix"], ["prob"], name="proj")], "seq",
+        [helper.make_tensor_value_info("ids", TensorProto.INT64, [1, "len"])],
+        [helper.make_tensor_value_info("prob", TensorProto.FLOAT, [1, "len", 8])], [table, mix])
+    fp = tmp_path / "f.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), fp)
+    for lengths in ([5, 7, 5, 7], [5, 5, 5, 5, 5, 5, 5, 5, 7]):
+        ids = [rng.integers(0, 50, size=(1, n)).astype(np.int64) for n in lengths]
+        folder = builders.save_folder({"ids": ids}, tmp_path / f"calib{len(lengths)}")
+        q = builders.quantize(fp, tmp_path / f"q{len(lengths)}.onnx", {"ids": ids})
+        for batch in ("auto", 4):
+            engine = Engine(q, folder, batch=batch)
+            choice = engine.batching(list(range(len(lengths))))
+            assert choice.size == 1 and "samples differ in shape" in choice.reason, choice.reason
+            ranked = get_sensitivity_of_nodes(engine, node_type="activation")
+            expected = independent_sensitivity(q, [{"ids": i} for i in ids], list(ranked))
+            for name, value in expected.items():
+                assert ranked[name]["cosine-similarity"] == pytest.approx(value, abs=1e-5), name
+
+
 def test_stacked_samples_run_model_outputs_only(net):
     engine = Engine(net["q"], net["folder"])
     name = engine.probe_tensors[0]

@@ -7,7 +7,8 @@ uses every core), so the engine measures before it decides. A group is used only
 
 * no quantizer computes its range per run (DynamicQuantizeLinear: the range of a stacked
   batch is not the range of each sample) and no Q/DQ is a custom op of unknown semantics;
-* every sample has batch size 1 and every model input and output a batch axis first
+* every sample has batch size 1, all have the same shapes, and every model input and
+  output has a batch axis first
   (Reshapes to constant shapes, where batch-1 exports fix the batch, leave their first axis
   to the stack: see :meth:`.segments.Segments._rebatched`);
 * the stacked run gives what the samples give one at a time (float, and every activation
@@ -106,6 +107,9 @@ def decide(engine, indices, size=MAX_GROUP, grow=True):
     why = _blocker(engine)
     if why is None and any(np.shape(v)[:1] != (1,) for i in indices[:size] for v in engine.sample(i).values()):
         why = "a sample holds more than one item"
+    # every sample, not only the trial's: the choice is kept for every later run of the data
+    if why is None and len({engine.data.shapes(i) for i in range(len(engine.data))}) > 1:
+        why = "samples differ in shape (an open axis varies: sequence lengths, image sizes)"
     if why is not None:
         return Batching(1, why)
     best, count = None, 2 if grow else size
