@@ -180,17 +180,16 @@ def _matches(shape, dims):
 def _constant(st, name, dataset):
     """Samples holding one value. Where the input varies in other samples they are blank
     images or empty records; where every sample holds the same value it is a flag, a mask
-    or a segment id, normal for an integer input (token_type_ids of one-segment text) and
-    worth a note for a float one."""
-    if not st.constant:
+    or a segment id, worth a note for a float input. An integer or boolean input (token ids,
+    a padding mask, a segment id) holds one value in normal samples: a mask of a sequence
+    without padding, a one-token prefix, token_type_ids of one-segment text."""
+    if not st.constant or all(np.dtype(d).kind in "iub" for d in st.dtypes):
         return []
     if len(st.constant) < st.n or st.n == 1:
         what = "a plain-colour or blank image" if len(st.spec.dims or ()) == 4 else "a blank input"
         return [Finding("constant", "warning", f"{len(st.constant)} sample(s) hold a single value ({what}); they "
                         "narrow nothing and skew ranges", "replace them with representative samples", name, dataset,
                         st.constant[:_SHOWN])]
-    if all(np.dtype(d).kind in "iub" for d in st.dtypes):
-        return []
     return [Finding("constant", "info", f"every sample holds one value ({st.lo:.6g}): right for a flag or "
                     "a mask, wrong for an image or a feature", "if this input carries data, check the preprocessing",
                     name, dataset)]
@@ -288,7 +287,7 @@ class _Stats:
         if vals.size == 0:
             return
         lo, hi = float(vals.min()), float(vals.max())
-        if lo == hi:
+        if lo == hi and vals.size > 1:  # one value is no sign of a blank sample
             self.constant.append(where)
         self.lo, self.hi = min(self.lo, lo), max(self.hi, hi)
         self.total += float(vals.sum())

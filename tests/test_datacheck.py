@@ -130,9 +130,10 @@ def _text_model(tmp_path, seq):
 @pytest.mark.parametrize("seq", [None, 12])
 def test_token_inputs_of_several_lengths_and_one_segment(tmp_path, seq):
     rng = np.random.default_rng(5)
-    lengths = [12] * N if seq else [int(n) for n in rng.integers(5, 30, N)]
+    lengths = [12] * N if seq else [1] + [int(n) for n in rng.integers(5, 30, N - 1)]  # a one-token sample too
     data = {"ids": [rng.integers(0, 100, (1, n)).astype(np.int64) for n in lengths],
-            "types": [np.zeros((1, n), np.int64) for n in lengths]}  # one-segment text: every id 0
+            # one-segment text (every id 0) beside two-segment text: a constant sample is no blank one
+            "types": [(np.arange(n) >= n // 2).astype(np.int64)[None] * (i % 2) for i, n in enumerate(lengths)]}
     fpath = _text_model(tmp_path, seq)
     qpath = builders.quantize(fpath, tmp_path / "q.onnx", {k: v[:1] for k, v in data.items()})
     report = check_data(str(qpath), builders.save_folder(data, tmp_path / "text"))
