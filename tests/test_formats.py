@@ -287,6 +287,32 @@ def test_dynamic_bypassed_is_the_float_model_and_quantized_is_the_file(built, na
         assert any("hidden state" in w for w in engine.warnings)
 
 
+def test_an_embedding_table_read_straight_into_matmulinteger(tmp_path):
+    """quantize_dynamic's embedding before a MatMul (a decoder's first layer): the table is
+    quantized, Gathered and fed to MatMulInteger with no runtime quantizer; its zero point is
+    the MatMulInteger's, its scale the scalar factor of the scale product."""
+    rng = np.random.default_rng(0)
+    graph = helper.make_graph(
+        [helper.make_node("Gather", ["emb", "ids"], ["e"], name="embed"),
+         helper.make_node("MatMul", ["e", "w"], ["y"], name="proj")], "embed",
+        [helper.make_tensor_value_info("ids", TensorProto.INT64, [1, 6])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 6, 16])],
+        [numpy_helper.from_array(rng.normal(size=(50, 32)).astype(np.float32), "emb"),
+         numpy_helper.from_array(rng.normal(size=(32, 16)).astype(np.float32) / 6, "w")])
+    fp = tmp_path / "f.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), fp)
+    q = fm.quantize_dyn(fp, tmp_path / "q.onnx")
+    assert {"Gather", "MatMulInteger"} <= _ops(q) and "DynamicQuantizeLinear" not in _ops(q)
+    ids = [rng.integers(0, 50, size=(1, 6)).astype(np.int64) for _ in range(4)]
+    engine = Engine(q, {"ids": ids}, float_model=fp)
+    assert engine.qmodel.format == "dynamic" and len(engine.qmodel.of_kind("weight")) == 2
+    for i, x in enumerate(ids):
+        np.testing.assert_allclose(engine.run(i, ())["y"], run_model(fp, {"ids": x})["y"], rtol=0, atol=1e-5)
+        given = run_model(q, {"ids": x}, level="all")["y"]
+        assert np.abs(engine.run(i, "all")["y"] - given).max() <= 1e-5 * float(np.abs(given).max())
+    assert len(get_sensitivity_of_nodes(engine, node_type="weight")) == 2
+
+
 @pytest.mark.parametrize("nodes, config", [
     (["proj_q", "proj_k", "proj_v"], ["x_QuantizeLinear", "wq_DequantizeLinear", "wk_DequantizeLinear",
                                       "wv_DequantizeLinear"]),

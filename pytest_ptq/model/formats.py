@@ -114,7 +114,7 @@ def formats_of(model):
     for n in graph.node:
         for i in n.input:
             consumers.setdefault(i, []).append(n)
-    found = set()
+    found, integer_tables = set(), False
     for n in graph.node:
         op = n.op_type
         if op in WEIGHT_ONLY_OPS:
@@ -125,7 +125,13 @@ def formats_of(model):
             found.add(DYNAMIC)
         elif op in INTEGER:
             src = producer.get(n.input[0])
-            found.add(DYNAMIC if src is not None and src.op_type == "DynamicQuantizeLinear" else QOPERATOR)
+            while src is not None and src.op_type in MOVING and src.input and src.input[0] not in inits:
+                src = producer.get(src.input[0])
+            if src is not None and src.op_type in MOVING and src.input and src.input[0] in inits:
+                # an integer table moved into it (quantize_dynamic's embedding Gather): no format of its own
+                integer_tables = True
+            else:
+                found.add(DYNAMIC if src is not None and src.op_type == "DynamicQuantizeLinear" else QOPERATOR)
         elif op.endswith("DequantizeLinear") and n.input[0] in inits:
             # a weight in QDQ form: a lone DQ of an integer initializer read by a float op
             if any(not c.op_type.endswith("QuantizeLinear") for c in consumers.get(n.output[0], ())):
@@ -136,6 +142,8 @@ def formats_of(model):
                     c.op_type in ("Conv", "ConvTranspose", "MatMul", "Gemm")
                     for c in consumers.get(n.output[0], ())):
                 found.add(QDQ)
+    if integer_tables and not found:
+        found.add(DYNAMIC)
     return tuple(f for f in (QDQ, QOPERATOR, DYNAMIC, WEIGHT_ONLY) if f in found)
 
 
@@ -273,9 +281,27 @@ class _Rewriter:
             elif n.op_type in QLINEAR:
                 for t, s, z in self._quantized_inputs(n):
                     hints.setdefault(t, (s, z))
+            elif n.op_type in INTEGER and len(n.input) > 2 and n.input[2]:
+                # an integer table read straight into ConvInteger/MatMulInteger (quantize_dynamic's
+                # embedding before a MatMul): its zero point is the op's, its scale the scalar
+                # factor of the op's scale product
+                scaled = self._scaled(n)
+                scale = self._table_scale(scaled[2]) if scaled is not None else None
+                if scale is not None:
+                    hints.setdefault(n.input[0], (scale, n.input[2]))
             elif n.op_type in MOVING and n.input and self.integer_constant(n.input[0]) and n.output[0] in hints:
                 hints.setdefault(n.input[0], hints[n.output[0]])
         return hints
+
+    def _table_scale(self, product):
+        """The factor of ``product`` (a Mul of two constant scales) that scales a per-tensor
+        input beside a weight's scale: the scalar one, the first where both are (onnxruntime
+        writes the input's scale first), None where neither is."""
+        node = self.producer.get(product)
+        if node is None or node.op_type != "Mul" or len(node.input) != 2:
+            return None
+        sizes = [None if self.constant(t) is None else np.size(self.constant(t)) for t in node.input]
+        return next((t for t, size in zip(node.input, sizes) if size == 1), None)
 
     def _quantized_inputs(self, n):
         spec = QLINEAR[n.op_type][0]
@@ -486,13 +512,11 @@ class _Rewriter:
     def integer(self, node):
         """ConvInteger/MatMulInteger -> Cast -> Mul(scales): the float op on dequantized inputs."""
         op = node.op_type
-        out = node.output[0]
-        int_bias = self._integer_bias(out)
-        cast = self._only_consumer(int_bias[0].output[0] if int_bias else out, "Cast")
-        mul = self._only_consumer(cast.output[0], "Mul") if cast is not None else None
-        if mul is None:
+        int_bias = self._integer_bias(node.output[0])
+        scaled = self._scaled(node)
+        if scaled is None:
             self.fail(node, "is not followed by the Cast and scale Mul that onnxruntime writes")
-        product = mul.input[1] if mul.input[0] == cast.output[0] else mul.input[0]
+        cast, mul, product = scaled
         ins = list(node.input) + [""] * 4
         a, b, a_zp, b_zp = ins[:4]
         a_info = self.quantized.get(a)
@@ -537,6 +561,17 @@ class _Rewriter:
                 self.skip.add(_key(add))
                 self.touched.update(add.input)
         self.emit(INTEGER[op], inputs, [value], self.op_name(node), **attrs)
+
+    def _scaled(self, node):
+        """``(Cast, Mul, scale product)`` that turn integer op ``node``'s int32 output (after
+        an int32 bias Add, where there is one) into float, or None."""
+        out = node.output[0]
+        int_bias = self._integer_bias(out)
+        cast = self._only_consumer(int_bias[0].output[0] if int_bias else out, "Cast")
+        mul = self._only_consumer(cast.output[0], "Mul") if cast is not None else None
+        if mul is None:
+            return None
+        return cast, mul, mul.input[1] if mul.input[0] == cast.output[0] else mul.input[0]
 
     def _only_consumer(self, tensor, op):
         users = self.consumers.get(tensor, [])
