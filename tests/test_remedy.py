@@ -111,6 +111,21 @@ def test_per_channel_finds_the_outlier_weight_and_onnxruntime_agrees(outlier, tm
     assert r.value == pytest.approx(r.measured["value"], abs=1e-4)
     assert r.measured["baseline_value"] == pytest.approx(r.baseline, abs=1e-6)
     assert (tmp_path / "remedy_per-channel.png").stat().st_size > 10_000
+    assert "reproduces" not in r.measured and not any("does not reproduce" in n for n in r.notes)
+
+
+def test_a_model_calibrated_on_other_data_is_told_apart_from_its_requantization(outlier, tmp_path):
+    """Ranges from other data than the data given: re-quantizing without the settings gives
+    another model, and the report says so instead of blaming the settings' reach."""
+    wide = {k: [16 * v for v in vs] for k, vs in outlier["data"].items()}
+    other = builders.quantize(outlier["float"], tmp_path / "other.onnx", wide)
+    r = suggest_remedy(str(other), outlier["data"], target=0.99, remedy="float", output_node=SLICE,
+                       float_model=str(outlier["float"]))
+    assert r.measured["reproduces"] is False
+    assert abs(r.measured["baseline_value"] - r.baseline) > 1e-4
+    told = [n for n in r.notes if "does not reproduce the model given" in n]
+    assert len(told) == 1 and f"{r.measured['baseline_value']:.6g} on calibration against {r.baseline:.6g}" in told[0]
+    assert "so the re-quantized figure differs from the simulation" not in r.summary()
 
 
 def test_float_remedy_excludes_the_node_reading_the_weight(outlier):

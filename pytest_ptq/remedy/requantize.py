@@ -174,6 +174,7 @@ def measure(parts, objective, float_model, result, save_dir):
                 measured.update(_effect(qm, new.qmodel, result))
         measured.update(judged(figures, objective, result.judged_on))
         judged_part = figures.get(result.judged_on, figures["calibration"])
+        given, again = result.figures.get("calibration", {}).get("before"), figures["calibration"].get("before")
         if meets(objective.metric, judged_part["before"], judged_part["target"]) and not result.figures.get(
                 result.judged_on, {}).get("met_before", False):
             result.notes.append(
@@ -182,10 +183,32 @@ def measure(parts, objective, float_model, result, save_dir):
                 "a range computed per run" if options.get("quantizer") == "quantize_dynamic" else
                 "re-quantizing without the settings already meets the target: the model was calibrated differently "
                 "(another method or other data) from MinMax on these samples")
+        elif options.get("quantizer") != "quantize_dynamic" and _unlike(objective.metric, given, again):
+            measured["reproduces"] = False
+            name = getattr(objective.metric, "name", "the metric")
+            result.notes.append(
+                f"re-quantizing without the settings does not reproduce the model given ({name} {again:.6g} on "
+                f"calibration against {given:.6g} as given): it was calibrated otherwise (other data, another method "
+                "or options) than MinMax on these samples, so the re-quantized figures judge onnxruntime's MinMax on "
+                "this data and the simulated ones the model given; re-quantize with the data and options that made it")
         return measured
     finally:
         if tmp is not None:
             tmp.cleanup()
+
+
+def _unlike(metric, a, b):
+    """Whether two values of ``metric`` for what should be the same model differ beyond
+    float rounding and the codes it flips: losses (1 - a similarity, an error) more than 1.5x
+    apart, other figures (SQNR, a task score) by more than 2%."""
+    if a is None or b is None or not np.isfinite([a, b]).all():
+        return False
+    unit, higher = getattr(metric, "unit", False), getattr(metric, "higher_is_better", True)
+    if unit or not higher:
+        la, lb = (1 - a, 1 - b) if unit else (a, b)
+        low, high = sorted((abs(la), abs(lb)))
+        return high - low > 1e-5 and high > 1.5 * low
+    return abs(a - b) > 0.02 * max(abs(a), abs(b))
 
 
 class SettingsRefused(PTQError):

@@ -240,9 +240,10 @@ class Remedy(JsonResult):
                          f"(simulated {_fmt(self.value)}; re-quantized without them {_fmt(mm.get('baseline_value'))})"
                          + (f"; {self.failure()}" if missed and not self.producer_terms else ""))
             if mm.get("collateral"):
+                why = ("" if mm.get("reproduces") is False else  # the calibration differs first (a note says)
+                       ", so the re-quantized figure differs from the simulation")
                 lines.append(f"  also changed by onnxruntime ({len(mm['collateral'])} tensor(s) beyond the chosen "
-                             "nodes that these settings reach, so the re-quantized figure differs from the "
-                             "simulation): " + ", ".join(mm["collateral"]))
+                             f"nodes that these settings reach{why}): " + ", ".join(mm["collateral"]))
             if mm.get("not_applied"):
                 lines.append("  not applied by onnxruntime: " + ", ".join(mm["not_applied"]))
         lines += producer_lines(self.producer_terms, self.producer_measured, name, self.judged_on)
