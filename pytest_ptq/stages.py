@@ -291,8 +291,8 @@ def simulation_warnings(engine, specs=None):
              "its integer kernels round otherwise than Q/DQ arithmetic, and the model amplifies the difference")
     return [f"{SIMULATION_WARNING}: every figure simulates this {engine.qmodel.format_label} file in its Q/DQ form, "
             f"and onnxruntime running the file itself differs from that simulation (output cosine {gap:.4f} on "
-            f"{min(SIMULATION_SAMPLES, len(engine.data))} samples spread over the data): {cause}; the rankings and the verdict "
-            "are the simulation's"]
+            f"{min(SIMULATION_SAMPLES, len(engine.data))} samples spread over the data): {cause}; the rankings and "
+            "the verdict are the simulation's"]
 
 
 def _described(qm):
