@@ -233,7 +233,7 @@ def simulation_gap(engine, specs, samples=SIMULATION_SAMPLES, model=None, provid
     kernels, over ``samples`` samples spread evenly over the data (first and last included);
     None for a QDQ file (``stages`` compares its fused kernels) and without samples. ``model``:
     a ModelProto run instead of the file (any format); ``providers``: its session's (default:
-    the engine's). The session is dropped after."""
+    the engine's). Its session and the engine's for every pair quantized are dropped after."""
     qm = engine.qmodel
     n = min(samples, len(engine.data or ()))
     if (model is None and qm.format == "QDQ") or not n:
@@ -242,10 +242,14 @@ def simulation_gap(engine, specs, samples=SIMULATION_SAMPLES, model=None, provid
     session = make_session(qm.as_given() if model is None else model, "all", providers or engine.providers,
                            fake_quant=False, what=repr(qm.source), libraries=engine.libraries, shared=engine.shared)
     worst = []
-    for i in spread(len(engine.data), n):
-        given = dict(zip(tensors, run(session, tensors, engine.data.sample(i), qm.source)))
-        simulated = engine.run(i, "all", tensors)
-        worst += [compare(s.take(simulated[s.tensor]), s.take(given[s.tensor]))["cosine-similarity"] for s in specs]
+    try:
+        for i in spread(len(engine.data), n):
+            given = dict(zip(tensors, run(session, tensors, engine.data.sample(i), qm.source)))
+            simulated = engine.run(i, "all", tensors)
+            worst += [compare(s.take(simulated[s.tensor]), s.take(given[s.tensor]))["cosine-similarity"]
+                      for s in specs]
+    finally:
+        engine.forget_config("all")  # a whole-graph session of every gate, which analyses seldom run again
     return get_metrics("cosine-similarity")[0].worst(worst)
 
 
