@@ -472,6 +472,20 @@ def test_a_float_model_that_does_not_match_is_named_not_asked_for(tmp_path):
     assert "pass the float model" not in msg
 
 
+def test_a_weight_the_given_float_model_lacks_is_not_told_as_no_float_model(tmp_path):
+    fpath = builders.conv_net(tmp_path / "f.onnx")
+    data = builders.samples(4)
+    qpath = builders.quantize(fpath, tmp_path / "q.onnx", data, keep_float=False)
+    model = onnx.load(str(fpath))  # one weight made unlike the one the model rounds
+    w = next(i for i in model.graph.initializer if i.name == "w2")
+    w.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(w)[::-1].copy() * 3, "w2"))
+    onnx.save(model, tmp_path / "other.onnx")
+    engine = Engine(qpath, data, float_model=str(tmp_path / "other.onnx"), check=False)
+    assert engine.qmodel.alignment.unmatched_weights
+    assert not any("no float model was given" in w for w in engine.warnings)
+    assert any("no float model was given" in w for w in Engine(qpath, data, check=False).warnings)
+
+
 @pytest.mark.parametrize("subgraph, node", [("if", "choose"), ("loop", "repeat")])
 def test_a_fold_read_inside_a_subgraph_is_named_with_its_fix(tmp_path, subgraph, node):
     # quantize_static folds the Relu whose output a subgraph reads, and leaves the subgraph

@@ -128,11 +128,15 @@ class Engine:
         self.warnings = list(self.qmodel.notes)
         self.rewrite = None
         self._float_model = None  # the float model's own session, where it is the reference (true_float)
+        # with a float model given, the weights it does not hold are the float-equivalence check's to name
+        given_float = float_model is not None or getattr(self.qmodel, "alignment", None) is not None
         if not self.calib_names:
             self.warnings.append(
                 "every calibration node is a lone DequantizeLinear of an already quantized weight, so "
-                "nothing can be bypassed; pass the float model (float_model=...) to recover float weights")
-        elif any(not c.bypassable and c.role != "bias" for c in self.qmodel.calibration.values()):
+                "nothing can be bypassed; " + ("the float model given holds none of those weights: pass the one "
+                                               "this model was quantized from" if given_float else
+                                               "pass the float model (float_model=...) to recover float weights"))
+        elif not given_float and any(not c.bypassable and c.role != "bias" for c in self.qmodel.calibration.values()):
             self.warnings.append(
                 "weights are stored already quantized (DequantizeLinear only) and no float model was "
                 "given: weight analyses compare against the dequantized weight; pass the float model "
