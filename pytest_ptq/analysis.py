@@ -12,12 +12,14 @@ import dataclasses
 import os
 from pathlib import Path
 
+import numpy as np
+
 from . import guard, params
 from .cache import ResultCache, arrays_digest, file_hash
 from .curves import configs_from, get_acc_error
 from .data import load_data
 from .engine import Engine
-from .errors import PTQError
+from .errors import PTQError, shown
 from .metrics import get_metrics
 from .outputs import offset_warnings, parse_outputs
 from .sensitivity import get_sensitivity_of_nodes
@@ -314,11 +316,13 @@ class Analysis:
         scores = []
         for run in (through(()), through("all")):
             score = evaluate(run, data)
-            try:
-                scores.append(float(score))
-            except (TypeError, ValueError):
-                raise PTQError(f"the evaluation function {_name(evaluate)} returned {score!r}; it must "
-                               "return one number (higher is better)") from None
+            # a number, not text that reads as one; numpy's scalars and 0-d arrays are numbers
+            number = not isinstance(score, (str, bytes, bool)) and np.ndim(score) == 0 and \
+                np.issubdtype(np.asarray(score).dtype, np.number)
+            if not number:
+                raise PTQError(f"the evaluation function {_name(evaluate)} returned {shown(score)}; it must "
+                               "return one number (higher is better)")
+            scores.append(float(score))
         return tuple(scores)
 
     def fingerprint(self):

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import fnmatch
+import math
 import os
 import statistics
 from pathlib import Path
@@ -323,6 +324,10 @@ class AccuracyResult(Result):
 
     @property
     def summary(self):
+        if not math.isfinite(self.quantized_score):
+            return (f"{self.evaluate}: quantized {self.quantized_score!r}, not a finite score (float "
+                    f"{fmt(self.float_score)}), which does not meet the {self.min_ratio:.3%} required; look for "
+                    f"non-finite quantized outputs [{self.model}]")
         verdict = "meets" if self.passed else "is below"
         return (f"{self.evaluate}: quantized {fmt(self.quantized_score)} = {self.ratio:.3%} of float "
                 f"{fmt(self.float_score)}, which {verdict} the {self.min_ratio:.3%} required [{self.model}]")
@@ -351,12 +356,12 @@ def check_accuracy(analysis, evaluate, min_ratio=0.99, holdout=None):
         raise PTQError(f"evaluate must be a function evaluate(run, data) -> float, got {shown_value(evaluate)}")
     f_score, q_score = analysis.accuracy(evaluate, holdout)
     name = getattr(evaluate, "__name__", None) or type(evaluate).__name__
-    if not f_score > 0:
+    if not 0 < f_score < math.inf:
         raise PTQError(f"the evaluation function {name} gave the float model {f_score!r}; a ratio needs a "
-                       "positive score, so return an accuracy-like number where higher is better")
+                       "positive, finite score, so return an accuracy-like number where higher is better")
     ratio = q_score / f_score
     data = analysis.dataset(holdout)
-    return AccuracyResult(passed=ratio >= ratio_min, float_score=f_score, quantized_score=q_score,
+    return AccuracyResult(passed=math.isfinite(ratio) and ratio >= ratio_min, float_score=f_score, quantized_score=q_score,
                           ratio=ratio, min_ratio=ratio_min, evaluate=name, model=analysis.label, samples=len(data),
                           data=analysis.relative(holdout if holdout is not None else analysis.key.data),
                           holdout=None if holdout is None else str(holdout))

@@ -307,16 +307,39 @@ def test_accuracy_ratio_of_a_user_evaluation_function(project, models):
         @pytest.mark.ptq(model="model.onnx", data="calib")
         def test_not_a_number(ptq):
             ptq.assert_accuracy(lambda run, data: "high")
+
+        @pytest.mark.ptq(model="model.onnx", data="calib")
+        def test_text_of_a_number(ptq):
+            ptq.assert_accuracy(lambda run, data: "0.9")
+
+        @pytest.mark.ptq(model="model.onnx", data="calib")
+        def test_infinite_float_score(ptq):
+            ptq.assert_accuracy(lambda run, data: float("inf"))
+
+        calls = []
+
+        def nan_when_quantized(run, data):  # the float model is scored first
+            calls.append(1)
+            return 1.0 if len(calls) % 2 else float("nan")
+
+        @pytest.mark.ptq(model="model.onnx", data="calib")
+        def test_nan_quantized_score(ptq):
+            ptq.assert_accuracy(nan_when_quantized)
     """)
     result = run(project, "--junitxml=junit.xml")
-    result.assert_outcomes(passed=1, failed=2)
+    result.assert_outcomes(passed=1, failed=5)
     props = properties(project.path / "junit.xml")
     assert float(props["test_meets"]["ptq.accuracy.ratio"]) == pytest.approx(ratio, abs=2e-6)
     assert float(props["test_meets"]["ptq.accuracy.float"]) == pytest.approx(score(models["ref"]), rel=1e-5)
     result.stdout.fnmatch_lines([
         "*ContractFailed: mean_class3: quantized * = *% of float *, which is below the *% required [[]model.onnx[]]",
         "*the evaluation function *<lambda> returned 'high'; it must return one number*",
-    ])
+    ], consecutive=False)
+    result.stdout.fnmatch_lines(["*the evaluation function *<lambda> returned '0.9'; it must return one number*"])
+    result.stdout.fnmatch_lines(["*the evaluation function *<lambda> gave the float model inf; a ratio needs a "
+                                 "positive, finite score*"])
+    result.stdout.fnmatch_lines(["*ContractFailed: nan_when_quantized: quantized nan, not a finite score (float 1*), "
+                                 "which does not meet the *% required; look for non-finite quantized outputs*"])
 
 
 # -- settings precedence and the marker ----------------------------------------------------
