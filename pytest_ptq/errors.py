@@ -37,23 +37,25 @@ def clip(text, limit=_SHOWN):
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def closest(name, candidates, n=3):
-    """Up to ``n`` names from ``candidates`` that look like ``name``, best first."""
+def closest(name, candidates, n=3, cutoff=0.4):
+    """Up to ``n`` names from ``candidates`` that look like ``name`` (difflib's ratio at least
+    ``cutoff``), best first."""
     import difflib
 
-    return difflib.get_close_matches(str(name), list(candidates), n=n, cutoff=0.4)
+    return difflib.get_close_matches(str(name), list(candidates), n=n, cutoff=cutoff)
 
 
 def unknown(kind, name, candidates, usual=()):
-    """A PTQError for an unknown ``kind`` called ``name``, suggesting the closest names, else
-    the ``usual`` ones (a model's outputs, say)."""
-    near = closest(name, candidates) if isinstance(name, str) and len(name) <= 200 else []
-    if near:
-        hint = f"; did you mean {', '.join(shown(c) for c in near)}?"
-    elif usual:
+    """A PTQError for an unknown ``kind`` called ``name``, suggesting the closest names (among
+    the ``usual`` ones first: a model's outputs, say, which it then lists)."""
+    fits = isinstance(name, str) and len(name) <= 200
+    # beside the usual names, another must look much alike: a weak match is an internal name
+    near = (closest(name, usual) or closest(name, candidates, cutoff=0.8 if usual else 0.4)) if fits else []
+    hint = f"; did you mean {', '.join(shown(c) for c in near)}?" if near else ""
+    if usual:
         from .tables import listed
 
-        hint = f"; the model's {kind}s are {listed(usual, shown=5)}"
-    else:
-        hint = f"; known {kind}s are listed by `ptq-debug list-nodes`" if kind == "node" else ""
+        hint += f"; the model's {kind}s are {listed(usual, shown=5)}"
+    elif not near and kind == "node":
+        hint = "; known nodes are listed by `ptq-debug list-nodes`"
     return PTQError(f"unknown {kind} {shown(name)}{hint}")

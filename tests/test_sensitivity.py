@@ -10,7 +10,7 @@ import pytest
 
 import builders
 from pytest_ptq.engine import Engine
-from pytest_ptq.errors import PTQError
+from pytest_ptq.errors import PTQError, closest
 from pytest_ptq.sensitivity import Sensitivity, get_sensitivity_of_nodes
 
 QDQ_OPS = ("QuantizeLinear", "DequantizeLinear")
@@ -155,6 +155,10 @@ def test_bad_arguments_are_clear_errors(setup):
         get_sensitivity_of_nodes(setup.engine, output_node="probs")
     with pytest.raises(PTQError, match="unknown output 'zzzz'; the model's outputs are 'prob'$"):
         get_sensitivity_of_nodes(setup.engine, output_node="zzzz")
+    # a weak likeness to an internal tensor is no suggestion beside the model's outputs
+    assert "conv1" in setup.engine.qmodel.normal and closest("xcnv", ["conv1"])
+    with pytest.raises(PTQError, match="unknown output 'xcnv'; the model's outputs are 'prob'$"):
+        get_sensitivity_of_nodes(setup.engine, output_node="xcnv")
 
 
 def test_output_slice(setup):
