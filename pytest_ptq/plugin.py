@@ -88,9 +88,11 @@ class _Hooks:
         """A failing test's models are diagnosed (once each, for the terminal summary and the
         reports); pytest-html gets the figures as extras."""
         rep = yield
-        # an input error (PTQError) is one sentence; a diagnosis would only bury it
-        if call.when == "call" and call.excinfo is not None and not call.excinfo.errisinstance(
-                (pytest.skip.Exception, PTQError, ptq_settings_mod.InputFailure)):
+        if call.excinfo is not None and not call.excinfo.errisinstance(pytest.skip.Exception):
+            self.ptq.failed_with(item, call.excinfo.value)
+        # a failed check or assert is diagnosed; an input error (PTQError) is one sentence, and an
+        # error in the user's code (an evaluation function that raises) is no model's failure
+        if call.when == "call" and call.excinfo is not None and call.excinfo.errisinstance(AssertionError):
             self.ptq.explain(item)
         # extras in the call phase: pytest-html drops what arrives in teardown
         if call.when == "call" and item.config.getoption("htmlpath", None):

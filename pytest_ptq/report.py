@@ -66,6 +66,7 @@ def payload_of(session, analysis):
     figures, so it needs the model's engine."""
     settings, model_id = session.settings, analysis.key.id
     tests = [{"nodeid": rec.nodeid, "outcome": rec.outcome, "section": rec.section, "xfail_reason": rec.xfail_reason,
+              "reason": rec.reason, "diagnosed": rec.diagnosed,
               "results": [r.to_dict() for mid, r in rec.results if mid == model_id]}
              for rec in session.tests.values() if model_id in rec.models]
     payload = model_payload(analysis, tests, settings, session.judged_on(model_id),
@@ -100,9 +101,10 @@ def model_payload(analysis, tests, settings, holdout=None, suggest=""):
         data["sensitivity"] = {"node_type": settings.node_type, "metric": settings.metric,
                                "nodes": len(sens), "rows": sens.rows()[:settings.top], "samples": sens.samples}
         d = None
-        # why it fails, for a model that fails (or fails as expected): its verdict costs three
-        # passes over every calibration and held-out sample, which a passing model is spared
-        if any(t["outcome"] in ("failed", "error", "xfailed") for t in tests):
+        # why it fails, for a model whose check or assert fails (or fails as expected): its verdict
+        # costs three passes over every calibration and held-out sample, which a passing model is
+        # spared, and a missing baseline or an input error says what to do in its own sentence
+        if any(t["outcome"] in ("failed", "error", "xfailed") and t.get("diagnosed", True) for t in tests):
             d = analysis.diagnosis(settings.node_type, settings.metric, holdout, settings.top)
             data["diagnosis"] = {**d.to_dict(), "cause_text": d.cause_text(), "caveat": d.caveat(),
                                  "cause": d.cause, "headline": d.headline()}
@@ -350,6 +352,8 @@ def _model_html(k, m):
                          for r in t["results"])
         details = "".join(f"<pre>{_e(r['details'])}</pre>" for r in t["results"] if not r["passed"] and r["details"])
         reason = f'<p class="note">expected to fail: {_e(t["xfail_reason"])}</p>' if t.get("xfail_reason") else ""
+        if t.get("reason") and t["outcome"] in ("failed", "error") and all(r["passed"] for r in t["results"]):
+            reason += f'<p class="v-failed">{_e(t["reason"])}</p>'  # no check says why: what it failed with
         rows.append(f'<tr><td>{_e(t["nodeid"])}</td><td class="v-{t["outcome"]}">{_e(t["outcome"])}</td>'
                     f"<td>{reason}<ul>{checks}</ul>{details}</td></tr>")
     parts.append('<table class="tests"><thead><tr><th>test</th><th>outcome</th><th>checks</th></tr></thead>'
@@ -418,6 +422,9 @@ def _why_html(m, v):
     rows = measures(m)
     if rows:
         parts.append(_table(rows, ["check", "measured", "value", "threshold", "on", "result", "test"], "measures"))
+    for t in m["tests"]:  # failures no check measured: an input error, an error in the user's code
+        if t.get("reason") and t["outcome"] in ("failed", "error") and all(r["passed"] for r in t["results"]):
+            parts.append(f'<p class="v-failed">{_e(t["nodeid"])}: {_e(t["reason"])}</p>')
     if d:
         parts.append(f'<p class="cause"><b>{_e(d["cause_text"])}</b></p>')
         vd = d["verdict"]

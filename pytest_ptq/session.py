@@ -45,6 +45,8 @@ class Record:
     outcome: str = "passed"
     section: str = ""
     xfail_reason: str = ""  # why its failure is expected (the xfail marker's reason)
+    reason: str = ""  # what it failed with, where no check failed: the exception's first line
+    diagnosed: bool = False  # its failure was a check's or an assert's: its models are diagnosed
 
 
 class PTQSession:
@@ -204,6 +206,7 @@ class PTQSession:
         if failed and not any(r.kind in DIAGNOSED or (r.kind == "baseline" and r.status == "degraded")
                               for r in failed):
             return None  # a missing baseline or a data finding: its own sentence says what to do
+        rec.diagnosed = True
         settings = self._settings_of(item)
         for model_id in rec.models:
             if model_id not in self.diagnoses:
@@ -287,6 +290,18 @@ class PTQSession:
             return self.settings_for(item)
         except PTQError:
             return self.settings
+
+    def failed_with(self, item, exc):
+        """Keep what a test using a model failed with (an input's sentence, an error in the
+        user's code), for the report's rows where no check says it."""
+        rec = self.tests.get(item.nodeid)
+        if rec is None or rec.reason:
+            return
+        # the tool's sentences (an input failure is pytest's fail with one), a failed check or assert
+        own = isinstance(exc, (PTQError, AssertionError)) or getattr(exc, "msg", None) is not None
+        text = str(getattr(exc, "msg", None) or exc).strip()
+        text = text.splitlines()[0] if text else ""
+        rec.reason = text if own and text else f"{type(exc).__name__}: {text}".rstrip(": ")
 
     def logreport(self, report):
         """Track the outcome of each test that used a model: a failed call is ``failed``, a
@@ -391,6 +406,7 @@ class PTQSession:
                                                  "diagnosis": self.diagnoses.get(model_id),
                                                  "warnings": self.warnings_of(analysis)})
                 m["tests"].append({"nodeid": rec.nodeid, "outcome": rec.outcome, "xfail_reason": rec.xfail_reason,
+                                   "reason": rec.reason,
                                    "checks": [{"kind": r.kind, "passed": bool(r), "headline": r.headline()}
                                               for mid, r in rec.results if mid == model_id]})
         return list(models.values())
@@ -511,7 +527,8 @@ def terminal_lines(models):
                 out.append(("error" if not c["passed"] else "",
                             f"  {mark:6} {c['kind']:8} {c['headline']}  [{t['nodeid']}]"))
             if not any(not c["passed"] for c in t["checks"]):
-                out.append(("error", f"  FAILED {t['nodeid']}: no ptq check failed; see its failure above"))
+                out.append(("error", f"  FAILED {t['nodeid']}: " + (t.get("reason") or
+                                                                    "no ptq check failed; see its failure above")))
         if passed:
             names = ", ".join(t["nodeid"].rpartition("::")[2] or t["nodeid"] for t in passed[:4])
             out.append(("", f"  passed: {names}" + (f" and {len(passed) - 4} more" if len(passed) > 4 else "")))

@@ -425,3 +425,33 @@ def test_a_model_whose_failures_are_expected_reads_xfailed(project):
     assert [r["verdict"] for r in rows(page.summary)] == ["xfailed"]
     tests = {r["test"]: r["outcome"] for r in rows(page.sections[0]["tables"]["tests"])}
     assert tests == {"test_suite.py::test_expected_to_fail": "xfailed"}
+
+
+ERROR_SUITE = """
+import pytest
+
+def broken(run, data):
+    raise ValueError("my metric broke")
+
+@pytest.mark.ptq(model="model.onnx", data="calib")
+def test_user_code_fails(ptq):
+    ptq.assert_accuracy(broken)
+
+@pytest.mark.ptq(model="model_pc.onnx", data="calib")
+def test_no_baseline(ptq):
+    ptq.assert_baseline("missing.json")
+"""
+
+
+def test_failures_no_check_measured_are_said_and_not_diagnosed(project):
+    """An error in the user's code and a missing baseline are no model's accuracy failing: the
+    report says what each failed with, and neither model is diagnosed."""
+    project.makepyfile(test_suite=ERROR_SUITE)
+    result = run(project, "--ptq-report", "out/report.html", "-p", "no:xdist")
+    result.assert_outcomes(failed=2)
+    assert "why the models fail" not in result.stdout.str()  # each failure's own text says it
+    text = (project.path / "out" / "report.html").read_text()
+    page = Page(text)
+    assert sorted(s["title"] for s in page.sections) == ["model.onnx FAILED", "model_pc.onnx FAILED"]
+    assert text.count("ValueError: my metric broke") == 2  # its test row and its model's box
+    assert 'class="cause"' not in text and "Fix to try" not in text
