@@ -111,7 +111,8 @@ def _onnx_quantize(model, qdq=True):
         # where onnxruntime keeps the IR it was given and quantizes activations to uint8
         return Producer("modelopt", KNOWN["modelopt"], "", "producer_name 'onnx.quantize', IR 10 and symmetric "
                         "int8/fp8 activations")
-    return Producer("onnxruntime", KNOWN["onnxruntime"], model.producer_version, "producer_name 'onnx.quantize'")
+    # its producer_version is its quantizer module's own 0.1.0, which would read as onnxruntime's version
+    return Producer("onnxruntime", KNOWN["onnxruntime"], "", "producer_name 'onnx.quantize'")
 
 
 _SIGNED = {onnx.TensorProto.INT8, onnx.TensorProto.FLOAT8E4M3FN}
