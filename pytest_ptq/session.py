@@ -542,10 +542,10 @@ def terminal_lines(models):
             why = f": {'; '.join(reasons)}" if reasons else ""
             head = (m.get("diagnosis") or {}).get("headline")
             out.append(("", f"  {m['label']} ({len(xfailed)} test(s)){why}" + (f"; {head}" if head else "")))
-    for m in warned:
-        for w in m["warnings"]:
-            out.append(("warning", f"warning: {m['label']}: {w['text']}" + (f"; fix: {w['fix']}" if w["fix"] else "")))
-    return out
+    # once per model file: its analyses on other data or float models warn alike
+    lines = (("warning", f"warning: {m['label']}: {w['text']}" + (f"; fix: {w['fix']}" if w["fix"] else ""))
+             for m in warned for w in m["warnings"])
+    return out + list(dict.fromkeys(lines))
 
 
 def _shown_path(path, start):

@@ -455,3 +455,16 @@ def test_failures_no_check_measured_are_said_and_not_diagnosed(project):
     assert sorted(s["title"] for s in page.sections) == ["model.onnx FAILED", "model_pc.onnx FAILED"]
     assert text.count("ValueError: my metric broke") == 2  # its test row and its model's box
     assert 'class="cause"' not in text and "Fix to try" not in text
+
+
+def test_a_warning_on_one_model_file_is_printed_once():
+    """Contracts on one model file with other data analyse it apart; its warning is one line."""
+    from pytest_ptq.session import terminal_lines
+
+    warned = {"text": "weights are stored already quantized", "fix": ""}
+    models = [{"id": k, "label": "m.onnx", "tests": [{"nodeid": f"t{k}", "outcome": "passed"}],
+               "warnings": [warned]} for k in range(3)]
+    models.append({"id": 3, "label": "other.onnx", "tests": [], "warnings": [warned]})
+    assert [text for kind, text in terminal_lines(models) if kind == "warning"] == [
+        "warning: m.onnx: weights are stored already quantized",
+        "warning: other.onnx: weights are stored already quantized"]
