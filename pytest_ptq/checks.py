@@ -419,8 +419,11 @@ class BaselineResult(Result):
             return (f"{' and '.join(parts)} of {self.model} got worse than baseline {p} by more than "
                     f"{self.tolerance:g} {d.metric}; if intended, run `{self.update_command}` "
                     "and commit the new file")
+        # a baselined node gone from the model (another quantization, a rewrite) compares no more: say so
+        gone = (f"; {len(d.removed)} of its node(s) are not in the model now ({', '.join(d.removed[:3])}"
+                f"{', ...' if len(d.removed) > 3 else ''}) and were not compared" if d.removed else "")
         return (f"{self.model} is within {self.tolerance:g} {d.metric} of baseline {p} "
-                f"({len(d.improved)} value(s) improved)")
+                f"({len(d.improved)} value(s) improved){gone}")
 
     @property
     def details(self):

@@ -352,8 +352,8 @@ def _model_html(k, m):
                          for r in t["results"])
         details = "".join(f"<pre>{_e(r['details'])}</pre>" for r in t["results"] if not r["passed"] and r["details"])
         reason = f'<p class="note">expected to fail: {_e(t["xfail_reason"])}</p>' if t.get("xfail_reason") else ""
-        if t.get("reason") and t["outcome"] in ("failed", "error") and all(r["passed"] for r in t["results"]):
-            reason += f'<p class="v-failed">{_e(t["reason"])}</p>'  # no check says why: what it failed with
+        if _unmeasured(t):
+            reason += f'<p class="v-failed">{_e(t["reason"])}</p>'
         rows.append(f'<tr><td>{_e(t["nodeid"])}</td><td class="v-{t["outcome"]}">{_e(t["outcome"])}</td>'
                     f"<td>{reason}<ul>{checks}</ul>{details}</td></tr>")
     parts.append('<table class="tests"><thead><tr><th>test</th><th>outcome</th><th>checks</th></tr></thead>'
@@ -409,6 +409,12 @@ def headline(m):
     return worst, "fully quantized cosine on the calibration data (no output check ran)", ""
 
 
+def _unmeasured(t):
+    """Whether test ``t`` failed with no check saying why (an input error, an error in the
+    user's code): its report shows what it failed with."""
+    return bool(t.get("reason")) and t["outcome"] in ("failed", "error") and all(r["passed"] for r in t["results"])
+
+
 def _why_html(m, v):
     """Why the model fails (or what would fail first): its checks beside their thresholds,
     the cause with its figures, and the fix to try."""
@@ -422,9 +428,8 @@ def _why_html(m, v):
     rows = measures(m)
     if rows:
         parts.append(_table(rows, ["check", "measured", "value", "threshold", "on", "result", "test"], "measures"))
-    for t in m["tests"]:  # failures no check measured: an input error, an error in the user's code
-        if t.get("reason") and t["outcome"] in ("failed", "error") and all(r["passed"] for r in t["results"]):
-            parts.append(f'<p class="v-failed">{_e(t["nodeid"])}: {_e(t["reason"])}</p>')
+    for t in filter(_unmeasured, m["tests"]):
+        parts.append(f'<p class="v-failed">{_e(t["nodeid"])}: {_e(t["reason"])}</p>')
     if d:
         parts.append(f'<p class="cause"><b>{_e(d["cause_text"])}</b></p>')
         vd = d["verdict"]

@@ -321,3 +321,22 @@ def test_suggest_warns_when_its_target_is_a_cosine_of_an_output_far_from_zero(tm
     corr = suggest_remedy(str(qpath), data, target=0.999, metric="correlation", remedy="float",
                           float_model=str(fpath), save_dir=tmp_path / "corr", progress=False)
     assert corr.nodes and not any(w.startswith(OFFSET_WARNING) for w in corr.warnings)
+
+
+def test_a_passing_baseline_says_which_of_its_nodes_the_model_no_longer_has(tmp_path):
+    import dataclasses
+
+    from pytest_ptq.baseline import compare, measure
+    from pytest_ptq.checks import BaselineResult
+
+    fpath, qpath, _ = _head(tmp_path)
+    now = measure(Analysis(AnalysisKey(str(qpath), str(tmp_path / "calib"), str(fpath)), root=tmp_path))
+    assert now.sensitivity
+    before = dataclasses.replace(now, sensitivity={**now.sensitivity, "gone_QuantizeLinear": 0.999})
+    d = compare(before, now, 0.001)
+    result = BaselineResult(passed=d.ok, status="ok", path="b.json", diff=d, tolerance=0.001, model="m.onnx")
+    assert d.ok and result.summary.endswith(
+        "; 1 of its node(s) are not in the model now (gone_QuantizeLinear) and were not compared")
+    same = compare(now, now, 0.001)
+    assert "not in the model now" not in BaselineResult(passed=True, status="ok", path="b.json", diff=same,
+                                                        tolerance=0.001, model="m.onnx").summary
