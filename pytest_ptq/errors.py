@@ -13,6 +13,11 @@ class NotQuantized(PTQError):
     """The model holds nothing the tool can analyse as quantized (a float model, say)."""
 
 
+class NotFloatEquivalent(PTQError):
+    """The model with every Q/DQ pair bypassed is not its float model, so nothing can be
+    measured against it (a Relu folded and deleted, another float model given)."""
+
+
 _SHOWN = 80
 
 

@@ -316,3 +316,36 @@ def test_a_channel_constant_on_both_sides_has_no_scale_to_compare(rgb_net):
     assert "channel-scale" not in check_data(str(rgb_net["qdq"]), zeroed, heldout=zeroed).checks()
     # constant on one side only is a scale that differs
     assert "channel-scale" in check_data(str(rgb_net["qdq"]), zeroed, heldout=rgb_net["data"]).checks()
+
+
+def test_the_heldout_comparison_needs_a_float_reference_where_a_relu_was_folded(tmp_path):
+    """quantize_static deletes the Relu after a Conv into the pair's range; without the float
+    model the graph with every pair bypassed lacks it, and the comparison read cosine 0.55
+    where the model keeps 0.9999: it is skipped with the evidence, and with the float model it
+    equals plain onnxruntime sessions of the two files."""
+    rng = np.random.default_rng(0)
+    w1 = numpy_helper.from_array((0.3 * rng.standard_normal((8, 3, 3, 3))).astype(np.float32), "w1")
+    w2 = numpy_helper.from_array((0.3 * rng.standard_normal((4, 8, 3, 3))).astype(np.float32), "w2")
+    b1 = numpy_helper.from_array(np.full(8, -0.5, np.float32), "b1")  # the Relu zeroes most values
+    graph = onnx.helper.make_graph(
+        [onnx.helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1] * 4),
+         onnx.helper.make_node("Relu", ["c1"], ["r1"]), onnx.helper.make_node("Conv", ["r1", "w2"], ["y"], pads=[1] * 4)],
+        "g", [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 3, 8, 8])],
+        [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 4, 8, 8])], [w1, w2, b1])
+    fpath = tmp_path / "f.onnx"
+    onnx.save(onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 17)], ir_version=8), fpath)
+    cal, held = builders.samples(N, size=8, seed=1), builders.samples(6, size=8, seed=2)
+    qpath = builders.quantize(fpath, tmp_path / "q.onnx", cal, keep_float=False)
+    assert "Relu" not in {n.op_type for n in onnx.load(str(qpath)).graph.node}
+
+    blind = check_data(str(qpath), cal, heldout=held)
+    [skipped] = [f for f in blind.findings if f.check == "heldout-skipped"]
+    assert skipped.severity == "warning" and blind.quantized is None
+    assert "r1_QuantizeLinear" in skipped.message and "float" in skipped.message
+
+    seen = check_data(str(qpath), cal, heldout=held, float_model=str(fpath))
+    assert "heldout-skipped" not in seen.checks()
+    for name, data in (("calibration", cal), ("heldout", held)):
+        feeds = [{"x": a} for a in data["x"]]
+        expected = builders.worst_cosine(builders.run_model(fpath, feeds), builders.run_model(qpath, feeds))
+        assert seen.quantized[name]["cosine-similarity"] == pytest.approx(expected, abs=1e-4), name

@@ -23,7 +23,7 @@ import dataclasses
 import numpy as np
 
 from ..data import largest_float, overflows
-from ..errors import PTQError
+from ..errors import NotFloatEquivalent
 from ..metrics import compare
 from ..model import load_weightless
 from . import runtime
@@ -66,7 +66,7 @@ def spread(n, k=SPREAD):
 
 
 def check(engine):
-    """Check ``engine`` (which has data); raise :class:`PTQError` on decisive evidence, else
+    """Check ``engine`` (which has data); raise :class:`~pytest_ptq.errors.NotFloatEquivalent` on decisive evidence, else
     return the :class:`Equivalence`.
 
     In two passes over the samples, so that no two whole-graph sessions are held at once
@@ -136,7 +136,7 @@ def check(engine):
             why = "is not the float model"
         extra = (f": on {len(samples)} sample(s) the inputs of {evidence}, so the Relu/Clip that kept them "
                  "non-negative was folded into the Q/DQ range and deleted" if suspects else "")
-        raise PTQError(f"bypassing every Q/DQ pair of {qm.source!r} {why}{extra}; {fix}")
+        raise NotFloatEquivalent(f"bypassing every Q/DQ pair of {qm.source!r} {why}{extra}; {fix}")
     warnings = []
     if suspects:
         warnings.append(f"folded activations suspected: with every pair bypassed, the input of {evidence} on "
@@ -220,7 +220,7 @@ class FloatModel:
                       "round from its values" if alignment is not None else "")
             # the options only exist for quantize_static's QDQ output
             again = f", or {_REQUANTIZE}" if qm.format_label == "QDQ" else ""
-            raise PTQError(f"bypassing every Q/DQ pair of {qm.source!r} does not reproduce the float model "
+            raise NotFloatEquivalent(f"bypassing every Q/DQ pair of {qm.source!r} does not reproduce the float model "
                            f"{self.where!r} on output {worst[1]!r} (cosine {worst[0]:.4f} on sample {worst[2]}){fitted}; "
                            f"check that it is the model this one was quantized from{again}")
         changes = "; ".join(alignment.rewrites) or "no op changed, but the values differ"
