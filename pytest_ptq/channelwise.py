@@ -392,7 +392,8 @@ def reading(stats):
     if stats.get("per_channel"):
         return f"outlier channels {shown}{more}; already quantized per channel, so each has its own scale"
     bits = lost_bits(stats["outlier_ratios"][0])
-    remedy = "per-channel weights" if stats.get("kind") == "weight" else "try per-channel or int16"
+    wider = stats.get("wider", "int16")
+    remedy = "per-channel weights" if stats.get("kind") == "weight" else f"try per-channel{f' or {wider}' if wider else ''}"
     return (f"outlier channels {shown}{more}: a per-tensor scale costs the median channel "
             f"~{bits:.1f} bits -> {remedy}")
 

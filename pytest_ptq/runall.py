@@ -343,22 +343,25 @@ def _plan(items, relevant, source, structural_only=False, qm=None):
     act_pc = [f["node"] for it in pool for f in it["findings"]
               if f["kind"] == "activation" and f["try"][0] == "per-channel"]
     recal = [f["node"] for it in relevant for f in it["findings"] if f["try"][0] == "recalibrate"]
+    # nodes at 16 bits already, on a float grid or in a dynamic model have no int16 to go to
+    widen = {f["node"] for it in items for f in it["findings"] if "int16" in f["try"]}
     steps = []
     if weight_pc:
         steps.append(("weight", f"quantize weights per channel ({per_channel_weights(qm)}): "
                                 f"{_names(weight_pc)} {'loses' if len(weight_pc) == 1 else 'lose'} channels to a "
                                 "per-tensor scale"))
     if act_pc:
+        raise_ = "raise them to int16 or " if widen & set(act_pc) else ""
         steps.append(("activation", f"{_names(act_pc)} {'has' if len(act_pc) == 1 else 'have'} outlier channels "
                                     "that make a per-tensor scale coarse: quantize them per channel where the "
-                                    "backend allows, else raise them to int16 or equalise the channel ranges in "
-                                    "the model"))
+                                    f"backend allows, else {raise_}equalise the channel ranges in the model"))
     if recal:
         steps.append(("activation", f"recalibrate {_names(recal)} with a wider range (MinMax, or a higher "
-                                    "percentile), or raise them to int16"))
+                                    "percentile)" + (", or raise them to int16" if widen & set(recal) else "")))
     # onnxruntime cannot quantize activations per channel, nor any quantizer calibrate one
     # node its own way: 16 bit is what each can do for those
-    choices = {**dict.fromkeys(act_pc + recal, "int16"), **dict.fromkeys(weight_pc, "per-channel")}
+    choices = {**dict.fromkeys([n for n in act_pc + recal if n in widen], "int16"),
+               **dict.fromkeys(weight_pc, "per-channel")}
     if structural_only:
         return [text for _, text in steps], choices
     steps.sort(key=lambda s: s[0] != source)
@@ -374,10 +377,14 @@ def _plan(items, relevant, source, structural_only=False, qm=None):
                           "output"))
     rest = [it for it in sorted(relevant, key=lambda it: it["kind"] != source)
             if it not in severe and not ({f["node"] for f in it["findings"]} & handled)]
-    if rest:
-        steps.append(("", f"raise {_names([it['node'] for it in rest])} to int16 (TensorQuantOverrides with a "
+    wide = [it for it in rest if "int16" in it["try"]]
+    if wide:
+        steps.append(("", f"raise {_names([it['node'] for it in wide])} to int16 (TensorQuantOverrides with a "
                           "16-bit type), or keep them in float, and re-check"))
-        choices.update(dict.fromkeys(_calibration(qm, rest), "int16"))
+        choices.update(dict.fromkeys([c for c in _calibration(qm, wide) if qm.wider_type(qm.calibration[c])], "int16"))
+    if len(wide) < len(rest):
+        steps.append(("", f"keep {_names([it['node'] for it in rest if it not in wide])} in float, or fix the model "
+                          "there, and re-check"))
     choices.update(dict.fromkeys(floats, "float"))  # a node kept in float needs nothing else
     return [text for _, text in steps], choices
 

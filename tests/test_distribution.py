@@ -452,3 +452,10 @@ def test_a_mask_fill_setting_the_range_is_told_from_a_tail_int16_resolves(tmp_pa
         assert at16 < 0.99 < in_float
         assert tries[0] == "keep in float" and "int16" not in tries
         assert "values at -3.403e+38" in reasons[0] and "-> keep in float" in reasons[0]
+    # the model at 16 bits there already: int16 is no advice for it, whatever else it reads
+    d16 = plot_distribution(tmp_path / "plots16", Engine(q16, data, float_model=fp), nodes_list=[pair])[pair]
+    assert d16["bit"] == 16 and d16["wider"] is None
+    tries16, reasons16 = readings.advise(d16)
+    assert "int16" not in tries16 and "int16" not in " ".join(reasons16) and "keep in float" in tries16
+    if not int16_helps:
+        assert tries16[0] == "keep in float" and "-> keep in float" in reasons16[0]

@@ -252,3 +252,36 @@ def test_a_mask_fill_is_kept_in_float_in_the_quantizers_terms_and_that_recovers_
     before = builders.pooled_cosine(ref, [builders.run_model(q, f)["out"] for f in feeds])
     after = builders.pooled_cosine(ref, [builders.run_model(fixed, f)["out"] for f in feeds])
     assert before < 0.99 < after
+
+
+@pytest.mark.parametrize("activation_type", ["QUInt8", "QUInt16"])
+def test_a_16_bit_activation_is_not_advised_int16(tmp_path, activation_type):
+    """An input channel 20000x the others under a per-tensor scale: at 8 bits int16 is one
+    answer, at 16 bits (activation_type=QUInt16) the advice said "-> try per-channel or
+    int16" and "raise them to int16" all the same."""
+    rng = np.random.default_rng(0)
+    w1 = (0.1 * rng.standard_normal((64, 32))).astype(np.float32)
+    w1[0] = 0  # the net ignores the wide channel
+    w2 = (0.1 * rng.standard_normal((32, 8))).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w1"], ["a"], name="mm1"), helper.make_node("MatMul", ["a", "w2"], ["y"], name="mm2")],
+        "g", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 4, 64])],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 4, 8])],
+        [onnx.numpy_helper.from_array(w1, "w1"), onnx.numpy_helper.from_array(w2, "w2")])
+    fp = tmp_path / "f.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)], ir_version=10), fp)
+    gain = np.r_[20000, np.ones(63)].astype(np.float32)
+    data = {"x": [(rng.standard_normal((1, 4, 64)) * gain).astype(np.float32) for _ in range(8)]}
+    q = builders.quantize(fp, tmp_path / "q.onnx", data, activation_type=activation_type)
+    s = runall(q, data, float_model=fp, save_dir=tmp_path / "out", top=3, progress=False)
+    v = s["verdict"]
+    assert v["source"] == "activation"
+    [x] = [it for it in v["nodes"] if it["node"] == "x_QuantizeLinear"]
+    assert s["channelwise"]["x_QuantizeLinear"]["outlier_channels"] == [0]
+    assert "per-channel" in x["try"]
+    advice = " ".join(x["reasons"] + v["next_steps"])
+    if activation_type == "QUInt8":
+        assert "int16" in x["try"] and "raise them to int16" in advice
+    else:
+        assert not [t for it in v["nodes"] if it["kind"] == "activation" for t in it["try"] if t == "int16"]
+        assert "int16" not in advice and "equalise the channel ranges" in advice

@@ -297,9 +297,9 @@ def clip_bounds(c):
     return bounds
 
 
-def _describe(c):
+def _describe(qm, c):
     lo, hi = c.range()
-    return {"kind": c.kind, "tensor": c.input, "bit": c.bit, "dtype": c.dtype_name,
+    return {"kind": c.kind, "tensor": c.input, "bit": c.bit, "dtype": c.dtype_name, "wider": qm.wider_type(c),
             "per_channel": c.per_channel, "axis": c.axis, "threshold": float(c.threshold),
             "range_lo": float(np.min(lo)), "range_hi": float(np.max(hi)),
             "scale": float(np.max(c.scale)), "role": c.role, "feeds": list(c.consumers)}
@@ -336,7 +336,7 @@ def collect(engine, dist_nodes=(), box_nodes=(), axis=None, data_num=None, bins=
     for name in dist_nodes:
         if name in qm.calibration:
             c = qm.calibration[name]
-            info = {"node": name, **_describe(c)}
+            info = {"node": name, **_describe(qm, c)}
             if c.kind == "weight":
                 dist[name] = _weight_distribution(qm, c, info, bins)
                 continue
@@ -363,7 +363,7 @@ def collect(engine, dist_nodes=(), box_nodes=(), axis=None, data_num=None, bins=
     errors = {}
     for name in box_nodes:
         c = qm.calibration[name]
-        info = {"node": name, **_describe(c)}
+        info = {"node": name, **_describe(qm, c)}
         lo, hi = c.range()
         info.update(range_lo=np.asarray(lo).reshape(-1).tolist() if c.per_channel else float(np.min(lo)),
                     range_hi=np.asarray(hi).reshape(-1).tolist() if c.per_channel else float(np.max(hi)),

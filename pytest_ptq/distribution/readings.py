@@ -31,10 +31,26 @@ def codes_text(d):
     return f"uses {d['codes_used']} of {d['levels']} codes (99.9% of values on {d['bulk_codes']})"
 
 
+def wider(d):
+    """The wider type to try for a node's statistics ``d`` ("int16"), or None where there is
+    none (16 bits already, a float grid, a dynamic model: see ``QuantModel.wider_type``)."""
+    return d.get("wider", "int16" if d.get("bit", 8) < 16 else None)
+
+
+def _wider_list(d):
+    w = wider(d)
+    return [w] if w else []
+
+
+def _or_wider(d):
+    w = wider(d)
+    return f", or {w}" if w else ""
+
+
 def beyond_int16(d):
     """Whether the bulk of an activation would stay starved of codes on a 16-bit grid over
-    the same range: more bits cannot help, the range itself is wrong."""
-    wide = d.get("bulk_codes_16")
+    the same range (or is, at 16 bits): more bits cannot help, the range itself is wrong."""
+    wide = d.get("bulk_codes_16", bulk_codes(d) if d.get("bit", 8) >= 16 else None)
     return wide is not None and wide < FEW_LEVELS
 
 
@@ -57,7 +73,7 @@ def activation_reading(d):
     """One line saying what an activation's histogram means for quantization."""
     if d.get("effective_clipped_share", 0) > CLIP_SHARE:
         return (f"{100 * d['effective_clipped_share']:.2f}% of values fall outside the calibration range and "
-                "are clipped -> recalibrate with a wider range, or int16")
+                f"are clipped -> recalibrate with a wider range{_or_wider(d)}")
     if d.get("clipped_share", 0) > CLIP_SHARE and d.get("relu_follows"):
         extra = "the Relu after it zeroes them anyway"
         return (f"{100 * d['clipped_share']:.2f}% of values fall below the range's start and are clipped; "
@@ -66,9 +82,11 @@ def activation_reading(d):
     if levels is not None and levels < few_levels(d["bit"]):
         starved = f"99.9% of values fall on only {levels:.0f} of the {d.get('levels', 2 ** d['bit'])} codes"
         if beyond_int16(d):
-            return (f"{starved}, and would on {d['bulk_codes_16']} of 65536 at 16 bits: {_far(d)} set the range "
-                    "-> keep in float, or fix the model (a finite fill, or clip the tail)")
-        return f"{starved}: rare large values stretch the range -> int16, or fix the model (clip/normalise the tail)"
+            would = f", and would on {d['bulk_codes_16']} of 65536 at 16 bits" if "bulk_codes_16" in d else ""
+            return (f"{starved}{would}: {_far(d)} set the range -> keep in float, or fix the model (a finite fill, "
+                    "or clip the tail)")
+        return (f"{starved}: rare large values stretch the range -> {wider(d) or 'keep in float'}, or fix the model "
+                "(clip/normalise the tail)")
     if d["kind"] == "dynamic":
         return "the range is computed on every run from the tensor itself: nothing is clipped, and it fits the data"
     if d["max_abs"] and d["threshold"] > 4 * d["max_abs"] and d["role"] != "bias":
@@ -100,16 +118,17 @@ def weight_issue(d, box=None):
         if starved_bulk:
             return ["per-channel"], (f"99.9% of the weights fall on {levels:.0f} of {d.get('levels', 2 ** d['bit'])} "
                                      "codes: a few large weights set the scale -> per-channel weights")
+    # too few levels even per channel: more bits where the type allows, else float
+    more = [wider(d) or "keep in float", "fix the model"]
+    then = f"{wider(d)} weights" if wider(d) else "keep it in float"
     if whole < WEAK_SQNR_DB:
-        return ["int16", "fix the model"], (f"SQNR {whole:.1f} dB at {d['bit']} bits: too few levels for this "
-                                            "weight -> more bits (int8/int16), or QAT")
+        return more, (f"SQNR {whole:.1f} dB at {d['bit']} bits: too few levels for this weight -> "
+                      f"{'more bits (int8/int16)' if wider(d) else 'keep it in float'}, or QAT")
     if worst is not None and worst < WEAK_SQNR_DB:
-        return ["int16", "fix the model"], (f"channel {d['worst_channel']} keeps only {worst:.1f} dB even per "
-                                            "channel -> int16 weights, or QAT")
+        return more, f"channel {d['worst_channel']} keeps only {worst:.1f} dB even per channel -> {then}, or QAT"
     if starved_bulk:
-        return ["int16", "fix the model"], (f"99.9% of the weights fall on {levels:.0f} of "
-                                            f"{d.get('levels', 2 ** d['bit'])} codes even per channel -> int16 weights, "
-                                            "or QAT")
+        return more, (f"99.9% of the weights fall on {levels:.0f} of {d.get('levels', 2 ** d['bit'])} codes even per "
+                      f"channel -> {then}, or QAT")
     tail = f", worst channel {worst:.1f} dB" if worst is not None else ""
     return [], f"SQNR {_fmt(whole)} dB{tail}: the weight quantizes cleanly"
 
@@ -125,16 +144,16 @@ def advise_activation(d, box=None):
     well-shaped distribution leaves int16 or float."""
     tries, reasons = [], []
     if box and "skipped" not in box and box["outlier_channels"] and not d["per_channel"]:
-        tries += ["per-channel", "int16", "fix the model"]
+        tries += ["per-channel", *_wider_list(d), "fix the model"]
         reasons.append(channel_reading(box) + "; or equalise the channel ranges in the model")
     if d.get("effective_clipped_share", 0) > CLIP_SHARE:
-        tries += ["recalibrate", "int16"]
+        tries += ["recalibrate", *_wider_list(d)]
         reasons.append(activation_reading(d))
     elif bulk_codes(d) is not None and bulk_codes(d) < few_levels(d["bit"]):
-        tries += ["keep in float", "fix the model"] if beyond_int16(d) else ["int16", "fix the model"]
+        tries += ["keep in float" if beyond_int16(d) else wider(d) or "keep in float", "fix the model"]
         reasons.append(activation_reading(d))
     if not tries:
-        tries = ["int16", "keep in float"]
+        tries = [*_wider_list(d), "keep in float"]
         clipped = d.get("effective_clipped_share", 0)
         relu = " beyond what the Relu after it zeroes" if d.get("relu_follows") and d.get("clipped_low") else ""
         used = codes_text(d) or f"bulk spans {d.get('bulk_levels') or 0:.0f} levels"
@@ -148,7 +167,7 @@ def advise_weight(d, box=None):
     int16 / float for a weight that quantizes cleanly but is sensitive all the same."""
     tries, reason = weight_issue(d, box)
     if not tries:
-        return ["int16", "keep in float"], [reason + "; the node is simply sensitive"]
+        return [*_wider_list(d), "keep in float"], [reason + "; the node is simply sensitive"]
     return tries, [reason]
 
 

@@ -770,6 +770,14 @@ class QuantModel:
             return [c for c in self.calibration.values() if c.is_activation]
         return [c for c in self.calibration.values() if c.kind == kind]
 
+    def wider_type(self, c):
+        """The integer type calibration node ``c`` can be widened to ("int16"), or None: it
+        holds 16 bits already, sits on a float grid (fp8, whose wider form is float16), or the
+        model is dynamic (ConvInteger/MatMulInteger take 8-bit operands only)."""
+        if c.bit >= 16 or c.grid.is_float or self.format == "dynamic":
+            return None
+        return "int16"
+
     def node(self, name):
         """The NodeProto of a node (normal or calibration) by name."""
         if not hasattr(self, "_protos"):

@@ -19,13 +19,11 @@ def candidates_for(engine, remedy, per_channel_activations=False):
     for c in qm.calibration.values():
         if c.role == "bias" or (c.dynamic and remedy != "float"):
             continue  # a dynamic range has no calibrated range to widen or split by channel
-        if remedy == "int16" and qm.format == "dynamic":
-            continue  # ConvInteger/MatMulInteger take 8-bit operands only
+        if remedy == "int16" and qm.wider_type(c) is None:
+            continue
         if not engine.is_gated(c.name):
             skipped.append(c.name)
             continue
-        if remedy == "int16" and (c.bit >= 16 or c.grid.is_float):
-            continue  # already 16-bit, or a float grid (fp8) whose wider form is float16, not int16
         if remedy == "per-channel":
             if c.per_channel:
                 continue
