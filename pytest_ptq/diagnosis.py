@@ -27,7 +27,8 @@ from .distribution.readings import advise
 from .metrics import get_metrics
 from .outputs import offset_warnings, parse_outputs
 from .remedy.producer_terms import PRODUCERS, producer_advice
-from .remedy.terms import float_tensor_name, onnxruntime_settings, per_channel_weights
+from .remedy.result import snippet
+from .remedy.terms import float_tensor_name, onnxruntime_settings, per_channel_weights, quantizer_call
 from .results import JsonResult
 from .sensitivity import rank_configs
 from .stages import SIMULATION_WARNING
@@ -332,7 +333,8 @@ def _fixes(qm, relevant, source):
     choices = {**{n: "float" for n in groups["float"]}, **{n: "int16" for n in int16}}
     ort = onnxruntime_settings(qm, "mixed", list(choices), choices=choices) if choices else {
         "nodes_to_exclude": [], "TensorQuantOverrides": {}}
-    settings = {"nodes_to_exclude": ort["nodes_to_exclude"], "TensorQuantOverrides": ort["TensorQuantOverrides"]}
+    settings = {"nodes_to_exclude": ort["nodes_to_exclude"], "TensorQuantOverrides": ort["TensorQuantOverrides"],
+                "quantizer": quantizer_call(qm)}
     per_channel = bool(groups["per-channel"])
     if per_channel:
         settings["per_channel"] = True
@@ -369,19 +371,19 @@ def _fixes(qm, relevant, source):
                       "text": f"raise {_names(plain16)} to 16 bit ({_overrides_text(qm, plain16)}): {why}"})
     if groups["float"]:
         excl = onnxruntime_settings(qm, "float", groups["float"])["nodes_to_exclude"]
-        how = ("modelopt.onnx.quantization.quantize(..., nodes_to_exclude=" if modelopt
-               else "quantize_static(..., nodes_to_exclude=") + repr(excl) + ")"
+        how = ("modelopt.onnx.quantization.quantize" if modelopt else quantizer_call(qm)) + \
+            f"(..., nodes_to_exclude={excl!r})"
         fixes.append({"kind": "", "nodes": groups["float"], "short": "keep nodes in float",
                       "text": f"keep {_names(groups['float'])} in float: {how}"})
     # the verdict's kind first: fixing the other kind would not move the output much
     fixes.sort(key=lambda f: f["kind"] != source and not (source == "both" and f["kind"]))
     terms = ("NVIDIA Model Optimizer" if modelopt else
-             f"onnxruntime quantize_static on the float model; {qm.made_by.label}'s own terms follow them"
-             if qm.made_by.key in PRODUCERS else "onnxruntime quantize_static")
+             f"onnxruntime {quantizer_call(qm)} on the float model; {qm.made_by.label}'s own terms follow them"
+             if qm.made_by.key in PRODUCERS else f"onnxruntime {quantizer_call(qm)}")
     choices = {**dict.fromkeys(groups["per-channel"], "per-channel"),
                **dict.fromkeys(groups["int16"] + groups["activation per-channel"] + groups["recalibrate"], "int16"),
                **dict.fromkeys(groups["float"], "float")}
-    return fixes, settings, _snippet(settings, modelopt), terms, choices
+    return fixes, settings, snippet(settings, "modelopt.onnx.quantization.quantize", overrides=False) if modelopt else snippet(settings), terms, choices
 
 
 def _verb(names, one, many):
@@ -395,22 +397,3 @@ def _overrides_text(qm, names):
     body = ", ".join(f"{t!r}: [{{'quant_type': QuantType.{q}}}]" for t, q in shown)
     more = ", ..." if len(tensors) > 2 else ""
     return f"extra_options={{'TensorQuantOverrides': {{{body}{more}}}}}"
-
-
-def _snippet(settings, modelopt=False):
-    """The settings as one call, ready to paste."""
-    parts = []
-    if settings.get("per_channel") and not modelopt:
-        parts.append("per_channel=True")
-    if settings.get("nodes_to_exclude"):
-        parts.append(f"nodes_to_exclude={settings['nodes_to_exclude']!r}")
-    overrides = settings.get("TensorQuantOverrides")
-    if overrides and not modelopt:
-        body = ", ".join(f"{t!r}: [" + ", ".join("{" + ", ".join(
-            f"{k!r}: QuantType.{v}" if k == "quant_type" else f"{k!r}: {v!r}" for k, v in e.items()) + "}"
-            for e in entries) + "]" for t, entries in overrides.items())
-        parts.append("extra_options={'TensorQuantOverrides': {" + body + "}}")
-    if not parts:
-        return ""
-    call = "modelopt.onnx.quantization.quantize" if modelopt else "quantize_static"
-    return f"{call}(..., {', '.join(parts)})"

@@ -49,7 +49,7 @@ from .figures import kept_figure
 from .metrics import get_metrics
 from .outputs import OFFSET_BLIND, far_from_zero, offset_warnings, parse_outputs, parts_note
 from .remedy.producer_terms import producer_advice
-from .remedy.terms import onnxruntime_settings, per_channel_weights
+from .remedy.terms import onnxruntime_settings, per_channel_weights, quantizer_call
 from .results import json_safe
 from .engine import engine_for
 from .screening import DEFAULT_BUDGET_S, DEFAULT_BUDGET_SAMPLES, screen
@@ -372,7 +372,7 @@ def _plan(items, relevant, source, structural_only=False, qm=None):
         first = "if they still cost too much after that, " if steps else ""
         # the nodes a re-quantization leaves out, as the float model names them
         exclude = onnxruntime_settings(qm, "float", floats)["nodes_to_exclude"] if floats else []
-        how = f"quantize_static(..., nodes_to_exclude={exclude})" if exclude else "onnxruntime: nodes_to_exclude"
+        how = f"{quantizer_call(qm)}(..., nodes_to_exclude={exclude})" if exclude else "onnxruntime: nodes_to_exclude"
         steps.append(("", f"{first}keep {_names([it['node'] for it in severe])} in float ({how}) and re-check the "
                           "output"))
     rest = [it for it in sorted(relevant, key=lambda it: it["kind"] != source)

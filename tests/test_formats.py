@@ -397,6 +397,25 @@ def test_a_dynamic_remedy_is_in_quantize_dynamic_terms_and_re_quantized(built, t
     assert abs(r.measured["value"] - r.figures["calibration"]["after"]) < 1e-4
 
 
+def test_a_dynamic_per_channel_remedy_is_quantize_dynamics_switch(built, tmp_path):
+    """quantize_dynamic refuses a per-channel TensorQuantOverrides entry ("Expected tensor 'wq'
+    to use per-tensor quantization overrides"): per-channel weights are its per_channel
+    switch, and the re-quantized model is the simulated one."""
+    import pytest_ptq.debug as dbg
+    from onnx import numpy_helper
+
+    p, data = built
+    engine = Engine(p["att_dyn"], data["att"], float_model=p["att"])
+    r = dbg.suggest_remedy(engine, target=0.99999, remedy="per-channel", float_model=p["att"], save_dir=tmp_path,
+                           progress=False)
+    assert r.nodes and r.settings["per_channel"] is True and r.settings["TensorQuantOverrides"] == {}
+    assert r.python_snippet() == "quantize_dynamic(..., per_channel=True)"
+    assert abs(r.measured["value"] - r.figures["calibration"]["after"]) < 1e-5
+    requantized = onnx.load(r.measured["model"])
+    scales = [numpy_helper.to_array(i).size for i in requantized.graph.initializer if i.name.endswith("_scale")]
+    assert scales and all(n > 1 for n in scales)
+
+
 def test_the_report_header_names_the_format(built, tmp_path):
     from types import SimpleNamespace
 

@@ -87,10 +87,12 @@ def requantize(float_model, out_path, data, options, settings=None):
 
     extra = dict(options["extra_options"])
     exclude = list(options.get("nodes_to_exclude", []))
+    per_channel = options["per_channel"]
     if settings:
         kw = quantize_static_kwargs(settings)
         exclude += [n for n in kw["nodes_to_exclude"] if n not in exclude]
         extra.update(kw["extra_options"])
+        per_channel = per_channel or kw.get("per_channel", False)
 
     class _Reader(CalibrationDataReader):
         def __init__(self):
@@ -112,12 +114,12 @@ def requantize(float_model, out_path, data, options, settings=None):
     try:
         if options.get("quantizer") == "quantize_dynamic":
             quantize_dynamic(source, str(out_path), weight_type=QuantType.from_string(options["weight_type"]),
-                             per_channel=options["per_channel"], nodes_to_exclude=exclude, extra_options=extra)
+                             per_channel=per_channel, nodes_to_exclude=exclude, extra_options=extra)
         else:
             quantize_static(source, str(out_path), _Reader(), quant_format=QuantFormat.QDQ,
                             activation_type=QuantType.from_string(options["activation_type"]),
                             weight_type=QuantType.from_string(options["weight_type"]),
-                            per_channel=options["per_channel"], nodes_to_exclude=exclude, extra_options=extra)
+                            per_channel=per_channel, nodes_to_exclude=exclude, extra_options=extra)
     except PTQError:
         raise
     except OSError as exc:

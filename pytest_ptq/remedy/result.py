@@ -21,6 +21,27 @@ WHAT = {"float": "kept in float", "int16": "raised to 16 bit", "per-channel": "q
         MIXED: "remedied"}
 
 
+def snippet(settings, call=None, overrides=True):
+    """Remedy ``settings`` (see :func:`.terms.onnxruntime_settings`) as one call of ``call``
+    (default: the quantizer they name, else quantize_static), ready to paste; "" when they
+    change nothing. Without ``overrides`` (a quantizer with no such options), the switches
+    per_channel and TensorQuantOverrides are left out."""
+    parts = []
+    if settings.get("per_channel") and overrides:
+        parts.append("per_channel=True")
+    if settings.get("nodes_to_exclude"):
+        parts.append(f"nodes_to_exclude={settings['nodes_to_exclude']!r}")
+    tensors = settings.get("TensorQuantOverrides")
+    if tensors and overrides:
+        body = ", ".join(f"{t!r}: [" + ", ".join("{" + ", ".join(
+            f"{k!r}: QuantType.{v}" if k == "quant_type" else f"{k!r}: {v!r}" for k, v in e.items()) + "}"
+            for e in entries) + "]" for t, entries in tensors.items())
+        parts.append("extra_options={'TensorQuantOverrides': {" + body + "}}")
+    if not parts:
+        return ""
+    return f"{call or settings.get('quantizer', 'quantize_static')}(..., {', '.join(parts)})"
+
+
 @dataclasses.dataclass
 class Remedy(JsonResult):
     """The outcome of a remedy search; truthy when the target is met on the judging data.
@@ -111,18 +132,7 @@ class Remedy(JsonResult):
 
     def python_snippet(self):
         """The settings as quantize_static (quantize_dynamic) keyword arguments, ready to paste."""
-        parts = []
-        if self.settings.get("nodes_to_exclude"):
-            parts.append(f"nodes_to_exclude={self.settings['nodes_to_exclude']!r}")
-        overrides = self.settings.get("TensorQuantOverrides")
-        if overrides:
-            body = ", ".join(
-                f"{t!r}: [" + ", ".join("{" + ", ".join(
-                    f"{k!r}: QuantType.{v}" if k == "quant_type" else f"{k!r}: {v!r}" for k, v in e.items()) + "}"
-                    for e in entries) + "]"
-                for t, entries in overrides.items())
-            parts.append("extra_options={'TensorQuantOverrides': {" + body + "}}")
-        return self.settings.get("quantizer", "quantize_static") + "(..., " + ", ".join(parts) + ")"
+        return snippet(self.settings)
 
     def failure(self):
         """Why the remedy does not hold, in one sentence; None when it does."""
@@ -228,7 +238,9 @@ class Remedy(JsonResult):
             lines.append("nodes_to_exclude=" + json.dumps(s["nodes_to_exclude"]))
         if s.get("TensorQuantOverrides"):
             lines.append('extra_options["TensorQuantOverrides"]=' + json.dumps(s["TensorQuantOverrides"]))
-        if s.get("nodes_to_exclude") or s.get("TensorQuantOverrides"):
+        if s.get("per_channel"):
+            lines.append("per_channel=True (the quantizer's switch for every weight)")
+        if s.get("nodes_to_exclude") or s.get("TensorQuantOverrides") or s.get("per_channel"):
             lines.append("in Python: " + self.python_snippet())
         if s.get("simulation_only"):
             lines.append("simulation only (onnxruntime cannot express it): " + ", ".join(s["simulation_only"]))

@@ -45,16 +45,23 @@ def float_tensor_name(qmodel, c):
     return c.input
 
 
+def quantizer_call(qmodel):
+    """The onnxruntime quantizer that made ``qmodel``'s kind of model: quantize_dynamic for a
+    dynamic one, else quantize_static."""
+    return "quantize_dynamic" if qmodel.format == "dynamic" else "quantize_static"
+
+
 def per_channel_weights(qmodel):
     """How to ask onnxruntime for per-channel weights on ``qmodel``'s per-tensor ones: its
     switch, or, where other weights are per channel already (the switch was on, and
     onnxruntime left these per tensor: an embedding's Gather, a weight held as a Constant
     node), their axis one by one."""
     if any(c.per_channel for c in qmodel.of_kind("weight")):
-        return ("quantize_static(..., per_channel=True) left these per tensor beside the model's per-channel weights: "
+        return (f"{quantizer_call(qmodel)}(..., per_channel=True) left these per tensor beside the model's per-channel weights: "
                 "ask for their axis in extra_options['TensorQuantOverrides'] ({'axis': A}), which onnxruntime honours "
-                "only on initializers of ops it quantizes per channel, or raise them to int16")
-    return "quantize_static(..., per_channel=True)"
+                "only on initializers of ops it quantizes per channel"
+                + ("" if qmodel.format == "dynamic" else ", or raise them to int16"))
+    return f"{quantizer_call(qmodel)}(..., per_channel=True)"
 
 
 def onnxruntime_settings(qmodel, remedy, nodes, axes=None, choices=None):
@@ -69,7 +76,7 @@ def onnxruntime_settings(qmodel, remedy, nodes, axes=None, choices=None):
     if remedy not in REMEDIES + (MIXED,):
         raise unknown("remedy", remedy, REMEDIES + (MIXED,))
     axes, choices = axes or {}, choices or {}
-    exclude, overrides, sim_only = set(), {}, []
+    exclude, overrides, sim_only, per_channel = set(), {}, [], False
     for name in nodes:
         c = qmodel.calibration[name]
         kind = choices.get(name, remedy)
@@ -83,6 +90,8 @@ def onnxruntime_settings(qmodel, remedy, nodes, axes=None, choices=None):
         elif kind == "int16":
             signed = c.qrange[0] < 0
             overrides[float_tensor_name(qmodel, c)] = [{"quant_type": "QInt16" if signed else "QUInt16"}]
+        elif c.kind == "weight" and name in axes and qmodel.format == "dynamic":
+            per_channel = True  # quantize_dynamic refuses an axis override; its switch covers every weight
         elif c.kind == "weight" and name in axes:
             overrides[float_tensor_name(qmodel, c)] = [{"axis": int(axes[name])}]
         else:
@@ -94,13 +103,15 @@ def onnxruntime_settings(qmodel, remedy, nodes, axes=None, choices=None):
         # nodes (Neural Compressor's '<name>_quant') and the alignment found them
         ordered = [alignment.nodes.get(n, n) for n in ordered]
     settings = {"nodes_to_exclude": ordered, "TensorQuantOverrides": overrides, "simulation_only": sim_only}
+    if per_channel:
+        settings["per_channel"] = True
     if qmodel.format == "dynamic":
         settings["quantizer"] = "quantize_dynamic"  # the same arguments, for the quantizer that made it
     return settings
 
 
 def quantize_static_kwargs(settings):
-    """``nodes_to_exclude`` and ``extra_options`` for quantize_static from JSON settings
+    """``nodes_to_exclude``, ``extra_options`` (and ``per_channel`` where set) for quantize_static from JSON settings
     (a dict or a path), with quant types turned into ``QuantType`` members."""
     from onnxruntime.quantization import QuantType
 
@@ -120,5 +131,8 @@ def quantize_static_kwargs(settings):
             fixed.append(entry)
         overrides[tensor] = fixed
     extra = {"TensorQuantOverrides": overrides} if overrides else {}
-    return {"nodes_to_exclude": list(settings.get("nodes_to_exclude", [])), "extra_options": extra}
+    kwargs = {"nodes_to_exclude": list(settings.get("nodes_to_exclude", [])), "extra_options": extra}
+    if settings.get("per_channel"):
+        kwargs["per_channel"] = True
+    return kwargs
 
