@@ -214,3 +214,31 @@ def test_list_nodes_caps_the_consumers_of_a_shared_pair(tmp_path, capsys):
     assert main(["list-nodes", str(path)]) == 0
     row = next(line for line in capsys.readouterr().out.splitlines() if "| x_Q " in line)
     assert "relu_block0,relu_block1 (+3 more)" in row and "relu_block2" not in row
+
+
+@pytest.mark.parametrize("reduce_range", [False, True])
+def test_list_nodes_reads_a_reduce_range_weight_on_its_half_grid(tmp_path, capsys, reduce_range):
+    """reduce_range stores int8 weights on codes [-64, 64]: the threshold was 127 steps, twice
+    the weight's largest magnitude, and nothing said the weight had 7 bits."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    import builders
+
+    rng = np.random.default_rng(0)
+    w = (0.1 * rng.standard_normal((16, 32))).astype(np.float32)
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 32])],
+                              [numpy_helper.from_array(w, "w")])
+    fp = tmp_path / "f.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), fp)
+    data = {"x": [rng.standard_normal((1, 16)).astype(np.float32) for _ in range(4)]}
+    q = builders.quantize(fp, tmp_path / "q.onnx", data, reduce_range=reduce_range, keep_float=False)
+    assert main(["list-nodes", str(q)]) == 0
+    out = capsys.readouterr().out
+    row = next(line for line in out.splitlines() if line.startswith("| w_"))
+    threshold = float(row.split("|")[4])
+    assert threshold == pytest.approx(np.abs(w).max(), rel=0.01)  # the weight's own reach, either way
+    assert ("int8 [-64, 64]" in row and "reduce_range" in out) == reduce_range

@@ -321,3 +321,40 @@ def test_per_channel_advice_on_a_model_already_quantized_per_channel(zoo):
     assert per_channel_weights(QuantModel(zoo.qdq("qdq"))) == "quantize_static(..., per_channel=True)"
     advice = per_channel_weights(QuantModel(zoo.qdq("qdq_pc")))
     assert "left these per tensor" in advice and "TensorQuantOverrides" in advice and "'axis'" in advice
+
+
+@pytest.mark.parametrize("options", [dict(reduce_range=True, per_channel=True),
+                                     dict(extra_options={"WeightSymmetric": False}),
+                                     dict(activation_type="QUInt16")], ids=["reduce_range", "asymmetric", "a16"])
+def test_the_options_read_from_a_model_quantize_it_again_the_same(tmp_path, options):
+    """suggest re-quantizes the float model with the options the calibrated model shows: they
+    missed reduce_range (7-bit weights) and asymmetric int8 weights, and took a 16-bit model's
+    Add constant for an asymmetric weight; every scale and zero point must come back."""
+    from pytest_ptq.data import load_data
+    from pytest_ptq.remedy import infer_quantize_options, requantize
+
+    rng = np.random.default_rng(0)
+    w = (0.1 * rng.standard_normal((16, 32)) + 0.05).astype(np.float32)
+    b = rng.standard_normal(32).astype(np.float32)
+    graph = onnx.helper.make_graph(
+        [onnx.helper.make_node("MatMul", ["x", "w"], ["m"]), onnx.helper.make_node("Add", ["m", "b"], ["y"])], "g",
+        [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 4, 16])],
+        [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 4, 32])],
+        [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")])
+    fp = tmp_path / "f.onnx"
+    onnx.save(onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 21)], ir_version=10), fp)
+    data = {"x": [rng.standard_normal((1, 4, 16)).astype(np.float32) for _ in range(4)]}
+    given = builders.quantize(fp, tmp_path / "q.onnx", data, **options)
+    qm = QuantModel(str(given))
+    again = requantize(fp, tmp_path / "again.onnx", load_data(data, qm), infer_quantize_options(qm))
+
+    def qparams(path):
+        inits = {i.name: numpy_helper.to_array(i) for i in onnx.load(str(path)).graph.initializer}
+        return {n.input[0]: [inits[t] for t in n.input[1:3]] for n in onnx.load(str(path)).graph.node
+                if n.op_type == "QuantizeLinear"}
+
+    expected, got = qparams(given), qparams(again)
+    assert set(got) == set(expected)
+    for tensor, (scale, zp) in expected.items():
+        assert got[tensor][1].dtype == zp.dtype and np.array_equal(got[tensor][1], zp), tensor
+        np.testing.assert_allclose(got[tensor][0], scale, rtol=1e-6, err_msg=tensor)

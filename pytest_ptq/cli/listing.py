@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import numpy as np
+
 from ..model import QuantModel
 from ..tables import format_table
 from . import args as a
@@ -10,10 +12,22 @@ from . import args as a
 def run(args):
     qm = QuantModel(args.model, float_model=args.float_model)
     print(f"{qm.source}: {qm.format_label} model, made by {qm.made_by.label} ({qm.made_by.evidence})")
-    rows = [{**c.summary(), "consumers": _few(c.consumers)} for c in qm.calibration.values()]
+    rows, reduced = [], 0
+    for c in qm.calibration.values():
+        row = {**c.summary(), "consumers": _few(c.consumers)}
+        half = qm.reduced_range(c)
+        if half is not None:  # the codes it uses, and the range they reach: half the grid's
+            reduced += 1
+            row["dtype"] = f"{c.dtype_name} [{half[0]}, {half[1]}]"
+            zp = c.zero_point.astype(np.float64)
+            row["threshold"] = float(np.max(c.scale * np.maximum(zp - half[0], half[1] - zp)))
+        rows.append(row)
     print(format_table(rows, ["name", "kind", "dtype", "threshold", "granularity", "consumers"]))
     for note in qm.notes:
         print(f"note: {note}")
+    if reduced:
+        print(f"note: {reduced} weight(s) keep to half their 8-bit grid, as onnxruntime's reduce_range quantizes "
+              "them: 7 bits each")
     dynamic = len(qm.of_kind("dynamic"))
     of_which = f" ({dynamic} of them dynamic: ranges computed per run)" if dynamic else ""
     print(f"{len(qm.of_kind('weight'))} weight and {len(qm.of_kind('activation'))} activation calibration "

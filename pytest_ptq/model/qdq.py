@@ -770,6 +770,27 @@ class QuantModel:
             return [c for c in self.calibration.values() if c.is_activation]
         return [c for c in self.calibration.values() if c.kind == kind]
 
+    def reduced_range(self, c):
+        """The half grid ``(qmin, qmax)`` 8-bit weight ``c``'s codes keep to, reaching its
+        bound: onnxruntime's reduce_range (int8 codes in [-64, 64], uint8 in [0, 127]); else
+        None. A MinMax weight on the whole grid puts its extreme on the grid's end (127, -128
+        or 255), never on 64. Reads the weight when asked."""
+        g = c.grid
+        if c.kind != "weight" or c.role == "bias" or g.kind != "int" or g.bits != 8 or c.block_size:
+            return None
+        x = self.constant(c.input)
+        if x is None or not np.size(x):
+            return None
+        x = np.asarray(x)
+        if x.dtype.kind == "f":  # a float weight behind its pair: the codes it quantizes to
+            s = grids.broadcast(c.scale.astype(np.float64), x.shape, c.axis, c.block_size)
+            z = grids.broadcast(c.zero_point.astype(np.float64), x.shape, c.axis, c.block_size)
+            x = np.clip(np.rint(x / s) + z, g.qmin, g.qmax)
+        lo, hi = float(np.min(x)), float(np.max(x))
+        half = (-64, 64) if g.signed else (0, 127)
+        reached = 64 in (-lo, hi) if g.signed else hi == 127
+        return half if half[0] <= lo and hi <= half[1] and reached else None
+
     def wider_type(self, c):
         """The integer type calibration node ``c`` can be widened to ("int16"), or None: it
         holds 16 bits already, sits on a float grid (fp8, whose wider form is float16), or the

@@ -57,13 +57,14 @@ def float_input(engine, c):
     return None
 
 
-def channel_range_qparams(c, lo, hi, rank, axis):
-    """Per-channel QParams covering ``[lo, hi]`` (one value per channel) at ``c``'s bit width.
+def channel_range_qparams(c, lo, hi, rank, axis, qrange=None):
+    """Per-channel QParams covering ``[lo, hi]`` (one value per channel) at ``c``'s bit width,
+    or on the codes ``qrange`` (a weight's half grid under reduce_range).
 
     Signed nodes with zero points of 0 stay symmetric (onnxruntime's weight default, which
     uses ``[-127, 127]`` for int8); others are asymmetric over the range extended to 0.
     """
-    qmin, qmax = c.qrange
+    qmin, qmax = qrange or c.qrange
     lo = np.asarray(lo, dtype=np.float64)
     hi = np.asarray(hi, dtype=np.float64)
     if qmin < 0 and np.all(c.zero_point == 0):
@@ -139,7 +140,9 @@ def alternatives_for(engine, remedy, names, indices, clock=None):
                 continue
             axis = channel_axis(qm, c, w.shape)
             other = tuple(a for a in range(w.ndim) if a != axis)
-            alts[n] = channel_range_qparams(c, w.min(axis=other), w.max(axis=other), w.ndim, axis)
+            # a weight quantized with reduce_range is re-quantized with it: 7 bits per channel too
+            alts[n] = channel_range_qparams(c, w.min(axis=other), w.max(axis=other), w.ndim, axis,
+                                            qm.reduced_range(c))
             axes[n] = axis
         for n, (lo, hi, rank, axis) in _activation_ranges(engine, acts, indices, clock).items():
             alts[n] = channel_range_qparams(qm.calibration[n], lo, hi, rank, axis)

@@ -45,23 +45,35 @@ def infer_quantize_options(qmodel):
     # a node onnxruntime would quantize that reads no Q/DQ was excluded on purpose
     excluded = [n.name for n in qmodel.normal.values()
                 if n.op_type in PER_CHANNEL_OPS and not n.calibration_inputs]
+    # the weights onnxruntime quantizes as weights: a matrix product's; an Add's constant takes
+    # the activation type, or the weight type without its symmetry
+    products = [c for c in weights
+                if any(qmodel.normal[n].op_type in PER_CHANNEL_OPS for n in c.consumers if n in qmodel.normal)]
+    weight_type = common(products or weights, "QInt8")
+    typed = [c for c in products if _QUANT_TYPES.get(c.qtype) == weight_type]
+    # reduce_range keeps 8-bit weights on 7 bits; asked for on the whole model, it shows on every one
+    reduce_range = bool(typed) and all(qmodel.reduced_range(c) is not None for c in typed)
     if qmodel.format == "dynamic":
         # quantize_dynamic quantizes a MatMul between two activations only when told to
         both = any(sum(qmodel.calibration[c].dynamic for c in n.calibration_inputs) > 1
                    for n in qmodel.normal.values() if n.op_type == "MatMul")
-        return {"quantizer": "quantize_dynamic", "weight_type": common(weights, "QInt8"),
-                "per_channel": any(c.per_channel for c in weights),
+        return {"quantizer": "quantize_dynamic", "weight_type": weight_type,
+                "per_channel": any(c.per_channel for c in weights), "reduce_range": reduce_range,
                 "extra_options": {"MatMulConstBOnly": False} if both else {}, "nodes_to_exclude": excluded}
 
     act_type = common(acts, "QUInt8")
-    weight_type = common(weights, "QInt8")
     extra = {"AddQDQPairToWeight": True, "QDQKeepRemovableActivations": True}
     signed_acts = [c for c in acts if c.qrange[0] < 0]
     if signed_acts and all(np.all(c.zero_point == 0) for c in signed_acts):
         extra["ActivationSymmetric"] = True
-    unsigned_w = [c for c in weights if c.qrange[0] >= 0]
-    if unsigned_w and any(np.any(c.zero_point != 0) for c in unsigned_w):
-        extra["WeightSymmetric"] = False
+    if typed:
+        # symmetric weights sit on the grid's middle code (0 signed, 128 uint8); onnxruntime's
+        # default is symmetric for signed types only, so the option is given where it differs
+        signed = typed[0].qrange[0] < 0
+        asymmetric = any(np.any(c.zero_point != (0 if signed else (c.qrange[0] + c.qrange[1] + 1) // 2))
+                         for c in typed)
+        if asymmetric == signed:
+            extra["WeightSymmetric"] = not asymmetric
     # biases left float (QuantizeBias=False) read a float initializer; re-quantizing them to
     # int32 would move the outputs away from the model being remedied
     biased = [n for n in qmodel.normal.values() if n.op_type in PER_CHANNEL_OPS and n.calibration_inputs
@@ -69,7 +81,7 @@ def infer_quantize_options(qmodel):
     if biased and all(qmodel.is_constant(n.inputs[2]) and qmodel.is_float_tensor(n.inputs[2]) for n in biased):
         extra["QuantizeBias"] = False
     return {"quantizer": "quantize_static", "activation_type": act_type, "weight_type": weight_type,
-            "per_channel": any(c.per_channel for c in weights), "extra_options": extra,
+            "per_channel": any(c.per_channel for c in weights), "reduce_range": reduce_range, "extra_options": extra,
             "nodes_to_exclude": excluded}
 
 
@@ -114,12 +126,14 @@ def requantize(float_model, out_path, data, options, settings=None):
     try:
         if options.get("quantizer") == "quantize_dynamic":
             quantize_dynamic(source, str(out_path), weight_type=QuantType.from_string(options["weight_type"]),
-                             per_channel=per_channel, nodes_to_exclude=exclude, extra_options=extra)
+                             per_channel=per_channel, reduce_range=options.get("reduce_range", False),
+                             nodes_to_exclude=exclude, extra_options=extra)
         else:
             quantize_static(source, str(out_path), _Reader(), quant_format=QuantFormat.QDQ,
                             activation_type=QuantType.from_string(options["activation_type"]),
                             weight_type=QuantType.from_string(options["weight_type"]),
-                            per_channel=per_channel, nodes_to_exclude=exclude, extra_options=extra)
+                            per_channel=per_channel, reduce_range=options.get("reduce_range", False),
+                            nodes_to_exclude=exclude, extra_options=extra)
     except PTQError:
         raise
     except OSError as exc:
