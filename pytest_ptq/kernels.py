@@ -36,10 +36,14 @@ def saturating_nodes(qm):
     """Names of the nodes, in graph order, whose kernels multiply uint8 activation codes by
     int8 weight codes reaching beyond 7 bits, what onnxruntime's CPU kernels saturate on x86
     without AVX-VNNI: in a QDQ model the ops fed by both (onnxruntime fuses them into such
-    kernels), in a QOperator or dynamic file its integer ops that sum in int16 pairs."""
+    kernels; on x86 it shifts int8 activations to uint8 first, so those count too: an int8
+    and a uint8 model of the same weights read the same 0.9914 there), in a QOperator or
+    dynamic file its integer ops that sum in int16 pairs."""
     if qm.format == "QDQ":
         consumers = {c for w in _wide_qdq_weights(qm) for c in w.consumers}
-        return [n.name for n in qm.model.graph.node if n.name in consumers and _fed_uint8(qm, n.name)]
+        fed = {n for c in qm.calibration.values() if c.is_activation and c.bit == 8
+               and c.qtype in (TensorProto.UINT8, TensorProto.INT8) for n in c.consumers}
+        return [n.name for n in qm.model.graph.node if n.name in consumers and n.name in fed]
     return [(node.name or node.output[0]) for node, _ in _wide_integer_ops(qm.as_given().graph)]
 
 
@@ -47,11 +51,6 @@ def _wide_qdq_weights(qm):
     """A QDQ model's 8-bit int8 weight nodes whose codes reach beyond 7 bits."""
     return [c for c in qm.calibration.values() if c.kind == "weight" and c.role != "bias"
             and c.qtype == TensorProto.INT8 and c.bit == 8 and _wide_weight(qm, c)]
-
-
-def _fed_uint8(qm, name):
-    return any(c.is_activation and c.qtype == TensorProto.UINT8 and c.bit == 8 and name in c.consumers
-               for c in qm.calibration.values())
 
 
 def _wide_integer_ops(graph):

@@ -135,8 +135,11 @@ def test_saturating_products_are_found_and_named(models, tmp_path, monkeypatch):
     qm = QuantModel(str(models["qdq"]))
     convs = [n.name for n in onnx.load(str(models["float"])).graph.node if n.op_type in ("Conv", "Gemm", "MatMul")]
     assert len(convs) >= 3 and saturating_nodes(qm) == convs  # uint8 activations, int8 weights: all of them
+    # onnxruntime shifts int8 activations to uint8 on x86 before fusing: the same kernels
     int8 = builders.quantize(models["float"], tmp_path / "s8.onnx", models["data"], activation_type="QInt8")
-    assert saturating_nodes(QuantModel(str(int8))) == []
+    assert saturating_nodes(QuantModel(str(int8))) == convs
+    wide = builders.quantize(models["float"], tmp_path / "a16.onnx", models["data"], activation_type="QUInt16")
+    assert saturating_nodes(QuantModel(str(wide))) == []
     for keep_float in (True, False):  # 7-bit weights behind pairs or lone DQs: no pair sum reaches int16's limit
         narrow = builders.quantize(models["float"], tmp_path / f"rr{keep_float}.onnx", models["data"],
                                    keep_float=keep_float, reduce_range=True)
@@ -146,7 +149,7 @@ def test_saturating_products_are_found_and_named(models, tmp_path, monkeypatch):
     assert f"{len(convs)} node(s) here run such products ('{convs[0]}'" in cause
     assert "reduce_range=True" in cause
     assert saturation_cause(qm, ["CUDAExecutionProvider", "CPUExecutionProvider"]) == ""
-    assert saturation_cause(QuantModel(str(int8)), None) == ""
+    assert saturation_cause(QuantModel(str(wide)), None) == ""
     monkeypatch.setattr(kernels, "integer_kernels_saturate", lambda: False)
     assert saturation_cause(qm, None) == ""
 
@@ -250,3 +253,35 @@ def test_cli_stages(models, tmp_path, capsys):
         main(["stages", "-h"])
     assert exc.value.code == 0
     assert "FLOAT_MODEL" in capsys.readouterr().out
+
+
+@pytest.mark.skipif(not integer_kernels_saturate(), reason="this CPU's kernels do not saturate uint8 x int8 products")
+@pytest.mark.parametrize("activation_type", ["QUInt8", "QInt8"])
+def test_int8_activations_saturate_like_uint8_ones_here(tmp_path, activation_type):
+    """Positive weights and inputs near the top of their range: every pair of products is
+    large. onnxruntime's kernels depart from the simulation alike for uint8 and int8
+    activations (it shifts int8 ones to uint8 on x86), and read as the simulation once the
+    weights are stored as uint8."""
+    helper, rng = onnx.helper, np.random.default_rng(0)
+    w1 = numpy_helper.from_array((0.01 * rng.uniform(0.5, 1, (64, 64, 3, 3))).astype(np.float32), "w1")
+    w2 = numpy_helper.from_array((0.05 * rng.uniform(-1, 1, (8, 64, 3, 3))).astype(np.float32), "w2")
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w1"], ["c1"], pads=[1] * 4), helper.make_node("Relu", ["c1"], ["r1"]),
+         helper.make_node("Conv", ["r1", "w2"], ["y"], pads=[1] * 4)], "g",
+        [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 64, 16, 16])],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 8, 16, 16])], [w1, w2])
+    fp = tmp_path / "f.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), fp)
+    data = {"x": [rng.uniform(0.7, 1, (1, 64, 16, 16)).astype(np.float32) for _ in range(2)]}
+    q = builders.quantize(fp, tmp_path / "q.onnx", data, activation_type=activation_type, keep_float=False)
+    qm = QuantModel(str(q))
+    assert saturating_nodes(qm) == [n.name for n in qm.normal.values() if n.op_type == "Conv"]
+    simulated = [builders.run_model(q, {"x": x})["y"] for x in data["x"]]
+
+    def kernels_read(model):
+        sess = ort.InferenceSession(model.SerializeToString() if isinstance(model, onnx.ModelProto) else str(model),
+                                    providers=["CPUExecutionProvider"])
+        return builders.pooled_cosine(simulated, [sess.run(None, {"x": x})[0] for x in data["x"]])
+
+    assert kernels_read(q) < 0.999
+    assert kernels_read(kernels.as_uint8_weights(qm)) > 0.99999
