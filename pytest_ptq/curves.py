@@ -142,7 +142,7 @@ def plot_curves(curves, path, title=None, annotate=3):
     """Write the curves as a PNG: operators in execution order on x, the metric on y; the
     ``annotate`` worst points of each curve are numbered on it and named in a side panel with
     the legend, so that no label covers a curve or another label."""
-    from .figures import mark_points, side_text, with_side_panel
+    from .figures import mark_points, side_legend, side_text, with_side_panel
 
     plt = pyplot()
     m = get_metrics(curves.metric)[0]
@@ -165,13 +165,12 @@ def plot_curves(curves, path, title=None, annotate=3):
     # one number per marked operator, worst first; the side panel names it
     order = sorted(worst, key=lambda i: min(m.sort_key(v) for _, v in worst[i]))
     mark_points(ax, [(i, min((v for _, v in worst[i]), key=m.sort_key)) for i in order])
-    handles, labels = ax.get_legend_handles_labels()
-    side.legend(handles, labels, loc="upper left", fontsize=8, frameon=False, borderaxespad=0)
+    below = side_legend(side, ax)
     lines = ["worst points:"]
     for k, i in enumerate(order, 1):
         lines.append(f"{k:>2} {_clip(curves.nodes[i], 26)} (#{i})")
         lines += [f"   {_clip(label, 16)} {short(v)}" for label, v in worst[i]]
-    side_text(side, lines, top=0.98 - 0.055 * (len(labels) + 1), fontsize=7.5)
+    side_text(side, lines, top=below, fontsize=7.5)
     return save_figure(fig, path, tight=False)
 
 

@@ -102,6 +102,23 @@ def _overlap(a, b):
     return a[0] < b[2] and b[0] < a[2] and a[1] < b[3] and b[1] < a[3]
 
 
+def side_legend(side, ax, fontsize=8):
+    """``ax``'s legend at the top of the side panel, each label wrapped to the panel's width
+    (a long one ran off the figure); returns the axes fraction just below it."""
+    import textwrap
+
+    handles, labels = ax.get_legend_handles_labels()
+    fig = side.figure
+    # characters that fit beside a legend handle: a monospace-ish estimate of 0.6 em per character
+    width = side.get_window_extent().width - 3.5 * fontsize * fig.dpi / 72
+    chars = max(12, int(width / (0.6 * fontsize * fig.dpi / 72)))
+    legend = side.legend(handles, ["\n".join(textwrap.wrap(label, chars)) or label for label in labels],
+                         loc="upper left", fontsize=fontsize, frameon=False, borderaxespad=0)
+    fig.canvas.draw()
+    box = legend.get_window_extent().transformed(side.transAxes.inverted())
+    return box.y0 - 0.04
+
+
 def side_text(side, lines, top=1.0, fontsize=8):
     """Write ``lines`` down the side panel from ``top`` (axes fraction); returns the fraction
     where the text ends."""

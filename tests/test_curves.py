@@ -279,6 +279,25 @@ def test_marked_points_are_numbered_without_overlapping_labels():
     plt.close(fig)
 
 
+def test_a_long_legend_label_wraps_inside_the_side_panel():
+    """suggest's "re-quantized with onnxruntime, on confirmation samples" ran off the figure's
+    right edge; the text below the legend starts under its last line."""
+    from pytest_ptq.figures import pyplot, side_legend, side_text, with_side_panel
+
+    plt = pyplot()
+    fig, ax, side = with_side_panel(plt, (11, 5.2), ratio=(3.0, 1.25))
+    ax.plot([0, 1], [0, 1], label="greedy on the search samples (mixed)")
+    ax.scatter([1], [1], label="re-quantized with onnxruntime, on confirmation samples, and then some more words")
+    below = side_legend(side, ax)
+    side_text(side, ["greedy additions, in order:", " 1 a_node 0.9999"], top=below)
+    fig.canvas.draw()
+    legend = side.get_legend().get_window_extent()
+    text = side.texts[-1].get_window_extent()
+    assert legend.x1 <= fig.bbox.width and text.x1 <= fig.bbox.width
+    assert text.y1 <= legend.y0 and len(side.get_legend().get_texts()[1].get_text().splitlines()) >= 2
+    plt.close(fig)
+
+
 def test_plot_names_the_worst_points_beside_the_axes(tmp_path):
     from pytest_ptq.curves import Curves, plot_curves
 

@@ -13,7 +13,7 @@ def plot_remedy(result, path):
     """A PNG of the search: cost on x (nodes for a single remedy), the objective on y; the
     greedy path on the search samples, refinements, every set scored on the judging data,
     the chosen set on calibration and judging data, and the target dashed."""
-    from ..figures import mark_points, side_text, with_side_panel
+    from ..figures import mark_points, side_legend, side_text, with_side_panel
     from ..tables import short
 
     plt = pyplot()
@@ -65,13 +65,12 @@ def plot_remedy(result, path):
     # names pile up onto each other and onto the points
     added = list(zip(pts, xs))[1:_NAMED + 1]
     mark_points(ax, [(x, p["value"]) for p, x in added], colour="tab:blue")
-    handles, labels = ax.get_legend_handles_labels()
-    side.legend(handles, labels, loc="upper left", fontsize=8, frameon=False, borderaxespad=0)
+    below = side_legend(side, ax)
     lines = ["greedy additions, in order:"] + [f"{k:>2} {_clip(p['added'], 24)} {short(p['value'])}"
                                                for k, (p, _) in enumerate(added, 1)]
     if len(pts) - 1 > len(added):
         lines.append(f"   ... {len(pts) - 1 - len(added)} more")
-    side_text(side, lines, top=0.98 - 0.058 * (len(labels) + 1.5), fontsize=7.5)
+    side_text(side, lines, top=below, fontsize=7.5)
     return save_figure(fig, path, tight=False)
 
 
