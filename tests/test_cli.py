@@ -242,3 +242,10 @@ def test_list_nodes_reads_a_reduce_range_weight_on_its_half_grid(tmp_path, capsy
     threshold = float(row.split("|")[4])
     assert threshold == pytest.approx(np.abs(w).max(), rel=0.01)  # the weight's own reach, either way
     assert ("int8 [-64, 64]" in row and "reduce_range" in out) == reduce_range
+    # the distribution's range lines and threshold too
+    from pytest_ptq.distribution import plot_distribution
+
+    [d] = plot_distribution(tmp_path / "plots", Engine(str(q), data, float_model=str(fp)),
+                            nodes_list=["w_DequantizeLinear"]).values()
+    assert d["threshold"] == pytest.approx(np.abs(w).max(), rel=0.01)
+    assert -d["range_lo"] == pytest.approx(np.abs(w).max(), rel=0.01)

@@ -19,8 +19,8 @@ def run(args):
         if half is not None:  # the codes it uses, and the range they reach: half the grid's
             reduced += 1
             row["dtype"] = f"{c.dtype_name} [{half[0]}, {half[1]}]"
-            zp = c.zero_point.astype(np.float64)
-            row["threshold"] = float(np.max(c.scale * np.maximum(zp - half[0], half[1] - zp)))
+            lo, hi = c.range(half)
+            row["threshold"] = float(max(np.max(-lo), np.max(hi)))
         rows.append(row)
     print(format_table(rows, ["name", "kind", "dtype", "threshold", "granularity", "consumers"]))
     for note in qm.notes:

@@ -149,11 +149,13 @@ class CalibrationNode:
         _, lo, hi = self.folded
         return np.clip(values, lo, hi)
 
-    def range(self):
-        """(lowest, highest) representable values, per channel or block, in input units."""
+    def range(self, codes=None):
+        """(lowest, highest) representable values, per channel or block, in input units; of
+        the codes ``(qmin, qmax)`` where given (the half grid of :meth:`QuantModel.reduced_range`)."""
         s = self.scale.astype(np.float64)
         zp = 0.0 if self.grid.is_float else self.zero_point.astype(np.float64)
-        return s * (self.grid.qmin - zp), s * (self.grid.qmax - zp)
+        qmin, qmax = codes or (self.grid.qmin, self.grid.qmax)
+        return s * (qmin - zp), s * (qmax - zp)
 
     def bounds(self, shape):
         """:meth:`range` broadcast against a tensor of ``shape`` (channels or blocks expanded)."""
