@@ -142,7 +142,7 @@ def plot_curves(curves, path, title=None, annotate=3):
     """Write the curves as a PNG: operators in execution order on x, the metric on y; the
     ``annotate`` worst points of each curve are numbered on it and named in a side panel with
     the legend, so that no label covers a curve or another label."""
-    from .figures import mark_points, side_legend, side_text, with_side_panel
+    from .figures import fit_label, mark_points, side_legend, side_text, with_side_panel
 
     plt = pyplot()
     m = get_metrics(curves.metric)[0]
@@ -168,8 +168,8 @@ def plot_curves(curves, path, title=None, annotate=3):
     below = side_legend(side, ax)
     lines = ["worst points:"]
     for k, i in enumerate(order, 1):
-        lines.append(f"{k:>2} {_clip(curves.nodes[i], 26)} (#{i})")
-        lines += [f"   {_clip(label, 16)} {short(v)}" for label, v in worst[i]]
+        lines.append(f"{k:>2} {fit_label(curves.nodes[i], 26)} (#{i})")
+        lines += [f"   {fit_label(label, 16)} {short(v)}" for label, v in worst[i]]
     side_text(side, lines, top=below, fontsize=7.5)
     return save_figure(fig, path, tight=False)
 
@@ -191,9 +191,6 @@ def marked(curves, annotate=3):
                 worst.setdefault(i, []).append((label, ys[i]))
     return worst
 
-
-def _clip(text, width):
-    return text if len(text) <= width else text[: width - 1] + "~"
 
 
 def plot_acc_error(save_dir, calibrated_data=None, model_or_file=None, quantize_node=None,

@@ -102,6 +102,16 @@ def _overlap(a, b):
     return a[0] < b[2] and b[0] < a[2] and a[1] < b[3] and b[1] < a[3]
 
 
+def fit_label(text, width):
+    """``text`` in at most ``width`` characters for a side panel: its start and its end, which
+    tell apart names that share a long prefix (/backbone/stage1/conv1/Conv, .../conv2/Conv)."""
+    text = str(text)
+    if len(text) <= width:
+        return text
+    head = max(1, (width - 1) // 3)
+    return text[:head] + "~" + text[len(text) - (width - 1 - head):]
+
+
 def side_legend(side, ax, fontsize=8):
     """``ax``'s legend at the top of the side panel, each label wrapped to the panel's width
     (a long one ran off the figure); returns the axes fraction just below it."""

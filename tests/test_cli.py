@@ -103,7 +103,13 @@ def test_acc_error_options(paths, tmp_path, capsys):
     curves = json.loads((tmp_path / "curves.json").read_text())
     assert list(curves["values"]) == ["weight only", "activation only"] and curves["average_mode"]
     assert Path(curves["png"]).stat().st_size > 10_000
-    assert captured.out.splitlines()[0].startswith("weight only: final cosine-similarity ")
+    # the figure at the model's output, wherever it sits in execution order
+    import onnx
+
+    [output] = [o.name for o in onnx.load(paths["model"]).graph.output]
+    k = curves["tensors"].index(output)
+    assert captured.out.splitlines()[0].startswith(
+        f"weight only: cosine-similarity at the output {output} {curves['values']['weight only'][k]:.6g}; worst at ")
 
     rc = main(["plot-acc-error", paths["model"], paths["data"], "-nq", "conv2,fc", "r1_QuantizeLinear",
                "-s", str(tmp_path / "plots"), "--json", str(tmp_path / "nq.json"), "--quiet", "--no-local"])

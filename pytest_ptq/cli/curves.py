@@ -14,13 +14,17 @@ def nested(values):
 
 
 def run(args):
-    curves = plot_acc_error(args.save_dir, model_or_file=a.engine(args), quantize_node=nested(args.quantize_node),
+    engine = a.engine(args)
+    curves = plot_acc_error(args.save_dir, model_or_file=engine, quantize_node=nested(args.quantize_node),
                             non_quantize_node=nested(args.non_quantize_node), metric=args.metric,
                             average_mode=args.average, data_num=args.data_num, local=not args.no_local,
                             progress=not args.quiet)
+    # the model's outputs, not the last operator run (a side branch, as often as not)
+    ends = [k for k, t in enumerate(curves.tensors) if t in engine.model_outputs] or [len(curves.nodes) - 1]
     for label in curves.values:
         worst = ", ".join(f"{n} ({v:.6g})" for n, v in curves.worst(label))
-        print(f"{label}: final {curves.metric} {curves.values[label][-1]:.6g}; worst at {worst}")
+        at = ", ".join(f"{curves.tensors[k]} {curves.values[label][k]:.6g}" for k in ends)
+        print(f"{label}: {curves.metric} at the output{'s' if len(ends) > 1 else ''} {at}; worst at {worst}")
     print(f"wrote {curves.png}")
     if args.json:
         print(f"wrote {curves.save(args.json)}")
