@@ -64,8 +64,8 @@ def channel_axis(qm, c, shape, axis=None, value=None):
     if c.per_channel and c.axis is not None:
         return c.axis % rank
     if rank < 2:
-        raise PTQError(f"{what}, so it has no channel axis to infer; pass axis=0 to box-plot each "
-                       "element as a channel")
+        raise PTQError(f"{what}, so it has no channel axis to infer; pass axis=0 (--axis 0) to "
+                       "box-plot each element as a channel")
     if c.kind == "weight":
         for n in c.consumers:
             node = qm.normal.get(n)

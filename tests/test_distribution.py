@@ -459,3 +459,20 @@ def test_a_mask_fill_setting_the_range_is_told_from_a_tail_int16_resolves(tmp_pa
     assert "int16" not in tries16 and "int16" not in " ".join(reasons16) and "keep in float" in tries16
     if not int16_helps:
         assert tries16[0] == "keep in float" and "-> keep in float" in reasons16[0]
+
+
+def test_a_bias_without_channels_is_skipped_among_several_and_refused_alone(models, tmp_path, capsys):
+    """A 1-D bias has no channel axis: among several nodes it stopped every other box plot; it
+    is skipped with the reason now, and alone it is refused naming the CLI flag."""
+    from pytest_ptq.cli import main
+
+    args = ["get-channelwise-data-distribution", str(models["q"]), str(models["folder"]), "--float-model",
+            str(models["float"]), "-s", str(tmp_path / "box"), "--quiet"]
+    assert main([*args, "-n", "w1_QuantizeLinear", "b1_DequantizeLinear", "--json", str(tmp_path / "b.json")]) == 0
+    out = capsys.readouterr().out
+    assert "skipped b1_DequantizeLinear: " in out and "--axis 0" in out
+    assert (tmp_path / "box" / "channelwise_w1_QuantizeLinear.png").exists()
+    saved = json.loads((tmp_path / "b.json").read_text())
+    assert saved["w1_QuantizeLinear"]["outlier_channels"] == [3] and "skipped" in saved["b1_DequantizeLinear"]
+    assert main([*args, "-n", "b1_DequantizeLinear"]) == 2
+    assert "no channel axis to infer; pass axis=0 (--axis 0)" in capsys.readouterr().err

@@ -22,11 +22,11 @@ def node_names(values):
     return out
 
 
-def _written(args, result):
+def _written(args, result, json_result=None):
     for d in result.values():
         print(f"wrote {d['png']}")
     if args.json:
-        print(f"wrote {write_json(result, args.json)}")
+        print(f"wrote {write_json(result if json_result is None else json_result, args.json)}")
 
 
 def run_distribution(args):
@@ -53,11 +53,16 @@ def run_channelwise(args):
     boxes = get_channelwise_data_distribution(args.save_dir, a.engine(args), nodes_list=node_names(args.nodes),
                                               axis=args.axis, data_num=args.data_num, outlier_k=args.outlier_k,
                                               progress=not args.quiet)
+    drawn = {k: d for k, d in boxes.items() if "skipped" not in d}
     rows = [{"node": k, "tensor": d["tensor"], "axis": d["axis"], "channels": d["channels"],
              "outlier channels": ",".join(map(str, d["outlier_channels"][:10])) or "-"}
-            for k, d in boxes.items()]
-    print(format_table(rows, ["node", "tensor", "axis", "channels", "outlier channels"]))
-    _written(args, boxes)
+            for k, d in drawn.items()]
+    if rows:
+        print(format_table(rows, ["node", "tensor", "axis", "channels", "outlier channels"]))
+    for k, d in boxes.items():
+        if k not in drawn:
+            print(f"skipped {k}: {d['skipped']}")
+    _written(args, drawn, boxes)
 
 
 def configure_channelwise(p):

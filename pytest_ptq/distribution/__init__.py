@@ -61,13 +61,15 @@ def get_channelwise_data_distribution(save_dir, model_or_file, calibrated_data=N
     Returns ``{node: statistics}`` with lists indexed by channel (``q1``, ``median``, ``q3``,
     ``whisker_lo``/``whisker_hi`` at 1.5 IQR, ``mean``, ``min``, ``max``, ``max_abs``) and
     ``outlier_channels``: channels whose max |x| exceeds ``outlier_k`` times the median
-    channel's, widest first, with ``outlier_ratios``.
+    channel's, widest first, with ``outlier_ratios``. Of several nodes, one without a channel
+    axis (a 1-D bias) gets ``{"skipped": why}`` and no PNG; a single one raises.
     """
     engine = engine_for(model_or_file, calibrated_data, float_model=float_model)
     with engine.writes(save_dir) as out:
         names = resolve_nodes(engine.qmodel, nodes_list, "get_channelwise_data_distribution")
         _, boxes = collect(engine, (), names, axis=axis, data_num=data_num, outlier_k=outlier_k,
-                           progress=progress)
+                           progress=progress, skip_unboxable=len(names) > 1)
         for d in boxes.values():
-            d["png"] = draw_channelwise(d, out)
+            if "skipped" not in d:
+                d["png"] = draw_channelwise(d, out)
     return boxes
