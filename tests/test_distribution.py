@@ -476,3 +476,49 @@ def test_a_bias_without_channels_is_skipped_among_several_and_refused_alone(mode
     assert saved["w1_QuantizeLinear"]["outlier_channels"] == [3] and "skipped" in saved["b1_DequantizeLinear"]
     assert main([*args, "-n", "b1_DequantizeLinear"]) == 2
     assert "no channel axis to infer; pass axis=0 (--axis 0)" in capsys.readouterr().err
+
+
+def test_a_near_dead_weight_channel_is_not_the_worst_one(tmp_path):
+    """A pruned channel (weights 1e-5 of the others) rounds to zero and reads 0 dB: it was
+    named the worst channel ("keeps only 0.0 dB") though it carries nothing."""
+    helper, rng = onnx.helper, np.random.default_rng(0)
+    w = (0.1 * rng.standard_normal((8, 3, 3, 3))).astype(np.float32)
+    w[2] *= 1e-5
+    graph = helper.make_graph([helper.make_node("Conv", ["x", "w"], ["y"], pads=[1] * 4)], "g",
+                              [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 3, 8, 8])],
+                              [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 8, 8, 8])],
+                              [onnx.numpy_helper.from_array(w, "w")])
+    fp = tmp_path / "f.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), fp)
+    data = builders.samples(2, size=8)
+    q = builders.quantize(fp, tmp_path / "q.onnx", data)
+    [d] = plot_distribution(tmp_path / "p", Engine(str(q), data, float_model=str(fp)),
+                            nodes_list=["w_QuantizeLinear"]).values()
+    # by hand: each channel's SQNR on onnxruntime's per-tensor grid
+    scale = np.abs(w).max() / 127
+    err = np.clip(np.rint(w / scale), -128, 127) * scale - w
+    db = 10 * np.log10((w.reshape(8, -1) ** 2).sum(1) / (err.reshape(8, -1) ** 2).sum(1))
+    assert db[2] < 1 and d["channel_sqnr"][2] == pytest.approx(db[2], abs=0.01)
+    live = [k for k in range(8) if k != 2]
+    assert d["near_dead_channels"] == 1 and d["worst_channel"] == live[int(np.argmin(db[live]))]
+    assert d["worst_channel_sqnr"] == pytest.approx(db[live].min(), abs=0.01)
+
+
+@pytest.mark.parametrize("symmetric", [True, False])
+def test_a_symmetric_range_on_a_relu_output_is_read_as_half_unused(models, tmp_path, symmetric):
+    """int8 activations with ActivationSymmetric put half of a Relu output's range below zero,
+    where no value goes: that read "well shaped"."""
+    data = models["data"]
+    q = builders.quantize(models["float"], tmp_path / "q.onnx", data, activation_type="QInt8",
+                          extra_options={"ActivationSymmetric": symmetric})
+    pair = "r1_QuantizeLinear"
+    [d] = plot_distribution(tmp_path / "p", Engine(str(q), data, float_model=str(models["float"])),
+                            nodes_list=[pair]).values()
+    scale, zp, qmin, qmax = _qparams(q, pair)
+    below = (zp - qmin) / (qmax - qmin)  # the share of the grid under zero, from the file
+    tries, reasons = readings.advise(d)
+    if symmetric:
+        assert below == pytest.approx(0.5, abs=0.01)
+        assert reasons[0].startswith(f"{below:.0%} of the range lies below zero") and "ActivationSymmetric=False" in reasons[0]
+    else:
+        assert below < 0.01 and "below zero" not in " ".join(reasons)

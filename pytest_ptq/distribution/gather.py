@@ -474,6 +474,9 @@ def _weight_distribution(qm, c, info, bins):
     return info
 
 
+_DEAD_SHARE = 1e-4  # a channel's energy below this share of the median channel's: near dead
+
+
 def _channel_sqnr(qm, c, w, deq):
     """SQNR (dB) of each output channel: a per-tensor scale set by one wide channel shows up
     as a weak channel even when the whole tensor's SQNR looks fine."""
@@ -488,11 +491,15 @@ def _channel_sqnr(qm, c, w, deq):
     with np.errstate(divide="ignore", invalid="ignore"):
         db = np.where(noise > 0, 10 * np.log10(np.where(signal > 0, signal, 1e-300) / noise), np.inf)
     db = np.where((signal == 0) & (noise > 0), -np.inf, db)
-    worst = int(np.argmin(db))
+    # a channel of almost nothing (pruned, or nearly) rounds to zero and reads 0 dB, but its
+    # loss is nothing next to the others': the worst channel is among those that carry energy
+    carried = signal >= _DEAD_SHARE * np.median(signal[signal > 0]) if np.any(signal > 0) else np.ones(len(db), bool)
+    worst = int(np.flatnonzero(carried)[np.argmin(db[carried])]) if carried.any() else int(np.argmin(db))
     # the channel whose range sets a per-tensor scale: the one the box plot marks widest
     peak = np.abs(wf).max(axis=1) if wf.size else np.zeros(len(wf))
     live = peak[peak > 0]
     widest = int(np.argmax(peak)) if peak.size else None
     ratio = float(peak[widest] / np.median(live)) if widest is not None and live.size else 0.0
     return {"channel_axis": ax, "channel_sqnr": db.tolist(), "worst_channel": worst,
-            "worst_channel_sqnr": float(db[worst]), "widest_channel": widest, "widest_ratio": ratio}
+            "worst_channel_sqnr": float(db[worst]), "widest_channel": widest, "widest_ratio": ratio,
+            "near_dead_channels": int(len(db) - carried.sum())}

@@ -69,6 +69,22 @@ def _far(d):
     return "a few values far from the rest"
 
 
+# A calibrated range this share or more below zero, on a tensor that never goes there (a
+# symmetric range on a Relu's output), wastes a bit of the grid.
+UNUSED_BELOW = 0.25
+
+
+def unused_below_zero(d):
+    """The share of an activation's range below zero where its values never go (none of them
+    negative), or None below :data:`UNUSED_BELOW`: what a symmetric range costs a Relu output."""
+    lo, hi, least = d.get("range_lo"), d.get("range_hi"), d.get("min")
+    if d.get("kind") != "activation" or None in (lo, hi, least) or hi <= lo or lo >= 0 \
+            or least < -0.5 * (d.get("scale") or 0):  # within half a step of zero: rounding
+        return None
+    share = -lo / (hi - lo)
+    return share if share >= UNUSED_BELOW else None
+
+
 def activation_reading(d):
     """One line saying what an activation's histogram means for quantization."""
     if d.get("effective_clipped_share", 0) > CLIP_SHARE:
@@ -92,6 +108,12 @@ def activation_reading(d):
     if d["max_abs"] and d["threshold"] > 4 * d["max_abs"] and d["role"] != "bias":
         return (f"the calibration range is {d['threshold'] / d['max_abs']:.0f}x wider than the data on these "
                 "samples: the samples may not match the calibration data")
+    unused = unused_below_zero(d)
+    if unused is not None:
+        return (f"{unused:.0%} of the range lies below zero, where no value goes (a symmetric range on a "
+                f"non-negative tensor), so the values use {'only ' + str(d['codes_used']) if d.get('codes_used') else 'part'}"
+                f" of the {d.get('levels', 2 ** d['bit'])} codes -> an asymmetric range (onnxruntime: "
+                f"ActivationSymmetric=False){_or_wider(d)}")
     used = codes_text(d)
     return f"the range fits the data ({used})" if used else "the range fits the data: per-tensor quantization looks adequate here"
 
@@ -151,6 +173,9 @@ def advise_activation(d, box=None):
         reasons.append(activation_reading(d))
     elif bulk_codes(d) is not None and bulk_codes(d) < few_levels(d["bit"]):
         tries += ["keep in float" if beyond_int16(d) else wider(d) or "keep in float", "fix the model"]
+        reasons.append(activation_reading(d))
+    if not tries and unused_below_zero(d) is not None:
+        tries = [*_wider_list(d), "keep in float"]
         reasons.append(activation_reading(d))
     if not tries:
         tries = [*_wider_list(d), "keep in float"]
