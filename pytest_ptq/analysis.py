@@ -19,11 +19,33 @@ from .cache import ResultCache, arrays_digest, file_hash
 from .curves import configs_from, get_acc_error
 from .data import load_data
 from .engine import Engine
-from .errors import PTQError, shown
+from .errors import PTQError, closest, shown
 from .metrics import get_metrics
 from .outputs import offset_warnings, parse_outputs
 from .sensitivity import get_sensitivity_of_nodes
 from .stages import simulation_warnings
+from .tables import listed
+
+
+class UnknownOutput(KeyError):
+    """An evaluation function asked for an output the model does not have."""
+
+    def __str__(self):  # the sentence, not KeyError's quoted repr of it
+        return str(self.args[0])
+
+
+class ModelOutputs(dict):
+    """``{output name: array}`` handed to an evaluation function; a name the model lacks
+    raises :class:`UnknownOutput` naming the ones it has (a bare KeyError named only the typo)."""
+
+    def __init__(self, values, model):
+        super().__init__(values)
+        self.model = model
+
+    def __missing__(self, key):
+        near = closest(str(key), list(self))
+        hint = f" (did you mean {near[0]!r}?)" if near else ""
+        raise UnknownOutput(f"{key!r} is not an output of {str(self.model)!r}{hint}; its outputs are {listed(list(self))}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -309,8 +331,9 @@ class Analysis:
                 # the float model itself (see Engine.true_float), or the quantized one
                 compute = (lambda: engine.true_float(feeds)) if config == () else (lambda: engine.run(feeds, config))
                 if self.store is None:
-                    return compute()
-                return self.store.get(("outputs", config, arrays_digest(feeds)), compute)
+                    return ModelOutputs(compute(), engine.qmodel.source)
+                return ModelOutputs(self.store.get(("outputs", config, arrays_digest(feeds)), compute),
+                                    engine.qmodel.source)
             return run
 
         scores = []

@@ -325,9 +325,13 @@ def test_accuracy_ratio_of_a_user_evaluation_function(project, models):
         @pytest.mark.ptq(model="model.onnx", data="calib")
         def test_nan_quantized_score(ptq):
             ptq.assert_accuracy(nan_when_quantized)
+
+        @pytest.mark.ptq(model="model.onnx", data="calib")
+        def test_misspelt_output(ptq):
+            ptq.assert_accuracy(lambda run, data: float(run(data.sample(0))["porb"].mean()))
     """)
     result = run(project, "--junitxml=junit.xml")
-    result.assert_outcomes(passed=1, failed=5)
+    result.assert_outcomes(passed=1, failed=6)
     props = properties(project.path / "junit.xml")
     assert float(props["test_meets"]["ptq.accuracy.ratio"]) == pytest.approx(ratio, abs=2e-6)
     assert float(props["test_meets"]["ptq.accuracy.float"]) == pytest.approx(score(models["ref"]), rel=1e-5)
@@ -340,6 +344,9 @@ def test_accuracy_ratio_of_a_user_evaluation_function(project, models):
                                  "positive, finite score*"])
     result.stdout.fnmatch_lines(["*ContractFailed: nan_when_quantized: quantized nan, not a finite score (float 1*), "
                                  "which does not meet the *% required; look for non-finite quantized outputs*"])
+    # a KeyError in the user's function names the outputs there are
+    result.stdout.fnmatch_lines(["*UnknownOutput: 'porb' is not an output of *model.onnx' (did you mean 'prob'?); "
+                                 "its outputs are *prob*"])
 
 
 # -- settings precedence and the marker ----------------------------------------------------
