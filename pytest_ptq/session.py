@@ -223,7 +223,9 @@ class PTQSession:
             why = str(exc) if isinstance(exc, PTQError) else f"{type(exc).__name__}: {exc}"
             return {"lines": [f"(no diagnosis: {why})"], "headline": "", "about": ""}
         qm = analysis.qmodel
-        about = (f"{qm.format} model made by {d.producer}; ranked on {d.samples} of {analysis.samples} calibration "
+        held = analysis.data.count  # a contract's data_num keeps the first few of the samples there
+        used = f"the first {analysis.samples} of {held}" if held > analysis.samples else f"{analysis.samples}"
+        about = (f"{qm.format} model made by {d.producer}; ranked on {d.samples} of {used} calibration "
                  f"sample(s) of {analysis.relative(analysis.key.data)}")
         lines = d.lines(settings.top)
         suggest = self.suggest_command(analysis, settings)

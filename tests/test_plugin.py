@@ -242,6 +242,20 @@ def test_output_metrics_match_plain_onnxruntime(project, models):
     ])
 
 
+def test_the_diagnosis_says_how_many_of_the_samples_a_contract_kept(project):
+    """A contract on the first 2 of 4 samples said "ranked on 2 of 2"."""
+    project.makepyfile("""
+        import pytest
+
+        @pytest.mark.ptq(model="model.onnx", data="calib", data_num=2, min_cosine=1.0)
+        def test_strict(ptq):
+            ptq.assert_outputs()
+    """)
+    result = run(project)
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*; ranked on 2 of the first 2 of 4 calibration sample(s) of calib"])
+
+
 def test_node_check_names_exactly_the_nodes_past_the_limit(project, models):
     names = activation_pairs(models["root"] / "model.onnx")
     sens = independent_sensitivity(models["root"] / "model.onnx", models["feeds"], names)
