@@ -21,7 +21,7 @@ import pytest
 
 from . import guard
 from .errors import PTQError
-from .settings import PTQPathWarning, apply_marker, below, from_config
+from .settings import OPTIONS, PTQPathWarning, apply_marker, below, from_config
 
 WORKER_KEY = "ptq_report"
 # What a worker's tests read, so that the controller never writes the report onto it.
@@ -81,6 +81,7 @@ class PTQSession:
         """--ptq-report and --ptq-baseline-dir against the inputs, before any work; a path
         outside the rootdir is legal but gets a warning. Raises PTQError (a usage error)."""
         s, inputs = self.settings, self.inputs()
+        self._warn_rootdir_moved()
         if s.report is not None:
             self._report_path(inputs)
             self._warn_outside_root("report", "--ptq-report", s.report)
@@ -108,6 +109,26 @@ class PTQSession:
             raise PTQError(f"--ptq-report {str(path)!r} exists and is not a pytest-ptq report; remove it or "
                            "choose another file name, such as ptq-report.html")
         return path
+
+    def _warn_rootdir_moved(self):
+        """pytest takes an option's value given after a space for a path to test as well: a
+        model or data outside the folder it starts in moved the rootdir up to their common
+        parent, and the baselines with it. Said where that is what happened."""
+        cfg = self.config
+        start = Path(cfg.invocation_params.dir)
+        if cfg.inipath is not None or cfg.getoption("rootdir", None) or Path(self.root).resolve() == start.resolve():
+            return
+        args = [str(a) for a in cfg.invocation_params.args]
+        paths = {o.flag for o in OPTIONS if o.is_path}
+        moved = [(flag, value) for flag, value in zip(args, args[1:])
+                 if flag in paths and (start / value).exists() and not below(start / value, start)]
+        if moved:
+            given = ", ".join(f"{flag} {value}" for flag, value in moved)
+            cfg.issue_config_time_warning(PTQPathWarning(
+                f"{given}: pytest read {'the value as a path' if len(moved) == 1 else 'their values as paths'} to test too and "
+                f"moved the rootdir to {str(self.root)!r}, where baselines and relative outputs now go; write "
+                f"{' '.join(f'{flag}={value}' for flag, value in moved)}, or pin the rootdir (--rootdir, or an ini "
+                "file)"), stacklevel=2)
 
     def _warn_outside_root(self, what, option, path):
         if not below(path, self.root):

@@ -654,6 +654,27 @@ def test_report_outside_the_rootdir_is_warned_about(plugin_project, tmp_path):
     assert outside.read_text().startswith("<!DOCTYPE html>")
 
 
+@pytest.mark.parametrize("form", ["space", "equals"])
+def test_a_model_outside_the_start_folder_that_moved_the_rootdir_is_said(plugin_project, monkeypatch, form):
+    """pytest reads '--ptq-model ../m.onnx' as a path to test too: the rootdir moved up to the
+    common parent, and the baselines with it. The '=' form leaves it where pytest starts."""
+    start = plugin_project.path / "proj"
+    start.mkdir()
+    (start / "test_p.py").write_text("def test_p(ptq):\n    ptq.assert_outputs({'': 0.5})\n")
+    monkeypatch.chdir(start)
+    args = ["--ptq-model", "../m.onnx", "--ptq-data", "../calib"] if form == "space" else [
+        "--ptq-model=../m.onnx", "--ptq-data=../calib"]
+    result = run_pytest(plugin_project, *args)
+    result.assert_outcomes(passed=1)
+    said = "*PTQPathWarning: --ptq-model ../m.onnx, --ptq-data ../calib: pytest read their values as paths to test " \
+        f"too and moved the rootdir to '{plugin_project.path}'*write --ptq-model=../m.onnx --ptq-data=../calib, or " \
+        "pin the rootdir*"
+    if form == "space":
+        result.stdout.fnmatch_lines([said])
+    else:
+        assert "PTQPathWarning" not in result.stdout.str()
+
+
 @pytest.mark.parametrize("kind", ["fifo", "device"])
 def test_plugin_refuses_a_model_that_is_not_a_regular_file(plugin_project, kind):
     """With pytest's cache on (the default), the result cache hashes what the model names
