@@ -542,9 +542,26 @@ def _extras_html(m):
     return parts
 
 
+def _told_apart(models):
+    """Each model's label, with its data where one file is analysed on several data sets (two
+    identical rows otherwise), and a number where that still repeats."""
+    from collections import Counter
+
+    files = Counter(m["label"] for m in models)
+    labels = [m["label"] + (f" on {m['data']}" if files[m["label"]] > 1 else "") for m in models]
+    seen, count = Counter(), Counter(labels)
+    out = []
+    for label in labels:
+        seen[label] += 1
+        out.append(f"{label} ({seen[label]})" if count[label] > 1 else label)
+    return out
+
+
 def render(models):
     """The page for ``models`` (merged payloads), failing models first."""
-    models = [dict(m) for m in sorted(models, key=lambda m: (_ORDER[verdict(m)], m["label"]))]
+    models = [dict(m) for m in sorted(models, key=lambda m: (_ORDER[verdict(m)], m["label"], m["data"]))]
+    for m, label in zip(models, _told_apart(models)):
+        m["label"] = label
     budget = IMAGE_BUDGET
     for m in models:  # failing models first, so they keep their figures
         dropped = 0

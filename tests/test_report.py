@@ -186,7 +186,8 @@ window.addEventListener("load", () => {
     return [r.top + scrollY, r.height, st.display, st.visibility, e.textContent]; };
   const out = document.createElement("pre"); out.id = "probe";
   out.textContent = JSON.stringify({imgs, cause: box("section .why .cause"), fix: box("section .why ol.fixes"),
-                                    why: box("section .why h3"), height: innerHeight});
+                                    why: box("section .why h3"), height: innerHeight,
+                                    scroll: [document.documentElement.scrollWidth, innerWidth]});
   document.body.appendChild(out);
 });
 </script>"""
@@ -216,6 +217,7 @@ def test_report_opens_in_headless_chromium(project, tmp_path):
     assert top < 2 * probe["height"], "the cause of the failing model is not on its first screens"
     assert text.startswith("cause: ") and any(w in text for w in ("weights", "activations", "neither"))
     assert probe["why"][4] == "Why it fails" and probe["fix"] is not None and probe["fix"][1] > 0
+    assert probe["scroll"][0] <= probe["scroll"][1], "the page scrolls sideways at 1280 px"
     # the search it suggests aims at the failing check's threshold (1.0), not the passing one's
     assert "ptq-debug suggest model.onnx calib --target-cosine 1 --remedy mixed" in path.read_text()
 
@@ -252,6 +254,18 @@ def test_figures_past_the_budget_are_left_out(monkeypatch):
     assert [(s["title"], len(s["images"])) for s in page.sections] == [("m1.onnx FAILED", 3),
                                                                        ("m0.onnx PASSED", 1)]
     assert "2 figure(s) left out to keep this page small." in report.render(models)
+
+
+def test_one_model_file_on_other_data_is_told_apart():
+    """Two contracts on one file and other data made two identical summary rows."""
+    models = [{"id": k, "label": "m.onnx", "data": data, "tests": [{"nodeid": f"t{k}", "outcome": "passed",
+                                                                  "results": [], "section": ""}],
+               "outputs": [], "sensitivity": None, "notes": [], "images": []}
+              for k, data in enumerate(["night", "day", "day"])]
+    models.append(dict(models[0], id=3, label="other.onnx"))
+    page = Page(report.render(models))
+    assert [s["title"] for s in page.sections] == ["m.onnx on day (1) PASSED", "m.onnx on day (2) PASSED",
+                                                   "m.onnx on night PASSED", "other.onnx PASSED"]
 
 
 # -- data checks, stages and remedies ---------------------------------------------------------
