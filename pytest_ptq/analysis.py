@@ -223,32 +223,39 @@ class Analysis:
             self.engine, metrics=[name], node_type=node_type,
             output_node=None if outputs is None else list(outputs)), files=())
 
-    def verdict(self, holdout=None, metric="cosine-similarity"):
+    def verdict(self, holdout=None, metric="cosine-similarity", outputs=None):
         """:class:`~pytest_ptq.verdict.Verdict`: weights only, activations only and everything
         quantized on every calibration sample (not only the first ``data_num``) and on
-        ``holdout`` when given; the rankings' samples are compared with the whole set."""
+        ``holdout`` when given; the rankings' samples are compared with the whole set.
+        ``outputs``: output specs judged (default: the model's outputs)."""
         from .verdict import three_configs
 
         name = get_metrics(metric)[0].name
+        outputs = None if outputs is None else tuple(outputs)
 
         def compute():
             every = self.cached(("all data",), lambda: load_data(self.key.data, self.qmodel))
-            specs = parse_outputs(None, self.engine)
+            specs = parse_outputs(None if outputs is None else list(outputs), self.engine)
             return three_configs(self.engine, specs, name, holdout, ranking_samples=self.samples, data=every)
 
-        return self.cached(("verdict", None if holdout is None else str(holdout), name), compute, files=(holdout,))
+        key = ("verdict", None if holdout is None else str(holdout), name) + ((outputs,) if outputs else ())
+        return self.cached(key, compute, files=(holdout,))
 
-    def diagnosis(self, node_type="node", metric="cosine-similarity", holdout=None, top=10):
+    def diagnosis(self, node_type="node", metric="cosine-similarity", holdout=None, top=10, outputs=None):
         """:class:`~pytest_ptq.diagnosis.Diagnosis`: why the model loses accuracy, from the
         :meth:`verdict` on ``holdout`` (the data a contract judged on) and the ``node_type``
         ranking: each top node's kind, the reading behind it, and the fix in the producer's
-        terms. Costs one sweep of the top nodes' statistics; no remedy search."""
+        terms; ``outputs``: the output specs judged, where a contract failed on a slice (default:
+        the model's outputs). Costs one sweep of the top nodes' statistics; no remedy search."""
         from .diagnosis import diagnose
 
         name = get_metrics(metric)[0].name
-        key = ("diagnosis", node_type, name, None if holdout is None else str(holdout), top)
-        return self.cached(key, lambda: diagnose(self.engine, self.sensitivity(node_type, name),
-                                                 self.verdict(holdout), top))
+        outputs = None if not outputs else tuple(outputs)
+        key = ("diagnosis", node_type, name, None if holdout is None else str(holdout), top) + \
+            ((outputs,) if outputs else ())
+        return self.cached(key, lambda: diagnose(self.engine, self.sensitivity(node_type, name, outputs),
+                                                 self.verdict(holdout, name, outputs), top,
+                                                 None if outputs is None else list(outputs)))
 
     def curves(self, metric="cosine-similarity"):
         """Cumulative error curves: only weights, only activations, everything quantized."""

@@ -121,6 +121,7 @@ class OutputResult(Result):
     model: str
     data: str
     holdout: str | None = None  # the held-out data judged on (absolute), None: calibration data
+    parts: dict = dataclasses.field(default_factory=dict)  # output -> its spec where it is a slice
     kind = "outputs"
 
     def __repr__(self):
@@ -212,7 +213,8 @@ def check_outputs(analysis, threshold, metric=COSINE, holdout=None):
     ok = all(_meets(m, values[o], limit[o]) for o in values)
     return OutputResult(passed=ok, metric=m.name, values=values, thresholds=limit, samples=metrics.samples,
                         model=analysis.label, data=analysis.relative(metrics.data),
-                        holdout=None if holdout is None else str(holdout))
+                        holdout=None if holdout is None else str(holdout),
+                        parts={s.name: k for s, k in zip(specs, named) if s.index})
 
 
 # -- nodes ---------------------------------------------------------------------------------

@@ -74,6 +74,7 @@ class Diagnosis(JsonResult):
     terms: str
     warnings: list
     producer_terms: list = dataclasses.field(default_factory=list)
+    outputs: list = dataclasses.field(default_factory=list)  # the output specs judged, where not the model's
 
     @property
     def source(self):
@@ -142,7 +143,8 @@ class Diagnosis(JsonResult):
         ranked = self.nodes if top is None else self.nodes[:top]
         nodes = [it for it in ranked if it.get("relevant", True)] or ranked[:1]
         kind = "nodes" if self.node_type == "node" else f"{self.node_type} nodes"
-        out.append(f"most sensitive {kind} ({self.metric} of the model outputs with only that node quantized, "
+        judged = "of " + ", ".join(repr(o) for o in self.outputs) if self.outputs else "of the model outputs"
+        out.append(f"most sensitive {kind} ({self.metric} {judged} with only that node quantized, "
                    f"{self.samples} sample(s), worst first):")
         for it in nodes:
             what = f"{it['op_type']} operator" if it["kind"] == "operator" else f"{it['kind']} into {it['op_type']}"
@@ -193,7 +195,8 @@ def diagnose(engine, sensitivity, verdict, top=10, outputs=None):
     return Diagnosis(model=qm.source, producer=qm.made_by.label, producer_key=qm.made_by.key, format=qm.format,
                      metric=metric, node_type=sensitivity.node_type, samples=sensitivity.samples,
                      verdict=verdict.to_dict(), nodes=nodes, fixes=fixes, settings=settings, snippet=snippet,
-                     terms=terms, warnings=[warning(w, _stages_command(engine)) for w in told], producer_terms=own)
+                     terms=terms, warnings=[warning(w, _stages_command(engine)) for w in told], producer_terms=own,
+                     outputs=list(outputs or []))
 
 
 def warning(text, stages="ptq-debug stages FLOAT_MODEL CALIBRATED_MODEL DATA"):

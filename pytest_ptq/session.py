@@ -216,6 +216,16 @@ class PTQSession:
                     return r.holdout
         return None
 
+    def failing_outputs(self, model_id):
+        """The output specs of the model whose output checks failed, where one of them is a
+        slice (``obj=output[:, :, 4:5]``); else None: the explanation and the remedy judge the
+        model's whole outputs, which may pass where a slice fails."""
+        failing = [(o, r.parts.get(o)) for rec in self.tests.values() for mid, r in rec.results
+                   if mid == model_id and r.kind == "outputs" and not r for o in r.failing]
+        if not any(part for _, part in failing):
+            return None
+        return list(dict.fromkeys(part or o for o, part in failing))
+
     def explain(self, item):
         """After a failing (or expectedly failing) call: the diagnosis of each model the test
         used, computed once per model, kept for the terminal summary, the report and
@@ -239,7 +249,8 @@ class PTQSession:
     def _diagnose(self, model_id, settings):
         analysis = self.analyses[model_id]
         try:
-            d = analysis.diagnosis(settings.node_type, settings.metric, self.judged_on(model_id), settings.top)
+            d = analysis.diagnosis(settings.node_type, settings.metric, self.judged_on(model_id), settings.top,
+                                   outputs=self.failing_outputs(model_id))
         except Exception as exc:  # noqa: BLE001 - an explanation that fails must not hide the test's result
             why = str(exc) if isinstance(exc, PTQError) else f"{type(exc).__name__}: {exc}"
             return {"lines": [f"(no diagnosis: {why})"], "headline": "", "about": ""}
@@ -272,6 +283,9 @@ class PTQSession:
         if key.data_num:
             args += ["--data-num", str(key.data_num)]
         args += ["--target-cosine", f"{target:g}", "--remedy", "mixed"]
+        parts = self.failing_outputs(key.id)
+        if parts:  # the search aims at the slice that failed, not the whole outputs
+            args += ["-o", *parts]
         return shlex.join(args)
 
     def warnings_of(self, analysis):

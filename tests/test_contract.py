@@ -86,7 +86,8 @@ def test_contract_checks_are_items_with_plain_failures(project, models):
         f"| {order[0]} *",
         "*_ ptq: models/model.onnx FAILED: 2 of 2 test(s) failed _*",
         "cause: *",
-        "most sensitive activation nodes (cosine-similarity of the model outputs with only that node quantized, *",
+        # the slice that failed is what the ranking behind the explanation judges
+        "most sensitive activation nodes (cosine-similarity of 'cls=prob[[]:, 4:]' with only that node quantized, *",
         f"  1. {order[0]} (activation into *) *",
     ])
     out = result.stdout.str()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import re
 import shutil
 import xml.etree.ElementTree as ET
 from importlib.metadata import entry_points
@@ -254,6 +255,26 @@ def test_the_diagnosis_says_how_many_of_the_samples_a_contract_kept(project):
     result = run(project)
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*; ranked on 2 of the first 2 of 4 calibration sample(s) of calib"])
+
+
+def test_a_failing_slice_is_explained_and_searched_on_that_slice(project, models):
+    """A contract failing on a slice while the whole output passes was explained with the whole
+    output's figures ("close to float") and sent to a search on the whole output."""
+    cls = pooled_cosine([r["prob"][:, 4:] for r in models["ref"]], [q["prob"][:, 4:] for q in models["quant"]])
+    project.makepyfile(f"""
+        import pytest
+
+        @pytest.mark.ptq(model="model.onnx", data="calib", float_model="float.onnx")
+        def test_slice(ptq):
+            ptq.assert_outputs({{"": 0.5, "cls=prob[:, 4:]": {cls + 1e-6}}})
+    """)
+    result = run(project)
+    result.assert_outcomes(failed=1)
+    out = result.stdout.str()
+    everything = re.search(r"cause: .*?([0-9.]+) everything, on 4 calibration\s+samples", out, re.S)
+    assert everything and float(everything.group(1)) == pytest.approx(cls, abs=2e-4), out
+    assert "most sensitive nodes (cosine-similarity of 'cls=prob[:, 4:]' with only that node quantized" in out
+    assert "--remedy mixed -o 'cls=prob[:, 4:]'" in out
 
 
 def test_node_check_names_exactly_the_nodes_past_the_limit(project, models):
