@@ -294,8 +294,9 @@ def simulation_warnings(engine, specs=None):
     cause = (kernel_cause(engine, specs) or
              "its integer kernels round otherwise than Q/DQ arithmetic, and the model amplifies the difference")
     return [f"{SIMULATION_WARNING}: every figure simulates this {engine.qmodel.format_label} file in its Q/DQ form, "
-            f"and onnxruntime running the file itself differs from that simulation (output cosine {gap:.4f} on "
-            f"{min(SIMULATION_SAMPLES, len(engine.data))} samples spread over the data): {cause}; the rankings and "
+            f"and onnxruntime running the file itself differs from that simulation (output cosine {gap:.4f}, the "
+            f"worst of {min(SIMULATION_SAMPLES, len(engine.data))} samples spread over the data, each compared on its "
+            f"own; `stages` pools every sample, which reads higher): {cause}; the rankings and "
             "the verdict are the simulation's"]
 
 
