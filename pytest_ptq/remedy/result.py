@@ -140,6 +140,10 @@ class Remedy(JsonResult):
         name = self.objective.get("metric", self.metric)
         if self.value is None:
             return "the budget ended before anything was scored; raise --budget"
+        if self.budget_exhausted and not self.nodes and not self.met:
+            judged = self.figures.get(self.judged_on, {})
+            return (f"the budget ended before any remedy was scored (the model as given reads {name} "
+                    f"{_fmt(judged.get('before', self.baseline))} on {on}, target {self.target_text}); raise --budget")
         if not self.met:
             judged = self.figures.get(self.judged_on, {})
             why = " before the budget ended" if self.budget_exhausted else ""

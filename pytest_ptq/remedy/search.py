@@ -169,8 +169,11 @@ def _suggest(engine, save_dir, clock, target, metric, remedy, output_node, data_
             searcher.run()
         except OutOfTime:
             result.budget_exhausted = True
-            notes.append(f"the {budget:g} s budget ended after {clock.elapsed:.1f} s; the result is the best "
-                         "found so far (raise --budget for a complete search)")
+            scored = searcher is not None and searcher.best_S is not None
+            notes.append(f"the {budget:g} s budget ended after {clock.elapsed:.1f} s; " + (
+                "the result is the best found so far (raise --budget for a complete search)" if scored else
+                "nothing was scored yet (the alternatives and the ranking of every candidate node come first), so "
+                "the figures are the model's as given; raise --budget, or search on fewer samples (--data-num)"))
         result.evaluations = (scorer.evaluations if scorer is not None else 0) + (
             judge.evaluations if judge is not None and judge is not scorer else 0)
     chosen = _pick(searcher, lay) if searcher is not None else None
@@ -181,6 +184,8 @@ def _suggest(engine, save_dir, clock, target, metric, remedy, output_node, data_
         result.cost = cost_of(chosen, costs)
         _figures(result, lay, objective, scorer, judge, chosen)
         _warn_chosen(result, searcher, chosen)
+    else:  # the budget ended before any set was scored: the model as given, outside the budget
+        _figures(result, base, objective, None, None, frozenset())
     result.settings = onnxruntime_settings(qm, remedy, result.nodes, axes, result.choices)
     check = float_model is not None and requantize_check and result.nodes and not result.budget_exhausted
     if check:
@@ -346,7 +351,7 @@ def _figures(result, lay, objective, scorer, judge, chosen):
     figures = {}
     for name, part in parts.items():
         sc = _scorer_for(part, scorer, judge, objective)
-        if name == "calibration" and sc is not scorer and not objective.is_task:
+        if name == "calibration" and scorer is not None and sc is not scorer and not objective.is_task:
             # the split's two parts make up the calibration samples: pool their sums, no rerun
             values = pooled([scorer, judge], base), pooled([scorer, judge], chosen)
         else:
