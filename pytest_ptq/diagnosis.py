@@ -147,7 +147,9 @@ class Diagnosis(JsonResult):
         out.append(f"most sensitive {kind} ({self.metric} {judged} with only that node quantized, "
                    f"{self.samples} sample(s), worst first):")
         for it in nodes:
-            what = f"{it['op_type']} operator" if it["kind"] == "operator" else f"{it['kind']} into {it['op_type']}"
+            # a pair on a model output feeds no operator
+            what = (f"{it['op_type']} operator" if it["kind"] == "operator" else
+                    f"{it['kind']} into {it['op_type']}" if it["op_type"] else f"{it['kind']} on a model output")
             cause = f": {it['cause']}" if it["kind"] == "operator" and it.get("cause") else ""
             split = ""
             if it.get("split"):
