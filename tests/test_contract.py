@@ -88,7 +88,7 @@ def test_contract_checks_are_items_with_plain_failures(project, models):
         "cause: *",
         # the slice that failed is what the ranking behind the explanation judges
         "most sensitive activation nodes (cosine-similarity of 'cls=prob[[]:, 4:]' with only that node quantized, *",
-        f"  1. {order[0]} (activation into *) *",
+        f"  1. {order[0]} (activation *) *",
     ])
     out = result.stdout.str()
     assert "Traceback" not in out and "contract.py" not in out and "def runtest" not in out
