@@ -735,9 +735,8 @@ def check_data(model_or_file, calibrated_data=None, heldout=None, data_num=None,
                 cal = load_data(calibrated_data, qm, data_num)
                 engine, why = _reference_engine(model_or_file, qm, cal, float_model, custom_op_libraries)
                 if why:
-                    findings.append(Finding("heldout-skipped", "warning", f"the quantized model was not compared on "
-                                            f"the two sets: {why}", "", None,
-                                            "heldout"))
+                    findings.append(Finding("heldout-skipped", "warning", "the quantized model was not compared on "
+                                            f"the two sets: {why}", "", None, "heldout"))
                 else:
                     held = load_data(heldout, qm, data_num, role="held-out")
                     more, quantized = _heldout_findings(engine, cal, held, m, threshold, bar)

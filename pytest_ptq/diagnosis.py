@@ -388,7 +388,8 @@ def _fixes(qm, relevant, source):
     choices = {**dict.fromkeys(groups["per-channel"], "per-channel"),
                **dict.fromkeys(groups["int16"] + groups["activation per-channel"] + groups["recalibrate"], "int16"),
                **dict.fromkeys(groups["float"], "float")}
-    return fixes, settings, snippet(settings, "modelopt.onnx.quantization.quantize", overrides=False) if modelopt else snippet(settings), terms, choices
+    call = snippet(settings, "modelopt.onnx.quantization.quantize", overrides=False) if modelopt else snippet(settings)
+    return fixes, settings, call, terms, choices
 
 
 def _verb(names, one, many):

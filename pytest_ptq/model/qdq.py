@@ -776,11 +776,23 @@ class QuantModel:
         """The half grid ``(qmin, qmax)`` 8-bit weight ``c``'s codes keep to, reaching its
         bound: onnxruntime's reduce_range (int8 codes in [-64, 64], uint8 in [0, 127]); else
         None. A MinMax weight on the whole grid puts its extreme on the grid's end (127, -128
-        or 255), never on 64. Reads the weight when asked."""
+        or 255), never on 64. Reads the weight once, when first asked, and hands its pages back."""
         g = c.grid
         if c.kind != "weight" or c.role == "bias" or g.kind != "int" or g.bits != 8 or c.block_size:
             return None
-        x = self.constant(c.input)
+        if not hasattr(self, "_reduced"):
+            self._reduced = {}
+        if c.name not in self._reduced:
+            cached = c.input in self._constant_cache
+            self._reduced[c.name] = self._half_grid(c, self.constant(c.input))
+            hand_back(mapping(self.constant(c.input)))
+            if not cached and c.input not in self.shared:  # as _mark_on_grid: no copy of every weight kept
+                self._constant_cache.pop(c.input, None)
+        return self._reduced[c.name]
+
+    @staticmethod
+    def _half_grid(c, x):
+        g = c.grid
         if x is None or not np.size(x):
             return None
         x = np.asarray(x)
