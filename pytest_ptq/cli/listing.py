@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import numpy as np
-
 from ..model import QuantModel
 from ..tables import format_table
 from . import args as a
@@ -15,12 +13,9 @@ def run(args):
     rows, reduced = [], 0
     for c in qm.calibration.values():
         row = {**c.summary(), "consumers": _few(c.consumers)}
-        half = qm.reduced_range(c)
-        if half is not None:  # the codes it uses, and the range they reach: half the grid's
+        if qm.reduced_range(c) is not None:  # the codes it uses, and the range they reach: half the grid's
             reduced += 1
-            row["dtype"] = f"{c.dtype_name} [{half[0]}, {half[1]}]"
-            lo, hi = c.range(half)
-            row["threshold"] = float(max(np.max(-lo), np.max(hi)))
+            row["dtype"], row["threshold"], _, _ = qm.shown_grid(c)
         rows.append(row)
     print(format_table(rows, ["name", "kind", "dtype", "threshold", "granularity", "consumers"]))
     for note in qm.notes:

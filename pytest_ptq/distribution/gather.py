@@ -298,12 +298,9 @@ def clip_bounds(c):
 
 
 def _describe(qm, c):
-    half = qm.reduced_range(c)  # reduce_range's weights: the range their codes reach is half the grid's
-    lo, hi = c.range(half)
-    return {"kind": c.kind, "tensor": c.input, "bit": c.bit, "wider": qm.wider_type(c),
-            "dtype": c.dtype_name if half is None else f"{c.dtype_name} [{half[0]}, {half[1]}]",
-            "per_channel": c.per_channel, "axis": c.axis,
-            "threshold": float(c.threshold if half is None else max(np.max(-lo), np.max(hi))),
+    dtype, threshold, lo, hi = qm.shown_grid(c)  # reduce_range's weights: on their half grid
+    return {"kind": c.kind, "tensor": c.input, "bit": c.bit, "wider": qm.wider_type(c), "dtype": dtype,
+            "per_channel": c.per_channel, "axis": c.axis, "threshold": threshold,
             "range_lo": float(np.min(lo)), "range_hi": float(np.max(hi)),
             "scale": float(np.max(c.scale)), "role": c.role, "feeds": list(c.consumers)}
 
@@ -367,7 +364,7 @@ def collect(engine, dist_nodes=(), box_nodes=(), axis=None, data_num=None, bins=
     for name in box_nodes:
         c = qm.calibration[name]
         info = {"node": name, **_describe(qm, c)}
-        lo, hi = c.range(qm.reduced_range(c))
+        _, _, lo, hi = qm.shown_grid(c)
         info.update(range_lo=np.asarray(lo).reshape(-1).tolist() if c.per_channel else float(np.min(lo)),
                     range_hi=np.asarray(hi).reshape(-1).tolist() if c.per_channel else float(np.max(hi)),
                     range_axis=c.axis)

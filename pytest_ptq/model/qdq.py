@@ -790,6 +790,16 @@ class QuantModel:
                 self._constant_cache.pop(c.input, None)
         return self._reduced[c.name]
 
+    def shown_grid(self, c):
+        """``(dtype, threshold, lo, hi)`` of calibration node ``c`` as tables and plots show it:
+        a reduce_range weight on its half grid ("int8 [-64, 64]", the range its codes reach),
+        any other on its type's."""
+        half = self.reduced_range(c)
+        lo, hi = c.range(half)
+        if half is None:
+            return c.dtype_name, float(c.threshold), lo, hi
+        return f"{c.dtype_name} [{half[0]}, {half[1]}]", float(max(np.max(-lo), np.max(hi))), lo, hi
+
     @staticmethod
     def _half_grid(c, x):
         g = c.grid
