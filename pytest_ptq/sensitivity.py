@@ -151,10 +151,11 @@ class Sensitivity(dict):
                            f"{shown(str(exc))}); write it with Sensitivity.save or --json") from None
 
 
-def score_configs(engine, configs, metrics, specs, indices, progress=None):
+def score_configs(engine, configs, metrics, specs, indices, progress=None, alternative=False):
     """Pooled metric states for each config: ``{label: (pooled, per_sample)}``.
 
-    ``configs``: ``{label: calibration nodes quantized}``. Samples are the outer loop so
+    ``configs``: ``{label: calibration nodes quantized}`` (on their alternative fake-quant,
+    see :meth:`Engine.with_alternatives`, when ``alternative``). Samples are the outer loop so
     that only one sample's (or one group's, see :meth:`Engine.batches`) tensors are alive at
     a time; the float reference of each is computed once and shared by every config.
     ``per_sample`` lists follow ``indices``.
@@ -167,7 +168,7 @@ def score_configs(engine, configs, metrics, specs, indices, progress=None):
     for group in engine.batches(indices, tensors):
         count = len(group) if isinstance(group, tuple) else 1
         refs = split(engine.reference(group, tensors), count) if count > 1 else [engine.reference(group, tensors)]
-        outs = engine.run_many(group, [(quantized, ()) for quantized in configs.values()], tensors)
+        outs = engine.run_many(group, [(q, q if alternative else ()) for q in configs.values()], tensors)
         for label, out in zip(configs, outs):
             for ref, got in zip(refs, split(out, count) if count > 1 else [out]):
                 for m in metrics:

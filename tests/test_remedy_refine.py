@@ -169,3 +169,48 @@ def test_cli_mixed_with_costs(mixed, capsys):
     with pytest.raises(SystemExit) as exc:  # argparse rejects a bad cost at start-up
         main(["suggest", str(mixed["qdq"]), str(folder), "--remedy", "mixed", "--cost", "int8=1", "--no-save"])
     assert exc.value.code == 2 and "expected KIND=COST" in capsys.readouterr().err
+
+
+def test_the_ranking_before_the_search_shows_its_own_progress(mixed, capsys, monkeypatch):
+    # every clock reading a second later, so that the bars (silent under two seconds) print
+    from pytest_ptq import progress
+    now = [0.0]
+
+    def tick():
+        now[0] += 1.0
+        return now[0]
+    monkeypatch.setattr(progress.time, "perf_counter", tick)
+    r = suggest_remedy(str(mixed["qdq"]), mixed["data"], target=TARGET, remedy="mixed", output_node=OUTPUTS,
+                       requantize_check=False, progress=True)
+    lines = capsys.readouterr().err.splitlines()
+    ranking = [x for x in lines if x.startswith("ranking ")]
+    search = [k for k, x in enumerate(lines) if x.startswith("remedy search (mixed)")]
+    # each candidate alone at int8 and on each alternative its menu has, on each search sample
+    searched = len(r.split["search"]) if r.split else r.samples
+    runs = sum(1 + sum(kind != "float" for kind in menu) for menu in _menus(mixed)) * searched
+    assert any("left" in x for x in ranking)
+    assert ranking[-1] == f"ranking {len(_menus(mixed))} nodes, each kind alone: {runs}/{runs} done, " + \
+        ranking[-1].split("done, ")[1]
+    assert lines.index(ranking[-1]) < search[0], lines
+
+
+def _menus(m):
+    from pytest_ptq.engine import engine_for
+    from pytest_ptq.remedy.alternatives import menus_for
+    return list(menus_for(engine_for(str(m["qdq"]), m["data"]), ["per-channel", "int16", "float"])[0].values())
+
+
+def test_when_every_cheapest_remedy_together_falls_short_the_greedy_walks_the_strongest(mixed, tmp_path):
+    # r1 4096 times too coarse: 16 bit (256 times finer) recovers most of it, so its cheap
+    # move comes first, but only float meets the target; walking the cheap moves would add
+    # every node and meet nothing, leaving refinement to drop members one round at a time
+    planted = builders.scaled(mixed["qdq"], tmp_path / "coarse.onnx", "r1_scale", 64)  # 64 x 64
+    r = suggest_remedy(str(planted), mixed["data"], target=TARGET, remedy="mixed", output_node=OUTPUTS,
+                       costs={"int16": 1, "float": 20}, requantize_check=False)
+    assert r.met and r.choices == {"r1_QuantizeLinear": "float", "w1_QuantizeLinear": "int16"} and r.cost == 21
+    assert any(n.startswith("every candidate on its cheapest remedy reaches only 0.99") for n in r.notes)
+    walked = [p for p in r.curve if p["added"]]
+    assert walked[0] == {**walked[0], "added": "r1_QuantizeLinear", "kind": "float"}
+    # the strongest walk met within a few nodes, then kinds got cheaper: far fewer runs than
+    # a walk over all 13 candidates and a refinement from all of them in float (129 before)
+    assert len(walked) < 5 and r.evaluations < 60

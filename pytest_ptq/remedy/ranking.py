@@ -11,22 +11,20 @@ from __future__ import annotations
 import math
 
 from ..errors import PTQError
-from ..sensitivity import rank_configs
+from ..progress import Progress
+from ..sensitivity import score_configs
 
 # Candidates are ranked this many at a time so that a time budget can stop the ranking.
 RANK_CHUNK = 16
 
 
-def rank(engine, names, metric, specs, indices, clock, ranking=None):
-    """``[(node, sensitivity)]`` most sensitive first, from a given ranking or computed."""
+def rank(engine, names, metric, specs, indices, clock, ranking=None, progress=False):
+    """``[(node, sensitivity)]`` most sensitive first, from a given ranking or computed (with a
+    progress bar when ``progress``)."""
     if ranking is not None:
         return _given_ranking(ranking, names, metric)
-    values = {}
-    for k in range(0, len(names), RANK_CHUNK):
-        clock.check()
-        chunk = {n: [n] for n in names[k:k + RANK_CHUNK]}
-        s = rank_configs(engine, chunk, [metric], specs, indices, "calibration", lambda n: {}, "ranking")
-        values.update({n: v[metric.name] for n, v in s.items()})
+    with Progress(len(names) * len(indices), f"ranking {len(names)} nodes", enabled=bool(progress)) as bar:
+        values = one_node_values(engine, names, metric, specs, indices, clock, bar=bar)
     order = sorted(values, key=lambda n: metric.sort_key(values[n]))
     return [(n, values[n]) for n in order]
 
@@ -56,26 +54,19 @@ def _given_ranking(ranking, names, metric):
     return [(n, entries[n]) for n in order]
 
 
-def one_node_values(engine, names, metric, specs, indices, clock, alternative=False):
-    """``{node: metric}`` with only that node quantized (on its alternative when asked)."""
-    tensors = list(dict.fromkeys(s.tensor for s in specs))
+def one_node_values(engine, names, metric, specs, indices, clock, alternative=False, bar=None):
+    """``{node: metric}`` with only that node quantized (on its alternative when asked), the
+    worst output's, samples pooled; ``bar`` advances once per node and sample."""
     values = {}
     for k in range(0, len(names), RANK_CHUNK):
-        chunk = names[k:k + RANK_CHUNK]
-        states = {n: {s.name: metric.new() for s in specs} for n in chunk}
-        for i in indices:
-            clock.check()
-            ref = engine.reference(i, tensors)
-            outs = engine.run_many(i, [([n], [n] if alternative else ()) for n in chunk], tensors)
-            for n, out in zip(chunk, outs):
-                for s in specs:
-                    metric.update(states[n][s.name], s.take(ref[s.tensor]), s.take(out[s.tensor]))
-        for n in chunk:
-            values[n] = metric.worst([metric.value(st) for st in states[n].values()])
+        clock.check()
+        chunk = {n: [n] for n in names[k:k + RANK_CHUNK]}
+        for n, (pooled, _) in score_configs(engine, chunk, [metric], specs, indices, bar, alternative).items():
+            values[n] = metric.worst([metric.value(pooled[(s.name, metric.name)]) for s in specs])
     return values
 
 
-def mixed_moves(engine, alt_engines, menus, costs, metric, specs, indices, clock):
+def mixed_moves(engine, alt_engines, menus, costs, metric, specs, indices, clock, progress=False):
     """``(moves, kinds, gains)`` for a mixed search.
 
     ``moves``: ``[(node, kind)]`` by estimated gain per cost, best first, with each node's
@@ -83,14 +74,17 @@ def mixed_moves(engine, alt_engines, menus, costs, metric, specs, indices, clock
     per cost; the engine can simulate one per node). ``gains``: ``{(node, kind): gain}`` in
     the metric's sort units (what the move recovers with the node alone quantized).
     ``alt_engines``: ``{kind: engine}`` able to run that kind on every node whose menu has it.
+    A progress bar when ``progress``: these runs come before the search scores any set.
     """
     names = list(menus)
-    int8 = one_node_values(engine, names, metric, specs, indices, clock)
+    have = {kind: [n for n in names if kind in menus[n]] for kind in alt_engines}
+    runs = (len(names) + sum(map(len, have.values()))) * len(indices)
     alone = {}
-    for kind, eng in alt_engines.items():
-        have = [n for n in names if kind in menus[n]]
-        for n, v in one_node_values(eng, have, metric, specs, indices, clock, alternative=True).items():
-            alone[(n, kind)] = v
+    with Progress(runs, f"ranking {len(names)} nodes, each kind alone", enabled=bool(progress)) as bar:
+        int8 = one_node_values(engine, names, metric, specs, indices, clock, bar=bar)
+        for kind, eng in alt_engines.items():
+            for n, v in one_node_values(eng, have[kind], metric, specs, indices, clock, True, bar).items():
+                alone[(n, kind)] = v
     keys = [metric.sort_key(v) for v in list(int8.values()) + list(alone.values())]
     # an error-free output: cosine 1, error 0; SQNR's is infinite, so cap it at the best seen
     perfect = math.inf if metric.name == "sqnr" else metric.sort_key(1.0 if metric.higher_is_better else 0.0)

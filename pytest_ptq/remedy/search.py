@@ -150,7 +150,7 @@ def _suggest(engine, save_dir, clock, target, metric, remedy, output_node, data_
     scorer = judge = None
     with Progress(len(menus) + 2, f"remedy search ({remedy})", enabled=bool(show)) as bar:
         try:
-            alts, axes, moves = _alternatives(engine, remedy, menus, costs, objective, base, clock, notes)
+            alts, axes, moves = _alternatives(engine, remedy, menus, costs, objective, base, clock, notes, show)
             lay = with_alternatives(base, alts)
             scorer = Scorer(lay.search, objective, clock, bar)
             judge = Scorer(lay.judge, objective, clock, bar) if lay.confirms else scorer
@@ -159,7 +159,7 @@ def _suggest(engine, save_dir, clock, target, metric, remedy, output_node, data_
 
                 def moves():
                     ranked = rank(base.search.engine, pool, objective.guide, specs, base.search.indices, clock,
-                                  ranking)
+                                  ranking, show)
                     result.ranking = [{"node": n, "sensitivity": v} for n, v in ranked]
                     return [(n, remedy) for n, _ in ranked]
             else:
@@ -273,9 +273,10 @@ def _where(heldout, lay):
     return getattr(heldout, "where", None) or lay.judge.where
 
 
-def _alternatives(engine, remedy, menus, costs, objective, base, clock, notes):
+def _alternatives(engine, remedy, menus, costs, objective, base, clock, notes, progress):
     """``(alternatives, axes, moves)``: the fake-quant each node can switch to, the channel axes
-    of per-channel ones, and for a mixed search its ranked moves (None: rank lazily)."""
+    of per-channel ones, and for a mixed search its ranked moves (None: rank lazily), ranked
+    with a progress bar when ``progress``."""
     cal = base.calibration.indices
     if remedy == "float":
         return {}, {}, None
@@ -305,7 +306,7 @@ def _alternatives(engine, remedy, menus, costs, objective, base, clock, notes):
     for n in [n for n, ks in menus.items() if not ks]:
         del menus[n]
     moves, kinds, gains = mixed_moves(engine, engines, menus, costs, objective.guide, objective.specs,
-                                      base.search.indices, clock)
+                                      base.search.indices, clock, progress)
     mix = {}
     for n, kind in kinds.items():
         mix[n] = by_kind[kind][0][n]

@@ -1,7 +1,9 @@
 """The search proper: greedy on the order, refinement by local moves, acceptance on the judge.
 
 1. **Greedy** (search samples): remedies are added in the order of :mod:`.ranking` until the
-   target is met, then members the target does not need are pruned, last added first.
+   target is met (each node on its strongest remedy when all of them on their cheapest fall
+   short together), then members the target does not need are pruned, last added first, and
+   each member is given the cheapest kind the target allows, in one pass.
 2. **Refinement** (search samples, ``search="refine"``): quantization errors interact (two
    errors can cancel, so remedying one alone hurts), so the order is a weak guide. Local
    moves improve the set while any does: drop one member (needless, or one whose remedy
@@ -124,8 +126,16 @@ class Search:
             r.notes.append(f"even with every candidate {what} the {self.S.metric.name} is {r.ceiling:.6g} on the "
                            f"search samples, short of {_fmt(self.S.target)}; try another remedy or check the data "
                            "and the float model")
+        order = self.first
+        if order != self.strongest and self.S.meets(r.ceiling) and not self.S.meets(self.score(order)):
+            # every node on its cheapest remedy together falls short where all at their
+            # strongest meet: walking the cheap order would add every node and meet nothing
+            r.notes.append(f"every candidate on its cheapest remedy reaches only {self.S.memo[frozenset(order)]:.6g} "
+                           f"on the search samples, short of {_fmt(self.S.target)}: the greedy added each node's "
+                           "strongest remedy instead, and cheaper kinds were tried after")
+            order = self.strongest
         chosen, found = [], None
-        for mv in self.first:
+        for mv in order:
             chosen.append(mv)
             value = self.score(chosen)
             r.curve.append({"nodes": len(chosen), "cost": cost_of(chosen, self.costs), "added": mv[0],
@@ -144,7 +154,29 @@ class Search:
             if self.S.meets(self.score(trial)):
                 chosen = trial
                 r.pruned.append(mv[0])
-        return frozenset(chosen)
+        return self._cheapen(frozenset(chosen), lambda s: self.S.meets(self.score(s)), self._moved)
+
+    def _cheapen(self, cur, accepts, moved=None):
+        """Each member, least promising first, on the cheapest kind of its menu ``accepts``
+        still takes (``moved(name, before, after)`` told of each): one pass, so that
+        refinement does not spend a round on each."""
+        for n, k in self._least_first(cur):
+            for k2 in sorted(self.kinds.get(n, ()), key=self.costs.get):
+                if self.costs[k2] < self.costs[k]:
+                    trial = (cur - {(n, k)}) | {(n, k2)}
+                    if accepts(trial):
+                        if moved is not None:
+                            moved("cheaper kind", cur, trial)
+                        cur = trial
+                        break
+        return cur
+
+    def _moved(self, name, cur, better):
+        """Record a refinement: the move ``name`` took the search samples' set ``cur`` to ``better``."""
+        self.result.refinements.append({
+            "move": name, "removed": self._named(cur - better), "added": self._named(better - cur),
+            "nodes": len(better), "cost": cost_of(better, self.costs), "value": self.S.memo[better],
+            "before": self.S.memo[cur]})
 
     def refine(self, chosen):
         cur = frozenset(chosen)
@@ -153,11 +185,7 @@ class Search:
                                 ("swap", self._swaps), ("two for one", self._trades)):
                 better = self._first_better(cur, moves(cur))
                 if better is not None:
-                    value = self.S.memo[better]
-                    self.result.refinements.append({
-                        "move": name, "removed": self._named(cur - better), "added": self._named(better - cur),
-                        "nodes": len(better), "cost": cost_of(better, self.costs), "value": value,
-                        "before": self.S.memo[cur]})
+                    self._moved(name, cur, better)
                     cur = better
                     break
             else:
@@ -248,14 +276,7 @@ class Search:
                 if size == 1:
                     break
                 n = min(2 * n, len(cur))
-        for n_, k in self._least_first(cur):
-            for k2 in sorted(self.kinds.get(n_, ()), key=self.costs.get):
-                if self.costs[k2] < self.costs[k]:
-                    trial = (cur - {(n_, k)}) | {(n_, k2)}
-                    if self.J.meets(self.judge(trial, "cheaper kind")):
-                        cur = trial
-                        break
-        return cur
+        return self._cheapen(cur, lambda s: self.J.meets(self.judge(s, "cheaper kind")))
 
 
 def _fmt(v):
