@@ -246,16 +246,25 @@ class Analysis:
         :meth:`verdict` on ``holdout`` (the data a contract judged on) and the ``node_type``
         ranking: each top node's kind, the reading behind it, and the fix in the producer's
         terms; ``outputs``: the output specs judged, where a contract failed on a slice (default:
-        the model's outputs). Costs one sweep of the top nodes' statistics; no remedy search."""
+        the model's outputs). A weight (activation) ranking where the verdict blames activations
+        (weights) ranks the kind it blames instead, and says so. Costs one sweep of the top
+        nodes' statistics; no remedy search."""
         from .diagnosis import diagnose
 
         name = get_metrics(metric)[0].name
         outputs = None if not outputs else tuple(outputs)
         key = ("diagnosis", node_type, name, None if holdout is None else str(holdout), top) + \
             ((outputs,) if outputs else ())
-        return self.cached(key, lambda: diagnose(self.engine, self.sensitivity(node_type, name, outputs),
-                                                 self.verdict(holdout, name, outputs), top,
-                                                 None if outputs is None else list(outputs)))
+
+        def compute():
+            verdict = self.verdict(holdout, name, outputs)
+            ranked = node_type
+            if {node_type, verdict.source} == {"weight", "activation"}:
+                ranked = verdict.source  # the other kind's nodes would point at a fix that recovers nothing
+            return diagnose(self.engine, self.sensitivity(ranked, name, outputs), verdict, top,
+                            None if outputs is None else list(outputs), asked=node_type)
+
+        return self.cached(key, compute)
 
     def curves(self, metric="cosine-similarity"):
         """Cumulative error curves: only weights, only activations, everything quantized."""

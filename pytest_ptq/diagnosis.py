@@ -75,6 +75,7 @@ class Diagnosis(JsonResult):
     warnings: list
     producer_terms: list = dataclasses.field(default_factory=list)
     outputs: list = dataclasses.field(default_factory=list)  # the output specs judged, where not the model's
+    asked_type: str = ""  # the node type asked for, where the verdict blamed the other kind (see caveat)
 
     @property
     def source(self):
@@ -118,8 +119,12 @@ class Diagnosis(JsonResult):
         return text
 
     def caveat(self):
-        """When the ranking's few samples alone would blame another kind, a sentence saying so."""
+        """When the ranking is of another kind than asked, or its few samples alone would blame
+        another kind, a sentence saying so."""
         v = self.verdict
+        if self.asked_type and self.asked_type != self.node_type:
+            return (f"note: {self.asked_type} nodes were asked for, but {self.cause} cause the loss, so the "
+                    f"{self.node_type} nodes are ranked below: fixing {self.asked_type} nodes recovers little")
         if not v.get("disagreement") or not v.get("ranking"):
             return ""
         r = v["ranking"]
@@ -172,10 +177,11 @@ class Diagnosis(JsonResult):
         return out  # the warnings are the caller's to print: once per model, passing or not
 
 
-def diagnose(engine, sensitivity, verdict, top=10, outputs=None):
+def diagnose(engine, sensitivity, verdict, top=10, outputs=None, asked=None):
     """The :class:`Diagnosis` of ``engine``'s model from its ``verdict`` and ``sensitivity``
     ranking (any node type): the top ``top`` nodes' statistics are gathered in one sweep over
-    the ranking's samples, and an operator's weights and activations are scored apart."""
+    the ranking's samples, and an operator's weights and activations are scored apart.
+    ``asked``: the node type the caller wanted ranked, where the verdict made it rank another."""
     qm = engine.qmodel
     metric = sensitivity.metrics[0]
     m = get_metrics(metric)[0]
@@ -198,7 +204,7 @@ def diagnose(engine, sensitivity, verdict, top=10, outputs=None):
                      metric=metric, node_type=sensitivity.node_type, samples=sensitivity.samples,
                      verdict=verdict.to_dict(), nodes=nodes, fixes=fixes, settings=settings, snippet=snippet,
                      terms=terms, warnings=[warning(w, _stages_command(engine)) for w in told], producer_terms=own,
-                     outputs=list(outputs or []))
+                     outputs=list(outputs or []), asked_type=asked or sensitivity.node_type)
 
 
 def warning(text, stages="ptq-debug stages FLOAT_MODEL CALIBRATED_MODEL DATA"):

@@ -208,13 +208,17 @@ class PTQSession:
 
     # -- why a model fails ----------------------------------------------------------------
     def judged_on(self, model_id):
-        """The held-out data the model's output and accuracy checks used (absolute path), or
-        None when they ran on the calibration data: the data a verdict must be decided on."""
-        for rec in self.tests.values():
-            for mid, r in rec.results:
-                if mid == model_id and getattr(r, "holdout", None):
-                    return r.holdout
-        return None
+        """The held-out data the model's failing checks used (absolute path; of any check when
+        none failed), or None when they ran on the calibration data: the data a verdict must be
+        decided on (a nodes check judges calibration data, beside outputs passing on held-out)."""
+        results = [r for rec in self.tests.values() for mid, r in rec.results if mid == model_id]
+        failing = [r for r in results if not r]
+        return next((r.holdout for r in failing or results if getattr(r, "holdout", None)), None)
+
+    def holdout_of(self, model_id):
+        """The held-out data any of the model's checks used (absolute path), or None."""
+        results = [r for rec in self.tests.values() for mid, r in rec.results if mid == model_id]
+        return next((r.holdout for r in results if getattr(r, "holdout", None)), None)
 
     def failing_outputs(self, model_id):
         """The output specs of the model whose output checks failed, where one of them is a
@@ -270,7 +274,7 @@ class PTQSession:
         where pytest was started (empty without a float model to re-quantize)."""
         key = analysis.key
         here = self.config.invocation_params.dir
-        holdout = self.judged_on(key.id)
+        holdout = self.holdout_of(key.id)
         # the target of the output checks that failed (else of any): the strictest of them
         floors = [(not r, max(r.thresholds.values())) for rec in self.tests.values() for mid, r in rec.results
                   if mid == key.id and r.kind == "outputs" and r.metric == "cosine-similarity" and r.thresholds]

@@ -105,6 +105,13 @@ def test_diagnosis_names_the_weights_the_channel_and_the_fix(planted):
     w1 = next(n for n in w.nodes if n["node"] == "w1_QuantizeLinear")
     assert w1["kind"] == "weight" and w1["op_type"] == "Conv" and w1["cause"] == "weight"
     assert "keeps only" in w1["reason"] and "per-channel weights" in w1["reason"]
+    # an activation ranking would point at nodes whose fix recovers nothing: weights are ranked
+    # instead, as the weight ranking itself, and the caveat says so
+    act = a.diagnosis("activation", holdout=root / "held")
+    assert act.node_type == "weight" and act.asked_type == "activation"
+    assert [n["node"] for n in act.nodes] == [n["node"] for n in w.nodes]
+    assert act.caveat().startswith("note: activation nodes were asked for, but weights cause the loss")
+    assert act.fixes[0]["kind"] == "weight" and w.caveat() == ""
 
 
 @pytest.mark.parametrize("dist", [["-p", "no:xdist"], ["-n", "2"]], ids=["one process", "xdist"])
