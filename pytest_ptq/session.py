@@ -15,6 +15,7 @@ import json
 import os
 import re
 import shlex
+import warnings
 from pathlib import Path
 
 import pytest
@@ -170,8 +171,20 @@ class PTQSession:
             return None
         if self.settings.cache_dir is not None:
             return self.settings.cache_dir
-        pytest_cache = getattr(self.config, "cache", None)
-        return None if pytest_cache is None else pytest_cache.mkdir("ptq")
+        if not hasattr(self, "_pytest_cache_dir"):  # decided once, said once
+            self._pytest_cache_dir = None
+            pytest_cache = getattr(self.config, "cache", None)
+            if pytest_cache is not None:
+                try:
+                    self._pytest_cache_dir = pytest_cache.mkdir("ptq")
+                except OSError as exc:  # a read-only checkout: pytest's own cache only warns too
+                    from .cache import PTQCacheWarning
+
+                    warnings.warn(PTQCacheWarning(
+                        f"results are not kept between runs: pytest's cache dir takes no folder for them "
+                        f"({exc.strerror or exc}: {exc.filename}); pass --ptq-cache-dir DIR with a writable "
+                        "folder to keep them"), stacklevel=1)
+        return self._pytest_cache_dir
 
     def settings_for(self, item):
         """Session settings overridden by the item's ``ptq`` markers, closest last."""

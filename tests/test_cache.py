@@ -372,3 +372,26 @@ def test_a_crafted_entry_runs_no_code_and_is_recomputed(tmp_path, inputs, capsys
             assert (json.loads((tmp_path / "s1.json").read_text())["values"]
                     == json.loads((tmp_path / "s2.json").read_text())["values"])
             entry.write_bytes(blob)
+
+
+READ_ONLY_CACHE = """
+import pytest
+
+@pytest.hookimpl(trylast=True)
+def pytest_configure(config):
+    def refuse(name):
+        raise PermissionError(1, "Operation not permitted", str(config.rootpath / "pytest-cache-files-x"))
+    config.cache.mkdir = refuse  # as a read-only checkout answers
+"""
+
+
+def test_plugin_in_a_read_only_checkout_runs_without_its_cache_and_says_so_once(pytester, inputs):
+    setup_project(pytester, inputs)
+    pytester.makeconftest(READ_ONLY_CACHE)
+    result = runp(pytester)
+    result.assert_outcomes(passed=2)
+    assert result.stdout.str().count("PTQCacheWarning: results") == 1
+    result.stdout.fnmatch_lines(["*PTQCacheWarning: results are not kept between runs: pytest's cache dir takes no "
+                                 "folder for them (Operation not permitted: *pytest-cache-files-x); pass "
+                                 "--ptq-cache-dir DIR*"])
+    assert "Traceback" not in result.stdout.str()
