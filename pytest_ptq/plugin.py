@@ -186,7 +186,8 @@ def _uses_plugin(item):
 
 def _fail(exc):
     __tracebackhide__ = True
-    pytest.fail(str(exc), pytrace=False)
+    # from None: called while handling ``exc``, which pytest would print again as the context
+    raise pytest.fail.Exception(str(exc), pytrace=False) from None
 
 
 def _param_path(request, name):
