@@ -27,7 +27,7 @@ from .errors import PTQError, closest
 from .errors import shown as shown_value
 from .metrics import COSINE, get_metrics
 from .outputs import parse_output, parse_outputs
-from .tables import fmt, format_table
+from .tables import fmt, format_table, threshold_text
 
 # How many rows a failure message lists before it says "... N more".
 _CAP = 20
@@ -85,14 +85,10 @@ class Result:
 
 def _measure_text(m):
     value = m["value"] if isinstance(m["value"], str) else fmt(m["value"])
-    need = f", needs {m['bound']} {_short_threshold(m['threshold'])}" if m.get("bound") else ""
+    need = f", needs {m['bound']} {threshold_text(m['threshold'])}" if m.get("bound") else ""
     on = f" on {m['on']}" if m.get("on") else ""
     detail = f" ({m['detail']})" if m.get("detail") else ""
     return f"{m['what']} {value}{detail}{on}{need}"
-
-
-def _short_threshold(t):
-    return f"{t:g}" if isinstance(t, float) else str(t)
 
 
 def _on(samples, data, holdout):

@@ -23,7 +23,7 @@ from .errors import PTQError
 from .figures import drawn_by
 from .outputs import parse_outputs, parts_note
 from .results import json_safe
-from .tables import fmt
+from .tables import fmt, threshold_text
 
 # Figures wider than this are downscaled: wider than a laptop screen helps no one.
 MAX_WIDTH = 1000
@@ -382,15 +382,11 @@ def measures(m):
             for x in r.get("measures", []):
                 what = x["what"] + (f" ({x['detail']})" if x.get("detail") else "")
                 rows.append({"check": r["kind"], "measured": what, "value": x["value"],
-                             "threshold": f"{x['bound']} {_threshold(x['threshold'])}" if x.get("bound") else "",
+                             "threshold": f"{x['bound']} {threshold_text(x['threshold'])}" if x.get("bound") else "",
                              "on": x.get("on", ""), "result": "ok" if x["passed"] else "FAIL", "test": t["nodeid"],
                              "_passed": x["passed"], "_outcome": t["outcome"]})
     rows.sort(key=lambda r: r["_passed"])
     return rows
-
-
-def _threshold(t):
-    return f"{t:g}" if isinstance(t, float) else str(t)
 
 
 def headline(m):

@@ -26,6 +26,11 @@ def listed(names, shown=3):
                                                          else "")
 
 
+def threshold_text(t):
+    """A threshold as the user wrote it: every digit it has (0.9999999, not 1)."""
+    return f"{t:.15g}" if isinstance(t, float) else str(t)
+
+
 def short(value):
     """A figure at four significant digits, for plots and sentences ("n/a" for None); a
     similarity just below 1 keeps two digits of its distance to 1 (0.999981, not 1)."""

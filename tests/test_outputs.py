@@ -91,6 +91,9 @@ def test_the_default_threshold_holds_each_part(tmp_path):
     # a part named gets its own threshold, the whole named is the whole
     assert check_outputs(analysis, {"out[:, 4:10]": 0.0, "": 0.99}).passed
     assert check_outputs(analysis, {"out": 0.99}).passed
+    # a threshold is shown with every digit given: 0.9999999 is not "needs >= 1"
+    strict = check_outputs(analysis, {"out": 0.9999999})
+    assert not strict.passed and strict.headline().endswith("needs >= 0.9999999")
 
 
 def test_the_box_plot_of_the_concatenation_is_by_part(tmp_path):
