@@ -93,7 +93,18 @@ def channel_axis(qm, c, shape, axis=None, value=None):
     found = unlike(value, layouts(qm, c.input)) if value is not None else None
     if found is not None:
         return found[0]  # a detector's boxes beside its scores: the parts are what differ
-    return 1 if rank >= 4 else rank - 1
+    if rank == 4:
+        return image_channel_axis(shape)
+    return 1 if rank > 4 else rank - 1
+
+
+def image_channel_axis(dims):
+    """1 for an image-like NCHW shape, 3 for NHWC (a last axis of 1, 3 or 4 beside a wider
+    second one, and not the other way round); 1 when it cannot be told."""
+    small = (1, 3, 4)
+    if len(dims) == 4 and dims[3] in small and dims[1] not in small:
+        return 3
+    return 1
 
 
 def _attr(qm, node_name, name, default):
@@ -134,8 +145,9 @@ class ChannelStats:
         if self.channels is None:
             self._start(block.shape[0])
         elif block.shape[0] != self.channels:
-            raise PTQError(f"the channel axis {self.axis} has {block.shape[0]} channels in one sample and "
-                           f"{self.channels} in another; pass a fixed axis")
+            raise PTQError(f"its axis {self.axis} has {block.shape[0]} elements in one sample and {self.channels} in "
+                           "another, so it is no channel axis (a sequence length?); pass an axis all samples share "
+                           "(axis=, --axis)")
         if block.shape[1] == 0:
             return
         self.min = np.minimum(self.min, block.min(axis=1))

@@ -29,6 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .channelwise import image_channel_axis
 from .data import NP_OF_ONNX, load_data
 from . import params
 from .errors import NotFloatEquivalent, NotQuantized, PTQError
@@ -151,7 +152,7 @@ def _model_side(model_or_file, float_model):
         dims = [d.dim_value if d.HasField("dim_value") else None for d in tt.shape.dim] if tt.HasField("shape") else None
         specs[i.name] = _InputSpec(i.name, dims, NP_OF_ONNX.get(tt.elem_type))
         if dims and len(dims) >= 3:
-            specs[i.name].channel_axis = _model_channel_axis(dims)
+            specs[i.name].channel_axis = image_channel_axis(dims)
     if qm is not None:
         for c in qm.of_kind("activation"):
             if c.input in specs and not c.dynamic:  # a dynamic range fits any data
@@ -159,17 +160,6 @@ def _model_side(model_or_file, float_model):
                 specs[c.input].range = (float(np.min(lo)), float(np.max(hi)))
                 specs[c.input].step = float(np.max(c.scale))
     return qm, specs, source
-
-
-def _model_channel_axis(dims):
-    """1 for an image-like NCHW input, the last axis for NHWC; 1 when it cannot be told."""
-    small = (1, 3, 4)
-    if len(dims) == 4:
-        if dims[1] in small and dims[3] not in small:
-            return 1
-        if dims[3] in small and dims[1] not in small:
-            return 3
-    return 1
 
 
 # -- the data side ----------------------------------------------------------------------------

@@ -479,7 +479,9 @@ def markdown(summary):
     lines.append("- `summary.json`: every number above and behind the plots")
     skipped = [k for k, d in summary["channelwise"].items() if "skipped" in d]
     if skipped:
-        lines.append(f"- no box plot for {', '.join(f'`{k}`' for k in skipped)} (no channel axis)")
+        first = summary["channelwise"][skipped[0]]["skipped"]
+        lines.append(f"- no box plot for {', '.join(f'`{k}`' for k in skipped)} (no channel axis; "
+                     f"`{skipped[0]}`: {first})")
     if summary["warnings"]:
         told = [warning(w) for w in summary["warnings"]]
         lines += ["", "## Warnings", ""] + [f"- {w['text']}" + (f"; {w['fix']}" if w["fix"] else "") for w in told]

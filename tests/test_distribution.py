@@ -522,3 +522,67 @@ def test_a_symmetric_range_on_a_relu_output_is_read_as_half_unused(models, tmp_p
         assert reasons[0].startswith(f"{below:.0%} of the range lies below zero") and "ActivationSymmetric=False" in reasons[0]
     else:
         assert below < 0.01 and "below zero" not in " ".join(reasons)
+
+
+def _attention(tmp_path, lengths):
+    """x [1, seq, 8] -> q = x W; scores s = q x^T [1, seq, seq] -> Softmax -> p x: samples of
+    different sequence lengths, as a text model's calibration set has."""
+    helper, rng = onnx.helper, np.random.default_rng(0)
+    w = rng.standard_normal((8, 8)).astype(np.float32)
+    graph = helper.make_graph([
+        helper.make_node("MatMul", ["x", "W"], ["q"]),
+        helper.make_node("Transpose", ["x"], ["xt"], perm=[0, 2, 1]),
+        helper.make_node("MatMul", ["q", "xt"], ["s"]),
+        helper.make_node("Softmax", ["s"], ["p"], axis=-1),
+        helper.make_node("MatMul", ["p", "x"], ["y"])], "attn",
+        [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, "seq", 8])],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, "seq", 8])],
+        [onnx.numpy_helper.from_array(w, "W")])
+    fp = tmp_path / "attn.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), fp)
+    data = {"x": [rng.standard_normal((1, n, 8)).astype(np.float32) for n in lengths]}
+    return fp, builders.quantize(fp, tmp_path / "attn_q.onnx", data), data
+
+
+def test_a_sequence_axis_is_no_channel_axis_runall_skips_it_and_alone_it_is_refused_by_name(tmp_path, capsys):
+    from pytest_ptq.cli import main
+
+    fp, q, data = _attention(tmp_path, (5, 9, 5, 9))
+    folder = builders.save_folder(data, tmp_path / "calib")
+    # the scores' last axis is the sequence: its size follows the sample
+    assert main(["runall", str(q), str(folder), "--float-model", str(fp), "-s", str(tmp_path / "out"), "--quiet"]) == 0
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert "9 elements in one sample and 5 in another" in summary["channelwise"]["s_QuantizeLinear"]["skipped"]
+    # the embeddings' last axis is the same in every sample: boxed
+    assert summary["channelwise"]["x_QuantizeLinear"]["axis"] == 2
+    assert "`s_QuantizeLinear`: its axis 2 has 9 elements" in (tmp_path / "out" / "summary.md").read_text()
+    capsys.readouterr()
+    assert main(["get-channelwise-data-distribution", str(q), str(folder), "-n", "s_QuantizeLinear", "-s",
+                 str(tmp_path / "box"), "--quiet"]) == 2
+    assert "input 's' of 's_QuantizeLinear': its axis 2 has 9 elements" in capsys.readouterr().err
+
+
+def test_an_nhwc_image_input_is_boxed_by_its_colour_channels(tmp_path):
+    """An NHWC input read by an op with no layout of its own (Pad, then Transpose to NCHW)
+    was boxed by its 224 rows."""
+    helper = onnx.helper
+    w = np.random.default_rng(1).standard_normal((4, 3, 3, 3)).astype(np.float32)
+    graph = helper.make_graph([
+        helper.make_node("Pad", ["x", "pads"], ["xp"]),
+        helper.make_node("Transpose", ["xp"], ["xc"], perm=[0, 3, 1, 2]),
+        helper.make_node("Conv", ["xc", "w"], ["y"])], "nhwc",
+        [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 16, 16, 3])],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)],
+        [onnx.numpy_helper.from_array(w, "w"),
+         onnx.numpy_helper.from_array(np.array([0, 1, 1, 0, 0, 1, 1, 0], np.int64), "pads")])
+    fp = tmp_path / "nhwc.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), fp)
+    rng = np.random.default_rng(2)
+    # the colour channels far apart, so that a box per channel shows them
+    data = {"x": [(rng.standard_normal((1, 16, 16, 3)) * [1, 4, 16]).astype(np.float32) for _ in range(3)]}
+    q = builders.quantize(fp, tmp_path / "nhwc_q.onnx", data)
+    [box] = get_channelwise_data_distribution(tmp_path / "box", Engine(str(q), data, float_model=str(fp)),
+                                              nodes_list=["x_QuantizeLinear"]).values()
+    assert box["axis"] == 3 and box["channels"] == 3
+    by_hand = [float(np.abs(np.concatenate(data["x"])[..., k]).max()) for k in range(3)]
+    assert box["max_abs"] == pytest.approx(by_hand, rel=1e-6)

@@ -191,23 +191,23 @@ class _Pair:
 class _Channels:
     """Per-channel statistics of a stream; the channel axis is settled by its first array."""
 
-    def __init__(self, get, stats, axis_of, skip_unboxable=False):
-        self.get, self.stats, self.axis_of, self.skip = get, stats, axis_of, skip_unboxable
+    def __init__(self, get, stats, axis_of, skip_unboxable=False, what=""):
+        self.get, self.stats, self.axis_of, self.skip, self.what = get, stats, axis_of, skip_unboxable, what
         self.error = None
 
     def first(self, vals):
         if self.error is not None:
             return
         a = self.get(vals)
-        if self.stats.axis is None:
-            try:
+        try:
+            if self.stats.axis is None:
                 self.stats.axis = self.axis_of(a)
-            except PTQError as exc:
-                if not self.skip:
-                    raise
-                self.error = str(exc)
-                return
-        self.stats.add(a)
+            self.stats.add(a)
+        except PTQError as exc:
+            if not self.skip:
+                raise PTQError(f"{self.what}: {exc}" if self.what and self.what not in str(exc) else str(exc)) \
+                    from None
+            self.error = str(exc)
 
     def prepare(self):
         return False
@@ -374,13 +374,14 @@ def collect(engine, dist_nodes=(), box_nodes=(), axis=None, data_num=None, bins=
             w, deq = weight_arrays(qm, c)
             info["compared_against"] = "float weight" if w is not None else "dequantized weight"
             chan = _Channels(lambda v: v, stats, lambda a, c=c: channel_axis(qm, c, np.shape(a), axis),
-                             skip_unboxable)
+                             skip_unboxable, f"{name!r}")
             chan.first(w if w is not None else deq)
             errors[name] = chan
             continue
         need(float_t, c.input)
         chan = _Channels(lambda vals, c=c: c.as_float_model_has_it(vals[("f", c.input)]), stats,
-                         lambda a, c=c: channel_axis(qm, c, np.shape(a), axis, a), skip_unboxable)
+                         lambda a, c=c: channel_axis(qm, c, np.shape(a), axis, a), skip_unboxable,
+                         f"input {c.input!r} of {name!r}")
         accs.append(chan)
         errors[name] = chan
     if accs:
