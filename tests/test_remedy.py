@@ -230,6 +230,29 @@ def test_a_budget_stop_keeps_the_best_result_so_far(outlier, monkeypatch):
     assert any("budget" in n for n in r.notes)
 
 
+def test_the_set_a_budget_stop_keeps_is_still_re_quantized_and_measured(outlier, monkeypatch, tmp_path):
+    """The re-quantized check comes after the budget (it was skipped, and the exit said
+    "simulated only" with the float model given)."""
+    calls = []
+    original = remedy_mod.Scorer.__call__
+
+    def limited(self, chosen):
+        calls.append(chosen)
+        if len(calls) > 3:
+            raise remedy_mod.OutOfTime
+        return original(self, chosen)
+
+    monkeypatch.setattr(remedy_mod.Scorer, "__call__", limited)
+    r = suggest_remedy(str(outlier["qdq"]), outlier["data"], target=0.99, remedy="float", output_node=SLICE,
+                       full_curve=True, budget=3600, float_model=str(outlier["float"]), save_dir=tmp_path)
+    assert r.budget_exhausted and r.nodes == ["w1_QuantizeLinear"] and r.measured
+    feeds = _feeds(outlier["data"])
+    ref = builders.run_model(_exposing_c1(outlier["float"]), feeds, outputs=["c1"])
+    got = builders.run_model(_exposing_c1(r.measured["model"]), feeds, outputs=["c1"])
+    assert r.measured["value"] == pytest.approx(_cosine(_sliced(ref), _sliced(got)), abs=1e-9)
+    assert "w1_QuantizeLinear" not in builders.qdq_pairs(r.measured["model"])
+
+
 def test_a_budget_too_short_for_anything_still_returns_a_result(outlier):
     """A budget spent before any set was scored reported nothing, not even the model as given
     (n/a, where that costs a few seconds on a 279-node detector)."""
@@ -242,7 +265,7 @@ def test_a_budget_too_short_for_anything_still_returns_a_result(outlier):
     assert r.value == r.baseline == pytest.approx(_cosine(_sliced(ref), _sliced(got)), abs=1e-5)
     assert r.failure().startswith("the budget ended before any remedy was scored (the model as given reads "
                                   "cosine-similarity ")
-    assert any("nothing was scored yet" in n for n in r.notes)
+    assert any("no remedy was scored yet" in n for n in r.notes)
 
 
 @pytest.mark.parametrize("kwargs, words", [

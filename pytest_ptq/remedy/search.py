@@ -169,10 +169,10 @@ def _suggest(engine, save_dir, clock, target, metric, remedy, output_node, data_
             searcher.run()
         except OutOfTime:
             result.budget_exhausted = True
-            scored = searcher is not None and searcher.best_S is not None
+            scored = searcher is not None and searcher.best_S is not None and bool(searcher.best_S[1])
             notes.append(f"the {budget:g} s budget ended after {clock.elapsed:.1f} s; " + (
                 "the result is the best found so far (raise --budget for a complete search)" if scored else
-                "nothing was scored yet (the alternatives and the ranking of every candidate node come first), so "
+                "no remedy was scored yet (the alternatives and the ranking of every candidate node come first), so "
                 "the figures are the model's as given; raise --budget, or search on fewer samples (--data-num)"))
         result.evaluations = (scorer.evaluations if scorer is not None else 0) + (
             judge.evaluations if judge is not None and judge is not scorer else 0)
@@ -187,7 +187,8 @@ def _suggest(engine, save_dir, clock, target, metric, remedy, output_node, data_
     else:  # the budget ended before any set was scored: the model as given, outside the budget
         _figures(result, base, objective, None, None, frozenset())
     result.settings = onnxruntime_settings(qm, remedy, result.nodes, axes, result.choices)
-    check = float_model is not None and requantize_check and result.nodes and not result.budget_exhausted
+    # after the budget too, as documented: a set found in time is applied and measured
+    check = float_model is not None and requantize_check and result.nodes
     if check:
         parts = {"calibration": (lay.calibration, _scorer_for(lay.calibration, scorer, judge, objective))}
         if lay.confirms:
