@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from . import guard, params
-from .cache import ResultCache, arrays_digest, file_hash
+from .cache import ResultCache, arrays_digest, file_hash, model_hash
 from .curves import configs_from, get_acc_error
 from .data import load_data
 from .engine import Engine
@@ -373,11 +373,11 @@ class Analysis:
             from . import __version__
 
             digest = file_hash if self.store is None else self.store.hash_of
-            fp = {"model_sha256": digest(self.key.model), "data_sha256": digest(self.key.data),
+            fp = {"model_sha256": model_hash(self.key.model, digest), "data_sha256": digest(self.key.data),
                   "samples": self.samples, "pytest_ptq": __version__, "onnxruntime": onnxruntime.__version__,
                   "onnx": onnx.__version__}
             if self.key.float_model:
-                fp["float_model_sha256"] = digest(self.key.float_model)
+                fp["float_model_sha256"] = model_hash(self.key.float_model, digest)
             return fp
 
         return self.cached(("fingerprint",), compute)

@@ -57,6 +57,19 @@ def file_hash(path):
     return h.hexdigest()
 
 
+def model_hash(path, digest=file_hash):
+    """sha256 of a model file and its external data files (the file's own hash when it has
+    none, so that models without external data keep the hashes recorded before)."""
+    own = digest(path)
+    extra = guard.external_data_files(path)
+    if not extra:
+        return own
+    h = hashlib.sha256(own.encode())
+    for p in sorted(extra, key=str):
+        h.update(Path(p).name.encode() + b"\0" + digest(p).encode())
+    return h.hexdigest()
+
+
 def arrays_digest(arrays):
     """sha256 of ``{name: array}``: names, dtypes, shapes and bytes, by name."""
     import numpy as np

@@ -395,3 +395,27 @@ def test_plugin_in_a_read_only_checkout_runs_without_its_cache_and_says_so_once(
                                  "folder for them (Operation not permitted: *pytest-cache-files-x); pass "
                                  "--ptq-cache-dir DIR*"])
     assert "Traceback" not in result.stdout.str()
+
+
+def test_a_baselines_model_hash_covers_its_external_data(tmp_path, inputs):
+    """A weight changed in the external data file only left the model's recorded hash as it
+    was, so a degraded baseline did not say the model had changed."""
+    import hashlib
+
+    import onnx
+
+    from pytest_ptq.analysis import Analysis, AnalysisKey
+
+    def fingerprint(model):
+        return Analysis(AnalysisKey(str(model), str(inputs / "calib")), tmp_path).fingerprint()["model_sha256"]
+
+    inline = inputs / "q.onnx"
+    assert fingerprint(inline) == hashlib.sha256(inline.read_bytes()).hexdigest()  # as recorded before
+    ext = tmp_path / "ext" / "q.onnx"
+    ext.parent.mkdir()
+    onnx.save(onnx.load(str(inline)), str(ext), save_as_external_data=True, location="w.bin", size_threshold=0)
+    before, graph = fingerprint(ext), ext.read_bytes()
+    weights = bytearray((ext.parent / "w.bin").read_bytes())
+    weights[-1] ^= 1
+    (ext.parent / "w.bin").write_bytes(bytes(weights))
+    assert fingerprint(ext) != before and ext.read_bytes() == graph  # the .onnx itself is unchanged
