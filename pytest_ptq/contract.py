@@ -47,6 +47,7 @@ import os
 import sys
 from pathlib import Path
 
+import pluggy
 import pytest
 
 from . import params
@@ -66,6 +67,10 @@ _KEYS = {"model", "data", "float_model", "custom_op_library", "holdout", "data_n
 _NODE_KEYS = {"type", "threshold", "allow", "metric"}
 _ACCURACY_KEYS = {"evaluate", "min_ratio"}
 _DATA_CHECK_KEYS = {"max_severity"}
+
+# where pytest's and pluggy's own frames live: left out of a contract item's traceback
+_RUNNER_DIRS = tuple(str(Path(m.__file__).parent) for m in (pytest, pluggy)) + (
+    str(Path(pytest.__file__).parent.parent / "_pytest"),)
 
 
 class ContractError(PTQError):
@@ -519,7 +524,12 @@ class ContractItem(pytest.Item):
             return str(excinfo.value)
         if isinstance(excinfo.value, PTQError):
             return f"contract {self.contract.name} ({self.path.name}), check {self.name}: {excinfo.value}"
-        return super().repr_failure(excinfo, style=style)
+        # an error in the user's own code (an evaluate function): its frames, not pytest's and
+        # pluggy's (hundreds of lines a plain test's failure does not show either)
+        kept = excinfo.traceback.filter(lambda entry: not str(entry.path).startswith(_RUNNER_DIRS))
+        if len(kept):
+            excinfo.traceback = kept
+        return super().repr_failure(excinfo, style=style or "short")
 
     def reportinfo(self):
         # a line number, not None: pytest (9.2) asserts one when a skip mark reports at the item

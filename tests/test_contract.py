@@ -163,6 +163,27 @@ def test_accuracy_and_holdout(project, models):
                                  "mean_class3: quantized * = *% of float *, which is below the *% required*"])
 
 
+def test_an_error_in_the_users_evaluate_shows_its_frames_not_pytests(project):
+    (project.path / "contracts" / "evaluate.py").write_text(textwrap.dedent("""
+        def broken(run, data):
+            return sum(run(feeds)["logits"][0, 0] for feeds in data)
+    """))
+    contract(project, "broken", """
+        model: ../models/model.onnx
+        data: ../models/calib
+        accuracy: {evaluate: evaluate.py:broken}
+        baseline: false
+    """)
+    result = run(project)
+    result.assert_outcomes(passed=1, failed=1)
+    out = result.stdout.str()
+    failure = out[out.index("= FAILURES ="):out.index("= warnings summary =") if "= warnings summary =" in out
+                  else out.index("short test summary")]
+    result.stdout.fnmatch_lines(["*evaluate.py:3: in broken", "*return sum(run(feeds)[[]\"logits\"[]]*",
+                                 "E   *'logits' is not an output of *; its outputs are 'prob'"])
+    assert "_pytest/" not in failure and "pluggy/" not in failure and len(failure.splitlines()) < 40
+
+
 @pytest.mark.parametrize("body, message", [
     ("modle: m.onnx\n", "contract 'bad.ptq.yaml': unknown key 'modle'; did you mean 'model'?"),
     ("model: ../models/model.onnx\ndata: ../models/calib\nnodes:\n  treshold: 0.9\n",
