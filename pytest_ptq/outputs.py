@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
+import warnings
 
 import numpy as np
 
@@ -149,10 +150,27 @@ def parse_outputs(output_node, model):
             raise PTQError(f"output_node must be an output name, a slice such as 'out[:, 0:4]' or a list of them, "
                            f"got {shown(output_node)}")
         specs = [parse_output(o, qmodel) for o in items]
+        for tensor in dict.fromkeys(s.tensor for s in specs if not qmodel.is_float_tensor(s.tensor)):
+            warnings.warn(PTQOutputWarning(
+                f"output {tensor!r} holds {_type_name(qmodel, tensor)} values (ids or a mask?): an output metric of "
+                "them depends on how the ids are numbered (id 0 weighs nothing in a cosine); name the float tensor "
+                "they come from (the scores before an ArgMax), or count matching ids in an accuracy evaluate "
+                "function"), stacklevel=2)
     names = [s.name for s in specs]
     if len(set(names)) != len(names):
         raise PTQError(f"output names {names} repeat; give each slice its own name with 'name=tensor[...]'")
     return specs
+
+
+class PTQOutputWarning(UserWarning):
+    """An output named for a metric that cannot judge it (integer ids)."""
+
+
+def _type_name(qmodel, tensor):
+    from onnx import TensorProto
+
+    t = qmodel.value_types.get(tensor)
+    return TensorProto.DataType.Name(t).lower() if t is not None else "non-float"
 
 
 def layouts(qmodel, tensor):
