@@ -306,6 +306,7 @@ section[data-verdict=xfailed] .why{border-left-color:#8a6d00;background:#fffbef}
 table.summary td:first-child{overflow-wrap:anywhere;max-width:22em}
 .why table.measures{font-size:.85em} .why td.c-test,.why td.c-on{overflow-wrap:anywhere;max-width:20em}
 table.sensitivity{font-size:.82em} table.sensitivity td.c-why{min-width:26em} td.c-try{min-width:7em}
+table.tests td{overflow-wrap:anywhere} table.tests td pre{white-space:pre-wrap}
 """
 
 
