@@ -10,12 +10,19 @@ from __future__ import annotations
 import os
 import sys
 import time
+import types
 from pathlib import Path
 
 import pytest
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
+if HERE.name != "example_suite" and "example_suite" not in sys.modules:
+    # a copy under another name (the suite as a template): its modules import each other
+    # as ``example_suite.*``, so that name is this folder
+    _package = types.ModuleType("example_suite")
+    _package.__path__ = [str(HERE)]
+    sys.modules["example_suite"] = _package
 
 
 def _cache_dir():
