@@ -200,6 +200,20 @@ def test_bgr_data_against_rgb_heldout_data(rgb_net):
     assert "BGR" in f.message and "::-1" in f.fix
 
 
+@pytest.mark.parametrize("shift, severity", [(0.07, "info"), (0.15, "warning")])
+def test_heldout_channel_means_apart_by_content_are_a_note_and_far_apart_a_warning(rgb_net, shift, severity):
+    """Two real image sets made by one preprocessing differ by up to about 0.7 std with their
+    content: a warning blaming the preprocessing there was false."""
+    held = {"x": [a + np.array([shift, 0, 0], np.float32).reshape(1, 3, 1, 1) for a in rgb_net["data"]["x"]]}
+    [f] = [f for f in check_data(str(rgb_net["qdq"]), rgb_net["data"], heldout=held).findings
+           if f.check == "channel-stats"]
+    cal, ref = np.stack(rgb_net["data"]["x"]), np.stack(held["x"])
+    std = (cal.std(axis=(0, 1, 3, 4)) + ref.std(axis=(0, 1, 3, 4))) / 2
+    by_hand = np.max(np.abs(cal.mean(axis=(0, 1, 3, 4)) - ref.mean(axis=(0, 1, 3, 4))) / std)
+    assert f.details["distance"] == pytest.approx(by_hand, rel=1e-3)
+    assert f.severity == severity and "or images of other content" in f.message
+
+
 def test_bgr_data_against_expected_statistics(rgb_net):
     bgr = {"x": [a[:, ::-1].copy() for a in rgb_net["data"]["x"]]}
     expect = dict(expect_mean=[0.7, 0.45, 0.2], expect_std=[0.1, 0.1, 0.1])
