@@ -140,6 +140,10 @@ class CalibrationData:
             return f"add an array {name!r} (samples along its first axis) to the archive"
         return f"add a folder {name!r} with one .npy per sample"
 
+    def describe(self, i):
+        """Where the ``i``-th selected sample comes from: its files (or array rows), one per input."""
+        return ", ".join(src.describe(self.indices[i]) for src in self.sources.values())
+
     def sample(self, i):
         """The ``i``-th selected sample, as float arrays shaped for the model."""
         idx = self.indices[i]

@@ -710,3 +710,31 @@ def test_pairs_inside_a_branch_are_named_as_not_analysed(project, capsys):
     assert main(["list-nodes", "branch.onnx"]) == 0
     assert ("4 QuantizeLinear/DequantizeLinear node(s) inside the subgraphs of If 'gate' are not analysed"
             in capsys.readouterr().out)
+
+
+def test_a_sample_onnxruntime_refuses_is_named_and_a_wrong_float_model_is_suspected(tmp_path, capsys):
+    """An index out of an embedding's range in one sample, and a float model of another net,
+    both read "the model does not run as stored": neither named the sample nor the mismatch."""
+    helper, rng = onnx.helper, np.random.default_rng(0)
+    table = rng.standard_normal((50, 8)).astype(np.float32)
+    graph = helper.make_graph([helper.make_node("Gather", ["table", "ids"], ["e"]),
+                               helper.make_node("Relu", ["e"], ["y"])], "embed",
+                              [helper.make_tensor_value_info("ids", onnx.TensorProto.INT64, [1, 4])],
+                              [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 4, 8])],
+                              [onnx.numpy_helper.from_array(table, "table")])
+    fp = tmp_path / "f.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), fp)
+    data = {"ids": [rng.integers(0, 50, (1, 4)).astype(np.int64) for _ in range(4)]}
+    q = builders.quantize(fp, tmp_path / "q.onnx", data)
+    data["ids"][2] = data["ids"][2].copy()
+    data["ids"][2][0, 1] = 999
+    folder = builders.save_folder(data, tmp_path / "calib")
+    assert main(["get-sensitivity-of-nodes", str(q), str(folder), "--quiet", "--json", str(tmp_path / "s.json")]) == 2
+    err = capsys.readouterr().err
+    assert "idx=999" in err and "check the data's values: an index outside the range the model takes" in err
+    assert f"(on calibration sample 2: {folder / 'ids' / '2.npy'})" in err
+    other = builders.conv_net(tmp_path / "other.onnx")
+    builders.save_folder({"ids": data["ids"][:2]}, tmp_path / "good")
+    assert main(["get-sensitivity-of-nodes", str(q), str(tmp_path / "good"), "--float-model", str(other),
+                 "--quiet", "--json", str(tmp_path / "s.json")]) == 2
+    assert "a float model: is it the one this model was quantized from?" in capsys.readouterr().err

@@ -352,9 +352,14 @@ class Engine:
             if missing:
                 raise PTQError(f"tensor {missing[0]!r} is not a float output of a normal node of "
                                f"{self.source!r}; name a model output or a node output")
-        if kind == "main" and self.segments is not None:
-            return self._through_segments(key, sample, quantized, alternative, tensors)
-        values = runtime.run(self.session(kind), tensors, self.feeds(sample, quantized, alternative), self.source)
+        try:
+            if kind == "main" and self.segments is not None:
+                return self._through_segments(key, sample, quantized, alternative, tensors)
+            values = runtime.run(self.session(kind), tensors, self.feeds(sample, quantized, alternative), self.source)
+        except PTQError as exc:  # a sample's values onnxruntime refuses (an index out of range): name it
+            if not isinstance(key, int) or not hasattr(self.data, "describe") or "onnxruntime failed" not in str(exc):
+                raise
+            raise PTQError(f"{exc} (on {self.data.role} sample {key}: {self.data.describe(key)})") from None
         return dict(zip(tensors, values))
 
     def _through_segments(self, key, sample, quantized, alternative, tensors):

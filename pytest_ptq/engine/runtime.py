@@ -648,8 +648,11 @@ def run_error(exc, source):
     msg = first_line(exc)
     low = msg.lower()
     if any(k in low for k in ("invalid rank for input", "got invalid dimensions for input",
-                              "unexpected input data type", "input name", "missing input")):
-        hint = "check the data's shapes and dtypes against the model's inputs"
+                              "unexpected input data type", "input name", "missing input", "missing from input feed")):
+        hint = ("check the data's shapes and dtypes against the model's inputs (a float model: is it the one "
+                "this model was quantized from?)")
+    elif any(k in low for k in ("out of data bounds", "out of range", "out of bounds")):
+        hint = "check the data's values: an index outside the range the model takes"
     else:
         hint = "the model does not run as stored in onnxruntime; check it in a plain onnxruntime session"
     return PTQError(f"onnxruntime failed to run {source!r}: {msg}; {hint}")
