@@ -397,7 +397,8 @@ class BaselineResult(Result):
                     f"`{self.rerun_command}` (this run fails so that a run never passes on a baseline it wrote "
                     "itself)")
         if self.status == "unreadable":
-            return (f"baseline {p} {self.problem or 'cannot be read'}; rewrite it with "
+            why = f" ({self.detail})" if self.detail else ""
+            return (f"baseline {p} {self.problem or 'cannot be read'}{why}; rewrite it with "
                     f"`{self.update_command}`")
         d = self.diff
         if self.status == "rewritten":

@@ -233,6 +233,9 @@ def load(path):
     outputs = doc.get("outputs")
     if outputs is not None:
         outputs = _outputs(outputs, metric or COSINE, where)
+    elif metric not in (None, COSINE):  # only cosine has a default threshold (--ptq-min-cosine)
+        raise ContractError(f"{where}: 'metric: {metric}' needs the {metric} the outputs must reach: add 'outputs: "
+                            "VALUE' (or one per output); only cosine-similarity has a default threshold")
     nodes = doc.get("nodes")
     if nodes is not None:
         nodes = _nodes(nodes, metric, where)

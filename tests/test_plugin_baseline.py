@@ -210,7 +210,8 @@ def test_unreadable_baseline_fails_in_one_sentence(project):
     path.write_text("{ not json")
     result = run(project)
     result.assert_outcomes(failed=1)
-    result.stdout.fnmatch_lines(["*baseline ptq_baselines/test_bad/test_guarded.json cannot be read; rewrite it "
-                                 "with `pytest -p * test_bad.py::test_guarded --ptq-update-baseline`"])
+    result.stdout.fnmatch_lines(["*baseline ptq_baselines/test_bad/test_guarded.json cannot be read (it is not valid "
+                                 "JSON: Expecting property name enclosed in double quotes: line 1 column 3 (char 2)); "
+                                 "rewrite it with `pytest -p * test_bad.py::test_guarded --ptq-update-baseline`"])
     run_printed(project, result, "rewrite it with").assert_outcomes(failed=1)
     run(project).assert_outcomes(passed=1)
