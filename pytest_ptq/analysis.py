@@ -79,8 +79,10 @@ class OutputMetrics:
 class Analysis:
     """The cached results of one model; build it through :meth:`PTQSession.analysis`."""
 
-    def __init__(self, key, root=".", cache_dir=None, memory="auto", workers="auto"):
+    def __init__(self, key, root=".", cache_dir=None, memory="auto", workers="auto", progress=None):
         self.key = key
+        # the longest steps draw progress there (a text stream), e.g. the plugin's terminal
+        self.progress = progress
         # how the engine spends memory and cores; not keyed: results agree to float rounding
         self.resources = {"memory": memory, "workers": workers}
         self.root = Path(root)
@@ -221,7 +223,7 @@ class Analysis:
         key = ("sensitivity", node_type, name, None if outputs is None else tuple(outputs))
         return self.cached(key, lambda: get_sensitivity_of_nodes(
             self.engine, metrics=[name], node_type=node_type,
-            output_node=None if outputs is None else list(outputs)), files=())
+            output_node=None if outputs is None else list(outputs), progress=self.progress), files=())
 
     def verdict(self, holdout=None, metric="cosine-similarity", outputs=None):
         """:class:`~pytest_ptq.verdict.Verdict`: weights only, activations only and everything
@@ -275,7 +277,7 @@ class Analysis:
             configs = {label: names for label, names in configs_from(engine, ["weight", "activation"]).items()
                        if names}
             configs["all quantized"] = list(engine.calib_names)
-            return get_acc_error(engine, configs, name, progress=False)
+            return get_acc_error(engine, configs, name, progress=self.progress)
 
         return self.cached(("curves", name), compute, files=())
 

@@ -710,7 +710,7 @@ def check_data(model_or_file, calibrated_data=None, heldout=None, data_num=None,
         findings.append(Finding("no-qdq", "info", f"{source} has no Q/DQ pairs: range and held-out checks need "
                                 "the calibrated model", "pass the calibrated QDQ model"))
     with Progress(total + (2 * sum(len(d) for d in datasets.values()) if heldout is not None else 0),
-                  "check data", enabled=bool(progress)) as bar:
+                  "check data", enabled=progress) as bar:
         for dataset, data in datasets.items():
             scans[dataset] = _scan(data, specs, dataset, bar)
             stats[dataset] = {k: v.to_dict() for k, v in scans[dataset].items()}

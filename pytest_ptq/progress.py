@@ -7,14 +7,17 @@ import time
 
 
 class Progress:
-    """``with Progress(total, "sensitivity") as p: ... p.advance()``.
+    """``with Progress(total, "sensitivity") as p: ... p.advance()``; ``enabled``: a bool, or
+    the text stream to draw on.
 
     Draws in place on a terminal; elsewhere (CI logs) prints a line every 10% with the time
     left, and one when done; a run under two seconds prints nothing.
     """
 
     def __init__(self, total, desc, enabled=True, stream=None):
-        self.total, self.desc, self.enabled = max(int(total), 1), desc, enabled
+        if hasattr(enabled, "write"):  # a stream to draw on (the plugin's, around pytest's capture)
+            enabled, stream = True, enabled
+        self.total, self.desc, self.enabled = max(int(total), 1), desc, bool(enabled)
         self.stream = stream or sys.stderr
         self.done = 0
         self.start = time.perf_counter()

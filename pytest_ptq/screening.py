@@ -99,7 +99,7 @@ def screen(engine, node_types, metric_objs, specs, indices, budget_s=None, rank_
     total = len(indices)
     desc = f"sensitivity ({', '.join(node_types)})"
     planned = total if rank_samples is None else min(total, rank_samples)
-    with Progress(planned * len(configs), desc, enabled=bool(progress)) as bar:
+    with Progress(planned * len(configs), desc, enabled=progress) as bar:
         scores = score_configs(engine, configs, metric_objs, specs, indices[:1], bar)
         first_s = time.perf_counter() - start
         if budget_s is None:

@@ -213,7 +213,7 @@ def rank_configs(engine, configs, metric_objs, specs, indices, node_type, descri
     """Score ``{label: calibration nodes quantized}`` on the samples ``indices`` and rank them
     in a :class:`Sensitivity`, worst first by the first of ``metric_objs``; ``specs``: the
     parsed outputs; ``describe(label)`` gives each entry's descriptive details."""
-    with Progress(len(indices) * len(configs), desc, enabled=bool(progress)) as bar:
+    with Progress(len(indices) * len(configs), desc, enabled=progress) as bar:
         scores = score_configs(engine, configs, metric_objs, specs, indices, bar)
     return ranked(engine, scores, metric_objs, specs, len(indices), node_type, describe)
 

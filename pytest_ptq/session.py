@@ -15,6 +15,7 @@ import json
 import os
 import re
 import shlex
+import sys
 import warnings
 from pathlib import Path
 
@@ -160,8 +161,17 @@ class PTQSession:
                 runtime.share_cores(self.config.workerinput.get("workercount", 1),
                                     cores_folder(self.config.workerinput["testrunuid"]))
             self.analyses[key.id] = Analysis(key, self.root, cache_dir=self.cache_dir(), memory=self.settings.memory,
-                                             workers=self.settings.workers)
+                                             workers=self.settings.workers, progress=self._progress_stream(key))
         return self.analyses[key.id]
+
+    def _progress_stream(self, key):
+        """Where a model's long steps (its rankings, its curves) say how far they are: the
+        terminal, around pytest's capture, each line naming the model; None on an xdist worker
+        (nothing shows its stderr) or under -q."""
+        capman = self.config.pluginmanager.getplugin("capturemanager")
+        if self.is_worker or capman is None or self.config.get_verbosity() < 0:
+            return None
+        return _TerminalLines(capman, f"ptq {_shown_path(key.model, self.config.invocation_params.dir)}: ")
 
     def cache_dir(self):
         """Where results are kept between runs: --ptq-cache-dir, else ``d/ptq`` under pytest's
@@ -618,3 +628,22 @@ def get(config):
 SESSION_KEY = pytest.StashKey[PTQSession]()
 # The settings a contract item ran with (its metric, node type, thresholds), for its reports.
 SETTINGS_KEY = pytest.StashKey["Settings"]()
+
+
+class _TerminalLines:
+    """A text stream onto stderr that pytest's capture lets through, each line prefixed; no
+    terminal drawing (``isatty`` False), so a progress bar prints a line per tenth."""
+
+    def __init__(self, capman, prefix):
+        self.capman, self.prefix = capman, prefix
+
+    def write(self, text):
+        with self.capman.global_and_fixture_disabled():
+            sys.stderr.write("".join(self.prefix + line for line in text.splitlines(True)))
+            sys.stderr.flush()
+
+    def flush(self):
+        pass
+
+    def isatty(self):
+        return False

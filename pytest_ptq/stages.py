@@ -178,7 +178,7 @@ def localize_stages(float_model, calibrated_model, calibrated_data, metrics=("co
     pooled = {k: {(s.name, m.name): m.new() for s in specs for m in metric_objs} for k in labels}
     per_sample = {k: {m.name: [] for m in metric_objs} for k in labels}
     indices = range(len(data))
-    with Progress(len(data), "stages", enabled=bool(progress)) as bar:
+    with Progress(len(data), "stages", enabled=progress) as bar:
         for i in indices:
             feeds = data.sample(i)
             outs = {k: dict(zip(tensors, run(sess, tensors, feeds, str(sources[k] or "<ModelProto>"))))

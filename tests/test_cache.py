@@ -419,3 +419,37 @@ def test_a_baselines_model_hash_covers_its_external_data(tmp_path, inputs):
     weights[-1] ^= 1
     (ext.parent / "w.bin").write_bytes(bytes(weights))
     assert fingerprint(ext) != before and ext.read_bytes() == graph  # the .onnx itself is unchanged
+
+
+SLOW_CLOCK = """
+import pytest_ptq.progress as p
+
+class _Clock:  # every reading a second later: the bars (silent under two seconds) print
+    now = 0.0
+    @classmethod
+    def perf_counter(cls):
+        cls.now += 1.0
+        return cls.now
+
+_time = p.time
+
+def pytest_configure(config):
+    p.time = _Clock
+
+def pytest_unconfigure(config):
+    p.time = _time
+"""
+
+
+def test_plugin_shows_a_models_long_steps_around_the_capture_and_q_silences_them(pytester, inputs):
+    """The first item of a detector's contract ran 83 s without a word."""
+    setup_project(pytester, inputs)
+    pytester.makeconftest(SLOW_CLOCK)
+    result = runp(pytester, "--ptq-no-cache")
+    result.assert_outcomes(passed=2)
+    lines = [x for x in result.stderr.lines if x.startswith("ptq q.onnx: sensitivity (node): ")]
+    assert any(x.endswith("s left") for x in lines), result.stderr.str()
+    assert lines[-1].startswith("ptq q.onnx: sensitivity (node): ") and " done, " in lines[-1]
+    quiet = runp(pytester, "--ptq-no-cache", "-q")
+    quiet.assert_outcomes(passed=2)
+    assert "sensitivity (node)" not in quiet.stderr.str() + quiet.stdout.str()

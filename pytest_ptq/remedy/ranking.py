@@ -23,7 +23,7 @@ def rank(engine, names, metric, specs, indices, clock, ranking=None, progress=Fa
     progress bar when ``progress``)."""
     if ranking is not None:
         return _given_ranking(ranking, names, metric)
-    with Progress(len(names) * len(indices), f"ranking {len(names)} nodes", enabled=bool(progress)) as bar:
+    with Progress(len(names) * len(indices), f"ranking {len(names)} nodes", enabled=progress) as bar:
         values = one_node_values(engine, names, metric, specs, indices, clock, bar=bar)
     order = sorted(values, key=lambda n: metric.sort_key(values[n]))
     return [(n, values[n]) for n in order]
@@ -80,7 +80,7 @@ def mixed_moves(engine, alt_engines, menus, costs, metric, specs, indices, clock
     have = {kind: [n for n in names if kind in menus[n]] for kind in alt_engines}
     runs = (len(names) + sum(map(len, have.values()))) * len(indices)
     alone = {}
-    with Progress(runs, f"ranking {len(names)} nodes, each kind alone", enabled=bool(progress)) as bar:
+    with Progress(runs, f"ranking {len(names)} nodes, each kind alone", enabled=progress) as bar:
         int8 = one_node_values(engine, names, metric, specs, indices, clock, bar=bar)
         for kind, eng in alt_engines.items():
             for n, v in one_node_values(eng, have[kind], metric, specs, indices, clock, True, bar).items():

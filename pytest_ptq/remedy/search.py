@@ -148,7 +148,7 @@ def _suggest(engine, save_dir, clock, target, metric, remedy, output_node, data_
     show = verbose if progress is None else progress
     axes, lay, searcher = {}, base, None
     scorer = judge = None
-    with Progress(len(menus) + 2, f"remedy search ({remedy})", enabled=bool(show)) as bar:
+    with Progress(len(menus) + 2, f"remedy search ({remedy})", enabled=show) as bar:
         try:
             alts, axes, moves = _alternatives(engine, remedy, menus, costs, objective, base, clock, notes, show)
             lay = with_alternatives(base, alts)
