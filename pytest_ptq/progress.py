@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
 
@@ -38,6 +39,15 @@ class Progress:
             elapsed = time.perf_counter() - self.start
             self.stream.write(f"{self.desc}: {self.done}/{self.total} done, {elapsed:.1f}s elapsed\n")
         self.stream.flush()
+
+    @contextlib.contextmanager
+    def paused(self):
+        """Time spent inside does not count towards the time left (work with its own bar)."""
+        began = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.start += time.perf_counter() - began
 
     def extend(self):
         """The work goes on past the total, which was an estimate (a search that finds more

@@ -57,3 +57,16 @@ def test_short_runs_and_failures_print_nothing(clock):
         clock[0] += 5
         raise RuntimeError("stop")
     assert out.getvalue() == ""
+
+
+def test_time_spent_paused_does_not_count_towards_the_time_left(clock):
+    out = io.StringIO()
+    with Progress(10, "search", stream=out) as bar:
+        with bar.paused():
+            clock[0] += 500.0  # a ranking with its own bar
+        for _ in range(10):
+            clock[0] += 1.0
+            bar.advance()
+    lines = out.getvalue().splitlines()
+    assert lines[0] == "search: 3/10 (30%) 3.0s elapsed, ~7s left"
+    assert lines[-1] == "search: 10/10 done, 10.0s elapsed"

@@ -150,7 +150,8 @@ def _suggest(engine, save_dir, clock, target, metric, remedy, output_node, data_
     scorer = judge = None
     with Progress(len(menus) + 2, f"remedy search ({remedy})", enabled=show) as bar:
         try:
-            alts, axes, moves = _alternatives(engine, remedy, menus, costs, objective, base, clock, notes, show)
+            with bar.paused():  # the ranking has its own bar; the search's time left counts sets
+                alts, axes, moves = _alternatives(engine, remedy, menus, costs, objective, base, clock, notes, show)
             lay = with_alternatives(base, alts)
             scorer = Scorer(lay.search, objective, clock, bar)
             judge = Scorer(lay.judge, objective, clock, bar) if lay.confirms else scorer
@@ -158,8 +159,9 @@ def _suggest(engine, save_dir, clock, target, metric, remedy, output_node, data_
                 pool = list(menus)
 
                 def moves():
-                    ranked = rank(base.search.engine, pool, objective.guide, specs, base.search.indices, clock,
-                                  ranking, show)
+                    with bar.paused():
+                        ranked = rank(base.search.engine, pool, objective.guide, specs, base.search.indices, clock,
+                                      ranking, show)
                     result.ranking = [{"node": n, "sensitivity": v} for n, v in ranked]
                     return [(n, remedy) for n, _ in ranked]
             else:
