@@ -15,6 +15,7 @@ import pytest
 
 import builders
 from pytest_ptq.analysis import Analysis, AnalysisKey
+from pytest_ptq.diagnosis import SOURCE_WORDS
 from test_plugin import feeds_of, keep_only, pooled_cosine, run
 from test_report import Page, rows
 
@@ -198,3 +199,29 @@ def pytest_unconfigure(config):
     assert "INTERNALERROR" not in result.stdout.str() + result.stderr.str()
     result.stdout.fnmatch_lines(["*no diagnosis: ValueError: boom*"])
 
+
+
+def test_the_cause_is_decided_on_the_data_the_failing_check_used(pytester, tmp_path):
+    """A nodes check failing on calibration data (a third of its samples 6 times too large)
+    beside outputs passing on held-out data read "cause: neither (close to float)" with
+    the calibration figure that failed in the same sentence."""
+    calib, held = builders.samples(6, seed=1), builders.samples(6, seed=5)
+    fp = builders.conv_net(tmp_path / "float.onnx")
+    builders.quantize(fp, pytester.path / "q.onnx", held)
+    shutil.copy(fp, pytester.path / "float.onnx")
+    calib = {"x": [a * 6 if k % 3 == 0 else a for k, a in enumerate(calib["x"])]}
+    builders.save_folder(calib, pytester.path / "calib")
+    builders.save_folder(held, pytester.path / "held")
+    pytester.makefile(".ptq.yaml", c="model: q.onnx\ndata: calib\nfloat_model: float.onnx\nholdout: held\n"
+                                     "outputs: 0.5\nnodes: {type: activation, threshold: 0.9999}\nbaseline: false\n")
+    result = run(pytester)
+    result.assert_outcomes(passed=1, failed=1)
+    lines = result.stdout.lines
+    start = next(k for k, x in enumerate(lines) if x.startswith("cause: "))
+    cause = " ".join([lines[start]] + [x.strip() for x in lines[start + 1:start + 4] if x.startswith("      ")])
+    # decided on the 6 calibration samples the failing check judged, held-out figures not first
+    assert "on 6 calibration samples)" in cause and "held-out" not in cause, cause
+    a = Analysis(AnalysisKey(str(pytester.path / "q.onnx"), str(pytester.path / "calib"),
+                             str(pytester.path / "float.onnx")), pytester.path)
+    assert a.verdict().source != "neither"
+    assert cause.startswith(f"cause: {SOURCE_WORDS[a.verdict().source]}:")
