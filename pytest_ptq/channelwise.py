@@ -93,9 +93,9 @@ def channel_axis(qm, c, shape, axis=None, value=None):
     found = unlike(value, layouts(qm, c.input)) if value is not None else None
     if found is not None:
         return found[0]  # a detector's boxes beside its scores: the parts are what differ
-    if rank == 4:
+    if rank == 4 and c.input in qm.input_names:  # an image as given: NHWC data is common there
         return image_channel_axis(shape)
-    return 1 if rank > 4 else rank - 1
+    return 1 if rank >= 4 else rank - 1
 
 
 def image_channel_axis(dims):
