@@ -68,6 +68,7 @@ class PTQSession:
         self.early = {}  # AnalysisKey.id -> (test count, report payload) of a model whose tests all ran
         self.is_worker = hasattr(config, "workerinput")
         self.report_error = None  # why the report was not written, as one sentence
+        self._pytest_cache_dir = ...  # the result cache under pytest's cache dir: decided on first use
         if not self.is_worker:  # the controller checks once; its workers write no report
             self._check_outputs()
 
@@ -181,7 +182,7 @@ class PTQSession:
             return None
         if self.settings.cache_dir is not None:
             return self.settings.cache_dir
-        if not hasattr(self, "_pytest_cache_dir"):  # decided once, said once
+        if self._pytest_cache_dir is ...:  # decided once, said once
             self._pytest_cache_dir = None
             pytest_cache = getattr(self.config, "cache", None)
             if pytest_cache is not None:
