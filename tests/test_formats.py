@@ -31,6 +31,7 @@ from pytest_ptq.errors import NotQuantized, PTQError
 from pytest_ptq.model import QuantModel
 from pytest_ptq.model.formats import formats_of
 from pytest_ptq.model.grids import dynamic_fake_quant
+from pytest_ptq.remedy.terms import onnxruntime_settings
 from pytest_ptq.sensitivity import get_sensitivity_of_nodes
 
 
@@ -681,3 +682,36 @@ def test_a_released_analysis_has_checked_its_simulation_before_its_sessions_went
     monkeypatch.setattr(type(engine), "run", lambda *a, **k: runs.append(a))
     told = [w for w in analysis.warnings if w.startswith(stages.SIMULATION_WARNING)]
     assert len(told) == 1 and runs == []  # read after the release: nothing runs again
+
+
+def test_a_remedy_names_the_float_tensor_a_qoperator_files_dequantizelinear_kept(tmp_path):
+    """Conv -> LeakyRelu -> Sin: the QOperator file keeps the float name 'lr' on the
+    DequantizeLinear before the float Sin, so the rewrite named LeakyRelu's float output anew;
+    suggest printed that name ('lr_quantized_float'), which quantize_static ignores."""
+    helper = onnx.helper
+    w = np.random.default_rng(0).standard_normal((4, 3, 3, 3)).astype(np.float32)
+    graph = helper.make_graph([helper.make_node("Conv", ["x", "w"], ["c"], pads=[1] * 4, name="conv"),
+                               helper.make_node("LeakyRelu", ["c"], ["lr"], alpha=0.1, name="leaky"),
+                               helper.make_node("Sin", ["lr"], ["y"], name="sin")], "g",
+                              [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 3, 16, 16])],
+                              [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)],
+                              [onnx.numpy_helper.from_array(w, "w")])
+    fp = tmp_path / "f.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), fp)
+    data = fm.samples_of((1, 3, 16, 16))
+    q = tmp_path / "q.onnx"
+    fm.quantize_qoperator(fp, q, data)
+    assert any(n.op_type == "DequantizeLinear" and n.output[0] == "lr" for n in onnx.load(str(q)).graph.node)
+    qm = QuantModel(str(q), float_model=str(fp))
+    pair = next(c for c in qm.calibration.values() if c.producer == "leaky")
+    assert pair.input != "lr" and qm.float_names == {pair.input: "lr"}
+    settings = onnxruntime_settings(qm, "int16", [pair.name])
+    assert settings["TensorQuantOverrides"] == {"lr": [{"quant_type": "QUInt16"}]}
+    # independently: quantize_static applies it (a name it does not know it drops silently)
+    from onnxruntime.quantization import QuantType
+
+    again = builders.quantize(fp, tmp_path / "again.onnx", data, extra_options={
+        "TensorQuantOverrides": {"lr": [{"quant_type": QuantType.QUInt16}]}})
+    model = onnx.load(str(again))
+    zp = next(n.input[2] for n in model.graph.node if n.op_type == "QuantizeLinear" and n.input[0] == "lr")
+    assert next(i for i in model.graph.initializer if i.name == zp).data_type == TensorProto.UINT16

@@ -98,6 +98,9 @@ class Rewrite:
     format: str  # QDQ, QOperator, dynamic or mixed
     parts: tuple  # the formats a mixed model mixes
     notes: list
+    # {float tensor of the rewrite: the float model's name for it}, where the file's own name
+    # was taken (a DequantizeLinear after the integer op kept it): what a remedy must name
+    float_names: dict = dataclasses.field(default_factory=dict)
 
     @property
     def label(self):
@@ -156,7 +159,7 @@ def to_qdq(model, source="the model", arrays=None):
     if parts in ((), (QDQ,)) and not any(n.domain == "com.microsoft" and n.op_type in _FUSED
                                            for n in model.graph.node):
         return result
-    _Rewriter(model, source, result.label, result.notes, arrays or {}).run()
+    _Rewriter(model, source, result.label, result.notes, arrays or {}, result.float_names).run()
     return result
 
 
@@ -179,8 +182,9 @@ class _Quantized:
 class _Rewriter:
     """One walk over the graph in topological order, emitting the QDQ form of each node."""
 
-    def __init__(self, model, source, label, notes, arrays):
+    def __init__(self, model, source, label, notes, arrays, float_names):
         self.model, self.graph = model, model.graph
+        self.float_names = float_names  # filled by float_name (see Rewrite.float_names)
         self.arrays = arrays  # placeholders' values
         self.source, self.label = source, label
         self.notes = notes
@@ -224,7 +228,10 @@ class _Rewriter:
             return self.fresh(stem)
         if stem in self._graph_outputs():  # as onnxruntime names it in QDQ form
             return self.fresh(f"{stem}_QuantizeLinear_Input")
-        return self.fresh(f"{tensor}_float")
+        name = self.fresh(f"{tensor}_float")
+        if stem != tensor:  # the float model's name, taken here by the file's own DequantizeLinear
+            self.float_names[name] = stem
+        return name
 
     def op_name(self, node):
         """The float op's name: the integer node's less onnxruntime's ``_quant``, when free."""

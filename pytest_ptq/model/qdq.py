@@ -345,6 +345,7 @@ class QuantModel:
         # reads their weights' values
         rewrite = formats.to_qdq(self.model, repr(self.source), arrays)
         self.model, self._format, self.format_label = rewrite.model, rewrite.format, rewrite.label
+        self.float_names = rewrite.float_names  # rewritten tensor -> the float model's name
         self._given = None if self._format == formats.QDQ else model_or_file
         self.notes += rewrite.notes
         graph = self.model.graph

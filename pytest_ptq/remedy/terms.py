@@ -31,7 +31,8 @@ def float_tensor_name(qmodel, c):
     """The tensor of the float model that calibration node ``c`` quantizes.
 
     onnxruntime renames a quantized graph output's producer output to
-    ``<name>_QuantizeLinear_Input`` and stores weights as ``<W>_quantized``.
+    ``<name>_QuantizeLinear_Input`` and stores weights as ``<W>_quantized``; a QOperator
+    file's rewrite names some float tensors anew (``QuantModel.float_names``).
     """
     if c.kind == "weight":
         if c.float_weight:
@@ -42,7 +43,7 @@ def float_tensor_name(qmodel, c):
     for o in c.outputs:
         if o in qmodel.output_names:
             return o
-    return c.input
+    return qmodel.float_names.get(c.input, c.input)
 
 
 def quantizer_call(qmodel):
