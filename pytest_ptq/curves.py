@@ -142,7 +142,7 @@ def plot_curves(curves, path, title=None, annotate=3):
     """Write the curves as a PNG: operators in execution order on x, the metric on y; the
     ``annotate`` worst points of each curve are numbered on it and named in a side panel with
     the legend, so that no label covers a curve or another label."""
-    from .figures import fit_label, mark_points, side_legend, side_text, with_side_panel
+    from .figures import fit_labels, mark_points, side_legend, side_text, with_side_panel
 
     plt = pyplot()
     m = get_metrics(curves.metric)[0]
@@ -167,9 +167,11 @@ def plot_curves(curves, path, title=None, annotate=3):
     mark_points(ax, [(i, min((v for _, v in worst[i]), key=m.sort_key)) for i in order])
     below = side_legend(side, ax)
     lines = ["worst points:"]
+    names = dict(zip(order, fit_labels([curves.nodes[i] for i in order], 26)))
+    labels = dict(zip(curves.values, fit_labels(list(curves.values), 16)))
     for k, i in enumerate(order, 1):
-        lines.append(f"{k:>2} {fit_label(curves.nodes[i], 26)} (#{i})")
-        lines += [f"   {fit_label(label, 16)} {short(v)}" for label, v in worst[i]]
+        lines.append(f"{k:>2} {names[i]} (#{i})")
+        lines += [f"   {labels.get(label, label)} {short(v)}" for label, v in worst[i]]
     side_text(side, lines, top=below, fontsize=7.5)
     return save_figure(fig, path, tight=False)
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 from pathlib import Path
 
 from . import guard
@@ -110,6 +112,24 @@ def fit_label(text, width):
         return text
     head = max(1, (width - 1) // 3)
     return text[:head] + "~" + text[len(text) - (width - 1 - head):]
+
+
+def fit_labels(texts, width):
+    """:func:`fit_label` of each of ``texts``, told apart: texts that would read the same leave
+    out the ending they share (four characters or more: onnxruntime's ``_QuantizeLinear``),
+    so that the ends kept are the parts that differ."""
+    texts = [str(t) for t in texts]
+    out = [fit_label(t, width) for t in texts]
+    for label in set(out):
+        same = [k for k, x in enumerate(out) if x == label]
+        group = list(dict.fromkeys(texts[k] for k in same))
+        if len(group) < 2:
+            continue
+        common = len(os.path.commonprefix([t[::-1] for t in group]))
+        if common >= 4 and all(len(t) > common for t in group):
+            for k in same:
+                out[k] = fit_label(texts[k][:-common] + "~", width)
+    return out
 
 
 def side_legend(side, ax, fontsize=8):

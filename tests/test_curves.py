@@ -298,6 +298,21 @@ def test_a_long_legend_label_wraps_inside_the_side_panel():
     plt.close(fig)
 
 
+def test_side_panel_names_that_share_onnxruntimes_suffix_stay_apart():
+    """``onnx::Conv_4202_DequantizeLinear`` and ``..._5868_...`` both read
+    ``onnx::C~DequantizeLinear``: the end kept was the suffix they share."""
+    from pytest_ptq.figures import fit_labels
+
+    names = ["onnx::Conv_4202_DequantizeLinear", "onnx::Conv_5868_DequantizeLinear", "x_QuantizeLinear",
+             "all but model/tf.math.maximum/Maximum:0_QuantizeLinear",
+             "all but model/tf.math.maximum_4/Maximum:0_QuantizeLinear"]
+    for width in (16, 24):
+        labels = fit_labels(names, width)
+        assert len(set(labels)) == len(names) and all(len(x) <= width for x in labels), labels
+    assert fit_labels(names, 24)[:3] == ["onnx::Conv_4202~", "onnx::Conv_5868~", "x_QuantizeLinear"]
+    assert fit_labels(["a", "b"], 24) == ["a", "b"]
+
+
 def test_plot_names_the_worst_points_beside_the_axes(tmp_path):
     from pytest_ptq.curves import Curves, plot_curves
 

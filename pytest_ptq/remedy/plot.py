@@ -13,7 +13,7 @@ def plot_remedy(result, path):
     """A PNG of the search: cost on x (nodes for a single remedy), the objective on y; the
     greedy path on the search samples, refinements, every set scored on the judging data,
     the chosen set on calibration and judging data, and the target dashed."""
-    from ..figures import fit_label, mark_points, side_legend, side_text, with_side_panel
+    from ..figures import fit_labels, mark_points, side_legend, side_text, with_side_panel
     from ..tables import short
 
     plt = pyplot()
@@ -66,8 +66,9 @@ def plot_remedy(result, path):
     added = list(zip(pts, xs))[1:_NAMED + 1]
     mark_points(ax, [(x, p["value"]) for p, x in added], colour="tab:blue")
     below = side_legend(side, ax)
-    lines = ["greedy additions, in order:"] + [f"{k:>2} {fit_label(p['added'], 24)} {short(p['value'])}"
-                                               for k, (p, _) in enumerate(added, 1)]
+    names = fit_labels([p["added"] for p, _ in added], 24)
+    lines = ["greedy additions, in order:"] + [f"{k:>2} {name} {short(p['value'])}"
+                                               for k, ((p, _), name) in enumerate(zip(added, names), 1)]
     if len(pts) - 1 > len(added):
         lines.append(f"   ... {len(pts) - 1 - len(added)} more")
     side_text(side, lines, top=below, fontsize=7.5)
