@@ -22,6 +22,7 @@ from .engine import Engine
 from .errors import PTQError, closest, shown
 from .metrics import get_metrics
 from .outputs import offset_warnings, parse_outputs
+from .progress import Progress
 from .sensitivity import get_sensitivity_of_nodes
 from .stages import simulation_warnings
 from .tables import listed
@@ -203,17 +204,19 @@ class Analysis:
         tensors = list(dict.fromkeys(s.tensor for s in specs))
         states = {(s.name, m.name): m.new() for s in specs for m in metric_objs}
         data = self.dataset(holdout)
-        for i in range(len(data)):
-            # against the float model itself, not the bypassed graph where a rewrite broke it
-            if holdout is None:
-                ref = engine.true_float(i, tensors)  # cached and shared with sensitivity, as a rule
-                out = engine.run(i, "all", tensors)
-            else:
-                feeds = data.sample(i)
-                ref, out = engine.true_float(feeds, tensors), engine.run(feeds, "all", tensors)
-            for s in specs:
-                for m in metric_objs:
-                    m.update(states[(s.name, m.name)], s.take(ref[s.tensor]), s.take(out[s.tensor]))
+        with Progress(len(data), "outputs, fully quantized vs float", enabled=self.progress) as bar:
+            for i in range(len(data)):
+                # against the float model itself, not the bypassed graph where a rewrite broke it
+                if holdout is None:
+                    ref = engine.true_float(i, tensors)  # cached and shared with sensitivity, as a rule
+                    out = engine.run(i, "all", tensors)
+                else:
+                    feeds = data.sample(i)
+                    ref, out = engine.true_float(feeds, tensors), engine.run(feeds, "all", tensors)
+                for s in specs:
+                    for m in metric_objs:
+                        m.update(states[(s.name, m.name)], s.take(ref[s.tensor]), s.take(out[s.tensor]))
+                bar.advance()
         values = {s.name: {m.name: m.value(states[(s.name, m.name)]) for m in metric_objs} for s in specs}
         return OutputMetrics(values=values, samples=len(data), data=str(holdout or self.key.data))
 

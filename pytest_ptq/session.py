@@ -166,7 +166,7 @@ class PTQSession:
         return self.analyses[key.id]
 
     def _progress_stream(self, key):
-        """Where a model's long steps (its rankings, its curves) say how far they are: the
+        """Where a model's long steps (its outputs, rankings, curves) say how far they are: the
         terminal, around pytest's capture, each line naming the model; None on an xdist worker
         (nothing shows its stderr) or under -q."""
         capman = self.config.pluginmanager.getplugin("capturemanager")
