@@ -9,16 +9,19 @@ import time
 
 class Progress:
     """``with Progress(total, "sensitivity") as p: ... p.advance()``; ``enabled``: a bool, or
-    the text stream to draw on.
+    the text stream to draw on; ``total`` None: work of unknown size (a search), counted with
+    no time left.
 
     Draws in place on a terminal; elsewhere (CI logs) prints a line every 10% with the time
-    left, and one when done; a run under two seconds prints nothing.
+    left (a line a minute for work of unknown size), and one when done; a run under two
+    seconds prints nothing.
     """
 
     def __init__(self, total, desc, enabled=True, stream=None):
         if hasattr(enabled, "write"):  # a stream to draw on (the plugin's, around pytest's capture)
             enabled, stream = True, enabled
-        self.total, self.desc, self.enabled = max(int(total), 1), desc, bool(enabled)
+        self.open = total is None  # no total to count down to: no time left is told
+        self.total, self.desc, self.enabled = 1 if self.open else max(int(total), 1), desc, bool(enabled)
         self.stream = stream or sys.stderr
         self.done = 0
         self.start = time.perf_counter()
@@ -37,7 +40,8 @@ class Progress:
             self.stream.write("\n")
         elif exc[0] is None and (self._last_pct >= 0 or time.perf_counter() - self.start > 2):
             elapsed = time.perf_counter() - self.start
-            self.stream.write(f"{self.desc}: {self.done}/{self.total} done, {elapsed:.1f}s elapsed\n")
+            count = self.done if self.open else f"{self.done}/{self.total}"
+            self.stream.write(f"{self.desc}: {count} done, {elapsed:.1f}s elapsed\n")
         self.stream.flush()
 
     @contextlib.contextmanager
@@ -52,7 +56,7 @@ class Progress:
     def extend(self):
         """The work goes on past the total, which was an estimate (a search that finds more
         to try): no time left is shown from then on, only what was done."""
-        if self.estimate is None:
+        if self.estimate is None and not self.open:
             self.estimate = self.total
         self.total = max(self.total, self.done + 1)
 
@@ -63,9 +67,9 @@ class Progress:
         pct = int(100 * self.done / self.total)
         elapsed = time.perf_counter() - self.start
         eta = elapsed / self.done * (self.total - self.done) if self.done else 0
-        if self.estimate is not None:
-            past = (f"{self.desc}: {self.done} done, {elapsed:.1f}s elapsed (past the first estimate of "
-                    f"{self.estimate}; the work decides how much more)")
+        if self.open or self.estimate is not None:
+            past = f"{self.desc}: {self.done} done, {elapsed:.1f}s elapsed" + (
+                "" if self.open else f" (past the first estimate of {self.estimate}; the work decides how much more)")
             if self.tty:
                 self.stream.write(f"\r{past:<100}")
                 self.stream.flush()

@@ -70,3 +70,15 @@ def test_time_spent_paused_does_not_count_towards_the_time_left(clock):
     lines = out.getvalue().splitlines()
     assert lines[0] == "search: 3/10 (30%) 3.0s elapsed, ~7s left"
     assert lines[-1] == "search: 10/10 done, 10.0s elapsed"
+
+
+def test_work_of_unknown_size_is_counted_with_no_time_left(clock):
+    out = io.StringIO()
+    with Progress(None, "search", stream=out) as bar:
+        for _ in range(130):
+            clock[0] += 1.0
+            if bar.done + 1 > bar.total:
+                bar.extend()  # as the remedy search's scorer does
+            bar.advance()
+    lines = out.getvalue().splitlines()
+    assert lines == ["search: 60 done, 60.0s elapsed", "search: 120 done, 120.0s elapsed", "search: 130 done, 130.0s elapsed"]

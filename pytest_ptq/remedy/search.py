@@ -148,7 +148,9 @@ def _suggest(engine, save_dir, clock, target, metric, remedy, output_node, data_
     show = verbose if progress is None else progress
     axes, lay, searcher = {}, base, None
     scorer = judge = None
-    with Progress(len(menus) + 2, f"remedy search ({remedy})", enabled=show) as bar:
+    # the sets a search scores are not known in advance (the greedy may stop at the first, the
+    # refinement go on past the candidates): counted, with no time left
+    with Progress(None, f"remedy search ({remedy}), sets scored", enabled=show) as bar:
         try:
             with bar.paused():  # the ranking has its own bar; the search's time left counts sets
                 alts, axes, moves = _alternatives(engine, remedy, menus, costs, objective, base, clock, notes, show)
