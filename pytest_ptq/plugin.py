@@ -99,8 +99,10 @@ class _Hooks:
             self.ptq.html_extras(item, rep)
         return rep
 
+    @pytest.hookimpl(tryfirst=True)  # before the terminal writes the result (see resume_terminal)
     def pytest_runtest_logreport(self, report):
         """Track the outcome of tests that used a model."""
+        self.ptq.resume_terminal()
         self.ptq.logreport(report)
 
     @pytest.hookimpl(trylast=True)

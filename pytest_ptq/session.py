@@ -15,7 +15,6 @@ import json
 import os
 import re
 import shlex
-import sys
 import warnings
 from pathlib import Path
 
@@ -64,11 +63,13 @@ class PTQSession:
         self.worker_inputs = []  # [path, what] read by the workers' tests
         self.worker_terminal = []  # the workers' terminal payloads (JSON text)
         self.diagnoses = {}  # AnalysisKey.id -> the lines explaining why it fails, computed once
+        self.explained_with = {}  # AnalysisKey.id -> the settings its diagnosis used (the report's too)
         self.pending = None  # model path -> node ids still to run (see plan), or None: never release
         self.early = {}  # AnalysisKey.id -> (test count, report payload) of a model whose tests all ran
         self.is_worker = hasattr(config, "workerinput")
         self.report_error = None  # why the report was not written, as one sentence
         self._pytest_cache_dir = ...  # the result cache under pytest's cache dir: decided on first use
+        self._terminal = None  # where progress lines go (see _progress_stream)
         if not self.is_worker:  # the controller checks once; its workers write no report
             self._check_outputs()
 
@@ -168,11 +169,21 @@ class PTQSession:
     def _progress_stream(self, key):
         """Where a model's long steps (its outputs, rankings, curves) say how far they are: the
         terminal, around pytest's capture, each line naming the model; None on an xdist worker
-        (nothing shows its stderr) or under -q."""
-        capman = self.config.pluginmanager.getplugin("capturemanager")
-        if self.is_worker or capman is None or self.config.get_verbosity() < 0:
+        (nothing shows its output) or under -q."""
+        if self.is_worker or self.config.get_verbosity() < 0:
             return None
-        return _TerminalLines(capman, f"ptq {_shown_path(key.model, self.config.invocation_params.dir)}: ")
+        if self._terminal is None:
+            capman = self.config.pluginmanager.getplugin("capturemanager")
+            terminal = self.config.pluginmanager.getplugin("terminalreporter")
+            if capman is None or terminal is None:
+                return None
+            self._terminal = _Terminal(capman, terminal)
+        return _TerminalLines(self._terminal, f"ptq {_shown_path(key.model, self.config.invocation_params.dir)}: ")
+
+    def resume_terminal(self):
+        """Before pytest writes a test's result: the status line progress lines cut, again."""
+        if self._terminal is not None:
+            self._terminal.resume()
 
     def cache_dir(self):
         """Where results are kept between runs: --ptq-cache-dir, else ``d/ptq`` under pytest's
@@ -276,6 +287,7 @@ class PTQSession:
 
     def _diagnose(self, model_id, settings):
         analysis = self.analyses[model_id]
+        self.explained_with[model_id] = settings
         try:
             d = analysis.diagnosis(settings.node_type, settings.metric, self.judged_on(model_id), settings.top,
                                    outputs=self.failing_outputs(model_id))
@@ -631,17 +643,43 @@ SESSION_KEY = pytest.StashKey[PTQSession]()
 SETTINGS_KEY = pytest.StashKey["Settings"]()
 
 
-class _TerminalLines:
-    """A text stream onto stderr that pytest's capture lets through, each line prefixed; no
-    terminal drawing (``isatty`` False), so a progress bar prints a line per tenth."""
+class _Terminal:
+    """pytest's terminal, written to around its capture: progress lines each on a line of their
+    own, and the status line they cut (a file's dots) started again before its next result."""
 
-    def __init__(self, capman, prefix):
-        self.capman, self.prefix = capman, prefix
+    def __init__(self, capman, terminal):
+        self.capman, self.terminal = capman, terminal
+        self.cut = None  # the status line the last lines cut, until resumed
+
+    def write_lines(self, lines):
+        t = self.terminal
+        if self.cut is None and isinstance(t.currentfspath, os.PathLike):
+            self.cut = t.currentfspath  # (-v's per-test lines pytest starts again itself)
+        with self.capman.global_and_fixture_disabled():
+            for line in lines:
+                t.write_line(line)
+
+    def resume(self):
+        """Before a test's result: the file's status line it belongs on, written again."""
+        if self.cut is not None:
+            t, where, self.cut = self.terminal, self.cut, None
+            with self.capman.global_and_fixture_disabled():
+                t.write(os.path.relpath(where, t.startpath) + " ")
+            t.currentfspath = where
+
+
+class _TerminalLines:
+    """A text stream onto a :class:`_Terminal`, each complete line prefixed; no terminal
+    drawing (``isatty`` False), so a progress bar prints a line per tenth."""
+
+    def __init__(self, terminal, prefix):
+        self.terminal, self.prefix = terminal, prefix
+        self.pending = ""
 
     def write(self, text):
-        with self.capman.global_and_fixture_disabled():
-            sys.stderr.write("".join(self.prefix + line for line in text.splitlines(True)))
-            sys.stderr.flush()
+        *lines, self.pending = (self.pending + text).split("\n")
+        if lines:
+            self.terminal.write_lines([self.prefix + line for line in lines])
 
     def flush(self):
         pass

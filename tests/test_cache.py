@@ -447,9 +447,13 @@ def test_plugin_shows_a_models_long_steps_around_the_capture_and_q_silences_them
     pytester.makeconftest(SLOW_CLOCK)
     result = runp(pytester, "--ptq-no-cache")
     result.assert_outcomes(passed=2)
-    lines = [x for x in result.stderr.lines if x.startswith("ptq q.onnx: sensitivity (node): ")]
-    assert any(x.endswith("s left") for x in lines), result.stderr.str()
+    out = result.stdout.lines
+    lines = [x for x in out if x.startswith("ptq q.onnx: sensitivity (node): ")]
+    assert any(x.endswith("s left") for x in lines), result.stdout.str()
     assert lines[-1].startswith("ptq q.onnx: sensitivity (node): ") and " done, " in lines[-1]
+    # each on a line of its own, and the tests' status line started again after them
+    after = out[out.index(lines[-1]) + 1]
+    assert after.startswith("c.ptq.yaml ") and "[" in after, out
     quiet = runp(pytester, "--ptq-no-cache", "-q")
     quiet.assert_outcomes(passed=2)
     assert "sensitivity (node)" not in quiet.stderr.str() + quiet.stdout.str()
