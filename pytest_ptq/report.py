@@ -64,7 +64,10 @@ def collect(session):
 def payload_of(session, analysis):
     """The report data of one model of ``session`` (its tests so far); computes curves and
     figures, so it needs the model's engine."""
-    settings, model_id = session.settings, analysis.key.id
+    model_id = analysis.key.id
+    # the terminal's diagnosis of the model was made with its test's settings (a contract's
+    # node type): the report shows the same
+    settings = session.explained_with.get(model_id, session.settings)
     tests = [{"nodeid": rec.nodeid, "outcome": rec.outcome, "section": rec.section, "xfail_reason": rec.xfail_reason,
               "reason": rec.reason, "diagnosed": rec.diagnosed,
               "results": [r.to_dict() for mid, r in rec.results if mid == model_id]}
@@ -97,9 +100,6 @@ def model_payload(analysis, tests, settings, holdout=None, suggest=""):
         values = analysis.output_metrics(None, OUTPUT_METRICS).values
         data["outputs"] = [{"output": o, **v} for o, v in values.items()]
         data["output_parts"] = parts_note(parse_outputs(None, analysis.engine))
-        sens = analysis.sensitivity(settings.node_type, settings.metric)
-        data["sensitivity"] = {"node_type": settings.node_type, "metric": settings.metric,
-                               "nodes": len(sens), "rows": sens.rows()[:settings.top], "samples": sens.samples}
         d = None
         # why it fails, for a model whose check or assert fails (or fails as expected): its verdict
         # costs three passes over every calibration and held-out sample, which a passing model is
@@ -108,6 +108,10 @@ def model_payload(analysis, tests, settings, holdout=None, suggest=""):
             d = analysis.diagnosis(settings.node_type, settings.metric, holdout, settings.top)
             data["diagnosis"] = {**d.to_dict(), "cause_text": d.cause_text(), "caveat": d.caveat(),
                                  "cause": d.cause, "headline": d.headline()}
+        ranked = settings.node_type if d is None else d.node_type  # the kind the diagnosis ranked
+        sens = analysis.sensitivity(ranked, settings.metric)
+        data["sensitivity"] = {"node_type": ranked, "metric": settings.metric,
+                               "nodes": len(sens), "rows": sens.rows()[:settings.top], "samples": sens.samples}
         data["images"] += _figures(analysis, sens, settings, data["notes"], d)
     except PTQError as exc:
         data["notes"].append(f"analysis failed: {exc}")

@@ -225,3 +225,28 @@ def test_the_cause_is_decided_on_the_data_the_failing_check_used(pytester, tmp_p
                              str(pytester.path / "float.onnx")), pytester.path)
     assert a.verdict().source != "neither"
     assert cause.startswith(f"cause: {SOURCE_WORDS[a.verdict().source]}:")
+
+
+def test_terminal_and_report_rank_the_kind_the_verdict_blames(pytester, tmp_path):
+    """A contract ranking weights on an activation loss: the terminal ranked activations and
+    said why, while the report ranked the session's node type and named a weight as the most
+    sensitive node."""
+    data = builders.samples(4, seed=1)
+    fp = builders.conv_net(tmp_path / "float.onnx")
+    q = builders.quantize(fp, tmp_path / "q.onnx", data)
+    builders.scaled(q, pytester.path / "q.onnx", "r1_scale", 1024)  # r1's steps 1024 times too coarse
+    shutil.copy(fp, pytester.path / "float.onnx")
+    builders.save_folder(data, pytester.path / "calib")
+    pytester.makefile(".ptq.yaml", c="model: q.onnx\ndata: calib\nfloat_model: float.onnx\noutputs: 0.9999\n"
+                                     "nodes: {type: weight, threshold: 0.0}\nbaseline: false\n")
+    result = run(pytester, f"--ptq-report={pytester.path / 'r.html'}")
+    result.assert_outcomes(passed=1, failed=1)
+    out = result.stdout.str()
+    assert "note: weight nodes were asked for, but activations cause the loss" in " ".join(out.split())
+    assert "most sensitive activation nodes" in out
+    page = (pytester.path / "r.html").read_text()
+    assert "Most sensitive activation nodes" in page and "Most sensitive weight nodes" not in page
+    assert "note: weight nodes were asked for, but activations cause the loss" in page
+    top = Analysis(AnalysisKey(str(pytester.path / "q.onnx"), str(pytester.path / "calib"),
+                               str(pytester.path / "float.onnx")), pytester.path).sensitivity("activation")
+    assert next(iter(top)) in page.split("Most sensitive activation nodes", 1)[1][:3000]
