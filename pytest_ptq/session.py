@@ -246,21 +246,24 @@ class PTQSession:
         """The held-out data the model's failing checks used (absolute path; of any check when
         none failed), or None when they ran on the calibration data: the data a verdict must be
         decided on (a nodes check judges calibration data, beside outputs passing on held-out)."""
-        results = [r for rec in self.tests.values() for mid, r in rec.results if mid == model_id]
+        results = self._results_of(model_id)
         failing = [r for r in results if not r]
         return next((r.holdout for r in failing or results if getattr(r, "holdout", None)), None)
 
     def holdout_of(self, model_id):
         """The held-out data any of the model's checks used (absolute path), or None."""
-        results = [r for rec in self.tests.values() for mid, r in rec.results if mid == model_id]
-        return next((r.holdout for r in results if getattr(r, "holdout", None)), None)
+        return next((r.holdout for r in self._results_of(model_id) if getattr(r, "holdout", None)), None)
+
+    def _results_of(self, model_id):
+        """The check results of the model's tests so far, in test order."""
+        return [r for rec in self.tests.values() for mid, r in rec.results if mid == model_id]
 
     def failing_outputs(self, model_id):
         """The output specs of the model whose output checks failed, where one of them is a
         slice (``obj=output[:, :, 4:5]``); else None: the explanation and the remedy judge the
         model's whole outputs, which may pass where a slice fails."""
-        failing = [(o, r.parts.get(o)) for rec in self.tests.values() for mid, r in rec.results
-                   if mid == model_id and r.kind == "outputs" and not r for o in r.failing]
+        failing = [(o, r.parts.get(o)) for r in self._results_of(model_id) if r.kind == "outputs" and not r
+                   for o in r.failing]
         if not any(part for _, part in failing):
             return None
         return list(dict.fromkeys(part or o for o, part in failing))
@@ -681,8 +684,8 @@ class _TerminalLines:
         if lines:
             self.terminal.write_lines([self.prefix + line for line in lines])
 
-    def flush(self):
-        pass
+    def flush(self):  # complete lines are written as they come; a partial one waits for its end
+        self.terminal.terminal.flush()
 
     def isatty(self):
         return False

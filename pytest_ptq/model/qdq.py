@@ -371,6 +371,7 @@ class QuantModel:
                     self.consumers[i].append(n)
         self.value_types = self._infer_types()
         self._constant_cache = {}
+        self._reduced = {}  # calibration node -> its reduce_range half grid or None (see reduced_range)
         self.custom_ops = sorted({(n.domain, n.op_type) for n in graph.node if n.domain not in STANDARD_DOMAINS})
         self.calibration = self._find_calibration_nodes()
         if not self.calibration and self.custom_ops:
@@ -781,12 +782,11 @@ class QuantModel:
         g = c.grid
         if c.kind != "weight" or c.role == "bias" or g.kind != "int" or g.bits != 8 or c.block_size:
             return None
-        if not hasattr(self, "_reduced"):
-            self._reduced = {}
         if c.name not in self._reduced:
             cached = c.input in self._constant_cache
-            self._reduced[c.name] = self._half_grid(c, self.constant(c.input))
-            hand_back(mapping(self.constant(c.input)))
+            x = self.constant(c.input)
+            self._reduced[c.name] = self._half_grid(c, x)
+            hand_back(mapping(x))
             if not cached and c.input not in self.shared:  # as _mark_on_grid: no copy of every weight kept
                 self._constant_cache.pop(c.input, None)
         return self._reduced[c.name]
