@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import contextlib
+import shutil
 import sys
 import time
+
+REDRAW = 0.1  # seconds between redraws on a terminal: thousands of steps stay cheap
 
 
 class Progress:
@@ -12,7 +15,8 @@ class Progress:
     the text stream to draw on; ``total`` None: work of unknown size (a search), counted with
     no time left.
 
-    Draws in place on a terminal; elsewhere (CI logs) prints a line every 10% with the time
+    Draws in place on a terminal, within its width (a longer line would wrap and every
+    redraw would add a row); elsewhere (CI logs) prints a line every 10% with the time
     left (a line a minute for work of unknown size), and one when done; a run under two
     seconds prints nothing.
     """
@@ -29,6 +33,7 @@ class Progress:
         self.tty = getattr(self.stream, "isatty", lambda: False)()
         self.estimate = None  # the first total, once the work has gone past it (see extend)
         self._last_line = self.start
+        self._drawn = None  # when the terminal line was last drawn
 
     def __enter__(self):
         return self
@@ -71,18 +76,15 @@ class Progress:
             past = f"{self.desc}: {self.done} done, {elapsed:.1f}s elapsed" + (
                 "" if self.open else f" (past the first estimate of {self.estimate}; the work decides how much more)")
             if self.tty:
-                self.stream.write(f"\r{past:<100}")
-                self.stream.flush()
+                self._draw(past)
             elif time.perf_counter() - self._last_line >= 60:  # logs: a line a minute
                 self.stream.write(past + "\n")
                 self.stream.flush()
                 self._last_line = time.perf_counter()
             return
         if self.tty:
-            bar = "#" * (pct // 4)
-            self.stream.write(f"\r{self.desc}: [{bar:<25}] {self.done}/{self.total} "
-                              f"{elapsed:5.1f}s elapsed, ~{eta:4.0f}s left")
-            self.stream.flush()
+            counts = f" {self.done}/{self.total} {elapsed:5.1f}s elapsed, ~{eta:4.0f}s left"
+            self._draw(f"{self.desc}: [{'#' * (pct // 4):<25}]" + counts, f"{self.desc}:" + counts)
         elif elapsed > 2 and self.done < self.total and pct // 10 > self._last_pct // 10:
             # logs get a line per 10% and one at the end (a total that grows as the work
             # finds more, as a search's does, prints no line per step), short runs none
@@ -90,3 +92,21 @@ class Progress:
                               f"~{eta:.0f}s left\n")
             self.stream.flush()
             self._last_pct = pct
+
+    def _draw(self, line, narrow=None):
+        """Redraw the terminal line (at most every :data:`REDRAW` seconds, and at the last
+        step): ``line`` where it fits the width, else ``narrow`` (the same without the bar),
+        its description cut short with "..." where even that does not fit."""
+        now = time.perf_counter()
+        last = not self.open and self.done >= self.total
+        if self._drawn is not None and now - self._drawn < REDRAW and not last:
+            return
+        self._drawn = now
+        width = shutil.get_terminal_size().columns - 1  # the last column would wrap on some terminals
+        if len(line) > width and narrow is not None:
+            line = narrow
+        if len(line) > width:
+            counts = line[len(self.desc):]  # the counts and times matter more than the words
+            line = (self.desc[: max(width - len(counts) - 3, 0)] + "..." + counts)[:width]
+        self.stream.write(f"\r{line:<{width}}")
+        self.stream.flush()

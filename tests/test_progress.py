@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import os
 
 import pytest
 
@@ -82,3 +83,31 @@ def test_work_of_unknown_size_is_counted_with_no_time_left(clock):
             bar.advance()
     lines = out.getvalue().splitlines()
     assert lines == ["search: 60 done, 60.0s elapsed", "search: 120 done, 120.0s elapsed", "search: 130 done, 130.0s elapsed"]
+
+
+class _Terminal(io.StringIO):
+    def isatty(self):
+        return True
+
+
+@pytest.mark.parametrize("columns", [40, 80, 200])
+def test_a_terminal_line_fits_its_width_and_is_redrawn_a_few_times_a_second(clock, monkeypatch, columns):
+    # a line wider than the terminal wraps, and every redraw then adds a row
+    monkeypatch.setattr(progress.shutil, "get_terminal_size", lambda *a, **k: os.terminal_size((columns, 24)))
+    out = _Terminal()
+    with Progress(3000, "sensitivity (activation) of a long description", stream=out) as bar:
+        for _ in range(3000):
+            clock[0] += 0.001
+            bar.advance()
+    drawn = out.getvalue().split("\r")[1:]
+    assert drawn and all(len(d.rstrip("\n")) == columns - 1 for d in drawn)
+    assert len(drawn) <= 3 / progress.REDRAW + 2  # a redraw per REDRAW seconds, and the last step
+    assert "3000/3000" in drawn[-1]
+    assert ("[#########################]" in drawn[-1]) == (columns >= 120)
+    out = _Terminal()
+    with Progress(None, "search", stream=out) as bar:  # work of unknown size
+        for _ in range(50):
+            clock[0] += 1.0
+            bar.advance()
+    drawn = out.getvalue().split("\r")[1:]
+    assert all(len(d.rstrip("\n")) == columns - 1 for d in drawn) and "50 done" in drawn[-1]
