@@ -82,13 +82,13 @@ class PTQSession:
                 .add(s.float_model, "float model").add(s.holdout, "held-out data"))
 
     def _check_outputs(self):
-        """--ptq-report and --ptq-baseline-dir against the inputs, before any work; a path
-        outside the rootdir is legal but gets a warning. Raises PTQError (a usage error)."""
+        """--ptq-report and --ptq-baseline-dir against the inputs, before any work; a baseline
+        folder outside the rootdir is legal but gets a warning (a report is an artifact: it
+        may go anywhere). Raises PTQError (a usage error)."""
         s, inputs = self.settings, self.inputs()
         self._warn_rootdir_moved()
         if s.report is not None:
             self._report_path(inputs)
-            self._warn_outside_root("report", "--ptq-report", s.report)
         default_dir = self.root / "ptq_baselines"
         if s.baseline_dir is not None and Path(s.baseline_dir) != default_dir:
             guard.output_path(s.baseline_dir, "--ptq-baseline-dir", inputs, folder=True,
@@ -128,17 +128,25 @@ class PTQSession:
                  if flag in paths and (start / value).exists() and not below(start / value, start)]
         if moved:
             given = ", ".join(f"{flag} {value}" for flag, value in moved)
-            cfg.issue_config_time_warning(PTQPathWarning(
+            self._config_warning(PTQPathWarning(
                 f"{given}: pytest read {'the value as a path' if len(moved) == 1 else 'their values as paths'} to test too and "
                 f"moved the rootdir to {str(self.root)!r}, where baselines and relative outputs now go; write "
                 f"{' '.join(f'{flag}={value}' for flag, value in moved)}, or pin the rootdir (--rootdir, or an ini "
-                "file)"), stacklevel=2)
+                "file)"))
 
     def _warn_outside_root(self, what, option, path):
         if not below(path, self.root):
-            self.config.issue_config_time_warning(PTQPathWarning(
+            self._config_warning(PTQPathWarning(
                 f"{option}: the {what} {str(path)!r} lies outside the rootdir {str(self.root)!r}, so it is not "
-                "kept with the project; move it under the rootdir unless that is intended"), stacklevel=2)
+                "kept with the project; move it under the rootdir unless that is intended"))
+
+    def _config_warning(self, warning):
+        """A warning at start-up; where warnings are errors (``-W error``, ``filterwarnings =
+        error``) pytest would raise it as an internal error: a usage error says it instead."""
+        try:
+            self.config.issue_config_time_warning(warning, stacklevel=3)
+        except PTQPathWarning as exc:
+            raise PTQError(f"{exc} (warnings are errors in this run)") from None
 
     # -- analyses and settings -------------------------------------------------------------
     def analysis(self, model, data, float_model=None, data_num=None, custom_op_library=None):

@@ -646,12 +646,34 @@ def test_baseline_outside_the_rootdir_is_warned_about(plugin_project, tmp_path):
     assert outside.exists()
 
 
-def test_report_outside_the_rootdir_is_warned_about(plugin_project, tmp_path):
+ASIDE = "ignore::pytest.PytestAssertRewriteWarning"
+
+
+def test_report_outside_the_rootdir_is_written_without_a_warning(plugin_project, tmp_path):
+    # an artifacts folder beside the checkout is a usual CI layout: nothing to keep with the project
     outside = tmp_path / "reports" / "r.html"
-    result = run_pytest(plugin_project, "--ptq-report", str(outside))
-    result.stdout.fnmatch_lines([f"*PTQPathWarning: --ptq-report: the report '{outside}' lies outside the rootdir*",
-                                 f"*ptq report: {outside}*"])
+    result = run_pytest(plugin_project, f"--ptq-report={outside}")  # '=': not a path to test too
+    result.stdout.fnmatch_lines([f"*ptq report: {outside}*"])
+    result.stdout.no_fnmatch_line("*PTQPathWarning*")
     assert outside.read_text().startswith("<!DOCTYPE html>")
+    # ... also where warnings are errors
+    # (the in-process run's own warning that the plugin was imported before pytest asked aside)
+    result = run_pytest(plugin_project, f"--ptq-report={outside}", "-W", "error", "-W", ASIDE)
+    result.stdout.fnmatch_lines([f"*ptq report: {outside}*"])
+    result.stdout.no_fnmatch_line("*INTERNALERROR*")
+
+
+def test_a_baseline_folder_outside_the_rootdir_where_warnings_are_errors_is_one_usage_error(plugin_project, tmp_path):
+    outside = tmp_path / "baselines"
+    warned = run_pytest(plugin_project, f"--ptq-baseline-dir={outside}")
+    warned.stdout.fnmatch_lines([f"*PTQPathWarning: --ptq-baseline-dir: the baseline folder '{outside}' lies outside "
+                                 "the rootdir*"])
+    plugin_project.makeini(f"[pytest]\nfilterwarnings =\n    error\n    {ASIDE}\n")
+    refused = run_pytest(plugin_project, f"--ptq-baseline-dir={outside}")
+    assert refused.ret == pytest.ExitCode.USAGE_ERROR
+    refused.stderr.fnmatch_lines([f"*--ptq-baseline-dir: the baseline folder '{outside}' lies outside the rootdir*"
+                                  "(warnings are errors in this run)"])
+    assert "INTERNALERROR" not in refused.stdout.str() + refused.stderr.str()
 
 
 @pytest.mark.parametrize("form", ["space", "equals"])
