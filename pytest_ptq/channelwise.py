@@ -29,7 +29,7 @@ import math
 import numpy as np
 
 from .errors import PTQError
-from .figures import pyplot, save_figure
+from .figures import drawing, pyplot, save_figure
 from .outputs import layouts, unlike
 
 # A channel is an outlier when its max |x| exceeds OUTLIER_K times the median over channels
@@ -216,6 +216,7 @@ def lost_bits(ratio):
     return math.log2(ratio) if ratio > 1 else 0.0
 
 
+@drawing
 def plot_channels(stats, path, title):
     """Write the box plot of ``stats`` (:meth:`ChannelStats.result` plus the node's fields) to ``path``."""
     plt = pyplot()

@@ -15,7 +15,7 @@ import numpy as np
 
 from . import params
 from .errors import PTQError, shown
-from .figures import metric_label, pyplot, save_figure
+from .figures import drawing, file_stem, metric_label, pyplot, save_figure
 from .metrics import get_metrics
 from .outputs import parse_outputs
 from .progress import Progress
@@ -138,6 +138,7 @@ def running_mean(values):
     return list(np.cumsum(arr) / np.arange(1, len(arr) + 1))
 
 
+@drawing
 def plot_curves(curves, path, title=None, annotate=3):
     """Write the curves as a PNG: operators in execution order on x, the metric on y; the
     ``annotate`` worst points of each curve are numbered on it and named in a side panel with
@@ -212,10 +213,8 @@ def plot_acc_error(save_dir, calibrated_data=None, model_or_file=None, quantize_
         configs = configs_from(engine, quantize_node, non_quantize_node)
         curves = get_acc_error(engine, configs, metric, data_num, local=local, progress=progress)
         curves.average_mode = average_mode
-        name = filename or f"acc_error_{'_'.join(_slug(c) for c in configs)[:80]}.png"
+        words = ("".join(ch if ch.isalnum() else "-" for ch in label).strip("-") for label in configs)
+        name = filename or f"acc_error_{file_stem('_'.join(words), 80)}.png"
         curves.png = str(plot_curves(curves, out / name))
     return curves
 
-
-def _slug(text):
-    return "".join(ch if ch.isalnum() else "-" for ch in text).strip("-")

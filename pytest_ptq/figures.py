@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import os
-
+import re
+import warnings
 from pathlib import Path
 
 from . import guard
+
+# Fonts with Chinese, Japanese and Korean glyphs, drawn where DejaVu Sans (matplotlib's
+# default) has none, when one is installed: a model's file or node names may be in them.
+_CJK_FONTS = ("Noto Sans CJK SC", "Noto Sans CJK JP", "Noto Sans CJK KR", "Source Han Sans SC", "WenQuanYi Zen Hei",
+              "WenQuanYi Micro Hei", "Droid Sans Fallback", "Microsoft YaHei", "SimHei", "PingFang SC",
+              "Hiragino Sans GB", "Hiragino Sans", "Yu Gothic", "Malgun Gothic", "AppleGothic")
 
 
 def pyplot():
@@ -17,6 +26,37 @@ def pyplot():
     import matplotlib.pyplot as plt
 
     return plt
+
+
+def drawing(draw):
+    """Decorator of a function that draws figures: the text falls back on an installed CJK
+    font, and a glyph no font has is drawn as a box without a warning (a warning that
+    ``-W error`` would turn into a failed test, or pytest's internal error in a hook)."""
+    @functools.wraps(draw)
+    def drawn(*args, **kwargs):
+        plt = pyplot()
+        with warnings.catch_warnings(), plt.rc_context({"font.sans-serif": _fonts()}):
+            warnings.filterwarnings("ignore", message=r"Glyph \d+ .*missing from", category=UserWarning)
+            return draw(*args, **kwargs)
+    return drawn
+
+
+@functools.cache
+def _fonts():
+    from matplotlib import font_manager, rcParams
+
+    installed = {f.name for f in font_manager.fontManager.ttflist}
+    return list(rcParams["font.sans-serif"][:1]) + [f for f in _CJK_FONTS if f in installed]
+
+
+def file_stem(name, limit=120):
+    """A file name stem for ``name`` (a node's, a config's) of at most ``limit`` characters:
+    letters, digits, ``_.-``; where it had to change or be cut, a hash of the whole name ends
+    it, so that two names never share a file (scoped names often share their first 120)."""
+    safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", name).strip("._-") or "node"
+    if safe == name and len(safe) <= limit:
+        return safe
+    return safe[: limit - 7].rstrip("._-") + "-" + hashlib.sha1(name.encode()).hexdigest()[:6]
 
 
 def save_figure(fig, path, tight=True):

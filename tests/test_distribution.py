@@ -4,6 +4,7 @@ computed from plain onnxruntime sessions on the float and calibrated models."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -586,3 +587,23 @@ def test_an_nhwc_image_input_is_boxed_by_its_colour_channels(tmp_path):
     assert box["axis"] == 3 and box["channels"] == 3
     by_hand = [float(np.abs(np.concatenate(data["x"])[..., k]).max()) for k in range(3)]
     assert box["max_abs"] == pytest.approx(by_hand, rel=1e-6)
+
+
+def test_long_and_cjk_node_names_get_files_of_their_own_and_draw_where_warnings_are_errors(models, tmp_path):
+    # scoped names share their first 120 characters; DejaVu Sans has no CJK glyph and warns
+    # at each one, which -W error (or filterwarnings = error) raises
+    model = onnx.load(str(models["q"]))
+    scope = "StatefulPartitionedCall/model/backbone/stage_1/block_1/" * 3
+    renamed = {"c2_QuantizeLinear": scope + "卷积_a", "r1_QuantizeLinear": scope + "卷积_b"}
+    for node in model.graph.node:
+        node.name = renamed.get(node.name, node.name)
+    path = tmp_path / "named.onnx"
+    onnx.save(model, str(path))
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        res = plot_distribution(tmp_path / "out", path, models["data"], nodes_list=list(renamed.values()))
+    pngs = [res[name]["png"] for name in renamed.values()]
+    assert len(set(pngs)) == 2 and all(_is_png(p) for p in pngs)
+    assert all(len(Path(p).name) <= 140 for p in pngs)

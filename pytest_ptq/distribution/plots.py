@@ -2,23 +2,14 @@
 
 from __future__ import annotations
 
-import hashlib
-import re
 from pathlib import Path
 
 import numpy as np
 
 from ..channelwise import plot_channels, wrap
-from ..figures import pyplot, save_figure
+from ..figures import drawing, file_stem, pyplot, save_figure
 from ..tables import short as _fmt
 from .readings import activation_reading, codes_text, weight_reading
-
-
-def _slug(name):
-    safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", name).strip("._") or "node"
-    if safe != name:
-        safe += "-" + hashlib.sha1(name.encode()).hexdigest()[:6]
-    return safe[:120]
 
 
 def _stairs(ax, hist, label, colour, fill=True, alpha=0.55):
@@ -130,9 +121,10 @@ def _plot_pair(d, path, title, left_a, left_b, labels, note=None):
     save_figure(fig, path, tight=False)
 
 
+@drawing
 def draw_distribution(d, save_dir):
     """Write one node's distribution PNG under ``save_dir``; returns its path."""
-    path = Path(save_dir) / f"distribution_{_slug(d['node'])}.png"
+    path = Path(save_dir) / f"distribution_{file_stem(d['node'])}.png"
     if d["kind"] in ("activation", "dynamic"):
         where = "per channel" if d["per_channel"] else ("per run" if d["kind"] == "dynamic" else "per tensor")
         title = (f"{d['node']}: activation input '{d['tensor']}' in the float model, {d['samples']} sample(s) "
@@ -157,9 +149,10 @@ def draw_distribution(d, save_dir):
     return str(path)
 
 
+@drawing
 def draw_channelwise(d, save_dir):
     """Write one node's per-channel box plot under ``save_dir``; returns its path."""
-    path = Path(save_dir) / f"channelwise_{_slug(d['node'])}.png"
+    path = Path(save_dir) / f"channelwise_{file_stem(d['node'])}.png"
     what = "float weight" if d["kind"] == "weight" else "float input"
     if d["kind"] == "weight" and d.get("compared_against") == "dequantized weight":
         what = "dequantized weight (float unknown)"

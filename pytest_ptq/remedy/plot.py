@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..figures import metric_label, pyplot, save_figure
+from ..figures import drawing, metric_label, pyplot, save_figure
 
 _ON = {"held-out": "held-out", "confirmation": "confirmation samples", "calibration": "calibration"}
 
 
+@drawing
 def plot_remedy(result, path):
     """A PNG of the search: cost on x (nodes for a single remedy), the objective on y; the
     greedy path on the search samples, refinements, every set scored on the judging data,
