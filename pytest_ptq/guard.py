@@ -396,7 +396,8 @@ def _write(path, content, atomic):
         if isinstance(content, bytes):
             target.write_bytes(content)
         else:
-            target.write_text(content, encoding="utf-8")
+            # surrogateescape: a name that came in undecoded (a C locale) goes out as its own bytes
+            target.write_text(content, encoding="utf-8", errors="surrogateescape")
 
     if not atomic:
         try:

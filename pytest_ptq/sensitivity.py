@@ -144,7 +144,7 @@ class Sensitivity(dict):
     @classmethod
     def load(cls, path):
         try:
-            return cls.from_dict(json.loads(Path(path).read_text()))
+            return cls.from_dict(json.loads(Path(path).read_text(encoding="utf-8")))
         except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
             # a JSON list, a number or a nesting deeper than Python's stack instead of a saved ranking
             raise PTQError(f"sensitivity file {str(path)!r} cannot be read ({type(exc).__name__}: "

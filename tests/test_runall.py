@@ -4,6 +4,7 @@ models in plain onnxruntime sessions, one engine for every step, and its command
 from __future__ import annotations
 
 import json
+import os
 
 import numpy as np
 import onnx
@@ -285,3 +286,24 @@ def test_a_16_bit_activation_is_not_advised_int16(tmp_path, activation_type):
     else:
         assert not [t for it in v["nodes"] if it["kind"] == "activation" for t in it["try"] if t == "int16"]
         assert "int16" not in advice and "equalise the channel ranges" in advice
+
+
+def test_cli_runall_with_names_the_terminal_cannot_encode(setup, tmp_path):
+    """A model in a folder named in Chinese, on a terminal of the C locale: the summary is
+    read back as the UTF-8 it was written in, and what the terminal lacks prints escaped."""
+    import subprocess
+    import sys
+
+    folder = tmp_path / "模型"
+    folder.mkdir()
+    model = folder / "qa.onnx"
+    model.write_bytes(setup["qa"].read_bytes())
+    env = {**os.environ, "LC_ALL": "C", "LANG": "C", "PYTHONUTF8": "0", "PYTHONCOERCECLOCALE": "0",
+           "PYTHONIOENCODING": "ascii"}
+    done = subprocess.run([sys.executable, "-m", "pytest_ptq", "runall", str(model), str(setup["folder"]), "-s",
+                           str(tmp_path / "out"), "--data-num", "1", "--top", "1", "--quiet", "-t", "activation"],
+                          capture_output=True, env=env, timeout=300)
+    text = done.stdout.decode("ascii")
+    assert done.returncode == 0, done.stderr.decode("ascii", "replace")[-2000:]
+    assert "## Verdict" in text and "\\u6a21\\u578b" in text  # 模型, escaped
+    assert "Traceback" not in done.stderr.decode("ascii", "replace")

@@ -122,7 +122,7 @@ RUN = {"modelopt": modelopt, "quark": quark, "neural-compressor": neural_compres
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
-    with open(argv[0]) as f:
+    with open(argv[0], encoding="utf-8") as f:
         spec = json.load(f)
     # producers write side files (Quark's quantized_info.csv) into the working folder
     os.chdir(os.path.dirname(os.path.abspath(spec["out"])))
