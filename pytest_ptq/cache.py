@@ -43,6 +43,18 @@ class PTQCacheWarning(UserWarning):
     """A result could not be kept on disk: the run goes on, the next one computes it again."""
 
 
+def warn_not_kept(message):
+    """Warn that results are not kept between runs. Where warnings are errors it is shown all
+    the same, not raised: keeping results only saves time, and a check that passed must not
+    fail for it (a filter that ignores it still silences it)."""
+    try:
+        warnings.warn(PTQCacheWarning(message), stacklevel=3)
+    except PTQCacheWarning:
+        with warnings.catch_warnings():
+            warnings.simplefilter("always", PTQCacheWarning)
+            warnings.warn(PTQCacheWarning(message), stacklevel=3)
+
+
 def file_hash(path):
     """sha256 of a file, or of a folder's files (relative names and bytes, sorted by name)."""
     path = Path(path)
@@ -190,8 +202,7 @@ class ResultCache:
         except PTQError as exc:
             if self.write_error is None:
                 self.write_error = str(exc)
-                warnings.warn(PTQCacheWarning(f"results are not kept between runs ({self.option}): {exc}"),
-                              stacklevel=2)
+                warn_not_kept(f"results are not kept between runs ({self.option}): {exc}")
 
 
 def for_engine(folder, engine, option="--cache-dir"):

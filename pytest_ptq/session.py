@@ -208,12 +208,11 @@ class PTQSession:
                 try:
                     self._pytest_cache_dir = pytest_cache.mkdir("ptq")
                 except OSError as exc:  # a read-only checkout: pytest's own cache only warns too
-                    from .cache import PTQCacheWarning
+                    from .cache import warn_not_kept
 
-                    warnings.warn(PTQCacheWarning(
-                        f"results are not kept between runs: pytest's cache dir takes no folder for them "
-                        f"({exc.strerror or exc}: {exc.filename}); pass --ptq-cache-dir DIR with a writable "
-                        "folder to keep them"), stacklevel=1)
+                    warn_not_kept(f"results are not kept between runs: pytest's cache dir takes no folder for them "
+                                  f"({exc.strerror or exc}: {exc.filename}); pass --ptq-cache-dir DIR with a writable "
+                                  "folder to keep them")
         return self._pytest_cache_dir
 
     def settings_for(self, item):

@@ -278,9 +278,13 @@ def test_plugin_refuses_a_cache_dir_inside_the_session_data(pytester, inputs):
     assert not (pytester.path / "calib" / "cache").exists()
 
 
-def test_plugin_writes_no_cache_inside_a_contracts_data_and_says_so(pytester, inputs):
+@pytest.mark.parametrize("errors", [False, True], ids=["warnings", "warnings-are-errors"])
+def test_plugin_writes_no_cache_inside_a_contracts_data_and_says_so(pytester, inputs, errors):
     setup_project(pytester, inputs)
-    result = runp(pytester, "--ptq-cache-dir=calib/cache")
+    # where warnings are errors a check that passed does not fail for a result not kept
+    # (the in-process run's own warning that the plugin was imported before pytest asked aside)
+    strict = ["-W", "error", "-W", "ignore::pytest.PytestAssertRewriteWarning"] if errors else []
+    result = runp(pytester, "--ptq-cache-dir=calib/cache", *strict)
     result.assert_outcomes(passed=2)
     assert result.stdout.str().count("PTQCacheWarning") == 1
     result.stdout.fnmatch_lines(["*PTQCacheWarning: results are not kept between runs (--ptq-cache-dir): "
