@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import unicodedata
 
 
 def fmt(value):
@@ -48,15 +49,20 @@ def short(value):
     return f"{value:.4g}"
 
 
+def _width(text):
+    """Columns ``text`` takes on a terminal: two for a wide (Chinese, Japanese, Korean) character."""
+    return sum(2 if unicodedata.east_asian_width(ch) in "WF" else 1 for ch in text)
+
+
 def format_table(rows, columns, limit=None):
     """``rows``: list of dicts; ``columns``: keys to show, in order. Returns one string."""
     shown = rows if limit is None else rows[:limit]
     cells = [[str(c) for c in columns]] + [[fmt(r.get(c, "")) for c in columns] for r in shown]
-    widths = [max(len(row[k]) for row in cells) for k in range(len(columns))]
+    widths = [max(_width(row[k]) for row in cells) for k in range(len(columns))]
     line = "+" + "+".join("-" * (w + 2) for w in widths) + "+"
     out = [line]
     for k, row in enumerate(cells):
-        out.append("| " + " | ".join(v.ljust(w) for v, w in zip(row, widths)) + " |")
+        out.append("| " + " | ".join(v + " " * (w - _width(v)) for v, w in zip(row, widths)) + " |")
         if k == 0:
             out.append(line)
     out.append(line)

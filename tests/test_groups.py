@@ -284,3 +284,17 @@ def test_cli_confidence_needs_a_positive_k(net, folder, capsys):
         main(["get-sensitivity-of-nodes", str(net["qdq"]), folder, "--confidence", "0"])
     assert exc.value.code == 2
     assert "--confidence: must be at least 1, got 0" in capsys.readouterr().err
+
+
+def test_a_table_of_wide_characters_lines_up_on_a_terminal():
+    import unicodedata
+
+    from pytest_ptq.tables import format_table
+
+    text = format_table([{"node": "卷积_1", "cosine": 0.5}, {"node": "conv_22", "cosine": 0.25}], ["node", "cosine"])
+    # each line as wide in terminal columns (a CJK character takes two) and its bars aligned
+    widths = {sum(1 + (unicodedata.east_asian_width(c) in "WF") for c in line) for line in text.splitlines()}
+    assert len(widths) == 1
+    bars = {tuple(i for i, c in enumerate(line.replace("卷", "卷 ").replace("积", "积 ")) if c in "|+")
+            for line in text.splitlines()}
+    assert len(bars) == 1

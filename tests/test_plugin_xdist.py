@@ -170,12 +170,15 @@ def test_workers_share_the_cores(pytester, two_models, monkeypatch):
 
 def test_a_worker_left_alone_takes_the_cores_its_peers_gave_back(tmp_path, monkeypatch):
     """Processes sharing the cores each keep a file in one folder while they run: with two
-    there, each may keep half the cores busy; once the other has left, all of them."""
+    there, each may keep half the cores busy; once the other has left, all of them (those
+    it may run on, not the machine's)."""
     from pytest_ptq.engine import runtime
 
     for name, value in (("_THREADS", 0), ("_PEERS", None), ("_SPARE", [0.0, 0])):
         monkeypatch.setattr(runtime, name, value)
-    monkeypatch.setattr(os, "cpu_count", lambda: 4)
+    # four cores of the process's affinity (taskset, a cpuset) on a machine of sixteen
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3}, raising=False)
+    monkeypatch.setattr(os, "cpu_count", lambda: 16)
     monkeypatch.setattr(runtime, "SPARE_LOOKUP_S", 0)  # looked up on every call
     folder = tmp_path / "cores"
     runtime.share_cores(2, folder)

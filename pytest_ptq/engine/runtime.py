@@ -397,13 +397,22 @@ _THREADS = 0  # intra-op threads of every session; 0: onnxruntime's default (one
 _PEERS = None  # (folder, this process's file) while processes share the machine's cores
 
 
+def machine_cores():
+    """The cores this process may run on: those of its CPU affinity (``taskset``, a
+    container's cpuset), not the whole machine's, where the system says."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except (AttributeError, OSError):  # no affinity on macOS and Windows
+        return os.cpu_count() or 1
+
+
 def share_cores(processes, folder=None):
     """Give this process's sessions ``1/processes`` of the machine's cores: pytest-xdist
     workers each running onnxruntime on every core would only take turns. ``folder``: where
     each process sharing them keeps a file while it runs, so that one left alone can keep
     every core busy again (see :func:`spare_cores`)."""
     global _THREADS, _PEERS
-    _THREADS = max(1, (os.cpu_count() or 1) // max(1, int(processes))) if processes and processes > 1 else 0
+    _THREADS = max(1, machine_cores() // max(1, int(processes))) if processes and processes > 1 else 0
     if folder is not None and _THREADS and _PEERS is None:
         import atexit
 
@@ -427,13 +436,13 @@ def leave():
 
 def cores():
     """The cores this process's sessions may use (see :func:`share_cores`)."""
-    return _THREADS or os.cpu_count() or 1
+    return _THREADS or machine_cores()
 
 
 def all_cores():
     """The cores this process may keep busy once it is alone: the machine's while processes
     share them (see :func:`share_cores`), else :func:`cores`."""
-    return (os.cpu_count() or 1) if _PEERS is not None else cores()
+    return machine_cores() if _PEERS is not None else cores()
 
 
 _SPARE = [0.0, 0]  # when spare_cores last looked, and what it found
@@ -455,7 +464,7 @@ def spare_cores():
             running = len(os.listdir(_PEERS[0]))
         except OSError:
             running = 1
-        _SPARE[:] = [now, max(1, (os.cpu_count() or 1) // max(1, running))]
+        _SPARE[:] = [now, max(1, machine_cores() // max(1, running))]
     return _SPARE[1]
 
 
