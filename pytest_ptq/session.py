@@ -15,7 +15,6 @@ import json
 import os
 import re
 import shlex
-import warnings
 from pathlib import Path
 
 import pytest
