@@ -486,12 +486,17 @@ def _channel_findings(name, cal, other, other_std, against, dataset="calibration
     cm = cal.channel_mean()
     if cm is None or other is None:
         return []
-    other = np.asarray(other, dtype=np.float64)
-    if other.shape != cm.shape:
-        return [Finding("channel-stats", "warning", f"{len(cm)} data channels but {len(other)} {against} channel "
-                        "means; check the channel axis", "", name, dataset)]
     cs = cal.channel_std()
-    scale = np.maximum((cs + (np.asarray(other_std) if other_std is not None else cs)) / 2, 1e-12)
+    given = {"means": other, "standard deviations": other_std}
+    for what, values in given.items():
+        values = None if values is None else np.asarray(values, dtype=np.float64)
+        if values is not None and values.shape != cm.shape and values.size != 1:
+            return [Finding("channel-stats", "warning", f"{len(cm)} data channels but {values.size} {against} "
+                            f"channel {what}; check the channel axis", "", name, dataset)]
+        # one number stands for every channel
+        given[what] = None if values is None else np.broadcast_to(values, cm.shape)
+    other, other_std = given["means"], given["standard deviations"]
+    scale = np.maximum((cs + (cs if other_std is None else other_std)) / 2, 1e-12)
     d_same = float(np.max(np.abs(cm - other) / scale))
     d_rev = float(np.max(np.abs(cm - other[::-1]) / scale))
     details = {"channel_mean": cm.tolist(), "reference_mean": other.tolist(), "distance": d_same,
@@ -520,7 +525,6 @@ def _channel_findings(name, cal, other, other_std, against, dataset="calibration
             "use the same mean and scale (mean_value / scale_value) as the model's training preprocessing",
             name, dataset, details=details))
     if other_std is not None:
-        other_std = np.asarray(other_std, dtype=np.float64)
         # a channel constant on both sides (a recurrent state fed as zeros) has no scale to compare
         ratio = np.where((cs <= 1e-12) & (other_std <= 1e-12), 1.0, cs / np.maximum(other_std, 1e-12))
         if np.any(ratio > STD_RATIO) or np.any(ratio < 1 / STD_RATIO):

@@ -146,6 +146,9 @@ def parse_outputs(output_node, model):
             items = [output_node]
         elif isinstance(output_node, (list, tuple)) and all(isinstance(o, (str, OutputSpec)) for o in output_node):
             items = list(output_node)
+            if not items:  # nothing to score: every figure would be NaN
+                raise PTQError(f"output_node is empty; name the outputs to score ({', '.join(qmodel.output_names)}), or "
+                               "leave it out (None) for every output")
         else:
             raise PTQError(f"output_node must be an output name, a slice such as 'out[:, 0:4]' or a list of them, "
                            f"got {shown(output_node)}")

@@ -363,3 +363,15 @@ def test_the_heldout_comparison_needs_a_float_reference_where_a_relu_was_folded(
         feeds = [{"x": a} for a in data["x"]]
         expected = builders.worst_cosine(builders.run_model(fpath, feeds), builders.run_model(qpath, feeds))
         assert seen.quantized[name]["cosine-similarity"] == pytest.approx(expected, abs=1e-4), name
+
+
+def test_one_expected_number_stands_for_every_channel_and_a_wrong_count_says_so(rgb_net):
+    # one number for every channel: the missing normalisation found as with three equal ones
+    one = check_data(str(rgb_net["qdq"]), rgb_net["data"], expect_mean=0, expect_std=1)
+    three = check_data(str(rgb_net["qdq"]), rgb_net["data"], expect_mean=[0, 0, 0], expect_std=[1, 1, 1])
+    assert one.checks() == three.checks() == ["channel-stats", "channel-scale"]
+    assert [f.details for f in one.findings] == [f.details for f in three.findings]
+    # counts that match no channel axis: one warning each, never a broadcasting traceback
+    for bad in (dict(expect_mean=[0, 0, 0], expect_std=[1, 1]), dict(expect_std=[1, 1])):
+        [f] = check_data(str(rgb_net["qdq"]), rgb_net["data"], **bad).findings
+        assert f.check == "channel-stats" and "3 data channels but 2 expected channel standard deviations" in f.message

@@ -370,3 +370,16 @@ def test_naming_an_integer_output_warns_that_a_metric_cannot_judge_ids(tmp_path)
         warnings.simplefilter("error")
         assert [s.name for s in parse_outputs(["logits"], qm)] == ["logits"]
         assert [s.name for s in parse_outputs(None, qm)] == ["logits"]  # the default leaves ids out
+
+
+def test_an_empty_output_list_is_refused_naming_the_outputs(tmp_path):
+    # scored on no output every figure was NaN, and runall's verdict read NaNs as a cause
+    from pytest_ptq.errors import PTQError
+    from pytest_ptq.model import QuantModel
+
+    data = builders.samples(2)
+    q = builders.quantize(builders.conv_net(tmp_path / "f.onnx"), tmp_path / "q.onnx", data)
+    qm = QuantModel(q)
+    with pytest.raises(PTQError, match=r"output_node is empty; name the outputs to score \(prob\)"):
+        parse_outputs([], qm)
+    assert [s.tensor for s in parse_outputs(None, qm)] == [s.tensor for s in parse_outputs(list(qm.output_names), qm)]

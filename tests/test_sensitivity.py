@@ -276,3 +276,26 @@ def test_outputs_that_are_not_float_are_left_out_of_the_default_metric(tmp_path)
     onnx.save(model, str(tmp_path / "f3.onnx"))
     qpath = builders.quantize(tmp_path / "f3.onnx", tmp_path / "q3.onnx", data)
     assert [s.name for s in parse_outputs(None, QuantModel(qpath))] == ["label"]
+
+
+def test_an_engine_with_other_data_or_float_model_passed_beside_it_is_refused(tmp_path):
+    """An Engine analyses the data and float model it was built with: other ones passed beside
+    it were silently ignored, so a ranking said to be on held-out data was on calibration data."""
+    data = builders.samples(4)
+    fp = builders.conv_net(tmp_path / "f.onnx")
+    q = builders.quantize(fp, tmp_path / "q.onnx", data)
+    folder = builders.save_folder(data, tmp_path / "calib")
+    engine = Engine(q, str(folder))
+    base = get_sensitivity_of_nodes(engine, node_type="activation")
+    # the same data, however named, is its own
+    for same in (str(folder), folder, engine.data):
+        assert get_sensitivity_of_nodes(engine, node_type="activation", calibrated_data=same) == base
+    held = {"x": [a * 10 for a in builders.samples(3, seed=9)["x"]]}
+    with pytest.raises(PTQError, match="the Engine given analyses its own calibration data .*calib"):
+        get_sensitivity_of_nodes(engine, node_type="activation", calibrated_data=held)
+    with pytest.raises(PTQError, match=r"the Engine given compares against its own float model \(none\)"):
+        get_sensitivity_of_nodes(engine, node_type="activation", float_model=str(fp))
+    mapped = Engine(q, data)
+    assert get_sensitivity_of_nodes(mapped, node_type="activation", calibrated_data=data).samples == 4
+    with pytest.raises(PTQError, match="its own calibration data"):
+        get_sensitivity_of_nodes(mapped, node_type="activation", calibrated_data=held)

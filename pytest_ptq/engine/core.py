@@ -13,6 +13,7 @@ Q/DQ run as fake-quant: onnxruntime's QDQ-to-integer fusion is switched off.
 from __future__ import annotations
 
 import contextlib
+from pathlib import Path
 
 import numpy as np
 
@@ -564,7 +565,43 @@ def engine_for(model_or_file, calibrated_data=None, float_model=None):
     """The :class:`Engine` an analysis works on: ``model_or_file`` itself when it is one (its
     data attached when it has none), else a new one compiled from a path or ModelProto."""
     if isinstance(model_or_file, Engine):
-        if calibrated_data is not None and model_or_file.data is None:
-            model_or_file.data = load_data(calibrated_data, model_or_file.qmodel)
-        return model_or_file
+        engine = model_or_file
+        if calibrated_data is not None and engine.data is None:
+            engine.data = load_data(calibrated_data, engine.qmodel)
+        elif calibrated_data is not None and not _holds(engine.data, calibrated_data):
+            raise PTQError(f"the Engine given analyses its own calibration data ({engine.data.where!r}), not the "
+                           f"calibrated_data passed with it; pass the model file with that data, or build "
+                           f"Engine(model, data) for it")
+        if float_model is not None and not _same_file(float_model, engine.float_model):
+            raise PTQError(f"the Engine given compares against its own float model "
+                           f"({'none' if engine.float_model is None else repr(str(engine.float_model))}), not the "
+                           f"float_model passed with it; pass the model file with that float model, or build "
+                           f"Engine(model, data, float_model=...) for it")
+        return engine
     return Engine(model_or_file, calibrated_data, float_model=float_model)
+
+
+def _same_file(given, held):
+    """Whether ``given`` (a path, a ModelProto, data) names what ``held`` is."""
+    if given is held:
+        return True
+    try:
+        return held is not None and Path(given).resolve() == Path(held).resolve()
+    except TypeError:  # a ModelProto or a mapping: only the very object is known to be the same
+        return False
+
+
+def _holds(data, given):
+    """Whether calibration ``data`` is ``given`` (the object, its file or folder, or a mapping
+    of the same samples)."""
+    if given is data or (data.path is not None and _same_file(given, data.path)):
+        return True
+    if not isinstance(given, dict) or data.path is not None:
+        return False
+    try:
+        other = load_data(given)
+    except PTQError:
+        return False
+    return len(other) == len(data) and set(other.names) == set(data.names) and all(
+        np.array_equal(np.ravel(other.sample(i)[k]), np.ravel(data.sample(i)[k]))
+        for i in range(len(data)) for k in data.names)
