@@ -35,14 +35,17 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import sys
 import time
 from pathlib import Path
 
 from . import __version__, guard, params
+from . import cache as results_cache
 from .cache import through
 from .curves import configs_from, get_acc_error, plot_curves
 from .diagnosis import warning
+from .errors import PTQError, shown
 from .distribution import collect, draw_channelwise, draw_distribution
 from .distribution.readings import advise
 from .figures import kept_figure
@@ -92,8 +95,8 @@ def runall(model_or_file, calibrated_data=None, save_dir="ptq_debug_runall", met
     ranking on every sample (see :mod:`~pytest_ptq.screening`); distributions and curves use
     the ranking's samples, the weights/activations verdict every sample.
 
-    ``cache``: a :class:`~pytest_ptq.cache.ResultCache` that keeps each step's results
-    between runs (plots are drawn again from them).
+    ``cache``: a :class:`~pytest_ptq.cache.ResultCache`, or a folder, that keeps each
+    step's results between runs (plots are drawn again from them).
 
     Writes ``summary.md`` (the verdict), ``summary.json`` (everything below),
     ``sensitivity_<type>.json`` (reloadable with ``Sensitivity.load``), ``acc_error.png``,
@@ -108,10 +111,21 @@ def runall(model_or_file, calibrated_data=None, save_dir="ptq_debug_runall", met
         rank_samples = "all"  # asked for N samples: rank on all N
     start = time.perf_counter()
     engine = engine_for(model_or_file, calibrated_data, float_model=float_model)
+    cache = _cache_for(cache, engine)
     also = guard.Inputs().add(heldout if isinstance(heldout, (str, Path)) else None, "held-out data")
     with engine.writes(save_dir, also=also) as out:
         return _runall(engine, out, metrics, output_node, node_type, data_num, top, axis, progress,
                        average_mode, start, heldout, rank_samples, time_budget, cache)
+
+
+def _cache_for(cache, engine):
+    """``runall``'s ``cache`` argument as a ResultCache (or None): one, or a folder to keep
+    results in."""
+    if cache is None or isinstance(cache, results_cache.ResultCache):
+        return cache
+    if isinstance(cache, (str, os.PathLike)):
+        return results_cache.for_engine(cache, engine, option="cache")
+    raise PTQError(f"cache must be a folder to keep results in or a ResultCache, got {shown(cache)}")
 
 
 def _runall(engine, out, metrics, output_node, node_type, data_num, top, axis, progress, average_mode, start,

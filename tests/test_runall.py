@@ -307,3 +307,16 @@ def test_cli_runall_with_names_the_terminal_cannot_encode(setup, tmp_path):
     assert done.returncode == 0, done.stderr.decode("ascii", "replace")[-2000:]
     assert "## Verdict" in text and "\\u6a21\\u578b" in text  # 模型, escaped
     assert "Traceback" not in done.stderr.decode("ascii", "replace")
+
+
+def test_runall_keeps_results_in_a_folder_given_as_its_cache_and_refuses_other_values(setup, tmp_path):
+    from pytest_ptq.errors import PTQError
+
+    kept = tmp_path / "kept"
+    first = runall(setup["qa"], setup["folder"], save_dir=tmp_path / "a", top=1, progress=False, cache=str(kept))
+    assert any(kept.rglob("*.ptq-cache"))
+    again = runall(setup["qa"], setup["folder"], save_dir=tmp_path / "b", top=1, progress=False, cache=kept)
+    assert again["verdict"] == first["verdict"] and again["top_nodes"] == first["top_nodes"]
+    for bad in (True, 5):
+        with pytest.raises(PTQError, match="cache must be a folder to keep results in or a ResultCache"):
+            runall(setup["qa"], setup["folder"], save_dir=tmp_path / "c", progress=False, cache=bad)
