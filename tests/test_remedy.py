@@ -391,3 +391,21 @@ def test_the_options_read_from_a_model_quantize_it_again_the_same(tmp_path, opti
     for tensor, (scale, zp) in expected.items():
         assert got[tensor][1].dtype == zp.dtype and np.array_equal(got[tensor][1], zp), tensor
         np.testing.assert_allclose(got[tensor][0], scale, rtol=1e-6, err_msg=tensor)
+
+
+def test_onnxruntime_settings_take_one_name_or_an_engine_and_refuse_unknown_nodes(tmp_path):
+    from pytest_ptq.engine import Engine
+
+    data = builders.samples(2)
+    q = builders.quantize(builders.conv_net(tmp_path / "f.onnx"), tmp_path / "q.onnx", data)
+    qm = QuantModel(q)
+    name = next(c for c in qm.calibration.values() if c.kind == "activation").name
+    listed = onnxruntime_settings(qm, "float", [name])
+    # one name is that name, not its letters; an Engine stands for its model
+    assert onnxruntime_settings(qm, "float", name) == listed == onnxruntime_settings(Engine(q, data), "float", [name])
+    for bad in ("zz", "conv1"):  # no node, a node that is no calibration node
+        with pytest.raises(PTQError, match=f"unknown calibration node '{bad}'"):
+            onnxruntime_settings(qm, "float", [bad])
+    for bad in (None, [1]):
+        with pytest.raises(PTQError, match="remedy settings .* cannot be read"):
+            quantize_static_kwargs(bad)

@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from .. import params
 from ..errors import PTQError, unknown
 from ..model.align import float_source
 from .result import MIXED, REMEDIES
@@ -76,9 +77,13 @@ def onnxruntime_settings(qmodel, remedy, nodes, axes=None, choices=None):
     """
     if remedy not in REMEDIES + (MIXED,):
         raise unknown("remedy", remedy, REMEDIES + (MIXED,))
+    qmodel = getattr(qmodel, "qmodel", qmodel)  # an Engine's model
     axes, choices = axes or {}, choices or {}
     exclude, overrides, sim_only, per_channel = set(), {}, [], False
+    nodes = params.names(nodes, "nodes") or []
     for name in nodes:
+        if name not in qmodel.calibration:
+            raise unknown("calibration node", name, list(qmodel.calibration))
         c = qmodel.calibration[name]
         kind = choices.get(name, remedy)
         if kind not in REMEDIES:
@@ -119,7 +124,7 @@ def quantize_static_kwargs(settings):
     if not isinstance(settings, dict):
         try:
             settings = json.loads(Path(settings).read_text(encoding="utf-8"))
-        except (OSError, ValueError) as exc:
+        except (OSError, ValueError, TypeError) as exc:
             raise PTQError(f"remedy settings {str(settings)!r} cannot be read ({type(exc).__name__}); "
                            "write them with ptq-debug suggest") from None
     overrides = {}
