@@ -128,8 +128,8 @@ def localize_stages(float_model, calibrated_model, calibrated_data, metrics=("co
         qm = engine.qmodel
         data = load_data(engine.data if calibrated_data is None else calibrated_data, qm, data_num)
         if engine.float_model is None:  # the bypassed stage needs the float weights
-            engine = Engine(QuantModel(qm.model, float_model=fmodel, shared=qm.shared), data, check=False,
-                            custom_op_libraries=engine.libraries)
+            engine = Engine(QuantModel(qm.model, float_model=fmodel, shared=qm.shared), data,
+                            float_model=fpath or fmodel, custom_op_libraries=engine.libraries)
     else:
         try:
             qm = QuantModel(calibrated_model, float_model=fmodel)
@@ -140,7 +140,8 @@ def localize_stages(float_model, calibrated_model, calibrated_data, metrics=("co
                                "first, then the calibrated one") from None
             raise
         data = load_data(calibrated_data, qm, data_num)
-        engine = Engine(qm, data, check=False)
+        # checked against the float model: another model's outputs would read as a rewrite
+        engine = Engine(qm, data, float_model=fpath or fmodel)
     qmodel = qm.model
     inputs = (guard.Inputs().add(fpath, "float model").add(qm.path, "model file")
               .add(getattr(data, "path", None), "calibration data"))

@@ -235,6 +235,12 @@ def test_models_that_do_not_belong_together(models, tmp_path):
         localize_stages(str(models["float"]), str(models["qdq"]), models["data"], output_node="r1")
     with pytest.raises(PTQError, match="the two look swapped; give the float model first"):
         localize_stages(str(models["qdq"]), str(models["float"]), models["data"])
+    # the same graph with other weights: its outputs differ from the first stage on, which read
+    # as the quantizer's rewrite of the graph; it is another model
+    retrained = builders.conv_net(tmp_path / "retrained.onnx", seed=5)
+    with pytest.raises(PTQError, match=r"does not reproduce the float model .*retrained.onnx.*check that it is the "
+                       "model this one was quantized from"):
+        localize_stages(str(retrained), str(models["qdq"]), models["data"])
 
 
 def test_cli_stages(models, tmp_path, capsys):
