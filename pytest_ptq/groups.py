@@ -13,6 +13,7 @@ from collections import deque
 from .engine import engine_for
 from .errors import PTQError, shown, unknown
 from .metrics import get_metrics
+from .model import QuantModel
 from .outputs import parse_outputs
 from .sensitivity import rank_configs, sample_indices
 
@@ -37,7 +38,14 @@ class Subgraph:
 
 
 def subgraph_nodes(qmodel, start, end, weights=True):
-    """Names of the calibration nodes between tensors ``start`` and ``end``, graph order."""
+    """Names of the calibration nodes between tensors ``start`` and ``end``, graph order.
+    ``qmodel``: a QuantModel, an Engine, or the model's path or ModelProto."""
+    qmodel = getattr(qmodel, "qmodel", qmodel)  # an Engine's model
+    if not isinstance(qmodel, QuantModel):
+        qmodel = QuantModel(qmodel)
+    for what, t in (("start", start), ("end", end)):
+        if not isinstance(t, str):
+            raise PTQError(f"a subgraph's {what} must be one tensor name, got {shown(t)}")
     graph = qmodel.model.graph
     tensors = set(qmodel.producer) | set(qmodel.input_names)
     for t in (start, end):

@@ -78,6 +78,8 @@ def test_subgraph_holds_the_pairs_between_two_tensors(net):
                           "c2_QuantizeLinear", "a2_QuantizeLinear"}
     assert set(subgraph_nodes(qm, "r1", "r2", weights=False)) == {"r1_QuantizeLinear", "c2_QuantizeLinear",
                                                                    "a2_QuantizeLinear"}
+    # the model as every other function takes it: an Engine, a path
+    assert subgraph_nodes(net["engine"], "r1", "r2") == subgraph_nodes(str(net["qdq"]), "r1", "r2") == names
 
 
 def test_subgraph_errors_name_the_tensor(net):
@@ -86,6 +88,8 @@ def test_subgraph_errors_name_the_tensor(net):
         subgraph_nodes(qm, "r3", "r2")
     with pytest.raises(PTQError, match="does not depend on"):
         subgraph_nodes(qm, "r2", "r1")
+    with pytest.raises(PTQError, match=r"a subgraph's start must be one tensor name, got \['r1'\]"):
+        subgraph_nodes(qm, ["r1"], "r2")
 
 
 def test_group_value_equals_the_block_quantized_alone(net):
