@@ -62,7 +62,11 @@ def configs_from(engine, quantize_node=None, non_quantize_node=None):
     spec, invert = (quantize_node, False) if quantize_node is not None else (non_quantize_node, True)
     if spec is None:
         return {"all quantized": every}
-    spec = params.names(spec, "non_quantize_node" if invert else "quantize_node", nested=True)
+    what = "non_quantize_node" if invert else "quantize_node"
+    spec = params.names(spec, what, nested=True)
+    if not spec:  # no config: an empty figure
+        raise PTQError(f"{what} is empty; give 'weight', 'activation', node names or lists of them, or leave it out "
+                       "for the model with every node quantized")
     configs = {}
     for entry in spec:
         if isinstance(entry, str) and entry in KINDS:
@@ -212,7 +216,7 @@ def plot_acc_error(save_dir, calibrated_data=None, model_or_file=None, quantize_
     with engine.writes(save_dir) as out:
         configs = configs_from(engine, quantize_node, non_quantize_node)
         curves = get_acc_error(engine, configs, metric, data_num, local=local, progress=progress)
-        curves.average_mode = average_mode
+        curves.average_mode = params.flag(average_mode, "average_mode")
         words = ("".join(ch if ch.isalnum() else "-" for ch in label).strip("-") for label in configs)
         name = filename or f"acc_error_{file_stem('_'.join(words), 80)}.png"
         curves.png = str(plot_curves(curves, out / name))

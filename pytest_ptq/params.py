@@ -15,6 +15,8 @@ import numbers
 import os
 from pathlib import Path
 
+import numpy as np
+
 from .errors import PTQError, shown, unknown
 
 NODE_TYPES = ("node", "weight", "activation")
@@ -115,6 +117,25 @@ def auto_count(value, what):
         return positive_int(value, what)
     except PTQError:
         raise _fail(what, f"must be 'auto' or a whole number >= 1, got {shown(value)}") from None
+
+
+def flag(value, what):
+    """True or False (numpy's too); text such as "no" is refused rather than read as true."""
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    raise _fail(what, f"must be True or False, got {shown(value)}")
+
+
+def providers(value, what="providers"):
+    """None, or onnxruntime execution providers as a list of names: one name or a list of them
+    (a string is one provider, not its letters)."""
+    if value is None:
+        return None
+    items = [value] if isinstance(value, str) else value
+    if not isinstance(items, (list, tuple)) or not items or not all(isinstance(p, str) and p for p in items):
+        raise _fail(what, f"must be an execution provider's name such as 'CPUExecutionProvider' or a list of them, "
+                    f"got {shown(value)}")
+    return list(items)
 
 
 def number(value, what):

@@ -161,7 +161,7 @@ def localize_stages(float_model, calibrated_model, calibrated_data, metrics=("co
     if save_dir is not None:
         guard.makedirs(save_dir)
         optimized = inputs.check(guard.claim(save_dir / "optimized_float_model.onnx"), "the optimised float model")
-    providers = providers or ["CPUExecutionProvider"]
+    providers = params.providers(providers) or ["CPUExecutionProvider"]
     what = "the model for stage comparison"
     libs = calibrated_model.libraries if isinstance(calibrated_model, Engine) else ()
     sessions = {

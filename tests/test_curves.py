@@ -362,3 +362,20 @@ def test_segment_by_segment_equals_one_session_exposing_every_node(zoo, segments
     np.testing.assert_allclose([v for v in got.local if v is not None], [v for v in want.local if v is not None],
                                rtol=0, atol=1e-6)
     assert min(want.values["all"]) < 1 - 1e-5 and want.values["none"] == [1.0] * len(want.nodes)
+
+
+def test_arguments_that_would_draw_nothing_or_read_text_as_true_are_refused(setup, tmp_path):
+    engine = setup.engine
+    with pytest.raises(PTQError, match="quantize_node is empty; give 'weight', 'activation', node names"):
+        plot_acc_error(tmp_path, model_or_file=engine, quantize_node=[], progress=False)
+    with pytest.raises(PTQError, match="average_mode must be True or False, got 'no'"):
+        plot_acc_error(tmp_path, model_or_file=engine, average_mode="no", progress=False)
+    assert not any(tmp_path.iterdir())  # refused before anything was drawn
+    for bad, words in ((dict(segments="x"), "segments must be a whole number"),
+                       (dict(alternatives=5), "alternatives must map calibration nodes"),
+                       (dict(check="no"), "check must be True or False"),
+                       (dict(providers=["CPUExecutionProvider", 3]), "providers must be an execution provider's name")):
+        with pytest.raises(PTQError, match=words):
+            Engine(setup.qpath, setup.data, **bad)
+    # one provider's name is that provider, not its letters
+    assert Engine(setup.qpath, providers="CPUExecutionProvider").providers == ["CPUExecutionProvider"]

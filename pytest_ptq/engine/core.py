@@ -102,13 +102,16 @@ class Engine:
         self.shared = runtime.SharedWeights(self.qmodel.shared, low_memory=memory == "low" or (
             memory == "auto" and shares_weights(self.qmodel)))
         self.optimization = runtime.check_level(optimization)
-        self.providers = providers or runtime.default_providers()
+        self.providers = params.providers(providers) or runtime.default_providers()
         self.workers = workers = params.auto_count(workers, "workers")
         count = default_count(self.providers, self.shared.low_memory, runtime.all_cores()) \
             if workers == "auto" else workers
         self._workers = Workers(count, limit=runtime.spare_cores if workers == "auto" else None)
         self.data = load_data(calibrated_data, self.qmodel, data_num) if calibrated_data is not None else None
         self.calib_names = [c.name for c in self.qmodel.calibration.values() if c.bypassable]
+        if alternatives is not None and not isinstance(alternatives, dict):
+            raise PTQError(f"alternatives must map calibration nodes to their second fake-quant, got "
+                           f"{type(alternatives).__name__}")
         alternatives = dict(alternatives or {})
         for name in alternatives:
             if name not in self.calib_names:
@@ -119,7 +122,7 @@ class Engine:
         self._all_off = dict.fromkeys(self._gates.feed_names(), self._false)
         self._known = set(self._gates.flags) | set(self.qmodel.calibration)
         self._sessions = {}
-        self._segments_count = segments
+        self._segments_count = None if segments is None else params.whole(segments, "segments", minimum=0)
         self._segments = None
         self._last_sample = None
         self._ref_cache, self._ref_bytes = {}, 0
@@ -142,7 +145,7 @@ class Engine:
                 "weights are stored already quantized (DequantizeLinear only) and no float model was "
                 "given: weight analyses compare against the dequantized weight; pass the float model "
                 "or quantize with extra_options={'AddQDQPairToWeight': True} for float weights")
-        if check and self.data is not None:
+        if params.flag(check, "check") and self.data is not None:
             self.check_float_equivalence()
 
     # -- what can be switched ------------------------------------------------------------
