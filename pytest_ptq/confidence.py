@@ -51,6 +51,9 @@ class Confidence(JsonResult):
         return [{"node": n, **v} for n, v in self.nodes.items()]
 
 
+MAX_RESAMPLES = 20000
+
+
 def ranking_confidence(sensitivity, k=5, resamples=1000, seed=0, metric=None, stable_at=0.9,
                        annotate=True):
     """Bootstrap the per-sample values of a :class:`Sensitivity` over samples.
@@ -62,6 +65,9 @@ def ranking_confidence(sensitivity, k=5, resamples=1000, seed=0, metric=None, st
     """
     k = params.positive_int(k, "k")
     resamples = params.positive_int(resamples, "resamples")
+    if resamples > MAX_RESAMPLES:
+        raise PTQError(f"resamples must be at most {MAX_RESAMPLES} (a 5-95% interval settles within a few "
+                       f"thousand), got {resamples}")
     seed = params.whole(seed, "seed", minimum=0)
     stable_at = params.fraction(stable_at, "stable_at")
     if not isinstance(sensitivity, Sensitivity):
@@ -99,7 +105,9 @@ def ranking_confidence(sensitivity, k=5, resamples=1000, seed=0, metric=None, st
     if n_samples >= 2:
         rng = np.random.default_rng(seed)
         picks = rng.integers(0, n_samples, size=(int(resamples), n_samples))
-        boot = keyed[:, picks].mean(axis=2)  # [nodes, resamples], lower key = more sensitive
+        # [nodes, resamples], lower key = more sensitive; in chunks, as [nodes, chunk, samples]
+        # is the largest array
+        boot = np.concatenate([keyed[:, picks[r:r + 256]].mean(axis=2) for r in range(0, len(picks), 256)], axis=1)
         boot_rank = np.argsort(np.argsort(boot, axis=0, kind="stable"), axis=0, kind="stable") + 1
         in_top = boot_rank <= k
         top_set = set(order[:k].tolist())

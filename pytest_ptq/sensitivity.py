@@ -102,7 +102,9 @@ class Sensitivity(dict):
         return rows
 
     def table(self, limit=None):
-        """The seed's table: node, metrics, then threshold/bit (activation) and fed nodes."""
+        """The seed's table: node, metrics, then threshold/bit (activation) and fed nodes;
+        ``limit``: the first that many rows (None: all)."""
+        limit = None if limit is None else params.whole(limit, "limit", minimum=0)
         cols = ["node"] + list(self.metrics)
         if self.node_type == "activation":
             cols += ["threshold", "bit"]
@@ -133,6 +135,15 @@ class Sensitivity(dict):
 
     @classmethod
     def from_dict(cls, d):
+        """The ranking :meth:`to_dict` wrote; anything else is refused in one sentence."""
+        try:
+            return cls._from_dict(d)
+        except (KeyError, TypeError, AttributeError, ValueError) as exc:
+            raise PTQError(f"not a saved sensitivity ranking ({type(exc).__name__}: {shown(str(exc))}); pass what "
+                           "Sensitivity.to_dict returned, or read a file with Sensitivity.load") from None
+
+    @classmethod
+    def _from_dict(cls, d):
         s = cls(node_type=d["node_type"], metrics=d["metrics"], outputs=d.get("outputs", []),
                 samples=d.get("samples", 0), model=d.get("model", ""),
                 details={k: json_restore(v) for k, v in d.get("details", {}).items()},
@@ -144,7 +155,7 @@ class Sensitivity(dict):
     @classmethod
     def load(cls, path):
         try:
-            return cls.from_dict(json.loads(Path(path).read_text(encoding="utf-8")))
+            return cls._from_dict(json.loads(Path(path).read_text(encoding="utf-8")))
         except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
             # a JSON list, a number or a nesting deeper than Python's stack instead of a saved ranking
             raise PTQError(f"sensitivity file {str(path)!r} cannot be read ({type(exc).__name__}: "

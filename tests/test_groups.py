@@ -172,6 +172,31 @@ def test_confidence_needs_per_sample_values():
         ranking_confidence(s)
 
 
+def test_confidence_in_chunks_is_the_same_and_a_resample_count_that_fills_the_memory_is_refused():
+    s = _sens({"a": [0.5] * 10, "b": [0.90, 0.99] * 5, "c": [0.99, 0.90] * 5, "d": [0.9999] * 10})
+    # 1000 resamples run in chunks of 256: the same draws, so the frequencies of one array
+    freq = ranking_confidence(s, k=2, resamples=1000).nodes["b"]["top_k_frequency"]
+    rng = np.random.default_rng(0)
+    picks = rng.integers(0, 10, size=(1000, 10))
+    b, c = np.asarray([0.90, 0.99] * 5)[picks].mean(axis=1), np.asarray([0.99, 0.90] * 5)[picks].mean(axis=1)
+    assert freq == np.mean(b <= c)  # a tie goes to b, listed first
+    with pytest.raises(PTQError, match="resamples must be at most 20000"):
+        ranking_confidence(s, resamples=10**9)
+
+
+def test_a_ranking_from_anything_but_to_dict_is_one_sentence_and_a_table_limit_a_count():
+    with pytest.raises(PTQError, match="not a saved sensitivity ranking .*Sensitivity.to_dict"):
+        Sensitivity.from_dict({})
+    with pytest.raises(PTQError, match="not a saved sensitivity ranking"):
+        Sensitivity.from_dict(None)
+    s = _sens({"a": [0.5, 0.6], "b": [0.9, 0.8]})
+    assert Sensitivity.from_dict(s.to_dict()) == s
+    for bad in (-1, "two", 1.5):
+        with pytest.raises(PTQError, match="limit must be"):
+            s.table(bad)
+    assert "... 1 more" in s.table(1) and s.table("1") == s.table(1)
+
+
 # -- command line -------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def folder(net, tmp_path_factory):
