@@ -409,3 +409,13 @@ def test_onnxruntime_settings_take_one_name_or_an_engine_and_refuse_unknown_node
     for bad in (None, [1]):
         with pytest.raises(PTQError, match="remedy settings .* cannot be read"):
             quantize_static_kwargs(bad)
+
+
+def test_a_search_takes_one_metric_and_a_target_in_its_range(tmp_path):
+    data = builders.samples(2)
+    q = builders.quantize(builders.conv_net(tmp_path / "f.onnx"), tmp_path / "q.onnx", data)
+    for kw, words in ((dict(metric=["mse", "l1"], target=0.1), "a metric must be a name"),
+                      (dict(metric="mse", target=-1), "target must be >= 0 for mse, an error"),
+                      (dict(metric="cos", target=2), r"target must lie in \[-1, 1\] for cosine-similarity")):
+        with pytest.raises(PTQError, match=words):
+            suggest_remedy(q, data, progress=False, requantize_check=False, **kw)

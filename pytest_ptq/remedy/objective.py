@@ -69,7 +69,7 @@ def objective_for(metric, target, specs, evaluate=None, min_ratio=None):
     it: the task score must reach ``target``, or ``min_ratio`` times the float score
     (default 0.99 when neither is given); ``metric`` then only ranks the nodes.
     """
-    guide = get_metrics(metric)[0]
+    guide = get_metrics(params.metric(metric))[0]  # one metric: a search reaches one target
     if evaluate is None:
         if min_ratio is not None:
             raise PTQError("min_ratio is a share of the float model's task score; give evaluate= with it, "
@@ -78,10 +78,8 @@ def objective_for(metric, target, specs, evaluate=None, min_ratio=None):
             if guide.name != COSINE:
                 raise PTQError(f"give a target for {guide.name}; only cosine similarity has a default (0.99)")
             target = 0.99
-        target = _number(target, "target")
-        if guide.unit and not -1 <= target <= 1:
-            raise PTQError(f"a {guide.name} target must lie in [-1, 1], got {target}")
-        return Objective(guide, guide, specs, target=target)
+        _number(target, "target")
+        return Objective(guide, guide, specs, target=params.threshold(target, guide.name, "target"))
     if not callable(evaluate):
         raise PTQError(f"evaluate must be a function evaluate(run, data) -> float, got {evaluate!r}")
     if target is not None and min_ratio is not None:
