@@ -100,7 +100,8 @@ def runall(model_or_file, calibrated_data=None, save_dir="ptq_debug_runall", met
 
     Writes ``summary.md`` (the verdict), ``summary.json`` (everything below),
     ``sensitivity_<type>.json`` (reloadable with ``Sensitivity.load``), ``acc_error.png``,
-    ``distributions/*.png`` and ``channelwise/*.png``. Returns the summary dict; its
+    ``distributions/*.png`` and ``channelwise/*.png`` (where an earlier runall into the same
+    folder drew figures this one does not, they go). Returns the summary dict; its
     ``files`` entry holds the paths written.
     """
     top = params.positive_int(top, "top")
@@ -116,6 +117,18 @@ def runall(model_or_file, calibrated_data=None, save_dir="ptq_debug_runall", met
     with engine.writes(save_dir, also=also) as out:
         return _runall(engine, out, metrics, output_node, node_type, data_num, top, axis, progress,
                        average_mode, start, heldout, rank_samples, time_budget, cache)
+
+
+def _drop_stale(folder, kept):
+    """Remove the figures an earlier runall drew into ``folder`` (its own names, ``*_*.png``)
+    that this one did not: a rerun with a smaller ``top`` left them beside a summary that
+    lists fewer."""
+    kept = {Path(p).name for p in kept}
+    stem = "distribution_" if folder.name == "distributions" else "channelwise_"
+    for old in folder.glob(stem + "*.png") if folder.is_dir() else ():
+        if old.name not in kept:
+            with contextlib.suppress(OSError):
+                old.unlink()
 
 
 def _cache_for(cache, engine):
@@ -192,6 +205,8 @@ def _runall(engine, out, metrics, output_node, node_type, data_num, top, axis, p
                                        lambda folder, d=d: draw_channelwise(d, folder))
         files["distributions"] = [d["png"] for d in dist.values()]
         files["channelwise"] = [d["png"] for d in boxes.values() if "skipped" not in d]
+        for kind in ("distributions", "channelwise"):
+            _drop_stale(out / kind, files[kind])
 
     with _step(timings, "curves", f"[3/{steps}] weight-only, activation-only and full error curves",
                progress):

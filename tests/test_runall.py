@@ -4,6 +4,7 @@ models in plain onnxruntime sessions, one engine for every step, and its command
 from __future__ import annotations
 
 import json
+from pathlib import Path
 import os
 
 import numpy as np
@@ -320,3 +321,16 @@ def test_runall_keeps_results_in_a_folder_given_as_its_cache_and_refuses_other_v
     for bad in (True, 5):
         with pytest.raises(PTQError, match="cache must be a folder to keep results in or a ResultCache"):
             runall(setup["qa"], setup["folder"], save_dir=tmp_path / "c", progress=False, cache=bad)
+
+
+def test_a_rerun_into_the_same_folder_leaves_only_its_own_figures(setup, tmp_path):
+    out = tmp_path / "again"
+    runall(setup["qa"], setup["folder"], save_dir=out, top=3, progress=False)
+    mine = out / "distributions" / "mine.png"  # a file of the user's own, not runall's name
+    mine.write_bytes(b"x")
+    summary = runall(setup["qa"], setup["folder"], save_dir=out, top=1, progress=False)
+    for kind in ("distributions", "channelwise"):
+        listed = {Path(p).name for p in summary["files"][kind]}
+        drawn = {p.name for p in (out / kind).glob("*.png")} - {"mine.png"}
+        assert drawn == listed
+    assert mine.read_bytes() == b"x"
