@@ -44,6 +44,7 @@ from . import __version__, guard, params
 from . import cache as results_cache
 from .cache import through
 from .curves import configs_from, get_acc_error, plot_curves
+from .data import load_data
 from .diagnosis import warning
 from .errors import PTQError, shown
 from .distribution import collect, draw_channelwise, draw_distribution
@@ -113,6 +114,8 @@ def runall(model_or_file, calibrated_data=None, save_dir="ptq_debug_runall", met
     start = time.perf_counter()
     engine = engine_for(model_or_file, calibrated_data, float_model=float_model)
     cache = _cache_for(cache, engine)
+    if heldout is not None:  # refused before the work, not after the rankings
+        load_data(heldout, engine.qmodel, role="held-out")
     also = guard.Inputs().add(heldout if isinstance(heldout, (str, Path)) else None, "held-out data")
     with engine.writes(save_dir, also=also) as out:
         return _runall(engine, out, metrics, output_node, node_type, data_num, top, axis, progress,

@@ -200,6 +200,10 @@ def test_bad_arguments(setup, tmp_path):
         runall(setup["qa"], setup["data"], save_dir=tmp_path, top=0, progress=False)
     with pytest.raises(PTQError, match="unknown node_type 'weights'"):
         runall(setup["qa"], setup["data"], save_dir=tmp_path, node_type="weights", progress=False)
+    # held-out data that cannot be read: said before the rankings, with nothing written
+    with pytest.raises(PTQError, match="held-out data .*missing' does not exist"):
+        runall(setup["qa"], setup["data"], save_dir=tmp_path / "out", heldout=tmp_path / "missing", progress=False)
+    assert not (tmp_path / "out").exists()
 
 
 def test_cli_runall(setup, tmp_path, capsys):
