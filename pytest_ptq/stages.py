@@ -29,7 +29,7 @@ import numpy as np
 from . import guard, params
 from .data import load_data, overflows
 from .engine import Engine
-from .engine.runtime import make_session, run
+from .engine.runtime import asked_providers, make_session, run
 from .engine.sanity import spread
 from .errors import NotQuantized, PTQError
 from .kernels import as_uint8_weights, saturation_cause
@@ -161,7 +161,7 @@ def localize_stages(float_model, calibrated_model, calibrated_data, metrics=("co
     if save_dir is not None:
         guard.makedirs(save_dir)
         optimized = inputs.check(guard.claim(save_dir / "optimized_float_model.onnx"), "the optimised float model")
-    providers = params.providers(providers) or ["CPUExecutionProvider"]
+    providers = asked_providers(providers) or ["CPUExecutionProvider"]
     what = "the model for stage comparison"
     libs = calibrated_model.libraries if isinstance(calibrated_model, Engine) else ()
     sessions = {

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 import builders
+from pytest_ptq.errors import PTQError
 from pytest_ptq.engine import Engine
 from pytest_ptq.engine.runtime import cuda_usable
 from pytest_ptq.sensitivity import get_sensitivity_of_nodes
@@ -72,5 +73,17 @@ def test_a_listed_cuda_provider_that_does_not_run_leaves_the_cpu(monkeypatch):
     try:
         assert runtime.cuda_usable() is False
         assert runtime.default_providers() == ["CPUExecutionProvider"]
+        # asked for by name, it is refused rather than quietly run on the CPU
+        with pytest.raises(PTQError, match="CUDAExecutionProvider is installed but does not run here"):
+            runtime.asked_providers(["CUDAExecutionProvider", "CPUExecutionProvider"])
     finally:
         runtime.cuda_usable.cache_clear()
+
+
+def test_a_provider_this_onnxruntime_lacks_is_refused_and_one_name_is_one_provider():
+    from pytest_ptq.engine import runtime
+
+    with pytest.raises(PTQError, match="execution provider NoSuchExecutionProvider is not in this onnxruntime"):
+        runtime.asked_providers(["NoSuchExecutionProvider"])
+    assert runtime.asked_providers("CPUExecutionProvider") == ["CPUExecutionProvider"]
+    assert runtime.asked_providers(None) is None

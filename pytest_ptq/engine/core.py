@@ -102,7 +102,7 @@ class Engine:
         self.shared = runtime.SharedWeights(self.qmodel.shared, low_memory=memory == "low" or (
             memory == "auto" and shares_weights(self.qmodel)))
         self.optimization = runtime.check_level(optimization)
-        self.providers = params.providers(providers) or runtime.default_providers()
+        self.providers = runtime.asked_providers(providers) or runtime.default_providers()
         self.workers = workers = params.auto_count(workers, "workers")
         count = default_count(self.providers, self.shared.low_memory, runtime.all_cores()) \
             if workers == "auto" else workers

@@ -12,6 +12,7 @@ import os
 import warnings
 import weakref
 
+from .. import params
 from ..errors import PTQError, unknown
 
 LEVELS = {"disable": "ORT_DISABLE_ALL", "basic": "ORT_ENABLE_BASIC",
@@ -33,6 +34,25 @@ def default_providers():
     if cuda_usable():
         return ["CUDAExecutionProvider", "CPUExecutionProvider"]
     return ["CPUExecutionProvider"]
+
+
+def asked_providers(providers):
+    """The execution providers a caller named (:func:`~pytest_ptq.params.providers`), or None
+    when none was: refused where this onnxruntime lacks one, or has CUDA's but it cannot run
+    here, rather than onnxruntime's quiet fallback to the CPU."""
+    providers = params.providers(providers)
+    if providers is None:
+        return None
+    available = ort().get_available_providers()
+    missing = [p for p in providers if p not in available]
+    if missing:
+        raise PTQError(f"execution provider {', '.join(missing)} is not in this onnxruntime (it has "
+                       f"{', '.join(available)}); install the build that has it (onnxruntime-gpu for CUDA), or leave "
+                       "providers out for the best one here")
+    if "CUDAExecutionProvider" in providers and not cuda_usable():
+        raise PTQError("CUDAExecutionProvider is installed but does not run here (no GPU, or CUDA's libraries are "
+                       "missing); leave providers out to run on the CPU")
+    return providers
 
 
 @functools.cache
