@@ -40,9 +40,11 @@ def configure(p):
     p.add_argument("--heldout", default=None, metavar="DIR",
                    help="held-out data in the same layout, to check that the calibration set represents it")
     p.add_argument("--expect-mean", type=a.number, nargs="+", default=None, metavar="M",
-                   help="per-channel means correctly preprocessed data should have (e.g. 0 0 0 after normalisation)")
+                   help="per-channel means correctly preprocessed data should have (e.g. 0 0 0 after normalisation; "
+                   "one number stands for every channel)")
     p.add_argument("--expect-std", type=a.number, nargs="+", default=None, metavar="S",
-                   help="per-channel standard deviations correctly preprocessed data should have")
+                   help="per-channel standard deviations correctly preprocessed data should have (one number: every "
+                   "channel)")
     p.add_argument("--metric", default="cosine-similarity",
                    help="metric for the held-out comparison. Default: cosine-similarity")
     p.add_argument("--threshold", type=a.number, default=None,
