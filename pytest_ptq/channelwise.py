@@ -13,8 +13,10 @@ Channel axis, when not given:
    BatchNormalization, ...), the last axis when it is MatMul/Gemm/LayerNormalization;
 4. otherwise, the axis of a Concat that wrote the tensor (seen through Q/DQ) from parts whose
    magnitudes differ 10x or more (``[1, 4 + classes, anchors]`` of a YOLOv8 head, boxes in
-   pixels beside scores in 0..1), else 1 for rank >= 4 (NCHW) and the last axis for rank 2
-   and 3 ([N, C] and the transformer layout [B, T, C]);
+   pixels beside scores in 0..1); else rule 3 for the nearest such op reached through ops
+   that keep the layout (elementwise ops, Slice, Pad: a Conv1d's ``[N, C, T]`` output
+   behind a Slice and a Pow keeps its channels on axis 1); else 1 for rank >= 4 (NCHW) and
+   the last axis for rank 2 and 3 ([N, C] and the transformer layout [B, T, C]);
 5. a tensor of rank below 2 has no channel axis: pass ``axis`` explicitly.
 
 Memory: exact per-channel count, min, max, mean and max |x|; quartiles and whiskers come
@@ -47,6 +49,13 @@ _CHANNEL_FIRST = {"Conv", "ConvTranspose", "BatchNormalization", "InstanceNormal
                   "Resize", "Upsample", "DepthToSpace", "SpaceToDepth", "PRelu", "LRN",
                   "GroupNormalization", "ConvInteger", "QLinearConv"}
 _CHANNEL_LAST = {"MatMul", "Gemm", "LayerNormalization", "MatMulInteger", "QLinearMatMul"}
+# Ops whose output keeps its input's layout (elementwise, a Slice, a Pad, the Q/DQ pairs):
+# a tensor reached through them has the channels of the op that set that layout.
+_KEEPS_LAYOUT = {"Relu", "Clip", "LeakyRelu", "PRelu", "Sigmoid", "HardSigmoid", "HardSwish", "Tanh", "Elu",
+                 "Selu", "Softplus", "Erf", "Gelu", "Abs", "Neg", "Sqrt", "Exp", "Log", "Reciprocal", "Pow", "Add",
+                 "Sub", "Mul", "Div", "Max", "Min", "Slice", "Pad", "Identity", "Cast", "Dropout",
+                 "QuantizeLinear", "DequantizeLinear"}
+LAYOUT_HOPS = 8  # tensors walked from a calibration input looking for the op that set its layout
 
 
 def channel_axis(qm, c, shape, axis=None, value=None):
@@ -93,9 +102,34 @@ def channel_axis(qm, c, shape, axis=None, value=None):
     found = unlike(value, layouts(qm, c.input)) if value is not None else None
     if found is not None:
         return found[0]  # a detector's boxes beside its scores: the parts are what differ
+    through = _layout_through(qm, c.input)
+    if through is not None:
+        return 1 if through == "first" else rank - 1
     if rank == 4 and c.input in qm.input_names:  # an image as given: NHWC data is common there
         return image_channel_axis(shape)
     return 1 if rank >= 4 else rank - 1
+
+
+def _layout_through(qm, tensor):
+    """``"first"`` or ``"last"``: where the channels are, as the nearest op that sets a layout
+    tells, walking from ``tensor`` through ops that keep it (a Conv's output behind a Slice
+    and a Pow is still channels-first), up and down the graph; None when none is reached."""
+    weights = {i.name for i in qm.model.graph.initializer}
+    seen, frontier = {tensor}, [tensor]
+    for _ in range(LAYOUT_HOPS):
+        ahead = []
+        for t in frontier:
+            for node in ([qm.producer[t]] if t in qm.producer else []) + list(qm.consumers.get(t, ())):
+                if node.op_type in _CHANNEL_FIRST:
+                    return "first"
+                if node.op_type in _CHANNEL_LAST:
+                    return "last"
+                if node.op_type in _KEEPS_LAYOUT:
+                    fresh = [x for x in (*node.input, *node.output) if x and x not in seen and x not in weights]
+                    seen.update(fresh)
+                    ahead += fresh
+        frontier = ahead
+    return None
 
 
 def image_channel_axis(dims):

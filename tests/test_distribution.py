@@ -607,3 +607,35 @@ def test_long_and_cjk_node_names_get_files_of_their_own_and_draw_where_warnings_
     pngs = [res[name]["png"] for name in renamed.values()]
     assert len(set(pngs)) == 2 and all(_is_png(p) for p in pngs)
     assert all(len(Path(p).name) <= 140 for p in pngs)
+
+
+def test_a_conv1d_output_behind_a_slice_and_elementwise_ops_keeps_its_channel_axis(tmp_path):
+    """[N, C, T] from a Conv1d, then a Slice, a Mul and an Add (a spectrogram's magnitude):
+    the Slice's and Mul's outputs were boxed by their time frames (the rank-3 default)."""
+    helper = onnx.helper
+    rng = np.random.default_rng(4)
+    w = rng.standard_normal((8, 2, 3)).astype(np.float32)
+    w[5] *= 40  # one channel far wider: the box plot by channel must show it
+    graph = helper.make_graph([
+        helper.make_node("Conv", ["x", "w"], ["c"]),
+        helper.make_node("Slice", ["c", "starts", "ends", "axes"], ["s"]),
+        helper.make_node("Mul", ["s", "s"], ["m"]),
+        helper.make_node("Add", ["m", "eps"], ["y"])], "conv1d",
+        [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 2, 32])],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)],
+        [onnx.numpy_helper.from_array(w, "w"), onnx.numpy_helper.from_array(np.array([0], np.int64), "starts"),
+         onnx.numpy_helper.from_array(np.array([2**62], np.int64), "ends"),
+         onnx.numpy_helper.from_array(np.array([2], np.int64), "axes"),
+         onnx.numpy_helper.from_array(np.array(1e-3, np.float32), "eps")])
+    fp = tmp_path / "conv1d.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), fp)
+    data = {"x": [rng.standard_normal((1, 2, 32)).astype(np.float32) for _ in range(3)]}
+    q = builders.quantize(fp, tmp_path / "conv1d_q.onnx", data)
+    engine = Engine(str(q), data, float_model=str(fp))
+    qm = engine.qmodel
+    inputs = {c.input: c.name for c in qm.calibration.values() if c.is_activation}
+    assert {"c", "m"} <= set(inputs)  # the Conv's and the Mul's outputs are quantized
+    for tensor in ("c", "m"):
+        assert channelwise.channel_axis(qm, qm.calibration[inputs[tensor]], (1, 8, 30)) == 1, tensor
+    [box] = get_channelwise_data_distribution(tmp_path / "box", engine, nodes_list=[inputs["m"]]).values()
+    assert box["axis"] == 1 and box["channels"] == 8 and 5 in box["outlier_channels"]
