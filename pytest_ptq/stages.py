@@ -211,7 +211,8 @@ def localize_stages(float_model, calibrated_model, calibrated_data, metrics=("co
     stages = [rows[k] for k in shown]
     cause = kernel_cause(engine, specs, providers)
     first_drop, message = verdict({k: rows[k]["values"][first.name] for k in shown},
-                                  rows["kernel-gap"]["values"][first.name], first.name, threshold, cause=cause)
+                                  rows["kernel-gap"]["values"][first.name], first.name, threshold, cause=cause,
+                                  rewrite=_rewrite_cause(engine))
     return read_from(StageReport(
         metrics=[m.name for m in metric_objs], outputs=[s.name for s in specs], samples=len(data),
         threshold=threshold, stages=stages, kernel_gap=rows["kernel-gap"], first_drop=first_drop, message=message,
@@ -311,12 +312,27 @@ def _described(qm):
             "integer": f"{qm.format_label} model as stored, on onnxruntime's kernels (default options)"}
 
 
-def verdict(values, kernel_gap, metric, threshold, cause=""):
+def _rewrite_cause(engine):
+    """What the quantizer changed beyond Q/DQ, as the engine's float-equivalence check found
+    it ("" when it found nothing to name)."""
+    if engine.folded:
+        names = ", ".join(repr(n) for n in engine.folded[:3]) + (" ..." if len(engine.folded) > 3 else "")
+        return (f"the quantizer folded the Relu/Clip before {names} into the Q/DQ range and deleted it, and what "
+                f"reads the tensor beyond the pair now gets it unclipped; re-quantize with "
+                "extra_options={'QDQKeepRemovableActivations': True}")
+    if engine.rewrite is not None:
+        return (f"the quantizer changed the graph beyond inserting Q/DQ ({engine.rewrite['changes']}): that change "
+                "alone loses it; turn the rewrite off in the quantizer's options or exclude those ops")
+    return ""
+
+
+def verdict(values, kernel_gap, metric, threshold, cause="", rewrite=""):
     """``(first stage worse than threshold or None, one readable sentence)``.
 
     ``values``: ``{stage: value}`` for the stages in :data:`STAGES` order; ``kernel_gap``:
     the integer-vs-fake-quant value of the same metric; ``cause``: why the kernels differ,
-    where known (:func:`~pytest_ptq.kernels.saturation_cause`).
+    where known (:func:`~pytest_ptq.kernels.saturation_cause`); ``rewrite``: what the
+    quantizer changed, where known (the rewritten stage's advice).
     """
     m = get_metrics(metric)[0]
     if threshold is None:
@@ -324,7 +340,8 @@ def verdict(values, kernel_gap, metric, threshold, cause=""):
     for stage in (st for st in ("optimized-float", REWRITE[0], *list(STAGES)[1:]) if st in values):
         v = values[stage]
         if v != v or m.worse(v, threshold):
-            advice = _HOLDS + cause if stage == "integer" and cause else _ADVICE[stage]
+            advice = _HOLDS + cause if stage == "integer" and cause else (
+                rewrite if stage == REWRITE[0] and rewrite else _ADVICE[stage])
             return stage, f"{m.name} first falls below {threshold} at stage {stage!r} ({v:.6g}): {advice}"
     gap = ""
     if kernel_gap == kernel_gap and m.worse(kernel_gap, threshold):

@@ -93,6 +93,14 @@ def test_verdicts(values, gap, first, words):
     assert words in message
 
 
+def test_what_the_quantizer_changed_replaces_the_rewritten_stages_generic_advice():
+    values = {"optimized-float": 1.0, "rewritten": 0.05, "fake-quant": 0.04, "integer": 0.04}
+    said = "the Relu folded into 'r_QuantizeLinear' fed the subgraphs of 'If_0'"
+    stage, message = verdict(values, 1.0, "cosine-similarity", 0.99, rewrite=said)
+    assert stage == "rewritten" and message.endswith(said) and "e.g. Sigmoid" not in message
+    assert "e.g. Sigmoid -> HardSigmoid" in verdict(values, 1.0, "cosine-similarity", 0.99)[1]
+
+
 def test_a_known_kernel_cause_replaces_the_generic_advice():
     cause = "on this CPU the kernels saturate"
     stage, message = verdict({"optimized-float": 1.0, "fake-quant": 0.999, "integer": 0.90}, 0.90,

@@ -131,6 +131,7 @@ class Engine:
                               if t and self.qmodel.is_float_tensor(t)]
         self.warnings = list(self.qmodel.notes)
         self.rewrite = None
+        self.folded = []  # pairs whose Relu/Clip the quantizer folded away (the float-equivalence check's)
         self._float_model = None  # the float model's own session, where it is the reference (true_float)
         # with a float model given, the weights it does not hold are the float-equivalence check's to name
         given_float = float_model is not None or getattr(self.qmodel, "alignment", None) is not None
@@ -561,6 +562,7 @@ class Engine:
         result = known if known is not None else self.float_equivalence()
         self.warnings += result.warnings
         self.rewrite = result.rewrite
+        self.folded = sorted(result.suspects)
         return result
 
 

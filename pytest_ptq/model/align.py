@@ -825,14 +825,18 @@ def _rewrites(qm, f, nodes, used, passed):
                                                               for o in n.output if o)}
     unmatched_float = [n.name for n in f.nodes if n.name not in used and n.name not in explained
                        and n.op_type not in ("Identity", "Dropout")]
+    # a QDQ node the float model holds as it is (its name and op) was not rewritten, only
+    # left unmatched (shape arithmetic whose inputs a pair changed, a read from a subgraph)
+    kept = {(n.name, n.op_type) for n in f.nodes}
     unmatched_qdq = [n.name for n in qm.normal.values() if n.name not in nodes and n.name not in passed
-                     and n.op_type not in TRANSPARENT]
+                     and n.op_type not in TRANSPARENT and (n.name, n.op_type) not in kept]
     out = []
     if unmatched_float or unmatched_qdq:
         fops = _ops(f.nodes, unmatched_float)
         qops = _ops([qm.node(n) for n in unmatched_qdq], unmatched_qdq)
-        out.append(f"the quantizer changed the graph beyond Q/DQ: float {fops or 'nothing'} without counterpart, "
-                   f"QDQ {qops or 'nothing'} not in the float model")
+        parts = ([f"float {fops} without counterpart"] if fops else []) + (
+            [f"QDQ {qops} not in the float model"] if qops else [])
+        out.append("the quantizer changed the graph beyond Q/DQ: " + ", ".join(parts))
     return out, unmatched_float, unmatched_qdq
 
 
