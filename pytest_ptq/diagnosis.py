@@ -116,6 +116,8 @@ class Diagnosis(JsonResult):
         if "cannot show weight error" in v.get("text", ""):
             text += ("; weights are stored quantized and no float model was given, so weights only cannot show "
                      "weight error")
+        if v.get("rewrite"):
+            text += f"; {v['rewrite']}"
         return text
 
     def caveat(self):

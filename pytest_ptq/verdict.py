@@ -104,7 +104,9 @@ class Verdict(JsonResult):
     only``, ``activation only`` and ``all quantized`` on ``calibration`` (every sample) and
     ``heldout``; ``source``: weight, activation, both or neither, decided on the held-out data
     when given, else on the calibration data; ``text``: the sentence with its figures;
-    ``disagreement``: a sentence when the ranking's samples alone would decide otherwise."""
+    ``disagreement``: a sentence when the ranking's samples alone would decide otherwise;
+    ``rewrite``: one when the quantizer's rewrite of the graph loses more on its own, which the
+    three configs (measured against the rewritten graph) cannot show."""
 
     metric: str
     source: str
@@ -115,6 +117,7 @@ class Verdict(JsonResult):
     decided_on: str
     disagreement: str | None = None
     ranking: dict | None = None  # the three values on the ranking's samples only
+    rewrite: str | None = None
 
     @property
     def figures(self):
@@ -171,6 +174,21 @@ def rule(metric="cosine-similarity"):
             f"least {DOMINANT:g}x what the other loses alone: that kind; otherwise both")
 
 
+def _rewrite_note(engine, m, everything):
+    """Where the quantizer's rewrite of the graph (the engine's float-equivalence check found
+    it) loses more cosine on its own than quantizing does against the rewritten graph: the
+    three configs measure against that graph, so they cannot see it; said after them."""
+    rewrite = engine.rewrite
+    if rewrite is None or m.name != "cosine-similarity":
+        return None
+    lost = 1.0 - rewrite["cosine"]
+    if lost <= CLOSE or lost < badness(m.name, everything):
+        return None
+    return (f"but the quantizer's rewrite of the graph loses more on its own (output cosine {rewrite['cosine']:.4f} "
+            f"between the float model and this model with every pair bypassed, on output {rewrite['output']!r}), "
+            f"which these figures measure against: fix it first ({rewrite['changes']})")
+
+
 def three_configs(engine, specs, metric="cosine-similarity", heldout=None, ranking_samples=None, data=None,
                   count=None):
     """The :class:`Verdict` of ``engine`` on every sample of ``data`` (default: the first
@@ -189,8 +207,9 @@ def three_configs(engine, specs, metric="cosine-similarity", heldout=None, ranki
     source, text = decide(values[decided_on], m.name, weights_known)
     if decided_on == "heldout":
         text += f" on {samples['heldout']} held-out sample(s)"
-    verdict = Verdict(metric=m.name, source=source, text=text, rule=rule(m.name), values=values, samples=samples,
-                      decided_on=decided_on)
+    rewrite = _rewrite_note(engine, m, values[decided_on][ALL])
+    verdict = Verdict(metric=m.name, source=source, text=text + (f"; {rewrite}" if rewrite else ""),
+                      rule=rule(m.name), values=values, samples=samples, decided_on=decided_on, rewrite=rewrite)
     n = samples["calibration"]
     if ranking_samples is not None and ranking_samples < n:
         few = score(engine, None, specs, m, configs, ranking_samples) if own else \

@@ -250,3 +250,23 @@ def test_terminal_and_report_rank_the_kind_the_verdict_blames(pytester, tmp_path
     top = Analysis(AnalysisKey(str(pytester.path / "q.onnx"), str(pytester.path / "calib"),
                                str(pytester.path / "float.onnx")), pytester.path).sensitivity("activation")
     assert next(iter(top)) in page.split("Most sensitive activation nodes", 1)[1][:3000]
+
+
+def test_a_rewrite_that_loses_more_than_quantizing_is_said_beside_the_three_configs():
+    """The three configs measure against the graph as the quantizer rewrote it: where that
+    rewrite alone (float model vs every pair bypassed) loses more, the cause says so."""
+    from types import SimpleNamespace
+
+    from pytest_ptq.metrics import get_metrics
+    from pytest_ptq.verdict import _rewrite_note
+
+    cos = get_metrics("cosine-similarity")[0]
+    changes = "the Relu folded into 'r_QuantizeLinear' fed the subgraphs of 'If_0'"
+    broken = SimpleNamespace(rewrite={"cosine": -0.005, "output": "state", "sample": 3, "changes": changes})
+    note = _rewrite_note(broken, cos, 0.4731)
+    assert "output cosine -0.0050 between the float model and this model with every pair bypassed" in note
+    assert note.endswith(f"fix it first ({changes})")
+    # a rewrite that costs less than quantizing, none, or another metric: nothing to add
+    assert _rewrite_note(SimpleNamespace(rewrite={**broken.rewrite, "cosine": 0.99}), cos, 0.4731) is None
+    assert _rewrite_note(SimpleNamespace(rewrite=None), cos, 0.4731) is None
+    assert _rewrite_note(broken, get_metrics("mse")[0], 0.1) is None
