@@ -63,6 +63,7 @@ def test_calibration_hides_the_loss_and_the_held_out_data_find_the_remedy(side, 
     assert [e["node"] for e in r.ranking].index("side_QuantizeLinear") > 0
     assert {c["stage"] for c in r.confirmations} >= {"chosen", "escalation", "shrink"}
     assert any("already meet the target without a remedy" in n for n in r.notes)
+    assert r.judge_chose and not blind.judge_chose  # the held-out data chose the node: said so
 
     held, cal = r.figures["held-out"], r.figures["calibration"]
     assert held["before"] == pytest.approx(cosine_with(side, [], side["held"]), abs=1e-6)
@@ -126,6 +127,8 @@ def test_cli_accepts_on_held_out_data_and_says_why_it_exits_1(side, tmp_path, ca
     assert main(args + ["-s", str(tmp_path / "out")]) == 0
     text = capsys.readouterr().out
     assert "held-out (16)" in text and "held-out, re-quantized with onnxruntime" in text and '["conv_side"]' in text
+    assert text.splitlines()[-1].startswith("exit 0: the target holds on the held-out data, which chose part of this "
+                                            "set (nodes added and pruned on them): confirm it on data that chose nothing")
     saved = json.loads((tmp_path / "out" / "remedy_float.json").read_text())
     assert saved["nodes"] == ["side_QuantizeLinear"] and saved["figures"]["held-out"]["met"]
 

@@ -62,6 +62,9 @@ class Remedy(JsonResult):
     ``nodes_to_exclude``, ``TensorQuantOverrides`` (JSON form) and ``simulation_only``.
     ``measured``: the re-quantized check (None without a float model), with its figures.
     ``warnings``: gains that do not hold on the judging data, one sentence each.
+    ``judge_chose``: the judging data chose part of the set (the search samples' set fell
+    short there, and nodes were added and pruned on them), so they confirm it less than
+    data that chose nothing would.
     ``producer_terms``: the remedy in the terms of the quantizer that made the model (see
     :func:`~pytest_ptq.remedy.producer_terms.producer_terms`; None for onnxruntime's own and
     unknown producers); ``producer_measured``: re-quantizing with that producer and them,
@@ -96,6 +99,7 @@ class Remedy(JsonResult):
     costs: dict = dataclasses.field(default_factory=dict)
     search: str = "refine"
     judged_on: str = "calibration"
+    judge_chose: bool = False
     heldout: str | None = None
     split: dict | None = None
     figures: dict = dataclasses.field(default_factory=dict)

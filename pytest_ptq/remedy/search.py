@@ -188,6 +188,7 @@ def _suggest(engine, save_dir, clock, target, metric, remedy, output_node, data_
         result.cost = cost_of(chosen, costs)
         _figures(result, lay, objective, scorer, judge, chosen)
         _warn_chosen(result, searcher, chosen)
+        result.judge_chose = bool(lay.confirms and searcher.chosen is not None and chosen - searcher.chosen)
     else:  # the budget ended before any set was scored: the model as given, outside the budget
         _figures(result, base, objective, None, None, frozenset())
     result.settings = onnxruntime_settings(qm, remedy, result.nodes, axes, result.choices)
