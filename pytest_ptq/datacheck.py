@@ -184,8 +184,10 @@ def _constant(st, name, dataset):
                         "narrow nothing and skew ranges", "replace them with representative samples", name, dataset,
                         st.constant[:_SHOWN])]
     return [Finding("constant", "info", f"every sample holds one value ({st.lo:.6g}): right for a flag or "
-                    "a mask, wrong for an image or a feature", "if this input carries data, check the preprocessing",
-                    name, dataset)]
+                    "a mask, wrong for an image or a feature, and for a recurrent state (the state a stream "
+                    "carries after its first step is calibrated nowhere)",
+                    "if this input carries data, check the preprocessing; for a state, calibrate on states the "
+                    "model itself produced over a stream", name, dataset)]
 
 
 def _shapes(st, name, dataset):
@@ -324,7 +326,7 @@ class _Stats:
     def to_dict(self):
         shape = self.shapes.most_common(1)[0][0] if self.shapes else None
         cm, cs = self.channel_mean(), self.channel_std()
-        return {"samples": self.n, "shape": list(shape) if shape else None,
+        return {"samples": self.n, "shape": list(shape) if shape is not None else None,  # a scalar: []
                 "dtype": self.dtypes.most_common(1)[0][0] if self.dtypes else None,
                 "layout": self.layout, "channel_axis": self.axis,
                 "min": self.lo if self.count else None, "max": self.hi if self.count else None,

@@ -153,6 +153,8 @@ def test_a_shape_the_model_fixes_is_an_error_and_a_constant_float_input_a_note(n
     assert "shape" in report.checks("error")
     report = check_data(str(net["qdq"]), {"x": [np.full_like(a, 0.5) for a in net["data"]["x"]]})
     assert report.checks("info") == ["constant"] and "0.5" in report.findings[0].message
+    [constant] = [f for f in report.findings if f.check == "constant"]
+    assert "for a recurrent state" in constant.message  # zeros fed as a stream's state
 
 
 def test_data_divided_by_255_twice_use_a_sliver_of_the_range(tmp_path):

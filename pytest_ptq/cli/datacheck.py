@@ -15,7 +15,8 @@ def run(args):
     rows = []
     for dataset, per_input in report.stats.items():
         for name, s in per_input.items():
-            rows.append({"data": dataset, "input": name, "samples": s["samples"], "shape": s["shape"],
+            rows.append({"data": dataset, "input": name, "samples": s["samples"],
+                         "shape": "scalar" if s["shape"] == [] else s["shape"],
                          "dtype": s["dtype"], "min": s["min"], "max": s["max"], "mean": s["mean"],
                          "std": s["std"], "channel means": vector(s["channel_mean"]) if s["channel_mean"] else "",
                          "calibrated range": _span(s["calibrated_range"])})
