@@ -100,7 +100,7 @@ def run(args):
         return 1
     where = {"held-out": "the held-out data", "confirmation": "the confirmation samples"}.get(
         result.judged_on, "the calibration data")
-    chose = (f", which chose part of this set (nodes added and pruned on them): confirm it on data that chose "
+    chose = (", which chose part of this set (nodes added and pruned on them): confirm it on data that chose "
              "nothing" if result.judge_chose else "")
     print(f"exit 0: the target holds on {where}{chose}; {result.judged_by()}")
     return 0
