@@ -318,7 +318,7 @@ def _rewrite_cause(engine):
     if engine.folded:
         names = ", ".join(repr(n) for n in engine.folded[:3]) + (" ..." if len(engine.folded) > 3 else "")
         return (f"the quantizer folded the Relu/Clip before {names} into the Q/DQ range and deleted it, and what "
-                f"reads the tensor beyond the pair now gets it unclipped; re-quantize with "
+                "reads the tensor beyond the pair now gets it unclipped; re-quantize with "
                 "extra_options={'QDQKeepRemovableActivations': True}")
     if engine.rewrite is not None:
         return (f"the quantizer changed the graph beyond inserting Q/DQ ({engine.rewrite['changes']}): that change "
