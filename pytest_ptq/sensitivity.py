@@ -15,6 +15,7 @@ from . import __version__, params
 from .engine import engine_for
 from .errors import PTQError, shown, unknown
 from .metrics import get_metrics
+from .model.formats import SHAPE_ONLY
 from .outputs import parse_outputs
 from .progress import Progress
 from .results import json_restore, read_from, save_result
@@ -37,7 +38,10 @@ def targets_for(engine, node_type, interested_nodes=None):
     qm = engine.qmodel
     params.node_type(node_type)
     if node_type == "node":
-        targets = {n.name: engine.gated(n.quantizers) for n in qm.normal.values() if n.quantizers}
+        # a Shape or Size reads only the shape of its quantized input: ranked, it would carry the
+        # figure of that input's pair (which its other readers carry already)
+        targets = {n.name: engine.gated(n.quantizers) for n in qm.normal.values()
+                   if n.quantizers and n.op_type not in SHAPE_ONLY}
     else:
         targets = {c.name: [c.name] for c in qm.of_kind(node_type) if c.bypassable}
     if interested_nodes is not None and not isinstance(interested_nodes, str):
@@ -49,6 +53,9 @@ def targets_for(engine, node_type, interested_nodes=None):
                 chosen[name] = targets[name]
             elif name in qm.calibration and qm.calibration[name].kind == node_type:
                 raise stored_quantized(qm, f"weight {name!r}")
+            elif name in qm.normal and qm.normal[name].op_type in SHAPE_ONLY:
+                raise PTQError(f"node {name!r} ({qm.normal[name].op_type}) reads only the shape of its input, which "
+                               "quantization does not change; rank the nodes that read its values")
             elif name in qm.calibration or name in qm.normal:
                 raise PTQError(f"node {name!r} is not a {node_type} node "
                                f"(it is a {_kind_of(qm, name)} node); use node_type="

@@ -299,3 +299,29 @@ def test_an_engine_with_other_data_or_float_model_passed_beside_it_is_refused(tm
     assert get_sensitivity_of_nodes(mapped, node_type="activation", calibrated_data=data).samples == 4
     with pytest.raises(PTQError, match="its own calibration data"):
         get_sensitivity_of_nodes(mapped, node_type="activation", calibrated_data=held)
+
+
+def test_a_shape_reader_is_no_node_to_rank(tmp_path):
+    """A Shape reading a quantized tensor (after every layer of an exported transformer) was
+    ranked with its input pair's figure and advised "keep in higher precision"."""
+    from onnx import helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    w = numpy_helper.from_array(rng.standard_normal((4, 3, 3, 3)).astype(np.float32), "w")
+    graph = helper.make_graph([
+        helper.make_node("Conv", ["x", "w"], ["c"], name="conv"),
+        helper.make_node("Relu", ["c"], ["r"], name="relu"),
+        helper.make_node("Shape", ["r"], ["s"], name="shape"),
+        helper.make_node("Reshape", ["r", "s"], ["y"], name="reshape")], "g",
+        [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 3, 8, 8])],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)], [w])
+    fp = tmp_path / "f.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), fp)
+    data = {"x": [rng.standard_normal((1, 3, 8, 8)).astype(np.float32) for _ in range(2)]}
+    q = builders.quantize(fp, tmp_path / "q.onnx", data)
+    engine = Engine(str(q), data)
+    assert "shape" in engine.qmodel.normal and engine.qmodel.normal["shape"].quantizers  # it reads a pair
+    ranked = get_sensitivity_of_nodes(engine, node_type="node")
+    assert "shape" not in ranked and "reshape" in ranked
+    with pytest.raises(PTQError, match=r"node 'shape' \(Shape\) reads only the shape of its input"):
+        get_sensitivity_of_nodes(engine, node_type="node", interested_nodes=["shape"])

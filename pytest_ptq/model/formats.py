@@ -75,7 +75,7 @@ MOVING = {"MaxPool", "Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten", 
           "GlobalMaxPool", "Dropout"}
 _INDEX_ONLY = {"ArgMax", "ArgMin"}  # read quantized values, write indices
 
-_SHAPE_ONLY = {"Shape", "Size"}  # read only the shape of a quantized tensor
+SHAPE_ONLY = {"Shape", "Size"}  # read only the shape of a quantized tensor, which quantizing never changes
 _CODES = (TensorProto.INT8, TensorProto.UINT8, TensorProto.INT16, TensorProto.UINT16, TensorProto.INT4,
           TensorProto.UINT4)
 
@@ -792,7 +792,7 @@ class _Rewriter:
     def moving(self, node):
         """An op that moves quantized values: it runs on their float values."""
         op = node.op_type
-        if op not in MOVING and op not in _SHAPE_ONLY:
+        if op not in MOVING and op not in SHAPE_ONLY:
             t = next(i for i in node.input if i in self.quantized or i in self.hints)
             self.fail(node, f"reads the quantized tensor {t!r}")
         ins = list(node.input)
@@ -816,7 +816,7 @@ class _Rewriter:
         if op == "Pad":
             ins = self._pad_value(node, ins, params)
         data = list(range(len(node.output))) if op == "Split" else (
-            [] if op in _INDEX_ONLY or op in _SHAPE_ONLY else [0])
+            [] if op in _INDEX_ONLY or op in SHAPE_ONLY else [0])
         outs = list(node.output)
         new = []
         for k in data:
