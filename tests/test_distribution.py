@@ -639,3 +639,33 @@ def test_a_conv1d_output_behind_a_slice_and_elementwise_ops_keeps_its_channel_ax
         assert channelwise.channel_axis(qm, qm.calibration[inputs[tensor]], (1, 8, 30)) == 1, tensor
     [box] = get_channelwise_data_distribution(tmp_path / "box", engine, nodes_list=[inputs["m"]]).values()
     assert box["axis"] == 1 and box["channels"] == 8 and 5 in box["outlier_channels"]
+
+
+def test_a_norm_scale_is_not_advised_per_channel_weights_which_onnxruntime_cannot_give_it(tmp_path):
+    """A LayerNormalization's scale with one large value: its codes starve, yet onnxruntime
+    quantizes only a Conv's, Gemm's or MatMul's weight per channel, so that is no advice."""
+    helper = onnx.helper
+    rng = np.random.default_rng(5)
+    w = rng.standard_normal((16, 16)).astype(np.float32)
+    gamma = np.ones(16, np.float32)
+    gamma[3] = 500.0
+    graph = helper.make_graph([
+        helper.make_node("MatMul", ["x", "w"], ["h"]),
+        helper.make_node("LayerNormalization", ["h", "gamma", "beta"], ["y"], axis=-1)], "ln",
+        [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 8, 16])],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)],
+        [onnx.numpy_helper.from_array(w, "w"), onnx.numpy_helper.from_array(gamma, "gamma"),
+         onnx.numpy_helper.from_array(np.zeros(16, np.float32), "beta")])
+    fp = tmp_path / "ln.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), fp)
+    data = {"x": [rng.standard_normal((1, 8, 16)).astype(np.float32) for _ in range(2)]}
+    q = builders.quantize(fp, tmp_path / "ln_q.onnx", data)
+    engine = Engine(str(q), data, float_model=str(fp))
+    qm = engine.qmodel
+    by_input = {c.input: c for c in qm.of_kind("weight")}
+    assert {"w", "gamma"} <= set(by_input), sorted(by_input)
+    assert qm.takes_per_channel(by_input["w"]) and not qm.takes_per_channel(by_input["gamma"])
+    d = plot_distribution(tmp_path / "out", engine, nodes_list=[by_input["gamma"].name])[by_input["gamma"].name]
+    tries, reason = readings.weight_issue(d)
+    assert tries and tries[0] != "per-channel" and "per-channel weights" not in reason
+    assert "onnxruntime quantizes the weights of this op per tensor only" in reason

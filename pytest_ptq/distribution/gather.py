@@ -302,7 +302,8 @@ def _describe(qm, c):
     return {"kind": c.kind, "tensor": c.input, "bit": c.bit, "wider": qm.wider_type(c), "dtype": dtype,
             "per_channel": c.per_channel, "axis": c.axis, "threshold": threshold,
             "range_lo": float(np.min(lo)), "range_hi": float(np.max(hi)),
-            "scale": float(np.max(c.scale)), "role": c.role, "feeds": list(c.consumers)}
+            "scale": float(np.max(c.scale)), "role": c.role, "feeds": list(c.consumers),
+            "takes_per_channel": qm.takes_per_channel(c)}
 
 
 # -- collection ---------------------------------------------------------------------------

@@ -127,7 +127,9 @@ def weight_issue(d, box=None):
         return [], "int32 bias: its quantization error is negligible"
     worst, whole, levels = d.get("worst_channel_sqnr"), d["sqnr"], bulk_codes(d)
     starved_bulk = levels is not None and levels < few_levels(d["bit"])
-    if not d["per_channel"]:
+    # onnxruntime splits only a Conv's, Gemm's or MatMul's weight by channel (not a norm's scale)
+    splittable = d.get("takes_per_channel", True)
+    if not d["per_channel"] and splittable:
         if worst is not None and worst < WEAK_SQNR_DB and whole - worst > 6:
             wide = d.get("widest_channel")
             who = (f"channel {wide}, {d['widest_ratio']:.0f}x wider than the median channel, sets the per-tensor "
@@ -146,11 +148,13 @@ def weight_issue(d, box=None):
     if whole < WEAK_SQNR_DB:
         return more, (f"SQNR {whole:.1f} dB at {d['bit']} bits: too few levels for this weight -> "
                       f"{'more bits (int8/int16)' if wider(d) else 'keep it in float'}, or QAT")
+    even = "even per channel" if d["per_channel"] or splittable else (
+        "per tensor (onnxruntime quantizes the weights of this op per tensor only)")
     if worst is not None and worst < WEAK_SQNR_DB:
-        return more, f"channel {d['worst_channel']} keeps only {worst:.1f} dB even per channel -> {then}, or QAT"
+        return more, f"channel {d['worst_channel']} keeps only {worst:.1f} dB {even} -> {then}, or QAT"
     if starved_bulk:
-        return more, (f"99.9% of the weights fall on {levels:.0f} of {d.get('levels', 2 ** d['bit'])} codes even per "
-                      f"channel -> {then}, or QAT")
+        return more, (f"99.9% of the weights fall on {levels:.0f} of {d.get('levels', 2 ** d['bit'])} codes {even} "
+                      f"-> {then}, or QAT")
     tail = f", worst channel {worst:.1f} dB" if worst is not None else ""
     return [], f"SQNR {_fmt(whole)} dB{tail}: the weight quantizes cleanly"
 

@@ -63,6 +63,10 @@ def attribute(node, name, default=None):
     return default
 
 
+# onnxruntime quantizes the weight input of these ops per channel.
+PER_CHANNEL_OPS = {"Conv", "ConvTranspose", "Gemm", "MatMul"}
+
+
 @dataclasses.dataclass
 class CalibrationNode:
     """One Q/DQ pair (or lone DQ) with its quantization parameters.
@@ -815,6 +819,13 @@ class QuantModel:
         half = (-64, 64) if g.signed else (0, 127)
         reached = 64 in (-lo, hi) if g.signed else hi == 127
         return half if half[0] <= lo and hi <= half[1] and reached else None
+
+    def takes_per_channel(self, c):
+        """Whether onnxruntime can quantize weight ``c`` per channel: it does so for the weight
+        input of the ops in :data:`PER_CHANNEL_OPS` only (a LayerNormalization's scale stays
+        per tensor whatever ``per_channel`` says)."""
+        return c.kind == "weight" and any(self.normal[n].op_type in PER_CHANNEL_OPS
+                                          for n in c.consumers if n in self.normal)
 
     def wider_type(self, c):
         """The integer type calibration node ``c`` can be widened to ("int16"), or None: it

@@ -8,9 +8,6 @@ from ..channelwise import channel_axis
 from ..model import QParams
 from .scoring import Clock
 
-# onnxruntime quantizes the weight input of these ops per channel.
-PER_CHANNEL_OPS = {"Conv", "ConvTranspose", "Gemm", "MatMul"}
-
 
 def candidates_for(engine, remedy, per_channel_activations=False):
     """Calibration nodes the remedy can act on, graph order, and why others cannot."""
@@ -27,7 +24,7 @@ def candidates_for(engine, remedy, per_channel_activations=False):
         if remedy == "per-channel":
             if c.per_channel:
                 continue
-            if c.kind == "weight" and not any(qm.normal[n].op_type in PER_CHANNEL_OPS for n in c.consumers):
+            if c.kind == "weight" and not qm.takes_per_channel(c):
                 continue
             if c.kind == "activation" and not per_channel_activations:
                 continue

@@ -14,7 +14,7 @@ from ..engine import Engine
 from ..engine.runtime import make_session, run
 from ..errors import NotQuantized, PTQError
 from ..model import load_model
-from .alternatives import PER_CHANNEL_OPS
+from ..model.qdq import PER_CHANNEL_OPS
 from .result import meets
 from .terms import float_tensor_name, quantize_static_kwargs
 
