@@ -59,7 +59,7 @@ from .engine import engine_for
 from .screening import DEFAULT_BUDGET_S, DEFAULT_BUDGET_SAMPLES, screen
 from .stages import simulation_warnings
 from .sensitivity import sample_indices
-from .verdict import ALL, badness, float_first, relevant, severe_reason, three_configs
+from .verdict import ALL, DOMINANT, badness, float_first, relevant, severe_reason, three_configs
 
 KINDS = ("weight", "activation")
 
@@ -401,12 +401,19 @@ def _plan(items, relevant, source, structural_only=False, qm=None):
     severe = [it for it in relevant if it["try"][0] == "keep in float"]
     floats = _calibration(qm, severe)
     if severe:
-        first = "if they still cost too much after that, " if steps else ""
         # the nodes a re-quantization leaves out, as the float model names them
         exclude = onnxruntime_settings(qm, "float", floats)["nodes_to_exclude"] if floats else []
         how = f"{quantizer_call(qm)}(..., nodes_to_exclude={exclude})" if exclude else "onnxruntime: nodes_to_exclude"
-        steps.append(("", f"{first}keep {_names([it['node'] for it in severe])} in float ({how}) and re-check the "
-                          "output"))
+        # first where they cost far more than what the steps above fix (a mask's fill beside
+        # outlier channels): fixing those first would leave most of the loss
+        fixed = [it["badness"] for it in items if {f["node"] for f in it["findings"]} & handled]
+        ahead = bool(steps) and max(it["badness"] for it in severe) >= DOMINANT * max(fixed, default=0.0)
+        first = "if they still cost too much after that, " if steps and not ahead else ""
+        step = ("", f"{first}keep {_names([it['node'] for it in severe])} in float ({how}) and re-check the output")
+        if ahead:
+            steps.insert(0, step)
+        else:
+            steps.append(step)
     rest = [it for it in sorted(relevant, key=lambda it: it["kind"] != source)
             if it not in severe and not ({f["node"] for f in it["findings"]} & handled)]
     wide = [it for it in rest if "int16" in it["try"]]

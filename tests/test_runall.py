@@ -338,3 +338,23 @@ def test_a_rerun_into_the_same_folder_leaves_only_its_own_figures(setup, tmp_pat
         drawn = {p.name for p in (out / kind).glob("*.png")} - {"mine.png"}
         assert drawn == listed
     assert mine.read_bytes() == b"x"
+
+
+def test_a_node_that_costs_far_more_than_the_structural_fixes_comes_first_in_the_plan():
+    """A mask's fill (keep in float) beside outlier channels (per channel): the plan put the
+    channels first and the fill "if they still cost too much after that", though the fill
+    cost ten times more."""
+    from pytest_ptq.runall import _plan
+
+    def item(node, bad, tries):
+        return {"node": node, "kind": "activation", "badness": bad, "try": tries,
+                "findings": [{"node": node, "kind": "activation", "try": tries}]}
+
+    fill = item("scores_QuantizeLinear", 0.15, ["keep in float"])
+    for channels_bad, fill_first in ((0.014, True), (0.1, False)):
+        channels = item("ln_QuantizeLinear", channels_bad, ["per-channel", "int16"])
+        steps, _ = _plan([fill, channels], [fill, channels], "activation")
+        kept = next(i for i, s in enumerate(steps) if "`scores_QuantizeLinear` in float" in s)
+        split = next(i for i, s in enumerate(steps) if "outlier channels" in s)
+        assert (kept < split) == fill_first
+        assert ("if they still cost too much after that" in steps[kept]) != fill_first
