@@ -7,7 +7,7 @@ from ..confidence import confidence_rows, ranking_confidence
 from ..errors import PTQError
 from ..groups import Subgraph, group_sensitivity
 from ..sensitivity import get_sensitivity_of_nodes, stored_quantized
-from ..tables import format_table
+from ..tables import format_table, listed
 from . import args as a
 
 
@@ -83,8 +83,9 @@ def run_groups(args):
     groups = groups_of(args)
     result = group_sensitivity(a.engine(args), groups, metrics=args.metrics, output_node=args.output_node,
                                data_num=args.data_num, progress=not args.quiet)
+    # a block of a transformer holds dozens of pairs: the first few named, all of them in --json
     rows = [{"group": label, **values, "size": result.details[label]["size"],
-             "calibration nodes": result.details[label]["calibration_nodes"]} for label, values in result.items()]
+             "calibration nodes": listed(result.details[label]["calibration_nodes"])} for label, values in result.items()]
     _finish(args, result, format_table(rows, ["group", *result.metrics, "size", "calibration nodes"], args.top))
 
 
