@@ -669,3 +669,28 @@ def test_a_norm_scale_is_not_advised_per_channel_weights_which_onnxruntime_canno
     tries, reason = readings.weight_issue(d)
     assert tries and tries[0] != "per-channel" and "per-channel weights" not in reason
     assert "onnxruntime quantizes the weights of this op per tensor only" in reason
+
+
+def test_a_constant_behind_an_identity_reads_as_harmless(tmp_path):
+    """An exporter's deduplicated weight (all ones, through an Identity) is quantized as an
+    activation: "99.9% of values fall on only 1 of the 256 codes ... keep in float" was
+    read off a tensor that every code represents exactly."""
+    helper = onnx.helper
+    rng = np.random.default_rng(6)
+    graph = helper.make_graph([
+        helper.make_node("Identity", ["ones"], ["g"]),
+        helper.make_node("Mul", ["x", "g"], ["y"])], "dedup",
+        [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 8, 16])],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)],
+        [onnx.numpy_helper.from_array(np.ones(16, np.float32), "ones")])
+    fp = tmp_path / "dedup.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), fp)
+    data = {"x": [rng.standard_normal((1, 8, 16)).astype(np.float32) for _ in range(2)]}
+    q = builders.quantize(fp, tmp_path / "dedup_q.onnx", data)
+    engine = Engine(str(q), data, float_model=str(fp))
+    [c] = [c for c in engine.qmodel.calibration.values() if c.input == "g"]
+    d = plot_distribution(tmp_path / "out", engine, nodes_list=[c.name])[c.name]
+    assert d["min"] == d["max"] == 1.0
+    reading = readings.activation_reading(d)
+    assert reading.startswith("every value is 1 on every sample") and reading.endswith("harmless")
+    assert "keep in float" not in " ".join(readings.advise_activation(d)[0][:1])

@@ -85,6 +85,11 @@ def unused_below_zero(d):
     return share if share >= UNUSED_BELOW else None
 
 
+def constant(d):
+    """Whether a tensor held one value on every sample (its range's codes then say nothing)."""
+    return d.get("count", 0) > 1 and d.get("min") is not None and d["min"] == d.get("max")
+
+
 def activation_reading(d):
     """One line saying what an activation's histogram means for quantization."""
     if d.get("effective_clipped_share", 0) > CLIP_SHARE:
@@ -94,6 +99,9 @@ def activation_reading(d):
         extra = "the Relu after it zeroes them anyway"
         return (f"{100 * d['clipped_share']:.2f}% of values fall below the range's start and are clipped; "
                 f"{extra}, so the cut is harmless")
+    if constant(d):
+        return (f"every value is {d['min']:.6g} on every sample (a constant, such as a weight behind an Identity): "
+                f"one code, off by at most half a step ({d['scale'] / 2:.3g}) -> harmless")
     levels = bulk_codes(d)
     if levels is not None and levels < few_levels(d["bit"]):
         starved = f"99.9% of values fall on only {levels:.0f} of the {d.get('levels', 2 ** d['bit'])} codes"
@@ -175,7 +183,7 @@ def advise_activation(d, box=None):
     if d.get("effective_clipped_share", 0) > CLIP_SHARE:
         tries += ["recalibrate", *_wider_list(d)]
         reasons.append(activation_reading(d))
-    elif bulk_codes(d) is not None and bulk_codes(d) < few_levels(d["bit"]):
+    elif not constant(d) and bulk_codes(d) is not None and bulk_codes(d) < few_levels(d["bit"]):
         tries += ["keep in float" if beyond_int16(d) else wider(d) or "keep in float", "fix the model"]
         reasons.append(activation_reading(d))
     if not tries and unused_below_zero(d) is not None:
