@@ -326,7 +326,12 @@ class _Stats:
     def to_dict(self):
         shape = self.shapes.most_common(1)[0][0] if self.shapes else None
         cm, cs = self.channel_mean(), self.channel_std()
+        ranks = {len(sh) for sh in self.shapes}
+        # shapes that vary (text of several lengths): each axis's span, "5..19"
+        span = ([f"{min(d)}..{max(d)}" if min(d) != max(d) else str(d[0]) for d in zip(*self.shapes)]
+                if len(self.shapes) > 1 and len(ranks) == 1 else None)
         return {"samples": self.n, "shape": list(shape) if shape is not None else None,  # a scalar: []
+                "shape_span": span,
                 "dtype": self.dtypes.most_common(1)[0][0] if self.dtypes else None,
                 "layout": self.layout, "channel_axis": self.axis,
                 "min": self.lo if self.count else None, "max": self.hi if self.count else None,

@@ -143,6 +143,8 @@ def test_token_inputs_of_several_lengths_and_one_segment(tmp_path, seq):
     else:  # lengths vary along the axis the model leaves open: a note, and every sample runs
         assert report.checks("error") == [] and report.checks("info") == ["shape", "shape"]
         assert "axis 1: " in report.findings[0].message
+        # the table's shape is the span of every sample's, not the commonest one's
+        assert report.stats["calibration"]["ids"]["shape_span"] == ["1", f"{min(lengths)}..{max(lengths)}"]
         Engine(qpath, data).run(N - 1, "all")
 
 

@@ -16,7 +16,7 @@ def run(args):
     for dataset, per_input in report.stats.items():
         for name, s in per_input.items():
             rows.append({"data": dataset, "input": name, "samples": s["samples"],
-                         "shape": "scalar" if s["shape"] == [] else s["shape"],
+                         "shape": s.get("shape_span") or ("scalar" if s["shape"] == [] else s["shape"]),
                          "dtype": s["dtype"], "min": s["min"], "max": s["max"], "mean": s["mean"],
                          "std": s["std"], "channel means": vector(s["channel_mean"]) if s["channel_mean"] else "",
                          "calibrated range": _span(s["calibrated_range"])})
