@@ -173,7 +173,7 @@ class Diagnosis(JsonResult):
             out.append(f"fix to try ({self.terms}):")
             for k, f in enumerate(self.fixes, 1):
                 out += wrapped(f"{k}. {f['text']}", indent="  ")
-            if self.snippet:
+            if self.snippet and len(self.fixes) > 1:  # one fix is its own "all at once"
                 out += wrapped(f"all at once: {self.snippet}", indent="  ")
             out += ["  " + line for line in self.producer_terms]  # one of the fixes' lines
         return out  # the warnings are the caller's to print: once per model, passing or not
