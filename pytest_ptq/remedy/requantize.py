@@ -15,6 +15,7 @@ from ..engine.runtime import make_session, run
 from ..errors import NotQuantized, PTQError
 from ..model import load_model
 from ..model.qdq import PER_CHANNEL_OPS
+from ..stages import simulation_warnings
 from .result import meets
 from .terms import float_tensor_name, quantize_static_kwargs
 
@@ -188,6 +189,8 @@ def measure(parts, objective, float_model, result, save_dir):
                 figures[name][key] = value
             if key == "after":
                 measured.update(_effect(qm, new.qmodel, result))
+                if isinstance(new, Engine):  # a dynamic or QOperator file runs otherwise than simulated, here
+                    result.warnings += [f"the re-quantized file: {w}" for w in simulation_warnings(new)]
         measured.update(judged(figures, objective, result.judged_on))
         judged_part = figures.get(result.judged_on, figures["calibration"])
         given, again = result.figures.get("calibration", {}).get("before"), figures["calibration"].get("before")

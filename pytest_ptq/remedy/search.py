@@ -11,6 +11,7 @@ from ..outputs import offset_warnings, parse_outputs
 from ..progress import Progress
 from ..results import read_from
 from ..sensitivity import sample_indices
+from ..stages import simulation_warnings
 from .alternatives import alternatives_for, menus_for
 from .objective import objective_for
 from .parts import layout, with_alternatives
@@ -143,6 +144,9 @@ def _suggest(engine, save_dir, clock, target, metric, remedy, output_node, data_
     read_from(result, engine.inputs() | also)
     if evaluate is None:  # a target met on an output far from zero may be met by nothing at all
         result.warnings += offset_warnings(engine, specs, objective.metric.name)
+    # a dynamic or QOperator file that runs otherwise than its simulation, here: every figure
+    # of the search is the simulation's
+    result.warnings += simulation_warnings(engine, specs)
     if base.confirms and base.judge.engine is base.search.engine:
         result.split = {"search": list(base.search.indices), "confirmation": list(base.judge.indices)}
     show = verbose if progress is None else progress
