@@ -61,15 +61,24 @@ def subgraph_nodes(qmodel, start, end, weights=True):
     on_path_names = {n.name for n in on_path}
     chosen = []
     for c in qmodel.calibration.values():
-        if c.is_activation:
-            if c.input in forward and c.input != end and any(o in backward for o in c.outputs):
+        if c.is_activation and c.input in forward:
+            if c.input != end and any(o in backward for o in c.outputs):
                 chosen.append(c.name)
-        elif weights and any(n in on_path_names for n in c.consumers):
+        elif weights and any(n in on_path_names for n in c.consumers) and (
+                c.kind == "weight" or _constant(qmodel, c.input)):
+            # a weight, or a constant quantized as an activation (a weight an exporter shared
+            # through an Identity) that a node of the block reads
             chosen.append(c.name)
     if not chosen:
         raise PTQError(f"no calibration node lies between tensors {start!r} and {end!r} in "
                        f"{qmodel.source!r}; pick a wider block")
     return chosen
+
+
+def _constant(qmodel, tensor):
+    """Whether ``tensor`` depends on no model input (computed from initializers only)."""
+    back = _reach(tensor, lambda t: [i for i in qmodel.producer[t].input if i] if t in qmodel.producer else [])
+    return not back & set(qmodel.input_names)
 
 
 def _reach(seed, step):

@@ -328,3 +328,29 @@ def test_a_table_of_wide_characters_lines_up_on_a_terminal():
     bars = {tuple(i for i, c in enumerate(line.replace("卷", "卷 ").replace("积", "积 ")) if c in "|+")
             for line in text.splitlines()}
     assert len(bars) == 1
+
+
+def test_a_block_holds_a_shared_weight_quantized_as_an_activation_that_it_reads(tmp_path):
+    """An exporter shares a weight through an Identity; onnxruntime quantizes the Identity's
+    output as an activation behind the weight's own pair: a block reading it missed it (a
+    transformer block lost its LayerNorm scale)."""
+    from onnx import helper, numpy_helper
+
+    rng = np.random.default_rng(7)
+    graph = helper.make_graph([
+        helper.make_node("Mul", ["x", "w"], ["a"], name="first"),
+        helper.make_node("Relu", ["a"], ["r"], name="relu"),
+        helper.make_node("Identity", ["w"], ["g"], name="share"),
+        helper.make_node("Mul", ["r", "g"], ["m"], name="second"),
+        helper.make_node("Relu", ["m"], ["y"], name="out")], "g",
+        [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 8, 16])],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(rng.uniform(0.5, 2, 16).astype(np.float32), "w")])
+    fp = tmp_path / "f.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), fp)
+    data = {"x": [rng.standard_normal((1, 8, 16)).astype(np.float32) for _ in range(2)]}
+    qm = QuantModel(str(builders.quantize(fp, tmp_path / "q.onnx", data)))
+    [shared] = [c.name for c in qm.calibration.values() if c.input == "g"]
+    assert qm.calibration[shared].is_activation  # behind the weight's own pair, read by the Identity
+    assert shared in subgraph_nodes(qm, "r", "m")
+    assert shared not in subgraph_nodes(qm, "r", "m", weights=False)
