@@ -609,6 +609,16 @@ def test_long_and_cjk_node_names_get_files_of_their_own_and_draw_where_warnings_
     assert all(len(Path(p).name) <= 140 for p in pngs)
 
 
+def _engine_of(graph, tmp_path, name, shape, rng, samples=2):
+    """The graph saved as a float model, quantized by quantize_static on ``samples`` random
+    inputs of ``shape``, in an Engine with its float model."""
+    fp = tmp_path / f"{name}.onnx"
+    onnx.save(onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 17)], ir_version=8), fp)
+    data = {"x": [rng.standard_normal(shape).astype(np.float32) for _ in range(samples)]}
+    q = builders.quantize(fp, tmp_path / f"{name}_q.onnx", data)
+    return Engine(str(q), data, float_model=str(fp))
+
+
 def test_a_conv1d_output_behind_a_slice_and_elementwise_ops_keeps_its_channel_axis(tmp_path):
     """[N, C, T] from a Conv1d, then a Slice, a Mul and an Add (a spectrogram's magnitude):
     the Slice's and Mul's outputs were boxed by their time frames (the rank-3 default)."""
@@ -627,11 +637,7 @@ def test_a_conv1d_output_behind_a_slice_and_elementwise_ops_keeps_its_channel_ax
          onnx.numpy_helper.from_array(np.array([2**62], np.int64), "ends"),
          onnx.numpy_helper.from_array(np.array([2], np.int64), "axes"),
          onnx.numpy_helper.from_array(np.array(1e-3, np.float32), "eps")])
-    fp = tmp_path / "conv1d.onnx"
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), fp)
-    data = {"x": [rng.standard_normal((1, 2, 32)).astype(np.float32) for _ in range(3)]}
-    q = builders.quantize(fp, tmp_path / "conv1d_q.onnx", data)
-    engine = Engine(str(q), data, float_model=str(fp))
+    engine = _engine_of(graph, tmp_path, "conv1d", (1, 2, 32), rng, samples=3)
     qm = engine.qmodel
     inputs = {c.input: c.name for c in qm.calibration.values() if c.is_activation}
     assert {"c", "m"} <= set(inputs)  # the Conv's and the Mul's outputs are quantized
@@ -656,11 +662,7 @@ def test_a_norm_scale_is_not_advised_per_channel_weights_which_onnxruntime_canno
         [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)],
         [onnx.numpy_helper.from_array(w, "w"), onnx.numpy_helper.from_array(gamma, "gamma"),
          onnx.numpy_helper.from_array(np.zeros(16, np.float32), "beta")])
-    fp = tmp_path / "ln.onnx"
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), fp)
-    data = {"x": [rng.standard_normal((1, 8, 16)).astype(np.float32) for _ in range(2)]}
-    q = builders.quantize(fp, tmp_path / "ln_q.onnx", data)
-    engine = Engine(str(q), data, float_model=str(fp))
+    engine = _engine_of(graph, tmp_path, "ln", (1, 8, 16), rng)
     qm = engine.qmodel
     by_input = {c.input: c for c in qm.of_kind("weight")}
     assert {"w", "gamma"} <= set(by_input), sorted(by_input)
@@ -683,11 +685,7 @@ def test_a_constant_behind_an_identity_reads_as_harmless(tmp_path):
         [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 8, 16])],
         [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)],
         [onnx.numpy_helper.from_array(np.ones(16, np.float32), "ones")])
-    fp = tmp_path / "dedup.onnx"
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), fp)
-    data = {"x": [rng.standard_normal((1, 8, 16)).astype(np.float32) for _ in range(2)]}
-    q = builders.quantize(fp, tmp_path / "dedup_q.onnx", data)
-    engine = Engine(str(q), data, float_model=str(fp))
+    engine = _engine_of(graph, tmp_path, "dedup", (1, 8, 16), rng)
     [c] = [c for c in engine.qmodel.calibration.values() if c.input == "g"]
     d = plot_distribution(tmp_path / "out", engine, nodes_list=[c.name])[c.name]
     assert d["min"] == d["max"] == 1.0
