@@ -114,7 +114,6 @@ def _layout_through(qm, tensor):
     """``"first"`` or ``"last"``: where the channels are, as the nearest op that sets a layout
     tells, walking from ``tensor`` through ops that keep it (a Conv's output behind a Slice
     and a Pow is still channels-first), up and down the graph; None when none is reached."""
-    weights = {i.name for i in qm.model.graph.initializer}
     seen, frontier = {tensor}, [tensor]
     for _ in range(LAYOUT_HOPS):
         ahead = []
@@ -125,7 +124,7 @@ def _layout_through(qm, tensor):
                 if node.op_type in _CHANNEL_LAST:
                     return "last"
                 if node.op_type in _KEEPS_LAYOUT:
-                    fresh = [x for x in (*node.input, *node.output) if x and x not in seen and x not in weights]
+                    fresh = [x for x in (*node.input, *node.output) if x and x not in seen and x not in qm.inits]
                     seen.update(fresh)
                     ahead += fresh
         frontier = ahead

@@ -122,12 +122,11 @@ def runall(model_or_file, calibrated_data=None, save_dir="ptq_debug_runall", met
                        average_mode, start, heldout, rank_samples, time_budget, cache)
 
 
-def _drop_stale(folder, kept):
-    """Remove the figures an earlier runall drew into ``folder`` (its own names, ``*_*.png``)
+def _drop_stale(folder, stem, kept):
+    """Remove the figures an earlier runall drew into ``folder`` (its own names, ``stem*.png``)
     that this one did not: a rerun with a smaller ``top`` left them beside a summary that
     lists fewer."""
     kept = {Path(p).name for p in kept}
-    stem = "distribution_" if folder.name == "distributions" else "channelwise_"
     for old in folder.glob(stem + "*.png") if folder.is_dir() else ():
         if old.name not in kept:
             with contextlib.suppress(OSError):
@@ -208,8 +207,8 @@ def _runall(engine, out, metrics, output_node, node_type, data_num, top, axis, p
                                        lambda folder, d=d: draw_channelwise(d, folder))
         files["distributions"] = [d["png"] for d in dist.values()]
         files["channelwise"] = [d["png"] for d in boxes.values() if "skipped" not in d]
-        for kind in ("distributions", "channelwise"):
-            _drop_stale(out / kind, files[kind])
+        for kind, stem in (("distributions", "distribution_"), ("channelwise", "channelwise_")):
+            _drop_stale(out / kind, stem, files[kind])
 
     with _step(timings, "curves", f"[3/{steps}] weight-only, activation-only and full error curves",
                progress):

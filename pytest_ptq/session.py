@@ -321,8 +321,8 @@ class PTQSession:
         here = self.config.invocation_params.dir
         holdout = self.holdout_of(key.id)
         # the target of the output checks that failed (else of any): the strictest of them
-        floors = [(not r, max(r.thresholds.values())) for rec in self.tests.values() for mid, r in rec.results
-                  if mid == key.id and r.kind == "outputs" and r.metric == "cosine-similarity" and r.thresholds]
+        floors = [(not r, max(r.thresholds.values())) for r in self._results_of(key.id)
+                  if r.kind == "outputs" and r.metric == "cosine-similarity" and r.thresholds]
         target = max(floors)[1] if floors else settings.min_cosine
         args = ["ptq-debug", "suggest", _shown_path(key.model, here), _shown_path(key.data, here)]
         if holdout:
