@@ -297,6 +297,30 @@ def test_a_scale_of_zero_is_a_warning_and_every_step_runs(project, capsys):
     assert "QuantizeLinear 'x_QuantizeLinear' of 'bad.onnx' has a scale of 0 ('x_scale')" in summary
 
 
+@pytest.mark.filterwarnings("error::RuntimeWarning")  # numpy's division warnings are not the user's to read
+def test_scales_of_zero_are_said_once_and_suspect_no_folded_relu(project, capsys):
+    # c2 reads a Conv with no Relu after it: a range of no width "starts at 0" too
+    _edited(w2_scale=np.zeros_like(_init(project, "w2_scale")), c2_scale=np.array(0, np.float32))(project)
+    assert main(["runall", "bad.onnx", "calib", "--quiet", "-s", "out", "--top", "2"]) == 0
+    err = capsys.readouterr().err
+    summary = (project / "out" / "summary.md").read_text()
+    for pair in ("w2", "c2"):
+        assert f"QuantizeLinear '{pair}_QuantizeLinear' of 'bad.onnx' has a scale of 0 ('{pair}_scale')" in summary
+    assert "folded" not in summary + err and "RuntimeWarning" not in err
+
+
+def test_a_scale_below_the_smallest_normal_float_is_noted(project, capsys):
+    _edited(c2_scale=np.array(1e-42, np.float32))(project)
+    assert main(["get-sensitivity-of-nodes", "bad.onnx", "calib", "-t", "activation"]) == 0
+    one_line(capsys.readouterr().err, "QuantizeLinear 'c2_QuantizeLinear' of 'bad.onnx' has a scale of 1.00053e-42 "
+             "('c2_scale'), below float32's smallest normal number", "as with a scale of 0")
+
+
+def _init(root, name):
+    model = onnx.load(str(root / "m.onnx"))
+    return next(onnx.numpy_helper.to_array(i) for i in model.graph.initializer if i.name == name)
+
+
 def test_cli_writes_only_its_declared_outputs(project, capsys):
     """The control case: the same command with a fresh output writes that and nothing else."""
     before = tree(project)

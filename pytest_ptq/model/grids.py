@@ -152,12 +152,20 @@ def broadcast(values, shape, axis=None, block_size=0):
     return values.reshape(out)
 
 
+def divided(x, scale):
+    """``x / scale`` in float64, quietly: a scale of 0 gives +-inf, which the grid saturates
+    as onnxruntime does (0 / 0 gives 0); such a scale is said once, where the model is read."""
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        out = np.asarray(x, np.float64) / scale
+    return np.where(np.isnan(out) & ~np.isnan(np.asarray(x, np.float64)), 0.0, out)
+
+
 def fake_quant(x, grid, scale, zero_point, axis=None, block_size=0):
     """Quantize then dequantize ``x`` on ``grid`` (float32 result, ``x``'s shape)."""
     x = np.asarray(x)
     s = broadcast(np.asarray(scale, np.float64), x.shape, axis, block_size)
     z = broadcast(np.asarray(zero_point, np.float64), x.shape, axis, block_size)
-    codes = grid.quantize(x.astype(np.float64) / s, z)
+    codes = grid.quantize(divided(x, s), z)
     return (grid.dequantize(codes, z) * s).astype(np.float32)
 
 
@@ -168,7 +176,7 @@ def codes_used(x, grid, scale, zero_point, axis=None, block_size=0):
         return 0
     s = broadcast(np.asarray(scale, np.float64), x.shape, axis, block_size)
     z = broadcast(np.asarray(zero_point, np.float64), x.shape, axis, block_size)
-    return int(np.unique(grid.quantize(x.astype(np.float64) / s, z)).size)
+    return int(np.unique(grid.quantize(divided(x, s), z)).size)
 
 
 def code_usage(counts, levels, tail=0.0005):
@@ -198,7 +206,7 @@ def step_bound(x, grid, scale, axis=None, block_size=0):
 
     finfo = ml_dtypes.finfo(grid.np_type)
     mant = finfo.nmant
-    scaled = np.abs(x / s)
+    scaled = np.abs(divided(x, s))
     exponent = np.floor(np.log2(np.maximum(scaled, float(finfo.smallest_normal))))
     return (2.0 ** (exponent - mant)) * s / 2 * (1 + 1e-6)
 

@@ -303,7 +303,7 @@ class QParams:
         signed = c.grid.signed
         nmin, nmax = (-(2 ** (bits - 1)), 2 ** (bits - 1) - 1) if signed else (0, 2**bits - 1)
         scale = (hi - lo) / (nmax - nmin)
-        zp = np.rint(nmin - lo / scale)
+        zp = np.rint(nmin - grids.divided(lo, scale))
         if scale.size > 1 and shape is None:
             shape = [1] * 4
             shape[(c.axis if c.axis is not None else 1) % 4] = scale.size
@@ -568,6 +568,10 @@ class QuantModel:
         if (values <= 0).any():
             self.notes.append(f"{where} has a scale of {values.min():g} ({node.input[1]!r}): its values dequantize "
                               "to 0 or change sign there; a scale should be positive (re-calibrate the model)")
+        elif (values < TINY_SCALE).any():
+            self.notes.append(f"{where} has a scale of {values.min():g} ({node.input[1]!r}), below float32's "
+                              f"smallest normal number ({TINY_SCALE:g}): its values saturate or dequantize to "
+                              "nearly 0 there, as with a scale of 0 (re-calibrate the model)")
 
     def _valid_axis(self, node, axis, scale):
         """The per-axis quantization axis of ``node``, repaired in the tool's copy when a
@@ -814,7 +818,7 @@ class QuantModel:
         if x.dtype.kind == "f":  # a float weight behind its pair: the codes it quantizes to
             s = grids.broadcast(c.scale.astype(np.float64), x.shape, c.axis, c.block_size)
             z = grids.broadcast(c.zero_point.astype(np.float64), x.shape, c.axis, c.block_size)
-            x = np.clip(np.rint(x / s) + z, g.qmin, g.qmax)
+            x = g.quantize(grids.divided(x, s), z)
         lo, hi = float(np.min(x)), float(np.max(x))
         half = (-64, 64) if g.signed else (0, 127)
         reached = 64 in (-lo, hi) if g.signed else hi == 127
@@ -881,12 +885,15 @@ class QuantModel:
             lo, _ = c.range()
             prod = self.producer.get(c.input)
             kept = any(n.op_type in ("Relu", "Clip") for dq in c.dq_nodes for n in self.consumers[dq.output[0]])
-            if prod is not None and prod.op_type in _SIGNED_PRODUCERS and np.all(lo == 0) and not kept:
+            empty = not np.all(c.scale >= TINY_SCALE)  # a range of no width says nothing of a floor at 0
+            if prod is not None and prod.op_type in _SIGNED_PRODUCERS and np.all(lo == 0) and not kept and not empty:
                 out.append(c.name)
         return out
 
 
 _ON_GRID_SAMPLE = 1 << 16
+# Scales below float32's smallest normal number: noted beside scales of 0 and below.
+TINY_SCALE = float(np.finfo(np.float32).tiny)
 # Ops after which a tensor can be negative.
 _SIGNED_PRODUCERS = {"Conv", "ConvTranspose", "Gemm", "MatMul", "Add", "Sub", "BatchNormalization",
                      "InstanceNormalization", "LayerNormalization", "Mul"}
