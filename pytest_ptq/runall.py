@@ -276,12 +276,15 @@ def _verdict(engine, metric, three, sens, top_nodes, dist, boxes, curves, blind=
     for t, names in top_nodes.items():
         for rank, name in enumerate(names, 1):
             items.append(_advise(engine, metric, t, rank, name, sens[t], dist, boxes, curves))
-    # nodes an order of magnitude below the worst would not move the output if fixed
+    # nodes an order of magnitude below the worst would not move the output if fixed, and
+    # none needs fixing where the whole model stays close to float (by every measure asked)
     matter = relevant(items)
+    close = source == "neither" and (blind is None or blind.source == "neither")
     for it in items:
-        if it not in matter and it["try"][0] in ("int16", "keep in float"):
+        if (close or it not in matter) and it["try"][0] in ("int16", "keep in float"):
             it["try"] = []
-            it["reasons"].append("it costs little next to the worst node: nothing to do")
+            it["reasons"].append("the model stays close to float with everything quantized: nothing to do" if close
+                                 else "it costs little next to the worst node: nothing to do")
     if source == "neither":
         steps, choices = _plan(items, [], source, structural_only=True, qm=engine.qmodel)
         next_steps = ([] if blind is not None and blind.source != "neither" else

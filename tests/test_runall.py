@@ -151,6 +151,20 @@ def test_weight_verdict_points_to_per_channel(tmp_path):
     assert "int16" in v["next_steps"][1] and "`wf_QuantizeLinear`" in v["next_steps"][1]
 
 
+def test_a_model_close_to_float_gets_no_fix_for_its_top_nodes(tmp_path):
+    data = builders.samples(2)
+    fp = builders.conv_net(tmp_path / "float.onnx")
+    q = builders.quantize(fp, tmp_path / "q16.onnx", data, weight_type="QInt16", activation_type="QUInt16",
+                          extra_options={"UseQDQContribOps": True})
+    s = runall(q, data, save_dir=tmp_path / "out", top=3, progress=False)
+    v = s["verdict"]
+    assert v["source"] == "neither" and 1 - v["all_quantized"] < 1e-5
+    assert {it["kind"] for it in v["nodes"]} == {"weight", "activation"}
+    for it in v["nodes"]:  # the worst node too: it loses next to nothing
+        assert not {"int16", "keep in float"} & set(it["try"]), it
+        assert it["reasons"][-1] == "the model stays close to float with everything quantized: nothing to do"
+
+
 def test_data_num_limits_the_verdict_too(setup, tmp_path):
     data, qa = {k: v[:2] for k, v in setup["data"].items()}, setup["qa"]
     s = runall(qa, setup["folder"], save_dir=tmp_path / "out", data_num=2, top=1, output_node=["logits"],
