@@ -331,6 +331,21 @@ def test_a_relu_before_a_float8_quantizer_is_kept(made, tmp_path):
             np.testing.assert_allclose(engine.run(i, "all")[k], w, rtol=1e-5, atol=1e-5)
 
 
+def test_a_symmetric_range_on_a_relu_output_asks_for_an_asymmetric_one_on_integer_grids_only(made):
+    """Half of a symmetric range on a Relu's output goes unused; an integer grid can shift
+    its zero point, a float8 one cannot (its zero point is 0)."""
+    from pytest_ptq.distribution.gather import collect
+    from pytest_ptq.distribution.readings import activation_reading
+
+    for name, asked in (("modelopt_int8_fp32", True), ("modelopt_fp8", False)):
+        qpath, fpath, data, _ = made(name, "conv")
+        engine = Engine(qpath, data, float_model=fpath)
+        dist, _ = collect(engine, ["r1_QuantizeLinear"], ())
+        d = dist["r1_QuantizeLinear"]
+        assert d["min"] >= 0 and d["range_lo"] < -0.9 * d["range_hi"], name  # a Relu's output, a symmetric range
+        assert ("ActivationSymmetric=False" in activation_reading(d)) is asked, (name, activation_reading(d))
+
+
 @pytest.mark.parametrize("name,base", CASES)
 def test_fully_quantized_curve_is_onnxruntime_running_the_file(made, name, base, tmp_path):
     """The cumulative curve with every pair quantized: at each node, the metric between the

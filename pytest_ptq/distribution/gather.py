@@ -303,7 +303,7 @@ def _describe(qm, c):
             "per_channel": c.per_channel, "axis": c.axis, "threshold": threshold,
             "range_lo": float(np.min(lo)), "range_hi": float(np.max(hi)),
             "scale": float(np.max(c.scale)), "role": c.role, "feeds": list(c.consumers),
-            "takes_per_channel": qm.takes_per_channel(c)}
+            "takes_per_channel": qm.takes_per_channel(c), "float_grid": c.grid.is_float}
 
 
 # -- collection ---------------------------------------------------------------------------

@@ -76,9 +76,10 @@ UNUSED_BELOW = 0.25
 
 def unused_below_zero(d):
     """The share of an activation's range below zero where its values never go (none of them
-    negative), or None below :data:`UNUSED_BELOW`: what a symmetric range costs a Relu output."""
+    negative), or None below :data:`UNUSED_BELOW`: what a symmetric range costs a Relu output.
+    None on a float grid (float8): its zero point is 0, there is no asymmetric range to move to."""
     lo, hi, least = d.get("range_lo"), d.get("range_hi"), d.get("min")
-    if d.get("kind") != "activation" or None in (lo, hi, least) or hi <= lo or lo >= 0 \
+    if d.get("kind") != "activation" or d.get("float_grid") or None in (lo, hi, least) or hi <= lo or lo >= 0 \
             or least < -0.5 * (d.get("scale") or 0):  # within half a step of zero: rounding
         return None
     share = -lo / (hi - lo)
