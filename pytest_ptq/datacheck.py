@@ -344,11 +344,11 @@ class _Stats:
 
 def _scan(data, specs, dataset, bar):
     """Statistics of every input of ``data`` (a CalibrationData, unvalidated) and the
-    per-sample digests for duplicate detection."""
+    per-sample digests for duplicate detection; the samples of its view only (``data_num``)."""
     stats = {}
     for name, src in data.sources.items():
         st = _Stats(specs.get(name) or _InputSpec(name, None, None))
-        for i in range(len(src)):
+        for i in data.indices:
             try:
                 arr = src.load(i)
             except PTQError:
@@ -371,10 +371,11 @@ def _describe_scale(lo, hi, integral=False):
 
 
 # -- findings -----------------------------------------------------------------------------------
-def _data_findings(stats, specs, dataset):
+def _data_findings(stats, specs, dataset, unscanned=0):
+    """``unscanned``: samples of the set beyond ``data_num``, which count towards its size."""
     out = []
     names = list(stats)
-    n = max((s.n for s in stats.values()), default=0)
+    n = max((s.n for s in stats.values()), default=0) + unscanned
     if dataset == "calibration":
         if n < FEW_SAMPLES:
             out.append(Finding("count", "warning", f"{n} sample(s); calibration wants {FEW_SAMPLES}-{MANY_SAMPLES} "
@@ -714,7 +715,7 @@ def check_data(model_or_file, calibrated_data=None, heldout=None, data_num=None,
     qm, specs, source = _model_side(model_or_file, float_model)
     datasets = {"calibration": load_data(calibrated_data, None, data_num)}
     if heldout is not None:
-        datasets["heldout"] = load_data(heldout, None, data_num, role="held-out")
+        datasets["heldout"] = load_data(heldout, None, role="held-out")  # data_num counts calibration samples
     total = sum(len(d) * len(d.sources) for d in datasets.values())
     findings, stats, scans = [], {}, {}
     if qm is None:
@@ -725,7 +726,7 @@ def check_data(model_or_file, calibrated_data=None, heldout=None, data_num=None,
         for dataset, data in datasets.items():
             scans[dataset] = _scan(data, specs, dataset, bar)
             stats[dataset] = {k: v.to_dict() for k, v in scans[dataset].items()}
-            findings += _data_findings(scans[dataset], specs, dataset)
+            findings += _data_findings(scans[dataset], specs, dataset, data.count - len(data))
         for name, st in scans["calibration"].items():
             if expect_mean is not None:
                 findings += _channel_findings(name, st, expect_mean, expect_std, "expected")
@@ -750,7 +751,7 @@ def check_data(model_or_file, calibrated_data=None, heldout=None, data_num=None,
                     findings.append(Finding("heldout-skipped", "warning", "the quantized model was not compared on "
                                             f"the two sets: {why}", "", None, "heldout"))
                 else:
-                    held = load_data(heldout, qm, data_num, role="held-out")
+                    held = load_data(heldout, qm, role="held-out")
                     more, quantized = _heldout_findings(engine, cal, held, m, threshold, bar)
                     findings += more
     order = {s: k for k, s in enumerate(SEVERITIES)}

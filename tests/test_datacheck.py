@@ -194,6 +194,21 @@ def test_too_few_samples_are_a_warning(net):
     assert report.checks() == ["count"] and report
 
 
+def test_data_num_counts_calibration_samples_only(net):
+    """The statistics cover the calibration samples checked; the held-out set is compared
+    whole, as the plugin's outputs check compares it; the set's size is the folder's."""
+    held = builders.samples(6, seed=8)
+    whole = check_data(str(net["qdq"]), net["data"], heldout=held, float_model=str(net["float"]))
+    cut = check_data(str(net["qdq"]), net["data"], heldout=held, float_model=str(net["float"]), data_num=3)
+    arr = np.stack(net["data"]["x"][:3]).astype(np.float64)
+    stats = cut.stats["calibration"]["x"]
+    assert stats["samples"] == 3 and stats["mean"] == pytest.approx(arr.mean())
+    assert cut.stats["heldout"]["x"]["samples"] == 6
+    assert cut.quantized["heldout"] == whole.quantized["heldout"]
+    assert cut.quantized["calibration"] != whole.quantized["calibration"]
+    assert "count" not in cut.checks()  # 20 samples in the set, 3 of them checked
+
+
 def test_bgr_data_against_rgb_heldout_data(rgb_net):
     bgr = {"x": [a[:, ::-1].copy() for a in rgb_net["data"]["x"]]}
     report = check_data(str(rgb_net["qdq"]), bgr, heldout=rgb_net["data"])
