@@ -182,13 +182,18 @@ BY_NAME = {o.name: o for o in OPTIONS}
 MARKER_ONLY = ("allow", "baseline")
 # Session-wide keys a marker cannot change.
 SESSION_ONLY = ("report", "baseline_dir", "cache_dir", "memory", "workers")
-MARKER_HELP = (
-    "ptq(model=None, data=None, *, float_model=None, custom_op_library=None, data_num=None, holdout=None, "
-    "node_type='node', "
-    "metric='cosine-similarity', min_cosine=0.99, min_node_cosine=0.999, tolerance=0.001, "
-    "allow=(), baseline=None): the model, data and thresholds of this test's ptq fixtures; paths are "
-    "relative to the test module; values override --ptq-* options and ptq_* ini keys."
-)
+
+
+def _marker_signature():
+    """The marker's signature, from the options it takes (every option but the session-wide
+    ones, in their order) and its own keys: it cannot drift from what the marker accepts."""
+    keys = [f"{o.name}={o.default!r}" for o in OPTIONS if o.name not in SESSION_ONLY + ("model", "data")]
+    return f"ptq(model=None, data=None, *, {', '.join(keys)}, allow=(), baseline=None)"
+
+
+MARKER_SIGNATURE = _marker_signature()
+MARKER_HELP = (f"{MARKER_SIGNATURE}: the model, data and thresholds of this test's ptq fixtures; paths are "
+               "relative to the test module; values override --ptq-* options and ptq_* ini keys.")
 
 
 def add_options(parser):

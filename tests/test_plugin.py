@@ -12,6 +12,7 @@ import re
 import shutil
 import xml.etree.ElementTree as ET
 from importlib.metadata import entry_points
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -19,6 +20,8 @@ import pytest
 from onnx import helper
 
 import builders
+
+ROOT = Path(__file__).resolve().parents[1]
 
 N = 4
 
@@ -438,11 +441,23 @@ def test_bad_marker_argument_fails_the_test_in_one_sentence(project):
     assert errors.count("a cosine threshold must lie in") == 1
 
 
-def test_marker_help_carries_the_signature(pytester):
+def test_marker_help_and_the_docs_carry_the_signature_the_marker_takes(pytester):
+    from pytest_ptq import settings
+
     result = run(pytester, "--markers")
-    result.stdout.fnmatch_lines(["@pytest.mark.ptq(model=None, data=None, *, float_model=None, custom_op_library=None, "
-                                 "data_num=None, holdout=None, node_type='node', *min_cosine=0.99*allow=(), "
-                                 "baseline=None)*"])
+    result.stdout.fnmatch_lines(["@pytest.mark.ptq(model=None, data=None, *, holdout=None, float_model=None, "
+                                 "custom_op_library=None, data_num=None, node_type='node', *min_cosine=0.99*"
+                                 "tolerance=0.001, top=10, allow=(), baseline=None)*"])
+    taken = re.findall(r"(\w+)=", settings.MARKER_SIGNATURE)
+    accepted = [o.name for o in settings.OPTIONS if o.name not in settings.SESSION_ONLY] + list(settings.MARKER_ONLY)
+    assert sorted(taken) == sorted(accepted)
+    doc = (ROOT / "docs" / "plugin.md").read_text()
+    shown = re.search(r"```text\n@pytest\.mark\.(ptq\(.*?\))\n```", doc, re.S).group(1)
+    assert " ".join(shown.split()) == settings.MARKER_SIGNATURE
+    help_text = run(pytester, "--help").stdout.str()
+    flags = help_entries(help_text, "post-training quantization accuracy contracts (pytest-ptq):")
+    table = set(re.findall(r"^\| `(--ptq-[a-z-]+)", doc, re.M))
+    assert table == set(flags)
 
 
 def test_one_analysis_per_model_data_and_sample_count(project, monkeypatch):
