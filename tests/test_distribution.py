@@ -692,3 +692,26 @@ def test_a_constant_behind_an_identity_reads_as_harmless(tmp_path):
     reading = readings.activation_reading(d)
     assert reading.startswith("every value is 1 on every sample") and reading.endswith("harmless")
     assert "keep in float" not in " ".join(readings.advise_activation(d)[0][:1])
+
+
+@pytest.mark.parametrize("values, starved", [(np.arange(10) * 0.37 - 1.5, False),  # ten values, ten codes
+                                             (np.r_[np.full(63, 0.01), 30.0], True)])  # one value sets the scale
+def test_a_tensor_is_starved_of_codes_only_where_its_values_could_fill_more(tmp_path, values, starved):
+    """A bias of ten values falls on ten codes, all it can: not "starved"; 64 values of which
+    63 round to one code beside one large value are."""
+    helper = onnx.helper
+    rng = np.random.default_rng(7)
+    bias = np.asarray(values, np.float32)
+    graph = helper.make_graph([
+        helper.make_node("Add", ["x", "bias"], ["h"]),
+        helper.make_node("Relu", ["h"], ["y"])], "bias",
+        [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, bias.size])],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)],
+        [onnx.numpy_helper.from_array(bias, "bias")])
+    engine = _engine_of(graph, tmp_path, "bias", (1, bias.size), rng)
+    [c] = [c for c in engine.qmodel.of_kind("weight") if c.input == "bias"]
+    d = plot_distribution(tmp_path / "out", engine, nodes_list=[c.name])[c.name]
+    codes = np.unique(np.clip(np.rint(bias / c.scale) + c.zero_point, c.grid.qmin, c.grid.qmax)).size
+    assert d["count"] == bias.size and d["bulk_codes"] <= codes  # the codes its values fall on
+    tries, reason = readings.weight_issue(d)
+    assert ("codes" in reason) is starved, reason

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from ..channelwise import reading as channel_reading
 from ..tables import short as _fmt
 
@@ -22,6 +24,13 @@ def bulk_codes(d):
     """Distinct grid codes that all but the thinnest tails of the data fall on (counted on the
     real grid), else the histogram estimate of the levels the bulk spans."""
     return d.get("bulk_codes", d.get("bulk_levels"))
+
+
+def starved(d):
+    """Whether the bulk of a tensor falls on too few codes: fewer than :func:`few_levels`, and
+    fewer than half its values (ten bias values on ten codes use all they can)."""
+    levels = bulk_codes(d)
+    return levels is not None and levels < few_levels(d["bit"]) and levels < d.get("count", math.inf) / 2
 
 
 def codes_text(d):
@@ -104,13 +113,13 @@ def activation_reading(d):
         return (f"every value is {d['min']:.6g} on every sample (a constant, such as a weight behind an Identity): "
                 f"one code, off by at most half a step ({d['scale'] / 2:.3g}) -> harmless")
     levels = bulk_codes(d)
-    if levels is not None and levels < few_levels(d["bit"]):
-        starved = f"99.9% of values fall on only {levels:.0f} of the {d.get('levels', 2 ** d['bit'])} codes"
+    if starved(d):
+        few = f"99.9% of values fall on only {levels:.0f} of the {d.get('levels', 2 ** d['bit'])} codes"
         if beyond_int16(d):
             would = f", and would on {d['bulk_codes_16']} of 65536 at 16 bits" if "bulk_codes_16" in d else ""
-            return (f"{starved}{would}: {_far(d)} set the range -> keep in float, or fix the model (a finite fill, "
+            return (f"{few}{would}: {_far(d)} set the range -> keep in float, or fix the model (a finite fill, "
                     "or clip the tail)")
-        return (f"{starved}: rare large values stretch the range -> {wider(d) or 'keep in float'}, or fix the model "
+        return (f"{few}: rare large values stretch the range -> {wider(d) or 'keep in float'}, or fix the model "
                 "(clip/normalise the tail)")
     if d["kind"] == "dynamic":
         return "the range is computed on every run from the tensor itself: nothing is clipped, and it fits the data"
@@ -135,7 +144,7 @@ def weight_issue(d, box=None):
     if d["role"] == "bias":
         return [], "int32 bias: its quantization error is negligible"
     worst, whole, levels = d.get("worst_channel_sqnr"), d["sqnr"], bulk_codes(d)
-    starved_bulk = levels is not None and levels < few_levels(d["bit"])
+    starved_bulk = starved(d)
     # onnxruntime splits only a Conv's, Gemm's or MatMul's weight by channel (not a norm's scale)
     splittable = d.get("takes_per_channel", True)
     if not d["per_channel"] and splittable:
@@ -184,7 +193,7 @@ def advise_activation(d, box=None):
     if d.get("effective_clipped_share", 0) > CLIP_SHARE:
         tries += ["recalibrate", *_wider_list(d)]
         reasons.append(activation_reading(d))
-    elif not constant(d) and bulk_codes(d) is not None and bulk_codes(d) < few_levels(d["bit"]):
+    elif not constant(d) and starved(d):
         tries += ["keep in float" if beyond_int16(d) else wider(d) or "keep in float", "fix the model"]
         reasons.append(activation_reading(d))
     if not tries and unused_below_zero(d) is not None:
@@ -214,7 +223,7 @@ def advise_dynamic(d, box=None):
     nothing and quantize_dynamic offers it no other type, so what remains is keeping its
     consumers in float."""
     levels = d.get("bulk_levels")
-    if levels is not None and levels < few_levels(d["bit"]):
+    if starved(d):
         return ["keep in float"], [activation_reading(d) + "; quantize_dynamic has no 16-bit activations, so keep "
                                    "its consumers in float (nodes_to_exclude)"]
     return ["keep in float"], [f"its range is computed per run (bulk spans {levels or 0:.0f} levels): the node is "
