@@ -316,7 +316,8 @@ def _fixes(qm, relevant, source):
     first; ``choices``: the remedy each fix names per calibration node (``{node: "float" |
     "int16" | "per-channel"}``; 16 bit for a node to recalibrate, which no quantizer takes per
     node)."""
-    groups = {"per-channel": [], "int16": [], "float": [], "recalibrate": [], "activation per-channel": []}
+    groups = {"per-channel": [], "int16": [], "float": [], "recalibrate": [], "activation per-channel": [],
+              "weight scale": []}
     for it in relevant:
         if it["try"][0] == "keep in float":
             groups["float"] += it["chosen"]
@@ -329,14 +330,14 @@ def _fixes(qm, relevant, source):
             elif first == "per-channel":
                 groups["activation per-channel"].append(name)
             elif first == "recalibrate":
-                groups["recalibrate"].append(name)
+                groups["weight scale" if i["kind"] == "weight" else "recalibrate"].append(name)
             elif first == "keep in float":
                 groups["float"].append(name)
             else:
                 groups["int16"].append(name)
     groups = {k: list(dict.fromkeys(v)) for k, v in groups.items()}
     # a node kept in float needs no other remedy
-    for k in ("per-channel", "int16", "recalibrate", "activation per-channel"):
+    for k in ("per-channel", "int16", "recalibrate", "activation per-channel", "weight scale"):
         groups[k] = [n for n in groups[k] if n not in groups["float"]]
     modelopt = qm.made_by.key == "modelopt"
     int16 = groups["int16"] + groups["activation per-channel"]
@@ -373,6 +374,12 @@ def _fixes(qm, relevant, source):
                               + ("calibration_method='max' (modelopt.onnx.quantization.quantize)" if modelopt
                                  else "calibrate_method=CalibrationMethod.MinMax")
                               + " on samples like the held-out ones" + ("" if modelopt else ", or raise them to 16 bit")})
+    if groups["weight scale"]:
+        fixes.append({"kind": "weight", "nodes": groups["weight scale"], "short": "weight scales",
+                      "text": f"the scale of {_names(groups['weight scale'])} clips a large share of "
+                              f"{'its' if len(groups['weight scale']) == 1 else 'their'} weights: re-quantize with "
+                              "scales computed from the weights' range (every quantizer's MinMax default for weights), "
+                              "or check that the float model is the one that was quantized"})
     plain16 = [n for n in groups["int16"]]
     if plain16 and not modelopt:
         kinds = {qm.calibration[n].kind for n in plain16}

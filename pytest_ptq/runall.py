@@ -390,8 +390,9 @@ def _plan(items, relevant, source, structural_only=False, qm=None):
                                     "that make a per-tensor scale coarse: quantize them per channel where the "
                                     f"backend allows, else {raise_}equalise the channel ranges in the model"))
     if recal:
-        steps.append(("activation", f"recalibrate {_names(recal)} with a wider range (MinMax, or a higher "
-                                    "percentile)" + (", or raise them to int16" if widen & set(recal) else "")))
+        kind = "weight" if all(qm is not None and qm.calibration[n].kind == "weight" for n in recal) else "activation"
+        steps.append((kind, f"recalibrate {_names(recal)} with a wider range (MinMax, or a higher "
+                            "percentile)" + (", or raise them to int16" if widen & set(recal) else "")))
     # onnxruntime cannot quantize activations per channel, nor any quantizer calibrate one
     # node its own way: 16 bit is what each can do for those
     choices = {**dict.fromkeys([n for n in act_pc + recal if n in widen], "int16"),

@@ -15,6 +15,7 @@ from onnx import helper
 
 import builders
 from pytest_ptq import cli
+from pytest_ptq.analysis import Analysis, AnalysisKey
 from pytest_ptq.engine import Engine
 from pytest_ptq.errors import PTQError
 from pytest_ptq.runall import runall
@@ -372,3 +373,31 @@ def test_a_node_that_costs_far_more_than_the_structural_fixes_comes_first_in_the
         split = next(i for i, s in enumerate(steps) if "outlier channels" in s)
         assert (kept < split) == fill_first
         assert ("if they still cost too much after that" in steps[kept]) != fill_first
+
+
+def test_a_weight_scale_that_clips_its_weights_is_read_as_such(tmp_path):
+    """w2's scale cut to a tenth: most of its weights clip. Not "too few levels -> more bits":
+    the scale does not fit the weights, and a re-quantization computes one that does."""
+    data = builders.samples(2)
+    fp = builders.conv_net(tmp_path / "float.onnx")
+    q = builders.quantize(fp, tmp_path / "q.onnx", data)
+    model = onnx.load(str(q))
+    inits = {i.name: i for i in model.graph.initializer}
+    s = onnx.numpy_helper.to_array(inits["w2_scale"]) / 10
+    inits["w2_scale"].CopyFrom(onnx.numpy_helper.from_array(s, "w2_scale"))
+    onnx.save(model, str(tmp_path / "clipped.onnx"))
+    w = onnx.numpy_helper.to_array(next(i for i in onnx.load(str(fp)).graph.initializer if i.name == "w2"))
+    z = float(onnx.numpy_helper.to_array(inits["w2_zero_point"]))
+    share = float(np.mean((w < (-128 - z) * s - s / 2) | (w > (127 - z) * s + s / 2)))
+    assert share > 0.5
+    out = runall(tmp_path / "clipped.onnx", data, save_dir=tmp_path / "out", top=4, float_model=fp,
+                 progress=False)
+    v = out["verdict"]
+    [it] = [it for it in v["nodes"] if it["node"] == "w2_QuantizeLinear"]
+    assert it["try"][0] == "recalibrate", it
+    assert f"{100 * share:.1f}% of the weights lie beyond the range their scale covers" in " ".join(it["reasons"])
+    assert any(step.startswith("recalibrate `w2_QuantizeLinear`") for step in v["next_steps"]), v["next_steps"]
+    # a failing contract's diagnosis names the same fix, in a weight's terms (no samples to add)
+    d = Analysis(AnalysisKey(str(tmp_path / "clipped.onnx"), data, str(fp)), tmp_path).diagnosis("weight")
+    [fix] = [f for f in d.fixes if f["short"] == "weight scales"]
+    assert fix["nodes"] == ["w2_QuantizeLinear"] and "computed from the weights' range" in fix["text"]

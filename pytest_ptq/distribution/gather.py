@@ -300,7 +300,7 @@ def clip_bounds(c):
 def _describe(qm, c):
     dtype, threshold, lo, hi = qm.shown_grid(c)  # reduce_range's weights: on their half grid
     return {"kind": c.kind, "tensor": c.input, "bit": c.bit, "wider": qm.wider_type(c), "dtype": dtype,
-            "per_channel": c.per_channel, "axis": c.axis, "threshold": threshold,
+            "per_channel": c.per_channel, "block_size": c.block_size or None, "axis": c.axis, "threshold": threshold,
             "range_lo": float(np.min(lo)), "range_hi": float(np.max(hi)),
             "scale": float(np.max(c.scale)), "role": c.role, "feeds": list(c.consumers),
             "takes_per_channel": qm.takes_per_channel(c), "float_grid": c.grid.is_float}

@@ -11,6 +11,9 @@ from ..tables import short as _fmt
 CLIP_SHARE = 1e-3
 # The bulk of a tensor spanning fewer levels than this wastes at least 4 bits of an 8-bit type.
 FEW_LEVELS = 16
+# A weight's share clipped by its own scale beyond which the scale does not fit the weights:
+# a clipping calibrator (AWQ's clip search, a percentile) cuts a few per cent at most.
+WEIGHT_CLIP_SHARE = 0.1
 # A weight channel below this SQNR (dB) is starved of levels (int8 weights usually reach 30-40).
 WEAK_SQNR_DB = 20.0
 
@@ -144,6 +147,12 @@ def weight_issue(d, box=None):
     if d["role"] == "bias":
         return [], "int32 bias: its quantization error is negligible"
     worst, whole, levels = d.get("worst_channel_sqnr"), d["sqnr"], bulk_codes(d)
+    clipped = d.get("clipped_share", 0)
+    if clipped > WEIGHT_CLIP_SHARE:
+        return ["recalibrate", "fix the model"], (
+            f"{100 * clipped:.1f}% of the weights lie beyond the range their scale covers and are clipped (SQNR "
+            f"{whole:.1f} dB): the scale was not computed from these weights -> recompute it from their range "
+            "(MinMax), or check that the float model is the one that was quantized")
     starved_bulk = starved(d)
     # onnxruntime splits only a Conv's, Gemm's or MatMul's weight by channel (not a norm's scale)
     splittable = d.get("takes_per_channel", True)
@@ -162,12 +171,17 @@ def weight_issue(d, box=None):
                                      "codes: a few large weights set the scale -> per-channel weights")
     # too few levels even per channel: more bits where the type allows, else float
     more = [wider(d) or "keep in float", "fix the model"]
-    then = f"{wider(d)} weights" if wider(d) else "keep it in float"
+    # below 8 bits, int8 is the next step a quantizer offers; int16 is what the remedies simulate
+    then = (f"{'int8 or ' if d['bit'] < 8 else ''}{wider(d)} weights" if wider(d) else "keep it in float")
     if whole < WEAK_SQNR_DB:
         return more, (f"SQNR {whole:.1f} dB at {d['bit']} bits: too few levels for this weight -> "
                       f"{'more bits (int8/int16)' if wider(d) else 'keep it in float'}, or QAT")
-    even = "even per channel" if d["per_channel"] or splittable else (
-        "per tensor (onnxruntime quantizes the weights of this op per tensor only)")
+    if d.get("block_size"):
+        even = f"even per block of {d['block_size']}"
+    elif d["per_channel"] or splittable:
+        even = "even per channel"
+    else:
+        even = "per tensor (onnxruntime quantizes the weights of this op per tensor only)"
     if worst is not None and worst < WEAK_SQNR_DB:
         return more, f"channel {d['worst_channel']} keeps only {worst:.1f} dB {even} -> {then}, or QAT"
     if starved_bulk:
