@@ -991,3 +991,43 @@ def test_a_contract_compares_a_rewritten_model_with_the_float_model_not_its_bypa
     first = {}
     analysis.accuracy(lambda run, d: first.setdefault(len(first), run(d.sample(0))[name]).sum())
     np.testing.assert_allclose(first[0], float_out[0][name], rtol=1e-5, atol=1e-6)
+
+
+def test_a_pair_only_a_subgraph_reads_leaves_a_segment_with_nothing_to_compute(tmp_path):
+    """Conv -> Relu -> If whose branches read the Relu's output: quantize_static puts a pair on
+    it that nothing reads, and the probe part holding it has no output to ask onnxruntime for,
+    which refuses a run of none."""
+    from pytest_ptq.curves import plot_acc_error
+
+    rng = np.random.default_rng(5)
+
+    def w(name, *shape):
+        return numpy_helper.from_array((rng.standard_normal(shape) * 0.3).astype(np.float32), name)
+
+    then = helper.make_graph([helper.make_node("Conv", ["r", "wt"], ["t"])], "then", [],
+                             [helper.make_tensor_value_info("t", onnx.TensorProto.FLOAT, None)], [w("wt", 4, 4, 1, 1)])
+    other = helper.make_graph([helper.make_node("Sigmoid", ["r"], ["e"])], "else", [],
+                              [helper.make_tensor_value_info("e", onnx.TensorProto.FLOAT, None)])
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w1"], ["c1"], name="conv1", pads=[1, 1, 1, 1]),
+         helper.make_node("Relu", ["c1"], ["r"], name="relu1"),
+         helper.make_node("If", ["cond"], ["b"], name="choose", then_branch=then, else_branch=other),
+         helper.make_node("Conv", ["b", "w3"], ["y"], name="conv3")], "g",
+        [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 3, 8, 8]),
+         helper.make_tensor_value_info("cond", onnx.TensorProto.BOOL, [])],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 4, 8, 8])], [w("w1", 4, 3, 3, 3), w("w3", 4, 4, 1, 1)])
+    fpath = tmp_path / "f.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), fpath)
+    data = {"x": [rng.standard_normal((1, 3, 8, 8)).astype(np.float32) for _ in range(3)],
+            "cond": [np.array(c) for c in (True, False, True)]}
+    qpath = builders.quantize(fpath, tmp_path / "q.onnx", data)
+    model = onnx.load(str(qpath))
+    read = {i for n in model.graph.node for i in n.input}
+    assert any(n.op_type == "DequantizeLinear" and n.output[0] not in read for n in model.graph.node)  # the case
+    engine = Engine(qpath, data)
+    curves = plot_acc_error(tmp_path / "out", model_or_file=engine, progress=False)
+    assert curves.configs and all(len(v) == len(curves.nodes) > 0 for v in curves.values.values())
+    want = builders.run_model(qpath, [{"x": x, "cond": c} for x, c in zip(data["x"], data["cond"])])
+    for i, got in enumerate(want):
+        for k, v in got.items():
+            np.testing.assert_allclose(engine.run(i, "all")[k], v, rtol=1e-5, atol=1e-5)

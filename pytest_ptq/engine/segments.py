@@ -337,6 +337,8 @@ class Segments:
     # -- running ---------------------------------------------------------------------------
     def _run_segment(self, j, values, form, flag_values, stacked=False, expose=(), local=False):
         sess, inputs, flags, outputs = self.session(j, form, stacked, expose, local)
+        if not outputs:  # a segment that only feeds what nothing reads (an If's outer pair): onnxruntime asks for one
+            return
         feeds = {name: values[name] for name in inputs}
         for f in flags:
             feeds[f] = flag_values[f]
