@@ -217,8 +217,10 @@ def plot_acc_error(save_dir, calibrated_data=None, model_or_file=None, quantize_
         configs = configs_from(engine, quantize_node, non_quantize_node)
         curves = get_acc_error(engine, configs, metric, data_num, local=local, progress=progress)
         curves.average_mode = params.flag(average_mode, "average_mode")
-        words = ("".join(ch if ch.isalnum() else "-" for ch in label).strip("-") for label in configs)
-        name = filename or f"acc_error_{file_stem('_'.join(words), 80)}.png"
+        words = "_".join("".join(ch if ch.isalnum() else "-" for ch in label).strip("-") for label in configs)
+        # labels of words and spaces read back from the name; others ('/a/conv.1') get their hash
+        plain = all(ch.isalnum() or ch == " " for label in configs for ch in label)
+        name = filename or f"acc_error_{file_stem(words, 80, key=None if plain else chr(0).join(configs))}.png"
         curves.png = str(plot_curves(curves, out / name))
     return curves
 

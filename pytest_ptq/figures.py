@@ -49,14 +49,17 @@ def _fonts():
     return list(rcParams["font.sans-serif"][:1]) + [f for f in _CJK_FONTS if f in installed]
 
 
-def file_stem(name, limit=120):
+def file_stem(name, limit=120, key=None):
     """A file name stem for ``name`` (a node's, a config's) of at most ``limit`` characters:
     letters, digits, ``_.-``; where it had to change or be cut, a hash of the whole name ends
-    it, so that two names never share a file (scoped names often share their first 120)."""
+    it, so that two names never share a file (scoped names often share their first 120).
+    ``key``: what the name stands for, where ``name`` is already a rewriting of it (hashed
+    instead, and where it differs from ``name``)."""
+    key = name if key is None else key
     safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", name).strip("._-") or "node"
-    if safe == name and len(safe) <= limit:
+    if safe == key and len(safe) <= limit:
         return safe
-    return safe[: limit - 7].rstrip("._-") + "-" + hashlib.sha1(name.encode()).hexdigest()[:6]
+    return safe[: limit - 7].rstrip("._-") + "-" + hashlib.sha1(key.encode()).hexdigest()[:6]
 
 
 def save_figure(fig, path, tight=True):

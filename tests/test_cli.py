@@ -255,3 +255,27 @@ def test_list_nodes_reads_a_reduce_range_weight_on_its_half_grid(tmp_path, capsy
                             nodes_list=["w_DequantizeLinear"]).values()
     assert d["threshold"] == pytest.approx(np.abs(w).max(), rel=0.01)
     assert -d["range_lo"] == pytest.approx(np.abs(w).max(), rel=0.01)
+
+
+def test_node_lists_take_exporters_names_whole_and_their_plots_stay_apart(zoo, tmp_path, capsys):
+    """Names with brackets, commas, quotes, spaces, dots and slashes, as exporters write them:
+    a value that is a node's name is that node; curves of two names that read alike on disk
+    get files of their own."""
+    import onnx
+
+    names = {"relu1": "Relu,'quoted'", "conv2": "Conv2d[conv 2]", "conv1": "/m/conv_1", "fc": "/m/conv.1"}
+    model = onnx.load(str(zoo.qdq("qdq")))
+    for n in model.graph.node:
+        n.name = names.get(n.name, n.name)
+    onnx.save(model, str(tmp_path / "m.onnx"))
+    args = [str(tmp_path / "m.onnx"), str(zoo.folder("qdq")), "--quiet", "-s", str(tmp_path / "out")]
+    assert main(["plot-distribution", *args, "-n", "Conv2d[conv 2]", "Relu,'quoted'"]) == 0, capsys.readouterr().err
+    shown = capsys.readouterr().out
+    assert "| Conv2d[conv 2] " in shown and "| Relu,'quoted' " in shown
+    pngs = set()
+    for name in ("Relu,'quoted'", "/m/conv_1", "/m/conv.1"):
+        assert main(["plot-acc-error", *args, "-q", name]) == 0, capsys.readouterr().err
+        out = capsys.readouterr().out
+        assert out.startswith(f"{name}: cosine-similarity at the output"), out
+        pngs.add(out.split("wrote ")[1].split()[0])
+    assert len(pngs) == 3 and all(Path(p).is_file() for p in pngs)

@@ -6,17 +6,19 @@ from ..curves import plot_acc_error
 from . import args as a
 
 
-def nested(values):
-    """CLI form of the seed's list of lists: 'a,b' quantizes a and b together in one config."""
+def nested(values, known=()):
+    """CLI form of the seed's list of lists: 'a,b' quantizes a and b together in one config;
+    a value in ``known`` (node names) is one name, commas and all."""
     if values is None:
         return None
-    return [v.split(",") if "," in v else v for v in values]
+    return [v.split(",") if "," in v and v not in known else v for v in values]
 
 
 def run(args):
     engine = a.engine(args)
-    curves = plot_acc_error(args.save_dir, model_or_file=engine, quantize_node=nested(args.quantize_node),
-                            non_quantize_node=nested(args.non_quantize_node), metric=args.metric,
+    known = engine.qmodel.names()
+    curves = plot_acc_error(args.save_dir, model_or_file=engine, quantize_node=nested(args.quantize_node, known),
+                            non_quantize_node=nested(args.non_quantize_node, known), metric=args.metric,
                             average_mode=args.average, data_num=args.data_num, local=not args.no_local,
                             progress=not args.quiet)
     # the model's outputs, not the last operator run (a side branch, as often as not)

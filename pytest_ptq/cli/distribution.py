@@ -11,10 +11,16 @@ from ..tables import format_table
 from . import args as a
 
 
-def node_names(values):
-    """CLI node lists in either form: ``-n a b`` or the seed's ``-n "['a','b']"``."""
+def node_names(values, engine=None):
+    """CLI node lists in either form: ``-n a b`` or the seed's ``-n "['a','b']"``; a value that
+    is one of ``engine``'s node names is taken whole (exporters' names hold spaces, commas,
+    brackets and quotes)."""
+    known = engine.qmodel.names() if engine is not None else ()
     out = []
     for v in values or []:
+        if v in known:
+            out.append(v)
+            continue
         for part in re.split(r"[,\s]+", v.strip().strip("[]")):
             part = part.strip().strip("'\"")
             if part:
@@ -30,7 +36,8 @@ def _written(args, result, json_result=None):
 
 
 def run_distribution(args):
-    dist = plot_distribution(args.save_dir, a.engine(args), nodes_list=node_names(args.nodes),
+    engine = a.engine(args)
+    dist = plot_distribution(args.save_dir, engine, nodes_list=node_names(args.nodes, engine),
                              data_num=args.data_num, bins=args.bins, progress=not args.quiet)
     rows = [{"node": k, "kind": d["kind"], "tensor": d["tensor"], "max_abs": d["max_abs"],
              "threshold": d.get("threshold", ""), "clipped %": 100 * d["clipped_share"]
@@ -50,7 +57,8 @@ def configure_distribution(p):
 
 
 def run_channelwise(args):
-    boxes = get_channelwise_data_distribution(args.save_dir, a.engine(args), nodes_list=node_names(args.nodes),
+    engine = a.engine(args)
+    boxes = get_channelwise_data_distribution(args.save_dir, engine, nodes_list=node_names(args.nodes, engine),
                                               axis=args.axis, data_num=args.data_num, outlier_k=args.outlier_k,
                                               progress=not args.quiet)
     drawn = {k: d for k, d in boxes.items() if "skipped" not in d}

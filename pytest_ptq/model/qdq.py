@@ -839,6 +839,10 @@ class QuantModel:
             return None
         return "int16"
 
+    def names(self):
+        """Every calibration and normal node name (a set)."""
+        return set(self.calibration) | set(self.normal)
+
     def node(self, name):
         """The NodeProto of a node (normal or calibration) by name."""
         if not hasattr(self, "_protos"):
