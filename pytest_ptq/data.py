@@ -325,6 +325,11 @@ def _open_dir(path, role):
     for d in subdirs:
         files = _numbered(d, _npy_files(d), role)
         if not files:
+            nested = sorted(p.relative_to(path).as_posix() for p in d.iterdir() if p.is_dir() and _npy_files(p))
+            if nested:  # an input named like 'serving_default/input_1:0', saved as DIR/<input>/<i>.npy
+                raise PTQError(f"{role} folder {str(d)!r} holds no .npy files but a folder of them ({nested[0]!r}): "
+                               f"an input name with a '/' such as {nested[0]!r} cannot be a folder name; save the "
+                               "data as an .npz with one key per input name (samples stacked on axis 0)")
             raise PTQError(f"{role} folder {str(d)!r} holds no .npy files; save one sample per file "
                            "as 0.npy, 1.npy, ...")
         sources[d.name] = _Source(str(d), files, role)

@@ -234,3 +234,13 @@ def test_a_scalar_input_stays_a_scalar(tmp_path):
                                        atol=1e-6)
             np.testing.assert_allclose(engine.run(k, ())["y"], builders.run_model(fpath, [feeds])[0]["y"],
                                        atol=1e-5)
+
+
+def test_an_input_name_with_a_slash_saved_as_folders_is_told_to_use_an_npz(tmp_path):
+    """DIR/<input>/<i>.npy for an input named 'serving_default/input_1:0' nests a folder: the
+    sentence names it and the layout that holds such a name."""
+    (tmp_path / "data" / "serving_default" / "input_1:0").mkdir(parents=True)
+    np.save(tmp_path / "data" / "serving_default" / "input_1:0" / "0.npy", np.zeros((1, 3), np.float32))
+    with pytest.raises(PTQError, match=r"holds no \.npy files but a folder of them \('serving_default/input_1:0'\): "
+                                       r"an input name with a '/'.*save the data as an \.npz"):
+        load_data(tmp_path / "data")
