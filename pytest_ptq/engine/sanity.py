@@ -223,5 +223,8 @@ class FloatModel:
             raise NotFloatEquivalent(f"bypassing every Q/DQ pair of {qm.source!r} does not reproduce the float model "
                            f"{self.where!r} on output {worst[1]!r} (cosine {worst[0]:.4f} on sample {worst[2]}){fitted}; "
                            f"check that it is the model this one was quantized from{again}")
-        changes = "; ".join(alignment.rewrites) or "no op changed, but the values differ"
+        inner = qm.inner_qdq()
+        changes = "; ".join(alignment.rewrites + ([f"the {inner} stay quantized in every configuration, the "
+                                                   "bypassed graph included"] if inner else [])) \
+            or "no op changed, but the values differ"
         return {"cosine": worst[0], "output": worst[1], "sample": worst[2], "changes": changes}

@@ -438,17 +438,23 @@ class QuantModel:
 
         return [(n, *inside(n)) for n in self.model.graph.node if has_subgraphs(n)]
 
+    def inner_qdq(self):
+        """``"N QuantizeLinear/DequantizeLinear node(s) inside the subgraphs of If 'x'"``, or ""
+        where no subgraph holds any: they stay as stored in every configuration."""
+        holders = [h for h in self._control_flow() if h[2]]
+        if not holders:
+            return ""
+        return (f"{sum(h[2] for h in holders)} QuantizeLinear/DequantizeLinear node(s) inside the subgraphs of "
+                f"{holders[0][0].op_type} {holders[0][0].name!r}"
+                + (f" and {len(holders) - 1} other control-flow node(s)" if len(holders) > 1 else ""))
+
     def _note_inner_pairs(self):
         """A note where Q/DQ nodes live in subgraphs beside the main graph's pairs: the analyses
         see the main graph's only."""
-        holders = [h for h in self._control_flow() if h[2]]
-        if holders:
-            count = sum(h[2] for h in holders)
-            self.notes.append(f"{count} QuantizeLinear/DequantizeLinear node(s) inside the subgraphs of "
-                              f"{holders[0][0].op_type} {holders[0][0].name!r}"
-                              + (f" and {len(holders) - 1} other control-flow node(s)" if len(holders) > 1 else "")
-                              + " are not analysed: the rankings, curves and verdicts cover the main graph's pairs "
-                                "only (export the branch inline to analyse it)")
+        inner = self.inner_qdq()
+        if inner:
+            self.notes.append(f"{inner} are not analysed: the rankings, curves and verdicts cover the main graph's "
+                              "pairs only (export the branch inline to analyse it)")
 
     def _inside_control_flow(self):
         """Why a model without pairs in its main graph is not the float one, where most of its
