@@ -419,3 +419,47 @@ def test_a_search_takes_one_metric_and_a_target_in_its_range(tmp_path):
                       (dict(metric="cos", target=2), r"target must lie in \[-1, 1\] for cosine-similarity")):
         with pytest.raises(PTQError, match=words):
             suggest_remedy(q, data, progress=False, requantize_check=False, **kw)
+
+
+@pytest.mark.parametrize("per_channel", [False, True])
+def test_an_int16_weight_is_simulated_on_the_grid_quantize_static_gives_it(zoo, per_channel):
+    """A weight raised to 16 bits: its grid is the weight's own range at 16 bits, per channel
+    where it is, as quantize_static computes it; not the 8-bit range at more bits (a step
+    wider), which a model that amplifies small changes reads otherwise."""
+    from onnxruntime.quantization import QuantType
+
+    from pytest_ptq.engine import Engine
+    from pytest_ptq.remedy.alternatives import alternatives_for
+
+    name = "qdq_pc" if per_channel else "qdq"
+    fpath, data = zoo.float(name), zoo.data(name)
+    engine = Engine(str(zoo.qdq(name)), data)
+    n = "w2_QuantizeLinear"
+    alts, _ = alternatives_for(engine, "int16", [n], [0])
+    sim = engine.with_alternatives(alts)
+    # the settings it gives: a per-channel weight keeps its axis (a type alone makes it per tensor)
+    settings = onnxruntime_settings(engine.qmodel, "int16", [n])
+    assert settings["TensorQuantOverrides"] == {"w2": [{"quant_type": "QInt16", **({"axis": 0} if per_channel else {})}]}
+    extra = quantize_static_kwargs(settings)["extra_options"]
+    assert extra["TensorQuantOverrides"]["w2"][0]["quant_type"] == QuantType.QInt16
+    # independent: quantize_static with those settings, run in a plain session
+    q16 = builders.quantize(fpath, zoo.root / f"{name}_w2_int16.onnx", data, per_channel=per_channel,
+                            extra_options={"UseQDQContribOps": True, **extra})
+    # conv2's own output, before any pair rounds the difference away
+    # with the int32 bias as given: quantize_static re-rounds it on the new weight scale, which
+    # the simulation leaves as it was (a shift of under half a bias step)
+    model = onnx.load(str(q16))
+    given = {i.name: i for i in onnx.load(str(zoo.qdq(name))).graph.initializer if i.name.startswith("b2_quantized")}
+    for init in model.graph.initializer:
+        if init.name in given:
+            init.CopyFrom(given[init.name])
+    for node in model.graph.node:  # a per-channel bias scale reads along the bias' one axis
+        if node.op_type == "DequantizeLinear" and node.input[0] in given:
+            del node.attribute[:]
+            node.attribute.append(onnx.helper.make_attribute("axis", 0))
+    every = tuple(builders.qdq_pairs(model))
+    want = builders.run_model(builders.rewire(model, keep=every, outputs=["c2"]), [{"x": x} for x in data["x"]],
+                              "disable")
+    for i, w in enumerate(want):
+        got = sim.run(i, "all", tensors=["c2"], alternative=[n])["c2"]
+        np.testing.assert_allclose(got, w["c2"], rtol=1e-6, atol=1e-6)

@@ -95,7 +95,10 @@ def onnxruntime_settings(qmodel, remedy, nodes, axes=None, choices=None):
             exclude.update(n for n in c.consumers if n in qmodel.normal)
         elif kind == "int16":
             signed = c.qrange[0] < 0
-            overrides[float_tensor_name(qmodel, c)] = [{"quant_type": "QInt16" if signed else "QUInt16"}]
+            entry = {"quant_type": "QInt16" if signed else "QUInt16"}
+            if c.kind == "weight" and c.per_channel and not c.block_size:
+                entry["axis"] = int(c.axis)  # a type alone makes quantize_static quantize it per tensor
+            overrides[float_tensor_name(qmodel, c)] = [entry]
         elif c.kind == "weight" and name in axes and qmodel.format == "dynamic":
             per_channel = True  # quantize_dynamic refuses an axis override; its switch covers every weight
         elif c.kind == "weight" and name in axes:
