@@ -466,3 +466,16 @@ def test_shape_arithmetic_is_told_apart_on_a_graph_deeper_than_the_recursion_lim
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])])
     f = _Float(helper.make_model(graph), {})
     assert f.shape_derived("sf") and not f.shape_derived("y") and not f.shape_derived(f"t{depth}")
+
+
+@pytest.mark.parametrize("base", ["conv", "mlp"])
+def test_a_renamed_tensor_is_named_in_remedies_as_the_float_model_names_it(made, base):
+    """Neural Compressor renames what it quantizes ('*_QuantizeInput'): a remedy's overrides,
+    and the check of what a re-quantization changed, name the float model's tensors, which the
+    alignment with it found; the renamed ones are in no model onnxruntime re-quantizes."""
+    qpath, fpath, data, _ = made("inc", base)
+    qm = QuantModel(str(qpath), float_model=str(fpath))
+    tensors = {t for n in onnx.load(str(fpath)).graph.node for t in list(n.input) + list(n.output)}
+    acts = [c for c in qm.of_kind("activation")]
+    assert any(c.input.endswith("_QuantizeInput") for c in acts)  # the case
+    assert all(float_tensor_name(qm, c) in tensors for c in acts), [float_tensor_name(qm, c) for c in acts]

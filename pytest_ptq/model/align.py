@@ -95,6 +95,8 @@ class Alignment:
     # into (or turned into another op): the producer knew it by the QDQ graph's name, and its
     # outputs are the last fused op's
     fused: dict = dataclasses.field(default_factory=dict)
+    # QDQ tensor -> the float tensor it computes, where the quantizer renamed it ('*_QuantizeInput')
+    tensors: dict = dataclasses.field(default_factory=dict)
 
     @property
     def matched_share(self):
@@ -307,7 +309,8 @@ def align(qm, float_model):
     rewrites += _stale_subgraph_reads(qm, folded)
     result = Alignment(nodes=nodes, weights=weights, folded=folded, rewrites=rewrites,
                        unmatched_weights=unmatched, unmatched_float=unmatched_float, unmatched_qdq=unmatched_qdq,
-                       weights_tried=tried, weights_fitted=fitted, fused=fused)
+                       weights_tried=tried, weights_fitted=fitted, fused=fused,
+                       tensors={q: t for q, t in tmatch.items() if q != t})
     qm.alignment = result
     return result
 

@@ -33,7 +33,9 @@ def float_tensor_name(qmodel, c):
 
     onnxruntime renames a quantized graph output's producer output to
     ``<name>_QuantizeLinear_Input`` and stores weights as ``<W>_quantized``; a QOperator
-    file's rewrite names some float tensors anew (``QuantModel.float_names``).
+    file's rewrite names some float tensors anew (``QuantModel.float_names``), and a
+    quantizer may rename the tensors it quantizes (Neural Compressor's ``*_QuantizeInput``,
+    found by the alignment with the float model).
     """
     if c.kind == "weight":
         if c.float_weight:
@@ -44,7 +46,9 @@ def float_tensor_name(qmodel, c):
     for o in c.outputs:
         if o in qmodel.output_names:
             return o
-    return qmodel.float_names.get(c.input, c.input)
+    alignment = getattr(qmodel, "alignment", None)
+    renamed = alignment.tensors.get(c.input) if alignment is not None else None
+    return qmodel.float_names.get(c.input) or renamed or c.input
 
 
 def quantizer_call(qmodel):
