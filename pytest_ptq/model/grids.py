@@ -152,12 +152,19 @@ def broadcast(values, shape, axis=None, block_size=0):
     return values.reshape(out)
 
 
+# float32's smallest normal number: a scale below it (or at 0, or negative) divides to inf or NaN
+SMALLEST_NORMAL = float(np.finfo(np.float32).tiny)
+
+
 def divided(x, scale):
     """``x / scale`` in float64, quietly: a scale of 0 gives +-inf, which the grid saturates
     as onnxruntime does (0 / 0 gives 0); such a scale is said once, where the model is read."""
+    x = np.asarray(x, np.float64)
+    if np.all(np.asarray(scale) >= SMALLEST_NORMAL):  # the usual case, without the passes below over x
+        return x / scale
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        out = np.asarray(x, np.float64) / scale
-    return np.where(np.isnan(out) & ~np.isnan(np.asarray(x, np.float64)), 0.0, out)
+        out = x / scale
+    return np.where(np.isnan(out) & ~np.isnan(x), 0.0, out)
 
 
 def fake_quant(x, grid, scale, zero_point, axis=None, block_size=0):

@@ -574,9 +574,9 @@ class QuantModel:
         if (values <= 0).any():
             self.notes.append(f"{where} has a scale of {values.min():g} ({node.input[1]!r}): its values dequantize "
                               "to 0 or change sign there; a scale should be positive (re-calibrate the model)")
-        elif (values < TINY_SCALE).any():
+        elif (values < grids.SMALLEST_NORMAL).any():
             self.notes.append(f"{where} has a scale of {values.min():g} ({node.input[1]!r}), below float32's "
-                              f"smallest normal number ({TINY_SCALE:g}): its values saturate or dequantize to "
+                              f"smallest normal number ({grids.SMALLEST_NORMAL:g}): its values saturate or dequantize to "
                               "nearly 0 there, as with a scale of 0 (re-calibrate the model)")
 
     def _valid_axis(self, node, axis, scale):
@@ -895,15 +895,14 @@ class QuantModel:
             lo, _ = c.range()
             prod = self.producer.get(c.input)
             kept = any(n.op_type in ("Relu", "Clip") for dq in c.dq_nodes for n in self.consumers[dq.output[0]])
-            empty = not np.all(c.scale >= TINY_SCALE)  # a range of no width says nothing of a floor at 0
+            empty = not np.all(c.scale >= grids.SMALLEST_NORMAL)  # a range of no width says nothing of a floor at 0
             if prod is not None and prod.op_type in _SIGNED_PRODUCERS and np.all(lo == 0) and not kept and not empty:
                 out.append(c.name)
         return out
 
 
 _ON_GRID_SAMPLE = 1 << 16
-# Scales below float32's smallest normal number: noted beside scales of 0 and below.
-TINY_SCALE = float(np.finfo(np.float32).tiny)
+
 # Ops after which a tensor can be negative.
 _SIGNED_PRODUCERS = {"Conv", "ConvTranspose", "Gemm", "MatMul", "Add", "Sub", "BatchNormalization",
                      "InstanceNormalization", "LayerNormalization", "Mul"}
