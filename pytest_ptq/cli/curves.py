@@ -6,7 +6,7 @@ from ..curves import plot_acc_error
 from . import args as a
 
 
-def nested(values, known=()):
+def nested(values, known):
     """CLI form of the seed's list of lists: 'a,b' quantizes a and b together in one config;
     a value in ``known`` (node names) is one name, commas and all."""
     if values is None:

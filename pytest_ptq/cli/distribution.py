@@ -11,11 +11,10 @@ from ..tables import format_table
 from . import args as a
 
 
-def node_names(values, engine=None):
-    """CLI node lists in either form: ``-n a b`` or the seed's ``-n "['a','b']"``; a value that
-    is one of ``engine``'s node names is taken whole (exporters' names hold spaces, commas,
+def node_names(values, known):
+    """CLI node lists in either form: ``-n a b`` or the seed's ``-n "['a','b']"``; a value in
+    ``known`` (the model's node names) is taken whole (exporters' names hold spaces, commas,
     brackets and quotes)."""
-    known = engine.qmodel.names() if engine is not None else ()
     out = []
     for v in values or []:
         if v in known:
@@ -37,7 +36,7 @@ def _written(args, result, json_result=None):
 
 def run_distribution(args):
     engine = a.engine(args)
-    dist = plot_distribution(args.save_dir, engine, nodes_list=node_names(args.nodes, engine),
+    dist = plot_distribution(args.save_dir, engine, nodes_list=node_names(args.nodes, engine.qmodel.names()),
                              data_num=args.data_num, bins=args.bins, progress=not args.quiet)
     rows = [{"node": k, "kind": d["kind"], "tensor": d["tensor"], "max_abs": d["max_abs"],
              "threshold": d.get("threshold", ""), "clipped %": 100 * d["clipped_share"]
@@ -58,7 +57,8 @@ def configure_distribution(p):
 
 def run_channelwise(args):
     engine = a.engine(args)
-    boxes = get_channelwise_data_distribution(args.save_dir, engine, nodes_list=node_names(args.nodes, engine),
+    nodes = node_names(args.nodes, engine.qmodel.names())
+    boxes = get_channelwise_data_distribution(args.save_dir, engine, nodes_list=nodes,
                                               axis=args.axis, data_num=args.data_num, outlier_k=args.outlier_k,
                                               progress=not args.quiet)
     drawn = {k: d for k, d in boxes.items() if "skipped" not in d}
