@@ -176,29 +176,41 @@ def score_configs(engine, configs, metrics, specs, indices, progress=None, alter
     see :meth:`Engine.with_alternatives`, when ``alternative``). Samples are the outer loop so
     that only one sample's (or one group's, see :meth:`Engine.batches`) tensors are alive at
     a time; the float reference of each is computed once and shared by every config.
-    ``per_sample`` lists follow ``indices``.
+    ``per_sample`` lists follow ``indices``. Where each config compiles a form of its own
+    (:attr:`Engine.config_major`), configs are the outer loop instead, so that it compiles
+    once, not once per sample.
     """
     from .engine.batching import split
 
     tensors = list(dict.fromkeys(s.tensor for s in specs))
     pooled = {label: {(s.name, m.name): m.new() for s in specs for m in metrics} for label in configs}
     per_sample = {label: {m.name: [] for m in metrics} for label in configs}
-    for group in engine.batches(indices, tensors):
+    groups = engine.batches(indices, tensors)
+
+    def score(label, group, out):
         count = len(group) if isinstance(group, tuple) else 1
         refs = split(engine.reference(group, tensors), count) if count > 1 else [engine.reference(group, tensors)]
-        outs = engine.run_many(group, [(q, q if alternative else ()) for q in configs.values()], tensors)
-        for label, out in zip(configs, outs):
-            for ref, got in zip(refs, split(out, count) if count > 1 else [out]):
-                for m in metrics:
-                    sample_vals = []
-                    for s in specs:
-                        one = m.new()
-                        m.update(one, s.take(ref[s.tensor]), s.take(got[s.tensor]))
-                        m.merge(pooled[label][(s.name, m.name)], one)
-                        sample_vals.append(m.value(one))
-                    per_sample[label][m.name].append(m.worst(sample_vals))
-            if progress is not None:
-                progress.advance(count)
+        for ref, got in zip(refs, split(out, count) if count > 1 else [out]):
+            for m in metrics:
+                sample_vals = []
+                for s in specs:
+                    one = m.new()
+                    m.update(one, s.take(ref[s.tensor]), s.take(got[s.tensor]))
+                    m.merge(pooled[label][(s.name, m.name)], one)
+                    sample_vals.append(m.value(one))
+                per_sample[label][m.name].append(m.worst(sample_vals))
+        if progress is not None:
+            progress.advance(count)
+
+    if engine.config_major:
+        for label, q in configs.items():
+            for group in groups:
+                score(label, group, engine.run(group, q, tensors, alternative=q if alternative else ()))
+    else:
+        for group in groups:
+            outs = engine.run_many(group, [(q, q if alternative else ()) for q in configs.values()], tensors)
+            for label, out in zip(configs, outs):
+                score(label, group, out)
     return {label: ({k: m_state for k, m_state in pooled[label].items()}, per_sample[label])
             for label in configs}
 

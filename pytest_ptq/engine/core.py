@@ -240,6 +240,13 @@ class Engine:
         return self._segments
 
     @property
+    def config_major(self):
+        """Whether analyses should run every sample under a config before the next config:
+        where a config compiles a form of its own (a 16-bit float graph's, see
+        :meth:`.segments.Segments.touched`), that compiles it once, not once per sample."""
+        return self.segments is not None and self.segments.per_config
+
+    @property
     def concurrency(self):
         """How many configs :meth:`run_many` runs at once (decided with the segments)."""
         return self._workers.count if self.segments is not None else 1

@@ -258,10 +258,12 @@ def lowered(nodes):
     same Q reads the unrounded value (measured on Model Optimizer's fp16 PP-OCRv4 detector:
     every pair quantized, If gates 0.9927 cosine to onnxruntime on the file, Where gates
     1.000000). In the main graph the Q/DQ get the provider's own treatment, whichever it is,
-    at the cost of computing them when bypassed too. 32-bit gates stay Ifs."""
+    at the cost of computing them when bypassed too, which is not free of effect (a Q reading
+    a tensor keeps its writer in 16 bits): segments give configs of such gates a form of
+    their own (:meth:`.segments.Segments.touched`). 32-bit gates stay Ifs."""
     out = []
     for node in nodes:
-        if gate_of(node) is not None and _low_precision(node):
+        if gate_of(node) is not None and low_precision(node):
             out += _as_where(node)
         else:
             out.append(node)
@@ -290,7 +292,8 @@ def _branches(node):
     return {a.name: a.g for a in node.attribute if a.type == onnx.AttributeProto.GRAPH}
 
 
-def _low_precision(node):
+def low_precision(node):
+    """Whether gate ``node`` passes a 16-bit float tensor (see :func:`lowered`)."""
     return any(o.type.tensor_type.elem_type in HALF_TYPES for o in _branches(node)["else_branch"].output)
 
 

@@ -6,7 +6,8 @@ onnxruntime prepacks and fuses as in the float model) and forms for the groups o
 calibration nodes a config quantizes there, weight quantizers (:data:`WEIGHTS`) and
 activation quantizers (:data:`ACTIVATIONS`): a group the config quantizes whole is inline
 (:data:`ON`: the Q/DQ as stored, constant weights folded and fused as in the file), one it
-quantizes in part is gated (:data:`SWITCHED`), one it leaves is pass-throughs. So an
+quantizes in part is gated (:data:`SWITCHED`; in a 16-bit float graph, a form of that
+config's own instead, see :meth:`Segments._count_groups`), one it leaves is pass-throughs. So an
 activation config keeps constant, prepacked weights, and a weight config pays no activation
 gate (measured on the PP-OCRv4 detector: a segment with every gate switchable ran 2x its
 float form). Forms are compiled on first use, with the shapes onnxruntime fuses by.
@@ -33,8 +34,8 @@ from onnx import helper, numpy_helper
 from ..errors import PTQError
 from ..model.graph import model_without, node_refs
 from ..model.qdq import HALF_TYPES
-from .instrument import (LOCAL_PREFIX, anchored, bypass_nodes, constants_late, gate_of, local_clones, lowered,
-                         quantized_nodes)
+from .instrument import (LOCAL_PREFIX, anchored, bypass_nodes, constants_late, gate_of, local_clones, low_precision,
+                         lowered, quantized_nodes)
 from .runtime import make_session, run
 
 WEIGHTS, ACTIVATIONS = "weights", "activations"  # the groups of gates in a segment's form
@@ -122,14 +123,18 @@ class Segments:
         for i in self.model_inputs:
             produced.setdefault(i, -1)
         self.produced, self.last_use = produced, last_use
-        # per position, how many tensors are live there, and how many of those cannot be a
-        # segment's input (untyped) or a walk's cut (untyped or 16-bit float): one sweep, where
-        # listing each candidate's live tensors cost the planning O(nodes x tensors) (2.7 s of
-        # an 8000-node model's 6.7 s build)
+        # per position, how many tensors are live there, and how many of those cannot cross a
+        # segment's or a walk's cut: untyped ones, and 16-bit floats the graph computes, which
+        # onnxruntime's CPU provider mostly computes in float32 and passes on unrounded within
+        # a session, fusing ops across what a cut would part (measured on Model Optimizer's
+        # fp16 PP-OCR classifier through 12 segments: the float pass 1.2e-4 from the file's on
+        # its softmax, one pair's config up to 3e-3 with the boundaries kept in float32, and
+        # 0 whole). One sweep, where listing each candidate's live tensors cost the planning
+        # O(nodes x tensors) (2.7 s of an 8000-node model's 6.7 s build)
         spans = [(t, k + 1, last_use.get(t, -1)) for t, k in produced.items() if t not in self.inits]
         self._live_count = _sweep(spans, n)
-        self._uncut = _sweep(spans, n, lambda t: t not in self.types and t not in self.model_inputs)
-        self._unwalked = _sweep(spans, n, lambda t: t not in self.types or self.types[t] in HALF_TYPES)
+        self._uncut = _sweep(spans, n, lambda t: t not in self.model_inputs
+                             and (t not in self.types or self.types[t] in HALF_TYPES))
         self._live = {}
         gates = len(self.gate_of)
         if count is None:
@@ -143,7 +148,7 @@ class Segments:
             best = None
             for p in window:
                 if self._uncut[p]:
-                    continue  # a boundary tensor of unknown type cannot be a segment input
+                    continue  # a tensor live here cannot cross a cut (above)
                 if best is None or self._live_count[p] < best[0]:
                     best = (self._live_count[p], p)
             if best is not None:
@@ -173,28 +178,51 @@ class Segments:
     def touched(self, quantized):
         """``{segment index: form}`` of the config quantizing ``quantized`` (names): the
         segments it touches, each with the state of each group of gates there (absent: all
-        bypassed; :data:`ON`: all quantized; :data:`SWITCHED`: some, chosen by feeds)."""
-        counts = {}
+        bypassed; :data:`ON`: all quantized; :data:`SWITCHED`: some, chosen by feeds; a
+        frozenset of names: those quantized inline, the rest bypassed, in a group of 16-bit
+        float gates, see :meth:`_count_groups`)."""
+        names = {}
         for name in set(quantized):
             j = self.segment_of_gate.get(name)
             if j is not None:
-                key = (j, self.group_of[name])
-                counts[key] = counts.get(key, 0) + 1
+                names.setdefault((j, self.group_of[name]), set()).add(name)
         forms = {}
-        for (j, group), n in counts.items():
-            on = n == self._sizes[j, group] and (j, group) not in self._alternative
-            forms.setdefault(j, set()).add((group, ON if on else SWITCHED))
+        for (j, group), some in names.items():
+            if (j, group) in self._alternative:
+                state = SWITCHED
+            elif len(some) == self._sizes[j, group]:
+                state = ON
+            else:
+                state = frozenset(some) if (j, group) in self._exact else SWITCHED
+            forms.setdefault(j, set()).add((group, state))
         return {j: frozenset(f) for j, f in forms.items()}
 
+    @property
+    def per_config(self):
+        """Whether configs quantizing part of a group get a form of their own (16-bit float
+        gates, see :meth:`_count_groups`), compiled for each."""
+        return bool(self._exact)
+
     def _count_groups(self):
-        """Gates per (segment, group), and the (segment, group)s with an alternative (whose
-        choice is a feed, so they are never inlined)."""
-        self._sizes, self._alternative = {}, set()
-        for name, j in self.segment_of_gate.items():
+        """Gates per (segment, group); the (segment, group)s with an alternative (whose choice
+        is a feed, so they are never inlined); and those of 16-bit float gates, which a config
+        quantizing some of them gets a form of its own for: a switched gate computes its Q/DQ
+        bypassed too (:func:`.instrument.lowered`), and a Q reading a tensor keeps the
+        node writing it in 16 bits where onnxruntime's CPU provider computes it in float32
+        in the file (measured on Model Optimizer's fp16 PP-OCR classifier: every Clip before a
+        bypassed pair rounded, one pair's config 6.4e-3 from the file on its softmax, ranks 2-5
+        reordered; 1.1e-3 in a form of its own, all of it the file's optimization level)."""
+        self._sizes, self._alternative, self._exact = {}, set(), set()
+        for k, name in self.gate_of.items():
+            j = self.segment_of_gate.get(name)
+            if j is None:
+                continue
             key = (j, self.group_of[name])
             self._sizes[key] = self._sizes.get(key, 0) + 1
             if name in self.gates.alt_flags:
                 self._alternative.add(key)
+            if low_precision(self.nodes[k]):
+                self._exact.add(key)
 
     def _whole(self, touched):
         """The form of the whole graph when the config ``touched`` quantizes whole groups
@@ -216,6 +244,8 @@ class Segments:
         for k in range(lo, hi):
             node = self.nodes[k]
             state = states.get(self.group_of[self.gate_of[k]]) if k in self.gate_of else None
+            if isinstance(state, frozenset):  # an exact form's: this gate quantized or not
+                state = ON if self.gate_of[k] in state else None
             if k in self.gate_of and state is None:
                 c = self.qmodel.calibration[self.gate_of[k]]
                 nodes += [n for o in node.output
@@ -445,7 +475,7 @@ class Segments:
             lo, held = self.cuts[j], 0
             for k in range(self.cuts[j], self.cuts[j + 1]):
                 add = sum(size.get(o, 0) for o in self.nodes[k].output)
-                if held and held + add > budget and not self._unwalked[k]:
+                if held and held + add > budget and not self._uncut[k]:
                     spans.append((j, (lo, k)))
                     lo, held = k, 0
                 held += add
