@@ -17,6 +17,8 @@ A contract needs no Python::
       type: activation              # node | weight | activation
       threshold: 0.999
       allow: [conv1*]
+      outputs: [prob]               # optional: judged on these outputs or slices; default:
+                                    # those 'outputs' names if it gives no default, else all
     accuracy:                       # optional: task metric relative to float
       evaluate: evaluate.py:top1    # FILE.py:FUNCTION (relative) or package.module:FUNCTION
       min_ratio: 0.99
@@ -64,7 +66,7 @@ MAX_BYTES = 1 * 2**20
 MAX_NODES = 20_000
 _KEYS = {"model", "data", "float_model", "custom_op_library", "holdout", "data_num", "metric", "outputs", "nodes", "accuracy",
          "data_check", "baseline", "tolerance"}
-_NODE_KEYS = {"type", "threshold", "allow", "metric"}
+_NODE_KEYS = {"type", "threshold", "allow", "metric", "outputs"}
 _ACCURACY_KEYS = {"evaluate", "min_ratio"}
 _DATA_CHECK_KEYS = {"max_severity"}
 
@@ -91,7 +93,7 @@ class Contract:
     data_num: int | None = None
     metric: str | None = None
     outputs: object = None  # number or {output: number}; None: the session's min_cosine
-    nodes: dict | None = None  # {type, threshold, allow, metric}
+    nodes: dict | None = None  # {type, threshold, allow, metric, outputs}
     accuracy: dict | None = None  # {evaluate, min_ratio}
     data_check: dict | None = None  # {max_severity}
     baseline: Path | None = None  # None: no baseline check
@@ -107,6 +109,17 @@ class Contract:
         if target.endswith(".py"):
             inputs.add(self.path.parent / target, "evaluation file")
         return inputs
+
+    @property
+    def node_outputs(self):
+        """The outputs the nodes check judges: ``nodes.outputs``, else those ``outputs`` names
+        when it gives no default (the only ones the contract holds to a floor), else None (every
+        output)."""
+        if self.nodes is not None and self.nodes.get("outputs"):
+            return self.nodes["outputs"]
+        if isinstance(self.outputs, dict) and "" not in self.outputs:
+            return list(self.outputs)
+        return None
 
     @property
     def checks(self):
@@ -350,13 +363,19 @@ def _nodes(value, metric, where):
         allow = [allow]
     if not isinstance(allow, list) or not all(isinstance(a, str) for a in allow):
         raise ContractError(f"{where}: 'nodes.allow' must be a list of node names or patterns, got {shown(allow)}")
+    outputs = value.get("outputs")
+    if isinstance(outputs, str):
+        outputs = [outputs]
+    if outputs is not None and (not isinstance(outputs, list) or not outputs
+                                or not all(isinstance(o, str) and o for o in outputs)):
+        raise ContractError(f"{where}: 'nodes.outputs' must be a list of output names or slices, got {shown(outputs)}")
     own = _metric(value["metric"], "nodes.metric", where) if "metric" in value else None
     threshold = None
     if "threshold" in value:  # checked here when the contract names the metric, else when it runs
         threshold = _num(value["threshold"], "nodes.threshold", where)
         if own or metric:
             threshold = _bound(threshold, "nodes.threshold", own or metric, where)
-    return {"type": node_type, "threshold": threshold, "allow": list(allow), "metric": own}
+    return {"type": node_type, "threshold": threshold, "allow": list(allow), "metric": own, "outputs": outputs}
 
 
 def _accuracy(value, where):
@@ -506,7 +525,7 @@ class ContractItem(pytest.Item):
             # output thresholds are cosines unless the contract itself names a metric
             result = ptq.check_outputs(c.outputs, c.metric or COSINE)
         elif self.name == "nodes":
-            result = ptq.check_nodes(c.nodes["threshold"], metric=c.nodes["metric"])
+            result = ptq.check_nodes(c.nodes["threshold"], metric=c.nodes["metric"], outputs=c.node_outputs)
         elif self.name == "accuracy":
             fn = load_function(c.accuracy["evaluate"], c.path.parent, f"contract {self.path.name!r}")
             result = ptq.check_accuracy(fn, c.accuracy["min_ratio"])

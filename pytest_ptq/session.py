@@ -265,14 +265,16 @@ class PTQSession:
         return [r for rec in self.tests.values() for mid, r in rec.results if mid == model_id]
 
     def failing_outputs(self, model_id):
-        """The output specs of the model whose output checks failed, where one of them is a
-        slice (``obj=output[:, :, 4:5]``); else None: the explanation and the remedy judge the
-        model's whole outputs, which may pass where a slice fails."""
-        failing = [(o, r.parts.get(o)) for r in self._results_of(model_id) if r.kind == "outputs" and not r
-                   for o in r.failing]
-        if not any(part for _, part in failing):
+        """The output specs of the model whose output checks failed (an output, or a slice
+        ``obj=output[:, :, 4:5]``), which the explanation and the remedy judge: a model's other
+        outputs may be ones its contract holds to no floor that matters (a recurrent state
+        beside the speech probability); None where no output check failed, or every output
+        of the model failed whole (the default: the same)."""
+        failing = list(dict.fromkeys(r.parts.get(o) or o for r in self._results_of(model_id)
+                                     if r.kind == "outputs" and not r for o in r.failing))
+        if not failing or set(failing) == set(self.analyses[model_id].qmodel.output_names):
             return None
-        return list(dict.fromkeys(part or o for o, part in failing))
+        return failing
 
     def explain(self, item):
         """After a failing (or expectedly failing) call: the diagnosis of each model the test
@@ -333,7 +335,7 @@ class PTQSession:
             args += ["--data-num", str(key.data_num)]
         args += ["--target-cosine", f"{target:g}", "--remedy", "mixed"]
         parts = self.failing_outputs(key.id)
-        if parts:  # the search aims at the slice that failed, not the whole outputs
+        if parts:  # the search aims at the outputs (or slices) that failed, not every output
             args += ["-o", *parts]
         return shlex.join(args)
 

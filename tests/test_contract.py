@@ -192,6 +192,8 @@ def test_an_error_in_the_users_evaluate_shows_its_frames_not_pytests(project):
      "bad.ptq.yaml)"),
     ("model: ../models/model.onnx\ndata: ../models/calib\noutputs:\n  prob: high\n",
      "contract 'bad.ptq.yaml': 'outputs.prob' must be a number, got 'high'"),
+    ("model: ../models/model.onnx\ndata: ../models/calib\nnodes: {outputs: 3}\n",
+     "contract 'bad.ptq.yaml': 'nodes.outputs' must be a list of output names or slices, got 3"),
     ("model: ../models/model.onnx\ndata: ../models/calib\nmetric: mse\n",
      "contract 'bad.ptq.yaml': 'metric: mse' needs the mse the outputs must reach: add 'outputs: VALUE' (or one per "
      "output); only cosine-similarity has a default threshold"),

@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 import shutil
 
+import onnx
 import pytest
 
 import builders
@@ -270,3 +271,47 @@ def test_a_rewrite_that_loses_more_than_quantizing_is_said_beside_the_three_conf
     assert _rewrite_note(SimpleNamespace(rewrite={**broken.rewrite, "cosine": 0.99}), cos, 0.4731) is None
     assert _rewrite_note(SimpleNamespace(rewrite=None), cos, 0.4731) is None
     assert _rewrite_note(broken, get_metrics("mse")[0], 0.1) is None
+
+
+def test_a_contract_judges_nodes_on_the_outputs_it_holds_to_a_floor(pytester, planted):
+    """A contract whose outputs named one output (a recurrent model's speech probability beside
+    the state it carries) judged its nodes on every output, and failed on the state's figures."""
+    root = planted["root"]
+    qw = root / "qw.onnx"
+    graph = onnx.load(str(qw)).graph
+    inits = {i.name for i in graph.initializer}
+    weights = [n.name for n in graph.node if n.op_type == "QuantizeLinear" and n.input[0] in inits]
+    feeds = feeds_of(builders.samples(N, seed=1))
+    ref = builders.run_model(keep_only(qw), feeds)
+    sens = {}
+    for w in weights:
+        got = builders.run_model(keep_only(qw, {w}), feeds)
+        sens[w] = {t: pooled_cosine([r[t] for r in ref], [g[t] for g in got]) for t in ("prob", "r2")}
+    on_prob = min(s["prob"] for s in sens.values())
+    on_both = min(min(s.values()) for s in sens.values())
+    assert on_both < on_prob
+    limit = (on_prob + on_both) / 2
+    for name in ("qw.onnx", "float.onnx"):
+        shutil.copy(root / name, pytester.path / name)
+    shutil.copytree(root / "calib", pytester.path / "calib")
+    common = "model: qw.onnx\ndata: calib\nbaseline: false\n"
+    pytester.makefile(".ptq.yaml", named=common + f"outputs: {{prob: 0.5}}\nnodes: {{type: weight, threshold: {limit!r}}}\n",
+                      default=common + f"outputs: {{default: 0.5}}\nnodes: {{type: weight, threshold: {limit!r}}}\n",
+                      chosen=common + "outputs: {default: 0.5}\n"
+                      f"nodes: {{type: weight, threshold: {limit!r}, outputs: [prob]}}\n")
+    result = run(pytester, "-p", "no:xdist", "-rA")
+    result.assert_outcomes(passed=5, failed=1)
+    out = result.stdout.str()
+    assert all(f"PASSED {name}.ptq.yaml::nodes" in out for name in ("named", "chosen")), out
+    assert "FAILED default.ptq.yaml::nodes" in out
+
+
+def test_a_failing_output_is_explained_and_searched_on_that_output(project, planted):
+    """A contract failing on one of two outputs was explained with, and sent to a search on,
+    every output: the search then held the other output to the failing one's floor."""
+    result = run(project, "-p", "no:xdist", "-k", "qw.ptq.yaml")
+    out = result.stdout.str()
+    assert "FAILED outputs  cosine-similarity of 'r2'" in out
+    assert "most sensitive nodes (cosine-similarity of 'r2' with only that node quantized" in out
+    assert re.search(r"ptq-debug suggest qw\.onnx calib --heldout held --float-model float\.onnx --target-cosine "
+                     r"0\.9999 --remedy mixed -o r2\b", out), out
