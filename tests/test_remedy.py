@@ -463,3 +463,45 @@ def test_an_int16_weight_is_simulated_on_the_grid_quantize_static_gives_it(zoo, 
     for i, w in enumerate(want):
         got = sim.run(i, "all", tensors=["c2"], alternative=[n])["c2"]
         np.testing.assert_allclose(got, w["c2"], rtol=1e-6, atol=1e-6)
+
+
+def test_unnamed_float_nodes_are_excluded_under_the_names_the_advice_gives(tmp_path):
+    """quantize_static excludes nodes by name only: advice naming a float model's unnamed
+    conv by the name pytest-ptq gave it was ignored, and the re-quantized check measured the
+    model without the remedy as if with it."""
+    data = builders.samples(N)
+    fpath = builders.conv_net(tmp_path / "float.onnx", outlier_channel=3, unnamed=True)
+    qpath = builders.quantize(fpath, tmp_path / "qdq.onnx", data)
+    r = suggest_remedy(str(qpath), data, target=0.99, remedy="float", output_node=SLICE, float_model=str(fpath),
+                       save_dir=tmp_path / "out")
+    assert r.baseline < 0.99 and r.settings["nodes_to_exclude"] == ["Conv_0"]
+    requantized = onnx.load(r.measured["model"])
+    conv = next(n for n in requantized.graph.node if n.op_type == "Conv")
+    assert "w1" in conv.input and "x" in conv.input  # the first conv reads its float weight and input
+    feeds = _feeds(data)
+    ref = builders.run_model(_exposing_c1(fpath), feeds, outputs=["c1"])
+    got = builders.run_model(_exposing_c1(requantized), feeds, outputs=["c1"])
+    assert r.measured["value"] == pytest.approx(_cosine(_sliced(ref), _sliced(got)), abs=1e-9)
+    assert r.measured["value"] > 0.99 > r.measured["baseline_value"]
+    assert any("['Conv_0'] have no names in its file" in n for n in r.notes)
+    assert onnx.load(str(fpath)).graph.node[0].name == ""  # the user's file is left as it was
+
+
+def test_a_node_the_quantizer_inserted_is_not_named_for_the_float_model(outlier, tmp_path):
+    """AMD Quark inserts ops the float model lacks (an AveragePool for a Split): excluding one
+    by name from quantize_static on the float model does nothing, so the advice said nothing."""
+    from pytest_ptq.engine import Engine
+
+    model = onnx.load(str(outlier["qdq"]))
+    graph = model.graph
+    dq = next(n for n in graph.node if n.op_type == "DequantizeLinear" and n.output[0].startswith("r1"))
+    graph.initializer.append(numpy_helper.from_array(np.array(1.0, np.float32), "one"))
+    at = next(k for k, n in enumerate(graph.node) if n.name == "conv2")
+    graph.node.insert(at, onnx.helper.make_node("Mul", [dq.output[0], "one"], ["r1_times_one"], name="inserted_mul"))
+    graph.node[at + 1].input[0] = "r1_times_one"
+    onnx.save(model, str(tmp_path / "inserted.onnx"))
+    engine = Engine(str(tmp_path / "inserted.onnx"), outlier["data"], float_model=str(outlier["float"]))
+    pair = next(c.name for c in engine.qmodel.calibration.values() if c.input == "r1")
+    s = onnxruntime_settings(engine.qmodel, "float", [pair])
+    assert s["not_in_float_model"] == ["inserted_mul"]
+    assert set(s["nodes_to_exclude"]) == {"relu1", "add2"}

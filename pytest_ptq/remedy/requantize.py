@@ -14,6 +14,7 @@ from ..engine import Engine
 from ..engine.runtime import make_session, run
 from ..errors import NotQuantized, PTQError
 from ..model import load_model
+from ..model.graph import name_nodes
 from ..model.qdq import PER_CHANNEL_OPS
 from ..stages import simulation_warnings
 from .result import meets
@@ -119,6 +120,11 @@ def requantize(float_model, out_path, data, options, settings=None):
 
     model, path = load_model(float_model, what="float model")
     source = str(path) if path else model
+    if not set(exclude) <= {n.name for n in model.graph.node}:
+        # quantize_static excludes nodes by name only: unnamed ones get the names pytest-ptq
+        # gives them everywhere (see measure's note), in this copy
+        name_nodes(model.graph)
+        source = model
     root = logging.getLogger()
     level = root.level
     # quantize_static logs a pre-processing advice on every call; it is noise here
@@ -174,10 +180,17 @@ def measure(parts, objective, float_model, result, save_dir):
                     "baseline_model": None if tmp else str(base_path)}
         fmodel = load_model(float_model, what="float model")[0]
         fnames = {n.name for n in fmodel.graph.node}
-        unknown_names = [n for n in result.settings["nodes_to_exclude"] if n not in fnames]
-        if unknown_names:
-            result.notes.append(f"nodes_to_exclude names {unknown_names} are not node names of the float model "
-                                "(unnamed nodes get generated names); exclude them by their float-model names")
+        given = name_nodes(fmodel.graph)
+        missing = [n for n in result.settings["nodes_to_exclude"] if n not in fnames]
+        unnamed = [n for n in missing if n in given]
+        if unnamed:
+            result.notes.append(f"the float model's nodes {unnamed} have no names in its file, and quantize_static "
+                                "excludes nodes by name only: pytest-ptq names an unnamed node <OpType>_<k> (k counting "
+                                "that op type in graph order), and re-quantized a copy so named; name them so in the "
+                                "float model before quantizing it")
+        if len(unnamed) < len(missing):
+            result.notes.append(f"nodes_to_exclude names {[n for n in missing if n not in unnamed]} are not node names "
+                                "of the float model, and quantize_static ignores them")
         figures = {name: {"samples": len(part), "target": scorer.target} for name, (part, scorer) in parts.items()}
         for key, path in (("before", base_path), ("after", fixed_path)):
             try:

@@ -252,6 +252,9 @@ class Remedy(JsonResult):
             lines.append("in Python: " + self.python_snippet())
         if s.get("simulation_only"):
             lines.append("simulation only (onnxruntime cannot express it): " + ", ".join(s["simulation_only"]))
+        if s.get("not_in_float_model"):
+            lines.append("not in the float model (the quantizer inserted them: quantize_static has nothing there to "
+                         "exclude): " + ", ".join(s["not_in_float_model"]))
         if self.measured:
             mm = self.measured
             other = (f" (onnxruntime's quantizer, not {self.producer_terms['short']}'s that made the model: reported, "

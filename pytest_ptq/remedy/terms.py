@@ -72,7 +72,9 @@ def per_channel_weights(qmodel):
 
 def onnxruntime_settings(qmodel, remedy, nodes, axes=None, choices=None):
     """``{"nodes_to_exclude": [...], "TensorQuantOverrides": {...}, "simulation_only": [...]}``
-    that apply ``remedy`` to the calibration ``nodes`` when quantizing the float model.
+    that apply ``remedy`` to the calibration ``nodes`` when quantizing the float model
+    (``"not_in_float_model": [...]`` too where nodes to exclude are ones the quantizer
+    inserted, which the float model lacks).
 
     ``remedy="mixed"`` takes each node's kind from ``choices`` (``{node: kind}``).
     ``nodes_to_exclude`` is in topological order, named as in the float model when ``qmodel``
@@ -111,11 +113,18 @@ def onnxruntime_settings(qmodel, remedy, nodes, axes=None, choices=None):
             sim_only.append(name)
     ordered = sorted(exclude, key=lambda n: qmodel.normal[n].index)
     alignment = getattr(qmodel, "alignment", None)
+    absent = []
     if alignment is not None:
         # quantize_static reads the float model: its node names, where a quantizer renamed
-        # nodes (Neural Compressor's '<name>_quant') and the alignment found them
-        ordered = [alignment.nodes.get(n, n) for n in ordered]
+        # nodes (Neural Compressor's '<name>_quant') or fused them and the alignment found them;
+        # a node the quantizer inserted (AMD Quark's AveragePool for a Split) has none to exclude
+        found = {**alignment.fused, **alignment.nodes}  # fused: the float op the quantizer's own fusion kept
+        floats = set(found.values()) | set(alignment.unmatched_float)
+        absent = [n for n in ordered if n not in found and n not in floats]
+        ordered = list(dict.fromkeys(found.get(n, n) for n in ordered if n not in absent))
     settings = {"nodes_to_exclude": ordered, "TensorQuantOverrides": overrides, "simulation_only": sim_only}
+    if absent:
+        settings["not_in_float_model"] = absent
     if per_channel:
         settings["per_channel"] = True
     if qmodel.format == "dynamic":
