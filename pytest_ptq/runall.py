@@ -165,7 +165,8 @@ def _runall(engine, out, metrics, output_node, node_type, data_num, top, axis, p
 
     budget = "" if rank_samples is not None else (
         f", as many samples as {time_budget:.3g} s allow" if time_budget is not None else
-        f", on as many samples as the time of {DEFAULT_BUDGET_SAMPLES} allows (at most {DEFAULT_BUDGET_S:.0f} s)")
+        f", on as many samples as fit in the time {DEFAULT_BUDGET_SAMPLES} samples take to rank (at most "
+        f"{DEFAULT_BUDGET_S:.0f} s)")
     with _step(timings, "sensitivity", f"[1/{steps}] sensitivity of {' and '.join(types)} nodes{budget}", progress):
         sens, screening = through(cache, ("runall rankings", base, tuple(types), rank_samples, time_budget),
                                   lambda: screen(engine, types, metric_objs, specs, every_index, budget_s=time_budget,
