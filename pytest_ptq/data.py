@@ -154,6 +154,12 @@ class CalibrationData:
             if dims is not None and arr.ndim == len(dims) - 1:
                 arr = arr[None]
             if dtype is not None and arr.dtype != dtype:
+                if arr.dtype.kind in "iu" and arr.size and not (np.iinfo(dtype).min <= arr.min()
+                                                                and arr.max() <= np.iinfo(dtype).max):
+                    # astype would wrap them around silently: the model would read other values
+                    raise PTQError(f"{self.role} sample {src.describe(idx)!r} for input {name!r} holds values "
+                                   f"{arr.min()}..{arr.max()} ({arr.dtype}), beyond the {np.dtype(dtype)} the model "
+                                   "takes; check the preprocessing")
                 arr = arr.astype(dtype)
             if arr.dtype.kind == "f" and not np.isfinite(arr).all():
                 bad = int((~np.isfinite(arr)).sum())

@@ -244,3 +244,28 @@ def test_an_input_name_with_a_slash_saved_as_folders_is_told_to_use_an_npz(tmp_p
     with pytest.raises(PTQError, match=r"holds no \.npy files but a folder of them \('serving_default/input_1:0'\): "
                                        r"an input name with a '/'.*save the data as an \.npz"):
         load_data(tmp_path / "data")
+
+
+def test_integer_samples_beyond_the_input_type_are_refused_not_wrapped(tmp_path):
+    """An int64 sample for an int32 input was cast silently, and values beyond int32 wrapped
+    around to other token ids."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    emb = numpy_helper.from_array(rng.standard_normal((10, 8)).astype(np.float32), "emb")
+    w = numpy_helper.from_array(rng.standard_normal((8, 4)).astype(np.float32), "w")
+    graph = helper.make_graph(
+        [helper.make_node("Gather", ["emb", "ids"], ["e"], name="gather"),
+         helper.make_node("MatMul", ["e", "w"], ["y"], name="matmul")], "ids_input",
+        [helper.make_tensor_value_info("ids", TensorProto.INT32, [1, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 4])], [emb, w])
+    fpath = builders._save(graph, tmp_path / "float.onnx")
+    data = {"ids": [rng.integers(0, 10, (1, 4)).astype(np.int32) for _ in range(3)]}
+    qm = QuantModel(str(builders.quantize(fpath, tmp_path / "qdq.onnx", data)))
+    fits = load_data({"ids": [a.astype(np.int64) for a in data["ids"]]}, qm).sample(1)["ids"]
+    assert fits.dtype == np.int32 and np.array_equal(fits, data["ids"][1])
+    wide = [a.astype(np.int64) for a in data["ids"]]
+    wide[2][0, 1] = 2**32 + 3  # as int32: 3, another id
+    with pytest.raises(PTQError, match=r"sample .* for input 'ids' holds values \d+\.\.4294967299 \(int64\), beyond "
+                                       r"the int32 the model takes"):
+        load_data({"ids": wide}, qm).sample(2)
