@@ -318,13 +318,16 @@ class PTQSession:
 
     def suggest_command(self, analysis, settings):
         """``ptq-debug suggest`` on the model with the contract's data and target, runnable from
-        where pytest was started (empty without a float model to re-quantize)."""
+        where pytest was started; empty where the model's output checks all passed (the search
+        would find their floors met: a failing nodes check names its own offenders)."""
         key = analysis.key
         here = self.config.invocation_params.dir
         holdout = self.holdout_of(key.id)
-        # the target of the output checks that failed (else of any): the strictest of them
+        # the target of the output checks that failed: the strictest of them
         floors = [(not r, max(r.thresholds.values())) for r in self._results_of(key.id)
                   if r.kind == "outputs" and r.metric == "cosine-similarity" and r.thresholds]
+        if floors and not any(failed for failed, _ in floors):
+            return ""
         target = max(floors)[1] if floors else settings.min_cosine
         args = ["ptq-debug", "suggest", _shown_path(key.model, here), _shown_path(key.data, here)]
         if holdout:

@@ -304,6 +304,8 @@ def test_a_contract_judges_nodes_on_the_outputs_it_holds_to_a_floor(pytester, pl
     out = result.stdout.str()
     assert all(f"PASSED {name}.ptq.yaml::nodes" in out for name in ("named", "chosen")), out
     assert "FAILED default.ptq.yaml::nodes" in out
+    # its outputs pass: a search for their floors would find them met (it was offered at 0.5)
+    assert "ptq-debug suggest" not in out
 
 
 def test_a_failing_output_is_explained_and_searched_on_that_output(project, planted):
