@@ -254,6 +254,8 @@ def check_writable(path, label, folder=False, atomic=False, access=True):
             return
         if not stat.S_ISREG(st.st_mode):
             raise PTQError(f"{where} is not a regular file; give the path of a file")
+        if access and not os.access(path, os.W_OK):  # replacing it would bypass what its mode says
+            raise PTQError(f"{where} is read-only; choose another path or fix its permissions")
     found = _existing_ancestor(path if folder else path.parent)
     if found is None:
         return
@@ -406,10 +408,16 @@ def _write(path, content, atomic):
             raise write_error(path, exc) from None
         return path
     clean_stale_temps(path.parent, path.name)
+    st = _stat_missing_ok(path)
+    if st is not None and not os.access(path, os.W_OK):
+        # a rename would replace it all the same: a file made read-only is one not to change
+        raise PTQError(f"{shown(str(path))} is read-only; make it writable or choose another path")
     # a per-process name: xdist workers never share a temporary file
     tmp = temp_name(path)
     try:
         put(tmp)
+        if st is not None:
+            os.chmod(tmp, stat.S_IMODE(st.st_mode))  # the file keeps the permissions it had
         os.replace(tmp, path)
     except BaseException as exc:
         with contextlib.suppress(OSError):

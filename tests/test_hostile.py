@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import stat
 import subprocess
 import sys
 import time
@@ -785,3 +786,30 @@ def test_a_sample_onnxruntime_refuses_is_named_and_a_wrong_float_model_is_suspec
     assert main(["get-sensitivity-of-nodes", str(q), str(tmp_path / "good"), "--float-model", str(other),
                  "--quiet", "--json", str(tmp_path / "s.json")]) == 2
     assert "a float model: is it the one this model was quantized from?" in capsys.readouterr().err
+
+
+def test_an_atomic_write_keeps_the_files_permissions(tmp_path):
+    """A baseline rewritten by --ptq-update-baseline came back with the umask's mode, not its own."""
+    from pytest_ptq import guard
+
+    path = tmp_path / "model.baseline.json"
+    path.write_text("old")
+    os.chmod(path, 0o640)
+    guard.write_text(path, "new", atomic=True)
+    assert path.read_text() == "new" and stat.S_IMODE(path.stat().st_mode) == 0o640
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes read-only files")
+def test_a_read_only_file_is_not_replaced(tmp_path):
+    """An atomic write renames over the file, which its read-only mode does not stop: a
+    baseline made read-only was replaced, and came back writable."""
+    from pytest_ptq import guard
+
+    path = tmp_path / "model.baseline.json"
+    path.write_text("kept")
+    os.chmod(path, 0o444)
+    with pytest.raises(PTQError, match="is read-only; make it writable or choose another path"):
+        guard.write_text(path, "new", atomic=True)
+    with pytest.raises(PTQError, match="is read-only; choose another path or fix its permissions"):
+        guard.check_writable(path, "baseline", atomic=True)
+    assert path.read_text() == "kept"
