@@ -127,9 +127,13 @@ class PTQSession:
                  if flag in paths and (start / value).exists() and not below(start / value, start)]
         if moved:
             given = ", ".join(f"{flag} {value}" for flag, value in moved)
+            ini = next((start / n for n in ("pytest.ini", ".pytest.ini", "pyproject.toml", "tox.ini", "setup.cfg")
+                        if (start / n).is_file()), None)
+            unread = (f", and read no ini file (not {str(ini)!r}: its ptq_ keys and baseline folder are not in force)"
+                      if ini is not None else "")
             self._config_warning(PTQPathWarning(
                 f"{given}: pytest read {'the value as a path' if len(moved) == 1 else 'their values as paths'} to test too and "
-                f"moved the rootdir to {str(self.root)!r}, where baselines and relative outputs now go; write "
+                f"moved the rootdir to {str(self.root)!r}, where baselines and relative outputs now go{unread}; write "
                 f"{' '.join(f'{flag}={value}' for flag, value in moved)}, or pin the rootdir (--rootdir, or an ini "
                 "file)"))
 
@@ -365,6 +369,17 @@ class PTQSession:
         contract of ``--ptq-model`` keeps the paths given, as it has no file."""
         inv = self.config.invocation_params
         args = [str(a) for a in inv.args if str(a) not in UPDATE_FLAGS]
+        # an option's value after a space is a path to test too as pytest finds the rootdir
+        # (see _warn_rootdir_moved): the command prints it after '='
+        valued, glued, k = {o.flag for o in OPTIONS}, [], 0
+        while k < len(args):
+            if args[k] in valued and k + 1 < len(args):
+                glued.append(f"{args[k]}={args[k + 1]}")
+                k += 2
+            else:
+                glued.append(args[k])
+                k += 1
+        args = glued
         if item is not None and not item.nodeid.startswith("ptq::"):
             given = {str(a) for a in self.config.args}
             args = [a for a in args if a not in given]

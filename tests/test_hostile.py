@@ -709,14 +709,16 @@ def test_a_model_outside_the_start_folder_that_moved_the_rootdir_is_said(plugin_
     start = plugin_project.path / "proj"
     start.mkdir()
     (start / "test_p.py").write_text("def test_p(ptq):\n    ptq.assert_outputs({'': 0.5})\n")
+    (start / "pytest.ini").write_text("[pytest]\nptq_min_cosine = 0.5\n")  # the project's, which pytest then skips
     monkeypatch.chdir(start)
     args = ["--ptq-model", "../m.onnx", "--ptq-data", "../calib"] if form == "space" else [
         "--ptq-model=../m.onnx", "--ptq-data=../calib"]
     result = run_pytest(plugin_project, *args)
     result.assert_outcomes(passed=1)
     said = "*PTQPathWarning: --ptq-model ../m.onnx, --ptq-data ../calib: pytest read their values as paths to test " \
-        f"too and moved the rootdir to '{plugin_project.path}'*write --ptq-model=../m.onnx --ptq-data=../calib, or " \
-        "pin the rootdir*"
+        f"too and moved the rootdir to '{plugin_project.path}', where baselines and relative outputs now go, and " \
+        f"read no ini file (not '{start / 'pytest.ini'}': its ptq_ keys and baseline folder are not in force); " \
+        "write --ptq-model=../m.onnx --ptq-data=../calib, or pin the rootdir*"
     if form == "space":
         result.stdout.fnmatch_lines([said])
     else:

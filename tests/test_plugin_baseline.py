@@ -215,3 +215,16 @@ def test_unreadable_baseline_fails_in_one_sentence(project):
                                  "rewrite it with `pytest -p * test_bad.py::test_guarded --ptq-update-baseline`"])
     run_printed(project, result, "rewrite it with").assert_outcomes(failed=1)
     run(project).assert_outcomes(passed=1)
+
+
+def test_printed_commands_glue_option_values_with_equals(project):
+    """pytest takes an option's value after a space for a path to test as it finds the rootdir
+    (a report file that exists moved it, and the ini file went unread): the commands a failure
+    prints write '--ptq-top=3', and they still run as printed."""
+    project.makepyfile(test_life=GUARDED)
+    missing = run(project, "--ptq-top", "3")
+    missing.assert_outcomes(failed=1)
+    missing.stdout.fnmatch_lines(["*create it with `pytest -p * --ptq-top=3 test_life.py::test_guarded "
+                                  "--ptq-update-baseline`*"])
+    run_printed(project, missing, "create it with").assert_outcomes(failed=1)
+    assert (project.path / "ptq_baselines" / "test_life" / "test_guarded.json").exists()

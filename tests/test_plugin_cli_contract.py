@@ -71,8 +71,8 @@ def test_baseline_lifecycle_from_the_command_line(project, models):
                                   "ptq::m.onnx::baseline FAILED*"])
     missing.stdout.fnmatch_lines(["contract m (m.onnx), check baseline: FAILED",
                                   "baseline ptq_baselines/m.json does not exist, so there is nothing to compare "
-                                  "m.onnx against; create it with `pytest -p * --ptq-model m.onnx --ptq-data calib "
-                                  "--ptq-node-type activation --ptq-min-node-cosine * -v --ptq-update-baseline`, "
+                                  "m.onnx against; create it with `pytest -p * --ptq-model=m.onnx --ptq-data=calib "
+                                  "--ptq-node-type=activation --ptq-min-node-cosine=* -v --ptq-update-baseline`, "
                                   "review it and commit it"])
     assert "Traceback" not in missing.stdout.str()
     assert not path.exists()
