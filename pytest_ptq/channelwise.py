@@ -8,7 +8,8 @@ Channel axis, when not given:
 
 1. the axis of a per-channel quantized node;
 2. weights: the output-channel axis of the op they feed (Conv 0, ConvTranspose 1, Gemm 0
-   with transB else 1, MatMul last), otherwise 0;
+   with transB else 1, MatMul last), otherwise the first axis longer than 1 (a broadcast
+   operand ``[1, C, 1, 1]`` of a Mul has its channels on axis 1);
 3. activations: 1 when a consumer or the producer is a channel-first op (Conv, pooling,
    BatchNormalization, ...), the last axis when it is MatMul/Gemm/LayerNormalization;
 4. otherwise, the axis of a Concat that wrote the tensor (seen through Q/DQ) from parts whose
@@ -27,11 +28,12 @@ channel has no more values than that).
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 
 from .errors import PTQError
-from .figures import drawing, pyplot, save_figure
+from .figures import drawable, drawing, pyplot, save_figure, text_width
 from .outputs import layouts, unlike
 
 # A channel is an outlier when its max |x| exceeds OUTLIER_K times the median over channels
@@ -41,6 +43,10 @@ OUTLIER_K = 8.0
 # Reservoir values kept per channel, and the cap on all channels together (elements).
 RESERVOIR = 4096
 RESERVOIR_TOTAL = 16 * 2**20
+# Beyond this ratio of the widest channel's max |x| to the median channel's, a linear axis
+# flattens every ordinary channel to a line at 0: the y axis turns symmetric-log, linear
+# within the median channel's max |x|.
+SYMLOG_RATIO = 100.0
 BOXES_PER_PANEL = 64
 PANELS_MAX = 4  # beyond BOXES_PER_PANEL * PANELS_MAX channels, the plot summarises
 
@@ -90,7 +96,9 @@ def channel_axis(qm, c, shape, axis=None, value=None):
                 trans_b = _attr(qm, n, "transB", 0)
                 weight_is_b = len(node.inputs) > 1 and node.inputs[1] in c.outputs
                 return (0 if trans_b else 1) if weight_is_b else (rank - 1 if _attr(qm, n, "transA", 0) else 0)
-        return 0
+        # a broadcast operand of an elementwise op ([1, C, 1, 1], a mask [1, C, H, W]) leads
+        # with size-1 axes: boxed along one, it shows one box and hides its outlier channels
+        return next((k for k, n in enumerate(shape) if n != 1), 0)
     ops = [qm.normal[n].op_type for n in c.consumers if n in qm.normal]
     if c.producer in qm.normal:
         ops.append(qm.normal[c.producer].op_type)
@@ -255,6 +263,7 @@ def plot_channels(stats, path, title):
     plt = pyplot()
     from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
+    from matplotlib.ticker import FuncFormatter
 
     C = stats["channels"]
     outliers = set(stats["outlier_channels"])
@@ -282,6 +291,12 @@ def plot_channels(stats, path, title):
     axes = axes[:, 0]
     lo, hi = stats.get("range_lo"), stats.get("range_hi")
     span = max(abs(v) for v in (stats["min"] + stats["max"])) if C else 1.0
+    linthresh = symlog_threshold(stats)
+    # 150000 as "1.5" beside "value (x 1e5)": whole numbers ran past the fixed margin over the
+    # label, and matplotlib's own "1e5" above the axis sat under the title
+    power = int(math.floor(math.log10(span))) if linthresh is None and (span >= 1e4 or 0 < span < 1e-3) else 0
+    ylabel = (f"value (symlog: linear within ±{linthresh:.3g})" if linthresh is not None else
+              f"value (x 1e{power})" if power else "value")
     if summary:
         _band(axes[0], stats, outliers, lo, hi, span)
     for ax, group in zip(axes[1:] if summary else axes, groups):
@@ -289,8 +304,14 @@ def plot_channels(stats, path, title):
         _range_lines(ax, stats, group, lo, hi, span)
         ax.tick_params(axis="x", labelsize=7 if len(group) > 32 else 9, rotation=90 if len(group) > 32 else 0)
         ax.set_xlabel("channel (widest 48, by index)" if summary else f"channel (axis {stats['axis']})")
-        ax.set_ylabel("value")
         ax.grid(True, axis="y", alpha=0.3)
+    for ax in axes:
+        if linthresh is not None:
+            ax.set_yscale("symlog", linthresh=linthresh, linscale=1.5)
+            ax.autoscale_view(scalex=False)  # the margins, in the new scale: the extreme dots sat on the frame
+        elif power:
+            ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v / 10 ** power:.4g}"))
+        ax.set_ylabel(ylabel)
     handles = [Line2D([], [], color="red", lw=1.5, label="median"),
                Line2D([], [], color="blue", lw=1.2, ls="--", label="mean"),
                Patch(facecolor="#dbe9f6", edgecolor="black", label="q1-q3; whiskers 1.5 IQR; dots min/max"),
@@ -304,6 +325,14 @@ def plot_channels(stats, path, title):
     fig.suptitle(heading, fontsize=10, y=1 - 0.08 / height, va="top")
     save_figure(fig, path, tight=False)
     return path
+
+
+def symlog_threshold(stats):
+    """The linear range (the median channel's max |x|) of a symmetric-log y axis for a box
+    plot whose widest channel reaches SYMLOG_RATIO times that, else None (a linear axis)."""
+    ref = stats["median_channel_max_abs"]
+    widest = max(stats["max_abs"], default=0.0)
+    return float(ref) if ref > 0 and widest > SYMLOG_RATIO * ref else None
 
 
 def _boxes(ax, stats, group, outliers):
@@ -330,6 +359,13 @@ def _boxes(ax, stats, group, outliers):
     low, high = vmin < wlo, vmax > whi
     ax.scatter(np.r_[x[low], x[high]], np.r_[vmin[low], vmax[high]], s=6, facecolors="none",
                edgecolors="grey", linewidths=0.8, zorder=3)
+    # an outlier channel's box is often ordinary: its extreme values make it one, so they
+    # carry the legend's colour too
+    odd = np.asarray([k in outliers for k in group], dtype=bool)
+    if odd.any():
+        lo_odd, hi_odd = odd & low, odd & high
+        ax.scatter(np.r_[x[lo_odd], x[hi_odd]], np.r_[vmin[lo_odd], vmax[hi_odd]], s=28, color="#f4a261",
+                   edgecolors="black", linewidths=0.6, zorder=4)
     ax.set_xlim(0.4, len(group) + 0.6)
     ax.update_datalim(np.c_[np.r_[x, x], np.r_[np.minimum(vmin, wlo), np.maximum(vmax, whi)]])
     ax.autoscale_view(scalex=False)
@@ -341,17 +377,22 @@ def _boxes(ax, stats, group, outliers):
 
 
 def wrap(text, width_inches, fontsize=10):
-    """Break a title into lines that fit a figure ``width_inches`` wide: between phrases
-    (after "; ", ": " or ", ", before " - " or " -> ", never inside brackets) where it can,
-    between words only inside a phrase longer than a line."""
-    import textwrap
+    """Break a title into lines that fit a figure ``width_inches`` wide, measured in the
+    font's glyph widths: between phrases (after "; ", ": " or ", ", before " - " or " -> ",
+    never inside brackets) where it can, between words only inside a phrase longer than a
+    line, and inside a name longer than a line after a '/', '_' or '.' of it (a character
+    count let long names run off the figure's edges, and broke them mid-word)."""
+    text = drawable(text)
+    limit = max(1.0, width_inches - 0.3) * 72  # points, a margin at each edge
 
-    width = max(40, int(width_inches * 135 / fontsize))
+    def fits(line):
+        return text_width(line.rstrip(), fontsize) <= limit
+
     lines = []
     for paragraph in text.split("\n"):
         line = ""
         for piece in _phrases(paragraph):
-            if len(line) + len(piece) <= width:
+            if fits(line + piece):
                 line += piece
                 continue
             if line.strip():
@@ -359,12 +400,46 @@ def wrap(text, width_inches, fontsize=10):
             piece = piece.lstrip()
             if piece.startswith("- "):  # a dash between phrases means nothing at the start of a line
                 piece = piece[2:]
-            if len(piece) > width:
-                *full, piece = textwrap.wrap(piece, width=width, break_on_hyphens=False) or [""]
+            if not fits(piece):
+                *full, piece = _break(piece, fits)
                 lines += full
             line = piece
         lines.append(line.rstrip())
     return "\n".join(lines)
+
+
+def _break(piece, fits):
+    """``piece`` in lines that fit: at its spaces, and inside a word that fits no line after a
+    '/' of a scoped name, else after a '_' or '.', else (a run of letters longer than a line)
+    anywhere. The last line keeps its trailing space, which separates it from what follows."""
+    lines, line = [], ""
+
+    def add(token):
+        nonlocal line
+        if fits(line + token) or not line.strip():
+            line += token
+        else:
+            lines.append(line.rstrip())
+            line = token
+
+    def split(token, separators):
+        if fits(token) or not separators:
+            if fits(token):
+                add(token)
+            else:
+                for ch in token:
+                    add(ch)
+            return
+        sep = re.escape(separators[0])
+        for part in re.findall(rf"[^{sep}]*[{sep}]+|[^{sep}]+", token):
+            split(part, separators[1:])
+
+    for word in re.findall(r"\S+\s*", piece):
+        if fits(line + word):
+            add(word)
+        else:
+            split(word, ["/", "_.", "-:"])
+    return [x for x in lines if x] + [line]
 
 
 def _phrases(text):
@@ -430,6 +505,9 @@ def _range_lines(ax, stats, group, lo, hi, span):
 def reading(stats):
     """One line saying what the box plot means for quantization."""
     outliers = stats["outlier_channels"]
+    if not outliers and stats["channels"] and not any(stats["max_abs"]):
+        # max|x| 0 over the median's 0 is no ratio: "0.0x" read as if one channel were tiny
+        return "every channel is 0 (a constant tensor): no channel is wider than another"
     if not outliers:
         return (f"no outlier channel: the widest channel reaches "
                 f"{_widest_ratio(stats):.1f}x the median channel's max|x|")

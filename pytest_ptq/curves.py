@@ -147,7 +147,7 @@ def plot_curves(curves, path, title=None, annotate=3):
     """Write the curves as a PNG: operators in execution order on x, the metric on y; the
     ``annotate`` worst points of each curve are numbered on it and named in a side panel with
     the legend, so that no label covers a curve or another label."""
-    from .figures import fit_labels, mark_points, side_legend, side_text, with_side_panel
+    from .figures import drawable, fit_labels, mark_points, side_legend, side_text, with_side_panel
 
     plt = pyplot()
     m = get_metrics(curves.metric)[0]
@@ -155,7 +155,8 @@ def plot_curves(curves, path, title=None, annotate=3):
     x = np.arange(len(curves.nodes))
     colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for k, (label, ys) in enumerate(_plotted(curves).items()):
-        ax.plot(x, ys, marker=".", markersize=3, linewidth=1.2, color=colours[k % len(colours)], label=label)
+        ax.plot(x, ys, marker=".", markersize=3, linewidth=1.2, color=colours[k % len(colours)], label=drawable(label))
+    plotted = _plotted(curves)
     worst = marked(curves, annotate)
     if curves.local is not None:
         idx = [i for i, v in enumerate(curves.local) if v is not None]
@@ -164,16 +165,18 @@ def plot_curves(curves, path, title=None, annotate=3):
     mode = " (running mean)" if curves.average_mode else ""
     ax.set_title(title or f"Cumulative {curves.metric}{mode} vs float model, {curves.samples} sample(s)", fontsize=11)
     ax.set_xlabel("operator, in execution order (index from the model inputs)")
-    ax.set_ylabel(metric_label(m))
+    ax.set_ylabel(("running mean of " if curves.average_mode else "") + metric_label(m))
     ax.ticklabel_format(axis="y", useOffset=False)
     ax.grid(True, alpha=0.3)
-    # one number per marked operator, worst first; the side panel names it
+    # one number per marked operator, worst first, on the curve drawn (the running mean's
+    # point there, in average mode); the side panel names it with its own value
     order = sorted(worst, key=lambda i: min(m.sort_key(v) for _, v in worst[i]))
-    mark_points(ax, [(i, min((v for _, v in worst[i]), key=m.sort_key)) for i in order])
+    mark_points(ax, [(i, plotted[min(worst[i], key=lambda lv: m.sort_key(lv[1]))[0]][i]) for i in order])
     below = side_legend(side, ax)
-    lines = ["worst points:"]
-    names = dict(zip(order, fit_labels([curves.nodes[i] for i in order], 26)))
-    labels = dict(zip(curves.values, fit_labels(list(curves.values), 16)))
+    lines = ["worst points:"] if not curves.average_mode else ["worst points (the node's", "own value, not the mean):"]
+    # escaped before they are cut to fit: a glyph no font has, escaped after, ran past the width
+    names = dict(zip(order, fit_labels([drawable(curves.nodes[i]) for i in order], 26)))
+    labels = dict(zip(curves.values, fit_labels([drawable(label) for label in curves.values], 16)))
     for k, i in enumerate(order, 1):
         lines.append(f"{k:>2} {names[i]} (#{i})")
         lines += [f"   {labels.get(label, label)} {short(v)}" for label, v in worst[i]]
@@ -186,12 +189,14 @@ def _plotted(curves):
 
 
 def marked(curves, annotate=3):
-    """``{node index: [(config, value)]}``: the ``annotate`` worst points of each plotted
-    curve, those worse than the curve's best only (a flat curve, as when nothing of a kind
-    can be bypassed, has none)."""
+    """``{node index: [(config, value)]}``: the ``annotate`` worst points of each curve, those
+    worse than the curve's best only (a flat curve, as when nothing of a kind can be bypassed,
+    has none). The nodes' own values, in average mode too: the nodes :meth:`Curves.worst`
+    names (and the command line prints), not the running mean's start, which is low only
+    because it averages few nodes."""
     m = get_metrics(curves.metric)[0]
     worst = {}
-    for label, ys in _plotted(curves).items():
+    for label, ys in curves.values.items():
         best = max(ys, key=m.sort_key, default=None)
         for i in sorted(range(len(ys)), key=lambda i: m.sort_key(ys[i]))[:annotate]:
             if m.worse(ys[i], best):

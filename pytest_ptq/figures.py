@@ -49,6 +49,42 @@ def _fonts():
     return list(rcParams["font.sans-serif"][:1]) + [f for f in _CJK_FONTS if f in installed]
 
 
+@functools.cache
+def _glyph_fonts():
+    from matplotlib.font_manager import FontProperties, findfont, get_font
+
+    fonts = []
+    for family in _fonts():
+        font = get_font(findfont(FontProperties(family=family), fallback_to_default=True))
+        font.set_size(10, 72)
+        fonts.append(font)
+    return fonts
+
+
+@functools.cache
+def _advance(ch):
+    """The width of ``ch`` at 10 pt, in points, in the first font that has it; None when none has."""
+    for font in _glyph_fonts():
+        if font.get_char_index(ord(ch)):
+            return font.load_char(ord(ch)).linearHoriAdvance / 65536
+    return None
+
+
+def drawable(text):
+    """``text`` with each character that no installed font has written as ``\\uXXXX``: drawn,
+    it was an empty box (a CJK node name without a CJK font), and two names differing there
+    read the same."""
+    text = str(text)
+    return "".join(ch if ch in "\n\t" or _advance(ch) is not None else
+                   (f"\\u{ord(ch):04x}" if ord(ch) < 0x10000 else f"\\U{ord(ch):08x}") for ch in text)
+
+
+def text_width(text, fontsize=10):
+    """The width of one line of ``text`` in points at ``fontsize`` (the glyphs' advances: no
+    kerning, close enough to wrap by)."""
+    return sum(_advance(ch) or 10.0 for ch in str(text)) * fontsize / 10
+
+
 def file_stem(name, limit=120, key=None):
     """A file name stem for ``name`` (a node's, a config's) of at most ``limit`` characters:
     letters, digits, ``_.-``; where it had to change or be cut, a hash of the whole name ends
@@ -65,14 +101,48 @@ def file_stem(name, limit=120, key=None):
 def save_figure(fig, path, tight=True):
     """Write ``fig`` to ``path`` (parents created) and close it; returns the Path."""
     plt = pyplot()
+    from matplotlib.text import Text
+
     try:
+        for text in fig.findobj(Text):
+            shown_text = text.get_text()
+            if shown_text and not shown_text.isascii() and "$" not in shown_text:  # mathtext reads "\\u" as a command
+                text.set_text(drawable(shown_text))
         with guard.writing(Path(path)) as path:
             if tight:
                 fig.tight_layout()
-            fig.savefig(path)
+            # the margins are set for the text they expect: where a title wraps to more lines,
+            # or tick labels run wider, the image grows rather than cut them off
+            fig.savefig(path, bbox_inches=_text_bbox(fig))
     finally:
         plt.close(fig)
     return path
+
+
+def _text_bbox(fig):
+    """The figure's box in inches, grown to hold the titles, axis and tick labels, legends and
+    notes that run past its edges; None where none does. Measured on the text alone:
+    savefig's bbox_inches="tight" draws the figure once more to find it, seconds for a box
+    plot of a few hundred channels."""
+    from matplotlib.transforms import Bbox
+
+    renderer = fig.canvas.get_renderer()
+    boxes = [t.get_window_extent(renderer) for t in fig.texts if t.get_visible() and t.get_text()]
+    boxes += [legend.get_window_extent(renderer) for legend in fig.legends]
+    for ax in fig.axes:
+        texts = [ax.title, getattr(ax, "_left_title", None), getattr(ax, "_right_title", None), *ax.texts]
+        boxes += [t.get_window_extent(renderer) for t in texts if t is not None and t.get_visible() and t.get_text()]
+        if ax.get_legend() is not None:
+            boxes.append(ax.get_legend().get_window_extent(renderer))
+        # the y axis: its tick labels' width is the data's; the x axis's channel numbers and
+        # operator indices fit the bottom margins, and laying out hundreds of them costs
+        box = ax.yaxis.get_tightbbox(renderer) if ax.axison else None
+        if box is not None:
+            boxes.append(box)
+    whole = Bbox.union([fig.bbox, *boxes])
+    if whole.x0 >= fig.bbox.x0 and whole.y0 >= fig.bbox.y0 and whole.x1 <= fig.bbox.x1 and whole.y1 <= fig.bbox.y1:
+        return None
+    return whole.padded(0.08 * fig.dpi).transformed(fig.dpi_scale_trans.inverted())
 
 
 def drawn_by():

@@ -15,6 +15,7 @@ import base64
 import datetime
 import html
 import io
+import re
 import tempfile
 from pathlib import Path
 
@@ -301,21 +302,35 @@ th{background:#f3f3f3} td.num{text-align:right;font-family:ui-monospace,monospac
 .v-failed,.v-error{color:#b00020;font-weight:bold} .v-passed{color:#1b7f2a;font-weight:bold}
 .v-skipped,.v-xfailed{color:#8a6d00} li.v-passed,li.v-failed{font-weight:normal}
 pre{background:#f7f7f7;border:1px solid #ddd;padding:.6em;overflow-x:auto;font-size:.85em}
+.scroll{overflow-x:auto;max-width:100%}
 figure{margin:1em 0} figure img{max-width:100%;height:auto;border:1px solid #ddd}
 figcaption{font-size:.85em;color:#555} .note{color:#8a6d00} .warning{color:#8a3d00}
 .why{border-left:4px solid #b00020;background:#fff7f7;padding:.2em 1em .5em;margin:1em 0}
 section[data-verdict=passed] .why{border-left-color:#1b7f2a;background:#f6fbf6}
 section[data-verdict=xfailed] .why{border-left-color:#8a6d00;background:#fffbef}
 .why td.num.v-failed{color:#b00020} pre.snippet{white-space:pre-wrap}
-table.summary td:first-child{overflow-wrap:anywhere;max-width:22em}
-.why table.measures{font-size:.85em} .why td.c-test,.why td.c-on{overflow-wrap:anywhere;max-width:20em}
+table.summary td:first-child{overflow-wrap:break-word;min-width:8em;max-width:22em}
+table.summary td:last-child,.why td.c-measured,table.sensitivity td.c-node{min-width:14em}
+.why table.measures{font-size:.85em} .why td.c-test,.why td.c-on{overflow-wrap:break-word;max-width:20em}
 table.sensitivity{font-size:.82em} table.sensitivity td.c-why{min-width:26em} td.c-try{min-width:7em}
-table.tests td{overflow-wrap:anywhere} table.tests td pre{white-space:pre-wrap}
+table.tests{table-layout:fixed;width:100%} table.tests th:first-child{width:25%} table.tests th:nth-child(2){width:6em}
+table.tests td{overflow-wrap:break-word} table.tests td pre{white-space:pre;overflow-x:auto}
 """
 
 
 def _e(text):
     return html.escape(str(text), quote=True)
+
+
+# A run of text this long without a space: a node name, a path.
+_LONG_RUN = re.compile(r"\S{20,}")
+
+
+def _w(text):
+    """``text`` escaped, with a line-break opportunity after each '/', '.', '_' and '::' of a
+    long name: 150 characters of scoped node name, unbreakable, pushed the tables past the page's
+    right edge, and ``overflow-wrap:anywhere`` squeezed its column to a few characters."""
+    return _LONG_RUN.sub(lambda m: re.sub(r"([/._]|::)", r"\1<wbr>", m.group()), _e(text))
 
 
 def _cell(value, cls=""):
@@ -325,8 +340,8 @@ def _cell(value, cls=""):
         return f'<td class="num">{value}</td>'
     attr = f' class="{cls}"' if cls else ""
     if isinstance(value, list):
-        return f"<td{attr}>{_e(', '.join(str(v) for v in value))}</td>"
-    return f"<td{attr}>{_e('' if value is None else value)}</td>"
+        return f"<td{attr}>{_w(', '.join(str(v) for v in value))}</td>"
+    return f"<td{attr}>{_w('' if value is None else value)}</td>"
 
 
 def _slug(column):
@@ -337,13 +352,19 @@ def _slug(column):
 def _table(rows, columns, cls=""):
     head = "".join(f"<th>{_e(c)}</th>" for c in columns)
     body = "".join("<tr>" + "".join(_cell(r.get(c), _slug(c)) for c in columns) + "</tr>" for r in rows)
-    return f'<table class="{cls}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
+    return _scroll(f'<table class="{cls}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>')
+
+
+def _scroll(table):
+    """``table`` in a box that scrolls sideways where it is wider than the page, which then
+    keeps its width (the rest of the page stays readable)."""
+    return f'<div class="scroll">{table}</div>'
 
 
 def _model_html(k, m):
     v = verdict(m)
     parts = [f'<section class="model" data-verdict="{v}" id="model-{k}">',
-             f'<h2>{_e(m["label"])} <span class="v-{v}">{v.upper()}</span></h2>',
+             f'<h2>{_w(m["label"])} <span class="v-{v}">{v.upper()}</span></h2>',
              f'<p>{_e(m["format"]) + " format, made by " + _e(m.get("made_by")) + "; " if m.get("format") else ""}'
              f'data {_e(m["data"])}, {_e(m.get("samples", "?"))} sample(s)'
              + (f', float model {_e(m["float_model"])}' if m.get("float_model") else "") + "</p>"]
@@ -353,16 +374,16 @@ def _model_html(k, m):
     parts.append("<h3>Tests</h3>")
     rows = []
     for t in sorted(m["tests"], key=lambda t: (t["outcome"] not in ("failed", "error"), t["nodeid"])):
-        checks = "".join(f'<li class="v-{"passed" if r["passed"] else "failed"}">{_e(r["summary"])}</li>'
+        checks = "".join(f'<li class="v-{"passed" if r["passed"] else "failed"}">{_w(r["summary"])}</li>'
                          for r in t["results"])
         details = "".join(f"<pre>{_e(r['details'])}</pre>" for r in t["results"] if not r["passed"] and r["details"])
         reason = f'<p class="note">expected to fail: {_e(t["xfail_reason"])}</p>' if t.get("xfail_reason") else ""
         if _unmeasured(t):
             reason += f'<p class="v-failed">{_e(t["reason"])}</p>'
-        rows.append(f'<tr><td>{_e(t["nodeid"])}</td><td class="v-{t["outcome"]}">{_e(t["outcome"])}</td>'
+        rows.append(f'<tr><td>{_w(t["nodeid"])}</td><td class="v-{t["outcome"]}">{_e(t["outcome"])}</td>'
                     f"<td>{reason}<ul>{checks}</ul>{details}</td></tr>")
-    parts.append('<table class="tests"><thead><tr><th>test</th><th>outcome</th><th>checks</th></tr></thead>'
-                 f"<tbody>{''.join(rows)}</tbody></table>")
+    parts.append(_scroll('<table class="tests"><thead><tr><th>test</th><th>outcome</th><th>checks</th></tr></thead>'
+                         f"<tbody>{''.join(rows)}</tbody></table>"))
     if m["outputs"]:
         parts.append(f"<h3>Output metrics on the calibration data (fully quantized vs float, "
                      f"{_e(m.get('samples', '?'))} sample(s))</h3>")
@@ -390,6 +411,17 @@ def measures(m):
                              "threshold": f"{x['bound']} {threshold_text(x['threshold'])}" if x.get("bound") else "",
                              "on": x.get("on", ""), "result": "ok" if x["passed"] else "FAIL", "test": t["nodeid"],
                              "_passed": x["passed"], "_outcome": t["outcome"]})
+    # two tests making the same check on the same data (a contract's data_check and a test's
+    # assert_data) measure the same: one row, naming both tests
+    merged = {}
+    for r in rows:
+        key = tuple(str(r[c]) for c in ("check", "measured", "value", "threshold", "on", "result"))
+        if key in merged:
+            if r["test"] not in merged[key]["test"].split(", "):
+                merged[key]["test"] += ", " + r["test"]
+        else:
+            merged[key] = r
+    rows = list(merged.values())
     rows.sort(key=lambda r: r["_passed"])
     return rows
 
@@ -444,7 +476,7 @@ def _why_html(m, v):
             parts.append(f'<p class="note">{_e(d["caveat"])}</p>')
         if d["fixes"]:
             parts.append(f"<p>Fix to try, in the terms of {_e(d['terms'])} (most useful first):</p><ol class=\"fixes\">"
-                         + "".join(f"<li>{_e(f['text'])}</li>" for f in d["fixes"]) + "</ol>")
+                         + "".join(f"<li>{_w(f['text'])}</li>" for f in d["fixes"]) + "</ol>")
             if d.get("snippet"):
                 parts.append(f'<pre class="snippet">{_e(d["snippet"])}</pre>')
             if d.get("producer_terms"):
@@ -594,9 +626,9 @@ def render(models):
         top = m["sensitivity"]["rows"][0]["node"] if m.get("sensitivity") and m["sensitivity"]["rows"] else ""
         fix = d["fixes"][0]["short"] if d.get("fixes") else ""
         figure = (f'<td class="num {cls}">{_e(fmt(float(value)))}</td>' if value is not None else "<td></td>")
-        summary.append(f'<tr><td><a href="#model-{k}">{_e(m["label"])}</a></td><td class="v-{v}">{v}</td>'
-                       f'<td>{_e(tally)}</td>{figure}<td>{_e(what)}</td><td>{_e(d.get("cause", ""))}</td>'
-                       f"<td>{_e(fix)}</td><td>{_e(top)}</td></tr>")
+        summary.append(f'<tr><td><a href="#model-{k}">{_w(m["label"])}</a></td><td class="v-{v}">{v}</td>'
+                       f'<td>{_e(tally)}</td>{figure}<td>{_w(what)}</td><td>{_e(d.get("cause", ""))}</td>'
+                       f"<td>{_w(fix)}</td><td>{_w(top)}</td></tr>")
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     failing = counts["failed"]
     expected = [m for m in models if any(t["outcome"] == "xfailed" for t in m["tests"])]
@@ -616,10 +648,10 @@ def render(models):
         body.append("<p>Expected failures (xfail), not counted as failures:</p>"
                     f"<ul class=\"xfails\">{''.join(items)}</ul>")
     if models:
-        body.append('<table class="summary"><thead><tr><th>model</th><th>verdict</th><th>tests</th>'
-                    "<th>contract figure</th><th>measured on, threshold</th><th>cause</th><th>fix to try</th>"
-                    "<th>most sensitive node</th></tr></thead>"
-                    f"<tbody>{''.join(summary)}</tbody></table>")
+        body.append(_scroll('<table class="summary"><thead><tr><th>model</th><th>verdict</th><th>tests</th>'
+                            "<th>contract figure</th><th>measured on, threshold</th><th>cause</th><th>fix to try</th>"
+                            "<th>most sensitive node</th></tr></thead>"
+                            f"<tbody>{''.join(summary)}</tbody></table>"))
     else:
         body.append("<p>No test used a ptq fixture or contract in this session.</p>")
     body += [_model_html(k, m) for k, m in enumerate(models)]

@@ -379,3 +379,51 @@ def test_arguments_that_would_draw_nothing_or_read_text_as_true_are_refused(setu
             Engine(setup.qpath, setup.data, **bad)
     # one provider's name is that provider, not its letters
     assert Engine(setup.qpath, providers="CPUExecutionProvider").providers == ["CPUExecutionProvider"]
+
+
+def test_average_mode_marks_the_nodes_the_command_line_names_and_labels_the_running_mean(tmp_path, monkeypatch):
+    """--average numbered the running mean's first points (low only because they average few
+    nodes) while the command line printed the node whose own value is worst, and the y label
+    said plain "cosine-similarity"."""
+    from pytest_ptq import curves as module
+    from pytest_ptq.curves import Curves, marked, plot_curves
+
+    figures, save = [], module.save_figure
+    monkeypatch.setattr(module, "save_figure", lambda fig, path, tight=True: figures.append(fig) or save(fig, path, tight))
+    raw = [0.98] + [1.0] * 28 + [0.9]  # the running mean is lowest at 0, the node at 29 is the worst
+    nodes = [f"Conv@{k}" for k in range(30)]
+    curves = Curves(metric="cosine-similarity", nodes=nodes, tensors=nodes, values={"all quantized": raw},
+                    configs={}, samples=1, average_mode=True)
+    assert [n for n, _ in curves.worst("all quantized", 2)] == ["Conv@29", "Conv@0"]
+    assert marked(curves) == {29: [("all quantized", 0.9)], 0: [("all quantized", 0.98)]}
+    plot_curves(curves, tmp_path / "c.png")
+    ax, side = figures[0].axes
+    assert ax.get_ylabel().startswith("running mean of cosine-similarity")
+    numbers = {t.get_text(): t.xy for t in ax.texts}
+    mean = running_mean(raw)
+    assert numbers["1"] == (29, pytest.approx(mean[29])) and numbers["2"] == (0, pytest.approx(mean[0]))
+    panel = side.texts[-1].get_text()
+    assert "not the mean" in panel and "Conv@29 (#29)" in panel and " 0.9\n" in panel + "\n"
+
+
+def test_characters_no_installed_font_has_are_escaped_so_names_stay_apart(tmp_path, monkeypatch):
+    """Without a CJK font, /模型/卷积 and /模型/池化 drew as rows of the same empty boxes."""
+    from pytest_ptq import curves as module
+    from pytest_ptq.curves import Curves, plot_curves
+    from pytest_ptq.figures import _advance, drawable
+
+    figures, save = [], module.save_figure
+    monkeypatch.setattr(module, "save_figure", lambda fig, path, tight=True: figures.append(fig) or save(fig, path, tight))
+    names = ["/模型/卷积", "/模型/池化"]
+    curves = Curves(metric="cosine-similarity", nodes=["a", "b", "c"], tensors=["a", "b", "c"],
+                    values={f"all but {n}": [1.0, 0.99, 0.98] for n in names}, configs={}, samples=1)
+    plot_curves(curves, tmp_path / "c.png")
+    ax, side = figures[0].axes
+    shown = [" ".join(t.get_text().split()) for t in side.get_legend().get_texts()]  # wrapped to the panel
+    if _advance("卷") is None:  # no font has the glyph: escaped, as Python writes it
+        assert shown == ["all but /\\u6a21\\u578b/\\u5377\\u79ef", "all but /\\u6a21\\u578b/\\u6c60\\u5316"]
+    else:
+        assert shown == [f"all but {n}" for n in names]
+    texts = [t.get_text() for t in figures[0].findobj(lambda a: hasattr(a, "get_text"))]
+    assert all(_advance(ch) is not None for text in texts for ch in text if ch not in "\n\t")
+    assert drawable("ß ñ é") == "ß ñ é"  # what DejaVu Sans has stays as it is

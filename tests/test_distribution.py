@@ -715,3 +715,186 @@ def test_a_tensor_is_starved_of_codes_only_where_its_values_could_fill_more(tmp_
     assert d["count"] == bias.size and d["bulk_codes"] <= codes  # the codes its values fall on
     tries, reason = readings.weight_issue(d)
     assert ("codes" in reason) is starved, reason
+
+
+def test_a_broadcast_weight_is_boxed_along_its_channels_not_its_leading_size_1_axis(tmp_path):
+    """A mask [1, C, H, W] multiplied into an activation was boxed along axis 0: one box,
+    "no outlier channel", though two of its channels hold values 1000x the others."""
+    helper = onnx.helper
+    rng = np.random.default_rng(8)
+    mask = rng.uniform(0.5, 1.5, (1, 16, 4, 4)).astype(np.float32)
+    mask[0, 3, 1, 1], mask[0, 9, 2, 0] = 5000.0, -3000.0
+    graph = helper.make_graph([helper.make_node("Mul", ["x", "mask"], ["y"])], "mask",
+                              [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 16, 4, 4])],
+                              [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)],
+                              [onnx.numpy_helper.from_array(mask, "mask")])
+    engine = _engine_of(graph, tmp_path, "mask", (1, 16, 4, 4), rng)
+    [c] = [c for c in engine.qmodel.of_kind("weight") if c.input == "mask"]
+    assert channelwise.channel_axis(engine.qmodel, c, (1, 16, 4, 4)) == 1
+    assert channelwise.channel_axis(engine.qmodel, c, (1, 1, 1, 8)) == 3
+    [box] = get_channelwise_data_distribution(tmp_path / "box", engine, nodes_list=[c.name]).values()
+    assert box["axis"] == 1 and box["channels"] == 16
+    assert box["outlier_channels"] == [3, 9]
+    assert channelwise.reading(box).startswith("outlier channels 3 (")
+
+
+def _drawn_figures(monkeypatch):
+    """The figures the distribution plots save, kept for their artists."""
+    from pytest_ptq.distribution import plots
+
+    figures, save = [], plots.save_figure
+
+    def keep(fig, path, tight=True):
+        figures.append(fig)
+        return save(fig, path, tight)
+
+    monkeypatch.setattr(plots, "save_figure", keep)
+    return figures
+
+
+def _constant_branch(tmp_path):
+    """x * zeros + 3: an all-zero weight (stored exactly), an all-zero activation and one that
+    is 3 everywhere, then added back to x."""
+    helper = onnx.helper
+    rng = np.random.default_rng(9)
+    graph = helper.make_graph([
+        helper.make_node("Mul", ["x", "zeros"], ["z"]),
+        helper.make_node("Add", ["z", "three"], ["c"]),
+        helper.make_node("Add", ["x", "c"], ["y"])], "const",
+        [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 8, 4, 4])],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)],
+        [onnx.numpy_helper.from_array(np.zeros((1, 8, 1, 1), np.float32), "zeros"),
+         onnx.numpy_helper.from_array(np.full((1,), 3.0, np.float32), "three")])
+    engine = _engine_of(graph, tmp_path, "const", (1, 8, 4, 4), rng)
+    by_input = {c.input: c.name for c in engine.qmodel.calibration.values()}
+    return engine, by_input
+
+
+def test_a_constant_tensor_histogram_says_what_it_holds_above_the_range_lines(tmp_path, monkeypatch):
+    """Every value 3: its one bin, 2 px wide, lay under the dashed calibration-range line at 3
+    and the histogram looked empty."""
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import StepPatch
+
+    engine, by_input = _constant_branch(tmp_path)
+    figures = _drawn_figures(monkeypatch)
+    d = plot_distribution(tmp_path / "out", engine, nodes_list=[by_input["c"]])[by_input["c"]]
+    assert d["min"] == d["max"] == 3.0 and d["range_hi"] == pytest.approx(3.0, abs=d["scale"])
+    [ax] = figures[0].axes
+    texts = [t.get_text() for t in ax.texts]
+    assert f"all {d['count']} values = 3" in texts
+    [bars] = [p for p in ax.patches if isinstance(p, StepPatch)]
+    lines = [line for line in ax.lines if isinstance(line, Line2D) and line.get_linestyle() == "--"]
+    assert lines and all(bars.get_zorder() > line.get_zorder() for line in lines)
+
+
+def test_an_all_zero_weight_is_stored_exactly_and_gets_no_advice(tmp_path, monkeypatch):
+    """A zero weight falls on one code of 256, yet loses nothing: "-> int16 weights, or QAT"
+    sent the user after a weight that is not the problem."""
+    engine, by_input = _constant_branch(tmp_path)
+    figures = _drawn_figures(monkeypatch)
+    node = by_input["zeros"]
+    d = plot_distribution(tmp_path / "out", engine, nodes_list=[node])[node]
+    assert d["kind"] == "weight" and d["max_abs_error"] == 0 and d["codes_used"] == 1
+    tries, reason = readings.weight_issue(d)
+    assert tries == [] and "stored exactly" in reason and "int16" not in reason
+    assert readings.advise(d) == ([], [reason])
+    heading = figures[0]._suptitle.get_text()
+    assert "stored exactly" in heading and "QAT" not in heading
+    # the values and the error panels each say all 16 are 0
+    assert [t.get_text() for ax in figures[0].axes for t in ax.texts if t.get_text().startswith("all ")] == \
+        ["all 8 values = 0", "all 8 values = 0"]
+
+
+def test_an_all_zero_tensor_reads_as_constant_not_as_a_zero_ratio(tmp_path):
+    """0/0 printed as "the widest channel reaches 0.0x the median channel's max|x|"."""
+    engine, by_input = _constant_branch(tmp_path)
+    node = by_input["z"]
+    [box] = get_channelwise_data_distribution(tmp_path / "box", engine, nodes_list=[node]).values()
+    assert box["channels"] == 8 and not any(box["max_abs"]) and box["outlier_channels"] == []
+    reading = channelwise.reading(box)
+    assert reading.startswith("every channel is 0") and "0.0x" not in reading
+
+
+def _box_stats(x, axis=1, **fields):
+    stats = channelwise.ChannelStats(axis=axis)
+    stats.add(x)
+    return {**stats.result(), "axis": axis, "shape": list(x.shape), "kind": "activation", "per_channel": False,
+            **fields}
+
+
+def _saved_channel_plot(monkeypatch, tmp_path, stats, title):
+    figures, save = [], channelwise.save_figure
+
+    def keep(fig, path, tight=True):
+        figures.append(fig)
+        return save(fig, path, tight)
+
+    monkeypatch.setattr(channelwise, "save_figure", keep)
+    channelwise.plot_channels(stats, tmp_path / "box.png", title)
+    [fig] = figures
+    fig.canvas.draw()
+    return fig
+
+
+def test_a_long_title_wraps_at_words_and_scope_separators_inside_the_figure(tmp_path, monkeypatch):
+    """A scoped name of 150 characters ran off both edges ("odel/encoder/..." at the left) and
+    was cut mid-word ("attention_score" / "s/scaled"); a wrap after "," lost its space."""
+    rng = np.random.default_rng(10)
+    scope = ("/model/encoder/layers.99/self_attn/q_proj/very_long_submodule_name_generated_by_the_exporter/"
+             "attention_scores/scaled_dot_product/tail/Mul_end_b_output_0")
+    title = (f"{scope}_QuantizeLinear: float input '{scope}' by channel (axis 1 of [1, 16, 32, 32], 16 channels, "
+             "5 sample(s)) - uint8 per tensor")
+    fig = _saved_channel_plot(monkeypatch, tmp_path, _box_stats(rng.standard_normal((1, 16, 8, 8))), title)
+    heading = fig._suptitle
+    box = heading.get_window_extent()
+    assert 0 <= box.x0 and box.x1 <= fig.bbox.width, (box, fig.bbox)
+    *lines, reading = heading.get_text().split("\n")
+    assert reading.startswith("no outlier channel") and len(lines) >= 3
+    for line in lines:
+        assert line in title
+    for line in lines[:-1]:
+        # a break between words, or after a separator of a scoped name: never inside a word
+        assert line + " " in title or line.endswith(("/", "_", ".")), line
+    assert "16 channels, 5 sample(s)" in " ".join(lines)
+    wrapped = channelwise.wrap("x: " + "a" * 100 + ", 5 s", 4).split("\n")
+    assert wrapped[-1].endswith("a, 5 s") and len(wrapped) >= 3, wrapped
+
+
+def test_a_wide_tick_label_leaves_the_y_label_inside_the_figure(tmp_path, monkeypatch):
+    """Values near 150000 drew tick labels "150000" over the fixed margin and the y label
+    "value" off the figure's left edge."""
+    rng = np.random.default_rng(11)
+    stats = _box_stats(150000 + 1000 * rng.standard_normal((1, 8, 8, 8)))
+    fig = _saved_channel_plot(monkeypatch, tmp_path, stats, "wide values")
+    [ax] = fig.axes
+    assert ax.get_yscale() == "linear" and ax.get_ylabel() == "value (x 1e5)"
+    label = ax.yaxis.label.get_window_extent()
+    ticks = [t.get_window_extent() for t in ax.get_yticklabels() if t.get_text()]
+    assert label.x0 >= 0 and ticks and all(label.x1 <= t.x0 for t in ticks)
+
+
+def test_outlier_channels_spanning_decades_get_a_symlog_axis_and_their_colour(tmp_path, monkeypatch):
+    """One value 5000x the rest flattened every other channel to a line at 0 on a linear axis,
+    and the outlier channels' boxes, flat too, never showed the legend's orange."""
+    from matplotlib.collections import PathCollection
+    from matplotlib.colors import to_hex
+
+    rng = np.random.default_rng(12)
+    x = rng.uniform(0, 10, (1, 16, 8, 8))
+    x[0, 3, 1, 1], x[0, 9, 2, 2] = 50000.0, -30000.0
+    stats = _box_stats(x)
+    assert stats["outlier_channels"] == [3, 9] and channelwise.symlog_threshold(stats) == \
+        pytest.approx(stats["median_channel_max_abs"])
+    fig = _saved_channel_plot(monkeypatch, tmp_path, stats, "outliers")
+    [ax] = fig.axes
+    assert ax.get_yscale() == "symlog" and "symlog" in ax.get_ylabel()
+    # an ordinary channel's box now spans a visible height: its q1..q3 covers a fifth of the axis or so
+    to_px = ax.transData.transform
+    box_px = to_px((1, stats["q3"][0]))[1] - to_px((1, stats["q1"][0]))[1]
+    assert box_px > 0.05 * ax.bbox.height
+    orange = [c for c in ax.collections if isinstance(c, PathCollection)
+              and any(to_hex(f) == "#f4a261" for f in c.get_facecolors())]
+    assert [sorted(o[0] for o in c.get_offsets()) for c in orange] == [[4.0, 10.0]]  # channels 3 and 9 at x = k + 1
+    # a tensor without such a channel keeps its linear axis
+    assert channelwise.symlog_threshold(_box_stats(rng.uniform(0, 10, (1, 16, 8, 8)))) is None

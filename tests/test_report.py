@@ -482,3 +482,89 @@ def test_a_warning_on_one_model_file_is_printed_once():
     assert [text for kind, text in terminal_lines(models) if kind == "warning"] == [
         "warning: m.onnx: weights are stored already quantized",
         "warning: other.onnx: weights are stored already quantized"]
+
+
+# -- long names, wide tables ------------------------------------------------------------------
+LONG = ("/model/encoder/layers.99/self_attn/q_proj/very_long_submodule_name_generated_by_the_exporter/"
+        "attention_scores/scaled_dot_product/tail/Mul_end_b_output_0_QuantizeLinear")
+ASCII_TABLE = "+" + "-" * 170 + "+\n| node" + " " * 166 + "|\n| " + LONG + " " * (169 - len(LONG)) + "|\n"
+
+
+def _long_named_models():
+    """A failing model named by long paths, whose node check names a 150-character node and
+    whose data check two tests make alike."""
+    data = {"what": "findings at or above warning", "value": 2, "bound": "<=", "threshold": 0,
+            "on": "/tmp/survey/awk/calib", "passed": False}
+    nodes = {"what": f"cosine-similarity with only {LONG} quantized", "value": 0.949064, "bound": ">=",
+             "threshold": 0.999, "on": "", "passed": False}
+    tests = [{"nodeid": "awk.ptq.yaml::data_check", "outcome": "failed", "section": "",
+              "results": [{"kind": "data", "passed": False, "summary": "2 finding(s)", "details": "",
+                           "measures": [data]}]},
+             {"nodeid": "test_stages.py::test_awk_stages", "outcome": "failed", "section": "",
+              "results": [{"kind": "data", "passed": False, "summary": "2 finding(s)", "details": "",
+                           "measures": [dict(data)]}]},
+             {"nodeid": "awk.ptq.yaml::nodes", "outcome": "failed", "section": "",
+              "results": [{"kind": "nodes", "passed": False, "summary": f"{LONG} (0.949064) is too sensitive",
+                           "details": "most sensitive nodes:\n" + ASCII_TABLE, "measures": [nodes]}]}]
+    return [{"id": 0, "label": "/tmp/survey_with_a_long_folder_name/awk/qdq_model_file.onnx", "data": "calib",
+             "tests": tests, "outputs": [], "notes": [], "images": [],
+             "sensitivity": {"metric": "cosine-similarity", "node_type": "activation", "nodes": 176,
+                             "samples": 8, "rows": [{"node": LONG, "cosine-similarity": 0.949064}]}}]
+
+
+def test_a_check_two_tests_make_alike_is_one_row_naming_both():
+    """A contract's data_check and a test's assert_data on the same data made two rows of
+    "data | findings at or above warning | 2" in "Why it fails"."""
+    [m] = _long_named_models()
+    rows = report.measures(m)
+    data = [r for r in rows if r["check"] == "data"]
+    assert len(data) == 1 and data[0]["test"] == "awk.ptq.yaml::data_check, test_stages.py::test_awk_stages"
+    table = rows_of(Page(report.render([m])).sections[0]["tables"]["measures"])
+    assert [r["check"] for r in table] == ["data", "nodes"] or [r["check"] for r in table] == ["nodes", "data"]
+
+
+def rows_of(table):
+    return [dict(zip(table[0], r)) for r in table[1:]]
+
+
+def test_long_names_break_at_separators_and_tables_scroll_inside_the_page(tmp_path):
+    """150-character node names with no break point pushed the tables off the right edge at
+    800 px, ``overflow-wrap:anywhere`` squeezed the model column to a few characters, and the
+    failure's ASCII table, in a pre-wrap block, wrapped into noise."""
+    page = report.render(_long_named_models())
+    broken = LONG.replace("/", "/<wbr>").replace(".", ".<wbr>").replace("_", "_<wbr>")
+    assert broken in page
+    assert "anywhere" not in page and "pre-wrap}" not in page.split("table.tests td pre", 1)[1].split("\n", 1)[0]
+    # every table sits in a box that scrolls sideways
+    assert page.count("<table") == page.count('<div class="scroll"><table') >= 3
+    # the text reads the same: <wbr> adds no character
+    parsed = Page(page)
+    assert parsed.sections[0]["tables"]["sensitivity"][1][1] == LONG
+
+    browser = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
+    if browser is None:
+        pytest.skip("no chromium installed to lay the page out")
+    probe = """<script>
+    window.addEventListener("load", () => {
+      const first = document.querySelector("table.summary td").getBoundingClientRect().width;
+      const pre = document.querySelector("table.tests td pre");
+      const out = document.createElement("pre"); out.id = "probe";
+      out.textContent = JSON.stringify({page: [document.documentElement.scrollWidth, innerWidth], first,
+        pre: [getComputedStyle(pre).whiteSpace, pre.scrollWidth, pre.clientWidth, pre.getBoundingClientRect().height],
+        boxes: [...document.querySelectorAll("div.scroll")].map(d => d.getBoundingClientRect().right)});
+      document.body.appendChild(out);
+    });
+    </script>"""
+    path = tmp_path / "page.html"
+    path.write_text(page.replace("</body>", probe + "</body>"))
+    proc = run_chromium(browser, tmp_path / "profile", "--window-size=800,2000", "--virtual-time-budget=5000",
+                        "--dump-dom", path.as_uri())
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    got = json.loads(html.unescape(proc.stdout.split('<pre id="probe">', 1)[1].split("</pre>", 1)[0]))
+    width, inner = got["page"]
+    assert width <= inner, "the page scrolls sideways at 800 px"
+    assert all(right <= inner for right in got["boxes"])
+    assert got["first"] >= 100, "the model column is squeezed"
+    white, scroll, client, height = got["pre"]
+    # the ASCII table keeps its lines (three of them, plus the heading) and scrolls instead
+    assert white == "pre" and scroll > client and height < 8 * 16

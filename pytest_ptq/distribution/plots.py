@@ -14,8 +14,9 @@ from .readings import activation_reading, codes_text, weight_reading
 
 def _stairs(ax, hist, label, colour, fill=True, alpha=0.55):
     counts, edges = np.asarray(hist["counts"]), np.asarray(hist["edges"])
+    # above the range lines (zorder 2): a bar on a range's end, a constant's, was hidden under them
     ax.stairs(counts, edges, fill=fill, alpha=alpha if fill else 1.0, color=colour, label=label,
-              linewidth=1.2)
+              linewidth=1.2, zorder=2.5)
     from matplotlib.ticker import FuncFormatter, MaxNLocator, NullFormatter
 
     if ax.get_yscale() == "linear" and counts.max(initial=0) < 50:
@@ -32,6 +33,21 @@ def _stairs(ax, hist, label, colour, fill=True, alpha=0.55):
     # plain numbers: sub-decade ranges otherwise get labels like 6x10^0 on minor ticks
     ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
     ax.yaxis.set_minor_formatter(NullFormatter())
+
+
+def _one_value(ax, s, colour):
+    """Say what a tensor of a single value holds: its one bin, of a range widened around it by
+    a unit, is a sliver a few pixels wide, and the plot reads as empty."""
+    if not s.get("count") or s.get("min") is None or s["min"] != s["max"]:
+        return
+    v = s["min"]
+    lo, hi = ax.get_xlim()
+    right = hi > lo and (v - lo) / (hi - lo) > 0.5
+    ax.annotate(f"all {s['count']} values = {v:.6g}", xy=(v, 0.5), xycoords=ax.get_xaxis_transform(),
+                xytext=(-14 if right else 14, 0), textcoords="offset points", ha="right" if right else "left",
+                va="center", fontsize=9, color=colour, fontweight="bold", zorder=6,
+                bbox=dict(boxstyle="round", facecolor="white", edgecolor=colour, alpha=0.9),
+                arrowprops=dict(arrowstyle="->", color=colour))
 
 
 def _margins(fig, heading, height, extra=0.0):
@@ -58,6 +74,7 @@ def _plot_activation(d, path, title):
         ax.axvspan(lo_x, d["range_lo"], color="#c0392b", alpha=0.06)
         ax.axvspan(d["range_hi"], hi_x, color="#c0392b", alpha=0.06)
         ax.set_xlim(lo_x, hi_x)
+    _one_value(ax, d, "#1f3f8f")
     harmless = " (Relu follows)" if d.get("relu_follows") and d["clipped_low"] else ""
     text = (f"max |x|: {_fmt(d['max_abs'])}   threshold: {_fmt(d['threshold'])}\n"
             f"clipped: {100 * d['clipped_share']:.3f}% ({d['clipped_count']} of {d['count']}){harmless}\n"
@@ -67,7 +84,8 @@ def _plot_activation(d, path, title):
     ax.set_xlabel("value")
     ax.legend(loc="upper right", fontsize=8)
     ax.grid(True, alpha=0.3)
-    heading = wrap(title, 10) + "\n" + wrap(activation_reading(d), 10)
+    # centred over the axes, which sit 0.75 in right of the figure's centre (margins 0.95 and 0.2)
+    heading = wrap(title, 10 - 0.75) + "\n" + wrap(activation_reading(d), 10 - 0.75)
     ax.set_title(heading, fontsize=10)
     _margins(fig, heading, 4.8)
     save_figure(fig, path, tight=False)
@@ -89,6 +107,7 @@ def _plot_pair(d, path, title, left_a, left_b, labels, note=None):
     ax1.plot([left_a["peak"]], [0.03], marker="^", markersize=10, color="#1f3f8f", linestyle="none",
              clip_on=False, label=f"max |x| = {_fmt(left_a['max_abs'])}", zorder=5,
              transform=ax1.get_xaxis_transform())
+    _one_value(ax1, left_a, "#1f3f8f")
     ax1.set_xlabel("value")
     ax1.legend(loc="upper right", fontsize=8)
     ax1.grid(True, alpha=0.3)
@@ -104,6 +123,7 @@ def _plot_pair(d, path, title, left_a, left_b, labels, note=None):
         if d["kind"] == "weight" and not d["per_channel"]:
             ax2.axvline(-d["scale"] / 2, color="grey", ls=":", lw=1, label="+-scale/2 (rounding bound)")
             ax2.axvline(d["scale"] / 2, color="grey", ls=":", lw=1)
+        _one_value(ax2, err, "#8c2d30")
         ax2.set_xlabel("error (quantized - float)")
         ax2.legend(loc="upper right", fontsize=8)
         ax2.grid(True, alpha=0.3)

@@ -146,6 +146,10 @@ def weight_issue(d, box=None):
         return ["keep in float"], "float weight unknown: pass the float model to judge the weight itself"
     if d["role"] == "bias":
         return [], "int32 bias: its quantization error is negligible"
+    if exact(d):
+        # an all-zero weight, or one already on the grid, falls on one code yet loses nothing:
+        # "too few codes" advice would send the user after a weight that is not the problem
+        return [], "every weight is stored exactly (max error 0): its quantization costs nothing, nothing to do"
     worst, whole, levels = d.get("worst_channel_sqnr"), d["sqnr"], bulk_codes(d)
     clipped = d.get("clipped_share", 0)
     if clipped > WEIGHT_CLIP_SHARE:
@@ -191,6 +195,12 @@ def weight_issue(d, box=None):
     return [], f"SQNR {_fmt(whole)} dB{tail}: the weight quantizes cleanly"
 
 
+def exact(d):
+    """Whether a weight's dequantized values equal its float ones (a float model to compare
+    with given): SQNR infinite, nothing lost."""
+    return d.get("compared_against") == "float weight" and d.get("max_abs_error") == 0 and d.get("count", 0) > 0
+
+
 def weight_reading(d):
     """One line saying what a weight's histogram means for quantization."""
     return weight_issue(d)[1]
@@ -227,6 +237,8 @@ def advise_weight(d, box=None):
     """``(what to try, reasons)`` for a weight's statistics: :func:`weight_issue`'s remedy, or
     int16 / float for a weight that quantizes cleanly but is sensitive all the same."""
     tries, reason = weight_issue(d, box)
+    if exact(d):
+        return [], [reason]
     if not tries:
         return [*_wider_list(d), "keep in float"], [reason + "; the node is simply sensitive"]
     return tries, [reason]
