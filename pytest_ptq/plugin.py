@@ -106,9 +106,9 @@ class _Hooks:
         self.ptq.logreport(report)
 
     @pytest.hookimpl(trylast=True)
-    def pytest_sessionfinish(self, session):
+    def pytest_sessionfinish(self, session, exitstatus):
         """Write the HTML report (or, on an xdist worker, send its data)."""
-        self.ptq.finish()
+        self.ptq.finish(interrupted=exitstatus == pytest.ExitCode.INTERRUPTED)
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_configure_node(self, node):

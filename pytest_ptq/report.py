@@ -590,8 +590,13 @@ def _told_apart(models):
     return out
 
 
-def render(models):
-    """The page for ``models`` (merged payloads), failing models first."""
+def render(models, interrupted=False):
+    """The page for ``models`` (merged payloads), failing models first; for an ``interrupted``
+    run, a page that says so instead."""
+    if interrupted:
+        return _page(["<h1>pytest-ptq report</h1><p class=\"v-failed\">This run was interrupted before its tests "
+                      "finished (Ctrl-C, or a time limit's signal): no results are shown, since those it had would "
+                      "read as a complete run. Run it again to the end.</p>"])
     models = [dict(m) for m in sorted(models, key=lambda m: (_ORDER[verdict(m)], m["label"], m["data"]))]
     for m, label in zip(models, _told_apart(models)):
         m["label"] = label
@@ -655,15 +660,19 @@ def render(models):
     else:
         body.append("<p>No test used a ptq fixture or contract in this session.</p>")
     body += [_model_html(k, m) for k, m in enumerate(models)]
+    return _page(body)
+
+
+def _page(body):
     return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">" + GENERATOR +
             "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">"
             f"<title>pytest-ptq report</title><style>{_CSS}</style></head><body>\n"
             + "\n".join(body) + "\n</body></html>\n")
 
 
-def write(path, models):
-    """Write the page atomically; returns the path."""
-    return guard.write_text(Path(path), render(models), atomic=True)
+def write(path, models, interrupted=False):
+    """Write the page atomically (see :func:`render`); returns the path."""
+    return guard.write_text(Path(path), render(models, interrupted), atomic=True)
 
 
 def foreign(path):

@@ -517,8 +517,11 @@ class PTQSession:
                                               for mid, r in rec.results if mid == model_id]})
         return list(models.values())
 
-    def finish(self):
-        """At session end: a worker hands its payloads over, anyone else writes the page."""
+    def finish(self, interrupted=False):
+        """At session end: a worker hands its payloads over, anyone else writes the page.
+        ``interrupted`` (Ctrl-C, a CI timeout's signal): the page says so and holds no results,
+        drawn nothing for (a partial page read as all passing, and drawing it kept the run
+        alive seconds after the signal)."""
         if self.is_worker:
             if self.analyses:  # its tests are done: the workers still running may take its cores
                 from .engine import runtime
@@ -528,7 +531,7 @@ class PTQSession:
         if self.settings.report is None:
             return
         if self.is_worker:
-            self.config.workeroutput[WORKER_KEY] = json.dumps(self.payload())
+            self.config.workeroutput[WORKER_KEY] = json.dumps([] if interrupted else self.payload())
             self.config.workeroutput[WORKER_INPUTS] = json.dumps(
                 [[i.given, i.what] for a in self.analyses.values() for i in a.inputs().items])
             return
@@ -543,6 +546,10 @@ class PTQSession:
             for path, what in self.worker_inputs:
                 inputs.add(path, what)
             path = self._report_path(inputs)
+            if interrupted:
+                html_report.write(path, [], interrupted=True)
+                self.report_error = f"the ptq report {str(path)!r} says the run was interrupted, and holds no results"
+                return
             models = self.payload()
             for payload in self.worker_payloads:
                 models.extend(json.loads(payload))

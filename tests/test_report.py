@@ -21,7 +21,7 @@ from PIL import Image
 import builders
 from pytest_ptq import report
 from test_plugin import (activation_pairs, build_models, feeds_of, independent_sensitivity, keep_only, pooled_cosine,
-                         run)
+                         plugin_args, run)
 
 SUITE = """
 import pytest
@@ -568,3 +568,26 @@ def test_long_names_break_at_separators_and_tables_scroll_inside_the_page(tmp_pa
     white, scroll, client, height = got["pre"]
     # the ASCII table keeps its lines (three of them, plus the heading) and scrolls instead
     assert white == "pre" and scroll > client and height < 8 * 16
+
+
+def test_an_interrupted_run_writes_a_page_that_says_so(project):
+    """After Ctrl-C the page held the models that had run and read as complete: a CI
+    job stopped by its time limit published a green report (and drawing it kept the run going
+    seconds after the signal)."""
+    run(project, "--ptq-report=report.html").assert_outcomes(passed=2, failed=1)
+    assert "1 passing" in (project.path / "report.html").read_text()
+    project.makepyfile(test_zz_stop="""
+        import pytest
+
+        @pytest.mark.ptq(model="model.onnx", data="calib")
+        def test_stop(ptq):
+            ptq.assert_outputs(0.5)
+            raise KeyboardInterrupt
+    """)
+    # a subprocess: in process, the interrupt would stop this session too
+    result = project.runpytest_subprocess(*plugin_args(), "-p", "no:cacheprovider", "-p", "no:randomly",
+                                          "--ptq-report=report.html", timeout=300)
+    assert result.ret == pytest.ExitCode.INTERRUPTED
+    page = (project.path / "report.html").read_text()
+    assert "This run was interrupted before its tests finished" in page and "passing" not in page
+    result.stdout.fnmatch_lines(["*the ptq report '*report.html' says the run was interrupted, and holds no results"])
