@@ -631,14 +631,24 @@ def _heldout_findings(engine, cal_data, held_data, metric, threshold, bar):
     # an output far from zero reads alike on both sets whatever quantization does to it
     out += [Finding("metric-blind", "warning", w, "rerun with --metric correlation", None, "heldout")
             for w in offset_warnings(engine, metric=metric.name)]
+    # without held-out values beyond the calibrated ranges, the ranges cover the held-out data:
+    # those samples lose more to the same grids (a detector's scores on images without its
+    # classes, a fifth of the calibration's, rounded away by the output's step), which a
+    # calibration drawn like them does not change (measured: YOLOv8n calibrated on its own
+    # held-out images read 0 there too)
+    if clipping:
+        why, recalibrate = "the calibration set does not represent the held-out data", "calibrate on samples drawn like the held-out data"
+    else:
+        why = ("the held-out values stay within the calibrated ranges, so it is not their coverage: those samples "
+               "lose more to the same grids (their values sit lower in the ranges, nearer a step)")
+        recalibrate = ("rank the nodes on the held-out data (runall --heldout) and raise the first to int16 or keep them "
+                       "in float (suggest --heldout); recalibrating does not widen what they use of the ranges")
     if threshold is None:
         gap = _gap(metric, cal_value, held_value)
         out.append(Finding("heldout-gap" if gap else "heldout-worse", "warning" if gap else "info",
                            f"fully quantized {metric.name}: {cal_value:.6g} on the calibration data, {held_value:.6g} "
-                           f"on the held-out data{hint}" + (": the calibration set does not represent the held-out "
-                                                             "data" if gap else ""),
-                           "calibrate on samples drawn like the held-out data" if gap else "", None, "heldout",
-                           details=details))
+                           f"on the held-out data{hint}" + (f": {why}" if gap else ""),
+                           recalibrate if gap else "", None, "heldout", details=details))
         return out, quantized
     cal_ok = not metric.worse(cal_value, threshold)
     held_ok = not metric.worse(held_value, threshold)
@@ -646,20 +656,21 @@ def _heldout_findings(engine, cal_data, held_data, metric, threshold, bar):
         out.append(Finding(
             "not-representative", "error",
             f"quantization keeps {metric.name} at {cal_value:.6g} on the calibration data but only {held_value:.6g} on "
-            f"the held-out data (threshold {threshold}): the calibration set does not represent the data the model "
-            f"will see{hint}",
-            "calibrate on 20-100 samples drawn like the held-out/production data (scenes, lighting, classes, value range)",
-            None, "heldout", details=details))
+            f"the held-out data (threshold {threshold}){hint}: "
+            + ("the calibration set does not represent the data the model will see" if clipping else why),
+            "calibrate on 20-100 samples drawn like the held-out/production data (scenes, lighting, classes, value range)"
+            if clipping else recalibrate, None, "heldout", details=details))
     elif not cal_ok and not held_ok and _gap(metric, cal_value, held_value):
         ratio = badness(metric.name, held_value) / max(badness(metric.name, cal_value), 1e-12)
         out.append(Finding(
             "heldout-gap", "warning",
             f"quantization misses {threshold} on both sets, and the held-out data lose {ratio:.1f}x as much "
             f"({metric.name} {cal_value:.6g} on the calibration data, {held_value:.6g} on the held-out data){hint}: "
-            "the model is sensitive and the calibration set does not represent the held-out data either",
+            + ("the model is sensitive and the calibration set does not represent the held-out data either" if clipping
+               else f"the model is sensitive; {why}"),
             "calibrate on 20-100 samples drawn like the held-out data (a remedy chosen on the calibration set may not "
-            "hold there), then rank the sensitive nodes and run suggest with --heldout", None, "heldout",
-            details={**details, "loss_ratio": ratio}))
+            "hold there), then rank the sensitive nodes and run suggest with --heldout" if clipping else recalibrate,
+            None, "heldout", details={**details, "loss_ratio": ratio}))
     elif not cal_ok and not held_ok:
         out.append(Finding(
             "heldout-worse", "info",

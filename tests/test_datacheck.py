@@ -394,3 +394,26 @@ def test_one_expected_number_stands_for_every_channel_and_a_wrong_count_says_so(
     for bad in (dict(expect_mean=[0, 0, 0], expect_std=[1, 1]), dict(expect_std=[1, 1])):
         [f] = check_data(str(rgb_net["qdq"]), rgb_net["data"], **bad).findings
         assert f.check == "channel-stats" and "3 data channels but 2 expected channel standard deviations" in f.message
+
+
+def test_a_heldout_gap_within_the_calibrated_ranges_is_not_blamed_on_the_calibration_set(tmp_path):
+    """YOLOv8n's held-out images read 0 fully quantized against 0.74 on calibration, and
+    check-data said to calibrate on held-out-like samples; their values lay within the
+    calibrated ranges, and a calibration on the held-out images themselves read 0 too."""
+    rng = np.random.default_rng(3)
+    w = numpy_helper.from_array((rng.standard_normal((4, 3, 3, 3)) * 0.3).astype(np.float32), "w")
+    graph = onnx.helper.make_graph(  # a conv's map, as a detector's scores: its step set by the calibration
+        [onnx.helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1], name="conv")], "conv",
+        [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 3, 16, 16])],
+        [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 4, 16, 16])], [w])
+    fpath = builders._save(graph, tmp_path / "float.onnx")
+    data = {"x": [rng.standard_normal((1, 3, 16, 16)).astype(np.float32) for _ in range(N)]}
+    qpath = builders.quantize(fpath, tmp_path / "qdq.onnx", data)
+    dim = {"x": [a * 0.01 for a in data["x"]]}  # inside every range, on a few of its codes
+    report = check_data(qpath, data, heldout=dim, progress=False)
+    cal, held = report.quantized["calibration"]["cosine-similarity"], report.quantized["heldout"]["cosine-similarity"]
+    assert cal > 0.99 > 0.9 > held
+    [finding] = [f for f in report.findings if f.check == "not-representative"]
+    assert not finding.details["heldout_clipping"]
+    assert "does not represent" not in finding.message and "stay within the calibrated ranges" in finding.message
+    assert "runall --heldout" in finding.fix and "calibrate on" not in finding.fix
