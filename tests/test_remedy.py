@@ -356,6 +356,24 @@ def test_per_channel_advice_on_a_model_already_quantized_per_channel(zoo):
     assert "left these per tensor" in advice and "TensorQuantOverrides" in advice and "'axis'" in advice
 
 
+def test_per_channel_advice_at_an_opset_below_13_says_to_convert_first(tmp_path):
+    """quantize_static(per_channel=True) on an opset-12 model (PP-OCRv4's recogniser as
+    pre-processed) writes DequantizeLinear axes that opset lacks: the model fails to load."""
+    import onnxruntime as ort
+
+    from pytest_ptq.remedy.terms import per_channel_weights
+
+    model = onnx.load(str(builders.conv_net(tmp_path / "f17.onnx")))
+    model.opset_import[0].version, model.ir_version = 12, 7  # its ops read the same at 12
+    onnx.save(model, str(tmp_path / "f12.onnx"))
+    data = builders.samples(4)
+    with pytest.raises(Exception, match="INVALID_GRAPH"):
+        ort.InferenceSession(str(builders.quantize(tmp_path / "f12.onnx", tmp_path / "pc.onnx", data,
+                                                   per_channel=True)))
+    advice = per_channel_weights(QuantModel(str(builders.quantize(tmp_path / "f12.onnx", tmp_path / "q.onnx", data))))
+    assert "converted to opset 13 first" in advice and "at its opset 12" in advice
+
+
 @pytest.mark.parametrize("options", [dict(reduce_range=True, per_channel=True),
                                      dict(extra_options={"WeightSymmetric": False}),
                                      dict(activation_type="QUInt16")], ids=["reduce_range", "asymmetric", "a16"])
