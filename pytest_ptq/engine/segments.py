@@ -211,7 +211,8 @@ class Segments:
         node writing it in 16 bits where onnxruntime's CPU provider computes it in float32
         in the file (measured on Model Optimizer's fp16 PP-OCR classifier: every Clip before a
         bypassed pair rounded, one pair's config 6.4e-3 from the file on its softmax, ranks 2-5
-        reordered; 1.1e-3 in a form of its own, all of it the file's optimization level)."""
+        reordered; in a form of its own, through the one segment such a graph gets, equal to
+        the file)."""
         self._sizes, self._alternative, self._exact = {}, set(), set()
         for k, name in self.gate_of.items():
             j = self.segment_of_gate.get(name)
