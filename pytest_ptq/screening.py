@@ -98,24 +98,34 @@ def screen(engine, node_types, metric_objs, specs, indices, budget_s=None, rank_
             describers[(t, name)] = describe(qm, name, t, quantized)
     total = len(indices)
     desc = f"sensitivity ({', '.join(node_types)})"
-    planned = total if rank_samples is None else min(total, rank_samples)
+    # each config compiles a form of its own on a config-major engine: timing the first sample
+    # apart compiled every form twice, and its time was mostly compiling; the budget counted
+    # in samples is the same number of them, scored in one pass
+    one_pass = engine.config_major and not (rank_samples is None and budget_s is not None)
+    if one_pass and rank_samples is None:
+        rank_samples = DEFAULT_BUDGET_SAMPLES
+    # where every node of each type is among its top, confirming them is ranking them all
+    small = all(sum(tt == t for tt, _ in configs) <= confirm for t in node_types)
+    planned = total if rank_samples is None or (one_pass and small) else min(total, rank_samples)
     with Progress(planned * len(configs), desc, enabled=progress) as bar:
-        scores = score_configs(engine, configs, metric_objs, specs, indices[:1], bar)
-        first_s = time.perf_counter() - start
-        if budget_s is None:
-            budget_s = min(DEFAULT_BUDGET_S, DEFAULT_BUDGET_SAMPLES * first_s)
-        share = min(1.0, confirm * len(node_types) / max(1, len(configs)))
-        # where every node of each type is among its top, confirming them is ranking them all
-        small = all(sum(tt == t for tt, _ in configs) <= confirm for t in node_types)
-        k = (min(total, rank_samples) if rank_samples is not None else total if small
-             else samples_within(budget_s, first_s, total, min_samples, share))
-        k = max(1, k)
+        if one_pass:
+            k = max(1, planned)
+            scores = score_configs(engine, configs, metric_objs, specs, indices[:k], bar)
+        else:
+            scores = score_configs(engine, configs, metric_objs, specs, indices[:1], bar)
+            first_s = time.perf_counter() - start
+            if budget_s is None:
+                budget_s = min(DEFAULT_BUDGET_S, DEFAULT_BUDGET_SAMPLES * first_s)
+            share = min(1.0, confirm * len(node_types) / max(1, len(configs)))
+            k = max(1, min(total, rank_samples) if rank_samples is not None else total if small
+                    else samples_within(budget_s, first_s, total, min_samples, share))
         top = {}
         confirm_configs = {}
         if k < total:
             # the bar now counts what is left for sure: the screening samples, then the confirmation
             bar.total = k * len(configs) + (total - k) * min(len(configs), confirm * len(node_types))
-        merge_scores(scores, score_configs(engine, configs, metric_objs, specs, indices[1:k], bar), metric_objs)
+        if not one_pass:
+            merge_scores(scores, score_configs(engine, configs, metric_objs, specs, indices[1:k], bar), metric_objs)
         by_type = {t: {name: scores[(t, name)] for (tt, name) in configs if tt == t} for t in node_types}
         sens = {t: ranked(engine, by_type[t], metric_objs, specs, k, t,
                           lambda name, t=t: describers[(t, name)]) for t in node_types}
