@@ -68,6 +68,7 @@ class PTQSession:
         self.is_worker = hasattr(config, "workerinput")
         self.report_error = None  # why the report was not written, as one sentence
         self._pytest_cache_dir = ...  # the result cache under pytest's cache dir: decided on first use
+        self._cache_off = False  # a --ptq-cache-dir it cannot write: results are not kept
         self._terminal = None  # where progress lines go (see _progress_stream)
         if not self.is_worker:  # the controller checks once; its workers write no report
             self._check_outputs()
@@ -94,11 +95,19 @@ class PTQSession:
                               writable=s.update != "none")
             self._warn_outside_root("baseline folder", "--ptq-baseline-dir", s.baseline_dir)
         if s.cache_dir is not None and not self.config.getoption("ptq_no_cache"):
-            guard.output_path(s.cache_dir, "--ptq-cache-dir", inputs, folder=True)
-            if self.config.getoption("cacheclear", False):
-                from . import cache
+            from . import cache
 
-                cache.clear(s.cache_dir)
+            # never an input or inside one, and a folder: usage errors; one it cannot write only
+            # costs the time results save, as pytest's own cache dir does
+            guard.output_path(s.cache_dir, "--ptq-cache-dir", inputs, folder=True, writable=False)
+            try:
+                guard.check_writable(s.cache_dir, "the result cache (--ptq-cache-dir / ptq_cache_dir)", folder=True)
+            except PTQError as exc:
+                cache.warn_not_kept(f"results are not kept between runs: {exc}")
+                self._cache_off = True
+            else:
+                if self.config.getoption("cacheclear", False):
+                    cache.clear(s.cache_dir)
         if s.baseline_dir is not None:
             # a killed update leaves temporary files; remove them before anyone commits them
             for folder, _dirs, _files in os.walk(s.baseline_dir):
@@ -200,7 +209,7 @@ class PTQSession:
         """Where results are kept between runs: --ptq-cache-dir, else ``d/ptq`` under pytest's
         cache dir (which --cache-clear empties); None with --ptq-no-cache or without pytest's
         cache plugin (``-p no:cacheprovider``)."""
-        if self.config.getoption("ptq_no_cache"):
+        if self.config.getoption("ptq_no_cache") or self._cache_off:
             return None
         if self.settings.cache_dir is not None:
             return self.settings.cache_dir

@@ -4,6 +4,7 @@ matches and the entry is sound; computed again otherwise."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 
 import numpy as np
@@ -461,3 +462,21 @@ def test_plugin_shows_a_models_long_steps_around_the_capture_and_q_silences_them
     quiet = runp(pytester, "--ptq-no-cache", "-q")
     quiet.assert_outcomes(passed=2)
     assert "sensitivity (node)" not in quiet.stderr.str() + quiet.stdout.str()
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only folders")
+def test_plugin_with_a_read_only_cache_dir_runs_without_it_and_says_so(pytester, inputs, tmp_path):
+    """A --ptq-cache-dir (or ptq_cache_dir) it cannot write stopped the run at start-up, where
+    pytest's own cache dir read-only only warns: keeping results only saves time."""
+    setup_project(pytester, inputs)
+    folder = tmp_path / "ro"
+    folder.mkdir()
+    folder.chmod(0o555)
+    try:
+        result = runp(pytester, f"--ptq-cache-dir={folder}")
+    finally:
+        folder.chmod(0o755)
+    result.assert_outcomes(passed=2)
+    result.stdout.fnmatch_lines(["*PTQCacheWarning: results are not kept between runs: the result cache "
+                                 "(--ptq-cache-dir / ptq_cache_dir) * is a read-only folder*"])
+    assert not any(folder.iterdir())
