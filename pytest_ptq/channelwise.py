@@ -423,12 +423,12 @@ def _break(piece, fits):
             line = token
 
     def split(token, separators):
-        if fits(token) or not separators:
-            if fits(token):
-                add(token)
-            else:
-                for ch in token:
-                    add(ch)
+        if fits(token):
+            add(token)
+            return
+        if not separators:
+            for ch in token:
+                add(ch)
             return
         sep = re.escape(separators[0])
         for part in re.findall(rf"[^{sep}]*[{sep}]+|[^{sep}]+", token):

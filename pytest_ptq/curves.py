@@ -154,9 +154,9 @@ def plot_curves(curves, path, title=None, annotate=3):
     fig, ax, side = with_side_panel(plt, (12.5, 5.5), ratio=(4.0, 1.1))
     x = np.arange(len(curves.nodes))
     colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    for k, (label, ys) in enumerate(_plotted(curves).items()):
-        ax.plot(x, ys, marker=".", markersize=3, linewidth=1.2, color=colours[k % len(colours)], label=drawable(label))
     plotted = _plotted(curves)
+    for k, (label, ys) in enumerate(plotted.items()):
+        ax.plot(x, ys, marker=".", markersize=3, linewidth=1.2, color=colours[k % len(colours)], label=drawable(label))
     worst = marked(curves, annotate)
     if curves.local is not None:
         idx = [i for i, v in enumerate(curves.local) if v is not None]

@@ -637,7 +637,8 @@ def _heldout_findings(engine, cal_data, held_data, metric, threshold, bar):
     # calibration drawn like them does not change (measured: YOLOv8n calibrated on its own
     # held-out images read 0 there too)
     if clipping:
-        why, recalibrate = "the calibration set does not represent the held-out data", "calibrate on samples drawn like the held-out data"
+        why = "the calibration set does not represent the held-out data"
+        recalibrate = "calibrate on samples drawn like the held-out data"
     else:
         why = ("the held-out values stay within the calibrated ranges, so it is not their coverage: those samples "
                "lose more to the same grids (their values sit lower in the ranges, nearer a step)")

@@ -71,7 +71,7 @@ def _advance(ch):
 
 
 def drawable(text):
-    """``text`` with each character that no installed font has written as ``\\uXXXX``: drawn,
+    r"""``text`` with each character that no installed font has written as ``\uXXXX``: drawn,
     it was an empty box (a CJK node name without a CJK font), and two names differing there
     read the same."""
     text = str(text)

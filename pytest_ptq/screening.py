@@ -110,7 +110,6 @@ def screen(engine, node_types, metric_objs, specs, indices, budget_s=None, rank_
     with Progress(planned * len(configs), desc, enabled=progress) as bar:
         if one_pass:
             k = max(1, planned)
-            scores = score_configs(engine, configs, metric_objs, specs, indices[:k], bar)
         else:
             scores = score_configs(engine, configs, metric_objs, specs, indices[:1], bar)
             first_s = time.perf_counter() - start
@@ -124,8 +123,8 @@ def screen(engine, node_types, metric_objs, specs, indices, budget_s=None, rank_
         if k < total:
             # the bar now counts what is left for sure: the screening samples, then the confirmation
             bar.total = k * len(configs) + (total - k) * min(len(configs), confirm * len(node_types))
-        if not one_pass:
-            merge_scores(scores, score_configs(engine, configs, metric_objs, specs, indices[1:k], bar), metric_objs)
+        rest = score_configs(engine, configs, metric_objs, specs, indices[0 if one_pass else 1:k], bar)
+        scores = rest if one_pass else merge_scores(scores, rest, metric_objs)
         by_type = {t: {name: scores[(t, name)] for (tt, name) in configs if tt == t} for t in node_types}
         sens = {t: ranked(engine, by_type[t], metric_objs, specs, k, t,
                           lambda name, t=t: describers[(t, name)]) for t in node_types}
