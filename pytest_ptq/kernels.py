@@ -5,8 +5,8 @@ On x86 CPUs without AVX-VNNI, onnxruntime's kernels that multiply uint8 activati
 weights sum the products in pairs into int16 (onnxruntime documents it), which saturates
 once a pair passes 32767: with 8-bit weights, not with 7-bit ones (``reduce_range=True``) or
 uint8 ones. Every analysis simulates Q/DQ arithmetic, so this matters where a figure reads
-the kernels themselves: the integer stage of ``stages`` and the check that a QOperator or
-dynamic file runs as simulated.
+the kernels themselves: the integer stage of ``stages`` and the check that the file runs
+as simulated.
 """
 
 from __future__ import annotations

@@ -230,16 +230,20 @@ SIMULATION_SAMPLES = 8
 
 
 def simulation_gap(engine, specs, samples=SIMULATION_SAMPLES, model=None, providers=None):
-    """Worst output cosine between the engine's fully quantized run (a QOperator or dynamic
-    file simulated in its Q/DQ form) and onnxruntime running the file as given, on its integer
-    kernels, over ``samples`` samples spread evenly over the data (first and last included);
-    None for a QDQ file (``stages`` compares its fused kernels) and without samples. ``model``:
-    a ModelProto run instead of the file (any format); ``providers``: its session's (default:
-    the engine's). Its session and the engine's for every pair quantized are dropped after."""
+    """Worst output cosine between the engine's fully quantized run (Q/DQ as float arithmetic;
+    a QOperator or dynamic file simulated in its Q/DQ form) and onnxruntime running the file as
+    given with its default options, on its integer kernels (a QDQ file's pairs fused into
+    them), over ``samples`` samples spread evenly over the data (first and last included); None
+    without samples; compared on those of ``specs`` that are the file's outputs (its default
+    outputs where none is). ``model``: a ModelProto run instead of the file (any format);
+    ``providers``: its session's (default: the engine's). Its session and the engine's for every
+    pair quantized are dropped after."""
     qm = engine.qmodel
     n = min(samples, len(engine.data or ()))
-    if (model is None and qm.format == "QDQ") or not n:
+    if not n:
         return None
+    # the file's outputs only: a tensor inside it may be fused away on the integer kernels
+    specs = [s for s in specs if s.tensor in qm.output_names] or parse_outputs(None, engine)
     tensors = list(dict.fromkeys(s.tensor for s in specs))
     session = make_session(qm.as_given() if model is None else model, "all", providers or engine.providers,
                            fake_quant=False, what=repr(qm.source), libraries=engine.libraries, shared=engine.shared)
@@ -286,8 +290,8 @@ def _check_reference(values, feeds, i, fpath):
 
 
 def simulation_warnings(engine, specs=None):
-    """``[sentence]`` when a QOperator or dynamic file, run as given, differs from the Q/DQ
-    form every analysis simulates (:func:`simulation_gap` below :data:`SIMULATION_CLOSE`),
+    """``[sentence]`` when the file, run as given on onnxruntime's integer kernels, differs
+    from the Q/DQ arithmetic every analysis simulates (:func:`simulation_gap` below :data:`SIMULATION_CLOSE`),
     else ``[]``. ``specs``: the outputs compared (default: the engine's default outputs)."""
     specs = parse_outputs(None, engine) if specs is None else specs
     gap = simulation_gap(engine, specs)
@@ -295,8 +299,12 @@ def simulation_warnings(engine, specs=None):
         return []
     cause = (kernel_cause(engine, specs) or
              "its integer kernels round otherwise than Q/DQ arithmetic, and the model amplifies the difference")
-    return [f"{SIMULATION_WARNING}: every figure simulates this {engine.qmodel.format_label} file in its Q/DQ form, "
-            f"and onnxruntime running the file itself differs from that simulation (output cosine {gap:.4f}, the "
+    qm = engine.qmodel
+    simulated = ("Q/DQ as float arithmetic, and onnxruntime running this QDQ file with its default options (its "
+                 "pairs fused into integer kernels, as it deploys it)" if qm.format == "QDQ" else
+                 f"this {qm.format_label} file in its Q/DQ form, and onnxruntime running the file itself")
+    return [f"{SIMULATION_WARNING}: every figure simulates {simulated} "
+            f"differs from that simulation (output cosine {gap:.4f}, the "
             f"worst of {min(SIMULATION_SAMPLES, len(engine.data))} samples spread over the data, each compared on its "
             f"own; `stages` pools every sample, which reads higher): {cause}; the rankings and "
             "the verdict are the simulation's"]

@@ -591,13 +591,46 @@ def test_runall_says_when_the_file_runs_otherwise_than_its_simulation(built, nam
     told = [w for w in summary["warnings"] if "simulates this" in w]
     assert len(told) == 1 and f"output cosine {gap:.4f}" in told[0]
     assert "before trusting a figure" in (tmp_path / "told" / "summary.md").read_text()
-    assert simulation_gap(Engine(p["ops_qdq"], data["ops"]), specs) is None  # QDQ: stages compares its kernels
     whole = Engine(p[name], data[_data(name)], float_model=p[_float(name)])
     read = []
     monkeypatch.setattr(whole.data, "sample", lambda i, sample=whole.data.sample: read.append(i) or sample(i))
     simulation_gap(whole, specs, samples=3)  # spread over the data: its end too
     last = len(whole.data) - 1
     assert last >= 3 and len(set(read)) == 3 and {0, last} < set(read)
+
+
+def test_a_qdq_file_is_checked_on_the_kernels_onnxruntime_fuses_its_pairs_into(built, tmp_path, monkeypatch):
+    """A QDQ file deploys on onnxruntime with its pairs fused into integer kernels (its default
+    options), which round otherwise than the Q/DQ arithmetic every figure simulates, and on
+    x86 without AVX-VNNI saturate: runall measured only QOperator and dynamic files, so a QDQ
+    file whose deployed outputs left the simulation's (YOLOv8n per channel: simulated 0.62,
+    on this CPU's kernels 0) got no word of it."""
+    import onnxruntime as ort
+
+    from pytest_ptq import runall as runall_mod
+    from pytest_ptq import stages
+    from pytest_ptq.engine.runtime import integer_kernels_saturate
+    from pytest_ptq.outputs import parse_outputs
+    from pytest_ptq.stages import simulation_gap
+
+    p, data = built
+    samples = {k: v[:3] for k, v in data["ops"].items()}
+    engine = Engine(p["ops_qdq"], samples, float_model=p["ops"])
+    specs = parse_outputs(None, engine)
+    fused = ort.InferenceSession(str(p["ops_qdq"]), providers=["CPUExecutionProvider"])  # a user's session
+    feeds = [{k: v[i] for k, v in samples.items()} for i in range(3)]
+    expected = min(pooled_cosine([fused.run([s.tensor], f)[0]], [run_model(p["ops_qdq"], f)[s.tensor]])
+                   for f in feeds for s in specs)
+    gap = simulation_gap(engine, specs)
+    assert gap == pytest.approx(expected, abs=1e-6) and gap < 1 - 1e-7  # the kernels do round otherwise
+    monkeypatch.setattr(stages, "SIMULATION_CLOSE", 1.0)  # any difference at all
+    summary = runall_mod.runall(engine, save_dir=tmp_path / "told", top=1, progress=False)
+    told = [w for w in summary["warnings"] if w.startswith(stages.SIMULATION_WARNING)]
+    assert len(told) == 1 and f"output cosine {gap:.4f}" in told[0]
+    assert "running this QDQ file with its default options (its pairs fused into integer kernels" in told[0]
+    # the widest weights of quantize_static's defaults, on a CPU whose kernels saturate: named as the cause
+    assert ("saturate uint8 x int8 products" in told[0]) == (integer_kernels_saturate() and bool(
+        stages.saturation_cause(engine.qmodel, None)))
 
 
 def test_saturating_kernels_are_said_to_be_why_the_file_differs(built, tmp_path):

@@ -144,7 +144,7 @@ def _suggest(engine, save_dir, clock, target, metric, remedy, output_node, data_
     read_from(result, engine.inputs() | also)
     if evaluate is None:  # a target met on an output far from zero may be met by nothing at all
         result.warnings += offset_warnings(engine, specs, objective.metric.name)
-    # a dynamic or QOperator file that runs otherwise than its simulation, here: every figure
+    # a file that runs otherwise than its simulation on this machine's kernels: every figure
     # of the search is the simulation's
     result.warnings += simulation_warnings(engine, specs)
     if base.confirms and base.judge.engine is base.search.engine:
