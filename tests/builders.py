@@ -85,9 +85,11 @@ def narrow_conv_setup(root, n, seed):
 
 
 def quantize(float_path, out_path, data, per_channel=False, activation_type="QUInt8",
-             weight_type="QInt8", keep_float=True, extra_options=None, nodes_to_exclude=None, reduce_range=False):
+             weight_type="QInt8", keep_float=True, extra_options=None, nodes_to_exclude=None, reduce_range=False,
+             calibrate_method="MinMax"):
     """quantize_static in QDQ format; ``keep_float`` keeps float weights and Relu/Clip."""
-    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+    from onnxruntime.quantization import (CalibrationDataReader, CalibrationMethod, QuantFormat, QuantType,
+                                          quantize_static)
 
     class Reader(CalibrationDataReader):
         def __init__(self):
@@ -102,7 +104,8 @@ def quantize(float_path, out_path, data, per_channel=False, activation_type="QUI
     quantize_static(str(float_path), str(out_path), Reader(), quant_format=QuantFormat.QDQ,
                     per_channel=per_channel, activation_type=getattr(QuantType, activation_type),
                     weight_type=getattr(QuantType, weight_type), extra_options=opts,
-                    nodes_to_exclude=nodes_to_exclude or [], reduce_range=reduce_range)
+                    nodes_to_exclude=nodes_to_exclude or [], reduce_range=reduce_range,
+                    calibrate_method=getattr(CalibrationMethod, calibrate_method))
     return out_path
 
 

@@ -208,6 +208,37 @@ def test_float_model_restores_folded_activations(zoo, level):
                        "disable", step, "probe")
 
 
+def test_a_relu_deleted_before_a_range_that_does_not_apply_it_is_named(zoo, tmp_path):
+    """quantize_static with Distribution calibration gives activations symmetric int8 ranges
+    and still deletes the Relu before them: the quantized model runs without that Relu. The
+    figures were right (the pair's sensitivity reads the loss) but nothing said why, and the
+    pair's statistics read the Relu's output (no value below 0), so its reasons blamed half
+    the range going unused and advised an asymmetric range, which changes nothing."""
+    from pytest_ptq.distribution.gather import collect
+    from pytest_ptq.distribution.readings import activation_reading
+
+    fpath, data = zoo.float("default"), zoo.data("default")
+    qpath = builders.quantize(fpath, tmp_path / "dist.onnx", data, keep_float=False, calibrate_method="Distribution")
+    model = onnx.load(str(qpath))
+    assert not any(n.op_type == "Relu" for n in model.graph.node)  # deleted, as onnxruntime does
+    engine = Engine(qpath, data, float_model=fpath)
+    told = [w for w in engine.warnings if w.startswith("the quantizer deleted the Relu before pair")]
+    assert len(told) == 1 and "'r1_QuantizeLinear'" in told[0] and "QDQKeepRemovableActivations" in told[0]
+    # what the pair quantizes: conv1's output itself, negative values included (independently, in a plain session)
+    feeds = [{"x": a} for a in data["x"]]
+    exposing = builders.load(fpath)
+    exposing.graph.output.append(onnx.helper.make_tensor_value_info("c1", onnx.TensorProto.FLOAT, None))
+    raw = builders.run_model(exposing, feeds, outputs=["c1"])
+    dist, _ = collect(engine, ["r1_QuantizeLinear"], ())
+    d = dist["r1_QuantizeLinear"]
+    assert d["min"] == pytest.approx(min(float(r["c1"].min()) for r in raw), rel=1e-6) and d["min"] < 0
+    assert "ActivationSymmetric=False" not in activation_reading(d)
+    # kept, the Relu is the model's, and nothing is said
+    kept = builders.quantize(fpath, tmp_path / "kept.onnx", data, keep_float=False, calibrate_method="Distribution",
+                             extra_options={"QDQKeepRemovableActivations": True})
+    assert Engine(kept, data, float_model=fpath).warnings == []
+
+
 def test_a_quantize_feeding_several_dequantizes(zoo, tmp_path):
     qpath = builders.split_dq(zoo.qdq("qdq"), tmp_path / "split.onnx", "r1_QuantizeLinear")
     feeds = _feeds(zoo, "qdq")

@@ -145,13 +145,26 @@ class CalibrationNode:
         return self.grid.name
 
     def as_float_model_has_it(self, values):
-        """``values`` of this node's input tensor as the float model has them at the pair:
-        through the Relu/Clip the quantizer folded into it (``folded``), if any. What such a
-        fold zeroes or bounds is the model's, not clipping by the quantization grid."""
-        if self.folded is None:
+        """``values`` of this node's input tensor as the pair quantizes them: through the
+        Relu/Clip the quantizer folded into it (``folded``), if any, where the pair's range
+        applies it. What such a fold zeroes or bounds is the model's, not clipping by the
+        quantization grid; a fold the range does not apply (:meth:`fold_lost`) is gone from the
+        quantized model, which quantizes the values as they are."""
+        if self.folded is None or self.fold_lost():
             return values
         _, lo, hi = self.folded
         return np.clip(values, lo, hi)
+
+    def fold_lost(self):
+        """Whether the quantizer deleted a Relu/Clip (``folded``) whose bound this pair's range
+        reaches past by more than a step, so that the quantized model no longer applies it
+        (a signed or symmetric range after a Relu: onnxruntime deletes the Relu all the same)."""
+        if self.folded is None or self.dynamic:
+            return False
+        _, lo, hi = self.folded
+        low, high = self.range()
+        step = self.scale.astype(np.float64)
+        return bool(np.any(low < lo - step) or np.any(high > hi + step))
 
     def range(self, codes=None):
         """(lowest, highest) representable values, per channel or block, in input units; of
@@ -395,6 +408,26 @@ class QuantModel:
             from .align import align
 
             align(self, float_model)
+            self._note_lost_folds()
+
+    def _note_lost_folds(self):
+        """A note for the Relu/Clip the quantizer deleted before pairs whose range does not
+        apply it: the quantized model runs without that activation, a change no figure
+        would otherwise name (the pair's sensitivity reads it; its reasons would blame the range)."""
+        lost = [c for c in self.calibration.values() if c.fold_lost()]
+        if not lost:
+            return
+        c = lost[0]
+        op, lo, hi = c.folded
+        low, high = float(np.min(c.range()[0])), float(np.max(c.range()[1]))
+        bound = f"{op} ({lo:g}, {hi:g})" if op == "Clip" else op
+        others = ", ".join(repr(x.name) for x in lost[1:4]) + (" ..." if len(lost) > 4 else "")
+        more = f" (nor do those of {len(lost) - 1} more pair(s): {others})" if len(lost) > 1 else ""
+        self.notes.append(
+            f"the quantizer deleted the {bound} before pair {c.name!r}, taking the pair's range to apply it, but that "
+            f"range [{low:.4g}, {high:.4g}] does not{more}: the quantized model runs without that activation, which "
+            "its figures count as quantization error; re-quantize keeping it (onnxruntime: "
+            "extra_options={'QDQKeepRemovableActivations': True})")
 
     def _drop_unchanging_outputs(self):
         """Leave out of the tool's copy, with a note, the model outputs no configuration
