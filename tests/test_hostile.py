@@ -172,6 +172,16 @@ def _data_file(folder, write):
     return make
 
 
+def _per_channel_at_opset_10(root):
+    """Write ``old.onnx``: the float model at opset 10 quantized per channel, which
+    quantize_static writes with an axis its Q/DQ do not take there."""
+    model = onnx.load(str(root / "f.onnx"))
+    next(o for o in model.opset_import if o.domain in ("", "ai.onnx")).version = 10
+    onnx.save(model, str(root / "f10.onnx"))
+    data = {"x": [np.load(p) for p in sorted((root / "calib" / "x").glob("*.npy"))]}
+    builders.quantize(root / "f10.onnx", root / "old.onnx", data, per_channel=True)
+
+
 SENS = ["get-sensitivity-of-nodes", "m.onnx", "calib", "--quiet"]
 RUNALL = ["runall", "m.onnx", "calib", "--quiet"]
 CLI_CASES = [
@@ -247,6 +257,8 @@ CLI_CASES = [
                                                                                            np.float32))),
      ["get-sensitivity-of-nodes", "m.onnx", "huge", "--quiet"],
      ["gives non-finite values in output 'prob' on sample 0", "reach 1e+38 in magnitude", "check that sample"]),
+    ("per-channel-at-opset-10", _per_channel_at_opset_10, ["get-sensitivity-of-nodes", "old.onnx", "calib"],
+     ["'old.onnx' quantizes per channel at opset 10", "convert the float model to opset 13 first"]),
     ("slice-step-0", None, SENS + ["-o", "p=prob[::0]"], ["has a step of 0"]),
     ("slice-two-ellipses", None, SENS + ["-o", "p=prob[..., ...]"], ["has '...' twice"]),
     ("slice-index-out-of-range", None, SENS + ["-o", "p=prob[:, 10]"], ["takes index 10", "has 10 ([1, 10])"]),

@@ -366,6 +366,7 @@ class QuantModel:
         self._given = None if self._format == formats.QDQ else model_or_file
         self.notes += rewrite.notes
         graph = self.model.graph
+        self._refuse_axis_before_opset_13()
         self.shared = externalize(graph, arrays, folder, repr(self.source))  # and the rewrite's own
         self.unnamed = name_nodes(graph)  # nodes without a name in the file
         self.made_by = detect(self.model, self._format)  # the quantizer, for reports and remedies only
@@ -409,6 +410,20 @@ class QuantModel:
 
             align(self, float_model)
             self._note_lost_folds()
+
+    def _refuse_axis_before_opset_13(self):
+        """Q/DQ of the standard domain take an axis from opset 13: quantize_static(per_channel=True)
+        on an older model writes one all the same, a file onnxruntime refuses to load."""
+        opset = next((o.version for o in self.model.opset_import if o.domain in ("", "ai.onnx")), 13)
+        if opset >= 13:
+            return
+        node = next((n for n in self.model.graph.node if n.op_type in ("QuantizeLinear", "DequantizeLinear")
+                     and n.domain in ("", "ai.onnx") and any(a.name == "axis" for a in n.attribute)), None)
+        if node is not None:
+            raise PTQError(f"{self.source!r} quantizes per channel at opset {opset} ({node.op_type} {node.name!r} has an "
+                           "axis), which Q/DQ take only from opset 13, so onnxruntime cannot load it; convert the float "
+                           "model to opset 13 first (onnx.version_converter.convert_version(model, 13)) and quantize it "
+                           "again")
 
     def _note_lost_folds(self):
         """A note for the Relu/Clip the quantizer deleted before pairs whose range does not
