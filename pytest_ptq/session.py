@@ -30,6 +30,10 @@ WORKER_INPUTS = "ptq_inputs"
 WORKER_TERMINAL = "ptq_terminal"
 # Options that a printed command drops or adds itself.
 UPDATE_FLAGS = ("--ptq-update-baseline", "--ptq-update-all")
+# Options writing the session's reports: a printed command reruns a test or two, and with
+# them would overwrite the whole run's report with a page of those ({option: takes a value})
+REPORT_FLAGS = {"--ptq-report": True, "--junitxml": True, "--junit-xml": True, "--html": True,
+                "--self-contained-html": False, "--report-log": True, "--json-report-file": True}
 # Failed checks whose cause is the quantization itself: a diagnosis explains them. A missing
 # baseline or a data finding is explained by its own sentence.
 DIAGNOSED = ("outputs", "nodes", "accuracy", "stages")
@@ -373,7 +377,8 @@ class PTQSession:
 
     def command(self, item=None, *extra):
         """This run's command line with ``extra`` options, runnable as printed from where
-        pytest was started: its own options (``--ptq-model``, ``--ptq-data``, ``-p``, ...), and
+        pytest was started: its own options (``--ptq-model``, ``--ptq-data``, ``-p``, ...) but
+        those writing reports (:data:`REPORT_FLAGS`), and
         for a test or contract file the item itself instead of the paths given; the built-in
         contract of ``--ptq-model`` keeps the paths given, as it has no file."""
         inv = self.config.invocation_params
@@ -382,7 +387,10 @@ class PTQSession:
         # (see _warn_rootdir_moved): the command prints it after '='
         valued, glued, k = {o.flag for o in OPTIONS}, [], 0
         while k < len(args):
-            if args[k] in valued and k + 1 < len(args):
+            flag = args[k].partition("=")[0]
+            if flag in REPORT_FLAGS:  # left out, with its value
+                k += 2 if REPORT_FLAGS[flag] and "=" not in args[k] else 1
+            elif args[k] in valued and k + 1 < len(args):
                 glued.append(f"{args[k]}={args[k + 1]}")
                 k += 2
             else:

@@ -228,3 +228,17 @@ def test_printed_commands_glue_option_values_with_equals(project):
                                   "--ptq-update-baseline`*"])
     run_printed(project, missing, "create it with").assert_outcomes(failed=1)
     assert (project.path / "ptq_baselines" / "test_life" / "test_guarded.json").exists()
+
+
+def test_printed_commands_leave_the_sessions_reports_alone(project):
+    """A printed command reruns one test: with the run's --ptq-report or --junitxml it would
+    overwrite the whole session's report with a page of that test."""
+    project.makepyfile(test_life=GUARDED)
+    missing = run(project, "--ptq-report", "r.html", "--junitxml=j.xml", "--ptq-top=3")
+    missing.assert_outcomes(failed=1)
+    missing.stdout.fnmatch_lines(["*create it with `pytest -p * --ptq-top=3 test_life.py::test_guarded "
+                                  "--ptq-update-baseline`*"])
+    assert "r.html" not in missing.stdout.str().split("create it with")[1].split("`")[1]
+    report = (project.path / "r.html").read_bytes()
+    run_printed(project, missing, "create it with").assert_outcomes(failed=1)
+    assert (project.path / "r.html").read_bytes() == report
