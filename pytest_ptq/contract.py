@@ -112,11 +112,14 @@ class Contract:
 
     @property
     def node_outputs(self):
-        """The outputs the nodes check judges: ``nodes.outputs``, else those ``outputs`` names
-        when it gives no default (the only ones the contract holds to a floor), else None (every
+        """The outputs the nodes check judges: ``nodes.outputs`` (a name that ``outputs`` gives a
+        slice, ``p`` of ``p=prob[:, 1:]``, read as that slice), else those ``outputs`` names when
+        it gives no default (the only ones the contract holds to a floor), else None (every
         output)."""
         if self.nodes is not None and self.nodes.get("outputs"):
-            return self.nodes["outputs"]
+            given = self.outputs if isinstance(self.outputs, dict) else {}
+            named = {k.partition("=")[0].strip(): k for k in given if "=" in k}
+            return [named.get(o, o) for o in self.nodes["outputs"]]
         if isinstance(self.outputs, dict) and "" not in self.outputs:
             return list(self.outputs)
         return None

@@ -298,11 +298,14 @@ def test_a_contract_judges_nodes_on_the_outputs_it_holds_to_a_floor(pytester, pl
     pytester.makefile(".ptq.yaml", named=common + f"outputs: {{prob: 0.5}}\nnodes: {{type: weight, threshold: {limit!r}}}\n",
                       default=common + f"outputs: {{default: 0.5}}\nnodes: {{type: weight, threshold: {limit!r}}}\n",
                       chosen=common + "outputs: {default: 0.5}\n"
-                      f"nodes: {{type: weight, threshold: {limit!r}, outputs: [prob]}}\n")
+                      f"nodes: {{type: weight, threshold: {limit!r}, outputs: [prob]}}\n",
+                      # a slice named under outputs, named again under nodes
+                      sliced=common + "outputs: {'head=prob[...]': 0.5, default: 0.5}\n"
+                      f"nodes: {{type: weight, threshold: {limit!r}, outputs: [head]}}\n")
     result = run(pytester, "-p", "no:xdist", "-rA")
-    result.assert_outcomes(passed=5, failed=1)
+    result.assert_outcomes(passed=7, failed=1)
     out = result.stdout.str()
-    assert all(f"PASSED {name}.ptq.yaml::nodes" in out for name in ("named", "chosen")), out
+    assert all(f"PASSED {name}.ptq.yaml::nodes" in out for name in ("named", "chosen", "sliced")), out
     assert "FAILED default.ptq.yaml::nodes" in out
     # its outputs pass: a search for their floors would find them met (it was offered at 0.5)
     assert "ptq-debug suggest" not in out
