@@ -27,7 +27,7 @@ from .errors import PTQError, closest
 from .errors import shown as shown_value
 from .metrics import COSINE, get_metrics
 from .outputs import parse_output, parse_outputs
-from .tables import fmt, format_table, threshold_text
+from .tables import fmt, format_table, listed, threshold_text
 
 # How many rows a failure message lists before it says "... N more".
 _CAP = 20
@@ -287,8 +287,10 @@ def check_nodes(analysis, threshold, metric=COSINE, node_type="node", allow=(), 
     for p in patterns:
         if not fnmatch.filter(names, p):
             near = closest(p, names)
-            hint = f"; did you mean {', '.join(repr(n) for n in near)}?" if near else ""
-            raise PTQError(f"allow-list entry {p!r} matches none of the {_nodes(node_type)} of {analysis.label}{hint}")
+            # a pattern is seldom close to a whole name: then some names show what to write
+            hint = f"did you mean {', '.join(repr(n) for n in near)}?" if near else f"they are {listed(names, 5)}"
+            raise PTQError(f"allow-list entry {p!r} matches none of the {_nodes(node_type)} of {analysis.label}; "
+                           f"{hint}; fix or remove the entry")
     offenders, allowed = [], []
     for name, values in sens.items():
         v = values[m.name]
@@ -552,7 +554,7 @@ class DataResult(Result):
             listed = ", ".join(f"{f['check']} ({f['severity']})" for f in bad[:6])
             more = f" and {len(bad) - 6} more" if len(bad) > 6 else ""
             accept = ("" if any(f["severity"] == "error" for f in bad)
-                      else '; or accept warnings with max_severity="error"')
+                      else '; or accept warnings by setting max_severity to error')
             return (f"{len(bad)} finding(s) at or above {self.max_severity} in the {where} of {self.model}: "
                     f"{listed}{more}; fix them as listed below{accept}")
         below = (f"; below it: {', '.join(f['check'] + ' (' + f['severity'] + ')' for f in self.findings[:6])}"

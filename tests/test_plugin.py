@@ -302,9 +302,12 @@ def test_node_check_names_exactly_the_nodes_past_the_limit(project, models):
 
         def test_typo_in_allow_list(ptq):
             ptq.assert_nodes({limit!r}, allow=["{order[0]}_typo"])
+
+        def test_pattern_matching_nothing(ptq):
+            ptq.assert_nodes({limit!r}, allow=["zz*"])
     """)
     result = run(project, "--junitxml=junit.xml", "-W", "ignore::pytest.PytestUnknownMarkWarning")
-    result.assert_outcomes(passed=1, failed=3)
+    result.assert_outcomes(passed=1, failed=4)
     props = properties(project.path / "junit.xml")
     assert props["test_two_offenders"]["ptq.nodes.over_limit"] == "2"
     assert props["test_two_offenders"]["ptq.nodes.worst"] == order[0]
@@ -317,6 +320,9 @@ def test_node_check_names_exactly_the_nodes_past_the_limit(project, models):
         f"*ContractFailed: 1 of {len(names)} activation nodes*: {order[1]} (*)*",
         f"*allow-list entry '{order[0]}_typo' matches none of the activation nodes of model.onnx; "
         f"did you mean '{order[0]}'*",
+        # a pattern near no name: some of the names, to show what the entries look like
+        f"*allow-list entry 'zz*' matches none of the activation nodes of model.onnx; they are '{order[0]}', "
+        f"'{order[1]}'*; fix or remove the entry",
     ])
 
 

@@ -136,8 +136,8 @@ def test_assert_data_names_the_planted_findings_and_passes_a_good_set(project, m
     assert share not in ("0.0%", "100.0%")
     result.stdout.fnmatch_lines([
         "*ContractFailed: 2 finding(s) at or above warning in the calibration data repeats of model.onnx: "
-        'constant (warning), duplicate (warning); fix them as listed below; or accept warnings with '
-        'max_severity="error"',
+        'constant (warning), duplicate (warning); fix them as listed below; or accept warnings by setting '
+        'max_severity to error',
         "*WARNING constant [[]calibration:x[]]: 1 sample(s) hold a single value*",
         "*samples: repeats/x/5.npy",
         "*fix: replace them with representative samples",
