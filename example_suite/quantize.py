@@ -268,17 +268,19 @@ def build_dynamic_model(paths: Mapping, model: str = "ppocr_mobile_v2_cls", verb
     """``<cache>/<model>/dynamic_model.onnx``, made again when the float model changes."""
     import hashlib
     import sys
+    import time
 
     info = paths["models"][model]
     out = Path(info["dir"]) / DYNAMIC_MODEL
     stamp = out.with_suffix(".float")
     fingerprint = hashlib.sha256(Path(info["float_model"]).read_bytes()).hexdigest()
     if not out.exists() or not stamp.exists() or stamp.read_text() != fingerprint:
-        message = f"quantizing {model} with quantize_dynamic into {out.name} ..."
+        start = time.perf_counter()
+        quantize_dynamically(info["float_model"], out)
+        stamp.write_text(fingerprint)
+        message = f"{model}: {out.name} by quantize_dynamic ({time.perf_counter() - start:.1f} s)"
         if callable(verbose):  # the conftest's progress line
             verbose(message)
         elif verbose:
             print(f"example suite: {message}", file=sys.stderr)
-        quantize_dynamically(info["float_model"], out)
-        stamp.write_text(fingerprint)
     return out
