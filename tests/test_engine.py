@@ -8,6 +8,9 @@ optimisation level as the engine.
 from __future__ import annotations
 
 import mmap
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -551,6 +554,22 @@ def test_weights_shared_between_sessions_run_as_embedded_ones(zoo, variant, monk
             want, got = fast.run(i, config), low.run(i, config)
             for name in want:
                 np.testing.assert_allclose(got[name], want[name], rtol=1e-5, atol=1e-6, err_msg=f"{config} {name}")
+
+
+def test_shared_weights_write_nothing_to_the_temporary_folder(zoo, tmp_path):
+    """Each process sharing weights made a temporary folder for the one file the placeholders
+    name, removed at exit; a killed run (kill -9, a CI time limit) left it behind. The
+    package's own copy of that file serves every process now."""
+    code = (f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
+            "from pytest_ptq.model import graph; graph.LARGE_BYTES = 1\n"
+            "from pytest_ptq.engine import Engine\n"
+            f"e = Engine({str(zoo.qdq('qdq_pc'))!r}, {str(zoo.folder('qdq_pc'))!r}, memory='low', check=False)\n"
+            "assert e.shared.nbytes > 0; e.run(0, 'all')\n"
+            "import os; os._exit(0)\n")  # as a killed process: no exit handlers
+    temporary = tmp_path / "tmp"
+    temporary.mkdir()
+    subprocess.run([sys.executable, "-c", code], check=True, env={**os.environ, "TMPDIR": str(temporary)})
+    assert list(temporary.glob("ptq*")) == []  # (onnxruntime's import writes a '.ses' file of its own there)
 
 
 def test_whole_graph_sessions_gate_each_weight_where_it_is_used(zoo, monkeypatch):

@@ -179,22 +179,27 @@ class SharedWeights:
 
     @staticmethod
     def _marker(location):
+        """The folder holding the placeholder file ``location``: the package's own copy, so
+        that nothing is written (a temporary folder per process was left behind by a killed
+        run); a temporary one only where an install lost that file."""
         global _MARKERS
-        if _MARKERS is None:  # one folder for every SharedWeights of the process
-            import atexit
-            import shutil
-            import tempfile
+        if _MARKERS is None:
+            here = os.path.dirname(os.path.abspath(__file__))
+            if os.path.isfile(os.path.join(here, location)):
+                _MARKERS = here
+            else:
+                import atexit
+                import shutil
+                import tempfile
 
-            _MARKERS = tempfile.mkdtemp(prefix="ptq-shared-")
-            atexit.register(shutil.rmtree, _MARKERS, ignore_errors=True)
-        path = os.path.join(_MARKERS, location)
-        if not os.path.exists(path):
-            with open(path, "wb") as fh:
-                fh.write(b"\0")
+                _MARKERS = tempfile.mkdtemp(prefix="ptq-shared-")
+                atexit.register(shutil.rmtree, _MARKERS, ignore_errors=True)
+                with open(os.path.join(_MARKERS, location), "wb") as fh:
+                    fh.write(b"\0")
         return _MARKERS
 
 
-_MARKERS = None  # the folder of SharedWeights' placeholder files
+_MARKERS = None  # the folder of SharedWeights' placeholder file
 
 
 class Pager:
