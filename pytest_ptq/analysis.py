@@ -137,9 +137,8 @@ class Analysis:
 
     def _run_warnings(self):
         """The sentences of the checks that run the model, computed once: the simulation check
-        (the file run as given, on onnxruntime's integer kernels) and outputs
-        so far from zero that the default cosine cannot see their errors; kept on disk with
-        the results."""
+        (the file run as given, on onnxruntime's integer kernels) and outputs so far from zero
+        that the default cosine cannot see their errors; kept on disk with the results."""
         return self.cached(("run warnings",), lambda: simulation_warnings(self._engine)
                            + offset_warnings(self._engine), files=())
 
@@ -150,8 +149,8 @@ class Analysis:
     @property
     def warnings(self):
         """The engine's warnings (folded activations, rewritten graphs, a file that runs
-        otherwise than its simulation on onnxruntime's integer kernels, an output too far from zero for a cosine,
-        ...); none before it is built: reading them never compiles the model."""
+        otherwise than its simulation on onnxruntime's integer kernels, an output too far from
+        zero for a cosine, ...); none before it is built: reading them never compiles the model."""
         if self._engine is None:
             return []
         return list(self._engine.warnings) + self._run_warnings()
