@@ -118,6 +118,36 @@ def test_fp16_graph_one_pair_quantized_through_segments_is_the_rewired_file(made
                 np.testing.assert_allclose(got[k], w, rtol=0, atol=1e-6, err_msg=f"{base} {node} {k}")
 
 
+@pytest.mark.parametrize("base", ["conv", "mlp"])
+def test_fp16_graph_curves_read_the_file_with_those_pairs(made, base):
+    """The error curves read every node's output under a config (weights only, activations
+    only, any list of pairs): in a 16-bit graph the gated session every curve ran rounded
+    the nodes writing a bypassed pair's tensor, float run included (2e-3 on a 0.3 output here);
+    each config now runs in its own form, which is the file with only those pairs, its
+    tensors exposed, run in a plain session."""
+    qpath, fpath, data, feeds = made("modelopt_int8_fp16", base)
+    engine = Engine(qpath, data, optimization="all", segments=3)
+    assert engine.config_major
+    gated = [c.name for c in engine.qmodel.calibration.values() if engine.is_gated(c.name)]
+    configs = [gated[: len(gated) // 2], [c for c in gated if engine.qmodel.calibration[c].kind == "weight"]]
+    tensors = list(engine.probe_tensors)
+
+    def exposed(keep):  # independently: the rewired file, every probed tensor an output
+        model = builders.rewire(qpath, keep=set(keep))
+        types = {v.name: v.type.tensor_type.elem_type
+                 for v in onnx.shape_inference.infer_shapes(model).graph.value_info}
+        have = {o.name for o in model.graph.output}
+        model.graph.output.extend(onnx.helper.make_tensor_value_info(t, types[t], None) for t in tensors if t not in have)
+        return builders.run_model(model, feeds, "all")
+
+    want = [exposed(())] + [exposed(q) for q in configs]
+    for i, parts in engine.probes(range(len(feeds)), configs, tensors):
+        for ref, _, outs in parts:
+            for k, got in enumerate([ref, *outs]):
+                for t in tensors:
+                    np.testing.assert_allclose(got[t], want[k][i][t], rtol=0, atol=1e-6, err_msg=f"{base} {k} {t}")
+
+
 def _true_float_weights(model, fpath):
     """Weights that conventions.py stored behind pairs already rounded (``<w>_float``, aimet's
     habit) replaced by the float model's ``<w>``: what bypassing them should give."""

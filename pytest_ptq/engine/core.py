@@ -526,14 +526,23 @@ class Engine:
             yield i, self._probed(i, configs, tensors, local)
 
     def _probed(self, i, configs, tensors, local):
-        """:meth:`probes`' one part of sample ``i``, from sessions exposing every tensor."""
+        """:meth:`probes`' one part of sample ``i``, from sessions exposing every tensor: the
+        gated probe session's, or, where configs get forms of their own (16-bit float graphs,
+        see :attr:`config_major`), the whole graph in each config's form, float included
+        (measured on Model Optimizer's fp16 conventions: the gated session's partial configs
+        1.5e-4 and 6e-4 from onnxruntime running the file with only those pairs, the forms 0)."""
         if local:
             ref, loc = self.local(i)
             loc = {t: loc[t] for t in tensors if t in loc}
         else:
-            ref, loc = self.run(i, (), tensors, kind="probe"), {}
-        ref = {t: ref[t] for t in tensors}
-        yield ref, loc, (self.run(i, q, tensors, kind="probe") for q in configs)
+            ref, loc = None if self.config_major else self.run(i, (), tensors, kind="probe"), {}
+        if self.config_major:
+            seg, sample = self.segments, i if isinstance(i, dict) else self.sample(i)
+            ref = seg.exposing(sample, frozenset(), tensors)
+            outs = (seg.exposing(sample, seg.exact_form(self._config(q)), tensors) for q in configs)
+        else:
+            outs = (self.run(i, q, tensors, kind="probe") for q in configs)
+        yield {t: ref[t] for t in tensors}, loc, outs
 
     def true_float(self, sample, tensors=None):
         """Model outputs ``tensors`` (default all) of the float model on ``sample`` (an index or

@@ -438,6 +438,15 @@ class Segments:
         whole groups or nothing (see :meth:`run`), else None."""
         return self._whole(self.touched(quantized))
 
+    def exact_form(self, quantized):
+        """The whole graph's form quantizing exactly ``quantized`` (names) inline and bypassing
+        every other gate, none left to feeds: a config of a 16-bit float graph as onnxruntime
+        runs the file with only those pairs (see :meth:`_count_groups`), for :meth:`exposing`.
+        Alternatives have no part in it."""
+        names = set(quantized)
+        return frozenset((group, frozenset(n for n in names if self.group_of.get(n) == group))
+                         for group in {self.group_of[n] for n in names if n in self.group_of})
+
     def exposing(self, sample, form, names):
         """Tensors ``names`` of a sample run through the whole graph in ``form`` (see
         :meth:`fixed_form`), from a session that outputs them, compiled on first use and
