@@ -114,6 +114,71 @@ def _wide_weight(qm, c):
     return float(np.abs(spread).max(initial=0)) > _NARROW
 
 
+# What WeightBiasQuantization quantizes the float weight (input 1) and bias (input 2) of
+_REQUANTIZED_OPS = ("Conv", "ConvTranspose", "Gemm")
+_FLOAT_TYPES = (TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16)
+
+
+def requantized_nodes(qm, inputs=(1, 2)):
+    """Names of a QDQ file's nodes, in graph order, whose float weight (input 1) or bias
+    (input 2), of ``inputs``, onnxruntime's WeightBiasQuantization (a default optimization of
+    recent releases) quantizes as it loads the file: a Conv, ConvTranspose or Gemm reading a
+    per-tensor DequantizeLinear, with a float initializer there, whose output goes on to a
+    QuantizeLinear alone (through a Relu or Clip): a node a quantizer left in float between
+    quantized neighbours (``nodes_to_exclude``) gets per-tensor int8 weights all the same, and
+    a float bias int32 codes."""
+    if qm.format != "QDQ":
+        return []
+    graph = qm.model.graph
+
+    def per_tensor_dq(name):
+        node = qm.producer.get(name)
+        scale = qm.constant(node.input[1]) if node is not None and node.op_type == "DequantizeLinear" else None
+        return scale is not None and np.size(scale) == 1
+
+    def float_constant(name):
+        init = qm.inits.get(name)
+        return init is not None and init.data_type in _FLOAT_TYPES
+
+    def alone_to_quantize(tensor, hops=3):
+        readers = qm.consumers.get(tensor, [])
+        if len(readers) != 1 or tensor in qm.output_names:
+            return False
+        if readers[0].op_type == "QuantizeLinear":
+            return True
+        return hops > 0 and readers[0].op_type in ("Relu", "Clip") and alone_to_quantize(readers[0].output[0], hops - 1)
+
+    def dequantized(name):
+        node = qm.producer.get(name)
+        return node is not None and node.op_type == "DequantizeLinear"
+
+    def rounded(n):
+        weight = float_constant(n.input[1])
+        bias = len(n.input) > 2 and bool(n.input[2])
+        # a float weight beside an already quantized bias is left alone (measured, onnxruntime 1.32)
+        return ((1 in inputs and weight and not (bias and dequantized(n.input[2])))
+                or (2 in inputs and bias and float_constant(n.input[2]) and (weight or dequantized(n.input[1]))))
+
+    return [n.name for n in graph.node if n.op_type in _REQUANTIZED_OPS and n.domain in ("", "ai.onnx")
+            and len(n.input) > 1 and per_tensor_dq(n.input[0]) and rounded(n) and alone_to_quantize(n.output[0])]
+
+
+def float8_rewrites(qm):
+    """Names of a QDQ file's Relu/Clip nodes whose output only a float8 QuantizeLinear reads:
+    what onnxruntime's ReluQuantRewrite and ClipQuantRewrite (default optimizations) delete,
+    taking zero for the floor of the float8 grid, which goes below it."""
+    if qm.format != "QDQ":
+        return []
+    out = []
+    for n in qm.model.graph.node:
+        readers = qm.consumers.get(n.output[0], []) if n.op_type in ("Relu", "Clip") and n.output else []
+        if len(readers) == 1 and readers[0].op_type == "QuantizeLinear" and len(readers[0].input) > 2:
+            zero = qm.constant(readers[0].input[2])
+            if zero is not None and "float8" in str(zero.dtype):
+                out.append(n.name)
+    return out
+
+
 def saturation_cause(qm, providers):
     """A clause naming int16 saturation as why onnxruntime's kernels differ from the
     simulation, where they run on this CPU, saturate here and the model has such products;

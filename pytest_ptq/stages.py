@@ -29,16 +29,16 @@ import numpy as np
 from . import guard, params
 from .data import load_data, overflows
 from .engine import Engine
-from .engine.runtime import asked_providers, make_session, run
+from .engine.runtime import ALWAYS_DISABLED, asked_providers, make_session, run
 from .engine.sanity import spread
 from .errors import NotQuantized, PTQError
-from .kernels import as_uint8_weights, saturation_cause
+from .kernels import as_uint8_weights, float8_rewrites, requantized_nodes, saturation_cause
 from .metrics import compare, get_metrics
 from .model import QuantModel, load_model
 from .outputs import parse_outputs, parts_note
 from .progress import Progress
 from .results import JsonResult, read_from
-from .tables import format_table
+from .tables import format_table, listed
 
 STAGES = {
     "optimized-float": "float model, onnxruntime ORT_ENABLE_ALL",
@@ -171,7 +171,7 @@ def localize_stages(float_model, calibrated_model, calibrated_data, metrics=("co
         "fake-quant": make_session(qmodel, "all", providers, fake_quant=True, what=what, libraries=libs,
                                    shared=engine.shared),
         "integer": make_session(qm.as_given(), "all", providers, fake_quant=False, what=what, libraries=libs,
-                                shared=engine.shared),
+                                shared=engine.shared, disabled_optimizers=()),  # as a plain session deploys it
     }
     sources = {"reference": fpath, "optimized-float": fpath, "fake-quant": qm.source, "integer": qm.source}
     tensors = list(dict.fromkeys(s.tensor for s in specs))
@@ -229,15 +229,16 @@ SIMULATION_CLOSE = 0.999
 SIMULATION_SAMPLES = 8
 
 
-def simulation_gap(engine, specs, samples=SIMULATION_SAMPLES, model=None, providers=None):
+def simulation_gap(engine, specs, samples=SIMULATION_SAMPLES, model=None, providers=None, disabled=()):
     """Worst output cosine between the engine's fully quantized run (Q/DQ as float arithmetic;
     a QOperator or dynamic file simulated in its Q/DQ form) and onnxruntime running the file as
     given with its default options, on its integer kernels (a QDQ file's pairs fused into
     them), over ``samples`` samples spread evenly over the data (first and last included); None
     without samples; compared on those of ``specs`` that are the file's outputs (its default
     outputs where none is). ``model``: a ModelProto run instead of the file (any format);
-    ``providers``: its session's (default: the engine's). Its session and the engine's for every
-    pair quantized are dropped after."""
+    ``providers``: its session's (default: the engine's); ``disabled``: onnxruntime optimizers
+    turned off in it (none: as a plain session deploys it). Its session and the engine's for
+    every pair quantized are dropped after."""
     qm = engine.qmodel
     n = min(samples, len(engine.data or ()))
     if not n:
@@ -246,7 +247,8 @@ def simulation_gap(engine, specs, samples=SIMULATION_SAMPLES, model=None, provid
     specs = [s for s in specs if s.tensor in qm.output_names] or parse_outputs(None, engine)
     tensors = list(dict.fromkeys(s.tensor for s in specs))
     session = make_session(qm.as_given() if model is None else model, "all", providers or engine.providers,
-                           fake_quant=False, what=repr(qm.source), libraries=engine.libraries, shared=engine.shared)
+                           fake_quant=False, what=repr(qm.source), libraries=engine.libraries, shared=engine.shared,
+                           disabled_optimizers=disabled)
     worst = []
     try:
         for i in spread(len(engine.data), n):
@@ -259,22 +261,54 @@ def simulation_gap(engine, specs, samples=SIMULATION_SAMPLES, model=None, provid
     return get_metrics("cosine-similarity")[0].worst(worst)
 
 
-def kernel_cause(engine, specs, providers=None):
-    """Why onnxruntime's integer kernels run the model otherwise than its simulation, where this
-    CPU's saturation of uint8 x int8 products may (:func:`~pytest_ptq.kernels.saturation_cause`),
-    checked by running the file with those weights stored as uint8 (the same values, which no
-    kernel saturates on); "" where it may not."""
+def kernel_cause(engine, specs, providers=None, given=None):
+    """Why onnxruntime runs the file otherwise than its simulation, each cause checked by
+    running the file without it: this CPU's saturation of uint8 x int8 products
+    (:func:`~pytest_ptq.kernels.saturation_cause`; the file with those weights stored as uint8,
+    the same values, which no kernel saturates on), and the default optimizations that change
+    a QDQ file as it loads (WeightBiasQuantization, float8's Relu/Clip rewrites; the file with
+    them off); "" where none may. ``given``: :func:`simulation_gap` of the file as given, where
+    known."""
     providers = providers or engine.providers
-    cause = saturation_cause(engine.qmodel, providers)
-    widened = as_uint8_weights(engine.qmodel) if cause else None
+    qm = engine.qmodel
+    clauses, checked = [], []
+    cause = saturation_cause(qm, providers)
+    widened = as_uint8_weights(qm) if cause else None
     gap = simulation_gap(engine, specs, model=widened, providers=providers) if widened is not None else None
     if gap is None:
-        return cause
-    if gap >= SIMULATION_CLOSE:
-        return cause + (f" (checked: with those weights stored as uint8, the same values, the file reads {gap:.6f} "
-                        "against the simulation)")
-    return cause + (f"; but with those weights stored as uint8 the file still reads {gap:.4f} against the simulation, "
-                    "so its kernels depart from the simulation in more than that")
+        clauses += [cause] if cause else []
+    else:
+        checked.append(gap)
+        clauses.append(cause + (f" (checked: with those weights stored as uint8, the same values, the file reads "
+                                f"{gap:.6f} against the simulation)" if gap >= SIMULATION_CLOSE else
+                                f"; but with those weights stored as uint8 the file still reads {gap:.4f} against the "
+                                "simulation"))
+    weights, biases = requantized_nodes(qm, (1,)), requantized_nodes(qm, (2,))
+    rounded = " and ".join(([f"the float weights of {len(weights)} node(s) reading a quantized input "
+                             f"({listed(weights)}) to per-tensor int8, so a node left in float there is float only in "
+                             "the simulation"] if weights else [])
+                           + ([f"the float biases of {len(biases)} node(s) to int32, which lets it fuse them into "
+                               "its integer kernels"] if biases else []))
+    for nodes, optimizers, what in (
+            (weights + biases, ("WeightBiasQuantization",), f"quantizes {rounded} as it loads the file"),
+            (float8_rewrites(qm), ALWAYS_DISABLED,
+             "delete {n} Relu/Clip node(s) before float8 QuantizeLinears ({names}), taking zero for the floor of a "
+             "grid that goes below it")):
+        if not nodes:
+            continue
+        if given is None:
+            given = simulation_gap(engine, specs, providers=providers)
+        off = simulation_gap(engine, specs, providers=providers, disabled=optimizers)
+        if off is not None and given is not None and off > given:
+            checked.append(off)
+            clauses.append(f"onnxruntime's default optimization{'s' if len(optimizers) > 1 else ''} "
+                           f"{' and '.join(optimizers)} "
+                           + what.format(n=len(nodes), names=listed(nodes))
+                           + f"; with {'it' if len(optimizers) == 1 else 'them'} off (InferenceSession(..., "
+                           f"disabled_optimizers={list(optimizers)!r})) the file reads {off:.6f} against the simulation")
+    if checked and max(checked) < SIMULATION_CLOSE:
+        clauses[-1] += ", so its kernels depart from the simulation in more than that"
+    return "; ".join(clauses)
 
 
 SIMULATION_WARNING = "the file runs otherwise than its simulation"
@@ -294,10 +328,18 @@ def simulation_warnings(engine, specs=None):
     from the Q/DQ arithmetic every analysis simulates (:func:`simulation_gap` below :data:`SIMULATION_CLOSE`),
     else ``[]``. ``specs``: the outputs compared (default: the engine's default outputs)."""
     specs = parse_outputs(None, engine) if specs is None else specs
-    gap = simulation_gap(engine, specs)
+    try:
+        gap = simulation_gap(engine, specs)
+    except PTQError as exc:  # onnxruntime's default optimizations break it (float8's ClipQuantRewrite, say)
+        if not engine.qmodel.format == "QDQ" or simulation_gap(engine, specs, samples=1,
+                                                                   disabled=ALWAYS_DISABLED) is None:
+            raise
+        return [f"{SIMULATION_WARNING}: every figure simulates Q/DQ as float arithmetic, and a plain onnxruntime session "
+                f"with its default options cannot run this file ({exc}); it runs with "
+                f"InferenceSession(..., disabled_optimizers={list(ALWAYS_DISABLED)!r}), as the simulation does"]
     if gap is None or gap >= SIMULATION_CLOSE:
         return []
-    cause = (kernel_cause(engine, specs) or
+    cause = (kernel_cause(engine, specs, given=gap) or
              "its integer kernels round otherwise than Q/DQ arithmetic, and the model amplifies the difference")
     qm = engine.qmodel
     simulated = ("Q/DQ as float arithmetic, and onnxruntime running this QDQ file with its default options (its "

@@ -148,6 +148,50 @@ def test_fp16_graph_curves_read_the_file_with_those_pairs(made, base):
                     np.testing.assert_allclose(got[t], want[k][i][t], rtol=0, atol=1e-6, err_msg=f"{base} {k} {t}")
 
 
+def test_a_float8_file_is_checked_as_onnxruntime_deploys_it(made, monkeypatch):
+    """onnxruntime's default optimizations delete a Relu before a float8 QuantizeLinear as if
+    zero were the grid's floor: the engine turns that rewrite off, and so did its check of
+    the file as deployed, which read 1.0 where a plain session reads the file 0.64 off its
+    simulation. The check now runs the file as a plain session does, and names the rewrite."""
+    import onnxruntime as ort
+
+    from pytest_ptq import stages
+    from pytest_ptq.kernels import float8_rewrites
+    from pytest_ptq.outputs import parse_outputs
+
+    qpath, fpath, data, feeds = made("modelopt_fp8", "conv")
+    engine = Engine(qpath, data, float_model=fpath)
+    assert float8_rewrites(engine.qmodel)
+    plain = ort.InferenceSession(str(qpath), providers=["CPUExecutionProvider"])  # as a user deploys it
+    spread = [round(float(k)) for k in np.linspace(0, len(data["x"]) - 1, min(8, len(data["x"])))]
+    samples = [{"x": data["x"][k]} for k in sorted(set(spread))]
+    simulated = builders.run_model(qpath, samples, "all", disabled_optimizers=["ReluQuantRewrite"])
+    want = min(_cos(plain.run(None, f)[0], s[next(iter(s))]) for f, s in zip(samples, simulated))
+    specs = parse_outputs(None, engine)
+    assert stages.simulation_gap(engine, specs) == pytest.approx(want, abs=1e-6) and want < 0.9
+    (told,) = stages.simulation_warnings(engine, specs)
+    assert "onnxruntime's default optimizations ReluQuantRewrite and ClipQuantRewrite delete 2 Relu/Clip" in told
+    assert "disabled_optimizers=['ReluQuantRewrite', 'ClipQuantRewrite'])) the file reads 1.000000" in told
+
+
+def test_a_float8_file_a_plain_session_cannot_load_is_said_so(tmp_path, capfd):
+    """ClipQuantRewrite fails a plain session on a Clip before a float8 QuantizeLinear (it
+    cannot read a float8 zero point): the deployed check says that in one sentence, with the
+    setting the file does run with, and onnxruntime's error log stays off stderr."""
+    from pytest_ptq.stages import SIMULATION_WARNING, simulation_warnings
+
+    fpath = builders.conv_clip_net(tmp_path / "clip.onnx")
+    data = builders.samples(4, size=8)
+    qpath = conventions.make(fpath, tmp_path / "clip_fp8.onnx", data, "modelopt_fp8")
+    engine = Engine(qpath, data, float_model=fpath)
+    capfd.readouterr()
+    (told,) = simulation_warnings(engine)
+    assert told.startswith(f"{SIMULATION_WARNING}: every figure simulates Q/DQ as float arithmetic, and a plain "
+                           "onnxruntime session with its default options cannot run this file")
+    assert "clip_quantizelinear" in told and "disabled_optimizers=['ReluQuantRewrite', 'ClipQuantRewrite']" in told
+    assert "onnxruntime" not in capfd.readouterr().err
+
+
 def _true_float_weights(model, fpath):
     """Weights that conventions.py stored behind pairs already rounded (``<w>_float``, aimet's
     habit) replaced by the float model's ``<w>``: what bypassing them should give."""

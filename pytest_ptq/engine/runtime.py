@@ -575,18 +575,20 @@ ALWAYS_DISABLED = ("ReluQuantRewrite", "ClipQuantRewrite")
 
 
 def make_session(model, optimization="all", providers=None, fake_quant=True, optimized_path=None,
-                 what="the model", libraries=(), shared=None, threads=None):
+                 what="the model", libraries=(), shared=None, threads=None, disabled_optimizers=ALWAYS_DISABLED):
     """An onnxruntime session for a ModelProto (its placeholders filled from ``shared``, a
     :class:`SharedWeights`; ``threads``: see :func:`session_options`); a failure is one
-    sentence quoting onnxruntime."""
+    sentence quoting onnxruntime. ``disabled_optimizers``: onnxruntime's optimizers turned off
+    (besides those shared weights need); ``()`` for the file as a plain session deploys it."""
     options = session_options(optimization, fake_quant, optimized_path, libraries, threads)
     given = model
     model, disabled, reads = shared.prepare(options, model) if shared is not None else (model, [], 0)
-    if disabled:  # a failure to read a placeholder is caught below: not onnxruntime's error log
-        options.log_severity_level = 4
+    # a failure to load is raised below as one sentence quoting onnxruntime (or, for a
+    # placeholder another optimizer read, handled): not onnxruntime's error log as well
+    options.log_severity_level = 4
     try:
         try:
-            session = _loaded(model, options, providers, [*disabled, *ALWAYS_DISABLED])
+            session = _loaded(model, options, providers, [*disabled, *disabled_optimizers])
         except Exception as exc:
             if not disabled or "external data" not in str(exc):
                 raise
@@ -595,7 +597,7 @@ def make_session(model, optimization="all", providers=None, fake_quant=True, opt
             from ..model.graph import restore
 
             options = session_options(optimization, fake_quant, optimized_path, libraries, threads)
-            session = _loaded(restore(given, shared.arrays), options, providers, list(ALWAYS_DISABLED))
+            session = _loaded(restore(given, shared.arrays), options, providers, list(disabled_optimizers))
             reads = 0
     except PTQError:
         raise
