@@ -289,11 +289,11 @@ def kernel_cause(engine, specs, providers=None, given=None):
                              "the simulation"] if weights else [])
                            + ([f"the float biases of {len(biases)} node(s) to int32, which lets it fuse them into "
                                "its integer kernels"] if biases else []))
+    rewrites = float8_rewrites(qm)
     for nodes, optimizers, what in (
             (weights + biases, ("WeightBiasQuantization",), f"quantizes {rounded} as it loads the file"),
-            (float8_rewrites(qm), ALWAYS_DISABLED,
-             "delete {n} Relu/Clip node(s) before float8 QuantizeLinears ({names}), taking zero for the floor of a "
-             "grid that goes below it")):
+            (rewrites, ALWAYS_DISABLED, f"delete {len(rewrites)} Relu/Clip node(s) before float8 QuantizeLinears "
+                                        f"({listed(rewrites)}), taking zero for the floor of a grid that goes below it")):
         if not nodes:
             continue
         if given is None:
@@ -301,11 +301,10 @@ def kernel_cause(engine, specs, providers=None, given=None):
         off = simulation_gap(engine, specs, providers=providers, disabled=optimizers)
         if off is not None and given is not None and off > given:
             checked.append(off)
-            clauses.append(f"onnxruntime's default optimization{'s' if len(optimizers) > 1 else ''} "
-                           f"{' and '.join(optimizers)} "
-                           + what.format(n=len(nodes), names=listed(nodes))
-                           + f"; with {'it' if len(optimizers) == 1 else 'them'} off (InferenceSession(..., "
-                           f"disabled_optimizers={list(optimizers)!r})) the file reads {off:.6f} against the simulation")
+            many = len(optimizers) > 1
+            clauses.append(f"onnxruntime's default optimization{'s' if many else ''} {' and '.join(optimizers)} "
+                           f"{what}; with {'them' if many else 'it'} off (InferenceSession(..., disabled_optimizers="
+                           f"{list(optimizers)!r})) the file reads {off:.6f} against the simulation")
     if checked and max(checked) < SIMULATION_CLOSE:
         clauses[-1] += ", so its kernels depart from the simulation in more than that"
     return "; ".join(clauses)
@@ -331,7 +330,7 @@ def simulation_warnings(engine, specs=None):
     try:
         gap = simulation_gap(engine, specs)
     except PTQError as exc:  # onnxruntime's default optimizations break it (float8's ClipQuantRewrite, say)
-        if not engine.qmodel.format == "QDQ" or simulation_gap(engine, specs, samples=1,
+        if engine.qmodel.format != "QDQ" or simulation_gap(engine, specs, samples=1,
                                                                    disabled=ALWAYS_DISABLED) is None:
             raise
         return [f"{SIMULATION_WARNING}: every figure simulates Q/DQ as float arithmetic, and a plain onnxruntime session "
