@@ -80,6 +80,14 @@ def test_calibration_hides_the_loss_and_the_held_out_data_find_the_remedy(side, 
     got = builders.run_model(r.measured["model"], feeds(side["held"]))
     assert measured["after"] == pytest.approx(builders.worst_cosine(ref, got), abs=1e-6)
     assert measured["met"] and r.measured["met"] and r.failure() is None
+    # and as a plain session runs it (default options: fused into integer kernels), read beside it
+    import onnxruntime as ort
+
+    plain = ort.InferenceSession(r.measured["model"], providers=["CPUExecutionProvider"])
+    names = [o.name for o in plain.get_outputs()]
+    deployed = [dict(zip(names, plain.run(None, f))) for f in feeds(side["held"])]
+    assert measured["deployed"] == pytest.approx(builders.worst_cosine(ref, deployed), abs=1e-6)
+    assert "held-out, that file in a plain onnxruntime session" in r.summary()
 
     # the JSON holds every figure
     saved = json.loads(r.save(tmp_path / "r.json").read_text())

@@ -17,6 +17,7 @@ from ..model import load_model
 from ..model.graph import name_nodes
 from ..model.qdq import PER_CHANNEL_OPS
 from ..stages import simulation_warnings
+from ..tables import fmt
 from .result import meets
 from .terms import float_tensor_name, quantize_static_kwargs
 
@@ -205,6 +206,7 @@ def measure(parts, objective, float_model, result, save_dir):
                 if isinstance(new, Engine):  # a dynamic or QOperator file runs otherwise than simulated, here
                     result.warnings += [f"the re-quantized file: {w}" for w in simulation_warnings(new)]
         measured.update(judged(figures, objective, result.judged_on))
+        _deployed(parts, objective, fixed_path, measured, result)
         judged_part = figures.get(result.judged_on, figures["calibration"])
         given, again = result.figures.get("calibration", {}).get("before"), figures["calibration"].get("before")
         if meets(objective.metric, judged_part["before"], judged_part["target"]) and not result.figures.get(
@@ -263,6 +265,29 @@ def judged(figures, objective, judged_on):
             "figures": figures}
 
 
+def _deployed(parts, objective, path, measured, result):
+    """The judging part's objective of the re-quantized file as a plain onnxruntime session
+    runs it (its default options: pairs fused into integer kernels, every default
+    optimization on), beside the simulated one: the file deployed on this machine. Read only
+    (the verdict stays the simulation's, the same on every machine); a warning where the
+    simulation meets the target and the file so run does not."""
+    name = result.judged_on if result.judged_on in parts else "calibration"
+    part, _ = parts[name]
+    try:
+        value = _value(_Plain(path, part.engine.data, part.engine, deployed=True), part, objective)
+    except PTQError as exc:  # a file onnxruntime cannot load with its default options: said, nothing measured
+        result.warnings.append(f"the re-quantized file does not run in a plain onnxruntime session ({exc})")
+        return
+    figure = measured["figures"][name]
+    figure["deployed"] = value
+    if figure["met"] and not meets(objective.metric, value, figure["target"]):
+        result.warnings.append(
+            f"the re-quantized file, run as a plain onnxruntime session runs it (default options, on this machine), "
+            f"reads {fmt(value)} on {name}, short of the target {fmt(figure['target'])} that its simulation meets "
+            f"({fmt(figure['after'])}): the verdict is the simulation's; see the warning on how the file runs "
+            "otherwise than its simulation for why, and deploy it with the setting that warning checks")
+
+
 def score_parts(parts, objective, path):
     """``({part: value}, engine)``: the objective of the model at ``path`` fully quantized on
     each part of ``parts`` (``{name: (Part, Scorer)}``), against the calibrated model's float
@@ -295,16 +320,20 @@ def requantized_runner(path, data, engine):
 
 
 class _Plain:
-    """A re-quantized model with nothing quantized, run as stored (``qmodel`` None)."""
+    """A re-quantized model run as stored in one session (``qmodel`` None): one with nothing
+    quantized, or any as deployed."""
 
     qmodel = None
     probe_tensors = ()
 
-    def __init__(self, path, data, engine):
+    def __init__(self, path, data, engine, deployed=False):
+        """``deployed``: as a plain session runs it (default options, none of the optimizations
+        the engine turns off), whatever it holds."""
         model = load_model(str(path), what="the re-quantized model")[0]
         self.source, self.data = str(path), data
-        self.session = make_session(model, engine.optimization, engine.providers, fake_quant=False,
-                                    what=f"the re-quantized model {self.source!r}")
+        options = {"disabled_optimizers": ()} if deployed else {}
+        self.session = make_session(model, "all" if deployed else engine.optimization, engine.providers,
+                                    fake_quant=False, what=f"the re-quantized model {self.source!r}", **options)
         self.model_outputs = [o.name for o in model.graph.output]
 
     def run(self, sample, quantized="all", tensors=None):

@@ -206,6 +206,11 @@ class Remedy(JsonResult):
                     rows.append({"data": f"{key}, re-quantized with {by}",
                                  "float": self.figures.get(key, {}).get("float"), "no remedy": f["before"],
                                  "remedy": f["after"], "target": f["target"], "met": "yes" if f["met"] else "no"})
+                    if f.get("deployed") is not None:  # a plain session on this machine: read only
+                        met = meets(self.objective_metric, f["deployed"], f["target"])
+                        rows.append({"data": f"{key}, that file in a plain onnxruntime session",
+                                     "float": self.figures.get(key, {}).get("float"), "no remedy": "",
+                                     "remedy": f["deployed"], "target": f["target"], "met": "yes" if met else "no"})
         if not rows:
             return ""
         task = self.objective.get("kind") == "task"
