@@ -330,12 +330,14 @@ def simulation_warnings(engine, specs=None):
     try:
         gap = simulation_gap(engine, specs)
     except PTQError as exc:  # onnxruntime's default optimizations break it (float8's ClipQuantRewrite, say)
-        if engine.qmodel.format != "QDQ" or simulation_gap(engine, specs, samples=1,
-                                                                   disabled=ALWAYS_DISABLED) is None:
-            raise
+        try:
+            simulation_gap(engine, specs, samples=1, disabled=ALWAYS_DISABLED)
+            runs = (f"; it runs with InferenceSession(..., disabled_optimizers={list(ALWAYS_DISABLED)!r}), as the "
+                    "simulation does")
+        except PTQError:
+            runs = "; the simulation runs it with onnxruntime's QDQ fusion off (session.disable_quant_qdq)"
         return [f"{SIMULATION_WARNING}: every figure simulates Q/DQ as float arithmetic, and a plain onnxruntime session "
-                f"with its default options cannot run this file ({exc}); it runs with "
-                f"InferenceSession(..., disabled_optimizers={list(ALWAYS_DISABLED)!r}), as the simulation does"]
+                f"with its default options cannot run this file ({exc}){runs}"]
     if gap is None or gap >= SIMULATION_CLOSE:
         return []
     cause = (kernel_cause(engine, specs, given=gap) or

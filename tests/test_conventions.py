@@ -162,12 +162,17 @@ def test_a_float8_file_is_checked_as_onnxruntime_deploys_it(made, monkeypatch):
     qpath, fpath, data, feeds = made("modelopt_fp8", "conv")
     engine = Engine(qpath, data, float_model=fpath)
     assert float8_rewrites(engine.qmodel)
-    plain = ort.InferenceSession(str(qpath), providers=["CPUExecutionProvider"])  # as a user deploys it
+    specs = parse_outputs(None, engine)
+    try:
+        plain = ort.InferenceSession(str(qpath), providers=["CPUExecutionProvider"])  # as a user deploys it
+    except Exception:  # onnxruntime before 1.28 fuses a float8 Add it has no kernel for: said so
+        (told,) = stages.simulation_warnings(engine, specs)
+        assert "a plain onnxruntime session with its default options cannot run this file" in told
+        return
     spread = [round(float(k)) for k in np.linspace(0, len(data["x"]) - 1, min(8, len(data["x"])))]
     samples = [{"x": data["x"][k]} for k in sorted(set(spread))]
     simulated = builders.run_model(qpath, samples, "all", disabled_optimizers=["ReluQuantRewrite"])
     want = min(_cos(plain.run(None, f)[0], s[next(iter(s))]) for f, s in zip(samples, simulated))
-    specs = parse_outputs(None, engine)
     assert stages.simulation_gap(engine, specs) == pytest.approx(want, abs=1e-6) and want < 0.9
     (told,) = stages.simulation_warnings(engine, specs)
     assert "onnxruntime's default optimizations ReluQuantRewrite and ClipQuantRewrite delete 2 Relu/Clip" in told

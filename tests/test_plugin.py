@@ -133,7 +133,8 @@ def help_entries(text, title):
     block = text.split(title + "\n", 1)[1].split("\n\n", 1)[0]
     entries = {}
     for chunk in ("\n" + block).split("\n  --")[1:]:
-        words = " ".join(chunk.split())
+        # a line broken after a hyphen ("cosine-" / "similarity", as older argparse wraps) joins without a space
+        words = re.sub(r"(?<=\w)- (?=\w)", "-", " ".join(chunk.split()))
         flag, _, rest = words.partition(" ")
         entries["--" + flag.split("=")[0]] = rest
     return entries
