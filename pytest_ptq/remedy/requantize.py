@@ -203,7 +203,7 @@ def measure(parts, objective, float_model, result, save_dir):
                 figures[name][key] = value
             if key == "after":
                 measured.update(_effect(qm, new.qmodel, result))
-                if isinstance(new, Engine):  # a dynamic or QOperator file runs otherwise than simulated, here
+                if isinstance(new, Engine):  # the file as a plain session runs it, against its simulation
                     result.warnings += [f"the re-quantized file: {w}" for w in simulation_warnings(new)]
         measured.update(judged(figures, objective, result.judged_on))
         _deployed(parts, objective, fixed_path, measured, result)
