@@ -274,7 +274,7 @@ def kernel_cause(engine, specs, providers=None, given=None):
     clauses, checked = [], []  # clauses: (what the file reads without that cause, sentence)
     cause = saturation_cause(qm, providers)
     widened = as_uint8_weights(qm) if cause else None
-    gap = simulation_gap(engine, specs, model=widened, providers=providers) if widened is not None else None
+    gap = _without(engine, specs, providers, model=widened) if widened is not None else None
     if gap is None:
         clauses += [(-1.0, cause)] if cause else []
     else:
@@ -297,8 +297,8 @@ def kernel_cause(engine, specs, providers=None, given=None):
         if not nodes:
             continue
         if given is None:
-            given = simulation_gap(engine, specs, providers=providers)
-        off = simulation_gap(engine, specs, providers=providers, disabled=optimizers)
+            given = _without(engine, specs, providers)
+        off = _without(engine, specs, providers, disabled=optimizers)
         if off is not None and given is not None and off > given:
             checked.append(off)
             many = len(optimizers) > 1
@@ -310,6 +310,16 @@ def kernel_cause(engine, specs, providers=None, given=None):
     if checked and max(checked) < SIMULATION_CLOSE:
         sentences[-1] += ", so its kernels depart from the simulation in more than that"
     return "; ".join(sentences)
+
+
+def _without(engine, specs, providers, **changed):
+    """:func:`simulation_gap` of the file run without a cause (``changed``: its arguments), or
+    None where onnxruntime cannot run it so (a changed file its checker refuses): that cause
+    goes unchecked, never the analysis stopped."""
+    try:
+        return simulation_gap(engine, specs, providers=providers, **changed)
+    except PTQError:
+        return None
 
 
 SIMULATION_WARNING = "the file runs otherwise than its simulation"

@@ -233,6 +233,29 @@ def test_the_checked_cause_says_what_the_uint8_file_read(models, monkeypatch):
     assert stages.kernel_cause(engine, specs) == ""
 
 
+def test_a_cause_onnxruntime_cannot_check_is_named_unchecked(models, monkeypatch):
+    """Model Optimizer's fp16 classifier with its weights stored as uint8 was a file onnxruntime
+    refuses (its value_info still says int8): the check stopped the whole example suite with an
+    internal error. A cause that cannot be checked is named unchecked."""
+    import onnx
+
+    from pytest_ptq import stages
+    from pytest_ptq.engine import Engine
+    from pytest_ptq.outputs import parse_outputs
+
+    engine = Engine(str(models["qdq"]), models["data"], float_model=str(models["float"]))
+    specs = parse_outputs(None, engine)
+    refused = onnx.ModelProto()
+    refused.CopyFrom(engine.qmodel.full_model())
+    refused.graph.node[0].op_type = "NoSuchOp"
+    monkeypatch.setattr(stages, "saturation_cause", lambda qm, providers: "its kernels saturate")
+    monkeypatch.setattr(stages, "as_uint8_weights", lambda qm: refused)
+    assert stages.kernel_cause(engine, specs) == "its kernels saturate"
+    monkeypatch.setattr(stages, "SIMULATION_CLOSE", 1.0)
+    (told,) = stages.simulation_warnings(engine, specs)
+    assert told.startswith(stages.SIMULATION_WARNING) and "its kernels saturate" in told
+
+
 def test_error_metrics_rank_the_other_way():
     stage, _ = verdict({"optimized-float": 0.0, "fake-quant": 0.5, "integer": 0.5}, 0.0, "mse", 0.1)
     assert stage == "fake-quant"
