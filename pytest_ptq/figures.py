@@ -71,9 +71,10 @@ def _advance(ch):
 
 
 def drawable(text):
-    r"""``text`` with each character that no installed font has written as ``\uXXXX``: drawn,
-    it was an empty box (a CJK node name without a CJK font), and two names differing there
-    read the same."""
+    """``text`` with each character that no installed font has written as Python writes its
+    escape (a backslash, ``u`` and four hex digits, ``U`` and eight past the first plane):
+    drawn, it was an empty box (a CJK node name without a CJK font), and two names differing
+    there read the same."""
     text = str(text)
     return "".join(ch if ch in "\n\t" or _advance(ch) is not None else
                    (f"\\u{ord(ch):04x}" if ord(ch) < 0x10000 else f"\\U{ord(ch):08x}") for ch in text)

@@ -131,9 +131,13 @@ def requantized_nodes(qm, inputs=(1, 2)):
         return []
     graph = qm.model.graph
 
-    def per_tensor_dq(name):
+    def dequantized(name):
         node = qm.producer.get(name)
-        scale = qm.constant(node.input[1]) if node is not None and node.op_type == "DequantizeLinear" else None
+        return node if node is not None and node.op_type == "DequantizeLinear" else None
+
+    def per_tensor_dq(name):
+        node = dequantized(name)
+        scale = qm.constant(node.input[1]) if node is not None else None
         return scale is not None and np.size(scale) == 1
 
     def float_constant(name):
@@ -148,16 +152,13 @@ def requantized_nodes(qm, inputs=(1, 2)):
             return True
         return hops > 0 and readers[0].op_type in ("Relu", "Clip") and alone_to_quantize(readers[0].output[0], hops - 1)
 
-    def dequantized(name):
-        node = qm.producer.get(name)
-        return node is not None and node.op_type == "DequantizeLinear"
-
     def rounded(n):
         weight = float_constant(n.input[1])
         bias = len(n.input) > 2 and bool(n.input[2])
         # a float weight beside an already quantized bias is left alone (measured, onnxruntime 1.32)
-        return ((1 in inputs and weight and not (bias and dequantized(n.input[2])))
-                or (2 in inputs and bias and float_constant(n.input[2]) and (weight or dequantized(n.input[1]))))
+        return ((1 in inputs and weight and not (bias and dequantized(n.input[2]) is not None))
+                or (2 in inputs and bias and float_constant(n.input[2])
+                    and (weight or dequantized(n.input[1]) is not None)))
 
     return [n.name for n in graph.node if n.op_type in _REQUANTIZED_OPS and n.domain in ("", "ai.onnx")
             and len(n.input) > 1 and per_tensor_dq(n.input[0]) and rounded(n) and alone_to_quantize(n.output[0])]

@@ -229,7 +229,8 @@ SIMULATION_CLOSE = 0.999
 SIMULATION_SAMPLES = 8
 
 
-def simulation_gap(engine, specs, samples=SIMULATION_SAMPLES, model=None, providers=None, disabled=()):
+def simulation_gap(engine, specs, samples=SIMULATION_SAMPLES, model=None, providers=None, disabled=(),
+                   simulated=None):
     """Worst output cosine between the engine's fully quantized run (Q/DQ as float arithmetic;
     a QOperator or dynamic file simulated in its Q/DQ form) and onnxruntime running the file as
     given with its default options, on its integer kernels (a QDQ file's pairs fused into
@@ -237,8 +238,9 @@ def simulation_gap(engine, specs, samples=SIMULATION_SAMPLES, model=None, provid
     without samples; compared on those of ``specs`` that are the file's outputs (its default
     outputs where none is). ``model``: a ModelProto run instead of the file (any format);
     ``providers``: its session's (default: the engine's); ``disabled``: onnxruntime optimizers
-    turned off in it (none: as a plain session deploys it). Its session and the engine's for
-    every pair quantized are dropped after."""
+    turned off in it (none: as a plain session deploys it); ``simulated``: a dict of the
+    engine's runs by sample, read and filled, shared by the calls comparing one file several
+    ways. Its session and the engine's for every pair quantized are dropped after."""
     qm = engine.qmodel
     n = min(samples, len(engine.data or ()))
     if not n:
@@ -249,32 +251,35 @@ def simulation_gap(engine, specs, samples=SIMULATION_SAMPLES, model=None, provid
     session = make_session(qm.as_given() if model is None else model, "all", providers or engine.providers,
                            fake_quant=False, what=repr(qm.source), libraries=engine.libraries, shared=engine.shared,
                            disabled_optimizers=disabled)
+    simulated = {} if simulated is None else simulated
     worst = []
     try:
         for i in spread(len(engine.data), n):
             given = dict(zip(tensors, run(session, tensors, engine.data.sample(i), qm.source)))
-            simulated = engine.run(i, "all", tensors)
-            worst += [compare(s.take(simulated[s.tensor]), s.take(given[s.tensor]))["cosine-similarity"]
-                      for s in specs]
+            if (i, tuple(tensors)) not in simulated:
+                simulated[i, tuple(tensors)] = engine.run(i, "all", tensors)
+            ours = simulated[i, tuple(tensors)]
+            worst += [compare(s.take(ours[s.tensor]), s.take(given[s.tensor]))["cosine-similarity"] for s in specs]
     finally:
         engine.forget_config("all")  # a whole-graph session of every gate, which analyses seldom run again
     return get_metrics("cosine-similarity")[0].worst(worst)
 
 
-def kernel_cause(engine, specs, providers=None, given=None):
+def kernel_cause(engine, specs, providers=None, given=None, simulated=None):
     """Why onnxruntime runs the file otherwise than its simulation, each cause checked by
     running the file without it: this CPU's saturation of uint8 x int8 products
     (:func:`~pytest_ptq.kernels.saturation_cause`; the file with those weights stored as uint8,
     the same values, which no kernel saturates on), and the default optimizations that change
     a QDQ file as it loads (WeightBiasQuantization, float8's Relu/Clip rewrites; the file with
     them off); "" where none may. ``given``: :func:`simulation_gap` of the file as given, where
-    known."""
+    known; ``simulated``: as :func:`simulation_gap` takes it."""
     providers = providers or engine.providers
+    simulated = {} if simulated is None else simulated
     qm = engine.qmodel
     clauses, checked = [], []  # clauses: (what the file reads without that cause, sentence)
     cause = saturation_cause(qm, providers)
     widened = as_uint8_weights(qm) if cause else None
-    gap = _without(engine, specs, providers, model=widened) if widened is not None else None
+    gap = _without(engine, specs, providers, simulated, model=widened) if widened is not None else None
     if gap is None:
         clauses += [(-1.0, cause)] if cause else []
     else:
@@ -297,8 +302,8 @@ def kernel_cause(engine, specs, providers=None, given=None):
         if not nodes:
             continue
         if given is None:
-            given = _without(engine, specs, providers)
-        off = _without(engine, specs, providers, disabled=optimizers)
+            given = _without(engine, specs, providers, simulated)
+        off = _without(engine, specs, providers, simulated, disabled=optimizers)
         if off is not None and given is not None and off > given:
             checked.append(off)
             many = len(optimizers) > 1
@@ -312,12 +317,12 @@ def kernel_cause(engine, specs, providers=None, given=None):
     return "; ".join(sentences)
 
 
-def _without(engine, specs, providers, **changed):
+def _without(engine, specs, providers, simulated, **changed):
     """:func:`simulation_gap` of the file run without a cause (``changed``: its arguments), or
     None where onnxruntime cannot run it so (a changed file its checker refuses): that cause
     goes unchecked, never the analysis stopped."""
     try:
-        return simulation_gap(engine, specs, providers=providers, **changed)
+        return simulation_gap(engine, specs, providers=providers, simulated=simulated, **changed)
     except PTQError:
         return None
 
@@ -339,11 +344,12 @@ def simulation_warnings(engine, specs=None):
     from the Q/DQ arithmetic every analysis simulates (:func:`simulation_gap` below :data:`SIMULATION_CLOSE`),
     else ``[]``. ``specs``: the outputs compared (default: the engine's default outputs)."""
     specs = parse_outputs(None, engine) if specs is None else specs
+    simulated = {}  # the engine's runs, shared by every way the file is run below
     try:
-        gap = simulation_gap(engine, specs)
+        gap = simulation_gap(engine, specs, simulated=simulated)
     except PTQError as exc:  # onnxruntime's default optimizations break it (float8's ClipQuantRewrite, say)
         try:
-            simulation_gap(engine, specs, samples=1, disabled=ALWAYS_DISABLED)
+            simulation_gap(engine, specs, samples=1, disabled=ALWAYS_DISABLED, simulated=simulated)
             runs = (f"; it runs with InferenceSession(..., disabled_optimizers={list(ALWAYS_DISABLED)!r}), as the "
                     "simulation does")
         except PTQError:
@@ -352,7 +358,7 @@ def simulation_warnings(engine, specs=None):
                 f"with its default options cannot run this file ({exc}){runs}"]
     if gap is None or gap >= SIMULATION_CLOSE:
         return []
-    cause = (kernel_cause(engine, specs, given=gap) or
+    cause = (kernel_cause(engine, specs, given=gap, simulated=simulated) or
              "its integer kernels round otherwise than Q/DQ arithmetic, and the model amplifies the difference")
     qm = engine.qmodel
     simulated = ("Q/DQ as float arithmetic, and onnxruntime running this QDQ file with its default options (its "

@@ -531,16 +531,14 @@ class Engine:
         see :attr:`config_major`), the whole graph in each config's form, float included
         (measured on Model Optimizer's fp16 conventions: the gated session's partial configs
         1.5e-4 and 6e-4 from onnxruntime running the file with only those pairs, the forms 0)."""
-        if local:
-            ref, loc = self.local(i)
-            loc = {t: loc[t] for t in tensors if t in loc}
-        else:
-            ref, loc = None if self.config_major else self.run(i, (), tensors, kind="probe"), {}
+        ref, loc = self.local(i) if local else (None, {})
+        loc = {t: loc[t] for t in tensors if t in loc}
         if self.config_major:
             seg, sample = self.segments, i if isinstance(i, dict) else self.sample(i)
             ref = seg.exposing(sample, frozenset(), tensors)
             outs = (seg.exposing(sample, seg.exact_form(self._config(q)), tensors) for q in configs)
         else:
+            ref = ref if local else self.run(i, (), tensors, kind="probe")
             outs = (self.run(i, q, tensors, kind="probe") for q in configs)
         yield {t: ref[t] for t in tensors}, loc, outs
 

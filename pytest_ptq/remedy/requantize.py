@@ -11,7 +11,7 @@ import onnx
 
 from .. import guard
 from ..engine import Engine
-from ..engine.runtime import make_session, run
+from ..engine.runtime import ALWAYS_DISABLED, make_session, run
 from ..errors import NotQuantized, PTQError
 from ..model import load_model
 from ..model.graph import name_nodes
@@ -331,9 +331,9 @@ class _Plain:
         the engine turns off), whatever it holds."""
         model = load_model(str(path), what="the re-quantized model")[0]
         self.source, self.data = str(path), data
-        options = {"disabled_optimizers": ()} if deployed else {}
         self.session = make_session(model, "all" if deployed else engine.optimization, engine.providers,
-                                    fake_quant=False, what=f"the re-quantized model {self.source!r}", **options)
+                                    fake_quant=False, what=f"the re-quantized model {self.source!r}",
+                                    disabled_optimizers=() if deployed else ALWAYS_DISABLED)
         self.model_outputs = [o.name for o in model.graph.output]
 
     def run(self, sample, quantized="all", tensors=None):
