@@ -487,8 +487,12 @@ def _why_html(m, v):
             parts.append("<p>The smallest set of nodes that meets the contract, searched on the calibration data, "
                          f"accepted on {judged} and re-quantized (minutes):</p><pre>{_e(m['suggest'])}</pre>")
     for w in m.get("warnings", []):
-        parts.append(f'<p class="warning">warning: {_e(w["text"])}' + (f"; fix: {_e(w['fix'])}" if w.get("fix") else "")
-                     + "</p>")
+        first, *causes = w["text"].split("\n")
+        fix = f"fix: {_e(w['fix'])}" if w.get("fix") else ""
+        parts.append(f'<p class="warning">warning: {_e(first)}' + (f"; {fix}" if fix and not causes else "") + "</p>")
+        if causes:
+            parts.append('<ul class="warning">' + "".join(f"<li>{_e(c)}</li>" for c in causes)
+                         + (f"<li>{fix}</li>" if fix else "") + "</ul>")
     parts.append("</div>")
     return parts
 

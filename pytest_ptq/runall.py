@@ -58,6 +58,7 @@ from .results import json_safe
 from .engine import engine_for
 from .screening import DEFAULT_BUDGET_S, DEFAULT_BUDGET_SAMPLES, screen
 from .stages import simulation_warnings
+from .tables import warning_lines
 from .sensitivity import sample_indices
 from .verdict import ALL, DOMINANT, badness, float_first, relevant, severe_reason, three_configs
 
@@ -527,7 +528,7 @@ def markdown(summary):
                      f"`{skipped[0]}`: {first})")
     if summary["warnings"]:
         told = [warning(w) for w in summary["warnings"]]
-        lines += ["", "## Warnings", ""] + [f"- {w['text']}" + (f"; {w['fix']}" if w["fix"] else "") for w in told]
+        lines += ["", "## Warnings", ""] + [line for w in told for line in warning_lines(w["text"], w["fix"], "- ", "  - fix: ")]
     t = summary["timings_s"]
     lines += ["", "Timings (s): " + ", ".join(f"{k} {val}" for k, val in t.items()), ""]
     return "\n".join(lines)

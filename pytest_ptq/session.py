@@ -22,6 +22,7 @@ import pytest
 from . import guard
 from .errors import PTQError
 from .settings import OPTIONS, PTQPathWarning, apply_marker, below, from_config
+from .tables import warning_lines
 
 WORKER_KEY = "ptq_report"
 # What a worker's tests read, so that the controller never writes the report onto it.
@@ -673,8 +674,8 @@ def terminal_lines(models):
             head = (m.get("diagnosis") or {}).get("headline")
             out.append(("", f"  {m['label']} ({len(xfailed)} test(s)){why}" + (f"; {head}" if head else "")))
     # once per model file: its analyses on other data or float models warn alike
-    lines = (("warning", f"warning: {m['label']}: {w['text']}" + (f"; fix: {w['fix']}" if w["fix"] else ""))
-             for m in warned for w in m["warnings"])
+    lines = (("warning", line) for m in warned for w in m["warnings"]
+             for line in warning_lines(w["text"], w["fix"], f"warning: {m['label']}: "))
     return out + list(dict.fromkeys(lines))
 
 

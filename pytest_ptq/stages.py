@@ -266,12 +266,18 @@ def simulation_gap(engine, specs, samples=SIMULATION_SAMPLES, model=None, provid
 
 
 def kernel_cause(engine, specs, providers=None, given=None, simulated=None):
+    """:func:`kernel_causes` in one sentence ("" where none may)."""
+    return "; ".join(kernel_causes(engine, specs, providers, given, simulated))
+
+
+def kernel_causes(engine, specs, providers=None, given=None, simulated=None):
     """Why onnxruntime runs the file otherwise than its simulation, each cause checked by
     running the file without it: this CPU's saturation of uint8 x int8 products
     (:func:`~pytest_ptq.kernels.saturation_cause`; the file with those weights stored as uint8,
     the same values, which no kernel saturates on), and the default optimizations that change
     a QDQ file as it loads (WeightBiasQuantization, float8's Relu/Clip rewrites; the file with
-    them off); "" where none may. ``given``: :func:`simulation_gap` of the file as given, where
+    them off), a clause each, the cause whose removal brings the file closest to the simulation
+    first; ``[]`` where none may. ``given``: :func:`simulation_gap` of the file as given, where
     known; ``simulated``: as :func:`simulation_gap` takes it."""
     providers = providers or engine.providers
     simulated = {} if simulated is None else simulated
@@ -289,11 +295,11 @@ def kernel_cause(engine, specs, providers=None, given=None, simulated=None):
                                       f"; but with those weights stored as uint8 the file still reads {gap:.4f} "
                                       "against the simulation")))
     weights, biases = requantized_nodes(qm, (1,)), requantized_nodes(qm, (2,))
-    rounded = " and ".join(([f"the float weights of {len(weights)} node(s) reading a quantized input "
-                             f"({listed(weights)}) to per-tensor int8, so a node left in float there is float only in "
-                             "the simulation"] if weights else [])
-                           + ([f"the float biases of {len(biases)} node(s) to int32, which lets it fuse them into "
-                               "its integer kernels"] if biases else []))
+    rounded = ", and ".join(([f"the float weights of {len(weights)} node(s) reading a quantized input "
+                              f"({listed(weights)}) to per-tensor int8 (so a node left in float there is float only "
+                              "in the simulation)"] if weights else [])
+                            + ([f"the float biases of {len(biases)} node(s) to int32 (which lets it fuse them into "
+                                "its integer kernels)"] if biases else []))
     rewrites = float8_rewrites(qm)
     for nodes, optimizers, what in (
             (weights + biases, ("WeightBiasQuantization",), f"quantizes {rounded} as it loads the file"),
@@ -314,7 +320,7 @@ def kernel_cause(engine, specs, providers=None, given=None, simulated=None):
     sentences = [c for _, c in sorted(clauses, key=lambda fc: -fc[0])]
     if checked and max(checked) < SIMULATION_CLOSE:
         sentences[-1] += ", so its kernels depart from the simulation in more than that"
-    return "; ".join(sentences)
+    return sentences
 
 
 def _without(engine, specs, providers, simulated, **changed):
@@ -340,9 +346,10 @@ def _check_reference(values, feeds, i, fpath):
 
 
 def simulation_warnings(engine, specs=None):
-    """``[sentence]`` when the file, run as given on onnxruntime's integer kernels, differs
+    """``[warning]`` when the file, run as given on onnxruntime's integer kernels, differs
     from the Q/DQ arithmetic every analysis simulates (:func:`simulation_gap` below :data:`SIMULATION_CLOSE`),
-    else ``[]``. ``specs``: the outputs compared (default: the engine's default outputs)."""
+    else ``[]``; the warning's first line says so, a line after it each cause (see
+    :func:`~pytest_ptq.tables.warning_lines`). ``specs``: the outputs compared (default: the engine's default outputs)."""
     specs = parse_outputs(None, engine) if specs is None else specs
     simulated = {}  # the engine's runs, shared by every way the file is run below
     try:
@@ -358,17 +365,17 @@ def simulation_warnings(engine, specs=None):
                 f"with its default options cannot run this file ({exc}){runs}"]
     if gap is None or gap >= SIMULATION_CLOSE:
         return []
-    cause = (kernel_cause(engine, specs, given=gap, simulated=simulated) or
-             "its integer kernels round otherwise than Q/DQ arithmetic, and the model amplifies the difference")
+    causes = (kernel_causes(engine, specs, given=gap, simulated=simulated) or
+              ["its integer kernels round otherwise than Q/DQ arithmetic, and the model amplifies the difference"])
     qm = engine.qmodel
     simulated = ("Q/DQ as float arithmetic, and onnxruntime running this QDQ file with its default options (its "
                  "pairs fused into integer kernels, as it deploys it)" if qm.format == "QDQ" else
                  f"this {qm.format_label} file in its Q/DQ form, and onnxruntime running the file itself")
-    return [f"{SIMULATION_WARNING}: every figure simulates {simulated} "
-            f"differs from that simulation (output cosine {gap:.4f}, the "
-            f"worst of {min(SIMULATION_SAMPLES, len(engine.data))} samples spread over the data, each compared on its "
-            f"own; `stages` pools every sample, which reads higher): {cause}; the rankings and "
-            "the verdict are the simulation's"]
+    # a line each: the finding, then each cause with what running the file without it read
+    return ["\n".join([f"{SIMULATION_WARNING}: every figure simulates {simulated} differs from that simulation "
+                       f"(output cosine {gap:.4f}, the worst of {min(SIMULATION_SAMPLES, len(engine.data))} samples "
+                       "spread over the data, each compared on its own; `stages` pools every sample, which reads "
+                       "higher); the rankings and the verdict are the simulation's; why:", *causes])]
 
 
 def _described(qm):

@@ -27,6 +27,16 @@ def listed(names, shown=3):
                                                          else "")
 
 
+def warning_lines(text, fix="", head="warning: ", fix_head="  fix: "):
+    """A warning as plain-text lines: ``head`` and its first line; each further line of
+    ``text`` (a cause, say) as an indented item; the ``fix`` after a one-line warning, or
+    after the items on a line of its own that starts with ``fix_head``."""
+    first, *more = text.split("\n")
+    if not more:
+        return [head + first + (f"; fix: {fix}" if fix else "")]
+    return [head + first, *(f"  - {m}" for m in more), *([fix_head + fix] if fix else [])]
+
+
 def threshold_text(t):
     """A threshold as the user wrote it: every digit it has (0.9999999, not 1)."""
     return f"{t:.15g}" if isinstance(t, float) else str(t)

@@ -590,7 +590,7 @@ def test_runall_says_when_the_file_runs_otherwise_than_its_simulation(built, nam
     summary = runall_mod.runall(engine, save_dir=tmp_path / "told", top=1, progress=False)
     told = [w for w in summary["warnings"] if "simulates this" in w]
     assert len(told) == 1 and f"output cosine {gap:.4f}" in told[0]
-    assert "before trusting a figure" in (tmp_path / "told" / "summary.md").read_text()
+    assert "\n  - fix: measure the file itself against float" in (tmp_path / "told" / "summary.md").read_text()
     whole = Engine(p[name], data[_data(name)], float_model=p[_float(name)])
     read = []
     monkeypatch.setattr(whole.data, "sample", lambda i, sample=whole.data.sample: read.append(i) or sample(i))
@@ -678,8 +678,10 @@ def test_a_node_left_float_between_quantized_ones_is_named_as_onnxruntime_requan
     (told,) = stages.simulation_warnings(engine, specs)
     assert f"output cosine {given:.4f}" in told
     assert ("default optimization WeightBiasQuantization quantizes the float weights of 1 node(s) reading a "
-            "quantized input ('conv2') to per-tensor int8, so a node left in float there is float only in the "
-            "simulation and the float biases of 1 node(s) to int32") in told
+            "quantized input ('conv2') to per-tensor int8 (so a node left in float there is float only in the "
+            "simulation), and the float biases of 1 node(s) to int32") in told
+    finding, *causes = told.split("\n")  # a line each
+    assert finding.endswith("; why:") and any(c.startswith("onnxruntime's default optimization Weight") for c in causes)
     assert f"disabled_optimizers=['WeightBiasQuantization'])) the file reads {off:.6f}" in told
 
 
@@ -763,8 +765,10 @@ def test_the_plugin_tells_when_the_file_runs_otherwise_than_its_simulation(built
     monkeypatch.setattr(stages, "SIMULATION_CLOSE", 1.0)  # any difference at all (in-process run)
     result = run(pytester, "--ptq-model", str(p["ops_qop"]), "--ptq-data", str(folder), "--ptq-float-model",
                  str(p["ops"]), "-p", "no:xdist")
-    result.stdout.fnmatch_lines(["*the file runs otherwise than its simulation: every figure simulates this "
-                                 "QOperator file*; fix: measure the file itself against float*ptq-debug stages*"])
+    # the finding on the warning's line, each cause and the fix on lines of their own
+    result.stdout.fnmatch_lines(["warning: *the file runs otherwise than its simulation: every figure simulates this "
+                                 "QOperator file*; why:", "  - *", "  fix: measure the file itself against float*"
+                                 "ptq-debug stages*"])
 
 
 def test_a_released_analysis_has_checked_its_simulation_before_its_sessions_went(built, tmp_path, monkeypatch):

@@ -13,6 +13,7 @@ import sys
 from .. import guard, params
 from ..errors import PTQError
 from ..metrics import METRICS
+from ..tables import warning_lines
 
 DATA_HELP = "calibration data: DIR/<input>/<i>.npy, DIR/<input>.npy or one .npz"
 
@@ -188,7 +189,7 @@ def engine_and_cache(args, told=False):
         engine.check_float_equivalence(through(cache, ("float equivalence",), engine.float_equivalence))
     if not told:
         for warning in engine.warnings:
-            print(f"warning: {warning}", file=sys.stderr)
+            print("\n".join(warning_lines(warning)), file=sys.stderr)
     return engine, cache
 
 

@@ -7,7 +7,7 @@ import json
 
 from ..metrics import get_metrics
 from ..results import JsonResult
-from ..tables import format_table
+from ..tables import format_table, warning_lines
 from .objective import TaskMetric
 from .scoring import meets
 
@@ -277,7 +277,7 @@ class Remedy(JsonResult):
         lines += producer_lines(self.producer_terms, self.producer_measured, name, self.judged_on)
         if missed and self.producer_terms:
             lines.append(f"  {self.failure()}")
-        lines += [f"warning: {w}" for w in self.warnings]
+        lines += [line for w in self.warnings for line in warning_lines(w)]
         lines += [f"note: {n}" for n in self.notes]
         return "\n".join(lines)
 
