@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from . import guard, params
-from .cache import ResultCache, arrays_digest, file_hash, model_hash
+from .cache import ResultCache, arrays_digest, file_hash, model_files, model_hash
 from .curves import configs_from, get_acc_error
 from .data import load_data
 from .engine import Engine
@@ -95,10 +95,11 @@ class Analysis:
                                                                    option="--ptq-cache-dir")
 
     def _files(self):
-        """The files behind the engine's results, by role (the model's external data too)."""
+        """The files behind the engine's results, by role (the models' external data too)."""
         files = {"model file": self.key.model, "calibration data": self.key.data,
                  "float model": self.key.float_model, "custom-op library": self.key.custom_op_library}
-        files.update({f"model data {i}": p for i, p in enumerate(guard.external_data_files(self.key.model))})
+        files.update({f"model data {i}": p for i, p in enumerate(model_files(self.key.model)[1:])})
+        files.update({f"float model data {i}": p for i, p in enumerate(model_files(self.key.float_model)[1:])})
         return files
 
     def inputs(self, *more):
@@ -304,7 +305,7 @@ class Analysis:
                            "float_model=..., the marker's float_model= or --ptq-float-model")
         float_model = str(Path(float_model).resolve())
         return self.cached(("stages", float_model), lambda: localize_stages(float_model, self.engine, self.data),
-                           files=(float_model,))
+                           files=model_files(float_model))
 
     def suggest(self, target=0.99, remedy="float", metric="cosine-similarity", outputs=None, budget=None,
                 candidates=None, holdout=None, evaluate=None, min_ratio=None, costs=None, search="refine"):

@@ -59,7 +59,7 @@ def file_hash(path):
     """sha256 of a file, or of a folder's files (relative names and bytes, sorted by name)."""
     path = Path(path)
     h = hashlib.sha256()
-    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
+    files = [path] if path.is_file() else sorted(_files_below(path))
     for f in files:
         if f != path:
             h.update(f.relative_to(path).as_posix().encode() + b"\0")
@@ -67,6 +67,24 @@ def file_hash(path):
             for block in iter(lambda: fh.read(1 << 20), b""):
                 h.update(block)
     return h.hexdigest()
+
+
+def _files_below(folder):
+    """The files under ``folder``, through symbolic links to folders as the data loader reads
+    them (a data set kept elsewhere and linked in per input), each folder once."""
+    seen = set()
+    for root, dirs, names in os.walk(folder, followlinks=True):
+        real = os.path.realpath(root)
+        if real in seen:  # a link back up the tree: walked already
+            dirs[:] = []
+            continue
+        seen.add(real)
+        yield from (p for p in (Path(root) / n for n in names) if p.is_file())
+
+
+def model_files(path):
+    """A model file and the external data files it names, or ``[]`` for None."""
+    return [] if path is None else [path, *guard.external_data_files(path)]
 
 
 def model_hash(path, digest=file_hash):
@@ -215,7 +233,9 @@ def for_engine(folder, engine, option="--cache-dir"):
 
     def inputs():
         files = {f"{item.what} {i}": item.real for i, item in enumerate(engine.inputs().items)}
-        files.update({f"model data {i}": p for i, p in enumerate(guard.external_data_files(model))})
+        files.update({f"model data {i}": p for i, p in enumerate(model_files(model)[1:])})
+        if isinstance(engine.float_model, (str, os.PathLike)):
+            files.update({f"float model data {i}": p for i, p in enumerate(model_files(engine.float_model)[1:])})
         return files
 
     return ResultCache(folder, inputs, option=option)

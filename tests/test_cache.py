@@ -480,3 +480,62 @@ def test_plugin_with_a_read_only_cache_dir_runs_without_it_and_says_so(pytester,
     result.stdout.fnmatch_lines(["*PTQCacheWarning: results are not kept between runs: the result cache "
                                  "(--ptq-cache-dir / ptq_cache_dir) * is a read-only folder*"])
     assert not any(folder.iterdir())
+
+
+def test_a_data_folder_linked_in_per_input_is_hashed_through_its_links(tmp_path, inputs):
+    """A data folder whose per-input folder is a symbolic link (a data set kept elsewhere)
+    hashed as empty, so edited samples served the old results."""
+    store_dir, linked = tmp_path / "store", tmp_path / "linked"
+    shutil.copytree(inputs / "calib" / "x", store_dir / "x")
+    linked.mkdir()
+    (linked / "x").symlink_to(store_dir / "x", target_is_directory=True)
+    (linked / "x" / "again").symlink_to(store_dir, target_is_directory=True)  # a loop back up: walked once
+    # what the loader reads, by the same names: the samples once
+    assert cache.file_hash(linked) == cache.file_hash(inputs / "calib")
+    before = cache.file_hash(linked)
+    x = store_dir / "x" / "0.npy"
+    np.save(x, np.load(x) * 2)
+    assert cache.file_hash(linked) != before
+
+
+def _external(src, dst, location):
+    import onnx
+
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    onnx.save(onnx.load(str(src)), str(dst), save_as_external_data=True, location=location, size_threshold=0)
+    return dst
+
+
+def _flip_last_byte(path):
+    b = bytearray(path.read_bytes())
+    b[-1] ^= 1
+    path.write_bytes(bytes(b))
+
+
+def test_a_float_models_external_data_is_part_of_every_key(tmp_path, inputs, model_dir, monkeypatch):
+    """A float model saved with external data: a weight changed in its data file left the
+    float-equivalence check and the stages served from the cache as they were."""
+    fpath = _external(model_dir / "float.onnx", tmp_path / "f" / "float.onnx", "float.bin")
+    key = AnalysisKey(str(inputs / "q.onnx"), str(inputs / "calib"), float_model=str(fpath))
+    before = Analysis(key, tmp_path, cache_dir=tmp_path / "c").store.base()
+    _flip_last_byte(fpath.parent / "float.bin")
+    assert Analysis(key, tmp_path, cache_dir=tmp_path / "c").store.base() != before
+    from pytest_ptq import stages
+
+    calls = []
+    monkeypatch.setattr(stages, "localize_stages", lambda *a, **k: calls.append(1) or len(calls))
+    plain = AnalysisKey(str(inputs / "q.onnx"), str(inputs / "calib"))  # the float model named by the check
+    assert Analysis(plain, tmp_path, cache_dir=tmp_path / "c").stages(fpath) == 1
+    assert Analysis(plain, tmp_path, cache_dir=tmp_path / "c").stages(fpath) == 1  # kept
+    _flip_last_byte(fpath.parent / "float.bin")
+    assert Analysis(plain, tmp_path, cache_dir=tmp_path / "c").stages(fpath) == 2
+
+
+def test_the_clis_cache_keys_a_float_models_external_data(tmp_path, inputs, model_dir):
+    from pytest_ptq.engine import Engine
+
+    fpath = _external(model_dir / "float.onnx", tmp_path / "f" / "float.onnx", "float.bin")
+    engine = Engine(str(inputs / "q.onnx"), str(inputs / "calib"), float_model=str(fpath))
+    before = cache.for_engine(tmp_path / "c", engine).base()
+    _flip_last_byte(fpath.parent / "float.bin")
+    assert cache.for_engine(tmp_path / "c", engine).base() != before
