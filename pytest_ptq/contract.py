@@ -172,6 +172,10 @@ def read_yaml(path, where):
         if expanded > MAX_NODES:
             raise ContractError(f"{where} ({path}) expands to more than {MAX_NODES} YAML values through its "
                                 "aliases (*name); write the contract out without aliases")
+        twice = _repeated_key(node)
+        if twice is not None:  # YAML keeps the last silently: a pasted line would loosen a threshold unseen
+            raise ContractError(f"{where} ({path}) sets {twice.value!r} twice (again at line {twice.start_mark.line + 1}); "
+                                "keep one")
         return loader.construct_document(node)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
@@ -182,6 +186,30 @@ def read_yaml(path, where):
         raise ContractError(f"{where} ({path}) nests too deeply to be a contract; flatten it") from None
     finally:
         loader.dispose()
+
+
+def _repeated_key(root):
+    """The first key node that repeats a key of its own mapping, in the YAML node graph
+    ``root`` (each node visited once), else None."""
+    import yaml
+
+    seen, stack = set(), [root]
+    while stack:
+        node = stack.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        if isinstance(node, yaml.MappingNode):
+            keys = set()
+            for k, v in node.value:
+                if isinstance(k, yaml.ScalarNode) and k.tag != "tag:yaml.org,2002:merge":
+                    if k.value in keys:
+                        return k
+                    keys.add(k.value)
+                stack += [k, v]
+        elif isinstance(node, yaml.SequenceNode):
+            stack += node.value
+    return None
 
 
 def _expanded_size(root):

@@ -147,8 +147,8 @@ def number(value, what):
         result = float(raw)
     except (TypeError, ValueError):
         raise _fail(what, f"must be a number, got {shown(value)}") from None
-    if math.isnan(result):
-        raise _fail(what, "must be a number, got NaN")
+    if not math.isfinite(result):
+        raise _fail(what, f"must be a finite number, got {result}")
     return result
 
 

@@ -203,6 +203,14 @@ def test_an_error_in_the_users_evaluate_shows_its_frames_not_pytests(project):
      "contract 'bad.ptq.yaml': 'data_num' must be at least 1, got 0"),
     ("model: [unclosed\n", "contract 'bad.ptq.yaml' (*bad.ptq.yaml) is not valid YAML at line *"),
     ("- model\n", "contract 'bad.ptq.yaml' (*) must be a mapping of keys such as 'model:' and 'data:', got list"),
+    # YAML would keep the last: a pasted line loosening a threshold unseen
+    ("model: ../models/model.onnx\ndata: ../models/calib\noutputs: {default: 0.9999}\nbaseline: false\n"
+     "outputs: {default: 0.5}\n", "contract 'bad.ptq.yaml' (*bad.ptq.yaml) sets 'outputs' twice (again at line 5); "
+     "keep one"),
+    ("model: ../models/model.onnx\ndata: ../models/calib\nnodes:\n  threshold: 0.99\n  threshold: 0.5\n",
+     "contract 'bad.ptq.yaml' (*) sets 'threshold' twice (again at line 5); keep one"),
+    ("model: ../models/model.onnx\ndata: ../models/calib\ntolerance: .inf\n",
+     "contract 'bad.ptq.yaml': 'tolerance' must be a finite number, got inf"),
 ])
 def test_schema_errors_name_the_key_and_the_file(project, body, message):
     contract(project, "bad", body)
