@@ -28,7 +28,7 @@ from .metrics import get_metrics
 from .outputs import offset_warnings, parse_outputs
 from .remedy.producer_terms import PRODUCERS, producer_advice
 from .remedy.result import snippet
-from .remedy.terms import float_tensor_name, onnxruntime_settings, per_channel_weights, quantizer_call
+from .remedy.terms import float_tensor_names, onnxruntime_settings, per_channel_weights, quantizer_call
 from .results import JsonResult
 from .sensitivity import rank_configs
 from .stages import SIMULATION_WARNING
@@ -412,8 +412,8 @@ def _verb(names, one, many):
 
 
 def _overrides_text(qm, names):
-    tensors = {float_tensor_name(qm, qm.calibration[n]): "QInt16" if qm.calibration[n].qrange[0] < 0 else "QUInt16"
-               for n in names}
+    tensors = {t: "QInt16" if qm.calibration[n].qrange[0] < 0 else "QUInt16"
+               for n in names for t in float_tensor_names(qm, qm.calibration[n])}
     shown = list(tensors.items())[:2]
     body = ", ".join(f"{t!r}: [{{'quant_type': QuantType.{q}}}]" for t, q in shown)
     more = ", ..." if len(tensors) > 2 else ""

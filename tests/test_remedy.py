@@ -523,3 +523,36 @@ def test_a_node_the_quantizer_inserted_is_not_named_for_the_float_model(outlier,
     s = onnxruntime_settings(engine.qmodel, "float", [pair])
     assert s["not_in_float_model"] == ["inserted_mul"]
     assert set(s["nodes_to_exclude"]) == {"relu1", "add2"}
+
+
+def test_an_override_names_the_tensor_onnxruntime_quantized_past_a_folded_relu(tmp_path):
+    """quantize_static deletes the Relu after a Conv, quantizes the Relu's output and gives its
+    name to the Conv's output: an int16 override named the Conv's float output, which
+    onnxruntime does not quantize, so a re-quantization left the pair in 8 bits."""
+    from onnxruntime.quantization import QuantType
+
+    from pytest_ptq.remedy.terms import float_tensor_name, float_tensor_names
+
+    data = builders.samples(4)
+    fpath = builders.conv_net(tmp_path / "float.onnx")
+    builders.quantize(fpath, tmp_path / "q.onnx", data, keep_float=False)
+    qm = QuantModel(str(tmp_path / "q.onnx"), float_model=str(fpath))
+    folded = [c for c in qm.of_kind("activation") if c.folded is not None]
+    assert folded  # the case
+    relu_outputs = {n.output[0] for n in onnx.load(str(fpath)).graph.node if n.op_type == "Relu"}
+    producers = {n.output[0]: n for n in onnx.load(str(fpath)).graph.node}
+    for c in folded:
+        name = float_tensor_name(qm, c)
+        assert name in relu_outputs
+        names = float_tensor_names(qm, c)  # with the Relu kept, the tensor before it is quantized too
+        assert names == [name, producers[name].input[0]]
+        # independently: onnxruntime honours the overrides on those names, folding the Relu or
+        # keeping it as pytest-ptq re-quantizes, and every pair there is 16-bit
+        for keep in (False, True):
+            out = builders.quantize(fpath, tmp_path / f"{c.name}{keep}.onnx", data, keep_float=keep, extra_options={
+                "TensorQuantOverrides": {t: [{"quant_type": QuantType.QUInt16}] for t in names}})
+            model = onnx.load(str(out))
+            inits = {i.name: i for i in model.graph.initializer}
+            qs = [n for n in model.graph.node if n.op_type == "QuantizeLinear" and n.input[0] in names]
+            assert len(qs) == (2 if keep else 1)
+            assert all(inits[q.input[2]].data_type == onnx.TensorProto.UINT16 for q in qs)

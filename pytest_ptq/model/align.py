@@ -97,6 +97,9 @@ class Alignment:
     fused: dict = dataclasses.field(default_factory=dict)
     # QDQ tensor -> the float tensor it computes, where the quantizer renamed it ('*_QuantizeInput')
     tensors: dict = dataclasses.field(default_factory=dict)
+    # calibration node -> the output of the float Relu/Clip folded into it: the tensor the
+    # quantizer quantized (onnxruntime gives its name to the fold's input as it deletes it)
+    fold_outputs: dict = dataclasses.field(default_factory=dict)
 
     @property
     def matched_share(self):
@@ -262,6 +265,7 @@ def align(qm, float_model):
         elif len(q_inputs) == len(f_inputs):
             tmatch[name] = f_inputs[k]
     nodes, fused, weights_at, folded, used, values, passed = {}, {}, {}, {}, set(), {}, set()
+    fold_outputs = {}
     for n in qm.normal.values():
         proto = qm.node(n.name)
         expect = [_expectation(qm, by_output, tmatch, i, values) for i in proto.input]
@@ -291,8 +295,8 @@ def align(qm, float_model):
         for qo, fo in zip(proto.output, outputs):
             if qo and fo:
                 tmatch[qo] = fo
-        for cname, fold in best.folds.items():
-            folded[cname] = fold
+        for cname, (fold, output) in best.folds.items():
+            folded[cname], fold_outputs[cname] = fold, output
         for k, e in enumerate(expect):
             if e[0] == "weight" and k < len(best.inputs) and best.inputs[k]:
                 weights_at.setdefault(e[1].name, []).append(best.inputs[k])
@@ -301,7 +305,7 @@ def align(qm, float_model):
             fold = _unread_fold(f, tmatch[c.input], used)
             if fold is not None:
                 used.add(fold.name)
-                folded[c.name] = f.fold_bounds(fold)
+                folded[c.name], fold_outputs[c.name] = f.fold_bounds(fold), fold.output[0]
     weights, unmatched, tried, fitted = _assign_weights(qm, f, weights_at, values)
     for cname, fold in folded.items():
         qm.calibration[cname].folded = fold
@@ -310,7 +314,7 @@ def align(qm, float_model):
     result = Alignment(nodes=nodes, weights=weights, folded=folded, rewrites=rewrites,
                        unmatched_weights=unmatched, unmatched_float=unmatched_float, unmatched_qdq=unmatched_qdq,
                        weights_tried=tried, weights_fitted=fitted, fused=fused,
-                       tensors={q: t for q, t in tmatch.items() if q != t})
+                       tensors={q: t for q, t in tmatch.items() if q != t}, fold_outputs=fold_outputs)
     qm.alignment = result
     return result
 
@@ -403,7 +407,7 @@ class _Match:
     in place of the node's inputs."""
 
     node: object
-    folds: dict
+    folds: dict  # calibration node -> ((op, lo, hi), the folded Relu/Clip's float output)
     weights_fit: bool
     score: int = 0
     distance: float = 0.0  # of its weights from the float ones (see fit_of): the lower the closer
@@ -635,7 +639,7 @@ def _fits_inputs(f, cand, expect, inputs=None):
                 bounds = f.fold_bounds(prod)
                 if bounds is None:
                     return None
-                folds[c.name] = bounds
+                folds[c.name] = (bounds, fin)
                 score += 2
                 continue
             return None
