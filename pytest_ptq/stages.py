@@ -418,11 +418,16 @@ def verdict(values, kernel_gap, metric, threshold, cause="", rewrite=""):
         if v != v or m.worse(v, threshold):
             advice = _HOLDS + cause if stage == "integer" and cause else (
                 rewrite if stage == REWRITE[0] and rewrite else _ADVICE[stage])
-            # the kernels' own loss on top of an earlier stage's, where it is more than rounding
+            # the kernels' own difference on top of an earlier stage's, where it is more than
+            # rounding: a loss where the file reads worse against float than the simulation
             close = SIMULATION_CLOSE if m.name == "cosine-similarity" else threshold
-            more = (f"; the integer kernels lose more on top of it ({m.name} {kernel_gap:.6g} against the "
-                    f"simulation{': ' + cause if cause else ''})"
-                    if stage != "integer" and kernel_gap == kernel_gap and m.worse(kernel_gap, close) else "")
+            more = ""
+            if stage != "integer" and kernel_gap == kernel_gap and m.worse(kernel_gap, close):
+                lose = "integer" in values and m.worse(values["integer"], v)
+                more = (f"; the integer kernels {'lose more on top of it' if lose else 'differ from it'} ({m.name} "
+                        f"{kernel_gap:.6g} against the simulation{': ' + cause if cause else ''}"
+                        + ("" if lose or "integer" not in values else
+                           f"; the file as run reads {values['integer']:.6g} against float, no worse") + ")")
             return stage, f"{m.name} first falls below {threshold} at stage {stage!r} ({v:.6g}): {advice}{more}"
     gap = ""
     if kernel_gap == kernel_gap and m.worse(kernel_gap, threshold):
