@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import sys
 import time
@@ -279,8 +280,12 @@ def _verdict(engine, metric, three, sens, top_nodes, dist, boxes, curves, blind=
         for rank, name in enumerate(names, 1):
             items.append(_advise(engine, metric, t, rank, name, sens[t], dist, boxes, curves))
     # nodes an order of magnitude below the worst would not move the output if fixed, and
-    # none needs fixing where the whole model stays close to float (by every measure asked)
+    # none needs fixing where the whole model stays close to float (by every measure asked);
+    # the worst of the verdict's kind matter beside a worse node of the other kind
+    kinds = {"weight": ("weight",), "activation": ("activation",), "both": ("weight", "activation")}.get(source, ())
     matter = relevant(items)
+    matter += [it for k in kinds for it in relevant([i for i in items if i["kind"] == k]) if it not in matter]
+    spread = _spread(engine.qmodel, metric, three.figures, items, kinds)
     close = source == "neither" and (blind is None or blind.source == "neither")
     for it in items:
         if (close or it not in matter) and it["try"][0] in ("int16", "keep in float"):
@@ -294,6 +299,7 @@ def _verdict(engine, metric, three, sens, top_nodes, dist, boxes, curves, blind=
             + [s + " (optional)" for s in steps]
     else:
         next_steps, choices = _plan(items, matter, source, qm=engine.qmodel)
+        next_steps[:0] = [_spread_step(engine, k, *spread[k]) for k in kinds if k in spread]
     # the same steps as the quantizer that made the model takes them, where it is not onnxruntime:
     # a heading, then its code and what it cannot express, a line each
     terms = producer_advice(engine, choices)
@@ -314,6 +320,38 @@ def _verdict(engine, metric, three, sens, top_nodes, dist, boxes, curves, blind=
             "samples": three.samples, "values": three.values, "disagreement": three.disagreement,
             "weight_only": figures["weight only"], "activation_only": figures["activation only"],
             "all_quantized": figures[ALL], "nodes": items, "next_steps": next_steps, "by_correlation": by_correlation}
+
+
+# a kind's loss is spread over many nodes when its worst node alone costs less than this
+# share of what quantizing the whole kind costs: fixing its top nodes moves little
+SPREAD = 0.25
+
+
+def _spread(qm, metric, figures, items, kinds):
+    """``{kind: (loss of that kind alone, loss of its worst ranked node alone)}`` for the
+    verdict's ``kinds`` whose loss no single ranked node explains (see :data:`SPREAD`), where
+    some of its nodes are below 16 bits."""
+    out = {}
+    for k in (k for k in kinds if any(qm.wider_type(c) for c in qm.of_kind(k))):  # 16-bit already: not this
+        loss = badness(metric, figures[f"{k} only"])
+        worst = max((it["badness"] for it in items if it["kind"] == k), default=math.nan)
+        if loss > 0 and math.isfinite(loss) and worst < SPREAD * loss:
+            out[k] = (loss, worst)
+    return out
+
+
+def _spread_step(engine, kind, loss, worst):
+    import shlex
+
+    qm = engine.qmodel
+    data = getattr(engine.data, "where", None) or "DATA"
+    suggest = shlex.join(["ptq-debug", "suggest", str(qm.source), str(data), "--remedy", "int16"])
+    wider = ("quantize_static(..., activation_type=QuantType.QUInt16)" if kind == "activation" else
+             "per-channel weights where they are per tensor, else quantize_static(..., weight_type=QuantType.QInt16)")
+    return (f"{kind} quantization alone loses {loss:.3g} (the rule's loss), and its worst node alone {worst:.2g} "
+            f"({worst / loss:.0%} of it): the loss is spread over many {kind} nodes, so fixing the few ranked here "
+            f"moves it little; raise every {kind} to 16 bit ({wider}), or let `{suggest}` find the smallest set "
+            "that meets a target")
 
 
 def _advise(engine, metric, kind, rank, name, sens, dist, boxes, curves):
