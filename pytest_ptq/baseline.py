@@ -26,6 +26,7 @@ from .analysis import relative
 from .errors import PTQError, clip, shown
 from .metrics import METRICS, get_metrics
 from .results import json_restore, json_safe
+from .tables import listed
 
 FORMAT = 1
 # A baseline holds a few numbers per node; anything this large is not one, and is not read.
@@ -232,9 +233,14 @@ def compare(old, new, tolerance):
     if old.metric != new.metric or old.node_type != new.node_type:
         mismatch = (f"the baseline holds {old.metric} of {old.node_type} nodes but this check measures "
                     f"{new.metric} of {new.node_type} nodes")
+    for what, a, b in (("node", old.sensitivity, new.sensitivity), ("output", old.outputs, new.outputs)):
+        if not mismatch and a and b and not set(a) & set(b):  # it would pass comparing nothing
+            mismatch = (f"none of the baseline's {len(a)} {what}(s) is measured now ({listed(a)} in the baseline, "
+                        f"{listed(b)} now): the model was exported or quantized again under other names")
     nodes, outputs, improved = [], [], []
-    for bucket, old_vals, new_vals in ((nodes, old.sensitivity, new.sensitivity),
-                                       (outputs, old.outputs, new.outputs)):
+    # values of another metric or other names are not compared: a move between them means nothing
+    for bucket, old_vals, new_vals in (() if mismatch else ((nodes, old.sensitivity, new.sensitivity),
+                                                            (outputs, old.outputs, new.outputs))):
         for name in old_vals:
             if name not in new_vals:
                 continue

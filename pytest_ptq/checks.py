@@ -373,7 +373,7 @@ class BaselineResult(Result):
     """Sensitivity and output metrics against the committed baseline."""
 
     passed: bool
-    status: str  # "ok" | "degraded" | "missing" | "created" | "rewritten" | "unreadable"
+    status: str  # "ok" | "degraded" | "mismatch" | "missing" | "created" | "rewritten" | "unreadable"
     path: str
     diff: object  # baseline.Diff or None
     tolerance: float
@@ -516,7 +516,7 @@ def check_baseline(analysis, path, update="none", tolerance=0.001, node_type="no
     if update == "all" or (update == "failing" and not diff.ok):
         new.save(path)
         return result(update == "all", "rewritten", diff)
-    return result(diff.ok, "ok" if diff.ok else "degraded", diff)
+    return result(diff.ok, "ok" if diff.ok else "mismatch" if diff.mismatch else "degraded", diff)
 
 
 # -- calibration data ----------------------------------------------------------------------

@@ -242,3 +242,32 @@ def test_printed_commands_leave_the_sessions_reports_alone(project):
     report = (project.path / "r.html").read_bytes()
     run_printed(project, missing, "create it with").assert_outcomes(failed=1)
     assert (project.path / "r.html").read_bytes() == report
+
+
+def test_a_baseline_that_would_compare_nothing_fails_and_says_why(project):
+    """Every node named anew (another export) left none of the baseline's nodes measured, and
+    the check passed comparing nothing; a baseline of another metric listed cosines against
+    mse values as moves."""
+    import onnx
+
+    project.makepyfile(test_names=GUARDED)
+    run(project, "--ptq-update-baseline").assert_outcomes(failed=1)
+    run(project).assert_outcomes(passed=1)
+    path = project.path / "ptq_baselines" / "test_names" / "test_guarded.json"
+    saved = json.loads(path.read_text())
+    model = onnx.load(str(project.path / "model.onnx"))
+    for k, node in enumerate(model.graph.node):
+        node.name = f"renamed_{k}"
+    onnx.save(model, str(project.path / "model.onnx"))
+    activations = set(saved["sensitivity"])
+    renamed = run(project)
+    renamed.assert_outcomes(failed=1)
+    renamed.stdout.fnmatch_lines([f"*does not fit this check: none of the baseline's {len(activations)} node(s) is "
+                                  "measured now*"])
+    assert not moved_lines(renamed.stdout.str())
+    path.write_text(json.dumps(dict(saved, metric="mse")))
+    other = run(project)
+    other.assert_outcomes(failed=1)
+    other.stdout.fnmatch_lines(["*does not fit this check: the baseline holds mse of activation nodes but this check "
+                                "measures cosine-similarity*"])
+    assert not moved_lines(other.stdout.str()) and "worse by more than" not in other.stdout.str()
