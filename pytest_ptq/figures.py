@@ -228,21 +228,59 @@ def fit_label(text, width):
     return text[:head] + "~" + text[len(text) - (width - 1 - head):]
 
 
+def _around(text, start, end, width, whole_start=True):
+    """``text[start:end]`` (the part that differs) in ``width`` characters with what tells it
+    apart around it: the whole start where it fits (``whole_start``), else a little of what
+    precedes it and the text's end (an operator's name), ``~`` where cut."""
+    if whole_start and end + 1 <= width:
+        return text[:end] + ("~" if end < len(text) else "")
+    room = width - (end - start) - 2  # beside the core and two cuts
+    if room < 0:
+        return ("~" if start else "") + fit_label(text[start:end], width - (1 if start else 0))
+    after = len(text) - end
+    if after <= room:  # the rest fits whole after the core
+        a = max(0, start - (room - after + (1 if start <= room - after else 0)))
+        return ("~" if a else "") + text[a:]
+    left = min(start, room // 3)
+    tail = room - left
+    return ("~" if start > left else "") + text[start - left:end] + "~" + text[len(text) - tail:]
+
+
 def fit_labels(texts, width):
-    """:func:`fit_label` of each of ``texts``, told apart: texts that would read the same leave
-    out the ending they share (four characters or more: onnxruntime's ``_QuantizeLinear``),
-    so that the ends kept are the parts that differ."""
+    """:func:`fit_label` of each of ``texts``, told apart: texts that would read the same show
+    the part where all the texts they were mistaken for differ, and the ends around it (``~``
+    where cut: /backbone/stage4/block10/attention/output/dense/MatMul and .../block3/... read
+    /backbone/stage4/block10~ and /backbone/stage4/block3~); texts still alike are numbered. A
+    text given twice keeps one label."""
     texts = [str(t) for t in texts]
     out = [fit_label(t, width) for t in texts]
-    for label in set(out):
-        same = [k for k, x in enumerate(out) if x == label]
-        group = list(dict.fromkeys(texts[k] for k in same))
-        if len(group) < 2:
-            continue
-        common = len(os.path.commonprefix([t[::-1] for t in group]))
-        if common >= 4 and all(len(t) > common for t in group):
-            for k in same:
-                out[k] = fit_label(texts[k][:-common] + "~", width)
+    clusters = {t: {t} for t in texts}  # the texts each was mistaken for, itself included
+    for whole_start in (True, False, False):
+        alike = []  # texts that read the same as another
+        for label in set(out):
+            group = {texts[k] for k, x in enumerate(out) if x == label}
+            if len(group) < 2:
+                continue
+            alike += group
+            merged = set().union(*(clusters[t] for t in group))
+            for t in merged:
+                clusters[t] = merged
+        for cluster in {id(clusters[t]): clusters[t] for t in alike}.values():
+            start = len(os.path.commonprefix(list(cluster)))
+            end = len(os.path.commonprefix([t[::-1] for t in cluster]))
+            end = min(end, min(len(t) for t in cluster) - start)  # a text that is another's start
+            for k, t in enumerate(texts):
+                if t in cluster:
+                    out[k] = _around(t, start, len(t) - end, width, whole_start)
+    seen = {}
+    for k, label in enumerate(out):
+        first = seen.setdefault(label, texts[k])
+        if first != texts[k]:
+            n = 2
+            while fit_label(label, width - len(f" #{n}")) + f" #{n}" in seen:
+                n += 1
+            out[k] = fit_label(label, width - len(f" #{n}")) + f" #{n}"
+            seen[out[k]] = texts[k]
     return out
 
 

@@ -313,6 +313,22 @@ def test_side_panel_names_that_share_onnxruntimes_suffix_stay_apart():
     assert fit_labels(["a", "b"], 24) == ["a", "b"]
 
 
+def test_side_panel_names_that_differ_in_their_middle_stay_apart():
+    """Names that share a long start and a long end read the same once cut
+    ('/backbone/stage4/block10~' twice): what differs is kept, with what surrounds it."""
+    from pytest_ptq.figures import fit_labels
+
+    names = [f"/backbone/stage4/block{b}/attention/output/{part}/MatMul" for b in (10, 3) for part in ("dense", "proj")]
+    names += [f"/backbone/stage{s}/block1/output/LayerNorm/{op}_output_0_QuantizeLinear" for s in (2, 3)
+              for op in ("scale_Mul", "residual_Add")]
+    names += names[:1] + ["/backbone/stage4/block1", "/backbone/stage4/block1" + "x" * 60]
+    for width in (12, 16, 26):
+        labels = fit_labels(names, width)
+        # a name shown twice reads the same; different names differ, within the width
+        assert len(set(labels)) == len(set(names)) and labels[0] == labels[len(names) - 3], (width, labels)
+        assert all(len(x) <= width for x in labels), labels
+
+
 def test_plot_names_the_worst_points_beside_the_axes(tmp_path):
     from pytest_ptq.curves import Curves, plot_curves
 
