@@ -299,7 +299,7 @@ def check_nodes(analysis, threshold, metric=COSINE, node_type="node", allow=(), 
     worst = (names[0], sens[names[0]][m.name]) if names else ()
     return NodeResult(passed=not offenders, metric=m.name, threshold=limit, node_type=node_type,
                       offenders=offenders, allowed=allowed, worst=worst, nodes=len(names),
-                      table=sens.table(limit=top) if names else "", model=analysis.label)
+                      table=sens.table(limit=top, threshold="range max|x|") if names else "", model=analysis.label)
 
 
 # -- task accuracy -------------------------------------------------------------------------

@@ -57,9 +57,12 @@ def targets_for(engine, node_type, interested_nodes=None):
                 raise PTQError(f"node {name!r} ({qm.normal[name].op_type}) reads only the shape of its input, which "
                                "quantization does not change; rank the nodes that read its values")
             elif name in qm.calibration or name in qm.normal:
-                raise PTQError(f"node {name!r} is not a {node_type} node "
-                               f"(it is a {_kind_of(qm, name)} node); use node_type="
-                               f"{_kind_of(qm, name)!r} or pick from the {node_type} nodes")
+                # 'node' names the operators: said so, a "node node" reads as a typo
+                kinds = {"node": "an operator (node type 'node')", "weight": "a weight node",
+                         "activation": "an activation node"}
+                raise PTQError(f"node {name!r} is {kinds[_kind_of(qm, name)]}, not {kinds[node_type]}; use "
+                               f"node_type={_kind_of(qm, name)!r} "
+                               f"(-t {_kind_of(qm, name)}) or pick from the {node_type} nodes")
             else:
                 raise unknown("node", name, list(targets))
         targets = chosen
@@ -108,18 +111,21 @@ class Sensitivity(dict):
             rows.append(row)
         return rows
 
-    def table(self, limit=None):
+    def table(self, limit=None, threshold="threshold"):
         """The seed's table: node, metrics, then threshold/bit (activation) and fed nodes;
-        ``limit``: the first that many rows (None: all)."""
+        ``limit``: the first that many rows (None: all); ``threshold``: the heading of the
+        quantization range's largest magnitude (the seed's word; beside a check's own
+        threshold, another)."""
         limit = None if limit is None else params.whole(limit, "limit", minimum=0)
         cols = ["node"] + list(self.metrics)
         if self.node_type == "activation":
-            cols += ["threshold", "bit"]
+            cols += [threshold, "bit"]
         if self.node_type in ("weight", "activation"):
             cols += ["feeds"]
         else:
             cols += ["op_type"]
-        table = format_table(self.rows(), cols, limit)
+        rows = [{**r, threshold: r["threshold"]} if "threshold" in r else r for r in self.rows()]
+        table = format_table(rows, cols, limit)
         if self.confirmed:
             table += (f"\n(the top {len(self.confirmed)} on all {self.confirmed_samples} samples; the rest ranked on "
                       f"{self.samples})")

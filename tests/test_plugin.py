@@ -325,6 +325,8 @@ def test_node_check_names_exactly_the_nodes_past_the_limit(project, models):
         f"*allow-list entry 'zz*' matches none of the activation nodes of model.onnx; they are '{order[0]}', "
         f"'{order[1]}'*; fix or remove the entry",
     ])
+    # the range's column is not called a threshold beside the check's own
+    result.stdout.fnmatch_lines(["*| node *| cosine-similarity *| range max|x| *| bit *| feeds *|"])
 
 
 def test_accuracy_ratio_of_a_user_evaluation_function(project, models):

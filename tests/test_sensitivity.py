@@ -145,7 +145,8 @@ def test_interested_nodes_restrict(setup):
 def test_bad_arguments_are_clear_errors(setup):
     with pytest.raises(PTQError, match="unknown node 'conv_2'.*'conv2'"):
         get_sensitivity_of_nodes(setup.engine, node_type="node", interested_nodes=["conv_2"])
-    with pytest.raises(PTQError, match="'conv2' is not a activation node.*node_type='node'"):
+    with pytest.raises(PTQError, match="'conv2' is an operator \\(node type 'node'\\), not an activation node; use "
+                                       "node_type='node' \\(-t node\\)"):
         get_sensitivity_of_nodes(setup.engine, node_type="activation", interested_nodes=["conv2"])
     with pytest.raises(PTQError, match="unknown node_type 'weights'.*'weight'"):
         get_sensitivity_of_nodes(setup.engine, node_type="weights")
