@@ -229,9 +229,9 @@ def fit_label(text, width):
 
 
 def _around(text, start, end, width, whole_start=True):
-    """``text[start:end]`` (the part that differs) in ``width`` characters with what tells it
-    apart around it: the whole start where it fits (``whole_start``), else a little of what
-    precedes it and the text's end (an operator's name), ``~`` where cut."""
+    """``text[start:end]`` (the part that differs) in ``width`` characters with what surrounds
+    it: the whole start where it fits (``whole_start``), else more of what follows than of what
+    precedes it; ``~`` where cut."""
     if whole_start and end + 1 <= width:
         return text[:end] + ("~" if end < len(text) else "")
     room = width - (end - start) - 2  # beside the core and two cuts
@@ -242,8 +242,7 @@ def _around(text, start, end, width, whole_start=True):
         a = max(0, start - (room - after + (1 if start <= room - after else 0)))
         return ("~" if a else "") + text[a:]
     left = min(start, room // 3)
-    tail = room - left
-    return ("~" if start > left else "") + text[start - left:end] + "~" + text[len(text) - tail:]
+    return ("~" if start > left else "") + text[start - left:end + room - left] + "~"
 
 
 def fit_labels(texts, width):

@@ -25,6 +25,9 @@ def plot_remedy(result, path):
     xs = [p.get("cost", p["nodes"]) for p in pts]
     ax.plot(xs, [p["value"] for p in pts], marker="o", linewidth=1.5, label=f"greedy on the search samples "
             f"({result.remedy})")
+    if pts:  # where every set starts from
+        ax.scatter(xs[:1], [pts[0]["value"]], marker="X", s=70, color="black", zorder=4,
+                   label="no remedy, on the search samples")
     moves = [r for r in result.refinements if r.get("value") is not None]
     if moves:
         ax.scatter([r["cost"] for r in moves], [r["value"] for r in moves], marker="s", s=30, color="tab:orange",
@@ -68,10 +71,18 @@ def plot_remedy(result, path):
     mark_points(ax, [(x, p["value"]) for p, x in added], colour="tab:blue")
     below = side_legend(side, ax)
     names = fit_labels([p["added"] for p, _ in added], 24)
-    lines = ["greedy additions, in order:"] + [f"{k:>2} {name} {short(p['value'])}"
-                                               for k, ((p, _), name) in enumerate(zip(added, names), 1)]
+    lines = (["greedy additions, in order:"] + [f"{k:>2} {name} {short(p['value'])}"
+                                                for k, ((p, _), name) in enumerate(zip(added, names), 1)]
+             if added else ["greedy additions: none (no remedy", "met the target on the search samples)"])
     if len(pts) - 1 > len(added):
         lines.append(f"   ... {len(pts) - 1 - len(added)} more")
+    greedy = [p["added"] for p in pts[1:]]
+    if result.nodes and list(result.nodes) != greedy[:len(result.nodes)]:  # chosen off the greedy path: named
+        chosen = fit_labels(result.nodes[:_NAMED], 24)
+        lines += ["", "chosen:"] + [f"   {name} ({result.choices.get(n, result.remedy)})"
+                                    for n, name in zip(result.nodes, chosen)]
+        if len(result.nodes) > _NAMED:
+            lines.append(f"   ... {len(result.nodes) - _NAMED} more")
     side_text(side, lines, top=below, fontsize=7.5)
     return save_figure(fig, path, tight=False)
 
