@@ -176,7 +176,8 @@ def kept_figure(store, request, folder, draw):
 
 def metric_label(metric):
     """Axis label of a metric that says which way is better."""
-    return metric.name + (" (higher is better)" if metric.higher_is_better else " (lower is better)")
+    return metric.name + (f" in {metric.units}" if metric.units else "") + (
+        " (higher is better)" if metric.higher_is_better else " (lower is better)")
 
 
 def with_side_panel(plt, figsize, ratio=(4.0, 1.35)):

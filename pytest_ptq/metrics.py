@@ -20,6 +20,7 @@ class Metric:
     higher_is_better = False
     unit = False  # a similarity of at most 1, reached by identical tensors: its loss is 1 - value
     doc = ""
+    units = ""  # what its values are measured in, where a heading should say ("dB")
 
     def new(self):
         return np.zeros(self._slots, dtype=np.float64)
@@ -103,7 +104,7 @@ class MRE(Metric):
 
 
 class SQNR(Metric):
-    name, higher_is_better, _slots = "sqnr", True, 2
+    name, higher_is_better, _slots, units = "sqnr", True, 2, "dB"
     doc = "signal to quantization noise ratio in dB: 10 log10(sum ref^2 / sum (test - ref)^2)"
 
     def update(self, s, ref, test):

@@ -22,6 +22,7 @@ from pathlib import Path
 from . import guard
 from .errors import PTQError
 from .figures import drawn_by
+from .metrics import METRICS
 from .outputs import parse_outputs, parts_note
 from .results import json_safe
 from .tables import fmt, threshold_text
@@ -350,7 +351,8 @@ def _slug(column):
 
 
 def _table(rows, columns, cls=""):
-    head = "".join(f"<th>{_e(c)}</th>" for c in columns)
+    head = "".join(f"<th>{_e(c)}" + (f" ({_e(METRICS[c].units)})" if c in METRICS and METRICS[c].units else "")
+                   + "</th>" for c in columns)
     body = "".join("<tr>" + "".join(_cell(r.get(c), _slug(c)) for c in columns) + "</tr>" for r in rows)
     return _scroll(f'<table class="{cls}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>')
 

@@ -129,6 +129,7 @@ def test_report_failing_models_first_with_tables_and_images(project, models):
     assert tests == {"test_suite.py::test_strict": "failed", "test_suite.py::test_loose": "passed"}
     outputs = rows(failed["tables"]["outputs"])
     assert float(outputs[0]["cosine-similarity"]) == pytest.approx(models["cosine"], abs=1e-6)
+    assert "sqnr (dB)" in outputs[0]  # a figure in decibels says so
     sens = models["sensitivity"]
     table = rows(failed["tables"]["sensitivity"])
     assert table[0]["node"] == min(sens, key=sens.get)

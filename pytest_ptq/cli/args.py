@@ -135,6 +135,12 @@ def add_metrics(p, what="the first sorts the ranking"):
                    help=f"metrics, {what}; one of {', '.join(METRICS)}. Default: cosine-similarity")
 
 
+def add_metric(p, what):
+    """``--metric``: one metric, for ``what``."""
+    p.add_argument("--metric", default="cosine-similarity", metavar="METRIC",
+                   help=f"{what}; one of {', '.join(METRICS)}. Default: cosine-similarity")
+
+
 def add_output_node(p):
     p.add_argument("-o", "--output-node", nargs="+", default=None, metavar="OUTPUT",
                    help="outputs to compare: a tensor, a node, or a slice 'name=out[:, 0:4]'. "

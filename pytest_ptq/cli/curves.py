@@ -40,7 +40,7 @@ def configure(p):
                         "or 'a,b' for a group. Default: everything quantized")
     g.add_argument("-nq", "--non-quantize-node", nargs="+", default=None, metavar="NODE",
                    help="one config per entry with everything but it quantized")
-    p.add_argument("--metric", default="cosine-similarity", help="Default: cosine-similarity")
+    a.add_metric(p, "the metric of the curves")
     p.add_argument("--average", action="store_true", help="plot the running mean of each curve")
     p.add_argument("--no-local", action="store_true", help="skip the local error markers")
     a.add_save_dir(p)

@@ -46,8 +46,7 @@ def configure(p):
     p.add_argument("--expect-std", type=a.number, nargs="+", default=None, metavar="S",
                    help="per-channel standard deviations correctly preprocessed data should have (one number: every "
                    "channel)")
-    p.add_argument("--metric", default="cosine-similarity",
-                   help="metric for the held-out comparison. Default: cosine-similarity")
+    a.add_metric(p, "metric for the held-out comparison")
     p.add_argument("--threshold", type=a.number, default=None,
                    help="value of --metric the quantized model must keep. Default: 0.99 for cosine-similarity")
     a.add_json(p)

@@ -114,9 +114,7 @@ def configure(p):
     g.add_argument("--target", type=a.number, default=None, metavar="V",
                    help="value of --metric the outputs must reach (instead of --target-cosine); with --evaluate, "
                         "the task score the quantized model must reach")
-    p.add_argument("--metric", default="cosine-similarity",
-                   help="metric for --target; with --evaluate, the output metric that ranks nodes. "
-                        "Default: cosine-similarity")
+    a.add_metric(p, "metric for --target; with --evaluate, the output metric that ranks nodes")
     p.add_argument("--heldout", default=None, metavar="DIR",
                    help="held-out data (layouts of DATA): a set is accepted only when it meets the target there. "
                         "Default: the calibration samples the search did not choose on (beyond --data-num, "
