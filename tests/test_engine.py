@@ -1112,8 +1112,9 @@ def test_pairs_inside_a_branch_are_named_as_what_parts_the_bypassed_graph_from_f
     qpath, fpath, data = _relu_into_if(tmp_path, inner_pairs=True)
     engine = Engine(qpath, data, float_model=fpath)
     assert engine.rewrite is not None and engine.rewrite["cosine"] < 0.9999
-    assert engine.rewrite["changes"] == ("the 2 QuantizeLinear/DequantizeLinear node(s) inside the subgraphs of If "
-                                         "'choose' stay quantized in every configuration, the bypassed graph included")
+    assert engine.rewrite["changes"] == ("the 2 quantized node(s) (1 QuantizeLinear, 1 DequantizeLinear) inside the "
+                                         "subgraphs of If 'choose' stay quantized in every configuration, the bypassed "
+                                         "graph included")
 
 
 def test_a_sample_whose_outputs_are_rounding_noise_is_no_evidence_of_a_rewrite(tmp_path):

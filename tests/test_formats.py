@@ -818,3 +818,27 @@ def test_a_remedy_names_the_float_tensor_a_qoperator_files_dequantizelinear_kept
     model = onnx.load(str(again))
     zp = next(n.input[2] for n in model.graph.node if n.op_type == "QuantizeLinear" and n.input[0] == "lr")
     assert next(i for i in model.graph.initializer if i.name == zp).data_type == TensorProto.UINT16
+
+
+def test_integer_ops_inside_a_branch_are_named_as_not_analysed(tmp_path, capsys):
+    """quantize_dynamic with EnableSubgraph quantizes an If branch's MatMul into a
+    MatMulInteger, which no note named: the float reference kept it quantized in silence."""
+    rng = np.random.default_rng(0)
+    wi, wo = (numpy_helper.from_array(rng.standard_normal((6, 6)).astype(np.float32), n) for n in ("wi", "wo"))
+    vi = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [2, 6]) for n in ("t", "t2", "x", "y")]
+    then_g = helper.make_graph([helper.make_node("MatMul", ["x", "wi"], ["t"], name="then_mm")], "then", [], [vi[0]], [wi])
+    else_g = helper.make_graph([helper.make_node("Neg", ["x"], ["t2"], name="else_neg")], "else", [], [vi[1]])
+    nodes = [helper.make_node("ReduceSum", ["x"], ["s"], keepdims=0, name="rsum"),
+             helper.make_node("Greater", ["s", "z"], ["c"], name="gt"),
+             helper.make_node("If", ["c"], ["o"], then_branch=then_g, else_branch=else_g, name="iff"),
+             helper.make_node("MatMul", ["o", "wo"], ["y"], name="mm")]
+    graph = helper.make_graph(nodes, "g", [vi[2]], [vi[3]], [wo, numpy_helper.from_array(np.float32(0), "z")])
+    fpath = tmp_path / "f.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8), fpath)
+    q = fm.quantize_dyn(fpath, tmp_path / "q.onnx", extra_options={"EnableSubgraph": True})
+    inner = [b.op_type for n in onnx.load(str(q)).graph.node if n.op_type == "If"
+             for a in n.attribute for b in a.g.node]
+    assert "MatMulInteger" in inner  # the case
+    assert main(["list-nodes", str(q)]) == 0
+    assert "1 quantized node(s) (1 MatMulInteger) inside the subgraphs of If 'iff' are not analysed" in \
+        capsys.readouterr().out

@@ -770,7 +770,8 @@ def test_pairs_inside_a_branch_are_named_as_not_analysed(project, capsys):
                                                       then_branch=branch("_t"), else_branch=branch("_e")))
     onnx.save(model, str(project / "branch.onnx"))
     assert main(["list-nodes", "branch.onnx"]) == 0
-    assert ("4 QuantizeLinear/DequantizeLinear node(s) inside the subgraphs of If 'gate' are not analysed"
+    assert ("4 quantized node(s) (2 QuantizeLinear, 2 DequantizeLinear) inside the subgraphs of If 'gate' are not "
+            "analysed"
             in capsys.readouterr().out)
 
 

@@ -260,7 +260,7 @@ def test_a_model_computing_inside_control_flow_is_told_so(tmp_path):
     s, z = (numpy_helper.from_array(np.array(v, t), n) for v, t, n in ((0.1, np.float32, "s"), (0, np.uint8, "z")))
     model = _if_model([helper.make_node("QuantizeLinear", ["x", "s", "z"], ["q"]),
                        helper.make_node("DequantizeLinear", ["q", "s", "z"], ["d"])], [s, z])
-    with pytest.raises(NotQuantized, match="its 2 QuantizeLinear/DequantizeLinear node.s. are all inside the "
+    with pytest.raises(NotQuantized, match="its 2 quantized node.s. are all inside the "
                                            "subgraphs of its If node 'gate'"):
         QuantModel(model)
 

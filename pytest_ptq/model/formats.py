@@ -66,6 +66,8 @@ FUSED_DYNAMIC = ("DynamicQuantizeLinear", "DynamicQuantizeMatMul", "MatMulIntege
 # the weight-only ones among them (MatMulNBits: int4 blocks packed in uint8).
 UNSUPPORTED = ("QEmbedLayerNormalization", "QMoE", "MatMulNBits", "MatMulBnb4", "GatherBlockQuantized")
 WEIGHT_ONLY_OPS = ("MatMulNBits", "MatMulBnb4", "GatherBlockQuantized")
+# Every op that computes on quantized values or makes them, in any format
+QUANTIZED_OPS = frozenset(("QuantizeLinear", "DequantizeLinear", *QLINEAR, *INTEGER, *FUSED_DYNAMIC, *UNSUPPORTED))
 
 # Ops that only move quantized values (their output is on the input's grid): they run on the
 # dequantized tensor and their output keeps the input's scale and zero point.

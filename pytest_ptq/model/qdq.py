@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections import defaultdict
+from collections import Counter, defaultdict
 
 import numpy as np
 import onnx
@@ -473,27 +473,31 @@ class QuantModel:
         self.output_names = [o.name for o in kept]
 
     def _control_flow(self):
-        """``[(node, nodes inside, Q/DQ nodes inside)]`` of the main graph's If/Loop/Scan nodes,
-        nested subgraphs included."""
+        """``[(node, nodes inside, quantized nodes inside)]`` of the main graph's If/Loop/Scan
+        nodes, nested subgraphs included; the quantized ones (:data:`.formats.QUANTIZED_OPS`:
+        Q/DQ, a QOperator or dynamic file's integer ops) as a Counter of op types."""
         def inside(node):
-            nodes = qdq = 0
+            nodes, quantized = 0, Counter()
             for g in subgraphs(node):
                 for n in g.node:
                     deeper = inside(n)
                     nodes += 1 + deeper[0]
-                    qdq += (n.op_type in ("QuantizeLinear", "DequantizeLinear")) + deeper[1]
-            return nodes, qdq
+                    quantized += deeper[1] + Counter([n.op_type] if n.op_type in formats.QUANTIZED_OPS
+                                                                 else [])
+            return nodes, quantized
 
         return [(n, *inside(n)) for n in self.model.graph.node if has_subgraphs(n)]
 
     def inner_qdq(self):
-        """``"N QuantizeLinear/DequantizeLinear node(s) inside the subgraphs of If 'x'"``, or ""
-        where no subgraph holds any: they stay as stored in every configuration."""
+        """``"N quantized node(s) (2 QuantizeLinear, 2 DequantizeLinear) inside the subgraphs of
+        If 'x'"``, or "" where no subgraph holds any: they stay as stored in every
+        configuration."""
         holders = [h for h in self._control_flow() if h[2]]
         if not holders:
             return ""
-        return (f"{sum(h[2] for h in holders)} QuantizeLinear/DequantizeLinear node(s) inside the subgraphs of "
-                f"{holders[0][0].op_type} {holders[0][0].name!r}"
+        ops = sum((h[2] for h in holders), Counter())
+        return (f"{sum(ops.values())} quantized node(s) ({', '.join(f'{n} {op}' for op, n in ops.most_common())}) "
+                f"inside the subgraphs of {holders[0][0].op_type} {holders[0][0].name!r}"
                 + (f" and {len(holders) - 1} other control-flow node(s)" if len(holders) > 1 else ""))
 
     def _note_inner_pairs(self):
@@ -511,13 +515,13 @@ class QuantModel:
         holders = self._control_flow()
         if not holders:
             return None
-        inner, qdq = sum(h[1] for h in holders), sum(h[2] for h in holders)
+        inner, qdq = sum(h[1] for h in holders), sum(sum(h[2].values()) for h in holders)
         if not qdq and inner * 2 < len(self.model.graph.node) + inner:
             return None
         big = max(holders, key=lambda h: h[1])[0]
         where = (f"the subgraphs of its {big.op_type} node {big.name!r}" +
                  (f" and {len(holders) - 1} other control-flow node(s)" if len(holders) > 1 else ""))
-        found = (f"its {qdq} QuantizeLinear/DequantizeLinear node(s) are all inside {where}" if qdq else
+        found = (f"its {qdq} quantized node(s) are all inside {where}" if qdq else
                  f"{inner} of its {len(self.model.graph.node) + inner} nodes are inside {where}, which "
                  "onnxruntime's quantize_static and quantize_dynamic leave in float")
         return (f"model {self.source!r} has no QuantizeLinear/DequantizeLinear pairs in its main graph: {found}; "
