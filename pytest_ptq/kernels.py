@@ -43,8 +43,15 @@ def saturating_nodes(qm):
         consumers = {c for w in _wide_qdq_weights(qm) for c in w.consumers}
         fed = {n for c in qm.calibration.values() if c.is_activation and c.bit == 8
                and c.qtype in (TensorProto.UINT8, TensorProto.INT8) for n in c.consumers}
-        return [n.name for n in qm.model.graph.node if n.name in consumers and n.name in fed]
+        return [n.name for n in qm.model.graph.node
+                if n.op_type in _FUSED_PRODUCTS and n.name in consumers and n.name in fed]
     return [(node.name or node.output[0]) for node, _ in _wide_integer_ops(qm.as_given().graph)]
+
+
+# The ops whose Q/DQ onnxruntime fuses into kernels of integer products (QLinearConv,
+# QLinearConvTranspose, QLinearMatMul, QGemm); a BatchNormalization or an Add between pairs
+# runs in float, whatever its scale's type
+_FUSED_PRODUCTS = ("Conv", "ConvTranspose", "MatMul", "Gemm")
 
 
 def _wide_qdq_weights(qm):

@@ -842,3 +842,29 @@ def test_integer_ops_inside_a_branch_are_named_as_not_analysed(tmp_path, capsys)
     assert main(["list-nodes", str(q)]) == 0
     assert "1 quantized node(s) (1 MatMulInteger) inside the subgraphs of If 'iff' are not analysed" in \
         capsys.readouterr().out
+
+
+def test_a_batch_normalization_between_pairs_is_not_named_as_running_integer_products(tmp_path):
+    """A BatchNormalization quantize_static quantizes, scale and input, runs in float when
+    onnxruntime loads the file; the saturation warning named it beside the Convs."""
+    from pytest_ptq.kernels import saturating_nodes
+
+    rng = np.random.default_rng(0)
+    c = 8
+    inits = [numpy_helper.from_array((rng.standard_normal((c, 3, 3, 3)) * 0.3).astype(np.float32), "w"),
+             numpy_helper.from_array((rng.standard_normal(c) * 3).astype(np.float32), "gamma"),
+             numpy_helper.from_array(rng.standard_normal(c).astype(np.float32), "beta"),
+             numpy_helper.from_array(rng.standard_normal(c).astype(np.float32), "mean"),
+             numpy_helper.from_array((rng.random(c) + 0.5).astype(np.float32), "var")]
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+             helper.make_node("BatchNormalization", ["c", "gamma", "beta", "mean", "var"], ["b"], name="bn"),
+             helper.make_node("Relu", ["b"], ["y"], name="relu")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, c, 8, 8])], inits)
+    fpath = tmp_path / "f.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8), fpath)
+    data = {"x": [rng.standard_normal((1, 3, 8, 8)).astype(np.float32) for _ in range(2)]}
+    q = builders.quantize(fpath, tmp_path / "q.onnx", data, keep_float=False)
+    qm = QuantModel(str(q))
+    assert {n for c_ in qm.calibration.values() if c_.kind == "weight" for n in c_.consumers} >= {"conv", "bn"}
+    assert saturating_nodes(qm) == ["conv"]
