@@ -370,6 +370,10 @@ def test_naming_an_integer_output_warns_that_a_metric_cannot_judge_ids(tmp_path)
         warnings.simplefilter("error")
         assert [s.name for s in parse_outputs(["logits"], qm)] == ["logits"]
         assert [s.name for s in parse_outputs(None, qm)] == ["logits"]  # the default leaves ids out
+    # and says so, where README promises what is left out is never left out in silence
+    assert [n for n in qm.notes if "'cls'" in n] == [
+        "model output 'cls' holds int64 values (a mask or ids?), which no output metric can weigh: the comparisons "
+        "judge the float outputs; name it (output_node / --output-node) to compare it all the same"]
 
 
 def test_an_empty_output_list_is_refused_naming_the_outputs(tmp_path):

@@ -401,6 +401,7 @@ class QuantModel:
                 f"model {self.source!r} has no QuantizeLinear/DequantizeLinear pairs; pass the calibrated QDQ model "
                 "(quantize_static with QuantFormat.QDQ), not the float one"))
         self._drop_unchanging_outputs()
+        self._note_unjudged_outputs()
         self._note_inner_pairs()
         self._mark_on_grid()
         self.float_weights = {}
@@ -471,6 +472,19 @@ class QuantModel:
         del graph.output[:]
         graph.output.extend(kept)
         self.output_names = [o.name for o in kept]
+
+    def _note_unjudged_outputs(self):
+        """A note for each output the comparisons leave out by default (a bool mask, integer
+        ids: see :func:`~pytest_ptq.outputs.parse_outputs`), where float outputs are judged."""
+        if not any(self.is_float_tensor(n) for n in self.output_names):
+            return
+        for n in self.output_names:
+            t = self.value_types.get(n)
+            if not self.is_float_tensor(n):
+                what = onnx.TensorProto.DataType.Name(t).lower() if t is not None else "non-float"
+                self.notes.append(f"model output {n!r} holds {what} values (a mask or ids?), which no output metric "
+                                  "can weigh: the comparisons judge the float outputs; name it (output_node / "
+                                  "--output-node) to compare it all the same")
 
     def _control_flow(self):
         """``[(node, nodes inside, quantized nodes inside)]`` of the main graph's If/Loop/Scan
