@@ -247,10 +247,10 @@ def _distribution_figures(analysis, sens, metric, top, blamed, boxed):
                 if d.get("kind") == "node":
                     rank += ("; the figure's cosine is this node's own output with every pair quantized, error "
                              "accumulated from upstream included")
-                images.append(_image(draw_distribution(d, tmp), f"Distribution of {node} ({rank})"))
+                images.append(_image(draw_distribution(d, tmp, boxes.get(node)), f"Distribution of {node} ({rank})"))
                 c = blamed.get(node)
                 if c and c in dist and c != node:
-                    images.append(_image(draw_distribution(dist[c], tmp), f"Distribution of {c}, the "
+                    images.append(_image(draw_distribution(dist[c], tmp, boxes.get(c)), f"Distribution of {c}, the "
                                          f"{dist[c]['kind']} input of {node} that its 'why' is about"))
                 if c in boxes and "skipped" not in boxes[c]:
                     images.append(_image(draw_channelwise(boxes[c], tmp), f"Channels of {c}, the input of {node} "

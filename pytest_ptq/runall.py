@@ -203,7 +203,7 @@ def _runall(engine, out, metrics, output_node, node_type, data_num, top, axis, p
         shown = (data_num, tuple(dist_nodes), tuple(box_nodes), axis)
         for d in dist.values():
             d["png"] = kept_figure(cache, ("runall distribution", *shown, d["node"]), out / "distributions",
-                                   lambda folder, d=d: draw_distribution(d, folder))
+                                   lambda folder, d=d: draw_distribution(d, folder, boxes.get(d["node"])))
         for d in boxes.values():
             if "skipped" not in d:
                 d["png"] = kept_figure(cache, ("runall channels", *shown, d["node"]), out / "channelwise",

@@ -898,3 +898,26 @@ def test_outlier_channels_spanning_decades_get_a_symlog_axis_and_their_colour(tm
     assert [sorted(o[0] for o in c.get_offsets()) for c in orange] == [[4.0, 10.0]]  # channels 3 and 9 at x = k + 1
     # a tensor without such a channel keeps its linear axis
     assert channelwise.symlog_threshold(_box_stats(rng.uniform(0, 10, (1, 16, 8, 8)))) is None
+
+
+def test_a_distribution_heading_agrees_with_its_channels(tmp_path, monkeypatch):
+    """runall's histogram of an activation read "the range fits the data" while its box plot
+    and the summary said outlier channels starve the rest under the per-tensor scale."""
+    from pytest_ptq import runall as runall_mod
+    from pytest_ptq.channelwise import reading as channel_reading
+
+    data = builders.samples(2)
+    fp = builders.conv_net(tmp_path / "float.onnx", outlier_channel=3)
+    q = builders.quantize(fp, tmp_path / "q.onnx", data)
+    engine = Engine(str(q), data, float_model=str(fp))
+    act = engine.qmodel.calibration["c1_QuantizeLinear"]  # the planted channel's conv output
+    dist, boxes = distribution.collect(engine, [act.name], [act.name])
+    d, box = dist[act.name], boxes[act.name]
+    assert box["outlier_channels"] == [3] and not d["per_channel"]  # the case
+    assert readings.activation_reading(d, box) == channel_reading(box)
+    drawn = {}
+    real = runall_mod.draw_distribution
+    monkeypatch.setattr(runall_mod, "draw_distribution",
+                        lambda d, folder, box=None: drawn.setdefault(d["node"], box) or real(d, folder, box))
+    runall_mod.runall(engine, save_dir=tmp_path / "out", top=3, progress=False)
+    assert drawn.get("c1_QuantizeLinear") is not None  # its histogram drawn with its channels

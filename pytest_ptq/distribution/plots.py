@@ -58,7 +58,7 @@ def _margins(fig, heading, height, extra=0.0):
     fig.subplots_adjust(left=0.95 / width, right=1 - 0.2 / width, bottom=0.5 / height, top=top, wspace=0.18)
 
 
-def _plot_activation(d, path, title):
+def _plot_activation(d, path, title, box=None):
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(10, 4.8), dpi=100)
     _stairs(ax, d["hist"], "float input (named in the title)", "#4c72b0")
@@ -85,7 +85,7 @@ def _plot_activation(d, path, title):
     ax.legend(loc="upper right", fontsize=8)
     ax.grid(True, alpha=0.3)
     # centred over the axes, which sit 0.75 in right of the figure's centre (margins 0.95 and 0.2)
-    heading = wrap(title, 10 - 0.75) + "\n" + wrap(activation_reading(d), 10 - 0.75)
+    heading = wrap(title, 10 - 0.75) + "\n" + wrap(activation_reading(d, box), 10 - 0.75)
     ax.set_title(heading, fontsize=10)
     _margins(fig, heading, 4.8)
     save_figure(fig, path, tight=False)
@@ -142,14 +142,15 @@ def _plot_pair(d, path, title, left_a, left_b, labels, note=None):
 
 
 @drawing
-def draw_distribution(d, save_dir):
-    """Write one node's distribution PNG under ``save_dir``; returns its path."""
+def draw_distribution(d, save_dir, box=None):
+    """Write one node's distribution PNG under ``save_dir``; returns its path. ``box``: the
+    node's channel statistics, where drawn, whose reading the heading then agrees with."""
     path = Path(save_dir) / f"distribution_{file_stem(d['node'])}.png"
     if d["kind"] in ("activation", "dynamic"):
         where = "per channel" if d["per_channel"] else ("per run" if d["kind"] == "dynamic" else "per tensor")
         title = (f"{d['node']}: activation input '{d['tensor']}' in the float model, {d['samples']} sample(s) "
                  f"- {d['dtype']} ({d['bit']}-bit, {where})")
-        _plot_activation(d, path, title)
+        _plot_activation(d, path, title, box)
     elif d["kind"] == "weight":
         where = f"per channel (axis {d['axis']})" if d["per_channel"] else "per tensor"
         known = d["compared_against"] == "float weight"

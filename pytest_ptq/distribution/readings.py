@@ -103,8 +103,12 @@ def constant(d):
     return d.get("count", 0) > 1 and d.get("min") is not None and d["min"] == d.get("max")
 
 
-def activation_reading(d):
-    """One line saying what an activation's histogram means for quantization."""
+def activation_reading(d, box=None):
+    """One line saying what an activation's histogram means for quantization; with its
+    channels' ``box`` statistics, their outlier channels first where a per-tensor scale holds
+    them (the pooled histogram can look well fitted while most channels starve)."""
+    if box and "skipped" not in box and box.get("outlier_channels") and not d.get("per_channel"):
+        return channel_reading(box)
     if d.get("effective_clipped_share", 0) > CLIP_SHARE:
         return (f"{100 * d['effective_clipped_share']:.2f}% of values fall outside the calibration range and "
                 f"are clipped -> recalibrate with a wider range{_or_wider(d)}")
