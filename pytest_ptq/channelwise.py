@@ -258,8 +258,10 @@ def lost_bits(ratio):
 
 
 @drawing
-def plot_channels(stats, path, title):
-    """Write the box plot of ``stats`` (:meth:`ChannelStats.result` plus the node's fields) to ``path``."""
+def plot_channels(stats, path, title, marked=None):
+    """Write the box plot of ``stats`` (:meth:`ChannelStats.result` plus the node's fields) to
+    ``path``; ``marked``: ``{channel: what}`` for channels a reading names beside the outliers
+    (shown among the widest where only those are drawn)."""
     plt = pyplot()
     from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
@@ -272,7 +274,7 @@ def plot_channels(stats, path, title):
         summary = False
     else:
         widest = list(np.argsort(-np.asarray(stats["max_abs"]), kind="stable")[:48])
-        groups = [sorted(int(k) for k in widest)]
+        groups = [sorted({int(k) for k in widest} | {k for k in marked or {} if 0 <= k < C})]
         summary = True
     rows = len(groups) + (1 if summary else 0)
     width = max(8.0, min(18.0, 2.5 + 0.22 * max(len(g) for g in groups)))
@@ -302,6 +304,12 @@ def plot_channels(stats, path, title):
     for ax, group in zip(axes[1:] if summary else axes, groups):
         _boxes(ax, stats, group, outliers)
         _range_lines(ax, stats, group, lo, hi, span)
+        for k, what in (marked or {}).items():
+            if k in group:
+                x, top = group.index(k) + 1, stats["max"][k]
+                ax.plot([x], [top], marker="v", color=_MARKED, markersize=8, zorder=6, linestyle="none")
+                ax.annotate(f"{k}: {what}", (x, top), xytext=(0, 9), textcoords="offset points", ha="center",
+                            fontsize=7, color=_MARKED, zorder=6)
         ax.tick_params(axis="x", labelsize=7 if len(group) > 32 else 9, rotation=90 if len(group) > 32 else 0)
         ax.set_xlabel("channel (widest 48, by index)" if summary else f"channel (axis {stats['axis']})")
         ax.grid(True, axis="y", alpha=0.3)
@@ -319,12 +327,17 @@ def plot_channels(stats, path, title):
                      label=f"outlier channel (max|x| > {stats['outlier_k']:g}x median channel)")]
     if lo is not None and _drawable(lo, hi, span):
         handles.append(Line2D([], [], color="#c0392b", lw=1, ls=":", label="quantization range"))
+    if marked:
+        handles.append(Line2D([], [], color=_MARKED, marker="v", ls="none", label="channel the reading names"))
     # below the plots: inside, it would hide the tallest boxes, which are the point
     fig.legend(handles=handles, loc="lower center", bbox_to_anchor=(0.5, 0.05 / height), ncol=ncol, fontsize=7,
                frameon=False)
     fig.suptitle(heading, fontsize=10, y=1 - 0.08 / height, va="top")
     save_figure(fig, path, tight=False)
     return path
+
+
+_MARKED = "#8e44ad"  # a channel a reading names (the worst by SQNR)
 
 
 def symlog_threshold(stats):

@@ -174,8 +174,8 @@ def read_yaml(path, where):
                                 "aliases (*name); write the contract out without aliases")
         twice = _repeated_key(node)
         if twice is not None:  # YAML keeps the last silently: a pasted line would loosen a threshold unseen
-            raise ContractError(f"{where} ({path}) sets {twice.value!r} twice (again at line {twice.start_mark.line + 1}); "
-                                "keep one")
+            raise ContractError(f"{where} ({path}) sets {twice.value!r} twice (again at line "
+                                f"{twice.start_mark.line + 1}); keep one")
         return loader.construct_document(node)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)

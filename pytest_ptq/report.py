@@ -253,8 +253,8 @@ def _distribution_figures(analysis, sens, metric, top, blamed, boxed):
                     images.append(_image(draw_distribution(dist[c], tmp, boxes.get(c)), f"Distribution of {c}, the "
                                          f"{dist[c]['kind']} input of {node} that its 'why' is about"))
                 if c in boxes and "skipped" not in boxes[c]:
-                    images.append(_image(draw_channelwise(boxes[c], tmp), f"Channels of {c}, the input of {node} "
-                                         "whose channels its 'why' is about"))
+                    images.append(_image(draw_channelwise(boxes[c], tmp, dist.get(c)),
+                                         f"Channels of {c}, the input of {node} whose channels its 'why' is about"))
     except (PTQError, TypeError, ValueError) as exc:
         return images, f"distributions not shown: {exc}"
     return images, None

@@ -207,7 +207,7 @@ def _runall(engine, out, metrics, output_node, node_type, data_num, top, axis, p
         for d in boxes.values():
             if "skipped" not in d:
                 d["png"] = kept_figure(cache, ("runall channels", *shown, d["node"]), out / "channelwise",
-                                       lambda folder, d=d: draw_channelwise(d, folder))
+                                       lambda folder, d=d: draw_channelwise(d, folder, dist.get(d["node"])))
         files["distributions"] = [d["png"] for d in dist.values()]
         files["channelwise"] = [d["png"] for d in boxes.values() if "skipped" not in d]
         for kind, stem in (("distributions", "distribution_"), ("channelwise", "channelwise_")):
@@ -566,7 +566,8 @@ def markdown(summary):
                      f"`{skipped[0]}`: {first})")
     if summary["warnings"]:
         told = [warning(w) for w in summary["warnings"]]
-        lines += ["", "## Warnings", ""] + [line for w in told for line in warning_lines(w["text"], w["fix"], "- ", "  - fix: ")]
+        lines += ["", "## Warnings", ""] + [line for w in told
+                                            for line in warning_lines(w["text"], w["fix"], "- ", "  - fix: ")]
     t = summary["timings_s"]
     lines += ["", "Timings (s): " + ", ".join(f"{k} {val}" for k, val in t.items()), ""]
     return "\n".join(lines)

@@ -347,9 +347,10 @@ def _check_reference(values, feeds, i, fpath):
 
 def simulation_warnings(engine, specs=None):
     """``[warning]`` when the file, run as given on onnxruntime's integer kernels, differs
-    from the Q/DQ arithmetic every analysis simulates (:func:`simulation_gap` below :data:`SIMULATION_CLOSE`),
-    else ``[]``; the warning's first line says so, a line after it each cause (see
-    :func:`~pytest_ptq.tables.warning_lines`). ``specs``: the outputs compared (default: the engine's default outputs)."""
+    from the Q/DQ arithmetic every analysis simulates (:func:`simulation_gap` below
+    :data:`SIMULATION_CLOSE`), else ``[]``; the warning's first line says so, a line after it
+    each cause (see :func:`~pytest_ptq.tables.warning_lines`). ``specs``: the outputs compared
+    (default: the engine's default outputs)."""
     specs = parse_outputs(None, engine) if specs is None else specs
     simulated = {}  # the engine's runs, shared by every way the file is run below
     try:

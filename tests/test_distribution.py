@@ -921,3 +921,22 @@ def test_a_distribution_heading_agrees_with_its_channels(tmp_path, monkeypatch):
                         lambda d, folder, box=None: drawn.setdefault(d["node"], box) or real(d, folder, box))
     runall_mod.runall(engine, save_dir=tmp_path / "out", top=3, progress=False)
     assert drawn.get("c1_QuantizeLinear") is not None  # its histogram drawn with its channels
+
+
+def test_the_box_plot_marks_the_channel_a_weights_reading_names(tmp_path, monkeypatch):
+    """runall's reading named "channel 168 keeps only 0.0 dB SQNR" beside a box plot that marked
+    only the outlier channel 189."""
+    from pytest_ptq.distribution import plots
+
+    data = builders.samples(2)
+    fp = builders.conv_net(tmp_path / "float.onnx", outlier_channel=3)
+    engine = Engine(str(builders.quantize(fp, tmp_path / "q.onnx", data)), data, float_model=str(fp))
+    w = "w1_QuantizeLinear"
+    dist, boxes = distribution.collect(engine, [w], [w])
+    worst = dist[w]["worst_channel"]
+    assert worst is not None and worst not in boxes[w]["outlier_channels"]  # the case
+    seen = {}
+    real = plots.plot_channels
+    monkeypatch.setattr(plots, "plot_channels", lambda *a: seen.setdefault("marked", a[3]) and real(*a))
+    plots.draw_channelwise(boxes[w], tmp_path, dist[w])
+    assert list(seen["marked"]) == [worst] and f"{dist[w]['worst_channel_sqnr']:.1f} dB" in seen["marked"][worst]

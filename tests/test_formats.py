@@ -826,7 +826,8 @@ def test_integer_ops_inside_a_branch_are_named_as_not_analysed(tmp_path, capsys)
     rng = np.random.default_rng(0)
     wi, wo = (numpy_helper.from_array(rng.standard_normal((6, 6)).astype(np.float32), n) for n in ("wi", "wo"))
     vi = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [2, 6]) for n in ("t", "t2", "x", "y")]
-    then_g = helper.make_graph([helper.make_node("MatMul", ["x", "wi"], ["t"], name="then_mm")], "then", [], [vi[0]], [wi])
+    then_g = helper.make_graph([helper.make_node("MatMul", ["x", "wi"], ["t"], name="then_mm")], "then", [], [vi[0]],
+                               [wi])
     else_g = helper.make_graph([helper.make_node("Neg", ["x"], ["t2"], name="else_neg")], "else", [], [vi[1]])
     nodes = [helper.make_node("ReduceSum", ["x"], ["s"], keepdims=0, name="rsum"),
              helper.make_node("Greater", ["s", "z"], ["c"], name="gt"),

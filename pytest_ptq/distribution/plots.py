@@ -171,8 +171,10 @@ def draw_distribution(d, save_dir, box=None):
 
 
 @drawing
-def draw_channelwise(d, save_dir):
-    """Write one node's per-channel box plot under ``save_dir``; returns its path."""
+def draw_channelwise(d, save_dir, dist=None):
+    """Write one node's per-channel box plot under ``save_dir``; returns its path. ``dist``:
+    the node's distribution statistics, whose worst channel by SQNR (what a weight's reading
+    names) is marked too."""
     path = Path(save_dir) / f"channelwise_{file_stem(d['node'])}.png"
     what = "float weight" if d["kind"] == "weight" else "float input"
     if d["kind"] == "weight" and d.get("compared_against") == "dequantized weight":
@@ -181,5 +183,7 @@ def draw_channelwise(d, save_dir):
     samples = f", {d['samples']} sample(s)" if d["kind"] != "weight" else ""
     title = (f"{d['node']}: {what} '{d['tensor']}' by channel (axis {d['axis']} of {d['shape']}, "
              f"{d['channels']} channels{samples}) - {d['dtype']} {where}")
-    plot_channels(d, path, title)
+    worst = (dist or {}).get("worst_channel")
+    marked = {} if worst is None else {int(worst): f"worst SQNR, {dist['worst_channel_sqnr']:.1f} dB"}
+    plot_channels(d, path, title, marked)
     return str(path)
