@@ -869,3 +869,30 @@ def test_a_batch_normalization_between_pairs_is_not_named_as_running_integer_pro
     qm = QuantModel(str(q))
     assert {n for c_ in qm.calibration.values() if c_.kind == "weight" for n in c_.consumers} >= {"conv", "bn"}
     assert saturating_nodes(qm) == ["conv"]
+
+
+def test_a_dynamic_table_dequantized_after_the_ops_that_move_it_is_a_weight(tmp_path):
+    """quantize_dynamic stores an embedding as uint8 and dequantizes it after Gather and a
+    Transpose (before an op it does not quantize): that table was no weight node, stayed
+    quantized in the float reference, and the file was refused as unquantized when nothing
+    else was quantized."""
+    rng = np.random.default_rng(0)
+    emb = numpy_helper.from_array(rng.standard_normal((20, 8)).astype(np.float32), "emb")
+    nodes = [helper.make_node("Gather", ["emb", "ids"], ["g"], name="gather"),
+             helper.make_node("Transpose", ["g"], ["t"], perm=[1, 0, 2], name="tr"),
+             helper.make_node("Tanh", ["t"], ["y"], name="act")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("ids", TensorProto.INT64, [1, 5])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [5, 1, 8])], [emb])
+    fpath = tmp_path / "f.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), fpath)
+    q = fm.quantize_dyn(fpath, tmp_path / "q.onnx")
+    ops = [n.op_type for n in onnx.load(str(q)).graph.node]
+    assert ops == ["Gather", "Transpose", "DequantizeLinear", "Tanh"]  # the case
+    samples = {"ids": [rng.integers(0, 20, (1, 5)).astype(np.int64) for _ in range(3)]}
+    engine = Engine(str(q), samples, float_model=str(fpath))
+    assert [c.name for c in engine.qmodel.of_kind("weight")] == ["emb_DequantizeLinear"]
+    for i, ids in enumerate(samples["ids"]):
+        ref, given = run_model(fpath, {"ids": ids})["y"], run_model(q, {"ids": ids})["y"]
+        np.testing.assert_allclose(engine.run(i, ())["y"], ref, rtol=0, atol=1e-6)  # bypassed: the float model
+        np.testing.assert_allclose(engine.run(i, "all")["y"], given, rtol=0, atol=1e-6)  # quantized: the file
+        assert np.abs(given - ref).max() > 1e-3  # which differ

@@ -129,10 +129,8 @@ def formats_of(model):
         elif op in FUSED_DYNAMIC:
             found.add(DYNAMIC)
         elif op in INTEGER:
-            src = producer.get(n.input[0])
-            while src is not None and src.op_type in MOVING and src.input and src.input[0] not in inits:
-                src = producer.get(src.input[0])
-            if src is not None and src.op_type in MOVING and src.input and src.input[0] in inits:
+            src, table = _source(n.input[0], producer, inits)
+            if table:
                 # an integer table moved into it (quantize_dynamic's embedding Gather): no format of its own
                 integer_tables = True
             else:
@@ -141,6 +139,8 @@ def formats_of(model):
             # a weight in QDQ form: a lone DQ of an integer initializer read by a float op
             if any(not c.op_type.endswith("QuantizeLinear") for c in consumers.get(n.output[0], ())):
                 found.add(QDQ)
+        elif op.endswith("DequantizeLinear") and _source(n.input[0], producer, inits)[1]:
+            integer_tables = True  # quantize_dynamic's embedding, dequantized after a Gather and a Transpose
         elif op.endswith("DequantizeLinear") and n.input[0] in producer:
             q = producer[n.input[0]]
             if q.op_type.endswith("QuantizeLinear") and not q.op_type.endswith("DequantizeLinear") and any(
@@ -150,6 +150,16 @@ def formats_of(model):
     if integer_tables and not found:
         found.add(DYNAMIC)
     return tuple(f for f in (QDQ, QOPERATOR, DYNAMIC, WEIGHT_ONLY) if f in found)
+
+
+def _source(tensor, producer, inits):
+    """``(node, moved table)``: the node that made ``tensor`` before ops that only move values
+    (None for an initializer or input), and whether the first of those moves an initializer
+    (an embedding table's Gather, then a Transpose...)."""
+    src = producer.get(tensor)
+    while src is not None and src.op_type in MOVING and src.input and src.input[0] not in inits:
+        src = producer.get(src.input[0])
+    return src, src is not None and src.op_type in MOVING and bool(src.input) and src.input[0] in inits
 
 
 def to_qdq(model, source="the model", arrays=None):
@@ -298,7 +308,9 @@ class _Rewriter:
                 scale = self._table_scale(scaled[2]) if scaled is not None else None
                 if scale is not None:
                     hints.setdefault(n.input[0], (scale, n.input[2]))
-            elif n.op_type in MOVING and n.input and self.integer_constant(n.input[0]) and n.output[0] in hints:
+            elif n.op_type in MOVING and n.input and n.output[0] in hints:
+                # through a chain of them (quantize_dynamic's table read by Gather, then a
+                # Transpose, then the DequantizeLinear)
                 hints.setdefault(n.input[0], hints[n.output[0]])
         return hints
 
