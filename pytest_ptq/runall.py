@@ -61,7 +61,7 @@ from .screening import DEFAULT_BUDGET_S, DEFAULT_BUDGET_SAMPLES, screen
 from .stages import simulation_warnings
 from .tables import warning_lines
 from .sensitivity import sample_indices
-from .verdict import ALL, DOMINANT, badness, float_first, relevant, severe_reason, three_configs
+from .verdict import ALL, DOMINANT, badness, float_first, pole_cause, relevant, severe_reason, three_configs
 
 KINDS = ("weight", "activation")
 
@@ -394,7 +394,8 @@ def _origin(qm, metric, kind, name, curves):
             continue
         lb, ab = badness(metric, local), badness(metric, acc)
         own = ab == 0 or lb >= 0.5 * ab
-        return {"at": n, "local": local, "accumulated": acc, "origin": "local" if own else "inherited"}
+        return {"at": n, "local": local, "accumulated": acc, "origin": "local" if own else "inherited",
+                "pole": pole_cause(qm, n) if math.isinf(lb) else ""}
     return {"origin": None}
 
 
@@ -535,8 +536,9 @@ def markdown(summary):
         for it in (i for i in v["nodes"] if i["kind"] == t):
             origin = ""
             if it.get("origin"):
+                local = f"non-finite: {it['pole']}" if it.get("pole") else _v(it["local"])
                 origin = (f"{'bad by itself' if it['origin'] == 'local' else 'inherited'} at `{it['at']}` "
-                          f"(local {_v(it['local'])}, fully quantized {_v(it['accumulated'])})")
+                          f"(local {local}, fully quantized {_v(it['accumulated'])})")
             lines.append(f"| {it['rank']} | `{it['node']}` | {_v(it[m])} | {', '.join(it['try']) or '-'} | "
                          f"{'; '.join(it['reasons'])} | {origin} |")
         if not names:

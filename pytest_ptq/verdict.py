@@ -70,10 +70,16 @@ def severe_reason(qm, metric, name, value):
     that can make them so."""
     if not (isinstance(value, float) and math.isnan(value)):
         return f"quantizing it alone drops the output {metric} to {short(value)}"
-    pole = _pole(qm, name)
-    where = (f": it feeds {pole.op_type} {pole.name!r}, which turns {POLES[pole.op_type][0]} into Inf or NaN "
-             "(finer steps near 0: int16)" if pole else " downstream")
+    cause = pole_cause(qm, name)
+    where = f": it feeds {cause} (finer steps near 0: int16)" if cause else " downstream"
     return f"quantizing it alone makes the model outputs non-finite (NaN or Inf){where}"
+
+
+def pole_cause(qm, name):
+    """"Log 'x', which turns a value rounded to 0 or below into Inf or NaN": the first normal
+    node fed by ``name`` (or the normal node itself) that can, or ""."""
+    pole = _pole(qm, name)
+    return f"{pole.op_type} {pole.name!r}, which turns {POLES[pole.op_type][0]} into Inf or NaN" if pole else ""
 
 
 def _pole(qm, name):

@@ -441,3 +441,31 @@ def test_an_activation_loss_spread_over_many_nodes_is_said_so_and_16_bit_activat
 
     wide = builders.quantize(fp, tmp_path / "q16.onnx", data, per_channel=True, activation_type="QUInt16")
     assert loss(wide) < 0.5 * loss(q)
+
+
+def test_a_local_error_gone_non_finite_names_the_op_that_made_it(tmp_path, capsys):
+    """A Log reading a value rounded to 0 read "local nan" in runall's table and "(nan)" in
+    plot-acc-error, its cause unsaid."""
+    from pytest_ptq.cli import main
+
+    rng = np.random.default_rng(0)
+    w = np.diag(np.abs(rng.standard_normal(8)) + 0.5).astype(np.float32)  # each product reads one input
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["m"], name="mm"), helper.make_node("Log", ["m"], ["y"], name="log")],
+        "g", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 4, 8])],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 4, 8])], [onnx.numpy_helper.from_array(w, "w")])
+    fp = tmp_path / "f.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), fp)
+    # positive products, a few of them far below the range's step: they round to 0
+    data = {"x": [(np.abs(rng.standard_normal((1, 4, 8))) * np.r_[1e-5, np.ones(7) * 50]).astype(np.float32)
+                  for _ in range(4)]}
+    q = builders.quantize(fp, tmp_path / "q.onnx", data)
+    assert not np.isfinite(builders.run_model(q, {"x": data["x"][0]})["y"]).all()  # the case
+    builders.save_folder(data, tmp_path / "calib")
+    s = runall(str(q), str(tmp_path / "calib"), float_model=str(fp), save_dir=tmp_path / "out", top=3, progress=False)
+    assert "(local non-finite: Log 'log', which turns a value rounded to 0 or below into Inf or NaN" in \
+        (tmp_path / "out" / "summary.md").read_text()
+    assert any(it.get("pole") for it in s["verdict"]["nodes"])
+    assert main(["plot-acc-error", str(q), str(tmp_path / "calib"), "-q", "activation", "--float-model", str(fp),
+                 "-s", str(tmp_path / "curves"), "--quiet"]) == 0
+    assert "log (nan: Log 'log', which turns a value rounded to 0 or below into Inf or NaN)" in capsys.readouterr().out
