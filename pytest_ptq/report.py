@@ -29,6 +29,9 @@ from .tables import fmt, threshold_text
 
 # Figures wider than this are downscaled: wider than a laptop screen helps no one.
 MAX_WIDTH = 1000
+# A box plot keeps up to this width, scrolled sideways: shrunk to MAX_WIDTH, 64 channels'
+# labels were 4 pixels high
+WIDE_WIDTH = 1800
 # Embedded figures stop here; a browser handles a few MB without complaint.
 IMAGE_BUDGET = 4 * 2**20
 DISTRIBUTIONS = 3
@@ -37,14 +40,14 @@ GENERATOR = '<meta name="generator" content="pytest-ptq">'
 OUTPUT_METRICS = ["cosine-similarity", "sqnr", "mre", "chebyshev"]
 
 
-def compress_png(path):
-    """PNG bytes of the image at ``path``, downscaled to ``MAX_WIDTH`` and palette-encoded."""
+def compress_png(path, max_width=MAX_WIDTH):
+    """PNG bytes of the image at ``path``, downscaled to ``max_width`` and palette-encoded."""
     from PIL import Image
 
     with Image.open(path) as img:
         img = img.convert("RGB")
-        if img.width > MAX_WIDTH:
-            img = img.resize((MAX_WIDTH, round(img.height * MAX_WIDTH / img.width)), Image.Resampling.LANCZOS)
+        if img.width > max_width:
+            img = img.resize((max_width, round(img.height * max_width / img.width)), Image.Resampling.LANCZOS)
         # an octree palette keeps thin coloured lines apart (median cut merges them into the
         # white background's buckets) at a quarter of the RGB size
         img = img.quantize(colors=128, method=Image.Quantize.FASTOCTREE)
@@ -53,8 +56,10 @@ def compress_png(path):
     return buf.getvalue()
 
 
-def _image(path, title):
-    return {"title": title, "png": base64.b64encode(compress_png(path)).decode("ascii")}
+def _image(path, title, wide=False):
+    """``wide``: kept up to :data:`WIDE_WIDTH` and shown at that size, scrolled sideways."""
+    png = compress_png(path, WIDE_WIDTH if wide else MAX_WIDTH)
+    return {"title": title, "png": base64.b64encode(png).decode("ascii"), "wide": wide}
 
 
 def collect(session):
@@ -254,7 +259,8 @@ def _distribution_figures(analysis, sens, metric, top, blamed, boxed):
                                          f"{dist[c]['kind']} input of {node} that its 'why' is about"))
                 if c in boxes and "skipped" not in boxes[c]:
                     images.append(_image(draw_channelwise(boxes[c], tmp, dist.get(c)),
-                                         f"Channels of {c}, the input of {node} whose channels its 'why' is about"))
+                                         f"Channels of {c}, the input of {node} whose channels its 'why' is about",
+                                         wide=True))
     except (PTQError, TypeError, ValueError) as exc:
         return images, f"distributions not shown: {exc}"
     return images, None
@@ -305,6 +311,7 @@ th{background:#f3f3f3} td.num{text-align:right;font-family:ui-monospace,monospac
 pre{background:#f7f7f7;border:1px solid #ddd;padding:.6em;overflow-x:auto;font-size:.85em}
 .scroll{overflow-x:auto;max-width:100%}
 figure{margin:1em 0} figure img{max-width:100%;height:auto;border:1px solid #ddd}
+figure.wide img{max-width:none}
 figcaption{font-size:.85em;color:#555} .note{color:#8a6d00} .warning{color:#8a3d00}
 .why{border-left:4px solid #b00020;background:#fff7f7;padding:.2em 1em .5em;margin:1em 0}
 section[data-verdict=passed] .why{border-left-color:#1b7f2a;background:#f6fbf6}
@@ -536,7 +543,10 @@ def _nodes_html(m):
 
 
 def _figure(img):
-    return (f'<figure><img src="data:image/png;base64,{img["png"]}" alt="{_e(img["title"])}">'
+    tag = f'<img src="data:image/png;base64,{img["png"]}" alt="{_e(img["title"])}">'
+    if img.get("wide"):
+        tag = f'<div class="scroll">{tag}</div>'
+    return (f'<figure class="{"wide" if img.get("wide") else ""}">{tag}'
             f"<figcaption>{_e(img['title'])}</figcaption></figure>")
 
 

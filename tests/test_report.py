@@ -592,3 +592,21 @@ def test_an_interrupted_run_writes_a_page_that_says_so(project):
     page = (project.path / "report.html").read_text()
     assert "This run was interrupted before its tests finished" in page and "passing" not in page
     result.stdout.fnmatch_lines(["*the ptq report '*report.html' says the run was interrupted, and holds no results"])
+
+
+def test_a_box_plot_keeps_its_width_and_scrolls(tmp_path):
+    """Shrunk to the page's width, a box plot of 64 channels a row had labels 4 pixels high:
+    it keeps up to WIDE_WIDTH pixels, in a box that scrolls sideways."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig = plt.figure(figsize=(16.6, 4), dpi=100)
+    fig.savefig(tmp_path / "wide.png")
+    plt.close(fig)
+    for wide, width in ((True, 1660), (False, report.MAX_WIDTH)):
+        img = report._image(tmp_path / "wide.png", "t", wide=wide)
+        with Image.open(io.BytesIO(base64.b64decode(img["png"]))) as png:
+            assert png.width == width
+        assert ('<div class="scroll"><img' in report._figure(img)) == wide
