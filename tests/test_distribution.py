@@ -940,3 +940,23 @@ def test_the_box_plot_marks_the_channel_a_weights_reading_names(tmp_path, monkey
     monkeypatch.setattr(plots, "plot_channels", lambda *a: seen.setdefault("marked", a[3]) and real(*a))
     plots.draw_channelwise(boxes[w], tmp_path, dist[w])
     assert list(seen["marked"]) == [worst] and f"{dist[w]['worst_channel_sqnr']:.1f} dB" in seen["marked"][worst]
+
+
+def test_a_few_values_are_not_read_as_a_well_shaped_distribution(tmp_path):
+    """A scalar per sample, ranked on two samples, read "well shaped ... uses 2 of 256 codes"."""
+    rng = np.random.default_rng(0)
+    graph = helper.make_graph(
+        [helper.make_node("ReduceMean", ["x"], ["s"], keepdims=1, name="mean"),
+         helper.make_node("Mul", ["x", "s"], ["y"], name="mul")],
+        "g", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 64])],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 64])])
+    fp = tmp_path / "f.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), fp)
+    data = {"x": [(rng.standard_normal((1, 64)) + 1).astype(np.float32) for _ in range(2)]}
+    engine = Engine(str(builders.quantize(fp, tmp_path / "q.onnx", data)), data, float_model=str(fp))
+    name = next(c.name for c in engine.qmodel.of_kind("activation") if c.input == "s")
+    d = distribution.collect(engine, [name], [])[0][name]
+    assert d["count"] == 2  # the case
+    assert readings.activation_reading(d).startswith("only 2 value(s) on these samples")
+    tries, reasons = readings.advise(d)
+    assert "well shaped" not in " ".join(reasons) and "rank on more samples" in reasons[-1]

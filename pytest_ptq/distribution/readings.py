@@ -69,6 +69,17 @@ def beyond_int16(d):
 # A magnitude no real activation reaches: float32's extremes (3.4e38) and the -1e9 style
 # fills that masks use as minus infinity.
 FILL_MAGNITUDE = 1e8
+# Fewer values than this (a scalar per sample, on a few samples) show no distribution to judge
+FEW_VALUES = 32
+
+
+def too_few(d):
+    """``"only 2 values on these samples ..."`` where an activation holds too few values for
+    its histogram to say how its range fits them, else ""."""
+    n = d.get("count", 0)
+    if n >= FEW_VALUES or constant(d):
+        return ""
+    return f"only {n} value(s) on these samples (a few per sample): too few to judge how the range fits them"
 
 
 def _far(d):
@@ -119,6 +130,8 @@ def activation_reading(d, box=None):
     if constant(d):
         return (f"every value is {d['min']:.6g} on every sample (a constant, such as a weight behind an Identity): "
                 f"one code, off by at most half a step ({d['scale'] / 2:.3g}) -> harmless")
+    if too_few(d):
+        return too_few(d)
     levels = bulk_codes(d)
     if starved(d):
         few = f"99.9% of values fall on only {levels:.0f} of the {d.get('levels', 2 ** d['bit'])} codes"
@@ -221,12 +234,15 @@ def advise_activation(d, box=None):
     if d.get("effective_clipped_share", 0) > CLIP_SHARE:
         tries += ["recalibrate", *_wider_list(d)]
         reasons.append(activation_reading(d))
-    elif not constant(d) and starved(d):
+    elif not constant(d) and not too_few(d) and starved(d):
         tries += ["keep in float" if beyond_int16(d) else wider(d) or "keep in float", "fix the model"]
         reasons.append(activation_reading(d))
     if not tries and unused_below_zero(d) is not None:
         tries = [*_wider_list(d), "keep in float"]
         reasons.append(activation_reading(d))
+    if not tries and too_few(d):
+        tries = [*_wider_list(d), "keep in float"]
+        reasons.append(too_few(d) + "; rank on more samples to read its range")
     if not tries:
         tries = [*_wider_list(d), "keep in float"]
         clipped = d.get("effective_clipped_share", 0)
