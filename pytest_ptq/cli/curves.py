@@ -24,10 +24,12 @@ def run(args):
                             progress=not args.quiet)
     # the model's outputs, not the last operator run (a side branch, as often as not)
     ends = [k for k, t in enumerate(curves.tensors) if t in engine.model_outputs] or [len(curves.nodes) - 1]
+    def shown(node, v):  # a NaN where an op turns a value rounded to 0 into Inf (a Log): said, not bare
+        cause = pole_cause(engine.qmodel, node) if v != v else ""
+        return f"{node} ({v:.6g}{': ' + cause if cause else ''})"
+
     for label in curves.values:
-        # a NaN where an op turns a value rounded to 0 into Inf (a Log): said, not shown bare
-        worst = ", ".join(f"{n} ({v:.6g}" + (f": {pole_cause(engine.qmodel, n)}" if v != v and pole_cause(
-            engine.qmodel, n) else "") + ")" for n, v in curves.worst(label))
+        worst = ", ".join(shown(n, v) for n, v in curves.worst(label))
         at = ", ".join(f"{curves.tensors[k]} {curves.values[label][k]:.6g}" for k in ends)
         print(f"{label}: {curves.metric} at the output{'s' if len(ends) > 1 else ''} {at}; worst at {worst}")
     print(f"wrote {curves.png}")

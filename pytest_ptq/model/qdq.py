@@ -496,8 +496,9 @@ class QuantModel:
                 for n in g.node:
                     deeper = inside(n)
                     nodes += 1 + deeper[0]
-                    quantized += deeper[1] + Counter([n.op_type] if n.op_type in formats.QUANTIZED_OPS
-                                                                 else [])
+                    quantized += deeper[1]
+                    if n.op_type in formats.QUANTIZED_OPS:
+                        quantized[n.op_type] += 1
             return nodes, quantized
 
         return [(n, *inside(n)) for n in self.model.graph.node if has_subgraphs(n)]
