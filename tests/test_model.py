@@ -438,3 +438,31 @@ def test_a_model_proto_gives_the_engine_of_its_file_without_a_second_copy_of_its
     for name in from_file:
         assert from_proto[name]["cosine-similarity"] == pytest.approx(from_file[name]["cosine-similarity"], abs=1e-7)
     assert proto.SerializeToString() == before
+
+
+def test_a_float_body_beside_quantized_nodes_is_named(tmp_path):
+    """A Loop or If body the quantizer left in float beside a quantized main graph (a table
+    recogniser's attention decoder in a Loop) went unmentioned."""
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, quantize_static
+
+    rng = np.random.default_rng(0)
+    w = numpy_helper.from_array(rng.standard_normal((8, 8)).astype(np.float32), "w")
+    chain = [helper.make_node("Tanh", ["m" if k == 0 else f"t{k - 1}"], [f"t{k}"]) for k in range(12)]
+    branch_model = _if_model([helper.make_node("Identity", ["m"], ["m_in"])] + chain, [])
+    graph = branch_model.graph
+    graph.node.insert(0, helper.make_node("MatMul", ["x", "w"], ["m"], name="mm"))
+    graph.initializer.append(w)
+
+    class Reader(CalibrationDataReader):
+        def __init__(self):
+            self.it = iter([{"x": rng.standard_normal((1, 8)).astype(np.float32), "flag": np.array(True)}])
+
+        def get_next(self):
+            return next(self.it, None)
+
+    onnx.save(branch_model, tmp_path / "f.onnx")
+    quantize_static(str(tmp_path / "f.onnx"), str(tmp_path / "q.onnx"), Reader(), quant_format=QuantFormat.QDQ)
+    notes = QuantModel(str(tmp_path / "q.onnx")).notes
+    assert [n for n in notes if "stay in float" in n] == [
+        "the 14 nodes inside the subgraphs of If 'gate' stay in float (the quantizer left them so): the analyses rank "
+        "the main graph's pairs, among them those feeding the If, whose error it carries on"]

@@ -36,6 +36,8 @@ ROW_BLOCK = 1 << 18
 STANDARD_DOMAINS = ("", "ai.onnx", "com.microsoft", "ai.onnx.ml")
 FLOAT_TYPES = (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE, onnx.TensorProto.BFLOAT16)
 HALF_TYPES = (onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16)  # 16-bit floats
+# An If/Loop/Scan with this many float nodes inside, beside quantized ones outside, is named
+FLOAT_BODY = 10
 
 
 def is_q(node):
@@ -517,11 +519,17 @@ class QuantModel:
 
     def _note_inner_pairs(self):
         """A note where Q/DQ nodes live in subgraphs beside the main graph's pairs: the analyses
-        see the main graph's only."""
+        see the main graph's only; and where a subgraph of many nodes stays float beside them
+        (onnxruntime's quantizers leave If/Loop/Scan bodies so), whose inputs are quantized."""
         inner = self.inner_qdq()
         if inner:
             self.notes.append(f"{inner} are not analysed: the rankings, curves and verdicts cover the main graph's "
                               "pairs only (export the branch inline to analyse it)")
+        for node, nodes, quantized in self._control_flow():
+            if not quantized and nodes >= FLOAT_BODY:
+                self.notes.append(f"the {nodes} nodes inside the subgraphs of {node.op_type} {node.name!r} stay in "
+                                  "float (the quantizer left them so): the analyses rank the main graph's pairs, among "
+                                  f"them those feeding the {node.op_type}, whose error it carries on")
 
     def _inside_control_flow(self):
         """Why a model without pairs in its main graph is not the float one, where most of its
