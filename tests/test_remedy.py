@@ -112,6 +112,12 @@ def test_per_channel_finds_the_outlier_weight_and_onnxruntime_agrees(outlier, tm
     assert r.measured["baseline_value"] == pytest.approx(r.baseline, abs=1e-6)
     assert (tmp_path / "remedy_per-channel.png").stat().st_size > 10_000
     assert "reproduces" not in r.measured and not any("does not reproduce" in n for n in r.notes)
+    # tensors beyond the chosen ones that the settings reach: said to move the figure only where it moved
+    r.measured["collateral"] = ["c2"]
+    r.measured["value"] = r.value
+    assert "which moves the re-quantized figure by nothing measurable" in r.summary()
+    r.measured["value"] = r.value - 1e-3
+    assert "so the re-quantized figure differs from the simulation" in r.summary()
 
 
 def test_a_model_calibrated_on_other_data_is_told_apart_from_its_requantization(outlier, tmp_path):

@@ -206,7 +206,7 @@ def measure(parts, objective, float_model, result, save_dir):
                 if isinstance(new, Engine):  # the file as a plain session runs it, against its simulation
                     result.warnings += [f"the re-quantized file: {w}" for w in simulation_warnings(new)]
         measured.update(judged(figures, objective, result.judged_on))
-        _deployed(parts, objective, fixed_path, measured, result)
+        _deployed(parts, objective, fixed_path, base_path, measured, result)
         judged_part = figures.get(result.judged_on, figures["calibration"])
         given, again = result.figures.get("calibration", {}).get("before"), figures["calibration"].get("before")
         if meets(objective.metric, judged_part["before"], judged_part["target"]) and not result.figures.get(
@@ -265,21 +265,29 @@ def judged(figures, objective, judged_on):
             "figures": figures}
 
 
-def _deployed(parts, objective, path, measured, result):
-    """The judging part's objective of the re-quantized file as a plain onnxruntime session
-    runs it (its default options: pairs fused into integer kernels, every default
-    optimization on), beside the simulated one: the file deployed on this machine. Read only
-    (the verdict stays the simulation's, the same on every machine); a warning where the
-    simulation meets the target and the file so run does not."""
+def _deployed(parts, objective, path, base_path, measured, result):
+    """The judging part's objective of the re-quantized file (``path``, and ``base_path``
+    re-quantized without the settings) as a plain onnxruntime session runs it (its default
+    options: pairs fused into integer kernels, every default optimization on), beside the
+    simulated one: the file deployed on this machine. Read only (the verdict stays the
+    simulation's, the same on every machine); a warning where the simulation meets the target
+    and the file so run does not, and where the settings lose accuracy so run."""
     name = result.judged_on if result.judged_on in parts else "calibration"
     part, _ = parts[name]
     try:
-        value = _value(_Plain(path, part.engine.data, part.engine, deployed=True), part, objective)
+        value, before = (_value(_Plain(p, part.engine.data, part.engine, deployed=True), part, objective)
+                         for p in (path, base_path))
     except PTQError as exc:  # a file onnxruntime cannot load with its default options: said, nothing measured
         result.warnings.append(f"the re-quantized file does not run in a plain onnxruntime session ({exc})")
         return
     figure = measured["figures"][name]
-    figure["deployed"] = value
+    figure["deployed"], figure["deployed_before"] = value, before
+    if value is not None and before is not None and objective.metric.worse(value, before):
+        result.warnings.append(
+            f"run as a plain onnxruntime session runs them (default options, on this machine), the file re-quantized "
+            f"with these settings reads {fmt(value)} on {name}, worse than re-quantized without them ({fmt(before)}): "
+            "as deployed here the settings cost accuracy; see the warning on how the file runs otherwise than its "
+            "simulation for why")
     if figure["met"] and not meets(objective.metric, value, figure["target"]):
         result.warnings.append(
             f"the re-quantized file, run as a plain onnxruntime session runs it (default options, on this machine), "

@@ -209,8 +209,9 @@ class Remedy(JsonResult):
                     if f.get("deployed") is not None:  # a plain session on this machine: read only
                         met = meets(self.objective_metric, f["deployed"], f["target"])
                         rows.append({"data": f"{key}, that file in a plain onnxruntime session",
-                                     "float": self.figures.get(key, {}).get("float"), "no remedy": "",
-                                     "remedy": f["deployed"], "target": f["target"], "met": "yes" if met else "no"})
+                                     "float": self.figures.get(key, {}).get("float"),
+                                     "no remedy": f.get("deployed_before", ""), "remedy": f["deployed"],
+                                     "target": f["target"], "met": "yes" if met else "no"})
         if not rows:
             return ""
         task = self.objective.get("kind") == "task"
@@ -268,8 +269,13 @@ class Remedy(JsonResult):
                          f"(simulated {_fmt(self.value)}; re-quantized without them {_fmt(mm.get('baseline_value'))})"
                          + (f"; {self.failure()}" if missed and not self.producer_terms else ""))
             if mm.get("collateral"):
-                why = ("" if mm.get("reproduces") is False else  # the calibration differs first (a note says)
-                       ", so the re-quantized figure differs from the simulation")
+                # the calibration differs first where it does not reproduce (a note says); where the
+                # figures agree, the tensors moved nothing measurable
+                differs = mm.get("value") is not None and self.value is not None and abs(mm["value"] - self.value) > \
+                    1e-6 * max(1.0, abs(self.value))
+                why = ("" if mm.get("reproduces") is False else
+                       ", so the re-quantized figure differs from the simulation" if differs else
+                       ", which moves the re-quantized figure by nothing measurable")
                 lines.append(f"  also changed by onnxruntime ({len(mm['collateral'])} tensor(s) beyond the chosen "
                              f"nodes that these settings reach{why}): " + ", ".join(mm["collateral"]))
             if mm.get("not_applied"):
