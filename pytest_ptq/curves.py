@@ -29,7 +29,9 @@ KINDS = ("weight", "activation")
 
 @dataclasses.dataclass
 class Curves(JsonResult):
-    """``values[config][k]`` is the metric at ``nodes[k]`` (tensor ``tensors[k]``)."""
+    """``values[config][k]`` is the metric at ``nodes[k]`` (tensor ``tensors[k]``); in
+    ``average_mode`` (the seed's average cumulative error), ``means[config][k]`` the running
+    mean of ``values[config][:k + 1]``, what the plot draws."""
 
     metric: str
     nodes: list
@@ -40,6 +42,7 @@ class Curves(JsonResult):
     average_mode: bool = False
     samples: int = 0
     png: str | None = None
+    means: dict | None = None
 
     def worst(self, label, k=3):
         """The ``k`` nodes with the worst value in a config's curve, worst first."""
@@ -185,7 +188,9 @@ def plot_curves(curves, path, title=None, annotate=3):
 
 
 def _plotted(curves):
-    return {label: running_mean(vals) if curves.average_mode else vals for label, vals in curves.values.items()}
+    if not curves.average_mode:
+        return curves.values
+    return curves.means or {label: running_mean(vals) for label, vals in curves.values.items()}
 
 
 def marked(curves, annotate=3):
@@ -222,7 +227,12 @@ def plot_acc_error(save_dir, calibrated_data=None, model_or_file=None, quantize_
         configs = configs_from(engine, quantize_node, non_quantize_node)
         curves = get_acc_error(engine, configs, metric, data_num, local=local, progress=progress)
         curves.average_mode = params.flag(average_mode, "average_mode")
+        if curves.average_mode:
+            curves.means = {label: running_mean(vals) for label, vals in curves.values.items()}
         words = "_".join("".join(ch if ch.isalnum() else "-" for ch in label).strip("-") for label in configs)
+        # another metric or the average: another file, not the default figure overwritten
+        words += "".join(f"_{x}" for x in ((curves.metric,) if curves.metric != "cosine-similarity" else ())
+                         + (("average",) if curves.average_mode else ()))
         # labels of words and spaces read back from the name; others ('/a/conv.1') get their hash
         plain = all(ch.isalnum() or ch == " " for label in configs for ch in label)
         name = filename or f"acc_error_{file_stem(words, 80, key=None if plain else chr(0).join(configs))}.png"

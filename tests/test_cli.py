@@ -121,6 +121,20 @@ def test_acc_error_options(paths, tmp_path, capsys):
     assert curves["local"] is None
 
 
+@pytest.mark.parametrize("words", [["[['conv2', 'fc'], ['r1_QuantizeLinear']]"],  # the seed's form, quoted
+                                   ["[[conv2,", "fc],", "[r1_QuantizeLinear]]"]])  # and as the shell splits it
+def test_the_seeds_bracketed_lists_are_taken(paths, tmp_path, words, capsys):
+    """The seed writes -q ['weight', 'activation'] and -m ['cosine-similarity','mse']; they
+    were read as node and metric names ('[weight')."""
+    assert main(["plot-acc-error", paths["model"], paths["data"], "-nq", *words, "-s", str(tmp_path),
+                 "--json", str(tmp_path / "nq.json"), "--quiet", "--no-local"]) == 0, capsys.readouterr().err
+    curves = json.loads((tmp_path / "nq.json").read_text())
+    assert list(curves["values"]) == ["all but conv2+fc", "all but r1_QuantizeLinear"]
+    assert main(["get-sensitivity-of-nodes", paths["model"], paths["data"], "-m", "[cosine-similarity,", "mse]",
+                 "--json", str(tmp_path / "s.json"), "--quiet"]) == 0, capsys.readouterr().err
+    assert json.loads((tmp_path / "s.json").read_text())["metrics"] == ["cosine-similarity", "mse"]
+
+
 @pytest.mark.parametrize("command,options", [
     ("get-sensitivity-of-nodes", ["--metrics", "--node-type", "--output-node", "--interested-nodes",
                                   "--data-num", "--json", "--float-model"]),

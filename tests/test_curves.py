@@ -194,7 +194,8 @@ def test_running_mean():
 def test_plot_writes_a_png(setup, tmp_path):
     curves = plot_acc_error(tmp_path / "plots", setup.data, setup.engine,
                             quantize_node=["weight", "activation"], average_mode=True, progress=False)
-    png = tmp_path / "plots" / "acc_error_weight-only_activation-only.png"
+    # the average of the default figure: a file of its own, not the default one overwritten
+    png = tmp_path / "plots" / "acc_error_weight-only_activation-only_average.png"
     assert curves.png == str(png) and curves.average_mode
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
     assert list(curves.values) == ["weight only", "activation only"]
@@ -203,8 +204,12 @@ def test_plot_writes_a_png(setup, tmp_path):
                              non_quantize_node=[["conv2", "fc"]], local=False, progress=False,
                              filename="nq.png")
     assert (tmp_path / "plots" / "nq.png").stat().st_size > 10_000 and curves2.local is None
+    curves3 = plot_acc_error(tmp_path / "plots", setup.data, setup.engine, quantize_node=["weight", "activation"],
+                             metric="mse", local=False, progress=False)
+    assert Path(curves3.png).name == "acc_error_weight-only_activation-only_mse.png"
     assert sorted(p.name for p in tmp_path.rglob("*") if p.is_file()) == [
-        "acc_error_weight-only_activation-only.png", "nq.png"]
+        "acc_error_weight-only_activation-only_average.png", "acc_error_weight-only_activation-only_mse.png",
+        "nq.png"]
 
 
 _MEMORY_SCRIPT = """
@@ -257,6 +262,11 @@ def test_average_mode_plots_the_running_mean(setup, tmp_path, monkeypatch):
         values = curves.values["activation only"]
         want = np.cumsum(values) / np.arange(1, len(values) + 1) if average else values
         assert drawn["activation only"] == pytest.approx(list(want), rel=1e-12)
+        # and returned: the seed's average mode outputs the average cumulative error
+        assert (curves.means is not None) == average
+        if average:
+            assert curves.means["activation only"] == pytest.approx(list(want), rel=1e-12)
+            assert json.loads(json.dumps(curves.to_dict()))["means"]["activation only"] == pytest.approx(list(want))
 
 
 def test_marked_points_are_numbered_without_overlapping_labels():

@@ -7,7 +7,9 @@ rejected by argparse (exit 2) in the same words the API uses.
 from __future__ import annotations
 
 import argparse
+import ast
 import dataclasses
+import re
 import sys
 
 from .. import guard, params
@@ -131,8 +133,36 @@ def add_quiet(p):
 
 
 def add_metrics(p, what="the first sorts the ranking"):
-    p.add_argument("-m", "--metrics", nargs="+", default=["cosine-similarity"], metavar="METRIC",
-                   help=f"metrics, {what}; one of {', '.join(METRICS)}. Default: cosine-similarity")
+    p.add_argument("-m", "--metrics", nargs="+", action=SeedList, default=["cosine-similarity"], metavar="METRIC",
+                   help=f"metrics, {what}; one of {', '.join(METRICS)} (also the seed's \"['a','b']\" form). "
+                        "Default: cosine-similarity")
+
+
+class SeedList(argparse.Action):
+    """A ``nargs="+"`` option that also takes the seed's bracketed Python list, quoted
+    (``-q "[['Conv_2'], ['Conv_2', 'Conv_90']]"``) or as the shell splits it unquoted
+    (``-m [cosine-similarity, mse]``): stored as that list (of strings, or of lists of strings
+    for the seed's groups); other values as given."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        setattr(namespace, self.dest, seed_list(values))
+
+
+def seed_list(values):
+    """``values`` (argv words), or the seed's list they spell (see :class:`SeedList`)."""
+    text = " ".join(values).strip()
+    if not (text.startswith("[") and text.endswith("]")):
+        return values
+    # bare words, as an unquoted list reaches us, quoted so that Python reads the list
+    quoted = re.sub(r"""(?<!['"\w])([^\[\],'"\s]+)(?!['"\w])""", r"'\1'", text)
+    try:
+        value = ast.literal_eval(quoted)
+    except (ValueError, SyntaxError):
+        return values
+    if not isinstance(value, list) or not value or not all(
+            isinstance(v, str) or (isinstance(v, list) and all(isinstance(x, str) for x in v)) for v in value):
+        return values
+    return value
 
 
 def add_metric(p, what):

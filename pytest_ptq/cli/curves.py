@@ -12,7 +12,7 @@ def nested(values, known):
     a value in ``known`` (node names) is one name, commas and all."""
     if values is None:
         return None
-    return [v.split(",") if "," in v and v not in known else v for v in values]
+    return [v.split(",") if isinstance(v, str) and "," in v and v not in known else v for v in values]
 
 
 def run(args):
@@ -40,11 +40,12 @@ def run(args):
 def configure(p):
     a.add_model(p)
     g = p.add_mutually_exclusive_group()
-    g.add_argument("-q", "--quantize-node", nargs="+", default=None, metavar="NODE",
+    g.add_argument("-q", "--quantize-node", nargs="+", action=a.SeedList, default=None, metavar="NODE",
                    help="one config per entry with only it quantized: 'weight', 'activation', a node, "
-                        "or 'a,b' for a group. Default: everything quantized")
-    g.add_argument("-nq", "--non-quantize-node", nargs="+", default=None, metavar="NODE",
-                   help="one config per entry with everything but it quantized")
+                        "or 'a,b' for a group (also the seed's \"[['a'], ['a', 'b']]\" form). Default: everything "
+                        "quantized")
+    g.add_argument("-nq", "--non-quantize-node", nargs="+", action=a.SeedList, default=None, metavar="NODE",
+                   help="one config per entry with everything but it quantized (the same forms)")
     a.add_metric(p, "the metric of the curves")
     p.add_argument("--average", action="store_true", help="plot the running mean of each curve")
     p.add_argument("--no-local", action="store_true", help="skip the local error markers")
