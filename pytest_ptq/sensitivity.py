@@ -166,9 +166,26 @@ class Sensitivity(dict):
         return s
 
     @classmethod
+    def _from_seed(cls, d):
+        """The seed's own JSON of a ranking, ``{node: {metric: value}}`` (``json.dumps`` of its
+        return value), in its order; the node type unknown."""
+        metrics = list(next(iter(d.values())))
+        s = cls(node_type="unknown", metrics=metrics)
+        for name, values in d.items():
+            dict.__setitem__(s, name, {m: float(values[m]) for m in metrics})
+        return s
+
+    @classmethod
     def load(cls, path):
+        """A ranking saved by :meth:`save` (or ``--json``), or the seed's ``{node: {metric:
+        value}}``."""
         try:
-            return cls._from_dict(json.loads(Path(path).read_text(encoding="utf-8")))
+            d = json.loads(Path(path).read_text(encoding="utf-8"))
+            if isinstance(d, dict) and d and "ranking" not in d and all(
+                    isinstance(v, dict) and v and all(isinstance(x, (int, float)) for x in v.values())
+                    for v in d.values()):
+                return cls._from_seed(d)
+            return cls._from_dict(d)
         except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
             # a JSON list, a number or a nesting deeper than Python's stack instead of a saved ranking
             raise PTQError(f"sensitivity file {str(path)!r} cannot be read ({type(exc).__name__}: "

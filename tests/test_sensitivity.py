@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
@@ -202,6 +203,10 @@ def test_json_round_trip(setup, tmp_path):
     (tmp_path / "broken.json").write_text("{not json")
     with pytest.raises(PTQError, match="broken.json.*cannot be read"):
         Sensitivity.load(tmp_path / "broken.json")
+    # the seed's own snippet, json.dumps of the returned dict, loads as the ranking it holds
+    (tmp_path / "seed.json").write_text(json.dumps(dict(result)))
+    seed = Sensitivity.load(tmp_path / "seed.json")
+    assert list(seed) == list(result) and dict(seed) == dict(result) and seed.metrics == ["cosine-similarity", "sqnr"]
 
 
 def test_verbose_prints_the_seed_table(setup, capsys):
