@@ -562,3 +562,28 @@ def test_an_override_names_the_tensor_onnxruntime_quantized_past_a_folded_relu(t
             qs = [n for n in model.graph.node if n.op_type == "QuantizeLinear" and n.input[0] in names]
             assert len(qs) == (2 if keep else 1)
             assert all(inits[q.input[2]].data_type == onnx.TensorProto.UINT16 for q in qs)
+
+
+def test_a_node_onnxruntime_never_quantizes_is_not_excluded(tmp_path):
+    """Keeping the pair before a Log in float excluded the Log too, which onnxruntime never
+    quantizes: the same file, a longer list (openwakeword's melspectrogram)."""
+    from onnx import helper
+
+    rng = np.random.default_rng(0)
+    w = np.diag(np.abs(rng.standard_normal(8)) + 0.5).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["m"], name="mm"), helper.make_node("Log", ["m"], ["y"], name="log")],
+        "g", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 4, 8])],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 4, 8])], [numpy_helper.from_array(w, "w")])
+    fp = tmp_path / "f.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), fp)
+    data = {"x": [(np.abs(rng.standard_normal((1, 4, 8))) + 0.1).astype(np.float32) for _ in range(4)]}
+    qm = QuantModel(str(builders.quantize(fp, tmp_path / "q.onnx", data, keep_float=False)), float_model=str(fp))
+    pair = next(c.name for c in qm.of_kind("activation") if "log" in c.consumers)
+    assert onnxruntime_settings(qm, "float", [pair])["nodes_to_exclude"] == ["mm"]
+    # independently: onnxruntime writes the same file with the Log excluded or not
+    files = [onnx.load(str(builders.quantize(fp, tmp_path / f"{k}.onnx", data, keep_float=False,
+                                             nodes_to_exclude=names)))
+             for k, names in enumerate((["mm"], ["mm", "log"]))]
+    assert [(n.op_type, list(n.input)) for n in files[0].graph.node] == \
+        [(n.op_type, list(n.input)) for n in files[1].graph.node]

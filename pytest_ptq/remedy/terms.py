@@ -66,6 +66,16 @@ def float_tensor_names(qmodel, c):
     return list(dict.fromkeys([name, before]))
 
 
+def _quantized_ops(qmodel):
+    """The op types onnxruntime's quantizer of ``qmodel``'s kind quantizes by default
+    (quantize_dynamic's integer ops; quantize_static's QLinear and QDQ ones)."""
+    from onnxruntime.quantization.registry import IntegerOpsRegistry, QDQRegistry, QLinearOpsRegistry
+
+    if qmodel.format == "dynamic":
+        return set(IntegerOpsRegistry)
+    return set(QLinearOpsRegistry) | set(QDQRegistry)
+
+
 def quantizer_call(qmodel):
     """The onnxruntime quantizer that made ``qmodel``'s kind of model: quantize_dynamic for a
     dynamic one, else quantize_static."""
@@ -115,10 +125,13 @@ def onnxruntime_settings(qmodel, remedy, nodes, axes=None, choices=None):
         if kind not in REMEDIES:
             raise PTQError(f"node {name!r} needs a remedy kind ({', '.join(REMEDIES)}) in choices, got {kind!r}")
         if kind == "float":
-            # a dynamic quantizer serves only its consumers: excluding them is enough
-            if c.kind == "activation" and c.producer in qmodel.normal:
+            # a dynamic quantizer serves only its consumers: excluding them is enough; a node
+            # of an op onnxruntime never quantizes (a Log) asks for no pair, and excluding it
+            # would only lengthen the list
+            ops = _quantized_ops(qmodel)
+            if c.kind == "activation" and c.producer in qmodel.normal and qmodel.normal[c.producer].op_type in ops:
                 exclude.add(c.producer)
-            exclude.update(n for n in c.consumers if n in qmodel.normal)
+            exclude.update(n for n in c.consumers if n in qmodel.normal and qmodel.normal[n].op_type in ops)
         elif kind == "int16":
             signed = c.qrange[0] < 0
             entry = {"quant_type": "QInt16" if signed else "QUInt16"}
