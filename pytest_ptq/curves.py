@@ -187,10 +187,14 @@ def plot_curves(curves, path, title=None, annotate=3):
     return save_figure(fig, path, tight=False)
 
 
+def _means(values):
+    return {label: running_mean(vals) for label, vals in values.items()}
+
+
 def _plotted(curves):
     if not curves.average_mode:
         return curves.values
-    return curves.means or {label: running_mean(vals) for label, vals in curves.values.items()}
+    return curves.means or _means(curves.values)
 
 
 def marked(curves, annotate=3):
@@ -228,7 +232,7 @@ def plot_acc_error(save_dir, calibrated_data=None, model_or_file=None, quantize_
         curves = get_acc_error(engine, configs, metric, data_num, local=local, progress=progress)
         curves.average_mode = params.flag(average_mode, "average_mode")
         if curves.average_mode:
-            curves.means = {label: running_mean(vals) for label, vals in curves.values.items()}
+            curves.means = _means(curves.values)
         words = "_".join("".join(ch if ch.isalnum() else "-" for ch in label).strip("-") for label in configs)
         # another metric or the average: another file, not the default figure overwritten
         words += "".join(f"_{x}" for x in ((curves.metric,) if curves.metric != "cosine-similarity" else ())

@@ -505,11 +505,11 @@ class QuantModel:
 
         return [(n, *inside(n)) for n in self.model.graph.node if has_subgraphs(n)]
 
-    def inner_qdq(self):
+    def inner_qdq(self, flow=None):
         """``"N quantized node(s) (2 QuantizeLinear, 2 DequantizeLinear) inside the subgraphs of
         If 'x'"``, or "" where no subgraph holds any: they stay as stored in every
-        configuration."""
-        holders = [h for h in self._control_flow() if h[2]]
+        configuration. ``flow``: :meth:`_control_flow`'s list, where already walked."""
+        holders = [h for h in (self._control_flow() if flow is None else flow) if h[2]]
         if not holders:
             return ""
         ops = sum((h[2] for h in holders), Counter())
@@ -521,11 +521,12 @@ class QuantModel:
         """A note where Q/DQ nodes live in subgraphs beside the main graph's pairs: the analyses
         see the main graph's only; and where a subgraph of many nodes stays float beside them
         (onnxruntime's quantizers leave If/Loop/Scan bodies so), whose inputs are quantized."""
-        inner = self.inner_qdq()
+        flow = self._control_flow()
+        inner = self.inner_qdq(flow)
         if inner:
             self.notes.append(f"{inner} are not analysed: the rankings, curves and verdicts cover the main graph's "
                               "pairs only (export the branch inline to analyse it)")
-        for node, nodes, quantized in self._control_flow():
+        for node, nodes, quantized in flow:
             if not quantized and nodes >= FLOAT_BODY:
                 self.notes.append(f"the {nodes} nodes inside the subgraphs of {node.op_type} {node.name!r} stay in "
                                   "float (the quantizer left them so): the analyses rank the main graph's pairs, among "

@@ -117,6 +117,7 @@ def onnxruntime_settings(qmodel, remedy, nodes, axes=None, choices=None):
     axes, choices = axes or {}, choices or {}
     exclude, overrides, sim_only, per_channel = set(), {}, [], False
     nodes = params.names(nodes, "nodes") or []
+    ops = _quantized_ops(qmodel)
     for name in nodes:
         if name not in qmodel.calibration:
             raise unknown("calibration node", name, list(qmodel.calibration))
@@ -128,7 +129,6 @@ def onnxruntime_settings(qmodel, remedy, nodes, axes=None, choices=None):
             # a dynamic quantizer serves only its consumers: excluding them is enough; a node
             # of an op onnxruntime never quantizes (a Log) asks for no pair, and excluding it
             # would only lengthen the list
-            ops = _quantized_ops(qmodel)
             if c.kind == "activation" and c.producer in qmodel.normal and qmodel.normal[c.producer].op_type in ops:
                 exclude.add(c.producer)
             exclude.update(n for n in c.consumers if n in qmodel.normal and qmodel.normal[n].op_type in ops)
