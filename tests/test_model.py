@@ -466,3 +466,52 @@ def test_a_float_body_beside_quantized_nodes_is_named(tmp_path):
     assert [n for n in notes if "stay in float" in n] == [
         "the 14 nodes inside the subgraphs of If 'gate' stay in float (the quantizer left them so): the analyses rank "
         "the main graph's pairs, among them those feeding the If, whose error it carries on"]
+
+
+@pytest.mark.parametrize("axis", [0, 1])
+@pytest.mark.parametrize("rounded", [False, True])
+def test_a_large_block_quantized_weight_pair_is_ranked_and_its_grid_read(axis, rounded):
+    """A float weight behind a per-block int4 pair, larger than the sample the on-grid check
+    reads: the model loads, the weight's sensitivity equals the pair alone run in a plain
+    session against the float model, and a weight already rounded onto the blocks' grid is
+    flagged as such (bypassing its pair changes nothing)."""
+    import onnxruntime as ort
+    from onnx import TensorProto as TP
+    from pytest_ptq import debug
+
+    rng = np.random.default_rng(0)
+    k, n, block = 1024, 256, 128
+    w = rng.normal(size=(k, n)).astype(np.float32)
+    blocks = w.reshape(k // block, block, n).swapaxes(0, 1) if axis == 0 else w.reshape(k, n // block, block).swapaxes(1, 2)
+    scale = (np.abs(blocks).max(axis=axis) / 7).astype(np.float32)  # [k/block, n] or [k, n/block]
+    if rounded:
+        full = np.repeat(scale, block, axis=axis)
+        w = (np.clip(np.rint(w / full), -8, 7) * full).astype(np.float32)
+
+    def model(nodes, inits):
+        graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TP.FLOAT, [2, k])],
+                                  [helper.make_tensor_value_info("y", TP.FLOAT, [2, n])], inits)
+        return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)], ir_version=10)
+
+    zp = helper.make_tensor("wz", TP.INT4, list(scale.shape), [0] * scale.size)
+    qdq = model([helper.make_node("QuantizeLinear", ["w", "ws", "wz"], ["wq"], name="q_w", axis=axis, block_size=block),
+                 helper.make_node("DequantizeLinear", ["wq", "ws", "wz"], ["wd"], name="dq_w", axis=axis, block_size=block),
+                 helper.make_node("MatMul", ["x", "wd"], ["y"], name="mm")],
+                [numpy_helper.from_array(w, "w"), numpy_helper.from_array(scale, "ws"), zp])
+    qm = QuantModel(qdq)
+    assert qm.calibration["q_w"].block_size == block and qm.calibration["q_w"].on_grid == rounded
+    if rounded:
+        return
+    data = {"x": [rng.normal(size=(2, k)).astype(np.float32) for _ in range(3)]}
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    float_model = model([helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")], [numpy_helper.from_array(w, "w")])
+
+    def outputs(m):
+        s = ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"])
+        return np.concatenate([s.run(None, {"x": x})[0] for x in data["x"]]).ravel().astype(np.float64)
+
+    ref, quant = outputs(float_model), outputs(qdq)
+    want = ref @ quant / np.sqrt((ref @ ref) * (quant @ quant))
+    got = debug.get_sensitivity_of_nodes(qdq, ["cosine-similarity"], data, node_type="weight")
+    assert got["q_w"]["cosine-similarity"] == pytest.approx(want, abs=1e-6)

@@ -758,13 +758,17 @@ class QuantModel:
             w = self.constant(c.input) if c.q_node is not None and not c.grid.is_custom else None
             if w is None or np.size(w) < 8 or np.asarray(w).dtype.kind != "f":
                 continue
-            w = np.asarray(w, np.float32)
+            w, quantizer = np.asarray(w, np.float32), c
             if w.size > _ON_GRID_SAMPLE and w.ndim >= 2:
-                # a few slices across the channels tell as well as the whole tensor, at a fraction
-                # of the memory
-                other = 1 if c.axis is not None and c.axis % w.ndim == 0 else 0
-                w = np.take(w, range(min(w.shape[other], 8)), axis=other)
-            close = np.abs(c.fake_quant(w) - w) <= 1e-6 * np.abs(w) + 1e-12
+                # a few slices tell as well as the whole tensor, at a fraction of the memory: across
+                # the channels, or the first rows with their blocks' scales
+                if c.block_size:
+                    rows, quantizer = next(c.row_blocks(w.shape, _ON_GRID_SAMPLE))
+                    w = w[rows]
+                else:
+                    other = 1 if c.axis is not None and c.axis % w.ndim == 0 else 0
+                    w = np.take(w, range(min(w.shape[other], 8)), axis=other)
+            close = np.abs(quantizer.fake_quant(w) - w) <= 1e-6 * np.abs(w) + 1e-12
             c.on_grid = bool(close.mean() >= 0.999)
             # a weight left in its file: the pages read go back, so that loading a model
             # does not leave every weight resident (a 192 MiB model: 184 MiB); one decoded from
