@@ -1143,3 +1143,54 @@ def test_a_sample_whose_outputs_are_rounding_noise_is_no_evidence_of_a_rewrite(t
         assert check.verdict()["sample"] == 1
     finally:
         check.close()
+
+
+@pytest.mark.parametrize("memory", ["fast", "low"])
+@pytest.mark.parametrize("codes", ["INT4", "UINT4", "FLOAT8E4M3FN"])
+def test_large_weights_of_sub_byte_and_float8_codes_run_as_onnxruntime_runs_them(tmp_path, codes, memory):
+    """Int4 and float8 weight codes behind lone DQs, above the size that sessions share: numpy
+    holds them as ml_dtypes types that onnxruntime takes in no OrtValue, and int4 packed two to
+    a byte in the file. Low memory runs them as fast mode and as a plain session does: the
+    quantized model as it is, and the float model with the pair bypassed."""
+    import ml_dtypes
+    from onnx import TensorProto as TP
+
+    from pytest_ptq.model.graph import LARGE_BYTES
+
+    rng = np.random.default_rng(0)
+    k, n = 512, 256
+    assert k * n >= LARGE_BYTES
+    w = rng.normal(size=(k, n)).astype(np.float32)
+    if codes == "FLOAT8E4M3FN":
+        scale = np.float32(np.abs(w).max() / 448)
+        q = (w / scale).astype(ml_dtypes.float8_e4m3fn)
+        dq_in, attrs = [numpy_helper.from_array(np.asarray(scale), "ws")], {}
+    else:
+        lo, hi = (-8, 7) if codes == "INT4" else (0, 15)
+        zero = 0 if codes == "INT4" else 8
+        scale = (np.abs(w).max(axis=0) / 7).astype(np.float32)
+        q = np.clip(np.rint(w / scale) + zero, lo, hi).astype(getattr(ml_dtypes, codes.lower()))
+        dq_in = [numpy_helper.from_array(scale, "ws"),
+                 helper.make_tensor("wz", getattr(TP, codes), [n], [zero] * n)]
+        attrs = {"axis": 1}
+    inits = [numpy_helper.from_array(q, "wq")] + dq_in
+    x = helper.make_tensor_value_info("x", TP.FLOAT, [2, k])
+    y = helper.make_tensor_value_info("y", TP.FLOAT, [2, n])
+
+    def save(nodes, inits, name):
+        model = helper.make_model(helper.make_graph(nodes, "g", [x], [y], inits),
+                                  opset_imports=[helper.make_opsetid("", 21)], ir_version=10)
+        onnx.save(model, str(tmp_path / name))
+        return tmp_path / name
+
+    qpath = save([helper.make_node("DequantizeLinear", ["wq"] + [i.name for i in dq_in], ["wd"], name="dq_w", **attrs),
+                  helper.make_node("MatMul", ["x", "wd"], ["y"], name="mm")], inits, "q.onnx")
+    fpath = save([helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")], [numpy_helper.from_array(w, "w")], "f.onnx")
+    samples = [rng.normal(size=(2, k)).astype(np.float32) for _ in range(2)]
+    engine = Engine(qpath, {"x": samples}, float_model=fpath, memory=memory)
+    assert engine.calib_names == ["dq_w"]
+    for i, s in enumerate(samples):
+        np.testing.assert_allclose(engine.run(i, ["dq_w"])["y"], builders.run_model(qpath, {"x": s})["y"],
+                                   rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(engine.run(i, [])["y"], builders.run_model(fpath, {"x": s})["y"],
+                                   rtol=1e-5, atol=1e-5)

@@ -149,7 +149,7 @@ class SharedWeights:
         weight anyway; convolution nets run slower without it), and the fusions that fold a
         constant Mul or a BatchNormalization into a weight (a private copy too; a CRNN whose
         convolutions are followed by per-channel Muls)."""
-        from ..model.graph import SHARED_LOCATION, is_placeholder, mapping, restore
+        from ..model.graph import PACKED, SHARED_LOCATION, is_placeholder, mapping, restore
 
         names = [i.name for i in model.graph.initializer if is_placeholder(i)]
         if not names:
@@ -158,6 +158,13 @@ class SharedWeights:
             return restore(model, self.arrays), [], 0
         import numpy as np
 
+        # no OrtValue holds sub-byte codes unpacked, as numpy has them: the model holds them,
+        # packed, a copy per session at an eighth of their float size
+        packed = {i.name: self.arrays[i.name] for i in model.graph.initializer
+                  if is_placeholder(i) and i.data_type in PACKED}
+        if packed:
+            model = restore(model, packed)
+            names = [n for n in names if n not in packed]
         so.add_session_config_entry("session.disable_prepacking", "1")
         _return_freed_memory()
         # without the arena, the dequantized weights a gated run computes are freed as soon as
@@ -167,7 +174,7 @@ class SharedWeights:
         for name in names:
             if name not in self._values:
                 array = np.asarray(self.arrays[name], order="C")  # a scalar stays 0-d
-                self._values[name] = ort().OrtValue.ortvalue_from_numpy(array)
+                self._values[name] = _ort_value(array)
                 PAGER.watch(array)
             if mapping(self.arrays[name]) is not None:
                 mapped += self.arrays[name].nbytes
@@ -200,6 +207,20 @@ class SharedWeights:
 
 
 _MARKERS = None  # the folder of SharedWeights' placeholder file
+
+
+def _ort_value(array):
+    """An OrtValue over ``array``'s memory. numpy knows the 8- and 16-bit floats (float8,
+    bfloat16) only as ml_dtypes' types, which onnxruntime refuses: their bits are given as
+    unsigned integers of that size, with the ONNX type."""
+    import numpy as np
+    import onnx
+
+    if array.dtype.kind == "V":
+        bits = {1: np.uint8, 2: np.uint16}[array.dtype.itemsize]
+        return ort().OrtValue.ortvalue_from_numpy_with_onnx_type(
+            array.view(bits), onnx.helper.np_dtype_to_tensor_dtype(array.dtype))
+    return ort().OrtValue.ortvalue_from_numpy(array)
 
 
 class Pager:

@@ -186,6 +186,9 @@ def name_nodes(graph):
 LARGE_BYTES = 64 * 2**10
 # The external-data location a placeholder names: never read, its session supplies the value.
 SHARED_LOCATION = "ptq-shared-initializer"
+# Sub-byte types, two or four elements to a byte in a file, one to a byte in numpy.
+PACKED = frozenset(getattr(onnx.TensorProto, t) for t in ("INT4", "UINT4", "INT2", "UINT2", "FLOAT4E2M1")
+                   if hasattr(onnx.TensorProto, t))
 
 
 def placeholder(name, array):
@@ -245,9 +248,7 @@ def _mapped(init, folder, source):
     shape = tuple(init.dims)
     count = int(np.prod(shape, dtype=np.int64))
     offset = int(info.get("offset", 0))
-    if dtype.itemsize == 0 or init.data_type in (onnx.TensorProto.INT4, onnx.TensorProto.UINT4) or (
-            hasattr(onnx.TensorProto, "FLOAT4E2M1") and init.data_type == onnx.TensorProto.FLOAT4E2M1):
-        # packed sub-byte types: onnx unpacks them
+    if dtype.itemsize == 0 or init.data_type in PACKED:  # onnx unpacks them
         return numpy_helper.to_array(init, base_dir=folder or "")
     if os.path.exists(path) and not os.path.isfile(path):  # a device maps as endless zeros, a pipe not at all
         raise PTQError(f"initializer {init.name!r} of {source} keeps its data in {path!r}, which is not a regular "
@@ -374,12 +375,12 @@ def model_without(model, fields):
 
 
 def restore(model, shared):
-    """A copy of ``model`` with every placeholder filled from ``shared`` (for tools that
-    run the model without the engine)."""
+    """A copy of ``model`` with the placeholders that ``shared`` holds filled from it (for
+    tools that run the model without the engine)."""
     copy = onnx.ModelProto()
     copy.CopyFrom(model)
     for k, init in enumerate(copy.graph.initializer):
-        if is_placeholder(init):
+        if is_placeholder(init) and init.name in shared:
             copy.graph.initializer[k].CopyFrom(numpy_helper.from_array(shared[init.name], init.name))
     return copy
 
@@ -436,8 +437,7 @@ def _fields(buf, start, end):
 
 
 # Types whose raw data is not one element per item (packed, or variable length).
-_UNMAPPABLE = {onnx.TensorProto.STRING, onnx.TensorProto.UNDEFINED} | {
-    getattr(onnx.TensorProto, t) for t in ("INT4", "UINT4", "INT2", "UINT2", "FLOAT4E2M1") if hasattr(onnx.TensorProto, t)}
+_UNMAPPABLE = {onnx.TensorProto.STRING, onnx.TensorProto.UNDEFINED} | PACKED
 
 
 def _without_raw(buf, start, end, found):
