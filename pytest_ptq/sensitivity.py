@@ -254,6 +254,8 @@ def get_sensitivity_of_nodes(model_or_file, metrics=("cosine-similarity",), cali
     indices = sample_indices(engine, data_num)
     targets = targets_for(engine, node_type, interested_nodes)
     qm = engine.qmodel
+    if not targets and node_type == "weight" and qm.of_kind("weight"):  # an empty ranking would read as "none"
+        raise stored_quantized(qm, f"all {len(qm.of_kind('weight'))} weights")
     result = rank_configs(engine, targets, metric_objs, specs, indices, node_type,
                           lambda name: describe(qm, name, node_type, targets[name]),
                           f"sensitivity ({node_type})", verbose if progress is None else progress)

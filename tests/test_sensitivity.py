@@ -244,6 +244,9 @@ def test_a_weight_stored_quantized_says_to_pass_the_float_model(zoo):
     engine = Engine(zoo.qdq("dq_weights"), zoo.data("dq_weights"), optimization="disable")
     with pytest.raises(PTQError, match="'w1_DequantizeLinear'.*stored already quantized.*float model"):
         get_sensitivity_of_nodes(engine, node_type="weight", interested_nodes=["w1_DequantizeLinear"])
+    # every weight: an empty ranking would read as "no weight matters"
+    with pytest.raises(PTQError, match="all 6 weights .*stored already quantized.*float model"):
+        get_sensitivity_of_nodes(engine, node_type="weight")
 
 
 def test_output_node_can_be_an_inner_node(setup):

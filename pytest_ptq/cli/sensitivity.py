@@ -6,7 +6,7 @@ from ..cache import through
 from ..confidence import confidence_rows, ranking_confidence
 from ..errors import PTQError
 from ..groups import Subgraph, group_sensitivity
-from ..sensitivity import get_sensitivity_of_nodes, stored_quantized
+from ..sensitivity import get_sensitivity_of_nodes
 from ..tables import format_table, listed
 from . import args as a
 
@@ -38,9 +38,6 @@ def run_sensitivity(args):
     result = through(cache, request, lambda: get_sensitivity_of_nodes(
         engine, args.metrics, output_node=args.output_node, node_type=args.node_type, data_num=args.data_num,
         interested_nodes=args.interested_nodes, progress=not args.quiet))
-    weights = engine.qmodel.of_kind("weight")
-    if not result and args.node_type == "weight" and weights:
-        raise stored_quantized(engine.qmodel, f"all {len(weights)} weights")
     _finish(args, result, result.table(limit=args.top))
 
 
