@@ -515,3 +515,57 @@ def test_a_large_block_quantized_weight_pair_is_ranked_and_its_grid_read(axis, r
     want = ref @ quant / np.sqrt((ref @ ref) * (quant @ quant))
     got = debug.get_sensitivity_of_nodes(qdq, ["cosine-similarity"], data, node_type="weight")
     assert got["q_w"]["cosine-similarity"] == pytest.approx(want, abs=1e-6)
+
+
+@pytest.mark.parametrize("layout", ["Reshape", "Transpose", "Unsqueeze+Squeeze", "Flatten", "computed shape"])
+def test_a_weight_laid_out_before_its_pair_is_a_weight(layout):
+    """Exports put a Reshape or Transpose between an initializer and its pair: the tensor is
+    still a constant, so its pair is a weight's, ranked with the weights, and its sensitivity
+    equals the pair alone in a plain session against the float weights. A Reshape to a shape
+    computed from the input is not constant, and stays an activation."""
+    import onnxruntime as ort
+    from onnx import TensorProto as TP
+    from pytest_ptq import debug
+
+    rng = np.random.default_rng(0)
+    d = 8
+    w = rng.normal(size=(d, d)).astype(np.float32)
+    inits = [numpy_helper.from_array(np.float32(np.abs(w).max() / 127), "s"), numpy_helper.from_array(np.int8(0), "z")]
+    if layout == "Reshape":
+        inits += [numpy_helper.from_array(w.reshape(d, 2, d // 2), "src"),
+                  numpy_helper.from_array(np.array([0, -1], np.int64), "shape")]
+        pre = [helper.make_node("Reshape", ["src", "shape"], ["wf"])]  # 0 keeps the input's first dimension
+    elif layout == "Transpose":
+        inits.append(numpy_helper.from_array(w.T.copy(), "src"))
+        pre = [helper.make_node("Transpose", ["src"], ["wf"], perm=[1, 0])]
+    elif layout == "Unsqueeze+Squeeze":
+        inits += [numpy_helper.from_array(w, "src"), numpy_helper.from_array(np.array([0, 3], np.int64), "axes")]
+        pre = [helper.make_node("Unsqueeze", ["src", "axes"], ["wu"]), helper.make_node("Squeeze", ["wu", "axes"], ["wf"])]
+    elif layout == "Flatten":
+        inits.append(numpy_helper.from_array(w.reshape(d, 2, d // 2), "src"))
+        pre = [helper.make_node("Flatten", ["src"], ["wf"], axis=-2)]
+    else:
+        inits.append(numpy_helper.from_array(w.ravel(), "src"))
+        pre = [helper.make_node("Shape", ["x"], ["xs"], end=1), helper.make_node("Concat", ["xs", "xs"], ["sh"], axis=0),
+               helper.make_node("Mul", ["sh", "four"], ["shape"]), helper.make_node("Reshape", ["src", "shape"], ["wf"])]
+        inits.append(numpy_helper.from_array(np.array([4, 4], np.int64), "four"))
+    nodes = pre + [helper.make_node("QuantizeLinear", ["wf", "s", "z"], ["wq"], name="q_w"),
+                   helper.make_node("DequantizeLinear", ["wq", "s", "z"], ["wd"], name="dq_w"),
+                   helper.make_node("MatMul", ["x", "wd"], ["y"], name="mm")]
+    rows = 2 if layout == "computed shape" else 4
+    model = helper.make_model(helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TP.FLOAT, [rows, d])],
+                                                [helper.make_tensor_value_info("y", TP.FLOAT, [rows, d])], inits),
+                              opset_imports=[helper.make_opsetid("", 21)], ir_version=10)
+    if layout == "computed shape":
+        assert QuantModel(model).calibration["q_w"].kind == "activation"
+        return
+    assert QuantModel(model).calibration["q_w"].kind == "weight"
+    xs = [rng.normal(size=(rows, d)).astype(np.float32) for _ in range(3)]
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    session = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    quant = np.concatenate([session.run(None, {"x": x})[0] for x in xs]).ravel().astype(np.float64)
+    ref = np.concatenate([x @ w for x in xs]).ravel().astype(np.float64)
+    got = debug.get_sensitivity_of_nodes(model, ["cosine-similarity"], {"x": xs}, node_type="weight")
+    assert list(got) == ["q_w"]
+    assert got["q_w"]["cosine-similarity"] == pytest.approx(ref @ quant / np.sqrt((ref @ ref) * (quant @ quant)), abs=1e-6)
