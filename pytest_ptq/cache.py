@@ -262,16 +262,16 @@ _CALLABLE = {("builtins", n) for n in ("set", "frozenset", "slice", "complex", "
 
 class _ResultUnpickler(pickle._Unpickler):  # the Python one: its opcodes can be overridden
     """Reads what results are made of and refuses the rest: a global must be one of
-    :data:`_CALLABLE` or a class of pytest-ptq, numpy or pathlib, and the only calls are to
-    those functions, an enum's lookup of its member and a path's constructor, so a crafted
-    entry runs no code."""
+    :data:`_CALLABLE` or a class results are made of (:func:`_result_class`), and the only
+    calls are to those functions, an enum's lookup of its member and a path's constructor, so
+    a crafted entry runs no code."""
 
     def find_class(self, module, name):
         if (module, name) in _CALLABLE:
             return super().find_class(module, name)
         if module.split(".")[0] in ("pytest_ptq", "numpy", "pathlib") and "." not in name:
             obj = getattr(importlib.import_module(module), name, None)
-            if isinstance(obj, type):
+            if _result_class(obj):
                 return obj
         raise pickle.UnpicklingError(f"{module}.{name} is not part of a result")
 
@@ -284,6 +284,21 @@ class _ResultUnpickler(pickle._Unpickler):  # the Python one: its opcodes can be
         self.stack[-1] = func(*args)  # one of _CALLABLE, an enum member by its value, a path (no I/O)
 
     dispatch = {**pickle._Unpickler.dispatch, pickle.REDUCE[0]: _reduce}
+
+
+def _result_class(obj):
+    """A class that results are made of: pytest-ptq's records, numpy's plain arrays, scalars
+    and dtypes, and paths. Not numpy's other array classes: pickle creates an object with its
+    class's ``__new__`` and fills it through its ``__setitem__``, and a memmap's open a file,
+    write mode included."""
+    if not isinstance(obj, type):
+        return False
+    package = obj.__module__.split(".")[0]
+    if package == "numpy":
+        import numpy as np
+
+        return obj is np.ndarray or issubclass(obj, (np.generic, np.dtype))
+    return package == "pytest_ptq" or package == "pathlib" and issubclass(obj, PurePath)
 
 
 @functools.cache

@@ -354,6 +354,17 @@ class _Planted:
         return (open, (self.marker, "w"))
 
 
+def _memmap_pickle(path):
+    """A pickle that creates ``numpy.memmap(path, "uint8", "w+", 0, (4,))`` the way pickle
+    creates any object of a class (NEWOBJ: the class's ``__new__``), which creates the file."""
+    import struct
+
+    def text(s):
+        return b"X" + struct.pack("<I", len(s.encode())) + s.encode()
+
+    return (b"\x80\x02cnumpy\nmemmap\n(" + text(str(path)) + text("uint8") + text("w+") + b"K\x00K\x04\x85t\x81.")
+
+
 def test_a_crafted_entry_runs_no_code_and_is_recomputed(tmp_path, inputs, capsys):
     import hashlib
     import pickle
@@ -369,8 +380,9 @@ def test_a_crafted_entry_runs_no_code_and_is_recomputed(tmp_path, inputs, capsys
     for entry in entries:  # the right key and checksum, a payload that would open a file
         blob = entry.read_bytes()
         key = blob[len(cache.MAGIC):].partition(b"\n")[2].partition(b"\n")[0]
-        for planted in (_Planted(str(marker)), [1, _Planted(str(marker))]):
-            payload = key + b"\n" + pickle.dumps(planted)
+        for planted in (pickle.dumps(_Planted(str(marker))), pickle.dumps([1, _Planted(str(marker))]),
+                        _memmap_pickle(marker)):
+            payload = key + b"\n" + planted
             entry.write_bytes(cache.MAGIC + hashlib.sha256(payload).hexdigest().encode() + b"\n" + payload)
             assert cli.main(["get-sensitivity-of-nodes", *common, "--json", str(tmp_path / "s2.json")]) == 0
             assert not marker.exists()
