@@ -153,6 +153,23 @@ def _external_on_a_device(root):
     onnx.save(model, str(root / "dev.onnx"))
 
 
+def _external_outside(how):
+    """Write ``sub/out.onnx``: ``ext.onnx`` with its data named outside ``sub/`` (by ``..``,
+    an absolute path, or a link in ``sub/`` to the file above), which onnx refuses to read."""
+    def make(root):
+        (root / "sub").mkdir()
+        model = onnx.load(str(root / "ext.onnx"), load_external_data=False)
+        for init in model.graph.initializer:
+            for entry in init.external_data:
+                if entry.key == "location":
+                    data = root / entry.value
+                    entry.value = {"dots": f"../{data.name}", "absolute": str(data), "link": data.name}[how]
+        if how == "link":
+            (root / "sub" / data.name).symlink_to(data)
+        onnx.save(model, str(root / "sub" / "out.onnx"))
+    return make
+
+
 def _outputs_added(*names, duplicate=False):
     """Write ``bad.onnx``: ``m.onnx`` with ``names`` also listed as outputs (or ``prob`` twice)."""
     def make(root):
@@ -247,6 +264,9 @@ CLI_CASES = [
      ["'dangling' is a link to 'nowhere/at/all', which does not exist"]),
     ("external-data-on-a-device", _external_on_a_device, ["get-sensitivity-of-nodes", "dev.onnx", "calib"],
      ["keeps its data in '/dev/zero', which is not a regular file"]),
+    *((f"external-data-outside-the-model-folder-{how}", _external_outside(how),
+       ["get-sensitivity-of-nodes", "sub/out.onnx", "calib"], ["keeps its data in", "outside the model's folder"])
+      for how in ("dots", "absolute", "link")),
     ("float-model-quantized", None, SENS + ["--float-model", "m.onnx"],
      ["the float model", "QuantizeLinear node(s), so it is a quantized model"]),
     ("expect-std-negative", None, ["check-data", "m.onnx", "calib", "--expect-std", "-1", "-1", "-1"],
