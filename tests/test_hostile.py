@@ -267,6 +267,9 @@ CLI_CASES = [
     *((f"external-data-outside-the-model-folder-{how}", _external_outside(how),
        ["get-sensitivity-of-nodes", "sub/out.onnx", "calib"], ["keeps its data in", "outside the model's folder"])
       for how in ("dots", "absolute", "link")),
+    *((f"output-written-by-nothing-{argv[0]}", _outputs_added("nowhere"), argv,
+       ["output 'nowhere' of", "is written by no node, input or initializer"])
+      for argv in (["get-sensitivity-of-nodes", "bad.onnx", "calib"], ["list-nodes", "bad.onnx"])),
     ("float-model-quantized", None, SENS + ["--float-model", "m.onnx"],
      ["the float model", "QuantizeLinear node(s), so it is a quantized model"]),
     ("expect-std-negative", None, ["check-data", "m.onnx", "calib", "--expect-std", "-1", "-1", "-1"],

@@ -133,6 +133,10 @@ def sort_topologically(graph, source="the model"):
                 raise Unprovided(n, r, r not in n.input, source)
             waiting[k] += 1
             users[producer[r]].append(k)
+    for o in graph.output:
+        if o.name not in available and o.name not in producer:
+            raise PTQError(f"output {o.name!r} of {source} is written by no node, input or initializer "
+                           "(onnxruntime refuses the file too); re-export the model")
     ready = [k for k in range(len(nodes)) if waiting[k] == 0]
     heapq.heapify(ready)
     order = []
