@@ -122,11 +122,12 @@ def validate(d, path):
         raise bad("metric", f"one of {', '.join(METRICS)}", d["metric"])
     if not isinstance(d["node_type"], str) or d["node_type"] not in params.NODE_TYPES:
         raise bad("node_type", f"one of {', '.join(params.NODE_TYPES)}", d["node_type"])
-    outputs = _values(d["outputs"], "outputs", "output", bad)
+    m = get_metrics(d["metric"])[0]
+    outputs = _values(d["outputs"], "outputs", "output", bad, m)
     if not outputs:
         raise bad("outputs", "a mapping of output names to numbers with at least one output", d["outputs"])
-    sensitivity = _values(d["sensitivity"], "sensitivity", "node", bad)
-    fields = {"metric": get_metrics(d["metric"])[0].name, "node_type": d["node_type"], "outputs": outputs,
+    sensitivity = _values(d["sensitivity"], "sensitivity", "node", bad, m)
+    fields = {"metric": m.name, "node_type": d["node_type"], "outputs": outputs,
               "sensitivity": sensitivity}
     for key in ("model", "data", "float_model"):
         value = d.get(key, None if key == "float_model" else {})
@@ -157,8 +158,12 @@ def _metric_ok(name):
         return False
 
 
-def _values(value, key, what, bad):
-    """``{name: float}`` from a baseline mapping; the special floats come as strings."""
+_SLACK = 0.01
+
+
+def _values(value, key, what, bad, metric):
+    """``{name: float}`` from a baseline mapping; the special floats come as strings (a
+    measurement may be NaN or infinite), a finite value must be one ``metric`` can take."""
     if not isinstance(value, dict):
         raise bad(key, f"a mapping of {what} names to numbers", value)
     out = {}
@@ -166,6 +171,9 @@ def _values(value, key, what, bad):
         v = json_restore(v)
         if isinstance(v, bool) or not isinstance(v, numbers.Real):
             raise bad(f"{key}.{name}", "a number", v)
+        # rounding may take a similarity a hair past 1 (and a test nudges one): far past is an edit
+        if metric.unit and not (abs(v) <= 1 + _SLACK or math.isnan(v)) or not metric.higher_is_better and v < 0:
+            raise bad(f"{key}.{name}", f"a {metric.name} value ({'in [-1, 1]' if metric.unit else '>= 0'})", v)
         out[name] = float(v)
     return out
 
@@ -234,9 +242,10 @@ def compare(old, new, tolerance):
         mismatch = (f"the baseline holds {old.metric} of {old.node_type} nodes but this check measures "
                     f"{new.metric} of {new.node_type} nodes")
     for what, a, b in (("node", old.sensitivity, new.sensitivity), ("output", old.outputs, new.outputs)):
-        if not mismatch and a and b and not set(a) & set(b):  # it would pass comparing nothing
+        if not mismatch and b and not set(a) & set(b):  # it would pass comparing nothing
             mismatch = (f"none of the baseline's {len(a)} {what}(s) is measured now ({listed(a)} in the baseline, "
-                        f"{listed(b)} now): the model was exported or quantized again under other names")
+                        f"{listed(b)} now): the model was exported or quantized again under other names" if a else
+                        f"the baseline holds no {what} values, and {len(b)} are measured now ({listed(b)})")
     nodes, outputs, improved = [], [], []
     # values of another metric or other names are not compared: a move between them means nothing
     for bucket, old_vals, new_vals in (() if mismatch else ((nodes, old.sensitivity, new.sensitivity),

@@ -437,7 +437,7 @@ class BaselineResult(Result):
                 continue
             worse = [mv.worse for mv in moves]
             lines.append(f"{title} worse by more than {d.tolerance:g} ({d.metric}, old -> new): "
-                         f"max {fmt(max(worse))}, mean {fmt(statistics.fmean(worse))}, "
+                         f"max {fmt(max(worse))}, mean {fmt(sum(w / len(worse) for w in worse))}, "
                          f"median {fmt(statistics.median(worse))}")
             lines += [f"  {mv.name}: {fmt(mv.old)} -> {fmt(mv.new)} (worse by {fmt(mv.worse)})" for mv in moves[:_CAP]]
             if len(moves) > _CAP:

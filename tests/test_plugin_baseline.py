@@ -271,3 +271,14 @@ def test_a_baseline_that_would_compare_nothing_fails_and_says_why(project):
     other.stdout.fnmatch_lines(["*does not fit this check: the baseline holds mse of activation nodes but this check "
                                 "measures cosine-similarity*"])
     assert not moved_lines(other.stdout.str()) and "worse by more than" not in other.stdout.str()
+    path.write_text(json.dumps(dict(saved, sensitivity={})))
+    emptied = run(project)
+    emptied.assert_outcomes(failed=1)
+    emptied.stdout.fnmatch_lines([f"*does not fit this check: the baseline holds no node values, and "
+                                  f"{len(activations)} are measured now*"])
+    # a value no cosine takes is an edited file, not a measurement to compare against
+    path.write_text(json.dumps(dict(saved, sensitivity={f"renamed_{k}": 1e308 for k in range(3)})))
+    huge = run(project)
+    huge.assert_outcomes(failed=1)
+    huge.stdout.fnmatch_lines(["*has a malformed 'sensitivity.renamed_0': it must be a cosine-similarity value "
+                               "(in ?-1, 1?), got 1e+308*"])
