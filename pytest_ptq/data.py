@@ -297,9 +297,19 @@ def _stacked(arr, where, role):
     return arr
 
 
-def _npy_files(folder):
-    # hidden files are not samples: macOS leaves ._0.npy beside 0.npy on foreign disks
-    return sorted(p for p in folder.glob("*.npy") if not p.name.startswith(".") and p.is_file())
+def _npy_files(folder, role="data"):
+    """The .npy files in ``folder`` (the suffix in any case), sorted; one that is not a regular
+    file is refused, not skipped: the samples used would silently differ from those given."""
+    found = []
+    for p in folder.iterdir():
+        # hidden files are not samples: macOS leaves ._0.npy beside 0.npy on foreign disks
+        if p.name.startswith(".") or p.suffix.lower() != ".npy":
+            continue
+        if not p.is_file():
+            raise PTQError(f"{role} file {str(p)!r} is not a regular file (a folder, a device, a pipe or a broken "
+                           "link); save each sample as a .npy file, or move it out")
+        found.append(p)
+    return sorted(found)
 
 
 def _numbered(folder, files, role):
@@ -325,13 +335,14 @@ def _numbered(folder, files, role):
 
 
 def _open_dir(path, role):
-    subdirs = sorted(p for p in path.iterdir() if p.is_dir() and not p.name.startswith("."))
-    stacked = _npy_files(path)
+    subdirs = sorted(p for p in path.iterdir()
+                     if p.is_dir() and not p.name.startswith(".") and p.suffix.lower() != ".npy")
+    stacked = _npy_files(path, role)
     sources, numbers = {}, {}
     for d in subdirs:
-        files = _numbered(d, _npy_files(d), role)
+        files = _numbered(d, _npy_files(d, role), role)
         if not files:
-            nested = sorted(p.relative_to(path).as_posix() for p in d.iterdir() if p.is_dir() and _npy_files(p))
+            nested = sorted(p.relative_to(path).as_posix() for p in d.iterdir() if p.is_dir() and _npy_files(p, role))
             if nested:  # an input named like 'serving_default/input_1:0', saved as DIR/<input>/<i>.npy
                 raise PTQError(f"{role} folder {str(d)!r} holds no .npy files but a folder of them ({nested[0]!r}): "
                                f"an input name with a '/' such as {nested[0]!r} cannot be a folder name; save the "
@@ -351,7 +362,8 @@ def _open_dir(path, role):
                                f"{lacks!r}; give every input the same sample numbers")
     for f in stacked:
         if f.stem in sources:
-            continue
+            raise PTQError(f"{role} data {str(path)!r} has both a folder {f.stem!r} and a file {f.name!r} for input "
+                           f"{f.stem!r}; keep one of them (samples stacked in the file, or one per file in the folder)")
         arr = _stacked(_read_npy(f, role, mmap_mode="r"), repr(str(f)), role)
         sources[f.stem] = _Source(str(f), [(f"{f}[{i}]", arr, i) for i in range(len(arr))], role)
     if not sources:

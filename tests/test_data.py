@@ -4,6 +4,7 @@ promise that the user's files are never written."""
 from __future__ import annotations
 
 import hashlib
+import os
 
 import numpy as np
 import pytest
@@ -269,3 +270,23 @@ def test_integer_samples_beyond_the_input_type_are_refused_not_wrapped(tmp_path)
     with pytest.raises(PTQError, match=r"sample .* for input 'ids' holds values \d+\.\.4294967299 \(int64\), beyond "
                                        r"the int32 the model takes"):
         load_data({"ids": wide}, qm).sample(2)
+
+
+def test_a_suffix_in_capitals_is_a_sample_and_what_cannot_be_read_as_one_is_refused(qm, tmp_path):
+    """Every file of a sample folder is a sample or refused, never skipped: the samples used
+    would differ from those given, with nothing said."""
+    arrays = _distinct(4)
+    builders.save_folder({"x": arrays}, tmp_path)
+    (tmp_path / "x" / "3.npy").rename(tmp_path / "x" / "3.NPY")
+    _assert_samples(load_data(tmp_path, qm), arrays)
+    for make, name in ((lambda p: os.mkfifo(p), "4.npy"), (lambda p: os.symlink("/dev/zero", p), "4.npy"),
+                       (lambda p: os.symlink("gone.npy", p), "4.npy"), (lambda p: p.mkdir(), "4.npy")):
+        make(tmp_path / "x" / name)
+        with pytest.raises(PTQError, match="is not a regular file") as err:
+            load_data(tmp_path, qm)
+        assert str(tmp_path / "x" / name) in str(err.value)
+        p = tmp_path / "x" / name
+        p.rmdir() if p.is_dir() and not p.is_symlink() else p.unlink()
+    np.save(tmp_path / "x.npy", np.stack(arrays))  # the same input stacked beside its folder
+    with pytest.raises(PTQError, match="has both a folder 'x' and a file 'x.npy' for input 'x'"):
+        load_data(tmp_path, qm)
