@@ -201,6 +201,12 @@ def check_outputs(analysis, threshold, metric=COSINE, holdout=None):
     metrics = analysis.output_metrics(specs, [m.name], holdout) if specs else None
     values = {name: vals[m.name] for name, vals in metrics.values.items()} if specs else {}
     if "" in th:  # the default outputs (a concatenation of parts of unlike size: each part) not named whole
+        qm = analysis.qmodel
+        if not any(qm.is_float_tensor(n) for n in qm.output_names):  # a check that could not fail
+            said, source = qm.unjudged(qm.output_names[0])
+            raise PTQError(f"{said}, and the model has no float output: name the tensor to judge in the check's "
+                           f"outputs ({{{source or 'a float tensor'!r}: {th['']:g}}}), or judge the ids with an "
+                           "accuracy evaluate function")
         whole = {s.tensor for s in specs if not s.index}
         metrics = analysis.output_metrics(None, [m.name], holdout)
         for name, vals in metrics.values.items():

@@ -349,21 +349,27 @@ def test_a_passing_baseline_says_which_of_its_nodes_the_model_no_longer_has(tmp_
                                                         tolerance=0.001, model="m.onnx").summary
 
 
-def test_naming_an_integer_output_warns_that_a_metric_cannot_judge_ids(tmp_path):
-    """``outputs: {cls: 0.97}`` on an ArgMax's int64 ids passed on cosine 0.977 where 96% of
-    the ids agreed: a cosine of ids weighs their numbering, not the model."""
+def _classifier(tmp_path, logits_output=True):
+    """A MatMul and the ArgMax of its logits, quantized: ``(float path, QDQ path, data)``."""
     helper = onnx.helper
     w = np.random.default_rng(0).standard_normal((8, 5)).astype(np.float32)
+    outputs = [helper.make_tensor_value_info("logits", onnx.TensorProto.FLOAT, [1, 5])] if logits_output else []
     graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["logits"]),
                                helper.make_node("ArgMax", ["logits"], ["cls"], axis=1)], "cls",
                               [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 8])],
-                              [helper.make_tensor_value_info("logits", onnx.TensorProto.FLOAT, [1, 5]),
-                               helper.make_tensor_value_info("cls", onnx.TensorProto.INT64, [1])],
+                              outputs + [helper.make_tensor_value_info("cls", onnx.TensorProto.INT64, [1])],
                               [numpy_helper.from_array(w, "w")])
     fp = tmp_path / "f.onnx"
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), fp)
     data = {"x": [np.random.default_rng(k).standard_normal((1, 8)).astype(np.float32) for k in range(4)]}
-    qm = Engine(str(builders.quantize(fp, tmp_path / "q.onnx", data)), data).qmodel
+    return fp, builders.quantize(fp, tmp_path / "q.onnx", data), data
+
+
+def test_naming_an_integer_output_warns_that_a_metric_cannot_judge_ids(tmp_path):
+    """``outputs: {cls: 0.97}`` on an ArgMax's int64 ids passed on cosine 0.977 where 96% of
+    the ids agreed: a cosine of ids weighs their numbering, not the model."""
+    _, qpath, data = _classifier(tmp_path)
+    qm = Engine(str(qpath), data).qmodel
     with pytest.warns(UserWarning, match=r"output 'cls' holds int64 values \(ids or a mask\?\)"):
         parse_outputs(["cls"], qm)
     with warnings.catch_warnings():
@@ -372,8 +378,34 @@ def test_naming_an_integer_output_warns_that_a_metric_cannot_judge_ids(tmp_path)
         assert [s.name for s in parse_outputs(None, qm)] == ["logits"]  # the default leaves ids out
     # and says so, where README promises what is left out is never left out in silence
     assert [n for n in qm.notes if "'cls'" in n] == [
-        "model output 'cls' holds int64 values (a mask or ids?), which no output metric can weigh: the comparisons "
-        "judge the float outputs; name it (output_node / --output-node) to compare it all the same"]
+        "model output 'cls' holds int64 values (a mask or ids?), which no output metric can weigh (a change of every "
+        "id may read as none); ArgMax 'ArgMax_0' computes it from the float tensor 'logits_QuantizeLinear_Input': the "
+        "comparisons judge the float outputs; name it (output_node / --output-node) to compare it all the same"]
+
+
+def test_a_model_of_ids_only_fails_an_output_check_that_could_not_fail_and_names_the_scores(tmp_path):
+    """A classifier whose only output is its ArgMax: a cosine of the ids passes whatever the
+    ids do (labels 1 against 2 read 1), so the default output check refuses, naming the float
+    tensor the ids come from; named, that tensor is judged, equal to the float model's and the
+    quantized model's logits compared directly."""
+    from pytest_ptq.errors import PTQError
+
+    fp, qpath, data = _classifier(tmp_path, logits_output=False)
+    calib = builders.save_folder(data, tmp_path / "calib")
+    analysis = Analysis(AnalysisKey(str(qpath), str(calib), str(fp)), root=tmp_path)
+    with pytest.raises(PTQError, match=r"model output 'cls' holds int64 values .* ArgMax 'ArgMax_0' computes it from "
+                                       r"the float tensor 'logits', and the model has no float output: name the tensor "
+                                       r"to judge in the check's outputs \({'logits': 0.99}\)"):
+        check_outputs(analysis, 0.99)
+    result = check_outputs(analysis, {"logits": 0.5})
+    feeds = [{"x": x} for x in data["x"]]
+    ref = np.concatenate([o["logits"].ravel() for o in builders.run_model(builders.rewire(fp, outputs=["logits"]), feeds,
+                                                                              outputs=["logits"])])
+    got = np.concatenate([o["logits"].ravel() for o in builders.run_model(
+        builders.rewire(qpath, keep=list(builders.qdq_pairs(qpath)), outputs=["logits"]), feeds, outputs=["logits"])])
+    ref, got = ref.astype(np.float64), got.astype(np.float64)
+    assert result.passed and result.values["logits"] == pytest.approx(ref @ got / np.sqrt((ref @ ref) * (got @ got)),
+                                                                      abs=1e-6)
 
 
 def test_an_empty_output_list_is_refused_naming_the_outputs(tmp_path):

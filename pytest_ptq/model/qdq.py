@@ -476,17 +476,48 @@ class QuantModel:
         self.output_names = [o.name for o in kept]
 
     def _note_unjudged_outputs(self):
-        """A note for each output the comparisons leave out by default (a bool mask, integer
-        ids: see :func:`~pytest_ptq.outputs.parse_outputs`), where float outputs are judged."""
-        if not any(self.is_float_tensor(n) for n in self.output_names):
-            return
+        """A note for each output whose values no output metric can weigh (a bool mask, integer
+        ids): left out of the default comparisons where float outputs are judged (see
+        :func:`~pytest_ptq.outputs.parse_outputs`), judged all the same where none is."""
+        floats = any(self.is_float_tensor(n) for n in self.output_names)
         for n in self.output_names:
-            t = self.value_types.get(n)
-            if not self.is_float_tensor(n):
-                what = onnx.TensorProto.DataType.Name(t).lower() if t is not None else "non-float"
-                self.notes.append(f"model output {n!r} holds {what} values (a mask or ids?), which no output metric "
-                                  "can weigh: the comparisons judge the float outputs; name it (output_node / "
-                                  "--output-node) to compare it all the same")
+            if self.is_float_tensor(n):
+                continue
+            said, source = self.unjudged(n)
+            self.notes.append(said + (": the comparisons judge the float outputs; name it (output_node / --output-node) "
+                                      "to compare it all the same" if floats else
+                                      ": with no float output the comparisons judge it all the same; name "
+                                      f"{source or 'a float tensor'!r} (output_node / --output-node) to judge that"))
+
+    def unjudged(self, output):
+        """``(sentence, float tensor or None)`` for an output of ids or a mask: what it holds,
+        and the float tensor it is computed from (see :meth:`float_source`)."""
+        t = self.value_types.get(output)
+        what = onnx.TensorProto.DataType.Name(t).lower() if t is not None else "non-float"
+        source = self.float_source(output)
+        origin = "" if source is None else (f"; {self.producer[source[1]].op_type} {self.producer[source[1]].name!r} "
+                                            f"computes it from the float tensor {source[0]!r}")
+        return (f"model output {output!r} holds {what} values (a mask or ids?), which no output metric can weigh (a "
+                f"change of every id may read as none){origin}", None if source is None else source[0])
+
+    def float_source(self, tensor, steps=8):
+        """``(float tensor, the tensor it leads to)`` for a non-float ``tensor``: walking back
+        through its producers, the first float tensor one of them reads (the scores an ArgMax
+        or TopK turns into ids, the values a comparison turns into a mask; before the pair
+        that quantizes them, if any), or None."""
+        for _ in range(steps):
+            node = self.producer.get(tensor)
+            if node is None:
+                return None
+            inputs = [i for i in node.input if i and not self.is_constant(i)]
+            found = next((i for i in inputs if self.is_float_tensor(i)), None)
+            if found is not None:
+                # a pair's output is no node's: the tensor the pair quantizes is
+                return self.source_of(found), node.output[0]
+            if not inputs:
+                return None
+            tensor = inputs[0]
+        return None
 
     def _control_flow(self):
         """``[(node, nodes inside, quantized nodes inside)]`` of the main graph's If/Loop/Scan
