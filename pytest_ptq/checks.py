@@ -205,8 +205,8 @@ def check_outputs(analysis, threshold, metric=COSINE, holdout=None):
         if not any(qm.is_float_tensor(n) for n in qm.output_names):  # a check that could not fail
             said, source = qm.unjudged(qm.output_names[0])
             raise PTQError(f"{said}, and the model has no float output: name the tensor to judge in the check's "
-                           f"outputs ({{{source or 'a float tensor'!r}: {th['']:g}}}), or judge the ids with an "
-                           "accuracy evaluate function")
+                           f"outputs ({{{source or 'a float tensor'!r}: {threshold_text(th[''])}}}), or judge the ids "
+                           "with an accuracy evaluate function")
         whole = {s.tensor for s in specs if not s.index}
         metrics = analysis.output_metrics(None, [m.name], holdout)
         for name, vals in metrics.values.items():
@@ -424,12 +424,12 @@ class BaselineResult(Result):
             if d.outputs:
                 parts.append(f"{len(d.outputs)} output(s)")
             return (f"{' and '.join(parts)} of {self.model} got worse than baseline {p} by more than "
-                    f"{self.tolerance:g} {d.metric}; if intended, run `{self.update_command}` "
+                    f"{threshold_text(self.tolerance)} {d.metric}; if intended, run `{self.update_command}` "
                     "and commit the new file")
         # a baselined node gone from the model (another quantization, a rewrite) compares no more: say so
         gone = (f"; {len(d.removed)} of its node(s) are not in the model now ({', '.join(d.removed[:3])}"
                 f"{', ...' if len(d.removed) > 3 else ''}) and were not compared" if d.removed else "")
-        return (f"{self.model} is within {self.tolerance:g} {d.metric} of baseline {p} "
+        return (f"{self.model} is within {threshold_text(self.tolerance)} {d.metric} of baseline {p} "
                 f"({len(d.improved)} value(s) improved){gone}")
 
     @property
@@ -442,7 +442,7 @@ class BaselineResult(Result):
             if not moves:
                 continue
             worse = [mv.worse for mv in moves]
-            lines.append(f"{title} worse by more than {d.tolerance:g} ({d.metric}, old -> new): "
+            lines.append(f"{title} worse by more than {threshold_text(d.tolerance)} ({d.metric}, old -> new): "
                          f"max {fmt(max(worse))}, mean {fmt(sum(w / len(worse) for w in worse))}, "
                          f"median {fmt(statistics.median(worse))}")
             lines += [f"  {mv.name}: {fmt(mv.old)} -> {fmt(mv.new)} (worse by {fmt(mv.worse)})" for mv in moves[:_CAP]]
@@ -640,10 +640,10 @@ class StagesResult(Result):
         problems = []
         if not _meets(_cosine(), self.values["integer"], t):
             problems.append(f"the integer-kernel outputs reach cosine {fmt(self.values['integer'])} against "
-                            f"float, below {t:g}")
+                            f"float, below {threshold_text(t)}")
         if not _meets(_cosine(), self.kernel_gap, t):
             problems.append(f"the integer kernels reach only cosine {fmt(self.kernel_gap)} against the "
-                            f"fake-quant simulation, below {t:g}")
+                            f"fake-quant simulation, below {threshold_text(t)}")
         if problems:
             return "; ".join(problems) + f". {self.message} {where}"
         return (f"the integer-kernel outputs keep cosine {fmt(self.values['integer'])} >= {t:g} against float "
@@ -651,9 +651,10 @@ class StagesResult(Result):
 
     @property
     def details(self):
-        rows = [{"stage": s, COSINE: v, "required": f">= {self.threshold:g}" if s == "integer" else "",
+        required = f">= {threshold_text(self.threshold)}"
+        rows = [{"stage": s, COSINE: v, "required": required if s == "integer" else "",
                  "description": self.descriptions.get(s, "")} for s, v in self.values.items()]
-        rows.append({"stage": "integer vs fake-quant", COSINE: self.kernel_gap, "required": f">= {self.threshold:g}",
+        rows.append({"stage": "integer vs fake-quant", COSINE: self.kernel_gap, "required": required,
                      "description": "how far the integer kernels are from the simulation"})
         return format_table(rows, ["stage", COSINE, "required", "description"])
 

@@ -22,7 +22,7 @@ import pytest
 from . import guard
 from .errors import PTQError
 from .settings import OPTIONS, PTQPathWarning, apply_marker, below, from_config
-from .tables import warning_lines
+from .tables import threshold_text, warning_lines
 
 WORKER_KEY = "ptq_report"
 # What a worker's tests read, so that the controller never writes the report onto it.
@@ -354,7 +354,7 @@ class PTQSession:
             args += ["--float-model", _shown_path(key.float_model, here)]
         if key.data_num:
             args += ["--data-num", str(key.data_num)]
-        args += ["--target-cosine", f"{target:g}", "--remedy", "mixed"]
+        args += ["--target-cosine", threshold_text(target), "--remedy", "mixed"]
         parts = self.failing_outputs(key.id)
         if parts:  # the search aims at the outputs (or slices) that failed, not every output
             args += ["-o", *parts]

@@ -306,12 +306,13 @@ def test_cli_suggest_prints_and_writes_the_settings(outlier, tmp_path, capsys):
 
 def test_cli_suggest_exits_1_when_the_target_is_out_of_reach(planted, tmp_path, capsys):
     folder = builders.save_folder(planted["data"], tmp_path / "data")
-    rc = main(["suggest", str(planted["qdq"]), str(folder), "--target-cosine", "0.999", "--remedy", "per-channel",
+    # a target of seven nines is printed as given, not rounded to 1 (which no cosine below 1 meets)
+    rc = main(["suggest", str(planted["qdq"]), str(folder), "--target-cosine", "0.9999999", "--remedy", "per-channel",
                "--no-save", "--quiet"])
     assert rc == 1
     text = capsys.readouterr().out
     assert "not met" in text
-    assert text.splitlines()[-1].startswith("exit 1: no set found meets the target 0.999 on ")
+    assert text.splitlines()[-1].startswith("exit 1: no set found meets the target 0.9999999 on ")
 
 
 def test_cli_suggest_bad_input_exits_2(tmp_path, capsys):

@@ -12,6 +12,7 @@ import dataclasses
 from .. import params
 from ..errors import PTQError
 from ..metrics import COSINE, Metric, get_metrics
+from ..tables import threshold_text
 
 
 class TaskMetric(Metric):
@@ -48,8 +49,8 @@ class Objective:
         """The bar in words, e.g. ``cosine-similarity >= 0.99`` or ``top1 >= 0.99 x float``."""
         op = ">=" if self.metric.higher_is_better else "<="
         if self.min_ratio is not None:
-            return f"{self.metric.name} {op} {self.min_ratio:g} x float"
-        return f"{self.metric.name} {op} {self.target:g}"
+            return f"{self.metric.name} {op} {threshold_text(self.min_ratio)} x float"
+        return f"{self.metric.name} {op} {threshold_text(self.target)}"
 
     def to_dict(self):
         out = {"metric": self.metric.name, "kind": "task" if self.is_task else "output"}

@@ -7,7 +7,7 @@ import json
 
 from ..metrics import get_metrics
 from ..results import JsonResult
-from ..tables import format_table, warning_lines
+from ..tables import format_table, threshold_text, warning_lines
 from .objective import TaskMetric
 from .scoring import meets
 
@@ -123,8 +123,8 @@ class Remedy(JsonResult):
     def target_text(self):
         """The target as the user gave it: ``0.99`` or ``0.99 x float``."""
         if self.objective.get("min_ratio") is not None:
-            return f"{self.objective['min_ratio']:g} x float"
-        return f"{self.target:g}"
+            return f"{threshold_text(self.objective['min_ratio'])} x float"
+        return threshold_text(self.target)
 
     def needed_for(self, target):
         """The fewest nodes on the search curve whose value meets ``target``, or None."""

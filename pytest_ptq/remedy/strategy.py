@@ -24,6 +24,7 @@ from __future__ import annotations
 import itertools
 import math
 
+from ..tables import threshold_text
 from .scoring import cost_of
 
 # Non-members tried in swap moves, and the largest sets tried with pair moves: bounds that
@@ -125,16 +126,16 @@ class Search:
                     "mixed": "at its strongest remedy"}[r.remedy]
             # told before the search ends, so true whatever it finds: a subset can do better
             r.notes.append(f"with every candidate {what} together the {self.S.metric.name} is {r.ceiling:.6g} on the "
-                           f"search samples, short of {_fmt(self.S.target)}: some remedies cost accuracy elsewhere, "
-                           "so the search looks for a subset; where none meets the target, try another remedy or "
+                           f"search samples, short of {threshold_text(self.S.target)}: some remedies cost accuracy "
+                           "elsewhere, so the search looks for a subset; where none meets the target, try another remedy or "
                            "check the data and the float model")
         order = self.first
         if order != self.strongest and self.S.meets(r.ceiling) and not self.S.meets(self.score(order)):
             # every node on its cheapest remedy together falls short where all at their
             # strongest meet: walking the cheap order would add every node and meet nothing
             r.notes.append(f"every candidate on its cheapest remedy reaches only {self.S.memo[frozenset(order)]:.6g} "
-                           f"on the search samples, short of {_fmt(self.S.target)}: the greedy added each node's "
-                           "strongest remedy instead, and cheaper kinds were tried after")
+                           f"on the search samples, short of {threshold_text(self.S.target)}: the greedy added each "
+                           "node's strongest remedy instead, and cheaper kinds were tried after")
             order = self.strongest
         chosen, found = [], None
         for mv in order:
