@@ -244,7 +244,7 @@ def _runall(engine, out, metrics, output_node, node_type, data_num, top, axis, p
                                                   heldout, count=len(every_index)),
                             files=(heldout,) if isinstance(held, str) else ())
 
-    verdict = _verdict(engine, metric, three, sens, top_nodes, dist, boxes, curves, blind, far)
+    verdict = _verdict(engine, metric, three, sens, top_nodes, dist, boxes, curves, len(indices), blind, far)
     timings["total"] = round(time.perf_counter() - start, 3)
     summary = {
         "tool": "pytest-ptq", "version": __version__, "model": qm.source, "format": qm.format_label,
@@ -271,9 +271,10 @@ def _runall(engine, out, metrics, output_node, node_type, data_num, top, axis, p
 
 
 # -- verdict --------------------------------------------------------------------------------
-def _verdict(engine, metric, three, sens, top_nodes, dist, boxes, curves, blind=None, far=()):
-    """The verdict, the ranked nodes' advice and the next steps; ``blind``: the verdict by
-    correlation on the outputs ``far`` from zero, which ``metric`` cannot see."""
+def _verdict(engine, metric, three, sens, top_nodes, dist, boxes, curves, samples, blind=None, far=()):
+    """The verdict, the ranked nodes' advice and the next steps; ``samples``: how many the
+    rankings used; ``blind``: the verdict by correlation on the outputs ``far`` from zero, which
+    ``metric`` cannot see."""
     source, text = three.source, three.text
     items = []
     for t, names in top_nodes.items():
@@ -285,7 +286,7 @@ def _verdict(engine, metric, three, sens, top_nodes, dist, boxes, curves, blind=
     kinds = {"weight": ("weight",), "activation": ("activation",), "both": ("weight", "activation")}.get(source, ())
     matter = relevant(items)
     matter += [it for k in kinds for it in relevant([i for i in items if i["kind"] == k]) if it not in matter]
-    spread = _spread(engine.qmodel, metric, three.figures, items, kinds)
+    spread = _spread(engine.qmodel, metric, three, samples, items, kinds)
     close = source == "neither" and (blind is None or blind.source == "neither")
     for it in items:
         if (close or it not in matter) and it["try"][0] in ("int16", "keep in float"):
@@ -327,20 +328,27 @@ def _verdict(engine, metric, three, sens, top_nodes, dist, boxes, curves, blind=
 SPREAD = 0.25
 
 
-def _spread(qm, metric, figures, items, kinds):
-    """``{kind: (loss of that kind alone, loss of its worst ranked node alone)}`` for the
-    verdict's ``kinds`` whose loss no single ranked node explains (see :data:`SPREAD`), where
-    some of its nodes are below 16 bits."""
+# a kind's loss on the rankings' samples below this share of its loss on the data the verdict
+# was decided on: those samples do not show the loss, and the ranking orders rounding noise
+UNSEEN = 0.01
+
+
+def _spread(qm, metric, three, samples, items, kinds):
+    """``{kind: (loss of that kind alone, loss of its worst ranked node alone, samples, loss
+    on the verdict's data)}`` for the verdict's ``kinds`` whose loss no single ranked node
+    explains (see :data:`SPREAD`), where some of its nodes are below 16 bits: both losses on
+    the ``samples`` calibration samples the rankings used, as the nodes were ranked on them."""
+    ranked_on = three.ranking or three.values["calibration"]
     out = {}
     for k in (k for k in kinds if any(qm.wider_type(c) for c in qm.of_kind(k))):  # 16-bit already: not this
-        loss = badness(metric, figures[f"{k} only"])
+        loss, decided = (badness(metric, figures[f"{k} only"]) for figures in (ranked_on, three.figures))
         worst = max((it["badness"] for it in items if it["kind"] == k), default=math.nan)
-        if loss > 0 and math.isfinite(loss) and worst < SPREAD * loss:
-            out[k] = (loss, worst)
+        if math.isfinite(decided) and decided > 0 and (loss < UNSEEN * decided or worst < SPREAD * loss):
+            out[k] = (loss, worst, samples, decided)
     return out
 
 
-def _spread_step(engine, kind, loss, worst):
+def _spread_step(engine, kind, loss, worst, samples, decided):
     import shlex
 
     qm = engine.qmodel
@@ -348,7 +356,14 @@ def _spread_step(engine, kind, loss, worst):
     suggest = shlex.join(["ptq-debug", "suggest", str(qm.source), str(data), "--remedy", "int16"])
     wider = ("quantize_static(..., activation_type=QuantType.QUInt16)" if kind == "activation" else
              "per-channel weights where they are per tensor, else quantize_static(..., weight_type=QuantType.QInt16)")
-    return (f"{kind} quantization alone loses {loss:.3g} (the rule's loss), and its worst node alone {worst:.2g} "
+    on = f"on the {samples} calibration sample(s) the rankings used"
+    if loss < UNSEEN * decided:
+        return (f"{kind} quantization alone loses {decided:.3g} where the verdict was decided but only {loss:.2g} "
+                f"{on}, and its worst node alone {worst:.2g}: those samples do not show the loss, so the {kind} "
+                "ranking may miss the nodes that cause it; rank on more samples (--rank-samples all) or on data like "
+                f"the deployment's, raise every {kind} to 16 bit ({wider}), or let `{suggest}` find the smallest set "
+                "that meets a target")
+    return (f"{kind} quantization alone loses {loss:.3g} {on}, and its worst node alone {worst:.2g} "
             f"({worst / loss:.0%} of it): the loss is spread over many {kind} nodes, so fixing the few ranked here "
             f"moves it little; raise every {kind} to 16 bit ({wider}), or let `{suggest}` find the smallest set "
             "that meets a target")
