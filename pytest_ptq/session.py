@@ -368,7 +368,24 @@ class PTQSession:
         key, here = analysis.key, self.config.invocation_params.dir
         stages = shlex.join(["ptq-debug", "stages", _shown_path(key.float_model, here) if key.float_model
                              else "FLOAT_MODEL", _shown_path(key.model, here), _shown_path(key.data, here)])
-        return [warning(w, stages) for w in analysis.warnings]
+        few = self._few_samples(analysis)
+        return [warning(w, stages) for w in analysis.warnings + ([few] if few else [])]
+
+    def _few_samples(self, analysis):
+        """A sentence where the model's output or accuracy checks judged it on fewer calibration
+        samples than a calibration set should hold (:data:`~pytest_ptq.datacheck.FEW_SAMPLES`)
+        with no held-out data: a pass there says little of other data. None otherwise."""
+        from .datacheck import FEW_SAMPLES
+
+        judged = [r for r in self._results_of(analysis.key.id) if r.kind in ("outputs", "accuracy")
+                  and r.holdout is None and 0 < r.samples < FEW_SAMPLES]
+        if not judged:
+            return None
+        kinds = " and ".join(dict.fromkeys(r.kind for r in judged))
+        return (f"its {kinds} check(s) judged it on {min(r.samples for r in judged)} calibration sample(s) "
+                f"({judged[0].data}) and no held-out data: a result on so few samples, which may be those it was "
+                f"calibrated on, may not hold on other data; give the check held-out data ('holdout:' in a contract, "
+                f"{FEW_SAMPLES} or more samples drawn like the deployment's)")
 
     # -- commands printed in messages -------------------------------------------------------
     def commands(self, item):

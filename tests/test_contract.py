@@ -163,6 +163,24 @@ def test_accuracy_and_holdout(project, models):
                                  "mean_class3: quantized * = *% of float *, which is below the *% required*"])
 
 
+def test_a_check_on_a_few_calibration_samples_and_no_held_out_data_says_so_even_when_it_passes(project):
+    """Outputs judged on the 4 calibration samples alone passed with nothing said of the
+    data; on held-out data the same contract says nothing more."""
+    from pytest_ptq.datacheck import FEW_SAMPLES
+
+    assert N < FEW_SAMPLES
+    for name, holdout in (("alone", ""), ("held", "holdout: ../models/holdout\n")):
+        contract(project, name, f"model: ../models/model.onnx\ndata: ../models/calib\n{holdout}outputs: 0.5\n"
+                                "baseline: false\n")
+    result = run(project, "contracts/alone.ptq.yaml")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines([f"warning: *model.onnx: its outputs check(s) judged it on {N} calibration sample(s) "
+                                 f"(*calib) and no held-out data*give the check held-out data*"])
+    held = run(project, "contracts/held.ptq.yaml")
+    held.assert_outcomes(passed=1)
+    assert "calibration sample(s)" not in held.stdout.str()
+
+
 def test_an_error_in_the_users_evaluate_shows_its_frames_not_pytests(project):
     (project.path / "contracts" / "evaluate.py").write_text(textwrap.dedent("""
         def broken(run, data):
