@@ -569,3 +569,27 @@ def test_a_weight_laid_out_before_its_pair_is_a_weight(layout):
     got = debug.get_sensitivity_of_nodes(model, ["cosine-similarity"], {"x": xs}, node_type="weight")
     assert list(got) == ["q_w"]
     assert got["q_w"]["cosine-similarity"] == pytest.approx(ref @ quant / np.sqrt((ref @ ref) * (quant @ quant)), abs=1e-6)
+
+
+def test_a_block_scale_that_does_not_fit_its_weight_is_refused_in_one_sentence():
+    """A block-wise DQ whose scale has blocks along the wrong axis (an int4 export of a Gemm
+    with transB): onnxruntime refuses it, and dequantizing it stopped on numpy's broadcast
+    error; a scale of the right shape loads."""
+    from onnx import TensorProto as TP
+
+    codes = np.zeros((128, 256), np.int8)
+
+    def model(scale_shape):
+        graph = helper.make_graph(
+            [helper.make_node("DequantizeLinear", ["wq", "ws"], ["wd"], name="dq_w", axis=0, block_size=128),
+             helper.make_node("MatMul", ["x", "wd"], ["y"], name="mm")], "g",
+            [helper.make_tensor_value_info("x", TP.FLOAT, [1, 128])], [helper.make_tensor_value_info("y", TP.FLOAT, [1, 256])],
+            [helper.make_tensor("wq", TP.INT4, list(codes.shape), codes.ravel().tolist()),
+             numpy_helper.from_array(np.full(scale_shape, 0.1, np.float32), "ws")])
+        return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)], ir_version=10)
+
+    assert QuantModel(model((1, 256))).calibration["dq_w"].block_size == 128
+    with pytest.raises(PTQError, match=r"DequantizeLinear 'dq_w' .* has a scale of shape \[128, 2\] for blocks of 128 "
+                                       r"along axis 0 .* of shape \[128, 256\]; block-wise quantization takes a scale "
+                                       r"of shape \[1, 256\]"):
+        QuantModel(model((128, 2)))
