@@ -593,3 +593,19 @@ def test_a_block_scale_that_does_not_fit_its_weight_is_refused_in_one_sentence()
                                        r"along axis 0 .* of shape \[128, 256\]; block-wise quantization takes a scale "
                                        r"of shape \[1, 256\]"):
         QuantModel(model((128, 2)))
+
+
+def test_a_model_output_written_by_a_fused_fake_quant_node_is_kept():
+    """Quark's BFP wraps a Softmax in one BFPQuantizeDequantize node whose float output is the
+    model's: it was read as the integer tensor inside a pair, left out, and the model refused
+    as having no output that quantization changes."""
+    from onnx import TensorProto as TP
+
+    graph = helper.make_graph(
+        [helper.make_node("Softmax", ["x"], ["s"], name="softmax", axis=1),
+         helper.make_node("BFPQuantizeDequantize", ["s"], ["y"], name="bfp", domain="com.amd.quark", bit_width=16)],
+        "g", [helper.make_tensor_value_info("x", TP.FLOAT, [1, 8])], [helper.make_tensor_value_info("y", TP.FLOAT, [1, 8])])
+    qm = QuantModel(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
+                                                            helper.make_opsetid("com.amd.quark", 1)]))
+    assert qm.output_names == ["y"] and qm.calibration["bfp"].fused
+    assert not any("'y'" in n for n in qm.notes)

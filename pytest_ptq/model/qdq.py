@@ -452,7 +452,8 @@ class QuantModel:
         changes: an initializer (no session computes it), and the integer tensor inside a Q/DQ
         pair (the engine replaces the pair; its dequantized value is what the model computes
         with); an output listed twice is kept once."""
-        inner = {c.q_node.output[0]: c.name for c in self.calibration.values() if c.q_node is not None}
+        # a fused fake-quant node (Quark's BFP) is its own pair: its output is float, the model's
+        inner = {c.q_node.output[0]: c.name for c in self.calibration.values() if c.q_node is not None and not c.fused}
         graph = self.model.graph
         kept, seen = [], set()
         for o in graph.output:
