@@ -72,6 +72,10 @@ def targets_for(engine, node_type, interested_nodes=None):
 def stored_quantized(qm, what):
     """The PTQError for ``what`` (weights of ``qm``) stored already quantized, which no config
     can bypass without the float model."""
+    if qm.aligned:
+        return PTQError(f"{what} of {qm.source!r}, stored already quantized (DequantizeLinear only) and matched by no "
+                        "weight of the float model given, cannot be bypassed; check that it is the float model this "
+                        "one was quantized from")
     return PTQError(f"{what} of {qm.source!r}, stored already quantized (DequantizeLinear only), cannot be "
                     "bypassed; pass the float model (float_model=... / --float-model) to recover the float weights")
 

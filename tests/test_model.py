@@ -609,3 +609,48 @@ def test_a_model_output_written_by_a_fused_fake_quant_node_is_kept():
                                                             helper.make_opsetid("com.amd.quark", 1)]))
     assert qm.output_names == ["y"] and qm.calibration["bfp"].fused
     assert not any("'y'" in n for n in qm.notes)
+
+
+def test_a_float16_models_weights_behind_lone_dqs_are_matched_to_its_float_model():
+    """An fp16 export quantized in float32 and then converted (codes from the float32 scale,
+    the scale and the float weights rounded to float16): some elements lie a little over half
+    a step from the fp16 float weight, and the weight went unmatched and unranked. Matched, its
+    sensitivity equals the float model with that weight dequantized, run in a plain session."""
+    import onnxruntime as ort
+    from onnx import TensorProto as TP
+    from pytest_ptq import debug
+
+    rng = np.random.default_rng(7)
+    d = 64
+    w = rng.uniform(-1, 1, size=(d, d)).astype(np.float32)
+    # a float32 scale just under half a float16 step above its float16 value: the most it moves
+    scale = np.float32(np.float16(1 / 127)) * np.float32(1 + 0.98 * 2.0 ** -11)
+    codes = np.clip(np.rint(w / scale), -127, 127).astype(np.int8)
+
+    def model(weight_nodes, inits):
+        graph = helper.make_graph(
+            [helper.make_node("Cast", ["x"], ["x16"], to=TP.FLOAT16), *weight_nodes,
+             helper.make_node("MatMul", ["x16", "wd"], ["y16"], name="mm"),
+             helper.make_node("Cast", ["y16"], ["y"], to=TP.FLOAT)], "g",
+            [helper.make_tensor_value_info("x", TP.FLOAT, [2, d])], [helper.make_tensor_value_info("y", TP.FLOAT, [2, d])],
+            inits)
+        return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)], ir_version=9)
+
+    quantized = model([helper.make_node("DequantizeLinear", ["wq", "ws"], ["wd"], name="dq_w")],
+                      [numpy_helper.from_array(codes, "wq"), numpy_helper.from_array(np.float16(scale), "ws")])
+    float_model = model([helper.make_node("Identity", ["w16"], ["wd"])], [numpy_helper.from_array(w.astype(np.float16), "w16")])
+    off = np.abs(codes * np.float64(np.float16(scale)) - w.astype(np.float16)) / np.float64(np.float16(scale))
+    assert (off > 0.5).mean() > 1 - 0.99  # past the rounding of float32 values: the case at hand
+    assert QuantModel(quantized, float_model=float_model).calibration["dq_w"].float_weight is not None
+    xs = [rng.normal(size=(2, d)).astype(np.float32) for _ in range(3)]
+    dequantized = model([helper.make_node("Identity", ["w16"], ["wd"])],
+                        [numpy_helper.from_array((codes * np.float16(scale)).astype(np.float16), "w16")])
+
+    def outputs(m):
+        s = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+        return np.concatenate([s.run(None, {"x": x})[0] for x in xs]).ravel().astype(np.float64)
+
+    ref, quant = outputs(float_model), outputs(dequantized)
+    got = debug.get_sensitivity_of_nodes(quantized, ["cosine-similarity"], {"x": xs}, node_type="weight",
+                                         float_model=float_model)
+    assert got["dq_w"]["cosine-similarity"] == pytest.approx(ref @ quant / np.sqrt((ref @ ref) * (quant @ quant)), abs=1e-5)

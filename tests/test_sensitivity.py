@@ -247,6 +247,13 @@ def test_a_weight_stored_quantized_says_to_pass_the_float_model(zoo):
     # every weight: an empty ranking would read as "no weight matters"
     with pytest.raises(PTQError, match="all 6 weights .*stored already quantized.*float model"):
         get_sensitivity_of_nodes(engine, node_type="weight")
+    # a float model given that matches none of them is not asked for again
+    other = Engine(zoo.qdq("dq_weights"), zoo.data("dq_weights"), optimization="disable",
+                   float_model=zoo.float("dq_weights"))
+    for c in other.qmodel.of_kind("weight"):
+        c.float_weight = None
+    with pytest.raises(PTQError, match="all 6 weights .*matched by no weight of the float model given.*check that it is"):
+        get_sensitivity_of_nodes(other, node_type="weight")
 
 
 def test_output_node_can_be_an_inner_node(setup):

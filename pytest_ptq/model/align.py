@@ -778,6 +778,9 @@ def fit_of(c, mine, fw, slack=0.0):
     if fw.dtype.kind != "f" or tuple(fw.shape) != tuple(mine.shape):
         return False, math.inf
     slack = np.broadcast_to(np.asarray(slack, np.float64), fw.shape)
+    # a float16 model's weights, and the scale that dequantizes them, are rounded to half a
+    # float16 step after the codes were computed from float32 values: up to that share of each
+    half = max((np.finfo(t).eps / 2 for t in (fw.dtype, mine.dtype) if t == np.float16), default=0.0)
     good, diff, norm = 0, 0.0, 0.0
     for rows, part in c.row_blocks(fw.shape):
         fw64 = fw[rows].astype(np.float64)
@@ -789,7 +792,7 @@ def fit_of(c, mine, fw, slack=0.0):
         ours = mine[rows].astype(np.float64)
         with np.errstate(invalid="ignore"):  # an infinite constant (a mask's -inf) equals itself
             err = np.abs(ours - fw64)
-            tolerance = bound * 1.001 + 1e-7 * np.abs(fw64) + slack[rows]
+            tolerance = bound * 1.001 + 1e-7 * np.abs(fw64) + slack[rows] + half * (np.abs(ours) + np.abs(fw64))
             good += int(np.count_nonzero((err <= tolerance) | (ours == fw64) | (fw64 < lo) | (fw64 > hi)))
             finite = np.isfinite(err)
             diff += float(np.square(err[finite]).sum())

@@ -408,6 +408,7 @@ class QuantModel:
         self._mark_on_grid()
         self.float_weights = {}
         self._map_normal_nodes()
+        self.aligned = float_model is not None  # its weights were looked for in a float model
         if float_model is not None:
             from .align import align
 
