@@ -515,8 +515,16 @@ def test_a_weight_the_given_float_model_lacks_is_not_told_as_no_float_model(tmp_
     w.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(w)[::-1].copy() * 3, "w2"))
     onnx.save(model, tmp_path / "other.onnx")
     engine = Engine(qpath, data, float_model=str(tmp_path / "other.onnx"), check=False)
-    assert engine.qmodel.alignment.unmatched_weights
+    lost = engine.qmodel.alignment.unmatched_weights
+    assert lost
     assert not any("no float model was given" in w for w in engine.warnings)
+    # what becomes of them is said as the rankings do it: left out, not compared another way
+    from pytest_ptq.sensitivity import get_sensitivity_of_nodes
+
+    checked = Engine(qpath, data, float_model=str(tmp_path / "other.onnx"))
+    [said] = [w for w in checked.warnings if w.startswith("the float model holds no weight")]
+    assert f"({lost[0]!r})" in said and "the weight rankings leave them out" in said
+    assert lost[0] not in get_sensitivity_of_nodes(checked, node_type="weight")
     assert any("no float model was given" in w for w in Engine(qpath, data, check=False).warnings)
 
 

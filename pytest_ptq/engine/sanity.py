@@ -149,8 +149,11 @@ def check(engine):
     if against is not None:
         lost = getattr(qm, "alignment", None) and qm.alignment.unmatched_weights
         if lost:
-            warnings.append(f"the float model holds no weight that {len(lost)} quantized weight(s) such as "
-                            f"{lost[0]!r} round to; weight analyses compare them against their dequantized values")
+            warnings.append(f"the float model holds no weight that {len(lost)} quantized weight(s) round to "
+                            f"({', '.join(repr(n) for n in lost[:3])}{' ...' if len(lost) > 3 else ''}): they stay "
+                            "dequantized in every configuration, so the weight rankings leave them out and every other "
+                            "figure carries their quantization error; check that the float model is the one this model "
+                            "was quantized from")
         rewrite = against.verdict()
         if rewrite is not None:
             warnings.append(f"graph rewritten by the quantizer: output cosine {rewrite['cosine']:.6f} between the float "
