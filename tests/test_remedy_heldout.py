@@ -64,6 +64,10 @@ def test_calibration_hides_the_loss_and_the_held_out_data_find_the_remedy(side, 
     assert {c["stage"] for c in r.confirmations} >= {"chosen", "escalation", "shrink"}
     assert any("already meet the target without a remedy" in n for n in r.notes)
     assert r.judge_chose and not blind.judge_chose  # the held-out data chose the node: said so
+    # where its figure is read, not only in the exit line: it is fitted, no independent check
+    summary = r.summary()
+    assert "on held-out data, which chose part of the set (a fitted figure, not an independent check) meets" in summary
+    assert f"held-out ({N}) chose part of the set" in summary and "calibration (" in summary
 
     held, cal = r.figures["held-out"], r.figures["calibration"]
     assert held["before"] == pytest.approx(cosine_with(side, [], side["held"]), abs=1e-6)

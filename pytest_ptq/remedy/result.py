@@ -191,9 +191,11 @@ class Remedy(JsonResult):
         re-quantized by each quantizer that ran (onnxruntime, the producer's)."""
         rows = []
         order = [k for k in ("calibration", "search", "confirmation", "held-out") if k in self.figures]
+        fitted = " chose part of the set" if self.judge_chose else ""  # no independent check then
         for key in order:
             f = self.figures[key]
-            rows.append({"data": f"{key} ({f['samples']})", "float": f.get("float"), "no remedy": f["before"],
+            rows.append({"data": f"{key} ({f['samples']}){fitted if key == self.judged_on else ''}",
+                         "float": f.get("float"), "no remedy": f["before"],
                          "remedy": f["after"], "target": f["target"], "met": "yes" if f["met"] else "no"})
         runs = [("onnxruntime", self.measured)]
         if self.producer_terms:
@@ -224,6 +226,8 @@ class Remedy(JsonResult):
         name = self.objective.get("metric", self.metric)
         judged = self.figures.get(self.judged_on, {})
         where = "" if self.judged_on == "calibration" else f" on {_on(self.judged_on)}"
+        if self.judge_chose:
+            where += ", which chose part of the set (a fitted figure, not an independent check)"
         missed = bool(self.requantized) and not self.requantized[1].get("met", True)
         if self.met:
             lines.append(f"{name} {_fmt(judged.get('after', self.value))}{where} meets the target {self.target_text} "
