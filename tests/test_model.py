@@ -654,3 +654,49 @@ def test_a_float16_models_weights_behind_lone_dqs_are_matched_to_its_float_model
     got = debug.get_sensitivity_of_nodes(quantized, ["cosine-similarity"], {"x": xs}, node_type="weight",
                                          float_model=float_model)
     assert got["dq_w"]["cosine-similarity"] == pytest.approx(ref @ quant / np.sqrt((ref @ ref) * (quant @ quant)), abs=1e-5)
+
+
+@pytest.mark.parametrize("op", ["Gemm", "MatMul"])
+def test_a_smoothquant_weight_is_matched_to_its_float_model_through_the_activations_factor(op):
+    """Neural Compressor's SmoothQuant multiplies a node's input by a factor per input channel
+    (a Mul the float model lacks) and stores the weight over that factor: the weight matched
+    no float weight, stayed dequantized and was left out of the weight ranking. Matched, its
+    sensitivity equals the lone DQ alone in a plain session against the float model."""
+    from onnx import TensorProto as TP
+    from pytest_ptq import debug
+
+    rng = np.random.default_rng(3)
+    k, n = 16, 8
+    w = rng.normal(size=(n, k) if op == "Gemm" else (k, n)).astype(np.float32)
+    factor = rng.uniform(0.2, 5, size=k).astype(np.float32)
+    axis = 1 if op == "Gemm" else 0
+    stored = w / (factor[None, :] if op == "Gemm" else factor[:, None])
+    scale = (np.abs(stored).max(axis=axis) / 127).astype(np.float32)
+    codes = np.clip(np.rint(stored / (scale[:, None] if op == "Gemm" else scale[None, :])), -127, 127).astype(np.int8)
+    attrs = {"transB": 1} if op == "Gemm" else {}
+    x_info = helper.make_tensor_value_info("x", TP.FLOAT, [2, k])
+    y_info = helper.make_tensor_value_info("y", TP.FLOAT, [2, n])
+    xs_scale = numpy_helper.from_array(np.float32(0.1), "xs")
+    xs_zero = numpy_helper.from_array(np.int8(0), "xz")
+    quantized = helper.make_model(helper.make_graph(
+        [helper.make_node("Mul", ["x", "m"], ["xm"], name="smooth_mul"),
+         helper.make_node("QuantizeLinear", ["xm", "xs", "xz"], ["xq"], name="q_x"),
+         helper.make_node("DequantizeLinear", ["xq", "xs", "xz"], ["xd"], name="dq_x"),
+         helper.make_node("DequantizeLinear", ["wq", "ws"], ["wd"], name="dq_w", axis=1 - axis),
+         helper.make_node(op, ["xd", "wd"], ["y"], name="node", **attrs)], "q", [x_info], [y_info],
+        [numpy_helper.from_array(factor, "m"), xs_scale, xs_zero, numpy_helper.from_array(codes, "wq"),
+         numpy_helper.from_array(scale, "ws")]), opset_imports=[helper.make_opsetid("", 17)])
+    float_model = helper.make_model(helper.make_graph(
+        [helper.make_node(op, ["x", "w"], ["y"], name="node", **attrs)], "f", [x_info], [y_info],
+        [numpy_helper.from_array(w, "w")]), opset_imports=[helper.make_opsetid("", 17)])
+    assert QuantModel(quantized, float_model=float_model).calibration["dq_w"].float_weight is not None
+    xs = [rng.normal(size=(2, k)).astype(np.float32) for _ in range(3)]
+    only_weight = builders.rewire(quantized, keep=["dq_w"])
+
+    def outputs(m):  # Q/DQ as float arithmetic, as every figure simulates them
+        return np.concatenate([builders.run_model(m, {"x": x})["y"] for x in xs]).ravel().astype(np.float64)
+
+    ref, quant = outputs(float_model), outputs(only_weight)
+    got = debug.get_sensitivity_of_nodes(quantized, ["cosine-similarity"], {"x": xs}, node_type="weight",
+                                         float_model=float_model)
+    assert got["dq_w"]["cosine-similarity"] == pytest.approx(ref @ quant / np.sqrt((ref @ ref) * (quant @ quant)), abs=1e-6)

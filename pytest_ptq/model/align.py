@@ -705,6 +705,14 @@ def _assign_weights(qm, f, weights_at, values):
             if fw is not None and fits(c, mine, fw, f.slack(fname)):
                 found = (fname, fw)
                 break
+        smoothing = _smoothing(qm, c)
+        if found is None and smoothing is not None:  # positionally first, then any float weight of its shape
+            for fname in dict.fromkeys([*weights_at.get(c.name, ()), *index.get(tuple(mine.shape), ())]):
+                fw = f.constant(fname)
+                smoothed = None if fw is None else _smoothed(fw, *smoothing)
+                if smoothed is not None and fits(c, mine, smoothed, f.slack(fname)):
+                    found = (fname, smoothed)
+                    break
         if found is None:
             found = _by_value(f, index, c, mine, by_size)
         if found is None:
@@ -715,6 +723,40 @@ def _assign_weights(qm, f, weights_at, values):
         weights[c.name] = float_source(found[0])
         _set_float(qm, c, found[1], found[0])
     return weights, unmatched, tried, fitted
+
+
+def _smoothing(qm, c):
+    """``(axis, factor)`` where a SmoothQuant pass (Neural Compressor) divided the activation
+    the node reading weight ``c`` takes by a per-input-channel factor and gave the weight that
+    factor: its data input comes (through its pair) from a Mul by a constant vector, and the
+    model's weight is the float one over it along ``axis``, its input channels; else None."""
+    for name in c.consumers:
+        node = qm.normal.get(name)
+        if node is None or node.op_type not in ("Conv", "Gemm", "MatMul") or len(node.inputs) < 2 or \
+                node.inputs[1] not in c.outputs:
+            continue
+        mul = qm.producer.get(qm.source_of(node.inputs[0]))
+        if mul is None or mul.op_type != "Mul":
+            continue
+        factor = next((qm.constant(i) for i in mul.input if qm.is_constant(i)), None)
+        if factor is None or np.size(factor) < 2:
+            continue
+        attrs = {a.name: a.i for a in qm.node(name).attribute}
+        if node.op_type == "Conv" and attrs.get("group", 1) != 1:
+            continue
+        # a Conv's weight is [out, in, ...], a transposed Gemm's [out, in], a MatMul's [..., in, out]
+        axis = 1 if node.op_type == "Conv" or attrs.get("transB") else -2
+        return axis, np.asarray(factor, np.float64).reshape(-1)
+    return None
+
+
+def _smoothed(fw, axis, factor):
+    """``fw`` over ``factor`` along ``axis`` (see :func:`_smoothing`), or None where they do
+    not fit."""
+    if np.ndim(fw) < 2 or fw.shape[axis] != factor.size:
+        return None
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return (np.asarray(fw, np.float64) / _along(factor, axis % fw.ndim, fw.ndim)).astype(fw.dtype)
 
 
 def _by_value(f, index, c, mine, by_size=None):
