@@ -177,8 +177,8 @@ def _runall(engine, out, metrics, output_node, node_type, data_num, top, axis, p
                                                  progress=progress))
         for t in types:
             files["sensitivity"][t] = str(sens[t].save(out / f"sensitivity_{t}.json"))
-    indices = every_index[:screening.samples]
-    data_num = len(indices)  # distributions and curves: the ranking's samples
+    indices = list(screening.indices) or every_index[:screening.samples]  # the rankings' samples
+    data_num = len(indices)  # distributions and curves: as many samples (the first)
     if progress:
         print(f"runall: {screening.text()}", file=sys.stderr, flush=True)
 
@@ -231,15 +231,15 @@ def _runall(engine, out, metrics, output_node, node_type, data_num, top, axis, p
                                                                     else ""), progress):
         # held-out data given as arrays has no file to hash: then the verdict is not kept
         held = str(heldout) if isinstance(heldout, (str, Path)) else (None if heldout is None else object())
-        three = through(cache, ("runall verdict", base, held, len(indices)),
-                        lambda: three_configs(engine, specs, metric, heldout, ranking_samples=len(indices),
+        three = through(cache, ("runall verdict", base, held, tuple(indices)),
+                        lambda: three_configs(engine, specs, metric, heldout, ranking_samples=indices,
                                               count=len(every_index)),
                         files=(heldout,) if isinstance(held, str) else ())
         outputs = {label: {metric: value} for label, value in three.figures.items()}
         blind = None
         if far:  # outputs the metric cannot see: their verdict by correlation too
             names = {f["output"] for f in far}
-            blind = through(cache, ("runall verdict by correlation", base, held, len(indices)),
+            blind = through(cache, ("runall verdict by correlation", base, held, tuple(indices)),
                             lambda: three_configs(engine, [s for s in specs if s.name in names], "correlation",
                                                   heldout, count=len(every_index)),
                             files=(heldout,) if isinstance(held, str) else ())

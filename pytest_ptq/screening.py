@@ -5,8 +5,8 @@ Ranking every node costs one run per node per sample, so on 32 samples it costs 
 one sample. The order of the top nodes is what a user acts on, and it is settled on a few
 samples far more often than the tail's. So :func:`screen` scores every node on the first
 sample, measures what that took, scores as many further samples as fit in the budget
-(never fewer than ``min_samples``), and then scores the top ``confirm`` nodes of each
-ranking on the remaining samples. The confirmed nodes' values are exact over every sample
+(never fewer than ``min_samples``), spread evenly over the data, and then scores the top
+``confirm`` nodes of each ranking on the remaining samples. The confirmed nodes' values are exact over every sample
 (pooled as any ranking pools them) and they are re-ordered by them; the rest keep their
 values on the screening samples. The bootstrap of the confirmed nodes' per-sample values
 (:func:`~pytest_ptq.confidence.ranking_confidence`) says whether their top order holds.
@@ -19,6 +19,7 @@ import math
 import time
 
 from .confidence import ranking_confidence
+from .engine.sanity import spread
 from .progress import Progress
 from .results import inputs_of, read_from
 from .sensitivity import Sensitivity, describe, merge_scores, ranked, score_configs, targets_for
@@ -49,6 +50,7 @@ class Screening:
     seconds: float
     confidence: dict
     reordered: dict
+    indices: tuple = ()  # the samples every node was scored on, spread over the data
 
     def to_dict(self):
         return {"text": self.text(), "samples": self.samples, "of": self.of, "budget_s": self.budget_s, "confirmed": self.confirmed,
@@ -123,7 +125,11 @@ def screen(engine, node_types, metric_objs, specs, indices, budget_s=None, rank_
         if k < total:
             # the bar now counts what is left for sure: the screening samples, then the confirmation
             bar.total = k * len(configs) + (total - k) * min(len(configs), confirm * len(node_types))
-        rest = score_configs(engine, configs, metric_objs, specs, indices[0 if one_pass else 1:k], bar)
+        # spread over the data, the first included (scored already): the first k of data stored
+        # in order (crops of one page) may all miss what the rest shows
+        chosen = [indices[j] for j in spread(total, k)]
+        others = [i for i in indices if i not in set(chosen)]
+        rest = score_configs(engine, configs, metric_objs, specs, chosen[0 if one_pass else 1:], bar)
         scores = rest if one_pass else merge_scores(scores, rest, metric_objs)
         by_type = {t: {name: scores[(t, name)] for (tt, name) in configs if tt == t} for t in node_types}
         sens = {t: ranked(engine, by_type[t], metric_objs, specs, k, t,
@@ -132,7 +138,7 @@ def screen(engine, node_types, metric_objs, specs, indices, budget_s=None, rank_
             for t in node_types:
                 top[t] = list(sens[t])[:confirm]
                 confirm_configs.update({(t, name): configs[(t, name)] for name in top[t]})
-            more = score_configs(engine, confirm_configs, metric_objs, specs, indices[k:], bar)
+            more = score_configs(engine, confirm_configs, metric_objs, specs, others, bar)
     confidence, reordered = {}, {}
     if k < total:
         for t in node_types:
@@ -145,7 +151,7 @@ def screen(engine, node_types, metric_objs, specs, indices, budget_s=None, rank_
             sens[t] = _with_confirmed(sens[t], confirmed, k)
     return sens, Screening(samples=k, of=total, budget_s=budget_s if rank_samples is None else None,
                            confirmed=confirm if k < total else 0, seconds=time.perf_counter() - start,
-                           confidence=confidence, reordered=reordered)
+                           confidence=confidence, reordered=reordered, indices=tuple(chosen))
 
 
 def _with_confirmed(screened, confirmed, samples):

@@ -131,14 +131,16 @@ class Verdict(JsonResult):
         return self.values[self.decided_on]
 
 
-def score(engine, data, specs, metric, configs, count=None):
+def score(engine, data, specs, metric, configs, count=None, indices=None):
     """``{label: value}`` of each config on every sample of ``data`` (worst output, pooled);
-    ``data`` None: the first ``count`` (default all) of the engine's own samples, whose float
-    references the engine caches."""
+    ``data`` None: the engine's own samples ``indices``, default its first ``count`` (default
+    all), whose float references the engine caches."""
     states = {label: {s.name: metric.new() for s in specs} for label in configs}
     tensors = list(dict.fromkeys(s.tensor for s in specs))
     own = data is None
-    for i in range((count or len(engine.data)) if own else len(data)):
+    if indices is None:
+        indices = range((count or len(engine.data)) if own else len(data))
+    for i in indices:
         if own:
             ref, outs = engine.reference(i, tensors), engine.run_many(i, [(q, ()) for q in configs.values()], tensors)
         else:  # held-out samples: the float run first, from the same prefix
@@ -199,7 +201,8 @@ def three_configs(engine, specs, metric="cosine-similarity", heldout=None, ranki
                   count=None):
     """The :class:`Verdict` of ``engine`` on every sample of ``data`` (default: the first
     ``count`` of the engine's, default all) and of ``heldout``; with ``ranking_samples`` (the
-    count a ranking used), says when those samples alone would decide otherwise."""
+    samples a ranking used: how many, the first of ``data``, or the engine's indices), says
+    when those samples alone would decide otherwise."""
     m = get_metrics(metric)[0]
     configs = {**configs_from(engine, ["weight", "activation"]), ALL: list(engine.calib_names)}
     weights_known = any(c.bypassable and c.kind == "weight" for c in engine.qmodel.calibration.values())
@@ -217,8 +220,11 @@ def three_configs(engine, specs, metric="cosine-similarity", heldout=None, ranki
     verdict = Verdict(metric=m.name, source=source, text=text + (f"; {rewrite}" if rewrite else ""),
                       rule=rule(m.name), values=values, samples=samples, decided_on=decided_on, rewrite=rewrite)
     n = samples["calibration"]
+    chosen = None if ranking_samples is None or isinstance(ranking_samples, int) else list(ranking_samples)
+    if chosen is not None:
+        ranking_samples = len(chosen)
     if ranking_samples is not None and ranking_samples < n:
-        few = score(engine, None, specs, m, configs, ranking_samples) if own else \
+        few = score(engine, None, specs, m, configs, ranking_samples, chosen) if own else \
             score(engine, data.limit(ranking_samples), specs, m, configs)
         verdict.ranking = few
         alone, _ = decide(few, m.name, weights_known)
