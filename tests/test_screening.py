@@ -77,6 +77,14 @@ def test_the_default_budget_is_counted_in_samples_and_capped_in_seconds(net, mon
     monkeypatch.setattr(screening, "DEFAULT_BUDGET_SAMPLES", 3.5)
     _, how = _screen(net, min_samples=1, confirm=0)
     assert how.samples == 3 and 0 < how.budget_s < screening.DEFAULT_BUDGET_S
+    # what confirming the top on the other samples costs does not cut the ranking's samples
+    # below the budget's count (on 96 samples it left 2, whose top missed the 3rd node)
+    monkeypatch.setattr(screening, "DEFAULT_BUDGET_SAMPLES", 3)
+    n = len(_screen(net, rank_samples=1, confirm=0)[0]["activation"])
+    share = 2 / n
+    assert screening.samples_within(3, 1, SAMPLES, 2, share) < 3  # the budget alone would rank on fewer
+    _, how = _screen(net, confirm=2)
+    assert how.samples == 3 and how.confirmed == 2
     monkeypatch.setattr(screening, "DEFAULT_BUDGET_S", 1e-9)
     _, how = _screen(net, min_samples=1, confirm=0)
     assert how.samples == 1 and how.budget_s == 1e-9
