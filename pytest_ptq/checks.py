@@ -646,8 +646,8 @@ class StagesResult(Result):
                             f"fake-quant simulation, below {threshold_text(t)}")
         if problems:
             return "; ".join(problems) + f". {self.message} {where}"
-        return (f"the integer-kernel outputs keep cosine {fmt(self.values['integer'])} >= {t:g} against float "
-                f"and {fmt(self.kernel_gap)} against the fake-quant simulation {where}")
+        return (f"the integer-kernel outputs keep cosine {fmt(self.values['integer'])} >= {threshold_text(t)} against "
+                f"float and {fmt(self.kernel_gap)} against the fake-quant simulation {where}")
 
     @property
     def details(self):
