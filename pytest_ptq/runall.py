@@ -329,7 +329,7 @@ SPREAD = 0.25
 
 
 # a kind's loss on the rankings' samples below this share of its loss on the data the verdict
-# was decided on: those samples do not show the loss, and the ranking orders rounding noise
+# was decided on: those samples do not show the loss, and the ranking may miss its causes
 UNSEEN = 0.01
 
 

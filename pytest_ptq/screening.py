@@ -6,10 +6,11 @@ one sample. The order of the top nodes is what a user acts on, and it is settled
 samples far more often than the tail's. So :func:`screen` scores every node on the first
 sample, measures what that took, scores as many further samples as fit in the budget
 (never fewer than ``min_samples``), spread evenly over the data, and then scores the top
-``confirm`` nodes of each ranking on the remaining samples. The confirmed nodes' values are exact over every sample
-(pooled as any ranking pools them) and they are re-ordered by them; the rest keep their
-values on the screening samples. The bootstrap of the confirmed nodes' per-sample values
-(:func:`~pytest_ptq.confidence.ranking_confidence`) says whether their top order holds.
+``confirm`` nodes of each ranking on the remaining samples. The confirmed nodes' values are
+exact over every sample (pooled as any ranking pools them) and they are re-ordered by them;
+the rest keep their values on the screening samples. The bootstrap of the confirmed nodes'
+per-sample values (:func:`~pytest_ptq.confidence.ranking_confidence`) says whether their top
+order holds.
 """
 
 from __future__ import annotations

@@ -486,8 +486,8 @@ class QuantModel:
             if self.is_float_tensor(n):
                 continue
             said, source = self.unjudged(n)
-            self.notes.append(said + (": the comparisons judge the float outputs; name it (output_node / --output-node) "
-                                      "to compare it all the same" if floats else
+            self.notes.append(said + (": the comparisons judge the float outputs; name it (output_node / "
+                                      "--output-node) to compare it all the same" if floats else
                                       ": with no float output the comparisons judge it all the same; name "
                                       f"{source or 'a float tensor'!r} (output_node / --output-node) to judge that"))
 
@@ -687,13 +687,13 @@ class QuantModel:
                                "1-D scale as long as that axis: fix the export")
         if block:
             shape = self.shapes.get(node.input[0])
-            if shape is not None and -len(shape) <= axis < len(shape) and all(isinstance(d, int) and d > 0 for d in shape):
-                want = [-(-d // block) if k == axis % len(shape) else d for k, d in enumerate(shape)]
-                if list(values.shape) != want:
-                    raise PTQError(f"{where} has a scale of shape {list(values.shape)} for blocks of {block} along axis "
-                                   f"{axis} of its input {node.input[0]!r} of shape {shape}; block-wise quantization "
-                                   f"takes a scale of shape {want} (one per block along the axis, the input's size "
-                                   "elsewhere), and onnxruntime refuses this one: fix the export")
+            known = shape is not None and all(isinstance(d, int) and d > 0 for d in shape)
+            want = [-(-d // block) if k == axis % len(shape) else d for k, d in enumerate(shape)] if known else None
+            if known and -len(shape) <= axis < len(shape) and list(values.shape) != want:
+                raise PTQError(f"{where} has a scale of shape {list(values.shape)} for blocks of {block} along axis "
+                               f"{axis} of its input {node.input[0]!r} of shape {shape}; block-wise quantization "
+                               f"takes a scale of shape {want} (one per block along the axis, the input's size "
+                               "elsewhere), and onnxruntime refuses this one: fix the export")
         if (values <= 0).any():
             self.notes.append(f"{where} has a scale of {values.min():g} ({node.input[1]!r}): its values dequantize "
                               "to 0 or change sign there; a scale should be positive (re-calibrate the model)")

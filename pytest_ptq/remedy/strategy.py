@@ -127,8 +127,8 @@ class Search:
             # told before the search ends, so true whatever it finds: a subset can do better
             r.notes.append(f"with every candidate {what} together the {self.S.metric.name} is {r.ceiling:.6g} on the "
                            f"search samples, short of {threshold_text(self.S.target)}: some remedies cost accuracy "
-                           "elsewhere, so the search looks for a subset; where none meets the target, try another remedy or "
-                           "check the data and the float model")
+                           "elsewhere, so the search looks for a subset; where none meets the target, try another "
+                           "remedy or check the data and the float model")
         order = self.first
         if order != self.strongest and self.S.meets(r.ceiling) and not self.S.meets(self.score(order)):
             # every node on its cheapest remedy together falls short where all at their
