@@ -257,7 +257,7 @@ def _runall(engine, out, metrics, output_node, node_type, data_num, top, axis, p
         "sensitivity": {t: s.to_dict() for t, s in sens.items()},
         "distributions": dist, "channelwise": boxes, "curves": curves.to_dict(),
         "warnings": [*engine.warnings, *through(cache, ("runall simulation gap", base),
-                                                lambda: simulation_warnings(engine, specs)),
+                                                lambda: simulation_warnings(engine, specs, len(every_index))),
                      *offset_warnings(engine, specs, metric, found=far)],
         "timings_s": timings,
     }

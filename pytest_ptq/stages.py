@@ -230,19 +230,20 @@ SIMULATION_SAMPLES = 8
 
 
 def simulation_gap(engine, specs, samples=SIMULATION_SAMPLES, model=None, providers=None, disabled=(),
-                   simulated=None):
+                   simulated=None, count=None):
     """Worst output cosine between the engine's fully quantized run (Q/DQ as float arithmetic;
     a QOperator or dynamic file simulated in its Q/DQ form) and onnxruntime running the file as
     given with its default options, on its integer kernels (a QDQ file's pairs fused into
-    them), over ``samples`` samples spread evenly over the data (first and last included); None
-    without samples; compared on those of ``specs`` that are the file's outputs (its default
+    them), over ``samples`` samples spread evenly over the data (its first ``count``, default
+    all; first and last included); None without samples; compared on those of ``specs`` that are the file's outputs (its default
     outputs where none is). ``model``: a ModelProto run instead of the file (any format);
     ``providers``: its session's (default: the engine's); ``disabled``: onnxruntime optimizers
     turned off in it (none: as a plain session deploys it); ``simulated``: a dict of the
     engine's runs by sample, read and filled, shared by the calls comparing one file several
     ways. Its session and the engine's for every pair quantized are dropped after."""
     qm = engine.qmodel
-    n = min(samples, len(engine.data or ()))
+    count = len(engine.data or ()) if count is None else min(count, len(engine.data or ()))
+    n = min(samples, count)
     if not n:
         return None
     # the file's outputs only: a tensor inside it may be fused away on the integer kernels
@@ -254,7 +255,7 @@ def simulation_gap(engine, specs, samples=SIMULATION_SAMPLES, model=None, provid
     simulated = {} if simulated is None else simulated
     worst = []
     try:
-        for i in spread(len(engine.data), n):
+        for i in spread(count, n):
             given = dict(zip(tensors, run(session, tensors, engine.data.sample(i), qm.source)))
             if (i, tuple(tensors)) not in simulated:
                 simulated[i, tuple(tensors)] = engine.run(i, "all", tensors)
@@ -270,7 +271,7 @@ def kernel_cause(engine, specs, providers=None, given=None, simulated=None):
     return "; ".join(kernel_causes(engine, specs, providers, given, simulated))
 
 
-def kernel_causes(engine, specs, providers=None, given=None, simulated=None):
+def kernel_causes(engine, specs, providers=None, given=None, simulated=None, count=None):
     """Why onnxruntime runs the file otherwise than its simulation, each cause checked by
     running the file without it: this CPU's saturation of uint8 x int8 products
     (:func:`~pytest_ptq.kernels.saturation_cause`; the file with those weights stored as uint8,
@@ -278,14 +279,14 @@ def kernel_causes(engine, specs, providers=None, given=None, simulated=None):
     a QDQ file as it loads (WeightBiasQuantization, float8's Relu/Clip rewrites; the file with
     them off), a clause each, the cause whose removal brings the file closest to the simulation
     first; ``[]`` where none may. ``given``: :func:`simulation_gap` of the file as given, where
-    known; ``simulated``: as :func:`simulation_gap` takes it."""
+    known; ``simulated`` and ``count``: as :func:`simulation_gap` takes them."""
     providers = providers or engine.providers
     simulated = {} if simulated is None else simulated
     qm = engine.qmodel
     clauses, checked = [], []  # clauses: (what the file reads without that cause, sentence)
     cause = saturation_cause(qm, providers)
     widened = as_uint8_weights(qm) if cause else None
-    gap = _without(engine, specs, providers, simulated, model=widened) if widened is not None else None
+    gap = _without(engine, specs, providers, simulated, count, model=widened) if widened is not None else None
     if gap is None:
         clauses += [(-1.0, cause)] if cause else []
     else:
@@ -308,8 +309,8 @@ def kernel_causes(engine, specs, providers=None, given=None, simulated=None):
         if not nodes:
             continue
         if given is None:
-            given = _without(engine, specs, providers, simulated)
-        off = _without(engine, specs, providers, simulated, disabled=optimizers)
+            given = _without(engine, specs, providers, simulated, count)
+        off = _without(engine, specs, providers, simulated, count, disabled=optimizers)
         if off is not None and given is not None and off > given:
             checked.append(off)
             many = len(optimizers) > 1
@@ -323,12 +324,12 @@ def kernel_causes(engine, specs, providers=None, given=None, simulated=None):
     return sentences
 
 
-def _without(engine, specs, providers, simulated, **changed):
+def _without(engine, specs, providers, simulated, count, **changed):
     """:func:`simulation_gap` of the file run without a cause (``changed``: its arguments), or
     None where onnxruntime cannot run it so (a changed file its checker refuses): that cause
     goes unchecked, never the analysis stopped."""
     try:
-        return simulation_gap(engine, specs, providers=providers, simulated=simulated, **changed)
+        return simulation_gap(engine, specs, providers=providers, simulated=simulated, count=count, **changed)
     except PTQError:
         return None
 
@@ -345,19 +346,19 @@ def _check_reference(values, feeds, i, fpath):
     raise overflows(f"the float model {str(fpath or 'given')!r}", bad, i, feeds)
 
 
-def simulation_warnings(engine, specs=None):
+def simulation_warnings(engine, specs=None, count=None):
     """``[warning]`` when the file, run as given on onnxruntime's integer kernels, differs
     from the Q/DQ arithmetic every analysis simulates (:func:`simulation_gap` below
     :data:`SIMULATION_CLOSE`), else ``[]``; the warning's first line says so, a line after it
     each cause (see :func:`~pytest_ptq.tables.warning_lines`). ``specs``: the outputs compared
-    (default: the engine's default outputs)."""
+    (default: the engine's default outputs); ``count``: the first samples looked at (default all)."""
     specs = parse_outputs(None, engine) if specs is None else specs
     simulated = {}  # the engine's runs, shared by every way the file is run below
     try:
-        gap = simulation_gap(engine, specs, simulated=simulated)
+        gap = simulation_gap(engine, specs, simulated=simulated, count=count)
     except PTQError as exc:  # onnxruntime's default optimizations break it (float8's ClipQuantRewrite, say)
         try:
-            simulation_gap(engine, specs, samples=1, disabled=ALWAYS_DISABLED, simulated=simulated)
+            simulation_gap(engine, specs, samples=1, disabled=ALWAYS_DISABLED, simulated=simulated, count=count)
             runs = (f"; it runs with InferenceSession(..., disabled_optimizers={list(ALWAYS_DISABLED)!r}), as the "
                     "simulation does")
         except PTQError:
@@ -366,7 +367,7 @@ def simulation_warnings(engine, specs=None):
                 f"with its default options cannot run this file ({exc}){runs}"]
     if gap is None or gap >= SIMULATION_CLOSE:
         return []
-    causes = (kernel_causes(engine, specs, given=gap, simulated=simulated) or
+    causes = (kernel_causes(engine, specs, given=gap, simulated=simulated, count=count) or
               ["its integer kernels round otherwise than Q/DQ arithmetic, and the model amplifies the difference"])
     qm = engine.qmodel
     simulated = ("Q/DQ as float arithmetic, and onnxruntime running this QDQ file with its default options (its "
@@ -374,9 +375,9 @@ def simulation_warnings(engine, specs=None):
                  f"this {qm.format_label} file in its Q/DQ form, and onnxruntime running the file itself")
     # a line each: the finding, then each cause with what running the file without it read
     return ["\n".join([f"{SIMULATION_WARNING}: every figure simulates {simulated} differs from that simulation "
-                       f"(output cosine {gap:.4f}, the worst of {min(SIMULATION_SAMPLES, len(engine.data))} samples "
-                       "spread over the data, each compared on its own; `stages` pools every sample, which reads "
-                       "higher); the rankings and the verdict are the simulation's; why:", *causes])]
+                       f"(output cosine {gap:.4f}, the worst of {min(SIMULATION_SAMPLES, count or len(engine.data))} "
+                       "samples spread over the data, each compared on its own; `stages` compares every sample, "
+                       "pooled and one by one); the rankings and the verdict are the simulation's; why:", *causes])]
 
 
 def _described(qm):

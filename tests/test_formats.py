@@ -597,6 +597,13 @@ def test_runall_says_when_the_file_runs_otherwise_than_its_simulation(built, nam
     simulation_gap(whole, specs, samples=3)  # spread over the data: its end too
     last = len(whole.data) - 1
     assert last >= 3 and len(set(read)) == 3 and {0, last} < set(read)
+    # runall --data-num 2 looks at those two samples only, and says how many it compared
+    read.clear()
+    summary = runall_mod.runall(whole, data_num=2, save_dir=tmp_path / "two", top=1, progress=False)
+    told = [w for w in summary["warnings"] if "simulates this" in w]
+    assert len(told) == 1 and "the worst of 2 samples spread over the data" in told[0]
+    assert "`stages` compares every sample, pooled and one by one" in told[0]
+    assert set(read) <= {0, 1}, read
 
 
 def test_a_qdq_file_is_checked_on_the_kernels_onnxruntime_fuses_its_pairs_into(built, tmp_path, monkeypatch):
