@@ -3,6 +3,8 @@ computed from plain onnxruntime sessions on the float and calibrated models."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 from pathlib import Path
 
@@ -124,6 +126,15 @@ def test_clipping_below_zero_before_relu_is_marked_harmless(models, tmp_path):
     assert d["clipped_low"] == np.count_nonzero(x < -half) > 0
     assert d["effective_clipped_share"] == pytest.approx(np.count_nonzero(x > d["range_hi"] + half) / x.size)
     assert "harmless" in distribution.activation_reading(d)
+    # the CLI's table gives the share that matters too, not what the Relu zeroes anyway
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert cli.main(["plot-distribution", str(models["q"]), str(models["folder"]), "--float-model", str(models["float"]),
+                     "-n", "c1_QuantizeLinear", "-s", str(tmp_path / "cli"), "--quiet"]) == 0
+    [row] = [line for line in out.getvalue().splitlines() if line.startswith("| c1_QuantizeLinear")]
+    clipped = float(row.split("|")[6])
+    assert clipped == pytest.approx(100 * d["effective_clipped_share"], abs=1e-4)
+    assert 100 * d["clipped_share"] > clipped + 1
 
 
 def test_a_relu_the_quantizer_deleted_is_applied_again(models, tmp_path):

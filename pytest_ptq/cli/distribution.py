@@ -38,8 +38,11 @@ def run_distribution(args):
     engine = a.engine(args)
     dist = plot_distribution(args.save_dir, engine, nodes_list=node_names(args.nodes, engine.qmodel.names()),
                              data_num=args.data_num, bins=args.bins, progress=not args.quiet)
+    # the share that matters: values below the range that the Relu after the node zeroes anyway
+    # are no loss, as the figure and runall say
     rows = [{"node": k, "kind": d["kind"], "tensor": d["tensor"], "max_abs": d["max_abs"],
-             "threshold": d.get("threshold", ""), "clipped %": 100 * d["clipped_share"]
+             "threshold": d.get("threshold", ""),
+             "clipped %": 100 * d.get("effective_clipped_share", d["clipped_share"])
              if d.get("clipped_share") is not None else "", "bit": d.get("bit", ""),
              "cosine": d.get("cosine-similarity", "")} for k, d in dist.items()]
     print(format_table(rows, ["node", "kind", "tensor", "max_abs", "threshold", "clipped %", "bit", "cosine"]))
