@@ -18,14 +18,38 @@ _CJK_FONTS = ("Noto Sans CJK SC", "Noto Sans CJK JP", "Noto Sans CJK KR", "Sourc
               "Hiragino Sans GB", "Hiragino Sans", "Yu Gothic", "Malgun Gothic", "AppleGothic")
 
 
+class _Canvas:
+    """The few pyplot calls the figures make, on figures of their own Agg canvas: headless,
+    in CI too, and without pyplot, whose backend (a notebook's inline one, a desktop's
+    windows) and open figures are the user's process's and stay as they are."""
+
+    @staticmethod
+    def figure(**kwargs):
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+
+        fig = Figure(**kwargs)
+        FigureCanvasAgg(fig)
+        return fig
+
+    @classmethod
+    def subplots(cls, nrows=1, ncols=1, figsize=None, dpi=None, **kwargs):
+        fig = cls.figure(figsize=figsize, dpi=dpi)
+        return fig, fig.subplots(nrows, ncols, **kwargs)
+
+    @staticmethod
+    def close(fig):
+        """Nothing to close: pyplot never held the figure, which goes with its last reference."""
+
+    def __getattr__(self, name):  # rcParams, rc_context: matplotlib's own
+        import matplotlib
+
+        return getattr(matplotlib, name)
+
+
 def pyplot():
-    """matplotlib.pyplot on the Agg backend: the analyses run headless, in CI too."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
+    """What the figures draw with: figures on their own Agg canvas (see :class:`_Canvas`)."""
+    return _Canvas()
 
 
 def drawing(draw):

@@ -971,3 +971,30 @@ def test_a_few_values_are_not_read_as_a_well_shaped_distribution(tmp_path):
     assert readings.activation_reading(d).startswith("only 2 value(s) on these samples")
     tries, reasons = readings.advise(d)
     assert "well shaped" not in " ".join(reasons) and "rank on more samples" in reasons[-1]
+
+
+def test_figures_leave_the_users_pyplot_backend_and_figures_as_they_were(models, tmp_path):
+    """A notebook's inline backend was switched to Agg by the first plot, and pyplot's state
+    is the user's: the figures are drawn on a canvas of their own (in a process of its own
+    here, as a backend is process-wide)."""
+    import subprocess
+    import sys
+
+    script = f"""
+import matplotlib
+matplotlib.use("svg")
+import matplotlib.pyplot as plt
+mine = plt.figure()
+from pytest_ptq.engine import Engine
+from pytest_ptq.distribution import plot_distribution
+from pytest_ptq.curves import plot_acc_error
+engine = Engine({str(models["q"])!r}, {str(models["folder"])!r})
+d = plot_distribution({str(tmp_path)!r}, engine, nodes_list=["c1_QuantizeLinear"])
+plot_acc_error({str(tmp_path)!r}, model_or_file=engine, quantize_node=["c1_QuantizeLinear"], progress=False)
+assert matplotlib.get_backend() == "svg", matplotlib.get_backend()
+assert plt.get_fignums() == [mine.number], plt.get_fignums()
+print(d["c1_QuantizeLinear"]["png"])
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert _is_png(done.stdout.strip().splitlines()[-1])
