@@ -195,6 +195,10 @@ def layouts(qmodel, tensor):
         return walk(tensor)
     except RecursionError:  # Concats nested past Python's stack: scored whole
         return []
+    finally:
+        # the function refers to itself: its cycle held the model (and its mapped file) past
+        # the engine's last reference, until the cyclic collector ran
+        walk = None  # noqa: F841
 
 
 def _layouts(qmodel, tensor, walk):

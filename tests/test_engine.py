@@ -1202,3 +1202,32 @@ def test_large_weights_of_sub_byte_and_float8_codes_run_as_onnxruntime_runs_them
                                    rtol=1e-5, atol=1e-5)
         np.testing.assert_allclose(engine.run(i, [])["y"], builders.run_model(fpath, {"x": s})["y"],
                                    rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/maps"), reason="reads the process's mappings from /proc")
+def test_a_dropped_engine_lets_its_model_files_go_without_the_cyclic_collector(tmp_path):
+    """A sample's float prefix and the segments held each other: `del engine` left every
+    session and the mapped model files to the cyclic collector (in a loop of engines without
+    gc.collect(), sessions' threads and mappings piled up, and a deleted model stayed mapped)."""
+    import gc
+
+    import conventions
+    from pytest_ptq.sensitivity import get_sensitivity_of_nodes
+
+    data = conventions.mlp_samples(2, width=256)
+    fpath = conventions.mlp_net(tmp_path / "f.onnx", width=256, hidden=256)  # weights past LARGE_BYTES: mapped
+    qpath = builders.quantize(fpath, tmp_path / "q.onnx", data)
+
+    def mapped():
+        return {line.split()[-1] for line in open("/proc/self/maps") if str(tmp_path) in line}
+
+    gc.collect()
+    gc.disable()
+    try:
+        engine = Engine(qpath, data, float_model=str(fpath))
+        get_sensitivity_of_nodes(engine, node_type="weight")
+        assert mapped()
+        del engine
+        assert not mapped()
+    finally:
+        gc.enable()

@@ -26,6 +26,7 @@ import collections
 import itertools
 import math
 import threading
+import weakref
 
 import numpy as np
 import onnx
@@ -590,7 +591,10 @@ class Prefix:
     threads."""
 
     def __init__(self, segments, key, sample):
-        self.key, self._seg, self._sample, self._stacked = key, segments, sample, isinstance(key, tuple)
+        # not a reference: the segments keep their last prefix, and a cycle between them left every
+        # session and mapped weight of a dropped engine to the cyclic collector, not to `del`
+        self._seg = weakref.proxy(segments)
+        self.key, self._sample, self._stacked = key, sample, isinstance(key, tuple)
         self._lock = threading.Lock()
         self._kept = {}  # boundary -> {tensor: value}
         self._values, self._next = dict(sample), 0  # the run so far: values at boundary _next
