@@ -1231,3 +1231,34 @@ def test_a_dropped_engine_lets_its_model_files_go_without_the_cyclic_collector(t
         assert not mapped()
     finally:
         gc.enable()
+
+
+def test_malloc_returns_large_blocks_only_while_a_low_memory_engine_lives(tmp_path, monkeypatch):
+    """Low memory fixes glibc's mmap threshold so that freed dequantized weights go back to the
+    system; set for the rest of the process it made the user's own large temporaries (a
+    notebook's, other tests') 14x slower. It is set while such an engine lives, and put where
+    glibc's own adjustment would take it when the last one goes."""
+    import gc
+
+    from pytest_ptq.engine import runtime
+
+    import conventions
+
+    data = conventions.mlp_samples(1, width=256)
+    qpath = builders.quantize(conventions.mlp_net(tmp_path / "f.onnx", width=256, hidden=256), tmp_path / "q.onnx",
+                              data)  # weights past LARGE_BYTES: shared between sessions
+    gc.collect()  # no other test's engine left
+    calls = []
+    monkeypatch.setattr(runtime, "_libc_call", lambda name, *args: calls.append((name, *args)))
+    engines = [Engine(qpath, data, memory="low", check=False) for _ in range(2)]
+    for e in engines:
+        e.run(0, "all")
+    mallopt = [c for c in calls if c[0] == "mallopt"]
+    assert mallopt == [("mallopt", -3, 128 * 1024)]
+    del e
+    engines.pop()
+    gc.collect()
+    assert [c for c in calls if c[0] == "mallopt"] == mallopt  # one engine left
+    engines.pop()
+    gc.collect()
+    assert [c for c in calls if c[0] == "mallopt"] == mallopt + [("mallopt", -3, 32 * 2**20)]

@@ -166,7 +166,7 @@ class SharedWeights:
             model = restore(model, packed)
             names = [n for n in names if n not in packed]
         so.add_session_config_entry("session.disable_prepacking", "1")
-        _return_freed_memory()
+        _return_freed_memory(self)
         # without the arena, the dequantized weights a gated run computes are freed as soon as
         # they are used, instead of growing a pool that keeps one per layer
         so.enable_cpu_mem_arena = False
@@ -417,18 +417,30 @@ def _libc_call(function, *args):
 _LIBC = None
 
 
-def _return_freed_memory():
-    """Keep glibc's malloc handing large blocks back to the system when freed. By default it
-    raises its mmap threshold after the first large free, and from then on keeps every freed
-    dequantized weight in the heap (measured: 700 MiB instead of 280 MiB for a 192 MiB MatMul
-    stack). Process-wide, and only in low-memory mode; a no-op elsewhere."""
-    global _MALLOC_SET
-    if not _MALLOC_SET:
-        _MALLOC_SET = True
-        _libc_call("mallopt", -3, 128 * 1024)  # M_MMAP_THRESHOLD: fixed, which also stops its adjustment
+def _return_freed_memory(owner):
+    """Keep glibc's malloc handing large blocks back to the system when freed, while ``owner``
+    (a low-memory engine's weights) lives. By default it raises its mmap threshold after the
+    first large free, and from then on keeps every freed dequantized weight in the heap
+    (measured: 700 MiB instead of 280 MiB for a 192 MiB MatMul stack). Process-wide: once the
+    last owner goes, the threshold is where glibc's own adjustment would have taken it, as
+    the user's code in the same process (a notebook, other tests) ran 14x slower with every
+    large temporary mapped and unmapped. A no-op without glibc."""
+    if id(owner) in _MALLOC_OWNERS:
+        return
+    if not _MALLOC_OWNERS:
+        _libc_call("mallopt", _M_MMAP_THRESHOLD, 128 * 1024)  # fixed, which also stops its adjustment
+    _MALLOC_OWNERS.add(id(owner))
+    weakref.finalize(owner, _malloc_owner_gone, id(owner))
 
 
-_MALLOC_SET = False
+def _malloc_owner_gone(key):
+    _MALLOC_OWNERS.discard(key)
+    if not _MALLOC_OWNERS:
+        _libc_call("mallopt", _M_MMAP_THRESHOLD, 32 * 2**20)  # glibc's most on 64-bit systems
+
+
+_M_MMAP_THRESHOLD = -3
+_MALLOC_OWNERS = set()  # the low-memory weights alive (by id)
 
 
 def trim_memory():
