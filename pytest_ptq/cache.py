@@ -17,10 +17,16 @@ code, so an entry crafted by whoever can write the folder (a shared CI cache) ca
 code: anything else is a stale entry.
 Writes are atomic, so xdist workers can share the folder. A request with a part that has no
 stable text (a Python callable, say) is computed, not cached.
+
+Entries of models, data or pytest-ptq versions no longer used are never read again: the
+folder keeps those read or written in the last :data:`MAX_AGE_DAYS` days, the most recently
+used first, up to :data:`MAX_BYTES` (a read marks an entry used), so a cache restored from
+job to job does not grow without bound.
 """
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import functools
 import hashlib
@@ -28,6 +34,7 @@ import importlib
 import io
 import os
 import pickle
+import time
 import warnings
 from pathlib import Path, PurePath
 
@@ -36,6 +43,8 @@ from .errors import PTQError
 
 MAGIC = b"pytest-ptq cache 2\n"
 SUFFIX = ".ptq-cache"
+MAX_AGE_DAYS = 30
+MAX_BYTES = 512 * 2**20  # the example suite's results take under 10 MiB
 _PLAIN = (str, int, float, bool, type(None))
 
 
@@ -160,6 +169,7 @@ class ResultCache:
         self._hashes = {}
         self.hits = self.misses = 0
         self.write_error = None  # the first failed write, as one sentence (warned once)
+        self._pruned = False  # the folder's unused entries removed, on the first write
 
     def hash_of(self, path):
         """sha256 of a file or folder (computed once per cache)."""
@@ -195,6 +205,8 @@ class ResultCache:
         found, value = _read(path, key)
         if found:
             self.hits += 1
+            with contextlib.suppress(OSError):  # used now: the last to go (a read-only folder keeps it all)
+                os.utime(path)
             return value
         self.misses += 1
         value = compute()
@@ -221,6 +233,34 @@ class ResultCache:
             if self.write_error is None:
                 self.write_error = str(exc)
                 warn_not_kept(f"results are not kept between runs ({self.option}): {exc}")
+            return
+        if not self._pruned:
+            self._pruned = True
+            prune(self.folder)
+
+
+def prune(folder, now=None):
+    """Remove the entries of ``folder`` not used in :data:`MAX_AGE_DAYS` days, then the least
+    recently used until the rest take at most :data:`MAX_BYTES`. Returns how many went;
+    never raises (an entry another process removes first is simply gone)."""
+    now = time.time() if now is None else now
+    entries = []
+    with contextlib.suppress(OSError):
+        for entry in os.scandir(folder):
+            if entry.name.endswith(SUFFIX) and entry.is_file(follow_symlinks=False):
+                with contextlib.suppress(OSError):
+                    st = entry.stat(follow_symlinks=False)
+                    entries.append((st.st_mtime, st.st_size, entry.path))
+    entries.sort(reverse=True)  # the most recently used first
+    kept, removed = 0, 0
+    for mtime, size, path in entries:
+        if now - mtime <= MAX_AGE_DAYS * 86400 and kept + size <= MAX_BYTES:
+            kept += size
+            continue
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+            removed += 1
+    return removed
 
 
 def for_engine(folder, engine, option="--cache-dir"):

@@ -551,3 +551,37 @@ def test_the_clis_cache_keys_a_float_models_external_data(tmp_path, inputs, mode
     before = cache.for_engine(tmp_path / "c", engine).base()
     _flip_last_byte(fpath.parent / "float.bin")
     assert cache.for_engine(tmp_path / "c", engine).base() != before
+
+
+def test_entries_not_used_for_a_month_or_past_the_size_cap_go_on_the_next_write(tmp_path, inputs, monkeypatch):
+    """Every model change leaves entries no run reads again, and a CI cache restored from job
+    to job grew without bound: a write removes those unused for MAX_AGE_DAYS, then the least
+    recently used past MAX_BYTES; a read marks an entry used."""
+    import time
+
+    from pytest_ptq import cache, cli
+
+    folder = tmp_path / "c"
+    common = [str(inputs / "q.onnx"), str(inputs / "calib"), "--quiet", "--cache-dir", str(folder)]
+    assert cli.main(["get-sensitivity-of-nodes", *common, "-t", "activation"]) == 0
+    used = list(folder.glob(f"*{cache.SUFFIX}"))
+    day = 86400
+    stale = folder / ("0" * 40 + cache.SUFFIX)
+    stale.write_bytes(b"an entry of a model long gone")
+    for p in (stale, *used):
+        os.utime(p, (time.time() - 40 * day,) * 2)
+    other = folder / "notes.txt"  # not an entry: never touched
+    other.write_text("mine")
+    os.utime(other, (time.time() - 40 * day,) * 2)
+    # the rerun reads `used` (marking it used now), then writes the weight ranking
+    assert cli.main(["get-sensitivity-of-nodes", *common, "-t", "activation"]) == 0
+    assert cli.main(["get-sensitivity-of-nodes", *common, "-t", "weight"]) == 0
+    assert all(p.exists() for p in used) and not stale.exists() and other.exists()
+    assert len(list(folder.glob(f"*{cache.SUFFIX}"))) > len(used)  # the weight ranking's too
+    # past the size cap the least recently used go first
+    entries = list(folder.glob(f"*{cache.SUFFIX}"))
+    for k, p in enumerate(entries):
+        os.utime(p, (time.time() - (k + 1) * day,) * 2)  # the first the most recently used
+    monkeypatch.setattr(cache, "MAX_BYTES", entries[0].stat().st_size + entries[1].stat().st_size)
+    assert cache.prune(folder) == len(entries) - 2
+    assert sorted(folder.glob(f"*{cache.SUFFIX}")) == sorted(entries[:2])
