@@ -1262,38 +1262,3 @@ def test_malloc_returns_large_blocks_only_while_a_low_memory_engine_lives(tmp_pa
     engines.pop()
     gc.collect()
     assert [c for c in calls if c[0] == "mallopt"] == mallopt + [("mallopt", -3, 32 * 2**20)]
-
-
-@pytest.mark.skipif(not os.path.exists("/proc/self/fd"), reason="counts the process's open files in /proc")
-def test_weights_in_one_external_file_hold_one_descriptor_not_one_each(tmp_path):
-    """Each weight in external data was mapped on its own, and each mapping holds a file
-    descriptor: a model of some 500 weights (and its float model's) passed the open-file limit
-    (1024 on Linux, 256 on macOS). One mapping a file, the weights views of it, run as before."""
-    from onnx import TensorProto as TP
-
-    rng = np.random.default_rng(0)
-    layers, width = 40, 16
-    nodes, inits, src = [], [], "x"
-    for k in range(layers):
-        inits.append(numpy_helper.from_array((rng.standard_normal((width, width)) / 4).astype(np.float32), f"w{k}"))
-        nodes.append(helper.make_node("MatMul", [src, f"w{k}"], [f"m{k}"], name=f"mm{k}"))
-        src = f"m{k}"
-    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TP.FLOAT, [1, width])],
-                              [helper.make_tensor_value_info(src, TP.FLOAT, [1, width])], inits)
-    fp = tmp_path / "f.onnx"
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), fp)
-    data = {"x": [rng.standard_normal((1, width)).astype(np.float32) for _ in range(2)]}
-    q = onnx.load(str(builders.quantize(fp, tmp_path / "q_inline.onnx", data)))
-    (tmp_path / "ext").mkdir()
-    onnx.save(q, str(tmp_path / "ext" / "q.onnx"), save_as_external_data=True, location="q.data", size_threshold=0)
-
-    def descriptors():
-        return len(os.listdir("/proc/self/fd"))
-
-    before = descriptors()
-    engine = Engine(tmp_path / "ext" / "q.onnx", data, check=False)
-    assert descriptors() - before < 10
-    inline = Engine(tmp_path / "q_inline.onnx", data, check=False)
-    for i in range(2):
-        for keep in ([], "all"):  # sessions built otherwise round otherwise: to float32's last bits
-            np.testing.assert_allclose(engine.run(i, keep)[src], inline.run(i, keep)[src], rtol=1e-5, atol=1e-6)

@@ -264,21 +264,12 @@ def _mapped(init, folder, source):
     if dtype.itemsize == 0 or init.data_type in PACKED:  # onnx unpacks them
         return numpy_helper.to_array(init, base_dir=folder or "")
     try:
-        key = _file_key(path)
-        array = _LIVE.get(key + (offset, dtype.str, shape))
+        key = _file_key(path) + (offset, dtype.str, shape)
+        array = _LIVE.get(key)
         if array is None:
-            # one mapping a file, its tensors views of it: a mapping holds a descriptor of its
-            # own, and a model of some 500 weights (its float model's too) passed the limit
-            whole = _LIVE.get(key)
-            if whole is None:
-                whole = np.memmap(path, dtype=np.uint8, mode="r")
-                _LIVE[key] = whole
-                _remember(mapping(whole), path, 0)
-            end = offset + count * dtype.itemsize
-            if end > whole.size:
-                raise ValueError(f"the file holds {whole.size} bytes and the tensor ends at byte {end}")
-            array = whole[offset:end].view(dtype)
-            _LIVE[key + (offset, dtype.str, shape)] = array
+            array = np.memmap(path, dtype=dtype, mode="r", offset=offset, shape=shape if count else (0,))
+            _LIVE[key] = array
+            _remember(mapping(array), path, offset)
     except (OSError, ValueError) as exc:
         raise PTQError(f"initializer {init.name!r} of {source} keeps its data in {path!r}, which cannot be read "
                        f"({type(exc).__name__}: {exc}); keep the external data file beside the model") from None
