@@ -1262,3 +1262,47 @@ def test_malloc_returns_large_blocks_only_while_a_low_memory_engine_lives(tmp_pa
     engines.pop()
     gc.collect()
     assert [c for c in calls if c[0] == "mallopt"] == mallopt + [("mallopt", -3, 32 * 2**20)]
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="counts the process's open files in /proc")
+@pytest.mark.parametrize("hard", ["raisable", "fixed"])
+def test_weights_past_the_open_file_limit_are_still_read(tmp_path, hard):
+    """Each weight in external data is a mapping of its own, which holds a file descriptor: a
+    model of some 500 weights passed the open-file limit and stopped on 'Too many open files'.
+    Near the limit the soft limit is raised where the hard one allows; where it does not, the
+    weights are read instead of mapped. Either way the model runs as the same model inline."""
+    import subprocess
+    import sys
+    import textwrap
+
+    from onnx import TensorProto as TP
+
+    rng = np.random.default_rng(0)
+    layers, width = 120, 8
+    nodes, inits, src = [], [], "x"
+    for k in range(layers):
+        inits.append(numpy_helper.from_array((np.eye(width) + rng.standard_normal((width, width)) / 50)
+                                             .astype(np.float32), f"w{k}"))
+        nodes.append(helper.make_node("MatMul", [src, f"w{k}"], [f"m{k}"], name=f"mm{k}"))
+        src = f"m{k}"
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TP.FLOAT, [1, width])],
+                              [helper.make_tensor_value_info(src, TP.FLOAT, [1, width])], inits)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), tmp_path / "f.onnx")
+    data = {"x": [rng.standard_normal((1, width)).astype(np.float32) for _ in range(2)]}
+    model = onnx.load(str(builders.quantize(tmp_path / "f.onnx", tmp_path / "inline.onnx", data)))
+    onnx.save(model, str(tmp_path / "ext.onnx"), save_as_external_data=True, location="ext.data", size_threshold=0)
+    limit = len(os.listdir("/proc/self/fd")) + 100  # room for the interpreter, not for 120 mappings
+    script = textwrap.dedent(f"""
+        import resource, numpy as np
+        resource.setrlimit(resource.RLIMIT_NOFILE, ({limit}, {limit} if {hard == "fixed"} else {limit * 8}))
+        from pytest_ptq.engine import Engine
+        x = {{"x": [np.full((1, {width}), 0.5, np.float32)]}}
+        a = Engine({str(tmp_path / "ext.onnx")!r}, x, check=False).run(0)[{src!r}]
+        b = Engine({str(tmp_path / "inline.onnx")!r}, x, check=False).run(0)[{src!r}]
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)  # sessions built otherwise: the last bits
+        print(resource.getrlimit(resource.RLIMIT_NOFILE)[0])
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    soft = int(done.stdout.split()[-1])
+    assert soft > limit if hard == "raisable" else soft == limit

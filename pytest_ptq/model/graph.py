@@ -266,7 +266,11 @@ def _mapped(init, folder, source):
     try:
         key = _file_key(path) + (offset, dtype.str, shape)
         array = _LIVE.get(key)
-        if array is None:
+        if array is None and not _descriptor_left():  # read, not mapped: no descriptor to hold a mapping
+            array = np.fromfile(path, dtype=dtype, count=count, offset=offset)
+            if array.size != count:
+                raise ValueError(f"the file ends before the tensor's {count} values")
+        elif array is None:
             array = np.memmap(path, dtype=dtype, mode="r", offset=offset, shape=shape if count else (0,))
             _LIVE[key] = array
             _remember(mapping(array), path, offset)
@@ -274,6 +278,31 @@ def _mapped(init, folder, source):
         raise PTQError(f"initializer {init.name!r} of {source} keeps its data in {path!r}, which cannot be read "
                        f"({type(exc).__name__}: {exc}); keep the external data file beside the model") from None
     return array.reshape(shape)
+
+
+# Descriptors kept free for everything else a run opens (sessions, data files, the report).
+FREE_DESCRIPTORS = 64
+
+
+def _descriptor_left():
+    """Whether another mapping fits under the open-file limit: each weight's mapping holds a
+    file descriptor, and a model of some 500 weights (with its float model's) passed Linux's
+    default soft limit of 1024 (macOS: 256). Near it the soft limit is raised toward the hard
+    one, as a process may; where it cannot be, weights are read instead of mapped."""
+    try:
+        import resource
+
+        used = len(os.listdir("/proc/self/fd" if os.path.isdir("/proc/self/fd") else "/dev/fd"))
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    except (ImportError, OSError, ValueError):  # Windows: no such limit on mappings
+        return True
+    if soft == resource.RLIM_INFINITY or used + FREE_DESCRIPTORS < soft:
+        return True
+    raised = hard if hard != resource.RLIM_INFINITY else used + 16 * FREE_DESCRIPTORS
+    with contextlib.suppress(OSError, ValueError):
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(raised, max(2 * soft, used + 16 * FREE_DESCRIPTORS)), hard))
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    return used + FREE_DESCRIPTORS < soft
 
 
 def _file_key(path):
