@@ -115,6 +115,8 @@ class _Hooks:
         """xdist controller: name the file where the workers say which model each item checks, and
         the folder where they say they run (see engine.runtime.share_cores)."""
         from . import spread
+        if self.groups_file is None:  # the first worker: what killed runs left goes first
+            spread.sweep_stale()
         self.groups_file = spread.groups_file(node.workerinput["testrunuid"])
         self.cores_folder = spread.cores_folder(node.workerinput["testrunuid"])
         node.workerinput[spread.WORKERINPUT_KEY] = str(self.groups_file)

@@ -37,6 +37,32 @@ def cores_folder(testrunuid):
     return Path(tempfile.gettempdir()) / f"pytest-ptq-cores-{testrunuid}"
 
 
+# A run's files left longer than this ago: its controller was killed (kill -9, a CI limit),
+# no other run reads them. A day, as a run may last hours.
+STALE_AFTER_S = 86400.0
+
+
+def sweep_stale(now=None):
+    """Remove the groups files and core folders of runs whose controller was killed before it
+    removed them (older than :data:`STALE_AFTER_S`): the next run, with a run id of its own,
+    would never. Returns the paths removed; never raises."""
+    import shutil
+    import time
+
+    now = time.time() if now is None else now
+    removed = []
+    for pattern in ("pytest-ptq-groups-*.json", "pytest-ptq-cores-*"):
+        for path in Path(tempfile.gettempdir()).glob(pattern):
+            try:
+                if path.is_symlink() or now - path.stat().st_mtime <= STALE_AFTER_S:
+                    continue
+                shutil.rmtree(path) if path.is_dir() else path.unlink()
+                removed.append(path)
+            except OSError:
+                continue
+    return removed
+
+
 def write_groups(path, models):
     """Worker: write ``{node id: model path}`` (``models``) to ``path``, atomically, so that
     the controller never reads half a file while another worker rewrites it."""

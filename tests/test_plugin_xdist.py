@@ -212,3 +212,32 @@ def test_configs_in_flight_follow_the_limit_of_the_moment(limit):
     assert list(pool.map(work, range(8))) == list(range(8))
     pool.close()
     assert state["most"] == limit
+
+
+def test_a_run_removes_what_killed_runs_left_in_the_temporary_folder(pytester, two_models, monkeypatch, tmp_path):
+    """An xdist controller killed (kill -9, a CI time limit) leaves its groups file and its
+    cores folder; the next run, with a run id of its own, never removed them. The first worker's
+    start sweeps those a day old; a run's own, and another's still going, stay."""
+    import tempfile
+    import time
+
+    from pytest_ptq import spread
+
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))
+    old = time.time() - 2 * spread.STALE_AFTER_S
+    stale = [temp / "pytest-ptq-groups-dead.json", temp / "pytest-ptq-cores-dead"]
+    stale[0].write_text("{}")
+    stale[1].mkdir()
+    (stale[1] / "123").write_text("")
+    for p in (stale[1] / "123", *stale):
+        os.utime(p, (old, old))
+    going = temp / "pytest-ptq-groups-going.json"
+    going.write_text("{}")
+    mine = temp / "notes.txt"
+    mine.write_text("not ours")
+    os.utime(mine, (old, old))
+    _two_contracts(pytester, two_models)
+    run(pytester, "-n", "2").assert_outcomes(passed=4)
+    assert not any(p.exists() for p in stale) and going.exists() and mine.exists()
