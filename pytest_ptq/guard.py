@@ -363,8 +363,26 @@ def output_folder(save_dir, prefix):
         return makedirs(save_dir), None
     import tempfile
 
-    temporary = tempfile.TemporaryDirectory(prefix=prefix)
+    # named with this process's id, so that a later run removes what a killed one left
+    _sweep_dead_folders(Path(tempfile.gettempdir()), prefix)
+    temporary = tempfile.TemporaryDirectory(prefix=f"{prefix}{os.getpid()}_")
     return Path(temporary.name), temporary
+
+
+def _sweep_dead_folders(folder, prefix):
+    """Remove the temporary folders ``prefix<pid>_*`` in ``folder`` whose process is gone (a
+    run killed before it cleaned up: a re-quantized model each); never raises."""
+    import shutil
+
+    pattern = re.compile(re.escape(prefix) + r"(\d+)_")
+    with contextlib.suppress(OSError):
+        for entry in os.scandir(folder):
+            m = pattern.match(entry.name)
+            if not m or int(m.group(1)) == os.getpid() or _alive(int(m.group(1))):
+                continue
+            with contextlib.suppress(OSError):
+                if entry.is_dir(follow_symlinks=False) and time.time() - entry.stat().st_mtime > DEAD_GRACE_S:
+                    shutil.rmtree(entry.path)
 
 
 @contextlib.contextmanager

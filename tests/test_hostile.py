@@ -851,3 +851,32 @@ def test_a_read_only_file_is_not_replaced(tmp_path):
     with pytest.raises(PTQError, match="is read-only; choose another path or fix its permissions"):
         guard.check_writable(path, "baseline", atomic=True)
     assert path.read_text() == "kept"
+
+
+def test_a_temporary_folder_a_killed_run_left_is_removed_by_the_next(tmp_path, monkeypatch):
+    """suggest without a save folder re-quantizes into a temporary folder; a run killed there
+    (kill -9, a CI limit) left it, a model's size, and no later run removed it. The folders
+    carry their process's id: the next run removes those of processes gone (a minute old)."""
+    import tempfile
+    import time
+
+    from pytest_ptq import guard
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    old = time.time() - 3600
+    dead = 4194305  # past Linux's largest process id: no such process
+    gone = tmp_path / f"ptq_remedy_{dead}_abc"
+    just_made = tmp_path / f"ptq_remedy_{dead}_def"
+    alive = tmp_path / f"ptq_remedy_{os.getppid()}_ghi"
+    other = tmp_path / "ptq_remedy_notes"
+    for folder in (gone, just_made, alive, other):
+        folder.mkdir()
+        (folder / "requantized_float.onnx").write_bytes(b"\0" * 16)
+    for folder in (gone, alive, other):
+        os.utime(folder, (old, old))
+    out, temporary = guard.output_folder(None, "ptq_remedy_")
+    try:
+        assert out.name.startswith(f"ptq_remedy_{os.getpid()}_") and out.is_dir()
+        assert not gone.exists() and just_made.exists() and alive.exists() and other.exists()
+    finally:
+        temporary.cleanup()
