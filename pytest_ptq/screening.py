@@ -133,7 +133,8 @@ def screen(engine, node_types, metric_objs, specs, indices, budget_s=None, rank_
         # spread over the data, the first included (scored already): the first k of data stored
         # in order (crops of one page) may all miss what the rest shows
         chosen = [indices[j] for j in spread(total, k)]
-        others = [i for i in indices if i not in set(chosen)]
+        scored = set(chosen)
+        others = [i for i in indices if i not in scored]
         rest = score_configs(engine, configs, metric_objs, specs, chosen[0 if one_pass else 1:], bar)
         scores = rest if one_pass else merge_scores(scores, rest, metric_objs)
         by_type = {t: {name: scores[(t, name)] for (tt, name) in configs if tt == t} for t in node_types}

@@ -292,11 +292,13 @@ def _descriptor_left():
     try:
         import resource
 
-        used = len(os.listdir("/proc/self/fd" if os.path.isdir("/proc/self/fd") else "/dev/fd"))
         soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if soft == resource.RLIM_INFINITY or len(_COVERS) + FREE_DESCRIPTORS < soft // 2:
+            return True  # far from it: no listing of every descriptor for each weight mapped
+        used = len(os.listdir("/proc/self/fd" if os.path.isdir("/proc/self/fd") else "/dev/fd"))
     except (ImportError, OSError, ValueError):  # Windows: no such limit on mappings
         return True
-    if soft == resource.RLIM_INFINITY or used + FREE_DESCRIPTORS < soft:
+    if used + FREE_DESCRIPTORS < soft:
         return True
     raised = hard if hard != resource.RLIM_INFINITY else used + 16 * FREE_DESCRIPTORS
     with contextlib.suppress(OSError, ValueError):
