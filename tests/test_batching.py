@@ -132,6 +132,59 @@ def test_a_graph_whose_batch_cannot_be_freed_runs_one_at_a_time(tmp_path, mode, 
     get_sensitivity_of_nodes(engine, node_type="activation")  # still runs, one at a time
 
 
+def _mixing_setup(root, output, samples):
+    """A dynamic-batch MLP on ``x`` [N, 16] to ``y``. output "mixing": ``h + (h - mean of h
+    over the batch)``, which is ``h`` for one sample and mixes a stack; "folded": ``y`` reshaped
+    to [-1, 4], four rows a sample (a stack's rows are not its samples). ``samples``: "distinct";
+    "first equal", the first two the same; "close", all within 2e-4 of one (a video's frames)."""
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.normal(size=(16, 32)).astype(np.float32) / 4, "w1"),
+             numpy_helper.from_array(rng.normal(size=(32, 16)).astype(np.float32) / 4, "w2"),
+             numpy_helper.from_array(np.array([-1, 4], np.int64), "rows")]
+    nodes = [helper.make_node("MatMul", ["x", "w1"], ["h"], name="mm1")]
+    if output == "mixing":
+        nodes += [helper.make_node("ReduceMean", ["h"], ["hm"], axes=[0], keepdims=1, name="batch_mean"),
+                  helper.make_node("Sub", ["h", "hm"], ["hc"], name="centre"),
+                  helper.make_node("Add", ["h", "hc"], ["ha"], name="add"),
+                  helper.make_node("MatMul", ["ha", "w2"], ["y"], name="mm2")]
+    else:
+        nodes += [helper.make_node("Relu", ["h"], ["ha"], name="relu"),
+                  helper.make_node("MatMul", ["ha", "w2"], ["z"], name="mm2"),
+                  helper.make_node("Reshape", ["z", "rows"], ["y"], name="fold")]
+    graph = helper.make_graph(nodes, output, [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 16])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["M", 16 if output == "mixing"
+                                                                                       else 4])], inits)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), root / "f.onnx")
+    xs = [rng.normal(size=(1, 16)).astype(np.float32) for _ in range(8)]
+    if samples == "first equal":
+        xs[1] = xs[0]
+    elif samples == "close":
+        xs = [xs[0] + np.float32(2e-4) * rng.normal(size=(1, 16)).astype(np.float32) for _ in xs]
+    data = {"x": xs}
+    folder = builders.save_folder(data, root / "calib")
+    return builders.quantize(root / "f.onnx", root / "q.onnx", data), folder, [{"x": a} for a in xs]
+
+
+@pytest.mark.parametrize("output, samples, why", [
+    ("mixing", "first equal", "stacked samples give other values at 'y'"),
+    ("mixing", "close", "stacked samples give other values at 'y'"),
+    ("folded", "distinct", "output 'y' holds 4 rows for one sample")])
+def test_stacks_that_would_score_samples_wrong_are_refused(tmp_path, output, samples, why):
+    q, folder, feeds = _mixing_setup(tmp_path, output, samples)
+    for batch in ("auto", 4):
+        engine = Engine(q, folder, batch=batch)
+        choice = engine.batching(list(range(8)))
+        assert choice.size == 1 and (why in choice.reason or batch == "auto" and "not faster" in choice.reason), \
+            choice.reason
+    sens = get_sensitivity_of_nodes(engine, metrics=["mse"], node_type="activation")
+    # every sample's figure as a plain session gives it, one sample at a time, with only that pair quantized
+    ref = builders.run_model(builders.rewire(q, set()), feeds)
+    for name in sens:
+        got = builders.run_model(builders.rewire(q, {name}), feeds)
+        expected = [float(np.mean((g["y"] - r["y"]) ** 2)) for g, r in zip(got, ref)]
+        assert sens.details[name]["per_sample"]["mse"] == pytest.approx(expected, rel=1e-4, abs=1e-12), name
+
+
 def test_dynamic_quantizers_never_run_in_groups(tmp_path):
     fp = format_models.ops_net(tmp_path / "f.onnx")
     q = format_models.quantize_dyn(fp, tmp_path / "q.onnx")
