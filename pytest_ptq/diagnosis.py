@@ -134,14 +134,17 @@ class Diagnosis(JsonResult):
                 f"and activations only {short(r['activation only'])}, which would blame another kind; the cause "
                 "above is measured on all samples: rank on more samples (data_num) before trusting the node order")
 
-    def lines(self, top=None, width=118):
-        """Plain text lines: the verdict, the ranked nodes with their reasons, the fix."""
+    def lines(self, top=None, width=118, report=None):
+        """Plain text lines: the verdict, the ranked nodes with their reasons, the fix.
+        ``report``: the HTML report being written, if any: there a node's reason is cut to two
+        lines and the nodes left out are found; without one, everything is printed."""
         import textwrap
 
         def wrapped(text, indent="  ", first=None, max_lines=None):
             return textwrap.wrap(text, width=width, initial_indent=first if first is not None else indent,
-                                 subsequent_indent=indent + "    ", break_on_hyphens=False, max_lines=max_lines,
-                                 placeholder=" ... (the report has it all)") or [indent]
+                                 subsequent_indent=indent + "    ", break_on_hyphens=False,
+                                 max_lines=max_lines if report else None,
+                                 placeholder=f" ... ({report} has it all)") or [indent]
 
         out = wrapped(self.cause_text(), first="")
         if self.caveat():
@@ -168,7 +171,7 @@ class Diagnosis(JsonResult):
                 out += wrapped(f"why: {it['reason']}", indent="       ", max_lines=2)
         if len(nodes) < len(ranked):
             out.append(f"  ... {len(ranked) - len(nodes)} more of the top {len(ranked)} cost less than a tenth of the "
-                       "worst node's loss (the HTML report lists them)")
+                       f"worst node's loss ({report or '--ptq-report=FILE.html'} lists them)")
         if self.fixes:
             out.append(f"fix to try ({self.terms}):")
             for k, f in enumerate(self.fixes, 1):

@@ -328,7 +328,7 @@ class PTQSession:
         used = f"the first {analysis.samples} of {held}" if held > analysis.samples else f"{analysis.samples}"
         about = (f"{qm.format} model made by {d.producer}; ranked on {d.samples} of {used} calibration "
                  f"sample(s) of {analysis.relative(analysis.key.data)}")
-        lines = d.lines(settings.top)
+        lines = d.lines(settings.top, report=None if self.settings.report is None else self.settings.report.name)
         suggest = self.suggest_command(analysis, settings)
         if suggest:
             lines.append(f"  the smallest set that meets the contract, searched and re-quantized (minutes): {suggest}")

@@ -320,3 +320,18 @@ def test_a_failing_output_is_explained_and_searched_on_that_output(project, plan
     assert "most sensitive nodes (cosine-similarity of 'r2' with only that node quantized" in out
     assert re.search(r"ptq-debug suggest qw\.onnx calib --heldout held --float-model float\.onnx --target-cosine "
                      r"0\.9999 --remedy mixed -o r2\b", out), out
+
+
+def test_terminal_lines_point_at_a_report_only_when_one_is_written(planted):
+    root = planted["root"]
+    d = Analysis(AnalysisKey(str(root / "qw.onnx"), str(root / "calib"), str(root / "float.onnx")),
+                 root).diagnosis("node", holdout=root / "held")
+    d.nodes[0]["reason"] = d.nodes[0].get("reason", "") + " and then" + " a long tail of words" * 20 + " ending here"
+    d.nodes.append(dict(d.nodes[-1], relevant=False))  # one node left out of the terminal
+    plain = "\n".join(d.lines(width=80))
+    # no report: nothing is cut and nothing points at a page that is not written
+    assert "ending here" in " ".join(plain.split()) and "report" not in plain.replace("--ptq-report=FILE.html", "")
+    assert "(--ptq-report=FILE.html lists them)" in plain
+    with_report = "\n".join(d.lines(width=80, report="r.html"))
+    assert "(r.html has it all)" in with_report and "ending here" not in with_report
+    assert "(r.html lists them)" in with_report
