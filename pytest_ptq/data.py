@@ -211,12 +211,24 @@ def largest_float(feeds):
                default=0.0)
 
 
+# Float inputs beyond this magnitude are no preprocessing's usual range (pixels reach 255, audio
+# 32768): a model giving non-finite values on them overflows on its data; below, its own
+# arithmetic is the first suspect.
+LARGE_INPUT = 1e6
+
+
 def overflows(what, output, i, feeds):
     """The PTQError for sample ``i`` (``feeds``) on which ``what`` (the model, as run: "the
-    float model 'f.onnx'", ...) gives non-finite values in ``output``: the data's to check."""
-    return PTQError(f"{what} gives non-finite values in output {output!r} on sample {i}, whose float inputs reach "
-                    f"{largest_float(feeds):.3g} in magnitude: the model overflows on its data; check that sample "
-                    "and its preprocessing")
+    float model 'f.onnx'", ...) gives non-finite values in ``output``: the data's to check
+    where its inputs are beyond :data:`LARGE_INPUT`, else the model's arithmetic."""
+    largest = largest_float(feeds)
+    where = f"{what} gives non-finite values in output {output!r} on sample {i}, whose float inputs reach {largest:.3g} " \
+            "in magnitude"
+    if largest >= LARGE_INPUT:
+        return PTQError(f"{where}: the model overflows on its data; check that sample and its preprocessing")
+    return PTQError(f"{where}: on inputs that small, the model's own arithmetic gives them (a Log or Sqrt of a negative "
+                    "value, a division by zero, an Exp that overflows); check the model's computation of that output, "
+                    "then that sample and its preprocessing")
 
 
 def load_data(calibrated_data, qmodel=None, data_num=None, role="calibration"):

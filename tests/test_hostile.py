@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
+from onnx import TensorProto, helper, numpy_helper
 
 import builders
 from test_plugin import run as run_pytest
@@ -880,3 +881,21 @@ def test_a_temporary_folder_a_killed_run_left_is_removed_by_the_next(tmp_path, m
         assert not gone.exists() and just_made.exists() and alive.exists() and other.exists()
     finally:
         temporary.cleanup()
+
+
+def test_non_finite_outputs_on_ordinary_inputs_point_at_the_model(tmp_path):
+    # Log of a MatMul's output, negative for most values: the model's arithmetic, not its data
+    rng = np.random.default_rng(0)
+    w = numpy_helper.from_array(rng.normal(size=(8, 4)).astype(np.float32), "w")
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["h"], name="mm"),
+                               helper.make_node("Log", ["h"], ["y"], name="log")], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])], [w])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), tmp_path / "f.onnx")
+    data = {"x": [rng.normal(size=(1, 8)).astype(np.float32) for _ in range(4)]}
+    q = builders.quantize(tmp_path / "f.onnx", tmp_path / "q.onnx", data)
+    with pytest.raises(PTQError) as err:
+        dbg.Engine(q, data)
+    text = str(err.value)
+    assert "with every Q/DQ pair quantized, and with every pair bypassed, gives non-finite values in output 'y'" in text
+    assert "the model's own arithmetic gives them" in text and "overflows on its data" not in text

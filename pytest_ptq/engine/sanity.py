@@ -127,7 +127,8 @@ def check(engine):
     if broken:
         feeds = engine.sample(broken[1])
         if broken in both or largest_float(feeds) >= HUGE_INPUT:
-            how = "every Q/DQ pair quantized and bypassed" if broken in both else "every Q/DQ pair bypassed"
+            how = "every Q/DQ pair quantized, and with every pair bypassed," if broken in both else \
+                "every Q/DQ pair bypassed"
             raise overflows(f"{qm.source!r} with {how}", broken[0], broken[1], feeds)
     if broken or exploded or len(suspects) >= 2:
         if broken:
