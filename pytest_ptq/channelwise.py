@@ -252,9 +252,11 @@ class ChannelStats:
         }
 
 
-def lost_bits(ratio):
-    """Bits of resolution a per-tensor scale costs the median channel next to one ``ratio``x wider."""
-    return math.log2(ratio) if ratio > 1 else 0.0
+def lost_bits(ratio, bits=None):
+    """Bits of resolution a per-tensor scale costs the median channel next to one ``ratio``x
+    wider; at most ``bits``, the grid's own, where given (a channel cannot lose more than it has)."""
+    lost = math.log2(ratio) if ratio > 1 else 0.0
+    return lost if bits is None else min(lost, float(bits))
 
 
 @drawing
@@ -528,11 +530,12 @@ def reading(stats):
     more = f" and {len(outliers) - 5} more" if len(outliers) > 5 else ""
     if stats.get("per_channel"):
         return f"outlier channels {shown}{more}; already quantized per channel, so each has its own scale"
-    bits = lost_bits(stats["outlier_ratios"][0])
+    grid = stats.get("bit")
+    bits = lost_bits(stats["outlier_ratios"][0], grid)
+    cost = (f"all {grid} bits: it rounds to 0" if grid and bits >= grid else f"~{bits:.1f} bits")
     wider = stats.get("wider", "int16")
     remedy = "per-channel weights" if stats.get("kind") == "weight" else f"try per-channel{f' or {wider}' if wider else ''}"
-    return (f"outlier channels {shown}{more}: a per-tensor scale costs the median channel "
-            f"~{bits:.1f} bits -> {remedy}")
+    return f"outlier channels {shown}{more}: a per-tensor scale costs the median channel {cost} -> {remedy}"
 
 
 def _widest_ratio(stats):

@@ -296,6 +296,10 @@ def test_explicit_axis_and_weight_axis(models, tmp_path):
     w = get_channelwise_data_distribution(tmp_path, models["engine"], nodes_list=["w1_QuantizeLinear"])
     assert w["w1_QuantizeLinear"]["axis"] == 0 and w["w1_QuantizeLinear"]["outlier_channels"] == [3]
     assert "per-channel weights" in channelwise.reading(w["w1_QuantizeLinear"])
+    # a channel 2^12 times the median's costs the median channel all of an 8-bit grid, no more
+    huge = dict(w["w1_QuantizeLinear"], outlier_ratios=[4096.0] + w["w1_QuantizeLinear"]["outlier_ratios"][1:])
+    assert huge["bit"] == 8 and "costs the median channel all 8 bits: it rounds to 0" in channelwise.reading(huge)
+    assert channelwise.lost_bits(4096.0, 16) == 12.0
 
 
 def test_axis_inference_rules(models):
