@@ -373,10 +373,12 @@ def _fixes(qm, relevant, source):
     if groups["recalibrate"]:
         fixes.append({"kind": "activation", "nodes": groups["recalibrate"], "short": "recalibrate",
                       "text": f"{_names(groups['recalibrate'])} {_verb(groups['recalibrate'], 'clips', 'clip')} values "
-                              "outside the calibrated range: calibrate with "
+                              "outside the calibrated range on the samples ranked: the range was set on narrower "
+                              "data than these, or by a method that cuts the tail; calibrate again on samples like "
+                              "these, with "
                               + ("calibration_method='max' (modelopt.onnx.quantization.quantize)" if modelopt
                                  else "calibrate_method=CalibrationMethod.MinMax")
-                              + " on samples like the held-out ones" + ("" if modelopt else ", or raise them to 16 bit")})
+                              + " to keep every value" + ("" if modelopt else ", or raise them to 16 bit")})
     if groups["weight scale"]:
         fixes.append({"kind": "weight", "nodes": groups["weight scale"], "short": "weight scales",
                       "text": f"the scale of {_names(groups['weight scale'])} clips a large share of "

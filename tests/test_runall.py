@@ -403,6 +403,19 @@ def test_a_weight_scale_that_clips_its_weights_is_read_as_such(tmp_path):
     assert fix["nodes"] == ["w2_QuantizeLinear"] and "computed from the weights' range" in fix["text"]
 
 
+def test_an_activation_range_that_clips_its_samples_is_recalibrated_on_them(tmp_path):
+    """r2's range cut to a tenth of what the samples reach: the fix calibrates again on samples
+    like these, and does not speak of held-out data the contract does not have."""
+    data = builders.samples(2)
+    fp = builders.conv_net(tmp_path / "float.onnx")
+    q = builders.quantize(fp, tmp_path / "q.onnx", data)
+    builders.scaled(q, tmp_path / "clipped.onnx", "r2_scale", 0.1)
+    d = Analysis(AnalysisKey(str(tmp_path / "clipped.onnx"), data, str(fp)), tmp_path).diagnosis("activation")
+    [fix] = [f for f in d.fixes if f["short"] == "recalibrate"]
+    assert "r2_QuantizeLinear" in fix["nodes"], d.fixes
+    assert "calibrate again on samples like these" in fix["text"] and "held-out" not in fix["text"]
+
+
 WIDTH = 32
 
 
