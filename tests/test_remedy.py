@@ -588,3 +588,19 @@ def test_a_node_onnxruntime_never_quantizes_is_not_excluded(tmp_path):
              for k, names in enumerate((["mm"], ["mm", "log"]))]
     assert [(n.op_type, list(n.input)) for n in files[0].graph.node] == \
         [(n.op_type, list(n.input)) for n in files[1].graph.node]
+
+
+def test_a_remedy_that_fails_re_quantized_is_false():
+    from pytest_ptq.remedy.result import Remedy
+
+    figures = {"held-out": {"samples": 4, "before": 0.99, "after": 0.9985, "target": 0.998, "met": True}}
+    r = Remedy(remedy="float", metric="cosine-similarity", target=0.998, met=True, nodes=["a"], value=0.9985,
+               baseline=0.99, ceiling=None, curve=[], pruned=[], ranking=[], settings={}, judged_on="held-out",
+               figures=figures)
+    assert r and r.failure() is None
+    # simulated it meets the target; re-quantized from the float model it does not
+    r.measured = {"met": False, "value": 0.997, "figures": {"held-out": dict(figures["held-out"], after=0.9972,
+                                                                               met=False)}}
+    assert r.met and not r
+    assert r.failure() == ("re-quantized with onnxruntime, the model reaches cosine-similarity 0.9972 on held-out "
+                           "data, short of the target 0.998")

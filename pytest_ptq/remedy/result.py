@@ -44,7 +44,9 @@ def snippet(settings, call=None, overrides=True):
 
 @dataclasses.dataclass
 class Remedy(JsonResult):
-    """The outcome of a remedy search; truthy when the target is met on the judging data.
+    """The outcome of a remedy search; truthy when the target is met on the judging data, in
+    simulation and, where one ran, in the re-quantization that judges (:meth:`failure` is
+    None). ``met``: the simulation's verdict alone.
 
     The judging data (``judged_on``) are the held-out data when given, else the calibration
     samples the search did not choose on (``split``), else (one sample) the search's own.
@@ -110,7 +112,7 @@ class Remedy(JsonResult):
     producer_measured: dict | None = None
 
     def __bool__(self):
-        return bool(self.met)
+        return self.failure() is None
 
     @property
     def objective_metric(self):
