@@ -341,12 +341,14 @@ class PTQSession:
         key = analysis.key
         here = self.config.invocation_params.dir
         holdout = self.holdout_of(key.id)
-        # the target of the output checks that failed: the strictest of them
-        floors = [(not r, max(r.thresholds.values())) for r in self._results_of(key.id)
+        # the target: the strictest floor among the outputs that failed (a passing output's
+        # stricter floor would send the search after more than the contract asks)
+        checks = [r for r in self._results_of(key.id)
                   if r.kind == "outputs" and r.metric == "cosine-similarity" and r.thresholds]
-        if floors and not any(failed for failed, _ in floors):
+        if checks and all(checks):
             return ""
-        target = max(floors)[1] if floors else settings.min_cosine
+        floors = [r.thresholds[o] for r in checks for o in r.failing]
+        target = max(floors) if floors else settings.min_cosine
         args = ["ptq-debug", "suggest", _shown_path(key.model, here), _shown_path(key.data, here)]
         if holdout:
             args += ["--heldout", _shown_path(holdout, here)]

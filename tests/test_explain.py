@@ -335,3 +335,21 @@ def test_terminal_lines_point_at_a_report_only_when_one_is_written(planted):
     with_report = "\n".join(d.lines(width=80, report="r.html"))
     assert "(r.html has it all)" in with_report and "ending here" not in with_report
     assert "(r.html lists them)" in with_report
+
+
+def test_the_search_printed_aims_at_the_failing_outputs_floor(project, planted):
+    """r2 fails its floor while prob passes a stricter one: the search printed holds r2 to
+    r2's floor, not to prob's."""
+    feeds = feeds_of(builders.samples(N, seed=5))
+    ref = builders.run_model(keep_only(planted["root"] / "qw.onnx"), feeds)
+    out = builders.run_model(planted["root"] / "qw.onnx", feeds)
+    prob = pooled_cosine([r["prob"] for r in ref], [o["prob"] for o in out])
+    strict = float(f"{prob - 2e-6:.6f}")
+    assert planted["held_cosine"] < 0.9999 < strict < prob
+    project.makefile(".ptq.yaml", two=CONTRACT.replace("outputs: {default: 0.9999}",
+                                                       f"outputs: {{r2: 0.9999, prob: {strict}}}")
+                     .replace("nodes: {threshold: 0.9999}\n", ""))
+    text = run(project, "-p", "no:xdist", "-k", "two.ptq.yaml").stdout.str()
+    assert "FAILED outputs  cosine-similarity of 'r2'" in text and "of 'prob'" not in text, text
+    assert re.search(r"ptq-debug suggest qw\.onnx calib --heldout held --float-model float\.onnx --target-cosine "
+                     r"0\.9999 --remedy mixed -o r2\b", text), text
