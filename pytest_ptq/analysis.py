@@ -92,7 +92,7 @@ class Analysis:
         self._cache = {}
         # results on disk (cache.py), keyed by every file the engine reads
         self.store = None if cache_dir is None else ResultCache(cache_dir, self._files, (("data_num", key.data_num),),
-                                                                   option="--ptq-cache-dir")
+                                                                   option="--ptq-cache-dir", shown=self.relative)
 
     def _files(self):
         """The files behind the engine's results, by role (the models' external data too)."""
@@ -316,11 +316,14 @@ class Analysis:
         (else on calibration samples the search did not see); measured by re-quantizing when
         the analysis has a float model. Kept for the report."""
         from .remedy import suggest_remedy
+        from .remedy.producer_check import producer_python
 
         name = get_metrics(metric)[0].name
         target = None if target is None else params.number(target, "target")
+        # the producer's Python, where named, re-quantizes the remedy too: a result without its check is another
         key = ("remedy", remedy, name, target, _frozen(outputs), budget, _frozen(candidates),
-               None if holdout is None else str(holdout), evaluate, min_ratio, _frozen(costs), search)
+               None if holdout is None else str(holdout), evaluate, min_ratio, _frozen(costs), search,
+               producer_python(self.qmodel.made_by.key))
         return self.cached(key, lambda: suggest_remedy(
             self.engine, target=target, metric=name, remedy=remedy,
             output_node=None if outputs is None else outputs, budget=budget, candidates=candidates,

@@ -8,13 +8,16 @@ read (held-out data), the sample limit, the request itself (node type, metric, o
 checkout never reads its old results), onnx, onnxruntime, numpy and the providers
 onnxruntime offers. Change any of them and the result is computed again.
 
-An entry is one file: a header naming the format, the sha256 of the payload, then the
+An entry is one file: a header naming the format, the checksum of the payload, then the
 payload: the sha256 of the key and the pickled result. It is read only when the checksum and
-the key both match, so a truncated, edited or colliding file is ignored (and rewritten by the
+the key both match, so a truncated, damaged or colliding file is ignored (and rewritten by the
 next computation), never trusted; and it is unpickled only into what results are made of
 (pytest-ptq's records, numpy arrays, paths, builtin containers), rebuilt without calling their
 code, so an entry crafted by whoever can write the folder (a shared CI cache) cannot run
-code: anything else is a stale entry.
+code: anything else is a stale entry. The checksum is a sha256, which whoever writes an entry
+can compute too: an edited entry with its checksum redone is read. With :data:`KEY_VARIABLE`
+set (a CI secret that the jobs of untrusted branches do not get), it is an HMAC under that
+key instead, and an entry written without it is ignored.
 Writes are atomic, so xdist workers can share the folder. A request with a part that has no
 stable text (a Python callable, say) is computed, not cached.
 
@@ -30,6 +33,7 @@ import contextlib
 import enum
 import functools
 import hashlib
+import hmac
 import importlib
 import io
 import os
@@ -42,6 +46,7 @@ from . import guard
 from .errors import PTQError
 
 MAGIC = b"pytest-ptq cache 2\n"
+KEY_VARIABLE = "PTQ_CACHE_KEY"
 SUFFIX = ".ptq-cache"
 MAX_AGE_DAYS = 30
 MAX_BYTES = 512 * 2**20  # the example suite's results take under 10 MiB
@@ -159,11 +164,14 @@ class ResultCache:
     ...) to the path it names or None, asked once on first use; ``settings`` is a tuple of
     further plain key parts (the sample limit)."""
 
-    def __init__(self, folder, inputs, settings=(), option="the cache folder"):
+    def __init__(self, folder, inputs, settings=(), option="the cache folder", shown=str):
         self.folder = Path(folder)
         self.option = option  # how the user named the folder, for the warning
         self.inputs = inputs
         self.settings = tuple(settings)
+        # results name their files (a failure says "on 4 samples (calib)"), so the paths as
+        # messages show them are keyed beside the bytes: moved data must not read as the old name
+        self.shown = lambda p: None if p is None else str(shown(p))
         self._base = None
         self._guard = None  # guard.Inputs of the inputs, built on the first write
         self._hashes = {}
@@ -182,7 +190,7 @@ class ResultCache:
         """The key parts every entry shares: input hashes, settings and tool versions."""
         if self._base is None:
             inputs = sorted(self.inputs().items())
-            self._base = (tuple((role, None if p is None else self.hash_of(p)) for role, p in inputs),
+            self._base = (tuple((role, self.shown(p), None if p is None else self.hash_of(p)) for role, p in inputs),
                           self.settings, tool_versions())
         return self._base
 
@@ -191,7 +199,7 @@ class ResultCache:
         when the request cannot be keyed (a part without stable text)."""
         if not plain(request) or any(f is not None and not isinstance(f, (str, os.PathLike)) for f in files):
             return None  # data given as arrays has no file to hash: computed, not kept
-        return (self.base(), request, tuple(None if f is None else self.hash_of(f) for f in files))
+        return (self.base(), request, tuple(None if f is None else (self.shown(f), self.hash_of(f)) for f in files))
 
     def path(self, key):
         return self.folder / (hashlib.sha256(repr(key).encode()).hexdigest()[:40] + SUFFIX)
@@ -228,7 +236,7 @@ class ResultCache:
         try:
             # never inside what the results were computed from: the next run would read it as data
             with guard.protecting(protect):
-                guard.write_bytes(path, MAGIC + hashlib.sha256(payload).hexdigest().encode() + b"\n" + payload)
+                guard.write_bytes(path, MAGIC + _checksum(payload) + b"\n" + payload)
         except PTQError as exc:
             if self.write_error is None:
                 self.write_error = str(exc)
@@ -278,12 +286,22 @@ def for_engine(folder, engine, option="--cache-dir"):
             files.update({f"float model data {i}": p for i, p in enumerate(model_files(engine.float_model)[1:])})
         return files
 
-    return ResultCache(folder, inputs, option=option)
+    # the engine's own options change its figures (to rounding on CPU; more on another provider)
+    return ResultCache(folder, inputs, (("optimization", engine.optimization), ("providers", tuple(map(str, engine.providers)))),
+                       option=option)
 
 
 def through(store, request, compute, files=()):
     """``store.get(request, compute, files)``, or just ``compute()`` without a store."""
     return compute() if store is None else store.get(request, compute, files)
+
+
+def _checksum(payload):
+    """The payload's sha256, or its HMAC-SHA256 under :data:`KEY_VARIABLE` where that is set."""
+    secret = os.environ.get(KEY_VARIABLE)
+    if secret:
+        return hmac.new(secret.encode(), payload, hashlib.sha256).hexdigest().encode()
+    return hashlib.sha256(payload).hexdigest().encode()
 
 
 def _key_digest(key):
@@ -363,7 +381,7 @@ def _read(path, key):
     except OSError:
         return False, None
     head, _, rest = blob[len(MAGIC):].partition(b"\n")
-    if not blob.startswith(MAGIC) or hashlib.sha256(rest).hexdigest().encode() != head:
+    if not blob.startswith(MAGIC) or not hmac.compare_digest(_checksum(rest), head):
         return False, None
     stored_key, _, payload = rest.partition(b"\n")
     if stored_key != _key_digest(key):

@@ -195,6 +195,9 @@ def kept_figure(store, request, folder, draw):
     name, png = store.get((*request, drawn_by()), compute)
     if drawn:
         return str(drawn[0])
+    if not isinstance(name, str) or Path(name).name != name or name in ("", ".", "..") or \
+            not name.endswith(".png") or not isinstance(png, bytes):
+        return str(draw(folder))  # a kept entry is only ever a PNG's name in this folder: anything else is drawn again
     return str(guard.write_bytes(Path(folder) / name, png))
 
 

@@ -194,7 +194,18 @@ def curves_png(analysis, settings):
         with tempfile.TemporaryDirectory(prefix="ptq-curves-") as tmp:
             return base64.b64encode(compress_png(_plot_curves(analysis, settings, Path(tmp)))).decode("ascii")
 
-    return analysis.cached(("curves_png", settings.metric, analysis.label, drawn_by()), draw, files=())
+    png = analysis.cached(("curves_png", settings.metric, analysis.label, drawn_by()), draw, files=())
+    # a kept entry goes into the page as is: only a PNG's base64 text may (anything else is drawn again)
+    return png if is_png_text(png) else draw()
+
+
+_BASE64 = re.compile(r"[A-Za-z0-9+/]*={0,2}")
+_PNG_BASE64 = base64.b64encode(b"\x89PNG\r\n\x1a\n").decode("ascii")[:8]
+
+
+def is_png_text(text):
+    """Whether ``text`` is base64 text of a PNG file (nothing else goes into an ``<img>``)."""
+    return isinstance(text, str) and text.startswith(_PNG_BASE64) and _BASE64.fullmatch(text) is not None
 
 
 def results_html(results):
@@ -543,6 +554,8 @@ def _nodes_html(m):
 
 
 def _figure(img):
+    if not is_png_text(img["png"]):
+        return f"<p>{_e(img['title'])}: not shown (a kept figure that is not a PNG)</p>"
     tag = f'<img src="data:image/png;base64,{img["png"]}" alt="{_e(img["title"])}">'
     if img.get("wide"):
         tag = f'<div class="scroll">{tag}</div>'

@@ -585,3 +585,97 @@ def test_entries_not_used_for_a_month_or_past_the_size_cap_go_on_the_next_write(
     monkeypatch.setattr(cache, "MAX_BYTES", entries[0].stat().st_size + entries[1].stat().st_size)
     assert cache.prune(folder) == len(entries) - 2
     assert sorted(folder.glob(f"*{cache.SUFFIX}")) == sorted(entries[:2])
+
+
+def test_moved_data_computes_again_so_no_result_names_the_old_path(tmp_path, inputs):
+    store(tmp_path / "c", inputs).get(("r",), lambda: "named calib")
+    shutil.copytree(inputs, tmp_path / "moved")  # the same bytes under another name
+    assert store(tmp_path / "c", tmp_path / "moved").get(("r",), lambda: "named moved") == "named moved"
+    assert store(tmp_path / "c", inputs).get(("r",), never) == "named calib"
+
+
+def test_the_engines_own_options_are_part_of_its_keys(tmp_path, inputs):
+    from pytest_ptq.engine import Engine
+
+    keys = [cache.for_engine(tmp_path / "c", Engine(inputs / "q.onnx", inputs / "calib", optimization=level)).key(("r",))
+            for level in ("all", "disable", "all")]
+    assert keys[0] != keys[1] and keys[0] == keys[2]
+
+
+def test_with_a_key_set_an_entry_edited_with_its_sha256_redone_is_not_read(tmp_path, inputs, monkeypatch):
+    import hashlib
+    import pickle
+
+    monkeypatch.setenv(cache.KEY_VARIABLE, "a CI secret")
+    store(tmp_path / "c", inputs).get(("r",), lambda: "failed")
+    (entry,) = (tmp_path / "c").iterdir()
+    assert store(tmp_path / "c", inputs).get(("r",), never) == "failed"
+    blob = entry.read_bytes()
+    key = blob[len(cache.MAGIC):].partition(b"\n")[2].partition(b"\n")[0]
+    payload = key + b"\n" + pickle.dumps("passed")
+    forged = cache.MAGIC + hashlib.sha256(payload).hexdigest().encode() + b"\n" + payload
+    entry.write_bytes(forged)
+    assert store(tmp_path / "c", inputs).get(("r",), lambda: "recomputed") == "recomputed"
+    # without the key the same forged entry is read: the docs say so
+    entry.write_bytes(forged)
+    monkeypatch.delenv(cache.KEY_VARIABLE)
+    assert store(tmp_path / "c", inputs).get(("r",), never) == "passed"
+
+
+def test_a_kept_figure_is_written_only_under_a_png_name_in_its_folder(tmp_path, inputs):
+    from pytest_ptq.figures import kept_figure
+
+    def draw(folder):
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "f.png").write_bytes(b"\x89PNG drawn")
+        return folder / "f.png"
+
+    s = store(tmp_path / "c", inputs)
+    assert kept_figure(s, ("fig",), tmp_path / "out1", draw) == str(tmp_path / "out1" / "f.png")
+    (entry,) = (tmp_path / "c").iterdir()
+    escaped = tmp_path / "escaped.png"
+    for name in (str(escaped), "../escaped.png", "f.sh"):  # a crafted entry: the same key and checksum
+        found, value = cache._read(entry, s.key(("fig", kept_figure.__globals__["drawn_by"]())))
+        assert found and value[0] == "f.png"
+        forged = _rewritten(entry, (name, b"#!/bin/sh"))
+        out = kept_figure(store(tmp_path / "c", inputs), ("fig",), tmp_path / "out2", draw)
+        assert out == str(tmp_path / "out2" / "f.png") and (tmp_path / "out2" / "f.png").read_bytes() == b"\x89PNG drawn"
+        assert not escaped.exists() and not (tmp_path / "out2" / "f.sh").exists()
+        entry.write_bytes(forged[1])
+
+
+def _rewritten(entry, value):
+    """Replace ``entry``'s result by ``value`` with its key and a matching sha256; returns
+    ``(new bytes, old bytes)``."""
+    import hashlib
+    import pickle
+
+    blob = entry.read_bytes()
+    key = blob[len(cache.MAGIC):].partition(b"\n")[2].partition(b"\n")[0]
+    payload = key + b"\n" + pickle.dumps(value)
+    new = cache.MAGIC + hashlib.sha256(payload).hexdigest().encode() + b"\n" + payload
+    entry.write_bytes(new)
+    return new, blob
+
+
+def test_the_report_takes_a_kept_figure_only_as_png_text():
+    from pytest_ptq import report
+
+    page = report._figure({"png": 'x" onerror="alert(1)', "title": "curves"})
+    assert "onerror" not in page and "<img" not in page and "not shown" in page
+    good = report._figure({"png": "iVBORw0KGgo=", "title": "curves"})
+    assert '<img src="data:image/png;base64,iVBORw0KGgo="' in good
+
+
+def test_a_kept_remedy_is_searched_again_when_the_producers_python_changes(tmp_path, inputs, monkeypatch):
+    import pytest_ptq.remedy as remedy
+
+    calls = []
+    monkeypatch.setattr(remedy, "suggest_remedy", lambda *a, **k: calls.append(1) or "remedy")
+    key = AnalysisKey(str(inputs / "q.onnx"), str(inputs / "calib"))
+    monkeypatch.setenv("PTQ_MODELOPT_PYTHON", "")
+    for python in ("", "/opt/modelopt/bin/python", "/opt/modelopt/bin/python"):
+        monkeypatch.setenv("PTQ_MODELOPT_PYTHON", python)
+        monkeypatch.setattr("pytest_ptq.remedy.producer_check.PYTHON_ENV", {"onnxruntime": "PTQ_MODELOPT_PYTHON"})
+        assert Analysis(key, inputs, cache_dir=tmp_path / "c").suggest() == "remedy"
+    assert len(calls) == 2
