@@ -35,6 +35,7 @@ from .errors import NotQuantized, PTQError
 from .kernels import as_uint8_weights, float8_rewrites, requantized_nodes, saturation_cause
 from .metrics import compare, get_metrics
 from .model import QuantModel, load_model
+from .model.align import refuse_quantized
 from .outputs import parse_outputs, parts_note
 from .progress import Progress
 from .results import JsonResult, read_from
@@ -124,6 +125,7 @@ def localize_stages(float_model, calibrated_model, calibrated_data, metrics=("co
         threshold = 0.99
     fmodel, fpath = load_model(float_model, what="float model")
     if isinstance(calibrated_model, Engine):  # its model and data, loaded once
+        refuse_quantized(fmodel, fpath)  # an engine with its own float model never aligns this one
         engine = calibrated_model
         qm = engine.qmodel
         data = load_data(engine.data if calibrated_data is None else calibrated_data, qm, data_num)
@@ -132,11 +134,11 @@ def localize_stages(float_model, calibrated_model, calibrated_data, metrics=("co
                             float_model=fpath or fmodel, custom_op_libraries=engine.libraries)
     else:
         try:
-            qm = QuantModel(calibrated_model, float_model=fmodel)
+            qm = QuantModel(calibrated_model, float_model=fpath or fmodel)
         except NotQuantized:
             if any(n.op_type == "QuantizeLinear" for n in fmodel.graph.node):
                 raise PTQError(f"the calibrated model {str(calibrated_model)!r} has no Q/DQ pairs and the float "
-                               f"model {str(fpath or 'given')!r} has: the two look swapped; give the float model "
+                               f"model {str(fpath or '(given as a ModelProto)')!r} has: the two look swapped; give the float model "
                                "first, then the calibrated one") from None
             raise
         data = load_data(calibrated_data, qm, data_num)
@@ -343,7 +345,7 @@ def _check_reference(values, feeds, i, fpath):
     bad = next((k for k, v in values.items() if np.asarray(v).dtype.kind == "f" and not np.isfinite(v).all()), None)
     if bad is None:
         return
-    raise overflows(f"the float model {str(fpath or 'given')!r}", bad, i, feeds)
+    raise overflows(f"the float model {str(fpath or '(given as a ModelProto)')!r}", bad, i, feeds)
 
 
 def simulation_warnings(engine, specs=None, count=None):

@@ -281,6 +281,13 @@ def test_models_that_do_not_belong_together(models, tmp_path):
     with pytest.raises(PTQError, match=r"does not reproduce the float model .*retrained.onnx.*check that it is the "
                        "model this one was quantized from"):
         localize_stages(str(retrained), str(models["qdq"]), models["data"])
+    # the quantized model given as the float one: refused by path, and beside an engine that has its own
+    from pytest_ptq.engine import Engine
+
+    for calibrated in (str(models["planted"]), Engine(models["qdq"], models["data"], float_model=models["float"])):
+        with pytest.raises(PTQError, match=rf"the float model '{re.escape(str(models['qdq']))}' holds \d+ "
+                           "QuantizeLinear node"):
+            localize_stages(str(models["qdq"]), calibrated, models["data"])
 
 
 def test_cli_stages(models, tmp_path, capsys):

@@ -243,6 +243,16 @@ class _Float:
         return ("Clip", float(bounds[0]), float(bounds[1]))
 
 
+def refuse_quantized(fmodel, fpath=None):
+    """Refuse a "float model" (a ModelProto, read from ``fpath``) that quantizes: its outputs
+    would be a quantized reference, every figure 1.0 or near."""
+    quantizers = sum(n.op_type == "QuantizeLinear" for n in fmodel.graph.node)
+    if quantizers:
+        raise PTQError(f"the float model {str(fpath) if fpath else '(given as a ModelProto)'!r} holds {quantizers} "
+                       "QuantizeLinear node(s), so it is a quantized model; pass the float model the calibrated one "
+                       "was quantized from")
+
+
 def align(qm, float_model):
     """Align ``qm`` (a :class:`~pytest_ptq.model.QuantModel`) with ``float_model``; sets the
     float weights (``qm.float_weights``, ``c.float_weight``) and folds (``c.folded``) it finds
@@ -250,11 +260,7 @@ def align(qm, float_model):
     # its large weights stay in their file (mapped), as the calibrated model's do: a float
     # model read whole held a copy of every weight beside the calibrated one's
     fmodel, fpath, arrays = load_weightless(float_model, what="float model")
-    quantizers = sum(n.op_type == "QuantizeLinear" for n in fmodel.graph.node)
-    if quantizers:  # its outputs would be a quantized reference: every figure 1.0, or near
-        raise PTQError(f"the float model {str(fpath) if fpath else 'given'!r} holds {quantizers} QuantizeLinear "
-                       "node(s), so it is a quantized model; pass the float model the calibrated one was "
-                       "quantized from")
+    refuse_quantized(fmodel, fpath)
     f = _Float(_expanded(fmodel, {qm.node(n).op_type for n in qm.normal}), arrays)
     by_output = qm.by_output()
     tmatch = {}  # QDQ tensor -> float tensor
