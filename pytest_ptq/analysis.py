@@ -181,7 +181,8 @@ class Analysis:
         """The calibration data, or held-out data validated against the model."""
         if holdout is None:
             return self.data
-        return self.cached(("holdout", str(holdout)), lambda: load_data(holdout, self.qmodel, role="held-out"))
+        return self.cached(("holdout", str(holdout)), lambda: load_data(holdout, self.qmodel, role="held-out",
+                                                                     calibration=self.data))
 
     def output_metrics(self, outputs=None, metrics=("cosine-similarity",), holdout=None):
         """Metrics of the fully quantized model against the float one, per output.

@@ -7,6 +7,7 @@ number of samples.
 from __future__ import annotations
 
 import copy
+import os
 import re
 import zipfile
 from pathlib import Path
@@ -231,9 +232,11 @@ def overflows(what, output, i, feeds):
                     "then that sample and its preprocessing")
 
 
-def load_data(calibrated_data, qmodel=None, data_num=None, role="calibration"):
+def load_data(calibrated_data, qmodel=None, data_num=None, role="calibration", calibration=None):
     """Open calibration data and validate it against ``qmodel`` when given; ``role`` names the
-    data in messages (``"held-out"`` for held-out data).
+    data in messages (``"held-out"`` for held-out data). Held-out data that are the
+    ``calibration`` data (the same folder, or a copy: as many samples, the first, middle and
+    last equal) are refused: a figure on them would be labelled held out and hold nothing out.
 
     Accepted forms: a folder ``DIR/<input>/<i>.npy`` (numeric order), a folder of
     ``<input>.npy`` stacked arrays (samples on axis 0), a single ``.npz`` (one key per input,
@@ -259,7 +262,25 @@ def load_data(calibrated_data, qmodel=None, data_num=None, role="calibration"):
     data = data.limit(data_num)
     if qmodel is not None:
         data.validate(qmodel)
+    if calibration is not None and _same_data(data, calibration):
+        raise PTQError(f"the {role} data {data.where!r} are the calibration data {calibration.where!r}: figures on "
+                       "them would be labelled held out while holding nothing out; give samples the model was not "
+                       "calibrated on, or no held-out data")
     return data
+
+
+def _same_data(data, other):
+    """Whether ``data`` are ``other``: one folder or file, or a copy of it."""
+    paths = [getattr(d, "path", None) for d in (data, other)]
+    if None not in paths and os.path.realpath(paths[0]) == os.path.realpath(paths[1]):
+        return True
+    if not isinstance(other, CalibrationData) or len(data) != len(other) or set(data.names) != set(other.names):
+        return False
+    for i in sorted({0, len(data) // 2, len(data) - 1}):
+        a, b = data.sample(i), other.sample(i)
+        if any(np.shape(a[n]) != np.shape(b[n]) or not np.array_equal(a[n], b[n]) for n in a):
+            return False
+    return True
 
 
 def _listed(name, value, role):

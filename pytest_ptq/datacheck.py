@@ -727,7 +727,7 @@ def check_data(model_or_file, calibrated_data=None, heldout=None, data_num=None,
     qm, specs, source = _model_side(model_or_file, float_model)
     datasets = {"calibration": load_data(calibrated_data, None, data_num)}
     if heldout is not None:
-        datasets["heldout"] = load_data(heldout, None, role="held-out")  # data_num counts calibration samples
+        datasets["heldout"] = load_data(heldout, None, role="held-out", calibration=datasets["calibration"])  # data_num counts calibration samples
     total = sum(len(d) * len(d.sources) for d in datasets.values())
     findings, stats, scans = [], {}, {}
     if qm is None:
@@ -763,7 +763,7 @@ def check_data(model_or_file, calibrated_data=None, heldout=None, data_num=None,
                     findings.append(Finding("heldout-skipped", "warning", "the quantized model was not compared on "
                                             f"the two sets: {why}", "", None, "heldout"))
                 else:
-                    held = load_data(heldout, qm, role="held-out")
+                    held = load_data(heldout, qm, role="held-out", calibration=cal)
                     more, quantized = _heldout_findings(engine, cal, held, m, threshold, bar)
                     findings += more
     order = {s: k for k, s in enumerate(SEVERITIES)}

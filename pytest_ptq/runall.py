@@ -117,7 +117,7 @@ def runall(model_or_file, calibrated_data=None, save_dir="ptq_debug_runall", met
     engine = engine_for(model_or_file, calibrated_data, float_model=float_model)
     cache = _cache_for(cache, engine)
     if heldout is not None:  # refused before the work, not after the rankings
-        load_data(heldout, engine.qmodel, role="held-out")
+        load_data(heldout, engine.qmodel, role="held-out", calibration=engine.data)
     also = guard.Inputs().add(heldout if isinstance(heldout, (str, Path)) else None, "held-out data")
     with engine.writes(save_dir, also=also) as out:
         return _runall(engine, out, metrics, output_node, node_type, data_num, top, axis, progress,

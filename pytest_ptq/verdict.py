@@ -210,7 +210,7 @@ def three_configs(engine, specs, metric="cosine-similarity", heldout=None, ranki
     values = {"calibration": score(engine, data, specs, m, configs, count)}
     samples = {"calibration": (count or len(engine.data)) if own else len(data)}
     if heldout is not None:
-        held = load_data(heldout, engine.qmodel, role="held-out")
+        held = load_data(heldout, engine.qmodel, role="held-out", calibration=engine.data)
         values["heldout"], samples["heldout"] = score(engine, held, specs, m, configs), len(held)
     decided_on = "heldout" if "heldout" in values else "calibration"
     source, text = decide(values[decided_on], m.name, weights_known)

@@ -290,3 +290,27 @@ def test_a_suffix_in_capitals_is_a_sample_and_what_cannot_be_read_as_one_is_refu
     np.save(tmp_path / "x.npy", np.stack(arrays))  # the same input stacked beside its folder
     with pytest.raises(PTQError, match="has both a folder 'x' and a file 'x.npy' for input 'x'"):
         load_data(tmp_path, qm)
+
+
+def test_held_out_data_that_are_the_calibration_data_are_refused(tmp_path):
+    import shutil
+
+    from pytest_ptq.cli import main
+
+    data = builders.samples(4)
+    builders.save_folder(data, tmp_path / "calib")
+    q = builders.quantize(builders.conv_net(tmp_path / "f.onnx"), tmp_path / "q.onnx", data)
+    calib = load_data(tmp_path / "calib")
+    shutil.copytree(tmp_path / "calib", tmp_path / "copy")
+    (tmp_path / "link").symlink_to(tmp_path / "calib")
+    for same in ("calib", "copy", "link"):
+        with pytest.raises(PTQError, match=rf"the held-out data '.*{same}' are the calibration data '.*calib': figures "
+                           "on them would be labelled held out"):
+            load_data(tmp_path / same, role="held-out", calibration=calib)
+    builders.save_folder(builders.samples(4, seed=9), tmp_path / "held")
+    assert len(load_data(tmp_path / "held", role="held-out", calibration=calib)) == 4
+    # every face that takes held-out data
+    assert main(["runall", str(q), str(tmp_path / "calib"), "--heldout", str(tmp_path / "copy"), "--quiet",
+                 "-s", str(tmp_path / "out")]) == 2
+    assert main(["suggest", str(q), str(tmp_path / "calib"), "--heldout", str(tmp_path / "link"), "--quiet",
+                 "--no-save"]) == 2

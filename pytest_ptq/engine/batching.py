@@ -14,7 +14,7 @@ uses every core), so the engine measures before it decides. A group is used only
 * the stacked run gives what the samples give one at a time (float, and every activation
   quantized: weight quantizers see no sample), to within float rounding (a different
   kernel may sum in another order), each output holding one row per sample. The check
-  stacks the two most different of samples spread over the data, and the tolerance is a
+  stacks the two most different of the samples run, and the tolerance is a
   share of how far their outputs differ: a graph that mixes the batch (a mean over axis 0)
   moves a sample by a share of that difference, so two equal or nearly equal samples (the
   first frames of a video) would pass any tolerance, and the choice holds for every group; and
@@ -125,12 +125,12 @@ def _close(alone, stacked):
 
 
 def _probe(engine, indices):
-    """The two most different samples among :data:`PROBE` spread over the data (the choice
-    holds for all of it), as a key; the first two of ``indices`` where the data cannot say."""
-    count = len(engine.data) if engine.data is not None else 0
-    spread = sorted({round(k * (count - 1) / (PROBE - 1)) for k in range(PROBE)}) if count > 2 else []
-    if len(spread) < 2:
-        return tuple(indices[:2])
+    """The two most different samples among :data:`PROBE` spread over ``indices`` (those the
+    caller runs: a sample limit is never read past), as a key."""
+    count = len(indices)
+    spread = [indices[k] for k in sorted({round(k * (count - 1) / (PROBE - 1)) for k in range(PROBE)})]
+    if len(spread) <= 2:
+        return tuple(spread)
     flat = [np.concatenate([np.asarray(v, np.float64).ravel() for v in engine.data.sample(i).values()])
             for i in spread]
     # the farthest from the first, then the farthest from that one: near the most different pair

@@ -66,7 +66,7 @@ def layout(engine, indices, heldout=None):
     ``data_num``) and optional held-out data (a path, a mapping or a CalibrationData)."""
     if heldout is not None:
         search = Part("calibration", engine, list(indices), f"{len(indices)} calibration sample(s)")
-        data = load_data(heldout, engine.qmodel, role="held-out")
+        data = load_data(heldout, engine.qmodel, role="held-out", calibration=engine.data)
         where = data.where if isinstance(data, CalibrationData) else "held-out data"
         judge = Part("held-out", heldout_engine(engine, data), list(range(len(data))),
                      f"{len(data)} held-out sample(s) of {where}")
