@@ -357,7 +357,7 @@ def check_accuracy(analysis, evaluate, min_ratio=0.99, holdout=None):
     ``{input: array}`` to ``{output: array}``; ``data`` is the sample set (calibration data,
     or ``holdout``): ``len(data)``, ``data.sample(i)``, iterating yields feed dicts.
     """
-    ratio_min = params.number(min_ratio, "min_ratio")
+    ratio_min = params.ratio(min_ratio)
     if not callable(evaluate):
         raise PTQError(f"evaluate must be a function evaluate(run, data) -> float, got {shown_value(evaluate)}")
     f_score, q_score = analysis.accuracy(evaluate, holdout)

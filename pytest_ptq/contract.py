@@ -417,9 +417,10 @@ def _accuracy(value, where):
     if not isinstance(fn, str) or ":" not in fn:
         raise ContractError(f"{where}: 'accuracy.evaluate' must be 'FILE.py:FUNCTION' or 'module:FUNCTION', "
                             f"got {shown(fn)}")
-    ratio = _num(value.get("min_ratio", 0.99), "accuracy.min_ratio", where)
-    if not 0 < ratio <= 10:
-        raise ContractError(f"{where}: 'accuracy.min_ratio' must be a ratio such as 0.99, got {ratio}")
+    try:
+        ratio = params.ratio(value.get("min_ratio", 0.99), "'accuracy.min_ratio'")
+    except PTQError as exc:
+        raise ContractError(f"{where}: {exc}") from None
     return {"evaluate": fn, "min_ratio": ratio}
 
 

@@ -184,6 +184,18 @@ def positive(value, what):
     return result
 
 
+MAX_RATIO = 10.0  # a task score's share of float's: more than 10x is a typo, not a floor
+
+
+def ratio(value, what="min_ratio"):
+    """A share of the float model's task score such as 0.99: a number in (0, :data:`MAX_RATIO`]."""
+    result = number(value, what)
+    if not 0 < result <= MAX_RATIO:
+        raise _fail(what, f"must be a share of the float model's score in (0, {MAX_RATIO:g}] such as 0.99, "
+                          f"got {result:g}")
+    return result
+
+
 def fraction(value, what):
     """A number in (0, 1]."""
     result = number(value, what)

@@ -229,6 +229,9 @@ def test_an_error_in_the_users_evaluate_shows_its_frames_not_pytests(project):
      "contract 'bad.ptq.yaml' (*) sets 'threshold' twice (again at line 5); keep one"),
     ("model: ../models/model.onnx\ndata: ../models/calib\ntolerance: .inf\n",
      "contract 'bad.ptq.yaml': 'tolerance' must be a finite number, got inf"),
+    ("model: ../models/model.onnx\ndata: ../models/calib\naccuracy: {evaluate: e.py:f, min_ratio: 0}\n",
+     "contract 'bad.ptq.yaml': 'accuracy.min_ratio' must be a share of the float model's score in (0, 10] such as "
+     "0.99, got 0"),
 ])
 def test_schema_errors_name_the_key_and_the_file(project, body, message):
     contract(project, "bad", body)

@@ -478,6 +478,11 @@ API_CASES = [
      "cannot be read (RecursionError"),
     ("accuracy-of-a-number", lambda: check_accuracy(Analysis(AnalysisKey("m.onnx", "calib"), "."), 3),
      "evaluate must be a function evaluate(run, data) -> float, got 3"),
+    *((f"accuracy-min-ratio-{r}", lambda r=r: check_accuracy(Analysis(AnalysisKey("m.onnx", "calib"), "."),
+                                                             lambda run, data: 1.0, min_ratio=r),
+       "min_ratio must be a share of the float model's score in (0, 10] such as 0.99") for r in (0, -5, 11)),
+    ("suggest-min-ratio", lambda: dbg.suggest_remedy(_engine(), evaluate=lambda run, data: 1.0, min_ratio=0),
+     "min_ratio must be a share of the float model's score in (0, 10]"),
     ("data-mapping-of-a-number", lambda: dbg.Engine("m.onnx", {"x": 5}),
      "calibration data for input 'x' must be a list of arrays, one per sample"),
     ("result-saved-onto-its-model", lambda: dbg.get_sensitivity_of_nodes("m.onnx", calibrated_data="calib").save(

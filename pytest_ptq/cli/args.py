@@ -91,6 +91,7 @@ bins = argtype(params.bins, "number of bins")
 cosine = argtype(params.cosine, "cosine")
 seconds = argtype(params.seconds, "seconds")
 number = argtype(params.number, "number")
+ratio = argtype(params.ratio, "ratio")
 
 
 def add_model(p, data=True, engine=None):

@@ -89,9 +89,7 @@ def objective_for(metric, target, specs, evaluate=None, min_ratio=None):
     task = TaskMetric(getattr(evaluate, "__name__", None) or type(evaluate).__name__)
     if target is not None:
         return Objective(task, guide, specs, target=_number(target, "target"), evaluate=evaluate)
-    ratio = 0.99 if min_ratio is None else _number(min_ratio, "min_ratio")
-    if not ratio > 0:
-        raise PTQError(f"min_ratio must be a positive share of the float score, got {ratio}")
+    ratio = 0.99 if min_ratio is None else params.ratio(min_ratio)
     return Objective(task, guide, specs, min_ratio=ratio, evaluate=evaluate)
 
 
