@@ -140,8 +140,9 @@ def _cache_for(cache, engine):
     results in."""
     if cache is None or isinstance(cache, results_cache.ResultCache):
         return cache
-    if isinstance(cache, (str, os.PathLike)):
-        return results_cache.for_engine(cache, engine, option="cache")
+    if isinstance(cache, (str, os.PathLike)):  # checked as the CLI checks --cache-dir: a path, outside the inputs
+        return results_cache.for_engine(guard.output_path(cache, "cache", engine.inputs(), folder=True), engine,
+                                        option="cache")
     raise PTQError(f"cache must be a folder to keep results in or a ResultCache, got {shown(cache)}")
 
 
