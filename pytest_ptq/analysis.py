@@ -345,6 +345,7 @@ class Analysis:
         then through the quantized one; ``data`` is the sample set (``len(data)``,
         ``data.sample(i)``, iteration yields feed dicts in order).
         """
+        __tracebackhide__ = True  # an evaluation function that raises shows its own frames
         engine = self.engine
         data = self.dataset(holdout)
 

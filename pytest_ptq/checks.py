@@ -357,6 +357,7 @@ def check_accuracy(analysis, evaluate, min_ratio=0.99, holdout=None):
     ``{input: array}`` to ``{output: array}``; ``data`` is the sample set (calibration data,
     or ``holdout``): ``len(data)``, ``data.sample(i)``, iterating yields feed dicts.
     """
+    __tracebackhide__ = True  # an evaluation function that raises shows its own frames
     ratio_min = params.ratio(min_ratio)
     if not callable(evaluate):
         raise PTQError(f"evaluate must be a function evaluate(run, data) -> float, got {shown_value(evaluate)}")
@@ -759,6 +760,7 @@ class PTQ:
 
     def check_accuracy(self, evaluate, min_ratio=0.99, holdout=None):
         """``evaluate(run, data) -> float`` of quantized at least ``min_ratio`` x float."""
+        __tracebackhide__ = True
         return self._done(check_accuracy(self.analysis, evaluate, min_ratio,
                                          self._holdout(holdout)))
 

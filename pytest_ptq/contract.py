@@ -72,7 +72,7 @@ _DATA_CHECK_KEYS = {"max_severity"}
 
 # where pytest's and pluggy's own frames live: left out of a contract item's traceback
 _RUNNER_DIRS = tuple(str(Path(m.__file__).parent) for m in (pytest, pluggy)) + (
-    str(Path(pytest.__file__).parent.parent / "_pytest"),)
+    str(Path(pytest.__file__).parent.parent / "_pytest"), str(Path(__file__).parent))
 
 
 class ContractError(PTQError):
@@ -578,8 +578,8 @@ class ContractItem(pytest.Item):
             return str(excinfo.value)
         if isinstance(excinfo.value, PTQError):
             return f"contract {self.contract.name} ({self.path.name}), check {self.name}: {excinfo.value}"
-        # an error in the user's own code (an evaluate function): its frames, not pytest's and
-        # pluggy's (hundreds of lines a plain test's failure does not show either)
+        # an error in the user's own code (an evaluate function): its frames, not pytest's,
+        # pluggy's (hundreds of lines a plain test's failure does not show either) and ours
         kept = excinfo.traceback.filter(lambda entry: not str(entry.path).startswith(_RUNNER_DIRS))
         if len(kept):
             excinfo.traceback = kept

@@ -64,3 +64,15 @@ def unknown(kind, name, candidates, usual=()):
     elif not near and kind == "node":
         hint = "; known nodes are listed by `ptq-debug list-nodes`"
     return PTQError(f"unknown {kind} {shown(name)}{hint}")
+
+
+def raised_by_user(what, exc):
+    """The PTQError for ``exc`` raised by the user's code ``what`` ("the evaluation function
+    top1"), naming the last line of theirs it passed through (file:line), not our frames."""
+    import os
+    import traceback
+
+    package = os.path.dirname(os.path.abspath(__file__)) + os.sep
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if not os.path.abspath(f.filename).startswith(package)]
+    at = f" at {os.path.basename(frames[-1].filename)}:{frames[-1].lineno}" if frames else ""
+    return PTQError(f"{what} raised {type(exc).__name__}{at}: {clip(str(exc))}; fix it and run again")

@@ -124,3 +124,10 @@ def test_cli_evaluate_with_a_ratio_and_its_exit_sentence(task, tmp_path, capsys,
     assert "not --target-cosine" in capsys.readouterr().err
     assert main(["suggest", str(t["qdq"]), str(t["cal_dir"]), "--evaluate", "missing.py:top1", "--no-save"]) == 2
     assert "does not exist" in capsys.readouterr().err
+    # a function that raises: one sentence naming its line, no traceback through ours
+    (t["root"] / "boom.py").write_text("def top1(run, data):\n    return 1 / 0\n")
+    assert main(["suggest", str(t["qdq"]), str(t["cal_dir"]), "--evaluate", "boom.py:top1", "--no-save",
+                 "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "the evaluation function top1 raised ZeroDivisionError at boom.py:2: division by zero" in err, err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1

@@ -10,7 +10,7 @@ import time
 
 import numpy as np
 
-from ..errors import PTQError
+from ..errors import PTQError, raised_by_user
 
 
 class OutOfTime(Exception):
@@ -158,7 +158,12 @@ class Scorer:
             self.memo[k] = m.worst([m.value(st) for st in states[k].values()])
 
     def _evaluate(self, run):
-        score = self.objective.evaluate(run, self.part.data())
+        try:
+            score = self.objective.evaluate(run, self.part.data())
+        except (PTQError, OutOfTime):
+            raise
+        except Exception as exc:  # noqa: BLE001 - the user's code: one sentence naming its line, not our frames
+            raise raised_by_user(f"the evaluation function {self.metric.name}", exc) from exc
         try:
             return float(score)
         except (TypeError, ValueError):
