@@ -299,8 +299,10 @@ def test_a_float_model_gets_the_data_checks_only(net, tmp_path):
 
 def test_cli_check_data(net, tmp_path, capsys):
     good = builders.save_folder(net["data"], tmp_path / "good")
+    # the same samples in another order: held-out data drawn like the calibration data
+    alike = builders.save_folder({"x": net["data"]["x"][::-1]}, tmp_path / "alike")
     nhwc = builders.save_folder({"x": [a.transpose(0, 2, 3, 1) for a in net["data"]["x"]]}, tmp_path / "nhwc")
-    assert main(["check-data", str(net["qdq"]), str(good), "--heldout", str(good), "--quiet"]) == 0
+    assert main(["check-data", str(net["qdq"]), str(good), "--heldout", str(alike), "--quiet"]) == 0
     out = capsys.readouterr().out
     assert "no problem found" in out and "fully quantized on the held-out data" in out
     assert main(["check-data", str(net["qdq"]), str(nhwc), "--json", str(tmp_path / "r.json"), "--quiet"]) == 1
@@ -324,8 +326,8 @@ def test_heldout_gap_in_the_output_metric_is_flagged(net, tmp_path):
     [gap] = [f for f in report.findings if f.check == "heldout-gap"]
     assert gap.severity == "warning" and f"{cal:.6g}" in gap.message and f"{held:.6g}" in gap.message
     assert "does not represent the held-out data" in gap.message and "--heldout" in gap.fix
-    # the same data on both sides: comparable losses, no gap
-    same = check_data(net["qdq"], net["data"], heldout=net["data"], threshold=1.0, progress=False)
+    # the same samples on both sides, in another order: comparable losses, no gap
+    same = check_data(net["qdq"], net["data"], heldout={"x": net["data"]["x"][::-1]}, threshold=1.0, progress=False)
     assert "heldout-gap" not in same.checks() and "heldout-worse" in same.checks()
 
 
@@ -346,7 +348,7 @@ def test_a_channel_constant_on_both_sides_has_no_scale_to_compare(rgb_net):
     zeroed = {"x": [a.copy() for a in rgb_net["data"]["x"]]}
     for a in zeroed["x"]:
         a[:, 0] = 0
-    assert "channel-scale" not in check_data(str(rgb_net["qdq"]), zeroed, heldout=zeroed).checks()
+    assert "channel-scale" not in check_data(str(rgb_net["qdq"]), zeroed, heldout={"x": zeroed["x"][::-1]}).checks()
     # constant on one side only is a scale that differs
     assert "channel-scale" in check_data(str(rgb_net["qdq"]), zeroed, heldout=rgb_net["data"]).checks()
 

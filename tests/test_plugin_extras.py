@@ -194,7 +194,7 @@ def test_paths_given_to_the_checks_are_relative_to_the_test_module_as_the_marker
         "@pytest.mark.ptq(model='../model.onnx', data='../calib')\n"
         "def test_here(ptq):\n"
         "    ptq.check_stages(float_model='../float.onnx', min_cosine=0.0)\n"
-        "    ptq.check_outputs(0.0, holdout='../calib')\n")
+        "    ptq.check_outputs(0.0, holdout='../holdout')\n")
     result = run(project, "suite")
     result.assert_outcomes(passed=1)
 
