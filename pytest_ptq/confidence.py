@@ -70,6 +70,7 @@ def ranking_confidence(sensitivity, k=5, resamples=1000, seed=0, metric=None, st
                        f"thousand), got {resamples}")
     seed = params.whole(seed, "seed", minimum=0)
     stable_at = params.fraction(stable_at, "stable_at")
+    annotate = params.flag(annotate, "annotate")
     if not isinstance(sensitivity, Sensitivity):
         raise PTQError("ranking_confidence needs a Sensitivity result (from get_sensitivity_of_nodes, "
                        "group_sensitivity or Sensitivity.load)")

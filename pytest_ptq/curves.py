@@ -88,6 +88,7 @@ def get_acc_error(engine, configs, metric="cosine-similarity", data_num=None, lo
     """Compute the curves (no plot). Memory: one segment's activations at a time where the
     model runs in segments, else one sample's (see :meth:`.engine.Engine.probes`)."""
     m = get_metrics(metric)[0]
+    local = params.flag(local, "local")
     indices = sample_indices(engine, data_num)
     qm = engine.qmodel
     own = {}  # node -> its output tensor, where its local error is read
@@ -226,11 +227,12 @@ def plot_acc_error(save_dir, calibrated_data=None, model_or_file=None, quantize_
     if filename is not None and (not isinstance(filename, str) or Path(filename).name != filename
                                  or filename in ("", ".", "..")):
         raise PTQError(f"filename must be a plain file name (it goes into save_dir), got {shown(filename)}")
+    average_mode = params.flag(average_mode, "average_mode")
     engine = engine_for(model_or_file, calibrated_data, float_model=float_model)
     with engine.writes(save_dir) as out:
         configs = configs_from(engine, quantize_node, non_quantize_node)
         curves = get_acc_error(engine, configs, metric, data_num, local=local, progress=progress)
-        curves.average_mode = params.flag(average_mode, "average_mode")
+        curves.average_mode = average_mode
         if curves.average_mode:
             curves.means = _means(curves.values)
         words = "_".join("".join(ch if ch.isalnum() else "-" for ch in label).strip("-") for label in configs)

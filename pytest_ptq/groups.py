@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 from collections import deque
 
+from . import params
 from .engine import engine_for
 from .errors import PTQError, shown, unknown
 from .metrics import get_metrics
@@ -40,6 +41,7 @@ class Subgraph:
 def subgraph_nodes(qmodel, start, end, weights=True):
     """Names of the calibration nodes between tensors ``start`` and ``end``, graph order.
     ``qmodel``: a QuantModel, an Engine, or the model's path or ModelProto."""
+    weights = params.flag(weights, "weights")
     qmodel = getattr(qmodel, "qmodel", qmodel)  # an Engine's model
     if not isinstance(qmodel, QuantModel):
         qmodel = QuantModel(qmodel)
@@ -141,6 +143,7 @@ def group_sensitivity(model_or_file, groups, calibrated_data=None, metrics=("cos
     the first metric (similarities ascending, errors descending);
     ``details[label]["calibration_nodes"]`` lists what each block quantizes.
     """
+    verbose = params.flag(verbose, "verbose")
     engine = engine_for(model_or_file, calibrated_data, float_model=float_model)
     metric_objs = get_metrics(metrics)
     specs = parse_outputs(output_node, engine)

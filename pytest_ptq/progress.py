@@ -7,6 +7,8 @@ import shutil
 import sys
 import time
 
+from . import params
+
 REDRAW = 0.1  # seconds between redraws on a terminal: thousands of steps stay cheap
 
 
@@ -24,6 +26,8 @@ class Progress:
     def __init__(self, total, desc, enabled=True, stream=None):
         if hasattr(enabled, "write"):  # a stream to draw on (the plugin's, around pytest's capture)
             enabled, stream = True, enabled
+        elif enabled is not None:  # text such as "no" would read as true
+            enabled = params.flag(enabled, "progress")
         self.open = total is None  # no total to count down to: no time left is told
         self.total, self.desc, self.enabled = 1 if self.open else max(int(total), 1), desc, bool(enabled)
         self.stream = stream or sys.stderr

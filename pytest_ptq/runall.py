@@ -108,6 +108,7 @@ def runall(model_or_file, calibrated_data=None, save_dir="ptq_debug_runall", met
     ``files`` entry holds the paths written.
     """
     top = params.positive_int(top, "top")
+    average_mode = params.flag(average_mode, "average_mode")
     axis = params.axis(axis)
     rank_samples = params.rank_samples(rank_samples)
     time_budget = None if time_budget is None else params.seconds(time_budget, "time_budget")

@@ -252,6 +252,7 @@ def get_sensitivity_of_nodes(model_or_file, metrics=("cosine-similarity",), cali
     :class:`Sensitivity`, most sensitive first by the first metric (similarities
     ascending, errors descending).
     """
+    verbose = params.flag(verbose, "verbose")
     engine = engine_for(model_or_file, calibrated_data, float_model=float_model)
     metric_objs = get_metrics(metrics)
     specs = parse_outputs(output_node, engine)

@@ -88,6 +88,10 @@ def suggest_remedy(model_or_file, calibrated_data=None, target=None, metric="cos
     if not isinstance(search, str) or search not in SEARCHES:
         raise unknown("search", search, SEARCHES)
     budget = None if budget is None else params.seconds(budget, "budget")
+    full_curve, per_channel_activations, requantize_check, verbose = (
+        params.flag(v, name) for v, name in ((full_curve, "full_curve"), (per_channel_activations,
+                                             "per_channel_activations"), (requantize_check, "requantize_check"),
+                                            (verbose, "verbose")))
     target = None if target is None else params.number(target, "target")
     candidates = None if candidates is None else params.names(candidates, "candidates")
     clock = Clock(budget)
