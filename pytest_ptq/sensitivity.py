@@ -44,11 +44,12 @@ def targets_for(engine, node_type, interested_nodes=None):
                    if n.quantizers and n.op_type not in SHAPE_ONLY}
     else:
         targets = {c.name: [c.name] for c in qm.of_kind(node_type) if c.bypassable}
-    if interested_nodes is not None and not isinstance(interested_nodes, str):
+    if interested_nodes is not None:
         interested_nodes = params.names(interested_nodes, "interested_nodes")
-    if interested_nodes:
+        if not interested_nodes:  # an empty list ranking every node would read as those asked for
+            raise PTQError("interested_nodes is empty; name the nodes to rank, or leave it out to rank every node")
         chosen = {}
-        for name in params.names(interested_nodes, "interested_nodes"):
+        for name in interested_nodes:
             if name in targets:
                 chosen[name] = targets[name]
             elif name in qm.calibration and qm.calibration[name].kind == node_type:
