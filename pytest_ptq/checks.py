@@ -685,7 +685,7 @@ def check_stages(analysis, float_model=None, min_cosine=0.99):
     what onnxruntime runs). ``float_model`` defaults to the analysis' float model."""
     from .stages import verdict
 
-    t = params.number(min_cosine, "min_cosine")
+    t = params.cosine(min_cosine, "min_cosine")
     report = analysis.stages(float_model)
     values = {s["stage"]: s["values"][COSINE] for s in report.stages}
     gap = report.kernel_gap["values"][COSINE]

@@ -28,7 +28,7 @@ from test_plugin import run as run_pytest
 
 from pytest_ptq import debug as dbg
 from pytest_ptq.analysis import Analysis, AnalysisKey
-from pytest_ptq.checks import check_accuracy, check_baseline
+from pytest_ptq.checks import check_accuracy, check_baseline, check_stages
 from pytest_ptq.cli import BROKEN_PIPE, main
 from pytest_ptq.errors import PTQError
 
@@ -498,6 +498,8 @@ API_CASES = [
      "interested_nodes is empty; name the nodes to rank"),
     ("sensitivity-empty-node-name", lambda: dbg.get_sensitivity_of_nodes(_engine(), interested_nodes=""),
      "unknown node ''"),
+    ("stages-min-cosine-2", lambda: check_stages(Analysis(AnalysisKey("m.onnx", "calib", "f.onnx"), "."), "f.onnx",
+                                                 min_cosine=2), "min_cosine must lie in [-1, 1], got 2"),
     ("runall-cache-empty", lambda: dbg.runall("m.onnx", "calib", save_dir="out", cache="", progress=False),
      "cache must be a path, got ''"),
     ("runall-cache-in-data", lambda: dbg.runall("m.onnx", "calib", save_dir="out", cache="calib/c", progress=False),
