@@ -227,6 +227,8 @@ def plot_acc_error(save_dir, calibrated_data=None, model_or_file=None, quantize_
     if filename is not None and (not isinstance(filename, str) or Path(filename).name != filename
                                  or filename in ("", ".", "..")):
         raise PTQError(f"filename must be a plain file name (it goes into save_dir), got {shown(filename)}")
+    if filename is not None and not filename.lower().endswith(".png"):  # before the curves, not after
+        raise PTQError(f"filename must end in .png (the curves are a PNG image), got {shown(filename)}")
     average_mode = params.flag(average_mode, "average_mode")
     engine = engine_for(model_or_file, calibrated_data, float_model=float_model)
     with engine.writes(save_dir) as out:

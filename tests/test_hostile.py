@@ -500,6 +500,8 @@ API_CASES = [
      "unknown node ''"),
     ("stages-min-cosine-2", lambda: check_stages(Analysis(AnalysisKey("m.onnx", "calib", "f.onnx"), "."), "f.onnx",
                                                  min_cosine=2), "min_cosine must lie in [-1, 1], got 2"),
+    ("curves-filename-txt", lambda: dbg.plot_acc_error("out", model_or_file=_engine(), filename="x.txt"),
+     "filename must end in .png (the curves are a PNG image), got 'x.txt'"),
     ("runall-cache-empty", lambda: dbg.runall("m.onnx", "calib", save_dir="out", cache="", progress=False),
      "cache must be a path, got ''"),
     ("runall-cache-in-data", lambda: dbg.runall("m.onnx", "calib", save_dir="out", cache="calib/c", progress=False),
