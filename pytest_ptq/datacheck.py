@@ -720,6 +720,7 @@ def check_data(model_or_file, calibrated_data=None, heldout=None, data_num=None,
     threshold = None if threshold is None else params.threshold(threshold, m.name)
     expect_mean = params.numbers_list(expect_mean, "expect_mean")
     expect_std = params.numbers_list(expect_std, "expect_std", positive=True)
+    custom_op_libraries = params.libraries(custom_op_libraries)
     if threshold is None and m.name == "cosine-similarity":
         threshold = 0.99
     if calibrated_data is None and isinstance(model_or_file, Engine):

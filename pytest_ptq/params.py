@@ -292,6 +292,22 @@ def node_types(value, what="node_type"):
     return list(dict.fromkeys(node_type(t, what) for t in types))
 
 
+def libraries(value, what="custom-op library"):
+    """onnxruntime custom-op libraries (a path, or a list of them) as a list of str: each an
+    existing file (a list is not one path; a missing library is said before any work)."""
+    items = [] if value is None else [value] if isinstance(value, (str, bytes, os.PathLike)) else value
+    if not isinstance(items, (list, tuple)):
+        raise _fail_value(what, "a path or a list of paths", value)
+    out = []
+    for item in items:
+        path = input_path(item, what)
+        if not path.is_file():
+            raise _fail(what, f"{shown(str(path))} " + ("is a folder" if path.is_dir() else "does not exist")
+                        + "; give the path of the library file (.so, .dll or .dylib) the model's custom ops need")
+        out.append(str(path))
+    return out
+
+
 def input_path(value, what):
     """A path to read (str or PathLike) as a Path; whether it exists is the loader's to say,
     but a name the system cannot even look up (too long, not searchable) is refused here."""

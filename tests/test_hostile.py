@@ -205,6 +205,9 @@ RUNALL = ["runall", "m.onnx", "calib", "--quiet"]
 CLI_CASES = [
     # (id, setup, argv, needles; every case exits 2 and writes nothing)
     ("json-onto-model", None, SENS + ["--json", "m.onnx"], ["--json 'm.onnx' is the model file"]),
+    *((f"{cmd}-missing-library", None, [cmd, "m.onnx", *(["calib"] if cmd != "list-nodes" else []),
+                                        "--custom-op-library", "nosuch.so"],
+       ["argument --custom-op-library: 'nosuch.so' does not exist"]) for cmd in ("list-nodes", "check-data")),
     ("json-onto-sample", None, SENS + ["--json", "calib/x/0.npy"], ["inside the calibration data folder 'calib'"]),
     ("json-new-file-in-data", None, SENS + ["--json", "calib/result.json"], ["inside the calibration data folder"]),
     ("json-symlink-to-model", _symlink("m.onnx", "link.json"), SENS + ["--json", "link.json"], ["is the model file"]),
@@ -502,6 +505,10 @@ API_CASES = [
                                                  min_cosine=2), "min_cosine must lie in [-1, 1], got 2"),
     ("curves-filename-txt", lambda: dbg.plot_acc_error("out", model_or_file=_engine(), filename="x.txt"),
      "filename must end in .png (the curves are a PNG image), got 'x.txt'"),
+    ("check-data-missing-library", lambda: dbg.check_data("m.onnx", "calib", custom_op_libraries=["nosuch.so"]),
+     "custom-op library 'nosuch.so' does not exist; give the path of the library file"),
+    ("engine-library-list-in-a-list", lambda: dbg.Engine("m.onnx", "calib", custom_op_libraries=[["a.so"]]),
+     "custom-op library must be a path, got"),
     ("runall-cache-empty", lambda: dbg.runall("m.onnx", "calib", save_dir="out", cache="", progress=False),
      "cache must be a path, got ''"),
     ("runall-cache-in-data", lambda: dbg.runall("m.onnx", "calib", save_dir="out", cache="calib/c", progress=False),

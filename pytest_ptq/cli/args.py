@@ -91,6 +91,7 @@ bins = argtype(params.bins, "number of bins")
 cosine = argtype(params.cosine, "cosine")
 seconds = argtype(params.seconds, "seconds")
 number = argtype(params.number, "number")
+library = argtype(lambda value, what: params.libraries(value, what)[0], "library")
 ratio = argtype(params.ratio, "ratio")
 
 
@@ -118,7 +119,7 @@ def add_resources(p):
 
 
 def add_custom_op_library(p):
-    p.add_argument("--custom-op-library", action="append", default=[], metavar="PATH",
+    p.add_argument("--custom-op-library", action="append", default=[], metavar="PATH", type=library,
                    help="onnxruntime custom-op library the model's custom Q/DQ ops need (repeatable), e.g. AMD "
                         "Quark's for its BF16/BFP16 models. Default: none")
 

@@ -92,8 +92,7 @@ class Engine:
             self.qmodel = model_or_file
         else:
             self.qmodel = QuantModel(model_or_file, float_model=float_model)
-        self.libraries = [str(p) for p in ([custom_op_libraries] if isinstance(custom_op_libraries, (str, bytes))
-                                           or hasattr(custom_op_libraries, "__fspath__") else custom_op_libraries or ())]
+        self.libraries = params.libraries(custom_op_libraries)
         if self.qmodel.custom_ops and not self.libraries:
             raise PTQError(custom_op_sentence(self.qmodel))
         self.float_model = float_model
