@@ -248,10 +248,11 @@ class Settings:
 
 def _parse(option, raw, where, base):
     """Parse a raw ini/marker value; a path is made absolute against ``base``."""
-    if option.is_path and not isinstance(raw, Path):
-        raw = os.path.expanduser(str(raw))
-        raw = raw if os.path.isabs(raw) else str(base / raw)
     try:
+        if option.is_path and not isinstance(raw, Path):
+            # a list or a number is no path, and "" is not the test's folder
+            raw = str(params.input_path(raw, ""))
+            raw = raw if os.path.isabs(raw) else str(base / raw)
         return option.parse(raw)
     except PTQError as exc:
         raise PTQError(f"{where}: {exc}") from None

@@ -652,6 +652,10 @@ PLUGIN_CASES = [
      ["--ptq-baseline-dir", "inside the calibration data folder"], []),
     ("baseline-dir-parent-is-a-file", {}, ["--ptq-baseline-dir", "notes.txt/b", "--ptq-update-baseline"], 4,
      ["--ptq-baseline-dir", "notes.txt' is a file, not a folder"], []),
+    *((f"marker-{key}-{kind}", {"test_m.py": MARKED.format(marker=f"{key}={value}")}, [], 1,
+       [f"ptq marker {key}={shown}: must be a path, got {got}"], [])
+      for key in ("holdout", "float_model") for kind, value, shown, got in (
+          ("empty", '""', "''", "an empty string"), ("list", '["a", "b"]', "['a', 'b']", "['a', 'b']"))),
     ("marker-baseline-onto-model", {"test_m.py": MARKED.format(marker='baseline="m.onnx"')},
      ["--ptq-update-baseline"], 1, ["baseline", "m.onnx' is the model file"], []),
     ("marker-baseline-into-data", {"test_m.py": MARKED.format(marker='baseline="calib/x/b.json"')},
