@@ -606,6 +606,22 @@ def test_runall_says_when_the_file_runs_otherwise_than_its_simulation(built, nam
     assert set(read) <= {0, 1}, read
 
 
+def test_the_clis_rankings_and_curves_say_when_the_file_runs_otherwise(built, tmp_path, monkeypatch, capsys):
+    from pytest_ptq import stages
+    from pytest_ptq.cli import main
+
+    p, data = built
+    folder = builders.save_folder({k: v[:2] for k, v in data[_data("ops_qop")].items()}, tmp_path / "calib")
+    common = [str(p["ops_qop"]), str(folder), "--float-model", str(p[_float("ops_qop")]), "--quiet"]
+    assert main(["get-sensitivity-of-nodes", *common]) == 0
+    assert "simulates this" not in capsys.readouterr().err  # close: nothing said
+    monkeypatch.setattr(stages, "SIMULATION_CLOSE", 1.0)  # any difference at all
+    for command in (["get-sensitivity-of-nodes"], ["plot-acc-error", "-s", str(tmp_path / "curves")]):
+        assert main([*command, *common]) == 0
+        err = capsys.readouterr().err
+        assert err.count("simulates this") == 1, (command, err)
+
+
 def test_a_qdq_file_is_checked_on_the_kernels_onnxruntime_fuses_its_pairs_into(built, tmp_path, monkeypatch):
     """A QDQ file deploys on onnxruntime with its pairs fused into integer kernels (its default
     options), which round otherwise than the Q/DQ arithmetic every figure simulates, and on

@@ -234,3 +234,18 @@ def engine_and_cache(args, told=False):
 def engine(args):
     """The engine of :func:`engine_and_cache`, for subcommands that keep no results."""
     return engine_and_cache(args)[0]
+
+
+def warn_if_simulated_otherwise(args, engine, cache=None):
+    """On standard error, a warning where the file runs on onnxruntime's kernels otherwise
+    than every figure simulates it (:func:`~pytest_ptq.stages.simulation_warnings`), as
+    runall and the plugin say: the figures printed are the simulation's."""
+    from ..cache import through
+    from ..outputs import parse_outputs
+    from ..stages import simulation_warnings
+
+    outputs = getattr(args, "output_node", None)
+    specs = parse_outputs(outputs, engine)
+    request = ("simulation warnings", None if outputs is None else tuple(outputs), args.data_num)
+    for warning in through(cache, request, lambda: simulation_warnings(engine, specs, args.data_num)):
+        print("\n".join(warning_lines(warning)), file=sys.stderr)

@@ -39,6 +39,7 @@ def run_sensitivity(args):
         engine, args.metrics, output_node=args.output_node, node_type=args.node_type, data_num=args.data_num,
         interested_nodes=args.interested_nodes, progress=not args.quiet))
     _finish(args, result, result.table(limit=args.top))
+    a.warn_if_simulated_otherwise(args, engine, cache)
 
 
 def _tuple(values):
