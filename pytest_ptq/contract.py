@@ -527,7 +527,8 @@ def contract_settings(settings, contract):
     return settings.replace(
         model=contract.model, data=contract.data, float_model=contract.float_model, holdout=contract.holdout,
         custom_op_library=contract.custom_op_library or settings.custom_op_library,
-        data_num=contract.data_num, metric=contract.metric or settings.metric,
+        data_num=settings.data_num if contract.data_num is None else contract.data_num,
+        metric=contract.metric or settings.metric,
         node_type=nodes.get("type") or settings.node_type, allow=tuple(nodes.get("allow") or ()),
         baseline=contract.baseline,
         tolerance=settings.tolerance if contract.tolerance is None else contract.tolerance)
@@ -546,10 +547,9 @@ class ContractItem(pytest.Item):
 
         session = ptq_session.get(self.config)
         c = self.contract
-        analysis = session.analysis(c.model, c.data, c.float_model, c.data_num,
-                                    c.custom_op_library or session.settings.custom_op_library)
-        session.use(self, analysis)
         settings = contract_settings(session.settings, c)
+        analysis = session.analysis(c.model, c.data, c.float_model, settings.data_num, settings.custom_op_library)
+        session.use(self, analysis)
         self.stash[ptq_session.SETTINGS_KEY] = settings
         ptq = PTQ(analysis, settings, lambda result: session.record(self, analysis, result), c.baseline,
                   inputs=c.inputs(), commands=session.commands(self), base=Path(self.path).parent)

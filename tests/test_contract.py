@@ -262,3 +262,22 @@ def test_bad_paths_fail_the_items_in_one_sentence(project):
     ])
     assert "Traceback" not in result.stdout.str()
     assert "Captured ptq call" not in result.stdout.str()  # no tables under an input error
+
+
+def test_the_sessions_sample_limit_applies_where_a_contract_sets_none(project):
+    contract(project, "open", """
+        model: ../models/model.onnx
+        data: ../models/calib
+        baseline: false
+    """)
+    contract(project, "own", """
+        model: ../models/model.onnx
+        data: ../models/calib
+        data_num: 3
+        baseline: false
+    """)
+    result = run(project, "--ptq-data-num=2", "-rA", "-k", "outputs")
+    out = result.stdout.str()
+    # the contract's own limit first, else the session's (it ran every sample)
+    assert "judged it on 2 calibration sample(s)" in out and "judged it on 3 calibration sample(s)" in out, out
+    assert f"judged it on {N} calibration sample(s)" not in out, out
