@@ -63,6 +63,8 @@ def unknown(kind, name, candidates, usual=()):
         hint += f"; the model's {kind}s are {listed(usual, shown=5)}"
     elif not near and kind == "node":
         hint = "; known nodes are listed by `ptq-debug list-nodes`"
+    elif not near and len(candidates) <= 12:  # a short menu (metrics, remedies): all of it
+        hint = "; use one of " + ", ".join(shown(c) for c in candidates)
     return PTQError(f"unknown {kind} {shown(name)}{hint}")
 
 

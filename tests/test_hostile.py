@@ -509,6 +509,8 @@ API_CASES = [
      "custom-op library 'nosuch.so' does not exist; give the path of the library file"),
     ("engine-library-list-in-a-list", lambda: dbg.Engine("m.onnx", "calib", custom_op_libraries=[["a.so"]]),
      "custom-op library must be a path, got"),
+    ("metric-unknown", lambda: dbg.compare(np.zeros(3), np.ones(3), ["foo"]),
+     "unknown metric 'foo'; use one of 'cosine-similarity', 'mse'"),
     ("runall-cache-empty", lambda: dbg.runall("m.onnx", "calib", save_dir="out", cache="", progress=False),
      "cache must be a path, got ''"),
     ("runall-cache-in-data", lambda: dbg.runall("m.onnx", "calib", save_dir="out", cache="calib/c", progress=False),
