@@ -205,6 +205,10 @@ RUNALL = ["runall", "m.onnx", "calib", "--quiet"]
 CLI_CASES = [
     # (id, setup, argv, needles; every case exits 2 and writes nothing)
     ("json-onto-model", None, SENS + ["--json", "m.onnx"], ["--json 'm.onnx' is the model file"]),
+    ("outlier-k-zero", None, ["get-channelwise-data-distribution", "m.onnx", "calib", "--outlier-k", "0"],
+     ["argument --outlier-k: must be > 0, got 0"]),
+    ("expect-std-zero", None, ["check-data", "m.onnx", "calib", "--expect-std", "1", "0"],
+     ["argument --expect-std: must be > 0, got 0"]),
     *((f"{cmd}-missing-library", None, [cmd, "m.onnx", *(["calib"] if cmd != "list-nodes" else []),
                                         "--custom-op-library", "nosuch.so"],
        ["argument --custom-op-library: 'nosuch.so' does not exist"]) for cmd in ("list-nodes", "check-data")),
@@ -277,7 +281,7 @@ CLI_CASES = [
     ("float-model-quantized", None, SENS + ["--float-model", "m.onnx"],
      ["the float model", "QuantizeLinear node(s), so it is a quantized model"]),
     ("expect-std-negative", None, ["check-data", "m.onnx", "calib", "--expect-std", "-1", "-1", "-1"],
-     ["expect_std must be numbers above 0"]),
+     ["argument --expect-std: must be > 0, got -1"]),
     ("stages-threshold-beyond-cosine", None, ["stages", "f.onnx", "m.onnx", "calib", "--threshold", "2"],
      ["threshold must lie in [-1, 1] for cosine-similarity"]),
     ("data-overflowing-the-model", _data_file("huge/x/0.npy", lambda p: np.save(p, np.full((1, 3, 16, 16), 1e38,

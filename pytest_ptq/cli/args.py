@@ -91,6 +91,7 @@ bins = argtype(params.bins, "number of bins")
 cosine = argtype(params.cosine, "cosine")
 seconds = argtype(params.seconds, "seconds")
 number = argtype(params.number, "number")
+positive = argtype(params.positive, "positive number")
 library = argtype(lambda value, what: params.libraries(value, what)[0], "library")
 ratio = argtype(params.ratio, "ratio")
 

@@ -43,7 +43,7 @@ def configure(p):
     p.add_argument("--expect-mean", type=a.number, nargs="+", default=None, metavar="M",
                    help="per-channel means correctly preprocessed data should have (e.g. 0 0 0 after normalisation; "
                    "one number stands for every channel)")
-    p.add_argument("--expect-std", type=a.number, nargs="+", default=None, metavar="S",
+    p.add_argument("--expect-std", type=a.positive, nargs="+", default=None, metavar="S",
                    help="per-channel standard deviations correctly preprocessed data should have (one number: every "
                    "channel)")
     a.add_metric(p, "metric for the held-out comparison")

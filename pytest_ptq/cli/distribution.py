@@ -82,7 +82,7 @@ def configure_channelwise(p):
                    help="calibration nodes (also the seed's \"['a','b']\" form)")
     p.add_argument("--axis", type=int, default=None,
                    help="channel axis of the input. Default: inferred (1 for NCHW, last for [B, T, C])")
-    p.add_argument("--outlier-k", type=a.number, default=OUTLIER_K,
+    p.add_argument("--outlier-k", type=a.positive, default=OUTLIER_K,
                    help=f"a channel is an outlier when its max|x| exceeds K x the median channel's. "
                         f"Default: {OUTLIER_K:g}")
     a.add_save_dir(p)
