@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from . import params
-from .errors import PTQError, shown
+from .errors import PTQError, shown, unknown
 from .figures import drawing, file_stem, metric_label, pyplot, save_figure
 from .metrics import get_metrics
 from .outputs import parse_outputs
@@ -89,6 +89,14 @@ def get_acc_error(engine, configs, metric="cosine-similarity", data_num=None, lo
     model runs in segments, else one sample's (see :meth:`.engine.Engine.probes`)."""
     m = get_metrics(metric)[0]
     local = params.flag(local, "local")
+    if not isinstance(configs, dict) or not configs:
+        raise PTQError("configs must be a mapping {label: [calibration nodes quantized]}, such as "
+                       f"configs_from(engine) gives; got {shown(configs)}")
+    known = set(engine.calib_names)
+    for label, nodes in configs.items():
+        missing = [n for n in params.names(nodes, f"config {label!r}") or () if n not in known]
+        if missing:
+            raise unknown("calibration node", missing[0], sorted(known))
     indices = sample_indices(engine, data_num)
     qm = engine.qmodel
     own = {}  # node -> its output tensor, where its local error is read
