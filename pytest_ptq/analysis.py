@@ -20,7 +20,7 @@ from .curves import configs_from, get_acc_error
 from .data import load_data
 from .engine import Engine
 from .errors import PTQError, closest, shown
-from .metrics import get_metrics
+from .metrics import get_metric, get_metrics
 from .outputs import offset_warnings, parse_outputs
 from .progress import Progress
 from .sensitivity import get_sensitivity_of_nodes
@@ -223,7 +223,7 @@ class Analysis:
 
     def sensitivity(self, node_type="node", metric="cosine-similarity", outputs=None):
         """:class:`Sensitivity` of every node of ``node_type``, most sensitive first."""
-        name = get_metrics(metric)[0].name
+        name = get_metric(metric).name
         key = ("sensitivity", node_type, name, None if outputs is None else tuple(outputs))
         return self.cached(key, lambda: get_sensitivity_of_nodes(
             self.engine, metrics=[name], node_type=node_type,
@@ -236,7 +236,7 @@ class Analysis:
         ``outputs``: output specs judged (default: the model's outputs)."""
         from .verdict import three_configs
 
-        name = get_metrics(metric)[0].name
+        name = get_metric(metric).name
         outputs = None if outputs is None else tuple(outputs)
 
         def compute():
@@ -257,7 +257,7 @@ class Analysis:
         nodes' statistics; no remedy search."""
         from .diagnosis import diagnose
 
-        name = get_metrics(metric)[0].name
+        name = get_metric(metric).name
         outputs = None if not outputs else tuple(outputs)
         key = ("diagnosis", node_type, name, None if holdout is None else str(holdout), top) + \
             ((outputs,) if outputs else ())
@@ -274,7 +274,7 @@ class Analysis:
 
     def curves(self, metric="cosine-similarity"):
         """Cumulative error curves: only weights, only activations, everything quantized."""
-        name = get_metrics(metric)[0].name
+        name = get_metric(metric).name
 
         def compute():
             engine = self.engine
@@ -319,7 +319,7 @@ class Analysis:
         from .remedy import suggest_remedy
         from .remedy.producer_check import producer_python
 
-        name = get_metrics(metric)[0].name
+        name = get_metric(metric).name
         target = None if target is None else params.number(target, "target")
         # the producer's Python, where named, re-quantizes the remedy too: a result without its check is another
         key = ("remedy", remedy, name, target, _frozen(outputs), budget, _frozen(candidates),

@@ -24,7 +24,7 @@ from pathlib import Path
 from . import guard, params
 from .analysis import relative
 from .errors import PTQError, clip, shown
-from .metrics import METRICS, get_metrics
+from .metrics import METRICS, get_metric, get_metrics
 from .results import json_restore, json_safe
 from .tables import listed
 
@@ -180,7 +180,7 @@ def _values(value, key, what, bad, metric):
 
 def measure(analysis, metric="cosine-similarity", node_type="node", outputs=None, relative_to="."):
     """A :class:`Baseline` of ``analysis`` now; paths relative to ``relative_to``."""
-    name = get_metrics(metric)[0].name
+    name = get_metric(metric).name
     out = analysis.output_metrics(outputs, [name]).values
     sens = analysis.sensitivity(node_type, name, outputs)
     fp = analysis.fingerprint()

@@ -25,7 +25,7 @@ from . import guard, params
 from .baseline import Baseline, BaselineError, compare, measure
 from .errors import PTQError, closest
 from .errors import shown as shown_value
-from .metrics import COSINE, get_metrics
+from .metrics import COSINE, get_metric, get_metrics
 from .outputs import parse_output, parse_outputs
 from .tables import fmt, format_table, listed, threshold_text
 
@@ -190,7 +190,7 @@ def check_outputs(analysis, threshold, metric=COSINE, holdout=None):
     ``threshold``: a number or ``{output or slice: value, "": default}`` (see module doc).
     Model outputs not named get the ``""`` value; without one only the named are checked.
     """
-    m = get_metrics(metric)[0]
+    m = get_metric(metric)
     th = {k: params.threshold(v, m.name, f"output {m.name} threshold{f' for {k!r}' if k else ''}")
           for k, v in thresholds(threshold).items()}
     if not th:
@@ -285,7 +285,7 @@ def check_nodes(analysis, threshold, metric=COSINE, node_type="node", allow=(), 
     ``allow``: node names or glob patterns (``"conv*"``); an entry matching no node is an
     error, since it is most likely a typo.
     """
-    m = get_metrics(metric)[0]
+    m = get_metric(metric)
     limit = params.threshold(threshold, m.name, f"node {m.name} threshold")
     sens = analysis.sensitivity(node_type, m.name, outputs)
     names = list(sens)
@@ -739,7 +739,7 @@ class PTQ:
     def check_outputs(self, threshold=None, metric=COSINE, holdout=None):
         """Output similarity (or error) vs float; default threshold ``min_cosine``, on the
         marker's ``holdout`` data when it names some, else on the calibration data."""
-        m = get_metrics(metric)[0]
+        m = get_metric(metric)
         if threshold is None:
             if m.name != COSINE:
                 raise PTQError(f"give a threshold for output {m.name}; only cosine has a default (min_cosine)")
@@ -812,7 +812,7 @@ class PTQ:
         data (``holdout``, else the marker's or ``--ptq-holdout``; without any, on calibration
         samples the search did not see). Returns the :class:`~pytest_ptq.remedy.Remedy` (true
         when met there) and keeps it for the HTML report. Budget in seconds."""
-        m = get_metrics(metric)[0]
+        m = get_metric(metric)
         if target is None and evaluate is None:
             if m.name != COSINE:
                 raise PTQError(f"give a target for {m.name}; only cosine has a default (min_cosine)")

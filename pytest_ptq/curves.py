@@ -16,7 +16,7 @@ import numpy as np
 from . import params
 from .errors import PTQError, shown, unknown
 from .figures import drawing, file_stem, metric_label, pyplot, save_figure
-from .metrics import get_metrics
+from .metrics import get_metric, get_metrics
 from .outputs import parse_outputs
 from .progress import Progress
 from .results import JsonResult, read_from
@@ -87,7 +87,7 @@ def configs_from(engine, quantize_node=None, non_quantize_node=None):
 def get_acc_error(engine, configs, metric="cosine-similarity", data_num=None, local=True, progress=True):
     """Compute the curves (no plot). Memory: one segment's activations at a time where the
     model runs in segments, else one sample's (see :meth:`.engine.Engine.probes`)."""
-    m = get_metrics(metric)[0]
+    m = get_metric(metric)
     local = params.flag(local, "local")
     if not isinstance(configs, dict) or not configs:
         raise PTQError("configs must be a mapping {label: [calibration nodes quantized]}, such as "

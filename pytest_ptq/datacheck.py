@@ -33,7 +33,7 @@ from .channelwise import image_channel_axis
 from .data import NP_OF_ONNX, load_data
 from . import params
 from .errors import NotFloatEquivalent, NotQuantized, PTQError
-from .metrics import get_metrics
+from .metrics import get_metric
 from .engine import Engine
 from .model import QuantModel, load_model
 from .outputs import offset_warnings, parse_outputs
@@ -716,7 +716,7 @@ def check_data(model_or_file, calibrated_data=None, heldout=None, data_num=None,
     held-out comparison runs the model). Returns a :class:`DataReport`, findings ordered
     error, warning, info.
     """
-    m = get_metrics(metric)[0]
+    m = get_metric(metric)
     threshold = None if threshold is None else params.threshold(threshold, m.name)
     expect_mean = params.numbers_list(expect_mean, "expect_mean")
     expect_std = params.numbers_list(expect_std, "expect_std", positive=True)

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from .distribution import collect
 from .distribution.readings import advise
-from .metrics import get_metrics
+from .metrics import get_metric
 from .outputs import offset_warnings, parse_outputs
 from .remedy.producer_terms import PRODUCERS, producer_advice
 from .remedy.result import snippet
@@ -189,7 +189,7 @@ def diagnose(engine, sensitivity, verdict, top=10, outputs=None, asked=None):
     ``asked``: the node type the caller wanted ranked, where the verdict made it rank another."""
     qm = engine.qmodel
     metric = sensitivity.metrics[0]
-    m = get_metrics(metric)[0]
+    m = get_metric(metric)
     names = list(sensitivity)[:top]
     inputs = {n: _calibration_inputs(qm, sensitivity.node_type, n) for n in names}
     calib = list(dict.fromkeys(c for cs in inputs.values() for c in cs))

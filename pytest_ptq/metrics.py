@@ -235,6 +235,16 @@ def get_metrics(metrics):
     return out
 
 
+def get_metric(metric):
+    """The metric object of a parameter that takes one (a name, or a list of one): a list of
+    several is refused, not cut to its first."""
+    found = get_metrics(metric)
+    if len(found) > 1:
+        raise PTQError(f"metric must be one metric name, got {shown(metric)}; several metrics are for a ranking's "
+                       "metrics=")
+    return found[0]
+
+
 def compare(ref, test, metrics=("cosine-similarity",)):
     """All ``metrics`` between two arrays of the same shape: ``{metric name: value}``."""
     try:

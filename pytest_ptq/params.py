@@ -334,8 +334,7 @@ def input_path(value, what):
 def node_type(value, what="node_type"):
     """One of :data:`NODE_TYPES`."""
     if not isinstance(value, str) or value not in NODE_TYPES:
-        err = unknown(what, value, NODE_TYPES)
-        raise PTQError(f"{err} (one of {', '.join(NODE_TYPES)})")
+        raise unknown(what, value, NODE_TYPES)  # a short menu: it lists them
     return value
 
 

@@ -33,7 +33,7 @@ from .engine.runtime import ALWAYS_DISABLED, asked_providers, make_session, run
 from .engine.sanity import spread
 from .errors import NotQuantized, PTQError
 from .kernels import as_uint8_weights, float8_rewrites, requantized_nodes, saturation_cause
-from .metrics import compare, get_metrics
+from .metrics import compare, get_metric, get_metrics
 from .model import QuantModel, load_model
 from .model.align import refuse_quantized
 from .outputs import parse_outputs, parts_note
@@ -414,7 +414,7 @@ def verdict(values, kernel_gap, metric, threshold, cause="", rewrite=""):
     where known (:func:`~pytest_ptq.kernels.saturation_cause`); ``rewrite``: what the
     quantizer changed, where known (the rewritten stage's advice).
     """
-    m = get_metrics(metric)[0]
+    m = get_metric(metric)
     if threshold is None:
         return None, (f"no threshold for {m.name}: compare the stages by eye or pass a threshold")
     for stage in (st for st in ("optimized-float", REWRITE[0], *list(STAGES)[1:]) if st in values):

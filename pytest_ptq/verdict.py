@@ -22,7 +22,7 @@ import math
 
 from .curves import configs_from
 from .data import load_data
-from .metrics import get_metrics
+from .metrics import get_metric
 from .results import JsonResult
 from .tables import short
 
@@ -49,7 +49,7 @@ def badness(metric, value):
         return math.nan
     if isinstance(value, float) and math.isnan(value):
         return math.inf
-    if get_metrics(metric)[0].unit:
+    if get_metric(metric).unit:
         return max(0.0, 1.0 - value)
     if metric == "sqnr":
         return 0.0 if value == math.inf else 10 ** (-value / 10)
@@ -100,7 +100,7 @@ def _pole(qm, name):
 def float_first(metric, bad, tries):
     """``(tries, severe)``: the remedies to try, "keep in float" first and once when quantizing
     the node alone costs the output more than SEVERE in cosine."""
-    severe = get_metrics(metric)[0].unit and bad >= SEVERE
+    severe = get_metric(metric).unit and bad >= SEVERE
     return (list(dict.fromkeys(["keep in float", *tries])) if severe else tries), severe
 
 
@@ -175,7 +175,7 @@ def decide(values, metric, weights_known=True):
 
 def rule(metric="cosine-similarity"):
     """The rule :func:`decide` applies, in words, with ``metric``'s loss (:func:`badness`)."""
-    m = get_metrics(metric)[0]
+    m = get_metric(metric)
     loss = (f"1 - {m.name}" if m.unit else "the noise-to-signal power ratio" if m.name == "sqnr"
             else f"the {m.name} itself")
     return (f"loss = {loss}; everything quantized losing at most {CLOSE:g}: neither; one kind alone losing at "
@@ -203,7 +203,7 @@ def three_configs(engine, specs, metric="cosine-similarity", heldout=None, ranki
     ``count`` of the engine's, default all) and of ``heldout``; with ``ranking_samples`` (the
     samples a ranking used: how many, the first of ``data``, or the engine's indices), says
     when those samples alone would decide otherwise."""
-    m = get_metrics(metric)[0]
+    m = get_metric(metric)
     configs = {**configs_from(engine, ["weight", "activation"]), ALL: list(engine.calib_names)}
     weights_known = any(c.bypassable and c.kind == "weight" for c in engine.qmodel.calibration.values())
     own = data is None

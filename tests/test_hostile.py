@@ -519,6 +519,8 @@ API_CASES = [
     ("curves-config-number", lambda: dbg.get_acc_error(_engine(), 5), "configs must be a mapping"),
     ("curves-config-unknown-node", lambda: dbg.get_acc_error(_engine(), {"a": ["nosuch"]}),
      "unknown calibration node 'nosuch'"),
+    ("curves-two-metrics", lambda: dbg.plot_acc_error("out", model_or_file=_engine(), metric=["mse", "cos"]),
+     "metric must be one metric name, got ['mse', 'cos']"),
     ("runall-cache-empty", lambda: dbg.runall("m.onnx", "calib", save_dir="out", cache="", progress=False),
      "cache must be a path, got ''"),
     ("runall-cache-in-data", lambda: dbg.runall("m.onnx", "calib", save_dir="out", cache="calib/c", progress=False),

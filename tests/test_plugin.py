@@ -175,7 +175,7 @@ def test_node_types_spelled_out_for_start_up_match_the_analysis():
     ("--ptq-tolerance", "-0.5", "a tolerance must be >= 0, got -0.5"),
     ("--ptq-data-num", "0", "must be at least 1, got 0"),
     ("--ptq-metric", "cosin", "unknown metric 'cosin'; did you mean*"),
-    ("--ptq-node-type", "layer", "unknown node_type 'layer' (one of node, weight, activation)"),
+    ("--ptq-node-type", "layer", "unknown node_type 'layer'; use one of 'node', 'weight', 'activation'"),
     ("--ptq-model", "missing.onnx", "'missing.onnx' does not exist"),
     ("--ptq-memory", "tiny", "must be one of auto, low, fast, got 'tiny'"),
     ("--ptq-workers", "0", "must be 'auto' or a whole number >= 1, got '0'"),

@@ -22,7 +22,7 @@ import onnx
 from .. import guard
 from ..engine.runtime import make_session, run
 from ..errors import NotQuantized, PTQError
-from ..metrics import get_metrics
+from ..metrics import get_metric
 from ..model import QuantModel, load_model
 from ..outputs import parse_outputs
 from .producer_terms import SHORT, ProducerNames
@@ -157,7 +157,7 @@ def output_score(engine, float_model, metric="cosine-similarity"):
     """``score(path) -> {"calibration": value}``: the worst output's ``metric`` over every
     sample of ``engine``, the model at ``path`` (None: the calibrated model itself) run fully
     quantized against the float model run as stored."""
-    m = get_metrics(metric)[0]
+    m = get_metric(metric)
     fmodel = load_model(float_model, what="float model")[0]
     reference = make_session(fmodel, "disable", engine.providers, fake_quant=False, what="the float model")
     float_outputs = {o.name for o in fmodel.graph.output}
