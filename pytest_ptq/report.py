@@ -604,13 +604,24 @@ def _extras_html(m):
     return parts
 
 
-def _told_apart(models):
-    """Each model's label, with its data where one file is analysed on several data sets (two
-    identical rows otherwise), and a number where that still repeats."""
+def told_apart(models):
+    """Each model's label; where one file is checked under several keys (two contracts, one
+    with its float model), what tells them apart: its data, its float model, its sample
+    limit (two identical headings otherwise); a number where nothing does."""
     from collections import Counter
 
-    files = Counter(m["label"] for m in models)
-    labels = [m["label"] + (f" on {m['data']}" if files[m["label"]] > 1 else "") for m in models]
+    groups = {}
+    for m in models:
+        groups.setdefault(m["label"], []).append(m)
+    labels = []
+    for m in models:
+        same = groups[m["label"]]
+        differs = lambda key: len({x.get(key) for x in same}) > 1  # noqa: E731
+        parts = ([f"on {m.get('data')}"] if differs("data") else []) + (
+            [f"float model {m['float_model']}" if m.get("float_model") else "no float model"]
+            if differs("float_model") else []) + (
+            [f"first {m['data_num']} samples" if m.get("data_num") else "every sample"] if differs("data_num") else [])
+        labels.append(m["label"] + (f" ({', '.join(parts)})" if parts else ""))
     seen, count = Counter(), Counter(labels)
     out = []
     for label in labels:
@@ -627,7 +638,7 @@ def render(models, interrupted=False):
                       "finished (Ctrl-C, or a time limit's signal): no results are shown, since those it had would "
                       "read as a complete run. Run it again to the end.</p>"])
     models = [dict(m) for m in sorted(models, key=lambda m: (_ORDER[verdict(m)], m["label"], m["data"]))]
-    for m, label in zip(models, _told_apart(models)):
+    for m, label in zip(models, told_apart(models)):
         m["label"] = label
     budget = IMAGE_BUDGET
     for m in models:  # failing models first, so they keep their figures

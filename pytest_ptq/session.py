@@ -545,7 +545,11 @@ class PTQSession:
         for rec in self.tests.values():
             for model_id in rec.models:
                 analysis = self.analyses[model_id]
+                key = analysis.key
                 m = models.setdefault(model_id, {"id": model_id, "label": analysis.label, "tests": [],
+                                                 "data": analysis.relative(key.data), "data_num": key.data_num,
+                                                 "float_model": analysis.relative(key.float_model)
+                                                 if key.float_model else None,
                                                  "diagnosis": self.diagnoses.get(model_id),
                                                  "warnings": self.warnings_of(analysis)})
                 m["tests"].append({"nodeid": rec.nodeid, "outcome": rec.outcome, "xfail_reason": rec.xfail_reason,
@@ -653,6 +657,9 @@ def terminal_lines(models):
     """``(kind, text)`` pairs of the terminal summary: ``sep`` headings, ``error``,
     ``warning`` and plain lines. A failing model's block comes once, whatever the number of
     its failing tests."""
+    from .report import told_apart
+
+    models = [dict(m, label=label) for m, label in zip(models, told_apart(models))]
     out = []
     # a model whose failures no diagnosis explains (a missing baseline, a data finding) has
     # said what to do in its failure sentences; repeating them here would bury them

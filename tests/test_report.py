@@ -20,6 +20,7 @@ from PIL import Image
 
 import builders
 from pytest_ptq import report
+from pytest_ptq.session import terminal_lines
 from test_plugin import (activation_pairs, build_models, feeds_of, independent_sensitivity, keep_only, pooled_cosine,
                          plugin_args, run)
 
@@ -265,8 +266,17 @@ def test_one_model_file_on_other_data_is_told_apart():
               for k, data in enumerate(["night", "day", "day"])]
     models.append(dict(models[0], id=3, label="other.onnx"))
     page = Page(report.render(models))
-    assert [s["title"] for s in page.sections] == ["m.onnx on day (1) PASSED", "m.onnx on day (2) PASSED",
-                                                   "m.onnx on night PASSED", "other.onnx PASSED"]
+    assert [s["title"] for s in page.sections] == ["m.onnx (on day) (1) PASSED", "m.onnx (on day) (2) PASSED",
+                                                   "m.onnx (on night) PASSED", "other.onnx PASSED"]
+    # the same data, one contract with the float model: what differs is said, in the report and the terminal
+    pair = [dict(models[1], id=k, float_model=f) for k, f in ((5, "float.onnx"), (6, None))]
+    assert report.told_apart(pair) == ["m.onnx (float model float.onnx)", "m.onnx (no float model)"]
+    for m in pair:
+        m["tests"] = [dict(m["tests"][0], outcome="failed", checks=[])]
+        m["diagnosis"] = {"lines": ["why"], "headline": "", "about": ""}
+    heads = [text for kind, text in terminal_lines(pair) if kind == "sep" and "FAILED" in text]
+    assert heads == ["ptq: m.onnx (float model float.onnx) FAILED: 1 of 1 test(s) failed",
+                     "ptq: m.onnx (no float model) FAILED: 1 of 1 test(s) failed"]
 
 
 # -- data checks, stages and remedies ---------------------------------------------------------
