@@ -234,6 +234,7 @@ class NodeResult(Result):
     nodes: int
     table: str
     model: str
+    on: str = ""  # the samples ranked on: "4 calibration sample(s) (calib)"
     kind = "nodes"
 
     def __repr__(self):
@@ -263,7 +264,7 @@ class NodeResult(Result):
         m = get_metrics(self.metric)[0]
         name, value = (self.offenders[0] if self.offenders else self.worst)
         return [{"what": f"{self.metric} with only {name} quantized", "value": value, "bound": _bound(m),
-                 "threshold": self.threshold, "passed": not self.offenders, "on": "",
+                 "threshold": self.threshold, "passed": not self.offenders, "on": self.on,
                  "over_limit": len(self.offenders)}]
 
     def figures(self):
@@ -305,7 +306,8 @@ def check_nodes(analysis, threshold, metric=COSINE, node_type="node", allow=(), 
     worst = (names[0], sens[names[0]][m.name]) if names else ()
     return NodeResult(passed=not offenders, metric=m.name, threshold=limit, node_type=node_type,
                       offenders=offenders, allowed=allowed, worst=worst, nodes=len(names),
-                      table=sens.table(limit=top, threshold="range max|x|") if names else "", model=analysis.label)
+                      table=sens.table(limit=top, threshold="range max|x|") if names else "", model=analysis.label,
+                      on=_on(sens.samples, analysis.relative(analysis.key.data), None))
 
 
 # -- task accuracy -------------------------------------------------------------------------

@@ -659,7 +659,7 @@ def terminal_lines(models):
     its failing tests."""
     from .report import told_apart
 
-    models = [dict(m, label=label) for m, label in zip(models, told_apart(models))]
+    models = [dict(m, label=label, file=m["label"]) for m, label in zip(models, told_apart(models))]
     out = []
     # a model whose failures no diagnosis explains (a missing baseline, a data finding) has
     # said what to do in its failure sentences; repeating them here would bury them
@@ -701,7 +701,7 @@ def terminal_lines(models):
             out.append(("", f"  {m['label']} ({len(xfailed)} test(s)){why}" + (f"; {head}" if head else "")))
     # once per model file: its analyses on other data or float models warn alike
     lines = (("warning", line) for m in warned for w in m["warnings"]
-             for line in warning_lines(w["text"], w["fix"], f"warning: {m['label']}: "))
+             for line in warning_lines(w["text"], w["fix"], f"warning: {m['file']}: "))
     return out + list(dict.fromkeys(lines))
 
 

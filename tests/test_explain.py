@@ -133,7 +133,8 @@ def test_terminal_prints_each_failing_model_once(project, planted, dist):
     held = f"{planted['held_cosine']:.6f}"
     assert re.search(rf"FAILED outputs  cosine-similarity of 'r2' {held} on 4 held-out sample\(s\) \(held\), needs >= "
                      r"0\.9999  \[qw\.ptq\.yaml::outputs\]", text), text
-    assert re.search(r"FAILED nodes    cosine-similarity with only \S+ quantized 0\.\d+, needs >= 0\.9999", text)
+    assert re.search(r"FAILED nodes    cosine-similarity with only \S+ quantized 0\.\d+ on 4 calibration sample\(s\) "
+                     r"\(calib\), needs >= 0\.9999", text)
     # the cause on held-out data, the operator and its weight's channel, the fix in onnxruntime's terms
     assert re.search(r"cause: weights: weight quantization causes most of the loss \(cosine-similarity .* on 4 "
                      r"held-out samples; .* on 4 calibration samples\)", " ".join(lines)), text
