@@ -452,6 +452,20 @@ def test_a_model_whose_failures_are_expected_reads_xfailed(project):
     assert tests == {"test_suite.py::test_expected_to_fail": "xfailed"}
 
 
+def test_an_expected_failure_beside_a_real_one_is_marked_so_in_why_it_fails(project):
+    project.makepyfile(test_suite=XFAIL_SUITE + """
+@pytest.mark.ptq(model="model.onnx", data="calib")
+def test_real_failure(ptq):
+    ptq.assert_outputs(0.99999999)
+""")
+    result = run(project, "--ptq-report", "out/report.html", "-p", "no:xdist")
+    result.assert_outcomes(xfailed=1, failed=1)
+    page = Page((project.path / "out" / "report.html").read_text())
+    [row] = [r for r in rows(page.sections[0]["tables"]["measures"]) if r["check"] == "outputs"]
+    assert row["result"] == "FAIL" and row["test"] == ("test_suite.py::test_expected_to_fail (xfail), "
+                                                       "test_suite.py::test_real_failure"), row
+
+
 ERROR_SUITE = """
 import pytest
 
