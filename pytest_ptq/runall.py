@@ -112,6 +112,9 @@ def runall(model_or_file, calibrated_data=None, save_dir="ptq_debug_runall", met
     axis = params.axis(axis)
     rank_samples = params.rank_samples(rank_samples)
     time_budget = None if time_budget is None else params.seconds(time_budget, "time_budget")
+    if time_budget is not None and rank_samples is not None:  # one would be ignored in silence
+        raise PTQError("give time_budget (--time-budget) or rank_samples (--rank-samples), not both: one sets how many "
+                       "samples the ranking takes from the time it may spend, the other directly")
     if rank_samples is None and data_num is not None:
         rank_samples = "all"  # asked for N samples: rank on all N
     start = time.perf_counter()

@@ -521,6 +521,13 @@ API_CASES = [
      "unknown calibration node 'nosuch'"),
     ("curves-two-metrics", lambda: dbg.plot_acc_error("out", model_or_file=_engine(), metric=["mse", "cos"]),
      "metric must be one metric name, got ['mse', 'cos']"),
+    # an option that the rest of the call makes meaningless is refused, not ignored
+    ("suggest-costs-without-mixed", lambda: dbg.suggest_remedy(_engine(), costs={"float": 2}),
+     "costs price the kinds of a mixed search; give remedy='mixed'"),
+    ("suggest-per-channel-activations-for-float", lambda: dbg.suggest_remedy(_engine(), per_channel_activations=True),
+     "a 'float' search has no per-channel remedy to give activations"),
+    ("runall-budget-and-samples", lambda: dbg.runall("m.onnx", "calib", save_dir="out", time_budget=5, rank_samples=2),
+     "give time_budget (--time-budget) or rank_samples (--rank-samples), not both"),
     ("runall-cache-empty", lambda: dbg.runall("m.onnx", "calib", save_dir="out", cache="", progress=False),
      "cache must be a path, got ''"),
     ("runall-cache-in-data", lambda: dbg.runall("m.onnx", "calib", save_dir="out", cache="calib/c", progress=False),

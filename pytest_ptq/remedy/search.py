@@ -32,8 +32,9 @@ def costs_for(remedy, costs):
     """``{kind: cost}`` of a search: one kind at cost 1 for a single remedy; for ``mixed`` the
     kinds given (their menu) or :data:`DEFAULT_COSTS`, ``"nodes"`` counting every kind 1."""
     if remedy != MIXED:
-        if costs not in (None, "nodes") and not isinstance(costs, dict):
-            raise PTQError(f"costs must be a mapping {{kind: cost}} or 'nodes', got {costs!r}")
+        if costs is not None:  # taken in silence, a price list would seem to have been used
+            raise PTQError(f"costs price the kinds of a mixed search; give remedy='mixed' (--remedy mixed) with them, "
+                           f"or leave them out of a {remedy!r} search")
         return {remedy: 1.0}
     if costs is None:
         return dict(DEFAULT_COSTS)
@@ -92,6 +93,9 @@ def suggest_remedy(model_or_file, calibrated_data=None, target=None, metric="cos
         params.flag(v, name) for v, name in ((full_curve, "full_curve"), (per_channel_activations,
                                              "per_channel_activations"), (requantize_check, "requantize_check"),
                                             (verbose, "verbose")))
+    if per_channel_activations and remedy not in ("per-channel", MIXED):
+        raise PTQError(f"per_channel_activations (--per-channel-activations) widens a per-channel or mixed search; "
+                       f"a {remedy!r} search has no per-channel remedy to give activations")
     target = None if target is None else params.number(target, "target")
     candidates = None if candidates is None else params.names(candidates, "candidates")
     clock = Clock(budget)
