@@ -89,6 +89,14 @@ def existing_path(text):
     return path.resolve()
 
 
+def existing_file(text):
+    """A model or library path: an existing file, not a folder."""
+    path = existing_path(text)
+    if path.is_dir():
+        raise PTQError(f"{shown(str(text), 240)} is a folder; give the file")
+    return path
+
+
 def report_path(text):
     """Where the HTML report goes: not an existing folder (the session checks the rest)."""
     path = _path(text)
@@ -141,7 +149,7 @@ class Option:
 
 
 OPTIONS = [
-    Option("model", existing_path, None, "calibrated QDQ model (.onnx) that the ptq fixtures analyse; with "
+    Option("model", existing_file, None, "calibrated QDQ model (.onnx) that the ptq fixtures analyse; with "
            "no test using them, a built-in contract checks it (see --ptq-no-default-contract)", "PATH", True),
     Option("data", existing_path, None, "calibration data: a folder DIR/<input>/<i>.npy, a folder of "
            "<input>.npy stacks, or an .npz", "PATH", True),
@@ -149,9 +157,9 @@ OPTIONS = [
            "accepting ptq.suggest's remedies (a YAML contract names its own), in the layouts of --ptq-data; "
            "node sensitivity and baselines stay on the calibration data", "PATH", True,
            shown="the calibration data"),
-    Option("float_model", existing_path, None, "float model the QDQ model came from (recovers float "
+    Option("float_model", existing_file, None, "float model the QDQ model came from (recovers float "
            "weights stored quantized)", "PATH", True),
-    Option("custom_op_library", existing_path, None, "onnxruntime custom-op library (.so/.dll) that the model's "
+    Option("custom_op_library", existing_file, None, "onnxruntime custom-op library (.so/.dll) that the model's "
            "custom Q/DQ ops need, e.g. AMD Quark's for its BF16/BFP16 models", "PATH", True),
     Option("data_num", positive_int, None, "use only the first N calibration samples", "N", shown="all samples"),
     Option("node_type", node_type, "node", "nodes ranked by sensitivity and baselines: "

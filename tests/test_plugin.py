@@ -177,6 +177,8 @@ def test_node_types_spelled_out_for_start_up_match_the_analysis():
     ("--ptq-metric", "cosin", "unknown metric 'cosin'; did you mean*"),
     ("--ptq-node-type", "layer", "unknown node_type 'layer'; use one of 'node', 'weight', 'activation'"),
     ("--ptq-model", "missing.onnx", "'missing.onnx' does not exist"),
+    ("--ptq-model", ".", "'.' is a folder; give the file"),
+    ("--ptq-float-model", ".", "'.' is a folder; give the file"),
     ("--ptq-memory", "tiny", "must be one of auto, low, fast, got 'tiny'"),
     ("--ptq-workers", "0", "must be 'auto' or a whole number >= 1, got '0'"),
 ])
