@@ -162,6 +162,7 @@ class Sensitivity(dict):
 
     @classmethod
     def _from_dict(cls, d):
+        get_metrics(d["metrics"])  # a metric this version does not know is no ranking it can use
         s = cls(node_type=d["node_type"], metrics=d["metrics"], outputs=d.get("outputs", []),
                 samples=d.get("samples", 0), model=d.get("model", ""),
                 details={k: json_restore(v) for k, v in d.get("details", {}).items()},
@@ -175,6 +176,7 @@ class Sensitivity(dict):
         """The seed's own JSON of a ranking, ``{node: {metric: value}}`` (``json.dumps`` of its
         return value), in its order; the node type unknown."""
         metrics = list(next(iter(d.values())))
+        get_metrics(metrics)
         s = cls(node_type="unknown", metrics=metrics)
         for name, values in d.items():
             dict.__setitem__(s, name, {m: float(values[m]) for m in metrics})
@@ -191,10 +193,14 @@ class Sensitivity(dict):
                     for v in d.values()):
                 return cls._from_seed(d)
             return cls._from_dict(d)
+        except PTQError as exc:
+            raise PTQError(f"sensitivity file {str(path)!r} cannot be used: {exc}") from None
         except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
             # a JSON list, a number or a nesting deeper than Python's stack instead of a saved ranking
-            raise PTQError(f"sensitivity file {str(path)!r} cannot be read ({type(exc).__name__}: "
-                           f"{shown(str(exc))}); write it with Sensitivity.save or --json") from None
+            why = (f"it has no {shown(exc.args[0])} entry" if isinstance(exc, KeyError) and exc.args else
+                   f"{type(exc).__name__}: {shown(str(exc))}")
+            raise PTQError(f"sensitivity file {str(path)!r} cannot be read ({why}); write it with Sensitivity.save "
+                           "or --json") from None
 
 
 def score_configs(engine, configs, metrics, specs, indices, progress=None, alternative=False):
