@@ -229,7 +229,8 @@ def get_metrics(metrics):
         key = _ALIASES.get(str(m).lower(), str(m).lower())
         if key not in METRICS:
             raise unknown("metric", m, list(METRICS))
-        out.append(METRICS[key])
+        if METRICS[key] not in out:  # a metric named twice (or by two aliases) is one column
+            out.append(METRICS[key])
     if not out:
         raise PTQError("no metric given; use one of " + ", ".join(METRICS))
     return out

@@ -205,6 +205,8 @@ RUNALL = ["runall", "m.onnx", "calib", "--quiet"]
 CLI_CASES = [
     # (id, setup, argv, needles; every case exits 2 and writes nothing)
     ("json-onto-model", None, SENS + ["--json", "m.onnx"], ["--json 'm.onnx' is the model file"]),
+    ("cost-twice", None, ["suggest", "m.onnx", "calib", "--remedy", "mixed", "--cost", "float=1", "float=2"],
+     ["--cost prices 'float' twice; give each kind once"]),
     ("outlier-k-zero", None, ["get-channelwise-data-distribution", "m.onnx", "calib", "--outlier-k", "0"],
      ["argument --outlier-k: must be > 0, got 0"]),
     ("expect-std-zero", None, ["check-data", "m.onnx", "calib", "--expect-std", "1", "0"],

@@ -123,3 +123,9 @@ def test_names_and_aliases():
         get_metrics(["cosin-similarity"])
     with pytest.raises(PTQError, match="no metric given"):
         get_metrics([])
+
+
+def test_a_metric_named_twice_is_one_metric():
+    from pytest_ptq.metrics import get_metrics
+
+    assert [m.name for m in get_metrics(["mse", "mse", "cosine-similarity", "cos"])] == ["mse", "cosine-similarity"]

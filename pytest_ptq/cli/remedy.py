@@ -38,6 +38,10 @@ def _costs(values):
         if len(values) > 1:
             raise PTQError("--cost nodes counts every remedied node as 1; give it alone")
         return "nodes"
+    kinds = [kind for kind, _ in values]
+    twice = next((k for k in kinds if kinds.count(k) > 1), None)
+    if twice is not None:  # the last would win in silence
+        raise PTQError(f"--cost prices {twice!r} twice; give each kind once")
     return dict(values)
 
 
