@@ -280,15 +280,16 @@ def for_engine(folder, engine, option="--cache-dir"):
         return None
 
     def inputs():
-        files = {f"{item.what} {i}": item.real for i, item in enumerate(engine.inputs().items)}
+        # as given: results name their files so (hashing reads through links alike)
+        files = {f"{item.what} {i}": item.given for i, item in enumerate(engine.inputs().items)}
         files.update({f"model data {i}": p for i, p in enumerate(model_files(model)[1:])})
         if isinstance(engine.float_model, (str, os.PathLike)):
             files.update({f"float model data {i}": p for i, p in enumerate(model_files(engine.float_model)[1:])})
         return files
 
     # the engine's own options change its figures (to rounding on CPU; more on another provider)
-    return ResultCache(folder, inputs, (("optimization", engine.optimization), ("providers", tuple(map(str, engine.providers)))),
-                       option=option)
+    options = (("optimization", engine.optimization), ("providers", tuple(map(str, engine.providers))))
+    return ResultCache(folder, inputs, options, option=option)
 
 
 def through(store, request, compute, files=()):

@@ -679,3 +679,14 @@ def test_a_kept_remedy_is_searched_again_when_the_producers_python_changes(tmp_p
         monkeypatch.setattr("pytest_ptq.remedy.producer_check.PYTHON_ENV", {"onnxruntime": "PTQ_MODELOPT_PYTHON"})
         assert Analysis(key, inputs, cache_dir=tmp_path / "c").suggest() == "remedy"
     assert len(calls) == 2
+
+
+def test_the_clis_kept_results_name_the_file_given_not_a_copy_read_before(tmp_path, inputs):
+    from pytest_ptq import cli
+
+    shutil.copy(inputs / "q.onnx", inputs / "candidate.onnx")  # the same bytes under another name
+    (inputs / "link.onnx").symlink_to(inputs / "q.onnx")  # the same file under another name
+    for name in ("q.onnx", "candidate.onnx", "link.onnx"):
+        assert cli.main(["get-sensitivity-of-nodes", str(inputs / name), str(inputs / "calib"), "--quiet",
+                         "--cache-dir", str(tmp_path / "c"), "--json", str(tmp_path / f"{name}.json")]) == 0
+        assert json.loads((tmp_path / f"{name}.json").read_text())["model"].endswith(name)
