@@ -432,12 +432,15 @@ def _plan(items, relevant, source, structural_only=False, qm=None):
     (``{node: "per-channel" | "int16" | "float"}``, for :func:`producer_advice`)."""
     # per-channel weights is one switch for the whole model: worth it for any ranked weight
     # when weights are (part of) the problem, otherwise only for nodes that matter
+    def first(f):  # a weight exactly on its grid has nothing to try
+        return f["try"][0] if f["try"] else None
+
     pool = items if source in ("weight", "both", "neither") else relevant
-    weight_pc = [f["node"] for it in pool for f in it["findings"] if f["kind"] == "weight" and f["try"][0] == "per-channel"]
+    weight_pc = [f["node"] for it in pool for f in it["findings"] if f["kind"] == "weight" and first(f) == "per-channel"]
     pool = items if source in ("activation", "both", "neither") else relevant
     act_pc = [f["node"] for it in pool for f in it["findings"]
-              if f["kind"] == "activation" and f["try"][0] == "per-channel"]
-    recal = [f["node"] for it in relevant for f in it["findings"] if f["try"][0] == "recalibrate"]
+              if f["kind"] == "activation" and first(f) == "per-channel"]
+    recal = [f["node"] for it in relevant for f in it["findings"] if first(f) == "recalibrate"]
     # nodes at 16 bits already, on a float grid or in a dynamic model have no int16 to go to
     widen = {f["node"] for it in items for f in it["findings"] if "int16" in f["try"]}
     steps = []

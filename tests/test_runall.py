@@ -515,3 +515,28 @@ def test_a_local_error_gone_non_finite_names_the_op_that_made_it(tmp_path, capsy
     assert main(["plot-acc-error", str(q), str(tmp_path / "calib"), "-q", "activation", "--float-model", str(fp),
                  "-s", str(tmp_path / "curves"), "--quiet"]) == 0
     assert "log (nan: Log 'log', which turns a value rounded to 0 or below into Inf or NaN)" in capsys.readouterr().out
+
+
+def test_operators_whose_weights_sit_on_their_grid_are_ranked_and_advised(tmp_path):
+    """A float model whose weights are already on the int8 grid (a QAT export): those weights
+    lose nothing and have nothing to try; runall's operator ranking crashed on them."""
+    from onnx import numpy_helper
+
+    data = builders.samples(3)
+    fp = builders.conv_net(tmp_path / "f.onnx")
+    first = onnx.load(str(builders.quantize(fp, tmp_path / "q1.onnx", data, per_channel=True)))
+    scales = {i.name: numpy_helper.to_array(i) for i in first.graph.initializer}
+    model = onnx.load(str(fp))
+    for init in model.graph.initializer:
+        if init.name + "_scale" in scales and init.name.startswith("w"):
+            w, s = numpy_helper.to_array(init), scales[init.name + "_scale"]
+            s = np.reshape(s, (-1,) + (1,) * (w.ndim - 1))
+            init.CopyFrom(numpy_helper.from_array((np.clip(np.round(w / s), -127, 127) * s).astype(np.float32),
+                                                  init.name))
+    onnx.save(model, str(tmp_path / "snapped.onnx"))
+    q = builders.quantize(tmp_path / "snapped.onnx", tmp_path / "q.onnx", data, per_channel=True)
+    out = runall(q, data, save_dir=tmp_path / "out", node_type="node", float_model=tmp_path / "snapped.onnx",
+                 progress=False)
+    findings = [f for it in out["verdict"]["nodes"] for f in it["findings"] if f["kind"] == "weight"]
+    assert findings and all(f["try"] == [] for f in findings)  # on the grid: nothing to try
+    assert out["verdict"]["next_steps"]
