@@ -249,7 +249,14 @@ def _runall(engine, out, metrics, output_node, node_type, data_num, top, axis, p
                                                   heldout, count=len(every_index)),
                             files=(heldout,) if isinstance(held, str) else ())
 
-    verdict = _verdict(engine, metric, three, sens, top_nodes, dist, boxes, curves, len(indices), blind, far)
+    # the search a step proposes asks this run's question: its data, sample limit and held-out data
+    suggest = ["ptq-debug", "suggest", str(qm.source), str(getattr(engine.data, "where", None) or "DATA")]
+    for flag, value in (("--heldout", heldout if isinstance(heldout, (str, Path)) else None),
+                        ("--float-model", engine.float_model if isinstance(engine.float_model, (str, Path)) else None),
+                        ("--data-num", base[2])):
+        if value is not None:
+            suggest += [flag, str(value)]
+    verdict = _verdict(engine, metric, three, sens, top_nodes, dist, boxes, curves, len(indices), blind, far, suggest)
     timings["total"] = round(time.perf_counter() - start, 3)
     summary = {
         "tool": "pytest-ptq", "version": __version__, "model": qm.source, "format": qm.format_label,
@@ -276,7 +283,7 @@ def _runall(engine, out, metrics, output_node, node_type, data_num, top, axis, p
 
 
 # -- verdict --------------------------------------------------------------------------------
-def _verdict(engine, metric, three, sens, top_nodes, dist, boxes, curves, samples, blind=None, far=()):
+def _verdict(engine, metric, three, sens, top_nodes, dist, boxes, curves, samples, blind=None, far=(), suggest=()):
     """The verdict, the ranked nodes' advice and the next steps; ``samples``: how many the
     rankings used; ``blind``: the verdict by correlation on the outputs ``far`` from zero, which
     ``metric`` cannot see."""
@@ -305,7 +312,7 @@ def _verdict(engine, metric, three, sens, top_nodes, dist, boxes, curves, sample
             + [s + " (optional)" for s in steps]
     else:
         next_steps, choices = _plan(items, matter, source, qm=engine.qmodel)
-        next_steps[:0] = [_spread_step(engine, k, *spread[k]) for k in kinds if k in spread]
+        next_steps[:0] = [_spread_step(k, *spread[k], suggest) for k in kinds if k in spread]
     # the same steps as the quantizer that made the model takes them, where it is not onnxruntime:
     # a heading, then its code and what it cannot express, a line each
     terms = producer_advice(engine, choices)
@@ -353,12 +360,10 @@ def _spread(qm, metric, three, samples, items, kinds):
     return out
 
 
-def _spread_step(engine, kind, loss, worst, samples, decided):
+def _spread_step(kind, loss, worst, samples, decided, suggest):
     import shlex
 
-    qm = engine.qmodel
-    data = getattr(engine.data, "where", None) or "DATA"
-    suggest = shlex.join(["ptq-debug", "suggest", str(qm.source), str(data), "--remedy", "int16"])
+    suggest = shlex.join([*suggest, "--remedy", "int16"])
     wider = ("quantize_static(..., activation_type=QuantType.QUInt16)" if kind == "activation" else
              "per-channel weights where they are per tensor, else quantize_static(..., weight_type=QuantType.QInt16)")
     on = f"on the {samples} calibration sample(s) the rankings used"

@@ -487,6 +487,13 @@ def test_an_activation_loss_spread_over_many_nodes_is_said_so_and_16_bit_activat
 
     wide = builders.quantize(fp, tmp_path / "q16.onnx", data, per_channel=True, activation_type="QUInt16")
     assert loss(wide) < 0.5 * loss(q)
+    # the search the step proposes asks this run's question: its data, held-out data, float model and sample limit
+    calib, held = builders.save_folder(data, tmp_path / "calib"), builders.save_folder(
+        {"x": [(3 * rng.standard_normal((1, 4, WIDTH))).astype(np.float32) for _ in range(4)]}, tmp_path / "held")
+    v = runall(q, calib, float_model=fp, heldout=held, data_num=5, save_dir=tmp_path / "out2", top=3,
+               progress=False)["verdict"]
+    assert f"`ptq-debug suggest {q} {calib} --heldout {held} --float-model {fp} --data-num 5 --remedy int16`" in \
+        v["next_steps"][0], v["next_steps"][0]
 
 
 def test_a_local_error_gone_non_finite_names_the_op_that_made_it(tmp_path, capsys):
