@@ -232,3 +232,16 @@ def test_cli_help_names_the_new_options(capsys):
                    "--search {refine,greedy}", "{float,int16,per-channel,mixed}",
                    "int16=2 float=4"):  # argparse may break "per-channel" at its hyphen
         assert option in text
+
+
+def test_the_held_out_engine_keeps_every_option_of_the_search_engine(tmp_path):
+    from pytest_ptq.engine import Engine
+    from pytest_ptq.remedy.parts import heldout_engine
+
+    data = builders.samples(2)
+    q = builders.quantize(builders.conv_net(tmp_path / "f.onnx"), tmp_path / "q.onnx", data)
+    engine = Engine(q, data, memory="low", workers=1, optimization="basic", segments=0)
+    held = heldout_engine(engine, builders.samples(2, seed=4))
+    assert (held.memory, held.workers, held.optimization, held.libraries) == (
+        engine.memory, engine.workers, engine.optimization, engine.libraries)
+    assert held.data is not engine.data and len(held.data) == 2

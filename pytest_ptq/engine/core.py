@@ -160,7 +160,12 @@ class Engine:
     def with_alternatives(self, alternatives):
         """A second engine on the same model and data whose nodes in ``alternatives``
         (``{node: QParams}``) can also run their alternative fake-quant."""
-        return Engine(self.qmodel, self.data, float_model=self.float_model, optimization=self.optimization,
+        return self.on_data(self.data, alternatives)
+
+    def on_data(self, data, alternatives=None):
+        """A second engine on the same model, with every option of this one (its providers,
+        custom-op libraries, memory mode...), whose samples are ``data`` (held-out data, say)."""
+        return Engine(self.qmodel, data, float_model=self.float_model, optimization=self.optimization,
                       providers=self.providers, check=False, alternatives=alternatives,
                       segments=self._segments_count, custom_op_libraries=self.libraries, memory=self.memory,
                       workers=self.workers)

@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 
 from ..data import CalibrationData, load_data
-from ..engine import Engine
 
 
 @dataclasses.dataclass
@@ -98,8 +97,7 @@ def layout(engine, indices, heldout=None):
 def heldout_engine(engine, data, alternatives=None):
     """An engine on the same compiled model whose samples are ``data``: runs by index keep
     the float reference of each held-out sample cached, as for calibration samples."""
-    return Engine(engine.qmodel, data, float_model=engine.float_model, optimization=engine.optimization,
-                  providers=engine.providers, check=False, alternatives=alternatives)
+    return engine.on_data(data, alternatives)
 
 
 def with_alternatives(layout_, alternatives):
