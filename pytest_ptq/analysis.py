@@ -231,18 +231,18 @@ class Analysis:
 
     def verdict(self, holdout=None, metric="cosine-similarity", outputs=None):
         """:class:`~pytest_ptq.verdict.Verdict`: weights only, activations only and everything
-        quantized on every calibration sample (not only the first ``data_num``) and on
-        ``holdout`` when given; the rankings' samples are compared with the whole set.
-        ``outputs``: output specs judged (default: the model's outputs)."""
+        quantized on every calibration sample the checks use (the first ``data_num``: samples
+        a contract leaves out are not its data) and on ``holdout`` when given; the rankings'
+        samples are compared with the whole set. ``outputs``: output specs judged (default:
+        the model's outputs)."""
         from .verdict import three_configs
 
         name = get_metric(metric).name
         outputs = None if outputs is None else tuple(outputs)
 
         def compute():
-            every = self.cached(("all data",), lambda: load_data(self.key.data, self.qmodel))
             specs = parse_outputs(None if outputs is None else list(outputs), self.engine)
-            return three_configs(self.engine, specs, name, holdout, ranking_samples=self.samples, data=every)
+            return three_configs(self.engine, specs, name, holdout, ranking_samples=self.samples)
 
         key = ("verdict", None if holdout is None else str(holdout), name) + ((outputs,) if outputs else ())
         return self.cached(key, compute, files=(holdout,))

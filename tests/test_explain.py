@@ -354,3 +354,12 @@ def test_the_search_printed_aims_at_the_failing_outputs_floor(project, planted):
     assert "FAILED outputs  cosine-similarity of 'r2'" in text and "of 'prob'" not in text, text
     assert re.search(r"ptq-debug suggest qw\.onnx calib --heldout held --float-model float\.onnx --target-cosine "
                      r"0\.9999 --remedy mixed -o r2\b", text), text
+
+
+def test_the_verdict_uses_the_samples_the_checks_use(planted):
+    """A contract limited to its first samples (data_num) explains its failure on them, not on
+    samples it leaves out."""
+    root = planted["root"]
+    a = Analysis(AnalysisKey(str(root / "qw.onnx"), str(root / "calib"), str(root / "float.onnx"), 2), root)
+    v = a.verdict()
+    assert v.samples["calibration"] == 2 == a.output_metrics().samples, (v.samples, a.output_metrics())
