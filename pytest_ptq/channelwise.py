@@ -28,12 +28,11 @@ channel has no more values than that).
 from __future__ import annotations
 
 import math
-import re
 
 import numpy as np
 
 from .errors import PTQError
-from .figures import drawable, drawing, pyplot, save_figure, text_width
+from .figures import drawing, pyplot, save_figure, wrap
 from .outputs import layouts, unlike
 
 # A channel is an outlier when its max |x| exceeds OUTLIER_K times the median over channels
@@ -389,90 +388,6 @@ def _boxes(ax, stats, group, outliers):
         if k in outliers:
             tick.set_color("#c0392b")
             tick.set_fontweight("bold")
-
-
-def wrap(text, width_inches, fontsize=10):
-    """Break a title into lines that fit a figure ``width_inches`` wide, measured in the
-    font's glyph widths: between phrases (after "; ", ": " or ", ", before " - " or " -> ",
-    never inside brackets) where it can, between words only inside a phrase longer than a
-    line, and inside a name longer than a line after a '/', '_' or '.' of it (a character
-    count let long names run off the figure's edges, and broke them mid-word)."""
-    text = drawable(text)
-    limit = max(1.0, width_inches - 0.3) * 72  # points, a margin at each edge
-
-    def fits(line):
-        return text_width(line.rstrip(), fontsize) <= limit
-
-    lines = []
-    for paragraph in text.split("\n"):
-        line = ""
-        for piece in _phrases(paragraph):
-            if fits(line + piece):
-                line += piece
-                continue
-            if line.strip():
-                lines.append(line.rstrip())
-            piece = piece.lstrip()
-            if piece.startswith("- "):  # a dash between phrases means nothing at the start of a line
-                piece = piece[2:]
-            if not fits(piece):
-                *full, piece = _break(piece, fits)
-                lines += full
-            line = piece
-        lines.append(line.rstrip())
-    return "\n".join(lines)
-
-
-def _break(piece, fits):
-    """``piece`` in lines that fit: at its spaces, and inside a word that fits no line after a
-    '/' of a scoped name, else after a '_' or '.', else (a run of letters longer than a line)
-    anywhere. The last line keeps its trailing space, which separates it from what follows."""
-    lines, line = [], ""
-
-    def add(token):
-        nonlocal line
-        if fits(line + token) or not line.strip():
-            line += token
-        else:
-            lines.append(line.rstrip())
-            line = token
-
-    def split(token, separators):
-        if fits(token):
-            add(token)
-            return
-        if not separators:
-            for ch in token:
-                add(ch)
-            return
-        sep = re.escape(separators[0])
-        for part in re.findall(rf"[^{sep}]*[{sep}]+|[^{sep}]+", token):
-            split(part, separators[1:])
-
-    for word in re.findall(r"\S+\s*", piece):
-        if fits(line + word):
-            add(word)
-        else:
-            split(word, ["/", "_.", "-:"])
-    return [x for x in lines if x] + [line]
-
-
-def _phrases(text):
-    """``text`` cut into phrases at depth 0 of its brackets, each keeping its separator."""
-    out, start, depth = [], 0, 0
-    for i, ch in enumerate(text):
-        if ch in "([{":
-            depth += 1
-        elif ch in ")]}":
-            depth = max(0, depth - 1)
-        elif depth == 0 and ch == " " and i > start:
-            after_sep = text[i - 1] in ";:,"
-            before_dash = text.startswith(" - ", i) or text.startswith(" -> ", i)
-            if after_sep or before_dash:
-                out.append(text[start:i + (1 if after_sep else 0)])
-                start = i + (1 if after_sep else 0)
-    out.append(text[start:])
-    return [p for p in out if p]
 
 
 def _band(ax, stats, outliers, lo, hi, span):

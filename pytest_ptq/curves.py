@@ -159,7 +159,7 @@ def plot_curves(curves, path, title=None, annotate=3):
     """Write the curves as a PNG: operators in execution order on x, the metric on y; the
     ``annotate`` worst points of each curve are numbered on it and named in a side panel with
     the legend, so that no label covers a curve or another label."""
-    from .figures import drawable, fit_labels, mark_points, side_legend, side_text, with_side_panel
+    from .figures import axes_title, drawable, fit_labels, mark_points, side_legend, side_text, with_side_panel
 
     plt = pyplot()
     m = get_metrics(curves.metric)[0]
@@ -175,7 +175,7 @@ def plot_curves(curves, path, title=None, annotate=3):
         ax.scatter(idx, [curves.local[i] for i in idx], s=10, marker="x", color="grey",
                    label="local error: its own\ninputs quantized only", zorder=3)
     mode = " (running mean)" if curves.average_mode else ""
-    ax.set_title(title or f"Cumulative {curves.metric}{mode} vs float model, {curves.samples} sample(s)", fontsize=11)
+    axes_title(ax, title or f"Cumulative {curves.metric}{mode} vs float model, {curves.samples} sample(s)")
     ax.set_xlabel("operator, in execution order (index from the model inputs)")
     ax.set_ylabel(("running mean of " if curves.average_mode else "") + metric_label(m))
     ax.ticklabel_format(axis="y", useOffset=False)

@@ -219,6 +219,13 @@ def with_side_panel(plt, figsize, ratio=(4.0, 1.35)):
     return fig, ax, side
 
 
+def axes_title(ax, text, fontsize=11):
+    """``text`` as ``ax``'s title, wrapped to the axes' width (a model path of 180 characters
+    ran on one line, and the figure grew so wide that a report scaled its text to nothing)."""
+    width = ax.figure.get_size_inches()[0] * ax.get_position().width
+    ax.set_title(wrap(text, width, fontsize), fontsize=fontsize)
+
+
 def mark_points(ax, points, colour="black"):
     """Number the ``(x, y)`` points on ``ax`` (1, 2, ...) with small labels placed where they
     overlap neither each other nor the marker: each label tries a few offsets around its
@@ -334,3 +341,87 @@ def side_text(side, lines, top=1.0, fontsize=8):
     text = "\n".join(lines)
     side.text(0.02, top, text, transform=side.transAxes, va="top", ha="left", fontsize=fontsize, family="monospace")
     return top - (len(lines) + 0.5) * fontsize * 1.35 / (side.bbox.height or 1)
+
+
+def wrap(text, width_inches, fontsize=10):
+    """Break a title into lines that fit a figure ``width_inches`` wide, measured in the
+    font's glyph widths: between phrases (after "; ", ": " or ", ", before " - " or " -> ",
+    never inside brackets) where it can, between words only inside a phrase longer than a
+    line, and inside a name longer than a line after a '/', '_' or '.' of it (a character
+    count let long names run off the figure's edges, and broke them mid-word)."""
+    text = drawable(text)
+    limit = max(1.0, width_inches - 0.3) * 72  # points, a margin at each edge
+
+    def fits(line):
+        return text_width(line.rstrip(), fontsize) <= limit
+
+    lines = []
+    for paragraph in text.split("\n"):
+        line = ""
+        for piece in _phrases(paragraph):
+            if fits(line + piece):
+                line += piece
+                continue
+            if line.strip():
+                lines.append(line.rstrip())
+            piece = piece.lstrip()
+            if piece.startswith("- "):  # a dash between phrases means nothing at the start of a line
+                piece = piece[2:]
+            if not fits(piece):
+                *full, piece = _break(piece, fits)
+                lines += full
+            line = piece
+        lines.append(line.rstrip())
+    return "\n".join(lines)
+
+
+def _break(piece, fits):
+    """``piece`` in lines that fit: at its spaces, and inside a word that fits no line after a
+    '/' of a scoped name, else after a '_' or '.', else (a run of letters longer than a line)
+    anywhere. The last line keeps its trailing space, which separates it from what follows."""
+    lines, line = [], ""
+
+    def add(token):
+        nonlocal line
+        if fits(line + token) or not line.strip():
+            line += token
+        else:
+            lines.append(line.rstrip())
+            line = token
+
+    def split(token, separators):
+        if fits(token):
+            add(token)
+            return
+        if not separators:
+            for ch in token:
+                add(ch)
+            return
+        sep = re.escape(separators[0])
+        for part in re.findall(rf"[^{sep}]*[{sep}]+|[^{sep}]+", token):
+            split(part, separators[1:])
+
+    for word in re.findall(r"\S+\s*", piece):
+        if fits(line + word):
+            add(word)
+        else:
+            split(word, ["/", "_.", "-:"])
+    return [x for x in lines if x] + [line]
+
+
+def _phrases(text):
+    """``text`` cut into phrases at depth 0 of its brackets, each keeping its separator."""
+    out, start, depth = [], 0, 0
+    for i, ch in enumerate(text):
+        if ch in "([{":
+            depth += 1
+        elif ch in ")]}":
+            depth = max(0, depth - 1)
+        elif depth == 0 and ch == " " and i > start:
+            after_sep = text[i - 1] in ";:,"
+            before_dash = text.startswith(" - ", i) or text.startswith(" -> ", i)
+            if after_sep or before_dash:
+                out.append(text[start:i + (1 if after_sep else 0)])
+                start = i + (1 if after_sep else 0)
+    out.append(text[start:])
+    return [p for p in out if p]

@@ -453,3 +453,19 @@ def test_characters_no_installed_font_has_are_escaped_so_names_stay_apart(tmp_pa
     texts = [t.get_text() for t in figures[0].findobj(lambda a: hasattr(a, "get_text"))]
     assert all(_advance(ch) is not None for text in texts for ch in text if ch not in "\n\t")
     assert drawable("ß ñ é") == "ß ñ é"  # what DejaVu Sans has stays as it is
+
+
+def test_a_long_title_wraps_instead_of_widening_the_figure(tmp_path):
+    from PIL import Image
+
+    from pytest_ptq.curves import plot_curves
+
+    data = builders.samples(2)
+    engine = Engine(builders.quantize(builders.conv_net(tmp_path / "f.onnx"), tmp_path / "q.onnx", data), data)
+    curves = get_acc_error(engine, configs_from(engine), progress=False)
+    short = plot_curves(curves, tmp_path / "short.png", title="Cumulative cosine vs float, m.onnx")
+    long = plot_curves(curves, tmp_path / "long.png", title="Cumulative cosine vs float, " +
+                       "/a/long/path/to/the/models/" * 8 + "m.onnx, 2 sample(s)")
+    with Image.open(short) as a, Image.open(long) as b:
+        # as wide, to a few pixels (the one line ran 2000 px past the figure), and a few lines taller
+        assert b.size[0] <= a.size[0] + 40 and b.size[1] > a.size[1]

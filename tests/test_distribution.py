@@ -15,7 +15,7 @@ import pytest
 from onnx import helper, numpy_helper
 
 import builders
-from pytest_ptq import channelwise, cli, distribution
+from pytest_ptq import channelwise, cli, distribution, figures
 from pytest_ptq.distribution import get_channelwise_data_distribution, plot_distribution, readings
 from pytest_ptq.engine import Engine
 from pytest_ptq.errors import PTQError
@@ -408,7 +408,7 @@ def test_cli_errors_and_help(models, tmp_path, capsys):
 
 
 def test_titles_wrap_between_phrases_never_inside_brackets():
-    from pytest_ptq.channelwise import wrap
+    from pytest_ptq.figures import wrap
 
     title = ("conv2d_412.w_0_QuantizeLinear: float weight 'conv2d_412.w_0' by channel (axis 0 of [256, 64, 3, 3], "
              "256 channels, 4 sample(s)) - int8 per tensor\noutlier channels 189 (37x), 3 (12x): a per-tensor scale "
@@ -872,7 +872,7 @@ def test_a_long_title_wraps_at_words_and_scope_separators_inside_the_figure(tmp_
         # a break between words, or after a separator of a scoped name: never inside a word
         assert line + " " in title or line.endswith(("/", "_", ".")), line
     assert "16 channels, 5 sample(s)" in " ".join(lines)
-    wrapped = channelwise.wrap("x: " + "a" * 100 + ", 5 s", 4).split("\n")
+    wrapped = figures.wrap("x: " + "a" * 100 + ", 5 s", 4).split("\n")
     assert wrapped[-1].endswith("a, 5 s") and len(wrapped) >= 3, wrapped
 
 

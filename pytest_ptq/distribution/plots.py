@@ -6,8 +6,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ..channelwise import plot_channels, wrap
-from ..figures import drawing, file_stem, pyplot, save_figure
+from ..channelwise import plot_channels
+from ..figures import drawing, file_stem, pyplot, save_figure, wrap
 from ..tables import short as _fmt
 from .readings import activation_reading, codes_text, weight_reading
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..figures import drawing, metric_label, pyplot, save_figure
+from ..figures import axes_title, drawing, metric_label, pyplot, save_figure
 
 _ON = {"held-out": "held-out", "confirmation": "confirmation samples", "calibration": "calibration"}
 
@@ -56,8 +56,8 @@ def plot_remedy(result, path):
             if value is not None:
                 ax.scatter([x], [value], marker="*", s=150, color="tab:purple", zorder=5,
                            label=f"re-quantized with {by}, on {on}")
-    ax.set_title(f"Remedy search ({result.remedy}) on {Path(result.model).name}, {result.samples} calibration "
-                 "sample(s)", fontsize=11)
+    axes_title(ax, f"Remedy search ({result.remedy}) on {Path(result.model).name}, {result.samples} calibration "
+                   "sample(s)")
     ax.set_xlabel(f"number of nodes {_DONE.get(result.remedy, 'remedied')}" if single else
                   "cost of the set (" + ", ".join(f"{k} {v:g}" for k, v in result.costs.items()) + " per node)")
     ax.set_ylabel(metric_label(m))
