@@ -438,9 +438,14 @@ def reading(stats):
     if not outliers and stats["channels"] and not any(stats["max_abs"]):
         # max|x| 0 over the median's 0 is no ratio: "0.0x" read as if one channel were tiny
         return "every channel is 0 (a constant tensor): no channel is wider than another"
+    if stats["channels"] and all(lo == hi for lo, hi in zip(stats["min"], stats["max"])):
+        return "every channel holds a single value (a constant tensor): there is no spread to show"
+    zeros = [k for k, m in enumerate(stats["max_abs"]) if m == 0]
+    dead = (f"; channel{'s' if len(zeros) > 1 else ''} {', '.join(map(str, zeros[:5]))}"
+            f"{' and more' if len(zeros) > 5 else ''} {'are' if len(zeros) > 1 else 'is'} all 0") if zeros else ""
     if not outliers:
         return (f"no outlier channel: the widest channel reaches "
-                f"{_widest_ratio(stats):.1f}x the median channel's max|x|")
+                f"{_widest_ratio(stats):.1f}x the median channel's max|x|{dead}")
     shown = ", ".join(f"{k} ({r:.0f}x)" for k, r in zip(outliers[:5], stats["outlier_ratios"][:5]))
     more = f" and {len(outliers) - 5} more" if len(outliers) > 5 else ""
     if stats.get("per_channel"):
@@ -449,7 +454,12 @@ def reading(stats):
     bits = lost_bits(stats["outlier_ratios"][0], grid)
     cost = (f"all {grid} bits: it rounds to 0" if grid and bits >= grid else f"~{bits:.1f} bits")
     wider = stats.get("wider", "int16")
-    remedy = "per-channel weights" if stats.get("kind") == "weight" else f"try per-channel{f' or {wider}' if wider else ''}"
+    if stats.get("kind") == "weight":
+        # onnxruntime splits only a Conv's, Gemm's or MatMul's weight by channel (as the histogram's reading says)
+        remedy = "per-channel weights" if stats.get("takes_per_channel", True) else \
+            f"{wider or 'wider'} weights (its operator takes no per-channel scale)"
+    else:
+        remedy = f"try per-channel{f' or {wider}' if wider else ''}"
     return f"outlier channels {shown}{more}: a per-tensor scale costs the median channel {cost} -> {remedy}"
 
 

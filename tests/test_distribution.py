@@ -300,6 +300,15 @@ def test_explicit_axis_and_weight_axis(models, tmp_path):
     huge = dict(w["w1_QuantizeLinear"], outlier_ratios=[4096.0] + w["w1_QuantizeLinear"]["outlier_ratios"][1:])
     assert huge["bit"] == 8 and "costs the median channel all 8 bits: it rounds to 0" in channelwise.reading(huge)
     assert channelwise.lost_bits(4096.0, 16) == 12.0
+    # a constant tensor, and a channel all 0, are said
+    flat = dict(w["w1_QuantizeLinear"], outlier_channels=[], outlier_ratios=[], min=[2.5] * 3, max=[2.5] * 3,
+                max_abs=[2.5] * 3, channels=3)
+    assert channelwise.reading(flat).startswith("every channel holds a single value")
+    dead = dict(flat, min=[-1.0, 0.0, -2.0], max=[1.0, 0.0, 2.0], max_abs=[1.0, 0.0, 2.0], median_channel_max_abs=1.0)
+    assert channelwise.reading(dead).endswith("; channel 1 is all 0")
+    # a weight its operator cannot split by channel (a Mul's): the reading says what it can take
+    unsplit = dict(w["w1_QuantizeLinear"], takes_per_channel=False)
+    assert "-> int16 weights (its operator takes no per-channel scale)" in channelwise.reading(unsplit)
 
 
 def test_axis_inference_rules(models):
