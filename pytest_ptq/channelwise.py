@@ -240,6 +240,7 @@ class ChannelStats:
             "channels": int(self.channels),
             "values_per_channel": int(self.count),
             "exact_quartiles": bool(self.exact),
+            "sampled_per_channel": int(min(self.size, self.count)),  # what the quartiles come from
             "q1": q1.tolist(), "median": med.tolist(), "q3": q3.tolist(),
             "whisker_lo": whislo.tolist(), "whisker_hi": whishi.tolist(),
             "mean": mean.tolist(), "min": self.min.tolist(), "max": self.max.tolist(),
@@ -323,7 +324,10 @@ def plot_channels(stats, path, title, marked=None):
         ax.set_ylabel(ylabel)
     handles = [Line2D([], [], color="red", lw=1.5, label="median"),
                Line2D([], [], color="blue", lw=1.2, ls="--", label="mean"),
-               Patch(facecolor="#dbe9f6", edgecolor="black", label="q1-q3; whiskers 1.5 IQR; dots min/max"),
+               Patch(facecolor="#dbe9f6", edgecolor="black", label="q1-q3; whiskers 1.5 IQR; dots min/max" + (
+                   "" if stats.get("exact_quartiles", True) else
+                   f"\n(quartiles, whiskers: a sample of {stats.get('sampled_per_channel', '?')} of "
+                   f"{stats['values_per_channel']} values a channel)")),
                Patch(facecolor="#f4a261", edgecolor="black",
                      label=f"outlier channel (max|x| > {stats['outlier_k']:g}x median channel)")]
     if lo is not None and _drawable(lo, hi, span):

@@ -332,7 +332,7 @@ def test_reservoir_keeps_exact_extremes_and_close_quartiles():
         stats.add(s[None])
     r = stats.result()
     per = np.moveaxis(x, 1, 0).reshape(4, -1)
-    assert not r["exact_quartiles"] and r["values_per_channel"] == 10000
+    assert not r["exact_quartiles"] and r["values_per_channel"] == 10000 and r["sampled_per_channel"] == 512
     assert r["min"] == pytest.approx(per.min(1).tolist()) and r["max"] == pytest.approx(per.max(1).tolist())
     assert r["mean"] == pytest.approx(per.mean(1).tolist(), abs=1e-5)
     spread = per.std(1)
