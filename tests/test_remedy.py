@@ -604,3 +604,29 @@ def test_a_remedy_that_fails_re_quantized_is_false():
     assert r.met and not r
     assert r.failure() == ("re-quantized with onnxruntime, the model reaches cosine-similarity 0.9972 on held-out "
                            "data, short of the target 0.998")
+
+
+def test_the_remedy_figure_says_when_the_judge_chose_and_shows_the_plain_session(tmp_path, monkeypatch):
+    from pytest_ptq.remedy import plot
+    from pytest_ptq.remedy.result import Remedy
+
+    drawn = []
+    monkeypatch.setattr(plot, "save_figure", lambda fig, path, tight=False: drawn.append(fig) or path)
+    held = {"samples": 4, "before": 0.98, "after": 0.9934, "target": 0.99, "met": True, "deployed": 0.9852}
+    curve = [{"nodes": k, "cost": k, "added": n, "kind": "float", "value": v}
+             for k, (n, v) in enumerate([(None, 0.985), ("a", 0.989), ("b", 0.995)])]
+    r = Remedy(remedy="float", metric="cosine-similarity", target=0.99, met=True, nodes=["a", "b"], value=0.995,
+               baseline=0.985, ceiling=None, curve=curve, pruned=[], ranking=[], settings={}, judged_on="held-out",
+               judge_chose=True, cost=2, model="m.onnx", samples=8, measured={"met": True, "figures": {"held-out": held}},
+               figures={"held-out": held, "calibration": dict(held, after=0.995, before=0.985)})
+    plot.plot_remedy(r, tmp_path / "r.png")
+    labels = drawn[0].axes[0].get_legend_handles_labels()[1]
+    assert "chosen, on held-out\n(which chose part of the set)" in labels
+    assert "that file in a plain onnxruntime\nsession (this machine), on held-out" in labels
+    # nothing needed: a unit axis, and the side text says the model meets the target as given
+    alone = Remedy(remedy="float", metric="cosine-similarity", target=0.99, met=True, nodes=[], value=0.995,
+                   baseline=0.995, ceiling=None, curve=curve[:1], pruned=[], ranking=[], settings={}, model="m.onnx")
+    plot.plot_remedy(alone, tmp_path / "alone.png")
+    ax, side = drawn[1].axes
+    assert ax.get_xlim() == (-0.5, 1.5)
+    assert "meets the target on the search" in " ".join(t.get_text() for t in side.texts)

@@ -48,14 +48,19 @@ def plot_remedy(result, path):
                    label=f"chosen, on calibration: {len(result.nodes)} node(s)")
         after = result.figures.get(result.judged_on, {}).get("after")
         if after is not None and result.judged_on != "calibration":
+            # where the judging data chose part of the set, their figure is fitted, not a check
             ax.scatter([x], [after], s=140, facecolors="none", edgecolors="tab:green", linewidths=2, zorder=4,
-                       label=f"chosen, on {on}")
+                       label=f"chosen, on {on}" + ("\n(which chose part of the set)" if result.judge_chose else ""))
         if result.requantized:
             by, mm = result.requantized
-            value = mm.get("figures", {}).get(result.judged_on, {}).get("after", mm.get("value"))
+            figure = mm.get("figures", {}).get(result.judged_on, {})
+            value = figure.get("after", mm.get("value"))
             if value is not None:
                 ax.scatter([x], [value], marker="*", s=150, color="tab:purple", zorder=5,
                            label=f"re-quantized with {by}, on {on}")
+            if figure.get("deployed") is not None:  # the same file as a plain session runs it, on this machine
+                ax.scatter([x], [figure["deployed"]], marker="P", s=90, color="tab:brown", zorder=5,
+                           label=f"that file in a plain onnxruntime\nsession (this machine), on {on}")
     axes_title(ax, f"Remedy search ({result.remedy}) on {Path(result.model).name}, {result.samples} calibration "
                    "sample(s)")
     ax.set_xlabel(f"number of nodes {_DONE.get(result.remedy, 'remedied')}" if single else
@@ -64,6 +69,8 @@ def plot_remedy(result, path):
     ax.ticklabel_format(axis="y", useOffset=False)
     if single:
         ax.xaxis.get_major_locator().set_params(integer=True)
+    if len(set(xs)) <= 1:  # the model as given, alone: a unit axis, not -0.04 to 0.04
+        ax.set_xlim(-0.5, max(xs, default=0) + 1.5)
     ax.grid(True, alpha=0.3)
     # the greedy path's additions are numbered on it and named beside it: on the curve the
     # names pile up onto each other and onto the points
@@ -73,7 +80,8 @@ def plot_remedy(result, path):
     names = fit_labels([p["added"] for p, _ in added], 24)
     lines = (["greedy additions, in order:"] + [f"{k:>2} {name} {short(p['value'])}"
                                                 for k, ((p, _), name) in enumerate(zip(added, names), 1)]
-             if added else ["greedy additions: none (no remedy", "met the target on the search samples)"])
+             if added else ["greedy additions: none (the budget", "ended before the first)"] if result.budget_exhausted
+             else ["greedy additions: none (the model", "meets the target on the search", "samples as given)"])
     if len(pts) - 1 > len(added):
         lines.append(f"   ... {len(pts) - 1 - len(added)} more")
     greedy = [p["added"] for p in pts[1:]]
