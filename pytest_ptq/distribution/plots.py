@@ -62,8 +62,10 @@ def _plot_activation(d, path, title, box=None):
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(10, 4.8), dpi=100)
     _stairs(ax, d["hist"], "float input (named in the title)", "#4c72b0")
-    ax.plot([d["peak"]], [0.03], marker="^", markersize=11, color="#1f3f8f", clip_on=False, linestyle="none",
-            label=f"max |x| = {_fmt(d['max_abs'])}", zorder=5, transform=ax.get_xaxis_transform())
+    # hollow: a filled marker hid the count-1 bar of the very value it points at
+    ax.plot([d["peak"]], [0.03], marker="^", markersize=11, color="#1f3f8f", markerfacecolor="none",
+            markeredgewidth=1.6, clip_on=False, linestyle="none", label=f"max |x| = {_fmt(d['max_abs'])}", zorder=5,
+            transform=ax.get_xaxis_transform())
     span = max(abs(d["min"] or 0), abs(d["max"] or 0), 1e-12)
     if max(abs(d["range_lo"]), abs(d["range_hi"])) <= 20 * span:
         which = "widest per-run range" if d["kind"] == "dynamic" else "calibration range"
@@ -105,8 +107,8 @@ def _plot_pair(d, path, title, left_a, left_b, labels, note=None):
                         label=f"quantization range [{_fmt(d['range_lo'])}, {_fmt(d['range_hi'])}]")
             ax1.axvline(d["range_hi"], color="#c0392b", ls="--", lw=1.2)
     ax1.plot([left_a["peak"]], [0.03], marker="^", markersize=10, color="#1f3f8f", linestyle="none",
-             clip_on=False, label=f"max |x| = {_fmt(left_a['max_abs'])}", zorder=5,
-             transform=ax1.get_xaxis_transform())
+             markerfacecolor="none", markeredgewidth=1.6, clip_on=False,
+             label=f"max |x| = {_fmt(left_a['max_abs'])}", zorder=5, transform=ax1.get_xaxis_transform())
     _one_value(ax1, left_a, "#1f3f8f")
     ax1.set_xlabel("value")
     ax1.legend(loc="upper right", fontsize=8)
