@@ -728,7 +728,8 @@ def check_data(model_or_file, calibrated_data=None, heldout=None, data_num=None,
     qm, specs, source = _model_side(model_or_file, float_model)
     datasets = {"calibration": load_data(calibrated_data, None, data_num)}
     if heldout is not None:
-        datasets["heldout"] = load_data(heldout, None, role="held-out", calibration=datasets["calibration"])  # data_num counts calibration samples
+        # data_num counts calibration samples only
+        datasets["heldout"] = load_data(heldout, None, role="held-out", calibration=datasets["calibration"])
     total = sum(len(d) * len(d.sources) for d in datasets.values())
     findings, stats, scans = [], {}, {}
     if qm is None:

@@ -4,6 +4,9 @@ Every error raised on bad input is a :class:`PTQError` whose message is one sent
 naming the file, node or input at fault and what to do; the CLI prints it and exits 2.
 """
 
+import os
+import traceback
+
 
 class PTQError(ValueError):
     """Bad input or an unsupported model: the message says what to do."""
@@ -71,9 +74,6 @@ def unknown(kind, name, candidates, usual=()):
 def raised_by_user(what, exc):
     """The PTQError for ``exc`` raised by the user's code ``what`` ("the evaluation function
     top1"), naming the last line of theirs it passed through (file:line), not our frames."""
-    import os
-    import traceback
-
     package = os.path.dirname(os.path.abspath(__file__)) + os.sep
     frames = [f for f in traceback.extract_tb(exc.__traceback__) if not os.path.abspath(f.filename).startswith(package)]
     at = f" at {os.path.basename(frames[-1].filename)}:{frames[-1].lineno}" if frames else ""

@@ -49,7 +49,7 @@ RTOL, ATOL = 1e-3, 1e-4  # atol relative to the largest magnitude of each output
 # or of the output's largest magnitude (float rounding) where that is more. A graph mixing the
 # batch moves a sample by about half of that difference.
 SPREAD_SHARE, ROUNDING = 1e-2, 1e-5
-PROBE = 32  # samples spread over the data among which the check's two are chosen
+PROBE = 32  # samples spread over those run, among which the check's two are chosen
 
 
 @dataclasses.dataclass(frozen=True)
