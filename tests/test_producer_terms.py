@@ -11,6 +11,8 @@ and together they must be enough.
 
 from __future__ import annotations
 
+import dataclasses
+
 import importlib
 import json
 import re
@@ -377,7 +379,16 @@ def test_recipes_follow_what_the_pairs_show(made):
     assert producer_recipe(quark) == {"config": "XINT8_QCONFIG"}  # power-of-two scales
     assert producer_recipe(QuantModel(str(made("quark_a16w8", "quark", "conv")[0]))) == {"config": "A16W8_QCONFIG"}
     assert producer_recipe(QuantModel(str(made("inc_per_channel", "inc", "conv")[0]))) == {"per_channel": True}
-    assert producer_recipe(QuantModel(str(made("aimet", "aimet", "conv")[0])))["activation_type"] == "int8"
+    aimet = producer_recipe(QuantModel(str(made("aimet", "aimet", "conv")[0])))
+    assert aimet["activation_type"] == "int8" and aimet["per_channel"] is True
+    # per-tensor weights, where aimet's default config is per channel: its re-run is told so
+    fpath, data = made.float("conv")
+    qpath = conventions.make(fpath, made.root / "aimet_per_tensor.onnx", data,
+                             dataclasses.replace(conventions.CONVENTIONS["aimet"], per_channel=False))
+    model = onnx.load(str(qpath))
+    _mark(model, "aimet")
+    onnx.save(model, str(qpath))
+    assert producer_recipe(QuantModel(str(qpath)))["per_channel"] is False
 
 
 @pytest.fixture(scope="module")

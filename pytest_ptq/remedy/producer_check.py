@@ -70,8 +70,10 @@ def producer_recipe(qmodel):
         w_bits = min((c.bit for c in weights), default=8)
         if float8:
             return {"activation_type": "float8e4m3fn", "param_type": "float8e4m3fn"}
+        # aimet's default config is per channel: a per-tensor model re-quantized so read as another
         return {"activation_type": "int16" if act_bits >= 16 else "int8", "param_type": "int4" if w_bits <= 4 else "int8",
-                "prequantize_constants": bool(weights) and all(c.q_node is None for c in weights)}
+                "prequantize_constants": bool(weights) and all(c.q_node is None for c in weights),
+                "per_channel": any(c.per_channel for c in weights)}
     raise PTQError(f"no re-quantizing with {qmodel.made_by.label}; the producers checked are "
                    f"{', '.join(SHORT[k] for k in PYTHON_ENV)}")
 

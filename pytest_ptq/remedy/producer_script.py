@@ -103,6 +103,14 @@ def aimet(spec, samples):
     kw = {k: r[k] for k in ("activation_type", "param_type") if r.get(k)}
     sim = QuantizationSimModel(onnx.load(spec["float"]), **kw)
     quantizers = sim.qc_quantize_op_dict
+    if r.get("per_channel") is False:  # the model's weights are per tensor; aimet's default config is not
+        weights = {i.name for i in sim.model.model.graph.initializer}
+        for name, q in quantizers.items():
+            if name in weights and q.enabled:
+                try:
+                    q.enable_per_channel_quantization(False)
+                except RuntimeError:  # a quantizer with no channels to speak of
+                    pass
     wanted = list(s.get("disable") or []) + list(s.get("bitwidth") or {}) + list(s.get("per_channel") or [])
     missing = [t for t in wanted if t not in quantizers]
     if missing:
