@@ -24,10 +24,11 @@ from pytest_ptq.remedy import PYTHON_ENV, check_producer_terms, producer_terms, 
 from pytest_ptq.remedy.result import producer_lines
 
 # How each first quantizes the model: its defaults, an fp32 graph for Model Optimizer (so
-# that the float model's weights are the model's).
+# that the float model's weights are the model's); per-tensor weights where the producer can, so that
+# a per-channel remedy changes something.
 RECIPES = {"modelopt": {"quantize_mode": "int8", "high_precision_dtype": "fp32"},
            "quark": {"config": "A8W8_QCONFIG"}, "neural-compressor": {"per_channel": False},
-           "aimet": {"activation_type": "int8", "param_type": "int8"}}
+           "aimet": {"activation_type": "int8", "param_type": "int8", "per_channel": False}}
 # The kinds each can express (ModelOpt: no int16, weights per channel already).
 KINDS = {"modelopt": ("float",), "quark": ("float", "int16", "per-channel"),
          "neural-compressor": ("float", "per-channel"), "aimet": ("float", "int16", "per-channel")}
