@@ -33,7 +33,7 @@ from .results import JsonResult
 from .sensitivity import rank_configs
 from .stages import SIMULATION_WARNING
 from .tables import short
-from .verdict import DOMINANT, RELEVANT, badness, float_first, relevant, severe_reason
+from .verdict import DOMINANT, RELEVANT, WEIGHTS_UNSEEN, badness, float_first, relevant, severe_reason
 
 KIND_WORDS = {"weight": "weight", "activation": "activation", "node": "operator"}
 SOURCE_WORDS = {"weight": "weights", "activation": "activations", "both": "weights and activations",
@@ -113,9 +113,8 @@ class Diagnosis(JsonResult):
         if v["decided_on"] != "calibration":
             text += f"; {self.verdict_figures('calibration')}"
         text += ")"
-        if "cannot show weight error" in v.get("text", ""):
-            text += ("; weights are stored quantized and no float model was given, so weights only cannot show "
-                     "weight error")
+        if WEIGHTS_UNSEEN in v.get("text", ""):
+            text += f"; {WEIGHTS_UNSEEN}"
         if v.get("rewrite"):
             text += f"; {v['rewrite']}"
         return text

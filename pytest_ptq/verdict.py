@@ -168,9 +168,14 @@ def decide(values, metric, weights_known=True):
         text = (f"weights and activations each cause a comparable part of the loss ({figures}): fix the worst "
                 "nodes of each, or rank normal nodes (node_type='node') to see where they add up")
     if not weights_known:
-        text += ("; weights are stored quantized and no float model was given, so weights only cannot show "
-                 "weight error")
+        text += f"; {WEIGHTS_UNSEEN}"
     return source, text
+
+
+# Said beside a verdict whose weights only figure cannot show weight error.
+WEIGHTS_UNSEEN = ("but the weights are stored quantized or rounded onto their grid and no float model was given, so "
+                  "weights only cannot show weight error, and every figure is against weights already quantized: give "
+                  "the float model to measure them")
 
 
 def rule(metric="cosine-similarity"):
@@ -205,7 +210,9 @@ def three_configs(engine, specs, metric="cosine-similarity", heldout=None, ranki
     when those samples alone would decide otherwise."""
     m = get_metric(metric)
     configs = {**configs_from(engine, ["weight", "activation"]), ALL: list(engine.calib_names)}
-    weights_known = any(c.bypassable and c.kind == "weight" for c in engine.qmodel.calibration.values())
+    # a weight already on its grid (aimet, QAT exports) bypasses to itself: only a float model shows its error
+    weights_known = any(c.bypassable and c.kind == "weight" and (not c.on_grid or c.float_weight is not None)
+                        for c in engine.qmodel.calibration.values())
     own = data is None
     values = {"calibration": score(engine, data, specs, m, configs, count)}
     samples = {"calibration": (count or len(engine.data)) if own else len(data)}
