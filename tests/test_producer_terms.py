@@ -233,6 +233,35 @@ def test_aimet_terms_name_the_float_tensors_of_its_quantizers(made):
                                "per-channel": [want[weights[0].name]]}
 
 
+def test_aimet_terms_name_the_quantizer_a_pair_after_a_flatten_copies(tmp_path):
+    """aimet's export puts a pair after a Flatten with the encoding of the pair before it: it
+    has no quantizer of its own there ('f'), so its terms name the one it copies ('p'); a pair
+    of its own encoding after a Flatten keeps its name."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    def model(f_scale):
+        inits = [numpy_helper.from_array(np.float32(0.05), "s"), numpy_helper.from_array(np.uint8(128), "z"),
+                 numpy_helper.from_array(np.float32(f_scale), "sf"),
+                 numpy_helper.from_array(np.ones((8, 2), np.float32), "w")]
+        nodes = [helper.make_node("QuantizeLinear", ["p", "s", "z"], ["pq"], name="p_q"),
+                 helper.make_node("DequantizeLinear", ["pq", "s", "z"], ["pd"], name="p_dq"),
+                 helper.make_node("Flatten", ["pd"], ["f"], name="flatten"),
+                 helper.make_node("QuantizeLinear", ["f", "sf", "z"], ["fq"], name="f_q"),
+                 helper.make_node("DequantizeLinear", ["fq", "sf", "z"], ["fd"], name="f_dq"),
+                 helper.make_node("MatMul", ["fd", "w"], ["y"], name="mm")]
+        graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("p", TensorProto.FLOAT, [1, 2, 4])],
+                                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2])], inits)
+        m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+        _mark(m, "aimet")
+        onnx.save(m, str(tmp_path / "m.onnx"))
+        return QuantModel(str(tmp_path / "m.onnx"))
+
+    for f_scale, named in ((0.05, "p"), (0.07, "f")):
+        qm = model(f_scale)
+        terms = producer_terms(qm, "int16", ["f_q"])
+        assert terms["settings"]["bitwidth"] == {named: 16}, terms
+
+
 @pytest.mark.parametrize("convention,producer", [("modelopt_int8_fp32", "modelopt"), ("inc", "inc")])
 def test_no_int16_term_where_the_producer_has_none_keeping_float_is_offered_instead(made, convention, producer):
     qpath, fpath, _ = made(convention, producer, "conv")

@@ -39,10 +39,12 @@ import re
 import shlex
 from collections import Counter, defaultdict
 
+import numpy as np
+
 from ..channelwise import channel_axis
 from ..errors import PTQError, unknown
 from ..model import load_model
-from ..model.align import FOLDABLE, TRANSPARENT, float_source
+from ..model.align import FOLDABLE, RESHAPING, TRANSPARENT, float_source
 from ..model.graph import name_nodes, sort_topologically
 from .alternatives import float_input
 from .result import MIXED, REMEDIES, producer_lines
@@ -442,11 +444,31 @@ def _inc_operator_config(qm):
             "activation_sym": act_type == "QInt8" and all(not c.zero_point.any() for c in acts)}
 
 
+# Ops that move data without computing it: aimet's export puts a pair after them that copies
+# the encoding of the pair before (it has no quantizer of its own there).
+_MOVES = {*RESHAPING, *TRANSPARENT, "Transpose", "MaxPool"}
+
+
+def _copied_from(qm, c):
+    """The calibration node whose encoding ``c`` copies across a data-movement op (the same
+    scale and zero point right before it), else ``c`` itself; followed up the chain."""
+    seen = {c.name}
+    while c.kind == "activation":
+        op = qm.producer.get(c.input)
+        up = qm.by_output().get(op.input[0]) if op is not None and op.op_type in _MOVES and op.input else None
+        if up is None or up.name in seen or np.shape(up.scale) != np.shape(c.scale) or \
+                not (np.array_equal(up.scale, c.scale) and np.array_equal(up.zero_point, c.zero_point)):
+            break
+        seen.add(up.name)
+        c = up
+    return c
+
+
 def _aimet(qm, names, kinds, axes, terms):
     disable, bitwidth, per_channel = [], {}, []
     for name, kind in kinds.items():
         c = qm.calibration[name]
-        tensor, _ = names.tensor(c)
+        tensor, _ = names.tensor(_copied_from(qm, c))  # aimet's quantizer: the one whose encoding it copies
         _entry(terms, name, kind, tensor)
         if kind == "float":
             disable.append(tensor)
