@@ -131,11 +131,16 @@ def _probe(engine, indices):
     spread = [indices[k] for k in sorted({round(k * (count - 1) / (PROBE - 1)) for k in range(PROBE)})]
     if len(spread) <= 2:
         return tuple(spread)
-    flat = [np.concatenate([np.asarray(v, np.float64).ravel() for v in engine.data.sample(i).values()])
-            for i in spread]
+    def flat(i):
+        return np.concatenate([np.asarray(v, np.float64).ravel() for v in engine.data.sample(i).values()])
+
+    def farthest(k):  # one sample held at a time beside ``k``'s: large inputs are not all kept
+        ref = flat(spread[k])
+        return max(range(len(spread)), key=lambda j: float(np.abs(flat(spread[j]) - ref).max()))
+
     # the farthest from the first, then the farthest from that one: near the most different pair
-    first = max(range(len(flat)), key=lambda k: float(np.abs(flat[k] - flat[0]).max()))
-    second = max(range(len(flat)), key=lambda k: float(np.abs(flat[k] - flat[first]).max()))
+    first = farthest(0)
+    second = farthest(first)
     return tuple(sorted({spread[first], spread[second]})) if first != second else tuple(indices[:2])
 
 

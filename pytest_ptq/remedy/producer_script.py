@@ -15,6 +15,7 @@ stderr saying what went wrong.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import os
@@ -107,10 +108,8 @@ def aimet(spec, samples):
         weights = {i.name for i in sim.model.model.graph.initializer}
         for name, q in quantizers.items():
             if name in weights and q.enabled:
-                try:
+                with contextlib.suppress(RuntimeError):  # a quantizer with no channels to speak of
                     q.enable_per_channel_quantization(False)
-                except RuntimeError:  # a quantizer with no channels to speak of
-                    pass
     wanted = list(s.get("disable") or []) + list(s.get("bitwidth") or {}) + list(s.get("per_channel") or [])
     missing = [t for t in wanted if t not in quantizers]
     if missing:
