@@ -120,6 +120,7 @@ class _Hooks:
         self.groups_file = spread.groups_file(node.workerinput["testrunuid"])
         self.cores_folder = spread.cores_folder(node.workerinput["testrunuid"])
         node.workerinput[spread.WORKERINPUT_KEY] = str(self.groups_file)
+        node.workerinput[spread.CORES_KEY] = str(self.cores_folder)
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_xdist_make_scheduler(self, config, log):

@@ -183,10 +183,11 @@ class PTQSession:
         if key.id not in self.analyses:
             if not self.analyses and self.is_worker:
                 from .engine import runtime
-                from .spread import cores_folder
+                from .spread import CORES_KEY
 
+                # no folder from a controller without this plugin: no sharing of spare cores
                 runtime.share_cores(self.config.workerinput.get("workercount", 1),
-                                    cores_folder(self.config.workerinput["testrunuid"]))
+                                    self.config.workerinput.get(CORES_KEY))
             self.analyses[key.id] = Analysis(key, self.root, cache_dir=self.cache_dir(), memory=self.settings.memory,
                                              workers=self.settings.workers, progress=self._progress_stream(key))
         return self.analyses[key.id]

@@ -22,8 +22,11 @@ from pathlib import Path
 
 from xdist.scheduler import LoadScopeScheduling
 
-# the controller names the file in every worker's ``workerinput`` under this key
+# the controller names the groups file and the cores folder in every worker's ``workerinput``
+# under these keys: a worker whose temporary folder differs (TMPDIR) still uses the
+# controller's, which the controller removes at its end
 WORKERINPUT_KEY = "ptq_groups_file"
+CORES_KEY = "ptq_cores_folder"
 
 
 def groups_file(testrunuid):

@@ -238,6 +238,11 @@ def test_a_run_removes_what_killed_runs_left_in_the_temporary_folder(pytester, t
     mine = temp / "notes.txt"
     mine.write_text("not ours")
     os.utime(mine, (old, old))
+    # workers whose temporary folder differs use the controller's, which it removes at its end
+    theirs = tmp_path / "workers-temp"
+    theirs.mkdir()
+    monkeypatch.setenv("TMPDIR", str(theirs))
     _two_contracts(pytester, two_models)
     run(pytester, "-n", "2").assert_outcomes(passed=4)
     assert not any(p.exists() for p in stale) and going.exists() and mine.exists()
+    assert not list(theirs.glob("pytest-ptq-*")) and not list(temp.glob("pytest-ptq-cores-*"))
