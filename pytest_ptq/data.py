@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import os
 import re
+import warnings
 import zipfile
 from pathlib import Path
 
@@ -24,6 +25,10 @@ NP_OF_ONNX = {
     onnx.TensorProto.INT32: np.int32, onnx.TensorProto.INT8: np.int8,
     onnx.TensorProto.UINT8: np.uint8, onnx.TensorProto.BOOL: np.bool_,
 }
+
+
+class PTQDataWarning(UserWarning):
+    """Data that do not hold what was asked of them, though the run can go on."""
 
 
 def _sample_number(path):
@@ -101,6 +106,15 @@ class CalibrationData:
         view = copy.copy(self)
         view.indices = self.indices[:data_num]
         return view
+
+    def first(self, data_num):
+        """:meth:`limit` for a number a user asked for: a :class:`PTQDataWarning` where the
+        data hold fewer samples (the figures say how many they are on, this says why)."""
+        asked = params.data_num(data_num)
+        if asked is not None and asked > len(self):
+            warnings.warn(PTQDataWarning(f"{asked} {self.role} samples were asked for, but "
+                                         f"{self.where!r} holds {len(self)}; all {len(self)} are used"), stacklevel=3)
+        return self.limit(asked)
 
     def subset(self, positions):
         """The samples at ``positions`` (0-based, in this view, in the order given) as a new
@@ -259,7 +273,7 @@ def load_data(calibrated_data, qmodel=None, data_num=None, role="calibration", c
         else:
             raise PTQError(f"{role} data {str(path)!r} does not exist; give a folder with one "
                            "sub-folder of .npy files per model input")
-    data = data.limit(data_num)
+    data = data.first(data_num)
     if qmodel is not None:
         data.validate(qmodel)
     if calibration is not None and _same_data(data, calibration):

@@ -30,7 +30,7 @@ def sample_indices(engine, data_num):
     None). This is where ``data_num`` is applied."""
     if engine.data is None:
         raise PTQError("no calibration data was given; pass calibrated_data (a folder or a mapping)")
-    return list(range(len(engine.data.limit(data_num))))
+    return list(range(len(engine.data.first(data_num))))
 
 
 def targets_for(engine, node_type, interested_nodes=None):

@@ -293,3 +293,20 @@ def test_node_lists_take_exporters_names_whole_and_their_plots_stay_apart(zoo, t
         assert out.startswith(f"{name}: cosine-similarity at the output"), out
         pngs.add(out.split("wrote ")[1].split()[0])
     assert len(pngs) == 3 and all(Path(p).is_file() for p in pngs)
+
+
+def test_more_samples_asked_than_held_says_so_in_one_line(paths, capsys):
+    """``--data-num`` above the data's count runs on every sample (the figures say how many)
+    and says why in one line of standard error, on the CLI as through the API."""
+    from pytest_ptq.data import PTQDataWarning
+
+    held = len(os.listdir(Path(paths["data"]) / os.listdir(paths["data"])[0]))
+    assert main(["get-sensitivity-of-nodes", paths["model"], paths["data"], "-t", "weight", "--data-num", "500",
+                 "--quiet"]) == 0
+    err = capsys.readouterr().err
+    line = f"warning: 500 calibration samples were asked for, but {paths['data']!r} holds {held}; all {held} are used"
+    assert [x for x in err.splitlines() if "warning: 500" in x] == [f"ptq-debug get-sensitivity-of-nodes: {line}"]
+    with pytest.warns(PTQDataWarning, match=f"holds {held}; all {held} are used"):
+        Engine(paths["model"], paths["data"], data_num=500)
+    with pytest.warns(PTQDataWarning):
+        get_sensitivity_of_nodes(Engine(paths["model"], paths["data"]), node_type="weight", data_num=500)

@@ -11,7 +11,7 @@ import pytest
 
 import builders
 from pytest_ptq.curves import plot_acc_error
-from pytest_ptq.data import load_data
+from pytest_ptq.data import PTQDataWarning, load_data
 from pytest_ptq.errors import PTQError
 from pytest_ptq.model import QuantModel
 from pytest_ptq.sensitivity import get_sensitivity_of_nodes
@@ -73,7 +73,8 @@ def test_data_num_takes_the_first_samples(qm, tmp_path):
     arrays = _distinct(11)
     builders.save_folder({"x": arrays}, tmp_path)
     _assert_samples(load_data(tmp_path, qm, data_num=3), arrays[:3])
-    _assert_samples(load_data(tmp_path, qm, data_num=50), arrays)
+    with pytest.warns(PTQDataWarning, match="50 calibration samples were asked for, but .* holds 11; all 11 are used"):
+        _assert_samples(load_data(tmp_path, qm, data_num=50), arrays)
     with pytest.raises(PTQError, match="data_num must be at least 1"):
         load_data(tmp_path, qm, data_num=0)
 

@@ -15,6 +15,7 @@ import importlib
 import io
 import os
 import sys
+import warnings
 
 from .. import __version__, guard
 from ..errors import PTQError
@@ -67,7 +68,8 @@ def main(argv=None):
         return 2
     try:
         inputs = check_outputs(args)
-        with guard.protecting(inputs):
+        with guard.protecting(inputs), warnings.catch_warnings():
+            warnings.showwarning = _warning_printer(args.command)
             if getattr(args, "json", None) != STDOUT:
                 return args.func(args) or 0
             return _json_to_stdout(args)
@@ -80,6 +82,19 @@ def main(argv=None):
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+
+
+def _warning_printer(command):
+    """Python's warning printer with this tool's own warnings as one line each, like its
+    errors (the default adds a file, a line number and a line of our source)."""
+    default = warnings.showwarning
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        if not category.__module__.startswith("pytest_ptq"):
+            return default(message, category, filename, lineno, file, line)
+        print(f"ptq-debug {command}: warning: {message}", file=sys.stderr)
+
+    return show
 
 
 def _json_to_stdout(args):
