@@ -34,6 +34,7 @@ inherited from upstream.
 from __future__ import annotations
 
 import contextlib
+import fnmatch
 import json
 import math
 import os
@@ -103,9 +104,10 @@ def runall(model_or_file, calibrated_data=None, save_dir="ptq_debug_runall", met
 
     Writes ``summary.md`` (the verdict), ``summary.json`` (everything below),
     ``sensitivity_<type>.json`` (reloadable with ``Sensitivity.load``), ``acc_error.png``,
-    ``distributions/*.png`` and ``channelwise/*.png`` (where an earlier runall into the same
-    folder drew figures this one does not, they go). Returns the summary dict; its
-    ``files`` entry holds the paths written.
+    ``distributions/*.png`` and ``channelwise/*.png``. Into a folder an earlier runall wrote,
+    the files its summary lists and this run does not write go; a folder whose summary runall
+    did not write is refused. Until the run ends, ``summary.md`` says it did not finish.
+    Returns the summary dict; its ``files`` entry holds the paths written.
     """
     top = params.positive_int(top, "top")
     average_mode = params.flag(average_mode, "average_mode")
@@ -128,15 +130,60 @@ def runall(model_or_file, calibrated_data=None, save_dir="ptq_debug_runall", met
                        average_mode, start, heldout, rank_samples, time_budget, cache)
 
 
-def _drop_stale(folder, stem, kept):
-    """Remove the figures an earlier runall drew into ``folder`` (its own names, ``stem*.png``)
-    that this one did not: a rerun with a smaller ``top`` left them beside a summary that
-    lists fewer."""
-    kept = {Path(p).name for p in kept}
-    for old in folder.glob(stem + "*.png") if folder.is_dir() else ():
-        if old.name not in kept:
-            with contextlib.suppress(OSError):
-                old.unlink()
+# what runall writes into its folder: the only names it ever removes there
+_OWN = ("summary.md", "summary.json", "acc_error.png", "sensitivity_*.json", "distributions/distribution_*.png",
+        "channelwise/channelwise_*.png")
+_UNFINISHED = ("# runall did not finish\n\nThis folder's files may come from several runs: an interrupted runall "
+               "left it. Run runall again.\n")
+
+
+def _own(out, path):
+    """``path`` (as a summary lists it) under ``out`` when it is one of runall's names there,
+    else None: a summary edited by hand cannot make runall remove a user's file."""
+    path = Path(path)
+    sub = path.parent.name if path.parent.name in ("distributions", "channelwise") else ""
+    rel = f"{sub}/{path.name}" if sub else path.name
+    return out / rel if any(fnmatch.fnmatchcase(rel, pattern) for pattern in _OWN) else None
+
+
+def _listed(files):
+    """Every path in a summary's ``files`` entry (strings in nested dicts and lists)."""
+    if isinstance(files, str):
+        return [files]
+    if isinstance(files, dict):
+        files = list(files.values())
+    return [p for f in files for p in _listed(f)] if isinstance(files, list) else []
+
+
+def _take_folder(out):
+    """Claim ``out`` for this run; returns the files an earlier runall listed there (its own
+    names only). A summary there that runall did not write is refused rather than replaced.
+    Until this run ends, its summary says the folder is unfinished and lists the earlier
+    files, so that an interrupted run leaves no summary describing other files, and the next
+    run still knows which files are runall's."""
+    earlier, found = set(), [n for n in ("summary.md", "summary.json") if (out / n).exists()]
+    if found:
+        try:
+            old = json.loads((out / "summary.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            old = None
+        if not (isinstance(old, dict) and old.get("tool") == "pytest-ptq" and isinstance(old.get("files"), (dict, list))):
+            raise PTQError(f"{shown(str(out))} holds a {' and a '.join(found)} that runall did not write; give runall a "
+                           "folder of its own (a new one, or one an earlier runall wrote)")
+        earlier = {_own(out, f) for f in _listed(old["files"])} - {None}
+    guard.write_text(out / "summary.md", _UNFINISHED)
+    guard.write_text(out / "summary.json", json.dumps({"tool": "pytest-ptq", "version": __version__, "unfinished": True,
+                                                       "files": sorted(map(str, earlier))}, indent=1))
+    return earlier
+
+
+def _drop_earlier(out, earlier, files):
+    """Remove the files an earlier runall into this folder wrote and this one did not (a rerun
+    with a smaller ``top`` or other node types left them beside a summary that lists fewer)."""
+    kept = {_own(out, p) for p in _listed(files)}
+    for old in earlier - kept:
+        with contextlib.suppress(OSError):
+            old.unlink()
 
 
 def _cache_for(cache, engine):
@@ -168,6 +215,7 @@ def _runall(engine, out, metrics, output_node, node_type, data_num, top, axis, p
     for name in ("summary.md", "summary.json", "acc_error.png", *(f"sensitivity_{t}.json" for t in types)):
         guard.claim(out / name)
     guard.makedirs(out)
+    earlier = _take_folder(out)
     timings, files, steps = {}, {"sensitivity": {}}, 4
 
     budget = "" if rank_samples is not None else (
@@ -215,8 +263,6 @@ def _runall(engine, out, metrics, output_node, node_type, data_num, top, axis, p
                                        lambda folder, d=d: draw_channelwise(d, folder, dist.get(d["node"])))
         files["distributions"] = [d["png"] for d in dist.values()]
         files["channelwise"] = [d["png"] for d in boxes.values() if "skipped" not in d]
-        for kind, stem in (("distributions", "distribution_"), ("channelwise", "channelwise_")):
-            _drop_stale(out / kind, stem, files[kind])
 
     with _step(timings, "curves", f"[3/{steps}] weight-only, activation-only and full error curves",
                progress):
@@ -279,6 +325,7 @@ def _runall(engine, out, metrics, output_node, node_type, data_num, top, axis, p
     summary = json_safe(summary)
     guard.write_text(Path(files["summary_md"]), markdown(summary))
     guard.write_text(Path(files["summary_json"]), json.dumps(summary, indent=1))
+    _drop_earlier(out, earlier, files)
     return summary
 
 

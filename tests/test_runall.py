@@ -343,16 +343,57 @@ def test_runall_keeps_results_in_a_folder_given_as_its_cache_and_refuses_other_v
 
 
 def test_a_rerun_into_the_same_folder_leaves_only_its_own_figures(setup, tmp_path):
+    """A rerun removes what the earlier run listed and it does not write (figures of a larger
+    ``top``, the sensitivity of a node type it does not rank), and nothing of the user's, even
+    under runall's own names."""
     out = tmp_path / "again"
     runall(setup["qa"], setup["folder"], save_dir=out, top=3, progress=False)
-    mine = out / "distributions" / "mine.png"  # a file of the user's own, not runall's name
-    mine.write_bytes(b"x")
-    summary = runall(setup["qa"], setup["folder"], save_dir=out, top=1, progress=False)
+    mine = [out / "distributions" / "mine.png", out / "distributions" / "distribution_mine.png",
+            out / "channelwise" / "channelwise_mine.png", out / "sensitivity_mine.json"]
+    for p in mine:
+        p.write_bytes(b"x")
+    summary = runall(setup["qa"], setup["folder"], save_dir=out, top=1, node_type="activation", progress=False)
     for kind in ("distributions", "channelwise"):
         listed = {Path(p).name for p in summary["files"][kind]}
-        drawn = {p.name for p in (out / kind).glob("*.png")} - {"mine.png"}
+        drawn = {p.name for p in (out / kind).glob("*.png")} - {p.name for p in mine}
         assert drawn == listed
-    assert mine.read_bytes() == b"x"
+    assert sorted(p.name for p in out.glob("sensitivity_*.json")) == ["sensitivity_activation.json",
+                                                                      "sensitivity_mine.json"]
+    assert all(p.read_bytes() == b"x" for p in mine)
+
+
+def test_a_folder_with_a_summary_runall_did_not_write_is_refused(setup, tmp_path):
+    out = tmp_path / "notes"
+    out.mkdir()
+    (out / "summary.md").write_text("my notes")
+    with pytest.raises(PTQError, match="holds a summary.md that runall did not write; give runall a folder of its own"):
+        runall(setup["qa"], setup["folder"], save_dir=out, top=1, progress=False)
+    assert (out / "summary.md").read_text() == "my notes" and sorted(out.iterdir()) == [out / "summary.md"]
+
+
+def test_an_interrupted_run_leaves_a_summary_that_says_so_and_the_next_run_cleans_up(setup, tmp_path, monkeypatch):
+    """Interrupted after its rankings, runall left the earlier run's summary beside the new
+    rankings, a folder that looked whole. Its summary now says it did not finish; the next
+    run still knows the earlier run's files and removes those it does not write."""
+    import pytest_ptq.runall as module
+
+    out = tmp_path / "cut"
+    runall(setup["qa"], setup["folder"], save_dir=out, top=3, progress=False)
+    three = {p for p in out.rglob("*.png")}
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(module, "collect", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        runall(setup["qa"], setup["folder"], save_dir=out, top=1, metrics=["mse"], progress=False)
+    assert "did not finish" in (out / "summary.md").read_text()
+    assert json.loads((out / "summary.json").read_text())["unfinished"] is True
+    monkeypatch.undo()
+    summary = runall(setup["qa"], setup["folder"], save_dir=out, top=1, progress=False)
+    drawn = set(out.rglob("*.png"))
+    assert drawn == {Path(p) for k in ("distributions", "channelwise") for p in summary["files"][k]} | {
+        Path(summary["files"]["acc_error"])} and drawn < three
 
 
 def test_a_node_that_costs_far_more_than_the_structural_fixes_comes_first_in_the_plan():
