@@ -704,19 +704,24 @@ def _reference_engine(model_or_file, qm, cal, float_model, libraries):
 
 # -- entry point ---------------------------------------------------------------------------------
 def check_data(model_or_file, calibrated_data=None, heldout=None, data_num=None, float_model=None,
-               metric="cosine-similarity", threshold=None, expect_mean=None, expect_std=None, progress=None,
+               metric=None, threshold=None, expect_mean=None, expect_std=None, progress=None,
                custom_op_libraries=()):
     """Check calibration data (and a held-out set) against the model.
 
     ``model_or_file``: the calibrated QDQ model (a float model works too, without the
     range and held-out checks), or an :class:`Engine` whose model and data are reused. ``expect_mean``/``expect_std``: per-channel statistics that
-    correctly preprocessed data should have (after normalisation). ``threshold`` applies to
-    ``metric`` for the held-out comparison (default 0.99 for cosine similarity).
+    correctly preprocessed data should have (after normalisation). ``metric`` (default cosine
+    similarity) and ``threshold`` (default 0.99 for cosine similarity) judge the held-out
+    comparison alone: an error where the calibration data keep the threshold and the held-out
+    data do not; without ``heldout`` they are refused, as they would judge nothing.
     ``custom_op_libraries``: onnxruntime libraries the model's custom Q/DQ ops need (the
     held-out comparison runs the model). Returns a :class:`DataReport`, findings ordered
     error, warning, info.
     """
-    m = get_metric(metric)
+    if heldout is None and (metric is not None or threshold is not None):
+        raise PTQError("metric and threshold (--metric, --threshold) judge the held-out comparison alone; give "
+                       "held-out data (--heldout) or leave them out")
+    m = get_metric("cosine-similarity" if metric is None else metric)
     threshold = None if threshold is None else params.threshold(threshold, m.name)
     expect_mean = params.numbers_list(expect_mean, "expect_mean")
     expect_std = params.numbers_list(expect_std, "expect_std", positive=True)

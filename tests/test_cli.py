@@ -310,3 +310,56 @@ def test_more_samples_asked_than_held_says_so_in_one_line(paths, capsys):
         Engine(paths["model"], paths["data"], data_num=500)
     with pytest.warns(PTQDataWarning):
         get_sensitivity_of_nodes(Engine(paths["model"], paths["data"]), node_type="weight", data_num=500)
+
+
+def _exits_2(capsys, argv, message):
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and message in err and "Traceback" not in err, err
+    return err
+
+
+def test_no_option_is_taken_for_another_by_a_prefix(paths, tmp_path, capsys):
+    """argparse took a prefix of a long option for the option (``--out`` as ``--output-node``),
+    and a one-dash prefix whatever it was told: ``-n``, plot-distribution's node option, read
+    as plot-acc-error's ``-nq``, the opposite configuration, with status 0."""
+    _exits_2(capsys, ["plot-acc-error", paths["model"], paths["data"], "-n", "c2_QuantizeLinear", "-s",
+                      str(tmp_path / "p")], "-n is not an option of plot-acc-error")
+    _exits_2(capsys, ["get-sensitivity-of-nodes", paths["model"], paths["data"], "--interested", "c2_QuantizeLinear"],
+             "unrecognized arguments: --interested")
+    assert not (tmp_path / "p").exists()
+
+
+def test_a_list_option_given_twice_joins_its_lists(paths, tmp_path):
+    """``-i A -i B`` ranked B alone, ``-m cosine-similarity -m mse`` reported mse alone."""
+    out = tmp_path / "twice.json"
+    assert main(["get-sensitivity-of-nodes", paths["model"], paths["data"], "-t", "activation", "--data-num", "2",
+                 "-i", "c2_QuantizeLinear", "-i", "r2_QuantizeLinear", "-m", "cosine-similarity", "-m", "mse",
+                 "--json", str(out), "--quiet"]) == 0
+    saved = json.loads(out.read_text())
+    assert sorted(saved["ranking"]) == ["c2_QuantizeLinear", "r2_QuantizeLinear"]
+    assert saved["metrics"] == ["cosine-similarity", "mse"]
+
+
+def test_an_error_of_the_tool_itself_exits_3_apart_from_a_finding(paths, capsys, monkeypatch):
+    """A bug exited 1 with a traceback, the status check-data, stages and suggest give a
+    finding: CI could not tell them apart. Its traceback stays (for the report), then one line."""
+    import pytest_ptq.cli.listing as listing
+
+    def broken(*args, **kwargs):
+        raise ZeroDivisionError("division by zero")
+
+    monkeypatch.setattr(listing, "format_table", broken)
+    assert main(["list-nodes", paths["model"]]) == 3
+    err = capsys.readouterr().err
+    assert "Traceback" in err and err.splitlines()[-1].startswith(
+        "ptq-debug list-nodes: internal error (ZeroDivisionError: division by zero); this is a bug in pytest-ptq")
+
+
+def test_check_data_refuses_a_threshold_without_held_out_data(paths, capsys):
+    """--threshold and --metric judge only the held-out comparison: without --heldout they were
+    ignored and the data read 'no problem found' against a threshold the model misses."""
+    for extra in (["--threshold", "0.9999"], ["--metric", "mse"]):
+        assert main(["check-data", paths["model"], paths["data"], "--quiet", *extra]) == 2
+        assert "judge the held-out comparison alone; give held-out data (--heldout)" in capsys.readouterr().err

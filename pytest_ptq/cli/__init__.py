@@ -23,6 +23,13 @@ from .args import STDOUT, check_outputs
 
 # Exit status of a command whose reader went away, as a shell reports a tool SIGPIPE ended.
 BROKEN_PIPE = 128 + 13
+# Exit status of an error of this tool's own (a bug), apart from 1, which a check's finding
+# takes (check-data, stages, suggest), so that CI can tell a finding from a crash.
+INTERNAL_ERROR = 3
+EXIT_STATUS = ("exit status: 0 done (runall, rankings and plots whatever they find); 1 a check found a problem "
+               "(check-data an error, stages a stage below its threshold, suggest a target missed); 2 bad input or "
+               "options; 3 an error of ptq-debug itself (please report it with its traceback); 130 interrupted; "
+               "141 the reader of standard output went away")
 
 # The modules whose COMMANDS make up ptq-debug, in the order `ptq-debug -h` lists them.
 _MODULES = ("sensitivity", "curves", "distribution", "runall", "remedy", "stages", "datacheck", "listing")
@@ -44,13 +51,15 @@ class Parser(argparse.ArgumentParser):
 
 
 def build_parser():
+    # allow_abbrev off: a prefix of a long option matched another one in silence (-n on
+    # plot-acc-error read as -nq, the opposite configuration)
     parser = Parser(
-        prog="ptq-debug",
+        prog="ptq-debug", allow_abbrev=False, epilog=EXIT_STATUS,
         description="Find why a post-training-quantized ONNX (QDQ) model lost accuracy.")
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     subs = parser.add_subparsers(dest="command", metavar="COMMAND")
     for cmd in commands():
-        p = subs.add_parser(cmd.name, help=cmd.help, description=cmd.help)
+        p = subs.add_parser(cmd.name, help=cmd.help, description=cmd.help, allow_abbrev=False, epilog=EXIT_STATUS)
         cmd.configure(p)
         p.set_defaults(func=cmd.run)
     return parser
@@ -82,6 +91,13 @@ def main(argv=None):
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except Exception as exc:  # noqa: BLE001 - a bug of ours: its traceback, then one line, and a status of its own
+        import traceback
+
+        traceback.print_exc()
+        print(f"ptq-debug {args.command}: internal error ({type(exc).__name__}: {exc}); this is a bug in "
+              f"pytest-ptq {__version__}: please report it with the traceback above", file=sys.stderr)
+        return INTERNAL_ERROR
 
 
 def _warning_printer(command):

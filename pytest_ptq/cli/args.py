@@ -141,14 +141,30 @@ def add_metrics(p, what="the first sorts the ranking"):
                         "Default: cosine-similarity")
 
 
-class SeedList(argparse.Action):
-    """A ``nargs="+"`` option that also takes the seed's bracketed Python list, quoted
+class Listed(argparse.Action):
+    """A ``nargs="+"`` option that may be given more than once: its lists join (argparse's own
+    keeps the last, so ``-i A -i B`` ranked B alone); the first replaces the default."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        given = namespace.__dict__.setdefault("_given", set())
+        values = self.convert(values)
+        if self.dest in given:
+            values = [*getattr(namespace, self.dest), *values]
+        given.add(self.dest)
+        setattr(namespace, self.dest, values)
+
+    def convert(self, values):
+        return list(values)
+
+
+class SeedList(Listed):
+    """A :class:`Listed` option that also takes the seed's bracketed Python list, quoted
     (``-q "[['Conv_2'], ['Conv_2', 'Conv_90']]"``) or as the shell splits it unquoted
     (``-m [cosine-similarity, mse]``): stored as that list (of strings, or of lists of strings
     for the seed's groups); other values as given."""
 
-    def __call__(self, parser, namespace, values, option_string=None):
-        setattr(namespace, self.dest, seed_list(values))
+    def convert(self, values):
+        return seed_list(values)
 
 
 def seed_list(values):
@@ -175,7 +191,7 @@ def add_metric(p, what):
 
 
 def add_output_node(p):
-    p.add_argument("-o", "--output-node", nargs="+", default=None, metavar="OUTPUT",
+    p.add_argument("-o", "--output-node", nargs="+", action=Listed, default=None, metavar="OUTPUT",
                    help="outputs to compare: a tensor, a node, or a slice 'name=out[:, 0:4]'. "
                         "Default: every float model output (a label or mask output is left out unless named; a "
                         "concatenation of parts whose magnitudes differ 10x or more, such as a detector's boxes "

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import argparse
+
 from ..curves import plot_acc_error
 from ..verdict import pole_cause
 from . import args as a
@@ -38,6 +40,12 @@ def run(args):
     a.warn_if_simulated_otherwise(args, engine)
 
 
+class _NotAnOption(argparse.Action):
+    def __call__(self, parser, namespace, values, option_string=None):
+        parser.error("-n is not an option of plot-acc-error: -q NODE quantizes only NODE, -nq NODE everything but "
+                     "NODE")
+
+
 def configure(p):
     a.add_model(p)
     g = p.add_mutually_exclusive_group()
@@ -47,6 +55,9 @@ def configure(p):
                         "quantized")
     g.add_argument("-nq", "--non-quantize-node", nargs="+", action=a.SeedList, default=None, metavar="NODE",
                    help="one config per entry with everything but it quantized (the same forms)")
+    # argparse matches a prefix of a one-dash option whatever allow_abbrev says: -n (the node
+    # option of plot-distribution) read as -nq, the opposite configuration, in silence
+    p.add_argument("-n", nargs="*", action=_NotAnOption, help=argparse.SUPPRESS)
     a.add_metric(p, "the metric of the curves")
     p.add_argument("--average", action="store_true", help="plot the running mean of each curve")
     p.add_argument("--no-local", action="store_true", help="skip the local error markers")

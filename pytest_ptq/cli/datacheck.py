@@ -40,15 +40,19 @@ def configure(p):
     a.add_model(p, engine=False)
     p.add_argument("--heldout", default=None, metavar="DIR",
                    help="held-out data in the same layout, to check that the calibration set represents it")
-    p.add_argument("--expect-mean", type=a.number, nargs="+", default=None, metavar="M",
+    p.add_argument("--expect-mean", type=a.number, nargs="+", action=a.Listed, default=None, metavar="M",
                    help="per-channel means correctly preprocessed data should have (e.g. 0 0 0 after normalisation; "
                    "one number stands for every channel)")
-    p.add_argument("--expect-std", type=a.positive, nargs="+", default=None, metavar="S",
+    p.add_argument("--expect-std", type=a.positive, nargs="+", action=a.Listed, default=None, metavar="S",
                    help="per-channel standard deviations correctly preprocessed data should have (one number: every "
                    "channel)")
-    a.add_metric(p, "metric for the held-out comparison")
+    p.add_argument("--metric", default=None, metavar="METRIC",
+                   help=f"with --heldout: the metric of the held-out comparison; one of {', '.join(a.METRICS)}. "
+                        "Default: cosine-similarity")
     p.add_argument("--threshold", type=a.number, default=None,
-                   help="value of --metric the quantized model must keep. Default: 0.99 for cosine-similarity")
+                   help="with --heldout: the value of --metric the fully quantized model keeps on the calibration data "
+                        "and must keep on the held-out data (an error where it does not). Default: 0.99 for "
+                        "cosine-similarity, else none (then a gap between the two is a warning)")
     a.add_json(p)
 
 

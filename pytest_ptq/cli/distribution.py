@@ -51,7 +51,7 @@ def run_distribution(args):
 
 def configure_distribution(p):
     a.add_model(p)
-    p.add_argument("-n", "--nodes", nargs="+", required=True, metavar="NODE",
+    p.add_argument("-n", "--nodes", nargs="+", action=a.Listed, required=True, metavar="NODE",
                    help="calibration or normal nodes to plot (also the seed's \"['a','b']\" form)")
     a.add_save_dir(p)
     p.add_argument("--bins", type=a.bins, default=HIST_BINS, help=f"histogram bins. Default: {HIST_BINS}")
@@ -78,7 +78,7 @@ def run_channelwise(args):
 
 def configure_channelwise(p):
     a.add_model(p)
-    p.add_argument("-n", "--nodes", nargs="+", required=True, metavar="NODE",
+    p.add_argument("-n", "--nodes", nargs="+", action=a.Listed, required=True, metavar="NODE",
                    help="calibration nodes (also the seed's \"['a','b']\" form)")
     p.add_argument("--axis", type=int, default=None,
                    help="channel axis of the input. Default: inferred (1 for NCHW, last for [B, T, C])")

@@ -133,7 +133,7 @@ def configure(p):
                    help="keep nodes in float, raise them to 16 bit, quantize them per channel, or choose per node "
                         "(mixed, see --cost). Default: float")
     shown = " ".join(f"{k}={v:g}" for k, v in DEFAULT_COSTS.items())
-    p.add_argument("--cost", nargs="+", type=_cost, default=None, metavar="KIND=COST",
+    p.add_argument("--cost", nargs="+", action=a.Listed, type=_cost, default=None, metavar="KIND=COST",
                    help="with --remedy mixed: the kinds a node may take and the cost of each (bytes per element "
                         "by default), or 'nodes' for the fewest non-int8 nodes. Default: " + shown)
     p.add_argument("--search", default="refine", choices=("refine", "greedy"),
@@ -142,7 +142,7 @@ def configure(p):
     p.add_argument("--budget", type=a.seconds, default=None, metavar="SECONDS",
                    help="stop after this long and report the best result so far. Default: no limit")
     a.add_output_node(p)
-    p.add_argument("--candidates", nargs="+", default=None, metavar="NODE",
+    p.add_argument("--candidates", nargs="+", action=a.Listed, default=None, metavar="NODE",
                    help="consider only these calibration or normal nodes. Default: every eligible node that the "
                         "quantizer which made the model can remedy in its own terms")
     p.add_argument("--full-curve", action="store_true",

@@ -25,7 +25,7 @@ def configure(p):
     a.add_save_dir(p, "ptq_debug_runall")
     a.add_top(p, "nodes of each ranking that get distributions and box plots", 5)
     a.add_metrics(p, "the first sorts the rankings and draws the curves")
-    p.add_argument("-t", "--node-type", nargs="+", default=None, choices=["node", "weight", "activation"],
+    p.add_argument("-t", "--node-type", nargs="+", action=a.Listed, default=None, choices=["node", "weight", "activation"],
                    metavar="TYPE", help="rankings to compute: node, weight, activation. Default: weight activation")
     a.add_output_node(p)
     p.add_argument("--axis", type=int, default=None, help="channel axis for the box plots. Default: inferred per node")

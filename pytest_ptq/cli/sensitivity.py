@@ -52,7 +52,7 @@ def configure_sensitivity(p):
     p.add_argument("-t", "--node-type", default="node", choices=["node", "weight", "activation"],
                    help="which nodes to rank. Default: node")
     a.add_output_node(p)
-    p.add_argument("-i", "--interested-nodes", nargs="+", default=None, metavar="NODE",
+    p.add_argument("-i", "--interested-nodes", nargs="+", action=a.Listed, default=None, metavar="NODE",
                    help="rank only these nodes. Default: all of the node type")
     a.add_top(p)
     a.add_json(p)
