@@ -740,7 +740,8 @@ def check_data(model_or_file, calibrated_data=None, heldout=None, data_num=None,
     if qm is None:
         findings.append(Finding("no-qdq", "info", f"{source} has no Q/DQ pairs: range and held-out checks need "
                                 "the calibrated model", "pass the calibrated QDQ model"))
-    with Progress(total + (2 * sum(len(d) for d in datasets.values()) if heldout is not None else 0),
+    # the held-out comparison runs each sample of both sets once (one step each)
+    with Progress(total + (sum(len(d) for d in datasets.values()) if heldout is not None else 0),
                   "check data", enabled=progress) as bar:
         for dataset, data in datasets.items():
             scans[dataset] = _scan(data, specs, dataset, bar)

@@ -331,6 +331,23 @@ def test_heldout_gap_in_the_output_metric_is_flagged(net, tmp_path):
     assert "heldout-gap" not in same.checks() and "heldout-worse" in same.checks()
 
 
+def test_the_progress_of_a_held_out_check_ends_at_its_total(net, monkeypatch):
+    """It counted every sample of the held-out comparison twice and ended at 272/408."""
+    import pytest_ptq.datacheck as datacheck
+    from pytest_ptq.progress import Progress
+
+    ended = []
+
+    class Recorded(Progress):
+        def __exit__(self, *exc):
+            ended.append((self.done, self.total))
+            return super().__exit__(*exc)
+
+    monkeypatch.setattr(datacheck, "Progress", Recorded)
+    check_data(net["qdq"], net["data"], heldout={"x": net["data"]["x"][::-1]}, threshold=1.0, progress=False)
+    assert ended == [(4 * len(net["data"]["x"]),) * 2]
+
+
 def test_the_heldout_comparison_says_when_its_metric_cannot_see_an_output(tmp_path):
     fpath = builders.offset_net(tmp_path / "f.onnx", offset=300.0)
     data = builders.samples(4, size=8)
