@@ -437,13 +437,14 @@ def _data_check(value, where):
                                    where)}
 
 
-def load_function(spec, base, where):
-    """The function named by ``FILE.py:NAME`` (relative to ``base``) or ``module:NAME``."""
+def load_function(spec, base, label):
+    """The function named by ``FILE.py:NAME`` (relative to ``base``) or ``module:NAME``;
+    ``label`` names where it was given in messages (a contract's field, an option)."""
     target, _, name = spec.rpartition(":")
     if target.endswith(".py"):
         file = (base / target).resolve()
         if not file.is_file():
-            raise ContractError(f"{where}: 'accuracy.evaluate' file {str(file)!r} does not exist")
+            raise ContractError(f"{label} file {str(file)!r} does not exist")
         mod_name = f"ptq_contract_{abs(hash(str(file)))}"
         module = sys.modules.get(mod_name)
         if module is None:
@@ -462,7 +463,7 @@ def load_function(spec, base, where):
                             line = tb.tb_lineno
                         tb = tb.tb_next
                 at = f" at line {line}" if line else ""
-                raise ContractError(f"{where}: 'accuracy.evaluate' file {str(file)!r} fails to import{at} "
+                raise ContractError(f"{label} file {str(file)!r} fails to import{at} "
                                     f"({type(exc).__name__}: {clip(str(exc).splitlines()[0] if str(exc) else '')}); "
                                     "fix the file") from None
             finally:
@@ -472,11 +473,11 @@ def load_function(spec, base, where):
         try:
             module = importlib.import_module(target)
         except Exception as exc:  # ImportError, or whatever the module raises on import
-            raise ContractError(f"{where}: 'accuracy.evaluate' module {shown(target)} cannot be imported "
+            raise ContractError(f"{label} module {shown(target)} cannot be imported "
                                 f"({type(exc).__name__}: {clip(str(exc))})") from None
     fn = getattr(module, name, None)
     if not callable(fn):
-        raise ContractError(f"{where}: 'accuracy.evaluate' names {name!r}, which {target} does not define "
+        raise ContractError(f"{label} names {name!r}, which {target} does not define "
                             "as a function")
     return fn
 
@@ -557,7 +558,7 @@ class ContractItem(pytest.Item):
         elif self.name == "nodes":
             result = ptq.check_nodes(c.nodes["threshold"], metric=c.nodes["metric"], outputs=c.node_outputs)
         elif self.name == "accuracy":
-            fn = load_function(c.accuracy["evaluate"], c.path.parent, f"contract {self.path.name!r}")
+            fn = load_function(c.accuracy["evaluate"], c.path.parent, f"contract {self.path.name!r}: 'accuracy.evaluate'")
             result = ptq.check_accuracy(fn, c.accuracy["min_ratio"])
         elif self.name == "data_check":
             result = ptq.check_data(c.data_check["max_severity"])

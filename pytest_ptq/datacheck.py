@@ -718,11 +718,12 @@ def check_data(model_or_file, calibrated_data=None, heldout=None, data_num=None,
     held-out comparison runs the model). Returns a :class:`DataReport`, findings ordered
     error, warning, info.
     """
-    if heldout is None and (metric is not None or threshold is not None):
+    m = get_metric("cosine-similarity" if metric is None else metric)
+    asked = metric is not None or threshold is not None
+    threshold = None if threshold is None else params.threshold(threshold, m.name)
+    if heldout is None and asked:
         raise PTQError("metric and threshold (--metric, --threshold) judge the held-out comparison alone; give "
                        "held-out data (--heldout) or leave them out")
-    m = get_metric("cosine-similarity" if metric is None else metric)
-    threshold = None if threshold is None else params.threshold(threshold, m.name)
     expect_mean = params.numbers_list(expect_mean, "expect_mean")
     expect_std = params.numbers_list(expect_std, "expect_std", positive=True)
     custom_op_libraries = params.libraries(custom_op_libraries)

@@ -124,6 +124,9 @@ def test_cli_evaluate_with_a_ratio_and_its_exit_sentence(task, tmp_path, capsys,
     assert "not --target-cosine" in capsys.readouterr().err
     assert main(["suggest", str(t["qdq"]), str(t["cal_dir"]), "--evaluate", "missing.py:top1", "--no-save"]) == 2
     assert "does not exist" in capsys.readouterr().err
+    # named as the option it was given by, not as a contract's field
+    assert main(["suggest", str(t["qdq"]), str(t["cal_dir"]), "--evaluate", "nomodule_here:top1", "--no-save"]) == 2
+    assert "error: --evaluate module 'nomodule_here' cannot be imported" in capsys.readouterr().err
     # a function that raises: one sentence naming its line, no traceback through ours
     (t["root"] / "boom.py").write_text("def top1(run, data):\n    return 1 / 0\n")
     assert main(["suggest", str(t["qdq"]), str(t["cal_dir"]), "--evaluate", "boom.py:top1", "--no-save",
