@@ -98,10 +98,14 @@ def instrument(qmodel, gates, extra_outputs=(), local=False, shared=None):
     for name, alt in gates.alternatives.items():
         k = gates.alt_flags[name]
         graph.input.append(helper.make_tensor_value_info(k, onnx.TensorProto.BOOL, []))
-        # the alternative's arithmetic runs in the dtype of the tensor it quantizes (fp16 graphs)
-        dtype = onnx.helper.tensor_dtype_to_np_dtype(_float_type(qmodel, qmodel.calibration[name]))
+        # the alternative's arithmetic runs in the dtype of the tensor it quantizes, float32
+        # for a 16-bit float one (see _alternative_branch), on a scale of the tensor's type
+        # (a DequantizeLinear's scale has its output's)
+        own = _float_type(qmodel, qmodel.calibration[name])
+        dtype = onnx.helper.tensor_dtype_to_np_dtype(_alternative_type(own))
+        scale = np.asarray(alt.scale).astype(onnx.helper.tensor_dtype_to_np_dtype(own))
         graph.initializer.extend([
-            numpy_helper.from_array(np.asarray(alt.scale).astype(dtype), f"{k}::scale"),
+            numpy_helper.from_array(scale.astype(dtype), f"{k}::scale"),
             numpy_helper.from_array(np.asarray(alt.zero_point).astype(dtype), f"{k}::zp"),
             numpy_helper.from_array(np.asarray(alt.qmin).astype(dtype), f"{k}::qmin"),
             numpy_helper.from_array(np.asarray(alt.qmax).astype(dtype), f"{k}::qmax")])
@@ -433,16 +437,31 @@ def _alternative_branch(gates, c, original):
     out_nodes, outs = [], []
     for j, _ in enumerate(c.dq_nodes):
         p = f"ptq_a::{c.name}::{j}"
+        elem = original.output[j].type.tensor_type.elem_type
+        wide = _alternative_type(elem)
+        if wide != elem:  # a 16-bit float holds whole numbers up to 2048 only: no 16-bit codes
+            out_nodes.append(helper.make_node("Cast", [src], [f"{p}::x"], to=wide))
         out_nodes += [
-            *_on_grid(src, f"{k}::scale", f"{k}::zp", f"{k}::qmin", f"{k}::qmax", f"{p}::c"),
+            *_on_grid(f"{p}::x" if wide != elem else src, f"{k}::scale", f"{k}::zp", f"{k}::qmin", f"{k}::qmax",
+                      f"{p}::c"),
             helper.make_node("Sub", [f"{p}::c", f"{k}::zp"], [f"{p}::s"]),
-            helper.make_node("Mul", [f"{p}::s", f"{k}::scale"], [f"{p}::y"]),
+            helper.make_node("Mul", [f"{p}::s", f"{k}::scale"], [f"{p}::w" if wide != elem else f"{p}::y"]),
         ]
+        if wide != elem:  # back to the graph's type, as a DequantizeLinear with a half scale gives it
+            out_nodes.append(helper.make_node("Cast", [f"{p}::w"], [f"{p}::y"], to=elem))
         outs.append(helper.make_value_info(f"{p}::y", original.output[j].type))
     alt_g = helper.make_graph(out_nodes, f"ptq_alt_{c.name}", [], outs)
     wrapped = [helper.make_value_info(f"ptq_w::{c.name}::{j}", o.type) for j, o in enumerate(original.output)]
-    node = helper.make_node("If", [k], [o.name for o in wrapped], then_branch=alt_g, else_branch=original)
+    # named: inlined as Where nodes (half graphs, see lowered), an unnamed If named them all alike
+    node = helper.make_node("If", [k], [o.name for o in wrapped], name=f"ptq_alt_if::{c.name}", then_branch=alt_g,
+                            else_branch=original)
     return helper.make_graph([node], f"ptq_qa_{c.name}", [], wrapped)
+
+
+def _alternative_type(elem):
+    """The float type an alternative's arithmetic runs in for a tensor of type ``elem``:
+    float32 for the 16-bit floats, whose whole numbers stop at 2048 (float16) or 256."""
+    return onnx.TensorProto.FLOAT if elem in HALF_TYPES else elem
 
 
 def local_clones(qmodel, names=None):
