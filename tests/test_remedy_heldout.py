@@ -245,3 +245,21 @@ def test_the_held_out_engine_keeps_every_option_of_the_search_engine(tmp_path):
     assert (held.memory, held.workers, held.optimization, held.libraries) == (
         engine.memory, engine.workers, engine.optimization, engine.libraries)
     assert held.data is not engine.data and len(held.data) == 2
+
+
+def test_a_set_the_confirmation_samples_confirm_is_kept_over_no_remedy(side):
+    """Without held-out data: smooth images (which the noise-calibrated side pair clips) to
+    search on, noise to confirm on. The confirmation samples meet the target as given too;
+    they preferred that cheaper 'no remedy' and the search's set was dropped, with status 0
+    while the search samples read far short of the target. A set they confirm stays."""
+    confirm = [2, 5, 8, 11, 14]
+    mixed = {"x": [side["cal"]["x"][i] if i in confirm else side["held"]["x"][i] for i in range(N)]}
+    search = [i for i in range(N) if i not in confirm]
+    # independently: as given, the search samples miss the target and the confirmation samples meet it
+    assert cosine_with(side, [], mixed, search) < TARGET <= cosine_with(side, [], mixed, confirm)
+    r = suggest_remedy(str(side["qdq"]), mixed, target=TARGET, remedy="float", requantize_check=False)
+    assert r.judged_on == "confirmation" and r.split["confirmation"] == confirm
+    assert r.nodes and r.met and not r.judge_chose
+    assert cosine_with(side, r.nodes, mixed, search) >= TARGET
+    assert r.figures["search"]["after"] == pytest.approx(cosine_with(side, r.nodes, mixed, search), abs=1e-6)
+    assert r.figures["calibration"]["met"]
