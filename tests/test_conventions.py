@@ -641,3 +641,25 @@ X
                 off = np.abs(got[k] - sixteen[i][k]).max()
                 gain = np.abs(eight[i][k] - sixteen[i][k]).max()  # what 16 bits change in the file
                 assert off < gain, (base, c.name, k, off, gain)
+
+
+def test_blocked_weights_are_titled_per_block_not_per_tensor(made, tmp_path, monkeypatch):
+    """Model Optimizer's int4 weights carry a scale per block of 32: list-nodes said so, the
+    figures' titles said "per tensor" and drew one rounding bound from the largest scale."""
+    from pytest_ptq import channelwise
+    from pytest_ptq.distribution import get_channelwise_data_distribution, plot_distribution, plots
+
+    qpath, fpath, data, feeds = made("modelopt_int4", "mlp")
+    engine = Engine(qpath, data, float_model=fpath)
+    [node, *_] = [c.name for c in engine.qmodel.calibration.values() if c.block_size]
+    saved = []
+    for module in (plots, channelwise):
+        monkeypatch.setattr(module, "save_figure", lambda fig, path, tight=True, save=module.save_figure:
+                            (saved.append(fig), save(fig, path, tight))[1])
+    plot_distribution(tmp_path / "d", engine, nodes_list=[node])
+    get_channelwise_data_distribution(tmp_path / "b", engine, nodes_list=[node])
+    titles = [fig._suptitle.get_text() if fig._suptitle else fig.axes[0].get_title() for fig in saved]
+    assert len(titles) == 2 and all("per block of 32" in t and "per tensor" not in t for t in titles), titles
+    legends = [t.get_text() for ax in saved[0].axes if ax.get_legend() for t in ax.get_legend().get_texts()]
+    assert not any("rounding bound" in t for t in legends), legends
+    assert any(t.startswith("widest of the ranges [") for t in legends), legends

@@ -104,7 +104,8 @@ def _plot_pair(d, path, title, left_a, left_b, labels, note=None):
         span = max(abs(left_a["min"] or 0), abs(left_a["max"] or 0), 1e-12)
         if max(abs(d["range_lo"]), abs(d["range_hi"])) <= 20 * span:
             ax1.axvline(d["range_lo"], color="#c0392b", ls="--", lw=1.2,
-                        label=f"quantization range [{_fmt(d['range_lo'])}, {_fmt(d['range_hi'])}]")
+                        label=("widest of the ranges" if d["per_channel"] or d.get("block_size") else
+                               "quantization range") + f" [{_fmt(d['range_lo'])}, {_fmt(d['range_hi'])}]")
             ax1.axvline(d["range_hi"], color="#c0392b", ls="--", lw=1.2)
     ax1.plot([left_a["peak"]], [0.03], marker="^", markersize=10, color="#1f3f8f", linestyle="none",
              markerfacecolor="none", markeredgewidth=1.6, clip_on=False,
@@ -122,7 +123,7 @@ def _plot_pair(d, path, title, left_a, left_b, labels, note=None):
         ax2.set_axis_off()
     else:
         _stairs(ax2, err["hist"], "quantized - float", "#c44e52")
-        if d["kind"] == "weight" and not d["per_channel"]:
+        if d["kind"] == "weight" and not d["per_channel"] and not d.get("block_size"):  # one scale: one bound
             ax2.axvline(-d["scale"] / 2, color="grey", ls=":", lw=1, label="+-scale/2 (rounding bound)")
             ax2.axvline(d["scale"] / 2, color="grey", ls=":", lw=1)
         _one_value(ax2, err, "#8c2d30")
@@ -143,18 +144,29 @@ def _plot_pair(d, path, title, left_a, left_b, labels, note=None):
     save_figure(fig, path, tight=False)
 
 
+def _granularity(d, axis=False):
+    """How a calibration node's scale is shared, as a title says it ("per block of 32"; a
+    blocked weight read "per tensor", as it has more than one scale but not one a channel)."""
+    on = f" (axis {d['axis']})" if axis and d.get("axis") is not None else ""
+    if d.get("block_size"):
+        return f"per block of {d['block_size']}{on}"
+    if d["per_channel"]:
+        return f"per channel{on}"
+    return "per run" if d["kind"] == "dynamic" else "per tensor"
+
+
 @drawing
 def draw_distribution(d, save_dir, box=None):
     """Write one node's distribution PNG under ``save_dir``; returns its path. ``box``: the
     node's channel statistics, where drawn, whose reading the heading then agrees with."""
     path = Path(save_dir) / f"distribution_{file_stem(d['node'])}.png"
     if d["kind"] in ("activation", "dynamic"):
-        where = "per channel" if d["per_channel"] else ("per run" if d["kind"] == "dynamic" else "per tensor")
+        where = _granularity(d)
         title = (f"{d['node']}: activation input '{d['tensor']}' in the float model, {d['samples']} sample(s) "
                  f"- {d['dtype']} ({d['bit']}-bit, {where})")
         _plot_activation(d, path, title, box)
     elif d["kind"] == "weight":
-        where = f"per channel (axis {d['axis']})" if d["per_channel"] else "per tensor"
+        where = _granularity(d, axis=True)
         known = d["compared_against"] == "float weight"
         what = "float vs dequantized" if known else "dequantized only (float unknown)"
         title = (f"{d['node']}: weight '{d['tensor']}' {what} - {d['dtype']} ({d['bit']}-bit, "
@@ -181,7 +193,7 @@ def draw_channelwise(d, save_dir, dist=None):
     what = "float weight" if d["kind"] == "weight" else "float input"
     if d["kind"] == "weight" and d.get("compared_against") == "dequantized weight":
         what = "dequantized weight (float unknown)"
-    where = "per channel" if d["per_channel"] else ("per run" if d["kind"] == "dynamic" else "per tensor")
+    where = _granularity(d)
     samples = f", {d['samples']} sample(s)" if d["kind"] != "weight" else ""
     title = (f"{d['node']}: {what} '{d['tensor']}' by channel (axis {d['axis']} of {d['shape']}, "
              f"{d['channels']} channels{samples}) - {d['dtype']} {where}")
