@@ -40,18 +40,48 @@ def saturating_nodes(qm):
     and a uint8 model of the same weights read the same 0.9914 there), in a QOperator or
     dynamic file its integer ops that sum in int16 pairs."""
     if qm.format == "QDQ":
-        consumers = {c for w in _wide_qdq_weights(qm) for c in w.consumers}
-        fed = {n for c in qm.calibration.values() if c.is_activation and c.bit == 8
-               and c.qtype in (TensorProto.UINT8, TensorProto.INT8) for n in c.consumers}
-        return [n.name for n in qm.model.graph.node
-                if n.op_type in _FUSED_PRODUCTS and n.name in consumers and n.name in fed]
+        return [n.name for n in qm.model.graph.node if _fused_product(qm, n)]
     return [(node.name or node.output[0]) for node, _ in _wide_integer_ops(qm.as_given().graph)]
 
 
 # The ops whose Q/DQ onnxruntime fuses into kernels of integer products (QLinearConv,
-# QLinearConvTranspose, QLinearMatMul, QGemm); a BatchNormalization or an Add between pairs
-# runs in float, whatever its scale's type
+# QLinearConvTranspose, QLinearMatMul or MatMulIntegerToFloat, QGemm); a BatchNormalization
+# or an Add between pairs runs in float, whatever its scale's type
 _FUSED_PRODUCTS = ("Conv", "ConvTranspose", "MatMul", "Gemm")
+# ops a constant weight's DequantizeLinear output may pass before its product (onnxruntime
+# folds them into the weight: DQ -> Transpose -> Gemm still becomes QGemm)
+_WEIGHT_MOVES = ("Transpose", "Reshape", "Flatten", "Squeeze", "Unsqueeze")
+
+
+def _fused_product(qm, node):
+    """Whether onnxruntime fuses ``node`` into a kernel of 8-bit activation codes times wide
+    int8 weight codes, read by structure (measured on onnxruntime 1.32's optimized graphs):
+    its first input dequantized from an 8-bit tensor computed at run time (a pair's, or a
+    quantized model input's), its second a wide int8 weight's DequantizeLinear output (through
+    ops that move it); a Conv only with its output quantized (else it stays float), a Gemm
+    only with no bias or a dequantized one (a float bias keeps it float), a MatMul either way."""
+    if node.op_type not in _FUSED_PRODUCTS or len(node.input) < 2:
+        return False
+    act = qm.producer.get(node.input[0])
+    if act is None or act.op_type != "DequantizeLinear" or qm.constant(act.input[0]) is not None or \
+            qm.value_types.get(act.input[0]) not in (TensorProto.UINT8, TensorProto.INT8):
+        return False
+    weight = node.input[1]
+    while weight in qm.producer and qm.producer[weight].op_type in _WEIGHT_MOVES:
+        weight = qm.producer[weight].input[0]
+    if weight not in _wide_weight_outputs(qm):
+        return False
+    if node.op_type in ("Conv", "ConvTranspose"):
+        return any(r.op_type == "QuantizeLinear" for r in qm.consumers.get(node.output[0], ()))
+    if node.op_type == "Gemm" and len(node.input) > 2 and node.input[2]:
+        bias = qm.producer.get(node.input[2])
+        return bias is not None and bias.op_type == "DequantizeLinear"
+    return True
+
+
+def _wide_weight_outputs(qm):
+    """The DequantizeLinear outputs of a QDQ model's wide int8 weights (see _wide_qdq_weights)."""
+    return {o for c in _wide_qdq_weights(qm) for o in c.outputs}
 
 
 def _wide_qdq_weights(qm):
