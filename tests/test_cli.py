@@ -363,3 +363,28 @@ def test_check_data_refuses_a_threshold_without_held_out_data(paths, capsys):
     for extra in (["--threshold", "0.9999"], ["--metric", "mse"]):
         assert main(["check-data", paths["model"], paths["data"], "--quiet", *extra]) == 2
         assert "judge the held-out comparison alone; give held-out data (--heldout)" in capsys.readouterr().err
+
+
+def test_an_empty_ranking_says_why(tmp_path, capsys):
+    """A model whose only pair is a weight's, ranked by activation: an empty table alone."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    w = np.random.default_rng(0).integers(-127, 128, (4, 3)).astype(np.int8)
+    graph = helper.make_graph(
+        [helper.make_node("DequantizeLinear", ["wq", "ws"], ["w"], name="w_DQ"),
+         helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 3])],
+        [numpy_helper.from_array(w, "wq"), numpy_helper.from_array(np.array(0.01, np.float32), "ws")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, str(tmp_path / "w.onnx"))
+    (tmp_path / "d" / "x").mkdir(parents=True)
+    for i in range(2):
+        np.save(tmp_path / "d" / "x" / f"{i}.npy", np.random.default_rng(i).standard_normal((1, 4)).astype(np.float32))
+    assert main(["get-sensitivity-of-nodes", str(tmp_path / "w.onnx"), str(tmp_path / "d"), "-t", "activation",
+                 "--quiet"]) == 0
+    assert ("no activation nodes to rank in this model (1 weight, 0 activation, 0 dynamic calibration nodes); try "
+            "another -t") in capsys.readouterr().out

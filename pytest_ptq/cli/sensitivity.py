@@ -39,6 +39,9 @@ def run_sensitivity(args):
         engine, args.metrics, output_node=args.output_node, node_type=args.node_type, data_num=args.data_num,
         interested_nodes=args.interested_nodes, progress=not args.quiet))
     _finish(args, result, result.table(limit=args.top))
+    if not result:  # an empty table alone read as a failure to rank
+        counts = ", ".join(f"{len(engine.qmodel.of_kind(k))} {k}" for k in ("weight", "activation", "dynamic"))
+        print(f"no {args.node_type} nodes to rank in this model ({counts} calibration nodes); try another -t")
     a.warn_if_simulated_otherwise(args, engine, cache)
 
 
