@@ -385,11 +385,40 @@ def _sweep_dead_folders(folder, prefix):
                     shutil.rmtree(entry.path)
 
 
+_WRITTEN = contextvars.ContextVar("pytest_ptq_written", default=None)
+
+
+@contextlib.contextmanager
+def one_command():
+    """Within the block, no file is written twice: two outputs of one command under one name
+    (``--json`` given a figure's name) left the second where the first was promised, and
+    printed "wrote" for both."""
+    token = _WRITTEN.set(set())
+    try:
+        yield
+    finally:
+        _WRITTEN.reset(token)
+
+
+def _once(path, again=False):
+    """Claim ``path`` for this command's one write (see :func:`one_command`); ``again``:
+    the command replaces what it wrote there itself (a summary first marked unfinished)."""
+    written = _WRITTEN.get()
+    if written is None:
+        return
+    key = os.path.normcase(os.path.abspath(path))
+    if key in written and not again:
+        raise PTQError(f"{shown(str(path))} is written twice by this command, as two of its outputs; give the "
+                       "one you named (--json, -s) another name")
+    written.add(key)
+
+
 @contextlib.contextmanager
 def writing(path):
     """Around code that writes the file ``path`` (matplotlib, onnxruntime): the path is
     claimed, its folder created, and an OSError becomes one sentence naming it."""
     path = claim(path)
+    _once(path)
     makedirs(path.parent)
     try:
         yield path
@@ -397,10 +426,11 @@ def writing(path):
         raise write_error(path, exc) from None
 
 
-def write_text(path, text, atomic=False):
+def write_text(path, text, atomic=False, again=False):
     """Write ``text`` (UTF-8) to ``path``; with ``atomic`` a reader never sees half a file
-    (written beside it, then renamed). Returns the Path."""
-    return _write(path, text, atomic)
+    (written beside it, then renamed); ``again``: replacing what this command wrote there
+    (see :func:`one_command`). Returns the Path."""
+    return _write(path, text, atomic, again)
 
 
 def write_bytes(path, data):
@@ -408,8 +438,9 @@ def write_bytes(path, data):
     return _write(path, data, atomic=True)
 
 
-def _write(path, content, atomic):
+def _write(path, content, atomic, again=False):
     path = claim(path)
+    _once(path, again)
     makedirs(path.parent)
 
     def put(target):

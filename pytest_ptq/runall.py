@@ -323,8 +323,9 @@ def _runall(engine, out, metrics, output_node, node_type, data_num, top, axis, p
     files["summary_json"] = str(out / "summary.json")
     summary["files"] = files
     summary = json_safe(summary)
-    guard.write_text(Path(files["summary_md"]), markdown(summary))
-    guard.write_text(Path(files["summary_json"]), json.dumps(summary, indent=1))
+    # over the summary marked unfinished at the start (see _take_folder)
+    guard.write_text(Path(files["summary_md"]), markdown(summary), again=True)
+    guard.write_text(Path(files["summary_json"]), json.dumps(summary, indent=1), again=True)
     _drop_earlier(out, earlier, files)
     return summary
 

@@ -388,3 +388,13 @@ def test_an_empty_ranking_says_why(tmp_path, capsys):
                  "--quiet"]) == 0
     assert ("no activation nodes to rank in this model (1 weight, 0 activation, 0 dynamic calibration nodes); try "
             "another -t") in capsys.readouterr().out
+
+
+def test_an_output_named_like_another_output_of_the_command_is_refused(paths, tmp_path, capsys):
+    """``--json`` given the name of a figure the command draws replaced the figure with the
+    JSON and printed "wrote" twice."""
+    figure = tmp_path / "pd" / "distribution_c2_QuantizeLinear.png"
+    assert main(["plot-distribution", paths["model"], paths["data"], "--quiet", "-n", "c2_QuantizeLinear",
+                 "-s", str(tmp_path / "pd"), "--json", str(figure)]) == 2
+    assert "is written twice by this command, as two of its outputs" in capsys.readouterr().err
+    assert figure.read_bytes().startswith(b"\x89PNG")

@@ -77,7 +77,7 @@ def main(argv=None):
         return 2
     try:
         inputs = check_outputs(args)
-        with guard.protecting(inputs), warnings.catch_warnings():
+        with guard.protecting(inputs), guard.one_command(), warnings.catch_warnings():
             warnings.showwarning = _warning_printer(args.command)
             if getattr(args, "json", None) != STDOUT:
                 return args.func(args) or 0
