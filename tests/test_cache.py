@@ -691,3 +691,15 @@ def test_the_clis_kept_results_name_the_file_given_not_a_copy_read_before(tmp_pa
         assert cli.main(["get-sensitivity-of-nodes", str(inputs / name), str(inputs / "calib"), "--quiet",
                          "--cache-dir", str(tmp_path / "c"), "--json", str(tmp_path / f"{name}.json")]) == 0
         assert json.loads((tmp_path / f"{name}.json").read_text())["model"].endswith(name)
+
+
+def test_a_diagnosis_is_kept_and_read_back_whole(tmp_path, inputs, monkeypatch):
+    """A failing contract's diagnosis was computed again on every run (9 s of an unchanged
+    rerun whose checks read their results back)."""
+    import pytest_ptq.diagnosis as diagnosis
+
+    key = AnalysisKey(str(inputs / "q.onnx"), str(inputs / "calib"))
+    first = Analysis(key, tmp_path, cache_dir=tmp_path / "c").diagnosis("activation", top=3)
+    monkeypatch.setattr(diagnosis, "diagnose", lambda *a, **k: never())
+    again = Analysis(key, tmp_path, cache_dir=tmp_path / "c").diagnosis("activation", top=3)
+    assert again.to_dict() == first.to_dict() and again.lines(3) == first.lines(3)
