@@ -52,6 +52,7 @@ class Record:
     xfail_reason: str = ""  # why its failure is expected (the xfail marker's reason)
     reason: str = ""  # what it failed with, where no check failed: the exception's first line
     diagnosed: bool = False  # its failure was a check's or an assert's: its models are diagnosed
+    rerun: bool = False  # this attempt failed and runs again (pytest-rerunfailures): not done yet
 
 
 class PTQSession:
@@ -321,6 +322,12 @@ class PTQSession:
         try:
             d = analysis.diagnosis(settings.node_type, settings.metric, self.judged_on(model_id), settings.top,
                                    outputs=self.failing_outputs(model_id))
+        except pytest.fail.Exception:
+            # pytest-timeout's time limit ended in it: the test failed already; raised here, it
+            # was an INTERNALERROR that ended the session
+            return {"lines": ["(no diagnosis: the test's time limit (pytest-timeout) ended while it was computed; "
+                               "raise the limit for this test, or run ptq-debug runall on the model)"],
+                    "headline": "", "about": ""}
         except Exception as exc:  # noqa: BLE001 - an explanation that fails must not hide the test's result
             why = str(exc) if isinstance(exc, PTQError) else f"{type(exc).__name__}: {exc}"
             return {"lines": [f"(no diagnosis: {why})"], "headline": "", "about": ""}
@@ -454,6 +461,9 @@ class PTQSession:
         rec = self.tests.get(report.nodeid)
         if rec is None:
             return
+        if report.outcome == "rerun":  # pytest-rerunfailures: the next attempt decides
+            rec.rerun = True
+            return
         if hasattr(report, "wasxfail") and report.skipped:
             rec.outcome = "xfailed"
             rec.xfail_reason = report.wasxfail
@@ -503,6 +513,12 @@ class PTQSession:
     def test_done(self, nodeid):
         """An item finished: free the sessions of the models no item left will use (after
         computing their report data, which needs them)."""
+        rec = self.tests.get(nodeid)
+        if rec is not None and rec.rerun:
+            # the attempt that failed is forgotten, its models kept for the next one: the report
+            # read the first attempt as the test's, and freed the models the rerun then needed
+            self.tests[nodeid] = Record(nodeid)
+            return
         if self.pending is None:
             return
         for model, left in list(self.pending.items()):
@@ -513,7 +529,12 @@ class PTQSession:
             for analysis in self.analyses.values():
                 if analysis.key.model == model:
                     if self.settings.report is not None:
-                        self.early[analysis.key.id] = (self._tests_of(analysis), self._model_payload(analysis))
+                        try:
+                            self.early[analysis.key.id] = (self._tests_of(analysis), self._model_payload(analysis))
+                        except pytest.fail.Exception:
+                            # the test's time limit (pytest-timeout) ended while its figures were drawn:
+                            # drawn at the session's end instead, the models kept for that
+                            continue
                     analysis.release()
 
     def _tests_of(self, analysis):

@@ -634,3 +634,85 @@ def test_a_box_plot_keeps_its_width_and_scrolls(tmp_path):
         with Image.open(io.BytesIO(base64.b64decode(img["png"]))) as png:
             assert png.width == width
         assert ('<div class="scroll"><img' in report._figure(img)) == wide
+
+
+# pytest-rerunfailures' protocol, in short: a failed attempt's reports say "rerun", and each
+# attempt ends with its own logfinish
+RERUN_ONCE = """
+import pytest
+from _pytest.runner import runtestprotocol
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_protocol(item, nextitem):
+    for attempt in (1, 2):
+        item.ihook.pytest_runtest_logstart(nodeid=item.nodeid, location=item.location)
+        reports = runtestprotocol(item, nextitem=nextitem, log=False)
+        again = attempt == 1 and any(r.failed for r in reports)
+        for r in reports:
+            if again and r.failed:
+                r.outcome = "rerun"
+            item.ihook.pytest_runtest_logreport(report=r)
+        item.ihook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)
+        if not again:
+            return True
+    return True
+"""
+
+
+def test_a_test_run_again_is_reported_by_its_last_attempt(project):
+    """With pytest-rerunfailures the first attempt's end freed the model and kept its report
+    data with the test marked passed: the terminal said FAILED, the report passed."""
+    project.makeconftest(RERUN_ONCE)
+    # the failing test last of its model's: its first attempt's end was the model's end
+    loose_first = SUITE.split("@pytest.mark.ptq(model=\"model.onnx\")")
+    project.makepyfile(test_suite=loose_first[0] + "@pytest.mark.ptq(model=\"model.onnx\")" + loose_first[2]
+                       + "@pytest.mark.ptq(model=\"model.onnx\")" + loose_first[1])
+    result = run(project, "--ptq-report", "report.html", "-p", "no:xdist", "--ptq-node-type", "activation")
+    assert result.parseoutcomes() == {"passed": 2, "failed": 1, "rerun": 1}
+    page = Page((project.path / "report.html").read_text())
+    assert [s["title"] for s in page.sections] == ["model.onnx FAILED", "model_pc.onnx PASSED"]
+    tests = {r["test"]: r["outcome"] for r in rows(page.sections[0]["tables"]["tests"])}
+    assert tests == {"test_suite.py::test_strict": "failed", "test_suite.py::test_loose": "passed"}
+
+
+TIME_LIMIT_IN_DIAGNOSIS = """
+import pytest
+import pytest_ptq.analysis as analysis
+
+_diagnosis, _in_test = analysis.Analysis.diagnosis, []
+
+
+def _late(*args, **kwargs):
+    if _in_test:  # pytest-timeout's limit covers a test's whole protocol, report hooks included
+        pytest.fail("Timeout >2.0s")  # what its signal method raises, wherever the code is
+    return _diagnosis(*args, **kwargs)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    _in_test.append(item)
+    try:
+        return (yield)
+    finally:
+        _in_test.clear()
+
+
+def pytest_configure(config):
+    analysis.Analysis.diagnosis = _late
+
+
+def pytest_unconfigure(config):
+    analysis.Analysis.diagnosis = _diagnosis
+"""
+
+
+def test_a_time_limit_ending_in_a_diagnosis_fails_the_test_not_the_session(project):
+    """pytest-timeout's limit ending while a failing test's models were diagnosed (in a report
+    hook) was an INTERNALERROR: the session ended, no later test ran."""
+    project.makeconftest(TIME_LIMIT_IN_DIAGNOSIS)
+    result = run(project, "--ptq-report", "report.html", "-p", "no:xdist", "--ptq-node-type", "activation")
+    result.assert_outcomes(passed=2, failed=1)
+    assert "INTERNALERROR" not in result.stdout.str()
+    result.stdout.fnmatch_lines(["*no diagnosis: the test's time limit (pytest-timeout) ended while it was computed*"])
+    assert (project.path / "report.html").is_file()
