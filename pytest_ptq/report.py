@@ -287,6 +287,11 @@ def merge(models):
         into = merged[m["id"]]
         seen = {t["nodeid"] for t in into["tests"]}
         into["tests"] += [t for t in m["tests"] if t["nodeid"] not in seen]
+        if m.get("diagnosis") and not into.get("diagnosis"):
+            # a worker whose test of it failed: its ranking and figures follow the diagnosis
+            # (--dist loadfile put a model's failing items on another worker than its first)
+            for field in ("diagnosis", "sensitivity", "images"):
+                into[field] = m.get(field)
         for field in ("images", "outputs", "sensitivity"):
             if not into.get(field) and m.get(field):
                 into[field] = m[field]

@@ -416,6 +416,24 @@ def test_merge_unites_data_checks_stages_and_remedies_once_each():
     assert merged["data_checks"] == [check] and merged["stages"] == [stage] and merged["remedies"] == remedies
 
 
+def test_merge_takes_the_diagnosis_and_what_follows_it_from_the_worker_that_has_it():
+    """Under --dist loadfile a model's failing items ran on a worker that finished second: the
+    merged entry kept the first worker's, without its diagnosis, cause and figures."""
+    def payload(**fields):
+        base = {"id": "m", "label": "m.onnx", "data": "d", "tests": [], "outputs": [{"output": "prob"}],
+                "notes": [], "data_checks": [], "stages": [], "remedies": [], "diagnosis": None}
+        return {**base, **fields}
+
+    passing = payload(tests=[{"nodeid": "a", "outcome": "passed"}], sensitivity={"node_type": "activation"},
+                      images=[{"title": "curves"}])
+    failing = payload(tests=[{"nodeid": "b", "outcome": "failed"}], diagnosis={"cause": "weight"},
+                      sensitivity={"node_type": "weight"}, images=[{"title": "curves"}, {"title": "weight"}])
+    for order in ([passing, failing], [failing, passing]):
+        [merged] = report.merge(order)
+        assert merged["diagnosis"] == {"cause": "weight"} and merged["sensitivity"] == {"node_type": "weight"}
+        assert merged["images"] == failing["images"] and {t["nodeid"] for t in merged["tests"]} == {"a", "b"}
+
+
 def test_a_remedy_curve_is_kept_before_the_other_figures(monkeypatch):
     png = "iVBORw0K" + "A" * 992
     model = {"id": "m", "label": "m.onnx", "data": "d", "notes": [], "outputs": [], "sensitivity": None,
