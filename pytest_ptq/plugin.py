@@ -152,7 +152,12 @@ def _default_contract(session, ptq):
     """The collected items of the built-in contract of ``--ptq-model`` (ini ``ptq_model``):
     ``ptq::<model file>::outputs``, ``nodes`` and ``baseline``; none without a model or with
     ``--ptq-no-default-contract``. Without data its items fail saying so."""
-    if ptq.settings.model is None or session.config.getoption("ptq_no_default_contract"):
+    config = session.config
+    if ptq.settings.model is None or config.getoption("ptq_no_default_contract"):
+        return []
+    if config.getoption("ptq_model") is None and config.args_source == pytest.Config.ArgsSource.ARGS:
+        # the model comes from the ini and the command line names what to run (a file, a test):
+        # `pytest tests/test_unit.py::test_unit` ran the built-in contract's three items too
         return []
     # through the session's own collection, so that collect reports, counts and errors
     # come out as for any collected file

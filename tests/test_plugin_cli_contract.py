@@ -209,6 +209,22 @@ def test_added_only_when_no_test_uses_the_plugin(project, files, args, expected)
     assert ret == (pytest.ExitCode.OK if expected else pytest.ExitCode.NO_TESTS_COLLECTED)
 
 
+def test_a_run_narrowed_on_the_command_line_leaves_out_an_ini_models_contract(project):
+    """With ``ptq_model`` in the ini, ``pytest tests/test_unit.py::test_unit`` ran the built-in
+    contract's three items beside the one test named; ``--ptq-model`` on the command line and
+    a run over the configured paths still add them."""
+    (project.path / "test_unit.py").write_text("def test_unit(): pass\n")
+    project.makepyprojecttoml("""
+        [tool.pytest.ini_options]
+        ptq_model = "m.onnx"
+        ptq_data = "calib"
+    """)
+    assert collected(project, "test_unit.py::test_unit")[0] == ["test_unit.py::test_unit"]
+    assert collected(project, "test_unit.py")[0] == ["test_unit.py::test_unit"]
+    assert collected(project)[0] == ["test_unit.py::test_unit"] + BUILTIN
+    assert collected(project, "test_unit.py", "--ptq-model", "m.onnx")[0] == ["test_unit.py::test_unit"] + BUILTIN
+
+
 def test_model_without_data_fails_in_one_sentence(project):
     result = run(project, "--ptq-model", "m.onnx")
     result.assert_outcomes(failed=3)
