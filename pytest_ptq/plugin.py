@@ -108,7 +108,10 @@ class _Hooks:
     @pytest.hookimpl(trylast=True)
     def pytest_sessionfinish(self, session, exitstatus):
         """Write the HTML report (or, on an xdist worker, send its data)."""
-        self.ptq.finish(interrupted=exitstatus == pytest.ExitCode.INTERRUPTED)
+        # session.shouldfail: -x, --maxfail or --sw stopped the run (a string saying so)
+        stopped = session.shouldfail or session.shouldstop
+        self.ptq.finish(interrupted=exitstatus == pytest.ExitCode.INTERRUPTED,
+                        stopped=stopped if isinstance(stopped, str) else None)
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_configure_node(self, node):

@@ -637,9 +637,10 @@ def told_apart(models):
     return out
 
 
-def render(models, interrupted=False):
+def render(models, interrupted=False, stopped=None):
     """The page for ``models`` (merged payloads), failing models first; for an ``interrupted``
-    run, a page that says so instead."""
+    run, a page that says so instead; ``stopped``: why the run stopped before its last test
+    (-x, --maxfail, --sw), which the page says above its results."""
     if interrupted:
         return _page(["<h1>pytest-ptq report</h1><p class=\"v-failed\">This run was interrupted before its tests "
                       "finished (Ctrl-C, or a time limit's signal): no results are shown, since those it had would "
@@ -690,6 +691,9 @@ def render(models, interrupted=False):
                if counts["xfailed"] else "")
             + f'{counts["passed"]} passing' + (f", {counts['skipped']} skipped" if counts["skipped"] else "")
             + f"; generated {stamp}.</p>"]
+    if stopped:  # without it a run cut short after its first failure read as a complete one
+        body.append(f'<p class="v-failed">This run stopped before its last test ({_e(stopped)}): the models and tests '
+                    "it did not reach are not in this report.</p>")
     if expected:
         items = []
         for m in expected:
@@ -705,7 +709,7 @@ def render(models, interrupted=False):
                             "<th>most sensitive node</th></tr></thead>"
                             f"<tbody>{''.join(summary)}</tbody></table>"))
     else:
-        body.append("<p>No test used a ptq fixture or contract in this session.</p>")
+        body.append("<p>No test that uses pytest-ptq ran in this session.</p>")
     body += [_model_html(k, m) for k, m in enumerate(models)]
     return _page(body)
 
@@ -717,9 +721,9 @@ def _page(body):
             + "\n".join(body) + "\n</body></html>\n")
 
 
-def write(path, models, interrupted=False):
+def write(path, models, interrupted=False, stopped=None):
     """Write the page atomically (see :func:`render`); returns the path."""
-    return guard.write_text(Path(path), render(models, interrupted), atomic=True)
+    return guard.write_text(Path(path), render(models, interrupted, stopped), atomic=True)
 
 
 def foreign(path):

@@ -580,11 +580,15 @@ class PTQSession:
                                               for mid, r in rec.results if mid == model_id]})
         return list(models.values())
 
-    def finish(self, interrupted=False):
+    def finish(self, interrupted=False, stopped=None):
         """At session end: a worker hands its payloads over, anyone else writes the page.
         ``interrupted`` (Ctrl-C, a CI timeout's signal): the page says so and holds no results,
         drawn nothing for (a partial page read as all passing, and drawing it kept the run
-        alive seconds after the signal)."""
+        alive seconds after the signal); ``stopped``: why the run ended before its last test
+        (-x, --maxfail), which the page says. Under --collect-only nothing is written: an
+        existing report stays."""
+        if self.config.getoption("collectonly", False):
+            return
         if self.is_worker:
             if self.analyses:  # its tests are done: the workers still running may take its cores
                 from .engine import runtime
@@ -616,7 +620,7 @@ class PTQSession:
             models = self.payload()
             for payload in self.worker_payloads:
                 models.extend(json.loads(payload))
-            html_report.write(path, html_report.merge(models))
+            html_report.write(path, html_report.merge(models), stopped=stopped)
         except PTQError as exc:
             # the run's results stand: the missing page is an error line of the summary, not a crash
             self.report_error = f"the ptq report was not written: {exc}"

@@ -241,7 +241,28 @@ def test_report_opens_in_headless_chromium(project, tmp_path):
 def test_report_of_a_session_without_models(pytester):
     pytester.makepyfile("def test_plain(): pass")
     run(pytester, "--ptq-report", "r.html").assert_outcomes(passed=1)
-    assert "No test used a ptq fixture or contract in this session." in (pytester.path / "r.html").read_text()
+    assert "No test that uses pytest-ptq ran in this session." in (pytester.path / "r.html").read_text()
+
+
+def test_collect_only_leaves_a_report_as_it_was(project):
+    """With --ptq-report in addopts, --collect-only replaced the last run's report with a page
+    saying no test used the plugin, though its items were collected."""
+    path = make_report(project, "-p", "no:xdist")
+    before = path.read_text()
+    run(project, "--ptq-report", "out/report.html", "--collect-only")
+    assert path.read_text() == before
+
+
+def test_a_run_stopped_at_its_first_failure_says_so_on_the_page(project):
+    """-x stopped the run after the first failing test: the page read "1 model(s): 1 failing,
+    0 passing" as if complete, the models it did not reach missing without a word."""
+    result = run(project, "--ptq-report", "report.html", "-p", "no:xdist", "-x")
+    result.assert_outcomes(passed=1, failed=1)
+    text = (project.path / "report.html").read_text()
+    assert "This run stopped before its last test (stopping after 1 failures)" in text
+    full = run(project, "--ptq-report", "report.html", "-p", "no:xdist")
+    full.assert_outcomes(passed=2, failed=1)
+    assert "stopped before its last test" not in (project.path / "report.html").read_text()
 
 
 def test_figures_past_the_budget_are_left_out(monkeypatch):
