@@ -51,6 +51,8 @@ from pathlib import Path
 
 import pluggy
 import pytest
+# pytest's own failure representations: what its short summary and --tb=line read a line from
+from _pytest._code.code import ReprFileLocation, TerminalRepr
 
 from . import params
 from . import session as ptq_session
@@ -496,6 +498,23 @@ class ContractFile(pytest.File):
         return super().repr_failure(excinfo)
 
 
+class _Lines(TerminalRepr):
+    """A contract's failure as its plain lines, with the one line that pytest's short summary
+    and ``--tb=line`` show (as a string, they showed its first 50 characters, or under -vv
+    the whole report, tables included): the reason, not the heading."""
+
+    def __init__(self, text, path):
+        self.text = text
+        lines = [line for line in text.splitlines() if line.strip()]
+        reason = next((line for line in lines[1:] if not line.startswith(("+", "|", " "))), None) \
+            if lines and lines[0].endswith(": FAILED") else None
+        self.reprcrash = ReprFileLocation(str(path), 1, reason or (lines[0] if lines else ""))
+
+    def toterminal(self, tw):
+        for line in self.text.splitlines():
+            tw.line(line)
+
+
 class DefaultContracts(pytest.Collector):
     """``ptq``: the built-in contract of the session's model, a child named after its file."""
 
@@ -572,11 +591,13 @@ class ContractItem(pytest.Item):
         from .checks import ContractFailed
 
         if isinstance(excinfo.value, ContractFailed):
-            return f"contract {self.contract.name} ({self.path.name}), check {self.name}: FAILED\n" + str(excinfo.value)
+            return _Lines(f"contract {self.contract.name} ({self.path.name}), check {self.name}: FAILED\n"
+                          + str(excinfo.value), self.path)
         if isinstance(excinfo.value, ContractError):
-            return str(excinfo.value)
+            return _Lines(str(excinfo.value), self.path)
         if isinstance(excinfo.value, PTQError):
-            return f"contract {self.contract.name} ({self.path.name}), check {self.name}: {excinfo.value}"
+            return _Lines(f"contract {self.contract.name} ({self.path.name}), check {self.name}: {excinfo.value}",
+                          self.path)
         # an error in the user's own code (an evaluate function): its frames, not pytest's,
         # pluggy's (hundreds of lines a plain test's failure does not show either) and ours
         kept = excinfo.traceback.filter(lambda entry: not str(entry.path).startswith(_RUNNER_DIRS))

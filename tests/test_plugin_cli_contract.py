@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import xml.etree.ElementTree as ET
 
 import numpy as np
 import pytest
@@ -230,3 +231,17 @@ def test_model_without_data_fails_in_one_sentence(project):
     result.assert_outcomes(failed=3)
     result.stdout.fnmatch_lines(["contract m (m.onnx), check outputs: no calibration data: pass --ptq-data PATH, *"])
     assert "Traceback" not in result.stdout.str()
+
+
+def test_a_failed_checks_one_line_is_its_reason(project):
+    """pytest's short summary, ``--tb=line`` and JUnit's message take one line from a failure:
+    they took the report's heading cut at 50 characters, or under -vv the whole report."""
+    args = (*ARGS, "--ptq-min-cosine", "1.0", "-k", "outputs", "--junitxml=j.xml")
+    reason = "output cosine-similarity fails for 1 of 1 output(s): 'prob' * (needs >= 1.000000) [[]m.onnx, *"
+    result = run(project, *args, "-rf", "-vv")
+    result.assert_outcomes(failed=1, deselected=2)
+    result.stdout.fnmatch_lines([f"FAILED ptq::m.onnx::outputs - {reason}"])
+    assert "FAILED ptq::m.onnx::outputs - contract m" not in result.stdout.str()
+    run(project, *args, "--tb=line").stdout.fnmatch_lines([f"*m.onnx:1: {reason}"])
+    [failure] = ET.parse(project.path / "j.xml").iter("failure")
+    assert failure.get("message").startswith("output cosine-similarity fails for 1 of 1 output(s): 'prob' ")
