@@ -208,10 +208,10 @@ def add_json(p):
                    help="also write the result as JSON to OUT (-: to standard output, the tables to standard error)")
 
 
-def add_save_dir(p, default="ptq_debug_output"):
+def add_save_dir(p, default="ptq_debug_output", writes="the files written"):
     shown = default or "write nothing"
     p.add_argument("-s", "--save-dir", default=default, metavar="DIR",
-                   help=f"folder for the files written. Default: {shown}")
+                   help=f"folder for {writes}. Default: {shown}")
 
 
 def add_confidence(p):

@@ -30,7 +30,7 @@ def configure(p):
     p.add_argument("--threshold", type=a.number, default=None,
                    help="value of the first metric a stage must keep. Default: 0.99 for cosine-similarity")
     a.add_output_node(p)
-    a.add_save_dir(p, None)
+    a.add_save_dir(p, None, "the float model as onnxruntime optimises it (optimized_float_model.onnx)")
     a.add_json(p)
     a.add_quiet(p)
 
