@@ -1011,3 +1011,27 @@ print(d["c1_QuantizeLinear"]["png"])
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert _is_png(done.stdout.strip().splitlines()[-1])
+
+
+def test_a_weight_on_a_grid_without_negative_codes_is_read_as_such(tmp_path):
+    """A weight's QuantizeLinear without a zero point quantizes to uint8 with zero point 0:
+    every negative weight becomes 0. The reading said the scale was not computed from these
+    weights and sent the user to recompute it, which recovers nothing."""
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((8, 4)).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("QuantizeLinear", ["w", "s"], ["wq"], name="w_Q"),
+         helper.make_node("DequantizeLinear", ["wq", "s"], ["wd"], name="w_DQ"),
+         helper.make_node("MatMul", ["x", "wd"], ["y"], name="mm")], "g",
+        [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 8])],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 4])],
+        [numpy_helper.from_array(w, "w"), numpy_helper.from_array(np.float32(np.abs(w).max() / 255), "s")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, str(tmp_path / "m.onnx"))
+    data = {"x": [rng.standard_normal((1, 8)).astype(np.float32) for _ in range(2)]}
+    d = plot_distribution(tmp_path / "out", Engine(str(tmp_path / "m.onnx"), data), nodes_list=["w_Q"])["w_Q"]
+    assert d["range_lo"] == 0 and d["clipped_share"] == pytest.approx(np.mean(w < 0))  # independently: the negatives
+    tries, reason = readings.weight_issue(d)
+    assert "the grid holds no value below 0" in reason and "every negative weight becomes 0" in reason
+    assert "recompute it from their range" not in reason and tries[0] == "keep in float"

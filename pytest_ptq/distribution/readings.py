@@ -169,6 +169,15 @@ def weight_issue(d, box=None):
         return [], "every weight is stored exactly (max error 0): its quantization costs nothing, nothing to do"
     worst, whole, levels = d.get("worst_channel_sqnr"), d["sqnr"], bulk_codes(d)
     clipped = d.get("clipped_share", 0)
+    lowest = (d.get("float") or {}).get("min")
+    if clipped > WEIGHT_CLIP_SHARE and d["range_lo"] >= 0 and lowest is not None and lowest < 0:
+        # a scale that fits the weights' magnitude on a grid without negative codes: no
+        # recalibration recovers them
+        return ["keep in float", "fix the model"], (
+            f"the grid holds no value below 0 (range [{d['range_lo']:.4g}, {d['range_hi']:.4g}]: an unsigned type "
+            "with zero point 0, what a QuantizeLinear without a zero point quantizes to), so every negative weight "
+            f"becomes 0 ({100 * clipped:.1f}% clipped, SQNR {whole:.1f} dB) -> quantize the weight with a signed type "
+            "(an int8 zero point), or a zero point that puts 0 inside its range")
     if clipped > WEIGHT_CLIP_SHARE:
         return ["recalibrate", "fix the model"], (
             f"{100 * clipped:.1f}% of the weights lie beyond the range their scale covers and are clipped (SQNR "
