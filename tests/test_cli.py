@@ -398,3 +398,16 @@ def test_an_output_named_like_another_output_of_the_command_is_refused(paths, tm
                  "-s", str(tmp_path / "pd"), "--json", str(figure)]) == 2
     assert "is written twice by this command, as two of its outputs" in capsys.readouterr().err
     assert figure.read_bytes().startswith(b"\x89PNG")
+
+
+def test_list_nodes_writes_what_its_table_shows_as_json(paths, tmp_path, capsys):
+    """Scripts had only the boxed table, whose cells are cut to fit."""
+    from pytest_ptq.model import QuantModel
+
+    assert main(["list-nodes", paths["model"], "--json", str(tmp_path / "n.json")]) == 0
+    table = [line.split("|")[1].strip() for line in capsys.readouterr().out.splitlines() if line.startswith("| ")]
+    saved = json.loads((tmp_path / "n.json").read_text())
+    qm = QuantModel(paths["model"])
+    assert [n["name"] for n in saved["calibration_nodes"]] == table[1:] == list(qm.calibration)
+    assert [n["consumers"] for n in saved["calibration_nodes"]] == [list(c.consumers) for c in qm.calibration.values()]
+    assert saved["normal_nodes"] == list(qm.normal) and saved["format"] == "QDQ"

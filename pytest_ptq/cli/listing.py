@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ..model import QuantModel
+from ..results import write_json
 from ..tables import format_table
 from . import args as a
 
@@ -12,12 +13,13 @@ def run(args):
     print(f"{qm.source}: {qm.format_label} model, made by {qm.made_by.label} ({qm.made_by.evidence})")
     rows, reduced = [], 0
     for c in qm.calibration.values():
-        row = {**c.summary(), "consumers": _few(c.consumers)}
+        row = {**c.summary(), "consumers": list(c.consumers)}
         if qm.reduced_range(c) is not None:  # the codes it uses, and the range they reach: half the grid's
             reduced += 1
             row["dtype"], row["threshold"], _, _ = qm.shown_grid(c)
         rows.append(row)
-    print(format_table(rows, ["name", "kind", "dtype", "threshold", "granularity", "consumers"]))
+    print(format_table([{**r, "consumers": _few(r["consumers"])} for r in rows],
+                       ["name", "kind", "dtype", "threshold", "granularity", "consumers"]))
     for note in qm.notes:
         print(f"note: {note}")
     if reduced:
@@ -27,6 +29,10 @@ def run(args):
     of_which = f" ({dynamic} of them dynamic: ranges computed per run)" if dynamic else ""
     print(f"{len(qm.of_kind('weight'))} weight and {len(qm.of_kind('activation'))} activation calibration "
           f"nodes{of_which}, {len(qm.normal)} normal nodes")
+    if args.json:  # what the table shows, for scripts (its cells are cut to fit)
+        listing = {"model": qm.source, "format": qm.format_label, "made_by": qm.made_by.label,
+                   "calibration_nodes": rows, "normal_nodes": list(qm.normal), "notes": list(qm.notes)}
+        print(f"wrote {write_json(listing, args.json)}")
 
 
 def _few(names, shown=2):
@@ -39,6 +45,7 @@ def _few(names, shown=2):
 
 def configure(p):
     a.add_model(p, data=False)
+    a.add_json(p)
 
 
 COMMANDS = [a.Command("list-nodes", "list calibration nodes (weight/activation) and normal nodes", configure, run)]
