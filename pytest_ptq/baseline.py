@@ -226,9 +226,11 @@ class Diff:
 
 
 def _worse_by(metric, old, new):
-    """How far ``new`` is worse than ``old`` (negative when better)."""
+    """How far ``new`` is worse than ``old`` (negative when better). NaN (an output gone
+    non-finite) is worse than any number: a value that became one is worse by inf, one that
+    left it better by inf (it read "nan -> 1.000000 (worse by inf)")."""
     if math.isnan(old) or math.isnan(new):
-        return 0.0 if math.isnan(old) and math.isnan(new) else math.inf
+        return 0.0 if math.isnan(old) and math.isnan(new) else -math.inf if math.isnan(old) else math.inf
     if old == new:  # also equal infinities, whose difference is nan
         return 0.0
     return old - new if metric.higher_is_better else new - old

@@ -30,8 +30,12 @@ class Metric:
         state += other
 
     def worst(self, values):
-        """The worst of several values (min for similarities, max for errors)."""
-        values = [v for v in values if not math.isnan(v)] or [math.nan]
+        """The worst of several values (min for similarities, max for errors); NaN (a value
+        non-finite outputs leave undefined) where any is: dropped, an output gone NaN left
+        its node's headline and the verdict at the other outputs' figure."""
+        values = list(values)
+        if not values or any(math.isnan(v) for v in values):
+            return math.nan
         return min(values) if self.higher_is_better else max(values)
 
     def sort_key(self, value):
@@ -128,11 +132,11 @@ class Chebyshev(Metric):
 
     def update(self, s, ref, test):
         r, t = _pair(ref, test)
-        if r.size:
-            s[0] = max(s[0], float(np.abs(t - r).max()))
+        if r.size:  # np.maximum keeps a NaN, where max(0.0, nan) read 0.0: a perfect score
+            s[0] = np.maximum(s[0], np.abs(t - r).max())
 
     def merge(self, state, other):
-        state[0] = max(state[0], other[0])
+        state[0] = np.maximum(state[0], other[0])
 
     def value(self, s):
         return float(s[0])
@@ -161,11 +165,12 @@ class KL(Metric):
             r, t = r.reshape(1, 1), t.reshape(1, 1)
         r = r.reshape(-1, r.shape[-1])
         t = t.reshape(-1, t.shape[-1])
-        lp = r - r.max(axis=1, keepdims=True)
-        lp -= np.log(np.exp(lp).sum(axis=1, keepdims=True))
-        lq = t - t.max(axis=1, keepdims=True)
-        lq -= np.log(np.exp(lq).sum(axis=1, keepdims=True))
-        s += ((np.exp(lp) * (lp - lq)).sum(), r.shape[0])
+        with np.errstate(invalid="ignore", over="ignore"):  # an infinite output: NaN, quietly (-W error)
+            lp = r - r.max(axis=1, keepdims=True)
+            lp -= np.log(np.exp(lp).sum(axis=1, keepdims=True))
+            lq = t - t.max(axis=1, keepdims=True)
+            lq -= np.log(np.exp(lq).sum(axis=1, keepdims=True))
+            s += ((np.exp(lp) * (lp - lq)).sum(), r.shape[0])
 
     def value(self, s):
         return float(max(s[0], 0.0) / s[1]) if s[1] else 0.0
@@ -182,9 +187,10 @@ class Correlation(Metric):
     def update(self, s, ref, test):
         r, t = _pair(ref, test)
         if r.size:
-            mr, mt = float(r.mean()), float(t.mean())
-            dr, dt = r - mr, t - mt
-            self.merge(s, np.array([r.size, mr, mt, _dot(dr, dr), _dot(dt, dt), _dot(dr, dt)]))
+            with np.errstate(invalid="ignore", over="ignore"):  # an infinite output: NaN, quietly (-W error)
+                mr, mt = float(r.mean()), float(t.mean())
+                dr, dt = r - mr, t - mt
+                self.merge(s, np.array([r.size, mr, mt, _dot(dr, dr), _dot(dt, dt), _dot(dr, dt)]))
 
     def merge(self, state, other):
         na, nb = state[0], other[0]
@@ -194,10 +200,11 @@ class Correlation(Metric):
             state[:] = other
             return
         n = na + nb
-        dr, dt = other[1] - state[1], other[2] - state[2]
-        w = na * nb / n
-        state[:] = (n, state[1] + dr * nb / n, state[2] + dt * nb / n, state[3] + other[3] + dr * dr * w,
-                    state[4] + other[4] + dt * dt * w, state[5] + other[5] + dr * dt * w)
+        with np.errstate(invalid="ignore", over="ignore"):
+            dr, dt = other[1] - state[1], other[2] - state[2]
+            w = na * nb / n
+            state[:] = (n, state[1] + dr * nb / n, state[2] + dt * nb / n, state[3] + other[3] + dr * dr * w,
+                        state[4] + other[4] + dt * dt * w, state[5] + other[5] + dr * dt * w)
 
     def value(self, s):
         if not np.isfinite(s).all():

@@ -105,13 +105,44 @@ def test_an_infinite_quantized_value_is_undefined_without_a_warning():
     assert all(math.isnan(v) for v in got.values())
 
 
+@pytest.mark.parametrize("bad", [np.nan, -np.inf])
+def test_every_metric_reads_a_non_finite_quantized_output_as_the_worst_without_a_warning(bad):
+    """chebyshev read a NaN output as 0.0, a perfect score (Python's max(0.0, nan) is 0.0):
+    a chebyshev contract passed and the node that broke the output ranked best; correlation
+    and kl leaked numpy's warning on an infinite one, a traceback under -W error. Pooled with
+    a clean sample, in either order, too."""
+    import warnings
+
+    rng = np.random.default_rng(0)
+    ref = rng.standard_normal((2, 8))
+    test = ref + 0.01
+    test[0, 3] = bad
+    for metric in get_metrics(list(METRICS)):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            one = compare(ref, test, [metric.name])[metric.name]
+            clean, broken = metric.new(), metric.new()
+            metric.update(clean, ref[1:], test[1:])
+            metric.update(broken, ref[:1], test[:1])
+            pooled = [metric.new(), metric.new()]
+            for state, parts in zip(pooled, ((clean, broken), (broken, clean))):
+                for part in parts:
+                    metric.merge(state, part)
+        for value in (one, *(metric.value(p) for p in pooled)):
+            # undefined (NaN) or infinitely bad: never better than the clean sample alone
+            assert math.isnan(value) or metric.worse(value, metric.value(clean)), (metric.name, value)
+            assert metric.sort_key(value) <= metric.sort_key(metric.value(clean)), metric.name
+
+
 def test_sort_key_puts_the_worst_first():
     values = [0.99, 0.5, 0.9999, math.nan]
     cos, mse = get_metrics(["cosine-similarity", "mse"])
     assert sorted(values[:3], key=cos.sort_key) == [0.5, 0.99, 0.9999]  # similarity ascending
     assert sorted(values[:3], key=mse.sort_key) == [0.9999, 0.99, 0.5]  # error descending
     assert math.isnan(sorted(values, key=cos.sort_key)[0])  # an undefined value is flagged first
-    assert cos.worst(values) == 0.5 and mse.worst(values) == 0.9999
+    assert cos.worst(values[:3]) == 0.5 and mse.worst(values[:3]) == 0.9999
+    # an output gone NaN is the worst of several: dropped, it left a node's headline at the others'
+    assert math.isnan(cos.worst(values)) and math.isnan(mse.worst(values))
     assert cos.worse(0.5, 0.9) and mse.worse(0.9, 0.5)
 
 

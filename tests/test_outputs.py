@@ -419,3 +419,21 @@ def test_an_empty_output_list_is_refused_naming_the_outputs(tmp_path):
     with pytest.raises(PTQError, match=r"output_node is empty; name the outputs to score \(prob\)"):
         parse_outputs([], qm)
     assert [s.tensor for s in parse_outputs(None, qm)] == [s.tensor for s in parse_outputs(list(qm.output_names), qm)]
+
+
+def test_a_baseline_value_that_leaves_nan_has_improved():
+    """An output or node recorded as NaN (it went non-finite) and finite now read "nan ->
+    1.000000 (worse by inf)" and failed the check; finite to NaN is the one that is worse."""
+    import math
+
+    from pytest_ptq.baseline import Baseline, compare
+
+    def baseline(value):
+        return Baseline(metric="cosine-similarity", node_type="activation", outputs={"out": value},
+                        sensitivity={"n": value})
+
+    mended = compare(baseline(math.nan), baseline(1.0), 0.001)
+    assert not mended.nodes and not mended.outputs and {m.name for m in mended.improved} == {"out", "n"}
+    broken = compare(baseline(1.0), baseline(math.nan), 0.001)
+    assert [m.name for m in broken.nodes] == ["n"] and [m.name for m in broken.outputs] == ["out"]
+    assert all(m.worse == math.inf for m in broken.nodes + broken.outputs)
