@@ -218,7 +218,8 @@ class Diff:
     removed: list  # nodes in the baseline, gone now
     added: list  # nodes measured now, not in the baseline
     notes: list  # changed hashes and versions, as sentences
-    mismatch: str = ""  # the baseline measured something else (metric, node type)
+    mismatch: str = ""  # the baseline measured something else (metric, node type, another model)
+    other_model: bool = False  # it was made for a model at another path: not this model's to rewrite
 
     @property
     def ok(self):
@@ -240,7 +241,12 @@ def compare(old, new, tolerance):
     """Compare two baselines; a value fails when it is worse by more than ``tolerance``."""
     m = get_metrics(old.metric)[0]
     mismatch = ""
-    if old.metric != new.metric or old.node_type != new.node_type:
+    was, now = old.model.get("path"), new.model.get("path")
+    other_model = bool(was and now and was != now)
+    if other_model:  # two models whose files share a name (a/model.onnx, b/model.onnx), or a moved one
+        mismatch = (f"it was made for the model {was} and this check measures {now} (paths relative to the "
+                    "baseline): two models share this baseline file, or the model moved")
+    elif old.metric != new.metric or old.node_type != new.node_type:
         mismatch = (f"the baseline holds {old.metric} of {old.node_type} nodes but this check measures "
                     f"{new.metric} of {new.node_type} nodes")
     for what, a, b in (("node", old.sensitivity, new.sensitivity), ("output", old.outputs, new.outputs)):
@@ -277,4 +283,4 @@ def compare(old, new, tolerance):
         if old.tool.get(tool) and old.tool.get(tool) != new.tool.get(tool):
             notes.append(f"the baseline was made with {tool} {old.tool[tool]}, this run uses {new.tool.get(tool)}")
     return Diff(metric=m.name, tolerance=tolerance, nodes=nodes, outputs=outputs, improved=improved,
-                removed=removed, added=added, notes=notes, mismatch=mismatch)
+                removed=removed, added=added, notes=notes, mismatch=mismatch, other_model=other_model)

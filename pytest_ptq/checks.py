@@ -417,6 +417,11 @@ class BaselineResult(Result):
                 f"{self.problem} and " if self.problem else "")
             tail = "" if self.passed else "; rerun to compare against it"
             return f"baseline {p} {what}has been rewritten from this run ({self.model}){tail}"
+        if d.other_model:
+            return (f"baseline {p} does not fit this check: {d.mismatch}; give this model a baseline of its own "
+                    "(--ptq-baseline-dir, a marker's or a contract's baseline), or, if the model moved, rewrite "
+                    f"this one with `{self.update_command.replace('--ptq-update-baseline', '--ptq-update-all')}` "
+                    "(a failing run does not rewrite another model's baseline)")
         if d.mismatch:
             return (f"baseline {p} does not fit this check: {d.mismatch}; rewrite it with "
                     f"`{self.update_command}`")
@@ -522,7 +527,9 @@ def check_baseline(analysis, path, update="none", tolerance=0.001, node_type="no
         new.save(path)
         return result(update == "all", "rewritten", problem=exc.problem)
     diff = compare(old, new, tol)
-    if update == "all" or (update == "failing" and not diff.ok):
+    # another model's baseline is never rewritten on a failure: one of two models sharing the
+    # name replaced the other's committed baseline, which then passed against its numbers
+    if update == "all" or (update == "failing" and not diff.ok and not diff.other_model):
         new.save(path)
         return result(update == "all", "rewritten", diff)
     return result(diff.ok, "ok" if diff.ok else "mismatch" if diff.mismatch else "degraded", diff)

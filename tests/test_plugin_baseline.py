@@ -282,3 +282,27 @@ def test_a_baseline_that_would_compare_nothing_fails_and_says_why(project):
     huge.assert_outcomes(failed=1)
     huge.stdout.fnmatch_lines(["*has a malformed 'sensitivity.renamed_0': it must be a cosine-similarity value "
                                "(in ?-1, 1?), got 1e+308*"])
+
+
+def test_two_models_of_one_file_name_do_not_share_a_baseline(project):
+    """The built-in contract names its baseline by the model's file name: a/model.onnx and
+    b/model.onnx shared ptq_baselines/model.json. b was compared with a's numbers, its
+    update replaced a's committed baseline, and a then passed against b's."""
+    for folder, name in (("a", "model.onnx"), ("b", "model_clipped.onnx")):
+        (project.path / folder).mkdir()
+        shutil.copy(project.path / name, project.path / folder / "model.onnx")
+    a, b = (("--ptq-model", f"{f}/model.onnx", "--ptq-data", "calib", "-k", "baseline") for f in "ab")
+    run(project, *a, "--ptq-update-baseline").assert_outcomes(failed=1, deselected=2)
+    baseline = project.path / "ptq_baselines" / "model.json"
+    kept = baseline.read_bytes()
+    assert json.loads(kept)["model"]["path"] == "../a/model.onnx"
+    for extra in ((), ("--ptq-update-baseline",)):
+        other = run(project, *b, *extra)
+        other.assert_outcomes(failed=1, deselected=2)
+        other.stdout.fnmatch_lines(["*it was made for the model ../a/model.onnx and this check measures "
+                                    "../b/model.onnx*two models share this baseline file, or the model moved*"])
+        assert baseline.read_bytes() == kept  # a's is not b's to rewrite
+    run(project, *a).assert_outcomes(passed=1, deselected=2)
+    # a model that moved: --ptq-update-all takes the baseline over
+    run(project, *b, "--ptq-update-all").assert_outcomes(passed=1, deselected=2)
+    assert json.loads(baseline.read_text())["model"]["path"] == "../b/model.onnx"
