@@ -178,10 +178,14 @@ def _values(value, key, what, bad, metric):
     return out
 
 
-def measure(analysis, metric="cosine-similarity", node_type="node", outputs=None, relative_to="."):
-    """A :class:`Baseline` of ``analysis`` now; paths relative to ``relative_to``."""
+def measure(analysis, metric="cosine-similarity", node_type="node", outputs=None, relative_to=".", named=()):
+    """A :class:`Baseline` of ``analysis`` now; paths relative to ``relative_to``; ``named``:
+    outputs and slices (``"tail=out[:, 2000:]"``) whose figures join the outputs' (a contract's
+    output thresholds name them: a slice could lose 4x the tolerance and the baseline pass)."""
     name = get_metric(metric).name
-    out = analysis.output_metrics(outputs, [name]).values
+    out = dict(analysis.output_metrics(outputs, [name]).values)
+    if named:
+        out.update(analysis.output_metrics(list(named), [name]).values)
     sens = analysis.sensitivity(node_type, name, outputs)
     fp = analysis.fingerprint()
     key = analysis.key

@@ -488,8 +488,9 @@ UPDATES = ("none", "failing", "all")
 
 
 def check_baseline(analysis, path, update="none", tolerance=0.001, node_type="node", metric=COSINE,
-                   outputs=None, inputs=None, update_command=None, rerun_command=None):
-    """Compare ``analysis`` with the baseline at ``path`` and apply the update policy.
+                   outputs=None, inputs=None, update_command=None, rerun_command=None, named=()):
+    """Compare ``analysis`` with the baseline at ``path`` and apply the update policy;
+    ``named``: outputs and slices whose figures the baseline keeps too (see ``measure``).
 
     ``update``: ``"none"`` (CI: a missing baseline fails), ``"failing"`` (write missing or
     failing baselines; the check still fails), ``"all"`` (rewrite and pass). A baseline is
@@ -502,7 +503,7 @@ def check_baseline(analysis, path, update="none", tolerance=0.001, node_type="no
     path = params.baseline_path(path, inputs if inputs is not None else analysis.inputs(), writable=update != "none")
     # a killed update leaves its temporary file beside the baseline; never let it be committed
     guard.clean_stale_temps(path.parent, path.name)
-    new = measure(analysis, metric, node_type, outputs, relative_to=path.parent)
+    new = measure(analysis, metric, node_type, outputs, relative_to=path.parent, named=named)
     shown = analysis.relative(path)
 
     def result(passed, status, diff=None, problem="", detail=""):
@@ -773,8 +774,9 @@ class PTQ:
         return self._done(check_accuracy(self.analysis, evaluate, min_ratio,
                                          self._holdout(holdout)))
 
-    def check_baseline(self, path=None, tolerance=None, node_type=None, metric=None):
-        """Against the baseline file (default: from the test id under ``--ptq-baseline-dir``)."""
+    def check_baseline(self, path=None, tolerance=None, node_type=None, metric=None, outputs=()):
+        """Against the baseline file (default: from the test id under ``--ptq-baseline-dir``);
+        ``outputs``: outputs or slices (``"tail=out[:, 2000:]"``) kept beside the model's own."""
         s = self.settings
         path = self._here(path) or s.baseline or self._baseline_path
         inputs = self.analysis.inputs(*[p for p in (s.holdout,) if p is not None]) | self._inputs
@@ -783,7 +785,8 @@ class PTQ:
         return self._done(check_baseline(
             self.analysis, path, s.update, s.tolerance if tolerance is None else tolerance,
             node_type or s.node_type, metric or s.metric, inputs=inputs,
-            update_command=self._commands.get("update"), rerun_command=self._commands.get("rerun")))
+            update_command=self._commands.get("update"), rerun_command=self._commands.get("rerun"),
+            named=tuple(outputs or ())))
 
     def _warn_outside_root(self, path):
         # the baseline folder itself is warned about once, at start-up (see session.py)

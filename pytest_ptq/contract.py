@@ -561,7 +561,7 @@ class ContractItem(pytest.Item):
         self.contract = contract
 
     def runtest(self):
-        from .checks import PTQ, ContractFailed
+        from .checks import PTQ, ContractFailed, thresholds
 
         session = ptq_session.get(self.config)
         c = self.contract
@@ -582,7 +582,9 @@ class ContractItem(pytest.Item):
         elif self.name == "data_check":
             result = ptq.check_data(c.data_check["max_severity"])
         else:
-            result = ptq.check_baseline()
+            # the outputs its thresholds name (slices too) are kept beside the model's own
+            named = [k for k in thresholds(c.outputs) if k] if isinstance(c.outputs, dict) else []
+            result = ptq.check_baseline(outputs=named)
         if not result:
             raise ContractFailed(result)
 

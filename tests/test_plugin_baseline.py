@@ -306,3 +306,17 @@ def test_two_models_of_one_file_name_do_not_share_a_baseline(project):
     # a model that moved: --ptq-update-all takes the baseline over
     run(project, *b, "--ptq-update-all").assert_outcomes(passed=1, deselected=2)
     assert json.loads(baseline.read_text())["model"]["path"] == "../b/model.onnx"
+
+
+def test_a_contracts_output_slices_are_kept_in_its_baseline(project, models):
+    """A contract's thresholds named a slice; its baseline kept the whole output only, so the
+    slice could lose 4x the tolerance (and fail its own floor) while the baseline passed."""
+    project.makefile(".ptq.yaml", c="model: model.onnx\ndata: calib\noutputs: {default: 0.5, \"cls=prob[:, 4:]\": 0.5}\n")
+    run(project, "--ptq-update-baseline").assert_outcomes(passed=1, failed=1)
+    saved = json.loads((project.path / "c.baseline.json").read_text())
+    feeds = models["feeds"]
+    ref = builders.run_model(builders.rewire(project.path / "model.onnx"), feeds)
+    quant = builders.run_model(project.path / "model.onnx", feeds, "disable")
+    want = pooled_cosine([r["prob"][:, 4:] for r in ref], [q["prob"][:, 4:] for q in quant])
+    assert set(saved["outputs"]) == {"prob", "cls"} and saved["outputs"]["cls"] == pytest.approx(want, abs=1e-7)
+    run(project).assert_outcomes(passed=2)
