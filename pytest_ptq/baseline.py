@@ -253,6 +253,14 @@ def compare(old, new, tolerance):
     elif old.metric != new.metric or old.node_type != new.node_type:
         mismatch = (f"the baseline holds {old.metric} of {old.node_type} nodes but this check measures "
                     f"{new.metric} of {new.node_type} nodes")
+    was_n, now_n = old.data.get("samples"), new.data.get("samples")
+    if not mismatch and was_n and now_n and was_n != now_n:  # pooled over other samples: other quantities
+        mismatch = f"it was measured on {was_n} calibration sample(s) and this check measures {now_n}"
+    kept = len(set(old.sensitivity) & set(new.sensitivity))
+    if not mismatch and len(old.sensitivity) >= 4 and 0 < kept < len(old.sensitivity) / 2:
+        # a pass comparing one node in nine guards nothing, and said so only in its details
+        mismatch = (f"only {kept} of its {len(old.sensitivity)} nodes are in the model now: it was exported or "
+                    "quantized again under other names")
     for what, a, b in (("node", old.sensitivity, new.sensitivity), ("output", old.outputs, new.outputs)):
         if not mismatch and b and not set(a) & set(b):  # it would pass comparing nothing
             mismatch = (f"none of the baseline's {len(a)} {what}(s) is measured now ({listed(a)} in the baseline, "

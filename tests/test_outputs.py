@@ -437,3 +437,20 @@ def test_a_baseline_value_that_leaves_nan_has_improved():
     broken = compare(baseline(1.0), baseline(math.nan), 0.001)
     assert [m.name for m in broken.nodes] == ["n"] and [m.name for m in broken.outputs] == ["out"]
     assert all(m.worse == math.inf for m in broken.nodes + broken.outputs)
+
+
+def test_a_baseline_of_other_samples_or_of_few_nodes_now_does_not_pass_unseen():
+    """Measured on 8 samples and compared on 1, or with 8 of its 9 nodes renamed, the check
+    passed with "ok", what it had not compared said only in its details."""
+    from pytest_ptq.baseline import Baseline, compare
+
+    def baseline(samples=8, nodes=("a", "b", "c", "d", "e", "f", "g", "h", "i")):
+        return Baseline(metric="cosine-similarity", node_type="activation", outputs={"out": 0.99},
+                        sensitivity={n: 0.999 for n in nodes}, data={"samples": samples})
+
+    assert compare(baseline(), baseline(), 0.001).ok
+    fewer = compare(baseline(), baseline(samples=1), 0.001)
+    assert not fewer.ok and fewer.mismatch == "it was measured on 8 calibration sample(s) and this check measures 1"
+    renamed = compare(baseline(), baseline(nodes=("a", *(f"{n}_v2" for n in "bcdefghi"))), 0.001)
+    assert not renamed.ok and renamed.mismatch.startswith("only 1 of its 9 nodes are in the model now")
+    assert compare(baseline(), baseline(nodes="abcdefg"), 0.001).ok  # a few nodes gone: noted, compared
