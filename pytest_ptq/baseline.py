@@ -108,6 +108,15 @@ def validate(d, path):
     if not isinstance(d, dict) or (d and not any(key in _FIELDS for key in d)):
         raise BaselineError(path, f"is not a pytest-ptq baseline: it must be a JSON object with keys such as "
                             f"'format' and 'sensitivity', got {shown(d)}", foreign=True)
+    version = d.get("format")
+    if isinstance(version, int) and not isinstance(version, bool) and version > FORMAT:
+        # a newer pytest-ptq's: read as malformed, an update rewrote it in the old format, its
+        # new fields gone
+        tool = d.get("tool") if isinstance(d.get("tool"), dict) else {}
+        by = f" ({tool['pytest_ptq']})" if isinstance(tool.get("pytest_ptq"), str) else ""
+        raise BaselineError(path, f"was written by a newer pytest-ptq{by} in format {version}, which this one "
+                            f"(format {FORMAT}) cannot read: upgrade pytest-ptq; it is never rewritten in the older "
+                            "format", foreign=True)
     for key in d:
         if key not in _FIELDS:
             near = difflib.get_close_matches(str(key)[:100], _FIELDS, n=1, cutoff=0.7)

@@ -388,6 +388,7 @@ class BaselineResult(Result):
     tolerance: float
     model: str
     problem: str = ""  # what is wrong with an unreadable or malformed baseline, naming the key
+    foreign: bool = False  # not a baseline this version may rewrite (another file, a newer format)
     detail: str = ""  # why it could not be read
     # the command that writes it: this run's own options, so that it runs as printed
     update_command: str = "pytest --ptq-update-baseline"
@@ -409,6 +410,8 @@ class BaselineResult(Result):
                     "itself)")
         if self.status == "unreadable":
             why = f" ({self.detail})" if self.detail else ""
+            if self.foreign:
+                return f"baseline {p} {self.problem or 'cannot be read'}{why}"
             return (f"baseline {p} {self.problem or 'cannot be read'}{why}; rewrite it with "
                     f"`{self.update_command}`")
         d = self.diff
@@ -506,9 +509,9 @@ def check_baseline(analysis, path, update="none", tolerance=0.001, node_type="no
     new = measure(analysis, metric, node_type, outputs, relative_to=path.parent, named=named)
     shown = analysis.relative(path)
 
-    def result(passed, status, diff=None, problem="", detail=""):
+    def result(passed, status, diff=None, problem="", detail="", foreign=False):
         return BaselineResult(passed=passed, status=status, path=shown, diff=diff, tolerance=tol,
-                              model=analysis.label, problem=problem, detail=detail,
+                              model=analysis.label, problem=problem, detail=detail, foreign=foreign,
                               update_command=update_command or "pytest --ptq-update-baseline",
                               rerun_command=rerun_command or "pytest")
 
@@ -521,7 +524,7 @@ def check_baseline(analysis, path, update="none", tolerance=0.001, node_type="no
         old = Baseline.load(path)
     except BaselineError as exc:
         if update == "none":
-            return result(False, "unreadable", problem=exc.problem, detail=exc.detail)
+            return result(False, "unreadable", problem=exc.problem, detail=exc.detail, foreign=exc.foreign)
         if exc.foreign:
             raise PTQError(f"baseline {shown_value(str(path), 240)} {exc.problem}; pytest-ptq only ever replaces its "
                            "own baselines, so choose another path for this one") from None

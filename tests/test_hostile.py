@@ -580,7 +580,7 @@ BAD_FIELDS = [
     ("node-type", {"node_type": "layer"}, "has a malformed 'node_type'"),
     ("model-text", {"model": "m.onnx"}, "has a malformed 'model'"),
     ("tool-list", {"tool": [1]}, "has a malformed 'tool'"),
-    ("format", {"format": 2}, "has a malformed 'format'"),
+    ("format", {"format": 0}, "has a malformed 'format'"),
     ("unknown-key", {"sensitivty": {}}, "has an unknown key 'sensitivty' (did you mean 'sensitivity'?)"),
 ]
 

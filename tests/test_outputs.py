@@ -3,6 +3,7 @@ scored part by part, against slices of plain onnxruntime runs computed here."""
 
 from __future__ import annotations
 
+import json
 import warnings
 
 import numpy as np
@@ -16,6 +17,7 @@ from pytest_ptq.checks import check_outputs
 from pytest_ptq.curves import configs_from, get_acc_error
 from pytest_ptq.distribution import collect
 from pytest_ptq.engine import Engine
+from pytest_ptq.errors import PTQError
 from pytest_ptq.outputs import parse_outputs
 from pytest_ptq.sensitivity import get_sensitivity_of_nodes
 from pytest_ptq.verdict import three_configs
@@ -454,3 +456,26 @@ def test_a_baseline_of_other_samples_or_of_few_nodes_now_does_not_pass_unseen():
     renamed = compare(baseline(), baseline(nodes=("a", *(f"{n}_v2" for n in "bcdefghi"))), 0.001)
     assert not renamed.ok and renamed.mismatch.startswith("only 1 of its 9 nodes are in the model now")
     assert compare(baseline(), baseline(nodes="abcdefg"), 0.001).ok  # a few nodes gone: noted, compared
+
+
+def test_a_baseline_of_a_newer_format_is_neither_read_nor_downgraded(tmp_path):
+    """Format 2 with a key format 1 lacks read "has an unknown key 'holdout'; rewrite it", and
+    --ptq-update-baseline rewrote it in format 1, its new fields gone."""
+    from pytest_ptq.baseline import FORMAT
+    from pytest_ptq.checks import check_baseline
+
+    data = builders.samples(4)
+    builders.save_folder(data, tmp_path / "calib")
+    builders.quantize(builders.conv_net(tmp_path / "f.onnx"), tmp_path / "q.onnx", data)
+    analysis = Analysis(AnalysisKey(str(tmp_path / "q.onnx"), str(tmp_path / "calib")), tmp_path)
+    newer = tmp_path / "b.json"
+    text = json.dumps({"format": FORMAT + 1, "metric": "cosine-similarity", "node_type": "node", "outputs": {"prob": 1},
+                       "sensitivity": {}, "holdout": {}, "tool": {"pytest_ptq": "9.0.0"}})
+    newer.write_text(text)
+    result = check_baseline(analysis, newer)
+    assert not result and result.summary == (
+        f"baseline {analysis.relative(newer)} was written by a newer pytest-ptq (9.0.0) in format {FORMAT + 1}, which "
+        f"this one (format {FORMAT}) cannot read: upgrade pytest-ptq; it is never rewritten in the older format")
+    with pytest.raises(PTQError, match="never rewritten in the older format"):
+        check_baseline(analysis, newer, update="failing")
+    assert newer.read_text() == text
