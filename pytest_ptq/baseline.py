@@ -19,6 +19,7 @@ import difflib
 import json
 import math
 import numbers
+import re
 from pathlib import Path
 
 from . import guard, params
@@ -78,6 +79,9 @@ class Baseline:
         except UnicodeDecodeError:
             raise BaselineError(path, "cannot be read", "it is not UTF-8 text", foreign=True) from None
         except ValueError as exc:
+            if re.search(rb"^<<<<<<< ", path.read_bytes(), re.M):  # git's markers: both sides are in it
+                raise BaselineError(path, "holds a merge conflict (<<<<<<< markers)", "keep one side, or measure "
+                                    "this model again") from None
             raise BaselineError(path, "cannot be read", f"it is not valid JSON: {clip(str(exc), 120)}") from None
         except RecursionError:
             raise BaselineError(path, "cannot be read", "its JSON nests too deeply") from None

@@ -446,8 +446,8 @@ class BaselineResult(Result):
     @property
     def details(self):
         d = self.diff
-        if d is None:
-            return self.detail
+        if d is None:  # an unreadable file's detail is in the summary already (it came twice)
+            return ""
         lines = []
         for title, moves in (("outputs", d.outputs), ("nodes", d.nodes)):
             if not moves:

@@ -479,3 +479,19 @@ def test_a_baseline_of_a_newer_format_is_neither_read_nor_downgraded(tmp_path):
     with pytest.raises(PTQError, match="never rewritten in the older format"):
         check_baseline(analysis, newer, update="failing")
     assert newer.read_text() == text
+
+
+def test_a_merge_conflicted_baseline_says_so_once(tmp_path):
+    """A baseline with git's conflict markers read "it is not valid JSON: Expecting property
+    name ... line 27", the sentence twice (summary and details)."""
+    from pytest_ptq.checks import check_baseline
+
+    data = builders.samples(4)
+    builders.save_folder(data, tmp_path / "calib")
+    builders.quantize(builders.conv_net(tmp_path / "f.onnx"), tmp_path / "q.onnx", data)
+    analysis = Analysis(AnalysisKey(str(tmp_path / "q.onnx"), str(tmp_path / "calib")), tmp_path)
+    path = tmp_path / "b.json"
+    path.write_text('{\n<<<<<<< HEAD\n  "format": 1,\n=======\n  "format": 1,\n>>>>>>> other\n}\n')
+    result = check_baseline(analysis, path)
+    assert "holds a merge conflict (<<<<<<< markers) (keep one side, or measure this model again)" in result.summary
+    assert result.details == ""
