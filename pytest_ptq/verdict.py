@@ -211,8 +211,10 @@ def three_configs(engine, specs, metric="cosine-similarity", heldout=None, ranki
     m = get_metric(metric)
     configs = {**configs_from(engine, ["weight", "activation"]), ALL: list(engine.calib_names)}
     # a weight already on its grid (aimet, QAT exports) bypasses to itself: only a float model shows its error
-    weights_known = any(c.bypassable and c.kind == "weight" and (not c.on_grid or c.float_weight is not None)
-                        for c in engine.qmodel.calibration.values())
+    # (a model with no weight pairs at all has no weight error to miss: nothing to say of it)
+    weights = [c for c in engine.qmodel.calibration.values() if c.kind == "weight"]
+    weights_known = not weights or any(c.bypassable and (not c.on_grid or c.float_weight is not None)
+                                       for c in weights)
     own = data is None
     values = {"calibration": score(engine, data, specs, m, configs, count)}
     samples = {"calibration": (count or len(engine.data)) if own else len(data)}

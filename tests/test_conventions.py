@@ -599,6 +599,12 @@ def test_weights_on_their_grid_without_the_float_model_are_said_unmeasured_in_th
     given = Engine(str(q), data, float_model=str(fp))
     v = three_configs(given, parse_outputs(None, given))
     assert v.values["calibration"]["weight only"] < 1.0 - 1e-7 and WEIGHTS_UNSEEN not in v.text
+    # a model without weight pairs has no weight error to miss: it read "no float model was given"
+    # beside the float model given
+    acts = builders.quantize(fp, tmp_path / "a.onnx", data, nodes_to_exclude=["conv1", "conv2", "fc"])
+    only = Engine(str(acts), data, float_model=str(fp))
+    assert not only.qmodel.of_kind("weight")
+    assert WEIGHTS_UNSEEN not in three_configs(only, parse_outputs(None, only)).text
 
 
 @pytest.mark.parametrize("base", ["conv", "mlp"])
