@@ -75,7 +75,8 @@ class Cosine(Metric):
             return 1.0
         if s[1] == 0 or s[2] == 0:
             return 0.0
-        return float(s[0] / math.sqrt(s[1] * s[2]))
+        # within [-1, 1]: rounding read identical tensors as 1.0000000000000016
+        return float(min(1.0, max(-1.0, s[0] / math.sqrt(s[1] * s[2]))))
 
 
 class MSE(Metric):
@@ -213,7 +214,7 @@ class Correlation(Metric):
             return 1.0  # both constant: no variation to lose
         if s[3] == 0 or s[4] == 0:
             return 0.0
-        return float(s[5] / math.sqrt(s[3] * s[4]))
+        return float(min(1.0, max(-1.0, s[5] / math.sqrt(s[3] * s[4]))))  # within [-1, 1], as the cosine
 
 
 COSINE = "cosine-similarity"

@@ -160,3 +160,10 @@ def test_a_metric_named_twice_is_one_metric():
     from pytest_ptq.metrics import get_metrics
 
     assert [m.name for m in get_metrics(["mse", "mse", "cosine-similarity", "cos"])] == ["mse", "cosine-similarity"]
+
+
+def test_a_similarity_never_reads_above_one():
+    """Two constant tensors of different values: rounding read their cosine 1.0000000000000224."""
+    ref, test = np.full(1000, 0.3, np.float32), np.full(1000, 0.3019608, np.float32)
+    got = compare(ref, test, ["cosine-similarity", "correlation"])
+    assert got == {"cosine-similarity": 1.0, "correlation": 1.0}
