@@ -708,7 +708,8 @@ def test_a_test_run_again_is_reported_by_its_last_attempt(project):
     project.makepyfile(test_suite=loose_first[0] + "@pytest.mark.ptq(model=\"model.onnx\")" + loose_first[2]
                        + "@pytest.mark.ptq(model=\"model.onnx\")" + loose_first[1])
     result = run(project, "--ptq-report", "report.html", "-p", "no:xdist", "--ptq-node-type", "activation")
-    assert result.parseoutcomes() == {"passed": 2, "failed": 1, "rerun": 1}
+    outcomes = result.parseoutcomes()  # with "warnings" where the inner run has some
+    assert {k: outcomes.get(k) for k in ("passed", "failed", "rerun")} == {"passed": 2, "failed": 1, "rerun": 1}
     page = Page((project.path / "report.html").read_text())
     assert [s["title"] for s in page.sections] == ["model.onnx FAILED", "model_pc.onnx PASSED"]
     tests = {r["test"]: r["outcome"] for r in rows(page.sections[0]["tables"]["tests"])}
