@@ -484,6 +484,10 @@ def load_function(spec, base, label):
     return fn
 
 
+class PTQContractWarning(pytest.PytestWarning):
+    """A contract whose meaning depends on the command line (a threshold in --ptq-metric's units)."""
+
+
 class ContractFile(pytest.File):
     """A ``*.ptq.yaml`` file: one item per check of its contract."""
 
@@ -575,6 +579,14 @@ class ContractItem(pytest.Item):
             # output thresholds are cosines unless the contract itself names a metric
             result = ptq.check_outputs(c.outputs, c.metric or COSINE)
         elif self.name == "nodes":
+            if c.nodes["threshold"] is not None and not (c.nodes["metric"] or c.metric) and settings.metric != COSINE:
+                # 0.999 written as a cosine floor passed as a 0.999 dB floor under --ptq-metric=sqnr
+                import warnings
+
+                warnings.warn(PTQContractWarning(
+                    f"{self.path.name}: nodes.threshold {c.nodes['threshold']} is read in {settings.metric} (the "
+                    "session's --ptq-metric), as the contract names no metric; name it (nodes: {metric: ...}) to "
+                    "keep the threshold's meaning whatever the command line says"))
             result = ptq.check_nodes(c.nodes["threshold"], metric=c.nodes["metric"], outputs=c.node_outputs)
         elif self.name == "accuracy":
             fn = load_function(c.accuracy["evaluate"], c.path.parent, f"contract {self.path.name!r}: 'accuracy.evaluate'")

@@ -245,3 +245,16 @@ def test_a_failed_checks_one_line_is_its_reason(project):
     run(project, *args, "--tb=line").stdout.fnmatch_lines([f"*m.onnx:1: {reason}"])
     [failure] = ET.parse(project.path / "j.xml").iter("failure")
     assert failure.get("message").startswith("output cosine-similarity fails for 1 of 1 output(s): 'prob' ")
+
+
+def test_a_contracts_node_threshold_read_in_the_command_lines_metric_warns(project):
+    """``nodes: {threshold: 0.999}`` written as a cosine floor passed under --ptq-metric=sqnr as a
+    0.999 dB floor, in silence; a contract that names its metric keeps its meaning."""
+    project.makefile(".ptq.yaml", c="model: m.onnx\ndata: calib\nbaseline: false\nnodes: {threshold: 0.999}\n",
+                     named="model: m.onnx\ndata: calib\nbaseline: false\n"
+                           "nodes: {threshold: 0.999, metric: cosine-similarity}\n")
+    result = run(project, "-k", "nodes", "--ptq-metric", "sqnr")
+    result.stdout.fnmatch_lines(["*PTQContractWarning: c.ptq.yaml: nodes.threshold 0.999 is read in sqnr (the "
+                                 "session's --ptq-metric), as the contract names no metric*"])
+    assert "named.ptq.yaml: nodes.threshold" not in result.stdout.str()
+    assert "PTQContractWarning" not in run(project, "-k", "nodes").stdout.str()
