@@ -264,9 +264,8 @@ def compare(old, new, tolerance):
         mismatch = (f"it was made for the model {was} and this check measures {now} (paths relative to the "
                     "baseline): two models share this baseline file, or the model moved")
     elif old.metric != new.metric or old.node_type != new.node_type:
-        kind = {"node": "normal"}  # "node nodes" read as a typo
-        mismatch = (f"the baseline holds {old.metric} of {kind.get(old.node_type, old.node_type)} nodes but this "
-                    f"check measures {new.metric} of {kind.get(new.node_type, new.node_type)} nodes")
+        mismatch = (f"the baseline holds {old.metric} of {params.nodes_of_type(old.node_type)} but this check "
+                    f"measures {new.metric} of {params.nodes_of_type(new.node_type)}")
     was_n, now_n = old.data.get("samples"), new.data.get("samples")
     if not mismatch and was_n and now_n and was_n != now_n:  # pooled over other samples: other quantities
         mismatch = f"it was measured on {was_n} calibration sample(s) and this check measures {now_n}"

@@ -47,6 +47,7 @@ import importlib.util
 import math
 import os
 import sys
+import warnings
 from pathlib import Path
 
 import pluggy
@@ -581,8 +582,6 @@ class ContractItem(pytest.Item):
         elif self.name == "nodes":
             if c.nodes["threshold"] is not None and not (c.nodes["metric"] or c.metric) and settings.metric != COSINE:
                 # 0.999 written as a cosine floor passed as a 0.999 dB floor under --ptq-metric=sqnr
-                import warnings
-
                 warnings.warn(PTQContractWarning(
                     f"{self.path.name}: nodes.threshold {c.nodes['threshold']} is read in {settings.metric} (the "
                     "session's --ptq-metric), as the contract names no metric; name it (nodes: {metric: ...}) to "
@@ -595,8 +594,7 @@ class ContractItem(pytest.Item):
             result = ptq.check_data(c.data_check["max_severity"])
         else:
             # the outputs its thresholds name (slices too) are kept beside the model's own
-            named = [k for k in thresholds(c.outputs) if k] if isinstance(c.outputs, dict) else []
-            result = ptq.check_baseline(outputs=named)
+            result = ptq.check_baseline(outputs=[k for k in thresholds(c.outputs) if k])
         if not result:
             raise ContractFailed(result)
 

@@ -40,7 +40,8 @@ def saturating_nodes(qm):
     and a uint8 model of the same weights read the same 0.9914 there), in a QOperator or
     dynamic file its integer ops that sum in int16 pairs."""
     if qm.format == "QDQ":
-        return [n.name for n in qm.model.graph.node if _fused_product(qm, n)]
+        wide = {o for c in _wide_qdq_weights(qm) for o in c.outputs}  # their DequantizeLinear outputs
+        return [n.name for n in qm.model.graph.node if _fused_product(qm, n, wide)]
     return [(node.name or node.output[0]) for node, _ in _wide_integer_ops(qm.as_given().graph)]
 
 
@@ -53,9 +54,9 @@ _FUSED_PRODUCTS = ("Conv", "ConvTranspose", "MatMul", "Gemm")
 _WEIGHT_MOVES = ("Transpose", "Reshape", "Flatten", "Squeeze", "Unsqueeze")
 
 
-def _fused_product(qm, node):
+def _fused_product(qm, node, wide):
     """Whether onnxruntime fuses ``node`` into a kernel of 8-bit activation codes times wide
-    int8 weight codes, read by structure (measured on onnxruntime 1.32's optimized graphs):
+    int8 weight codes (``wide``: those weights' DequantizeLinear outputs), read by structure (measured on onnxruntime 1.32's optimized graphs):
     its first input dequantized from an 8-bit tensor computed at run time (a pair's, or a
     quantized model input's), its second a wide int8 weight's DequantizeLinear output (through
     ops that move it); a Conv only with its output quantized (else it stays float), a Gemm
@@ -69,7 +70,7 @@ def _fused_product(qm, node):
     weight = node.input[1]
     while weight in qm.producer and qm.producer[weight].op_type in _WEIGHT_MOVES:
         weight = qm.producer[weight].input[0]
-    if weight not in _wide_weight_outputs(qm):
+    if weight not in wide:
         return False
     if node.op_type in ("Conv", "ConvTranspose"):
         return any(r.op_type == "QuantizeLinear" for r in qm.consumers.get(node.output[0], ()))
@@ -77,11 +78,6 @@ def _fused_product(qm, node):
         bias = qm.producer.get(node.input[2])
         return bias is not None and bias.op_type == "DequantizeLinear"
     return True
-
-
-def _wide_weight_outputs(qm):
-    """The DequantizeLinear outputs of a QDQ model's wide int8 weights (see _wide_qdq_weights)."""
-    return {o for c in _wide_qdq_weights(qm) for o in c.outputs}
 
 
 def _wide_qdq_weights(qm):

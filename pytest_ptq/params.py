@@ -22,6 +22,12 @@ from .errors import PTQError, shown, unknown
 NODE_TYPES = ("node", "weight", "activation")
 
 
+def nodes_of_type(node_type):
+    """How a sentence names the nodes of ``node_type``: "normal nodes" ("node nodes" read as a
+    typo), "weight nodes", "activation nodes"."""
+    return f"{'normal' if node_type == 'node' else node_type} nodes"
+
+
 def _fail(what, text):
     """The error for a bad value; with no ``what`` (argparse names the option) the sentence
     starts with the verb."""

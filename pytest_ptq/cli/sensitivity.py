@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from .. import params
 from ..cache import through
 from ..confidence import confidence_rows, ranking_confidence
 from ..errors import PTQError
@@ -41,7 +42,8 @@ def run_sensitivity(args):
     _finish(args, result, result.table(limit=args.top))
     if not result:  # an empty table alone read as a failure to rank
         counts = ", ".join(f"{len(engine.qmodel.of_kind(k))} {k}" for k in ("weight", "activation", "dynamic"))
-        print(f"no {args.node_type} nodes to rank in this model ({counts} calibration nodes); try another -t")
+        print(f"no {params.nodes_of_type(args.node_type)} to rank in this model ({counts} calibration nodes); "
+              "try another -t")
     a.warn_if_simulated_otherwise(args, engine, cache)
 
 

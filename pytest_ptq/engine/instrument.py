@@ -439,16 +439,18 @@ def _alternative_branch(gates, c, original):
         p = f"ptq_a::{c.name}::{j}"
         elem = original.output[j].type.tensor_type.elem_type
         wide = _alternative_type(elem)
-        if wide != elem:  # a 16-bit float holds whole numbers up to 2048 only: no 16-bit codes
-            out_nodes.append(helper.make_node("Cast", [src], [f"{p}::x"], to=wide))
+        # a 16-bit float holds whole numbers up to 2048 only (no 16-bit codes): cast in, and back
+        # to the graph's type, as a DequantizeLinear with a half scale gives it
+        x, y = (f"{p}::x", f"{p}::w") if wide != elem else (src, f"{p}::y")
+        if wide != elem:
+            out_nodes.append(helper.make_node("Cast", [src], [x], to=wide))
         out_nodes += [
-            *_on_grid(f"{p}::x" if wide != elem else src, f"{k}::scale", f"{k}::zp", f"{k}::qmin", f"{k}::qmax",
-                      f"{p}::c"),
+            *_on_grid(x, f"{k}::scale", f"{k}::zp", f"{k}::qmin", f"{k}::qmax", f"{p}::c"),
             helper.make_node("Sub", [f"{p}::c", f"{k}::zp"], [f"{p}::s"]),
-            helper.make_node("Mul", [f"{p}::s", f"{k}::scale"], [f"{p}::w" if wide != elem else f"{p}::y"]),
+            helper.make_node("Mul", [f"{p}::s", f"{k}::scale"], [y]),
         ]
-        if wide != elem:  # back to the graph's type, as a DequantizeLinear with a half scale gives it
-            out_nodes.append(helper.make_node("Cast", [f"{p}::w"], [f"{p}::y"], to=elem))
+        if wide != elem:
+            out_nodes.append(helper.make_node("Cast", [y], [f"{p}::y"], to=elem))
         outs.append(helper.make_value_info(f"{p}::y", original.output[j].type))
     alt_g = helper.make_graph(out_nodes, f"ptq_alt_{c.name}", [], outs)
     wrapped = [helper.make_value_info(f"ptq_w::{c.name}::{j}", o.type) for j, o in enumerate(original.output)]
