@@ -416,6 +416,18 @@ def test_cli_errors_and_help(models, tmp_path, capsys):
         assert "--nodes" in capsys.readouterr().out
 
 
+def test_an_axis_no_node_has_is_refused_not_skipped_node_by_node(models, tmp_path, capsys):
+    # several nodes skip one without a channel axis; an axis none of them has is the caller's
+    with pytest.raises(PTQError, match="no node has axis 7: axis 7 is out of range"):
+        get_channelwise_data_distribution(tmp_path, models["engine"], nodes_list=["r1_QuantizeLinear", "c2_QuantizeLinear"],
+                                          axis=7)
+    assert not list(tmp_path.glob("*.png"))
+    rc = cli.main(["runall", str(models["q"]), str(models["folder"]), "--axis", "7", "--data-num", "1",
+                   "-s", str(tmp_path / "runall"), "--quiet"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "no node has axis 7" in err and len(err.strip().splitlines()) == 1
+
+
 def test_titles_wrap_between_phrases_never_inside_brackets():
     from pytest_ptq.figures import wrap
 

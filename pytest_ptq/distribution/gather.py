@@ -421,6 +421,11 @@ def collect(engine, dist_nodes=(), box_nodes=(), axis=None, data_num=None, bins=
         info.update(stats.result(outlier_k), axis=stats.axis, shape=stats.shape,
                     samples=samples if info["kind"] != "weight" else 0)
         out_boxes[name] = info
+    if axis is not None and out_boxes and all("skipped" in d for d in out_boxes.values()):
+        # an axis no node has is the caller's mistake, not a node's shape: skipping them all
+        # would draw no box plot and still succeed
+        first = next(iter(out_boxes.values()))["skipped"]
+        raise PTQError(f"no node has axis {axis}: {first}")
     order = list(dict.fromkeys(list(dist_nodes)))
     return ({k: plain(dist[k]) for k in order}, {k: plain(out_boxes[k]) for k in dict.fromkeys(box_nodes)})
 
