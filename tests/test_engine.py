@@ -990,7 +990,7 @@ def test_a_fold_that_leaves_a_subgraph_reading_nothing_names_the_deleted_node(tm
     assert "pass the float model to name the op" in str(info.value)
     with pytest.raises(PTQError) as info:
         Engine(str(tmp_path / "broken.onnx"), builders.samples(2), float_model=str(fpath))
-    assert "the float model's Relu 'relu0' writes it and the quantizer removed that node" in str(info.value)
+    assert "the float model's Relu 'relu0' writes it; the quantizer removed that node" in str(info.value)
     assert "\n" not in str(info.value)
 
 

@@ -381,7 +381,7 @@ def test_naming_an_integer_output_warns_that_a_metric_cannot_judge_ids(tmp_path)
     # and says so, where README promises what is left out is never left out in silence
     assert [n for n in qm.notes if "'cls'" in n] == [
         "model output 'cls' holds int64 values (a mask or ids?), which no output metric can weigh (a change of every "
-        "id may read as none); ArgMax 'ArgMax_0' computes it from the float tensor 'logits_QuantizeLinear_Input': the "
+        "id may read as none); ArgMax 'ArgMax_0' computes it from the float tensor 'logits': the "
         "comparisons judge the float outputs; name it (output_node / --output-node) to compare it all the same"]
 
 

@@ -342,8 +342,11 @@ def collect(engine, dist_nodes=(), box_nodes=(), axis=None, data_num=None, bins=
                 dist[name] = _weight_distribution(qm, c, info, bins)
                 continue
             need(float_t, c.input)
-            info["relu_follows"] = bool(c.consumers) and all(
-                qm.normal[n].op_type == "Relu" for n in c.consumers if n in qm.normal)
+            # only Relus read the pair's values: a graph output or a subgraph reading them sees
+            # the clipped negatives as lost
+            readers = [n for o in c.outputs for n in qm.readers(o)]
+            info["relu_follows"] = bool(readers) and all(n.op_type == "Relu" for n in readers) and not any(
+                o in qm.output_names for o in c.outputs)
             v = _Values(lambda vals, c=c: c.as_float_model_has_it(vals[("f", c.input)]), clip_bounds(c))
             codes = _Codes(lambda vals, c=c: c.as_float_model_has_it(vals[("f", c.input)]), c)
             accs += [_Group([v], bins), codes]

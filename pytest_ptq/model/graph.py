@@ -96,14 +96,18 @@ class Unprovided(PTQError):
         self.node, self.tensor, self.implicit, self.source = node, tensor, implicit, source
         super().__init__(self.explain())
 
-    def explain(self, float_node=None):
-        """The sentence; ``float_node``: the float model's node that writes the tensor."""
+    def explain(self, float_node=None, kept=None):
+        """The sentence; ``float_node``: the float model's node that writes the tensor;
+        ``kept``: this model's node of that name, where it still has one."""
         where = "a subgraph of node" if self.implicit else "node"
         head = (f"{where} {self.node.name or self.node.op_type!r} of {self.source} reads tensor {self.tensor!r}, "
                 "which no node, input or initializer provides (onnxruntime refuses the file too)")
         if float_node is not None:
+            # a folded Relu leaves its producer in place, writing the Relu's output instead
+            done = (f"here it writes {', '.join(repr(o) for o in kept.output)} instead: the quantizer folded the op "
+                    "after it into it" if kept is not None else "the quantizer removed that node")
             return (f"{head}: the float model's {float_node.op_type} {float_node.name or float_node.op_type!r} "
-                    "writes it and the quantizer removed that node without rewiring what reads it"
+                    f"writes it; {done} without rewiring what reads it"
                     f"{' inside the subgraph' if self.implicit else ''}; quantize again with that node "
                     "excluded or kept (onnxruntime: extra_options={'QDQKeepRemovableActivations': True}), or "
                     "report it to the quantizer")
@@ -567,10 +571,22 @@ def load_light(model_or_file, what="model"):
         model, path = load_model(model_or_file, what, external=False, parse=False)
         light = load_mapped(path)
         if light is not None and light[0].graph.node:
-            return light[0], path, light[1]
-        return load_model(path, what, external=False) + ({},)
+            return _inlined(light[0]), path, light[1]
+        model, path = load_model(path, what, external=False)
+        return _inlined(model), path, {}
     model, arrays = _light_copy(model_or_file)
-    return model, None, arrays
+    return _inlined(model), None, arrays
+
+
+def _inlined(model):
+    """``model`` with its local functions (``model.functions``) inlined: a call of one is no
+    op onnxruntime's kernels or the analyses know by type, and pairs inside its body are the
+    model's pairs like any other. Inlined nodes keep the body's names, made unique by onnx's inliner."""
+    if not model.functions:
+        return model
+    from onnx import inliner
+
+    return inliner.inline_local_functions(model)
 
 
 def _light_copy(proto):

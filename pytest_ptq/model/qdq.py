@@ -24,8 +24,8 @@ from onnx import numpy_helper
 from .. import params
 from ..errors import NotQuantized, PTQError, unknown
 from . import formats, grids
-from .graph import (Unprovided, externalize, hand_back, load_light, load_model, mapping, name_nodes, restore,
-                    has_subgraphs, sort_topologically, subgraphs)
+from .graph import (Unprovided, externalize, hand_back, load_light, load_model, mapping, name_nodes, node_refs,
+                    restore, has_subgraphs, sort_topologically, subgraphs)
 from .producers import detect
 
 # Elements of a weight that numpy computes on at once (see CalibrationNode.row_blocks): float64
@@ -368,6 +368,15 @@ class QuantModel:
         self._given = None if self._format == formats.QDQ else model_or_file
         self.notes += rewrite.notes
         graph = self.model.graph
+        if self.model.ir_version < 4:
+            # IR 3 lists every initializer as a graph input, and onnxruntime then registers one
+            # that only a subgraph reads (the engine's gates read scales from their If
+            # branches) nowhere; from IR 4 an initializer needs no input entry
+            inits = {i.name for i in graph.initializer}
+            kept = [i for i in graph.input if i.name not in inits]
+            del graph.input[:]
+            graph.input.extend(kept)
+            self.model.ir_version = 4
         self._refuse_axis_before_opset_13()
         self.shared = externalize(graph, arrays, folder, repr(self.source))  # and the rewrite's own
         self.unnamed = name_nodes(graph)  # nodes without a name in the file
@@ -375,7 +384,10 @@ class QuantModel:
         try:
             self.resorted = sort_topologically(graph, repr(self.source))
         except Unprovided as exc:
-            raise PTQError(exc.explain(_writer(float_model, exc.tensor))) from None
+            writer = _writer(float_model, exc.tensor)
+            kept = None if writer is None or not writer.name else next(
+                (n for n in graph.node if n.name == writer.name and n.op_type == writer.op_type), None)
+            raise PTQError(exc.explain(writer, kept)) from None
         if self.resorted:
             self.notes.append("the graph was stored out of topological order; it is analysed sorted")
         self.inits = {i.name: i for i in graph.initializer}
@@ -514,8 +526,9 @@ class QuantModel:
             inputs = [i for i in node.input if i and not self.is_constant(i)]
             found = next((i for i in inputs if self.is_float_tensor(i)), None)
             if found is not None:
-                # a pair's output is no node's: the tensor the pair quantizes is
-                return self.source_of(found), node.output[0]
+                # a pair's output is no node's: the tensor the pair quantizes is, unless the
+                # model outputs it (its name is the one a user knows)
+                return (found if found in self.output_names else self.source_of(found)), node.output[0]
             if not inputs:
                 return None
             tensor = inputs[0]
@@ -644,6 +657,12 @@ class QuantModel:
 
     def is_constant(self, name):
         return self.constant(name) is not None
+
+    def readers(self, tensor):
+        """Main-graph nodes that read ``tensor``, as an input or inside one of their subgraphs
+        (an If branch reading the outer scope), graph order."""
+        return [n for n in self.model.graph.node
+                if tensor in n.input or (has_subgraphs(n) and tensor in node_refs(n))]
 
     def _qparams(self, node, qtype):
         where = f"node {node.name!r} of {self.source!r} "

@@ -1,0 +1,179 @@
+"""Model structures beyond a plain main graph: old IR versions, local functions, a pair read by a
+model output beside a Relu, a subgraph reading a tensor a quantizer renamed. Each ranking is
+checked against brute-force rewired models in plain onnxruntime sessions."""
+
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import builders
+from pytest_ptq.distribution import plot_distribution
+from pytest_ptq.engine import Engine
+from pytest_ptq.errors import PTQError
+from pytest_ptq.sensitivity import get_sensitivity_of_nodes
+
+N = 4
+
+
+def _brute_force(qpath, feeds, names):
+    """Worst output's pooled cosine with only ``names[k]`` quantized, against every pair bypassed."""
+    def rewired(keep=()):
+        model = builders.rewire(qpath, keep=keep)
+        # onnxruntime refuses an IR 3 file holding an initializer nothing reads (a bypassed scale)
+        model.ir_version = max(model.ir_version, 4)
+        return model
+
+    base = builders.run_model(rewired(), feeds)
+    return {n: builders.worst_cosine(base, builders.run_model(rewired((n,)), feeds)) for n in names}
+
+
+def _digest(path):
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _data(shape, seed=0):
+    rng = np.random.default_rng(seed)
+    return {"x": [rng.standard_normal(shape).astype(np.float32) for _ in range(N)]}
+
+
+def test_an_ir3_model_is_ranked_like_any_other_and_its_file_left_as_it_is(tmp_path):
+    # IR 3 lists initializers as graph inputs; onnxruntime then finds no scale an If branch
+    # (the engine's gate) reads from the outer scope, and the activation ranking was refused
+    rng = np.random.default_rng(0)
+    w = numpy_helper.from_array((rng.standard_normal((4, 3, 3, 3)) * 0.4).astype(np.float32), "W")
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "W"], ["c"], pads=[1, 1, 1, 1], name="conv"),
+         helper.make_node("Sigmoid", ["c"], ["y"], name="sig")], "ir3",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8]),
+         helper.make_tensor_value_info("W", TensorProto.FLOAT, [4, 3, 3, 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 8, 8])], [w])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 9)])
+    model.ir_version = 3
+    onnx.save(model, str(tmp_path / "f.onnx"))
+    data = _data((1, 3, 8, 8))
+    qpath = builders.quantize(tmp_path / "f.onnx", tmp_path / "q.onnx", data)
+    assert onnx.load(str(qpath)).ir_version == 3
+    before = _digest(qpath)
+    ranking = get_sensitivity_of_nodes(Engine(str(qpath), data), node_type="activation")
+    assert len(ranking) >= 2
+    feeds = [{"x": x} for x in data["x"]]
+    for name, value in _brute_force(qpath, feeds, list(ranking)).items():
+        assert ranking[name]["cosine-similarity"] == pytest.approx(value, abs=1e-5), name
+    assert _digest(qpath) == before
+
+
+def _function_model(tmp_path):
+    """x -> Q/DQ -> Block(x, W) -> Q/DQ -> MatMul(W2) -> y, where the local function Block
+    quantizes its own weight (a Q/DQ pair inside the body) before its MatMul and Tanh."""
+    rng = np.random.default_rng(2)
+    body = [helper.make_node("Constant", [], ["ws"], value=numpy_helper.from_array(np.array(0.01, np.float32))),
+            helper.make_node("Constant", [], ["wz"], value=numpy_helper.from_array(np.array(0, np.int8))),
+            helper.make_node("QuantizeLinear", ["w", "ws", "wz"], ["wq"], name="fw_Q"),
+            helper.make_node("DequantizeLinear", ["wq", "ws", "wz"], ["wdq"], name="fw_DQ"),
+            helper.make_node("MatMul", ["a", "wdq"], ["m"], name="f_mm"),
+            helper.make_node("Tanh", ["m"], ["o"], name="f_tanh")]
+    function = helper.make_function("local", "Block", ["a", "w"], ["o"], body,
+                                    opset_imports=[helper.make_opsetid("", 17)])
+    inits, nodes = [], []
+
+    def pair(t, scale, zero):
+        inits.extend([numpy_helper.from_array(np.array(scale, np.float32), f"{t}_s"),
+                      numpy_helper.from_array(np.array(zero), f"{t}_z")])
+        nodes.extend([helper.make_node("QuantizeLinear", [t, f"{t}_s", f"{t}_z"], [f"{t}_q"], name=f"{t}_Q"),
+                      helper.make_node("DequantizeLinear", [f"{t}_q", f"{t}_s", f"{t}_z"], [f"{t}_dq"],
+                                       name=f"{t}_DQ")])
+
+    pair("x", 0.03, np.uint8(128))
+    nodes.append(helper.make_node("Block", ["x_dq", "W"], ["h"], name="blk", domain="local"))
+    pair("h", 1 / 127, np.uint8(128))
+    pair("W2", 0.02, np.int8(0))
+    nodes.append(helper.make_node("MatMul", ["h_dq", "W2_dq"], ["y"], name="mm2"))
+    inits += [numpy_helper.from_array((rng.standard_normal((8, 8)) * 0.5).astype(np.float32), "W"),
+              numpy_helper.from_array((rng.standard_normal((8, 4)) * 0.5).astype(np.float32), "W2")]
+    graph = helper.make_graph(nodes, "fnet", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4])], inits)
+    model = helper.make_model(graph, functions=[function], opset_imports=[helper.make_opsetid("", 17),
+                                                                          helper.make_opsetid("local", 1)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    onnx.save(model, str(tmp_path / "q.onnx"))
+    return tmp_path / "q.onnx"
+
+
+def test_a_local_functions_pairs_are_ranked_with_the_main_graphs(tmp_path):
+    # a call of a local function was read as a custom op, and the model refused with advice
+    # to register a library that does not exist
+    qpath = _function_model(tmp_path)
+    before = _digest(qpath)
+    data = _data((2, 8), seed=1)
+    engine = Engine(str(qpath), data)
+    weights = get_sensitivity_of_nodes(engine, node_type="weight")
+    assert any(n.startswith("fw_Q") for n in weights)  # the pair inside the body, inlined
+    # the reference: onnx's inliner, then brute force on that file in plain onnxruntime
+    inlined = tmp_path / "inlined.onnx"
+    onnx.save(onnx.inliner.inline_local_functions(onnx.load(str(qpath))), str(inlined))
+    feeds = [{"x": x} for x in data["x"]]
+    for node_type in ("weight", "activation"):
+        ranking = get_sensitivity_of_nodes(engine, node_type=node_type)
+        for name, value in _brute_force(inlined, feeds, list(ranking)).items():
+            assert ranking[name]["cosine-similarity"] == pytest.approx(value, abs=1e-5), name
+    assert _digest(qpath) == before and onnx.load(str(qpath)).functions
+
+
+def test_a_pair_a_model_output_reads_beside_a_relu_clips_what_that_output_loses(tmp_path):
+    # quantize_static gives m1's pair the Relu's range; the model output m1 loses every
+    # negative value, which the distribution called harmless since "a Relu follows"
+    rng = np.random.default_rng(0)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "W"], ["m1"], name="mm"), helper.make_node("Relu", ["m1"], ["y"], name="relu")],
+        "relu_out", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 8]),
+         helper.make_tensor_value_info("m1", TensorProto.FLOAT, [4, 8])],
+        [numpy_helper.from_array(rng.standard_normal((8, 8)).astype(np.float32), "W")])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8),
+              str(tmp_path / "f.onnx"))
+    data = _data((4, 8))
+    qpath = builders.quantize(tmp_path / "f.onnx", tmp_path / "q.onnx", data)
+    engine = Engine(str(qpath), data)
+    pair = next(c for c in engine.qmodel.calibration.values() if c.kind == "activation" and "m1" in c.outputs)
+    d = plot_distribution(tmp_path / "plots", engine, nodes_list=[pair.name])[pair.name]
+    negatives = np.mean(np.concatenate([x @ numpy_helper.to_array(graph.initializer[0]) for x in data["x"]]) < 0)
+    assert d["relu_follows"] is False
+    assert d["effective_clipped_share"] == pytest.approx(negatives, abs=0.02) and negatives > 0.3
+
+
+def test_a_subgraph_reading_the_output_of_a_folded_op_names_the_node_that_now_writes_another(tmp_path):
+    # quantize_static folds the Relu after mm1 by renaming mm1's output; the Loop's body still
+    # reads mm1's old output. mm1 is in the file, so "the quantizer removed that node" was untrue
+    rng = np.random.default_rng(1)
+    body = helper.make_graph(
+        [helper.make_node("Add", ["s_in", "h"], ["s_out"]), helper.make_node("Identity", ["c_in"], ["c_out"])],
+        "body", [helper.make_tensor_value_info("i", TensorProto.INT64, []),
+                 helper.make_tensor_value_info("c_in", TensorProto.BOOL, []),
+                 helper.make_tensor_value_info("s_in", TensorProto.FLOAT, None)],
+        [helper.make_tensor_value_info("c_out", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("s_out", TensorProto.FLOAT, None)])
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "W"], ["h"], name="mm1"), helper.make_node("Relu", ["h"], ["hr"], name="relu"),
+         helper.make_node("Loop", ["trip", "go", "hr"], ["s"], name="loop", body=body),
+         helper.make_node("Mul", ["s", "hr"], ["y"], name="mul")], "loopnet",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 8])],
+        [numpy_helper.from_array((rng.standard_normal((8, 8)) * 0.5).astype(np.float32), "W"),
+         numpy_helper.from_array(np.array(3, np.int64), "trip"), numpy_helper.from_array(np.array(True), "go")])
+    fpath = tmp_path / "f.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), str(fpath))
+    data = _data((2, 8))
+    qpath = builders.quantize(fpath, tmp_path / "q.onnx", data, keep_float=False)
+    if any(n.name == "relu" for n in onnx.load(str(qpath)).graph.node):
+        pytest.skip("this onnxruntime keeps the Relu")
+    with pytest.raises(PTQError) as info:
+        Engine(str(qpath), data, float_model=str(fpath))
+    said = str(info.value)
+    assert "the float model's MatMul 'mm1' writes it; here it writes 'hr' instead" in said
+    assert "removed" not in said
