@@ -624,6 +624,9 @@ class PTQSession:
         except PTQError as exc:
             # the run's results stand: the missing page is an error line of the summary, not a crash
             self.report_error = f"the ptq report was not written: {exc}"
+        except Exception as exc:  # noqa: BLE001 - the same for a fault of ours or a library's
+            self.report_error = (f"the ptq report was not written: {type(exc).__name__}: {exc} (an internal error; "
+                                 "please report it with this line)")
 
     def node_down(self, node):
         """xdist controller: keep a finished worker's payloads."""
@@ -683,6 +686,8 @@ def terminal_lines(models):
     """``(kind, text)`` pairs of the terminal summary: ``sep`` headings, ``error``,
     ``warning`` and plain lines. A failing model's block comes once, whatever the number of
     its failing tests."""
+    if not models:  # a run without models: report (and onnx behind it) stays unimported
+        return []
     from .report import told_apart
 
     models = [dict(m, label=label, file=m["label"]) for m, label in zip(models, told_apart(models))]

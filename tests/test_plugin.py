@@ -163,6 +163,29 @@ def test_help_pins_the_option_group(pytester):
     result.stdout.fnmatch_lines(["  ptq_model (string):*", "  ptq_min_cosine (string):*"])
 
 
+def test_a_run_without_models_imports_neither_onnx_nor_onnxruntime(pytester):
+    # the terminal summary imported the report module, and onnx behind it, in every run
+    pytester.makepyfile(test_plain="def test_a():\n    assert 1\n")
+    pytester.makeconftest("import sys\n\ndef pytest_unconfigure(config):\n"
+                          "    print('LOADED', sorted(m for m in ('onnx', 'onnxruntime', 'matplotlib') "
+                          "if m in sys.modules))\n")
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-p", "no:randomly", "-s")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["LOADED []"])
+
+
+def test_a_report_that_fails_to_write_is_an_error_line_not_an_internal_error(pytester):
+    # a library's fault while drawing the page (a matplotlib warning under -W error) crashed
+    # the run with INTERNALERROR after every test had run
+    pytester.makepyfile(test_plain="def test_a():\n    assert 1\n")
+    pytester.makeconftest("import pytest_ptq.report as r\n\ndef boom(*a, **k):\n"
+                          "    raise RuntimeError('drawing failed')\n\nr.write = boom\n")
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-p", "no:randomly", "--ptq-report", "r.html")
+    result.assert_outcomes(passed=1)
+    assert "INTERNALERROR" not in result.stdout.str() + result.stderr.str()
+    result.stdout.fnmatch_lines(["ERROR: the ptq report was not written: RuntimeError: drawing failed*"])
+
+
 def test_node_types_spelled_out_for_start_up_match_the_analysis():
     from pytest_ptq import sensitivity, settings
 
