@@ -11,6 +11,7 @@ import os
 import re
 import warnings
 import zipfile
+from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
@@ -254,13 +255,21 @@ def load_data(calibrated_data, qmodel=None, data_num=None, role="calibration", c
 
     Accepted forms: a folder ``DIR/<input>/<i>.npy`` (numeric order), a folder of
     ``<input>.npy`` stacked arrays (samples on axis 0), a single ``.npz`` (one key per input,
-    samples stacked on axis 0), or a mapping ``{input: [array, ...]}``.
+    samples stacked on axis 0), a mapping ``{input: [array, ...]}`` (or samples stacked on axis
+    0: ``np.load``'s archive too), or a list of feed dicts ``[{input: array}, ...]``.
     """
+    if isinstance(calibrated_data, (list, tuple)) and calibrated_data and all(
+            isinstance(s, Mapping) for s in calibrated_data):
+        calibrated_data = _by_input(calibrated_data, role)
     if isinstance(calibrated_data, CalibrationData):
         data = calibrated_data
-    elif isinstance(calibrated_data, dict):
-        data = CalibrationData({k: _Source(f"{k}", _listed(k, v, role), role) for k, v in calibrated_data.items()},
-                               "<mapping>", role=role)
+    elif isinstance(calibrated_data, Mapping):  # a dict, np.load's NpzFile, a MappingProxyType
+        data = CalibrationData({k: _Source(f"{k}", _listed(k, calibrated_data[k], role), role)
+                                for k in calibrated_data}, "<mapping>", role=role)
+    elif isinstance(calibrated_data, (np.ndarray, list, tuple)):
+        raise PTQError(f"{role} data must be a folder, an .npz file, a mapping {{input name: samples}} or a list of "
+                       f"feed dicts {{input name: array}}, got {shown(calibrated_data)}; pass {{'<input name>': "
+                       "array} with the samples along the array's first axis")
     else:
         path = params.input_path(calibrated_data, f"{role} data")
         if path.is_file() and path.suffix == ".npz":
@@ -295,6 +304,16 @@ def _same_data(data, other):
         if any(np.shape(a[n]) != np.shape(b[n]) or not np.array_equal(a[n], b[n]) for n in a):
             return False
     return True
+
+
+def _by_input(feeds, role):
+    """``{input: [array, ...]}`` of a list of feed dicts (what a CalibrationDataReader yields)."""
+    names = list(feeds[0])
+    for i, feed in enumerate(feeds):
+        if list(feed) != names and set(feed) != set(names):
+            raise PTQError(f"{role} data: feed dict {i} holds inputs {sorted(feed)}, the first one {sorted(names)}; "
+                           "give every sample the same inputs")
+    return {k: [feed[k] for feed in feeds] for k in names}
 
 
 def _listed(name, value, role):

@@ -69,6 +69,23 @@ def test_mapping(qm):
     _assert_samples(load_data({"x": arrays}, qm), arrays)
 
 
+def test_any_mapping_and_a_list_of_feed_dicts_load_like_a_dict(qm, tmp_path):
+    # np.load's archive and a read-only view were refused as "must be a path"
+    import types
+
+    arrays = _distinct(3)
+    np.savez(tmp_path / "calib.npz", x=np.stack(arrays))
+    with np.load(tmp_path / "calib.npz") as archive:
+        _assert_samples(load_data(archive, qm), arrays)
+    _assert_samples(load_data(types.MappingProxyType({"x": arrays}), qm), arrays)
+    _assert_samples(load_data([{"x": a} for a in arrays], qm), arrays)  # what a CalibrationDataReader yields
+    with pytest.raises(PTQError, match=r"feed dict 1 holds inputs \['y'\], the first one \['x'\]"):
+        load_data([{"x": arrays[0]}, {"y": arrays[1]}], qm)
+    with pytest.raises(PTQError, match=r"must be a folder, an .npz file, a mapping .*; pass \{'<input name>': array\} "
+                                       "with the samples"):
+        load_data(np.stack(arrays), qm)
+
+
 def test_data_num_takes_the_first_samples(qm, tmp_path):
     arrays = _distinct(11)
     builders.save_folder({"x": arrays}, tmp_path)

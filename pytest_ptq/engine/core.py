@@ -13,6 +13,7 @@ Q/DQ run as fake-quant: onnxruntime's QDQ-to-integer fusion is switched off.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
@@ -619,7 +620,7 @@ def _holds(data, given):
     of the same samples)."""
     if given is data or (data.path is not None and _same_file(given, data.path)):
         return True
-    if not isinstance(given, dict) or data.path is not None:
+    if not isinstance(given, (Mapping, list, tuple)) or data.path is not None:
         return False
     try:
         other = load_data(given)
