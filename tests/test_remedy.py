@@ -217,6 +217,27 @@ def test_pruning_drops_members_the_target_does_not_need(outlier):
     assert r.needed_for(0.99) == 2 and r.needed_for(1.5) is None
 
 
+def test_a_given_ranking_of_normal_nodes_a_name_or_a_typo(outlier):
+    """The default ranking (normal nodes) was refused as another model's; a str was read letter
+    by letter; a misspelt name was dropped in silence."""
+    from pytest_ptq.engine import Engine
+    from pytest_ptq.sensitivity import get_sensitivity_of_nodes
+
+    engine = Engine(str(outlier["qdq"]), outlier["data"])
+    qm = engine.qmodel
+    by_node = get_sensitivity_of_nodes(engine, output_node=SLICE)  # node_type "node": normal nodes
+    r = suggest_remedy(engine, target=0.99, remedy="float", output_node=SLICE, ranking=by_node,
+                       requantize_check=False)
+    expected = [c for n in by_node for c in qm.normal[n].quantizers if qm.calibration[c].role != "bias"]
+    assert [x["node"] for x in r.ranking] == list(dict.fromkeys(expected))
+    r = suggest_remedy(engine, target=0.99, remedy="float", output_node=SLICE, ranking="w1_QuantizeLinear",
+                       requantize_check=False)
+    assert [x["node"] for x in r.ranking] == ["w1_QuantizeLinear"]
+    with pytest.raises(PTQError, match="unknown node 'w1_QuantizeLinera'; did you mean 'w1_QuantizeLinear'"):
+        suggest_remedy(engine, target=0.99, remedy="float", ranking=["x_QuantizeLinear", "w1_QuantizeLinera"],
+                       requantize_check=False)
+
+
 def test_a_budget_stop_keeps_the_best_result_so_far(outlier, monkeypatch):
     calls = []
     original = remedy_mod.Scorer.__call__

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 
-from ..errors import PTQError
+from ..errors import PTQError, shown, unknown
 from ..progress import Progress
 from ..sensitivity import score_configs
 
@@ -22,36 +22,52 @@ def rank(engine, names, metric, specs, indices, clock, ranking=None, progress=Fa
     """``[(node, sensitivity)]`` most sensitive first, from a given ranking or computed (with a
     progress bar when ``progress``)."""
     if ranking is not None:
-        return _given_ranking(ranking, names, metric)
+        return _given_ranking(ranking, names, metric, engine.qmodel)
     with Progress(len(names) * len(indices), f"ranking {len(names)} nodes", enabled=progress) as bar:
         values = one_node_values(engine, names, metric, specs, indices, clock, bar=bar)
     order = sorted(values, key=lambda n: metric.sort_key(values[n]))
     return [(n, values[n]) for n in order]
 
 
-def _given_ranking(ranking, names, metric):
-    allowed = set(names)
-    if isinstance(ranking, dict):
+def given_ranking(ranking, metric, qm):
+    """``[(calibration node, value or None)]`` in the order ``ranking`` gives: a Sensitivity (or
+    a list of them) of calibration nodes, or of normal nodes (each standing for the calibration
+    nodes quantizing it, in the node's rank, with no value of its own), or node names. Raises
+    PTQError naming an entry that is no node of ``qm``."""
+    if isinstance(ranking, (str, dict)):
         ranking = [ranking]
     entries = {}
-    order = []
+
+    def take(name, value):
+        if not isinstance(name, str):
+            raise PTQError(f"ranking names nodes by str, got {shown(name)}")
+        if name not in qm.calibration and name not in qm.normal:
+            raise unknown("node", name, sorted(qm.names()))
+        normal = name not in qm.calibration
+        for n in qm.normal[name].quantizers if normal else [name]:
+            if n not in entries:
+                entries[n] = None if normal or not isinstance(value, dict) else value.get(metric.name)
+
     for item in ranking:
         if isinstance(item, str):
-            if item in allowed and item not in entries:
-                entries[item] = None
-                order.append(item)
+            take(item, None)
         elif isinstance(item, dict):
             for n, v in item.items():
-                if n in allowed and n not in entries:
-                    entries[n] = v.get(metric.name) if isinstance(v, dict) else None
-                    order.append(n)
+                take(n, v)
         else:
-            raise PTQError("ranking must be a Sensitivity, a list of them, or a list of node names")
-    if not order:
-        raise PTQError("the given ranking names none of the candidate nodes; rank the same model's nodes")
-    if all(v is not None for v in entries.values()):
-        order.sort(key=lambda n: metric.sort_key(entries[n]))
-    return [(n, entries[n]) for n in order]
+            raise PTQError(f"ranking must be a Sensitivity, a list of them, or a list of node names, got {shown(item)}")
+    return list(entries.items())
+
+
+def _given_ranking(ranking, names, metric, qm):
+    allowed = set(names)
+    entries = [(n, v) for n, v in given_ranking(ranking, metric, qm) if n in allowed]
+    if not entries:
+        raise PTQError(f"the given ranking names none of the {len(names)} candidate nodes (its nodes cannot take this "
+                       "remedy, or are not gated); rank them with get_sensitivity_of_nodes, or leave out ranking=")
+    if all(v is not None for _, v in entries):
+        entries.sort(key=lambda e: metric.sort_key(e[1]))
+    return entries
 
 
 def one_node_values(engine, names, metric, specs, indices, clock, alternative=False, bar=None):

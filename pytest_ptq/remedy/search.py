@@ -18,7 +18,7 @@ from .parts import layout, with_alternatives
 from .plot import plot_remedy
 from .producer_check import PACKAGE, PYTHON_ENV, check_producer_terms, producer_python
 from .producer_terms import producer_terms
-from .ranking import mixed_moves, rank
+from .ranking import given_ranking, mixed_moves, rank
 from .requantize import judged, measure, score_parts
 from .result import DEFAULT_COSTS, MIXED, REMEDIES, WHAT, Remedy, meets
 from .scoring import Clock, OutOfTime, Scorer, cost_of, pooled
@@ -79,8 +79,9 @@ def suggest_remedy(model_or_file, calibrated_data=None, target=None, metric="cos
     result so far is returned (``budget_exhausted``); the final figures and the re-quantized
     check come after it. ``candidates``: restrict to these calibration or normal nodes
     (default: every node that the quantizer which made the model can remedy in its own terms).
-    ``ranking``: a weight or activation :class:`Sensitivity` (or a list of them, or calibration
-    node names, most sensitive first) to reuse instead of ranking anew. With the float model
+    ``ranking``: a :class:`Sensitivity` of any node type (or a list of them, or node names, most
+    sensitive first; a normal node stands for the calibration nodes quantizing it) to reuse
+    instead of ranking anew. With the float model
     (``float_model`` or the engine's) the settings are applied by re-quantizing and measured
     on the same data sets; the re-quantized models go to ``save_dir`` (or a temporary folder).
     """
@@ -125,6 +126,8 @@ def _suggest(engine, save_dir, clock, target, metric, remedy, output_node, data_
     indices = sample_indices(engine, data_num)
     if remedy == MIXED and ranking is not None:
         raise PTQError("a mixed search ranks each node on each kind itself; leave out ranking=")
+    if ranking is not None:
+        given_ranking(ranking, objective.metric, qm)  # a misspelt name is said even when no search runs
     menus, skipped = menus_for(engine, list(costs), per_channel_activations)
     notes = []
     if skipped:
