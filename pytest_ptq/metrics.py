@@ -264,8 +264,10 @@ def compare(ref, test, metrics=("cosine-similarity",)):
     if not numeric or shapes[0] != shapes[1]:
         raise PTQError(f"compare needs two numeric arrays of the same shape, got {shown(ref)} and {shown(test)}"
                        + (f" (shapes {list(shapes[0])} and {list(shapes[1])})" if numeric else ""))
+    if not np.size(ref):  # no value to compare: a perfect score would be made up
+        raise PTQError(f"compare needs arrays holding values, got two of shape {list(shapes[0])}")
     result = {}
-    for m in get_metrics(list(metrics)):
+    for m in get_metrics(metrics):
         s = m.new()
         m.update(s, ref, test)
         result[m.name] = m.value(s)

@@ -156,6 +156,16 @@ def test_names_and_aliases():
         get_metrics([])
 
 
+def test_compare_takes_one_metric_name_and_refuses_empty_arrays():
+    # "mse" was split into letters ("unknown metric 'm'"); empty arrays read as a perfect match
+    r, t = np.arange(4.0), np.arange(4.0) + 0.5
+    assert compare(r, t, "mse") == {"mse": pytest.approx(0.25)}
+    assert compare(r, t, ("mse", "l1")) == {"mse": pytest.approx(0.25), "l1": pytest.approx(0.5)}
+    for name in METRICS:
+        with pytest.raises(PTQError, match=r"compare needs arrays holding values, got two of shape \[0\]"):
+            compare(np.zeros(0), np.zeros(0), name)
+
+
 def test_a_metric_named_twice_is_one_metric():
     from pytest_ptq.metrics import get_metrics
 
