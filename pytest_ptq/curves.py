@@ -21,7 +21,7 @@ from .outputs import parse_outputs
 from .progress import Progress
 from .results import JsonResult, read_from
 from .tables import short
-from .engine import engine_for
+from .engine import Engine, engine_for
 from .sensitivity import sample_indices
 
 KINDS = ("weight", "activation")
@@ -58,6 +58,7 @@ def configs_from(engine, quantize_node=None, non_quantize_node=None):
     names: one config per name; a list of lists: one config per inner list. With
     ``non_quantize_node`` the same forms give "everything but those".
     """
+    engine = engine_for(engine)
     qm = engine.qmodel
     every = list(engine.calib_names)
     if quantize_node is not None and non_quantize_node is not None:
@@ -89,6 +90,9 @@ def get_acc_error(engine, configs, metric="cosine-similarity", data_num=None, lo
     model runs in segments, else one sample's (see :meth:`.engine.Engine.probes`)."""
     m = get_metric(metric)
     local = params.flag(local, "local")
+    if not isinstance(engine, Engine):
+        raise PTQError(f"get_acc_error needs an Engine(model, data), got {shown(engine)}; plot_acc_error takes a "
+                       "model file and its data")
     if not isinstance(configs, dict) or not configs:
         raise PTQError("configs must be a mapping {label: [calibration nodes quantized]}, such as "
                        f"configs_from(engine) gives; got {shown(configs)}")

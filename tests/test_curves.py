@@ -136,6 +136,12 @@ def test_config_forms(setup):
         configs_from(engine, ["weight"], ["activation"])
     with pytest.raises(PTQError, match="unknown node 'conv_2'.*'conv2'"):
         configs_from(engine, ["conv_2"])
+    # a model file, as every other function takes: it crashed on a str's missing attributes
+    from_file = configs_from(str(engine.qmodel.path), ["weight", "activation"])
+    assert from_file["activation only"] == acts  # without the float model the biases stay as stored
+    assert from_file["weight only"] == [n for n in weights if not n.startswith("b")]
+    with pytest.raises(PTQError, match="get_acc_error needs an Engine"):
+        get_acc_error(str(engine.qmodel.path), {"w": weights})
 
 
 def _fake_quant(x, scale, zp, axis=None):
