@@ -286,6 +286,13 @@ def test_intermediate_tensors_and_bad_requests(zoo):
         engine.run(0, ["c2_quantizelinear"])
     with pytest.raises(PTQError, match="tensor 'nope' is not a float output"):
         engine.run(0, (), ["nope"])
+    # one name is one node (it was read letter by letter); an index outside the data is refused
+    # (-1 ran the last sample, 99 raised IndexError)
+    assert_matches(engine.run(1, "w2_QuantizeLinear", ["a2", "logits"]), {k: want[k] for k in ("a2", "logits")},
+                   "disable", 0)
+    for index in (-1, len(engine.data)):
+        with pytest.raises(PTQError, match=rf"sample {index} is out of range: .* hold {len(engine.data)} sample"):
+            engine.run(index, [])
     with pytest.raises(PTQError, match="unknown optimization level 'fast'"):
         Engine(qpath, zoo.data("qdq"), optimization="fast")
     with pytest.raises(PTQError, match="no calibration data"):

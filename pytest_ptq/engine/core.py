@@ -339,8 +339,8 @@ class Engine:
             self.segments.forget(key)
 
     def _config(self, quantized):
-        if isinstance(quantized, str) and quantized == "all":
-            return self.calib_names
+        if isinstance(quantized, str):  # "all", or one node's name
+            return self.calib_names if quantized == "all" else [quantized]
         return quantized
 
     def run(self, sample, quantized=(), tensors=None, kind=None, alternative=()):
@@ -357,8 +357,12 @@ class Engine:
             sample = self.sample(key)
             if self.segments is None or not all(t in self.model_outputs for t in (tensors or self.model_outputs)):
                 raise PTQError("stacked samples run model outputs only, through the segments")
-        elif isinstance(sample, (int, np.integer)):
+        elif isinstance(sample, (int, np.integer)) and not isinstance(sample, bool):
             key = int(sample)
+            count = 0 if self.data is None else len(self.data)
+            if self.data is not None and not 0 <= key < count:  # -1 would run the last one unasked
+                raise PTQError(f"sample {key} is out of range: the data {self.data.where!r} hold {count} sample(s), "
+                               f"0 to {count - 1}")
             sample = self.sample(key)
         quantized = self._config(quantized)
         tensors = list(tensors or self.model_outputs)
