@@ -43,7 +43,7 @@ import warnings
 from pathlib import Path, PurePath
 
 from . import guard
-from .errors import PTQError
+from .errors import PTQError, user_level
 
 MAGIC = b"pytest-ptq cache 2\n"
 KEY_VARIABLE = "PTQ_CACHE_KEY"
@@ -62,11 +62,11 @@ def warn_not_kept(message):
     the same, not raised: keeping results only saves time, and a check that passed must not
     fail for it (a filter that ignores it still silences it)."""
     try:
-        warnings.warn(PTQCacheWarning(message), stacklevel=3)
+        warnings.warn(PTQCacheWarning(message), stacklevel=user_level())
     except PTQCacheWarning:
         with warnings.catch_warnings():
             warnings.simplefilter("always", PTQCacheWarning)
-            warnings.warn(PTQCacheWarning(message), stacklevel=3)
+            warnings.warn(PTQCacheWarning(message), stacklevel=user_level())
 
 
 def file_hash(path):

@@ -154,8 +154,9 @@ def get_acc_error(engine, configs, metric="cosine-similarity", data_num=None, lo
 
 
 def running_mean(values):
+    """The mean of the first 1, 2, ... values, as plain floats."""
     arr = np.asarray(values, dtype=np.float64)
-    return list(np.cumsum(arr) / np.arange(1, len(arr) + 1))
+    return (np.cumsum(arr) / np.arange(1, len(arr) + 1)).tolist()
 
 
 @drawing

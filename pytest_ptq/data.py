@@ -18,7 +18,7 @@ import numpy as np
 import onnx
 
 from . import params
-from .errors import PTQError, shown
+from .errors import PTQError, shown, user_level
 
 NP_OF_ONNX = {
     onnx.TensorProto.FLOAT: np.float32, onnx.TensorProto.FLOAT16: np.float16,
@@ -113,8 +113,11 @@ class CalibrationData:
         data hold fewer samples (the figures say how many they are on, this says why)."""
         asked = params.data_num(data_num)
         if asked is not None and asked > len(self):
-            warnings.warn(PTQDataWarning(f"{asked} {self.role} samples were asked for, but "
-                                         f"{self.where!r} holds {len(self)}; all {len(self)} are used"), stacklevel=3)
+            # an Engine's own data_num may have kept fewer than the files hold: say which
+            holds = (f"{self.where!r} holds {len(self)}" if len(self) == self.count else
+                     f"{len(self)} of the {self.count} in {self.where!r} were kept (an earlier data_num)")
+            warnings.warn(PTQDataWarning(f"{asked} {self.role} samples were asked for, but {holds}; all {len(self)} "
+                                         "are used"), stacklevel=user_level())
         return self.limit(asked)
 
     def subset(self, positions):

@@ -5,7 +5,10 @@ naming the file, node or input at fault and what to do; the CLI prints it and ex
 """
 
 import os
+import sys
 import traceback
+
+_PACKAGE = os.path.dirname(os.path.abspath(__file__)) + os.sep
 
 
 class PTQError(ValueError):
@@ -19,6 +22,15 @@ class NotQuantized(PTQError):
 class NotFloatEquivalent(PTQError):
     """The model with every Q/DQ pair bypassed is not its float model, so nothing can be
     measured against it (a Relu folded and deleted, another float model given)."""
+
+
+def user_level():
+    """The ``stacklevel`` that makes a warning raised by the function calling this name the
+    first caller outside pytest-ptq (the user's line), however deep in the package it is."""
+    frame, level = sys._getframe(1), 1
+    while frame.f_back is not None and os.path.abspath(frame.f_code.co_filename).startswith(_PACKAGE):
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 _SHOWN = 80

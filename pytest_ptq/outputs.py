@@ -18,7 +18,7 @@ import warnings
 
 import numpy as np
 
-from .errors import PTQError, shown, unknown
+from .errors import PTQError, shown, unknown, user_level
 from .model.qdq import attribute
 
 _SLICE = re.compile(r"^\s*(?:(?P<alias>[^=\[\]]+?)\s*=\s*)?(?P<tensor>[^\[\]]+?)\s*(?:\[(?P<index>[^\]]*)\])?\s*$")
@@ -158,7 +158,7 @@ def parse_outputs(output_node, model):
                 f"output {tensor!r} holds {_type_name(qmodel, tensor)} values (ids or a mask?): an output metric of "
                 "them depends on how the ids are numbered (id 0 weighs nothing in a cosine); name the float tensor "
                 "they come from (the scores before an ArgMax), or count matching ids in an accuracy evaluate "
-                "function"), stacklevel=2)
+                "function"), stacklevel=user_level())
     names = [s.name for s in specs]
     if len(set(names)) != len(names):
         raise PTQError(f"output names {names} repeat; give each slice its own name with 'name=tensor[...]'")

@@ -88,8 +88,8 @@ def runall(model_or_file, calibrated_data=None, save_dir="ptq_debug_runall", met
            cache=None):
     """Run every analysis and write a tidy folder under ``save_dir``.
 
-    ``node_type``: None ranks weight and activation nodes (the seed's runall); 'node' (or a
-    list) ranks normal nodes too. ``top``: how many of each ranking get distributions and
+    ``node_type``: None ranks weight and activation nodes (the seed's runall); one type
+    ('weight', 'activation', 'node': normal nodes) ranks that type only, a list each it names. ``top``: how many of each ranking get distributions and
     box plots. The first of ``metrics`` sorts the rankings and draws the curves.
 
     Samples: ``data_num`` limits every step to the first N samples. The rankings score every

@@ -195,6 +195,7 @@ def test_local_error_equals_a_single_node_recomputed_by_hand(setup):
 def test_running_mean():
     values = [1.0, 0.5, 0.9, 0.2]
     assert running_mean(values) == pytest.approx(np.cumsum(values) / np.arange(1, 5))
+    assert all(type(v) is float for v in running_mean(values))  # plain data, as the results promise
 
 
 def test_plot_writes_a_png(setup, tmp_path):

@@ -96,6 +96,18 @@ def test_data_num_takes_the_first_samples(qm, tmp_path):
         load_data(tmp_path, qm, data_num=0)
 
 
+def test_a_data_num_warning_names_the_users_line_and_an_engines_own_limit(zoo, tmp_path):
+    from pytest_ptq.engine import Engine
+
+    builders.save_folder({"x": _distinct(6)}, tmp_path)
+    engine = Engine(str(zoo.qdq("qdq")), tmp_path, data_num=2)
+    with pytest.warns(PTQDataWarning, match=r"4 calibration samples were asked for, but 2 of the 6 in .* were kept "
+                                            r"\(an earlier data_num\); all 2 are used") as told:
+        get_sensitivity_of_nodes(engine, node_type="weight", data_num=4)
+    # the test's own line, not a line inside the package (it named sensitivity.py)
+    assert [w.filename for w in told] == [__file__]
+
+
 def test_two_inputs_folder(zoo, tmp_path):
     qm2 = QuantModel(zoo.qdq("two_inputs"))
     data = builders.samples(3, names=("x", "y"))

@@ -115,6 +115,9 @@ def test_group_labels_and_bad_groups(net):
         group_sensitivity(net["engine"], [[]])
     with pytest.raises(PTQError, match="unknown node"):
         group_sensitivity(net["engine"], [["conv9"]])
+    with pytest.raises(PTQError, match=r"unknown node 'conv1, conv2': node names are not joined by commas here; give "
+                                       r"a list, \['conv1', 'conv2'\]"):
+        group_sensitivity(net["engine"], ["conv1, conv2"])
     result = group_sensitivity(net["engine"], [["conv1", "conv2"], {"from": "r1", "to": "r2"}])
     assert set(result) == {"conv1+conv2", "r1->r2"}
 

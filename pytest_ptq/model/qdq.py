@@ -1010,6 +1010,11 @@ class QuantModel:
             elif name in self.normal:
                 out.extend(self.normal[name].quantizers)
             else:
+                parts = [p.strip() for p in name.split(",")]
+                if len(parts) > 1 and all(p in self.calibration or p in self.normal for p in parts):
+                    # the command line's comma form, given to Python
+                    raise PTQError(f"unknown node {name!r}: node names are not joined by commas here; give a list, "
+                                   f"{parts!r}")
                 raise unknown("node", name, list(self.calibration) + list(self.normal))
         return list(dict.fromkeys(out))
 
