@@ -177,3 +177,22 @@ def test_a_subgraph_reading_the_output_of_a_folded_op_names_the_node_that_now_wr
     said = str(info.value)
     assert "the float model's MatMul 'mm1' writes it; here it writes 'hr' instead" in said
     assert "removed" not in said
+
+
+def test_repeated_node_names_are_told_apart_and_said_so(tmp_path):
+    # onnxruntime refuses such a file; the analyses ran on their renamed copy without a word
+    data = _data((1, 3, 8, 8))
+    qpath = builders.quantize(builders.conv_net(tmp_path / "f.onnx", size=8), tmp_path / "q.onnx",
+                              {"x": data["x"]})
+    model = onnx.load(str(qpath))
+    convs = [n for n in model.graph.node if n.op_type == "Conv"]
+    for n in convs:
+        n.name = "blk"
+    onnx.save(model, str(tmp_path / "dup.onnx"))
+    with pytest.raises(Exception, match="two nodes with same node name"):
+        builders.run_model(tmp_path / "dup.onnx", {"x": data["x"][0]})
+    qm = Engine(str(tmp_path / "dup.onnx"), data).qmodel
+    assert [n for n in qm.normal if n.startswith("blk")] == ["blk"] + [f"blk__{k}" for k in range(1, len(convs))]
+    assert any(f"node names repeat in the file ('blk' {len(convs)} times)" in note and "refuses" in note
+               for note in qm.notes)
+    assert "blk__1" in qm.unnamed  # no quantizer's option can name it apart

@@ -164,8 +164,9 @@ def sort_topologically(graph, source="the model"):
 
 def name_nodes(graph):
     """Give unnamed nodes stable names ``<OpType>_<k>`` (k counts that op type in graph order)
-    and suffix repeated names, so that every result names one node. Returns the names given
-    to nodes that had none (no tool that reads the file can name those)."""
+    and suffix repeated names (``<name>__<k>``), so that every result names one node. Returns
+    the names given to nodes that had none or shared theirs (no tool that reads the file can
+    name those)."""
     taken = {n.name for n in graph.node if n.name}
     counts = defaultdict(int)
     given = set()
@@ -185,6 +186,7 @@ def name_nodes(graph):
         seen[n.name] += 1
         if seen[n.name] > 1:
             n.name = f"{n.name}__{seen[n.name] - 1}"
+            given.add(n.name)
     return given
 
 

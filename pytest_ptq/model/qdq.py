@@ -379,7 +379,15 @@ class QuantModel:
             self.model.ir_version = 4
         self._refuse_axis_before_opset_13()
         self.shared = externalize(graph, arrays, folder, repr(self.source))  # and the rewrite's own
-        self.unnamed = name_nodes(graph)  # nodes without a name in the file
+        repeated = Counter(n.name for n in graph.node if n.name)
+        repeated = {k: v for k, v in repeated.items() if v > 1}
+        self.unnamed = name_nodes(graph)  # nodes without a name of their own in the file
+        if repeated:
+            name, times = next(iter(repeated.items()))
+            self.notes.append(f"node names repeat in the file ({name!r} {times} times"
+                              + (f", and {len(repeated) - 1} other name(s)" if len(repeated) > 1 else "")
+                              + f"), which onnxruntime refuses to load; the analyses tell them apart as {name!r}, "
+                              f"{name + '__1'!r}, ... in graph order: give each node its own name")
         self.made_by = detect(self.model, self._format)  # the quantizer, for reports and remedies only
         try:
             self.resorted = sort_topologically(graph, repr(self.source))
