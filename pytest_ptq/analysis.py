@@ -91,8 +91,10 @@ class Analysis:
         self._engine = None
         self._cache = {}
         # results on disk (cache.py), keyed by every file the engine reads
-        self.store = None if cache_dir is None else ResultCache(cache_dir, self._files, (("data_num", key.data_num),),
-                                                                   option="--ptq-cache-dir", shown=self.relative)
+        self.store = None if cache_dir is None else ResultCache(
+            cache_dir, self._files, (("data_num", key.data_num),), option="--ptq-cache-dir", shown=self.relative,
+            read=lambda: self._read)
+        self._read = None  # the engine's inputs before it read them (Engine.versions)
 
     def _files(self):
         """The files behind the engine's results, by role (the models' external data too)."""
@@ -124,6 +126,7 @@ class Analysis:
             engine = Engine(self.key.model, self.key.data, float_model=self.key.float_model,
                             data_num=self.key.data_num, check=False, **self.resources,
                             custom_op_libraries=[self.key.custom_op_library] if self.key.custom_op_library else ())
+            self._read = engine.versions
             if engine.data is not None:  # the check reads only what the cache keys: kept too (a refusal is not)
                 engine.check_float_equivalence(self.cached(("float equivalence",), engine.float_equivalence, files=()))
             self._engine = engine

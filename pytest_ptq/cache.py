@@ -164,8 +164,12 @@ class ResultCache:
     ...) to the path it names or None, asked once on first use; ``settings`` is a tuple of
     further plain key parts (the sample limit)."""
 
-    def __init__(self, folder, inputs, settings=(), option="the cache folder", shown=str):
+    def __init__(self, folder, inputs, settings=(), option="the cache folder", shown=str, read=dict):
         self.folder = Path(folder)
+        # ``read()``: ``{real path: guard.version}`` of the inputs before they were read (see
+        # Engine.versions); an input hashed, or rewritten since, otherwise keeps nothing
+        self.read = read
+        self._versions = {}  # real path -> its version when hashed
         self.option = option  # how the user named the folder, for the warning
         self.inputs = inputs
         self.settings = tuple(settings)
@@ -183,8 +187,18 @@ class ResultCache:
         """sha256 of a file or folder (computed once per cache)."""
         key = str(path)
         if key not in self._hashes:
+            self._versions[str(guard.real(path))] = guard.version(path)  # before: a rewrite while hashing shows
             self._hashes[key] = file_hash(path)
         return self._hashes[key]
+
+    def _rewritten(self):
+        """An input hashed for the keys that is not what was read, or was rewritten since
+        (a model re-exported while this run reads it), or None."""
+        read = self.read() or {}
+        for path, hashed in self._versions.items():
+            if guard.version(path) != hashed or read.get(path, hashed) != hashed:
+                return path
+        return None
 
     def base(self):
         """The key parts every entry shares: input hashes, settings and tool versions."""
@@ -225,6 +239,13 @@ class ResultCache:
         try:
             payload = _key_digest(key) + b"\n" + pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
         except Exception:  # noqa: BLE001 - a result that cannot be pickled is simply not kept
+            return
+        rewritten = self._rewritten()
+        if rewritten is not None:  # its result would be kept under the bytes of another file
+            if self.write_error is None:
+                self.write_error = f"{rewritten!r} changed while this run read it"
+                warn_not_kept(f"results are not kept between runs ({self.option}): {self.write_error}; run again "
+                              "once it is written")
             return
         if self._guard is None:
             self._guard = guard.Inputs()
@@ -289,7 +310,7 @@ def for_engine(folder, engine, option="--cache-dir"):
 
     # the engine's own options change its figures (to rounding on CPU; more on another provider)
     options = (("optimization", engine.optimization), ("providers", tuple(map(str, engine.providers))))
-    return ResultCache(folder, inputs, options, option=option)
+    return ResultCache(folder, inputs, options, option=option, read=lambda: engine.versions)
 
 
 def through(store, request, compute, files=()):

@@ -68,15 +68,15 @@ class Inputs:
         if path is None or not isinstance(path, (str, os.PathLike)) or not os.fspath(path):
             return self
         given = os.fsdecode(os.fspath(path))
-        real = _real(given)
-        folder = _isdir(real)
-        self.items.append(Input(given, real, what, folder, model=not folder and real.suffix.lower() == ".onnx"))
+        resolved = real(given)
+        folder = _isdir(resolved)
+        self.items.append(Input(given, resolved, what, folder, model=not folder and resolved.suffix.lower() == ".onnx"))
         if folder:
             # a data folder's sub-folders may be symlinks into other trees: protect those too
             try:
-                for child in os.scandir(real):
+                for child in os.scandir(resolved):
                     if child.is_symlink() and child.is_dir():
-                        self.items.append(Input(os.path.join(given, child.name), _real(child.path), what, True))
+                        self.items.append(Input(os.path.join(given, child.name), real(child.path), what, True))
             except OSError:  # an unreadable folder: loading its data will say so in its own words
                 pass
         self._files = None
@@ -91,7 +91,7 @@ class Inputs:
     def check(self, path, label):
         """Raise PTQError when writing ``path`` (a file or a folder) would write onto an input
         or inside a data folder; ``label`` names the option. Returns the resolved path."""
-        target = _real(path)
+        target = real(path)
         where = f"{label} {shown(os.fspath(path))}"
         for item in self.items:
             if not item.folder:
@@ -155,11 +155,31 @@ def external_data_files(model_path):
         if uses_external_data(tensor):
             location = next((e.value for e in tensor.external_data if e.key == "location"), None)
             if location:
-                out.append(_real(base / location))
+                out.append(real(base / location))
     return list(dict.fromkeys(out))
 
 
-def _real(path):
+def version(path):
+    """What ``path`` is on disk now, to tell a rewrite: ``(size, mtime_ns, inode)`` of a file,
+    those of each file below a folder (by relative name), or None where it cannot be read."""
+    st = _stat(path)
+    if st is None:
+        return None
+    if not stat.S_ISDIR(st.st_mode):
+        return st.st_size, st.st_mtime_ns, st.st_ino
+    out = []
+    for f in sorted(_walk(path)):
+        fs = _stat(f)
+        out.append((f.relative_to(path).as_posix(), None if fs is None else (fs.st_size, fs.st_mtime_ns, fs.st_ino)))
+    return tuple(out)
+
+
+def versions(*given):
+    """``{real path: version}`` of the paths among ``given`` (objects are skipped)."""
+    return {str(real(g)): version(g) for g in given if isinstance(g, (str, os.PathLike))}
+
+
+def real(path):
     try:
         return Path(os.path.realpath(os.path.expanduser(os.fspath(path))))
     except (OSError, ValueError):

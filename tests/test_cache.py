@@ -333,6 +333,48 @@ def test_cli_rerun_reads_its_cache_dir(tmp_path, inputs, monkeypatch, capsys):
     assert "computed although the cache holds the result" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("when", ["before the hash", "after the hash"])
+def test_a_model_rewritten_while_a_run_reads_it_keeps_no_result(tmp_path, inputs, monkeypatch, capsys, when):
+    """A re-quantization writing q.onnx during a run: the old model's results were kept under
+    the new bytes' key, and every later run of the new model read them."""
+    from pytest_ptq import cli
+    from pytest_ptq.engine import core
+
+    other = tmp_path / "other.onnx"
+    builders.quantize(builders.conv_net(tmp_path / "f2.onnx", seed=7), other, builders.samples(N))
+    built = core.Engine.__init__
+
+    def rewrite():
+        shutil.copy(other, inputs / "q.onnx")
+        os.utime(inputs / "q.onnx", ns=(1, 1))
+
+    def swap_after_load(self, *args, **kwargs):  # between what the engine read and what is hashed
+        built(self, *args, **kwargs)
+        rewrite()
+
+    if when == "before the hash":
+        monkeypatch.setattr(core.Engine, "__init__", swap_after_load)
+    else:
+        hashed = cache.ResultCache.hash_of
+
+        def swap_after_hash(self, path):
+            digest = hashed(self, path)
+            if str(path).endswith("q.onnx"):
+                rewrite()
+            return digest
+        monkeypatch.setattr(cache.ResultCache, "hash_of", swap_after_hash)
+    args = ["get-sensitivity-of-nodes", str(inputs / "q.onnx"), str(inputs / "calib"), "--quiet", "--cache-dir",
+            str(tmp_path / "c")]
+    assert cli.main(args + ["--json", str(tmp_path / "swapped.json")]) == 0
+    assert "changed while this run read it" in capsys.readouterr().err
+    assert not list((tmp_path / "c").glob("*" + cache.SUFFIX))
+    monkeypatch.undo()
+    assert cli.main(args + ["--json", str(tmp_path / "cached.json")]) == 0
+    assert cli.main(args[:-2] + ["--json", str(tmp_path / "fresh.json")]) == 0
+    values = [json.loads((tmp_path / f).read_text())["values"] for f in ("cached.json", "fresh.json")]
+    assert values[0] == values[1]
+
+
 def test_cli_refuses_a_cache_dir_inside_the_data(inputs, capsys):
     from pytest_ptq import cli
 

@@ -89,6 +89,9 @@ class Engine:
     def __init__(self, model_or_file, calibrated_data=None, float_model=None, data_num=None,
                  optimization="all", providers=None, check=True, alternatives=None, segments=None,
                  custom_op_libraries=(), memory="auto", batch="auto", workers="auto"):
+        # the inputs as they were before this engine read them: a result kept between runs is
+        # keyed by hashes read later, which must be of what the engine read
+        self.versions = guard.versions(model_or_file, calibrated_data, float_model)
         if isinstance(model_or_file, QuantModel):
             self.qmodel = model_or_file
         else:
