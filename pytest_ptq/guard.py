@@ -398,7 +398,7 @@ def _sweep_dead_folders(folder, prefix):
     with contextlib.suppress(OSError):
         for entry in os.scandir(folder):
             m = pattern.match(entry.name)
-            if not m or int(m.group(1)) == os.getpid() or _alive(int(m.group(1))):
+            if not m or int(m.group(1)) == os.getpid() or alive(int(m.group(1))):
                 continue
             with contextlib.suppress(OSError):
                 if entry.is_dir(follow_symlinks=False) and time.time() - entry.stat().st_mtime > DEAD_GRACE_S:
@@ -527,7 +527,7 @@ def clean_stale_temps(folder, name=None):
             pid = int(m.group("pid"))
             if pid == os.getpid() or age < DEAD_GRACE_S:
                 continue
-            if age > STALE_AFTER_S or not _alive(pid):
+            if age > STALE_AFTER_S or not alive(pid):
                 os.unlink(entry.path)
                 removed.append(Path(entry.path))
         except (OSError, ValueError):
@@ -535,7 +535,9 @@ def clean_stale_temps(folder, name=None):
     return removed
 
 
-def _alive(pid):
+def alive(pid):
+    """Whether process ``pid`` runs on this machine (a zombie, dead but not yet reaped by its
+    parent, does not)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -544,4 +546,8 @@ def _alive(pid):
         return False  # no process can have that number
     except OSError:
         return True  # someone else's process: keep its file
-    return True
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:  # Linux: the state follows the command's ")"
+            return fh.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except (OSError, IndexError):
+        return True

@@ -38,6 +38,7 @@ import fnmatch
 import json
 import math
 import os
+import socket
 import sys
 import time
 from pathlib import Path
@@ -106,7 +107,8 @@ def runall(model_or_file, calibrated_data=None, save_dir="ptq_debug_runall", met
     ``sensitivity_<type>.json`` (reloadable with ``Sensitivity.load``), ``acc_error.png``,
     ``distributions/*.png`` and ``channelwise/*.png``. Into a folder an earlier runall wrote,
     the files its summary lists and this run does not write go; a folder whose summary runall
-    did not write is refused. Until the run ends, ``summary.md`` says it did not finish.
+    did not write, or that another runall is writing into, is refused. Until the run ends,
+    ``summary.md`` says it did not finish and ``summary.json`` lists every file written so far.
     Returns the summary dict; its ``files`` entry holds the paths written.
     """
     top = params.positive_int(top, "top")
@@ -155,12 +157,36 @@ def _listed(files):
     return [p for f in files for p in _listed(f)] if isinstance(files, list) else []
 
 
+class _Listing:
+    """The unfinished summary of a run in progress: the files of the earlier runs into the
+    folder (runall's names only) and those this run has written so far, rewritten after each,
+    so that a run killed at any point leaves the next one a list of what to remove."""
+
+    def __init__(self, out, earlier):
+        self.out, self.earlier, self.written = out, set(earlier), []
+        guard.write_text(out / "summary.md", _UNFINISHED, atomic=True)
+        self._write()
+
+    def wrote(self, path):
+        """Note ``path`` as written by this run; returns it."""
+        self.written.append(str(path))
+        self._write()
+        return path
+
+    def _write(self):
+        # written whole or not at all: a run killed mid-write left a summary no later run took
+        guard.write_text(self.out / "summary.json", json.dumps({
+            "tool": "pytest-ptq", "version": __version__, "unfinished": True,
+            "files": sorted(set(map(str, self.earlier)) | set(self.written)),
+            "writing": {"pid": os.getpid(), "host": socket.gethostname()}}, indent=1), atomic=True, again=True)
+
+
 def _take_folder(out):
-    """Claim ``out`` for this run; returns the files an earlier runall listed there (its own
-    names only). A summary there that runall did not write is refused rather than replaced.
-    Until this run ends, its summary says the folder is unfinished and lists the earlier
-    files, so that an interrupted run leaves no summary describing other files, and the next
-    run still knows which files are runall's."""
+    """Claim ``out`` for this run (a :class:`_Listing`, whose ``earlier`` holds the files an
+    earlier runall listed there, its own names only). A summary there that runall did not
+    write is refused rather than replaced, and so is a folder another runall is writing into
+    on this machine. Until this run ends, its summary says the folder is unfinished, so that
+    an interrupted run leaves no summary describing other files."""
     earlier, found = set(), [n for n in ("summary.md", "summary.json") if (out / n).exists()]
     if found:
         try:
@@ -170,11 +196,13 @@ def _take_folder(out):
         if not (isinstance(old, dict) and old.get("tool") == "pytest-ptq" and isinstance(old.get("files"), (dict, list))):
             raise PTQError(f"{shown(str(out))} holds a {' and a '.join(found)} that runall did not write; give runall a "
                            "folder of its own (a new one, or one an earlier runall wrote)")
-        earlier = {_own(out, f) for f in _listed(old["files"])} - {None}
-    guard.write_text(out / "summary.md", _UNFINISHED)
-    guard.write_text(out / "summary.json", json.dumps({"tool": "pytest-ptq", "version": __version__, "unfinished": True,
-                                                       "files": sorted(map(str, earlier))}, indent=1))
-    return earlier
+        writer = old.get("writing")
+        if (old.get("unfinished") and isinstance(writer, dict) and writer.get("host") == socket.gethostname()
+                and isinstance(writer.get("pid"), int) and writer["pid"] != os.getpid() and guard.alive(writer["pid"])):
+            raise PTQError(f"another runall (process {writer['pid']}) is writing into {shown(str(out))}; wait for it to "
+                           "end, or give this one another folder")
+        earlier = {_own(out, f) for f in _listed(old["files"])} - {None, out / "summary.md", out / "summary.json"}
+    return _Listing(out, earlier)
 
 
 def _drop_earlier(out, earlier, files):
@@ -215,7 +243,7 @@ def _runall(engine, out, metrics, output_node, node_type, data_num, top, axis, p
     for name in ("summary.md", "summary.json", "acc_error.png", *(f"sensitivity_{t}.json" for t in types)):
         guard.claim(out / name)
     guard.makedirs(out)
-    earlier = _take_folder(out)
+    listing = _take_folder(out)
     timings, files, steps = {}, {"sensitivity": {}}, 4
 
     budget = "" if rank_samples is not None else (
@@ -229,7 +257,7 @@ def _runall(engine, out, metrics, output_node, node_type, data_num, top, axis, p
                                                  (len(every_index) if rank_samples == "all" else rank_samples),
                                                  progress=progress))
         for t in types:
-            files["sensitivity"][t] = str(sens[t].save(out / f"sensitivity_{t}.json"))
+            files["sensitivity"][t] = str(listing.wrote(sens[t].save(out / f"sensitivity_{t}.json")))
     indices = list(screening.indices) or every_index[:screening.samples]  # the rankings' samples
     data_num = len(indices)  # distributions and curves: as many samples (the first)
     if progress:
@@ -255,12 +283,12 @@ def _runall(engine, out, metrics, output_node, node_type, data_num, top, axis, p
         # a rerun writes the figures kept with the results instead of drawing them again
         shown = (data_num, tuple(dist_nodes), tuple(box_nodes), axis)
         for d in dist.values():
-            d["png"] = kept_figure(cache, ("runall distribution", *shown, d["node"]), out / "distributions",
-                                   lambda folder, d=d: draw_distribution(d, folder, boxes.get(d["node"])))
+            d["png"] = listing.wrote(kept_figure(cache, ("runall distribution", *shown, d["node"]), out / "distributions",
+                                                 lambda folder, d=d: draw_distribution(d, folder, boxes.get(d["node"]))))
         for d in boxes.values():
             if "skipped" not in d:
-                d["png"] = kept_figure(cache, ("runall channels", *shown, d["node"]), out / "channelwise",
-                                       lambda folder, d=d: draw_channelwise(d, folder, dist.get(d["node"])))
+                d["png"] = listing.wrote(kept_figure(cache, ("runall channels", *shown, d["node"]), out / "channelwise",
+                                                     lambda folder, d=d: draw_channelwise(d, folder, dist.get(d["node"]))))
         files["distributions"] = [d["png"] for d in dist.values()]
         files["channelwise"] = [d["png"] for d in boxes.values() if "skipped" not in d]
 
@@ -273,8 +301,8 @@ def _runall(engine, out, metrics, output_node, node_type, data_num, top, axis, p
                          lambda: get_acc_error(engine, {**configs, ALL: list(engine.calib_names)}, metric, data_num,
                                                local=True, progress=progress))
         curves.average_mode = average_mode
-        curves.png = kept_figure(cache, ("runall curves", base, data_num, average_mode), out,
-                                 lambda folder: plot_curves(curves, folder / "acc_error.png"))
+        curves.png = listing.wrote(kept_figure(cache, ("runall curves", base, data_num, average_mode), out,
+                                               lambda folder: plot_curves(curves, folder / "acc_error.png")))
         files["acc_error"] = curves.png
 
     with _step(timings, "outputs", f"[4/{steps}] weights only, activations only and everything "
@@ -324,9 +352,9 @@ def _runall(engine, out, metrics, output_node, node_type, data_num, top, axis, p
     summary["files"] = files
     summary = json_safe(summary)
     # over the summary marked unfinished at the start (see _take_folder)
-    guard.write_text(Path(files["summary_md"]), markdown(summary), again=True)
-    guard.write_text(Path(files["summary_json"]), json.dumps(summary, indent=1), again=True)
-    _drop_earlier(out, earlier, files)
+    guard.write_text(Path(files["summary_md"]), markdown(summary), atomic=True, again=True)
+    guard.write_text(Path(files["summary_json"]), json.dumps(summary, indent=1), atomic=True, again=True)
+    _drop_earlier(out, listing.earlier, files)
     return summary
 
 

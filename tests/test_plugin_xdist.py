@@ -4,6 +4,7 @@ models it checks."""
 from __future__ import annotations
 
 import os
+from pathlib import Path
 import re
 import shutil
 
@@ -180,12 +181,32 @@ def test_a_worker_left_alone_takes_the_cores_its_peers_gave_back(tmp_path, monke
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3}, raising=False)
     monkeypatch.setattr(os, "cpu_count", lambda: 16)
     monkeypatch.setattr(runtime, "SPARE_LOOKUP_S", 0)  # looked up on every call
+    import subprocess
+    import time
+
     folder = tmp_path / "cores"
     runtime.share_cores(2, folder)
-    (folder / "peer").touch()
-    assert runtime.cores() == 2 and runtime.all_cores() == 4 and runtime.spare_cores() == 2
-    (folder / "peer").unlink()
-    assert runtime.spare_cores() == 4
+    peer = subprocess.Popen(["sleep", "30"])
+    try:
+        (folder / str(peer.pid)).touch()
+        assert runtime.cores() == 2 and runtime.all_cores() == 4 and runtime.spare_cores() == 2
+        # a worker killed leaves its file: dead (reaped), or a zombie its parent has not reaped yet
+        gone, zombie = subprocess.Popen(["true"]), subprocess.Popen(["true"])
+        gone.wait()
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and b") Z" not in Path(f"/proc/{zombie.pid}/stat").read_bytes():
+            time.sleep(0.02)
+        (folder / str(gone.pid)).touch()
+        (folder / str(zombie.pid)).touch()
+        assert runtime.spare_cores() == 2  # the living peer still counts, the dead do not
+        (folder / str(peer.pid)).unlink()
+        assert runtime.spare_cores() == 4
+        zombie.wait()
+        for p in (gone, zombie):
+            (folder / str(p.pid)).unlink()
+    finally:
+        peer.kill()
+        peer.wait()
     runtime.leave()
     assert not any(folder.iterdir()) and runtime.spare_cores() == runtime.cores() == 2
 

@@ -396,6 +396,53 @@ def test_an_interrupted_run_leaves_a_summary_that_says_so_and_the_next_run_clean
         Path(summary["files"]["acc_error"])} and drawn < three
 
 
+def test_figures_an_interrupted_run_drew_are_listed_as_it_draws_them_and_go_on_the_next_run(setup, tmp_path,
+                                                                                               monkeypatch):
+    """Killed among its figures, runall left them beside a summary listing only the earlier
+    run's files: the next run kept them, unlisted, for good."""
+    import pytest_ptq.runall as module
+
+    out = tmp_path / "cut"
+    runall(setup["qa"], setup["folder"], save_dir=out, top=1, progress=False)
+    first = set(out.rglob("*.png"))
+
+    def killed(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(module, "draw_channelwise", killed)  # after every distribution is drawn
+    with pytest.raises(KeyboardInterrupt):
+        runall(setup["qa"], setup["folder"], save_dir=out, top=3, progress=False)
+    drawn = set((out / "distributions").glob("*.png"))
+    listed = {Path(p) for p in json.loads((out / "summary.json").read_text())["files"]}
+    assert drawn - first and drawn <= listed  # each as it was drawn
+    monkeypatch.undo()
+    summary = runall(setup["qa"], setup["folder"], save_dir=out, top=1, progress=False)
+    assert set(out.rglob("*.png")) == {Path(p) for k in ("distributions", "channelwise") for p in summary["files"][k]} | {
+        Path(summary["files"]["acc_error"])}
+
+
+def test_a_folder_another_runall_is_writing_into_is_refused_and_a_dead_ones_taken(setup, tmp_path):
+    import subprocess
+
+    out = tmp_path / "busy"
+    out.mkdir()
+    for proc, refused in ((subprocess.Popen(["sleep", "30"]), True), (subprocess.Popen(["true"]), False)):
+        if not refused:
+            proc.wait()  # ended: an interrupted run's folder
+        (out / "summary.json").write_text(json.dumps({
+            "tool": "pytest-ptq", "unfinished": True, "files": [],
+            "writing": {"pid": proc.pid, "host": __import__("socket").gethostname()}}))
+        try:
+            if refused:
+                with pytest.raises(PTQError, match=rf"another runall \(process {proc.pid}\) is writing into"):
+                    runall(setup["qa"], setup["folder"], save_dir=out, top=1, progress=False)
+            else:
+                assert runall(setup["qa"], setup["folder"], save_dir=out, top=1, progress=False)["top"] == 1
+        finally:
+            proc.kill()
+            proc.wait()
+
+
 def test_a_node_that_costs_far_more_than_the_structural_fixes_comes_first_in_the_plan():
     """A mask's fill (keep in float) beside outlier channels (per channel): the plan put the
     channels first and the fill "if they still cost too much after that", though the fill

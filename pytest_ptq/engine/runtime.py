@@ -518,8 +518,10 @@ def spare_cores():
 
     now = time.monotonic()
     if now - _SPARE[0] >= SPARE_LOOKUP_S:
-        try:
-            running = len(os.listdir(_PEERS[0]))
+        from ..guard import alive
+
+        try:  # a worker killed (out of memory, a crash) leaves its file: only the living count
+            running = sum(1 for n in os.listdir(_PEERS[0]) if n.isdigit() and (int(n) == os.getpid() or alive(int(n))))
         except OSError:
             running = 1
         _SPARE[:] = [now, max(1, machine_cores() // max(1, running))]
