@@ -389,6 +389,15 @@ def output_folder(save_dir, prefix):
     return Path(temporary.name), temporary
 
 
+@contextlib.contextmanager
+def scratch(prefix):
+    """A temporary folder for the block (a Path), removed after it; named with this process's
+    id, so that one a killed run left is removed by a later run (see :func:`output_folder`)."""
+    folder, temporary = output_folder(None, prefix)
+    with temporary:
+        yield folder
+
+
 def _sweep_dead_folders(folder, prefix):
     """Remove the temporary folders ``prefix<pid>_*`` in ``folder`` whose process is gone (a
     run killed before it cleaned up: a re-quantized model each); never raises."""

@@ -16,7 +16,6 @@ import datetime
 import html
 import io
 import re
-import tempfile
 from pathlib import Path
 
 from . import guard
@@ -170,8 +169,8 @@ def _remedy(result, notes):
              "row": row, "summary": result.summary(), "settings": result.settings, "image": None}
     if result.curve:
         try:
-            with tempfile.TemporaryDirectory(prefix="ptq-remedy-") as tmp:
-                png = plot_remedy(result, Path(tmp) / "remedy.png")
+            with guard.scratch("ptq-remedy-") as tmp:
+                png = plot_remedy(result, tmp / "remedy.png")
                 entry["image"] = _image(png, f"Remedy search ({result.remedy}): {result.metric} with the k most "
                                              f"sensitive nodes remedied, target {result.target}")
         except (PTQError, ValueError, OSError) as exc:
@@ -191,8 +190,8 @@ def curves_png(analysis, settings):
     """The cumulative curves of ``analysis`` as base64 PNG text, drawn once per model (kept
     on disk with its results: a rerun draws nothing)."""
     def draw():
-        with tempfile.TemporaryDirectory(prefix="ptq-curves-") as tmp:
-            return base64.b64encode(compress_png(_plot_curves(analysis, settings, Path(tmp)))).decode("ascii")
+        with guard.scratch("ptq-curves-") as tmp:
+            return base64.b64encode(compress_png(_plot_curves(analysis, settings, tmp))).decode("ascii")
 
     png = analysis.cached(("curves_png", settings.metric, analysis.label, drawn_by()), draw, files=())
     # a kept entry goes into the page as is: only a PNG's base64 text may (anything else is drawn again)
@@ -251,7 +250,7 @@ def _distribution_figures(analysis, sens, metric, top, blamed, boxed):
 
     images = []
     try:
-        with tempfile.TemporaryDirectory(prefix="ptq-distributions-") as tmp:
+        with guard.scratch("ptq-distributions-") as tmp:
             dist, boxes = collect(analysis.engine, list(dict.fromkeys(top + list(blamed.values()))), boxed,
                                   data_num=sens.samples, skip_unboxable=True)
             for k, node in enumerate(top, 1):

@@ -106,3 +106,14 @@ def test_the_python_api_loads_neither_the_command_line_nor_the_plugin():
             "print(sorted(m for m in sys.modules if m.startswith(('pytest_ptq.cli', 'pytest_ptq.plugin'))))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_temporary_folders_are_made_where_a_killed_runs_are_swept():
+    """guard.scratch and guard.output_folder name a temporary folder with its process's id, so
+    that a later run removes one a killed run left; a plain tempfile folder stays for good
+    (the report's figure folders did)."""
+    makers = ("TemporaryDirectory(", "mkdtemp(")
+    found = sorted(f"{path.relative_to(PACKAGE)}:{k}" for path in PACKAGE.rglob("*.py") if path.name != "guard.py"
+                   for k, line in enumerate(path.read_text().splitlines(), 1) if any(m in line for m in makers))
+    # the engine's marker folder: only where an install lost its one-byte file, removed at exit
+    assert [f.split(":")[0] for f in found] == ["engine/runtime.py"], found

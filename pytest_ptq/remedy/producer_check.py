@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -95,8 +94,7 @@ def requantize_with_producer(key, float_model, data, out_path, settings=None, re
                        f"{PACKAGE[key]}")
     model = load_model(float_model, what="float model")[0]
     out_path = guard.claim(out_path)
-    with tempfile.TemporaryDirectory(prefix="ptq_producer_") as tmp:
-        tmp = Path(tmp)
+    with guard.scratch("ptq_producer_") as tmp:
         # the producer reads a copy: it never writes next to the user's float model
         onnx.save(model, str(tmp / "float.onnx"))
         samples = [data.sample(i) for i in range(len(data))]
