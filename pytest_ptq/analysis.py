@@ -80,7 +80,8 @@ class OutputMetrics:
 class Analysis:
     """The cached results of one model; build it through :meth:`PTQSession.analysis`."""
 
-    def __init__(self, key, root=".", cache_dir=None, memory="auto", workers="auto", progress=None):
+    def __init__(self, key, root=".", cache_dir=None, memory="auto", workers="auto", progress=None,
+                 cache_read_only=False):
         self.key = key
         # the longest steps draw progress there (a text stream), e.g. the plugin's terminal
         self.progress = progress
@@ -93,7 +94,7 @@ class Analysis:
         # results on disk (cache.py), keyed by every file the engine reads
         self.store = None if cache_dir is None else ResultCache(
             cache_dir, self._files, (("data_num", key.data_num),), option="--ptq-cache-dir", shown=self.relative,
-            read=lambda: self._read)
+            read=lambda: self._read, read_only=cache_read_only)
         self._read = None  # the engine's inputs before it read them (Engine.versions)
 
     def _files(self):

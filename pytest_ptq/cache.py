@@ -164,8 +164,10 @@ class ResultCache:
     ...) to the path it names or None, asked once on first use; ``settings`` is a tuple of
     further plain key parts (the sample limit)."""
 
-    def __init__(self, folder, inputs, settings=(), option="the cache folder", shown=str, read=dict):
+    def __init__(self, folder, inputs, settings=(), option="the cache folder", shown=str, read=dict,
+                 read_only=False):
         self.folder = Path(folder)
+        self.read_only = read_only  # a folder this run cannot write: its entries are read, none added
         # ``read()``: ``{real path: guard.version}`` of the inputs before they were read (see
         # Engine.versions); an input hashed, or rewritten since, otherwise keeps nothing
         self.read = read
@@ -236,6 +238,8 @@ class ResultCache:
         return value
 
     def _store(self, path, key, value, files):
+        if self.read_only:
+            return
         try:
             payload = _key_digest(key) + b"\n" + pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
         except Exception:  # noqa: BLE001 - a result that cannot be pickled is simply not kept
@@ -295,10 +299,11 @@ def prune(folder, now=None):
 def for_engine(folder, engine, option="--cache-dir"):
     """A :class:`ResultCache` under ``folder`` for results computed on ``engine``, keyed by
     every file it reads (the model's external data too); None when its model or data came
-    as objects, which have no file to hash."""
+    as objects, which have no file to hash. A folder it cannot write is read (one warning)."""
     model, data = engine.qmodel.path, getattr(engine.data, "path", None)
     if model is None or data is None:
         return None
+    read_only = not writable(folder, option)
 
     def inputs():
         # as given: results name their files so (hashing reads through links alike)
@@ -310,7 +315,18 @@ def for_engine(folder, engine, option="--cache-dir"):
 
     # the engine's own options change its figures (to rounding on CPU; more on another provider)
     options = (("optimization", engine.optimization), ("providers", tuple(map(str, engine.providers))))
-    return ResultCache(folder, inputs, options, option=option, read=lambda: engine.versions)
+    return ResultCache(folder, inputs, options, option=option, read=lambda: engine.versions, read_only=read_only)
+
+
+def writable(folder, option, warn=warn_not_kept):
+    """Whether results can be added to ``folder``; where not, one warning (``warn(text)``)
+    says that those kept there already are read all the same (a cache shared read-only)."""
+    try:
+        guard.check_writable(folder, f"the result cache ({option})", folder=True)
+    except PTQError as exc:
+        warn(f"results are not kept between runs: {exc}; those kept there already are read")
+        return False
+    return True
 
 
 def through(store, request, compute, files=()):

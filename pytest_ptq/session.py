@@ -74,7 +74,7 @@ class PTQSession:
         self.is_worker = hasattr(config, "workerinput")
         self.report_error = None  # why the report was not written, as one sentence
         self._pytest_cache_dir = ...  # the result cache under pytest's cache dir: decided on first use
-        self._cache_off = False  # a --ptq-cache-dir it cannot write: results are not kept
+        self._cache_read_only = False  # a --ptq-cache-dir it cannot write: read, nothing added
         self._terminal = None  # where progress lines go (see _progress_stream)
         if not self.is_worker:  # the controller checks once; its workers write no report
             self._check_outputs()
@@ -106,14 +106,10 @@ class PTQSession:
             # never an input or inside one, and a folder: usage errors; one it cannot write only
             # costs the time results save, as pytest's own cache dir does
             guard.output_path(s.cache_dir, "--ptq-cache-dir", inputs, folder=True, writable=False)
-            try:
-                guard.check_writable(s.cache_dir, "the result cache (--ptq-cache-dir / ptq_cache_dir)", folder=True)
-            except PTQError as exc:
-                cache.warn_not_kept(f"results are not kept between runs: {exc}")
-                self._cache_off = True
-            else:
-                if self.config.getoption("cacheclear", False):
-                    cache.clear(s.cache_dir)
+            self._cache_read_only = not cache.writable(s.cache_dir, "--ptq-cache-dir / ptq_cache_dir",
+                                                       warn=self._cache_warning)
+            if not self._cache_read_only and self.config.getoption("cacheclear", False):
+                cache.clear(s.cache_dir)
         if s.baseline_dir is not None:
             # a killed update leaves temporary files; remove them before anyone commits them
             for folder, _dirs, _files in os.walk(s.baseline_dir):
@@ -166,6 +162,16 @@ class PTQSession:
         except PTQPathWarning as exc:
             raise PTQError(f"{exc} (warnings are errors in this run)") from None
 
+    def _cache_warning(self, text):
+        """A start-up warning that results are not kept: shown, never raised (keeping them only
+        saves time; see cache.warn_not_kept)."""
+        from .cache import PTQCacheWarning, warn_not_kept
+
+        try:
+            self.config.issue_config_time_warning(PTQCacheWarning(text), stacklevel=3)
+        except PTQCacheWarning:  # pytest applies -W error itself: said on standard error instead
+            warn_not_kept(text)
+
     # -- analyses and settings -------------------------------------------------------------
     def analysis(self, model, data, float_model=None, data_num=None, custom_op_library=None):
         """The shared :class:`Analysis` of a model and its data (paths made absolute)."""
@@ -190,7 +196,8 @@ class PTQSession:
                 runtime.share_cores(self.config.workerinput.get("workercount", 1),
                                     self.config.workerinput.get(CORES_KEY))
             self.analyses[key.id] = Analysis(key, self.root, cache_dir=self.cache_dir(), memory=self.settings.memory,
-                                             workers=self.settings.workers, progress=self._progress_stream(key))
+                                             workers=self.settings.workers, progress=self._progress_stream(key),
+                                             cache_read_only=self._cache_read_only)
         return self.analyses[key.id]
 
     def _progress_stream(self, key):
@@ -216,7 +223,7 @@ class PTQSession:
         """Where results are kept between runs: --ptq-cache-dir, else ``d/ptq`` under pytest's
         cache dir (which --cache-clear empties); None with --ptq-no-cache or without pytest's
         cache plugin (``-p no:cacheprovider``)."""
-        if self.config.getoption("ptq_no_cache") or self._cache_off:
+        if self.config.getoption("ptq_no_cache"):
             return None
         if self.settings.cache_dir is not None:
             return self.settings.cache_dir

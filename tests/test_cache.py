@@ -3,6 +3,7 @@ matches and the entry is sound; computed again otherwise."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -519,22 +520,56 @@ def test_plugin_shows_a_models_long_steps_around_the_capture_and_q_silences_them
     assert "sensitivity (node)" not in quiet.stderr.str() + quiet.stdout.str()
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only folders")
-def test_plugin_with_a_read_only_cache_dir_runs_without_it_and_says_so(pytester, inputs, tmp_path):
+@contextlib.contextmanager
+def read_only(folder):
+    """``folder`` read-only for the block: its mode, and for root (whom a mode does not stop)
+    the immutable attribute; skips where neither holds."""
+    import subprocess
+
+    folder.chmod(0o555)
+    immutable = os.geteuid() == 0 and subprocess.run(["chattr", "+i", str(folder)], capture_output=True).returncode == 0
+    try:
+        if os.access(folder, os.W_OK):
+            pytest.skip("no way to make a folder read-only here")
+        yield folder
+    finally:
+        if immutable:
+            subprocess.run(["chattr", "-i", str(folder)], check=True)
+        folder.chmod(0o755)
+
+
+def test_plugin_with_a_read_only_cache_dir_reads_it_keeps_nothing_and_says_so(pytester, inputs, tmp_path):
     """A --ptq-cache-dir (or ptq_cache_dir) it cannot write stopped the run at start-up, where
-    pytest's own cache dir read-only only warns: keeping results only saves time."""
+    pytest's own cache dir read-only only warns: keeping results only saves time. Then it was
+    not read either: a cache shared read-only (a CI's) saved nothing."""
     setup_project(pytester, inputs)
     folder = tmp_path / "ro"
-    folder.mkdir()
-    folder.chmod(0o555)
-    try:
+    runp(pytester, f"--ptq-cache-dir={folder}").assert_outcomes(passed=2)
+    kept = sorted(folder.iterdir())
+    pytester.makeconftest(NO_COMPUTE)
+    with read_only(folder):
         result = runp(pytester, f"--ptq-cache-dir={folder}")
-    finally:
-        folder.chmod(0o755)
-    result.assert_outcomes(passed=2)
+        strict = runp(pytester, f"--ptq-cache-dir={folder}", "-W", "error")  # said, never raised
+    result.assert_outcomes(passed=2)  # read back
+    strict.assert_outcomes(passed=2)
     result.stdout.fnmatch_lines(["*PTQCacheWarning: results are not kept between runs: the result cache "
-                                 "(--ptq-cache-dir / ptq_cache_dir) * is a read-only folder*"])
-    assert not any(folder.iterdir())
+                                 "(--ptq-cache-dir / ptq_cache_dir) * is a read-only folder*; those kept there "
+                                 "already are read"])
+    assert sorted(folder.iterdir()) == kept
+
+
+def test_cli_with_a_read_only_cache_dir_reads_it(tmp_path, inputs, monkeypatch, capsys):
+    from pytest_ptq import cli
+
+    args = ["get-sensitivity-of-nodes", str(inputs / "q.onnx"), str(inputs / "calib"), "--quiet", "--cache-dir",
+            str(tmp_path / "c")]
+    assert cli.main(args + ["--json", str(tmp_path / "first.json")]) == 0
+    monkeypatch.setattr("pytest_ptq.cli.sensitivity.get_sensitivity_of_nodes", never)
+    with read_only(tmp_path / "c"):
+        assert cli.main(args + ["--json", str(tmp_path / "again.json")]) == 0  # it was refused, exit 2
+    assert "those kept there already are read" in capsys.readouterr().err
+    assert (json.loads((tmp_path / "first.json").read_text())["values"]
+            == json.loads((tmp_path / "again.json").read_text())["values"])
 
 
 def test_a_data_folder_linked_in_per_input_is_hashed_through_its_links(tmp_path, inputs):

@@ -62,7 +62,8 @@ def check_outputs(args):
             continue
         for value in _values(getattr(args, dest, None)):
             if not (dest == "json" and value == STDOUT):
-                guard.output_path(value, label, inputs, folder=folder)
+                # a cache folder it cannot write is read all the same (cache.for_engine warns)
+                guard.output_path(value, label, inputs, folder=folder, writable=dest != "cache_dir")
     return inputs
 
 
