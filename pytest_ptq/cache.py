@@ -275,8 +275,10 @@ class ResultCache:
 def prune(folder, now=None):
     """Remove the entries of ``folder`` not used in :data:`MAX_AGE_DAYS` days, then the least
     recently used until the rest take at most :data:`MAX_BYTES`. Returns how many went;
-    never raises (an entry another process removes first is simply gone)."""
+    never raises (an entry another process removes first is simply gone). Half-written
+    entries a killed run left go too (they were removed only when that entry was written again)."""
     now = time.time() if now is None else now
+    guard.clean_stale_temps(folder)
     entries = []
     with contextlib.suppress(OSError):
         for entry in os.scandir(folder):

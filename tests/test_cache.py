@@ -651,10 +651,14 @@ def test_entries_not_used_for_a_month_or_past_the_size_cap_go_on_the_next_write(
     other = folder / "notes.txt"  # not an entry: never touched
     other.write_text("mine")
     os.utime(other, (time.time() - 40 * day,) * 2)
+    # half an entry a killed write left (a process long gone): it stayed unless that very entry was written again
+    half = folder / f".{'1' * 40}{cache.SUFFIX}.4194305.tmp"
+    half.write_bytes(b"half an entry")
+    os.utime(half, (time.time() - day,) * 2)
     # the rerun reads `used` (marking it used now), then writes the weight ranking
     assert cli.main(["get-sensitivity-of-nodes", *common, "-t", "activation"]) == 0
     assert cli.main(["get-sensitivity-of-nodes", *common, "-t", "weight"]) == 0
-    assert all(p.exists() for p in used) and not stale.exists() and other.exists()
+    assert all(p.exists() for p in used) and not stale.exists() and other.exists() and not half.exists()
     assert len(list(folder.glob(f"*{cache.SUFFIX}"))) > len(used)  # the weight ranking's too
     # past the size cap the least recently used go first
     entries = list(folder.glob(f"*{cache.SUFFIX}"))
