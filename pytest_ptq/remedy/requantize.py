@@ -10,6 +10,7 @@ import numpy as np
 import onnx
 
 from .. import guard
+from ..progress import Progress
 from ..engine import Engine
 from ..engine.runtime import ALWAYS_DISABLED, make_session, run
 from ..errors import NotQuantized, PTQError
@@ -160,72 +161,82 @@ def requantize(float_model, out_path, data, options, settings=None):
 
 
 
-def measure(parts, objective, float_model, result, save_dir):
+def measure(parts, objective, float_model, result, save_dir, progress=False):
     """Re-quantize the float model without and with the settings and score both on each
     part of ``parts`` (``{name: (Part, Scorer)}``, ``calibration`` first, then the judging
-    part) against the calibrated model's float reference; the scorer gives each part's bar."""
+    part) against the calibrated model's float reference; the scorer gives each part's bar.
+    ``progress``: a bar over the four steps (quantize_static tells nothing while it works)."""
     cal_part = parts["calibration"][0]
     engine = cal_part.engine
     qm = engine.qmodel
     options = infer_quantize_options(qm)
     out_dir, tmp = guard.output_folder(save_dir, "ptq_remedy_")
+    bar = Progress(4, f"re-quantizing the float model without and with the remedy ({options['quantizer']}), "
+                      "then scoring both", enabled=progress)
+    if bar.enabled:  # the first step alone may take a minute on a large model
+        bar.stream.write(f"{bar.desc}: started\n")
+        bar.stream.flush()
     try:
-        base_path = requantize(float_model, out_dir / "requantized_baseline.onnx", engine.data, options)
-        try:
-            fixed_path = requantize(float_model, out_dir / f"requantized_{result.remedy}.onnx", engine.data,
-                                    options, result.settings)
-        except SettingsRefused as exc:
-            result.warnings.append(str(exc))
-            return None
-        measured = {"options": options, "model": None if tmp else str(fixed_path),
-                    "baseline_model": None if tmp else str(base_path)}
-        fmodel = load_model(float_model, what="float model")[0]
-        fnames = {n.name for n in fmodel.graph.node}
-        given = name_nodes(fmodel.graph)
-        missing = [n for n in result.settings["nodes_to_exclude"] if n not in fnames]
-        unnamed = [n for n in missing if n in given]
-        if unnamed:
-            result.notes.append(f"the float model's nodes {unnamed} have no names in its file, and quantize_static "
-                                "excludes nodes by name only: pytest-ptq names an unnamed node <OpType>_<k> (k counting "
-                                "that op type in graph order), and re-quantized a copy so named; name them so in the "
-                                "float model before quantizing it")
-        if len(unnamed) < len(missing):
-            result.notes.append(f"nodes_to_exclude names {[n for n in missing if n not in unnamed]} are not node names "
-                                "of the float model, and quantize_static ignores them")
-        figures = {name: {"samples": len(part), "target": scorer.target} for name, (part, scorer) in parts.items()}
-        for key, path in (("before", base_path), ("after", fixed_path)):
+        with bar:
+            base_path = requantize(float_model, out_dir / "requantized_baseline.onnx", engine.data, options)
+            bar.advance()
             try:
-                values, new = score_parts(parts, objective, path)
-            except MissingTensor as exc:
-                result.notes.append(f"{exc}; no measured value")
+                fixed_path = requantize(float_model, out_dir / f"requantized_{result.remedy}.onnx", engine.data,
+                                        options, result.settings)
+            except SettingsRefused as exc:
+                result.warnings.append(str(exc))
                 return None
-            for name, value in values.items():
-                figures[name][key] = value
-            if key == "after":
-                measured.update(_effect(qm, new.qmodel, result))
-                if isinstance(new, Engine):  # the file as a plain session runs it, against its simulation
-                    result.warnings += [f"the re-quantized file: {w}" for w in simulation_warnings(new)]
-        measured.update(judged(figures, objective, result.judged_on))
-        _deployed(parts, objective, fixed_path, base_path, measured, result)
-        judged_part = figures.get(result.judged_on, figures["calibration"])
-        given, again = result.figures.get("calibration", {}).get("before"), figures["calibration"].get("before")
-        if meets(objective.metric, judged_part["before"], judged_part["target"]) and not result.figures.get(
-                result.judged_on, {}).get("met_before", False):
-            result.notes.append(
-                "re-quantizing without the settings already meets the target: quantize_dynamic calibrates nothing, "
-                "so the simulation and the re-quantized model differ only where float rounding flips a few codes of "
-                "a range computed per run" if options.get("quantizer") == "quantize_dynamic" else
-                "re-quantizing without the settings already meets the target: the model was calibrated differently "
-                "(another method or other data) from MinMax on these samples")
-        elif options.get("quantizer") != "quantize_dynamic" and _unlike(objective.metric, given, again):
-            measured["reproduces"] = False
-            name = getattr(objective.metric, "name", "the metric")
-            result.notes.append(
-                f"re-quantizing without the settings does not reproduce the model given ({name} {again:.6g} on "
-                f"calibration against {given:.6g} as given): it was calibrated otherwise (other data, another method "
-                "or options) than MinMax on these samples, so the re-quantized figures judge onnxruntime's MinMax on "
-                "this data and the simulated ones the model given; re-quantize with the data and options that made it")
-        return measured
+            bar.advance()
+            measured = {"options": options, "model": None if tmp else str(fixed_path),
+                        "baseline_model": None if tmp else str(base_path)}
+            fmodel = load_model(float_model, what="float model")[0]
+            fnames = {n.name for n in fmodel.graph.node}
+            given = name_nodes(fmodel.graph)
+            missing = [n for n in result.settings["nodes_to_exclude"] if n not in fnames]
+            unnamed = [n for n in missing if n in given]
+            if unnamed:
+                result.notes.append(f"the float model's nodes {unnamed} have no names in its file, and quantize_static "
+                                    "excludes nodes by name only: pytest-ptq names an unnamed node <OpType>_<k> (k counting "
+                                    "that op type in graph order), and re-quantized a copy so named; name them so in the "
+                                    "float model before quantizing it")
+            if len(unnamed) < len(missing):
+                result.notes.append(f"nodes_to_exclude names {[n for n in missing if n not in unnamed]} are not node names "
+                                    "of the float model, and quantize_static ignores them")
+            figures = {name: {"samples": len(part), "target": scorer.target} for name, (part, scorer) in parts.items()}
+            for key, path in (("before", base_path), ("after", fixed_path)):
+                try:
+                    values, new = score_parts(parts, objective, path)
+                except MissingTensor as exc:
+                    result.notes.append(f"{exc}; no measured value")
+                    return None
+                bar.advance()
+                for name, value in values.items():
+                    figures[name][key] = value
+                if key == "after":
+                    measured.update(_effect(qm, new.qmodel, result))
+                    if isinstance(new, Engine):  # the file as a plain session runs it, against its simulation
+                        result.warnings += [f"the re-quantized file: {w}" for w in simulation_warnings(new)]
+            measured.update(judged(figures, objective, result.judged_on))
+            _deployed(parts, objective, fixed_path, base_path, measured, result)
+            judged_part = figures.get(result.judged_on, figures["calibration"])
+            given, again = result.figures.get("calibration", {}).get("before"), figures["calibration"].get("before")
+            if meets(objective.metric, judged_part["before"], judged_part["target"]) and not result.figures.get(
+                    result.judged_on, {}).get("met_before", False):
+                result.notes.append(
+                    "re-quantizing without the settings already meets the target: quantize_dynamic calibrates nothing, "
+                    "so the simulation and the re-quantized model differ only where float rounding flips a few codes of "
+                    "a range computed per run" if options.get("quantizer") == "quantize_dynamic" else
+                    "re-quantizing without the settings already meets the target: the model was calibrated differently "
+                    "(another method or other data) from MinMax on these samples")
+            elif options.get("quantizer") != "quantize_dynamic" and _unlike(objective.metric, given, again):
+                measured["reproduces"] = False
+                name = getattr(objective.metric, "name", "the metric")
+                result.notes.append(
+                    f"re-quantizing without the settings does not reproduce the model given ({name} {again:.6g} on "
+                    f"calibration against {given:.6g} as given): it was calibrated otherwise (other data, another method "
+                    "or options) than MinMax on these samples, so the re-quantized figures judge onnxruntime's MinMax on "
+                    "this data and the simulated ones the model given; re-quantize with the data and options that made it")
+            return measured
     finally:
         if tmp is not None:
             tmp.cleanup()

@@ -213,7 +213,7 @@ def _suggest(engine, save_dir, clock, target, metric, remedy, output_node, data_
         parts = {"calibration": (lay.calibration, _scorer_for(lay.calibration, scorer, judge, objective))}
         if lay.confirms:
             parts[lay.judge.name] = (lay.judge, judge)
-        result.measured = measure(parts, objective, float_model, result, save_dir)
+        result.measured = measure(parts, objective, float_model, result, save_dir, progress=show)
         if result.measured:
             _warn(result, result.measured["figures"], "re-quantized: ")
     elif float_model is None and result.nodes:
