@@ -357,3 +357,13 @@ def test_a_block_holds_a_shared_weight_quantized_as_an_activation_that_it_reads(
     assert qm.calibration[shared].is_activation  # behind the weight's own pair, read by the Identity
     assert shared in subgraph_nodes(qm, "r", "m")
     assert shared not in subgraph_nodes(qm, "r", "m", weights=False)
+
+
+def test_a_list_in_a_table_cell_shows_its_first_names_and_how_many_more():
+    # an input feeding 60 nodes made every row of the activation table 2400 characters wide
+    from pytest_ptq.tables import format_table
+
+    feeds = [f"conv{k}" for k in range(60)]
+    text = format_table([{"node": "x_QuantizeLinear", "feeds": feeds}], ["node", "feeds"])
+    assert "conv0,conv1,conv2 +57 more" in text and "conv3" not in text
+    assert format_table([{"feeds": feeds[:3]}], ["feeds"]).splitlines()[3] == "| conv0,conv1,conv2 |"
