@@ -142,6 +142,7 @@ class Diagnosis(JsonResult):
         def wrapped(text, indent="  ", first=None, max_lines=None):
             return textwrap.wrap(text, width=width, initial_indent=first if first is not None else indent,
                                  subsequent_indent=indent + "    ", break_on_hyphens=False,
+                                 break_long_words=False,  # a node name cut in two cannot be copied
                                  max_lines=max_lines if report else None,
                                  placeholder=f" ... ({report} has it all)") or [indent]
 

@@ -336,6 +336,10 @@ def test_terminal_lines_point_at_a_report_only_when_one_is_written(planted):
     with_report = "\n".join(d.lines(width=80, report="r.html"))
     assert "(r.html has it all)" in with_report and "ending here" not in with_report
     assert "(r.html lists them)" in with_report
+    # a name longer than the line stays whole: cut in two, it was copied wrong into a fix
+    long_name = "/model/encoder/layers.11/self_attention_block/feed_forward/q_proj_dense/MatMul_output_0_QuantizeLinear"
+    d.nodes[0]["reason"] = f"keep {long_name} in float"
+    assert long_name in "\n".join(d.lines(width=80)).split()
 
 
 def test_the_search_printed_aims_at_the_failing_outputs_floor(project, planted):
