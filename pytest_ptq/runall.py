@@ -586,6 +586,12 @@ def _calibration(qm, items):
 
 
 # -- summary text -----------------------------------------------------------------------------
+def _outputs_text(names, shown=5):
+    """The outputs compared, the first ``shown`` of many (60 made one line 1600 wide)."""
+    more = len(names) - shown
+    return ", ".join(names[:shown]) + (f" and {more} more (summary.json lists them)" if more > 0 else "")
+
+
 def _v(x):
     if isinstance(x, float):
         # 8 significant digits: cosines that matter differ in the 5th-7th decimal
@@ -620,7 +626,7 @@ def markdown(summary):
     lines = [f"# PTQ debug summary: {Path(summary['model']).name}", "",
              f"Model `{summary['model']}` ({summary.get('format', 'QDQ')} format, made by "
              f"{summary.get('made_by', 'an unknown producer')}); {_ranking_text(summary)}, metric {m} on "
-             f"{', '.join(summary['outputs_compared'])}.", "",
+             f"{_outputs_text(summary['outputs_compared'])}.", "",
              *(line for note in summary.get("output_parts", []) for line in (f"Note: {note}.", "")), "## Verdict", "",
              f"**{v['text'][0].upper() + v['text'][1:]}.**", "",
              *_by_correlation(v, m),

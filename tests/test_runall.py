@@ -443,6 +443,15 @@ def test_a_folder_another_runall_is_writing_into_is_refused_and_a_dead_ones_take
             proc.wait()
 
 
+def test_a_summary_names_the_first_of_many_outputs_and_how_many_more(setup, tmp_path):
+    from pytest_ptq.runall import markdown
+
+    summary = runall(setup["qa"], setup["folder"], save_dir=tmp_path / "many", top=1, progress=False)
+    summary["outputs_compared"] = [f"out{k}" for k in range(60)]
+    head = markdown(summary).splitlines()[2]
+    assert "out0, out1, out2, out3, out4 and 55 more (summary.json lists them)." in head and "out5" not in head
+
+
 def test_a_node_that_costs_far_more_than_the_structural_fixes_comes_first_in_the_plan():
     """A mask's fill (keep in float) beside outlier channels (per channel): the plan put the
     channels first and the fill "if they still cost too much after that", though the fill
