@@ -443,7 +443,12 @@ def reading(stats):
         # max|x| 0 over the median's 0 is no ratio: "0.0x" read as if one channel were tiny
         return "every channel is 0 (a constant tensor): no channel is wider than another"
     if stats["channels"] and all(lo == hi for lo, hi in zip(stats["min"], stats["max"])):
-        return "every channel holds a single value (a constant tensor): there is no spread to show"
+        if len(set(stats["min"])) == 1:
+            return "every channel holds a single value (a constant tensor): there is no spread to show"
+        # channels of different values that no sample moves: the tensor is not constant, and
+        # its histogram reads how those values sit on the grid
+        return ("every channel holds one value, the same on every sample (the tensor does not vary with the input): "
+                "there is no spread to show; its histogram shows how the values sit on the grid")
     zeros = [k for k, m in enumerate(stats["max_abs"]) if m == 0]
     dead = (f"; channel{'s' if len(zeros) > 1 else ''} {', '.join(map(str, zeros[:5]))}"
             f"{' and more' if len(zeros) > 5 else ''} {'are' if len(zeros) > 1 else 'is'} all 0") if zeros else ""

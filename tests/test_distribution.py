@@ -303,7 +303,12 @@ def test_explicit_axis_and_weight_axis(models, tmp_path):
     # a constant tensor, and a channel all 0, are said
     flat = dict(w["w1_QuantizeLinear"], outlier_channels=[], outlier_ratios=[], min=[2.5] * 3, max=[2.5] * 3,
                 max_abs=[2.5] * 3, channels=3)
-    assert channelwise.reading(flat).startswith("every channel holds a single value")
+    assert channelwise.reading(flat).startswith("every channel holds a single value (a constant tensor)")
+    # channels of different values no sample moves: not a constant tensor (its histogram said
+    # its values crowd a few codes, and the box plot called it constant)
+    fixed = dict(flat, min=[2.5, -1.0, 0.5], max=[2.5, -1.0, 0.5], max_abs=[2.5, 1.0, 0.5])
+    assert "constant" not in channelwise.reading(fixed)
+    assert channelwise.reading(fixed).startswith("every channel holds one value, the same on every sample")
     dead = dict(flat, min=[-1.0, 0.0, -2.0], max=[1.0, 0.0, 2.0], max_abs=[1.0, 0.0, 2.0], median_channel_max_abs=1.0)
     assert channelwise.reading(dead).endswith("; channel 1 is all 0")
     # a weight its operator cannot split by channel (a Mul's): the reading says what it can take
