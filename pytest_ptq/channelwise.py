@@ -331,7 +331,10 @@ def plot_channels(stats, path, title, marked=None):
                Patch(facecolor="#f4a261", edgecolor="black",
                      label=f"outlier channel (max|x| > {stats['outlier_k']:g}x median channel)")]
     if lo is not None and _drawable(lo, hi, span):
-        handles.append(Line2D([], [], color="#c0392b", lw=1, ls=":", label="quantization range"))
+        # each channel's own range: caret marks (a plain dash read as a second median)
+        handles.append(Line2D([], [], color="#c0392b", lw=1, ls=":", marker=7 if _by_channel(stats, lo) else None,
+                              label="each channel's quantization range" if _by_channel(stats, lo) else
+                              "quantization range"))
     if marked:
         handles.append(Line2D([], [], color=_MARKED, marker="v", ls="none", label="channel the reading names"))
     # below the plots: inside, it would hide the tallest boxes, which are the point
@@ -408,12 +411,18 @@ def _band(ax, stats, outliers, lo, hi, span):
             v = stats["max"][k] if abs(stats["max"][k]) >= abs(stats["min"][k]) else stats["min"][k]
             ax.annotate(str(k), (k, v), xytext=(3, 3), textcoords="offset points", fontsize=7, color="#c0392b")
     if lo is not None and _drawable(lo, hi, span):
-        ax.axhline(min(np.atleast_1d(lo)), color="#c0392b", ls=":", lw=1)
-        ax.axhline(max(np.atleast_1d(hi)), color="#c0392b", ls=":", lw=1)
+        if _by_channel(stats, lo):  # each its own: one pair of lines at the widest misread them as one range
+            ax.plot(x, np.atleast_1d(lo), drawstyle="steps-mid", color="#c0392b", ls=":", lw=1)
+            ax.plot(x, np.atleast_1d(hi), drawstyle="steps-mid", color="#c0392b", ls=":", lw=1)
+        else:
+            ax.axhline(min(np.atleast_1d(lo)), color="#c0392b", ls=":", lw=1)
+            ax.axhline(max(np.atleast_1d(hi)), color="#c0392b", ls=":", lw=1)
     ax.set_xlim(-0.5, stats["channels"] - 0.5)
     ax.set_xlabel(f"channel (axis {stats['axis']}), all {stats['channels']}")
     ax.set_ylabel("value")
-    ax.set_title("every channel: min-max (light), q1-q3 (dark), median (red); outliers marked", fontsize=9)
+    ranges = "; each channel's quantization range dotted" if lo is not None and _drawable(lo, hi, span) and \
+        _by_channel(stats, lo) else ""
+    ax.set_title(f"every channel: min-max (light), q1-q3 (dark), median (red); outliers marked{ranges}", fontsize=9)
     ax.grid(True, axis="y", alpha=0.3)
 
 
@@ -423,6 +432,12 @@ def _drawable(lo, hi, span):
     return reach <= 20 * max(span, 1e-12)
 
 
+def _by_channel(stats, lo):
+    """Whether ``lo`` holds one range start per channel of the plot's axis."""
+    lo = np.atleast_1d(lo)
+    return lo.size > 1 and stats.get("range_axis") == stats["axis"] and lo.size == stats["channels"]
+
+
 def _range_lines(ax, stats, group, lo, hi, span):
     if lo is None or not _drawable(lo, hi, span):
         return
@@ -430,10 +445,10 @@ def _range_lines(ax, stats, group, lo, hi, span):
     if lo.size == 1:
         ax.axhline(lo[0], color="#c0392b", ls=":", lw=1)
         ax.axhline(hi[0], color="#c0392b", ls=":", lw=1)
-    elif stats.get("range_axis") == stats["axis"] and lo.size == stats["channels"]:
+    elif _by_channel(stats, lo):
         pos = np.arange(1, len(group) + 1)
-        ax.scatter(pos, lo[group], marker="_", color="#c0392b", s=80)
-        ax.scatter(pos, hi[group], marker="_", color="#c0392b", s=80)
+        ax.scatter(pos, hi[group], marker=7, color="#c0392b", s=22, zorder=4)  # a caret down at the top
+        ax.scatter(pos, lo[group], marker=6, color="#c0392b", s=22, zorder=4)  # and up at the bottom
 
 
 def reading(stats):

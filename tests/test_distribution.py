@@ -316,6 +316,32 @@ def test_explicit_axis_and_weight_axis(models, tmp_path):
     assert "-> int16 weights (its operator takes no per-channel scale)" in channelwise.reading(unsplit)
 
 
+@pytest.mark.parametrize("channels", [8, 300])  # boxes alone; an overview band above the widest boxes
+def test_each_channels_range_is_drawn_apart_from_its_median(tmp_path, monkeypatch, channels):
+    """A per-channel range was a short red dash, the median's look, under a legend showing a
+    dotted line; the overview drew one pair of lines at the widest range as "the" range."""
+    from matplotlib.lines import Line2D
+
+    data = builders.samples(2)
+    fpath = builders.conv_net(tmp_path / "f.onnx", channels=channels, outlier_channel=3)
+    engine = Engine(str(builders.quantize(fpath, tmp_path / "q.onnx", data, per_channel=True)), data)
+    saved = []
+    monkeypatch.setattr(channelwise, "save_figure", lambda fig, path, tight=True: saved.append(fig) or path)
+    get_channelwise_data_distribution(tmp_path / "out", engine, nodes_list=["w1_QuantizeLinear"])
+    fig = saved[0]
+    red = [c for ax in fig.axes for c in ax.collections if len(c.get_facecolor()) and c.get_offsets().size
+           and np.allclose(c.get_facecolor()[0][:3], (0xc0 / 255, 0x39 / 255, 0x2b / 255))]
+    assert red and all(len(c.get_offsets()) == min(channels, 48) for c in red[-2:])  # a mark per box drawn
+    legend = {t.get_text() for lg in fig.legends for t in lg.get_texts()}
+    assert "each channel's quantization range" in legend and "quantization range" not in legend
+    if channels > 48:
+        band = fig.axes[0]
+        steps = [ln for ln in band.get_lines() if ln.get_linestyle() == ":" and len(ln.get_xdata()) == channels]
+        assert len(steps) == 2 and "each channel's quantization range dotted" in band.get_title()
+        assert not [ln for ln in band.get_lines() if isinstance(ln, Line2D) and len(ln.get_xdata()) == 2
+                    and ln.get_linestyle() == ":"]  # no single pair of lines across all channels
+
+
 def test_axis_inference_rules(models):
     qm = models["engine"].qmodel
     c = qm.calibration
