@@ -313,7 +313,7 @@ def _by_input(feeds, role):
     """``{input: [array, ...]}`` of a list of feed dicts (what a CalibrationDataReader yields)."""
     names = list(feeds[0])
     for i, feed in enumerate(feeds):
-        if list(feed) != names and set(feed) != set(names):
+        if set(feed) != set(names):
             raise PTQError(f"{role} data: feed dict {i} holds inputs {sorted(feed)}, the first one {sorted(names)}; "
                            "give every sample the same inputs")
     return {k: [feed[k] for feed in feeds] for k in names}
