@@ -320,13 +320,13 @@ def for_engine(folder, engine, option="--cache-dir"):
     return ResultCache(folder, inputs, options, option=option, read=lambda: engine.versions, read_only=read_only)
 
 
-def writable(folder, option, warn=warn_not_kept):
+def writable(folder, option, warn=warn_not_kept, then="those kept there already are read"):
     """Whether results can be added to ``folder``; where not, one warning (``warn(text)``)
-    says that those kept there already are read all the same (a cache shared read-only)."""
+    says so and ``then`` what happens instead (by default: a cache shared read-only is read)."""
     try:
         guard.check_writable(folder, f"the result cache ({option})", folder=True)
     except PTQError as exc:
-        warn(f"results are not kept between runs: {exc}; those kept there already are read")
+        warn(f"results are not kept between runs: {exc}; {then}")
         return False
     return True
 

@@ -162,6 +162,7 @@ def external_data_files(model_path):
 def version(path):
     """What ``path`` is on disk now, to tell a rewrite: ``(size, mtime_ns, inode)`` of a file,
     those of each file below a folder (by relative name), or None where it cannot be read."""
+    path = Path(os.path.expanduser(os.fspath(path)))  # as the loaders read "~/data"
     st = _stat(path)
     if st is None:
         return None

@@ -38,7 +38,6 @@ import fnmatch
 import json
 import math
 import os
-import socket
 import sys
 import time
 from pathlib import Path
@@ -123,11 +122,12 @@ def runall(model_or_file, calibrated_data=None, save_dir="ptq_debug_runall", met
         rank_samples = "all"  # asked for N samples: rank on all N
     start = time.perf_counter()
     engine = engine_for(model_or_file, calibrated_data, float_model=float_model)
+    _check_axis(engine.qmodel, axis)
     cache = _cache_for(cache, engine)
     if heldout is not None:  # refused before the work, not after the rankings
         load_data(heldout, engine.qmodel, role="held-out", calibration=engine.data)
     also = guard.Inputs().add(heldout if isinstance(heldout, (str, Path)) else None, "held-out data")
-    with engine.writes(save_dir, also=also) as out:
+    with engine.writes(save_dir, also=also) as out, _owning(out):
         return _runall(engine, out, metrics, output_node, node_type, data_num, top, axis, progress,
                        average_mode, start, heldout, rank_samples, time_budget, cache)
 
@@ -157,6 +157,42 @@ def _listed(files):
     return [p for f in files for p in _listed(f)] if isinstance(files, list) else []
 
 
+def _check_axis(qm, axis):
+    """Refuse, before the rankings, an ``axis`` that no calibration node's input has (as the
+    shapes inferred from the file tell; the box plots refuse it all the same, minutes later)."""
+    ranks = {len(qm.shapes[c.input]) for c in qm.calibration.values() if c.role != "bias" and c.input in qm.shapes}
+    if axis is not None and ranks and not any(-r <= axis < max(r, 1) for r in ranks):
+        raise PTQError(f"axis {axis} is out of range for every calibration node's input (of rank "
+                       f"{', '.join(map(str, sorted(ranks)))}); pass an axis in [{-max(ranks)}, {max(ranks) - 1}], or "
+                       "none to infer each node's")
+
+
+@contextlib.contextmanager
+def _owning(out):
+    """This process alone writes runall's files into ``out`` for the block: a lock on the
+    folder itself (no file of its own), which the system drops when the process ends however
+    it ends (two runs into one folder mixed their files). Without ``fcntl`` (Windows), none."""
+    try:
+        import fcntl
+    except ImportError:
+        yield
+        return
+    guard.makedirs(out)
+    try:
+        fd = os.open(out, os.O_RDONLY)
+    except OSError as exc:
+        raise guard.write_error(out, exc) from None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            raise PTQError(f"another runall is writing into {shown(str(out))}; wait for it to end, or give this one "
+                           "another folder") from None
+        yield
+    finally:
+        os.close(fd)  # and the lock with it
+
+
 class _Listing:
     """The unfinished summary of a run in progress: the files of the earlier runs into the
     folder (runall's names only) and those this run has written so far, rewritten after each,
@@ -177,16 +213,14 @@ class _Listing:
         # written whole or not at all: a run killed mid-write left a summary no later run took
         guard.write_text(self.out / "summary.json", json.dumps({
             "tool": "pytest-ptq", "version": __version__, "unfinished": True,
-            "files": sorted(set(map(str, self.earlier)) | set(self.written)),
-            "writing": {"pid": os.getpid(), "host": socket.gethostname()}}, indent=1), atomic=True, again=True)
+            "files": sorted(set(map(str, self.earlier)) | set(self.written))}, indent=1), atomic=True, again=True)
 
 
 def _take_folder(out):
     """Claim ``out`` for this run (a :class:`_Listing`, whose ``earlier`` holds the files an
     earlier runall listed there, its own names only). A summary there that runall did not
-    write is refused rather than replaced, and so is a folder another runall is writing into
-    on this machine. Until this run ends, its summary says the folder is unfinished, so that
-    an interrupted run leaves no summary describing other files."""
+    write is refused rather than replaced. Until this run ends, its summary says the folder is
+    unfinished, so that an interrupted run leaves no summary describing other files."""
     earlier, found = set(), [n for n in ("summary.md", "summary.json") if (out / n).exists()]
     if found:
         try:
@@ -196,11 +230,6 @@ def _take_folder(out):
         if not (isinstance(old, dict) and old.get("tool") == "pytest-ptq" and isinstance(old.get("files"), (dict, list))):
             raise PTQError(f"{shown(str(out))} holds a {' and a '.join(found)} that runall did not write; give runall a "
                            "folder of its own (a new one, or one an earlier runall wrote)")
-        writer = old.get("writing")
-        if (old.get("unfinished") and isinstance(writer, dict) and writer.get("host") == socket.gethostname()
-                and isinstance(writer.get("pid"), int) and writer["pid"] != os.getpid() and guard.alive(writer["pid"])):
-            raise PTQError(f"another runall (process {writer['pid']}) is writing into {shown(str(out))}; wait for it to "
-                           "end, or give this one another folder")
         earlier = {_own(out, f) for f in _listed(old["files"])} - {None, out / "summary.md", out / "summary.json"}
     return _Listing(out, earlier)
 
@@ -220,8 +249,9 @@ def _cache_for(cache, engine):
     if cache is None or isinstance(cache, results_cache.ResultCache):
         return cache
     if isinstance(cache, (str, os.PathLike)):  # checked as the CLI checks --cache-dir: a path, outside the inputs
-        return results_cache.for_engine(guard.output_path(cache, "cache", engine.inputs(), folder=True), engine,
-                                        option="cache")
+        # a folder it cannot write is read all the same (for_engine warns), as the CLI's
+        return results_cache.for_engine(guard.output_path(cache, "cache", engine.inputs(), folder=True,
+                                                          writable=False), engine, option="cache")
     raise PTQError(f"cache must be a folder to keep results in or a ResultCache, got {shown(cache)}")
 
 

@@ -75,9 +75,12 @@ class PTQSession:
         self.report_error = None  # why the report was not written, as one sentence
         self._pytest_cache_dir = ...  # the result cache under pytest's cache dir: decided on first use
         self._cache_read_only = False  # a --ptq-cache-dir it cannot write: read, nothing added
+        self._cache_off = False  # ... and --cache-clear asked to empty it: not read either
         self._terminal = None  # where progress lines go (see _progress_stream)
         if not self.is_worker:  # the controller checks once; its workers write no report
             self._check_outputs()
+        elif self.settings.cache_dir is not None:  # a worker writes results: it must know it cannot
+            self._cache_modes(lambda text: None)
 
     # -- outputs, checked before any test runs -----------------------------------------------
     def inputs(self):
@@ -106,8 +109,7 @@ class PTQSession:
             # never an input or inside one, and a folder: usage errors; one it cannot write only
             # costs the time results save, as pytest's own cache dir does
             guard.output_path(s.cache_dir, "--ptq-cache-dir", inputs, folder=True, writable=False)
-            self._cache_read_only = not cache.writable(s.cache_dir, "--ptq-cache-dir / ptq_cache_dir",
-                                                       warn=self._cache_warning)
+            self._cache_modes(self._cache_warning)
             if not self._cache_read_only and self.config.getoption("cacheclear", False):
                 cache.clear(s.cache_dir)
         if s.baseline_dir is not None:
@@ -161,6 +163,19 @@ class PTQSession:
             self.config.issue_config_time_warning(warning, stacklevel=3)
         except PTQPathWarning as exc:
             raise PTQError(f"{exc} (warnings are errors in this run)") from None
+
+    def _cache_modes(self, warn):
+        """A --ptq-cache-dir it cannot write is read (``warn(text)`` says so), unless
+        --cache-clear asked to empty it: then it is not read either."""
+        from . import cache
+
+        if self.config.getoption("ptq_no_cache"):
+            return
+        clear = self.config.getoption("cacheclear", False)
+        self._cache_read_only = not cache.writable(
+            self.settings.cache_dir, "--ptq-cache-dir / ptq_cache_dir", warn,
+            *(["--cache-clear cannot empty it, so those kept there are not read either"] if clear else []))
+        self._cache_off = self._cache_read_only and clear
 
     def _cache_warning(self, text):
         """A start-up warning that results are not kept: shown, never raised (keeping them only
@@ -223,7 +238,7 @@ class PTQSession:
         """Where results are kept between runs: --ptq-cache-dir, else ``d/ptq`` under pytest's
         cache dir (which --cache-clear empties); None with --ptq-no-cache or without pytest's
         cache plugin (``-p no:cacheprovider``)."""
-        if self.config.getoption("ptq_no_cache"):
+        if self.config.getoption("ptq_no_cache") or self._cache_off:
             return None
         if self.settings.cache_dir is not None:
             return self.settings.cache_dir

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import unicodedata
 
-LIST_CELL = 3  # names a table cell shows of a list (the JSON output holds them all)
+LIST_CELL = 3  # names a table cell shows of a list of names (the JSON output holds them all)
 
 
 def fmt(value):
@@ -18,9 +18,11 @@ def fmt(value):
             return f"{value:.{1 - math.floor(math.log10(1 - abs(value)))}f}"
         return f"{value:.6f}"
     if isinstance(value, (list, tuple)):
-        # a cell of a table, not the list: an input feeding 60 nodes made every row 2400 wide
-        return ",".join(str(v) for v in value[:LIST_CELL]) + (
-            f" +{len(value) - LIST_CELL} more" if len(value) > LIST_CELL else "")
+        # names in a cell, not the list: an input feeding 60 nodes made every row 2400 wide (a
+        # shape, of numbers, is shown whole)
+        cut = len(value) > LIST_CELL and all(isinstance(v, str) for v in value)
+        return ",".join(str(v) for v in (value[:LIST_CELL] if cut else value)) + (
+            f" +{len(value) - LIST_CELL} more" if cut else "")
     return str(value)
 
 

@@ -550,8 +550,12 @@ def test_plugin_with_a_read_only_cache_dir_reads_it_keeps_nothing_and_says_so(py
     with read_only(folder):
         result = runp(pytester, f"--ptq-cache-dir={folder}")
         strict = runp(pytester, f"--ptq-cache-dir={folder}", "-W", "error")  # said, never raised
+        cleared = runp(pytester, f"--ptq-cache-dir={folder}", "--cache-clear")
     result.assert_outcomes(passed=2)  # read back
     strict.assert_outcomes(passed=2)
+    # --cache-clear cannot empty it: then its entries are not read either (computing fails here)
+    cleared.assert_outcomes(passed=1, failed=1)
+    cleared.stdout.fnmatch_lines(["*--cache-clear cannot empty it, so those kept there are not read either"])
     result.stdout.fnmatch_lines(["*PTQCacheWarning: results are not kept between runs: the result cache "
                                  "(--ptq-cache-dir / ptq_cache_dir) * is a read-only folder*; those kept there "
                                  "already are read"])
@@ -570,6 +574,18 @@ def test_cli_with_a_read_only_cache_dir_reads_it(tmp_path, inputs, monkeypatch, 
     assert "those kept there already are read" in capsys.readouterr().err
     assert (json.loads((tmp_path / "first.json").read_text())["values"]
             == json.loads((tmp_path / "again.json").read_text())["values"])
+
+
+def test_paths_with_a_tilde_are_kept_like_any_other(tmp_path, inputs, monkeypatch, capsys):
+    # the engine noted "~/calib" as unreadable and the cache its real version: every store
+    # refused, saying the data changed while the run read them
+    from pytest_ptq import cli
+
+    monkeypatch.setenv("HOME", str(inputs))
+    args = ["get-sensitivity-of-nodes", "~/q.onnx", "~/calib", "--quiet", "--cache-dir", str(tmp_path / "c")]
+    assert cli.main(args) == 0
+    assert "changed while this run read it" not in capsys.readouterr().err
+    assert list((tmp_path / "c").glob("*" + cache.SUFFIX))
 
 
 def test_a_data_folder_linked_in_per_input_is_hashed_through_its_links(tmp_path, inputs):

@@ -293,6 +293,8 @@ def test_intermediate_tensors_and_bad_requests(zoo):
     for index in (-1, len(engine.data)):
         with pytest.raises(PTQError, match=rf"sample {index} is out of range: .* hold {len(engine.data)} sample"):
             engine.run(index, [])
+    with pytest.raises(PTQError, match="sample must be an index or a feed dict, got True"):
+        engine.run(True, [])
     with pytest.raises(PTQError, match="unknown optimization level 'fast'"):
         Engine(qpath, zoo.data("qdq"), optimization="fast")
     with pytest.raises(PTQError, match="no calibration data"):

@@ -367,3 +367,4 @@ def test_a_list_in_a_table_cell_shows_its_first_names_and_how_many_more():
     text = format_table([{"node": "x_QuantizeLinear", "feeds": feeds}], ["node", "feeds"])
     assert "conv0,conv1,conv2 +57 more" in text and "conv3" not in text
     assert format_table([{"feeds": feeds[:3]}], ["feeds"]).splitlines()[3] == "| conv0,conv1,conv2 |"
+    assert "1,3,224,224" in format_table([{"shape": [1, 3, 224, 224]}], ["shape"])  # a shape stays whole

@@ -421,26 +421,33 @@ def test_figures_an_interrupted_run_drew_are_listed_as_it_draws_them_and_go_on_t
         Path(summary["files"]["acc_error"])}
 
 
-def test_a_folder_another_runall_is_writing_into_is_refused_and_a_dead_ones_taken(setup, tmp_path):
-    import subprocess
+def test_a_folder_another_runall_is_writing_into_is_refused_until_it_ends(setup, tmp_path, monkeypatch):
+    """Two runs into one folder mixed their files. A run holds a lock on the folder that the
+    system drops when it ends, whichever way: an interrupted one (in a notebook that lives on)
+    leaves the folder to the next."""
+    import fcntl
+    import os
+
+    import pytest_ptq.runall as module
 
     out = tmp_path / "busy"
     out.mkdir()
-    for proc, refused in ((subprocess.Popen(["sleep", "30"]), True), (subprocess.Popen(["true"]), False)):
-        if not refused:
-            proc.wait()  # ended: an interrupted run's folder
-        (out / "summary.json").write_text(json.dumps({
-            "tool": "pytest-ptq", "unfinished": True, "files": [],
-            "writing": {"pid": proc.pid, "host": __import__("socket").gethostname()}}))
-        try:
-            if refused:
-                with pytest.raises(PTQError, match=rf"another runall \(process {proc.pid}\) is writing into"):
-                    runall(setup["qa"], setup["folder"], save_dir=out, top=1, progress=False)
-            else:
-                assert runall(setup["qa"], setup["folder"], save_dir=out, top=1, progress=False)["top"] == 1
-        finally:
-            proc.kill()
-            proc.wait()
+    fd = os.open(out, os.O_RDONLY)  # another run, writing
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    try:
+        with pytest.raises(PTQError, match="another runall is writing into .*; wait for it to end"):
+            runall(setup["qa"], setup["folder"], save_dir=out, top=1, progress=False)
+    finally:
+        os.close(fd)
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(module, "collect", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        runall(setup["qa"], setup["folder"], save_dir=out, top=1, progress=False)
+    monkeypatch.undo()
+    assert runall(setup["qa"], setup["folder"], save_dir=out, top=1, progress=False)["top"] == 1
 
 
 def test_a_summary_names_the_first_of_many_outputs_and_how_many_more(setup, tmp_path):

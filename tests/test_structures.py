@@ -196,3 +196,13 @@ def test_repeated_node_names_are_told_apart_and_said_so(tmp_path):
     assert any(f"node names repeat in the file ('blk' {len(convs)} times)" in note and "refuses" in note
                for note in qm.notes)
     assert "blk__1" in qm.unnamed  # no quantizer's option can name it apart
+
+
+def test_suffixed_names_never_meet_a_name_the_file_has():
+    from pytest_ptq.model.graph import name_nodes
+
+    graph = helper.make_graph([helper.make_node("Relu", ["a"], ["b"], name=n) for n in ("A", "A", "A__1", "A", "")],
+                              "g", [], [])
+    assert name_nodes(graph) == {"Relu_0"}  # only the unnamed one had no name of its own
+    names = [n.name for n in graph.node]
+    assert len(set(names)) == 5 and names[0] == "A" and names[2] == "A__1"  # the file's names stay

@@ -360,7 +360,9 @@ class Engine:
             sample = self.sample(key)
             if self.segments is None or not all(t in self.model_outputs for t in (tensors or self.model_outputs)):
                 raise PTQError("stacked samples run model outputs only, through the segments")
-        elif isinstance(sample, (int, np.integer)) and not isinstance(sample, bool):
+        elif isinstance(sample, bool):
+            raise PTQError(f"sample must be an index or a feed dict, got {sample}")
+        elif isinstance(sample, (int, np.integer)):
             key = int(sample)
             count = 0 if self.data is None else len(self.data)
             if self.data is not None and not 0 <= key < count:  # -1 would run the last one unasked

@@ -164,8 +164,8 @@ def sort_topologically(graph, source="the model"):
 
 def name_nodes(graph):
     """Give unnamed nodes stable names ``<OpType>_<k>`` (k counts that op type in graph order)
-    and suffix repeated names (``<name>__<k>``), so that every result names one node. Returns
-    the names given to nodes that had none or shared theirs (no tool that reads the file can
+    and suffix repeated names (``<name>__<k>``, k the first free), so that every result names
+    one node. Returns the names given to nodes that had none (no tool that reads the file can
     name those)."""
     taken = {n.name for n in graph.node if n.name}
     counts = defaultdict(int)
@@ -181,12 +181,14 @@ def name_nodes(graph):
         n.name = candidate
         taken.add(candidate)
         given.add(candidate)
-    seen = defaultdict(int)
+    seen, suffix = set(), defaultdict(int)
     for n in graph.node:
-        seen[n.name] += 1
-        if seen[n.name] > 1:
-            n.name = f"{n.name}__{seen[n.name] - 1}"
-            given.add(n.name)
+        if n.name in seen:  # A, A, A__1 named the second A A__1 too
+            base = n.name
+            while n.name in seen or n.name in taken:
+                suffix[base] += 1
+                n.name = f"{base}__{suffix[base]}"
+        seen.add(n.name)
     return given
 
 

@@ -381,7 +381,10 @@ class QuantModel:
         self.shared = externalize(graph, arrays, folder, repr(self.source))  # and the rewrite's own
         repeated = Counter(n.name for n in graph.node if n.name)
         repeated = {k: v for k, v in repeated.items() if v > 1}
+        names = [n.name for n in graph.node]
         self.unnamed = name_nodes(graph)  # nodes without a name of their own in the file
+        # and those whose name another shares: no quantizer option names one of them apart
+        self.unnamed |= {n.name for n, was in zip(graph.node, names) if was in repeated and n.name != was}
         if repeated:
             name, times = next(iter(repeated.items()))
             self.notes.append(f"node names repeat in the file ({name!r} {times} times"
@@ -669,8 +672,12 @@ class QuantModel:
     def readers(self, tensor):
         """Main-graph nodes that read ``tensor``, as an input or inside one of their subgraphs
         (an If branch reading the outer scope), graph order."""
-        return [n for n in self.model.graph.node
-                if tensor in n.input or (has_subgraphs(n) and tensor in node_refs(n))]
+        if getattr(self, "_readers", None) is None:  # indexed once: asked once per pair
+            self._readers = defaultdict(list)
+            for n in self.model.graph.node:
+                for r in dict.fromkeys(node_refs(n) if has_subgraphs(n) else n.input):
+                    self._readers[r].append(n)
+        return list(self._readers.get(tensor, ()))
 
     def _qparams(self, node, qtype):
         where = f"node {node.name!r} of {self.source!r} "
