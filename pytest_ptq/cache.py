@@ -43,7 +43,7 @@ import warnings
 from pathlib import Path, PurePath
 
 from . import guard
-from .errors import PTQError, user_level
+from .errors import PTQError, PTQWarning, user_level
 
 MAGIC = b"pytest-ptq cache 2\n"
 KEY_VARIABLE = "PTQ_CACHE_KEY"
@@ -53,7 +53,7 @@ MAX_BYTES = 512 * 2**20  # the example suite's results take under 10 MiB
 _PLAIN = (str, int, float, bool, type(None))
 
 
-class PTQCacheWarning(UserWarning):
+class PTQCacheWarning(PTQWarning):
     """A result could not be kept on disk: the run goes on, the next one computes it again."""
 
 

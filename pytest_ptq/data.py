@@ -18,7 +18,7 @@ import numpy as np
 import onnx
 
 from . import params
-from .errors import PTQError, shown, user_level
+from .errors import PTQError, PTQWarning, shown, user_level
 
 NP_OF_ONNX = {
     onnx.TensorProto.FLOAT: np.float32, onnx.TensorProto.FLOAT16: np.float16,
@@ -28,7 +28,7 @@ NP_OF_ONNX = {
 }
 
 
-class PTQDataWarning(UserWarning):
+class PTQDataWarning(PTQWarning):
     """Data that do not hold what was asked of them, though the run can go on."""
 
 

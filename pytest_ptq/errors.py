@@ -15,6 +15,10 @@ class PTQError(ValueError):
     """Bad input or an unsupported model: the message says what to do."""
 
 
+class PTQWarning(UserWarning):
+    """What the analyses warn of (data, outputs, the cache): the run goes on."""
+
+
 class NotQuantized(PTQError):
     """The model holds nothing the tool can analyse as quantized (a float model, say)."""
 

@@ -18,7 +18,7 @@ import warnings
 
 import numpy as np
 
-from .errors import PTQError, shown, unknown, user_level
+from .errors import PTQError, PTQWarning, shown, unknown, user_level
 from .model.qdq import attribute
 
 _SLICE = re.compile(r"^\s*(?:(?P<alias>[^=\[\]]+?)\s*=\s*)?(?P<tensor>[^\[\]]+?)\s*(?:\[(?P<index>[^\]]*)\])?\s*$")
@@ -165,7 +165,7 @@ def parse_outputs(output_node, model):
     return specs
 
 
-class PTQOutputWarning(UserWarning):
+class PTQOutputWarning(PTQWarning):
     """An output named for a metric that cannot judge it (integer ids)."""
 
 

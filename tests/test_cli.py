@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 import subprocess
 import sys
 from pathlib import Path
@@ -306,6 +307,12 @@ def test_more_samples_asked_than_held_says_so_in_one_line(paths, capsys):
     err = capsys.readouterr().err
     line = f"warning: 500 calibration samples were asked for, but {paths['data']!r} holds {held}; all {held} are used"
     assert [x for x in err.splitlines() if "warning: 500" in x] == [f"ptq-debug get-sensitivity-of-nodes: {line}"]
+    # where warnings are errors (PYTHONWARNINGS=error) too: it was an "internal error", exit 3
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert main(["get-sensitivity-of-nodes", paths["model"], paths["data"], "-t", "weight", "--data-num", "500",
+                     "--quiet"]) == 0
+    assert f"ptq-debug get-sensitivity-of-nodes: {line}" in capsys.readouterr().err.splitlines()
     with pytest.warns(PTQDataWarning, match=f"holds {held}; all {held} are used"):
         Engine(paths["model"], paths["data"], data_num=500)
     with pytest.warns(PTQDataWarning):

@@ -18,7 +18,7 @@ import sys
 import warnings
 
 from .. import __version__, guard
-from ..errors import PTQError
+from ..errors import PTQError, PTQWarning
 from .args import STDOUT, check_outputs
 
 # Exit status of a command whose reader went away, as a shell reports a tool SIGPIPE ended.
@@ -79,6 +79,9 @@ def main(argv=None):
         inputs = check_outputs(args)
         with guard.protecting(inputs), guard.one_command(), warnings.catch_warnings():
             warnings.showwarning = _warning_printer(args.command)
+            # the tool's own warnings are lines of its output: PYTHONWARNINGS=error made one an
+            # "internal error"
+            warnings.simplefilter("default", PTQWarning)
             if getattr(args, "json", None) != STDOUT:
                 return args.func(args) or 0
             return _json_to_stdout(args)
