@@ -221,6 +221,23 @@ def test_pruning_drops_members_the_target_does_not_need(outlier):
     assert r.needed_for(0.99) == 2 and r.needed_for(1.5) is None
 
 
+def test_re_quantizing_writes_nothing_beside_the_float_model(outlier, tmp_path):
+    """onnxruntime, given the float model's path, wrote <name>-inferred.onnx beside it and
+    deleted it: a user's file of that name was lost, and a read-only folder failed the search."""
+    import shutil
+
+    folder = tmp_path / "models"
+    folder.mkdir()
+    fpath = folder / "float.onnx"
+    shutil.copy(outlier["float"], fpath)
+    (folder / "float-inferred.onnx").write_text("mine")
+    r = suggest_remedy(str(outlier["qdq"]), outlier["data"], target=0.99, remedy="per-channel", output_node=SLICE,
+                       float_model=str(fpath))
+    assert r.measured and r.met
+    assert sorted(p.name for p in folder.iterdir()) == ["float-inferred.onnx", "float.onnx"]
+    assert (folder / "float-inferred.onnx").read_text() == "mine"
+
+
 def test_a_given_ranking_of_normal_nodes_a_name_or_a_typo(outlier):
     """The default ranking (normal nodes) was refused as another model's; a str was read letter
     by letter; a misspelt name was dropped in silence."""

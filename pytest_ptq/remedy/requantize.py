@@ -120,13 +120,15 @@ def requantize(float_model, out_path, data, options, settings=None):
             self.i += 1
             return data.sample(self.i - 1)
 
-    model, path = load_model(float_model, what="float model")
-    source = str(path) if path else model
+    # the model, not its path: given a path, onnxruntime writes <name>-inferred.onnx beside the
+    # user's file and deletes it (a user's file of that name included; a read-only folder fails);
+    # given the model, it works in a temporary folder of its own
+    model = load_model(float_model, what="float model")[0]
     if not set(exclude) <= {n.name for n in model.graph.node}:
         # quantize_static excludes nodes by name only: unnamed ones get the names pytest-ptq
         # gives them everywhere (see measure's note), in this copy
         name_nodes(model.graph)
-        source = model
+    source = model
     root = logging.getLogger()
     level = root.level
     # quantize_static logs a pre-processing advice on every call; it is noise here
