@@ -329,6 +329,23 @@ def test_cli_runall_with_names_the_terminal_cannot_encode(setup, tmp_path):
     assert "Traceback" not in done.stderr.decode("ascii", "replace")
 
 
+def test_cli_runall_into_a_folder_whose_name_is_not_utf8(setup, tmp_path):
+    """Everything was written, then reading the summary back raised UnicodeDecodeError (exit 3)."""
+    import subprocess
+    import sys
+
+    folder = Path(os.fsdecode(os.fsencode(str(tmp_path)) + b"/lat\xe9"))
+    folder.mkdir()
+    model = folder / "qa.onnx"  # the summary names the model by its path
+    model.write_bytes(setup["qa"].read_bytes())
+    out = str(folder / "out")
+    done = subprocess.run([sys.executable, "-m", "pytest_ptq", "runall", str(model), str(setup["folder"]), "-s",
+                           out, "--data-num", "1", "--top", "1", "--quiet", "-t", "activation"],
+                          capture_output=True, timeout=300)
+    assert done.returncode == 0, done.stderr.decode("utf-8", "replace")[-2000:]
+    assert b"## Verdict" in done.stdout and (Path(out) / "summary.json").is_file()
+
+
 def test_runall_keeps_results_in_a_folder_given_as_its_cache_and_refuses_other_values(setup, tmp_path):
     from pytest_ptq.errors import PTQError
 

@@ -16,7 +16,8 @@ def run(args):
                      node_type=args.node_type, top=args.top, axis=args.axis, data_num=args.data_num,
                      heldout=args.heldout, progress=not args.quiet, rank_samples=args.rank_samples,
                      time_budget=args.time_budget, cache=cache)
-    print(Path(summary["files"]["summary_md"]).read_text(encoding="utf-8"))
+    # as written: a name that came in undecoded (a non-UTF-8 path) goes back out as its bytes
+    print(Path(summary["files"]["summary_md"]).read_text(encoding="utf-8", errors="surrogateescape"))
     print(f"wrote {args.save_dir}")
 
 
