@@ -10,6 +10,7 @@ there before, and that nothing appeared or changed outside the outputs the case 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
 import stat
@@ -428,6 +429,21 @@ def test_closed_pipe_ends_quietly(project):
     assert proc.wait(timeout=120) == BROKEN_PIPE
     assert err == ""
     assert_untouched(before, tree(project))
+
+
+@pytest.mark.parametrize("command", [["get-sensitivity-of-nodes", "-t", "weight"],
+                                     ["plot-distribution", "-n", "w1_QuantizeLinear", "-s", "plots"]])
+def test_closed_pipe_costs_no_file_asked_for(project, tmp_path, command):
+    """``... --json s.json | true``: the table was printed before the file was written, and the
+    reader gone, the command ended without it."""
+    out = tmp_path / "s.json"
+    proc = subprocess.Popen([sys.executable, "-m", "pytest_ptq", command[0], "m.onnx", "calib", *command[1:], "--json",
+                             str(out), "--quiet"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env={**os.environ, "PYTHONPATH": str(ROOT), "PYTHONDONTWRITEBYTECODE": "1"})
+    proc.stdout.close()
+    proc.stderr.read()
+    assert proc.wait(timeout=120) in (0, BROKEN_PIPE)
+    assert json.loads(out.read_text())
 
 
 # -- the API ---------------------------------------------------------------------------------

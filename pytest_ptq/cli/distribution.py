@@ -27,11 +27,16 @@ def node_names(values, known):
     return out
 
 
-def _written(args, result, json_result=None):
+def _written(args, result, json_result=None, before=None):
+    """Write the --json file, then print ``before`` (a table) and what was written: a reader
+    of the output that goes away (| head) cost the file."""
+    written = write_json(result if json_result is None else json_result, args.json) if args.json else None
+    if before is not None:
+        print(before)
     for d in result.values():
         print(f"wrote {d['png']}")
-    if args.json:
-        print(f"wrote {write_json(result if json_result is None else json_result, args.json)}")
+    if written is not None:
+        print(f"wrote {written}")
 
 
 def run_distribution(args):
@@ -45,8 +50,8 @@ def run_distribution(args):
              "clipped %": 100 * d.get("effective_clipped_share", d["clipped_share"])
              if d.get("clipped_share") is not None else "", "bit": d.get("bit", ""),
              "cosine": d.get("cosine-similarity", "")} for k, d in dist.items()]
-    print(format_table(rows, ["node", "kind", "tensor", "max_abs", "threshold", "clipped %", "bit", "cosine"]))
-    _written(args, dist)
+    table = format_table(rows, ["node", "kind", "tensor", "max_abs", "threshold", "clipped %", "bit", "cosine"])
+    _written(args, dist, before=table)
 
 
 def configure_distribution(p):
@@ -68,12 +73,9 @@ def run_channelwise(args):
     rows = [{"node": k, "tensor": d["tensor"], "axis": d["axis"], "channels": d["channels"],
              "outlier channels": ",".join(map(str, d["outlier_channels"][:10])) or "-"}
             for k, d in drawn.items()]
-    if rows:
-        print(format_table(rows, ["node", "tensor", "axis", "channels", "outlier channels"]))
-    for k, d in boxes.items():
-        if k not in drawn:
-            print(f"skipped {k}: {d['skipped']}")
-    _written(args, drawn, boxes)
+    lines = [format_table(rows, ["node", "tensor", "axis", "channels", "outlier channels"])] if rows else []
+    lines += [f"skipped {k}: {d['skipped']}" for k, d in boxes.items() if k not in drawn]
+    _written(args, drawn, boxes, before="\n".join(lines) if lines else None)
 
 
 def configure_channelwise(p):

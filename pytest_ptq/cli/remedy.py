@@ -87,17 +87,18 @@ def run(args):
     columns = ["nodes", "cost", "added", "kind", name] if result.remedy == MIXED else ["nodes", "added", name]
     rows = [{"nodes": p["nodes"], "cost": f"{p.get('cost', p['nodes']):g}", "added": p["added"] or "(baseline)",
              "kind": p.get("kind") or "", name: p["value"]} for p in result.curve]
+    # files first, then the text: a reader of the output that goes away (| head) cost the files
+    written = []
+    if save_dir is not None:
+        written += [write_json(result.settings, Path(save_dir) / f"remedy_{result.remedy}_settings.json"),
+                    result.save(Path(save_dir) / f"remedy_{result.remedy}.json")] + ([result.png] if result.png else [])
+    if args.json:
+        written.append(result.save(args.json))
     print("search curve on the search samples:")
     print(format_table(rows, columns))
     print(result.summary())
-    if save_dir is not None:
-        settings = write_json(result.settings, Path(save_dir) / f"remedy_{result.remedy}_settings.json")
-        print(f"wrote {settings}")
-        print(f"wrote {result.save(Path(save_dir) / f'remedy_{result.remedy}.json')}")
-        if result.png:
-            print(f"wrote {result.png}")
-    if args.json:
-        print(f"wrote {result.save(args.json)}")
+    for path in written:
+        print(f"wrote {path}")
     why = result.failure()
     if why:
         print(f"exit 1: {why}")  # last, so that a log cut to its tail still says why

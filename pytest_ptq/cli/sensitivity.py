@@ -12,24 +12,25 @@ from ..tables import format_table, listed
 from . import args as a
 
 
-def print_confidence(sensitivity, k, limit=None):
-    """Print the spread of each node over samples and whether the top ``k`` holds; returns
-    the :class:`~pytest_ptq.confidence.Confidence` (it also annotates ``sensitivity.details``)."""
-    conf = ranking_confidence(sensitivity, k=k)
+def print_confidence(conf, limit=None):
+    """Print a :class:`~pytest_ptq.confidence.Confidence`: the spread of each node over
+    samples and whether the top k holds."""
     rows = confidence_rows(conf)
     columns = list(rows[0]) if rows else ["node"]
     print(f"ranking confidence ({conf.metric} per sample, {conf.samples} sample(s), {conf.resamples} resamples):")
     print(format_table(rows, columns, limit))
     print(conf.message)
-    return conf
 
 
 def _finish(args, result, table):
+    # files first, then the text: a reader of the output that goes away (| head) cost the files
+    conf = ranking_confidence(result, k=args.confidence) if args.confidence else None  # annotates result.details
+    written = result.save(args.json) if args.json else None
     print(table)
-    if args.confidence:
-        print_confidence(result, args.confidence, args.top)
-    if args.json:
-        print(f"wrote {result.save(args.json)}")
+    if conf is not None:
+        print_confidence(conf, args.top)
+    if written is not None:
+        print(f"wrote {written}")
 
 
 def run_sensitivity(args):
