@@ -46,6 +46,14 @@ def shown(value, limit=_SHOWN):
     reprlib bounds the work as well as the text: a YAML alias bomb expands to a structure
     whose full repr would take gigabytes, and a message must not be what hangs the run.
     """
+    if isinstance(value, str):
+        # reprlib cuts the escaped text where the raw one would be cut: a name of control
+        # characters or undecodable bytes read twice over ('..._QuantizeLinearizeLinear')
+        whole = repr(value) if len(value) <= 4 * limit else ""
+        if whole and len(whole) <= limit:
+            return whole
+        head = (limit - 3) // 2
+        return repr(value[:limit])[:head] + "..." + repr(value[-limit:])[-(limit - 3 - head):]
     import reprlib
 
     r = reprlib.Repr()

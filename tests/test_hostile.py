@@ -981,3 +981,12 @@ def test_non_finite_outputs_on_ordinary_inputs_point_at_the_model(tmp_path):
     text = str(err.value)
     assert "with every Q/DQ pair quantized, and with every pair bypassed, gives non-finite values in output 'y'" in text
     assert "the model's own arithmetic gives them" in text and "overflows on its data" not in text
+
+
+def test_a_long_name_of_escaped_characters_is_cut_once_in_messages():
+    # reprlib cut the escaped text where the raw text would be cut: '..._QuantizeLinearizeLinear'
+    from pytest_ptq.errors import shown
+
+    said = shown("\x01" * 20 + "_QuantizeLinear")
+    assert said.endswith("_QuantizeLinear'") and said.count("QuantizeLinear") == 1 and len(said) <= 80
+    assert shown("conv1") == "'conv1'" and len(shown("a" * 500)) == 80
