@@ -384,9 +384,13 @@ def output_folder(save_dir, prefix):
         return makedirs(save_dir), None
     import tempfile
 
-    # named with this process's id, so that a later run removes what a killed one left
-    _sweep_dead_folders(Path(tempfile.gettempdir()), prefix)
-    temporary = tempfile.TemporaryDirectory(prefix=f"{prefix}{os.getpid()}_")
+    try:
+        # named with this process's id, so that a later run removes what a killed one left
+        _sweep_dead_folders(Path(tempfile.gettempdir()), prefix)
+        temporary = tempfile.TemporaryDirectory(prefix=f"{prefix}{os.getpid()}_")
+    except OSError as exc:  # FileNotFoundError: "No usable temporary directory found in [...]"
+        raise PTQError(f"no temporary folder can be written ({exc.strerror or exc}); set TMPDIR to a writable "
+                       "folder") from None
     return Path(temporary.name), temporary
 
 

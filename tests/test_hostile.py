@@ -990,3 +990,19 @@ def test_a_long_name_of_escaped_characters_is_cut_once_in_messages():
     said = shown("\x01" * 20 + "_QuantizeLinear")
     assert said.endswith("_QuantizeLinear'") and said.count("QuantizeLinear") == 1 and len(said) <= 80
     assert shown("conv1") == "'conv1'" and len(shown("a" * 500)) == 80
+
+
+def test_no_usable_temporary_folder_is_one_sentence(monkeypatch):
+    # /tmp read-only and TMPDIR unset: the report's figures raised a bare FileNotFoundError
+    import tempfile
+
+    from pytest_ptq import guard
+
+    def none_usable():
+        raise FileNotFoundError(2, "No usable temporary directory found in ['/tmp']")
+
+    monkeypatch.setattr(tempfile, "gettempdir", none_usable)
+    with pytest.raises(PTQError, match=r"no temporary folder can be written \(No usable temporary directory .*\); "
+                                       "set TMPDIR to a writable folder"):
+        with guard.scratch("ptq-curves-"):
+            pass
