@@ -550,7 +550,7 @@ def test_unnamed_float_nodes_are_excluded_under_the_names_the_advice_gives(tmp_p
     got = builders.run_model(_exposing_c1(requantized), feeds, outputs=["c1"])
     assert r.measured["value"] == pytest.approx(_cosine(_sliced(ref), _sliced(got)), abs=1e-9)
     assert r.measured["value"] > 0.99 > r.measured["baseline_value"]
-    assert any("['Conv_0'] have no names in its file" in n for n in r.notes)
+    assert any("['Conv_0'] have no name of their own in its file" in n for n in r.notes)
     assert onnx.load(str(fpath)).graph.node[0].name == ""  # the user's file is left as it was
 
 

@@ -203,6 +203,7 @@ def test_suffixed_names_never_meet_a_name_the_file_has():
 
     graph = helper.make_graph([helper.make_node("Relu", ["a"], ["b"], name=n) for n in ("A", "A", "A__1", "A", "")],
                               "g", [], [])
-    assert name_nodes(graph) == {"Relu_0"}  # only the unnamed one had no name of its own
+    unnamed, repeated = name_nodes(graph)
     names = [n.name for n in graph.node]
+    assert unnamed == {"Relu_0"} and repeated == {names[1], names[3]}
     assert len(set(names)) == 5 and names[0] == "A" and names[2] == "A__1"  # the file's names stay

@@ -165,8 +165,8 @@ def sort_topologically(graph, source="the model"):
 def name_nodes(graph):
     """Give unnamed nodes stable names ``<OpType>_<k>`` (k counts that op type in graph order)
     and suffix repeated names (``<name>__<k>``, k the first free), so that every result names
-    one node. Returns the names given to nodes that had none (no tool that reads the file can
-    name those)."""
+    one node. Returns ``(unnamed, repeated)``: the names given to nodes that had none, and to
+    those whose name another node shares (no tool that reads the file can name either)."""
     taken = {n.name for n in graph.node if n.name}
     counts = defaultdict(int)
     given = set()
@@ -181,15 +181,16 @@ def name_nodes(graph):
         n.name = candidate
         taken.add(candidate)
         given.add(candidate)
-    seen, suffix = set(), defaultdict(int)
+    seen, suffix, repeated = set(), defaultdict(int), set()
     for n in graph.node:
         if n.name in seen:  # A, A, A__1 named the second A A__1 too
             base = n.name
             while n.name in seen or n.name in taken:
                 suffix[base] += 1
                 n.name = f"{base}__{suffix[base]}"
+            repeated.add(n.name)
         seen.add(n.name)
-    return given
+    return given, repeated
 
 
 # Initializers at least this large leave the ModelProto: their values are kept once, as numpy

@@ -381,10 +381,9 @@ class QuantModel:
         self.shared = externalize(graph, arrays, folder, repr(self.source))  # and the rewrite's own
         repeated = Counter(n.name for n in graph.node if n.name)
         repeated = {k: v for k, v in repeated.items() if v > 1}
-        names = [n.name for n in graph.node]
-        self.unnamed = name_nodes(graph)  # nodes without a name of their own in the file
-        # and those whose name another shares: no quantizer option names one of them apart
-        self.unnamed |= {n.name for n, was in zip(graph.node, names) if was in repeated and n.name != was}
+        # nodes without a name of their own in the file: none, or one another shares (no
+        # quantizer option names one of them apart)
+        self.unnamed = set().union(*name_nodes(graph))
         if repeated:
             name, times = next(iter(repeated.items()))
             self.notes.append(f"node names repeat in the file ({name!r} {times} times"

@@ -65,7 +65,7 @@ class _FloatGraph:
         if float_model is not None:
             model = load_model(float_model, what="float model")[0]
             graph = model.graph
-            self.unnamed = name_nodes(graph)  # the names the alignment gave unnamed nodes
+            self.unnamed = set().union(*name_nodes(graph))  # the names the alignment gave (see name_nodes)
             sort_topologically(graph, "the float model")
             nodes = [n for n in graph.node if n.op_type != "Constant"]
             self.op = {n.name: n.op_type for n in nodes}  # in topological order, as the alignment sorts it
@@ -234,8 +234,9 @@ def producer_terms(qmodel, remedy, nodes, axes=None, choices=None, float_model=N
                               "in the QDQ graph")
     generated = sorted({n for entry in terms["nodes"].values() for n in entry.get("nodes", ())} & names.fg.unnamed)
     if generated:
-        terms["notes"].append(f"float node(s) {', '.join(generated)} have no name in the file (the names are "
-                              f"generated); name them in the float model so that {SHORT[key]} can exclude them")
+        terms["notes"].append(f"float node(s) {', '.join(generated)} have no name of their own in the file (none, or "
+                              f"one another node shares: the names are generated); name each in the float model so "
+                              f"that {SHORT[key]} can exclude them")
     return terms
 
 

@@ -193,14 +193,15 @@ def measure(parts, objective, float_model, result, save_dir, progress=False):
                         "baseline_model": None if tmp else str(base_path)}
             fmodel = load_model(float_model, what="float model")[0]
             fnames = {n.name for n in fmodel.graph.node}
-            given = name_nodes(fmodel.graph)
+            given = set().union(*name_nodes(fmodel.graph))
             missing = [n for n in result.settings["nodes_to_exclude"] if n not in fnames]
             unnamed = [n for n in missing if n in given]
             if unnamed:
-                result.notes.append(f"the float model's nodes {unnamed} have no names in its file, and quantize_static "
-                                    "excludes nodes by name only: pytest-ptq names an unnamed node <OpType>_<k> (k counting "
-                                    "that op type in graph order), and re-quantized a copy so named; name them so in the "
-                                    "float model before quantizing it")
+                result.notes.append(f"the float model's nodes {unnamed} have no name of their own in its file (none, or "
+                                    "one another node shares), and quantize_static excludes nodes by name only: "
+                                    "pytest-ptq names such a node <OpType>_<k> (k counting that op type in graph order) "
+                                    "or <name>__<k>, and re-quantized a copy so named; name each so in the float model "
+                                    "before quantizing it")
             if len(unnamed) < len(missing):
                 result.notes.append(f"nodes_to_exclude names {[n for n in missing if n not in unnamed]} are not node names "
                                     "of the float model, and quantize_static ignores them")
