@@ -71,6 +71,9 @@ def channel_axis(qm, c, shape, axis=None, value=None):
     """
     rank = len(shape)
     what = f"input {c.input!r} of {c.name!r} has shape {tuple(shape)}"
+    if rank == 0:  # one value: no axis at all (axis 0 read as in range divided by 0)
+        raise PTQError(f"input {c.input!r} of {c.name!r} is a scalar, so it has no channels to box-plot; its "
+                       "histogram (plot-distribution) shows its values")
     if axis is not None:
         if not -rank <= int(axis) < max(rank, 1):
             raise PTQError(f"axis {axis} is out of range: {what}; pass an axis in [{-rank}, {rank - 1}]")

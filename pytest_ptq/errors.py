@@ -52,8 +52,12 @@ def shown(value, limit=_SHOWN):
         whole = repr(value) if len(value) <= 4 * limit else ""
         if whole and len(whole) <= limit:
             return whole
-        head = (limit - 3) // 2
-        return repr(value[:limit])[:head] + "..." + repr(value[-limit:])[-(limit - 3 - head):]
+        k = limit // 2  # characters kept at each end, escaped whole, quoted once
+        while True:  # "\uffff" marks the cut: repr escapes it, a name never holds it
+            text = repr(value[:k] + "\uffff" + value[-k:]).replace("\\uffff", "...", 1)
+            if len(text) <= limit or k == 1:
+                return text
+            k -= 1
     import reprlib
 
     r = reprlib.Repr()

@@ -34,6 +34,7 @@ inherited from upstream.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fnmatch
 import json
 import math
@@ -161,7 +162,8 @@ def _check_axis(qm, axis):
     """Refuse, before the rankings, an ``axis`` that no calibration node's input has (as the
     shapes inferred from the file tell; the box plots refuse it all the same, minutes later)."""
     ranks = {len(qm.shapes[c.input]) for c in qm.calibration.values() if c.role != "bias" and c.input in qm.shapes}
-    if axis is not None and ranks and not any(-r <= axis < max(r, 1) for r in ranks):
+    ranks.discard(0)  # a scalar has no axis at all
+    if axis is not None and ranks and not any(-r <= axis < r for r in ranks):
         raise PTQError(f"axis {axis} is out of range for every calibration node's input (of rank "
                        f"{', '.join(map(str, sorted(ranks)))}); pass an axis in [{-max(ranks)}, {max(ranks) - 1}], or "
                        "none to infer each node's")
@@ -171,7 +173,8 @@ def _check_axis(qm, axis):
 def _owning(out):
     """This process alone writes runall's files into ``out`` for the block: a lock on the
     folder itself (no file of its own), which the system drops when the process ends however
-    it ends (two runs into one folder mixed their files). Without ``fcntl`` (Windows), none."""
+    it ends (two runs into one folder mixed their files). Without ``fcntl`` (Windows), or on a
+    file system that locks no folder (NFS), none."""
     try:
         import fcntl
     except ImportError:
@@ -185,9 +188,11 @@ def _owning(out):
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            raise PTQError(f"another runall is writing into {shown(str(out))}; wait for it to end, or give this one "
-                           "another folder") from None
+        except OSError as exc:
+            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                raise PTQError(f"another runall is writing into {shown(str(out))}; wait for it to end, or give this "
+                               "one another folder") from None
+            # a file system that locks no folder (NFS, SMB): unguarded, as before there was a lock
         yield
     finally:
         os.close(fd)  # and the lock with it

@@ -313,6 +313,11 @@ def test_more_samples_asked_than_held_says_so_in_one_line(paths, capsys):
         assert main(["get-sensitivity-of-nodes", paths["model"], paths["data"], "-t", "weight", "--data-num", "500",
                      "--quiet"]) == 0
     assert f"ptq-debug get-sensitivity-of-nodes: {line}" in capsys.readouterr().err.splitlines()
+    with warnings.catch_warnings():  # and silenced where asked
+        warnings.simplefilter("ignore")
+        assert main(["get-sensitivity-of-nodes", paths["model"], paths["data"], "-t", "weight", "--data-num", "500",
+                     "--quiet"]) == 0
+    assert "warning: 500" not in capsys.readouterr().err
     with pytest.warns(PTQDataWarning, match=f"holds {held}; all {held} are used"):
         Engine(paths["model"], paths["data"], data_num=500)
     with pytest.warns(PTQDataWarning):

@@ -461,6 +461,17 @@ def test_an_axis_no_node_has_is_refused_not_skipped_node_by_node(models, tmp_pat
     assert len(err.strip().splitlines()) == 1 and not (tmp_path / "runall").exists()
 
 
+def test_a_scalar_has_no_channels_whatever_the_axis(tmp_path):
+    # axis 0 on a scalar passed the range check, then divided by its rank of 0: exit 3
+    data = builders.samples(2, size=8)
+    qpath = builders.quantize(builders.offset_net(tmp_path / "f.onnx", scalar=True), tmp_path / "q.onnx", data)
+    engine = Engine(str(qpath), data)
+    c = next(c for c in engine.qmodel.calibration.values() if engine.qmodel.shapes.get(c.input) == [])
+    for axis in (0, None):
+        with pytest.raises(PTQError, match="is a scalar, so it has no channels to box-plot"):
+            channelwise.channel_axis(engine.qmodel, c, (), axis=axis)
+
+
 def test_titles_wrap_between_phrases_never_inside_brackets():
     from pytest_ptq.figures import wrap
 

@@ -989,7 +989,9 @@ def test_a_long_name_of_escaped_characters_is_cut_once_in_messages():
 
     said = shown("\x01" * 20 + "_QuantizeLinear")
     assert said.endswith("_QuantizeLinear'") and said.count("QuantizeLinear") == 1 and len(said) <= 80
-    assert shown("conv1") == "'conv1'" and len(shown("a" * 500)) == 80
+    assert shown("conv1") == "'conv1'" and len(shown("a" * 500)) <= 80 and shown("a" * 500).count("...") == 1
+    said = shown("it's " + "a" * 100 + "bc")  # quoted once, in the style the whole text takes
+    assert said.startswith('"it\'s aaa') and said.endswith('aabc"') and said.count("...") == 1 and len(said) <= 80
 
 
 def test_no_usable_temporary_folder_is_one_sentence(monkeypatch):

@@ -465,6 +465,14 @@ def test_a_folder_another_runall_is_writing_into_is_refused_until_it_ends(setup,
         runall(setup["qa"], setup["folder"], save_dir=out, top=1, progress=False)
     monkeypatch.undo()
     assert runall(setup["qa"], setup["folder"], save_dir=out, top=1, progress=False)["top"] == 1
+    # a file system that locks no folder (NFS: EBADF, ENOLCK) runs unguarded, not "another runall"
+    import errno
+
+    def no_locks(fd, op):
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(fcntl, "flock", no_locks)
+    assert runall(setup["qa"], setup["folder"], save_dir=out, top=1, progress=False)["top"] == 1
 
 
 def test_a_summary_names_the_first_of_many_outputs_and_how_many_more(setup, tmp_path):

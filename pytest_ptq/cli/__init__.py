@@ -65,6 +65,15 @@ def build_parser():
     return parser
 
 
+def _action(category):
+    """What the warning filters in force do with ``category`` (the first filter of any message
+    and module that takes it)."""
+    for action, message, cat, module, _line in warnings.filters:
+        if issubclass(category, cat) and not getattr(message, "pattern", "") and not getattr(module, "pattern", ""):
+            return action
+    return warnings.defaultaction
+
+
 def main(argv=None):
     for stream in (sys.stdout, sys.stderr):
         # a node or file name the terminal's encoding cannot show prints escaped, not as a traceback
@@ -80,8 +89,9 @@ def main(argv=None):
         with guard.protecting(inputs), guard.one_command(), warnings.catch_warnings():
             warnings.showwarning = _warning_printer(args.command)
             # the tool's own warnings are lines of its output: PYTHONWARNINGS=error made one an
-            # "internal error"
-            warnings.simplefilter("default", PTQWarning)
+            # "internal error" (ignoring them stays the user's choice)
+            if _action(PTQWarning) == "error":
+                warnings.simplefilter("default", PTQWarning)
             if getattr(args, "json", None) != STDOUT:
                 return args.func(args) or 0
             return _json_to_stdout(args)
