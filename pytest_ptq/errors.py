@@ -63,7 +63,8 @@ def shown(value, limit=_SHOWN):
     r = reprlib.Repr()
     r.maxlevel, r.maxdict, r.maxlist, r.maxtuple, r.maxset = 3, 4, 6, 6, 6
     r.maxstring, r.maxother, r.maxlong = limit, limit, 40
-    text = r.repr(value)
+    # one line: numpy's repr of an array breaks before its dtype, some versions' within it too
+    text = " ".join(r.repr(value).split())
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 

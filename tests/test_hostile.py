@@ -1008,3 +1008,14 @@ def test_no_usable_temporary_folder_is_one_sentence(monkeypatch):
                                        "set TMPDIR to a writable folder"):
         with guard.scratch("ptq-curves-"):
             pass
+
+
+def test_an_array_in_a_message_stays_on_one_line():
+    # numpy's repr breaks before the dtype: an error "in one sentence" spanned two lines
+    import numpy as np
+
+    from pytest_ptq.errors import shown
+
+    for array in (np.zeros((2, 3, 4), np.float32), np.linspace(-1e-3, 2.0, 120, dtype=np.float32).reshape(2, 1, 3, 4, 5)):
+        said = shown(array)
+        assert "\n" not in said and len(said) <= 80
