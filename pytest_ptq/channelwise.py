@@ -335,9 +335,9 @@ def plot_channels(stats, path, title, marked=None):
                      label=f"outlier channel (max|x| > {stats['outlier_k']:g}x median channel)")]
     if lo is not None and _drawable(lo, hi, span):
         # each channel's own range: caret marks (a plain dash read as a second median)
-        handles.append(Line2D([], [], color="#c0392b", lw=1, ls=":", marker=7 if _by_channel(stats, lo) else None,
-                              label="each channel's quantization range" if _by_channel(stats, lo) else
-                              "quantization range"))
+        own = _by_channel(stats, lo)
+        handles.append(Line2D([], [], color="#c0392b", lw=1, ls=":", marker=7 if own else None,
+                              label="each channel's quantization range" if own else "quantization range"))
     if marked:
         handles.append(Line2D([], [], color=_MARKED, marker="v", ls="none", label="channel the reading names"))
     # below the plots: inside, it would hide the tallest boxes, which are the point

@@ -17,13 +17,15 @@ class Progress:
     the text stream to draw on; ``total`` None: work of unknown size (a search), counted with
     no time left.
 
+    ``announce``: say when the work starts (its first step alone may take minutes).
+
     Draws in place on a terminal, within its width (a longer line would wrap and every
     redraw would add a row); elsewhere (CI logs) prints a line every 10% with the time
     left (a line a minute for work of unknown size), and one when done; a run under two
     seconds prints nothing.
     """
 
-    def __init__(self, total, desc, enabled=True, stream=None):
+    def __init__(self, total, desc, enabled=True, stream=None, announce=False):
         if hasattr(enabled, "write"):  # a stream to draw on (the plugin's, around pytest's capture)
             enabled, stream = True, enabled
         elif enabled is not None:  # text such as "no" would read as true
@@ -38,8 +40,12 @@ class Progress:
         self.estimate = None  # the first total, once the work has gone past it (see extend)
         self._last_line = self.start
         self._drawn = None  # when the terminal line was last drawn
+        self.announce = announce  # a line at the start: for work whose first step alone is long
 
     def __enter__(self):
+        if self.enabled and self.announce:
+            self.stream.write(f"{self.desc}: started\n")
+            self.stream.flush()
         return self
 
     def __exit__(self, *exc):

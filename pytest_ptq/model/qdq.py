@@ -413,6 +413,7 @@ class QuantModel:
                     self.consumers[i].append(n)
         self.value_types = self._infer_types()
         self._constant_cache = {}
+        self._readers = None  # tensor -> main-graph nodes reading it (see readers), built on first use
         self._reduced = {}  # calibration node -> its reduce_range half grid or None (see reduced_range)
         self.custom_ops = sorted({(n.domain, n.op_type) for n in graph.node if n.domain not in STANDARD_DOMAINS})
         self.calibration = self._find_calibration_nodes()
@@ -671,7 +672,7 @@ class QuantModel:
     def readers(self, tensor):
         """Main-graph nodes that read ``tensor``, as an input or inside one of their subgraphs
         (an If branch reading the outer scope), graph order."""
-        if getattr(self, "_readers", None) is None:  # indexed once: asked once per pair
+        if self._readers is None:  # indexed once: asked once per pair
             self._readers = defaultdict(list)
             for n in self.model.graph.node:
                 for r in dict.fromkeys(node_refs(n) if has_subgraphs(n) else n.input):

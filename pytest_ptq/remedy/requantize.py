@@ -173,11 +173,9 @@ def measure(parts, objective, float_model, result, save_dir, progress=False):
     qm = engine.qmodel
     options = infer_quantize_options(qm)
     out_dir, tmp = guard.output_folder(save_dir, "ptq_remedy_")
+    # announced: the first step alone may take a minute on a large model
     bar = Progress(4, f"re-quantizing the float model without and with the remedy ({options['quantizer']}), "
-                      "then scoring both", enabled=progress)
-    if bar.enabled:  # the first step alone may take a minute on a large model
-        bar.stream.write(f"{bar.desc}: started\n")
-        bar.stream.flush()
+                      "then scoring both", enabled=progress, announce=True)
     try:
         with bar:
             base_path = requantize(float_model, out_dir / "requantized_baseline.onnx", engine.data, options)
