@@ -172,14 +172,22 @@ class CalibrationData:
             dims, dtype = getattr(self, "expected", {}).get(name, (None, None))
             if dims is not None and arr.ndim == len(dims) - 1:
                 arr = arr[None]
+            if extended_float(arr.dtype):
+                arr = arr.astype(np.float32)
             if dtype is not None and arr.dtype != dtype:
-                if arr.dtype.kind in "iu" and arr.size and not (np.iinfo(dtype).min <= arr.min()
-                                                                and arr.max() <= np.iinfo(dtype).max):
-                    # astype would wrap them around silently: the model would read other values
-                    raise PTQError(f"{self.role} sample {src.describe(idx)!r} for input {name!r} holds values "
-                                   f"{arr.min()}..{arr.max()} ({arr.dtype}), beyond the {np.dtype(dtype)} the model "
-                                   "takes; check the preprocessing")
-                arr = arr.astype(dtype)
+                # astype would wrap integers around, or make floats beyond a narrower float's range
+                # infinite, silently: the model would read other values
+                if arr.size and arr.dtype.kind in "iuf" and arr.dtype.kind == np.dtype(dtype).kind:
+                    info = np.finfo(dtype) if arr.dtype.kind == "f" else np.iinfo(dtype)
+                    finite = arr[np.isfinite(arr)] if arr.dtype.kind == "f" else arr  # NaN/Inf: refused below
+                    low, high = (finite.min(), finite.max()) if finite.size else (0, 0)
+                    if low < info.min or high > info.max:
+                        span = "{:g}..{:g}" if arr.dtype.kind == "f" else "{}..{}"
+                        raise PTQError(f"{self.role} sample {src.describe(idx)!r} for input {name!r} holds values "
+                                       f"{span.format(low, high)} ({arr.dtype}), beyond the {np.dtype(dtype)} the "
+                                       f"model takes ({span.format(info.min, info.max)}); check the preprocessing")
+                with np.errstate(over="ignore", invalid="ignore"):
+                    arr = arr.astype(dtype)
             if arr.dtype.kind == "f" and not np.isfinite(arr).all():
                 bad = int((~np.isfinite(arr)).sum())
                 raise PTQError(f"{self.role} sample {src.describe(idx)!r} for input {name!r} holds "
@@ -198,6 +206,12 @@ class CalibrationData:
 
 
 def _check_shape(name, where, shape, dt, dims, dtype, role):
+    if extended_float(dt):
+        dt = np.float32  # as Data.sample reads it
+    elif np.dtype(dt).kind == "V" and np.dtype(dt).names is None:
+        raise PTQError(f"{role} sample {where!r} for input {name!r} holds raw {np.dtype(dt).itemsize}-byte values "
+                       f"({np.dtype(dt).str}), not numbers, as a bfloat16 or float8 array saved with np.save reads "
+                       "back; save it as float32 (astype(np.float32)) instead")
     if np.dtype(dt).kind not in "biuf":  # text, objects, records, complex: no model input takes them
         raise PTQError(f"{role} sample {where!r} for input {name!r} holds {np.dtype(dt)} values, not numbers; "
                        "save the preprocessed numeric array the model takes")
@@ -217,6 +231,13 @@ def _check_shape(name, where, shape, dt, dims, dtype, role):
     if dtype is not None and np.dtype(dt).kind != np.dtype(dtype).kind:
         raise PTQError(f"{role} sample {where!r} for input {name!r} has dtype {np.dtype(dt)} but the "
                        f"model expects {np.dtype(dtype)}; convert it with astype before saving")
+
+
+def extended_float(dtype):
+    """Whether ``dtype`` is one of ml_dtypes' floats (bfloat16, the float8s): numbers numpy
+    stores but does not compute on, which samples are read as float32 from."""
+    dtype = np.dtype(dtype)
+    return dtype.kind == "V" and dtype.names is None and dtype.name.startswith(("bfloat", "float"))
 
 
 def _fmt(dims):

@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from .channelwise import image_channel_axis
-from .data import NP_OF_ONNX, load_data
+from .data import NP_OF_ONNX, extended_float, load_data
 from . import params
 from .errors import NotFloatEquivalent, NotQuantized, PTQError
 from .metrics import get_metric
@@ -269,6 +269,8 @@ class _Stats:
         self.digests[index] = hashlib.blake2b(
             arr.tobytes() + str(arr.shape).encode() + str(arr.dtype).encode(), digest_size=16).hexdigest()
         self.wheres[index] = where
+        if extended_float(arr.dtype):
+            arr = arr.astype(np.float32)  # as the analyses read it
         if self.layout is None:
             self.layout, self.axis, self.layout_message, self.layout_fix = _layout(arr.shape, self.spec)
         if arr.dtype.kind not in "fiub":
@@ -414,7 +416,7 @@ def _data_findings(stats, specs, dataset, unscanned=0):
         if spec.dtype is not None and st.dtypes:
             got = np.dtype(st.dtypes.most_common(1)[0][0])
             want = np.dtype(spec.dtype)
-            if got.kind != want.kind:
+            if got.kind != want.kind and not (extended_float(got) and want.kind == "f"):
                 out.append(Finding("dtype", "error", f"samples are {got} but the model input is {want}",
                                    f"preprocess, then save with a.astype(np.{want.name})", name, dataset))
             elif got != want:

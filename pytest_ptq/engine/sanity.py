@@ -23,7 +23,7 @@ import dataclasses
 import numpy as np
 
 from ..data import largest_float, overflows
-from ..errors import NotFloatEquivalent
+from ..errors import NotFloatEquivalent, PTQError
 from ..metrics import compare
 from ..model import load_weightless
 from . import runtime
@@ -59,6 +59,19 @@ class Equivalence:
 
 # Float inputs this large are no preprocessed data: an overflow they cause is the data's
 HUGE_INPUT = 1e18
+
+
+def _half_overflow(source, broken, reach):
+    """The sentence for a float16 output that the bypassed model (the float model's
+    arithmetic) makes non-finite where every pair quantized does not: each pair clips what it
+    passes, so only the float path leaves float16's range."""
+    _, largest, inf = reach
+    return (f"bypassing every Q/DQ pair of {source!r} gives {'infinite' if inf else 'NaN'} values in output "
+            f"{broken[0]!r} (sample {broken[1]}), a float16 output whose finite values reach {largest:.3g} of the "
+            f"{float(np.finfo(np.float16).max):g} float16 holds, where every pair quantized gives finite ones: the "
+            "float16 graph overflows in float on that sample, as its float model does, so nothing can be measured "
+            "against it there; check that sample's preprocessing (its scale), or compute in float32 the part of the "
+            "model that overflows")
 
 
 def spread(n, k=SPREAD):
@@ -106,6 +119,8 @@ def check(engine):
                     continue
                 if broken is None and not np.isfinite(v).all():
                     broken = (k, i)
+                    finite = np.abs(v[np.isfinite(v)])
+                    reach = (v.dtype, float(finite.max()) if finite.size else 0.0, bool(np.isinf(v).any()))
                 if exploded is None and (k, i) in scale and np.isfinite(v).all() and v.size:
                     if float(np.abs(v).max()) > EXPLODE * scale[k, i]:
                         exploded = (k, i)
@@ -130,6 +145,8 @@ def check(engine):
             how = "every Q/DQ pair quantized, and with every pair bypassed," if broken in both else \
                 "every Q/DQ pair bypassed"
             raise overflows(f"{qm.source!r} with {how}", broken[0], broken[1], feeds)
+    if broken and not suspects and reach[0] == np.float16:
+        raise PTQError(_half_overflow(qm.source, broken, reach))
     if broken or exploded or len(suspects) >= 2:
         if broken:
             why = f"gives non-finite values in output {broken[0]!r} (sample {broken[1]})"

@@ -1,0 +1,120 @@
+"""Half-precision models and data: float16 graphs, bfloat16 and float8 arrays.
+
+A float16 graph's float path can leave float16's range where its quantized form, clipped by
+its pairs, does not; data for a float16 input can hold float32 values float16 cannot; and
+ml_dtypes' arrays are numbers numpy stores but does not compute on. Each is told in one
+sentence naming what to do, and what can be read is read as the values it holds.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import ml_dtypes
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import builders
+
+from pytest_ptq import debug as dbg
+from pytest_ptq.data import load_data
+from pytest_ptq.datacheck import check_data
+from pytest_ptq.errors import NotFloatEquivalent, PTQError
+from pytest_ptq.model import QuantModel
+
+
+def half_net(path, dtype=TensorProto.FLOAT16, seed=0):
+    """x -> Q/DQ -> MatMul(Q/DQ weight) -> Q/DQ -> y, every float tensor and scale of
+    ``dtype``; the output pair clips at +-127 * 0.5, far inside float16's range."""
+    np_dtype = np.float16 if dtype == TensorProto.FLOAT16 else np.float32
+    rng = np.random.default_rng(seed)
+    w = (rng.standard_normal((16, 16)) * 2.0).astype(np_dtype)
+    inits = [numpy_helper.from_array(w, "w")]
+    nodes = []
+
+    def pair(t, scale, name):
+        inits.extend([numpy_helper.from_array(np.asarray(scale, np_dtype), f"{name}_s"),
+                      numpy_helper.from_array(np.asarray(0, np.int8), f"{name}_z")])
+        nodes.extend([helper.make_node("QuantizeLinear", [t, f"{name}_s", f"{name}_z"], [f"{name}_q"], name=f"{name}_Q"),
+                      helper.make_node("DequantizeLinear", [f"{name}_q", f"{name}_s", f"{name}_z"], [f"{name}_d"],
+                                       name=f"{name}_DQ")])
+        return f"{name}_d"
+
+    x = pair("x", 4.0 / 127, "x")
+    wd = pair("w", float(np.abs(w).max()) / 127, "w")
+    nodes.append(helper.make_node("MatMul", [x, wd], ["m"], name="mm"))
+    y = pair("m", 0.5, "m")
+    nodes.append(helper.make_node("Identity", [y], ["y"], name="out"))
+    graph = helper.make_graph(nodes, "half", [helper.make_tensor_value_info("x", dtype, [1, 16])],
+                              [helper.make_tensor_value_info("y", dtype, [1, 16])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)], ir_version=10)
+    onnx.save(model, path)
+    return path
+
+
+def _samples(n=4, scale=1.0, seed=1):
+    rng = np.random.default_rng(seed)
+    return [(np.clip(rng.standard_normal((1, 16)), -3, 3) * scale).astype(np.float32) for _ in range(n)]
+
+
+def test_float16_overflow_in_float_is_named_not_blamed_on_a_folded_relu(tmp_path):
+    """Inputs of 20000 take the float MatMul past 65504 (infinite in float16) while the output
+    pair clips the quantized one: the float16 graph overflows, which no folded Relu or wrong
+    float model explains (what the message said before)."""
+    model = half_net(tmp_path / "q16.onnx")
+    data = {"x": [x.astype(np.float16) for x in _samples(scale=20000.0)]}
+    # independently: the float path overflows, the quantized one does not
+    feeds = {"x": data["x"][0]}
+    assert not np.isfinite(builders.run_model(builders.rewire(model), feeds)["y"]).all()
+    assert np.isfinite(builders.run_model(str(model), feeds)["y"]).all()
+    with pytest.raises(PTQError) as err:
+        dbg.get_sensitivity_of_nodes(model, calibrated_data=data, node_type="activation", progress=False)
+    text = str(err.value)
+    assert not isinstance(err.value, NotFloatEquivalent)
+    assert "float16 graph overflows" in text and "'y'" in text and "65504" in text
+    assert "Relu" not in text and "float model given" not in text
+
+
+def test_float32_data_beyond_a_float16_inputs_range_is_refused_by_value(tmp_path):
+    """1e5 in a float32 sample for a float16 input became Inf on the cast, with numpy's
+    RuntimeWarning and a message counting NaN/Inf values the file does not hold."""
+    model = half_net(tmp_path / "q16.onnx")
+    xs = _samples()
+    xs[1][0, 3] = 1e5
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        data = load_data({"x": xs}, QuantModel(model))
+        data.sample(0)
+        with pytest.raises(PTQError, match=r"holds values .*\.\.100000 \(float32\), beyond the float16 the model "
+                                           r"takes \(-65504\.\.65504\)") as err:
+            data.sample(1)
+    assert "NaN" not in str(err.value)
+
+
+def test_bfloat16_and_float8_arrays_are_read_as_the_values_they_hold(tmp_path):
+    """ml_dtypes' arrays (kind 'V') were refused as "not numbers"; they rank exactly as the
+    float32 arrays of the same values do, and check-data agrees that they convert."""
+    model = half_net(tmp_path / "q32.onnx", dtype=TensorProto.FLOAT)
+    for extended in (ml_dtypes.bfloat16, ml_dtypes.float8_e4m3fn):
+        narrow = [x.astype(extended) for x in _samples()]
+        wide = [x.astype(np.float32) for x in narrow]
+        got = dbg.get_sensitivity_of_nodes(model, calibrated_data={"x": narrow}, node_type="activation", progress=False)
+        want = dbg.get_sensitivity_of_nodes(model, calibrated_data={"x": wide}, node_type="activation", progress=False)
+        assert list(got) == list(want) and all(got[n] == want[n] for n in want)
+        report = check_data(model, {"x": narrow})
+        dtype = [f for f in report.findings if f.check == "dtype"]
+        assert [f.severity for f in dtype] == ["info"], dtype
+
+
+def test_a_bfloat16_array_saved_with_np_save_is_refused_naming_the_fix(tmp_path):
+    """np.save writes ml_dtypes' bfloat16 as raw 2-byte records ('|V2'), which read back
+    without their type: the message says so and names astype(np.float32)."""
+    model = half_net(tmp_path / "q32.onnx", dtype=TensorProto.FLOAT)
+    (tmp_path / "data" / "x").mkdir(parents=True)
+    for i, x in enumerate(_samples()):
+        np.save(tmp_path / "data" / "x" / f"{i}.npy", x.astype(ml_dtypes.bfloat16))
+    with pytest.raises(PTQError, match=r"0\.npy' for input 'x' holds raw 2-byte values \(\|V2\), not numbers.*"
+                                       r"astype\(np\.float32\)"):
+        dbg.get_sensitivity_of_nodes(model, calibrated_data=tmp_path / "data", node_type="activation", progress=False)
