@@ -23,6 +23,9 @@ from pytest_ptq.data import load_data
 from pytest_ptq.datacheck import check_data
 from pytest_ptq.errors import NotFloatEquivalent, PTQError
 from pytest_ptq.model import QuantModel
+from pytest_ptq.remedy.requantize import infer_quantize_options
+from pytest_ptq.remedy.search import suggest_remedy
+from pytest_ptq.remedy.terms import onnxruntime_settings
 
 
 def half_net(path, dtype=TensorProto.FLOAT16, seed=0):
@@ -118,3 +121,83 @@ def test_a_bfloat16_array_saved_with_np_save_is_refused_naming_the_fix(tmp_path)
     with pytest.raises(PTQError, match=r"0\.npy' for input 'x' holds raw 2-byte values \(\|V2\), not numbers.*"
                                        r"astype\(np\.float32\)"):
         dbg.get_sensitivity_of_nodes(model, calibrated_data=tmp_path / "data", node_type="activation", progress=False)
+
+
+def _mixed_precision(tmp_path):
+    """(float model, data, QDQ model): quantize_static's model converted to float16 with its
+    Conv kept in float32, as onnxruntime's float16 converter does it: Casts between the
+    float16 DequantizeLinears and each Conv, and after it."""
+    from onnxruntime.transformers.float16 import convert_float_to_float16
+
+    float_path = builders.conv_net(tmp_path / "float.onnx")
+    data = builders.samples(6)
+    q = onnx.load(builders.quantize(float_path, tmp_path / "q32.onnx", data))
+    half = convert_float_to_float16(q, keep_io_types=True, op_block_list=["Conv"])
+    for o in half.opset_import:
+        if o.domain in ("", "ai.onnx"):
+            o.version = 21  # Q/DQ of float16
+    half.ir_version = 10
+    onnx.save(half, tmp_path / "q16.onnx")
+    return float_path, data, tmp_path / "q16.onnx"
+
+
+def test_pairs_read_through_casts_are_the_nodes_they_quantize(tmp_path):
+    """A Conv computed in float32 between float16 pairs reads them through Casts: it was
+    taken for a node excluded on purpose (re-quantizing left it, here every Conv, in float,
+    and the re-quantized "verification" measured another model), and a float remedy on its
+    input named no node to exclude."""
+    float_path, data, q16 = _mixed_precision(tmp_path)
+    qm = QuantModel(q16, float_model=float_path)
+    convs = [n for n in qm.normal.values() if n.op_type == "Conv"]
+    assert convs and all(not n.calibration_inputs for n in convs)  # a Cast in between, every one
+    assert infer_quantize_options(qm)["nodes_to_exclude"] == []
+    feeding = qm.quantizers_through_casts("conv2")
+    assert feeding and all(qm.calibration[c].kind in ("activation", "weight") for c in feeding)
+    act = next(c for c in feeding if qm.calibration[c].kind == "activation")
+    assert "conv2" in onnxruntime_settings(qm, "float", [act])["nodes_to_exclude"]
+    # re-quantizing the float model as inferred quantizes as many tensors as the model given
+    r = suggest_remedy(str(q16), data, target=0.999999, remedy="float", float_model=str(float_path),
+                       save_dir=tmp_path / "out")
+    again = QuantModel(tmp_path / "out" / "requantized_baseline.onnx")
+    assert len(again.of_kind("activation")) == len(qm.of_kind("activation"))
+    assert not [w for w in r.warnings if "keeps only" in w], r.warnings
+
+
+def test_a_requantization_that_quantizes_less_than_the_model_is_no_verification(tmp_path):
+    """The model quantizes a Tanh's input, which quantize_static never does: re-quantizing
+    its float model keeps two of its three activation pairs, and the remedy says its
+    re-quantized figures measure another model."""
+    rng = np.random.default_rng(0)
+    w = (rng.standard_normal((16, 8)) * 0.5).astype(np.float32)
+
+    def net(path, pairs):
+        inits, nodes = [numpy_helper.from_array(w, "w")], []
+
+        def pair(t, scale):
+            if not pairs:
+                return t
+            inits.extend([numpy_helper.from_array(np.float32(scale), f"{t}_s"),
+                          numpy_helper.from_array(np.int8(0), f"{t}_z")])
+            nodes.extend([helper.make_node("QuantizeLinear", [t, f"{t}_s", f"{t}_z"], [f"{t}_q"], name=f"{t}_Q"),
+                          helper.make_node("DequantizeLinear", [f"{t}_q", f"{t}_s", f"{t}_z"], [f"{t}_d"],
+                                           name=f"{t}_DQ")])
+            return f"{t}_d"
+
+        nodes.append(helper.make_node("Tanh", [pair("x", 3.0 / 127)], ["t"], name="tanh"))
+        nodes.append(helper.make_node("MatMul", [pair("t", 1.0 / 127), pair("w", float(np.abs(w).max()) / 127)],
+                                      ["m"], name="mm"))
+        nodes.append(helper.make_node("Identity", [pair("m", 8.0 / 127)], ["y"], name="out"))
+        graph = helper.make_graph(nodes, "tanh", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16])],
+                                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8])], inits)
+        onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), path)
+        return path
+
+    float_path, model = net(tmp_path / "f.onnx", False), net(tmp_path / "q.onnx", True)
+    data = {"x": _samples(8)}
+    r = suggest_remedy(str(model), data, target=0.99999, remedy="float", float_model=str(float_path),
+                       save_dir=tmp_path / "out")
+    # quantize_static pairs the MatMul's input and output, not the Tanh's input
+    kept = [c.input for c in QuantModel(tmp_path / "out" / "requantized_baseline.onnx").of_kind("activation")]
+    assert "x" not in kept and len(kept) == 2
+    told = [w for w in r.warnings if "keeps only" in w]
+    assert len(told) == 1 and "keeps only 2 of its 3 activation quantizer(s)" in told[0], r.warnings

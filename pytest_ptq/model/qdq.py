@@ -679,6 +679,37 @@ class QuantModel:
                     self._readers[r].append(n)
         return list(self._readers.get(tensor, ()))
 
+    def _float_cast(self, name):
+        """Whether normal node ``name`` is a Cast from one float type to another."""
+        n = self.normal.get(name)
+        return n is not None and n.op_type == "Cast" and self.is_float_tensor(n.inputs[0]) and \
+            self.is_float_tensor(n.outputs[0])
+
+    def through_casts(self, names, downstream=True):
+        """Normal nodes ``names`` with each Cast between float types replaced by the nodes it
+        feeds (``downstream``) or the one feeding it, repeatedly: the node a pair quantizes
+        where a float16 graph computes it in float32 (DequantizeLinear, Cast, MatMul), or the
+        reverse. Order kept, no repeats."""
+        out = []
+        for name in names:
+            if not self._float_cast(name):
+                out.append(name)
+                continue
+            n = self.normal[name]
+            nxt = [r.name for r in self.consumers.get(n.outputs[0], ())] if downstream else \
+                [self.producer[n.inputs[0]].name] if n.inputs[0] in self.producer else []
+            out += self.through_casts([m for m in nxt if m in self.normal], downstream)
+        return list(dict.fromkeys(out))
+
+    def quantizers_through_casts(self, name):
+        """The calibration nodes feeding normal node ``name``, directly or through Casts
+        between float types (see :meth:`through_casts`)."""
+        node, out = self.normal[name], list(self.normal[name].calibration_inputs)
+        for i in node.inputs:
+            if i in self.producer and self._float_cast(self.producer[i].name):
+                out += self.quantizers_through_casts(self.producer[i].name)
+        return list(dict.fromkeys(out))
+
     def _qparams(self, node, qtype):
         where = f"node {node.name!r} of {self.source!r} "
         scale = self.constant(node.input[1]) if len(node.input) > 1 else None

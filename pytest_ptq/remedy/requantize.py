@@ -20,7 +20,7 @@ from ..model.qdq import PER_CHANNEL_OPS
 from ..stages import simulation_warnings
 from ..tables import fmt
 from .result import meets
-from .terms import float_tensor_name, quantize_static_kwargs
+from .terms import float_tensor_name, quantize_static_kwargs, quantizer_call
 
 _QUANT_TYPES = {onnx.TensorProto.INT8: "QInt8", onnx.TensorProto.UINT8: "QUInt8",
                 onnx.TensorProto.INT16: "QInt16", onnx.TensorProto.UINT16: "QUInt16"}
@@ -46,9 +46,10 @@ def infer_quantize_options(qmodel):
         types = Counter(_QUANT_TYPES.get(c.qtype) for c in nodes if c.qtype in _QUANT_TYPES)
         return types.most_common(1)[0][0] if types else default
 
-    # a node onnxruntime would quantize that reads no Q/DQ was excluded on purpose
+    # a node onnxruntime would quantize that reads no Q/DQ was excluded on purpose (a float16
+    # graph's node computed in float32 reads its pairs through Casts)
     excluded = [n.name for n in qmodel.normal.values()
-                if n.op_type in PER_CHANNEL_OPS and not n.calibration_inputs]
+                if n.op_type in PER_CHANNEL_OPS and not qmodel.quantizers_through_casts(n.name)]
     # the weights onnxruntime quantizes as weights: a matrix product's; an Add's constant takes
     # the activation type, or the weight type without its symmetry
     products = [c for c in weights
@@ -213,6 +214,8 @@ def measure(parts, objective, float_model, result, save_dir, progress=False):
                 bar.advance()
                 for name, value in values.items():
                     figures[name][key] = value
+                if key == "before":
+                    _reproduced(qm, new.qmodel, result)
                 if key == "after":
                     measured.update(_effect(qm, new.qmodel, result))
                     if isinstance(new, Engine):  # the file as a plain session runs it, against its simulation
@@ -376,6 +379,21 @@ def _value(new, part, objective):
         for s in objective.specs:
             m.update(states[s.name], s.take(ref[s.tensor]), s.take(out[s.tensor]))
     return m.worst([m.value(st) for st in states.values()])
+
+
+def _reproduced(old, new, result):
+    """A warning where re-quantizing without the settings quantizes fewer tensors of a kind
+    than the model given: onnxruntime's quantizer skipped what the model's quantizer
+    quantized, so the re-quantized figures measure another, less quantized model."""
+    if new is None:
+        return
+    given, again = (Counter(c.kind for c in qm.calibration.values() if c.role != "bias") for qm in (old, new))
+    short = [f"{again[k]} of its {n} {k} quantizer(s)" for k, n in given.items() if again[k] < n]
+    if short:
+        result.warnings.append(
+            f"re-quantizing the float model without the settings ({quantizer_call(old)}) keeps only "
+            f"{' and '.join(short)}: onnxruntime left the rest in float, so the re-quantized figures measure a less "
+            "quantized model than the one given and verify nothing of it; the simulated figures are the model's")
 
 
 def _effect(old, new, result):

@@ -129,9 +129,11 @@ def onnxruntime_settings(qmodel, remedy, nodes, axes=None, choices=None):
             # a dynamic quantizer serves only its consumers: excluding them is enough; a node
             # of an op onnxruntime never quantizes (a Log) asks for no pair, and excluding it
             # would only lengthen the list
-            if c.kind == "activation" and c.producer in qmodel.normal and qmodel.normal[c.producer].op_type in ops:
-                exclude.add(c.producer)
-            exclude.update(n for n in c.consumers if n in qmodel.normal and qmodel.normal[n].op_type in ops)
+            # through Casts: a float16 graph computing a node in float32 between its pairs
+            producers = qmodel.through_casts([c.producer], downstream=False) if c.kind == "activation" and \
+                c.producer in qmodel.normal else []
+            exclude.update(n for n in producers + qmodel.through_casts([n for n in c.consumers if n in qmodel.normal])
+                           if qmodel.normal[n].op_type in ops)
         elif kind == "int16":
             signed = c.qrange[0] < 0
             entry = {"quant_type": "QInt16" if signed else "QUInt16"}
