@@ -370,7 +370,9 @@ def _runall(engine, out, metrics, output_node, node_type, data_num, top, axis, p
     summary = {
         "tool": "pytest-ptq", "version": __version__, "model": qm.source, "format": qm.format_label,
         "made_by": qm.made_by.label, "data": getattr(engine.data, "where", None), "samples": len(indices),
-        "ranking": screening.to_dict(), "samples_per_run": engine.batching(every_index).reason,
+        # the choice the kept results were computed with: a rerun reading them would time a new one
+        "ranking": screening.to_dict(), "samples_per_run": through(cache, ("runall samples per run", base),
+                                                                   lambda: engine.batching(every_index).reason),
         "metrics": [m.name for m in metric_objs],
         "outputs_compared": [s.name for s in specs], "output_parts": parts_note(specs), "node_types": types,
         "top": top,

@@ -346,14 +346,20 @@ def test_cli_runall_into_a_folder_whose_name_is_not_utf8(setup, tmp_path):
     assert b"## Verdict" in done.stdout and (Path(out) / "summary.json").is_file()
 
 
-def test_runall_keeps_results_in_a_folder_given_as_its_cache_and_refuses_other_values(setup, tmp_path):
+def test_runall_keeps_results_in_a_folder_given_as_its_cache_and_refuses_other_values(setup, tmp_path, monkeypatch):
+    from pytest_ptq.engine import batching
     from pytest_ptq.errors import PTQError
 
     kept = tmp_path / "kept"
     first = runall(setup["qa"], setup["folder"], save_dir=tmp_path / "a", top=1, progress=False, cache=str(kept))
     assert any(kept.rglob("*.ptq-cache"))
-    again = runall(setup["qa"], setup["folder"], save_dir=tmp_path / "b", top=1, progress=False, cache=kept)
+    # the rerun reads how the kept results ran their samples: timing a new choice cost a
+    # trial of stacked passes and could report one the results were not computed with
+    with monkeypatch.context() as m:
+        m.setattr(batching, "decide", lambda *a, **k: pytest.fail("a cached rerun timed the samples' stacking"))
+        again = runall(setup["qa"], setup["folder"], save_dir=tmp_path / "b", top=1, progress=False, cache=kept)
     assert again["verdict"] == first["verdict"] and again["top_nodes"] == first["top_nodes"]
+    assert again["samples_per_run"] == first["samples_per_run"]
     for bad in (True, 5):
         with pytest.raises(PTQError, match="cache must be a folder to keep results in or a ResultCache"):
             runall(setup["qa"], setup["folder"], save_dir=tmp_path / "c", progress=False, cache=bad)
