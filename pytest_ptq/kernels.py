@@ -224,8 +224,8 @@ def saturation_cause(qm, providers):
         return ""
     return (f"on this CPU onnxruntime's kernels saturate uint8 x int8 products (summed in pairs into int16, as on "
             f"x86 without AVX-VNNI), and {len(nodes)} node(s) here run such products "
-            f"({listed(nodes)}); with AVX-VNNI, on ARM or on another execution provider the file runs as simulated, and "
-            "quantized with reduce_range=True (7-bit weights) or uint8 weights it runs so here too")
+            f"({listed(nodes)}); with AVX-VNNI, on ARM or on another execution provider, or with the weights quantized "
+            "with reduce_range=True (7 bits) or as uint8, no such product saturates")
 
 
 def as_uint8_weights(qm):

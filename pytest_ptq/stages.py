@@ -293,10 +293,12 @@ def kernel_causes(engine, specs, providers=None, given=None, simulated=None, cou
         clauses += [(-1.0, cause)] if cause else []
     else:
         checked.append(gap)
-        clauses.append((gap, cause + (f" (checked: with those weights stored as uint8, the same values, the file reads "
-                                      f"{gap:.6f} against the simulation)" if gap >= SIMULATION_CLOSE else
-                                      f"; but with those weights stored as uint8 the file still reads {gap:.4f} "
-                                      "against the simulation")))
+        stored = f"with those weights stored as uint8, the same values, the file reads {gap:.6f} against the simulation"
+        if gap < SIMULATION_CLOSE and given is None:
+            given = _without(engine, specs, providers, simulated, count)
+        clauses.append((gap, cause + (f" (checked: {stored})" if gap >= SIMULATION_CLOSE else
+                                      f"; {stored}, from {given:.6f} as given" if given is not None and gap > given
+                                      else f"; {stored}, no closer: not what moves this file's outputs")))
     weights, biases = requantized_nodes(qm, (1,)), requantized_nodes(qm, (2,))
     rounded = ", and ".join(([f"the float weights of {len(weights)} node(s) reading a quantized input "
                               f"({listed(weights)}) to per-tensor int8 (so a node left in float there is float only "
@@ -322,7 +324,7 @@ def kernel_causes(engine, specs, providers=None, given=None, simulated=None, cou
     # the cause whose removal brings the file closest to the simulation first
     sentences = [c for _, c in sorted(clauses, key=lambda fc: -fc[0])]
     if checked and max(checked) < SIMULATION_CLOSE:
-        sentences[-1] += ", so its kernels depart from the simulation in more than that"
+        sentences[-1] += "; no cause removed brings the file to the simulation: its kernels depart from it in more"
     return sentences
 
 

@@ -228,10 +228,18 @@ def test_the_checked_cause_says_what_the_uint8_file_read(models, monkeypatch):
     engine = Engine(str(models["qdq"]), models["data"], float_model=str(models["float"]))
     specs = parse_outputs(None, engine)
     monkeypatch.setattr(kernels, "integer_kernels_saturate", lambda: True)
+    # the saturation's clause says what it found without contradicting the check: products
+    # that do not saturate, not a file that runs as simulated
     monkeypatch.setattr(stages, "simulation_gap", lambda *a, **k: 0.99)
-    assert stages.kernel_cause(engine, specs).endswith(
-        "; but with those weights stored as uint8 the file still reads 0.9900 against the simulation, so its kernels "
-        "depart from the simulation in more than that")
+    told = stages.kernel_cause(engine, specs)
+    assert "no such product saturates" in told and "runs so here too" not in told
+    assert told.endswith("; with those weights stored as uint8, the same values, the file reads 0.990000 against the "
+                         "simulation, no closer: not what moves this file's outputs; no cause removed brings the file "
+                         "to the simulation: its kernels depart from it in more")
+    gaps = iter([0.995, 0.99])  # with the weights stored as uint8, then as given
+    monkeypatch.setattr(stages, "simulation_gap", lambda *a, **k: next(gaps))
+    assert "the file reads 0.995000 against the simulation, from 0.990000 as given; no cause" in stages.kernel_cause(
+        engine, specs, given=None)
     monkeypatch.setattr(stages, "simulation_gap", lambda *a, **k: 0.9999912)
     assert stages.kernel_cause(engine, specs).endswith("the file reads 0.999991 against the simulation)")
     monkeypatch.setattr(kernels, "integer_kernels_saturate", lambda: False)
