@@ -13,7 +13,7 @@ from pathlib import Path
 
 from . import __version__, params
 from .engine import engine_for
-from .errors import PTQError, shown, unknown
+from .errors import FLOAT_MODEL_OPTION, PTQError, shown, unknown
 from .metrics import get_metrics
 from .model.formats import SHAPE_ONLY
 from .outputs import parse_outputs
@@ -78,7 +78,7 @@ def stored_quantized(qm, what):
                         "weight of the float model given, cannot be bypassed; check that it is the float model this "
                         "one was quantized from")
     return PTQError(f"{what} of {qm.source!r}, stored already quantized (DequantizeLinear only), cannot be "
-                    "bypassed; pass the float model (float_model=... / --float-model) to recover the float weights")
+                    f"bypassed; pass the float model ({FLOAT_MODEL_OPTION}) to recover the float weights")
 
 
 def _kind_of(qm, name):

@@ -23,7 +23,7 @@ import dataclasses
 import numpy as np
 
 from ..data import largest_float, overflows
-from ..errors import NotFloatEquivalent, PTQError
+from ..errors import FLOAT_MODEL_OPTION, NotFloatEquivalent, PTQError
 from ..metrics import compare
 from ..model import load_weightless
 from . import runtime
@@ -38,7 +38,7 @@ SAME = 0.999  # output cosine at which the bypassed model is the float model
 # checked) are float rounding, whatever the cosine of that sample reads
 NEGLIGIBLE = 1e-5
 _REQUANTIZE = "re-quantize with extra_options={'AddQDQPairToWeight': True, 'QDQKeepRemovableActivations': True}"
-FIX = f"pass the float model (float_model=... / --float-model) or {_REQUANTIZE}"
+FIX = f"pass the float model ({FLOAT_MODEL_OPTION}) or {_REQUANTIZE}"
 # where the float model was given: its Relu/Clip and weights did not match these pairs
 FIX_GIVEN = ("check that the float model given is the one this model was quantized from (its Relu/Clip and weights "
              f"are matched to the pairs by structure and values), or {_REQUANTIZE}")
@@ -184,7 +184,7 @@ def check(engine):
         if on_grid:
             warnings.append(f"{len(on_grid)} weight(s) such as {on_grid[0].name!r} sit behind Q/DQ already rounded "
                             "onto their grid, so bypassing them changes nothing and their sensitivity reads as "
-                            "none; pass the float model (float_model=... / --float-model) to measure them")
+                            f"none; pass the float model ({FLOAT_MODEL_OPTION}) to measure them")
     return Equivalence(samples=samples, suspects=suspects, rewrite=rewrite, warnings=warnings)
 
 

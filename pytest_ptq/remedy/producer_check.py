@@ -20,7 +20,7 @@ import onnx
 
 from .. import guard
 from ..engine.runtime import make_session, run
-from ..errors import NotQuantized, PTQError
+from ..errors import FLOAT_MODEL_OPTION, NotQuantized, PTQError
 from ..metrics import get_metric
 from ..model import QuantModel, load_model
 from ..outputs import parse_outputs
@@ -197,7 +197,7 @@ def check_producer_terms(engine, terms, float_model=None, recipe=None, save_dir=
     re-quantized models."""
     float_model = float_model if float_model is not None else engine.float_model
     if float_model is None:
-        raise PTQError("re-quantizing with the producer needs the float model; pass float_model= (--float-model)")
+        raise PTQError(f"re-quantizing with the producer needs the float model; pass it ({FLOAT_MODEL_OPTION})")
     key = terms["producer"]
     recipe = recipe if recipe is not None else producer_recipe(engine.qmodel)
     python = python or producer_python(key)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from .. import guard, params
 from ..engine import engine_for
-from ..errors import PTQError, unknown
+from ..errors import FLOAT_MODEL_OPTION, PTQError, unknown
 from ..outputs import offset_warnings, parse_outputs
 from ..progress import Progress
 from ..results import read_from
@@ -217,7 +217,7 @@ def _suggest(engine, save_dir, clock, target, metric, remedy, output_node, data_
         if result.measured:
             _warn(result, result.measured["figures"], "re-quantized: ")
     elif float_model is None and result.nodes:
-        notes.append("pass the float model (float_model= / --float-model) to check the settings by "
+        notes.append(f"pass the float model ({FLOAT_MODEL_OPTION}) to check the settings by "
                      "re-quantizing")
     result.producer_terms = producer_terms(qm, remedy, result.nodes, axes, result.choices, float_model)
     if check:
