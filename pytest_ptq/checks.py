@@ -325,6 +325,7 @@ class AccuracyResult(Result):
     samples: int = 0
     data: str = ""
     holdout: str | None = None  # the held-out data judged on (absolute), None: calibration data
+    source: str = ""  # FILE.py:NAME that loads the evaluation function again, "" where none does
     kind = "accuracy"
 
     def __repr__(self):
@@ -373,7 +374,23 @@ def check_accuracy(analysis, evaluate, min_ratio=0.99, holdout=None):
     return AccuracyResult(passed=math.isfinite(ratio) and ratio >= ratio_min, float_score=f_score, quantized_score=q_score,
                           ratio=ratio, min_ratio=ratio_min, evaluate=name, model=analysis.label, samples=len(data),
                           data=analysis.relative(holdout if holdout is not None else analysis.key.data),
-                          holdout=None if holdout is None else str(holdout))
+                          holdout=None if holdout is None else str(holdout), source=_source_of(evaluate))
+
+
+def _source_of(function):
+    """``FILE.py:NAME`` (absolute) that loads ``function`` again, as ``--evaluate`` and a
+    contract's ``evaluate:`` take it: defined at the top level of a file; else "" (a lambda, a
+    closure, a method, a callable object)."""
+    import inspect
+
+    name = getattr(function, "__qualname__", "")
+    if not name.isidentifier() or getattr(inspect.getmodule(function), name, None) is not function:
+        return ""
+    try:
+        file = inspect.getsourcefile(function)
+    except TypeError:  # built in
+        return ""
+    return f"{os.path.abspath(file)}:{name}" if file and file.endswith(".py") and os.path.isfile(file) else ""
 
 
 # -- baseline ------------------------------------------------------------------------------

@@ -359,38 +359,52 @@ class PTQSession:
         about = (f"{qm.format} model made by {d.producer}; ranked on {d.samples} of {used} calibration "
                  f"sample(s) of {analysis.relative(analysis.key.data)}")
         lines = d.lines(settings.top, report=None if self.settings.report is None else self.settings.report.name)
-        suggest = self.suggest_command(analysis, settings)
-        if suggest:
-            lines.append(f"  the smallest set that meets the contract, searched and re-quantized (minutes): {suggest}")
+        for what, suggest in self.suggest_commands(analysis, settings):
+            lines.append(f"  the smallest set that meets {what}, searched and re-quantized (minutes): {suggest}")
         return {"lines": lines, "headline": d.headline(), "about": about}
 
-    def suggest_command(self, analysis, settings):
-        """``ptq-debug suggest`` on the model with the contract's data and target, runnable from
-        where pytest was started; empty where the model's output checks all passed (the search
-        would find their floors met: a failing nodes check names its own offenders)."""
+    def suggest_commands(self, analysis, settings):
+        """``[(what it meets, command)]``: ``ptq-debug suggest`` on the model with the contract's
+        data, runnable from where pytest was started, for each kind of check that failed: the
+        task score of a failing accuracy check whose function a file defines, then the output
+        floors; none where both passed (a failing nodes check names its own offenders)."""
         key = analysis.key
         here = self.config.invocation_params.dir
         holdout = self.holdout_of(key.id)
+        results = self._results_of(key.id)
+
+        def command(heldout, objective, aimed=()):
+            args = ["ptq-debug", "suggest", _shown_path(key.model, here), _shown_path(key.data, here)]
+            if heldout:
+                args += ["--heldout", _shown_path(heldout, here)]
+            if key.float_model:
+                args += ["--float-model", _shown_path(key.float_model, here)]
+            if key.data_num:
+                args += ["--data-num", str(key.data_num)]
+            return shlex.join([*args, *objective, "--remedy", "mixed", *aimed])
+
+        out = []
+        # a search after the output floors may lose task accuracy (and did): the task's own
+        # score is what its check asks of a remedy
+        scored = next((r for r in results if r.kind == "accuracy" and not r and r.source), None)
+        if scored is not None:
+            file, _, name = scored.source.rpartition(":")
+            out.append(("its accuracy check", command(scored.holdout or holdout, [
+                "--evaluate", f"{_shown_path(file, here)}:{name}", "--min-ratio", threshold_text(scored.min_ratio)])))
         # the target: the strictest floor among the outputs that failed (a passing output's
         # stricter floor would send the search after more than the contract asks)
-        checks = [r for r in self._results_of(key.id)
-                  if r.kind == "outputs" and r.metric == "cosine-similarity" and r.thresholds]
-        if checks and all(checks):
-            return ""
+        checks = [r for r in results if r.kind == "outputs" and r.metric == "cosine-similarity" and r.thresholds]
+        if checks and all(checks) or not checks and scored is not None:
+            return out
         floors = [r.thresholds[o] for r in checks for o in r.failing]
-        target = max(floors) if floors else settings.min_cosine
-        args = ["ptq-debug", "suggest", _shown_path(key.model, here), _shown_path(key.data, here)]
-        if holdout:
-            args += ["--heldout", _shown_path(holdout, here)]
-        if key.float_model:
-            args += ["--float-model", _shown_path(key.float_model, here)]
-        if key.data_num:
-            args += ["--data-num", str(key.data_num)]
-        args += ["--target-cosine", threshold_text(target), "--remedy", "mixed"]
-        parts = self.failing_outputs(key.id)
-        if parts:  # the search aims at the outputs (or slices) that failed, not every output
-            args += ["-o", *parts]
-        return shlex.join(args)
+        parts = self.failing_outputs(key.id)  # the search aims at the outputs (or slices) that failed
+        out.append(("its output floors", command(holdout, ["--target-cosine", threshold_text(
+            max(floors) if floors else settings.min_cosine)], ["-o", *parts] if parts else [])))
+        return out
+
+    def suggest_command(self, analysis, settings):
+        """:meth:`suggest_commands`' commands, a line each ("" where none)."""
+        return "\n".join(c for _, c in self.suggest_commands(analysis, settings))
 
     def warnings_of(self, analysis):
         """The engine's warnings of ``analysis`` as ``{text, fix}``, the fix's commands with the
@@ -766,6 +780,8 @@ def _shown_path(path, start):
             Path(start).resolve()) else path.as_posix()
     except ValueError:  # another drive on Windows
         return path.as_posix()
+
+
 def get(config):
     """The session object of ``config`` (created by the plugin at configure time)."""
     return config.stash[SESSION_KEY]

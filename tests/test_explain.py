@@ -367,3 +367,34 @@ def test_the_verdict_uses_the_samples_the_checks_use(planted):
     a = Analysis(AnalysisKey(str(root / "qw.onnx"), str(root / "calib"), str(root / "float.onnx"), 2), root)
     v = a.verdict()
     assert v.samples["calibration"] == 2 == a.output_metrics().samples, (v.samples, a.output_metrics())
+
+
+def test_a_failing_accuracy_check_is_searched_on_its_own_task_score(project):
+    """The search printed for a contract whose accuracy check failed aimed at the output
+    cosine only (a fix found so lost task accuracy); now it searches the task score itself
+    with the contract's function, and the output floors' search follows where those failed.
+    A function no file defines at its top level (a lambda) cannot be named to ptq-debug."""
+    project.makepyfile(task="""
+        import numpy as np
+
+        def top(run, data):
+            return float(np.mean([run(f)["prob"].max() for f in data]))
+        """)
+    project.makefile(".ptq.yaml", acc=CONTRACT.replace("nodes: {threshold: 0.9999}\n", "").replace(
+        "outputs: {default: 0.9999}", "outputs: {default: 0.5}\naccuracy: {evaluate: task.py:top, min_ratio: 2}"))
+    text = run(project, "-p", "no:xdist", "-k", "acc.ptq.yaml").stdout.str()
+    assert "FAILED accuracy" in text and "FAILED outputs" not in text, text
+    assert re.search(r"the smallest set that meets its accuracy check, searched and re-quantized \(minutes\): "
+                     r"ptq-debug suggest qw\.onnx calib --heldout held --float-model float\.onnx --evaluate task\.py:top "
+                     r"--min-ratio 2 --remedy mixed\n", text), text
+    assert "--target-cosine" not in text
+    # the same from a Python test, whose function is a lambda: no command names it
+    project.makepyfile(test_lambda="""
+        import pytest
+
+        @pytest.mark.ptq(model="qw.onnx", data="calib", float_model="float.onnx", holdout="held")
+        def test_lambda(ptq):
+            ptq.assert_accuracy(lambda run, data: 1.0 + len(data) * 0, min_ratio=2)
+        """)
+    text = run(project, "-p", "no:xdist", "-k", "test_lambda").stdout.str()
+    assert "FAILED accuracy" in text and "--evaluate" not in text, text
