@@ -672,3 +672,28 @@ def test_the_remedy_figure_says_when_the_judge_chose_and_shows_the_plain_session
     ax, side = drawn[1].axes
     assert ax.get_xlim() == (-0.5, 1.5)
     assert "meets the target on the search" in " ".join(t.get_text() for t in side.texts)
+
+
+def test_a_deployed_file_short_of_the_target_points_at_what_explains_it(outlier, tmp_path, monkeypatch):
+    """The re-quantized file as a plain session runs it fell short of the target its
+    simulation met, and the warning sent the user to a warning on how the file runs otherwise
+    than its simulation, which the calibration samples had been too close to give: it now
+    names the command that compares the two, with the file written."""
+    import importlib
+
+    from pytest_ptq import stages
+
+    requantize = importlib.import_module("pytest_ptq.remedy.requantize")  # the package names a function so
+    value = requantize._value
+
+    def deployed_short(new, part, objective):  # the file as deployed reads 0.5, its simulation what it reads
+        return 0.5 if isinstance(new, requantize._Plain) else value(new, part, objective)
+
+    monkeypatch.setattr(requantize, "_value", deployed_short)
+    monkeypatch.setattr(stages, "SIMULATION_CLOSE", 0.0)  # no gap is warned of
+    r = suggest_remedy(str(outlier["qdq"]), outlier["data"], target=0.99, remedy="float", output_node=SLICE,
+                       float_model=str(outlier["float"]), save_dir=tmp_path / "out")
+    assert r.measured["met"]
+    short = [w for w in r.warnings if "short of the target" in w]
+    assert len(short) == 1 and "see the warning" not in short[0], r.warnings
+    assert f"`ptq-debug stages FLOAT_MODEL {tmp_path / 'out' / 'requantized_float.onnx'} DATA`" in short[0]

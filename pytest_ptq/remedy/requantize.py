@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import shlex
 from collections import Counter
 from pathlib import Path
 
@@ -17,7 +18,7 @@ from ..errors import NotQuantized, PTQError
 from ..model import load_model
 from ..model.graph import name_nodes
 from ..model.qdq import PER_CHANNEL_OPS
-from ..stages import simulation_warnings
+from ..stages import SIMULATION_WARNING, simulation_warnings
 from ..tables import fmt
 from .result import meets
 from .terms import float_tensor_name, quantize_static_kwargs, quantizer_call
@@ -297,18 +298,23 @@ def _deployed(parts, objective, path, base_path, measured, result):
         return
     figure = measured["figures"][name]
     figure["deployed"], figure["deployed_before"] = value, before
+    # where the gap on the calibration samples was too small to warn of, point at the tool
+    # that compares the file with its simulation on any data
+    told = any(w.startswith(f"the re-quantized file: {SIMULATION_WARNING}") for w in result.warnings)
+    why = ("see the warning on how the file runs otherwise than its simulation for why" if told else
+           f"`ptq-debug stages FLOAT_MODEL {shlex.quote(measured.get('model') or 'REQUANTIZED_MODEL')} DATA` (the "
+           f"{name} data) compares the file with its simulation and checks why they differ")
     if value is not None and before is not None and objective.metric.worse(value, before):
         result.warnings.append(
             f"run as a plain onnxruntime session runs them (default options, on this machine), the file re-quantized "
             f"with these settings reads {fmt(value)} on {name}, worse than re-quantized without them ({fmt(before)}): "
-            "as deployed here the settings cost accuracy; see the warning on how the file runs otherwise than its "
-            "simulation for why")
+            f"as deployed here the settings cost accuracy; {why}")
     if figure["met"] and not meets(objective.metric, value, figure["target"]):
         result.warnings.append(
             f"the re-quantized file, run as a plain onnxruntime session runs it (default options, on this machine), "
             f"reads {fmt(value)} on {name}, short of the target {fmt(figure['target'])} that its simulation meets "
-            f"({fmt(figure['after'])}): the verdict is the simulation's; see the warning on how the file runs "
-            "otherwise than its simulation for why, and deploy it with the setting that warning checks")
+            f"({fmt(figure['after'])}): the verdict is the simulation's; {why}"
+            + (", and deploy it with the setting that warning checks" if told else ""))
 
 
 def score_parts(parts, objective, path):
