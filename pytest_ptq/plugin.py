@@ -102,7 +102,7 @@ class _Hooks:
     @pytest.hookimpl(tryfirst=True)  # before the terminal writes the result (see resume_terminal)
     def pytest_runtest_logreport(self, report):
         """Track the outcome of tests that used a model."""
-        self.ptq.resume_terminal()
+        self.ptq.resume_terminal(report)
         self.ptq.logreport(report)
 
     @pytest.hookimpl(trylast=True)

@@ -229,10 +229,11 @@ class PTQSession:
             self._terminal = _Terminal(capman, terminal)
         return _TerminalLines(self._terminal, f"ptq {_shown_path(key.model, self.config.invocation_params.dir)}: ")
 
-    def resume_terminal(self):
-        """Before pytest writes a test's result: the status line progress lines cut, again."""
+    def resume_terminal(self, report):
+        """Before pytest writes a test's result (``report``): the status line progress lines
+        cut, again."""
         if self._terminal is not None:
-            self._terminal.resume()
+            self._terminal.resume(report)
 
     def cache_dir(self):
         """Where results are kept between runs: --ptq-cache-dir, else ``d/ptq`` under pytest's
@@ -802,16 +803,20 @@ class _Terminal:
 
     def write_lines(self, lines):
         t = self.terminal
-        if self.cut is None and isinstance(t.currentfspath, os.PathLike):
+        if isinstance(t.currentfspath, os.PathLike):  # the status line open now, the one cut
             self.cut = t.currentfspath  # (-v's per-test lines pytest starts again itself)
         with self.capman.global_and_fixture_disabled():
             for line in lines:
                 t.write_line(line)
 
-    def resume(self):
-        """Before a test's result: the file's status line it belongs on, written again."""
-        if self.cut is not None:
-            t, where, self.cut = self.terminal, self.cut, None
+    def resume(self, report):
+        """Before a test's result (``report``): the file's status line it belongs on, written
+        again where no status line is open (pytest opens the next file's itself when its first
+        item starts) and the result shows (a passed setup or teardown shows none)."""
+        if self.cut is None or report.when != "call" and report.passed:
+            return
+        t, where, self.cut = self.terminal, self.cut, None
+        if t.currentfspath is None:
             with self.capman.global_and_fixture_disabled():
                 t.write(os.path.relpath(where, t.startpath) + " ")
             t.currentfspath = where

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 
 import numpy as np
@@ -803,3 +804,31 @@ def test_a_diagnosis_is_kept_and_read_back_whole(tmp_path, inputs, monkeypatch):
     monkeypatch.setattr(diagnosis, "diagnose", lambda *a, **k: never())
     again = Analysis(key, tmp_path, cache_dir=tmp_path / "c").diagnosis("activation", top=3)
     assert again.to_dict() == first.to_dict() and again.lines(3) == first.lines(3)
+
+
+def test_a_result_after_progress_lines_is_shown_on_its_own_files_status_line(pytester, inputs):
+    """Progress lines after an item's last report (its model's report figures, drawn when no
+    later item needs it) left the status line they cut pending: the next file's first result
+    was written after the name of the file before (``b.py a.py x``)."""
+    setup_project(pytester, inputs)
+    pytester.makeconftest("""
+        import pytest
+
+        streams = []
+
+        @pytest.fixture
+        def noisy(ptq):
+            streams.append(ptq.analysis.progress)
+            return ptq.analysis.progress
+
+        def pytest_runtest_logfinish(nodeid, location):
+            streams.pop().write("after the last report\\n")
+        """)
+    marker = "@pytest.mark.ptq(model='q.onnx', data='calib')\n"
+    pytester.makepyfile(test_a=f"import pytest\n{marker}def test_a(noisy):\n    noisy.write('during a\\n')\n",
+                        test_b=f"import pytest\n{marker}@pytest.mark.xfail(strict=True)\n"
+                               "def test_b(noisy):\n    noisy.write('during b\\n')\n    assert 0\n")
+    result = runp(pytester, "--ptq-no-cache", "-p", "no:xdist", "test_a.py", "test_b.py")
+    result.assert_outcomes(passed=1, xfailed=1)
+    results = [x for x in result.stdout.lines if re.match(r"test_[ab]\.py [.x]", x)]
+    assert [x.split()[:2] for x in results] == [["test_a.py", "."], ["test_b.py", "x"]], result.stdout.str()
