@@ -88,7 +88,9 @@ def per_channel_weights(qmodel):
     onnxruntime left these per tensor: an embedding's Gather, a weight held as a Constant
     node), their axis one by one."""
     if any(c.per_channel for c in qmodel.of_kind("weight")):
-        return (f"{quantizer_call(qmodel)}(..., per_channel=True) left these per tensor beside the model's per-channel weights: "
+        # whether per_channel=True or per-weight axes made the others, these stayed per tensor
+        return ("these stayed per tensor beside the model's per-channel weights (which "
+                f"{quantizer_call(qmodel)}(..., per_channel=True) or an axis in TensorQuantOverrides gives): "
                 "ask for their axis in extra_options['TensorQuantOverrides'] ({'axis': A}), which onnxruntime honours "
                 "only on initializers of ops it quantizes per channel"
                 + ("" if qmodel.format == "dynamic" else ", or raise them to int16"))
