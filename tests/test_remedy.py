@@ -344,6 +344,9 @@ def test_cli_suggest_prints_and_writes_the_settings(outlier, tmp_path, capsys):
     assert quantize_static_kwargs(settings)["extra_options"]["TensorQuantOverrides"] == {"w1": [{"axis": 0}]}
     saved = json.loads((out / "remedy_per-channel.json").read_text())
     assert saved["nodes"] == ["w1_QuantizeLinear"] and saved["met"] is True
+    # every file written is said, the re-quantized models among them
+    told = {line.split(" ", 1)[1] for line in text.splitlines() if line.startswith("wrote ")}
+    assert told == {str(p) for p in out.iterdir()}, told
 
 
 def test_cli_suggest_exits_1_when_the_target_is_out_of_reach(planted, tmp_path, capsys):

@@ -92,6 +92,9 @@ def run(args):
     if save_dir is not None:
         written += [write_json(result.settings, Path(save_dir) / f"remedy_{result.remedy}_settings.json"),
                     result.save(Path(save_dir) / f"remedy_{result.remedy}.json")] + ([result.png] if result.png else [])
+        # the re-quantized models, with and without the settings: the fixed model is what a user wants next
+        written += [m[k] for m in (result.measured, result.producer_measured) if m
+                    for k in ("model", "baseline_model") if m.get(k)]
     if args.json:
         written.append(result.save(args.json))
     print("search curve on the search samples:")
