@@ -248,7 +248,7 @@ def _distribution_figures(analysis, sens, metric, top, blamed, boxed):
     missing (or None)."""
     from .distribution import collect, draw_channelwise, draw_distribution
 
-    images = []
+    images, shown = [], {}  # (node, "distribution" or "channels") -> its image
     try:
         with guard.scratch("ptq-distributions-") as tmp:
             dist, boxes = collect(analysis.engine, list(dict.fromkeys(top + list(blamed.values()))), boxed,
@@ -262,15 +262,28 @@ def _distribution_figures(analysis, sens, metric, top, blamed, boxed):
                 if d.get("kind") == "node":
                     rank += ("; the figure's cosine is this node's own output with every pair quantized, error "
                              "accumulated from upstream included")
-                images.append(_image(draw_distribution(d, tmp, boxes.get(node)), f"Distribution of {node} ({rank})"))
                 c = blamed.get(node)
-                if c and c in dist and c != node:
+                # a figure shown already (an input two ranked nodes blame, a ranked pair an operator
+                # above blamed) is named, not drawn again
+                if (node, "distribution") in shown:
+                    first = shown[node, "distribution"]
+                    first["title"] += f"; also {rank}"
+                else:
+                    above = [w for w in ("distribution", "channels") if (c, w) in shown]
+                    told = (f"; its 'why' is about {c}, whose {' and '.join(above)} {'is' if len(above) == 1 else 'are'}"
+                            " shown above") if above else ""
+                    images.append(_image(draw_distribution(d, tmp, boxes.get(node)),
+                                         f"Distribution of {node} ({rank}){told}"))
+                    shown[node, "distribution"] = images[-1]
+                if c and c in dist and c != node and (c, "distribution") not in shown:
                     images.append(_image(draw_distribution(dist[c], tmp, boxes.get(c)), f"Distribution of {c}, the "
                                          f"{dist[c]['kind']} input of {node} that its 'why' is about"))
-                if c in boxes and "skipped" not in boxes[c]:
+                    shown[c, "distribution"] = images[-1]
+                if c in boxes and "skipped" not in boxes[c] and (c, "channels") not in shown:
                     images.append(_image(draw_channelwise(boxes[c], tmp, dist.get(c)),
                                          f"Channels of {c}, the input of {node} whose channels its 'why' is about",
                                          wide=True))
+                    shown[c, "channels"] = images[-1]
     except (PTQError, TypeError, ValueError) as exc:
         return images, f"distributions not shown: {exc}"
     return images, None

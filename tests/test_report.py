@@ -756,3 +756,36 @@ def test_a_time_limit_ending_in_a_diagnosis_fails_the_test_not_the_session(proje
     assert "INTERNALERROR" not in result.stdout.str()
     result.stdout.fnmatch_lines(["*no diagnosis: the test's time limit (pytest-timeout) ended while it was computed*"])
     assert (project.path / "report.html").is_file()
+
+
+def test_a_figure_two_ranked_nodes_share_is_drawn_once_and_named_twice(models):
+    """The naive detector's report drew the distribution of a pair twice: as the input the
+    2nd-ranked operator's 'why' is about, and as the 3rd-ranked node itself. It is drawn once,
+    its title naming both, and an operator whose input was drawn above says so."""
+    from pytest_ptq.analysis import Analysis, AnalysisKey
+
+    root = models["root"]
+    analysis = Analysis(AnalysisKey(str(root / "model.onnx"), str(root / "calib")), root)
+    sens = analysis.sensitivity("node")
+    qm = analysis.qmodel
+    conv2 = next(n for n in qm.normal.values() if n.name == "conv2")
+    act = next(c for c in conv2.calibration_inputs if qm.calibration[c].kind == "activation")
+    top = ["conv2", act] + [n for n in list(sens)[:3] if n != "conv2"][:1]
+    images, failure = report._distribution_figures(analysis, _Ranking(sens, top), "cosine-similarity",
+                                                   top, {"conv2": act, top[2]: act}, [])
+    assert failure is None
+    titles = [i["title"] for i in images]
+    assert sum(t.startswith(f"Distribution of {act}") for t in titles) == 1, titles
+    shared = next(t for t in titles if t.startswith(f"Distribution of {act}"))
+    assert "input of conv2 that its 'why' is about" in shared and "; also sensitivity rank 2: " in shared
+    third = next(t for t in titles if t.startswith(f"Distribution of {top[2]} "))
+    assert third.endswith(f"; its 'why' is about {act}, whose distribution is shown above")
+    assert len({i["png"] for i in images}) == len(images)
+
+
+class _Ranking(dict):
+    """``top`` ranked in that order, with ``sens``' values (a pair it lacks reads 0.5)."""
+
+    def __init__(self, sens, top):
+        super().__init__({n: sens[n] if n in sens else {"cosine-similarity": 0.5} for n in top})
+        self.samples = sens.samples
