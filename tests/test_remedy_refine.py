@@ -214,3 +214,28 @@ def test_when_every_cheapest_remedy_together_falls_short_the_greedy_walks_the_st
     # the strongest walk met within a few nodes, then kinds got cheaper: far fewer runs than
     # a walk over all 13 candidates and a refinement from all of them in float (129 before)
     assert len(walked) < 5 and r.evaluations < 60
+
+
+def test_the_overruled_search_set_says_what_pruning_dropped_from_the_curve():
+    """The search curve ends where the search samples first met the target (2 nodes); pruning
+    then kept 1, and the warning that held-out data overruled "the set chosen on the search
+    samples (1 node)" read as contradicting the curve printed above it."""
+    from types import SimpleNamespace
+
+    from pytest_ptq.metrics import get_metrics
+    from pytest_ptq.remedy.search import _warn_chosen
+
+    def side(values, target):
+        return SimpleNamespace(final=lambda s: values[s], meets=lambda v: v >= target, target=target, memo=values)
+
+    a, b = ("a", "per-channel"), ("b", "per-channel")
+    first, final = frozenset({b}), frozenset({a, b, ("c", "int16")})
+    S = side({frozenset(): 0.986, first: 0.9901}, 0.99)
+    J = side({frozenset(): 0.970, first: 0.9705, final: 0.9915}, 0.99)
+    result = SimpleNamespace(remedy="per-channel", judged_on="held-out", met=True, pruned=["a"], warnings=[],
+                             notes=[], objective_metric=get_metrics("cosine-similarity")[0])
+    _warn_chosen(result, SimpleNamespace(chosen=first, S=S, J=J), final)
+    (told,) = result.warnings
+    assert told.startswith("the set chosen on the search samples (1 node(s) quantized per channel: the search curve's first 2 "
+                           "less 1 that pruning found unneeded there): 0.9901 on calibration, 0.9705 on held-out: "
+                           "the gain does not hold"), told
