@@ -129,7 +129,9 @@ def configure(p):
                         "else every third)")
     p.add_argument("--evaluate", default=None, metavar="FILE.py:FUNCTION",
                    help="task metric evaluate(run, data) -> float, higher is better (the accuracy check's "
-                        "contract); the target is then --target SCORE or --min-ratio. Default: none")
+                        "contract), called on the parts of the calibration data the search uses and on --heldout "
+                        "(data.path and data.indices name the samples, for labels); the target is then --target "
+                        "SCORE or --min-ratio. Default: none")
     p.add_argument("--min-ratio", type=a.ratio, default=None, metavar="R",
                    help="with --evaluate: the quantized score must reach R x the float model's on the same "
                         "samples. Default: 0.99 when --target is not given")
