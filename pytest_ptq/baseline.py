@@ -259,7 +259,9 @@ def compare(old, new, tolerance):
     m = get_metrics(old.metric)[0]
     mismatch = ""
     was, now = old.model.get("path"), new.model.get("path")
-    other_model = bool(was and now and was != now)
+    # the same bytes elsewhere (a cache folder reached through a link, a checkout moved) are the
+    # same model
+    other_model = bool(was and now and was != now) and old.model.get("sha256") != new.model.get("sha256")
     if other_model:  # two models whose files share a name (a/model.onnx, b/model.onnx), or a moved one
         mismatch = (f"it was made for the model {was} and this check measures {now} (paths relative to the "
                     "baseline): two models share this baseline file, or the model moved")

@@ -320,3 +320,25 @@ def test_a_contracts_output_slices_are_kept_in_its_baseline(project, models):
     want = pooled_cosine([r["prob"][:, 4:] for r in ref], [q["prob"][:, 4:] for q in quant])
     assert set(saved["outputs"]) == {"prob", "cls"} and saved["outputs"]["cls"] == pytest.approx(want, abs=1e-7)
     run(project).assert_outcomes(passed=2)
+
+
+def test_the_same_model_reached_through_a_link_keeps_its_baseline(project):
+    """The example suite's models live in a cache folder that an environment variable may
+    put elsewhere behind a link: the path resolved through it differs from the committed
+    baseline's, and its contract failed as measuring another model. The same bytes are the
+    same model; another model's bytes under the baseline's name still fail."""
+    (project.path / "store").mkdir()
+    shutil.copy(project.path / "model.onnx", project.path / "store" / "model.onnx")
+    (project.path / "cache").symlink_to(project.path / "store")
+    args = ("--ptq-model", "store/model.onnx", "--ptq-data", "calib", "-k", "baseline")
+    run(project, *args, "--ptq-update-baseline").assert_outcomes(failed=1, deselected=2)
+    baseline = project.path / "ptq_baselines" / "model.json"
+    # the baseline as committed where the folder was real, read where it is a link elsewhere
+    saved = json.loads(baseline.read_text())
+    baseline.write_text(json.dumps(dict(saved, model=dict(saved["model"], path="../cache/model.onnx"))))
+    run(project, *args).assert_outcomes(passed=1, deselected=2)
+    shutil.copy(project.path / "model_clipped.onnx", project.path / "store" / "model.onnx")
+    other = run(project, *args)
+    other.assert_outcomes(failed=1, deselected=2)
+    other.stdout.fnmatch_lines(["*it was made for the model ../cache/model.onnx and this check measures "
+                                "../store/model.onnx*"])
