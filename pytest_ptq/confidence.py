@@ -12,6 +12,7 @@ import dataclasses
 import numpy as np
 
 from . import params
+from .datacheck import FEW_SAMPLES
 from .errors import PTQError
 from .metrics import get_metrics
 from .results import JsonResult, inputs_of, read_from
@@ -145,12 +146,17 @@ def ranking_confidence(sensitivity, k=5, resamples=1000, seed=0, metric=None, st
                    "rank with several samples (the seed recommends 20-100)")
     elif stable:
         message = (f"the top {k} ({', '.join(top_k)}) is the same in {set_freq:.0%} of "
-                   f"{resamples} resamples of the {n_samples} samples: stable")
+                   f"{resamples} resamples of the {n_samples} samples: stable"
+                   + (f" among them, but resampling so few samples understates how much other samples move it: "
+                      f"rank on {FEW_SAMPLES} or more to trust it" if n_samples < FEW_SAMPLES else ""))
     else:
         who = f"; {', '.join(unstable)} move in and out of it" if unstable else ""
         message = (f"the top {k} is the same in only {set_freq:.0%} of {resamples} resamples of the "
                    f"{n_samples} samples{who}: do not trust its order, add samples or compare with "
                    "group sensitivity")
+    if set(top_k) != set(pooled_top_k):  # the set named is not the table's
+        message += (f" (ranked by the mean over samples; the ranking shown pools them, and its top {k} differs: "
+                    f"{', '.join(pooled_top_k)})")
     return read_from(Confidence(metric=m.name, samples=n_samples, k=k, resamples=int(resamples), top_k=top_k,
                                 top_k_set_frequency=set_freq, stable=stable, stable_at=stable_at,
                                 unstable_nodes=unstable, nodes=nodes, pooled_top_k=pooled_top_k, message=message),

@@ -368,3 +368,25 @@ def test_a_list_in_a_table_cell_shows_its_first_names_and_how_many_more():
     assert "conv0,conv1,conv2 +57 more" in text and "conv3" not in text
     assert format_table([{"feeds": feeds[:3]}], ["feeds"]).splitlines()[3] == "| conv0,conv1,conv2 |"
     assert "1,3,224,224" in format_table([{"shape": [1, 3, 224, 224]}], ["shape"])  # a shape stays whole
+
+
+def test_a_stable_top_on_few_samples_says_how_little_that_proves():
+    """Ranked on 8 samples, the top 1 read "stable" in 90-100% of resamples, and disjoint sets
+    of 8 then disagreed on it: resampling few samples cannot see how other samples rank. On
+    20 the claim stands alone."""
+    few = ranking_confidence(_sens({"a": [0.5] * 8, "b": [0.9] * 8}), k=1, resamples=200)
+    assert few.stable and "understates how much other samples move it: rank on 20 or more" in few.message
+    enough = ranking_confidence(_sens({"a": [0.5] * 20, "b": [0.9] * 20}), k=1, resamples=200)
+    assert enough.stable and enough.message.endswith("of the 20 samples: stable")
+
+
+def test_the_confidence_names_where_its_top_differs_from_the_ranking_shown():
+    """The bootstrap ranks by the mean over samples, the ranking shown pools them: where their
+    top sets differ, the message named a set the table did not show, without a word."""
+    s = _sens({"b": [0.9] * 20, "a": [0.5] * 20})
+    dict.clear(s)
+    for name, value in (("b", 0.6), ("a", 0.95)):  # pooled: b first; by the mean: a first
+        dict.__setitem__(s, name, {"cosine-similarity": value})
+    conf = ranking_confidence(s, k=1, resamples=200)
+    assert conf.top_k == ["a"] and conf.pooled_top_k == ["b"]
+    assert "the ranking shown pools them, and its top 1 differs: b" in conf.message
