@@ -749,8 +749,9 @@ def terminal_lines(models):
             # the checks of the failing tests: what each measured, beside its threshold
             for c in t["checks"]:
                 mark = "FAILED" if not c["passed"] else "ok"
-                out.append(("error" if not c["passed"] else "",
-                            f"  {mark:6} {c['kind']:8} {c['headline']}  [{t['nodeid']}]"))
+                # a headline that starts with its kind ("baseline b.json does not exist") says it once
+                said = c["headline"].removeprefix(f"{c['kind']} ")
+                out.append(("error" if not c["passed"] else "", f"  {mark:6} {c['kind']:8} {said}  [{t['nodeid']}]"))
             if not any(not c["passed"] for c in t["checks"]):
                 out.append(("error", f"  FAILED {t['nodeid']}: " + (t.get("reason") or
                                                                     "no ptq check failed; see its failure above")))

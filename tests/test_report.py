@@ -298,6 +298,10 @@ def test_one_model_file_on_other_data_is_told_apart():
     heads = [text for kind, text in terminal_lines(pair) if kind == "sep" and "FAILED" in text]
     assert heads == ["ptq: m.onnx (float model float.onnx) FAILED: 1 of 1 test(s) failed",
                      "ptq: m.onnx (no float model) FAILED: 1 of 1 test(s) failed"]
+    # a check's line names its kind once, where its sentence starts with it too
+    pair[0]["tests"][0]["checks"] = [{"passed": False, "kind": "baseline", "headline": "baseline b.json does not exist"}]
+    told = [text for kind, text in terminal_lines(pair[:1]) if kind == "error"]
+    assert told == [f"  FAILED baseline b.json does not exist  [{pair[0]['tests'][0]['nodeid']}]"], told
 
 
 # -- data checks, stages and remedies ---------------------------------------------------------
