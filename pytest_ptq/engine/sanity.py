@@ -59,6 +59,8 @@ class Equivalence:
 
 # Float inputs this large are no preprocessed data: an overflow they cause is the data's
 HUGE_INPUT = 1e18
+# float16 values this large beside a non-finite one tell an overflow (a sixteenth of its largest)
+HALF_NEAR_MAX = float(np.finfo(np.float16).max) / 16
 
 
 def _half_overflow(source, broken, reach):
@@ -69,9 +71,9 @@ def _half_overflow(source, broken, reach):
     return (f"bypassing every Q/DQ pair of {source!r} gives {'infinite' if inf else 'NaN'} values in output "
             f"{broken[0]!r} (sample {broken[1]}), a float16 output whose finite values reach {largest:.3g} of the "
             f"{float(np.finfo(np.float16).max):g} float16 holds, where every pair quantized gives finite ones: the "
-            "float16 graph overflows in float on that sample, as its float model does, so nothing can be measured "
-            "against it there; check that sample's preprocessing (its scale), or compute in float32 the part of the "
-            "model that overflows")
+            "float16 graph overflows in float on that sample (each pair clips what it passes), so nothing can be "
+            "measured against its float arithmetic there; check that sample's preprocessing (its scale), or compute "
+            "in float32 the part of the model that overflows")
 
 
 def spread(n, k=SPREAD):
@@ -145,7 +147,8 @@ def check(engine):
             how = "every Q/DQ pair quantized, and with every pair bypassed," if broken in both else \
                 "every Q/DQ pair bypassed"
             raise overflows(f"{qm.source!r} with {how}", broken[0], broken[1], feeds)
-    if broken and not suspects and reach[0] == np.float16:
+    # infinite, or near float16's largest: an overflow; NaN among small values is arithmetic
+    if broken and not suspects and reach[0] == np.float16 and (reach[2] or reach[1] >= HALF_NEAR_MAX):
         raise PTQError(_half_overflow(qm.source, broken, reach))
     if broken or exploded or len(suspects) >= 2:
         if broken:
