@@ -384,13 +384,12 @@ def _source_of(function):
     import inspect
 
     name = getattr(function, "__qualname__", "")
-    if not name.isidentifier() or getattr(inspect.getmodule(function), name, None) is not function:
+    module = inspect.getmodule(function)
+    if not name.isidentifier() or getattr(module, name, None) is not function:
         return ""
-    try:
-        file = inspect.getsourcefile(function)
-    except TypeError:  # built in
-        return ""
-    return f"{os.path.abspath(file)}:{name}" if file and file.endswith(".py") and os.path.isfile(file) else ""
+    # the module that holds the name: a decorator's own file holds the wrapper's code, not it
+    file = getattr(module, "__file__", None) or ""
+    return f"{os.path.abspath(file)}:{name}" if file.endswith(".py") and os.path.isfile(file) else ""
 
 
 # -- baseline ------------------------------------------------------------------------------

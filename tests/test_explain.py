@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 import shutil
+import sys
 
 import onnx
 import pytest
@@ -398,3 +399,26 @@ def test_a_failing_accuracy_check_is_searched_on_its_own_task_score(project):
         """)
     text = run(project, "-p", "no:xdist", "-k", "test_lambda").stdout.str()
     assert "FAILED accuracy" in text and "--evaluate" not in text, text
+
+
+def test_a_decorated_evaluation_function_is_named_by_the_file_that_defines_it(tmp_path, monkeypatch):
+    """A function wrapped by a decorator from another file was named by the decorator's file,
+    which holds no such name: the command printed could not load it."""
+    import importlib
+
+    from pytest_ptq.checks import _source_of
+
+    (tmp_path / "deco.py").write_text("import functools\n\ndef logged(f):\n    @functools.wraps(f)\n"
+                                      "    def inner(*a):\n        return f(*a)\n    return inner\n")
+    (tmp_path / "my task.py").write_text("import functools\nfrom deco import logged\n\n@logged\n"
+                                         "def top1(run, data):\n    return 1.0\n\n"
+                                         "@functools.lru_cache\ndef cached(run, data):\n    return 1.0\n\n"
+                                         "top = lambda run, data: 1.0\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    spec = importlib.util.spec_from_file_location("my_task_module", tmp_path / "my task.py")
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "my_task_module", module)
+    spec.loader.exec_module(module)
+    assert _source_of(module.top1) == f"{tmp_path / 'my task.py'}:top1"
+    assert _source_of(module.cached) == f"{tmp_path / 'my task.py'}:cached"
+    assert _source_of(module.top) == ""  # a lambda: no name loads it again

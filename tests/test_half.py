@@ -160,7 +160,7 @@ def test_pairs_read_through_casts_are_the_nodes_they_quantize(tmp_path):
                        save_dir=tmp_path / "out")
     again = QuantModel(tmp_path / "out" / "requantized_baseline.onnx")
     assert len(again.of_kind("activation")) == len(qm.of_kind("activation"))
-    assert not [w for w in r.warnings if "keeps only" in w], r.warnings
+    assert not [w for w in r.warnings if "quantizes only" in w], r.warnings
 
 
 def test_a_requantization_that_quantizes_less_than_the_model_is_no_verification(tmp_path):
@@ -199,8 +199,18 @@ def test_a_requantization_that_quantizes_less_than_the_model_is_no_verification(
     # quantize_static pairs the MatMul's input and output, not the Tanh's input
     kept = [c.input for c in QuantModel(tmp_path / "out" / "requantized_baseline.onnx").of_kind("activation")]
     assert "x" not in kept and len(kept) == 2
-    told = [w for w in r.warnings if "keeps only" in w]
-    assert len(told) == 1 and "keeps only 2 of its 3 activation quantizer(s)" in told[0], r.warnings
+    told = [w for w in r.warnings if "quantizes only" in w]
+    assert len(told) == 1 and "quantizes only 2 of its 3 activation tensor(s)" in told[0], r.warnings
+    # a pair for each reader of a tensor (DedicatedQDQPair) re-quantized as one pair: no tensor is left out
+    float_path = builders.conv_net(tmp_path / "conv.onnx")
+    data = builders.samples(6)
+    dedicated = builders.quantize(float_path, tmp_path / "dedicated.onnx", data,
+                                  extra_options={"DedicatedQDQPair": True})
+    r = suggest_remedy(str(dedicated), data, target=0.999999, remedy="float", float_model=str(float_path),
+                       save_dir=tmp_path / "out2")
+    pairs = QuantModel(dedicated).of_kind("activation")
+    assert len(pairs) > len({c.input for c in pairs})  # r1 read by two nodes, a pair each
+    assert not [w for w in r.warnings if "quantizes only" in w], r.warnings
 
 
 def test_a_nan_among_small_float16_values_is_no_overflow(tmp_path):

@@ -393,11 +393,13 @@ def _reproduced(old, new, result):
     quantized, so the re-quantized figures measure another, less quantized model."""
     if new is None:
         return
-    given, again = (Counter(c.kind for c in qm.calibration.values() if c.role != "bias") for qm in (old, new))
-    short = [f"{again[k]} of its {n} {k} quantizer(s)" for k, n in given.items() if again[k] < n]
+    # tensors, not pairs: a tensor two nodes read may have a pair for each (DedicatedQDQPair)
+    given, again = (Counter(k for k, _ in {(c.kind, c.input) for c in qm.calibration.values() if c.role != "bias"})
+                    for qm in (old, new))
+    short = [f"{again[k]} of its {n} {k} tensor(s)" for k, n in given.items() if again[k] < n]
     if short:
         result.warnings.append(
-            f"re-quantizing the float model without the settings ({quantizer_call(old)}) keeps only "
+            f"re-quantizing the float model without the settings ({quantizer_call(old)}) quantizes only "
             f"{' and '.join(short)}: onnxruntime left the rest in float, so the re-quantized figures measure a less "
             "quantized model than the one given and verify nothing of it; the simulated figures are the model's")
 
