@@ -360,6 +360,12 @@ def test_runall_keeps_results_in_a_folder_given_as_its_cache_and_refuses_other_v
         again = runall(setup["qa"], setup["folder"], save_dir=tmp_path / "b", top=1, progress=False, cache=kept)
     assert again["verdict"] == first["verdict"] and again["top_nodes"] == first["top_nodes"]
     assert again["samples_per_run"] == first["samples_per_run"]
+    # rankings computed again (another node type) report the stacking they ran with, not the kept one
+    with monkeypatch.context() as m:
+        m.setattr(batching, "decide", lambda *a, **k: batching.Batching(1, "the choice of this run"))
+        other = runall(setup["qa"], setup["folder"], save_dir=tmp_path / "d", top=1, progress=False, cache=kept,
+                       node_type="weight")
+    assert other["samples_per_run"] == "the choice of this run"
     for bad in (True, 5):
         with pytest.raises(PTQError, match="cache must be a folder to keep results in or a ResultCache"):
             runall(setup["qa"], setup["folder"], save_dir=tmp_path / "c", progress=False, cache=bad)
