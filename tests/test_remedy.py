@@ -703,3 +703,32 @@ def test_a_deployed_file_short_of_the_target_points_at_what_explains_it(outlier,
     short = [w for w in r.warnings if "short of the target" in w]
     assert len(short) == 1 and "see the warning" not in short[0], r.warnings
     assert f"`ptq-debug stages FLOAT_MODEL {tmp_path / 'out' / 'requantized_float.onnx'} DATA`" in short[0]
+
+
+def test_a_16_bit_activation_is_simulated_on_the_range_onnxruntime_calibrated(tmp_path):
+    """A Softmax input calibrated on [-100, 0.05] holds [-99.8, 0] in uint8 codes (its zero
+    point rounded up to 255): the 16-bit simulation on that grid cut the positive scores to 0,
+    where onnxruntime's 16-bit grid, on the calibrated range, keeps them (a masked attention
+    score's tail: the search rejected the 1-node fix and kept 23 nodes in float). Simulated
+    and re-quantized by onnxruntime now read the same."""
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph([helper.make_node("Softmax", ["x"], ["y"], axis=-1, name="sm")], "sm",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16])])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), tmp_path / "f.onnx")
+    rng = np.random.default_rng(0)
+    xs = []
+    for _ in range(8):
+        x = -100 * rng.random((1, 16)).astype(np.float32)
+        x[0, :4] = rng.uniform(-0.05, 0.05, 4)
+        x[0, 0] = 0.05
+        xs.append(x)
+    data = {"x": xs}
+    builders.quantize(tmp_path / "f.onnx", tmp_path / "q.onnx", data)
+    inits = {i.name: numpy_helper.to_array(i) for i in onnx.load(str(tmp_path / "q.onnx")).graph.initializer}
+    assert int(inits["x_zero_point"]) == 255  # the grid ends at 0, below the data's 0.05
+    r = suggest_remedy(str(tmp_path / "q.onnx"), data, target=0.99999, remedy="int16", candidates=["x_QuantizeLinear"],
+                       float_model=str(tmp_path / "f.onnx"), save_dir=tmp_path / "out")
+    assert r.nodes == ["x_QuantizeLinear"]
+    assert r.value == pytest.approx(r.measured["value"], abs=1e-7)

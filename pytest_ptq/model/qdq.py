@@ -311,10 +311,11 @@ class QParams:
     label: str = ""
 
     @classmethod
-    def wider(cls, c, bits=16, shape=None):
+    def wider(cls, c, bits=16, shape=None, span=None):
         """The same range as ``c`` at ``bits`` bits: the pair re-quantized finer, not wider.
-        ``shape``: of the tensor quantized, needed when ``c`` has several scales."""
-        lo, hi = c.range()
+        ``shape``: of the tensor quantized, needed when ``c`` has several scales; ``span``:
+        ``(lo, hi)`` to use instead of ``c``'s range."""
+        lo, hi = c.range() if span is None else (np.asarray(span[0], np.float64), np.asarray(span[1], np.float64))
         signed = c.grid.signed
         nmin, nmax = (-(2 ** (bits - 1)), 2 ** (bits - 1) - 1) if signed else (0, 2**bits - 1)
         scale = (hi - lo) / (nmax - nmin)

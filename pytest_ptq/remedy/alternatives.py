@@ -103,8 +103,10 @@ def _wider_weight(c, w, bits):
     return dataclasses.replace(q, label=f"int{bits}" if signed else f"uint{bits}")
 
 
-def _activation_ranges(engine, names, indices, clock):
-    """Per-channel (min, max, rank, axis) of the float input of activation nodes over samples."""
+def _activation_ranges(engine, names, indices, clock, per_channel=True):
+    """Per-channel (min, max, rank, axis) of the float input of activation nodes over samples;
+    without ``per_channel``, (min, max, rank, None) over the whole tensor (samples of other
+    lengths along any axis)."""
 
     qm = engine.qmodel
     tensors = {n: qm.calibration[n].input for n in names}
@@ -113,11 +115,14 @@ def _activation_ranges(engine, names, indices, clock):
     def add(values):
         for n, t in tensors.items():
             v = values.get(t)
-            if v is None or v.ndim < 2:
+            if v is None or (v.ndim < 2 if per_channel else not v.size):
                 continue
-            axis = channel_axis(qm, qm.calibration[n], v.shape)
-            other = tuple(a for a in range(v.ndim) if a != axis)
-            lo, hi = v.min(axis=other), v.max(axis=other)
+            if not per_channel:
+                lo, hi, axis = v.min(), v.max(), None
+            else:
+                axis = channel_axis(qm, qm.calibration[n], v.shape)
+                other = tuple(a for a in range(v.ndim) if a != axis)
+                lo, hi = v.min(axis=other), v.max(axis=other)
             if n in found:
                 found[n] = (np.minimum(found[n][0], lo), np.maximum(found[n][1], hi), v.ndim, axis)
             else:
@@ -132,6 +137,27 @@ def _activation_ranges(engine, names, indices, clock):
     return found
 
 
+def _calibrated_spans(engine, names, indices, clock):
+    """``{node: (lo, hi)}``: the range onnxruntime's MinMax calibrated a per-tensor activation
+    pair on, where the data given are what it calibrated on. An 8-bit grid rounds its zero
+    point to a whole code, which shifts the calibrated range by up to half a step: a masked
+    Softmax input calibrated on [-10003.5, 6.57] holds [-10011, 0] in uint8 codes, and a
+    16-bit grid on that range cut every positive score to 0 where onnxruntime's 16-bit grid
+    keeps them. Where both ends of the data lie within half a step of the grid's, the data's
+    range (with 0, as onnxruntime's) is the one calibrated; elsewhere (other data, another
+    method) the grid's is kept."""
+    qm = engine.qmodel
+    per_tensor = [n for n in names if qm.calibration[n].scale.size == 1 and not qm.calibration[n].grid.is_float]
+    out = {}
+    for n, (lo, hi, _, _) in _activation_ranges(engine, per_tensor, indices, clock, per_channel=False).items():
+        c = qm.calibration[n]
+        low, high = (float(v) for v in c.range())
+        half = float(c.scale.reshape(-1)[0]) / 2
+        if abs(float(lo) - low) <= half and abs(float(hi) - high) <= half:
+            out[n] = (min(float(lo), 0.0), max(float(hi), 0.0))
+    return out
+
+
 def alternatives_for(engine, remedy, names, indices, clock=None):
     """``({node: QParams}, {node: channel axis})`` simulating ``remedy`` for ``names``."""
 
@@ -139,13 +165,14 @@ def alternatives_for(engine, remedy, names, indices, clock=None):
     qm = engine.qmodel
     alts, axes = {}, {}
     if remedy == "int16":
+        spans = _calibrated_spans(engine, [n for n in names if qm.calibration[n].kind != "weight"], indices, clock)
         for n in names:
             c = qm.calibration[n]
             w = float_input(engine, c) if c.kind == "weight" else None
             if w is not None and w.ndim and not c.block_size:
                 alts[n] = _wider_weight(c, np.asarray(w, np.float64), 16)
             else:  # an activation: the range calibrated for it, on the finer grid
-                alts[n] = QParams.wider(c, 16, w.shape if w is not None and c.scale.size > 1 else None)
+                alts[n] = QParams.wider(c, 16, w.shape if w is not None and c.scale.size > 1 else None, spans.get(n))
     elif remedy == "per-channel":
         acts = [n for n in names if qm.calibration[n].kind == "activation"]
         for n in names:
