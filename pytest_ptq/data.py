@@ -18,7 +18,7 @@ import numpy as np
 import onnx
 
 from . import params
-from .errors import PTQError, PTQWarning, shown, user_level
+from .errors import NonFinite, PTQError, PTQWarning, shown, user_level
 
 NP_OF_ONNX = {
     onnx.TensorProto.FLOAT: np.float32, onnx.TensorProto.FLOAT16: np.float16,
@@ -265,8 +265,8 @@ def overflows(what, output, i, feeds):
     where = f"{what} gives non-finite values in output {output!r} on sample {i}, whose float inputs reach {largest:.3g} " \
             "in magnitude"
     if largest >= LARGE_INPUT:
-        return PTQError(f"{where}: the model overflows on its data; check that sample and its preprocessing")
-    return PTQError(f"{where}: on inputs that small, the model's own arithmetic gives them (a Log or Sqrt of a negative "
+        return NonFinite(f"{where}: the model overflows on its data; check that sample and its preprocessing")
+    return NonFinite(f"{where}: on inputs that small, the model's own arithmetic gives them (a Log or Sqrt of a negative "
                     "value, a division by zero, an Exp that overflows); check the model's computation of that output, "
                     "then that sample and its preprocessing")
 

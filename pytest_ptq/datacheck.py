@@ -32,7 +32,7 @@ import numpy as np
 from .channelwise import image_channel_axis
 from .data import NP_OF_ONNX, extended_float, load_data
 from . import params
-from .errors import NotQuantized, PTQError
+from .errors import NonFinite, NotFloatEquivalent, NotQuantized, PTQError
 from .metrics import get_metric
 from .engine import Engine
 from .model import QuantModel, load_model
@@ -697,7 +697,7 @@ def _reference_engine(model_or_file, qm, cal, float_model, libraries):
     engine = Engine(qm, cal, float_model=float_model, check=False, custom_op_libraries=libraries)
     try:
         found = engine.check_float_equivalence()
-    except PTQError as e:  # not the float model, or one that overflows on these data: the report stays
+    except (NotFloatEquivalent, NonFinite) as e:  # no float reference on these data: the report stays
         return None, str(e)
     if found.suspects and float_model is None:
         return None, found.warnings[0]

@@ -32,6 +32,11 @@ class NotFloatEquivalent(PTQError):
     measured against it (a Relu folded and deleted, another float model given)."""
 
 
+class NonFinite(PTQError):
+    """The model's float arithmetic gives NaN or infinity on a sample (data it overflows on, a
+    float16 graph past its range), so nothing can be measured against it there."""
+
+
 def user_level():
     """The ``stacklevel`` that makes a warning raised by the function calling this name the
     first caller outside pytest-ptq (the user's line), however deep in the package it is."""

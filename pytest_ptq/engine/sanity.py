@@ -23,7 +23,7 @@ import dataclasses
 import numpy as np
 
 from ..data import largest_float, overflows
-from ..errors import FLOAT_MODEL_OPTION, NotFloatEquivalent, PTQError
+from ..errors import FLOAT_MODEL_OPTION, NonFinite, NotFloatEquivalent
 from ..metrics import compare
 from ..model import load_weightless
 from . import runtime
@@ -149,7 +149,7 @@ def check(engine):
             raise overflows(f"{qm.source!r} with {how}", broken[0], broken[1], feeds)
     # infinite, or near float16's largest: an overflow; NaN among small values is arithmetic
     if broken and not suspects and reach[0] == np.float16 and (reach[2] or reach[1] >= HALF_NEAR_MAX):
-        raise PTQError(_half_overflow(qm.source, broken, reach))
+        raise NonFinite(_half_overflow(qm.source, broken, reach))
     if broken or exploded or len(suspects) >= 2:
         if broken:
             why = f"gives non-finite values in output {broken[0]!r} (sample {broken[1]})"
