@@ -232,10 +232,11 @@ def test_the_overruled_search_set_says_what_pruning_dropped_from_the_curve():
     first, final = frozenset({b}), frozenset({a, b, ("c", "int16")})
     S = side({frozenset(): 0.986, first: 0.9901}, 0.99)
     J = side({frozenset(): 0.970, first: 0.9705, final: 0.9915}, 0.99)
-    result = SimpleNamespace(remedy="per-channel", judged_on="held-out", met=True, pruned=["a"], warnings=[],
+    curve = [{"nodes": 0, "value": 0.986}, {"nodes": 1, "value": 0.987}, {"nodes": 2, "value": 0.9902}]
+    result = SimpleNamespace(remedy="per-channel", judged_on="held-out", met=True, curve=curve, warnings=[],
                              notes=[], objective_metric=get_metrics("cosine-similarity")[0])
     _warn_chosen(result, SimpleNamespace(chosen=first, S=S, J=J), final)
     (told,) = result.warnings
-    assert told.startswith("the set chosen on the search samples (1 node(s) quantized per channel: the search curve's first 2 "
-                           "less 1 that pruning found unneeded there): 0.9901 on calibration, 0.9705 on held-out: "
-                           "the gain does not hold"), told
+    assert told.startswith("the set chosen on the search samples (1 node(s) quantized per channel: the search curve's first 2, "
+                           "which pruning and refining on those samples made 1): 0.9901 on calibration, 0.9705 on "
+                           "held-out: the gain does not hold"), told

@@ -442,9 +442,11 @@ def _warn_chosen(result, searcher, chosen):
             result.notes.append(f"the search samples already meet the target without a remedy "
                                 f"({S.final(base):.6g}) but {on} do not ({J.final(base):.6g}): {how}")
         return
-    # the curve printed ends where the target was first met there; pruning then dropped some
-    pruned = (f": the search curve's first {len(first) + len(result.pruned)} less {len(result.pruned)} that pruning "
-              "found unneeded there" if result.pruned else "")
+    # the curve printed ends where the target was first met there; pruning and refining then
+    # made the set another size
+    met = next((p["nodes"] for p in result.curve if S.meets(p["value"])), None)
+    pruned = (f": the search curve's first {met}, which pruning and refining on those samples made {len(first)}"
+              if met is not None and met != len(first) else "")
     what = f"the set chosen on the search samples ({len(first)} node(s) {WHAT[result.remedy]}{pruned})"
     sentence = _not_holding(result, what, (S.final(base), S.final(first), S.meets(S.final(first))),
                             (J.final(base), J.final(first), J.meets(J.final(first)), J.target))
