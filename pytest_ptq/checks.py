@@ -384,11 +384,12 @@ def _source_of(function):
     import inspect
 
     name = getattr(function, "__qualname__", "")
-    module = inspect.getmodule(function)
-    if not name.isidentifier() or getattr(module, name, None) is not function:
+    # the globals of the module that defines it (a decorator's wrapper has its own module's),
+    # whether or not that module is still in sys.modules
+    scope = getattr(inspect.unwrap(function), "__globals__", {})
+    if not name.isidentifier() or scope.get(name) is not function:
         return ""
-    # the module that holds the name: a decorator's own file holds the wrapper's code, not it
-    file = getattr(module, "__file__", None) or ""
+    file = scope.get("__file__") or ""
     return f"{os.path.abspath(file)}:{name}" if file.endswith(".py") and os.path.isfile(file) else ""
 
 

@@ -79,19 +79,19 @@ def payload_of(session, analysis):
               "results": [r.to_dict() for mid, r in rec.results if mid == model_id]}
              for rec in session.tests.values() if model_id in rec.models]
     payload = model_payload(analysis, tests, settings, session.judged_on(model_id),
-                            session.suggest_command(analysis, settings))
+                            session.suggest_commands(analysis, settings))
     payload["warnings"] = session.warnings_of(analysis)  # their commands as this run names paths
     return payload
 
 
-def model_payload(analysis, tests, settings, holdout=None, suggest=""):
+def model_payload(analysis, tests, settings, holdout=None, suggest=()):
     """The report data of one model; analysis errors become notes, not crashes. ``holdout``:
     the held-out data its checks judged on, where its verdict is decided."""
     key = analysis.key
     data = {"id": key.id, "label": analysis.label, "data": analysis.relative(key.data),
             "float_model": analysis.relative(key.float_model) if key.float_model else None,
             "data_num": key.data_num, "tests": tests, "outputs": [], "sensitivity": None,
-            "images": [], "notes": [], "warnings": [], "diagnosis": None, "suggest": suggest}
+            "images": [], "notes": [], "warnings": [], "diagnosis": None, "suggest": [list(c) for c in suggest]}
     # only what tests computed: the report runs no data check, stage comparison or search itself
     data["data_checks"] = [_data_check(analysis, r) for r in analysis.computed("data_check")]
     data["stages"] = [_stages(analysis, r) for r in analysis.computed("stages")]
@@ -520,11 +520,10 @@ def _why_html(m, v):
                 parts.append(f'<pre class="snippet">{_e(d["snippet"])}</pre>')
             if d.get("producer_terms"):
                 parts.append(f'<pre class="snippet">{_e(chr(10).join(d["producer_terms"]))}</pre>')
-        if m.get("suggest") and v in ("failed", "xfailed"):
-            judged = ("the held-out data" if "--heldout" in m["suggest"] else
-                      "calibration samples it did not choose on")
-            parts.append("<p>The smallest set of nodes that meets the contract, searched on the calibration data, "
-                         f"accepted on {judged} and re-quantized (minutes):</p><pre>{_e(m['suggest'])}</pre>")
+        for what, command in m.get("suggest", []) if v in ("failed", "xfailed") else []:
+            judged = ("the held-out data" if "--heldout" in command else "calibration samples it did not choose on")
+            parts.append(f"<p>The smallest set of nodes that meets {_e(what)}, searched on the calibration data, "
+                         f"accepted on {judged} and re-quantized (minutes):</p><pre>{_e(command)}</pre>")
     for w in m.get("warnings", []):
         first, *causes = w["text"].split("\n")
         fix = f"fix: {_e(w['fix'])}" if w.get("fix") else ""

@@ -335,9 +335,20 @@ class PTQSession:
         for model_id in rec.models:
             if model_id not in self.diagnoses:
                 self.diagnoses[model_id] = self._diagnose(model_id, settings)
-        rec.section = "\n\n".join(f"{self.analyses[m].label}:\n" + "\n".join(self.diagnoses[m]["lines"])
+        rec.section = "\n\n".join(f"{self.analyses[m].label}:\n" + "\n".join(self.explanation(m)["lines"])
                                    for m in rec.models if m in self.diagnoses)
         return rec.section
+
+    def explanation(self, model_id):
+        """The diagnosis of ``model_id`` (None before a failure computed one) with the searches
+        its failed checks ask for so far: a check failing after the diagnosis was made (a
+        contract's accuracy item after its outputs item) has its own search."""
+        d = self.diagnoses.get(model_id)
+        if d is None or model_id not in self.explained_with:
+            return d
+        searches = self.suggest_commands(self.analyses[model_id], self.explained_with[model_id])
+        return dict(d, lines=d["lines"] + [f"  the smallest set that meets {what}, searched and re-quantized "
+                                           f"(minutes): {command}" for what, command in searches])
 
     def _diagnose(self, model_id, settings):
         analysis = self.analyses[model_id]
@@ -360,8 +371,6 @@ class PTQSession:
         about = (f"{qm.format} model made by {d.producer}; ranked on {d.samples} of {used} calibration "
                  f"sample(s) of {analysis.relative(analysis.key.data)}")
         lines = d.lines(settings.top, report=None if self.settings.report is None else self.settings.report.name)
-        for what, suggest in self.suggest_commands(analysis, settings):
-            lines.append(f"  the smallest set that meets {what}, searched and re-quantized (minutes): {suggest}")
         return {"lines": lines, "headline": d.headline(), "about": about}
 
     def suggest_commands(self, analysis, settings):
@@ -402,10 +411,6 @@ class PTQSession:
         out.append(("its output floors", command(holdout, ["--target-cosine", threshold_text(
             max(floors) if floors else settings.min_cosine)], ["-o", *parts] if parts else [])))
         return out
-
-    def suggest_command(self, analysis, settings):
-        """:meth:`suggest_commands`' commands, a line each ("" where none)."""
-        return "\n".join(c for _, c in self.suggest_commands(analysis, settings))
 
     def warnings_of(self, analysis):
         """The engine's warnings of ``analysis`` as ``{text, fix}``, the fix's commands with the
@@ -609,7 +614,7 @@ class PTQSession:
                                                  "data": analysis.relative(key.data), "data_num": key.data_num,
                                                  "float_model": analysis.relative(key.float_model)
                                                  if key.float_model else None,
-                                                 "diagnosis": self.diagnoses.get(model_id),
+                                                 "diagnosis": self.explanation(model_id),
                                                  "warnings": self.warnings_of(analysis)})
                 m["tests"].append({"nodeid": rec.nodeid, "outcome": rec.outcome, "xfail_reason": rec.xfail_reason,
                                    "reason": rec.reason,

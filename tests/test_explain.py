@@ -385,10 +385,21 @@ def test_a_failing_accuracy_check_is_searched_on_its_own_task_score(project):
         "outputs: {default: 0.9999}", "outputs: {default: 0.5}\naccuracy: {evaluate: task.py:top, min_ratio: 2}"))
     text = run(project, "-p", "no:xdist", "-k", "acc.ptq.yaml").stdout.str()
     assert "FAILED accuracy" in text and "FAILED outputs" not in text, text
-    assert re.search(r"the smallest set that meets its accuracy check, searched and re-quantized \(minutes\): "
-                     r"ptq-debug suggest qw\.onnx calib --heldout held --float-model float\.onnx --evaluate task\.py:top "
-                     r"--min-ratio 2 --remedy mixed\n", text), text
+    accuracy = ("ptq-debug suggest qw.onnx calib --heldout held --float-model float.onnx --evaluate task.py:top "
+                "--min-ratio 2 --remedy mixed")
+    assert f"the smallest set that meets its accuracy check, searched and re-quantized (minutes): {accuracy}\n" in text
     assert "--target-cosine" not in text
+    # both failing: a search each, labelled in the terminal and the report
+    project.makefile(".ptq.yaml", acc=CONTRACT.replace("nodes: {threshold: 0.9999}\n", "").replace(
+        "outputs: {default: 0.9999}", "outputs: {default: 0.9999}\naccuracy: {evaluate: task.py:top, min_ratio: 2}"))
+    text = run(project, "-p", "no:xdist", "-k", "acc.ptq.yaml", "--ptq-report=r.html").stdout.str()
+    floors = ("ptq-debug suggest qw.onnx calib --heldout held --float-model float.onnx --target-cosine 0.9999 "
+              "--remedy mixed -o r2")
+    assert f"meets its accuracy check, searched and re-quantized (minutes): {accuracy}\n" in text, text
+    assert f"meets its output floors, searched and re-quantized (minutes): {floors}\n" in text, text
+    page = (project.path / "r.html").read_text()
+    assert page.index("meets its accuracy check") < page.index(accuracy) < page.index("meets its output floors") \
+        < page.index(floors)
     # the same from a Python test, whose function is a lambda: no command names it
     project.makepyfile(test_lambda="""
         import pytest
