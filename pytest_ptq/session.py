@@ -368,7 +368,8 @@ class PTQSession:
         qm = analysis.qmodel
         held = analysis.data.count  # a contract's data_num keeps the first few of the samples there
         used = f"the first {analysis.samples} of {held}" if held > analysis.samples else f"{analysis.samples}"
-        about = (f"{qm.format} model made by {d.producer}; ranked on {d.samples} of {used} calibration "
+        ranked = used if d.samples == analysis.samples and held > analysis.samples else f"{d.samples} of {used}"
+        about = (f"{qm.format} model made by {d.producer}; ranked on {ranked} calibration "
                  f"sample(s) of {analysis.relative(analysis.key.data)}")
         lines = d.lines(settings.top, report=None if self.settings.report is None else self.settings.report.name)
         return {"lines": lines, "headline": d.headline(), "about": about}
