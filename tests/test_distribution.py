@@ -1091,3 +1091,13 @@ def test_a_weight_on_a_grid_without_negative_codes_is_read_as_such(tmp_path):
     tries, reason = readings.weight_issue(d)
     assert "the grid holds no value below 0" in reason and "every negative weight becomes 0" in reason
     assert "recompute it from their range" not in reason and tries[0] == "keep in float"
+
+
+def test_the_widest_channels_ratio_reads_as_the_box_plot_reads_it():
+    """7.6x read "8x wider than the median channel" in the text beside a box plot titled "no
+    outlier channel: the widest channel reaches 7.6x" (its outliers start at 8x)."""
+    d = {"role": "", "worst_channel_sqnr": 10.0, "sqnr": 30.0, "clipped_share": 0, "range_lo": -1.0, "range_hi": 1.0,
+         "float": {"min": -1.0}, "per_channel": False, "takes_per_channel": True, "widest_channel": 3,
+         "widest_ratio": 7.6, "worst_channel": 1, "bit": 8, "levels": 256}
+    tries, reason = readings.weight_issue(d)
+    assert tries == ["per-channel"] and "channel 3, 7.6x wider than the median channel" in reason, reason

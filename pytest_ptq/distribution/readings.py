@@ -189,7 +189,8 @@ def weight_issue(d, box=None):
     if not d["per_channel"] and splittable:
         if worst is not None and worst < WEAK_SQNR_DB and whole - worst > 6:
             wide = d.get("widest_channel")
-            who = (f"channel {wide}, {d['widest_ratio']:.0f}x wider than the median channel, sets the per-tensor "
+            # as the box plot words it (7.6x read "8x" here beside its "no outlier channel" under 8x)
+            who = (f"channel {wide}, {d['widest_ratio']:.1f}x wider than the median channel, sets the per-tensor "
                    "scale" if wide is not None and wide != d["worst_channel"] else "a few wide channels set the "
                    "per-tensor scale")
             return ["per-channel"], (f"channel {d['worst_channel']} keeps only {worst:.1f} dB SQNR (whole tensor "
