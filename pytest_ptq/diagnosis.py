@@ -139,12 +139,12 @@ class Diagnosis(JsonResult):
         lines and the nodes left out are found; without one, everything is printed."""
         import textwrap
 
-        def wrapped(text, indent="  ", first=None, max_lines=None):
+        def wrapped(text, indent="  ", first=None, max_lines=None, ending=""):
             return textwrap.wrap(text, width=width, initial_indent=first if first is not None else indent,
                                  subsequent_indent=indent + "    ", break_on_hyphens=False,
                                  break_long_words=False,  # a node name cut in two cannot be copied
                                  max_lines=max_lines if report else None,
-                                 placeholder=f" ... ({report} has it all)") or [indent]
+                                 placeholder=f" ...{ending} ({report} has it all)") or [indent]
 
         out = wrapped(self.cause_text(), first="")
         if self.caveat():
@@ -168,7 +168,10 @@ class Diagnosis(JsonResult):
             head = f"{it['rank']:>3}. {it['node']} ({what}) {short(it[self.metric])}{cause}{split}"
             out += wrapped(head, indent="  ", first="")
             if it.get("reason"):
-                out += wrapped(f"why: {it['reason']}", indent="       ", max_lines=2)
+                # cut short, a reason keeps its conclusion (what to do), which comes last
+                verdict = it["reason"].rpartition(" -> ")[2] if " -> " in it["reason"] else ""
+                out += wrapped(f"why: {it['reason']}", indent="       ", max_lines=3,
+                               ending=f" -> {verdict}" if 0 < len(verdict) <= width // 2 else "")
         if len(nodes) < len(ranked):
             out.append(f"  ... {len(ranked) - len(nodes)} more of the top {len(ranked)} cost less than a tenth of the "
                        f"worst node's loss ({report or '--ptq-report=FILE.html'} lists them)")

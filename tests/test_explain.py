@@ -336,6 +336,10 @@ def test_terminal_lines_point_at_a_report_only_when_one_is_written(planted):
     assert "(--ptq-report=FILE.html lists them)" in plain
     with_report = "\n".join(d.lines(width=80, report="r.html"))
     assert "(r.html has it all)" in with_report and "ending here" not in with_report
+    # a reason cut short keeps what to do, which comes last
+    d.nodes[0]["reason"] = "a long tail of words " * 30 + "-> per-channel weights"
+    cut = " ".join("\n".join(d.lines(width=80, report="r.html")).split())
+    assert "... -> per-channel weights (r.html has it all)" in cut, cut
     assert "(r.html lists them)" in with_report
     # a name longer than the line stays whole: cut in two, it was copied wrong into a fix
     long_name = "/model/encoder/layers.11/self_attention_block/feed_forward/q_proj_dense/MatMul_output_0_QuantizeLinear"
