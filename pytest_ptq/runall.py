@@ -286,13 +286,12 @@ def _runall(engine, out, metrics, output_node, node_type, data_num, top, axis, p
         f", on as many samples as fit in the time {DEFAULT_BUDGET_SAMPLES} samples take to rank (at most "
         f"{DEFAULT_BUDGET_S:.0f} s)")
     with _step(timings, "sensitivity", f"[1/{steps}] sensitivity of {' and '.join(types)} nodes{budget}", progress):
-        # with the samples' stacking they ran with: a rerun reading them would time a new one
-        sens, screening, per_run = through(
-            cache, ("runall rankings and stacking", base, tuple(types), rank_samples, time_budget),
-            lambda: (*screen(engine, types, metric_objs, specs, every_index, budget_s=time_budget,
-                             rank_samples=None if rank_samples is None else
-                             (len(every_index) if rank_samples == "all" else rank_samples), progress=progress),
-                     engine.batching(every_index).reason))
+        ranked = ("runall rankings", base, tuple(types), rank_samples, time_budget)
+        sens, screening = through(cache, ranked,
+                                  lambda: screen(engine, types, metric_objs, specs, every_index, budget_s=time_budget,
+                                                 rank_samples=None if rank_samples is None else
+                                                 (len(every_index) if rank_samples == "all" else rank_samples),
+                                                 progress=progress))
         for t in types:
             files["sensitivity"][t] = str(listing.wrote(sens[t].save(out / f"sensitivity_{t}.json")))
     indices = list(screening.indices) or every_index[:screening.samples]  # the rankings' samples
@@ -372,7 +371,10 @@ def _runall(engine, out, metrics, output_node, node_type, data_num, top, axis, p
     summary = {
         "tool": "pytest-ptq", "version": __version__, "model": qm.source, "format": qm.format_label,
         "made_by": qm.made_by.label, "data": getattr(engine.data, "where", None), "samples": len(indices),
-        "ranking": screening.to_dict(), "samples_per_run": per_run,
+        # the choice the kept results ran with, keyed as the rankings: a rerun reading them
+        # would time a new one (decided here, at the end, so that no step before runs otherwise)
+        "ranking": screening.to_dict(), "samples_per_run": through(cache, ("samples per run", *ranked),
+                                                                   lambda: engine.batching(every_index).reason),
         "metrics": [m.name for m in metric_objs],
         "outputs_compared": [s.name for s in specs], "output_parts": parts_note(specs), "node_types": types,
         "top": top,
