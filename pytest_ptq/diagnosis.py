@@ -32,7 +32,7 @@ from .remedy.terms import float_tensor_names, onnxruntime_settings, per_channel_
 from .results import JsonResult
 from .sensitivity import rank_configs
 from .stages import SIMULATION_WARNING
-from .tables import short
+from .tables import SUMMARY_WIDTH, short
 from .verdict import DOMINANT, RELEVANT, WEIGHTS_UNSEEN, badness, float_first, relevant, severe_reason
 
 KIND_WORDS = {"weight": "weight", "activation": "activation", "node": "operator"}
@@ -133,7 +133,7 @@ class Diagnosis(JsonResult):
                 f"and activations only {short(r['activation only'])}, which would blame another kind; the cause "
                 "above is measured on all samples: rank on more samples (data_num) before trusting the node order")
 
-    def lines(self, top=None, width=118, report=None):
+    def lines(self, top=None, width=SUMMARY_WIDTH, report=None):
         """Plain text lines: the verdict, the ranked nodes with their reasons, the fix.
         ``report``: the HTML report being written, if any: there a node's reason is cut to two
         lines and the nodes left out are found; without one, everything is printed."""

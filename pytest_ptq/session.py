@@ -22,7 +22,7 @@ import pytest
 from . import guard
 from .errors import PTQError
 from .settings import OPTIONS, PTQPathWarning, apply_marker, below, from_config
-from .tables import threshold_text, warning_lines
+from .tables import SUMMARY_WIDTH, threshold_text, warning_lines
 
 WORKER_KEY = "ptq_report"
 # What a worker's tests read, so that the controller never writes the report onto it.
@@ -774,10 +774,14 @@ def terminal_lines(models):
             why = f": {'; '.join(reasons)}" if reasons else ""
             head = (m.get("diagnosis") or {}).get("headline")
             out.append(("", f"  {m['label']} ({len(xfailed)} test(s)){why}" + (f"; {head}" if head else "")))
-    # once per model file: its analyses on other data or float models warn alike
-    lines = (("warning", line) for m in warned for w in m["warnings"]
-             for line in warning_lines(w["text"], w["fix"], f"warning: {m['file']}: "))
-    return out + list(dict.fromkeys(lines))
+    # once per model file: its analyses on other data or float models warn alike (whole
+    # warnings: a cause another file shares is still one of this file's)
+    told = {}
+    for m in warned:
+        for w in m["warnings"]:
+            told.setdefault((m["file"], w["text"], w["fix"]), None)
+    return out + [("warning", line) for file, text, fix in told
+                  for line in warning_lines(text, fix, f"warning: {file}: ", width=SUMMARY_WIDTH)]
 
 
 def _shown_path(path, start):

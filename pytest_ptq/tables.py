@@ -33,14 +33,27 @@ def listed(names, shown=3):
                                                          else "")
 
 
-def warning_lines(text, fix="", head="warning: ", fix_head="  fix: "):
+# The width the plugin's summary and the diagnoses wrap their text to
+SUMMARY_WIDTH = 118
+
+
+def warning_lines(text, fix="", head="warning: ", fix_head="  fix: ", width=None):
     """A warning as plain-text lines: ``head`` and its first line; each further line of
     ``text`` (a cause, say) as an indented item; the ``fix`` after a one-line warning, or
-    after the items on a line of its own that starts with ``fix_head``."""
+    after the items on a line of its own that starts with ``fix_head``. ``width``: each
+    wrapped to that many characters, continued four spaces further in (names never cut)."""
     first, *more = text.split("\n")
     if not more:
-        return [head + first + (f"; fix: {fix}" if fix else "")]
-    return [head + first, *(f"  - {m}" for m in more), *([fix_head + fix] if fix else [])]
+        lines = [head + first + (f"; fix: {fix}" if fix else "")]
+    else:
+        lines = [head + first, *(f"  - {m}" for m in more), *([fix_head + fix] if fix else [])]
+    if width is None:
+        return lines
+    import textwrap
+
+    return [part for line in lines for part in textwrap.wrap(
+        line, width=width, subsequent_indent=" " * (len(line) - len(line.lstrip(" -")) + 4),
+        break_long_words=False, break_on_hyphens=False) or [line]]
 
 
 def threshold_text(t):

@@ -148,7 +148,10 @@ def test_terminal_prints_each_failing_model_once(project, planted, dist):
     assert re.search(r"1 expected failure\(s\) \(xfail\) on 1 model\(s\), not counted as failures:\n  naive\.onnx "
                      r"\(1 test\(s\)\): a copy kept as the naive baseline of the story; cause: weights", out)
     # a warning of a passing model, with its fix, in the summary
-    assert re.search(r"warning: stored\.onnx: weights are stored already quantized .*pass the float model", out)
+    # wrapped to the summary's width, its continuation lines indented
+    assert re.search(r"warning: stored\.onnx: weights are stored already quantized .*pass the float model",
+                     " ".join(out.split()))
+    assert all(len(line) <= 118 for line in out.splitlines() if line.startswith("warning: stored.onnx")), out
 
 
 def test_report_shows_the_cause_the_fix_and_the_contract_figure(project, planted):
