@@ -208,7 +208,7 @@ class CalibrationData:
 def _check_shape(name, where, shape, dt, dims, dtype, role):
     if extended_float(dt):
         dt = np.float32  # as Data.sample reads it
-    elif np.dtype(dt).kind == "V" and np.dtype(dt).names is None:
+    elif np.dtype(dt).type is np.void and np.dtype(dt).names is None:
         raise PTQError(f"{role} sample {where!r} for input {name!r} holds raw {np.dtype(dt).itemsize}-byte values "
                        f"({np.dtype(dt).str}), not numbers, as a bfloat16 or float8 array saved with np.save reads "
                        "back; save it as float32 (astype(np.float32)) instead")

@@ -11,8 +11,8 @@ import traceback
 _PACKAGE = os.path.dirname(os.path.abspath(__file__)) + os.sep
 
 # How to pass the float model on every face, for messages raised below all of them
-FLOAT_MODEL_OPTION = ("float_model= in Python or a contract, --float-model to ptq-debug, --ptq-float-model to "
-                      "pytest")
+FLOAT_MODEL_OPTION = ("float_model= in Python, float_model: in a contract, --float-model to ptq-debug, "
+                      "--ptq-float-model to pytest")
 
 
 class PTQError(ValueError):
