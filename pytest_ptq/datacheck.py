@@ -237,6 +237,12 @@ def _layout(shape, spec):
             "resize/crop to the model's input size and save one preprocessed sample per file")
 
 
+def _holds(dtype, lo, hi):
+    """Whether numbers of ``dtype`` span ``lo``..``hi`` (the finite values seen)."""
+    info = np.finfo(dtype) if dtype.kind == "f" else np.iinfo(dtype)
+    return lo > hi or float(info.min) <= lo and hi <= float(info.max)
+
+
 def _fmt(dims):
     return "[" + ", ".join("?" if not d else str(d) for d in dims) + "]"
 
@@ -419,6 +425,12 @@ def _data_findings(stats, specs, dataset, unscanned=0):
             if got.kind != want.kind and not (extended_float(got) and want.kind == "f"):
                 out.append(Finding("dtype", "error", f"samples are {got} but the model input is {want}",
                                    f"preprocess, then save with a.astype(np.{want.name})", name, dataset))
+            elif want.kind in "iuf" and got.kind == want.kind and not _holds(want, st.lo, st.hi):
+                # the analyses refuse such samples (a cast would make them infinite or wrap them)
+                info = np.finfo(want) if want.kind == "f" else np.iinfo(want)
+                out.append(Finding("dtype", "error", f"samples are {got} and reach {st.lo:g}..{st.hi:g}, beyond the "
+                                   f"{want} the model takes ({float(info.min):g}..{float(info.max):g})",
+                                   "check the preprocessing (its scale)", name, dataset))
             elif got != want:
                 out.append(Finding("dtype", "info", f"samples are {got}; they are converted to {want} on load",
                                    f"save them as {want.name} to halve the files" if got.itemsize > want.itemsize else "",

@@ -250,3 +250,17 @@ def test_check_data_reports_the_data_of_a_float16_model_that_overflows(tmp_path)
     checks = {f.check: f for f in report.findings}
     assert checks["range"].severity == "error"
     assert "float16 graph overflows" in checks["heldout-skipped"].message
+
+
+def test_check_data_refuses_what_loading_refuses_beyond_a_float16_input(tmp_path):
+    """check-data said float32 samples 'are converted to float16 on load' where loading them
+    refuses a value float16 cannot hold: it now says so as an error, as loading does."""
+    model = half_net(tmp_path / "q16.onnx")
+    xs = _samples()
+    xs[1][0, 3] = 1e5
+    dtype = [f for f in check_data(model, {"x": xs}).findings if f.check == "dtype"]
+    assert [f.severity for f in dtype] == ["error"], dtype
+    assert "reach -" in dtype[0].message and "..100000, beyond the float16 the model takes (-65504..65504)" in \
+        dtype[0].message
+    fine = [f for f in check_data(model, {"x": _samples()}).findings if f.check == "dtype"]
+    assert [f.severity for f in fine] == ["info"] and "converted to float16 on load" in fine[0].message
