@@ -197,6 +197,8 @@ def _shapes(st, name, dataset):
     shapes = list(st.shapes)
     listed = ", ".join(str(list(s)) for s in shapes[:3])
     dims = st.spec.dims
+    if dims is not None:  # a sample saved without its batch axis is read with one (data.py)
+        shapes = [(1, *s) if len(s) == len(dims) - 1 else s for s in shapes]
     ranks = {len(s) for s in shapes}
     if dims is not None and ranks == {len(dims)}:
         varying = [k for k in range(len(dims)) if len({s[k] for s in shapes}) > 1]

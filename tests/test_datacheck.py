@@ -436,3 +436,21 @@ def test_a_heldout_gap_within_the_calibrated_ranges_is_not_blamed_on_the_calibra
     assert not finding.details["heldout_clipping"]
     assert "does not represent" not in finding.message and "stay within the calibrated ranges" in finding.message
     assert "runall --heldout" in finding.fix and "calibrate on" not in finding.fix
+
+
+def test_samples_of_other_lengths_saved_without_their_batch_axis_are_a_note(tmp_path):
+    """Token sequences of 7 and 12, each saved without its batch axis, which every analysis
+    reads with one: check-data called them an error of different shapes."""
+    from onnx import TensorProto, helper
+
+    rng = np.random.default_rng(0)
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")], "seq",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, "seq", 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, "seq", 4])],
+                              [numpy_helper.from_array(rng.standard_normal((4, 4)).astype(np.float32), "w")])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), tmp_path / "f.onnx")
+    samples = [rng.standard_normal((1, n, 4)).astype(np.float32) for n in (7, 12, 7, 12)]
+    builders.quantize(tmp_path / "f.onnx", tmp_path / "q.onnx", {"x": samples})
+    report = check_data(tmp_path / "q.onnx", {"x": [x[0] for x in samples]})  # [7, 4], [12, 4]
+    shape = [f for f in report.findings if f.check == "shape"]
+    assert [f.severity for f in shape] == ["info"] and "axis 1: 7-12" in shape[0].message, shape
