@@ -424,9 +424,13 @@ def _data_findings(stats, specs, dataset, unscanned=0):
         if spec.dtype is not None and st.dtypes:
             got = np.dtype(st.dtypes.most_common(1)[0][0])
             want = np.dtype(spec.dtype)
-            if got.kind != want.kind and not (extended_float(got) and want.kind == "f"):
-                out.append(Finding("dtype", "error", f"samples are {got} but the model input is {want}",
-                                   f"preprocess, then save with a.astype(np.{want.name})", name, dataset))
+            # every dtype present: one sample of float ids among int64 ones stops every analysis
+            wrong = {d: n for d, n in st.dtypes.items()
+                     if np.dtype(d).kind != want.kind and not (extended_float(d) and want.kind == "f")}
+            if wrong:
+                some = "" if sum(wrong.values()) == st.n else f"{sum(wrong.values())} of {st.n} "
+                out.append(Finding("dtype", "error", f"{some}samples are {' or '.join(wrong)} but the model input is "
+                                   f"{want}", f"preprocess, then save with a.astype(np.{want.name})", name, dataset))
             elif want.kind in "iuf" and got.kind == want.kind and not _holds(want, st.lo, st.hi):
                 # the analyses refuse such samples (a cast would make them infinite or wrap them)
                 info = np.finfo(want) if want.kind == "f" else np.iinfo(want)

@@ -187,6 +187,11 @@ def test_wrong_dtype_and_missing_input(net, tmp_path):
     assert "dtype" in report.checks("error")
     report = check_data(str(net["qdq"]), {"y": net["data"]["x"]})
     assert report.checks("error") == ["inputs", "inputs"]
+    # one sample of another kind among the right ones stops every analysis: an error too
+    mixed = list(net["data"]["x"])
+    mixed[1] = (mixed[1] * 50 + 128).clip(0, 255).astype(np.uint8)
+    (dtype,) = [f for f in check_data(str(net["qdq"]), {"x": mixed}).findings if f.check == "dtype"]
+    assert dtype.severity == "error" and dtype.message == f"1 of {len(mixed)} samples are uint8 but the model input is float32"
 
 
 def test_too_few_samples_are_a_warning(net):
