@@ -175,8 +175,10 @@ def _constant(st, name, dataset):
     images or empty records; where every sample holds the same value it is a flag, a mask
     or a segment id, worth a note for a float input. An integer or boolean input (token ids,
     a padding mask, a segment id) holds one value in normal samples: a mask of a sequence
-    without padding, a one-token prefix, token_type_ids of one-segment text."""
-    if not st.constant or all(np.dtype(d).kind in "iub" for d in st.dtypes):
+    without padding, a one-token prefix, token_type_ids of one-segment text; so does a float
+    input of zeros and ones only (an attention mask given as float)."""
+    mask = st.integral and st.count > 0 and 0 <= st.lo and st.hi <= 1
+    if not st.constant or mask or all(np.dtype(d).kind in "iub" for d in st.dtypes):
         return []
     if len(st.constant) < st.n or st.n == 1:
         what = "a plain-colour or blank image" if len(st.spec.dims or ()) == 4 else "a blank input"

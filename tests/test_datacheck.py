@@ -459,3 +459,26 @@ def test_samples_of_other_lengths_saved_without_their_batch_axis_are_a_note(tmp_
     report = check_data(tmp_path / "q.onnx", {"x": [x[0] for x in samples]})  # [7, 4], [12, 4]
     shape = [f for f in report.findings if f.check == "shape"]
     assert [f.severity for f in shape] == ["info"] and "axis 1: 7-12" in shape[0].message, shape
+
+
+def test_a_float_attention_mask_without_padding_is_no_blank_input(tmp_path):
+    """A float 0/1 mask is all ones in a sequence without padding: check-data told those
+    samples blank inputs to replace (an integer mask was already let be)."""
+    from onnx import TensorProto, helper
+
+    rng = np.random.default_rng(0)
+    graph = helper.make_graph([helper.make_node("Mul", ["x", "mask"], ["m"], name="masked"),
+                               helper.make_node("MatMul", ["m", "w"], ["y"], name="mm")], "masked",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 4]),
+                               helper.make_tensor_value_info("mask", TensorProto.FLOAT, [1, 8, 1])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 4])],
+                              [numpy_helper.from_array(rng.standard_normal((4, 4)).astype(np.float32), "w")])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), tmp_path / "f.onnx")
+    masks = [np.ones((1, 8, 1), np.float32) for _ in range(4)]
+    masks[1][0, 5:] = 0  # one padded sequence
+    data = {"x": [rng.standard_normal((1, 8, 4)).astype(np.float32) for _ in range(4)], "mask": masks}
+    builders.quantize(tmp_path / "f.onnx", tmp_path / "q.onnx", data)
+    assert not [f for f in check_data(tmp_path / "q.onnx", data).findings if f.check == "constant"]
+    # a blank input among real ones is still one
+    blank = dict(data, x=[*data["x"][:3], np.zeros((1, 8, 4), np.float32)])
+    assert [f.input for f in check_data(tmp_path / "q.onnx", blank).findings if f.check == "constant"] == ["x"]
