@@ -53,7 +53,7 @@ from pathlib import Path
 import pluggy
 import pytest
 # pytest's own failure representations: what its short summary and --tb=line read a line from
-from _pytest._code.code import ReprFileLocation, TerminalRepr
+from _pytest._code.code import ReprFileLocation, ReprTracebackNative, TerminalRepr
 
 from . import params
 from . import session as ptq_session
@@ -514,6 +514,10 @@ class _Lines(TerminalRepr):
         reason = next((line for line in lines[1:] if not line.startswith(("+", "|", " "))), None) \
             if lines and lines[0].endswith(": FAILED") else None
         self.reprcrash = ReprFileLocation(str(path), 1, reason or (lines[0] if lines else ""))
+        # as an exception's report too, so that pytest-xdist hands it to the controller whole,
+        # its one line included (as text, the short summary and JUnit read its heading)
+        self.reprtraceback = ReprTracebackNative([line + "\n" for line in text.splitlines()])
+        self.sections = []
 
     def toterminal(self, tw):
         for line in self.text.splitlines():

@@ -11,7 +11,7 @@ import shutil
 import pytest
 
 import builders
-from test_plugin import N, run
+from test_plugin import N, plugin_args, run
 
 
 @pytest.fixture(scope="module")
@@ -267,3 +267,19 @@ def test_a_run_removes_what_killed_runs_left_in_the_temporary_folder(pytester, t
     run(pytester, "-n", "2").assert_outcomes(passed=4)
     assert not any(p.exists() for p in stale) and going.exists() and mine.exists()
     assert not list(theirs.glob("pytest-ptq-*")) and not list(temp.glob("pytest-ptq-cores-*"))
+
+
+def test_a_failing_contracts_one_line_reaches_the_controller(pytester, two_models):
+    """Under -n the failure reached the controller as text, and its short summary line and
+    JUnit message read the contract's heading ("contract c0 (c0.ptq.yaml), check outputs:
+    FAILED") instead of what failed and by how much."""
+    _two_contracts(pytester, two_models)
+    (pytester.path / "c0.ptq.yaml").write_text("model: m0.onnx\ndata: calib\noutputs: {default: 1.0}\nbaseline: false\n")
+    # in a process of its own, as CI runs it (an in-process run reads the workers' reports otherwise)
+    result = pytester.runpytest_subprocess(*plugin_args(), "-p", "no:cacheprovider", "-n", "2", "-rf", "c0.ptq.yaml",
+                                           "--junitxml=j.xml")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["contract c0 (c0.ptq.yaml), check outputs: FAILED",
+                                 "output cosine-similarity fails for 1 of 1 output(s): *",
+                                 "FAILED c0.ptq.yaml::outputs - output cosine-similarity fails*"])
+    assert 'message="output cosine-similarity fails for 1 of 1 output(s)' in (pytester.path / "j.xml").read_text()
