@@ -10,6 +10,11 @@ import time
 from . import params
 
 REDRAW = 0.1  # seconds between redraws on a terminal: thousands of steps stay cheap
+# In a log (CI), work shorter than LOG_AFTER seconds prints nothing, and longer work a line
+# per tenth at most every LOG_EVERY seconds: a line per tenth of every few-second step made two
+# thirds of an example suite's log
+LOG_AFTER = 5.0
+LOG_EVERY = 10.0
 
 
 class Progress:
@@ -21,8 +26,8 @@ class Progress:
 
     Draws in place on a terminal, within its width (a longer line would wrap and every
     redraw would add a row); elsewhere (CI logs) prints a line every 10% with the time
-    left (a line a minute for work of unknown size), and one when done; a run under two
-    seconds prints nothing.
+    left, at most every :data:`LOG_EVERY` seconds (a line a minute for work of unknown
+    size), and one when done; a run under :data:`LOG_AFTER` seconds prints nothing.
     """
 
     def __init__(self, total, desc, enabled=True, stream=None, announce=False):
@@ -53,7 +58,7 @@ class Progress:
             return
         if self.tty:
             self.stream.write("\n")
-        elif exc[0] is None and (self._last_pct >= 0 or time.perf_counter() - self.start > 2):
+        elif exc[0] is None and (self._last_pct >= 0 or time.perf_counter() - self.start > LOG_AFTER):
             elapsed = time.perf_counter() - self.start
             count = self.done if self.open else f"{self.done}/{self.total}"
             self.stream.write(f"{self.desc}: {count} done, {elapsed:.1f}s elapsed\n")
@@ -95,13 +100,16 @@ class Progress:
         if self.tty:
             counts = f" {self.done}/{self.total} {elapsed:5.1f}s elapsed, ~{eta:4.0f}s left"
             self._draw(f"{self.desc}: [{'#' * (pct // 4):<25}]" + counts, f"{self.desc}:" + counts)
-        elif elapsed > 2 and self.done < self.total and pct // 10 > self._last_pct // 10:
-            # logs get a line per 10% and one at the end (a total that grows as the work
-            # finds more, as a search's does, prints no line per step), short runs none
+        elif (elapsed > LOG_AFTER and self.done < self.total and pct // 10 > self._last_pct // 10
+              and (self._last_pct < 0 or time.perf_counter() - self._last_line >= LOG_EVERY)):
+            # logs get a line per 10% (at most every LOG_EVERY seconds) and one at the end (a
+            # total that grows as the work finds more, as a search's does, prints no line per
+            # step), short runs none
             self.stream.write(f"{self.desc}: {self.done}/{self.total} ({pct}%) {elapsed:.1f}s elapsed, "
                               f"~{eta:.0f}s left\n")
             self.stream.flush()
             self._last_pct = pct
+            self._last_line = time.perf_counter()
 
     def _draw(self, line, narrow=None):
         """Redraw the terminal line (at most every :data:`REDRAW` seconds, and at the last

@@ -1,4 +1,5 @@
-"""The progress bar in a log (no terminal): a line per 10% with the time left, one at the end."""
+"""The progress bar in a log (no terminal): a line per 10% with the time left (at most every
+ten seconds, none for a few seconds' work), one at the end."""
 
 from __future__ import annotations
 
@@ -30,10 +31,13 @@ def _logged(clock, total, label, seconds):
 
 def test_a_log_gets_a_line_per_tenth_and_one_at_the_end(clock):
     lines = _logged(clock, 50, "work", 1.0).splitlines()
-    # the first line once two seconds have passed, then one per tenth, then the end
-    assert lines[0] == "work: 3/50 (6%) 3.0s elapsed, ~47s left"
-    assert lines[1] == "work: 5/50 (10%) 5.0s elapsed, ~45s left"
-    assert len(lines) == 11 and lines[-1] == "work: 50/50 done, 50.0s elapsed"
+    # the first line once five seconds have passed, then one per tenth at most every ten
+    # seconds (a line per tenth of every few-second step made two thirds of a suite's log), then the end
+    assert lines[0] == "work: 6/50 (12%) 6.0s elapsed, ~44s left"
+    assert lines[1] == "work: 16/50 (32%) 16.0s elapsed, ~34s left"
+    assert len(lines) == 6 and lines[-1] == "work: 50/50 done, 50.0s elapsed"
+    # a step of a few seconds says nothing
+    assert _logged(clock, 10, "step", 0.4) == ""
 
 
 def test_work_past_its_estimate_shows_no_time_left_and_a_line_a_minute(clock):
@@ -47,7 +51,7 @@ def test_work_past_its_estimate_shows_no_time_left_and_a_line_a_minute(clock):
     lines = out.getvalue().splitlines()
     past = [x for x in lines if "past the first estimate of 10" in x]
     assert len(past) == 6 and "left" not in " ".join(past)  # a line a minute of the run
-    assert past[0] == "search: 60 done, 60.0s elapsed (past the first estimate of 10; the work decides how much more)"
+    assert past[0] == "search: 66 done, 66.0s elapsed (past the first estimate of 10; the work decides how much more)"
     assert lines[-1] == "search: 400/400 done, 400.0s elapsed"
 
 
@@ -69,7 +73,7 @@ def test_time_spent_paused_does_not_count_towards_the_time_left(clock):
             clock[0] += 1.0
             bar.advance()
     lines = out.getvalue().splitlines()
-    assert lines[0] == "search: 3/10 (30%) 3.0s elapsed, ~7s left"
+    assert lines[0] == "search: 6/10 (60%) 6.0s elapsed, ~4s left"
     assert lines[-1] == "search: 10/10 done, 10.0s elapsed"
 
 
