@@ -156,6 +156,7 @@ class Diagnosis(JsonResult):
         judged = "of " + ", ".join(repr(o) for o in self.outputs) if self.outputs else "of the model outputs"
         out.append(f"most sensitive {kind} ({self.metric} {judged} with only that node quantized, "
                    f"{self.samples} sample(s), worst first):")
+        told = {}  # reason -> the node it was first given for
         for it in nodes:
             # a pair on a model output feeds no operator
             what = (f"{it['op_type']} operator" if it["kind"] == "operator" else
@@ -167,7 +168,10 @@ class Diagnosis(JsonResult):
                          f"{short(it['split']['activation'])})")
             head = f"{it['rank']:>3}. {it['node']} ({what}) {short(it[self.metric])}{cause}{split}"
             out += wrapped(head, indent="  ", first="")
-            if it.get("reason"):
+            if it.get("reason") and it["reason"] in told:  # two nodes reading one pair: one reason
+                out += wrapped(f"why: the same as for {told[it['reason']]} above", indent="       ")
+            elif it.get("reason"):
+                told[it["reason"]] = it["node"]
                 # cut short, a reason keeps its conclusion (what to do), which comes last
                 verdict = it["reason"].rpartition(" -> ")[2] if " -> " in it["reason"] else ""
                 out += wrapped(f"why: {it['reason']}", indent="       ", max_lines=3,

@@ -339,6 +339,11 @@ def test_terminal_lines_point_at_a_report_only_when_one_is_written(planted):
     assert "(--ptq-report=FILE.html lists them)" in plain
     with_report = "\n".join(d.lines(width=80, report="r.html"))
     assert "(r.html has it all)" in with_report and "ending here" not in with_report
+    # two nodes whose reason is one (an input they share) print it once
+    d.nodes[1]["reason"] = d.nodes[0]["reason"]
+    twice = "\n".join(d.lines(width=80))
+    assert " ".join(twice.split()).count("ending here") == 1, twice
+    assert f"why: the same as for {d.nodes[0]['node']} above" in twice
     # a reason cut short keeps what to do, which comes last
     d.nodes[0]["reason"] = "a long tail of words " * 30 + "-> per-channel weights"
     cut = " ".join("\n".join(d.lines(width=80, report="r.html")).split())
