@@ -72,8 +72,13 @@ class Result:
         return "; ".join(_measure_text(m) for m in shown[:3]) + more
 
     def properties(self):
-        """``(name, value)`` pairs for JUnit XML ``<property>`` elements."""
-        return [(f"ptq.{self.kind}.{k}", v) for k, v in self.figures().items()]
+        """``(name, value)`` pairs for JUnit XML ``<property>`` elements: the figures, and the
+        bounds they were judged against (a test tab shows no message beside them)."""
+        return [(f"ptq.{self.kind}.{k}", v) for k, v in {**self.figures(), **self.bounds()}.items()]
+
+    def bounds(self):
+        """``{name: value}`` of what the figures were judged against (thresholds, the data)."""
+        return {}
 
     def to_dict(self):
         """JSON-safe form for reports and xdist payloads."""
@@ -160,6 +165,10 @@ class OutputResult(Result):
 
     def figures(self):
         return {f"{o}.{self.metric}": v for o, v in self.values.items()}
+
+    def bounds(self):
+        return {**{f"{o}.threshold": t for o, t in self.thresholds.items()}, "samples": self.samples,
+                "data": "held-out" if self.holdout else "calibration"}
 
 
 def _meets(metric, value, threshold):
@@ -267,6 +276,9 @@ class NodeResult(Result):
                  "threshold": self.threshold, "passed": not self.offenders, "on": self.on,
                  "over_limit": len(self.offenders)}]
 
+    def bounds(self):
+        return {"threshold": self.threshold}
+
     def figures(self):
         fig = {"over_limit": len(self.offenders)}
         if self.worst:
@@ -351,6 +363,9 @@ class AccuracyResult(Result):
 
     def figures(self):
         return {"float": self.float_score, "quantized": self.quantized_score, "ratio": self.ratio}
+
+    def bounds(self):
+        return {"min_ratio": self.min_ratio, "samples": self.samples, "data": "held-out" if self.holdout else "calibration"}
 
 
 def check_accuracy(analysis, evaluate, min_ratio=0.99, holdout=None):

@@ -116,6 +116,10 @@ def test_thresholds_come_from_the_command_line(project, models):
     assert float(props["outputs"]["ptq.outputs.prob.cosine-similarity"]) == pytest.approx(models["cosine"], abs=2e-7)
     assert props["nodes"]["ptq.nodes.over_limit"] == "1" and props["nodes"]["ptq.nodes.worst"] == order[0]
     assert float(props["nodes"]["ptq.nodes.worst.cosine-similarity"]) == pytest.approx(sens[order[0]], abs=2e-7)
+    # beside each figure what it was judged against, for a test tab that shows nothing else
+    assert float(props["outputs"]["ptq.outputs.prob.threshold"]) == float(shown_threshold(result))
+    assert props["outputs"]["ptq.outputs.samples"] == "4" and props["outputs"]["ptq.outputs.data"] == "calibration"
+    assert float(props["nodes"]["ptq.nodes.threshold"]) == pytest.approx(limit, rel=1e-12)
 
 
 def test_metric_option_sets_the_baseline_not_the_cosine_thresholds(project, models):
@@ -258,3 +262,8 @@ def test_a_contracts_node_threshold_read_in_the_command_lines_metric_warns(proje
                                  "session's --ptq-metric), as the contract names no metric*"])
     assert "named.ptq.yaml: nodes.threshold" not in result.stdout.str()
     assert "PTQContractWarning" not in run(project, "-k", "nodes").stdout.str()
+
+
+def shown_threshold(result):
+    """The output threshold the failure message printed."""
+    return re.search(r"'prob' \S+ \(needs >= (\S+)\)", result.stdout.str()).group(1)
