@@ -12,7 +12,6 @@ import dataclasses
 import numpy as np
 
 from . import params
-from .datacheck import FEW_SAMPLES
 from .errors import PTQError
 from .metrics import get_metrics
 from .results import JsonResult, inputs_of, read_from
@@ -148,7 +147,7 @@ def ranking_confidence(sensitivity, k=5, resamples=1000, seed=0, metric=None, st
         message = (f"the top {k} ({', '.join(top_k)}) is the same in {set_freq:.0%} of "
                    f"{resamples} resamples of the {n_samples} samples: stable"
                    + (f" among them, but resampling so few samples understates how much other samples move it: "
-                      f"rank on {FEW_SAMPLES} or more to trust it" if n_samples < FEW_SAMPLES else ""))
+                      f"rank on {params.FEW_SAMPLES} or more to trust it" if n_samples < params.FEW_SAMPLES else ""))
     else:
         who = f"; {', '.join(unstable)} move in and out of it" if unstable else ""
         message = (f"the top {k} is the same in only {set_freq:.0%} of {resamples} resamples of the "

@@ -42,7 +42,7 @@ from .results import JsonResult
 from .verdict import badness
 
 SEVERITIES = params.SEVERITIES
-FEW_SAMPLES, MANY_SAMPLES = 20, 100
+FEW_SAMPLES, MANY_SAMPLES = params.FEW_SAMPLES, params.MANY_SAMPLES
 # Share of values outside the calibrated input range above which the data cannot be the
 # data the model was calibrated for.
 CLIPPED_ERROR = 0.01

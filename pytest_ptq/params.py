@@ -191,6 +191,9 @@ def positive(value, what):
 
 
 MAX_RATIO = 10.0  # a task score's share of float's: more than 10x is a typo, not a floor
+# How many calibration samples the seed asks for: fewer give ranges (and rankings) that miss
+# real data, more rarely help
+FEW_SAMPLES, MANY_SAMPLES = 20, 100
 
 
 def ratio(value, what="min_ratio"):
