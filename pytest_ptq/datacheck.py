@@ -177,7 +177,7 @@ def _constant(st, name, dataset):
     a padding mask, a segment id) holds one value in normal samples: a mask of a sequence
     without padding, a one-token prefix, token_type_ids of one-segment text; so does a float
     input of zeros and ones only (an attention mask given as float)."""
-    mask = st.integral and st.count > 0 and 0 <= st.lo and st.hi <= 1
+    mask = st.integral and st.count > 0 and 0 <= st.lo and st.hi <= 1 and len(st.spec.dims or ()) != 4  # no image
     if not st.constant or mask or all(np.dtype(d).kind in "iub" for d in st.dtypes):
         return []
     if len(st.constant) < st.n or st.n == 1:
@@ -433,7 +433,8 @@ def _data_findings(stats, specs, dataset, unscanned=0):
                 some = "" if sum(wrong.values()) == st.n else f"{sum(wrong.values())} of {st.n} "
                 out.append(Finding("dtype", "error", f"{some}samples are {' or '.join(wrong)} but the model input is "
                                    f"{want}", f"preprocess, then save with a.astype(np.{want.name})", name, dataset))
-            elif want.kind in "iuf" and got.kind == want.kind and not _holds(want, st.lo, st.hi):
+            elif want.kind in "iuf" and (np.dtype(np.float32) if extended_float(got) else got).kind == want.kind \
+                    and not _holds(want, st.lo, st.hi):
                 # the analyses refuse such samples (a cast would make them infinite or wrap them)
                 info = np.finfo(want) if want.kind == "f" else np.iinfo(want)
                 out.append(Finding("dtype", "error", f"samples are {got} and reach {st.lo:g}..{st.hi:g}, beyond the "

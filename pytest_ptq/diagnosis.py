@@ -140,11 +140,13 @@ class Diagnosis(JsonResult):
         import textwrap
 
         def wrapped(text, indent="  ", first=None, max_lines=None, ending=""):
+            placeholder = f" ...{ending} ({report} has it all)"
+            if len(indent) + 4 + len(placeholder) > width:  # textwrap refuses a placeholder wider than a line
+                placeholder = " ... (the report has it all)"
             return textwrap.wrap(text, width=width, initial_indent=first if first is not None else indent,
                                  subsequent_indent=indent + "    ", break_on_hyphens=False,
                                  break_long_words=False,  # a node name cut in two cannot be copied
-                                 max_lines=max_lines if report else None,
-                                 placeholder=f" ...{ending} ({report} has it all)") or [indent]
+                                 max_lines=max_lines if report else None, placeholder=placeholder) or [indent]
 
         out = wrapped(self.cause_text(), first="")
         if self.caveat():
@@ -174,8 +176,11 @@ class Diagnosis(JsonResult):
                 told[it["reason"]] = it["node"]
                 # cut short, a reason keeps its conclusion (what to do), which comes last
                 verdict = it["reason"].rpartition(" -> ")[2] if " -> " in it["reason"] else ""
+                # where it fits on the last line beside the pointer to the report (textwrap refuses
+                # a longer placeholder), and where it is the one reason's (not one input's of several)
+                fits = len("       ") + 4 + len(f" ... -> {verdict} ({report} has it all)") <= width
                 out += wrapped(f"why: {it['reason']}", indent="       ", max_lines=3,
-                               ending=f" -> {verdict}" if 0 < len(verdict) <= width // 2 else "")
+                               ending=f" -> {verdict}" if verdict and "; " not in verdict and fits else "")
         if len(nodes) < len(ranked):
             out.append(f"  ... {len(ranked) - len(nodes)} more of the top {len(ranked)} cost less than a tenth of the "
                        f"worst node's loss ({report or '--ptq-report=FILE.html'} lists them)")

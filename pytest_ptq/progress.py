@@ -58,7 +58,7 @@ class Progress:
             return
         if self.tty:
             self.stream.write("\n")
-        elif exc[0] is None and (self._last_pct >= 0 or time.perf_counter() - self.start > LOG_AFTER):
+        elif exc[0] is None and (self._last_pct >= 0 or self.announce or time.perf_counter() - self.start > LOG_AFTER):
             elapsed = time.perf_counter() - self.start
             count = self.done if self.open else f"{self.done}/{self.total}"
             self.stream.write(f"{self.desc}: {count} done, {elapsed:.1f}s elapsed\n")

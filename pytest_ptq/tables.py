@@ -49,11 +49,18 @@ def warning_lines(text, fix="", head="warning: ", fix_head="  fix: ", width=None
         lines = [head + first, *(f"  - {m}" for m in more), *([fix_head + fix] if fix else [])]
     if width is None:
         return lines
+    import re
     import textwrap
 
-    return [part for line in lines for part in textwrap.wrap(
-        line, width=width, subsequent_indent=" " * (len(line) - len(line.lstrip(" -")) + 4),
-        break_long_words=False, break_on_hyphens=False) or [line]]
+    out = []
+    for line in lines:
+        # a command in backticks stays on one line, to be copied whole from a log
+        kept = re.sub(r"`[^`]*`", lambda m: m.group(0).replace(" ", "\0"), line)
+        lead = 4 if line.startswith("  - ") else len(line) - len(line.lstrip(" "))
+        out += [part.replace("\0", " ") for part in textwrap.wrap(
+            kept, width=width, subsequent_indent=" " * (lead + 4), break_long_words=False,
+            break_on_hyphens=False)] or [line]
+    return out
 
 
 def threshold_text(t):

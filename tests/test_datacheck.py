@@ -482,3 +482,11 @@ def test_a_float_attention_mask_without_padding_is_no_blank_input(tmp_path):
     # a blank input among real ones is still one
     blank = dict(data, x=[*data["x"][:3], np.zeros((1, 8, 4), np.float32)])
     assert [f.input for f in check_data(tmp_path / "q.onnx", blank).findings if f.check == "constant"] == ["x"]
+
+
+def test_blank_images_of_zeros_and_ones_are_still_told(net):
+    """Images hold 0/1 too where they are blank: the mask exemption hid a set of white images."""
+    white = [np.ones((1, 3, 16, 16), np.float32) for _ in range(4)]
+    white[2] = np.zeros((1, 3, 16, 16), np.float32)
+    told = [f for f in check_data(str(net["qdq"]), {"x": white}).findings if f.check == "constant"]
+    assert [f.severity for f in told] == ["info"] and "wrong for an image" in told[0].message, told

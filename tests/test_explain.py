@@ -347,6 +347,11 @@ def test_terminal_lines_point_at_a_report_only_when_one_is_written(planted):
     # a reason cut short keeps what to do, which comes last
     d.nodes[0]["reason"] = "a long tail of words " * 30 + "-> per-channel weights"
     cut = " ".join("\n".join(d.lines(width=80, report="r.html")).split())
+    # beside a report whose name leaves the conclusion no room, the reason is cut plainly (a
+    # placeholder wider than the line stopped the whole diagnosis)
+    long_report = "nightly_full_suite_quantization_report_of_every_model.html"
+    assert f"... ({long_report} has it all)" in " ".join("\n".join(d.lines(width=118, report=long_report)).split())
+    assert "... (the report has it all)" in "\n".join(d.lines(width=80, report="r" * 80 + ".html"))
     assert "... -> per-channel weights (r.html has it all)" in cut, cut
     assert "(r.html lists them)" in with_report
     # a name longer than the line stays whole: cut in two, it was copied wrong into a fix

@@ -262,5 +262,8 @@ def test_check_data_refuses_what_loading_refuses_beyond_a_float16_input(tmp_path
     assert [f.severity for f in dtype] == ["error"], dtype
     assert "reach -" in dtype[0].message and "..100000, beyond the float16 the model takes (-65504..65504)" in \
         dtype[0].message
+    narrow = [x.astype(ml_dtypes.bfloat16) for x in xs]  # read as float32, then refused alike
+    dtype = [f for f in check_data(model, {"x": narrow}).findings if f.check == "dtype"]
+    assert [f.severity for f in dtype] == ["error"] and "samples are bfloat16 and reach" in dtype[0].message, dtype
     fine = [f for f in check_data(model, {"x": _samples()}).findings if f.check == "dtype"]
     assert [f.severity for f in fine] == ["info"] and "converted to float16 on load" in fine[0].message

@@ -55,6 +55,16 @@ def test_work_past_its_estimate_shows_no_time_left_and_a_line_a_minute(clock):
     assert lines[-1] == "search: 400/400 done, 400.0s elapsed"
 
 
+def test_work_announced_at_its_start_says_when_it_is_done(clock):
+    """An announced start ("...: started") of work under five seconds had no end."""
+    out = io.StringIO()
+    with Progress(4, "re-quantizing", stream=out, announce=True) as bar:
+        for _ in range(4):
+            clock[0] += 0.5
+            bar.advance()
+    assert out.getvalue().splitlines() == ["re-quantizing: started", "re-quantizing: 4/4 done, 2.0s elapsed"]
+
+
 def test_short_runs_and_failures_print_nothing(clock):
     assert _logged(clock, 10, "quick", 0.1) == ""
     out = io.StringIO()

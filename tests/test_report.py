@@ -793,3 +793,18 @@ class _Ranking(dict):
     def __init__(self, sens, top):
         super().__init__({n: sens[n] if n in sens else {"cosine-similarity": 0.5} for n in top})
         self.samples = sens.samples
+
+
+def test_a_wrapped_warning_keeps_its_command_on_one_line():
+    """The summary wraps its warnings; a command in backticks was cut over two lines, and a
+    copy from a CI log no longer ran. A cause starting with a minus keeps its indent."""
+    from pytest_ptq.tables import warning_lines
+
+    command = "ptq-debug stages models/det_float.onnx models/det_qdq.onnx data/calibration_images"
+    lines = warning_lines("the file runs otherwise\n-1.5 dB on a path that goes on and on and on and on and on",
+                          f"measure it (`{command}`) first", "warning: m.onnx: ", width=60)
+    assert any(f"`{command}`" in x for x in lines), lines
+    assert all(len(x) <= 60 for x in lines if "`" not in x), lines
+    cause = [x for x in lines if x.startswith("  - -1.5")]
+    assert cause and lines[lines.index(cause[0]) + 1].startswith(" " * 8 + "on"), lines
+
