@@ -135,14 +135,15 @@ class Diagnosis(JsonResult):
 
     def lines(self, top=None, width=SUMMARY_WIDTH, report=None):
         """Plain text lines: the verdict, the ranked nodes with their reasons, the fix.
-        ``report``: the HTML report being written, if any: there a node's reason is cut to two
-        lines and the nodes left out are found; without one, everything is printed."""
+        ``report``: the HTML report being written, if any: there a node's reason is cut to three
+        lines, its conclusion kept, and the nodes left out are found; without one, everything is
+        printed."""
         import textwrap
 
         def wrapped(text, indent="  ", first=None, max_lines=None, ending=""):
-            placeholder = f" ...{ending} ({report} has it all)"
-            if len(indent) + 4 + len(placeholder) > width:  # textwrap refuses a placeholder wider than a line
-                placeholder = " ... (the report has it all)"
+            # the fullest pointer to the report that fits a line (textwrap refuses a wider one)
+            pointers = (f" ...{ending} ({report} has it all)", f" ... ({report} has it all)")
+            placeholder = next((p for p in pointers if len(indent) + 4 + len(p) <= width), " ... (the report has it all)")
             return textwrap.wrap(text, width=width, initial_indent=first if first is not None else indent,
                                  subsequent_indent=indent + "    ", break_on_hyphens=False,
                                  break_long_words=False,  # a node name cut in two cannot be copied
@@ -175,12 +176,10 @@ class Diagnosis(JsonResult):
             elif it.get("reason"):
                 told[it["reason"]] = it["node"]
                 # cut short, a reason keeps its conclusion (what to do), which comes last
+                # (the one reason's: not one input's of several)
                 verdict = it["reason"].rpartition(" -> ")[2] if " -> " in it["reason"] else ""
-                # where it fits on the last line beside the pointer to the report (textwrap refuses
-                # a longer placeholder), and where it is the one reason's (not one input's of several)
-                fits = len("       ") + 4 + len(f" ... -> {verdict} ({report} has it all)") <= width
                 out += wrapped(f"why: {it['reason']}", indent="       ", max_lines=3,
-                               ending=f" -> {verdict}" if verdict and "; " not in verdict and fits else "")
+                               ending=f" -> {verdict}" if verdict and "; " not in verdict else "")
         if len(nodes) < len(ranked):
             out.append(f"  ... {len(ranked) - len(nodes)} more of the top {len(ranked)} cost less than a tenth of the "
                        f"worst node's loss ({report or '--ptq-report=FILE.html'} lists them)")
