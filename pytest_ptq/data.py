@@ -178,7 +178,7 @@ class CalibrationData:
                 # astype would wrap integers around, or make floats beyond a narrower float's range
                 # infinite, silently: the model would read other values
                 if arr.size and arr.dtype.kind in "iuf" and arr.dtype.kind == np.dtype(dtype).kind:
-                    info = np.finfo(dtype) if arr.dtype.kind == "f" else np.iinfo(dtype)
+                    info = type_info(dtype)
                     finite = arr[np.isfinite(arr)] if arr.dtype.kind == "f" else arr  # NaN/Inf: refused below
                     low, high = (finite.min(), finite.max()) if finite.size else (0, 0)
                     if low < info.min or high > info.max:
@@ -231,6 +231,11 @@ def _check_shape(name, where, shape, dt, dims, dtype, role):
     if dtype is not None and np.dtype(dt).kind != np.dtype(dtype).kind:
         raise PTQError(f"{role} sample {where!r} for input {name!r} has dtype {np.dtype(dt)} but the "
                        f"model expects {np.dtype(dtype)}; convert it with astype before saving")
+
+
+def type_info(dtype):
+    """numpy's finfo or iinfo of a numeric ``dtype``: the values it holds (``.min``, ``.max``)."""
+    return np.finfo(dtype) if np.dtype(dtype).kind == "f" else np.iinfo(dtype)
 
 
 def extended_float(dtype):

@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from .channelwise import image_channel_axis
-from .data import NP_OF_ONNX, extended_float, load_data
+from .data import NP_OF_ONNX, extended_float, load_data, type_info
 from . import params
 from .errors import NonFinite, NotFloatEquivalent, NotQuantized, PTQError
 from .metrics import get_metric
@@ -243,7 +243,7 @@ def _layout(shape, spec):
 
 def _holds(dtype, lo, hi):
     """Whether numbers of ``dtype`` span ``lo``..``hi`` (the finite values seen)."""
-    info = np.finfo(dtype) if dtype.kind == "f" else np.iinfo(dtype)
+    info = type_info(dtype)
     return lo > hi or float(info.min) <= lo and hi <= float(info.max)
 
 
@@ -436,7 +436,7 @@ def _data_findings(stats, specs, dataset, unscanned=0):
             elif want.kind in "iuf" and (np.dtype(np.float32) if extended_float(got) else got).kind == want.kind \
                     and not _holds(want, st.lo, st.hi):
                 # the analyses refuse such samples (a cast would make them infinite or wrap them)
-                info = np.finfo(want) if want.kind == "f" else np.iinfo(want)
+                info = type_info(want)
                 out.append(Finding("dtype", "error", f"samples are {got} and reach {st.lo:g}..{st.hi:g}, beyond the "
                                    f"{want} the model takes ({float(info.min):g}..{float(info.max):g})",
                                    "check the preprocessing (its scale)", name, dataset))

@@ -426,9 +426,9 @@ class PTQSession:
 
     def _few_samples(self, analysis):
         """A sentence where the model's output or accuracy checks judged it on fewer calibration
-        samples than a calibration set should hold (:data:`~pytest_ptq.datacheck.FEW_SAMPLES`)
+        samples than a calibration set should hold (:data:`~pytest_ptq.params.FEW_SAMPLES`)
         with no held-out data: a pass there says little of other data. None otherwise."""
-        from .datacheck import FEW_SAMPLES
+        from .params import FEW_SAMPLES
 
         judged = [r for r in self._results_of(analysis.key.id) if r.kind in ("outputs", "accuracy")
                   and r.holdout is None and 0 < r.samples < FEW_SAMPLES]
