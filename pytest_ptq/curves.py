@@ -16,7 +16,7 @@ import numpy as np
 from . import params
 from .errors import PTQError, shown, unknown
 from .figures import drawing, file_stem, metric_label, pyplot, save_figure
-from .metrics import get_metric, get_metrics
+from .metrics import Reference, Scratch, get_metric, get_metrics
 from .outputs import parse_outputs
 from .progress import Progress
 from .results import JsonResult, read_from
@@ -124,11 +124,15 @@ def get_acc_error(engine, configs, metric="cosine-similarity", data_num=None, lo
     def fresh(names):
         return {t: [m.new() for _ in views.get(t, whole)] for t in names}
 
-    def update(st, values, ref):
+    scratch = Scratch()
+
+    def update(st, values, ref, prepared):
         for t, v in values.items():
             if t in st:
-                for take, one in zip(views.get(t, whole), st[t]):
-                    m.update(one, take(ref[t]), take(v))
+                if t not in prepared:  # every config of a part compares with the same references
+                    prepared[t] = [Reference(take(ref[t]), scratch) for take in views.get(t, whole)]
+                for r, take, one in zip(prepared[t], views.get(t, whole), st[t]):
+                    m.update(one, r, take(v))
 
     def worst(st):
         return m.worst([m.value(one) for one in st])
@@ -139,11 +143,12 @@ def get_acc_error(engine, configs, metric="cosine-similarity", data_num=None, lo
     with Progress(len(indices) * engine.probe_parts(probed), "error curves", enabled=progress) as bar:
         for _, parts in engine.probes(indices, list(configs.values()), probed, local):
             for ref, local_vals, outs in parts:
+                prepared = {}
                 if local:
-                    update(local_states, local_vals, ref)
+                    update(local_states, local_vals, ref, prepared)
                 local_vals.clear()  # gone before the configs' runs add theirs
                 for label, out in zip(configs, outs):
-                    update(states[label], out, ref)
+                    update(states[label], out, ref, prepared)
                     out.clear()
                 bar.advance()
     values = {label: [worst(st[t]) for t in tensors] for label, st in states.items()}

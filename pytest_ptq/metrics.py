@@ -54,10 +54,56 @@ def _dot(a, b):
     return float(np.einsum("i,i->", a, b))
 
 
+class Scratch:
+    """Two float64 buffers, grown as needed, that a loop comparing many tensors widens each
+    pair into: a fresh array per comparison cost more in page faults than the sums it fed
+    (1.06 ms against 0.4 ms per cosine of a 265,000-value output). Owned by one loop, never
+    kept past it."""
+
+    def __init__(self):
+        self._buffers = (np.empty(0), np.empty(0))
+
+    def pair(self, ref, test):
+        """``(ref, test)`` as flat float64 views into the buffers, valid until the next call."""
+        ref, test = np.asarray(ref), np.asarray(test)
+        if ref.size != test.size:  # copyto would broadcast a single value over the reference
+            raise ValueError(f"a reference of {ref.size} values compared with a tensor of {test.size}")
+        if self._buffers[0].size < ref.size:
+            self._buffers = (np.empty(ref.size), np.empty(ref.size))
+        r, t = (b[:ref.size] for b in self._buffers)
+        np.copyto(r, ref.reshape(-1))
+        np.copyto(t, test.reshape(-1))
+        return r, t
+
+
+class Reference:
+    """A float reference that many tensors are compared with (a ranking compares every
+    config's output with one sample's): the sums of it alone that metrics need are
+    computed once, and the pairs are widened in ``scratch`` (a :class:`Scratch`). Pass it as
+    a metric's ``ref``; it holds ``array``, not a copy."""
+
+    __slots__ = ("array", "scratch", "sums")
+
+    def __init__(self, array, scratch):
+        self.array, self.scratch, self.sums = np.asarray(array), scratch, {}
+
+
 def _pair(ref, test):
+    if isinstance(ref, Reference):
+        return ref.scratch.pair(ref.array, test)
     r = np.asarray(ref, dtype=np.float64).ravel()
     t = np.asarray(test, dtype=np.float64).ravel()
     return r, t
+
+
+def _of_ref(ref, key, compute):
+    """``compute()``, a sum of the reference alone: kept on a :class:`Reference`, the same
+    for every tensor compared with it."""
+    if not isinstance(ref, Reference):
+        return compute()
+    if key not in ref.sums:
+        ref.sums[key] = compute()
+    return ref.sums[key]
 
 
 class Cosine(Metric):
@@ -66,7 +112,7 @@ class Cosine(Metric):
 
     def update(self, s, ref, test):
         r, t = _pair(ref, test)
-        s += (_dot(r, t), _dot(r, r), _dot(t, t))
+        s += (_dot(r, t), _of_ref(ref, "rr", lambda: _dot(r, r)), _dot(t, t))
 
     def value(self, s):
         if not np.isfinite(s).all():
@@ -98,7 +144,7 @@ class MRE(Metric):
 
     def update(self, s, ref, test):
         r, t = _pair(ref, test)
-        s += (np.abs(t - r).sum(), np.abs(r).sum())
+        s += (np.abs(t - r).sum(), _of_ref(ref, "|r|", lambda: np.abs(r).sum()))
 
     def value(self, s):
         if not np.isfinite(s).all():
@@ -114,8 +160,9 @@ class SQNR(Metric):
 
     def update(self, s, ref, test):
         r, t = _pair(ref, test)
+        rr = _of_ref(ref, "rr", lambda: _dot(r, r))
         d = t - r
-        s += (_dot(r, r), _dot(d, d))
+        s += (rr, _dot(d, d))
 
     def value(self, s):
         if not np.isfinite(s).all():
@@ -160,7 +207,7 @@ class KL(Metric):
     doc = "KL(softmax(ref) || softmax(test)) over the last axis, mean over rows, in nats"
 
     def update(self, s, ref, test):
-        r = np.asarray(ref, dtype=np.float64)
+        r = np.asarray(ref.array if isinstance(ref, Reference) else ref, dtype=np.float64)
         t = np.asarray(test, dtype=np.float64)
         if r.ndim == 0:
             r, t = r.reshape(1, 1), t.reshape(1, 1)

@@ -14,7 +14,7 @@ from pathlib import Path
 from . import __version__, params
 from .engine import engine_for
 from .errors import FLOAT_MODEL_OPTION, PTQError, shown, unknown
-from .metrics import get_metrics
+from .metrics import Reference, Scratch, get_metrics
 from .model.formats import SHAPE_ONLY
 from .outputs import parse_outputs
 from .progress import Progress
@@ -220,16 +220,25 @@ def score_configs(engine, configs, metrics, specs, indices, progress=None, alter
     pooled = {label: {(s.name, m.name): m.new() for s in specs for m in metrics} for label in configs}
     per_sample = {label: {m.name: [] for m in metrics} for label in configs}
     groups = engine.batches(indices, tensors)
+    scratch, prepared = Scratch(), {}
+
+    def references(group, count):
+        # one group's at a time: in a sample-major loop every config compares with them
+        if group not in prepared:
+            prepared.clear()
+            ref = engine.reference(group, tensors)
+            prepared[group] = [{s.name: Reference(s.take(one[s.tensor]), scratch) for s in specs}
+                               for one in (split(ref, count) if count > 1 else [ref])]
+        return prepared[group]
 
     def score(label, group, out):
         count = len(group) if isinstance(group, tuple) else 1
-        refs = split(engine.reference(group, tensors), count) if count > 1 else [engine.reference(group, tensors)]
-        for ref, got in zip(refs, split(out, count) if count > 1 else [out]):
+        for ref, got in zip(references(group, count), split(out, count) if count > 1 else [out]):
             for m in metrics:
                 sample_vals = []
                 for s in specs:
                     one = m.new()
-                    m.update(one, s.take(ref[s.tensor]), s.take(got[s.tensor]))
+                    m.update(one, ref[s.name], s.take(got[s.tensor]))
                     m.merge(pooled[label][(s.name, m.name)], one)
                     sample_vals.append(m.value(one))
                 per_sample[label][m.name].append(m.worst(sample_vals))

@@ -22,7 +22,7 @@ import math
 
 from .curves import configs_from
 from .data import load_data
-from .metrics import get_metric
+from .metrics import Reference, Scratch, get_metric
 from .results import JsonResult
 from .tables import short
 
@@ -140,15 +140,17 @@ def score(engine, data, specs, metric, configs, count=None, indices=None):
     own = data is None
     if indices is None:
         indices = range((count or len(engine.data)) if own else len(data))
+    scratch = Scratch()
     for i in indices:
         if own:
             ref, outs = engine.reference(i, tensors), engine.run_many(i, [(q, ()) for q in configs.values()], tensors)
         else:  # held-out samples: the float run first, from the same prefix
             outs = engine.run_many(data.sample(i), [((), ())] + [(q, ()) for q in configs.values()], tensors)
             ref = next(outs)
+        prepared = {s.name: Reference(s.take(ref[s.tensor]), scratch) for s in specs}
         for label, out in zip(configs, outs):
             for s in specs:
-                metric.update(states[label][s.name], s.take(ref[s.tensor]), s.take(out[s.tensor]))
+                metric.update(states[label][s.name], prepared[s.name], s.take(out[s.tensor]))
     return {label: metric.worst([metric.value(st) for st in per.values()]) for label, per in states.items()}
 
 

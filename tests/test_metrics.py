@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from pytest_ptq.errors import PTQError
-from pytest_ptq.metrics import METRICS, compare, get_metrics
+from pytest_ptq.metrics import METRICS, Reference, Scratch, compare, get_metrics
 
 
 def _log_softmax(a):
@@ -59,6 +59,32 @@ def test_pooled_over_updates_equals_the_concatenation(name):
     one, two = compare(r1, t1, [name])[name], compare(r2, t2, [name])[name]
     if name not in ("chebyshev",):
         assert m.value(state) != pytest.approx((one + two) / 2, rel=1e-6)
+
+
+@pytest.mark.parametrize("name", sorted(NUMPY))
+def test_a_prepared_reference_gives_each_tensor_its_own_numpy_value(name):
+    # one reference compared with several tensors of other sizes' scratch, as a ranking does:
+    # the sums kept for the reference must not carry one tensor's figures into the next
+    m = get_metrics(name)[0]
+    scratch = Scratch()
+    small = Reference(_pair(3, (2, 5))[0], scratch)
+    ref, _ = _pair(4)
+    prepared = Reference(ref[:, 1:, ::2], scratch)  # a view, not contiguous
+    for seed in (5, 6, 7):
+        _, test = _pair(seed)
+        test = test[:, 1:, ::2]
+        m.update(m.new(), small, _pair(seed, (2, 5))[1])  # the shared buffers hold another pair between
+        state = m.new()
+        m.update(state, prepared, test)
+        expected = NUMPY[name](ref[:, 1:, ::2].astype(np.float64), test.astype(np.float64))
+        assert m.value(state) == pytest.approx(expected, rel=1e-9)
+    assert ref[:, 1:, ::2].tolist() == prepared.array.tolist()  # the reference itself is untouched
+
+
+def test_a_prepared_reference_refuses_a_tensor_of_another_size():
+    m = get_metrics("cosine-similarity")[0]
+    with pytest.raises(ValueError, match="6 values compared with a tensor of 1"):
+        m.update(m.new(), Reference(np.ones(6, np.float32), Scratch()), np.ones(1, np.float32))
 
 
 def test_correlation_pools_far_from_zero_without_cancelling():

@@ -11,6 +11,7 @@ import time
 import numpy as np
 
 from ..errors import PTQError, raised_by_user
+from ..metrics import Reference, Scratch
 
 
 class OutOfTime(Exception):
@@ -146,13 +147,15 @@ class Scorer:
         m = self.metric
         states = {k: {s.name: m.new() for s in self.specs} for k in keys}
         configs = {k: config(self.engine, k) for k in keys}
+        scratch = Scratch()
         for i in self.part.indices:
             ref = self.engine.reference(i, self.tensors)
+            prepared = {s.name: Reference(s.take(ref[s.tensor]), scratch) for s in self.specs}
             for k, out in zip(keys, self.engine.run_many(i, [configs[k] for k in keys], self.tensors)):
                 if clock is not None:
                     clock.check()
                 for s in self.specs:
-                    m.update(states[k][s.name], s.take(ref[s.tensor]), s.take(out[s.tensor]))
+                    m.update(states[k][s.name], prepared[s.name], s.take(out[s.tensor]))
         for k in keys:
             self.states[k] = states[k]
             self.memo[k] = m.worst([m.value(st) for st in states[k].values()])
