@@ -96,9 +96,10 @@ def runall(model_or_file, calibrated_data=None, save_dir="ptq_debug_runall", met
     Samples: ``data_num`` limits every step to the first N samples. The rankings score every
     node on ``rank_samples`` of them (an int, or "all"); by default (with neither given) on as
     many as ``time_budget`` seconds allow (default: what ranking 6 samples takes, measured on
-    the first, at most 60 s), at least two, and then confirm the top 10 of each
+    the first, at most 60 s), at least two (from four, every node on half of them and the top
+    quarter of each ranking on three times as many), and then confirm the top 10 of each
     ranking on every sample (see :mod:`~pytest_ptq.screening`); distributions and curves use
-    the ranking's samples, the weights/activations verdict every sample.
+    the samples every node was ranked on, the weights/activations verdict every sample.
 
     ``cache``: a :class:`~pytest_ptq.cache.ResultCache`, or a folder, that keeps each
     step's results between runs (plots are drawn again from them).

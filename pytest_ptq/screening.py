@@ -11,6 +11,17 @@ exact over every sample (pooled as any ranking pools them) and they are re-order
 the rest keep their values on the screening samples. The bootstrap of the confirmed nodes'
 per-sample values (:func:`~pytest_ptq.confidence.ranking_confidence`) says whether their top
 order holds.
+
+Where the budget chose 4 samples or more, it is spent narrowing: every node on half of them,
+the top quarter of each ranking (at least 3 times ``confirm`` nodes) on three times as many,
+the top ``confirm`` on all. A node's error is often made by a few samples of its own, which
+few samples miss whichever they are. Simulated from every node's values on every sample
+over 30 orders of the data, the top 10 this confirms held more of the loss of the all-sample
+top 10 than every node on the budget's 6 samples did, in fewer runs: PP-OCRv4's recogniser
+(32 samples) activations 0.879 against 0.877 of it on average, weights 0.978 against
+0.956, in 0.77 of the runs; the classifier (96) 0.94 against 0.84 and 0.993 against 0.979,
+in 0.90; the detector (48, not used to choose the shares) 0.917 against 0.877 and 0.966
+against 0.936, in 0.79.
 """
 
 from __future__ import annotations
@@ -34,6 +45,11 @@ from .sensitivity import Sensitivity, describe, merge_scores, ranked, score_conf
 DEFAULT_BUDGET_S = 60.0
 DEFAULT_BUDGET_SAMPLES = 6
 DEFAULT_CONFIRM = 10
+# narrowing (module docstring): the share of each ranking scored on NARROW_MORE times the
+# samples every node was, and never fewer nodes than NARROW_MIN times those confirmed
+NARROW_SHARE = 0.25
+NARROW_MORE = 3
+NARROW_MIN = 3
 
 
 @dataclasses.dataclass
@@ -55,17 +71,23 @@ class Screening:
 
     def to_dict(self):
         return {"text": self.text(), "samples": self.samples, "of": self.of, "budget_s": self.budget_s, "confirmed": self.confirmed,
+                "narrowed": dict(self.narrowed), "narrowed_samples": self.narrowed_samples,
                 "seconds": round(self.seconds, 3), "reordered": dict(self.reordered),
                 "confidence": {t: {"stable": c.stable, "top_k": c.top_k, "top_k_set_frequency": c.top_k_set_frequency,
                                    "message": c.message} for t, c in self.confidence.items()}}
 
+    narrowed: dict = dataclasses.field(default_factory=dict)  # {type: nodes scored on narrowed_samples}
+    narrowed_samples: int = 0
+
     def text(self):
-        """One sentence: how many samples ranked, how many confirmed the top."""
+        """One sentence: how many samples ranked, how many the top was narrowed on and confirmed."""
         if self.samples >= self.of:
             return f"rankings on all {self.of} sample(s)"
         budget = f" (what a {self.budget_s:.3g} s budget allows)" if self.budget_s is not None else ""
-        return (f"rankings on {self.samples} of {self.of} samples{budget}, the top {self.confirmed} of each "
-                f"confirmed on all {self.of}")
+        narrowed = (f", the top {' and '.join(f'{n} {t}' for t, n in self.narrowed.items())} nodes on "
+                    f"{self.narrowed_samples}" if self.narrowed else "")
+        return (f"rankings on {self.samples} of {self.of} samples{budget}{narrowed}, the top {self.confirmed} of "
+                f"each confirmed on all {self.of}")
 
 
 def samples_within(budget_s, first_s, total, min_samples, confirm_share):
@@ -127,26 +149,45 @@ def screen(engine, node_types, metric_objs, specs, indices, budget_s=None, rank_
                     else samples_within(budget_s, first_s, total, min_samples, share))
         top = {}
         confirm_configs = {}
+        counts = {t: sum(tt == t for tt, _ in configs) for t in node_types}
+        keep = {t: min(n, max(NARROW_MIN * confirm, math.ceil(NARROW_SHARE * n))) for t, n in counts.items()}
+        k, wide = _narrowing(k, total, keep, counts) if rank_samples is None and not one_pass else (k, k)
+        narrowed = wide > k
         if k < total:
-            # the bar now counts what is left for sure: the screening samples, then the confirmation
-            bar.total = k * len(configs) + (total - k) * min(len(configs), confirm * len(node_types))
+            # the bar now counts what is left for sure: the screening samples, the narrowing, the confirmation
+            bar.total = (k * len(configs) + (wide - k) * (sum(keep.values()) if narrowed else len(configs))
+                         + (total - wide) * min(len(configs), confirm * len(node_types)))
         # spread over the data, the first included (scored already): the first k of data stored
-        # in order (crops of one page) may all miss what the rest shows
-        chosen = [indices[j] for j in spread(total, k)]
-        scored = set(chosen)
-        others = [i for i in indices if i not in scored]
+        # in order (crops of one page) may all miss what the rest shows; the narrowing's
+        # samples hold the screening's
+        wider = [indices[j] for j in spread(total, wide)]
+        chosen = [wider[j] for j in spread(wide, k)]
+        others = [i for i in indices if i not in set(wider)]
         rest = score_configs(engine, configs, metric_objs, specs, chosen[0 if one_pass else 1:], bar)
         scores = rest if one_pass else merge_scores(scores, rest, metric_objs)
         by_type = {t: {name: scores[(t, name)] for (tt, name) in configs if tt == t} for t in node_types}
         sens = {t: ranked(engine, by_type[t], metric_objs, specs, k, t,
                           lambda name, t=t: describers[(t, name)]) for t in node_types}
-        if k < total:
+        layers = {t: [] for t in node_types}  # narrower rankings over the screening's, widest samples first
+        if narrowed:
+            near = {(t, name): configs[(t, name)] for t in node_types for name in list(sens[t])[:keep[t]]}
+            more = score_configs(engine, near, metric_objs, specs, [i for i in wider if i not in set(chosen)], bar)
             for t in node_types:
-                top[t] = list(sens[t])[:confirm]
+                # merged into the screening's states: confirming adds the rest of the samples to them
+                exact = merge_scores({name: scores[(tt, name)] for tt, name in near if tt == t},
+                                     {name: more[(tt, name)] for tt, name in near if tt == t}, metric_objs)
+                layer = ranked(engine, exact, metric_objs, specs, wide, t, lambda name, t=t: describers[(t, name)])
+                if keep[t] < counts[t]:
+                    layers[t].append(layer)
+                else:  # every node of the type: the whole ranking is on the wider samples
+                    sens[t] = layer
+        if wide < total:
+            for t in node_types:
+                top[t] = list((layers[t] or [sens[t]])[-1])[:confirm]
                 confirm_configs.update({(t, name): configs[(t, name)] for name in top[t]})
             more = score_configs(engine, confirm_configs, metric_objs, specs, others, bar)
     confidence, reordered = {}, {}
-    if k < total:
+    if wide < total:
         for t in node_types:
             exact = merge_scores({name: scores[(t, name)] for name in top[t]},
                                  {name: more[(t, name)] for name in top[t]}, metric_objs)
@@ -154,21 +195,36 @@ def screen(engine, node_types, metric_objs, specs, indices, budget_s=None, rank_
             reordered[t] = list(confirmed) != top[t]
             if len(confirmed) > 1:
                 confidence[t] = ranking_confidence(confirmed, k=min(5, len(confirmed)), annotate=False)
-            sens[t] = _with_confirmed(sens[t], confirmed, k)
+            layers[t].append(confirmed)
+    sens = {t: _layered(sens[t], layers[t][::-1]) if layers[t] else sens[t] for t in node_types}
     return sens, Screening(samples=k, of=total, budget_s=budget_s if rank_samples is None else None,
-                           confirmed=confirm if k < total else 0, seconds=time.perf_counter() - start,
-                           confidence=confidence, reordered=reordered, indices=tuple(chosen))
+                           confirmed=confirm if wide < total else 0, seconds=time.perf_counter() - start,
+                           confidence=confidence, reordered=reordered, indices=tuple(chosen),
+                           narrowed=keep if narrowed else {}, narrowed_samples=wide if narrowed else 0)
 
 
-def _with_confirmed(screened, confirmed, samples):
-    """``screened`` with the ``confirmed`` nodes first, in their order and with their values
-    over every sample; each entry's ``details["samples"]`` says which it has."""
+def _narrowing(k, total, keep, counts):
+    """``(samples every node is scored on, samples the top ``keep`` of each type are)`` for a
+    budget of ``k`` samples of every node (module docstring); ``(k, k)`` where half the budget
+    would leave a node a single sample, or narrowing scores every node anyway or reaches
+    every sample (confirming covers that)."""
+    first = math.ceil(k / 2)
+    wide = NARROW_MORE * first
+    if first < 2 or wide >= total or all(keep[t] >= counts[t] for t in counts):
+        return k, k
+    return first, wide
+
+
+def _layered(screened, layers):
+    """``screened`` (every node on its samples) with the nodes of each narrower ranking in
+    ``layers`` (most samples first: the confirmed, then the narrowed) first, in that
+    ranking's order and with its values; each entry's ``details["samples"]`` says which it has."""
     out = read_from(Sensitivity(node_type=screened.node_type, metrics=screened.metrics, outputs=screened.outputs,
-                                samples=samples, model=screened.model, confirmed=list(confirmed),
-                                confirmed_samples=confirmed.samples), inputs_of(screened))
-    for source, n in ((confirmed, confirmed.samples), (screened, samples)):
+                                samples=screened.samples, model=screened.model,
+                                confirmed=list(layers[0]), confirmed_samples=layers[0].samples), inputs_of(screened))
+    for source in [*layers, screened]:
         for name, values in source.items():
             if name not in out:
                 dict.__setitem__(out, name, values)
-                out.details[name] = {**source.details[name], "samples": n}
+                out.details[name] = {**source.details[name], "samples": source.samples}
     return out

@@ -132,8 +132,14 @@ class Sensitivity(dict):
         rows = [{**r, threshold: r["threshold"]} if "threshold" in r else r for r in self.rows()]
         table = format_table(rows, cols, limit)
         if self.confirmed:
-            table += (f"\n(the top {len(self.confirmed)} on all {self.confirmed_samples} samples; the rest ranked on "
-                      f"{self.samples})")
+            narrowed = {}  # the nodes between, scored on more samples than the rest (screening.py)
+            for name in self:
+                n = self.details.get(name, {}).get("samples")
+                if n not in (None, self.samples, self.confirmed_samples):
+                    narrowed[n] = narrowed.get(n, 0) + 1
+            between = "".join(f", the next {count} on {n}" for n, count in narrowed.items())
+            table += (f"\n(the top {len(self.confirmed)} on all {self.confirmed_samples} samples{between}; the rest "
+                      f"ranked on {self.samples})")
         broken = [n for n, v in self.items() if any(isinstance(x, float) and math.isnan(x) for x in v.values())]
         if broken:
             table += (f"\nnan: quantizing the node alone makes the model outputs non-finite (NaN or Inf), the worst "

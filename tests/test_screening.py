@@ -60,6 +60,42 @@ def test_confirmed_nodes_carry_their_all_sample_values_and_the_rest_their_screen
     assert again.confirmed == s.confirmed and again.confirmed_samples == SAMPLES
 
 
+def test_a_budget_of_four_samples_narrows_half_on_every_node_and_three_times_as_many_on_the_top(tmp_path,
+                                                                                              monkeypatch):
+    from pytest_ptq import screening
+
+    n = 12
+    setup = builders.narrow_conv_setup(tmp_path, n, seed=5)
+    monkeypatch.setattr(screening, "DEFAULT_BUDGET_SAMPLES", 4)
+    engine = Engine(setup["q"], setup["folder"])
+    sens, how = screen(engine, ["weight", "activation"], get_metrics(["cosine-similarity"]),
+                       parse_outputs(None, engine.qmodel), list(range(n)), confirm=1)
+    s, names = sens["activation"], list(sens["activation"])
+    assert len(names) > 3 and len(sens["weight"]) == 3
+    # every node on 2 samples (half the budget's 4), the top 3 of each type (three times those
+    # confirmed) on 6, spread over the data and holding the 2, the top 1 on all 12
+    assert (how.samples, how.narrowed, how.narrowed_samples, how.confirmed) == (2, {"weight": 3, "activation": 3}, 6, 1)
+    # all 3 weights are that top: their ranking is on 6 samples
+    weights = sens["weight"]
+    assert weights.samples == 6 and [weights.details[w]["samples"] for w in weights] == [12, 6, 6]
+    assert "(the top 1 on all 12 samples; the rest ranked on 6)" in weights.table()
+    assert how.indices == (0, 11)
+    feeds = setup["feeds"]
+    first = independent_sensitivity(setup["q"], [feeds[0], feeds[11]], names)
+    wide = independent_sensitivity(setup["q"], [feeds[i] for i in (0, 2, 4, 7, 9, 11)], names)
+    every = independent_sensitivity(setup["q"], feeds, names)
+    assert set(names[:3]) == set(sorted(first, key=first.get)[:3])
+    assert names[0] == min(names[:3], key=wide.get)
+    for group, values, samples in ((names[:1], every, n), (names[1:3], wide, 6), (names[3:], first, 2)):
+        for name in group:
+            assert s[name]["cosine-similarity"] == pytest.approx(values[name], abs=1e-5), name
+            assert s.details[name]["samples"] == samples
+    assert wide[names[1]] <= wide[names[2]] + 1e-9
+    assert "the top 1 on all 12 samples, the next 2 on 6; the rest ranked on 2" in s.table()
+    assert how.text() == (f"rankings on 2 of 12 samples (what a {how.budget_s:.3g} s budget allows), the top 3 "
+                          "weight and 3 activation nodes on 6, the top 1 of each confirmed on all 12")
+
+
 def test_ranking_on_every_sample_confirms_nothing(net):
     sens, how = _screen(net, rank_samples=SAMPLES)
     every = independent_sensitivity(net["model"], net["feeds"], list(sens["activation"]))

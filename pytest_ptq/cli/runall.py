@@ -32,7 +32,8 @@ def configure(p):
     p.add_argument("--axis", type=int, default=None, help="channel axis for the box plots. Default: inferred per node")
     p.add_argument("--rank-samples", type=a.argtype(params.rank_samples, "samples"), default=None,
                    metavar="N|all", help="samples the rankings score every node on. Default: as many as "
-                   "--time-budget allows (at least 2), then the top 10 of each confirmed on every sample; "
+                   "--time-budget allows (at least 2), from 4 of them every node on half, the top quarter of each "
+                   "ranking on three times as many, then the top 10 of each confirmed on every sample; "
                    "all the --data-num samples when --data-num is given")
     p.add_argument("--time-budget", type=a.seconds, default=None,
                    metavar="SECONDS", help=f"time the rankings may take when --rank-samples is not given. "
