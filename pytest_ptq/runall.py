@@ -482,7 +482,7 @@ def _spread_step(kind, loss, worst, samples, decided, suggest):
     suggest = shlex.join([*suggest, "--remedy", "int16"])
     wider = ("quantize_static(..., activation_type=QuantType.QUInt16)" if kind == "activation" else
              "per-channel weights where they are per tensor, else quantize_static(..., weight_type=QuantType.QInt16)")
-    on = f"on the {samples} calibration sample(s) the rankings used"
+    on = f"on the {samples} calibration sample(s) every node was ranked on"
     if loss < UNSEEN * decided:
         return (f"{kind} quantization alone loses {decided:.3g} where the verdict was decided but only {loss:.2g} "
                 f"{on}, and its worst node alone {worst:.2g}: those samples do not show the loss, so the {kind} "

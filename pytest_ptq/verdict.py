@@ -241,7 +241,7 @@ def three_configs(engine, specs, metric="cosine-similarity", heldout=None, ranki
         alone, _ = decide(few, m.name, weights_known)
         if alone != source:
             verdict.disagreement = (
-                f"on the {ranking_samples} sample(s) the rankings used, the verdict would be {alone!r} (weights only "
+                f"on the {ranking_samples} sample(s) every node was ranked on, the verdict would be {alone!r} (weights only "
                 f"{short(few[WEIGHT])}, activations only {short(few[ACTIVATION])}); on all {n} samples "
                 f"weights only is {short(values['calibration'][WEIGHT])} and activations only "
                 f"{short(values['calibration'][ACTIVATION])}: trust the verdict, and rank on more samples")

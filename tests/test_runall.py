@@ -597,7 +597,7 @@ def test_a_kind_loss_the_ranking_samples_do_not_show_is_said_so_on_their_own_fig
 
     step = v["next_steps"][0]
     assert step.startswith(f"activation quantization alone loses {loss(held):.3g} where the verdict was decided but "
-                           f"only {loss(calib):.2g} on the 4 calibration sample(s) the rankings used"), step
+                           f"only {loss(calib):.2g} on the 4 calibration sample(s) every node was ranked on"), step
     assert "those samples do not show the loss" in step
 
 

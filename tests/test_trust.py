@@ -113,6 +113,6 @@ def test_the_verdict_comes_from_every_sample_not_the_rankings_first(tmp_path):
     one = {k: v_[:1] for k, v_ in data.items()}
     w0 = _cos(_outputs(_bypassed(q, {"weight", "activation"}), one, "logits"),
               _outputs(_bypassed(q, {"activation"}), one, "logits"))
-    assert v["disagreement"].startswith("on the 1 sample(s) the rankings used, the verdict would be 'weight'")
+    assert v["disagreement"].startswith("on the 1 sample(s) every node was ranked on, the verdict would be 'weight'")
     assert f"weights only {w0:.5g}"[:18] in v["disagreement"]
     assert "trust the verdict" in (tmp_path / "out" / "summary.md").read_text()
