@@ -241,7 +241,7 @@ def _stages_command(engine):
 
 
 def _calibration_inputs(qm, node_type, name):
-    names = qm.normal[name].quantizers if node_type == "node" else [name]
+    names = qm.quantizing(name) if node_type == "node" else [name]
     return [c for c in names if qm.calibration[c].role != "bias"]
 
 

@@ -304,7 +304,7 @@ def _runall(engine, out, metrics, output_node, node_type, data_num, top, axis, p
     dist_nodes, box_nodes = [], []
     for t in types:
         for name in top_nodes[t]:
-            calib = qm.normal[name].quantizers if t == "node" else [name]
+            calib = qm.quantizing(name) if t == "node" else [name]
             if t == "node":
                 dist_nodes.append(name)
             for c in calib:
@@ -499,7 +499,7 @@ def _advise(engine, metric, kind, rank, name, sens, dist, boxes, curves):
     qm = engine.qmodel
     value = sens[name][metric]
     bad = badness(metric, value)
-    calib = qm.normal[name].quantizers if kind == "node" else [name]
+    calib = qm.quantizing(name) if kind == "node" else [name]
     tries, reasons, findings = [], [], []
     for c in calib:
         d, b = dist.get(c), boxes.get(c)
@@ -621,7 +621,7 @@ def _calibration(qm, items):
     calibration node itself."""
     if qm is None:
         return []
-    return [c for it in items for c in (qm.normal[it["node"]].quantizers if it["kind"] == "node" else [it["node"]])
+    return [c for it in items for c in (qm.quantizing(it["node"]) if it["kind"] == "node" else [it["node"]])
             if qm.calibration[c].role != "bias"]
 
 

@@ -39,9 +39,10 @@ def targets_for(engine, node_type, interested_nodes=None):
     params.node_type(node_type)
     if node_type == "node":
         # a Shape or Size reads only the shape of its quantized input: ranked, it would carry the
-        # figure of that input's pair (which its other readers carry already)
-        targets = {n.name: engine.gated(n.quantizers) for n in qm.normal.values()
-                   if n.quantizers and n.op_type not in SHAPE_ONLY}
+        # figure of that input's pair (which its other readers carry already); so would a Cast
+        # between float types (a float16 graph computing a Conv in float32), whose readers do
+        targets = {n.name: engine.gated(qm.quantizing(n.name)) for n in qm.normal.values()
+                   if n.op_type not in SHAPE_ONLY and not qm.passes_on(n.name) and qm.quantizing(n.name)}
     else:
         targets = {c.name: [c.name] for c in qm.of_kind(node_type) if c.bypassable}
     if interested_nodes is not None:
@@ -54,6 +55,9 @@ def targets_for(engine, node_type, interested_nodes=None):
                 chosen[name] = targets[name]
             elif name in qm.calibration and qm.calibration[name].kind == node_type:
                 raise stored_quantized(qm, f"weight {name!r}")
+            elif name in qm.normal and qm.passes_on(name):
+                raise PTQError(f"node {name!r} is a Cast between float types; its pairs quantize the nodes it feeds "
+                               f"({', '.join(map(repr, qm.through_casts([name])))}), which the ranking names: rank those")
             elif name in qm.normal and qm.normal[name].op_type in SHAPE_ONLY:
                 raise PTQError(f"node {name!r} ({qm.normal[name].op_type}) reads only the shape of its input, which "
                                "quantization does not change; rank the nodes that read its values")

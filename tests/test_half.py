@@ -163,6 +163,31 @@ def test_pairs_read_through_casts_are_the_nodes_they_quantize(tmp_path):
     assert not [w for w in r.warnings if "quantizes only" in w], r.warnings
 
 
+def test_an_operator_ranking_names_the_operators_pairs_reach_through_casts(tmp_path):
+    """A node ranking of the same model named the Casts that read the pairs (the Convs, read
+    through them, had no pairs of their own); each Conv now carries its pairs, with the value
+    of a model that keeps only those, run in a plain onnxruntime session."""
+    from test_plugin import keep_only, pooled_cosine
+
+    _, data, q16 = _mixed_precision(tmp_path)
+    qm = QuantModel(q16)
+    sens = dbg.get_sensitivity_of_nodes(str(q16), calibrated_data=data, node_type="node", progress=False)
+    ops = {name: qm.normal[name].op_type for name in sens}
+    assert [n for n, op in ops.items() if op == "Conv"] and not [n for n in ops if "cast_to_fp32" in n], ops
+    feeds = [{k: v[i] for k, v in data.items()} for i in range(6)]
+    ref = builders.run_model(keep_only(q16), feeds)
+    for conv in (n for n, op in ops.items() if op == "Conv"):
+        pairs = {c for c in qm.quantizing(conv) if qm.calibration[c].role != "bias"}
+        assert {qm.calibration[c].kind for c in pairs} == {"weight", "activation"}
+        got = builders.run_model(keep_only(q16, pairs), feeds)
+        want = pooled_cosine([r["prob"] for r in ref], [g["prob"] for g in got])
+        assert sens[conv]["cosine-similarity"] == pytest.approx(want, abs=1e-5), conv
+    cast = next(n for n in qm.normal if n.endswith("_Output_cast_to_fp32_node"))
+    with pytest.raises(PTQError, match=r"is a Cast between float types; its pairs quantize the nodes it feeds \('conv"):
+        dbg.get_sensitivity_of_nodes(str(q16), calibrated_data=data, node_type="node", interested_nodes=[cast],
+                                     progress=False)
+
+
 def test_a_requantization_that_quantizes_less_than_the_model_is_no_verification(tmp_path):
     """The model quantizes a Tanh's input, which quantize_static never does: re-quantizing
     its float model keeps two of its three activation pairs, and the remedy says its

@@ -711,6 +711,17 @@ class QuantModel:
                 out += self.quantizers_through_casts(self.producer[i].name)
         return list(dict.fromkeys(out))
 
+    def quantizing(self, name):
+        """The calibration nodes quantizing normal node ``name``: its inputs', directly or
+        through Casts between float types (:meth:`quantizers_through_casts`), then its model
+        outputs' (:attr:`NormalNode.quantizers`)."""
+        return list(dict.fromkeys([*self.quantizers_through_casts(name), *self.normal[name].calibration_outputs]))
+
+    def passes_on(self, name):
+        """Whether normal node ``name`` is a Cast between float types feeding normal nodes: its
+        pairs are theirs (:meth:`quantizing`), so an operator ranking names them, not it."""
+        return self._float_cast(name) and bool(self.through_casts([name]))
+
     def _qparams(self, node, qtype):
         where = f"node {node.name!r} of {self.source!r} "
         scale = self.constant(node.input[1]) if len(node.input) > 1 else None
@@ -1055,7 +1066,7 @@ class QuantModel:
             if name in self.calibration:
                 out.append(name)
             elif name in self.normal:
-                out.extend(self.normal[name].quantizers)
+                out.extend(self.quantizing(name))
             else:
                 parts = [p.strip() for p in name.split(",")]
                 if len(parts) > 1 and all(p in self.calibration or p in self.normal for p in parts):

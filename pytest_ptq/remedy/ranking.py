@@ -44,7 +44,7 @@ def given_ranking(ranking, metric, qm):
         if name not in qm.calibration and name not in qm.normal:
             raise unknown("node", name, sorted(qm.names()))
         normal = name not in qm.calibration
-        for n in qm.normal[name].quantizers if normal else [name]:
+        for n in qm.quantizing(name) if normal else [name]:
             if n not in entries:
                 entries[n] = None if normal or not isinstance(value, dict) else value.get(metric.name)
 
