@@ -5,16 +5,16 @@ Ranking every node costs one run per node per sample, so on 32 samples it costs 
 one sample. The order of the top nodes is what a user acts on, and it is settled on a few
 samples far more often than the tail's. So :func:`screen` scores every node on the first
 sample, measures what that took, scores as many further samples as fit in the budget
-(never fewer than ``min_samples``), spread evenly over the data, and then scores the top
-``confirm`` nodes of each ranking on the remaining samples. The confirmed nodes' values are
+(never fewer than ``min_samples``, but see narrowing below), spread evenly over the data,
+and then scores the top ``confirm`` nodes of each ranking on the remaining samples. The confirmed nodes' values are
 exact over every sample (pooled as any ranking pools them) and they are re-ordered by them;
 the rest keep their values on the screening samples. The bootstrap of the confirmed nodes'
 per-sample values (:func:`~pytest_ptq.confidence.ranking_confidence`) says whether their top
 order holds.
 
-Where the budget chose 4 samples or more, it is spent narrowing: every node on half of them,
-the top quarter of each ranking (at least 3 times ``confirm`` nodes) on three times as many,
-the top ``confirm`` on all. A node's error is often made by a few samples of its own, which
+Where the budget chose 4 samples or more, it is spent narrowing, where that costs no more
+runs: every node on half of them, the top quarter of each ranking (at least 3 times
+``confirm`` nodes) on three times as many, the top ``confirm`` on all. A node's error is often made by a few samples of its own, which
 few samples miss whichever they are. Simulated from every node's values on every sample
 over 30 orders of the data, the top 10 this confirms held more of the loss of the all-sample
 top 10 than every node on the budget's 6 samples did, in fewer runs: PP-OCRv4's recogniser
@@ -84,7 +84,8 @@ class Screening:
         if self.samples >= self.of:
             return f"rankings on all {self.of} sample(s)"
         budget = f" (what a {self.budget_s:.3g} s budget allows)" if self.budget_s is not None else ""
-        narrowed = (f", the top {' and '.join(f'{n} {t}' for t, n in self.narrowed.items())} nodes on "
+        named = {"node": "operator"}  # "the top 30 node nodes" read as a typo
+        narrowed = (f", the top {' and '.join(f'{n} {named.get(t, t)}' for t, n in self.narrowed.items())} nodes on "
                     f"{self.narrowed_samples}" if self.narrowed else "")
         return (f"rankings on {self.samples} of {self.of} samples{budget}{narrowed}, the top {self.confirmed} of "
                 f"each confirmed on all {self.of}")
@@ -110,8 +111,10 @@ def screen(engine, node_types, metric_objs, specs, indices, budget_s=None, rank_
     took times :data:`DEFAULT_BUDGET_SAMPLES`, at most :data:`DEFAULT_BUDGET_S`); the top
     ``confirm`` (default :data:`DEFAULT_CONFIRM`) nodes of each ranking are then scored on all of
     ``indices``, and where that is every node of each type, every node is ranked on all of them.
-    Rankings are worst first; the confirmed nodes come first, in their order over every sample,
-    each with ``details["samples"]``.
+    Samples chosen by the budget are spent narrowing where it pays (module docstring), which
+    scores every node on half of them. Rankings are worst first; the confirmed nodes come
+    first, in their order over every sample, then the narrowed ones, each with
+    ``details["samples"]``.
     """
     qm = engine.qmodel
     confirm = DEFAULT_CONFIRM if confirm is None else confirm
@@ -151,7 +154,7 @@ def screen(engine, node_types, metric_objs, specs, indices, budget_s=None, rank_
         confirm_configs = {}
         counts = {t: sum(tt == t for tt, _ in configs) for t in node_types}
         keep = {t: min(n, max(NARROW_MIN * confirm, math.ceil(NARROW_SHARE * n))) for t, n in counts.items()}
-        k, wide = _narrowing(k, total, keep, counts) if rank_samples is None and not one_pass else (k, k)
+        k, wide = _narrowing(k, total, keep, counts, confirm) if rank_samples is None and not one_pass else (k, k)
         narrowed = wide > k
         if k < total:
             # the bar now counts what is left for sure: the screening samples, the narrowing, the confirmation
@@ -200,17 +203,21 @@ def screen(engine, node_types, metric_objs, specs, indices, budget_s=None, rank_
     return sens, Screening(samples=k, of=total, budget_s=budget_s if rank_samples is None else None,
                            confirmed=confirm if wide < total else 0, seconds=time.perf_counter() - start,
                            confidence=confidence, reordered=reordered, indices=tuple(chosen),
-                           narrowed=keep if narrowed else {}, narrowed_samples=wide if narrowed else 0)
+                           narrowed={t: n for t, n in keep.items() if n} if narrowed else {},
+                           narrowed_samples=wide if narrowed else 0)
 
 
-def _narrowing(k, total, keep, counts):
+def _narrowing(k, total, keep, counts, confirm):
     """``(samples every node is scored on, samples the top ``keep`` of each type are)`` for a
     budget of ``k`` samples of every node (module docstring); ``(k, k)`` where half the budget
-    would leave a node a single sample, or narrowing scores every node anyway or reaches
-    every sample (confirming covers that)."""
+    would leave a node a single sample, narrowing reaches every sample (confirming covers
+    that), or it would cost more runs than every node on the ``k`` (types of a few dozen
+    nodes, whose top quarter is held up by the ``NARROW_MIN`` floor)."""
     first = math.ceil(k / 2)
     wide = NARROW_MORE * first
-    if first < 2 or wide >= total or all(keep[t] >= counts[t] for t in counts):
+    confirmed = sum(min(confirm, n) for n in counts.values())
+    narrowed = first * sum(counts.values()) + (wide - first) * sum(keep.values()) + (total - wide) * confirmed
+    if first < 2 or wide >= total or narrowed > k * sum(counts.values()) + (total - k) * confirmed:
         return k, k
     return first, wide
 

@@ -96,6 +96,28 @@ def test_a_budget_of_four_samples_narrows_half_on_every_node_and_three_times_as_
                           "weight and 3 activation nodes on 6, the top 1 of each confirmed on all 12")
 
 
+def test_narrowing_that_would_cost_more_runs_than_the_budget_counted_is_not_done(tmp_path, monkeypatch):
+    """Types of a few nodes each keep at least three times those confirmed on the wider
+    samples: narrowing them would cost more runs than every node on the budget's samples
+    (counted here as the runs made), so the budget's samples are every node's."""
+    from pytest_ptq import screening, sensitivity
+
+    n = 12
+    setup = builders.narrow_conv_setup(tmp_path, n, seed=5)
+    monkeypatch.setattr(screening, "DEFAULT_BUDGET_SAMPLES", 4)
+    engine = Engine(setup["q"], setup["folder"])
+    runs = []
+    real = sensitivity.score_configs
+    monkeypatch.setattr(screening, "score_configs",
+                        lambda e, configs, *a, **kw: runs.append(len(configs) * len(a[2])) or real(e, configs, *a, **kw))
+    _, how = screen(engine, ["weight", "activation"], get_metrics(["cosine-similarity"]),
+                    parse_outputs(None, engine.qmodel), list(range(n)), confirm=3)
+    # 3 weights and 10 activations: every node on 4 samples and the top 3 of each on the other 8
+    # is 4 * 13 + 8 * 6 = 100 runs; narrowing (2, then 3 and 9 nodes on 6) would be 110
+    assert (how.samples, how.narrowed, how.narrowed_samples) == (4, {}, 0)
+    assert sum(runs) == 100
+
+
 def test_ranking_on_every_sample_confirms_nothing(net):
     sens, how = _screen(net, rank_samples=SAMPLES)
     every = independent_sensitivity(net["model"], net["feeds"], list(sens["activation"]))
