@@ -84,7 +84,7 @@ def channel_axis(qm, c, shape, axis=None, value=None):
         raise PTQError(f"{what}, so it has no channel axis to infer; pass axis=0 (--axis 0) to "
                        "box-plot each element as a channel")
     if c.kind == "weight":
-        for n in c.consumers:
+        for n in qm.feeds(c.name):
             node = qm.normal.get(n)
             if node is None:
                 continue
@@ -101,7 +101,7 @@ def channel_axis(qm, c, shape, axis=None, value=None):
         # a broadcast operand of an elementwise op ([1, C, 1, 1], a mask [1, C, H, W]) leads
         # with size-1 axes: boxed along one, it shows one box and hides its outlier channels
         return next((k for k, n in enumerate(shape) if n != 1), 0)
-    ops = [qm.normal[n].op_type for n in c.consumers if n in qm.normal]
+    ops = [qm.normal[n].op_type for n in qm.feeds(c.name)]
     if c.producer in qm.normal:
         ops.append(qm.normal[c.producer].op_type)
     for op in ops:

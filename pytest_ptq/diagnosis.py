@@ -282,7 +282,7 @@ def _node(qm, sens, rank, name, calib, dist, boxes, split, metric, alone):
     bad = badness(metric, value)
     kind = KIND_WORDS[sens.node_type]
     op_type = qm.normal[name].op_type if sens.node_type == "node" else ", ".join(
-        dict.fromkeys(qm.normal[n].op_type for n in qm.calibration[name].consumers if n in qm.normal))
+        dict.fromkeys(qm.normal[n].op_type for n in qm.feeds(name)))
     ins = []
     for c in calib:
         cn = qm.calibration[c]

@@ -516,7 +516,7 @@ def _advise(engine, metric, kind, rank, name, sens, dist, boxes, curves):
     if not tries:
         tries = ["int16", "keep in float"]
     item = {"node": name, "kind": kind, "rank": rank, metric: value, "badness": bad, "try": tries,
-            "reasons": reasons, "findings": findings, "feeds": list(qm.calibration[name].consumers) if name in qm.calibration else []}
+            "reasons": reasons, "findings": findings, "feeds": qm.feeds(name) if name in qm.calibration else []}
     item.update(_origin(qm, metric, kind, name, curves))
     return item
 
@@ -525,7 +525,8 @@ def _origin(qm, metric, kind, name, curves):
     """At the first normal node the target feeds: its local error (its own inputs quantized
     from float values) against its error with everything quantized. At least half of it
     local: the node is bad by itself; less: it mostly inherits error from upstream."""
-    nodes = [name] if kind == "node" else list(qm.calibration[name].consumers)
+    # the operators it feeds, else (behind Casts, which alone have a local figure) the Casts
+    nodes = [name] if kind == "node" else list(dict.fromkeys([*qm.feeds(name), *qm.calibration[name].consumers]))
     for n in nodes:
         if n not in curves.nodes or curves.local is None or ALL not in curves.values:
             continue

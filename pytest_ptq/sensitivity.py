@@ -56,8 +56,10 @@ def targets_for(engine, node_type, interested_nodes=None):
             elif name in qm.calibration and qm.calibration[name].kind == node_type:
                 raise stored_quantized(qm, f"weight {name!r}")
             elif name in qm.normal and qm.passes_on(name):
-                raise PTQError(f"node {name!r} is a Cast between float types; its pairs quantize the nodes it feeds "
-                               f"({', '.join(map(repr, qm.through_casts([name])))}), which the ranking names: rank those")
+                fed = qm.through_casts([name])
+                raise PTQError(f"node {name!r} is a Cast between float types; the ranking names the operators its pairs "
+                               + (f"quantize the inputs of ({', '.join(map(repr, fed))}): rank those" if fed else
+                                  "belong to (the one whose output it casts): rank that"))
             elif name in qm.normal and qm.normal[name].op_type in SHAPE_ONLY:
                 raise PTQError(f"node {name!r} ({qm.normal[name].op_type}) reads only the shape of its input, which "
                                "quantization does not change; rank the nodes that read its values")
@@ -341,5 +343,5 @@ def describe(qm, name, node_type, quantized):
         n = qm.normal[name]
         return {"kind": "node", "op_type": n.op_type, "calibration_nodes": list(quantized)}
     c = qm.calibration[name]
-    return {"kind": c.kind, "threshold": c.shown_threshold, "bit": c.bit, "feeds": list(c.consumers),
+    return {"kind": c.kind, "threshold": c.shown_threshold, "bit": c.bit, "feeds": qm.feeds(name),
             "per_channel": c.per_channel, "input": c.input}

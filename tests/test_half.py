@@ -123,16 +123,16 @@ def test_a_bfloat16_array_saved_with_np_save_is_refused_naming_the_fix(tmp_path)
         dbg.get_sensitivity_of_nodes(model, calibrated_data=tmp_path / "data", node_type="activation", progress=False)
 
 
-def _mixed_precision(tmp_path):
+def _mixed_precision(tmp_path, block=("Conv",)):
     """(float model, data, QDQ model): quantize_static's model converted to float16 with its
-    Conv kept in float32, as onnxruntime's float16 converter does it: Casts between the
-    float16 DequantizeLinears and each Conv, and after it."""
+    ``block`` operators kept in float32, as onnxruntime's float16 converter does it: Casts
+    between the float16 DequantizeLinears and each, and after it."""
     from onnxruntime.transformers.float16 import convert_float_to_float16
 
     float_path = builders.conv_net(tmp_path / "float.onnx")
     data = builders.samples(6)
     q = onnx.load(builders.quantize(float_path, tmp_path / "q32.onnx", data))
-    half = convert_float_to_float16(q, keep_io_types=True, op_block_list=["Conv"])
+    half = convert_float_to_float16(q, keep_io_types=True, op_block_list=list(block))
     for o in half.opset_import:
         if o.domain in ("", "ai.onnx"):
             o.version = 21  # Q/DQ of float16
@@ -183,9 +183,32 @@ def test_an_operator_ranking_names_the_operators_pairs_reach_through_casts(tmp_p
         want = pooled_cosine([r["prob"] for r in ref], [g["prob"] for g in got])
         assert sens[conv]["cosine-similarity"] == pytest.approx(want, abs=1e-5), conv
     cast = next(n for n in qm.normal if n.endswith("_Output_cast_to_fp32_node"))
-    with pytest.raises(PTQError, match=r"is a Cast between float types; its pairs quantize the nodes it feeds \('conv"):
+    with pytest.raises(PTQError, match=r"is a Cast between float types; the ranking names the operators its pairs "
+                                       r"quantize the inputs of \('conv"):
         dbg.get_sensitivity_of_nodes(str(q16), calibrated_data=data, node_type="node", interested_nodes=[cast],
                                      progress=False)
+
+
+def test_pairs_behind_casts_belong_to_the_operators_they_quantize(tmp_path):
+    """Conv and Relu computed in float32, the model output cast back to float32: the Relu read
+    through a Cast was taken for one folded into its pair (every analysis refused the model),
+    the output pair was the output Cast's (ranked and advised as a Cast, the Softmax without
+    it), and a weight's feeds named a Cast."""
+    from test_plugin import keep_only, pooled_cosine
+
+    _, data, q16 = _mixed_precision(tmp_path, block=("Conv", "Relu"))
+    qm = QuantModel(q16)
+    assert qm.folded_activation_suspects() == []
+    assert "prob_QuantizeLinear" in qm.quantizing("softmax")
+    sens = dbg.get_sensitivity_of_nodes(str(q16), calibrated_data=data, node_type="node", progress=False)
+    assert "relu1" in sens and not [n for n in sens if qm.normal[n].op_type == "Cast"], list(sens)
+    feeds = [{k: v[i] for k, v in data.items()} for i in range(6)]
+    ref = builders.run_model(keep_only(q16), feeds)
+    got = builders.run_model(keep_only(q16, {"logits_QuantizeLinear", "prob_QuantizeLinear"}), feeds)
+    want = pooled_cosine([r["prob"] for r in ref], [g["prob"] for g in got])
+    assert sens["softmax"]["cosine-similarity"] == pytest.approx(want, abs=1e-5)
+    weights = dbg.get_sensitivity_of_nodes(str(q16), calibrated_data=data, node_type="weight", progress=False)
+    assert weights.details["w2_QuantizeLinear"]["feeds"] == ["conv2"]
 
 
 def test_a_requantization_that_quantizes_less_than_the_model_is_no_verification(tmp_path):

@@ -302,7 +302,7 @@ def _describe(qm, c):
     return {"kind": c.kind, "tensor": c.input, "bit": c.bit, "wider": qm.wider_type(c), "dtype": dtype,
             "per_channel": c.per_channel, "block_size": c.block_size or None, "axis": c.axis, "threshold": threshold,
             "range_lo": float(np.min(lo)), "range_hi": float(np.max(hi)),
-            "scale": float(np.max(c.scale)), "role": c.role, "feeds": list(c.consumers),
+            "scale": float(np.max(c.scale)), "role": c.role, "feeds": qm.feeds(c.name),
             "takes_per_channel": qm.takes_per_channel(c), "float_grid": c.grid.is_float}
 
 
@@ -323,7 +323,7 @@ def collect(engine, dist_nodes=(), box_nodes=(), axis=None, data_num=None, bins=
     qm = engine.qmodel
     for name in box_nodes:
         if name not in qm.calibration:
-            feeds = qm.normal[name].calibration_inputs if name in qm.normal else []
+            feeds = qm.quantizing(name) if name in qm.normal else []
             hint = f"; it is a normal node fed by {feeds}" if feeds else ""
             raise PTQError(f"get_channelwise_data_distribution takes calibration nodes and {name!r} is not "
                            f"one{hint}")
@@ -362,7 +362,7 @@ def collect(engine, dist_nodes=(), box_nodes=(), axis=None, data_num=None, bins=
             pair = _Pair(lambda vals, t=t: vals[("f", t)], lambda vals, t=t: vals[("q", t)])
             accs += [_Group([fv, qv], bins), _Group([ev], bins), pair]
             info = {"node": name, "kind": "node", "op_type": n.op_type, "tensor": t,
-                    "calibration_inputs": list(n.calibration_inputs)}
+                    "calibration_inputs": qm.quantizing(name)}
             plans[name] = ("node", info, (fv, qv, ev, pair))
     errors = {}
     for name in box_nodes:

@@ -718,9 +718,23 @@ class QuantModel:
         return list(dict.fromkeys([*self.quantizers_through_casts(name), *self.normal[name].calibration_outputs]))
 
     def passes_on(self, name):
-        """Whether normal node ``name`` is a Cast between float types feeding normal nodes: its
-        pairs are theirs (:meth:`quantizing`), so an operator ranking names them, not it."""
-        return self._float_cast(name) and bool(self.through_casts([name]))
+        """Whether normal node ``name`` is a Cast between float types: the pairs it reads are
+        the nodes' it feeds (:meth:`quantizing`), or, before a model output, the pairs of the
+        node that computed it (:attr:`NormalNode.calibration_outputs`); an operator ranking
+        names those, not it."""
+        return self._float_cast(name)
+
+    def feeds(self, name):
+        """The normal nodes calibration node ``name`` quantizes the input of: its consumers,
+        through Casts between float types (:meth:`through_casts`)."""
+        return self.through_casts([n for n in self.calibration[name].consumers if n in self.normal])
+
+    def _cast_outputs(self, tensors):
+        """``tensors`` and what Casts between float types make of them, repeatedly."""
+        out = list(tensors)
+        for t in out:
+            out += [n.output[0] for n in self.consumers.get(t, ()) if self._float_cast(n.name)]
+        return out
 
     def _qparams(self, node, qtype):
         where = f"node {node.name!r} of {self.source!r} "
@@ -966,8 +980,12 @@ class QuantModel:
                 self.calibration[cname].consumers.append(node.name)
         outputs = set(self.output_names)
         for c in self.calibration.values():
-            if not c.consumers and c.producer in self.normal and outputs.intersection(c.outputs):
-                self.normal[c.producer].calibration_outputs.append(c.name)
+            # a float16 graph's model output is often its last pair's value cast to float32
+            # (or the pair's input a float32 value cast to float16): the node behind owns it
+            if not self.feeds(c.name) and outputs.intersection(self._cast_outputs(c.outputs)):
+                owner = self.through_casts([c.producer], downstream=False) if c.producer in self.normal else []
+                for n in owner[:1]:
+                    self.normal[n].calibration_outputs.append(c.name)
 
     def full_model(self):
         """The (sorted, named) model with every initializer's data back in the proto."""
@@ -1103,7 +1121,7 @@ class QuantModel:
                 continue  # found in the float model: the bypass re-applies it; a dynamic range folds nothing
             lo, _ = c.range()
             prod = self.producer.get(c.input)
-            kept = any(n.op_type in ("Relu", "Clip") for dq in c.dq_nodes for n in self.consumers[dq.output[0]])
+            kept = any(self.normal[n].op_type in ("Relu", "Clip") for n in self.feeds(c.name))
             empty = not np.all(c.scale >= grids.SMALLEST_NORMAL)  # a range of no width says nothing of a floor at 0
             if prod is not None and prod.op_type in _SIGNED_PRODUCERS and np.all(lo == 0) and not kept and not empty:
                 out.append(c.name)

@@ -180,7 +180,7 @@ class ProducerNames:
         if with_producer and c.is_activation and c.producer in self.qm.normal:
             out.append(self.node(c.producer))
             out.append(act)
-        out += [self.node(n) for n in c.consumers if n in self.qm.normal]
+        out += [self.node(n) for n in self.qm.feeds(c.name)]
         return [n for n in dict.fromkeys(out) if n]
 
 
