@@ -34,7 +34,7 @@ from .confidence import ranking_confidence
 from .engine.sanity import spread
 from .progress import Progress
 from .results import inputs_of, read_from
-from .sensitivity import Sensitivity, describe, merge_scores, ranked, score_configs, targets_for
+from .sensitivity import KIND_WORDS, Sensitivity, describe, merge_scores, ranked, score_configs, targets_for
 
 # The default budget: what ranking DEFAULT_BUDGET_SAMPLES samples takes, measured on the
 # first, and never more than DEFAULT_BUDGET_S. A budget in seconds alone ranked on more
@@ -84,8 +84,7 @@ class Screening:
         if self.samples >= self.of:
             return f"rankings on all {self.of} sample(s)"
         budget = f" (what a {self.budget_s:.3g} s budget allows)" if self.budget_s is not None else ""
-        named = {"node": "operator"}  # "the top 30 node nodes" read as a typo
-        narrowed = (f", the top {' and '.join(f'{n} {named.get(t, t)}' for t, n in self.narrowed.items())} nodes on "
+        narrowed = (f", the top {' and '.join(f'{n} {KIND_WORDS[t]}' for t, n in self.narrowed.items())} nodes on "
                     f"{self.narrowed_samples}" if self.narrowed else "")
         return (f"rankings on {self.samples} of {self.of} samples{budget}{narrowed}, the top {self.confirmed} of "
                 f"each confirmed on all {self.of}")

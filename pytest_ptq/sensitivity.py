@@ -33,6 +33,10 @@ def sample_indices(engine, data_num):
     return list(range(len(engine.data.first(data_num))))
 
 
+# what a node type's nodes are called in prose: "the top 30 node nodes" reads as a typo
+KIND_WORDS = {"weight": "weight", "activation": "activation", "node": "operator"}
+
+
 def targets_for(engine, node_type, interested_nodes=None):
     """``{target name: calibration nodes quantized}`` for a node type, in graph order."""
     qm = engine.qmodel

@@ -207,7 +207,8 @@ def test_node_type_node_plots_the_nodes_and_their_calibration_inputs(setup, tmp_
     feeds = [c for c in s["sensitivity"]["node"]["details"][top]["calibration_nodes"]
              if not c.startswith("b")]
     assert feeds and all(c in s["distributions"] and c in s["channelwise"] for c in feeds)
-    assert f"`{top}`" in (tmp_path / "out" / "summary.md").read_text()
+    md = (tmp_path / "out" / "summary.md").read_text()
+    assert f"`{top}`" in md and "## Most sensitive operator nodes" in md  # not "node nodes"
 
 
 def test_bad_arguments(setup, tmp_path):
