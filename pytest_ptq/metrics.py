@@ -87,6 +87,12 @@ class Reference:
     def __init__(self, array, scratch):
         self.array, self.scratch, self.sums = np.asarray(array), scratch, {}
 
+    @classmethod
+    def of_outputs(cls, specs, values, scratch):
+        """``{output name: Reference}`` of the part of ``values`` (one sample's tensors) each
+        of ``specs`` (:func:`~pytest_ptq.outputs.parse_outputs`) compares."""
+        return {s.name: cls(s.take(values[s.tensor]), scratch) for s in specs}
+
 
 def _pair(ref, test):
     if isinstance(ref, Reference):

@@ -131,8 +131,10 @@ def screen(engine, node_types, metric_objs, specs, indices, budget_s=None, rank_
     one_pass = engine.config_major and not (rank_samples is None and budget_s is not None)
     if one_pass and rank_samples is None:
         rank_samples = DEFAULT_BUDGET_SAMPLES
+    counts = {t: sum(tt == t for tt, _ in configs) for t in node_types}
+    confirmed_count = sum(min(confirm, n) for n in counts.values())  # runs per confirming sample
     # where every node of each type is among its top, confirming them is ranking them all
-    small = all(sum(tt == t for tt, _ in configs) <= confirm for t in node_types)
+    small = all(n <= confirm for n in counts.values())
     planned = total if rank_samples is None or (one_pass and small) else min(total, rank_samples)
     with Progress(planned * len(configs), desc, enabled=progress) as bar:
         if one_pass:
@@ -151,20 +153,21 @@ def screen(engine, node_types, metric_objs, specs, indices, budget_s=None, rank_
                     else samples_within(budget_s, first_s, total, min_samples, share))
         top = {}
         confirm_configs = {}
-        counts = {t: sum(tt == t for tt, _ in configs) for t in node_types}
         keep = {t: min(n, max(NARROW_MIN * confirm, math.ceil(NARROW_SHARE * n))) for t, n in counts.items()}
-        k, wide = _narrowing(k, total, keep, counts, confirm) if rank_samples is None and not one_pass else (k, k)
+        k, wide = _narrowing(k, total, sum(keep.values()), len(configs), confirmed_count) \
+            if rank_samples is None and not one_pass else (k, k)
         narrowed = wide > k
         if k < total:
             # the bar now counts what is left for sure: the screening samples, the narrowing, the confirmation
             bar.total = (k * len(configs) + (wide - k) * (sum(keep.values()) if narrowed else len(configs))
-                         + (total - wide) * min(len(configs), confirm * len(node_types)))
+                         + (total - wide) * confirmed_count)
         # spread over the data, the first included (scored already): the first k of data stored
         # in order (crops of one page) may all miss what the rest shows; the narrowing's
         # samples hold the screening's
         wider = [indices[j] for j in spread(total, wide)]
         chosen = [wider[j] for j in spread(wide, k)]
-        others = [i for i in indices if i not in set(wider)]
+        held, screened = set(wider), set(chosen)
+        others = [i for i in indices if i not in held]
         rest = score_configs(engine, configs, metric_objs, specs, chosen[0 if one_pass else 1:], bar)
         scores = rest if one_pass else merge_scores(scores, rest, metric_objs)
         by_type = {t: {name: scores[(t, name)] for (tt, name) in configs if tt == t} for t in node_types}
@@ -173,7 +176,7 @@ def screen(engine, node_types, metric_objs, specs, indices, budget_s=None, rank_
         layers = {t: [] for t in node_types}  # narrower rankings over the screening's, widest samples first
         if narrowed:
             near = {(t, name): configs[(t, name)] for t in node_types for name in list(sens[t])[:keep[t]]}
-            more = score_configs(engine, near, metric_objs, specs, [i for i in wider if i not in set(chosen)], bar)
+            more = score_configs(engine, near, metric_objs, specs, [i for i in wider if i not in screened], bar)
             for t in node_types:
                 # merged into the screening's states: confirming adds the rest of the samples to them
                 exact = merge_scores({name: scores[(tt, name)] for tt, name in near if tt == t},
@@ -206,17 +209,17 @@ def screen(engine, node_types, metric_objs, specs, indices, budget_s=None, rank_
                            narrowed_samples=wide if narrowed else 0)
 
 
-def _narrowing(k, total, keep, counts, confirm):
-    """``(samples every node is scored on, samples the top ``keep`` of each type are)`` for a
-    budget of ``k`` samples of every node (module docstring); ``(k, k)`` where half the budget
-    would leave a node a single sample, narrowing reaches every sample (confirming covers
-    that), or it would cost more runs than every node on the ``k`` (types of a few dozen
-    nodes, whose top quarter is held up by the ``NARROW_MIN`` floor)."""
+def _narrowing(k, total, kept, nodes, confirmed):
+    """``(samples every node is scored on, samples the ``kept`` top nodes are)`` for a budget
+    of ``k`` samples of all ``nodes``, ``confirmed`` of them then scored on every sample
+    (module docstring); ``(k, k)`` where half the budget would leave a node a single sample,
+    narrowing reaches every sample (confirming covers that), or it would cost more runs than
+    every node on the ``k`` (types of a few dozen nodes, whose top quarter is held up by the
+    ``NARROW_MIN`` floor)."""
     first = math.ceil(k / 2)
     wide = NARROW_MORE * first
-    confirmed = sum(min(confirm, n) for n in counts.values())
-    narrowed = first * sum(counts.values()) + (wide - first) * sum(keep.values()) + (total - wide) * confirmed
-    if first < 2 or wide >= total or narrowed > k * sum(counts.values()) + (total - k) * confirmed:
+    narrowed = first * nodes + (wide - first) * kept + (total - wide) * confirmed
+    if first < 2 or wide >= total or narrowed > k * nodes + (total - k) * confirmed:
         return k, k
     return first, wide
 

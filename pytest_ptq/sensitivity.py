@@ -45,8 +45,8 @@ def targets_for(engine, node_type, interested_nodes=None):
         # a Shape or Size reads only the shape of its quantized input: ranked, it would carry the
         # figure of that input's pair (which its other readers carry already); so would a Cast
         # between float types (a float16 graph computing a Conv in float32), whose readers do
-        targets = {n.name: engine.gated(qm.quantizing(n.name)) for n in qm.normal.values()
-                   if n.op_type not in SHAPE_ONLY and not qm.passes_on(n.name) and qm.quantizing(n.name)}
+        operators = (n.name for n in qm.normal.values() if n.op_type not in SHAPE_ONLY and not qm.passes_on(n.name))
+        targets = {name: engine.gated(pairs) for name in operators if (pairs := qm.quantizing(name))}
     else:
         targets = {c.name: [c.name] for c in qm.of_kind(node_type) if c.bypassable}
     if interested_nodes is not None:
@@ -243,7 +243,7 @@ def score_configs(engine, configs, metrics, specs, indices, progress=None, alter
         if group not in prepared:
             prepared.clear()
             ref = engine.reference(group, tensors)
-            prepared[group] = [{s.name: Reference(s.take(one[s.tensor]), scratch) for s in specs}
+            prepared[group] = [Reference.of_outputs(specs, one, scratch)
                                for one in (split(ref, count) if count > 1 else [ref])]
         return prepared[group]
 

@@ -147,7 +147,7 @@ def score(engine, data, specs, metric, configs, count=None, indices=None):
         else:  # held-out samples: the float run first, from the same prefix
             outs = engine.run_many(data.sample(i), [((), ())] + [(q, ()) for q in configs.values()], tensors)
             ref = next(outs)
-        prepared = {s.name: Reference(s.take(ref[s.tensor]), scratch) for s in specs}
+        prepared = Reference.of_outputs(specs, ref, scratch)
         for label, out in zip(configs, outs):
             for s in specs:
                 metric.update(states[label][s.name], prepared[s.name], s.take(out[s.tensor]))

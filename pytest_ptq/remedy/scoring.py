@@ -150,7 +150,7 @@ class Scorer:
         scratch = Scratch()
         for i in self.part.indices:
             ref = self.engine.reference(i, self.tensors)
-            prepared = {s.name: Reference(s.take(ref[s.tensor]), scratch) for s in self.specs}
+            prepared = Reference.of_outputs(self.specs, ref, scratch)
             for k, out in zip(keys, self.engine.run_many(i, [configs[k] for k in keys], self.tensors)):
                 if clock is not None:
                     clock.check()
