@@ -525,8 +525,7 @@ def _origin(qm, metric, kind, name, curves):
     """At the first normal node the target feeds: its local error (its own inputs quantized
     from float values) against its error with everything quantized. At least half of it
     local: the node is bad by itself; less: it mostly inherits error from upstream."""
-    # the operators it feeds, else (behind Casts, which alone have a local figure) the Casts
-    nodes = [name] if kind == "node" else list(dict.fromkeys([*qm.feeds(name), *qm.calibration[name].consumers]))
+    nodes = [name] if kind == "node" else qm.feeds(name)
     for n in nodes:
         if n not in curves.nodes or curves.local is None or ALL not in curves.values:
             continue

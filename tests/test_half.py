@@ -14,7 +14,7 @@ import ml_dtypes
 import numpy as np
 import onnx
 import pytest
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto, TypeProto, helper, numpy_helper
 
 import builders
 
@@ -209,6 +209,36 @@ def test_pairs_behind_casts_belong_to_the_operators_they_quantize(tmp_path):
     assert sens["softmax"]["cosine-similarity"] == pytest.approx(want, abs=1e-5)
     weights = dbg.get_sensitivity_of_nodes(str(q16), calibrated_data=data, node_type="weight", progress=False)
     assert weights.details["w2_QuantizeLinear"]["feeds"] == ["conv2"]
+
+
+def test_an_operator_behind_casts_has_its_own_local_error(tmp_path):
+    """The local error of a Conv reading its pairs through Casts (it had none: only the Casts
+    had clones) equals the model cut from the activation pair's float input to the Conv's
+    output, fed the float model's values, in a plain onnxruntime session."""
+    from onnx.utils import Extractor
+
+    from pytest_ptq.curves import get_acc_error
+    from pytest_ptq.engine import Engine
+    from test_plugin import keep_only
+
+    _, data, q16 = _mixed_precision(tmp_path)
+    engine = Engine(str(q16), data)
+    qm = engine.qmodel
+    curves = get_acc_error(engine, {"all": list(engine.calib_names)}, progress=False)
+    act = next(c for c in qm.quantizers_through_casts("conv2") if qm.calibration[c].kind == "activation")
+    x, y = qm.calibration[act].input, qm.normal["conv2"].outputs[0]
+    ref_model = keep_only(q16)
+    ref_model.graph.output.extend([helper.make_value_info(t, TypeProto()) for t in (x, y)])
+    feeds = [{k: v[i] for k, v in data.items()} for i in range(6)]
+    floats = builders.run_model(ref_model, feeds, outputs=[x, y])
+    cut = Extractor(onnx.load(str(q16))).extract_model([x], [y])
+    local = builders.run_model(cut, [{x: f[x]} for f in floats])
+    r = np.concatenate([f[y].ravel() for f in floats]).astype(np.float64)
+    t = np.concatenate([v[y].ravel() for v in local]).astype(np.float64)
+    want = r @ t / np.sqrt((r @ r) * (t @ t))
+    got = curves.local[curves.nodes.index("conv2")]
+    assert got is not None and got == pytest.approx(want, abs=1e-6) and got < 1
+    assert all(v is not None for n, v in zip(curves.nodes, curves.local) if qm.normal[n].op_type == "Conv")
 
 
 def test_a_requantization_that_quantizes_less_than_the_model_is_no_verification(tmp_path):

@@ -470,17 +470,58 @@ def _alternative_type(elem):
 
 
 def local_clones(qmodel, names=None):
-    """``(nodes, outputs)``: for every normal node fed by calibration nodes (those named in
-    ``names`` only, when given), a clone fed by its inputs quantized from their float values,
-    with the nodes that quantize them; ``outputs``: the clones' float outputs, to expose.
+    """``(nodes, outputs)``: for every normal node fed by calibration nodes, directly or
+    through Casts between float types (those named in ``names`` only, when given), a clone fed
+    by its inputs quantized from their float values, with the nodes that quantize them (and
+    copies of those Casts); ``outputs``: the clones' float outputs, to expose.
 
     Run with every flag off, the clones give each node's *local* error in one pass.
     """
     by_output = {o: c for c in qmodel.calibration.values() for o in c.outputs}
     protos = {p.name: p for p in qmodel.model.graph.node}
     nodes, local_in, outputs = [], {}, []
+
+    def quantized(i):
+        """The name of tensor ``i`` computed from its pair's float input, or None where no pair
+        feeds it (directly or through Casts between float types)."""
+        if i in local_in:
+            return local_in[i]
+        c, cast = by_output.get(i), qmodel.producer.get(i)
+        if c is not None:
+            dq = next(d for d in c.dq_nodes if d.output[0] == i)
+            src = c.float_weight or c.input
+            renamed = {}
+            if c.q_node is not None and not c.fused:
+                q, renamed = _renamed_copy(c.q_node, f"ptq_lq::{i}::")
+                q.name = f"ptq_lq::{q.name}::{i}"
+                q.input[0] = src
+                nodes.extend(_quantizing(qmodel, c, q) + _between(c, f"ptq_lq::{i}::", renamed, f"::{i}"))
+            d = onnx.NodeProto()
+            d.CopyFrom(dq)
+            d.name = f"ptq_ldq::{i}"
+            if c.fused:
+                d.input[0] = src
+            for j, name in enumerate(d.input):
+                d.input[j] = renamed.get(name, name)
+            d.output[0] = f"ptq_lq::{i}"
+            nodes.append(d)
+        elif cast is not None and qmodel.passes_on(cast.name) and quantized(cast.input[0]) is not None:
+            # a float16 graph computing the node in float32 reads its pair through this Cast
+            d = onnx.NodeProto()
+            d.CopyFrom(cast)
+            d.name = f"ptq_lcast::{i}"
+            d.input[0] = local_in[cast.input[0]]
+            d.output[0] = f"ptq_lq::{i}"
+            nodes.append(d)
+        else:
+            return None
+        local_in[i] = nodes[-1].output[0]
+        return local_in[i]
+
     for n in qmodel.normal.values():
-        if not n.calibration_inputs or (names is not None and n.name not in names):
+        if names is not None and n.name not in names:
+            continue
+        if not n.calibration_inputs and (qmodel.passes_on(n.name) or not qmodel.quantizers_through_casts(n.name)):
             continue
         proto = protos[n.name]
         if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in proto.attribute):
@@ -489,29 +530,8 @@ def local_clones(qmodel, names=None):
         clone.CopyFrom(proto)
         clone.name = f"{LOCAL_PREFIX}{n.name}"
         for k, i in enumerate(proto.input):
-            c = by_output.get(i)
-            if c is None:
-                continue
-            if i not in local_in:
-                dq = next(d for d in c.dq_nodes if d.output[0] == i)
-                src = c.float_weight or c.input
-                renamed = {}
-                if c.q_node is not None and not c.fused:
-                    q, renamed = _renamed_copy(c.q_node, f"ptq_lq::{i}::")
-                    q.name = f"ptq_lq::{q.name}::{i}"
-                    q.input[0] = src
-                    nodes.extend(_quantizing(qmodel, c, q) + _between(c, f"ptq_lq::{i}::", renamed, f"::{i}"))
-                d = onnx.NodeProto()
-                d.CopyFrom(dq)
-                d.name = f"ptq_ldq::{i}"
-                if c.fused:
-                    d.input[0] = src
-                for j, name in enumerate(d.input):
-                    d.input[j] = renamed.get(name, name)
-                d.output[0] = f"ptq_lq::{i}"
-                nodes.append(d)
-                local_in[i] = d.output[0]
-            clone.input[k] = local_in[i]
+            if i and quantized(i) is not None:
+                clone.input[k] = local_in[i]
         for k, o in enumerate(proto.output):
             if o:
                 clone.output[k] = f"{LOCAL_PREFIX}{o}"
