@@ -107,11 +107,13 @@ def get_acc_error(engine, configs, metric="cosine-similarity", data_num=None, lo
     tensor_of = {}  # node -> the tensor its curve reads
     for n in qm.normal.values():
         t = next((o for o in n.outputs if o in engine.probe_tensors), None)
-        if t is not None:
+        # a Cast between float types (a float16 graph computing operators in float32) shows
+        # the error of the tensor it casts, or of its pair: the operators' points say it
+        if t is not None and not qm.passes_on(n.name):
             own[n.name] = t
             # a node whose own pair writes a model output (a detector head's Concat) is read
             # after that pair: what the model delivers, the pair's error included
-            tensor_of[n.name] = next((o for c in n.calibration_outputs for o in qm.calibration[c].outputs
+            tensor_of[n.name] = next((o for c in n.calibration_outputs for o in qm.cast_on(qm.calibration[c].outputs)
                                       if o in qm.output_names), t)
     nodes, tensors = list(tensor_of), list(tensor_of.values())
     # a model output the rankings score by part (outputs.parts) is scored by its worst part

@@ -213,7 +213,7 @@ def test_pairs_behind_casts_belong_to_the_operators_they_quantize(tmp_path):
 
 def test_an_operator_behind_casts_has_its_own_local_error(tmp_path):
     """The local error of a Conv reading its pairs through Casts (it had none: only the Casts
-    had clones) equals the model cut from the activation pair's float input to the Conv's
+    had clones, and the curves had a point for every Cast) equals the model cut from the activation pair's float input to the Conv's
     output, fed the float model's values, in a plain onnxruntime session."""
     from onnx.utils import Extractor
 
@@ -230,7 +230,7 @@ def test_an_operator_behind_casts_has_its_own_local_error(tmp_path):
     ref_model = keep_only(q16)
     ref_model.graph.output.extend([helper.make_value_info(t, TypeProto()) for t in (x, y)])
     feeds = [{k: v[i] for k, v in data.items()} for i in range(6)]
-    floats = builders.run_model(ref_model, feeds, outputs=[x, y])
+    floats = builders.run_model(ref_model, feeds, outputs=[x, y, "prob"])
     cut = Extractor(onnx.load(str(q16))).extract_model([x], [y])
     local = builders.run_model(cut, [{x: f[x]} for f in floats])
     r = np.concatenate([f[y].ravel() for f in floats]).astype(np.float64)
@@ -239,6 +239,14 @@ def test_an_operator_behind_casts_has_its_own_local_error(tmp_path):
     got = curves.local[curves.nodes.index("conv2")]
     assert got is not None and got == pytest.approx(want, abs=1e-6) and got < 1
     assert all(v is not None for n, v in zip(curves.nodes, curves.local) if qm.normal[n].op_type == "Conv")
+    # the Casts, which show their input's or their pair's error, are no points of the curve;
+    # its last, the Softmax's, is what the model delivers, the output pair and Cast included
+    assert not [n for n in curves.nodes if qm.normal[n].op_type == "Cast"], curves.nodes
+    quantized = builders.run_model(q16, feeds)
+    r = np.concatenate([f["prob"].ravel() for f in floats]).astype(np.float64)
+    t = np.concatenate([q["prob"].ravel() for q in quantized]).astype(np.float64)
+    assert curves.nodes[-1] == "softmax" and curves.values["all"][-1] == pytest.approx(
+        r @ t / np.sqrt((r @ r) * (t @ t)), abs=1e-5)  # before the pair: 4e-5 closer to 1
 
 
 def test_a_requantization_that_quantizes_less_than_the_model_is_no_verification(tmp_path):

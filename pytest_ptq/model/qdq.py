@@ -729,8 +729,9 @@ class QuantModel:
         through Casts between float types (:meth:`through_casts`)."""
         return self.through_casts([n for n in self.calibration[name].consumers if n in self.normal])
 
-    def _cast_outputs(self, tensors):
-        """``tensors`` and what Casts between float types make of them, repeatedly."""
+    def cast_on(self, tensors):
+        """``tensors`` and what Casts between float types make of them, repeatedly (a float16
+        graph's output cast back to float32 behind its pair)."""
         out = list(tensors)
         for t in out:
             out += [n.output[0] for n in self.consumers.get(t, ()) if self._float_cast(n.name)]
@@ -982,7 +983,7 @@ class QuantModel:
         for c in self.calibration.values():
             # a float16 graph's model output is often its last pair's value cast to float32
             # (or the pair's input a float32 value cast to float16): the node behind owns it
-            if not self.feeds(c.name) and outputs.intersection(self._cast_outputs(c.outputs)):
+            if not self.feeds(c.name) and outputs.intersection(self.cast_on(c.outputs)):
                 owner = self.through_casts([c.producer], downstream=False) if c.producer in self.normal else []
                 for n in owner[:1]:
                     self.normal[n].calibration_outputs.append(c.name)
