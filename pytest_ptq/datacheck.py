@@ -161,7 +161,7 @@ def _model_side(model_or_file, float_model):
             if c.input in specs and not c.dynamic:  # a dynamic range fits any data
                 lo, hi = c.range()
                 specs[c.input].range = (float(np.min(lo)), float(np.max(hi)))
-                specs[c.input].step = float(np.max(c.scale))
+                specs[c.input].step = float(np.max(np.abs(c.scale)))
     return qm, specs, source
 
 
@@ -602,7 +602,7 @@ def _quantized_metrics(engine, data, metric, bar):
             if v is None or v.dtype.kind != "f":
                 continue
             lo, hi = c.range()
-            tol = float(np.max(c.scale)) / 2
+            tol = float(np.max(np.abs(c.scale))) / 2
             clipped[c.name] += int(np.count_nonzero((v < np.min(lo) - tol) | (v > np.max(hi) + tol)))
             counted[c.name] += v.size
 

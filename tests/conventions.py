@@ -52,6 +52,9 @@ class Convention:
     bias_axis: int | None = None  # axis attribute written on a per-channel bias DQ
     pow2: bool = False  # scales rounded up to powers of two
     symmetric: bool = False  # signed activations with zero point 0
+    # block scales of the weight's signed extreme over -8 (onnxruntime's symmetric 4-bit
+    # quantizer: negative where that extreme is positive, its code -8)
+    signed_extreme: bool = False
     opset: int = 21
 
 
@@ -63,6 +66,8 @@ CONVENTIONS = {
                                symmetric=True),
     "modelopt_int4": Convention(weight=TensorProto.INT4, block_size=32, weights="stored", act_weights_only=True,
                                 rename="_i4"),
+    "onnxruntime_int4_symmetric": Convention(weight=TensorProto.INT4, block_size=32, weights="stored",
+                                             act_weights_only=True, signed_extreme=True),
     "quark_xint8": Convention(act=TensorProto.INT8, symmetric=True, pow2=True, shuffle=True, hardsigmoid=True),
     "quark_a16w8": Convention(act=TensorProto.UINT16, domain="com.microsoft", opset=17),
     "inc": Convention(weights="stored", fold_relu=True, rename="_QuantizeInput", bias=True),
@@ -175,6 +180,10 @@ def make(float_path, out_path, data, convention, exclude=()):
             axis, blocks = 0, -(-w.shape[0] // cv.block_size)
             amax = np.stack([np.abs(w[b * cv.block_size:(b + 1) * cv.block_size]).max(axis=0) for b in range(blocks)])
             scale = np.maximum(amax, 1e-8) / _RANGE[cv.weight][1]
+            if cv.signed_extreme:
+                part = [w[b * cv.block_size:(b + 1) * cv.block_size] for b in range(blocks)]
+                extreme = np.stack([np.take_along_axis(p, np.abs(p).argmax(axis=0)[None], 0)[0] for p in part])
+                scale = np.where(extreme == 0, 1e-8, extreme / _RANGE[cv.weight][0])
             full = np.repeat(scale, cv.block_size, axis=0)[: w.shape[0]]
             zp = np.zeros_like(scale, dtype=_NP[cv.weight])
         elif cv.per_channel:

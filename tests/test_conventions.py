@@ -21,7 +21,7 @@ from pytest_ptq.remedy.terms import float_tensor_name
 from pytest_ptq.sensitivity import get_sensitivity_of_nodes
 
 CASES = [(name, base) for name in conventions.CONVENTIONS for base in ("conv", "mlp")
-         if not (name == "modelopt_int4" and base == "conv")]  # int4 weight-only quantizes MatMul weights
+         if not (conventions.CONVENTIONS[name].block_size and base == "conv")]  # int4 weight-only: MatMul weights
 
 
 def _cos(a, b):
@@ -669,3 +669,37 @@ def test_blocked_weights_are_titled_per_block_not_per_tensor(made, tmp_path, mon
     legends = [t.get_text() for ax in saved[0].axes if ax.get_legend() for t in ax.get_legend().get_texts()]
     assert not any("rounding bound" in t for t in legends), legends
     assert any(t.startswith("widest of the ranges [") for t in legends), legends
+
+
+def test_negative_block_scales_are_a_flipped_grid_not_a_broken_calibration(made):
+    """onnxruntime's symmetric 4-bit quantizer divides each block's signed extreme by -8, so a
+    block whose extreme is positive has a negative scale (its code -8). Each such weight was
+    read as 96-118% clipped ("recalibrate"), with a note that its scale changes sign and a
+    threshold of the signed scale's."""
+    from pytest_ptq.distribution.gather import collect
+    from pytest_ptq.distribution.readings import weight_issue
+
+    qpath, fpath, data, _ = made("onnxruntime_int4_symmetric", "mlp")
+    model = onnx.load(str(qpath))
+    inits = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+    engine = Engine(qpath, data, float_model=fpath)
+    qm = engine.qmodel
+    weights = [c for c in qm.calibration.values() if c.block_size]
+    assert weights and any((c.scale < 0).any() for c in weights)
+    assert not [n for n in qm.notes if "scale of -" in n or "change sign" in n], qm.notes
+    float_model = onnx.load(str(fpath))
+    floats = {i.name: numpy_helper.to_array(i) for i in float_model.graph.initializer}
+    weight_of = {n.name: n.input[1] for n in float_model.graph.node if n.op_type == "MatMul"}
+    dist, _ = collect(engine, [c.name for c in weights])
+    for c in weights:
+        dq = c.dq_nodes[0]
+        scale = np.repeat(inits[dq.input[1]].astype(np.float64), c.block_size, axis=0)
+        w = floats[weight_of[c.consumers[0]]].astype(np.float64)
+        lo, hi = np.minimum(-8 * scale, 7 * scale)[:len(w)], np.maximum(-8 * scale, 7 * scale)[:len(w)]
+        half = np.abs(scale[:len(w)]) / 2
+        # the extreme's opposite side reaches past 7 steps in a few blocks: those are clipped
+        clipped = np.count_nonzero((w < lo - half) | (w > hi + half)) / w.size
+        d = dist[c.name]
+        assert d["clipped_share"] == pytest.approx(clipped) and clipped < 0.05
+        assert d["threshold"] == pytest.approx(8 * np.abs(scale).max(), rel=1e-6)
+        assert "clipped" not in weight_issue(d)[1], weight_issue(d)

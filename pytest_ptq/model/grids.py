@@ -206,7 +206,7 @@ def step_bound(x, grid, scale, axis=None, block_size=0):
     per element, in input units: half a step on an integer grid; half the local spacing of
     the float type (relative to |x|) on a float grid."""
     x = np.asarray(x, np.float64)
-    s = broadcast(np.asarray(scale, np.float64), x.shape, axis, block_size)
+    s = np.abs(broadcast(np.asarray(scale, np.float64), x.shape, axis, block_size))
     if not grid.is_float:
         return np.broadcast_to(s / 2, x.shape)
     import ml_dtypes

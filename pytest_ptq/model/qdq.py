@@ -165,16 +165,19 @@ class CalibrationNode:
             return False
         _, lo, hi = self.folded
         low, high = self.range()
-        step = self.scale.astype(np.float64)
+        step = np.abs(self.scale.astype(np.float64))
         return bool(np.any(low < lo - step) or np.any(high > hi + step))
 
     def range(self, codes=None):
         """(lowest, highest) representable values, per channel or block, in input units; of
-        the codes ``(qmin, qmax)`` where given (the half grid of :meth:`QuantModel.reduced_range`)."""
+        the codes ``(qmin, qmax)`` where given (the half grid of :meth:`QuantModel.reduced_range`).
+        A negative scale (onnxruntime's symmetric block quantizer writes them on purpose) maps
+        the lowest code to the highest value."""
         s = self.scale.astype(np.float64)
         zp = 0.0 if self.grid.is_float else self.zero_point.astype(np.float64)
         qmin, qmax = codes or (self.grid.qmin, self.grid.qmax)
-        return s * (qmin - zp), s * (qmax - zp)
+        a, b = s * (qmin - zp), s * (qmax - zp)
+        return np.minimum(a, b), np.maximum(a, b)
 
     def bounds(self, shape):
         """:meth:`range` broadcast against a tensor of ``shape`` (channels or blocks expanded)."""
@@ -214,7 +217,7 @@ class CalibrationNode:
 
     def half_step(self, shape):
         """Half a quantization step (the scale over 2), broadcast against ``shape``."""
-        return grids.broadcast(self.scale.astype(np.float64) / 2, shape, self.axis, self.block_size)
+        return grids.broadcast(np.abs(self.scale.astype(np.float64)) / 2, shape, self.axis, self.block_size)
 
     def fake_quant(self, x):
         """Quantize then dequantize ``x`` with this node's parameters in numpy (onnxruntime's
@@ -273,8 +276,8 @@ class CalibrationNode:
         else:
             s = grids.broadcast(self.scale.astype(np.float64), x.shape, self.axis, self.block_size)
             z = grids.broadcast(self.zero_point.astype(np.float64), x.shape, self.axis, self.block_size)
-            if not (np.asarray(s) > 0).all():  # a grid of no width, or reversed: no codes to count
-                return None
+            if not (np.asarray(s) != 0).all() or (bits is not None and not (np.asarray(s) > 0).all()):
+                return None  # a grid of no width; or a reversed one, which a wider grid's count needs upright
         if bits is not None:
             # the calibrated range lies within a step of the grid's ends (its zero point was
             # rounded to a code), so the wider grid spans one step more at each end
@@ -756,8 +759,9 @@ class QuantModel:
 
     def _check_params(self, node, scale, zp, axis, block):
         """Refuse, in one sentence, a scale or zero point whose values or shape onnxruntime
-        would turn into NaN or refuse; note scales of zero or below (values that dequantize to
-        0 or change sign)."""
+        would turn into NaN or refuse; note scales of zero or nearly zero (values that
+        dequantize to 0). A negative scale flips the grid, which onnxruntime's symmetric block
+        quantizer does on purpose (its codes reach -8 on the weights' larger side)."""
         where = f"{node.op_type} {node.name!r} of {self.source!r}"
         values = np.asarray(scale, np.float64)
         if not np.isfinite(values).all():
@@ -786,13 +790,14 @@ class QuantModel:
                                f"{axis} of its input {node.input[0]!r} of shape {shape}; block-wise quantization "
                                f"takes a scale of shape {want} (one per block along the axis, the input's size "
                                "elsewhere), and onnxruntime refuses this one: fix the export")
-        if (values <= 0).any():
-            self.notes.append(f"{where} has a scale of {values.min():g} ({node.input[1]!r}): its values dequantize "
-                              "to 0 or change sign there; a scale should be positive (re-calibrate the model)")
-        elif (values < grids.SMALLEST_NORMAL).any():
-            self.notes.append(f"{where} has a scale of {values.min():g} ({node.input[1]!r}), below float32's "
-                              f"smallest normal number ({grids.SMALLEST_NORMAL:g}): its values saturate or dequantize to "
-                              "nearly 0 there, as with a scale of 0 (re-calibrate the model)")
+        magnitude = np.abs(values)
+        if (magnitude == 0).any():
+            self.notes.append(f"{where} has a scale of 0 ({node.input[1]!r}): its values dequantize to 0 there; a "
+                              "scale should not be 0 (re-calibrate the model)")
+        elif (magnitude < grids.SMALLEST_NORMAL).any():
+            self.notes.append(f"{where} has a scale of {values.ravel()[np.argmin(magnitude)]:g} ({node.input[1]!r}), "
+                              f"below float32's smallest normal number ({grids.SMALLEST_NORMAL:g}): its values saturate "
+                              "or dequantize to nearly 0 there, as with a scale of 0 (re-calibrate the model)")
 
     def _valid_axis(self, node, axis, scale):
         """The per-axis quantization axis of ``node``, repaired in the tool's copy when a
@@ -943,7 +948,7 @@ class QuantModel:
         return c
 
     def _calib(self, name, kind, inp, q, dqs, scale, zp, axis, block, grid):
-        s = scale.astype(np.float64).reshape(-1)
+        s = np.abs(scale.astype(np.float64).reshape(-1))
         if grid.is_custom:
             threshold = float("inf")
         elif kind == "dynamic":

@@ -152,7 +152,7 @@ def _calibrated_spans(engine, names, indices, clock):
     for n, (lo, hi, _, _) in _activation_ranges(engine, per_tensor, indices, clock, per_channel=False).items():
         c = qm.calibration[n]
         low, high = (float(v) for v in c.range())
-        half = float(c.scale.reshape(-1)[0]) / 2
+        half = abs(float(c.scale.reshape(-1)[0])) / 2
         if abs(float(lo) - low) <= half and abs(float(hi) - high) <= half:
             out[n] = (min(float(lo), 0.0), max(float(hi), 0.0))
     return out
