@@ -33,7 +33,11 @@ def _cache_dir():
     if elsewhere and not cache.exists():
         target = Path(elsewhere).expanduser().resolve()
         target.mkdir(parents=True, exist_ok=True)
-        cache.symlink_to(target, target_is_directory=True)
+        try:
+            cache.symlink_to(target, target_is_directory=True)
+        except OSError as exc:  # Windows links folders only in developer mode or as administrator
+            pytest.exit(f"example suite: PTQ_EXAMPLE_CACHE={elsewhere!r} cannot be linked at {cache} "
+                        f"({exc.strerror or exc}); unset it to keep the cache there", returncode=2)
     return cache
 
 

@@ -71,7 +71,7 @@ class Baseline:
             size = path.stat().st_size
             if size > MAX_BYTES:
                 raise BaselineError(path, "cannot be read", f"it is {size / 2**20:.0f} MiB, larger than any baseline")
-            d = json.loads(path.read_bytes().decode("utf-8"))
+            d = json.loads(path.read_bytes().decode("utf-8-sig"))  # a BOM from a Windows editor
         except BaselineError:
             raise
         except OSError as exc:

@@ -73,7 +73,9 @@ def file_hash(path):
     """sha256 of a file, or of a folder's files (relative names and bytes, sorted by name)."""
     path = Path(path)
     h = hashlib.sha256()
-    files = [path] if path.is_file() else sorted(_files_below(path))
+    # sorted by the names' parts, case kept: as Linux sorts paths, where Windows' paths sort
+    # without case and Python 3.12's by the whole string (the same data hashed otherwise)
+    files = [path] if path.is_file() else sorted(_files_below(path), key=lambda f: f.relative_to(path).parts)
     for f in files:
         if f != path:
             h.update(f.relative_to(path).as_posix().encode() + b"\0")

@@ -648,7 +648,7 @@ def check_data(analysis, max_severity="warning", holdout=None):
     params.severity(max_severity)
     report = analysis.data_check(holdout)
     findings = [{"check": f.check, "severity": f.severity, "message": f.message, "fix": f.fix, "input": f.input,
-                 "dataset": f.dataset, "samples": [analysis.relative(s) if "/" in s else s for s in f.samples]}
+                 "dataset": f.dataset, "samples": [analysis.relative(s) if "/" in s or os.sep in s else s for s in f.samples]}
                 for f in report.findings]
     limit = SEVERITIES.index(max_severity)
     samples = max((s["samples"] for s in report.stats.get("calibration", {}).values()), default=0)

@@ -24,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import math
+import os
 from collections import Counter, defaultdict
 from pathlib import Path
 
@@ -449,7 +450,7 @@ def _data_findings(stats, specs, dataset, unscanned=0):
             out += _range_findings(name, st, spec, dataset)
     groups = _duplicates(stats)
     if groups:
-        shown = [" = ".join(Path(w).name if "/" in w else w for w in g[:3]) for g in groups[:_SHOWN]]
+        shown = [" = ".join(Path(w).name if "/" in w or os.sep in w else w for w in g[:3]) for g in groups[:_SHOWN]]
         out.append(Finding("duplicate", "warning", f"{sum(len(g) - 1 for g in groups)} sample(s) repeat others "
                            f"({'; '.join(shown)}); duplicates weigh their content twice",
                            "drop the copies and add distinct samples", None, dataset, shown))

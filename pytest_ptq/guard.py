@@ -23,6 +23,7 @@ import errno
 import os
 import re
 import stat
+import sys
 import time
 from pathlib import Path
 
@@ -552,6 +553,8 @@ def clean_stale_temps(folder, name=None):
 def alive(pid):
     """Whether process ``pid`` runs on this machine (a zombie, dead but not yet reaped by its
     parent, does not)."""
+    if sys.platform == "win32":
+        return _alive_on_windows(pid)
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -565,3 +568,26 @@ def alive(pid):
             return fh.read().rsplit(b")", 1)[1].split()[0] != b"Z"
     except (OSError, IndexError):
         return True
+
+
+def _alive_on_windows(pid):
+    """:func:`alive` where ``os.kill(pid, 0)`` sends a Ctrl+C to a console process group
+    instead of asking whether the process exists: ask Windows for its exit code."""
+    import ctypes
+
+    kernel32 = ctypes.WinDLL("kernel32", use_last_error=True)
+    kernel32.OpenProcess.restype = ctypes.c_void_p
+    query_limited_information, still_active, invalid_parameter = 0x1000, 259, 87
+    if not 0 < pid < 2 ** 32:
+        return False
+    handle = kernel32.OpenProcess(query_limited_information, False, pid)
+    if not handle:
+        # no such process; any other refusal (access denied) is someone else's live one
+        return ctypes.get_last_error() != invalid_parameter
+    try:
+        code = ctypes.c_ulong()
+        if not kernel32.GetExitCodeProcess(ctypes.c_void_p(handle), ctypes.byref(code)):
+            return True
+        return code.value == still_active
+    finally:
+        kernel32.CloseHandle(ctypes.c_void_p(handle))

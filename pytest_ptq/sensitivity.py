@@ -203,7 +203,7 @@ class Sensitivity(dict):
         """A ranking saved by :meth:`save` (or ``--json``), or the seed's ``{node: {metric:
         value}}``."""
         try:
-            d = json.loads(Path(path).read_text(encoding="utf-8"))
+            d = json.loads(Path(path).read_text(encoding="utf-8-sig"))
             if isinstance(d, dict) and d and "ranking" not in d and all(
                     isinstance(v, dict) and v and all(isinstance(x, (int, float)) for x in v.values())
                     for v in d.values()):

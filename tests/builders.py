@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
+
+# root writes where modes forbid it (Windows has no user ids: never root there)
+AS_ROOT = hasattr(os, "geteuid") and os.geteuid() == 0
 
 
 def conv_net(path, channels=8, size=16, seed=0, outlier_channel=None, two_outputs=False,

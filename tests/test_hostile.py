@@ -376,7 +376,7 @@ def test_cli_writes_only_its_declared_outputs(project, capsys):
     assert (project / "out" / "deep" / "r.json").stat().st_size > 100
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only folders")
+@pytest.mark.skipif(builders.AS_ROOT, reason="root writes into read-only folders")
 def test_cli_read_only_folder(project, capsys):
     (project / "ro").mkdir(mode=0o500)
     before = tree(project)
@@ -920,7 +920,7 @@ def test_an_atomic_write_keeps_the_files_permissions(tmp_path):
     assert path.read_text() == "new" and stat.S_IMODE(path.stat().st_mode) == 0o640
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root writes read-only files")
+@pytest.mark.skipif(builders.AS_ROOT, reason="root writes read-only files")
 def test_a_read_only_file_is_not_replaced(tmp_path):
     """An atomic write renames over the file, which its read-only mode does not stop: a
     baseline made read-only was replaced, and came back writable."""
@@ -934,6 +934,42 @@ def test_a_read_only_file_is_not_replaced(tmp_path):
     with pytest.raises(PTQError, match="is read-only; choose another path or fix its permissions"):
         guard.check_writable(path, "baseline", atomic=True)
     assert path.read_text() == "kept"
+
+
+def test_on_windows_a_process_is_asked_for_its_exit_code_never_sent_a_signal(monkeypatch):
+    """``os.kill(pid, 0)`` is a Ctrl+C to a console process group on Windows, and fails with a
+    plain OSError for other numbers: every process read as alive (a killed run's temporary
+    folders never removed) and a live group could be interrupted. Windows is asked for the
+    process's exit code instead."""
+    import ctypes
+    import types
+
+    from pytest_ptq import guard
+
+    processes = {11: 259, 12: 0}  # a live process (STILL_ACTIVE), one that exited
+    state = {"error": 0}
+
+    def open_process(access, inherit, pid):
+        if pid in processes:
+            return pid
+        state["error"] = 5 if pid == 13 else 87  # 13: another user's (access denied)
+        return 0
+
+    def exit_code(handle, code):
+        code._obj.value = processes[handle.value]
+        return 1
+
+    kernel32 = types.SimpleNamespace(OpenProcess=open_process, GetExitCodeProcess=exit_code,
+                                     CloseHandle=lambda handle: 1)
+
+    def kill(pid, sig):
+        raise AssertionError("os.kill on Windows")
+
+    monkeypatch.setattr(guard.sys, "platform", "win32")
+    monkeypatch.setattr(os, "kill", kill)
+    monkeypatch.setattr(ctypes, "WinDLL", lambda name, use_last_error=False: kernel32, raising=False)
+    monkeypatch.setattr(ctypes, "get_last_error", lambda: state["error"], raising=False)
+    assert [guard.alive(pid) for pid in (11, 12, 13, 14, 2 ** 40)] == [True, False, True, False, False]
 
 
 def test_a_temporary_folder_a_killed_run_left_is_removed_by_the_next(tmp_path, monkeypatch):

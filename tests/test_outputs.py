@@ -460,6 +460,37 @@ def test_a_baseline_of_other_samples_or_of_few_nodes_now_does_not_pass_unseen():
     assert compare(baseline(), baseline(nodes="abcdefg"), 0.001).ok  # a few nodes gone: noted, compared
 
 
+def test_a_baseline_saved_by_a_windows_editor_is_read(tmp_path):
+    """A baseline edited in Notepad or written by PowerShell 5.1 starts with a UTF-8 BOM (and
+    ends its lines with CRLF): it read "it is not valid JSON: Unexpected UTF-8 BOM"."""
+    from pytest_ptq.baseline import Baseline
+
+    saved = Baseline(metric="cosine-similarity", node_type="activation", outputs={"out": 0.99},
+                     sensitivity={"n": 0.999}, data={"samples": 8})
+    saved.save(tmp_path / "b.json")
+    edited = tmp_path / "edited.json"
+    edited.write_bytes(b"\xef\xbb\xbf" + (tmp_path / "b.json").read_bytes().replace(b"\n", b"\r\n"))
+    assert Baseline.load(edited).to_dict() == Baseline.load(tmp_path / "b.json").to_dict()
+
+
+def test_a_folders_hash_orders_its_files_by_their_names_parts_with_case(tmp_path):
+    """The data's hash ordered its files as paths compare: without case on Windows, by the
+    whole string on Python 3.12; the same folder hashed otherwise, and a baseline made on
+    Linux noted "the data changed" there. The order is now the names' parts, case kept."""
+    import hashlib
+
+    from pytest_ptq.cache import file_hash
+
+    names = ["x-y/0.npy", "x/0.npy", "Mask/0.npy", "input/0.npy"]
+    for k, name in enumerate(names):
+        (tmp_path / name).parent.mkdir(exist_ok=True)
+        (tmp_path / name).write_bytes(bytes([k]))
+    h = hashlib.sha256()
+    for name in sorted(names, key=lambda n: n.split("/")):  # "Mask" < "input" < "x" < "x-y"
+        h.update(name.encode() + b"\0" + (tmp_path / name).read_bytes())
+    assert file_hash(tmp_path) == h.hexdigest()
+
+
 def test_a_baseline_of_a_newer_format_is_neither_read_nor_downgraded(tmp_path):
     """Format 2 with a key format 1 lacks read "has an unknown key 'holdout'; rewrite it", and
     --ptq-update-baseline rewrote it in format 1, its new fields gone."""

@@ -104,8 +104,10 @@ def requantize_with_producer(key, float_model, data, out_path, settings=None, re
         (tmp / "out").mkdir()
         (tmp / "spec.json").write_text(json.dumps(spec))
         try:
-            proc = subprocess.run([python, str(SCRIPT), str(tmp / "spec.json")], capture_output=True, text=True,
-                                  timeout=timeout)
+            # UTF-8 both ways: Windows' code page fails on a producer's progress bars and names
+            proc = subprocess.run([python, str(SCRIPT), str(tmp / "spec.json")], capture_output=True,
+                                  encoding="utf-8", errors="replace", timeout=timeout,
+                                  env={**os.environ, "PYTHONIOENCODING": "utf-8"})
         except subprocess.TimeoutExpired:
             raise PTQError(f"{SHORT[key]} did not finish re-quantizing within {timeout} s") from None
         except OSError as exc:

@@ -176,7 +176,7 @@ def quantize_static_kwargs(settings):
 
     if not isinstance(settings, dict):
         try:
-            settings = json.loads(Path(settings).read_text(encoding="utf-8"))
+            settings = json.loads(Path(settings).read_text(encoding="utf-8-sig"))
         except (OSError, ValueError, TypeError) as exc:
             raise PTQError(f"remedy settings {str(settings)!r} cannot be read ({type(exc).__name__}); "
                            "write them with ptq-debug suggest") from None
