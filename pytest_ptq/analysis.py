@@ -12,14 +12,12 @@ import dataclasses
 import os
 from pathlib import Path
 
-import numpy as np
-
 from . import guard, params
 from .cache import ResultCache, arrays_digest, file_hash, model_files, model_hash
 from .curves import configs_from, get_acc_error
 from .data import load_data
 from .engine import Engine
-from .errors import PTQError, closest, shown
+from .errors import PTQError, closest
 from .metrics import get_metric, get_metrics
 from .outputs import offset_warnings, parse_outputs
 from .progress import Progress
@@ -370,14 +368,7 @@ class Analysis:
 
         scores = []
         for run in (through(()), through("all")):
-            score = evaluate(run, data)
-            # a number, not text that reads as one; numpy's scalars and 0-d arrays are numbers
-            number = not isinstance(score, (str, bytes, bool)) and np.ndim(score) == 0 and \
-                np.issubdtype(np.asarray(score).dtype, np.number)
-            if not number:
-                raise PTQError(f"the evaluation function {_name(evaluate)} returned {shown(score)}; it must "
-                               "return one number (higher is better)")
-            scores.append(float(score))
+            scores.append(params.task_score(evaluate(run, data), _name(evaluate)))
         return tuple(scores)
 
     def fingerprint(self):

@@ -371,6 +371,17 @@ def metrics(values):
     return names
 
 
+def task_score(value, function):
+    """The float an evaluation function named ``function`` returned: one number, not text
+    that reads as one nor a bool (numpy's scalars and 0-d arrays are numbers)."""
+    number = not isinstance(value, (str, bytes, bool, np.bool_)) and np.ndim(value) == 0 and \
+        np.issubdtype(np.asarray(value).dtype, np.number)
+    if not number:
+        raise PTQError(f"the evaluation function {function} returned {shown(value)}; it must return one number "
+                       "(higher is better)")
+    return float(value)
+
+
 SEVERITIES = ("error", "warning", "info")  # most severe first
 
 

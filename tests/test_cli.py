@@ -168,7 +168,6 @@ def test_bad_inputs_exit_2_with_one_line(paths, tmp_path, capsys):
     _one_line_error(capsys, sens + [str(tmp_path / "missing.onnx"), paths["data"]], "missing.onnx", "does not exist")
     _one_line_error(capsys, sens + [paths["float"], paths["data"]], "no QuantizeLinear/DequantizeLinear")
     _one_line_error(capsys, sens + [paths["model"], str(tmp_path / "nodata")], "nodata", "does not exist")
-    _one_line_error(capsys, sens + [paths["model"], paths["data"], "-m", "cosin"], "unknown metric 'cosin'")
     _one_line_error(capsys, sens + [paths["model"], paths["data"], "-i", "conv_2"], "'conv2'")
     _one_line_error(capsys, sens + [paths["model"], paths["data"], "-o", "prob[:, a]"], "not an integer")
     line = _one_line_error(capsys, sens + [paths["default"], paths["data"]], "--float-model")
@@ -423,3 +422,26 @@ def test_list_nodes_writes_what_its_table_shows_as_json(paths, tmp_path, capsys)
     assert [n["name"] for n in saved["calibration_nodes"]] == table[1:] == list(qm.calibration)
     assert [n["consumers"] for n in saved["calibration_nodes"]] == [list(c.consumers) for c in qm.calibration.values()]
     assert saved["normal_nodes"] == list(qm.normal) and saved["format"] == "QDQ"
+
+
+def test_metric_names_are_checked_and_made_canonical_as_they_are_parsed(paths, tmp_path, capsys):
+    """``suggest --metric cos`` (a documented alias) read "needs --target VALUE", as did a
+    misspelt metric; ``-m`` took a misspelt one until the model had compiled."""
+    import argparse
+
+    from pytest_ptq.cli.distribution import configure_distribution, node_names
+
+    assert main(["suggest", paths["model"], paths["data"], "--metric", "cos", "--data-num", "2",
+                 "--no-save", "--no-requantize", "--quiet", "--json", str(tmp_path / "r.json")]) in (0, 1)
+    assert json.loads((tmp_path / "r.json").read_text())["metric"] == "cosine-similarity"
+    capsys.readouterr()
+    for argv in (["suggest", paths["model"], paths["data"], "--metric", "cosin"],
+                 ["get-sensitivity-of-nodes", paths["model"], paths["data"], "-m", "cosine-similarity", "msee"]):
+        with pytest.raises(SystemExit) as exc:  # argparse's, at start-up
+            main(argv)
+        assert exc.value.code == 2 and f"unknown metric {argv[-1]!r}" in capsys.readouterr().err
+    # the seed's quoted list keeps names with spaces and commas whole, as -i and -q do
+    p = argparse.ArgumentParser()
+    configure_distribution(p)
+    args = p.parse_args(["m.onnx", "calib", "-n", "['conv 1', 'relu,2']"])
+    assert node_names(args.nodes, {"conv 1", "relu,2"}) == ["conv 1", "relu,2"]

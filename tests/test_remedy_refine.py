@@ -171,6 +171,17 @@ def test_cli_mixed_with_costs(mixed, capsys):
     assert exc.value.code == 2 and "expected KIND=COST" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("cost", [float("inf"), True, 0, "x"])
+def test_a_cost_the_command_line_refuses_the_api_refuses_too(cost):
+    """An infinite cost or True was taken by ``suggest_remedy(costs=...)`` (as inf and 1.0),
+    where ``--cost float=inf`` was refused."""
+    from pytest_ptq.errors import PTQError
+    from pytest_ptq.remedy.search import costs_for
+
+    with pytest.raises(PTQError, match="the cost of 'float' must be"):
+        costs_for("mixed", {"float": cost, "int16": 1})
+
+
 def test_the_ranking_before_the_search_shows_its_own_progress(mixed, capsys, monkeypatch):
     # every clock reading a second later, so that the bars (silent under two seconds) print
     from pytest_ptq import progress

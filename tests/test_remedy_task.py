@@ -103,8 +103,11 @@ def test_task_target_arguments_are_checked(task):
         suggest_remedy(str(t["qdq"]), t["cal"], evaluate=t["top1"], target=0.7, min_ratio=0.99)
     with pytest.raises(PTQError, match="give evaluate= with it"):
         suggest_remedy(str(t["qdq"]), t["cal"], min_ratio=0.99)
-    with pytest.raises(PTQError, match="must return one number"):
-        suggest_remedy(str(t["qdq"]), t["cal"], evaluate=lambda run, data: "high")
+    # text that reads as a number and a bool were taken as scores by the search (the plugin's
+    # accuracy check refused them): one rule for every face
+    for returned in ("high", "0.5", True):
+        with pytest.raises(PTQError, match="must return one number"):
+            suggest_remedy(str(t["qdq"]), t["cal"], evaluate=lambda run, data, r=returned: r, min_ratio=0.5)
 
 
 def test_cli_evaluate_with_a_ratio_and_its_exit_sentence(task, tmp_path, capsys, monkeypatch):

@@ -95,6 +95,7 @@ number = argtype(params.number, "number")
 positive = argtype(params.positive, "positive number")
 library = argtype(lambda value, what: params.libraries(value, what)[0], "library")
 ratio = argtype(params.ratio, "ratio")
+metric = argtype(lambda value, what: params.metric(value), "metric")  # canonical: 'cos' is cosine-similarity
 
 
 def add_model(p, data=True, engine=None):
@@ -137,7 +138,7 @@ def add_quiet(p):
 
 
 def add_metrics(p, what="the first sorts the ranking"):
-    p.add_argument("-m", "--metrics", nargs="+", action=SeedList, default=["cosine-similarity"], metavar="METRIC",
+    p.add_argument("-m", "--metrics", nargs="+", action=Metrics, default=["cosine-similarity"], metavar="METRIC",
                    help=f"metrics, {what}; one of {', '.join(METRICS)} (also the seed's \"['a','b']\" form). "
                         "Default: cosine-similarity")
 
@@ -168,6 +169,20 @@ class SeedList(Listed):
         return seed_list(values)
 
 
+class Metrics(SeedList):
+    """``-m``: metric names, checked and made canonical as given (a misspelt one was refused
+    only after the model compiled)."""
+
+    def convert(self, values):
+        names = seed_list(values)
+        if not all(isinstance(v, str) for v in names):
+            raise argparse.ArgumentError(self, "a list of metric names, such as \"['cosine-similarity', 'mse']\"")
+        try:
+            return params.metrics(names)
+        except PTQError as exc:
+            raise argparse.ArgumentError(self, str(exc)) from None
+
+
 def seed_list(values):
     """``values`` (argv words), or the seed's list they spell (see :class:`SeedList`)."""
     text = " ".join(values).strip()
@@ -187,7 +202,7 @@ def seed_list(values):
 
 def add_metric(p, what):
     """``--metric``: one metric, for ``what``."""
-    p.add_argument("--metric", default="cosine-similarity", metavar="METRIC",
+    p.add_argument("--metric", type=metric, default="cosine-similarity", metavar="METRIC",
                    help=f"{what}; one of {', '.join(METRICS)}. Default: cosine-similarity")
 
 

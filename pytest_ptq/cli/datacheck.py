@@ -46,7 +46,7 @@ def configure(p):
     p.add_argument("--expect-std", type=a.positive, nargs="+", action=a.Listed, default=None, metavar="S",
                    help="per-channel standard deviations correctly preprocessed data should have (one number: every "
                    "channel)")
-    p.add_argument("--metric", default=None, metavar="METRIC",
+    p.add_argument("--metric", type=a.metric, default=None, metavar="METRIC",
                    help=f"with --heldout: the metric of the held-out comparison; one of {', '.join(a.METRICS)}. "
                         "Default: cosine-similarity")
     p.add_argument("--threshold", type=a.number, default=None,

@@ -12,9 +12,9 @@ from . import args as a
 
 
 def node_names(values, known):
-    """CLI node lists in either form: ``-n a b`` or the seed's ``-n "['a','b']"``; a value in
-    ``known`` (the model's node names) is taken whole (exporters' names hold spaces, commas,
-    brackets and quotes)."""
+    """CLI node lists: ``-n a b``, ``-n a,b``, or the seed's ``-n "['a','b']"`` (read by
+    :class:`.args.SeedList`); a value in ``known`` (the model's node names) is taken whole
+    (exporters' names hold spaces, commas, brackets and quotes)."""
     out = []
     for v in values or []:
         if v in known:
@@ -56,7 +56,7 @@ def run_distribution(args):
 
 def configure_distribution(p):
     a.add_model(p)
-    p.add_argument("-n", "--nodes", nargs="+", action=a.Listed, required=True, metavar="NODE",
+    p.add_argument("-n", "--nodes", nargs="+", action=a.SeedList, required=True, metavar="NODE",
                    help="calibration or normal nodes to plot (also the seed's \"['a','b']\" form)")
     a.add_save_dir(p)
     p.add_argument("--bins", type=a.bins, default=HIST_BINS, help=f"histogram bins. Default: {HIST_BINS}")
@@ -80,7 +80,7 @@ def run_channelwise(args):
 
 def configure_channelwise(p):
     a.add_model(p)
-    p.add_argument("-n", "--nodes", nargs="+", action=a.Listed, required=True, metavar="NODE",
+    p.add_argument("-n", "--nodes", nargs="+", action=a.SeedList, required=True, metavar="NODE",
                    help="calibration nodes (also the seed's \"['a','b']\" form)")
     p.add_argument("--axis", type=int, default=None,
                    help="channel axis of the input. Default: inferred (1 for NCHW, last for [B, T, C])")

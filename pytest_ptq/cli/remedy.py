@@ -23,12 +23,9 @@ def _cost(text):
         raise argparse.ArgumentTypeError(f"expected KIND=COST with KIND one of {', '.join(REMEDIES)}, or 'nodes'; "
                                          f"got {text!r}")
     try:
-        cost = params.number(value, "")
+        return kind, params.positive(value, "")
     except PTQError as exc:
         raise argparse.ArgumentTypeError(f"{kind}: {exc}") from None
-    if not cost > 0:
-        raise argparse.ArgumentTypeError(f"{kind}: the cost must be positive, got {value}")
-    return kind, cost
 
 
 def _costs(values):

@@ -10,11 +10,11 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from .. import guard
+from .. import guard, params
 from ..progress import Progress
 from ..engine import Engine
 from ..engine.runtime import ALWAYS_DISABLED, make_session, run
-from ..errors import NotQuantized, PTQError
+from ..errors import NotQuantized, PTQError, raised_by_user
 from ..model import load_model
 from ..model.graph import name_nodes
 from ..model.qdq import PER_CHANNEL_OPS
@@ -374,8 +374,14 @@ class _Plain:
 def _value(new, part, objective):
     """The objective of the re-quantized model ``new`` (everything quantized) on ``part``."""
     if objective.is_task:
-        score = objective.evaluate(lambda feeds: new.run(dict(feeds), "all"), part.data())
-        return float(score)
+        name = objective.metric.name
+        try:
+            score = objective.evaluate(lambda feeds: new.run(dict(feeds), "all"), part.data())
+        except PTQError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - the user's code: one sentence naming its line, not our frames
+            raise raised_by_user(f"the evaluation function {name}", exc) from exc
+        return params.task_score(score, name)
     m = objective.metric
     tensors = list(dict.fromkeys(s.tensor for s in objective.specs))
     states = {s.name: m.new() for s in objective.specs}

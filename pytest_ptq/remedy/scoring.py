@@ -10,6 +10,7 @@ import time
 
 import numpy as np
 
+from .. import params
 from ..errors import PTQError, raised_by_user
 from ..metrics import Reference, Scratch
 
@@ -167,11 +168,7 @@ class Scorer:
             raise
         except Exception as exc:  # noqa: BLE001 - the user's code: one sentence naming its line, not our frames
             raise raised_by_user(f"the evaluation function {self.metric.name}", exc) from exc
-        try:
-            return float(score)
-        except (TypeError, ValueError):
-            raise PTQError(f"the evaluation function {self.metric.name} returned {score!r}; it must return one "
-                           "number (higher is better)") from None
+        return params.task_score(score, self.metric.name)
 
 
 def pooled(scorers, chosen):

@@ -46,13 +46,7 @@ def costs_for(remedy, costs):
     for kind, cost in costs.items():
         if kind not in REMEDIES:
             raise unknown("remedy", kind, REMEDIES)
-        try:
-            value = float(cost)
-        except (TypeError, ValueError):
-            value = float("nan")
-        if not value > 0:
-            raise PTQError(f"the cost of {kind!r} must be a positive number, got {cost!r}")
-        out[kind] = value
+        out[kind] = params.positive(cost, f"the cost of {kind!r}")
     return {k: out[k] for k in REMEDIES if k in out}
 
 
