@@ -55,11 +55,13 @@ def pyplot():
 def drawing(draw):
     """Decorator of a function that draws figures: the text falls back on an installed CJK
     font, and a glyph no font has is drawn as a box without a warning (a warning that
-    ``-W error`` would turn into a failed test, or pytest's internal error in a hook)."""
+    ``-W error`` would turn into a failed test, or pytest's internal error in a hook). Text is
+    drawn as written: a node name with two dollar signs (``price$_$``) is no formula, which
+    matplotlib failed to parse (every figure of the model lost, the plugin's report with them)."""
     @functools.wraps(draw)
     def drawn(*args, **kwargs):
         plt = pyplot()
-        with warnings.catch_warnings(), plt.rc_context({"font.sans-serif": _fonts()}):
+        with warnings.catch_warnings(), plt.rc_context({"font.sans-serif": _fonts(), "text.parse_math": False}):
             warnings.filterwarnings("ignore", message=r"Glyph \d+ .*missing from", category=UserWarning)
             return draw(*args, **kwargs)
     return drawn
@@ -131,7 +133,7 @@ def save_figure(fig, path, tight=True):
     try:
         for text in fig.findobj(Text):
             shown_text = text.get_text()
-            if shown_text and not shown_text.isascii() and "$" not in shown_text:  # mathtext reads "\\u" as a command
+            if shown_text and not shown_text.isascii():
                 text.set_text(drawable(shown_text))
         with guard.writing(Path(path)) as path:
             if tight:

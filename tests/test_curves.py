@@ -462,6 +462,27 @@ def test_characters_no_installed_font_has_are_escaped_so_names_stay_apart(tmp_pa
     assert drawable("ß ñ é") == "ß ñ é"  # what DejaVu Sans has stays as it is
 
 
+def test_node_names_with_dollar_signs_are_drawn_as_written(tmp_path, monkeypatch):
+    """matplotlib reads text between two dollar signs as a formula: a node named ``price$_$``
+    failed to draw (the plot, and the plugin's report with it, lost to a parse error), and
+    ``conv$1$`` drew as an italic 1."""
+    from matplotlib.text import Text
+
+    from pytest_ptq import curves as module
+    from pytest_ptq.curves import Curves, plot_curves
+
+    figures, save = [], module.save_figure
+    monkeypatch.setattr(module, "save_figure", lambda fig, path, tight=True: figures.append(fig) or save(fig, path, tight))
+    names = ["price$_$", "conv$1$", "a$\\u$b"]
+    curves = Curves(metric="cosine-similarity", nodes=names, tensors=names,
+                    values={f"all but {n}": [1.0, 0.99, 0.98] for n in names}, configs={}, samples=1)
+    assert plot_curves(curves, tmp_path / "c.png").stat().st_size > 10_000
+    texts = [t for t in figures[0].findobj(Text) if "$" in t.get_text()]
+    assert texts and not any(t.get_parse_math() for t in texts)
+    shown = " ".join(" ".join(t.get_text().split()) for t in texts)
+    assert all(n in shown for n in names), shown
+
+
 def test_a_long_title_wraps_instead_of_widening_the_figure(tmp_path):
     from PIL import Image
 
