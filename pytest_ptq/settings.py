@@ -147,6 +147,11 @@ class Option:
     def ini(self):
         return "ptq_" + self.name
 
+    @property
+    def ini_type(self):
+        """What a TOML table may hold for it beside text: a count or a number."""
+        return {positive_int: int, workers: int, cosine: float, non_negative: float}.get(self.parse)
+
 
 OPTIONS = [
     Option("model", existing_file, None, "calibrated QDQ model (.onnx) that the ptq fixtures analyse; with "
@@ -211,7 +216,7 @@ def add_options(parser):
         shown = o.shown or ("none" if o.default is None else o.default)
         group.addoption(o.flag, dest="ptq_" + o.name, metavar=o.metavar, type=_argtype(o.parse), default=None,
                         help=f"{o.help}. Ini: {o.ini}. Default: {shown}.")
-        parser.addini(o.ini, f"{o.help} (pytest-ptq; same as {o.flag}). Default: {shown}.", default=None)
+        _add_ini(parser, o, f"{o.help} (pytest-ptq; same as {o.flag}). Default: {shown}.")
     group.addoption("--ptq-update-baseline", action="store_true", dest="ptq_update_baseline", default=False,
                     help="write the baselines that are missing or failing (those tests still fail, so "
                     "a CI run never passes on new baselines). Default: off.")
@@ -223,6 +228,17 @@ def add_options(parser):
                     "ptq fixtures, the ptq marker or a *.ptq.yaml contract. Default: off.")
     group.addoption("--ptq-no-cache", action="store_true", dest="ptq_no_cache", default=False,
                     help="compute every result afresh and keep none on disk (see --ptq-cache-dir). Default: off.")
+
+
+def _add_ini(parser, option, text):
+    """``option``'s ini key; a numeric one may hold a TOML number (pytest 9's ``[tool.pytest]``
+    table, where ``ptq_top = 5`` was refused as "expects a string, got int"), and text, which
+    the option's own parser reads ("auto", or a sentence naming the key where it is wrong).
+    pytest before 9.2 takes no such type: text only there."""
+    if option.ini_type is not None and pytest.version_tuple[:2] >= (9, 2):
+        parser.addini(option.ini, text, type=option.ini_type | str, default=None)
+    else:
+        parser.addini(option.ini, text, default=None)
 
 
 @dataclasses.dataclass(frozen=True)

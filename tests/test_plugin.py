@@ -160,7 +160,9 @@ def test_help_pins_the_option_group(pytester):
         assert help_text.endswith(f"Default: {defaults.get(flag, 'none')}."), (flag, help_text)
         if flag not in ("--ptq-update-baseline", "--ptq-update-all", "--ptq-no-default-contract", "--ptq-no-cache"):
             assert f"Ini: ptq_{flag[6:].replace('-', '_')}." in help_text, flag
-    result.stdout.fnmatch_lines(["  ptq_model (string):*", "  ptq_min_cosine (string):*"])
+    numbers = pytest.version_tuple[:2] >= (9, 2)  # typed ini keys: a TOML table's numbers
+    result.stdout.fnmatch_lines(["  ptq_model (string):*", f"  ptq_min_cosine ({'float | ' if numbers else ''}string):*",
+                                 f"  ptq_top ({'int | ' if numbers else ''}string):*"])
 
 
 def test_a_run_without_models_imports_neither_onnx_nor_onnxruntime(pytester):
@@ -443,6 +445,24 @@ def test_marker_over_command_line_over_ini(project):
     first.stdout.fnmatch_lines(["*test_default FAILED*", "*test_marker_low PASSED*", "*test_marker_high FAILED*"])
     second = run(project, "tests", "-v", "--ptq-min-cosine", "0.5")
     second.stdout.fnmatch_lines(["*test_default PASSED*", "*test_marker_low PASSED*", "*test_marker_high FAILED*"])
+
+
+@pytest.mark.skipif(pytest.version_tuple[:2] < (9, 2),
+                    reason="typed ini keys and the [tool.pytest] table: pytest 9.2")
+def test_numbers_in_pytests_own_toml_table(project):
+    """pytest 9 reads ``[tool.pytest]`` as TOML: ``ptq_min_cosine = 1.0`` was refused with
+    "config option 'ptq_min_cosine' expects a string, got float" (exit 4, nothing run)."""
+    project.makepyprojecttoml("""
+        [tool.pytest]
+        ptq_model = "model.onnx"
+        ptq_data = "calib"
+        ptq_min_cosine = 1.0
+        ptq_top = 3
+    """)
+    project.makepyfile("def test_default(ptq):\n    ptq.assert_outputs()\n")
+    result = run(project, "-v")
+    result.stdout.fnmatch_lines(["*test_default FAILED*", "*1.0*"])
+    assert result.ret == 1
 
 
 def test_bad_marker_argument_fails_the_test_in_one_sentence(project):
