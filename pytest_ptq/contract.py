@@ -58,7 +58,7 @@ from _pytest._code.code import ReprFileLocation, ReprTracebackNative, TerminalRe
 from . import params
 from . import session as ptq_session
 from . import guard
-from .errors import PTQError, clip, closest, shown
+from .errors import PTQError, as_sentence, clip, closest, shown
 from .metrics import COSINE, METRICS
 
 # Files collected as contracts. This module loads no onnx: checks load with the first item run.
@@ -611,9 +611,9 @@ class ContractItem(pytest.Item):
                           + str(excinfo.value), self.path)
         if isinstance(excinfo.value, ContractError):
             return _Lines(str(excinfo.value), self.path)
-        if isinstance(excinfo.value, PTQError):
-            return _Lines(f"contract {self.contract.name} ({self.path.name}), check {self.name}: {excinfo.value}",
-                          self.path)
+        if as_sentence(excinfo.value) is not None:
+            return _Lines(f"contract {self.contract.name} ({self.path.name}), check {self.name}: "
+                          f"{as_sentence(excinfo.value)}", self.path)
         # an error in the user's own code (an evaluate function): its frames, not pytest's,
         # pluggy's (hundreds of lines a plain test's failure does not show either) and ours
         kept = excinfo.traceback.filter(lambda entry: not str(entry.path).startswith(_RUNNER_DIRS))

@@ -37,6 +37,16 @@ class NonFinite(PTQError):
     float16 graph past its range), so nothing can be measured against it there."""
 
 
+def as_sentence(exc):
+    """The one sentence of ``exc`` where it is a :class:`PTQError`, or one of pytest-ptq's
+    warnings raised as an error (``-W error``, ``filterwarnings = error``); else None."""
+    if isinstance(exc, PTQError):
+        return str(exc)
+    if isinstance(exc, Warning) and type(exc).__module__.split(".")[0] == __name__.split(".")[0]:
+        return f"{exc} (warnings are errors in this run)"
+    return None
+
+
 def user_level():
     """The ``stacklevel`` that makes a warning raised by the function calling this name the
     first caller outside pytest-ptq (the user's line), however deep in the package it is."""

@@ -20,7 +20,7 @@ import pytest
 from . import contract as ptq_contract
 from . import session as ptq_session_mod
 from . import settings as ptq_settings_mod
-from .errors import PTQError
+from .errors import PTQError, as_sentence
 
 # Only settings, metrics (and numpy), contracts and the session shell load with pytest: onnx,
 # onnxruntime and matplotlib load when a test first uses a model, so a run without models
@@ -269,8 +269,10 @@ def ptq_analysis(request, ptq_session, ptq_settings, ptq_model, ptq_data):
     try:
         _ = analysis.engine  # compile in setup, so a bad model or data is one sentence, not a traceback
         error = None
-    except PTQError as exc:
-        error = exc
+    except (PTQError, Warning) as exc:  # a warning: raised where warnings are errors
+        error = as_sentence(exc)
+        if error is None:
+            raise
     if error is not None:  # outside the except block: the sentence once, not twice with a chain
         _fail(error)
     return analysis

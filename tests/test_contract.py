@@ -95,6 +95,33 @@ def test_contract_checks_are_items_with_plain_failures(project, models):
     assert "Traceback" not in out and "contract.py" not in out and "def runtest" not in out
 
 
+def test_our_warnings_raised_as_errors_are_one_sentence(project):
+    """Under ``filterwarnings = error`` a data warning (more samples asked for than the data
+    holds) failed the contract's items with 35 lines of pytest's and pluggy's frames each, and
+    a test's ``ptq`` fixture with the fixture's source; now one sentence each."""
+    project.makeini("[pytest]\nfilterwarnings = error\n")
+    contract(project, "net", """
+        model: ../models/model.onnx
+        data: ../models/calib
+        data_num: 50
+        outputs:
+          default: 0.5
+        baseline: false
+    """)
+    project.makepyfile(test_w="""
+        import pytest
+
+        @pytest.mark.ptq(model="models/model.onnx", data="models/calib", data_num=50)
+        def test_outputs(ptq):
+            ptq.assert_outputs(0.5)
+    """)
+    result = run(project, "-v")
+    result.assert_outcomes(failed=1, errors=1)
+    out = result.stdout.str()
+    assert out.count("calibration samples were asked for") >= 2 and "(warnings are errors in this run)" in out, out
+    assert "pluggy/" not in out and "_pytest/" not in out and "def ptq_analysis" not in out, out
+
+
 def test_a_skip_mark_on_a_contract_item_skips_it(project):
     contract(project, "net", """
         model: ../models/model.onnx
