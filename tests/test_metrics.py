@@ -131,6 +131,18 @@ def test_an_infinite_quantized_value_is_undefined_without_a_warning():
     assert all(math.isnan(v) for v in got.values())
 
 
+def test_the_same_infinity_in_both_is_undefined_without_a_warning():
+    """An attention mask of -inf in the reference and the quantized output: mse, mre, sqnr,
+    chebyshev and l1 subtracted inf from inf with numpy's warning (a failure under -W error)."""
+    import warnings
+
+    ref = np.array([1.0, -np.inf, 2.0])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = compare(ref, ref + [0.1, 0.0, 0.0], list(METRICS))
+    assert all(math.isnan(v) for v in got.values()), got
+
+
 @pytest.mark.parametrize("bad", [np.nan, -np.inf])
 def test_every_metric_reads_a_non_finite_quantized_output_as_the_worst_without_a_warning(bad):
     """chebyshev read a NaN output as 0.0, a perfect score (Python's max(0.0, nan) is 0.0):
