@@ -703,3 +703,82 @@ def test_negative_block_scales_are_a_flipped_grid_not_a_broken_calibration(made)
         assert d["clipped_share"] == pytest.approx(clipped) and clipped < 0.05
         assert d["threshold"] == pytest.approx(8 * np.abs(scale).max(), rel=1e-6)
         assert "clipped" not in weight_issue(d)[1], weight_issue(d)
+
+
+def test_a_weight_only_models_remedy_is_not_checked_by_a_quantizer_of_activations(made):
+    """A block-wise weight-only model was re-quantized with quantize_static, which quantized its
+    activations too: the 'check' measured another model (0.967 against 0.990 as given) and
+    blamed the calibration. It says why it is not re-quantized, and which two quantizers
+    write such a model (the producer was named as Model Optimizer alone)."""
+    from pytest_ptq.remedy.search import suggest_remedy
+
+    qpath, fpath, data, _ = made("onnxruntime_int4_symmetric", "mlp")
+    assert "MatMulNBitsQuantizer" in QuantModel(qpath).made_by.label
+    r = suggest_remedy(str(qpath), data, target=0.99999, float_model=str(fpath), progress=False)
+    assert r.nodes and r.measured is None
+    assert any("quantizes weights only" in n and "quantize_static would quantize the activations" in n
+               for n in r.notes), r.notes
+
+
+def _blocked_mlp(tmp_path, name, weight_nodes, inits, opset=23, extra_domains=()):
+    """x [2, 64] -> MatMul(x, W) with W from ``weight_nodes`` (writing 'w'), as an exporter for
+    TensorRT or a newer opset writes it; data beside it."""
+    nodes = [*weight_nodes, helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")]
+    graph = helper.make_graph(nodes, name, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 64])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 16])], initializer=inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset),
+                                                    *(helper.make_opsetid(d, 1) for d in extra_domains)])
+    model.ir_version = 11
+    path = tmp_path / f"{name}.onnx"
+    onnx.save(model, path)
+    builders.save_folder({"x": np.random.default_rng(0).standard_normal((4, 2, 64)).astype(np.float32)},
+                         tmp_path / "calib")
+    return path
+
+
+def test_exports_for_tensorrt_and_types_onnxruntime_cannot_run_are_told_as_such(tmp_path):
+    """Model Optimizer's NVFP4 export (a block scale dequantized from fp8 by a second
+    DequantizeLinear) read "takes its scale from a computed tensor ... quantize_dynamic"; its
+    TensorRT plugin ops read "register the library ... e.g. AMD Quark's"; a float4 DQ quoted
+    onnxruntime's "Could not find an implementation" alone."""
+    from pytest_ptq import debug as dbg
+
+    codes = numpy_helper.from_array(np.zeros((64, 16), np.float32).astype(ml_dtypes.float4_e2m1fn), "w_codes")
+    fp8 = numpy_helper.from_array(np.ones((4, 16), np.float32).astype(ml_dtypes.float8_e4m3fn), "w_fp8_scale")
+    glob = numpy_helper.from_array(np.array(0.01, np.float32), "w_global")
+    two_level = _blocked_mlp(tmp_path, "nvfp4", [
+        helper.make_node("DequantizeLinear", ["w_fp8_scale", "w_global"], ["w_scale"], name="w_scale_dq"),
+        helper.make_node("DequantizeLinear", ["w_codes", "w_scale"], ["w"], name="w_dq", axis=0, block_size=16)],
+        [codes, fp8, glob])
+    with pytest.raises(PTQError, match=r"takes its scale 'w_scale' from DequantizeLinear 'w_scale_dq': a two-level "
+                                       r"block scale.*NVFP4") as exc:
+        QuantModel(two_level)
+    assert "quantize_dynamic" not in str(exc.value)
+    scale = numpy_helper.from_array(np.full((4, 16), 0.5, np.float32), "w_block_scale")
+    fp4 = _blocked_mlp(tmp_path, "fp4", [
+        helper.make_node("DequantizeLinear", ["w_codes", "w_block_scale"], ["w"], name="w_dq", axis=0, block_size=16)],
+        [codes, scale])
+    if onnx_runs(fp4):
+        pytest.skip("this onnxruntime runs float4 DequantizeLinear")
+    with pytest.raises(PTQError, match=r"onnxruntime \S+ cannot load .*fp4.onnx: it has no kernel for one of its nodes "
+                                       r"\(.*DequantizeLinear.*\); pytest-ptq runs models in onnxruntime"):
+        dbg.get_sensitivity_of_nodes(str(fp4), calibrated_data=tmp_path / "calib", node_type="weight", progress=False)
+    trt = _blocked_mlp(tmp_path, "trt", [
+        helper.make_node("TRT_INT4DequantizeLinear", ["w_int4", "w_channel_scale"], ["w"], name="w_dq", domain="trt",
+                         axis=1)],
+        [numpy_helper.from_array(np.zeros((64, 16), ml_dtypes.int4), "w_int4"),
+         numpy_helper.from_array(np.full(16, 0.5, np.float32), "w_channel_scale")], extra_domains=("trt",))
+    with pytest.raises(PTQError, match=r"uses TensorRT plugin ops trt::TRT_INT4DequantizeLinear .*which no onnxruntime "
+                                       r"library implements") as exc:
+        dbg.get_sensitivity_of_nodes(str(trt), calibrated_data=tmp_path / "calib", node_type="weight", progress=False)
+    assert "Quark" not in str(exc.value)
+
+
+def onnx_runs(path):
+    import onnxruntime as ort
+
+    try:
+        ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+        return True
+    except Exception:  # noqa: BLE001 - any refusal to load
+        return False

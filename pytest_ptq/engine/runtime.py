@@ -637,6 +637,12 @@ def make_session(model, optimization="all", providers=None, fake_quant=True, opt
     except PTQError:
         raise
     except Exception as exc:
+        if "Could not find an implementation for" in str(exc):
+            # a type or opset its kernels do not cover (float4e2m1 Q/DQ, say), not a broken file
+            raise PTQError(f"onnxruntime {ort().__version__} cannot load {what}: it has no kernel for one of its nodes "
+                           f"({first_line(exc)}); pytest-ptq runs models in onnxruntime, so re-export the model with "
+                           "types and opsets its CPU kernels run (int8, int4, float8 QuantizeLinear/DequantizeLinear)"
+                           ) from None
         raise PTQError(f"onnxruntime cannot load {what} ({first_line(exc)}); check that it runs in a plain "
                        "onnxruntime session") from None
     if shared is not None and shared.low_memory:

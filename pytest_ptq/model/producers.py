@@ -82,7 +82,10 @@ def _detect(model, fmt):
         return Producer("neural-compressor", KNOWN["neural-compressor"], "", "tensor names *_QuantizeInput")
     if any(n.op_type == "DequantizeLinear" and any(a.name == "block_size" for a in n.attribute)
            for n in model.graph.node):
-        return Producer("modelopt", KNOWN["modelopt"], "", "block-wise DequantizeLinear weights (its int4 export)")
+        # onnxruntime's MatMulNBitsQuantizer in QDQ form writes the same: Model Optimizer's
+        # terms are given, the name says which two it may be
+        return Producer("modelopt", f"{KNOWN['modelopt']} (int4) or onnxruntime's MatMulNBitsQuantizer", "",
+                        "block-wise DequantizeLinear weights, which both write")
     if model.producer_name:  # a name, but not of a quantizer whose conventions are known (a QAT export)
         return Producer("unknown", raw, "", f"producer_name {model.producer_name!r}, no quantizer known by it")
     return Producer("unknown", raw, "", "nothing in the file names it")

@@ -743,6 +743,12 @@ class QuantModel:
     def _qparams(self, node, qtype):
         where = f"node {node.name!r} of {self.source!r} "
         scale = self.constant(node.input[1]) if len(node.input) > 1 else None
+        source = self.producer.get(node.input[1]) if len(node.input) > 1 else None
+        if scale is None and source is not None and source.op_type == "DequantizeLinear":
+            raise PTQError(f"{where}takes its scale {node.input[1]!r} from DequantizeLinear {source.name!r}: a "
+                           "two-level block scale, as NVIDIA Model Optimizer's NVFP4 and MXFP8 exports for TensorRT "
+                           "write it; pytest-ptq runs models in onnxruntime, which has no kernel for float4 and reads "
+                           "no such chain: analyse the model's int8, fp8 or int4 QDQ export")
         if scale is None:
             raise PTQError(f"{where}takes its scale {node.input[1] if len(node.input) > 1 else ''!r} from a "
                            "computed tensor; pytest-ptq reads constant scales, and ranges computed per run only "
@@ -1180,6 +1186,12 @@ def _ops(ops, shown=3):
 
 def custom_op_sentence(qm):
     """What to do when a model needs a custom-op library that was not given."""
+    tensorrt = [(d, o) for d, o in qm.custom_ops if d == "trt" or d.startswith("trt.")]
+    if tensorrt:
+        return (f"model {qm.source!r} uses TensorRT plugin ops {_ops(tensorrt)} (NVIDIA Model Optimizer writes them "
+                "in its NVFP4, MXFP8 and INT4 exports for TensorRT), which no onnxruntime library implements: "
+                "analyse the model's QDQ export with standard QuantizeLinear/DequantizeLinear (int8, fp8, or int4 "
+                "weights behind DequantizeLinear)")
     return (f"model {qm.source!r} uses custom ops {_ops(qm.custom_ops)} that plain onnxruntime does not know; "
             "register the library that implements them (the quantizer ships it, e.g. AMD Quark's custom-op "
             "library) with --custom-op-library PATH (custom_op_libraries=[PATH] in the API, ptq_custom_op_library "

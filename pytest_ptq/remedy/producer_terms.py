@@ -46,6 +46,7 @@ from ..errors import PTQError, unknown
 from ..model import load_model
 from ..model.align import FOLDABLE, RESHAPING, TRANSPARENT, float_source
 from ..model.graph import name_nodes, sort_topologically
+from ..model.producers import KNOWN
 from .alternatives import float_input
 from .result import MIXED, REMEDIES, producer_lines
 
@@ -218,8 +219,9 @@ def producer_terms(qmodel, remedy, nodes, axes=None, choices=None, float_model=N
         if kind not in REMEDIES:
             raise PTQError(f"node {name!r} needs a remedy kind ({', '.join(REMEDIES)}) in choices, got {kind!r}")
         kinds[name] = kind
-    terms = {"producer": key, "label": qmodel.made_by.label, "short": SHORT[key], "names": "float model" if names.fg.given else
-             "QDQ graph", "settings": {}, "nodes": {}, "expect": {k: [] for k in REMEDIES}, "unsupported": [],
+    version = f" {qmodel.made_by.version}" if qmodel.made_by.version else ""
+    terms = {"producer": key, "label": KNOWN[key] + version, "short": SHORT[key],
+             "names": "float model" if names.fg.given else "QDQ graph", "settings": {}, "nodes": {}, "expect": {k: [] for k in REMEDIES}, "unsupported": [],
              "lines": [], "notes": []}
     build = {"modelopt": _modelopt, "quark": _quark, "neural-compressor": _inc, "aimet": _aimet}[key]
     build(qmodel, names, kinds, axes, terms)

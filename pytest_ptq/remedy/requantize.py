@@ -91,6 +91,17 @@ def infer_quantize_options(qmodel):
             "nodes_to_exclude": excluded}
 
 
+def unreproducible(qmodel):
+    """Why re-quantizing the float model with onnxruntime cannot check a remedy of
+    ``qmodel``, or None: a model that quantizes weights only (block-wise int4 from a
+    weight-only quantizer) would come back with its activations quantized too."""
+    if qmodel.format == "dynamic" or qmodel.of_kind("activation") or qmodel.of_kind("dynamic"):
+        return None
+    return ("it quantizes weights only (no activation has a pair), and quantize_static would quantize the activations "
+            "too: re-quantizing with it would measure another model; apply the settings with the weight-only quantizer "
+            "that made it (onnxruntime's MatMulNBitsQuantizer takes nodes_to_exclude as well)")
+
+
 def requantize(float_model, out_path, data, options, settings=None):
     """Run quantize_static (QDQ format, MinMax), or quantize_dynamic for a dynamic model, on
     ``float_model`` with ``options`` from :func:`infer_quantize_options` plus remedy

@@ -19,7 +19,7 @@ from .plot import plot_remedy
 from .producer_check import PACKAGE, PYTHON_ENV, check_producer_terms, producer_python
 from .producer_terms import producer_terms
 from .ranking import given_ranking, mixed_moves, rank
-from .requantize import judged, measure, score_parts
+from .requantize import judged, measure, score_parts, unreproducible
 from .result import DEFAULT_COSTS, MIXED, REMEDIES, WHAT, Remedy, meets
 from .scoring import Clock, OutOfTime, Scorer, cost_of, pooled
 from .strategy import Search
@@ -203,6 +203,9 @@ def _suggest(engine, save_dir, clock, target, metric, remedy, output_node, data_
     result.settings = onnxruntime_settings(qm, remedy, result.nodes, axes, result.choices)
     # after the budget too, as documented: a set found in time is applied and measured
     check = float_model is not None and requantize_check and result.nodes
+    if check and unreproducible(qm):
+        notes.append(f"the settings were not checked by re-quantizing the model: {unreproducible(qm)}")
+        check = False
     if check:
         parts = {"calibration": (lay.calibration, _scorer_for(lay.calibration, scorer, judge, objective))}
         if lay.confirms:
