@@ -191,15 +191,15 @@ def _values(value, key, what, bad, metric):
     return out
 
 
-def measure(analysis, metric="cosine-similarity", node_type="node", outputs=None, relative_to=".", named=()):
+def measure(analysis, metric="cosine-similarity", node_type="node", relative_to=".", named=()):
     """A :class:`Baseline` of ``analysis`` now; paths relative to ``relative_to``; ``named``:
     outputs and slices (``"tail=out[:, 2000:]"``) whose figures join the outputs' (a contract's
     output thresholds name them: a slice could lose 4x the tolerance and the baseline pass)."""
     name = get_metric(metric).name
-    out = dict(analysis.output_metrics(outputs, [name]).values)
+    out = dict(analysis.output_metrics(None, [name]).values)
     if named:
         out.update(analysis.output_metrics(list(named), [name]).values)
-    sens = analysis.sensitivity(node_type, name, outputs)
+    sens = analysis.sensitivity(node_type, name, None)
     fp = analysis.fingerprint()
     key = analysis.key
     return Baseline(

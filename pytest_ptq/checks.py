@@ -523,7 +523,7 @@ UPDATES = ("none", "failing", "all")
 
 
 def check_baseline(analysis, path, update="none", tolerance=0.001, node_type="node", metric=COSINE,
-                   outputs=None, inputs=None, update_command=None, rerun_command=None, named=()):
+                   inputs=None, update_command=None, rerun_command=None, named=()):
     """Compare ``analysis`` with the baseline at ``path`` and apply the update policy;
     ``named``: outputs and slices whose figures the baseline keeps too (see ``measure``).
 
@@ -538,7 +538,7 @@ def check_baseline(analysis, path, update="none", tolerance=0.001, node_type="no
     path = params.baseline_path(path, inputs if inputs is not None else analysis.inputs(), writable=update != "none")
     # a killed update leaves its temporary file beside the baseline; never let it be committed
     guard.clean_stale_temps(path.parent, path.name)
-    new = measure(analysis, metric, node_type, outputs, relative_to=path.parent, named=named)
+    new = measure(analysis, metric, node_type, relative_to=path.parent, named=named)
     shown = analysis.relative(path)
 
     def result(passed, status, diff=None, problem="", detail="", foreign=False):
@@ -868,35 +868,38 @@ class PTQ:
                                      self._holdout(holdout), evaluate,
                                      min_ratio, costs, search)
 
+    # each assert_* takes its check_*'s parameters, by name (a test pins the two signatures)
     def assert_outputs(self, threshold=None, metric=COSINE, holdout=None):
         __tracebackhide__ = True
-        return _raise_unless(self.check_outputs, threshold, metric, holdout)
+        return _raise_unless(self.check_outputs, threshold=threshold, metric=metric, holdout=holdout)
 
     def assert_nodes(self, threshold=None, allow=None, node_type=None, metric=None, outputs=None):
         __tracebackhide__ = True
-        return _raise_unless(self.check_nodes, threshold, allow, node_type, metric, outputs)
+        return _raise_unless(self.check_nodes, threshold=threshold, allow=allow, node_type=node_type, metric=metric,
+                             outputs=outputs)
 
     def assert_accuracy(self, evaluate, min_ratio=0.99, holdout=None):
         __tracebackhide__ = True
-        return _raise_unless(self.check_accuracy, evaluate, min_ratio, holdout)
+        return _raise_unless(self.check_accuracy, evaluate, min_ratio=min_ratio, holdout=holdout)
 
-    def assert_baseline(self, path=None, tolerance=None, node_type=None, metric=None):
+    def assert_baseline(self, path=None, tolerance=None, node_type=None, metric=None, outputs=()):
         __tracebackhide__ = True
-        return _raise_unless(self.check_baseline, path, tolerance, node_type, metric)
+        return _raise_unless(self.check_baseline, path=path, tolerance=tolerance, node_type=node_type, metric=metric,
+                             outputs=outputs)
 
     def assert_data(self, max_severity="warning", holdout=None):
         __tracebackhide__ = True
-        return _raise_unless(self.check_data, max_severity, holdout)
+        return _raise_unless(self.check_data, max_severity=max_severity, holdout=holdout)
 
     def assert_stages(self, float_model=None, min_cosine=None):
         __tracebackhide__ = True
-        return _raise_unless(self.check_stages, float_model, min_cosine)
+        return _raise_unless(self.check_stages, float_model=float_model, min_cosine=min_cosine)
 
 
-def _raise_unless(check, *args):
+def _raise_unless(check, *args, **kwargs):
     __tracebackhide__ = True
     try:
-        result = check(*args)
+        result = check(*args, **kwargs)
     except PTQError as exc:
         error = str(exc)
     else:

@@ -56,7 +56,7 @@ from .figures import kept_figure
 from .metrics import get_metrics
 from .outputs import OFFSET_BLIND, far_from_zero, offset_warnings, parse_outputs, parts_note
 from .remedy.producer_terms import producer_advice
-from .remedy.terms import onnxruntime_settings, per_channel_weights, quantizer_call
+from .remedy.terms import onnxruntime_settings, per_channel_weights, quantizer_call, suggest_command
 from .results import json_safe
 from .engine import engine_for
 from .screening import DEFAULT_BUDGET_S, DEFAULT_BUDGET_SAMPLES, screen
@@ -361,12 +361,9 @@ def _runall(engine, out, metrics, output_node, node_type, data_num, top, axis, p
                             files=(heldout,) if isinstance(held, str) else ())
 
     # the search a step proposes asks this run's question: its data, sample limit and held-out data
-    suggest = ["ptq-debug", "suggest", str(qm.source), str(getattr(engine.data, "where", None) or "DATA")]
-    for flag, value in (("--heldout", heldout if isinstance(heldout, (str, Path)) else None),
-                        ("--float-model", engine.float_model if isinstance(engine.float_model, (str, Path)) else None),
-                        ("--data-num", base[2])):
-        if value is not None:
-            suggest += [flag, str(value)]
+    suggest = suggest_command(qm.source, getattr(engine.data, "where", None) or "DATA",
+                              heldout if isinstance(heldout, (str, Path)) else None,
+                              engine.float_model if isinstance(engine.float_model, (str, Path)) else None, base[2])
     verdict = _verdict(engine, metric, three, sens, top_nodes, dist, boxes, curves, len(indices), blind, far, suggest)
     timings["total"] = round(time.perf_counter() - start, 3)
     summary = {

@@ -379,19 +379,17 @@ class PTQSession:
         data, runnable from where pytest was started, for each kind of check that failed: the
         task score of a failing accuracy check whose function a file defines, then the output
         floors; none where both passed (a failing nodes check names its own offenders)."""
+        from .remedy.terms import suggest_command  # where a model failed: the analyses are loaded
+
         key = analysis.key
         here = self.config.invocation_params.dir
         holdout = self.holdout_of(key.id)
         results = self._results_of(key.id)
 
         def command(heldout, objective, aimed=()):
-            args = ["ptq-debug", "suggest", _shown_path(key.model, here), _shown_path(key.data, here)]
-            if heldout:
-                args += ["--heldout", _shown_path(heldout, here)]
-            if key.float_model:
-                args += ["--float-model", _shown_path(key.float_model, here)]
-            if key.data_num:
-                args += ["--data-num", str(key.data_num)]
+            args = suggest_command(_shown_path(key.model, here), _shown_path(key.data, here),
+                                   heldout and _shown_path(heldout, here),
+                                   key.float_model and _shown_path(key.float_model, here), key.data_num)
             return shlex.join([*args, *objective, "--remedy", "mixed", *aimed])
 
         out = []

@@ -165,6 +165,18 @@ def test_help_pins_the_option_group(pytester):
                                  f"  ptq_top ({'int | ' if numbers else ''}string):*"])
 
 
+def test_each_assert_takes_its_checks_parameters():
+    """``ptq.assert_baseline`` had lost ``outputs``, which ``ptq.check_baseline`` takes (and a
+    contract uses): the asserts re-listed their checks' parameters by hand."""
+    import inspect
+
+    from pytest_ptq.checks import PTQ
+
+    for name in ("outputs", "nodes", "accuracy", "baseline", "data", "stages"):
+        check, assertion = getattr(PTQ, f"check_{name}"), getattr(PTQ, f"assert_{name}")
+        assert inspect.signature(assertion) == inspect.signature(check), name
+
+
 def test_a_run_without_models_imports_neither_onnx_nor_onnxruntime(pytester):
     # the terminal summary imported the report module, and onnx behind it, in every run
     pytester.makepyfile(test_plain="def test_a():\n    assert 1\n")

@@ -169,6 +169,16 @@ def onnxruntime_settings(qmodel, remedy, nodes, axes=None, choices=None):
     return settings
 
 
+def suggest_command(model, data, heldout=None, float_model=None, data_num=None):
+    """The words of ``ptq-debug suggest`` for this model and data (its held-out data, float
+    model and sample limit where given): what a report proposes to run next."""
+    words = ["ptq-debug", "suggest", str(model), str(data)]
+    for flag, value in (("--heldout", heldout), ("--float-model", float_model), ("--data-num", data_num)):
+        if value:
+            words += [flag, str(value)]
+    return words
+
+
 def quantize_static_kwargs(settings):
     """``nodes_to_exclude``, ``extra_options`` (and ``per_channel`` where set) for quantize_static from JSON settings
     (a dict or a path), with quant types turned into ``QuantType`` members."""
