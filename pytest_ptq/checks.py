@@ -368,7 +368,7 @@ class AccuracyResult(Result):
         return {"min_ratio": self.min_ratio, "samples": self.samples, "data": "held-out" if self.holdout else "calibration"}
 
 
-def check_accuracy(analysis, evaluate, min_ratio=0.99, holdout=None):
+def check_accuracy(analysis, evaluate, min_ratio=params.DEFAULT_MIN_RATIO, holdout=None):
     """``evaluate`` of the quantized model at least ``min_ratio`` times that of the float one.
 
     ``evaluate(run, data) -> float``, higher is better: ``run(feeds)`` maps
@@ -724,7 +724,7 @@ def _cosine():
     return get_metrics(COSINE)[0]
 
 
-def check_stages(analysis, float_model=None, min_cosine=0.99):
+def check_stages(analysis, float_model=None, min_cosine=params.DEFAULT_MIN_COSINE):
     """The integer-kernel outputs at least ``min_cosine`` against the float model, and at least
     ``min_cosine`` against the fake-quant outputs (so that what the other checks simulate is
     what onnxruntime runs). ``float_model`` defaults to the analysis' float model."""
@@ -803,7 +803,7 @@ class PTQ:
         return self._done(check_nodes(self.analysis, threshold, m.name, node_type or self.settings.node_type,
                                       allowed, outputs, self.settings.top))
 
-    def check_accuracy(self, evaluate, min_ratio=0.99, holdout=None):
+    def check_accuracy(self, evaluate, min_ratio=params.DEFAULT_MIN_RATIO, holdout=None):
         """``evaluate(run, data) -> float`` of quantized at least ``min_ratio`` x float."""
         __tracebackhide__ = True
         return self._done(check_accuracy(self.analysis, evaluate, min_ratio,
@@ -878,7 +878,7 @@ class PTQ:
         return _raise_unless(self.check_nodes, threshold=threshold, allow=allow, node_type=node_type, metric=metric,
                              outputs=outputs)
 
-    def assert_accuracy(self, evaluate, min_ratio=0.99, holdout=None):
+    def assert_accuracy(self, evaluate, min_ratio=params.DEFAULT_MIN_RATIO, holdout=None):
         __tracebackhide__ = True
         return _raise_unless(self.check_accuracy, evaluate, min_ratio=min_ratio, holdout=holdout)
 

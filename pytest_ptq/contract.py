@@ -420,7 +420,7 @@ def _accuracy(value, where):
     if not isinstance(fn, str) or ":" not in fn:
         raise ContractError(f"{where}: 'accuracy.evaluate' must be 'FILE.py:FUNCTION' or 'module:FUNCTION', "
                             f"got {shown(fn)}")
-    ratio = _valid(params.ratio, _num(value.get("min_ratio", 0.99), "accuracy.min_ratio", where),
+    ratio = _valid(params.ratio, _num(value.get("min_ratio", params.DEFAULT_MIN_RATIO), "accuracy.min_ratio", where),
                    "accuracy.min_ratio", where)
     return {"evaluate": fn, "min_ratio": ratio}
 

@@ -752,7 +752,7 @@ def check_data(model_or_file, calibrated_data=None, heldout=None, data_num=None,
     expect_std = params.numbers_list(expect_std, "expect_std", positive=True)
     custom_op_libraries = params.libraries(custom_op_libraries)
     if threshold is None and m.name == "cosine-similarity":
-        threshold = 0.99
+        threshold = params.DEFAULT_MIN_COSINE
     if calibrated_data is None and isinstance(model_or_file, Engine):
         calibrated_data = model_or_file.data
     qm, specs, source = _model_side(model_or_file, float_model)

@@ -30,7 +30,8 @@ from .remedy.producer_terms import PRODUCERS, producer_advice
 from .remedy.result import snippet
 from .remedy.terms import float_tensor_names, onnxruntime_settings, per_channel_weights, quantizer_call
 from .results import JsonResult
-from .sensitivity import KIND_WORDS, rank_configs
+from .params import KIND_WORDS
+from .sensitivity import rank_configs
 from .stages import SIMULATION_WARNING
 from .tables import SUMMARY_WIDTH, short
 from .verdict import DOMINANT, RELEVANT, WEIGHTS_UNSEEN, badness, float_first, relevant, severe_reason

@@ -327,11 +327,6 @@ def protecting(inputs):
         _PROTECTED.reset(token)
 
 
-def protected():
-    """The inputs every write is checked against now (empty outside :func:`protecting`)."""
-    return _PROTECTED.get() or Inputs()
-
-
 def claim(path, label="output file"):
     """Refuse ``path`` when it is a protected input or lies in a protected data folder."""
     inputs = _PROTECTED.get()

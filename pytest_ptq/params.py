@@ -20,12 +20,19 @@ import numpy as np
 from .errors import PTQError, shown, unknown
 
 NODE_TYPES = ("node", "weight", "activation")
+# what the quantized model must keep where no threshold is given: its output cosine with the
+# float model, and its task score as a share of the float model's
+DEFAULT_MIN_COSINE = 0.99
+DEFAULT_MIN_RATIO = 0.99
+
+
+# how a sentence names each node type: 'node' ranks the operators ("node nodes" read as a typo)
+KIND_WORDS = {"weight": "weight", "activation": "activation", "node": "operator"}
 
 
 def nodes_of_type(node_type):
-    """How a sentence names the nodes of ``node_type``: "normal nodes" ("node nodes" read as a
-    typo), "weight nodes", "activation nodes"."""
-    return f"{'normal' if node_type == 'node' else node_type} nodes"
+    """"operator nodes", "weight nodes" or "activation nodes" (see :data:`KIND_WORDS`)."""
+    return f"{KIND_WORDS[node_type]} nodes"
 
 
 def _fail(what, text):
@@ -227,11 +234,6 @@ def threshold(value, metric_name, what="threshold"):
     if not m.higher_is_better and result < 0:
         raise _fail(what, f"must be >= 0 for {m.name}, an error, got {result:g}")
     return result
-
-
-def optional_number(value, what):
-    """None, or a finite real number (see :func:`number`)."""
-    return None if value is None else number(value, what)
 
 
 def numbers_list(value, what, positive=False):

@@ -62,7 +62,7 @@ from .engine import engine_for
 from .screening import DEFAULT_BUDGET_S, DEFAULT_BUDGET_SAMPLES, screen
 from .stages import simulation_warnings
 from .tables import warning_lines
-from .sensitivity import KIND_WORDS, sample_indices
+from .sensitivity import sample_indices
 from .verdict import ALL, DOMINANT, badness, float_first, pole_cause, relevant, severe_reason, three_configs
 
 KINDS = ("weight", "activation")
@@ -677,7 +677,7 @@ def markdown(summary):
         lines += ["", f"Note: {v['disagreement']}."]
     lines.append("")
     for t, names in summary["top_nodes"].items():
-        lines += [f"## Most sensitive {KIND_WORDS[t]} nodes", "",
+        lines += [f"## Most sensitive {params.KIND_WORDS[t]} nodes", "",
                   f"| rank | node | {m} | try | why | error of the node it feeds: own or inherited |",
                   "|---|---|---|---|---|---|"]
         for it in (i for i in v["nodes"] if i["kind"] == t):

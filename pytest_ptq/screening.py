@@ -34,7 +34,8 @@ from .confidence import ranking_confidence
 from .engine.sanity import spread
 from .progress import Progress
 from .results import inputs_of, read_from
-from .sensitivity import KIND_WORDS, Sensitivity, describe, merge_scores, ranked, score_configs, targets_for
+from .params import KIND_WORDS
+from .sensitivity import Sensitivity, describe, merge_scores, ranked, score_configs, targets_for
 
 # The default budget: what ranking DEFAULT_BUDGET_SAMPLES samples takes, measured on the
 # first, and never more than DEFAULT_BUDGET_S. A budget in seconds alone ranked on more

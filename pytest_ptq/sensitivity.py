@@ -21,7 +21,6 @@ from .progress import Progress
 from .results import json_restore, read_from, save_result
 from .tables import format_table
 
-NODE_TYPES = params.NODE_TYPES
 __all__ = ["Sensitivity", "get_sensitivity_of_nodes", "engine_for", "sample_indices", "rank_configs"]
 
 
@@ -34,11 +33,11 @@ def sample_indices(engine, data_num):
 
 
 # what a node type's nodes are called in prose: "the top 30 node nodes" reads as a typo
-KIND_WORDS = {"weight": "weight", "activation": "activation", "node": "operator"}
 
 
 def targets_for(engine, node_type, interested_nodes=None):
-    """``{target name: calibration nodes quantized}`` for a node type, in graph order."""
+    """``{target name: calibration nodes quantized}`` for a node type, in graph order (in the
+    order given, with ``interested_nodes``)."""
     qm = engine.qmodel
     params.node_type(node_type)
     if node_type == "node":
@@ -68,12 +67,11 @@ def targets_for(engine, node_type, interested_nodes=None):
                 raise PTQError(f"node {name!r} ({qm.normal[name].op_type}) reads only the shape of its input, which "
                                "quantization does not change; rank the nodes that read its values")
             elif name in qm.calibration or name in qm.normal:
-                # 'node' names the operators: said so, a "node node" reads as a typo
                 kinds = {"node": "an operator (node type 'node')", "weight": "a weight node",
                          "activation": "an activation node"}
                 raise PTQError(f"node {name!r} is {kinds[_kind_of(qm, name)]}, not {kinds[node_type]}; use "
                                f"node_type={_kind_of(qm, name)!r} "
-                               f"(-t {_kind_of(qm, name)}) or pick from the {node_type} nodes")
+                               f"(-t {_kind_of(qm, name)}) or pick from the {params.nodes_of_type(node_type)}")
             else:
                 raise unknown("node", name, list(targets))
         targets = chosen

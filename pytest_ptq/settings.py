@@ -22,7 +22,6 @@ from . import params
 from .errors import PTQError, shown, unknown
 from .metrics import METRICS
 
-NODE_TYPES = params.NODE_TYPES
 
 
 class InputFailure(pytest.fail.Exception):
@@ -168,10 +167,10 @@ OPTIONS = [
            "custom Q/DQ ops need, e.g. AMD Quark's for its BF16/BFP16 models", "PATH", True),
     Option("data_num", positive_int, None, "use only the first N calibration samples", "N", shown="all samples"),
     Option("node_type", node_type, "node", "nodes ranked by sensitivity and baselines: "
-           + ", ".join(NODE_TYPES), "TYPE"),
+           + ", ".join(params.NODE_TYPES), "TYPE"),
     Option("metric", metric, "cosine-similarity", "metric of node sensitivity and baselines: "
            + ", ".join(METRICS), "NAME"),
-    Option("min_cosine", cosine, 0.99, "lowest output cosine similarity (quantized vs float) that passes",
+    Option("min_cosine", cosine, params.DEFAULT_MIN_COSINE, "lowest output cosine similarity (quantized vs float) that passes",
            "X"),
     Option("min_node_cosine", cosine, 0.999, "lowest output cosine with a single node quantized; "
            "a node below it is too sensitive", "X"),
@@ -253,7 +252,7 @@ class Settings:
     holdout: Path | None = None
     node_type: str = "node"
     metric: str = "cosine-similarity"
-    min_cosine: float = 0.99
+    min_cosine: float = params.DEFAULT_MIN_COSINE
     min_node_cosine: float = 0.999
     tolerance: float = 0.001
     allow: tuple = ()

@@ -122,7 +122,7 @@ def localize_stages(float_model, calibrated_model, calibrated_data, metrics=("co
     first = metric_objs[0]
     threshold = None if threshold is None else params.threshold(threshold, first.name)
     if threshold is None and first.name == "cosine-similarity":
-        threshold = 0.99
+        threshold = params.DEFAULT_MIN_COSINE
     fmodel, fpath = load_model(float_model, what="float model")
     if isinstance(calibrated_model, Engine):  # its model and data, loaded once
         refuse_quantized(fmodel, fpath)  # an engine with its own float model never aligns this one

@@ -200,12 +200,6 @@ def test_a_report_that_fails_to_write_is_an_error_line_not_an_internal_error(pyt
     result.stdout.fnmatch_lines(["ERROR: the ptq report was not written: RuntimeError: drawing failed*"])
 
 
-def test_node_types_spelled_out_for_start_up_match_the_analysis():
-    from pytest_ptq import sensitivity, settings
-
-    assert settings.NODE_TYPES == sensitivity.NODE_TYPES
-
-
 @pytest.mark.parametrize("flag, value, message", [
     ("--ptq-min-cosine", "2", "a cosine threshold must lie in [[]-1, 1[]], got 2"),
     ("--ptq-min-node-cosine", "high", "a cosine threshold must be a number, got 'high'"),

@@ -95,7 +95,8 @@ number = argtype(params.number, "number")
 positive = argtype(params.positive, "positive number")
 library = argtype(lambda value, what: params.libraries(value, what)[0], "library")
 ratio = argtype(params.ratio, "ratio")
-metric = argtype(lambda value, what: params.metric(value), "metric")  # canonical: 'cos' is cosine-similarity
+metric = argtype(lambda value, what: params.metric(value), "metric")
+axis = argtype(params.axis, "axis")  # canonical: 'cos' is cosine-similarity
 
 
 def add_model(p, data=True, engine=None):

@@ -82,7 +82,7 @@ def configure_channelwise(p):
     a.add_model(p)
     p.add_argument("-n", "--nodes", nargs="+", action=a.SeedList, required=True, metavar="NODE",
                    help="calibration nodes (also the seed's \"['a','b']\" form)")
-    p.add_argument("--axis", type=int, default=None,
+    p.add_argument("--axis", type=a.axis, default=None,
                    help="channel axis of the input. Default: inferred (1 for NCHW, last for [B, T, C])")
     p.add_argument("--outlier-k", type=a.positive, default=OUTLIER_K,
                    help=f"a channel is an outlier when its max|x| exceeds K x the median channel's. "

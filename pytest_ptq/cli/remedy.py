@@ -69,7 +69,7 @@ def run(args):
     if evaluate is None:
         metric = "cosine-similarity" if args.target is None else args.metric
         target = args.target if args.target is not None else (
-            args.target_cosine if args.target_cosine is not None else 0.99)
+            args.target_cosine if args.target_cosine is not None else params.DEFAULT_MIN_COSINE)
     else:
         metric, target = args.metric, args.target
     save_dir = None if args.no_save else args.save_dir

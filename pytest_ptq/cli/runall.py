@@ -26,10 +26,10 @@ def configure(p):
     a.add_save_dir(p, "ptq_debug_runall")
     a.add_top(p, "nodes of each ranking that get distributions and box plots", 5)
     a.add_metrics(p, "the first sorts the rankings and draws the curves")
-    p.add_argument("-t", "--node-type", nargs="+", action=a.Listed, default=None, choices=["node", "weight", "activation"],
+    p.add_argument("-t", "--node-type", nargs="+", action=a.Listed, default=None, choices=params.NODE_TYPES,
                    metavar="TYPE", help="rankings to compute: node, weight, activation. Default: weight activation")
     a.add_output_node(p)
-    p.add_argument("--axis", type=int, default=None, help="channel axis for the box plots. Default: inferred per node")
+    p.add_argument("--axis", type=a.axis, default=None, help="channel axis for the box plots. Default: inferred per node")
     p.add_argument("--rank-samples", type=a.argtype(params.rank_samples, "samples"), default=None,
                    metavar="N|all", help="samples the rankings score every node on. Default: as many as "
                    "--time-budget allows (at least 2), from 4 of them every node on half, the top quarter of each "

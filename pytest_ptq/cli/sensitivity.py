@@ -55,7 +55,7 @@ def _tuple(values):
 def configure_sensitivity(p):
     a.add_model(p)
     a.add_metrics(p)
-    p.add_argument("-t", "--node-type", default="node", choices=["node", "weight", "activation"],
+    p.add_argument("-t", "--node-type", default="node", choices=params.NODE_TYPES,
                    help="which nodes to rank. Default: node")
     a.add_output_node(p)
     p.add_argument("-i", "--interested-nodes", nargs="+", action=a.Listed, default=None, metavar="NODE",

@@ -347,11 +347,15 @@ class Engine:
         return quantized
 
     def run(self, sample, quantized=(), tensors=None, kind=None, alternative=()):
-        """Tensors of one sample (an index or a feed dict) under a config.
+        """Tensors of one sample (an index, a feed dict, or a tuple of indices: those samples
+        stacked, model outputs only) under a config.
 
-        ``quantized``: the calibration node names quantized ("all" for every one).
+        ``quantized``: the calibration node names quantized ("all" for every one, or one name).
         ``tensors``: the tensor names to return (default: the model outputs); each must be a
         model output or a float output of a normal node.
+        ``kind``: the session, ``"main"`` (model outputs, through the segments where the model
+        runs in segments) or ``"probe"`` (the whole graph, every node's float output exposed);
+        default by ``tensors``.
         ``alternative``: quantized nodes that use their alternative parameters.
         """
         key = None

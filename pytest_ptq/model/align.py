@@ -102,12 +102,6 @@ class Alignment:
     fold_outputs: dict = dataclasses.field(default_factory=dict)
 
     @property
-    def matched_share(self):
-        """Share of the QDQ graph's normal nodes that found their float node."""
-        total = len(self.nodes) + len(self.unmatched_qdq)
-        return len(self.nodes) / total if total else 1.0
-
-    @property
     def same_weights(self):
         """False when most weights that matched by position differ from the float model's:
         the float model is not the one this model was quantized from."""

@@ -77,8 +77,9 @@ def objective_for(metric, target, specs, evaluate=None, min_ratio=None):
                            "or a target for the output metric")
         if target is None:
             if guide.name != COSINE:
-                raise PTQError(f"give a target for {guide.name}; only cosine similarity has a default (0.99)")
-            target = 0.99
+                raise PTQError(f"give a target for {guide.name}; only cosine similarity has a default "
+                               f"({params.DEFAULT_MIN_COSINE})")
+            target = params.DEFAULT_MIN_COSINE
         _number(target, "target")
         return Objective(guide, guide, specs, target=params.threshold(target, guide.name, "target"))
     if not callable(evaluate):
@@ -89,7 +90,7 @@ def objective_for(metric, target, specs, evaluate=None, min_ratio=None):
     task = TaskMetric(getattr(evaluate, "__name__", None) or type(evaluate).__name__)
     if target is not None:
         return Objective(task, guide, specs, target=_number(target, "target"), evaluate=evaluate)
-    ratio = 0.99 if min_ratio is None else params.ratio(min_ratio)
+    ratio = params.DEFAULT_MIN_RATIO if min_ratio is None else params.ratio(min_ratio)
     return Objective(task, guide, specs, min_ratio=ratio, evaluate=evaluate)
 
 
