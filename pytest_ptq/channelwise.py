@@ -322,6 +322,11 @@ def plot_channels(stats, path, title, marked=None):
         if linthresh is not None:
             ax.set_yscale("symlog", linthresh=linthresh, linscale=1.5)
             ax.autoscale_view(scalex=False)  # the margins, in the new scale: the extreme dots sat on the frame
+            # plain numbers: the scale's own labels are formulas ($10^{3}$), and figures draw
+            # text as written (see figures.drawing); none inside the linear band but 0, where
+            # 1, 0 and -1 overlapped
+            ax.yaxis.set_major_formatter(FuncFormatter(
+                lambda v, _, t=linthresh: "" if 0 < abs(v) < t else f"{v:g}"))
         elif power:
             ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v / 10 ** power:.4g}"))
         ax.set_ylabel(ylabel)

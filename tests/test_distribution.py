@@ -969,6 +969,10 @@ def test_outlier_channels_spanning_decades_get_a_symlog_axis_and_their_colour(tm
     fig = _saved_channel_plot(monkeypatch, tmp_path, stats, "outliers")
     [ax] = fig.axes
     assert ax.get_yscale() == "symlog" and "symlog" in ax.get_ylabel()
+    # its labels are plain numbers: the scale's own, formulas, read "$\\mathdefault{10^{3}}$" where
+    # figures draw text as written
+    ticks = [t.get_text() for t in ax.get_yticklabels() if t.get_text()]
+    assert ticks and not any("$" in t or "mathdefault" in t for t in ticks), ticks
     # an ordinary channel's box now spans a visible height: its q1..q3 covers a fifth of the axis or so
     to_px = ax.transData.transform
     box_px = to_px((1, stats["q3"][0]))[1] - to_px((1, stats["q1"][0]))[1]
