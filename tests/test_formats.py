@@ -157,17 +157,17 @@ def test_what_cannot_be_rewritten_is_one_sentence_naming_op_and_format():
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])
     inits = [numpy_helper.from_array(np.zeros((4, 1, 4), np.uint8), "w"),
              numpy_helper.from_array(np.ones(4, np.float32), "s")]
-    nbits = helper.make_node("MatMulNBits", ["x", "w", "s"], ["y"], domain="com.microsoft", K=8, N=4, bits=4,
-                             block_size=8, name="mm")
-    model = helper.make_model(helper.make_graph([nbits], "g", [x], [y], inits),
+    bnb4 = helper.make_node("MatMulBnb4", ["x", "w", "s"], ["y"], domain="com.microsoft", K=8, N=4, block_size=8,
+                            quant_type=1, name="mm")
+    model = helper.make_model(helper.make_graph([bnb4], "g", [x], [y], inits),
                               opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
     with pytest.raises(PTQError) as err:
         QuantModel(model)
     msg = str(err.value)
     assert not isinstance(err.value, NotQuantized) and "\n" not in msg
-    assert msg.startswith("model '<ModelProto>' is in weight-only format and its MatMulNBits node 'mm' is a "
-                          "quantized op;")
-    assert "MatMulNBitsQuantizer(..., quant_format=QuantFormat.QDQ)" in msg
+    assert msg.startswith("model '<ModelProto>' is in weight-only format and its MatMulBnb4 node 'mm' is bitsandbytes' "
+                          "FP4/NF4 weight format")
+    assert "MatMulNBitsQuantizer" in msg  # MatMulNBits is analysed (tests/test_nbits.py)
     model.graph.node[0].op_type = "QLinearLayerNorm"
     with pytest.raises(PTQError, match="is in QOperator format and its QLinearLayerNorm node 'mm' is a quantized "
                                        r"op; .*quant_format=QuantFormat\.QDQ"):

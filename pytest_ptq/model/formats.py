@@ -15,10 +15,22 @@
   Cast and scale Mul become the float op on dequantized inputs (and Conv takes back the bias
   the quantizer moved into an Add). onnxruntime's fused forms (``MatMulIntegerToFloat``,
   ``DynamicQuantizeMatMul``, ``QAttention``, ``DynamicQuantizeLSTM``) are unfused likewise.
+* **weight-only** (``com.microsoft`` ``MatMulNBits``, written by onnxruntime's
+  ``MatMulNBitsQuantizer`` in its default QOperator format, onnxruntime-genai's model builder,
+  Olive, Neural Compressor): 2/4/8-bit codes packed in uint8 blocks along K, one scale (and
+  zero point) per block and column. It becomes ``DequantizeLinear(codes, scale, zero point,
+  axis=0, block_size)`` of the ``[K, N]`` weight, the MatMul, and an Add of its bias input:
+  what ``MatMulNBitsQuantizer(quant_format=QuantFormat.QDQ)`` writes. Without zero points the
+  codes are stored signed (``int4``, no zero point, as that QDQ form stores symmetric
+  weights). Block-wise DequantizeLinear and int4 take opset 21 (int2: 25), so an older model's
+  opset is raised: in place where no op it uses changed meaning since, else with onnx's
+  version converter. The rewrite simulates the weights only: ``accuracy_level=4`` also
+  quantizes the input to int8 inside the CPU kernel, which a note says.
 
 Integer tensors keep their names, float tensors take the float model's names where
 onnxruntime's ``_quantized`` suffix gives them away, and the float op takes the name of the
-node it replaces less onnxruntime's ``_quant`` suffix, so names read as in the float model
+node it replaces less onnxruntime's ``_quant`` suffix (``_Q4``/``_Q8`` for MatMulNBits;
+onnxruntime-genai's ``.../MatMulNBits`` becomes ``.../MatMul``), so names read as in the float model
 (and as ``nodes_to_exclude`` wants them). ``com.microsoft`` ``FusedConv`` / ``FusedGemm`` /
 ``FusedMatMul`` are split into the ops onnxruntime fused, so that each matches the float model.
 
@@ -32,13 +44,14 @@ import dataclasses
 
 import numpy as np
 import onnx
+import onnx.version_converter
 from onnx import TensorProto, helper, numpy_helper
 
 from ..errors import PTQError
 from .graph import node_refs, sort_topologically
 
 QDQ, QOPERATOR, DYNAMIC, MIXED = "QDQ", "QOperator", "dynamic", "mixed"
-WEIGHT_ONLY = "weight-only"  # onnxruntime's block-wise weight-only ops: named in errors only
+WEIGHT_ONLY = "weight-only"  # onnxruntime's block-wise weight-only ops
 
 # QOperator ops: (quantized inputs as (tensor, scale, zero point) positions, output scale
 # and zero point positions, the float op). Positions beyond the node's inputs are absent.
@@ -62,12 +75,47 @@ INTEGER = {"ConvInteger": "Conv", "MatMulInteger": "MatMul"}
 # onnxruntime's fused forms of dynamic quantization.
 FUSED_DYNAMIC = ("DynamicQuantizeLinear", "DynamicQuantizeMatMul", "MatMulIntegerToFloat", "QAttention",
                  "DynamicQuantizeLSTM")
-# Quantized ops seen in the wild that this module does not rewrite (named in the error), and
-# the weight-only ones among them (MatMulNBits: int4 blocks packed in uint8).
-UNSUPPORTED = ("QEmbedLayerNormalization", "QMoE", "MatMulNBits", "MatMulBnb4", "GatherBlockQuantized")
-WEIGHT_ONLY_OPS = ("MatMulNBits", "MatMulBnb4", "GatherBlockQuantized")
+# onnxruntime's weight-only ops (MatMulNBits: codes packed in uint8 blocks, rewritten here)
+WEIGHT_ONLY_OPS = ("MatMulNBits", "MatMulBnb4", "GatherBlockQuantized", "MatMulFpQ4")
+# Quantized ops seen in the wild that this module does not rewrite (named in the error, with
+# why where "is a quantized op" would not say it)
+UNSUPPORTED = ("QEmbedLayerNormalization", "QMoE", "MatMulBnb4", "GatherBlockQuantized", "MatMulFpQ4", "QuantizeBFP",
+               "DequantizeBFP", "QuantizeWithOrder", "DequantizeWithOrder", "MatMulInteger16")
+_WHY = {
+    "MatMulBnb4": "is bitsandbytes' FP4/NF4 weight format, a lookup table that DequantizeLinear cannot express",
+    "GatherBlockQuantized": "is a block-quantized embedding table",
+    "MatMulFpQ4": "is Neural Compressor's older weight-only op, whose blob packs codes and scales in MLAS's own layout",
+    "QuantizeBFP": "is block floating point (BFP) quantization, which QuantizeLinear/DequantizeLinear cannot express",
+    "DequantizeBFP": "is block floating point (BFP) quantization, which QuantizeLinear/DequantizeLinear cannot express",
+    "QuantizeWithOrder": "is the CUDA ordered-layout quantization of onnxruntime's QOrdered ops",
+    "DequantizeWithOrder": "is the CUDA ordered-layout quantization of onnxruntime's QOrdered ops",
+    "MatMulInteger16": "multiplies int16 tensors with no scales to read them by",
+}
+_FIX = {
+    "MatMulBnb4": "quantize the float model with onnxruntime's MatMulNBitsQuantizer instead (int4 blocks, in its "
+                  "default MatMulNBits form or in QDQ format), which pytest-ptq analyses",
+    "GatherBlockQuantized": "quantize the embedding's Gather with quantize_static(..., "
+                            "quant_format=QuantFormat.QDQ), or quantize the float model again with the embedding left in "
+                            "float (MatMulNBitsQuantizer's default op_types_to_quantize, MatMul only), whose MatMulNBits "
+                            "nodes pytest-ptq analyses",
+    "MatMulFpQ4": "export it with MatMulNBits (Neural Compressor's current weight-only export, or onnxruntime's "
+                  "MatMulNBitsQuantizer), which pytest-ptq analyses",
+}
 # Every op that computes on quantized values or makes them, in any format
-QUANTIZED_OPS = frozenset(("QuantizeLinear", "DequantizeLinear", *QLINEAR, *INTEGER, *FUSED_DYNAMIC, *UNSUPPORTED))
+QUANTIZED_OPS = frozenset(("QuantizeLinear", "DequantizeLinear", *QLINEAR, *INTEGER, *FUSED_DYNAMIC, *WEIGHT_ONLY_OPS,
+                           *UNSUPPORTED))
+# ops of the standard domain whose every revision from opset 13 to 25 only took more types or
+# optional attributes/inputs whose defaults keep the earlier meaning: raising the opset of a
+# model that uses them changes nothing
+_WIDENED = frozenset((
+    "Cast", "CastLike", "Constant", "ConstantOfShape", "QuantizeLinear", "DequantizeLinear", "Flatten", "Identity",
+    "If", "Loop", "Scan", "Pad", "Reshape", "Shape", "Size", "Squeeze", "Unsqueeze", "Transpose", "Equal", "Split",
+    "Resize", "ScatterElements", "ScatterND", "AveragePool", "MaxPool", "Conv", "ConvTranspose", "GlobalAveragePool",
+    "GlobalMaxPool", "Dropout", "LSTM", "GRU", "RNN", "Elu", "Selu", "HardSigmoid", "HardSwish", "Softplus",
+    "Softsign", "ThresholdedRelu", "Mish", "InstanceNormalization", "LpNormalization", "LpPool", "EyeLike",
+    "RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike", "Sin", "Cos", "Tan", "Asin", "Acos",
+    "Atan", "Sinh", "Cosh", "Asinh", "Acosh", "Atanh", "Round", "Det", "Multinomial", "Bernoulli", "MaxRoiPool",
+    "MaxUnpool"))
 
 # Ops that only move quantized values (their output is on the input's grid): they run on the
 # dequantized tensor and their output keeps the input's scale and zero point.
@@ -171,12 +219,69 @@ def to_qdq(model, source="the model", arrays=None):
     if parts in ((), (QDQ,)) and not any(n.domain == "com.microsoft" and n.op_type in _FUSED
                                            for n in model.graph.node):
         return result
+    nbits = [n for n in model.graph.node if n.op_type == "MatMulNBits" and n.domain == "com.microsoft"]
+    if nbits:
+        # block-wise DequantizeLinear and int4 codes take opset 21, int2 codes 25
+        bits = {next((a.i for a in n.attribute if a.name == "bits"), 4) for n in nbits}
+        model = result.model = _raise_opset(model, 25 if 2 in bits else 21, source, result.label, nbits[0])
     _Rewriter(model, source, result.label, result.notes, arrays or {}, result.float_names).run()
     return result
 
 
+def _raise_opset(model, target, source, label, node):
+    """``model`` at opset ``target`` at least: the same model with its opset raised where no
+    op of the standard domain it uses changed meaning between the two, else onnx's version
+    converter's copy."""
+    entry = next((o for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
+    if entry is not None and entry.version >= target:
+        return model
+    old = entry.version if entry is not None else 1
+    ops, graphs = set(), [model.graph]
+    while graphs:
+        graph = graphs.pop()
+        for n in graph.node:
+            if n.domain in ("", "ai.onnx"):
+                ops.add(n.op_type)
+            graphs.extend(a.g for a in n.attribute if a.type == onnx.AttributeProto.GRAPH)
+            graphs.extend(g for a in n.attribute if a.type == onnx.AttributeProto.GRAPHS for g in a.graphs)
+
+    def changed(op):
+        try:  # _WIDENED holds from opset 13 (Squeeze's axes became an input there, Split's too)
+            return (old < 13 or op not in _WIDENED) and (onnx.defs.get_schema(op, old, "").since_version
+                    != onnx.defs.get_schema(op, target, "").since_version)
+        except onnx.defs.SchemaError:  # not an op of that opset: leave it to the converter
+            return True
+
+    if entry is None and not ops:
+        model.opset_import.append(helper.make_opsetid("", target))
+    elif entry is not None and not any(changed(op) for op in ops):
+        entry.version = target
+    else:
+        try:
+            model = onnx.version_converter.convert_version(model, target)
+        except Exception as exc:  # the converter's own exceptions are of many kinds
+            why = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise PTQError(f"model {source} is in {label} format and its {node.op_type} node "
+                           f"{node.name or '(unnamed)'!r} becomes a block-wise DequantizeLinear, which takes opset "
+                           f"{target}, but onnx's version converter could not raise the model's opset {old} to it "
+                           f"({why}); to analyse it, convert the float model to opset {target} "
+                           f"(onnx.version_converter.convert_version(model, {target})) and quantize it again") from None
+    model.ir_version = max(model.ir_version, helper.find_min_ir_version_for(
+        [helper.make_opsetid("", target)], ignore_unknown=True))
+    return model
+
+
 def _key(node):
     return node.name, tuple(node.output)
+
+
+def _unpack(packed, bits, mask):
+    """Rows of uint8 bytes -> rows of ``bits``-bit codes, the first in each byte's low bits."""
+    per = 8 // bits
+    if per == 1:
+        return packed.copy()
+    parts = [(packed >> np.uint8(bits * j)) & np.uint8(mask) for j in range(per)]
+    return np.stack(parts, axis=-1).reshape(packed.shape[0], -1)
 
 
 @dataclasses.dataclass
@@ -218,6 +323,7 @@ class _Rewriter:
         self.dequantized = {}  # (tensor, scale, zero point) -> float tensor
         self.dynamic = {}  # float tensor -> its DynamicQuantizeLinear outputs
         self.run_biases = []  # float ops whose bias the model quantizes on every run
+        self.input_quantized = []  # MatMulNBits nodes whose kernel quantizes their input (accuracy_level 4)
         self.nodes = []
         self.skip = set()  # keys of original nodes another node's rewrite absorbed
         self.touched = set()  # tensors whose consumers changed (dead-code candidates)
@@ -274,13 +380,14 @@ class _Rewriter:
         return name
 
     def fail(self, node, why):
-        fix = ("quantize it with MatMulNBitsQuantizer(..., quant_format=QuantFormat.QDQ), which writes block-wise "
-               "DequantizeLinear weights" if node is not None and node.op_type in WEIGHT_ONLY_OPS else
-               "quantize the float model in QDQ format (quantize_static(..., quant_format=QuantFormat.QDQ))")
+        fix = _FIX.get(node.op_type if node is not None else "", (
+            "quantize the float model again with onnxruntime's MatMulNBitsQuantizer (either format; GPTQ without "
+            "act-order), whose MatMulNBits nodes pytest-ptq analyses" if node is not None and node.op_type == "MatMulNBits" else
+            "quantize the float model in QDQ format (quantize_static(..., quant_format=QuantFormat.QDQ))"))
         what = f"its {node.op_type} node {node.name or '(unnamed)'!r}" if node is not None else "it"
         raise PTQError(f"model {self.source} is in {self.label} format and {what} {why}; pytest-ptq rewrites "
-                       "onnxruntime's QLinear ops, QGemm, ConvInteger/MatMulInteger and its dynamic-quantization "
-                       f"ops into Q/DQ pairs but not this; to analyse it, {fix}")
+                       "onnxruntime's QLinear ops, QGemm, ConvInteger/MatMulInteger, MatMulNBits and its "
+                       f"dynamic-quantization ops into Q/DQ pairs but not this; to analyse it, {fix}")
 
     def same_params(self, a, b):
         """True when scale/zero-point tensor names ``a`` and ``b`` hold the same values."""
@@ -338,7 +445,7 @@ class _Rewriter:
         self.nodes.append(node)
         return node
 
-    def dq(self, tensor, scale, zero_point, axis=None, base=None):
+    def dq(self, tensor, scale, zero_point, axis=None, base=None, block_size=0):
         """The float tensor ``DequantizeLinear(tensor, scale, zero_point)``, made once."""
         key = (tensor, scale, zero_point)
         if key in self.dequantized:
@@ -348,6 +455,8 @@ class _Rewriter:
         out = self.fresh(f"{stem}_DequantizeLinear_Output")
         inputs = [tensor, scale] + ([zero_point] if zero_point else [])
         attrs = {"axis": axis} if axis is not None else {}
+        if block_size:
+            attrs["block_size"] = block_size
         # per channel below opset 13 (the directions of an LSTM's weights, say): onnxruntime's
         # own DequantizeLinear takes an axis at any opset
         domain = "com.microsoft" if axis is not None and self.opset < 13 else ""
@@ -407,8 +516,10 @@ class _Rewriter:
                 continue
             op = node.op_type
             if unsupported(op):
-                self.fail(node, "is a quantized op")
-            if op in QLINEAR:
+                self.fail(node, _WHY.get(op, "is a quantized op"))
+            if op == "MatMulNBits" and node.domain == "com.microsoft":
+                self.matmul_nbits(node)
+            elif op in QLINEAR:
                 self.qlinear(node)
             elif op in INTEGER:
                 self.integer(node)
@@ -691,6 +802,95 @@ class _Rewriter:
         else:
             self.emit("MatMul", [fa, fb], [out], name)
 
+    def matmul_nbits(self, node):
+        """com.microsoft MatMulNBits -> DequantizeLinear of its ``[K, N]`` weight (block-wise
+        along K) -> MatMul -> Add of its bias input, where it has one."""
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        a, b, s, z, g_idx, bias = (list(node.input) + [""] * 6)[:6]
+        bits, block = int(attrs.get("bits", 4)), int(attrs.get("block_size", 0))
+        k, n = int(attrs.get("K", 0)), int(attrs.get("N", 0))
+        if bits not in (2, 4, 8):
+            self.fail(node, f"packs {bits}-bit codes")
+        if k <= 0 or n <= 0 or block < 16 or block & (block - 1):
+            self.fail(node, f"has K={k}, N={n}, block_size={block}, not positive sizes and a power of two from 16")
+        packed, scale = self.constant(b), self.constant(s)
+        zp = self.constant(z) if z else None
+        if packed is None or scale is None or (z and zp is None):
+            self.fail(node, "reads its packed weight, scales or zero points from computed tensors")
+        blocks, per = -(-k // block), 8 // bits
+        if g_idx:
+            self.fail(node, f"reads g_idx {g_idx!r}, an act-order assignment of its weight's rows to blocks (GPTQ's "
+                            "desc_act), which a block-wise DequantizeLinear cannot express")
+        if np.size(packed) != n * blocks * block // per or np.size(scale) != n * blocks:
+            self.fail(node, f"has a weight of {np.size(packed)} bytes and {np.size(scale)} scales, not the "
+                            f"{n * blocks * block // per} and {n * blocks} that K={k}, N={n}, bits={bits}, "
+                            f"block_size={block} make")
+        mask = (1 << bits) - 1
+        codes = _unpack(np.asarray(packed, np.uint8).reshape(n, -1), bits, mask)[:, :k].T  # [K, N]
+        scales = np.ascontiguousarray(np.asarray(scale).reshape(n, blocks).T)  # [K blocks, N]
+        if zp is None:  # the zero point is the middle code: stored signed, as the QDQ form's symmetric weights
+            codes = codes.astype(np.int16) - (1 << (bits - 1))
+            points = None
+        elif np.asarray(zp).dtype == np.uint8:
+            if np.size(zp) != n * -(-blocks // per):
+                self.fail(node, f"has {np.size(zp)} packed zero points, not the {n * -(-blocks // per)} its sizes make")
+            points = _unpack(np.asarray(zp).reshape(n, -1), bits, mask)[:, :blocks].T
+        else:  # HQQ's float zero points: DequantizeLinear takes codes only
+            points = np.asarray(zp, np.float64).reshape(-1)
+            if points.size != n * blocks or np.any(points != np.round(points)) or points.min() < 0 or points.max() > mask:
+                self.fail(node, f"reads float zero points {z!r} that are not whole {bits}-bit codes (HQQ's), which "
+                                "DequantizeLinear cannot take")
+            points = points.astype(np.uint8).reshape(n, blocks).T
+        signed = points is None
+        code_type = {2: (TensorProto.UINT2, TensorProto.INT2), 4: (TensorProto.UINT4, TensorProto.INT4),
+                     8: (TensorProto.UINT8, TensorProto.INT8)}[bits][signed]
+        weight = self.weight_name(b, bits)
+        qn = self.add_codes(f"{weight}_quantized", codes, code_type, bits)
+        sn = self.add_init(f"{weight}_scale", scales)
+        zn = self.add_codes(f"{weight}_zero_point", points, code_type, bits) if points is not None else ""
+        fw = self.dq(qn, sn, zn, 0, base=weight, block_size=block)
+        name = self.nbits_name(node, bits)
+        out = node.output[0]
+        if attrs.get("accuracy_level", 0) == 4:
+            self.input_quantized.append(name)
+        if bias:
+            mm = self.fresh(f"{out}_MatMul")
+            self.emit("MatMul", [a, fw], [mm], name)
+            self.emit("Add", [mm, bias], [out], self.fresh(f"{name}_bias"))
+        else:
+            self.emit("MatMul", [a, fw], [out], name)
+
+    def weight_name(self, packed, bits):
+        """The float weight's name: the packed one's less onnxruntime's ``_Q4``."""
+        suffix = f"_Q{bits}"
+        return packed[: -len(suffix)] if packed.endswith(suffix) and len(packed) > len(suffix) else packed
+
+    def nbits_name(self, node, bits):
+        """The MatMul's name: MatMulNBitsQuantizer's ``<MatMul>_Q4`` less ``_Q4``,
+        onnxruntime-genai's ``.../MatMulNBits`` as ``.../MatMul``, where free."""
+        name = node.name or node.op_type
+        for suffix, instead in ((f"_Q{bits}", ""), ("MatMulNBits", "MatMul")):
+            if name.endswith(suffix) and len(name) > len(suffix) and name[: -len(suffix)] + instead not in self.taken:
+                return self.fresh(name[: -len(suffix)] + instead)
+        return self.fresh(name) if name != node.name else name
+
+    def add_codes(self, base, codes, data_type, bits):
+        """An initializer of integer ``codes`` (any shape) of ``data_type``, packed as ONNX
+        stores 2- and 4-bit tensors (first element in the low bits)."""
+        if bits == 8:
+            return self.add_init(base, codes.astype(np.int8 if data_type == TensorProto.INT8 else np.uint8))
+        name = self.fresh(base)
+        per = 8 // bits
+        flat = np.asarray(codes).reshape(-1).astype(np.uint8) & np.uint8((1 << bits) - 1)  # two's complement
+        flat = np.concatenate([flat, np.zeros(-flat.size % per, np.uint8)]).reshape(-1, per)
+        raw = np.zeros(flat.shape[0], np.uint8)
+        for j in range(per):
+            raw |= flat[:, j] << np.uint8(bits * j)
+        init = helper.make_tensor(name, data_type, list(np.shape(codes)), raw.tobytes(), raw=True)
+        self.graph.initializer.append(init)
+        self.inits[name] = init
+        return name
+
     def qattention(self, node):
         # input, weight, bias, input_scale, weight_scale, mask_index, input_zp, weight_zp, past
         ins = list(node.input) + [""] * 9
@@ -881,6 +1081,12 @@ class _Rewriter:
             self.notes.append(f"the bias of {len(self.run_biases)} node(s) ({some}) is quantized on every run with its "
                               "input's scale by the model's own nodes; every config keeps that, so the float reference "
                               "differs from the float model by the bias's rounding")
+        if self.input_quantized:
+            some = ", ".join(repr(n) for n in self.input_quantized[:3]) + (
+                ", ..." if len(self.input_quantized) > 3 else "")
+            self.notes.append(f"{len(self.input_quantized)} MatMulNBits node(s) ({some}) have accuracy_level=4: "
+                              "onnxruntime's CPU kernel also quantizes their input to int8 per block on every run, "
+                              "which the analysis does not simulate (it simulates their weights' quantization only)")
         for out in graph.output:
             if out.name in self.quantized:
                 self.materialize(out.name)

@@ -80,12 +80,15 @@ def _detect(model, fmt):
     names = [n.name for n in model.graph.node[:2000]] + [i.name for i in model.graph.initializer[:2000]]
     if any(n.endswith("_QuantizeInput") for n in names):
         return Producer("neural-compressor", KNOWN["neural-compressor"], "", "tensor names *_QuantizeInput")
-    if any(n.op_type == "DequantizeLinear" and any(a.name == "block_size" for a in n.attribute)
-           for n in model.graph.node):
+    if fmt == "QDQ" and any(n.op_type == "DequantizeLinear" and any(a.name == "block_size" for a in n.attribute)
+                            for n in model.graph.node):
         # onnxruntime's MatMulNBitsQuantizer in QDQ form writes the same: Model Optimizer's
         # terms are given, the name says which two it may be
         return Producer("modelopt", f"{KNOWN['modelopt']} (int4) or onnxruntime's MatMulNBitsQuantizer", "",
                         "block-wise DequantizeLinear weights, which both write")
+    if fmt == "weight-only" and not model.producer_name:  # the block-wise DQs are the rewrite's, not the file's
+        return Producer("unknown", "", "", "MatMulNBits weights, which onnxruntime's MatMulNBitsQuantizer, "
+                        "onnxruntime-genai, Olive and Neural Compressor write")
     if model.producer_name:  # a name, but not of a quantizer whose conventions are known (a QAT export)
         return Producer("unknown", raw, "", f"producer_name {model.producer_name!r}, no quantizer known by it")
     return Producer("unknown", raw, "", "nothing in the file names it")
