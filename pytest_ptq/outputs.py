@@ -179,7 +179,8 @@ def _type_name(qmodel, tensor):
 def layouts(qmodel, tensor):
     """``[(axis, [extent of each part])]``: the ways ``tensor`` is a concatenation, axes in
     its own order: a Concat's output seen through Q/DQ, Identity, Cast, Transpose and a
-    Reshape that keeps the last axis (nested Concats on the same axis flattened), and the
+    Reshape that keeps the parts' axis (:func:`_kept_axis`; nested Concats on the same axis
+    flattened), and the
     layout its inputs all share on another axis (YOLOv5's levels, each ``[xy, wh, scores]`` on
     the last axis, concatenated along the anchors). A part's extent comes from the inferred
     shapes; one may be unknown (None): :func:`unlike_parts` reads it off the value."""
@@ -212,9 +213,10 @@ def _layouts(qmodel, tensor, walk):
         return [] if perm is None else [(list(perm).index(a), e) for a, e in walk(node.input[0])]
     if node.op_type == "Reshape":
         src, dst = qmodel.shapes.get(node.input[0]) or (), qmodel.shapes.get(tensor) or ()
-        if not src or not dst or src[-1] is None or src[-1] != dst[-1]:
+        if not src or not dst:
             return []
-        return [(len(dst) - 1, e) for a, e in walk(node.input[0]) if a == len(src) - 1]
+        kept = ((_kept_axis(src, dst, a), e) for a, e in walk(node.input[0]))
+        return [(b, e) for b, e in kept if b is not None]
     rank = len(qmodel.shapes.get(tensor) or ())
     if node.op_type != "Concat" or not rank:
         return []
@@ -229,6 +231,22 @@ def _layouts(qmodel, tensor, walk):
     out = [] if len(known) < len(extents) - 1 or min(known, default=1) <= 0 else [(axis, extents)]
     out += [(a, e) for a, e in subs[0] if a != axis and all((a, e) in sub for sub in subs[1:])]
     return out
+
+
+def _kept_axis(src, dst, a):
+    """The axis of a Reshape's output ``dst`` (a shape) that axis ``a`` of its input ``src``
+    becomes element for element, or None: the same extent, and as many elements before it
+    (YOLOX's ``[1, 6, H, W]`` flattened to ``[1, 6, H*W]`` keeps its channels), or the last
+    axis kept last."""
+    if src[a] is None:
+        return None
+    if a == len(src) - 1 and src[a] == dst[-1]:
+        return len(dst) - 1
+    known = all(isinstance(d, int) for d in (*src[:a], *dst))
+    for b, d in enumerate(dst):
+        if d == src[a] and (math.prod(src[:a]) == math.prod(dst[:b]) if known else list(src[:a]) == list(dst[:b])):
+            return b
+    return None
 
 
 def unlike(value, candidates):

@@ -524,6 +524,33 @@ def yolov5_head_net(path, classes=4, seed=0):
     return _save(graph, path)
 
 
+def yolox_head_net(path, seed=0):
+    """A YOLOX-like head: two levels (8x8 and 4x4 cells), each a Concat on the channels of 4
+    box offsets, an objectness logit scaled 100x down (near-zero scores) and a Sigmoid class
+    score ``[1, 6, H, W]``, flattened to ``[1, 6, cells]`` (the channel axis kept, the last
+    not), concatenated along the cells and transposed into ``out`` ``[1, 80, 6]``."""
+    rng = np.random.default_rng(seed)
+    inits = [numpy_helper.from_array(np.array(0.01, np.float32), "small")]
+    nodes = [helper.make_node("MaxPool", ["x"], ["x2"], kernel_shape=[2, 2], strides=[2, 2], name="down")]
+    levels = []
+    for k, (src, cells) in enumerate((("x", 64), ("x2", 16))):
+        for part, rows in (("reg", 4), ("obj", 1), ("cls", 1)):
+            inits.append(numpy_helper.from_array((rng.standard_normal((rows, 3, 1, 1))).astype(np.float32),
+                                                 f"w_{part}{k}"))
+            nodes.append(helper.make_node("Conv", [src, f"w_{part}{k}"], [f"{part}{k}"], name=f"conv_{part}{k}"))
+        inits.append(numpy_helper.from_array(np.array([1, 6, cells], np.int64), f"flat{k}"))
+        nodes += [helper.make_node("Mul", [f"obj{k}", "small"], [f"objs{k}"], name=f"obj_scale{k}"),
+                  helper.make_node("Sigmoid", [f"cls{k}"], [f"clss{k}"], name=f"sig{k}"),
+                  helper.make_node("Concat", [f"reg{k}", f"objs{k}", f"clss{k}"], [f"y{k}"], axis=1, name=f"cat{k}"),
+                  helper.make_node("Reshape", [f"y{k}", f"flat{k}"], [f"lvl{k}"], name=f"flatten{k}")]
+        levels.append(f"lvl{k}")
+    nodes += [helper.make_node("Concat", levels, ["cat"], axis=2, name="levels"),
+              helper.make_node("Transpose", ["cat"], ["out"], perm=[0, 2, 1], name="to_cells")]
+    graph = helper.make_graph(nodes, "yolox_head", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
+                              [helper.make_tensor_value_info("out", TensorProto.FLOAT, [1, 80, 6])], inits)
+    return _save(graph, path)
+
+
 def masked_attention_net(path, fill, tokens=8, dim=16, seed=0):
     """One attention head over ``x [1, tokens, dim]`` whose padded tokens (``mask [1, tokens]``
     of 1/0) get ``fill`` added to their scores before the Softmax (``scores``), as exporters

@@ -64,6 +64,26 @@ def test_a_detector_output_is_scored_per_part(tmp_path, transposed):
     assert verdict.values["calibration"]["all quantized"] == pytest.approx(_cos(ref, full, scores), abs=1e-6)
 
 
+def test_a_yolox_head_flattened_with_its_channels_kept_is_scored_per_part(tmp_path):
+    """YOLOX concatenates box offsets, objectness and class score on the channels, flattens
+    each level to ``[1, 6, cells]`` (the channel axis kept, the last not) and transposes: the
+    split followed only Reshapes that keep the last axis, so the whole tensor was scored and a
+    ddddocr detector's 0.87 objectness read 0.997."""
+    fpath = builders.yolox_head_net(tmp_path / "f.onnx")
+    data = builders.samples(6, size=8)
+    qpath = builders.quantize(fpath, tmp_path / "q.onnx", data)
+    engine = Engine(qpath, data, float_model=fpath, optimization="disable")
+    specs = parse_outputs(None, engine)
+    assert [s.name for s in specs] == ["out[:, :, 0:4]", "out[:, :, 4:5]", "out[:, :, 5:6]"]
+    feeds = [{"x": a} for a in data["x"]]
+    ref, full = builders.run_model(fpath, feeds), builders.run_model(qpath, feeds)
+    objectness = _cos(ref, full, lambda a: a[..., 4:5])
+    assert objectness < _cos(ref, full, lambda a: a)
+    verdict = three_configs(engine, specs)
+    assert verdict.values["calibration"]["all quantized"] == pytest.approx(
+        min(_cos(ref, full, lambda a, k=k: a[..., k]) for k in (slice(0, 4), slice(4, 5), slice(5, 6))), abs=1e-6)
+
+
 def test_the_curves_end_where_the_verdict_does(tmp_path):
     fpath, qpath, data = _head(tmp_path)
     engine = Engine(qpath, data, float_model=fpath, optimization="disable")
