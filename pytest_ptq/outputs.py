@@ -180,9 +180,8 @@ def layouts(qmodel, tensor):
     """``[(axis, [extent of each part])]``: the ways ``tensor`` is a concatenation, axes in
     its own order: a Concat's output seen through Q/DQ, Identity, Cast, Transpose and a
     Reshape that keeps the parts' axis (:func:`_kept_axis`; nested Concats on the same axis
-    flattened), and the
-    layout its inputs all share on another axis (YOLOv5's levels, each ``[xy, wh, scores]`` on
-    the last axis, concatenated along the anchors). A part's extent comes from the inferred
+    flattened), and the layout its inputs all share on another axis (YOLOv5's levels, each
+    ``[xy, wh, scores]`` on the last axis, concatenated along the anchors). A part's extent comes from the inferred
     shapes; one may be unknown (None): :func:`unlike_parts` reads it off the value."""
     memo = {}
 
