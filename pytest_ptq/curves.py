@@ -9,6 +9,7 @@ a node that is bad by itself from one that only inherits error.
 from __future__ import annotations
 
 import dataclasses
+import math
 from pathlib import Path
 
 import numpy as np
@@ -199,6 +200,9 @@ def plot_curves(curves, path, title=None, annotate=3):
     mark_points(ax, [(i, plotted[min(worst[i], key=lambda lv: m.sort_key(lv[1]))[0]][i]) for i in order])
     below = side_legend(side, ax)
     lines = ["worst points:"] if not curves.average_mode else ["worst points (the node's", "own value, not the mean):"]
+    undefined = sum(any(math.isnan(ys[i]) for ys in curves.values.values()) for i in range(len(curves.nodes)))
+    if undefined:
+        lines[:0] = [f"{undefined} operator(s) without a value", "(NaN: no finite float value", "to compare), not drawn", ""]
     # escaped before they are cut to fit: a glyph no font has, escaped after, ran past the width
     names = dict(zip(order, fit_labels([drawable(curves.nodes[i]) for i in order], 26)))
     labels = dict(zip(curves.values, fit_labels([drawable(label) for label in curves.values], 16)))
@@ -229,7 +233,10 @@ def marked(curves, annotate=3):
     worst = {}
     for label, ys in curves.values.items():
         best = max(ys, key=m.sort_key, default=None)
-        for i in sorted(range(len(ys)), key=lambda i: m.sort_key(ys[i]))[:annotate]:
+        # a point with no value (NaN: a float tensor holding infinities, say) is no worst point:
+        # sorted first, three of them left a transformer's panel empty
+        comparable = [i for i in range(len(ys)) if not math.isnan(ys[i])]
+        for i in sorted(comparable, key=lambda i: m.sort_key(ys[i]))[:annotate]:
             if m.worse(ys[i], best):
                 worst.setdefault(i, []).append((label, ys[i]))
     return worst

@@ -371,6 +371,24 @@ def test_a_flat_curve_marks_no_worst_point():
         assert all(p == [("all quantized", vals["all quantized"][i])] for i, p in points.items())
 
 
+def test_points_without_a_value_are_no_worst_points_and_are_counted(tmp_path, monkeypatch):
+    """NaN sorts worst: a transformer's curves with three or more operators of no finite float
+    value (shape arithmetic, a -inf attention mask) marked nothing, the panel read "worst
+    points:" and nothing under it."""
+    from pytest_ptq import curves as module
+    from pytest_ptq.curves import Curves, marked, plot_curves
+
+    nan = float("nan")
+    curves = Curves(metric="cosine-similarity", nodes=list("abcdefg"), tensors=list("abcdefg"),
+                    values={"all": [nan, 0.99, nan, 0.95, nan, 0.999, nan]}, configs={}, samples=1)
+    assert sorted(marked(curves)) == [1, 3]  # the best, 0.999, is no one's worst
+    figures, save = [], module.save_figure
+    monkeypatch.setattr(module, "save_figure", lambda fig, path, tight=True: figures.append(fig) or save(fig, path, tight))
+    plot_curves(curves, tmp_path / "c.png")
+    side = " ".join(t.get_text() for t in figures[0].axes[1].texts)
+    assert "4 operator(s) without a value" in side and " d (#3)" in side, side
+
+
 @pytest.mark.parametrize("segments,memory", [(2, "fast"), (64, "fast"), (64, "low")])
 def test_segment_by_segment_equals_one_session_exposing_every_node(zoo, segments, memory):
     """Curves computed segment by segment (each exposing its own nodes; with 64 segments,
