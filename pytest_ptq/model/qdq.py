@@ -770,6 +770,16 @@ class QuantModel:
         quantizer does on purpose (its codes reach -8 on the weights' larger side)."""
         where = f"{node.op_type} {node.name!r} of {self.source!r}"
         values = np.asarray(scale, np.float64)
+        if np.isinf(values).any() and node.op_type == "QuantizeLinear" and node.input[0] in self.producer:
+            # a range calibrated on a tensor that holds infinities by design (an attention mask
+            # filled with -inf): calibrating again gives the same
+            pairs, readers = self._infinite_pairs()
+            others = f" (and {len(pairs) - 1} more such pair(s))" if len(pairs) > 1 else ""
+            raise PTQError(f"{where} has a scale of inf ({node.input[1]!r}){others}: the range of {node.input[0]!r} "
+                           "it quantizes was infinite on the calibration data (a tensor that holds infinities, as "
+                           "an attention mask filled with -inf does), and calibrating again gives the same; quantize "
+                           "the float model again with the nodes reading such pairs left in float (nodes_to_exclude="
+                           f"{readers!r} with quantize_static), or fill the mask with a finite value such as -1e4")
         if not np.isfinite(values).all():
             raise PTQError(f"{where} has a scale of {values.ravel()[~np.isfinite(values.ravel())][0]} "
                            f"({node.input[1]!r}); a scale is the step of the quantization grid, a finite positive "
@@ -804,6 +814,20 @@ class QuantModel:
             self.notes.append(f"{where} has a scale of {values.ravel()[np.argmin(magnitude)]:g} ({node.input[1]!r}), "
                               f"below float32's smallest normal number ({grids.SMALLEST_NORMAL:g}): its values saturate "
                               "or dequantize to nearly 0 there, as with a scale of 0 (re-calibrate the model)")
+
+    def _infinite_pairs(self):
+        """``(QuantizeLinear names, names of the nodes reading their DequantizeLinears)`` of
+        every pair with an infinite constant scale, in graph order: what quantize_static put
+        the pairs there for (an Add of a -inf mask, then the Softmax after it)."""
+        pairs, readers = [], []
+        for q in self.model.graph.node:
+            scale = self.constant(q.input[1]) if q.op_type == "QuantizeLinear" and len(q.input) > 1 else None
+            if scale is None or not np.isinf(np.asarray(scale, np.float64)).any():
+                continue
+            pairs.append(q.name)
+            readers += [r.name for d in self.consumers.get(q.output[0], ()) if d.op_type == "DequantizeLinear"
+                        for r in self.consumers.get(d.output[0], ()) if r.name and r.op_type != "QuantizeLinear"]
+        return pairs, list(dict.fromkeys(readers))
 
     def _valid_axis(self, node, axis, scale):
         """The per-axis quantization axis of ``node``, repaired in the tool's copy when a
