@@ -3,7 +3,7 @@
 For each config, the metric between every normal node's output and the float model's, in
 topological order (x = node index). Beside it, the *local* error of each node: its error
 when its own inputs are quantized from float values and nothing upstream is, which tells
-a node that is bad by itself from one that only inherits error.
+a node whose error is its own from one that only inherits error.
 """
 
 from __future__ import annotations

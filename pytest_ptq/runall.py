@@ -521,7 +521,9 @@ def _advise(engine, metric, kind, rank, name, sens, dist, boxes, curves):
 def _origin(qm, metric, kind, name, curves):
     """At the first normal node the target feeds: its local error (its own inputs quantized
     from float values) against its error with everything quantized. At least half of it
-    local: the node is bad by itself; less: it mostly inherits error from upstream."""
+    local: its error is its own; less: it mostly inherits error from upstream; NaN with no
+    node there that turns a value rounded to 0 into Inf (its float values are not finite, an
+    attention mask's -inf): not measured there."""
     nodes = [name] if kind == "node" else qm.feeds(name)
     for n in nodes:
         if n not in curves.nodes or curves.local is None or ALL not in curves.values:
@@ -531,9 +533,12 @@ def _origin(qm, metric, kind, name, curves):
         if local is None:
             continue
         lb, ab = badness(metric, local), badness(metric, acc)
+        pole = pole_cause(qm, n) if math.isinf(lb) else ""
+        if (math.isnan(local) or math.isnan(acc)) and not pole:
+            return {"at": n, "local": local, "accumulated": acc, "origin": "unmeasured", "pole": ""}
         own = ab == 0 or lb >= 0.5 * ab
         return {"at": n, "local": local, "accumulated": acc, "origin": "local" if own else "inherited",
-                "pole": pole_cause(qm, n) if math.isinf(lb) else ""}
+                "pole": pole}
     return {"origin": None}
 
 
@@ -684,7 +689,9 @@ def markdown(summary):
             origin = ""
             if it.get("origin"):
                 local = f"non-finite: {it['pole']}" if it.get("pole") else _v(it["local"])
-                origin = (f"{'bad by itself' if it['origin'] == 'local' else 'inherited'} at `{it['at']}` "
+                origin = (f"not measured at `{it['at']}` (its float values are not finite)"
+                          if it["origin"] == "unmeasured" else
+                          f"{'own' if it['origin'] == 'local' else 'inherited'} at `{it['at']}` "
                           f"(local {local}, fully quantized {_v(it['accumulated'])})")
             lines.append(f"| {it['rank']} | `{it['node']}` | {_v(it[m])} | {', '.join(it['try']) or '-'} | "
                          f"{'; '.join(it['reasons'])} | {origin} |")

@@ -551,6 +551,30 @@ def yolox_head_net(path, seed=0):
     return _save(graph, path)
 
 
+def inf_mask_net(path):
+    """Scores ``x [1, 8] @ w`` with a mask filled with -inf added (``Where(keep, 0, -inf)``,
+    as exporters write an attention mask) and a Softmax: the Add's and the Softmax's input
+    hold -inf where ``keep`` is false."""
+    w = numpy_helper.from_array(np.random.default_rng(0).standard_normal((8, 8)).astype(np.float32), "w")
+    inits = [w, numpy_helper.from_array(np.array(0.0, np.float32), "zero"),
+             numpy_helper.from_array(np.array(-np.inf, np.float32), "ninf")]
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["s"], name="score"),
+             helper.make_node("Where", ["keep", "zero", "ninf"], ["bias"], name="mask_fill"),
+             helper.make_node("Add", ["s", "bias"], ["masked"], name="masked_scores"),
+             helper.make_node("Softmax", ["masked"], ["p"], axis=-1, name="attention")]
+    graph = helper.make_graph(nodes, "mask", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8]),
+                                              helper.make_tensor_value_info("keep", TensorProto.BOOL, [1, 8])],
+                              [helper.make_tensor_value_info("p", TensorProto.FLOAT, [1, 8])], inits)
+    return _save(graph, path)
+
+
+def inf_mask_samples(n=4, seed=1):
+    """Inputs for :func:`inf_mask_net`: the last 2 to n+1 tokens of each sample masked."""
+    rng = np.random.default_rng(seed)
+    return {"x": [rng.standard_normal((1, 8)).astype(np.float32) for _ in range(n)],
+            "keep": [(np.arange(8) < 6 - i % 6)[None] for i in range(n)]}
+
+
 def masked_attention_net(path, fill, tokens=8, dim=16, seed=0):
     """One attention head over ``x [1, tokens, dim]`` whose padded tokens (``mask [1, tokens]``
     of 1/0) get ``fill`` added to their scores before the Softmax (``scores``), as exporters

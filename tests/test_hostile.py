@@ -346,22 +346,8 @@ def test_an_infinite_scale_from_a_masked_tensor_names_the_nodes_to_keep_in_float
 
     from pytest_ptq.model import QuantModel
 
-    w = numpy_helper.from_array(np.random.default_rng(0).standard_normal((8, 8)).astype(np.float32), "w")
-    inits = [w, numpy_helper.from_array(np.array(0.0, np.float32), "zero"),
-             numpy_helper.from_array(np.array(-np.inf, np.float32), "ninf")]
-    nodes = [helper.make_node("MatMul", ["x", "w"], ["s"], name="score"),
-             helper.make_node("Where", ["keep", "zero", "ninf"], ["bias"], name="mask_fill"),
-             helper.make_node("Add", ["s", "bias"], ["masked"], name="masked_scores"),
-             helper.make_node("Softmax", ["masked"], ["p"], axis=-1, name="attention")]
-    graph = helper.make_graph(nodes, "mask", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8]),
-                                              helper.make_tensor_value_info("keep", TensorProto.BOOL, [1, 8])],
-                              [helper.make_tensor_value_info("p", TensorProto.FLOAT, [1, 8])], inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    onnx.save(model, tmp_path / "f.onnx")
-    rng = np.random.default_rng(1)
-    data = {"x": [rng.standard_normal((1, 8)).astype(np.float32) for _ in range(4)],
-            "keep": [(np.arange(8) < 6 - i)[None] for i in range(4)]}
+    builders.inf_mask_net(tmp_path / "f.onnx")
+    data = builders.inf_mask_samples()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the quantizer's own RuntimeWarning on the infinite range
         q = builders.quantize(tmp_path / "f.onnx", tmp_path / "q.onnx", data)

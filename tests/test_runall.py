@@ -689,3 +689,24 @@ def test_operators_whose_weights_sit_on_their_grid_are_ranked_and_advised(tmp_pa
     findings = [f for it in out["verdict"]["nodes"] for f in it["findings"] if f["kind"] == "weight"]
     assert findings and all(f["try"] == [] for f in findings)  # on the grid: nothing to try
     assert out["verdict"]["next_steps"]
+
+
+def test_the_error_of_the_node_a_pair_feeds_is_own_inherited_or_not_measured(tmp_path):
+    """runall's last column called a 2e-5 local loss "bad by itself", and a node whose float
+    values hold -inf (an Add of an attention mask kept in float) "bad by itself" at local nan:
+    now "own", "inherited", or "not measured" where the float values are not finite."""
+    import warnings
+
+    fpath = builders.inf_mask_net(tmp_path / "f.onnx")
+    data = builders.inf_mask_samples(6)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        q = builders.quantize(fpath, tmp_path / "q.onnx", data, nodes_to_exclude=["masked_scores", "attention"])
+    s = runall(str(q), data, save_dir=tmp_path / "out", top=2, float_model=str(fpath), node_type="activation",
+               progress=False)
+    items = {it["node"]: it for it in s["verdict"]["nodes"]}
+    assert items["s_QuantizeLinear"]["origin"] == "unmeasured" and items["s_QuantizeLinear"]["at"] == "masked_scores"
+    assert items["x_QuantizeLinear"]["origin"] in ("local", "inherited")
+    text = (tmp_path / "out" / "summary.md").read_text()
+    assert "not measured at `masked_scores` (its float values are not finite)" in text
+    assert "bad by itself" not in text and ("own at `score`" in text or "inherited at `score`" in text), text
