@@ -312,6 +312,14 @@ def test_more_samples_asked_than_held_says_so_in_one_line(paths, capsys):
         assert main(["get-sensitivity-of-nodes", paths["model"], paths["data"], "-t", "weight", "--data-num", "500",
                      "--quiet"]) == 0
     assert f"ptq-debug get-sensitivity-of-nodes: {line}" in capsys.readouterr().err.splitlines()
+    # an error filter for that warning alone: the user's choice, one sentence, not an "internal error"
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message="500 calibration", category=PTQDataWarning)
+        assert main(["get-sensitivity-of-nodes", paths["model"], paths["data"], "-t", "weight", "--data-num", "500",
+                     "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.splitlines()[-1] == (f"ptq-debug get-sensitivity-of-nodes: error: {line[len('warning: '):]} (warnings "
+                                    "are errors in this run)") and "Traceback" not in err, err
     with warnings.catch_warnings():  # and silenced where asked
         warnings.simplefilter("ignore")
         assert main(["get-sensitivity-of-nodes", paths["model"], paths["data"], "-t", "weight", "--data-num", "500",

@@ -18,7 +18,7 @@ import sys
 import warnings
 
 from .. import __version__, guard
-from ..errors import PTQError, PTQWarning
+from ..errors import PTQError, PTQWarning, as_sentence
 from .args import STDOUT, check_outputs
 
 # Exit status of a command whose reader went away, as a shell reports a tool SIGPIPE ended.
@@ -105,6 +105,9 @@ def main(argv=None):
         print("interrupted", file=sys.stderr)
         return 130
     except Exception as exc:  # noqa: BLE001 - a bug of ours: its traceback, then one line, and a status of its own
+        if isinstance(exc, Warning) and as_sentence(exc) is not None:  # one of ours, an error by a filter the user set
+            print(f"ptq-debug {args.command}: error: {as_sentence(exc)}", file=sys.stderr)
+            return 2
         import traceback
 
         traceback.print_exc()
