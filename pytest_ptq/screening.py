@@ -69,6 +69,8 @@ class Screening:
     confidence: dict
     reordered: dict
     indices: tuple = ()  # the samples every node was scored on, spread over the data
+    narrowed: dict = dataclasses.field(default_factory=dict)  # {type: nodes scored on narrowed_samples}
+    narrowed_samples: int = 0
 
     def to_dict(self):
         return {"text": self.text(), "samples": self.samples, "of": self.of, "budget_s": self.budget_s, "confirmed": self.confirmed,
@@ -76,9 +78,6 @@ class Screening:
                 "seconds": round(self.seconds, 3), "reordered": dict(self.reordered),
                 "confidence": {t: {"stable": c.stable, "top_k": c.top_k, "top_k_set_frequency": c.top_k_set_frequency,
                                    "message": c.message} for t, c in self.confidence.items()}}
-
-    narrowed: dict = dataclasses.field(default_factory=dict)  # {type: nodes scored on narrowed_samples}
-    narrowed_samples: int = 0
 
     def text(self):
         """One sentence: how many samples ranked, how many the top was narrowed on and confirmed."""
@@ -119,11 +118,13 @@ def screen(engine, node_types, metric_objs, specs, indices, budget_s=None, rank_
     qm = engine.qmodel
     confirm = DEFAULT_CONFIRM if confirm is None else confirm
     start = time.perf_counter()
-    configs, describers = {}, {}
-    for t in node_types:
-        for name, quantized in targets_for(engine, t).items():
-            configs[(t, name)] = quantized
-            describers[(t, name)] = describe(qm, name, t, quantized)
+    configs = {(t, name): quantized for t in node_types for name, quantized in targets_for(engine, t).items()}
+
+    def rank(t, values, samples):
+        """The ranking of type ``t`` from ``{name: states}`` over ``samples`` samples."""
+        return ranked(engine, values, metric_objs, specs, samples, t,
+                      lambda name: describe(qm, name, t, configs[(t, name)]))
+
     total = len(indices)
     desc = f"sensitivity ({', '.join(node_types)})"
     # each config compiles a form of its own on a config-major engine: timing the first sample
@@ -172,17 +173,14 @@ def screen(engine, node_types, metric_objs, specs, indices, budget_s=None, rank_
         rest = score_configs(engine, configs, metric_objs, specs, chosen[0 if one_pass else 1:], bar)
         scores = rest if one_pass else merge_scores(scores, rest, metric_objs)
         by_type = {t: {name: scores[(t, name)] for (tt, name) in configs if tt == t} for t in node_types}
-        sens = {t: ranked(engine, by_type[t], metric_objs, specs, k, t,
-                          lambda name, t=t: describers[(t, name)]) for t in node_types}
+        sens = {t: rank(t, by_type[t], k) for t in node_types}
         layers = {t: [] for t in node_types}  # narrower rankings over the screening's, widest samples first
         if narrowed:
             near = {(t, name): configs[(t, name)] for t in node_types for name in list(sens[t])[:keep[t]]}
             more = score_configs(engine, near, metric_objs, specs, [i for i in wider if i not in screened], bar)
             for t in node_types:
                 # merged into the screening's states: confirming adds the rest of the samples to them
-                exact = merge_scores({name: scores[(tt, name)] for tt, name in near if tt == t},
-                                     {name: more[(tt, name)] for tt, name in near if tt == t}, metric_objs)
-                layer = ranked(engine, exact, metric_objs, specs, wide, t, lambda name, t=t: describers[(t, name)])
+                layer = rank(t, _merged(near, t, scores, more, metric_objs), wide)
                 if keep[t] < counts[t]:
                     layers[t].append(layer)
                 else:  # every node of the type: the whole ranking is on the wider samples
@@ -195,9 +193,7 @@ def screen(engine, node_types, metric_objs, specs, indices, budget_s=None, rank_
     confidence, reordered = {}, {}
     if wide < total:
         for t in node_types:
-            exact = merge_scores({name: scores[(t, name)] for name in top[t]},
-                                 {name: more[(t, name)] for name in top[t]}, metric_objs)
-            confirmed = ranked(engine, exact, metric_objs, specs, total, t, lambda name, t=t: describers[(t, name)])
+            confirmed = rank(t, _merged(confirm_configs, t, scores, more, metric_objs), total)
             reordered[t] = list(confirmed) != top[t]
             if len(confirmed) > 1:
                 confidence[t] = ranking_confidence(confirmed, k=min(5, len(confirmed)), annotate=False)
@@ -208,6 +204,13 @@ def screen(engine, node_types, metric_objs, specs, indices, budget_s=None, rank_
                            confidence=confidence, reordered=reordered, indices=tuple(chosen),
                            narrowed={t: n for t, n in keep.items() if n} if narrowed else {},
                            narrowed_samples=wide if narrowed else 0)
+
+
+def _merged(chosen, t, scores, more, metric_objs):
+    """``{name: states}`` of the nodes of type ``t`` among ``chosen`` (``{(type, name): ...}``),
+    their ``scores`` on earlier samples merged with ``more`` on later ones."""
+    names = [name for tt, name in chosen if tt == t]
+    return merge_scores({n: scores[(t, n)] for n in names}, {n: more[(t, n)] for n in names}, metric_objs)
 
 
 def _narrowing(k, total, kept, nodes, confirmed):
