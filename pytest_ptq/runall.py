@@ -608,8 +608,17 @@ def _plan(items, relevant, source, structural_only=False, qm=None):
             if it not in severe and not ({f["node"] for f in it["findings"]} & handled)]
     wide = [it for it in rest if "int16" in it["try"]]
     if wide:
-        steps.append(("", f"raise {_names([it['node'] for it in wide])} to int16 (TensorQuantOverrides with a "
-                          "16-bit type), or keep them in float, and re-check"))
+        # below 8 bits (int4 weights) the next step is 8 bits; a weight-only model's quantizer
+        # (MatMulNBits, block-wise int4) takes no TensorQuantOverrides
+        narrow = any(qm.calibration[c].bit < 8 for c in _calibration(qm, wide))
+        if not (qm.of_kind("activation") or qm.of_kind("dynamic")):
+            to, how = ("8 bits or more", "the weight-only quantizer's 8-bit setting for them, e.g. MatMulNBitsQuantizer's "
+                       "customized_weight_config {MatMul: {'bits': 8}} with its RTN or GPTQ algorithm")
+        else:
+            to, how = (("int8 or int16", "TensorQuantOverrides with an 8- or 16-bit type") if narrow
+                       else ("int16", "TensorQuantOverrides with a 16-bit type"))
+        steps.append(("", f"raise {_names([it['node'] for it in wide])} to {to} ({how}), or keep them in float, and "
+                          "re-check"))
         choices.update(dict.fromkeys([c for c in _calibration(qm, wide) if qm.wider_type(qm.calibration[c])], "int16"))
     if len(wide) < len(rest):
         steps.append(("", f"keep {_names([it['node'] for it in rest if it not in wide])} in float, or fix the model "

@@ -782,3 +782,16 @@ def onnx_runs(path):
         return True
     except Exception:  # noqa: BLE001 - any refusal to load
         return False
+
+
+def test_runall_asks_a_weight_only_model_for_8_bits_in_its_quantizers_terms(made, tmp_path):
+    """runall told a block-wise int4 weight-only model to "raise to int16 (TensorQuantOverrides
+    with a 16-bit type)": 8 bits is the next step below 8, and a weight-only quantizer takes no
+    TensorQuantOverrides."""
+    from pytest_ptq.runall import runall
+
+    qpath, fpath, data, _ = made("onnxruntime_int4_symmetric", "mlp")
+    s = runall(str(qpath), data, save_dir=tmp_path / "out", top=1, float_model=str(fpath), progress=False)
+    steps = " ".join(s["verdict"]["next_steps"])
+    assert "to 8 bits or more (the weight-only quantizer's 8-bit setting" in steps, steps
+    assert "TensorQuantOverrides" not in steps and "to int16" not in steps, steps

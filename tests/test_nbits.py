@@ -176,6 +176,7 @@ def test_names_read_as_in_the_float_model():
     assert [n.name for n in qm.model.graph.node if n.op_type == "MatMul"] == ["/model/layers.0/mlp/down_proj/MatMul"]
     assert list(qm.calibration) == ["w_DequantizeLinear"]
     assert "MatMulNBits" in qm.made_by.evidence and "Model Optimizer" not in qm.made_by.label
+    assert "MatMulNBitsQuantizer" in qm.made_by.label  # named, not "unknown producer"
 
 
 def test_accuracy_level_4_is_noted():

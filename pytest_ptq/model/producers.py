@@ -87,8 +87,8 @@ def _detect(model, fmt):
         return Producer("modelopt", f"{KNOWN['modelopt']} (int4) or onnxruntime's MatMulNBitsQuantizer", "",
                         "block-wise DequantizeLinear weights, which both write")
     if fmt == "weight-only" and not model.producer_name:  # the block-wise DQs are the rewrite's, not the file's
-        return Producer("unknown", "", "", "MatMulNBits weights, which onnxruntime's MatMulNBitsQuantizer, "
-                        "onnxruntime-genai, Olive and Neural Compressor write")
+        return Producer("unknown", "a weight-only quantizer writing MatMulNBits (onnxruntime's MatMulNBitsQuantizer, "
+                        "onnxruntime-genai, Olive or Neural Compressor)", "", "MatMulNBits weights")
     if model.producer_name:  # a name, but not of a quantizer whose conventions are known (a QAT export)
         return Producer("unknown", raw, "", f"producer_name {model.producer_name!r}, no quantizer known by it")
     return Producer("unknown", raw, "", "nothing in the file names it")
