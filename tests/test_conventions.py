@@ -718,6 +718,8 @@ def test_a_weight_only_models_remedy_is_not_checked_by_a_quantizer_of_activation
     assert r.nodes and r.measured is None
     assert any("quantizes weights only" in n and "quantize_static would quantize the activations" in n
                for n in r.notes), r.notes
+    # its settings speak to the weight-only quantizer, which takes nodes_to_exclude too
+    assert r.python_snippet().startswith("MatMulNBitsQuantizer(..., nodes_to_exclude=["), r.python_snippet()
 
 
 def _blocked_mlp(tmp_path, name, weight_nodes, inits, opset=23, extra_domains=()):

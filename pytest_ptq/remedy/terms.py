@@ -77,9 +77,15 @@ def _quantized_ops(qmodel):
 
 
 def quantizer_call(qmodel):
-    """The onnxruntime quantizer that made ``qmodel``'s kind of model: quantize_dynamic for a
-    dynamic one, else quantize_static."""
-    return "quantize_dynamic" if qmodel.format == "dynamic" else "quantize_static"
+    """The onnxruntime quantizer that makes ``qmodel``'s kind of model: quantize_dynamic for a
+    dynamic one, MatMulNBitsQuantizer for block-wise weights with no activation quantized,
+    else quantize_static (each takes nodes_to_exclude)."""
+    if qmodel.format == "dynamic":
+        return "quantize_dynamic"
+    weights = qmodel.of_kind("weight")
+    if weights and not qmodel.of_kind("activation") and all(c.block_size for c in weights if c.role != "bias"):
+        return "MatMulNBitsQuantizer"
+    return "quantize_static"
 
 
 def per_channel_weights(qmodel):
@@ -164,8 +170,8 @@ def onnxruntime_settings(qmodel, remedy, nodes, axes=None, choices=None):
         settings["not_in_float_model"] = absent
     if per_channel:
         settings["per_channel"] = True
-    if qmodel.format == "dynamic":
-        settings["quantizer"] = "quantize_dynamic"  # the same arguments, for the quantizer that made it
+    if quantizer_call(qmodel) != "quantize_static":
+        settings["quantizer"] = quantizer_call(qmodel)  # the same arguments, for the quantizer that made it
     return settings
 
 
