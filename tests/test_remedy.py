@@ -732,3 +732,28 @@ def test_a_16_bit_activation_is_simulated_on_the_range_onnxruntime_calibrated(tm
                        float_model=str(tmp_path / "f.onnx"), save_dir=tmp_path / "out")
     assert r.nodes == ["x_QuantizeLinear"]
     assert r.value == pytest.approx(r.measured["value"], abs=1e-7)
+
+
+@pytest.mark.parametrize("weight_type, extra", [("QUInt8", {}), ("QInt8", {"WeightSymmetric": False})])
+def test_per_channel_settings_give_the_grid_the_search_scored(tmp_path, weight_type, extra):
+    """The per-channel remedy scores an asymmetric grid for asymmetric weights (uint8, or int8
+    with zero points), but its settings ({"axis": A}) made quantize_static write a symmetric
+    one (zero points 128 where 135, 166, ... were scored): they now ask for it."""
+    from pytest_ptq.engine import Engine
+    from pytest_ptq.remedy.alternatives import alternatives_for
+    from pytest_ptq.remedy.requantize import infer_quantize_options, requantize
+
+    data = builders.samples(4)
+    fpath = builders.conv_net(tmp_path / "float.onnx")
+    qpath = builders.quantize(fpath, tmp_path / "q.onnx", data, weight_type=weight_type,
+                              extra_options={"AddQDQPairToWeight": True, **extra})
+    engine = Engine(str(qpath), data, float_model=str(fpath))
+    qm = engine.qmodel
+    alts, axes = alternatives_for(engine, "per-channel", ["w2_QuantizeLinear"], [0])
+    settings = onnxruntime_settings(qm, "per-channel", ["w2_QuantizeLinear"], axes)
+    assert settings["TensorQuantOverrides"]["w2"] == [{"axis": axes["w2_QuantizeLinear"], "symmetric": False}]
+    out = requantize(str(fpath), tmp_path / "fixed.onnx", engine.data, infer_quantize_options(qm), settings)
+    written = QuantModel(str(out)).calibration["w2_QuantizeLinear"]
+    assert written.per_channel
+    np.testing.assert_array_equal(written.zero_point.ravel(), np.asarray(alts["w2_QuantizeLinear"].zero_point).ravel())
+    np.testing.assert_allclose(written.scale.ravel(), np.asarray(alts["w2_QuantizeLinear"].scale).ravel(), rtol=1e-6)

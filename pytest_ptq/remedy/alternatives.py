@@ -56,17 +56,25 @@ def float_input(engine, c):
     return None
 
 
+def symmetric_channels(c):
+    """Whether the per-channel grid a remedy gives calibration node ``c`` is symmetric: a
+    signed node whose zero points are all 0. Others get an asymmetric one, which their
+    settings ask for (``"symmetric": False``: quantize_static makes every per-channel weight
+    symmetric unless told, a grid other than the one scored)."""
+    return c.qrange[0] < 0 and bool(np.all(c.zero_point == 0))
+
+
 def channel_range_qparams(c, lo, hi, rank, axis, qrange=None):
     """Per-channel QParams covering ``[lo, hi]`` (one value per channel) at ``c``'s bit width,
     or on the codes ``qrange`` (a weight's half grid under reduce_range).
 
-    Signed nodes with zero points of 0 stay symmetric (onnxruntime's weight default, which
-    uses ``[-127, 127]`` for int8); others are asymmetric over the range extended to 0.
+    Symmetric where :func:`symmetric_channels` (onnxruntime's weight default, which uses
+    ``[-127, 127]`` for int8); others are asymmetric over the range extended to 0.
     """
     qmin, qmax = qrange or c.qrange
     lo = np.asarray(lo, dtype=np.float64)
     hi = np.asarray(hi, dtype=np.float64)
-    if qmin < 0 and np.all(c.zero_point == 0):
+    if symmetric_channels(c):
         q = min(qmax, -qmin)
         span = np.maximum(np.abs(lo), np.abs(hi))
         scale = np.where(span > 0, span / q, 1.0)

@@ -25,6 +25,7 @@ from pathlib import Path
 from .. import params
 from ..errors import PTQError, unknown
 from ..model.align import float_source
+from .alternatives import symmetric_channels
 from .result import MIXED, REMEDIES
 
 
@@ -147,11 +148,14 @@ def onnxruntime_settings(qmodel, remedy, nodes, axes=None, choices=None):
             entry = {"quant_type": "QInt16" if signed else "QUInt16"}
             if c.kind == "weight" and c.per_channel and not c.block_size:
                 entry["axis"] = int(c.axis)  # a type alone makes quantize_static quantize it per tensor
+                if not symmetric_channels(c):
+                    entry["symmetric"] = False
             overrides.update({t: [entry] for t in float_tensor_names(qmodel, c)})
         elif c.kind == "weight" and name in axes and qmodel.format == "dynamic":
             per_channel = True  # quantize_dynamic refuses an axis override; its switch covers every weight
         elif c.kind == "weight" and name in axes:
-            overrides[float_tensor_name(qmodel, c)] = [{"axis": int(axes[name])}]
+            overrides[float_tensor_name(qmodel, c)] = [{"axis": int(axes[name]),
+                                                        **({} if symmetric_channels(c) else {"symmetric": False})}]
         else:
             sim_only.append(name)
     ordered = sorted(exclude, key=lambda n: qmodel.normal[n].index)
