@@ -23,7 +23,7 @@ from pathlib import Path
 
 from . import guard, params
 from .baseline import Baseline, BaselineError, compare, measure
-from .errors import PTQError, closest
+from .errors import PTQError, as_sentence, closest
 from .errors import shown as shown_value
 from .metrics import COSINE, get_metric, get_metrics
 from .outputs import parse_output, parse_outputs
@@ -900,8 +900,10 @@ def _raise_unless(check, *args, **kwargs):
     __tracebackhide__ = True
     try:
         result = check(*args, **kwargs)
-    except PTQError as exc:
-        error = str(exc)
+    except (PTQError, Warning) as exc:  # a warning: one of ours, an error where warnings are errors
+        error = as_sentence(exc)
+        if error is None:
+            raise
     else:
         error = None
     if error is not None:  # outside the except block: no "during handling" chain

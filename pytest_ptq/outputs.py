@@ -243,7 +243,15 @@ def _kept_axis(src, dst, a):
         return len(dst) - 1
     known = all(isinstance(d, int) for d in (*src[:a], *dst))
     for b, d in enumerate(dst):
-        if d == src[a] and (math.prod(src[:a]) == math.prod(dst[:b]) if known else list(src[:a]) == list(dst[:b])):
+        if d != src[a]:
+            continue
+        if known and math.prod(src[:a]) == math.prod(dst[:b]):
+            return b
+        # an unknown dimension before (a dynamic batch): the same dimensions before, and as
+        # many elements after ([N, 6, 4] to [-1, 6, 2] keeps no axis)
+        after = (*src[a + 1:], *dst[b + 1:])
+        if not known and list(src[:a]) == list(dst[:b]) and all(isinstance(x, int) for x in after) and \
+                math.prod(src[a + 1:]) == math.prod(dst[b + 1:]):
             return b
     return None
 

@@ -374,10 +374,11 @@ def metrics(values):
 
 
 def task_score(value, function):
-    """The float an evaluation function named ``function`` returned: one number, not text
-    that reads as one nor a bool (numpy's scalars and 0-d arrays are numbers)."""
-    number = not isinstance(value, (str, bytes, bool, np.bool_)) and np.ndim(value) == 0 and \
-        np.issubdtype(np.asarray(value).dtype, np.number)
+    """The float an evaluation function named ``function`` returned: one real number, not
+    text that reads as one, a bool, a complex number or a duration (numpy's scalars and 0-d
+    arrays are numbers)."""
+    # dtype kinds: integers and floats (numpy's timedelta is an integer subtype, kind "m")
+    number = not isinstance(value, (str, bytes)) and np.ndim(value) == 0 and np.asarray(value).dtype.kind in "iuf"
     if not number:
         raise PTQError(f"the evaluation function {function} returned {shown(value)}; it must return one number "
                        "(higher is better)")

@@ -114,12 +114,19 @@ def test_our_warnings_raised_as_errors_are_one_sentence(project):
         @pytest.mark.ptq(model="models/model.onnx", data="models/calib", data_num=50)
         def test_outputs(ptq):
             ptq.assert_outputs(0.5)
+
+        @pytest.mark.ptq(model="models/model.onnx", data="models/calib")
+        def test_baseline_outside(ptq):
+            ptq.assert_baseline("../outside.baseline.json")  # a warning where the check runs
     """)
     result = run(project, "-v")
-    result.assert_outcomes(failed=1, errors=1)
+    result.assert_outcomes(failed=2, errors=1)
     out = result.stdout.str()
     assert out.count("calibration samples were asked for") >= 2 and "(warnings are errors in this run)" in out, out
+    assert "lies outside the rootdir" in out and out.count("(warnings are errors in this run)") >= 3, out
     assert "pluggy/" not in out and "_pytest/" not in out and "def ptq_analysis" not in out, out
+    assert "_raise_unless" not in out and "warnings.warn(" not in out, out
+    assert not (project.path.parent / "outside.baseline.json").exists()
 
 
 def test_a_skip_mark_on_a_contract_item_skips_it(project):

@@ -147,18 +147,23 @@ def test_rewrite_equals_onnxruntime_running_matmulnbits(case):
 def test_an_older_opset_is_raised_as_the_block_wise_weights_need():
     """Opset 17: raised in place where no op changed meaning; with onnx's converter where one
     did (ReduceMean's axes became an input at opset 18), and from below opset 13 (Squeeze's
-    axes became an input there)."""
-    for extra, opset in ((False, 17), (True, 17), ("Unsqueeze", 11)):
+    axes became an input there; a Split with neither split input nor num_outputs, which opset
+    18 refuses)."""
+    for extra, opset in ((False, 17), (True, 17), ("Unsqueeze", 11), ("Split", 17)):
         model, _ = _single(opset=opset)
         g = model.graph
         if extra is True:
             g.node[0].output[0] = "mm"
             g.node.extend([helper.make_node("ReduceMean", ["mm"], ["mean"], axes=[1], keepdims=1, name="mean"),
                            helper.make_node("Sub", ["mm", "mean"], ["y"], name="center")])
-        elif extra:  # below opset 13 an op whose every later revision keeps its meaning took its axes as an attribute
+        elif extra == "Unsqueeze":  # below opset 13 its axes were an attribute
             g.node[0].output[0] = "mm"
             g.node.extend([helper.make_node("Unsqueeze", ["mm"], ["u"], axes=[0], name="u"),
                            helper.make_node("Squeeze", ["u"], ["y"], axes=[0], name="s")])
+        elif extra:  # from opset 18 a Split needs its split input or num_outputs, which this leaves out
+            g.node[0].output[0] = "mm"
+            g.node.extend([helper.make_node("Split", ["mm"], ["a", "b"], axis=1, name="split"),
+                           helper.make_node("Concat", ["b", "a"], ["y"], axis=1, name="swap")])
         data = _samples(64, n=2)
         engine = Engine(model, data)
         assert engine.qmodel.model.opset_import[0].version == 21 and engine.qmodel.model.ir_version >= 10

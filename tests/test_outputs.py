@@ -84,6 +84,18 @@ def test_a_yolox_head_flattened_with_its_channels_kept_is_scored_per_part(tmp_pa
         min(_cos(ref, full, lambda a, k=k: a[..., k]) for k in (slice(0, 4), slice(4, 5), slice(5, 6))), abs=1e-6)
 
 
+def test_a_reshape_keeps_an_axis_only_where_its_elements_stay_in_place():
+    """A dynamic batch before the axis: the same dimensions before and as many elements after
+    keep it (YOLOX's flatten); [N, 6, 4] to [N, 6, 2] moves elements across it."""
+    from pytest_ptq.outputs import _kept_axis
+
+    assert _kept_axis([None, 6, 20, 20], [None, 6, 400], 1) == 1
+    assert _kept_axis([1, 6, 20, 20], [1, 6, 400], 1) == 1
+    assert _kept_axis([None, 6, 4], [None, 6, 2], 1) is None
+    assert _kept_axis([None, 80, 4], [None, 20, 4, 4], 2) == 3  # the last axis kept last
+    assert _kept_axis([None, 6, 20, 20], [None, 6, None], 1) is None  # as many elements after: unknown
+
+
 def test_the_curves_end_where_the_verdict_does(tmp_path):
     fpath, qpath, data = _head(tmp_path)
     engine = Engine(qpath, data, float_model=fpath, optimization="disable")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import textwrap
 
+import numpy as np
 import onnxruntime as ort
 import pytest
 
@@ -105,7 +106,7 @@ def test_task_target_arguments_are_checked(task):
         suggest_remedy(str(t["qdq"]), t["cal"], min_ratio=0.99)
     # text that reads as a number and a bool were taken as scores by the search (the plugin's
     # accuracy check refused them): one rule for every face
-    for returned in ("high", "0.5", True):
+    for returned in ("high", "0.5", True, 0.9 + 0j, np.complex64(0.9), np.timedelta64(1, "s")):
         with pytest.raises(PTQError, match="must return one number"):
             suggest_remedy(str(t["qdq"]), t["cal"], evaluate=lambda run, data, r=returned: r, min_ratio=0.5)
 

@@ -109,7 +109,7 @@ QUANTIZED_OPS = frozenset(("QuantizeLinear", "DequantizeLinear", *QLINEAR, *INTE
 # model that uses them changes nothing
 _WIDENED = frozenset((
     "Cast", "CastLike", "Constant", "ConstantOfShape", "QuantizeLinear", "DequantizeLinear", "Flatten", "Identity",
-    "If", "Loop", "Scan", "Pad", "Reshape", "Shape", "Size", "Squeeze", "Unsqueeze", "Transpose", "Equal", "Split",
+    "If", "Loop", "Scan", "Pad", "Reshape", "Shape", "Size", "Squeeze", "Unsqueeze", "Transpose", "Equal",
     "Resize", "ScatterElements", "ScatterND", "AveragePool", "MaxPool", "Conv", "ConvTranspose", "GlobalAveragePool",
     "GlobalMaxPool", "Dropout", "LSTM", "GRU", "RNN", "Elu", "Selu", "HardSigmoid", "HardSwish", "Softplus",
     "Softsign", "ThresholdedRelu", "Mish", "InstanceNormalization", "LpNormalization", "LpPool", "EyeLike",
@@ -246,7 +246,8 @@ def _raise_opset(model, target, source, label, node):
             graphs.extend(g for a in n.attribute if a.type == onnx.AttributeProto.GRAPHS for g in a.graphs)
 
     def changed(op):
-        try:  # _WIDENED holds from opset 13 (Squeeze's axes became an input there, Split's too)
+        try:  # _WIDENED holds from opset 13 (Squeeze's axes became an input there); Split is not in it:
+            # from 18 it needs its split input or num_outputs, which 13-17 models often leave out
             return (old < 13 or op not in _WIDENED) and (onnx.defs.get_schema(op, old, "").since_version
                     != onnx.defs.get_schema(op, target, "").since_version)
         except onnx.defs.SchemaError:  # not an op of that opset: leave it to the converter
