@@ -124,6 +124,23 @@ def test_per_channel_finds_the_outlier_weight_and_onnxruntime_agrees(outlier, tm
     assert "so the re-quantized figure differs from the simulation" in r.summary()
 
 
+def test_a_model_quantized_with_options_the_file_does_not_show_is_told_pair_by_pair(outlier, tmp_path):
+    """A weight raised to int16 by TensorQuantOverrides comes back int8 when the float model is
+    re-quantized with the options read from the file; the loss one pair dominates hid it (the
+    "before" figures alike), and the re-quantized figures were reported as the remedy's."""
+    from onnxruntime.quantization import QuantType
+
+    given = builders.quantize(outlier["float"], tmp_path / "w2_16.onnx", outlier["data"],
+                              extra_options={"TensorQuantOverrides": {"w2": [{"quant_type": QuantType.QInt16}]}})
+    assert QuantModel(str(given)).calibration["w2_QuantizeLinear"].bit == 16
+    r = suggest_remedy(str(given), outlier["data"], target=0.99, remedy="float", output_node=SLICE,
+                       float_model=str(outlier["float"]))
+    assert r.measured["reproduces"] is False
+    told = [n for n in r.notes if "does not reproduce the model given" in n]
+    assert len(told) == 1 and "1 of its quantized tensors differ ('w2': int8 per tensor against int16 per tensor " \
+        "given)" in told[0], told
+
+
 def test_a_model_calibrated_on_other_data_is_told_apart_from_its_requantization(outlier, tmp_path):
     """Ranges from other data than the data given: re-quantizing without the settings gives
     another model, and the report says so instead of blaming the settings' reach."""
