@@ -774,3 +774,31 @@ def test_per_channel_settings_give_the_grid_the_search_scored(tmp_path, weight_t
     assert written.per_channel
     np.testing.assert_array_equal(written.zero_point.ravel(), np.asarray(alts["w2_QuantizeLinear"].zero_point).ravel())
     np.testing.assert_allclose(written.scale.ravel(), np.asarray(alts["w2_QuantizeLinear"].scale).ravel(), rtol=1e-6)
+
+
+@pytest.mark.parametrize("options", [{"nodes_to_exclude": ["conv2"]}, {"extra_options": {"ActivationSymmetric": True}}])
+def test_options_the_file_shows_are_read_back_and_reproduce_it(tmp_path, options):
+    """A node excluded between quantized neighbours still reads their pair (only its weight
+    stays float), and uint8 activations made symmetric sit on code 128: neither was read back,
+    so re-quantizing 'without settings' gave another model (conv2's weight int8; scales twice
+    as fine)."""
+    from pytest_ptq.engine import Engine
+    from pytest_ptq.remedy.requantize import infer_quantize_options, requantize
+
+    data = builders.samples(4)
+    fpath = builders.conv_net(tmp_path / "float.onnx")
+    extra = {"AddQDQPairToWeight": True, **options.get("extra_options", {})}
+    given = builders.quantize(fpath, tmp_path / "given.onnx", data, extra_options=extra,
+                              nodes_to_exclude=options.get("nodes_to_exclude"))
+    engine = Engine(str(given), data, float_model=str(fpath))
+    inferred = infer_quantize_options(engine.qmodel)
+    assert inferred["nodes_to_exclude"] == options.get("nodes_to_exclude", [])
+    again = requantize(str(fpath), tmp_path / "again.onnx", engine.data, inferred)
+
+    def grids(path):
+        model = onnx.load(str(path))
+        inits = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+        return {q.input[0]: (inits[q.input[1]].tolist(), inits[q.input[2]].tolist(), inits[q.input[2]].dtype.name)
+                for q in model.graph.node if q.op_type == "QuantizeLinear"}
+
+    assert grids(again) == grids(given)

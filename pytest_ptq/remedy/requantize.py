@@ -47,14 +47,20 @@ def infer_quantize_options(qmodel):
         types = Counter(_QUANT_TYPES.get(c.qtype) for c in nodes if c.qtype in _QUANT_TYPES)
         return types.most_common(1)[0][0] if types else default
 
-    # a node onnxruntime would quantize that reads no Q/DQ was excluded on purpose (a float16
-    # graph's node computed in float32 reads its pairs through Casts)
-    excluded = [n.name for n in qmodel.normal.values()
-                if n.op_type in PER_CHANNEL_OPS and not qmodel.quantizers_through_casts(n.name)]
     # the weights onnxruntime quantizes as weights: a matrix product's; an Add's constant takes
     # the activation type, or the weight type without its symmetry
     products = [c for c in weights
                 if any(qmodel.normal[n].op_type in PER_CHANNEL_OPS for n in c.consumers if n in qmodel.normal)]
+
+    def float_weight(n):  # read as the float initializer it is, no DequantizeLinear between
+        w = n.inputs[1] if len(n.inputs) > 1 else ""
+        return bool(w) and w not in qmodel.producer and qmodel.is_constant(w) and qmodel.is_float_tensor(w)
+
+    # a node onnxruntime would quantize that reads no Q/DQ was excluded on purpose (a float16
+    # graph's node computed in float32 reads its pairs through Casts); so was one whose weight
+    # stays float where other products' are quantized, though its neighbours' pairs feed it
+    excluded = [n.name for n in qmodel.normal.values() if n.op_type in PER_CHANNEL_OPS and (
+        not qmodel.quantizers_through_casts(n.name) or (products and float_weight(n)))]
     weight_type = common(products or weights, "QInt8")
     typed = [c for c in products if _QUANT_TYPES.get(c.qtype) == weight_type]
     # reduce_range keeps 8-bit weights on 7 bits; asked for on the whole model, it shows on every one
@@ -69,8 +75,9 @@ def infer_quantize_options(qmodel):
 
     act_type = common(acts, "QUInt8")
     extra = {"AddQDQPairToWeight": True, "QDQKeepRemovableActivations": True}
-    signed_acts = [c for c in acts if c.qrange[0] < 0]
-    if signed_acts and all(np.all(c.zero_point == 0) for c in signed_acts):
+    # symmetric activations sit on the grid's middle code: 0 signed, 128 for uint8
+    if acts and all(np.all(c.zero_point == (0 if c.qrange[0] < 0 else (c.qrange[0] + c.qrange[1] + 1) // 2))
+                    for c in acts):
         extra["ActivationSymmetric"] = True
     if typed:
         # symmetric weights sit on the grid's middle code (0 signed, 128 uint8); onnxruntime's
