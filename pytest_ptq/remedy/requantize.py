@@ -21,7 +21,7 @@ from ..model.qdq import PER_CHANNEL_OPS
 from ..stages import SIMULATION_WARNING, simulation_warnings
 from ..tables import fmt
 from .result import meets
-from .terms import float_tensor_name, quantize_static_kwargs, quantizer_call
+from .terms import float_tensor_name, quantize_static_kwargs, quantized_ops, quantizer_call
 
 _QUANT_TYPES = {onnx.TensorProto.INT8: "QInt8", onnx.TensorProto.UINT8: "QUInt8",
                 onnx.TensorProto.INT16: "QInt16", onnx.TensorProto.UINT16: "QUInt16"}
@@ -56,11 +56,14 @@ def infer_quantize_options(qmodel):
         w = n.inputs[1] if len(n.inputs) > 1 else ""
         return bool(w) and w not in qmodel.producer and qmodel.is_constant(w) and qmodel.is_float_tensor(w)
 
-    # a node onnxruntime would quantize that reads no Q/DQ was excluded on purpose (a float16
-    # graph's node computed in float32 reads its pairs through Casts); so was one whose weight
-    # stays float where other products' are quantized, though its neighbours' pairs feed it
-    excluded = [n.name for n in qmodel.normal.values() if n.op_type in PER_CHANNEL_OPS and (
-        not qmodel.quantizers_through_casts(n.name) or (products and float_weight(n)))]
+    # a node onnxruntime would quantize that reads no Q/DQ was excluded on purpose, or its op
+    # type left out of op_types_to_quantize (its output may still have a pair, for a quantized
+    # reader; a float16 graph's node computed in float32 reads its pairs through Casts); so
+    # was a product whose weight stays float where other products' are quantized, though its
+    # neighbours' pairs feed it
+    ops = quantized_ops(qmodel)
+    excluded = [n.name for n in qmodel.normal.values() if n.op_type in ops and (
+        not qmodel.quantizers_through_casts(n.name) or (n.op_type in PER_CHANNEL_OPS and products and float_weight(n)))]
     weight_type = common(products or weights, "QInt8")
     typed = [c for c in products if _QUANT_TYPES.get(c.qtype) == weight_type]
     # reduce_range keeps 8-bit weights on 7 bits; asked for on the whole model, it shows on every one

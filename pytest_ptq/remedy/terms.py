@@ -67,7 +67,7 @@ def float_tensor_names(qmodel, c):
     return list(dict.fromkeys([name, before]))
 
 
-def _quantized_ops(qmodel):
+def quantized_ops(qmodel):
     """The op types onnxruntime's quantizer of ``qmodel``'s kind quantizes by default
     (quantize_dynamic's integer ops; quantize_static's QLinear and QDQ ones)."""
     from onnxruntime.quantization.registry import IntegerOpsRegistry, QDQRegistry, QLinearOpsRegistry
@@ -126,7 +126,7 @@ def onnxruntime_settings(qmodel, remedy, nodes, axes=None, choices=None):
     axes, choices = axes or {}, choices or {}
     exclude, overrides, sim_only, per_channel = set(), {}, [], False
     nodes = params.names(nodes, "nodes") or []
-    ops = _quantized_ops(qmodel)
+    ops = quantized_ops(qmodel)
     for name in nodes:
         if name not in qmodel.calibration:
             raise unknown("calibration node", name, list(qmodel.calibration))
