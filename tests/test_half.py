@@ -245,8 +245,10 @@ def test_an_operator_behind_casts_has_its_own_local_error(tmp_path):
     quantized = builders.run_model(q16, feeds)
     r = np.concatenate([f["prob"].ravel() for f in floats]).astype(np.float64)
     t = np.concatenate([q["prob"].ravel() for q in quantized]).astype(np.float64)
-    assert curves.nodes[-1] == "softmax" and curves.values["all"][-1] == pytest.approx(
-        r @ t / np.sqrt((r @ r) * (t @ t)), abs=1e-5)  # before the pair: 4e-5 closer to 1
+    # the model output itself; its value as plain onnxruntime runs the file, up to the float16
+    # codes the engine's segments round otherwise (1.5e-5 with onnxruntime 1.28)
+    assert curves.nodes[-1] == "softmax" and curves.tensors[-1] == "prob"
+    assert curves.values["all"][-1] == pytest.approx(r @ t / np.sqrt((r @ r) * (t @ t)), abs=5e-5)
 
 
 def test_a_requantization_that_quantizes_less_than_the_model_is_no_verification(tmp_path):

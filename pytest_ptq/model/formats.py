@@ -843,8 +843,11 @@ class _Rewriter:
                                 "DequantizeLinear cannot take")
             points = points.astype(np.uint8).reshape(n, blocks).T
         signed = points is None
-        code_type = {2: (TensorProto.UINT2, TensorProto.INT2), 4: (TensorProto.UINT4, TensorProto.INT4),
-                     8: (TensorProto.UINT8, TensorProto.INT8)}[bits][signed]
+        if bits == 2 and not hasattr(TensorProto, "INT2"):
+            self.fail(node, f"packs 2-bit codes, which onnx {onnx.__version__} has no type for (onnx 1.20 and "
+                            "later have)")
+        code_type = {2: (getattr(TensorProto, "UINT2", None), getattr(TensorProto, "INT2", None)),
+                     4: (TensorProto.UINT4, TensorProto.INT4), 8: (TensorProto.UINT8, TensorProto.INT8)}[bits][signed]
         weight = self.weight_name(b, bits)
         qn = self.add_codes(f"{weight}_quantized", codes, code_type, bits)
         sn = self.add_init(f"{weight}_scale", scales)
