@@ -155,9 +155,7 @@ def get_acc_error(engine, configs, metric="cosine-similarity", data_num=None, lo
                     out.clear()
                 bar.advance()
     values = {label: [worst(st[t]) for t in tensors] for label, st in states.items()}
-    fed = {n for n in qm.normal if qm.normal[n].calibration_inputs or
-           (not qm.passes_on(n) and qm.quantizers_through_casts(n))}
-    local_vals = [worst(local_states[own[n]]) if n in fed else None for n in nodes] if local else None
+    local_vals = [worst(local_states[own[n]]) if qm.reads_pairs(n) else None for n in nodes] if local else None
     return read_from(Curves(metric=m.name, nodes=nodes, tensors=tensors, values=values, configs=configs,
                             local=local_vals, samples=len(indices)), engine.inputs())
 

@@ -611,7 +611,7 @@ def _plan(items, relevant, source, structural_only=False, qm=None):
         # below 8 bits (int4 weights) the next step is 8 bits; a weight-only model's quantizer
         # (MatMulNBits, block-wise int4) takes no TensorQuantOverrides
         narrow = any(qm.calibration[c].bit < 8 for c in _calibration(qm, wide))
-        if not (qm.of_kind("activation") or qm.of_kind("dynamic")):
+        if qm.weight_only:
             to, how = ("8 bits or more", "the weight-only quantizer's 8-bit setting for them, e.g. MatMulNBitsQuantizer's "
                        "customized_weight_config {MatMul: {'bits': 8}} with its RTN or GPTQ algorithm")
         else:

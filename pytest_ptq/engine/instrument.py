@@ -521,7 +521,7 @@ def local_clones(qmodel, names=None):
     for n in qmodel.normal.values():
         if names is not None and n.name not in names:
             continue
-        if not n.calibration_inputs and (qmodel.passes_on(n.name) or not qmodel.quantizers_through_casts(n.name)):
+        if not qmodel.reads_pairs(n.name):
             continue
         proto = protos[n.name]
         if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in proto.attribute):

@@ -794,14 +794,16 @@ class _Rewriter:
             aq, b, a_s, b_s, a_zp, b_zp, bias = ins[:7]
         fa = self.float_of(node, aq, a_s, a_zp)
         fb = self.float_of(node, b, b_s, b_zp, lambda rank: rank - 1)
-        name = self.op_name(node)
-        out = node.output[0]
+        self.matmul(fa, fb, node.output[0], self.op_name(node), bias)
+
+    def matmul(self, a, b, out, name, bias=""):
+        """``out = a @ b``, plus ``bias`` where given (an Add after the MatMul ``name``)."""
         if bias:
             mm = self.fresh(f"{out}_MatMul")
-            self.emit("MatMul", [fa, fb], [mm], name)
+            self.emit("MatMul", [a, b], [mm], name)
             self.emit("Add", [mm, bias], [out], self.fresh(f"{name}_bias"))
         else:
-            self.emit("MatMul", [fa, fb], [out], name)
+            self.emit("MatMul", [a, b], [out], name)
 
     def matmul_nbits(self, node):
         """com.microsoft MatMulNBits -> DequantizeLinear of its ``[K, N]`` weight (block-wise
@@ -812,6 +814,9 @@ class _Rewriter:
         k, n = int(attrs.get("K", 0)), int(attrs.get("N", 0))
         if bits not in (2, 4, 8):
             self.fail(node, f"packs {bits}-bit codes")
+        if bits == 2 and not hasattr(TensorProto, "INT2"):
+            self.fail(node, f"packs 2-bit codes, which onnx {onnx.__version__} has no type for (onnx 1.20 and "
+                            "later have)")
         if k <= 0 or n <= 0 or block < 16 or block & (block - 1):
             self.fail(node, f"has K={k}, N={n}, block_size={block}, not positive sizes and a power of two from 16")
         packed, scale = self.constant(b), self.constant(s)
@@ -842,27 +847,16 @@ class _Rewriter:
                 self.fail(node, f"reads float zero points {z!r} that are not whole {bits}-bit codes (HQQ's), which "
                                 "DequantizeLinear cannot take")
             points = points.astype(np.uint8).reshape(n, blocks).T
-        signed = points is None
-        if bits == 2 and not hasattr(TensorProto, "INT2"):
-            self.fail(node, f"packs 2-bit codes, which onnx {onnx.__version__} has no type for (onnx 1.20 and "
-                            "later have)")
-        code_type = {2: (getattr(TensorProto, "UINT2", None), getattr(TensorProto, "INT2", None)),
-                     4: (TensorProto.UINT4, TensorProto.INT4), 8: (TensorProto.UINT8, TensorProto.INT8)}[bits][signed]
+        code_type = getattr(TensorProto, f"{'' if points is None else 'U'}INT{bits}")  # signed without zero points
         weight = self.weight_name(b, bits)
         qn = self.add_codes(f"{weight}_quantized", codes, code_type, bits)
         sn = self.add_init(f"{weight}_scale", scales)
         zn = self.add_codes(f"{weight}_zero_point", points, code_type, bits) if points is not None else ""
         fw = self.dq(qn, sn, zn, 0, base=weight, block_size=block)
         name = self.nbits_name(node, bits)
-        out = node.output[0]
         if attrs.get("accuracy_level", 0) == 4:
             self.input_quantized.append(name)
-        if bias:
-            mm = self.fresh(f"{out}_MatMul")
-            self.emit("MatMul", [a, fw], [mm], name)
-            self.emit("Add", [mm, bias], [out], self.fresh(f"{name}_bias"))
-        else:
-            self.emit("MatMul", [a, fw], [out], name)
+        self.matmul(a, fw, node.output[0], name, bias)
 
     def weight_name(self, packed, bits):
         """The float weight's name: the packed one's less onnxruntime's ``_Q4``."""

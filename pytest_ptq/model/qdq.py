@@ -720,6 +720,18 @@ class QuantModel:
         outputs' (:attr:`NormalNode.quantizers`)."""
         return list(dict.fromkeys([*self.quantizers_through_casts(name), *self.normal[name].calibration_outputs]))
 
+    def reads_pairs(self, name):
+        """Whether normal node ``name`` reads calibration nodes, directly or, unless it is such
+        a Cast itself, through Casts between float types: a node with a local error of its own."""
+        return bool(self.normal[name].calibration_inputs) or (
+            not self.passes_on(name) and bool(self.quantizers_through_casts(name)))
+
+    @property
+    def weight_only(self):
+        """Whether the model quantizes weights only: no activation has a pair, calibrated or
+        dynamic (block-wise int4 from a weight-only quantizer, MatMulNBits rewritten)."""
+        return not (self.of_kind("activation") or self.of_kind("dynamic"))
+
     def passes_on(self, name):
         """Whether normal node ``name`` is a Cast between float types: the pairs it reads are
         the nodes' it feeds (:meth:`quantizing`), or, before a model output, the pairs of the

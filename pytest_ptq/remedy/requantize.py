@@ -105,7 +105,7 @@ def unreproducible(qmodel):
     """Why re-quantizing the float model with onnxruntime cannot check a remedy of
     ``qmodel``, or None: a model that quantizes weights only (block-wise int4 from a
     weight-only quantizer) would come back with its activations quantized too."""
-    if qmodel.format == "dynamic" or qmodel.of_kind("activation") or qmodel.of_kind("dynamic"):
+    if not qmodel.weight_only:
         return None
     return ("it quantizes weights only (no activation has a pair), and quantize_static would quantize the activations "
             "too: re-quantizing with it would measure another model; apply the settings with the weight-only quantizer "

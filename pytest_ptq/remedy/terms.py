@@ -84,7 +84,7 @@ def quantizer_call(qmodel):
     if qmodel.format == "dynamic":
         return "quantize_dynamic"
     weights = qmodel.of_kind("weight")
-    if weights and not qmodel.of_kind("activation") and all(c.block_size for c in weights if c.role != "bias"):
+    if weights and qmodel.weight_only and all(c.block_size for c in weights if c.role != "bias"):
         return "MatMulNBitsQuantizer"
     return "quantize_static"
 
