@@ -18,7 +18,7 @@ from .curves import configs_from, get_acc_error
 from .data import load_data
 from .engine import Engine
 from .errors import PTQError, closest
-from .metrics import get_metric, get_metrics
+from .metrics import Pooled, get_metric, get_metrics
 from .outputs import offset_warnings, parse_outputs
 from .progress import Progress
 from .sensitivity import get_sensitivity_of_nodes
@@ -205,7 +205,7 @@ class Analysis:
         engine = self.engine
         specs = parse_outputs(None, engine) if specs is None else specs
         tensors = list(dict.fromkeys(s.tensor for s in specs))
-        states = {(s.name, m.name): m.new() for s in specs for m in metric_objs}
+        pools = [Pooled(m, specs) for m in metric_objs]
         data = self.dataset(holdout)
         with Progress(len(data), "outputs, fully quantized vs float", enabled=self.progress) as bar:
             for i in range(len(data)):
@@ -216,11 +216,11 @@ class Analysis:
                 else:
                     feeds = data.sample(i)
                     ref, out = engine.true_float(feeds, tensors), engine.run(feeds, "all", tensors)
-                for s in specs:
-                    for m in metric_objs:
-                        m.update(states[(s.name, m.name)], s.take(ref[s.tensor]), s.take(out[s.tensor]))
+                for pool in pools:
+                    pool.add(ref, out)
                 bar.advance()
-        values = {s.name: {m.name: m.value(states[(s.name, m.name)]) for m in metric_objs} for s in specs}
+        per_output = [pool.per_output() for pool in pools]
+        values = {s.name: {m.name: v[s.name] for m, v in zip(metric_objs, per_output)} for s in specs}
         return OutputMetrics(values=values, samples=len(data), data=str(holdout or self.key.data))
 
     def sensitivity(self, node_type="node", metric="cosine-similarity", outputs=None):

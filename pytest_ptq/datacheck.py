@@ -34,7 +34,7 @@ from .channelwise import image_channel_axis
 from .data import NP_OF_ONNX, extended_float, load_data, type_info
 from . import params
 from .errors import NonFinite, NotFloatEquivalent, NotQuantized, PTQError
-from .metrics import get_metric
+from .metrics import Pooled, get_metric
 from .engine import Engine
 from .model import QuantModel, load_model
 from .outputs import offset_warnings, parse_outputs
@@ -593,7 +593,7 @@ def _quantized_metrics(engine, data, metric, bar):
     outside their calibrated range."""
     qm = engine.qmodel
     specs = parse_outputs(None, engine)
-    states = {s.name: metric.new() for s in specs}
+    pool = Pooled(metric, specs)
     acts = [c for c in qm.of_kind("activation") if engine.is_gated(c.name) and not c.dynamic]
     clipped, counted = Counter(), Counter()
 
@@ -617,10 +617,9 @@ def _quantized_metrics(engine, data, metric, bar):
         out = engine.run(sample, "all")
         if engine.rewrite is not None:  # the bypassed graph is not the float model there: compare with that
             ref = engine.true_float(sample)
-        for spec in specs:
-            metric.update(states[spec.name], spec.take(ref[spec.tensor]), spec.take(out[spec.tensor]))
+        pool.add(ref, out)
         bar.advance()
-    value = metric.worst([metric.value(s) for s in states.values()])
+    value = pool.value()
     shares = {n: clipped[n] / counted[n] for n in counted if counted[n]}
     return value, shares
 

@@ -94,6 +94,41 @@ class Reference:
         return {s.name: cls(s.take(values[s.tensor]), scratch) for s in specs}
 
 
+class Pooled:
+    """One metric of several outputs (``specs`` of :func:`~pytest_ptq.outputs.parse_outputs`),
+    each pooled over the samples added; :meth:`value` is the worst output's figure, the one
+    a model is judged on."""
+
+    def __init__(self, metric, specs):
+        self.metric, self.specs = metric, specs
+        self.states = {s.name: metric.new() for s in specs}
+
+    def add(self, ref, out):
+        """One sample: ``ref`` and ``out`` the float and the compared tensors, by name."""
+        self.add_prepared({s.name: s.take(ref[s.tensor]) for s in self.specs}, out)
+
+    def add_prepared(self, refs, out):
+        """One sample whose references :meth:`Reference.of_outputs` prepared (shared by the
+        configs compared with them)."""
+        for s in self.specs:
+            self.metric.update(self.states[s.name], refs[s.name], s.take(out[s.tensor]))
+
+    def merge(self, other):
+        """A copy holding the samples of both (two parts of the data pooled)."""
+        merged = Pooled(self.metric, self.specs)
+        merged.states = {name: st.copy() for name, st in self.states.items()}
+        for name, st in merged.states.items():
+            self.metric.merge(st, other.states[name])
+        return merged
+
+    def per_output(self):
+        """``{output name: value}``, in the order of ``specs``."""
+        return {name: self.metric.value(st) for name, st in self.states.items()}
+
+    def value(self):
+        return self.metric.worst(self.per_output().values())
+
+
 def _pair(ref, test):
     if isinstance(ref, Reference):
         return ref.scratch.pair(ref.array, test)

@@ -22,7 +22,7 @@ import math
 
 from .curves import configs_from
 from .data import load_data
-from .metrics import Reference, Scratch, get_metric
+from .metrics import Pooled, Reference, Scratch, get_metric
 from .results import JsonResult
 from .tables import short
 
@@ -135,7 +135,7 @@ def score(engine, data, specs, metric, configs, count=None, indices=None):
     """``{label: value}`` of each config on every sample of ``data`` (worst output, pooled);
     ``data`` None: the engine's own samples ``indices``, default its first ``count`` (default
     all), whose float references the engine caches."""
-    states = {label: {s.name: metric.new() for s in specs} for label in configs}
+    pools = {label: Pooled(metric, specs) for label in configs}
     tensors = list(dict.fromkeys(s.tensor for s in specs))
     own = data is None
     if indices is None:
@@ -149,9 +149,8 @@ def score(engine, data, specs, metric, configs, count=None, indices=None):
             ref = next(outs)
         prepared = Reference.of_outputs(specs, ref, scratch)
         for label, out in zip(configs, outs):
-            for s in specs:
-                metric.update(states[label][s.name], prepared[s.name], s.take(out[s.tensor]))
-    return {label: metric.worst([metric.value(st) for st in per.values()]) for label, per in states.items()}
+            pools[label].add_prepared(prepared, out)
+    return {label: pool.value() for label, pool in pools.items()}
 
 
 def decide(values, metric, weights_known=True):

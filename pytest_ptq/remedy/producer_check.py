@@ -21,7 +21,7 @@ import onnx
 from .. import guard
 from ..engine.runtime import make_session, run
 from ..errors import FLOAT_MODEL_OPTION, NotQuantized, PTQError
-from ..metrics import get_metric
+from ..metrics import Pooled, get_metric
 from ..model import QuantModel, load_model
 from ..outputs import parse_outputs
 from .producer_terms import SHORT, ProducerNames
@@ -174,14 +174,11 @@ def output_score(engine, float_model, metric="cosine-similarity"):
             raise PTQError(f"the float model and the re-quantized model share no output (float: "
                            f"{sorted(float_outputs)}); pass the float model the calibrated model was made from")
         tensors = list(dict.fromkeys(s.tensor for s in specs))
-        states = {s.name: m.new() for s in specs}
+        pool = Pooled(m, specs)
         for i in range(len(engine.data)):
             feeds = engine.data.sample(i)
-            ref = dict(zip(tensors, run(reference, tensors, feeds, source)))
-            out = new.run(i, "all", tensors)
-            for s in specs:
-                m.update(states[s.name], s.take(ref[s.tensor]), s.take(out[s.tensor]))
-        return {"calibration": m.worst([m.value(st) for st in states.values()])}
+            pool.add(dict(zip(tensors, run(reference, tensors, feeds, source))), new.run(i, "all", tensors))
+        return {"calibration": pool.value()}
 
     return score
 

@@ -12,7 +12,7 @@ import numpy as np
 
 from .. import params
 from ..errors import PTQError, raised_by_user
-from ..metrics import Reference, Scratch
+from ..metrics import Pooled, Reference, Scratch
 
 
 class OutOfTime(Exception):
@@ -63,7 +63,7 @@ class Scorer:
         self.task = self.metric is objective.metric and objective.is_task
         self.specs = objective.specs
         self.tensors = list(dict.fromkeys(s.tensor for s in self.specs))
-        self.memo, self.states = {}, {}
+        self.memo, self.pools = {}, {}
         self.evaluations = 0
         self._float_score = None
 
@@ -123,9 +123,10 @@ class Scorer:
             self._compute([key], None)
         return self.memo[key]
 
-    def state(self, chosen):
-        """Pooled sums of an output metric per output (after :meth:`final` or a call)."""
-        return self.states[frozenset(chosen)]
+    def pool(self, chosen):
+        """The :class:`~pytest_ptq.metrics.Pooled` output metric of a set (after :meth:`final`
+        or a call)."""
+        return self.pools[frozenset(chosen)]
 
     def _advance(self):
         self.evaluations += 1
@@ -144,8 +145,7 @@ class Scorer:
                 self.memo[k] = self._evaluate(lambda feeds: engine.run(dict(feeds), quantized,
                                                                        alternative=alternative))
             return
-        m = self.metric
-        states = {k: {s.name: m.new() for s in self.specs} for k in keys}
+        pools = {k: Pooled(self.metric, self.specs) for k in keys}
         configs = {k: config(self.engine, k) for k in keys}
         scratch = Scratch()
         for i in self.part.indices:
@@ -154,11 +154,10 @@ class Scorer:
             for k, out in zip(keys, self.engine.run_many(i, [configs[k] for k in keys], self.tensors)):
                 if clock is not None:
                     clock.check()
-                for s in self.specs:
-                    m.update(states[k][s.name], prepared[s.name], s.take(out[s.tensor]))
+                pools[k].add_prepared(prepared, out)
         for k in keys:
-            self.states[k] = states[k]
-            self.memo[k] = m.worst([m.value(st) for st in states[k].values()])
+            self.pools[k] = pools[k]
+            self.memo[k] = pools[k].value()
 
     def _evaluate(self, run):
         try:
@@ -172,17 +171,12 @@ class Scorer:
 
 def pooled(scorers, chosen):
     """The output metric of a set over the samples of several scorers' parts together."""
-    m = scorers[0].metric
-    total = None
     for sc in scorers:
         sc.final(chosen)
-        st = sc.state(chosen)
-        if total is None:
-            total = {k: v.copy() for k, v in st.items()}
-        else:
-            for k, v in st.items():
-                m.merge(total[k], v)
-    return m.worst([m.value(st) for st in total.values()])
+    total = scorers[0].pool(chosen)
+    for sc in scorers[1:]:
+        total = total.merge(sc.pool(chosen))
+    return total.value()
 
 
 def meets(metric, value, target):
@@ -196,12 +190,9 @@ def score(engine, quantized, specs, metric, indices, alternative=(), clock=None,
     serve as the reference (default: ``engine`` itself)."""
     reference = reference or engine
     tensors = list(dict.fromkeys(s.tensor for s in specs))
-    states = {s.name: metric.new() for s in specs}
+    pool = Pooled(metric, specs)
     for i in indices:
         if clock is not None:
             clock.check()
-        ref = reference.reference(i, tensors)
-        out = engine.run(i, quantized, tensors, alternative=alternative)
-        for s in specs:
-            metric.update(states[s.name], s.take(ref[s.tensor]), s.take(out[s.tensor]))
-    return metric.worst([metric.value(st) for st in states.values()])
+        pool.add(reference.reference(i, tensors), engine.run(i, quantized, tensors, alternative=alternative))
+    return pool.value()
