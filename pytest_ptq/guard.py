@@ -340,7 +340,8 @@ def write_error(path, exc):
     where = f"cannot write {shown(str(path))}"
     code = getattr(exc, "errno", None)
     if code in (errno.EACCES, errno.EPERM):
-        return PTQError(f"{where}: permission denied; choose a writable location or fix its permissions")
+        held = " or close the program that has it open" if sys.platform == "win32" else ""
+        return PTQError(f"{where}: permission denied; choose a writable location{held} or fix its permissions")
     if code == errno.EROFS:
         return PTQError(f"{where}: the file system is read-only; choose another location")
     if code in (errno.ENOSPC, getattr(errno, "EDQUOT", -1)):
@@ -497,7 +498,7 @@ def _write(path, content, atomic, again=False):
         put(tmp)
         if st is not None:
             os.chmod(tmp, stat.S_IMODE(st.st_mode))  # the file keeps the permissions it had
-        os.replace(tmp, path)
+        replace(tmp, path)
     except BaseException as exc:
         with contextlib.suppress(OSError):
             tmp.unlink()
@@ -505,6 +506,19 @@ def _write(path, content, atomic, again=False):
             raise write_error(path, exc) from None
         raise
     return path
+
+
+def replace(tmp, path, tries=8):
+    """``os.replace``, retried on Windows for about a second: there a file another process
+    has open (a reader, a virus scanner, the indexer) cannot be replaced, and is free again
+    moments later; elsewhere a rename never waits for readers."""
+    for attempt in range(tries):
+        try:
+            return os.replace(tmp, path)
+        except PermissionError:
+            if sys.platform != "win32" or attempt == tries - 1:
+                raise
+            time.sleep(0.01 * 2 ** attempt)
 
 
 def temp_name(path):

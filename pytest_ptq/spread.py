@@ -22,6 +22,8 @@ from pathlib import Path
 
 from xdist.scheduler import LoadScopeScheduling
 
+from . import guard
+
 # the controller names the groups file and the cores folder in every worker's ``workerinput``
 # under these keys: a worker whose temporary folder differs (TMPDIR) still uses the
 # controller's, which the controller removes at its end
@@ -73,7 +75,7 @@ def write_groups(path, models):
     tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
     try:
         tmp.write_text(json.dumps(models), encoding="utf-8")
-        os.replace(tmp, path)
+        guard.replace(tmp, path)
     except OSError:
         tmp.unlink(missing_ok=True)  # no grouping then; every test still runs
 

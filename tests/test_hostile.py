@@ -997,6 +997,39 @@ def test_on_windows_a_process_is_asked_for_its_exit_code_never_sent_a_signal(mon
     assert [guard.alive(pid) for pid in (11, 12, 13, 14, 2 ** 40)] == [True, False, True, False, False]
 
 
+@pytest.mark.parametrize("platform", ["win32", "linux"])
+def test_on_windows_a_file_another_process_holds_open_is_replaced_once_it_lets_go(tmp_path, monkeypatch, platform):
+    """Windows refuses to replace a file another process has open (a reader, a virus scanner)
+    for a moment: the write waits for it there, and says one sentence where it never lets go.
+    Elsewhere a refusal is a permission, not a moment: no waiting."""
+    from pytest_ptq import guard
+
+    real, calls, held = os.replace, [], {"times": 2}
+
+    def replace(src, dst):
+        calls.append(dst)
+        if len(calls) <= held["times"]:
+            raise PermissionError(13, "The process cannot access the file", str(dst))
+        return real(src, dst)
+
+    monkeypatch.setattr(guard.sys, "platform", platform)
+    monkeypatch.setattr(os, "replace", replace)
+    monkeypatch.setattr(guard.time, "sleep", lambda s: None)
+    path = tmp_path / "baseline.json"
+    path.write_text("old")
+    if platform == "win32":
+        guard.write_text(path, "new", atomic=True)
+        assert (path.read_text(), len(calls)) == ("new", 3)
+    calls.clear()
+    held["times"] = 100  # never let go
+    held_open = "close the program that has it open" if platform == "win32" else "fix its permissions"
+    with pytest.raises(PTQError, match=f"cannot write .*baseline.json.*{held_open}"):
+        guard.write_text(path, "newer", atomic=True, again=True)
+    assert path.read_text() == ("new" if platform == "win32" else "old")
+    assert len(calls) == (8 if platform == "win32" else 1)
+    assert not list(tmp_path.glob(".*.tmp"))  # nothing left behind
+
+
 def test_a_temporary_folder_a_killed_run_left_is_removed_by_the_next(tmp_path, monkeypatch):
     """suggest without a save folder re-quantizes into a temporary folder; a run killed there
     (kill -9, a CI limit) left it, a model's size, and no later run removed it. The folders
