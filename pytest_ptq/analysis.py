@@ -18,7 +18,7 @@ from .curves import configs_from, get_acc_error
 from .data import load_data
 from .engine import Engine
 from .errors import PTQError, closest
-from .metrics import Pooled, get_metric, get_metrics
+from .metrics import Pooled, by_output, get_metric, get_metrics
 from .outputs import offset_warnings, parse_outputs
 from .progress import Progress
 from .sensitivity import get_sensitivity_of_nodes
@@ -219,8 +219,7 @@ class Analysis:
                 for pool in pools:
                     pool.add(ref, out)
                 bar.advance()
-        per_output = [pool.per_output() for pool in pools]
-        values = {s.name: {m.name: v[s.name] for m, v in zip(metric_objs, per_output)} for s in specs}
+        values = by_output(pools)
         return OutputMetrics(values=values, samples=len(data), data=str(holdout or self.key.data))
 
     def sensitivity(self, node_type="node", metric="cosine-similarity", outputs=None):

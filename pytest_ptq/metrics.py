@@ -97,11 +97,13 @@ class Reference:
 class Pooled:
     """One metric of several outputs (``specs`` of :func:`~pytest_ptq.outputs.parse_outputs`),
     each pooled over the samples added; :meth:`value` is the worst output's figure, the one
-    a model is judged on."""
+    a model is judged on. With ``per_sample``, :attr:`samples` lists each sample's own worst
+    output figure too, in the order added."""
 
-    def __init__(self, metric, specs):
+    def __init__(self, metric, specs, per_sample=False):
         self.metric, self.specs = metric, specs
         self.states = {s.name: metric.new() for s in specs}
+        self.samples = [] if per_sample else None
 
     def add(self, ref, out):
         """One sample: ``ref`` and ``out`` the float and the compared tensors, by name."""
@@ -110,16 +112,30 @@ class Pooled:
     def add_prepared(self, refs, out):
         """One sample whose references :meth:`Reference.of_outputs` prepared (shared by the
         configs compared with them)."""
+        m = self.metric
+        if self.samples is None:
+            for s in self.specs:
+                m.update(self.states[s.name], refs[s.name], s.take(out[s.tensor]))
+            return
+        values = []
         for s in self.specs:
-            self.metric.update(self.states[s.name], refs[s.name], s.take(out[s.tensor]))
+            one = m.new()
+            m.update(one, refs[s.name], s.take(out[s.tensor]))
+            m.merge(self.states[s.name], one)
+            values.append(m.value(one))
+        self.samples.append(m.worst(values))
 
     def merge(self, other):
-        """A copy holding the samples of both (two parts of the data pooled)."""
-        merged = Pooled(self.metric, self.specs)
-        merged.states = {name: st.copy() for name, st in self.states.items()}
-        for name, st in merged.states.items():
+        """Add the samples of ``other`` (same metric and outputs) into this one, in place."""
+        for name, st in self.states.items():
             self.metric.merge(st, other.states[name])
-        return merged
+        if self.samples is not None:
+            self.samples.extend(other.samples)
+
+    def copy(self):
+        twin = Pooled(self.metric, self.specs, per_sample=self.samples is not None)
+        twin.merge(self)
+        return twin
 
     def per_output(self):
         """``{output name: value}``, in the order of ``specs``."""
@@ -127,6 +143,13 @@ class Pooled:
 
     def value(self):
         return self.metric.worst(self.per_output().values())
+
+
+def by_output(pools):
+    """``{output name: {metric name: value}}`` of several metrics' :class:`Pooled` of the same
+    outputs."""
+    values = [(pool.metric.name, pool.per_output()) for pool in pools]
+    return {s.name: {name: v[s.name] for name, v in values} for s in pools[0].specs} if pools else {}
 
 
 def _pair(ref, test):

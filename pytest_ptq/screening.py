@@ -171,7 +171,7 @@ def screen(engine, node_types, metric_objs, specs, indices, budget_s=None, rank_
         held, screened = set(wider), set(chosen)
         others = [i for i in indices if i not in held]
         rest = score_configs(engine, configs, metric_objs, specs, chosen[0 if one_pass else 1:], bar)
-        scores = rest if one_pass else merge_scores(scores, rest, metric_objs)
+        scores = rest if one_pass else merge_scores(scores, rest)
         by_type = {t: {name: scores[(t, name)] for (tt, name) in configs if tt == t} for t in node_types}
         sens = {t: rank(t, by_type[t], k) for t in node_types}
         layers = {t: [] for t in node_types}  # narrower rankings over the screening's, widest samples first
@@ -180,7 +180,7 @@ def screen(engine, node_types, metric_objs, specs, indices, budget_s=None, rank_
             more = score_configs(engine, near, metric_objs, specs, [i for i in wider if i not in screened], bar)
             for t in node_types:
                 # merged into the screening's states: confirming adds the rest of the samples to them
-                layer = rank(t, _merged(near, t, scores, more, metric_objs), wide)
+                layer = rank(t, _merged(near, t, scores, more), wide)
                 if keep[t] < counts[t]:
                     layers[t].append(layer)
                 else:  # every node of the type: the whole ranking is on the wider samples
@@ -193,7 +193,7 @@ def screen(engine, node_types, metric_objs, specs, indices, budget_s=None, rank_
     confidence, reordered = {}, {}
     if wide < total:
         for t in node_types:
-            confirmed = rank(t, _merged(confirm_configs, t, scores, more, metric_objs), total)
+            confirmed = rank(t, _merged(confirm_configs, t, scores, more), total)
             reordered[t] = list(confirmed) != top[t]
             if len(confirmed) > 1:
                 confidence[t] = ranking_confidence(confirmed, k=min(5, len(confirmed)), annotate=False)
@@ -206,11 +206,11 @@ def screen(engine, node_types, metric_objs, specs, indices, budget_s=None, rank_
                            narrowed_samples=wide if narrowed else 0)
 
 
-def _merged(chosen, t, scores, more, metric_objs):
+def _merged(chosen, t, scores, more):
     """``{name: states}`` of the nodes of type ``t`` among ``chosen`` (``{(type, name): ...}``),
     their ``scores`` on earlier samples merged with ``more`` on later ones."""
     names = [name for tt, name in chosen if tt == t]
-    return merge_scores({n: scores[(t, n)] for n in names}, {n: more[(t, n)] for n in names}, metric_objs)
+    return merge_scores({n: scores[(t, n)] for n in names}, {n: more[(t, n)] for n in names})
 
 
 def _narrowing(k, total, kept, nodes, confirmed):

@@ -14,7 +14,7 @@ from pathlib import Path
 from . import __version__, params
 from .engine import engine_for
 from .errors import FLOAT_MODEL_OPTION, PTQError, shown, unknown
-from .metrics import Reference, Scratch, get_metrics
+from .metrics import Pooled, Reference, Scratch, by_output, get_metrics
 from .model.formats import SHAPE_ONLY
 from .outputs import parse_outputs
 from .progress import Progress
@@ -218,21 +218,21 @@ class Sensitivity(dict):
 
 
 def score_configs(engine, configs, metrics, specs, indices, progress=None, alternative=False):
-    """Pooled metric states for each config: ``{label: (pooled, per_sample)}``.
+    """Each config's metrics pooled over the samples: ``{label: [Pooled, one per metric, with
+    its samples' own figures]}`` (:class:`~pytest_ptq.metrics.Pooled`).
 
     ``configs``: ``{label: calibration nodes quantized}`` (on their alternative fake-quant,
     see :meth:`Engine.with_alternatives`, when ``alternative``). Samples are the outer loop so
     that only one sample's (or one group's, see :meth:`Engine.batches`) tensors are alive at
     a time; the float reference of each is computed once and shared by every config.
-    ``per_sample`` lists follow ``indices``. Where each config compiles a form of its own
+    Per-sample figures follow ``indices``. Where each config compiles a form of its own
     (:attr:`Engine.config_major`), configs are the outer loop instead, so that it compiles
     once, not once per sample.
     """
     from .engine.batching import split
 
     tensors = list(dict.fromkeys(s.tensor for s in specs))
-    pooled = {label: {(s.name, m.name): m.new() for s in specs for m in metrics} for label in configs}
-    per_sample = {label: {m.name: [] for m in metrics} for label in configs}
+    pools = {label: [Pooled(m, specs, per_sample=True) for m in metrics] for label in configs}
     groups = engine.batches(indices, tensors)
     scratch, prepared = Scratch(), {}
 
@@ -248,14 +248,8 @@ def score_configs(engine, configs, metrics, specs, indices, progress=None, alter
     def score(label, group, out):
         count = len(group) if isinstance(group, tuple) else 1
         for ref, got in zip(references(group, count), split(out, count) if count > 1 else [out]):
-            for m in metrics:
-                sample_vals = []
-                for s in specs:
-                    one = m.new()
-                    m.update(one, ref[s.name], s.take(got[s.tensor]))
-                    m.merge(pooled[label][(s.name, m.name)], one)
-                    sample_vals.append(m.value(one))
-                per_sample[label][m.name].append(m.worst(sample_vals))
+            for pool in pools[label]:
+                pool.add_prepared(ref, got)
         if progress is not None:
             progress.advance(count)
 
@@ -268,8 +262,7 @@ def score_configs(engine, configs, metrics, specs, indices, progress=None, alter
             outs = engine.run_many(group, [(q, q if alternative else ()) for q in configs.values()], tensors)
             for label, out in zip(configs, outs):
                 score(label, group, out)
-    return {label: ({k: m_state for k, m_state in pooled[label].items()}, per_sample[label])
-            for label in configs}
+    return pools
 
 
 def get_sensitivity_of_nodes(model_or_file, metrics=("cosine-similarity",), calibrated_data=None,
@@ -308,16 +301,12 @@ def rank_configs(engine, configs, metric_objs, specs, indices, node_type, descri
     return ranked(engine, scores, metric_objs, specs, len(indices), node_type, describe)
 
 
-def merge_scores(into, more, metric_objs):
+def merge_scores(into, more):
     """Add the scores ``more`` of further samples to ``into`` (both from :func:`score_configs`,
-    same labels and outputs), in place: pooled states merge, per-sample values extend."""
-    for label, (pooled, per_sample) in more.items():
-        into_pooled, into_per_sample = into[label]
-        for key, state in pooled.items():
-            metric = next(m for m in metric_objs if m.name == key[1])
-            metric.merge(into_pooled[key], state)
-        for name, values in per_sample.items():
-            into_per_sample[name].extend(values)
+    same labels, metrics and outputs), in place."""
+    for label, pools in more.items():
+        for pool, added in zip(into[label], pools):
+            pool.merge(added)
     return into
 
 
@@ -328,10 +317,11 @@ def ranked(engine, scores, metric_objs, specs, samples, node_type, describe):
                                    outputs=[s.name for s in specs], samples=samples,
                                    model=engine.qmodel.source), engine.inputs())
     entries = {}
-    for name, (pooled, per_sample) in scores.items():
-        per_output = {s.name: {m.name: m.value(pooled[(s.name, m.name)]) for m in metric_objs} for s in specs}
-        entries[name] = {m.name: m.worst([per_output[s.name][m.name] for s in specs]) for m in metric_objs}
-        result.details[name] = {**describe(name), "per_output": per_output, "per_sample": per_sample}
+    for name, pools in scores.items():
+        per_output = by_output(pools)
+        entries[name] = {m.name: pool.value() for m, pool in zip(metric_objs, pools)}
+        result.details[name] = {**describe(name), "per_output": per_output,
+                                "per_sample": {m.name: pool.samples for m, pool in zip(metric_objs, pools)}}
     first = metric_objs[0]
     for name in sorted(entries, key=lambda n: first.sort_key(entries[n][first.name])):
         dict.__setitem__(result, name, entries[name])

@@ -33,7 +33,7 @@ from .engine.runtime import ALWAYS_DISABLED, asked_providers, make_session, run
 from .engine.sanity import spread
 from .errors import NotQuantized, PTQError
 from .kernels import as_uint8_weights, float8_rewrites, requantized_nodes, saturation_cause
-from .metrics import compare, get_metric, get_metrics
+from .metrics import Pooled, by_output, compare, get_metric, get_metrics
 from .model import QuantModel, load_model
 from .model.align import refuse_quantized
 from .outputs import parse_outputs, parts_note
@@ -178,8 +178,7 @@ def localize_stages(float_model, calibrated_model, calibrated_data, metrics=("co
     sources = {"reference": fpath, "optimized-float": fpath, "fake-quant": qm.source, "integer": qm.source}
     tensors = list(dict.fromkeys(s.tensor for s in specs))
     labels = ["optimized-float", REWRITE[0], "fake-quant", "integer", "kernel-gap"]
-    pooled = {k: {(s.name, m.name): m.new() for s in specs for m in metric_objs} for k in labels}
-    per_sample = {k: {m.name: [] for m in metric_objs} for k in labels}
+    pools = {k: [Pooled(m, specs, per_sample=True) for m in metric_objs] for k in labels}
     indices = range(len(data))
     with Progress(len(data), "stages", enabled=progress) as bar:
         for i in indices:
@@ -190,23 +189,16 @@ def localize_stages(float_model, calibrated_model, calibrated_data, metrics=("co
             outs["rewritten"] = engine.run(feeds, (), tensors)
             for k in labels:
                 ref, test = (outs["fake-quant"], outs["integer"]) if k == "kernel-gap" else (outs["reference"], outs[k])
-                for m in metric_objs:
-                    vals = []
-                    for s in specs:
-                        r, t = s.take(ref[s.tensor]), s.take(test[s.tensor])
-                        m.update(pooled[k][(s.name, m.name)], r, t)
-                        one = m.new()
-                        m.update(one, r, t)
-                        vals.append(m.value(one))
-                    per_sample[k][m.name].append(m.worst(vals))
+                for pool in pools[k]:
+                    pool.add(ref, test)
             bar.advance()
     rows = {}
     for k in labels:
-        per_output = {s.name: {m.name: m.value(pooled[k][(s.name, m.name)]) for m in metric_objs} for s in specs}
-        values = {m.name: m.worst([per_output[s.name][m.name] for s in specs]) for m in metric_objs}
+        per_output = by_output(pools[k])
+        values = {m.name: pool.value() for m, pool in zip(metric_objs, pools[k])}
         rows[k] = {"stage": k, "description": {**_described(qm), REWRITE[0]: REWRITE[1]}.get(
             k, "integer kernels vs the simulation"), "values": values, "per_output": per_output,
-            "per_sample": per_sample[k]}
+            "per_sample": {m.name: pool.samples for m, pool in zip(metric_objs, pools[k])}}
     rewritten = bool(getattr(engine.qmodel, "alignment", None) and engine.qmodel.alignment.rewrites) or \
         rows[REWRITE[0]]["values"].get("cosine-similarity", 1.0) < 1 - 1e-6
     shown = [k for k in labels[:-1] if k != REWRITE[0] or rewritten]

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from pytest_ptq.errors import PTQError
-from pytest_ptq.metrics import METRICS, Pooled, Reference, Scratch, compare, get_metrics
+from pytest_ptq.metrics import METRICS, Pooled, Reference, Scratch, by_output, compare, get_metrics
 from pytest_ptq.outputs import OutputSpec
 
 
@@ -65,24 +65,31 @@ def test_pooled_over_updates_equals_the_concatenation(name):
 @pytest.mark.parametrize("name", sorted(NUMPY))
 def test_a_pool_of_outputs_scores_each_over_all_samples_and_takes_the_worst(name):
     # two outputs (one a slice of a tensor) over three samples in two parts, merged
+    m = get_metrics(name)[0]
     specs = [OutputSpec("a", "x"), OutputSpec("b[0]", "y", (slice(0, 1),))]
     samples = [(_pair(10 + i, (2, 3, 10)), _pair(20 + i, (2, 3, 10))) for i in range(3)]
-    parts = Pooled(get_metrics(name)[0], specs), Pooled(get_metrics(name)[0], specs)
+    parts = Pooled(m, specs, per_sample=True), Pooled(m, specs, per_sample=True)
     for i, ((rx, tx), (ry, ty)) in enumerate(samples):
         part = parts[0] if i < 2 else parts[1]
         if i == 1:
             part.add_prepared(Reference.of_outputs(specs, {"x": rx, "y": ry}, Scratch()), {"x": tx, "y": ty})
         else:
             part.add({"x": rx, "y": ry}, {"x": tx, "y": ty})
-    before = parts[0].per_output()
-    merged = parts[0].merge(parts[1])
-    assert parts[0].per_output() == before  # merging left its parts alone
-    expected = {"a": NUMPY[name](*(np.concatenate([s[0][k] for s in samples]).astype(np.float64) for k in (0, 1))),
-                "b[0]": NUMPY[name](*(np.concatenate([s[1][k][:1] for s in samples]).astype(np.float64)
-                                      for k in (0, 1)))}
+    merged = parts[0].copy()
+    merged.merge(parts[1])
+    assert len(parts[0].samples) == 2  # the copy took the merge, not the part copied
+
+    def numpy_value(pick):
+        return NUMPY[name](*(np.concatenate([pick(s)[k] for s in samples]).astype(np.float64) for k in (0, 1)))
+
+    expected = {"a": numpy_value(lambda s: s[0]), "b[0]": numpy_value(lambda s: tuple(v[:1] for v in s[1]))}
     assert merged.per_output() == pytest.approx(expected, rel=1e-9)
-    m = get_metrics(name)[0]
     assert merged.value() == pytest.approx(min(expected.values(), key=m.sort_key), rel=1e-9)
+    own = [min((NUMPY[name](*(v.astype(np.float64) for v in x)), NUMPY[name](*(v[:1].astype(np.float64) for v in y))),
+               key=m.sort_key) for x, y in samples]
+    assert merged.samples == pytest.approx(own, rel=1e-9)
+    assert by_output([merged, Pooled(get_metrics("mse")[0], specs)]) == {
+        "a": {name: merged.per_output()["a"], "mse": 0.0}, "b[0]": {name: merged.per_output()["b[0]"], "mse": 0.0}}
 
 
 @pytest.mark.parametrize("name", sorted(NUMPY))

@@ -77,8 +77,8 @@ def one_node_values(engine, names, metric, specs, indices, clock, alternative=Fa
     for k in range(0, len(names), RANK_CHUNK):
         clock.check()
         chunk = {n: [n] for n in names[k:k + RANK_CHUNK]}
-        for n, (pooled, _) in score_configs(engine, chunk, [metric], specs, indices, bar, alternative).items():
-            values[n] = metric.worst([metric.value(pooled[(s.name, metric.name)]) for s in specs])
+        for n, (pool,) in score_configs(engine, chunk, [metric], specs, indices, bar, alternative).items():
+            values[n] = pool.value()
     return values
 
 

@@ -173,9 +173,9 @@ def pooled(scorers, chosen):
     """The output metric of a set over the samples of several scorers' parts together."""
     for sc in scorers:
         sc.final(chosen)
-    total = scorers[0].pool(chosen)
+    total = scorers[0].pool(chosen).copy()
     for sc in scorers[1:]:
-        total = total.merge(sc.pool(chosen))
+        total.merge(sc.pool(chosen))
     return total.value()
 
 
