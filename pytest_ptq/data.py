@@ -11,7 +11,7 @@ import os
 import re
 import warnings
 import zipfile
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import numpy as np
@@ -32,10 +32,15 @@ class PTQDataWarning(PTQWarning):
     """Data that do not hold what was asked of them, though the run can go on."""
 
 
-def _sample_number(path):
-    """The sample number in a file name (``7.npy``, ``img_007.npy`` -> 7), or None."""
-    m = re.search(r"(\d+)", path.stem)
-    return int(m.group(1)) if m else None
+def _sample_numbers(files):
+    """``[number or None]`` of each file name (``7.npy``, ``img_007.npy`` -> 7): the first run
+    of digits, or where every name has as many runs, the first run that tells the files
+    apart (``cam1_0.npy``, ``cam1_1.npy``: 0, 1; ``2024_cam1_frame7.npy``: 7)."""
+    runs = [re.findall(r"\d+", f.stem) for f in files]
+    at = 0
+    if len(files) > 1 and runs[0] and all(len(r) == len(runs[0]) for r in runs):
+        at = next((k for k in range(len(runs[0])) if len({int(r[k]) for r in runs}) == len(runs)), 0)
+    return [int(r[at]) if r else None for r in runs]
 
 
 class _Source:
@@ -136,6 +141,10 @@ class CalibrationData:
             hint = f" (it has {extra})" if extra else ""
             raise PTQError(f"{self.role} data {self.where!r} has no samples for model input "
                            f"{missing[0]!r}{hint}; {self._how_to_add(missing[0])}")
+        if extra and extra[0] in qmodel.inits:
+            raise PTQError(f"{self.role} data {self.where!r} has samples for {extra[0]!r}, an input of "
+                           f"{qmodel.source!r} with a stored value (an initializer), which every analysis keeps as "
+                           "calibrated; remove it from the data")
         if extra:
             raise PTQError(f"{self.role} data {self.where!r} has samples for {extra[0]!r}, which is not "
                            f"an input of {qmodel.source!r} (inputs: {expected}); rename or remove it")
@@ -224,6 +233,10 @@ def _check_shape(name, where, shape, dt, dims, dtype, role):
                        f"the model expects rank {len(dims)} ({_fmt(dims)}); save each sample preprocessed as the "
                        "model takes it (a stacked array: the samples along its first axis)")
     for k, (got, want) in enumerate(zip(shape, dims)):
+        if k == 0 and want == 1 and got > 1:
+            raise PTQError(f"{role} sample {where!r} for input {name!r} holds a batch of {got} but the model takes "
+                           f"one at a time ({_fmt(dims)}); save one sample per file, or stack the samples along a "
+                           "first axis of their own")
         if want and got != want:
             raise PTQError(f"{role} sample {where!r} for input {name!r} has shape {tuple(shape)} but "
                            f"the model expects {_fmt(dims)} (dim {k} differs); check resizing and layout "
@@ -285,8 +298,11 @@ def load_data(calibrated_data, qmodel=None, data_num=None, role="calibration", c
     Accepted forms: a folder ``DIR/<input>/<i>.npy`` (numeric order), a folder of
     ``<input>.npy`` stacked arrays (samples on axis 0), a single ``.npz`` (one key per input,
     samples stacked on axis 0), a mapping ``{input: [array, ...]}`` (or samples stacked on axis
-    0: ``np.load``'s archive too), or a list of feed dicts ``[{input: array}, ...]``.
+    0: ``np.load``'s archive too), or a list of feed dicts ``[{input: array}, ...]`` or what
+    yields them (an onnxruntime ``CalibrationDataReader``, rewound where it can be, or an
+    iterator), read once into memory.
     """
+    calibrated_data = _fed(calibrated_data, role)
     if isinstance(calibrated_data, (list, tuple)) and calibrated_data and all(
             isinstance(s, Mapping) for s in calibrated_data):
         calibrated_data = _by_input(calibrated_data, role)
@@ -319,6 +335,33 @@ def load_data(calibrated_data, qmodel=None, data_num=None, role="calibration", c
                        "them would be labelled held out while holding nothing out; give samples the model was not "
                        "calibrated on, or no held-out data")
     return data
+
+
+def _fed(data, role):
+    """The feed dicts a CalibrationDataReader or an iterator yields, as a list; other data as given."""
+    if callable(getattr(data, "get_next", None)):  # a CalibrationDataReader, of any quantizer
+        rewind = getattr(data, "rewind", None)
+        if callable(rewind):
+            rewind()  # quantize_static read it to the end already
+        feeds = list(iter(data.get_next, None))
+        if callable(rewind):
+            rewind()  # as found, for the caller's next use
+        if not feeds:
+            raise PTQError(f"the {role} data reader {type(data).__name__} yielded no sample (a reader read to the end "
+                           "by the quantizer stays empty); pass a fresh reader, give it a rewind() method, or save "
+                           "the samples to a folder")
+    elif isinstance(data, Iterator):  # a generator: read once
+        feeds = list(data)
+        if not feeds:
+            raise PTQError(f"the {role} data iterator yielded no sample (an iterator read once already stays empty); "
+                           "pass a list of feed dicts, or save the samples to a folder")
+    else:
+        return data
+    if not all(isinstance(f, Mapping) for f in feeds):
+        bad = next(f for f in feeds if not isinstance(f, Mapping))
+        raise PTQError(f"the {role} data yielded {shown(bad)}, not a feed dict {{input name: array}}; yield one "
+                       "dict per sample, as onnxruntime's CalibrationDataReader does")
+    return feeds
 
 
 def _same_data(data, other):
@@ -392,13 +435,30 @@ def _stacked(arr, where, role):
     return arr
 
 
-def _npy_files(folder, role="data"):
+# files that hold samples in another form: beside .npy samples, skipping them would run on
+# fewer samples than given, silently (notes, labels and listings beside the data are no samples)
+IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".tif", ".tiff", ".webp"}
+OTHER_SAMPLE_SUFFIXES = {".npz", ".bin", ".raw", ".dat", ".pt", ".pth", ".pkl", ".pickle", ".gz", ".zip", ".h5",
+                         ".hdf5", ".pb", ".tensor"} | IMAGE_SUFFIXES
+
+
+def _npy_files(folder, role="data", samples=False):
     """The .npy files in ``folder`` (the suffix in any case), sorted; one that is not a regular
-    file is refused, not skipped: the samples used would silently differ from those given."""
+    file is refused, not skipped: the samples used would silently differ from those given.
+    ``samples``: a folder of one input's samples, where a sample saved in another form is
+    refused too."""
     found = []
     for p in folder.iterdir():
         # hidden files are not samples: macOS leaves ._0.npy beside 0.npy on foreign disks
-        if p.name.startswith(".") or p.suffix.lower() != ".npy":
+        if p.name.startswith("."):
+            continue
+        if p.suffix.lower() != ".npy":
+            if samples and p.suffix.lower() in IMAGE_SUFFIXES:
+                raise PTQError(f"{role} file {str(p)!r} is an image, not the array the model takes; save each sample "
+                               "preprocessed as the model reads it (resized, normalised, laid out) with numpy.save")
+            if samples and p.suffix.lower() in OTHER_SAMPLE_SUFFIXES:
+                raise PTQError(f"{role} file {str(p)!r} is not a .npy sample, so it would be left out of the samples "
+                               "beside it; re-save it with numpy.save (one array per file) or move it out")
             continue
         if not p.is_file():
             raise PTQError(f"{role} file {str(p)!r} is not a regular file (a folder, a device, a pipe or a broken "
@@ -413,8 +473,7 @@ def _numbered(folder, files, role):
     sample, so it is never guessed."""
     numbers = {}
     unnumbered = []
-    for f in files:
-        n = _sample_number(f)
+    for f, n in zip(files, _sample_numbers(files)):
         if n is None:
             unnumbered.append(f.name)
         elif n in numbers:
@@ -435,7 +494,7 @@ def _open_dir(path, role):
     stacked = _npy_files(path, role)
     sources, numbers = {}, {}
     for d in subdirs:
-        files = _numbered(d, _npy_files(d, role), role)
+        files = _numbered(d, _npy_files(d, role, samples=True), role)
         if not files:
             nested = sorted(p.relative_to(path).as_posix() for p in d.iterdir() if p.is_dir() and _npy_files(p, role))
             if nested:  # an input named like 'serving_default/input_1:0', saved as DIR/<input>/<i>.npy
@@ -445,7 +504,7 @@ def _open_dir(path, role):
             raise PTQError(f"{role} folder {str(d)!r} holds no .npy files; save one sample per file "
                            "as 0.npy, 1.npy, ...")
         sources[d.name] = _Source(str(d), files, role)
-        numbers[d.name] = [_sample_number(f) for f in files]
+        numbers[d.name] = sorted(_sample_numbers(files))
     if len({tuple(v) for v in numbers.values()}) > 1:
         first, *others = numbers
         for other in others:

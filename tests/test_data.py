@@ -344,3 +344,90 @@ def test_held_out_data_that_are_the_calibration_data_are_refused(tmp_path):
                  "-s", str(tmp_path / "out")]) == 2
     assert main(["suggest", str(q), str(tmp_path / "calib"), "--heldout", str(tmp_path / "link"), "--quiet",
                  "--no-save"]) == 2
+
+
+@pytest.mark.parametrize("name,match", [
+    ("4.npz", "'.*4.npz' is not a .npy sample, so it would be left out"),
+    ("4.bin", "'.*4.bin' is not a .npy sample"),
+    ("4.png", "'.*4.png' is an image, not the array the model takes"),
+])
+def test_a_sample_saved_in_another_form_beside_npy_samples_is_refused_not_left_out(qm, tmp_path, name, match):
+    # 0..3.npy and 4.npz ran on 4 of the 5 samples given, with nothing said
+    arrays = _distinct(5)
+    builders.save_folder({"x": arrays[:4]}, tmp_path)
+    (tmp_path / "x" / name).write_bytes(arrays[4].tobytes())
+    (tmp_path / "x" / "README.txt").write_text("what these samples are")  # notes stay allowed
+    with pytest.raises(PTQError, match=match):
+        load_data(tmp_path, qm)
+    (tmp_path / "x" / name).unlink()
+    _assert_samples(load_data(tmp_path, qm), arrays[:4])
+
+
+def test_the_sample_number_is_the_run_of_digits_that_tells_the_files_apart(qm, tmp_path):
+    # 'cam1_0.npy', 'cam1_1.npy' read as two files for sample 1
+    arrays = _distinct(11)
+    (tmp_path / "x").mkdir()
+    for k, a in enumerate(arrays):
+        np.save(tmp_path / "x" / f"2024_cam1_frame{k}.npy", a)
+    _assert_samples(load_data(tmp_path, qm), arrays)
+    for f in (tmp_path / "x").iterdir():  # a run that varies first wins: the frame, not the version
+        f.rename(f.with_name(f.name.replace("2024_cam1_frame", "f").replace(".npy", "_v2.npy")))
+    _assert_samples(load_data(tmp_path, qm), arrays)
+
+
+def test_a_calibration_data_reader_or_an_iterator_of_feed_dicts_is_read_once(qm):
+    from onnxruntime.quantization import CalibrationDataReader
+
+    arrays = _distinct(3)
+
+    class Reader(CalibrationDataReader):
+        def __init__(self):
+            self.rewind()
+
+        def get_next(self):
+            return next(self.it, None)
+
+        def rewind(self):
+            self.it = iter({"x": a} for a in arrays)
+
+    reader = Reader()
+    list(iter(reader.get_next, None))  # the quantizer read it to the end
+    _assert_samples(load_data(reader, qm), arrays)
+    assert reader.get_next() is not None  # rewound for its next use
+    _assert_samples(load_data(({"x": a} for a in arrays), qm), arrays)
+
+    class OneShot:  # no rewind: read to the end, it yields nothing
+        def get_next(self):
+            return None
+
+    with pytest.raises(PTQError, match="reader OneShot yielded no sample .* give it a rewind"):
+        load_data(OneShot(), qm)
+    with pytest.raises(PTQError, match=r"yielded array\(.*\), not a feed dict"):
+        load_data(iter(arrays), qm)
+
+
+def test_a_batch_given_to_a_batch_one_model_is_told_as_such(qm):
+    with pytest.raises(PTQError, match=r"holds a batch of 4 but the model takes one at a time \(\[1, 3, 16, 16\]\)"):
+        load_data({"x": [np.concatenate(_distinct(4))]}, qm)
+
+
+def test_data_for_an_input_with_a_stored_value_is_told_it_stays_as_calibrated(tmp_path):
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    from pytest_ptq.model import QuantModel as QM
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])
+    s = helper.make_tensor_value_info("s", TensorProto.FLOAT, [1])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])
+    nodes = [helper.make_node("QuantizeLinear", ["x", "sc", "zp"], ["xq"]),
+             helper.make_node("DequantizeLinear", ["xq", "sc", "zp"], ["xd"]),
+             helper.make_node("Mul", ["xd", "s"], ["y"])]
+    inits = [numpy_helper.from_array(np.array(0.1, np.float32), "sc"),
+             numpy_helper.from_array(np.array(0, np.uint8), "zp"),
+             numpy_helper.from_array(np.array([2.0], np.float32), "s")]
+    graph = helper.make_graph(nodes, "g", [x, s], [y], inits)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "m.onnx")
+    model = QM(str(tmp_path / "m.onnx"))
+    with pytest.raises(PTQError, match="samples for 's', an input of .* with a stored value .* remove it from the data"):
+        load_data({"x": [np.ones((1, 4), np.float32)], "s": [np.ones(1, np.float32)]}, model)
