@@ -934,6 +934,32 @@ def test_a_sample_onnxruntime_refuses_is_named_and_a_wrong_float_model_is_suspec
     assert "a float model: is it the one this model was quantized from?" in capsys.readouterr().err
 
 
+def test_token_ids_and_a_mask_of_other_lengths_are_told_to_fit_each_other(tmp_path, capsys):
+    """Each input fits the model's dynamic shape alone, not together: the broadcast failed,
+    and the sentence blamed the model ("does not run as stored")."""
+    helper, rng = onnx.helper, np.random.default_rng(1)
+    table = rng.standard_normal((50, 8)).astype(np.float32)
+    graph = helper.make_graph([helper.make_node("Gather", ["table", "ids"], ["e"]),
+                               helper.make_node("Unsqueeze", ["mask", "axis"], ["m"]),
+                               helper.make_node("Cast", ["m"], ["mf"], to=onnx.TensorProto.FLOAT),
+                               helper.make_node("Mul", ["e", "mf"], ["y"])], "masked",
+                              [helper.make_tensor_value_info("ids", onnx.TensorProto.INT64, [1, "n"]),
+                               helper.make_tensor_value_info("mask", onnx.TensorProto.INT64, [1, "m"])],
+                              [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, "n", 8])],
+                              [onnx.numpy_helper.from_array(table, "table"),
+                               onnx.numpy_helper.from_array(np.array([2], np.int64), "axis")])
+    fp = tmp_path / "f.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), fp)
+    data = {"ids": [rng.integers(0, 50, (1, 6)) for _ in range(3)], "mask": [np.ones((1, 6), np.int64)] * 3}
+    q = builders.quantize(fp, tmp_path / "q.onnx", data)
+    data["mask"] = [np.ones((1, 6), np.int64), np.ones((1, 5), np.int64), np.ones((1, 6), np.int64)]
+    folder = builders.save_folder(data, tmp_path / "calib")
+    assert main(["get-sensitivity-of-nodes", str(q), str(folder), "--quiet", "--json", str(tmp_path / "s.json")]) == 2
+    err = capsys.readouterr().err
+    assert "check that the sample's inputs fit each other (token ids and their mask of one length" in err
+    assert "does not run as stored" not in err and f"{folder / 'mask' / '1.npy'}" in err
+
+
 def test_an_atomic_write_keeps_the_files_permissions(tmp_path):
     """A baseline rewritten by --ptq-update-baseline came back with the umask's mode, not its own."""
     from pytest_ptq import guard

@@ -728,6 +728,9 @@ def run_error(exc, source):
                               "unexpected input data type", "input name", "missing input", "missing from input feed")):
         hint = ("check the data's shapes and dtypes against the model's inputs (a float model: is it the one "
                 "this model was quantized from?)")
+    elif "broadcast" in low:  # shapes that a dynamic model takes one by one but not together
+        hint = ("check that the sample's inputs fit each other (token ids and their mask of one length, images of "
+                "the sizes the model combines); if they do, check the model in a plain onnxruntime session")
     elif any(k in low for k in ("out of data bounds", "out of range", "out of bounds")):
         hint = "check the data's values: an index outside the range the model takes"
     else:
