@@ -48,4 +48,5 @@ def configure(p):
     a.add_json(p)
 
 
-COMMANDS = [a.Command("list-nodes", "list calibration nodes (weight/activation) and normal nodes", configure, run)]
+COMMANDS = [a.Command("list-nodes", "list calibration nodes (weight/activation) and count normal nodes (--json lists them)",
+                      configure, run)]
