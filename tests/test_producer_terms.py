@@ -495,7 +495,8 @@ def test_onnxruntime_missing_does_not_fail_a_third_party_models_remedy(side_mode
     rq = importlib.import_module("pytest_ptq.remedy.requantize")  # the package's name is its function
     real = rq.requantize
     # onnxruntime's re-quantization dropping the settings: its model misses on the held-out data
-    monkeypatch.setattr(rq, "requantize", lambda f, out, data, options, settings=None: real(f, out, data, options))
+    monkeypatch.setattr(rq, "requantize", lambda f, out, data, options, settings=None, kept=None:
+                        real(f, out, data, options, kept=kept))
     r = _suggest(side_modelopt, tmp_path, monkeypatch)
     assert not r.measured["met"] and r.producer_measured["met"] and r.failure() is None
     monkeypatch.delenv("PTQ_MODELOPT_PYTHON")

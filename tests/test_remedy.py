@@ -124,35 +124,68 @@ def test_per_channel_finds_the_outlier_weight_and_onnxruntime_agrees(outlier, tm
     assert "so the re-quantized figure differs from the simulation" in r.summary()
 
 
+def _grids(path):
+    """``{tensor: (scale, zero point)}`` of every QuantizeLinear in the file at ``path``."""
+    model = onnx.load(str(path))
+    inits = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+    return {q.input[0]: (inits[q.input[1]], inits[q.input[2]]) for q in model.graph.node if q.op_type == "QuantizeLinear"}
+
+
+def _same_grids(got, given, tensors):
+    for t in tensors:
+        assert got[t][1].dtype == given[t][1].dtype and np.array_equal(got[t][1], given[t][1]), t
+        assert got[t][0].dtype == given[t][0].dtype and np.array_equal(got[t][0], given[t][0]), t
+
+
 def test_a_model_quantized_with_options_the_file_does_not_show_is_told_pair_by_pair(outlier, tmp_path):
-    """A weight raised to int16 by TensorQuantOverrides comes back int8 when the float model is
-    re-quantized with the options read from the file; the loss one pair dominates hid it (the
-    "before" figures alike), and the re-quantized figures were reported as the remedy's."""
+    """A weight raised to int16 by TensorQuantOverrides came back int8 when the float model was
+    re-quantized with the options read from the file: the note names the pair, and the check
+    keeps the model's own grids, w2's 16 bits among them."""
     from onnxruntime.quantization import QuantType
 
     given = builders.quantize(outlier["float"], tmp_path / "w2_16.onnx", outlier["data"],
                               extra_options={"TensorQuantOverrides": {"w2": [{"quant_type": QuantType.QInt16}]}})
     assert QuantModel(str(given)).calibration["w2_QuantizeLinear"].bit == 16
     r = suggest_remedy(str(given), outlier["data"], target=0.99, remedy="float", output_node=SLICE,
-                       float_model=str(outlier["float"]))
-    assert r.measured["reproduces"] is False
+                       float_model=str(outlier["float"]), save_dir=tmp_path / "out")
+    assert "reproduces" not in r.measured
     told = [n for n in r.notes if "does not reproduce the model given" in n]
-    assert len(told) == 1 and "1 of its quantized tensors differ ('w2': int8 per tensor against int16 per tensor " \
-        "given)" in told[0], told
+    assert len(told) == 1 and "1 of its quantized tensors differ: 'w2': int8 per tensor against int16 per tensor " \
+        "given" in told[0] and "kept the model's own scales and zero points" in told[0], told
+    expected, again = _grids(given), _grids(r.measured["baseline_model"])
+    assert set(again) == set(expected)
+    _same_grids(again, expected, expected)
+    assert r.measured["baseline_value"] == pytest.approx(r.baseline, abs=1e-9)
 
 
-def test_a_model_calibrated_on_other_data_is_told_apart_from_its_requantization(outlier, tmp_path):
-    """Ranges from other data than the data given: re-quantizing without the settings gives
-    another model, and the report says so instead of blaming the settings' reach."""
+def test_a_model_calibrated_on_other_data_is_checked_on_its_own_grids(outlier, tmp_path):
+    """Ranges from other data than the data given: re-quantizing with the options alone gives
+    another model (its 'before' figure another), so the check keeps the model's own grids;
+    the settings shown hold the remedy alone."""
+    from pytest_ptq.data import load_data
+    from pytest_ptq.remedy.requantize import infer_quantize_options, requantize
+
     wide = {k: [16 * v for v in vs] for k, vs in outlier["data"].items()}
     other = builders.quantize(outlier["float"], tmp_path / "other.onnx", wide)
+    qm = QuantModel(str(other))
+    alone = requantize(outlier["float"], tmp_path / "alone.onnx", load_data(outlier["data"], qm),
+                       infer_quantize_options(qm))
+    expected = _grids(other)
+    assert not np.array_equal(_grids(alone)["x"][0], expected["x"][0])
     r = suggest_remedy(str(other), outlier["data"], target=0.99, remedy="float", output_node=SLICE,
-                       float_model=str(outlier["float"]))
-    assert r.measured["reproduces"] is False
-    assert abs(r.measured["baseline_value"] - r.baseline) > 1e-4
+                       float_model=str(outlier["float"]), save_dir=tmp_path / "out")
+    assert "reproduces" not in r.measured
+    again = _grids(r.measured["baseline_model"])
+    assert set(again) == set(expected)
+    _same_grids(again, expected, expected)
+    assert r.measured["baseline_value"] == pytest.approx(r.baseline, abs=1e-9)
+    # the remedy excluded conv1: the tensors it still quantizes keep the given grids
+    fixed = _grids(r.measured["model"])
+    assert "w1" not in fixed and set(fixed) < set(expected)
+    _same_grids(fixed, expected, fixed)
     told = [n for n in r.notes if "does not reproduce the model given" in n]
-    assert len(told) == 1 and f"{r.measured['baseline_value']:.6g} on calibration against {r.baseline:.6g}" in told[0]
-    assert "so the re-quantized figure differs from the simulation" not in r.summary()
+    assert len(told) == 1 and "'x': scale 0.02934 against 0.4694 given" in told[0], told
+    assert "scale" not in r.python_snippet() and "TensorQuantOverrides" not in r.summary().split("note:")[0]
 
 
 def test_float_remedy_excludes_the_node_reading_the_weight(outlier):
@@ -802,3 +835,47 @@ def test_options_the_file_shows_are_read_back_and_reproduce_it(tmp_path, options
                 for q in model.graph.node if q.op_type == "QuantizeLinear"}
 
     assert grids(again) == grids(given)
+
+
+@pytest.mark.parametrize("per_channel", [False, True])
+def test_the_check_keeps_a_percentile_models_grids_and_the_remedy_wins_where_it_acts(tmp_path, per_channel):
+    """Percentile calibration leaves no trace in the file: re-quantized with MinMax its
+    activations get other scales. Given the model's own grids, quantize_static writes them back
+    exactly, per channel too; the remedy's own overrides and exclusions replace them where they
+    act (r2 at 16 bits on its MinMax range, not the 8-bit scale; w2 per channel; fc in float)."""
+    from pytest_ptq.data import load_data
+    from pytest_ptq.remedy.requantize import _differences, infer_quantize_options, own_grids, requantize
+
+    data = builders.samples(8)
+    fpath = builders.conv_net(tmp_path / "float.onnx")
+    given = builders.quantize(fpath, tmp_path / "given.onnx", data, per_channel=per_channel,
+                              calibrate_method="Percentile")
+    qm = QuantModel(str(given))
+    options, samples = infer_quantize_options(qm), load_data(data, qm)
+    alone = requantize(fpath, tmp_path / "alone.onnx", samples, options)
+    assert _differences(qm, QuantModel(str(alone)))
+    expected = _grids(given)
+    kept = requantize(fpath, tmp_path / "kept.onnx", samples, options, kept=own_grids(qm))
+    assert set(_grids(kept)) == set(expected)
+    _same_grids(_grids(kept), expected, expected)
+    assert _differences(qm, QuantModel(str(kept))) == []
+
+    overrides = {"r2": [{"quant_type": "QUInt16"}]}
+    if not per_channel:
+        overrides["w2"] = [{"axis": 0}]
+    settings = {"nodes_to_exclude": ["fc"], "TensorQuantOverrides": overrides}
+    got = _grids(requantize(fpath, tmp_path / "fixed.onnx", samples, options, settings, kept=own_grids(qm)))
+    exposed = builders.load(fpath)
+    exposed.graph.output.append(onnx.helper.make_tensor_value_info("r2", onnx.TensorProto.FLOAT, None))
+    r2 = np.concatenate([o["r2"].ravel() for o in builders.run_model(exposed, _feeds_of(data), outputs=["r2"])])
+    assert got["r2"][1].dtype == np.uint16 and int(got["r2"][1]) == 0
+    np.testing.assert_allclose(got["r2"][0], r2.max() / 65535, rtol=1e-6)
+    if not per_channel:
+        w2 = numpy_helper.to_array(next(i for i in onnx.load(str(fpath)).graph.initializer if i.name == "w2"))
+        np.testing.assert_allclose(got["w2"][0], np.abs(w2).reshape(8, -1).max(axis=1) / 127, rtol=1e-6)
+    assert "wf" not in got and "wf" in expected
+    _same_grids(got, expected, [t for t in got if t != "r2" and (t != "w2" or per_channel)])
+
+
+def _feeds_of(data):
+    return [{k: v[i] for k, v in data.items()} for i in range(len(next(iter(data.values()))))]

@@ -15,7 +15,7 @@ from ..progress import Progress
 from ..engine import Engine
 from ..engine.runtime import ALWAYS_DISABLED, make_session, run
 from ..errors import NotQuantized, PTQError, raised_by_user
-from ..model import load_model
+from ..model import QuantModel, load_model
 from ..model.graph import name_nodes
 from ..model.qdq import PER_CHANNEL_OPS
 from ..stages import SIMULATION_WARNING, simulation_warnings
@@ -101,6 +101,38 @@ def infer_quantize_options(qmodel):
             "nodes_to_exclude": excluded}
 
 
+def own_grids(qmodel):
+    """``TensorQuantOverrides`` giving each tensor ``qmodel`` quantizes (float model names,
+    weights included) the quant type, scale and zero point it holds: its calibration
+    rebuilt, whatever method made it. Tensors whose pairs disagree, block-wise or float
+    grids, biases and dynamic pairs are left to the calibration."""
+    from onnxruntime.quantization import QuantType
+
+    found = {}
+    for c in qmodel.calibration.values():
+        if c.role == "bias" or c.dynamic or c.block_size or c.grid.is_float or c.qtype not in _QUANT_TYPES:
+            continue
+        found.setdefault(float_tensor_name(qmodel, c), []).append(c)
+    out = {}
+    for tensor, pairs in found.items():
+        c = pairs[0]
+        # float32 as onnxruntime computes its own, whatever the file stores (a float16 graph's
+        # float16 scales would not type-check on the float32 tensors it quantizes)
+        scale, zp = np.ravel(c.scale).astype(np.float32), np.ravel(c.zero_point)
+        if any(d.qtype != c.qtype or d.axis != c.axis or not np.array_equal(np.ravel(d.scale), scale)
+               or not np.array_equal(np.ravel(d.zero_point), zp) for d in pairs[1:]):
+            continue  # two grids for one tensor: a single override cannot give both
+        qt = QuantType.from_string(_QUANT_TYPES[c.qtype])
+        dtype = onnx.helper.tensor_dtype_to_np_dtype(c.qtype)
+        if c.per_channel:
+            out[tensor] = [{"scale": np.float32(s), "zero_point": np.array(z, dtype), "quant_type": qt,
+                            **({"axis": int(c.axis)} if k == 0 else {})} for k, (s, z) in enumerate(zip(scale, zp))]
+        else:
+            out[tensor] = [{"scale": np.array(scale[0], np.float32), "zero_point": np.array(zp[0], dtype),
+                            "quant_type": qt}]
+    return out
+
+
 def unreproducible(qmodel):
     """Why re-quantizing the float model with onnxruntime cannot check a remedy of
     ``qmodel``, or None: a model that quantizes weights only (block-wise int4 from a
@@ -112,10 +144,11 @@ def unreproducible(qmodel):
             "that made it (onnxruntime's MatMulNBitsQuantizer takes nodes_to_exclude as well)")
 
 
-def requantize(float_model, out_path, data, options, settings=None):
+def requantize(float_model, out_path, data, options, settings=None, kept=None):
     """Run quantize_static (QDQ format, MinMax), or quantize_dynamic for a dynamic model, on
     ``float_model`` with ``options`` from :func:`infer_quantize_options` plus remedy
-    ``settings``; returns ``out_path``."""
+    ``settings``; returns ``out_path``. ``kept``: overrides (:func:`own_grids`) for the
+    tensors the settings' own overrides do not name."""
     from onnxruntime.quantization import (
         CalibrationDataReader,
         QuantFormat,
@@ -151,6 +184,14 @@ def requantize(float_model, out_path, data, options, settings=None):
         # quantize_static excludes nodes by name only: unnamed ones get the names pytest-ptq
         # gives them everywhere (see measure's note), in this copy
         name_nodes(model.graph)
+    if kept:
+        present = {t.name for t in model.graph.initializer} | {i.name for i in model.graph.input} | {
+            o for n in model.graph.node for o in n.output}
+        # the remedy's overrides replace the model's own whole: a tensor raised to int16 must
+        # not keep the 8-bit scale, a weight made per channel not its one scale; and come first,
+        # as onnxruntime validates the first tensor's only (its reason for refusing the remedy's)
+        own = extra.get("TensorQuantOverrides", {})
+        extra["TensorQuantOverrides"] = {**own, **{t: e for t, e in kept.items() if t in present and t not in own}}
     source = model
     root = logging.getLogger()
     level = root.level
@@ -202,16 +243,19 @@ def measure(parts, objective, float_model, result, save_dir, progress=False):
     try:
         with bar:
             base_path = requantize(float_model, out_dir / "requantized_baseline.onnx", engine.data, options)
+            kept, first = _kept_grids(qm, float_model, base_path, engine.data, options)
             bar.advance()
             try:
                 fixed_path = requantize(float_model, out_dir / f"requantized_{result.remedy}.onnx", engine.data,
-                                        options, result.settings)
+                                        options, result.settings, kept)
             except SettingsRefused as exc:
                 result.warnings.append(str(exc))
                 return None
             bar.advance()
             measured = {"options": options, "model": None if tmp else str(fixed_path),
                         "baseline_model": None if tmp else str(base_path)}
+            if kept:
+                measured["kept_grids"] = len(kept)
             fmodel = load_model(float_model, what="float model")[0]
             fnames = {n.name for n in fmodel.graph.node}
             given = set().union(*name_nodes(fmodel.graph))
@@ -247,7 +291,15 @@ def measure(parts, objective, float_model, result, save_dir, progress=False):
             _deployed(parts, objective, fixed_path, base_path, measured, result)
             judged_part = figures.get(result.judged_on, figures["calibration"])
             given, again = result.figures.get("calibration", {}).get("before"), figures["calibration"].get("before")
-            if meets(objective.metric, judged_part["before"], judged_part["target"]) and not result.figures.get(
+            if kept and not differ:
+                shown = "; ".join(first[:3]) + ("; ..." if len(first) > 3 else "")
+                result.notes.append(
+                    f"re-quantizing with the options read from the file alone does not reproduce the model given "
+                    f"({len(first)} of its quantized tensors differ: {shown}): it was calibrated or quantized otherwise "
+                    "than onnxruntime's MinMax with those options, so the check kept the model's own scales and zero "
+                    "points for the tensors the remedy does not change (TensorQuantOverrides given to quantize_static "
+                    "for the check only, not part of the settings)")
+            elif meets(objective.metric, judged_part["before"], judged_part["target"]) and not result.figures.get(
                     result.judged_on, {}).get("met_before", False):
                 result.notes.append(
                     "re-quantizing without the settings already meets the target: quantize_dynamic calibrates nothing, "
@@ -260,7 +312,8 @@ def measure(parts, objective, float_model, result, save_dir, progress=False):
                 measured["reproduces"] = False
                 name = getattr(objective.metric, "name", "the metric")
                 shown = "; ".join(differ[:3]) + ("; ..." if len(differ) > 3 else "")
-                pairs = (f": {len(differ)} of its quantized tensors differ ({shown})" if differ else "")
+                pairs = (f": {len(differ)} of its quantized tensors differ ({shown})" if differ else "") + (
+                    ", though the check kept the model's own scales and zero points" if kept else "")
                 result.notes.append(
                     f"re-quantizing without the settings does not reproduce the model given ({name} {again:.6g} on "
                     f"calibration against {given:.6g} as given){pairs}: it was calibrated or quantized otherwise "
@@ -271,6 +324,27 @@ def measure(parts, objective, float_model, result, save_dir, progress=False):
     finally:
         if tmp is not None:
             tmp.cleanup()
+
+
+def _kept_grids(qmodel, float_model, base_path, data, options):
+    """``(overrides, differences)``: where re-quantizing with ``options`` alone gave another
+    model than ``qmodel`` (another calibration method, other data, overrides), ``qmodel``'s
+    own grids (:func:`own_grids`) and how the first try differed, with ``base_path``
+    re-quantized again with them; else ``(None, differences)``, ``base_path`` as it was."""
+    if options.get("quantizer") == "quantize_dynamic":
+        return None, []
+    try:
+        first = _differences(qmodel, QuantModel(str(base_path)))
+    except NotQuantized:  # nothing left to keep a grid for; scoring says what it measured
+        return None, []
+    kept = own_grids(qmodel) if first else None
+    if not kept:
+        return None, first
+    try:
+        requantize(float_model, base_path, data, options, kept=kept)
+    except PTQError:  # grids it refuses (an axis it cannot take) fail before it writes: the first file stands
+        return None, first
+    return kept, first
 
 
 def _unlike(metric, a, b):
