@@ -879,3 +879,25 @@ def test_the_check_keeps_a_percentile_models_grids_and_the_remedy_wins_where_it_
 
 def _feeds_of(data):
     return [{k: v[i] for k, v in data.items()} for i in range(len(next(iter(data.values()))))]
+
+
+def test_what_a_re_quantization_changed_is_read_by_one_rule_for_every_kind():
+    """The onnxruntime check counted a tensor left in float as collateral only where the
+    remedy kept something in float, and a changed width only where it raised one: a
+    neighbour's pair lost to an int16 remedy went unsaid. Both checks read it one way now."""
+    from types import SimpleNamespace as Grid
+
+    from pytest_ptq.remedy.effect import changes
+
+    eight, sixteen, channels = Grid(bit=8, per_channel=False), Grid(bit=16, per_channel=False), \
+        Grid(bit=8, per_channel=True)
+    before = {t: eight for t in ("a", "b", "c", "d", "e", "w")}
+    after = {"a": sixteen, "c": channels, "d": eight, "w": eight}
+    found = changes(before, after, {"int16": ["a", "d"], "per-channel": ["w"]})
+    assert found["kept"] == {"float": {}, "int16": {"a": True, "d": False}, "per-channel": {"w": False}}
+    assert found["not_applied"] == ["d", "w"]
+    assert found["collateral"] == ["b", "c", "e"]  # left in float (b, e) or made per channel (c), unnamed
+    assert found["in_float"] == []
+    found = changes(before, {"c": eight}, {"float": ["a"], "int16": ["b"]}, named=["d"])
+    assert found["kept"]["float"] == {"a": True} and found["kept"]["int16"] == {"b": True}
+    assert found["in_float"] == ["b"] and found["collateral"] == ["e", "w"]  # d named, c unchanged

@@ -24,6 +24,7 @@ from ..errors import FLOAT_MODEL_OPTION, NotQuantized, PTQError
 from ..metrics import Pooled, get_metric
 from ..model import QuantModel, load_model
 from ..outputs import parse_outputs
+from .effect import changes
 from .producer_terms import SHORT, ProducerNames
 from .requantize import requantized_runner
 
@@ -140,19 +141,7 @@ def effect(terms, float_model, baseline_path, fixed_path):
         names = ProducerNames(qm, key, float_model)
         return {names.tensor(c)[0]: c for c in qm.calibration.values() if c.role != "bias"}
 
-    before, after = quantized(baseline_path), quantized(fixed_path)
-    expect = terms["expect"]
-    named = {t for ts in expect.values() for t in ts}
-    # a tensor asked at 16 bit or per channel that came out float (a neighbour kept in float
-    # took its quantizer away) has more precision than asked: applied, and said
-    kept = {"float": {t: t not in after for t in expect["float"]},
-            "int16": {t: t not in after or after[t].bit >= 16 for t in expect["int16"]},
-            "per-channel": {t: t not in after or after[t].per_channel for t in expect["per-channel"]}}
-    in_float = sorted(t for t in expect["int16"] + expect["per-channel"] if t not in after)
-    collateral = sorted(t for t in before if t not in named and (
-        t not in after or after[t].bit != before[t].bit or after[t].per_channel != before[t].per_channel))
-    not_applied = sorted(t for ts in kept.values() for t, ok in ts.items() if not ok)
-    return {"kept": kept, "not_applied": not_applied, "collateral": collateral, "in_float": in_float}
+    return changes(quantized(baseline_path), quantized(fixed_path), terms["expect"])
 
 
 def output_score(engine, float_model, metric="cosine-similarity"):

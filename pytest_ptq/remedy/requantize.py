@@ -15,11 +15,13 @@ from ..progress import Progress
 from ..engine import Engine
 from ..engine.runtime import ALWAYS_DISABLED, make_session, run
 from ..errors import NotQuantized, PTQError, raised_by_user
+from ..metrics import Pooled
 from ..model import QuantModel, load_model
 from ..model.graph import name_nodes
 from ..model.qdq import PER_CHANNEL_OPS
 from ..stages import SIMULATION_WARNING, simulation_warnings
 from ..tables import fmt
+from .effect import changes
 from .result import meets
 from .terms import float_tensor_name, quantize_static_kwargs, quantized_ops, quantizer_call
 
@@ -482,15 +484,11 @@ def _value(new, part, objective):
         except Exception as exc:  # noqa: BLE001 - the user's code: one sentence naming its line, not our frames
             raise raised_by_user(f"the evaluation function {name}", exc) from exc
         return params.task_score(score, name)
-    m = objective.metric
     tensors = list(dict.fromkeys(s.tensor for s in objective.specs))
-    states = {s.name: m.new() for s in objective.specs}
+    pool = Pooled(objective.metric, objective.specs)
     for i in part.indices:
-        ref = part.engine.reference(i, tensors)
-        out = new.run(i, "all", tensors)
-        for s in objective.specs:
-            m.update(states[s.name], s.take(ref[s.tensor]), s.take(out[s.tensor]))
-    return m.worst([m.value(st) for st in states.values()])
+        pool.add(part.engine.reference(i, tensors), new.run(i, "all", tensors))
+    return pool.value()
 
 
 def _reproduced(old, new, result):
@@ -540,28 +538,20 @@ def _grid_words(c):
 
 
 def _effect(old, new, result):
-    """What the re-quantization changed beyond, or failed to change among, the chosen nodes."""
+    """What the re-quantization changed beyond, or failed to change among, the chosen nodes
+    (:func:`~.effect.changes`; per channel is checked on weights, which quantize_static
+    quantizes per channel itself)."""
     def quantized(qm):
         return {float_tensor_name(qm, c): c for c in qm.calibration.values() if c.role != "bias"}
 
     before, after = quantized(old), ({} if new is None else quantized(new))
-    kinds = {n: result.choices.get(n, result.remedy) for n in result.nodes}
-    intended = {kind: {float_tensor_name(old, old.calibration[n]) for n, k in kinds.items() if k == kind}
-                for kind in set(kinds.values())}
-    every = set().union(*intended.values()) if intended else set()
-    collateral, not_applied = set(), set()
-    for kind, tensors in intended.items():
-        if kind == "float":
-            collateral.update(t for t in before if t not in after and t not in every)
-            not_applied.update(t for t in tensors if t in after)
-        elif kind == "int16":
-            collateral.update(t for t in after if t in before and after[t].bit != before[t].bit and t not in every)
-            not_applied.update(t for t in tensors if t in after and after[t].bit < 16)
-        else:
-            weights = {t for t in tensors if t in before and before[t].kind == "weight"}
-            collateral.update(t for t in after if t in before and after[t].per_channel
-                              and not before[t].per_channel and t not in every)
-            not_applied.update(t for t in weights if t in after and not after[t].per_channel)
-    return {"collateral": sorted(collateral), "not_applied": sorted(not_applied)}
+    expect, named = {}, set()
+    for n in result.nodes:
+        kind, tensor = result.choices.get(n, result.remedy), float_tensor_name(old, old.calibration[n])
+        named.add(tensor)
+        if kind != "per-channel" or old.calibration[n].kind == "weight":
+            expect.setdefault(kind, []).append(tensor)
+    found = changes(before, after, expect, named)
+    return {"collateral": found["collateral"], "not_applied": found["not_applied"]}
 
 
