@@ -515,3 +515,24 @@ def test_a_long_title_wraps_instead_of_widening_the_figure(tmp_path):
     with Image.open(short) as a, Image.open(long) as b:
         # as wide, to a few pixels (the one line ran 2000 px past the figure), and a few lines taller
         assert b.size[0] <= a.size[0] + 40 and b.size[1] > a.size[1]
+
+
+def test_the_local_error_of_a_concatenated_output_is_its_worst_part_as_everywhere_else(tmp_path):
+    """A detector head's Concat writes boxes in pixels beside class scores: its local error
+    was the whole tensor's, which the boxes dominate (0.999998), while its curve point, the
+    rankings and the verdict score the output by part (the classes: 0.99997)."""
+    f = builders.detector_head_net(tmp_path / "f.onnx")
+    data = builders.samples(n=5, size=8, seed=5)
+    q = builders.quantize(f, tmp_path / "q.onnx", data, keep_float=True)
+    engine = Engine(str(q), data, float_model=str(f))
+    curves = get_acc_error(engine, configs_from(engine), progress=False)
+    inputs = engine.qmodel.normal["head_concat"].calibration_inputs
+    only = builders.rewire(q, keep=inputs, float_model=f)
+    feeds = [{"x": x} for x in data["x"]]
+    ref = [builders.run_model(f, fd)["out"] for fd in feeds]
+    got = [builders.run_model(only, fd)["out"] for fd in feeds]
+    parts = [builders.pooled_cosine([r[:, rows] for r in ref], [g[:, rows] for g in got])
+             for rows in (slice(0, 4), slice(4, None))]
+    whole = builders.pooled_cosine(ref, got)
+    assert min(parts) < whole - 1e-5  # the parts tell apart what the whole does not
+    assert curves.local[curves.nodes.index("head_concat")] == pytest.approx(min(parts), abs=1e-7)
