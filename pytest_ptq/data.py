@@ -19,6 +19,7 @@ import onnx
 
 from . import params
 from .errors import NonFinite, PTQError, PTQWarning, shown, user_level
+from .model.graph import declared_dims
 
 NP_OF_ONNX = {
     onnx.TensorProto.FLOAT: np.float32, onnx.TensorProto.FLOAT16: np.float16,
@@ -151,7 +152,7 @@ class CalibrationData:
         self.expected = {}
         for name in expected:
             tt = qmodel.inputs[name].type.tensor_type
-            dims = [d.dim_value if d.HasField("dim_value") else None for d in tt.shape.dim]
+            dims = declared_dims(qmodel.inputs[name]) or []
             dtype = NP_OF_ONNX.get(tt.elem_type)
             self.expected[name] = (dims, dtype)
             src = self.sources[name]

@@ -37,6 +37,7 @@ from .errors import NonFinite, NotFloatEquivalent, NotQuantized, PTQError
 from .metrics import Pooled, get_metric
 from .engine import Engine
 from .model import QuantModel, load_model
+from .model.graph import declared_dims
 from .outputs import offset_warnings, parse_outputs
 from .progress import Progress
 from .results import JsonResult
@@ -153,7 +154,7 @@ def _model_side(model_or_file, float_model):
         if i.name in inits:
             continue
         tt = i.type.tensor_type
-        dims = [d.dim_value if d.HasField("dim_value") else None for d in tt.shape.dim] if tt.HasField("shape") else None
+        dims = declared_dims(i)
         specs[i.name] = _InputSpec(i.name, dims, NP_OF_ONNX.get(tt.elem_type))
         if dims and len(dims) >= 3:
             specs[i.name].channel_axis = image_channel_axis(dims)

@@ -431,3 +431,24 @@ def test_data_for_an_input_with_a_stored_value_is_told_it_stays_as_calibrated(tm
     model = QM(str(tmp_path / "m.onnx"))
     with pytest.raises(PTQError, match="samples for 's', an input of .* with a stored value .* remove it from the data"):
         load_data({"x": [np.ones((1, 4), np.float32)], "s": [np.ones(1, np.float32)]}, model)
+
+
+def test_a_batch_declared_as_minus_one_is_left_open_as_onnxruntime_reads_it(tmp_path):
+    # Paddle's exports (PP-OCR's classifier) write dim_value -1 for a dynamic batch: batch-1
+    # samples were refused ("expects [-1, 3, 16, 16] (dim 0 differs)")
+    import onnx
+
+    from pytest_ptq.engine import Engine
+
+    data = builders.samples(3)
+    f = builders.conv_net(tmp_path / "f.onnx")
+    q = builders.quantize(f, tmp_path / "q.onnx", data)
+    for path in (f, q):
+        model = onnx.load(path)
+        model.graph.input[0].type.tensor_type.shape.dim[0].dim_value = -1
+        onnx.save(model, path)
+    engine = Engine(str(q), data, float_model=str(f))
+    feeds = {"x": data["x"][1]}
+    np.testing.assert_array_equal(engine.run(1, "all")["prob"], builders.run_model(q, feeds)["prob"])
+    with pytest.raises(PTQError, match=r"expects rank 4 \(\[\?, 3, 16, 16\]\)"):
+        load_data({"x": [np.zeros((16, 16), np.float32)]}, QuantModel(str(q)))

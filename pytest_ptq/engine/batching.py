@@ -37,6 +37,7 @@ import time
 import numpy as np
 
 from ..errors import PTQError, shown
+from ..model.graph import declared_dims
 from .runtime import trim_memory
 
 MAX_GROUP = 8
@@ -95,8 +96,8 @@ def _blocker(engine):
     for value_info in list(qm.model.graph.input) + list(qm.model.graph.output):
         if value_info.name in qm.inits:
             continue
-        dims = value_info.type.tensor_type.shape.dim
-        if not dims or (dims[0].HasField("dim_value") and dims[0].dim_value != 1):
+        dims = declared_dims(value_info)
+        if not dims or dims[0] not in (None, 1):
             return f"{value_info.name!r} has no batch axis of size 1 first"
     return None
 

@@ -25,7 +25,7 @@ from .. import params
 from ..errors import NotQuantized, PTQError, unknown
 from . import formats, grids
 from .graph import (Unprovided, externalize, hand_back, load_light, load_model, mapping, name_nodes, node_refs,
-                    restore, has_subgraphs, sort_topologically, subgraphs)
+                    restore, has_subgraphs, sort_topologically, subgraphs, declared_dims)
 from .producers import detect
 
 # Elements of a weight that numpy computes on at once (see CalibrationNode.row_blocks): float64
@@ -635,8 +635,7 @@ class QuantModel:
             if v.type.HasField("tensor_type") and v.type.tensor_type.elem_type:
                 types[v.name] = v.type.tensor_type.elem_type
                 if v.type.tensor_type.HasField("shape"):
-                    shapes[v.name] = [d.dim_value if d.HasField("dim_value") else None
-                                      for d in v.type.tensor_type.shape.dim]
+                    shapes[v.name] = declared_dims(v)
         for name, init in self.inits.items():
             types[name] = init.data_type
             shapes[name] = list(init.dims)
