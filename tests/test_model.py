@@ -212,6 +212,38 @@ def test_float_model_finds_a_folded_clip_with_its_bounds(tmp_path):
     assert [c.folded for c in qm.of_kind("activation") if c.folded] == [("Clip", 0.0, 6.0)]
 
 
+def test_a_relu_after_a_bias_reshaped_from_a_constant_is_found_where_the_quantizer_folded_it(tmp_path):
+    """Paddle's exports add a Conv's bias through a Reshape of a Constant node, which
+    quantize_static quantizes as a weight: the float side could not compute that Reshape, the
+    Add matched nothing, and the Relu after it (folded) was never re-applied; PP-OCR's
+    classifier was refused as "not the float model" with its own float model given."""
+    from pytest_ptq.engine import Engine
+
+    rng = np.random.default_rng(0)
+    const = [helper.make_node("Constant", [], ["bias_flat"], value=numpy_helper.from_array(
+                 rng.standard_normal(8).astype(np.float32), "bias_flat")),
+             helper.make_node("Constant", [], ["bias_shape"], value=numpy_helper.from_array(
+                 np.array([1, 8, 1, 1], np.int64), "bias_shape"))]
+    nodes = const + [helper.make_node("Conv", ["x", "w"], ["c"], name="conv"),
+                     helper.make_node("Reshape", ["bias_flat", "bias_shape"], ["bias"], name="bias_reshape"),
+                     helper.make_node("Add", ["c", "bias"], ["c_b"], name="bias_add"),
+                     helper.make_node("Relu", ["c_b"], ["r"], name="relu"),
+                     helper.make_node("GlobalAveragePool", ["r"], ["y"], name="pool")]
+    graph = helper.make_graph(nodes, "se", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 3, 8, 8])],
+                              [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 8, 1, 1])],
+                              [numpy_helper.from_array(rng.standard_normal((8, 3, 3, 3)).astype(np.float32), "w")])
+    fpath = builders._save(graph, tmp_path / "f.onnx")
+    data = builders.samples(4, size=8)
+    qpath = builders.quantize(fpath, tmp_path / "q.onnx", data, keep_float=False)
+    assert "Relu" not in [n.op_type for n in onnx.load(str(qpath)).graph.node]
+    qm = QuantModel(qpath, float_model=fpath)
+    assert qm.alignment.nodes.get("bias_add") == "bias_add" and not qm.alignment.rewrites
+    assert [c.folded for c in qm.of_kind("activation") if c.folded] == [("Relu", 0.0, float("inf"))]
+    engine = Engine(qm, data, float_model=str(fpath))  # float-equivalent, not refused
+    np.testing.assert_allclose(engine.run(0, ())["y"], builders.run_model(fpath, {"x": data["x"][0]})["y"],
+                               rtol=1e-6, atol=1e-6)
+
+
 def test_model_without_qdq_is_a_clear_error(zoo):
     with pytest.raises(PTQError, match="no QuantizeLinear/DequantizeLinear.*quantize_static") as err:
         QuantModel(zoo.float())

@@ -54,7 +54,8 @@ from onnx.inliner import inline_selected_functions
 from ..errors import PTQError
 from ..tables import listed
 from . import grids
-from .graph import has_subgraphs, hand_back, load_weightless, mapping, name_nodes, node_refs, sort_topologically
+from .graph import (LAYOUT_OPS, has_subgraphs, hand_back, laid_out, load_weightless, mapping, name_nodes, node_refs,
+                    sort_topologically)
 
 # Share of a weight's elements that must lie within rounding of the float candidate.
 FIT_SHARE = 0.99
@@ -219,6 +220,12 @@ class _Float:
             if value is not None and node.op_type == "Cast":
                 to = next(a.i for a in node.attribute if a.name == "to")
                 value = value.astype(onnx.helper.tensor_dtype_to_np_dtype(to))
+        elif name in self.producer and self.producer[name].op_type in LAYOUT_OPS:
+            # a bias reshaped from a constant (Paddle's exports: Conv, then Add of a Reshape):
+            # a quantizer quantizes it as the weight the QDQ model computes the same way
+            node = self.producer[name]
+            src = self.constant(node.input[0])
+            value = None if src is None else laid_out(node, np.asarray(src), self.constant)
         self._values[name] = value
         return value
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import heapq
+import math
 import os
 import weakref
 from collections import defaultdict
@@ -52,6 +53,46 @@ def load_model(model_or_file, what="model", external=True, parse=True):
     if not model.graph.node:
         raise PTQError(f"{what} file {str(path)!r} holds no graph nodes; pass an exported ONNX model")
     return model, path
+
+
+def attribute(node, name, default=None):
+    """An int, float, string or tensor attribute of ``node``, or ``default``."""
+    for a in node.attribute:
+        if a.name == name:
+            return onnx.helper.get_attribute_value(a)
+    return default
+
+
+# Ops that only lay a tensor out anew: applied to constants, they give constants.
+LAYOUT_OPS = ("Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten")
+
+
+def laid_out(node, x, constant):
+    """``node`` (one of :data:`LAYOUT_OPS`) applied to the constant ``x``, or None where its
+    other inputs are not constant."""
+    second = constant(node.input[1]) if len(node.input) > 1 and node.input[1] else None
+    if node.op_type == "Reshape":
+        if second is None:
+            return None
+        shape = [int(d) for d in np.asarray(second).reshape(-1)]
+        if not attribute(node, "allowzero", 0):  # a 0 keeps that dimension of the input
+            shape = [x.shape[k] if d == 0 and k < x.ndim else d for k, d in enumerate(shape)]
+        return x.reshape(shape)
+    if node.op_type == "Transpose":
+        perm = attribute(node, "perm")
+        return np.transpose(x, None if perm is None else [int(p) for p in perm])
+    if node.op_type == "Flatten":
+        axis = int(attribute(node, "axis", 1))
+        axis += x.ndim if axis < 0 else 0
+        return x.reshape(math.prod(x.shape[:axis]), -1)
+    axes = attribute(node, "axes")
+    if axes is None and len(node.input) > 1 and node.input[1]:
+        if second is None:
+            return None
+        axes = np.asarray(second).reshape(-1)
+    if node.op_type == "Squeeze":
+        return np.squeeze(x) if axes is None else np.squeeze(x, axis=tuple(int(a) for a in axes))
+    return np.expand_dims(x, tuple(int(a) for a in axes)) if axes is not None else None
 
 
 def declared_dims(value):

@@ -25,7 +25,8 @@ from .. import params
 from ..errors import NotQuantized, PTQError, unknown
 from . import formats, grids
 from .graph import (Unprovided, externalize, hand_back, load_light, load_model, mapping, name_nodes, node_refs,
-                    restore, has_subgraphs, sort_topologically, subgraphs, declared_dims)
+                    restore, has_subgraphs, sort_topologically, subgraphs, declared_dims, attribute, laid_out,
+                    LAYOUT_OPS)
 from .producers import detect
 
 # Elements of a weight that numpy computes on at once (see CalibrationNode.row_blocks): float64
@@ -55,14 +56,6 @@ def is_dq(node):
 def is_fused(node):
     """A custom op that quantizes and dequantizes in one node (e.g. BFPQuantizeDequantize)."""
     return "QuantizeDequantize" in node.op_type and node.domain not in STANDARD_DOMAINS
-
-
-def attribute(node, name, default=None):
-    """An int, float, string or tensor attribute of ``node``, or ``default``."""
-    for a in node.attribute:
-        if a.name == name:
-            return onnx.helper.get_attribute_value(a)
-    return default
 
 
 # onnxruntime quantizes the weight input of these ops per channel.
@@ -662,10 +655,10 @@ class QuantModel:
             if src is not None and node.op_type == "Cast":
                 src = src.astype(onnx.helper.tensor_dtype_to_np_dtype(attribute(node, "to")))
             value = src
-        elif name in self.producer and self.producer[name].op_type in _LAYOUT_OPS:
+        elif name in self.producer and self.producer[name].op_type in LAYOUT_OPS:
             node = self.producer[name]
             src = self.constant(node.input[0])
-            value = None if src is None else _laid_out(node, np.asarray(src), self.constant)
+            value = None if src is None else laid_out(node, np.asarray(src), self.constant)
         self._constant_cache[name] = value
         return value
 
@@ -1176,36 +1169,6 @@ class QuantModel:
 
 
 _ON_GRID_SAMPLE = 1 << 16
-
-_LAYOUT_OPS = ("Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten")
-
-
-def _laid_out(node, x, constant):
-    """``node`` (one of :data:`_LAYOUT_OPS`) applied to the constant ``x``, or None where its
-    other inputs are not constant."""
-    second = constant(node.input[1]) if len(node.input) > 1 and node.input[1] else None
-    if node.op_type == "Reshape":
-        if second is None:
-            return None
-        shape = [int(d) for d in np.asarray(second).reshape(-1)]
-        if not attribute(node, "allowzero", 0):  # a 0 keeps that dimension of the input
-            shape = [x.shape[k] if d == 0 and k < x.ndim else d for k, d in enumerate(shape)]
-        return x.reshape(shape)
-    if node.op_type == "Transpose":
-        perm = attribute(node, "perm")
-        return np.transpose(x, None if perm is None else [int(p) for p in perm])
-    if node.op_type == "Flatten":
-        axis = int(attribute(node, "axis", 1))
-        axis += x.ndim if axis < 0 else 0
-        return x.reshape(math.prod(x.shape[:axis]), -1)
-    axes = attribute(node, "axes")
-    if axes is None and len(node.input) > 1 and node.input[1]:
-        if second is None:
-            return None
-        axes = np.asarray(second).reshape(-1)
-    if node.op_type == "Squeeze":
-        return np.squeeze(x) if axes is None else np.squeeze(x, axis=tuple(int(a) for a in axes))
-    return np.expand_dims(x, tuple(int(a) for a in axes)) if axes is not None else None
 
 # Ops after which a tensor can be negative.
 _SIGNED_PRODUCERS = {"Conv", "ConvTranspose", "Gemm", "MatMul", "Add", "Sub", "BatchNormalization",
