@@ -61,7 +61,7 @@ from .results import json_safe
 from .engine import engine_for
 from .screening import DEFAULT_BUDGET_S, DEFAULT_BUDGET_SAMPLES, screen
 from .stages import simulation_warnings
-from .tables import warning_lines
+from .tables import fmt, warning_lines
 from .sensitivity import sample_indices
 from .verdict import ALL, DOMINANT, badness, float_first, pole_cause, relevant, severe_reason, three_configs
 
@@ -645,8 +645,11 @@ def _outputs_text(names, shown=5):
 
 def _v(x):
     if isinstance(x, float):
-        # 8 significant digits: cosines that matter differ in the 5th-7th decimal
-        return f"{x:.8g}" if abs(x) >= 1e-3 or x == 0 else f"{x:.3e}"
+        # 8 significant digits: cosines that matter differ in the 5th-7th decimal; a
+        # similarity a hair below 1 keeps the digits that say so (0.9999999982 read "1", as
+        # an exact 1 of a pair that stores its values exactly does)
+        text = f"{x:.8g}" if abs(x) >= 1e-3 or x == 0 else f"{x:.3e}"
+        return fmt(x) if abs(float(text)) == 1 and abs(x) != 1 else text
     return str(x)
 
 

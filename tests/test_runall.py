@@ -710,3 +710,10 @@ def test_the_error_of_the_node_a_pair_feeds_is_own_inherited_or_not_measured(tmp
     text = (tmp_path / "out" / "summary.md").read_text()
     assert "not measured at `masked_scores` (its float values are not finite)" in text
     assert "bad by itself" not in text and ("own at `score`" in text or "inherited at `score`" in text), text
+
+
+def test_a_similarity_a_hair_below_one_keeps_its_digits_in_the_summary():
+    # 0.9999999982 read "1" in summary.md, as the exact 1 of a pair stored exactly does
+    from pytest_ptq.runall import _v
+
+    assert [_v(0.9999999982), _v(1.0), _v(0.9911855012), _v(2e-5)] == ["0.9999999982", "1", "0.9911855", "2.000e-05"]
