@@ -78,7 +78,10 @@ def _plot_activation(d, path, title, box=None):
         ax.set_xlim(lo_x, hi_x)
     _one_value(ax, d, "#1f3f8f")
     harmless = " (Relu follows)" if d.get("relu_follows") and d["clipped_low"] else ""
-    text = (f"max |x|: {_fmt(d['max_abs'])}   threshold: {_fmt(d['threshold'])}\n"
+    # a value past the threshold by less than half a step rounds onto the last code: no clip
+    over = None not in (d["max_abs"], d["threshold"]) and d["max_abs"] > d["threshold"]
+    rounds = " (within half a step)" if over and not d["clipped_count"] else ""
+    text = (f"max |x|: {_fmt(d['max_abs'])}{rounds}   threshold: {_fmt(d['threshold'])}\n"
             f"clipped: {100 * d['clipped_share']:.3f}% ({d['clipped_count']} of {d['count']}){harmless}\n"
             f"scale: {_fmt(d['scale'])}   " + (codes_text(d) or f"99.9% of values span {_fmt(d['bulk_levels'])} levels"))
     ax.text(0.01, 0.97, text, transform=ax.transAxes, va="top", fontsize=8, family="monospace",
