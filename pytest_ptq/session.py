@@ -135,7 +135,7 @@ class PTQSession:
         if cfg.inipath is not None or cfg.getoption("rootdir", None) or Path(self.root).resolve() == start.resolve():
             return
         args = [str(a) for a in cfg.invocation_params.args]
-        paths = {o.flag for o in OPTIONS if o.is_path}
+        paths = {f for o in OPTIONS if o.is_path for f in o.flags}
         moved = [(flag, value) for flag, value in zip(args, args[1:])
                  if flag in paths and (start / value).exists() and not below(start / value, start)]
         if moved:
@@ -454,7 +454,7 @@ class PTQSession:
         args = [str(a) for a in inv.args if str(a) not in UPDATE_FLAGS]
         # an option's value after a space is a path to test too as pytest finds the rootdir
         # (see _warn_rootdir_moved): the command prints it after '='
-        valued, glued, k = {o.flag for o in OPTIONS}, [], 0
+        valued, glued, k = {f for o in OPTIONS for f in o.flags}, [], 0
         while k < len(args):
             flag = args[k].partition("=")[0]
             if flag in REPORT_FLAGS:  # left out, with its value

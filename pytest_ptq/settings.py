@@ -137,10 +137,15 @@ class Option:
     metavar: str = "VALUE"
     is_path: bool = False
     shown: str | None = None  # the default as the help states it, when not the value itself
+    alias: str | None = None  # another name for the flag: the one the CLI and the API use
 
     @property
     def flag(self):
         return "--ptq-" + self.name.replace("_", "-")
+
+    @property
+    def flags(self):
+        return (self.flag,) + ((f"--ptq-{self.alias}",) if self.alias else ())
 
     @property
     def ini(self):
@@ -160,7 +165,7 @@ OPTIONS = [
     Option("holdout", existing_path, None, "held-out data for the output and accuracy checks and for "
            "accepting ptq.suggest's remedies (a YAML contract names its own), in the layouts of --ptq-data; "
            "node sensitivity and baselines stay on the calibration data", "PATH", True,
-           shown="the calibration data"),
+           shown="the calibration data", alias="heldout"),
     Option("float_model", existing_file, None, "float model the QDQ model came from (recovers float "
            "weights stored quantized)", "PATH", True),
     Option("custom_op_library", existing_file, None, "onnxruntime custom-op library (.so/.dll) that the model's "
@@ -213,7 +218,7 @@ def add_options(parser):
     group = parser.getgroup("ptq", "post-training quantization accuracy contracts (pytest-ptq)")
     for o in OPTIONS:
         shown = o.shown or ("none" if o.default is None else o.default)
-        group.addoption(o.flag, dest="ptq_" + o.name, metavar=o.metavar, type=_argtype(o.parse), default=None,
+        group.addoption(*o.flags, dest="ptq_" + o.name, metavar=o.metavar, type=_argtype(o.parse), default=None,
                         help=f"{o.help}. Ini: {o.ini}. Default: {shown}.")
         _add_ini(parser, o, f"{o.help} (pytest-ptq; same as {o.flag}). Default: {shown}.")
     group.addoption("--ptq-update-baseline", action="store_true", dest="ptq_update_baseline", default=False,

@@ -344,6 +344,7 @@ def test_held_out_data_that_are_the_calibration_data_are_refused(tmp_path):
                  "-s", str(tmp_path / "out")]) == 2
     assert main(["suggest", str(q), str(tmp_path / "calib"), "--heldout", str(tmp_path / "link"), "--quiet",
                  "--no-save"]) == 2
+    assert main(["check-data", str(q), str(tmp_path / "calib"), "--holdout", str(tmp_path / "copy")]) == 2
 
 
 @pytest.mark.parametrize("name,match", [

@@ -143,9 +143,10 @@ def test_holdout_data_serves_the_output_check(project, models):
         value = float(properties(project.path / "junit.xml")["outputs"]["ptq.outputs.prob.cosine-similarity"])
         return result, value
 
-    held, value = outputs(*ARGS, "--ptq-holdout", "holdout")
-    held.assert_outcomes(**{"passed" if hold > cal else "failed": 1}, deselected=2)
-    assert value == pytest.approx(hold, abs=2e-7)
+    for flag in ("--ptq-holdout", "--ptq-heldout"):  # the second: as the CLI and the API spell it
+        held, value = outputs(*ARGS, flag, "holdout")
+        held.assert_outcomes(**{"passed" if hold > cal else "failed": 1}, deselected=2)
+        assert value == pytest.approx(hold, abs=2e-7)
 
     calib, value = outputs(*ARGS)
     calib.assert_outcomes(**{"passed" if cal > hold else "failed": 1}, deselected=2)

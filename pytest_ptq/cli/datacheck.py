@@ -38,7 +38,7 @@ def _span(pair):
 
 def configure(p):
     a.add_model(p, engine=False)
-    p.add_argument("--heldout", default=None, metavar="DIR",
+    p.add_argument("--heldout", "--holdout", default=None, metavar="DIR",
                    help="held-out data in the same layout, to check that the calibration set represents it")
     p.add_argument("--expect-mean", type=a.number, nargs="+", action=a.Listed, default=None, metavar="M",
                    help="per-channel means correctly preprocessed data should have (e.g. 0 0 0 after normalisation; "

@@ -120,7 +120,7 @@ def configure(p):
                    help="value of --metric the outputs must reach (instead of --target-cosine); with --evaluate, "
                         "the task score the quantized model must reach")
     a.add_metric(p, "metric for --target; with --evaluate, the output metric that ranks nodes")
-    p.add_argument("--heldout", default=None, metavar="DIR",
+    p.add_argument("--heldout", "--holdout", default=None, metavar="DIR",
                    help="held-out data (layouts of DATA): a set is accepted only when it meets the target there. "
                         "Default: the calibration samples the search did not choose on (beyond --data-num, "
                         "else every third)")

@@ -39,7 +39,7 @@ def configure(p):
                    metavar="SECONDS", help=f"time the rankings may take when --rank-samples is not given. "
                    f"Default: what ranking {DEFAULT_BUDGET_SAMPLES} samples takes (measured on the first), "
                    f"at most {DEFAULT_BUDGET_S:.0f}")
-    p.add_argument("--heldout", default=None, metavar="DIR",
+    p.add_argument("--heldout", "--holdout", default=None, metavar="DIR",
                    help="held-out data: the weights/activations verdict is decided on it. Default: the calibration data")
     a.add_cache_dir(p)
 
