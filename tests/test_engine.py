@@ -107,6 +107,31 @@ def test_all_quantized_and_all_bypassed_match_rewired_models(zoo, variant, level
         np.testing.assert_array_equal(engine.reference(i)["prob"], got["prob"])
 
 
+def test_a_form_with_its_pairs_inline_keeps_the_plain_layout_as_a_gated_config_does(zoo, monkeypatch):
+    """The whole-graph form of "all quantized" folded its dequantized weights into constants
+    and let onnxruntime's NCHWc transform reorder the convolutions' sums: on PP-OCRv4's
+    detector it read 0.94767 where a plain session of the file (and every gated config's
+    path) reads 0.94734, the rounding flipping activation codes."""
+    from pytest_ptq.engine import segments
+
+    made = []
+    real = segments.make_session
+
+    def recording(model, *args, **kwargs):
+        made.append(kwargs.get("disabled_optimizers"))
+        return real(model, *args, **kwargs)
+
+    monkeypatch.setattr(segments, "make_session", recording)
+    engine = Engine(zoo.qdq("qdq"), zoo.data("qdq"), float_model=zoo.float("qdq"), segments=2)
+    engine.forget_config("all")  # compiled again below, as the verdict does
+    feeds = _feeds(zoo, "qdq")
+    want = builders.run_model(zoo.qdq("qdq"), feeds, "disable")
+    np.testing.assert_allclose(engine.run(0, "all")["prob"], want[0]["prob"], rtol=0, atol=ATOL)
+    engine.run(0, [engine.calib_names[0]])
+    inline = ["NchwcTransformer" in d for d in made]
+    assert any(inline) and not all(inline)  # the form's; the float and gated sessions as fast as they run
+
+
 def test_the_float_chain_from_any_segment_gives_the_float_models_outputs(zoo):
     """A chain started at a kept boundary (the least a config touching that segment runs)
     computes what a plain session on the float model does."""

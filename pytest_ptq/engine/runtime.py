@@ -607,6 +607,12 @@ def first_line(exc):
 # the floor of a grid that goes below it: outputs 0.23 off the model's own arithmetic on a
 # float8 conv net; the Clip one cannot read a float8 zero point and fails the session)
 ALWAYS_DISABLED = ("ReluQuantRewrite", "ClipQuantRewrite")
+# A session whose Q/DQ pairs are inline (a fixed form, see .segments) keeps the plain layout:
+# folded constants let the NCHWc transform reorder its convolutions' sums, whose rounding flips
+# codes a gated config's (weights chosen at run time: no transform) and a plain session's
+# never see. PP-OCR's classifier read 0.99119 fully quantized where every other path,
+# a plain session of the file included, reads 0.99143.
+INLINE_DISABLED = ALWAYS_DISABLED + ("NchwcTransformer",)
 
 
 def make_session(model, optimization="all", providers=None, fake_quant=True, optimized_path=None,

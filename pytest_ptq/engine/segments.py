@@ -37,7 +37,7 @@ from ..model.graph import model_without, node_refs
 from ..model.qdq import HALF_TYPES
 from .instrument import (LOCAL_PREFIX, anchored, bypass_nodes, constants_late, gate_of, local_clones, low_precision,
                          lowered, quantized_nodes)
-from .runtime import make_session, run
+from .runtime import ALWAYS_DISABLED, INLINE_DISABLED, make_session, run
 
 WEIGHTS, ACTIVATIONS = "weights", "activations"  # the groups of gates in a segment's form
 # Quantized forms kept per segment beside its float one, the least recently used dropped
@@ -362,7 +362,8 @@ class Segments:
             # the whole graph and a walk's parts run one at a time: on the process's threads
             threads = self.threads if isinstance(j, int) else None
             self._sessions[key] = (make_session(model, self.optimization, self.providers, what=self.source,
-                                                libraries=self.libraries, shared=self.shared, threads=threads),
+                                                libraries=self.libraries, shared=self.shared, threads=threads,
+                                                disabled_optimizers=INLINE_DISABLED if form else ALWAYS_DISABLED),
                                    inputs, flags, outputs)
             return self._sessions[key]
 
