@@ -901,3 +901,28 @@ def test_what_a_re_quantization_changed_is_read_by_one_rule_for_every_kind():
     found = changes(before, {"c": eight}, {"float": ["a"], "int16": ["b"]}, named=["d"])
     assert found["kept"]["float"] == {"a": True} and found["kept"]["int16"] == {"b": True}
     assert found["in_float"] == ["b"] and found["collateral"] == ["e", "w"]  # d named, c unchanged
+
+
+def test_a_re_quantized_file_runs_in_the_layout_its_simulation_computed(tmp_path, monkeypatch):
+    """A node the settings keep in float is a constant in the re-quantized file and a gated
+    choice in the simulation; onnxruntime's NCHWc layout reordered the constant one's sums
+    and flipped codes downstream: the classifier's 2 depthwise weights in float read 0.984960
+    re-quantized on held-out against 0.985222 simulated, the same model (exit 1 for it)."""
+    from pytest_ptq.engine import Engine, runtime
+    from pytest_ptq.remedy.requantize import requantized_runner
+
+    data = builders.samples(3)
+    f = builders.conv_net(tmp_path / "f.onnx")
+    q = builders.quantize(f, tmp_path / "q.onnx", data, nodes_to_exclude=["conv2"])
+    made, real = [], runtime.make_session
+
+    def recording(model, *args, **kwargs):
+        made.append(kwargs.get("disabled_optimizers"))
+        return real(model, *args, **kwargs)
+
+    monkeypatch.setattr(runtime, "make_session", recording)
+    runner = requantized_runner(q, Engine(str(q), data, float_model=str(f)).data, Engine(str(q), data))
+    made.clear()
+    got = runner.run(0, "all")["prob"]
+    assert made and all("NchwcTransformer" in d for d in made)
+    np.testing.assert_allclose(got, builders.run_model(q, {"x": data["x"][0]})["prob"], rtol=0, atol=1e-6)

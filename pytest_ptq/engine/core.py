@@ -81,6 +81,9 @@ class Engine:
     model outputs in :meth:`batches` (``"auto"``: up to 8 where the model allows it and it
     measures faster, see :mod:`.batching`, and one in low-memory mode; 1: one at a time; N: N
     where the model allows it).
+    ``plain_layout``: the whole-graph session without onnxruntime's NCHWc layout, as a config's
+    pairs bypassed through gates computes (a re-quantized file checked against a simulation:
+    what its settings keep in float is a constant there, which the layout would reorder).
     ``workers``: configs :meth:`run_many` runs at once (``"auto"``: one per core this
     process may use, at most 8, fewer where their tensors would not fit, one on a GPU or in
     low-memory mode; see :mod:`.workers`).
@@ -88,7 +91,7 @@ class Engine:
 
     def __init__(self, model_or_file, calibrated_data=None, float_model=None, data_num=None,
                  optimization="all", providers=None, check=True, alternatives=None, segments=None,
-                 custom_op_libraries=(), memory="auto", batch="auto", workers="auto"):
+                 custom_op_libraries=(), memory="auto", batch="auto", workers="auto", plain_layout=False):
         # the inputs as they were before this engine read them: a result kept between runs is
         # keyed by hashes read later, which must be of what the engine read
         self.versions = guard.versions(model_or_file, calibrated_data, float_model)
@@ -105,6 +108,7 @@ class Engine:
         self.shared = runtime.SharedWeights(self.qmodel.shared, low_memory=memory == "low" or (
             memory == "auto" and shares_weights(self.qmodel)))
         self.optimization = runtime.check_level(optimization)
+        self.disabled = runtime.INLINE_DISABLED if params.flag(plain_layout, "plain_layout") else runtime.ALWAYS_DISABLED
         self.providers = runtime.asked_providers(providers) or runtime.default_providers()
         self.workers = workers = params.auto_count(workers, "workers")
         count = default_count(self.providers, self.shared.low_memory, runtime.all_cores()) \
@@ -233,7 +237,7 @@ class Engine:
         del model.graph.node[:]
         model.graph.node.extend(nodes)
         return runtime.make_session(model, self.optimization, self.providers, what=repr(self.source),
-                                    libraries=self.libraries, shared=self.shared)
+                                    libraries=self.libraries, shared=self.shared, disabled_optimizers=self.disabled)
 
     @property
     def segments(self):

@@ -445,7 +445,7 @@ def requantized_runner(path, data, engine):
     with nothing quantized."""
     try:
         return Engine(str(path), data, optimization=engine.optimization, providers=engine.providers, check=False,
-                      segments=0)
+                      segments=0, plain_layout=True)
     except NotQuantized:
         return _Plain(path, data, engine)
 
