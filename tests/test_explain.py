@@ -450,3 +450,44 @@ def test_a_decorated_evaluation_function_is_named_by_the_file_that_defines_it(tm
     assert _source_of(module.top1) == f"{tmp_path / 'my task.py'}:top1"
     assert _source_of(module.cached) == f"{tmp_path / 'my task.py'}:cached"
     assert _source_of(module.top) == ""  # a lambda: no name loads it again
+
+
+# -- the verdict's rule, from the module docstring: a kind alone losing at least DOMINANT (2)
+# times what the other loses alone is the source; otherwise both; a loss with everything at
+# most CLOSE (1e-3) is neither. Losses below are exact in binary (0.25, 0.375, 0.5, 0.625).
+_W_LOSS = 0.25
+
+
+@pytest.mark.parametrize("ratio, source", [(1.5, "both"), (2.0, "{kind}"), (2.5, "{kind}")])
+@pytest.mark.parametrize("kind", ["activation", "weight"])
+def test_the_verdict_names_a_kind_from_twice_the_others_loss(ratio, source, kind):
+    from pytest_ptq.verdict import ACTIVATION, ALL, WEIGHT, decide
+
+    small, large = 1 - _W_LOSS, 1 - ratio * _W_LOSS  # cosines: loss 0.25 and ratio x 0.25
+    values = {WEIGHT: large if kind == "weight" else small, ACTIVATION: large if kind == "activation" else small,
+              ALL: 0.25}
+    got, text = decide(values, "cosine-similarity")
+    assert got == source.format(kind=kind), text
+    # an error metric (badness is the value itself) follows the same rule
+    errors = {k: 1 - v for k, v in values.items()}
+    assert decide(errors, "mse")[0] == source.format(kind=kind)
+
+
+def test_sqnr_badness_is_the_noise_to_signal_power_ratio_and_ranks_like_cosine():
+    from pytest_ptq.verdict import ACTIVATION, ALL, WEIGHT, badness, decide
+
+    # SQNR = 10 log10(signal / noise): 20 dB is noise at 1% of the signal's power
+    assert badness("sqnr", 20) == pytest.approx(0.01)
+    assert badness("sqnr", 30) == pytest.approx(0.001)
+    assert badness("sqnr", 0) == pytest.approx(1.0)
+    assert badness("sqnr", float("inf")) == 0.0
+    assert badness("sqnr", 30) < badness("sqnr", 20)  # higher dB: closer to float
+    assert badness("cosine-similarity", 0.99) == pytest.approx(0.01)
+    # weights alone keep 30 dB, activations alone 20 dB: activations lose ten times more, as a
+    # cosine of 0.999 beside 0.99 says
+    sqnr = decide({WEIGHT: 30.0, ACTIVATION: 20.0, ALL: 19.0}, "sqnr")[0]
+    cosine = decide({WEIGHT: 0.999, ACTIVATION: 0.99, ALL: 0.985}, "cosine-similarity")[0]
+    assert sqnr == cosine == "activation"
+    assert decide({WEIGHT: 20.0, ACTIVATION: 30.0, ALL: 19.0}, "sqnr")[0] == "weight"
+    # everything quantized at 40 dB: noise 1e-4 of the signal, under CLOSE: close to float
+    assert decide({WEIGHT: 45.0, ACTIVATION: 42.0, ALL: 40.0}, "sqnr")[0] == "neither"

@@ -390,3 +390,22 @@ def test_the_confidence_names_where_its_top_differs_from_the_ranking_shown():
     conf = ranking_confidence(s, k=1, resamples=200)
     assert conf.top_k == ["a"] and conf.pooled_top_k == ["b"]
     assert "the ranking shown pools them, and its top 1 differs: b" in conf.message
+
+
+def test_confidence_of_an_error_ranking_puts_the_largest_error_first(net):
+    """mse is lower-is-better: its most sensitive node has the largest error, and leads both
+    the Sensitivity (errors descending) and the confidence's mean ranking."""
+    s = get_sensitivity_of_nodes(net["engine"], ["mse"], node_type="activation")
+    conf = ranking_confidence(s, k=1, resamples=200)
+    head = next(iter(s))
+    assert conf.top_k == list(s)[:1] == [head]
+    # ranks from numpy: the node of the largest mean per-sample mse is rank 1, and so on
+    means = {n: np.mean(s.details[n]["per_sample"]["mse"]) for n in s}
+    expected = sorted(means, key=lambda n: -means[n])
+    assert expected[0] == head
+    assert [n for n in sorted(conf.nodes, key=lambda n: conf.nodes[n]["rank"])] == expected
+    assert conf.nodes[head]["rank"] == 1
+    # the head's per-sample errors are those of the model with only its pair quantized
+    got = builders.run_model(_only(net["qdq"], {head}), net["feeds"])
+    errs = [float(np.mean((r["prob"].astype(np.float64) - t["prob"]) ** 2)) for r, t in zip(net["ref"], got)]
+    assert conf.nodes[head]["mean"] == pytest.approx(np.mean(errs), rel=5e-3)  # float32 runs

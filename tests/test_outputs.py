@@ -560,3 +560,21 @@ def test_a_merge_conflicted_baseline_says_so_once(tmp_path):
     result = check_baseline(analysis, path)
     assert "holds a merge conflict (<<<<<<< markers) (keep one side, or measure this model again)" in result.summary
     assert result.details == ""
+
+
+@pytest.mark.parametrize("metric, stricter", [("cosine-similarity", np.inf), ("mse", -np.inf)])
+def test_a_threshold_equal_to_the_measured_value_passes(tmp_path, metric, stricter):
+    """A bound is a bound: a value equal to its threshold meets it; the next float past it does not."""
+    fpath, qpath, data = _head(tmp_path)
+    analysis = Analysis(AnalysisKey(str(qpath), str(tmp_path / "calib"), str(fpath)), root=tmp_path)
+    measured = check_outputs(analysis, {"out": 0.0 if metric != "mse" else 1e9}, metric=metric).values["out"]
+    feeds = [{"x": a} for a in data["x"]]
+    ref, got = builders.run_model(fpath, feeds), builders.run_model(qpath, feeds)
+    if metric == "mse":
+        r = np.concatenate([o["out"].ravel() for o in ref]).astype(np.float64)
+        t = np.concatenate([o["out"].ravel() for o in got]).astype(np.float64)
+        assert measured == pytest.approx(np.mean((r - t) ** 2), rel=1e-5)
+    else:
+        assert measured == pytest.approx(_cos(ref, got, lambda a: a), abs=1e-6)
+    assert check_outputs(analysis, {"out": measured}, metric=metric).passed
+    assert not check_outputs(analysis, {"out": float(np.nextafter(measured, stricter))}, metric=metric).passed

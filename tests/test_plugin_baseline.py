@@ -342,3 +342,43 @@ def test_the_same_model_reached_through_a_link_keeps_its_baseline(project):
     other.assert_outcomes(failed=1, deselected=2)
     other.stdout.fnmatch_lines(["*it was made for the model ../cache/model.onnx and this check measures "
                                 "../store/model.onnx*"])
+
+
+def _baseline(outputs, sensitivity=None):
+    from pytest_ptq.baseline import Baseline
+
+    return Baseline(metric="cosine-similarity", node_type="activation", outputs=dict(outputs),
+                    sensitivity=dict(sensitivity or {"n": 0.999}))
+
+
+def test_an_output_gone_nan_since_the_baseline_fails_the_comparison():
+    """NaN (outputs gone non-finite) is worse than any number: 0.99 -> NaN must not pass."""
+    import math
+
+    from pytest_ptq.baseline import compare
+
+    broken = compare(_baseline({"y": 0.99}), _baseline({"y": math.nan}), 1e-3)
+    assert not broken.ok
+    assert [(m.name, m.worse) for m in broken.outputs] == [("y", math.inf)]
+    mended = compare(_baseline({"y": math.nan}), _baseline({"y": 0.99}), 1e-3)
+    assert mended.ok and [m.name for m in mended.improved] == ["y"]
+    # NaN both times did not move
+    same = compare(_baseline({"y": math.nan}), _baseline({"y": math.nan}), 1e-3)
+    assert same.ok and not same.improved
+
+
+@pytest.mark.parametrize("times, ok", [(0.8, True), (1.2, False), (1.9, False)])
+def test_a_move_past_the_tolerance_fails_and_one_within_it_passes(times, ok):
+    """A value fails when it moved the wrong way by more than the tolerance (module doc)."""
+    from pytest_ptq.baseline import compare
+
+    tol = 1e-3
+    old = _baseline({"y": 0.5}, {"n": 0.75})
+    # cosine: worse is lower; both the output and the node move down by times x tol
+    new = _baseline({"y": 0.5 - times * tol}, {"n": 0.75 - times * tol})
+    result = compare(old, new, tol)
+    assert result.ok is ok
+    assert [m.name for m in result.outputs] == ([] if ok else ["y"])
+    assert [m.name for m in result.nodes] == ([] if ok else ["n"])
+    # moving the right way by as much is no failure
+    assert compare(new, old, tol).ok

@@ -341,3 +341,23 @@ def test_a_shape_reader_is_no_node_to_rank(tmp_path):
     assert "shape" not in ranked and "reshape" in ranked
     with pytest.raises(PTQError, match=r"node 'shape' \(Shape\) reads only the shape of its input"):
         get_sensitivity_of_nodes(engine, node_type="node", interested_nodes=["shape"])
+
+
+def test_per_sample_values_are_the_worst_output_of_each_sample(zoo):
+    """details[node]["per_sample"] holds, per sample, the worst output's own value (the lowest
+    cosine, the largest mse) from plain onnxruntime runs of the model with only that pair."""
+    s = Setup(zoo, "two_outputs")
+    result = get_sensitivity_of_nodes(s.engine, ["cosine-similarity", "mse"], node_type="activation")
+    outputs = ("prob", "r2")
+    second_is_worse = 0
+    for name in result:
+        got = s.outputs([name])
+        per_sample = result.details[name]["per_sample"]
+        assert len(per_sample["cosine-similarity"]) == len(s.feeds)
+        for i, (ref, test) in enumerate(zip(s.float_outputs(), got)):
+            cos = {o: cosine(ref[o].ravel().astype(np.float64), test[o].ravel().astype(np.float64)) for o in outputs}
+            err = {o: mse(ref[o].ravel().astype(np.float64), test[o].ravel().astype(np.float64)) for o in outputs}
+            assert per_sample["cosine-similarity"][i] == pytest.approx(min(cos.values()), abs=1e-6)
+            assert per_sample["mse"][i] == pytest.approx(max(err.values()), rel=1e-3, abs=1e-12)
+            second_is_worse += cos["r2"] < cos["prob"] - 1e-5
+    assert second_is_worse  # the test tells the worst output from the first one
