@@ -54,7 +54,7 @@ def collect(model, data):
             for i in range(len(engine.data)):
                 scores = score_configs(engine, configs, metrics, specs, [i], bar)
                 for j, label in enumerate(configs):
-                    per[j, i] = np.stack(list(scores[label][0].values()))
+                    per[j, i] = np.stack(list(scores[label][0].states.values()))  # the cosine pool's sums per output
         out[t] = per
     cached.parent.mkdir(parents=True, exist_ok=True)
     np.savez(cached, **out)

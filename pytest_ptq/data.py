@@ -7,6 +7,7 @@ number of samples.
 from __future__ import annotations
 
 import copy
+import itertools
 import os
 import re
 import warnings
@@ -303,7 +304,7 @@ def load_data(calibrated_data, qmodel=None, data_num=None, role="calibration", c
     yields them (an onnxruntime ``CalibrationDataReader``, rewound where it can be, or an
     iterator), read once into memory.
     """
-    calibrated_data = _fed(calibrated_data, role)
+    calibrated_data = _fed(calibrated_data, role, data_num)
     if isinstance(calibrated_data, (list, tuple)) and calibrated_data and all(
             isinstance(s, Mapping) for s in calibrated_data):
         calibrated_data = _by_input(calibrated_data, role)
@@ -338,21 +339,20 @@ def load_data(calibrated_data, qmodel=None, data_num=None, role="calibration", c
     return data
 
 
-def _fed(data, role):
-    """The feed dicts a CalibrationDataReader or an iterator yields, as a list; other data as given."""
+def _fed(data, role, data_num=None):
+    """The feed dicts a CalibrationDataReader or an iterator yields (the first ``data_num``:
+    an endless generator stops there), as a list; other data as given."""
+    asked = data_num if isinstance(data_num, int) and not isinstance(data_num, bool) and data_num > 0 else None
     if callable(getattr(data, "get_next", None)):  # a CalibrationDataReader, of any quantizer
-        rewind = getattr(data, "rewind", None)
-        if callable(rewind):
-            rewind()  # quantize_static read it to the end already
-        feeds = list(iter(data.get_next, None))
-        if callable(rewind):
-            rewind()  # as found, for the caller's next use
+        _rewound(data)  # quantize_static read it to the end already
+        feeds = list(itertools.islice(iter(data.get_next, None), asked))
+        _rewound(data)  # as found, for the caller's next use
         if not feeds:
             raise PTQError(f"the {role} data reader {type(data).__name__} yielded no sample (a reader read to the end "
                            "by the quantizer stays empty); pass a fresh reader, give it a rewind() method, or save "
                            "the samples to a folder")
     elif isinstance(data, Iterator):  # a generator: read once
-        feeds = list(data)
+        feeds = list(itertools.islice(data, asked))
         if not feeds:
             raise PTQError(f"the {role} data iterator yielded no sample (an iterator read once already stays empty); "
                            "pass a list of feed dicts, or save the samples to a folder")
@@ -363,6 +363,17 @@ def _fed(data, role):
         raise PTQError(f"the {role} data yielded {shown(bad)}, not a feed dict {{input name: array}}; yield one "
                        "dict per sample, as onnxruntime's CalibrationDataReader does")
     return feeds
+
+
+def _rewound(reader):
+    """Rewind a reader that can be: one whose rewind() fails is read from where it stands
+    (and an empty one says so)."""
+    rewind = getattr(reader, "rewind", None)
+    if callable(rewind):
+        try:
+            rewind()
+        except Exception:  # noqa: BLE001 - the user's reader: what it yields decides
+            pass
 
 
 def _same_data(data, other):
@@ -436,36 +447,45 @@ def _stacked(arr, where, role):
     return arr
 
 
-# files that hold samples in another form: beside .npy samples, skipping them would run on
-# fewer samples than given, silently (notes, labels and listings beside the data are no samples)
+# files that may hold samples in another form: one numbered as no .npy sample is would be a
+# sample left out, silently (notes, labels and an image beside its own array are no samples)
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".tif", ".tiff", ".webp"}
 OTHER_SAMPLE_SUFFIXES = {".npz", ".bin", ".raw", ".dat", ".pt", ".pth", ".pkl", ".pickle", ".gz", ".zip", ".h5",
                          ".hdf5", ".pb", ".tensor"} | IMAGE_SUFFIXES
 
 
-def _npy_files(folder, role="data", samples=False):
+def _npy_files(folder, role="data"):
     """The .npy files in ``folder`` (the suffix in any case), sorted; one that is not a regular
-    file is refused, not skipped: the samples used would silently differ from those given.
-    ``samples``: a folder of one input's samples, where a sample saved in another form is
-    refused too."""
+    file is refused, not skipped: the samples used would silently differ from those given."""
     found = []
     for p in folder.iterdir():
         # hidden files are not samples: macOS leaves ._0.npy beside 0.npy on foreign disks
-        if p.name.startswith("."):
-            continue
-        if p.suffix.lower() != ".npy":
-            if samples and p.suffix.lower() in IMAGE_SUFFIXES:
-                raise PTQError(f"{role} file {str(p)!r} is an image, not the array the model takes; save each sample "
-                               "preprocessed as the model reads it (resized, normalised, laid out) with numpy.save")
-            if samples and p.suffix.lower() in OTHER_SAMPLE_SUFFIXES:
-                raise PTQError(f"{role} file {str(p)!r} is not a .npy sample, so it would be left out of the samples "
-                               "beside it; re-save it with numpy.save (one array per file) or move it out")
+        if p.name.startswith(".") or p.suffix.lower() != ".npy":
             continue
         if not p.is_file():
             raise PTQError(f"{role} file {str(p)!r} is not a regular file (a folder, a device, a pipe or a broken "
                            "link); save each sample as a .npy file, or move it out")
         found.append(p)
     return sorted(found)
+
+
+def _left_out(folder, files, role):
+    """Refuse a file of ``folder`` in a sample format other than .npy whose name numbers a
+    sample no .npy file holds (``3.npz`` beside ``0.npy`` to ``2.npy``): it would be left out."""
+    held = set(_sample_numbers(files))
+    for p in sorted(folder.iterdir()):
+        suffix = p.suffix.lower()
+        if p.name.startswith(".") or suffix not in OTHER_SAMPLE_SUFFIXES or not p.is_file():
+            continue
+        n = _sample_numbers([*files, p])[-1]  # numbered as the samples beside it are
+        if n is None or n in held:
+            continue  # a note, or the original of a sample held (its image, say)
+        if suffix in IMAGE_SUFFIXES:
+            raise PTQError(f"{role} file {str(p)!r} is an image, not the array the model takes, so sample {n} would "
+                           "be left out; save each sample preprocessed as the model reads it (resized, normalised, "
+                           "laid out) with numpy.save")
+        raise PTQError(f"{role} file {str(p)!r} is not a .npy sample, so sample {n} would be left out; re-save it with "
+                       "numpy.save (one array per file) or move it out")
 
 
 def _numbered(folder, files, role):
@@ -495,7 +515,7 @@ def _open_dir(path, role):
     stacked = _npy_files(path, role)
     sources, numbers = {}, {}
     for d in subdirs:
-        files = _numbered(d, _npy_files(d, role, samples=True), role)
+        files = _numbered(d, _npy_files(d, role), role)
         if not files:
             nested = sorted(p.relative_to(path).as_posix() for p in d.iterdir() if p.is_dir() and _npy_files(p, role))
             if nested:  # an input named like 'serving_default/input_1:0', saved as DIR/<input>/<i>.npy
@@ -504,6 +524,7 @@ def _open_dir(path, role):
                                "data as an .npz with one key per input name (samples stacked on axis 0)")
             raise PTQError(f"{role} folder {str(d)!r} holds no .npy files; save one sample per file "
                            "as 0.npy, 1.npy, ...")
+        _left_out(d, files, role)
         sources[d.name] = _Source(str(d), files, role)
         numbers[d.name] = sorted(_sample_numbers(files))
     if len({tuple(v) for v in numbers.values()}) > 1:

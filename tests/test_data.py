@@ -348,7 +348,7 @@ def test_held_out_data_that_are_the_calibration_data_are_refused(tmp_path):
 
 
 @pytest.mark.parametrize("name,match", [
-    ("4.npz", "'.*4.npz' is not a .npy sample, so it would be left out"),
+    ("4.npz", "'.*4.npz' is not a .npy sample"),
     ("4.bin", "'.*4.bin' is not a .npy sample"),
     ("4.png", "'.*4.png' is an image, not the array the model takes"),
 ])
@@ -358,9 +358,12 @@ def test_a_sample_saved_in_another_form_beside_npy_samples_is_refused_not_left_o
     builders.save_folder({"x": arrays[:4]}, tmp_path)
     (tmp_path / "x" / name).write_bytes(arrays[4].tobytes())
     (tmp_path / "x" / "README.txt").write_text("what these samples are")  # notes stay allowed
-    with pytest.raises(PTQError, match=match):
+    with pytest.raises(PTQError, match=match + ".*sample 4 would be left out"):
         load_data(tmp_path, qm)
     (tmp_path / "x" / name).unlink()
+    # beside the samples they are of, originals and sidecars are no samples left out
+    for kept in ("2.png", "labels.pkl", "3.bin"):
+        (tmp_path / "x" / kept).write_bytes(b"kept beside")
     _assert_samples(load_data(tmp_path, qm), arrays[:4])
 
 
@@ -405,6 +408,20 @@ def test_a_calibration_data_reader_or_an_iterator_of_feed_dicts_is_read_once(qm)
         load_data(OneShot(), qm)
     with pytest.raises(PTQError, match=r"yielded array\(.*\), not a feed dict"):
         load_data(iter(arrays), qm)
+
+    def endless():
+        while True:
+            yield {"x": arrays[0]}
+
+    assert len(load_data(endless(), qm, data_num=2)) == 2  # read as far as asked, not forever
+
+    class Stuck(Reader):
+        def rewind(self):
+            raise NotImplementedError("this reader cannot rewind")
+
+    stuck = Stuck.__new__(Stuck)
+    stuck.it = iter({"x": a} for a in arrays)
+    _assert_samples(load_data(stuck, qm), arrays)  # read from where it stands
 
 
 def test_a_batch_given_to_a_batch_one_model_is_told_as_such(qm):
@@ -453,3 +470,16 @@ def test_a_batch_declared_as_minus_one_is_left_open_as_onnxruntime_reads_it(tmp_
     np.testing.assert_array_equal(engine.run(1, "all")["prob"], builders.run_model(q, feeds)["prob"])
     with pytest.raises(PTQError, match=r"expects rank 4 \(\[\?, 3, 16, 16\]\)"):
         load_data({"x": [np.zeros((16, 16), np.float32)]}, QuantModel(str(q)))
+
+
+def test_a_dimension_declared_zero_is_a_size_as_onnxruntime_reads_it():
+    from onnx import TensorProto, helper
+
+    from pytest_ptq.model.graph import declared_dims
+
+    value = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])
+    value.type.tensor_type.shape.dim[0].dim_value = -1
+    value.type.tensor_type.shape.dim[2].dim_value = 0
+    value.type.tensor_type.shape.dim[3].dim_param = "w"
+    assert declared_dims(value) == [None, 3, 0, None]
+    assert declared_dims(helper.make_tensor_value_info("s", TensorProto.FLOAT, None)) is None

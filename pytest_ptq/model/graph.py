@@ -97,12 +97,13 @@ def laid_out(node, x, constant):
 
 def declared_dims(value):
     """The dims the tensor type of ``value`` (a graph input, output or value info) declares,
-    None for each it leaves open: a name, nothing, or a number below 1 (Paddle's exports
-    write -1 for a dynamic batch); None where it declares no shape."""
+    None for each it leaves open, as onnxruntime reads them: a name, nothing, or a negative
+    number (Paddle's exports write -1 for a dynamic batch; 0 is a size); None where it
+    declares no shape."""
     tt = value.type.tensor_type
     if not tt.HasField("shape"):
         return None
-    return [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else None for d in tt.shape.dim]
+    return [d.dim_value if d.HasField("dim_value") and d.dim_value >= 0 else None for d in tt.shape.dim]
 
 
 def subgraphs(node):
