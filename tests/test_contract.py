@@ -319,3 +319,43 @@ def test_the_sessions_sample_limit_applies_where_a_contract_sets_none(project):
     # the contract's own limit first, else the session's (it ran every sample)
     assert "judged it on 2 calibration sample(s)" in out and "judged it on 3 calibration sample(s)" in out, out
     assert f"judged it on {N} calibration sample(s)" not in out, out
+
+
+def test_a_contracts_own_tolerance_decides_its_baseline_check(project):
+    """A contract's 'tolerance:' is the baseline check's tolerance, whatever --ptq-tolerance says:
+    a node 1e-5 worse than its baseline passes under tolerance 1e-4 and fails under 1e-6."""
+    import json
+
+    path = project.path / "contracts" / "net.baseline.json"
+    body = "model: ../models/model.onnx\ndata: ../models/calib\nnodes:\n  type: activation\ntolerance: {:.6f}\n"
+    contract(project, "net", body.format(1e-4))
+    run(project, "--ptq-update-baseline", "-k", "baseline").assert_outcomes(failed=1)  # written, not yet trusted
+    saved = json.loads(path.read_text())
+    node = sorted(saved["sensitivity"], key=saved["sensitivity"].get)[0]
+    assert saved["sensitivity"][node] < 1 - 2e-5  # room for the nudge below a cosine of 1
+    nudged = dict(saved, sensitivity=dict(saved["sensitivity"], **{node: saved["sensitivity"][node] + 1e-5}))
+    path.write_text(json.dumps(nudged))
+    for tol, session, outcome in ((1e-4, 1e-6, "passed"), (1e-6, 1e-4, "failed")):
+        contract(project, "net", body.format(tol))
+        result = run(project, f"--ptq-tolerance={session}", "-k", "baseline")
+        result.assert_outcomes(**{outcome: 1})
+    assert node in result.stdout.str() and "worse" in result.stdout.str(), result.stdout.str()
+
+
+def test_a_contracts_metric_is_the_one_its_node_check_reads(project, models):
+    """'metric: mse' in a contract makes nodes.threshold an mse ceiling: 1.0 is far above any
+    node's output mse (softmax outputs, cosines all above 0.9999), so the check passes; read as
+    a cosine floor of 1.0 it would fail every node."""
+    assert min(models["sensitivity"].values()) < 1.0
+    contract(project, "net", """
+        model: ../models/model.onnx
+        data: ../models/calib
+        metric: mse
+        outputs: 1.0
+        nodes:
+          type: activation
+          threshold: 1.0
+        baseline: false
+    """)
+    result = run(project, "-v", "-k", "nodes")
+    result.assert_outcomes(passed=1)

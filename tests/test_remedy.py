@@ -926,3 +926,48 @@ def test_a_re_quantized_file_runs_in_the_layout_its_simulation_computed(tmp_path
     got = runner.run(0, "all")["prob"]
     assert made and all("NchwcTransformer" in d for d in made)
     np.testing.assert_allclose(got, builders.run_model(q, {"x": data["x"][0]})["prob"], rtol=0, atol=1e-6)
+
+
+def _spliced(base, donor, names, out):
+    """``base`` with the initializers ``names`` taken from ``donor`` (same graph, other options)."""
+    m, given = onnx.load(str(base)), {i.name: i for i in onnx.load(str(donor)).graph.initializer}
+    for i in m.graph.initializer:
+        if i.name in names:
+            i.CopyFrom(given[i.name])
+    onnx.save(m, str(out))
+    return out
+
+
+@pytest.mark.parametrize("option", ["reduce_range", "ActivationSymmetric"])
+def test_an_option_only_some_tensors_show_is_not_inferred(tmp_path, option):
+    """reduce_range and ActivationSymmetric are whole-model options of quantize_static: a model
+    where one weight (one activation) shows it and the others do not was not quantized with it,
+    so infer_quantize_options must not claim it (the re-quantized model would differ)."""
+    from pytest_ptq.remedy import infer_quantize_options
+
+    data = builders.samples(4)
+    fp = builders.conv_net(tmp_path / "f.onnx")
+    plain = builders.quantize(fp, tmp_path / "plain.onnx", data)
+    if option == "reduce_range":
+        whole = builders.quantize(fp, tmp_path / "whole.onnx", data, reduce_range=True)
+        names, base, donor = {"w1_scale"}, plain, whole  # w1 on 7 bits, w2 and wf on 8
+    else:
+        whole = builders.quantize(fp, tmp_path / "whole.onnx", data, extra_options={"ActivationSymmetric": True})
+        names, base, donor = {"c2_scale", "c2_zero_point"}, whole, plain  # c2 asymmetric, the rest symmetric
+
+    def told(path):
+        o = infer_quantize_options(QuantModel(str(path)))
+        return o["reduce_range"] if option == "reduce_range" else o["extra_options"].get(option, False)
+
+    # the pure models read as quantized (the splice is what makes the difference)
+    assert told(whole) is True and told(plain) is False
+    mixed = _spliced(base, donor, names, tmp_path / "mixed.onnx")
+    # the splice really mixes: the model shows the option on some tensors, not on others
+    inits = {i.name: numpy_helper.to_array(i) for i in onnx.load(str(mixed)).graph.initializer}
+    if option == "reduce_range":
+        codes = {w: np.rint(inits[w] / inits[f"{w}_scale"]) for w in ("w1", "w2", "wf")}
+        assert np.abs(codes["w1"]).max() <= 64 and all(np.abs(codes[w]).max() > 64 for w in ("w2", "wf"))
+    else:
+        zps = [int(v) for k, v in inits.items() if k.endswith("_zero_point") and v.dtype == np.uint8]
+        assert 128 in zps and any(z != 128 for z in zps)
+    assert told(mixed) is False
