@@ -29,7 +29,7 @@ import numpy as np
 from . import guard, params
 from .data import load_data, overflows
 from .engine import Engine
-from .engine.runtime import ALWAYS_DISABLED, asked_providers, make_session, run
+from .engine.runtime import ALWAYS_DISABLED, INLINE_DISABLED, asked_providers, make_session, run
 from .engine.sanity import spread
 from .errors import NotQuantized, PTQError
 from .kernels import as_uint8_weights, float8_rewrites, requantized_nodes, saturation_cause
@@ -170,8 +170,9 @@ def localize_stages(float_model, calibrated_model, calibrated_data, metrics=("co
         "reference": make_session(fmodel, "disable", providers, fake_quant=False, what=what),
         "optimized-float": make_session(fmodel, "all", providers, fake_quant=False, optimized_path=optimized,
                                         what=what),
+        # in the plain layout, as the engine's fully quantized figure (see runtime.INLINE_DISABLED)
         "fake-quant": make_session(qmodel, "all", providers, fake_quant=True, what=what, libraries=libs,
-                                   shared=engine.shared),
+                                   shared=engine.shared, disabled_optimizers=INLINE_DISABLED),
         "integer": make_session(qm.as_given(), "all", providers, fake_quant=False, what=what, libraries=libs,
                                 shared=engine.shared, disabled_optimizers=()),  # as a plain session deploys it
     }
