@@ -6,6 +6,7 @@ number of samples.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import itertools
 import os
@@ -38,11 +39,20 @@ def _sample_numbers(files):
     """``[number or None]`` of each file name (``7.npy``, ``img_007.npy`` -> 7): the first run
     of digits, or where every name has as many runs, the first run that tells the files
     apart (``cam1_0.npy``, ``cam1_1.npy``: 0, 1; ``2024_cam1_frame7.npy``: 7)."""
-    runs = [re.findall(r"\d+", f.stem) for f in files]
-    at = 0
-    if len(files) > 1 and runs[0] and all(len(r) == len(runs[0]) for r in runs):
-        at = next((k for k in range(len(runs[0])) if len({int(r[k]) for r in runs}) == len(runs)), 0)
+    runs = [_digit_runs(f) for f in files]
+    at = _telling_run(runs)
     return [int(r[at]) if r else None for r in runs]
+
+
+def _digit_runs(path):
+    return re.findall(r"\d+", path.stem)
+
+
+def _telling_run(runs):
+    """Which run of digits numbers the names whose runs are ``runs`` (see :func:`_sample_numbers`)."""
+    if len(runs) > 1 and runs[0] and all(len(r) == len(runs[0]) for r in runs):
+        return next((k for k in range(len(runs[0])) if len({int(r[k]) for r in runs}) == len(runs)), 0)
+    return 0
 
 
 class _Source:
@@ -370,10 +380,8 @@ def _rewound(reader):
     (and an empty one says so)."""
     rewind = getattr(reader, "rewind", None)
     if callable(rewind):
-        try:
+        with contextlib.suppress(Exception):  # the user's reader: what it yields decides
             rewind()
-        except Exception:  # noqa: BLE001 - the user's reader: what it yields decides
-            pass
 
 
 def _same_data(data, other):
@@ -472,12 +480,15 @@ def _npy_files(folder, role="data"):
 def _left_out(folder, files, role):
     """Refuse a file of ``folder`` in a sample format other than .npy whose name numbers a
     sample no .npy file holds (``3.npz`` beside ``0.npy`` to ``2.npy``): it would be left out."""
-    held = set(_sample_numbers(files))
+    runs = [_digit_runs(f) for f in files]
+    at = _telling_run(runs)
+    held = {int(r[at]) for r in runs}
     for p in sorted(folder.iterdir()):
         suffix = p.suffix.lower()
         if p.name.startswith(".") or suffix not in OTHER_SAMPLE_SUFFIXES or not p.is_file():
             continue
-        n = _sample_numbers([*files, p])[-1]  # numbered as the samples beside it are
+        mine = _digit_runs(p)  # numbered as the samples beside it are
+        n = int(mine[at]) if len(mine) == len(runs[0]) else int(mine[0]) if mine else None
         if n is None or n in held:
             continue  # a note, or the original of a sample held (its image, say)
         if suffix in IMAGE_SUFFIXES:
