@@ -13,6 +13,7 @@ import os
 import re
 import warnings
 import zipfile
+import zlib
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
@@ -421,11 +422,13 @@ def _listed(name, value, role):
 
 def _open_npz(path, role):
     try:
-        npz = np.load(path, allow_pickle=False)
-        arrays = {k: npz[k] for k in npz.files}
-    except (zipfile.BadZipFile, OSError, ValueError) as exc:
+        with np.load(path, allow_pickle=False) as npz:
+            arrays = {k: npz[k] for k in npz.files}
+    # a damaged member surfaces as zlib's error or a short read, not as a bad zip
+    except (zipfile.BadZipFile, OSError, ValueError, EOFError, zlib.error) as exc:
+        why = "its compressed data is damaged" if isinstance(exc, zlib.error) else type(exc).__name__
         raise PTQError(f"{role} file {str(path)!r} is not a readable .npz archive "
-                       f"({type(exc).__name__}); re-save it with numpy.savez") from None
+                       f"({why}); re-save it with numpy.savez") from None
     arrays = {k: _stacked(a, f"{str(path)!r}, key {k!r},", role) for k, a in arrays.items()}
     return {k: _Source(f"{path}:{k}", [(f"{path}:{k}[{i}]", a, i) for i in range(len(a))], role)
             for k, a in arrays.items()}

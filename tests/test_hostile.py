@@ -10,6 +10,7 @@ there before, and that nothing appeared or changed outside the outputs the case 
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
 import shutil
@@ -17,6 +18,8 @@ import stat
 import subprocess
 import sys
 import time
+import zipfile
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -191,6 +194,27 @@ def _data_file(folder, write):
     return make
 
 
+def _damaged_deflate(path):
+    """An .npz whose compressed member is damaged inside its deflate stream, where zlib
+    fails (not the zip's directory): the first damage at which reading it raises zlib.error."""
+    x = np.random.default_rng(0).standard_normal((2, 1, 3, 16, 16)).astype(np.float32)
+    np.savez_compressed(path, x=x)
+    whole = path.read_bytes()
+    with zipfile.ZipFile(path) as archive:
+        info = archive.getinfo("x.npy")
+    start = info.header_offset + 30 + len(info.filename) + len(info.extra)
+    for at in range(start + 10, start + info.compress_size - 20, 7):
+        damaged = whole[:at] + b"\xff" * 8 + whole[at + 8:]
+        try:
+            np.load(io.BytesIO(damaged))["x"]
+        except zlib.error:
+            path.write_bytes(damaged)
+            return
+        except Exception:  # noqa: BLE001 - other damage: try the next place
+            continue
+    raise AssertionError("no damage made zlib fail")
+
+
 def _per_channel_at_opset_10(root):
     """Write ``old.onnx``: the float model at opset 10 quantized per channel, which
     quantize_static writes with an axis its Q/DQ do not take there."""
@@ -267,6 +291,9 @@ CLI_CASES = [
      ["get-sensitivity-of-nodes", "m.onnx", "zipped", "--quiet"], ["is not a readable .npy array (it is an .npz"]),
     ("stacked-scalar", _data_file("scalar/x.npy", lambda p: np.save(p, np.float32(1))),
      ["get-sensitivity-of-nodes", "m.onnx", "scalar", "--quiet"], ["holds one value, not samples stacked"]),
+    ("npz-deflate-damaged", _data_file("damaged.npz", _damaged_deflate),
+     ["get-sensitivity-of-nodes", "m.onnx", "damaged.npz", "--quiet"],
+     ["'damaged.npz' is not a readable .npz archive (its compressed data is damaged)"]),
     ("npz-scalar", _data_file("d.npz", lambda p: np.savez(p, x=np.float32(1))),
      ["get-sensitivity-of-nodes", "m.onnx", "d.npz", "--quiet"], ["'d.npz', key 'x', holds one value"]),
     ("bins-beyond-a-plot", None, ["plot-distribution", "m.onnx", "calib", "-s", "out", "-n", "conv1", "--bins",
