@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import fnmatch
+import functools
 import math
 import os
 import statistics
@@ -377,8 +378,7 @@ def check_accuracy(analysis, evaluate, min_ratio=params.DEFAULT_MIN_RATIO, holdo
     """
     __tracebackhide__ = True  # an evaluation function that raises shows its own frames
     ratio_min = params.ratio(min_ratio)
-    if not callable(evaluate):
-        raise PTQError(f"evaluate must be a function evaluate(run, data) -> float, got {shown_value(evaluate)}")
+    params.evaluation_function(evaluate)
     f_score, q_score = analysis.accuracy(evaluate, holdout)
     name = getattr(evaluate, "__name__", None) or type(evaluate).__name__
     if not 0 < f_score < math.inf:
@@ -743,11 +743,32 @@ def check_stages(analysis, float_model=None, min_cosine=params.DEFAULT_MIN_COSIN
 
 
 # -- the per-test helper -------------------------------------------------------------------
+def _in_one_sentence(method):
+    """``method`` with bad input (a PTQError, or one of our warnings raised as an error)
+    failing the test in its one sentence, as the plugin's own input errors do, not as a
+    traceback through the package."""
+    @functools.wraps(method)
+    def wrapped(*args, **kwargs):
+        __tracebackhide__ = True
+        try:
+            return method(*args, **kwargs)
+        except (PTQError, Warning) as exc:
+            error = as_sentence(exc)
+            if error is None:
+                raise
+        # outside the except block: no "during handling" chain
+        from .settings import InputFailure
+
+        raise InputFailure(error, pytrace=False)
+    return wrapped
+
+
 class PTQ:
     """The ``ptq`` fixture: the checks bound to one test's model and settings.
 
     Every ``check_*`` returns its result (true when it passes); every ``assert_*`` raises
-    :class:`ContractFailed` on failure and returns the result otherwise. Each result is
+    :class:`ContractFailed` on failure and returns the result otherwise. Bad input fails the
+    test in one sentence (both forms, and ``suggest``). Each result is
     recorded for the failure section, JUnit properties and the HTML report.
     """
 
@@ -781,6 +802,7 @@ class PTQ:
         self._record(result)
         return result
 
+    @_in_one_sentence
     def check_outputs(self, threshold=None, metric=COSINE, holdout=None):
         """Output similarity (or error) vs float; default threshold ``min_cosine``, on the
         marker's ``holdout`` data when it names some, else on the calibration data."""
@@ -792,6 +814,7 @@ class PTQ:
         return self._done(check_outputs(self.analysis, threshold, m.name,
                                         self._holdout(holdout)))
 
+    @_in_one_sentence
     def check_nodes(self, threshold=None, allow=None, node_type=None, metric=None, outputs=None):
         """No node more sensitive than ``threshold``; defaults ``min_node_cosine``, marker allow-list."""
         m = get_metrics(metric or self.settings.metric)[0]
@@ -803,12 +826,14 @@ class PTQ:
         return self._done(check_nodes(self.analysis, threshold, m.name, node_type or self.settings.node_type,
                                       allowed, outputs, self.settings.top))
 
+    @_in_one_sentence
     def check_accuracy(self, evaluate, min_ratio=params.DEFAULT_MIN_RATIO, holdout=None):
         """``evaluate(run, data) -> float`` of quantized at least ``min_ratio`` x float."""
         __tracebackhide__ = True
         return self._done(check_accuracy(self.analysis, evaluate, min_ratio,
                                          self._holdout(holdout)))
 
+    @_in_one_sentence
     def check_baseline(self, path=None, tolerance=None, node_type=None, metric=None, outputs=()):
         """Against the baseline file (default: from the test id under ``--ptq-baseline-dir``);
         ``outputs``: outputs or slices (``"tail=out[:, 2000:]"``) kept beside the model's own."""
@@ -836,6 +861,7 @@ class PTQ:
                                      "kept with the project; move it under the rootdir unless that is intended"),
                       stacklevel=3)
 
+    @_in_one_sentence
     def check_data(self, max_severity="warning", holdout=None):
         """The calibration data checks; fails on a finding at or above ``max_severity``. With
         held-out data (``holdout``, else the marker's or ``--ptq-holdout``) also whether the
@@ -843,12 +869,14 @@ class PTQ:
         return self._done(check_data(self.analysis, max_severity,
                                      self._holdout(holdout)))
 
+    @_in_one_sentence
     def check_stages(self, float_model=None, min_cosine=None):
         """Integer-kernel outputs vs float and vs fake-quant, both >= ``min_cosine`` (default
         ``min_cosine``); the float model defaults to the marker's or ``--ptq-float-model``."""
         return self._done(check_stages(self.analysis, self._here(float_model) or self.settings.float_model,
                                        self.settings.min_cosine if min_cosine is None else min_cosine))
 
+    @_in_one_sentence
     def suggest(self, target=None, remedy="float", metric=COSINE, outputs=None, budget=None, candidates=None,
                 holdout=None, evaluate=None, min_ratio=None, costs=None, search="refine"):
         """The cheapest set of nodes to keep in float (``remedy="float"``), raise to 16 bit
@@ -898,18 +926,7 @@ class PTQ:
 
 def _raise_unless(check, *args, **kwargs):
     __tracebackhide__ = True
-    try:
-        result = check(*args, **kwargs)
-    except (PTQError, Warning) as exc:  # a warning: one of ours, an error where warnings are errors
-        error = as_sentence(exc)
-        if error is None:
-            raise
-    else:
-        error = None
-    if error is not None:  # outside the except block: no "during handling" chain
-        from .settings import InputFailure
-
-        raise InputFailure(error, pytrace=False)
+    result = check(*args, **kwargs)
     if not result:
         raise ContractFailed(result)
     return result

@@ -457,7 +457,9 @@ def load_function(spec, base, label):
             dont_write, sys.dont_write_bytecode = sys.dont_write_bytecode, True
             try:
                 spec_obj.loader.exec_module(module)
-            except Exception as exc:  # the user's file: its error, in one sentence with its line
+            # the user's file: its error, in one sentence with its line; SystemExit too (a script
+            # that parses its own arguments on import would exit the run with argparse's usage)
+            except (Exception, SystemExit) as exc:
                 line = getattr(exc, "lineno", None)
                 if line is None:
                     tb = exc.__traceback__
@@ -475,7 +477,7 @@ def load_function(spec, base, label):
     else:
         try:
             module = importlib.import_module(target)
-        except Exception as exc:  # ImportError, or whatever the module raises on import
+        except (Exception, SystemExit) as exc:  # ImportError, or whatever the module raises on import
             raise ContractError(f"{label} module {shown(target)} cannot be imported "
                                 f"({type(exc).__name__}: {clip(str(exc))})") from None
     fn = getattr(module, name, None)
@@ -611,9 +613,13 @@ class ContractItem(pytest.Item):
                           + str(excinfo.value), self.path)
         if isinstance(excinfo.value, ContractError):
             return _Lines(str(excinfo.value), self.path)
-        if as_sentence(excinfo.value) is not None:
-            return _Lines(f"contract {self.contract.name} ({self.path.name}), check {self.name}: "
-                          f"{as_sentence(excinfo.value)}", self.path)
+        from .settings import InputFailure
+
+        # the checks fail bad input in its sentence (InputFailure); the analysis raises it as such
+        sentence = excinfo.value.msg if isinstance(excinfo.value, InputFailure) else as_sentence(excinfo.value)
+        if sentence is not None:
+            return _Lines(f"contract {self.contract.name} ({self.path.name}), check {self.name}: {sentence}",
+                          self.path)
         # an error in the user's own code (an evaluate function): its frames, not pytest's,
         # pluggy's (hundreds of lines a plain test's failure does not show either) and ours
         kept = excinfo.traceback.filter(lambda entry: not str(entry.path).startswith(_RUNNER_DIRS))

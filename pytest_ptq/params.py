@@ -10,6 +10,7 @@ onnx or onnxruntime, so pytest start-up stays cheap.
 from __future__ import annotations
 
 import errno
+import inspect
 import math
 import numbers
 import os
@@ -371,6 +372,25 @@ def metrics(values):
     if not names:
         raise PTQError("no metric given; name at least one, such as 'cosine-similarity'")
     return names
+
+
+def evaluation_function(value, what="evaluate"):
+    """``value`` where it is a function that takes ``(run, data)``, the accuracy check's and
+    the remedies' contract, else one sentence: a wrong signature fails before the user's code
+    runs, where its traceback shows only the package's frames."""
+    if not callable(value):
+        raise PTQError(f"{what} must be a function evaluate(run, data) -> float, got {shown(value)}")
+    try:
+        signature = inspect.signature(value)
+    except (TypeError, ValueError):  # a builtin or extension without one: let the call decide
+        return value
+    try:
+        signature.bind(None, None)
+    except TypeError:
+        name = getattr(value, "__name__", None) or type(value).__name__
+        raise PTQError(f"{what} function {name}{signature} cannot be called as {name}(run, data); it must take "
+                       "two arguments: run (feeds -> outputs) and data (the samples)") from None
+    return value
 
 
 def task_score(value, function):

@@ -773,6 +773,23 @@ PLUGIN_CASES = [
     ("yaml-evaluate-broken", {"e.ptq.yaml": "model: m.onnx\ndata: calib\nbaseline: false\n"
                                             "accuracy: {evaluate: ev.py:top1}\n", "ev.py": "def top1(:\n"},
      ["-k", "accuracy"], 1, ["'accuracy.evaluate' file", "fails to import at line 1 (SyntaxError"], []),
+    # a script that parses its own arguments on import exits: argparse's usage read as pytest's
+    ("yaml-evaluate-exits-on-import", {"e.ptq.yaml": "model: m.onnx\ndata: calib\nbaseline: false\n"
+                                                     "accuracy: {evaluate: ev.py:top1}\n",
+                                       "ev.py": "import sys\nsys.exit(2)\n"},
+     ["-k", "accuracy"], 1, ["'accuracy.evaluate' file", "fails to import at line 2 (SystemExit: 2)"], []),
+    ("yaml-evaluate-one-argument", {"e.ptq.yaml": "model: m.onnx\ndata: calib\nbaseline: false\n"
+                                                  "accuracy: {evaluate: ev.py:top1}\n",
+                                    "ev.py": "def top1(run):\n    return 1.0\n"},
+     ["-k", "accuracy"], 1, ["check accuracy: evaluate function top1(run) cannot be called as top1(run, data)"], []),
+    # the check_* forms and suggest fail bad input in its sentence, as the assert_* forms do
+    *((f"fixture-{call.split('(')[0]}-bad-argument", {"test_c.py": "import pytest\n\n"
+                                                    "@pytest.mark.ptq(model='m.onnx', data='calib')\n"
+                                                    f"def test_c(ptq):\n    ptq.{call}\n"},
+       [], 1, [needle], [])
+      for call, needle in (("check_nodes(node_type='op')", "unknown node_type 'op'"),
+                           ("suggest(remedy='fp16')", "unknown remedy 'fp16'"),
+                           ("check_accuracy(lambda run: 1.0)", "cannot be called as <lambda>(run, data)"))),
 ]
 
 

@@ -82,8 +82,7 @@ def objective_for(metric, target, specs, evaluate=None, min_ratio=None):
             target = params.DEFAULT_MIN_COSINE
         _number(target, "target")
         return Objective(guide, guide, specs, target=params.threshold(target, guide.name, "target"))
-    if not callable(evaluate):
-        raise PTQError(f"evaluate must be a function evaluate(run, data) -> float, got {evaluate!r}")
+    params.evaluation_function(evaluate)
     if target is not None and min_ratio is not None:
         raise PTQError("give the task target either as a score (target=) or as a share of float (min_ratio=), "
                        "not both")
