@@ -538,6 +538,9 @@ API_CASES = [
         "out", _engine(), nodes_list=["r1_QuantizeLinear"], outlier_k=None), "outlier_k must be a number"),
     ("runall-top-zero", lambda: dbg.runall(_engine(), save_dir="out", top=0), "top must be at least 1"),
     ("budget-text", lambda: dbg.suggest_remedy(_engine(), budget="abc"), "budget must be a number"),
+    # what an evaluate function's run(feeds) hands the engine
+    ("run-feeds-without-an-input", lambda: _engine().run({"y": np.zeros(3, np.float32)}),
+     "the feeds lack model input 'x' of"),
     ("target-bool", lambda: dbg.suggest_remedy(_engine(), target=True), "target must be a number, got True"),
     ("confidence-k", lambda: dbg.ranking_confidence(dbg.get_sensitivity_of_nodes(_engine()), k="abc"),
      "k must be a whole number"),
@@ -975,7 +978,10 @@ def test_a_sample_onnxruntime_refuses_is_named_and_a_wrong_float_model_is_suspec
     builders.save_folder({"ids": data["ids"][:2]}, tmp_path / "good")
     assert main(["get-sensitivity-of-nodes", str(q), str(tmp_path / "good"), "--float-model", str(other),
                  "--quiet", "--json", str(tmp_path / "s.json")]) == 2
-    assert "a float model: is it the one this model was quantized from?" in capsys.readouterr().err
+    assert "check that it is the float model this model was quantized from" in capsys.readouterr().err
+    # the quantized model's own failure (feeds of an evaluate function) is no float model's
+    with pytest.raises(PTQError, match="check the data's shapes and dtypes against the model's inputs$"):
+        dbg.Engine(q, tmp_path / "good").run({"ids": np.zeros((1, 4), np.float32)})
 
 
 def test_token_ids_and_a_mask_of_other_lengths_are_told_to_fit_each_other(tmp_path, capsys):

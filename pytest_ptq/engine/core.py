@@ -20,7 +20,7 @@ import numpy as np
 
 from .. import guard, params
 from ..data import load_data
-from ..errors import PTQError, unknown
+from ..errors import PTQError, shown, unknown
 from ..model import QuantModel
 from ..model.qdq import custom_op_sentence
 from . import batching, runtime, sanity
@@ -264,6 +264,18 @@ class Engine:
         return self._workers.count if self.segments is not None else 1
 
     # -- running -----------------------------------------------------------------------
+    def _check_feeds(self, feeds):
+        """A feed dict given by the user (an evaluate function's ``run(feeds)``) holds every
+        model input; extra entries are left unread."""
+        if not isinstance(feeds, Mapping):
+            raise PTQError(f"sample must be an index or a feed dict {{input name: array}}, got {shown(feeds)}")
+        missing = [n for n in self.qmodel.input_names if n not in feeds]
+        if missing:
+            held = ", ".join(map(repr, list(feeds)[:4])) + (" ..." if len(feeds) > 4 else "")
+            raise PTQError(f"the feeds lack model input {missing[0]!r} of {self.source!r} (they hold "
+                           f"{held or 'nothing'}); give one array per model input: "
+                           f"{', '.join(map(repr, self.qmodel.input_names))}")
+
     def feeds(self, sample, quantized=(), alternative=()):
         """Model inputs plus one flag per calibration node (True = quantized), and one per
         alternative (True = quantized the alternative way)."""
@@ -377,6 +389,8 @@ class Engine:
                 raise PTQError(f"sample {key} is out of range: the data {self.data.where!r} hold {count} sample(s), "
                                f"0 to {count - 1}")
             sample = self.sample(key)
+        else:
+            self._check_feeds(sample)
         quantized = self._config(quantized)
         tensors = list(tensors or self.model_outputs)
         if kind is None:

@@ -712,28 +712,30 @@ def mapped_reads(session):
     return _LOW_MEMORY.get(session, 0)
 
 
-def run(session, names, feeds, source, shrink=False):
+def run(session, names, feeds, source, shrink=False, float_model=False):
     """``session.run(names, feeds)``; a failure names the model and quotes onnxruntime.
     ``shrink``: return the run's arena memory afterwards (for runs larger than the usual;
-    low-memory sessions always do)."""
+    low-memory sessions always do). ``float_model``: ``source`` is the float model given
+    beside the quantized one (whose inputs the data were checked against)."""
     reads = _LOW_MEMORY.get(session)  # None: not a low-memory session
     try:
         PAGER.make_room(reads or 0)
         with PAGER:
             return session.run(names, feeds, _run_options(shrink or reads is not None))
     except Exception as exc:
-        raise run_error(exc, source) from None
+        raise run_error(exc, source, float_model) from None
 
 
-def run_error(exc, source):
+def run_error(exc, source, float_model=False):
     """A PTQError for onnxruntime failing to run ``source``: its own message first, then what
-    to check (the data only when onnxruntime complains about an input)."""
+    to check (the data only when onnxruntime complains about an input; a float model's
+    inputs that differ from the quantized model's: whether it is the right one)."""
     msg = first_line(exc)
     low = msg.lower()
     if any(k in low for k in ("invalid rank for input", "got invalid dimensions for input",
                               "unexpected input data type", "input name", "missing input", "missing from input feed")):
-        hint = ("check the data's shapes and dtypes against the model's inputs (a float model: is it the one "
-                "this model was quantized from?)")
+        hint = ("check that it is the float model this model was quantized from: the data fit the quantized "
+                "model's inputs" if float_model else "check the data's shapes and dtypes against the model's inputs")
     elif "broadcast" in low:  # shapes that a dynamic model takes one by one but not together
         hint = ("check that the sample's inputs fit each other (token ids and their mask of one length, images of "
                 "the sizes the model combines); if they do, check the model in a plain onnxruntime session")

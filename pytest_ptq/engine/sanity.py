@@ -220,7 +220,7 @@ class FloatModel:
 
     def outputs(self, feeds):
         """The float model's outputs on ``feeds`` ({input: array}), by name."""
-        return dict(zip(self.names, runtime.run(self.session, self.names, feeds, self.where)))
+        return dict(zip(self.names, runtime.run(self.session, self.names, feeds, self.where, float_model=True)))
 
     def compare(self, i, bypassed):
         """Compare the float model on sample ``i`` with ``bypassed`` (name -> value)."""
