@@ -430,9 +430,11 @@ def verdict(values, kernel_gap, metric, threshold, cause="", rewrite=""):
                         f"{kernel_gap:.6g} against the simulation{': ' + cause if cause else ''}"
                         + ("" if lose or "integer" not in values else
                            f"; the file as run reads {values['integer']:.6g} against float, no worse") + ")")
-            return stage, f"{m.name} first falls below {threshold} at stage {stage!r} ({v:.6g}): {advice}{more}"
+            crosses = "falls below" if m.higher_is_better else "rises above"
+            return stage, f"{m.name} first {crosses} {threshold} at stage {stage!r} ({v:.6g}): {advice}{more}"
     gap = ""
     if kernel_gap == kernel_gap and m.worse(kernel_gap, threshold):
         why = f": {cause}" if cause else ", so results on other data may not hold"
         gap = f"; the integer kernels differ from the simulation ({m.name} {kernel_gap:.6g} between them){why}"
-    return None, f"every stage keeps {m.name} at or above {threshold}{gap}"
+    keeps = "at or above" if m.higher_is_better else "at or below"
+    return None, f"every stage keeps {m.name} {keeps} {threshold}{gap}"

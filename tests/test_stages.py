@@ -120,6 +120,14 @@ def test_verdicts(values, gap, first, words):
                                                      and values["integer"] < values["fake-quant"])
 
 
+def test_an_error_metric_is_said_to_rise_above_its_threshold():
+    # mse grows as a stage loses accuracy: its crossing is upwards, its hold a ceiling
+    stage, message = verdict({"optimized-float": 0.0, "fake-quant": 2e-6, "integer": 3e-6}, 1e-6, "mse", 1e-6)
+    assert stage == "fake-quant" and message.startswith("mse first rises above 1e-06 at stage 'fake-quant'")
+    stage, message = verdict({"optimized-float": 0.0, "fake-quant": 2e-6, "integer": 3e-6}, 1e-6, "mse", 5)
+    assert stage is None and message.startswith("every stage keeps mse at or below 5")
+
+
 def test_what_the_quantizer_changed_replaces_the_rewritten_stages_generic_advice():
     values = {"optimized-float": 1.0, "rewritten": 0.05, "fake-quant": 0.04, "integer": 0.04}
     said = "the Relu folded into 'r_QuantizeLinear' fed the subgraphs of 'If_0'"
