@@ -21,7 +21,7 @@ import pytest
 
 from . import guard
 from .errors import PTQError
-from .settings import OPTIONS, PTQPathWarning, apply_marker, below, from_config
+from .settings import OPTIONS, PTQPathWarning, apply_marker, below, from_config, given_as
 from .tables import SUMMARY_WIDTH, threshold_text, warning_lines
 
 WORKER_KEY = "ptq_report"
@@ -100,15 +100,15 @@ class PTQSession:
             self._report_path(inputs)
         default_dir = self.root / "ptq_baselines"
         if s.baseline_dir is not None and Path(s.baseline_dir) != default_dir:
-            guard.output_path(s.baseline_dir, "--ptq-baseline-dir", inputs, folder=True,
+            guard.output_path(s.baseline_dir, given_as(self.config, "baseline_dir"), inputs, folder=True,
                               writable=s.update != "none")
-            self._warn_outside_root("baseline folder", "--ptq-baseline-dir", s.baseline_dir)
+            self._warn_outside_root("baseline folder", given_as(self.config, "baseline_dir"), s.baseline_dir)
         if s.cache_dir is not None and not self.config.getoption("ptq_no_cache"):
             from . import cache
 
             # never an input or inside one, and a folder: usage errors; one it cannot write only
             # costs the time results save, as pytest's own cache dir does
-            guard.output_path(s.cache_dir, "--ptq-cache-dir", inputs, folder=True, writable=False)
+            guard.output_path(s.cache_dir, given_as(self.config, "cache_dir"), inputs, folder=True, writable=False)
             self._cache_modes(self._cache_warning)
             if not self._cache_read_only and self.config.getoption("cacheclear", False):
                 cache.clear(s.cache_dir)
@@ -120,9 +120,10 @@ class PTQSession:
     def _report_path(self, inputs):
         from . import report as html_report
 
-        path = guard.output_path(self.settings.report, "--ptq-report", inputs, atomic=True)
+        given = given_as(self.config, "report")
+        path = guard.output_path(self.settings.report, given, inputs, atomic=True)
         if html_report.foreign(path):
-            raise PTQError(f"--ptq-report {str(path)!r} exists and is not a pytest-ptq report; remove it or "
+            raise PTQError(f"{given} {str(path)!r} exists and is not a pytest-ptq report; remove it or "
                            "choose another file name, such as ptq-report.html")
         return path
 

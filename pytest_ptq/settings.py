@@ -309,6 +309,16 @@ def from_config(config):
     return Settings(update=update, **values)
 
 
+def given_as(config, name):
+    """How the session setting ``name`` was given, for messages about its value: its
+    option (``--ptq-cache-dir``), or ``ini key ptq_cache_dir`` where the command line left it
+    out and the ini file holds it."""
+    o = BY_NAME[name]
+    if config.getoption("ptq_" + o.name) is None and config.getini(o.ini) not in (None, "", []):
+        return f"ini key {o.ini}"
+    return o.flag
+
+
 def apply_marker(settings, args, kwargs, base):
     """``settings`` overridden by one ``ptq`` marker's arguments (paths against ``base``)."""
     if len(args) > 2:

@@ -743,6 +743,9 @@ PLUGIN_CASES = [
      ["--ptq-report", "exists and is not a pytest-ptq report"], []),
     ("report-inside-data", {}, ["--ptq-data", "calib", "--ptq-report", "calib/r.html"], 4,
      ["inside the calibration data folder"], []),
+    # an ini key is named as the ini key, not as the option the user never passed
+    *((f"ini-{key}-inside-data", {"pytest.ini": f"[pytest]\n{key} = calib/out\n"}, ["--ptq-data", "calib"], 4,
+       [f"ini key {key} '", "inside the calibration data folder"], []) for key in ("ptq_report", "ptq_cache_dir")),
     ("report-parent-is-a-file", {}, ["--ptq-report", "notes.txt/r.html"], 4, ["is a file, not a folder"], []),
     ("baseline-dir-inside-data", {}, ["--ptq-data", "calib", "--ptq-baseline-dir", "calib/baselines"], 4,
      ["--ptq-baseline-dir", "inside the calibration data folder"], []),
