@@ -184,10 +184,14 @@ def _values(value, key, what, bad, metric):
         v = json_restore(v)
         if isinstance(v, bool) or not isinstance(v, numbers.Real):
             raise bad(f"{key}.{name}", "a number", v)
+        try:
+            v = float(v)
+        except OverflowError:  # a JSON integer of hundreds of digits: an edit, no measurement
+            raise bad(f"{key}.{name}", "a number within a float's range", v) from None
         # rounding may take a similarity a hair past 1 (and a test nudges one): far past is an edit
         if metric.unit and not (abs(v) <= 1 + _SLACK or math.isnan(v)) or not metric.higher_is_better and v < 0:
             raise bad(f"{key}.{name}", f"a {metric.name} value ({'in [-1, 1]' if metric.unit else '>= 0'})", v)
-        out[name] = float(v)
+        out[name] = v
     return out
 
 

@@ -646,6 +646,8 @@ BAD_FIELDS = [
     ("outputs-empty", {"outputs": {}}, "has a malformed 'outputs'"),
     ("value-text", {"outputs": {"prob": "high"}}, "has a malformed 'outputs.prob': it must be a number, got 'high'"),
     ("value-null", {"sensitivity": {"conv1": None}}, "has a malformed 'sensitivity.conv1'"),
+    ("value-huge-integer", {"outputs": {"prob": 10**400}},
+     "has a malformed 'outputs.prob': it must be a number within a float's range"),
     ("sensitivity-list", {"sensitivity": [1, 2]}, "has a malformed 'sensitivity'"),
     ("metric-unknown", {"metric": "cosin"}, "has a malformed 'metric': it must be one of cosine-similarity"),
     ("node-type", {"node_type": "layer"}, "has a malformed 'node_type'"),
