@@ -304,6 +304,8 @@ def test_cli_help(command, capsys):
     (["-g", "conv9"], "unknown node 'conv9'; did you mean"),
     (["--from", "r3", "--to", "r2"], "unknown tensor 'r3'"),
     (["--from", "r2", "--to", "r1"], "does not depend on tensor 'r2'"),
+    (["-g", "conv1", "conv1"], "group 'conv1' is given twice; give each group once"),
+    (["-g", "conv1", "--no-weights"], "--no-weights leaves the weights out of --from/--to blocks; give a block"),
 ])
 def test_cli_bad_groups_exit_2_in_one_line(net, folder, args, message, capsys):
     assert main(["group-sensitivity", str(net["qdq"]), folder, "--quiet", *args]) == 2

@@ -73,10 +73,15 @@ def groups_of(args):
         members = [m.strip() for m in entry.split(",")]
         if not all(members):
             raise PTQError(f"group {entry!r} has an empty node name; separate node names with single commas")
+        if members in groups:  # the API's labels by dict have no spelling here
+            raise PTQError(f"group {entry!r} is given twice; give each group once")
         groups.append(members)
     starts, ends = args.start or [], args.end or []
     if len(starts) != len(ends):
         raise PTQError(f"--from and --to come in pairs, got {len(starts)} --from and {len(ends)} --to")
+    if args.no_weights and not starts:  # it would be ignored: -g groups name their nodes themselves
+        raise PTQError("--no-weights leaves the weights out of --from/--to blocks; give a block, or drop it "
+                       "(a -g group holds the nodes it names)")
     groups += [Subgraph(s, e, not args.no_weights) for s, e in zip(starts, ends)]
     if not groups:
         raise PTQError("no group given; pass -g NODE[,NODE...] (one group per entry) or --from TENSOR --to TENSOR")
