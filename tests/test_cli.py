@@ -136,6 +136,20 @@ def test_the_seeds_bracketed_lists_are_taken(paths, tmp_path, words, capsys):
     assert json.loads((tmp_path / "s.json").read_text())["metrics"] == ["cosine-similarity", "mse"]
 
 
+@pytest.mark.parametrize("words,expected", [
+    # exporters' names: runs between their slashes and colons read as bare words were quoted inside the quotes
+    (["[['/model/backbone/conv1/Conv', 'model/conv2d/BiasAdd:0'], ['a b']]"],
+     [["/model/backbone/conv1/Conv", "model/conv2d/BiasAdd:0"], ["a b"]]),
+    (['["/m/Conv",', "onnx::Conv_12]"], ["/m/Conv", "onnx::Conv_12"]),
+    (["[[conv2,", "fc],", "[r1_QuantizeLinear]]"], [["conv2", "fc"], ["r1_QuantizeLinear"]]),
+    (["/m/Conv"], ["/m/Conv"]),  # no list: the words as given
+])
+def test_a_bracketed_list_keeps_quoted_names_whole(words, expected):
+    from pytest_ptq.cli.args import seed_list
+
+    assert seed_list(words) == expected
+
+
 @pytest.mark.parametrize("command,options", [
     ("get-sensitivity-of-nodes", ["--metrics", "--node-type", "--output-node", "--interested-nodes",
                                   "--data-num", "--json", "--float-model"]),

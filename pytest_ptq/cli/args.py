@@ -189,8 +189,12 @@ def seed_list(values):
     text = " ".join(values).strip()
     if not (text.startswith("[") and text.endswith("]")):
         return values
-    # bare words, as an unquoted list reaches us, quoted so that Python reads the list
-    quoted = re.sub(r"""(?<!['"\w])([^\[\],'"\s]+)(?!['"\w])""", r"'\1'", text)
+    # bare words, as an unquoted list reaches us, quoted so that Python reads the list; the
+    # strings already quoted kept whole (a PyTorch name such as '/model/conv1/Conv' holds
+    # runs that read as bare words)
+    parts = re.split(r"""('[^']*'|"[^"]*")""", text)
+    quoted = "".join(part if i % 2 else re.sub(r"""([^\[\],'"\s]+)""", r"'\1'", part)
+                     for i, part in enumerate(parts))
     try:
         value = ast.literal_eval(quoted)
     except (ValueError, SyntaxError):
