@@ -90,6 +90,13 @@ def parse_output(spec, qmodel):
     """An :class:`OutputSpec` for a tensor, normal node or slice description."""
     if isinstance(spec, OutputSpec):
         return spec
+    # a tensor or node named exactly so wins over the slice syntax: an exporter's name may hold
+    # '=' or '[0]' (the default outputs are named back through here too)
+    exact = str(spec)
+    if exact in qmodel.producer or exact in qmodel.input_names:
+        return OutputSpec(name=exact, tensor=exact, index=())
+    if exact in qmodel.normal:
+        return OutputSpec(name=exact, tensor=qmodel.normal[exact].outputs[0], index=())
     m = _SLICE.match(str(spec))
     if not m:
         raise PTQError(f"output {spec!r} is not a tensor name or a slice like 'output0[:, 0:4]'")

@@ -578,3 +578,23 @@ def test_a_threshold_equal_to_the_measured_value_passes(tmp_path, metric, strict
         assert measured == pytest.approx(_cos(ref, got, lambda a: a), abs=1e-6)
     assert check_outputs(analysis, {"out": measured}, metric=metric).passed
     assert not check_outputs(analysis, {"out": float(np.nextafter(measured, stricter))}, metric=metric).passed
+
+
+def test_an_output_named_like_a_slice_is_the_tensor_of_that_name(tmp_path):
+    """An exporter's output name may hold '=' and '[0]': the name itself wins over the slice
+    syntax, by default and when named (it read as an alias of an unknown tensor 'score')."""
+    fpath = builders.conv_net(tmp_path / "f.onnx")
+    model = onnx.load(str(fpath))
+    name = "cls=score[0]"
+    model.graph.node[-1].output[0] = model.graph.output[0].name = name
+    onnx.save(model, str(fpath))
+    data = builders.samples(4)
+    qpath = builders.quantize(fpath, tmp_path / "q.onnx", data)
+    builders.save_folder(data, tmp_path / "calib")
+    qm = onnx.load(str(qpath))
+    specs = parse_outputs([name], Engine(qpath, tmp_path / "calib"))
+    assert [(s.name, s.tensor, s.index) for s in specs] == [(name, name, ())]
+    result = check_outputs(Analysis(AnalysisKey(str(qpath), str(tmp_path / "calib")), tmp_path), 0.5)
+    floats = [builders.run_model(onnx.load(str(fpath)), {"x": x})[name] for x in data["x"]]
+    quants = [builders.run_model(qm, {"x": x})[name] for x in data["x"]]
+    assert result.values[name] == pytest.approx(builders.pooled_cosine(floats, quants), abs=1e-6)
