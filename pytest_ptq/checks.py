@@ -305,7 +305,7 @@ def check_nodes(analysis, threshold, metric=COSINE, node_type="node", allow=(), 
     names = list(sens)
     patterns = params.names(allow, "allow") or []
     for p in patterns:
-        if not fnmatch.filter(names, p):
+        if not any(_allows(p, n) for n in names):
             near = closest(p, names)
             # a pattern is seldom close to a whole name: then some names show what to write
             hint = f"did you mean {', '.join(repr(n) for n in near)}?" if near else f"they are {listed(names, 5)}"
@@ -315,12 +315,18 @@ def check_nodes(analysis, threshold, metric=COSINE, node_type="node", allow=(), 
     for name, values in sens.items():
         v = values[m.name]
         if not _meets(m, v, limit):
-            (allowed if any(fnmatch.fnmatchcase(name, p) for p in patterns) else offenders).append((name, v))
+            (allowed if any(_allows(p, name) for p in patterns) else offenders).append((name, v))
     worst = (names[0], sens[names[0]][m.name]) if names else ()
     return NodeResult(passed=not offenders, metric=m.name, threshold=limit, node_type=node_type,
                       offenders=offenders, allowed=allowed, worst=worst, nodes=len(names),
                       table=sens.table(limit=top, threshold="range max|x|") if names else "", model=analysis.label,
                       on=_on(sens.samples, analysis.relative(analysis.key.data), None))
+
+
+def _allows(pattern, name):
+    """An allow-list entry covers a node: its exact name (an exporter's may hold '[0]', a
+    character class to fnmatch), else a shell pattern, case kept on every system."""
+    return name == pattern or fnmatch.fnmatchcase(name, pattern)
 
 
 # -- task accuracy -------------------------------------------------------------------------

@@ -359,3 +359,26 @@ def test_a_contracts_metric_is_the_one_its_node_check_reads(project, models):
     """)
     result = run(project, "-v", "-k", "nodes")
     result.assert_outcomes(passed=1)
+
+
+def test_an_allow_entry_that_is_a_node_name_with_brackets_allows_that_node(tmp_path):
+    """An exporter's node name may hold '[0]', a character class to fnmatch: the entry that
+    spells the name exactly allows that node (it matched none and was refused as a typo)."""
+    import onnx
+
+    from pytest_ptq.analysis import Analysis, AnalysisKey
+    from pytest_ptq.checks import check_nodes
+
+    fpath = builders.conv_net(tmp_path / "f.onnx")
+    model = onnx.load(str(fpath))
+    odd = "conv2[0]"
+    next(n for n in model.graph.node if n.name == "conv2").name = odd
+    onnx.save(model, str(fpath))
+    data = builders.samples(3)
+    qpath = builders.quantize(fpath, tmp_path / "q.onnx", data)
+    builders.save_folder(data, tmp_path / "calib")
+    analysis = Analysis(AnalysisKey(str(qpath), str(tmp_path / "calib"), str(fpath)), tmp_path)
+    result = check_nodes(analysis, 1.0, allow=[odd, "conv1*"])  # at a cosine of 1 every node offends
+    allowed = [n for n, _ in result.allowed]
+    assert odd in allowed and "conv1" in allowed
+    assert odd not in [n for n, _ in result.offenders] and result.offenders
