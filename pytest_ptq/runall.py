@@ -39,6 +39,7 @@ import fnmatch
 import json
 import math
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -542,9 +543,20 @@ def _origin(qm, metric, kind, name, curves):
     return {"origin": None}
 
 
+def _code(text, table=False):
+    """``text`` (a node's, tensor's or file's name) as Markdown code: a fence longer than its
+    own backtick runs, control characters shown escaped (a newline would end the line); in a
+    ``table`` row its pipes escaped (they would split the row)."""
+    text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(text))
+    text = text.replace("|", "\\|") if table else text
+    fence = "`" * (max((len(r) for r in re.findall("`+", text)), default=0) + 1)
+    pad = " " if text.startswith("`") or text.endswith("`") else ""
+    return f"{fence}{pad}{text}{pad}{fence}"
+
+
 def _names(names):
     names = list(dict.fromkeys(names))
-    shown = ", ".join(f"`{n}`" for n in names[:5])
+    shown = ", ".join(_code(n) for n in names[:5])
     return shown + (f" and {len(names) - 5} more" if len(names) > 5 else "")
 
 
@@ -701,11 +713,11 @@ def markdown(summary):
             origin = ""
             if it.get("origin"):
                 local = f"non-finite: {it['pole']}" if it.get("pole") else _v(it["local"])
-                origin = (f"not measured at `{it['at']}` (its float values are not finite)"
+                origin = (f"not measured at {_code(it['at'], table=True)} (its float values are not finite)"
                           if it["origin"] == "unmeasured" else
-                          f"{'own' if it['origin'] == 'local' else 'inherited'} at `{it['at']}` "
+                          f"{'own' if it['origin'] == 'local' else 'inherited'} at {_code(it['at'], table=True)} "
                           f"(local {local}, fully quantized {_v(it['accumulated'])})")
-            lines.append(f"| {it['rank']} | `{it['node']}` | {_v(it[m])} | {', '.join(it['try']) or '-'} | "
+            lines.append(f"| {it['rank']} | {_code(it['node'], table=True)} | {_v(it[m])} | {', '.join(it['try']) or '-'} | "
                          f"{'; '.join(it['reasons'])} | {origin} |")
         if not names:
             lines.append("| - | (none: nothing of this kind can be bypassed) | | | | |")
@@ -730,8 +742,8 @@ def markdown(summary):
     skipped = [k for k, d in summary["channelwise"].items() if "skipped" in d]
     if skipped:
         first = summary["channelwise"][skipped[0]]["skipped"]
-        lines.append(f"- no box plot for {', '.join(f'`{k}`' for k in skipped)} (no channel axis; "
-                     f"`{skipped[0]}`: {first})")
+        lines.append(f"- no box plot for {', '.join(_code(k) for k in skipped)} (no channel axis; "
+                     f"{_code(skipped[0])}: {first})")
     if summary["warnings"]:
         told = [warning(w) for w in summary["warnings"]]
         lines += ["", "## Warnings", ""] + [line for w in told

@@ -497,6 +497,25 @@ def test_a_summary_names_the_first_of_many_outputs_and_how_many_more(setup, tmp_
     assert "out0, out1, out2, out3, out4 and 55 more (summary.json lists them)." in head and "out5" not in head
 
 
+def test_a_summarys_table_rows_keep_their_cells_whatever_the_node_names(setup, tmp_path):
+    """A pipe splits a Markdown table row, a backtick ends its code span and a newline the
+    row: names holding them (an exporter's, a hand-edited graph's) broke the table."""
+    import re
+
+    from pytest_ptq.runall import markdown
+
+    summary = runall(setup["qa"], setup["folder"], save_dir=tmp_path / "odd", top=2, progress=False)
+    odd = ["relu|`pipe`", "line\nbreak", "``twice`` ticks"]
+    for it, name in zip(summary["verdict"]["nodes"], odd * 3):
+        it["node"] = name
+    text = markdown(summary)
+    rows = [line for line in text.splitlines() if line.startswith("| ") and line.split("|")[1].strip().isdigit()]
+    assert rows
+    for row in rows:
+        assert len(re.findall(r"(?<!\\)\|", row)) == 7, row  # six cells, none split
+    assert "| `` relu\\|`pipe` `` |" in text and "`line\\nbreak`" in text and "``` ``twice`` ticks ```" in text
+
+
 def test_a_node_that_costs_far_more_than_the_structural_fixes_comes_first_in_the_plan():
     """A mask's fill (keep in float) beside outlier channels (per channel): the plan put the
     channels first and the fill "if they still cost too much after that", though the fill
