@@ -86,14 +86,23 @@ def short(value):
 
 
 def _width(text):
-    """Columns ``text`` takes on a terminal: two for a wide (Chinese, Japanese, Korean) character."""
-    return sum(2 if unicodedata.east_asian_width(ch) in "WF" else 1 for ch in text)
+    """Columns ``text`` takes on a terminal: two for a wide (Chinese, Japanese, Korean)
+    character, none for a combining one (an accent written after its letter)."""
+    return sum(0 if unicodedata.combining(ch) else 2 if unicodedata.east_asian_width(ch) in "WF" else 1
+               for ch in text)
+
+
+def _cell(text):
+    """A table cell's text on one line: control characters (a node named with a newline, an
+    escape sequence the terminal would run) shown escaped."""
+    text = str(text)
+    return text if text.isprintable() else "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
 def format_table(rows, columns, limit=None):
     """``rows``: list of dicts; ``columns``: keys to show, in order. Returns one string."""
     shown = rows if limit is None else rows[:limit]
-    cells = [[str(c) for c in columns]] + [[fmt(r.get(c, "")) for c in columns] for r in shown]
+    cells = [[_cell(c) for c in columns]] + [[_cell(fmt(r.get(c, ""))) for c in columns] for r in shown]
     widths = [max(_width(row[k]) for row in cells) for k in range(len(columns))]
     line = "+" + "+".join("-" * (w + 2) for w in widths) + "+"
     out = [line]

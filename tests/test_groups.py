@@ -335,6 +335,21 @@ def test_a_table_of_wide_characters_lines_up_on_a_terminal():
     assert len(bars) == 1
 
 
+def test_a_table_keeps_one_line_per_row_and_runs_no_escape_sequence_of_a_name():
+    import unicodedata
+
+    from pytest_ptq.tables import format_table
+
+    names = ["line1\nline2", "\x1b[31mred\x1b[0m\x07", "tab\there", "cafe\u0301"]
+    text = format_table([{"node": n, "cosine": 0.5} for n in names], ["node", "cosine"])
+    lines = text.splitlines()
+    assert len(lines) == 4 + len(names)  # three rules, the header, one line a row
+    assert not any(unicodedata.category(c) == "Cc" for c in text.replace("\n", ""))
+    assert "line1\\nline2" in text and "\\x1b[31mred" in text
+    # a combining accent takes no column: every line as wide as the rules
+    assert len({sum(not unicodedata.combining(c) for c in line) for line in lines}) == 1
+
+
 def test_a_block_holds_a_shared_weight_quantized_as_an_activation_that_it_reads(tmp_path):
     """An exporter shares a weight through an Identity; onnxruntime quantizes the Identity's
     output as an activation behind the weight's own pair: a block reading it missed it (a
