@@ -382,3 +382,42 @@ def test_an_allow_entry_that_is_a_node_name_with_brackets_allows_that_node(tmp_p
     allowed = [n for n, _ in result.allowed]
     assert odd in allowed and "conv1" in allowed
     assert odd not in [n for n, _ in result.offenders] and result.offenders
+
+
+def _loaded(tmp_path, body):
+    from pytest_ptq import contract
+
+    (tmp_path / "m.onnx").write_bytes(b"")
+    (tmp_path / "calib").mkdir(exist_ok=True)
+    path = tmp_path / "c.ptq.yaml"
+    path.write_text("model: m.onnx\ndata: calib\nbaseline: false\n" + body)
+    return contract.load(path)
+
+
+@pytest.mark.parametrize("body, node_outputs", [
+    # the outputs a contract holds to a floor, where it gives no default
+    ("outputs: {prob: 0.9}\nnodes: 0.5\n", ["prob"]),
+    ("outputs: {prob: 0.9, default: 0.5}\nnodes: 0.5\n", None),
+    ("outputs: {prob: 0.9, '': 0.5}\nnodes: 0.5\n", None),
+    ("outputs: 0.9\nnodes: 0.5\n", None),
+    # named under nodes: a name that outputs gives a slice is read as that slice, spaces aside
+    ("outputs: {'head=prob[:, 1:]': 0.9, default: 0.5}\nnodes: {outputs: [head, prob]}\n",
+     ["head=prob[:, 1:]", "prob"]),
+    ("outputs: {'head = prob[:, 1:]': 0.9}\nnodes: {outputs: head}\n", ["head = prob[:, 1:]"]),
+])
+def test_the_outputs_a_node_check_judges(tmp_path, body, node_outputs):
+    assert _loaded(tmp_path, body).node_outputs == node_outputs
+
+
+def test_node_and_output_keys_are_read_as_written(tmp_path):
+    from pytest_ptq.contract import ContractError
+
+    c = _loaded(tmp_path, "outputs: {default: 0.9, prob: 0.95}\nnodes: {allow: 'conv1*', outputs: prob}\n")
+    assert c.outputs == {"": 0.9, "prob": 0.95}
+    assert c.nodes == {"type": None, "threshold": None, "allow": ["conv1*"], "metric": None, "outputs": ["prob"]}
+    # the node check's own metric bounds its threshold: -0.5 is a cosine, not an mse
+    c = _loaded(tmp_path, "metric: mse\noutputs: 0.1\nnodes: {metric: cosine-similarity, threshold: -0.5}\n")
+    assert c.nodes["threshold"] == -0.5 and c.nodes["metric"] == "cosine-similarity"
+    for nodes in ("{metric: cosine-similarity, threshold: 1.5}", "{outputs: []}", "{outputs: ['']}"):
+        with pytest.raises(ContractError, match="nodes"):
+            _loaded(tmp_path, f"nodes: {nodes}\n")

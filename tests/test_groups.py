@@ -426,3 +426,39 @@ def test_confidence_of_an_error_ranking_puts_the_largest_error_first(net):
     got = builders.run_model(_only(net["qdq"], {head}), net["feeds"])
     errs = [float(np.mean((r["prob"].astype(np.float64) - t["prob"]) ** 2)) for r, t in zip(net["ref"], got)]
     assert conf.nodes[head]["mean"] == pytest.approx(np.mean(errs), rel=5e-3)  # float32 runs
+
+
+def test_confidence_figures_match_a_bootstrap_computed_here():
+    """Every figure of the bootstrap, recomputed with numpy from the same draws: ranks by
+    counting the nodes whose resampled mean is lower, the top-k frequencies, their 5-95%
+    interval, the share of resamples with the same top set, and stability at exactly that
+    share; k past the number of nodes is the number of nodes; a NaN sample ranks a node first."""
+    rng = np.random.default_rng(5)
+    n, resamples, k = 12, 300, 2
+    per_sample = {name: list(0.9 + 0.05 * rng.random(n) + shift) for name, shift in
+                  (("a", 0.0), ("b", 0.01), ("c", 0.02), ("d", 0.04))}
+    names = list(per_sample)
+    values = np.array([per_sample[x] for x in names])
+    picks = np.random.default_rng(0).integers(0, n, size=(resamples, n))
+    boot = values[:, picks].mean(axis=2)  # [nodes, resamples]
+    ranks = 1 + (boot[None, :, :] < boot[:, None, :]).sum(axis=1)
+    top = set(np.argsort(values.mean(axis=1))[:k].tolist())
+    in_top = ranks <= k
+    share = float(np.mean([set(np.flatnonzero(in_top[:, r]).tolist()) == top for r in range(resamples)]))
+    assert 0.2 < share < 0.95  # b and c trade places: the figures below are not all 0 or 1
+    conf = ranking_confidence(_sens(per_sample), k=k, resamples=resamples, stable_at=share)
+    assert conf.top_k_set_frequency == pytest.approx(share) and conf.stable is True
+    assert ranking_confidence(_sens(per_sample), k=k, resamples=resamples, stable_at=share + 1e-9).stable is False
+    freq = in_top.mean(axis=1)
+    for i, x in enumerate(names):
+        got = conf.nodes[x]
+        assert got["top_k_frequency"] == pytest.approx(freq[i])
+        assert got["rank_low"] == pytest.approx(np.percentile(ranks[i], 5))
+        assert got["rank_high"] == pytest.approx(np.percentile(ranks[i], 95))
+        assert got["std"] == pytest.approx(np.std(values[i]))
+        assert got["rank"] == 1 + int((values.mean(axis=1) < values[i].mean()).sum())
+    assert conf.unstable_nodes == [x for x in sorted(names, key=lambda x: conf.nodes[x]["rank"])
+                                   if 1 - share < freq[names.index(x)] < share]
+    assert ranking_confidence(_sens(per_sample), k=10, resamples=20).k == len(names)
+    per_sample["e"] = [float("nan")] + [0.99] * (n - 1)
+    assert ranking_confidence(_sens(per_sample), k=1, resamples=20).top_k == ["e"]

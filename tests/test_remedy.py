@@ -971,3 +971,41 @@ def test_an_option_only_some_tensors_show_is_not_inferred(tmp_path, option):
         zps = [int(v) for k, v in inits.items() if k.endswith("_zero_point") and v.dtype == np.uint8]
         assert 128 in zps and any(z != 128 for z in zps)
     assert told(mixed) is False
+
+
+def test_a_given_ranking_of_several_results_is_ordered_by_the_values_given(outlier):
+    """A list of rankings (activations, then weights) is one ranking: ordered by the values the
+    results give, most sensitive first, not listed result by result; a node ranked twice keeps
+    the value of the first mention; a normal node's pairs carry no value of their own."""
+    from pytest_ptq.engine import Engine
+    from pytest_ptq.sensitivity import get_sensitivity_of_nodes
+
+    engine = Engine(str(outlier["qdq"]), outlier["data"])
+    acts = get_sensitivity_of_nodes(engine, output_node=SLICE, node_type="activation")
+    weights = get_sensitivity_of_nodes(engine, output_node=SLICE, node_type="weight")
+    # independently: w1 alone quantized, in a plain session, on conv1's channels beside the outlier
+    fs = _feeds(outlier["data"])
+    ref = builders.run_model(builders.rewire(outlier["qdq"], outputs=["c1"]), fs, outputs=["c1"])
+    got = builders.run_model(builders.rewire(outlier["qdq"], keep={"w1_QuantizeLinear"}, outputs=["c1"]), fs,
+                             outputs=["c1"])
+    w1 = _cosine([o["c1"][:, 0:3] for o in ref], [o["c1"][:, 0:3] for o in got])
+    assert weights["w1_QuantizeLinear"]["cosine-similarity"] == pytest.approx(w1, abs=1e-6)
+    r = suggest_remedy(engine, target=0.99, remedy="float", output_node=SLICE, ranking=[acts, weights],
+                       requantize_check=False)
+    given = {**{n: v["cosine-similarity"] for n, v in weights.items()},
+             **{n: v["cosine-similarity"] for n, v in acts.items()}}
+    shown = [(x["node"], x["sensitivity"]) for x in r.ranking]
+    assert shown and all(v == given[n] for n, v in shown)
+    assert [v for _, v in shown] == sorted(v for _, v in shown)
+    assert shown[0] == ("w1_QuantizeLinear", pytest.approx(w1, abs=1e-6)) and w1 < min(acts[n]["cosine-similarity"]
+                                                                                        for n in acts)
+    # a node named first with a value of its own keeps it over a later result's
+    r = suggest_remedy(engine, target=0.99, remedy="float", output_node=SLICE, requantize_check=False,
+                       ranking=[{"w2_QuantizeLinear": {"cosine-similarity": -0.5}}, weights])
+    assert r.ranking[0] == {"node": "w2_QuantizeLinear", "sensitivity": -0.5}
+    assert r.ranking[1]["node"] == "w1_QuantizeLinear"
+    # a normal node stands for its pairs with no value: its own would read as theirs
+    by_node = get_sensitivity_of_nodes(engine, output_node=SLICE)
+    r = suggest_remedy(engine, target=0.99, remedy="float", output_node=SLICE, ranking=by_node,
+                       requantize_check=False)
+    assert r.ranking and all(x["sensitivity"] is None for x in r.ranking)

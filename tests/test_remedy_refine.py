@@ -251,3 +251,97 @@ def test_the_overruled_search_set_says_what_pruning_dropped_from_the_curve():
     assert told.startswith("the set chosen on the search samples (1 node(s) quantized per channel: the search curve's first 2, "
                            "which pruning and refining on those samples made 1): 0.9901 on calibration, 0.9705 on "
                            "held-out: the gain does not hold"), told
+
+
+def _mixed_moves(m, metric, outputs, costs):
+    """``mixed_moves`` on the planted model, each kind's engine built as the search builds it."""
+    from pytest_ptq.engine import Engine
+    from pytest_ptq.metrics import get_metrics
+    from pytest_ptq.outputs import parse_outputs
+    from pytest_ptq.remedy.alternatives import alternatives_for, menus_for
+    from pytest_ptq.remedy.ranking import mixed_moves
+    from pytest_ptq.remedy.scoring import Clock
+
+    engine = Engine(str(m["qdq"]), m["data"])
+    menus, _ = menus_for(engine, list(costs))
+    indices = list(range(N))
+    engines = {}
+    for kind in costs:
+        if kind != "float":
+            alts, _ = alternatives_for(engine, kind, [n for n, ks in menus.items() if kind in ks], indices)
+            menus = {n: [k for k in ks if k != kind or n in alts] for n, ks in menus.items()}
+            engines[kind] = engine.with_alternatives(alts)
+    specs = parse_outputs(outputs, engine)
+    return menus, mixed_moves(engine, engines, menus, costs, get_metrics(metric)[0], specs, indices, Clock(None))
+
+
+def _w1_alone(m, metric):
+    """conv1's starved channels with only w1's pair quantized, against float, in plain sessions."""
+    fs = [{"x": a} for a in m["data"]["x"]]
+    ref = builders.run_model(builders.rewire(m["qdq"], outputs=["c1"]), fs, outputs=["c1"])
+    got = builders.run_model(builders.rewire(m["qdq"], keep={"w1_QuantizeLinear"}, outputs=["c1"]), fs,
+                             outputs=["c1"])
+    r = np.concatenate([o["c1"][:, 0:3].ravel() for o in ref]).astype(np.float64)
+    t = np.concatenate([o["c1"][:, 0:3].ravel() for o in got]).astype(np.float64)
+    if metric == "sqnr":
+        return 10 * np.log10((r @ r) / ((t - r) @ (t - r)))
+    return r @ t / np.sqrt((r @ r) * (t @ t))
+
+
+COSTS = {"per-channel": 1.0, "int16": 2.0, "float": 4.0}
+
+
+def test_mixed_moves_rank_kinds_by_what_each_recovers_per_cost(mixed):
+    """Judged on conv1's starved channels: float recovers w1's whole loss (1 - its cosine
+    alone, from a plain session), per channel nearly as much at a quarter of the cost, so that
+    move leads; nodes past conv1 change nothing, and with every kind recovering nothing the
+    cheaper alternative is theirs."""
+    menus, (moves, kinds, gains) = _mixed_moves(mixed, "cosine-similarity", ["c1[:, 0:3]"], COSTS)
+    w1 = "w1_QuantizeLinear"
+    assert gains[(w1, "float")] == pytest.approx(1 - _w1_alone(mixed, "cosine"), abs=1e-6)
+    assert kinds[w1] == "per-channel" and moves[0] == (w1, "per-channel")
+    assert 0.9 * gains[(w1, "float")] < gains[(w1, "per-channel")] <= gains[(w1, "float")]
+    # best gain per cost first, each node's float move and its one alternative
+    ratios = [gains[mv] / COSTS[mv[1]] for mv in moves]
+    assert ratios == sorted(ratios, reverse=True)
+    assert set(moves) == {(n, "float") for n in menus if "float" in menus[n]} | set(kinds.items())
+    downstream = ["w2_QuantizeLinear", "wf_QuantizeLinear"]
+    for n in downstream:
+        assert {"per-channel", "int16"} <= set(menus[n]) and gains[(n, "float")] == 0
+        assert kinds[n] == "per-channel" and gains[(n, "per-channel")] == 0  # a tie goes to the cheaper kind
+    # equal gains per cost: the cheaper move first
+    tied = [mv for mv in moves if gains[mv] == 0]
+    assert [COSTS[k] for _, k in tied] == sorted(COSTS[k] for _, k in tied)
+
+
+def test_mixed_moves_in_sqnr_cap_the_float_gain_at_the_best_sqnr_seen(mixed):
+    """An error-free output has an infinite SQNR: a node kept in float is worth the best finite
+    SQNR any single run reached, no less than any alternative recovers for it. (Nodes that
+    change nothing judged, whose SQNR is infinite alone, are left aside: see the report.)"""
+    menus, (moves, kinds, gains) = _mixed_moves(mixed, "sqnr", ["c1[:, 0:3]"], COSTS)
+    w1 = "w1_QuantizeLinear"
+    finite = {n: k for n, k in kinds.items() if np.isfinite(gains[(n, k)]) and np.isfinite(gains[(n, "float")])}
+    assert w1 in finite and len(finite) >= 2
+    for n, kind in finite.items():
+        assert gains[(n, "float")] >= gains[(n, kind)] - 1e-9, (n, kind)
+    # the cap, from w1's SQNR alone in a plain session, lies above every finite SQNR reached
+    cap = gains[(w1, "float")] + _w1_alone(mixed, "sqnr")
+    assert cap > _w1_alone(mixed, "sqnr") + gains[(w1, "per-channel")] - 1e-3
+    assert gains[(w1, "per-channel")] > 0 and gains[(w1, "float")] > gains[(w1, "per-channel")]
+
+
+def test_menus_list_every_pair_but_biases_in_graph_order(mixed):
+    """A bias is requantized from its weight and input scales: no kind is offered for it; the
+    menus keep the graph's order (the order the search lists and breaks ties in)."""
+    from pytest_ptq.engine import engine_for
+    from pytest_ptq.remedy.alternatives import menus_for
+
+    engine = engine_for(str(mixed["qdq"]), mixed["data"])
+    menus, skipped = menus_for(engine, ["per-channel", "int16", "float"])
+    assert skipped == []  # nor said to be stored quantized: every weight here is float
+    model = onnx.load(str(mixed["qdq"]))
+    pairs = [n.name for n in model.graph.node if n.op_type == "QuantizeLinear"]
+    biases = {n.name for n in model.graph.node if n.op_type == "DequantizeLinear" and n.input[0].startswith("b")}
+    assert biases and not any(n in menus for n in biases)
+    assert list(menus) == [n for n in engine.qmodel.calibration if n in menus]
+    assert list(menus) == [n for n in pairs if n in menus] and list(menus) != sorted(menus)
