@@ -101,20 +101,27 @@ def mixed_moves(engine, alt_engines, menus, costs, metric, specs, indices, clock
         for kind, eng in alt_engines.items():
             for n, v in one_node_values(eng, have[kind], metric, specs, indices, clock, True, bar).items():
                 alone[(n, kind)] = v
-    keys = [metric.sort_key(v) for v in list(int8.values()) + list(alone.values())]
+    finite = [k for k in (metric.sort_key(v) for v in list(int8.values()) + list(alone.values())) if math.isfinite(k)]
     # an error-free output: cosine 1, error 0; SQNR's is infinite, so cap it at the best seen
     perfect = math.inf if metric.name == "sqnr" else metric.sort_key(1.0 if metric.higher_is_better else 0.0)
     if not math.isfinite(perfect):
-        perfect = max([k for k in keys if math.isfinite(k)], default=0.0)
+        perfect = max(finite, default=0.0)
+    worst = min(finite, default=perfect)
+
+    def key(value):
+        # within [worst seen, perfect]: a node that alone changes nothing judged reads an
+        # infinite SQNR, whose gains (inf - inf) were NaN and left the moves' sort unordered
+        return min(max(metric.sort_key(value), worst), perfect)
+
     gains, kinds, moves = {}, {}, []
     for n in names:
-        base = metric.sort_key(int8[n])
+        base = key(int8[n])
         options = {}
         for kind in menus[n]:
             if kind == "float":
                 options[kind] = perfect - base
             elif (n, kind) in alone:
-                options[kind] = metric.sort_key(alone[(n, kind)]) - base
+                options[kind] = key(alone[(n, kind)]) - base
         alts = [k for k in options if k != "float"]
         if alts:
             # ties go to the cheaper kind
