@@ -81,6 +81,7 @@ def payload_of(session, analysis):
     payload = model_payload(analysis, tests, settings, session.judged_on(model_id),
                             session.suggest_commands(analysis, settings))
     payload["warnings"] = session.warnings_of(analysis)  # their commands as this run names paths
+    payload["evidence"] = session.evidence_of(model_id)
     return payload
 
 
@@ -299,10 +300,11 @@ def merge(models):
         into = merged[m["id"]]
         seen = {t["nodeid"] for t in into["tests"]}
         into["tests"] += [t for t in m["tests"] if t["nodeid"] not in seen]
-        if m.get("diagnosis") and not into.get("diagnosis"):
-            # a worker whose test of it failed: its ranking and figures follow the diagnosis
+        if m.get("diagnosis") and (not into.get("diagnosis") or m.get("evidence", []) > into.get("evidence", [])):
+            # a worker whose test of it failed, the one with the most results where several did
+            # (see PTQSession.evidence_of): its ranking and figures follow the diagnosis
             # (--dist loadfile put a model's failing items on another worker than its first)
-            for field in ("diagnosis", "sensitivity", "images"):
+            for field in ("diagnosis", "sensitivity", "images", "evidence", "suggest"):
                 into[field] = m.get(field)
         for field in ("images", "outputs", "sensitivity"):
             if not into.get(field) and m.get(field):

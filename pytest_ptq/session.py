@@ -308,6 +308,14 @@ class PTQSession:
         """The check results of the model's tests so far, in test order."""
         return [r for rec in self.tests.values() for mid, r in rec.results if mid == model_id]
 
+    def evidence_of(self, model_id):
+        """``[output and accuracy results, all results]`` this process holds of the model: under
+        xdist, where a model's items ran on several workers (``--dist loadgroup``), each
+        explains it from its own results, and the explanation with the most stands (one made
+        beside the failing output check has its floors and held-out figures)."""
+        results = self._results_of(model_id)
+        return [sum(r.kind in ("outputs", "accuracy") for r in results), len(results)]
+
     def failing_outputs(self, model_id):
         """The output specs of the model whose output checks failed (an output, or a slice
         ``obj=output[:, :, 4:5]``), which the explanation and the remedy judge: a model's other
@@ -404,7 +412,10 @@ class PTQSession:
         # the target: the strictest floor among the outputs that failed (a passing output's
         # stricter floor would send the search after more than the contract asks)
         checks = [r for r in results if r.kind == "outputs" and r.metric == "cosine-similarity" and r.thresholds]
-        if checks and all(checks) or not checks and scored is not None:
+        # no output check here (a nodes check alone failed, or -k left the outputs item out):
+        # no floor of the contract's to aim at, and the nodes check names its own offenders
+        ran_outputs = any(r.kind == "outputs" for r in results)
+        if checks and all(checks) or not checks and (scored is not None or results and not ran_outputs):
             return out
         floors = [r.thresholds[o] for r in checks for o in r.failing]
         parts = self.failing_outputs(key.id)  # the search aims at the outputs (or slices) that failed
@@ -615,6 +626,7 @@ class PTQSession:
                                                  "float_model": analysis.relative(key.float_model)
                                                  if key.float_model else None,
                                                  "diagnosis": self.explanation(model_id),
+                                                 "evidence": self.evidence_of(model_id),
                                                  "warnings": self.warnings_of(analysis)})
                 m["tests"].append({"nodeid": rec.nodeid, "outcome": rec.outcome, "xfail_reason": rec.xfail_reason,
                                    "reason": rec.reason,
@@ -708,7 +720,8 @@ def merge_terminal(payloads):
             into = merged.setdefault(m["id"], dict(m, tests=[]))
             seen = {t["nodeid"] for t in into["tests"]}
             into["tests"] += [t for t in m["tests"] if t["nodeid"] not in seen]
-            into["diagnosis"] = into.get("diagnosis") or m.get("diagnosis")
+            if m.get("diagnosis") and (not into.get("diagnosis") or m["evidence"] > into["evidence"]):
+                into["diagnosis"], into["evidence"] = m["diagnosis"], m["evidence"]
             seen = {w["text"] for w in into.get("warnings", [])}
             into["warnings"] = list(into.get("warnings", [])) + [w for w in m.get("warnings", [])
                                                                  if w["text"] not in seen]

@@ -387,6 +387,18 @@ def test_the_verdict_uses_the_samples_the_checks_use(planted):
     assert v.samples["calibration"] == 2 == a.output_metrics().samples, (v.samples, a.output_metrics())
 
 
+def test_a_failing_nodes_item_run_alone_offers_no_search_at_a_floor_the_contract_did_not_set(project):
+    """-k selecting a failing contract's nodes item: the explanation offered a search at the
+    session's default floor (0.99, the contract's 0.9999 unseen) without the held-out data;
+    the nodes check names its own offenders, and with its outputs item the search is right."""
+    project.makefile(".ptq.yaml", c=CONTRACT)
+    text = run(project, "-p", "no:xdist", "-k", "c.ptq.yaml and nodes").stdout.str()
+    assert "FAILED nodes" in text and "FAILED outputs" not in text and "ptq-debug suggest" not in text, text
+    text = run(project, "-p", "no:xdist", "-k", "c.ptq.yaml").stdout.str()
+    assert ("ptq-debug suggest qw.onnx calib --heldout held --float-model float.onnx --target-cosine 0.9999 "
+            "--remedy mixed") in text, text
+
+
 def test_a_failing_accuracy_check_is_searched_on_its_own_task_score(project):
     """The search printed for a contract whose accuracy check failed aimed at the output
     cosine only (a fix found so lost task accuracy); now it searches the task score itself

@@ -459,6 +459,27 @@ def test_merge_takes_the_diagnosis_and_what_follows_it_from_the_worker_that_has_
         assert merged["images"] == failing["images"] and {t["nodeid"] for t in merged["tests"]} == {"a", "b"}
 
 
+def test_merge_keeps_the_diagnosis_made_with_the_most_results(monkeypatch):
+    """--dist loadgroup put a model's nodes item on one worker and its outputs item on another:
+    both explained it, and the first to arrive stood, without the output check's floor and
+    held-out figures had it been the nodes worker's. The one made beside an output check
+    stands, in the report and in the terminal."""
+    from pytest_ptq.session import merge_terminal
+
+    def payload(nodeid, evidence, cause):
+        return {"id": "m", "label": "m.onnx", "data": "d", "tests": [{"nodeid": nodeid, "outcome": "failed",
+                                                                          "checks": []}],
+                "outputs": [], "notes": [], "data_checks": [], "stages": [], "remedies": [], "warnings": [],
+                "diagnosis": {"cause": cause}, "evidence": evidence, "suggest": [[cause, "cmd"]]}
+
+    nodes_only, with_outputs = payload("n", [0, 1], "weight"), payload("o", [1, 1], "both")
+    for order in ([nodes_only, with_outputs], [with_outputs, nodes_only]):
+        [merged] = report.merge([dict(p) for p in order])
+        assert merged["diagnosis"] == {"cause": "both"} and merged["suggest"] == [["both", "cmd"]]
+        [merged] = merge_terminal([[dict(p)] for p in order])
+        assert merged["diagnosis"] == {"cause": "both"} and {t["nodeid"] for t in merged["tests"]} == {"n", "o"}
+
+
 def test_a_remedy_curve_is_kept_before_the_other_figures(monkeypatch):
     png = "iVBORw0K" + "A" * 992
     model = {"id": "m", "label": "m.onnx", "data": "d", "notes": [], "outputs": [], "sensitivity": None,
