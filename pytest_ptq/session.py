@@ -764,8 +764,13 @@ def terminal_lines(models):
         if d.get("about"):
             out.append(("", d["about"]))
         for t in tests:
-            # the checks of the failing tests: what each measured, beside its threshold
+            # the checks of the failing tests: what each measured, beside its threshold (a
+            # check_* then its assert_* on the same figures, once)
+            seen = set()
             for c in t["checks"]:
+                if (c["kind"], c["passed"], c["headline"]) in seen:
+                    continue
+                seen.add((c["kind"], c["passed"], c["headline"]))
                 mark = "FAILED" if not c["passed"] else "ok"
                 # a headline that starts with its kind ("baseline b.json does not exist") says it once
                 said = c["headline"].removeprefix(f"{c['kind']} ")

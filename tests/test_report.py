@@ -302,6 +302,9 @@ def test_one_model_file_on_other_data_is_told_apart():
     pair[0]["tests"][0]["checks"] = [{"passed": False, "kind": "baseline", "headline": "baseline b.json does not exist"}]
     told = [text for kind, text in terminal_lines(pair[:1]) if kind == "error"]
     assert told == [f"  FAILED baseline b.json does not exist  [{pair[0]['tests'][0]['nodeid']}]"], told
+    # a check_* then its assert_* on the same figures: one line
+    pair[0]["tests"][0]["checks"] *= 2
+    assert [text for kind, text in terminal_lines(pair[:1]) if kind == "error"] == told
 
 
 # -- data checks, stages and remedies ---------------------------------------------------------
