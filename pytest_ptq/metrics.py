@@ -341,6 +341,12 @@ _ALIASES = {"cosine": "cosine-similarity", "cos": "cosine-similarity", "cosine_s
             "max-abs": "chebyshev", "mae": "l1", "pearson": "correlation"}
 
 
+def meets(metric, value, target):
+    """True when ``value`` is a number at least as good as ``target`` in ``metric`` (None and
+    NaN never are)."""
+    return value is not None and not math.isnan(value) and not metric.worse(value, target)
+
+
 def get_metrics(metrics):
     """Metric objects for a name or a list of names (first one decides the sort order)."""
     if metrics is None:

@@ -260,7 +260,7 @@ def _mixed_moves(m, metric, outputs, costs):
     from pytest_ptq.outputs import parse_outputs
     from pytest_ptq.remedy.alternatives import alternatives_for, menus_for
     from pytest_ptq.remedy.ranking import mixed_moves
-    from pytest_ptq.remedy.scoring import Clock
+    from pytest_ptq.remedy.clock import Clock
 
     engine = Engine(str(m["qdq"]), m["data"])
     menus, _ = menus_for(engine, list(costs))

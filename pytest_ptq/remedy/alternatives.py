@@ -8,7 +8,7 @@ import numpy as np
 
 from ..channelwise import channel_axis
 from ..model import QParams
-from .scoring import Clock
+from .clock import Clock
 
 
 def candidates_for(engine, remedy, per_channel_activations=False):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 
 from ..data import CalibrationData, load_data
+from .biases import with_biases
 
 
 @dataclasses.dataclass
@@ -104,6 +105,7 @@ def with_alternatives(layout_, alternatives):
     """The same layout with every engine able to run ``alternatives`` ({node: QParams})."""
     if not alternatives:
         return layout_
+    alternatives = with_biases(layout_.search.engine, alternatives)
     cal = layout_.search.engine.with_alternatives(alternatives)
 
     def moved(part, engine):

@@ -5,11 +5,10 @@ from __future__ import annotations
 import dataclasses
 import json
 
-from ..metrics import get_metrics
+from ..metrics import get_metrics, meets
 from ..results import JsonResult
 from ..tables import format_table, threshold_text, warning_lines
 from .objective import TaskMetric
-from .scoring import meets
 
 REMEDIES = ("float", "int16", "per-channel")
 MIXED = "mixed"

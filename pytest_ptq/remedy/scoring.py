@@ -6,34 +6,13 @@ A *set* is a frozenset of ``(node, kind)`` pairs: the calibration nodes remedied
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 
 from .. import params
 from ..errors import PTQError, raised_by_user
-from ..metrics import Pooled, Reference, Scratch
-
-
-class OutOfTime(Exception):
-    """The time budget ran out; the search returns its best result so far."""
-
-
-class Clock:
-    """A search's time: ``budget`` seconds (validated by :func:`~pytest_ptq.params.seconds`
-    where the search starts), None for none."""
-
-    def __init__(self, budget):
-        self.start = time.perf_counter()
-        self.deadline = self.start + budget if budget else None
-
-    def check(self):
-        if self.deadline is not None and time.perf_counter() > self.deadline:
-            raise OutOfTime
-
-    @property
-    def elapsed(self):
-        return time.perf_counter() - self.start
+from ..metrics import Pooled, Reference, Scratch, meets
+from .biases import biases_of
+from .clock import OutOfTime
 
 
 def cost_of(chosen, costs):
@@ -42,9 +21,14 @@ def cost_of(chosen, costs):
 
 
 def config(engine, chosen):
-    """``(quantized, alternative)`` of a set: float nodes bypassed, others on their alternative."""
+    """``(quantized, alternative)`` of a set: float nodes bypassed, others on their alternative,
+    and the int32 biases of the nodes they change with them (see :mod:`.biases`)."""
+    biases = biases_of(engine)
     floats = {n for n, k in chosen if k == "float"}
-    return [n for n in engine.calib_names if n not in floats], [n for n, k in chosen if k != "float"]
+    floats.update(biases.floats(floats))
+    alternative = [n for n, k in chosen if k != "float"]
+    alternative += [b for b in biases.following(alternative, engine.alternatives) if b not in floats]
+    return [n for n in engine.calib_names if n not in floats], alternative
 
 
 class Scorer:
@@ -177,11 +161,6 @@ def pooled(scorers, chosen):
     for sc in scorers[1:]:
         total.merge(sc.pool(chosen))
     return total.value()
-
-
-def meets(metric, value, target):
-    """True when ``value`` is a number at least as good as ``target``."""
-    return value is not None and not np.isnan(value) and not metric.worse(value, target)
 
 
 def score(engine, quantized, specs, metric, indices, alternative=(), clock=None, reference=None):

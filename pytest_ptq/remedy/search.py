@@ -13,6 +13,7 @@ from ..results import read_from
 from ..sensitivity import sample_indices
 from ..stages import simulation_warnings
 from .alternatives import alternatives_for, menus_for
+from .biases import with_biases
 from .objective import objective_for
 from .parts import layout, with_alternatives
 from .plot import plot_remedy
@@ -21,7 +22,8 @@ from .producer_terms import producer_terms
 from .ranking import given_ranking, mixed_moves, rank
 from .requantize import judged, measure, score_parts, unreproducible
 from .result import DEFAULT_COSTS, MIXED, REMEDIES, WHAT, Remedy, meets
-from .scoring import Clock, OutOfTime, Scorer, cost_of, pooled
+from .clock import Clock, OutOfTime
+from .scoring import Scorer, cost_of, pooled
 from .strategy import Search
 from .terms import onnxruntime_settings
 
@@ -320,7 +322,7 @@ def _alternatives(engine, remedy, menus, costs, objective, base, clock, notes, p
                 menus[n] = [k for k in menus[n] if k != kind]
         by_kind[kind] = (alts, kind_axes)
         if alts:
-            engines[kind] = engine.with_alternatives(alts)
+            engines[kind] = engine.with_alternatives(with_biases(engine, alts))
     for n in [n for n, ks in menus.items() if not ks]:
         del menus[n]
     moves, kinds, gains = mixed_moves(engine, engines, menus, costs, objective.guide, objective.specs,

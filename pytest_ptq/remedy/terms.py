@@ -109,6 +109,19 @@ def per_channel_weights(qmodel):
     return f"{quantizer_call(qmodel)}(..., per_channel=True)"
 
 
+def excluded_by(qmodel, c, ops):
+    """The normal nodes ``nodes_to_exclude`` names to keep calibration node ``c``'s tensor in
+    float (see the module docstring), of the op types ``ops`` (:func:`quantized_ops`)."""
+    # a dynamic quantizer serves only its consumers: excluding them is enough; a node of an op
+    # onnxruntime never quantizes (a Log) asks for no pair, and excluding it would only
+    # lengthen the list; through Casts: a float16 graph computing a node in float32 between
+    # its pairs
+    producers = qmodel.through_casts([c.producer], downstream=False) if c.kind == "activation" and \
+        c.producer in qmodel.normal else []
+    return [n for n in producers + qmodel.through_casts([n for n in c.consumers if n in qmodel.normal])
+            if qmodel.normal[n].op_type in ops]
+
+
 def onnxruntime_settings(qmodel, remedy, nodes, axes=None, choices=None):
     """``{"nodes_to_exclude": [...], "TensorQuantOverrides": {...}, "simulation_only": [...]}``
     that apply ``remedy`` to the calibration ``nodes`` when quantizing the float model
@@ -135,14 +148,7 @@ def onnxruntime_settings(qmodel, remedy, nodes, axes=None, choices=None):
         if kind not in REMEDIES:
             raise PTQError(f"node {name!r} needs a remedy kind ({', '.join(REMEDIES)}) in choices, got {kind!r}")
         if kind == "float":
-            # a dynamic quantizer serves only its consumers: excluding them is enough; a node
-            # of an op onnxruntime never quantizes (a Log) asks for no pair, and excluding it
-            # would only lengthen the list
-            # through Casts: a float16 graph computing a node in float32 between its pairs
-            producers = qmodel.through_casts([c.producer], downstream=False) if c.kind == "activation" and \
-                c.producer in qmodel.normal else []
-            exclude.update(n for n in producers + qmodel.through_casts([n for n in c.consumers if n in qmodel.normal])
-                           if qmodel.normal[n].op_type in ops)
+            exclude.update(excluded_by(qmodel, c, ops))
         elif kind == "int16":
             signed = c.qrange[0] < 0
             entry = {"quant_type": "QInt16" if signed else "QUInt16"}

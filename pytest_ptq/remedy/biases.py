@@ -1,0 +1,102 @@
+"""A quantized bias follows the node that reads it.
+
+onnxruntime quantizes a Conv's or Gemm's bias to int32 on the grid of the node's input scale
+times its weight scale, and leaves it in float where the node is excluded. So a remedy of
+the node's input or weight remedies its bias too: kept in float (the node excluded), or on
+the finer grid of a 16-bit input or a per-channel weight. A simulation that kept the bias
+on its old grid measured a model that re-quantizing does not give: behind an input range
+widened by an outlier, the old grid's rounding alone held every remedy below its target.
+"""
+
+from __future__ import annotations
+
+import weakref
+
+import numpy as np
+
+from ..model import QParams
+from .alternatives import float_input
+from .terms import excluded_by, quantized_ops
+
+INT32 = (-(2 ** 31), 2 ** 31 - 1)
+
+
+class Biases:
+    """The gated int32 biases of an engine's model and the calibration nodes they follow."""
+
+    def __init__(self, engine):
+        qm = engine.qmodel
+        self.qmodel = qm
+        self.node_of = {}  # bias -> the normal node reading it
+        self.feeds = {}  # bias -> its node's input and weight calibration nodes
+        for b in qm.calibration.values():
+            readers = [n for n in b.consumers if n in qm.normal]
+            if b.role != "bias" or len(readers) != 1 or not engine.is_gated(b.name):
+                continue
+            self.node_of[b.name] = readers[0]
+            self.feeds[b.name] = [x for x in qm.normal[readers[0]].calibration_inputs
+                                  if x in qm.calibration and qm.calibration[x].role != "bias"]
+        self._ops = None
+        self._excluded = {}
+
+    def floats(self, nodes):
+        """The biases kept in float with the calibration ``nodes``: those whose node
+        ``nodes_to_exclude`` names to keep them in float."""
+        if not self.node_of or not nodes:
+            return []
+        if self._ops is None:
+            self._ops = quantized_ops(self.qmodel)
+        excluded = set()
+        for n in nodes:
+            if n not in self._excluded:
+                self._excluded[n] = set(excluded_by(self.qmodel, self.qmodel.calibration[n], self._ops))
+            excluded |= self._excluded[n]
+        return [b for b, node in self.node_of.items() if node in excluded]
+
+    def following(self, nodes, available):
+        """The biases (among ``available``, those with an alternative) whose node's input or
+        weight is among ``nodes`` run on their alternative."""
+        nodes = set(nodes)
+        return [b for b in available if b in self.feeds and nodes.intersection(self.feeds[b])]
+
+    def alternatives(self, engine, alternatives):
+        """``{bias: QParams}``: each bias whose input or weight has an alternative in
+        ``alternatives``, on the grid of their scales (the alternative's where there is one),
+        as onnxruntime derives it; widened where a value would leave int32 (onnxruntime then
+        widens the weight's grid). None for a bias whose input has a per-channel alternative
+        (no quantizer makes one)."""
+        qm = self.qmodel
+        out = {}
+        for b, feeds in self.feeds.items():
+            if not any(f in alternatives for f in feeds) or len(feeds) != 2:
+                continue
+            scales = []
+            for f in feeds:
+                scale = alternatives[f].scale if f in alternatives else qm.calibration[f].scale
+                scales.append(np.asarray(scale, np.float64).reshape(-1))
+            if any(s.size > 1 for s, f in zip(scales, feeds) if qm.calibration[f].kind == "activation"):
+                continue
+            value = float_input(engine, qm.calibration[b])
+            scale = scales[0] * scales[1]
+            if value is not None:
+                scale = np.maximum(scale, np.abs(np.asarray(value, np.float64).reshape(-1)) / INT32[1])
+            out[b] = QParams(scale.astype(np.float32), np.zeros_like(scale, np.float32), *INT32, "int32")
+        return out
+
+
+_OF = weakref.WeakKeyDictionary()  # per engine: what its gates make of the model's biases
+
+
+def biases_of(engine):
+    """The :class:`Biases` of ``engine`` (built once per engine)."""
+    if engine not in _OF:
+        _OF[engine] = Biases(engine)
+    return _OF[engine]
+
+
+def with_biases(engine, alternatives):
+    """``alternatives`` ({node: QParams}) and the biases that follow them
+    (:meth:`Biases.alternatives`), for an engine built to run them."""
+    if not alternatives:
+        return alternatives
+    return {**alternatives, **biases_of(engine).alternatives(engine, alternatives)}
