@@ -210,6 +210,53 @@ def test_qoperator_bypassed_is_the_float_model(built, name):
             assert np.abs(got[out] - r).max() <= 1e-5 * max(1.0, float(np.abs(r).max())), out
 
 
+def test_a_relu_deleted_for_one_reader_of_a_shared_tensor_is_put_back_for_that_reader_only(tmp_path):
+    """x feeds a Sigmoid and a Relu->Conv; onnxruntime's QOperator quantizer deletes the Relu
+    and its QLinearConv reads x's one quantized tensor. Bypassed, the Relu came back on every
+    reader of the pair: the Sigmoid branch computed Sigmoid(Relu(x)), which neither the float
+    model nor the file computes, and its gap was blamed on the quantizer."""
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+
+    rng = np.random.default_rng(0)
+    w = numpy_helper.from_array((rng.standard_normal((4, 3, 1, 1)) * 0.3).astype(np.float32), "w")
+    graph = helper.make_graph([helper.make_node("Sigmoid", ["x"], ["s"], name="sig"),
+                               helper.make_node("Relu", ["x"], ["r"], name="relu"),
+                               helper.make_node("Conv", ["r", "w"], ["c"], name="conv")], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
+                              [helper.make_tensor_value_info("s", TensorProto.FLOAT, [1, 3, 8, 8]),
+                               helper.make_tensor_value_info("c", TensorProto.FLOAT, [1, 4, 8, 8])], [w])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    onnx.save(model, tmp_path / "f.onnx")
+    xs = [rng.standard_normal((1, 3, 8, 8)).astype(np.float32) for _ in range(4)]
+
+    class Reader(CalibrationDataReader):
+        def __init__(self):
+            self.it = iter({"x": x} for x in xs)
+
+        def get_next(self):
+            return next(self.it, None)
+
+    quantize_static(str(tmp_path / "f.onnx"), str(tmp_path / "q.onnx"), Reader(), quant_format=QuantFormat.QOperator,
+                    reduce_range=True, activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8)
+    assert "Relu" not in _ops(tmp_path / "q.onnx")
+    engine = Engine(tmp_path / "q.onnx", {"x": xs}, float_model=tmp_path / "f.onnx")
+    assert engine.qmodel.calibration["x_QuantizeLinear"].unfolded == ["sig"]
+    for i, x in enumerate(xs):
+        ref = run_model(tmp_path / "f.onnx", {"x": x})
+        got = engine.run(i, ())
+        for out in ("s", "c"):
+            assert np.abs(got[out] - ref[out]).max() <= 1e-6, out
+    # fully quantized, the file as onnxruntime runs it; x alone quantized, the Sigmoid reads it
+    # without the Relu and the Conv through it, as quantized
+    files = [run_model(tmp_path / "q.onnx", {"x": x}) for x in xs]
+    quantized = [engine.run(i, "all") for i in range(len(xs))]
+    for out in ("s", "c"):
+        assert pooled_cosine([f[out] for f in files], [q[out] for q in quantized]) > 1 - 1e-6, out
+    alone = engine.run(0, ["x_QuantizeLinear"])
+    through_relu = 1 / (1 + np.exp(-np.maximum(xs[0], 0)))
+    assert np.abs(alone["s"] - files[0]["s"]).max() < 0.1 < np.abs(alone["s"] - through_relu).max()
+
+
 def test_qoperator_single_nodes_match_onnxruntimes_own_qdq_form_rewired(built):
     """Each node alone quantized in the rewritten QOperator model against the QDQ model that
     onnxruntime makes from the same float model and data, rewired to keep that node only."""

@@ -48,11 +48,15 @@ class Gates:
         return set(self.flags.values()) | set(self.alt_flags.values())
 
 
+UNFOLDED = "::unfolded"  # ends the name of a pair's output for its readers without the fold
+
+
 def bypass_nodes(c, out, elem=onnx.TensorProto.FLOAT):
     """Nodes computing ``out`` for calibration node ``c`` bypassed: its float tensor, with the
-    Relu/Clip that quantize_static folded into the pair (``c.folded``) applied again."""
+    Relu/Clip that quantize_static folded into the pair (``c.folded``) applied again, but for
+    the output its readers without the fold read (``c.unfolded``, named ``...::unfolded``)."""
     src = c.float_weight or c.input
-    if c.folded is None:
+    if c.folded is None or out.endswith(UNFOLDED):
         return [helper.make_node("Identity", [src], [out])]
     op, lo, hi = c.folded
     if op == "Relu":
@@ -85,9 +89,17 @@ def instrument(qmodel, gates, extra_outputs=(), local=False, shared=None):
         anchor = c.between[-1] if c.between else c.q_node if c.q_node is not None else c.dq_nodes[0]
         at_node[anchor.name] = c
         dropped.update(d.name for d in [c.q_node, *c.between, *c.dq_nodes] if d is not None)
+    # readers of a pair whose float counterparts read the tensor before its fold
+    unfolded = {r: {o: o + UNFOLDED for o in c.outputs} for c in at_node.values() if c.folded for r in c.unfolded}
     for node in qmodel.model.graph.node:
         if node.name in at_node:
             graph.node.append(_gate(qmodel, gates, at_node[node.name]))
+        elif node.name in unfolded:
+            reader = onnx.NodeProto()
+            reader.CopyFrom(node)
+            for k, i in enumerate(reader.input):
+                reader.input[k] = unfolded[node.name].get(i, i)
+            graph.node.append(reader)
         elif node.name not in dropped:
             graph.node.append(node)
     shared = {} if shared is None else shared
@@ -351,11 +363,25 @@ def _gate(qmodel, gates, c):
         then_out.append(helper.make_value_info(d.output[0], _tensor_type(elem)))
         else_nodes += bypass_nodes(c, f"ptq_e::{dq.output[0]}", elem)
         else_out.append(helper.make_value_info(f"ptq_e::{dq.output[0]}", _tensor_type(elem)))
+    outputs = list(c.outputs)
+    if c.folded and c.unfolded:  # the same values quantized; bypassed, without the fold
+        dqs = [n for n in then_nodes if n.output[0].startswith("ptq_t::") and n.output[0][7:] in outputs]
+        for o, t, e, dq in zip(list(outputs), list(then_out), list(else_out), dqs):
+            # a second DequantizeLinear, not an Identity of the first: inlined, a branch's
+            # outputs take the gate's names and an Identity would read a name gone
+            copy = onnx.NodeProto()
+            copy.CopyFrom(dq)
+            copy.output[0], copy.name = f"ptq_tu::{o}", f"{dq.name}{UNFOLDED}"
+            then_nodes.append(copy)
+            then_out.append(helper.make_value_info(f"ptq_tu::{o}", t.type))
+            else_nodes += bypass_nodes(c, f"ptq_e::{o}{UNFOLDED}", e.type.tensor_type.elem_type)
+            else_out.append(helper.make_value_info(f"ptq_e::{o}{UNFOLDED}", e.type))
+            outputs.append(o + UNFOLDED)
     then_g = helper.make_graph(then_nodes, f"ptq_q_{c.name}", [], then_out)
     if c.name in gates.alternatives:
         then_g = _alternative_branch(gates, c, then_g)
     else_g = helper.make_graph(else_nodes, f"ptq_f_{c.name}", [], else_out)
-    return helper.make_node("If", [gates.flags[c.name]], c.outputs, name=f"{GATE_PREFIX}{c.name}",
+    return helper.make_node("If", [gates.flags[c.name]], outputs, name=f"{GATE_PREFIX}{c.name}",
                             then_branch=then_g, else_branch=else_g)
 
 
@@ -437,14 +463,14 @@ def _alternative_branch(gates, c, original):
     """
     k = gates.alt_flags[c.name]
     src = c.float_weight or c.input
-    out_nodes, outs = [], []
+    out_nodes, outs, values = [], [], []
     for j, _ in enumerate(c.dq_nodes):
         p = f"ptq_a::{c.name}::{j}"
         elem = original.output[j].type.tensor_type.elem_type
         wide = _alternative_type(elem)
         # a 16-bit float holds whole numbers up to 2048 only (no 16-bit codes): cast in, and back
         # to the graph's type, as a DequantizeLinear with a half scale gives it
-        x, y = (f"{p}::x", f"{p}::w") if wide != elem else (src, f"{p}::y")
+        x, y = (f"{p}::x", f"{p}::w") if wide != elem else (src, f"{p}::v")
         if wide != elem:
             out_nodes.append(helper.make_node("Cast", [src], [x], to=wide))
         out_nodes += [
@@ -453,8 +479,13 @@ def _alternative_branch(gates, c, original):
             helper.make_node("Mul", [f"{p}::s", f"{k}::scale"], [y]),
         ]
         if wide != elem:
-            out_nodes.append(helper.make_node("Cast", [y], [f"{p}::y"], to=elem))
-        outs.append(helper.make_value_info(f"{p}::y", original.output[j].type))
+            out_nodes.append(helper.make_node("Cast", [y], [f"{p}::v"], to=elem))
+        values.append(f"{p}::v")
+    # each output an Identity of an inner value: inlined, outputs take the gate's names; the
+    # outputs past the DQs' are the copies a pair's readers without its fold read
+    for j, o in enumerate(original.output):
+        out_nodes.append(helper.make_node("Identity", [values[j % len(values)]], [f"ptq_a::{c.name}::{j}::y"]))
+        outs.append(helper.make_value_info(f"ptq_a::{c.name}::{j}::y", o.type))
     alt_g = helper.make_graph(out_nodes, f"ptq_alt_{c.name}", [], outs)
     wrapped = [helper.make_value_info(f"ptq_w::{c.name}::{j}", o.type) for j, o in enumerate(original.output)]
     # named: inlined as Where nodes (half graphs, see lowered), an unnamed If named them all alike

@@ -272,7 +272,7 @@ def align(qm, float_model):
         elif len(q_inputs) == len(f_inputs):
             tmatch[name] = f_inputs[k]
     nodes, fused, weights_at, folded, used, values, passed = {}, {}, {}, {}, set(), {}, set()
-    fold_outputs = {}
+    fold_outputs, fold_readers = {}, {}
     for n in qm.normal.values():
         proto = qm.node(n.name)
         expect = [_expectation(qm, by_output, tmatch, i, values) for i in proto.input]
@@ -304,6 +304,7 @@ def align(qm, float_model):
                 tmatch[qo] = fo
         for cname, (fold, output) in best.folds.items():
             folded[cname], fold_outputs[cname] = fold, output
+            fold_readers.setdefault(cname, set()).add(n.name)
         for k, e in enumerate(expect):
             if e[0] == "weight" and k < len(best.inputs) and best.inputs[k]:
                 weights_at.setdefault(e[1].name, []).append(best.inputs[k])
@@ -316,6 +317,11 @@ def align(qm, float_model):
     weights, unmatched, tried, fitted = _assign_weights(qm, f, weights_at, values)
     for cname, fold in folded.items():
         qm.calibration[cname].folded = fold
+    for cname, readers in fold_readers.items():
+        # a reader matched without the fold reads the tensor before it (onnxruntime's QOperator
+        # quantizer deletes a Relu for its one reader though another reads the same tensor)
+        c = qm.calibration[cname]
+        c.unfolded = [r for r in c.consumers if r not in readers and (r in nodes or r in fused)]
     rewrites, unmatched_float, unmatched_qdq = _rewrites(qm, f, {**nodes, **fused}, used, passed)
     rewrites += _stale_subgraph_reads(qm, folded)
     result = Alignment(nodes=nodes, weights=weights, folded=folded, rewrites=rewrites,

@@ -92,6 +92,10 @@ class CalibrationNode:
     # (op_type, low, high) of a Relu/Clip that the quantizer folded into this pair's range
     # and deleted, found in the float model; bypassing the pair re-applies it
     folded: tuple | None = None
+    # normal nodes reading the pair whose float counterparts read the tensor before that
+    # Relu/Clip (a quantizer deleted it for one reader of a shared tensor): bypassed, they
+    # read it without the fold
+    unfolded: list = dataclasses.field(default_factory=list)
     on_grid: bool = False  # a float weight behind the pair already rounded onto its grid
     fused: bool = False  # one custom node quantizes and dequantizes (q_node is dq_nodes[0])
     # integer nodes between the Q and its DQs (a Clip narrowing the codes: ``grid`` is narrowed)
