@@ -95,8 +95,9 @@ def parse_output(spec, qmodel):
     exact = str(spec)
     if exact in qmodel.producer or exact in qmodel.input_names:
         return OutputSpec(name=exact, tensor=exact, index=())
-    if exact in qmodel.normal:
-        return OutputSpec(name=exact, tensor=qmodel.normal[exact].outputs[0], index=())
+    if exact in qmodel.normal:  # named by the tensor it writes, as through the slice syntax
+        tensor = qmodel.normal[exact].outputs[0]
+        return OutputSpec(name=tensor, tensor=tensor, index=())
     m = _SLICE.match(str(spec))
     if not m:
         raise PTQError(f"output {spec!r} is not a tensor name or a slice like 'output0[:, 0:4]'")
