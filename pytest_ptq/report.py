@@ -734,6 +734,17 @@ def _page(body):
             + "\n".join(body) + "\n</body></html>\n")
 
 
+def write_started(path):
+    """The page a run writes before its first test: a run killed before its end (a time
+    limit's SIGTERM or SIGKILL, which leave no chance to write) leaves it, not the page of an
+    earlier run that would read as this one's."""
+    started = datetime.datetime.now().strftime("%Y-%m-%d %H:%M:%S")
+    page = _page(["<h1>pytest-ptq report</h1><p class=\"v-failed\">This run started at " + started + " and has not "
+                  "written its results: it is still running, or it was stopped before its end (a time limit's "
+                  "signal). Run it again to the end.</p>"])
+    return guard.write_text(Path(path), page, atomic=True)
+
+
 def write(path, models, interrupted=False, stopped=None):
     """Write the page atomically (see :func:`render`); returns the path."""
     return guard.write_text(Path(path), render(models, interrupted, stopped), atomic=True)

@@ -10,6 +10,7 @@ no test, merges them and writes the page.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -96,8 +97,7 @@ class PTQSession:
         may go anywhere). Raises PTQError (a usage error)."""
         s, inputs = self.settings, self.inputs()
         self._warn_rootdir_moved()
-        if s.report is not None:
-            self._report_path(inputs)
+        report = self._report_path(inputs) if s.report is not None else None
         default_dir = self.root / "ptq_baselines"
         if s.baseline_dir is not None and Path(s.baseline_dir) != default_dir:
             guard.output_path(s.baseline_dir, given_as(self.config, "baseline_dir"), inputs, folder=True,
@@ -116,6 +116,12 @@ class PTQSession:
             # a killed update leaves temporary files; remove them before anyone commits them
             for folder, _dirs, _files in os.walk(s.baseline_dir):
                 guard.clean_stale_temps(folder)
+        if report is not None and not self.config.getoption("collectonly", False):  # --collect-only keeps one
+            from . import report as html_report
+
+            # a page it cannot write now is said at the end, where the results are
+            with contextlib.suppress(PTQError):
+                html_report.write_started(report)
 
     def _report_path(self, inputs):
         from . import report as html_report

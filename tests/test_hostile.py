@@ -824,9 +824,11 @@ def test_unwritable_report_is_an_error_line_and_the_summary_prints(plugin_projec
     """The report's folder turns into a file during the run: the tests' results stand, the
     summary prints, and one line says why there is no report."""
     plugin_project.makepyfile(test_r="""
+        import shutil
         from pathlib import Path
 
         def test_blocks_the_report():
+            shutil.rmtree("out")  # the folder of the page the run wrote as it started
             Path("out").write_text("a file where the report's folder should be")
     """)
     before = tree(plugin_project.path)

@@ -9,6 +9,7 @@ import io
 import json
 import os
 import shutil
+import signal
 import subprocess
 from html.parser import HTMLParser
 from pathlib import Path
@@ -683,6 +684,25 @@ def test_an_interrupted_run_writes_a_page_that_says_so(project):
     page = (project.path / "report.html").read_text()
     assert "This run was interrupted before its tests finished" in page and "passing" not in page
     result.stdout.fnmatch_lines(["*the ptq report '*report.html' says the run was interrupted, and holds no results"])
+
+
+def test_a_killed_run_leaves_a_page_that_says_it_did_not_finish(project):
+    """A time limit's SIGTERM or SIGKILL leaves pytest no chance to write: the last complete
+    run's page stayed, and read as this run's. The page a run writes as it starts stays."""
+    run(project, "--ptq-report=report.html").assert_outcomes(passed=2, failed=1)
+    assert "1 passing" in (project.path / "report.html").read_text()
+    project.makepyfile(test_zz_killed="""
+        import os
+        import signal
+
+        def test_killed():
+            os.kill(os.getpid(), signal.SIGKILL)
+    """)
+    result = project.runpytest_subprocess(*plugin_args(), "-p", "no:cacheprovider", "-p", "no:randomly",
+                                          "--ptq-report=report.html", timeout=300)
+    assert result.ret == -signal.SIGKILL
+    page = (project.path / "report.html").read_text()
+    assert "has not written its results" in page and "passing" not in page
 
 
 def test_a_box_plot_keeps_its_width_and_scrolls(tmp_path):
