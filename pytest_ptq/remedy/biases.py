@@ -63,8 +63,8 @@ class Biases:
         """``{bias: QParams}``: each bias whose input or weight has an alternative in
         ``alternatives``, on the grid of their scales (the alternative's where there is one),
         as onnxruntime derives it; widened where a value would leave int32 (onnxruntime then
-        widens the weight's grid). None for a bias whose input has a per-channel alternative
-        (no quantizer makes one)."""
+        widens the weight's grid). No entry for a bias whose input has a per-channel alternative,
+        which only the simulation makes (no quantizer derives a bias grid from one)."""
         qm = self.qmodel
         out = {}
         for b, feeds in self.feeds.items():
