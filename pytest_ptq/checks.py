@@ -24,7 +24,7 @@ from pathlib import Path
 
 from . import guard, params
 from .baseline import Baseline, BaselineError, compare, measure
-from .errors import PTQError, as_sentence, closest
+from .errors import PTQError, as_sentence, closest, user_level
 from .errors import shown as shown_value
 from .metrics import COSINE, get_metric, get_metrics
 from .outputs import parse_output, parse_outputs
@@ -865,7 +865,7 @@ class PTQ:
             return
         warnings.warn(PTQPathWarning(f"baseline {str(path)!r} lies outside the rootdir {str(root)!r}, so it is not "
                                      "kept with the project; move it under the rootdir unless that is intended"),
-                      stacklevel=3)
+                      stacklevel=user_level())
 
     @_in_one_sentence
     def check_data(self, max_severity="warning", holdout=None):

@@ -421,14 +421,21 @@ def _listed(name, value, role):
 
 
 def _open_npz(path, role):
+    loaded = None
     try:
-        with np.load(path, allow_pickle=False) as npz:
-            arrays = {k: npz[k] for k in npz.files}
+        loaded = np.load(path, allow_pickle=False)
+        arrays = None if isinstance(loaded, np.ndarray) else {k: loaded[k] for k in loaded.files}
     # a damaged member surfaces as zlib's error or a short read, not as a bad zip
     except (zipfile.BadZipFile, OSError, ValueError, EOFError, zlib.error) as exc:
         why = "its compressed data is damaged" if isinstance(exc, zlib.error) else type(exc).__name__
         raise PTQError(f"{role} file {str(path)!r} is not a readable .npz archive "
                        f"({why}); re-save it with numpy.savez") from None
+    finally:
+        if hasattr(loaded, "close"):  # the archive's file (an array is read whole)
+            loaded.close()
+    if arrays is None:  # a .npy file under an .npz name: no input names
+        raise PTQError(f"{role} file {str(path)!r} holds one array (a .npy file), not an .npz archive of arrays "
+                       "named by input; save it with numpy.savez(path, <input name>=samples), or name it .npy")
     arrays = {k: _stacked(a, f"{str(path)!r}, key {k!r},", role) for k, a in arrays.items()}
     return {k: _Source(f"{path}:{k}", [(f"{path}:{k}[{i}]", a, i) for i in range(len(a))], role)
             for k, a in arrays.items()}

@@ -381,7 +381,7 @@ def evaluation_function(value, what="evaluate"):
     if not callable(value):
         raise PTQError(f"{what} must be a function evaluate(run, data) -> float, got {shown(value)}")
     try:
-        signature = inspect.signature(value)
+        signature = inspect.signature(value, follow_wrapped=False)  # a decorator may supply arguments
     except (TypeError, ValueError):  # a builtin or extension without one: let the call decide
         return value
     try:

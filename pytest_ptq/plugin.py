@@ -79,6 +79,10 @@ class _Hooks:
             spread.write_groups(path, models)
         self.ptq.plan(models)
 
+    def pytest_sessionstart(self, session):
+        """The report's page says this run has not finished until it writes its results."""
+        self.ptq.start()
+
     def pytest_runtest_logfinish(self, nodeid, location):
         """An item ran: free what no later item needs."""
         self.ptq.test_done(nodeid)

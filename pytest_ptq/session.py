@@ -97,7 +97,8 @@ class PTQSession:
         may go anywhere). Raises PTQError (a usage error)."""
         s, inputs = self.settings, self.inputs()
         self._warn_rootdir_moved()
-        report = self._report_path(inputs) if s.report is not None else None
+        if s.report is not None:
+            self._report_path(inputs)
         default_dir = self.root / "ptq_baselines"
         if s.baseline_dir is not None and Path(s.baseline_dir) != default_dir:
             guard.output_path(s.baseline_dir, given_as(self.config, "baseline_dir"), inputs, folder=True,
@@ -116,12 +117,20 @@ class PTQSession:
             # a killed update leaves temporary files; remove them before anyone commits them
             for folder, _dirs, _files in os.walk(s.baseline_dir):
                 guard.clean_stale_temps(folder)
-        if report is not None and not self.config.getoption("collectonly", False):  # --collect-only keeps one
-            from . import report as html_report
 
-            # a page it cannot write now is said at the end, where the results are
-            with contextlib.suppress(PTQError):
-                html_report.write_started(report)
+    def start(self):
+        """A session starts (not --help or --markers, which configure and end): the last run's
+        page gives way to one saying this run has not written its results, so that a run
+        killed where nothing can be written (SIGTERM, SIGKILL) leaves no earlier page that
+        reads as its own. --collect-only and --fixtures run no test: an existing page stays."""
+        opt = self.config.getoption
+        if self.is_worker or self.settings.report is None or opt("collectonly", False) or opt("showfixtures", False):
+            return
+        from . import report as html_report
+
+        # a page it cannot write now is said at the end, where the results are
+        with contextlib.suppress(PTQError):
+            html_report.write_started(self._report_path(self.inputs()))
 
     def _report_path(self, inputs):
         from . import report as html_report

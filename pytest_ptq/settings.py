@@ -24,9 +24,9 @@ from .metrics import METRICS
 
 
 
-class InputFailure(pytest.fail.Exception):
+class InputFailure(pytest.fail.Exception, PTQError):
     """A test failed on bad input (a PTQError): its one sentence is the whole report, with
-    no ptq section of tables under it."""
+    no ptq section of tables under it. Still a PTQError, which ``pytest.raises`` can catch."""
 
 
 class PTQPathWarning(pytest.PytestWarning):

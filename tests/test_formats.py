@@ -210,34 +210,59 @@ def test_qoperator_bypassed_is_the_float_model(built, name):
             assert np.abs(got[out] - r).max() <= 1e-5 * max(1.0, float(np.abs(r).max())), out
 
 
-def test_a_relu_deleted_for_one_reader_of_a_shared_tensor_is_put_back_for_that_reader_only(tmp_path):
-    """x feeds a Sigmoid and a Relu->Conv; onnxruntime's QOperator quantizer deletes the Relu
-    and its QLinearConv reads x's one quantized tensor. Bypassed, the Relu came back on every
-    reader of the pair: the Sigmoid branch computed Sigmoid(Relu(x)), which neither the float
-    model nor the file computes, and its gap was blamed on the quantizer."""
+def _qoperator(tmp_path, nodes, inputs, outputs, inits, samples):
+    """The float graph and its QOperator form by quantize_static (uint8, reduce_range)."""
     from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
 
-    rng = np.random.default_rng(0)
-    w = numpy_helper.from_array((rng.standard_normal((4, 3, 1, 1)) * 0.3).astype(np.float32), "w")
-    graph = helper.make_graph([helper.make_node("Sigmoid", ["x"], ["s"], name="sig"),
-                               helper.make_node("Relu", ["x"], ["r"], name="relu"),
-                               helper.make_node("Conv", ["r", "w"], ["c"], name="conv")], "g",
-                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
-                              [helper.make_tensor_value_info("s", TensorProto.FLOAT, [1, 3, 8, 8]),
-                               helper.make_tensor_value_info("c", TensorProto.FLOAT, [1, 4, 8, 8])], [w])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
-    onnx.save(model, tmp_path / "f.onnx")
-    xs = [rng.standard_normal((1, 3, 8, 8)).astype(np.float32) for _ in range(4)]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info(i, TensorProto.FLOAT, [1, 3, 8, 8])
+                                           for i in inputs],
+                              [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in outputs], inits)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), tmp_path / "f.onnx")
 
     class Reader(CalibrationDataReader):
         def __init__(self):
-            self.it = iter({"x": x} for x in xs)
+            self.it = iter(samples)
 
         def get_next(self):
             return next(self.it, None)
 
     quantize_static(str(tmp_path / "f.onnx"), str(tmp_path / "q.onnx"), Reader(), quant_format=QuantFormat.QOperator,
                     reduce_range=True, activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8)
+    return tmp_path / "f.onnx", tmp_path / "q.onnx"
+
+
+def test_a_node_reading_two_pairs_without_their_folds_reads_both_unfolded(tmp_path):
+    """Add(x, y) beside Relu(x)->Conv and Relu(y)->Conv: the Add reads both pairs without the
+    Relus the quantizer deleted for the Convs (one map a reader: the second pair's replaced
+    the first's, and the Add read x through its Relu, 3.9 off the float model)."""
+    rng = np.random.default_rng(1)
+    w = [numpy_helper.from_array((rng.standard_normal((4, 3, 1, 1)) * 0.3).astype(np.float32), f"w{k}")
+         for k in (1, 2)]
+    nodes = [helper.make_node("Add", ["x", "y"], ["a"], name="add"),
+             helper.make_node("Relu", ["x"], ["rx"], name="relu_x"), helper.make_node("Conv", ["rx", "w1"], ["c1"]),
+             helper.make_node("Relu", ["y"], ["ry"], name="relu_y"), helper.make_node("Conv", ["ry", "w2"], ["c2"])]
+    samples = [{"x": rng.standard_normal((1, 3, 8, 8)).astype(np.float32),
+                "y": rng.standard_normal((1, 3, 8, 8)).astype(np.float32)} for _ in range(4)]
+    fpath, qpath = _qoperator(tmp_path, nodes, ["x", "y"], ["a", "c1", "c2"], w, samples)
+    engine = Engine(qpath, {k: [s[k] for s in samples] for k in ("x", "y")}, float_model=fpath)
+    assert [engine.qmodel.calibration[f"{t}_QuantizeLinear"].unfolded for t in "xy"] == [["add"], ["add"]]
+    for i, feeds in enumerate(samples):
+        ref, got = run_model(fpath, feeds), engine.run(i, ())
+        for out in ("a", "c1", "c2"):
+            assert np.abs(got[out] - ref[out]).max() <= 1e-6, out
+
+
+def test_a_relu_deleted_for_one_reader_of_a_shared_tensor_is_put_back_for_that_reader_only(tmp_path):
+    """x feeds a Sigmoid and a Relu->Conv; onnxruntime's QOperator quantizer deletes the Relu
+    and its QLinearConv reads x's one quantized tensor. Bypassed, the Relu came back on every
+    reader of the pair: the Sigmoid branch computed Sigmoid(Relu(x)), which neither the float
+    model nor the file computes, and its gap was blamed on the quantizer."""
+    rng = np.random.default_rng(0)
+    w = numpy_helper.from_array((rng.standard_normal((4, 3, 1, 1)) * 0.3).astype(np.float32), "w")
+    nodes = [helper.make_node("Sigmoid", ["x"], ["s"], name="sig"), helper.make_node("Relu", ["x"], ["r"], name="relu"),
+             helper.make_node("Conv", ["r", "w"], ["c"], name="conv")]
+    xs = [rng.standard_normal((1, 3, 8, 8)).astype(np.float32) for _ in range(4)]
+    _qoperator(tmp_path, nodes, ["x"], ["s", "c"], [w], [{"x": x} for x in xs])
     assert "Relu" not in _ops(tmp_path / "q.onnx")
     engine = Engine(tmp_path / "q.onnx", {"x": xs}, float_model=tmp_path / "f.onnx")
     assert engine.qmodel.calibration["x_QuantizeLinear"].unfolded == ["sig"]

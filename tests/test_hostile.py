@@ -294,6 +294,8 @@ CLI_CASES = [
     ("npz-deflate-damaged", _data_file("damaged.npz", _damaged_deflate),
      ["get-sensitivity-of-nodes", "m.onnx", "damaged.npz", "--quiet"],
      ["'damaged.npz' is not a readable .npz archive (its compressed data is damaged)"]),
+    ("npy-named-npz", _data_file("one.npz", lambda p: np.save(open(p, "wb"), np.zeros((2, 1, 3, 16, 16), np.float32))),
+     ["get-sensitivity-of-nodes", "m.onnx", "one.npz", "--quiet"], ["holds one array (a .npy file), not an .npz"]),
     ("npz-scalar", _data_file("d.npz", lambda p: np.savez(p, x=np.float32(1))),
      ["get-sensitivity-of-nodes", "m.onnx", "d.npz", "--quiet"], ["'d.npz', key 'x', holds one value"]),
     ("bins-beyond-a-plot", None, ["plot-distribution", "m.onnx", "calib", "-s", "out", "-n", "conv1", "--bins",
@@ -867,6 +869,43 @@ def test_baseline_outside_the_rootdir_is_warned_about(plugin_project, tmp_path):
     result = run_pytest(plugin_project, "--ptq-update-baseline")
     result.stdout.fnmatch_lines([f"*PTQPathWarning: baseline '{outside}' lies outside the rootdir*"])
     assert outside.exists()
+    # at the test's line that asked for it, not the package's (a filterwarnings by module)
+    result.stdout.fnmatch_lines(["*test_m.py:*: PTQPathWarning: baseline*"])
+
+
+def test_bad_input_to_a_check_can_be_caught_as_a_ptq_error(plugin_project):
+    """The check_* forms fail bad input in one sentence; a test that expects it still
+    catches it as the PTQError it is."""
+    plugin_project.makepyfile(test_c="""
+        import pytest
+        from pytest_ptq.errors import PTQError
+
+        @pytest.mark.ptq(model="m.onnx", data="calib")
+        def test_c(ptq):
+            with pytest.raises(PTQError, match="unknown node_type 'op'"):
+                ptq.check_nodes(node_type="op")
+    """)
+    run_pytest(plugin_project).assert_outcomes(passed=1)
+
+
+def test_a_decorated_evaluate_function_is_taken_by_the_arguments_its_decorator_takes():
+    import functools
+
+    from pytest_ptq.params import evaluation_function
+
+    def with_labels(fn):
+        @functools.wraps(fn)
+        def wrapped(run, data):
+            return fn(run, data, labels=[1])
+        return wrapped
+
+    @with_labels
+    def top1(run, data, labels):
+        return 1.0
+
+    assert evaluation_function(top1) is top1
+    with pytest.raises(PTQError, match=r"function top1\(run, data, labels\) cannot be called as top1\(run, data\)"):
+        evaluation_function(top1.__wrapped__)  # undecorated, it needs its labels
 
 
 ASIDE = "ignore::pytest.PytestAssertRewriteWarning"

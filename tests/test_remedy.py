@@ -1034,3 +1034,85 @@ def test_a_16_bit_input_takes_its_nodes_int32_bias_to_the_finer_grid(tmp_path):
     assert r.measured["collateral"] == [] and r.measured["not_applied"] == []
     # the old grid's rounding moved the figure by 6e-8 here: the two now agree to the last digits
     assert r.measured["value"] == pytest.approx(r.value, abs=1e-8)
+
+
+def _overflowing_bias_net(tmp_path, weight_type):
+    """One Conv whose last two channels have weights near 1e-4 and biases of +-0.5: at a
+    16-bit weight grid their int32 bias (input scale x weight scale) would leave int32."""
+    from onnx import TensorProto, helper
+
+    rng = np.random.default_rng(0)
+    w = (rng.standard_normal((4, 3, 3, 3)) * np.array([1, 1, 1e-4, 1e-4]).reshape(4, 1, 1, 1)).astype(np.float32)
+    b = np.array([0.1, -0.1, 0.5, -0.5], np.float32)
+    graph = helper.make_graph([helper.make_node("Conv", ["x", "w", "b"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+                               helper.make_node("Relu", ["c"], ["y"], name="relu")], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 6, 6])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 6, 6])],
+                              [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")])
+    fpath = tmp_path / "float.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), fpath)
+    data = {"x": [rng.standard_normal((1, 3, 6, 6)).astype(np.float32) for _ in range(6)]}
+    qpath = builders.quantize(fpath, tmp_path / "q.onnx", data, per_channel=True, weight_type=weight_type)
+    return fpath, qpath, data
+
+
+@pytest.mark.parametrize("weight_type", ["QUInt8", "QInt8"])
+def test_a_bias_beyond_int32_at_a_16_bit_weight_is_simulated_as_onnxruntime_quantizes_it(tmp_path, weight_type):
+    """onnxruntime clips an int32 bias that leaves int32 behind an unsigned weight grid, and
+    widens a signed symmetric weight's grid until it fits: the simulation widened the bias's
+    grid in both, and read 0.99997 where the re-quantized file reads 0.99914 (clipped)."""
+    from pytest_ptq.engine import Engine
+    from pytest_ptq.metrics import get_metrics
+    from pytest_ptq.outputs import parse_outputs
+    from pytest_ptq.remedy.alternatives import alternatives_for
+    from pytest_ptq.remedy.biases import with_biases
+    from pytest_ptq.remedy.scoring import config, score
+    from pytest_ptq.remedy.terms import onnxruntime_settings, quantize_static_kwargs
+
+    fpath, qpath, data = _overflowing_bias_net(tmp_path, weight_type)
+    engine = Engine(str(qpath), data, float_model=str(fpath))
+    alts, _ = alternatives_for(engine, "int16", ["w_QuantizeLinear"], range(6))
+    e16 = engine.with_alternatives(with_biases(engine, alts))
+    quantized, alternative = config(e16, frozenset([("w_QuantizeLinear", "int16")]))
+    simulated = score(e16, quantized, parse_outputs(["c"], e16), get_metrics("cosine-similarity")[0], range(6),
+                      alternative=alternative)
+    # independently: the float model re-quantized with the 16-bit override, run plainly
+    kwargs = quantize_static_kwargs(onnxruntime_settings(engine.qmodel, "int16", ["w_QuantizeLinear"]))
+    requantized = builders.quantize(fpath, tmp_path / "r.onnx", data, per_channel=True, weight_type=weight_type,
+                                    extra_options=kwargs["extra_options"])
+    feeds = [{"x": x} for x in data["x"]]
+    ref = builders.run_model(_exposing(fpath, "c"), feeds, outputs=["c"])
+    got = builders.run_model(_exposing(requantized, "c"), feeds, outputs=["c"])
+    assert simulated == pytest.approx(_cosine([o["c"] for o in ref], [o["c"] for o in got]), abs=1e-8)
+
+
+def _exposing(path, tensor):
+    model = onnx.load(str(path))
+    model.graph.output.append(onnx.helper.make_tensor_value_info(tensor, onnx.TensorProto.FLOAT, None))
+    return model
+
+
+def test_a_16_bit_activation_of_a_symmetric_model_is_centred_as_onnxruntime_centres_it(tmp_path):
+    """Under ActivationSymmetric onnxruntime centres a 16-bit activation on code 32768; the
+    simulated grid was asymmetric over the 8-bit grid's codes (zero point 32896), and clipped
+    the top 0.4% of the range the re-quantized file keeps."""
+    from onnx import numpy_helper as nh
+
+    from pytest_ptq.engine import Engine
+    from pytest_ptq.remedy.alternatives import alternatives_for
+    from pytest_ptq.remedy.terms import onnxruntime_settings, quantize_static_kwargs
+
+    data = builders.samples(N)
+    fpath = builders.conv_net(tmp_path / "float.onnx")
+    qpath = builders.quantize(fpath, tmp_path / "q.onnx", data, extra_options={"ActivationSymmetric": True})
+    engine = Engine(str(qpath), data, float_model=str(fpath))
+    assert engine.qmodel.symmetric_activations()
+    alts, _ = alternatives_for(engine, "int16", ["r1_QuantizeLinear"], range(N))
+    extra = quantize_static_kwargs(onnxruntime_settings(engine.qmodel, "int16", ["r1_QuantizeLinear"]))["extra_options"]
+    requantized = onnx.load(str(builders.quantize(fpath, tmp_path / "r.onnx", data,
+                                                  extra_options={**extra, "ActivationSymmetric": True})))
+    inits = {i.name: nh.to_array(i) for i in requantized.graph.initializer}
+    q = next(n for n in requantized.graph.node if n.op_type == "QuantizeLinear" and n.input[0] == "r1")
+    assert inits[q.input[2]].dtype == np.uint16 and int(inits[q.input[2]]) == 32768
+    assert float(alts["r1_QuantizeLinear"].zero_point) == 32768
+    assert float(alts["r1_QuantizeLinear"].scale) == pytest.approx(float(inits[q.input[1]]), rel=1e-6)

@@ -90,7 +90,10 @@ def instrument(qmodel, gates, extra_outputs=(), local=False, shared=None):
         at_node[anchor.name] = c
         dropped.update(d.name for d in [c.q_node, *c.between, *c.dq_nodes] if d is not None)
     # readers of a pair whose float counterparts read the tensor before its fold
-    unfolded = {r: {o: o + UNFOLDED for o in c.outputs} for c in at_node.values() if c.folded for r in c.unfolded}
+    unfolded = {}
+    for c in at_node.values():
+        for r in c.unfolded if c.folded else ():
+            unfolded.setdefault(r, {}).update({o: o + UNFOLDED for o in c.outputs})  # a reader of several
     for node in qmodel.model.graph.node:
         if node.name in at_node:
             graph.node.append(_gate(qmodel, gates, at_node[node.name]))

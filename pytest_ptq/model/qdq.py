@@ -311,15 +311,23 @@ class QParams:
     label: str = ""
 
     @classmethod
-    def wider(cls, c, bits=16, shape=None, span=None):
+    def wider(cls, c, bits=16, shape=None, span=None, symmetric=False):
         """The same range as ``c`` at ``bits`` bits: the pair re-quantized finer, not wider.
         ``shape``: of the tensor quantized, needed when ``c`` has several scales; ``span``:
-        ``(lo, hi)`` to use instead of ``c``'s range."""
+        ``(lo, hi)`` to use instead of ``c``'s range; ``symmetric``: centred on 0 as
+        ActivationSymmetric centres it (:meth:`QuantModel.symmetric_activations`)."""
         lo, hi = c.range() if span is None else (np.asarray(span[0], np.float64), np.asarray(span[1], np.float64))
         signed = c.grid.signed
         nmin, nmax = (-(2 ** (bits - 1)), 2 ** (bits - 1) - 1) if signed else (0, 2**bits - 1)
-        scale = (hi - lo) / (nmax - nmin)
-        zp = np.rint(nmin - grids.divided(lo, scale))
+        if symmetric:
+            # over the range's largest magnitude, as the narrow grid (half its span from its
+            # codes, which reach a step further on one side)
+            half = np.maximum(np.abs(lo), np.abs(hi)) if span is not None else (hi - lo) / 2
+            scale = 2 * half / (nmax - nmin)
+            zp = np.full_like(np.asarray(scale, np.float64), 0 if signed else (nmin + nmax + 1) // 2)
+        else:
+            scale = (hi - lo) / (nmax - nmin)
+            zp = np.rint(nmin - grids.divided(lo, scale))
         if scale.size > 1 and shape is None:
             shape = [1] * 4
             shape[(c.axis if c.axis is not None else 1) % 4] = scale.size
@@ -1102,6 +1110,14 @@ class QuantModel:
         per tensor whatever ``per_channel`` says)."""
         return c.kind == "weight" and any(self.normal[n].op_type in PER_CHANNEL_OPS
                                           for n in c.consumers if n in self.normal)
+
+    def symmetric_activations(self):
+        """Whether every activation pair sits on its grid's middle code (0 signed, 128 for
+        uint8): quantized with onnxruntime's ActivationSymmetric, whose wider grids centre
+        there too."""
+        acts = [c for c in self.of_kind("activation") if c.q_node is not None and not c.dynamic]
+        return bool(acts) and all(np.all(c.zero_point == (0 if c.qrange[0] < 0 else (c.qrange[0] + c.qrange[1] + 1) // 2))
+                                  for c in acts)
 
     def wider_type(self, c):
         """The integer type calibration node ``c`` can be widened to ("int16"), or None: it

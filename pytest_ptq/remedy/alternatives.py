@@ -180,7 +180,8 @@ def alternatives_for(engine, remedy, names, indices, clock=None):
             if w is not None and w.ndim and not c.block_size:
                 alts[n] = _wider_weight(c, np.asarray(w, np.float64), 16)
             else:  # an activation: the range calibrated for it, on the finer grid
-                alts[n] = QParams.wider(c, 16, w.shape if w is not None and c.scale.size > 1 else None, spans.get(n))
+                alts[n] = QParams.wider(c, 16, w.shape if w is not None and c.scale.size > 1 else None, spans.get(n),
+                                        symmetric=c.kind == "activation" and qm.symmetric_activations())
     elif remedy == "per-channel":
         acts = [n for n in names if qm.calibration[n].kind == "activation"]
         for n in names:

@@ -80,9 +80,7 @@ def infer_quantize_options(qmodel):
 
     act_type = common(acts, "QUInt8")
     extra = {"AddQDQPairToWeight": True, "QDQKeepRemovableActivations": True}
-    # symmetric activations sit on the grid's middle code: 0 signed, 128 for uint8
-    if acts and all(np.all(c.zero_point == (0 if c.qrange[0] < 0 else (c.qrange[0] + c.qrange[1] + 1) // 2))
-                    for c in acts):
+    if qmodel.symmetric_activations():
         extra["ActivationSymmetric"] = True
     if typed:
         # symmetric weights sit on the grid's middle code (0 signed, 128 uint8); onnxruntime's
