@@ -613,10 +613,8 @@ class ContractItem(pytest.Item):
                           + str(excinfo.value), self.path)
         if isinstance(excinfo.value, ContractError):
             return _Lines(str(excinfo.value), self.path)
-        from .settings import InputFailure
-
-        # the checks fail bad input in its sentence (InputFailure); the analysis raises it as such
-        sentence = excinfo.value.msg if isinstance(excinfo.value, InputFailure) else as_sentence(excinfo.value)
+        # bad input: a PTQError (the checks' InputFailure is one too), or one of our warnings as an error
+        sentence = as_sentence(excinfo.value)
         if sentence is not None:
             return _Lines(f"contract {self.contract.name} ({self.path.name}), check {self.name}: {sentence}",
                           self.path)

@@ -62,7 +62,7 @@ from .results import json_safe
 from .engine import engine_for
 from .screening import DEFAULT_BUDGET_S, DEFAULT_BUDGET_SAMPLES, screen
 from .stages import simulation_warnings
-from .tables import fmt, warning_lines
+from .tables import fmt, printable, warning_lines
 from .sensitivity import sample_indices
 from .verdict import ALL, DOMINANT, badness, float_first, pole_cause, relevant, severe_reason, three_configs
 
@@ -547,7 +547,7 @@ def _code(text, table=False):
     """``text`` (a node's, tensor's or file's name) as Markdown code: a fence longer than its
     own backtick runs, control characters shown escaped (a newline would end the line); in a
     ``table`` row its pipes escaped (they would split the row)."""
-    text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(text))
+    text = printable(text)
     text = text.replace("|", "\\|") if table else text
     fence = "`" * (max((len(r) for r in re.findall("`+", text)), default=0) + 1)
     pad = " " if text.startswith("`") or text.endswith("`") else ""

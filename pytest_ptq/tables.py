@@ -92,9 +92,9 @@ def _width(text):
                for ch in text)
 
 
-def _cell(text):
-    """A table cell's text on one line: control characters (a node named with a newline, an
-    escape sequence the terminal would run) shown escaped."""
+def printable(text):
+    """``text`` on one line, its control characters (a node named with a newline, an escape
+    sequence a terminal would run) shown escaped as Python writes them."""
     text = str(text)
     return text if text.isprintable() else "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
@@ -102,7 +102,7 @@ def _cell(text):
 def format_table(rows, columns, limit=None):
     """``rows``: list of dicts; ``columns``: keys to show, in order. Returns one string."""
     shown = rows if limit is None else rows[:limit]
-    cells = [[_cell(c) for c in columns]] + [[_cell(fmt(r.get(c, ""))) for c in columns] for r in shown]
+    cells = [[printable(c) for c in columns]] + [[printable(fmt(r.get(c, ""))) for c in columns] for r in shown]
     widths = [max(_width(row[k]) for row in cells) for k in range(len(columns))]
     line = "+" + "+".join("-" * (w + 2) for w in widths) + "+"
     out = [line]
