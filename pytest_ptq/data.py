@@ -315,6 +315,7 @@ def load_data(calibrated_data, qmodel=None, data_num=None, role="calibration", c
     yields them (an onnxruntime ``CalibrationDataReader``, rewound where it can be, or an
     iterator), read once into memory.
     """
+    data_num = params.data_num(data_num)
     calibrated_data = _fed(calibrated_data, role, data_num)
     if isinstance(calibrated_data, (list, tuple)) and calibrated_data and all(
             isinstance(s, Mapping) for s in calibrated_data):
@@ -353,17 +354,16 @@ def load_data(calibrated_data, qmodel=None, data_num=None, role="calibration", c
 def _fed(data, role, data_num=None):
     """The feed dicts a CalibrationDataReader or an iterator yields (the first ``data_num``:
     an endless generator stops there), as a list; other data as given."""
-    asked = data_num if isinstance(data_num, int) and not isinstance(data_num, bool) and data_num > 0 else None
     if callable(getattr(data, "get_next", None)):  # a CalibrationDataReader, of any quantizer
         _rewound(data)  # quantize_static read it to the end already
-        feeds = list(itertools.islice(iter(data.get_next, None), asked))
+        feeds = list(itertools.islice(iter(data.get_next, None), data_num))
         _rewound(data)  # as found, for the caller's next use
         if not feeds:
             raise PTQError(f"the {role} data reader {type(data).__name__} yielded no sample (a reader read to the end "
                            "by the quantizer stays empty); pass a fresh reader, give it a rewind() method, or save "
                            "the samples to a folder")
     elif isinstance(data, Iterator):  # a generator: read once
-        feeds = list(itertools.islice(data, asked))
+        feeds = list(itertools.islice(data, data_num))
         if not feeds:
             raise PTQError(f"the {role} data iterator yielded no sample (an iterator read once already stays empty); "
                            "pass a list of feed dicts, or save the samples to a folder")

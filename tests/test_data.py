@@ -415,7 +415,7 @@ def test_a_calibration_data_reader_or_an_iterator_of_feed_dicts_is_read_once(qm)
 
     assert len(load_data(endless(), qm, data_num=2)) == 2  # read as far as asked, not forever
 
-    class Stuck(Reader):
+    class Stuck(Reader):  # a user's reader whose rewind() fails: what it still yields is read
         def rewind(self):
             raise NotImplementedError("this reader cannot rewind")
 

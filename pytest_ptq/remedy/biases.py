@@ -27,37 +27,39 @@ class Biases:
     def __init__(self, engine):
         qm = engine.qmodel
         self.qmodel = qm
-        self.node_of = {}  # bias -> the normal node reading it
         self.feeds = {}  # bias -> its node's input and weight calibration nodes
+        # the other way round, for a set's few nodes on every scored set: a normal node ->
+        # its bias, a feed -> the biases of the nodes it feeds
+        self.bias_of, self.fed = {}, {}
         for b in qm.calibration.values():
             readers = [n for n in b.consumers if n in qm.normal]
             if b.role != "bias" or len(readers) != 1 or not engine.is_gated(b.name):
                 continue
-            self.node_of[b.name] = readers[0]
+            self.bias_of[readers[0]] = b.name
             self.feeds[b.name] = [x for x in qm.normal[readers[0]].calibration_inputs
                                   if x in qm.calibration and qm.calibration[x].role != "bias"]
+            for f in self.feeds[b.name]:
+                self.fed.setdefault(f, []).append(b.name)
         self._ops = None
         self._excluded = {}
 
     def floats(self, nodes):
         """The biases kept in float with the calibration ``nodes``: those whose node
         ``nodes_to_exclude`` names to keep them in float."""
-        if not self.node_of or not nodes:
+        if not self.bias_of or not nodes:
             return []
         if self._ops is None:
             self._ops = quantized_ops(self.qmodel)
-        excluded = set()
         for n in nodes:
             if n not in self._excluded:
-                self._excluded[n] = set(excluded_by(self.qmodel, self.qmodel.calibration[n], self._ops))
-            excluded |= self._excluded[n]
-        return [b for b, node in self.node_of.items() if node in excluded]
+                excluded = excluded_by(self.qmodel, self.qmodel.calibration[n], self._ops)
+                self._excluded[n] = [self.bias_of[x] for x in excluded if x in self.bias_of]
+        return list(dict.fromkeys(b for n in nodes for b in self._excluded[n]))
 
     def following(self, nodes, available):
         """The biases (among ``available``, those with an alternative) whose node's input or
         weight is among ``nodes`` run on their alternative."""
-        nodes = set(nodes)
-        return [b for b in available if b in self.feeds and nodes.intersection(self.feeds[b])]
+        return list(dict.fromkeys(b for n in nodes for b in self.fed.get(n, ()) if b in available))
 
     def alternatives(self, engine, alternatives):
         """``{bias: QParams}``: each bias whose input or weight has an alternative in
