@@ -845,6 +845,8 @@ class PTQ:
         ``outputs``: outputs or slices (``"tail=out[:, 2000:]"``) kept beside the model's own."""
         s = self.settings
         path = self._here(path) or s.baseline or self._baseline_path
+        if callable(path):  # the test's default, claimed only by a test that compares with it
+            path = path()
         inputs = self.analysis.inputs(*[p for p in (s.holdout,) if p is not None]) | self._inputs
         if isinstance(path, (str, Path)):
             self._warn_outside_root(Path(path))

@@ -291,5 +291,5 @@ def ptq(request, ptq_session, ptq_settings, ptq_analysis):
 
     node = request.node
     return PTQ(ptq_analysis, ptq_settings, lambda result: ptq_session.record(node, ptq_analysis, result),
-               ptq_session.baseline_path(node, ptq_settings), commands=ptq_session.commands(node),
+               lambda: ptq_session.baseline_path(node, ptq_settings), commands=ptq_session.commands(node),
                base=Path(node.path).parent)

@@ -308,6 +308,39 @@ def test_two_models_of_one_file_name_do_not_share_a_baseline(project):
     assert json.loads(baseline.read_text())["model"]["path"] == "../b/model.onnx"
 
 
+def test_two_tests_whose_ids_map_to_one_default_baseline_are_told_apart(project):
+    """Ids that differ only in characters a file name cannot hold ("resnet v1", "resnet_v1")
+    map to one default baseline file: the second compared with, or rewrote, the first's
+    numbers. It is refused in one sentence naming both; a test given a path of its own, and
+    tests that never compare with a baseline, are not."""
+    project.makepyfile(test_ids="""
+import pytest
+
+pytestmark = pytest.mark.ptq(model="model.onnx", data="calib", node_type="activation")
+
+@pytest.mark.parametrize("name", ["resnet v1", "resnet_v1"])
+def test_guarded(ptq, name):
+    ptq.assert_baseline()
+
+@pytest.mark.parametrize("name", ["a b", "a_b"])
+def test_own_path(ptq, name):
+    ptq.assert_baseline(name.replace(" ", "-") + ".json")
+
+@pytest.mark.parametrize("name", ["c d", "c_d"])
+def test_outputs_only(ptq, name):
+    ptq.assert_outputs(0.5)
+""")
+    result = run(project, "test_ids.py", "--ptq-update-baseline", "-p", "no:randomly")
+    result.assert_outcomes(failed=4, passed=2)  # baselines written fail once; the shared one is refused
+    assert ("tests test_ids.py::test_guarded[resnet v1] and test_ids.py::test_guarded[resnet_v1] share the "
+            "default baseline file ptq_baselines/test_ids/test_guarded[resnet_v1].json (their ids differ only in "
+            "characters a file name cannot hold)") in result.stdout.str()
+    assert "Traceback" not in result.stdout.str()
+    written = sorted(p.name for p in (project.path / "ptq_baselines").rglob("*.json"))
+    assert written == ["test_guarded[resnet_v1].json"]
+    assert sorted(p.name for p in project.path.glob("a*.json")) == ["a-b.json", "a_b.json"]
+
+
 def test_a_contracts_output_slices_are_kept_in_its_baseline(project, models):
     """A contract's thresholds named a slice; its baseline kept the whole output only, so the
     slice could lose 4x the tolerance (and fail its own floor) while the baseline passed."""
