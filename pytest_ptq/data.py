@@ -162,6 +162,9 @@ class CalibrationData:
             raise PTQError(f"{self.role} data {self.where!r} has samples for {extra[0]!r}, which is not "
                            f"an input of {qmodel.source!r} (inputs: {expected}); rename or remove it")
         self.expected = {}
+        # an input may hold no values (a decoder's empty past); a sample of nothing at all
+        # calibrates nothing, and every metric on it would read perfect
+        empty = set(self.indices)
         for name in expected:
             tt = qmodel.inputs[name].type.tensor_type
             dims = declared_dims(qmodel.inputs[name]) or []
@@ -171,6 +174,13 @@ class CalibrationData:
             for i in self.indices:
                 shape, dt = src.header(i)
                 _check_shape(name, src.describe(i), shape, dt, dims, dtype, self.role)
+                if 0 not in tuple(shape):
+                    empty.discard(i)
+        if empty:
+            first = self.indices.index(min(empty, key=self.indices.index))
+            raise PTQError(f"{self.role} sample {self.describe(first)!r} holds no values (every input has a dimension "
+                           f"of size 0{f'; {len(empty)} such samples' if len(empty) > 1 else ''}); drop it, or save "
+                           "the preprocessed arrays the model takes")
         return self
 
     def _how_to_add(self, name):

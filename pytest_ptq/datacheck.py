@@ -66,7 +66,7 @@ class Finding:
     """One problem: ``check`` is a short code (``count``, ``nan``, ``constant``, ``duplicate``,
     ``dtype``, ``layout``, ``shape``, ``inputs``, ``unreadable``, ``range``, ``range-narrow``,
     ``raw-pixels``, ``colour-order``, ``channel-stats``, ``channel-scale``,
-    ``preprocessing-differs``, ``not-representative``, ``heldout-gap``, ``heldout-worse``,
+    ``preprocessing-differs``, ``not-representative``, ``empty``, ``heldout-gap``, ``heldout-worse``,
     ``heldout-clipping``, ``no-qdq``, ``heldout-skipped``, ``metric-blind``)."""
 
     check: str
@@ -272,6 +272,7 @@ class _Stats:
         self.ch_sum = self.ch_sq = None
         self.ch_count = 0
         self.digests = {}  # sample index -> digest of its array
+        self.empty = set()  # sample indices whose array has a dimension of size 0
         self.wheres = {}
 
     def add(self, arr, where, index):
@@ -281,6 +282,8 @@ class _Stats:
         self.digests[index] = hashlib.blake2b(
             arr.tobytes() + str(arr.shape).encode() + str(arr.dtype).encode(), digest_size=16).hexdigest()
         self.wheres[index] = where
+        if arr.size == 0:
+            self.empty.add(index)
         if extended_float(arr.dtype):
             arr = arr.astype(np.float32)  # as the analyses read it
         if self.layout is None:
@@ -449,6 +452,14 @@ def _data_findings(stats, specs, dataset, unscanned=0):
         if dataset == "calibration":
             # held-out values beyond the calibrated range are what the held-out comparison measures
             out += _range_findings(name, st, spec, dataset)
+    # one input may hold nothing (a decoder's empty past); a sample empty in every input is
+    # refused by the analyses
+    empty = sorted(set.intersection(*(s.empty for s in stats.values()))) if stats else []
+    if empty:
+        first = next(iter(stats.values()))
+        out.append(Finding("empty", "error", f"{len(empty)} sample(s) hold no values (every input has a dimension of "
+                           "size 0); the analyses refuse them", "drop them, or save the preprocessed arrays the model "
+                           "takes", None, dataset, [first.wheres[i] for i in empty[:_SHOWN]]))
     groups = _duplicates(stats)
     if groups:
         shown = [" = ".join(Path(w).name if "/" in w or os.sep in w else w for w in g[:3]) for g in groups[:_SHOWN]]

@@ -483,3 +483,46 @@ def test_a_dimension_declared_zero_is_a_size_as_onnxruntime_reads_it():
     value.type.tensor_type.shape.dim[3].dim_param = "w"
     assert declared_dims(value) == [None, 3, 0, None]
     assert declared_dims(helper.make_tensor_value_info("s", TensorProto.FLOAT, None)) is None
+
+
+def test_a_sample_empty_in_every_input_is_refused_and_an_empty_past_is_not(tmp_path):
+    """A sample of shape [1, 0, 8] in every input calibrates nothing, and every metric on it
+    read perfect (stages printed 1.000000 and passed); a decoder's empty past beside tokens
+    holding values is a normal sample and runs as a plain session runs it."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from pytest_ptq.datacheck import check_data
+    from pytest_ptq.engine import Engine
+
+    rng = np.random.default_rng(0)
+    w = numpy_helper.from_array(rng.standard_normal((8, 8)).astype(np.float32), "w")
+    graph = helper.make_graph(
+        [helper.make_node("Concat", ["past", "x"], ["c"], axis=1, name="concat"),
+         helper.make_node("MatMul", ["c", "w"], ["m"], name="matmul"),
+         helper.make_node("Relu", ["m"], ["y"], name="relu")], "with_past",
+        [helper.make_tensor_value_info("past", TensorProto.FLOAT, [1, "P", 8]),
+         helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, "S", 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, "T", 8])], [w])
+    fpath = builders._save(graph, tmp_path / "float.onnx")
+
+    def arrays(past, tokens, n=3):
+        return [rng.standard_normal((1, past, 8)).astype(np.float32) for _ in range(n)], \
+            [rng.standard_normal((1, tokens, 8)).astype(np.float32) for _ in range(n)]
+
+    past, x = arrays(2, 3)
+    qpath = builders.quantize(fpath, tmp_path / "qdq.onnx", {"past": past, "x": x})
+    qm = QuantModel(str(qpath))
+    past, x = arrays(0, 3)
+    first = {"past": past, "x": x}
+    engine = Engine(str(qpath), first)
+    for k in range(3):
+        np.testing.assert_allclose(engine.run(k, "all")["y"],
+                                   builders.run_model(qpath, [{"past": past[k], "x": x[k]}])[0]["y"], atol=1e-6)
+    past, x = arrays(0, 0)
+    folder = builders.save_folder({"past": past[:1] + first["past"][1:], "x": x[:1] + first["x"][1:]},
+                                  tmp_path / "calib")
+    with pytest.raises(PTQError, match=r"calibration sample '.*past/0\.npy, .*x/0\.npy' holds no values \(every "
+                                       r"input has a dimension of size 0\); drop it"):
+        load_data(folder, qm)
+    findings = [f for f in check_data(str(qpath), str(folder)).findings if f.check == "empty"]
+    assert [(f.severity, len(f.samples)) for f in findings] == [("error", 1)]
