@@ -118,6 +118,8 @@ class DataReport(JsonResult):
             lines.append(f"{f.severity.upper():7} {f.check}{where}: {f.message}")
             if f.fix:
                 lines.append(f"        fix: {f.fix}")
+            if f.samples and not all(str(w) in f.message for w in f.samples):  # which files, where not said
+                lines.append(f"        samples: {', '.join(map(str, f.samples))}")
         if not self.findings:
             lines.append("no problem found")
         errors, warnings = len(self.errors), len(self.warnings)
@@ -157,7 +159,10 @@ def _model_side(model_or_file, float_model):
         dims = declared_dims(i)
         specs[i.name] = _InputSpec(i.name, dims, NP_OF_ONNX.get(tt.elem_type))
         if dims and len(dims) >= 3:
-            specs[i.name].channel_axis = image_channel_axis(dims)
+            axis = image_channel_axis(dims)
+            # an open axis holds tokens or positions of a length that varies, not channels: per-position
+            # means of two sets compared would read a different preprocessing where there is none
+            specs[i.name].channel_axis = axis if dims[axis] else None
     if qm is not None:
         for c in qm.of_kind("activation"):
             if c.input in specs and not c.dynamic:  # a dynamic range fits any data
@@ -179,7 +184,8 @@ def _constant(st, name, dataset):
     a padding mask, a segment id) holds one value in normal samples: a mask of a sequence
     without padding, a one-token prefix, token_type_ids of one-segment text; so does a float
     input of zeros and ones only (an attention mask given as float)."""
-    mask = st.integral and st.count > 0 and 0 <= st.lo and st.hi <= 1 and len(st.spec.dims or ()) != 4  # no image
+    # zeros alone are no mask: all padding, or a blank feature
+    mask = st.integral and st.count > 0 and 0 <= st.lo and 0 < st.hi <= 1 and len(st.spec.dims or ()) != 4  # no image
     if not st.constant or mask or all(np.dtype(d).kind in "iub" for d in st.dtypes):
         return []
     if len(st.constant) < st.n or st.n == 1:
@@ -211,8 +217,11 @@ def _shapes(st, name, dataset):
             return Finding("shape", "info", f"samples vary along the model's open axes ({spans}); they run one at a "
                            "time", "nothing to do; samples of one shape can run stacked, which is faster", name,
                            dataset)
-    return Finding("shape", "error", f"samples have different shapes ({listed})",
-                   "save every sample with the model's input shape", name, dataset)
+    common = st.shapes.most_common(1)[0][0]
+    odd = [st.wheres[i] for i, s in st.sample_shapes.items() if s != common]
+    return Finding("shape", "error", f"samples have different shapes ({listed}); {len(odd)} of {st.n} are not "
+                   f"{list(common)} as most are", "save every sample with the model's input shape", name, dataset,
+                   odd[:_SHOWN])
 
 
 def _layout(shape, spec):
@@ -269,6 +278,8 @@ class _Stats:
         self.layout = None
         self.axis = None
         self.layout_message = self.layout_fix = ""
+        self.misfits = defaultdict(list)  # (verdict, message, fix) of a sample the model cannot take -> where
+        self.sample_shapes = {}  # sample index -> its shape
         self.ch_sum = self.ch_sq = None
         self.ch_count = 0
         self.digests = {}  # sample index -> digest of its array
@@ -286,8 +297,12 @@ class _Stats:
             self.empty.add(index)
         if extended_float(arr.dtype):
             arr = arr.astype(np.float32)  # as the analyses read it
-        if self.layout is None:
-            self.layout, self.axis, self.layout_message, self.layout_fix = _layout(arr.shape, self.spec)
+        self.sample_shapes[index] = tuple(arr.shape)
+        verdict, axis, message, fix = _layout(arr.shape, self.spec)
+        if self.layout is None:  # the first sample's layout reads the channels
+            self.layout, self.axis, self.layout_message, self.layout_fix = verdict, axis, message, fix
+        if verdict != "ok":
+            self.misfits[verdict, message, fix].append(where)
         if arr.dtype.kind not in "fiub":
             return
         a = arr.astype(np.float64, copy=False)
@@ -315,8 +330,8 @@ class _Stats:
             other = tuple(k for k in range(a.ndim) if k != self.axis)
             s, sq = a.sum(axis=other), np.square(a).sum(axis=other)
             if self.ch_sum is None or self.ch_sum.shape != s.shape:
-                if self.ch_sum is not None:
-                    self.axis = None  # shapes vary: no channel statistics
+                if self.ch_sum is not None:  # shapes vary: no channel statistics, not the first sample's
+                    self.axis, self.ch_sum, self.ch_sq, self.ch_count = None, None, None, 0
                     return
                 self.ch_sum, self.ch_sq = np.zeros_like(s), np.zeros_like(sq)
             self.ch_sum += s
@@ -422,12 +437,12 @@ def _data_findings(stats, specs, dataset, unscanned=0):
                                "fix the preprocessing (division by zero, log of 0) or drop these samples",
                                name, dataset, st.nonfinite[:_SHOWN]))
         out += _constant(st, name, dataset)
-        if len(st.shapes) > 1:
+        if len(st.shapes) > 1 and not st.misfits:  # a misfit's finding names the odd samples
             out.append(_shapes(st, name, dataset))
-        if st.layout in ("nhwc", "nchw", "shape") and spec.dims is not None:
-            check = "layout" if st.layout in ("nhwc", "nchw") else "shape"
-            out.append(Finding(check, "error", st.layout_message, st.layout_fix, name, dataset,
-                               details={"layout": st.layout}))
+        for (verdict, message, fix), wheres in st.misfits.items():
+            some = "" if len(wheres) == st.n else f"{len(wheres)} of {st.n} "
+            out.append(Finding("layout" if verdict in ("nhwc", "nchw") else "shape", "error", some + message, fix,
+                               name, dataset, wheres[:_SHOWN], details={"layout": verdict}))
         if spec.dtype is not None and st.dtypes:
             got = np.dtype(st.dtypes.most_common(1)[0][0])
             want = np.dtype(spec.dtype)
@@ -501,7 +516,7 @@ def _range_findings(name, st, spec, dataset):
                 "apply the model's own preprocessing (e.g. /255, then (x - mean) / std) before saving; if these "
                 "data are right, the model was calibrated on wrongly preprocessed data: re-calibrate",
                 name, dataset, details=details))
-        elif (st.hi - st.lo) < NARROW_SHARE * (rhi - rlo):
+        elif st.lo < st.hi and (st.hi - st.lo) < NARROW_SHARE * (rhi - rlo):  # one value: the constant finding
             consistent = False
             out.append(Finding(
                 "range-narrow", "warning",

@@ -154,8 +154,9 @@ def test_a_shape_the_model_fixes_is_an_error_and_a_constant_float_input_a_note(n
     report = check_data(str(net["qdq"]), {"x": arrays})
     assert "shape" in report.checks("error")
     report = check_data(str(net["qdq"]), {"x": [np.full_like(a, 0.5) for a in net["data"]["x"]]})
-    assert report.checks("info") == ["constant"] and "0.5" in report.findings[0].message
+    assert report.checks("info") == ["constant"] and "range-narrow" not in report.checks()  # one value, no span
     [constant] = [f for f in report.findings if f.check == "constant"]
+    assert "(0.5)" in constant.message
     assert "for a recurrent state" in constant.message  # zeros fed as a stream's state
 
 
@@ -490,3 +491,84 @@ def test_blank_images_of_zeros_and_ones_are_still_told(net):
     white[2] = np.zeros((1, 3, 16, 16), np.float32)
     told = [f for f in check_data(str(net["qdq"]), {"x": white}).findings if f.check == "constant"]
     assert [f.severity for f in told] == ["info"] and "wrong for an image" in told[0].message, told
+
+
+def _sequence_model(tmp_path, rng, dim=16):
+    """y = Relu(x @ w) over ``x [N, T, dim]``, T open."""
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["h"], name="mm"),
+                               helper.make_node("Relu", ["h"], ["y"], name="relu")], "seq",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", "T", dim])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", "T", dim])],
+                              [numpy_helper.from_array((rng.standard_normal((dim, dim)) / 4).astype(np.float32),
+                                                       "w")])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), tmp_path / "f.onnx")
+    return tmp_path / "f.onnx"
+
+
+def test_sequences_of_varying_length_have_no_channel_statistics(tmp_path):
+    """Over [N, T, 16] with T open, the "channel means" were the per-token means of the
+    first sample alone, and two sets drawn alike read "a different scale (std / scale_value)
+    in the preprocessing" or "25 data channels but 6 held-out channel means", which failed
+    ptq.assert_data at its default severity."""
+    rng = np.random.default_rng(0)
+
+    def draw(first):
+        return {"x": [rng.standard_normal((1, int(t), 16)).astype(np.float32)
+                      for t in [first, *rng.integers(4, 40, N - 1)]]}
+
+    cal, held = draw(25), draw(25)  # first samples of one length: their per-token means compared
+    qpath = builders.quantize(_sequence_model(tmp_path, rng), tmp_path / "q.onnx", cal)
+    report = check_data(str(qpath), cal, heldout=held)
+    assert not {"channel-stats", "channel-scale"} & set(report.checks()), report.text()
+    assert [s["x"]["channel_mean"] for s in report.stats.values()] == [None, None]
+    # the same model fed one length throughout: T is still no channel axis
+    fixed = {"x": [rng.standard_normal((1, 25, 16)).astype(np.float32) for _ in range(N)]}
+    assert check_data(str(qpath), fixed).stats["calibration"]["x"]["channel_mean"] is None
+
+
+@pytest.mark.parametrize("odd", [0, 7])
+def test_a_sample_of_another_shape_is_named_wherever_it_lies(net, tmp_path, odd):
+    """One photo not resized among 20: check-data named no file, and where it came first
+    said "samples are [1, 3, 16, 20] but the model expects ..." as if every sample were."""
+    arrays = [a.copy() for a in net["data"]["x"]]
+    arrays[odd] = np.concatenate([arrays[odd], arrays[odd][..., :4]], axis=3)
+    folder = builders.save_folder({"x": arrays}, tmp_path / f"calib{odd}")
+    report = check_data(str(net["qdq"]), str(folder))
+    [shape] = [f for f in report.findings if f.check in ("shape", "layout")]
+    assert (shape.check, shape.severity) == ("shape", "error")
+    assert shape.message.startswith(f"1 of {N} samples are [1, 3, 16, 20] but the model expects [1, 3, 16, 16]")
+    assert shape.samples == [str(folder / "x" / f"{odd}.npy")]
+    assert f"        samples: {folder / 'x' / f'{odd}.npy'}" in report.text().splitlines()
+
+
+def test_the_table_shows_every_axis_span_and_all_zero_data_are_constant_not_scaled_down(tmp_path, capsys):
+    """Images of 8..32 x 16..40 read "1,3,8..32 +1 more" in check-data's table (cut as a
+    list of names); all-zero float samples were taken for a mask and blamed on data
+    "divided by 255 twice"."""
+    rng = np.random.default_rng(1)
+    fpath = builders.conv_net(tmp_path / "f.onnx")
+    model = onnx.load(str(fpath))
+    for d in model.graph.input[0].type.tensor_type.shape.dim[2:]:
+        d.dim_param = "side"
+    for d in model.graph.output[0].type.tensor_type.shape.dim[2:]:
+        d.dim_param = "side_out"
+    onnx.save(model, str(fpath))
+    data = {"x": [rng.standard_normal((1, 3, h, w)).astype(np.float32) for h, w in ((8, 16), (32, 40), (16, 24))]}
+    qpath = builders.quantize(fpath, tmp_path / "q.onnx", data)
+    assert main(["check-data", str(qpath), str(builders.save_folder(data, tmp_path / "d"))]) in (0, 1)
+    assert "| 1,3,8..32,16..40 |" in capsys.readouterr().out
+
+    zeros = {"x": [np.zeros((1, 8), np.float32) for _ in range(N)]}
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")], "flat",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 8])],
+                              [numpy_helper.from_array(rng.standard_normal((8, 8)).astype(np.float32), "w")])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), tmp_path / "m.onnx")
+    qpath = builders.quantize(tmp_path / "m.onnx", tmp_path / "mq.onnx", zeros)
+    report = check_data(str(qpath), zeros)
+    assert "range-narrow" not in report.checks()
+    assert [f.check for f in report.findings if f.input == "x"] == ["constant"]

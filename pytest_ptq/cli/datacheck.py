@@ -15,8 +15,9 @@ def run(args):
     rows = []
     for dataset, per_input in report.stats.items():
         for name, s in per_input.items():
+            span = s.get("shape_span")  # "1,3,8..32,16..40": whole, not cut as a list of names would be
             rows.append({"data": dataset, "input": name, "samples": s["samples"],
-                         "shape": s.get("shape_span") or ("scalar" if s["shape"] == [] else s["shape"]),
+                         "shape": ",".join(span) if span else "scalar" if s["shape"] == [] else s["shape"],
                          "dtype": s["dtype"], "min": s["min"], "max": s["max"], "mean": s["mean"],
                          "std": s["std"], "channel means": vector(s["channel_mean"]) if s["channel_mean"] else "",
                          "calibrated range": _span(s["calibrated_range"])})
