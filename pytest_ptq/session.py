@@ -368,11 +368,23 @@ class PTQSession:
         rec.diagnosed = True
         settings = self._settings_of(item)
         for model_id in rec.models:
-            if model_id not in self.diagnoses:
-                self.diagnoses[model_id] = self._diagnose(model_id, settings)
+            ranked, by_nodes = self._ranked_in(model_id, settings)
+            made = self.explained_with.get(model_id)
+            if model_id not in self.diagnoses or by_nodes and (made.node_type, made.metric) != (
+                    ranked.node_type, ranked.metric):
+                self.diagnoses[model_id] = self._diagnose(model_id, ranked)
         rec.section = "\n\n".join(f"{self.analyses[m].label}:\n" + "\n".join(self.explanation(m)["lines"])
                                    for m in rec.models if m in self.diagnoses)
         return rec.section
+
+    def _ranked_in(self, model_id, settings):
+        """(settings, True) with the node type and metric of the model's failing nodes check,
+        whose offenders the explanation's fix must reach (a check given them as arguments, a
+        contract's beside a Python test), whichever test failed first; else (settings, False)."""
+        r = next((r for r in self._results_of(model_id) if r.kind == "nodes" and not r), None)
+        if r is None:
+            return settings, False
+        return dataclasses.replace(settings, node_type=r.node_type, metric=r.metric), True
 
     def explanation(self, model_id):
         """The diagnosis of ``model_id`` (None before a failure computed one) with the searches

@@ -258,6 +258,32 @@ def test_terminal_and_report_rank_the_kind_the_verdict_blames(pytester, tmp_path
     assert next(iter(top)) in page.split("Most sensitive activation nodes", 1)[1][:3000]
 
 
+def test_the_explanation_ranks_the_kind_of_the_failing_nodes_check_whatever_the_order(pytester, tmp_path):
+    """A nodes check given its node type as an argument, or by a contract beside a Python
+    test that failed first, was explained in the session's node type: its "fix to try" left
+    out the node the check named (0.29 with only it quantized), and which ranking stood
+    changed with the order of the tests (pytest-randomly's seed)."""
+    data = builders.samples(8, seed=1)
+    fp = builders.conv_net(tmp_path / "float.onnx", outlier_channel=3)
+    builders.quantize(fp, pytester.path / "q.onnx", {k: [a * 0.1 for a in v] for k, v in data.items()})
+    builders.save_folder(data, pytester.path / "calib")
+    shutil.copy(fp, pytester.path / "float.onnx")
+    mark = '@pytest.mark.ptq(model="q.onnx", data="calib", float_model="float.onnx")\n'
+    pytester.makepyfile(test_act="import pytest\n" + mark + "def test_act(ptq):\n"
+                                 "    ptq.assert_nodes(0.999, node_type='activation')\n",
+                        test_out="import pytest\n" + mark + "def test_out(ptq):\n    ptq.assert_outputs(0.99)\n")
+    pytester.makefile(".ptq.yaml", m="model: q.onnx\ndata: calib\nfloat_model: float.onnx\noutputs: 0.99\n"
+                                     "nodes: {type: activation, threshold: 0.999}\nbaseline: false\n")
+    top = next(iter(Analysis(AnalysisKey(str(pytester.path / "q.onnx"), str(pytester.path / "calib"),
+                                         str(pytester.path / "float.onnx")), pytester.path).sensitivity("activation")))
+    for args in (["test_act.py"], ["m.ptq.yaml", "test_out.py"], ["test_out.py", "m.ptq.yaml"]):
+        out = run(pytester, *args, "-p", "no:randomly").stdout.str()
+        assert f"FAILED nodes    cosine-similarity with only {top} quantized" in out, args
+        explained = out.split("most sensitive activation nodes", 1)
+        assert len(explained) == 2, (args, out)
+        assert f"  1. {top} " in explained[1] and f"keep {top}" in explained[1], (args, out)
+
+
 def test_a_rewrite_that_loses_more_than_quantizing_is_said_beside_the_three_configs():
     """The three configs measure against the graph as the quantizer rewrote it: where that
     rewrite alone (float model vs every pair bypassed) loses more, the cause says so."""
