@@ -529,9 +529,12 @@ UPDATES = ("none", "failing", "all")
 
 
 def check_baseline(analysis, path, update="none", tolerance=0.001, node_type="node", metric=COSINE,
-                   inputs=None, update_command=None, rerun_command=None, named=()):
+                   inputs=None, update_command=None, rerun_command=None, named=(), written=None):
     """Compare ``analysis`` with the baseline at ``path`` and apply the update policy;
     ``named``: outputs and slices whose figures the baseline keeps too (see ``measure``).
+    ``written``: ``{resolved path: status}`` of the baselines this run wrote, kept by the
+    caller across checks: a later check of one (a rerun by pytest-rerunfailures) fails as the
+    first did instead of passing against the numbers it wrote itself.
 
     ``update``: ``"none"`` (CI: a missing baseline fails), ``"failing"`` (write missing or
     failing baselines; the check still fails), ``"all"`` (rewrite and pass). A baseline is
@@ -553,11 +556,19 @@ def check_baseline(analysis, path, update="none", tolerance=0.001, node_type="no
                               update_command=update_command or "pytest --ptq-update-baseline",
                               rerun_command=rerun_command or "pytest")
 
+    if written is not None and update != "all" and path.resolve() in written:
+        return result(False, written[path.resolve()])
+
+    def wrote(status, diff=None, problem=""):
+        if written is not None:
+            written[path.resolve()] = status
+        return result(update == "all", status, diff, problem=problem)
+
     if not path.exists():
         if update == "none":
             return result(False, "missing")
         new.save(path)
-        return result(update == "all", "created")
+        return wrote("created")
     try:
         old = Baseline.load(path)
     except BaselineError as exc:
@@ -567,13 +578,13 @@ def check_baseline(analysis, path, update="none", tolerance=0.001, node_type="no
             raise PTQError(f"baseline {shown_value(str(path), 240)} {exc.problem}; pytest-ptq only ever replaces its "
                            "own baselines, so choose another path for this one") from None
         new.save(path)
-        return result(update == "all", "rewritten", problem=exc.problem)
+        return wrote("rewritten", problem=exc.problem)
     diff = compare(old, new, tol)
     # another model's baseline is never rewritten on a failure: one of two models sharing the
     # name replaced the other's committed baseline, which then passed against its numbers
     if update == "all" or (update == "failing" and not diff.ok and not diff.other_model):
         new.save(path)
-        return result(update == "all", "rewritten", diff)
+        return wrote("rewritten", diff)
     return result(diff.ok, "ok" if diff.ok else "mismatch" if diff.mismatch else "degraded", diff)
 
 
@@ -778,7 +789,8 @@ class PTQ:
     recorded for the failure section, JUnit properties and the HTML report.
     """
 
-    def __init__(self, analysis, settings, record, baseline_path, inputs=None, commands=None, base=None):
+    def __init__(self, analysis, settings, record, baseline_path, inputs=None, commands=None, base=None,
+                 written=None):
         self.analysis = analysis
         self._base = base  # the test module's folder: paths given to the checks are relative to it
         self.settings = settings
@@ -787,6 +799,7 @@ class PTQ:
         self._inputs = inputs  # what the test reads beyond the analysis (a contract, its evaluate file)
         # how to run this test again, as printed in messages: {"update": ..., "rerun": ...}
         self._commands = commands or {}
+        self._written = written  # the baselines the session wrote (see check_baseline)
 
     @property
     def engine(self):
@@ -854,7 +867,7 @@ class PTQ:
             self.analysis, path, s.update, s.tolerance if tolerance is None else tolerance,
             node_type or s.node_type, metric or s.metric, inputs=inputs,
             update_command=self._commands.get("update"), rerun_command=self._commands.get("rerun"),
-            named=tuple(outputs or ())))
+            named=tuple(outputs or ()), written=self._written))
 
     def _warn_outside_root(self, path):
         # the baseline folder itself is warned about once, at start-up (see session.py)

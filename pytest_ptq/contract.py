@@ -581,7 +581,8 @@ class ContractItem(pytest.Item):
         session.use(self, analysis)
         self.stash[ptq_session.SETTINGS_KEY] = settings
         ptq = PTQ(analysis, settings, lambda result: session.record(self, analysis, result), c.baseline,
-                  inputs=c.inputs(), commands=session.commands(self), base=Path(self.path).parent)
+                  inputs=c.inputs(), commands=session.commands(self), base=Path(self.path).parent,
+                  written=session.baselines_written)
         if self.name == "outputs":
             # output thresholds are cosines unless the contract itself names a metric
             result = ptq.check_outputs(c.outputs, c.metric or COSINE)

@@ -292,4 +292,4 @@ def ptq(request, ptq_session, ptq_settings, ptq_analysis):
     node = request.node
     return PTQ(ptq_analysis, ptq_settings, lambda result: ptq_session.record(node, ptq_analysis, result),
                lambda: ptq_session.baseline_path(node, ptq_settings), commands=ptq_session.commands(node),
-               base=Path(node.path).parent)
+               base=Path(node.path).parent, written=ptq_session.baselines_written)

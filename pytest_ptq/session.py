@@ -66,6 +66,7 @@ class PTQSession:
         self.analyses = {}  # AnalysisKey.id -> Analysis
         self.tests = {}  # node id -> Record
         self._baseline_owners = {}  # default baseline path -> the node id that compared with it first
+        self.baselines_written = {}  # resolved path -> "created" or "rewritten": this run's, failing again
         self.worker_payloads = []
         self.worker_inputs = []  # [path, what] read by the workers' tests
         self.worker_terminal = []  # the workers' terminal payloads (JSON text)
@@ -288,15 +289,19 @@ class PTQSession:
         Claimed by the first test that asks: a second test mapped to the same file (ids that
         differ only in characters a file name cannot hold) is refused in one sentence."""
         file, _, rest = item.nodeid.partition("::")
+        step = getattr(getattr(item, "callspec", None), "params", {}).get("__pytest_repeat_step_number")
+        if isinstance(step, int):  # pytest-repeat's "[a-2-5]": every repetition compares with one baseline
+            rest = re.sub(rf"(?:\[|-){step + 1}-\d+\]$", lambda m: "" if m.group(0)[0] == "[" else "]", rest)
         folder = Path(file).with_suffix("") if file.endswith(".py") else Path(file)
         # a test outside the rootdir must not write outside the baseline folder
         folder = Path(*[p if p not in ("..", ".", "/") else "_" for p in folder.parts])
         name = re.sub(r"[^A-Za-z0-9._\-\[\]=,]+", "_", rest.replace("::", ".")).strip("._") or "baseline"
         path = Path(settings.baseline_dir) / folder / f"{name}.json"
-        owner = self._baseline_owners.setdefault(path, item.nodeid)
-        if owner != item.nodeid:  # one would compare with, or rewrite, the other's numbers
+        test = f"{file}::{rest}"
+        owner = self._baseline_owners.setdefault(path, test)
+        if owner != test:  # one would compare with, or rewrite, the other's numbers
             shown = Path(os.path.relpath(path, self.root)).as_posix() if below(path, self.root) else path
-            raise PTQError(f"tests {owner} and {item.nodeid} share the default baseline file {shown} (their ids "
+            raise PTQError(f"tests {owner} and {test} share the default baseline file {shown} (their ids "
                            "differ only in characters a file name cannot hold); give one of them an id of its own "
                            "(pytest.param(..., id=...)) or a baseline path of its own (ptq.assert_baseline(path) "
                            "or a ptq marker's baseline=)")

@@ -341,6 +341,61 @@ def test_outputs_only(ptq, name):
     assert sorted(p.name for p in project.path.glob("a*.json")) == ["a-b.json", "a_b.json"]
 
 
+def test_a_baseline_written_by_this_run_fails_each_check_of_it_in_this_run(project):
+    """--ptq-update-baseline fails the checks it wrote a baseline for, so that no run passes
+    on a file it wrote itself; pytest-rerunfailures' rerun compared with the file the first
+    attempt had just written, and the run passed. A later check of it (a rerun, a second
+    call) fails as the first did; the next run compares."""
+    project.makepyfile(test_twice=f"""
+import pytest
+
+pytestmark = pytest.mark.ptq(model="model.onnx", data="calib", node_type="activation", tolerance={TOL})
+
+def test_twice(ptq):
+    first, second = ptq.check_baseline(), ptq.check_baseline()
+    assert (first.passed, first.status) == (second.passed, second.status) == (False, "created")
+
+def test_shared_a(ptq):
+    ptq.assert_baseline("shared.json")
+
+def test_shared_b(ptq):
+    ptq.assert_baseline("shared.json")
+""")
+    result = run(project, "test_twice.py", "--ptq-update-baseline")
+    result.assert_outcomes(passed=1, failed=2)
+    assert result.stdout.str().count("baseline shared.json did not exist and has been written") == 2
+    run(project, "test_twice.py").assert_outcomes(passed=2, failed=1)  # test_twice's first check compares now
+
+
+REPEATED = """
+import pytest
+
+# pytest-repeat's convention (--count 2): a parameter of its own whose ids are "1-2", "2-2"
+@pytest.fixture
+def __pytest_repeat_step_number(request):
+    return request.param
+
+def pytest_generate_tests(metafunc):
+    metafunc.fixturenames.append("__pytest_repeat_step_number")
+    metafunc.parametrize("__pytest_repeat_step_number", range(2), indirect=True, ids=lambda i: f"{i + 1}-2")
+"""
+
+
+def test_the_repetitions_of_a_repeated_test_share_its_baseline(project):
+    """pytest-repeat's --count N gave each repetition an id of its own ([1-2], [2-2]): each
+    failed as a missing baseline beside the committed one, and an update wrote one per
+    repetition."""
+    project.makepyfile(test_rep=GUARDED.replace("test_guarded", "test_rep"))
+    run(project, "test_rep.py", "--ptq-update-baseline").assert_outcomes(failed=1)
+    run(project, "test_rep.py").assert_outcomes(passed=1)
+    project.makeconftest(REPEATED)
+    result = run(project, "test_rep.py", "-v")
+    result.assert_outcomes(passed=2)
+    result.stdout.fnmatch_lines(["*test_rep.py::test_rep?1-2? PASSED*", "*test_rep.py::test_rep?2-2? PASSED*"])
+    run(project, "test_rep.py", "--ptq-update-baseline").assert_outcomes(passed=2)
+    assert [p.name for p in (project.path / "ptq_baselines").rglob("*.json")] == ["test_rep.json"]
+
+
 def test_a_contracts_output_slices_are_kept_in_its_baseline(project, models):
     """A contract's thresholds named a slice; its baseline kept the whole output only, so the
     slice could lose 4x the tolerance (and fail its own floor) while the baseline passed."""
