@@ -120,13 +120,17 @@ class PTQSession:
             for folder, _dirs, _files in os.walk(s.baseline_dir):
                 guard.clean_stale_temps(folder)
 
+    @property
+    def runs_tests(self):
+        """False under --collect-only and --fixtures, which run no test: an existing page stays."""
+        return not (self.config.getoption("collectonly", False) or self.config.getoption("showfixtures", False))
+
     def start(self):
         """A session starts (not --help or --markers, which configure and end): the last run's
         page gives way to one saying this run has not written its results, so that a run
         killed where nothing can be written (SIGTERM, SIGKILL) leaves no earlier page that
         reads as its own. --collect-only and --fixtures run no test: an existing page stays."""
-        opt = self.config.getoption
-        if self.is_worker or self.settings.report is None or opt("collectonly", False) or opt("showfixtures", False):
+        if self.is_worker or self.settings.report is None or not self.runs_tests:
             return
         from . import report as html_report
 
@@ -682,9 +686,9 @@ class PTQSession:
         ``interrupted`` (Ctrl-C, a CI timeout's signal): the page says so and holds no results,
         drawn nothing for (a partial page read as all passing, and drawing it kept the run
         alive seconds after the signal); ``stopped``: why the run ended before its last test
-        (-x, --maxfail), which the page says. Under --collect-only nothing is written: an
-        existing report stays."""
-        if self.config.getoption("collectonly", False):
+        (-x, --maxfail), which the page says. Under --collect-only and --fixtures nothing is
+        written: an existing report stays."""
+        if not self.runs_tests:
             return
         if self.is_worker:
             if self.analyses:  # its tests are done: the workers still running may take its cores
@@ -747,7 +751,7 @@ class PTQSession:
                 terminalreporter.write_sep("_" if text.startswith("ptq: ") else "=", text)
             else:
                 terminalreporter.write_line(text, red=kind == "error", yellow=kind == "warning")
-        if self.settings.report is None:
+        if self.settings.report is None or not self.runs_tests:  # no page written: none to point at
             return
         if self.report_error:
             terminalreporter.write_line(f"ERROR: {self.report_error}", red=True, bold=True)

@@ -705,14 +705,17 @@ def test_a_killed_run_leaves_a_page_that_says_it_did_not_finish(project):
     assert "has not written its results" in page and "passing" not in page
 
 
-def test_help_markers_and_collect_only_keep_the_last_page(project):
+def test_help_markers_collect_only_and_fixtures_keep_the_last_page(project):
     """They run no test: the page saying a run has not finished is written as a session
-    starts, not as pytest configures (--help and --markers configure and end)."""
+    starts, not as pytest configures (--help and --markers configure and end); --fixtures
+    rewrote the page with no results at its end, and --collect-only said "ptq report:" of a
+    page it kept."""
     run(project, "--ptq-report=report.html").assert_outcomes(passed=2, failed=1)
     page = (project.path / "report.html").read_text()
-    for args in (["--help"], ["--markers"], ["--collect-only"]):
-        run(project, "--ptq-report=report.html", *args)
+    for args in (["--help"], ["--markers"], ["--collect-only"], ["--fixtures"]):
+        result = run(project, "--ptq-report=report.html", *args)
         assert (project.path / "report.html").read_text() == page, args
+        assert "ptq report:" not in result.stdout.str(), args  # it said it wrote the page it kept
 
 
 def test_a_box_plot_keeps_its_width_and_scrolls(tmp_path):
