@@ -236,6 +236,15 @@ class CalibrationData:
         its values where possible."""
         return tuple((name, tuple(src.header(self.indices[i])[0])) for name, src in self.sources.items())
 
+    def fed_shapes(self, i):
+        """:meth:`shapes` as the model takes them: a batch axis added where :meth:`sample`
+        adds it, so a file saved without one reads as its siblings saved with one."""
+        out = []
+        for name, shape in self.shapes(i):
+            dims = getattr(self, "expected", {}).get(name, (None, None))[0]
+            out.append((name, (1, *shape) if dims is not None and len(shape) == len(dims) - 1 else shape))
+        return tuple(out)
+
 
 def _check_shape(name, where, shape, dt, dims, dtype, role):
     if extended_float(dt):

@@ -19,6 +19,16 @@ class PTQError(ValueError):
     """Bad input or an unsupported model: the message says what to do."""
 
 
+class ModelFailed(PTQError):
+    """onnxruntime failed inside the model with nothing in its words pointing at the data
+    (a kernel refusing the shapes it was handed, say): ``source`` and onnxruntime's
+    ``quoted`` line are kept for a caller who knows the sample, whose shapes may say more."""
+
+    def __init__(self, message, source, quoted):
+        super().__init__(message)
+        self.source, self.quoted = source, quoted
+
+
 class PTQWarning(UserWarning):
     """What the analyses warn of (data, outputs, the cache): the run goes on."""
 

@@ -29,6 +29,7 @@ import numpy as np
 from . import guard, params
 from .data import load_data, overflows
 from .engine import Engine
+from .engine.core import on_sample
 from .engine.runtime import ALWAYS_DISABLED, INLINE_DISABLED, asked_providers, make_session, run
 from .engine.sanity import spread
 from .errors import NotQuantized, PTQError
@@ -181,11 +182,13 @@ def localize_stages(float_model, calibrated_model, calibrated_data, metrics=("co
     labels = ["optimized-float", REWRITE[0], "fake-quant", "integer", "kernel-gap"]
     pools = {k: [Pooled(m, specs, per_sample=True) for m in metric_objs] for k in labels}
     indices = range(len(data))
+    ran = set()
     with Progress(len(data), "stages", enabled=progress) as bar:
         for i in indices:
             feeds = data.sample(i)
-            outs = {k: dict(zip(tensors, run(sess, tensors, feeds, str(sources[k] or "<ModelProto>"))))
-                    for k, sess in sessions.items()}
+            with on_sample(data, i, ran):
+                outs = {k: dict(zip(tensors, run(sess, tensors, feeds, str(sources[k] or "<ModelProto>"))))
+                        for k, sess in sessions.items()}
             _check_reference(outs["reference"], feeds, i, fpath)
             outs["rewritten"] = engine.run(feeds, (), tensors)
             for k in labels:
@@ -251,7 +254,8 @@ def simulation_gap(engine, specs, samples=SIMULATION_SAMPLES, model=None, provid
     worst = []
     try:
         for i in spread(count, n):
-            given = dict(zip(tensors, run(session, tensors, engine.data.sample(i), qm.source)))
+            with engine.on_sample(i):
+                given = dict(zip(tensors, run(session, tensors, engine.data.sample(i), qm.source)))
             if (i, tuple(tensors)) not in simulated:
                 simulated[i, tuple(tensors)] = engine.run(i, "all", tensors)
             ours = simulated[i, tuple(tensors)]

@@ -1056,6 +1056,109 @@ def test_token_ids_and_a_mask_of_other_lengths_are_told_to_fit_each_other(tmp_pa
     assert "does not run as stored" not in err and f"{folder / 'mask' / '1.npy'}" in err
 
 
+def _fixed_inside(tmp_path, count, odd):
+    """A net whose input leaves H and W open but whose Flatten -> Gemm takes 16x16 only, and
+    ``count`` samples of 16x16 but for ``odd``, 16x20: (model, float model, data folder)."""
+    rng = np.random.default_rng(0)
+    w1 = (rng.standard_normal((4, 3, 3, 3)) * 0.3).astype(np.float32)
+    wf = (rng.standard_normal((10, 4 * 16 * 16)) * 0.05).astype(np.float32)
+    graph = helper.make_graph([helper.make_node("Conv", ["x", "w1"], ["c"], pads=[1, 1, 1, 1]),
+                               helper.make_node("Relu", ["c"], ["r"]), helper.make_node("Flatten", ["r"], ["f"]),
+                               helper.make_node("Gemm", ["f", "wf"], ["y"], transB=1)], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, "H", "W"])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 10])],
+                              [numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(wf, "wf")])
+    fp = tmp_path / "f.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), fp)
+    data = {"x": [rng.standard_normal((1, 3, 16, 16)).astype(np.float32) for _ in range(count)]}
+    q = builders.quantize(fp, tmp_path / "q.onnx", data)
+    data["x"][odd] = rng.standard_normal((1, 3, 16, 20)).astype(np.float32)
+    folder = builders.save_folder(data, tmp_path / "calib")
+    # what a plain session says: every sample runs but the odd one, which fails in the Gemm
+    for i in range(count):
+        feeds = {"x": np.load(folder / "x" / f"{i}.npy")}
+        if i == odd:
+            with pytest.raises(Exception, match="Gemm"):
+                builders.run_model(q, feeds)
+        else:
+            builders.run_model(q, feeds)
+    return q, fp, folder
+
+
+def _shape_sentence(folder, odd, others, ran=True):
+    """The sentence the tool must say, from the files' own shapes."""
+    mine = list(np.load(folder / "x" / f"{odd}.npy").shape)
+    theirs = {str(list(np.load(folder / "x" / f"{i}.npy").shape)) for i in others}
+    assert len(theirs) == 1 and str(mine) not in theirs
+    where = "the samples that run are" if ran else "the other samples are"
+    return (f"on calibration sample {odd} ({folder / 'x' / f'{odd}.npy'}), whose input 'x' is {mine} where {where} "
+            f"{theirs.pop()}: the model's open axes {'are not' if ran else 'may not be'} free inside it (")
+
+
+@pytest.mark.parametrize("count,odd", [(5, 3), (12, 1)], ids=["checked-first", "past-the-checks"])
+@pytest.mark.parametrize("command", ["get-sensitivity-of-nodes", "stages", "runall", "plot-acc-error"])
+def test_a_sample_of_a_size_the_model_fixes_inside_is_blamed_not_the_model(tmp_path, capsys, command, count, odd):
+    """An open H and W in the declared input, a Gemm sized for 16x16 inside, one sample of
+    16x20: every command blamed the model ("does not run as stored"), which runs the other
+    samples; past the float-equivalence check's samples (12 samples, the odd one unchecked),
+    the sentence did not even name the sample."""
+    q, fp, folder = _fixed_inside(tmp_path, count, odd)
+    args = {"get-sensitivity-of-nodes": [str(q), str(folder), "--quiet"],
+            "stages": [str(fp), str(q), str(folder)],
+            "runall": [str(q), str(folder), "--quiet", "-s", str(tmp_path / "out")],
+            "plot-acc-error": [str(q), str(folder), "-s", str(tmp_path / "out")]}[command]
+    assert main([command, *args]) == 2
+    err = capsys.readouterr().err
+    assert _shape_sentence(folder, odd, [i for i in range(count) if i != odd]) in err
+    assert "GEMM: Dimension mismatch" in err and err.rstrip().endswith(
+        "resize the sample or fix the model's declared shape")
+    assert "does not run as stored" not in err
+
+
+def test_a_first_sample_of_another_size_is_set_against_the_others_and_a_failure_of_like_shapes_blames_the_model(
+        tmp_path, capsys):
+    """Before any sample ran, the others' shapes (read from their headers) are what a failing
+    sample's are set against; where the failing sample's shapes are those of the others, the
+    model is blamed as before."""
+    q, _, folder = _fixed_inside(tmp_path, 4, 0)
+    assert main(["get-sensitivity-of-nodes", str(q), str(folder), "--quiet"]) == 2
+    assert _shape_sentence(folder, 0, [1, 2, 3], ran=False) in capsys.readouterr().err
+    # a Reshape to a shape one sample's values give: its shapes are the others', the model is blamed
+    rng = np.random.default_rng(2)
+    w = (rng.standard_normal((16, 4)) * 0.3).astype(np.float32)
+    graph = helper.make_graph([helper.make_node("Reshape", ["x", "s"], ["r"]), helper.make_node("MatMul", ["r", "w"], ["y"])],
+                              "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16]),
+                                    helper.make_tensor_value_info("s", TensorProto.INT64, [2])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])],
+                              [numpy_helper.from_array(w, "w")])
+    fp = tmp_path / "r.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), fp)
+    data = {"x": [rng.standard_normal((1, 16)).astype(np.float32) for _ in range(3)],
+            "s": [np.array([1, 16], np.int64)] * 3}
+    q = builders.quantize(fp, tmp_path / "rq.onnx", data)
+    data["s"] = [np.array([1, 16], np.int64), np.array([2, 16], np.int64), np.array([1, 16], np.int64)]
+    folder = builders.save_folder(data, tmp_path / "rcalib")
+    with pytest.raises(Exception):
+        builders.run_model(q, {k: v[1] for k, v in data.items()})
+    assert main(["get-sensitivity-of-nodes", str(q), str(folder), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "the model does not run as stored in onnxruntime; check it in a plain onnxruntime session (on calibration " \
+           "sample 1: " in err and "whose" not in err
+    assert f"{folder / 'x' / '1.npy'}" in err and f"{folder / 's' / '1.npy'}" in err
+
+
+def test_plugin_blames_a_sample_of_a_size_the_model_fixes_inside(tmp_path, pytester):
+    """The plugin's checks run the same engine: the failing test says which sample, and how
+    its shape differs, in the one sentence."""
+    q, _, folder = _fixed_inside(tmp_path, 5, 3)
+    pytester.makepyfile("def test_outputs(ptq):\n    ptq.assert_outputs()\n")
+    result = run_pytest(pytester, f"--ptq-model={q}", f"--ptq-data={folder}", "-p", "no:xdist")
+    result.assert_outcomes(errors=1)
+    out = result.stdout.str()
+    assert _shape_sentence(folder, 3, [0, 1, 2, 4]) in " ".join(out.split())
+    assert "does not run as stored" not in out and "Traceback" not in out
+
+
 def test_an_atomic_write_keeps_the_files_permissions(tmp_path):
     """A baseline rewritten by --ptq-update-baseline came back with the umask's mode, not its own."""
     from pytest_ptq import guard

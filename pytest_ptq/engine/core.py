@@ -20,7 +20,7 @@ import numpy as np
 
 from .. import guard, params
 from ..data import load_data
-from ..errors import PTQError, shown, unknown
+from ..errors import ModelFailed, PTQError, shown, unknown
 from ..model import QuantModel
 from ..model.qdq import custom_op_sentence
 from . import batching, runtime, sanity
@@ -32,6 +32,9 @@ from .workers import Workers, affordable, default_count
 LOW_MEMORY_BYTES = 64 * 2**20
 # Keep float references in memory up to this many bytes; beyond, they are recomputed.
 _REF_CACHE_BYTES = 512 * 2**20
+# Samples whose input shapes a failing sample's are set against, spread over those that ran
+_SHAPES_READ = 64
+_END = object()  # an iterator's end, read with next()
 
 
 MATRIX_OPS = ("MatMul", "Gemm")
@@ -132,6 +135,7 @@ class Engine:
         self._segments_count = None if segments is None else params.whole(segments, "segments", minimum=0)
         self._segments = None
         self._last_sample = None
+        self._ran = set()  # indices of samples onnxruntime ran: what a failing sample's shapes are set against
         self._ref_cache, self._ref_bytes = {}, 0
         self.model_outputs = list(self.qmodel.output_names)
         self.probe_tensors = [t for n in self.qmodel.normal.values() for t in n.outputs
@@ -400,15 +404,16 @@ class Engine:
             if missing:
                 raise PTQError(f"tensor {missing[0]!r} is not a float output of a normal node of "
                                f"{self.source!r}; name a model output or a node output")
-        try:
+        with self.on_sample(key):
             if kind == "main" and self.segments is not None:
                 return self._through_segments(key, sample, quantized, alternative, tensors)
             values = runtime.run(self.session(kind), tensors, self.feeds(sample, quantized, alternative), self.source)
-        except PTQError as exc:  # a sample's values onnxruntime refuses (an index out of range): name it
-            if not isinstance(key, int) or not hasattr(self.data, "describe") or "onnxruntime failed" not in str(exc):
-                raise
-            raise PTQError(f"{exc} (on {self.data.role} sample {key}: {self.data.describe(key)})") from None
         return dict(zip(tensors, values))
+
+    def on_sample(self, i):
+        """:func:`on_sample` of this engine's data: the samples it ran are what a failing
+        one's shapes are set against."""
+        return on_sample(self.data, i, self._ran)
 
     def _through_segments(self, key, sample, quantized, alternative, tensors):
         seg = self.segments
@@ -432,10 +437,11 @@ class Engine:
         configs = [(self._config(q), a) for q, a in configs]
         # the float prefix every config reads, computed once, as far as they ask, and what no
         # config left reads is dropped (configs come in graph order: one or two boundaries held)
-        seg.prefix(key, sample).expect(seg.start(seg.touched(q)) for q, _ in configs)
         try:
-            yield from self._workers.map(lambda qa: self._through_segments(key, sample, qa[0], qa[1], tensors),
-                                         configs)
+            with self.on_sample(key):
+                seg.prefix(key, sample).expect(seg.start(seg.touched(q)) for q, _ in configs)
+                yield from self._workers.map(lambda qa: self._through_segments(key, sample, qa[0], qa[1], tensors),
+                                             configs)
         finally:
             if feeds:
                 seg.forget(key)
@@ -449,6 +455,10 @@ class Engine:
         buffer of any tensor it exposes, so it holds a whole sample's activations (measured:
         243 MiB on the PP-OCRv4 recogniser for the float-equivalence check's few tensors;
         450 MiB on a ViT-S for its 37, which a session exposing just them holds in 30 MiB)."""
+        with self.on_sample(sample):
+            return self._tensors(sample, quantized, names)
+
+    def _tensors(self, sample, quantized, names):
         index = sample
         if isinstance(sample, (int, np.integer)):
             sample = self.sample(int(sample))
@@ -517,7 +527,8 @@ class Engine:
         """
         sess = self.session("local")
         names = [o.name for o in sess.get_outputs()]
-        values = dict(zip(names, runtime.run(sess, names, self.feeds(self.sample(i)), self.source)))
+        with self.on_sample(i):
+            values = dict(zip(names, runtime.run(sess, names, self.feeds(self.sample(i)), self.source)))
         local = {k[len(LOCAL_PREFIX):]: v for k, v in values.items() if k.startswith(LOCAL_PREFIX)}
         return values, local
 
@@ -552,14 +563,26 @@ class Engine:
             try:
                 while i is not None:  # one sample ahead: the last one's parts go once run
                     after = next(samples, None)
-                    yield i, seg.walk(i if isinstance(i, dict) else self.sample(i), forms, tensors, local,
-                                      last=after is None)
+                    parts = seg.walk(i if isinstance(i, dict) else self.sample(i), forms, tensors, local,
+                                     last=after is None)
+                    yield i, ((ref, loc, self._reading(i, outs)) for ref, loc, outs in self._reading(i, parts))
                     i = after
             finally:
                 seg.forget_walk()
             return
         for i in samples:
             yield i, self._probed(i, configs, tensors, local)
+
+    def _reading(self, i, items):
+        """``items``, an iterator that runs sample ``i`` as it is read, under :meth:`on_sample`:
+        the walk's runs happen in its reader's loop, outside any call of the engine's."""
+        items = iter(items)
+        while True:
+            with self.on_sample(i):
+                item = next(items, _END)
+            if item is _END:
+                return
+            yield item
 
     def _probed(self, i, configs, tensors, local):
         """:meth:`probes`' one part of sample ``i``, from sessions exposing every tensor: the
@@ -592,7 +615,8 @@ class Engine:
         if self._float_model is None:
             self._float_model = sanity.FloatModel(self)
         feeds = self.sample(int(sample)) if isinstance(sample, (int, np.integer)) else sample
-        values = self._float_model.outputs(feeds)
+        with self.on_sample(sample):
+            values = self._float_model.outputs(feeds)
         missing = [t for t in tensors if t not in values]  # an output the float model names otherwise
         if missing:
             values.update(self.run(sample, (), missing))
@@ -614,6 +638,54 @@ class Engine:
         self.rewrite = result.rewrite
         self.folded = sorted(result.suspects)
         return result
+
+
+@contextlib.contextmanager
+def on_sample(data, i, ran):
+    """Runs of sample ``i`` of ``data`` (an index; anything else: nothing is done): an
+    onnxruntime failure names the sample, and one that blames the model says how the
+    sample's input shapes differ from those of the samples in ``ran`` (indices), where they
+    do (see :func:`_failed_on`); a run that ends well adds the sample to ``ran``."""
+    index = isinstance(i, (int, np.integer)) and not isinstance(i, bool)
+    try:
+        yield
+    except PTQError as exc:
+        if (not index or not hasattr(data, "describe") or "onnxruntime failed" not in str(exc)
+                or getattr(exc, "sample", None) is not None):
+            raise
+        raise _failed_on(exc, data, int(i), ran) from None
+    if index:
+        ran.add(int(i))
+
+
+def _failed_on(exc, data, i, ran):
+    """The PTQError for ``exc``, onnxruntime failing on sample ``i`` of ``data``. A model
+    whose declared input leaves an axis open may still fix it inside (a Flatten feeding a
+    Gemm sized for one image size): onnxruntime then blames a node, and only the sample's
+    shape, beside those of the samples that ran (or, before any ran, the others'), tells
+    that the sample is what the model cannot take."""
+    error = None
+    if isinstance(exc, ModelFailed):
+        mine = dict(data.fed_shapes(i))
+        ran = [j for j in sorted(ran) if j != i]
+        others = ran or [j for j in range(len(data)) if j != i]
+        # a spread of them: a failure must not read the headers of a whole large data set
+        seen = [dict(data.fed_shapes(others[k])) for k in sanity.spread(len(others), _SHAPES_READ)]
+        if seen and mine not in seen:
+            names = ([n for n in mine if all(s[n] != mine[n] for s in seen)] or
+                     [n for n in mine if any(s[n] != mine[n] for s in seen)])
+            theirs = [" or ".join(dict.fromkeys(str(list(s[n])) for s in seen)) for n in names]
+            whose = " and ".join(f"input {n!r} is {list(mine[n])}" for n in names)
+            those = (f"the samples that run {'are' if len(names) == 1 else 'have'} " if ran else
+                     f"the other samples {'are' if len(names) == 1 else 'have'} ") + " and ".join(theirs)
+            free = "are not free inside it" if ran else "may not be free inside it"
+            error = PTQError(f"onnxruntime fails to run {exc.source!r} on {data.role} sample {i} "
+                             f"({data.describe(i)}), whose {whose} where {those}: the model's open axes {free} "
+                             f"({exc.quoted}); resize the sample or fix the model's declared shape")
+    if error is None:
+        error = PTQError(f"{exc} (on {data.role} sample {i}: {data.describe(i)})")
+    error.sample = i
+    return error
 
 
 def engine_for(model_or_file, calibrated_data=None, float_model=None):

@@ -13,7 +13,7 @@ import warnings
 import weakref
 
 from .. import params
-from ..errors import PTQError, unknown
+from ..errors import ModelFailed, PTQError, unknown
 
 LEVELS = {"disable": "ORT_DISABLE_ALL", "basic": "ORT_ENABLE_BASIC",
           "extended": "ORT_ENABLE_EXTENDED", "all": "ORT_ENABLE_ALL"}
@@ -729,7 +729,8 @@ def run(session, names, feeds, source, shrink=False, float_model=False):
 def run_error(exc, source, float_model=False):
     """A PTQError for onnxruntime failing to run ``source``: its own message first, then what
     to check (the data only when onnxruntime complains about an input; a float model's
-    inputs that differ from the quantized model's: whether it is the right one)."""
+    inputs that differ from the quantized model's: whether it is the right one); a
+    :class:`~pytest_ptq.errors.ModelFailed` where nothing in its words points at the data."""
     msg = first_line(exc)
     low = msg.lower()
     if any(k in low for k in ("invalid rank for input", "got invalid dimensions for input",
@@ -742,5 +743,6 @@ def run_error(exc, source, float_model=False):
     elif any(k in low for k in ("out of data bounds", "out of range", "out of bounds")):
         hint = "check the data's values: an index outside the range the model takes"
     else:
-        hint = "the model does not run as stored in onnxruntime; check it in a plain onnxruntime session"
+        return ModelFailed(f"onnxruntime failed to run {source!r}: {msg}; the model does not run as stored in "
+                           "onnxruntime; check it in a plain onnxruntime session", source, msg)
     return PTQError(f"onnxruntime failed to run {source!r}: {msg}; {hint}")

@@ -224,7 +224,8 @@ class FloatModel:
 
     def compare(self, i, bypassed):
         """Compare the float model on sample ``i`` with ``bypassed`` (name -> value)."""
-        ref = self.outputs(self.engine.sample(i))
+        with self.engine.on_sample(i):
+            ref = self.outputs(self.engine.sample(i))
         for k in self.engine.model_outputs:
             v = bypassed[k]
             if k in ref and v.dtype.kind == "f" and v.size:  # an empty output (no detection) agrees trivially

@@ -166,7 +166,8 @@ def output_score(engine, float_model, metric="cosine-similarity"):
         pool = Pooled(m, specs)
         for i in range(len(engine.data)):
             feeds = engine.data.sample(i)
-            pool.add(dict(zip(tensors, run(reference, tensors, feeds, source))), new.run(i, "all", tensors))
+            with engine.on_sample(i):
+                pool.add(dict(zip(tensors, run(reference, tensors, feeds, source))), new.run(i, "all", tensors))
         return {"calibration": pool.value()}
 
     return score
