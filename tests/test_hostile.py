@@ -417,6 +417,22 @@ def test_a_scale_below_the_smallest_normal_float_is_noted(project, capsys):
              "('c2_scale'), below float32's smallest normal number", "as with a scale of 0")
 
 
+def test_a_negative_activation_scale_is_noted_and_its_threshold_said_to_be_its_magnitude(project, capsys):
+    """A negated activation scale mirrors its grid (c2 ranked 0.000000 with a positive threshold)
+    and was said nowhere; only the block-wise weights onnxruntime's quantizer flips on purpose
+    stay silent (test_conventions)."""
+    scale, zp = _init(project, "c2_scale"), _init(project, "c2_zero_point")
+    _edited(c2_scale=-scale)(project)
+    assert main(["get-sensitivity-of-nodes", "bad.onnx", "calib", "-t", "activation"]) == 0
+    captured = capsys.readouterr()
+    one_line(captured.err, f"QuantizeLinear 'c2_QuantizeLinear' of 'bad.onnx' has a scale of {-scale:g} "
+             "('c2_scale'), below zero", "the threshold shown is of its magnitude")
+    info = np.iinfo(zp.dtype)
+    row = next(line for line in captured.out.splitlines() if line.startswith("| c2_QuantizeLinear "))
+    assert float(row.split("|")[3]) == pytest.approx(
+        float(scale) * max(info.max - int(zp), int(zp) - info.min), rel=1e-5)
+
+
 def _init(root, name):
     model = onnx.load(str(root / "m.onnx"))
     return next(onnx.numpy_helper.to_array(i) for i in model.graph.initializer if i.name == name)

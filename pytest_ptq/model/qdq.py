@@ -781,9 +781,10 @@ class QuantModel:
 
     def _check_params(self, node, scale, zp, axis, block):
         """Refuse, in one sentence, a scale or zero point whose values or shape onnxruntime
-        would turn into NaN or refuse; note scales of zero or nearly zero (values that
-        dequantize to 0). A negative scale flips the grid, which onnxruntime's symmetric block
-        quantizer does on purpose (its codes reach -8 on the weights' larger side)."""
+        would turn into NaN or refuse; note scales of zero, below zero or nearly zero (values
+        that dequantize to 0 or to the wrong side). A negative scale flips the grid, which
+        onnxruntime's symmetric block quantizer does on purpose on weights (its codes reach -8
+        on the weights' larger side): only there is it not noted."""
         where = f"{node.op_type} {node.name!r} of {self.source!r}"
         values = np.asarray(scale, np.float64)
         if np.isinf(values).any() and node.op_type == "QuantizeLinear" and node.input[0] in self.producer:
@@ -826,6 +827,12 @@ class QuantModel:
         if (magnitude == 0).any():
             self.notes.append(f"{where} has a scale of 0 ({node.input[1]!r}): its values dequantize to 0 there; a "
                               "scale should not be 0 (re-calibrate the model)")
+        elif (values < 0).any() and not (block and self.is_constant(node.input[0])):
+            self.notes.append(f"{where} has a scale of {values.ravel()[np.argmin(values)]:g} ({node.input[1]!r}), "
+                              "below zero: its grid is mirrored, covering the negated range (the threshold shown is "
+                              "of its magnitude), so a range not symmetric about 0 saturates; a scale should be "
+                              "positive "
+                              "(re-calibrate the model, or fix that initializer)")
         elif (magnitude < grids.SMALLEST_NORMAL).any():
             self.notes.append(f"{where} has a scale of {values.ravel()[np.argmin(magnitude)]:g} ({node.input[1]!r}), "
                               f"below float32's smallest normal number ({grids.SMALLEST_NORMAL:g}): its values saturate "
