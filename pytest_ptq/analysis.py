@@ -19,7 +19,7 @@ from .data import load_data
 from .engine import Engine
 from .errors import PTQError, closest
 from .metrics import Pooled, by_output, get_metric, get_metrics
-from .outputs import offset_warnings, parse_outputs
+from .outputs import blind_warnings, parse_outputs
 from .progress import Progress
 from .sensitivity import get_sensitivity_of_nodes
 from .stages import simulation_warnings
@@ -89,6 +89,9 @@ class Analysis:
         self.label = self.relative(key.model)
         self._engine = None
         self._cache = {}
+        # the metrics results were asked in, the default's first: the outputs each cannot see
+        # are warned of (kl on a single logit ties every node at 0)
+        self._metrics = {"cosine-similarity": None}
         # results on disk (cache.py), keyed by every file the engine reads
         self.store = None if cache_dir is None else ResultCache(
             cache_dir, self._files, (("data_num", key.data_num),), option="--ptq-cache-dir", shown=self.relative,
@@ -140,10 +143,20 @@ class Analysis:
 
     def _run_warnings(self):
         """The sentences of the checks that run the model, computed once: the simulation check
-        (the file run as given, on onnxruntime's integer kernels) and outputs so far from zero
-        that the default cosine cannot see their errors; kept on disk with the results."""
-        return self.cached(("run warnings",), lambda: simulation_warnings(self._engine)
-                           + offset_warnings(self._engine), files=())
+        (the file run as given, on onnxruntime's integer kernels) and the outputs a metric
+        results were asked in cannot see errors in (:func:`~pytest_ptq.outputs.blind_warnings`);
+        kept on disk with the results."""
+        told = self.cached(("run warnings",), lambda: simulation_warnings(self._engine), files=())
+        for metric in list(self._metrics):
+            told = told + self.cached(("blind warnings", metric),
+                                      lambda m=metric: blind_warnings(self._engine, metric=m), files=())
+        return told
+
+    def _judged_by(self, metric):
+        """The canonical name of ``metric``, noted as one whose blind outputs are warned of."""
+        name = get_metric(metric).name
+        self._metrics[name] = None
+        return name
 
     @property
     def qmodel(self):
@@ -194,6 +207,8 @@ class Analysis:
         concatenated).
         """
         metric_objs = get_metrics(list(metrics))
+        for m in metric_objs:
+            self._judged_by(m.name)
         # the default's parts follow from the model and data, which the cache keys already:
         # resolved when computed, so that a cached result needs no engine
         specs = None if outputs is None else parse_outputs(list(outputs), self.qmodel)
@@ -224,7 +239,7 @@ class Analysis:
 
     def sensitivity(self, node_type="node", metric="cosine-similarity", outputs=None):
         """:class:`Sensitivity` of every node of ``node_type``, most sensitive first."""
-        name = get_metric(metric).name
+        name = self._judged_by(metric)
         key = ("sensitivity", node_type, name, None if outputs is None else tuple(outputs))
         return self.cached(key, lambda: get_sensitivity_of_nodes(
             self.engine, metrics=[name], node_type=node_type,
@@ -238,7 +253,7 @@ class Analysis:
         the model's outputs)."""
         from .verdict import three_configs
 
-        name = get_metric(metric).name
+        name = self._judged_by(metric)
         outputs = None if outputs is None else tuple(outputs)
 
         def compute():
@@ -258,7 +273,7 @@ class Analysis:
         nodes' statistics; no remedy search."""
         from .diagnosis import diagnose
 
-        name = get_metric(metric).name
+        name = self._judged_by(metric)
         outputs = None if not outputs else tuple(outputs)
         key = ("diagnosis", node_type, name, None if holdout is None else str(holdout), top) + \
             ((outputs,) if outputs else ())
@@ -277,7 +292,7 @@ class Analysis:
 
     def curves(self, metric="cosine-similarity"):
         """Cumulative error curves: only weights, only activations, everything quantized."""
-        name = get_metric(metric).name
+        name = self._judged_by(metric)
 
         def compute():
             engine = self.engine
@@ -322,7 +337,7 @@ class Analysis:
         from .remedy import suggest_remedy
         from .remedy.producer_check import producer_python
 
-        name = get_metric(metric).name
+        name = self._judged_by(metric)
         target = None if target is None else params.number(target, "target")
         # the producer's Python, where named, re-quantizes the remedy too: a result without its check is another
         key = ("remedy", remedy, name, target, _frozen(outputs), budget, _frozen(candidates),

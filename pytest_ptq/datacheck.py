@@ -38,7 +38,7 @@ from .metrics import Pooled, get_metric
 from .engine import Engine
 from .model import QuantModel, load_model
 from .model.graph import declared_dims
-from .outputs import offset_warnings, parse_outputs
+from .outputs import blind_warnings, parse_outputs
 from .progress import Progress
 from .results import JsonResult
 from .verdict import badness
@@ -680,7 +680,7 @@ def _heldout_findings(engine, cal_data, held_data, metric, threshold, bar):
                "heldout_clipping": {n: s for n, s in clipping[:10]}}
     # an output far from zero reads alike on both sets whatever quantization does to it
     out += [Finding("metric-blind", "warning", w, "rerun with --metric correlation", None, "heldout")
-            for w in offset_warnings(engine, metric=metric.name)]
+            for w in blind_warnings(engine, metric=metric.name)]
     # without held-out values beyond the calibrated ranges, the ranges cover the held-out data:
     # those samples lose more to the same grids (a detector's scores on images without its
     # classes, a fifth of the calibration's, rounded away by the output's step), which a

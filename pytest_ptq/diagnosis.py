@@ -25,7 +25,7 @@ from pathlib import Path
 from .distribution import collect
 from .distribution.readings import advise
 from .metrics import get_metric
-from .outputs import offset_warnings, parse_outputs
+from .outputs import blind_warnings, parse_outputs
 from .remedy.producer_terms import PRODUCERS, producer_advice
 from .remedy.result import snippet
 from .remedy.terms import float_tensor_names, onnxruntime_settings, per_channel_weights, quantizer_call
@@ -215,7 +215,7 @@ def diagnose(engine, sensitivity, verdict, top=10, outputs=None, asked=None):
         it["relevant"] = it in matter
     fixes, settings, snippet, terms, choices = _fixes(qm, matter, verdict.source)
     own = producer_advice(engine, choices) if qm.made_by.key != "modelopt" else []
-    told = engine.warnings + offset_warnings(engine, specs, metric)
+    told = engine.warnings + blind_warnings(engine, specs, metric)
     return Diagnosis(model=qm.source, producer=qm.made_by.label, producer_key=qm.made_by.key, format=qm.format,
                      metric=metric, node_type=sensitivity.node_type, samples=sensitivity.samples,
                      verdict=verdict.to_dict(), nodes=nodes, fixes=fixes, settings=settings, snippet=snippet,

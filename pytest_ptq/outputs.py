@@ -32,6 +32,7 @@ FLAT_COSINE = 0.99
 OFFSET_SAMPLES = 8  # samples an output constant within each (a score, a scalar) is judged over
 OFFSET_BLIND = ("cosine-similarity", "sqnr", "mre")  # the metrics an offset inflates
 OFFSET_WARNING = "an output sits so far from zero that cosine similarity cannot see its errors"
+KL_WARNING = "kl cannot see errors in an output whose last axis holds one value"
 _THROUGH = ("QuantizeLinear", "DequantizeLinear", "Identity", "Cast")  # keep every element in place
 
 
@@ -331,6 +332,19 @@ def parts_note(specs):
     return notes
 
 
+def one_value_rows(engine, specs=None):
+    """``[(output, shape)]``: the outputs (default: the engine's default outputs) whose float
+    values on the first sample are a scalar or have a last axis of one value (a binary
+    classifier's one logit, a score), the rows kl's softmax sees as 1 whatever they hold; []
+    without data."""
+    if getattr(engine, "data", None) is None:
+        return []
+    specs = parse_outputs(None, engine) if specs is None else specs
+    ref = engine.reference(0, list(dict.fromkeys(s.tensor for s in specs)))
+    shapes = [(s.name, list(np.shape(s.take(ref[s.tensor])))) for s in specs]
+    return [(name, shape) for name, shape in shapes if not shape or shape[-1] == 1]
+
+
 def far_from_zero(engine, specs=None):
     """``[{output, mean, spread, flat, samples}]``: the outputs (or default parts, see
     :func:`parts`) whose float values, each replaced by their mean, would still read a cosine
@@ -363,9 +377,15 @@ def far_from_zero(engine, specs=None):
     return found
 
 
-def offset_warnings(engine, specs=None, metric="cosine-similarity", found=None):
-    """One sentence per output :func:`far_from_zero` finds (``found``: its result, if
-    computed), for a metric an offset inflates (:data:`OFFSET_BLIND`); else []."""
+def blind_warnings(engine, specs=None, metric="cosine-similarity", found=None):
+    """One sentence per output ``metric`` cannot see errors in: for a metric an offset
+    inflates (:data:`OFFSET_BLIND`), each output :func:`far_from_zero` finds (``found``: its
+    result, if computed); for kl, each output of one value per row (:func:`one_value_rows`);
+    else []."""
+    if metric == "kl":
+        return [f"{KL_WARNING}: {o!r} has shape {shape} on the first sample, and a softmax over one value is 1 "
+                "whatever quantization does, so kl reads 0 there and ties every node; judge it by an error in its "
+                "units (mse, chebyshev) or by correlation" for o, shape in one_value_rows(engine, specs)]
     if metric not in OFFSET_BLIND:
         return []
     out = []

@@ -55,7 +55,7 @@ from .distribution import collect, draw_channelwise, draw_distribution
 from .distribution.readings import advise
 from .figures import kept_figure
 from .metrics import get_metrics
-from .outputs import OFFSET_BLIND, far_from_zero, offset_warnings, parse_outputs, parts_note
+from .outputs import OFFSET_BLIND, blind_warnings, far_from_zero, parse_outputs, parts_note
 from .remedy.producer_terms import producer_advice
 from .remedy.terms import onnxruntime_settings, per_channel_weights, quantizer_call, suggest_command
 from .results import json_safe
@@ -382,7 +382,7 @@ def _runall(engine, out, metrics, output_node, node_type, data_num, top, axis, p
         "distributions": dist, "channelwise": boxes, "curves": curves.to_dict(),
         "warnings": [*engine.warnings, *through(cache, ("runall simulation gap", base),
                                                 lambda: simulation_warnings(engine, specs, len(every_index))),
-                     *offset_warnings(engine, specs, metric, found=far)],
+                     *blind_warnings(engine, specs, metric, found=far)],
         "timings_s": timings,
     }
     files["summary_md"] = str(out / "summary.md")

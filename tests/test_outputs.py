@@ -255,7 +255,7 @@ def test_the_plugin_fails_the_scores_and_its_report_says_why(pytester, tmp_path)
 
 
 def test_an_output_far_from_zero_is_flagged_and_correlation_sees_what_cosine_hides(tmp_path):
-    from pytest_ptq.outputs import OFFSET_WARNING, offset_warnings
+    from pytest_ptq.outputs import OFFSET_WARNING, blind_warnings
 
     fpath = builders.offset_net(tmp_path / "f.onnx", offset=300.0)
     data = builders.samples(6, size=8)
@@ -275,17 +275,17 @@ def test_an_output_far_from_zero_is_flagged_and_correlation_sees_what_cosine_hid
     flat = abs(first.mean()) / np.sqrt(np.mean(first ** 2))  # cosine of the first sample against its mean
     told = [w for w in analysis.warnings if w.startswith(OFFSET_WARNING)]
     assert len(told) == 1 and "'depth'" in told[0] and f"cosine {flat:.6f}" in told[0], analysis.warnings
-    assert offset_warnings(analysis.engine, metric="mse") == []  # an error in units sees it
-    assert offset_warnings(analysis.engine, metric="correlation") == []
+    assert blind_warnings(analysis.engine, metric="mse") == []  # an error in units sees it
+    assert blind_warnings(analysis.engine, metric="correlation") == []
 
 
 def test_a_score_far_from_zero_is_judged_over_the_samples(tmp_path):
-    from pytest_ptq.outputs import OFFSET_WARNING, offset_warnings
+    from pytest_ptq.outputs import OFFSET_WARNING, blind_warnings
 
     fpath = builders.offset_net(tmp_path / "f.onnx", offset=300.0, scalar=True)
     data = builders.samples(6, size=8)
     qpath = builders.quantize(fpath, tmp_path / "q.onnx", data)
-    told = offset_warnings(Engine(qpath, data, float_model=fpath))
+    told = blind_warnings(Engine(qpath, data, float_model=fpath))
     # one value a sample has no spread within it: two samples give it one
     values = np.array([o["depth"].item() for o in builders.run_model(fpath, [{"x": a} for a in data["x"][:2]])])
     flat = abs(values.mean()) / np.sqrt(np.mean(values ** 2))
@@ -294,10 +294,10 @@ def test_a_score_far_from_zero_is_judged_over_the_samples(tmp_path):
 
 
 def test_outputs_near_zero_raise_no_offset_warning(tmp_path):
-    from pytest_ptq.outputs import offset_warnings
+    from pytest_ptq.outputs import blind_warnings
 
     fpath, qpath, data = _head(tmp_path)
-    assert offset_warnings(Engine(qpath, data, float_model=fpath)) == []
+    assert blind_warnings(Engine(qpath, data, float_model=fpath)) == []
 
 
 def test_a_contract_on_an_output_far_from_zero_warns_and_correlation_fails_it(pytester, tmp_path):
@@ -364,6 +364,57 @@ def test_suggest_warns_when_its_target_is_a_cosine_of_an_output_far_from_zero(tm
     corr = suggest_remedy(str(qpath), data, target=0.999, metric="correlation", remedy="float",
                           float_model=str(fpath), save_dir=tmp_path / "corr", progress=False)
     assert corr.nodes and not any(w.startswith(OFFSET_WARNING) for w in corr.warnings)
+
+
+def _one_logit(root):
+    """A net whose one output holds one value a sample (a binary classifier's logit), beside
+    its calibration folder."""
+    fpath = builders.offset_net(root / "f.onnx", offset=0.0, scalar=True)
+    data = builders.samples(6, size=8)
+    qpath = builders.quantize(fpath, root / "q.onnx", data)
+    builders.save_folder(data, root / "calib")
+    return fpath, qpath, data
+
+
+def test_kl_on_an_output_of_one_value_a_row_is_said_blind_by_the_ranking_and_the_analysis(tmp_path, capsys):
+    """kl's softmax over a last axis of one value is 1 whatever quantization does: every node
+    ranked 0 in kl, with no word, on an output the quantized model moves."""
+    from pytest_ptq.cli import main
+    from pytest_ptq.outputs import KL_WARNING
+
+    fpath, qpath, data = _one_logit(tmp_path)
+    feeds = [{"x": a} for a in data["x"]]
+    ref = np.concatenate([o["depth"] for o in builders.run_model(fpath, feeds)]).astype(np.float64)
+    full = np.concatenate([o["depth"] for o in builders.run_model(qpath, feeds)]).astype(np.float64)
+    p, q = (np.exp(v - v.max(-1, keepdims=True)) for v in (ref, full))
+    p, q = p / p.sum(-1, keepdims=True), q / q.sum(-1, keepdims=True)
+    assert float((p * np.log(p / q)).sum(-1).mean()) == 0.0 and np.mean((ref - full) ** 2) > 0
+    assert main(["get-sensitivity-of-nodes", str(qpath), str(tmp_path / "calib"), "-m", "kl", "mse", "--quiet",
+                 "--json", str(tmp_path / "s.json")]) == 0
+    err = capsys.readouterr().err
+    told = [line for line in err.splitlines() if KL_WARNING in line]
+    assert len(told) == 1 and "'depth' has shape [1, 1, 1, 1]" in told[0] and "mse" in told[0], err
+    values = json.loads((tmp_path / "s.json").read_text())["values"]
+    assert {v["kl"] for v in values.values()} == {0.0} and max(v["mse"] for v in values.values()) > 0
+    assert main(["get-sensitivity-of-nodes", str(qpath), str(tmp_path / "calib"), "-m", "mse", "--quiet"]) == 0
+    assert KL_WARNING not in capsys.readouterr().err  # another metric sees the output
+    analysis = Analysis(AnalysisKey(str(qpath), str(tmp_path / "calib"), str(fpath)), root=tmp_path)
+    analysis.sensitivity(metric="cosine-similarity")
+    assert not [w for w in analysis.warnings if KL_WARNING in w]
+    analysis.sensitivity(metric="kl")
+    assert sum(KL_WARNING in w for w in analysis.warnings) == 1, analysis.warnings
+
+
+def test_a_contract_in_kl_on_one_logit_warns_that_kl_cannot_see_it(pytester):
+    from test_plugin import run
+
+    _one_logit(pytester.path)
+    pytester.makefile(".ptq.yaml", kl="model: q.onnx\ndata: calib\nfloat_model: f.onnx\nmetric: kl\noutputs: 0.01\n")
+    result = run(pytester, "-p", "no:xdist", "-v")
+    result.stdout.fnmatch_lines(["kl.ptq.yaml::outputs PASSED*"])  # 0 whatever the grid
+    joined = " ".join(result.stdout.str().split())  # the summary wraps its warnings
+    assert re.search(r"kl cannot see errors in an output whose last axis holds one value: 'depth' has shape "
+                     r"\[1, 1, 1, 1\].*judge it by an error in its units", joined), joined
 
 
 def test_a_passing_baseline_says_which_of_its_nodes_the_model_no_longer_has(tmp_path):

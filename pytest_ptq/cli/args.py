@@ -274,6 +274,22 @@ def engine(args):
     return engine_and_cache(args)[0]
 
 
+def warn_of_blind_outputs(args, engine, cache=None):
+    """On standard error, a warning per output a metric of the command cannot see errors in
+    (:func:`~pytest_ptq.outputs.blind_warnings`: kl on one logit, a cosine far from zero), as
+    runall, the checks and the plugin say: its figures there read perfect whatever happens."""
+    from ..cache import through
+    from ..metrics import get_metric
+    from ..outputs import blind_warnings, parse_outputs
+
+    outputs = getattr(args, "output_node", None)
+    specs = parse_outputs(outputs, engine)
+    for name in dict.fromkeys(get_metric(m).name for m in getattr(args, "metrics", None) or [args.metric]):
+        request = ("blind warnings", name, None if outputs is None else tuple(outputs), args.data_num)
+        for warning in through(cache, request, lambda m=name: blind_warnings(engine, specs, m)):
+            print("\n".join(warning_lines(warning)), file=sys.stderr)
+
+
 def warn_if_simulated_otherwise(args, engine, cache=None):
     """On standard error, a warning where the file runs on onnxruntime's kernels otherwise
     than every figure simulates it (:func:`~pytest_ptq.stages.simulation_warnings`), as

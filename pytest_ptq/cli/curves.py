@@ -37,6 +37,7 @@ def run(args):
     print(f"wrote {curves.png}")
     if args.json:
         print(f"wrote {curves.save(args.json)}")
+    a.warn_of_blind_outputs(args, engine)
     a.warn_if_simulated_otherwise(args, engine)
 
 

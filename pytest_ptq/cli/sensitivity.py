@@ -45,6 +45,7 @@ def run_sensitivity(args):
         counts = ", ".join(f"{len(engine.qmodel.of_kind(k))} {k}" for k in ("weight", "activation", "dynamic"))
         print(f"no {params.nodes_of_type(args.node_type)} to rank in this model ({counts} calibration nodes); "
               "try another -t")
+    a.warn_of_blind_outputs(args, engine, cache)
     a.warn_if_simulated_otherwise(args, engine, cache)
 
 
@@ -90,12 +91,14 @@ def groups_of(args):
 
 def run_groups(args):
     groups = groups_of(args)
-    result = group_sensitivity(a.engine(args), groups, metrics=args.metrics, output_node=args.output_node,
+    engine = a.engine(args)
+    result = group_sensitivity(engine, groups, metrics=args.metrics, output_node=args.output_node,
                                data_num=args.data_num, progress=not args.quiet)
     # a block of a transformer holds dozens of pairs: the first few named, all of them in --json
     rows = [{"group": label, **values, "size": result.details[label]["size"],
              "calibration nodes": listed(result.details[label]["calibration_nodes"])} for label, values in result.items()]
     _finish(args, result, format_table(rows, ["group", *result.metrics, "size", "calibration nodes"], args.top))
+    a.warn_of_blind_outputs(args, engine)
 
 
 def configure_groups(p):

@@ -7,7 +7,7 @@ from pathlib import Path
 from .. import guard, params
 from ..engine import engine_for
 from ..errors import FLOAT_MODEL_OPTION, PTQError, unknown
-from ..outputs import offset_warnings, parse_outputs
+from ..outputs import blind_warnings, parse_outputs
 from ..progress import Progress
 from ..results import read_from
 from ..sensitivity import sample_indices
@@ -150,7 +150,7 @@ def _suggest(engine, save_dir, clock, target, metric, remedy, output_node, data_
                     judged_on=base.judge.name, heldout=_where(heldout, base))
     read_from(result, engine.inputs() | also)
     if evaluate is None:  # a target met on an output far from zero may be met by nothing at all
-        result.warnings += offset_warnings(engine, specs, objective.metric.name)
+        result.warnings += blind_warnings(engine, specs, objective.metric.name)
     # a file that runs otherwise than its simulation on this machine's kernels: every figure
     # of the search is the simulation's
     result.warnings += simulation_warnings(engine, specs)
