@@ -439,13 +439,43 @@ def _listed(name, value, role):
                    f"with the samples along its first axis; got {shown(value)}")
 
 
+def _holds_objects(path, member=None):
+    """True when the .npy header of ``path`` (of its archive's ``member``) declares Python
+    objects: an object array, which np.save and np.savez write for samples of different
+    shapes (a ragged list). Read from the header alone, never unpickled."""
+    try:
+        with contextlib.ExitStack() as stack:
+            f = stack.enter_context(open(path, "rb"))
+            if member is not None:
+                f = stack.enter_context(stack.enter_context(zipfile.ZipFile(f)).open(f"{member}.npy"))
+            major, _ = np.lib.format.read_magic(f)
+            read = np.lib.format.read_array_header_1_0 if major == 1 else np.lib.format.read_array_header_2_0
+            return read(f)[2].hasobject
+    except Exception:  # noqa: BLE001 - a header that does not read is the caller's damaged file
+        return False
+
+
+def _object_array(where, role):
+    # never unpickled: loading a pickle runs whatever code its author put there
+    return PTQError(f"{role} {where} holds an object array, which numpy stores pickled and pytest-ptq never loads "
+                    "(unpickling runs code), as np.save writes samples of different shapes that cannot be stacked; "
+                    "save one .npy per sample (DIR/<input>/0.npy, 1.npy, ...), or pass the samples as a list or "
+                    "mapping of arrays in Python")
+
+
 def _open_npz(path, role):
-    loaded = None
+    loaded, key = None, None
     try:
         loaded = np.load(path, allow_pickle=False)
-        arrays = None if isinstance(loaded, np.ndarray) else {k: loaded[k] for k in loaded.files}
+        arrays = None
+        if not isinstance(loaded, np.ndarray):
+            arrays = {}
+            for key in loaded.files:
+                arrays[key] = loaded[key]
     # a damaged member surfaces as zlib's error or a short read, not as a bad zip
     except (zipfile.BadZipFile, OSError, ValueError, EOFError, zlib.error) as exc:
+        if key is not None and _holds_objects(path, key):
+            raise _object_array(f"data {str(path)!r}, key {key!r},", role) from None
         why = "its compressed data is damaged" if isinstance(exc, zlib.error) else type(exc).__name__
         raise PTQError(f"{role} file {str(path)!r} is not a readable .npz archive "
                        f"({why}); re-save it with numpy.savez") from None
@@ -466,6 +496,8 @@ def _read_npy(path, role, mmap_mode=None):
     try:
         arr = np.load(path, mmap_mode=mmap_mode, allow_pickle=False)
     except Exception as exc:
+        if _holds_objects(path):
+            raise _object_array(f"file {str(path)!r}", role) from None
         raise PTQError(f"{role} file {str(path)!r} is not a readable .npy array "
                        f"({type(exc).__name__}); re-save it with numpy.save") from None
     if not isinstance(arr, np.ndarray):

@@ -188,6 +188,30 @@ def test_corrupt_npy_names_the_file(qm, tmp_path):
     assert str(d / "2.npy") in str(err.value)
 
 
+def test_ragged_samples_saved_as_an_object_array_are_told_to_go_one_file_a_sample(tmp_path):
+    """np.save and np.savez keep samples of different lengths as a pickled object array: they
+    read "not a readable .npy array (ValueError); re-save it with numpy.save", which is what
+    the user did. Nothing is unpickled; the layout the sentence names loads them."""
+    rng = np.random.default_rng(0)
+    xs = [rng.standard_normal((1, t, 16)).astype(np.float32) for t in (5, 12, 7)]
+    ragged = np.empty(len(xs), dtype=object)
+    ragged[:] = xs
+    (tmp_path / "stacked").mkdir()
+    np.save(tmp_path / "stacked" / "x.npy", ragged, allow_pickle=True)
+    np.savez(tmp_path / "data.npz", x=ragged)
+    for data, where in [("stacked", "file '{}'".format(tmp_path / "stacked" / "x.npy")),
+                        ("data.npz", "data '{}', key 'x',".format(tmp_path / "data.npz"))]:
+        with pytest.raises(PTQError) as err:
+            load_data(tmp_path / data)
+        text = str(err.value)
+        assert text.startswith(f"calibration {where} holds an object array") and "readable" not in text, text
+        assert "samples of different shapes" in text and "DIR/<input>/0.npy" in text and "\n" not in text
+    builders.save_folder({"x": xs}, tmp_path / "per")
+    loaded = load_data(tmp_path / "per")
+    for k, want in enumerate(xs):
+        np.testing.assert_array_equal(loaded.sample(k)["x"], want)
+
+
 def test_missing_and_empty_folders(qm, tmp_path):
     with pytest.raises(PTQError, match="does not exist") as err:
         load_data(tmp_path / "nowhere", qm)
