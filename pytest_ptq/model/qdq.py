@@ -831,8 +831,7 @@ class QuantModel:
             self.notes.append(f"{where} has a scale of {values.ravel()[np.argmin(values)]:g} ({node.input[1]!r}), "
                               "below zero: its grid is mirrored, covering the negated range (the threshold shown is "
                               "of its magnitude), so a range not symmetric about 0 saturates; a scale should be "
-                              "positive "
-                              "(re-calibrate the model, or fix that initializer)")
+                              "positive (re-calibrate the model, or fix that initializer)")
         elif (magnitude < grids.SMALLEST_NORMAL).any():
             self.notes.append(f"{where} has a scale of {values.ravel()[np.argmin(magnitude)]:g} ({node.input[1]!r}), "
                               f"below float32's smallest normal number ({grids.SMALLEST_NORMAL:g}): its values saturate "
