@@ -77,16 +77,19 @@ class _Source:
         if isinstance(item, Path):
             arr = _read_npy(item, self.role, mmap_mode="r")
             return arr.shape, arr.dtype
-        arr = self.load(i)
+        arr = np.asarray(item[1][item[2]] if isinstance(item, tuple) else item)  # a view: nothing copied
         return arr.shape, arr.dtype
 
     def load(self, i):
+        """Sample ``i`` as an array of its own: a row of a stacked array or the caller's array
+        copied, so that an evaluation function preprocessing its feeds in place (``x -= mean``)
+        changes neither the next pass's samples nor the caller's arrays."""
         item = self.items[i]
         if isinstance(item, Path):
             return _read_npy(item, self.role)
         if isinstance(item, tuple):  # (file, stacked array, row)
-            return np.asarray(item[1][item[2]])
-        return np.asarray(item)
+            return np.array(item[1][item[2]])
+        return np.array(item)
 
 
 class CalibrationData:

@@ -550,3 +550,35 @@ def test_a_sample_empty_in_every_input_is_refused_and_an_empty_past_is_not(tmp_p
         load_data(folder, qm)
     findings = [f for f in check_data(str(qpath), str(folder)).findings if f.check == "empty"]
     assert [(f.severity, len(f.samples)) for f in findings] == [("error", 1)]
+
+
+def test_an_evaluation_function_editing_its_feeds_changes_no_other_pass_nor_the_callers_arrays(zoo, tmp_path):
+    """Samples of a stacked .npz or of arrays in memory were views: an evaluation function
+    centring its feeds in place (x -= 0.5) shifted the quantized pass's inputs again, every
+    later check's and the caller's own arrays, and a later accuracy check passed a model it
+    failed alone."""
+    from pytest_ptq.analysis import Analysis, AnalysisKey
+    from pytest_ptq.engine import Engine
+
+    arrays = [a * 0.1 for a in _distinct(4)]
+    kept = [a.copy() for a in arrays]
+    np.savez(tmp_path / "calib.npz", x=np.concatenate(arrays))
+
+    def centred(run, data):
+        means = []
+        for feeds in data:
+            feeds["x"] -= 0.5
+            means.append(np.mean([v.mean() for v in run(feeds).values()]))
+        return float(np.mean(means))
+
+    def expected(path):  # the same figure from plain sessions on inputs centred once
+        return float(np.mean([np.mean([v.mean() for v in r.values()])
+                              for r in builders.run_model(path, [{"x": a - 0.5} for a in kept])]))
+
+    analysis = Analysis(AnalysisKey(str(zoo.qdq()), str(tmp_path / "calib.npz"), str(zoo.float())), tmp_path)
+    want = (pytest.approx(expected(zoo.float()), abs=1e-5), pytest.approx(expected(zoo.qdq()), abs=1e-5))
+    assert analysis.accuracy(centred) == want and analysis.accuracy(centred) == want
+    engine = Engine(str(zoo.qdq()), {"x": arrays})
+    assert centred(lambda feeds: engine.run(feeds, "all"), engine.data) == want[1]
+    for a, k in zip(arrays, kept):
+        np.testing.assert_array_equal(a, k)
