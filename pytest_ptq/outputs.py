@@ -32,6 +32,7 @@ FLAT_COSINE = 0.99
 OFFSET_SAMPLES = 8  # samples an output constant within each (a score, a scalar) is judged over
 OFFSET_BLIND = ("cosine-similarity", "sqnr", "mre")  # the metrics an offset inflates
 OFFSET_WARNING = "an output sits so far from zero that cosine similarity cannot see its errors"
+ZERO_WARNING = "an output is 0 in float, where a metric scaled by its values is undefined"
 KL_WARNING = "kl cannot see errors in an output whose last axis holds one value"
 _THROUGH = ("QuantizeLinear", "DequantizeLinear", "Identity", "Cast")  # keep every element in place
 
@@ -350,8 +351,9 @@ def far_from_zero(engine, specs=None):
     :func:`parts`) whose float values, each replaced by their mean, would still read a cosine
     (``flat``) of :data:`FLAT_COSINE` or more against themselves, judged on the first sample
     (an output constant within a sample, a score: on up to :data:`OFFSET_SAMPLES`, as the
-    metrics pool them); [] without data. ``specs``: the outputs judged (default: the
-    engine's default outputs)."""
+    metrics pool them); and those holding zeros alone on those samples, with ``zero`` true and
+    ``flat`` None (every metric scaled by the float values is undefined there). [] without
+    data. ``specs``: the outputs judged (default: the engine's default outputs)."""
     if getattr(engine, "data", None) is None:
         return []
     specs = parse_outputs(None, engine) if specs is None else specs
@@ -369,6 +371,10 @@ def far_from_zero(engine, specs=None):
                 break
         if not value.size or not np.isfinite(value).all():
             continue
+        if not value.any():  # zeros alone: a metric scaled by the float values has no scale there
+            found.append({"output": s.name, "mean": 0.0, "spread": 0.0, "flat": None, "samples": len(seen),
+                          "zero": True})
+            continue
         mean, spread = float(value.mean()), float(value.std())
         rms = math.sqrt(mean * mean + spread * spread)
         if spread > 0 and abs(mean) >= FLAT_COSINE * rms:  # a constant output has nothing to lose
@@ -380,17 +386,25 @@ def far_from_zero(engine, specs=None):
 def blind_warnings(engine, specs=None, metric="cosine-similarity", found=None):
     """One sentence per output ``metric`` cannot see errors in: for a metric an offset
     inflates (:data:`OFFSET_BLIND`), each output :func:`far_from_zero` finds (``found``: its
-    result, if computed); for kl, each output of one value per row (:func:`one_value_rows`);
-    else []."""
+    result, if computed); for those and correlation, each output of zeros alone it finds;
+    for kl, each output of one value per row (:func:`one_value_rows`); else []."""
     if metric == "kl":
         return [f"{KL_WARNING}: {o!r} has shape {shape} on the first sample, and a softmax over one value is 1 "
                 "whatever quantization does, so kl reads 0 there and ties every node; judge it by an error in its "
                 "units (mse, chebyshev) or by correlation" for o, shape in one_value_rows(engine, specs)]
-    if metric not in OFFSET_BLIND:
+    if metric not in (*OFFSET_BLIND, "correlation"):
         return []
     out = []
     for f in far_from_zero(engine, specs) if found is None else found:
         on = "the first sample" if f["samples"] == 1 else f"the first {f['samples']} samples"
+        if f.get("zero"):
+            out.append(f"{ZERO_WARNING}: {f['output']!r} holds only zeros in float on {on}, so {metric} reads it as "
+                       "wholly lost wherever quantization adds anything to it, however little, and as perfect where "
+                       "it adds nothing; judge it by an error in its units (mse, chebyshev), or on data where it "
+                       "is not 0")
+            continue
+        if metric == "correlation":  # the offset is what it leaves out
+            continue
         out.append(f"{OFFSET_WARNING}: {f['output']!r} has mean {f['mean']:.4g} and spread {f['spread']:.3g} on {on}, "
                    f"so even a constant output at its mean reads cosine {f['flat']:.6f} against it; judge it by "
                    "correlation (metric: correlation in a contract, --metric correlation), which ignores the offset, "

@@ -272,8 +272,9 @@ def _runall(engine, out, metrics, output_node, node_type, data_num, top, axis, p
     every_index = sample_indices(engine, data_num)
     specs = parse_outputs(output_node, engine)
     # from the first sample's float outputs, before the rankings use and drop them
-    far = through(cache, ("runall far from zero", base), lambda: far_from_zero(engine, specs)) \
+    blind_to = through(cache, ("runall far from zero", base), lambda: far_from_zero(engine, specs)) \
         if metric in OFFSET_BLIND else []
+    far = [f for f in blind_to if not f.get("zero")]  # an output of zeros has no correlation either
     types = _node_types(node_type)
     qm = engine.qmodel
     # the files named in advance are checked before the work (plots are checked as written)
@@ -382,7 +383,7 @@ def _runall(engine, out, metrics, output_node, node_type, data_num, top, axis, p
         "distributions": dist, "channelwise": boxes, "curves": curves.to_dict(),
         "warnings": [*engine.warnings, *through(cache, ("runall simulation gap", base),
                                                 lambda: simulation_warnings(engine, specs, len(every_index))),
-                     *blind_warnings(engine, specs, metric, found=far)],
+                     *blind_warnings(engine, specs, metric, found=blind_to)],
         "timings_s": timings,
     }
     files["summary_md"] = str(out / "summary.md")

@@ -649,3 +649,39 @@ def test_an_output_named_like_a_slice_is_the_tensor_of_that_name(tmp_path):
     floats = [builders.run_model(onnx.load(str(fpath)), {"x": x})[name] for x in data["x"]]
     quants = [builders.run_model(qm, {"x": x})[name] for x in data["x"]]
     assert result.values[name] == pytest.approx(builders.pooled_cosine(floats, quants), abs=1e-6)
+
+
+def test_an_output_of_zeros_in_float_is_said_undefined_for_scaled_metrics(tmp_path):
+    """z = Gemm(x, 0, 0.1) - 0.1 is 0 in float and a few steps off it quantized: cosine read
+    0 ("wholly lost"), the stages, the verdict and the plugin blamed the weights, and nothing
+    said that cosine, sqnr, mre and correlation are undefined on an output of zeros."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from pytest_ptq.outputs import ZERO_WARNING, blind_warnings
+    from pytest_ptq.runall import runall
+
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(np.zeros((8, 8), np.float32), "wz"),
+             numpy_helper.from_array(np.full(8, 0.1, np.float32), "b"),
+             numpy_helper.from_array(np.full((1, 8), 0.1, np.float32), "c"),
+             numpy_helper.from_array(rng.standard_normal((8, 8)).astype(np.float32), "w")]
+    graph = helper.make_graph(
+        [helper.make_node("Gemm", ["x", "wz", "b"], ["g"], name="gemm"),
+         helper.make_node("Sub", ["g", "c"], ["z"], name="sub"), helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")],
+        "zero_out", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8])],
+        [helper.make_tensor_value_info("z", TensorProto.FLOAT, [1, 8]),
+         helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8])], inits)
+    fpath = builders._save(graph, tmp_path / "f.onnx")
+    data = {"x": [rng.standard_normal((1, 8)).astype(np.float32) for _ in range(5)]}
+    qpath = builders.quantize(fpath, tmp_path / "q.onnx", data)
+    feeds = [{"x": a} for a in data["x"]]
+    assert not any(o["z"].any() for o in builders.run_model(fpath, feeds))
+    assert all(o["z"].any() for o in builders.run_model(qpath, feeds))  # a few steps off 0: cosine 0 by definition
+    engine = Engine(qpath, data, float_model=fpath)
+    for metric in ("cosine-similarity", "sqnr", "correlation"):
+        [told] = blind_warnings(engine, metric=metric)
+        assert told.startswith(f"{ZERO_WARNING}: 'z' holds only zeros in float on the first 5 samples, so {metric}")
+    assert blind_warnings(engine, metric="mse") == []
+    summary = runall(engine, save_dir=tmp_path / "out", top=1, progress=False)
+    assert sum(w.startswith(ZERO_WARNING) for w in summary["warnings"]) == 1
+    assert "judge 'z' by correlation" not in (tmp_path / "out" / "summary.md").read_text()  # undefined there too
