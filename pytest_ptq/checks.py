@@ -28,7 +28,7 @@ from .errors import PTQError, as_sentence, closest, user_level
 from .errors import shown as shown_value
 from .metrics import COSINE, get_metric, get_metrics
 from .outputs import parse_output, parse_outputs
-from .tables import fmt, format_table, listed, threshold_text
+from .tables import fmt, format_table, listed, printable, threshold_text
 
 # How many rows a failure message lists before it says "... N more".
 _CAP = 20
@@ -55,7 +55,9 @@ class Result:
 
     @property
     def text(self):
-        return self.summary + ("\n" + self.details if self.details else "")
+        # the sentence on one line: a node or output name holding a newline or an escape
+        # sequence would start lines of its own in a CI log
+        return printable(self.summary) + ("\n" + self.details if self.details else "")
 
     def measures(self):
         """What the check measured, each beside its threshold: dicts with ``what``, ``value``,

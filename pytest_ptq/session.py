@@ -23,7 +23,7 @@ import pytest
 from . import guard
 from .errors import PTQError
 from .settings import OPTIONS, PTQPathWarning, apply_marker, below, from_config, given_as
-from .tables import SUMMARY_WIDTH, threshold_text, warning_lines
+from .tables import SUMMARY_WIDTH, printable, threshold_text, warning_lines
 
 WORKER_KEY = "ptq_report"
 # What a worker's tests read, so that the controller never writes the report onto it.
@@ -745,8 +745,10 @@ class PTQSession:
         if self.is_worker:
             return
         models = merge_terminal([self.terminal_payload()] + [json.loads(p) for p in self.worker_terminal])
-        for line_args in terminal_lines(models):
-            kind, text = line_args
+        for kind, text in terminal_lines(models):
+            # one line each: a name from the model holding a newline or an escape sequence would
+            # start lines of its own in a CI log (a workflow command, a fake "3 passed")
+            text = printable(text)
             if kind == "sep":
                 terminalreporter.write_sep("_" if text.startswith("ptq: ") else "=", text)
             else:

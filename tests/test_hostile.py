@@ -1355,3 +1355,24 @@ def test_an_array_in_a_message_stays_on_one_line():
     for array in (np.zeros((2, 3, 4), np.float32), np.linspace(-1e-3, 2.0, 120, dtype=np.float32).reshape(2, 1, 3, 4, 5)):
         said = shown(array)
         assert "\n" not in said and len(said) <= 80
+
+
+def test_node_names_holding_newlines_and_escapes_stay_on_their_line_in_the_log(pytester, tmp_path):
+    """A model from a pull request named its nodes "...\\n::error file=README.md::INJECTED\\n
+    \\x1b[32m3 passed": the failure's sentence and the ptq summary printed them raw, so the
+    CI log got a GitHub workflow command and a fake green line of their own."""
+    data = builders.samples(4)
+    builders.save_folder(data, pytester.path / "calib")
+    fp = builders.conv_net(pytester.path / "float.onnx", outlier_channel=3)
+    builders.quantize(fp, tmp_path / "q.onnx", {k: [a * 0.1 for a in v] for k, v in data.items()})
+    model = onnx.load(str(tmp_path / "q.onnx"))
+    tail = "\n::error file=README.md,line=1::INJECTED\n\x1b[32m3 passed\x1b[0m"
+    for node in model.graph.node:
+        node.name += tail
+    onnx.save(model, str(pytester.path / "q.onnx"))
+    result = run_pytest(pytester, "--ptq-model=q.onnx", "--ptq-data=calib", "--ptq-float-model=float.onnx",
+                        "-p", "no:xdist")
+    result.assert_outcomes(failed=3)  # outputs, nodes and baseline of the built-in contract
+    out = result.stdout.str() + result.stderr.str()
+    assert "INJECTED" in out and "\\n::error file=README.md" in out  # the names, shown escaped
+    assert not [line for line in out.splitlines() if line.lstrip("E ").startswith("::error") or "\x1b[32m" in line]
