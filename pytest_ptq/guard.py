@@ -327,12 +327,24 @@ def protecting(inputs):
         _PROTECTED.reset(token)
 
 
-def claim(path, label="output file"):
-    """Refuse ``path`` when it is a protected input or lies in a protected data folder."""
+def claim(path, label="output file", folder=False):
+    """Refuse ``path`` when it is a protected input or lies in a protected data folder, or
+    is a file's path that is a symbolic link: writing there would write where it points (a
+    link committed in a pull request, pointing outside the project). A folder may be a link
+    (an output folder on another disk)."""
     inputs = _PROTECTED.get()
     if inputs:
         inputs.check(path, label)
+    if not folder:
+        refuse_link(path, label)
     return Path(path)
+
+
+def refuse_link(path, label="output file"):
+    """Raise PTQError when the file ``path`` is a symbolic link (dangling or not)."""
+    if os.path.islink(path):
+        raise PTQError(f"{label} {shown(str(path))} is a symbolic link (to {shown(os.readlink(path))}); pytest-ptq "
+                       "writes no file through a link: remove the link or give another path")
 
 
 def write_error(path, exc):
@@ -366,7 +378,7 @@ def write_error(path, exc):
 
 def makedirs(path):
     """Create folder ``path`` and its parents; a failure is one sentence."""
-    claim(path, "output folder")
+    claim(path, "output folder", folder=True)
     try:
         Path(path).mkdir(parents=True, exist_ok=True)
     except OSError as exc:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from . import params
+from . import guard, params
 from .errors import PTQError, shown, unknown
 from .metrics import METRICS
 
@@ -101,6 +101,7 @@ def report_path(text):
     path = _path(text)
     if path.is_dir():
         raise PTQError(f"{shown(str(text), 240)} is a folder; give a file name such as ptq-report.html")
+    guard.refuse_link(path, "the report")
     return path.resolve()
 
 

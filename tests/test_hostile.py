@@ -1376,3 +1376,26 @@ def test_node_names_holding_newlines_and_escapes_stay_on_their_line_in_the_log(p
     out = result.stdout.str() + result.stderr.str()
     assert "INJECTED" in out and "\\n::error file=README.md" in out  # the names, shown escaped
     assert not [line for line in out.splitlines() if line.lstrip("E ").startswith("::error") or "\x1b[32m" in line]
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="symbolic links need privileges on Windows")
+def test_no_output_is_written_through_a_symbolic_link(pytester, tmp_path):
+    """A link committed as the report's path (or in an output folder) pointing outside the
+    project, where no file is yet: the report was written through it, creating the file
+    there."""
+    data = builders.samples(4)
+    builders.save_folder(data, pytester.path / "calib")
+    builders.quantize(builders.conv_net(pytester.path / "float.onnx"), pytester.path / "q.onnx", data)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (pytester.path / "report.html").symlink_to(outside / "victim.html")
+    result = run_pytest(pytester, "--ptq-model=q.onnx", "--ptq-data=calib", "--ptq-report=report.html")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*the report 'report.html' is a symbolic link (to '*victim.html'); pytest-ptq "
+                                 "writes no file through a link: remove the link or give another path"])
+    (pytester.path / "out").mkdir()
+    (pytester.path / "out" / "summary.json").symlink_to(outside / "summary.json")
+    run = subprocess.run([sys.executable, "-m", "pytest_ptq", "runall", "q.onnx", "calib", "-s", "out"],
+                         cwd=pytester.path, capture_output=True, text=True)
+    assert run.returncode == 2 and "'out/summary.json' is a symbolic link" in run.stderr, run.stderr
+    assert list(outside.iterdir()) == []
