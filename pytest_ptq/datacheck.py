@@ -678,9 +678,10 @@ def _heldout_findings(engine, cal_data, held_data, metric, threshold, bar):
             f"{n} ({s:.1%})" for n, s in clipping[:3])
     details = {"calibration": cal_value, "heldout": held_value,
                "heldout_clipping": {n: s for n, s in clipping[:10]}}
-    # an output far from zero reads alike on both sets whatever quantization does to it
-    out += [Finding("metric-blind", "warning", w, "rerun with --metric correlation", None, "heldout")
-            for w in blind_warnings(engine, metric=metric.name)]
+    # an output far from zero (or of zeros, or kl's one logit) reads alike on both sets whatever
+    # quantization does to it; each sentence names the metrics that see it
+    out += [Finding("metric-blind", "warning", w, "rerun with --metric set to one the warning names", None,
+                    "heldout") for w in blind_warnings(engine, metric=metric.name)]
     # without held-out values beyond the calibrated ranges, the ranges cover the held-out data:
     # those samples lose more to the same grids (a detector's scores on images without its
     # classes, a fifth of the calibration's, rounded away by the output's step), which a
