@@ -17,7 +17,7 @@ from .cache import ResultCache, arrays_digest, file_hash, model_files, model_has
 from .curves import configs_from, get_acc_error
 from .data import load_data
 from .engine import Engine
-from .errors import PTQError, closest
+from .errors import InputRefused, PTQError, closest, raised_by_user
 from .metrics import Pooled, by_output, get_metric, get_metrics
 from .outputs import blind_warnings, parse_outputs
 from .progress import Progress
@@ -382,7 +382,11 @@ class Analysis:
 
         scores = []
         for run in (through(()), through("all")):
-            scores.append(params.task_score(evaluate(run, data), _name(evaluate)))
+            try:
+                score = evaluate(run, data)
+            except InputRefused as exc:  # feeds the function built: its line, not the data, is at fault
+                raise raised_by_user(f"the evaluation function {_name(evaluate)}", exc) from None
+            scores.append(params.task_score(score, _name(evaluate)))
         return tuple(scores)
 
     def fingerprint(self):

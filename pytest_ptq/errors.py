@@ -29,6 +29,17 @@ class ModelFailed(PTQError):
         self.source, self.quoted = source, quoted
 
 
+class InputRefused(PTQError):
+    """onnxruntime refused a run's inputs (a shape, rank, dtype or name it does not take):
+    ``source``, onnxruntime's ``quoted`` words and ``given`` (what the feeds held where the
+    model takes otherwise, "" where that is not read from them) are kept for a caller who
+    knows whose feeds they were (an evaluation function's, not the data's files)."""
+
+    def __init__(self, message, source, quoted, given=""):
+        super().__init__(message)
+        self.source, self.quoted, self.given = source, quoted, given
+
+
 class PTQWarning(UserWarning):
     """What the analyses warn of (data, outputs, the cache): the run goes on."""
 
@@ -131,8 +142,15 @@ def unknown(kind, name, candidates, usual=()):
 
 def raised_by_user(what, exc):
     """The PTQError for ``exc`` raised by the user's code ``what`` ("the evaluation function
-    top1"), naming the last line of theirs it passed through (file:line), not our frames."""
+    top1"), naming the last line of theirs it passed through (file:line), not our frames. An
+    :class:`InputRefused` is onnxruntime refusing the feeds that code built and handed to
+    ``run()`` on that line: what it passed is at fault there, not the data's files."""
     package = os.path.dirname(os.path.abspath(__file__)) + os.sep
     frames = [f for f in traceback.extract_tb(exc.__traceback__) if not os.path.abspath(f.filename).startswith(package)]
     at = f" at {os.path.basename(frames[-1].filename)}:{frames[-1].lineno}" if frames else ""
+    if isinstance(exc, InputRefused):
+        given = f": it passed {exc.given}" if exc.given else ""
+        return PTQError(f"{what} called run(){at} with feeds onnxruntime refuses for {exc.source!r} ({exc.quoted})"
+                        f"{given}; make the feeds it builds fit the model's inputs (one sample per run where the "
+                        "model's batch axis is fixed)")
     return PTQError(f"{what} raised {type(exc).__name__}{at}: {clip(str(exc))}; fix it and run again")

@@ -241,6 +241,31 @@ def test_an_error_in_the_users_evaluate_shows_its_frames_not_pytests(project):
     assert len(failure.splitlines()) < 40
 
 
+def test_feeds_onnxruntime_refuses_from_the_users_evaluate_name_its_line_and_what_it_passed(project):
+    """Feeds the function built itself (every sample in one run on a model whose batch axis
+    is 1): onnxruntime's line saying which axis was cut after "for the following indices",
+    and the data's files were blamed."""
+    (project.path / "contracts" / "evaluate.py").write_text(textwrap.dedent("""
+        import numpy as np
+        def batched(run, data):
+            return float(run({"x": np.concatenate([f["x"] for f in data])})["prob"].mean())
+    """))
+    contract(project, "batched", """
+        model: ../models/model.onnx
+        data: ../models/calib
+        accuracy: {evaluate: evaluate.py:batched}
+        baseline: false
+    """)
+    result = run(project, "contracts/batched.ptq.yaml")
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines([
+        "contract batched (batched.ptq.yaml), check accuracy: the evaluation function batched called run() at "
+        f"evaluate.py:4 with feeds onnxruntime refuses for '*model.onnx' (*Got invalid dimensions for input: x for the "
+        f"following indices: index: 0 Got: {N} Expected: 1): it passed 'x' float32 [[]{N}, *] where the model "
+        "takes float32 [[]1, *]; make the feeds it builds fit the model's inputs*"])
+    assert "check the data's" not in result.stdout.str()
+
+
 @pytest.mark.parametrize("body, message", [
     ("modle: m.onnx\n", "contract 'bad.ptq.yaml': unknown key 'modle'; did you mean 'model'?"),
     ("model: ../models/model.onnx\ndata: ../models/calib\nnodes:\n  treshold: 0.9\n",

@@ -138,3 +138,13 @@ def test_cli_evaluate_with_a_ratio_and_its_exit_sentence(task, tmp_path, capsys,
     err = capsys.readouterr().err
     assert "the evaluation function top1 raised ZeroDivisionError at boom.py:2: division by zero" in err, err
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+    # feeds it built that onnxruntime refuses: its line and what it passed, not the data's files
+    (t["root"] / "cast.py").write_text("def top1(run, data):\n    outs = [run({'x': f['x'].astype(float)}) for f in "
+                                       "data]\n    return 1.0\n")
+    assert main(["suggest", str(t["qdq"]), str(t["cal_dir"]), "--evaluate", "cast.py:top1", "--no-save",
+                 "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert ("the evaluation function top1 called run() at cast.py:2 with feeds onnxruntime refuses for " in err
+            and "expected: (tensor(float))): it passed 'x' float64 [1, 3, 16, 16] where the model takes float32 "
+                "[1, 3, 16, 16]; make the feeds it builds fit the model's inputs" in err), err
+    assert "check the data's" not in err and len(err.strip().splitlines()) == 1

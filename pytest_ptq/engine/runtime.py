@@ -13,7 +13,7 @@ import warnings
 import weakref
 
 from .. import params
-from ..errors import ModelFailed, PTQError, unknown
+from ..errors import InputRefused, ModelFailed, PTQError, unknown
 
 LEVELS = {"disable": "ORT_DISABLE_ALL", "basic": "ORT_ENABLE_BASIC",
           "extended": "ORT_ENABLE_EXTENDED", "all": "ORT_ENABLE_ALL"}
@@ -597,9 +597,17 @@ def _shared_arena():
 
 
 def first_line(exc):
-    """The first line of an exception's message, or its type name."""
+    """The first line of an exception's message, or its type name. onnxruntime's "Got
+    invalid dimensions for input: x for the following indices" keeps the lines it announces
+    ("index: 0 Got: 12 Expected: 1"): they are what says which axis is wrong."""
     text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
+    if not text:
+        return type(exc).__name__
+    lines = text.splitlines()
+    listed = [line.strip() for line in lines[1:] if line.strip().startswith("index:")]
+    if lines[0].rstrip().endswith("for the following indices") and listed:
+        return f"{lines[0].rstrip()}: {'; '.join(listed)}"
+    return lines[0]
 
 
 # onnxruntime's rewrites that delete a Relu or Clip before a QuantizeLinear whose range it
@@ -723,13 +731,39 @@ def run(session, names, feeds, source, shrink=False, float_model=False):
         with PAGER:
             return session.run(names, feeds, _run_options(shrink or reads is not None))
     except Exception as exc:
-        raise run_error(exc, source, float_model) from None
+        error = run_error(exc, source, float_model)
+        if isinstance(error, InputRefused):
+            error.given = unfit(session, feeds)
+        raise error from None
+
+
+def unfit(session, feeds):
+    """What ``feeds`` hold for the inputs of ``session`` that do not take them ("'x' float32
+    [12, 3, 16, 16] where the model takes float32 [1, 3, 16, 16]"), "" where none is seen to
+    differ (a name onnxruntime does not know, say)."""
+    import numpy as np
+
+    numpy_name = {"float": "float32", "double": "float64"}  # onnxruntime's names; the others are numpy's
+    out = []
+    for arg in session.get_inputs():
+        if arg.name not in feeds:
+            continue
+        value = np.asarray(feeds[arg.name])
+        want = arg.type.removeprefix("tensor(").removesuffix(")")
+        want = numpy_name.get(want, want)
+        dims = list(arg.shape or ())
+        fits = value.ndim == len(dims) and all(not isinstance(d, int) or d == n for d, n in zip(dims, value.shape))
+        if not fits or value.dtype.name != want:
+            takes = ", ".join(str(d) if isinstance(d, int) else (d or "?") for d in dims)
+            out.append(f"{arg.name!r} {value.dtype} {list(value.shape)} where the model takes {want} [{takes}]")
+    return "; ".join(out)
 
 
 def run_error(exc, source, float_model=False):
     """A PTQError for onnxruntime failing to run ``source``: its own message first, then what
-    to check (the data only when onnxruntime complains about an input; a float model's
-    inputs that differ from the quantized model's: whether it is the right one); a
+    to check (the data only when onnxruntime complains about an input, an
+    :class:`~pytest_ptq.errors.InputRefused`; a float model's inputs that differ from the
+    quantized model's: whether it is the right one); a
     :class:`~pytest_ptq.errors.ModelFailed` where nothing in its words points at the data."""
     msg = first_line(exc)
     low = msg.lower()
@@ -737,7 +771,8 @@ def run_error(exc, source, float_model=False):
                               "unexpected input data type", "input name", "missing input", "missing from input feed")):
         hint = ("check that it is the float model this model was quantized from: the data fit the quantized "
                 "model's inputs" if float_model else "check the data's shapes and dtypes against the model's inputs")
-    elif "broadcast" in low:  # shapes that a dynamic model takes one by one but not together
+        return InputRefused(f"onnxruntime failed to run {source!r}: {msg}; {hint}", source, msg)
+    if "broadcast" in low:  # shapes that a dynamic model takes one by one but not together
         hint = ("check that the sample's inputs fit each other (token ids and their mask of one length, images of "
                 "the sizes the model combines); if they do, check the model in a plain onnxruntime session")
     elif any(k in low for k in ("out of data bounds", "out of range", "out of bounds")):

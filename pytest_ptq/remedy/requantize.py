@@ -14,7 +14,7 @@ from .. import guard, params
 from ..progress import Progress
 from ..engine import Engine
 from ..engine.runtime import ALWAYS_DISABLED, make_session, run
-from ..errors import NotQuantized, PTQError, raised_by_user
+from ..errors import InputRefused, NotQuantized, PTQError, raised_by_user
 from ..metrics import Pooled
 from ..model import QuantModel, load_model
 from ..model.graph import name_nodes
@@ -477,6 +477,8 @@ def _value(new, part, objective):
         name = objective.metric.name
         try:
             score = objective.evaluate(lambda feeds: new.run(dict(feeds), "all"), part.data())
+        except InputRefused as exc:  # feeds the function built: its line, not the data, is at fault
+            raise raised_by_user(f"the evaluation function {name}", exc) from None
         except PTQError:
             raise
         except Exception as exc:  # noqa: BLE001 - the user's code: one sentence naming its line, not our frames

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import params
-from ..errors import PTQError, raised_by_user
+from ..errors import InputRefused, PTQError, raised_by_user
 from ..metrics import Pooled, Reference, Scratch, meets
 from .biases import biases_of
 from .clock import OutOfTime
@@ -146,6 +146,8 @@ class Scorer:
     def _evaluate(self, run):
         try:
             score = self.objective.evaluate(run, self.part.data())
+        except InputRefused as exc:  # feeds the function built: its line, not the data, is at fault
+            raise raised_by_user(f"the evaluation function {self.metric.name}", exc) from None
         except (PTQError, OutOfTime):
             raise
         except Exception as exc:  # noqa: BLE001 - the user's code: one sentence naming its line, not our frames
