@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from typing import NamedTuple
 from pathlib import Path
 
 from . import guard, params
@@ -73,6 +74,16 @@ class OutputMetrics:
     values: dict
     samples: int
     data: str
+
+
+class TaskScores(NamedTuple):
+    """What :meth:`Analysis.accuracy` measured: the function's two scores, and the outputs
+    the quantized pass handed it that held NaN or Inf (a NaN score beside none is the
+    metric's own, a 0/0, not the model's)."""
+
+    float: float
+    quantized: float
+    nonfinite: tuple = ()
 
 
 class Analysis:
@@ -356,7 +367,8 @@ class Analysis:
         return [value for key, value in self._cache.items() if key[0] == kind]
 
     def accuracy(self, evaluate, holdout=None):
-        """``(float score, quantized score)`` of a user evaluation function.
+        """:class:`TaskScores` of a user evaluation function: ``(float score, quantized
+        score, quantized outputs that held NaN or Inf)``.
 
         ``evaluate(run, data) -> float`` (higher is better) is called twice: ``run(feeds)``
         maps ``{input name: array}`` to ``{output name: array}`` through the float model,
@@ -367,6 +379,8 @@ class Analysis:
         engine = self.engine
         data = self.dataset(holdout)
 
+        nonfinite = {}  # output names, in the order met
+
         def through(config):
             # the function itself always runs (its code is not keyed); the model's outputs for
             # the samples it feeds are kept on disk, keyed by the feeds' bytes
@@ -374,10 +388,11 @@ class Analysis:
                 feeds = dict(feeds)
                 # the float model itself (see Engine.true_float), or the quantized one
                 compute = (lambda: engine.true_float(feeds)) if config == () else (lambda: engine.run(feeds, config))
-                if self.store is None:
-                    return ModelOutputs(compute(), engine.qmodel.source)
-                return ModelOutputs(self.store.get(("outputs", config, arrays_digest(feeds)), compute),
-                                    engine.qmodel.source)
+                values = compute() if self.store is None else self.store.get(
+                    ("outputs", config, arrays_digest(feeds)), compute)
+                if config != ():
+                    nonfinite.update(dict.fromkeys(k for k, v in values.items() if _nonfinite(v)))
+                return ModelOutputs(values, engine.qmodel.source)
             return run
 
         scores = []
@@ -387,7 +402,7 @@ class Analysis:
             except InputRefused as exc:  # feeds the function built: its line, not the data, is at fault
                 raise raised_by_user(f"the evaluation function {_name(evaluate)}", exc) from None
             scores.append(params.task_score(score, _name(evaluate)))
-        return tuple(scores)
+        return TaskScores(*scores, tuple(nonfinite))
 
     def fingerprint(self):
         """Hashes of the model, data and float model, for baselines (not compared exactly)."""
@@ -415,6 +430,13 @@ def _frozen(value):
     if isinstance(value, dict):
         return tuple(sorted(value.items()))
     return tuple(value)
+
+
+def _nonfinite(value):
+    import numpy as np
+
+    value = np.asarray(value)
+    return value.dtype.kind in "fc" and not np.isfinite(value).all()
 
 
 def _name(fn):

@@ -347,6 +347,7 @@ class AccuracyResult(Result):
     data: str = ""
     holdout: str | None = None  # the held-out data judged on (absolute), None: calibration data
     source: str = ""  # FILE.py:NAME that loads the evaluation function again, "" where none does
+    nonfinite: tuple = ()  # quantized outputs handed to the function that held NaN or Inf
     kind = "accuracy"
 
     def __repr__(self):
@@ -355,9 +356,16 @@ class AccuracyResult(Result):
     @property
     def summary(self):
         if not math.isfinite(self.quantized_score):
+            if self.nonfinite:
+                why = (f"its quantized output(s) {listed(list(self.nonfinite), 5)} held NaN or Inf; look for the "
+                       "nodes that make them non-finite")
+            else:  # the metric's own arithmetic: one class never predicted, say
+                why = (f"the evaluation function {self.evaluate} returned {self.quantized_score!r} for the quantized "
+                       f"model while its outputs were finite (a "
+                       f"{'0/0' if math.isnan(self.quantized_score) else 'division by 0'} in the metric?)")
             return (f"{self.evaluate}: quantized {self.quantized_score!r}, not a finite score (float "
-                    f"{fmt(self.float_score)}), which does not meet the {self.min_ratio:.3%} required; look for "
-                    f"non-finite quantized outputs [{self.model}]")
+                    f"{fmt(self.float_score)}), which does not meet the {self.min_ratio:.3%} required; {why} "
+                    f"[{self.model}]")
         verdict = "meets" if self.passed else "is below"
         return (f"{self.evaluate}: quantized {fmt(self.quantized_score)} = {self.ratio:.3%} of float "
                 f"{fmt(self.float_score)}, which {verdict} the {self.min_ratio:.3%} required [{self.model}]")
@@ -387,7 +395,7 @@ def check_accuracy(analysis, evaluate, min_ratio=params.DEFAULT_MIN_RATIO, holdo
     __tracebackhide__ = True  # an evaluation function that raises shows its own frames
     ratio_min = params.ratio(min_ratio)
     params.evaluation_function(evaluate)
-    f_score, q_score = analysis.accuracy(evaluate, holdout)
+    f_score, q_score, nonfinite = analysis.accuracy(evaluate, holdout)
     name = getattr(evaluate, "__name__", None) or type(evaluate).__name__
     if not 0 < f_score < math.inf:
         raise PTQError(f"the evaluation function {name} gave the float model {f_score!r}; a ratio needs a "
@@ -397,7 +405,8 @@ def check_accuracy(analysis, evaluate, min_ratio=params.DEFAULT_MIN_RATIO, holdo
     return AccuracyResult(passed=math.isfinite(ratio) and ratio >= ratio_min, float_score=f_score, quantized_score=q_score,
                           ratio=ratio, min_ratio=ratio_min, evaluate=name, model=analysis.label, samples=len(data),
                           data=analysis.relative(holdout if holdout is not None else analysis.key.data),
-                          holdout=None if holdout is None else str(holdout), source=_source_of(evaluate))
+                          holdout=None if holdout is None else str(holdout), source=_source_of(evaluate),
+                          nonfinite=nonfinite)
 
 
 def _source_of(function):

@@ -577,7 +577,7 @@ def test_an_evaluation_function_editing_its_feeds_changes_no_other_pass_nor_the_
 
     analysis = Analysis(AnalysisKey(str(zoo.qdq()), str(tmp_path / "calib.npz"), str(zoo.float())), tmp_path)
     want = (pytest.approx(expected(zoo.float()), abs=1e-5), pytest.approx(expected(zoo.qdq()), abs=1e-5))
-    assert analysis.accuracy(centred) == want and analysis.accuracy(centred) == want
+    assert analysis.accuracy(centred)[:2] == want and analysis.accuracy(centred)[:2] == want
     engine = Engine(str(zoo.qdq()), {"x": arrays})
     assert centred(lambda feeds: engine.run(feeds, "all"), engine.data) == want[1]
     for a, k in zip(arrays, kept):

@@ -423,11 +423,36 @@ def test_accuracy_ratio_of_a_user_evaluation_function(project, models):
     result.stdout.fnmatch_lines(["*the evaluation function *<lambda> returned '0.9'; it must return one number*"])
     result.stdout.fnmatch_lines(["*the evaluation function *<lambda> gave the float model inf; a ratio needs a "
                                  "positive, finite score*"])
+    # no output it was handed held NaN: the NaN is the metric's own (a 0/0), not the model's
     result.stdout.fnmatch_lines(["*ContractFailed: nan_when_quantized: quantized nan, not a finite score (float 1*), "
-                                 "which does not meet the *% required; look for non-finite quantized outputs*"])
+                                 "which does not meet the *% required; the evaluation function nan_when_quantized "
+                                 "returned nan for the quantized model while its outputs were finite (a 0/0 in the "
+                                 "metric?)*"])
     # a KeyError in the user's function names the outputs there are
     result.stdout.fnmatch_lines(["*UnknownOutput: 'porb' is not an output of *model.onnx' (did you mean 'prob'?); "
                                  "its outputs are *prob*"])
+
+
+def test_a_nan_score_beside_quantized_outputs_gone_nan_names_those_outputs(models, tmp_path, monkeypatch):
+    """The same NaN score from outputs that held NaN: the hint is the model's outputs, named."""
+    from pytest_ptq.analysis import Analysis, AnalysisKey
+    from pytest_ptq.checks import check_accuracy
+    from pytest_ptq.engine import Engine
+
+    real = Engine.run
+
+    def broken(self, sample, quantized=(), *args, **kwargs):
+        out = real(self, sample, quantized, *args, **kwargs)
+        return {k: v * np.nan for k, v in out.items()} if quantized else out
+
+    monkeypatch.setattr(Engine, "run", broken)
+    root = models["root"]
+    analysis = Analysis(AnalysisKey(str(root / "model.onnx"), str(root / "calib")), tmp_path)
+    result = check_accuracy(analysis, lambda run, data: float(np.mean([run(f)["prob"].max() for f in data])))
+    assert not result and result.nonfinite == ("prob",)
+    assert ("not a finite score (float " in result.summary and "; its quantized output(s) 'prob' held NaN or Inf; "
+            "look for the nodes that make them non-finite" in result.summary), result.summary
+    assert "while its outputs were finite" not in result.summary
 
 
 # -- settings precedence and the marker ----------------------------------------------------
