@@ -396,11 +396,19 @@ class Analysis:
             return run
 
         scores = []
-        for run in (through(()), through("all")):
+        for model, run in (("float", through(())), ("quantized", through("all"))):
             try:
                 score = evaluate(run, data)
             except InputRefused as exc:  # feeds the function built: its line, not the data, is at fault
                 raise raised_by_user(f"the evaluation function {_name(evaluate)}", exc) from None
+            except PTQError:
+                raise
+            except Exception as exc:
+                # a note, not a sentence of ours: pytest prints it under the message, and the
+                # user's frames and exception stay as raised
+                after = f", after scoring the float model {scores[0]!r}" if scores else ""
+                exc.add_note(f"the evaluation function {_name(evaluate)} raised it on the {model} model{after}")
+                raise
             scores.append(params.task_score(score, _name(evaluate)))
         return TaskScores(*scores, tuple(nonfinite))
 

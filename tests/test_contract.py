@@ -236,7 +236,8 @@ def test_an_error_in_the_users_evaluate_shows_its_frames_not_pytests(project):
     failure = out[out.index("= FAILURES ="):out.index("= warnings summary =") if "= warnings summary =" in out
                   else out.index("short test summary")]
     result.stdout.fnmatch_lines(["*evaluate.py:3: in broken", "*return sum(run(feeds)[[]\"logits\"[]]*",
-                                 "E   *'logits' is not an output of *; its outputs are 'prob'"])
+                                 "E   *'logits' is not an output of *; its outputs are 'prob'",
+                                 "E   the evaluation function broken raised it on the float model"])
     assert "_pytest/" not in failure and "pluggy/" not in failure and "pytest_ptq/" not in failure
     assert len(failure.splitlines()) < 40
 

@@ -410,9 +410,25 @@ def test_accuracy_ratio_of_a_user_evaluation_function(project, models):
         @pytest.mark.ptq(model="model.onnx", data="calib")
         def test_misspelt_output(ptq):
             ptq.assert_accuracy(lambda run, data: float(run(data.sample(0))["porb"].mean()))
+
+        passes = []
+
+        def fails_when_quantized(run, data):
+            passes.append(1)
+            if len(passes) == 2:
+                raise ValueError("no class 9 predicted")
+            return 1.0
+
+        @pytest.mark.ptq(model="model.onnx", data="calib")
+        def test_raises_on_the_quantized_model(ptq):
+            ptq.assert_accuracy(fails_when_quantized)
     """)
     result = run(project, "--junitxml=junit.xml")
-    result.assert_outcomes(passed=1, failed=6)
+    result.assert_outcomes(passed=1, failed=7)
+    # which pass raised, under the user's own frames and exception
+    result.stdout.fnmatch_lines(["*raise ValueError(\"no class 9 predicted\")", "E *ValueError: no class 9 predicted",
+                                 "E *the evaluation function fails_when_quantized raised it on the quantized model, "
+                                 "after scoring the float model 1.0"])
     props = properties(project.path / "junit.xml")
     assert float(props["test_meets"]["ptq.accuracy.ratio"]) == pytest.approx(ratio, abs=2e-6)
     assert float(props["test_meets"]["ptq.accuracy.float"]) == pytest.approx(score(models["ref"]), rel=1e-5)
