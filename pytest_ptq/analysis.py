@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import NamedTuple
 from pathlib import Path
+from typing import NamedTuple
 
 from . import guard, params
 from .cache import ResultCache, arrays_digest, file_hash, model_files, model_hash
