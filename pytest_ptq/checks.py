@@ -77,7 +77,13 @@ class Result:
     def properties(self):
         """``(name, value)`` pairs for JUnit XML ``<property>`` elements: the figures, and the
         bounds they were judged against (a test tab shows no message beside them)."""
-        return [(f"ptq.{self.kind}.{k}", v) for k, v in {**self.figures(), **self.bounds()}.items()]
+        return [(f"{self.scope}.{k}", v) for k, v in {**self.figures(), **self.bounds()}.items()]
+
+    @property
+    def scope(self):
+        """What the property names start with: enough to tell this check's figures from those
+        of another kind of check in the same test."""
+        return f"ptq.{self.kind}"
 
     def bounds(self):
         """``{name: value}`` of what the figures were judged against (thresholds, the data)."""
@@ -170,8 +176,10 @@ class OutputResult(Result):
         return {f"{o}.{self.metric}": v for o, v in self.values.items()}
 
     def bounds(self):
-        return {**{f"{o}.threshold": t for o, t in self.thresholds.items()}, "samples": self.samples,
-                "data": "held-out" if self.holdout else "calibration"}
+        # named by metric: a cosine floor and an mse ceiling on one output are both thresholds
+        return {**{f"{o}.{self.metric}.threshold": t for o, t in self.thresholds.items()},
+                f"{self.metric}.samples": self.samples,
+                f"{self.metric}.data": "held-out" if self.holdout else "calibration"}
 
 
 def _meets(metric, value, threshold):
@@ -279,8 +287,13 @@ class NodeResult(Result):
                  "threshold": self.threshold, "passed": not self.offenders, "on": self.on,
                  "over_limit": len(self.offenders)}]
 
+    @property
+    def scope(self):
+        # a check of the weight nodes and one of the activation nodes in one test count apart
+        return f"ptq.nodes.{self.node_type}"
+
     def bounds(self):
-        return {"threshold": self.threshold}
+        return {f"{self.metric}.threshold": self.threshold}
 
     def figures(self):
         fig = {"over_limit": len(self.offenders)}

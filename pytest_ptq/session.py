@@ -317,14 +317,13 @@ class PTQSession:
         rec = self.tests.setdefault(item.nodeid, Record(item.nodeid))
         if analysis.key.id not in rec.models:
             rec.models.append(analysis.key.id)
-            item.user_properties.append(("ptq.model", analysis.label))
+            _add_properties(item, [("ptq.model", analysis.label)])
         return rec
 
     def record(self, item, analysis, result):
         """Keep ``result`` for ``item``'s reports; headline figures go to JUnit properties."""
         self.use(item, analysis).results.append((analysis.key.id, result))
-        # appended directly: record_property warns under xunit2, user_properties does not
-        item.user_properties.extend(result.properties())
+        _add_properties(item, result.properties())
 
     # -- why a model fails ----------------------------------------------------------------
     def judged_on(self, model_id):
@@ -759,6 +758,20 @@ class PTQSession:
             terminalreporter.write_line(f"ERROR: {self.report_error}", red=True, bold=True)
         else:
             terminalreporter.write_sep("-", f"ptq report: {self.settings.report}")
+
+
+def _add_properties(item, pairs):
+    """Append one check's ``(name, value)`` pairs to ``item``'s JUnit properties. A check
+    repeated in the test (names an earlier one took) gets ``#2``, ``#3``... on all its names:
+    a reader keeping the last value of a name showed a failing check as the clean one after it,
+    and one suffix for the whole check keeps its figures together."""
+    taken = {name for name, _ in item.user_properties}
+    n, suffix = 1, ""
+    while any(name + suffix in taken for name, _ in pairs):
+        n += 1
+        suffix = f"#{n}"
+    # appended directly: record_property warns under xunit2, user_properties does not
+    item.user_properties.extend((name + suffix, value) for name, value in pairs)
 
 
 def merge_terminal(payloads):

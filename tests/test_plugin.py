@@ -344,11 +344,11 @@ def test_node_check_names_exactly_the_nodes_past_the_limit(project, models):
     result = run(project, "--junitxml=junit.xml", "-W", "ignore::pytest.PytestUnknownMarkWarning")
     result.assert_outcomes(passed=1, failed=4)
     props = properties(project.path / "junit.xml")
-    assert props["test_two_offenders"]["ptq.nodes.over_limit"] == "2"
-    assert props["test_two_offenders"]["ptq.nodes.worst"] == order[0]
-    worst = float(props["test_two_offenders"]["ptq.nodes.worst.cosine-similarity"])
+    assert props["test_two_offenders"]["ptq.nodes.activation.over_limit"] == "2"
+    assert props["test_two_offenders"]["ptq.nodes.activation.worst"] == order[0]
+    worst = float(props["test_two_offenders"]["ptq.nodes.activation.worst.cosine-similarity"])
     assert worst == pytest.approx(sens[order[0]], abs=2e-7)
-    assert props["test_one_allowed_by_marker"]["ptq.nodes.over_limit"] == "1"
+    assert props["test_one_allowed_by_marker"]["ptq.nodes.activation.over_limit"] == "1"
     result.stdout.fnmatch_lines([
         f"*ContractFailed: 2 of {len(names)} activation nodes of model.onnx are too sensitive (need "
         f"cosine-similarity >= * with only that node quantized): {order[0]} (*), {order[1]} (*); *",
@@ -361,6 +361,44 @@ def test_node_check_names_exactly_the_nodes_past_the_limit(project, models):
     ])
     # the range's column is not called a threshold beside the check's own
     result.stdout.fnmatch_lines(["*| node *| cosine-similarity *| range max|x| *| bit *| feeds *|"])
+
+
+def test_checks_of_one_test_keep_junit_property_names_of_their_own(project, models):
+    """Two output checks and three node checks in one test wrote `ptq.outputs.prob.threshold`
+    for a cosine floor and again for an mse ceiling, and `ptq.nodes.over_limit` 2 then 0: a
+    reader keeping the last value of a name showed the failing check clean."""
+    names = activation_pairs(models["root"] / "model.onnx")
+    sens = independent_sensitivity(models["root"] / "model.onnx", models["feeds"], names)
+    order = sorted(sens, key=sens.get)
+    limit = (sens[order[1]] + sens[order[2]]) / 2  # two activation nodes fall below it
+    mse = float(np.mean([np.mean((q["prob"].astype(np.float64) - r["prob"]) ** 2)
+                         for r, q in zip(models["ref"], models["quant"])]))
+    project.makepyfile(f"""
+        import pytest
+
+        @pytest.mark.ptq(model="model.onnx", data="calib")
+        def test_many(ptq):
+            ptq.check_outputs(0.5)
+            ptq.check_outputs({mse * 2!r}, metric="mse")
+            ptq.check_nodes({limit!r}, node_type="activation")
+            ptq.check_nodes(-1.0, node_type="weight")
+            ptq.check_nodes({limit!r}, node_type="activation", allow=["{order[0]}"])
+    """)
+    run(project, "--junitxml=junit.xml").assert_outcomes(passed=1)
+    pairs = [(p.get("name"), p.get("value")) for p in ET.parse(project.path / "junit.xml").iter("property")]
+    assert len({n for n, _ in pairs}) == len(pairs), pairs
+    props = dict(pairs)
+    assert float(props["ptq.outputs.prob.cosine-similarity.threshold"]) == 0.5
+    assert float(props["ptq.outputs.prob.mse.threshold"]) == pytest.approx(mse * 2)
+    assert props["ptq.outputs.cosine-similarity.data"] == props["ptq.outputs.mse.data"] == "calibration"
+    assert float(props["ptq.nodes.activation.cosine-similarity.threshold"]) == pytest.approx(limit, rel=1e-12)
+    assert float(props["ptq.nodes.weight.cosine-similarity.threshold"]) == -1.0
+    assert props["ptq.nodes.activation.over_limit"] == "2" and props["ptq.nodes.weight.over_limit"] == "0"
+    assert props["ptq.nodes.activation.worst"] == order[0]
+    # the same check again keeps its own figures under a suffix, all of them
+    assert props["ptq.nodes.activation.over_limit#2"] == "1"
+    assert props["ptq.nodes.activation.worst#2"] == order[0]
+    assert float(props["ptq.nodes.activation.cosine-similarity.threshold#2"]) == pytest.approx(limit, rel=1e-12)
 
 
 def test_accuracy_ratio_of_a_user_evaluation_function(project, models):

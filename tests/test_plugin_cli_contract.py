@@ -114,12 +114,14 @@ def test_thresholds_come_from_the_command_line(project, models):
     assert float(shown) == pytest.approx(models["cosine"], abs=1e-6)  # printed with 6 decimals
     props = properties(project.path / "junit.xml")
     assert float(props["outputs"]["ptq.outputs.prob.cosine-similarity"]) == pytest.approx(models["cosine"], abs=2e-7)
-    assert props["nodes"]["ptq.nodes.over_limit"] == "1" and props["nodes"]["ptq.nodes.worst"] == order[0]
-    assert float(props["nodes"]["ptq.nodes.worst.cosine-similarity"]) == pytest.approx(sens[order[0]], abs=2e-7)
+    assert props["nodes"]["ptq.nodes.activation.over_limit"] == "1"
+    assert props["nodes"]["ptq.nodes.activation.worst"] == order[0]
+    assert float(props["nodes"]["ptq.nodes.activation.worst.cosine-similarity"]) == pytest.approx(sens[order[0]], abs=2e-7)
     # beside each figure what it was judged against, for a test tab that shows nothing else
-    assert float(props["outputs"]["ptq.outputs.prob.threshold"]) == float(shown_threshold(result))
-    assert props["outputs"]["ptq.outputs.samples"] == "4" and props["outputs"]["ptq.outputs.data"] == "calibration"
-    assert float(props["nodes"]["ptq.nodes.threshold"]) == pytest.approx(limit, rel=1e-12)
+    assert float(props["outputs"]["ptq.outputs.prob.cosine-similarity.threshold"]) == float(shown_threshold(result))
+    assert props["outputs"]["ptq.outputs.cosine-similarity.samples"] == "4"
+    assert props["outputs"]["ptq.outputs.cosine-similarity.data"] == "calibration"
+    assert float(props["nodes"]["ptq.nodes.activation.cosine-similarity.threshold"]) == pytest.approx(limit, rel=1e-12)
 
 
 def test_metric_option_sets_the_baseline_not_the_cosine_thresholds(project, models):
@@ -127,7 +129,7 @@ def test_metric_option_sets_the_baseline_not_the_cosine_thresholds(project, mode
     result.assert_outcomes(passed=2, failed=1)  # outputs and nodes hold as cosines; the baseline is new
     props = properties(project.path / "junit.xml")
     assert float(props["outputs"]["ptq.outputs.prob.cosine-similarity"]) == pytest.approx(models["cosine"], abs=2e-7)
-    assert "ptq.nodes.worst.cosine-similarity" in props["nodes"]
+    assert "ptq.nodes.node.worst.cosine-similarity" in props["nodes"]
     saved = json.loads((project.path / "ptq_baselines" / "m.json").read_text())
     assert saved["metric"] == "mse"
     assert saved["outputs"]["prob"] == pytest.approx(models["mse"], rel=1e-4)
