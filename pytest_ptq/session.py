@@ -760,11 +760,23 @@ class PTQSession:
             terminalreporter.write_sep("-", f"ptq report: {self.settings.report}")
 
 
+# what XML 1.0 cannot hold (pytest's own set, DEL with it): pytest escapes a property's value
+# but writes its name as given, and one control character in an output name made the whole
+# junit.xml unreadable
+_NOT_XML = re.compile("[^\u0009\u000a\u000d\u0020-\u007e\u0080-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
+
+
+def _xml_name(name):
+    """``name`` with each character XML cannot hold written ``#xNN``, as pytest writes them in values."""
+    return _NOT_XML.sub(lambda m: f"#x{ord(m.group()):02X}", name)
+
+
 def _add_properties(item, pairs):
     """Append one check's ``(name, value)`` pairs to ``item``'s JUnit properties. A check
     repeated in the test (names an earlier one took) gets ``#2``, ``#3``... on all its names:
     a reader keeping the last value of a name showed a failing check as the clean one after it,
     and one suffix for the whole check keeps its figures together."""
+    pairs = [(_xml_name(name), value) for name, value in pairs]
     taken = {name for name, _ in item.user_properties}
     n, suffix = 1, ""
     while any(name + suffix in taken for name, _ in pairs):

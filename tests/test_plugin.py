@@ -401,6 +401,30 @@ def test_checks_of_one_test_keep_junit_property_names_of_their_own(project, mode
     assert float(props["ptq.nodes.activation.cosine-similarity.threshold#2"]) == pytest.approx(limit, rel=1e-12)
 
 
+def test_an_output_name_xml_cannot_hold_leaves_the_junit_file_readable(pytester, tmp_path):
+    """An output named with a control character went raw into a property name (pytest escapes
+    values, not names): no XML parser read the junit.xml, and CI dropped every result."""
+    out = 'pr"ob<&\x03'
+    model = onnx.load(str(builders.conv_net(tmp_path / "float.onnx")))
+    for n in model.graph.node:
+        n.output[:] = [out if o == "prob" else o for o in n.output]
+    model.graph.output[0].name = out
+    onnx.save(model, str(tmp_path / "float.onnx"))
+    data = builders.samples(N)
+    builders.save_folder(data, pytester.path / "calib")
+    builders.quantize(tmp_path / "float.onnx", pytester.path / "model.onnx", data)
+    pytester.makepyfile("""
+        import pytest
+
+        @pytest.mark.ptq(model="model.onnx", data="calib")
+        def test_outputs(ptq):
+            ptq.assert_outputs(0.5)
+    """)
+    run(pytester, "--junitxml=junit.xml").assert_outcomes(passed=1)
+    props = properties(pytester.path / "junit.xml")["test_outputs"]
+    assert 'ptq.outputs.pr"ob<&#x03.cosine-similarity' in props
+
+
 def test_accuracy_ratio_of_a_user_evaluation_function(project, models):
     def score(outputs):
         return float(np.mean([o["prob"][0, 3] for o in outputs]))
