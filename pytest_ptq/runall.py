@@ -111,7 +111,9 @@ def runall(model_or_file, calibrated_data=None, save_dir="ptq_debug_runall", met
     the files its summary lists and this run does not write go; a folder whose summary runall
     did not write, or that another runall is writing into, is refused. Until the run ends,
     ``summary.md`` says it did not finish and ``summary.json`` lists every file written so far.
-    Returns the summary dict; its ``files`` entry holds the paths written.
+    Returns the summary dict: what ``summary.json`` holds, except that its ``files`` entry
+    (and each plot's ``png``) names the files as written, to open from the current folder,
+    where ``summary.json`` names them relative to its own folder.
     """
     top = params.positive_int(top, "top")
     average_mode = params.flag(average_mode, "average_mode")
@@ -220,7 +222,8 @@ class _Listing:
         # written whole or not at all: a run killed mid-write left a summary no later run took
         guard.write_text(self.out / "summary.json", json.dumps({
             "tool": "pytest-ptq", "version": __version__, "unfinished": True,
-            "files": sorted(set(map(str, self.earlier)) | set(self.written))}, indent=1), atomic=True, again=True)
+            "files": sorted({_from(self.out, p) for p in (*self.earlier, *self.written)})}, indent=1), atomic=True,
+            again=True)
 
 
 def _take_folder(out):
@@ -392,9 +395,34 @@ def _runall(engine, out, metrics, output_node, node_type, data_num, top, axis, p
     summary = json_safe(summary)
     # over the summary marked unfinished at the start (see _take_folder)
     guard.write_text(Path(files["summary_md"]), markdown(summary), atomic=True, again=True)
-    guard.write_text(Path(files["summary_json"]), json.dumps(summary, indent=1), atomic=True, again=True)
+    guard.write_text(Path(files["summary_json"]), json.dumps(_in_folder(summary, out), indent=1), atomic=True,
+                     again=True)
     _drop_earlier(out, listing.earlier, files)
     return summary
+
+
+def _from(out, path):
+    """``path``, a file runall wrote into ``out``, relative to ``out`` (POSIX)."""
+    return Path(os.path.relpath(path, out)).as_posix()
+
+
+def _in_folder(summary, out):
+    """``summary`` as summary.json holds it: the files runall wrote named relative to the folder
+    they share with it, as summary.md names them. Named as written (relative to the folder runall
+    ran in), they resolved from nowhere else, where the folder is read: a CI artifact, a
+    dashboard. The model and the data stay as given, as the commands in the next steps name them."""
+    def listed(files):
+        if isinstance(files, dict):
+            return {k: listed(v) for k, v in files.items()}
+        return [listed(f) for f in files] if isinstance(files, list) else _from(out, files)
+
+    def drawn(plots):
+        return {k: {**d, "png": _from(out, d["png"])} if d.get("png") else d for k, d in plots.items()}
+
+    curves = summary["curves"]
+    return {**summary, "files": listed(summary["files"]), "distributions": drawn(summary["distributions"]),
+            "channelwise": drawn(summary["channelwise"]),
+            "curves": {**curves, "png": _from(out, curves["png"])} if curves.get("png") else curves}
 
 
 # -- verdict --------------------------------------------------------------------------------

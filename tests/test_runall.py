@@ -94,7 +94,7 @@ def _cos(a, b):
 def test_folder_holds_what_it_promises(setup):
     s, out = setup["summary"], setup["out"]
     saved = json.loads((out / "summary.json").read_text())
-    assert saved == json.loads(json.dumps(s))
+    assert _named(saved, lambda p: str(out / p)) == json.loads(json.dumps(s))
     for key in ("verdict", "outputs", "sensitivity", "top_nodes", "distributions", "channelwise", "curves",
                 "files", "timings_s", "samples"):
         assert key in saved
@@ -111,6 +111,39 @@ def test_folder_holds_what_it_promises(setup):
     for node in s["top_nodes"]["weight"] + s["top_nodes"]["activation"]:
         assert f"`{node}`" in text
     assert "## Verdict" in text and "## What to try next" in text
+
+
+def _named(summary, name):
+    """``summary`` with each file it names (``files`` and each plot's ``png``) as ``name(path)``."""
+    def listed(files):
+        if isinstance(files, dict):
+            return {k: listed(v) for k, v in files.items()}
+        return [listed(f) for f in files] if isinstance(files, list) else name(files)
+
+    def drawn(plots):
+        return {k: {**d, "png": name(d["png"])} if "png" in d else d for k, d in plots.items()}
+
+    return {**summary, "files": listed(summary["files"]), "distributions": drawn(summary["distributions"]),
+            "channelwise": drawn(summary["channelwise"]), "curves": {**summary["curves"],
+                                                                      "png": name(summary["curves"]["png"])}}
+
+
+def test_summary_json_names_its_files_from_its_own_folder(setup, tmp_path, monkeypatch):
+    """Run from another folder with -s ../elsewhere/out, summary.json listed
+    "../elsewhere/out/acc_error.png": a path from the folder runall ran in, which resolves from
+    nowhere a CI artifact or a dashboard reads the summary (summary.md named them from its own)."""
+    (tmp_path / "work").mkdir()
+    monkeypatch.chdir(tmp_path / "work")
+    s = runall(setup["qa"], setup["folder"], save_dir="../elsewhere/out", top=1, node_type="activation",
+               progress=False)
+    out = tmp_path / "elsewhere" / "out"
+    saved = json.loads((out / "summary.json").read_text())
+    named = []
+    _named(saved, named.append)
+    assert "acc_error.png" in named and "distributions/" + Path(s["files"]["distributions"][0]).name in named
+    assert all(not Path(p).is_absolute() and (out / p).is_file() for p in named), named
+    # the summary returned names them as written, from the current folder
+    assert _named(saved, lambda p: str(Path("../elsewhere/out") / p)) == json.loads(json.dumps(s))
 
 
 def test_output_numbers_match_rewired_models(setup):
@@ -443,7 +476,7 @@ def test_figures_an_interrupted_run_drew_are_listed_as_it_draws_them_and_go_on_t
     with pytest.raises(KeyboardInterrupt):
         runall(setup["qa"], setup["folder"], save_dir=out, top=3, progress=False)
     drawn = set((out / "distributions").glob("*.png"))
-    listed = {Path(p) for p in json.loads((out / "summary.json").read_text())["files"]}
+    listed = {out / p for p in json.loads((out / "summary.json").read_text())["files"]}
     assert drawn - first and drawn <= listed  # each as it was drawn
     monkeypatch.undo()
     summary = runall(setup["qa"], setup["folder"], save_dir=out, top=1, progress=False)
