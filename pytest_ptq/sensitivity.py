@@ -179,7 +179,7 @@ class Sensitivity(dict):
         get_metrics(d["metrics"])  # a metric this version does not know is no ranking it can use
         s = cls(node_type=d["node_type"], metrics=d["metrics"], outputs=d.get("outputs", []),
                 samples=d.get("samples", 0), model=d.get("model", ""),
-                details={k: json_restore(v) for k, v in d.get("details", {}).items()},
+                details={k: _restored(v) for k, v in d.get("details", {}).items()},
                 confirmed=d.get("confirmed", ()), confirmed_samples=d.get("confirmed_samples", 0))
         for name in d["ranking"]:
             dict.__setitem__(s, name, json_restore(d["values"][name]))
@@ -215,6 +215,19 @@ class Sensitivity(dict):
                    f"{type(exc).__name__}: {shown(str(exc))}")
             raise PTQError(f"sensitivity file {str(path)!r} cannot be read ({why}); write it with Sensitivity.save "
                            "or --json") from None
+
+
+# the details that hold measurements, where json_safe wrote a non-finite float as "inf" or
+# "nan"; the rest are names (feeds, input, op_type, calibration_nodes), which a model may spell
+# "inf" or "nan" too, and came back as floats
+_MEASURED = ("threshold", "spread", "rank_interval", "per_output", "per_sample")
+
+
+def _restored(details):
+    """One node's saved details, with the special floats back in its measurements only."""
+    if not isinstance(details, dict):
+        return details
+    return {k: json_restore(v) if k in _MEASURED else v for k, v in details.items()}
 
 
 def score_configs(engine, configs, metrics, specs, indices, progress=None, alternative=False):

@@ -209,6 +209,19 @@ def test_json_round_trip(setup, tmp_path):
     assert list(seed) == list(result) and dict(seed) == dict(result) and seed.metrics == ["cosine-similarity", "sqnr"]
 
 
+def test_names_spelt_like_special_floats_load_as_names(setup, tmp_path):
+    """json_restore turned every "inf" or "nan" string of a saved ranking's details into a
+    float: a node feeding an operator named "inf", or reading a tensor named "nan", came back
+    feeding inf and reading nan."""
+    result = get_sensitivity_of_nodes(setup.engine, ["cosine-similarity"], node_type="activation")
+    first = next(iter(result))
+    result.details[first].update(feeds=["inf", "-inf"], input="nan", threshold=math.inf)
+    back = Sensitivity.load(result.save(tmp_path / "sens.json"))
+    assert back.details[first]["feeds"] == ["inf", "-inf"] and back.details[first]["input"] == "nan"
+    assert back.details[first]["threshold"] == math.inf  # a measurement: a float again
+    assert back.details == result.details
+
+
 def test_verbose_prints_the_seed_table(setup, capsys):
     result = get_sensitivity_of_nodes(setup.engine, ["cosine-similarity"], node_type="activation",
                                       verbose=True)
