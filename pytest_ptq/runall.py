@@ -64,7 +64,8 @@ from .screening import DEFAULT_BUDGET_S, DEFAULT_BUDGET_SAMPLES, screen
 from .stages import simulation_warnings
 from .tables import fmt, printable, warning_lines
 from .sensitivity import sample_indices
-from .verdict import ALL, DOMINANT, badness, float_first, pole_cause, relevant, severe_reason, three_configs
+from .verdict import (ACTIVATION, ALL, DOMINANT, WEIGHT, badness, float_first, pole_cause, relevant, severe_reason,
+                      three_configs)
 
 KINDS = ("weight", "activation")
 
@@ -474,8 +475,9 @@ def _verdict(engine, metric, three, sens, top_nodes, dist, boxes, curves, sample
     figures = three.figures
     return {"source": source, "text": text, "metric": metric, "rule": three.rule, "decided_on": three.decided_on,
             "samples": three.samples, "values": three.values, "disagreement": three.disagreement,
-            "weight_only": figures["weight only"], "activation_only": figures["activation only"],
-            "all_quantized": figures[ALL], "nodes": items, "next_steps": next_steps, "by_correlation": by_correlation}
+            # keyed as in outputs and values: a reader of one spelling missed the other
+            **{label: figures[label] for label in (WEIGHT, ACTIVATION, ALL)}, "nodes": items,
+            "next_steps": next_steps, "by_correlation": by_correlation}
 
 
 # a kind's loss is spread over many nodes when its worst node alone costs less than this

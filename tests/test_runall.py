@@ -159,7 +159,12 @@ def test_output_numbers_match_rewired_models(setup):
 def test_verdict_blames_clipped_activations(setup):
     v = setup["summary"]["verdict"]
     assert v["source"] == "activation"
-    assert v["activation_only"] < v["weight_only"]
+    assert v["activation only"] < v["weight only"]
+    # the three configurations spelt one way: the verdict named them weight_only, ... beside
+    # "weight only", ... in outputs and the verdict's values
+    outputs = setup["summary"]["outputs"]
+    assert set(v["values"]["calibration"]) == set(outputs) and all(
+        v[label] == outputs[label][v["metric"]] for label in outputs)
     acts = [it for it in v["nodes"] if it["kind"] == "activation"]
     assert all("recalibrate" in it["try"] for it in acts)
     for it in acts:
@@ -176,7 +181,7 @@ def test_weight_verdict_points_to_per_channel(tmp_path):
     qw = builders.quantize(fp, tmp_path / "qw.onnx", data, weight_type="QInt4", activation_type="QUInt16")
     s = runall(qw, data, save_dir=tmp_path / "out", top=3, output_node=["logits"], progress=False)
     v = s["verdict"]
-    assert v["source"] == "weight" and v["weight_only"] < v["activation_only"]
+    assert v["source"] == "weight" and v["weight only"] < v["activation only"]
     assert s["channelwise"]["w1_QuantizeLinear"]["outlier_channels"] == [3]
     tries = {it["node"]: it["try"][0] for it in v["nodes"] if it["kind"] == "weight"}
     # w1 is starved by its wide channel; the others are merely coarse at 4 bits
@@ -192,7 +197,7 @@ def test_a_model_close_to_float_gets_no_fix_for_its_top_nodes(tmp_path):
                           extra_options={"UseQDQContribOps": True})
     s = runall(q, data, save_dir=tmp_path / "out", top=3, progress=False)
     v = s["verdict"]
-    assert v["source"] == "neither" and 1 - v["all_quantized"] < 1e-5
+    assert v["source"] == "neither" and 1 - v["all quantized"] < 1e-5
     assert {it["kind"] for it in v["nodes"]} == {"weight", "activation"}
     for it in v["nodes"]:  # the worst node too: it loses next to nothing
         assert not {"int16", "keep in float"} & set(it["try"]), it
