@@ -11,13 +11,14 @@ onnxruntime offers. Change any of them and the result is computed again.
 An entry is one file: a header naming the format, the checksum of the payload, then the
 payload: the sha256 of the key and the pickled result. It is read only when the checksum and
 the key both match, so a truncated, damaged or colliding file is ignored (and rewritten by the
-next computation), never trusted; and it is unpickled only into what results are made of
-(pytest-ptq's records, numpy arrays, paths, builtin containers), rebuilt without calling their
-code, so an entry crafted by whoever can write the folder (a shared CI cache) cannot run
-code: anything else is a stale entry. The checksum is a sha256, which whoever writes an entry
-can compute too: an edited entry with its checksum redone is read. With :data:`KEY_VARIABLE`
-set (a CI secret that the jobs of untrusted branches do not get), it is an HMAC under that
-key instead, and an entry written without it is ignored.
+next computation), never trusted; and it is unpickled only into what results are made of, a
+fixed list (pytest-ptq's result records, numpy arrays, paths, builtin containers) rebuilt
+without calling their code: no module it names is imported and no object of another class
+is built, so an entry crafted by whoever can write the folder (a shared CI cache) cannot run
+code, and anything else is a stale entry, computed again. The checksum is a sha256, which
+whoever writes an entry can compute too: an edited entry with its checksum redone is read.
+With :data:`KEY_VARIABLE` set (a CI secret that the jobs of untrusted branches do not get),
+it is an HMAC under that key instead, and an entry written without it is ignored.
 Writes are atomic, so xdist workers can share the folder. A request with a part that has no
 stable text (a Python callable, say) is computed, not cached.
 
@@ -30,7 +31,6 @@ job to job does not grow without bound.
 from __future__ import annotations
 
 import contextlib
-import enum
 import functools
 import hashlib
 import hmac
@@ -38,9 +38,10 @@ import importlib
 import io
 import os
 import pickle
+import sys
 import time
 import warnings
-from pathlib import Path, PurePath
+from pathlib import Path
 
 from . import guard
 from .errors import PTQError, PTQWarning, user_level
@@ -350,69 +351,97 @@ def _key_digest(key):
     return hashlib.sha256(repr(key).encode()).hexdigest().encode()
 
 
-# The functions an entry may call while it is read: how numpy, sets and pickle's own helper
-# rebuild their objects. Classes (pytest-ptq's records, numpy's types) are only instantiated
-# the way pickle rebuilds an object, never called: their own code does not run.
-_CALLABLE = {("builtins", n) for n in ("set", "frozenset", "slice", "complex", "bytearray", "range")} | {
-    ("copyreg", "_reconstructor"), ("collections", "OrderedDict"),
-    *((m, n) for m in ("numpy", "numpy.core.multiarray", "numpy._core.multiarray", "numpy.core.numeric",
-                        "numpy._core.numeric")
-      for n in ("dtype", "_reconstruct", "scalar", "_frombuffer"))}
+# Everything an entry may name, by the names pickle writes, and what reading it may do with
+# each: nothing else is looked up, so reading an entry imports no module its writer chose
+# (pytest_ptq.__main__ runs the command line on import) and builds no object of another class.
+_KINDS = {
+    # called: how numpy and a few builtins rebuild their objects, and paths (from their parts, no I/O)
+    **{("builtins", n): "call" for n in ("complex", "slice", "range")}, ("collections", "OrderedDict"): "call",
+    **{(m, n): "call" for m in ("numpy", "numpy.core.multiarray", "numpy._core.multiarray", "numpy.core.numeric",
+                                "numpy._core.numeric")
+       for n in ("dtype", "_reconstruct", "scalar", "_frombuffer")},
+    **{("pathlib", n): "call" for n in ("PosixPath", "WindowsPath", "PurePosixPath", "PureWindowsPath")},
+    # given to numpy's _reconstruct: the plain array class (a memmap's __new__ opens a file, write mode included)
+    ("numpy", "ndarray"): "array",
+    # the records results are made of: created by their __new__ and filled from their state, never
+    # called, so no code of theirs runs. One missing here is computed again on every run instead
+    # of read back
+    **{(m, n): "record" for m, n in (
+        ("pytest_ptq.analysis", "OutputMetrics"), ("pytest_ptq.confidence", "Confidence"),
+        ("pytest_ptq.curves", "Curves"), ("pytest_ptq.datacheck", "DataReport"), ("pytest_ptq.datacheck", "Finding"),
+        ("pytest_ptq.diagnosis", "Diagnosis"), ("pytest_ptq.engine.sanity", "Equivalence"),
+        ("pytest_ptq.guard", "Input"), ("pytest_ptq.guard", "Inputs"),  # what a result was read from
+        ("pytest_ptq.remedy.result", "Remedy"), ("pytest_ptq.screening", "Screening"),
+        ("pytest_ptq.sensitivity", "Sensitivity"), ("pytest_ptq.stages", "StageReport"),
+        ("pytest_ptq.verdict", "Verdict"))},
+}
+
+
+def _named(module, name):
+    """The object of :data:`_KINDS` named ``module.name``, else None. pytest-ptq's result
+    modules are imported when not yet (by a name from the list, not the entry's); numpy's are
+    only looked up, loaded as they are wherever numpy wrote the entry."""
+    kind = _KINDS.get((module, name))
+    if kind is None:
+        return None
+    loaded = sys.modules.get(module)
+    if loaded is None and kind == "record":
+        loaded = importlib.import_module(module)
+    with warnings.catch_warnings():  # numpy 2 keeps numpy.core, for old pickles, with a warning
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return getattr(loaded, name, None)
 
 
 class _ResultUnpickler(pickle._Unpickler):  # the Python one: its opcodes can be overridden
     """Reads what results are made of and refuses the rest: a global must be one of
-    :data:`_CALLABLE` or a class results are made of (:func:`_result_class`), and the only
-    calls are to those functions, an enum's lookup of its member and a path's constructor, so
-    a crafted entry runs no code."""
+    :data:`_KINDS`, and each is used only as its kind allows: the functions and paths are the
+    only calls, the records the only objects created (by ``__new__``, with no arguments) and,
+    with numpy's arrays and dtypes, the only ones filled from a state. No class is called
+    (pickle's OBJ and INST opcodes call one with any arguments)."""
+
+    def __init__(self, file):
+        super().__init__(file)
+        self._given = {}  # id -> (kind, object) of each global looked up (kept alive: ids stay theirs)
 
     def find_class(self, module, name):
-        if (module, name) in _CALLABLE:
-            return super().find_class(module, name)
-        if module.split(".")[0] in ("pytest_ptq", "numpy", "pathlib") and "." not in name:
-            obj = getattr(importlib.import_module(module), name, None)
-            if _result_class(obj):
-                return obj
-        raise pickle.UnpicklingError(f"{module}.{name} is not part of a result")
+        obj = _named(module, name)
+        if obj is None:
+            raise pickle.UnpicklingError(f"{module}.{name} is not part of a result")
+        self._given[id(obj)] = (_KINDS[module, name], obj)
+        return obj
+
+    def _kind(self, obj):
+        kind, given = self._given.get(id(obj), (None, None))
+        return kind if given is obj else None
 
     def _reduce(self):
         args = self.stack.pop()
         func = self.stack[-1]
-        if not (func in _callables() or isinstance(func, type) and (
-                issubclass(func, enum.Enum) and len(args) == 1 or issubclass(func, PurePath))):
+        if self._kind(func) != "call":
             raise pickle.UnpicklingError(f"{func!r} is not called while reading a result")
-        self.stack[-1] = func(*args)  # one of _CALLABLE, an enum member by its value, a path (no I/O)
+        self.stack[-1] = func(*args)
 
-    dispatch = {**pickle._Unpickler.dispatch, pickle.REDUCE[0]: _reduce}
+    def _newobj(self):
+        args = self.stack.pop()
+        cls = self.stack.pop()
+        if self._kind(cls) != "record" or args:
+            raise pickle.UnpicklingError(f"{cls!r} is not created while reading a result")
+        self.append(cls.__new__(cls))
 
+    def _build(self):
+        inst = self.stack[-2]
+        np = sys.modules.get("numpy")
+        if not (self._kind(type(inst)) == "record"
+                or np is not None and (type(inst) is np.ndarray or isinstance(inst, np.dtype))):
+            raise pickle.UnpicklingError(f"a {type(inst).__name__} is not filled while reading a result")
+        pickle._Unpickler.load_build(self)
 
-def _result_class(obj):
-    """A class that results are made of: pytest-ptq's records, numpy's plain arrays, scalars
-    and dtypes, and paths. Not numpy's other array classes: pickle creates an object with its
-    class's ``__new__`` and fills it through its ``__setitem__``, and a memmap's open a file,
-    write mode included."""
-    if not isinstance(obj, type):
-        return False
-    package = obj.__module__.split(".")[0]
-    if package == "numpy":
-        import numpy as np
+    def _called(self):
+        raise pickle.UnpicklingError("no class is called while reading a result")
 
-        return obj is np.ndarray or issubclass(obj, (np.generic, np.dtype))
-    return package == "pytest_ptq" or package == "pathlib" and issubclass(obj, PurePath)
-
-
-@functools.cache
-def _callables():
-    """The objects :data:`_CALLABLE` names (those this numpy has)."""
-    found = []
-    with warnings.catch_warnings():  # numpy 2 keeps numpy.core, for old pickles, with a warning
-        warnings.simplefilter("ignore", DeprecationWarning)
-        for module, name in _CALLABLE:
-            try:
-                found.append(getattr(importlib.import_module(module), name))
-            except (ImportError, AttributeError):
-                continue
-    return tuple(found)
+    dispatch = {**pickle._Unpickler.dispatch, pickle.REDUCE[0]: _reduce, pickle.NEWOBJ[0]: _newobj,
+                pickle.BUILD[0]: _build, pickle.OBJ[0]: _called, pickle.INST[0]: _called,
+                pickle.NEWOBJ_EX[0]: _called}
 
 
 def _read(path, key):
@@ -430,7 +459,9 @@ def _read(path, key):
         return False, None
     try:
         return True, _ResultUnpickler(io.BytesIO(payload)).load()
-    except Exception:  # noqa: BLE001 - a class renamed since, or not a result: a stale entry, not an error
+    except KeyboardInterrupt:
+        raise
+    except BaseException:  # noqa: BLE001 - a class renamed since, or not a result (even one that exits): stale
         return False, None
 
 

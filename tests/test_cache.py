@@ -436,6 +436,78 @@ def test_a_crafted_entry_runs_no_code_and_is_recomputed(tmp_path, inputs, capsys
             entry.write_bytes(blob)
 
 
+
+def _forged(entry, pickled):
+    """Replace ``entry``'s payload by the bytes ``pickled``, keeping its key, with a matching sha256."""
+    import hashlib
+
+    key = entry.read_bytes()[len(cache.MAGIC):].partition(b"\n")[2].partition(b"\n")[0]
+    payload = key + b"\n" + pickled
+    entry.write_bytes(cache.MAGIC + hashlib.sha256(payload).hexdigest().encode() + b"\n" + payload)
+
+
+def _listing_by_obj(folder):
+    """A pickle whose OBJ opcode calls ``runall._Listing(Path(folder), [])`` (as protocol 1
+    rebuilds an instance), which writes summary.md and summary.json into ``folder``."""
+    import pickle
+    import struct
+
+    return (pickle.PROTO + b"\x02" + pickle.MARK + pickle.GLOBAL + b"pytest_ptq.runall\n_Listing\n"
+            + pickle.GLOBAL + b"pathlib\nPosixPath\n" + pickle.BINUNICODE + struct.pack("<I", len(folder.encode()))
+            + folder.encode() + pickle.TUPLE1 + pickle.REDUCE + pickle.EMPTY_LIST + pickle.OBJ + pickle.STOP)
+
+
+@pytest.mark.parametrize("crafted", ["called", "created", "module"])
+def test_a_crafted_entry_builds_no_object_of_another_class_and_imports_nothing(tmp_path, inputs, monkeypatch, crafted):
+    """Any class of pytest-ptq's was taken: pickle's OBJ opcode called runall's _Listing on a
+    folder of the entry's choosing, which wrote its summary.md there, an object of it was
+    handed back as the result, and naming pytest_ptq.__main__ imported it, which runs the
+    command line and exits. Only what results are made of is read; anything else is stale."""
+    import pickle
+    import sys
+
+    from pytest_ptq import runall
+
+    monkeypatch.delitem(sys.modules, "pytest_ptq.__main__", raising=False)
+    store(tmp_path / "c", inputs).get(("r", 1), lambda: "kept")
+    (entry,) = (tmp_path / "c").glob(f"*{cache.SUFFIX}")
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    _forged(entry, {"called": _listing_by_obj(str(victim)),
+                    "created": pickle.dumps(runall._Listing.__new__(runall._Listing)),
+                    "module": pickle.PROTO + b"\x02" + pickle.GLOBAL + b"pytest_ptq.__main__\nmain\n" + pickle.STOP}[crafted])
+    assert store(tmp_path / "c", inputs).get(("r", 1), lambda: "computed again") == "computed again"
+    assert not list(victim.iterdir()) and "pytest_ptq.__main__" not in sys.modules
+
+
+def test_each_kind_of_object_a_result_is_made_of_is_read_back(tmp_path, inputs):
+    import collections
+    from pathlib import Path, PurePosixPath
+
+    from pytest_ptq import guard
+
+    records = [cache._named(*name) for name, kind in cache._KINDS.items() if kind == "record"]
+    assert all(isinstance(cls, type) for cls in records)  # none renamed or moved away
+    made = []
+    for cls in records:
+        obj = cls.__new__(cls)
+        obj.__dict__.update(values=np.arange(3))
+        made.append(obj)
+    value = {"records": made, "inputs": guard.Inputs().add(inputs / "q.onnx", "model file"),
+             "arrays": [np.arange(6.0).reshape(2, 3).T, np.array(["a", None], object),
+                        np.zeros(2, [("a", "i4"), ("b", "f8")]), np.float32(1.5), np.dtype("f2")],
+             "builtins": [{1}, frozenset({2}), 1 + 2j, slice(1, 2), range(3), bytearray(b"x"), b"y",
+                          collections.OrderedDict(a=1), Path("a/b"), PurePosixPath("c")]}
+    store(tmp_path / "c", inputs).get(("r", 1), lambda: value)
+    again = store(tmp_path / "c", inputs).get(("r", 1), never)
+    assert [type(r) for r in again["records"]] == records
+    assert all(np.array_equal(r.values, np.arange(3)) for r in again["records"])
+    assert again["inputs"].items == value["inputs"].items
+    for got, want in zip(again["arrays"], value["arrays"]):
+        assert type(got) is type(want) and (got == want if isinstance(got, np.dtype) else np.array_equal(got, want))
+    assert again["builtins"] == value["builtins"]
+
+
 READ_ONLY_CACHE = """
 import pytest
 
