@@ -140,24 +140,46 @@ class Inputs:
 
 
 def external_data_files(model_path):
-    """The external data files an .onnx file names (resolved); none when it cannot be read."""
+    """The external data files an .onnx file names (resolved); none when it cannot be read.
+    One outside the model's folder, or not a regular file, is refused (see
+    :func:`external_data_file`): the result cache hashes what this returns."""
     if not Path(model_path).is_file():  # a pipe would block, a device never end: the loader says so
         return []
     try:
         import onnx
-        from onnx.external_data_helper import _get_all_tensors, uses_external_data
+        from onnx.external_data_helper import _get_attribute_tensors, _get_initializer_tensors, uses_external_data
 
         model = onnx.load(str(model_path), load_external_data=False)
     except Exception:  # an unreadable model is reported by the loader, not here
         return []
-    base = Path(model_path).parent
     out = []
-    for tensor in _get_all_tensors(model):
-        if uses_external_data(tensor):
-            location = next((e.value for e in tensor.external_data if e.key == "location"), None)
-            if location:
-                out.append(real(base / location))
+    for kind, tensors in (("initializer", _get_initializer_tensors(model)), ("tensor", _get_attribute_tensors(model))):
+        for tensor in tensors:
+            if uses_external_data(tensor):
+                location = next((e.value for e in tensor.external_data if e.key == "location"), None)
+                if location:
+                    out.append(external_data_file(Path(model_path).parent, location,
+                                                  f"{kind} {tensor.name!r} of {shown(str(model_path))}"))
     return list(dict.fromkeys(out))
+
+
+def external_data_file(folder, location, what):
+    """The real path of ``location``, where ``what`` (``"initializer 'w' of 'm.onnx'"``) keeps
+    its external data, named from the model's ``folder``. One whose real path lies outside that
+    folder is refused before anything opens or hashes it, as onnx and onnxruntime refuse it: a
+    downloaded model must not make a run read any file it names (a location of ../../../usr had
+    the result cache hash all of /usr); then one that is not a regular file (a pipe blocks, a
+    device never ends)."""
+    # no ~ expanded: onnx reads the location as written, from the folder
+    path, base = (Path(os.path.realpath(p)) for p in (os.path.join(folder or ".", location), folder or "."))
+    if not path.is_relative_to(base):
+        raise PTQError(f"{what} keeps its data in {shown(location)}, which resolves to {shown(str(path))}, outside "
+                       f"the model's folder {shown(str(base))}; onnx and onnxruntime refuse such a model: keep the "
+                       "external data file in the model's folder")
+    if path.exists() and not path.is_file():
+        raise PTQError(f"{what} keeps its data in {shown(location)}, which is not a regular file; keep the external "
+                       "data file beside the model")
+    return path
 
 
 def version(path):

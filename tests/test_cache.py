@@ -723,6 +723,47 @@ def test_the_clis_cache_keys_a_float_models_external_data(tmp_path, inputs, mode
     assert cache.for_engine(tmp_path / "c", engine).base() != before
 
 
+
+@pytest.mark.parametrize("target", ["file", "folder"])
+def test_external_data_outside_the_models_folder_is_refused_before_anything_hashes_it(tmp_path, inputs, monkeypatch,
+                                                                                        target):
+    """The result cache hashed every file a model's external data named before the loader
+    refused a location outside the model's folder: ../../../usr hashed all of /usr, and a
+    file outside was read; a folder there was refused as "not a regular file"."""
+    from pathlib import Path
+
+    import onnx
+
+    from pytest_ptq.errors import PTQError
+
+    model = _external(inputs / "q.onnx", tmp_path / "m" / "q.onnx", "w.bin")
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (tmp_path / "m" / "w.bin").rename(outside / "weights.bin")  # the right bytes, of the right size
+    location = {"file": "../outside/weights.bin", "folder": "../outside"}[target]
+    proto = onnx.load(str(model), load_external_data=False)
+    for init in proto.graph.initializer:
+        for entry in init.external_data:
+            if entry.key == "location":
+                entry.value = location
+    onnx.save(proto, str(model))
+    hashed = []
+
+    def spy(path):
+        hashed.append(path)
+        return "0" * 64
+
+    monkeypatch.setattr(cache, "file_hash", spy)
+    analysis = Analysis(AnalysisKey(str(model), str(inputs / "calib")), tmp_path, cache_dir=tmp_path / "c")
+    for refused in (analysis.sensitivity, lambda: cache.model_hash(model, spy)):
+        with pytest.raises(PTQError) as err:
+            refused()
+        assert re.fullmatch(rf"initializer '\w+' of '[^']+' keeps its data in '{location}', which resolves to "
+                            rf"'{outside}[^']*', outside the model's folder '{tmp_path / 'm'}'; onnx and onnxruntime "
+                            "refuse such a model: keep the external data file in the model's folder", str(err.value))
+    assert not [p for p in hashed if Path(p).resolve().is_relative_to(outside)]
+
+
 def test_entries_not_used_for_a_month_or_past_the_size_cap_go_on_the_next_write(tmp_path, inputs, monkeypatch):
     """Every model change leaves entries no run reads again, and a CI cache restored from job
     to job grew without bound: a write removes those unused for MAX_AGE_DAYS, then the least

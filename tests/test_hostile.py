@@ -149,18 +149,22 @@ def _edited(**values):
     return make
 
 
-def _external_on_a_device(root):
-    model = onnx.load(str(root / "ext.onnx"), load_external_data=False)
-    for init in model.graph.initializer:
-        for entry in init.external_data:
-            if entry.key == "location":
-                entry.value = "/dev/zero"
-    onnx.save(model, str(root / "dev.onnx"))
+def _external_at(location):
+    """Write ``dev.onnx``: ``ext.onnx`` with its data named at ``location``."""
+    def make(root):
+        model = onnx.load(str(root / "ext.onnx"), load_external_data=False)
+        for init in model.graph.initializer:
+            for entry in init.external_data:
+                if entry.key == "location":
+                    entry.value = location
+        onnx.save(model, str(root / "dev.onnx"))
+    return make
 
 
 def _external_outside(how):
     """Write ``sub/out.onnx``: ``ext.onnx`` with its data named outside ``sub/`` (by ``..``,
-    an absolute path, or a link in ``sub/`` to the file above), which onnx refuses to read."""
+    an absolute path, a link in ``sub/`` to the file above, or a folder above), which onnx
+    refuses to read."""
     def make(root):
         (root / "sub").mkdir()
         model = onnx.load(str(root / "ext.onnx"), load_external_data=False)
@@ -168,7 +172,8 @@ def _external_outside(how):
             for entry in init.external_data:
                 if entry.key == "location":
                     data = root / entry.value
-                    entry.value = {"dots": f"../{data.name}", "absolute": str(data), "link": data.name}[how]
+                    entry.value = {"dots": f"../{data.name}", "absolute": str(data), "link": data.name,
+                                   "folder": "../calib"}[how]
         if how == "link":
             (root / "sub" / data.name).symlink_to(data)
         onnx.save(model, str(root / "sub" / "out.onnx"))
@@ -303,11 +308,14 @@ CLI_CASES = [
                                   "100000"], ["--bins: must be at most 4096"]),
     ("save-dir-dangling-link", _symlink("nowhere/at/all", "dangling"), RUNALL + ["-s", "dangling"],
      ["'dangling' is a link to 'nowhere/at/all', which does not exist"]),
-    ("external-data-on-a-device", _external_on_a_device, ["get-sensitivity-of-nodes", "dev.onnx", "calib"],
-     ["keeps its data in '/dev/zero', which is not a regular file"]),
+    ("external-data-on-a-device", _external_at("/dev/zero"), ["get-sensitivity-of-nodes", "dev.onnx", "calib"],
+     ["keeps its data in '/dev/zero'", "outside the model's folder"]),
+    ("external-data-a-folder-beside-the-model", _external_at("calib"), ["get-sensitivity-of-nodes", "dev.onnx", "calib"],
+     ["keeps its data in 'calib', which is not a regular file"]),
+    # the folder's case said "not a regular file", though it lies outside the model's folder
     *((f"external-data-outside-the-model-folder-{how}", _external_outside(how),
        ["get-sensitivity-of-nodes", "sub/out.onnx", "calib"], ["keeps its data in", "outside the model's folder"])
-      for how in ("dots", "absolute", "link")),
+      for how in ("dots", "absolute", "link", "folder")),
     *((f"output-written-by-nothing-{argv[0]}", _outputs_added("nowhere"), argv,
        ["output 'nowhere' of", "is written by no node, input or initializer"])
       for argv in (["get-sensitivity-of-nodes", "bad.onnx", "calib"], ["list-nodes", "bad.onnx"])),

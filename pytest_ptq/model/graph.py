@@ -21,6 +21,7 @@ from onnx import numpy_helper
 
 from .. import params
 from ..errors import PTQError, shown
+from ..guard import external_data_file
 
 
 def load_model(model_or_file, what="model", external=True, parse=True):
@@ -313,15 +314,7 @@ def _mapped(init, folder, source):
     shape = tuple(init.dims)
     count = int(np.prod(shape, dtype=np.int64))
     offset = int(info.get("offset", 0))
-    if os.path.exists(path) and not os.path.isfile(path):  # a device maps as endless zeros, a pipe not at all
-        raise PTQError(f"initializer {init.name!r} of {source} keeps its data in {path!r}, which is not a regular "
-                       "file; keep the external data file beside the model")
-    base = os.path.realpath(folder or ".")
-    if os.path.commonpath([os.path.realpath(path), base]) != base:
-        # as onnx and onnxruntime refuse it: a downloaded model must not read any file it names
-        raise PTQError(f"initializer {init.name!r} of {source} keeps its data in {info.get('location', '')!r}, which "
-                       f"resolves to {os.path.realpath(path)!r}, outside the model's folder {base!r}; onnx and "
-                       "onnxruntime refuse such a model: keep the external data file in the model's folder")
+    external_data_file(folder, info.get("location", ""), f"initializer {init.name!r} of {source}")
     if dtype.itemsize == 0 or init.data_type in PACKED:  # onnx unpacks them
         return numpy_helper.to_array(init, base_dir=folder or "")
     try:
