@@ -360,7 +360,9 @@ _KINDS = {
     **{(m, n): "call" for m in ("numpy", "numpy.core.multiarray", "numpy._core.multiarray", "numpy.core.numeric",
                                 "numpy._core.numeric")
        for n in ("dtype", "_reconstruct", "scalar", "_frombuffer")},
-    **{("pathlib", n): "call" for n in ("PosixPath", "WindowsPath", "PurePosixPath", "PureWindowsPath")},
+    # (pathlib._local: where Python 3.13 defines them, and pickles them from)
+    **{(m, n): "call" for m in ("pathlib", "pathlib._local")
+       for n in ("PosixPath", "WindowsPath", "PurePosixPath", "PureWindowsPath")},
     # given to numpy's _reconstruct: the plain array class (a memmap's __new__ opens a file, write mode included)
     ("numpy", "ndarray"): "array",
     # the records results are made of: created by their __new__ and filled from their state, never
@@ -429,11 +431,12 @@ class _ResultUnpickler(pickle._Unpickler):  # the Python one: its opcodes can be
         self.append(cls.__new__(cls))
 
     def _build(self):
-        inst = self.stack[-2]
+        inst, state = self.stack[-2], self.stack[-1]
         np = sys.modules.get("numpy")
         if not (self._kind(type(inst)) == "record"
-                or np is not None and (type(inst) is np.ndarray or isinstance(inst, np.dtype))):
-            raise pickle.UnpicklingError(f"a {type(inst).__name__} is not filled while reading a result")
+                or np is not None and type(inst) is np.ndarray and _plain_array_state(np, state)
+                or np is not None and isinstance(inst, np.dtype) and _plain_dtype_state(inst, state)):
+            raise pickle.UnpicklingError(f"a {type(inst).__name__} is not filled so while reading a result")
         pickle._Unpickler.load_build(self)
 
     def _called(self):
@@ -442,6 +445,23 @@ class _ResultUnpickler(pickle._Unpickler):  # the Python one: its opcodes can be
     dispatch = {**pickle._Unpickler.dispatch, pickle.REDUCE[0]: _reduce, pickle.NEWOBJ[0]: _newobj,
                 pickle.BUILD[0]: _build, pickle.OBJ[0]: _called, pickle.INST[0]: _called,
                 pickle.NEWOBJ_EX[0]: _called}
+
+
+def _plain_dtype_state(dtype, state):
+    """Whether ``state`` fills ``dtype`` (just made from its type string) as numpy pickles a
+    plain number type: no fields, no subarray, and the flags that type has. A state's fields
+    or flags are what numpy trusts to tell numbers from object pointers: an object field
+    flagged as holding none, filled from an entry's bytes, read pointers of its writer's
+    choosing (a crash, no exception)."""
+    return (isinstance(state, tuple) and len(state) in (8, 9) and state[2:5] == (None, None, None)
+            and state[7] == dtype.flags)
+
+
+def _plain_array_state(np, state):
+    """Whether ``state`` fills an array without fields, whose objects (if any) come as a list
+    of values, as numpy pickles them, never as bytes read as pointers."""
+    return (isinstance(state, tuple) and len(state) == 5 and isinstance(state[2], np.dtype)
+            and state[2].names is None and (not state[2].hasobject or isinstance(state[4], list)))
 
 
 def _read(path, key):
