@@ -55,9 +55,10 @@ class Result:
 
     @property
     def text(self):
-        # the sentence on one line: a node or output name holding a newline or an escape
-        # sequence would start lines of its own in a CI log
-        return printable(self.summary) + ("\n" + self.details if self.details else "")
+        # each line one line: a node or output name holding a newline or an escape sequence
+        # would start lines of its own in a CI log (the names in the details are shown so too)
+        details = "\n".join(map(printable, self.details.split("\n"))) if self.details else ""
+        return printable(self.summary) + ("\n" + details if details else "")
 
     def measures(self):
         """What the check measured, each beside its threshold: dicts with ``what``, ``value``,
@@ -518,16 +519,17 @@ class BaselineResult(Result):
             lines.append(f"{title} worse by more than {threshold_text(d.tolerance)} ({d.metric}, old -> new): "
                          f"max {fmt(max(worse))}, mean {fmt(sum(w / len(worse) for w in worse))}, "
                          f"median {fmt(statistics.median(worse))}")
-            lines += [f"  {mv.name}: {fmt(mv.old)} -> {fmt(mv.new)} (worse by {fmt(mv.worse)})" for mv in moves[:_CAP]]
+            lines += [f"  {printable(mv.name)}: {fmt(mv.old)} -> {fmt(mv.new)} (worse by {fmt(mv.worse)})"
+                      for mv in moves[:_CAP]]
             if len(moves) > _CAP:
                 lines.append(f"  ... {len(moves) - _CAP} more")
         if d.improved and self.status in ("degraded", "ok"):
-            names = ", ".join(f"{mv.name} {fmt(mv.old)} -> {fmt(mv.new)}" for mv in d.improved[:5])
+            names = ", ".join(f"{printable(mv.name)} {fmt(mv.old)} -> {fmt(mv.new)}" for mv in d.improved[:5])
             lines.append(f"improved past the tolerance: {names}" + (" ..." if len(d.improved) > 5 else ""))
         if d.removed:
-            lines.append(f"in the baseline but not measured now: {', '.join(d.removed[:10])}")
+            lines.append(f"in the baseline but not measured now: {', '.join(map(printable, d.removed[:10]))}")
         if d.added:
-            lines.append(f"measured now but not in the baseline: {', '.join(d.added[:10])}")
+            lines.append(f"measured now but not in the baseline: {', '.join(map(printable, d.added[:10]))}")
         lines += d.notes
         return "\n".join(lines)
 

@@ -1407,3 +1407,18 @@ def test_no_output_is_written_through_a_symbolic_link(pytester, tmp_path):
                          cwd=pytester.path, capture_output=True, text=True)
     assert run.returncode == 2 and "'out/summary.json' is a symbolic link" in run.stderr, run.stderr
     assert list(outside.iterdir()) == []
+
+
+def test_a_baseline_failure_lists_names_from_the_model_and_the_baseline_escaped():
+    """The failure's sentence was escaped but its details listed each moved node raw, and a
+    name from the model or the committed baseline file wrote lines of its own into the log."""
+    from pytest_ptq.baseline import Diff, Move
+    from pytest_ptq.checks import BaselineResult
+
+    evil = "conv\n::error file=x.py::all good\n\x1b[32m3 passed\x1b[0m"
+    diff = Diff(metric="cosine-similarity", tolerance=0.001, nodes=[Move(evil, 0.99, 0.9, 0.09)], outputs=[],
+                improved=[], removed=[evil], added=[evil], notes=[])
+    text = BaselineResult(passed=False, status="degraded", path="b.json", diff=diff, tolerance=0.001,
+                          model="q.onnx").text
+    assert "\x1b" not in text and not [line for line in text.splitlines() if line.lstrip().startswith("::")]
+    assert "  conv\\n::error file=x.py::all good\\n\\x1b[32m3 passed\\x1b[0m: 0.990000 -> 0.900000" in text
