@@ -20,7 +20,7 @@ from .data import load_data
 from .engine import Engine
 from .errors import InputRefused, PTQError, closest, raised_by_user
 from .metrics import Pooled, by_output, get_metric, get_metrics
-from .outputs import blind_warnings, parse_outputs
+from .outputs import blind_warnings, far_from_zero, parse_outputs
 from .progress import Progress
 from .sensitivity import get_sensitivity_of_nodes
 from .stages import simulation_warnings
@@ -158,10 +158,12 @@ class Analysis:
         results were asked in cannot see errors in (:func:`~pytest_ptq.outputs.blind_warnings`);
         kept on disk with the results."""
         told = self.cached(("run warnings",), lambda: simulation_warnings(self._engine), files=())
+        # the outputs are scanned once; cosine, sqnr and mre are blind to the same offset, said once
+        far = self.cached(("far from zero",), lambda: far_from_zero(self._engine), files=())
         for metric in list(self._metrics):
             told = told + self.cached(("blind warnings", metric),
-                                      lambda m=metric: blind_warnings(self._engine, metric=m), files=())
-        return told
+                                      lambda m=metric: blind_warnings(self._engine, metric=m, found=far), files=())
+        return list(dict.fromkeys(told))
 
     def _judged_by(self, metric):
         """The canonical name of ``metric``, noted as one whose blind outputs are warned of."""

@@ -19,7 +19,7 @@ from pytest_ptq.curves import configs_from, get_acc_error
 from pytest_ptq.distribution import collect
 from pytest_ptq.engine import Engine
 from pytest_ptq.errors import PTQError
-from pytest_ptq.outputs import parse_outputs
+from pytest_ptq.outputs import OFFSET_WARNING, far_from_zero, parse_outputs
 from pytest_ptq.sensitivity import get_sensitivity_of_nodes
 from pytest_ptq.verdict import three_configs
 
@@ -277,6 +277,22 @@ def test_an_output_far_from_zero_is_flagged_and_correlation_sees_what_cosine_hid
     assert len(told) == 1 and "'depth'" in told[0] and f"cosine {flat:.6f}" in told[0], analysis.warnings
     assert blind_warnings(analysis.engine, metric="mse") == []  # an error in units sees it
     assert blind_warnings(analysis.engine, metric="correlation") == []
+
+
+def test_an_offset_that_three_metrics_are_blind_to_is_told_once(tmp_path, monkeypatch):
+    """Checks in cosine, sqnr and mre on an output far from zero listed the same warning three
+    times in the report, each metric scanning the outputs again."""
+    from pytest_ptq import analysis as analysis_module
+
+    data = builders.samples(4, size=8)
+    qpath = builders.quantize(builders.offset_net(tmp_path / "f.onnx", offset=300.0), tmp_path / "q.onnx", data)
+    scans = []
+    monkeypatch.setattr(analysis_module, "far_from_zero",
+                        lambda *a, **k: scans.append(1) or far_from_zero(*a, **k))
+    analysis = Analysis(AnalysisKey(str(qpath), str(builders.save_folder(data, tmp_path / "calib"))), tmp_path)
+    for metric in ("cosine-similarity", "sqnr", "mre", "correlation"):
+        analysis.output_metrics(None, [metric])
+    assert [w[:60] for w in analysis.warnings] == [OFFSET_WARNING[:60]] and len(scans) == 1
 
 
 def test_a_score_far_from_zero_is_judged_over_the_samples(tmp_path):
