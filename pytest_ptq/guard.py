@@ -170,6 +170,9 @@ def external_data_file(folder, location, what):
     downloaded model must not make a run read any file it names (a location of ../../../usr had
     the result cache hash all of /usr); then one that is not a regular file (a pipe blocks, a
     device never ends)."""
+    if "\0" in location:  # no path holds one (realpath raised ValueError)
+        raise PTQError(f"{what} keeps its data in {shown(location)}, a name holding a NUL character, which names no "
+                       "file; re-export the model with its external data beside it")
     # no ~ expanded: onnx reads the location as written, from the folder
     path, base = (Path(os.path.realpath(p)) for p in (os.path.join(folder or ".", location), folder or "."))
     if not path.is_relative_to(base):

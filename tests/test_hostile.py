@@ -312,6 +312,10 @@ CLI_CASES = [
      ["keeps its data in '/dev/zero'", "outside the model's folder"]),
     ("external-data-a-folder-beside-the-model", _external_at("calib"), ["get-sensitivity-of-nodes", "dev.onnx", "calib"],
      ["keeps its data in 'calib', which is not a regular file"]),
+    # realpath raised ValueError: an internal error
+    *((f"external-data-named-with-a-nul-{argv[0]}", _external_at("w\0.bin"), argv,
+       ["keeps its data in 'w\\x00.bin', a name holding a NUL character"])
+      for argv in (["get-sensitivity-of-nodes", "dev.onnx", "calib"], ["list-nodes", "dev.onnx"])),
     # the folder's case said "not a regular file", though it lies outside the model's folder
     *((f"external-data-outside-the-model-folder-{how}", _external_outside(how),
        ["get-sensitivity-of-nodes", "sub/out.onnx", "calib"], ["keeps its data in", "outside the model's folder"])

@@ -309,12 +309,12 @@ def _mapped(init, folder, source):
     """A read-only memory map of an initializer's external data: pages stay in the file until
     read, and onnxruntime shares them instead of copying."""
     info = {e.key: e.value for e in init.external_data}
-    path = os.path.join(folder or ".", info.get("location", ""))
+    # the path checked is the path read: no second spelling of it to resolve otherwise
+    path = str(external_data_file(folder, info.get("location", ""), f"initializer {init.name!r} of {source}"))
     dtype = onnx.helper.tensor_dtype_to_np_dtype(init.data_type)
     shape = tuple(init.dims)
     count = int(np.prod(shape, dtype=np.int64))
     offset = int(info.get("offset", 0))
-    external_data_file(folder, info.get("location", ""), f"initializer {init.name!r} of {source}")
     if dtype.itemsize == 0 or init.data_type in PACKED:  # onnx unpacks them
         return numpy_helper.to_array(init, base_dir=folder or "")
     try:
