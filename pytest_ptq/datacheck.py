@@ -792,9 +792,7 @@ def check_data(model_or_file, calibrated_data=None, heldout=None, data_num=None,
     if qm is None:
         findings.append(Finding("no-qdq", "info", f"{source} has no Q/DQ pairs: range and held-out checks need "
                                 "the calibrated model", "pass the calibrated QDQ model"))
-    # the held-out comparison runs each sample of both sets once (one step each)
-    with Progress(total + (sum(len(d) for d in datasets.values()) if heldout is not None else 0),
-                  "check data", enabled=progress) as bar:
+    with Progress(total, "check data", enabled=progress) as bar:
         for dataset, data in datasets.items():
             scans[dataset] = _scan(data, specs, dataset, bar)
             stats[dataset] = {k: v.to_dict() for k, v in scans[dataset].items()}
@@ -809,23 +807,27 @@ def check_data(model_or_file, calibrated_data=None, heldout=None, data_num=None,
                 findings += _scale_class_findings(name, st, held)
                 findings += _channel_findings(name, st, held.channel_mean(),
                                               held.channel_std(), "held-out")
-        quantized = None
-        if heldout is not None and qm is not None:
-            blocking = [f for f in findings if f.severity == "error" and f.check in _BLOCKING]
-            if blocking:
-                findings.append(Finding("heldout-skipped", "info", "the quantized model was not run on the two sets "
-                                        f"because of the errors above ({blocking[0].check})",
-                                        "fix the errors, then check again", None, "heldout"))
+    quantized = None
+    if heldout is not None and qm is not None:
+        blocking = [f for f in findings if f.severity == "error" and f.check in _BLOCKING]
+        if blocking:
+            findings.append(Finding("heldout-skipped", "info", "the quantized model was not run on the two sets "
+                                    f"because of the errors above ({blocking[0].check})",
+                                    "fix the errors, then check again", None, "heldout"))
+        else:
+            cal = load_data(calibrated_data, qm, data_num)
+            engine, why = _reference_engine(model_or_file, qm, cal, float_model, custom_op_libraries)
+            if why:
+                findings.append(Finding("heldout-skipped", "warning", "the quantized model was not compared on "
+                                        f"the two sets: {why}", "", None, "heldout"))
             else:
-                cal = load_data(calibrated_data, qm, data_num)
-                engine, why = _reference_engine(model_or_file, qm, cal, float_model, custom_op_libraries)
-                if why:
-                    findings.append(Finding("heldout-skipped", "warning", "the quantized model was not compared on "
-                                            f"the two sets: {why}", "", None, "heldout"))
-                else:
-                    held = load_data(heldout, qm, role="held-out", calibration=cal)
+                held = load_data(heldout, qm, role="held-out", calibration=cal)
+                # a bar of its own: a run of the model costs ten times a sample's statistics, and
+                # counted as one step alike, the time left read a sixth of what it was
+                with Progress(len(cal) + len(held), "check data: the quantized model on both sets",
+                              enabled=progress) as bar:
                     more, quantized = _heldout_findings(engine, cal, held, m, threshold, bar)
-                    findings += more
+                findings += more
     order = {s: k for k, s in enumerate(SEVERITIES)}
     findings.sort(key=lambda f: order[f.severity])
     data_where = getattr(datasets["calibration"], "where", str(calibrated_data))

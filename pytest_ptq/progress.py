@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
 import sys
 import time
@@ -15,6 +16,9 @@ REDRAW = 0.1  # seconds between redraws on a terminal: thousands of steps stay c
 # thirds of an example suite's log
 LOG_AFTER = 5.0
 LOG_EVERY = 10.0
+# ... and a line at least this often, however slow a tenth: CI systems stop a job silent for
+# ten minutes
+HEARTBEAT = 240.0
 
 
 class Progress:
@@ -23,6 +27,9 @@ class Progress:
     no time left.
 
     ``announce``: say when the work starts (its first step alone may take minutes).
+    ``tentative``: the total is a bound the work replaces once it has timed a first part
+    (``bar.total = ...; bar.tentative = False``): no time left is told until then, where one
+    read from the bound was ten times the truth.
 
     Draws in place on a terminal, within its width (a longer line would wrap and every
     redraw would add a row); elsewhere (CI logs) prints a line every 10% with the time
@@ -30,7 +37,7 @@ class Progress:
     size), and one when done; a run under :data:`LOG_AFTER` seconds prints nothing.
     """
 
-    def __init__(self, total, desc, enabled=True, stream=None, announce=False):
+    def __init__(self, total, desc, enabled=True, stream=None, announce=False, tentative=False):
         if hasattr(enabled, "write"):  # a stream to draw on (the plugin's, around pytest's capture)
             enabled, stream = True, enabled
         elif enabled is not None:  # text such as "no" would read as true
@@ -46,6 +53,7 @@ class Progress:
         self._last_line = self.start
         self._drawn = None  # when the terminal line was last drawn
         self.announce = announce  # a line at the start: for work whose first step alone is long
+        self.tentative = tentative
 
     def __enter__(self):
         if self.enabled and self.announce:
@@ -98,18 +106,30 @@ class Progress:
                 self._last_line = time.perf_counter()
             return
         if self.tty:
-            counts = f" {self.done}/{self.total} {elapsed:5.1f}s elapsed, ~{eta:4.0f}s left"
+            counts = f" {self.done}/{self.total} {elapsed:5.1f}s elapsed" + ("" if self.tentative else
+                                                                            f", ~{eta:4.0f}s left")
             self._draw(f"{self.desc}: [{'#' * (pct // 4):<25}]" + counts, f"{self.desc}:" + counts)
-        elif (elapsed > LOG_AFTER and self.done < self.total and pct // 10 > self._last_pct // 10
-              and (self._last_pct < 0 or time.perf_counter() - self._last_line >= LOG_EVERY)):
-            # logs get a line per 10% (at most every LOG_EVERY seconds) and one at the end (a
-            # total that grows as the work finds more, as a search's does, prints no line per
-            # step), short runs none
-            self.stream.write(f"{self.desc}: {self.done}/{self.total} ({pct}%) {elapsed:.1f}s elapsed, "
-                              f"~{eta:.0f}s left\n")
+        elif (elapsed > LOG_AFTER and self.done < self.total
+              and (pct // 10 > self._last_pct // 10
+                   and (self._last_pct < 0 or time.perf_counter() - self._last_line >= LOG_EVERY)
+                   or time.perf_counter() - self._last_line >= HEARTBEAT)):
+            # logs get a line per 10% (at most every LOG_EVERY seconds, at least every
+            # HEARTBEAT) and one at the end (a total that grows as the work finds more, as a
+            # search's does, prints no line per step), short runs none
+            self.stream.write(f"{self.desc}: {self.done}/{self.total} ({pct}%) {elapsed:.1f}s elapsed"
+                              + ("" if self.tentative else f", ~{eta:.0f}s left") + "\n")
             self.stream.flush()
             self._last_pct = pct
             self._last_line = time.perf_counter()
+
+    def _columns(self):
+        """The width of the terminal the bar is drawn on: stderr's, where stdout may be a file
+        (``--json - > out.json``) whose size, read instead, was 80 on a narrower terminal and
+        every redraw wrapped into a row of its own."""
+        try:
+            return os.get_terminal_size(self.stream.fileno()).columns
+        except (AttributeError, OSError, ValueError):  # no descriptor (a captured stream), or not a terminal
+            return shutil.get_terminal_size().columns
 
     def _draw(self, line, narrow=None):
         """Redraw the terminal line (at most every :data:`REDRAW` seconds, and at the last
@@ -120,7 +140,7 @@ class Progress:
         if self._drawn is not None and now - self._drawn < REDRAW and not last:
             return
         self._drawn = now
-        width = shutil.get_terminal_size().columns - 1  # the last column would wrap on some terminals
+        width = self._columns() - 1  # the last column would wrap on some terminals
         if len(line) > width and narrow is not None:
             line = narrow
         if len(line) > width:

@@ -138,7 +138,9 @@ def screen(engine, node_types, metric_objs, specs, indices, budget_s=None, rank_
     # where every node of each type is among its top, confirming them is ranking them all
     small = all(n <= confirm for n in counts.values())
     planned = total if rank_samples is None or (one_pass and small) else min(total, rank_samples)
-    with Progress(planned * len(configs), desc, enabled=progress) as bar:
+    # the total is a bound until the first sample is timed and the samples to rank are known:
+    # a time left read from it was ten times the truth
+    with Progress(planned * len(configs), desc, enabled=progress, tentative=not one_pass) as bar:
         if one_pass:
             k = max(1, planned)
         else:
@@ -163,6 +165,7 @@ def screen(engine, node_types, metric_objs, specs, indices, budget_s=None, rank_
             # the bar now counts what is left for sure: the screening samples, the narrowing, the confirmation
             bar.total = (k * len(configs) + (wide - k) * (sum(keep.values()) if narrowed else len(configs))
                          + (total - wide) * confirmed_count)
+        bar.tentative = False
         # spread over the data, the first included (scored already): the first k of data stored
         # in order (crops of one page) may all miss what the rest shows; the narrowing's
         # samples hold the screening's

@@ -125,3 +125,42 @@ def test_a_terminal_line_fits_its_width_and_is_redrawn_a_few_times_a_second(cloc
             bar.advance()
     drawn = out.getvalue().split("\r")[1:]
     assert all(len(d.rstrip("\n")) == columns - 1 for d in drawn) and "50 done" in drawn[-1]
+
+
+def test_the_time_left_waits_for_a_tentative_total_and_a_slow_tenth_still_gets_a_line(clock):
+    """runall's ranking started its bar at every sample of every node, a bound it replaces once
+    the first sample is timed: it read "~616s left" for a step of 43 s; and a tenth of work
+    taking more than ten minutes left a CI log silent long enough for the job to be killed."""
+    out = io.StringIO()
+    with Progress(1000, "ranking", stream=out, tentative=True) as bar:
+        for step in range(300):
+            clock[0] += 1.0
+            if step == 100:
+                bar.total, bar.tentative = 300, False  # what the work now knows it will do
+            bar.advance()
+    lines = out.getvalue().splitlines()
+    assert lines[0] == "ranking: 6/1000 (0%) 6.0s elapsed"
+    assert all(("left" in line) == ("/300 (" in line) for line in lines)
+    assert lines[-1] == "ranking: 300/300 done, 300.0s elapsed" and "110/300 (36%) 110.0s elapsed, ~190s left" in lines[2]
+    slow = _logged(clock, 1000, "slow", 3.0).splitlines()  # a tenth takes 300 s
+    times = [float(line.split("s elapsed")[0].rsplit(" ", 1)[1]) for line in slow]
+    assert max(b - a for a, b in zip([0.0, *times], times)) <= progress.HEARTBEAT + 3.0
+
+
+def test_a_bar_on_a_narrow_terminal_fits_it_when_stdout_is_a_file(clock, monkeypatch):
+    """With stdout redirected (--json - > out.json), the bar on a 50-column stderr read the
+    size of stdout, which falls back to 80, and every redraw wrapped into a row of its own."""
+    class Stderr(_Terminal):
+        def fileno(self):
+            return 99
+
+    monkeypatch.setattr(progress.shutil, "get_terminal_size", lambda *a, **k: os.terminal_size((80, 24)))
+    monkeypatch.setattr(progress.os, "get_terminal_size",
+                        lambda fd: os.terminal_size((50, 24)) if fd == 99 else os.terminal_size((80, 24)))
+    out = Stderr()
+    with Progress(500, "sensitivity (node)", stream=out) as bar:
+        for _ in range(500):
+            clock[0] += 0.01
+            bar.advance()
+    drawn = out.getvalue().split("\r")[1:]
+    assert drawn and all(len(d.rstrip("\n")) == 49 for d in drawn)
