@@ -56,6 +56,7 @@ from .distribution.readings import advise
 from .figures import kept_figure
 from .metrics import get_metrics
 from .outputs import OFFSET_BLIND, blind_warnings, far_from_zero, parse_outputs, parts_note
+from .progress import Progress
 from .remedy.producer_terms import producer_advice
 from .remedy.terms import onnxruntime_settings, per_channel_weights, quantizer_call, suggest_command
 from .results import json_safe
@@ -325,13 +326,19 @@ def _runall(engine, out, metrics, output_node, node_type, data_num, top, axis, p
                                               progress=progress, skip_unboxable=True))
         # a rerun writes the figures kept with the results instead of drawing them again
         shown = (data_num, tuple(dist_nodes), tuple(box_nodes), axis)
-        for d in dist.values():
-            d["png"] = listing.wrote(kept_figure(cache, ("runall distribution", *shown, d["node"]), out / "distributions",
-                                                 lambda folder, d=d: draw_distribution(d, folder, boxes.get(d["node"]))))
-        for d in boxes.values():
-            if "skipped" not in d:
-                d["png"] = listing.wrote(kept_figure(cache, ("runall channels", *shown, d["node"]), out / "channelwise",
-                                                     lambda folder, d=d: draw_channelwise(d, folder, dist.get(d["node"]))))
+        # drawing took most of the step, after the bar of the statistics had said done
+        with Progress(len(dist) + len(boxes), "drawing the figures", enabled=progress) as bar:
+            for d in dist.values():
+                d["png"] = listing.wrote(kept_figure(
+                    cache, ("runall distribution", *shown, d["node"]), out / "distributions",
+                    lambda folder, d=d: draw_distribution(d, folder, boxes.get(d["node"]))))
+                bar.advance()
+            for d in boxes.values():
+                if "skipped" not in d:
+                    d["png"] = listing.wrote(kept_figure(
+                        cache, ("runall channels", *shown, d["node"]), out / "channelwise",
+                        lambda folder, d=d: draw_channelwise(d, folder, dist.get(d["node"]))))
+                bar.advance()
         files["distributions"] = [d["png"] for d in dist.values()]
         files["channelwise"] = [d["png"] for d in boxes.values() if "skipped" not in d]
 
@@ -355,7 +362,7 @@ def _runall(engine, out, metrics, output_node, node_type, data_num, top, axis, p
         held = str(heldout) if isinstance(heldout, (str, Path)) else (None if heldout is None else object())
         three = through(cache, ("runall verdict", base, held, tuple(indices)),
                         lambda: three_configs(engine, specs, metric, heldout, ranking_samples=indices,
-                                              count=len(every_index)),
+                                              count=len(every_index), progress=progress),
                         files=(heldout,) if isinstance(held, str) else ())
         outputs = {label: {metric: value} for label, value in three.figures.items()}
         blind = None

@@ -23,6 +23,7 @@ import math
 from .curves import configs_from
 from .data import load_data
 from .metrics import Pooled, Reference, Scratch, get_metric
+from .progress import Progress
 from .results import JsonResult
 from .tables import short
 
@@ -131,10 +132,10 @@ class Verdict(JsonResult):
         return self.values[self.decided_on]
 
 
-def score(engine, data, specs, metric, configs, count=None, indices=None):
+def score(engine, data, specs, metric, configs, count=None, indices=None, bar=None):
     """``{label: value}`` of each config on every sample of ``data`` (worst output, pooled);
     ``data`` None: the engine's own samples ``indices``, default its first ``count`` (default
-    all), whose float references the engine caches."""
+    all), whose float references the engine caches. ``bar``: a Progress advanced a sample."""
     pools = {label: Pooled(metric, specs) for label in configs}
     tensors = list(dict.fromkeys(s.tensor for s in specs))
     own = data is None
@@ -150,6 +151,8 @@ def score(engine, data, specs, metric, configs, count=None, indices=None):
         prepared = Reference.of_outputs(specs, ref, scratch)
         for label, out in zip(configs, outs):
             pools[label].add_prepared(prepared, out)
+        if bar is not None:
+            bar.advance()
     return {label: pool.value() for label, pool in pools.items()}
 
 
@@ -204,11 +207,11 @@ def _rewrite_note(engine, m, everything):
 
 
 def three_configs(engine, specs, metric="cosine-similarity", heldout=None, ranking_samples=None, data=None,
-                  count=None):
+                  count=None, progress=False):
     """The :class:`Verdict` of ``engine`` on every sample of ``data`` (default: the first
     ``count`` of the engine's, default all) and of ``heldout``; with ``ranking_samples`` (the
     samples a ranking used: how many, the first of ``data``, or the engine's indices), says
-    when those samples alone would decide otherwise."""
+    when those samples alone would decide otherwise. ``progress``: a bar over the samples."""
     m = get_metric(metric)
     configs = {**configs_from(engine, ["weight", "activation"]), ALL: list(engine.calib_names)}
     # a weight already on its grid (aimet, QAT exports) bypasses to itself: only a float model shows its error
@@ -217,11 +220,13 @@ def three_configs(engine, specs, metric="cosine-similarity", heldout=None, ranki
     weights_known = not weights or any(c.bypassable and (not c.on_grid or c.float_weight is not None)
                                        for c in weights)
     own = data is None
-    values = {"calibration": score(engine, data, specs, m, configs, count)}
     samples = {"calibration": (count or len(engine.data)) if own else len(data)}
-    if heldout is not None:
-        held = load_data(heldout, engine.qmodel, role="held-out", calibration=engine.data)
-        values["heldout"], samples["heldout"] = score(engine, held, specs, m, configs), len(held)
+    held = None if heldout is None else load_data(heldout, engine.qmodel, role="held-out", calibration=engine.data)
+    with Progress(samples["calibration"] + (0 if held is None else len(held)), "weights, activations, both",
+                  enabled=progress) as bar:
+        values = {"calibration": score(engine, data, specs, m, configs, count, bar=bar)}
+        if held is not None:
+            values["heldout"], samples["heldout"] = score(engine, held, specs, m, configs, bar=bar), len(held)
     decided_on = "heldout" if "heldout" in values else "calibration"
     source, text = decide(values[decided_on], m.name, weights_known)
     if decided_on == "heldout":

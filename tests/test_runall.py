@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 import os
+import re
 
 import numpy as np
 import onnx
@@ -774,3 +775,23 @@ def test_a_similarity_a_hair_below_one_keeps_its_digits_in_the_summary():
     from pytest_ptq.runall import _v
 
     assert [_v(0.9999999982), _v(1.0), _v(0.9911855012), _v(2e-5)] == ["0.9999999982", "1", "0.9911855", "2.000e-05"]
+
+
+def test_every_step_of_runall_shows_its_progress_to_its_last_part(tmp_path):
+    """The figures of step 2 were drawn after its bar said done (most of the step, silent), and
+    step 4's three configurations on every sample showed no progress at all."""
+    import io
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    data = builders.samples(3)
+    held = builders.samples(2, seed=9)
+    q = builders.quantize(builders.conv_net(tmp_path / "float.onnx"), tmp_path / "q.onnx", data)
+    drawn = Terminal()
+    s = runall(q, data, save_dir=tmp_path / "out", top=2, progress=drawn, heldout=held)
+    figures = len(s["files"]["distributions"]) + len(s["files"]["channelwise"])
+    finals = {line.split(":")[0]: line for line in drawn.getvalue().replace("\r", "\n").splitlines() if "/" in line}
+    assert figures and finals["drawing the figures"].split()[3].startswith(f"{figures}/")
+    assert re.search(r"^weights, activations, both: (\[#+\] )?5/5 ", finals["weights, activations, both"])

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from ..channelwise import OUTLIER_K
 from ..engine import engine_for
+from ..progress import Progress
 from .gather import BULK_TAIL, CACHE_BYTES, HIST_BINS, clip_bounds, collect, resolve_nodes, weight_arrays
 from .plots import draw_channelwise, draw_distribution
 from .readings import (CLIP_SHARE, FEW_LEVELS, WEAK_SQNR_DB, activation_reading, few_levels, weight_issue,
@@ -47,8 +48,10 @@ def plot_distribution(save_dir, model_or_file, calibrated_data=None, nodes_list=
     with engine.writes(save_dir) as out:
         names = resolve_nodes(engine.qmodel, nodes_list, "plot_distribution")
         dist, _ = collect(engine, names, (), data_num=data_num, bins=bins, progress=progress)
-        for d in dist.values():
-            d["png"] = draw_distribution(d, out)
+        with Progress(len(dist), "drawing histograms", enabled=progress) as bar:  # a third of the run, said
+            for d in dist.values():
+                d["png"] = draw_distribution(d, out)
+                bar.advance()
     return dist
 
 
@@ -69,7 +72,9 @@ def get_channelwise_data_distribution(save_dir, model_or_file, calibrated_data=N
         names = resolve_nodes(engine.qmodel, nodes_list, "get_channelwise_data_distribution")
         _, boxes = collect(engine, (), names, axis=axis, data_num=data_num, outlier_k=outlier_k,
                            progress=progress, skip_unboxable=len(names) > 1)
-        for d in boxes.values():
-            if "skipped" not in d:
-                d["png"] = draw_channelwise(d, out)
+        with Progress(len(boxes), "drawing box plots", enabled=progress) as bar:
+            for d in boxes.values():
+                if "skipped" not in d:
+                    d["png"] = draw_channelwise(d, out)
+                bar.advance()
     return boxes
