@@ -97,7 +97,12 @@ class _Hooks:
         # a failed check or assert is diagnosed; an input error (PTQError) is one sentence, and an
         # error in the user's code (an evaluation function that raises) is no model's failure
         if call.when == "call" and call.excinfo is not None and call.excinfo.errisinstance(AssertionError):
-            self.ptq.explain(item)
+            try:
+                self.ptq.explain(item)
+            except KeyboardInterrupt:
+                # raised through this hook, every plugin wrapping it was blamed for it (pluggy
+                # warned of pytest-html); the run stops as pytest stops it, after this report
+                item.session.shouldstop = f"interrupted while explaining why {item.nodeid} failed"
         # extras in the call phase: pytest-html drops what arrives in teardown
         if call.when == "call" and item.config.getoption("htmlpath", None):
             self.ptq.html_extras(item, rep)

@@ -686,6 +686,36 @@ def test_an_interrupted_run_writes_a_page_that_says_so(project):
     result.stdout.fnmatch_lines(["*the ptq report '*report.html' says the run was interrupted, and holds no results"])
 
 
+def test_ctrl_c_while_a_failure_is_explained_stops_the_run_blaming_no_plugin(project):
+    """Ctrl-C during the minutes-long ranking of a failing test rose through every plugin
+    wrapping the report hook, and pluggy warned that pytest-html had raised it."""
+    project.makeconftest("""
+        from pytest_ptq.session import PTQSession
+
+        def explain(self, item):
+            raise KeyboardInterrupt
+
+        PTQSession.explain = explain
+    """)
+    project.makepyfile(test_zz_fails="""
+        import pytest
+
+        @pytest.mark.ptq(model="model.onnx", data="calib")
+        def test_fails(ptq):
+            ptq.assert_outputs(1.0)
+
+        def test_never_run():
+            pass
+    """)
+    result = project.runpytest_subprocess(*plugin_args(), "-p", "no:cacheprovider", "-p", "no:randomly",
+                                          "test_zz_fails.py", "--html=h.html", "--ptq-report=report.html",
+                                          timeout=300)
+    out = result.stdout.str() + result.stderr.str()
+    assert result.ret == pytest.ExitCode.INTERRUPTED and "PluggyTeardownRaisedWarning" not in out, out
+    assert "interrupted while explaining why test_zz_fails.py::test_fails failed" in out
+    assert "test_never_run" not in out and "interrupted" in (project.path / "report.html").read_text()
+
+
 def test_a_killed_run_leaves_a_page_that_says_it_did_not_finish(project):
     """A time limit's SIGTERM or SIGKILL leaves pytest no chance to write: the last complete
     run's page stayed, and read as this run's. The page a run writes as it starts stays."""
