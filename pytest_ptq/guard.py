@@ -366,7 +366,8 @@ def claim(path, label="output file", folder=False):
 
 
 def refuse_link(path, label="output file"):
-    """Raise PTQError when the file ``path`` is a symbolic link (dangling or not)."""
+    """Raise PTQError when ``path`` is a symbolic link (dangling or not): a file the tool
+    writes, or a folder it makes for itself inside the one it was given."""
     if os.path.islink(path):
         raise PTQError(f"{label} {shown(str(path))} is a symbolic link (to {shown(os.readlink(path))}); pytest-ptq "
                        "writes no file through a link: remove the link or give another path")

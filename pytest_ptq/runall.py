@@ -285,6 +285,8 @@ def _runall(engine, out, metrics, output_node, node_type, data_num, top, axis, p
     # the files named in advance are checked before the work (plots are checked as written)
     for name in ("summary.md", "summary.json", "acc_error.png", *(f"sensitivity_{t}.json" for t in types)):
         guard.claim(out / name)
+    for name in ("distributions", "channelwise"):  # its own folders, unlike the one given, are never links
+        guard.refuse_link(out / name, "runall's folder")
     guard.makedirs(out)
     listing = _take_folder(out)
     timings, files, steps = {}, {"sensitivity": {}}, 4

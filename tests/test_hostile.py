@@ -1410,7 +1410,13 @@ def test_no_output_is_written_through_a_symbolic_link(pytester, tmp_path):
     run = subprocess.run([sys.executable, "-m", "pytest_ptq", "runall", "q.onnx", "calib", "-s", "out"],
                          cwd=pytester.path, capture_output=True, text=True)
     assert run.returncode == 2 and "'out/summary.json' is a symbolic link" in run.stderr, run.stderr
-    assert list(outside.iterdir()) == []
+    (pytester.path / "out" / "summary.json").unlink()
+    (outside / "figures").mkdir()
+    (pytester.path / "out" / "distributions").symlink_to(outside / "figures")  # a folder runall makes itself
+    run = subprocess.run([sys.executable, "-m", "pytest_ptq", "runall", "q.onnx", "calib", "-s", "out"],
+                         cwd=pytester.path, capture_output=True, text=True)
+    assert run.returncode == 2 and "runall's folder 'out/distributions' is a symbolic link" in run.stderr, run.stderr
+    assert list(outside.iterdir()) == [outside / "figures"] and not list((outside / "figures").iterdir())
 
 
 def test_a_baseline_failure_lists_names_from_the_model_and_the_baseline_escaped():
