@@ -280,6 +280,14 @@ def _runall(engine, out, metrics, output_node, node_type, data_num, top, axis, p
     blind_to = through(cache, ("runall far from zero", base), lambda: far_from_zero(engine, specs)) \
         if metric in OFFSET_BLIND else []
     far = [f for f in blind_to if not f.get("zero")]  # an output of zeros has no correlation either
+    zeros = [f["output"] for f in blind_to if f.get("zero")]
+    left_out = []
+    if zeros and len(zeros) < len(specs):
+        # its figure is 0 or 1 whatever the nodes do: as the worst output it decided every ranking and
+        # the verdict ("weights cause the loss", cosine 0); the other outputs judge
+        specs = [s for s in specs if s.name not in zeros]
+        left_out = [f"runall ranks and judges by {_names([s.name for s in specs])} alone: {_names(zeros)} "
+                    f"hold(s) only zeros in float on these samples, where {metric} is undefined"]
     types = _node_types(node_type)
     qm = engine.qmodel
     # the files named in advance are checked before the work (plots are checked as written)
@@ -396,7 +404,7 @@ def _runall(engine, out, metrics, output_node, node_type, data_num, top, axis, p
         "distributions": dist, "channelwise": boxes, "curves": curves.to_dict(),
         "warnings": [*engine.warnings, *through(cache, ("runall simulation gap", base),
                                                 lambda: simulation_warnings(engine, specs, len(every_index))),
-                     *blind_warnings(engine, specs, metric, found=blind_to)],
+                     *blind_warnings(engine, specs, metric, found=blind_to), *left_out],
         "timings_s": timings,
     }
     files["summary_md"] = str(out / "summary.md")

@@ -701,3 +701,10 @@ def test_an_output_of_zeros_in_float_is_said_undefined_for_scaled_metrics(tmp_pa
     summary = runall(engine, save_dir=tmp_path / "out", top=1, progress=False)
     assert sum(w.startswith(ZERO_WARNING) for w in summary["warnings"]) == 1
     assert "judge 'z' by correlation" not in (tmp_path / "out" / "summary.md").read_text()  # undefined there too
+    # its 0 decided the verdict ("weights cause the loss", cosine 0): y alone judges now
+    assert summary["outputs_compared"] == ["y"]
+    assert any(w.startswith("runall ranks and judges by `y` alone: `z` hold(s) only zeros") for w in summary["warnings"])
+    ref, full = builders.run_model(fpath, feeds), builders.run_model(qpath, feeds)
+    r = np.concatenate([o["y"].ravel() for o in ref]).astype(np.float64)
+    t = np.concatenate([o["y"].ravel() for o in full]).astype(np.float64)
+    assert summary["verdict"]["all quantized"] == pytest.approx(r @ t / np.sqrt((r @ r) * (t @ t)), abs=1e-6)
