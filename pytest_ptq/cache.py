@@ -389,6 +389,8 @@ def _named(module, name):
     loaded = sys.modules.get(module)
     if loaded is None and kind == "record":
         loaded = importlib.import_module(module)
+    if loaded is None and module == "pathlib._local":  # written by Python 3.13, read by an older one
+        loaded = sys.modules.get("pathlib")
     with warnings.catch_warnings():  # numpy 2 keeps numpy.core, for old pickles, with a warning
         warnings.simplefilter("ignore", DeprecationWarning)
         return getattr(loaded, name, None)

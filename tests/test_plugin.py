@@ -136,7 +136,8 @@ def help_entries(text, title):
         # a line broken after a hyphen ("cosine-" / "similarity", as older argparse wraps) joins without a space
         words = re.sub(r"(?<=\w)- (?=\w)", "-", " ".join(chunk.split()))
         flag, _, rest = words.partition(" ")
-        entries["--" + flag.split("=")[0]] = rest
+        # "--ptq-holdout, --ptq-heldout=PATH": Python 3.13's argparse names the value once
+        entries["--" + re.split(r"[=,]", flag)[0]] = rest
     return entries
 
 
