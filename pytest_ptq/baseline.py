@@ -27,7 +27,7 @@ from .analysis import relative
 from .errors import PTQError, clip, shown
 from .metrics import METRICS, get_metric, get_metrics
 from .results import json_restore, json_safe
-from .tables import listed
+from .tables import listed, printable
 
 FORMAT = 1
 # A baseline holds a few numbers per node; anything this large is not one, and is not read.
@@ -313,5 +313,7 @@ def compare(old, new, tolerance):
     for tool in ("onnxruntime", "pytest_ptq"):
         if old.tool.get(tool) and old.tool.get(tool) != new.tool.get(tool):
             notes.append(f"the baseline was made with {tool} {old.tool[tool]}, this run uses {new.tool.get(tool)}")
+    # each a line: names and versions from the committed file, which a newline would break
     return Diff(metric=m.name, tolerance=tolerance, nodes=nodes, outputs=outputs, improved=improved,
-                removed=removed, added=added, notes=notes, mismatch=mismatch, other_model=other_model)
+                removed=removed, added=added, notes=list(map(printable, notes)), mismatch=mismatch,
+                other_model=other_model)

@@ -450,13 +450,15 @@ class _ResultUnpickler(pickle._Unpickler):  # the Python one: its opcodes can be
 
 
 def _plain_dtype_state(dtype, state):
-    """Whether ``state`` fills ``dtype`` (just made from its type string) as numpy pickles a
-    plain number type: no fields, no subarray, and the flags that type has. A state's fields
-    or flags are what numpy trusts to tell numbers from object pointers: an object field
-    flagged as holding none, filled from an entry's bytes, read pointers of its writer's
-    choosing (a crash, no exception)."""
-    return (isinstance(state, tuple) and len(state) in (8, 9) and state[2:5] == (None, None, None)
-            and state[7] == dtype.flags)
+    """Whether ``state`` fills ``dtype`` (just made from its type string) as numpy pickles
+    that type: the state the type itself has (no fields, no subarray, its sizes and flags),
+    its byte order alone free, and that only for numbers. What a state says is what numpy
+    trusts to tell numbers from object pointers: an object field flagged as holding none, or
+    objects in the other byte order, read pointers of the entry's choosing (a crash, no
+    exception)."""
+    own = dtype.__reduce__()[2]
+    return (isinstance(state, tuple) and len(state) == len(own) and state[:1] + state[2:] == own[:1] + own[2:]
+            and (state[1] == own[1] or not dtype.hasobject and state[1] in ("<", ">", "|", "=")))
 
 
 def _plain_array_state(np, state):

@@ -667,7 +667,7 @@ class DataResult(Result):
                 lines.append(f"        samples: {', '.join(f['samples'])}")
             if f["fix"]:
                 lines.append(f"        fix: {f['fix']}")
-        return "\n".join(lines)
+        return "\n".join(map(printable, lines))  # an input or file name holding a newline stays on its line
 
     def measures(self):
         return [{"what": f"findings at or above {self.max_severity}", "value": len(self.failing), "bound": "<=",

@@ -179,7 +179,12 @@ def external_data_file(folder, location, what):
         raise PTQError(f"{what} keeps its data in {shown(location)}, which resolves to {shown(str(path))}, outside "
                        f"the model's folder {shown(str(base))}; onnx and onnxruntime refuse such a model: keep the "
                        "external data file in the model's folder")
-    if path.exists() and not path.is_file():
+    try:
+        irregular = path.exists() and not path.is_file()
+    except OSError as exc:  # a name too long for the file system, say
+        raise PTQError(f"{what} keeps its data in {shown(location)}, which names no readable file "
+                       f"({exc.strerror or exc}); re-export the model with its external data beside it") from None
+    if irregular:
         raise PTQError(f"{what} keeps its data in {shown(location)}, which is not a regular file; keep the external "
                        "data file beside the model")
     return path

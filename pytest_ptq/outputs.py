@@ -398,10 +398,11 @@ def blind_warnings(engine, specs=None, metric="cosine-similarity", found=None):
     for f in far_from_zero(engine, specs) if found is None else found:
         on = "the first sample" if f["samples"] == 1 else f"the first {f['samples']} samples"
         if f.get("zero"):
-            out.append(f"{ZERO_WARNING}: {f['output']!r} holds only zeros in float on {on}, so {metric} reads it as "
-                       "wholly lost wherever quantization adds anything to it, however little, and as perfect where "
-                       "it adds nothing; judge it by an error in its units (mse, chebyshev), or on data where it "
-                       "is not 0")
+            # one sentence for every metric it concerns: said once, whichever were asked for
+            out.append(f"{ZERO_WARNING}: {f['output']!r} holds only zeros in float on {on}, so cosine, sqnr, mre and "
+                       "correlation read it as wholly lost wherever quantization adds anything to it, however "
+                       "little, and as perfect where it adds nothing; judge it by an error in its units (mse, "
+                       "chebyshev), or on data where it is not 0")
             continue
         if metric == "correlation":  # the offset is what it leaves out
             continue

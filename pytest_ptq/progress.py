@@ -126,6 +126,8 @@ class Progress:
         """The width of the terminal the bar is drawn on: stderr's, where stdout may be a file
         (``--json - > out.json``) whose size, read instead, was 80 on a narrower terminal and
         every redraw wrapped into a row of its own."""
+        if os.environ.get("COLUMNS", "").isdigit():  # the user's word first, as shutil takes it
+            return int(os.environ["COLUMNS"])
         try:
             return os.get_terminal_size(self.stream.fileno()).columns
         except (AttributeError, OSError, ValueError):  # no descriptor (a captured stream), or not a terminal

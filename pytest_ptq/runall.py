@@ -277,17 +277,20 @@ def _runall(engine, out, metrics, output_node, node_type, data_num, top, axis, p
     every_index = sample_indices(engine, data_num)
     specs = parse_outputs(output_node, engine)
     # from the first sample's float outputs, before the rankings use and drop them
+    # (correlation sees an offset, not an output of zeros)
     blind_to = through(cache, ("runall far from zero", base), lambda: far_from_zero(engine, specs)) \
-        if metric in OFFSET_BLIND else []
-    far = [f for f in blind_to if not f.get("zero")]  # an output of zeros has no correlation either
-    zeros = [f["output"] for f in blind_to if f.get("zero")]
+        if metric in (*OFFSET_BLIND, "correlation") else []
+    far = [f for f in blind_to if not f.get("zero")] if metric in OFFSET_BLIND else []
+    zeros = [f for f in blind_to if f.get("zero")]
     left_out = []
     if zeros and len(zeros) < len(specs):
         # its figure is 0 or 1 whatever the nodes do: as the worst output it decided every ranking and
         # the verdict ("weights cause the loss", cosine 0); the other outputs judge
-        specs = [s for s in specs if s.name not in zeros]
-        left_out = [f"runall ranks and judges by {_names([s.name for s in specs])} alone: {_names(zeros)} "
-                    f"hold(s) only zeros in float on these samples, where {metric} is undefined"]
+        specs = [s for s in specs if s.name not in {f["output"] for f in zeros}]
+        seen = max(f["samples"] for f in zeros)
+        left_out = [f"runall ranks and judges by {_names([s.name for s in specs])} alone: "
+                    f"{_names([f['output'] for f in zeros])} hold(s) only zeros in float on the first {seen} "
+                    f"sample(s), where {metric} is undefined"]
     types = _node_types(node_type)
     qm = engine.qmodel
     # the files named in advance are checked before the work (plots are checked as written)
@@ -380,7 +383,7 @@ def _runall(engine, out, metrics, output_node, node_type, data_num, top, axis, p
             names = {f["output"] for f in far}
             blind = through(cache, ("runall verdict by correlation", base, held, tuple(indices)),
                             lambda: three_configs(engine, [s for s in specs if s.name in names], "correlation",
-                                                  heldout, count=len(every_index)),
+                                                  heldout, count=len(every_index), progress=progress),
                             files=(heldout,) if isinstance(held, str) else ())
 
     # the search a step proposes asks this run's question: its data, sample limit and held-out data

@@ -132,17 +132,19 @@ class Verdict(JsonResult):
         return self.values[self.decided_on]
 
 
-def score(engine, data, specs, metric, configs, count=None, indices=None, bar=None):
-    """``{label: value}`` of each config on every sample of ``data`` (worst output, pooled);
-    ``data`` None: the engine's own samples ``indices``, default its first ``count`` (default
-    all), whose float references the engine caches. ``bar``: a Progress advanced a sample."""
+def score(engine, data, specs, metric, configs, count=None, bar=None, apart=()):
+    """``({label: value}, {label: value} or None)``: each config on every sample of ``data``
+    (worst output, pooled), and on the samples ``apart`` (indices among them) pooled apart in
+    the same pass, None without them; ``data`` None: the engine's own first ``count`` samples
+    (default all), whose float references the engine caches. ``bar``: a Progress advanced a
+    sample."""
     pools = {label: Pooled(metric, specs) for label in configs}
+    apart = set(apart)
+    pools_apart = {label: Pooled(metric, specs) for label in configs} if apart else None
     tensors = list(dict.fromkeys(s.tensor for s in specs))
     own = data is None
-    if indices is None:
-        indices = range((count or len(engine.data)) if own else len(data))
     scratch = Scratch()
-    for i in indices:
+    for i in range((count or len(engine.data)) if own else len(data)):
         if own:
             ref, outs = engine.reference(i, tensors), engine.run_many(i, [(q, ()) for q in configs.values()], tensors)
         else:  # held-out samples: the float run first, from the same prefix
@@ -151,9 +153,12 @@ def score(engine, data, specs, metric, configs, count=None, indices=None, bar=No
         prepared = Reference.of_outputs(specs, ref, scratch)
         for label, out in zip(configs, outs):
             pools[label].add_prepared(prepared, out)
+            if i in apart:
+                pools_apart[label].add_prepared(prepared, out)
         if bar is not None:
             bar.advance()
-    return {label: pool.value() for label, pool in pools.items()}
+    return ({label: pool.value() for label, pool in pools.items()},
+            None if pools_apart is None else {label: pool.value() for label, pool in pools_apart.items()})
 
 
 def decide(values, metric, weights_known=True):
@@ -221,12 +226,19 @@ def three_configs(engine, specs, metric="cosine-similarity", heldout=None, ranki
                                        for c in weights)
     own = data is None
     samples = {"calibration": (count or len(engine.data)) if own else len(data)}
+    n = samples["calibration"]
+    chosen = None if ranking_samples is None or isinstance(ranking_samples, int) else list(ranking_samples)
+    if chosen is not None:
+        ranking_samples = len(chosen)
+    # the ranking's samples pooled apart in the same pass (a second pass over them was silent)
+    apart = () if ranking_samples is None or ranking_samples >= n else (
+        chosen if chosen is not None and own else range(ranking_samples))
     held = None if heldout is None else load_data(heldout, engine.qmodel, role="held-out", calibration=engine.data)
-    with Progress(samples["calibration"] + (0 if held is None else len(held)), "weights, activations, both",
-                  enabled=progress) as bar:
-        values = {"calibration": score(engine, data, specs, m, configs, count, bar=bar)}
+    with Progress(n + (0 if held is None else len(held)), "weights, activations, both", enabled=progress) as bar:
+        values, few = score(engine, data, specs, m, configs, count, bar=bar, apart=apart)
+        values = {"calibration": values}
         if held is not None:
-            values["heldout"], samples["heldout"] = score(engine, held, specs, m, configs, bar=bar), len(held)
+            values["heldout"], samples["heldout"] = score(engine, held, specs, m, configs, bar=bar)[0], len(held)
     decided_on = "heldout" if "heldout" in values else "calibration"
     source, text = decide(values[decided_on], m.name, weights_known)
     if decided_on == "heldout":
@@ -234,13 +246,7 @@ def three_configs(engine, specs, metric="cosine-similarity", heldout=None, ranki
     rewrite = _rewrite_note(engine, m, values[decided_on][ALL])
     verdict = Verdict(metric=m.name, source=source, text=text + (f"; {rewrite}" if rewrite else ""),
                       rule=rule(m.name), values=values, samples=samples, decided_on=decided_on, rewrite=rewrite)
-    n = samples["calibration"]
-    chosen = None if ranking_samples is None or isinstance(ranking_samples, int) else list(ranking_samples)
-    if chosen is not None:
-        ranking_samples = len(chosen)
-    if ranking_samples is not None and ranking_samples < n:
-        few = score(engine, None, specs, m, configs, ranking_samples, chosen) if own else \
-            score(engine, data.limit(ranking_samples), specs, m, configs)
+    if few is not None:
         verdict.ranking = few
         alone, _ = decide(few, m.name, weights_known)
         if alone != source:

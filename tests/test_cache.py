@@ -499,7 +499,7 @@ def _crafted_dtype_entry():
     return pickle.dumps({"result": Array()}, protocol=5)
 
 
-@pytest.mark.parametrize("state", ["fields", "flags", "object bytes"])
+@pytest.mark.parametrize("state", ["fields", "flags", "object bytes", "object byte order"])
 def test_an_entry_filling_numpy_types_otherwise_than_numpy_does_is_refused(state):
     """An entry using only the names results are made of filled a dtype with an object field
     flagged as holding none, then an array of it from its bytes: numpy read pointers of the
@@ -512,6 +512,11 @@ def test_an_entry_filling_numpy_types_otherwise_than_numpy_does_is_refused(state
         class Dtype:
             def __reduce__(self):
                 return np.dtype, ("f8", False, True), (3, "<", None, None, None, -1, -1, 63)
+        payload = pickle.dumps(Dtype(), protocol=5)
+    elif state == "object byte order":  # objects "big-endian": their pointers read swapped
+        class Dtype:
+            def __reduce__(self):
+                return np.dtype, ("O8", False, True), (3, ">", None, None, None, -1, -1, 63)
         payload = pickle.dumps(Dtype(), protocol=5)
     elif state == "object bytes":  # an object array filled from bytes, not a list of values
         from numpy._core.multiarray import _reconstruct

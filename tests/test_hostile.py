@@ -312,6 +312,9 @@ CLI_CASES = [
      ["keeps its data in '/dev/zero'", "outside the model's folder"]),
     ("external-data-a-folder-beside-the-model", _external_at("calib"), ["get-sensitivity-of-nodes", "dev.onnx", "calib"],
      ["keeps its data in 'calib', which is not a regular file"]),
+    # the file system's error for a name too long to be one (ENAMETOOLONG) was an internal error
+    ("external-data-named-too-long", _external_at("a" * 300 + ".bin"), ["check-data", "dev.onnx", "calib"],
+     ["which names no readable file (File name too long)"]),
     # realpath raised ValueError: an internal error
     *((f"external-data-named-with-a-nul-{argv[0]}", _external_at("w\0.bin"), argv,
        ["keeps its data in 'w\\x00.bin', a name holding a NUL character"])
@@ -1432,3 +1435,23 @@ def test_a_baseline_failure_lists_names_from_the_model_and_the_baseline_escaped(
                           model="q.onnx").text
     assert "\x1b" not in text and not [line for line in text.splitlines() if line.lstrip().startswith("::")]
     assert "  conv\\n::error file=x.py::all good\\n\\x1b[32m3 passed\\x1b[0m: 0.990000 -> 0.900000" in text
+
+
+def test_names_in_a_baseline_files_notes_and_in_data_findings_stay_on_their_line():
+    """A committed baseline's output name or tool version, and a model input's name in a data
+    finding, holding a newline wrote lines of their own into the failure's details."""
+    from pytest_ptq import baseline
+    from pytest_ptq.checks import BaselineResult, DataResult
+
+    old = baseline.Baseline("cosine-similarity", "node", {"out": 0.99, "gone\nPASSED everything ok": 0.9},
+                            {"a": 0.9, "b": 0.8}, tool={"pytest_ptq": "0.1\nFAKE LINE"})
+    new = baseline.Baseline("cosine-similarity", "node", {"out": 0.5}, {"a": 0.9, "b": 0.8},
+                            tool={"pytest_ptq": "0.2"})
+    text = BaselineResult(passed=False, status="degraded", path="b.json", diff=baseline.compare(old, new, 0.01),
+                          tolerance=0.01, model="m.onnx").text
+    finding = {"check": "nan", "severity": "error", "message": "2 sample(s) hold NaN", "fix": "",
+               "input": "x\nPASSED all good", "dataset": "calibration", "samples": []}
+    text += "\n" + DataResult(passed=False, max_severity="warning", findings=[finding], samples=4, model="m.onnx",
+                              data="d").text
+    assert not [line for line in text.splitlines() if line.startswith(("PASSED", "FAKE"))], text
+    assert "gone\\nPASSED everything ok" in text and "0.1\\nFAKE LINE" in text and "x\\nPASSED all good" in text

@@ -19,9 +19,9 @@ def clock(monkeypatch):
     return now
 
 
-def _logged(clock, total, label, seconds):
-    """The log of ``total`` steps of ``seconds`` each."""
-    out = io.StringIO()
+def _logged(clock, total, label, seconds, out=None):
+    """What ``total`` steps of ``seconds`` each print on ``out`` (default: a log)."""
+    out = io.StringIO() if out is None else out
     with Progress(total, label, stream=out) as bar:
         for _ in range(total):
             clock[0] += seconds
@@ -107,13 +107,9 @@ class _Terminal(io.StringIO):
 @pytest.mark.parametrize("columns", [40, 80, 200])
 def test_a_terminal_line_fits_its_width_and_is_redrawn_a_few_times_a_second(clock, monkeypatch, columns):
     # a line wider than the terminal wraps, and every redraw then adds a row
+    monkeypatch.delenv("COLUMNS", raising=False)
     monkeypatch.setattr(progress.shutil, "get_terminal_size", lambda *a, **k: os.terminal_size((columns, 24)))
-    out = _Terminal()
-    with Progress(3000, "sensitivity (activation) of a long description", stream=out) as bar:
-        for _ in range(3000):
-            clock[0] += 0.001
-            bar.advance()
-    drawn = out.getvalue().split("\r")[1:]
+    drawn = _logged(clock, 3000, "sensitivity (activation) of a long description", 0.001, _Terminal()).split("\r")[1:]
     assert drawn and all(len(d.rstrip("\n")) == columns - 1 for d in drawn)
     assert len(drawn) <= 3 / progress.REDRAW + 2  # a redraw per REDRAW seconds, and the last step
     assert "3000/3000" in drawn[-1]
@@ -154,13 +150,12 @@ def test_a_bar_on_a_narrow_terminal_fits_it_when_stdout_is_a_file(clock, monkeyp
         def fileno(self):
             return 99
 
+    monkeypatch.delenv("COLUMNS", raising=False)
     monkeypatch.setattr(progress.shutil, "get_terminal_size", lambda *a, **k: os.terminal_size((80, 24)))
     monkeypatch.setattr(progress.os, "get_terminal_size",
                         lambda fd: os.terminal_size((50, 24)) if fd == 99 else os.terminal_size((80, 24)))
-    out = Stderr()
-    with Progress(500, "sensitivity (node)", stream=out) as bar:
-        for _ in range(500):
-            clock[0] += 0.01
-            bar.advance()
-    drawn = out.getvalue().split("\r")[1:]
+    drawn = _logged(clock, 500, "sensitivity (node)", 0.01, Stderr()).split("\r")[1:]
     assert drawn and all(len(d.rstrip("\n")) == 49 for d in drawn)
+    monkeypatch.setenv("COLUMNS", "60")  # the user's word stands, as it did
+    drawn = _logged(clock, 500, "sensitivity (node)", 0.01, Stderr()).split("\r")[1:]
+    assert drawn and all(len(d.rstrip("\n")) == 59 for d in drawn)

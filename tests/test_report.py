@@ -705,7 +705,7 @@ def test_ctrl_c_while_a_failure_is_explained_stops_the_run_blaming_no_plugin(pro
             ptq.assert_outputs(1.0)
 
         def test_never_run():
-            pass
+            raise AssertionError("the run stops before this test")
     """)
     result = project.runpytest_subprocess(*plugin_args(), "-p", "no:cacheprovider", "-p", "no:randomly",
                                           "test_zz_fails.py", "--html=h.html", "--ptq-report=report.html",
