@@ -19,25 +19,27 @@ class PTQError(ValueError):
     """Bad input or an unsupported model: the message says what to do."""
 
 
-class ModelFailed(PTQError):
-    """onnxruntime failed inside the model with nothing in its words pointing at the data
-    (a kernel refusing the shapes it was handed, say): ``source`` and onnxruntime's
-    ``quoted`` line are kept for a caller who knows the sample, whose shapes may say more."""
+class RunFailed(PTQError):
+    """onnxruntime failed to run ``source``: its ``quoted`` words are kept for a caller who
+    knows more than the run did (which sample, whose feeds)."""
 
     def __init__(self, message, source, quoted):
         super().__init__(message)
         self.source, self.quoted = source, quoted
 
 
-class InputRefused(PTQError):
-    """onnxruntime refused a run's inputs (a shape, rank, dtype or name it does not take):
-    ``source``, onnxruntime's ``quoted`` words and ``given`` (what the feeds held where the
-    model takes otherwise, "" where that is not read from them) are kept for a caller who
-    knows whose feeds they were (an evaluation function's, not the data's files)."""
+class ModelFailed(RunFailed):
+    """onnxruntime failed inside the model with nothing in its words pointing at the data
+    (a kernel refusing the shapes it was handed, say): the sample's shapes may say more."""
 
-    def __init__(self, message, source, quoted, given=""):
-        super().__init__(message)
-        self.source, self.quoted, self.given = source, quoted, given
+
+class InputRefused(RunFailed):
+    """onnxruntime refused a run's inputs (a shape, rank, dtype or name it does not take);
+    ``given``: what the feeds held where the model takes otherwise ("" where that is not read
+    from them), for a caller who knows whose feeds they were (an evaluation function's, not
+    the data's files)."""
+
+    given = ""
 
 
 class PTQWarning(UserWarning):

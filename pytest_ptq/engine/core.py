@@ -20,7 +20,7 @@ import numpy as np
 
 from .. import guard, params
 from ..data import load_data
-from ..errors import ModelFailed, PTQError, shown, unknown
+from ..errors import ModelFailed, PTQError, RunFailed, shown, unknown
 from ..model import QuantModel
 from ..model.qdq import custom_op_sentence
 from . import batching, runtime, sanity
@@ -649,9 +649,8 @@ def on_sample(data, i, ran):
     index = isinstance(i, (int, np.integer)) and not isinstance(i, bool)
     try:
         yield
-    except PTQError as exc:
-        if (not index or not hasattr(data, "describe") or "onnxruntime failed" not in str(exc)
-                or getattr(exc, "sample", None) is not None):
+    except RunFailed as exc:  # a sentence naming the sample already is no RunFailed: left as it is
+        if not index or not hasattr(data, "describe"):
             raise
         raise _failed_on(exc, data, int(i), ran) from None
     if index:
@@ -664,28 +663,26 @@ def _failed_on(exc, data, i, ran):
     Gemm sized for one image size): onnxruntime then blames a node, and only the sample's
     shape, beside those of the samples that ran (or, before any ran, the others'), tells
     that the sample is what the model cannot take."""
-    error = None
-    if isinstance(exc, ModelFailed):
-        mine = dict(data.fed_shapes(i))
-        ran = [j for j in sorted(ran) if j != i]
-        others = ran or [j for j in range(len(data)) if j != i]
-        # a spread of them: a failure must not read the headers of a whole large data set
-        seen = [dict(data.fed_shapes(others[k])) for k in sanity.spread(len(others), _SHAPES_READ)]
-        if seen and mine not in seen:
-            names = ([n for n in mine if all(s[n] != mine[n] for s in seen)] or
-                     [n for n in mine if any(s[n] != mine[n] for s in seen)])
-            theirs = [" or ".join(dict.fromkeys(str(list(s[n])) for s in seen)) for n in names]
-            whose = " and ".join(f"input {n!r} is {list(mine[n])}" for n in names)
-            those = (f"the samples that run {'are' if len(names) == 1 else 'have'} " if ran else
-                     f"the other samples {'are' if len(names) == 1 else 'have'} ") + " and ".join(theirs)
-            free = "are not free inside it" if ran else "may not be free inside it"
-            error = PTQError(f"onnxruntime fails to run {exc.source!r} on {data.role} sample {i} "
-                             f"({data.describe(i)}), whose {whose} where {those}: the model's open axes {free} "
-                             f"({exc.quoted}); resize the sample or fix the model's declared shape")
-    if error is None:
-        error = PTQError(f"{exc} (on {data.role} sample {i}: {data.describe(i)})")
-    error.sample = i
-    return error
+    named = PTQError(f"{exc} (on {data.role} sample {i}: {data.describe(i)})")
+    if not isinstance(exc, ModelFailed):
+        return named
+    mine = dict(data.fed_shapes(i))
+    ran = [j for j in sorted(ran) if j != i]
+    others = ran or [j for j in range(len(data)) if j != i]
+    # a spread of them: a failure must not read the headers of a whole large data set
+    seen = [dict(data.fed_shapes(others[k])) for k in sanity.spread(len(others), _SHAPES_READ)]
+    if not seen or mine in seen:
+        return named
+    names = ([n for n in mine if all(s[n] != mine[n] for s in seen)] or
+             [n for n in mine if any(s[n] != mine[n] for s in seen)])
+    theirs = [" or ".join(dict.fromkeys(str(list(s[n])) for s in seen)) for n in names]
+    whose = " and ".join(f"input {n!r} is {list(mine[n])}" for n in names)
+    verb = "are" if len(names) == 1 else "have"
+    those = (f"the samples that run {verb} " if ran else f"the other samples {verb} ") + " and ".join(theirs)
+    free = "are not free inside it" if ran else "may not be free inside it"
+    return PTQError(f"onnxruntime fails to run {exc.source!r} on {data.role} sample {i} ({data.describe(i)}), "
+                    f"whose {whose} where {those}: the model's open axes {free} ({exc.quoted}); resize the sample "
+                    "or fix the model's declared shape")
 
 
 def engine_for(model_or_file, calibrated_data=None, float_model=None):

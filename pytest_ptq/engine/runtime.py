@@ -13,7 +13,7 @@ import warnings
 import weakref
 
 from .. import params
-from ..errors import InputRefused, ModelFailed, PTQError, unknown
+from ..errors import InputRefused, ModelFailed, PTQError, RunFailed, unknown
 
 LEVELS = {"disable": "ORT_DISABLE_ALL", "basic": "ORT_ENABLE_BASIC",
           "extended": "ORT_ENABLE_EXTENDED", "all": "ORT_ENABLE_ALL"}
@@ -780,4 +780,4 @@ def run_error(exc, source, float_model=False):
     else:
         return ModelFailed(f"onnxruntime failed to run {source!r}: {msg}; the model does not run as stored in "
                            "onnxruntime; check it in a plain onnxruntime session", source, msg)
-    return PTQError(f"onnxruntime failed to run {source!r}: {msg}; {hint}")
+    return RunFailed(f"onnxruntime failed to run {source!r}: {msg}; {hint}", source, msg)
