@@ -280,14 +280,19 @@ def warn_of_blind_outputs(args, engine, cache=None):
     runall, the checks and the plugin say: its figures there read perfect whatever happens."""
     from ..cache import through
     from ..metrics import get_metric
-    from ..outputs import blind_warnings, parse_outputs
+    from ..outputs import OFFSET_BLIND, blind_warnings, far_from_zero, parse_outputs
 
     outputs = getattr(args, "output_node", None)
     specs = parse_outputs(outputs, engine)
-    for name in dict.fromkeys(get_metric(m).name for m in getattr(args, "metrics", None) or [args.metric]):
-        request = ("blind warnings", name, None if outputs is None else tuple(outputs), args.data_num)
-        for warning in through(cache, request, lambda m=name: blind_warnings(engine, specs, m)):
-            print("\n".join(warning_lines(warning)), file=sys.stderr)
+    names = tuple(dict.fromkeys(get_metric(m).name for m in getattr(args, "metrics", None) or [args.metric]))
+
+    def told():  # the outputs scanned once; a sentence several metrics share said once
+        far = far_from_zero(engine, specs) if {*names} & {*OFFSET_BLIND, "correlation"} else []
+        return list(dict.fromkeys(w for m in names for w in blind_warnings(engine, specs, m, found=far)))
+
+    request = ("blind warnings", names, None if outputs is None else tuple(outputs), args.data_num)
+    for warning in through(cache, request, told):
+        print("\n".join(warning_lines(warning)), file=sys.stderr)
 
 
 def warn_if_simulated_otherwise(args, engine, cache=None):
