@@ -371,8 +371,13 @@ def _w(text):
     return _LONG_RUN.sub(lambda m: re.sub(r"([/._]|::)", r"\1<wbr>", m.group()), _e(text))
 
 
-def _cell(value, cls=""):
-    if isinstance(value, float) or (isinstance(value, str) and value in ("inf", "-inf", "nan")):
+# Columns of names: a node or output named "inf" or "nan" is a name there, not the spelling
+# json_safe gives a non-finite number
+_NAME_COLUMNS = {"node", "nodes", "output", "input", "feeds", "data", "dataset", "test", "check", "stage", "remedy"}
+
+
+def _cell(value, cls="", name=False):
+    if isinstance(value, float) or (not name and isinstance(value, str) and value in ("inf", "-inf", "nan")):
         return f'<td class="num">{_e(fmt(float(value)))}</td>'
     if isinstance(value, (int,)) and not isinstance(value, bool):
         return f'<td class="num">{value}</td>'
@@ -390,7 +395,7 @@ def _slug(column):
 def _table(rows, columns, cls=""):
     head = "".join(f"<th>{_e(c)}" + (f" ({_e(METRICS[c].units)})" if c in METRICS and METRICS[c].units else "")
                    + "</th>" for c in columns)
-    body = "".join("<tr>" + "".join(_cell(r.get(c), _slug(c)) for c in columns) + "</tr>" for r in rows)
+    body = "".join("<tr>" + "".join(_cell(r.get(c), _slug(c), c in _NAME_COLUMNS) for c in columns) + "</tr>" for r in rows)
     return _scroll(f'<table class="{cls}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>')
 
 

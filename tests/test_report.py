@@ -895,3 +895,16 @@ def test_a_wrapped_warning_keeps_its_command_on_one_line():
     cause = [x for x in lines if x.startswith("  - -1.5")]
     assert cause and lines[lines.index(cause[0]) + 1].startswith(" " * 8 + "on"), lines
 
+
+
+def test_a_node_or_output_named_like_a_non_finite_number_stays_a_name():
+    """json_safe writes a non-finite figure as "inf" or "nan": a node named so was drawn as a
+    number (a right-aligned 'inf' in monospace), where a figure of "inf" must still be one."""
+    tests = [{"nodeid": "t", "outcome": "failed", "results": [], "section": ""}]
+    model = {"id": 0, "label": "m.onnx", "data": "d", "tests": tests, "notes": [], "images": [],
+             "outputs": [{"output": "nan", "cosine-similarity": "nan"}],
+             "sensitivity": {"metric": "cosine-similarity", "node_type": "node", "nodes": 1, "samples": 2,
+                             "rows": [{"node": "inf", "op_type": "Conv", "cosine-similarity": "-inf"}]}}
+    html = report.render([model])
+    assert '<td class="c-node">inf</td>' in html and '<td class="num">-inf</td>' in html, html
+    assert '<td class="c-output">nan</td>' in html and '<td class="num">nan</td>' in html, html
