@@ -6,6 +6,7 @@ import contextlib
 import os
 import shutil
 import sys
+import threading
 import time
 
 from . import params
@@ -54,31 +55,61 @@ class Progress:
         self._drawn = None  # when the terminal line was last drawn
         self.announce = announce  # a line at the start: for work whose first step alone is long
         self.tentative = tentative
+        self._lock = threading.Lock()  # the heartbeat's thread writes lines too
+        self._stop = threading.Event()
+        self._paused = False
+        self._spoke = False  # a line was written: the work says when it is done too
 
     def __enter__(self):
         if self.enabled and self.announce:
-            self.stream.write(f"{self.desc}: started\n")
-            self.stream.flush()
+            self._line(f"{self.desc}: started")
+        if self.enabled and not self.tty:
+            # a step that alone outlasts HEARTBEAT (one pass of a large model) would otherwise
+            # leave the log silent until it ends
+            threading.Thread(target=self._beat, name="ptq-progress-heartbeat", daemon=True).start()
         return self
 
+    def _beat(self):
+        while not self._stop.wait(min(HEARTBEAT, 30.0)):
+            with self._lock:
+                quiet = time.perf_counter() - self._last_line
+                if quiet < HEARTBEAT or self._paused:
+                    continue
+                step = f"{self.done + 1}" if self.open else f"{min(self.done + 1, self.total)}/{self.total}"
+                self.stream.write(f"{self.desc}: still on step {step}, {time.perf_counter() - self.start:.1f}s "
+                                  f"elapsed\n")
+                self.stream.flush()
+                self._last_line, self._spoke = time.perf_counter(), True
+
+    def _line(self, text):
+        """Write one log line and note when (the heartbeat keeps quiet while lines come)."""
+        with self._lock:
+            self.stream.write(text + "\n")
+            self.stream.flush()
+            self._last_line, self._spoke = time.perf_counter(), True
+
     def __exit__(self, *exc):
+        self._stop.set()
         if not self.enabled:
             return
         if self.tty:
             self.stream.write("\n")
-        elif exc[0] is None and (self._last_pct >= 0 or self.announce or time.perf_counter() - self.start > LOG_AFTER):
+            self.stream.flush()
+        elif exc[0] is None and (self._spoke or time.perf_counter() - self.start > LOG_AFTER):
             elapsed = time.perf_counter() - self.start
             count = self.done if self.open else f"{self.done}/{self.total}"
-            self.stream.write(f"{self.desc}: {count} done, {elapsed:.1f}s elapsed\n")
-        self.stream.flush()
+            self._line(f"{self.desc}: {count} done, {elapsed:.1f}s elapsed")
 
     @contextlib.contextmanager
     def paused(self):
         """Time spent inside does not count towards the time left (work with its own bar)."""
         began = time.perf_counter()
+        self._paused = True  # the inner work's bar tells the log it is alive
         try:
             yield
         finally:
+            self._paused = False
+            self._last_line = time.perf_counter()
             self.start += time.perf_counter() - began
 
     def extend(self):
@@ -101,9 +132,7 @@ class Progress:
             if self.tty:
                 self._draw(past)
             elif time.perf_counter() - self._last_line >= 60:  # logs: a line a minute
-                self.stream.write(past + "\n")
-                self.stream.flush()
-                self._last_line = time.perf_counter()
+                self._line(past)
             return
         if self.tty:
             counts = f" {self.done}/{self.total} {elapsed:5.1f}s elapsed" + ("" if self.tentative else
@@ -116,11 +145,9 @@ class Progress:
             # logs get a line per 10% (at most every LOG_EVERY seconds, at least every
             # HEARTBEAT) and one at the end (a total that grows as the work finds more, as a
             # search's does, prints no line per step), short runs none
-            self.stream.write(f"{self.desc}: {self.done}/{self.total} ({pct}%) {elapsed:.1f}s elapsed"
-                              + ("" if self.tentative else f", ~{eta:.0f}s left") + "\n")
-            self.stream.flush()
+            self._line(f"{self.desc}: {self.done}/{self.total} ({pct}%) {elapsed:.1f}s elapsed"
+                       + ("" if self.tentative else f", ~{eta:.0f}s left"))
             self._last_pct = pct
-            self._last_line = time.perf_counter()
 
     def _columns(self):
         """The width of the terminal the bar is drawn on: stderr's, where stdout may be a file

@@ -159,3 +159,27 @@ def test_a_bar_on_a_narrow_terminal_fits_it_when_stdout_is_a_file(clock, monkeyp
     monkeypatch.setenv("COLUMNS", "60")  # the user's word stands, as it did
     drawn = _logged(clock, 500, "sensitivity (node)", 0.01, Stderr()).split("\r")[1:]
     assert drawn and all(len(d.rstrip("\n")) == 59 for d in drawn)
+
+
+def test_a_step_that_alone_outlasts_the_heartbeat_still_gets_lines(monkeypatch):
+    """The heartbeat came only with a step's end: one pass of a large model taking longer than
+    a CI system's silence limit left the log silent until it ended."""
+    import threading
+    import time
+    monkeypatch.setattr(progress, "HEARTBEAT", 0.2)
+    out = io.StringIO()
+    with Progress(10, "float pass", stream=out) as bar:
+        time.sleep(0.7)
+        lines = out.getvalue().splitlines()
+        assert len(lines) >= 2 and all(line.startswith("float pass: still on step 1/10, ") for line in lines), lines
+        with bar.paused():  # inner work with a bar of its own speaks for itself
+            time.sleep(0.5)
+        assert out.getvalue().splitlines() == lines
+        bar.advance()
+    assert out.getvalue().splitlines()[-1].startswith("float pass: 1/10 done, ")
+    time.sleep(0.3)
+    assert not [t for t in threading.enumerate() if t.name == "ptq-progress-heartbeat"]
+    quiet = io.StringIO()
+    with Progress(10, "off", enabled=False, stream=quiet):
+        time.sleep(0.5)
+    assert quiet.getvalue() == ""
