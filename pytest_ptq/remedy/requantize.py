@@ -17,6 +17,7 @@ from ..engine.runtime import ALWAYS_DISABLED, make_session, run
 from ..errors import InputRefused, NotQuantized, PTQError, raised_by_user
 from ..metrics import Pooled
 from ..model import QuantModel, load_model
+from ..model.align import FOLDABLE
 from ..model.graph import name_nodes
 from ..model.qdq import PER_CHANNEL_OPS
 from ..stages import SIMULATION_WARNING, simulation_warnings
@@ -519,7 +520,12 @@ def _differences(old, new):
         return {float_tensor_name(qm, c): c for c in qm.calibration.values() if c.role != "bias" and not c.dynamic}
 
     before, after = grids(old), grids(new)
-    out = [f"{t!r}: quantized only re-quantized" for t in after if t not in before]
+    # the check re-quantizes keeping each Relu/Clip (QDQKeepRemovableActivations), which puts a
+    # pair on its input too, where the model given folded it into its output's pair: as made
+    kept = {float_tensor_name(new, new.calibration[ci]) for n in new.normal.values()
+            if n.op_type in FOLDABLE and n.outputs and getattr(before.get(n.outputs[0]), "folded", None)
+            for ci in n.calibration_inputs}
+    out = [f"{t!r}: quantized only re-quantized" for t in after if t not in before and t not in kept]
     for t, c in before.items():
         d = after.get(t)
         if d is None:
