@@ -213,6 +213,23 @@ def float8_rewrites(qm):
     return out
 
 
+def requantize_chains(qm):
+    """Names of a QDQ file's QuantizeLinear nodes that read a DequantizeLinear read by
+    QuantizeLinears only: the second pair of a requantize chain, which onnxruntime's
+    DoubleQDQPairsRemover (a default optimization) merges with the first as it loads the file."""
+    if qm.format != "QDQ":
+        return []
+    out = []
+    for n in qm.model.graph.node:
+        if n.op_type != "QuantizeLinear" or n.input[0] not in qm.producer:
+            continue
+        dq = qm.producer[n.input[0]]
+        readers = qm.consumers.get(dq.output[0], [])
+        if dq.op_type == "DequantizeLinear" and all(r.op_type == "QuantizeLinear" for r in readers):
+            out.append(n.name)
+    return out
+
+
 def saturation_cause(qm, providers):
     """A clause naming int16 saturation as why onnxruntime's kernels differ from the
     simulation, where they run on this CPU, saturate here and the model has such products;

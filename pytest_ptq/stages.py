@@ -30,10 +30,10 @@ from . import guard, params
 from .data import load_data, overflows
 from .engine import Engine
 from .engine.core import on_sample
-from .engine.runtime import ALWAYS_DISABLED, INLINE_DISABLED, asked_providers, make_session, run
+from .engine.runtime import CHAIN_MERGE, FLOAT8_REWRITES, INLINE_DISABLED, asked_providers, make_session, run
 from .engine.sanity import spread
 from .errors import NotQuantized, PTQError
-from .kernels import as_uint8_weights, float8_rewrites, requantized_nodes, saturation_cause
+from .kernels import as_uint8_weights, float8_rewrites, requantize_chains, requantized_nodes, saturation_cause
 from .metrics import Pooled, by_output, compare, get_metric, get_metrics
 from .model import QuantModel, load_model
 from .model.align import refuse_quantized
@@ -275,9 +275,9 @@ def kernel_causes(engine, specs, providers=None, given=None, simulated=None, cou
     running the file without it: this CPU's saturation of uint8 x int8 products
     (:func:`~pytest_ptq.kernels.saturation_cause`; the file with those weights stored as uint8,
     the same values, which no kernel saturates on), and the default optimizations that change
-    a QDQ file as it loads (WeightBiasQuantization, float8's Relu/Clip rewrites; the file with
-    them off), a clause each, the cause whose removal brings the file closest to the simulation
-    first; ``[]`` where none may. ``given``: :func:`simulation_gap` of the file as given, where
+    a QDQ file as it loads (WeightBiasQuantization, float8's Relu/Clip rewrites, the merge of
+    requantize chains; the file with them off), a clause each, the cause whose removal brings
+    the file closest to the simulation first; ``[]`` where none may. ``given``: :func:`simulation_gap` of the file as given, where
     known; ``simulated`` and ``count``: as :func:`simulation_gap` takes them."""
     providers = providers or engine.providers
     simulated = {} if simulated is None else simulated
@@ -305,11 +305,15 @@ def kernel_causes(engine, specs, providers=None, given=None, simulated=None, cou
                               "in the simulation)"] if weights else [])
                             + ([f"the float biases of {len(biases)} node(s) to int32 (which lets it fuse them into "
                                 "its integer kernels)"] if biases else []))
-    rewrites = float8_rewrites(qm)
+    rewrites, chains = float8_rewrites(qm), requantize_chains(qm)
     for nodes, optimizers, what in (
             (weights + biases, ("WeightBiasQuantization",), f"quantizes {rounded} as it loads the file"),
-            (rewrites, ALWAYS_DISABLED, f"delete {len(rewrites)} Relu/Clip node(s) before float8 QuantizeLinears "
-                                        f"({listed(rewrites)}), taking zero for the floor of a grid that goes below it")):
+            (rewrites, FLOAT8_REWRITES, f"delete {len(rewrites)} Relu/Clip node(s) before float8 QuantizeLinears "
+                                        f"({listed(rewrites)}), taking zero for the floor of a grid that goes below "
+                                        "it"),
+            (chains, CHAIN_MERGE, f"merges {len(chains)} requantize chain(s) (a pair read straight by another "
+                                  f"pair's QuantizeLinear: {listed(chains)}) into one pair each as it loads the file "
+                                  "(the simulation runs the Q/DQ as written)")):
         if not nodes:
             continue
         if given is None:
@@ -362,8 +366,9 @@ def simulation_warnings(engine, specs=None, count=None):
         gap = simulation_gap(engine, specs, simulated=simulated, count=count)
     except PTQError as exc:  # onnxruntime's default optimizations break it (float8's ClipQuantRewrite, say)
         try:
-            simulation_gap(engine, specs, samples=1, disabled=ALWAYS_DISABLED, simulated=simulated, count=count)
-            runs = (f"; it runs with InferenceSession(..., disabled_optimizers={list(ALWAYS_DISABLED)!r}), as the "
+            # the rewrites that can fail a session, not every one the simulation turns off
+            simulation_gap(engine, specs, samples=1, disabled=FLOAT8_REWRITES, simulated=simulated, count=count)
+            runs = (f"; it runs with InferenceSession(..., disabled_optimizers={list(FLOAT8_REWRITES)!r}), as the "
                     "simulation does")
         except PTQError:
             runs = "; the simulation runs it with onnxruntime's QDQ fusion off (session.disable_quant_qdq)"

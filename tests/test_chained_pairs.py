@@ -1,0 +1,89 @@
+"""A requantize chain: a Q/DQ pair read straight by another pair (x -> Q/DQ coarse -> Q/DQ
+fine -> Conv). onnxruntime's DoubleQDQPairsRemover (a level-1 rewrite, on whatever
+session.disable_quant_qdq says) merges the two into one pair as it loads the file, which
+computes neither pair's arithmetic. Every config is the file's Q/DQ as written: the
+reference is a plain onnxruntime session without graph optimisations.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import builders
+from pytest_ptq.engine import Engine
+from pytest_ptq.groups import group_sensitivity
+from pytest_ptq.stages import localize_stages
+
+
+def chain_net(path):
+    """Conv -> a coarse int8 pair (scale 1.5) -> a fine one (scale 0.05) -> Conv, weights on a
+    pair; the coarse pair alone costs a few hundredths of cosine, the merge almost nothing."""
+    rng = np.random.default_rng(2)
+    inits = [numpy_helper.from_array((rng.standard_normal((4, 4, 3, 3)) * 0.3).astype(np.float32), "W")]
+    nodes = []
+
+    def pair(src, name, scale):
+        inits.extend([numpy_helper.from_array(np.array(scale, np.float32), f"{name}_s"),
+                      numpy_helper.from_array(np.array(0, np.int8), f"{name}_z")])
+        nodes.extend([helper.make_node("QuantizeLinear", [src, f"{name}_s", f"{name}_z"], [f"{name}_q"],
+                                       name=f"{name}_Q"),
+                      helper.make_node("DequantizeLinear", [f"{name}_q", f"{name}_s", f"{name}_z"], [f"{name}_dq"],
+                                       name=f"{name}_DQ")])
+        return f"{name}_dq"
+
+    w = pair("W", "wq", 0.01)
+    nodes.append(helper.make_node("Conv", ["x", w], ["c"], name="conv0", pads=[1, 1, 1, 1]))
+    fine = pair(pair("c", "coarse", 1.5), "fine", 0.05)
+    nodes.append(helper.make_node("Conv", [fine, w], ["y"], name="conv1", pads=[1, 1, 1, 1]))
+    graph = helper.make_graph(nodes, "chain", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 8, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 8, 8])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    onnx.checker.check_model(model)
+    onnx.save(model, str(path))
+    return path
+
+
+@pytest.fixture(scope="module")
+def chain(tmp_path_factory):
+    root = tmp_path_factory.mktemp("chain")
+    rng = np.random.default_rng(2)
+    data = {"x": [rng.standard_normal((1, 4, 8, 8)).astype(np.float32) for _ in range(4)]}
+    builders.save_folder(data, root / "calib")
+    path = chain_net(root / "model.onnx")
+    onnx.save(builders.rewire(path), str(root / "float.onnx"))
+    return {"model": path, "float": root / "float.onnx", "calib": root / "calib",
+            "feeds": [{"x": a} for a in data["x"]]}
+
+
+def _plain(model, chain):
+    return [o["y"] for o in builders.run_model(model, chain["feeds"], level="disable")]
+
+
+def test_every_config_is_the_chain_as_written(chain):
+    model = chain["model"]
+    engine = Engine(str(model), chain["calib"])
+    ref = _plain(builders.rewire(model), chain)
+    written = _plain(model, chain)
+    # the chain costs what it costs, and onnxruntime's merge would hide it
+    merged = [o["y"] for o in builders.run_model(model, chain["feeds"], level="all")]
+    assert builders.pooled_cosine(ref, written) < 0.98 < builders.pooled_cosine(ref, merged)
+    for i, want in enumerate(written):
+        np.testing.assert_allclose(engine.run(i, "all")["y"], want, rtol=1e-5, atol=1e-5)
+    groups = group_sensitivity(engine, [["coarse_Q", "fine_Q"], ["coarse_Q"]])
+    for names in (("coarse_Q", "fine_Q"), ("coarse_Q",)):
+        alone = _plain(builders.rewire(model, keep=names), chain)
+        assert groups["+".join(names)]["cosine-similarity"] == pytest.approx(builders.pooled_cosine(ref, alone),
+                                                                            abs=1e-6)
+
+
+def test_stages_simulate_the_chain_and_name_the_merge_as_the_kernel_gap(chain):
+    report = localize_stages(str(chain["float"]), str(chain["model"]), chain["calib"])
+    ref = _plain(chain["float"], chain)
+    assert report.value("fake-quant") == pytest.approx(builders.pooled_cosine(ref, _plain(chain["model"], chain)),
+                                                       abs=1e-6)
+    assert report.first_drop == "fake-quant"
+    assert "DoubleQDQPairsRemover merges 1 requantize chain(s)" in report.kernel_cause
+    assert "'fine_Q'" in report.kernel_cause
