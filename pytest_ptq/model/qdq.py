@@ -23,7 +23,7 @@ from onnx import numpy_helper
 
 from .. import params
 from ..errors import NotQuantized, PTQError, unknown
-from . import formats, grids
+from . import formats, grids, moved
 from .graph import (Unprovided, externalize, hand_back, load_light, load_model, mapping, name_nodes, node_refs,
                     restore, has_subgraphs, sort_topologically, subgraphs, declared_dims, attribute, laid_out,
                     LAYOUT_OPS)
@@ -409,6 +409,9 @@ class QuantModel:
             raise PTQError(exc.explain(writer, kept)) from None
         if self.resorted:
             self.notes.append("the graph was stored out of topological order; it is analysed sorted")
+        # a Q -> Reshape (Identity, Transpose, ...) -> DQ chain is one pair: the node runs on the float tensor
+        hoisted = moved.hoist(graph, repr(self.source), is_q, is_dq)
+        self.notes += hoisted.notes
         self.inits = {i.name: i for i in graph.initializer}
         self.constants = {n.output[0]: n for n in graph.node if n.op_type == "Constant"}
         self.input_names = [i.name for i in graph.input if i.name not in self.inits]
@@ -430,6 +433,10 @@ class QuantModel:
             raise PTQError(f"model {self.source!r} holds no Q/DQ pair the tool recognises but custom ops "
                            f"{_ops(self.custom_ops)}; pytest-ptq analyses QuantizeLinear/DequantizeLinear pairs in any "
                            "domain and fused *QuantizeDequantize ops, so re-export it with one of those")
+        if not self.calibration and hoisted.left:  # quantized, though in no pair the tool can bypass
+            many = f" ({len(hoisted.left)} chains like this one)" if len(hoisted.left) > 1 else ""
+            raise NotQuantized(f"model {self.source!r} has no QuantizeLinear/DequantizeLinear pair the tool "
+                               f"analyses{many}: {hoisted.left[0]}")
         if not self.calibration:
             raise NotQuantized(self._inside_control_flow() or (
                 f"model {self.source!r} has no QuantizeLinear/DequantizeLinear pairs; pass the calibrated QDQ model "

@@ -1,0 +1,175 @@
+"""Pairs whose codes a data-movement node lays out between QuantizeLinear and
+DequantizeLinear (Q -> Identity / Reshape / Transpose / Squeeze / Unsqueeze / Flatten -> DQ:
+exporters that lay a tensor out after quantizing it).
+
+QuantizeLinear rounds element by element, so moving such a node before the Q, onto the float
+tensor, gives the same values; the tool's copy of the graph is rewritten so, and each such
+chain becomes an ordinary pair whose bypass runs the node on the float tensor, as the float
+model does. A per-channel (or per-block) Q moves only through an Identity or a Transpose
+(its axis follows the permutation); through a reshaping node its channels would land on
+another axis, so such a chain is left as it is, said in one sentence naming its nodes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections import defaultdict
+
+from onnx import helper
+
+from .graph import LAYOUT_OPS, attribute, node_refs
+
+MOVERS = ("Identity",) + LAYOUT_OPS
+_DOMAINS = ("", "ai.onnx")
+
+
+@dataclasses.dataclass
+class Moved:
+    """What :func:`hoist` did: ``notes`` for the model's notes, ``left`` a sentence each for
+    the chains it could not move (their Q and DQ stay ordinary nodes), naming their nodes."""
+
+    notes: list
+    left: list
+
+
+def hoist(graph, source, is_q, is_dq):
+    """Move every data-movement node between a Q and its DQs (``is_q``, ``is_dq``: the
+    predicates of :mod:`.qdq`) before the Q, in ``graph`` (sorted topologically; it stays so).
+    Returns a :class:`Moved`."""
+    order = list(graph.node)  # one wrapper per node: the indices below are by identity
+    outputs = {o.name for o in graph.output}
+    readers = defaultdict(list)
+    for n in order:
+        for r in node_refs(n):
+            readers[r].append(n)
+    sizes = _sizes(order, graph.initializer)
+    names = {t for n in order for t in (*n.input, *n.output)} | {i.name for i in graph.input}
+    moved, left = [], []
+    for q in list(order):
+        if not is_q(q):
+            continue
+        chain = _chain(q, readers, outputs, is_dq)
+        if not chain:
+            continue
+        axes = _axes(q, chain, sizes)
+        end = readers[chain[-1].output[0]][0]  # a DQ, or the Clip before them
+        shown = " -> ".join(f"{n.op_type} {n.name!r}" for n in (q, *chain, end))
+        if axes is None:
+            blocker = next(m for m in chain if m.op_type not in ("Identity", "Transpose"))
+            op = blocker.op_type
+            which = "a per-channel QuantizeLinear's axis" if q.input[1] in sizes else "a computed scale's layout"
+            left.append(f"{shown}: the tool does not follow {which} through a {op}, so its Q and DQ stay quantized "
+                        f"in every configuration, the float reference included; put the {op} before the QuantizeLinear "
+                        "(or after the DequantizeLinear) in the export")
+            continue
+        for m, axis in zip(chain, axes):
+            x, codes, out = q.input[0], q.output[0], m.output[0]
+            fresh = f"{out}::float"
+            while fresh in names:
+                fresh += "_"
+            names.add(fresh)
+            m.input[0], m.output[0] = x, fresh
+            q.input[0], q.output[0] = fresh, out
+            readers[x] = [m if r is q else r for r in readers[x]]
+            readers[fresh] = [q]
+            readers.pop(codes, None)
+            _drop_value_info(graph, codes)
+            if axis is not None:
+                _set_axis(q, axis)
+            elif m.op_type != "Identity":  # a one-element scale's axis may not exist in the new rank
+                _drop_axis(q)
+            # the Q now runs right after the node it read through
+            del order[_index(order, q)]
+            order.insert(_index(order, m) + 1, q)
+        moved.append(shown)
+    if moved:
+        del graph.node[:]
+        graph.node.extend(order)
+    more = f"; and {len(moved) - 2} more" if len(moved) > 2 else ""
+    notes = [f"{len(moved)} pair(s) of {source} lay their codes out between QuantizeLinear and DequantizeLinear "
+             f"({'; '.join(moved[:2])}{more}): each is analysed as one pair, that node moved onto the float tensor "
+             "before its QuantizeLinear (the same values: QuantizeLinear rounds element by element), so that the pair "
+             "bypassed is the float computation"] if moved else []
+    return Moved(notes=notes + [f"no pair the tool analyses in {source}: {chain}" for chain in left], left=left)
+
+
+def _chain(q, readers, outputs, is_dq):
+    """The data-movement nodes from Q node ``q``'s codes to DQs only (or an integer Clip, a
+    narrower grid's, before them), in order; [] where ``q`` is no such chain's."""
+    chain, tensor = [], q.output[0]
+    while True:
+        users = readers.get(tensor, [])
+        if len(users) != 1 or tensor in outputs:
+            break
+        m = users[0]
+        if (m.op_type not in MOVERS or m.domain not in _DOMAINS or list(m.input).count(tensor) != 1
+                or m.input[0] != tensor or len([o for o in m.output if o]) != 1):
+            break
+        chain.append(m)
+        tensor = m.output[0]
+    if not chain:
+        return []
+    users = readers.get(tensor, [])
+    if users and (all(is_dq(u) for u in users) or (len(users) == 1 and users[0].op_type == "Clip")):
+        return chain
+    return []
+
+
+def _axes(q, chain, sizes):
+    """The axis Q node ``q`` quantizes along once moved past each node of ``chain`` (None each
+    for a per-tensor Q), or None where a node moves its channels onto another axis."""
+    per_tensor = sizes.get(q.input[1]) == 1 if len(q.input) > 1 else False
+    if per_tensor and not attribute(q, "block_size", 0):
+        return [None] * len(chain)
+    axis, out = int(attribute(q, "axis", 1)), []
+    for m in chain:
+        if m.op_type == "Transpose":
+            perm = attribute(m, "perm")
+            if perm is None:
+                return None  # reversed dims of a rank not known here
+            perm = [int(p) for p in perm]
+            axis = perm.index(axis % len(perm))
+        elif m.op_type != "Identity":
+            return None
+        out.append(axis)
+    return out
+
+
+def _sizes(nodes, initializers):
+    """Element counts of the initializers and Constant outputs, also through an Identity or
+    Cast of one (fp16 exports' scales): a scale of one is a per-tensor Q's."""
+    sizes = {i.name: math.prod(i.dims) for i in initializers}
+    for n in nodes:  # in topological order: a Cast's source is counted before it
+        value = attribute(n, "value") if n.op_type == "Constant" else None
+        if value is not None:
+            sizes[n.output[0]] = math.prod(value.dims)
+        elif n.op_type in ("Identity", "Cast") and n.input and n.input[0] in sizes:
+            sizes[n.output[0]] = sizes[n.input[0]]
+    return sizes
+
+
+def _index(nodes, node):
+    return next(k for k, n in enumerate(nodes) if n is node)
+
+
+def _set_axis(node, axis):
+    for a in node.attribute:
+        if a.name == "axis":
+            a.i = axis
+            return
+    node.attribute.append(helper.make_attribute("axis", axis))
+
+
+def _drop_axis(node):
+    kept = [a for a in node.attribute if a.name != "axis"]
+    del node.attribute[:]
+    node.attribute.extend(kept)
+
+
+def _drop_value_info(graph, name):
+    """Forget a tensor the move removed (its integer type would otherwise name nothing)."""
+    kept = [v for v in graph.value_info if v.name != name]
+    if len(kept) != len(graph.value_info):
+        del graph.value_info[:]
+        graph.value_info.extend(kept)

@@ -1,0 +1,133 @@
+"""Pairs whose integer codes a data-movement node lays out between QuantizeLinear and
+DequantizeLinear: Q -> Identity -> DQ on the input, a per-channel weight Q -> Transpose -> DQ,
+Q -> Reshape -> Unsqueeze -> DQ on an activation.
+
+Each is one pair whose bypass runs the node on the float tensor. The references are
+independent: the same net built with onnx.helper with the nodes on the float tensors and only
+some pairs written, run in plain onnxruntime sessions without graph optimisations.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import builders
+from pytest_ptq.engine import Engine
+from pytest_ptq.errors import NotQuantized
+from pytest_ptq.model import QuantModel
+from pytest_ptq.sensitivity import get_sensitivity_of_nodes
+
+PAIRS = ("x_Q", "w_Q", "c_Q")
+
+
+def moved_net(path, keep=PAIRS, per_channel_reshape=False):
+    """Identity on the input, a Transpose of the weight (stored [in, out, kh, kw]), a Reshape
+    and an Unsqueeze after the conv; the pairs in ``keep`` quantize before those nodes and
+    dequantize after them, the others are left out (the nodes then run on float).
+    ``per_channel_reshape``: the conv output's pair per channel, which no Reshape keeps."""
+    rng = np.random.default_rng(4)
+    w = (rng.standard_normal((4, 6, 3, 3)) * 0.3).astype(np.float32)
+    inits = [numpy_helper.from_array(w, "w"), numpy_helper.from_array(np.array([1, 6, 64], np.int64), "shape"),
+             numpy_helper.from_array(np.array([0], np.int64), "axes")]
+    nodes = []
+
+    def through(name, src, movers, scale, q_axis=None, dq_axis=None):
+        """``src`` through ``movers`` ([(op, extra inputs, attributes)]), in a pair when kept."""
+        kept = f"{name}_Q" in keep
+        if kept:
+            inits.extend([numpy_helper.from_array(np.asarray(scale, np.float32), f"{name}_s"),
+                          numpy_helper.from_array(np.zeros(np.shape(scale), np.int8), f"{name}_z")])
+            axis = {} if q_axis is None else {"axis": q_axis}
+            nodes.append(helper.make_node("QuantizeLinear", [src, f"{name}_s", f"{name}_z"], [f"{name}_q0"],
+                                          name=f"{name}_Q", **axis))
+            src = f"{name}_q0"
+        for k, (op, extra, attrs) in enumerate(movers):
+            out = f"{name}_{'q' if kept else 'f'}{k + 1}"
+            nodes.append(helper.make_node(op, [src, *extra], [out], name=f"{name}_{op}", **attrs))
+            src = out
+        if kept:
+            if dq_axis is not None and np.size(scale) > 1:
+                # the DQ's channels are where the movers put them
+                inits.extend([numpy_helper.from_array(np.asarray(scale, np.float32), f"{name}_ds"),
+                              numpy_helper.from_array(np.zeros(np.shape(scale), np.int8), f"{name}_dz")])
+                nodes.append(helper.make_node("DequantizeLinear", [src, f"{name}_ds", f"{name}_dz"], [f"{name}_dq"],
+                                              name=f"{name}_DQ", axis=dq_axis))
+            else:
+                nodes.append(helper.make_node("DequantizeLinear", [src, f"{name}_s", f"{name}_z"], [f"{name}_dq"],
+                                              name=f"{name}_DQ"))
+            src = f"{name}_dq"
+        return src
+
+    x = through("x", "x", [("Identity", [], {})], 0.05)
+    channel_scales = (np.abs(w).max(axis=(0, 2, 3)) / 127).astype(np.float32)
+    wt = through("w", "w", [("Transpose", [], {"perm": [1, 0, 2, 3]})], channel_scales, q_axis=1, dq_axis=0)
+    nodes.append(helper.make_node("Conv", [x, wt], ["c"], name="conv", pads=[1, 1, 1, 1]))
+    c_scale = np.full(6, 0.08, np.float32) if per_channel_reshape else 0.08
+    c = through("c", "c", [("Reshape", ["shape"], {}), ("Unsqueeze", ["axes"], {})], c_scale, q_axis=1, dq_axis=2)
+    nodes.append(helper.make_node("Relu", [c], ["y"], name="relu"))
+    graph = helper.make_graph(nodes, "moved", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 8, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 1, 6, 64])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    onnx.checker.check_model(model, full_check=True)
+    onnx.save(model, str(path))
+    return path
+
+
+@pytest.fixture(scope="module")
+def net(tmp_path_factory):
+    root = tmp_path_factory.mktemp("moved")
+    rng = np.random.default_rng(5)
+    data = {"x": [rng.standard_normal((1, 4, 8, 8)).astype(np.float32) for _ in range(4)]}
+    builders.save_folder(data, root / "calib")
+    return {"root": root, "calib": root / "calib", "feeds": [{"x": a} for a in data["x"]],
+            "model": moved_net(root / "model.onnx")}
+
+
+def _plain(net, keep):
+    path = moved_net(net["root"] / f"keep_{'_'.join(keep) or 'none'}.onnx", keep)
+    return [o["y"] for o in builders.run_model(path, net["feeds"], level="disable")]
+
+
+def test_each_chain_is_one_pair_and_its_nodes_belong_to_it(net):
+    qm = QuantModel(str(net["model"]))
+    assert sorted(qm.calibration) == sorted(PAIRS)
+    assert [c.kind for c in (qm.calibration[p] for p in PAIRS)] == ["activation", "weight", "activation"]
+    assert qm.calibration["w_Q"].per_channel
+    assert sorted(qm.normal) == sorted(["x_Identity", "w_Transpose", "conv", "c_Reshape", "c_Unsqueeze", "relu"])
+    shown = "QuantizeLinear 'x_Q' -> Identity 'x_Identity' -> DequantizeLinear 'x_DQ'"
+    assert any(n.startswith("3 pair(s)") and shown in n for n in qm.notes)
+
+
+def test_bypassed_quantized_and_one_pair_runs_are_the_net_so_written(net):
+    engine = Engine(str(net["model"]), net["calib"])
+    for keep in ((), PAIRS):
+        for i, want in enumerate(_plain(net, keep)):
+            np.testing.assert_allclose(engine.run(i, keep or ())["y"], want, rtol=1e-5, atol=1e-5)
+    sens = {**get_sensitivity_of_nodes(engine, node_type="weight"),
+            **get_sensitivity_of_nodes(engine, node_type="activation")}
+    ref = _plain(net, ())
+    for name in PAIRS:
+        want = builders.pooled_cosine(ref, _plain(net, (name,)))
+        assert sens[name]["cosine-similarity"] == pytest.approx(want, abs=1e-6)
+    # each pair costs something: bypassing none of them would read 1.0
+    assert max(v["cosine-similarity"] for v in sens.values()) < 0.99999
+
+
+def test_a_per_channel_pair_through_a_reshape_is_said_and_refused_alone(tmp_path):
+    path = moved_net(tmp_path / "per_channel.onnx", per_channel_reshape=True)
+    qm = QuantModel(str(path))
+    assert sorted(qm.calibration) == ["w_Q", "x_Q"] and "c_Reshape" in qm.normal
+    said = [n for n in qm.notes if n.startswith(f"no pair the tool analyses in {str(path)!r}: QuantizeLinear 'c_Q' "
+                                                "-> Reshape 'c_Reshape' -> Unsqueeze 'c_Unsqueeze' -> DequantizeLinear "
+                                                "'c_DQ': ")]
+    assert len(said) == 1 and "stay quantized in every configuration, the float reference included" in said[0]
+    alone = moved_net(tmp_path / "alone.onnx", keep=("c_Q",), per_channel_reshape=True)
+    with pytest.raises(NotQuantized, match=r"has no QuantizeLinear/DequantizeLinear pair the tool analyses: "
+                                           r"QuantizeLinear 'c_Q' -> Reshape 'c_Reshape' .* put the Reshape before "
+                                           r"the QuantizeLinear \(or after the DequantizeLinear\) in the export$"
+                       ) as err:
+        QuantModel(str(alone))
+    assert "not the float one" not in str(err.value)
