@@ -207,7 +207,8 @@ def diagnose(engine, sensitivity, verdict, top=10, outputs=None, asked=None):
     dist, boxes = collect(engine, calib, calib, data_num=sensitivity.samples, skip_unboxable=True) if calib \
         else ({}, {})
     specs = parse_outputs(None if outputs is None else list(outputs), engine)
-    split, alone = _split(engine, qm, sensitivity, names, inputs, m, specs)
+    split, alone = scored_inputs(engine, names, inputs, m, specs, range(sensitivity.samples)) \
+        if sensitivity.node_type == "node" else ({}, {})
     nodes = [_node(qm, sensitivity, k + 1, n, inputs[n], dist, boxes, split.get(n), metric, alone)
              for k, n in enumerate(names)]
     matter = relevant(nodes)
@@ -245,13 +246,13 @@ def _calibration_inputs(qm, node_type, name):
     return [c for c in names if qm.calibration[c].role != "bias"]
 
 
-def _split(engine, qm, sensitivity, names, inputs, m, specs):
+def scored_inputs(engine, names, inputs, m, specs, indices):
     """``({operator: {"weight": value, "activation": value}}, {calibration node: value})``:
-    operators that have both with only their weight inputs, then only their activation inputs
-    quantized; and each quantizer alone of an operator quantized by several of a kind (which of
-    them explains it), all scored in one pass over the ranking's samples."""
-    if sensitivity.node_type != "node":
-        return {}, {}
+    of the operators ``names`` (``inputs``: their calibration inputs), those that have both
+    with only their weight inputs, then only their activation inputs quantized; and each
+    quantizer alone of an operator quantized by several of a kind (which of them explains it),
+    all scored in ``m`` on ``specs`` in one pass over the samples ``indices``."""
+    qm = engine.qmodel
     configs = {}
     for n in names:
         # a dynamic quantizer is an activation's
@@ -265,8 +266,7 @@ def _split(engine, qm, sensitivity, names, inputs, m, specs):
                 configs.update({f"\0{c}": [c] for c in gated})
     if not configs:
         return {}, {}
-    scored = rank_configs(engine, configs, [m], specs, list(range(sensitivity.samples)), "node", lambda _: {},
-                          "operator inputs", False)
+    scored = rank_configs(engine, configs, [m], specs, list(indices), "node", lambda _: {}, "operator inputs", False)
     split, alone = {}, {}
     for label, values in scored.items():
         n, k = label.split("\0")
@@ -294,20 +294,7 @@ def _node(qm, sens, rank, name, calib, dist, boxes, split, metric, alone):
             reasons.insert(0, f"alone {short(alone[c])}")
         ins.append({"node": c, "kind": cn.kind, "tensor": cn.input, "granularity": cn.granularity, "bit": cn.bit,
                     "try": tries, "reason": "; ".join(reasons), "alone": alone.get(c)})
-    if split:
-        bw, ba = badness(metric, split["weight"]), badness(metric, split["activation"])
-        cause = "weight" if bw >= DOMINANT * ba else "activation" if ba >= DOMINANT * bw else "both"
-    else:
-        kinds = {i["kind"] for i in ins}
-        cause = kinds.pop() if len(kinds) == 1 else ("both" if kinds else None)
-    # the inputs that explain the node: those of its cause, the worst alone first (where scored),
-    # then the worst-read
-    chosen = [i for i in ins if cause in (i["kind"], "both")] or ins
-    chosen.sort(key=lambda i: (-badness(metric, i["alone"]) if i["alone"] is not None else 0.0,
-                               i["try"][:1] in (["int16"], ["keep in float"])))
-    scored = [badness(metric, i["alone"]) for i in chosen if i["alone"] is not None]
-    if scored and max(scored) > 0:  # those that cost little alone beside the worst explain nothing
-        chosen = [i for i in chosen if i["alone"] is None or badness(metric, i["alone"]) >= RELEVANT * max(scored)]
+    cause, chosen = explaining_inputs(ins, split, metric)
     tries = list(dict.fromkeys(t for i in chosen for t in i["try"]))
     reason = "; ".join((f"{i['kind']} {i['node']} ({i['granularity']} {i['bit']}-bit): " if sens.node_type == "node"
                         else f"{i['granularity']} {i['bit']}-bit: ") + i["reason"] for i in chosen[:2])
@@ -317,6 +304,28 @@ def _node(qm, sens, rank, name, calib, dist, boxes, split, metric, alone):
     return {"rank": rank, "node": name, "kind": kind, "op_type": op_type, metric: value, "badness": bad,
             "cause": cause, "split": split, "reason": reason, "try": tries or ["int16", "keep in float"],
             "inputs": ins, "chosen": [i["node"] for i in chosen]}
+
+
+def explaining_inputs(ins, split, metric):
+    """``(cause, chosen)`` of an operator whose calibration inputs are ``ins`` (dicts with
+    ``kind``, ``try`` and ``alone``, the input's figure quantized alone or None) and ``split``
+    its figures with only its weights or only its activations quantized (see
+    :func:`scored_inputs`; None where it has one kind): the kind that costs it (weight,
+    activation, both) and the inputs that explain it, those of that kind, the worst alone
+    first (where scored), then the worst-read, less those costing little beside the worst."""
+    if split:
+        bw, ba = badness(metric, split["weight"]), badness(metric, split["activation"])
+        cause = "weight" if bw >= DOMINANT * ba else "activation" if ba >= DOMINANT * bw else "both"
+    else:
+        kinds = {i["kind"] for i in ins}
+        cause = kinds.pop() if len(kinds) == 1 else ("both" if kinds else None)
+    chosen = [i for i in ins if cause in (i["kind"], "both")] or list(ins)
+    chosen.sort(key=lambda i: (-badness(metric, i["alone"]) if i["alone"] is not None else 0.0,
+                               i["try"][:1] in (["int16"], ["keep in float"])))
+    scored = [badness(metric, i["alone"]) for i in chosen if i["alone"] is not None]
+    if scored and max(scored) > 0:  # those that cost little alone beside the worst explain nothing
+        chosen = [i for i in chosen if i["alone"] is None or badness(metric, i["alone"]) >= RELEVANT * max(scored)]
+    return cause, chosen
 
 
 def _names(names, limit=4):

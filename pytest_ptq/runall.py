@@ -49,7 +49,7 @@ from . import cache as results_cache
 from .cache import through
 from .curves import configs_from, get_acc_error, plot_curves
 from .data import load_data
-from .diagnosis import warning
+from .diagnosis import explaining_inputs, scored_inputs, warning
 from .errors import PTQError, shown
 from .distribution import collect, draw_channelwise, draw_distribution
 from .distribution.readings import advise
@@ -390,7 +390,15 @@ def _runall(engine, out, metrics, output_node, node_type, data_num, top, axis, p
     suggest = suggest_command(qm.source, getattr(engine.data, "where", None) or "DATA",
                               heldout if isinstance(heldout, (str, Path)) else None,
                               engine.float_model if isinstance(engine.float_model, (str, Path)) else None, base[2])
-    verdict = _verdict(engine, metric, three, sens, top_nodes, dist, boxes, curves, len(indices), blind, far, suggest)
+    # which input of each top operator costs it more, scored as the plugin's diagnosis scores
+    # them: the try column names that input's remedies first
+    operators = top_nodes.get("node", [])
+    inputs = {n: [c for c in qm.quantizing(n) if qm.calibration[c].role != "bias"] for n in operators}
+    scored = through(cache, ("runall operator inputs", base, tuple(indices), tuple(operators)),
+                     lambda: scored_inputs(engine, operators, inputs, metric_objs[0], specs, indices)) \
+        if operators else ({}, {})
+    verdict = _verdict(engine, metric, three, sens, top_nodes, dist, boxes, curves, len(indices), blind, far, suggest,
+                       scored)
     timings["total"] = round(time.perf_counter() - start, 3)
     summary = {
         "tool": "pytest-ptq", "version": __version__, "model": qm.source, "format": qm.format_label,
@@ -447,15 +455,17 @@ def _in_folder(summary, out):
 
 
 # -- verdict --------------------------------------------------------------------------------
-def _verdict(engine, metric, three, sens, top_nodes, dist, boxes, curves, samples, blind=None, far=(), suggest=()):
+def _verdict(engine, metric, three, sens, top_nodes, dist, boxes, curves, samples, blind=None, far=(), suggest=(),
+             scored=({}, {})):
     """The verdict, the ranked nodes' advice and the next steps; ``samples``: how many the
     rankings used; ``blind``: the verdict by correlation on the outputs ``far`` from zero, which
-    ``metric`` cannot see."""
+    ``metric`` cannot see; ``scored``: the top operators' inputs scored apart
+    (:func:`~pytest_ptq.diagnosis.scored_inputs`)."""
     source, text = three.source, three.text
     items = []
     for t, names in top_nodes.items():
         for rank, name in enumerate(names, 1):
-            items.append(_advise(engine, metric, t, rank, name, sens[t], dist, boxes, curves))
+            items.append(_advise(engine, metric, t, rank, name, sens[t], dist, boxes, curves, scored))
     # nodes an order of magnitude below the worst would not move the output if fixed, and
     # none needs fixing where the whole model stays close to float (by every measure asked);
     # the worst of the verdict's kind matter beside a worse node of the other kind
@@ -544,21 +554,28 @@ def _spread_step(kind, loss, worst, samples, decided, suggest):
             "that meets a target")
 
 
-def _advise(engine, metric, kind, rank, name, sens, dist, boxes, curves):
+def _advise(engine, metric, kind, rank, name, sens, dist, boxes, curves, scored=({}, {})):
     qm = engine.qmodel
     value = sens[name][metric]
     bad = badness(metric, value)
     calib = qm.quantizing(name) if kind == "node" else [name]
-    tries, reasons, findings = [], [], []
+    read, findings = [], []
     for c in calib:
         d, b = dist.get(c), boxes.get(c)
         if d is None:
             continue
         t, r = advise(d, b)
-        label = f"{c}: " if kind == "node" else ""
-        tries += [x for x in t if x not in tries]
-        reasons += [label + x for x in r]
+        read.append({"node": c, "kind": qm.calibration[c].kind, "try": t, "reasons": r, "alone": scored[1].get(c)})
         findings.append({"node": c, "kind": d["kind"], "try": t})
+    if kind == "node":
+        # the inputs that cost the operator more first, as the plugin's diagnosis names them: in
+        # graph order a Conv read its harmless input's "int16" before its weight's "per-channel"
+        _, chosen = explaining_inputs(read, scored[0].get(name), metric)
+        read = chosen + [i for i in read if i not in chosen]
+    tries, reasons = [], []
+    for i in read:
+        tries += [x for x in i["try"] if x not in tries]
+        reasons += [(f"{i['node']}: " if kind == "node" else "") + x for x in i["reasons"]]
     tries, severe = float_first(metric, bad, tries)
     if severe:
         reasons.insert(0, severe_reason(qm, metric, name, value))

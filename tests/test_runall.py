@@ -795,3 +795,69 @@ def test_every_step_of_runall_shows_its_progress_to_its_last_part(tmp_path):
     finals = {line.split(":")[0]: line for line in drawn.getvalue().replace("\r", "\n").splitlines() if "/" in line}
     assert figures and finals["drawing the figures"].split()[3].startswith(f"{figures}/")
     assert re.search(r"^weights, activations, both: (\[#+\] )?5/5 ", finals["weights, activations, both"])
+
+
+def _compensated_net(path, outlier=400.0, seed=0, C=8, size=16):
+    """Conv-Relu-Conv-Relu-Pool-Gemm whose first conv's channel 3 is ``outlier`` times wider
+    and the second conv reads it ``sqrt(outlier)`` times weaker: a per-tensor w1 loses its
+    other channels while the activations stay comparable (a model whose weights and
+    activations each cost a part)."""
+    from onnx import TensorProto, numpy_helper
+
+    rng = np.random.default_rng(seed)
+    w1 = (rng.standard_normal((C, 3, 3, 3)) * 0.3).astype(np.float32)
+    w1[3] *= outlier
+    w2 = (rng.standard_normal((C, C, 3, 3)) * 0.2).astype(np.float32)
+    w2[:, 3] /= outlier ** 0.5
+    arrays = {"w1": w1, "b1": (rng.standard_normal(C) * 0.1).astype(np.float32), "w2": w2,
+              "b2": (rng.standard_normal(C) * 0.1).astype(np.float32),
+              "wf": (rng.standard_normal((10, C)) * 0.5).astype(np.float32),
+              "bf": (rng.standard_normal(10) * 0.1).astype(np.float32)}
+    nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1], name="conv1"),
+             helper.make_node("Relu", ["c1"], ["r1"], name="relu1"),
+             helper.make_node("Conv", ["r1", "w2", "b2"], ["c2"], pads=[1, 1, 1, 1], name="conv2"),
+             helper.make_node("Relu", ["c2"], ["r2"], name="relu2"),
+             helper.make_node("GlobalAveragePool", ["r2"], ["p"], name="pool"),
+             helper.make_node("Flatten", ["p"], ["f"], name="flatten"),
+             helper.make_node("Gemm", ["f", "wf", "bf"], ["logits"], transB=1, name="fc")]
+    graph = helper.make_graph(nodes, "net", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, size, size])],
+                              [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, 10])],
+                              [numpy_helper.from_array(a, n) for n, a in arrays.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, str(path))
+    return path
+
+
+@pytest.fixture(scope="module")
+def compensated(tmp_path_factory):
+    """runall -t node on the first 5 of 6 samples of a model whose weights and activations
+    each cost a part."""
+    root = tmp_path_factory.mktemp("compensated")
+    data = builders.samples(6, seed=1)
+    q = builders.quantize(_compensated_net(root / "float.onnx"), root / "q.onnx", data)
+    folder = builders.save_folder(data, root / "calibration_data")
+    s = runall(q, folder, save_dir=root / "out", node_type="node", data_num=5, top=3, progress=False)
+    return {"root": root, "data": data, "q": q, "folder": folder, "summary": s,
+            "md": (root / "out" / "summary.md").read_text()}
+
+
+def test_an_operators_tries_start_with_those_of_the_input_that_costs_it_more(compensated):
+    """The try column listed conv1's inputs' tries in input order: its harmless input's
+    "int16, keep in float" before its weight's "per-channel", where the plugin's diagnosis
+    names the weight; measured here with each input alone kept in plain onnxruntime."""
+    q, data = compensated["q"], compensated["data"]
+    feeds = [{"x": data["x"][i]} for i in range(5)]
+    ref = builders.run_model(builders.rewire(q), feeds)
+    items = {it["node"]: it for it in compensated["summary"]["verdict"]["nodes"] if it["kind"] == "node"}
+    conv1 = items["conv1"]
+    cost = {f["node"]: 1 - builders.worst_cosine(ref, builders.run_model(builders.rewire(q, keep={f["node"]}), feeds))
+            for f in conv1["findings"]}
+    worse = max(cost, key=cost.get)
+    assert worse == "w1_QuantizeLinear" and cost[worse] > 10 * min(cost.values()), cost
+    first = next(f["try"] for f in conv1["findings"] if f["node"] == worse)
+    assert conv1["try"][:len(first)] == first and conv1["try"][0] == "per-channel", conv1["try"]
+    assert conv1["reasons"][0].startswith(f"{worse}: ")
+    row = re.search(r"^\| \d+ \| `conv1` \|.*$", compensated["md"], re.M).group()
+    assert f"| {', '.join(conv1['try'])} | {worse}: " in row
+
