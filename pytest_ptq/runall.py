@@ -34,6 +34,7 @@ inherited from upstream.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import fnmatch
 import json
@@ -315,6 +316,8 @@ def _runall(engine, out, metrics, output_node, node_type, data_num, top, axis, p
                                                  progress=progress))
         for t in types:
             files["sensitivity"][t] = str(listing.wrote(sens[t].save(out / f"sensitivity_{t}.json")))
+    # the samples the data hold: with data_num, the rankings say they were on the first few
+    screening = dataclasses.replace(screening, held=engine.data.count)
     indices = list(screening.indices) or every_index[:screening.samples]  # the rankings' samples
     data_num = len(indices)  # distributions and curves: as many samples (the first)
     if progress:
@@ -373,9 +376,12 @@ def _runall(engine, out, metrics, output_node, node_type, data_num, top, axis, p
                                                                     else ""), progress):
         # held-out data given as arrays has no file to hash: then the verdict is not kept
         held = str(heldout) if isinstance(heldout, (str, Path)) else (None if heldout is None else object())
-        three = through(cache, ("runall verdict", base, held, tuple(indices)),
+        # ranking operator nodes shows where both kinds add up: said in the CLI's words, where
+        # this run did not rank them already (the sentence stood above their table)
+        both_step = None if "node" in types else "rank operator nodes (-t node) to see where they add up"
+        three = through(cache, ("runall verdict", base, held, tuple(indices), both_step),
                         lambda: three_configs(engine, specs, metric, heldout, ranking_samples=indices,
-                                              count=len(every_index), progress=progress),
+                                              count=len(every_index), progress=progress, both_step=both_step),
                         files=(heldout,) if isinstance(held, str) else ())
         outputs = {label: {metric: value} for label, value in three.figures.items()}
         blind = None

@@ -71,6 +71,7 @@ class Screening:
     indices: tuple = ()  # the samples every node was scored on, spread over the data
     narrowed: dict = dataclasses.field(default_factory=dict)  # {type: nodes scored on narrowed_samples}
     narrowed_samples: int = 0
+    held: int = 0  # the samples the data hold, where ``of`` are the first of them (data_num)
 
     def to_dict(self):
         return {"text": self.text(), "samples": self.samples, "of": self.of, "budget_s": self.budget_s, "confirmed": self.confirmed,
@@ -81,12 +82,14 @@ class Screening:
 
     def text(self):
         """One sentence: how many samples ranked, how many the top was narrowed on and confirmed."""
+        # a limit on the samples (data_num) said: "all 8" of 12 read as every sample there is
+        pool = f"the first {self.of} of {self.held}" if self.held > self.of else f"all {self.of}"
         if self.samples >= self.of:
-            return f"rankings on all {self.of} sample(s)"
+            return f"rankings on {pool} sample(s)"
         budget = f" (what a {self.budget_s:.3g} s budget allows)" if self.budget_s is not None else ""
         narrowed = (f", the top {' and '.join(f'{n} {KIND_WORDS[t]}' for t, n in self.narrowed.items())} nodes on "
                     f"{self.narrowed_samples}" if self.narrowed else "")
-        return (f"rankings on {self.samples} of {self.of} samples{budget}{narrowed}, the top {self.confirmed} of "
+        return (f"rankings on {self.samples} of {pool.removeprefix('all ')} samples{budget}{narrowed}, the top {self.confirmed} of "
                 f"each confirmed on all {self.of}")
 
 

@@ -161,8 +161,10 @@ def score(engine, data, specs, metric, configs, count=None, bar=None, apart=()):
             None if pools_apart is None else {label: pool.value() for label, pool in pools_apart.items()})
 
 
-def decide(values, metric, weights_known=True):
-    """``(source, sentence)`` from ``{weight only, activation only, all quantized: value}``."""
+def decide(values, metric, weights_known=True, both_step=None):
+    """``(source, sentence)`` from ``{weight only, activation only, all quantized: value}``;
+    ``both_step``: what else to do where both kinds cause the loss, in the words of the face
+    that shows the sentence (None: nothing else)."""
     bw, ba, ball = (badness(metric, values[k]) for k in (WEIGHT, ACTIVATION, ALL))
     figures = (f"{metric} {short(values[WEIGHT])} with weights only quantized, {short(values[ACTIVATION])} with "
                f"activations only, {short(values[ALL])} with everything")
@@ -175,7 +177,7 @@ def decide(values, metric, weights_known=True):
     else:
         source = "both"
         text = (f"weights and activations each cause a comparable part of the loss ({figures}): fix the worst "
-                "nodes of each, or rank normal nodes (node_type='node') to see where they add up")
+                "nodes of each" + (f", or {both_step}" if both_step else ""))
     if not weights_known:
         text += f"; {WEIGHTS_UNSEEN}"
     return source, text
@@ -212,11 +214,12 @@ def _rewrite_note(engine, m, everything):
 
 
 def three_configs(engine, specs, metric="cosine-similarity", heldout=None, ranking_samples=None, data=None,
-                  count=None, progress=False):
+                  count=None, progress=False, both_step=None):
     """The :class:`Verdict` of ``engine`` on every sample of ``data`` (default: the first
     ``count`` of the engine's, default all) and of ``heldout``; with ``ranking_samples`` (the
     samples a ranking used: how many, the first of ``data``, or the engine's indices), says
-    when those samples alone would decide otherwise. ``progress``: a bar over the samples."""
+    when those samples alone would decide otherwise. ``progress``: a bar over the samples.
+    ``both_step``: see :func:`decide`."""
     m = get_metric(metric)
     configs = {**configs_from(engine, ["weight", "activation"]), ALL: list(engine.calib_names)}
     # a weight already on its grid (aimet, QAT exports) bypasses to itself: only a float model shows its error
@@ -240,7 +243,7 @@ def three_configs(engine, specs, metric="cosine-similarity", heldout=None, ranki
         if held is not None:
             values["heldout"], samples["heldout"] = score(engine, held, specs, m, configs, bar=bar)[0], len(held)
     decided_on = "heldout" if "heldout" in values else "calibration"
-    source, text = decide(values[decided_on], m.name, weights_known)
+    source, text = decide(values[decided_on], m.name, weights_known, both_step)
     if decided_on == "heldout":
         text += f" on {samples['heldout']} held-out sample(s)"
     rewrite = _rewrite_note(engine, m, values[decided_on][ALL])

@@ -861,3 +861,18 @@ def test_an_operators_tries_start_with_those_of_the_input_that_costs_it_more(com
     row = re.search(r"^\| \d+ \| `conv1` \|.*$", compensated["md"], re.M).group()
     assert f"| {', '.join(conv1['try'])} | {worse}: " in row
 
+
+def test_runall_says_which_samples_it_ranked_on_and_suggests_ranking_operators_only_where_it_did_not(compensated,
+                                                                                                    tmp_path):
+    """``data_num=5`` of 6 read "rankings on all 5 sample(s)"; a "both" verdict suggested
+    ranking operator nodes, in the API's spelling, above its own table of them."""
+    s, md = compensated["summary"], compensated["md"]
+    assert s["verdict"]["source"] == "both"
+    assert "rankings on the first 5 of 6 sample(s)" in md and "all 5" not in md
+    assert "add up" not in s["verdict"]["text"] and "node_type=" not in md
+    other = runall(compensated["q"], compensated["folder"], save_dir=tmp_path / "out", top=1, progress=False)
+    assert other["verdict"]["source"] == "both"
+    assert other["verdict"]["text"].startswith("weights and activations each cause a comparable part of the loss")
+    assert ": fix the worst nodes of each, or rank operator nodes (-t node) to see where they add up" in \
+        other["verdict"]["text"]
+    assert "rankings on all 6 sample(s)" in (tmp_path / "out" / "summary.md").read_text()
