@@ -681,15 +681,26 @@ class DataResult(Result):
         return fig
 
 
-def check_data(analysis, max_severity="warning", holdout=None):
+def check_data(analysis, max_severity="warning", holdout=None, threshold=None, metric=COSINE, threshold_from=None):
     """No finding of the calibration data checks at or above ``max_severity``.
 
     The checks (count, NaN/Inf, constant and duplicate samples, dtype, layout, value range
     against the calibrated input range, and with ``holdout`` whether the calibration set
-    represents the held-out data) are those of ``ptq-debug check-data``.
+    represents the held-out data) are those of ``ptq-debug check-data``. The held-out data
+    are judged by ``metric`` against ``threshold``: a number, or output floors as
+    :func:`check_outputs` takes them, of which the loosest (the worst output must meet it,
+    where every output meets its own); ``threshold_from`` says where it comes from.
     """
     params.severity(max_severity)
-    report = analysis.data_check(holdout)
+    m = get_metric(metric)
+    floors = {k: params.threshold(v, m.name, f"data check {m.name} threshold") for k, v in thresholds(threshold).items()}
+    threshold = None
+    for floor in floors.values():
+        if threshold is None or m.worse(floor, threshold):
+            threshold = floor
+    if len(set(floors.values())) > 1 and threshold_from:
+        threshold_from += ", the loosest of several"
+    report = analysis.data_check(holdout, m.name, threshold, threshold_from)
     findings = [{"check": f.check, "severity": f.severity, "message": f.message, "fix": f.fix, "input": f.input,
                  "dataset": f.dataset, "samples": [analysis.relative(s) if "/" in s or os.sep in s else s for s in f.samples]}
                 for f in report.findings]
@@ -909,12 +920,17 @@ class PTQ:
                       stacklevel=user_level())
 
     @_in_one_sentence
-    def check_data(self, max_severity="warning", holdout=None):
+    def check_data(self, max_severity="warning", holdout=None, threshold=None, metric=COSINE):
         """The calibration data checks; fails on a finding at or above ``max_severity``. With
         held-out data (``holdout``, else the marker's or ``--ptq-holdout``) also whether the
-        calibration set represents them."""
-        return self._done(check_data(self.analysis, max_severity,
-                                     self._holdout(holdout)))
+        calibration set represents them, the quantized outputs judged there by ``metric``
+        against ``threshold`` (default ``min_cosine``, as :meth:`check_outputs`)."""
+        m = get_metric(metric)
+        source = "as given"
+        if threshold is None and m.name == COSINE:
+            threshold, source = self.settings.min_cosine, "min_cosine (--ptq-min-cosine)"
+        return self._done(check_data(self.analysis, max_severity, self._holdout(holdout), threshold, m.name,
+                                     source if threshold is not None else None))
 
     @_in_one_sentence
     def check_stages(self, float_model=None, min_cosine=None):
@@ -962,9 +978,10 @@ class PTQ:
         return _raise_unless(self.check_baseline, path=path, tolerance=tolerance, node_type=node_type, metric=metric,
                              outputs=outputs)
 
-    def assert_data(self, max_severity="warning", holdout=None):
+    def assert_data(self, max_severity="warning", holdout=None, threshold=None, metric=COSINE):
         __tracebackhide__ = True
-        return _raise_unless(self.check_data, max_severity=max_severity, holdout=holdout)
+        return _raise_unless(self.check_data, max_severity=max_severity, holdout=holdout, threshold=threshold,
+                             metric=metric)
 
     def assert_stages(self, float_model=None, min_cosine=None):
         __tracebackhide__ = True

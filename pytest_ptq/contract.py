@@ -22,7 +22,8 @@ A contract needs no Python::
     accuracy:                       # optional: task metric relative to float
       evaluate: evaluate.py:top1    # FILE.py:FUNCTION (relative) or package.module:FUNCTION
       min_ratio: 0.99
-    data_check:                     # optional: the checks of ptq-debug check-data
+    data_check:                     # optional: the checks of ptq-debug check-data, held-out
+                                    # data judged against the outputs floor
       max_severity: warning         # fail on findings this severe or worse: error, warning, info
     baseline: baselines/resnet.json # optional; default <name>.baseline.json beside this file;
                                     # false turns the baseline check off
@@ -572,7 +573,7 @@ class ContractItem(pytest.Item):
         self.contract = contract
 
     def runtest(self):
-        from .checks import PTQ, ContractFailed, thresholds
+        from .checks import PTQ, ContractFailed, check_data, thresholds
 
         session = ptq_session.get(self.config)
         c = self.contract
@@ -598,7 +599,12 @@ class ContractItem(pytest.Item):
             fn = load_function(c.accuracy["evaluate"], c.path.parent, f"contract {self.path.name!r}: 'accuracy.evaluate'")
             result = ptq.check_accuracy(fn, c.accuracy["min_ratio"])
         elif self.name == "data_check":
-            result = ptq.check_data(c.data_check["max_severity"])
+            # the held-out comparison holds the figure to the floor the outputs item holds it to (a
+            # fixed 0.99 failed a contract whose own floor of 0.98 passed the same figure)
+            floor, source = ((c.outputs, "the contract's outputs floor") if c.outputs is not None else
+                             (settings.min_cosine, "min_cosine (--ptq-min-cosine), as the contract sets no outputs floor"))
+            result = check_data(analysis, c.data_check["max_severity"], c.holdout, floor, c.metric or COSINE, source)
+            session.record(self, analysis, result)
         else:
             # the outputs its thresholds name (slices too) are kept beside the model's own
             result = ptq.check_baseline(outputs=[k for k in thresholds(c.outputs) if k])

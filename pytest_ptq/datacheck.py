@@ -665,7 +665,7 @@ def _gap(metric, cal_value, held_value):
     return held >= GAP_RATIO * cal and held - cal >= GAP_MIN * (1 if metric.unit else 0.1)
 
 
-def _heldout_findings(engine, cal_data, held_data, metric, threshold, bar):
+def _heldout_findings(engine, cal_data, held_data, metric, threshold, bar, threshold_from=""):
     cal_value, cal_clip = _quantized_metrics(engine, cal_data, metric, bar)
     held_value, held_clip = _quantized_metrics(engine, held_data, metric, bar)
     quantized = {"calibration": {metric.name: cal_value}, "heldout": {metric.name: held_value}}
@@ -702,13 +702,17 @@ def _heldout_findings(engine, cal_data, held_data, metric, threshold, bar):
                            f"on the held-out data{hint}" + (f": {why}" if gap else ""),
                            recalibrate if gap else "", None, "heldout", details=details))
         return out, quantized
+    # where the threshold comes from, beside it: one fixed 0.99 failed a contract whose own
+    # floor passed the same figure
+    said = f"{threshold}, {threshold_from}" if threshold_from else f"{threshold}"
+    missed = f"{threshold} ({threshold_from})" if threshold_from else f"{threshold}"
     cal_ok = not metric.worse(cal_value, threshold)
     held_ok = not metric.worse(held_value, threshold)
     if cal_ok and not held_ok:
         out.append(Finding(
             "not-representative", "error",
             f"quantization keeps {metric.name} at {cal_value:.6g} on the calibration data but only {held_value:.6g} on "
-            f"the held-out data (threshold {threshold}){hint}: "
+            f"the held-out data (threshold {said}){hint}: "
             + ("the calibration set does not represent the data the model will see" if clipping else why),
             "calibrate on 20-100 samples drawn like the held-out/production data (scenes, lighting, classes, value range)"
             if clipping else recalibrate, None, "heldout", details=details))
@@ -716,7 +720,7 @@ def _heldout_findings(engine, cal_data, held_data, metric, threshold, bar):
         ratio = badness(metric.name, held_value) / max(badness(metric.name, cal_value), 1e-12)
         out.append(Finding(
             "heldout-gap", "warning",
-            f"quantization misses {threshold} on both sets, and the held-out data lose {ratio:.1f}x as much "
+            f"quantization misses {missed} on both sets, and the held-out data lose {ratio:.1f}x as much "
             f"({metric.name} {cal_value:.6g} on the calibration data, {held_value:.6g} on the held-out data){hint}: "
             + ("the model is sensitive and the calibration set does not represent the held-out data either" if clipping
                else f"the model is sensitive; {why}"),
@@ -726,7 +730,7 @@ def _heldout_findings(engine, cal_data, held_data, metric, threshold, bar):
     elif not cal_ok and not held_ok:
         out.append(Finding(
             "heldout-worse", "info",
-            f"quantization misses {threshold} on both sets ({metric.name} {cal_value:.6g} calibration, {held_value:.6g} "
+            f"quantization misses {missed} on both sets ({metric.name} {cal_value:.6g} calibration, {held_value:.6g} "
             "held-out) by comparable amounts: not a representativeness problem; rank the sensitive nodes",
             "run get-sensitivity-of-nodes and suggest", None, "heldout", details=details))
     elif clipping:
@@ -756,7 +760,7 @@ def _reference_engine(model_or_file, qm, cal, float_model, libraries):
 # -- entry point ---------------------------------------------------------------------------------
 def check_data(model_or_file, calibrated_data=None, heldout=None, data_num=None, float_model=None,
                metric=None, threshold=None, expect_mean=None, expect_std=None, progress=None,
-               custom_op_libraries=()):
+               custom_op_libraries=(), threshold_from=None):
     """Check calibration data (and a held-out set) against the model.
 
     ``model_or_file``: the calibrated QDQ model (a float model works too, without the
@@ -766,8 +770,9 @@ def check_data(model_or_file, calibrated_data=None, heldout=None, data_num=None,
     comparison alone: an error where the calibration data keep the threshold and the held-out
     data do not; without ``heldout`` they are refused, as they would judge nothing.
     ``custom_op_libraries``: onnxruntime libraries the model's custom Q/DQ ops need (the
-    held-out comparison runs the model). Returns a :class:`DataReport`, findings ordered
-    error, warning, info.
+    held-out comparison runs the model). ``threshold_from``: where the threshold comes from,
+    said beside it in the findings (default: "as given", or the default's own words). Returns a
+    :class:`DataReport`, findings ordered error, warning, info.
     """
     m = get_metric("cosine-similarity" if metric is None else metric)
     asked = metric is not None or threshold is not None
@@ -778,6 +783,8 @@ def check_data(model_or_file, calibrated_data=None, heldout=None, data_num=None,
     expect_mean = params.numbers_list(expect_mean, "expect_mean")
     expect_std = params.numbers_list(expect_std, "expect_std", positive=True)
     custom_op_libraries = params.libraries(custom_op_libraries)
+    if threshold_from is None:
+        threshold_from = "as given" if threshold is not None else "the default of threshold= (--threshold)"
     if threshold is None and m.name == "cosine-similarity":
         threshold = params.DEFAULT_MIN_COSINE
     if calibrated_data is None and isinstance(model_or_file, Engine):
@@ -826,7 +833,7 @@ def check_data(model_or_file, calibrated_data=None, heldout=None, data_num=None,
                 # counted as one step alike, the time left read a sixth of what it was
                 with Progress(len(cal) + len(held), "check data: the quantized model on both sets",
                               enabled=progress) as bar:
-                    more, quantized = _heldout_findings(engine, cal, held, m, threshold, bar)
+                    more, quantized = _heldout_findings(engine, cal, held, m, threshold, bar, threshold_from)
                 findings += more
     order = {s: k for k, s in enumerate(SEVERITIES)}
     findings.sort(key=lambda f: order[f.severity])

@@ -177,7 +177,7 @@ def test_assert_data_compares_with_the_marker_holdout(project, models):
     result.stdout.fnmatch_lines([
         "*calibration data dim_calib (held out: holdout) of dim.onnx: not-representative (error)*",
         "*ERROR   not-representative [[]heldout[]]: quantization keeps cosine-similarity at * on the calibration "
-        "data but only * on the held-out data (threshold 0.99)*",
+        "data but only * on the held-out data (threshold 0.99, min_cosine (--ptq-min-cosine))*",
     ])
     shown = re.search(r"but only ([0-9.]+) on the held-out data", result.stdout.str()).group(1)
     # loose: a float32 difference flips a rounding of the badly clipped model here and there
@@ -185,6 +185,44 @@ def test_assert_data_compares_with_the_marker_holdout(project, models):
 
 
 # -- stages ----------------------------------------------------------------------------------
+def test_a_data_checks_held_out_comparison_keeps_the_floor_the_contract_or_the_test_sets(project, models):
+    """A contract's data_check judged the held-out figure against a fixed 0.99 that the user
+    never set: its outputs item passed the figure on the contract's own floor and its
+    data_check failed the same figure. Both now hold it to the outputs floor (a test to its
+    min_cosine), and the finding says where the threshold comes from."""
+    feeds = [{"x": np.load(models["root"] / "holdout" / "x" / f"{i}.npy")} for i in range(N)]
+    ref = builders.run_model(models["root"] / "float.onnx", feeds)
+    got = builders.run_model(models["root"] / "dim.onnx", feeds)
+    cosine = pooled_cosine([r["prob"] for r in ref], [g["prob"] for g in got])
+    loose, strict = round(cosine - 0.02, 4), round(cosine + 0.005, 4)
+    assert strict < 0.99  # both floors below the fixed threshold the check used
+    for name, floor in (("loose", loose), ("strict", strict)):
+        (project.path / f"{name}.ptq.yaml").write_text(
+            f"model: dim.onnx\ndata: dim_calib\nholdout: holdout\nbaseline: false\noutputs: {{default: {floor}}}\n"
+            "data_check: {max_severity: error}\n")
+    project.makepyfile(f"""
+        import pytest
+
+        @pytest.mark.ptq(model="dim.onnx", data="dim_calib", holdout="holdout", min_cosine={loose})
+        def test_min_cosine(ptq):
+            ptq.assert_data(max_severity="error")
+
+        @pytest.mark.ptq(model="dim.onnx", data="dim_calib", holdout="holdout")
+        def test_threshold(ptq):
+            ptq.assert_data(max_severity="error", threshold={strict})
+    """)
+    result = run(project, "-v")
+    result.stdout.fnmatch_lines(["*loose.ptq.yaml::outputs PASSED*", "*loose.ptq.yaml::data_check PASSED*"],
+                                consecutive=False)
+    result.stdout.fnmatch_lines(["*strict.ptq.yaml::outputs FAILED*", "*strict.ptq.yaml::data_check FAILED*"],
+                                consecutive=False)
+    result.stdout.fnmatch_lines(["*test_min_cosine PASSED*", "*test_threshold FAILED*"], consecutive=False)
+    result.stdout.fnmatch_lines([
+        f"ERROR   not-representative [[]heldout[]]: *on the held-out data (threshold {strict}, the contract's outputs "
+        "floor)*"])
+    result.stdout.fnmatch_lines([f"*not-representative*on the held-out data (threshold {strict}, as given)*"])
+
+
 def test_paths_given_to_the_checks_are_relative_to_the_test_module_as_the_markers_are(project):
     # the test module in a folder of its own, pytest run from the project root
     sub = project.path / "suite"
