@@ -804,6 +804,7 @@ def _in_one_sentence(method):
     @functools.wraps(method)
     def wrapped(*args, **kwargs):
         __tracebackhide__ = True
+        kwargs = _unaliased(kwargs, method.__name__)
         try:
             return method(*args, **kwargs)
         except (PTQError, Warning) as exc:
@@ -814,6 +815,27 @@ def _in_one_sentence(method):
         from .settings import InputFailure
 
         raise InputFailure(error, pytrace=False)
+    return wrapped
+
+
+def _unaliased(kwargs, name):
+    """``kwargs`` of ``ptq.<name>`` with each parameter under the name it takes, given in either
+    spelling (``heldout=`` as the API spells ``holdout=``, see params.ALIASES)."""
+    __tracebackhide__ = True
+    try:
+        return params.unaliased(kwargs, f"ptq.{name}()")
+    except PTQError as exc:
+        from .settings import InputFailure
+
+        raise InputFailure(str(exc), pytrace=False) from None
+
+
+def _spelled(method):
+    """``method`` (an ``assert_*``) taking its parameters in either spelling, as its ``check_*``."""
+    @functools.wraps(method)
+    def wrapped(*args, **kwargs):
+        __tracebackhide__ = True
+        return method(*args, **_unaliased(kwargs, method.__name__))
     return wrapped
 
 
@@ -960,29 +982,35 @@ class PTQ:
                                      min_ratio, costs, search)
 
     # each assert_* takes its check_*'s parameters, by name (a test pins the two signatures)
+    @_spelled
     def assert_outputs(self, threshold=None, metric=COSINE, holdout=None):
         __tracebackhide__ = True
         return _raise_unless(self.check_outputs, threshold=threshold, metric=metric, holdout=holdout)
 
+    @_spelled
     def assert_nodes(self, threshold=None, allow=None, node_type=None, metric=None, outputs=None):
         __tracebackhide__ = True
         return _raise_unless(self.check_nodes, threshold=threshold, allow=allow, node_type=node_type, metric=metric,
                              outputs=outputs)
 
+    @_spelled
     def assert_accuracy(self, evaluate, min_ratio=params.DEFAULT_MIN_RATIO, holdout=None):
         __tracebackhide__ = True
         return _raise_unless(self.check_accuracy, evaluate, min_ratio=min_ratio, holdout=holdout)
 
+    @_spelled
     def assert_baseline(self, path=None, tolerance=None, node_type=None, metric=None, outputs=()):
         __tracebackhide__ = True
         return _raise_unless(self.check_baseline, path=path, tolerance=tolerance, node_type=node_type, metric=metric,
                              outputs=outputs)
 
+    @_spelled
     def assert_data(self, max_severity="warning", holdout=None, threshold=None, metric=COSINE):
         __tracebackhide__ = True
         return _raise_unless(self.check_data, max_severity=max_severity, holdout=holdout, threshold=threshold,
                              metric=metric)
 
+    @_spelled
     def assert_stages(self, float_model=None, min_cosine=None):
         __tracebackhide__ = True
         return _raise_unless(self.check_stages, float_model=float_model, min_cosine=min_cosine)

@@ -7,7 +7,7 @@ A contract needs no Python::
     data: calibration_data          # folder DIR/<input>/<i>.npy, <input>.npy stacks, or .npz
     float_model: resnet.onnx        # optional
     custom_op_library: libquark.so  # optional: onnxruntime library of custom Q/DQ ops
-    holdout: holdout_data           # optional: output and accuracy checks run on it
+    holdout: holdout_data           # optional (heldout: too): output and accuracy checks run on it
     data_num: 16                    # optional: first N calibration samples
     metric: cosine-similarity       # optional: metric of every threshold below
     outputs:                        # floor (similarity) or ceiling (error) per output
@@ -258,6 +258,10 @@ def load(path):
     if not isinstance(doc, dict):
         raise ContractError(f"{where} ({path}) must be a mapping of keys such as 'model:' and 'data:', "
                             f"got {type(doc).__name__}")
+    try:
+        doc = params.unaliased(doc, where)
+    except PTQError as exc:
+        raise ContractError(str(exc)) from None
     _known(doc, _KEYS, "", where)
     base = path.parent
 

@@ -26,6 +26,24 @@ NODE_TYPES = ("node", "weight", "activation")
 DEFAULT_MIN_COSINE = 0.99
 DEFAULT_MIN_RATIO = 0.99
 
+# One setting, two spellings: the CLI and the API say "heldout", the plugin's options, marker,
+# contracts and ptq.* checks "holdout"; each face that takes a name here takes both (the
+# advice a face prints names one spelling, which a user then gave to another face)
+ALIASES = {"heldout": "holdout"}
+
+
+def unaliased(given, where):
+    """``given`` (keyword arguments, a contract's keys) with each alias of :data:`ALIASES`
+    under the name it stands for; both spellings at once are refused in a sentence that names
+    ``where``."""
+    out = dict(given)
+    for alias, name in ALIASES.items():
+        if alias in out:
+            if name in out:
+                raise PTQError(f"{where} gives both {name!r} and {alias!r}, two spellings of one setting; keep one")
+            out[name] = out.pop(alias)
+    return out
+
 
 # how a sentence names each node type: 'node' ranks the operators ("node nodes" read as a typo)
 KIND_WORDS = {"weight": "weight", "activation": "activation", "node": "operator"}

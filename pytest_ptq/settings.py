@@ -328,7 +328,7 @@ def apply_marker(settings, args, kwargs, base):
     for key in given:
         if key in kwargs:
             raise PTQError(f"ptq marker got {key!r} both positionally and as a keyword")
-    given.update(kwargs)
+    given.update(params.unaliased(kwargs, "ptq marker"))
     changes = {}
     for key, raw in given.items():
         if key in BY_NAME and key not in SESSION_ONLY:

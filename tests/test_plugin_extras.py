@@ -223,6 +223,53 @@ def test_a_data_checks_held_out_comparison_keeps_the_floor_the_contract_or_the_t
     result.stdout.fnmatch_lines([f"*not-representative*on the held-out data (threshold {strict}, as given)*"])
 
 
+def test_held_out_data_is_taken_in_either_spelling_wherever_the_plugin_takes_it(project, models):
+    """The CLI and the API spell it heldout, the plugin holdout: ptq.suggest's note told a
+    plugin user to pass heldout=, which the marker, a contract and the ptq.* checks then
+    refused. Each takes both (measured on the held-out data), and refuses both at once."""
+    feeds = [{"x": np.load(models["root"] / "holdout" / "x" / f"{i}.npy")} for i in range(N)]
+    ref = builders.run_model(models["root"] / "float.onnx", feeds)
+    got = builders.run_model(models["root"] / "model.onnx", feeds)
+    held = pooled_cosine([r["prob"] for r in ref], [g["prob"] for g in got])
+    (project.path / "y.ptq.yaml").write_text("model: model.onnx\ndata: calib\nheldout: holdout\nbaseline: false\n")
+    project.makepyfile(f"""
+        import pytest
+
+        HELD = {held!r}
+
+        @pytest.mark.ptq(model="model.onnx", data="calib", heldout="holdout")
+        def test_marker(ptq):
+            assert ptq.check_outputs().values["prob"] == pytest.approx(HELD, abs=2e-7)
+
+        @pytest.mark.ptq(model="model.onnx", data="calib")
+        def test_keywords(ptq):
+            assert ptq.check_outputs(heldout="holdout").values["prob"] == pytest.approx(HELD, abs=2e-7)
+            assert ptq.assert_outputs(heldout="holdout", threshold=0.5).holdout.endswith("holdout")
+            assert ptq.check_data(heldout="holdout").holdout == "holdout"
+            assert "held-out" in ptq.suggest(target=0.5, heldout="holdout").figures
+            # without any, the note names the spellings a test takes (--heldout is the CLI's alone)
+            note = next(n for n in ptq.suggest(target=0.5).notes if n.startswith("no held-out data"))
+            assert "(heldout=, --heldout, or under pytest --ptq-heldout)" in note, note
+
+        @pytest.mark.ptq(model="model.onnx", data="calib")
+        def test_both(ptq):
+            ptq.check_outputs(heldout="holdout", holdout="holdout")
+    """)
+    result = run(project, "-v", "--junitxml=junit.xml")
+    result.stdout.fnmatch_lines(["*y.ptq.yaml::outputs PASSED*"], consecutive=False)
+    value = float(properties(project.path / "junit.xml")["outputs"]["ptq.outputs.prob.cosine-similarity"])
+    assert value == pytest.approx(held, abs=2e-7)
+    result.stdout.fnmatch_lines(["*test_marker PASSED*", "*test_keywords PASSED*", "*test_both FAILED*"],
+                                consecutive=False)
+    result.stdout.fnmatch_lines(["*ptq.check_outputs() gives both 'holdout' and 'heldout', two spellings of one "
+                                 "setting; keep one*"])
+    result.stdout.no_fnmatch_line("*Traceback*")
+    (project.path / "y.ptq.yaml").write_text("model: model.onnx\ndata: calib\nheldout: holdout\nholdout: holdout\n")
+    both = run(project, "y.ptq.yaml")
+    both.stdout.fnmatch_lines(["*contract 'y.ptq.yaml' gives both 'holdout' and 'heldout', two spellings of one "
+                               "setting; keep one*"])
+
+
 def test_paths_given_to_the_checks_are_relative_to_the_test_module_as_the_markers_are(project):
     # the test module in a folder of its own, pytest run from the project root
     sub = project.path / "suite"

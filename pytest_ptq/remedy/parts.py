@@ -61,6 +61,11 @@ def _span(indices):
     return shown + (", ..." if len(indices) > 6 else "")
 
 
+# how each face takes held-out data: this note is shown by all of them (the CLI's suggest, the
+# API's, and ptq.suggest in a test, where --heldout is no option)
+_HELDOUT = "heldout=, --heldout, or under pytest --ptq-heldout"
+
+
 def layout(engine, indices, heldout=None):
     """The :class:`Layout` for calibration samples ``indices`` of ``engine`` (the first
     ``data_num``) and optional held-out data (a path, a mapping or a CalibrationData)."""
@@ -87,8 +92,8 @@ def layout(engine, indices, heldout=None):
         part = Part("calibration", engine, list(indices), f"{len(indices)} calibration sample(s)")
         return Layout(part, part, part, note="no held-out data and a single calibration sample: nothing is left to "
                                              "confirm on, so the set is judged on the sample it was chosen on; "
-                                             "pass held-out data (heldout= / --heldout)")
-    how += "; pass held-out data (heldout= / --heldout) to judge on the data the model will meet"
+                                             f"pass held-out data ({_HELDOUT})")
+    how += f"; pass held-out data ({_HELDOUT}) to judge on the data the model will meet"
     both = sorted(set(search) | set(confirm))
     return Layout(Part("search", engine, search, f"{len(search)} calibration sample(s)"),
                   Part("confirmation", engine, confirm, f"{len(confirm)} other calibration sample(s)"),
