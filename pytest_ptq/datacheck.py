@@ -784,7 +784,7 @@ def check_data(model_or_file, calibrated_data=None, heldout=None, data_num=None,
     expect_std = params.numbers_list(expect_std, "expect_std", positive=True)
     custom_op_libraries = params.libraries(custom_op_libraries)
     if threshold_from is None:
-        threshold_from = "as given" if threshold is not None else "the default of threshold= (--threshold)"
+        threshold_from = "as given" if threshold is not None else "the default of --threshold / threshold="
     if threshold is None and m.name == "cosine-similarity":
         threshold = params.DEFAULT_MIN_COSINE
     if calibrated_data is None and isinstance(model_or_file, Engine):
