@@ -281,7 +281,7 @@ def _node(qm, sens, rank, name, calib, dist, boxes, split, metric, alone):
     value = sens[name][metric]
     bad = badness(metric, value)
     kind = KIND_WORDS[sens.node_type]
-    op_type = qm.normal[name].op_type if sens.node_type == "node" else ", ".join(
+    op_type = ("Q/DQ" if name in qm.unowned else qm.normal[name].op_type) if sens.node_type == "node" else ", ".join(
         dict.fromkeys(qm.normal[n].op_type for n in qm.feeds(name)))
     ins = []
     for c in calib:

@@ -598,7 +598,10 @@ def _origin(qm, metric, kind, name, curves):
     from float values) against its error with everything quantized. At least half of it
     local: its error is its own; less: it mostly inherits error from upstream; NaN with no
     node there that turns a value rounded to 0 into Inf (its float values are not finite, an
-    attention mask's -inf): not measured there."""
+    attention mask's -inf): not measured there; ``unowned`` for a pair no node reads or
+    computes (:attr:`QuantModel.unowned`)."""
+    if name in qm.unowned:  # no node to measure at: said, not left blank
+        return {"origin": "unowned", "tensor": qm.calibration[name].input}
     nodes = [name] if kind == "node" else qm.feeds(name)
     for n in nodes:
         if n not in curves.nodes or curves.local is None or ALL not in curves.values:
@@ -785,7 +788,10 @@ def markdown(summary):
                   "|---|---|---|---|---|---|"]
         for it in (i for i in v["nodes"] if i["kind"] == t):
             origin = ""
-            if it.get("origin"):
+            if it.get("origin") == "unowned":
+                origin = (f"none: a pair on {_code(it['tensor'], table=True)} straight to a model output, which no "
+                          "operator reads or computes" + (" (ranked on its own)" if t == "node" else ""))
+            elif it.get("origin"):
                 local = f"non-finite: {it['pole']}" if it.get("pole") else _v(it["local"])
                 origin = (f"not measured at {_code(it['at'], table=True)} (its float values are not finite)"
                           if it["origin"] == "unmeasured" else

@@ -46,6 +46,8 @@ def targets_for(engine, node_type, interested_nodes=None):
         # between float types (a float16 graph computing a Conv in float32), whose readers do
         operators = (n.name for n in qm.normal.values() if n.op_type not in SHAPE_ONLY and not qm.passes_on(n.name))
         targets = {name: engine.gated(pairs) for name in operators if (pairs := qm.quantizing(name))}
+        # a pair no operator reads or computes is a row of its own, else no config would hold it
+        targets.update({name: engine.gated([name]) for name in qm.unowned if qm.calibration[name].bypassable})
     else:
         targets = {c.name: [c.name] for c in qm.of_kind(node_type) if c.bypassable}
     if interested_nodes is not None:
@@ -148,6 +150,11 @@ class Sensitivity(dict):
             between = "".join(f", the next {count} on {n}" for n, count in narrowed.items())
             table += (f"\n(the top {len(self.confirmed)} on all {self.confirmed_samples} samples{between}; the rest "
                       f"ranked on {self.samples})")
+        alone = [n for n in self if "unowned" in self.details.get(n, {})]
+        if alone:
+            table += (f"\nQ/DQ: a pair no operator reads or computes ({', '.join(alone[:3])}"
+                      f"{' ...' if len(alone) > 3 else ''}; {self.details[alone[0]]['unowned']!r} straight to a model "
+                      "output), ranked on its own")
         broken = [n for n, v in self.items() if any(isinstance(x, float) and math.isnan(x) for x in v.values())]
         if broken:
             table += (f"\nnan: quantizing the node alone makes the model outputs non-finite (NaN or Inf), the worst "
@@ -344,6 +351,9 @@ def ranked(engine, scores, metric_objs, specs, samples, node_type, describe):
 def describe(qm, name, node_type, quantized):
     """The descriptive details of a ranked entry: op type and calibration nodes of a normal
     node; kind, threshold, bit, fed nodes and granularity of a calibration node."""
+    if node_type == "node" and name in qm.unowned:
+        c = qm.calibration[name]
+        return {"kind": "node", "op_type": "Q/DQ", "calibration_nodes": list(quantized), "unowned": c.input}
     if node_type == "node":
         n = qm.normal[name]
         return {"kind": "node", "op_type": n.op_type, "calibration_nodes": list(quantized)}

@@ -207,3 +207,85 @@ def test_suffixed_names_never_meet_a_name_the_file_has():
     names = [n.name for n in graph.node]
     assert unnamed == {"Relu_0"} and repeated == {names[1], names[3]}
     assert len(set(names)) == 5 and names[0] == "A" and names[2] == "A__1"  # the file's names stay
+
+
+def _orphan_pairs_model(tmp_path):
+    """x -> Q/DQ -> Conv(W Q/DQ) -> coarse Q/DQ -> fine Q/DQ -> Conv(W Q/DQ) -> y, beside a
+    second input u -> Q/DQ -> model output u_out: the coarse pair and u's are read by no
+    operator (the fine pair's Q reads one; u's DQ writes a model output)."""
+    rng = np.random.default_rng(5)
+    inits, nodes = [], []
+
+    def pair(t, scale, zero, name):
+        inits.extend([numpy_helper.from_array(np.array(scale, np.float32), f"{name}_s"),
+                      numpy_helper.from_array(np.array(zero), f"{name}_z")])
+        nodes.extend([helper.make_node("QuantizeLinear", [t, f"{name}_s", f"{name}_z"], [f"{name}_q"], name=f"{name}_Q"),
+                      helper.make_node("DequantizeLinear", [f"{name}_q", f"{name}_s", f"{name}_z"],
+                                       [f"{name}_dq" if name != "u" else "u_out"], name=f"{name}_DQ")])
+        return f"{name}_dq"
+
+    inits.append(numpy_helper.from_array((rng.standard_normal((4, 4, 3, 3)) * 0.3).astype(np.float32), "W"))
+    w = pair("W", 0.01, np.int8(0), "w")
+    nodes.append(helper.make_node("Conv", [pair("x", 0.03, np.uint8(128), "x"), w], ["c"], pads=[1, 1, 1, 1],
+                                  name="conv0"))
+    fine = pair(pair("c", 1.5, np.int8(0), "coarse"), 0.05, np.int8(0), "fine")
+    nodes.append(helper.make_node("Conv", [fine, w], ["y"], pads=[1, 1, 1, 1], name="conv1"))
+    pair("u", 0.25, np.int8(0), "u")
+    graph = helper.make_graph(nodes, "orphans", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 8, 8]),
+                                                 helper.make_tensor_value_info("u", TensorProto.FLOAT, [1, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 8, 8]),
+                               helper.make_tensor_value_info("u_out", TensorProto.FLOAT, [1, 4])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    onnx.checker.check_model(model)
+    onnx.save(model, str(tmp_path / "q.onnx"))
+    data = {"x": [rng.standard_normal((1, 4, 8, 8)).astype(np.float32) for _ in range(N)],
+            "u": [rng.standard_normal((1, 4)).astype(np.float32) for _ in range(N)]}
+    return tmp_path / "q.onnx", data
+
+
+def test_every_pair_counts_in_the_operator_ranking(tmp_path):
+    # the first pair of a requantize chain and a pair from a graph input straight to an output
+    # were in no operator's config: the default (operator) ranking and nodes check never saw
+    # u's pair cost 0.99, which the activation ranking named
+    qpath, data = _orphan_pairs_model(tmp_path)
+    engine = Engine(str(qpath), data, optimization="disable")  # the chain as written, not merged
+    ranking = get_sensitivity_of_nodes(engine, node_type="node")
+    pairs = set(builders.qdq_pairs(qpath))
+    held = {c for n in ranking for c in ranking.details[n]["calibration_nodes"]}
+    assert held == pairs
+    assert {"coarse_Q", "fine_Q", "w_Q"} == set(ranking.details["conv1"]["calibration_nodes"])
+    assert ranking.details["u_Q"]["op_type"] == "Q/DQ" and "ranked on its own" in ranking.table()
+    feeds = [{"x": x, "u": u} for x, u in zip(data["x"], data["u"])]
+    base = builders.run_model(builders.rewire(qpath), feeds)
+    for name in ranking:
+        alone = builders.run_model(builders.rewire(qpath, keep=ranking.details[name]["calibration_nodes"]), feeds)
+        assert ranking[name]["cosine-similarity"] == pytest.approx(builders.worst_cosine(base, alone), abs=1e-6), name
+    assert ranking["u_Q"]["cosine-similarity"] < 0.999
+    activations = get_sensitivity_of_nodes(engine, node_type="activation")
+    assert ranking["u_Q"]["cosine-similarity"] == pytest.approx(activations["u_Q"]["cosine-similarity"], abs=1e-9)
+
+
+def test_a_pair_no_operator_reads_is_diagnosed_as_its_own_row(tmp_path):
+    # ranked on its own, it ended the diagnosis (KeyError) that names it the worst
+    from pytest_ptq.diagnosis import diagnose
+    from pytest_ptq.outputs import parse_outputs
+    from pytest_ptq.verdict import three_configs
+
+    qpath, data = _orphan_pairs_model(tmp_path)
+    engine = Engine(str(qpath), data, optimization="disable")
+    ranking = get_sensitivity_of_nodes(engine, node_type="node")
+    diag = diagnose(engine, ranking, three_configs(engine, parse_outputs(None, engine)), top=3)
+    row = next(it for it in diag.nodes if it["node"] == "u_Q")
+    assert row["op_type"] == "Q/DQ" and row["chosen"] == ["u_Q"]
+    assert row["cosine-similarity"] == ranking["u_Q"]["cosine-similarity"]
+
+
+def test_runall_says_why_a_pair_no_operator_reads_has_no_node_error(tmp_path):
+    from pytest_ptq.runall import runall
+
+    qpath, data = _orphan_pairs_model(tmp_path)
+    s = runall(str(qpath), data, save_dir=tmp_path / "out", top=3, node_type=["node", "activation"], progress=False)
+    rows = [line for line in (tmp_path / "out" / "summary.md").read_text().splitlines() if "| `u_Q` |" in line]
+    assert len(rows) == 2 and all("`u` straight to a model output" in r for r in rows), rows
+    assert "ranked on its own" in rows[0]
+    assert {it["origin"] for it in s["verdict"]["nodes"] if it["node"] == "u_Q"} == {"unowned"}

@@ -346,6 +346,9 @@ class NormalNode:
     # pairs on its outputs that only the model's outputs read (a detector head's Concat): no
     # node's input, so the node they quantize owns them
     calibration_outputs: list = dataclasses.field(default_factory=list)
+    # pairs earlier in a requantize chain (Q-DQ-Q-DQ) that ends in a pair on its input: its
+    # input passes through them too, and no operator reads their own output
+    calibration_chained: list = dataclasses.field(default_factory=list)
 
     @property
     def quantizers(self):
@@ -727,9 +730,14 @@ class QuantModel:
 
     def quantizing(self, name):
         """The calibration nodes quantizing normal node ``name``: its inputs', directly or
-        through Casts between float types (:meth:`quantizers_through_casts`), then its model
-        outputs' (:attr:`NormalNode.quantizers`)."""
-        return list(dict.fromkeys([*self.quantizers_through_casts(name), *self.normal[name].calibration_outputs]))
+        through Casts between float types (:meth:`quantizers_through_casts`), the earlier pairs
+        of a chain on its input, then its model outputs' (:attr:`NormalNode.quantizers`). A pair
+        of :attr:`unowned` quantizes only itself."""
+        if name in self.unowned:
+            return [name]
+        n = self.normal[name]
+        return list(dict.fromkeys([*self.quantizers_through_casts(name), *n.calibration_chained,
+                                   *n.calibration_outputs]))
 
     def reads_pairs(self, name):
         """Whether normal node ``name`` reads calibration nodes, directly or, unless it is such
@@ -1043,14 +1051,40 @@ class QuantModel:
             self.normal[node.name] = n
             for cname in feeding:
                 self.calibration[cname].consumers.append(node.name)
+        # a pair whose DQ output another pair quantizes again (a requantize chain Q-DQ-Q-DQ)
+        # is no operator's input: the operators reading the chain's last pair read it too
+        after = defaultdict(list)
+        for c in self.calibration.values():
+            if c.input in dq_out and dq_out[c.input] != c.name:
+                after[dq_out[c.input]].append(c.name)
+
+        def chain(name):  # the pairs a chain passes through from ``name`` on, in order
+            return list(dict.fromkeys([name, *(x for a in after[name] for x in chain(a))]))
+
+        for c in self.calibration.values():
+            for n in dict.fromkeys(r for a in chain(c.name)[1:] for r in self.feeds(a)):
+                if n not in self.feeds(c.name):
+                    self.normal[n].calibration_chained.append(c.name)
         outputs = set(self.output_names)
+        # pairs no operator reads or computes (a graph input straight through a pair to a model
+        # output): an operator ranking would leave their loss out, so it ranks each on its own
+        self.unowned = []
         for c in self.calibration.values():
             # a float16 graph's model output is often its last pair's value cast to float32
             # (or the pair's input a float32 value cast to float16): the node behind owns it
-            if not self.feeds(c.name) and outputs.intersection(self.cast_on(c.outputs)):
-                owner = self.through_casts([c.producer], downstream=False) if c.producer in self.normal else []
-                for n in owner[:1]:
-                    self.normal[n].calibration_outputs.append(c.name)
+            links = chain(c.name)
+            if any(self.feeds(a) for a in links) or not outputs.intersection(
+                    self.cast_on([t for a in links for t in self.calibration[a].outputs])):
+                continue
+            head = c
+            while head.input in dq_out and dq_out[head.input] != head.name:
+                head = self.calibration[dq_out[head.input]]
+            producer = self.producer[head.input].name if head.input in self.producer else None
+            owner = self.through_casts([producer], downstream=False) if producer in self.normal else []
+            for n in owner[:1]:
+                self.normal[n].calibration_outputs.append(c.name)
+            if not owner:
+                self.unowned.append(c.name)
 
     def full_model(self):
         """The (sorted, named) model with every initializer's data back in the proto."""
