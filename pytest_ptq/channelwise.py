@@ -184,6 +184,8 @@ class ChannelStats:
         arr = np.asarray(array)
         if self.shape is None:
             self.shape = list(arr.shape)
+        if arr.size == 0:  # a sample of an empty tensor (an empty Slice): no values, maybe no channels
+            return
         block = np.moveaxis(arr, self.axis, 0).reshape(arr.shape[self.axis], -1).astype(np.float32)
         if self.channels is None:
             self._start(block.shape[0])

@@ -256,7 +256,7 @@ def _distribution_figures(analysis, sens, metric, top, blamed, boxed):
                                   data_num=sens.samples, skip_unboxable=True)
             for k, node in enumerate(top, 1):
                 d = dist.get(node)
-                if not d:
+                if not d or "skipped" in d:  # an empty tensor: no figure to show
                     continue
                 rank = (f"sensitivity rank {k}: {metric} {fmt(sens[node][metric])} at the model outputs with only "
                         "this node quantized")
@@ -276,7 +276,7 @@ def _distribution_figures(analysis, sens, metric, top, blamed, boxed):
                     images.append(_image(draw_distribution(d, tmp, boxes.get(node)),
                                          f"Distribution of {node} ({rank}){told}"))
                     shown[node, "distribution"] = images[-1]
-                if c and c in dist and c != node and (c, "distribution") not in shown:
+                if c and c in dist and "skipped" not in dist[c] and c != node and (c, "distribution") not in shown:
                     images.append(_image(draw_distribution(dist[c], tmp, boxes.get(c)), f"Distribution of {c}, the "
                                          f"{dist[c]['kind']} input of {node} that its 'why' is about"))
                     shown[c, "distribution"] = images[-1]

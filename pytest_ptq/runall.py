@@ -345,6 +345,9 @@ def _runall(engine, out, metrics, output_node, node_type, data_num, top, axis, p
         # drawing took most of the step, after the bar of the statistics had said done
         with Progress(len(dist) + len(boxes), "drawing the figures", enabled=progress) as bar:
             for d in dist.values():
+                if "skipped" in d:  # an empty tensor: summary.md names it
+                    bar.advance()
+                    continue
                 d["png"] = listing.wrote(kept_figure(
                     cache, ("runall distribution", *shown, d["node"]), out / "distributions",
                     lambda folder, d=d: draw_distribution(d, folder, boxes.get(d["node"]))))
@@ -355,7 +358,7 @@ def _runall(engine, out, metrics, output_node, node_type, data_num, top, axis, p
                         cache, ("runall channels", *shown, d["node"]), out / "channelwise",
                         lambda folder, d=d: draw_channelwise(d, folder, dist.get(d["node"]))))
                 bar.advance()
-        files["distributions"] = [d["png"] for d in dist.values()]
+        files["distributions"] = [d["png"] for d in dist.values() if "skipped" not in d]
         files["channelwise"] = [d["png"] for d in boxes.values() if "skipped" not in d]
 
     with _step(timings, "curves", f"[3/{steps}] weight-only, activation-only and full error curves",
@@ -819,11 +822,14 @@ def markdown(summary):
     lines.append(f"- `distributions/`: {len(files['distributions'])} histograms; "
                  f"`channelwise/`: {len(files['channelwise'])} per-channel box plots")
     lines.append("- `summary.json`: every number above and behind the plots")
+    empty = [k for k, d in summary["distributions"].items() if "skipped" in d]
+    if empty:
+        lines.append(f"- no histogram for {', '.join(_code(k) for k in empty)} ({_code(empty[0])}: "
+                     f"{summary['distributions'][empty[0]]['skipped']})")
     skipped = [k for k, d in summary["channelwise"].items() if "skipped" in d]
     if skipped:
         first = summary["channelwise"][skipped[0]]["skipped"]
-        lines.append(f"- no box plot for {', '.join(_code(k) for k in skipped)} (no channel axis; "
-                     f"{_code(skipped[0])}: {first})")
+        lines.append(f"- no box plot for {', '.join(_code(k) for k in skipped)} ({_code(skipped[0])}: {first})")
     if summary["warnings"]:
         told = [warning(w) for w in summary["warnings"]]
         lines += ["", "## Warnings", ""] + [line for w in told

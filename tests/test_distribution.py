@@ -1105,3 +1105,88 @@ def test_the_widest_channels_ratio_reads_as_the_box_plot_reads_it():
          "widest_ratio": 7.6, "worst_channel": 1, "bit": 8, "levels": 256}
     tries, reason = readings.weight_issue(d)
     assert tries == ["per-channel"] and "channel 3, 7.6x wider than the median channel" in reason, reason
+
+
+def _empty_tensors_model(tmp_path):
+    """x -> Q/DQ -> Concat(x, a lone DQ of an int8 [1, 0, 8, 8] initializer, a Q/DQ pair on a
+    float [1, 0, 8, 8] initializer, a Q/DQ pair on an empty Slice of x) -> Q/DQ -> Relu -> y."""
+    from onnx import TensorProto
+
+    inits, nodes = [], []
+
+    def pair(t, scale, name):
+        inits.extend([numpy_helper.from_array(np.array(scale, np.float32), f"{name}_s"),
+                      numpy_helper.from_array(np.array(0, np.int8), f"{name}_z")])
+        nodes.extend([helper.make_node("QuantizeLinear", [t, f"{name}_s", f"{name}_z"], [f"{name}_q"], name=f"{name}_Q"),
+                      helper.make_node("DequantizeLinear", [f"{name}_q", f"{name}_s", f"{name}_z"], [f"{name}_dq"],
+                                       name=f"{name}_DQ")])
+        return f"{name}_dq"
+
+    inits += [numpy_helper.from_array(np.zeros((1, 0, 8, 8), np.int8), "E8"),
+              numpy_helper.from_array(np.array(0.1, np.float32), "e_s"),
+              numpy_helper.from_array(np.array(0, np.int8), "e_z"),
+              numpy_helper.from_array(np.zeros((1, 0, 8, 8), np.float32), "EF"),
+              numpy_helper.from_array(np.array([0], np.int64), "st"),
+              numpy_helper.from_array(np.array([1], np.int64), "ax")]
+    nodes.append(helper.make_node("DequantizeLinear", ["E8", "e_s", "e_z"], ["e_dq"], name="lone_empty"))
+    x = pair("x", 0.03, "xin")
+    nodes.append(helper.make_node("Slice", [x, "st", "st", "ax"], ["hollow"], name="slice_empty"))
+    parts = [x, "e_dq", pair("EF", 0.1, "wef"), pair("hollow", 0.05, "hol")]
+    nodes.append(helper.make_node("Concat", parts, ["cat"], name="concat", axis=1))
+    nodes.append(helper.make_node("Relu", [pair("cat", 0.03, "cat")], ["y"], name="relu"))
+    graph = helper.make_graph(nodes, "hollow", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 8, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 8, 8])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    onnx.checker.check_model(model, full_check=True)
+    onnx.save(model, str(tmp_path / "hollow.onnx"))
+    rng = np.random.default_rng(4)
+    return tmp_path / "hollow.onnx", {"x": [rng.standard_normal((1, 4, 8, 8)).astype(np.float32) for _ in range(3)]}
+
+
+EMPTY = ("wef_Q", "hol_Q", "lone_empty")
+
+
+def test_a_zero_size_tensor_is_skipped_with_a_note_and_the_rest_drawn(tmp_path):
+    # a zero-size weight or activation in a pair ended every figure: cannot reshape array of size 0
+    qpath, data = _empty_tensors_model(tmp_path)
+    engine = Engine(str(qpath), data)
+    dist = plot_distribution(tmp_path / "d", engine, nodes_list=[*EMPTY, "xin_Q", "concat"])
+    for name in EMPTY:
+        assert "is empty (shape [1, 0, 8, 8])" in dist[name]["skipped"] and "png" not in dist[name], name
+    x = np.concatenate([a.ravel() for a in data["x"]])
+    assert dist["xin_Q"]["max_abs"] == pytest.approx(np.abs(x).max()) and dist["xin_Q"]["count"] == x.size
+    every = set(builders.qdq_pairs(qpath))
+    full = builders.run_model(builders.rewire(qpath, keep=every, outputs=["cat"]), [{"x": a} for a in data["x"]])
+    assert dist["concat"]["quantized"]["max_abs"] == pytest.approx(max(np.abs(o["cat"]).max() for o in full))
+    assert sorted(p.name for p in (tmp_path / "d").iterdir()) == ["distribution_concat.png", "distribution_xin_Q.png"]
+    boxes = get_channelwise_data_distribution(tmp_path / "b", engine, nodes_list=[*EMPTY, "xin_Q"])
+    for name in EMPTY:
+        assert "no values to box-plot" in boxes[name]["skipped"], name
+    assert boxes["xin_Q"]["max_abs"] == pytest.approx(np.abs(np.stack(data["x"])).max(axis=(0, 1, 3, 4)).tolist())
+    for name in EMPTY:  # alone: one sentence naming it, no traceback
+        with pytest.raises(PTQError, match=f"node '{name}': '.*' is empty"):
+            plot_distribution(tmp_path / "d", engine, nodes_list=[name])
+        with pytest.raises(PTQError, match=f"node '{name}': '.*' is empty"):
+            get_channelwise_data_distribution(tmp_path / "b", engine, nodes_list=[name])
+
+
+def test_runall_and_the_diagnosis_skip_a_zero_size_tensor(tmp_path):
+    from pytest_ptq.analysis import Analysis, AnalysisKey
+    from pytest_ptq.runall import runall
+
+    qpath, data = _empty_tensors_model(tmp_path)
+    s = runall(str(qpath), data, save_dir=tmp_path / "out", top=5, progress=False)
+    text = (tmp_path / "out" / "summary.md").read_text()
+    assert "no histogram for `wef_Q`, `hol_Q`" in text and "no box plot for `wef_Q`, `hol_Q`" in text
+    assert "xin_Q" in s["distributions"] and Path(s["distributions"]["xin_Q"]["png"]).exists()
+    # the empty pairs change nothing: brute force, the model with each alone quantized
+    feeds = [{"x": a} for a in data["x"]]
+    base = builders.run_model(builders.rewire(qpath), feeds)
+    for name in ("wef_Q", "hol_Q"):
+        alone = builders.run_model(builders.rewire(qpath, keep={name}), feeds)
+        assert builders.worst_cosine(base, alone) == pytest.approx(1.0, abs=1e-12)
+        assert next(it for it in s["verdict"]["nodes"] if it["node"] == name)["cosine-similarity"] == \
+            pytest.approx(1.0, abs=1e-12)
+    builders.save_folder(data, tmp_path / "calib")
+    diagnosis = Analysis(AnalysisKey(str(qpath), str(tmp_path / "calib"), None), root=tmp_path).diagnosis()
+    assert {it["node"] for it in diagnosis.nodes} >= {"concat", "relu"}

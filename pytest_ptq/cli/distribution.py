@@ -45,13 +45,15 @@ def run_distribution(args):
                              data_num=args.data_num, bins=args.bins, progress=not args.quiet)
     # the share that matters: values below the range that the Relu after the node zeroes anyway
     # are no loss, as the figure and runall say
+    drawn = {k: d for k, d in dist.items() if "skipped" not in d}
     rows = [{"node": k, "kind": d["kind"], "tensor": d["tensor"], "max_abs": d["max_abs"],
              "threshold": d.get("threshold", ""),
              "clipped %": 100 * d.get("effective_clipped_share", d["clipped_share"])
              if d.get("clipped_share") is not None else "", "bit": d.get("bit", ""),
-             "cosine": d.get("cosine-similarity", "")} for k, d in dist.items()]
-    table = format_table(rows, ["node", "kind", "tensor", "max_abs", "threshold", "clipped %", "bit", "cosine"])
-    _written(args, dist, before=table)
+             "cosine": d.get("cosine-similarity", "")} for k, d in drawn.items()]
+    lines = [format_table(rows, ["node", "kind", "tensor", "max_abs", "threshold", "clipped %", "bit", "cosine"])]
+    lines += [f"skipped {k}: {d['skipped']}" for k, d in dist.items() if k not in drawn]
+    _written(args, drawn, dist, before="\n".join(lines))
 
 
 def configure_distribution(p):

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from ..channelwise import OUTLIER_K
 from ..engine import engine_for
+from ..errors import PTQError
 from ..progress import Progress
 from .gather import BULK_TAIL, CACHE_BYTES, HIST_BINS, clip_bounds, collect, resolve_nodes, weight_arrays
 from .plots import draw_channelwise, draw_distribution
@@ -42,15 +43,19 @@ def plot_distribution(save_dir, model_or_file, calibrated_data=None, nodes_list=
     (the representable range), ``clipped_share`` (values beyond it by more than half a step),
     ``bit``, ``dtype``; for weights and
     normal nodes the compared histograms and ``error`` with cosine, SQNR (dB) and max error.
-    ``png`` is the written file.
+    ``png`` is the written file. Of several nodes, one whose tensor is empty (zero-size) gets
+    ``skipped`` (why) and no PNG; a single one raises.
     """
     engine = engine_for(model_or_file, calibrated_data, float_model=float_model)
     with engine.writes(save_dir) as out:
         names = resolve_nodes(engine.qmodel, nodes_list, "plot_distribution")
         dist, _ = collect(engine, names, (), data_num=data_num, bins=bins, progress=progress)
+        if len(dist) == 1 and "skipped" in (only := next(iter(dist.values()))):
+            raise PTQError(f"node {only['node']!r}: {only['skipped']}")
         with Progress(len(dist), "drawing histograms", enabled=progress) as bar:  # a third of the run, said
             for d in dist.values():
-                d["png"] = draw_distribution(d, out)
+                if "skipped" not in d:
+                    d["png"] = draw_distribution(d, out)
                 bar.advance()
     return dist
 

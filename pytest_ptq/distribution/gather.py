@@ -199,6 +199,9 @@ class _Channels:
         if self.error is not None:
             return
         a = self.get(vals)
+        if np.size(a) == 0:  # an empty sample tells no channel axis and holds no values
+            self.stats.shape = self.stats.shape or list(np.shape(a))
+            return
         try:
             if self.stats.axis is None:
                 self.stats.axis = self.axis_of(a)
@@ -405,6 +408,8 @@ def collect(engine, dist_nodes=(), box_nodes=(), axis=None, data_num=None, bins=
             if info["kind"] == "dynamic":
                 info.update(_dynamic_range(r))
             info["bulk_levels"] = _levels(info, r)
+            if not r["count"] and not r["nonfinite"]:
+                info["skipped"] = empty(info["tensor"], r["shape"], "draw")
             # a Relu after the pair zeroes what is clipped below a range starting at <= 0 anyway
             harmless = info["relu_follows"] and info["range_lo"] <= 0
             info["effective_clipped_share"] = (r["clipped_high"] if harmless else r["clipped_count"]) / max(r["count"], 1)
@@ -413,6 +418,8 @@ def collect(engine, dist_nodes=(), box_nodes=(), axis=None, data_num=None, bins=
             err = ev.result()
             info.update(float=fv.result(), quantized=qv.result(), error=err, **pair.result(err))
             info["max_abs"] = info["float"]["max_abs"]
+            if not info["float"]["count"] and not info["float"]["nonfinite"]:
+                info["skipped"] = empty(info["tensor"], info["float"]["shape"], "draw")
         dist[name] = info
     out_boxes = {}
     for name, (info, stats) in boxes.items():
@@ -420,7 +427,11 @@ def collect(engine, dist_nodes=(), box_nodes=(), axis=None, data_num=None, bins=
             out_boxes[name] = {"node": name, "kind": info["kind"], "skipped": errors[name].error}
             continue
         if stats.channels is None:
-            raise PTQError(f"node {name!r} produced no values to box-plot")
+            why = empty(info["tensor"], stats.shape, "box-plot")
+            if not skip_unboxable:
+                raise PTQError(f"node {name!r}: {why}")
+            out_boxes[name] = {"node": name, "kind": info["kind"], "skipped": why}
+            continue
         info.update(stats.result(outlier_k), axis=stats.axis, shape=stats.shape,
                     samples=samples if info["kind"] != "weight" else 0)
         out_boxes[name] = info
@@ -431,6 +442,13 @@ def collect(engine, dist_nodes=(), box_nodes=(), axis=None, data_num=None, bins=
         raise PTQError(f"no node has axis {axis}: {first}")
     order = list(dict.fromkeys(list(dist_nodes)))
     return ({k: plain(dist[k]) for k in order}, {k: plain(out_boxes[k]) for k in dict.fromkeys(box_nodes)})
+
+
+def empty(tensor, shape, what):
+    """Why a tensor with no values on any sample (a zero-size initializer, an empty Slice) has
+    no figure: the skip note of its distribution or box plot."""
+    shown = "" if shape is None else f" (shape {list(shape)})"
+    return f"{tensor!r} is empty{shown}: there are no values to {what}"
 
 
 def _dynamic_range(r):
@@ -452,6 +470,10 @@ def _levels(info, r):
 def _weight_distribution(qm, c, info, bins):
     w, deq = weight_arrays(qm, c)
     ref = w if w is not None else deq
+    if ref.size == 0:  # a zero-size weight: no values, no channels to score
+        info.update(samples=0, count=0, shape=list(ref.shape), max_abs=0.0,
+                    skipped=empty(c.input, ref.shape, "draw"))
+        return info
     fv = _Values(lambda v: v["w"], clip_bounds(c))
     qv = _Values(lambda v: v["d"])
     ev = _Values(lambda v: v["d"].astype(np.float64) - v["w"])
@@ -487,11 +509,14 @@ _DEAD_SHARE = 1e-4  # a channel's energy below this share of the median channel'
 def _channel_sqnr(qm, c, w, deq):
     """SQNR (dB) of each output channel: a per-tensor scale set by one wide channel shows up
     as a weak channel even when the whole tensor's SQNR looks fine."""
+    none = {"channel_axis": None, "channel_sqnr": None, "worst_channel": None, "worst_channel_sqnr": None,
+            "widest_channel": None, "widest_ratio": None}
+    if w.size == 0:  # no channel holds a value (a zero-size weight)
+        return none
     try:
         ax = channel_axis(qm, c, w.shape)
     except PTQError:
-        return {"channel_axis": None, "channel_sqnr": None, "worst_channel": None, "worst_channel_sqnr": None,
-                "widest_channel": None, "widest_ratio": None}
+        return none
     wf = np.moveaxis(w.astype(np.float64), ax, 0).reshape(w.shape[ax], -1)
     ef = np.moveaxis(deq.astype(np.float64), ax, 0).reshape(w.shape[ax], -1) - wf
     signal, noise = (wf * wf).sum(axis=1), (ef * ef).sum(axis=1)

@@ -288,5 +288,9 @@ def advise_dynamic(d, box=None):
 
 def advise(d, box=None):
     """``(what to try, reasons)`` for a calibration node's statistics ``d`` (from
-    :func:`~pytest_ptq.distribution.collect`), by its kind."""
+    :func:`~pytest_ptq.distribution.collect`), by its kind; nothing to try for an empty
+    tensor, which no grid can lose anything of."""
+    if "skipped" in d:
+        shape = f" (shape {d['shape']})" if d.get("shape") is not None else ""
+        return [], [f"{d['tensor']!r} is empty{shape}: quantizing it changes nothing"]
     return {"activation": advise_activation, "weight": advise_weight, "dynamic": advise_dynamic}[d["kind"]](d, box)
