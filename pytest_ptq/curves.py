@@ -163,6 +163,22 @@ def get_acc_error(engine, configs, metric="cosine-similarity", data_num=None, lo
                             local=local_vals, samples=len(indices)), engine.inputs())
 
 
+def unplotted_outputs(engine, curves):
+    """``{output: why}``: the compared model outputs the curves have no point for, since no
+    operator computes them (a graph input passed straight through; a pair on one, which the
+    rankings score as that pair)."""
+    qm = engine.qmodel
+    out = {}
+    for t in dict.fromkeys(s.tensor for s in parse_outputs(None, engine)):
+        if t in curves.tensors:
+            continue
+        pair = next((c for c in qm.calibration.values() if t in qm.cast_on(c.outputs)), None)
+        out[t] = ("a graph input passed straight through, the same in every config" if t in qm.input_names else
+                  f"written by pair {pair.name!r} on {pair.input!r} with no operator between, which the rankings "
+                  "score as that pair" if pair is not None else "no operator computes it")
+    return out
+
+
 def running_mean(values):
     """The mean of the first 1, 2, ... values, as plain floats."""
     arr = np.asarray(values, dtype=np.float64)

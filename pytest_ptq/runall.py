@@ -602,25 +602,31 @@ def _origin(qm, metric, kind, name, curves):
     local: its error is its own; less: it mostly inherits error from upstream; NaN with no
     node there that turns a value rounded to 0 into Inf (its float values are not finite, an
     attention mask's -inf): not measured there; ``unowned`` for a pair no node reads or
-    computes (:attr:`QuantModel.unowned`)."""
+    computes (:attr:`QuantModel.unowned`). ``also``: the same at every other node it feeds
+    (a weight two Convs share), in graph order."""
     if name in qm.unowned:  # no node to measure at: said, not left blank
         return {"origin": "unowned", "tensor": qm.calibration[name].input}
-    nodes = [name] if kind == "node" else qm.feeds(name)
-    for n in nodes:
-        if n not in curves.nodes or curves.local is None or ALL not in curves.values:
-            continue
-        k = curves.nodes.index(n)
-        local, acc = curves.local[k], curves.values[ALL][k]
-        if local is None:
-            continue
-        lb, ab = badness(metric, local), badness(metric, acc)
-        pole = pole_cause(qm, n) if math.isinf(lb) else ""
-        if (math.isnan(local) or math.isnan(acc)) and not pole:
-            return {"at": n, "local": local, "accumulated": acc, "origin": "unmeasured", "pole": ""}
-        own = ab == 0 or lb >= 0.5 * ab
-        return {"at": n, "local": local, "accumulated": acc, "origin": "local" if own else "inherited",
-                "pole": pole}
-    return {"origin": None}
+    found = [at for n in ([name] if kind == "node" else qm.feeds(name)) if (at := _at(qm, metric, n, curves))]
+    if not found:
+        return {"origin": None}
+    return {**found[0], "also": found[1:]} if len(found) > 1 else found[0]
+
+
+def _at(qm, metric, n, curves):
+    """Node ``n``'s local error against its fully quantized one, as :func:`_origin` reads it;
+    None where the curves did not measure it."""
+    if n not in curves.nodes or curves.local is None or ALL not in curves.values:
+        return None
+    k = curves.nodes.index(n)
+    local, acc = curves.local[k], curves.values[ALL][k]
+    if local is None:
+        return None
+    lb, ab = badness(metric, local), badness(metric, acc)
+    pole = pole_cause(qm, n) if math.isinf(lb) else ""
+    if (math.isnan(local) or math.isnan(acc)) and not pole:
+        return {"at": n, "local": local, "accumulated": acc, "origin": "unmeasured", "pole": ""}
+    own = ab == 0 or lb >= 0.5 * ab
+    return {"at": n, "local": local, "accumulated": acc, "origin": "local" if own else "inherited", "pole": pole}
 
 
 def _code(text, table=False):
@@ -764,6 +770,15 @@ def _ranking_text(summary):
     return text
 
 
+def _origin_text(at):
+    """One node's "own or inherited" cell text, from :func:`_at`."""
+    local = f"non-finite: {at['pole']}" if at.get("pole") else _v(at["local"])
+    if at["origin"] == "unmeasured":
+        return f"not measured at {_code(at['at'], table=True)} (its float values are not finite)"
+    return (f"{'own' if at['origin'] == 'local' else 'inherited'} at {_code(at['at'], table=True)} "
+            f"(local {local}, fully quantized {_v(at['accumulated'])})")
+
+
 def markdown(summary):
     """The human summary of a runall result: verdict, top nodes, next steps, files."""
     v = summary["verdict"]
@@ -795,11 +810,7 @@ def markdown(summary):
                 origin = (f"none: a pair on {_code(it['tensor'], table=True)} straight to a model output, which no "
                           "operator reads or computes" + (" (ranked on its own)" if t == "node" else ""))
             elif it.get("origin"):
-                local = f"non-finite: {it['pole']}" if it.get("pole") else _v(it["local"])
-                origin = (f"not measured at {_code(it['at'], table=True)} (its float values are not finite)"
-                          if it["origin"] == "unmeasured" else
-                          f"{'own' if it['origin'] == 'local' else 'inherited'} at {_code(it['at'], table=True)} "
-                          f"(local {local}, fully quantized {_v(it['accumulated'])})")
+                origin = "; ".join(_origin_text(at) for at in (it, *it.get("also", ())))
             lines.append(f"| {it['rank']} | {_code(it['node'], table=True)} | {_v(it[m])} | {', '.join(it['try']) or '-'} | "
                          f"{'; '.join(it['reasons'])} | {origin} |")
         if not names:

@@ -209,7 +209,7 @@ def test_suffixed_names_never_meet_a_name_the_file_has():
     assert len(set(names)) == 5 and names[0] == "A" and names[2] == "A__1"  # the file's names stay
 
 
-def _orphan_pairs_model(tmp_path):
+def _orphan_pairs_model(tmp_path, passthrough=False):
     """x -> Q/DQ -> Conv(W Q/DQ) -> coarse Q/DQ -> fine Q/DQ -> Conv(W Q/DQ) -> y, beside a
     second input u -> Q/DQ -> model output u_out: the coarse pair and u's are read by no
     operator (the fine pair's Q reads one; u's DQ writes a model output)."""
@@ -235,6 +235,8 @@ def _orphan_pairs_model(tmp_path):
                                                  helper.make_tensor_value_info("u", TensorProto.FLOAT, [1, 4])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 8, 8]),
                                helper.make_tensor_value_info("u_out", TensorProto.FLOAT, [1, 4])], inits)
+    if passthrough:  # the graph input x is a model output too, as it is
+        graph.output.append(helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 8, 8]))
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
     onnx.checker.check_model(model)
     onnx.save(model, str(tmp_path / "q.onnx"))
@@ -289,3 +291,57 @@ def test_runall_says_why_a_pair_no_operator_reads_has_no_node_error(tmp_path):
     assert len(rows) == 2 and all("`u` straight to a model output" in r for r in rows), rows
     assert "ranked on its own" in rows[0]
     assert {it["origin"] for it in s["verdict"]["nodes"] if it["node"] == "u_Q"} == {"unowned"}
+
+
+def test_the_curves_say_why_an_output_no_operator_computes_has_no_point(tmp_path, capsys):
+    # the rankings list x and u_out among their outputs; the curves left them out in silence
+    from pytest_ptq.cli import main
+
+    qpath, data = _orphan_pairs_model(tmp_path, passthrough=True)
+    builders.save_folder(data, tmp_path / "calib")
+    assert main(["plot-acc-error", str(qpath), str(tmp_path / "calib"), "-s", str(tmp_path / "c"), "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert "at the output y " in out
+    assert "no point for output 'x': a graph input passed straight through, the same in every config" in out
+    assert "no point for output 'u_out': written by pair 'u_Q' on 'u'" in out
+    ranking = get_sensitivity_of_nodes(Engine(str(qpath), data, optimization="disable"))
+    assert {"x", "u_out", "y"} <= set(ranking.outputs)
+
+
+def test_runall_names_every_node_a_shared_weight_feeds(tmp_path):
+    # "error of the node it feeds" named only the first of the two Convs reading the weight
+    from pytest_ptq.runall import runall
+
+    rng = np.random.default_rng(6)
+    inits, nodes = [numpy_helper.from_array((rng.standard_normal((4, 4, 3, 3)) * 0.3).astype(np.float32), "W")], []
+
+    def pair(t, scale, zero):
+        inits.extend([numpy_helper.from_array(np.array(scale, np.float32), f"{t}_s"),
+                      numpy_helper.from_array(np.array(zero), f"{t}_z")])
+        nodes.extend([helper.make_node("QuantizeLinear", [t, f"{t}_s", f"{t}_z"], [f"{t}_q"], name=f"{t}_Q"),
+                      helper.make_node("DequantizeLinear", [f"{t}_q", f"{t}_s", f"{t}_z"], [f"{t}_dq"],
+                                       name=f"{t}_DQ")])
+        return f"{t}_dq"
+
+    w = pair("W", 0.02, np.int8(0))
+    nodes.append(helper.make_node("Conv", [pair("x", 0.03, np.uint8(128)), w], ["a"], pads=[1] * 4, name="convA"))
+    nodes.append(helper.make_node("Conv", [pair("a", 0.05, np.int8(0)), w], ["y"], pads=[1] * 4, name="convB"))
+    graph = helper.make_graph(nodes, "shared", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 8, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 8, 8])], inits)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8),
+              str(tmp_path / "q.onnx"))
+    data = _data((1, 4, 8, 8), seed=6)
+    s = runall(str(tmp_path / "q.onnx"), data, save_dir=tmp_path / "out", top=3, progress=False)
+    item = next(it for it in s["verdict"]["nodes"] if it["node"] == "W_Q")
+    assert item["at"] == "convA" and [a["at"] for a in item["also"]] == ["convB"]
+    row = next(line for line in (tmp_path / "out" / "summary.md").read_text().splitlines() if "| `W_Q` |" in line)
+    assert " at `convA` (" in row and " at `convB` (" in row
+    # convB's fully quantized figure: its output with every pair quantized against float, by hand
+    feeds = [{"x": x} for x in data["x"]]
+    every = set(builders.qdq_pairs(tmp_path / "q.onnx"))
+    ref = builders.run_model(builders.rewire(tmp_path / "q.onnx", outputs=["a"]), feeds)
+    full = builders.run_model(builders.rewire(tmp_path / "q.onnx", keep=every, outputs=["a"]), feeds)
+    assert item["accumulated"] == pytest.approx(builders.pooled_cosine([o["a"] for o in ref], [o["a"] for o in full]),
+                                                abs=1e-6)
+    assert item["also"][0]["accumulated"] == pytest.approx(builders.worst_cosine(
+        [{"y": o["y"]} for o in ref], [{"y": o["y"]} for o in full]), abs=1e-6)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from ..curves import plot_acc_error
+from ..curves import plot_acc_error, unplotted_outputs
 from ..verdict import pole_cause
 from . import args as a
 
@@ -34,6 +34,8 @@ def run(args):
         worst = ", ".join(shown(n, v) for n, v in curves.worst(label))
         at = ", ".join(f"{curves.tensors[k]} {curves.values[label][k]:.6g}" for k in ends)
         print(f"{label}: {curves.metric} at the output{'s' if len(ends) > 1 else ''} {at}; worst at {worst}")
+    for t, why in unplotted_outputs(engine, curves).items():
+        print(f"note: the curves have no point for output {t!r}: {why}")
     print(f"wrote {curves.png}")
     if args.json:
         print(f"wrote {curves.save(args.json)}")
