@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import io
 import os
 import re
+import threading
 import warnings
 from pathlib import Path
 
@@ -61,10 +63,18 @@ def drawing(draw):
     @functools.wraps(draw)
     def drawn(*args, **kwargs):
         plt = pyplot()
-        with warnings.catch_warnings(), plt.rc_context({"font.sans-serif": _fonts(), "text.parse_math": False}):
+        with _DRAWING, warnings.catch_warnings(), plt.rc_context({"font.sans-serif": _fonts(),
+                                                                  "text.parse_math": False}):
             warnings.filterwarnings("ignore", message=r"Glyph \d+ .*missing from", category=UserWarning)
             return draw(*args, **kwargs)
     return drawn
+
+
+# One figure drawn at a time in a process: rc_context and catch_warnings save and restore
+# process-wide state (two threads restored each other's, leaving the user's matplotlib without
+# formulas), and the glyph fonts below are shared FreeType objects (two threads measuring text
+# corrupted the heap: the process aborted)
+_DRAWING = threading.RLock()
 
 
 @functools.cache
@@ -90,9 +100,10 @@ def _glyph_fonts():
 @functools.cache
 def _advance(ch):
     """The width of ``ch`` at 10 pt, in points, in the first font that has it; None when none has."""
-    for font in _glyph_fonts():
-        if font.get_char_index(ord(ch)):
-            return font.load_char(ord(ch)).linearHoriAdvance / 65536
+    with _DRAWING:
+        for font in _glyph_fonts():
+            if font.get_char_index(ord(ch)):
+                return font.load_char(ord(ch)).linearHoriAdvance / 65536
     return None
 
 
@@ -135,15 +146,16 @@ def save_figure(fig, path, tight=True):
             shown_text = text.get_text()
             if shown_text and not shown_text.isascii():
                 text.set_text(drawable(shown_text))
-        with guard.writing(Path(path)) as path:
-            if tight:
-                fig.tight_layout()
-            # the margins are set for the text they expect: where a title wraps to more lines,
-            # or tick labels run wider, the image grows rather than cut them off
-            fig.savefig(path, bbox_inches=_text_bbox(fig))
+        if tight:
+            fig.tight_layout()
+        # the margins are set for the text they expect: where a title wraps to more lines,
+        # or tick labels run wider, the image grows rather than cut them off
+        image = io.BytesIO()
+        fig.savefig(image, format=Path(path).suffix[1:].lower() or "png", bbox_inches=_text_bbox(fig))
     finally:
         plt.close(fig)
-    return path
+    # whole or not at all: a run killed while saving left half a PNG under the final name
+    return guard.write_bytes(Path(path), image.getvalue())
 
 
 def _text_bbox(fig):

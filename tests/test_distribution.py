@@ -1190,3 +1190,33 @@ def test_runall_and_the_diagnosis_skip_a_zero_size_tensor(tmp_path):
     builders.save_folder(data, tmp_path / "calib")
     diagnosis = Analysis(AnalysisKey(str(qpath), str(tmp_path / "calib"), None), root=tmp_path).diagnosis()
     assert {it["node"] for it in diagnosis.nodes} >= {"concat", "relu"}
+
+
+def test_figures_drawn_from_two_threads_at_once(models, tmp_path):
+    """Two threads drawing at once shared the glyph fonts' FreeType objects (the heap was
+    corrupted and the process aborted, or FreeType raised) and restored each other's
+    matplotlib settings and warning filters, leaving the user's process without formulas."""
+    import threading
+    import warnings
+    from concurrent.futures import ThreadPoolExecutor
+
+    import matplotlib
+
+    before = (matplotlib.rcParams["text.parse_math"], list(matplotlib.rcParams["font.sans-serif"]),
+              list(warnings.filters))
+    start = threading.Barrier(2)
+    nodes = ["c1_QuantizeLinear", "r1_QuantizeLinear", "conv2", "w1_QuantizeLinear"]
+
+    def draw(k):
+        start.wait()
+        for round_ in range(3):
+            plot_distribution(tmp_path / f"{k}_{round_}", models["engine"], nodes_list=nodes)
+        return sorted(p.name for p in (tmp_path / f"{k}_0").rglob("*.png"))
+
+    with ThreadPoolExecutor(2) as pool:
+        drawn = list(pool.map(draw, range(2)))
+    assert drawn[0] == drawn[1] and len(drawn[0]) >= len(nodes)
+    assert all(_is_png(p) for p in tmp_path.rglob("*.png"))
+    after = (matplotlib.rcParams["text.parse_math"], list(matplotlib.rcParams["font.sans-serif"]),
+             list(warnings.filters))
+    assert after == before
