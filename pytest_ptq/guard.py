@@ -24,6 +24,7 @@ import os
 import re
 import stat
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -500,11 +501,12 @@ def writing(path):
         raise write_error(path, exc) from None
 
 
-def write_text(path, text, atomic=False, again=False):
+def write_text(path, text, atomic=False, again=False, exclusive=False):
     """Write ``text`` (UTF-8) to ``path``; with ``atomic`` a reader never sees half a file
     (written beside it, then renamed); ``again``: replacing what this command wrote there
-    (see :func:`one_command`). Returns the Path."""
-    return _write(path, text, atomic, again)
+    (see :func:`one_command`); ``exclusive`` (atomic): only where no file is there yet, else
+    FileExistsError, whoever made it in the meantime (another xdist worker). Returns the Path."""
+    return _write(path, text, atomic, again, exclusive)
 
 
 def write_bytes(path, data):
@@ -512,7 +514,7 @@ def write_bytes(path, data):
     return _write(path, data, atomic=True)
 
 
-def _write(path, content, atomic, again=False):
+def _write(path, content, atomic, again=False, exclusive=False):
     path = claim(path)
     _once(path, again)
     makedirs(path.parent)
@@ -541,10 +543,16 @@ def _write(path, content, atomic, again=False):
         put(tmp)
         if st is not None:
             os.chmod(tmp, stat.S_IMODE(st.st_mode))  # the file keeps the permissions it had
-        replace(tmp, path)
+        if exclusive:
+            os.link(tmp, path)  # a rename would replace a file made since; a link fails instead
+            tmp.unlink()
+        else:
+            replace(tmp, path)
     except BaseException as exc:
         with contextlib.suppress(OSError):
             tmp.unlink()
+        if isinstance(exc, FileExistsError) and exclusive:
+            raise
         if isinstance(exc, OSError):
             raise write_error(path, exc) from None
         raise
@@ -565,12 +573,13 @@ def replace(tmp, path, tries=8):
 
 
 def temp_name(path):
-    """The temporary file of an atomic write of ``path`` by this process."""
+    """The temporary file of an atomic write of ``path`` by this process and thread (two
+    threads of one process writing one cache entry shared a name, and one write failed)."""
     path = Path(path)
-    return path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    return path.with_name(f".{path.name}.{os.getpid()}-{threading.get_native_id()}.tmp")
 
 
-_TEMP = re.compile(r"^\.(?P<name>.+)\.(?P<pid>\d+)\.tmp$")
+_TEMP = re.compile(r"^\.(?P<name>.+)\.(?P<pid>\d+)(?:-\d+)?\.tmp$")
 
 
 def clean_stale_temps(folder, name=None):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 
 from . import guard
 
@@ -53,7 +54,10 @@ def write_json(data, path, sort_keys=False):
     if hasattr(path, "write"):
         path.write(text + "\n")
         return getattr(path, "name", "standard output")
-    return guard.write_text(guard.output_path(path, "output file"), text)
+    path = guard.output_path(path, "output file")
+    # atomic where it can be (a reader, or a second writer, never sees half a file); a device
+    # or pipe (--json /dev/stdout) is written in place
+    return guard.write_text(path, text, atomic=path.is_file() or not os.path.lexists(path))
 
 
 def read_from(result, inputs):

@@ -744,6 +744,54 @@ def test_stale_temporary_files_are_removed(analysis, template, tmp_path):
     assert not stale.exists() and young.exists() and alive.exists() and path.exists()
 
 
+def test_writes_of_one_file_from_threads_and_a_reader_never_see_half_a_file(tmp_path):
+    """Atomic writes named their temporary file by the process alone: two threads writing
+    one file (a cache entry) shared it and one write failed. --json files and saved results
+    were written in place: a reader (or a second writer) saw half a file."""
+    import threading
+
+    from pytest_ptq import guard
+    from pytest_ptq.results import write_json
+
+    shared = tmp_path / "entry.bin"
+    failed = []
+
+    def write(k):
+        try:
+            for _ in range(200):
+                guard.write_bytes(shared, bytes([k]) * 4096)
+        except Exception as exc:  # noqa: BLE001 - the test reports what a thread raised
+            failed.append(exc)
+
+    threads = [threading.Thread(target=write, args=(k,)) for k in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not failed and shared.read_bytes() in (bytes([0]) * 4096, bytes([1]) * 4096)
+    assert not list(tmp_path.glob(".*.tmp"))
+    out = tmp_path / "ranking.json"
+    big = {"nodes": [{"node": f"n{k}", "cosine": k / 3} for k in range(20000)]}
+    write_json(big, out)
+    stop, torn = threading.Event(), []
+
+    def read():
+        while not stop.is_set():
+            try:
+                json.loads(out.read_text())
+            except ValueError:
+                torn.append(1)
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    for _ in range(10):
+        write_json(big, out)
+    stop.set()
+    reader.join()
+    assert not torn
+    assert str(write_json(big, os.devnull)) == os.devnull  # a device is written in place, not replaced
+
+
 # -- the plugin --------------------------------------------------------------------------------
 @pytest.fixture
 def plugin_project(pytester, template, monkeypatch):
