@@ -57,10 +57,11 @@ class Baseline:
     def to_dict(self):
         return json_safe({"format": FORMAT, **dataclasses.asdict(self)})
 
-    def save(self, path):
-        """Write atomically (a reader never sees half a file); returns the path."""
+    def save(self, path, exclusive=False):
+        """Write atomically (a reader never sees half a file); ``exclusive``: only where no
+        file is there yet, else FileExistsError. Returns the path."""
         text = json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n"
-        return guard.write_text(Path(path), text, atomic=True)
+        return guard.write_text(Path(path), text, atomic=True, exclusive=exclusive)
 
     @classmethod
     def load(cls, path):

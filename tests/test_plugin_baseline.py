@@ -369,6 +369,38 @@ def test_shared_b(ptq):
     run(project, "test_twice.py").assert_outcomes(passed=2, failed=1)  # test_twice's first check compares now
 
 
+def test_two_models_naming_one_baseline_file_in_one_run(project):
+    """Two models whose contracts name one baseline file, updated in one run: both said "did
+    not exist and has been written" though it held the first's numbers (the next run failed
+    the other), and under xdist which model's numbers stayed was a race between workers."""
+    for folder, name in (("a", "model.onnx"), ("b", "model_clipped.onnx")):
+        (project.path / folder).mkdir()
+        shutil.copy(project.path / name, project.path / folder / "model.onnx")
+    project.makepyfile(test_clash="""
+import pytest
+
+@pytest.mark.ptq(model="a/model.onnx", data="calib", baseline="clash.json")
+def test_a(ptq):
+    ptq.assert_baseline()
+
+@pytest.mark.ptq(model="b/model.onnx", data="calib", baseline="clash.json")
+def test_b(ptq):
+    ptq.assert_baseline()
+""")
+    for workers in ((), ("-n", "2")):
+        (project.path / "clash.json").unlink(missing_ok=True)
+        result = run(project, "test_clash.py", "--ptq-update-baseline", *workers)
+        result.assert_outcomes(failed=2)
+        text = result.stdout.str()
+        owner = json.loads((project.path / "clash.json").read_text())["model"]["path"]
+        other = "b" if owner == "a/model.onnx" else "a"
+        assert owner in ("a/model.onnx", "b/model.onnx")
+        assert text.count("clash.json did not exist and has been written") in (1, 2), text  # a summary may repeat it
+        assert f"it was made for the model {owner} and this check measures {other}/model.onnx" in text, text
+        result = run(project, "test_clash.py", *workers)  # the file is the first writer's, the other fails
+        result.assert_outcomes(passed=1, failed=1)
+
+
 REPEATED = """
 import pytest
 
