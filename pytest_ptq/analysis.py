@@ -99,6 +99,8 @@ class Analysis:
         self.root = Path(root)
         self.label = self.relative(key.model)
         self._engine = None
+        # what the summary and report read of a released engine: (its warnings, its output names)
+        self._released = None
         self._cache = {}
         # the metrics results were asked in, the default's first: the outputs each cannot see
         # are warned of (kl on a single logit ties every node at 0)
@@ -146,11 +148,16 @@ class Analysis:
         return self._engine
 
     def release(self):
-        """Free the engine's sessions and cached tensors (results stay); used again, it
-        recompiles."""
+        """Drop the engine: its sessions, parsed model, weights and their file mappings (results
+        stay, and its warnings and output names for the summary); used again, it recompiles.
+        The engine itself goes, not only its sessions: a kept one held ~10 MiB per finished
+        600-node model, a descriptor per external weight, and a low-memory one the malloc setting
+        made for it, which made the user's later tests in the process 18x slower."""
         if self._engine is not None:
-            self._run_warnings()  # they run the engine: before its sessions go
+            # they run the engine: before it goes
+            self._released = (self.warnings, list(self._engine.model_outputs))
             self._engine.release()
+            self._engine = None
 
     def _run_warnings(self):
         """The sentences of the checks that run the model, computed once: the simulation check
@@ -176,12 +183,21 @@ class Analysis:
         return self.engine.qmodel
 
     @property
+    def output_names(self):
+        """The model's output names; a released engine's kept ones: reading them never
+        recompiles the model."""
+        if self._engine is None and self._released is not None:
+            return list(self._released[1])
+        return list(self.engine.model_outputs)
+
+    @property
     def warnings(self):
         """The engine's warnings (folded activations, rewritten graphs, a file that runs
         otherwise than its simulation on onnxruntime's integer kernels, an output too far from
-        zero for a cosine, ...); none before it is built: reading them never compiles the model."""
+        zero for a cosine, ...); none before it is built, those it had when released after:
+        reading them never compiles the model."""
         if self._engine is None:
-            return []
+            return [] if self._released is None else list(self._released[0])
         return list(self._engine.warnings) + self._run_warnings()
 
     @property

@@ -358,7 +358,7 @@ class PTQSession:
         of the model failed whole (the default: the same)."""
         failing = list(dict.fromkeys(r.parts.get(o) or o for r in self._results_of(model_id)
                                      if r.kind == "outputs" and not r for o in r.failing))
-        if not failing or set(failing) == set(self.analyses[model_id].qmodel.output_names):
+        if not failing or set(failing) == set(self.analyses[model_id].output_names):
             return None
         return failing
 
@@ -596,8 +596,8 @@ class PTQSession:
     # -- a model's sessions freed once its tests ran ----------------------------------------
     def plan(self, models):
         """Collection done: ``models`` maps each selected item to the model path it checks.
-        A model's engine sessions are freed as soon as its last such item ran, so a suite's
-        memory is about one model's, not the sum. An item whose model is only known when it
+        A model's engine is freed as soon as its last such item ran, so a suite's memory is
+        about one model's, not the sum. An item whose model is only known when it
         runs (a fixture parametrised with its model) may use a freed model again, which then
         recompiles what it needs (its results are kept): a few seconds, against holding every
         model's sessions to the end (measured on the example suite, whose story tests are such
@@ -610,7 +610,7 @@ class PTQSession:
             self.pending.setdefault(str(Path(model).resolve()), set()).add(nodeid)
 
     def test_done(self, nodeid):
-        """An item finished: free the sessions of the models no item left will use (after
+        """An item finished: free the engines of the models no item left will use (after
         computing their report data, which needs them)."""
         rec = self.tests.get(nodeid)
         if rec is not None and rec.rerun:

@@ -80,10 +80,14 @@ def test_baselines_keep_their_paths_under_xdist(pytester, two_models):
 RELEASE_PROBE = """
 import json
 
-def pytest_sessionfinish(session):
+import pytest
+
+@pytest.hookimpl(trylast=True)
+def pytest_terminal_summary(config):  # after the report and the summary, which must not compile a freed model again
     from pytest_ptq import session as s
-    ptq = session.config.stash[s.SESSION_KEY]
-    state = {a.label: {"sessions": len(a.engine._sessions), "segments": a.engine._segments is not None,
+    ptq = config.stash[s.SESSION_KEY]
+    state = {a.label: {"engine": a._engine is not None,
+                       "segments": a._engine is not None and a._engine._segments is not None,
                        "early": a.key.id in ptq.early}
              for a in ptq.analyses.values()}
     open("released.json", "w").write(json.dumps(state))
@@ -99,9 +103,60 @@ def test_a_models_sessions_are_freed_once_its_tests_ran(pytester, two_models):
     state = json.loads((pytester.path / "released.json").read_text())
     assert set(state) == {"m0.onnx", "m1.onnx"}
     # the report page was computed model by model, before each was freed
-    assert all(s == {"sessions": 0, "segments": False, "early": True} for s in state.values()), state
+    assert all(s == {"engine": False, "segments": False, "early": True} for s in state.values()), state
     page = (pytester.path / "r.html").read_text()
     assert "m0.onnx" in page and "m1.onnx" in page
+
+
+def test_a_finished_models_engine_goes_and_its_warnings_stay(pytester, tmp_path):
+    """A model's last item ran: its engine goes whole, not only its sessions (a kept one held
+    ~10 MiB per finished model to the end, and a low-memory one kept glibc's mmap threshold
+    fixed at 128 KiB, which made the user's later tests 18x slower); its warnings still reach
+    the summary."""
+    import conventions
+
+    from pytest_ptq.engine import Engine
+
+    data = conventions.mlp_samples(2, width=256)
+    builders.save_folder(data, pytester.path / "calib")
+    # weights past LARGE_BYTES, shared between sessions: low memory sets glibc's threshold for them
+    builders.quantize(conventions.mlp_net(tmp_path / "f.onnx", width=256, hidden=256), pytester.path / "m.onnx", data,
+                      extra_options={"AddQDQPairToWeight": False})
+    expected = Engine(str(pytester.path / "m.onnx"), data, check=False).warnings
+    assert expected  # weights stored quantized, no float model given
+    # failing: the summary's diagnosis and search commands read the model after it was freed
+    pytester.makefile(".ptq.yaml", m="model: m.onnx\ndata: calib\noutputs: {default: 0.9999999}\nbaseline: false\n")
+    pytester.makeconftest(RELEASE_PROBE)
+    pytester.makepyfile(test_m="""
+        import gc
+        import weakref
+
+        import pytest
+
+        from pytest_ptq.engine import runtime
+
+        ENGINES = []
+
+        @pytest.mark.ptq(model="m.onnx", data="calib")
+        def test_model(ptq_analysis):
+            ENGINES.append(weakref.ref(ptq_analysis.engine))
+            assert ptq_analysis.sensitivity("activation")
+            assert runtime._MALLOC_OWNERS  # low memory: glibc's threshold fixed while the engine lives
+
+        def test_after():
+            gc.collect()
+            assert ENGINES[0]() is None
+            assert not runtime._MALLOC_OWNERS  # so glibc's threshold is given back
+    """)
+    result = run(pytester, "--ptq-memory=low", "-p", "no:randomly")
+    result.assert_outcomes(passed=2, failed=1)
+    out = " ".join(result.stdout.str().split())  # the summary wraps its lines
+    for text in expected:
+        assert f"warning: m.onnx: {text}" in out
+    assert "ptq-debug suggest m.onnx calib" in out  # the failing model's explanation
+    import json
+
+    assert json.loads((pytester.path / "released.json").read_text())["m.onnx"]["engine"] is False
 
 
 def test_a_model_known_only_at_run_time_keeps_every_session(pytester, two_models):
@@ -121,7 +176,7 @@ def test_a_model_known_only_at_run_time_keeps_every_session(pytester, two_models
     import json
 
     state = json.loads((pytester.path / "released.json").read_text())
-    assert list(state.values()) == [{"sessions": 0, "segments": True, "early": False}]
+    assert list(state.values()) == [{"engine": True, "segments": True, "early": False}]
 
 
 def test_a_model_known_at_collection_is_freed_beside_one_known_only_at_run_time(pytester, two_models):
@@ -145,7 +200,7 @@ def test_a_model_known_at_collection_is_freed_beside_one_known_only_at_run_time(
 
     state = json.loads((pytester.path / "released.json").read_text())
     # m1 freed once c1 ran; m0 freed after c0, then compiled again for test_again
-    assert state["m1.onnx"] == {"sessions": 0, "segments": False, "early": False}, state
+    assert state["m1.onnx"] == {"engine": False, "segments": False, "early": False}, state
     assert state["m0.onnx"]["segments"] is True, state
 
 
