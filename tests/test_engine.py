@@ -1304,7 +1304,9 @@ def test_weights_past_the_open_file_limit_are_still_read(tmp_path, hard):
     """Each weight in external data is a mapping of its own, which holds a file descriptor: a
     model of some 500 weights passed the open-file limit and stopped on 'Too many open files'.
     Near the limit the soft limit is raised where the hard one allows; where it does not, the
-    weights are read instead of mapped. Either way the model runs as the same model inline."""
+    weights are read instead of mapped. Either way the model runs as the same model inline; once
+    the engine goes, its descriptors go and the limit is the process's own again (left raised, it
+    was the user's later code's and its child processes')."""
     import subprocess
     import sys
     import textwrap
@@ -1331,12 +1333,19 @@ def test_weights_past_the_open_file_limit_are_still_read(tmp_path, hard):
         resource.setrlimit(resource.RLIMIT_NOFILE, ({limit}, {limit} if {hard == "fixed"} else {limit * 8}))
         from pytest_ptq.engine import Engine
         x = {{"x": [np.full((1, {width}), 0.5, np.float32)]}}
-        a = Engine({str(tmp_path / "ext.onnx")!r}, x, check=False).run(0)[{src!r}]
+        ext = Engine({str(tmp_path / "ext.onnx")!r}, x, check=False)
+        a = ext.run(0)[{src!r}]
         b = Engine({str(tmp_path / "inline.onnx")!r}, x, check=False).run(0)[{src!r}]
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)  # sessions built otherwise: the last bits
         print(resource.getrlimit(resource.RLIMIT_NOFILE)[0])
+        del ext
+        gc.collect()
+        print(resource.getrlimit(resource.RLIMIT_NOFILE)[0], len(os.listdir("/proc/self/fd")))
     """)
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    done = subprocess.run([sys.executable, "-c", "import gc, os\n" + script], capture_output=True, text=True,
+                          timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
-    soft = int(done.stdout.split()[-1])
+    soft, after, files = (int(v) for v in done.stdout.split()[-3:])
     assert soft > limit if hard == "raisable" else soft == limit
+    # the engine gone, its mappings went, and the limit is the process's own again
+    assert after == limit and files < layers // 2, (after, files)

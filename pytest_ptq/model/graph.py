@@ -342,14 +342,15 @@ def _descriptor_left():
     """Whether another mapping fits under the open-file limit: each weight's mapping holds a
     file descriptor, and a model of some 500 weights (with its float model's) passed Linux's
     default soft limit of 1024 (macOS: 256). Near it the soft limit is raised toward the hard
-    one, as a process may; where it cannot be, weights are read instead of mapped."""
+    one, as a process may, until the last mapping goes (see :func:`_mapping_gone`); where it
+    cannot be, weights are read instead of mapped."""
     try:
         import resource
 
         soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
         if soft == resource.RLIM_INFINITY or len(_COVERS) + FREE_DESCRIPTORS < soft // 2:
             return True  # far from it: no listing of every descriptor for each weight mapped
-        used = len(os.listdir("/proc/self/fd" if os.path.isdir("/proc/self/fd") else "/dev/fd"))
+        used = _descriptors()
     except (ImportError, OSError, ValueError):  # Windows: no such limit on mappings
         return True
     if used + FREE_DESCRIPTORS < soft:
@@ -357,8 +358,40 @@ def _descriptor_left():
     raised = hard if hard != resource.RLIM_INFINITY else used + 16 * FREE_DESCRIPTORS
     with contextlib.suppress(OSError, ValueError):
         resource.setrlimit(resource.RLIMIT_NOFILE, (min(raised, max(2 * soft, used + 16 * FREE_DESCRIPTORS)), hard))
-        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        now = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        if now != soft:
+            _RAISED[0] = (soft if _RAISED[0] is None else _RAISED[0][0], now)
+        soft = now
     return used + FREE_DESCRIPTORS < soft
+
+
+def _descriptors():
+    """How many files this process has open."""
+    return len(os.listdir("/proc/self/fd" if os.path.isdir("/proc/self/fd") else "/dev/fd"))
+
+
+# (the soft open-file limit the process had, the one set) while mappings made here hold the
+# descriptors it was raised for: a raised limit left for the rest of the process was the
+# user's later code's, and its child processes' (a test suite's after a model's release)
+_RAISED = [None]
+_OPEN = [0]  # mappings made here alive
+
+
+def _mapping_gone():
+    _TOTAL[0] = None
+    _OPEN[0] -= 1
+    if _OPEN[0] or _RAISED[0] is None:
+        return
+    with contextlib.suppress(ImportError, OSError, ValueError):
+        import resource
+
+        before, raised = _RAISED[0]
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if soft != raised:  # set since by someone else: theirs
+            _RAISED[0] = None
+        elif _descriptors() + FREE_DESCRIPTORS < before:  # else the files opened since need it: kept raised
+            resource.setrlimit(resource.RLIMIT_NOFILE, (before, hard))
+            _RAISED[0] = None
 
 
 def _file_key(path):
@@ -387,7 +420,8 @@ def _remember(mm, path, offset):
     if mm is not None:
         _COVERS[mm] = (os.path.realpath(path), offset)
         _TOTAL[0] = None
-        weakref.finalize(mm, _TOTAL.__setitem__, 0, None)
+        _OPEN[0] += 1
+        weakref.finalize(mm, _mapping_gone)
 
 
 def file_mappings():
