@@ -421,10 +421,9 @@ def _return_freed_memory(owner):
     """Keep glibc's malloc handing large blocks back to the system when freed, while ``owner``
     (a low-memory engine's weights) lives. By default it raises its mmap threshold after the
     first large free, and from then on keeps every freed dequantized weight in the heap
-    (measured: 700 MiB instead of 280 MiB for a 192 MiB MatMul stack). Process-wide: once the
-    last owner goes, the threshold is where glibc's own adjustment would have taken it, as
-    the user's code in the same process (a notebook, other tests) ran 14x slower with every
-    large temporary mapped and unmapped. A no-op without glibc."""
+    (measured: 700 MiB instead of 280 MiB for a 192 MiB MatMul stack). Process-wide, and
+    glibc's own adjustment cannot be given back once set: see :func:`_malloc_owner_gone` for
+    what the process gets when the last owner goes. A no-op without glibc."""
     if id(owner) in _MALLOC_OWNERS:
         return
     if not _MALLOC_OWNERS:
@@ -434,11 +433,24 @@ def _return_freed_memory(owner):
 
 
 def _malloc_owner_gone(key):
+    """The last low-memory owner gone: the thresholds the rest of the process (a notebook,
+    the user's later tests) runs under, glibc's adjustment being off for good. A user's loop
+    of numpy temporaries ran 18x slower at the owner's 128 KiB (each mapped and unmapped);
+    at 32 MiB with the trim threshold left at 128 KiB, loops of 2-16 MiB temporaries ran
+    3-11x slower (the heap's top handed back and taken again each time) and 24 temporaries
+    of 20 MiB beside small kept arrays stayed resident once freed (480 MiB). 16 MiB, with
+    glibc's own trim threshold for it (twice), kept both within glibc's default but for
+    loops of 16-32 MiB temporaries, 2-3x slower, while freed blocks of 16 MiB or more go back
+    to the system (glibc's default keeps them once it has freed one that size): measured in
+    docs/performance.md."""
     _MALLOC_OWNERS.discard(key)
     if not _MALLOC_OWNERS:
-        _libc_call("mallopt", _M_MMAP_THRESHOLD, 32 * 2**20)  # glibc's most on 64-bit systems
+        _libc_call("mallopt", _M_MMAP_THRESHOLD, 16 * 2**20)
+        _libc_call("mallopt", _M_TRIM_THRESHOLD, 32 * 2**20)
+        _libc_call("malloc_trim", 0)  # what the engine's runs freed into the heap
 
 
+_M_TRIM_THRESHOLD = -1
 _M_MMAP_THRESHOLD = -3
 _MALLOC_OWNERS = set()  # the low-memory weights alive (by id)
 
