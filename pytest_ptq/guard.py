@@ -544,8 +544,7 @@ def _write(path, content, atomic, again=False, exclusive=False):
         if st is not None:
             os.chmod(tmp, stat.S_IMODE(st.st_mode))  # the file keeps the permissions it had
         if exclusive:
-            os.link(tmp, path)  # a rename would replace a file made since; a link fails instead
-            tmp.unlink()
+            _link_new(tmp, path)
         else:
             replace(tmp, path)
     except BaseException as exc:
@@ -557,6 +556,23 @@ def _write(path, content, atomic, again=False, exclusive=False):
             raise write_error(path, exc) from None
         raise
     return path
+
+
+def _link_new(tmp, path):
+    """Put ``tmp`` at ``path`` where no file is there, else FileExistsError: a rename would
+    replace a file made since the caller looked, a hard link fails instead. On a file system
+    without hard links (FAT, some network shares) a look then a rename, which two processes
+    can still both pass."""
+    try:
+        os.link(tmp, path)
+    except FileExistsError:
+        raise
+    except OSError:
+        if os.path.lexists(path):
+            raise FileExistsError(errno.EEXIST, "exists", str(path)) from None
+        replace(tmp, path)
+        return
+    tmp.unlink()
 
 
 def replace(tmp, path, tries=8):

@@ -792,6 +792,25 @@ def test_writes_of_one_file_from_threads_and_a_reader_never_see_half_a_file(tmp_
     assert str(write_json(big, os.devnull)) == os.devnull  # a device is written in place, not replaced
 
 
+@pytest.mark.parametrize("links", [True, False])
+def test_an_exclusive_write_never_replaces_a_file_made_meanwhile(tmp_path, monkeypatch, links):
+    """A missing baseline is created exclusively (two xdist workers writing it: the second
+    compares); on a file system without hard links (FAT, some shares) it is still written."""
+    import errno
+
+    from pytest_ptq import guard
+
+    if not links:
+        def refuse(src, dst):
+            raise OSError(errno.EPERM, "Operation not permitted")
+        monkeypatch.setattr(os, "link", refuse)
+    path = tmp_path / "b.json"
+    guard.write_text(path, "first", atomic=True, exclusive=True)
+    with pytest.raises(FileExistsError):
+        guard.write_text(path, "second", atomic=True, exclusive=True)
+    assert path.read_text() == "first" and [p.name for p in tmp_path.iterdir()] == ["b.json"]
+
+
 # -- the plugin --------------------------------------------------------------------------------
 @pytest.fixture
 def plugin_project(pytester, template, monkeypatch):
