@@ -332,20 +332,21 @@ class Analysis:
 
         return self.cached(("curves", name), compute, files=())
 
-    def data_check(self, holdout=None, metric=None, threshold=None, threshold_from=None):
+    def data_check(self, holdout=None, metric=None, threshold=None, threshold_from=None, outputs=None):
         """:class:`~pytest_ptq.datacheck.DataReport` of the calibration data (the first
         ``data_num`` samples), and of a held-out set against them when ``holdout`` is given,
         the quantized model judged there by ``metric`` against ``threshold`` (see
-        :func:`~pytest_ptq.datacheck.check_data`; ``threshold_from`` says where it comes from)."""
+        :func:`~pytest_ptq.datacheck.check_data`; ``threshold_from`` says where it comes from; ``outputs``
+        the outputs or slices judged, default every output)."""
         from .datacheck import check_data
 
         if holdout is None:  # they judge the held-out comparison alone
-            metric = threshold = threshold_from = None
+            metric = threshold = threshold_from = outputs = None
         key = ("data_check", None if holdout is None else str(holdout)) + (
-            () if holdout is None else (metric, threshold, threshold_from))
+            () if holdout is None else (metric, threshold, threshold_from, outputs and tuple(outputs)))
         return self.cached(key, lambda: check_data(self.engine, heldout=holdout, data_num=self.key.data_num,
-                                                   metric=metric, threshold=threshold,
-                                                   threshold_from=threshold_from), files=(holdout,))
+                                                   metric=metric, threshold=threshold, threshold_from=threshold_from,
+                                                   outputs=outputs), files=(holdout,))
 
     def stages(self, float_model=None):
         """:class:`~pytest_ptq.stages.StageReport`: the float model under graph optimisations,

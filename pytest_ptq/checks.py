@@ -704,7 +704,8 @@ def check_data(analysis, max_severity="warning", holdout=None, threshold=None, m
     represents the held-out data) are those of ``ptq-debug check-data``. The held-out data
     are judged by ``metric`` against ``threshold``: a number, or output floors as
     :func:`check_outputs` takes them, of which the loosest (the worst output must meet it,
-    where every output meets its own); ``threshold_from`` says where it comes from.
+    where every output meets its own), on the outputs they name where none is a default;
+    ``threshold_from`` says where it comes from.
     """
     params.severity(max_severity)
     m = get_metric(metric)
@@ -715,7 +716,10 @@ def check_data(analysis, max_severity="warning", holdout=None, threshold=None, m
             threshold = floor
     if len(set(floors.values())) > 1 and threshold_from:
         threshold_from += ", the loosest of several"
-    report = analysis.data_check(holdout, m.name, threshold, threshold_from)
+    # floors of some outputs (or slices) alone judge those: an output no floor names failed a
+    # contract whose outputs item passed, held to another output's floor
+    named = None if "" in floors or not floors else [k for k in floors if k]
+    report = analysis.data_check(holdout, m.name, threshold, threshold_from, named)
     findings = [{"check": f.check, "severity": f.severity, "message": f.message, "fix": f.fix, "input": f.input,
                  "dataset": f.dataset, "samples": [analysis.relative(s) if "/" in s or os.sep in s else s for s in f.samples]}
                 for f in report.findings]

@@ -614,12 +614,12 @@ def vector(v):
 
 
 # -- held-out comparison --------------------------------------------------------------------------
-def _quantized_metrics(engine, data, metric, bar):
-    """Pooled metric (worst of the default outputs, a concatenation of unlike parts by part) of
-    the fully quantized model on ``data`` and the per-node share of float activation values
-    outside their calibrated range."""
+def _quantized_metrics(engine, data, metric, bar, outputs=None):
+    """Pooled metric (worst of ``outputs``, default the model's outputs, a concatenation of
+    unlike parts by part) of the fully quantized model on ``data`` and the per-node share of
+    float activation values outside their calibrated range."""
     qm = engine.qmodel
-    specs = parse_outputs(None, engine)
+    specs = parse_outputs(outputs, engine)
     pool = Pooled(metric, specs)
     acts = [c for c in qm.of_kind("activation") if engine.is_gated(c.name) and not c.dynamic]
     clipped, counted = Counter(), Counter()
@@ -665,9 +665,9 @@ def _gap(metric, cal_value, held_value):
     return held >= GAP_RATIO * cal and held - cal >= GAP_MIN * (1 if metric.unit else 0.1)
 
 
-def _heldout_findings(engine, cal_data, held_data, metric, threshold, bar, threshold_from=""):
-    cal_value, cal_clip = _quantized_metrics(engine, cal_data, metric, bar)
-    held_value, held_clip = _quantized_metrics(engine, held_data, metric, bar)
+def _heldout_findings(engine, cal_data, held_data, metric, threshold, bar, threshold_from="", outputs=None):
+    cal_value, cal_clip = _quantized_metrics(engine, cal_data, metric, bar, outputs)
+    held_value, held_clip = _quantized_metrics(engine, held_data, metric, bar, outputs)
     quantized = {"calibration": {metric.name: cal_value}, "heldout": {metric.name: held_value}}
     clipping = sorted(((n, s) for n, s in held_clip.items() if s > max(1e-3, 10 * cal_clip.get(n, 0.0))),
                       key=lambda x: -x[1])
@@ -760,7 +760,7 @@ def _reference_engine(model_or_file, qm, cal, float_model, libraries):
 # -- entry point ---------------------------------------------------------------------------------
 def check_data(model_or_file, calibrated_data=None, heldout=None, data_num=None, float_model=None,
                metric=None, threshold=None, expect_mean=None, expect_std=None, progress=None,
-               custom_op_libraries=(), threshold_from=None):
+               custom_op_libraries=(), threshold_from=None, outputs=None):
     """Check calibration data (and a held-out set) against the model.
 
     ``model_or_file``: the calibrated QDQ model (a float model works too, without the
@@ -771,7 +771,8 @@ def check_data(model_or_file, calibrated_data=None, heldout=None, data_num=None,
     data do not; without ``heldout`` they are refused, as they would judge nothing.
     ``custom_op_libraries``: onnxruntime libraries the model's custom Q/DQ ops need (the
     held-out comparison runs the model). ``threshold_from``: where the threshold comes from,
-    said beside it in the findings (default: "as given", or the default's own words). Returns a
+    said beside it in the findings (default: "as given", or the default's own words); ``outputs``:
+    the outputs or slices judged (default every output), as ``output_node`` names them. Returns a
     :class:`DataReport`, findings ordered error, warning, info.
     """
     m = get_metric("cosine-similarity" if metric is None else metric)
@@ -833,7 +834,7 @@ def check_data(model_or_file, calibrated_data=None, heldout=None, data_num=None,
                 # counted as one step alike, the time left read a sixth of what it was
                 with Progress(len(cal) + len(held), "check data: the quantized model on both sets",
                               enabled=progress) as bar:
-                    more, quantized = _heldout_findings(engine, cal, held, m, threshold, bar, threshold_from)
+                    more, quantized = _heldout_findings(engine, cal, held, m, threshold, bar, threshold_from, outputs)
                 findings += more
     order = {s: k for k, s in enumerate(SEVERITIES)}
     findings.sort(key=lambda f: order[f.severity])

@@ -574,3 +574,27 @@ def test_the_table_shows_every_axis_span_and_all_zero_data_are_constant_not_scal
     report = check_data(str(qpath), zeros)
     assert "range-narrow" not in report.checks()
     assert [f.check for f in report.findings if f.input == "x"] == ["constant"]
+
+
+def test_floors_of_some_outputs_judge_the_held_out_comparison_on_those(net, tmp_path):
+    """A contract flooring one output (r2) had its data check hold the worst of every output,
+    prob among them, to r2's floor: it failed where the outputs item passed."""
+    from pytest_ptq.analysis import Analysis, AnalysisKey
+    from pytest_ptq.checks import check_data as check_data_of
+
+    fpath = builders.conv_net(tmp_path / "float2.onnx", two_outputs=True)
+    dim = {"x": [a * 0.2 for a in net["data"]["x"]]}
+    qpath = builders.quantize(fpath, tmp_path / "dim2.onnx", dim)
+    feeds = [{"x": a} for a in net["data"]["x"]]
+    ref, got = builders.run_model(fpath, feeds), builders.run_model(qpath, feeds)
+    held = {o: builders.pooled_cosine([r[o] for r in ref], [g[o] for g in got]) for o in ("prob", "r2")}
+    assert held["prob"] < held["r2"]
+    report = check_data(str(qpath), dim, heldout=net["data"], threshold=0.5, outputs=["r2"], progress=False)
+    assert report.quantized["heldout"]["cosine-similarity"] == pytest.approx(held["r2"], abs=1e-4)
+    builders.save_folder(dim, tmp_path / "dim")
+    builders.save_folder(net["data"], tmp_path / "held")
+    analysis = Analysis(AnalysisKey(str(qpath), str(tmp_path / "dim")), tmp_path)
+    floor = round((held["prob"] + held["r2"]) / 2, 4)  # r2 meets it, prob does not
+    for floors, passed in (({"r2": floor}, True), ({"default": floor}, False)):
+        result = check_data_of(analysis, "error", tmp_path / "held", floors, threshold_from="the floor")
+        assert result.passed is passed, (floors, result.findings)
