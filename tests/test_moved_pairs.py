@@ -120,7 +120,8 @@ def test_a_per_channel_pair_through_a_reshape_is_said_and_refused_alone(tmp_path
     path = moved_net(tmp_path / "per_channel.onnx", per_channel_reshape=True)
     qm = QuantModel(str(path))
     assert sorted(qm.calibration) == ["w_Q", "x_Q"] and "c_Reshape" in qm.normal
-    said = [n for n in qm.notes if n.startswith(f"no pair the tool analyses in {str(path)!r}: QuantizeLinear 'c_Q' "
+    said = [n for n in qm.notes if n.startswith(f"a chain left quantized in every configuration in {str(path)!r}: "
+                                                "QuantizeLinear 'c_Q' "
                                                 "-> Reshape 'c_Reshape' -> Unsqueeze 'c_Unsqueeze' -> DequantizeLinear "
                                                 "'c_DQ': ")]
     assert len(said) == 1 and "stay quantized in every configuration, the float reference included" in said[0]
@@ -131,3 +132,43 @@ def test_a_per_channel_pair_through_a_reshape_is_said_and_refused_alone(tmp_path
                        ) as err:
         QuantModel(str(alone))
     assert "not the float one" not in str(err.value)
+
+
+def test_a_moved_pairs_settings_name_the_tensor_its_quantizer_read(net):
+    """The moved pair's float tensor is the tool's own: the printed TensorQuantOverrides named
+    'x_q1::float', which quantize_static cannot act on, where the file's Q read 'x'."""
+    from pytest_ptq.remedy.terms import onnxruntime_settings
+
+    qm = QuantModel(str(net["model"]))
+    q_inputs = {n.name: n.input[0] for n in onnx.load(str(net["model"])).graph.node if n.op_type == "QuantizeLinear"}
+    settings = onnxruntime_settings(qm, "int16", ["x_Q", "c_Q"])
+    assert set(settings["TensorQuantOverrides"]) == {q_inputs["x_Q"], q_inputs["c_Q"]}
+
+
+@pytest.mark.parametrize("kind", ["no perm", "per block"])
+def test_a_chain_through_a_transpose_the_tool_cannot_follow_is_said(tmp_path, kind):
+    """A per-channel Q through a Transpose without perm crashed (StopIteration); a per-block
+    one was moved with its axis alone, its scale left in the old layout, and refused."""
+    w = (np.random.default_rng(0).standard_normal((4, 8)) * 0.3).astype(np.float32)
+    scale = np.full((4, 2) if kind == "per block" else (8,), 0.01, np.float32)
+    attrs = {"axis": 1, "block_size": 4} if kind == "per block" else {"axis": 0}
+    if kind == "no perm":
+        w = w.T.copy()
+    inits = [numpy_helper.from_array(w, "W"), numpy_helper.from_array(scale, "s"),
+             numpy_helper.from_array(np.zeros(scale.shape, np.int8), "z")]
+    nodes = [helper.make_node("QuantizeLinear", ["W", "s", "z"], ["wq"], name="w_Q", **attrs),
+             helper.make_node("Transpose", ["wq"], ["wt"], name="w_T", **({} if kind == "no perm" else {"perm": [1, 0]})),
+             helper.make_node("DequantizeLinear", ["wt", "s", "z"] if kind == "no perm" else ["wt", "sT", "zT"], ["wd"],
+                              name="w_DQ", **({"axis": 1} if kind == "no perm" else {"axis": 0, "block_size": 4})),
+             helper.make_node("MatMul", ["x", "wd"], ["y"], name="mm")]
+    if kind == "per block":
+        inits += [numpy_helper.from_array(scale.T.copy(), "sT"), numpy_helper.from_array(np.zeros((2, 4), np.int8), "zT")]
+    graph = helper.make_graph(nodes, "t", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)], ir_version=10)
+    onnx.checker.check_model(model)
+    path = tmp_path / "t.onnx"
+    onnx.save(model, str(path))
+    with pytest.raises(NotQuantized, match=r"QuantizeLinear 'w_Q' -> Transpose 'w_T' -> DequantizeLinear 'w_DQ': the "
+                                           r"tool does not follow a per-(channel|block) QuantizeLinear's"):
+        QuantModel(str(path))

@@ -5,9 +5,10 @@ exporters that lay a tensor out after quantizing it).
 QuantizeLinear rounds element by element, so moving such a node before the Q, onto the float
 tensor, gives the same values; the tool's copy of the graph is rewritten so, and each such
 chain becomes an ordinary pair whose bypass runs the node on the float tensor, as the float
-model does. A per-channel (or per-block) Q moves only through an Identity or a Transpose
-(its axis follows the permutation); through a reshaping node its channels would land on
-another axis, so such a chain is left as it is, said in one sentence naming its nodes.
+model does. A per-channel Q moves only through an Identity or a Transpose (its axis follows
+the permutation), a per-block one through an Identity alone (its scale would need the same
+layout); through a reshaping node its channels would land on another axis, so such a chain
+is left as it is, said in one sentence naming its nodes.
 """
 
 from __future__ import annotations
@@ -27,10 +28,13 @@ _DOMAINS = ("", "ai.onnx")
 @dataclasses.dataclass
 class Moved:
     """What :func:`hoist` did: ``notes`` for the model's notes, ``left`` a sentence each for
-    the chains it could not move (their Q and DQ stay ordinary nodes), naming their nodes."""
+    the chains it could not move (their Q and DQ stay ordinary nodes), naming their nodes;
+    ``names``: each pair's new float tensor -> the tensor its Q read in the file (what a
+    quantizer's option names and a user knows)."""
 
     notes: list
     left: list
+    names: dict = dataclasses.field(default_factory=dict)
 
 
 def hoist(graph, source, is_q, is_dq):
@@ -45,7 +49,7 @@ def hoist(graph, source, is_q, is_dq):
             readers[r].append(n)
     sizes = _sizes(order, graph.initializer)
     names = {t for n in order for t in (*n.input, *n.output)} | {i.name for i in graph.input}
-    moved, left = [], []
+    moved, left, renamed = [], [], {}
     for q in list(order):
         if not is_q(q):
             continue
@@ -56,9 +60,12 @@ def hoist(graph, source, is_q, is_dq):
         end = readers[chain[-1].output[0]][0]  # a DQ, or the Clip before them
         shown = " -> ".join(f"{n.op_type} {n.name!r}" for n in (q, *chain, end))
         if axes is None:
-            blocker = next(m for m in chain if m.op_type not in ("Identity", "Transpose"))
+            blocker = next((m for m in chain if m.op_type != "Identity" and not (
+                m.op_type == "Transpose" and attribute(m, "perm") is not None and not attribute(q, "block_size", 0))),
+                chain[0])
             op = blocker.op_type
-            which = "a per-channel QuantizeLinear's axis" if q.input[1] in sizes else "a computed scale's layout"
+            which = ("a per-block QuantizeLinear's scale" if attribute(q, "block_size", 0) else
+                     "a per-channel QuantizeLinear's axis" if q.input[1] in sizes else "a computed scale's layout")
             left.append(f"{shown}: the tool does not follow {which} through a {op}, so its Q and DQ stay quantized "
                         f"in every configuration, the float reference included; put the {op} before the QuantizeLinear "
                         "(or after the DequantizeLinear) in the export")
@@ -69,6 +76,7 @@ def hoist(graph, source, is_q, is_dq):
             while fresh in names:
                 fresh += "_"
             names.add(fresh)
+            renamed[fresh] = renamed.get(x, x)
             m.input[0], m.output[0] = x, fresh
             q.input[0], q.output[0] = fresh, out
             readers[x] = [m if r is q else r for r in readers[x]]
@@ -91,7 +99,8 @@ def hoist(graph, source, is_q, is_dq):
              f"({'; '.join(moved[:2])}{more}): each is analysed as one pair, that node moved onto the float tensor "
              "before its QuantizeLinear (the same values: QuantizeLinear rounds element by element), so that the pair "
              "bypassed is the float computation"] if moved else []
-    return Moved(notes=notes + [f"no pair the tool analyses in {source}: {chain}" for chain in left], left=left)
+    return Moved(notes=notes + [f"a chain left quantized in every configuration in {source}: {chain}" for chain in left],
+                 left=left, names=renamed)
 
 
 def _chain(q, readers, outputs, is_dq):
@@ -123,8 +132,9 @@ def _axes(q, chain, sizes):
     if per_tensor and not attribute(q, "block_size", 0):
         return [None] * len(chain)
     axis, out = int(attribute(q, "axis", 1)), []
+    blocks = bool(attribute(q, "block_size", 0))  # a block scale's own layout would move too
     for m in chain:
-        if m.op_type == "Transpose":
+        if m.op_type == "Transpose" and not blocks:
             perm = attribute(m, "perm")
             if perm is None:
                 return None  # reversed dims of a rank not known here

@@ -415,6 +415,7 @@ class QuantModel:
         # a Q -> Reshape (Identity, Transpose, ...) -> DQ chain is one pair: the node runs on the float tensor
         hoisted = moved.hoist(graph, repr(self.source), is_q, is_dq)
         self.notes += hoisted.notes
+        self.float_names.update(hoisted.names)
         self.inits = {i.name: i for i in graph.initializer}
         self.constants = {n.output[0]: n for n in graph.node if n.op_type == "Constant"}
         self.input_names = [i.name for i in graph.input if i.name not in self.inits]

@@ -44,7 +44,7 @@ def float_tensor_name(qmodel, c):
             return float_source(c.float_weight)
         if c.q_node is None and c.input.endswith("_quantized"):
             return c.input[: -len("_quantized")]
-        return c.input
+        return qmodel.float_names.get(c.input, c.input)
     for o in c.outputs:
         if o in qmodel.output_names:
             return o
