@@ -122,3 +122,8 @@ def test_causes_that_only_add_up_together_are_named_together(chain, tmp_path, mo
     readings[("DoubleQDQPairsRemover",)], readings[("WeightBiasQuantization", "DoubleQDQPairsRemover")] = 0.99999, 0.999991
     told = stages.kernel_causes(engine, specs=None)
     assert told[0].startswith("onnxruntime's default optimization DoubleQDQPairsRemover merges") and len(told) == 2
+    # one alone at the simulation, the other moving nothing: that one alone, never the pair
+    readings.update({("WeightBiasQuantization",): 0.99999, ("DoubleQDQPairsRemover",): 0.975005,
+                     ("WeightBiasQuantization", "DoubleQDQPairsRemover"): 0.999996})
+    told = stages.kernel_causes(engine, specs=None)
+    assert len(told) == 1 and told[0].startswith("onnxruntime's default optimization WeightBiasQuantization"), told
