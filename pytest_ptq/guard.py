@@ -526,14 +526,16 @@ def _write(path, content, atomic, again=False, exclusive=False):
             # surrogateescape: a name that came in undecoded (a C locale) goes out as its own bytes
             target.write_text(content, encoding="utf-8", errors="surrogateescape")
 
-    if not atomic:
+    st = _stat_missing_ok(path) if atomic else None
+    # a file with other names (hard links), or in a folder no file may be added to, is written
+    # where it is: a rename would part it from its other names, or fail
+    if not atomic or (st is not None and not exclusive and (st.st_nlink > 1 or not os.access(path.parent, os.W_OK))):
         try:
             put(path)
         except OSError as exc:
             raise write_error(path, exc) from None
         return path
     clean_stale_temps(path.parent, path.name)
-    st = _stat_missing_ok(path)
     if st is not None and not os.access(path, os.W_OK):
         # a rename would replace it all the same: a file made read-only is one not to change
         raise PTQError(f"{shown(str(path))} is read-only; make it writable or choose another path")
@@ -546,7 +548,13 @@ def _write(path, content, atomic, again=False, exclusive=False):
         if exclusive:
             _link_new(tmp, path)
         else:
-            replace(tmp, path)
+            try:
+                replace(tmp, path)
+            except OSError as exc:
+                if st is None or exc.errno not in (errno.EBUSY, errno.EXDEV):
+                    raise
+                put(path)  # a file mounted on its own (a container's bind mount) cannot be replaced
+                tmp.unlink()
     except BaseException as exc:
         with contextlib.suppress(OSError):
             tmp.unlink()

@@ -56,7 +56,7 @@ def write_json(data, path, sort_keys=False):
         return getattr(path, "name", "standard output")
     path = guard.output_path(path, "output file")
     # atomic where it can be (a reader, or a second writer, never sees half a file); a device
-    # or pipe (--json /dev/stdout) is written in place
+    # or a named pipe is written in place
     return guard.write_text(path, text, atomic=path.is_file() or not os.path.lexists(path))
 
 

@@ -792,6 +792,29 @@ def test_writes_of_one_file_from_threads_and_a_reader_never_see_half_a_file(tmp_
     assert str(write_json(big, os.devnull)) == os.devnull  # a device is written in place, not replaced
 
 
+def test_an_atomic_write_falls_back_in_place_where_a_rename_cannot_replace_the_file(tmp_path, monkeypatch):
+    """A --json file mounted on its own into a container cannot be replaced by a rename (EBUSY),
+    and a file with a second name (a hard link) would part from it: both written in place."""
+    import errno
+
+    from pytest_ptq import guard
+    from pytest_ptq.results import write_json
+
+    linked, other = tmp_path / "out.json", tmp_path / "also.json"
+    linked.write_text("{}")
+    os.link(linked, other)
+    write_json({"a": 1}, linked)
+    assert json.loads(other.read_text()) == {"a": 1} and os.path.samefile(linked, other)
+
+    def busy(tmp, path, tries=8):
+        raise OSError(errno.EBUSY, "Device or resource busy")
+    monkeypatch.setattr(guard, "replace", busy)
+    mounted = tmp_path / "mounted.json"
+    mounted.write_text("{}")
+    write_json({"b": 2}, mounted)
+    assert json.loads(mounted.read_text()) == {"b": 2} and not list(tmp_path.glob(".*.tmp"))
+
+
 @pytest.mark.parametrize("links", [True, False])
 def test_an_exclusive_write_never_replaces_a_file_made_meanwhile(tmp_path, monkeypatch, links):
     """A missing baseline is created exclusively (two xdist workers writing it: the second
