@@ -967,10 +967,13 @@ class PTQ:
         calibration set represents them, the quantized outputs judged there by ``metric``
         against ``threshold`` (default ``min_cosine``, as :meth:`check_outputs`)."""
         m = get_metric(metric)
-        source = "as given"
+        source, held = "as given", self._holdout(holdout)
+        if held is None and (threshold is not None or metric != COSINE):
+            raise PTQError("check_data's threshold and metric judge the held-out comparison alone; give held-out "
+                           "data (holdout=, the marker's, or --ptq-holdout) or leave them out")
         if threshold is None and m.name == COSINE:
             threshold, source = self.settings.min_cosine, "min_cosine (--ptq-min-cosine)"
-        return self._done(check_data(self.analysis, max_severity, self._holdout(holdout), threshold, m.name,
+        return self._done(check_data(self.analysis, max_severity, held, threshold, m.name,
                                      source if threshold is not None else None))
 
     @_in_one_sentence

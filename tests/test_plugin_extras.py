@@ -391,3 +391,19 @@ def test_contract_data_check_schema_errors_name_the_key(pytester, value, message
     result = run(pytester)
     assert result.ret != 0
     result.stdout.fnmatch_lines([f"*contract 'm.ptq.yaml': {message}*"])
+
+
+def test_a_data_check_threshold_without_held_out_data_is_refused(project):
+    """ptq.check_data(threshold=...) without held-out data judged nothing and passed in
+    silence, where the CLI and the API refuse it."""
+    project.makepyfile("""
+        import pytest
+
+        @pytest.mark.ptq(model="model.onnx", data="calib")
+        def test_threshold(ptq):
+            ptq.assert_data(threshold=0.95)
+    """)
+    result = run(project)
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*check_data's threshold and metric judge the held-out comparison alone; give "
+                                 "held-out data*"])
