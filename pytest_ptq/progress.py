@@ -73,7 +73,7 @@ class Progress:
         while not self._stop.wait(min(HEARTBEAT, 30.0)):
             with self._lock:
                 quiet = time.perf_counter() - self._last_line
-                if quiet < HEARTBEAT or self._paused:
+                if quiet < HEARTBEAT or self._paused or self._stop.is_set():  # the bar may have ended meanwhile
                     continue
                 step = f"{self.done + 1}" if self.open else f"{min(self.done + 1, self.total)}/{self.total}"
                 self.stream.write(f"{self.desc}: still on step {step}, {time.perf_counter() - self.start:.1f}s "
@@ -89,7 +89,8 @@ class Progress:
             self._last_line, self._spoke = time.perf_counter(), True
 
     def __exit__(self, *exc):
-        self._stop.set()
+        with self._lock:
+            self._stop.set()
         if not self.enabled:
             return
         if self.tty:
