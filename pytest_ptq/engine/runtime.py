@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import os
+import threading
 import warnings
 import weakref
 
@@ -424,11 +425,13 @@ def _return_freed_memory(owner):
     (measured: 700 MiB instead of 280 MiB for a 192 MiB MatMul stack). Process-wide, and
     glibc's own adjustment cannot be given back once set: see :func:`_malloc_owner_gone` for
     what the process gets when the last owner goes. A no-op without glibc."""
-    if id(owner) in _MALLOC_OWNERS:
-        return
-    if not _MALLOC_OWNERS:
-        _libc_call("mallopt", _M_MMAP_THRESHOLD, 128 * 1024)  # fixed, which also stops its adjustment
-    _MALLOC_OWNERS.add(id(owner))
+    with _MALLOC_LOCK:  # an owner's finalizer runs in whichever thread drops it
+        if id(owner) in _MALLOC_OWNERS:
+            return
+        if not _MALLOC_OWNERS:
+            _libc_call("mallopt", _M_MMAP_THRESHOLD, 128 * 1024)  # fixed, which also stops its adjustment
+            _libc_call("mallopt", _M_TRIM_THRESHOLD, 128 * 1024)  # glibc's default, which an earlier owner's end raised
+        _MALLOC_OWNERS.add(id(owner))
     weakref.finalize(owner, _malloc_owner_gone, id(owner))
 
 
@@ -443,16 +446,18 @@ def _malloc_owner_gone(key):
     loops of 16-32 MiB temporaries, 2-3x slower, while freed blocks of 16 MiB or more go back
     to the system (glibc's default keeps them once it has freed one that size): measured in
     docs/performance.md."""
-    _MALLOC_OWNERS.discard(key)
-    if not _MALLOC_OWNERS:
-        _libc_call("mallopt", _M_MMAP_THRESHOLD, 16 * 2**20)
-        _libc_call("mallopt", _M_TRIM_THRESHOLD, 32 * 2**20)
-        _libc_call("malloc_trim", 0)  # what the engine's runs freed into the heap
+    with _MALLOC_LOCK:
+        _MALLOC_OWNERS.discard(key)
+        if not _MALLOC_OWNERS:
+            _libc_call("mallopt", _M_MMAP_THRESHOLD, 16 * 2**20)
+            _libc_call("mallopt", _M_TRIM_THRESHOLD, 32 * 2**20)
+            _libc_call("malloc_trim", 0)  # what the engine's runs freed into the heap
 
 
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_THRESHOLD = -3
 _MALLOC_OWNERS = set()  # the low-memory weights alive (by id)
+_MALLOC_LOCK = threading.Lock()
 
 
 def trim_memory():
