@@ -89,6 +89,19 @@ def narrow_conv_setup(root, n, seed):
             "data": data, "root": root}
 
 
+def add_pair(inits, nodes, tensor, scale, zero, name=None, out=None):
+    """A Q/DQ pair ``{name}_Q``/``{name}_DQ`` (``name`` default ``tensor``) quantizing ``tensor``
+    with a scalar ``scale`` and ``zero`` (its dtype the codes'), appended to ``inits`` and
+    ``nodes``; returns the dequantized tensor, ``out`` (default ``{name}_dq``)."""
+    name = tensor if name is None else name
+    out = f"{name}_dq" if out is None else out
+    inits.extend([numpy_helper.from_array(np.array(scale, np.float32), f"{name}_s"),
+                  numpy_helper.from_array(np.array(zero), f"{name}_z")])
+    nodes.extend([helper.make_node("QuantizeLinear", [tensor, f"{name}_s", f"{name}_z"], [f"{name}_q"], name=f"{name}_Q"),
+                  helper.make_node("DequantizeLinear", [f"{name}_q", f"{name}_s", f"{name}_z"], [out], name=f"{name}_DQ")])
+    return out
+
+
 def quantize(float_path, out_path, data, per_channel=False, activation_type="QUInt8",
              weight_type="QInt8", keep_float=True, extra_options=None, nodes_to_exclude=None, reduce_range=False,
              calibrate_method="MinMax"):

@@ -26,13 +26,7 @@ def chain_net(path):
     nodes = []
 
     def pair(src, name, scale):
-        inits.extend([numpy_helper.from_array(np.array(scale, np.float32), f"{name}_s"),
-                      numpy_helper.from_array(np.array(0, np.int8), f"{name}_z")])
-        nodes.extend([helper.make_node("QuantizeLinear", [src, f"{name}_s", f"{name}_z"], [f"{name}_q"],
-                                       name=f"{name}_Q"),
-                      helper.make_node("DequantizeLinear", [f"{name}_q", f"{name}_s", f"{name}_z"], [f"{name}_dq"],
-                                       name=f"{name}_DQ")])
-        return f"{name}_dq"
+        return builders.add_pair(inits, nodes, src, scale, np.int8(0), name)
 
     w = pair("W", "wq", 0.01)
     nodes.append(helper.make_node("Conv", ["x", w], ["c"], name="conv0", pads=[1, 1, 1, 1]))

@@ -1115,12 +1115,7 @@ def _empty_tensors_model(tmp_path):
     inits, nodes = [], []
 
     def pair(t, scale, name):
-        inits.extend([numpy_helper.from_array(np.array(scale, np.float32), f"{name}_s"),
-                      numpy_helper.from_array(np.array(0, np.int8), f"{name}_z")])
-        nodes.extend([helper.make_node("QuantizeLinear", [t, f"{name}_s", f"{name}_z"], [f"{name}_q"], name=f"{name}_Q"),
-                      helper.make_node("DequantizeLinear", [f"{name}_q", f"{name}_s", f"{name}_z"], [f"{name}_dq"],
-                                       name=f"{name}_DQ")])
-        return f"{name}_dq"
+        return builders.add_pair(inits, nodes, t, scale, np.int8(0), name)
 
     inits += [numpy_helper.from_array(np.zeros((1, 0, 8, 8), np.int8), "E8"),
               numpy_helper.from_array(np.array(0.1, np.float32), "e_s"),

@@ -67,16 +67,6 @@ def test_an_ir3_model_is_ranked_like_any_other_and_its_file_left_as_it_is(tmp_pa
     assert _digest(qpath) == before
 
 
-def _pair(inits, nodes, t, scale, zero):
-    """A Q/DQ pair ``{t}_Q``/``{t}_DQ`` on tensor ``t`` appended to ``inits`` and ``nodes``;
-    returns the dequantized tensor's name."""
-    inits.extend([numpy_helper.from_array(np.array(scale, np.float32), f"{t}_s"),
-                  numpy_helper.from_array(np.array(zero), f"{t}_z")])
-    nodes.extend([helper.make_node("QuantizeLinear", [t, f"{t}_s", f"{t}_z"], [f"{t}_q"], name=f"{t}_Q"),
-                  helper.make_node("DequantizeLinear", [f"{t}_q", f"{t}_s", f"{t}_z"], [f"{t}_dq"], name=f"{t}_DQ")])
-    return f"{t}_dq"
-
-
 def _function_model(tmp_path):
     """x -> Q/DQ -> Block(x, W) -> Q/DQ -> MatMul(W2) -> y, where the local function Block
     quantizes its own weight (a Q/DQ pair inside the body) before its MatMul and Tanh."""
@@ -92,7 +82,7 @@ def _function_model(tmp_path):
     inits, nodes = [], []
 
     def pair(t, scale, zero):
-        return _pair(inits, nodes, t, scale, zero)
+        return builders.add_pair(inits, nodes, t, scale, zero)
 
     pair("x", 0.03, np.uint8(128))
     nodes.append(helper.make_node("Block", ["x_dq", "W"], ["h"], name="blk", domain="local"))
@@ -223,12 +213,7 @@ def _orphan_pairs_model(tmp_path, passthrough=False):
     inits, nodes = [], []
 
     def pair(t, scale, zero, name):
-        inits.extend([numpy_helper.from_array(np.array(scale, np.float32), f"{name}_s"),
-                      numpy_helper.from_array(np.array(zero), f"{name}_z")])
-        nodes.extend([helper.make_node("QuantizeLinear", [t, f"{name}_s", f"{name}_z"], [f"{name}_q"], name=f"{name}_Q"),
-                      helper.make_node("DequantizeLinear", [f"{name}_q", f"{name}_s", f"{name}_z"],
-                                       [f"{name}_dq" if name != "u" else "u_out"], name=f"{name}_DQ")])
-        return f"{name}_dq"
+        return builders.add_pair(inits, nodes, t, scale, zero, name, "u_out" if name == "u" else None)
 
     inits.append(numpy_helper.from_array((rng.standard_normal((4, 4, 3, 3)) * 0.3).astype(np.float32), "W"))
     w = pair("W", 0.01, np.int8(0), "w")
@@ -322,7 +307,7 @@ def test_runall_names_every_node_a_shared_weight_feeds(tmp_path):
     inits, nodes = [numpy_helper.from_array((rng.standard_normal((4, 4, 3, 3)) * 0.3).astype(np.float32), "W")], []
 
     def pair(t, scale, zero):
-        return _pair(inits, nodes, t, scale, zero)
+        return builders.add_pair(inits, nodes, t, scale, zero)
 
     w = pair("W", 0.02, np.int8(0))
     nodes.append(helper.make_node("Conv", [pair("x", 0.03, np.uint8(128)), w], ["a"], pads=[1] * 4, name="convA"))

@@ -6,6 +6,7 @@ import math
 
 from ..channelwise import reading as channel_reading
 from ..tables import short as _fmt
+from .gather import empty
 
 # Share of clipped values beyond which the calibration range is too narrow.
 CLIP_SHARE = 1e-3
@@ -291,6 +292,5 @@ def advise(d, box=None):
     :func:`~pytest_ptq.distribution.collect`), by its kind; nothing to try for an empty
     tensor, which no grid can lose anything of."""
     if "skipped" in d:
-        shape = f" (shape {d['shape']})" if d.get("shape") is not None else ""
-        return [], [f"{d['tensor']!r} is empty{shape}: quantizing it changes nothing"]
+        return [], [empty(d["tensor"], d.get("shape"), "lose: quantizing it changes nothing")]
     return {"activation": advise_activation, "weight": advise_weight, "dynamic": advise_dynamic}[d["kind"]](d, box)
