@@ -767,13 +767,16 @@ def test_a_deployed_file_short_of_the_target_points_at_what_explains_it(outlier,
     requantize = importlib.import_module("pytest_ptq.remedy.requantize")  # the package names a function so
     value = requantize._value
 
-    def deployed_short(new, part, objective):  # the file as deployed reads 0.5, its simulation what it reads
-        return 0.5 if isinstance(new, requantize._Plain) else value(new, part, objective)
+    def deployed_short(new, part, objective, *read):  # the file as deployed reads 0.5, its simulation what it reads
+        return 0.5 if isinstance(new, requantize._Plain) else value(new, part, objective, *read)
 
     monkeypatch.setattr(requantize, "_value", deployed_short)
     monkeypatch.setattr(stages, "SIMULATION_CLOSE", 0.0)  # no gap is warned of
-    r = suggest_remedy(str(outlier["qdq"]), outlier["data"], target=0.99, remedy="float", output_node=SLICE,
-                       float_model=str(outlier["float"]), save_dir=tmp_path / "out")
+    # scored on a model output: a plain session returns no tensor inside the graph
+    fpath = builders.conv_net(tmp_path / "float.onnx", outlier_channel=3, two_outputs=True)
+    qpath = builders.quantize(fpath, tmp_path / "qdq.onnx", outlier["data"])
+    r = suggest_remedy(str(qpath), outlier["data"], target=0.9999, remedy="float", output_node="r2",
+                       float_model=str(fpath), save_dir=tmp_path / "out")
     assert r.measured["met"]
     short = [w for w in r.warnings if "short of the target" in w]
     assert len(short) == 1 and "see the warning" not in short[0], r.warnings
@@ -1135,3 +1138,83 @@ def test_a_16_bit_activation_of_a_symmetric_model_is_centred_as_onnxruntime_cent
     assert inits[q.input[2]].dtype == np.uint16 and int(inits[q.input[2]]) == 32768
     assert float(alts["r1_QuantizeLinear"].zero_point) == 32768
     assert float(alts["r1_QuantizeLinear"].scale) == pytest.approx(float(inits[q.input[1]]), rel=1e-6)
+
+
+def _exposing(path, tensor):
+    """The model at ``path`` with ``tensor`` added as a graph output (where it is not one)."""
+    model = onnx.load(str(path))
+    if tensor not in {o.name for o in model.graph.output}:
+        model.graph.output.append(onnx.helper.make_tensor_value_info(tensor, onnx.TensorProto.FLOAT, None))
+    return model
+
+
+@pytest.mark.parametrize("named, given, computed", [
+    # onnxruntime's defaults delete relu1 and give its name to conv1's output, the float 'c1';
+    # re-quantizing keeps the Relu, so there 'r1' is the Relu's output and 'c1' the Conv's
+    ("r1", "r1", "c1"),
+    ("c2", "c2", "c2"),  # inside the graph, named alike everywhere
+    ("prob", "prob", "prob"),  # a model output
+])
+def test_a_named_output_is_scored_on_the_same_tensor_in_the_re_quantized_models(tmp_path, named, given, computed):
+    """The re-quantized check read 'r1' by name: the re-quantized file's Relu output against
+    the calibrated file's Conv output (0.70 against 0.99995 for the file as given)."""
+    data = builders.samples(N)
+    fpath = builders.conv_net(tmp_path / "float.onnx")
+    qpath = builders.quantize(fpath, tmp_path / "qdq.onnx", data, keep_float=False)
+    producers = {o: n.op_type for n in onnx.load(str(qpath)).graph.node for o in n.output}
+    assert named != "r1" or producers["r1"] == "Conv"  # the rename this test is about
+    r = suggest_remedy(str(qpath), data, target=0.99999, remedy="float", output_node=named, float_model=str(fpath),
+                       save_dir=tmp_path / "out")
+    assert r.nodes and r.measured and r.figures["calibration"]["samples"] == N
+    feeds = _feeds(data)
+    ref = [o[computed] for o in builders.run_model(_exposing(fpath, computed), feeds, outputs=[computed])]
+
+    def cosine(path, tensor):
+        return _cosine(ref, [o[tensor] for o in builders.run_model(_exposing(path, tensor), feeds, outputs=[tensor])])
+
+    assert r.figures["calibration"]["before"] == pytest.approx(cosine(qpath, given), abs=1e-7)
+    # each re-quantized model read where it computes what the file's tensor computes
+    assert r.measured["baseline_value"] == pytest.approx(cosine(r.measured["baseline_model"], computed), abs=1e-7)
+    assert r.measured["value"] == pytest.approx(cosine(r.measured["model"], computed), abs=1e-7)
+    assert r.measured["baseline_value"] == pytest.approx(r.baseline, abs=1e-6)
+    assert not any("does not reproduce" in n for n in r.notes)
+    assert any(f"{given!r} of " in n and f"is read as {computed!r}" in n for n in r.notes) == (given != computed)
+    # a plain session returns graph outputs only: a tensor inside is said to be left out, not
+    # reported as a file that does not run
+    assert not any("does not run in a plain onnxruntime session" in w for w in r.warnings)
+    inner = named not in {o.name for o in onnx.load(str(qpath)).graph.output}
+    assert inner == any("not scored as a plain onnxruntime session runs it" in n for n in r.notes)
+    assert inner or "deployed" in r.measured["figures"][r.judged_on]
+
+
+@pytest.mark.parametrize("op, mapped", [("Identity", True), ("Cast", False)])
+def test_a_tensor_the_float_model_does_not_compute_is_not_scored_by_its_name_alone(tmp_path, op, mapped):
+    """A node the quantizer inserted before conv2's pair: an Identity holds conv2's very values,
+    read as 'c2' in the re-quantized models; a Cast the alignment passes without saying which
+    float tensor it is gets one sentence, not a score of whatever bears its name."""
+    from onnx import helper
+
+    data = builders.samples(N)
+    fpath = builders.conv_net(tmp_path / "float.onnx")
+    qpath = builders.quantize(fpath, tmp_path / "qdq.onnx", data, keep_float=False)
+    model = onnx.load(str(qpath))
+    nodes = list(model.graph.node)
+    at = next(k for k, n in enumerate(nodes) if n.op_type == "QuantizeLinear" and n.input[0] == "c2")
+    nodes[at].input[0] = "c2_in"
+    extra = {"to": onnx.TensorProto.FLOAT} if op == "Cast" else {}
+    nodes.insert(at, helper.make_node(op, ["c2"], ["c2_in"], name="inserted", **extra))
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
+    onnx.save(model, str(tmp_path / "inserted.onnx"))
+    r = suggest_remedy(str(tmp_path / "inserted.onnx"), data, target=0.99999, remedy="float", output_node="c2_in",
+                       float_model=str(fpath), save_dir=tmp_path / "out")
+    assert r.nodes
+    said = [n for n in r.notes if "has no counterpart in the re-quantized model" in n]
+    if not mapped:
+        assert r.measured is None and len(said) == 1 and "'c2_in'" in said[0]
+        return
+    assert not said
+    feeds = _feeds(data)
+    ref = [o["c2"] for o in builders.run_model(_exposing(fpath, "c2"), feeds, outputs=["c2"])]
+    got = [o["c2"] for o in builders.run_model(_exposing(r.measured["model"], "c2"), feeds, outputs=["c2"])]
+    assert r.measured["value"] == pytest.approx(_cosine(ref, got), abs=1e-7)

@@ -116,8 +116,8 @@ def test_settings_that_read_worse_as_deployed_than_without_them_are_warned_of(si
     requantize = importlib.import_module("pytest_ptq.remedy.requantize")  # the package names a function so
     real = requantize._value
 
-    def value(runner, part, objective):  # this machine's kernels, made to lose with the settings
-        got = real(runner, part, objective)
+    def value(runner, part, objective, *read):  # this machine's kernels, made to lose with the settings
+        got = real(runner, part, objective, *read)
         deployed = isinstance(runner, requantize._Plain) and "baseline" not in runner.source
         return got - 0.5 if deployed else got
 

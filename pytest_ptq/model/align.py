@@ -101,6 +101,10 @@ class Alignment:
     # calibration node -> the output of the float Relu/Clip folded into it: the tensor the
     # quantizer quantized (onnxruntime gives its name to the fold's input as it deletes it)
     fold_outputs: dict = dataclasses.field(default_factory=dict)
+    # QDQ tensor -> the float tensor whose very values it computes (renamed or not): the
+    # inputs, the outputs of matched nodes and of an Identity passed through, not those of a
+    # Cast or reshape passed through
+    computes: dict = dataclasses.field(default_factory=dict)
 
     @property
     def same_weights(self):
@@ -272,7 +276,7 @@ def align(qm, float_model):
         elif len(q_inputs) == len(f_inputs):
             tmatch[name] = f_inputs[k]
     nodes, fused, weights_at, folded, used, values, passed = {}, {}, {}, {}, set(), {}, set()
-    fold_outputs, fold_readers = {}, {}
+    fold_outputs, fold_readers, reshaped = {}, {}, set()
     for n in qm.normal.values():
         proto = qm.node(n.name)
         expect = [_expectation(qm, by_output, tmatch, i, values) for i in proto.input]
@@ -294,6 +298,8 @@ def align(qm, float_model):
             if proto.op_type in TRANSPARENT + RESHAPING and len(tensors) == 1:
                 tmatch[proto.output[0]] = tensors[0][1]
                 passed.add(n.name)
+                if proto.op_type != "Identity":  # a Cast or reshape holds the values otherwise
+                    reshaped.add(proto.output[0])
             continue
         fnode = best.node
         used.update([fnode.name, *(c.name for c in best.chain)])
@@ -327,9 +333,25 @@ def align(qm, float_model):
     result = Alignment(nodes=nodes, weights=weights, folded=folded, rewrites=rewrites,
                        unmatched_weights=unmatched, unmatched_float=unmatched_float, unmatched_qdq=unmatched_qdq,
                        weights_tried=tried, weights_fitted=fitted, fused=fused,
-                       tensors={q: t for q, t in tmatch.items() if q != t}, fold_outputs=fold_outputs)
+                       tensors={q: t for q, t in tmatch.items() if q != t}, fold_outputs=fold_outputs,
+                       computes={q: t for q, t in tmatch.items() if q not in reshaped})
     qm.alignment = result
     return result
+
+
+def counterpart(qm, other, tensor):
+    """The tensor of ``other`` that computes what ``tensor`` of ``qm`` computes, both
+    :class:`~pytest_ptq.model.QuantModel` aligned with the same float model, or None where
+    the alignments do not say: a name may hold another value in each (onnxruntime gives a
+    folded Relu's name to the Conv before it; a quantizer that keeps the Relu does not)."""
+    mine, theirs = getattr(qm, "alignment", None), getattr(other, "alignment", None)
+    if mine is None or theirs is None or tensor not in mine.computes:
+        return None
+    value = mine.computes[tensor]
+    found = [t for t, f in theirs.computes.items() if f == value]
+    if len(found) == 1:
+        return found[0]
+    return value if value in found else None
 
 
 def _expanded(fmodel, ops):

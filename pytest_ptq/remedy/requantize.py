@@ -17,7 +17,7 @@ from ..engine.runtime import ALWAYS_DISABLED, make_session, run
 from ..errors import InputRefused, NotQuantized, PTQError, raised_by_user
 from ..metrics import Pooled
 from ..model import QuantModel, load_model
-from ..model.align import FOLDABLE
+from ..model.align import FOLDABLE, counterpart
 from ..model.graph import name_nodes
 from ..model.qdq import PER_CHANNEL_OPS
 from ..stages import SIMULATION_WARNING, simulation_warnings
@@ -274,7 +274,7 @@ def measure(parts, objective, float_model, result, save_dir, progress=False):
             figures = {name: {"samples": len(part), "target": scorer.target} for name, (part, scorer) in parts.items()}
             for key, path in (("before", base_path), ("after", fixed_path)):
                 try:
-                    values, new = score_parts(parts, objective, path)
+                    values, new = score_parts(parts, objective, path, float_model)
                 except MissingTensor as exc:
                     result.notes.append(f"{exc}; no measured value")
                     return None
@@ -286,6 +286,13 @@ def measure(parts, objective, float_model, result, save_dir, progress=False):
                     differ = _differences(qm, new.qmodel) if options.get("quantizer") != "quantize_dynamic" else []
                 if key == "after":
                     measured.update(_effect(qm, new.qmodel, result))
+                    if not objective.is_task:  # a name that holds other values in each file: which was read
+                        moved = {t: r for t, r in _reads(engine, new, objective.specs, path).items() if t != r}
+                        if moved:
+                            t, r = next(iter(moved.items()))
+                            result.notes.append(
+                                f"{t!r} of {qm.source!r} is read as {r!r} in the re-quantized models, which compute "
+                                "its values there (the two files name that tensor differently)")
                     if isinstance(new, Engine):  # the file as a plain session runs it, against its simulation
                         result.warnings += [f"the re-quantized file: {w}" for w in simulation_warnings(new)]
             measured.update(judged(figures, objective, result.judged_on))
@@ -391,6 +398,13 @@ def _deployed(parts, objective, path, base_path, measured, result):
     and the file so run does not, and where the settings lose accuracy so run."""
     name = result.judged_on if result.judged_on in parts else "calibration"
     part, _ = parts[name]
+    inner = [] if objective.is_task else [s.tensor for s in objective.specs
+                                          if s.tensor not in part.engine.model_outputs]
+    if inner:  # a session returns its graph outputs only; exposing one would undo the fusions it measures
+        result.notes.append(f"the re-quantized file was not scored as a plain onnxruntime session runs it: "
+                            f"{inner[0]!r} is a tensor inside the graph, which such a session does not return (its "
+                            "fused integer kernels may not compute it at all); name a model output to have it scored so")
+        return
     try:
         value, before = (_value(_Plain(p, part.engine.data, part.engine, deployed=True), part, objective)
                          for p in (path, base_path))
@@ -418,33 +432,60 @@ def _deployed(parts, objective, path, base_path, measured, result):
             + (", and deploy it with the setting that warning checks" if told else ""))
 
 
-def score_parts(parts, objective, path):
+def score_parts(parts, objective, path, float_model=None):
     """``({part: value}, engine)``: the objective of the model at ``path`` fully quantized on
     each part of ``parts`` (``{name: (Part, Scorer)}``), against the calibrated model's float
-    reference; ``engine`` runs ``path`` on the calibration part's data."""
+    reference; ``engine`` runs ``path`` on the calibration part's data. An output named
+    inside the graph is read where the re-quantized model computes what the calibrated
+    model's tensor of that name computes (:func:`_reads`; ``float_model``: the float model
+    both came from, which maps the two)."""
     cal = parts["calibration"][0].engine
-    engines, values = {}, {}
+    # an output of the model is the model's output in both; a tensor inside is found through
+    # the alignment of each with the float model, the re-quantized one aligned only for it
+    inner = not objective.is_task and any(s.tensor not in cal.model_outputs for s in objective.specs)
+    engines, values, read = {}, {}, None
     for name, (part, _) in parts.items():
         data = part.engine.data
         if id(data) not in engines:  # one engine per data set: runs by index reuse each sample's float reference
-            engines[id(data)] = requantized_runner(path, data, cal)
+            engines[id(data)] = requantized_runner(path, data, cal, float_model if inner else None)
         new = engines[id(data)]
-        if not objective.is_task:
-            missing = [s.tensor for s in objective.specs
-                       if s.tensor not in new.model_outputs and s.tensor not in new.probe_tensors]
-            if missing:
-                raise MissingTensor(f"tensor {missing[0]!r} is not in the re-quantized model {str(path)!r}")
-        values[name] = _value(new, part, objective)
+        if read is None and not objective.is_task:
+            read = _reads(cal, new, objective.specs, path)
+        values[name] = _value(new, part, objective, read)
     return values, engines[id(cal.data)]
 
 
-def requantized_runner(path, data, engine):
+def _reads(given, new, specs, path):
+    """``{tensor of the calibrated model: the tensor of the re-quantized model (``new``, at
+    ``path``) computing it}`` for ``specs``: a model output by its name; a tensor inside the
+    graph through both models' alignments with the float model (quantize_static gives a
+    folded Relu's name to the Conv before it, and keeps the Relu when re-quantizing, so the
+    name alone would read the Relu's output against the Conv's). :class:`MissingTensor`
+    where the re-quantized model does not compute one, or the alignments do not say where."""
+    out = {}
+    for t in dict.fromkeys(s.tensor for s in specs):
+        if t in given.model_outputs:
+            found = t if t in new.model_outputs else None
+        else:
+            found = None if new.qmodel is None else counterpart(given.qmodel, new.qmodel, t)
+        if found is None or (found not in new.model_outputs and found not in new.probe_tensors):
+            if t in given.model_outputs or t in getattr(getattr(given.qmodel, "alignment", None), "computes", ()):
+                raise MissingTensor(f"tensor {t!r} is not in the re-quantized model {str(path)!r}")
+            raise MissingTensor(f"tensor {t!r} of {given.source!r} has no counterpart in the re-quantized model "
+                                f"{str(path)!r} that the alignments of both with the float model find, so the "
+                                "re-quantized models are not scored on it (a tensor of that name there may hold other "
+                                "values); name a model output or a tensor the float model computes")
+        out[t] = found
+    return out
+
+
+def requantized_runner(path, data, engine, float_model=None):
     """What runs the re-quantized model at ``path`` on ``data`` as ``engine`` runs its own
     (``run(sample, "all", tensors)``): an engine, or a plain session where the model is left
-    with nothing quantized."""
+    with nothing quantized. ``float_model``: aligned with it (:func:`_reads` maps tensors so)."""
     try:
         return Engine(str(path), data, optimization=engine.optimization, providers=engine.providers, check=False,
-                      segments=0, plain_layout=True)
+                      segments=0, plain_layout=True, float_model=float_model)
     except NotQuantized:
         return _Plain(path, data, engine)
 
@@ -472,8 +513,9 @@ class _Plain:
         return dict(zip(tensors, run(self.session, tensors, feeds, self.source)))
 
 
-def _value(new, part, objective):
-    """The objective of the re-quantized model ``new`` (everything quantized) on ``part``."""
+def _value(new, part, objective, read=None):
+    """The objective of the re-quantized model ``new`` (everything quantized) on ``part``;
+    ``read``: ``{tensor: new's tensor}`` (:func:`_reads`), default the same names."""
     if objective.is_task:
         name = objective.metric.name
         try:
@@ -486,9 +528,12 @@ def _value(new, part, objective):
             raise raised_by_user(f"the evaluation function {name}", exc) from exc
         return params.task_score(score, name)
     tensors = list(dict.fromkeys(s.tensor for s in objective.specs))
+    read = read or {t: t for t in tensors}
+    theirs = list(dict.fromkeys(read[t] for t in tensors))
     pool = Pooled(objective.metric, objective.specs)
     for i in part.indices:
-        pool.add(part.engine.reference(i, tensors), new.run(i, "all", tensors))
+        values = new.run(i, "all", theirs)
+        pool.add(part.engine.reference(i, tensors), {t: values[read[t]] for t in tensors})
     return pool.value()
 
 

@@ -268,7 +268,7 @@ def _check_with_producer(engine, result, float_model, save_dir, parts, objective
     def score(path=None):  # the model as given: the search's own figures with nothing remedied
         if path is None:
             return {name: result.figures[name]["before"] for name in parts}
-        return score_parts(parts, objective, path)[0]
+        return score_parts(parts, objective, path, float_model)[0]
 
     try:
         measured = check_producer_terms(engine, terms, float_model, save_dir=save_dir, score=score)
