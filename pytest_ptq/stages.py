@@ -10,9 +10,10 @@ Stages, each compared with the float model run without graph optimisations:
    after the quantizer's own changes (a Sigmoid made a HardSigmoid, a BatchNormalization folded);
 3. ``fake-quant``: the calibrated QDQ model with Q/DQ kept as float arithmetic
    (``session.disable_quant_qdq=1``): the quantization as simulated;
-4. ``integer``: the same QDQ model with default session options, where onnxruntime fuses
-   Q/DQ into its integer kernels (QLinearConv, QLinearMatMul, ...); a QOperator or dynamic
-   model runs as its file holds it (stage 3 runs its QDQ form).
+4. ``integer``: the QDQ file as it is stored, with default session options, where onnxruntime
+   fuses Q/DQ into its integer kernels (QLinearConv, QLinearMatMul, ...); a QOperator or
+   dynamic model, or a pair whose codes a Reshape or Transpose lays out between Q and DQ,
+   runs as its file holds it (stage 3 runs the tool's form of it).
 
 A drop at stage 1 points at the export or a graph optimisation, at stage 2 at the
 quantizer's rewrite, at stage 3 at calibration and quantization (find the nodes with

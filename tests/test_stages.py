@@ -14,10 +14,13 @@ import builders
 from pytest_ptq.cli import main
 from pytest_ptq.errors import PTQError
 from pytest_ptq.engine.runtime import integer_kernels_saturate
+from pytest_ptq.engine import Engine
+from pytest_ptq.metrics import compare
 from pytest_ptq.model import QuantModel
+from pytest_ptq.outputs import parse_outputs
 from pytest_ptq import kernels
 from pytest_ptq.kernels import saturating_nodes, saturation_cause
-from pytest_ptq.stages import STAGES, localize_stages, verdict
+from pytest_ptq.stages import STAGES, localize_stages, simulation_gap, verdict
 
 N = 6
 
@@ -374,3 +377,63 @@ def test_int8_activations_saturate_like_uint8_ones_here(tmp_path, activation_typ
 
     assert kernels_read(q) < 0.999
     assert kernels_read(kernels.as_uint8_weights(qm)) > 0.99999
+
+
+def _added_then_reshaped(root):
+    """a, b -> Add -> Reshape -> y in float, and its int8 QDQ model whose output pair lays its
+    codes out: Add -> Q -> Reshape -> DQ (the tool analyses it as Reshape -> Q -> DQ). onnxruntime
+    fuses the rewrite's DQ, DQ -> Add -> Q into a QLinearAdd, which rounds the sum's ties
+    otherwise, but not the file's, whose Add stays in float (0.1 + 0.1 scales over a 0.2 one)."""
+    from onnx import TensorProto, helper
+
+    shape = numpy_helper.from_array(np.array([1, -1], np.int64), "shape")
+    io = ([helper.make_tensor_value_info(x, TensorProto.FLOAT, [1, 3, 16, 16]) for x in "ab"],
+          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 768])])
+    add = helper.make_node("Add", ["a", "b"], ["sum"], name="add")
+    builders._save(helper.make_graph([add, helper.make_node("Reshape", ["sum", "shape"], ["y"], name="reshape")],
+                                     "float", *io, [shape]), root / "float.onnx")
+    inits, nodes = [shape], []
+    parts = [builders.add_pair(inits, nodes, x, 0.1, np.int8(0)) for x in "ab"]
+    inits += [numpy_helper.from_array(np.array(0.2, np.float32), "o_s"),
+              numpy_helper.from_array(np.array(0, np.int8), "o_z")]
+    nodes += [helper.make_node("Add", parts, ["sum"], name="add"),
+              helper.make_node("QuantizeLinear", ["sum", "o_s", "o_z"], ["sum_q"], name="o_Q"),
+              helper.make_node("Reshape", ["sum_q", "shape"], ["y_q"], name="reshape"),
+              helper.make_node("DequantizeLinear", ["y_q", "o_s", "o_z"], ["y"], name="o_DQ")]
+    builders._save(helper.make_graph(nodes, "qdq", *io, inits), root / "qdq.onnx")
+    return root / "float.onnx", root / "qdq.onnx"
+
+
+def test_the_integer_stage_runs_the_file_not_the_tools_rewrite_of_a_moved_pair(tmp_path):
+    """A pair whose codes a Reshape lays out was run on the integer kernels as the tool rewrites
+    it (the Reshape before the Q), which onnxruntime fused otherwise than the file: the stage
+    read a QLinearAdd the file never runs."""
+    fpath, qpath = _added_then_reshaped(tmp_path)
+    data = builders.samples(N, seed=5, names=("a", "b"))
+    report = localize_stages(str(fpath), str(qpath), data)
+    assert any("Reshape 'reshape'" in note for note in QuantModel(str(qpath)).notes)  # analysed as a moved pair
+    L = ort.GraphOptimizationLevel
+    feeds = [{"a": a, "b": b} for a, b in zip(data["a"], data["b"])]
+    ref = [_session(fpath, L.ORT_DISABLE_ALL, False).run(["y"], f)[0] for f in feeds]
+    integer = [_session(qpath, L.ORT_ENABLE_ALL, False).run(["y"], f)[0] for f in feeds]
+    fake = [_session(qpath, L.ORT_ENABLE_ALL, True).run(["y"], f)[0] for f in feeds]
+    assert [s["stage"] for s in report.stages] == list(STAGES)
+    assert report.value("integer") == pytest.approx(_pooled_cosine(ref, integer), abs=1e-12)
+    assert report.value("fake-quant") == pytest.approx(_pooled_cosine(ref, fake), abs=1e-12)
+    assert report.kernel_gap["values"]["cosine-similarity"] == pytest.approx(_pooled_cosine(fake, integer), abs=1e-12)
+    # and the warning that the file runs otherwise than simulated compares the file too (it
+    # read 0.99916 for the rewrite's QLinearAdd, a gap the file does not have)
+    engine = Engine(str(qpath), data)
+    worst = min(compare(f, i)["cosine-similarity"] for f, i in zip(fake, integer))
+    assert simulation_gap(engine, parse_outputs(None, engine)) == pytest.approx(worst, abs=1e-9)
+    # the rewrite runs otherwise on the integer kernels: what the stage read before
+    moved = builders.load(qpath)
+    order = {n.name: n for n in moved.graph.node}
+    order["o_Q"].input[0], order["o_Q"].output[0] = "y_f", "y_q"
+    order["reshape"].input[0], order["reshape"].output[0] = "sum", "y_f"
+    del moved.graph.node[:]
+    moved.graph.node.extend(order[k] for k in ("a_Q", "a_DQ", "b_Q", "b_DQ", "add", "reshape", "o_Q", "o_DQ"))
+    so = ort.SessionOptions()
+    rewrite = ort.InferenceSession(moved.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    assert _pooled_cosine(ref, [rewrite.run(["y"], f)[0] for f in feeds]) != pytest.approx(
+        report.value("integer"), abs=1e-9)

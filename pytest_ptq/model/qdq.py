@@ -415,6 +415,11 @@ class QuantModel:
         # a Q -> Reshape (Identity, Transpose, ...) -> DQ chain is one pair: the node runs on the float tensor
         hoisted = moved.hoist(graph, repr(self.source), is_q, is_dq)
         self.notes += hoisted.notes
+        if hoisted.names and self._given is None:  # a pair moved: the file is not the tool's copy
+            # onnxruntime fuses the file's own layout, not the rewrite: an Add before an int8
+            # Q -> Reshape -> DQ runs in float in the file, and as a QLinearAdd once the Reshape
+            # comes first
+            self._given = model_or_file
         self.float_names.update(hoisted.names)
         self.inits = {i.name: i for i in graph.initializer}
         self.constants = {n.output[0]: n for n in graph.node if n.op_type == "Constant"}
@@ -1100,8 +1105,10 @@ class QuantModel:
         return self._format
 
     def as_given(self):
-        """The model in the format it came in (QOperator, dynamic): what onnxruntime's integer
-        kernels run. A QDQ model is :attr:`model` itself."""
+        """The model as its file holds it (QOperator, dynamic, or QDQ whose pairs lay their codes
+        out between Q and DQ, see :mod:`.moved`): what onnxruntime's integer kernels run. Any
+        other QDQ model is :attr:`model` itself, not read again: the tool's other changes to it
+        (a sorted graph, unique node names) change no kernel onnxruntime picks."""
         return self.model if self._given is None else load_model(self._given)[0]
 
     def of_kind(self, kind):
