@@ -1165,6 +1165,35 @@ def test_a_zero_size_tensor_is_skipped_with_a_note_and_the_rest_drawn(tmp_path):
             get_channelwise_data_distribution(tmp_path / "b", engine, nodes_list=[name])
 
 
+def test_nodes_that_are_all_empty_are_refused_on_every_face(tmp_path, capsys):
+    """Every node named with a zero-size tensor: each was skipped with a note, and the command
+    printed an empty table, drew nothing and exited 0. Now one sentence names them and why, and
+    the CLI exits 2, as it does for one such node alone."""
+    qpath, data = _empty_tensors_model(tmp_path)
+    engine = Engine(str(qpath), data)
+    # what the tool reads in the file: three tensors without a value
+    model = onnx.load(str(qpath))
+    inits = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+    assert inits["E8"].size == 0 and inits["EF"].size == 0
+    hollow = builders.run_model(builders.rewire(qpath, outputs=["hollow"]), {"x": data["x"][0]})["hollow"]
+    assert hollow.size == 0
+    for call, what in ((plot_distribution, "histogram"), (get_channelwise_data_distribution, "box plot")):
+        with pytest.raises(PTQError, match=f"nothing to draw: none of the 3 nodes given has a {what}") as exc:
+            call(tmp_path / what, engine, nodes_list=list(EMPTY))
+        assert all(f"{name!r}: " in str(exc.value) for name in EMPTY) and "is empty (shape [1, 0, 8, 8])" in str(exc.value)
+    assert not list(tmp_path.rglob("*.png"))
+    builders.save_folder(data, tmp_path / "calib")
+    for command in ("plot-distribution", "get-channelwise-data-distribution"):
+        rc = cli.main([command, str(qpath), str(tmp_path / "calib"), "-n", *EMPTY, "--quiet", "-s", str(tmp_path / "cli"),
+                       "--json", str(tmp_path / "cli.json")])
+        out, err = capsys.readouterr()
+        assert rc == 2 and not out, out
+        # the model's own warning (no float weights), then the refusal on one line
+        assert err.strip().splitlines()[-1].startswith(
+            f"ptq-debug {command}: error: nothing to draw: none of the 3 nodes given"), err
+        assert not (tmp_path / "cli.json").exists() and not list((tmp_path / "cli").glob("*.png"))
+
+
 def test_runall_and_the_diagnosis_skip_a_zero_size_tensor(tmp_path):
     from pytest_ptq.analysis import Analysis, AnalysisKey
     from pytest_ptq.runall import runall

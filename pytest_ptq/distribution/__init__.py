@@ -44,14 +44,14 @@ def plot_distribution(save_dir, model_or_file, calibrated_data=None, nodes_list=
     ``bit``, ``dtype``; for weights and
     normal nodes the compared histograms and ``error`` with cosine, SQNR (dB) and max error.
     ``png`` is the written file. Of several nodes, one whose tensor is empty (zero-size) gets
-    ``skipped`` (why) and no PNG; a single one raises.
+    ``skipped`` (why) and no PNG; a single one, or every one given, raises.
     """
     engine = engine_for(model_or_file, calibrated_data, float_model=float_model)
     with engine.writes(save_dir) as out:
         names = resolve_nodes(engine.qmodel, nodes_list, "plot_distribution")
         dist, _ = collect(engine, names, (), data_num=data_num, bins=bins, progress=progress)
-        if len(dist) == 1 and "skipped" in (only := next(iter(dist.values()))):
-            raise PTQError(f"node {only['node']!r}: {only['skipped']}")
+        _refuse_if_none_drawn(dist, "histogram",
+                              "name nodes whose tensors hold values (`ptq-debug list-nodes MODEL` lists the nodes)")
         with Progress(len(dist), "drawing histograms", enabled=progress) as bar:  # a third of the run, said
             for d in dist.values():
                 if "skipped" not in d:
@@ -70,16 +70,31 @@ def get_channelwise_data_distribution(save_dir, model_or_file, calibrated_data=N
     ``whisker_lo``/``whisker_hi`` at 1.5 IQR, ``mean``, ``min``, ``max``, ``max_abs``) and
     ``outlier_channels``: channels whose max |x| exceeds ``outlier_k`` times the median
     channel's, widest first, with ``outlier_ratios``. Of several nodes, one without a channel
-    axis (a 1-D bias) gets ``{"skipped": why}`` and no PNG; a single one raises.
+    axis (a 1-D bias) gets ``{"skipped": why}`` and no PNG; a single one, or every one given, raises.
     """
     engine = engine_for(model_or_file, calibrated_data, float_model=float_model)
     with engine.writes(save_dir) as out:
         names = resolve_nodes(engine.qmodel, nodes_list, "get_channelwise_data_distribution")
         _, boxes = collect(engine, (), names, axis=axis, data_num=data_num, outlier_k=outlier_k,
                            progress=progress, skip_unboxable=len(names) > 1)
+        _refuse_if_none_drawn(boxes, "box plot",
+                              "name other calibration nodes, or do what each one's reason says")
         with Progress(len(boxes), "drawing box plots", enabled=progress) as bar:
             for d in boxes.values():
                 if "skipped" not in d:
                     d["png"] = draw_channelwise(d, out)
                 bar.advance()
     return boxes
+
+
+def _refuse_if_none_drawn(results, what, advice):
+    """Raise where none of the nodes asked for gets a figure: a call that draws nothing is
+    refused as one node alone is, not a success whose table is empty and whose folder holds
+    no file."""
+    if not results or any("skipped" not in d for d in results.values()):
+        return
+    if len(results) == 1:
+        name, d = next(iter(results.items()))
+        raise PTQError(f"node {name!r}: {d['skipped']}")
+    why = "; ".join(f"{name!r}: {d['skipped']}" for name, d in results.items())
+    raise PTQError(f"nothing to draw: none of the {len(results)} nodes given has a {what} ({why}); {advice}")
