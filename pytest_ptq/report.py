@@ -287,6 +287,12 @@ def _distribution_figures(analysis, sens, metric, top, blamed, boxed):
                     shown[c, "channels"] = images[-1]
     except (PTQError, TypeError, ValueError) as exc:
         return images, f"distributions not shown: {exc}"
+    # a ranked node whose tensor is empty has no figure: said, as runall's summary and the
+    # debug API say it, not left for the reader to miss among the figures
+    empty = [node for node in top if "skipped" in dist.get(node, {})]
+    if empty:
+        return images, (f"no distribution for {', '.join(map(repr, empty))} ({empty[0]!r}: "
+                        f"{dist[empty[0]]['skipped']})")
     return images, None
 
 

@@ -1194,6 +1194,22 @@ def test_nodes_that_are_all_empty_are_refused_on_every_face(tmp_path, capsys):
         assert not (tmp_path / "cli.json").exists() and not list((tmp_path / "cli").glob("*.png"))
 
 
+def test_the_reports_ranked_nodes_without_values_are_named(tmp_path):
+    """The report's ranked nodes that hold empty tensors went missing from its figures without a
+    word (runall's summary and the debug API name them): a note says which and why."""
+    from pytest_ptq import report
+    from pytest_ptq.analysis import Analysis, AnalysisKey
+
+    qpath, data = _empty_tensors_model(tmp_path)
+    builders.save_folder(data, tmp_path / "calib")
+    analysis = Analysis(AnalysisKey(str(qpath), str(tmp_path / "calib"), None), root=tmp_path)
+    sens = analysis.sensitivity("activation")
+    top = [n for n in EMPTY if n in sens]
+    assert top == ["hol_Q"]  # the weights are ranked apart; hol_Q is the empty activation
+    images, note = report._distribution_figures(analysis, sens, "cosine-similarity", top, {}, [])
+    assert images == [] and note.startswith("no distribution for 'hol_Q' ('hol_Q': 'hollow' is empty"), note
+
+
 def test_runall_and_the_diagnosis_skip_a_zero_size_tensor(tmp_path):
     from pytest_ptq.analysis import Analysis, AnalysisKey
     from pytest_ptq.runall import runall
