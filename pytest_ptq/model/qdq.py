@@ -745,6 +745,11 @@ class QuantModel:
         return list(dict.fromkeys([*self.quantizers_through_casts(name), *n.calibration_chained,
                                    *n.calibration_outputs]))
 
+    def requantizes(self, name):
+        """The calibration node whose output calibration node ``name`` quantizes again (the
+        pair before it in a requantize chain Q-DQ-Q-DQ), or None."""
+        return self._requantizes.get(name)
+
     def reads_pairs(self, name):
         """Whether normal node ``name`` reads calibration nodes, directly or, unless it is such
         a Cast itself, through Casts between float types: a node with a local error of its own."""
@@ -1059,17 +1064,24 @@ class QuantModel:
                 self.calibration[cname].consumers.append(node.name)
         # a pair whose DQ output another pair quantizes again (a requantize chain Q-DQ-Q-DQ)
         # is no operator's input: the operators reading the chain's last pair read it too
+        # (pair -> the pair whose output it quantizes again, see requantizes)
+        self._requantizes = {c.name: dq_out[c.input] for c in self.calibration.values()
+                             if c.input in dq_out and dq_out[c.input] != c.name}
         after = defaultdict(list)
-        for c in self.calibration.values():
-            if c.input in dq_out and dq_out[c.input] != c.name:
-                after[dq_out[c.input]].append(c.name)
+        for later, earlier in self._requantizes.items():
+            after[earlier].append(later)
 
-        def chain(name):  # the pairs a chain passes through from ``name`` on, in order
-            return list(dict.fromkeys([name, *(x for a in after[name] for x in chain(a))]))
+        chains = {}  # pair -> the pairs its chain passes through from it on, in order
+
+        def chain(name):  # each worked out once: the owners' loop below reads it again
+            if name not in chains:
+                chains[name] = list(dict.fromkeys([name, *(x for a in after[name] for x in chain(a))]))
+            return chains[name]
 
         for c in self.calibration.values():
+            own = self.feeds(c.name)
             for n in dict.fromkeys(r for a in chain(c.name)[1:] for r in self.feeds(a)):
-                if n not in self.feeds(c.name):
+                if n not in own:
                     self.normal[n].calibration_chained.append(c.name)
         outputs = set(self.output_names)
         # pairs no operator reads or computes (a graph input straight through a pair to a model
@@ -1082,9 +1094,10 @@ class QuantModel:
             if any(self.feeds(a) for a in links) or not outputs.intersection(
                     self.cast_on([t for a in links for t in self.calibration[a].outputs])):
                 continue
-            head = c
-            while head.input in dq_out and dq_out[head.input] != head.name:
-                head = self.calibration[dq_out[head.input]]
+            head = c.name
+            while self.requantizes(head) is not None:
+                head = self.requantizes(head)
+            head = self.calibration[head]
             producer = self.producer[head.input].name if head.input in self.producer else None
             owner = self.through_casts([producer], downstream=False) if producer in self.normal else []
             for n in owner[:1]:
