@@ -591,22 +591,24 @@ def _advise(engine, metric, kind, rank, name, sens, dist, boxes, curves, scored=
     if not tries:
         tries = ["int16", "keep in float"]
     item = {"node": name, "kind": kind, "rank": rank, metric: value, "badness": bad, "try": tries,
-            "reasons": reasons, "findings": findings, "feeds": qm.feeds(name) if name in qm.calibration else []}
+            "reasons": reasons, "findings": findings, "feeds": qm.counts_for(name) if name in qm.calibration else []}
     item.update(_origin(qm, metric, kind, name, curves))
     return item
 
 
 def _origin(qm, metric, kind, name, curves):
-    """At the first normal node the target feeds: its local error (its own inputs quantized
-    from float values) against its error with everything quantized. At least half of it
-    local: its error is its own; less: it mostly inherits error from upstream; NaN with no
+    """At the first normal node the target feeds (:meth:`QuantModel.counts_for`): its local
+    error (its own inputs quantized from float values) against its error with everything
+    quantized. At least half of it local: its error is its own; less: it mostly inherits
+    error from upstream; NaN with no
     node there that turns a value rounded to 0 into Inf (its float values are not finite, an
     attention mask's -inf): not measured there; ``unowned`` for a pair no node reads or
     computes (:attr:`QuantModel.unowned`). ``also``: the same at every other node it feeds
     (a weight two Convs share), in graph order."""
     if name in qm.unowned:  # no node to measure at: said, not left blank
         return {"origin": "unowned", "tensor": qm.calibration[name].input}
-    found = [at for n in ([name] if kind == "node" else qm.feeds(name)) if (at := _at(qm, metric, n, curves))]
+    # an earlier pair of a requantize chain: at the operators reading the chain, as ranked
+    found = [at for n in ([name] if kind == "node" else qm.counts_for(name)) if (at := _at(qm, metric, n, curves))]
     if not found:
         return {"origin": None}
     return {**found[0], "also": found[1:]} if len(found) > 1 else found[0]

@@ -121,3 +121,86 @@ def test_causes_that_only_add_up_together_are_named_together(chain, tmp_path, mo
                      ("WeightBiasQuantization", "DoubleQDQPairsRemover"): 0.999996})
     told = stages.kernel_causes(engine, specs=None)
     assert len(told) == 1 and told[0].startswith("onnxruntime's default optimization WeightBiasQuantization"), told
+
+
+def branched_chain_net(path):
+    """Conv (weights on a pair) -> a coarse int8 pair (scale 1.5) read by a Relu (a model
+    output) and by a fine pair (scale 0.05) -> Conv (its own weights on a pair) -> y: the
+    coarse pair counts for the Relu it feeds and, through the fine pair, for the last Conv."""
+    rng = np.random.default_rng(3)
+    inits = [numpy_helper.from_array((rng.standard_normal((4, 4, 3, 3)) * 0.3).astype(np.float32), w)
+             for w in ("W0", "W1")]
+    nodes = []
+
+    def pair(src, name, scale):
+        return builders.add_pair(inits, nodes, src, scale, np.int8(0), name)
+
+    nodes.append(helper.make_node("Conv", ["x", pair("W0", "w0", 0.01)], ["c"], name="conv0", pads=[1, 1, 1, 1]))
+    coarse = pair("c", "coarse", 1.5)
+    nodes.append(helper.make_node("Relu", [coarse], ["r"], name="relu"))
+    nodes.append(helper.make_node("Conv", [pair(coarse, "fine", 0.05), pair("W1", "w1", 0.01)], ["y"], name="conv1",
+                                  pads=[1, 1, 1, 1]))
+    value = [helper.make_tensor_value_info(t, TensorProto.FLOAT, [1, 4, 8, 8]) for t in ("x", "y", "r")]
+    model = helper.make_model(helper.make_graph(nodes, "branched", value[:1], value[1:], inits),
+                              opset_imports=[helper.make_opsetid("", 13)])
+    onnx.checker.check_model(model)
+    onnx.save(model, str(path))
+    return path
+
+
+@pytest.fixture(scope="module")
+def branched(tmp_path_factory):
+    root = tmp_path_factory.mktemp("branched")
+    rng = np.random.default_rng(4)
+    data = {"x": [rng.standard_normal((1, 4, 8, 8)).astype(np.float32) for _ in range(4)]}
+    builders.save_folder(data, root / "calib")
+    return {"model": branched_chain_net(root / "model.onnx"), "calib": root / "calib", "root": root,
+            "feeds": [{"x": a} for a in data["x"]]}
+
+
+# each operator's own pairs, every pair of the chain it reads included (from the model above)
+OWN = {"conv1": ("coarse_Q", "fine_Q", "w1_Q"), "relu": ("coarse_Q",), "conv0": ("w0_Q",)}
+OUT = {"conv1": "y", "relu": "r", "conv0": "c"}
+
+
+def _local(branched, n):
+    """Operator ``n``'s local error by brute force: its output with only its own pairs kept
+    (the whole chain it reads), everything upstream float, against its float output."""
+    model = branched["model"]
+    ref = builders.run_model(builders.rewire(model, outputs=[OUT[n]]), branched["feeds"])
+    own = builders.run_model(builders.rewire(model, keep=OWN[n], outputs=[OUT[n]]), branched["feeds"])
+    return builders.pooled_cosine([o[OUT[n]] for o in ref], [o[OUT[n]] for o in own])
+
+
+def test_runall_local_error_counts_every_pair_of_the_chain(branched):
+    """runall read conv1's local error with the fine pair alone (0.9999, "inherited"), beside
+    a row whose "try" blamed the coarse pair that conv1's ranking counts: its local error
+    holds the whole chain, and the coarse pair's row reads it at the operators it counts for."""
+    from pytest_ptq.runall import runall
+
+    s = runall(str(branched["model"]), branched["calib"], save_dir=branched["root"] / "out", top=5,
+               node_type=["node", "activation"], progress=False)
+    rows = {(it["kind"], it["node"]): it for it in s["verdict"]["nodes"]}
+    for n in OWN:
+        assert rows["node", n]["at"] == n
+        assert rows["node", n]["local"] == pytest.approx(_local(branched, n), abs=1e-6), n
+    assert _local(branched, "conv1") < 0.99 and rows["node", "conv1"]["origin"] == "local"
+    coarse = rows["activation", "coarse_Q"]
+    assert [coarse["at"], *(a["at"] for a in coarse["also"])] == ["relu", "conv1"]
+    assert coarse["also"][0]["local"] == rows["node", "conv1"]["local"] and coarse["feeds"] == ["relu", "conv1"]
+    assert rows["activation", "fine_Q"]["local"] == rows["node", "conv1"]["local"]
+    line = next(r for r in (branched["root"] / "out" / "summary.md").read_text().splitlines() if "| `coarse_Q` |" in r)
+    assert "own at `relu`" in line and "own at `conv1`" in line, line
+
+
+@pytest.mark.parametrize("segments,memory", [(0, "fast"), (64, "fast"), (64, "low")])
+def test_local_errors_count_the_chain_segment_by_segment_too(branched, segments, memory):
+    # one node a segment: conv1's local clone reads the coarse pair's float input from
+    # segments before
+    from pytest_ptq.curves import get_acc_error
+
+    engine = Engine(str(branched["model"]), branched["calib"], segments=segments, memory=memory)
+    assert (engine.segments is None) == (segments == 0)
+    curves = get_acc_error(engine, {"all": list(engine.calib_names)}, progress=False)
+    for n in OWN:
+        assert curves.local[curves.nodes.index(n)] == pytest.approx(_local(branched, n), abs=1e-6), n

@@ -506,8 +506,9 @@ def _alternative_type(elem):
 def local_clones(qmodel, names=None):
     """``(nodes, outputs)``: for every normal node fed by calibration nodes, directly or
     through Casts between float types (those named in ``names`` only, when given), a clone fed
-    by its inputs quantized from their float values, with the nodes that quantize them (and
-    copies of those Casts); ``outputs``: the clones' float outputs, to expose.
+    by its inputs quantized from their float values, with the nodes that quantize them (every
+    pair of a requantize chain, and copies of those Casts); ``outputs``: the clones' float
+    outputs, to expose.
 
     Run with every flag off, the clones give each node's *local* error in one pass.
     """
@@ -523,7 +524,9 @@ def local_clones(qmodel, names=None):
         c, cast = by_output.get(i), qmodel.producer.get(i)
         if c is not None:
             dq = next(d for d in c.dq_nodes if d.output[0] == i)
-            src = c.float_weight or c.input
+            # a pair that quantizes another pair's output again (a requantize chain) reads that
+            # pair quantized too: the operator ranking counts the whole chain for the node
+            src = quantized(c.input) if qmodel.requantizes(c.name) is not None else c.float_weight or c.input
             renamed = {}
             if c.q_node is not None and not c.fused:
                 q, renamed = _renamed_copy(c.q_node, f"ptq_lq::{i}::")

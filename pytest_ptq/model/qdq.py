@@ -745,6 +745,13 @@ class QuantModel:
         return list(dict.fromkeys([*self.quantizers_through_casts(name), *n.calibration_chained,
                                    *n.calibration_outputs]))
 
+    def counts_for(self, name):
+        """The normal nodes calibration node ``name`` counts for, as the operator ranking counts
+        it (:meth:`quantizing`): those it quantizes the input of (:meth:`feeds`), then, for an
+        earlier pair of a requantize chain, the operators reading the chain's later pairs
+        (:attr:`NormalNode.calibration_chained`), which no operator reads the output of."""
+        return list(dict.fromkeys([*self.feeds(name), *self._chained_into.get(name, ())]))
+
     def requantizes(self, name):
         """The calibration node whose output calibration node ``name`` quantizes again (the
         pair before it in a requantize chain Q-DQ-Q-DQ), or None."""
@@ -1078,11 +1085,13 @@ class QuantModel:
                 chains[name] = list(dict.fromkeys([name, *(x for a in after[name] for x in chain(a))]))
             return chains[name]
 
+        self._chained_into = {}  # pair -> the operators it counts for through its chain (counts_for)
         for c in self.calibration.values():
             own = self.feeds(c.name)
             for n in dict.fromkeys(r for a in chain(c.name)[1:] for r in self.feeds(a)):
                 if n not in own:
                     self.normal[n].calibration_chained.append(c.name)
+                    self._chained_into.setdefault(c.name, []).append(n)
         outputs = set(self.output_names)
         # pairs no operator reads or computes (a graph input straight through a pair to a model
         # output): an operator ranking would leave their loss out, so it ranks each on its own
