@@ -282,7 +282,7 @@ def _node(qm, sens, rank, name, calib, dist, boxes, split, metric, alone):
     bad = badness(metric, value)
     kind = KIND_WORDS[sens.node_type]
     op_type = ("Q/DQ" if name in qm.unowned else qm.normal[name].op_type) if sens.node_type == "node" else ", ".join(
-        dict.fromkeys(qm.normal[n].op_type for n in qm.feeds(name)))
+        dict.fromkeys(qm.normal[n].op_type for n in qm.counts_for(name)))  # a chain's earlier pair: its readers
     ins = []
     for c in calib:
         cn = qm.calibration[c]

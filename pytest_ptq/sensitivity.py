@@ -350,7 +350,8 @@ def ranked(engine, scores, metric_objs, specs, samples, node_type, describe):
 
 def describe(qm, name, node_type, quantized):
     """The descriptive details of a ranked entry: op type and calibration nodes of a normal
-    node; kind, threshold, bit, fed nodes and granularity of a calibration node."""
+    node; kind, threshold, bit, the operators it counts for (:meth:`QuantModel.counts_for`: a
+    requantize chain's earlier pair, those reading the chain) and granularity of a calibration node."""
     if node_type == "node" and name in qm.unowned:
         c = qm.calibration[name]
         return {"kind": "node", "op_type": "Q/DQ", "calibration_nodes": list(quantized), "unowned": c.input}
@@ -358,5 +359,5 @@ def describe(qm, name, node_type, quantized):
         n = qm.normal[name]
         return {"kind": "node", "op_type": n.op_type, "calibration_nodes": list(quantized)}
     c = qm.calibration[name]
-    return {"kind": c.kind, "threshold": c.shown_threshold, "bit": c.bit, "feeds": qm.feeds(name),
+    return {"kind": c.kind, "threshold": c.shown_threshold, "bit": c.bit, "feeds": qm.counts_for(name),
             "per_channel": c.per_channel, "input": c.input}

@@ -193,6 +193,37 @@ def test_runall_local_error_counts_every_pair_of_the_chain(branched):
     assert "own at `relu`" in line and "own at `conv1`" in line, line
 
 
+@pytest.mark.parametrize("net, readers", [("chain", ["conv1"]), ("branched", ["relu", "conv1"])])
+def test_a_chains_earlier_pair_is_named_with_the_operators_it_counts_for(net, readers, request, capsys, tmp_path):
+    """list-nodes named no consumer of the coarse pair (a QuantizeLinear reads it), and the
+    diagnosis of the activation ranking called it "activation on a model output": both name
+    the operators whose ranking counts it."""
+    import json
+
+    from pytest_ptq.cli import main
+    from pytest_ptq.diagnosis import diagnose
+    from pytest_ptq.outputs import parse_outputs
+    from pytest_ptq.sensitivity import get_sensitivity_of_nodes
+    from pytest_ptq.verdict import three_configs
+
+    model = request.getfixturevalue(net)["model"]
+    engine = Engine(str(model), request.getfixturevalue(net)["calib"])
+    ranking = get_sensitivity_of_nodes(engine, node_type="node")
+    counted = {c: [n for n in ranking if c in ranking.details[n]["calibration_nodes"]] for c in builders.qdq_pairs(model)}
+    assert sorted(counted["coarse_Q"]) == sorted(readers)
+    assert main(["list-nodes", str(model), "--json", str(tmp_path / "n.json")]) == 0
+    listed = {r["name"]: r["consumers"] for r in json.loads((tmp_path / "n.json").read_text())["calibration_nodes"]}
+    assert {c: sorted(v) for c, v in listed.items()} == {c: sorted(v) for c, v in counted.items()}
+    assert listed["coarse_Q"] == readers and ",".join(readers) in capsys.readouterr().out
+    activations = get_sensitivity_of_nodes(engine, node_type="activation")
+    assert activations.details["coarse_Q"]["feeds"] == readers
+    diag = diagnose(engine, activations, three_configs(engine, parse_outputs(None, engine)), top=3)
+    row = next(it for it in diag.nodes if it["node"] == "coarse_Q")
+    told = "\n".join(diag.lines())
+    assert row["op_type"] == ", ".join(engine.qmodel.normal[n].op_type for n in readers)
+    assert "coarse_Q (activation into " in told and "on a model output" not in told, told
+
+
 @pytest.mark.parametrize("segments,memory", [(0, "fast"), (64, "fast"), (64, "low")])
 def test_local_errors_count_the_chain_segment_by_segment_too(branched, segments, memory):
     # one node a segment: conv1's local clone reads the coarse pair's float input from

@@ -13,7 +13,9 @@ def run(args):
     print(f"{qm.source}: {qm.format_label} model, made by {qm.made_by.label} ({qm.made_by.evidence})")
     rows, reduced = [], 0
     for c in qm.calibration.values():
-        row = {**c.summary(), "consumers": list(c.consumers)}
+        # and the operators it counts for in the rankings: a requantize chain's earlier pair
+        # is read by the next pair's QuantizeLinear only, and counts for the chain's readers
+        row = {**c.summary(), "consumers": list(dict.fromkeys([*c.consumers, *qm.counts_for(c.name)]))}
         if qm.reduced_range(c) is not None:  # the codes it uses, and the range they reach: half the grid's
             reduced += 1
             row["dtype"], row["threshold"], _, _ = qm.shown_grid(c)

@@ -305,7 +305,7 @@ def _describe(qm, c):
     return {"kind": c.kind, "tensor": c.input, "bit": c.bit, "wider": qm.wider_type(c), "dtype": dtype,
             "per_channel": c.per_channel, "block_size": c.block_size or None, "axis": c.axis, "threshold": threshold,
             "range_lo": float(np.min(lo)), "range_hi": float(np.max(hi)),
-            "scale": float(np.max(np.abs(c.scale))), "role": c.role, "feeds": qm.feeds(c.name),
+            "scale": float(np.max(np.abs(c.scale))), "role": c.role, "feeds": qm.counts_for(c.name),
             "takes_per_channel": qm.takes_per_channel(c), "float_grid": c.grid.is_float}
 
 
