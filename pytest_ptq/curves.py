@@ -32,7 +32,9 @@ KINDS = ("weight", "activation")
 class Curves(JsonResult):
     """``values[config][k]`` is the metric at ``nodes[k]`` (tensor ``tensors[k]``); in
     ``average_mode`` (the seed's average cumulative error), ``means[config][k]`` the running
-    mean of ``values[config][:k + 1]``, what the plot draws."""
+    mean of ``values[config][:k + 1]``, what the plot draws. ``worst_of[node]``: the model
+    outputs a node's point is the worst of, where its own pairs write several (a Split's
+    outputs, each behind its pair), ``tensors[k]`` the first of them."""
 
     metric: str
     nodes: list
@@ -44,6 +46,11 @@ class Curves(JsonResult):
     samples: int = 0
     png: str | None = None
     means: dict | None = None
+    worst_of: dict | None = None
+
+    def read(self, k):
+        """The tensors the point of ``nodes[k]`` is the worst of."""
+        return (self.worst_of or {}).get(self.nodes[k], [self.tensors[k]])
 
     def worst(self, label, k=3):
         """The ``k`` nodes with the worst value in a config's curve, worst first."""
@@ -105,27 +112,30 @@ def get_acc_error(engine, configs, metric="cosine-similarity", data_num=None, lo
     indices = sample_indices(engine, data_num)
     qm = engine.qmodel
     own = {}  # node -> its output tensor, where its local error is read
-    tensor_of = {}  # node -> the tensor its curve reads
+    tensor_of = {}  # node -> the tensors its curve reads, the worst of them
     for n in qm.normal.values():
         t = next((o for o in n.outputs if o in engine.probe_tensors), None)
         # a Cast between float types (a float16 graph computing operators in float32) shows
         # the error of the tensor it casts, or of its pair: the operators' points say it
         if t is not None and not qm.passes_on(n.name):
             own[n.name] = t
-            # a node whose own pair writes a model output (a detector head's Concat) is read
-            # after that pair: what the model delivers, the pair's error included
-            tensor_of[n.name] = next((o for c in n.calibration_outputs for o in qm.cast_on(qm.calibration[c].outputs)
-                                      if o in qm.output_names), t)
-    nodes, tensors = list(tensor_of), list(tensor_of.values())
+            # a node whose own pairs write model outputs (a detector head's Concat) is read
+            # after those pairs: what the model delivers, the pairs' error included, the worst
+            # of them where they write several (a Split's outputs), as the rankings score it
+            delivered = [o for c in n.calibration_outputs for o in qm.cast_on(qm.calibration[c].outputs)
+                         if o in qm.output_names]
+            tensor_of[n.name] = list(dict.fromkeys(delivered)) or [t]
+    nodes, tensors = list(tensor_of), [read[0] for read in tensor_of.values()]
+    every = list(dict.fromkeys(t for read in tensor_of.values() for t in read))
     # a model output the rankings score by part (outputs.parts) is scored by its worst part
     # here too, so that the curve ends where the verdict does
     whole, views = [lambda a: a], {}
     for spec in parse_outputs(None, engine):
-        if spec.index and spec.tensor in tensors:
+        if spec.index and spec.tensor in every:
             views.setdefault(spec.tensor, []).append(spec.take)
-    for n, t in tensor_of.items():  # a local error read before the output's pair: by the same parts
-        if t in views and own[n] != t:
-            views.setdefault(own[n], views[t])
+    for n, read in tensor_of.items():  # a local error read before the output's pair: by the same parts
+        if read[0] in views and own[n] != read[0]:
+            views.setdefault(own[n], views[read[0]])
 
     def fresh(names):
         return {t: [m.new() for _ in views.get(t, whole)] for t in names}
@@ -140,12 +150,12 @@ def get_acc_error(engine, configs, metric="cosine-similarity", data_num=None, lo
                 for r, take, one in zip(prepared[t], views.get(t, whole), st[t]):
                     m.update(one, r, take(v))
 
-    def worst(st):
-        return m.worst([m.value(one) for one in st])
+    def worst(*st):
+        return m.worst([m.value(one) for part in st for one in part])
 
-    states = {label: fresh(tensors) for label in configs}
+    states = {label: fresh(every) for label in configs}
     local_states = fresh(own.values()) if local else None
-    probed = list(dict.fromkeys(tensors + list(own.values())))
+    probed = list(dict.fromkeys(every + list(own.values())))
     with Progress(len(indices) * engine.probe_parts(probed), "error curves", enabled=progress) as bar:
         for _, parts in engine.probes(indices, list(configs.values()), probed, local):
             for ref, local_vals, outs in parts:
@@ -157,26 +167,44 @@ def get_acc_error(engine, configs, metric="cosine-similarity", data_num=None, lo
                     update(states[label], out, ref, prepared)
                     out.clear()
                 bar.advance()
-    values = {label: [worst(st[t]) for t in tensors] for label, st in states.items()}
+    values = {label: [worst(*(st[t] for t in read)) for read in tensor_of.values()] for label, st in states.items()}
     local_vals = [worst(local_states[own[n]]) if qm.reads_pairs(n) else None for n in nodes] if local else None
     return read_from(Curves(metric=m.name, nodes=nodes, tensors=tensors, values=values, configs=configs,
-                            local=local_vals, samples=len(indices)), engine.inputs())
+                            local=local_vals, samples=len(indices),
+                            worst_of={n: read for n, read in tensor_of.items() if len(read) > 1} or None),
+                     engine.inputs())
 
 
 def unplotted_outputs(engine, curves):
-    """``{output: why}``: the compared model outputs the curves have no point for, since no
+    """``{output: why}``: the compared model outputs no point of the curves reads, since no
     operator computes them (a graph input passed straight through; a pair on one, which the
-    rankings score as that pair)."""
+    rankings score as that pair; a pair the rankings credit to the operators it quantizes)."""
     qm = engine.qmodel
+    read = {t for k in range(len(curves.nodes)) for t in curves.read(k)}
     out = {}
     for t in dict.fromkeys(s.tensor for s in parse_outputs(None, engine)):
-        if t in curves.tensors:
+        if t in read:
             continue
-        pair = next((c for c in qm.calibration.values() if t in qm.cast_on(c.outputs)), None)
-        out[t] = ("a graph input passed straight through, the same in every config" if t in qm.input_names else
-                  f"written by pair {pair.name!r} on {pair.input!r} with no operator between, which the rankings "
-                  "score as that pair" if pair is not None else "no operator computes it")
+        src, casts = qm.uncast(t)
+        through = f" through {_named_list('Cast', casts[::-1])}" if casts else ""
+        pair = qm.by_output().get(src)
+        if t in qm.input_names:
+            out[t] = "a graph input passed straight through, the same in every config"
+        elif pair is not None:
+            owners = qm.credited(pair.name)
+            out[t] = f"written by pair {pair.name!r} on {pair.input!r}{through}" + (
+                " with no operator between, which the rankings score as that pair" if owners == [pair.name] else
+                f", whose error the rankings credit to {_named_list('node', owners)}, whose input"
+                f"{'s' if len(owners) > 1 else ''} it quantizes" if owners else
+                ", whose values no operator reads (no ranking row holds it)")
+        else:
+            out[t] = "no operator computes it"
     return out
+
+
+def _named_list(what, names):
+    """``Cast 'a'`` or ``Casts 'a', 'b'``: names after their kind, in the order given."""
+    return f"{what}{'s' if len(names) > 1 else ''} " + ", ".join(map(repr, names))
 
 
 def running_mean(values):

@@ -536,3 +536,72 @@ def test_the_local_error_of_a_concatenated_output_is_its_worst_part_as_everywher
     whole = builders.pooled_cosine(ref, got)
     assert min(parts) < whole - 1e-5  # the parts tell apart what the whole does not
     assert curves.local[curves.nodes.index("head_concat")] == pytest.approx(min(parts), abs=1e-7)
+
+
+def _conv_head(tmp_path, tail):
+    """x -> Q/DQ -> Conv(W Q/DQ) -> c, then ``tail(inits, nodes)`` (returns the model outputs
+    as value infos) on c; saved as q.onnx, with five samples."""
+    from onnx import TensorProto
+
+    rng = np.random.default_rng(3)
+    inits = [numpy_helper.from_array((rng.standard_normal((4, 4, 3, 3)) * 0.3).astype(np.float32), "W")]
+    nodes = []
+    w = builders.add_pair(inits, nodes, "W", 0.01, np.int8(0))
+    x = builders.add_pair(inits, nodes, "x", 0.03, np.uint8(128))
+    nodes.append(helper.make_node("Conv", [x, w], ["c"], pads=[1] * 4, name="conv"))
+    outputs = tail(inits, nodes)
+    graph = helper.make_graph(nodes, "head", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 8, 8])],
+                              outputs, inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=8)
+    onnx.checker.check_model(model)
+    onnx.save(model, str(tmp_path / "q.onnx"))
+    data = {"x": [rng.standard_normal((1, 4, 8, 8)).astype(np.float32) for _ in range(5)]}
+    return tmp_path / "q.onnx", data
+
+
+def test_a_node_whose_pairs_write_several_outputs_is_read_at_each_as_the_rankings_credit_it(tmp_path, capsys):
+    """A Split whose outputs each pass a pair to a model output: its point read the first
+    output only, so its second pair, which the ranking credits to the Split, left its point at
+    1.0; and a pair on c that writes a model output and feeds a Relu was said to be ranked on
+    its own, where the ranking credits it to the Relu."""
+    from onnx import TensorProto
+
+    from pytest_ptq.cli import main
+    from pytest_ptq.curves import unplotted_outputs
+    from pytest_ptq.sensitivity import get_sensitivity_of_nodes
+
+    def tail(inits, nodes):
+        nodes.append(helper.make_node("Split", ["c"], ["s1", "s2"], axis=1, num_outputs=2, name="split"))
+        builders.add_pair(inits, nodes, "s1", 0.05, np.int8(0), out="y1")
+        builders.add_pair(inits, nodes, "s2", 0.3, np.int8(0), out="y2")
+        builders.add_pair(inits, nodes, "c", 0.1, np.int8(0), out="yc")
+        nodes.append(helper.make_node("Relu", ["yc"], ["z"], name="relu"))
+        return [helper.make_tensor_value_info(t, TensorProto.FLOAT, [1, 2 if t[1:] in "12" else 4, 8, 8])
+                for t in ("y1", "y2", "yc", "z")]
+
+    q, data = _conv_head(tmp_path, tail)
+    engine = Engine(str(q), data, optimization="disable")
+    ranking = get_sensitivity_of_nodes(engine, progress=False)
+    pairs = list(builders.qdq_pairs(q))
+    configs = {**{p: [p] for p in pairs}, "split's": ranking.details["split"]["calibration_nodes"], "all": pairs}
+    curves = get_acc_error(engine, configs, local=False, progress=False)
+    k = curves.nodes.index("split")
+    feeds = [{"x": x} for x in data["x"]]
+    ref = builders.run_model(builders.rewire(q), feeds, outputs=["y1", "y2"])
+    for label, keep in configs.items():
+        got = builders.run_model(builders.rewire(q, keep=set(keep)), feeds, outputs=["y1", "y2"])
+        assert curves.values[label][k] == pytest.approx(builders.worst_cosine(ref, got), abs=1e-6), label
+    assert curves.read(k) == ["y1", "y2"] and curves.tensors[k] == "y1"
+    assert "s2_Q" in ranking.details["split"]["calibration_nodes"] and curves.values["s2_Q"][k] < 1 - 1e-4
+    assert curves.values["split's"][k] == pytest.approx(ranking["split"]["cosine-similarity"], abs=1e-9)
+    # yc: no point reads it; its pair is the Relu's in the ranking, not a row of its own
+    assert "c_Q" in ranking.details["relu"]["calibration_nodes"] and "c_Q" not in ranking
+    notes = unplotted_outputs(engine, curves)
+    assert notes == {"yc": "written by pair 'c_Q' on 'c', whose error the rankings credit to node 'relu', whose "
+                           "input it quantizes"}
+    builders.save_folder(data, tmp_path / "calib")
+    assert main(["plot-acc-error", str(q), str(tmp_path / "calib"), "-s", str(tmp_path / "c"), "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert f"at the outputs y1 / y2 (the worst) {curves.values['all'][k]:.6g}" in out, out
+    assert "no point for output 'yc': written by pair 'c_Q' on 'c', whose error the rankings credit to node " \
+           "'relu'" in out, out

@@ -25,15 +25,20 @@ def run(args):
                             average_mode=args.average, data_num=args.data_num, local=not args.no_local,
                             progress=not args.quiet)
     # the model's outputs, not the last operator run (a side branch, as often as not)
-    ends = [k for k, t in enumerate(curves.tensors) if t in engine.model_outputs] or [len(curves.nodes) - 1]
+    ends = [k for k in range(len(curves.nodes)) if set(curves.read(k)) & set(engine.model_outputs)] or \
+        [len(curves.nodes) - 1]
+    # a node whose pairs write several outputs has one point, the worst of them: named so
+    named = {k: " / ".join(curves.read(k)) + (" (the worst)" if len(curves.read(k)) > 1 else "") for k in ends}
+    several = sum(len(curves.read(k)) for k in ends) > 1
+
     def shown(node, v):  # a NaN where an op turns a value rounded to 0 into Inf (a Log): said, not bare
         cause = pole_cause(engine.qmodel, node) if v != v else ""
         return f"{node} ({v:.6g}{': ' + cause if cause else ''})"
 
     for label in curves.values:
         worst = ", ".join(shown(n, v) for n, v in curves.worst(label))
-        at = ", ".join(f"{curves.tensors[k]} {curves.values[label][k]:.6g}" for k in ends)
-        print(f"{label}: {curves.metric} at the output{'s' if len(ends) > 1 else ''} {at}; worst at {worst}")
+        at = ", ".join(f"{named[k]} {curves.values[label][k]:.6g}" for k in ends)
+        print(f"{label}: {curves.metric} at the output{'s' if several else ''} {at}; worst at {worst}")
     for t, why in unplotted_outputs(engine, curves).items():
         print(f"note: the curves have no point for output {t!r}: {why}")
     print(f"wrote {curves.png}")

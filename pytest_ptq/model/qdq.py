@@ -789,6 +789,24 @@ class QuantModel:
             out += [n.output[0] for n in self.consumers.get(t, ()) if self._float_cast(n.name)]
         return out
 
+    def uncast(self, tensor):
+        """``(source, casts)``: the tensor that Casts between float types make ``tensor`` of,
+        repeatedly (the reverse of :meth:`cast_on`), and those Casts' names, the last one first."""
+        casts = []
+        while tensor in self.producer and self._float_cast(self.producer[tensor].name):
+            casts.append(self.producer[tensor].name)
+            tensor = self.producer[tensor].input[0]
+        return tensor, casts
+
+    def credited(self, name):
+        """The operators an operator ranking credits calibration node ``name`` to: those it
+        quantizes (:meth:`quantizing`), never a Cast between float types or a node that reads
+        only shapes; ``[name]`` for a pair of :attr:`unowned`, ranked on its own."""
+        if name in self.unowned:
+            return [name]
+        return [n for n in self.normal if self.normal[n].op_type not in formats.SHAPE_ONLY
+                and not self.passes_on(n) and name in self.quantizing(n)]
+
     def _qparams(self, node, qtype):
         where = f"node {node.name!r} of {self.source!r} "
         scale = self.constant(node.input[1]) if len(node.input) > 1 else None
