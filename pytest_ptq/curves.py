@@ -176,20 +176,24 @@ def get_acc_error(engine, configs, metric="cosine-similarity", data_num=None, lo
 
 
 def unplotted_outputs(engine, curves):
-    """``{output: why}``: the compared model outputs no point of the curves reads, since no
-    operator computes them (a graph input passed straight through; a pair on one, which the
-    rankings score as that pair; a pair the rankings credit to the operators it quantizes)."""
+    """``{output: why}``: the compared model outputs no point of the curves reads, and where
+    their error shows instead: a graph input passed straight through; a pair on one, which the
+    rankings score as that pair; a pair the rankings credit to the operators it quantizes; an
+    operator's output read elsewhere (before its Casts between float types, after its pair)."""
     qm = engine.qmodel
     read = {t for k in range(len(curves.nodes)) for t in curves.read(k)}
+    point = dict(zip(curves.nodes, curves.tensors))
     out = {}
     for t in dict.fromkeys(s.tensor for s in parse_outputs(None, engine)):
         if t in read:
             continue
+        # a Cast between float types has no point of its own: what it casts says who computes it
         src, casts = qm.uncast(t)
         through = f" through {_named_list('Cast', casts[::-1])}" if casts else ""
-        pair = qm.by_output().get(src)
-        if t in qm.input_names:
-            out[t] = "a graph input passed straight through, the same in every config"
+        pair, writer = qm.by_output().get(src), qm.producer.get(src)
+        if src in qm.input_names:
+            how = through[1:] + " only" if casts else "straight through"
+            out[t] = f"a graph input passed {how}, the same in every config"
         elif pair is not None:
             owners = qm.credited(pair.name)
             out[t] = f"written by pair {pair.name!r} on {pair.input!r}{through}" + (
@@ -197,8 +201,19 @@ def unplotted_outputs(engine, curves):
                 f", whose error the rankings credit to {_named_list('node', owners)}, whose input"
                 f"{'s' if len(owners) > 1 else ''} it quantizes" if owners else
                 ", whose values no operator reads (no ranking row holds it)")
-        else:
-            out[t] = "no operator computes it"
+        elif writer is not None and writer.name in point:
+            at = point[writer.name]
+            after = next((c for c in qm.normal[writer.name].calibration_outputs
+                          if at in qm.cast_on(qm.calibration[c].outputs)), None)
+            where = (f", after its pair {after!r}" if after else
+                     f", before the Cast{'s' if len(casts) > 1 else ''}" if casts and at == src else "")
+            out[t] = (f"computed by node {writer.name!r}{through}; the curves read {writer.name!r} at tensor "
+                      f"{at!r}{where}")
+        elif writer is None or writer.op_type == "Constant":
+            out[t] = f"a constant{through}, the same in every config"
+        else:  # integer ids or codes, compared where the model has no float output
+            out[t] = (f"computed by {writer.op_type} {writer.name!r}{through} as integers; the curves compare float "
+                      "tensors only")
     return out
 
 

@@ -605,3 +605,56 @@ def test_a_node_whose_pairs_write_several_outputs_is_read_at_each_as_the_ranking
     assert f"at the outputs y1 / y2 (the worst) {curves.values['all'][k]:.6g}" in out, out
     assert "no point for output 'yc': written by pair 'c_Q' on 'c', whose error the rankings credit to node " \
            "'relu'" in out, out
+
+
+def test_an_output_cast_from_an_operators_names_that_operator(tmp_path):
+    """Conv -> Cast(float16) -> Cast(float32) -> model output: the curves' note said no
+    operator computes it; the Conv does, and its point reads its output before the Casts."""
+    from onnx import TensorProto
+
+    from pytest_ptq.curves import unplotted_outputs
+
+    def tail(inits, nodes):
+        nodes.append(helper.make_node("Cast", ["c"], ["h"], to=TensorProto.FLOAT16, name="cast16"))
+        nodes.append(helper.make_node("Cast", ["h"], ["y"], to=TensorProto.FLOAT, name="cast32"))
+        nodes.append(helper.make_node("Cast", ["x"], ["xh"], to=TensorProto.FLOAT16, name="cast_in"))
+        return [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 8, 8]),
+                helper.make_tensor_value_info("xh", TensorProto.FLOAT16, [1, 4, 8, 8])]
+
+    q, data = _conv_head(tmp_path, tail)
+    engine = Engine(str(q), data, optimization="disable")
+    pairs = list(builders.qdq_pairs(q))
+    curves = get_acc_error(engine, {"all": pairs}, local=False, progress=False)
+    assert curves.nodes == ["conv"] and curves.tensors == ["c"]
+    feeds = [{"x": x} for x in data["x"]]
+    ref = builders.run_model(builders.rewire(q, outputs=["c"]), feeds, outputs=["c"])
+    got = builders.run_model(builders.rewire(q, keep=set(pairs), outputs=["c"]), feeds, outputs=["c"])
+    assert curves.values["all"][0] == pytest.approx(builders.worst_cosine(ref, got), abs=1e-6)
+    assert unplotted_outputs(engine, curves) == {
+        "y": "computed by node 'conv' through Casts 'cast16', 'cast32'; the curves read 'conv' at tensor 'c', before "
+             "the Casts",
+        "xh": "a graph input passed through Cast 'cast_in' only, the same in every config"}
+
+
+def test_an_operators_output_beside_its_own_pairs_names_that_operator(tmp_path):
+    """Conv output c is a model output, and so is its pair's y: the Conv's point reads y (what
+    its pair delivers); the note on c said no operator computes it."""
+    from onnx import TensorProto
+
+    from pytest_ptq.curves import unplotted_outputs
+
+    def tail(inits, nodes):
+        builders.add_pair(inits, nodes, "c", 0.2, np.int8(0), out="y")
+        return [helper.make_tensor_value_info(t, TensorProto.FLOAT, [1, 4, 8, 8]) for t in ("c", "y")]
+
+    q, data = _conv_head(tmp_path, tail)
+    engine = Engine(str(q), data, optimization="disable")
+    pairs = list(builders.qdq_pairs(q))
+    curves = get_acc_error(engine, {"all": pairs}, local=False, progress=False)
+    assert curves.tensors == ["y"]
+    feeds = [{"x": x} for x in data["x"]]
+    ref = builders.run_model(builders.rewire(q), feeds, outputs=["y"])
+    got = builders.run_model(builders.rewire(q, keep=set(pairs)), feeds, outputs=["y"])
+    assert curves.values["all"][0] == pytest.approx(builders.worst_cosine(ref, got), abs=1e-6)
+    assert unplotted_outputs(engine, curves) == {
+        "c": "computed by node 'conv'; the curves read 'conv' at tensor 'y', after its pair 'c_Q'"}
