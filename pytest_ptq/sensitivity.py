@@ -41,10 +41,7 @@ def targets_for(engine, node_type, interested_nodes=None):
     qm = engine.qmodel
     params.node_type(node_type)
     if node_type == "node":
-        # a Shape or Size reads only the shape of its quantized input: ranked, it would carry the
-        # figure of that input's pair (which its other readers carry already); so would a Cast
-        # between float types (a float16 graph computing a Conv in float32), whose readers do
-        operators = (n.name for n in qm.normal.values() if n.op_type not in SHAPE_ONLY and not qm.passes_on(n.name))
+        operators = (name for name in qm.normal if qm.ranks(name))
         targets = {name: engine.gated(pairs) for name in operators if (pairs := qm.quantizing(name))}
         # a pair no operator reads or computes is a row of its own, else no config would hold it
         targets.update({name: engine.gated([name]) for name in qm.unowned if qm.calibration[name].bypassable})

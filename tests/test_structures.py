@@ -331,3 +331,33 @@ def test_runall_names_every_node_a_shared_weight_feeds(tmp_path):
                                                 abs=1e-6)
     assert item["also"][0]["accumulated"] == pytest.approx(builders.worst_cosine(
         [{"y": o["y"]} for o in ref], [{"y": o["y"]} for o in full]), abs=1e-6)
+
+
+def test_a_pair_on_an_output_that_a_shape_also_reads_counts_for_its_producer(tmp_path):
+    # the Shape counted as the pair's reader, and the operator ranking skips Shapes: the output
+    # pair was in no row, so the default nodes check never saw its loss
+    rng = np.random.default_rng(7)
+    inits = [numpy_helper.from_array((rng.standard_normal((4, 4, 3, 3)) * 0.3).astype(np.float32), "W")]
+    nodes = []
+    w = builders.add_pair(inits, nodes, "W", 0.01, np.int8(0))
+    nodes.append(helper.make_node("Conv", [builders.add_pair(inits, nodes, "x", 0.03, np.uint8(128)), w], ["c"],
+                                  pads=[1, 1, 1, 1], name="conv"))
+    builders.add_pair(inits, nodes, "c", 0.4, np.int8(0), out="y")
+    nodes.append(helper.make_node("Shape", ["y"], ["s"], name="shape"))
+    graph = helper.make_graph(nodes, "shaped", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 8, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 8, 8]),
+                               helper.make_tensor_value_info("s", TensorProto.INT64, [4])], inits)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8),
+              str(tmp_path / "q.onnx"))
+    data = {"x": [rng.standard_normal((1, 4, 8, 8)).astype(np.float32) for _ in range(N)]}
+    ranking = get_sensitivity_of_nodes(Engine(str(tmp_path / "q.onnx"), data, optimization="disable"),
+                                       node_type="node")
+    pairs = set(builders.qdq_pairs(tmp_path / "q.onnx"))
+    assert set(ranking.details["conv"]["calibration_nodes"]) == pairs
+    assert list(ranking) == ["conv"]
+    feeds = [{"x": a} for a in data["x"]]
+    base = builders.run_model(builders.rewire(tmp_path / "q.onnx"), feeds, outputs=["y"])
+    quantized = builders.run_model(builders.rewire(tmp_path / "q.onnx", keep=pairs), feeds, outputs=["y"])
+    expected = builders.worst_cosine(base, quantized)
+    assert ranking["conv"]["cosine-similarity"] == pytest.approx(expected, abs=1e-6)
+    assert expected < 0.999  # the output pair's coarse grid is what costs

@@ -804,8 +804,13 @@ class QuantModel:
         only shapes; ``[name]`` for a pair of :attr:`unowned`, ranked on its own."""
         if name in self.unowned:
             return [name]
-        return [n for n in self.normal if self.normal[n].op_type not in formats.SHAPE_ONLY
-                and not self.passes_on(n) and name in self.quantizing(n)]
+        return [n for n in self.normal if self.ranks(n) and name in self.quantizing(n)]
+
+    def ranks(self, name):
+        """Whether an operator ranking has a row for normal node ``name``: not for a node that
+        reads only shapes (Shape, Size), whose row would carry its input pair's figure, which
+        the pair's other readers carry, nor for a Cast between float types (:meth:`passes_on`)."""
+        return self.normal[name].op_type not in formats.SHAPE_ONLY and not self.passes_on(name)
 
     def _qparams(self, node, qtype):
         where = f"node {node.name!r} of {self.source!r} "
@@ -1118,7 +1123,8 @@ class QuantModel:
             # a float16 graph's model output is often its last pair's value cast to float32
             # (or the pair's input a float32 value cast to float16): the node behind owns it
             links = chain(c.name)
-            if any(self.feeds(a) for a in links) or not outputs.intersection(
+            # a Shape reading the output reads no value: the pair is still the producer's
+            if any(self.ranks(n) for a in links for n in self.feeds(a)) or not outputs.intersection(
                     self.cast_on([t for a in links for t in self.calibration[a].outputs])):
                 continue
             head = c.name
