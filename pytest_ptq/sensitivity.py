@@ -65,6 +65,11 @@ def targets_for(engine, node_type, interested_nodes=None):
             elif name in qm.normal and qm.normal[name].op_type in SHAPE_ONLY:
                 raise PTQError(f"node {name!r} ({qm.normal[name].op_type}) reads only the shape of its input, which "
                                "quantization does not change; rank the nodes that read its values")
+            elif name in qm.normal and node_type == "node":  # an operator no pair reads or writes
+                raise PTQError(f"node {name!r} ({qm.normal[name].op_type}) of {qm.source!r} reads no quantized input "
+                               "and writes no quantized output, so quantization changes nothing of its own: it runs "
+                               "in float in every config; rank the nodes around it (`ptq-debug list-nodes MODEL` "
+                               "lists which read Q/DQ pairs)")
             elif name in qm.calibration or name in qm.normal:
                 kinds = {"node": "an operator (node type 'node')", "weight": "a weight node",
                          "activation": "an activation node"}

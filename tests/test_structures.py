@@ -361,3 +361,25 @@ def test_a_pair_on_an_output_that_a_shape_also_reads_counts_for_its_producer(tmp
     expected = builders.worst_cosine(base, quantized)
     assert ranking["conv"]["cosine-similarity"] == pytest.approx(expected, abs=1e-6)
     assert expected < 0.999  # the output pair's coarse grid is what costs
+
+
+def test_an_operator_no_pair_reads_or_writes_is_refused_for_what_it_is(tmp_path):
+    # "node 'relu' is an operator (node type 'node'), not an operator (node type 'node'); use
+    # node_type='node'": the advice was the option given
+    rng = np.random.default_rng(8)
+    inits = [numpy_helper.from_array((rng.standard_normal((4, 4, 3, 3)) * 0.3).astype(np.float32), "W")]
+    nodes = []
+    w = builders.add_pair(inits, nodes, "W", 0.01, np.int8(0))
+    nodes += [helper.make_node("Conv", [builders.add_pair(inits, nodes, "x", 0.03, np.uint8(128)), w], ["c"],
+                               pads=[1, 1, 1, 1], name="conv"),
+              helper.make_node("Relu", ["c"], ["y"], name="relu")]
+    graph = helper.make_graph(nodes, "bare", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 8, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 8, 8])], inits)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8),
+              str(tmp_path / "q.onnx"))
+    engine = Engine(str(tmp_path / "q.onnx"), _data((1, 4, 8, 8), seed=8))
+    assert list(get_sensitivity_of_nodes(engine, node_type="node")) == ["conv"]
+    with pytest.raises(PTQError, match=r"node 'relu' \(Relu\) of .* reads no quantized input and writes no quantized "
+                                       r"output, so quantization changes nothing of its own") as info:
+        get_sensitivity_of_nodes(engine, node_type="node", interested_nodes=["relu"])
+    assert "node_type" not in str(info.value)
