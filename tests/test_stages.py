@@ -437,3 +437,20 @@ def test_the_integer_stage_runs_the_file_not_the_tools_rewrite_of_a_moved_pair(t
     rewrite = ort.InferenceSession(moved.SerializeToString(), so, providers=["CPUExecutionProvider"])
     assert _pooled_cosine(ref, [rewrite.run(["y"], f)[0] for f in feeds]) != pytest.approx(
         report.value("integer"), abs=1e-9)
+
+
+def test_a_moved_pairs_file_whose_nodes_share_a_name_runs_its_integer_stage(tmp_path):
+    # onnxruntime refuses repeated node names; the file read as given for its kernels made
+    # every stage fail where the same file without a moved pair ran
+    fpath, qpath = _added_then_reshaped(tmp_path)
+    model = builders.load(qpath)
+    for n in model.graph.node:
+        if n.op_type in ("QuantizeLinear", "DequantizeLinear"):
+            n.name = "dup"
+    onnx.save(model, str(tmp_path / "dup.onnx"))
+    data = builders.samples(N, seed=5, names=("a", "b"))
+    before = (tmp_path / "dup.onnx").read_bytes()
+    named = localize_stages(str(fpath), str(tmp_path / "dup.onnx"), data)
+    report = localize_stages(str(fpath), str(qpath), data)
+    assert named.value("integer") == report.value("integer")
+    assert (tmp_path / "dup.onnx").read_bytes() == before

@@ -1154,8 +1154,14 @@ class QuantModel:
         """The model as its file holds it (QOperator, dynamic, or QDQ whose pairs lay their codes
         out between Q and DQ, see :mod:`.moved`): what onnxruntime's integer kernels run. Any
         other QDQ model is :attr:`model` itself, not read again: the tool's other changes to it
-        (a sorted graph, unique node names) change no kernel onnxruntime picks."""
-        return self.model if self._given is None else load_model(self._given)[0]
+        (a sorted graph, unique node names) change no kernel onnxruntime picks. Its nodes get
+        unique names here too: onnxruntime refuses a file whose nodes share one, which the tool's
+        own copy runs with."""
+        if self._given is None:
+            return self.model
+        model = load_model(self._given)[0]  # a copy: the caller's proto stays as it is
+        name_nodes(model.graph)
+        return model
 
     def of_kind(self, kind):
         """Calibration nodes of ``kind`` in graph order; ``activation`` includes the dynamic ones."""
