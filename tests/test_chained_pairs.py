@@ -235,3 +235,97 @@ def test_local_errors_count_the_chain_segment_by_segment_too(branched, segments,
     curves = get_acc_error(engine, {"all": list(engine.calib_names)}, progress=False)
     for n in OWN:
         assert curves.local[curves.nodes.index(n)] == pytest.approx(_local(branched, n), abs=1e-6), n
+
+
+def _read_by(model, node, k=0):
+    """The tensor ``node`` reads at input ``k`` in ``model``'s proto."""
+    return next(n for n in builders.load(model).graph.node if n.name == node).input[k]
+
+
+@pytest.fixture(scope="module")
+def converted(branched):
+    """The branched chain's float model quantized by onnxruntime's own mixed precision: conv0's
+    output at uint8, converted to uint16 for conv1 (a 'convert' override writes the chain
+    Q/DQ -> Q/DQ -> conv1 beside the uint8 pair the Relu reads)."""
+    from onnxruntime.quantization import QuantType
+
+    root = branched["root"]
+    fpath = root / "converted_float.onnx"
+    onnx.save(builders.rewire(branched["model"]), str(fpath))
+    data = {"x": [f["x"] for f in branched["feeds"]]}
+    tensor = _read_by(fpath, "conv1")
+    convert = {tensor: [{"quant_type": QuantType.QUInt8,
+                         "convert": {"quant_type": QuantType.QUInt16, "recv_nodes": {"conv1"}}}]}
+    qpath = builders.quantize(fpath, root / "converted.onnx", data, extra_options={"TensorQuantOverrides": convert})
+    return {"model": qpath, "float": fpath, "data": data, "tensor": tensor, "root": root}
+
+
+def _quantized_tensors(path):
+    """The float tensors a quantize_static model puts a QuantizeLinear on."""
+    return {q.input[0] for q, _ in builders.qdq_pairs(path).values() if q is not None}
+
+
+def test_keeping_a_chains_pair_in_float_excludes_every_operator_of_the_chain(converted):
+    """onnxruntime's settings for keeping the chain's first pair in float named conv0 and the
+    Relu but not conv1, which reads the chain (its later pair's only, as named for it: conv1),
+    so re-quantizing with them still quantized the tensor: the first pair's producer and every
+    operator reading the chain are excluded, whichever pair of it is kept."""
+    from pytest_ptq.model import QuantModel
+    from pytest_ptq.remedy import float_tensor_name, onnxruntime_settings
+
+    qm = QuantModel(str(converted["model"]), float_model=str(converted["float"]))
+    chained = [c for c in qm.calibration if qm.requantizes(c) is not None]
+    assert len(chained) == 1
+    tensor, root = converted["tensor"], converted["root"]
+    assert tensor in _quantized_tensors(converted["model"])
+    # onnxruntime's placement: the tensor's producer and every reader of it in the float model
+    touching = [n.name for n in builders.load(converted["float"]).graph.node if tensor in [*n.input, *n.output]]
+    for name in (qm.requantizes(chained[0]), chained[0]):
+        assert float_tensor_name(qm, qm.calibration[name]) == tensor
+        exclude = onnxruntime_settings(qm, "float", [name])["nodes_to_exclude"]
+        assert sorted(exclude) == sorted(touching), name
+        again = builders.quantize(converted["float"], root / "again.onnx", converted["data"], nodes_to_exclude=exclude)
+        assert tensor not in _quantized_tensors(again), (name, exclude)
+        for n in ("conv0", "conv1"):  # each Conv is needed (a Relu asks for no pair of its own)
+            fewer = builders.quantize(converted["float"], root / "fewer.onnx", converted["data"],
+                                      nodes_to_exclude=[m for m in exclude if m != n])
+            assert tensor in _quantized_tensors(fewer), (name, n)
+
+
+@pytest.mark.parametrize("producer", ["modelopt", "quark"])
+def test_a_producers_terms_keep_a_chains_pairs_in_float(chain, producer, tmp_path):
+    """Model Optimizer's terms for keeping the chain's coarse pair in float excluded no node
+    (no operator reads that pair's own output) and Quark's only conv0, though conv1 reads the
+    chain: each producer's exclusions, replayed on the float model by its placement (Model
+    Optimizer's pairs on the inputs of quantized ops, Quark's onnxruntime's), leave the
+    chain's tensor in float, and each named node is needed."""
+    import conventions
+    from test_producer_terms import _mark, _modelopt_expand, _pairs_on
+
+    from pytest_ptq.model import QuantModel
+    from pytest_ptq.remedy import producer_terms
+
+    model = onnx.load(str(chain["model"]))
+    _mark(model, producer)
+    qpath = tmp_path / "marked.onnx"
+    onnx.save(model, str(qpath))
+    fpath, data = chain["float"], {"x": [f["x"] for f in chain["feeds"]]}
+    tensor = _read_by(fpath, "conv1")
+
+    def quantized(exclude, out):
+        if producer == "modelopt":
+            return tensor in _pairs_on(conventions.make(fpath, tmp_path / out, data, "modelopt_int8_fp32",
+                                                        exclude=_modelopt_expand(fpath, {"nodes_to_exclude": [
+                                                            f"{n}$" for n in exclude], "op_types_to_exclude": []})))
+        return tensor in _pairs_on(builders.quantize(fpath, tmp_path / out, data, nodes_to_exclude=exclude))
+
+    qm = QuantModel(str(qpath), float_model=str(fpath))
+    assert qm.made_by.key == producer
+    for name in ("coarse_Q", "fine_Q"):
+        terms = producer_terms(qm, "float", [name], float_model=str(fpath))
+        assert terms["nodes"][name]["tensor"] == tensor and terms["expect"]["float"] == [tensor]
+        names = terms["nodes"][name]["nodes"]
+        assert names and not quantized(names, "all.onnx"), (name, names)
+        for n in names:
+            assert quantized([m for m in names if m != n], "fewer.onnx"), (name, n)
+

@@ -757,6 +757,16 @@ class QuantModel:
         pair before it in a requantize chain Q-DQ-Q-DQ), or None."""
         return self._requantizes.get(name)
 
+    def chain_head(self, name):
+        """The first pair of the requantize chain calibration node ``name`` is in (``name``
+        itself where it quantizes no pair's output): the pair on the float tensor every pair of
+        the chain quantizes again, which the float model and a quantizer's settings name."""
+        seen = {name}
+        while (earlier := self.requantizes(name)) is not None and earlier not in seen:
+            seen.add(earlier)
+            name = earlier
+        return name
+
     def reads_pairs(self, name):
         """Whether normal node ``name`` reads calibration nodes, directly or, unless it is such
         a Cast itself, through Casts between float types: a node with a local error of its own."""
@@ -1127,10 +1137,7 @@ class QuantModel:
             if any(self.ranks(n) for a in links for n in self.feeds(a)) or not outputs.intersection(
                     self.cast_on([t for a in links for t in self.calibration[a].outputs])):
                 continue
-            head = c.name
-            while self.requantizes(head) is not None:
-                head = self.requantizes(head)
-            head = self.calibration[head]
+            head = self.calibration[self.chain_head(c.name)]
             producer = self.producer[head.input].name if head.input in self.producer else None
             owner = self.through_casts([producer], downstream=False) if producer in self.normal else []
             for n in owner[:1]:

@@ -142,6 +142,7 @@ class ProducerNames:
         Gemm with a transposed weight of its own name, say), so its names are those the QDQ
         file shows, less its Q/DQ suffixes; the others' are the float model's."""
         qm = self.qm
+        c = qm.calibration[qm.chain_head(c.name)]  # a requantize chain quantizes its first pair's tensor again
         alignment = None if self.key == "quark" else self.alignment
         if c.kind == "weight":
             if alignment is not None and c.name in alignment.weights:
@@ -174,14 +175,19 @@ class ProducerNames:
         return c.input, None
 
     def keep_float(self, c, with_producer):
-        """Nodes to exclude so that ``c``'s tensor is not quantized: the nodes reading the
-        pair, and with onnxruntime's placement its producer (and a folded activation)."""
-        out = []
+        """Nodes to exclude so that ``c``'s tensor is not quantized: the operators ``c`` counts
+        for (:meth:`QuantModel.counts_for`, the ranking's mapping: those reading it, and for an
+        earlier pair of a requantize chain those reading the chain), and with onnxruntime's
+        placement its producer (and a folded activation). There a tensor gets a pair while any
+        of its readers is quantized, so the operators of the whole chain it is in go too,
+        with its first pair's producer (a later pair's input is a DequantizeLinear's)."""
+        qm, out = self.qm, []
         _, act = self.tensor(c)
-        if with_producer and c.is_activation and c.producer in self.qm.normal:
-            out.append(self.node(c.producer))
+        head = qm.calibration[qm.chain_head(c.name)]
+        if with_producer and head.is_activation and head.producer in qm.normal:
+            out.append(self.node(head.producer))
             out.append(act)
-        out += [self.node(n) for n in self.qm.feeds(c.name)]
+        out += [self.node(n) for n in qm.counts_for(head.name if with_producer else c.name)]
         return [n for n in dict.fromkeys(out) if n]
 
 

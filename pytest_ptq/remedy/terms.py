@@ -37,8 +37,10 @@ def float_tensor_name(qmodel, c):
     file's rewrite names some float tensors anew (``QuantModel.float_names``), and a
     quantizer may rename the tensors it quantizes (Neural Compressor's ``*_QuantizeInput``,
     found by the alignment with the float model); where it deleted a Relu/Clip and folded it
-    into the pair, the tensor it quantized is that Relu/Clip's output.
+    into the pair, the tensor it quantized is that Relu/Clip's output. A later pair of a
+    requantize chain quantizes its first pair's tensor again: that is its float tensor.
     """
+    c = qmodel.calibration[qmodel.chain_head(c.name)]
     if c.kind == "weight":
         if c.float_weight:
             return float_source(c.float_weight)
@@ -116,10 +118,13 @@ def excluded_by(qmodel, c, ops):
     # onnxruntime never quantizes (a Log) asks for no pair, and excluding it would only
     # lengthen the list; through Casts: a float16 graph computing a node in float32 between
     # its pairs
-    producers = qmodel.through_casts([c.producer], downstream=False) if c.kind == "activation" and \
-        c.producer in qmodel.normal else []
-    return [n for n in producers + qmodel.through_casts([n for n in c.consumers if n in qmodel.normal])
-            if qmodel.normal[n].op_type in ops]
+    # its producer; a requantize chain's pairs (Q/DQ -> Q/DQ) all quantize its first pair's
+    # tensor, which stays float only with that pair's producer and every operator reading the
+    # chain excluded (counts_for of the first pair: the ranking's mapping)
+    head = qmodel.calibration[qmodel.chain_head(c.name)]
+    producers = qmodel.through_casts([head.producer], downstream=False) if head.kind == "activation" and \
+        head.producer in qmodel.normal else []
+    return [n for n in producers + qmodel.counts_for(head.name) if qmodel.normal[n].op_type in ops]
 
 
 def onnxruntime_settings(qmodel, remedy, nodes, axes=None, choices=None):
