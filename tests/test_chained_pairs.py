@@ -329,3 +329,31 @@ def test_a_producers_terms_keep_a_chains_pairs_in_float(chain, producer, tmp_pat
         for n in names:
             assert quantized([m for m in names if m != n], "fewer.onnx"), (name, n)
 
+
+def test_list_nodes_names_the_operator_each_pair_counts_for(converted, branched, capsys, tmp_path):
+    """list-nodes showed no consumer for the pairs on the model outputs (the Relu's and conv1's,
+    which onnxruntime quantizes) that the node ranking counts in those operators' entries: each
+    pair names the operators whose ranking entry holds it, its owner for an output's pair."""
+    import json
+
+    from pytest_ptq.cli import main
+    from pytest_ptq.sensitivity import get_sensitivity_of_nodes
+
+    model = converted["model"]
+    ranking = get_sensitivity_of_nodes(Engine(str(model), branched["calib"]), node_type="node")
+    pairs = builders.qdq_pairs(model)
+    counted = {c: [n for n in ranking if c in ranking.details[n]["calibration_nodes"]] for c in pairs}
+    # the pairs a model output reads straight, from the proto: written by the node before them
+    outputs = {o.name for o in builders.load(model).graph.output}
+    on_outputs = {c for c, (q, dqs) in pairs.items() if q is not None and {d.output[0] for d in dqs} & outputs}
+    assert len(on_outputs) == 2
+    assert main(["list-nodes", str(model), "--json", str(tmp_path / "n.json")]) == 0
+    table = capsys.readouterr().out
+    rows = {r["name"]: r for r in json.loads((tmp_path / "n.json").read_text())["calibration_nodes"]}
+    for c in pairs:
+        named = rows[c]["consumers"] + ([rows[c]["owner"]] if rows[c].get("owner") else [])
+        assert sorted(named) == sorted(counted[c]), c
+        assert (rows[c].get("owner") is not None) == (c in on_outputs), c
+    for c in on_outputs:
+        line = next(r for r in table.splitlines() if r.startswith(c + " ") or f" {c} " in r)
+        assert f"output of {rows[c]['owner']}" in line, line

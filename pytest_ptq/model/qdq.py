@@ -752,6 +752,13 @@ class QuantModel:
         (:attr:`NormalNode.calibration_chained`), which no operator reads the output of."""
         return list(dict.fromkeys([*self.feeds(name), *self._chained_into.get(name, ())]))
 
+    def owner(self, name):
+        """The normal node that owns calibration node ``name``, a pair no operator reads on a
+        model output that node computes (:attr:`NormalNode.calibration_outputs`), whose
+        ranking entry counts it; None for any other pair (:meth:`counts_for` names the
+        operators those count for, :attr:`unowned` those that rank on their own)."""
+        return self._owners.get(name)
+
     def requantizes(self, name):
         """The calibration node whose output calibration node ``name`` quantizes again (the
         pair before it in a requantize chain Q-DQ-Q-DQ), or None."""
@@ -1129,6 +1136,7 @@ class QuantModel:
         # pairs no operator reads or computes (a graph input straight through a pair to a model
         # output): an operator ranking would leave their loss out, so it ranks each on its own
         self.unowned = []
+        self._owners = {}  # pair -> the operator whose model output it quantizes (owner)
         for c in self.calibration.values():
             # a float16 graph's model output is often its last pair's value cast to float32
             # (or the pair's input a float32 value cast to float16): the node behind owns it
@@ -1142,6 +1150,7 @@ class QuantModel:
             owner = self.through_casts([producer], downstream=False) if producer in self.normal else []
             for n in owner[:1]:
                 self.normal[n].calibration_outputs.append(c.name)
+                self._owners[c.name] = n
             if not owner:
                 self.unowned.append(c.name)
 
