@@ -1179,6 +1179,14 @@ class QuantModel:
         name_nodes(model.graph)
         return model
 
+    def aligned_with(self, float_model):
+        """This model parsed again beside ``float_model`` (see :mod:`.align`), from the file as
+        given where the tool's copy departs from it (:meth:`as_given`), so that what runs the
+        file as onnxruntime deploys it (a kernel's cause, the simulation's gap) runs that file
+        and not the copy; from the copy, its weights shared, where the two run alike."""
+        return QuantModel(self.model if self._given is None else self._given, float_model=float_model,
+                          shared=self.shared)
+
     def of_kind(self, kind):
         """Calibration nodes of ``kind`` in graph order; ``activation`` includes the dynamic ones."""
         if kind == "activation":
