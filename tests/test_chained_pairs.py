@@ -212,7 +212,7 @@ def test_a_chains_earlier_pair_is_named_with_the_operators_it_counts_for(net, re
     counted = {c: [n for n in ranking if c in ranking.details[n]["calibration_nodes"]] for c in builders.qdq_pairs(model)}
     assert sorted(counted["coarse_Q"]) == sorted(readers)
     assert main(["list-nodes", str(model), "--json", str(tmp_path / "n.json")]) == 0
-    listed = {r["name"]: r["consumers"] for r in json.loads((tmp_path / "n.json").read_text())["calibration_nodes"]}
+    listed = {r["name"]: r["counts_for"] for r in json.loads((tmp_path / "n.json").read_text())["calibration_nodes"]}
     assert {c: sorted(v) for c, v in listed.items()} == {c: sorted(v) for c, v in counted.items()}
     assert listed["coarse_Q"] == readers and ",".join(readers) in capsys.readouterr().out
     activations = get_sensitivity_of_nodes(engine, node_type="activation")
@@ -351,9 +351,9 @@ def test_list_nodes_names_the_operator_each_pair_counts_for(converted, branched,
     table = capsys.readouterr().out
     rows = {r["name"]: r for r in json.loads((tmp_path / "n.json").read_text())["calibration_nodes"]}
     for c in pairs:
-        named = rows[c]["consumers"] + ([rows[c]["owner"]] if rows[c].get("owner") else [])
-        assert sorted(named) == sorted(counted[c]), c
+        assert sorted(rows[c]["counts_for"]) == sorted(counted[c]), c
         assert (rows[c].get("owner") is not None) == (c in on_outputs), c
+        assert rows[c]["owner"] in (None, *rows[c]["counts_for"]), c
     for c in on_outputs:
         line = next(r for r in table.splitlines() if r.startswith(c + " ") or f" {c} " in r)
-        assert f"output of {rows[c]['owner']}" in line, line
+        assert line.split("|")[-2].strip() == rows[c]["owner"], line

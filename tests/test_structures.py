@@ -5,6 +5,7 @@ checked against brute-force rewired models in plain onnxruntime sessions."""
 from __future__ import annotations
 
 import hashlib
+import json
 
 import numpy as np
 import onnx
@@ -361,6 +362,14 @@ def test_a_pair_on_an_output_that_a_shape_also_reads_counts_for_its_producer(tmp
     expected = builders.worst_cosine(base, quantized)
     assert ranking["conv"]["cosine-similarity"] == pytest.approx(expected, abs=1e-6)
     assert expected < 0.999  # the output pair's coarse grid is what costs
+    # and every face names the Conv for it, the Shape as a reader only
+    from pytest_ptq.cli import main
+
+    activations = get_sensitivity_of_nodes(Engine(str(tmp_path / "q.onnx"), data), node_type="activation")
+    assert activations.details["c_Q"]["feeds"] == []  # it was ['shape']: "activation into Shape"
+    assert main(["list-nodes", str(tmp_path / "q.onnx"), "--json", str(tmp_path / "n.json")]) == 0
+    row = next(r for r in json.loads((tmp_path / "n.json").read_text())["calibration_nodes"] if r["name"] == "c_Q")
+    assert (row["consumers"], row["counts_for"], row["owner"]) == (["shape"], ["conv"], "conv")
 
 
 def test_an_operator_no_pair_reads_or_writes_is_refused_for_what_it_is(tmp_path):

@@ -13,17 +13,18 @@ def run(args):
     print(f"{qm.source}: {qm.format_label} model, made by {qm.made_by.label} ({qm.made_by.evidence})")
     rows, reduced = [], 0
     for c in qm.calibration.values():
-        # and the operators it counts for in the rankings: a requantize chain's earlier pair
-        # is read by the next pair's QuantizeLinear only, and counts for the chain's readers
-        row = {**c.summary(), "consumers": list(dict.fromkeys([*c.consumers, *qm.counts_for(c.name)]))}
-        # a pair on a model output that no operator reads counts for the operator computing it
-        row["owner"] = qm.owner(c.name)
+        # the file's readers, and the operators whose ranking rows hold it, which differ: a
+        # requantize chain's earlier pair is read by the next pair's QuantizeLinear only, a
+        # pair read through Casts between float types counts for the operator after them, a
+        # pair on a model output for the operator computing it (its owner)
+        row = {**c.summary(), "consumers": [n for n in c.consumers if n in qm.normal],
+               "counts_for": [n for n in qm.credited(c.name) if n in qm.normal], "owner": qm.owner(c.name)}
         if qm.reduced_range(c) is not None:  # the codes it uses, and the range they reach: half the grid's
             reduced += 1
             row["dtype"], row["threshold"], _, _ = qm.shown_grid(c)
         rows.append(row)
-    print(format_table([{**r, "consumers": _few(r["consumers"]) or _owned(r["owner"])} for r in rows],
-                       ["name", "kind", "dtype", "threshold", "granularity", "consumers"]))
+    print(format_table([{**r, "consumers": _few(r["consumers"]), "counts for": _few(r["counts_for"])} for r in rows],
+                       ["name", "kind", "dtype", "threshold", "granularity", "consumers", "counts for"]))
     for note in qm.notes:
         print(f"note: {note}")
     if reduced:
@@ -37,12 +38,6 @@ def run(args):
         listing = {"model": qm.source, "format": qm.format_label, "made_by": qm.made_by.label,
                    "calibration_nodes": rows, "normal_nodes": list(qm.normal), "notes": list(qm.notes)}
         print(f"wrote {write_json(listing, args.json)}")
-
-
-def _owned(owner):
-    """The consumers cell of a pair on a model output: the operator it counts for, whose
-    output it is (the rankings count it there), else empty."""
-    return f"output of {owner}" if owner else ""
 
 
 def _few(names, shown=2):

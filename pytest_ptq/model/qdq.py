@@ -749,8 +749,9 @@ class QuantModel:
         """The normal nodes calibration node ``name`` counts for, as the operator ranking counts
         it (:meth:`quantizing`): those it quantizes the input of (:meth:`feeds`), then, for an
         earlier pair of a requantize chain, the operators reading the chain's later pairs
-        (:attr:`NormalNode.calibration_chained`), which no operator reads the output of."""
-        return list(dict.fromkeys([*self.feeds(name), *self._chained_into.get(name, ())]))
+        (:attr:`NormalNode.calibration_chained`), which no operator reads the output of. Never
+        a node that reads only shapes (a Shape of the pair's output: no ranking row)."""
+        return [n for n in dict.fromkeys([*self.feeds(name), *self._chained_into.get(name, ())]) if self.ranks(n)]
 
     def owner(self, name):
         """The normal node that owns calibration node ``name``, a pair no operator reads on a
@@ -817,11 +818,11 @@ class QuantModel:
 
     def credited(self, name):
         """The operators an operator ranking credits calibration node ``name`` to: those it
-        quantizes (:meth:`quantizing`), never a Cast between float types or a node that reads
-        only shapes; ``[name]`` for a pair of :attr:`unowned`, ranked on its own."""
+        quantizes (:meth:`quantizing`): those it :meth:`counts_for`, then its :meth:`owner`;
+        ``[name]`` for a pair of :attr:`unowned`, ranked on its own."""
         if name in self.unowned:
             return [name]
-        return [n for n in self.normal if self.ranks(n) and name in self.quantizing(n)]
+        return list(dict.fromkeys([*self.counts_for(name), *filter(None, [self.owner(name)])]))
 
     def ranks(self, name):
         """Whether an operator ranking has a row for normal node ``name``: not for a node that
