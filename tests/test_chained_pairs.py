@@ -14,6 +14,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import builders
 from pytest_ptq.engine import Engine
+from pytest_ptq.model import QuantModel
 from pytest_ptq.groups import group_sensitivity
 from pytest_ptq.stages import localize_stages
 
@@ -357,3 +358,104 @@ def test_list_nodes_names_the_operator_each_pair_counts_for(converted, branched,
     for c in on_outputs:
         line = next(r for r in table.splitlines() if r.startswith(c + " ") or f" {c} " in r)
         assert line.split("|")[-2].strip() == rows[c]["owner"], line
+
+
+def remedy_chain_net(path, quantized=True):
+    """Conv0 -> c -> a coarse pair -> a fine pair read by Conv1 and a Relu, whose sum runs
+    through a second chain (two pairs) to the model output y; ``quantized=False``: the float
+    model it stands for, the Add writing y itself (as onnxruntime's quantizer leaves it)."""
+    rng = np.random.default_rng(5)
+    inits = [numpy_helper.from_array((rng.standard_normal((4, 4, 3, 3)) * 0.3).astype(np.float32), w)
+             for w in ("W0", "W1")]
+    nodes = []
+
+    def pair(src, name, scale):
+        return builders.add_pair(inits, nodes, src, scale, np.int8(0), name) if quantized else src
+
+    nodes.append(helper.make_node("Conv", ["x", pair("W0", "w0", 0.01)], ["c"], name="conv0", pads=[1, 1, 1, 1]))
+    fine = pair(pair("c", "coarse", 1.5), "fine", 0.05)
+    nodes.append(helper.make_node("Conv", [fine, pair("W1", "w1", 0.01)], ["c1"], name="conv1", pads=[1, 1, 1, 1]))
+    nodes.append(helper.make_node("Relu", [fine], ["r"], name="relu"))
+    nodes.append(helper.make_node("Add", ["c1", "r"], ["a" if quantized else "y"], name="add"))
+    if quantized:
+        builders.add_pair(inits, nodes, pair("a", "oa", 0.5), 0.03, np.int8(0), "ob", out="y")
+    value = [helper.make_tensor_value_info(t, TensorProto.FLOAT, [1, 4, 8, 8]) for t in ("x", "y")]
+    model = helper.make_model(helper.make_graph(nodes, "chains", value[:1], value[1:], inits),
+                              opset_imports=[helper.make_opsetid("", 13)])
+    onnx.checker.check_model(model)
+    onnx.save(model, str(path))
+    return path
+
+
+@pytest.fixture(scope="module")
+def remedy_chains(tmp_path_factory):
+    root = tmp_path_factory.mktemp("remedy_chains")
+    rng = np.random.default_rng(6)
+    return {"model": remedy_chain_net(root / "model.onnx"), "float": remedy_chain_net(root / "float.onnx", False),
+            "data": {"x": [rng.standard_normal((1, 4, 8, 8)).astype(np.float32) for _ in range(4)]}}
+
+
+def _chain_tensor(qpath, fpath, pair):
+    """The float tensor a chain's pair quantizes, read from the protos: back through the
+    pairs it re-quantizes to the head's QuantizeLinear input, and the output at that place
+    of the float model's node of the head's producer's name."""
+    q, f = onnx.load(str(qpath)), onnx.load(str(fpath))
+    written = {o: (n, k) for n in q.graph.node for k, o in enumerate(n.output)}
+    tensor = next(n for n in q.graph.node if n.name == pair).input[0]
+    while written[tensor][0].op_type in ("QuantizeLinear", "DequantizeLinear"):
+        tensor = written[tensor][0].input[0]
+    node, k = written[tensor]
+    return next(n for n in f.graph.node if n.name == node.name).output[k]
+
+
+def _requantized_bits(fpath, data, settings, path):
+    """``{tensor: bits}`` of the pairs quantize_static puts on the float model given these settings (a
+    pair on a model output under that output's name: quantize_static renames its producer's output)."""
+    from pytest_ptq.remedy import quantize_static_kwargs
+
+    kwargs = quantize_static_kwargs(settings)
+    out = builders.quantize(fpath, path, data, nodes_to_exclude=kwargs["nodes_to_exclude"],
+                            extra_options=kwargs["extra_options"])
+    model = onnx.load(str(out))
+    zeros = {i.name: i.data_type for i in model.graph.initializer}
+    outputs = {o.name for o in model.graph.output}
+    return {next((d.output[0] for d in dqs if d.output[0] in outputs), q.input[0]):
+            16 if zeros[q.input[2]] in (TensorProto.INT16, TensorProto.UINT16) else 8
+            for q, dqs in builders.qdq_pairs(model).values() if q is not None}
+
+
+@pytest.mark.parametrize("aligned", [False, True])
+@pytest.mark.parametrize("pair", ["coarse_Q", "fine_Q", "oa_Q", "ob_Q"])
+def test_a_chains_pair_kept_in_float_or_raised_to_16_bit_applies_to_the_float_tensor(remedy_chains, pair, aligned,
+                                                                                      tmp_path):
+    """Keeping a chain's later pair in float excluded nothing (the pair on the model output)
+    or left the chain head's producer out, and raising it to 16 bit named the earlier pair's
+    DequantizeLinear output, which no float model holds: quantize_static, given the settings
+    on the float model, leaves the chain's tensor in float or quantizes it at 16 bit."""
+    from pytest_ptq.remedy import onnxruntime_settings
+
+    m, fpath, data = remedy_chains["model"], remedy_chains["float"], remedy_chains["data"]
+    qm = QuantModel(str(m), float_model=str(fpath) if aligned else None)
+    tensor = _chain_tensor(m, fpath, pair)
+    assert _requantized_bits(fpath, data, {}, tmp_path / "plain.onnx")[tensor] == 8
+    settings = onnxruntime_settings(qm, "float", [pair])
+    # the float model holds every node under its name (the relu reading the chain too)
+    assert "not_in_float_model" not in settings
+    excluded = settings["nodes_to_exclude"]
+    assert tensor not in _requantized_bits(fpath, data, {"nodes_to_exclude": excluded}, tmp_path / "float.onnx")
+    # the node writing the tensor is named, and needed: quantize_static quantizes a node's output
+    producer = next(n.name for n in onnx.load(str(fpath)).graph.node if tensor in n.output)
+    fewer = {"nodes_to_exclude": [e for e in excluded if e != producer]}
+    assert producer in excluded and tensor in _requantized_bits(fpath, data, fewer, tmp_path / "fewer.onnx")
+    settings = onnxruntime_settings(qm, "int16", [pair])
+    assert list(settings["TensorQuantOverrides"]) == [tensor]
+    assert _requantized_bits(fpath, data, settings, tmp_path / "int16.onnx")[tensor] == 16
+
+
+def test_keeping_pairs_of_two_chains_in_float_excludes_for_both(remedy_chains):
+    from pytest_ptq.remedy import onnxruntime_settings
+
+    qm = QuantModel(str(remedy_chains["model"]))
+    both = onnxruntime_settings(qm, "float", ["fine_Q", "ob_Q"])["nodes_to_exclude"]
+    one = {p: onnxruntime_settings(qm, "float", [p])["nodes_to_exclude"] for p in ("fine_Q", "ob_Q")}
+    assert set(both) == set(one["fine_Q"]) | set(one["ob_Q"]) and all(one.values())

@@ -425,7 +425,9 @@ def _expectation(qm, by_output, tmatch, name, values):
     c = by_output.get(name)
     if c is not None and c.kind == "weight":
         return ("weight", c, tuple(qm.shapes.get(c.input, ())), lambda: _latest(values, c.name, _model_value, qm, c))
-    t = c.input if c is not None else name
+    # a later pair of a requantize chain reads the earlier pair's DequantizeLinear output, which
+    # no float model holds: the chain quantizes the tensor its first pair reads
+    t = qm.calibration[qm.chain_head(c.name)].input if c is not None else name
     if t in tmatch:
         return ("tensor", tmatch[t], c)
     if qm.is_constant(t):

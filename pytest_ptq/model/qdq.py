@@ -775,6 +775,11 @@ class QuantModel:
             name = earlier
         return name
 
+    def requantized_through(self, name):
+        """Calibration node ``name`` and the pairs of its requantize chain after it (each
+        quantizing the one before again), in order: ``[name]`` where no pair reads its output."""
+        return list(self._chains.get(name, [name]))
+
     def reads_pairs(self, name):
         """Whether normal node ``name`` reads calibration nodes, directly or, unless it is such
         a Cast itself, through Casts between float types: a node with a local error of its own."""
@@ -1133,6 +1138,7 @@ class QuantModel:
                 if n not in own:
                     self.normal[n].calibration_chained.append(c.name)
                     self._chained_into.setdefault(c.name, []).append(n)
+        self._chains = chains  # every pair's, worked out in the loop above (requantized_through)
         outputs = set(self.output_names)
         # pairs no operator reads or computes (a graph input straight through a pair to a model
         # output): an operator ranking would leave their loss out, so it ranks each on its own

@@ -47,9 +47,14 @@ def float_tensor_name(qmodel, c):
         if c.q_node is None and c.input.endswith("_quantized"):
             return c.input[: -len("_quantized")]
         return qmodel.float_names.get(c.input, c.input)
-    for o in c.outputs:
-        if o in qmodel.output_names:
-            return o
+    # a later pair of a requantize chain reads the earlier pair's DequantizeLinear output,
+    # which no float model holds: every pair of the chain quantizes one float tensor, the
+    # head's input, or the model output one of them writes
+    c = qmodel.calibration[qmodel.chain_head(c.name)]
+    for later in qmodel.requantized_through(c.name):
+        for o in qmodel.calibration[later].outputs:
+            if o in qmodel.output_names:
+                return o
     alignment = getattr(qmodel, "alignment", None)
     if alignment is None:
         return qmodel.float_names.get(c.input) or c.input
@@ -117,14 +122,13 @@ def excluded_by(qmodel, c, ops):
     # a dynamic quantizer serves only its consumers: excluding them is enough; a node of an op
     # onnxruntime never quantizes (a Log) asks for no pair, and excluding it would only
     # lengthen the list; through Casts: a float16 graph computing a node in float32 between
-    # its pairs
-    # its producer; a requantize chain's pairs (Q/DQ -> Q/DQ) all quantize its first pair's
-    # tensor, which stays float only with that pair's producer and every operator reading the
-    # chain excluded (counts_for of the first pair: the ranking's mapping)
+    # its pairs. In a requantize chain the float model holds one tensor for all its pairs:
+    # the head's producer writes it, and the operators reading any of the chain's pairs
+    # (counts_for) read it.
     head = qmodel.calibration[qmodel.chain_head(c.name)]
     producers = qmodel.through_casts([head.producer], downstream=False) if head.kind == "activation" and \
         head.producer in qmodel.normal else []
-    return [n for n in producers + qmodel.counts_for(head.name) if qmodel.normal[n].op_type in ops]
+    return [n for n in dict.fromkeys(producers + qmodel.counts_for(head.name)) if qmodel.normal[n].op_type in ops]
 
 
 def onnxruntime_settings(qmodel, remedy, nodes, axes=None, choices=None):
