@@ -454,3 +454,53 @@ def test_a_moved_pairs_file_whose_nodes_share_a_name_runs_its_integer_stage(tmp_
     report = localize_stages(str(fpath), str(qpath), data)
     assert named.value("integer") == report.value("integer")
     assert (tmp_path / "dup.onnx").read_bytes() == before
+
+
+def _chain_beside_an_empty_output(path):
+    """x -> Conv -> a coarse pair read straight by a fine one -> Conv -> y, which onnxruntime's
+    default DoubleQDQPairsRemover merges into one pair (a real gap from the simulation), beside
+    e [n, 4] -> pair -> MatMul -> z, empty where the data holds no rows (n = 0)."""
+    from onnx import TensorProto, helper
+
+    rng = np.random.default_rng(7)
+    inits = [numpy_helper.from_array((rng.standard_normal((4, 4, 3, 3)) * 0.3).astype(np.float32), "W"),
+             numpy_helper.from_array(rng.standard_normal((4, 3)).astype(np.float32), "M")]
+    nodes = []
+
+    def pair(src, name, scale):
+        return builders.add_pair(inits, nodes, src, scale, np.int8(0), name)
+
+    w = pair("W", "wq", 0.01)
+    nodes.append(helper.make_node("Conv", ["x", w], ["c"], name="conv0", pads=[1, 1, 1, 1]))
+    nodes.append(helper.make_node("Conv", [pair(pair("c", "coarse", 1.5), "fine", 0.05), w], ["y"], name="conv1",
+                                  pads=[1, 1, 1, 1]))
+    nodes.append(helper.make_node("MatMul", [pair("e", "ea", 0.05), pair("M", "mq", 0.02)], ["z"], name="matmul"))
+    graph = helper.make_graph(nodes, "empty", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 8, 8]),
+                                               helper.make_tensor_value_info("e", TensorProto.FLOAT, ["n", 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 8, 8]),
+                               helper.make_tensor_value_info("z", TensorProto.FLOAT, ["n", 3])], inits)
+    builders._save(graph, path)
+    return path
+
+
+def test_an_empty_output_is_no_failed_session_and_a_gap_beside_it_is_still_told(tmp_path):
+    """A model output of shape [0, 3] made every face warn that a plain default session
+    cannot run the file (compare refuses arrays without values): it is skipped, and the gap
+    onnxruntime's merge of a requantize chain makes on the other output is measured."""
+    from pytest_ptq.stages import SIMULATION_WARNING, simulation_warnings
+
+    path = _chain_beside_an_empty_output(tmp_path / "model.onnx")
+    rng = np.random.default_rng(8)
+    feeds = [{"x": rng.standard_normal((1, 4, 8, 8)).astype(np.float32), "e": np.zeros((0, 4), np.float32)}
+             for _ in range(4)]
+    engine = Engine(str(path), {k: [f[k] for f in feeds] for k in ("x", "e")})
+    L = ort.GraphOptimizationLevel
+    written = [_session(path, L.ORT_DISABLE_ALL, False).run(None, f) for f in feeds]  # the Q/DQ as written
+    plain = [_session(path, L.ORT_ENABLE_ALL, False).run(None, f) for f in feeds]  # as onnxruntime deploys it
+    assert all(p[1].shape == (0, 3) for p in plain)
+    worst = min(compare(w[0], p[0])["cosine-similarity"] for w, p in zip(written, plain))
+    assert worst < 0.999
+    assert simulation_gap(engine, parse_outputs(None, engine)) == pytest.approx(worst, abs=1e-6)
+    (told,) = simulation_warnings(engine)
+    assert told.startswith(SIMULATION_WARNING) and "cannot run" not in told and f"{worst:.4f}" in told, told
+    assert "DoubleQDQPairsRemover" in told
