@@ -2,8 +2,9 @@
 
 For each config, the metric between every normal node's output and the float model's, in
 topological order (x = node index). Beside it, the *local* error of each node: its error
-when its own inputs are quantized from float values and nothing upstream is, which tells
-a node whose error is its own from one that only inherits error.
+when its own pairs quantize (its inputs from float values, and, read like its point, the
+pairs it owns on model outputs) and nothing upstream does, which tells a node whose error
+is its own from one that only inherits error.
 """
 
 from __future__ import annotations
@@ -122,9 +123,7 @@ def get_acc_error(engine, configs, metric="cosine-similarity", data_num=None, lo
             # a node whose own pairs write model outputs (a detector head's Concat) is read
             # after those pairs: what the model delivers, the pairs' error included, the worst
             # of them where they write several (a Split's outputs), as the rankings score it
-            delivered = [o for c in n.calibration_outputs for o in qm.cast_on(qm.calibration[c].outputs)
-                         if o in qm.output_names]
-            tensor_of[n.name] = list(dict.fromkeys(delivered)) or [t]
+            tensor_of[n.name] = qm.delivered(n.name) or [t]
     nodes, tensors = list(tensor_of), [read[0] for read in tensor_of.values()]
     every = list(dict.fromkeys(t for read in tensor_of.values() for t in read))
     # a model output the rankings score by part (outputs.parts) is scored by its worst part
@@ -133,9 +132,6 @@ def get_acc_error(engine, configs, metric="cosine-similarity", data_num=None, lo
     for spec in parse_outputs(None, engine):
         if spec.index and spec.tensor in every:
             views.setdefault(spec.tensor, []).append(spec.take)
-    for n, read in tensor_of.items():  # a local error read before the output's pair: by the same parts
-        if read[0] in views and own[n] != read[0]:
-            views.setdefault(own[n], views[read[0]])
 
     def fresh(names):
         return {t: [m.new() for _ in views.get(t, whole)] for t in names}
@@ -154,8 +150,11 @@ def get_acc_error(engine, configs, metric="cosine-similarity", data_num=None, lo
         return m.worst([m.value(one) for part in st for one in part])
 
     states = {label: fresh(every) for label in configs}
-    local_states = fresh(own.values()) if local else None
-    probed = list(dict.fromkeys(every + list(own.values())))
+    # a node's local error is read where its point is: after its own pairs on model outputs,
+    # which its local clone passes through too (see local_clones), like for like
+    local_at = {n: tensor_of[n] if qm.delivered(n) else [t] for n, t in own.items()}
+    local_states = fresh(dict.fromkeys(t for read in local_at.values() for t in read)) if local else None
+    probed = list(dict.fromkeys(every + [t for read in local_at.values() for t in read]))
     with Progress(len(indices) * engine.probe_parts(probed), "error curves", enabled=progress) as bar:
         for _, parts in engine.probes(indices, list(configs.values()), probed, local):
             for ref, local_vals, outs in parts:
@@ -168,7 +167,8 @@ def get_acc_error(engine, configs, metric="cosine-similarity", data_num=None, lo
                     out.clear()
                 bar.advance()
     values = {label: [worst(*(st[t] for t in read)) for read in tensor_of.values()] for label, st in states.items()}
-    local_vals = [worst(local_states[own[n]]) if qm.reads_pairs(n) else None for n in nodes] if local else None
+    local_vals = ([worst(*(local_states[t] for t in local_at[n])) if qm.reads_pairs(n) else None for n in nodes]
+                  if local else None)
     return read_from(Curves(metric=m.name, nodes=nodes, tensors=tensors, values=values, configs=configs,
                             local=local_vals, samples=len(indices),
                             worst_of={n: read for n, read in tensor_of.items() if len(read) > 1} or None),

@@ -26,9 +26,9 @@ to try for each; the rules (thresholds are the module constants below):
 * a node alone costing more than SEVERE of the output (cosine below 0.9) -> keep in float;
 * otherwise the node is sensitive with a well-shaped distribution -> int16, else float.
 
-Beside each, whether the error at the node it feeds is its own (local error, its inputs
-quantized from float values, at least half its error in the fully quantized model) or
-inherited from upstream.
+Beside each, whether the error at the node it feeds is its own (local error, its own pairs
+quantized, its inputs from float values, at least half its error in the fully quantized
+model) or inherited from upstream.
 """
 
 from __future__ import annotations
@@ -598,7 +598,8 @@ def _advise(engine, metric, kind, rank, name, sens, dist, boxes, curves, scored=
 
 def _origin(qm, metric, kind, name, curves):
     """At the first normal node the target feeds (:meth:`QuantModel.counts_for`): its local
-    error (its own inputs quantized from float values) against its error with everything
+    error (its own pairs quantized, its inputs from float values; read, like its point, after
+    its pairs on model outputs) against its error with everything
     quantized. At least half of it local: its error is its own; less: it mostly inherits
     error from upstream; NaN with no
     node there that turns a value rounded to 0 into Inf (its float values are not finite, an

@@ -642,3 +642,47 @@ def offset_net(path, offset=100.0, size=8, seed=0, scalar=False):
                               [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, size, size])],
                               [helper.make_tensor_value_info("depth", TensorProto.FLOAT, shape)], inits)
     return _save(graph, path)
+
+
+def owned_output_net(path, convs=2, tail=None, output_scale=0.4, seed=7):
+    """A detector head's layout, QDQ already: x -> pair -> Conv(W pair) [-> pair -> Conv(W
+    pair)] -> c -> pair ``c_Q`` -> y, a model output no node reads, so the last Conv owns the
+    pair. ``tail``: "cast" adds a Cast to float16 after the pair (the model output ``yh``),
+    "cast_before" one before it (a float16 pair, its output ``y`` float16), "constant" reads
+    the pair's scale from a Constant written after the Conv. Returns ``(path, data)``, five
+    samples of ``x``."""
+    rng = np.random.default_rng(seed)
+    inits, nodes = [], []
+    src = "x"
+    for k in range(1, convs + 1):
+        inits.append(numpy_helper.from_array((rng.standard_normal((4, 4, 3, 3)) * 0.3).astype(np.float32), f"W{k}"))
+        w = add_pair(inits, nodes, f"W{k}", 0.01, np.int8(0))
+        x = add_pair(inits, nodes, src, 0.03 if k == 1 else 0.05, np.uint8(128) if k == 1 else np.int8(0))
+        src = "c" if k == convs else f"c{k}"
+        nodes.append(helper.make_node("Conv", [x, w], [src], pads=[1] * 4, name=f"conv{k}"))
+    out, elem = "y", TensorProto.FLOAT
+    if tail == "cast_before":
+        nodes.append(helper.make_node("Cast", ["c"], ["ch"], to=TensorProto.FLOAT16, name="to16"))
+        inits += [numpy_helper.from_array(np.array(output_scale, np.float16), "c_s"),
+                  numpy_helper.from_array(np.array(0, np.int8), "c_z")]
+        nodes += [helper.make_node("QuantizeLinear", ["ch", "c_s", "c_z"], ["c_q"], name="c_Q"),
+                  helper.make_node("DequantizeLinear", ["c_q", "c_s", "c_z"], ["y"], name="c_DQ")]
+        elem = TensorProto.FLOAT16
+    elif tail == "constant":
+        nodes += [helper.make_node("Constant", [], ["c_s"], name="c_scale",
+                                   value=numpy_helper.from_array(np.array(output_scale, np.float32), "c_s")),
+                  helper.make_node("Constant", [], ["c_z"], name="c_zero",
+                                   value=numpy_helper.from_array(np.array(0, np.int8), "c_z")),
+                  helper.make_node("QuantizeLinear", ["c", "c_s", "c_z"], ["c_q"], name="c_Q"),
+                  helper.make_node("DequantizeLinear", ["c_q", "c_s", "c_z"], ["y"], name="c_DQ")]
+    else:
+        add_pair(inits, nodes, "c", output_scale, np.int8(0), out="y")
+    if tail == "cast":
+        nodes.append(helper.make_node("Cast", ["y"], ["yh"], to=TensorProto.FLOAT16, name="to16"))
+        out, elem = "yh", TensorProto.FLOAT16
+    graph = helper.make_graph(nodes, "owned", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 8, 8])],
+                              [helper.make_tensor_value_info(out, elem, [1, 4, 8, 8])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)], ir_version=9)  # a float16 pair
+    onnx.checker.check_model(model)
+    onnx.save(model, str(path))
+    return path, {"x": [rng.standard_normal((1, 4, 8, 8)).astype(np.float32) for _ in range(5)]}

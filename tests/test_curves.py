@@ -520,14 +520,17 @@ def test_a_long_title_wraps_instead_of_widening_the_figure(tmp_path):
 def test_the_local_error_of_a_concatenated_output_is_its_worst_part_as_everywhere_else(tmp_path):
     """A detector head's Concat writes boxes in pixels beside class scores: its local error
     was the whole tensor's, which the boxes dominate (0.999998), while its curve point, the
-    rankings and the verdict score the output by part (the classes: 0.99997)."""
+    rankings and the verdict score the output by part (the classes). Read, like its point,
+    after its own pair on the output: in pixels, that pair's one scale leaves the classes few
+    codes."""
     f = builders.detector_head_net(tmp_path / "f.onnx")
     data = builders.samples(n=5, size=8, seed=5)
     q = builders.quantize(f, tmp_path / "q.onnx", data, keep_float=True)
     engine = Engine(str(q), data, float_model=str(f))
     curves = get_acc_error(engine, configs_from(engine), progress=False)
-    inputs = engine.qmodel.normal["head_concat"].calibration_inputs
-    only = builders.rewire(q, keep=inputs, float_model=f)
+    head = engine.qmodel.normal["head_concat"]
+    assert head.calibration_outputs  # quantize_static's pair on the model output: the Concat's own
+    only = builders.rewire(q, keep=head.calibration_inputs + head.calibration_outputs, float_model=f)
     feeds = [{"x": x} for x in data["x"]]
     ref = [builders.run_model(f, fd)["out"] for fd in feeds]
     got = [builders.run_model(only, fd)["out"] for fd in feeds]
@@ -658,3 +661,34 @@ def test_an_operators_output_beside_its_own_pairs_names_that_operator(tmp_path):
     assert curves.values["all"][0] == pytest.approx(builders.worst_cosine(ref, got), abs=1e-6)
     assert unplotted_outputs(engine, curves) == {
         "c": "computed by node 'conv'; the curves read 'conv' at tensor 'y', after its pair 'c_Q'"}
+
+
+@pytest.mark.parametrize("tail,segments", [(None, 0), (None, 64), ("cast", 0), ("cast_before", 64), ("constant", 64)])
+def test_the_local_error_of_a_node_owning_an_output_pair_is_read_after_it(tmp_path, tail, segments):
+    """Conv -> c -> its own pair -> model output y (a detector head's layout): the Conv's point
+    reads y, its local error read c, before the pair (0.99989 against 0.99859 fully quantized,
+    all of the difference its own pair's), so runall called its error inherited. Now its local
+    error is y from its inputs quantized from float values through its own pair, in a plain
+    session of the model keeping those pairs only, also through a Cast to float16 after or
+    before the pair, with the pair's scale a Constant written after the Conv, and one node a
+    segment (the pair in a later part than the Conv)."""
+    q, data = builders.owned_output_net(tmp_path / "q.onnx", tail=tail)
+    engine = Engine(str(q), data, optimization="disable", segments=segments)
+    pairs = list(builders.qdq_pairs(q))
+    curves = get_acc_error(engine, {"all": pairs}, progress=False)
+    out = "yh" if tail == "cast" else "y"
+    k = curves.nodes.index("conv2")
+    assert curves.read(k) == [out]
+    feeds = [{"x": x} for x in data["x"]]
+    ref = builders.run_model(builders.rewire(q), feeds, outputs=[out])
+    own = builders.run_model(builders.rewire(q, keep={"c1_Q", "W2_Q", "c_Q"}), feeds, outputs=[out])
+    inputs_only = builders.run_model(builders.rewire(q, keep={"c1_Q", "W2_Q"}), feeds, outputs=[out])
+    every = builders.run_model(builders.rewire(q, keep=set(pairs)), feeds, outputs=[out])
+    assert curves.local[k] == pytest.approx(builders.worst_cosine(ref, own), abs=1e-6)
+    assert curves.values["all"][k] == pytest.approx(builders.worst_cosine(ref, every), abs=1e-6)
+    # the output pair's loss is most of it: read before the pair, the local error left it out
+    assert builders.worst_cosine(ref, own) < builders.worst_cosine(ref, inputs_only) - 5e-4
+    # conv1 owns no output pair: still its output with its inputs quantized only
+    c1 = builders.run_model(builders.rewire(q, keep={"x_Q", "W1_Q"}, outputs=["c1"]), feeds, outputs=["c1"])
+    c1_ref = builders.run_model(builders.rewire(q, outputs=["c1"]), feeds, outputs=["c1"])
+    assert curves.local[curves.nodes.index("conv1")] == pytest.approx(builders.worst_cosine(c1_ref, c1), abs=1e-6)

@@ -876,3 +876,23 @@ def test_runall_says_which_samples_it_ranked_on_and_suggests_ranking_operators_o
     assert ": fix the worst nodes of each, or rank operator nodes (-t node) to see where they add up" in \
         other["verdict"]["text"]
     assert "rankings on all 6 sample(s)" in (tmp_path / "out" / "summary.md").read_text()
+
+
+@pytest.mark.parametrize("convs,pair,at", [(1, "x_Q", "conv1"), (2, "c1_Q", "conv2")])
+def test_a_node_owning_its_output_pair_has_its_own_error_where_that_pair_is_its(tmp_path, convs, pair, at):
+    """Conv -> c -> its own pair -> model output (a detector head's layout): runall said
+    "inherited at conv (local 0.99990089, fully quantized 0.9964487)" with nothing upstream,
+    the local error read before the Conv's own pair and the accumulated one after it. Both
+    are read after it now: the local error that of a plain session keeping the Conv's input
+    pairs and its output pair only, and the error the Conv's own."""
+    q, data = builders.owned_output_net(tmp_path / "q.onnx", convs=convs)
+    out = runall(str(q), data, save_dir=tmp_path / "out", node_type="activation", progress=False)
+    item = next(it for it in out["verdict"]["nodes"] if it["node"] == pair)
+    feeds = [{"x": x} for x in data["x"]]
+    ref = builders.run_model(builders.rewire(q), feeds, outputs=["y"])
+    own = builders.run_model(builders.rewire(q, keep={pair, f"W{convs}_Q", "c_Q"}), feeds, outputs=["y"])
+    every = builders.run_model(builders.rewire(q, keep=set(builders.qdq_pairs(q))), feeds, outputs=["y"])
+    assert item["at"] == at and item["origin"] == "local", item
+    assert item["local"] == pytest.approx(builders.worst_cosine(ref, own), abs=1e-6)
+    assert item["accumulated"] == pytest.approx(builders.worst_cosine(ref, every), abs=1e-6)
+    assert f"own at `{at}`" in (tmp_path / "out" / "summary.md").read_text()

@@ -523,7 +523,9 @@ class Engine:
         """(float values, locally quantized values) of every normal node output of sample i.
 
         The second dict holds, per normal node fed by calibration nodes, its output when its
-        own inputs are quantized from their float values and nothing upstream is.
+        own inputs are quantized from their float values and nothing upstream is, and, for one
+        owning pairs on model outputs, those outputs through its own pairs (see
+        :func:`.instrument.local_clones`).
         """
         sess = self.session("local")
         names = [o.name for o in sess.get_outputs()]

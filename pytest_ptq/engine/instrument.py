@@ -510,11 +510,41 @@ def local_clones(qmodel, names=None):
     pair of a requantize chain, and copies of those Casts); ``outputs``: the clones' float
     outputs, to expose.
 
+    A node whose own pairs write model outputs (:meth:`.QuantModel.delivered`, a detector
+    head's Concat) is read where the model delivers them: its clone's output passes through
+    copies of those pairs (and of the Casts between float types after or before them), named
+    after the model output (``ptq_local::<output>``), so that its local error holds its whole
+    own loss, like for like with the point the curves read there.
+
     Run with every flag off, the clones give each node's *local* error in one pass.
     """
     by_output = {o: c for c in qmodel.calibration.values() for o in c.outputs}
     protos = {p.name: p for p in qmodel.model.graph.node}
     nodes, local_in, outputs = [], {}, []
+    # a model output a node's own pairs deliver is that node's local value: a Cast between
+    # float types writing it (reading the pair) gets no clone of its own, whose output would
+    # take the same name (curves read no Cast's local error: it passes its pairs on)
+    delivered = {n: qmodel.delivered(n) for n in qmodel.normal if qmodel.normal[n].calibration_outputs}
+    taken = {t for ts in delivered.values() for t in ts}
+
+    def pair_copy(c, dq, src, tag, out):
+        """Nodes computing ``out``: a copy of pair ``c``'s quantizing nodes and of its DQ ``dq``
+        reading ``src``; their tensors and names carry ``tag``."""
+        made, renamed = [], {}
+        if c.q_node is not None and not c.fused:
+            q, renamed = _renamed_copy(c.q_node, f"{tag}::")
+            q.name = f"{tag}::{q.name}"
+            q.input[0] = src
+            made += _quantizing(qmodel, c, q) + _between(c, f"{tag}::", renamed, f"::{tag}")
+        d = onnx.NodeProto()
+        d.CopyFrom(dq)
+        d.name = f"{tag}::{dq.name}"
+        if c.fused:
+            d.input[0] = src
+        for j, name in enumerate(d.input):
+            d.input[j] = renamed.get(name, name)
+        d.output[0] = out
+        return made + [d]
 
     def quantized(i):
         """The name of tensor ``i`` computed from its pair's float input, or None where no pair
@@ -527,21 +557,7 @@ def local_clones(qmodel, names=None):
             # a pair that quantizes another pair's output again (a requantize chain) reads that
             # pair quantized too: the operator ranking counts the whole chain for the node
             src = quantized(c.input) if qmodel.requantizes(c.name) is not None else c.float_weight or c.input
-            renamed = {}
-            if c.q_node is not None and not c.fused:
-                q, renamed = _renamed_copy(c.q_node, f"ptq_lq::{i}::")
-                q.name = f"ptq_lq::{q.name}::{i}"
-                q.input[0] = src
-                nodes.extend(_quantizing(qmodel, c, q) + _between(c, f"ptq_lq::{i}::", renamed, f"::{i}"))
-            d = onnx.NodeProto()
-            d.CopyFrom(dq)
-            d.name = f"ptq_ldq::{i}"
-            if c.fused:
-                d.input[0] = src
-            for j, name in enumerate(d.input):
-                d.input[j] = renamed.get(name, name)
-            d.output[0] = f"ptq_lq::{i}"
-            nodes.append(d)
+            nodes.extend(pair_copy(c, dq, src, f"ptq_lq::{i}", f"ptq_lq::{i}"))
         elif cast is not None and qmodel.passes_on(cast.name) and quantized(cast.input[0]) is not None:
             # a float16 graph computing the node in float32 reads its pair through this Cast
             d = onnx.NodeProto()
@@ -555,10 +571,37 @@ def local_clones(qmodel, names=None):
         local_in[i] = nodes[-1].output[0]
         return local_in[i]
 
+    def delivering(t, clone_of, made):
+        """Tensor ``t`` downstream of a clone (``clone_of``: ``{output: clone's output}``) through
+        the node's own output pairs and Casts between float types, computed by nodes appended to
+        ``made``; None where ``t`` is none of those."""
+        if t in clone_of:
+            return clone_of[t]
+        c, cast = by_output.get(t), qmodel.producer.get(t)
+        if c is not None:
+            src = delivering(c.input, clone_of, made)
+            if src is None:
+                return None
+            dq = next(d for d in c.dq_nodes if d.output[0] == t)
+            made += _fixed_parameters(qmodel, pair_copy(c, dq, src, f"ptq_lo::{t}", f"ptq_lo::{t}"))
+        elif cast is not None and qmodel.passes_on(cast.name):
+            src = delivering(cast.input[0], clone_of, made)
+            if src is None:
+                return None
+            d = onnx.NodeProto()
+            d.CopyFrom(cast)
+            d.name = f"ptq_locast::{t}"
+            d.input[0] = src
+            d.output[0] = f"ptq_lo::{t}"
+            made.append(d)
+        else:
+            return None
+        return made[-1].output[0]
+
     for n in qmodel.normal.values():
         if names is not None and n.name not in names:
             continue
-        if not qmodel.reads_pairs(n.name):
+        if not qmodel.reads_pairs(n.name) or taken.intersection(n.outputs):
             continue
         proto = protos[n.name]
         if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in proto.attribute):
@@ -574,4 +617,31 @@ def local_clones(qmodel, names=None):
                 clone.output[k] = f"{LOCAL_PREFIX}{o}"
         nodes.append(clone)
         outputs += [o for o in clone.output if o and qmodel.is_float_tensor(o[len(LOCAL_PREFIX):])]
+        clone_of = {o: clone.output[k] for k, o in enumerate(proto.output) if o}
+        for t in delivered.get(n.name, ()):
+            made = []
+            if delivering(t, clone_of, made) is not None and made:
+                made[-1].output[0] = f"{LOCAL_PREFIX}{t}"
+                nodes += made
+                outputs.append(made[-1].output[0])
     return nodes, outputs
+
+
+def _fixed_parameters(qmodel, made):
+    """``made`` (copies of a pair's nodes) with each scale or zero point that a node of the
+    graph computes read from a Constant of its value instead: a pair after its node may read
+    a Constant written after that node, which a segment holding the node's clone lacks."""
+    produced = {o for node in made for o in node.output}
+    out = []
+    for node in made:
+        for k, i in enumerate(node.input):
+            if k == 0 or not i or i in produced or i not in qmodel.producer:
+                continue
+            value = qmodel.constant(i)
+            if value is not None:
+                name = f"{node.name}::{k}"
+                out.append(helper.make_node("Constant", [], [name], name=name,
+                                            value=numpy_helper.from_array(np.asarray(value), name)))
+                node.input[k] = name
+        out.append(node)
+    return out

@@ -511,7 +511,7 @@ class Segments:
         """Tensors ``tensors`` of a sample, part by part (see :meth:`walkable`). Yields per
         part ``(float, local values, outputs)``: ``{tensor: value}`` of the tensors it
         computes, run float; with ``local``, the local clones' values of those fed by
-        calibration nodes (their inputs quantized from float values, see
+        calibration nodes or delivered by a node's own pairs (see
         :func:`.instrument.local_clones`; else empty); and an iterator over ``configs``
         (``[(touched, flag values)]``, see :meth:`touched`) of the same tensors under each,
         computed as it is read. A part is a segment or a piece of one (see
@@ -542,7 +542,10 @@ class Segments:
             runs = outputs(part)
             yield {t: values[t] for t in part.tensors}, clones, runs
             collections.deque(runs, maxlen=0)  # configs left unread still advance their chains
-            values = {t: v for t, v in values.items() if t in part.ends or needed.get(t, -1) > p}
+            # a clone's value read at a later part's tensor (a node's, through its own pairs to
+            # the model output they deliver, see local_clones) waits for that part's reference
+            values = {t: v for t, v in values.items() if t in part.ends or needed.get(t, -1) > p
+                      or t.startswith(LOCAL_PREFIX) and self.produced.get(t[len(LOCAL_PREFIX):], -1) >= part.span[1]}
             if last:  # no sample runs this part again
                 self._drop(lambda k, span=part.span: k[0] == span)
 

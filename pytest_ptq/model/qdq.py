@@ -760,6 +760,15 @@ class QuantModel:
         operators those count for, :attr:`unowned` those that rank on their own)."""
         return self._owners.get(name)
 
+    def delivered(self, name):
+        """The model outputs normal node ``name``'s own pairs write (:attr:`NormalNode.calibration_outputs`),
+        through Casts between float types, in order: where its error is read, what the model
+        delivers (a detector head's Concat behind its pair); empty for a node owning none."""
+        n = self.normal[name]
+        outputs = set(self.output_names)
+        return list(dict.fromkeys(o for c in n.calibration_outputs for o in self.cast_on(self.calibration[c].outputs)
+                                  if o in outputs))
+
     def requantizes(self, name):
         """The calibration node whose output calibration node ``name`` quantizes again (the
         pair before it in a requantize chain Q-DQ-Q-DQ), or None."""
