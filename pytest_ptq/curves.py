@@ -247,7 +247,7 @@ def plot_curves(curves, path, title=None, annotate=3):
     if curves.local is not None:
         idx = [i for i, v in enumerate(curves.local) if v is not None]
         ax.scatter(idx, [curves.local[i] for i in idx], s=10, marker="x", color="grey",
-                   label="local error: its own\ninputs quantized only", zorder=3)
+                   label="local error: its own\npairs quantized only", zorder=3)
     mode = " (running mean)" if curves.average_mode else ""
     axes_title(ax, title or f"Cumulative {curves.metric}{mode} vs float model, {curves.samples} sample(s)")
     ax.set_xlabel("operator, in execution order (index from the model inputs)")
