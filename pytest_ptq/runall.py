@@ -597,7 +597,7 @@ def _advise(engine, metric, kind, rank, name, sens, dist, boxes, curves, scored=
 
 
 def _origin(qm, metric, kind, name, curves):
-    """At the first normal node the target feeds (:meth:`QuantModel.counts_for`): its local
+    """At the first operator the target counts for (:meth:`QuantModel.credited`): its local
     error (its own pairs quantized, its inputs from float values; read, like its point, after
     its pairs on model outputs) against its error with everything
     quantized. At least half of it local: its error is its own; less: it mostly inherits
@@ -608,8 +608,9 @@ def _origin(qm, metric, kind, name, curves):
     (a weight two Convs share), in graph order."""
     if name in qm.unowned:  # no node to measure at: said, not left blank
         return {"origin": "unowned", "tensor": qm.calibration[name].input}
-    # an earlier pair of a requantize chain: at the operators reading the chain, as ranked
-    found = [at for n in ([name] if kind == "node" else qm.counts_for(name)) if (at := _at(qm, metric, n, curves))]
+    # at the operators whose ranking entries count it: an earlier pair of a requantize chain at
+    # those reading the chain, a pair on a model output at the operator computing it
+    found = [at for n in ([name] if kind == "node" else qm.credited(name)) if (at := _at(qm, metric, n, curves))]
     if not found:
         return {"origin": None}
     return {**found[0], "also": found[1:]} if len(found) > 1 else found[0]

@@ -896,3 +896,6 @@ def test_a_node_owning_its_output_pair_has_its_own_error_where_that_pair_is_its(
     assert item["local"] == pytest.approx(builders.worst_cosine(ref, own), abs=1e-6)
     assert item["accumulated"] == pytest.approx(builders.worst_cosine(ref, every), abs=1e-6)
     assert f"own at `{at}`" in (tmp_path / "out" / "summary.md").read_text()
+    # and the output pair itself, which no operator reads, at the operator computing it (blank before)
+    owned = next(it for it in out["verdict"]["nodes"] if it["node"] == "c_Q")
+    assert (owned["at"], owned["origin"], owned["local"]) == (at, "local", item["local"]), owned
