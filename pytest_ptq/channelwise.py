@@ -70,9 +70,10 @@ def channel_axis(qm, c, shape, axis=None, value=None):
     Raises PTQError when ``axis`` is out of range or none can be inferred (rank < 2).
     """
     rank = len(shape)
-    what = f"input {c.input!r} of {c.name!r} has shape {tuple(shape)}"
+    tensor = qm.shown_name(c.input)
+    what = f"input {tensor!r} of {c.name!r} has shape {tuple(shape)}"
     if rank == 0:  # one value: no axis at all (axis 0 read as in range divided by 0)
-        raise PTQError(f"input {c.input!r} of {c.name!r} is a scalar, so it has no channels to box-plot; its "
+        raise PTQError(f"input {tensor!r} of {c.name!r} is a scalar, so it has no channels to box-plot; its "
                        "histogram (plot-distribution) shows its values")
     if axis is not None:
         if not -rank <= int(axis) < max(rank, 1):

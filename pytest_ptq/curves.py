@@ -31,7 +31,8 @@ KINDS = ("weight", "activation")
 
 @dataclasses.dataclass
 class Curves(JsonResult):
-    """``values[config][k]`` is the metric at ``nodes[k]`` (tensor ``tensors[k]``); in
+    """``values[config][k]`` is the metric at ``nodes[k]`` (tensor ``tensors[k]``, as the
+    user's file names it: :meth:`QuantModel.shown_name`); in
     ``average_mode`` (the seed's average cumulative error), ``means[config][k]`` the running
     mean of ``values[config][:k + 1]``, what the plot draws. ``worst_of[node]``: the model
     outputs a node's point is the worst of, where its own pairs write several (a Split's
@@ -169,9 +170,11 @@ def get_acc_error(engine, configs, metric="cosine-similarity", data_num=None, lo
     values = {label: [worst(*(st[t] for t in read)) for read in tensor_of.values()] for label, st in states.items()}
     local_vals = ([worst(*(local_states[t] for t in local_at[n])) if qm.reads_pairs(n) else None for n in nodes]
                   if local else None)
-    return read_from(Curves(metric=m.name, nodes=nodes, tensors=tensors, values=values, configs=configs,
-                            local=local_vals, samples=len(indices),
-                            worst_of={n: read for n, read in tensor_of.items() if len(read) > 1} or None),
+    # the tool's own names (a moved pair's '<out>::float') are not in the user's file
+    return read_from(Curves(metric=m.name, nodes=nodes, tensors=[qm.shown_name(t) for t in tensors], values=values,
+                            configs=configs, local=local_vals, samples=len(indices),
+                            worst_of={n: [qm.shown_name(t) for t in read] for n, read in tensor_of.items()
+                                      if len(read) > 1} or None),
                      engine.inputs())
 
 
@@ -196,17 +199,17 @@ def unplotted_outputs(engine, curves):
             out[t] = f"a graph input passed {how}, the same in every config"
         elif pair is not None:
             owners = qm.credited(pair.name)
-            out[t] = f"written by pair {pair.name!r} on {pair.input!r}{through}" + (
+            out[t] = f"written by pair {pair.name!r} on {qm.shown_name(pair.input)!r}{through}" + (
                 " with no operator between, which the rankings score as that pair" if owners == [pair.name] else
                 f", whose error the rankings credit to {_named_list('node', owners)}, whose input"
                 f"{'s' if len(owners) > 1 else ''} it quantizes" if owners else
                 ", whose values no operator reads (no ranking row holds it)")
         elif writer is not None and writer.name in point:
-            at = point[writer.name]
+            at = point[writer.name]  # as the file names it, as the tensors below are compared
             after = next((c for c in qm.normal[writer.name].calibration_outputs
-                          if at in qm.cast_on(qm.calibration[c].outputs)), None)
+                          if at in map(qm.shown_name, qm.cast_on(qm.calibration[c].outputs))), None)
             where = (f", after its pair {after!r}" if after else
-                     f", before the Cast{'s' if len(casts) > 1 else ''}" if casts and at == src else "")
+                     f", before the Cast{'s' if len(casts) > 1 else ''}" if casts and at == qm.shown_name(src) else "")
             out[t] = (f"computed by node {writer.name!r}{through}; the curves read {writer.name!r} at tensor "
                       f"{at!r}{where}")
         elif writer is None or writer.op_type == "Constant":

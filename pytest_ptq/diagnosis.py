@@ -292,8 +292,8 @@ def _node(qm, sens, rank, name, calib, dist, boxes, split, metric, alone):
         tries, reasons = advise(d, boxes.get(c))
         if c in alone:
             reasons.insert(0, f"alone {short(alone[c])}")
-        ins.append({"node": c, "kind": cn.kind, "tensor": cn.input, "granularity": cn.granularity, "bit": cn.bit,
-                    "try": tries, "reason": "; ".join(reasons), "alone": alone.get(c)})
+        ins.append({"node": c, "kind": cn.kind, "tensor": qm.shown_name(cn.input), "granularity": cn.granularity,
+                    "bit": cn.bit, "try": tries, "reason": "; ".join(reasons), "alone": alone.get(c)})
     cause, chosen = explaining_inputs(ins, split, metric)
     tries = list(dict.fromkeys(t for i in chosen for t in i["try"]))
     reason = "; ".join((f"{i['kind']} {i['node']} ({i['granularity']} {i['bit']}-bit): " if sens.node_type == "node"

@@ -607,7 +607,7 @@ def _origin(qm, metric, kind, name, curves):
     computes (:attr:`QuantModel.unowned`). ``also``: the same at every other node it feeds
     (a weight two Convs share), in graph order."""
     if name in qm.unowned:  # no node to measure at: said, not left blank
-        return {"origin": "unowned", "tensor": qm.calibration[name].input}
+        return {"origin": "unowned", "tensor": qm.shown_name(qm.calibration[name].input)}
     # at the operators whose ranking entries count it: an earlier pair of a requantize chain at
     # those reading the chain, a pair on a model output at the operator computing it
     found = [at for n in ([name] if kind == "node" else qm.credited(name)) if (at := _at(qm, metric, n, curves))]

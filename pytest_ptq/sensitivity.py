@@ -356,10 +356,11 @@ def describe(qm, name, node_type, quantized):
     requantize chain's earlier pair, those reading the chain) and granularity of a calibration node."""
     if node_type == "node" and name in qm.unowned:
         c = qm.calibration[name]
-        return {"kind": "node", "op_type": "Q/DQ", "calibration_nodes": list(quantized), "unowned": c.input}
+        return {"kind": "node", "op_type": "Q/DQ", "calibration_nodes": list(quantized),
+                "unowned": qm.shown_name(c.input)}
     if node_type == "node":
         n = qm.normal[name]
         return {"kind": "node", "op_type": n.op_type, "calibration_nodes": list(quantized)}
     c = qm.calibration[name]
     return {"kind": c.kind, "threshold": c.shown_threshold, "bit": c.bit, "feeds": qm.counts_for(name),
-            "per_channel": c.per_channel, "input": c.input}
+            "per_channel": c.per_channel, "input": qm.shown_name(c.input)}

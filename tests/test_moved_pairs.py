@@ -9,14 +9,17 @@ some pairs written, run in plain onnxruntime sessions without graph optimisation
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import builders
+from pytest_ptq import cli
 from pytest_ptq.engine import Engine
-from pytest_ptq.errors import NotQuantized
+from pytest_ptq.errors import NotQuantized, PTQError
 from pytest_ptq.model import QuantModel
 from pytest_ptq.sensitivity import get_sensitivity_of_nodes
 
@@ -172,3 +175,146 @@ def test_a_chain_through_a_transpose_the_tool_cannot_follow_is_said(tmp_path, ki
     with pytest.raises(NotQuantized, match=r"QuantizeLinear 'w_Q' -> Transpose 'w_T' -> DequantizeLinear 'w_DQ': the "
                                            r"tool does not follow a per-(channel|block) QuantizeLinear's"):
         QuantModel(str(path))
+
+
+def shown_net(path):
+    """x -> Relu -> r -> act_Q -> Transpose -> act_DQ (a moved activation pair), W [4, 36] ->
+    w_Q -> Reshape [4, 4, 3, 3] -> w_DQ (a moved weight pair) -> Conv -> c; an empty Slice of
+    x -> hol_Q -> Transpose -> hol_DQ (a moved pair on a tensor without values); Concat -> y; and
+    input p -> pp_Q -> Identity -> pp_DQ -> output p_out (its Identity now computes the pair's input)."""
+    rng = np.random.default_rng(7)
+    inits = [numpy_helper.from_array((rng.standard_normal((4, 36)) * 0.3).astype(np.float32), "W"),
+             numpy_helper.from_array(np.array([4, 4, 3, 3], np.int64), "wshape"),
+             numpy_helper.from_array(np.array([0], np.int64), "zero"),
+             numpy_helper.from_array(np.array([1], np.int64), "one")]
+    for name, scale in (("act", 0.05), ("w", 0.01), ("hol", 0.05), ("pp", 0.02)):
+        inits += [numpy_helper.from_array(np.float32(scale), f"{name}_s"),
+                  numpy_helper.from_array(np.int8(0), f"{name}_z")]
+
+    def moved(name, src, op, extra=(), **attrs):
+        return [helper.make_node("QuantizeLinear", [src, f"{name}_s", f"{name}_z"], [f"{name}_q"], name=f"{name}_Q"),
+                helper.make_node(op, [f"{name}_q", *extra], [f"{name}_m"], name=f"{name}_{op}", **attrs),
+                helper.make_node("DequantizeLinear", [f"{name}_m", f"{name}_s", f"{name}_z"], [f"{name}_dq"],
+                                 name=f"{name}_DQ")]
+
+    nodes = [helper.make_node("Relu", ["x"], ["r"], name="relu"),
+             *moved("act", "r", "Transpose", perm=[0, 1, 3, 2]),
+             *moved("w", "W", "Reshape", ["wshape"]),
+             helper.make_node("Conv", ["act_dq", "w_dq"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+             helper.make_node("Slice", ["x", "zero", "zero", "one"], ["hollow"], name="slice"),
+             *moved("hol", "hollow", "Transpose", perm=[0, 1, 3, 2]),
+             helper.make_node("Concat", ["c", "hol_dq"], ["y"], name="concat", axis=1),
+             *moved("pp", "p", "Identity")]
+    nodes[-1].output[0] = "p_out"
+    graph = helper.make_graph(nodes, "shown", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 8, 8]),
+                                               helper.make_tensor_value_info("p", TensorProto.FLOAT, [1, 6])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 8, 8]),
+                               helper.make_tensor_value_info("p_out", TensorProto.FLOAT, [1, 6])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
+    onnx.checker.check_model(model, full_check=True)
+    onnx.save(model, str(path))
+    return path
+
+
+@pytest.fixture(scope="module")
+def shown(tmp_path_factory):
+    root = tmp_path_factory.mktemp("shown")
+    rng = np.random.default_rng(8)
+    builders.save_folder({"x": [rng.standard_normal((1, 4, 8, 8)).astype(np.float32) for _ in range(3)],
+                          "p": [rng.standard_normal((1, 6)).astype(np.float32) for _ in range(3)]}, root / "calib")
+    path = shown_net(root / "model.onnx")
+    # what the file holds, read without the tool: every tensor name, and what each Q reads
+    model = onnx.load(str(path))
+    tensors = ({t for n in model.graph.node for t in (*n.input, *n.output)} | {i.name for i in model.graph.input}
+               | {i.name for i in model.graph.initializer})
+    reads = {n.name: n.input[0] for n in model.graph.node if n.op_type == "QuantizeLinear"}
+    return {"root": root, "model": path, "calib": root / "calib", "tensors": tensors, "reads": reads}
+
+
+def _named(value, keys=("tensor", "tensors", "input", "unowned")):
+    """Every tensor name a result names under ``keys``, however deep."""
+    if isinstance(value, dict):
+        for k, v in value.items():
+            if k in keys and isinstance(v, str):
+                yield v
+            elif k in keys and isinstance(v, list) and all(isinstance(t, str) for t in v):
+                yield from v
+            else:
+                yield from _named(v, keys)
+    elif isinstance(value, list):
+        for v in value:
+            yield from _named(v, keys)
+
+
+def test_every_face_names_a_moved_pairs_tensor_as_the_file_does(shown, tmp_path):
+    """A moved pair quantizes a tensor of the tool's copy ('act_m::float': the layout node run on
+    the float tensor), which the tables, JSON, plot titles and skip notes named where the user's
+    file has no such tensor; they name the tensor the file's QuantizeLinear reads."""
+    from pytest_ptq.curves import plot_acc_error
+    from pytest_ptq.diagnosis import diagnose
+    from pytest_ptq.distribution import get_channelwise_data_distribution, plot_distribution
+    from pytest_ptq.outputs import parse_outputs
+    from pytest_ptq.runall import runall
+    from pytest_ptq.verdict import three_configs
+
+    reads, tensors = shown["reads"], shown["tensors"]
+    engine = Engine(str(shown["model"]), shown["calib"])
+    dist = plot_distribution(tmp_path / "d", engine, nodes_list=["act_Q", "w_Q", "hol_Q", "act_Transpose", "conv"])
+    boxes = get_channelwise_data_distribution(tmp_path / "b", engine, nodes_list=["act_Q", "w_Q", "hol_Q"])
+    for name in ("act_Q", "w_Q"):  # what the plots' titles name
+        assert dist[name]["tensor"] == boxes[name]["tensor"] == reads[name], name
+    # the Transpose's float output holds the values of the tensor the pair's Q reads in the file
+    assert dist["act_Transpose"]["tensor"] == reads["act_Q"] and dist["conv"]["tensor"] == "c"
+    for skipped in (dist["hol_Q"]["skipped"], boxes["hol_Q"]["skipped"]):
+        assert skipped.startswith(f"{reads['hol_Q']!r} is empty"), skipped
+    with pytest.raises(PTQError, match=f"input {reads['act_Q']!r} of 'act_Q' has shape"):
+        get_channelwise_data_distribution(tmp_path / "b", engine, nodes_list=["act_Q"], axis=7)
+    curves = plot_acc_error(tmp_path / "c", model_or_file=engine, progress=False)
+    assert set(curves.tensors) <= tensors and reads["act_Q"] in curves.tensors, curves.tensors
+    sens = {**get_sensitivity_of_nodes(engine, node_type="weight").details,
+            **get_sensitivity_of_nodes(engine, node_type="activation").details}
+    assert {n: sens[n]["input"] for n in reads} == reads
+    diagnosis = diagnose(engine, get_sensitivity_of_nodes(engine, node_type="node"),
+                         three_configs(engine, parse_outputs(None, engine)))
+    assert {i["node"]: i["tensor"] for it in diagnosis.nodes for i in it["inputs"]}["act_Q"] == reads["act_Q"]
+    assert set(_named(diagnosis.nodes)) <= tensors
+    summary = runall(engine, save_dir=tmp_path / "r", progress=False)
+    written = json.loads((tmp_path / "r" / "summary.json").read_text())
+    named = set(_named(written))
+    assert named <= tensors and {reads["act_Q"], reads["w_Q"]} <= named, named - tensors
+    assert set(_named(summary)) <= tensors
+    md = (tmp_path / "r" / "summary.md").read_text()
+    assert "::float" not in md and f"{reads['hol_Q']!r} is empty" in md
+
+
+def test_the_command_line_names_a_moved_pairs_tensor_as_the_file_does(shown, tmp_path, capsys):
+    reads, tensors = shown["reads"], shown["tensors"]
+    model, calib = str(shown["model"]), str(shown["calib"])
+    drawn = ["--quiet", "-s", str(tmp_path / "drawn")]
+    runs = {"list-nodes": [model], "plot-distribution": [model, calib, "-n", *reads, *drawn],
+            "get-channelwise-data-distribution": [model, calib, "-n", *reads, *drawn],
+            "plot-acc-error": [model, calib, *drawn], "get-sensitivity-of-nodes": [model, calib, "-t", "activation"]}
+    for command, args in runs.items():
+        out = tmp_path / f"{command}.json"
+        rc = cli.main([command, *args, "--json", str(out)])
+        text = capsys.readouterr().out
+        assert rc == 0 and "::float" not in text, (command, text)
+        named = set(_named(json.loads(out.read_text())))
+        assert named and named <= tensors, (command, named - tensors)
+        if command in ("plot-distribution", "get-channelwise-data-distribution"):
+            assert f"skipped hol_Q: {reads['hol_Q']!r} is empty" in text and reads["act_Q"] in text, text
+
+
+def test_the_plugins_report_names_a_moved_pairs_tensor_as_the_file_does(shown, pytester):
+    """The report's note on a ranked pair without values named 'hol_m::float', the tool's own tensor."""
+    import html
+    import re
+
+    from test_plugin import run
+
+    path = pytester.path / "report.html"
+    run(pytester, f"--ptq-model={shown['model']}", f"--ptq-data={shown['calib']}", f"--ptq-report={path}",
+        "--ptq-node-type=activation", "-p", "no:xdist")
+    text = html.unescape(re.sub(r"<[^>]*>", "", path.read_text()))
+    assert "::float" not in text
+    assert f"{shown['reads']['hol_Q']!r} is empty" in text

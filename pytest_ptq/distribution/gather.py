@@ -276,7 +276,7 @@ def weight_arrays(qm, c):
     """
     stored = qm.constant(c.input)
     if stored is None:
-        raise PTQError(f"weight {c.name!r} of {qm.source!r} has no constant input {c.input!r}")
+        raise PTQError(f"weight {c.name!r} of {qm.source!r} has no constant input {qm.shown_name(c.input)!r}")
     if c.q_node is not None:
         stored = np.asarray(stored, dtype=np.float32)
         deq = c.fake_quant(stored)
@@ -302,7 +302,7 @@ def clip_bounds(c):
 
 def _describe(qm, c):
     dtype, threshold, lo, hi = qm.shown_grid(c)  # reduce_range's weights: on their half grid
-    return {"kind": c.kind, "tensor": c.input, "bit": c.bit, "wider": qm.wider_type(c), "dtype": dtype,
+    return {"kind": c.kind, "tensor": qm.shown_name(c.input), "bit": c.bit, "wider": qm.wider_type(c), "dtype": dtype,
             "per_channel": c.per_channel, "block_size": c.block_size or None, "axis": c.axis, "threshold": threshold,
             "range_lo": float(np.min(lo)), "range_hi": float(np.max(hi)),
             "scale": float(np.max(np.abs(c.scale))), "role": c.role, "feeds": qm.counts_for(c.name),
@@ -364,7 +364,7 @@ def collect(engine, dist_nodes=(), box_nodes=(), axis=None, data_num=None, bins=
             ev = _Values(lambda vals, t=t: vals[("q", t)].astype(np.float64) - vals[("f", t)])
             pair = _Pair(lambda vals, t=t: vals[("f", t)], lambda vals, t=t: vals[("q", t)])
             accs += [_Group([fv, qv], bins), _Group([ev], bins), pair]
-            info = {"node": name, "kind": "node", "op_type": n.op_type, "tensor": t,
+            info = {"node": name, "kind": "node", "op_type": n.op_type, "tensor": qm.shown_name(t),
                     "calibration_inputs": qm.quantizing(name)}
             plans[name] = ("node", info, (fv, qv, ev, pair))
     errors = {}
@@ -388,7 +388,7 @@ def collect(engine, dist_nodes=(), box_nodes=(), axis=None, data_num=None, bins=
         need(float_t, c.input)
         chan = _Channels(lambda vals, c=c: c.as_float_model_has_it(vals[("f", c.input)]), stats,
                          lambda a, c=c: channel_axis(qm, c, np.shape(a), axis, a), skip_unboxable,
-                         f"input {c.input!r} of {name!r}")
+                         f"input {qm.shown_name(c.input)!r} of {name!r}")
         accs.append(chan)
         errors[name] = chan
     if accs:
@@ -472,7 +472,7 @@ def _weight_distribution(qm, c, info, bins):
     ref = w if w is not None else deq
     if ref.size == 0:  # a zero-size weight: no values, no channels to score
         info.update(samples=0, count=0, shape=list(ref.shape), max_abs=0.0,
-                    skipped=empty(c.input, ref.shape, "draw"))
+                    skipped=empty(info["tensor"], ref.shape, "draw"))
         return info
     fv = _Values(lambda v: v["w"], clip_bounds(c))
     qv = _Values(lambda v: v["d"])

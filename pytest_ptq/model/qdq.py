@@ -376,7 +376,8 @@ class QuantModel:
         # reads their weights' values
         rewrite = formats.to_qdq(self.model, repr(self.source), arrays)
         self.model, self._format, self.format_label = rewrite.model, rewrite.format, rewrite.label
-        self.float_names = rewrite.float_names  # rewritten tensor -> the float model's name
+        # a tensor of the tool's copy -> the name the file and the float model give it (see shown_name)
+        self.float_names = rewrite.float_names
         self._given = None if self._format == formats.QDQ else model_or_file
         self.notes += rewrite.notes
         graph = self.model.graph
@@ -1303,6 +1304,18 @@ class QuantModel:
 
     def is_float_tensor(self, name):
         return self.value_types.get(name) in FLOAT_TYPES
+
+    def shown_name(self, tensor):
+        """The name the user's file gives ``tensor``, for whatever the tool shows or writes.
+
+        The tool's copy of the graph holds tensors the file does not: a pair whose codes a
+        layout node moves (see :mod:`.moved`) quantizes ``<out>::float``, the node run on the
+        float tensor, which the file names by the tensor its QuantizeLinear reads; a QOperator
+        file's rewrite names some float tensors anew (:attr:`float_names`). Any other tensor
+        is the file's own and keeps its name. A moved pair's file name still names a tensor of
+        the copy, the one its layout node now reads (the same values), so a tensor a user
+        names back (an output, a subgraph's end) needs no mapping the other way."""
+        return self.float_names.get(tensor, tensor)
 
     def source_of(self, tensor):
         """The tensor a normal node reads with every Q/DQ bypassed: a DQ output maps to the
