@@ -165,10 +165,13 @@ def _model_side(model_or_file, float_model):
             specs[i.name].channel_axis = axis if dims[axis] else None
     if qm is not None:
         for c in qm.of_kind("activation"):
-            if c.input in specs and not c.dynamic:  # a dynamic range fits any data
+            # a pair moved past a layout node (input -> Q -> Reshape -> DQ) reads the input under
+            # the tool's own name: the file's is the input's, holding the same values
+            spec = specs.get(qm.shown_name(c.input))
+            if spec is not None and not c.dynamic:  # a dynamic range fits any data
                 lo, hi = c.range()
-                specs[c.input].range = (float(np.min(lo)), float(np.max(hi)))
-                specs[c.input].step = float(np.max(np.abs(c.scale)))
+                spec.range = (float(np.min(lo)), float(np.max(hi)))
+                spec.step = float(np.max(np.abs(c.scale)))
     return qm, specs, source
 
 

@@ -318,3 +318,24 @@ def test_the_plugins_report_names_a_moved_pairs_tensor_as_the_file_does(shown, p
     text = html.unescape(re.sub(r"<[^>]*>", "", path.read_text()))
     assert "::float" not in text
     assert f"{shown['reads']['hol_Q']!r} is empty" in text
+
+
+def test_check_data_holds_an_input_to_its_moved_pairs_range(shown, tmp_path):
+    """An input quantized through a moved pair (p -> Q -> Identity -> DQ) had no calibrated
+    range in check-data: data 50x wider than the pair's range raised no range error."""
+    from pytest_ptq.datacheck import check_data
+
+    model = onnx.load(str(shown["model"]))
+    inits = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+    q = next(n for n in model.graph.node if n.op_type == "QuantizeLinear" and n.input[0] == "p")
+    scale, zero = float(inits[q.input[1]]), int(inits[q.input[2]])
+    lo, hi = (-128 - zero) * scale, (127 - zero) * scale  # int8 codes
+    rng = np.random.default_rng(9)
+    data = {"x": [rng.standard_normal((1, 4, 8, 8)).astype(np.float32) for _ in range(3)],
+            "p": [(rng.standard_normal((1, 6)) * 50 * hi).astype(np.float32) for _ in range(3)]}
+    report = check_data(str(shown["model"]), builders.save_folder(data, tmp_path / "wide"))
+    stats = report.stats["calibration"]["p"]
+    assert stats["calibrated_range"] == pytest.approx([lo, hi])
+    values = np.stack(data["p"])
+    assert stats["clipped_share"] == pytest.approx(np.mean((values < lo - scale / 2) | (values > hi + scale / 2)))
+    assert "range" in report.checks("error")
