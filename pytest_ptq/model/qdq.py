@@ -832,9 +832,9 @@ class QuantModel:
         return tensor, casts
 
     def credited(self, name):
-        """The operators an operator ranking credits calibration node ``name`` to: those it
-        quantizes (:meth:`quantizing`): those it :meth:`counts_for`, then its :meth:`owner`;
-        ``[name]`` for a pair of :attr:`unowned`, ranked on its own."""
+        """The operators whose ranking entries count calibration node ``name`` (the inverse of
+        :meth:`quantizing`): those it :meth:`counts_for`, then its :meth:`owner`; ``[name]``
+        for a pair of :attr:`unowned`, ranked on its own."""
         if name in self.unowned:
             return [name]
         return list(dict.fromkeys([*self.counts_for(name), *filter(None, [self.owner(name)])]))

@@ -47,10 +47,7 @@ def float_tensor_name(qmodel, c):
         if c.q_node is None and c.input.endswith("_quantized"):
             return c.input[: -len("_quantized")]
         return qmodel.float_names.get(c.input, c.input)
-    # a later pair of a requantize chain reads the earlier pair's DequantizeLinear output,
-    # which no float model holds: every pair of the chain quantizes one float tensor, the
-    # head's input, or the model output one of them writes
-    c = qmodel.calibration[qmodel.chain_head(c.name)]
+    # a model output a pair of the chain writes keeps its name in the float model; else the head's input
     for later in qmodel.requantized_through(c.name):
         for o in qmodel.calibration[later].outputs:
             if o in qmodel.output_names:
