@@ -321,7 +321,7 @@ def side_net(path, size=16, k=9, seed=0):
     graph = helper.make_graph(nodes, "side", inputs,
                               [helper.make_tensor_value_info("prob", TensorProto.FLOAT, [1, 10]),
                                helper.make_tensor_value_info("side", TensorProto.FLOAT, [1, 2, size, size])], inits)
-    return _save(graph, path)
+    return save_model(graph, path)
 
 
 def smooth_samples(n, size=16, seed=2):
@@ -353,7 +353,7 @@ def cancel_net(path, big=100.0, k=0.99, seed=0):
              helper.make_node("Add", ["d", "v"], ["y"], name="add")]
     graph = helper.make_graph(nodes, "cancel", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 8, 8])], inits)
-    return _save(graph, path)
+    return save_model(graph, path)
 
 
 def scaled(qdq_path, out_path, initializer, factor):
@@ -389,13 +389,15 @@ def clipping_pair(path, gain):
                               [numpy_helper.from_array(np.array(gain, np.float32), "gain"),
                                numpy_helper.from_array(np.array(1 / 127, np.float32), "s"),
                                numpy_helper.from_array(np.array(0, np.int8), "z")])
-    return _save(graph, path)
+    return save_model(graph, path)
 
 
-def _save(graph, path):
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    onnx.checker.check_model(model)
+def save_model(graph, path, opset=17, ir_version=8, full_check=False):
+    """``graph`` saved as a checked model at ``path`` (``ir_version`` None: onnx's default); returns ``path``."""
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    if ir_version is not None:
+        model.ir_version = ir_version
+    onnx.checker.check_model(model, full_check=full_check)
     onnx.save(model, str(path))
     return path
 
@@ -500,7 +502,7 @@ def detector_head_net(path, classes=6, transposed=False, like=False, seed=0):
         shape = [1, 64, rows]
     graph = helper.make_graph(nodes, "head", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
                               [helper.make_tensor_value_info("out", TensorProto.FLOAT, shape)], inits)
-    return _save(graph, path)
+    return save_model(graph, path)
 
 
 def yolov5_head_net(path, classes=4, seed=0):
@@ -534,7 +536,7 @@ def yolov5_head_net(path, classes=4, seed=0):
     nodes.append(helper.make_node("Concat", levels, ["out"], axis=1, name="levels"))
     graph = helper.make_graph(nodes, "yolov5_head", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
                               [helper.make_tensor_value_info("out", TensorProto.FLOAT, [1, 80, rows])], inits)
-    return _save(graph, path)
+    return save_model(graph, path)
 
 
 def yolox_head_net(path, seed=0):
@@ -561,7 +563,7 @@ def yolox_head_net(path, seed=0):
               helper.make_node("Transpose", ["cat"], ["out"], perm=[0, 2, 1], name="to_cells")]
     graph = helper.make_graph(nodes, "yolox_head", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
                               [helper.make_tensor_value_info("out", TensorProto.FLOAT, [1, 80, 6])], inits)
-    return _save(graph, path)
+    return save_model(graph, path)
 
 
 def inf_mask_net(path):
@@ -578,7 +580,7 @@ def inf_mask_net(path):
     graph = helper.make_graph(nodes, "mask", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8]),
                                               helper.make_tensor_value_info("keep", TensorProto.BOOL, [1, 8])],
                               [helper.make_tensor_value_info("p", TensorProto.FLOAT, [1, 8])], inits)
-    return _save(graph, path)
+    return save_model(graph, path)
 
 
 def inf_mask_samples(n=4, seed=1):
@@ -611,7 +613,7 @@ def masked_attention_net(path, fill, tokens=8, dim=16, seed=0):
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, tokens, dim]),
          helper.make_tensor_value_info("mask", TensorProto.FLOAT, [1, tokens])],
         [helper.make_tensor_value_info("out", TensorProto.FLOAT, [1, tokens, dim])], inits)
-    return _save(graph, path)
+    return save_model(graph, path)
 
 
 def masked_samples(n=6, tokens=8, dim=16, seed=3):
@@ -641,7 +643,7 @@ def offset_net(path, offset=100.0, size=8, seed=0, scalar=False):
     graph = helper.make_graph(nodes, "offset",
                               [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, size, size])],
                               [helper.make_tensor_value_info("depth", TensorProto.FLOAT, shape)], inits)
-    return _save(graph, path)
+    return save_model(graph, path)
 
 
 def owned_output_net(path, convs=2, tail=None, output_scale=0.4, seed=7):

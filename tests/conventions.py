@@ -429,7 +429,7 @@ def preprocessed_net(folder, seed=0):
                                                                                     [1, 3, 6, 6])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 36, 4])], inits)
     paths = {k: folder / f"{k}.onnx" for k in ("float", "optimized", "qdq")}
-    builders._save(graph, paths["float"])
+    builders.save_model(graph, paths["float"])
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
     options.optimized_model_filepath = str(paths["optimized"])
@@ -479,7 +479,7 @@ def inlined_net(folder, seed=0):
     graph = helper.make_graph(nodes, "inlined", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 6, 6])],
                               [helper.make_tensor_value_info(t, TensorProto.FLOAT, [1, 2, 6, 6]) for t in "yz"], inits)
     paths = {k: folder / f"{k}.onnx" for k in ("float", "inlined", "rewritten", "qdq")}
-    builders._save(graph, paths["float"])
+    builders.save_model(graph, paths["float"])
     inlined = inline_selected_functions(onnx.load(str(paths["float"])), [("", "HardSwish")],
                                         inline_schema_functions=True)
     onnx.save(inlined, str(paths["inlined"]))

@@ -7,7 +7,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from builders import _save
+from builders import save_model
 
 
 def _inits(rng, **shapes):
@@ -46,7 +46,7 @@ def ops_net(path, size=16, seed=0):
     graph = helper.make_graph(nodes, "ops", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, size, size])],
                               [helper.make_tensor_value_info("prob", TensorProto.FLOAT, [1, 10]),
                                helper.make_tensor_value_info("up2", TensorProto.FLOAT, [1, 8, 40, 40])], inits)
-    return _save(graph, path)
+    return save_model(graph, path)
 
 
 def attention_net(path, tokens=6, dim=16, seed=0):
@@ -74,7 +74,7 @@ def attention_net(path, tokens=6, dim=16, seed=0):
     graph = helper.make_graph(nodes, "attention",
                               [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, tokens, dim])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, tokens, dim])], inits)
-    return _save(graph, path)
+    return save_model(graph, path)
 
 
 def lstm_net(path, steps=5, inputs=8, hidden=6, seed=0, bidirectional=False):
@@ -91,7 +91,7 @@ def lstm_net(path, steps=5, inputs=8, hidden=6, seed=0, bidirectional=False):
              helper.make_node("MatMul", ["h", "wc"], ["logits"], name="classifier")]
     graph = helper.make_graph(nodes, "lstm", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [steps, 1, inputs])],
                               [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [steps, 4])], inits)
-    return _save(graph, path)
+    return save_model(graph, path)
 
 
 def samples_of(shape, n=6, seed=1):

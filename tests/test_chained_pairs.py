@@ -142,11 +142,8 @@ def branched_chain_net(path):
     nodes.append(helper.make_node("Conv", [pair(coarse, "fine", 0.05), pair("W1", "w1", 0.01)], ["y"], name="conv1",
                                   pads=[1, 1, 1, 1]))
     value = [helper.make_tensor_value_info(t, TensorProto.FLOAT, [1, 4, 8, 8]) for t in ("x", "y", "r")]
-    model = helper.make_model(helper.make_graph(nodes, "branched", value[:1], value[1:], inits),
-                              opset_imports=[helper.make_opsetid("", 13)])
-    onnx.checker.check_model(model)
-    onnx.save(model, str(path))
-    return path
+    return builders.save_model(helper.make_graph(nodes, "branched", value[:1], value[1:], inits), path, opset=13,
+                               ir_version=None)
 
 
 @pytest.fixture(scope="module")
@@ -380,11 +377,8 @@ def remedy_chain_net(path, quantized=True):
     if quantized:
         builders.add_pair(inits, nodes, pair("a", "oa", 0.5), 0.03, np.int8(0), "ob", out="y")
     value = [helper.make_tensor_value_info(t, TensorProto.FLOAT, [1, 4, 8, 8]) for t in ("x", "y")]
-    model = helper.make_model(helper.make_graph(nodes, "chains", value[:1], value[1:], inits),
-                              opset_imports=[helper.make_opsetid("", 13)])
-    onnx.checker.check_model(model)
-    onnx.save(model, str(path))
-    return path
+    return builders.save_model(helper.make_graph(nodes, "chains", value[:1], value[1:], inits), path, opset=13,
+                               ir_version=None)
 
 
 @pytest.fixture(scope="module")

@@ -273,7 +273,7 @@ def test_a_scalar_input_stays_a_scalar(tmp_path):
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8]),
          helper.make_tensor_value_info("gain", TensorProto.FLOAT, [])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 8, 8])], [w])
-    fpath = builders._save(graph, tmp_path / "float.onnx")
+    fpath = builders.save_model(graph, tmp_path / "float.onnx")
     data = {"x": [rng.standard_normal((1, 3, 8, 8)).astype(np.float32) for _ in range(3)],
             "gain": [np.array(g, np.float32) for g in (0.5, 1.0, 2.0)]}
     qpath = builders.quantize(fpath, tmp_path / "qdq.onnx", data)
@@ -314,7 +314,7 @@ def test_integer_samples_beyond_the_input_type_are_refused_not_wrapped(tmp_path)
          helper.make_node("MatMul", ["e", "w"], ["y"], name="matmul")], "ids_input",
         [helper.make_tensor_value_info("ids", TensorProto.INT32, [1, 4])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 4])], [emb, w])
-    fpath = builders._save(graph, tmp_path / "float.onnx")
+    fpath = builders.save_model(graph, tmp_path / "float.onnx")
     data = {"ids": [rng.integers(0, 10, (1, 4)).astype(np.int32) for _ in range(3)]}
     qm = QuantModel(str(builders.quantize(fpath, tmp_path / "qdq.onnx", data)))
     fits = load_data({"ids": [a.astype(np.int64) for a in data["ids"]]}, qm).sample(1)["ids"]
@@ -527,7 +527,7 @@ def test_a_sample_empty_in_every_input_is_refused_and_an_empty_past_is_not(tmp_p
         [helper.make_tensor_value_info("past", TensorProto.FLOAT, [1, "P", 8]),
          helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, "S", 8])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, "T", 8])], [w])
-    fpath = builders._save(graph, tmp_path / "float.onnx")
+    fpath = builders.save_model(graph, tmp_path / "float.onnx")
 
     def arrays(past, tokens, n=3):
         return [rng.standard_normal((1, past, 8)).astype(np.float32) for _ in range(n)], \

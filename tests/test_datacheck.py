@@ -433,7 +433,7 @@ def test_a_heldout_gap_within_the_calibrated_ranges_is_not_blamed_on_the_calibra
         [onnx.helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1], name="conv")], "conv",
         [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 3, 16, 16])],
         [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 4, 16, 16])], [w])
-    fpath = builders._save(graph, tmp_path / "float.onnx")
+    fpath = builders.save_model(graph, tmp_path / "float.onnx")
     data = {"x": [rng.standard_normal((1, 3, 16, 16)).astype(np.float32) for _ in range(N)]}
     qpath = builders.quantize(fpath, tmp_path / "qdq.onnx", data)
     dim = {"x": [a * 0.01 for a in data["x"]]}  # inside every range, on a few of its codes

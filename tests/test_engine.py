@@ -861,7 +861,7 @@ def test_low_memory_sessions_share_a_weight_that_a_constant_mul_follows(tmp_path
     graph_proto = helper.make_graph(nodes, "conv_mul", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT,
                                                                                       [1, 3, 8, 8])],
                                     [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 16, 8, 8])], inits)
-    path = builders._save(graph_proto, tmp_path / "conv_mul.onnx")
+    path = builders.save_model(graph_proto, tmp_path / "conv_mul.onnx")
     monkeypatch.setattr(graph, "LARGE_BYTES", 1)
     model, _, arrays = graph.load_weightless(path)
     session = runtime.make_session(model, shared=runtime.SharedWeights(arrays, low_memory=True))

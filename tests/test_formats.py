@@ -615,7 +615,7 @@ def test_large_integer_weights_are_read_from_the_mapped_file(tmp_path, fmt, wher
     graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")], "big",
                               [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 300])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 300])], [w])
-    builders._save(graph, tmp_path / "f.onnx")
+    builders.save_model(graph, tmp_path / "f.onnx")
     data = fm.samples_of((1, 4, 300), n=2)
     if fmt == "dynamic":
         fm.quantize_dyn(tmp_path / "f.onnx", tmp_path / "q.onnx")

@@ -232,7 +232,7 @@ def test_a_relu_after_a_bias_reshaped_from_a_constant_is_found_where_the_quantiz
     graph = helper.make_graph(nodes, "se", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 3, 8, 8])],
                               [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 8, 1, 1])],
                               [numpy_helper.from_array(rng.standard_normal((8, 3, 3, 3)).astype(np.float32), "w")])
-    fpath = builders._save(graph, tmp_path / "f.onnx")
+    fpath = builders.save_model(graph, tmp_path / "f.onnx")
     data = builders.samples(4, size=8)
     qpath = builders.quantize(fpath, tmp_path / "q.onnx", data, keep_float=False)
     assert "Relu" not in [n.op_type for n in onnx.load(str(qpath)).graph.node]

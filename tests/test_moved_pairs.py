@@ -73,10 +73,7 @@ def moved_net(path, keep=PAIRS, per_channel_reshape=False):
     nodes.append(helper.make_node("Relu", [c], ["y"], name="relu"))
     graph = helper.make_graph(nodes, "moved", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 8, 8])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 1, 6, 64])], inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
-    onnx.checker.check_model(model, full_check=True)
-    onnx.save(model, str(path))
-    return path
+    return builders.save_model(graph, path, opset=13, ir_version=None, full_check=True)
 
 
 @pytest.fixture(scope="module")
@@ -210,10 +207,7 @@ def shown_net(path):
                                                helper.make_tensor_value_info("p", TensorProto.FLOAT, [1, 6])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 8, 8]),
                                helper.make_tensor_value_info("p_out", TensorProto.FLOAT, [1, 6])], inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
-    onnx.checker.check_model(model, full_check=True)
-    onnx.save(model, str(path))
-    return path
+    return builders.save_model(graph, path, opset=13, full_check=True)
 
 
 @pytest.fixture(scope="module")

@@ -687,7 +687,7 @@ def test_an_output_of_zeros_in_float_is_said_undefined_for_scaled_metrics(tmp_pa
         "zero_out", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8])],
         [helper.make_tensor_value_info("z", TensorProto.FLOAT, [1, 8]),
          helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8])], inits)
-    fpath = builders._save(graph, tmp_path / "f.onnx")
+    fpath = builders.save_model(graph, tmp_path / "f.onnx")
     data = {"x": [rng.standard_normal((1, 8)).astype(np.float32) for _ in range(5)]}
     qpath = builders.quantize(fpath, tmp_path / "q.onnx", data)
     feeds = [{"x": a} for a in data["x"]]

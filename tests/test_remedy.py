@@ -1108,12 +1108,6 @@ def test_a_bias_beyond_int32_at_a_16_bit_weight_is_simulated_as_onnxruntime_quan
     assert simulated == pytest.approx(_cosine([o["c"] for o in ref], [o["c"] for o in got]), abs=1e-8)
 
 
-def _exposing(path, tensor):
-    model = onnx.load(str(path))
-    model.graph.output.append(onnx.helper.make_tensor_value_info(tensor, onnx.TensorProto.FLOAT, None))
-    return model
-
-
 def test_a_16_bit_activation_of_a_symmetric_model_is_centred_as_onnxruntime_centres_it(tmp_path):
     """Under ActivationSymmetric onnxruntime centres a 16-bit activation on code 32768; the
     simulated grid was asymmetric over the 8-bit grid's codes (zero point 32896), and clipped

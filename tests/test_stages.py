@@ -390,7 +390,7 @@ def _added_then_reshaped(root):
     io = ([helper.make_tensor_value_info(x, TensorProto.FLOAT, [1, 3, 16, 16]) for x in "ab"],
           [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 768])])
     add = helper.make_node("Add", ["a", "b"], ["sum"], name="add")
-    builders._save(helper.make_graph([add, helper.make_node("Reshape", ["sum", "shape"], ["y"], name="reshape")],
+    builders.save_model(helper.make_graph([add, helper.make_node("Reshape", ["sum", "shape"], ["y"], name="reshape")],
                                      "float", *io, [shape]), root / "float.onnx")
     inits, nodes = [shape], []
     parts = [builders.add_pair(inits, nodes, x, 0.1, np.int8(0)) for x in "ab"]
@@ -400,7 +400,7 @@ def _added_then_reshaped(root):
               helper.make_node("QuantizeLinear", ["sum", "o_s", "o_z"], ["sum_q"], name="o_Q"),
               helper.make_node("Reshape", ["sum_q", "shape"], ["y_q"], name="reshape"),
               helper.make_node("DequantizeLinear", ["y_q", "o_s", "o_z"], ["y"], name="o_DQ")]
-    builders._save(helper.make_graph(nodes, "qdq", *io, inits), root / "qdq.onnx")
+    builders.save_model(helper.make_graph(nodes, "qdq", *io, inits), root / "qdq.onnx")
     return root / "float.onnx", root / "qdq.onnx"
 
 
@@ -479,7 +479,7 @@ def _chain_beside_an_empty_output(path):
                                                helper.make_tensor_value_info("e", TensorProto.FLOAT, ["n", 4])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 8, 8]),
                                helper.make_tensor_value_info("z", TensorProto.FLOAT, ["n", 3])], inits)
-    builders._save(graph, path)
+    builders.save_model(graph, path)
     return path
 
 
