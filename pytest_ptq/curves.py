@@ -113,17 +113,17 @@ def get_acc_error(engine, configs, metric="cosine-similarity", data_num=None, lo
             raise unknown("calibration node", missing[0], sorted(known))
     indices = sample_indices(engine, data_num)
     qm = engine.qmodel
-    own = {}  # node -> its output tensor, where its local error is read
-    tensor_of = {}  # node -> the tensors its curve reads, the worst of them
+    tensor_of = {}  # node -> the tensors its curve and its local error read, the worst of them
     for n in qm.normal.values():
         t = next((o for o in n.outputs if o in engine.probe_tensors), None)
         # a Cast between float types (a float16 graph computing operators in float32) shows
         # the error of the tensor it casts, or of its pair: the operators' points say it
         if t is not None and not qm.passes_on(n.name):
-            own[n.name] = t
             # a node whose own pairs write model outputs (a detector head's Concat) is read
             # after those pairs: what the model delivers, the pairs' error included, the worst
-            # of them where they write several (a Split's outputs), as the rankings score it
+            # of them where they write several (a Split's outputs), as the rankings score it;
+            # its local error too, which its local clone passes through those pairs for (see
+            # local_clones), like for like
             tensor_of[n.name] = qm.delivered(n.name) or [t]
     nodes, tensors = list(tensor_of), [read[0] for read in tensor_of.values()]
     every = list(dict.fromkeys(t for read in tensor_of.values() for t in read))
@@ -151,13 +151,9 @@ def get_acc_error(engine, configs, metric="cosine-similarity", data_num=None, lo
         return m.worst([m.value(one) for part in st for one in part])
 
     states = {label: fresh(every) for label in configs}
-    # a node's local error is read where its point is: after its own pairs on model outputs,
-    # which its local clone passes through too (see local_clones), like for like
-    local_at = {n: tensor_of[n] if qm.delivered(n) else [t] for n, t in own.items()}
-    local_states = fresh(dict.fromkeys(t for read in local_at.values() for t in read)) if local else None
-    probed = list(dict.fromkeys(every + [t for read in local_at.values() for t in read]))
-    with Progress(len(indices) * engine.probe_parts(probed), "error curves", enabled=progress) as bar:
-        for _, parts in engine.probes(indices, list(configs.values()), probed, local):
+    local_states = fresh(every) if local else None
+    with Progress(len(indices) * engine.probe_parts(every), "error curves", enabled=progress) as bar:
+        for _, parts in engine.probes(indices, list(configs.values()), every, local):
             for ref, local_vals, outs in parts:
                 prepared = {}
                 if local:
@@ -168,7 +164,7 @@ def get_acc_error(engine, configs, metric="cosine-similarity", data_num=None, lo
                     out.clear()
                 bar.advance()
     values = {label: [worst(*(st[t] for t in read)) for read in tensor_of.values()] for label, st in states.items()}
-    local_vals = ([worst(*(local_states[t] for t in local_at[n])) if qm.reads_pairs(n) else None for n in nodes]
+    local_vals = ([worst(*(local_states[t] for t in tensor_of[n])) if qm.reads_pairs(n) else None for n in nodes]
                   if local else None)
     # the tool's own names (a moved pair's '<out>::float') are not in the user's file
     return read_from(Curves(metric=m.name, nodes=nodes, tensors=[qm.shown_name(t) for t in tensors], values=values,

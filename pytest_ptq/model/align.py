@@ -427,7 +427,7 @@ def _expectation(qm, by_output, tmatch, name, values):
         return ("weight", c, tuple(qm.shapes.get(c.input, ())), lambda: _latest(values, c.name, _model_value, qm, c))
     # a later pair of a requantize chain reads the earlier pair's DequantizeLinear output, which
     # no float model holds: the chain quantizes the tensor its first pair reads
-    t = qm.calibration[qm.chain_head(c.name)].input if c is not None else name
+    t = qm.chain_head(c.name).input if c is not None else name
     if t in tmatch:
         return ("tensor", tmatch[t], c)
     if qm.is_constant(t):

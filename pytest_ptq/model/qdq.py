@@ -776,14 +776,15 @@ class QuantModel:
         return self._requantizes.get(name)
 
     def chain_head(self, name):
-        """The first pair of the requantize chain calibration node ``name`` is in (``name``
-        itself where it quantizes no pair's output): the pair on the float tensor every pair of
-        the chain quantizes again, which the float model and a quantizer's settings name."""
+        """The calibration node of the first pair of the requantize chain calibration node
+        ``name`` is in (``name``'s own where it quantizes no pair's output): the pair on the
+        float tensor every pair of the chain quantizes again, which the float model and a
+        quantizer's settings name."""
         seen = {name}
         while (earlier := self.requantizes(name)) is not None and earlier not in seen:
             seen.add(earlier)
             name = earlier
-        return name
+        return self.calibration[name]
 
     def requantized_through(self, name):
         """Calibration node ``name`` and the pairs of its requantize chain after it (each
@@ -1162,7 +1163,7 @@ class QuantModel:
             if any(self.ranks(n) for a in links for n in self.feeds(a)) or not outputs.intersection(
                     self.cast_on([t for a in links for t in self.calibration[a].outputs])):
                 continue
-            head = self.calibration[self.chain_head(c.name)]
+            head = self.chain_head(c.name)
             producer = self.producer[head.input].name if head.input in self.producer else None
             owner = self.through_casts([producer], downstream=False) if producer in self.normal else []
             for n in owner[:1]:

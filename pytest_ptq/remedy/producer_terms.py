@@ -142,7 +142,7 @@ class ProducerNames:
         Gemm with a transposed weight of its own name, say), so its names are those the QDQ
         file shows, less its Q/DQ suffixes; the others' are the float model's."""
         qm = self.qm
-        c = qm.calibration[qm.chain_head(c.name)]  # a requantize chain quantizes its first pair's tensor again
+        c = qm.chain_head(c.name)  # a requantize chain quantizes its first pair's tensor again
         alignment = None if self.key == "quark" else self.alignment
         if c.kind == "weight":
             if alignment is not None and c.name in alignment.weights:
@@ -183,7 +183,7 @@ class ProducerNames:
         with its first pair's producer (a later pair's input is a DequantizeLinear's)."""
         qm, out = self.qm, []
         _, act = self.tensor(c)
-        head = qm.calibration[qm.chain_head(c.name)]
+        head = qm.chain_head(c.name)
         if with_producer and head.is_activation and head.producer in qm.normal:
             out.append(self.node(head.producer))
             out.append(act)

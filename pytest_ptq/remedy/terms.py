@@ -40,7 +40,7 @@ def float_tensor_name(qmodel, c):
     into the pair, the tensor it quantized is that Relu/Clip's output. A later pair of a
     requantize chain quantizes its first pair's tensor again: that is its float tensor.
     """
-    c = qmodel.calibration[qmodel.chain_head(c.name)]
+    c = qmodel.chain_head(c.name)
     if c.kind == "weight":
         if c.float_weight:
             return float_source(c.float_weight)
@@ -122,7 +122,7 @@ def excluded_by(qmodel, c, ops):
     # its pairs. In a requantize chain the float model holds one tensor for all its pairs:
     # the head's producer writes it, and the operators reading any of the chain's pairs
     # (counts_for) read it.
-    head = qmodel.calibration[qmodel.chain_head(c.name)]
+    head = qmodel.chain_head(c.name)
     producers = qmodel.through_casts([head.producer], downstream=False) if head.kind == "activation" and \
         head.producer in qmodel.normal else []
     return [n for n in dict.fromkeys(producers + qmodel.counts_for(head.name)) if qmodel.normal[n].op_type in ops]
