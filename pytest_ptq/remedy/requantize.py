@@ -282,10 +282,11 @@ def measure(parts, objective, float_model, result, save_dir, progress=False):
                 for name, value in values.items():
                     figures[name][key] = value
                 if key == "before":
-                    _reproduced(qm, new.qmodel, result)
+                    baseline = new.qmodel
+                    _reproduced(qm, baseline, result)
                     differ = _differences(qm, new.qmodel) if options.get("quantizer") != "quantize_dynamic" else []
                 if key == "after":
-                    measured.update(_effect(qm, new.qmodel, result))
+                    measured.update(_effect(qm, baseline, new.qmodel, result))
                     if not objective.is_task:  # a name that holds other values in each file: which was read
                         moved = {t: r for t, r in _reads(engine, new, objective.specs, path).items() if t != r}
                         if moved:
@@ -588,14 +589,16 @@ def _grid_words(c):
     return f"{c.dtype_name} {'per block' if c.block_size else 'per channel' if c.per_channel else 'per tensor'}"
 
 
-def _effect(old, new, result):
-    """What the re-quantization changed beyond, or failed to change among, the chosen nodes
-    (:func:`~.effect.changes`; per channel is checked on weights, which quantize_static
-    quantizes per channel itself)."""
+def _effect(old, baseline, new, result):
+    """What the re-quantization with the settings (``new``) changed beyond, or failed to
+    change among, the chosen nodes of the model given (``old``), against the re-quantization
+    without them (``baseline``): what the settings reach, not where quantize_static differs
+    from the file's producer anyway (:func:`~.effect.changes`; per channel is checked on
+    weights, which quantize_static quantizes per channel itself)."""
     def quantized(qm):
         return {float_tensor_name(qm, c): c for c in qm.calibration.values() if c.role != "bias"}
 
-    before, after = quantized(old), ({} if new is None else quantized(new))
+    before, after = quantized(baseline), ({} if new is None else quantized(new))
     expect, named = {}, set()
     for n in result.nodes:
         kind, tensor = result.choices.get(n, result.remedy), float_tensor_name(old, old.calibration[n])
