@@ -244,9 +244,18 @@ class ResultCache:
         if self.read_only:
             return
         try:
-            payload = _key_digest(key) + b"\n" + pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+            pickled = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
         except Exception:  # noqa: BLE001 - a result that cannot be pickled is simply not kept
             return
+        try:  # read back as the next run will: an entry it refuses would be computed again on every run, unsaid
+            _ResultUnpickler(io.BytesIO(pickled)).load()
+        except Exception as exc:  # noqa: BLE001 - any refusal is the same defect
+            if self.write_error is None:
+                self.write_error = f"a result holds what the cache does not read back ({exc})"
+                warn_not_kept(f"results are not kept between runs ({self.option}): {self.write_error}; they are "
+                              "computed again on every run, a defect of pytest-ptq to report")
+            return
+        payload = _key_digest(key) + b"\n" + pickled
         rewritten = self._rewritten()
         if rewritten is not None:  # its result would be kept under the bytes of another file
             if self.write_error is None:

@@ -1008,3 +1008,19 @@ def test_a_path_pickled_as_python_3_13_names_it_is_read_back():
     payload = payload.replace(b"\x8c\x07pathlib\x94", b"\x8c\x0epathlib._local\x94")
     assert b"pathlib._local" in payload
     assert cache._ResultUnpickler(io.BytesIO(payload)).load() == {"p": pathlib.PurePosixPath("a/b")}
+
+
+class _Unlisted:  # a record no entry may hold (not in cache._KINDS)
+    pass
+
+
+def test_a_result_the_cache_would_not_read_back_is_said_not_kept(tmp_path, inputs):
+    """A result holding a class missing from the unpickler's list was written, refused on
+    every read and computed again on every run, with nothing said: the cache silently never
+    worked for it. It is read back before it is written now, and the one warning says so."""
+    with pytest.warns(cache.PTQCacheWarning, match=r"_Unlisted is not part of a result.*computed again on every run"):
+        store(tmp_path / "c", inputs).get(("r", 1), _Unlisted)
+    assert not list((tmp_path / "c").glob("*" + cache.SUFFIX))
+    kept = store(tmp_path / "c", inputs)
+    kept.get(("r", 2), lambda: {"x": np.arange(3)})  # a result it reads back is kept as before
+    assert kept.write_error is None and store(tmp_path / "c", inputs).get(("r", 2), never)["x"].tolist() == [0, 1, 2]
