@@ -346,41 +346,53 @@ def one_value_rows(engine, specs=None):
     return [(name, shape) for name, shape in shapes if not shape or shape[-1] == 1]
 
 
-def far_from_zero(engine, specs=None):
+def far_from_zero(engine, specs=None, samples=None):
     """``[{output, mean, spread, flat, samples}]``: the outputs (or default parts, see
     :func:`parts`) whose float values, each replaced by their mean, would still read a cosine
     (``flat``) of :data:`FLAT_COSINE` or more against themselves, judged on the first sample
     (an output constant within a sample, a score: on up to :data:`OFFSET_SAMPLES`, as the
-    metrics pool them); and those holding zeros alone on those samples, with ``zero`` true and
+    metrics pool them); and those holding zeros alone on every sample, with ``zero`` true and
     ``flat`` None (every metric scaled by the float values is undefined there). [] without
-    data. ``specs``: the outputs judged (default: the engine's default outputs)."""
+    data. ``specs``: the outputs judged (default: the engine's default outputs); ``samples``:
+    the indices of the samples the metrics pool (default: every sample of the data)."""
     if getattr(engine, "data", None) is None:
         return []
     specs = parse_outputs(None, engine) if specs is None else specs
+    samples = list(range(len(engine.data)) if samples is None else samples)
     tensors = list(dict.fromkeys(s.tensor for s in specs))
-    refs = []  # the samples' float outputs, read once for every output (most need the first only)
-    found = []
+    refs = []  # the first samples' float outputs, read once for every output (most need the first only)
+    found, zeros = [], []
     for s in specs:
         seen, value = [], np.zeros(0)
-        for i in range(min(OFFSET_SAMPLES, len(engine.data))):
-            if i == len(refs):
+        for k, i in enumerate(samples[:OFFSET_SAMPLES]):
+            if k == len(refs):
                 refs.append(engine.reference(i, tensors))
-            seen.append(np.asarray(s.take(refs[i][s.tensor]), dtype=np.float64).ravel())
+            seen.append(np.asarray(s.take(refs[k][s.tensor]), dtype=np.float64).ravel())
             value = np.concatenate(seen)
             if not value.size or not np.isfinite(value).all() or value.min() < value.max():
                 break
         if not value.size or not np.isfinite(value).all():
             continue
-        if not value.any():  # zeros alone: a metric scaled by the float values has no scale there
-            found.append({"output": s.name, "mean": 0.0, "spread": 0.0, "flat": None, "samples": len(seen),
-                          "zero": True})
+        if not value.any():  # zeros alone so far: judged on the samples after (below)
+            zeros.append(s)
             continue
         mean, spread = float(value.mean()), float(value.std())
         rms = math.sqrt(mean * mean + spread * spread)
         if spread > 0 and abs(mean) >= FLAT_COSINE * rms:  # a constant output has nothing to lose
             found.append({"output": s.name, "mean": mean, "spread": spread, "flat": abs(mean) / rms,
                           "samples": len(seen)})
-    return found
+    # zeros on the first samples may end later (a Relu the first inputs keep below 0): the
+    # metrics pool every sample, so an output is left undefined only where all of them are 0
+    for i in samples[OFFSET_SAMPLES:] if zeros else ():
+        values = engine.reference(i, tensors)
+        zeros = [s for s in zeros if not np.asarray(s.take(values[s.tensor])).any()]
+        if not zeros:
+            break
+    for s in zeros:  # a metric scaled by the float values has no scale there
+        found.append({"output": s.name, "mean": 0.0, "spread": 0.0, "flat": None, "samples": len(samples),
+                      "zero": True})
+    order = {s.name: k for k, s in enumerate(specs)}
+    return sorted(found, key=lambda f: order[f["output"]])
 
 
 def blind_warnings(engine, specs=None, metric="cosine-similarity", found=None):

@@ -277,9 +277,9 @@ def _runall(engine, out, metrics, output_node, node_type, data_num, top, axis, p
             data_num)
     every_index = sample_indices(engine, data_num)
     specs = parse_outputs(output_node, engine)
-    # from the first sample's float outputs, before the rankings use and drop them
-    # (correlation sees an offset, not an output of zeros)
-    blind_to = through(cache, ("runall far from zero", base), lambda: far_from_zero(engine, specs)) \
+    # from the float outputs of the samples every step pools, before the rankings use and drop
+    # them (correlation sees an offset, not an output of zeros)
+    blind_to = through(cache, ("runall far from zero", base), lambda: far_from_zero(engine, specs, every_index)) \
         if metric in (*OFFSET_BLIND, "correlation") else []
     far = [f for f in blind_to if not f.get("zero")] if metric in OFFSET_BLIND else []
     zeros = [f for f in blind_to if f.get("zero")]

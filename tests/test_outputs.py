@@ -711,3 +711,44 @@ def test_an_output_of_zeros_in_float_is_said_undefined_for_scaled_metrics(tmp_pa
     r = np.concatenate([o["y"].ravel() for o in ref]).astype(np.float64)
     t = np.concatenate([o["y"].ravel() for o in full]).astype(np.float64)
     assert summary["verdict"]["all quantized"] == pytest.approx(r @ t / np.sqrt((r @ r) * (t @ t)), abs=1e-6)
+
+
+def test_an_output_of_zeros_on_the_first_samples_alone_still_ranks(tmp_path):
+    """z = Relu(x @ w1) is 0 on the first 8 samples (x below 0, w1 above) and not on the ones
+    after. The scan for outputs of zeros stopped at 8 samples, so runall dropped z from its
+    rankings and its verdict, though the metrics pool every sample and z's cosine is defined
+    there: w1, whose outlier costs z alone, ranked 1.0 (y alone) against 0.99971 over all."""
+    from onnx import TensorProto, helper
+
+    from pytest_ptq.outputs import OFFSET_SAMPLES, ZERO_WARNING
+    from pytest_ptq.runall import runall
+    from pytest_ptq.sensitivity import Sensitivity
+
+    rng = np.random.default_rng(0)
+    w1 = np.abs(rng.standard_normal((8, 8))).astype(np.float32)
+    w1[0, 0] = 20.0  # an outlier: a coarse per-tensor scale for w1's other values
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w1"], ["m1"], name="mm1"), helper.make_node("Relu", ["m1"], ["z"], name="relu"),
+         helper.make_node("MatMul", ["x", "w2"], ["y"], name="mm2")],
+        "late", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8])],
+        [helper.make_tensor_value_info("z", TensorProto.FLOAT, [1, 8]),
+         helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8])],
+        [numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(rng.standard_normal((8, 8)).astype(np.float32), "w2")])
+    fpath = builders.save_model(graph, tmp_path / "f.onnx")
+    xs = [-np.abs(rng.standard_normal((1, 8))).astype(np.float32) for _ in range(OFFSET_SAMPLES)] + \
+         [rng.standard_normal((1, 8)).astype(np.float32) for _ in range(4)]
+    qpath = builders.quantize(fpath, tmp_path / "q.onnx", {"x": xs})
+    feeds = [{"x": x} for x in xs]
+    ref = builders.run_model(fpath, feeds)
+    assert not any(o["z"].any() for o in ref[:OFFSET_SAMPLES]) and any(o["z"].any() for o in ref[OFFSET_SAMPLES:])
+    summary = runall(Engine(qpath, {"x": xs}, float_model=fpath), save_dir=tmp_path / "out", top=1, progress=False,
+                     rank_samples="all", node_type="weight")
+    assert summary["outputs_compared"] == ["z", "y"]
+    assert not any(w.startswith(ZERO_WARNING) or "alone:" in w for w in summary["warnings"])
+    ranked = Sensitivity.load(summary["files"]["sensitivity"]["weight"])
+    brute = {name: builders.worst_cosine(ref, builders.run_model(builders.rewire(qpath, keep=[name], float_model=fpath),
+                                                                 feeds))
+             for name in ranked}
+    assert set(brute) == {"w1_QuantizeLinear", "w2_QuantizeLinear"}
+    assert {n: v["cosine-similarity"] for n, v in ranked.items()} == pytest.approx(brute, abs=1e-6)
+    assert ranked.ranking == sorted(brute, key=brute.get)
