@@ -355,3 +355,27 @@ def test_check_data_refuses_what_loading_refuses_beyond_a_float16_input(tmp_path
     assert [f.severity for f in dtype] == ["error"] and "samples are bfloat16 and reach" in dtype[0].message, dtype
     fine = [f for f in check_data(model, {"x": _samples()}).findings if f.check == "dtype"]
     assert [f.severity for f in fine] == ["info"] and "converted to float16 on load" in fine[0].message
+
+
+def test_a_tensor_a_float16_graph_casts_back_is_read_where_the_re_quantized_model_computes_it(tmp_path):
+    """A Conv computed in float32 in a float16 graph: its output 'c1' is the Cast back to
+    float16 of the Conv's, refused by the re-quantized check ("no counterpart") though it
+    holds the float model's 'c1', which the float32 re-quantized models compute by that name."""
+    float_path, data, q16 = _mixed_precision(tmp_path)
+    cast = next(n for n in builders.load(q16).graph.node if "c1" in n.output)
+    assert cast.op_type == "Cast"  # the rename this test is about
+    r = suggest_remedy(str(q16), data, target=0.999999, remedy="float", output_node="c1",
+                       float_model=str(float_path), save_dir=tmp_path / "out")
+    assert r.nodes and r.measured, r.notes
+    feeds = [{k: v[i] for k, v in data.items()} for i in range(6)]
+
+    def c1(path):
+        model = builders.load(path)
+        model.graph.output.append(helper.make_tensor_value_info("c1", TensorProto.FLOAT, None))
+        return np.concatenate([o["c1"].ravel() for o in builders.run_model(model, feeds, outputs=["c1"])])
+
+    ref = c1(float_path).astype(np.float64)
+    for key, path in (("value", r.measured["model"]), ("baseline_value", r.measured["baseline_model"])):
+        got = c1(path).astype(np.float64)
+        # the figures' reference is the float16 graph's own: its rounding moves them by 5e-8 here
+        assert r.measured[key] == pytest.approx(ref @ got / np.sqrt((ref @ ref) * (got @ got)), abs=1e-7)

@@ -1181,11 +1181,19 @@ def test_a_named_output_is_scored_on_the_same_tensor_in_the_re_quantized_models(
     assert inner or "deployed" in r.measured["figures"][r.judged_on]
 
 
-@pytest.mark.parametrize("op, mapped", [("Identity", True), ("Cast", False)])
-def test_a_tensor_the_float_model_does_not_compute_is_not_scored_by_its_name_alone(tmp_path, op, mapped):
-    """A node the quantizer inserted before conv2's pair: an Identity holds conv2's very values,
-    read as 'c2' in the re-quantized models; a Cast the alignment passes without saying which
-    float tensor it is gets one sentence, not a score of whatever bears its name."""
+@pytest.mark.parametrize("ops, named, mapped", [
+    (["Identity"], "c2_in", True),
+    (["Cast"], "c2_in", True),  # float to float: c2's values
+    (["Flatten", "Reshape"], "c2_in", True),  # c2's shape given back: its values, each in its place
+    (["Flatten", "Reshape"], "c2_in_0", False),  # the Flatten's: c2's values laid out otherwise
+    (["Transpose"], "c2_in", False),  # c2's shape (16 x 16), its values moved
+])
+def test_a_tensor_the_float_model_does_not_compute_is_not_scored_by_its_name_alone(tmp_path, ops, named, mapped):
+    """Nodes the quantizer inserted before conv2's pair: an Identity, a Cast between float
+    types and reshapes that give c2's shape back hold conv2's very values, read as 'c2' in the
+    re-quantized models (the Cast and the reshapes were refused: "has no counterpart"); a
+    tensor whose values a node moves (a Transpose) or lays out in another shape gets one
+    sentence, not a score of whatever bears its name."""
     from onnx import helper
 
     data = builders.samples(N)
@@ -1195,23 +1203,31 @@ def test_a_tensor_the_float_model_does_not_compute_is_not_scored_by_its_name_alo
     nodes = list(model.graph.node)
     at = next(k for k, n in enumerate(nodes) if n.op_type == "QuantizeLinear" and n.input[0] == "c2")
     nodes[at].input[0] = "c2_in"
-    extra = {"to": onnx.TensorProto.FLOAT} if op == "Cast" else {}
-    nodes.insert(at, helper.make_node(op, ["c2"], ["c2_in"], name="inserted", **extra))
+    chain, src = [], "c2"
+    for k, op in enumerate(ops):
+        out = "c2_in" if k == len(ops) - 1 else f"c2_in_{k}"
+        extra = {"Cast": {"to": onnx.TensorProto.FLOAT}, "Transpose": {"perm": [0, 1, 3, 2]}}.get(op, {})
+        inputs = [src, "c2_shape"] if op == "Reshape" else [src]
+        chain.append(helper.make_node(op, inputs, [out], name=f"inserted{k}", **extra))
+        src = out
+    nodes[at:at] = chain
+    model.graph.initializer.append(onnx.numpy_helper.from_array(np.array([1, 8, 16, 16], np.int64), "c2_shape"))
     del model.graph.node[:]
     model.graph.node.extend(nodes)
     onnx.save(model, str(tmp_path / "inserted.onnx"))
-    r = suggest_remedy(str(tmp_path / "inserted.onnx"), data, target=0.99999, remedy="float", output_node="c2_in",
+    r = suggest_remedy(str(tmp_path / "inserted.onnx"), data, target=0.99999, remedy="float", output_node=named,
                        float_model=str(fpath), save_dir=tmp_path / "out")
     assert r.nodes
     said = [n for n in r.notes if "has no counterpart in the re-quantized model" in n]
     if not mapped:
-        assert r.measured is None and len(said) == 1 and "'c2_in'" in said[0]
+        assert r.measured is None and len(said) == 1 and f"{named!r}" in said[0]
         return
-    assert not said
+    assert not said and r.measured
     feeds = _feeds(data)
     ref = [o["c2"] for o in builders.run_model(_exposing(fpath, "c2"), feeds, outputs=["c2"])]
-    got = [o["c2"] for o in builders.run_model(_exposing(r.measured["model"], "c2"), feeds, outputs=["c2"])]
-    assert r.measured["value"] == pytest.approx(_cosine(ref, got), abs=1e-7)
+    for key, path in (("value", r.measured["model"]), ("baseline_value", r.measured["baseline_model"])):
+        got = [o["c2"] for o in builders.run_model(_exposing(path, "c2"), feeds, outputs=["c2"])]
+        assert r.measured[key] == pytest.approx(_cosine(ref, got), abs=1e-7)
 
 
 @pytest.mark.parametrize("dropped", ["c1_QuantizeLinear", "r2_QuantizeLinear"])

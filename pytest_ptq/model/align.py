@@ -343,15 +343,44 @@ def counterpart(qm, other, tensor):
     """The tensor of ``other`` that computes what ``tensor`` of ``qm`` computes, both
     :class:`~pytest_ptq.model.QuantModel` aligned with the same float model, or None where
     the alignments do not say: a name may hold another value in each (onnxruntime gives a
-    folded Relu's name to the Conv before it; a quantizer that keeps the Relu does not)."""
+    folded Relu's name to the Conv before it; a quantizer that keeps the Relu does not).
+    A tensor behind Casts between float types or reshapes that keep its values in their
+    places (:func:`_held_from`) is what the tensor before them is."""
     mine, theirs = getattr(qm, "alignment", None), getattr(other, "alignment", None)
-    if mine is None or theirs is None or tensor not in mine.computes:
+    source = None if mine is None or theirs is None else _held_from(qm, tensor)
+    if source is None:
         return None
-    value = mine.computes[tensor]
+    value = mine.computes[source]
     found = [t for t, f in theirs.computes.items() if f == value]
     if len(found) == 1:
         return found[0]
     return value if value in found else None
+
+
+def _held_from(qm, tensor):
+    """The tensor of ``qm`` its alignment maps (:attr:`Alignment.computes`) whose values
+    ``tensor`` holds, each in its place: ``tensor`` itself, or the one before the Casts
+    between float types (the precision aside, which the alignment never tells apart: a
+    float16 node computes the float32 one's values) and reshapes (which keep row-major
+    order) that lead to it, where the reshapes give its shape back; else None (a Transpose
+    moves values, a reshape alone lays them out in another shape, a pair quantizes them)."""
+    computes = qm.alignment.computes
+    t, reshaped = tensor, False
+    while t not in computes:
+        node = qm.producer.get(t)
+        if node is None or not node.input or not node.input[0]:
+            return None
+        if node.op_type in RESHAPING:
+            reshaped = True
+        elif node.op_type not in TRANSPARENT or not (qm.is_float_tensor(node.input[0]) and qm.is_float_tensor(t)):
+            return None
+        t = node.input[0]
+    if reshaped:
+        # every dim known but at most one, which the element count then fixes
+        before, after = qm.shapes.get(t), qm.shapes.get(tensor)
+        if before is None or before != after or before.count(None) > 1:
+            return None
+    return t
 
 
 def _expanded(fmodel, ops):
