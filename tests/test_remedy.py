@@ -1173,6 +1173,10 @@ def test_a_named_output_is_scored_on_the_same_tensor_in_the_re_quantized_models(
     assert r.measured["baseline_value"] == pytest.approx(r.baseline, abs=1e-6)
     assert not any("does not reproduce" in n for n in r.notes)
     assert any(f"{given!r} of " in n and f"is read as {computed!r}" in n for n in r.notes) == (given != computed)
+    # the simulated figures read the file's 'r1', the Conv's output: said there too, not only
+    # where the re-quantized models are read
+    folded = [n for n in r.notes if f"holds what the float model names {computed!r}" in n]
+    assert len(folded) == (given != computed) and all("folded the float model's Relu" in n for n in folded)
     # a plain session returns graph outputs only: a tensor inside is said to be left out, not
     # reported as a file that does not run
     assert not any("does not run in a plain onnxruntime session" in w for w in r.warnings)

@@ -149,6 +149,16 @@ def _suggest(engine, save_dir, clock, target, metric, remedy, output_node, data_
                     model=qm.source, objective=objective.to_dict(), costs=costs, search=search,
                     judged_on=base.judge.name, heldout=_where(heldout, base))
     read_from(result, engine.inputs() | also)
+    alignment = getattr(qm, "alignment", None)
+    for t in dict.fromkeys(s.tensor for s in specs) if alignment is not None else ():
+        # a quantizer that deletes a Relu/Clip gives its name to the tensor before it: the
+        # figures read that tensor, which the float model names otherwise
+        fold = next((c for c, o in alignment.fold_outputs.items() if o == t), None)
+        if fold is not None and alignment.computes.get(t, t) != t:
+            op = qm.calibration[fold].folded[0]
+            notes.append(f"{t!r} of {qm.source!r} holds what the float model names {alignment.computes[t]!r}: the "
+                         f"quantizer folded the float model's {op} that computes {t!r} into the pair after it and "
+                         f"gave {t!r} to the {op}'s input, so the figures read the values before the {op}")
     if evaluate is None:  # a target met on an output far from zero may be met by nothing at all
         result.warnings += blind_warnings(engine, specs, objective.metric.name)
     # a file that runs otherwise than its simulation on this machine's kernels: every figure
