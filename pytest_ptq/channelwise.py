@@ -71,14 +71,22 @@ def channel_axis(qm, c, shape, axis=None, value=None):
     """
     rank = len(shape)
     tensor = qm.shown_name(c.input)
-    what = f"input {tensor!r} of {c.name!r} has shape {tuple(shape)}"
+    # a moved pair's tensor is laid out otherwise in the file: what is said and given is the file's
+    file_shape, _ = qm.file_layout(c.input, shape)
+    shown = shape if file_shape is None else file_shape
+    what = f"input {tensor!r} of {c.name!r} has shape {tuple(shown)}"
     if rank == 0:  # one value: no axis at all (axis 0 read as in range divided by 0)
         raise PTQError(f"input {tensor!r} of {c.name!r} is a scalar, so it has no channels to box-plot; its "
                        "histogram (plot-distribution) shows its values")
     if axis is not None:
-        if not -rank <= int(axis) < max(rank, 1):
-            raise PTQError(f"axis {axis} is out of range: {what}; pass an axis in [{-rank}, {rank - 1}]")
-        return int(axis) % rank
+        if not -len(shown) <= int(axis) < max(len(shown), 1):
+            raise PTQError(f"axis {axis} is out of range: {what}; pass an axis in [{-len(shown)}, {len(shown) - 1}]")
+        found = qm.tool_axis(c.input, shape, int(axis))
+        if found is None:
+            raise PTQError(f"axis {axis} of input {tensor!r} of {c.name!r} (shape {tuple(shown)}) is laid out "
+                           f"across several axes by the pair's layout node, so it has no channels of its own; pass "
+                           "another axis")
+        return found
     if c.per_channel and c.axis is not None:
         return c.axis % rank
     if rank < 2:

@@ -333,3 +333,107 @@ def test_check_data_holds_an_input_to_its_moved_pairs_range(shown, tmp_path):
     values = np.stack(data["p"])
     assert stats["clipped_share"] == pytest.approx(np.mean((values < lo - scale / 2) | (values > hi + scale / 2)))
     assert "range" in report.checks("error")
+
+
+def _file_reads(path, feeds, tensor):
+    """``tensor``'s values in the file as given, run in a plain onnxruntime session on the file
+    with that tensor made an output (its type and shape left to onnxruntime)."""
+    model = onnx.load(str(path))
+    model.graph.output.append(onnx.ValueInfoProto(name=tensor))
+    return [o[tensor] for o in builders.run_model(model, feeds, outputs=[tensor])]
+
+
+def _file_q(path, name):
+    """The file's QuantizeLinear ``name``: (the tensor it reads, its axis attribute or None)."""
+    q = next(n for n in onnx.load(str(path)).graph.node if n.name == name)
+    axis = next((a.i for a in q.attribute if a.name == "axis"), None)
+    return q.input[0], axis
+
+
+def empty_net(path):
+    """x [3, 2, 4] -> Slice to an empty e [0, 2, 4] -> e_Q -> Reshape [0, 8] -> e_DQ -> an output,
+    beside x -> Relu -> a_Q -> Identity -> a_DQ -> y."""
+    inits = [numpy_helper.from_array(np.array(v, np.int64), n)
+             for n, v in (("zero", [0]), ("flat", [0, 8]))]
+    for name in ("e", "a"):
+        inits += [numpy_helper.from_array(np.float32(0.05), f"{name}_s"), numpy_helper.from_array(np.int8(0), f"{name}_z")]
+    nodes = [helper.make_node("Slice", ["x", "zero", "zero", "zero"], ["e"], name="slice"),
+             helper.make_node("QuantizeLinear", ["e", "e_s", "e_z"], ["e_q"], name="e_Q"),
+             helper.make_node("Reshape", ["e_q", "flat"], ["e_m"], name="e_Reshape"),
+             helper.make_node("DequantizeLinear", ["e_m", "e_s", "e_z"], ["e_out"], name="e_DQ"),
+             helper.make_node("Relu", ["x"], ["r"], name="relu"),
+             helper.make_node("QuantizeLinear", ["r", "a_s", "a_z"], ["a_q"], name="a_Q"),
+             helper.make_node("Identity", ["a_q"], ["a_m"], name="a_Identity"),
+             helper.make_node("DequantizeLinear", ["a_m", "a_s", "a_z"], ["y"], name="a_DQ")]
+    graph = helper.make_graph(nodes, "empty", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 2, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3, 2, 4]),
+                               helper.make_tensor_value_info("e_out", TensorProto.FLOAT, [0, 8])], inits)
+    return builders.save_model(graph, path, opset=13, full_check=True)
+
+
+def test_an_empty_moved_tensors_note_gives_the_files_shape(tmp_path):
+    """The note read "'e' is empty (shape [0, 8])", the Reshape's layout in the tool's copy,
+    where the file's e, which its QuantizeLinear reads, is [0, 2, 4]."""
+    from pytest_ptq.distribution import get_channelwise_data_distribution, plot_distribution
+
+    path = empty_net(tmp_path / "empty.onnx")
+    rng = np.random.default_rng(3)
+    feeds = [{"x": rng.standard_normal((3, 2, 4)).astype(np.float32)} for _ in range(2)]
+    builders.save_folder({"x": [f["x"] for f in feeds]}, tmp_path / "calib")
+    tensor, _ = _file_q(path, "e_Q")
+    want = list(_file_reads(path, feeds, tensor)[0].shape)
+    inferred = onnx.shape_inference.infer_shapes(onnx.load(str(path)))
+    assert [d.dim_value for d in next(v for v in inferred.graph.value_info if v.name == tensor)
+            .type.tensor_type.shape.dim] == want
+    engine = Engine(str(path), tmp_path / "calib")
+    dist = plot_distribution(tmp_path / "d", engine, nodes_list=["e_Q", "e_Reshape", "a_Q"])
+    boxes = get_channelwise_data_distribution(tmp_path / "b", engine, nodes_list=["e_Q", "a_Q"])
+    note = f"{tensor!r} is empty (shape {want})"
+    for skipped in (dist["e_Q"]["skipped"], dist["e_Reshape"]["skipped"], boxes["e_Q"]["skipped"]):
+        assert skipped.startswith(note), skipped
+    assert dist["e_Q"]["shape"] == want
+
+
+def test_a_pair_moved_through_a_transpose_shows_the_files_axis_shape_and_channels(net, tmp_path, capsys):
+    """The weight's Q reads w [4, 6, 3, 3] per channel on axis 1 in the file; the tool's copy
+    quantizes the Transpose's [6, 4, 3, 3] on axis 0, which the box plot, the distribution,
+    list-nodes and the remedy settings showed ("axis 0 of [6, 4, 3, 3]"). The conv output's
+    pair, through a Reshape and an Unsqueeze, showed [1, 1, 6, 64] for the file's [1, 6, 8, 8]."""
+    from pytest_ptq.distribution import get_channelwise_data_distribution, plot_distribution
+    from pytest_ptq.remedy.terms import onnxruntime_settings
+
+    path = net["model"]
+    w_tensor, w_axis = _file_q(path, "w_Q")
+    w = numpy_helper.to_array(next(i for i in onnx.load(str(path)).graph.initializer if i.name == w_tensor))
+    c_tensor, _ = _file_q(path, "c_Q")
+    # the box plots read the float model's c: the same net with no pair written
+    c = np.stack(_file_reads(moved_net(tmp_path / "float.onnx", keep=()), net["feeds"], c_tensor))  # [samples, ...]
+    engine = Engine(str(path), net["calib"])
+    boxes = get_channelwise_data_distribution(tmp_path / "b", engine, nodes_list=["w_Q", "c_Q"])
+    dist = plot_distribution(tmp_path / "d", engine, nodes_list=["w_Q", "c_Q"])
+    box = boxes["w_Q"]
+    assert (box["axis"], box["range_axis"], box["shape"]) == (w_axis, w_axis, list(w.shape))
+    assert dist["w_Q"]["axis"] == dist["w_Q"]["channel_axis"] == w_axis and dist["w_Q"]["shape"] == list(w.shape)
+    # channel k is the file's channel k along that axis
+    np.testing.assert_allclose(box["max_abs"], np.abs(np.moveaxis(w, w_axis, 0)).reshape(w.shape[w_axis], -1).max(1),
+                               rtol=1e-6)
+    box = boxes["c_Q"]
+    assert box["shape"] == list(c.shape[1:]) and dist["c_Q"]["shape"] == list(c.shape[1:])
+    per_channel = np.abs(np.moveaxis(c, box["axis"] + 1, 0)).reshape(c.shape[box["axis"] + 1], -1).max(1)
+    np.testing.assert_allclose(box["max_abs"], per_channel, rtol=1e-6)
+    # an axis given is the file's
+    given = get_channelwise_data_distribution(tmp_path / "g", engine, nodes_list=["w_Q", "c_Q"], axis=1)
+    np.testing.assert_allclose(given["w_Q"]["max_abs"], np.abs(w).max(axis=(0, 2, 3)), rtol=1e-6)
+    np.testing.assert_allclose(given["c_Q"]["max_abs"], np.abs(c).max(axis=(0, 1, 3, 4)), rtol=1e-6)
+    assert given["w_Q"]["axis"] == given["c_Q"]["axis"] == 1
+    out = tmp_path / "list.json"
+    assert cli.main(["list-nodes", str(path), "--json", str(out)]) == 0
+    listed = {r["name"]: r for r in json.loads(out.read_text())["calibration_nodes"]}
+    assert listed["w_Q"]["axis"] == w_axis
+    out = tmp_path / "boxes.json"
+    assert cli.main(["get-channelwise-data-distribution", str(path), str(net["calib"]), "-n", "w_Q", "--quiet",
+                     "-s", str(tmp_path / "cli"), "--json", str(out)]) == 0
+    capsys.readouterr()
+    assert json.loads(out.read_text())["w_Q"]["axis"] == w_axis
+    settings = onnxruntime_settings(engine.qmodel, "int16", ["w_Q"])
+    assert settings["TensorQuantOverrides"][w_tensor][0]["axis"] == w_axis

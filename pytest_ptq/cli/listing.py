@@ -18,7 +18,7 @@ def run(args):
         # pair read through Casts between float types counts for the operator after them, a
         # pair on a model output for the operator computing it (its owner); named as in the
         # file: a moved pair's input is a tensor of the tool's copy
-        row = {**c.summary(), "input": qm.shown_name(c.input), "consumers": [n for n in c.consumers if n in qm.normal],
+        row = {**c.summary(), "input": qm.shown_name(c.input), "axis": qm.file_axis(c), "consumers": [n for n in c.consumers if n in qm.normal],
                "counts_for": [n for n in qm.credited(c.name) if n in qm.normal], "owner": qm.owner(c.name)}
         if qm.reduced_range(c) is not None:  # the codes it uses, and the range they reach: half the grid's
             reduced += 1

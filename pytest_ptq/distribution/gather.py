@@ -365,7 +365,7 @@ def collect(engine, dist_nodes=(), box_nodes=(), axis=None, data_num=None, bins=
             pair = _Pair(lambda vals, t=t: vals[("f", t)], lambda vals, t=t: vals[("q", t)])
             accs += [_Group([fv, qv], bins), _Group([ev], bins), pair]
             info = {"node": name, "kind": "node", "op_type": n.op_type, "tensor": qm.shown_name(t),
-                    "calibration_inputs": qm.quantizing(name)}
+                    "calibration_inputs": qm.quantizing(name), "probed": t}
             plans[name] = ("node", info, (fv, qv, ev, pair))
     errors = {}
     for name in box_nodes:
@@ -405,11 +405,12 @@ def collect(engine, dist_nodes=(), box_nodes=(), axis=None, data_num=None, bins=
         if kind == "activation":
             r = acc[0].result()
             info.update(r, **acc[1].result())
+            _in_file(qm, qm.calibration[name].input, info, r["shape"])
             if info["kind"] == "dynamic":
                 info.update(_dynamic_range(r))
             info["bulk_levels"] = _levels(info, r)
             if not r["count"] and not r["nonfinite"]:
-                info["skipped"] = empty(info["tensor"], r["shape"], "draw")
+                info["skipped"] = empty(info["tensor"], info["shape"], "draw")
             # a Relu after the pair zeroes what is clipped below a range starting at <= 0 anyway
             harmless = info["relu_follows"] and info["range_lo"] <= 0
             info["effective_clipped_share"] = (r["clipped_high"] if harmless else r["clipped_count"]) / max(r["count"], 1)
@@ -417,6 +418,9 @@ def collect(engine, dist_nodes=(), box_nodes=(), axis=None, data_num=None, bins=
             fv, qv, ev, pair = acc
             err = ev.result()
             info.update(float=fv.result(), quantized=qv.result(), error=err, **pair.result(err))
+            probed = info.pop("probed")  # a layout node's output in the tool's copy: a moved pair's tensor
+            for part in ("float", "quantized", "error"):
+                _in_file(qm, probed, info[part], info[part]["shape"])
             info["max_abs"] = info["float"]["max_abs"]
             if not info["float"]["count"] and not info["float"]["nonfinite"]:
                 info["skipped"] = empty(info["tensor"], info["float"]["shape"], "draw")
@@ -427,13 +431,13 @@ def collect(engine, dist_nodes=(), box_nodes=(), axis=None, data_num=None, bins=
             out_boxes[name] = {"node": name, "kind": info["kind"], "skipped": errors[name].error}
             continue
         if stats.channels is None:
-            why = empty(info["tensor"], stats.shape, "box-plot")
+            why = empty(info["tensor"], qm.file_layout(qm.calibration[name].input, stats.shape)[0], "box-plot")
             if not skip_unboxable:
                 raise PTQError(f"node {name!r}: {why}")
             out_boxes[name] = {"node": name, "kind": info["kind"], "skipped": why}
             continue
-        info.update(stats.result(outlier_k), axis=stats.axis, shape=stats.shape,
-                    samples=samples if info["kind"] != "weight" else 0)
+        info.update(stats.result(outlier_k), axis=stats.axis, samples=samples if info["kind"] != "weight" else 0)
+        _in_file(qm, qm.calibration[name].input, info, stats.shape)
         out_boxes[name] = info
     if axis is not None and out_boxes and all("skipped" in d for d in out_boxes.values()):
         # an axis no node has is the caller's mistake, not a node's shape: skipping them all
@@ -442,6 +446,16 @@ def collect(engine, dist_nodes=(), box_nodes=(), axis=None, data_num=None, bins=
         raise PTQError(f"no node has axis {axis}: {first}")
     order = list(dict.fromkeys(list(dist_nodes)))
     return ({k: plain(dist[k]) for k in order}, {k: plain(out_boxes[k]) for k in dict.fromkeys(box_nodes)})
+
+
+def _in_file(qm, tensor, info, shape):
+    """Set ``info``'s shape and axes (the values of ``tensor`` have ``shape`` in the tool's
+    copy) to the user's file's layout: a moved pair's tensor is laid out otherwise there
+    (:meth:`QuantModel.file_layout`); channel indices along an axis stay as they are."""
+    for key in ("axis", "range_axis", "channel_axis"):
+        if info.get(key) is not None and shape is not None:
+            info[key] = qm.file_layout(tensor, shape, info[key])[1]
+    info["shape"] = qm.file_layout(tensor, shape)[0]
 
 
 def empty(tensor, shape, what):
@@ -471,8 +485,8 @@ def _weight_distribution(qm, c, info, bins):
     w, deq = weight_arrays(qm, c)
     ref = w if w is not None else deq
     if ref.size == 0:  # a zero-size weight: no values, no channels to score
-        info.update(samples=0, count=0, shape=list(ref.shape), max_abs=0.0,
-                    skipped=empty(info["tensor"], ref.shape, "draw"))
+        _in_file(qm, c.input, info, ref.shape)
+        info.update(samples=0, count=0, max_abs=0.0, skipped=empty(info["tensor"], info["shape"], "draw"))
         return info
     fv = _Values(lambda v: v["w"], clip_bounds(c))
     qv = _Values(lambda v: v["d"])
@@ -497,6 +511,7 @@ def _weight_distribution(qm, c, info, bins):
     codes.first(ref)
     info.update(codes.result())
     info.update(_channel_sqnr(qm, c, ref, deq))
+    _in_file(qm, c.input, info, ref.shape)
     if w is None:
         info["note"] = ("float weight unknown (stored quantized, no float model given): compared "
                         "against the dequantized weight, so the error is zero by construction")

@@ -183,3 +183,34 @@ def _drop_value_info(graph, name):
     if len(kept) != len(graph.value_info):
         del graph.value_info[:]
         graph.value_info.extend(kept)
+
+
+def undo(node, shape, axis, before):
+    """``(shape, axis)`` of data-movement node ``node``'s input, given its output's ``shape``
+    and ``axis`` (an axis of it, or None); ``before``: the input's dims as far as they are known
+    without running it (None each where open, None where unknown), which a reshaping node
+    needs. The axis is None where the input has no axis holding the same channels (a Reshape
+    that merges or splits it); an open dim is solved from the element count where it can be."""
+    shape = list(shape)
+    if node.op_type == "Identity":
+        return shape, axis
+    if node.op_type == "Transpose":
+        perm = attribute(node, "perm")
+        perm = list(range(len(shape)))[::-1] if perm is None else [int(p) for p in perm]  # none: reversed
+        dims = [0] * len(perm)
+        for k, p in enumerate(perm):
+            dims[p] = shape[k]
+        return dims, None if axis is None else perm[axis % len(perm)]
+    if before is None:
+        return None, None
+    dims = list(before)
+    open_ = [k for k, d in enumerate(dims) if d is None]
+    known = math.prod(d for d in dims if d is not None)
+    if len(open_) == 1 and known:
+        dims[open_[0]] = math.prod(shape) // known
+    if axis is None or None in dims:
+        return dims, None
+    axis %= len(shape)
+    lead = math.prod(shape[:axis])
+    same = [j for j in range(len(dims)) if dims[j] == shape[axis] and math.prod(dims[:j]) == lead]
+    return dims, same[0] if same else None

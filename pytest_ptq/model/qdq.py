@@ -422,6 +422,7 @@ class QuantModel:
             # comes first
             self._given = model_or_file
         self.float_names.update(hoisted.names)
+        self._moved = hoisted.names  # a moved pair's float tensor -> the one its Q reads in the file (see file_layout)
         self.inits = {i.name: i for i in graph.initializer}
         self.constants = {n.output[0]: n for n in graph.node if n.op_type == "Constant"}
         self.input_names = [i.name for i in graph.input if i.name not in self.inits]
@@ -1317,6 +1318,46 @@ class QuantModel:
         the copy, the one its layout node now reads (the same values), so a tensor a user
         names back (an output, a subgraph's end) needs no mapping the other way."""
         return self.float_names.get(tensor, tensor)
+
+    def file_layout(self, tensor, shape, axis=None):
+        """``(shape, axis)`` as the user's file lays out ``tensor`` of the tool's copy, whose
+        values have ``shape`` (``axis``: one of its axes, or None), for whatever the tool shows.
+
+        A moved pair's tensor (see :meth:`shown_name`) is the file's tensor laid out by the
+        chain's Transpose, Reshape, ...: the file's shape is that tensor's, the axis the one
+        holding the same channels (a per-channel pair's: the axis of the file's
+        QuantizeLinear), and channel indices along it are the same. The shape is None (or has
+        None dims) where the file's is not known without running it, the axis None where the
+        file has no axis of those channels (a Reshape merged them). Any other tensor is the
+        file's own and keeps its layout."""
+        shape = None if shape is None else list(shape)
+        while tensor in self._moved and shape is not None:
+            node = self.producer[tensor]
+            tensor = node.input[0]
+            value = self.constant(tensor)
+            before = list(np.shape(value)) if value is not None else self.shapes.get(tensor)
+            shape, axis = moved.undo(node, shape, axis, before)
+        return shape, (None if axis is None or shape is None else axis % max(len(shape), 1))
+
+    def file_axis(self, c, axis=None):
+        """``axis`` of calibration node ``c``'s input (default: the axis of its scale, None for
+        one scale) as the file lays the input out, the axis its QuantizeLinear has there (see
+        :meth:`file_layout`); a moved pair's Transpose lays it elsewhere in the tool's copy."""
+        axis = c.axis if axis is None else axis
+        if axis is None or c.input not in self._moved:
+            return axis
+        value = self.constant(c.input)
+        shape = self.shapes.get(c.input) if value is None else np.shape(value)
+        return axis if shape is None else self.file_layout(c.input, [d or 0 for d in shape], axis)[1]
+
+    def tool_axis(self, tensor, shape, axis):
+        """The axis of ``tensor`` of the tool's copy (of ``shape``) that is axis ``axis`` of
+        the file's layout (:meth:`file_layout`), or None where none is."""
+        file_shape, _ = self.file_layout(tensor, shape)
+        rank = len(shape) if file_shape is None else len(file_shape)
+        if not -rank <= axis < max(rank, 1):
+            return None
+        return next((k for k in range(len(shape)) if self.file_layout(tensor, shape, k)[1] == axis % rank), None)
 
     def source_of(self, tensor):
         """The tensor a normal node reads with every Q/DQ bypassed: a DQ output maps to the

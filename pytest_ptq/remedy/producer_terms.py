@@ -379,7 +379,7 @@ def _quark(qm, names, kinds, axes, terms):
             _entry(terms, name, kind, tensor)
             terms["expect"]["int16"].append(tensor)
         elif c.kind == "weight" and name in axes:
-            overrides.setdefault(tensor, [{}])[0]["axis"] = int(axes[name])
+            overrides.setdefault(tensor, [{}])[0]["axis"] = int(qm.file_axis(c, axes[name]))
             _entry(terms, name, kind, tensor)
             terms["expect"]["per-channel"].append(tensor)
         else:

@@ -159,14 +159,14 @@ def onnxruntime_settings(qmodel, remedy, nodes, axes=None, choices=None):
             signed = c.qrange[0] < 0
             entry = {"quant_type": "QInt16" if signed else "QUInt16"}
             if c.kind == "weight" and c.per_channel and not c.block_size:
-                entry["axis"] = int(c.axis)  # a type alone makes quantize_static quantize it per tensor
+                entry["axis"] = int(qmodel.file_axis(c))  # a type alone makes quantize_static quantize it per tensor
                 if not symmetric_channels(c):
                     entry["symmetric"] = False
             overrides.update({t: [entry] for t in float_tensor_names(qmodel, c)})
         elif c.kind == "weight" and name in axes and qmodel.format == "dynamic":
             per_channel = True  # quantize_dynamic refuses an axis override; its switch covers every weight
         elif c.kind == "weight" and name in axes:
-            overrides[float_tensor_name(qmodel, c)] = [{"axis": int(axes[name]),
+            overrides[float_tensor_name(qmodel, c)] = [{"axis": int(qmodel.file_axis(c, axes[name])),
                                                         **({} if symmetric_channels(c) else {"symmetric": False})}]
         else:
             sim_only.append(name)
