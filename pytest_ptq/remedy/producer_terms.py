@@ -378,7 +378,7 @@ def _quark(qm, names, kinds, axes, terms):
             overrides.setdefault(tensor, [{}])[0]["quant_type"] = _signed_type(c, 16)
             _entry(terms, name, kind, tensor)
             terms["expect"]["int16"].append(tensor)
-        elif c.kind == "weight" and name in axes:
+        elif c.kind == "weight" and name in axes and qm.file_axis(c, axes[name]) is not None:
             overrides.setdefault(tensor, [{}])[0]["axis"] = int(qm.file_axis(c, axes[name]))
             _entry(terms, name, kind, tensor)
             terms["expect"]["per-channel"].append(tensor)

@@ -155,20 +155,21 @@ def onnxruntime_settings(qmodel, remedy, nodes, axes=None, choices=None):
             raise PTQError(f"node {name!r} needs a remedy kind ({', '.join(REMEDIES)}) in choices, got {kind!r}")
         if kind == "float":
             exclude.update(excluded_by(qmodel, c, ops))
-        elif kind == "int16":
+        elif kind == "int16" and not (channels := c.kind == "weight" and c.per_channel and not c.block_size) or \
+                kind == "int16" and qmodel.file_axis(c) is not None:
             signed = c.qrange[0] < 0
             entry = {"quant_type": "QInt16" if signed else "QUInt16"}
-            if c.kind == "weight" and c.per_channel and not c.block_size:
+            if channels:
                 entry["axis"] = int(qmodel.file_axis(c))  # a type alone makes quantize_static quantize it per tensor
                 if not symmetric_channels(c):
                     entry["symmetric"] = False
             overrides.update({t: [entry] for t in float_tensor_names(qmodel, c)})
         elif c.kind == "weight" and name in axes and qmodel.format == "dynamic":
             per_channel = True  # quantize_dynamic refuses an axis override; its switch covers every weight
-        elif c.kind == "weight" and name in axes:
+        elif c.kind == "weight" and name in axes and qmodel.file_axis(c, axes[name]) is not None:
             overrides[float_tensor_name(qmodel, c)] = [{"axis": int(qmodel.file_axis(c, axes[name])),
                                                         **({} if symmetric_channels(c) else {"symmetric": False})}]
-        else:
+        else:  # (a moved weight's channels a Reshape spreads over several of the file's axes: none to name)
             sim_only.append(name)
     ordered = sorted(exclude, key=lambda n: qmodel.normal[n].index)
     alignment = getattr(qmodel, "alignment", None)
