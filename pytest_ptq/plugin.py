@@ -20,6 +20,7 @@ import pytest
 from . import contract as ptq_contract
 from . import session as ptq_session_mod
 from . import settings as ptq_settings_mod
+from . import termination
 from .errors import PTQError, as_sentence
 
 # Only settings, metrics (and numpy), contracts and the session shell load with pytest: onnx,
@@ -59,6 +60,7 @@ class _Hooks:
     def __init__(self, ptq):
         self.ptq = ptq
         self.groups_file = self.cores_folder = None  # xdist controller: see pytest_configure_node
+        self.terminates = False  # SIGTERM raises: see pytest_sessionstart
 
     # tryfirst: -k, -m and --deselect then select the built-in contract's items like any other
     @pytest.hookimpl(tryfirst=True)
@@ -80,7 +82,11 @@ class _Hooks:
         self.ptq.plan(models)
 
     def pytest_sessionstart(self, session):
-        """The report's page says this run has not finished until it writes its results."""
+        """The report's page says this run has not finished until it writes its results; till
+        the run ends SIGTERM (a CI time limit) stops it as Ctrl-C does, where nothing else
+        handles that signal: pytest leaves it alone, and its default ran no clean-up (the
+        temporary figures stayed, the page said the run had not finished)."""
+        self.terminates = termination.install()
         self.ptq.start()
 
     def pytest_runtest_logfinish(self, nodeid, location):
@@ -122,6 +128,23 @@ class _Hooks:
         self.ptq.finish(interrupted=exitstatus == pytest.ExitCode.INTERRUPTED,
                         stopped=stopped if isinstance(stopped, str) else None)
 
+    # outermost of the session's end (tryfirst): SIGTERM there, in any plugin's part, ended pytest
+    # in a traceback through every hook wrapper
+    @pytest.hookimpl(wrapper=True, tryfirst=True, specname="pytest_sessionfinish")
+    def pytest_sessionfinish_terminated(self, session):  # a second pytest_sessionfinish (specname)
+        """SIGTERM while the session ends: the page says the run was interrupted (its figures
+        were what was being drawn), and one line says so on stderr, without a traceback."""
+        try:
+            return (yield)
+        except termination.Terminated:
+            self.ptq.finish(interrupted=True)
+            session.exitstatus = pytest.ExitCode.INTERRUPTED
+            writer = session.config.get_terminal_writer()
+            writer.line()  # after the last test's progress
+            writer.line(
+                "pytest-ptq: terminated (SIGTERM) while the session ended; run it again to the end", red=True)
+            return None
+
     @pytest.hookimpl(optionalhook=True)
     def pytest_configure_node(self, node):
         """xdist controller: name the file where the workers say which model each item checks, and
@@ -144,6 +167,8 @@ class _Hooks:
         return spread.ModelScheduling(config, log, self.groups_file)
 
     def pytest_unconfigure(self, config):
+        if self.terminates:
+            termination.restore()
         if self.groups_file is not None:
             self.groups_file.unlink(missing_ok=True)
             import shutil

@@ -1545,3 +1545,118 @@ def test_names_in_a_baseline_files_notes_and_in_data_findings_stay_on_their_line
                               data="d").text
     assert not [line for line in text.splitlines() if line.startswith(("PASSED", "FAKE"))], text
     assert "gone\\nPASSED everything ok" in text and "0.1\\nFAKE LINE" in text and "x\\nPASSED all good" in text
+
+
+# -- SIGTERM (a CI time limit's signal) -------------------------------------------------------
+# Held in a temporary folder of the tool's own until the test sends SIGTERM: guard.scratch and
+# guard.output_folder make every such folder, and the block waits inside the first one made.
+_HOLD_IN_SCRATCH = """
+import contextlib, os, sys, time
+from pytest_ptq import guard
+made = guard.output_folder
+def held(save_dir, prefix):
+    folder, temporary = made(save_dir, prefix)
+    if temporary is not None:
+        with open(os.environ["PTQ_TEST_READY"], "w") as fh:
+            fh.write(str(folder))
+        time.sleep(120)
+    return folder, temporary
+guard.output_folder = held
+"""
+
+
+def _terminated(argv, cwd, tmp_path):
+    """Run ``argv`` (with :data:`_HOLD_IN_SCRATCH` run first) in a TMPDIR of its own, send SIGTERM
+    once it holds a temporary folder: ``(process, stdout, stderr, what is left in TMPDIR)``."""
+    import signal
+
+    scratch, ready = tmp_path / "tmpdir", tmp_path / "ready"
+    scratch.mkdir()
+    proc = subprocess.Popen(argv, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": str(ROOT), "PYTHONDONTWRITEBYTECODE": "1",
+                                 "TMPDIR": str(scratch), "PTQ_TEST_READY": str(ready)})
+    deadline = time.time() + 120
+    while not ready.exists() and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.05)
+    assert proc.poll() is None, proc.communicate()
+    assert Path(ready.read_text()).is_dir()
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+    # onnxruntime's own session id file (.ses), none of ours
+    return proc, out, err, sorted(p.name for p in scratch.iterdir() if p.name != ".ses")
+
+
+def test_sigterm_ends_a_command_as_ctrl_c_does_its_temporary_folders_removed(project, tmp_path):
+    """A CI limit's SIGTERM killed ``suggest`` at once (exit -15, nothing said): its folder of
+    re-quantized models stayed in the temporary folder. It now cleans up as after Ctrl-C, says
+    so in one line and exits 143, as a shell reports SIGTERM."""
+    before = tree(project)
+    proc, out, err, left = _terminated(
+        [sys.executable, "-c", _HOLD_IN_SCRATCH + "from pytest_ptq.cli import main; sys.exit(main())",
+         "suggest", "m.onnx", "calib", "--float-model", "f.onnx", "--target-cosine", "0.99999999", "--no-save", "--quiet"],
+        project, tmp_path)
+    assert proc.returncode == 143, err
+    one_line(err, "ptq-debug suggest: terminated (SIGTERM) before it finished")
+    assert left == []
+    assert_untouched(before, tree(project))
+
+
+def test_sigterm_ends_a_pytest_run_as_ctrl_c_does_its_temporary_folders_removed(pytester, tmp_path):
+    """Under pytest, SIGTERM ended the run at once (exit -15): the report's figure folder stayed
+    and its page said the run had not finished. Now pytest ends it as after Ctrl-C (its
+    interrupted status), the folder is gone and the page says the run was interrupted."""
+    data = builders.samples(4)
+    builders.save_folder(data, pytester.path / "calib")
+    builders.quantize(builders.conv_net(pytester.path / "float.onnx"), pytester.path / "q.onnx", data)
+    pytester.makeconftest(_HOLD_IN_SCRATCH)
+    proc, out, err, left = _terminated(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "--ptq-model=q.onnx", "--ptq-data=calib",
+         "--ptq-report=r.html"], pytester.path, tmp_path)
+    assert proc.returncode == pytest.ExitCode.INTERRUPTED, out + err
+    assert "Traceback" not in out + err and "Terminated: terminated by SIGTERM" in out
+    assert left == []
+    assert "interrupted before its tests finished" in (pytester.path / "r.html").read_text()
+
+
+def test_sigterm_while_a_pytest_run_ends_is_one_line_not_a_traceback(pytester, tmp_path):
+    """SIGTERM while any plugin's pytest_sessionfinish ran came out as a traceback through every
+    hook wrapper; it is one line, with pytest's interrupted status and the page saying so."""
+    builders.save_folder(builders.samples(2), pytester.path / "calib")
+    builders.quantize(builders.conv_net(pytester.path / "float.onnx"), pytester.path / "q.onnx",
+                      builders.samples(2))
+    pytester.makeconftest("""
+import os, time
+def pytest_sessionfinish(session):
+    with open(os.environ["PTQ_TEST_READY"], "w") as fh:
+        fh.write(os.getcwd())
+    time.sleep(120)
+""")
+    proc, out, err, _ = _terminated(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "--ptq-model=q.onnx", "--ptq-data=calib",
+         "--ptq-report=r.html"], pytester.path, tmp_path)
+    assert proc.returncode == pytest.ExitCode.INTERRUPTED, out + err
+    assert "Traceback" not in out + err and err == ""
+    assert "pytest-ptq: terminated (SIGTERM) while the session ended; run it again to the end" in out.splitlines()
+    assert "interrupted before its tests finished" in (pytester.path / "r.html").read_text()
+
+
+def test_sigterm_keeps_a_handler_someone_else_installed():
+    """Only Python's default is replaced (it runs no clean-up), and only until the block ends."""
+    import signal
+
+    from pytest_ptq import termination
+
+    def theirs(signum, frame):
+        pass
+
+    previous = signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    try:
+        with termination.as_interrupt() as ours:
+            assert ours and signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL
+        assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+        signal.signal(signal.SIGTERM, theirs)
+        with termination.as_interrupt() as ours:
+            assert not ours and signal.getsignal(signal.SIGTERM) is theirs
+        assert signal.getsignal(signal.SIGTERM) is theirs
+    finally:
+        signal.signal(signal.SIGTERM, previous)

@@ -17,7 +17,7 @@ import os
 import sys
 import warnings
 
-from .. import __version__, guard
+from .. import __version__, guard, termination
 from ..errors import PTQError, PTQWarning, as_sentence
 from .args import STDOUT, check_outputs
 
@@ -29,7 +29,7 @@ INTERNAL_ERROR = 3
 EXIT_STATUS = ("exit status: 0 done (runall, rankings and plots whatever they find); 1 a check found a problem "
                "(check-data an error, stages a stage below its threshold, suggest a target missed); 2 bad input or "
                "options; 3 an error of ptq-debug itself (please report it with its traceback); 130 interrupted; "
-               "141 the reader of standard output went away")
+               "143 terminated (SIGTERM); 141 the reader of standard output went away")
 
 # The modules whose COMMANDS make up ptq-debug, in the order `ptq-debug -h` lists them.
 _MODULES = ("sensitivity", "curves", "distribution", "runall", "remedy", "stages", "datacheck", "listing")
@@ -84,6 +84,12 @@ def main(argv=None):
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
+    # SIGTERM (a CI time limit) cleans up as Ctrl-C does: its default left temporary folders
+    with termination.as_interrupt():
+        return _run(args)
+
+
+def _run(args):
     try:
         inputs = check_outputs(args)
         with guard.protecting(inputs), guard.one_command(), warnings.catch_warnings():
@@ -101,6 +107,10 @@ def main(argv=None):
     except BrokenPipeError:
         _silence_stdout()
         return BROKEN_PIPE
+    except termination.Terminated:
+        print(f"ptq-debug {args.command}: terminated (SIGTERM) before it finished; run it again to the "
+              "end", file=sys.stderr)
+        return termination.EXIT_STATUS
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
