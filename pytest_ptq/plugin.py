@@ -73,8 +73,14 @@ class _Hooks:
     @pytest.hookimpl(tryfirst=True)
     def pytest_collection_finish(self, session):
         """Which model each selected item checks: an xdist worker writes it for the controller
-        (see ``spread``); the session frees a model's sessions once its items ran."""
+        (see ``spread``); the session frees a model's sessions once its items ran. Where an
+        item checks a model, SIGTERM (a CI time limit) stops the run as Ctrl-C does until it
+        ends, where nothing else handles that signal: pytest leaves it alone, and its default
+        ran no clean-up (the temporary figures stayed, the page said the run had not
+        finished); a suite that does not use the plugin keeps Python's default."""
         models = _models_of(session.items, self.ptq)
+        if models or any(_uses_plugin(item) for item in session.items):
+            self.terminates = termination.install()
         path = getattr(session.config, "workerinput", {}).get("ptq_groups_file")
         if path:
             from . import spread
@@ -82,11 +88,7 @@ class _Hooks:
         self.ptq.plan(models)
 
     def pytest_sessionstart(self, session):
-        """The report's page says this run has not finished until it writes its results; till
-        the run ends SIGTERM (a CI time limit) stops it as Ctrl-C does, where nothing else
-        handles that signal: pytest leaves it alone, and its default ran no clean-up (the
-        temporary figures stayed, the page said the run had not finished)."""
-        self.terminates = termination.install()
+        """The report's page says this run has not finished until it writes its results."""
         self.ptq.start()
 
     def pytest_runtest_logfinish(self, nodeid, location):

@@ -1660,3 +1660,14 @@ def test_sigterm_keeps_a_handler_someone_else_installed():
         assert signal.getsignal(signal.SIGTERM) is theirs
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def test_a_suite_that_does_not_use_the_plugin_keeps_pythons_sigterm(pytester):
+    """The handler is the plugin's business only where an item checks a model: a suite of its
+    own tests keeps Python's default (what its code under test may rely on)."""
+    pytester.makepyfile("""
+import signal
+def test_default():
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+""")
+    pytester.runpytest_subprocess("-p", "no:cacheprovider").assert_outcomes(passed=1)
