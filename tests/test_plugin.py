@@ -733,3 +733,21 @@ def test_pytest_html_gets_the_figures_as_extras(project):
     assert page.count("ptq-results") == 2  # one results table per test
     assert "ptq curves model.onnx" in page  # the failing test's cumulative curve
     assert "image/png" in page
+
+
+def test_the_docs_helper_table_gives_each_assert_helpers_signature():
+    """docs/plugin.md's table of the ``ptq`` fixture's helpers had left out assert_baseline's
+    ``outputs``: each row is the helper's signature as Python states it."""
+    import inspect
+
+    from pytest_ptq.checks import PTQ
+
+    doc = (ROOT / "docs" / "plugin.md").read_text()
+    rows = dict(re.findall(r"^\| `(assert_\w+)(\(.*?\))` *\|", doc, re.M))
+    helpers = {n: f for n, f in vars(PTQ).items() if n.startswith("assert_")}
+    assert set(rows) == set(helpers)
+    for name, shown in rows.items():
+        sig = inspect.signature(inspect.unwrap(helpers[name]))
+        params = [p for p in sig.parameters.values() if p.name != "self"]
+        stated = "(" + ", ".join(p.name if p.default is p.empty else f"{p.name}={p.default!r}" for p in params) + ")"
+        assert shown == stated.replace("'cosine-similarity'", '"cosine-similarity"').replace("'warning'", '"warning"'), name
