@@ -263,11 +263,25 @@ def _quantized_tensors(path):
     return {q.input[0] for q, _ in builders.qdq_pairs(path).values() if q is not None}
 
 
+def _pairs_read(path):
+    """``{(quantized tensor, zero point's type, scale, nodes reading the pair)}`` of a quantize_static model."""
+    model = builders.load(path)
+    inits = {i.name: i for i in model.graph.initializer}
+    readers = {}
+    for n in model.graph.node:
+        for i in n.input:
+            readers.setdefault(i, []).append(n.name)
+    return {(q.input[0], inits[q.input[2]].data_type, float(numpy_helper.to_array(inits[q.input[1]])),
+             tuple(sorted(r for d in dqs for r in readers.get(d.output[0], ()))))
+            for q, dqs in builders.qdq_pairs(model).values() if q is not None}
+
+
 def test_keeping_a_chains_pair_in_float_excludes_every_operator_of_the_chain(converted):
     """onnxruntime's settings for keeping the chain's first pair in float named conv0 and the
     Relu but not conv1, which reads the chain (its later pair's only, as named for it: conv1),
     so re-quantizing with them still quantized the tensor: the first pair's producer and every
-    operator reading the chain are excluded, whichever pair of it is kept."""
+    operator reading the chain are excluded, whichever pair of it is kept. The Relu, which
+    asks for no pair of its own, was named too; quantize_static writes the same model without it."""
     from pytest_ptq.model import QuantModel
     from pytest_ptq.remedy import float_tensor_name, onnxruntime_settings
 
@@ -277,13 +291,20 @@ def test_keeping_a_chains_pair_in_float_excludes_every_operator_of_the_chain(con
     tensor, root = converted["tensor"], converted["root"]
     assert tensor in _quantized_tensors(converted["model"])
     # onnxruntime's placement: the tensor's producer and every reader of it in the float model
-    touching = [n.name for n in builders.load(converted["float"]).graph.node if tensor in [*n.input, *n.output]]
+    # but the Relu, which quantizes its input only where a neighbour did
+    fnodes = builders.load(converted["float"]).graph.node
+    touching = [n.name for n in fnodes if tensor in [*n.input, *n.output] and n.op_type != "Relu"]
+    relu = next(n.name for n in fnodes if n.op_type == "Relu" and tensor in n.input)
     for name in (qm.requantizes(chained[0]), chained[0]):
         assert float_tensor_name(qm, qm.calibration[name]) == tensor
         exclude = onnxruntime_settings(qm, "float", [name])["nodes_to_exclude"]
         assert sorted(exclude) == sorted(touching), name
         again = builders.quantize(converted["float"], root / "again.onnx", converted["data"], nodes_to_exclude=exclude)
         assert tensor not in _quantized_tensors(again), (name, exclude)
+        # the settings named the Relu too: quantize_static writes the same pairs with it excluded
+        with_relu = builders.quantize(converted["float"], root / "relu.onnx", converted["data"],
+                                      nodes_to_exclude=[*exclude, relu])
+        assert _pairs_read(with_relu) == _pairs_read(again), name
         for n in ("conv0", "conv1"):  # each Conv is needed (a Relu asks for no pair of its own)
             fewer = builders.quantize(converted["float"], root / "fewer.onnx", converted["data"],
                                       nodes_to_exclude=[m for m in exclude if m != n])

@@ -122,10 +122,23 @@ def excluded_by(qmodel, c, ops):
     # its pairs. In a requantize chain the float model holds one tensor for all its pairs:
     # the head's producer writes it, and the operators reading any of the chain's pairs
     # (counts_for) read it.
+    # A Relu/Clip reading the tensor is left out: it quantizes its input only where a
+    # neighbour already did (QDQRemovableActivation, and QLinearActivation alike), which
+    # the exclusion of every other neighbour rules out.
     head = qmodel.chain_head(c.name)
     producers = qmodel.through_casts([head.producer], downstream=False) if head.kind == "activation" and \
         head.producer in qmodel.normal else []
-    return [n for n in dict.fromkeys(producers + qmodel.counts_for(head.name)) if qmodel.normal[n].op_type in ops]
+    readers = [n for n in qmodel.counts_for(head.name) if not _follows_its_input(qmodel.normal[n].op_type)]
+    return [n for n in dict.fromkeys(producers + readers) if qmodel.normal[n].op_type in ops]
+
+
+def _follows_its_input(op_type):
+    """Whether onnxruntime's quantizer puts a pair on an ``op_type`` node's input only where
+    another node already quantizes that tensor (its removable activations, Relu and Clip)."""
+    from onnxruntime.quantization.operators.activation import QDQRemovableActivation
+    from onnxruntime.quantization.registry import QDQRegistry
+
+    return QDQRegistry.get(op_type) is QDQRemovableActivation
 
 
 def onnxruntime_settings(qmodel, remedy, nodes, axes=None, choices=None):
