@@ -439,6 +439,62 @@ def _requantized_bits(fpath, data, settings, path):
             for q, dqs in builders.qdq_pairs(model).values() if q is not None}
 
 
+def _chain_bits(path, tensor, raise_pair=None):
+    """``{reader: [bits of each pair from tensor on]}``: the pairs each operator (or model output)
+    reading ``tensor`` through pairs reads it through, read from the proto; the pair whose Q is
+    named ``raise_pair`` counted at 16 bit."""
+    model = builders.load(path)
+    inits = {i.name: i.data_type for i in model.graph.initializer}
+    outputs = {o.name for o in model.graph.output}
+    readers = {}
+    for n in model.graph.node:
+        for i in n.input:
+            readers.setdefault(i, []).append(n)
+    out = {}
+
+    def walk(t, bits):
+        for n in readers.get(t, ()):
+            if n.op_type == "QuantizeLinear":
+                b = 16 if n.name == raise_pair or inits[n.input[2]] in (TensorProto.INT16, TensorProto.UINT16) else 8
+                for d in readers.get(n.output[0], ()):
+                    walk(d.output[0], bits + [b])
+                    if d.output[0] in outputs:
+                        out[d.output[0]] = bits + [b]
+            elif bits:
+                out[n.name] = bits
+
+    walk(tensor, [])
+    return out
+
+
+@pytest.mark.parametrize("net", ["converted", "branched"])
+def test_a_chains_later_pair_raised_to_16_bit_leaves_its_first_pair(net, request, tmp_path):
+    """int16 for a chain's later pair wrote a bare 16-bit type on the float tensor: quantize_static
+    raised the first pair too, so the Relu reading the first pair read 16 bit ({relu: [16], conv1:
+    [16]}). A 'convert' entry keeps the first pair and raises the later one for the readers of that
+    pair, as the simulated remedy (the file with that pair at 16 bit) reads them."""
+    from pytest_ptq.remedy import onnxruntime_settings, quantize_static_kwargs
+
+    fixture = request.getfixturevalue(net)
+    if net == "branched":
+        fpath = fixture["root"] / "branched_float.onnx"
+        onnx.save(builders.rewire(fixture["model"]), str(fpath))
+        data = {"x": [f["x"] for f in fixture["feeds"]]}
+    else:
+        fpath, data = fixture["float"], fixture["data"]
+    qpath = fixture["model"]
+    qm = QuantModel(str(qpath), float_model=str(fpath))
+    later = next(c for c in qm.calibration if qm.requantizes(c) is not None)
+    tensor = _read_by(fpath, "conv1")
+    head_input = qm.calibration[qm.requantizes(later)].input
+    want = _chain_bits(qpath, head_input, raise_pair=later)
+    assert want == {"relu": [8], "conv1": [8, 16]}
+    settings = onnxruntime_settings(qm, "int16", [later])
+    assert not settings["simulation_only"]
+    out = builders.quantize(fpath, tmp_path / "int16.onnx", data, **quantize_static_kwargs(settings))
+    assert _chain_bits(out, tensor) == want
+
+
 @pytest.mark.parametrize("aligned", [False, True])
 @pytest.mark.parametrize("pair", ["coarse_Q", "fine_Q", "oa_Q", "ob_Q"])
 def test_a_chains_pair_kept_in_float_or_raised_to_16_bit_applies_to_the_float_tensor(remedy_chains, pair, aligned,
@@ -447,7 +503,7 @@ def test_a_chains_pair_kept_in_float_or_raised_to_16_bit_applies_to_the_float_te
     or left the chain head's producer out, and raising it to 16 bit named the earlier pair's
     DequantizeLinear output, which no float model holds: quantize_static, given the settings
     on the float model, leaves the chain's tensor in float or quantizes it at 16 bit."""
-    from pytest_ptq.remedy import onnxruntime_settings
+    from pytest_ptq.remedy import onnxruntime_settings, quantize_static_kwargs
 
     m, fpath, data = remedy_chains["model"], remedy_chains["float"], remedy_chains["data"]
     qm = QuantModel(str(m), float_model=str(fpath) if aligned else None)
@@ -464,7 +520,12 @@ def test_a_chains_pair_kept_in_float_or_raised_to_16_bit_applies_to_the_float_te
     assert producer in excluded and tensor in _requantized_bits(fpath, data, fewer, tmp_path / "fewer.onnx")
     settings = onnxruntime_settings(qm, "int16", [pair])
     assert list(settings["TensorQuantOverrides"]) == [tensor]
-    assert _requantized_bits(fpath, data, settings, tmp_path / "int16.onnx")[tensor] == 16
+    # the head's pair raised, or the later one's alone: each reader's pairs from the tensor on
+    out = builders.quantize(fpath, tmp_path / "int16.onnx", data,
+                            **quantize_static_kwargs(settings))
+    raised = [8, 16] if qm.requantizes(pair) is not None else [16, 8]
+    written = next(n.output[0] for n in builders.load(out).graph.node if n.name == producer)  # y renamed on an output
+    assert set(map(tuple, _chain_bits(out, written).values())) == {tuple(raised)}
 
 
 def test_keeping_pairs_of_two_chains_in_float_excludes_for_both(remedy_chains):

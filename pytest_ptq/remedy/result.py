@@ -32,13 +32,24 @@ def snippet(settings, call=None, overrides=True):
         parts.append(f"nodes_to_exclude={settings['nodes_to_exclude']!r}")
     tensors = settings.get("TensorQuantOverrides")
     if tensors and overrides:
-        body = ", ".join(f"{t!r}: [" + ", ".join("{" + ", ".join(
-            f"{k!r}: QuantType.{v}" if k == "quant_type" else f"{k!r}: {v!r}" for k, v in e.items()) + "}"
-            for e in entries) + "]" for t, entries in tensors.items())
+        body = ", ".join(f"{t!r}: [" + ", ".join(_override_text(e) for e in entries) + "]"
+                         for t, entries in tensors.items())
         parts.append("extra_options={'TensorQuantOverrides': {" + body + "}}")
     if not parts:
         return ""
     return f"{call or settings.get('quantizer', 'quantize_static')}(..., {', '.join(parts)})"
+
+
+def _override_text(entry):
+    """A TensorQuantOverrides entry as Python quantize_static takes: types as QuantType members, a
+    convert's receiving nodes as the set it requires."""
+    def value(k, v):
+        if k == "quant_type":
+            return f"QuantType.{v}"
+        if k == "convert":
+            return _override_text(v)
+        return repr(set(v)) if k == "recv_nodes" else repr(v)
+    return "{" + ", ".join(f"{k!r}: {value(k, v)}" for k, v in entry.items()) + "}"
 
 
 @dataclasses.dataclass

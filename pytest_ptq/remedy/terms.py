@@ -157,6 +157,7 @@ def onnxruntime_settings(qmodel, remedy, nodes, axes=None, choices=None):
     qmodel = getattr(qmodel, "qmodel", qmodel)  # an Engine's model
     axes, choices = axes or {}, choices or {}
     exclude, overrides, sim_only, per_channel = set(), {}, [], False
+    rename = _float_node_name(qmodel)
     nodes = params.names(nodes, "nodes") or []
     ops = quantized_ops(qmodel)
     for name in nodes:
@@ -168,6 +169,12 @@ def onnxruntime_settings(qmodel, remedy, nodes, axes=None, choices=None):
             raise PTQError(f"node {name!r} needs a remedy kind ({', '.join(REMEDIES)}) in choices, got {kind!r}")
         if kind == "float":
             exclude.update(excluded_by(qmodel, c, ops))
+        elif kind == "int16" and len(qmodel.requantized_through(qmodel.chain_head(c.name).name)) > 1:
+            entry = _chain_entry(qmodel, c, rename)
+            if entry is None:
+                sim_only.append(name)
+            else:
+                overrides.update({t: [entry] for t in float_tensor_names(qmodel, c)})
         elif kind == "int16" and not (channels := c.kind == "weight" and c.per_channel and not c.block_size) or \
                 kind == "int16" and qmodel.file_axis(c) is not None:
             signed = c.qrange[0] < 0
@@ -185,16 +192,8 @@ def onnxruntime_settings(qmodel, remedy, nodes, axes=None, choices=None):
         else:  # (a moved weight's channels a Reshape spreads over several of the file's axes: none to name)
             sim_only.append(name)
     ordered = sorted(exclude, key=lambda n: qmodel.normal[n].index)
-    alignment = getattr(qmodel, "alignment", None)
-    absent = []
-    if alignment is not None:
-        # quantize_static reads the float model: its node names, where a quantizer renamed
-        # nodes (Neural Compressor's '<name>_quant') or fused them and the alignment found them;
-        # a node the quantizer inserted (AMD Quark's AveragePool for a Split) has none to exclude
-        found = {**alignment.fused, **alignment.nodes}  # fused: the float op the quantizer's own fusion kept
-        floats = set(found.values()) | set(alignment.unmatched_float)
-        absent = [n for n in ordered if n not in found and n not in floats]
-        ordered = list(dict.fromkeys(found.get(n, n) for n in ordered if n not in absent))
+    absent = [n for n in ordered if rename(n) is None]
+    ordered = list(dict.fromkeys(rename(n) for n in ordered if n not in absent))
     settings = {"nodes_to_exclude": ordered, "TensorQuantOverrides": overrides, "simulation_only": sim_only}
     if absent:
         settings["not_in_float_model"] = absent
@@ -203,6 +202,46 @@ def onnxruntime_settings(qmodel, remedy, nodes, axes=None, choices=None):
     if quantizer_call(qmodel) != "quantize_static":
         settings["quantizer"] = quantizer_call(qmodel)  # the same arguments, for the quantizer that made it
     return settings
+
+
+def _float_node_name(qmodel):
+    """``rename(node)``: the float model's name of ``qmodel``'s normal node, as quantize_static
+    reads it, or None for a node the quantizer inserted (which the float model lacks)."""
+    alignment = getattr(qmodel, "alignment", None)
+    if alignment is None:
+        return lambda n: n
+    # where a quantizer renamed nodes (Neural Compressor's '<name>_quant') or fused them and the
+    # alignment found them; a node it inserted (AMD Quark's AveragePool for a Split) has none
+    found = {**alignment.fused, **alignment.nodes}  # fused: the float op the quantizer's own fusion kept
+    floats = set(found.values()) | set(alignment.unmatched_float)
+    return lambda n: found.get(n, n) if n in found or n in floats else None
+
+
+def _chain_entry(qmodel, c, rename):
+    """The TensorQuantOverrides entry that raises calibration node ``c``, a pair of a requantize
+    chain, to 16 bit and leaves the chain's other pair as it is, or None where quantize_static
+    cannot write it.
+
+    quantize_static writes a chain of two pairs from one entry on the float tensor: its
+    ``quant_type`` for the first pair and a ``convert`` for the second, read by ``recv_nodes``
+    (all the tensor's readers when the first pair has none of its own). A bare 16-bit type
+    would raise the first pair too, and the readers of the first pair with it. One convert per
+    tensor: a chain of three pairs or more, or a grid of neither 8 nor 16 bit, has no entry.
+    """
+    first, *later = [qmodel.calibration[n] for n in qmodel.requantized_through(qmodel.chain_head(c.name).name)]
+    if len(later) != 1 or c.kind != "activation" or any(p.bit not in (8, 16) for p in (first, *later)):
+        return None
+    types = [("QInt" if p.qrange[0] < 0 else "QUInt") + str(16 if p.name == c.name else p.bit)
+             for p in (first, later[0])]
+    if types[0] == types[1]:
+        return {"quant_type": types[0]}  # both pairs on one grid: one pair (quantize_static refuses the same type)
+    convert = {"quant_type": types[1]}
+    if qmodel.feeds(first.name) or set(first.outputs) & set(qmodel.output_names):
+        recv = [rename(n) for n in qmodel.feeds(later[0].name)]
+        if None in recv:
+            return None
+        convert["recv_nodes"] = recv
+    return {"quant_type": types[0], "convert": convert}
 
 
 def suggest_command(model, data, heldout=None, float_model=None, data_num=None):
@@ -233,6 +272,12 @@ def quantize_static_kwargs(settings):
             entry = dict(entry)
             if isinstance(entry.get("quant_type"), str):
                 entry["quant_type"] = QuantType.from_string(entry["quant_type"])
+            if isinstance(entry.get("convert"), dict):  # JSON's list of receiving nodes: quantize_static takes a set
+                convert = entry["convert"] = dict(entry["convert"])
+                if isinstance(convert.get("quant_type"), str):
+                    convert["quant_type"] = QuantType.from_string(convert["quant_type"])
+                if "recv_nodes" in convert:
+                    convert["recv_nodes"] = set(convert["recv_nodes"])
             fixed.append(entry)
         overrides[tensor] = fixed
     extra = {"TensorQuantOverrides": overrides} if overrides else {}
