@@ -349,6 +349,36 @@ def test_a_producers_terms_keep_a_chains_pairs_in_float(chain, producer, tmp_pat
             assert quantized([m for m in names if m != n], "fewer.onnx"), (name, n)
 
 
+def test_model_optimizers_terms_for_a_branched_chains_later_pair_say_how_they_depart(branched, tmp_path):
+    """Model Optimizer's terms for keeping the branched chain's later pair in float excluded conv1 and
+    expected the chain's tensor to come out float, though the Relu reads it through the earlier
+    pair, in the file and in the simulated remedy alike, and said nothing of conv1 losing the
+    earlier pair, which the simulation keeps: the tensor is not expected float and a note says both."""
+    from test_producer_terms import _mark
+
+    from pytest_ptq.remedy import producer_terms
+
+    model = onnx.load(str(branched["model"]))
+    _mark(model, "modelopt")
+    qpath, fpath = tmp_path / "marked.onnx", tmp_path / "float.onnx"
+    onnx.save(model, str(qpath))
+    onnx.save(builders.rewire(qpath), str(fpath))
+    qm = QuantModel(str(qpath), float_model=str(fpath))
+    assert qm.made_by.key == "modelopt"
+    tensor = _read_by(fpath, "conv1")
+    terms = producer_terms(qm, "float", ["fine_Q"], float_model=str(fpath))
+    # the simulated remedy: every pair but the later one kept; who still reads the tensor through a pair
+    pairs = builders.qdq_pairs(qpath)
+    simulated = builders.rewire(qpath, keep=[p for p in pairs if p != "fine_Q"])
+    still = {r for r, bits in _chain_bits(simulated, tensor).items() if bits}
+    assert still == {"relu", "conv1"}
+    excluded = set(terms["nodes"]["fine_Q"]["nodes"])
+    assert excluded == {"conv1"}
+    assert (tensor in terms["expect"]["float"]) == (not still - excluded)
+    note = next(n for n in terms["notes"] if n.startswith("fine_Q "))
+    assert "coarse_Q" in note and all(r in note for r in still - excluded), note
+
+
 def test_list_nodes_names_the_operator_each_pair_counts_for(converted, branched, capsys, tmp_path):
     """list-nodes showed no consumer for the pairs on the model outputs (the Relu's and conv1's,
     which onnxruntime quantizes) that the node ranking counts in those operators' entries: each

@@ -314,7 +314,9 @@ def _modelopt(qm, names, kinds, axes, terms):
     for name, kind in kinds.items():
         c = qm.calibration[name]
         tensor, _ = names.tensor(c)
-        if kind == "float":
+        if kind == "float" and qm.requantizes(name) is not None:
+            excluded += _later_pair_excluded(qm, names, c, terms)
+        elif kind == "float":
             excluded += _exclusion(terms, names, c, name, kind, tensor, False)
         elif kind == "int16":
             instead += _exclusion(terms, names, c, name, kind, tensor, False,
@@ -344,6 +346,29 @@ def _modelopt(qm, names, kinds, axes, terms):
     if instead:
         shown = " ".join(shlex.quote(_pattern(n, every)) for n in dict.fromkeys(instead))
         terms["instead"] = f"--nodes_to_exclude {shown}"
+
+
+def _later_pair_excluded(qm, names, c, terms):
+    """Model Optimizer's exclusion for a later pair of a requantize chain kept in float, and the
+    note on how it departs from the simulated remedy (that pair alone removed): it puts one pair
+    on an op's input, so excluding the operators reading the later pair leaves their input with
+    no pair, the earlier ones' too; the tensor comes out float only where no operator reads
+    the chain's earlier pairs (a Relu beside it still reads them, as simulated)."""
+    tensor, _ = names.tensor(c)
+    nodes = names.keep_float(c, with_producer=False)
+    _entry(terms, c.name, "float", tensor, nodes)
+    earlier = [n for n in qm.requantized_through(qm.chain_head(c.name).name)]
+    earlier = earlier[:earlier.index(c.name)]
+    others = [names.node(n) for n in qm.counts_for(qm.chain_head(c.name).name) if names.node(n) not in nodes]
+    others = [n for n in dict.fromkeys(others) if n]
+    if not others:
+        terms["expect"]["float"].append(tensor)
+    terms["notes"].append(
+        f"{c.name} is the later pair of a requantize chain (after {', '.join(earlier)}); excluding "
+        f"{', '.join(nodes)} leaves {'its' if len(nodes) == 1 else 'their'} input without the earlier pair too, which "
+        "the simulated remedy kept (Model Optimizer puts one pair on an op's input: it has no term for the later "
+        "pair alone)" + (f"; {', '.join(others)} still {'reads' if len(others) == 1 else 'read'} {tensor} through {', '.join(earlier)}" if others else ""))
+    return nodes
 
 
 def _by_op_type(fg, excluded):
