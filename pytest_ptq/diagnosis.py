@@ -27,8 +27,8 @@ from .distribution.readings import advise
 from .metrics import get_metric
 from .outputs import blind_warnings, parse_outputs
 from .remedy.producer_terms import PRODUCERS, producer_advice
-from .remedy.result import snippet
-from .remedy.terms import float_tensor_names, onnxruntime_settings, per_channel_weights, quantizer_call
+from .remedy.result import override_text, snippet
+from .remedy.terms import onnxruntime_settings, per_channel_weights, quantizer_call
 from .results import JsonResult
 from .params import KIND_WORDS
 from .sensitivity import rank_configs
@@ -437,9 +437,10 @@ def _verb(names, one, many):
 
 
 def _overrides_text(qm, names):
-    tensors = {t: "QInt16" if qm.calibration[n].qrange[0] < 0 else "QUInt16"
-               for n in names for t in float_tensor_names(qm, qm.calibration[n])}
+    # the remedy's own settings: a requantize chain's later pair is raised by a convert, not
+    # by a type on the whole tensor
+    tensors = onnxruntime_settings(qm, "int16", names)["TensorQuantOverrides"]
     shown = list(tensors.items())[:2]
-    body = ", ".join(f"{t!r}: [{{'quant_type': QuantType.{q}}}]" for t, q in shown)
+    body = ", ".join(f"{t!r}: [{', '.join(map(override_text, entries))}]" for t, entries in shown)
     more = ", ..." if len(tensors) > 2 else ""
     return f"extra_options={{'TensorQuantOverrides': {{{body}{more}}}}}"

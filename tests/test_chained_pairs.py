@@ -523,6 +523,11 @@ def test_a_chains_later_pair_raised_to_16_bit_leaves_its_first_pair(net, request
     assert not settings["simulation_only"]
     out = builders.quantize(fpath, tmp_path / "int16.onnx", data, **quantize_static_kwargs(settings))
     assert _chain_bits(out, tensor) == want
+    # the diagnosis's advice gives the same entry (it wrote the bare type on the tensor)
+    from pytest_ptq.diagnosis import _overrides_text
+    from pytest_ptq.remedy.result import override_text
+
+    assert override_text(settings["TensorQuantOverrides"][tensor][0]) in _overrides_text(qm, [later])
 
 
 @pytest.mark.parametrize("aligned", [False, True])

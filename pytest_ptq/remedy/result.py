@@ -32,7 +32,7 @@ def snippet(settings, call=None, overrides=True):
         parts.append(f"nodes_to_exclude={settings['nodes_to_exclude']!r}")
     tensors = settings.get("TensorQuantOverrides")
     if tensors and overrides:
-        body = ", ".join(f"{t!r}: [" + ", ".join(_override_text(e) for e in entries) + "]"
+        body = ", ".join(f"{t!r}: [" + ", ".join(override_text(e) for e in entries) + "]"
                          for t, entries in tensors.items())
         parts.append("extra_options={'TensorQuantOverrides': {" + body + "}}")
     if not parts:
@@ -40,14 +40,14 @@ def snippet(settings, call=None, overrides=True):
     return f"{call or settings.get('quantizer', 'quantize_static')}(..., {', '.join(parts)})"
 
 
-def _override_text(entry):
+def override_text(entry):
     """A TensorQuantOverrides entry as Python quantize_static takes: types as QuantType members, a
     convert's receiving nodes as the set it requires."""
     def value(k, v):
         if k == "quant_type":
             return f"QuantType.{v}"
         if k == "convert":
-            return _override_text(v)
+            return override_text(v)
         return repr(set(v)) if k == "recv_nodes" else repr(v)
     return "{" + ", ".join(f"{k!r}: {value(k, v)}" for k, v in entry.items()) + "}"
 
