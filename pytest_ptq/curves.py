@@ -43,7 +43,7 @@ class Curves(JsonResult):
     tensors: list
     values: dict
     configs: dict  # label -> calibration nodes quantized
-    local: list | None = None  # local error per node under full quantization (None if not fed)
+    local: list | None = None  # local error per node under full quantization (None: no pair of its own)
     average_mode: bool = False
     samples: int = 0
     png: str | None = None
@@ -164,7 +164,7 @@ def get_acc_error(engine, configs, metric="cosine-similarity", data_num=None, lo
                     out.clear()
                 bar.advance()
     values = {label: [worst(*(st[t] for t in read)) for read in tensor_of.values()] for label, st in states.items()}
-    local_vals = ([worst(*(local_states[t] for t in tensor_of[n])) if qm.reads_pairs(n) else None for n in nodes]
+    local_vals = ([worst(*(local_states[t] for t in tensor_of[n])) if qm.has_local_error(n) else None for n in nodes]
                   if local else None)
     # the tool's own names (a moved pair's '<out>::float') are not in the user's file
     return read_from(Curves(metric=m.name, nodes=nodes, tensors=[qm.shown_name(t) for t in tensors], values=values,

@@ -646,20 +646,24 @@ def offset_net(path, offset=100.0, size=8, seed=0, scalar=False):
     return save_model(graph, path)
 
 
-def owned_output_net(path, convs=2, tail=None, output_scale=0.4, seed=7):
+def owned_output_net(path, convs=2, tail=None, output_scale=0.4, seed=7, float_inputs=False):
     """A detector head's layout, QDQ already: x -> pair -> Conv(W pair) [-> pair -> Conv(W
     pair)] -> c -> pair ``c_Q`` -> y, a model output no node reads, so the last Conv owns the
     pair. ``tail``: "cast" adds a Cast to float16 after the pair (the model output ``yh``),
     "cast_before" one before it (a float16 pair, its output ``y`` float16), "constant" reads
-    the pair's scale from a Constant written after the Conv. Returns ``(path, data)``, five
-    samples of ``x``."""
+    the pair's scale from a Constant written after the Conv. ``float_inputs``: the last Conv
+    reads its input and weight without pairs, its output pair its only one. Returns ``(path,
+    data)``, five samples of ``x``."""
     rng = np.random.default_rng(seed)
     inits, nodes = [], []
     src = "x"
     for k in range(1, convs + 1):
         inits.append(numpy_helper.from_array((rng.standard_normal((4, 4, 3, 3)) * 0.3).astype(np.float32), f"W{k}"))
-        w = add_pair(inits, nodes, f"W{k}", 0.01, np.int8(0))
-        x = add_pair(inits, nodes, src, 0.03 if k == 1 else 0.05, np.uint8(128) if k == 1 else np.int8(0))
+        if float_inputs and k == convs:
+            w, x = f"W{k}", src
+        else:
+            w = add_pair(inits, nodes, f"W{k}", 0.01, np.int8(0))
+            x = add_pair(inits, nodes, src, 0.03 if k == 1 else 0.05, np.uint8(128) if k == 1 else np.int8(0))
         src = "c" if k == convs else f"c{k}"
         nodes.append(helper.make_node("Conv", [x, w], [src], pads=[1] * 4, name=f"conv{k}"))
     out, elem = "y", TensorProto.FLOAT

@@ -15,6 +15,7 @@ import pytest
 from onnx import helper, numpy_helper
 
 import builders
+from pytest_ptq import debug
 from pytest_ptq.curves import configs_from, get_acc_error, plot_acc_error, running_mean
 from pytest_ptq.engine import Engine
 from pytest_ptq.errors import PTQError
@@ -692,3 +693,27 @@ def test_the_local_error_of_a_node_owning_an_output_pair_is_read_after_it(tmp_pa
     c1 = builders.run_model(builders.rewire(q, keep={"x_Q", "W1_Q"}, outputs=["c1"]), feeds, outputs=["c1"])
     c1_ref = builders.run_model(builders.rewire(q, outputs=["c1"]), feeds, outputs=["c1"])
     assert curves.local[curves.nodes.index("conv1")] == pytest.approx(builders.worst_cosine(c1_ref, c1), abs=1e-6)
+
+
+@pytest.mark.parametrize("tail,segments", [(None, 0), (None, 64), ("cast", 0), ("cast_before", 64), ("constant", 64)])
+def test_a_node_with_float_inputs_owning_an_output_pair_has_that_pairs_local_error(tmp_path, tail, segments):
+    """conv1 -> c1 -> conv2 (float input and weight) -> c -> its own pair -> model output: the
+    pair's loss is conv2's own, yet conv2 had no local error (None, no marker, runall's
+    origin blank), as it reads no pair. Its local error is now its output from float inputs
+    through its own pair: a plain session of the model keeping that pair only (0.99878 against
+    0.99871 fully quantized on the plain tail), through a Cast to float16 after or before the
+    pair, a Constant scale, one node a segment."""
+    q, data = builders.owned_output_net(tmp_path / "q.onnx", tail=tail, float_inputs=True)
+    engine = debug.Engine(str(q), data, optimization="disable", segments=segments)
+    pairs = list(builders.qdq_pairs(q))
+    curves = debug.get_acc_error(engine, {"all": pairs}, progress=False)
+    out = "yh" if tail == "cast" else "y"
+    k = curves.nodes.index("conv2")
+    assert curves.read(k) == [out]
+    feeds = [{"x": x} for x in data["x"]]
+    ref = builders.run_model(builders.rewire(q), feeds, outputs=[out])
+    own = builders.run_model(builders.rewire(q, keep={"c_Q"}), feeds, outputs=[out])
+    every = builders.run_model(builders.rewire(q, keep=set(pairs)), feeds, outputs=[out])
+    assert curves.local[k] == pytest.approx(builders.worst_cosine(ref, own), abs=1e-6)
+    assert curves.values["all"][k] == pytest.approx(builders.worst_cosine(ref, every), abs=1e-6)
+    assert builders.worst_cosine(ref, own) > builders.worst_cosine(ref, every) + 1e-5  # conv1's error not in it

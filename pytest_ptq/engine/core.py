@@ -524,7 +524,8 @@ class Engine:
 
         The second dict holds, per normal node fed by calibration nodes, its output when its
         own inputs are quantized from their float values and nothing upstream is, and, for one
-        owning pairs on model outputs, those outputs through its own pairs (see
+        owning pairs on model outputs (its inputs float or not), those outputs through its own
+        pairs (see
         :func:`.instrument.local_clones`).
         """
         sess = self.session("local")

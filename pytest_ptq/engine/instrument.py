@@ -514,7 +514,8 @@ def local_clones(qmodel, names=None):
     head's Concat) is read where the model delivers them: its clone's output passes through
     copies of those pairs (and of the Casts between float types after or before them), named
     after the model output (``ptq_local::<output>``), so that its local error holds its whole
-    own loss, like for like with the point the curves read there.
+    own loss, like for like with the point the curves read there. One that reads no pair
+    (float inputs) gets no clone: its own output, float, passes through those copies.
 
     Run with every flag off, the clones give each node's *local* error in one pass.
     """
@@ -598,10 +599,25 @@ def local_clones(qmodel, names=None):
             return None
         return made[-1].output[0]
 
+    def deliver(name, clone_of):
+        """Node ``name``'s model outputs through copies of its own pairs from ``clone_of``
+        (``{output: its local value}``), exposed under the model outputs' names."""
+        for t in delivered.get(name, ()):
+            made = []
+            if delivering(t, clone_of, made) is not None and made:
+                made[-1].output[0] = f"{LOCAL_PREFIX}{t}"
+                nodes.extend(made)
+                outputs.append(made[-1].output[0])
+
     for n in qmodel.normal.values():
         if names is not None and n.name not in names:
             continue
-        if not qmodel.reads_pairs(n.name) or taken.intersection(n.outputs):
+        if not qmodel.has_local_error(n.name) or taken.intersection(n.outputs):
+            continue
+        if not qmodel.reads_pairs(n.name):
+            # float inputs (a Concat of float tensors behind its pair): the node's own output,
+            # run with every flag off, is its clone's; only its own output pairs are copied
+            deliver(n.name, {o: o for o in n.outputs if o})
             continue
         proto = protos[n.name]
         if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in proto.attribute):
@@ -617,13 +633,7 @@ def local_clones(qmodel, names=None):
                 clone.output[k] = f"{LOCAL_PREFIX}{o}"
         nodes.append(clone)
         outputs += [o for o in clone.output if o and qmodel.is_float_tensor(o[len(LOCAL_PREFIX):])]
-        clone_of = {o: clone.output[k] for k, o in enumerate(proto.output) if o}
-        for t in delivered.get(n.name, ()):
-            made = []
-            if delivering(t, clone_of, made) is not None and made:
-                made[-1].output[0] = f"{LOCAL_PREFIX}{t}"
-                nodes += made
-                outputs.append(made[-1].output[0])
+        deliver(n.name, {o: clone.output[k] for k, o in enumerate(proto.output) if o})
     return nodes, outputs
 
 

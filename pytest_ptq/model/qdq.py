@@ -794,9 +794,16 @@ class QuantModel:
 
     def reads_pairs(self, name):
         """Whether normal node ``name`` reads calibration nodes, directly or, unless it is such
-        a Cast itself, through Casts between float types: a node with a local error of its own."""
+        a Cast itself, through Casts between float types: a node whose local clone quantizes
+        its inputs (:meth:`has_local_error` adds those owning pairs on model outputs)."""
         return bool(self.normal[name].calibration_inputs) or (
             not self.passes_on(name) and bool(self.quantizers_through_casts(name)))
+
+    def has_local_error(self, name):
+        """Whether normal node ``name`` has a local error: it reads pairs (:meth:`reads_pairs`)
+        or its own pairs write model outputs (:meth:`delivered`), whose loss is its own even
+        where its inputs are float (a Concat of float tensors behind its pair)."""
+        return self.reads_pairs(name) or bool(self.delivered(name))
 
     @property
     def weight_only(self):
