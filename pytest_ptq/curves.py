@@ -122,8 +122,9 @@ def get_acc_error(engine, configs, metric="cosine-similarity", data_num=None, lo
             # a node whose own pairs write model outputs (a detector head's Concat) is read
             # after those pairs: what the model delivers, the pairs' error included, the worst
             # of them where they write several (a Split's outputs), as the rankings score it;
-            # its local error too, which its local clone passes through those pairs for (see
-            # local_clones), like for like
+            # one whose output Casts between float types make a model output, after the Casts
+            # (the float16 values the rankings score); its local error too, which its local
+            # clone passes through those pairs and Casts for (see local_clones), like for like
             tensor_of[n.name] = qm.delivered(n.name) or [t]
     nodes, tensors = list(tensor_of), [read[0] for read in tensor_of.values()]
     every = list(dict.fromkeys(t for read in tensor_of.values() for t in read))
@@ -178,7 +179,8 @@ def unplotted_outputs(engine, curves):
     """``{output: why}``: the compared model outputs no point of the curves reads, and where
     their error shows instead: a graph input passed straight through; a pair on one, which the
     rankings score as that pair; a pair the rankings credit to the operators it quantizes; an
-    operator's output read elsewhere (before its Casts between float types, after its pair)."""
+    operator's output read elsewhere (after its pair, or after its Casts between float types
+    on another model output)."""
     qm = engine.qmodel
     read = {t for k in range(len(curves.nodes)) for t in curves.read(k)}
     point = dict(zip(curves.nodes, curves.tensors))
@@ -204,8 +206,7 @@ def unplotted_outputs(engine, curves):
             at = point[writer.name]  # as the file names it, as the tensors below are compared
             after = next((c for c in qm.normal[writer.name].calibration_outputs
                           if at in map(qm.shown_name, qm.cast_on(qm.calibration[c].outputs))), None)
-            where = (f", after its pair {after!r}" if after else
-                     f", before the Cast{'s' if len(casts) > 1 else ''}" if casts and at == qm.shown_name(src) else "")
+            where = f", after its pair {after!r}" if after else ""
             out[t] = (f"computed by node {writer.name!r}{through}; the curves read {writer.name!r} at tensor "
                       f"{at!r}{where}")
         elif writer is None or writer.op_type == "Constant":

@@ -611,9 +611,10 @@ def test_a_node_whose_pairs_write_several_outputs_is_read_at_each_as_the_ranking
            "'relu'" in out, out
 
 
-def test_an_output_cast_from_an_operators_names_that_operator(tmp_path):
+def test_an_output_cast_from_an_operators_is_that_operators_point(tmp_path):
     """Conv -> Cast(float16) -> Cast(float32) -> model output: the curves' note said no
-    operator computes it; the Conv does, and its point reads its output before the Casts."""
+    operator computes it; the Conv does, and its point reads that output, after the Casts,
+    as the rankings score it."""
     from onnx import TensorProto
 
     from pytest_ptq.curves import unplotted_outputs
@@ -629,14 +630,12 @@ def test_an_output_cast_from_an_operators_names_that_operator(tmp_path):
     engine = Engine(str(q), data, optimization="disable")
     pairs = list(builders.qdq_pairs(q))
     curves = get_acc_error(engine, {"all": pairs}, local=False, progress=False)
-    assert curves.nodes == ["conv"] and curves.tensors == ["c"]
+    assert curves.nodes == ["conv"] and curves.tensors == ["y"]
     feeds = [{"x": x} for x in data["x"]]
-    ref = builders.run_model(builders.rewire(q, outputs=["c"]), feeds, outputs=["c"])
-    got = builders.run_model(builders.rewire(q, keep=set(pairs), outputs=["c"]), feeds, outputs=["c"])
+    ref = builders.run_model(builders.rewire(q), feeds, outputs=["y"])
+    got = builders.run_model(builders.rewire(q, keep=set(pairs)), feeds, outputs=["y"])
     assert curves.values["all"][0] == pytest.approx(builders.worst_cosine(ref, got), abs=1e-6)
     assert unplotted_outputs(engine, curves) == {
-        "y": "computed by node 'conv' through Casts 'cast16', 'cast32'; the curves read 'conv' at tensor 'c', before "
-             "the Casts",
         "xh": "a graph input passed through Cast 'cast_in' only, the same in every config"}
 
 
@@ -717,3 +716,30 @@ def test_a_node_with_float_inputs_owning_an_output_pair_has_that_pairs_local_err
     assert curves.local[k] == pytest.approx(builders.worst_cosine(ref, own), abs=1e-6)
     assert curves.values["all"][k] == pytest.approx(builders.worst_cosine(ref, every), abs=1e-6)
     assert builders.worst_cosine(ref, own) > builders.worst_cosine(ref, every) + 1e-5  # conv1's error not in it
+
+
+@pytest.mark.parametrize("segments", [0, 64])
+def test_an_operator_cast_to_a_float16_model_output_is_read_as_the_rankings_score_it(tmp_path, segments):
+    """Conv -> c -> Cast(float16) -> model output: the Conv's point and local error read c,
+    before the Cast (chebyshev 0.0703674), while its ranking scores the float16 output the model
+    delivers (0.0703125). Both now read that output, the local error through a copy of the
+    Cast: what a plain session gives there, keeping the Conv's pairs, and the ranking's value."""
+    from onnx import TensorProto
+
+    def tail(inits, nodes):
+        nodes.append(helper.make_node("Cast", ["c"], ["yh"], to=TensorProto.FLOAT16, name="to16"))
+        return [helper.make_tensor_value_info("yh", TensorProto.FLOAT16, [1, 4, 8, 8])]
+
+    q, data = _conv_head(tmp_path, tail)
+    engine = debug.Engine(str(q), data, optimization="disable", segments=segments)
+    pairs = list(builders.qdq_pairs(q))
+    curves = debug.get_acc_error(engine, {"all": pairs}, metric="chebyshev", progress=False)
+    feeds = [{"x": x} for x in data["x"]]
+    ref = builders.run_model(builders.rewire(q), feeds)
+    got = builders.run_model(builders.rewire(q, keep=set(pairs)), feeds)
+    brute = max(float(np.abs(r["yh"].astype(np.float64) - g["yh"]).max()) for r, g in zip(ref, got))
+    ranked = debug.get_sensitivity_of_nodes(engine, ["chebyshev"], node_type="node", progress=False)
+    assert curves.tensors == ["yh"]
+    assert curves.values["all"][0] == pytest.approx(brute, abs=1e-9)
+    assert curves.local[0] == pytest.approx(brute, abs=1e-9)  # nothing upstream of the Conv
+    assert ranked["conv"]["chebyshev"] == pytest.approx(brute, abs=1e-9)

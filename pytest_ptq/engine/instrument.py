@@ -514,8 +514,10 @@ def local_clones(qmodel, names=None):
     head's Concat) is read where the model delivers them: its clone's output passes through
     copies of those pairs (and of the Casts between float types after or before them), named
     after the model output (``ptq_local::<output>``), so that its local error holds its whole
-    own loss, like for like with the point the curves read there. One that reads no pair
-    (float inputs) gets no clone: its own output, float, passes through those copies.
+    own loss, like for like with the point the curves read there; so is one whose output
+    Casts between float types alone make a model output, through copies of those Casts. One
+    that reads no pair (float inputs) but owns pairs gets no clone: its own output, float,
+    passes through those copies.
 
     Run with every flag off, the clones give each node's *local* error in one pass.
     """
@@ -525,7 +527,7 @@ def local_clones(qmodel, names=None):
     # a model output a node's own pairs deliver is that node's local value: a Cast between
     # float types writing it (reading the pair) gets no clone of its own, whose output would
     # take the same name (curves read no Cast's local error: it passes its pairs on)
-    delivered = {n: qmodel.delivered(n) for n in qmodel.normal if qmodel.normal[n].calibration_outputs}
+    delivered = {n: qmodel.delivered(n) for n in qmodel.normal}
     taken = {t for ts in delivered.values() for t in ts}
 
     def pair_copy(c, dq, src, tag, out):

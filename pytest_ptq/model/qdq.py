@@ -764,12 +764,17 @@ class QuantModel:
 
     def delivered(self, name):
         """The model outputs normal node ``name``'s own pairs write (:attr:`NormalNode.calibration_outputs`),
-        through Casts between float types, in order: where its error is read, what the model
-        delivers (a detector head's Concat behind its pair); empty for a node owning none."""
+        through Casts between float types, then those its own outputs become through such Casts
+        only (Conv -> Cast to float16 -> model output), in order: where its error is read, what
+        the model delivers and the rankings score (a detector head's Concat behind its pair);
+        empty for a node doing neither, and for such a Cast itself (:meth:`passes_on`)."""
         n = self.normal[name]
+        if self.passes_on(name):
+            return []
+        owned = [o for c in n.calibration_outputs for o in self.cast_on(self.calibration[c].outputs)]
+        cast = [o for o in self.cast_on(n.outputs) if o not in n.outputs]
         outputs = set(self.output_names)
-        return list(dict.fromkeys(o for c in n.calibration_outputs for o in self.cast_on(self.calibration[c].outputs)
-                                  if o in outputs))
+        return [o for o in dict.fromkeys(owned + cast) if o in outputs]
 
     def requantizes(self, name):
         """The calibration node whose output calibration node ``name`` quantizes again (the
@@ -803,7 +808,7 @@ class QuantModel:
         """Whether normal node ``name`` has a local error: it reads pairs (:meth:`reads_pairs`)
         or its own pairs write model outputs (:meth:`delivered`), whose loss is its own even
         where its inputs are float (a Concat of float tensors behind its pair)."""
-        return self.reads_pairs(name) or bool(self.delivered(name))
+        return self.reads_pairs(name) or bool(self.normal[name].calibration_outputs)
 
     @property
     def weight_only(self):
