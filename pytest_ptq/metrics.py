@@ -104,6 +104,10 @@ class Pooled:
         self.metric, self.specs = metric, specs
         self.states = {s.name: metric.new() for s in specs}
         self.samples = [] if per_sample else None
+        # values compared per output, and the shape of an output where it held none: a metric
+        # reads no values as perfect, which only these tell apart from a measured 1.0
+        self.sizes = {s.name: 0 for s in specs}
+        self.shapes = {}
 
     def add(self, ref, out):
         """One sample: ``ref`` and ``out`` the float and the compared tensors, by name."""
@@ -113,6 +117,12 @@ class Pooled:
         """One sample whose references :meth:`Reference.of_outputs` prepared (shared by the
         configs compared with them)."""
         m = self.metric
+        for s in self.specs:
+            ref = refs[s.name]
+            shape = np.shape(ref.array if isinstance(ref, Reference) else ref)
+            self.sizes[s.name] += math.prod(shape)
+            if not math.prod(shape):
+                self.shapes.setdefault(s.name, list(shape))
         if self.samples is None:
             for s in self.specs:
                 m.update(self.states[s.name], refs[s.name], s.take(out[s.tensor]))
@@ -129,6 +139,9 @@ class Pooled:
         """Add the samples of ``other`` (same metric and outputs) into this one, in place."""
         for name, st in self.states.items():
             self.metric.merge(st, other.states[name])
+            self.sizes[name] += other.sizes[name]
+            if name in other.shapes:
+                self.shapes.setdefault(name, other.shapes[name])
         if self.samples is not None:
             self.samples.extend(other.samples)
 
@@ -143,6 +156,11 @@ class Pooled:
 
     def value(self):
         return self.metric.worst(self.per_output().values())
+
+    def empty(self):
+        """``{output name: shape}`` of the outputs that held no values on any sample added,
+        whose figure no comparison measured."""
+        return {name: self.shapes.get(name, []) for name, n in self.sizes.items() if not n}
 
 
 def by_output(pools):

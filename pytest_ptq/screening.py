@@ -126,7 +126,7 @@ def screen(engine, node_types, metric_objs, specs, indices, budget_s=None, rank_
     def rank(t, values, samples):
         """The ranking of type ``t`` from ``{name: states}`` over ``samples`` samples."""
         return ranked(engine, values, metric_objs, specs, samples, t,
-                      lambda name: describe(qm, name, t, configs[(t, name)]))
+                      lambda name: describe(qm, name, t, configs[(t, name)]), {n: configs[(t, n)] for n in values})
 
     total = len(indices)
     desc = f"sensitivity ({', '.join(node_types)})"

@@ -97,6 +97,10 @@ def _kind_of(qm, name):
     return qm.calibration[name].kind if name in qm.calibration else "node"
 
 
+# what a ranking shows for an entry whose quantization reaches only outputs holding no values
+NO_VALUES = "no values compared"
+
+
 class Sensitivity(dict):
     """Ordered ``{node: {metric: value}}``, most sensitive first by the first metric.
 
@@ -142,6 +146,10 @@ class Sensitivity(dict):
         else:
             cols += ["op_type"]
         rows = [{**r, threshold: r["threshold"]} if "threshold" in r else r for r in self.rows()]
+        unmeasured = [n for n in self if "no_values" in self.details.get(n, {})]
+        for r in rows:
+            if r["node"] in unmeasured:
+                r.update(dict.fromkeys(self.metrics, NO_VALUES))
         table = format_table(rows, cols, limit)
         if self.confirmed:
             narrowed = {}  # the nodes between, scored on more samples than the rest (screening.py)
@@ -157,6 +165,12 @@ class Sensitivity(dict):
             table += (f"\nQ/DQ: a pair no operator reads or computes ({', '.join(alone[:3])}"
                       f"{' ...' if len(alone) > 3 else ''}; {self.details[alone[0]]['unowned']!r} straight to a model "
                       "output), ranked on its own")
+        reasons = {}
+        for n in unmeasured:
+            reasons.setdefault(self.details[n]["no_values"], []).append(n)
+        for why, names in reasons.items():  # a figure would read as a perfect score, which nothing measured
+            table += (f"\n{NO_VALUES}: quantizing {', '.join(names[:3])}{' ...' if len(names) > 3 else ''} alone "
+                      f"{why}; listed last")
         broken = [n for n, v in self.items() if any(isinstance(x, float) and math.isnan(x) for x in v.values())]
         if broken:
             table += (f"\nnan: quantizing the node alone makes the model outputs non-finite (NaN or Inf), the worst "
@@ -320,7 +334,7 @@ def rank_configs(engine, configs, metric_objs, specs, indices, node_type, descri
     parsed outputs; ``describe(label)`` gives each entry's descriptive details."""
     with Progress(len(indices) * len(configs), desc, enabled=progress) as bar:
         scores = score_configs(engine, configs, metric_objs, specs, indices, bar)
-    return ranked(engine, scores, metric_objs, specs, len(indices), node_type, describe)
+    return ranked(engine, scores, metric_objs, specs, len(indices), node_type, describe, configs)
 
 
 def merge_scores(into, more):
@@ -332,22 +346,44 @@ def merge_scores(into, more):
     return into
 
 
-def ranked(engine, scores, metric_objs, specs, samples, node_type, describe):
+def ranked(engine, scores, metric_objs, specs, samples, node_type, describe, configs):
     """The :class:`Sensitivity` of ``scores`` (from :func:`score_configs` on ``samples``
-    samples), worst first by the first of ``metric_objs``."""
+    samples, of ``configs``: ``{label: calibration nodes quantized}``), worst first by the
+    first of ``metric_objs``. An entry whose quantization reaches only outputs that held no
+    values on any sample has no figure (None, ``details[label]["no_values"]`` says why) and
+    comes last: its metrics read no values as a perfect score."""
     result = read_from(Sensitivity(node_type=node_type, metrics=[m.name for m in metric_objs],
                                    outputs=[s.name for s in specs], samples=samples,
                                    model=engine.qmodel.source), engine.inputs())
-    entries = {}
+    entries, unmeasured = {}, set()
     for name, pools in scores.items():
-        per_output = by_output(pools)
+        per_output, empty = by_output(pools), pools[0].empty()
+        for output in empty:
+            per_output[output] = dict.fromkeys(per_output[output])
         entries[name] = {m.name: pool.value() for m, pool in zip(metric_objs, pools)}
         result.details[name] = {**describe(name), "per_output": per_output,
                                 "per_sample": {m.name: pool.samples for m, pool in zip(metric_objs, pools)}}
+        why = empty and _no_values(engine.qmodel, configs[name], specs, empty)
+        if why:
+            entries[name] = dict.fromkeys(entries[name])
+            result.details[name]["no_values"] = why
+            unmeasured.add(name)
     first = metric_objs[0]
-    for name in sorted(entries, key=lambda n: first.sort_key(entries[n][first.name])):
+    for name in sorted(entries, key=lambda n: (1, 0) if n in unmeasured else (0, first.sort_key(entries[n][first.name]))):
         dict.__setitem__(result, name, entries[name])
     return result
+
+
+def _no_values(qm, quantized, specs, empty):
+    """Why quantizing ``quantized`` changes no value compared: the outputs of ``specs`` it
+    reaches all are among ``empty`` (``{output: shape}`` of those that held no values), or
+    "" where it reaches one holding values (or none at all)."""
+    reached = qm.downstream([t for c in quantized for t in qm.calibration[c].outputs])
+    hit = [s.name for s in specs if s.tensor in reached]
+    if not hit or any(n not in empty for n in hit):
+        return ""
+    shown = ", ".join(f"{n!r} (shape {empty[n]})" for n in hit)
+    return f"changes only {shown}, which hold{'s' if len(hit) == 1 else ''} no values on any sample"
 
 
 def describe(qm, name, node_type, quantized):

@@ -695,6 +695,17 @@ class QuantModel:
     def is_constant(self, name):
         return self.constant(name) is not None
 
+    def downstream(self, tensors):
+        """The tensors computed from ``tensors`` (them included): what changes where they do."""
+        seen, todo = set(tensors), list(tensors)
+        while todo:
+            for n in self.readers(todo.pop()):
+                for o in n.output:
+                    if o and o not in seen:
+                        seen.add(o)
+                        todo.append(o)
+        return seen
+
     def readers(self, tensor):
         """Main-graph nodes that read ``tensor``, as an input or inside one of their subgraphs
         (an If branch reading the outer scope), graph order."""
