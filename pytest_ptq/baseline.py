@@ -210,7 +210,8 @@ def measure(analysis, metric="cosine-similarity", node_type="node", relative_to=
     return Baseline(
         metric=name, node_type=node_type,
         outputs={o: _round(v[name]) for o, v in out.items()},
-        sensitivity={n: _round(v[name]) for n, v in sens.items()},
+        # a node changing only outputs that held no values has no figure to hold it to
+        sensitivity={n: _round(v[name]) for n, v in sens.items() if v[name] is not None},
         model={"path": relative(key.model, relative_to), "sha256": fp["model_sha256"]},
         data={"path": relative(key.data, relative_to), "sha256": fp["data_sha256"], "samples": fp["samples"]},
         float_model=({"path": relative(key.float_model, relative_to), "sha256": fp["float_model_sha256"]}

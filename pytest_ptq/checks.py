@@ -257,6 +257,7 @@ class NodeResult(Result):
     table: str
     model: str
     on: str = ""  # the samples ranked on: "4 calibration sample(s) (calib)"
+    unmeasured: list = dataclasses.field(default_factory=list)  # nodes whose outputs held no values: not judged
     kind = "nodes"
 
     def __repr__(self):
@@ -271,10 +272,17 @@ class NodeResult(Result):
             more = f" and {len(self.offenders) - 5} more" if len(self.offenders) > 5 else ""
             return (f"{len(self.offenders)} of {self.nodes} {_nodes(self.node_type)} of {self.model} are too "
                     f"sensitive (need {rule}): {listed}{more}; keep them in higher precision, or allow "
-                    "them with allow=[...]")
+                    f"them with allow=[...]{self._left_out}")
         allowed = f"; {len(self.allowed)} allowed past it" if self.allowed else ""
         worst = f" (most sensitive {self.worst[0]}: {fmt(self.worst[1])})" if self.worst else ""
-        return f"all {self.nodes} {_nodes(self.node_type)} of {self.model} meet {rule}{worst}{allowed}"
+        return f"all {self.nodes} {_nodes(self.node_type)} of {self.model} meet {rule}{worst}{allowed}{self._left_out}"
+
+    @property
+    def _left_out(self):
+        if not self.unmeasured:
+            return ""
+        return (f"; {len(self.unmeasured)} left out, which change only outputs holding no values ("
+                f"{listed(self.unmeasured, 3)}): no values compared")
 
     @property
     def details(self):
@@ -329,15 +337,18 @@ def check_nodes(analysis, threshold, metric=COSINE, node_type="node", allow=(), 
             raise PTQError(f"allow-list entry {p!r} matches none of the {_nodes(node_type)} of {analysis.label}; "
                            f"{hint}; fix or remove the entry")
     offenders, allowed = [], []
-    for name, values in sens.items():
-        v = values[m.name]
+    # a node changing only outputs that held no values has no figure: passing it would be a made-up score
+    unmeasured = [n for n in names if sens[n][m.name] is None]
+    judged = [n for n in names if n not in unmeasured]
+    for name in judged:
+        v = sens[name][m.name]
         if not _meets(m, v, limit):
             (allowed if any(_allows(p, name) for p in patterns) else offenders).append((name, v))
-    worst = (names[0], sens[names[0]][m.name]) if names else ()
+    worst = (judged[0], sens[judged[0]][m.name]) if judged else ()
     return NodeResult(passed=not offenders, metric=m.name, threshold=limit, node_type=node_type,
-                      offenders=offenders, allowed=allowed, worst=worst, nodes=len(names),
+                      offenders=offenders, allowed=allowed, worst=worst, nodes=len(judged),
                       table=sens.table(limit=top, threshold="range max|x|") if names else "", model=analysis.label,
-                      on=_on(sens.samples, analysis.relative(analysis.key.data), None))
+                      on=_on(sens.samples, analysis.relative(analysis.key.data), None), unmeasured=unmeasured)
 
 
 def _allows(pattern, name):

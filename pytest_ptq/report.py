@@ -24,6 +24,7 @@ from .figures import drawn_by
 from .metrics import METRICS
 from .outputs import parse_outputs, parts_note
 from .results import json_safe
+from .sensitivity import NO_VALUES
 from .tables import fmt, threshold_text
 
 # Figures wider than this are downscaled: wider than a laptop screen helps no one.
@@ -236,12 +237,17 @@ def _figures(analysis, sens, settings, notes, diagnosis=None):
     # what the figures show, all of it: kept on disk with the model's results under that key,
     # so that a rerun of an unchanged suite draws nothing (drawing was 2/3 of such a rerun)
     request = ("distribution figures", metric, tuple(top), tuple(sorted(blamed.items())), tuple(boxed),
-               sens.samples, tuple(float(sens[n][metric]) for n in top), drawn_by())
+               sens.samples, tuple(None if sens[n][metric] is None else float(sens[n][metric]) for n in top), drawn_by())
     drawn, failure = analysis.cached(request, lambda: _distribution_figures(analysis, sens, metric, top, blamed,
                                                                            boxed), files=())
     if failure:
         notes.append(failure)
     return images + drawn
+
+
+def _ranked_figure(value):
+    """A ranking's figure as a sentence shows it; None: the node changes only outputs holding no values."""
+    return NO_VALUES if value is None else fmt(value)
 
 
 def _distribution_figures(analysis, sens, metric, top, blamed, boxed):
@@ -258,7 +264,7 @@ def _distribution_figures(analysis, sens, metric, top, blamed, boxed):
                 d = dist.get(node)
                 if not d or "skipped" in d:  # an empty tensor: no figure to show
                     continue
-                rank = (f"sensitivity rank {k}: {metric} {fmt(sens[node][metric])} at the model outputs with only "
+                rank = (f"sensitivity rank {k}: {metric} {_ranked_figure(sens[node][metric])} at the model outputs with only "
                         "this node quantized")
                 if d.get("kind") == "node":
                     rank += ("; the figure's cosine is this node's own output with every pair quantized, error "
@@ -572,7 +578,7 @@ def _nodes_html(m):
         kind_of = n.get("kind", {"node": "operator"}.get(s["node_type"], s["node_type"]))
         op = r.get("op_type") or n.get("op_type", "")
         what = f"{kind_of} ({op})" if kind_of == "operator" else f"{kind_of} into {op}" if op else kind_of
-        rows.append({"rank": k, "node": r["node"], "kind": what, metric: r[metric],
+        rows.append({"rank": k, "node": r["node"], "kind": what, metric: NO_VALUES if r[metric] is None else r[metric],
                      "weights alone": split.get("weight"), "activations alone": split.get("activation"),
                      "cause": n.get("cause") or "", "why": n.get("reason", ""), "try": ", ".join(n.get("try", [])),
                      **{c: r[c] for c in ("threshold", "bit", "feeds") if c in r}})

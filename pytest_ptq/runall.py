@@ -65,7 +65,7 @@ from .engine import engine_for
 from .screening import DEFAULT_BUDGET_S, DEFAULT_BUDGET_SAMPLES, screen
 from .stages import simulation_warnings
 from .tables import fmt, printable, warning_lines
-from .sensitivity import sample_indices
+from .sensitivity import NO_VALUES, sample_indices
 from .verdict import (ACTIVATION, ALL, DOMINANT, WEIGHT, badness, float_first, pole_cause, relevant, severe_reason,
                       three_configs)
 
@@ -484,7 +484,7 @@ def _verdict(engine, metric, three, sens, top_nodes, dist, boxes, curves, sample
     spread = _spread(engine.qmodel, metric, three, samples, items, kinds)
     close = source == "neither" and (blind is None or blind.source == "neither")
     for it in items:
-        if (close or it not in matter) and it["try"][0] in ("int16", "keep in float"):
+        if (close or it not in matter) and it["try"] and it["try"][0] in ("int16", "keep in float"):
             it["try"] = []
             it["reasons"].append("the model stays close to float with everything quantized: nothing to do" if close
                                  else "it costs little next to the worst node: nothing to do")
@@ -538,7 +538,8 @@ def _spread(qm, metric, three, samples, items, kinds):
     out = {}
     for k in (k for k in kinds if any(qm.wider_type(c) for c in qm.of_kind(k))):  # 16-bit already: not this
         loss, decided = (badness(metric, figures[f"{k} only"]) for figures in (ranked_on, three.figures))
-        worst = max((it["badness"] for it in items if it["kind"] == k), default=math.nan)
+        worst = max((it["badness"] for it in items if it["kind"] == k and not math.isnan(it["badness"])),
+                    default=math.nan)
         if math.isfinite(decided) and decided > 0 and (loss < UNSEEN * decided or worst < SPREAD * loss):
             out[k] = (loss, worst, samples, decided)
     return out
@@ -566,6 +567,11 @@ def _spread_step(kind, loss, worst, samples, decided, suggest):
 def _advise(engine, metric, kind, rank, name, sens, dist, boxes, curves, scored=({}, {})):
     qm = engine.qmodel
     value = sens[name][metric]
+    why = sens.details.get(name, {}).get("no_values")
+    if why:  # nothing measured, nothing to advise: any change can reach only outputs holding no values
+        return {"node": name, "kind": kind, "rank": rank, metric: None, "badness": math.nan, "try": [],
+                "reasons": [f"{NO_VALUES}: quantizing it alone {why}"], "findings": [],
+                "feeds": qm.counts_for(name) if name in qm.calibration else []}
     bad = badness(metric, value)
     calib = qm.quantizing(name) if kind == "node" else [name]
     read, findings = [], []
@@ -815,7 +821,7 @@ def markdown(summary):
                           "operator reads or computes" + (" (ranked on its own)" if t == "node" else ""))
             elif it.get("origin"):
                 origin = "; ".join(_origin_text(at) for at in (it, *it.get("also", ())))
-            lines.append(f"| {it['rank']} | {_code(it['node'], table=True)} | {_v(it[m])} | {', '.join(it['try']) or '-'} | "
+            lines.append(f"| {it['rank']} | {_code(it['node'], table=True)} | {NO_VALUES if it[m] is None else _v(it[m])} | {', '.join(it['try']) or '-'} | "
                          f"{'; '.join(it['reasons'])} | {origin} |")
         if not names:
             lines.append("| - | (none: nothing of this kind can be bypassed) | | | | |")

@@ -1,0 +1,130 @@
+"""A ranking row whose quantization reaches only model outputs holding no values (a Slice
+selecting nothing, a detector's [0, 8] boxes): its metrics read no values as a perfect score,
+which no comparison measured. Such rows have no figure on any face; the rest still match
+plain onnxruntime sessions on rewired models."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import builders
+from pytest_ptq import cli
+from pytest_ptq.sensitivity import Sensitivity, get_sensitivity_of_nodes
+from test_plugin import plugin_args
+
+N = 4
+
+
+@pytest.fixture(scope="module")
+def empty_tail(tmp_path_factory):
+    """y = x @ w1 and e = (x @ w2)[0:0], quantized by onnxruntime: every pair of the second
+    branch but x's changes only e, which holds no values."""
+    root = tmp_path_factory.mktemp("empty_tail")
+    rng = np.random.default_rng(0)
+    nodes = [helper.make_node("MatMul", ["x", "w1"], ["y"], name="m1"),
+             helper.make_node("MatMul", ["x", "w2"], ["m2"], name="m2"),
+             helper.make_node("Slice", ["m2", "start", "end", "axes"], ["e"], name="sl")]
+    inits = [numpy_helper.from_array(rng.standard_normal((16, 8)).astype(np.float32), "w1"),
+             numpy_helper.from_array(rng.standard_normal((16, 8)).astype(np.float32), "w2"),
+             *(numpy_helper.from_array(np.array([0], np.int64), n) for n in ("start", "end", "axes"))]
+    graph = helper.make_graph(nodes, "empty_tail", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 16])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 8]),
+                               helper.make_tensor_value_info("e", TensorProto.FLOAT, [0, 8])], inits)
+    builders.save_model(graph, root / "float.onnx")
+    data = {"x": [rng.standard_normal((4, 16)).astype(np.float32) for _ in range(N)]}
+    builders.quantize(root / "float.onnx", root / "model.onnx", data)
+    builders.save_folder(data, root / "calib")
+    return {"root": root, "model": root / "model.onnx", "data": data,
+            "feeds": [{"x": a} for a in data["x"]]}
+
+
+def brute_force(setup, keep):
+    """The worst pooled cosine over the outputs holding values, only ``keep`` quantized, from
+    plain onnxruntime sessions on rewired models; and whether any such output changed."""
+    ref = builders.run_model(builders.rewire(setup["model"], keep=()), setup["feeds"])
+    got = builders.run_model(builders.rewire(setup["model"], keep=set(keep)), setup["feeds"])
+    held = [k for k in ref[0] if ref[0][k].size]
+    assert held == ["y"] and ref[0]["e"].shape == (0, 8)  # the model is what the tests are about
+    changed = any(not np.array_equal(r[k], g[k]) for r, g in zip(ref, got) for k in held)
+    return builders.worst_cosine([{k: r[k] for k in held} for r in ref],
+                                 [{k: g[k] for k in held} for g in got]), changed
+
+
+@pytest.mark.parametrize("node_type, empty_only", [
+    ("weight", ["w2_QuantizeLinear"]),
+    ("activation", ["m2_QuantizeLinear", "e_QuantizeLinear"]),
+    ("node", ["sl"]),
+])
+def test_rows_reaching_only_empty_outputs_have_no_figure(empty_tail, tmp_path, node_type, empty_only):
+    sens = get_sensitivity_of_nodes(str(empty_tail["model"]), calibrated_data=empty_tail["data"], node_type=node_type)
+    assert list(sens)[-len(empty_only):] == empty_only  # last: no figure to sort by
+    for name in sens:
+        keep = sens.details[name].get("calibration_nodes", [name])
+        expected, changed = brute_force(empty_tail, keep)
+        if name in empty_only:
+            assert not changed  # it reaches no output that holds values: nothing was compared
+            assert sens[name]["cosine-similarity"] is None
+            assert sens.details[name]["no_values"] == "changes only 'e' (shape [0, 8]), which holds no values on " \
+                                                      "any sample"
+        else:
+            assert changed and sens[name]["cosine-similarity"] == pytest.approx(expected, abs=1e-6)
+        assert sens.details[name]["per_output"]["e"] == {"cosine-similarity": None}
+    table = sens.table()
+    for name in empty_only:
+        assert any(line.startswith(f"| {name} ") and "| no values compared |" in line for line in table.splitlines())
+    assert "1.000000" not in table
+    assert f"no values compared: quantizing {', '.join(empty_only)} alone changes only 'e' (shape [0, 8])" in table
+    saved = json.loads(sens.save(tmp_path / "s.json").read_text())
+    assert all(saved["values"][n] == {"cosine-similarity": None} for n in empty_only)
+    assert all(saved["details"][n]["no_values"] for n in empty_only)
+    back = Sensitivity.load(tmp_path / "s.json")
+    assert list(back) == list(sens) and back.table() == table
+
+
+def test_runall_shows_no_figure_and_no_advice_for_them(empty_tail, tmp_path, capsys):
+    out = tmp_path / "ra"
+    rc = cli.main(["runall", str(empty_tail["model"]), str(empty_tail["root"] / "calib"), "-s", str(out),
+                   "--quiet"])
+    assert rc == 0
+    md = (out / "summary.md").read_text()
+    rows = {line.split("|")[2].strip(" `"): line for line in md.splitlines() if line.startswith("| ")
+            and "_QuantizeLinear" in line}
+    for name in ("w2_QuantizeLinear", "m2_QuantizeLinear", "e_QuantizeLinear"):
+        assert "| no values compared | - | no values compared: quantizing it alone changes only 'e'" in rows[name]
+    summary = json.loads((out / "summary.json").read_text())
+    nodes = {it["node"]: it for it in summary["verdict"]["nodes"]}
+    for name in ("w2_QuantizeLinear", "m2_QuantizeLinear", "e_QuantizeLinear"):
+        assert nodes[name]["cosine-similarity"] is None and nodes[name]["try"] == []
+    assert not any("m2_QuantizeLinear" in step for step in summary["verdict"]["next_steps"])
+
+
+def test_the_nodes_check_leaves_them_out_and_says_so(empty_tail, pytester):
+    for name in ("model.onnx",):
+        shutil.copy(empty_tail["root"] / name, pytester.path / name)
+    shutil.copytree(empty_tail["root"] / "calib", pytester.path / "calib")
+    sens = get_sensitivity_of_nodes(str(empty_tail["model"]), calibrated_data=empty_tail["data"],
+                                    node_type="activation")
+    worst = list(sens)[0]
+    expected, _ = brute_force(empty_tail, [worst])
+    pytester.makepyfile(f"""
+        import pytest
+
+        @pytest.mark.ptq(model="model.onnx", data="calib")
+        def test_nodes(ptq):
+            result = ptq.check_nodes(0.9999, node_type="activation")
+            assert result.passed and result.nodes == 2 and result.offenders == []
+            assert result.unmeasured == ["m2_QuantizeLinear", "e_QuantizeLinear"]
+            assert result.worst[0] == {worst!r} and abs(result.worst[1] - {expected!r}) < 1e-6
+            print("SUMMARY", result.summary)
+    """)
+    result = pytester.runpytest_inprocess(*plugin_args(), "-p", "no:cacheprovider", "-s")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines([
+        "*SUMMARY all 2 activation nodes of model.onnx meet cosine-similarity >= 0.999900 with only that node "
+        "quantized (most sensitive *); 2 left out, which change only outputs holding no values "
+        "('m2_QuantizeLinear', 'e_QuantizeLinear'): no values compared"])
