@@ -570,3 +570,89 @@ def test_keeping_pairs_of_two_chains_in_float_excludes_for_both(remedy_chains):
     both = onnxruntime_settings(qm, "float", ["fine_Q", "ob_Q"])["nodes_to_exclude"]
     one = {p: onnxruntime_settings(qm, "float", [p])["nodes_to_exclude"] for p in ("fine_Q", "ob_Q")}
     assert set(both) == set(one["fine_Q"]) | set(one["ob_Q"]) and all(one.values())
+
+
+def _branched_float(branched):
+    fpath = branched["root"] / "branched_float.onnx"
+    onnx.save(builders.rewire(branched["model"]), str(fpath))
+    return fpath, {"x": [f["x"] for f in branched["feeds"]]}
+
+
+def _losing_earlier_pair(branched, fpath, requantized):
+    """The operators that read the branched chain's tensor through its coarse pair in the simulated
+    remedy (the file without its fine pair) and read it through no pair in ``requantized``."""
+    qpath = branched["model"]
+    simulated = builders.rewire(qpath, keep=[p for p in builders.qdq_pairs(qpath) if p != "fine_Q"])
+    head_input = next(n for n in builders.load(qpath).graph.node if n.name == "coarse_Q").input[0]
+    kept = {r for r, bits in _chain_bits(simulated, head_input).items() if bits == [8]}
+    assert kept == {"relu", "conv1"}
+    return kept - set(_chain_bits(requantized, _read_by(fpath, "conv1")))
+
+
+def test_onnxruntimes_settings_for_a_chains_later_pair_kept_in_float_say_they_take_the_earlier_one(branched,
+                                                                                                    tmp_path):
+    """Keeping the branched chain's later pair in float excluded conv0 and conv1 and said nothing,
+    though quantize_static then leaves the tensor float for the Relu and conv1 alike, which read
+    the coarse pair in the simulated remedy: a note says so, shown in the remedy's summary, and
+    the re-quantized check finds the tensor float as expected, nothing named 'not applied'."""
+    from types import SimpleNamespace
+
+    from pytest_ptq.remedy import onnxruntime_settings, quantize_static_kwargs
+    from pytest_ptq.remedy.requantize import _effect
+    from pytest_ptq.remedy.result import Remedy
+
+    fpath, data = _branched_float(branched)
+    qm = QuantModel(str(branched["model"]), float_model=str(fpath))
+    settings = onnxruntime_settings(qm, "float", ["fine_Q"])
+    out = builders.quantize(fpath, tmp_path / "float.onnx", data, **quantize_static_kwargs(settings))
+    lost = _losing_earlier_pair(branched, fpath, out)
+    assert lost == {"relu", "conv1"}
+    note = next(n for n in settings.get("notes", ()) if n.startswith("fine_Q "))
+    assert "coarse_Q" in note and all(r in note for r in lost) and "convert" in note, note
+    remedy = Remedy(remedy="float", metric="cosine-similarity", target=0.99, met=True, nodes=["fine_Q"], value=0.999,
+                    baseline=0.9, ceiling=None, curve=[], pruned=[], ranking=[], settings=settings)
+    assert f"note: {note}" in remedy.summary()
+    base = builders.quantize(fpath, tmp_path / "base.onnx", data)
+    new = QuantModel(str(out)) if _quantized_tensors(out) else None  # None: the settings left nothing quantized
+    found = _effect(qm, QuantModel(str(base)), new, SimpleNamespace(nodes=["fine_Q"], choices={}, remedy="float"))
+    assert found["not_applied"] == [] and _read_by(fpath, "conv1") not in found["collateral"]
+
+
+@pytest.mark.parametrize("producer", ["quark", "inc"])
+def test_a_producers_terms_for_a_chains_later_pair_kept_in_float_say_they_take_the_earlier_one(branched, producer,
+                                                                                                tmp_path):
+    """Quark's and Neural Compressor's terms for keeping the branched chain's later pair in float
+    exclude the chain's producer and readers, which with their placement (onnxruntime's, replayed
+    by quantize_static) leaves the tensor float for every reader, the Relu and conv1 losing the
+    coarse pair the simulated remedy kept; they said nothing of it: a note says so, and the tensor is
+    expected float, as the re-quantized check finds it."""
+    from test_producer_terms import _mark
+
+    from pytest_ptq.remedy import producer_terms
+    from pytest_ptq.remedy.producer_check import effect
+    from pytest_ptq.remedy.result import producer_lines
+
+    fpath, data = _branched_float(branched)
+    model = onnx.load(str(branched["model"]))
+    _mark(model, producer)
+    if producer == "inc":  # Neural Compressor renames the nodes it quantizes '<name>_quant'
+        for n in model.graph.node:
+            if n.op_type not in ("QuantizeLinear", "DequantizeLinear"):
+                n.name += "_quant"
+    qpath = tmp_path / "marked.onnx"
+    onnx.save(model, str(qpath))
+    qm = QuantModel(str(qpath), float_model=str(fpath))
+    assert qm.made_by.key == {"inc": "neural-compressor"}.get(producer, producer)
+    terms = producer_terms(qm, "float", ["fine_Q"], float_model=str(fpath))
+    excluded = terms["settings"]["exclude" if producer == "quark" else "nodes_to_exclude"]
+    out = builders.quantize(fpath, tmp_path / "float.onnx", data, nodes_to_exclude=excluded)
+    tensor = _read_by(fpath, "conv1")
+    lost = _losing_earlier_pair(branched, fpath, out)
+    assert lost == {"relu", "conv1"}
+    assert (tensor in terms["expect"]["float"]) == (not _chain_bits(out, tensor))
+    note = next(n for n in terms["notes"] if n.startswith("fine_Q "))
+    assert "coarse_Q" in note and all(r in note for r in lost), note
+    assert f"  note: {note}" in producer_lines(terms)
+    found = effect(terms, str(fpath), builders.quantize(fpath, tmp_path / "base.onnx", data), out)
+    assert found["not_applied"] == [] and tensor not in found["collateral"]
+

@@ -13,7 +13,8 @@ express, as read in its installed source (versions in tests/producers/README.md)
   gets a pair when its producer or any consumer is quantized), so a float tensor needs its
   producer and consumers in ``config.exclude`` (exact node names). 16 bit and per-channel
   weights go into ``config.extra_options["TensorQuantOverrides"]`` per tensor
-  (``{"quant_type": ExtendedQuantType.QInt16}``, ``{"axis": A}``).
+  (``{"quant_type": ExtendedQuantType.QInt16}``, ``{"axis": A}``). Keeping a chain's later pair in float, with onnxruntime's
+  placement (Quark's, Neural Compressor's), takes the whole tensor: a note says so.
 * **Intel Neural Compressor** (``onnx_neural_compressor``): onnxruntime's placement too, plus
   the Relu/Clip it folds into the pair, in ``StaticQuantConfig(nodes_to_exclude=[...])``
   (exact names of its own graph: the float names, or those of the ops it fused, shown in
@@ -49,6 +50,7 @@ from ..model.graph import name_nodes, sort_topologically
 from ..model.producers import KNOWN
 from .alternatives import float_input
 from .result import MIXED, REMEDIES, producer_lines
+from .terms import chain_float_consequence, later_pair_note
 
 PRODUCERS = ("modelopt", "quark", "neural-compressor", "aimet")
 SHORT = {"modelopt": "ModelOpt", "quark": "Quark", "neural-compressor": "Neural Compressor", "aimet": "aimet-onnx"}
@@ -363,12 +365,20 @@ def _later_pair_excluded(qm, names, c, terms):
     others = [n for n in dict.fromkeys(others) if n]
     if not others:
         terms["expect"]["float"].append(tensor)
-    terms["notes"].append(
-        f"{c.name} is the later pair of a requantize chain (after {', '.join(earlier)}); excluding "
-        f"{', '.join(nodes)} leaves {'its' if len(nodes) == 1 else 'their'} input without the earlier pair too, which "
-        "the simulated remedy kept (Model Optimizer puts one pair on an op's input: it has no term for the later "
-        "pair alone)" + (f"; {', '.join(others)} still {'reads' if len(others) == 1 else 'read'} {tensor} through {', '.join(earlier)}" if others else ""))
+    terms["notes"].append(later_pair_note(
+        qm, c, f"excluding {', '.join(nodes)} leaves {'its' if len(nodes) == 1 else 'their'} input without the earlier "
+        "pair too", "Model Optimizer puts one pair on an op's input: it has no term for the later pair alone")
+        + (f"; {', '.join(others)} still {'reads' if len(others) == 1 else 'read'} {tensor} through {', '.join(earlier)}"
+           if others else ""))
     return nodes
+
+
+def _later_pair_note(qm, names, c, nodes, terms, why):
+    """The note for a producer of onnxruntime's placement whose exclusion keeps a requantize
+    chain's later pair in float: the whole tensor goes float, its earlier pairs with it."""
+    if qm.requantizes(c.name) is not None:
+        tensor, _ = names.tensor(c)
+        terms["notes"].append(later_pair_note(qm, c, chain_float_consequence(qm, c, nodes, tensor, names.node), why))
 
 
 def _by_op_type(fg, excluded):
@@ -399,6 +409,7 @@ def _quark(qm, names, kinds, axes, terms):
             else:
                 excluded += nodes
                 terms["expect"]["float"].append(tensor)
+                _later_pair_note(qm, names, c, nodes, terms, _QUARK_CHAIN)
         elif kind == "int16":
             overrides.setdefault(tensor, [{}])[0]["quant_type"] = _signed_type(c, 16)
             _entry(terms, name, kind, tensor)
@@ -417,12 +428,27 @@ def _quark(qm, names, kinds, axes, terms):
         if excluded:
             terms["lines"].append(f"config.exclude += {excluded!r}")
         if overrides:
-            body = ", ".join(f"{t!r}: [{{" + ", ".join(
-                f"'quant_type': ExtendedQuantType.{v}" if k == "quant_type" else f"{k!r}: {v!r}"
-                for k, v in e[0].items()) + "}]" for t, e in overrides.items())
+            body = ", ".join(f"{t!r}: [{_quark_entry(e[0])}]" for t, e in overrides.items())
             terms["lines"].append("config.extra_options.setdefault('TensorQuantOverrides', {}).update({" + body
                                   + "})  # from quark.onnx import ExtendedQuantType")
         terms["lines"].append("ModelQuantizer(config).quantize_model(FLOAT.onnx, OUT.onnx, reader)")
+
+
+_QUARK_CHAIN = ("Quark puts one pair on a tensor for all its readers, as onnxruntime does, and the later pair only "
+                "from a 'convert' entry in TensorQuantOverrides: where the config that made the model gives the tensor "
+                "one, dropping it removes that pair alone")
+
+
+def _quark_entry(entry):
+    """A TensorQuantOverrides entry as Python for Quark: its types ExtendedQuantType members,
+    a convert's receiving nodes the set its quantizer reads."""
+    def value(k, v):
+        if k == "quant_type":
+            return f"ExtendedQuantType.{v}"
+        if k == "convert":
+            return _quark_entry(v)
+        return repr(set(v)) if k == "recv_nodes" else repr(v)
+    return "{" + ", ".join(f"{k!r}: {value(k, v)}" for k, v in entry.items()) + "}"
 
 
 def _inc(qm, names, kinds, axes, terms):
@@ -431,7 +457,10 @@ def _inc(qm, names, kinds, axes, terms):
         c = qm.calibration[name]
         tensor, _ = names.tensor(c)
         if kind == "float":
-            excluded += _exclusion(terms, names, c, name, kind, tensor, True)
+            nodes = _exclusion(terms, names, c, name, kind, tensor, True)
+            excluded += nodes
+            _later_pair_note(qm, names, c, nodes, terms, "Neural Compressor puts one pair on a tensor for all its "
+                             "readers, as onnxruntime does: it has no term for the later pair alone")
         elif kind == "int16":
             instead += _exclusion(terms, names, c, name, kind, tensor, True,
                                   "Neural Compressor's quantizer knows 8-bit types only (no int16)")

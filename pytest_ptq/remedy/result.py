@@ -71,7 +71,8 @@ class Remedy(JsonResult):
     search samples, ``{"nodes": k, "cost": c, "added": name, "kind": kind, "value": v}``
     with ``k = 0`` the baseline. ``confirmations``: every set scored on the judging data.
     ``refinements``: the moves that improved the greedy set. ``settings``:
-    ``nodes_to_exclude``, ``TensorQuantOverrides`` (JSON form) and ``simulation_only``.
+    ``nodes_to_exclude``, ``TensorQuantOverrides`` (JSON form) and ``simulation_only`` (``notes`` where
+    they do otherwise than the simulated remedy).
     ``measured``: the re-quantized check (None without a float model), with its figures.
     ``warnings``: gains that do not hold on the judging data, one sentence each.
     ``judge_chose``: the judging data chose part of the set (the search samples' set fell
@@ -277,6 +278,7 @@ class Remedy(JsonResult):
         if s.get("not_in_float_model"):
             lines.append("not in the float model (the quantizer inserted them: quantize_static has nothing there to "
                          "exclude): " + ", ".join(s["not_in_float_model"]))
+        lines += [f"note: {n}" for n in s.get("notes", ())]  # where the settings do otherwise than simulated
         if self.measured:
             mm = self.measured
             other = (f" (onnxruntime's quantizer, not {self.producer_terms['short']}'s that made the model: reported, "

@@ -5,7 +5,9 @@
   reads the pair's output. Keeping tensor T in float therefore needs T's producer and all
   of T's consumers excluded; a weight needs the node that reads it excluded. Excluding a
   node also leaves its other inputs and outputs in float unless a neighbour still asks
-  for them; the re-quantized check reports such collateral tensors.
+  for them; the re-quantized check reports such collateral tensors. A requantize chain's
+  later pair cannot go alone: its readers read the chain's tensor, which then goes float for
+  every reader, its earlier pairs gone too (the settings' ``notes`` say so).
 * **int16**: ``extra_options["TensorQuantOverrides"] = {tensor: [{"quant_type":
   QuantType.QUInt16}]}`` (``QInt16`` where the node is signed): the same calibrated range
   at 16 bit. JSON holds the type's name (``"QUInt16"``), as onnxruntime itself writes it;
@@ -145,7 +147,8 @@ def onnxruntime_settings(qmodel, remedy, nodes, axes=None, choices=None):
     """``{"nodes_to_exclude": [...], "TensorQuantOverrides": {...}, "simulation_only": [...]}``
     that apply ``remedy`` to the calibration ``nodes`` when quantizing the float model
     (``"not_in_float_model": [...]`` too where nodes to exclude are ones the quantizer
-    inserted, which the float model lacks).
+    inserted, which the float model lacks; ``"notes": [...]`` where they do otherwise than the
+    simulated remedy: a requantize chain's later pair kept in float takes its earlier pairs too).
 
     ``remedy="mixed"`` takes each node's kind from ``choices`` (``{node: kind}``).
     ``nodes_to_exclude`` is in topological order, named as in the float model when ``qmodel``
@@ -156,7 +159,7 @@ def onnxruntime_settings(qmodel, remedy, nodes, axes=None, choices=None):
         raise unknown("remedy", remedy, REMEDIES + (MIXED,))
     qmodel = getattr(qmodel, "qmodel", qmodel)  # an Engine's model
     axes, choices = axes or {}, choices or {}
-    exclude, overrides, sim_only, per_channel = set(), {}, [], False
+    exclude, overrides, sim_only, per_channel, notes = set(), {}, [], False, []
     rename = _float_node_name(qmodel)
     nodes = params.names(nodes, "nodes") or []
     ops = quantized_ops(qmodel)
@@ -168,9 +171,12 @@ def onnxruntime_settings(qmodel, remedy, nodes, axes=None, choices=None):
         if kind not in REMEDIES:
             raise PTQError(f"node {name!r} needs a remedy kind ({', '.join(REMEDIES)}) in choices, got {kind!r}")
         if kind == "float":
-            exclude.update(excluded_by(qmodel, c, ops))
+            excluded = excluded_by(qmodel, c, ops)
+            exclude.update(excluded)
+            if qmodel.requantizes(name) is not None and excluded:
+                notes.append(_later_pair_float_note(qmodel, c, [rename(n) or n for n in excluded]))
         elif kind == "int16" and len(qmodel.requantized_through(qmodel.chain_head(c.name).name)) > 1:
-            entry = _chain_entry(qmodel, c, rename)
+            entry = chain_entry(qmodel, c, rename)
             if entry is None:
                 sim_only.append(name)
             else:
@@ -197,6 +203,8 @@ def onnxruntime_settings(qmodel, remedy, nodes, axes=None, choices=None):
     settings = {"nodes_to_exclude": ordered, "TensorQuantOverrides": overrides, "simulation_only": sim_only}
     if absent:
         settings["not_in_float_model"] = absent
+    if notes:
+        settings["notes"] = notes
     if per_channel:
         settings["per_channel"] = True
     if quantizer_call(qmodel) != "quantize_static":
@@ -217,10 +225,41 @@ def _float_node_name(qmodel):
     return lambda n: found.get(n, n) if n in found or n in floats else None
 
 
-def _chain_entry(qmodel, c, rename):
+def later_pair_note(qmodel, c, consequence, why):
+    """The note on terms that keep ``c``, a later pair of a requantize chain, in float though
+    the quantizer cannot remove that pair alone, as the simulated remedy does: what they do
+    instead (``consequence``, to the chain's earlier pairs) and ``why``."""
+    chain = qmodel.requantized_through(qmodel.chain_head(c.name).name)
+    earlier = ", ".join(chain[:chain.index(c.name)])
+    return (f"{c.name} is the later pair of a requantize chain (after {earlier}); {consequence}, which the simulated "
+            f"remedy kept ({why})")
+
+
+def chain_float_consequence(qmodel, c, excluded, tensor, name=lambda n: n):
+    """What excluding ``excluded`` does to a requantize chain under onnxruntime's placement (a
+    pair on a tensor while its producer or any reader is quantized, read by every reader):
+    ``tensor`` float for every operator reading the chain (``name`` gives their names), its
+    earlier pairs gone too."""
+    chain = qmodel.requantized_through(qmodel.chain_head(c.name).name)
+    readers = [m for m in dict.fromkeys(name(n) for n in qmodel.counts_for(chain[0])) if m]
+    return (f"excluding {', '.join(excluded)} keeps {tensor} in float for every operator reading it "
+            f"({', '.join(readers)}), without {', '.join(chain[:chain.index(c.name)])} too")
+
+
+def _later_pair_float_note(qmodel, c, excluded):
+    return later_pair_note(
+        qmodel, c, chain_float_consequence(qmodel, c, excluded, float_tensor_name(qmodel, c),
+                                           _float_node_name(qmodel)),
+        "quantize_static puts one pair on a tensor for all its readers, and the later pair only from a 'convert' "
+        "entry in TensorQuantOverrides: where the settings that made the model give the tensor one, dropping it "
+        "removes that pair alone")
+
+
+def chain_entry(qmodel, c, rename):
     """The TensorQuantOverrides entry that raises calibration node ``c``, a pair of a requantize
     chain, to 16 bit and leaves the chain's other pair as it is, or None where quantize_static
-    cannot write it.
+    cannot write it. ``rename(node)``: the quantizer's name of a QDQ normal node (None: it has
+    none); AMD Quark, whose quantizer is onnxruntime's, reads the same entry.
 
     quantize_static writes a chain of two pairs from one entry on the float tensor: its
     ``quant_type`` for the first pair and a ``convert`` for the second, read by ``recv_nodes``
