@@ -656,3 +656,34 @@ def test_a_producers_terms_for_a_chains_later_pair_kept_in_float_say_they_take_t
     found = effect(terms, str(fpath), builders.quantize(fpath, tmp_path / "base.onnx", data), out)
     assert found["not_applied"] == [] and tensor not in found["collateral"]
 
+
+def test_quarks_int16_for_a_chains_later_pair_leaves_its_first_pair(branched, tmp_path):
+    """Quark's int16 for the branched chain's later pair wrote a bare 16-bit type on the tensor, which
+    raised the coarse pair the Relu reads too ({relu: [16], conv1: [16]}); its quantizer reads
+    onnxruntime's 'convert' entry (replayed by quantize_static, whose QDQQuantizer Quark's extends):
+    the Relu keeps 8 bit and conv1 reads the later pair at 16, as the file with that pair raised."""
+    from test_producer_terms import _mark
+
+    from pytest_ptq.remedy import producer_terms, quantize_static_kwargs
+    from pytest_ptq.remedy.producer_check import effect
+
+    fpath, data = _branched_float(branched)
+    model = onnx.load(str(branched["model"]))
+    _mark(model, "quark")
+    qpath = tmp_path / "marked.onnx"
+    onnx.save(model, str(qpath))
+    qm = QuantModel(str(qpath), float_model=str(fpath))
+    head_input = next(n for n in model.graph.node if n.name == "coarse_Q").input[0]
+    want = _chain_bits(qpath, head_input, raise_pair="fine_Q")
+    assert want == {"relu": [8], "conv1": [8, 16]}
+    terms = producer_terms(qm, "int16", ["fine_Q"], float_model=str(fpath))
+    assert not terms["unsupported"]
+    overrides = terms["settings"]["TensorQuantOverrides"]
+    out = builders.quantize(fpath, tmp_path / "int16.onnx", data,
+                            **quantize_static_kwargs({"TensorQuantOverrides": overrides}))
+    tensor = _read_by(fpath, "conv1")
+    assert _chain_bits(out, tensor) == want
+    assert "'recv_nodes': {'conv1'}" in "\n".join(terms["lines"]) and "'convert': {'quant_type': ExtendedQuantType." \
+        in "\n".join(terms["lines"])
+    found = effect(terms, str(fpath), builders.quantize(fpath, tmp_path / "base.onnx", data), out)
+    assert found["not_applied"] == [] and terms["expect"]["int16"] == [tensor]

@@ -70,10 +70,11 @@ def quark(spec, samples):
     if s.get("exclude"):
         config.exclude = list(config.exclude or []) + list(s["exclude"])
     if s.get("TensorQuantOverrides"):
-        overrides = {}
-        for tensor, entries in s["TensorQuantOverrides"].items():
-            overrides[tensor] = [{k: getattr(ExtendedQuantType, v) if k == "quant_type" else v for k, v in e.items()}
-                                 for e in entries]
+        def typed(entry):  # JSON's names and lists: the quant types and the set of receiving nodes Quark takes
+            return {k: getattr(ExtendedQuantType, v) if k == "quant_type" else typed(v) if k == "convert" else
+                    set(v) if k == "recv_nodes" else v for k, v in entry.items()}
+
+        overrides = {tensor: [typed(e) for e in entries] for tensor, entries in s["TensorQuantOverrides"].items()}
         config.extra_options.setdefault("TensorQuantOverrides", {}).update(overrides)
     ModelQuantizer(config).quantize_model(spec["float"], spec["out"], Reader(samples))
 

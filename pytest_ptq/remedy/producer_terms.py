@@ -13,7 +13,9 @@ express, as read in its installed source (versions in tests/producers/README.md)
   gets a pair when its producer or any consumer is quantized), so a float tensor needs its
   producer and consumers in ``config.exclude`` (exact node names). 16 bit and per-channel
   weights go into ``config.extra_options["TensorQuantOverrides"]`` per tensor
-  (``{"quant_type": ExtendedQuantType.QInt16}``, ``{"axis": A}``). Keeping a chain's later pair in float, with onnxruntime's
+  (``{"quant_type": ExtendedQuantType.QInt16}``, ``{"axis": A}``); a requantize chain's pair
+  through a ``convert`` entry, which its QDQQuantizer reads as onnxruntime's does
+  (``calc_graph_quant_params``). Keeping a chain's later pair in float, with onnxruntime's
   placement (Quark's, Neural Compressor's), takes the whole tensor: a note says so.
 * **Intel Neural Compressor** (``onnx_neural_compressor``): onnxruntime's placement too, plus
   the Relu/Clip it folds into the pair, in ``StaticQuantConfig(nodes_to_exclude=[...])``
@@ -50,7 +52,7 @@ from ..model.graph import name_nodes, sort_topologically
 from ..model.producers import KNOWN
 from .alternatives import float_input
 from .result import MIXED, REMEDIES, producer_lines
-from .terms import chain_float_consequence, later_pair_note
+from .terms import chain_entry, chain_float_consequence, later_pair_note
 
 PRODUCERS = ("modelopt", "quark", "neural-compressor", "aimet")
 SHORT = {"modelopt": "ModelOpt", "quark": "Quark", "neural-compressor": "Neural Compressor", "aimet": "aimet-onnx"}
@@ -410,6 +412,16 @@ def _quark(qm, names, kinds, axes, terms):
                 excluded += nodes
                 terms["expect"]["float"].append(tensor)
                 _later_pair_note(qm, names, c, nodes, terms, _QUARK_CHAIN)
+        elif kind == "int16" and len(qm.requantized_through(qm.chain_head(name).name)) > 1:
+            # a bare 16-bit type on the tensor would raise the chain's other pair too
+            entry = chain_entry(qm, c, names.node)
+            _entry(terms, name, kind, tensor)
+            if entry is None:
+                _unsupported(terms, name, kind, "Quark takes one 'convert' a tensor in TensorQuantOverrides, which "
+                             "writes a chain of two pairs of 8 or 16 bit only")
+            else:
+                overrides[tensor] = [entry]
+                terms["expect"]["int16"].append(tensor)
         elif kind == "int16":
             overrides.setdefault(tensor, [{}])[0]["quant_type"] = _signed_type(c, 16)
             _entry(terms, name, kind, tensor)
