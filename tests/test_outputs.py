@@ -752,3 +752,35 @@ def test_an_output_of_zeros_on_the_first_samples_alone_still_ranks(tmp_path):
     assert set(brute) == {"w1_QuantizeLinear", "w2_QuantizeLinear"}
     assert {n: v["cosine-similarity"] for n, v in ranked.items()} == pytest.approx(brute, abs=1e-6)
     assert ranked.ranking == sorted(brute, key=brute.get)
+
+
+def test_the_cli_warns_of_an_output_of_zeros_on_the_samples_its_data_num_pools(tmp_path, capsys):
+    """z = Relu(x @ w) is 0 on the first 8 samples and not on the 4 after. With --data-num 8
+    the ranking pools those 8 alone, where z's cosine is undefined; the scan for outputs of
+    zeros read every sample of the data, found z's later values and said nothing."""
+    from onnx import TensorProto, helper
+
+    from pytest_ptq.cli import main
+    from pytest_ptq.outputs import ZERO_WARNING
+
+    rng = np.random.default_rng(0)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["m"], name="mm"), helper.make_node("Relu", ["m"], ["z"], name="relu"),
+         helper.make_node("MatMul", ["x", "w2"], ["y"], name="mm2")],
+        "late", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8])],
+        [helper.make_tensor_value_info("z", TensorProto.FLOAT, [1, 8]),
+         helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8])],
+        [numpy_helper.from_array(np.abs(rng.standard_normal((8, 8))).astype(np.float32), "w"),
+         numpy_helper.from_array(rng.standard_normal((8, 8)).astype(np.float32), "w2")])
+    fpath = builders.save_model(graph, tmp_path / "f.onnx")
+    xs = [-np.abs(rng.standard_normal((1, 8))).astype(np.float32) for _ in range(8)] + \
+         [np.abs(rng.standard_normal((1, 8))).astype(np.float32) for _ in range(4)]
+    qpath = builders.quantize(fpath, tmp_path / "q.onnx", {"x": xs})
+    builders.save_folder({"x": xs}, tmp_path / "calib")
+    ref = builders.run_model(fpath, [{"x": x} for x in xs])
+    assert not any(o["z"].any() for o in ref[:8]) and all(o["z"].any() for o in ref[8:])
+    for data_num, warned in (("8", True), ("12", False)):
+        assert main(["get-sensitivity-of-nodes", str(qpath), str(tmp_path / "calib"), "--data-num", data_num,
+                     "--quiet"]) == 0
+        err = capsys.readouterr().err
+        assert (f"{ZERO_WARNING}: 'z' holds only zeros in float" in err) is warned, (data_num, err)

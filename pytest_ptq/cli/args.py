@@ -281,13 +281,17 @@ def warn_of_blind_outputs(args, engine, cache=None):
     from ..cache import through
     from ..metrics import get_metric
     from ..outputs import OFFSET_BLIND, blind_warnings, far_from_zero, parse_outputs
+    from ..sensitivity import sample_indices
 
     outputs = getattr(args, "output_node", None)
     specs = parse_outputs(outputs, engine)
     names = tuple(dict.fromkeys(get_metric(m).name for m in getattr(args, "metrics", None) or [args.metric]))
 
     def told():  # the outputs scanned once; a sentence several metrics share said once
-        far = far_from_zero(engine, specs) if {*names} & {*OFFSET_BLIND, "correlation"} else []
+        # on the samples the command pools (--data-num), not the whole data: an output 0 on
+        # those alone is undefined in every figure it prints
+        samples = None if engine.data is None else sample_indices(engine, args.data_num)
+        far = far_from_zero(engine, specs, samples) if {*names} & {*OFFSET_BLIND, "correlation"} else []
         return list(dict.fromkeys(w for m in names for w in blind_warnings(engine, specs, m, found=far)))
 
     request = ("blind warnings", names, None if outputs is None else tuple(outputs), args.data_num)
