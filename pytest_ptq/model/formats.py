@@ -48,7 +48,7 @@ import onnx.version_converter
 from onnx import TensorProto, helper, numpy_helper
 
 from ..errors import PTQError
-from .graph import node_refs, sort_topologically
+from .graph import attribute, node_refs, sort_topologically
 
 QDQ, QOPERATOR, DYNAMIC, MIXED = "QDQ", "QOperator", "dynamic", "mixed"
 WEIGHT_ONLY = "weight-only"  # onnxruntime's block-wise weight-only ops
@@ -208,6 +208,19 @@ def _source(tensor, producer, inits):
     while src is not None and src.op_type in MOVING and src.input and src.input[0] not in inits:
         src = producer.get(src.input[0])
     return src, src is not None and src.op_type in MOVING and bool(src.input) and src.input[0] in inits
+
+
+def _axis_before(node, axis):
+    """Channel axis ``axis`` of moving ``node``'s output as its input lays it out (None stays
+    None, a sentence stays as it is); a sentence where ``node`` does not keep the channels
+    on one axis the tool can follow (anything but an Identity or a Transpose with its perm)."""
+    if axis is None or isinstance(axis, str) or node.op_type == "Identity":
+        return axis
+    perm = attribute(node, "perm") if node.op_type == "Transpose" else None
+    if perm is None:
+        return (f"a per-channel DequantizeLinear reads it after a {node.op_type} {node.name!r}, whose channels the "
+                "tool does not follow back onto the constant")
+    return int(perm[axis % len(perm)])
 
 
 def to_qdq(model, source="the model", arrays=None):
@@ -398,16 +411,18 @@ class _Rewriter:
         return va is not None and vb is not None and np.array_equal(np.asarray(va), np.asarray(vb))
 
     def _hints(self):
-        """``{integer initializer: (scale, zero point)}`` for integer constants that ops moving
-        quantized values read (an embedding table before Gather): their parameters are those
-        the first quantized reader downstream gives."""
+        """``{integer initializer: (scale, zero point, axis)}`` for integer constants that ops
+        moving quantized values read (an embedding table before Gather, a weight's codes before
+        a Transpose): their parameters are those the first quantized reader downstream gives.
+        ``axis``: a per-channel DequantizeLinear's, as the constant lays it out (followed back
+        through Transposes), else None; a sentence where it cannot be followed."""
         hints = {}
         for n in reversed(self.original):
             if n.op_type.endswith("DequantizeLinear"):
-                hints.setdefault(n.input[0], (n.input[1], n.input[2] if len(n.input) > 2 else ""))
+                hints.setdefault(n.input[0], (n.input[1], n.input[2] if len(n.input) > 2 else "", self._dq_axis(n)))
             elif n.op_type in QLINEAR:
                 for t, s, z in self._quantized_inputs(n):
-                    hints.setdefault(t, (s, z))
+                    hints.setdefault(t, (s, z, None))
             elif n.op_type in INTEGER and len(n.input) > 2 and n.input[2]:
                 # an integer table read straight into ConvInteger/MatMulInteger (quantize_dynamic's
                 # embedding before a MatMul): its zero point is the op's, its scale the scalar
@@ -415,12 +430,23 @@ class _Rewriter:
                 scaled = self._scaled(n)
                 scale = self._table_scale(scaled[2]) if scaled is not None else None
                 if scale is not None:
-                    hints.setdefault(n.input[0], (scale, n.input[2]))
+                    hints.setdefault(n.input[0], (scale, n.input[2], None))
             elif n.op_type in MOVING and n.input and n.output[0] in hints:
                 # through a chain of them (quantize_dynamic's table read by Gather, then a
                 # Transpose, then the DequantizeLinear)
-                hints.setdefault(n.input[0], hints[n.output[0]])
+                s, z, axis = hints[n.output[0]]
+                hints.setdefault(n.input[0], (s, z, _axis_before(n, axis)))
         return hints
+
+    def _dq_axis(self, node):
+        """The channel axis of DequantizeLinear ``node`` with more than one scale, else None;
+        a sentence for a per-block one (its scale would need the moved layout too)."""
+        scale = self.constant(node.input[1])
+        if scale is None or np.size(scale) < 2:
+            return None
+        if attribute(node, "block_size", 0):
+            return f"a per-block DequantizeLinear {node.name!r} reads its codes after it"
+        return int(attribute(node, "axis", 1))
 
     def _table_scale(self, product):
         """The factor of ``product`` (a Mul of two constant scales) that scales a per-tensor
@@ -1014,9 +1040,13 @@ class _Rewriter:
                 continue
             info = self.quantized.get(t)
             if info is None and self.integer_constant(t) and t in self.hints and (k == 0 or op == "Concat"):
-                s, z = self.hints[t]
-                ins[k] = self.float_of(node, t, s, z)
-                params = params or (s, z, None)
+                s, z, axis = self.hints[t]
+                if isinstance(axis, str):
+                    self.fail(node, f"moves integer constant {t!r}, and {axis}")
+                # the DequantizeLinear after it scales the channels along its own axis: the
+                # codes' axis holding them (a Transpose moves it)
+                ins[k] = self.float_of(node, t, s, z, None if axis is None else (lambda rank, a=axis: a % rank))
+                params = params or (s, z, self.hints.get(node.output[0], (None, None, None))[2])
                 continue
             if info is None:
                 continue
