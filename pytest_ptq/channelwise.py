@@ -170,8 +170,11 @@ def _attr(qm, node_name, name, default):
 class ChannelStats:
     """Accumulates per-channel statistics of one tensor over samples, memory bounded."""
 
-    def __init__(self, axis, reservoir_size=RESERVOIR, seed=0):
+    def __init__(self, axis, reservoir_size=RESERVOIR, seed=0, shown_axis=None):
         self.axis = axis
+        # ``shown_axis(axis, shape)``: ``axis`` of a sample of ``shape`` as the user's file lays
+        # the tensor out (a moved pair's Transpose lays it elsewhere in the tool's copy), for messages
+        self.shown_axis = shown_axis
         self.reservoir_size = reservoir_size
         self.rng = np.random.default_rng(seed)
         self.channels = None
@@ -199,7 +202,8 @@ class ChannelStats:
         if self.channels is None:
             self._start(block.shape[0])
         elif block.shape[0] != self.channels:
-            raise PTQError(f"its axis {self.axis} has {block.shape[0]} elements in one sample and {self.channels} in "
+            shown = None if self.shown_axis is None else self.shown_axis(self.axis, self.shape)
+            raise PTQError(f"its axis {self.axis if shown is None else shown} has {block.shape[0]} elements in one sample and {self.channels} in "
                            "another, so it is no channel axis (a sequence length?); pass an axis all samples share "
                            "(axis=, --axis)")
         if block.shape[1] == 0:

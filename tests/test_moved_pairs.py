@@ -437,3 +437,33 @@ def test_a_pair_moved_through_a_transpose_shows_the_files_axis_shape_and_channel
     assert json.loads(out.read_text())["w_Q"]["axis"] == w_axis
     settings = onnxruntime_settings(engine.qmodel, "int16", ["w_Q"])
     assert settings["TensorQuantOverrides"][w_tensor][0]["axis"] == w_axis
+
+
+def test_an_axis_whose_length_follows_the_sample_is_named_as_the_file_lays_it_out(tmp_path):
+    """x [1, seq, 8] -> Q -> Transpose -> DQ: the tool's copy quantizes x transposed,
+    [1, 8, seq], so the file's axis 1 (the sequence, of another length in each sample) is its
+    axis 2, which the refusal named ("its axis 2 has 9 elements in one sample and 5 in
+    another") for the axis the user gave, 1."""
+    from pytest_ptq.distribution import get_channelwise_data_distribution
+
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array((rng.standard_normal((4, 8)) * 0.3).astype(np.float32), "W"),
+             numpy_helper.from_array(np.float32(0.05), "s"), numpy_helper.from_array(np.int8(0), "z")]
+    nodes = [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["xq"], name="x_Q"),
+             helper.make_node("Transpose", ["xq"], ["xqt"], name="x_T", perm=[0, 2, 1]),
+             helper.make_node("DequantizeLinear", ["xqt", "s", "z"], ["xt"], name="x_DQ"),
+             helper.make_node("MatMul", ["W", "xt"], ["y"], name="mm")]
+    graph = helper.make_graph(nodes, "seq", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, "seq", 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, "seq"])], inits)
+    path = builders.save_model(graph, tmp_path / "seq.onnx", opset=13)
+    data = {"x": [rng.standard_normal((1, n, 8)).astype(np.float32) for n in (9, 5)]}
+    engine = Engine(str(path), builders.save_folder(data, tmp_path / "calib"))
+    # the file's axis 1 is the one whose length differs
+    assert [builders.run_model(path, {"x": x})["y"].shape for x in data["x"]] == [(1, 4, 9), (1, 4, 5)]
+    with pytest.raises(PTQError, match=r"its axis 1 has 5 elements in one sample and 9 in another"):
+        get_channelwise_data_distribution(tmp_path / "b", engine, nodes_list=["x_Q"], axis=1)
+    # the file's axis 2, of one length in every sample, is boxed: channel k is x[..., k]
+    boxes = get_channelwise_data_distribution(tmp_path / "c", engine, nodes_list=["x_Q"], axis=2)
+    assert boxes["x_Q"]["axis"] == 2
+    np.testing.assert_allclose(boxes["x_Q"]["max_abs"], np.abs(np.concatenate(data["x"], axis=1)).max(axis=(0, 1)),
+                               rtol=1e-6)

@@ -375,7 +375,7 @@ def collect(engine, dist_nodes=(), box_nodes=(), axis=None, data_num=None, bins=
         info.update(range_lo=np.asarray(lo).reshape(-1).tolist() if c.per_channel else float(np.min(lo)),
                     range_hi=np.asarray(hi).reshape(-1).tolist() if c.per_channel else float(np.max(hi)),
                     range_axis=c.axis)
-        stats = ChannelStats(None)
+        stats = ChannelStats(None, shown_axis=lambda k, shape, c=c: qm.file_layout(c.input, shape, k)[1])
         boxes[name] = (info, stats)
         if c.kind == "weight":
             w, deq = weight_arrays(qm, c)
