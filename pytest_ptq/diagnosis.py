@@ -201,7 +201,8 @@ def diagnose(engine, sensitivity, verdict, top=10, outputs=None, asked=None):
     qm = engine.qmodel
     metric = sensitivity.metrics[0]
     m = get_metric(metric)
-    names = list(sensitivity)[:top]
+    # an entry with no values compared (it changes only outputs holding none) has nothing to explain
+    names = [n for n in sensitivity if "no_values" not in sensitivity.details.get(n, {})][:top]
     inputs = {n: _calibration_inputs(qm, sensitivity.node_type, n) for n in names}
     calib = list(dict.fromkeys(c for cs in inputs.values() for c in cs))
     dist, boxes = collect(engine, calib, calib, data_num=sensitivity.samples, skip_unboxable=True) if calib \
@@ -440,6 +441,8 @@ def _overrides_text(qm, names):
     # the remedy's own settings: a requantize chain's later pair is raised by a convert, not
     # by a type on the whole tensor
     tensors = onnxruntime_settings(qm, "int16", names)["TensorQuantOverrides"]
+    if not tensors:  # a chain of three pairs, a moved weight's channels spread over axes: no entry writes it
+        return "which TensorQuantOverrides cannot write alone: the remedy search simulates it"
     shown = list(tensors.items())[:2]
     body = ", ".join(f"{t!r}: [{', '.join(map(override_text, entries))}]" for t, entries in shown)
     more = ", ..." if len(tensors) > 2 else ""

@@ -803,6 +803,11 @@ class QuantModel:
             name = earlier
         return self.calibration[name]
 
+    def chain(self, name):
+        """Every pair of the requantize chain calibration node ``name`` is in, first to last
+        (``[name]`` where it is in none)."""
+        return self.requantized_through(self.chain_head(name).name)
+
     def requantized_through(self, name):
         """Calibration node ``name`` and the pairs of its requantize chain after it (each
         quantizing the one before again), in order: ``[name]`` where no pair reads its output."""

@@ -361,7 +361,7 @@ def _later_pair_excluded(qm, names, c, terms):
     tensor, _ = names.tensor(c)
     nodes = names.keep_float(c, with_producer=False)
     _entry(terms, c.name, "float", tensor, nodes)
-    earlier = [n for n in qm.requantized_through(qm.chain_head(c.name).name)]
+    earlier = qm.chain(c.name)
     earlier = earlier[:earlier.index(c.name)]
     others = [names.node(n) for n in qm.counts_for(qm.chain_head(c.name).name) if names.node(n) not in nodes]
     others = [n for n in dict.fromkeys(others) if n]
@@ -412,7 +412,7 @@ def _quark(qm, names, kinds, axes, terms):
                 excluded += nodes
                 terms["expect"]["float"].append(tensor)
                 _later_pair_note(qm, names, c, nodes, terms, _QUARK_CHAIN)
-        elif kind == "int16" and len(qm.requantized_through(qm.chain_head(name).name)) > 1:
+        elif kind == "int16" and len(qm.chain(name)) > 1:
             # a bare 16-bit type on the tensor would raise the chain's other pair too
             entry = chain_entry(qm, c, names.node)
             _entry(terms, name, kind, tensor)

@@ -175,18 +175,17 @@ def onnxruntime_settings(qmodel, remedy, nodes, axes=None, choices=None):
             exclude.update(excluded)
             if qmodel.requantizes(name) is not None and excluded:
                 notes.append(_later_pair_float_note(qmodel, c, [rename(n) or n for n in excluded]))
-        elif kind == "int16" and len(qmodel.requantized_through(qmodel.chain_head(c.name).name)) > 1:
+        elif kind == "int16" and len(qmodel.chain(c.name)) > 1:
             entry = chain_entry(qmodel, c, rename)
             if entry is None:
                 sim_only.append(name)
             else:
                 overrides.update({t: [entry] for t in float_tensor_names(qmodel, c)})
-        elif kind == "int16" and not (channels := c.kind == "weight" and c.per_channel and not c.block_size) or \
-                kind == "int16" and qmodel.file_axis(c) is not None:
+        elif kind == "int16" and (axis := _channel_axis(qmodel, c)) is not False:
             signed = c.qrange[0] < 0
             entry = {"quant_type": "QInt16" if signed else "QUInt16"}
-            if channels:
-                entry["axis"] = int(qmodel.file_axis(c))  # a type alone makes quantize_static quantize it per tensor
+            if axis is not None:
+                entry["axis"] = axis  # a type alone makes quantize_static quantize it per tensor
                 if not symmetric_channels(c):
                     entry["symmetric"] = False
             overrides.update({t: [entry] for t in float_tensor_names(qmodel, c)})
@@ -229,7 +228,7 @@ def later_pair_note(qmodel, c, consequence, why):
     """The note on terms that keep ``c``, a later pair of a requantize chain, in float though
     the quantizer cannot remove that pair alone, as the simulated remedy does: what they do
     instead (``consequence``, to the chain's earlier pairs) and ``why``."""
-    chain = qmodel.requantized_through(qmodel.chain_head(c.name).name)
+    chain = qmodel.chain(c.name)
     earlier = ", ".join(chain[:chain.index(c.name)])
     return (f"{c.name} is the later pair of a requantize chain (after {earlier}); {consequence}, which the simulated "
             f"remedy kept ({why})")
@@ -240,7 +239,7 @@ def chain_float_consequence(qmodel, c, excluded, tensor, name=lambda n: n):
     pair on a tensor while its producer or any reader is quantized, read by every reader):
     ``tensor`` float for every operator reading the chain (``name`` gives their names), its
     earlier pairs gone too."""
-    chain = qmodel.requantized_through(qmodel.chain_head(c.name).name)
+    chain = qmodel.chain(c.name)
     readers = [m for m in dict.fromkeys(name(n) for n in qmodel.counts_for(chain[0])) if m]
     return (f"excluding {', '.join(excluded)} keeps {tensor} in float for every operator reading it "
             f"({', '.join(readers)}), without {', '.join(chain[:chain.index(c.name)])} too")
@@ -267,7 +266,7 @@ def chain_entry(qmodel, c, rename):
     would raise the first pair too, and the readers of the first pair with it. One convert per
     tensor: a chain of three pairs or more, or a grid of neither 8 nor 16 bit, has no entry.
     """
-    first, *later = [qmodel.calibration[n] for n in qmodel.requantized_through(qmodel.chain_head(c.name).name)]
+    first, *later = [qmodel.calibration[n] for n in qmodel.chain(c.name)]
     if len(later) != 1 or c.kind != "activation" or any(p.bit not in (8, 16) for p in (first, *later)):
         return None
     types = [("QInt" if p.qrange[0] < 0 else "QUInt") + str(16 if p.name == c.name else p.bit)
@@ -291,6 +290,16 @@ def suggest_command(model, data, heldout=None, float_model=None, data_num=None):
         if value:
             words += [flag, str(value)]
     return words
+
+
+def _channel_axis(qmodel, c):
+    """The file's axis of calibration node ``c``'s scales for a per-channel weight, None for
+    one scale, False where the file has no such axis (a moved weight's channels a Reshape
+    spreads over several: no term names them)."""
+    if not (c.kind == "weight" and c.per_channel and not c.block_size):
+        return None
+    axis = qmodel.file_axis(c)
+    return False if axis is None else int(axis)
 
 
 def quantize_static_kwargs(settings):
