@@ -69,11 +69,13 @@ class AnalysisKey:
 
 @dataclasses.dataclass
 class OutputMetrics:
-    """``values[output][metric]`` pooled over ``samples`` samples (quantized vs float)."""
+    """``values[output][metric]`` pooled over ``samples`` samples (quantized vs float); None
+    for an output in ``empty`` (``{output: shape}``), which held no values on any sample."""
 
     values: dict
     samples: int
     data: str
+    empty: dict = dataclasses.field(default_factory=dict)
 
 
 class TaskScores(NamedTuple):
@@ -263,8 +265,8 @@ class Analysis:
                 for pool in pools:
                     pool.add(ref, out)
                 bar.advance()
-        values = by_output(pools)
-        return OutputMetrics(values=values, samples=len(data), data=str(holdout or self.key.data))
+        return OutputMetrics(values=by_output(pools), samples=len(data), data=str(holdout or self.key.data),
+                             empty=pools[0].empty() if pools else {})
 
     def sensitivity(self, node_type="node", metric="cosine-similarity", outputs=None):
         """:class:`Sensitivity` of every node of ``node_type``, most sensitive first."""

@@ -209,7 +209,7 @@ def measure(analysis, metric="cosine-similarity", node_type="node", relative_to=
     key = analysis.key
     return Baseline(
         metric=name, node_type=node_type,
-        outputs={o: _round(v[name]) for o, v in out.items()},
+        outputs={o: _round(v[name]) for o, v in out.items() if v[name] is not None},
         # a node changing only outputs that held no values has no figure to hold it to
         sensitivity={n: _round(v[name]) for n, v in sens.items() if v[name] is not None},
         model={"path": relative(key.model, relative_to), "sha256": fp["model_sha256"]},

@@ -27,7 +27,7 @@ from . import guard, params
 from .baseline import Baseline, BaselineError, compare, measure
 from .errors import PTQError, as_sentence, closest, user_level
 from .errors import shown as shown_value
-from .metrics import COSINE, get_metric, get_metrics
+from .metrics import COSINE, NO_VALUES, get_metric, get_metrics, held_no_values
 from .outputs import parse_output, parse_outputs
 from .tables import fmt, format_table, listed, printable, threshold_text
 
@@ -134,48 +134,66 @@ class OutputResult(Result):
     data: str
     holdout: str | None = None  # the held-out data judged on (absolute), None: calibration data
     parts: dict = dataclasses.field(default_factory=dict)  # output -> its spec where it is a slice
+    # output -> its shape where it held no values on any sample: its value is None, not judged
+    unjudged: dict = dataclasses.field(default_factory=dict)
     kind = "outputs"
 
     def __repr__(self):
         return f"OutputResult(passed={self.passed}, metric={self.metric!r}, values={self.values})"
 
     @property
+    def judged(self):
+        """``{output: value}`` of the outputs that held values: those the check judges."""
+        return {o: v for o, v in self.values.items() if o not in self.unjudged}
+
+    @property
     def failing(self):
         m = get_metrics(self.metric)[0]
-        return [o for o, v in self.values.items() if not _meets(m, v, self.thresholds[o])]
+        return [o for o, v in self.judged.items() if not _meets(m, v, self.thresholds[o])]
 
     @property
     def summary(self):
         m = get_metrics(self.metric)[0]
-        bad = self.failing
+        bad, judged = self.failing, self.judged
         where = f"{self.model}, {self.samples} sample(s) of {self.data}"
         if bad:
             listed = ", ".join(f"{o!r} {fmt(self.values[o])} (needs {_bound(m)} {fmt(self.thresholds[o])})"
                                for o in bad[:5])
-            return (f"output {self.metric} fails for {len(bad)} of {len(self.values)} output(s): {listed} "
-                    f"[{where}]")
-        worst = min(self.values, key=lambda o: m.sort_key(self.values[o]))
+            return (f"output {self.metric} fails for {len(bad)} of {len(judged)} output(s): {listed}"
+                    f"{self._not_judged} [{where}]")
+        worst = min(judged, key=lambda o: m.sort_key(judged[o]))
         return (f"output {self.metric} meets every threshold (worst {worst!r} {fmt(self.values[worst])} "
-                f"{_bound(m)} {fmt(self.thresholds[worst])}) [{where}]")
+                f"{_bound(m)} {fmt(self.thresholds[worst])}){self._not_judged} [{where}]")
+
+    @property
+    def _not_judged(self):
+        if not self.unjudged:
+            return ""
+        one = len(self.unjudged) == 1
+        shown = ", ".join(f"{o!r} (shape {shape})" for o, shape in self.unjudged.items())
+        return (f"; {shown} not judged: {'it holds' if one else 'they hold'} no values on any sample, "
+                f"{NO_VALUES}")
 
     def measures(self):
         m = get_metrics(self.metric)[0]
         on = _on(self.samples, self.data, self.holdout)
         return [{"what": f"{self.metric} of {o!r}" if len(self.values) > 1 else self.metric, "value": v,
                  "bound": _bound(m), "threshold": self.thresholds[o], "passed": _meets(m, v, self.thresholds[o]),
-                 "on": on, "output": o} for o, v in self.values.items()]
+                 "on": on, "output": o} for o, v in self.judged.items()]
 
     @property
     def details(self):
         m = get_metrics(self.metric)[0]
         if len(self.values) == 1:  # the summary says it all
             return ""
-        rows = [{"output": o, self.metric: v, "threshold": f"{_bound(m)} {fmt(self.thresholds[o])}",
-                 "verdict": "ok" if _meets(m, v, self.thresholds[o]) else "FAIL"} for o, v in self.values.items()]
+        rows = [{"output": o, self.metric: NO_VALUES if o in self.unjudged else v,
+                 "threshold": f"{_bound(m)} {fmt(self.thresholds[o])}",
+                 "verdict": "not judged" if o in self.unjudged else "ok" if _meets(m, v, self.thresholds[o]) else "FAIL"}
+                for o, v in self.values.items()]
         return format_table(rows, ["output", self.metric, "threshold", "verdict"], _CAP)
 
     def figures(self):
-        return {f"{o}.{self.metric}": v for o, v in self.values.items()}
+        return {f"{o}.{self.metric}": v for o, v in self.judged.items()}
 
     def bounds(self):
         # named by metric: a cosine floor and an mse ceiling on one output are both thresholds
@@ -222,6 +240,7 @@ def check_outputs(analysis, threshold, metric=COSINE, holdout=None):
     limit = {s.name: th[k] for s, k in zip(specs, named)}
     metrics = analysis.output_metrics(specs, [m.name], holdout) if specs else None
     values = {name: vals[m.name] for name, vals in metrics.values.items()} if specs else {}
+    empty = dict(metrics.empty) if specs else {}
     if "" in th:  # the default outputs (a concatenation of parts of unlike size: each part) not named whole
         qm = analysis.qmodel
         if not any(qm.is_float_tensor(n) for n in qm.output_names):  # a check that could not fail
@@ -234,11 +253,17 @@ def check_outputs(analysis, threshold, metric=COSINE, holdout=None):
         for name, vals in metrics.values.items():
             if name not in limit and parse_output(name, analysis.qmodel).tensor not in whole:
                 limit[name], values[name] = th[""], vals[m.name]
-    ok = all(_meets(m, values[o], limit[o]) for o in values)
+                if name in metrics.empty:
+                    empty[name] = metrics.empty[name]
+    # an output that held no values reads a perfect score no comparison measured: not judged
+    unjudged = {o: empty[o] for o in values if o in empty}
+    if values and len(unjudged) == len(values):  # a check that could not fail
+        raise PTQError(held_no_values(unjudged, analysis.relative(metrics.data)))
+    ok = all(_meets(m, values[o], limit[o]) for o in values if o not in unjudged)
     return OutputResult(passed=ok, metric=m.name, values=values, thresholds=limit, samples=metrics.samples,
                         model=analysis.label, data=analysis.relative(metrics.data),
                         holdout=None if holdout is None else str(holdout),
-                        parts={s.name: k for s, k in zip(specs, named) if s.index})
+                        parts={s.name: k for s, k in zip(specs, named) if s.index}, unjudged=unjudged)
 
 
 # -- nodes ---------------------------------------------------------------------------------
@@ -281,7 +306,7 @@ class NodeResult(Result):
     def _left_out(self):
         if not self.unmeasured:
             return ""
-        return (f"; {len(self.unmeasured)} left out, which change only outputs holding no values ("
+        return (f"; {len(self.unmeasured)} left out, whose quantization changes no value compared ("
                 f"{listed(self.unmeasured, 3)}): no values compared")
 
     @property
@@ -337,9 +362,14 @@ def check_nodes(analysis, threshold, metric=COSINE, node_type="node", allow=(), 
             raise PTQError(f"allow-list entry {p!r} matches none of the {_nodes(node_type)} of {analysis.label}; "
                            f"{hint}; fix or remove the entry")
     offenders, allowed = [], []
-    # a node changing only outputs that held no values has no figure: passing it would be a made-up score
+    # a node changing no value compared (only outputs that held no values, or none of those compared) has no
+    # figure: passing it would be a made-up score
     unmeasured = [n for n in names if sens[n][m.name] is None]
     judged = [n for n in names if n not in unmeasured]
+    if unmeasured and not judged:  # a check that could not fail
+        raise PTQError(f"no {_nodes(node_type)[:-1]} of {analysis.label} can be judged: quantizing any of them alone "
+                       f"{sens.details[unmeasured[0]]['no_values']} (no values compared); check outputs that hold "
+                       "values")
     for name in judged:
         v = sens[name][m.name]
         if not _meets(m, v, limit):

@@ -16,6 +16,7 @@ from .errors import PTQError
 from .metrics import get_metrics
 from .results import JsonResult, inputs_of, read_from
 from .sensitivity import Sensitivity
+from .tables import listed
 
 
 @dataclasses.dataclass
@@ -27,7 +28,8 @@ class Confidence(JsonResult):
     95th percentile of the bootstrap ranks) and ``top_k_frequency`` (share of resamples in
     which the node is in the top ``k``). ``top_k_set_frequency`` is the share of resamples
     whose top-``k`` set equals ``top_k``; ``stable`` is whether it reaches ``stable_at``
-    (None with fewer than two samples, where nothing can be said).
+    (None with fewer than two samples, where nothing can be said). ``left_out``: the nodes
+    whose quantization changes no value compared (no figure in the ranking), not resampled.
     """
 
     metric: str
@@ -42,6 +44,7 @@ class Confidence(JsonResult):
     nodes: dict
     pooled_top_k: list
     message: str
+    left_out: list = dataclasses.field(default_factory=list)
 
     def __bool__(self):
         return bool(self.stable)
@@ -75,9 +78,15 @@ def ranking_confidence(sensitivity, k=5, resamples=1000, seed=0, metric=None, st
         raise PTQError("ranking_confidence needs a Sensitivity result (from get_sensitivity_of_nodes, "
                        "group_sensitivity or Sensitivity.load)")
     m = get_metrics(metric or (sensitivity.metrics[0] if sensitivity.metrics else "cosine-similarity"))[0]
-    names = list(sensitivity)
-    if not names:
+    if not list(sensitivity):
         raise PTQError("the sensitivity result ranks no node; nothing to assess")
+    # a node changing no value compared has no figure, per sample neither: as 1.0 it read as the steadiest
+    left_out = [n for n in sensitivity if "no_values" in sensitivity.details.get(n, {})]
+    names = [n for n in sensitivity if n not in left_out]
+    if not names:
+        raise PTQError(f"no node of the sensitivity result has a figure: quantizing any of them "
+                       f"{sensitivity.details[left_out[0]]['no_values']} (no values compared); rank it on outputs "
+                       "that hold values")
     rows = []
     for n in names:
         per_sample = sensitivity.details.get(n, {}).get("per_sample", {}).get(m.name)
@@ -153,12 +162,16 @@ def ranking_confidence(sensitivity, k=5, resamples=1000, seed=0, metric=None, st
         message = (f"the top {k} is the same in only {set_freq:.0%} of {resamples} resamples of the "
                    f"{n_samples} samples{who}: do not trust its order, add samples or compare with "
                    "group sensitivity")
+    if left_out:
+        message += (f"; {len(left_out)} left out, whose quantization changes no value compared ({listed(left_out, 3)}): "
+                    "no values compared")
     if set(top_k) != set(pooled_top_k):  # the set named is not the table's
         message += (f" (ranked by the mean over samples; the ranking shown pools them, and its top {k} differs: "
                     f"{', '.join(pooled_top_k)})")
     return read_from(Confidence(metric=m.name, samples=n_samples, k=k, resamples=int(resamples), top_k=top_k,
                                 top_k_set_frequency=set_freq, stable=stable, stable_at=stable_at,
-                                unstable_nodes=unstable, nodes=nodes, pooled_top_k=pooled_top_k, message=message),
+                                unstable_nodes=unstable, nodes=nodes, pooled_top_k=pooled_top_k, message=message,
+                                left_out=left_out),
                      inputs_of(sensitivity))
 
 

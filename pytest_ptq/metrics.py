@@ -151,7 +151,8 @@ class Pooled:
         return twin
 
     def per_output(self):
-        """``{output name: value}``, in the order of ``specs``."""
+        """``{output name: value}``, in the order of ``specs`` (an output in :meth:`empty`
+        reads the metric's figure of no values: :func:`by_output` makes it None)."""
         return {name: self.metric.value(st) for name, st in self.states.items()}
 
     def value(self):
@@ -163,11 +164,28 @@ class Pooled:
         return {name: self.shapes.get(name, []) for name, n in self.sizes.items() if not n}
 
 
+# what a figure shows where no value was compared: an output that held none on any sample, or a
+# ranking entry whose quantization changes only such outputs (or none of those compared)
+NO_VALUES = "no values compared"
+
+
 def by_output(pools):
     """``{output name: {metric name: value}}`` of several metrics' :class:`Pooled` of the same
     outputs."""
     values = [(pool.metric.name, pool.per_output()) for pool in pools]
-    return {s.name: {name: v[s.name] for name, v in values} for s in pools[0].specs} if pools else {}
+    # an output that held no values has no figure: a metric reads no values as a perfect score
+    empty = pools[0].empty() if pools else {}
+    return {s.name: {name: None if s.name in empty else v[s.name] for name, v in values}
+            for s in pools[0].specs} if pools else {}
+
+
+def held_no_values(empty, data):
+    """The sentence for outputs that all held no values (``{output: shape}`` of
+    :meth:`Pooled.empty`) on every sample of ``data``: a figure of theirs compares nothing,
+    so nothing can be judged on them."""
+    shown = ", ".join(f"{n!r} (shape {shape})" for n, shape in empty.items())
+    return (f"every output compared ({shown}) holds no values on any sample of {data}: no values were compared, so "
+            "nothing can be judged; compare outputs that hold values, or use data on which these do")
 
 
 def _pair(ref, test):

@@ -106,7 +106,8 @@ def model_payload(analysis, tests, settings, holdout=None, suggest=()):
         data["format"], data["made_by"] = qm.format_label, qm.made_by.label
         data["warnings"] = [warning(w) for w in analysis.warnings]
         values = analysis.output_metrics(None, OUTPUT_METRICS).values
-        data["outputs"] = [{"output": o, **v} for o, v in values.items()]
+        data["outputs"] = [{"output": o, **{k: NO_VALUES if x is None else x for k, x in v.items()}}
+                           for o, v in values.items()]
         data["output_parts"] = parts_note(parse_outputs(None, analysis.engine))
         d = None
         # why it fails, for a model whose check or assert fails (or fails as expected): its verdict
@@ -494,7 +495,8 @@ def headline(m):
         on = worst["on"].split(" (", 1)[0]  # the data's path is in the model's section
         return (worst["value"], f"{worst['measured']} on {on}, needs {worst['threshold']}",
                 "v-passed" if worst["_passed"] else "v-failed")
-    worst = min((r.get("cosine-similarity", float("nan")) for r in m["outputs"]), default=None)
+    worst = min((r.get("cosine-similarity", float("nan")) for r in m["outputs"]
+                 if r.get("cosine-similarity") != NO_VALUES), default=None)
     if worst is None:
         return None, "", ""
     return worst, "fully quantized cosine on the calibration data (no output check ran)", ""

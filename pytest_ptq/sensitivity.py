@@ -14,12 +14,12 @@ from pathlib import Path
 from . import __version__, params
 from .engine import engine_for
 from .errors import FLOAT_MODEL_OPTION, PTQError, shown, unknown
-from .metrics import Pooled, Reference, Scratch, by_output, get_metrics
+from .metrics import NO_VALUES, Pooled, Reference, Scratch, by_output, get_metrics
 from .model.formats import SHAPE_ONLY
 from .outputs import parse_outputs
 from .progress import Progress
 from .results import json_restore, read_from, save_result
-from .tables import format_table
+from .tables import format_table, listed
 
 __all__ = ["Sensitivity", "get_sensitivity_of_nodes", "engine_for", "sample_indices", "rank_configs"]
 
@@ -95,10 +95,6 @@ def stored_quantized(qm, what):
 
 def _kind_of(qm, name):
     return qm.calibration[name].kind if name in qm.calibration else "node"
-
-
-# what a ranking shows for an entry whose quantization reaches only outputs holding no values
-NO_VALUES = "no values compared"
 
 
 class Sensitivity(dict):
@@ -350,23 +346,23 @@ def ranked(engine, scores, metric_objs, specs, samples, node_type, describe, con
     """The :class:`Sensitivity` of ``scores`` (from :func:`score_configs` on ``samples``
     samples, of ``configs``: ``{label: calibration nodes quantized}``), worst first by the
     first of ``metric_objs``. An entry whose quantization reaches only outputs that held no
-    values on any sample has no figure (None, ``details[label]["no_values"]`` says why) and
-    comes last: its metrics read no values as a perfect score."""
+    values on any sample, or none of the outputs compared, has no figure (None, per sample
+    too; ``details[label]["no_values"]`` says why) and comes last: its metrics read no change
+    measured as a perfect score."""
     result = read_from(Sensitivity(node_type=node_type, metrics=[m.name for m in metric_objs],
                                    outputs=[s.name for s in specs], samples=samples,
                                    model=engine.qmodel.source), engine.inputs())
     entries, unmeasured = {}, set()
     for name, pools in scores.items():
         per_output, empty = by_output(pools), pools[0].empty()
-        for output in empty:
-            per_output[output] = dict.fromkeys(per_output[output])
         entries[name] = {m.name: pool.value() for m, pool in zip(metric_objs, pools)}
         result.details[name] = {**describe(name), "per_output": per_output,
                                 "per_sample": {m.name: pool.samples for m, pool in zip(metric_objs, pools)}}
-        why = empty and _no_values(engine.qmodel, configs[name], specs, empty)
-        if why:
+        why = _no_values(engine.qmodel, configs[name], specs, empty)
+        if why:  # its samples' figures too compare nothing (confidence would read them as perfect)
             entries[name] = dict.fromkeys(entries[name])
             result.details[name]["no_values"] = why
+            result.details[name]["per_sample"] = {m.name: [None] * len(pool.samples) for m, pool in zip(metric_objs, pools)}
             unmeasured.add(name)
     first = metric_objs[0]
     for name in sorted(entries, key=lambda n: (1, 0) if n in unmeasured else (0, first.sort_key(entries[n][first.name]))):
@@ -375,12 +371,14 @@ def ranked(engine, scores, metric_objs, specs, samples, node_type, describe, con
 
 
 def _no_values(qm, quantized, specs, empty):
-    """Why quantizing ``quantized`` changes no value compared: the outputs of ``specs`` it
-    reaches all are among ``empty`` (``{output: shape}`` of those that held no values), or
-    "" where it reaches one holding values (or none at all)."""
+    """Why quantizing ``quantized`` changes no value compared: it reaches none of the outputs
+    of ``specs``, or those it reaches all are among ``empty`` (``{output: shape}`` of those
+    that held no values); "" where it reaches one holding values."""
     reached = qm.downstream([t for c in quantized for t in qm.calibration[c].outputs])
     hit = [s.name for s in specs if s.tensor in reached]
-    if not hit or any(n not in empty for n in hit):
+    if not hit:
+        return f"changes none of the outputs compared ({listed([s.name for s in specs], 3)})"
+    if any(n not in empty for n in hit):
         return ""
     shown = ", ".join(f"{n!r} (shape {empty[n]})" for n in hit)
     return f"changes only {shown}, which hold{'s' if len(hit) == 1 else ''} no values on any sample"

@@ -22,7 +22,8 @@ import math
 
 from .curves import configs_from
 from .data import load_data
-from .metrics import Pooled, Reference, Scratch, get_metric
+from .errors import PTQError
+from .metrics import Pooled, Reference, Scratch, get_metric, held_no_values
 from .progress import Progress
 from .results import JsonResult
 from .tables import short
@@ -157,6 +158,9 @@ def score(engine, data, specs, metric, configs, count=None, bar=None, apart=()):
                 pools_apart[label].add_prepared(prepared, out)
         if bar is not None:
             bar.advance()
+    empty = next(iter(pools.values())).empty() if pools else {}
+    if specs and len(empty) == len(specs):  # every figure would be a perfect score no comparison measured
+        raise PTQError(held_no_values(empty, getattr(engine.data if own else data, "where", None) or "the data"))
     return ({label: pool.value() for label, pool in pools.items()},
             None if pools_apart is None else {label: pool.value() for label, pool in pools_apart.items()})
 

@@ -14,7 +14,9 @@ from onnx import TensorProto, helper, numpy_helper
 
 import builders
 from pytest_ptq import cli
+from pytest_ptq.confidence import ranking_confidence
 from pytest_ptq.sensitivity import Sensitivity, get_sensitivity_of_nodes
+from pytest_ptq.errors import PTQError
 from test_plugin import plugin_args
 
 N = 4
@@ -126,5 +128,114 @@ def test_the_nodes_check_leaves_them_out_and_says_so(empty_tail, pytester):
     result.assert_outcomes(passed=1)
     result.stdout.fnmatch_lines([
         "*SUMMARY all 2 activation nodes of model.onnx meet cosine-similarity >= 0.999900 with only that node "
-        "quantized (most sensitive *); 2 left out, which change only outputs holding no values "
+        "quantized (most sensitive *); 2 left out, whose quantization changes no value compared "
         "('m2_QuantizeLinear', 'e_QuantizeLinear'): no values compared"])
+
+
+def test_rows_reaching_none_of_the_outputs_compared_have_no_figure(empty_tail):
+    # ranked on y alone, the second branch's pairs change nothing compared (e is not even compared)
+    sens = get_sensitivity_of_nodes(str(empty_tail["model"]), calibrated_data=empty_tail["data"],
+                                    node_type="activation", output_node="y")
+    unmeasured = ["m2_QuantizeLinear", "e_QuantizeLinear"]
+    assert list(sens)[-2:] == unmeasured
+    for name in sens:
+        expected, changed = brute_force(empty_tail, [name])
+        if name in unmeasured:
+            assert not changed
+            assert sens[name]["cosine-similarity"] is None
+            assert sens.details[name]["no_values"] == "changes none of the outputs compared ('y')"
+        else:
+            assert changed and sens[name]["cosine-similarity"] == pytest.approx(expected, abs=1e-6)
+    table = sens.table()
+    assert "1.000000" not in table
+    assert ("no values compared: quantizing m2_QuantizeLinear, e_QuantizeLinear alone changes none of the outputs "
+            "compared ('y'); listed last") in table
+
+
+def _cosine(a, b):
+    a, b = (np.asarray(v, np.float64).ravel() for v in (a, b))
+    return float(a @ b / np.sqrt((a @ a) * (b @ b)))
+
+
+def test_confidence_leaves_out_rows_with_no_values_compared(empty_tail):
+    sens = get_sensitivity_of_nodes(str(empty_tail["model"]), calibrated_data=empty_tail["data"],
+                                    node_type="activation")
+    unmeasured = ["m2_QuantizeLinear", "e_QuantizeLinear"]
+    for name in unmeasured:  # no figure per sample either: 1.0 read as the steadiest node
+        assert sens.details[name]["per_sample"]["cosine-similarity"] == [None] * N
+    conf = ranking_confidence(sens, k=2, resamples=50)
+    assert conf.left_out == unmeasured and set(conf.nodes) == {"x_QuantizeLinear", "y_QuantizeLinear"}
+    ref = builders.run_model(builders.rewire(empty_tail["model"], keep=()), empty_tail["feeds"])
+    for name, v in conf.nodes.items():  # each sample's own cosine of y, from plain sessions
+        got = builders.run_model(builders.rewire(empty_tail["model"], keep={name}), empty_tail["feeds"])
+        per_sample = [_cosine(r["y"], g["y"]) for r, g in zip(ref, got)]
+        assert v["mean"] == pytest.approx(np.mean(per_sample), abs=1e-6)
+        assert v["min"] == pytest.approx(min(per_sample), abs=1e-6)
+    assert conf.message.endswith("; 2 left out, whose quantization changes no value compared ('m2_QuantizeLinear', "
+                                 "'e_QuantizeLinear'): no values compared")
+    only_e = get_sensitivity_of_nodes(str(empty_tail["model"]), calibrated_data=empty_tail["data"],
+                                      node_type="activation", output_node="e")
+    with pytest.raises(PTQError, match="no node of the sensitivity result has a figure"):
+        ranking_confidence(only_e)
+
+
+def _in_pytester(empty_tail, pytester):
+    shutil.copy(empty_tail["model"], pytester.path / "model.onnx")
+    shutil.copytree(empty_tail["root"] / "calib", pytester.path / "calib")
+
+
+def test_the_outputs_check_does_not_judge_an_output_holding_no_values(empty_tail, pytester):
+    _in_pytester(empty_tail, pytester)
+    ref = builders.run_model(builders.rewire(empty_tail["model"], keep=()), empty_tail["feeds"])
+    got = builders.run_model(empty_tail["model"], empty_tail["feeds"])
+    y = builders.pooled_cosine([r["y"] for r in ref], [g["y"] for g in got])
+    pytester.makepyfile(f"""
+        import pytest
+        from pytest_ptq.checks import ContractFailed
+
+        @pytest.mark.ptq(model="model.onnx", data="calib")
+        def test_outputs(ptq):
+            result = ptq.check_outputs(0.99)
+            assert result.passed and result.unjudged == {{"e": [0, 8]}}
+            assert abs(result.values["y"] - {y!r}) < 1e-6 and result.values["e"] is None
+            assert [m["output"] for m in result.measures()] == ["y"] and "e.cosine-similarity" not in result.figures()
+            print("SUMMARY", result.summary)
+            print("DETAILS", result.details.replace("\\n", " "))
+            strict = ptq.check_outputs({(1 + y) / 2!r})  # y fails; e neither passes nor fails
+            assert not strict.passed and strict.failing == ["y"]
+            print("FAILS", strict.summary)
+            ptq.assert_outputs({{"y": 0.99, "e": 0.99}})
+
+        @pytest.mark.ptq(model="model.onnx", data="calib")
+        def test_only_empty(ptq):
+            ptq.check_outputs({{"e": 0.99}})
+
+        @pytest.mark.ptq(model="model.onnx", data="calib")
+        def test_nodes_only_empty(ptq):
+            ptq.check_nodes(0.99, node_type="activation", outputs=["e"])
+    """)
+    result = pytester.runpytest_inprocess(*plugin_args(), "-p", "no:cacheprovider", "-s")
+    result.assert_outcomes(passed=1, failed=2)
+    out = result.stdout.str()  # fnmatch would read '[0, 8]' as a character class
+    for said in [
+        f"SUMMARY output cosine-similarity meets every threshold (worst 'y' {y:.6f} >= 0.990000); 'e' (shape [0, 8]) "
+        "not judged: it holds no values on any sample, no values compared [model.onnx, 4 sample(s) of calib]",
+        "| e      | no values compared | >= 0.990000 | not judged |",
+        f"FAILS output cosine-similarity fails for 1 of 1 output(s): 'y' {y:.6f} (needs >= {(1 + y) / 2:.6f}); "
+        "'e' (shape [0, 8]) not judged",
+        "every output compared ('e' (shape [0, 8])) holds no values on any sample of calib: no values were "
+        "compared, so nothing can be judged; compare outputs that hold values, or use data on which these do",
+        "no activation node of model.onnx can be judged: quantizing any of them alone changes only 'e' "
+        "(shape [0, 8]), which holds no values on any sample (no values compared); check outputs that hold values",
+    ]:
+        assert said in out
+    assert not any("1.000000" in line for line in out.splitlines() if any(w in line for w in ("SUMMARY", "DETAILS",
+                                                                                             "FAILS")))
+
+
+def test_runall_refuses_a_verdict_on_outputs_holding_no_values(empty_tail, tmp_path, capsys):
+    rc = cli.main(["runall", str(empty_tail["model"]), str(empty_tail["root"] / "calib"), "-s", str(tmp_path / "ra"),
+                   "--quiet", "-o", "e"])
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert "every output compared ('e' (shape [0, 8])) holds no values on any sample of " in err
