@@ -7,6 +7,7 @@ or the highest error). Per-output and per-sample values are kept beside it.
 
 from __future__ import annotations
 
+from collections import defaultdict
 import json
 import math
 from pathlib import Path
@@ -353,12 +354,18 @@ def ranked(engine, scores, metric_objs, specs, samples, node_type, describe, con
                                    outputs=[s.name for s in specs], samples=samples,
                                    model=engine.qmodel.source), engine.inputs())
     entries, unmeasured = {}, set()
+    # the outputs each tensor may change: every output's sources walked once, not every entry's
+    # consequences (a walk of the graph per entry, on a model of thousands of pairs)
+    changes = defaultdict(set)
+    for s in specs:
+        for t in engine.qmodel.upstream(s.tensor):
+            changes[t].add(s.name)
     for name, pools in scores.items():
         per_output, empty = by_output(pools), pools[0].empty()
         entries[name] = {m.name: pool.value() for m, pool in zip(metric_objs, pools)}
         result.details[name] = {**describe(name), "per_output": per_output,
                                 "per_sample": {m.name: pool.samples for m, pool in zip(metric_objs, pools)}}
-        why = _no_values(engine.qmodel, configs[name], specs, empty)
+        why = _no_values(engine.qmodel, configs[name], specs, empty, changes)
         if why:  # its samples' figures too compare nothing (confidence would read them as perfect)
             entries[name] = dict.fromkeys(entries[name])
             result.details[name]["no_values"] = why
@@ -370,12 +377,13 @@ def ranked(engine, scores, metric_objs, specs, samples, node_type, describe, con
     return result
 
 
-def _no_values(qm, quantized, specs, empty):
+def _no_values(qm, quantized, specs, empty, changes):
     """Why quantizing ``quantized`` changes no value compared: it reaches none of the outputs
     of ``specs``, or those it reaches all are among ``empty`` (``{output: shape}`` of those
-    that held no values); "" where it reaches one holding values."""
-    reached = qm.downstream([t for c in quantized for t in qm.calibration[c].outputs])
-    hit = [s.name for s in specs if s.tensor in reached]
+    that held no values); "" where it reaches one holding values. ``changes``: ``{tensor:
+    names of the outputs computed from it}``."""
+    reached = set().union(*(changes.get(t, ()) for c in quantized for t in qm.calibration[c].outputs))
+    hit = [s.name for s in specs if s.name in reached]
     if not hit:
         return f"changes none of the outputs compared ({listed([s.name for s in specs], 3)})"
     if any(n not in empty for n in hit):

@@ -695,15 +695,15 @@ class QuantModel:
     def is_constant(self, name):
         return self.constant(name) is not None
 
-    def downstream(self, tensors):
-        """The tensors computed from ``tensors`` (them included): what changes where they do."""
-        seen, todo = set(tensors), list(tensors)
+    def upstream(self, tensor):
+        """The tensors ``tensor`` is computed from (itself included): what may change it."""
+        seen, todo = {tensor}, [tensor]
         while todo:
-            for n in self.readers(todo.pop()):
-                for o in n.output:
-                    if o and o not in seen:
-                        seen.add(o)
-                        todo.append(o)
+            n = self.producer.get(todo.pop())
+            for i in () if n is None else node_refs(n) if has_subgraphs(n) else n.input:
+                if i and i not in seen:
+                    seen.add(i)
+                    todo.append(i)
         return seen
 
     def readers(self, tensor):
