@@ -51,7 +51,7 @@ from ..model.align import FOLDABLE, RESHAPING, TRANSPARENT, float_source
 from ..model.graph import name_nodes, sort_topologically
 from ..model.producers import KNOWN
 from .alternatives import float_input
-from .result import MIXED, REMEDIES, producer_lines
+from .result import MIXED, REMEDIES, override_text, producer_lines
 from .terms import chain_entry, chain_float_consequence, later_pair_note
 
 PRODUCERS = ("modelopt", "quark", "neural-compressor", "aimet")
@@ -440,7 +440,7 @@ def _quark(qm, names, kinds, axes, terms):
         if excluded:
             terms["lines"].append(f"config.exclude += {excluded!r}")
         if overrides:
-            body = ", ".join(f"{t!r}: [{_quark_entry(e[0])}]" for t, e in overrides.items())
+            body = ", ".join(f"{t!r}: [{override_text(e[0], 'ExtendedQuantType')}]" for t, e in overrides.items())
             terms["lines"].append("config.extra_options.setdefault('TensorQuantOverrides', {}).update({" + body
                                   + "})  # from quark.onnx import ExtendedQuantType")
         terms["lines"].append("ModelQuantizer(config).quantize_model(FLOAT.onnx, OUT.onnx, reader)")
@@ -449,18 +449,6 @@ def _quark(qm, names, kinds, axes, terms):
 _QUARK_CHAIN = ("Quark puts one pair on a tensor for all its readers, as onnxruntime does, and the later pair only "
                 "from a 'convert' entry in TensorQuantOverrides: where the config that made the model gives the tensor "
                 "one, dropping it removes that pair alone")
-
-
-def _quark_entry(entry):
-    """A TensorQuantOverrides entry as Python for Quark: its types ExtendedQuantType members,
-    a convert's receiving nodes the set its quantizer reads."""
-    def value(k, v):
-        if k == "quant_type":
-            return f"ExtendedQuantType.{v}"
-        if k == "convert":
-            return _quark_entry(v)
-        return repr(set(v)) if k == "recv_nodes" else repr(v)
-    return "{" + ", ".join(f"{k!r}: {value(k, v)}" for k, v in entry.items()) + "}"
 
 
 def _inc(qm, names, kinds, axes, terms):

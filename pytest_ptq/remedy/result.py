@@ -40,14 +40,15 @@ def snippet(settings, call=None, overrides=True):
     return f"{call or settings.get('quantizer', 'quantize_static')}(..., {', '.join(parts)})"
 
 
-def override_text(entry):
-    """A TensorQuantOverrides entry as Python quantize_static takes: types as QuantType members, a
-    convert's receiving nodes as the set it requires."""
+def override_text(entry, types="QuantType"):
+    """A TensorQuantOverrides entry as Python quantize_static (or Quark, ``types`` its
+    ``ExtendedQuantType``) takes: types as members of ``types``, a convert's receiving nodes as
+    the set it requires."""
     def value(k, v):
         if k == "quant_type":
-            return f"QuantType.{v}"
+            return f"{types}.{v}"
         if k == "convert":
-            return override_text(v)
+            return override_text(v, types)
         return repr(set(v)) if k == "recv_nodes" else repr(v)
     return "{" + ", ".join(f"{k!r}: {value(k, v)}" for k, v in entry.items()) + "}"
 
