@@ -687,3 +687,122 @@ def test_quarks_int16_for_a_chains_later_pair_leaves_its_first_pair(branched, tm
         in "\n".join(terms["lines"])
     found = effect(terms, str(fpath), builders.quantize(fpath, tmp_path / "base.onnx", data), out)
     assert found["not_applied"] == [] and terms["expect"]["int16"] == [tensor]
+
+
+def _chain_position(qpath, pair):
+    """How many pairs ``pair`` re-quantizes, read from the proto: the QuantizeLinear nodes
+    behind it back to the float tensor."""
+    model = builders.load(qpath)
+    written = {o: n for n in model.graph.node for o in n.output}
+    tensor, position = next(n for n in model.graph.node if n.name == pair).input[0], 0
+    while tensor in written and written[tensor].op_type == "DequantizeLinear":
+        tensor = written[written[tensor].input[0]].input[0]
+        position += 1
+    return position
+
+
+def _raised_at(bits, at):
+    """Whether the readers of the pair at position ``at`` of a chain (those whose chain reaches
+    it; every reader where none does, reading the chain's last pair) read it at 16 bit, from
+    :func:`_chain_bits`."""
+    reaching = [b for b in bits.values() if len(b) > at] or list(bits.values())
+    return bool(reaching) and all(b[min(at, len(b) - 1)] >= 16 for b in reaching)
+
+
+def test_the_requantized_check_compares_the_chain_pair_the_remedy_names(remedy_chains, tmp_path):
+    """The check keyed the re-quantized pairs by float tensor alone, so a chain's later pair
+    hid its head: int16 for the head wrote the right file ({relu: [16, 8], conv1: [16, 8]})
+    and read 'not applied ['c']', and given a file with only the later pair raised ([8, 16]) it
+    read the head applied. It compares the pair at the position the remedy names now, and says
+    not applied exactly where that position of every reader's chain is not at 16 bit."""
+    from types import SimpleNamespace
+
+    from pytest_ptq.remedy import onnxruntime_settings, quantize_static_kwargs
+    from pytest_ptq.remedy.requantize import _effect
+
+    m, fpath, data = remedy_chains["model"], remedy_chains["float"], remedy_chains["data"]
+    qm = QuantModel(str(m), float_model=str(fpath))
+    base = QuantModel(str(builders.quantize(fpath, tmp_path / "base.onnx", data)))
+    producer = {p: next(n.name for n in builders.load(fpath).graph.node if _chain_tensor(m, fpath, p) in n.output)
+                for p in ("coarse_Q", "fine_Q", "oa_Q", "ob_Q")}
+    files = {}
+    for pair in producer:
+        settings = onnxruntime_settings(qm, "int16", [pair])
+        files[pair] = builders.quantize(fpath, tmp_path / f"{pair}.onnx", data, **quantize_static_kwargs(settings))
+    for pair, chained in (("coarse_Q", "fine_Q"), ("fine_Q", "coarse_Q"), ("oa_Q", "ob_Q"), ("ob_Q", "oa_Q")):
+        at = _chain_position(m, pair)
+        for path in (files[pair], files[chained]):  # the remedy's own file, and the one raising the other pair
+            written = next(n.output[0] for n in builders.load(path).graph.node if n.name == producer[pair])
+            bits = _chain_bits(path, written)
+            applied = _raised_at(bits, at)
+            assert applied == (path == files[pair]), (pair, path, bits)
+            found = _effect(qm, base, QuantModel(str(path)), SimpleNamespace(nodes=[pair], choices={}, remedy="int16"))
+            assert found["not_applied"] == ([] if applied else [_chain_tensor(m, fpath, pair)]), (pair, path, found)
+
+
+def test_the_requantized_check_counts_a_chain_it_lengthened_as_collateral(remedy_chains, tmp_path):
+    """A remedy naming no pair of 'c' whose re-quantization wrote [16, 8] on it where the
+    baseline had [8]: keyed by tensor, the check compared the later 8-bit pair and said nothing;
+    every tensor whose readers read other pairs than in the baseline is collateral now."""
+    from types import SimpleNamespace
+
+    from pytest_ptq.remedy import onnxruntime_settings, quantize_static_kwargs
+    from pytest_ptq.remedy.requantize import _effect
+
+    m, fpath, data = remedy_chains["model"], remedy_chains["float"], remedy_chains["data"]
+    qm = QuantModel(str(m), float_model=str(fpath))
+    base = builders.quantize(fpath, tmp_path / "base.onnx", data)
+    out = builders.quantize(fpath, tmp_path / "int16.onnx", data,
+                            **quantize_static_kwargs(onnxruntime_settings(qm, "int16", ["coarse_Q"])))
+    fnodes = builders.load(fpath).graph.node
+
+    def read(path):  # {float tensor: its readers' pairs}, by the node writing each quantized tensor
+        model = builders.load(path)
+        written = {o: n.name for n in model.graph.node for o in n.output}
+        heads = {t for t in _quantized_tensors(path)
+                 if t not in written or next(n for n in model.graph.node if n.name == written[t]).op_type
+                 != "DequantizeLinear"}
+        return {t if t not in written else next(n for n in fnodes if n.name == written[t]).output[0]:
+                _chain_bits(path, t) for t in heads}
+
+    was, now = read(base), read(out)
+    changed = sorted(t for t in was if was[t] != now.get(t))
+    assert changed == ["c"]
+    nothing = SimpleNamespace(nodes=[], choices={}, remedy="int16")
+    found = _effect(qm, QuantModel(str(base)), QuantModel(str(out)), nothing)
+    assert found["collateral"] == changed and found["not_applied"] == []
+
+
+def test_a_producers_check_compares_the_chain_pair_its_terms_name(branched, tmp_path):
+    """Quark's int16 for the branched chain's head writes a 'convert' that raises the head and
+    keeps conv1's later pair at 8 ({relu: [16], conv1: [16, 8]}); its check keyed the pairs by
+    tensor and read the later 8-bit pair: 'not applied' (and the head 'applied' in a file raising
+    only the later pair). It reads the pair at the position the terms name, as each reader of
+    the file reads it."""
+    from test_producer_terms import _mark
+
+    from pytest_ptq.remedy import producer_terms, quantize_static_kwargs
+    from pytest_ptq.remedy.producer_check import effect
+
+    fpath, data = _branched_float(branched)
+    model = onnx.load(str(branched["model"]))
+    _mark(model, "quark")
+    qpath = tmp_path / "marked.onnx"
+    onnx.save(model, str(qpath))
+    qm = QuantModel(str(qpath), float_model=str(fpath))
+    tensor, base = _read_by(fpath, "conv1"), builders.quantize(fpath, tmp_path / "base.onnx", data)
+    head_input = next(n for n in model.graph.node if n.name == "coarse_Q").input[0]
+    terms, files = {}, {}
+    for pair in ("coarse_Q", "fine_Q"):
+        terms[pair] = producer_terms(qm, "int16", [pair], float_model=str(fpath))
+        overrides = {"TensorQuantOverrides": terms[pair]["settings"]["TensorQuantOverrides"]}
+        files[pair] = builders.quantize(fpath, tmp_path / f"{pair}.onnx", data, **quantize_static_kwargs(overrides))
+        assert _chain_bits(files[pair], tensor) == _chain_bits(qpath, head_input, raise_pair=pair), pair
+    for pair, other in (("coarse_Q", "fine_Q"), ("fine_Q", "coarse_Q")):
+        at = _chain_position(qpath, pair)
+        for path in (files[pair], files[other]):  # its own file, and the one raising the other pair
+            applied = _raised_at(_chain_bits(path, tensor), at)
+            assert applied == (path == files[pair]), (pair, path)
+            found = effect(terms[pair], str(fpath), base, path)
+            assert found["not_applied"] == ([] if applied else [tensor]), (pair, path, found)
+            assert found["kept"]["int16"] == {tensor: applied}, (pair, path, found)

@@ -919,14 +919,14 @@ def test_what_a_re_quantization_changed_is_read_by_one_rule_for_every_kind():
 
     eight, sixteen, channels = Grid(bit=8, per_channel=False), Grid(bit=16, per_channel=False), \
         Grid(bit=8, per_channel=True)
-    before = {t: eight for t in ("a", "b", "c", "d", "e", "w")}
-    after = {"a": sixteen, "c": channels, "d": eight, "w": eight}
-    found = changes(before, after, {"int16": ["a", "d"], "per-channel": ["w"]})
+    before = {(t, 0): eight for t in ("a", "b", "c", "d", "e", "w")}
+    after = {("a", 0): sixteen, ("c", 0): channels, ("d", 0): eight, ("w", 0): eight}
+    found = changes(before, after, {"int16": [("a", 0), ("d", 0)], "per-channel": [("w", 0)]})
     assert found["kept"] == {"float": {}, "int16": {"a": True, "d": False}, "per-channel": {"w": False}}
     assert found["not_applied"] == ["d", "w"]
     assert found["collateral"] == ["b", "c", "e"]  # left in float (b, e) or made per channel (c), unnamed
     assert found["in_float"] == []
-    found = changes(before, {"c": eight}, {"float": ["a"], "int16": ["b"]}, named=["d"])
+    found = changes(before, {("c", 0): eight}, {"float": [("a", 0)], "int16": [("b", 0)]}, named=["d"])
     assert found["kept"]["float"] == {"a": True} and found["kept"]["int16"] == {"b": True}
     assert found["in_float"] == ["b"] and found["collateral"] == ["e", "w"]  # d named, c unchanged
 

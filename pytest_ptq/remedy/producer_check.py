@@ -24,7 +24,7 @@ from ..errors import FLOAT_MODEL_OPTION, NotQuantized, PTQError
 from ..metrics import Pooled, get_metric
 from ..model import QuantModel, load_model
 from ..outputs import parse_outputs
-from .effect import changes
+from .effect import changes, places
 from .producer_terms import SHORT, ProducerNames
 from .requantize import requantized_runner
 
@@ -139,9 +139,21 @@ def effect(terms, float_model, baseline_path, fixed_path):
         except NotQuantized:  # the terms left nothing quantized
             return {}
         names = ProducerNames(qm, key, float_model)
-        return {names.tensor(c)[0]: c for c in qm.calibration.values() if c.role != "bias"}
+        return places(qm, lambda c: names.tensor(c)[0])
 
-    return changes(quantized(baseline_path), quantized(fixed_path), terms["expect"])
+    return changes(quantized(baseline_path), quantized(fixed_path), expected_places(terms))
+
+
+def expected_places(terms):
+    """``{kind: [(tensor, chain position)]}``: each tensor ``terms`` expect of a kind, at the
+    position in its requantize chain of the pair they name it for (terms kept from before
+    positions were recorded: 0)."""
+    out = {}
+    for kind, tensors in terms["expect"].items():
+        for tensor in tensors:
+            at = {e.get("position", 0) for e in terms["nodes"].values() if e["tensor"] == tensor and e["kind"] == kind}
+            out.setdefault(kind, []).extend((tensor, p) for p in sorted(at or {0}))
+    return out
 
 
 def output_score(engine, float_model, metric="cosine-similarity"):

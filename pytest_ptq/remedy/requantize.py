@@ -22,7 +22,7 @@ from ..model.graph import name_nodes
 from ..model.qdq import PER_CHANNEL_OPS
 from ..stages import SIMULATION_WARNING, simulation_warnings
 from ..tables import fmt
-from .effect import changes
+from .effect import chain_position, changes, places
 from .result import meets
 from .terms import float_tensor_name, quantize_static_kwargs, quantized_ops, quantizer_call
 
@@ -596,7 +596,7 @@ def _effect(old, baseline, new, result):
     from the file's producer anyway (:func:`~.effect.changes`; per channel is checked on
     weights, which quantize_static quantizes per channel itself)."""
     def quantized(qm):
-        return {float_tensor_name(qm, c): c for c in qm.calibration.values() if c.role != "bias"}
+        return places(qm, lambda c: float_tensor_name(qm, c))
 
     before, after = quantized(baseline), ({} if new is None else quantized(new))
     expect, named = {}, set()
@@ -604,7 +604,7 @@ def _effect(old, baseline, new, result):
         kind, tensor = result.choices.get(n, result.remedy), float_tensor_name(old, old.calibration[n])
         named.add(tensor)
         if kind != "per-channel" or old.calibration[n].kind == "weight":
-            expect.setdefault(kind, []).append(tensor)
+            expect.setdefault(kind, []).append((tensor, chain_position(old, n)))
     found = changes(before, after, expect, named)
     return {"collateral": found["collateral"], "not_applied": found["not_applied"]}
 
