@@ -30,13 +30,15 @@ def rank(engine, names, metric, specs, indices, clock, ranking=None, progress=Fa
 
 
 def given_ranking(ranking, metric, qm):
-    """``[(calibration node, value or None)]`` in the order ``ranking`` gives: a Sensitivity (or
-    a list of them) of calibration nodes, or of normal nodes (each standing for the calibration
-    nodes quantizing it, in the node's rank, with no value of its own), or node names. Raises
-    PTQError naming an entry that is no node of ``qm``."""
+    """``([(calibration node, value or None)], [calibration node])``: the entries in the order
+    ``ranking`` gives (a Sensitivity, or a list of them, of calibration nodes, or of normal nodes,
+    each standing for the calibration nodes quantizing it, in the node's rank, with no value of
+    its own; or node names), then the nodes only ranked with no values compared (they change
+    none of the ranking's outputs: the search tries them last). Raises PTQError naming an
+    entry that is no node of ``qm``."""
     if isinstance(ranking, (str, dict)):
         ranking = [ranking]
-    entries = {}
+    entries, unmeasured = {}, []
 
     def take(name, value):
         if not isinstance(name, str):
@@ -44,6 +46,9 @@ def given_ranking(ranking, metric, qm):
         if name not in qm.calibration and name not in qm.normal:
             raise unknown("node", name, sorted(qm.names()))
         normal = name not in qm.calibration
+        if not normal and isinstance(value, dict) and value.get(metric.name) is None:
+            unmeasured.append(name)
+            return
         for n in qm.quantizing(name) if normal else [name]:
             if n not in entries:
                 entries[n] = None if normal or not isinstance(value, dict) else value.get(metric.name)
@@ -56,18 +61,19 @@ def given_ranking(ranking, metric, qm):
                 take(n, v)
         else:
             raise PTQError(f"ranking must be a Sensitivity, a list of them, or a list of node names, got {shown(item)}")
-    return list(entries.items())
+    return list(entries.items()), [n for n in dict.fromkeys(unmeasured) if n not in entries]
 
 
 def _given_ranking(ranking, names, metric, qm):
     allowed = set(names)
-    entries = [(n, v) for n, v in given_ranking(ranking, metric, qm) if n in allowed]
-    if not entries:
+    ranked, unmeasured = given_ranking(ranking, metric, qm)
+    entries = [(n, v) for n, v in ranked if n in allowed]
+    if not entries and not any(n in allowed for n in unmeasured):
         raise PTQError(f"the given ranking names none of the {len(names)} candidate nodes (its nodes cannot take this "
                        "remedy, or are not gated); rank them with get_sensitivity_of_nodes, or leave out ranking=")
     if all(v is not None for _, v in entries):
         entries.sort(key=lambda e: metric.sort_key(e[1]))
-    return entries
+    return entries + [(n, None) for n in unmeasured if n in allowed]
 
 
 def one_node_values(engine, names, metric, specs, indices, clock, alternative=False, bar=None):
