@@ -36,7 +36,10 @@ class Curves(JsonResult):
     ``average_mode`` (the seed's average cumulative error), ``means[config][k]`` the running
     mean of ``values[config][:k + 1]``, what the plot draws. ``worst_of[node]``: the model
     outputs a node's point is the worst of, where its own pairs write several (a Split's
-    outputs, each behind its pair), ``tensors[k]`` the first of them."""
+    outputs, each behind its pair), ``tensors[k]`` the first of them. ``no_values[node]``:
+    ``{tensor: shape}`` of what a node's point reads where none of it held a value on any
+    sample (a Slice selecting nothing): its point, in every config, and its local error are
+    None, not the perfect score a metric reads no values as."""
 
     metric: str
     nodes: list
@@ -49,6 +52,7 @@ class Curves(JsonResult):
     png: str | None = None
     means: dict | None = None
     worst_of: dict | None = None
+    no_values: dict | None = None
 
     def read(self, k):
         """The tensors the point of ``nodes[k]`` is the worst of."""
@@ -57,8 +61,24 @@ class Curves(JsonResult):
     def worst(self, label, k=3):
         """The ``k`` nodes with the worst value in a config's curve, worst first."""
         m = get_metrics(self.metric)[0]
-        order = sorted(range(len(self.nodes)), key=lambda i: m.sort_key(self.values[label][i]))
-        return [(self.nodes[i], self.values[label][i]) for i in order[:k]]
+        ys = self.values[label]
+        order = sorted((i for i in range(len(self.nodes)) if ys[i] is not None), key=lambda i: m.sort_key(ys[i]))
+        return [(self.nodes[i], ys[i]) for i in order[:k]]
+
+    def notes(self):
+        """One sentence per node without a point (see :func:`no_point_notes`)."""
+        return no_point_notes(self.no_values)
+
+
+def no_point_notes(no_values):
+    """One sentence per node of :attr:`Curves.no_values` (also read from a saved summary):
+    what its point reads, which held no values."""
+    out = []
+    for node, read in (no_values or {}).items():
+        said = ", ".join(f"{t!r} (shape {shape})" for t, shape in read.items())
+        out.append(f"{node!r} reads {said}, which hold{'s' if len(read) == 1 else ''} no values on any sample: "
+                   "no point")
+    return out
 
 
 def configs_from(engine, quantize_node=None, non_quantize_node=None):
@@ -139,17 +159,27 @@ def get_acc_error(engine, configs, metric="cosine-similarity", data_num=None, lo
         return {t: [m.new() for _ in views.get(t, whole)] for t in names}
 
     scratch = Scratch()
+    # values compared per tensor and part, the same in every config (the references'): a
+    # metric reads no values as a perfect score, which only these tell apart from a measured one
+    held = {t: [0] * len(views.get(t, whole)) for t in every}
+    shapes = {}
 
     def update(st, values, ref, prepared):
         for t, v in values.items():
             if t in st:
                 if t not in prepared:  # every config of a part compares with the same references
                     prepared[t] = [Reference(take(ref[t]), scratch) for take in views.get(t, whole)]
+                    for j, r in enumerate(prepared[t]):
+                        held[t][j] += r.array.size
+                        if not r.array.size:
+                            shapes.setdefault(t, list(r.array.shape))
                 for r, take, one in zip(prepared[t], views.get(t, whole), st[t]):
                     m.update(one, r, take(v))
 
-    def worst(*st):
-        return m.worst([m.value(one) for part in st for one in part])
+    def worst(st, read):
+        """The worst figure of the parts of ``read`` that held values; None where none did."""
+        found = [m.value(one) for t in read for one, n in zip(st[t], held[t]) if n]
+        return m.worst(found) if found else None
 
     states = {label: fresh(every) for label in configs}
     local_states = fresh(every) if local else None
@@ -164,14 +194,16 @@ def get_acc_error(engine, configs, metric="cosine-similarity", data_num=None, lo
                     update(states[label], out, ref, prepared)
                     out.clear()
                 bar.advance()
-    values = {label: [worst(*(st[t] for t in read)) for read in tensor_of.values()] for label, st in states.items()}
-    local_vals = ([worst(*(local_states[t] for t in tensor_of[n])) if qm.has_local_error(n) else None for n in nodes]
+    values = {label: [worst(st, read) for read in tensor_of.values()] for label, st in states.items()}
+    local_vals = ([worst(local_states, tensor_of[n]) if qm.has_local_error(n) else None for n in nodes]
                   if local else None)
+    no_values = {n: {qm.shown_name(t): shapes.get(t, []) for t in read} for n, read in tensor_of.items()
+                 if not any(map(any, (held[t] for t in read)))}
     # the tool's own names (a moved pair's '<out>::float') are not in the user's file
     return read_from(Curves(metric=m.name, nodes=nodes, tensors=[qm.shown_name(t) for t in tensors], values=values,
                             configs=configs, local=local_vals, samples=len(indices),
                             worst_of={n: [qm.shown_name(t) for t in read] for n, read in tensor_of.items()
-                                      if len(read) > 1} or None),
+                                      if len(read) > 1} or None, no_values=no_values or None),
                      engine.inputs())
 
 
@@ -223,9 +255,17 @@ def _named_list(what, names):
 
 
 def running_mean(values):
-    """The mean of the first 1, 2, ... values, as plain floats."""
-    arr = np.asarray(values, dtype=np.float64)
-    return (np.cumsum(arr) / np.arange(1, len(arr) + 1)).tolist()
+    """The mean of the first 1, 2, ... values, as plain floats; a point without a value
+    (None: it read no values) stays None and counts in no mean."""
+    known = [v is not None for v in values]
+    arr = np.asarray([v if k else 0.0 for v, k in zip(values, known)], dtype=np.float64)
+    means = np.cumsum(arr) / np.maximum(np.cumsum(known), 1)
+    return [float(v) if k else None for v, k in zip(means, known)]
+
+
+def _drawn(ys):
+    """``ys`` as floats, NaN (a gap in the line) where a point has no value."""
+    return [math.nan if v is None else v for v in ys]
 
 
 @drawing
@@ -242,10 +282,14 @@ def plot_curves(curves, path, title=None, annotate=3):
     colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     plotted = _plotted(curves)
     for k, (label, ys) in enumerate(plotted.items()):
-        ax.plot(x, ys, marker=".", markersize=3, linewidth=1.2, color=colours[k % len(colours)], label=drawable(label))
+        ax.plot(x, _drawn(ys), marker=".", markersize=3, linewidth=1.2, color=colours[k % len(colours)],
+                label=drawable(label))
+    for k, n in enumerate(curves.no_values or ()):  # the gap shown where it is, the axis kept to the last operator
+        i = curves.nodes.index(n)
+        ax.axvspan(i - 0.4, i + 0.4, color="0.92", zorder=0, label=None if k else "no point: read\nno values")
     worst = marked(curves, annotate)
     if curves.local is not None:
-        idx = [i for i, v in enumerate(curves.local) if v is not None]
+        idx = [i for i, v in enumerate(curves.local) if v is not None]  # None: no pair of its own, or no values
         ax.scatter(idx, [curves.local[i] for i in idx], s=10, marker="x", color="grey",
                    label="local error: its own\npairs quantized only", zorder=3)
     mode = " (running mean)" if curves.average_mode else ""
@@ -260,9 +304,16 @@ def plot_curves(curves, path, title=None, annotate=3):
     mark_points(ax, [(i, plotted[min(worst[i], key=lambda lv: m.sort_key(lv[1]))[0]][i]) for i in order])
     below = side_legend(side, ax)
     lines = ["worst points:"] if not curves.average_mode else ["worst points (the node's", "own value, not the mean):"]
-    undefined = sum(any(math.isnan(ys[i]) for ys in curves.values.values()) for i in range(len(curves.nodes)))
+    undefined = sum(any(v is not None and math.isnan(v) for v in (ys[i] for ys in curves.values.values()))
+                    for i in range(len(curves.nodes)))
     if undefined:
         lines[:0] = [f"{undefined} operator(s) without a value", "(NaN: no finite float value", "to compare), not drawn", ""]
+    empty = [curves.nodes.index(n) for n in curves.no_values or ()]
+    if empty:  # a gap in every curve: said, not left for the reader to guess
+        shown_empty = fit_labels([drawable(curves.nodes[i]) for i in empty], 20)
+        lines[:0] = [f"{len(empty)} operator(s) without a point", "(they read tensors holding", "no values on any sample):",
+                     *(f"  {name} (#{i})" for name, i in zip(shown_empty[:5], empty)),
+                     *([f"  and {len(empty) - 5} more"] if len(empty) > 5 else []), ""]
     # escaped before they are cut to fit: a glyph no font has, escaped after, ran past the width
     names = dict(zip(order, fit_labels([drawable(curves.nodes[i]) for i in order], 26)))
     labels = dict(zip(curves.values, fit_labels([drawable(label) for label in curves.values], 16)))
@@ -292,10 +343,10 @@ def marked(curves, annotate=3):
     m = get_metrics(curves.metric)[0]
     worst = {}
     for label, ys in curves.values.items():
-        best = max(ys, key=m.sort_key, default=None)
-        # a point with no value (NaN: a float tensor holding infinities, say) is no worst point:
-        # sorted first, three of them left a transformer's panel empty
-        comparable = [i for i in range(len(ys)) if not math.isnan(ys[i])]
+        # a point with no value (NaN: a float tensor holding infinities, say; None: it read no
+        # values) is no worst point: sorted first, three of them left a transformer's panel empty
+        comparable = [i for i in range(len(ys)) if ys[i] is not None and not math.isnan(ys[i])]
+        best = max((ys[i] for i in comparable), key=m.sort_key, default=None)
         for i in sorted(comparable, key=lambda i: m.sort_key(ys[i]))[:annotate]:
             if m.worse(ys[i], best):
                 worst.setdefault(i, []).append((label, ys[i]))

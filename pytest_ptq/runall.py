@@ -48,7 +48,7 @@ from pathlib import Path
 from . import __version__, guard, params
 from . import cache as results_cache
 from .cache import through
-from .curves import configs_from, get_acc_error, plot_curves
+from .curves import configs_from, get_acc_error, no_point_notes, plot_curves
 from .data import load_data
 from .diagnosis import explaining_inputs, scored_inputs, warning
 from .errors import PTQError, shown
@@ -837,7 +837,8 @@ def markdown(summary):
     lines += ["", "## Files", ""]
     files = summary["files"]
     lines.append(f"- `{Path(files['acc_error']).name}`: weight-only, activation-only and fully quantized "
-                 "cumulative error curves, with each node's local error")
+                 "cumulative error curves, with each node's local error"
+                 + "".join(f"; {printable(note)}" for note in no_point_notes(summary["curves"].get("no_values"))))
     for t, p in files["sensitivity"].items():
         lines.append(f"- `{Path(p).name}`: {t} sensitivity (reload with `Sensitivity.load`)")
     lines.append(f"- `distributions/`: {len(files['distributions'])} histograms; "

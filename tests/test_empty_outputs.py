@@ -239,3 +239,53 @@ def test_runall_refuses_a_verdict_on_outputs_holding_no_values(empty_tail, tmp_p
     err = capsys.readouterr().err
     assert rc == 2
     assert "every output compared ('e' (shape [0, 8])) holds no values on any sample of " in err
+
+
+# -- cumulative error curves --------------------------------------------------------------------
+def _pooled_y_and_m2(setup, keep):
+    """Pooled cosines of y and of m2 (the MatMul's output, before its pair) with only ``keep``
+    quantized, from plain onnxruntime sessions on rewired models."""
+    ref = builders.run_model(builders.rewire(setup["model"], keep=(), outputs=("m2",)), setup["feeds"])
+    got = builders.run_model(builders.rewire(setup["model"], keep=set(keep), outputs=("m2",)), setup["feeds"])
+    assert all(r["e"].size == 0 for r in ref)
+    return [builders.pooled_cosine([r[t] for r in ref], [g[t] for g in got]) for t in ("y", "m2")]
+
+
+def test_curves_give_no_point_to_a_node_reading_no_values(empty_tail, tmp_path, capsys):
+    from pytest_ptq.curves import Curves, marked, plot_curves
+
+    rc = cli.main(["plot-acc-error", str(empty_tail["model"]), str(empty_tail["root"] / "calib"), "-q", "weight",
+                   "activation", "-s", str(tmp_path), "--average", "--json", str(tmp_path / "c.json"), "--quiet"])
+    out = capsys.readouterr().out
+    assert rc == 0
+    saved = json.loads((tmp_path / "c.json").read_text())
+    assert saved["nodes"] == ["m1", "m2", "sl"] and saved["no_values"] == {"sl": {"e": [0, 8]}}
+    for label, keep in saved["configs"].items():  # m1 reads y after its pair, m2 its MatMul's output
+        y, m2 = _pooled_y_and_m2(empty_tail, keep)
+        assert saved["values"][label][:2] == pytest.approx([y, m2], abs=1e-6)
+        assert saved["values"][label][2] is None  # was 1.0: e holds no values
+        assert saved["means"][label] == pytest.approx([y, (y + m2) / 2, None], abs=1e-6)
+        assert f"{label}: cosine-similarity at the outputs y {y:.6g}, e no values compared; worst at " in out
+    assert saved["local"][2] is None  # was 1.0
+    y, _ = _pooled_y_and_m2(empty_tail, ["w1_QuantizeLinear", "x_QuantizeLinear", "y_QuantizeLinear"])
+    assert saved["local"][0] == pytest.approx(y, abs=1e-6)  # m1's own pairs, nothing upstream
+    assert "note: 'sl' reads 'e' (shape [0, 8]), which holds no values on any sample: no point" in out
+    assert "sl (" not in out  # was "worst at m2 (0.999974), m1 (0.999984), sl (1)"
+    back = Curves(**saved)  # read back from its JSON, it draws and marks the same
+    assert 2 not in marked(back) and [n for n, _ in back.worst("weight only")] == ["m2", "m1"]
+    assert plot_curves(back, tmp_path / "back.png").stat().st_size > 0
+
+
+def test_runall_curves_have_no_point_for_it(empty_tail, tmp_path):
+    out = tmp_path / "ra"
+    assert cli.main(["runall", str(empty_tail["model"]), str(empty_tail["root"] / "calib"), "-s", str(out),
+                     "--quiet"]) == 0
+    curves = json.loads((out / "summary.json").read_text())["curves"]
+    assert len(curves["values"]) == 3  # weights only, activations only, everything
+    for label, ys in curves["values"].items():
+        assert ys[:2] == pytest.approx(_pooled_y_and_m2(empty_tail, curves["configs"][label]), abs=1e-6)
+        assert ys[2] is None  # was 1.0
+    assert curves["local"][2] is None
+    assert "'sl' reads 'e' (shape [0, 8]), which holds no values on any sample: no point" in \
+        (out / "summary.md").read_text()
+

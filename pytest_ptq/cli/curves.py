@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from ..curves import plot_acc_error, unplotted_outputs
+from ..metrics import NO_VALUES
 from ..verdict import pole_cause
 from . import args as a
 
@@ -35,10 +36,16 @@ def run(args):
         cause = pole_cause(engine.qmodel, node) if v != v else ""
         return f"{node} ({v:.6g}{': ' + cause if cause else ''})"
 
+    def value(v):
+        return NO_VALUES if v is None else f"{v:.6g}"
+
     for label in curves.values:
         worst = ", ".join(shown(n, v) for n, v in curves.worst(label))
-        at = ", ".join(f"{named[k]} {curves.values[label][k]:.6g}" for k in ends)
-        print(f"{label}: {curves.metric} at the output{'s' if several else ''} {at}; worst at {worst}")
+        at = ", ".join(f"{named[k]} {value(curves.values[label][k])}" for k in ends)
+        print(f"{label}: {curves.metric} at the output{'s' if several else ''} {at}"
+              + (f"; worst at {worst}" if worst else ""))
+    for note in curves.notes():
+        print(f"note: {note}")
     for t, why in unplotted_outputs(engine, curves).items():
         print(f"note: the curves have no point for output {t!r}: {why}")
     print(f"wrote {curves.png}")
