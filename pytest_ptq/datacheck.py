@@ -649,7 +649,7 @@ def _quantized_metrics(engine, data, metric, bar, outputs=None):
             ref = engine.true_float(sample)
         pool.add(ref, out)
         bar.advance()
-    value = pool.value()
+    value = pool.judged(data)
     shares = {n: clipped[n] / counted[n] for n in counted if counted[n]}
     return value, shares
 

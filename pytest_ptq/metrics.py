@@ -158,6 +158,15 @@ class Pooled:
     def value(self):
         return self.metric.worst(self.per_output().values())
 
+    def judged(self, data):
+        """:meth:`value`, the figure a model is judged on; where every output held no values
+        on every sample added (of ``data``, the samples' :class:`~pytest_ptq.data.Data`), a
+        PTQError instead: that figure would be the perfect score a metric reads no values as."""
+        empty = self.empty()
+        if self.specs and len(empty) == len(self.specs):
+            raise PTQError(held_no_values(empty, getattr(data, "where", None) or "the data"))
+        return self.value()
+
     def empty(self):
         """``{output name: shape}`` of the outputs that held no values on any sample added,
         whose figure no comparison measured."""

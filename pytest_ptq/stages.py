@@ -200,7 +200,7 @@ def localize_stages(float_model, calibrated_model, calibrated_data, metrics=("co
     rows = {}
     for k in labels:
         per_output = by_output(pools[k])
-        values = {m.name: pool.value() for m, pool in zip(metric_objs, pools[k])}
+        values = {m.name: pool.judged(data) for m, pool in zip(metric_objs, pools[k])}
         rows[k] = {"stage": k, "description": {**_described(qm), REWRITE[0]: REWRITE[1]}.get(
             k, "integer kernels vs the simulation"), "values": values, "per_output": per_output,
             "per_sample": {m.name: pool.samples for m, pool in zip(metric_objs, pools[k])}}

@@ -6,6 +6,7 @@ plain onnxruntime sessions on rewired models."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 
 import numpy as np
@@ -289,3 +290,70 @@ def test_runall_curves_have_no_point_for_it(empty_tail, tmp_path):
     assert "'sl' reads 'e' (shape [0, 8]), which holds no values on any sample: no point" in \
         (out / "summary.md").read_text()
 
+
+# -- other figures judged on outputs: refused where every output compared holds none --------------
+NO_VALUES_SAID = "every output compared ('e' (shape [0, 8])) holds no values on any sample of "
+
+
+@pytest.fixture(scope="module")
+def only_empty(tmp_path_factory):
+    """e = (x @ w2)[0:0], the model's only output, quantized by onnxruntime."""
+    root = tmp_path_factory.mktemp("only_empty")
+    rng = np.random.default_rng(1)
+    nodes = [helper.make_node("MatMul", ["x", "w2"], ["m2"], name="m2"),
+             helper.make_node("Slice", ["m2", "start", "end", "axes"], ["e"], name="sl")]
+    inits = [numpy_helper.from_array(rng.standard_normal((16, 8)).astype(np.float32), "w2"),
+             *(numpy_helper.from_array(np.array([0], np.int64), n) for n in ("start", "end", "axes"))]
+    graph = helper.make_graph(nodes, "only_empty", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 16])],
+                              [helper.make_tensor_value_info("e", TensorProto.FLOAT, [0, 8])], inits)
+    builders.save_model(graph, root / "float.onnx")
+    data = {"x": [rng.standard_normal((4, 16)).astype(np.float32) for _ in range(N)]}
+    builders.quantize(root / "float.onnx", root / "model.onnx", data)
+    builders.save_folder(data, root / "calib")
+    builders.save_folder({"x": [rng.standard_normal((4, 16)).astype(np.float32) for _ in range(3)]}, root / "held")
+    return root
+
+
+@pytest.mark.parametrize("remedy", ["float", "int16"])
+def test_remedy_search_refuses_outputs_holding_no_values(empty_tail, remedy):
+    from pytest_ptq.remedy import suggest_remedy
+
+    # was: "cosine-similarity 1 ... meets the target 0.99 with 0 node(s) kept in float (baseline 1)"
+    with pytest.raises(PTQError, match=re.escape(NO_VALUES_SAID)):
+        suggest_remedy(str(empty_tail["model"]), empty_tail["data"], target=0.99, output_node="e", remedy=remedy,
+                       progress=False)
+
+
+def test_stages_refuse_outputs_holding_no_values(empty_tail):
+    from pytest_ptq.stages import localize_stages
+
+    with pytest.raises(PTQError, match=re.escape(NO_VALUES_SAID)):
+        localize_stages(str(empty_tail["root"] / "float.onnx"), str(empty_tail["model"]),
+                        str(empty_tail["root"] / "calib"), output_node="e", progress=False)
+
+
+def test_the_data_check_refuses_outputs_holding_no_values(empty_tail, only_empty):
+    from pytest_ptq.datacheck import check_data
+
+    with pytest.raises(PTQError, match=re.escape(NO_VALUES_SAID)):
+        check_data(str(only_empty / "model.onnx"), str(only_empty / "calib"), heldout=str(only_empty / "held"),
+                   progress=False)
+    with pytest.raises(PTQError, match=re.escape(NO_VALUES_SAID)):
+        check_data(str(empty_tail["model"]), str(empty_tail["root"] / "calib"), heldout=str(only_empty / "held"),
+                   outputs=["e"], progress=False)
+
+
+def test_the_producer_check_score_refuses_outputs_holding_no_values(empty_tail, only_empty):
+    from pytest_ptq.engine import Engine
+    from pytest_ptq.remedy.producer_check import output_score
+
+    with pytest.raises(PTQError, match=re.escape(NO_VALUES_SAID)):
+        output_score(Engine(str(only_empty / "model.onnx"), str(only_empty / "calib")),
+                     str(only_empty / "float.onnx"))(None)
+    # beside an output holding values, that one is scored: the fully quantized model's y
+    ref = builders.run_model(empty_tail["root"] / "float.onnx", empty_tail["feeds"])
+    got = builders.run_model(builders.rewire(empty_tail["model"], keep=set(builders.qdq_pairs(empty_tail["model"]))),
+                             empty_tail["feeds"])
+    score = output_score(Engine(str(empty_tail["model"]), empty_tail["data"]), str(empty_tail["root"] / "float.onnx"))
+    assert score(None)["calibration"] == pytest.approx(builders.pooled_cosine([r["y"] for r in ref],
+                                                                              [g["y"] for g in got]), abs=1e-6)

@@ -180,7 +180,7 @@ def output_score(engine, float_model, metric="cosine-similarity"):
             feeds = engine.data.sample(i)
             with engine.on_sample(i):
                 pool.add(dict(zip(tensors, run(reference, tensors, feeds, source))), new.run(i, "all", tensors))
-        return {"calibration": pool.value()}
+        return {"calibration": pool.judged(engine.data)}
 
     return score
 

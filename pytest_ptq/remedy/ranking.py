@@ -84,7 +84,7 @@ def one_node_values(engine, names, metric, specs, indices, clock, alternative=Fa
         clock.check()
         chunk = {n: [n] for n in names[k:k + RANK_CHUNK]}
         for n, (pool,) in score_configs(engine, chunk, [metric], specs, indices, bar, alternative).items():
-            values[n] = pool.value()
+            values[n] = pool.judged(engine.data)
     return values
 
 

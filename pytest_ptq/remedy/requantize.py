@@ -535,7 +535,7 @@ def _value(new, part, objective, read=None):
     for i in part.indices:
         values = new.run(i, "all", theirs)
         pool.add(part.engine.reference(i, tensors), {t: values[read[t]] for t in tensors})
-    return pool.value()
+    return pool.judged(part)
 
 
 def _reproduced(old, new, result):

@@ -141,7 +141,7 @@ class Scorer:
                 pools[k].add_prepared(prepared, out)
         for k in keys:
             self.pools[k] = pools[k]
-            self.memo[k] = pools[k].value()
+            self.memo[k] = pools[k].judged(self.part)
 
     def _evaluate(self, run):
         try:
@@ -162,7 +162,7 @@ def pooled(scorers, chosen):
     total = scorers[0].pool(chosen).copy()
     for sc in scorers[1:]:
         total.merge(sc.pool(chosen))
-    return total.value()
+    return total.judged(scorers[0].engine.data)
 
 
 def score(engine, quantized, specs, metric, indices, alternative=(), clock=None, reference=None):
@@ -176,4 +176,4 @@ def score(engine, quantized, specs, metric, indices, alternative=(), clock=None,
         if clock is not None:
             clock.check()
         pool.add(reference.reference(i, tensors), engine.run(i, quantized, tensors, alternative=alternative))
-    return pool.value()
+    return pool.judged(engine.data)
