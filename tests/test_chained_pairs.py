@@ -657,22 +657,28 @@ def test_a_producers_terms_for_a_chains_later_pair_kept_in_float_say_they_take_t
     assert found["not_applied"] == [] and tensor not in found["collateral"]
 
 
-def test_quarks_int16_for_a_chains_later_pair_leaves_its_first_pair(branched, tmp_path):
-    """Quark's int16 for the branched chain's later pair wrote a bare 16-bit type on the tensor, which
-    raised the coarse pair the Relu reads too ({relu: [16], conv1: [16]}); its quantizer reads
-    onnxruntime's 'convert' entry (replayed by quantize_static, whose QDQQuantizer Quark's extends):
-    the Relu keeps 8 bit and conv1 reads the later pair at 16, as the file with that pair raised."""
+def _marked_by_quark(branched, tmp_path):
+    """The branched chain's float model and data, and its QDQ file marked as Quark's (model,
+    path, QuantModel aligned with the float model)."""
     from test_producer_terms import _mark
-
-    from pytest_ptq.remedy import producer_terms, quantize_static_kwargs
-    from pytest_ptq.remedy.producer_check import effect
 
     fpath, data = _branched_float(branched)
     model = onnx.load(str(branched["model"]))
     _mark(model, "quark")
     qpath = tmp_path / "marked.onnx"
     onnx.save(model, str(qpath))
-    qm = QuantModel(str(qpath), float_model=str(fpath))
+    return fpath, data, model, qpath, QuantModel(str(qpath), float_model=str(fpath))
+
+
+def test_quarks_int16_for_a_chains_later_pair_leaves_its_first_pair(branched, tmp_path):
+    """Quark's int16 for the branched chain's later pair wrote a bare 16-bit type on the tensor, which
+    raised the coarse pair the Relu reads too ({relu: [16], conv1: [16]}); its quantizer reads
+    onnxruntime's 'convert' entry (replayed by quantize_static, whose QDQQuantizer Quark's extends):
+    the Relu keeps 8 bit and conv1 reads the later pair at 16, as the file with that pair raised."""
+    from pytest_ptq.remedy import producer_terms, quantize_static_kwargs
+    from pytest_ptq.remedy.producer_check import effect
+
+    fpath, data, model, qpath, qm = _marked_by_quark(branched, tmp_path)
     head_input = next(n for n in model.graph.node if n.name == "coarse_Q").input[0]
     want = _chain_bits(qpath, head_input, raise_pair="fine_Q")
     assert want == {"relu": [8], "conv1": [8, 16]}
@@ -779,17 +785,10 @@ def test_a_producers_check_compares_the_chain_pair_its_terms_name(branched, tmp_
     tensor and read the later 8-bit pair: 'not applied' (and the head 'applied' in a file raising
     only the later pair). It reads the pair at the position the terms name, as each reader of
     the file reads it."""
-    from test_producer_terms import _mark
-
     from pytest_ptq.remedy import producer_terms, quantize_static_kwargs
     from pytest_ptq.remedy.producer_check import effect
 
-    fpath, data = _branched_float(branched)
-    model = onnx.load(str(branched["model"]))
-    _mark(model, "quark")
-    qpath = tmp_path / "marked.onnx"
-    onnx.save(model, str(qpath))
-    qm = QuantModel(str(qpath), float_model=str(fpath))
+    fpath, data, model, qpath, qm = _marked_by_quark(branched, tmp_path)
     tensor, base = _read_by(fpath, "conv1"), builders.quantize(fpath, tmp_path / "base.onnx", data)
     head_input = next(n for n in model.graph.node if n.name == "coarse_Q").input[0]
     terms, files = {}, {}
