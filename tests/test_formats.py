@@ -1041,6 +1041,67 @@ def test_per_channel_codes_transposed_before_their_dequantizelinear_keep_their_c
         assert np.abs(given - ref).max() > 1e-2  # which differ
 
 
+def _dequantized_then_transposed_net(tmp_path, per_channel, stored, float_scale=1.0, seed=0):
+    """A Conv weight w [6, 4, 3, 3] held laid out [4, 6, 3, 3], dequantized, then a Transpose
+    back to [6, 4, 3, 3] before the Conv; its float model's Conv reads w directly (times
+    ``float_scale``: another model's weight). ``stored``: "codes" (int8 codes behind a lone
+    DequantizeLinear) or "on grid" (their dequantized values behind QuantizeLinear and
+    DequantizeLinear)."""
+    rng = np.random.default_rng(seed)
+    w = (rng.standard_normal((6, 4, 3, 3)) * 0.3).astype(np.float32)
+    w[2] *= 8
+    wt = w.transpose(1, 0, 2, 3)
+    shape = [1, -1, 1, 1] if per_channel else []
+    scales = (np.abs(w).max(axis=(1, 2, 3)) if per_channel else np.abs(w).max()) / np.float32(127)
+    scales = np.asarray(scales, np.float32)
+    codes = np.clip(np.round(wt / scales.reshape(shape)), -127, 127).astype(np.int8)
+    axis = {"axis": 1} if per_channel else {}
+    zero = np.zeros(scales.shape, np.int8)
+    if stored == "codes":
+        nodes, held = [], numpy_helper.from_array(codes, "codes")
+    else:
+        nodes = [helper.make_node("QuantizeLinear", ["wg", "s", "z"], ["codes"], name="w_Q", **axis)]
+        held = numpy_helper.from_array((codes * scales.reshape(shape)).astype(np.float32), "wg")
+    io = ([helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 8, 8])],
+          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 6, 8, 8])])
+    qdq = helper.make_graph(
+        [*nodes, helper.make_node("DequantizeLinear", ["codes", "s", "z"], ["wdq"], name="w_DQ", **axis),
+         helper.make_node("Transpose", ["wdq"], ["wt"], name="w_T", perm=[1, 0, 2, 3]),
+         helper.make_node("Conv", ["x", "wt"], ["y"], name="conv", pads=[1, 1, 1, 1])], "q", *io,
+        [held, numpy_helper.from_array(scales, "s"), numpy_helper.from_array(zero, "z")])
+    flt = helper.make_graph([helper.make_node("Conv", ["x", "w"], ["y"], name="conv", pads=[1, 1, 1, 1])], "f", *io,
+                            [numpy_helper.from_array(w * np.float32(float_scale), "w")])
+    samples = {"x": [rng.standard_normal((1, 4, 8, 8)).astype(np.float32) for _ in range(3)]}
+    return (builders.save_model(qdq, tmp_path / "q.onnx", opset=13), builders.save_model(flt, tmp_path / "f.onnx", opset=13),
+            samples)
+
+
+@pytest.mark.parametrize("stored", ["codes", "on grid"])
+@pytest.mark.parametrize("per_channel", [False, True], ids=["per-tensor", "per-channel"])
+def test_a_weight_transposed_after_its_dequantizelinear_finds_its_float_weight(tmp_path, per_channel, stored):
+    """codes -> DequantizeLinear -> Transpose -> Conv, the float Conv reading its weight
+    directly: the search by value tried transposes of matrices only, so the float weight was
+    not found and bypassing the weight kept it quantized (the bypassed model 0.21 off the float
+    one per-tensor, 0.14 per-channel), and the pair on grid read as costing nothing (cosine
+    1 - 6e-15 against 0.999949 and 0.999992). The Transpose's permutation is now tried on the float weights."""
+    q, f, samples = _dequantized_then_transposed_net(tmp_path, per_channel, stored)
+    engine = Engine(str(q), samples, float_model=str(f))
+    [c] = engine.qmodel.calibration.values()
+    assert c.kind == "weight" and engine.qmodel.alignment.unmatched_weights == []
+    refs, files = [], []
+    for i, x in enumerate(samples["x"]):
+        ref, given = run_model(f, {"x": x})["y"], run_model(q, {"x": x})["y"]
+        np.testing.assert_allclose(engine.run(i, ())["y"], ref, rtol=0, atol=1e-4)  # bypassed: the float model
+        np.testing.assert_allclose(engine.run(i, "all")["y"], given, rtol=0, atol=1e-4)  # quantized: the file
+        assert np.abs(given - ref).max() > 1e-2  # which differ
+        refs.append(ref)
+        files.append(given)
+    # its one pair quantized is the file itself
+    sens = get_sensitivity_of_nodes(engine, node_type="weight")
+    assert sens[c.name]["cosine-similarity"] == pytest.approx(pooled_cosine(refs, files), abs=1e-7)
+    assert sens[c.name]["cosine-similarity"] < 1 - 1e-6  # costs something: read as none, it was 1 - 6e-15
+
+
 def test_per_channel_codes_a_gather_moves_before_their_dequantizelinear_are_refused_in_a_sentence(tmp_path):
     """A per-channel DequantizeLinear after an op whose channels the rewrite cannot follow
     back onto the codes: one sentence naming that op and the constant, not a run on

@@ -54,8 +54,8 @@ from onnx.inliner import inline_selected_functions
 from ..errors import PTQError
 from ..tables import listed
 from . import grids
-from .graph import (LAYOUT_OPS, has_subgraphs, hand_back, laid_out, load_weightless, mapping, name_nodes, node_refs,
-                    sort_topologically)
+from .graph import (LAYOUT_OPS, attribute, has_subgraphs, hand_back, laid_out, load_weightless, mapping, name_nodes,
+                    node_refs, sort_topologically)
 
 # Share of a weight's elements that must lie within rounding of the float candidate.
 FIT_SHARE = 0.99
@@ -780,7 +780,7 @@ def _assign_weights(qm, f, weights_at, values):
                     found = (fname, smoothed)
                     break
         if found is None:
-            found = _by_value(f, index, c, mine, by_size)
+            found = _by_value(f, index, c, mine, by_size, _transposes(qm, c))
         if found is None:
             if _needs_float(qm, c):
                 unmatched.append(c.name)
@@ -825,21 +825,49 @@ def _smoothed(fw, axis, factor):
         return (np.asarray(fw, np.float64) / _along(factor, axis % fw.ndim, fw.ndim)).astype(fw.dtype)
 
 
-def _by_value(f, index, c, mine, by_size=None):
+def _transposes(qm, c):
+    """The permutations that Transposes between weight ``c``'s DequantizeLinear and the nodes
+    reading the weight apply to it (an export storing the codes in another layout and
+    transposing them back after dequantizing), one per distinct chain, identity left out."""
+    perms = []
+    for out in c.outputs:
+        stack = [(out, tuple(range(len(qm.shapes.get(c.input) or ()))))]
+        while stack:
+            tensor, perm = stack.pop()
+            for node in qm.consumers.get(tensor, ()):
+                if node.op_type == "Identity":
+                    stack.append((node.output[0], perm))
+                elif node.op_type == "Transpose" and len(perm) > 1:
+                    p = attribute(node, "perm")
+                    p = range(len(perm))[::-1] if p is None else [int(a) for a in p]
+                    stack.append((node.output[0], tuple(perm[a] for a in p)))
+                elif perm != tuple(sorted(perm)) and perm not in perms:
+                    perms.append(perm)
+    return perms
+
+
+def _by_value(f, index, c, mine, by_size=None, transposes=()):
     """``(name, value)`` of the float constant closest to ``mine`` among those it fits, the
-    value transposed when the match is the transposed matrix, or reshaped when the match
-    has the same trailing axis and the leading ones merged or split (an LSTM's weights per
-    direction and gate, stored as one matrix); or None."""
+    value transposed when the match is the transposed matrix or the weight as the Transposes
+    after its DequantizeLinear lay it out (``transposes``: their permutations, see
+    :func:`_transposes`), or reshaped when the match has the same trailing axis and the
+    leading ones merged or split (an LSTM's weights per direction and gate, stored as one
+    matrix); or None. The value is in ``mine``'s layout."""
     best = None
     reshaped = [n for n in (by_size or {}).get(mine.size, ())
                 if f.constant(n).ndim != mine.ndim and f.constant(n).shape[-1] == mine.shape[-1]]
-    pools = [("same", index.get(tuple(mine.shape), ())), ("reshaped", reshaped)]
+    pools = [(None, index.get(tuple(mine.shape), ())), ("reshaped", reshaped)]
     if mine.ndim == 2:
-        pools.insert(1, ("transposed", index.get(tuple(mine.shape[::-1]), ())))
+        pools.insert(1, ((1, 0), index.get(tuple(mine.shape[::-1]), ())))
+    # the float model's reader takes the weight laid out by those Transposes: its float weight
+    # goes back through their inverse
+    pools += [(perm, index.get(tuple(mine.shape[a] for a in perm), ())) for perm in transposes
+              if mine.ndim == len(perm) and not (mine.ndim == 2 and perm == (1, 0))]
     for how, names in pools:
         for fname in names:
             fw = f.constant(fname)
-            fw = {"same": fw, "transposed": fw.T}.get(how) if how != "reshaped" else fw.reshape(mine.shape)
+            fw = fw.reshape(mine.shape) if how == "reshaped" else fw if how is None else \
+                fw.transpose(np.argsort(how))
             if fits(c, mine, fw):
                 err = max(float(np.abs(mine[rows].astype(np.float64) - fw[rows]).max(initial=0))
                           for rows, _ in c.row_blocks(mine.shape))
