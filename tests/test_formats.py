@@ -1102,6 +1102,19 @@ def test_a_weight_transposed_after_its_dequantizelinear_finds_its_float_weight(t
     assert sens[c.name]["cosine-similarity"] < 1 - 1e-6  # costs something: read as none, it was 1 - 6e-15
 
 
+def test_a_ranked_weight_without_its_float_weight_is_said_to_compare_against_its_dequantized_value(tmp_path):
+    """A weight pair already on its grid whose float weight the float model given lacks: its
+    bypass keeps its dequantized value, so its ranking reads as costing nothing; the note said
+    that the rankings leave it out, which they did not."""
+    q, f, samples = _dequantized_then_transposed_net(tmp_path, True, "on grid", float_scale=3.0)
+    engine = Engine(str(q), samples, float_model=str(f))
+    assert engine.qmodel.alignment.unmatched_weights == ["w_Q"]
+    said = [w for w in engine.warnings if w.startswith("the float model holds no weight")]
+    assert len(said) == 1 and "('w_Q')" in said[0]
+    assert "compare each against its dequantized value" in said[0] and "leave them out" not in said[0]
+    assert "w_Q" in get_sensitivity_of_nodes(engine, node_type="weight")
+
+
 def test_per_channel_codes_a_gather_moves_before_their_dequantizelinear_are_refused_in_a_sentence(tmp_path):
     """A per-channel DequantizeLinear after an op whose channels the rewrite cannot follow
     back onto the codes: one sentence naming that op and the constant, not a run on

@@ -168,13 +168,20 @@ def check(engine):
                         f"{fix}")
     rewrite = None
     if against is not None:
-        lost = getattr(qm, "alignment", None) and qm.alignment.unmatched_weights
-        if lost:
-            warnings.append(f"the float model holds no weight that {len(lost)} quantized weight(s) round to "
-                            f"({', '.join(repr(n) for n in lost[:3])}{' ...' if len(lost) > 3 else ''}): they stay "
-                            "dequantized in every configuration, so the weight rankings leave them out and every other "
-                            "figure carries their quantization error; check that the float model is the one this model "
-                            "was quantized from")
+        lost = (getattr(qm, "alignment", None) and qm.alignment.unmatched_weights) or []
+        # a lone DQ cannot be bypassed at all; a pair on an on-grid weight can, but its
+        # bypass keeps the dequantized value: ranked, it reads as costing nothing
+        left_out = [n for n in lost if not qm.calibration[n].bypassable]
+        ranked = [n for n in lost if qm.calibration[n].bypassable]
+        for names, what in ((left_out, "so the weight rankings leave them out"),
+                            (ranked, "so the weight rankings compare each against its dequantized value and read "
+                                     "it as costing nothing")):
+            if names:
+                warnings.append(f"the float model holds no weight that {len(names)} quantized weight(s) round to "
+                                f"({', '.join(repr(n) for n in names[:3])}{' ...' if len(names) > 3 else ''}): they "
+                                f"stay dequantized in every configuration, {what}, and every other figure carries "
+                                "their quantization error; check that the float model is the one this model was "
+                                "quantized from")
         rewrite = against.verdict()
         if rewrite is not None:
             warnings.append(f"graph rewritten by the quantizer: output cosine {rewrite['cosine']:.6f} between the float "
