@@ -107,9 +107,11 @@ class _Hooks:
         if call.when == "call" and call.excinfo is not None and call.excinfo.errisinstance(AssertionError):
             try:
                 self.ptq.explain(item)
-            except KeyboardInterrupt:
+            except KeyboardInterrupt:  # Ctrl-C, or SIGTERM (termination.Terminated)
                 # raised through this hook, every plugin wrapping it was blamed for it (pluggy
-                # warned of pytest-html); the run stops as pytest stops it, after this report
+                # warned of pytest-html); the run stops as pytest stops it, after this report,
+                # with pytest's interrupted status, and draws nothing for its page on the way out
+                self.ptq.interrupt()
                 item.session.shouldstop = f"interrupted while explaining why {item.nodeid} failed"
         # extras in the call phase: pytest-html drops what arrives in teardown
         if call.when == "call" and item.config.getoption("htmlpath", None):

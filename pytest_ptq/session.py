@@ -74,6 +74,7 @@ class PTQSession:
         self.explained_with = {}  # AnalysisKey.id -> the settings its diagnosis used (the report's too)
         self.pending = None  # model path -> node ids still to run (see plan), or None: never release
         self.early = {}  # AnalysisKey.id -> (test count, report payload) of a model whose tests all ran
+        self.interrupted = False  # Ctrl-C or SIGTERM stopped the run: see interrupt
         self.is_worker = hasattr(config, "workerinput")
         self.report_error = None  # why the report was not written, as one sentence
         self._pytest_cache_dir = ...  # the result cache under pytest's cache dir: decided on first use
@@ -609,6 +610,11 @@ class PTQSession:
         for nodeid, model in models.items():
             self.pending.setdefault(str(Path(model).resolve()), set()).add(nodeid)
 
+    def interrupt(self):
+        """Ctrl-C or SIGTERM arrived where it could not end the run at once (while a failure was
+        explained): the page will hold no results, so nothing is drawn for it from now on."""
+        self.interrupted = True
+
     def test_done(self, nodeid):
         """An item finished: free the engines of the models no item left will use (after
         computing their report data, which needs them)."""
@@ -627,7 +633,9 @@ class PTQSession:
             del self.pending[model]
             for analysis in self.analyses.values():
                 if analysis.key.model == model:
-                    if self.settings.report is not None:
+                    # interrupted: the page holds no results, and drawing them redid the minutes
+                    # of ranking the signal had just stopped
+                    if self.settings.report is not None and not self.interrupted:
                         try:
                             self.early[analysis.key.id] = (self._tests_of(analysis), self._model_payload(analysis))
                         except pytest.fail.Exception:
@@ -689,6 +697,9 @@ class PTQSession:
         written: an existing report stays."""
         if not self.runs_tests:
             return
+        # an xdist worker stopped by an interrupt (see interrupt) ends its loop without pytest's
+        # interrupted status: its payload, drawn in full, went to a page saying interrupted
+        interrupted = interrupted or self.interrupted
         if self.is_worker:
             if self.analyses:  # its tests are done: the workers still running may take its cores
                 from .engine import runtime

@@ -1671,3 +1671,47 @@ def test_default():
     assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
 """)
     pytester.runpytest_subprocess("-p", "no:cacheprovider").assert_outcomes(passed=1)
+
+
+def test_sigterm_while_a_failure_is_explained_ends_the_run_drawing_nothing(pytester, tmp_path):
+    """SIGTERM (or Ctrl-C) during the ranking of a failing test (minutes on a large model) stops
+    pytest after that test, interrupted; but the test was its model's last, so the report's
+    data for the model was computed and drawn on the way out, for a page that holds none."""
+    data = builders.samples(4)
+    builders.save_folder(data, pytester.path / "calib")
+    builders.quantize(builders.conv_net(pytester.path / "float.onnx"), pytester.path / "q.onnx", data)
+    # held in the explanation until the signal; what the report draws for a model leaves a mark
+    pytester.makeconftest("""
+import os, time
+from pytest_ptq import report
+from pytest_ptq.session import PTQSession
+explain, payload_of = PTQSession.explain, report.payload_of
+def held(self, item):
+    with open(os.environ["PTQ_TEST_READY"], "w") as fh:
+        fh.write(os.getcwd())
+    time.sleep(120)
+    return explain(self, item)
+def drawn(session, analysis):
+    open("drawn", "a").close()
+    return payload_of(session, analysis)
+PTQSession.explain, report.payload_of = held, drawn
+""")
+    pytester.makepyfile(test_fails="""
+import pytest
+
+@pytest.mark.ptq(model="q.onnx", data="calib")
+def test_fails(ptq):
+    ptq.assert_outputs(1.0)
+
+def test_never_run():
+    raise AssertionError("the run stops before this test")
+""")
+    proc, out, err, left = _terminated(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:randomly", "-q", "test_fails.py",
+         "--ptq-report=r.html"], pytester.path, tmp_path)
+    assert proc.returncode == pytest.ExitCode.INTERRUPTED, out + err
+    assert "Traceback" not in out + err and "test_never_run" not in out
+    assert "interrupted while explaining why test_fails.py::test_fails failed" in out
+    assert left == [] and not (pytester.path / "drawn").exists()
+    page = (pytester.path / "r.html").read_text()
+    assert "interrupted before its tests finished" in page and "test_fails" not in page
