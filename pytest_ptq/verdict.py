@@ -22,8 +22,7 @@ import math
 
 from .curves import configs_from
 from .data import load_data
-from .errors import PTQError
-from .metrics import Pooled, Reference, Scratch, get_metric, held_no_values
+from .metrics import Pooled, Reference, Scratch, get_metric
 from .progress import Progress
 from .results import JsonResult
 from .tables import short
@@ -158,10 +157,9 @@ def score(engine, data, specs, metric, configs, count=None, bar=None, apart=()):
                 pools_apart[label].add_prepared(prepared, out)
         if bar is not None:
             bar.advance()
-    empty = next(iter(pools.values())).empty() if pools else {}
-    if specs and len(empty) == len(specs):  # every figure would be a perfect score no comparison measured
-        raise PTQError(held_no_values(empty, getattr(engine.data if own else data, "where", None) or "the data"))
-    return ({label: pool.value() for label, pool in pools.items()},
+    # every pool compared the same references: outputs holding no values are refused at the first
+    judged = engine.data if own else data
+    return ({label: pool.judged(judged) for label, pool in pools.items()},
             None if pools_apart is None else {label: pool.value() for label, pool in pools_apart.items()})
 
 
