@@ -1010,8 +1010,8 @@ def test_a_path_pickled_as_python_3_13_names_it_is_read_back():
     assert cache._ResultUnpickler(io.BytesIO(payload)).load() == {"p": pathlib.PurePosixPath("a/b")}
 
 
-class _Unlisted:  # a record no entry may hold (not in cache._KINDS)
-    pass
+class _Unlisted:
+    """A record no entry may hold (not in cache._KINDS)."""
 
 
 def test_a_result_the_cache_would_not_read_back_is_said_not_kept(tmp_path, inputs):

@@ -1647,7 +1647,7 @@ def test_sigterm_keeps_a_handler_someone_else_installed():
     from pytest_ptq import termination
 
     def theirs(signum, frame):
-        pass
+        """Someone else's handler: it does nothing."""
 
     previous = signal.signal(signal.SIGTERM, signal.SIG_DFL)
     try:

@@ -792,16 +792,24 @@ class QuantModel:
         pair before it in a requantize chain Q-DQ-Q-DQ), or None."""
         return self._requantizes.get(name)
 
+    def _back_to_head(self, name):
+        """Calibration node ``name`` and the pairs it quantizes again, back to its chain's head."""
+        walk = [name]
+        while (earlier := self.requantizes(walk[-1])) is not None and earlier not in walk:
+            walk.append(earlier)
+        return walk
+
     def chain_head(self, name):
         """The calibration node of the first pair of the requantize chain calibration node
         ``name`` is in (``name``'s own where it quantizes no pair's output): the pair on the
         float tensor every pair of the chain quantizes again, which the float model and a
         quantizer's settings name."""
-        seen = {name}
-        while (earlier := self.requantizes(name)) is not None and earlier not in seen:
-            seen.add(earlier)
-            name = earlier
-        return self.calibration[name]
+        return self.calibration[self._back_to_head(name)[-1]]
+
+    def chain_position(self, name):
+        """How many pairs calibration node ``name`` quantizes again: 0 for a requantize chain's
+        head or a pair in no chain, 1 for the pair reading the head's, ..."""
+        return len(self._back_to_head(name)) - 1
 
     def chain(self, name):
         """Every pair of the requantize chain calibration node ``name`` is in, first to last

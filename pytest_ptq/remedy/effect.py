@@ -15,20 +15,10 @@ from __future__ import annotations
 KINDS = ("float", "int16", "per-channel")
 
 
-def chain_position(qmodel, name):
-    """How many pairs calibration node ``name`` of ``qmodel`` quantizes again: 0 for a
-    requantize chain's head or a pair in no chain, 1 for the pair reading the head's, ..."""
-    seen, position = {name}, 0
-    while (earlier := qmodel.requantizes(name)) is not None and earlier not in seen:
-        seen.add(earlier)
-        name, position = earlier, position + 1
-    return position
-
-
 def places(qmodel, tensor_of):
     """``{(float tensor, chain position): calibration node}`` of ``qmodel``'s quantized tensors
     (biases left out); ``tensor_of(c)``: the float tensor calibration node ``c`` quantizes."""
-    return {(tensor_of(c), chain_position(qmodel, c.name)): c for c in qmodel.calibration.values()
+    return {(tensor_of(c), qmodel.chain_position(c.name)): c for c in qmodel.calibration.values()
             if c.role != "bias"}
 
 

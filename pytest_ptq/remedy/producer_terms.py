@@ -51,7 +51,6 @@ from ..model.align import FOLDABLE, RESHAPING, TRANSPARENT, float_source
 from ..model.graph import name_nodes, sort_topologically
 from ..model.producers import KNOWN
 from .alternatives import float_input
-from .effect import chain_position
 from .result import MIXED, REMEDIES, override_text, producer_lines
 from .terms import chain_entry, chain_float_consequence, later_pair_note
 
@@ -237,7 +236,7 @@ def producer_terms(qmodel, remedy, nodes, axes=None, choices=None, float_model=N
     build = {"modelopt": _modelopt, "quark": _quark, "neural-compressor": _inc, "aimet": _aimet}[key]
     build(qmodel, names, kinds, axes, terms)
     for name, entry in terms["nodes"].items():  # which pair of a requantize chain the re-quantized check compares
-        entry["position"] = chain_position(qmodel, name)
+        entry["position"] = qmodel.chain_position(name)
     for kind in REMEDIES:
         terms["expect"][kind] = list(dict.fromkeys(terms["expect"][kind]))
     if not names.fg.given:

@@ -22,7 +22,7 @@ from ..model.graph import name_nodes
 from ..model.qdq import PER_CHANNEL_OPS
 from ..stages import SIMULATION_WARNING, simulation_warnings
 from ..tables import fmt
-from .effect import chain_position, changes, places
+from .effect import changes, places
 from .result import meets
 from .terms import float_tensor_name, quantize_static_kwargs, quantized_ops, quantizer_call
 
@@ -604,7 +604,7 @@ def _effect(old, baseline, new, result):
         kind, tensor = result.choices.get(n, result.remedy), float_tensor_name(old, old.calibration[n])
         named.add(tensor)
         if kind != "per-channel" or old.calibration[n].kind == "weight":
-            expect.setdefault(kind, []).append((tensor, chain_position(old, n)))
+            expect.setdefault(kind, []).append((tensor, old.chain_position(n)))
     found = changes(before, after, expect, named)
     return {"collateral": found["collateral"], "not_applied": found["not_applied"]}
 
