@@ -692,3 +692,28 @@ def owned_output_net(path, convs=2, tail=None, output_scale=0.4, seed=7, float_i
     onnx.checker.check_model(model)
     onnx.save(model, str(path))
     return path, {"x": [rng.standard_normal((1, 4, 8, 8)).astype(np.float32) for _ in range(5)]}
+
+
+def gemm_head_net(path, channels=8, size=8, classes=10, seed=0, dynamic=False):
+    """Conv-Relu, then a classifier head exported as Reshape -> Gemm -> Reshape: the Gemm's
+    output 'gemm_out' is a tensor inside the graph, the model output 'logits' the last
+    Reshape's ([1, classes, 1, 1]). ``dynamic``: a batch left open (Reshape to [0, -1] and
+    [-1, classes, 1, 1])."""
+    rng = np.random.default_rng(seed)
+    C, S = channels, size
+    inits = [numpy_helper.from_array(a, n) for a, n in (
+        ((rng.standard_normal((C, 3, 3, 3)) * 0.3).astype(np.float32), "w1"),
+        ((rng.standard_normal(C) * 0.1).astype(np.float32), "b1"),
+        ((rng.standard_normal((C * S * S, classes)) * 0.1).astype(np.float32), "wf"),
+        ((rng.standard_normal(classes) * 0.1).astype(np.float32), "bf"),
+        (np.array([0, -1] if dynamic else [1, C * S * S], np.int64), "shape_in"),
+        (np.array([-1 if dynamic else 1, classes, 1, 1], np.int64), "shape_out"))]
+    nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1], name="conv1"),
+             helper.make_node("Relu", ["c1"], ["r1"], name="relu1"),
+             helper.make_node("Reshape", ["r1", "shape_in"], ["flat"], name="reshape_in"),
+             helper.make_node("Gemm", ["flat", "wf", "bf"], ["gemm_out"], name="fc"),
+             helper.make_node("Reshape", ["gemm_out", "shape_out"], ["logits"], name="reshape_out")]
+    batch = "N" if dynamic else 1
+    graph = helper.make_graph(nodes, "gemm_head", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, 3, S, S])],
+                              [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [batch, classes, 1, 1])], inits)
+    return save_model(graph, path)

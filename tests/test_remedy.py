@@ -1256,3 +1256,40 @@ def test_what_the_settings_also_changed_is_read_against_the_baseline_re_quantize
     base, fixed = quantized(r.measured["baseline_model"]), quantized(r.measured["model"])
     expected = sorted(t for t in base if t not in named and t not in fixed)
     assert expected and r.measured["collateral"] == expected
+
+
+@pytest.mark.parametrize("named", [["gemm_out"], ["gemm_out", "logits"]])
+def test_a_tensor_inside_a_gemm_head_is_scored_in_a_re_quantized_model_left_all_float(tmp_path, named):
+    """A classifier head exported as Reshape -> Gemm -> Reshape, scored on the Gemm's output
+    (inside the graph) and the model output: keeping conv1's and the Gemm's inputs in float
+    excludes both nodes, and onnxruntime then quantizes nothing (a Relu or Reshape alone takes
+    no pair). The check refused such a model ("tensor 'gemm_out' is not in the re-quantized
+    model"), though it computes 'gemm_out' under the float model's name."""
+    data = builders.samples(N, size=8)
+    fpath = builders.gemm_head_net(tmp_path / "float.onnx")
+    qpath = builders.quantize(fpath, tmp_path / "qdq.onnx", data)
+    chosen = ["wf_QuantizeLinear", "x_QuantizeLinear"]
+    r = suggest_remedy(str(qpath), data, target=0.999999, remedy="float", output_node=named, float_model=str(fpath),
+                       candidates=chosen, save_dir=tmp_path / "out")
+    assert sorted(r.nodes) == chosen
+    assert not any("not in the re-quantized model" in n for n in r.notes)
+    fixed = onnx.load(r.measured["model"])
+    assert not any(n.op_type == "QuantizeLinear" for n in fixed.graph.node)  # the case this test is about
+    feeds = _feeds(data)
+    ref = builders.run_model(_exposing(fpath, "gemm_out"), feeds, outputs=named)
+
+    def worst(model):  # the worst output's cosine over the samples pooled, in numpy
+        got = builders.run_model(model, feeds, outputs=named)
+        return min(_cosine([o[t] for o in ref], [o[t] for o in got]) for t in named)
+
+    # the simulation against the model given with the chosen pairs bypassed by hand, and the
+    # int32 biases of conv1 and the Gemm (lone DQs on their input's and weight's scales) read
+    # in float, as excluding both nodes leaves them
+    keep = [p for p, (q, _) in builders.qdq_pairs(qpath).items() if p not in chosen and q is not None]
+    bypassed = builders.rewire(qpath, keep=keep, float_model=fpath, outputs=["gemm_out"])
+    assert r.figures["calibration"]["after"] == pytest.approx(worst(bypassed), abs=1e-7)
+    assert r.figures["calibration"]["before"] == pytest.approx(worst(_exposing(qpath, "gemm_out")), abs=1e-7)
+    # the re-quantized models, read on 'gemm_out' where each computes it
+    assert r.measured["value"] == pytest.approx(worst(_exposing(r.measured["model"], "gemm_out")), abs=1e-7)
+    assert r.measured["baseline_value"] == pytest.approx(
+        worst(_exposing(r.measured["baseline_model"], "gemm_out")), abs=1e-7)

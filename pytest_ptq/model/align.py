@@ -346,15 +346,23 @@ def counterpart(qm, other, tensor):
     folded Relu's name to the Conv before it; a quantizer that keeps the Relu does not).
     A tensor behind Casts between float types or reshapes that keep its values in their
     places (:func:`_held_from`) is what the tensor before them is."""
-    mine, theirs = getattr(qm, "alignment", None), getattr(other, "alignment", None)
-    source = None if mine is None or theirs is None else _held_from(qm, tensor)
-    if source is None:
+    theirs = getattr(other, "alignment", None)
+    value = None if theirs is None else float_counterpart(qm, tensor)
+    if value is None:
         return None
-    value = mine.computes[source]
     found = [t for t, f in theirs.computes.items() if f == value]
     if len(found) == 1:
         return found[0]
     return value if value in found else None
+
+
+def float_counterpart(qm, tensor):
+    """The tensor of the float model ``qm`` is aligned with whose values ``tensor`` of ``qm``
+    holds (through the Casts and reshapes :func:`_held_from` follows), or None where the
+    alignment does not say (or ``qm`` has none)."""
+    mine = getattr(qm, "alignment", None)
+    source = None if mine is None else _held_from(qm, tensor)
+    return None if source is None else mine.computes[source]
 
 
 def _held_from(qm, tensor):

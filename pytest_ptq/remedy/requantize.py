@@ -17,7 +17,7 @@ from ..engine.runtime import ALWAYS_DISABLED, make_session, run
 from ..errors import InputRefused, NotQuantized, PTQError, raised_by_user
 from ..metrics import Pooled
 from ..model import QuantModel, load_model
-from ..model.align import FOLDABLE, counterpart
+from ..model.align import FOLDABLE, counterpart, float_counterpart
 from ..model.graph import name_nodes
 from ..model.qdq import PER_CHANNEL_OPS
 from ..stages import SIMULATION_WARNING, simulation_warnings
@@ -467,8 +467,12 @@ def _reads(given, new, specs, path):
     for t in dict.fromkeys(s.tensor for s in specs):
         if t in given.model_outputs:
             found = t if t in new.model_outputs else None
+        elif new.qmodel is None:
+            # nothing left quantized (every node the quantizer would touch excluded): quantize_static
+            # wrote the float model's graph back under the float model's names
+            found = float_counterpart(given.qmodel, t)
         else:
-            found = None if new.qmodel is None else counterpart(given.qmodel, new.qmodel, t)
+            found = counterpart(given.qmodel, new.qmodel, t)
         if found is None or (found not in new.model_outputs and found not in new.probe_tensors):
             if t in given.model_outputs or t in getattr(getattr(given.qmodel, "alignment", None), "computes", ()):
                 raise MissingTensor(f"tensor {t!r} is not in the re-quantized model {str(path)!r}")
@@ -496,22 +500,43 @@ class _Plain:
     quantized, or any as deployed."""
 
     qmodel = None
-    probe_tensors = ()
 
     def __init__(self, path, data, engine, deployed=False):
         """``deployed``: as a plain session runs it (default options, none of the optimizations
-        the engine turns off), whatever it holds."""
+        the engine turns off), whatever it holds; else a tensor inside the graph can be read
+        too (:attr:`probe_tensors`), through a session that returns it."""
         model = load_model(str(path), what="the re-quantized model")[0]
         self.source, self.data = str(path), data
-        self.session = make_session(model, "all" if deployed else engine.optimization, engine.providers,
-                                    fake_quant=False, what=f"the re-quantized model {self.source!r}",
-                                    disabled_optimizers=() if deployed else ALWAYS_DISABLED)
+        self._model, self._engine, self._deployed = model, engine, deployed
+        self.session = self._session(model)
         self.model_outputs = [o.name for o in model.graph.output]
+        # as deployed, a session returns its graph outputs only (exposing one would undo fusions)
+        self.probe_tensors = [] if deployed else [o for n in model.graph.node for o in n.output if o]
+        self._exposing = {}  # the tensors inside the graph a session returns -> that session
+
+    def _session(self, model):
+        return make_session(model, "all" if self._deployed else self._engine.optimization, self._engine.providers,
+                            fake_quant=False, what=f"the re-quantized model {self.source!r}",
+                            disabled_optimizers=() if self._deployed else ALWAYS_DISABLED)
+
+    def _session_for(self, tensors):
+        inner = tuple(t for t in tensors if t not in self.model_outputs)
+        if not inner:
+            return self.session
+        if inner not in self._exposing:
+            model = onnx.ModelProto()
+            model.CopyFrom(self._model)
+            types = {v.name: v.type.tensor_type.elem_type
+                     for v in onnx.shape_inference.infer_shapes(model).graph.value_info}
+            model.graph.output.extend(onnx.helper.make_tensor_value_info(t, types.get(t) or onnx.TensorProto.FLOAT,
+                                                                         None) for t in inner)
+            self._exposing[inner] = self._session(model)
+        return self._exposing[inner]
 
     def run(self, sample, quantized="all", tensors=None):
         feeds = self.data.sample(int(sample)) if isinstance(sample, (int, np.integer)) else sample
         tensors = list(tensors or self.model_outputs)
-        return dict(zip(tensors, run(self.session, tensors, feeds, self.source)))
+        return dict(zip(tensors, run(self._session_for(tensors), tensors, feeds, self.source)))
 
 
 def _value(new, part, objective, read=None):
