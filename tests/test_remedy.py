@@ -1293,3 +1293,31 @@ def test_a_tensor_inside_a_gemm_head_is_scored_in_a_re_quantized_model_left_all_
     assert r.measured["value"] == pytest.approx(worst(_exposing(r.measured["model"], "gemm_out")), abs=1e-7)
     assert r.measured["baseline_value"] == pytest.approx(
         worst(_exposing(r.measured["baseline_model"], "gemm_out")), abs=1e-7)
+
+
+def test_an_output_that_stays_short_with_every_candidate_remedied_is_named_with_its_value(tmp_path):
+    """Two outputs, one ('r2') that keeping every candidate in float cannot bring to the
+    target (its own pairs are left out of the candidates), the other ('prob') met: the
+    search said only that the worst output's figure stayed short, not which output, so a
+    user could not tell which output to aim at (or to give a looser floor)."""
+    data = builders.samples(N)
+    fpath = builders.conv_net(tmp_path / "float.onnx", two_outputs=True, outlier_channel=3)
+    narrow = {k: [a * 0.1 for a in v] for k, v in data.items()}
+    # biases left float: bypassing a pair then touches that pair alone
+    qpath = builders.quantize(fpath, tmp_path / "qdq.onnx", narrow, extra_options={"QuantizeBias": False})
+    pairs = builders.qdq_pairs(qpath)
+    candidates = [p for p in pairs if p not in ("a2_QuantizeLinear", "r2_QuantizeLinear")]
+    r = suggest_remedy(str(qpath), data, target=0.999, remedy="float", float_model=str(fpath),
+                       candidates=candidates, requantize_check=False)
+    search = r.split["search"]
+    feeds = [{k: v[i] for k, v in data.items()} for i in search]
+    ref = builders.run_model(fpath, feeds)
+    every = builders.run_model(builders.rewire(qpath, keep=["a2_QuantizeLinear", "r2_QuantizeLinear"]), feeds)
+    cos = {t: _cosine([o[t] for o in ref], [o[t] for o in every]) for t in ("prob", "r2")}
+    assert cos["prob"] >= 0.999 > cos["r2"]  # the case this test is about
+    assert not r.met and r.ceiling == pytest.approx(cos["r2"], abs=1e-6)
+    assert list(r.ceiling_outputs) == ["r2"] and r.ceiling_outputs["r2"] == pytest.approx(cos["r2"], abs=1e-6)
+    why = r.failure()
+    assert "output 'r2' reaches only" in why and f"{cos['r2']:.6g}" in why and "'prob'" not in why
+    note = next(n for n in r.notes if n.startswith("with every candidate in float"))
+    assert f"output 'r2' {cos['r2']:.6g}" in note and f"'prob' reaches {cos['prob']:.6g}" in note

@@ -68,7 +68,8 @@ class Remedy(JsonResult):
     every calibration sample used (output metrics: worst output, samples pooled).
     ``figures``: per data set (``calibration``, ``search`` when split, ``held-out`` or
     ``confirmation``) ``{samples, before, after, target, met, ...}``. ``ceiling``: every
-    candidate remedied, on the search samples. ``curve``: one point per greedy step on the
+    candidate remedied, on the search samples; ``ceiling_outputs``: where it falls short of
+    the target with several outputs, ``{output: value}`` of those that stay short there. ``curve``: one point per greedy step on the
     search samples, ``{"nodes": k, "cost": c, "added": name, "kind": kind, "value": v}``
     with ``k = 0`` the baseline. ``confirmations``: every set scored on the judging data.
     ``refinements``: the moves that improved the greedy set. ``settings``:
@@ -122,6 +123,7 @@ class Remedy(JsonResult):
     warnings: list = dataclasses.field(default_factory=list)
     producer_terms: dict | None = None
     producer_measured: dict | None = None
+    ceiling_outputs: dict | None = None
 
     def __bool__(self):
         return self.failure() is None
@@ -168,7 +170,10 @@ class Remedy(JsonResult):
             return (f"no set found{why} meets the target {self.target_text} on {on}: the best, {len(self.nodes)} "
                     f"node(s), reaches {name} {_fmt(judged.get('after', self.value))}"
                     + (f" (target there {_fmt(judged['target'])})" if self.objective.get("min_ratio") is not None
-                       and judged.get("target") is not None else ""))
+                       and judged.get("target") is not None else "")
+                    + ("; with every candidate " + WHAT[self.remedy] + " on the search samples, " + ", ".join(
+                        f"output {o!r} reaches only {_fmt(v)}" for o, v in self.ceiling_outputs.items())
+                       if self.ceiling_outputs else ""))
         decisive = self.requantized
         if decisive and not decisive[1].get("met", True):
             by, mm = decisive

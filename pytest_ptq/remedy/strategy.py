@@ -124,9 +124,15 @@ class Search:
         if not self.S.meets(r.ceiling):
             what = {"float": "in float", "int16": "at 16 bit", "per-channel": "per channel",
                     "mixed": "at its strongest remedy"}[r.remedy]
+            # the figure is the worst output's: with several, which one stays short is what to act on
+            per = {} if self.S.task or len(self.S.specs) < 2 else self.S.pool(self.strongest).per_output()
+            r.ceiling_outputs = {o: v for o, v in per.items() if not self.S.meets(v)} or None
+            which = "" if not r.ceiling_outputs else " (" + "; ".join(
+                [f"output {o!r} {v:.6g}" for o, v in r.ceiling_outputs.items()]
+                + [f"{o!r} reaches {v:.6g}" for o, v in per.items() if o not in r.ceiling_outputs]) + ")"
             # told before the search ends, so true whatever it finds: a subset can do better
             r.notes.append(f"with every candidate {what} together the {self.S.metric.name} is {r.ceiling:.6g} on the "
-                           f"search samples, short of {threshold_text(self.S.target)}: some remedies cost accuracy "
+                           f"search samples{which}, short of {threshold_text(self.S.target)}: some remedies cost accuracy "
                            "elsewhere, so the search looks for a subset; where none meets the target, try another "
                            "remedy or check the data and the float model")
         order = self.first
