@@ -996,11 +996,13 @@ def test_a_dynamic_table_dequantized_after_the_ops_that_move_it_is_a_weight(tmp_
         assert np.abs(given - ref).max() > 1e-3  # which differ
 
 
-def _transposed_codes_net(tmp_path, out_ch, in_ch, mover=("Transpose", {"perm": [1, 0, 2, 3]}, {}), seed=0):
-    """A Conv weight stored as int8 codes laid out [in, out, kh, kw], a ``mover`` (a Transpose
-    to [out, in, kh, kw]) and a per-channel DequantizeLinear along its output axis 0; and its
-    float model, the float weight stored the same way behind the same Transpose. ``mover``:
-    (op, attributes, {its further inputs: their values})."""
+def _transposed_codes_net(tmp_path, out_ch, in_ch, mover=("Transpose", {"perm": [1, 0, 2, 3]}, {}), seed=0,
+                          stored=lambda a: a.transpose(1, 0, 2, 3), producer=""):
+    """A Conv weight stored as int8 codes laid out [in, out, kh, kw] (``stored``: the layout
+    of the [out, in, kh, kw] codes), a ``mover`` (a Transpose to [out, in, kh, kw]) and a
+    per-channel DequantizeLinear along its output axis 0; and its float model, the float
+    weight stored the same way behind the same node. ``mover``: (op, attributes, {its further
+    inputs: their values}); ``producer``: the quantized file's producer_name."""
     rng = np.random.default_rng(seed)
     w = (rng.standard_normal((out_ch, in_ch, 3, 3)) * 0.3).astype(np.float32)
     w[2] *= 8  # one channel's scale far from the others': scales on the wrong axis show
@@ -1014,13 +1016,26 @@ def _transposed_codes_net(tmp_path, out_ch, in_ch, mover=("Transpose", {"perm": 
     qdq = helper.make_graph(
         [helper.make_node(op, ["codes", *extra], ["ct"], name="w_move", **attrs),
          helper.make_node("DequantizeLinear", ["ct", "s", "z"], ["wdq"], name="w_DQ", axis=0), conv], "q", *io,
-        [numpy_helper.from_array(codes.transpose(1, 0, 2, 3), "codes"), numpy_helper.from_array(scales, "s"),
+        [numpy_helper.from_array(np.ascontiguousarray(stored(codes)), "codes"), numpy_helper.from_array(scales, "s"),
          numpy_helper.from_array(np.zeros(out_ch, np.int8), "z"), *extra_inits])
     flt = helper.make_graph([helper.make_node(op, ["wt", *extra], ["wdq"], name="w_move", **attrs), conv], "f", *io,
-                            [numpy_helper.from_array(w.transpose(1, 0, 2, 3), "wt"), *extra_inits])
+                            [numpy_helper.from_array(np.ascontiguousarray(stored(w)), "wt"), *extra_inits])
     samples = {"x": [rng.standard_normal((1, in_ch, 8, 8)).astype(np.float32) for _ in range(2)]}
-    return (builders.save_model(qdq, tmp_path / "q.onnx", opset=13), builders.save_model(flt, tmp_path / "f.onnx", opset=13),
-            samples)
+    qmodel = helper.make_model(qdq, opset_imports=[helper.make_opsetid("", 13)], ir_version=8, producer_name=producer)
+    onnx.save(qmodel, tmp_path / "q.onnx")
+    return tmp_path / "q.onnx", builders.save_model(flt, tmp_path / "f.onnx", opset=13), samples
+
+
+def _decoded(q, dq):
+    """What DequantizeLinear node ``dq`` of file ``q`` writes (a weight: no input matters), as a
+    plain onnxruntime session on the file computes it."""
+    model = onnx.load(str(q))
+    node = next(n for n in model.graph.node if n.name == dq)
+    model.graph.output.extend([helper.make_tensor_value_info(node.output[0], TensorProto.FLOAT, None)])
+    feeds = {i.name: np.zeros([d.dim_value for d in i.type.tensor_type.shape.dim],
+                              helper.tensor_dtype_to_np_dtype(i.type.tensor_type.elem_type))
+             for i in model.graph.input}
+    return run_model(model, feeds, outputs=[node.output[0]])[node.output[0]]
 
 
 @pytest.mark.parametrize("in_ch", [6, 4])
@@ -1115,12 +1130,125 @@ def test_a_ranked_weight_without_its_float_weight_is_said_to_compare_against_its
     assert "w_Q" in get_sensitivity_of_nodes(engine, node_type="weight")
 
 
-def test_per_channel_codes_a_gather_moves_before_their_dequantizelinear_are_refused_in_a_sentence(tmp_path):
-    """A per-channel DequantizeLinear after an op whose channels the rewrite cannot follow
-    back onto the codes: one sentence naming that op and the constant, not a run on
-    misplaced scales."""
-    q, _, _ = _transposed_codes_net(tmp_path, 4, 4, mover=("Gather", {"axis": 1}, {"idx": np.array([1, 0, 2, 3])}))
-    run_model(q, {"x": np.ones((1, 4, 8, 8), np.float32)})  # onnxruntime runs it
-    with pytest.raises(PTQError, match=r"Gather node 'w_move' moves integer constant 'codes'.*per-channel "
-                                       r"DequantizeLinear reads it after a Gather 'w_move'"):
+def _per_channel_max(engine, node, weight, axis, tmp_path):
+    """The per-channel max |x| the box plots give for weight ``node``, and numpy's of
+    ``weight`` along ``axis``."""
+    from pytest_ptq.distribution import get_channelwise_data_distribution
+
+    box = get_channelwise_data_distribution(tmp_path / "boxes", engine, nodes_list=[node])[node]
+    assert box["axis"] == axis
+    return box["max_abs"], np.abs(np.moveaxis(weight, axis, 0)).reshape(weight.shape[axis], -1).max(1)
+
+
+@pytest.mark.parametrize("move", ["Transpose", "Reshape"])
+def test_a_static_weight_whose_codes_are_laid_out_before_its_dequantizelinear_is_qdq(tmp_path, move):
+    """int8 codes -> Transpose (or Reshape) -> per-channel DequantizeLinear -> Conv is a weight
+    in QDQ form, the only quantization in the file: it read as quantize_dynamic's (format
+    "dynamic", made by "onnxruntime quantize_dynamic"), its weight was named after the codes
+    ('codes_DequantizeLinear', no node of the file), and through a Reshape it was refused."""
+    mover, stored = {"Transpose": (("Transpose", {"perm": [1, 0, 2, 3]}, {}), lambda a: a.transpose(1, 0, 2, 3)),
+                     "Reshape": (("Reshape", {}, {"shp": np.array([6, 4, 3, 3], np.int64)}),
+                                 lambda a: a.reshape(6, -1))}[move]
+    q, f, samples = _transposed_codes_net(tmp_path, 6, 4, mover=mover, stored=stored, producer="onnx.quantize")
+    assert formats_of(onnx.load(str(q))) == ("QDQ",)
+    engine = Engine(str(q), samples, float_model=str(f))
+    qm = engine.qmodel
+    assert (qm.format, qm.format_label, qm.made_by.name) == ("QDQ", "QDQ", "onnxruntime quantize_static")
+    assert [c.name for c in qm.of_kind("weight")] == ["w_DQ"] and qm.alignment.unmatched_weights == []
+    for i, x in enumerate(samples["x"]):
+        given, ref = run_model(q, {"x": x})["y"], run_model(f, {"x": x})["y"]
+        np.testing.assert_allclose(engine.run(i, "all")["y"], given, rtol=0, atol=1e-4)  # quantized: the file
+        np.testing.assert_allclose(engine.run(i, ())["y"], ref, rtol=0, atol=1e-4)  # bypassed: the float model
+        assert np.abs(given - ref).max() > 1e-2  # which differ
+    ours, numpys = _per_channel_max(engine, "w_DQ", _decoded(q, "w_DQ"), 0, tmp_path)
+    np.testing.assert_allclose(ours, numpys, rtol=1e-6)
+
+
+def test_per_channel_codes_a_gather_moves_along_another_axis_keep_their_channels(tmp_path):
+    """codes -> Gather along axis 1 -> per-channel DequantizeLinear along axis 0: the Gather
+    keeps the channels on axis 0, where the rewrite now dequantizes the codes; it was refused
+    ("does not follow back onto the constant")."""
+    q, f, samples = _transposed_codes_net(tmp_path, 6, 4, mover=("Gather", {"axis": 1}, {"idx": np.array([1, 0, 3, 2])}),
+                                          stored=lambda a: a)
+    engine = Engine(str(q), samples, float_model=str(f))
+    [c] = engine.qmodel.of_kind("weight")
+    assert c.axis == 0 and engine.qmodel.alignment.unmatched_weights == []
+    for i, x in enumerate(samples["x"]):
+        given, ref = run_model(q, {"x": x})["y"], run_model(f, {"x": x})["y"]
+        np.testing.assert_allclose(engine.run(i, "all")["y"], given, rtol=0, atol=1e-4)  # quantized: the file
+        np.testing.assert_allclose(engine.run(i, ())["y"], ref, rtol=0, atol=1e-4)  # bypassed: the float model
+        assert np.abs(given - ref).max() > 1e-2  # which differ
+    # the codes dequantized before the Gather: its input, which the file's DequantizeLinear reads gathered
+    decoded = _decoded(q, "w_DQ")[:, np.argsort([1, 0, 3, 2])]
+    ours, numpys = _per_channel_max(engine, c.name, decoded, 0, tmp_path)
+    np.testing.assert_allclose(ours, numpys, rtol=1e-6)
+
+
+def _table_net(tmp_path, shape, axis, seed=0):
+    """An embedding table [20, 8] stored as int8 codes (per column), read by Gather(ids
+    [1, 5]), a Reshape of the rows to ``shape`` and a per-channel DequantizeLinear along
+    ``axis`` (the columns' scales, as many as that axis holds), then Tanh; its float model:
+    the float table through the same Gather and Reshape. Returns the two files and samples."""
+    rng = np.random.default_rng(seed)
+    table = rng.standard_normal((20, 8)).astype(np.float32)
+    table[:, 3] *= 20  # one column far from the others: scales on the wrong channels show
+    columns = (np.abs(table).max(0) / 127).astype(np.float32)
+    codes = np.clip(np.round(table / columns), -127, 127).astype(np.int8)
+    scales = columns[:shape[axis]]
+    io = ([helper.make_tensor_value_info("ids", TensorProto.INT64, [1, 5])],
+          [helper.make_tensor_value_info("y", TensorProto.FLOAT, shape)])
+    shp = numpy_helper.from_array(np.array(shape, np.int64), "shp")
+    q = helper.make_graph(
+        [helper.make_node("Gather", ["codes", "ids"], ["g"], name="gather"),
+         helper.make_node("Reshape", ["g", "shp"], ["r"], name="rows"),
+         helper.make_node("DequantizeLinear", ["r", "s", "z"], ["e"], name="table_DQ", axis=axis),
+         helper.make_node("Tanh", ["e"], ["y"], name="act")], "q", *io,
+        [numpy_helper.from_array(codes, "codes"), numpy_helper.from_array(scales, "s"),
+         numpy_helper.from_array(np.zeros(scales.shape, np.int8), "z"), shp])
+    f = helper.make_graph(
+        [helper.make_node("Gather", ["table", "ids"], ["g"], name="gather"),
+         helper.make_node("Reshape", ["g", "shp"], ["e"], name="rows"),
+         helper.make_node("Tanh", ["e"], ["y"], name="act")], "f", *io, [numpy_helper.from_array(table, "table"), shp])
+    samples = {"ids": [rng.integers(0, 20, (1, 5)).astype(np.int64) for _ in range(3)]}
+    return (builders.save_model(q, tmp_path / "q.onnx", opset=13), builders.save_model(f, tmp_path / "f.onnx", opset=13),
+            samples)
+
+
+def test_a_per_channel_table_gathered_and_reshaped_before_its_dequantizelinear_keeps_its_columns(tmp_path):
+    """An embedding table's codes -> Gather -> Reshape [1, 5, 8] to [5, 8] -> per-channel
+    DequantizeLinear along the columns: the columns stay an axis of their own through both, so
+    the rewrite dequantizes the table along its axis 1; it was refused."""
+    q, f, samples = _table_net(tmp_path, [5, 8], 1)
+    engine = Engine(str(q), samples, float_model=str(f))
+    [c] = engine.qmodel.of_kind("weight")
+    assert c.axis == 1 and engine.qmodel.alignment.unmatched_weights == []
+    for i, ids in enumerate(samples["ids"]):
+        given, ref = run_model(q, {"ids": ids})["y"], run_model(f, {"ids": ids})["y"]
+        np.testing.assert_allclose(engine.run(i, "all")["y"], given, rtol=0, atol=1e-6)  # quantized: the file
+        np.testing.assert_allclose(engine.run(i, ())["y"], ref, rtol=0, atol=1e-6)  # bypassed: the float model
+        assert np.abs(given - ref).max() > 1e-3  # which differ
+    model = onnx.load(str(q))
+    inits = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+    decoded = inits["codes"].astype(np.float64) * inits["s"]  # the whole table, each column by its scale
+    ours, numpys = _per_channel_max(engine, c.name, decoded, 1, tmp_path)
+    np.testing.assert_allclose(ours, numpys, rtol=1e-6)
+
+
+@pytest.mark.parametrize("case", ["gather along the channels", "reshape splitting them"])
+def test_per_channel_codes_moved_where_their_channels_cannot_be_followed_are_refused_in_a_sentence(tmp_path, case):
+    """A per-channel DequantizeLinear after an op whose channels cannot be followed back onto
+    the codes (a Gather picking along the channel axis, a Reshape splitting it): one sentence
+    naming that op, the constant and why, not a run on misplaced scales."""
+    if case.startswith("gather"):
+        q, _, _ = _transposed_codes_net(tmp_path, 4, 4, mover=("Gather", {"axis": 0}, {"idx": np.array([1, 0, 2, 3])}))
+        run_model(q, {"x": np.ones((1, 4, 8, 8), np.float32)})  # onnxruntime runs it
+        why = r"Gather node 'w_move' moves integer constant 'codes', and a per-channel DequantizeLinear reads it " \
+              r"after a Gather 'w_move' along its channel axis: each of its output channels is whichever stored channel " \
+              r"the indices pick"
+    else:
+        q, _, _ = _table_net(tmp_path, [5, 2, 4], 2)
+        run_model(q, {"ids": np.zeros((1, 5), np.int64)})
+        why = r"Gather node 'gather' moves integer constant 'codes', and a per-channel DequantizeLinear reads it " \
+              r"after a Reshape 'rows' that merges or splits its channel axis \(axis 2 of \[5, 2, 4\], from \[1, 5, 8\]\)"
+    with pytest.raises(PTQError, match=why + r".*; dequantize the stored codes along their own channel axis"):
         QuantModel(str(q))

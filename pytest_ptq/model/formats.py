@@ -48,7 +48,8 @@ import onnx.version_converter
 from onnx import TensorProto, helper, numpy_helper
 
 from ..errors import PTQError
-from .graph import attribute, node_refs, sort_topologically
+from . import moved
+from .graph import LAYOUT_OPS, attribute, declared_dims, node_refs, sort_topologically
 
 QDQ, QOPERATOR, DYNAMIC, MIXED = "QDQ", "QOperator", "dynamic", "mixed"
 WEIGHT_ONLY = "weight-only"  # onnxruntime's block-wise weight-only ops
@@ -167,7 +168,7 @@ def formats_of(model):
     for n in graph.node:
         for i in n.input:
             consumers.setdefault(i, []).append(n)
-    found, integer_tables = set(), False
+    found, integer_tables, laid_out_weights = set(), False, False
     for n in graph.node:
         op = n.op_type
         if op in WEIGHT_ONLY_OPS:
@@ -187,6 +188,11 @@ def formats_of(model):
             # a weight in QDQ form: a lone DQ of an integer initializer read by a float op
             if any(not c.op_type.endswith("QuantizeLinear") for c in consumers.get(n.output[0], ())):
                 found.add(QDQ)
+        elif op.endswith("DequantizeLinear") and _laid_out_codes(n.input[0], producer, inits):
+            # a weight in QDQ form whose codes are stored in another layout (Transpose, Reshape
+            # before the DQ): the parser reads them laid out as constants, no rewrite needed
+            if any(not c.op_type.endswith("QuantizeLinear") for c in consumers.get(n.output[0], ())):
+                laid_out_weights = True
         elif op.endswith("DequantizeLinear") and _source(n.input[0], producer, inits)[1]:
             integer_tables = True  # quantize_dynamic's embedding, dequantized after a Gather and a Transpose
         elif op.endswith("DequantizeLinear") and n.input[0] in producer:
@@ -196,7 +202,9 @@ def formats_of(model):
                     for c in consumers.get(n.output[0], ())):
                 found.add(QDQ)
     if integer_tables and not found:
-        found.add(DYNAMIC)
+        found.add(DYNAMIC)  # the rewrite dequantizes the laid-out weights with the tables
+    elif laid_out_weights:
+        found.add(QDQ)
     return tuple(f for f in (QDQ, QOPERATOR, DYNAMIC, WEIGHT_ONLY) if f in found)
 
 
@@ -210,17 +218,55 @@ def _source(tensor, producer, inits):
     return src, src is not None and src.op_type in MOVING and bool(src.input) and src.input[0] in inits
 
 
-def _axis_before(node, axis):
+def _laid_out_codes(tensor, producer, inits):
+    """Whether ``tensor`` is an integer initializer laid out by shape-only ops alone
+    (Identity, Transpose, Reshape, Squeeze, Unsqueeze, Flatten) whose other inputs are
+    constants: a value the parser computes as a constant (see ``QuantModel.constant``)."""
+    node = producer.get(tensor)
+    if node is None or node.op_type not in ("Identity", *LAYOUT_OPS) or not node.input:
+        return False
+    if any(i and i not in inits and getattr(producer.get(i), "op_type", "") != "Constant" for i in node.input[1:]):
+        return False  # a shape computed at run time
+    return node.input[0] in inits or _laid_out_codes(node.input[0], producer, inits)
+
+
+def _axis_before(node, axis, dims):
     """Channel axis ``axis`` of moving ``node``'s output as its input lays it out (None stays
-    None, a sentence stays as it is); a sentence where ``node`` does not keep the channels
-    on one axis the tool can follow (anything but an Identity or a Transpose with its perm)."""
+    None, a sentence stays as it is); ``dims``: a tensor's dims (None each where open, None
+    where unknown). The channels stay on one axis through an Identity, a Transpose with its
+    perm, a Gather along another axis, and a Reshape, Squeeze, Unsqueeze or Flatten that
+    keeps the channel axis a dimension of its own; elsewhere the answer is a sentence saying
+    why the channels cannot be followed back onto the constant."""
     if axis is None or isinstance(axis, str) or node.op_type == "Identity":
         return axis
-    perm = attribute(node, "perm") if node.op_type == "Transpose" else None
-    if perm is None:
-        return (f"a per-channel DequantizeLinear reads it after a {node.op_type} {node.name!r}, whose channels the "
-                "tool does not follow back onto the constant")
-    return int(perm[axis % len(perm)])
+    what = f"a per-channel DequantizeLinear reads it after a {node.op_type} {node.name!r}"
+    fix = ("; dequantize the stored codes along their own channel axis before that node in the export (a "
+           "DequantizeLinear of the initializer), or store them as the DequantizeLinear reads them")
+    if node.op_type == "Transpose":
+        perm = attribute(node, "perm")
+        if perm is None:
+            return f"{what}, whose reversed dims the tool does not follow back onto the constant{fix}"
+        return int(perm[axis % len(perm)])
+    out, data = dims(node.output[0]), dims(node.input[0])
+    if node.op_type == "Gather" and len(node.input) > 1:
+        indices = dims(node.input[1])
+        if data is None or indices is None:
+            return f"{what}, whose input or indices have a rank the tool does not know{fix}"
+        along, picked = int(attribute(node, "axis", 0)) % len(data), len(indices)
+        axis %= len(data) + picked - 1
+        if axis < along:
+            return axis
+        if axis >= along + picked:
+            return axis - picked + 1
+        return (f"{what} along its channel axis: each of its output channels is whichever stored channel the "
+                f"indices pick, so its scale belongs to no one stored channel{fix}")
+    if node.op_type in LAYOUT_OPS and out is not None and None not in out:
+        _, before = moved.undo(node, out, axis, data)
+        if before is not None:
+            return before
+        return (f"{what} that merges or splits its channel axis (axis {axis % len(out)} of {out}, from "
+                f"{data}){fix}")
+    return f"{what}, whose channels the tool does not follow back onto the constant{fix}"
 
 
 def to_qdq(model, source="the model", arrays=None):
@@ -341,8 +387,8 @@ class _Rewriter:
         self.nodes = []
         self.skip = set()  # keys of original nodes another node's rewrite absorbed
         self.touched = set()  # tensors whose consumers changed (dead-code candidates)
+        self._shapes = None  # tensor -> its dims in the original graph (see _dims)
         self.hints = self._hints()
-        self._ranks = None
 
     # -- helpers -------------------------------------------------------------------------
     def fresh(self, base):
@@ -435,7 +481,7 @@ class _Rewriter:
                 # through a chain of them (quantize_dynamic's table read by Gather, then a
                 # Transpose, then the DequantizeLinear)
                 s, z, axis = hints[n.output[0]]
-                hints.setdefault(n.input[0], (s, z, _axis_before(n, axis)))
+                hints.setdefault(n.input[0], (s, z, _axis_before(n, axis, self._dims)))
         return hints
 
     def _dq_axis(self, node):
@@ -645,18 +691,23 @@ class _Rewriter:
 
     def _rank(self, tensor, node=None):
         """The rank of ``tensor`` in the original graph, from its types or shape inference."""
-        if self._ranks is None:
+        dims = self._dims(tensor)
+        if dims is None:
+            self.fail(node or self.producer.get(tensor), f"reads {tensor!r}, whose rank is unknown")
+        return len(dims)
+
+    def _dims(self, tensor):
+        """The dims of ``tensor`` in the original graph (None each where open) from its types
+        or shape inference, None where its shape is unknown."""
+        if self._shapes is None:
             try:
                 graph = onnx.shape_inference.infer_shapes(self.model, strict_mode=False).graph
             except Exception:  # inference helps; the graph's own value infos may suffice
                 graph = self.graph
-            self._ranks = {v.name: len(v.type.tensor_type.shape.dim)
-                           for v in list(graph.value_info) + list(graph.input) + list(graph.output)
-                           if v.type.tensor_type.HasField("shape")}
-            self._ranks.update({i.name: len(i.dims) for i in self.graph.initializer})
-        if tensor not in self._ranks:
-            self.fail(node or self.producer.get(tensor), f"reads {tensor!r}, whose rank is unknown")
-        return self._ranks[tensor]
+            self._shapes = {v.name: declared_dims(v) for v in list(graph.value_info) + list(graph.input)
+                            + list(graph.output) if v.type.tensor_type.HasField("shape")}
+            self._shapes.update({i.name: list(i.dims) for i in self.graph.initializer})
+        return self._shapes.get(tensor)
 
     def bias(self, node, bias, scales, alpha=1.0):
         """A lone DQ of an int32 bias, its scale the product of the input and weight scales
