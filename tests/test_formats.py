@@ -1117,6 +1117,68 @@ def test_a_weight_transposed_after_its_dequantizelinear_finds_its_float_weight(t
     assert sens[c.name]["cosine-similarity"] < 1 - 1e-6  # costs something: read as none, it was 1 - 6e-15
 
 
+# how a 1x1 Conv weight [6, 4, 1, 1] is stored (from the [6, 4, 1, 1] array), the per-channel
+# DequantizeLinear's axis there, and the shape-only nodes from its output "wdq" to the Conv's "wc"
+# ({name: value} of their further inputs)
+_LAID_OUT = {
+    "Reshape": (lambda a: a.reshape(6, 4), 0, [helper.make_node("Reshape", ["wdq", "shp"], ["wc"], name="w_R")],
+                {"shp": np.array([6, 4, 1, 1], np.int64)}),
+    "Unsqueeze": (lambda a: a.reshape(6, 4), 0, [helper.make_node("Unsqueeze", ["wdq", "axes"], ["wc"], name="w_U")],
+                  {"axes": np.array([2, 3], np.int64)}),
+    "Squeeze": (lambda a: a.reshape(6, 4, 1, 1, 1), 0,
+                [helper.make_node("Squeeze", ["wdq", "axes"], ["wc"], name="w_S")], {"axes": np.array([4], np.int64)}),
+    "Flatten, Transpose, Reshape": (
+        lambda a: a.reshape(6, 4).T.reshape(4, 6, 1), 1,
+        [helper.make_node("Flatten", ["wdq"], ["wf"], name="w_F", axis=1),
+         helper.make_node("Transpose", ["wf"], ["wt"], name="w_T", perm=[1, 0]),
+         helper.make_node("Reshape", ["wt", "shp"], ["wc"], name="w_R")], {"shp": np.array([6, 4, 1, 1], np.int64)}),
+}
+
+
+@pytest.mark.parametrize("case", list(_LAID_OUT))
+def test_a_weight_laid_out_by_shape_only_nodes_after_its_dequantizelinear_finds_its_float_weight(tmp_path, case):
+    """codes -> per-channel DequantizeLinear -> Reshape / Squeeze / Unsqueeze / Flatten (and a
+    Transpose) -> Conv, the float Conv reading its weight directly: the search by value
+    followed Transposes only, so the float weight was not found and bypassing the weight kept
+    it quantized (the bypassed model 0.038 off the float one). The nodes' layout is now
+    undone on the float weights, whatever it does to the channel axis."""
+    stored, axis, movers, extra = _LAID_OUT[case]
+    rng = np.random.default_rng(0)
+    w = (rng.standard_normal((6, 4, 1, 1)) * 0.3).astype(np.float32)
+    w[2] *= 8
+    held = stored(w)
+    scales = (np.abs(np.moveaxis(held, axis, 0)).reshape(6, -1).max(1) / 127).astype(np.float32)
+    bshape = [-1 if k == axis else 1 for k in range(held.ndim)]
+    codes = np.clip(np.round(held / scales.reshape(bshape)), -127, 127).astype(np.int8)
+    io = ([helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 8, 8])],
+          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 6, 8, 8])])
+    qdq = helper.make_graph(
+        [helper.make_node("DequantizeLinear", ["codes", "s", "z"], ["wdq"], name="w_DQ", axis=axis), *movers,
+         helper.make_node("Conv", ["x", "wc"], ["y"], name="conv")], "q", *io,
+        [numpy_helper.from_array(codes, "codes"), numpy_helper.from_array(scales, "s"),
+         numpy_helper.from_array(np.zeros(6, np.int8), "z"), *(numpy_helper.from_array(v, k) for k, v in extra.items())])
+    flt = helper.make_graph([helper.make_node("Conv", ["x", "w"], ["y"], name="conv")], "f", *io,
+                            [numpy_helper.from_array(w, "w")])
+    q, f = builders.save_model(qdq, tmp_path / "q.onnx", opset=13), builders.save_model(flt, tmp_path / "f.onnx", opset=13)
+    samples = {"x": [rng.standard_normal((1, 4, 8, 8)).astype(np.float32) for _ in range(3)]}
+    engine = Engine(str(q), samples, float_model=str(f))
+    [c] = engine.qmodel.calibration.values()
+    assert c.kind == "weight" and engine.qmodel.alignment.unmatched_weights == []
+    refs, files = [], []
+    for i, x in enumerate(samples["x"]):
+        ref, given = run_model(f, {"x": x})["y"], run_model(q, {"x": x})["y"]
+        np.testing.assert_allclose(engine.run(i, ())["y"], ref, rtol=0, atol=1e-5)  # bypassed: the float model
+        np.testing.assert_allclose(engine.run(i, "all")["y"], given, rtol=0, atol=1e-5)  # quantized: the file
+        assert np.abs(given - ref).max() > 1e-2  # which differ
+        refs.append(ref)
+        files.append(given)
+    # its one weight quantized is the file itself
+    sens = get_sensitivity_of_nodes(engine, node_type="weight")
+    assert sens[c.name]["cosine-similarity"] == pytest.approx(pooled_cosine(refs, files), abs=1e-7)
+    ours, numpys = _per_channel_max(engine, c.name, _decoded(q, "w_DQ"), axis, tmp_path)
+    np.testing.assert_allclose(ours, numpys, rtol=1e-6)
+
+
 def test_a_ranked_weight_without_its_float_weight_is_said_to_compare_against_its_dequantized_value(tmp_path):
     """A weight pair already on its grid whose float weight the float model given lacks: its
     bypass keeps its dequantized value, so its ranking reads as costing nothing; the note said

@@ -788,7 +788,7 @@ def _assign_weights(qm, f, weights_at, values):
                     found = (fname, smoothed)
                     break
         if found is None:
-            found = _by_value(f, index, c, mine, by_size, _transposes(qm, c))
+            found = _by_value(f, index, c, mine, by_size, _layouts(qm, c, mine.shape))
         if found is None:
             if _needs_float(qm, c):
                 unmatched.append(c.name)
@@ -833,49 +833,67 @@ def _smoothed(fw, axis, factor):
         return (np.asarray(fw, np.float64) / _along(factor, axis % fw.ndim, fw.ndim)).astype(fw.dtype)
 
 
-def _transposes(qm, c):
-    """The permutations that Transposes between weight ``c``'s DequantizeLinear and the nodes
-    reading the weight apply to it (an export storing the codes in another layout and
-    transposing them back after dequantizing), one per distinct chain, identity left out."""
-    perms = []
+def _layouts(qm, c, shape):
+    """How the shape-only nodes between weight ``c``'s DequantizeLinear and the nodes reading
+    the weight lay it out (an export storing the codes in another layout and transposing or
+    reshaping them after dequantizing: [O*I] or [O, I] made [O, I, 1, 1]), one per distinct
+    chain, those that leave ``shape`` as it is left out. Each is ``(steps, shape read)``, a
+    step ``("T", perm)`` for a Transpose or ``("R", its input's shape)`` for a Reshape,
+    Squeeze, Unsqueeze or Flatten: every one moves elements without changing them, so the
+    float weight the reader takes goes back exactly through their inverses (see
+    :func:`_undo_layout`), whatever becomes of the channel axis on the way."""
+    layouts, start = [], np.broadcast_to(np.zeros((), bool), tuple(shape))
     for out in c.outputs:
-        stack = [(out, tuple(range(len(qm.shapes.get(c.input) or ()))))]
+        stack = [(out, start, (), tuple(range(len(shape))))]  # perm: the transposes so far, None after a reshape
         while stack:
-            tensor, perm = stack.pop()
+            tensor, laid, steps, perm = stack.pop()
             for node in qm.consumers.get(tensor, ()):
+                moved = laid_out(node, laid, qm.constant) if node.op_type in LAYOUT_OPS else None
                 if node.op_type == "Identity":
-                    stack.append((node.output[0], perm))
-                elif node.op_type == "Transpose" and len(perm) > 1:
+                    stack.append((node.output[0], laid, steps, perm))
+                elif moved is not None and node.op_type == "Transpose":
                     p = attribute(node, "perm")
-                    p = range(len(perm))[::-1] if p is None else [int(a) for a in p]
-                    stack.append((node.output[0], tuple(perm[a] for a in p)))
-                elif perm != tuple(sorted(perm)) and perm not in perms:
-                    perms.append(perm)
-    return perms
+                    p = list(range(laid.ndim))[::-1] if p is None else [int(a) for a in p]
+                    stack.append((node.output[0], moved, steps + (("T", tuple(p)),),
+                                  None if perm is None else tuple(perm[a] for a in p)))
+                elif moved is not None:
+                    stack.append((node.output[0], moved, steps + (("R", laid.shape),), None))
+                elif steps and (steps, laid.shape) not in layouts and not (
+                        perm == tuple(range(len(perm or ()))) if perm is not None else
+                        laid.shape == start.shape and all(k == "R" for k, _ in steps)):
+                    layouts.append((steps, laid.shape))
+    return layouts
 
 
-def _by_value(f, index, c, mine, by_size=None, transposes=()):
+def _undo_layout(fw, steps):
+    """``fw``, laid out as the reader of a weight takes it, in the layout its DequantizeLinear
+    writes: the inverse of each of ``steps`` (see :func:`_layouts`), last first."""
+    for kind, arg in reversed(steps):
+        fw = fw.transpose(np.argsort(arg)) if kind == "T" else fw.reshape(arg)
+    return fw
+
+
+def _by_value(f, index, c, mine, by_size=None, layouts=()):
     """``(name, value)`` of the float constant closest to ``mine`` among those it fits, the
-    value transposed when the match is the transposed matrix or the weight as the Transposes
-    after its DequantizeLinear lay it out (``transposes``: their permutations, see
-    :func:`_transposes`), or reshaped when the match has the same trailing axis and the
-    leading ones merged or split (an LSTM's weights per direction and gate, stored as one
-    matrix); or None. The value is in ``mine``'s layout."""
+    value transposed when the match is the transposed matrix or the weight as the shape-only
+    nodes after its DequantizeLinear lay it out (``layouts``: see :func:`_layouts`), or
+    reshaped when the match has the same trailing axis and the leading ones merged or split
+    (an LSTM's weights per direction and gate, stored as one matrix); or None. The value is
+    in ``mine``'s layout."""
     best = None
     reshaped = [n for n in (by_size or {}).get(mine.size, ())
                 if f.constant(n).ndim != mine.ndim and f.constant(n).shape[-1] == mine.shape[-1]]
     pools = [(None, index.get(tuple(mine.shape), ())), ("reshaped", reshaped)]
     if mine.ndim == 2:
-        pools.insert(1, ((1, 0), index.get(tuple(mine.shape[::-1]), ())))
-    # the float model's reader takes the weight laid out by those Transposes: its float weight
-    # goes back through their inverse
-    pools += [(perm, index.get(tuple(mine.shape[a] for a in perm), ())) for perm in transposes
-              if mine.ndim == len(perm) and not (mine.ndim == 2 and perm == (1, 0))]
+        pools.insert(1, ((("T", (1, 0)),), index.get(tuple(mine.shape[::-1]), ())))
+    # the float model's reader takes the weight laid out by those nodes: its float weight goes
+    # back through their inverses
+    pools += [(steps, index.get(tuple(shape), ())) for steps, shape in layouts
+              if steps != (("T", (1, 0)),) or mine.ndim != 2]
     for how, names in pools:
         for fname in names:
             fw = f.constant(fname)
-            fw = fw.reshape(mine.shape) if how == "reshaped" else fw if how is None else \
-                fw.transpose(np.argsort(how))
+            fw = fw.reshape(mine.shape) if how == "reshaped" else fw if how is None else _undo_layout(fw, how)
             if fits(c, mine, fw):
                 err = max(float(np.abs(mine[rows].astype(np.float64) - fw[rows]).max(initial=0))
                           for rows, _ in c.row_blocks(mine.shape))
