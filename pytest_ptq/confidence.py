@@ -87,25 +87,28 @@ def ranking_confidence(sensitivity, k=5, resamples=1000, seed=0, metric=None, st
         raise PTQError(f"no node of the sensitivity result has a figure: quantizing any of them "
                        f"{sensitivity.details[left_out[0]]['no_values']} (no values compared); rank it on outputs "
                        "that hold values")
-    rows = []
+    rows, judged = [], []
     for n in names:
         per_sample = sensitivity.details.get(n, {}).get("per_sample", {}).get(m.name)
         if per_sample is None:
             raise PTQError(f"the sensitivity result has no per-sample {m.name} values for {n!r}; "
                            f"compute it with metric {m.name!r} among its metrics")
-        rows.append([float(v) for v in per_sample])
+        # None: a sample on which the outputs its quantization reaches held no values, left out
+        rows.append([np.nan if v is None else float(v) for v in per_sample])
+        judged.append([v is not None for v in per_sample])
     lengths = {len(r) for r in rows}
     if len(lengths) != 1:
         raise PTQError("nodes of the sensitivity result were scored on different numbers of samples; "
                        "recompute it in one run")
     values = np.asarray(rows, dtype=np.float64)  # [nodes, samples]
+    judged = np.asarray(judged, dtype=bool).reshape(values.shape)
     n_nodes, n_samples = values.shape
     k = max(1, min(int(k), n_nodes))
-    keyed = _keys(values, m)
+    keyed = np.where(judged, _keys(values, m), 0.0)  # summed over the samples judged only
     if n_samples == 0:
         raise PTQError("the sensitivity result holds no per-sample values; score at least one sample")
     means = np.array([r[~np.isnan(r)].mean() if (~np.isnan(r)).any() else np.nan for r in values])
-    order = np.argsort(keyed.mean(axis=1), kind="stable")
+    order = np.argsort(_mean(keyed.sum(axis=1), judged.sum(axis=1)), kind="stable")
     rank_of = np.empty(n_nodes, dtype=int)
     rank_of[order] = np.arange(1, n_nodes + 1)
     top_k = [names[i] for i in order[:k]]
@@ -117,7 +120,8 @@ def ranking_confidence(sensitivity, k=5, resamples=1000, seed=0, metric=None, st
         picks = rng.integers(0, n_samples, size=(int(resamples), n_samples))
         # [nodes, resamples], lower key = more sensitive; in chunks, as [nodes, chunk, samples]
         # is the largest array
-        boot = np.concatenate([keyed[:, picks[r:r + 256]].mean(axis=2) for r in range(0, len(picks), 256)], axis=1)
+        boot = np.concatenate([_mean(keyed[:, picks[r:r + 256]].sum(axis=2), judged[:, picks[r:r + 256]].sum(axis=2))
+                               for r in range(0, len(picks), 256)], axis=1)
         boot_rank = np.argsort(np.argsort(boot, axis=0, kind="stable"), axis=0, kind="stable") + 1
         in_top = boot_rank <= k
         top_set = set(order[:k].tolist())
@@ -139,7 +143,7 @@ def ranking_confidence(sensitivity, k=5, resamples=1000, seed=0, metric=None, st
             "mean": float(means[i]), "std": float(np.std(finite)) if finite.size else float("nan"),
             "min": float(finite.min()) if finite.size else float("nan"),
             "max": float(finite.max()) if finite.size else float("nan"),
-            "rank": int(rank_of[i]),
+            "rank": int(rank_of[i]), "samples": int(judged[i].sum()),
             "rank_low": float(low[i]) if low is not None else None,
             "rank_high": float(high[i]) if high is not None else None,
             "top_k_frequency": float(freq[i]) if freq is not None else None,
@@ -162,6 +166,10 @@ def ranking_confidence(sensitivity, k=5, resamples=1000, seed=0, metric=None, st
         message = (f"the top {k} is the same in only {set_freq:.0%} of {resamples} resamples of the "
                    f"{n_samples} samples{who}: do not trust its order, add samples or compare with "
                    "group sensitivity")
+    fewer = [names[i] for i in order if judged[i].sum() < n_samples]
+    if fewer:
+        message += (f"; {listed(fewer, 3)} judged on fewer samples ('samples'), those on which the outputs their "
+                    "quantization reaches hold values")
     if left_out:
         message += (f"; {len(left_out)} left out, whose quantization changes no value compared ({listed(left_out, 3)}): "
                     "no values compared")
@@ -173,6 +181,13 @@ def ranking_confidence(sensitivity, k=5, resamples=1000, seed=0, metric=None, st
                                 unstable_nodes=unstable, nodes=nodes, pooled_top_k=pooled_top_k, message=message,
                                 left_out=left_out),
                      inputs_of(sensitivity))
+
+
+def _mean(sums, counts):
+    """``sums / counts``, NaN where a count is 0 (a resample holding no sample a node was judged
+    on: argsort puts it last), quietly (``-W error``)."""
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return sums / counts
 
 
 def _keys(values, metric):
@@ -190,11 +205,15 @@ _BIG = 1e30
 
 def confidence_rows(conf):
     """Table rows of a :class:`Confidence`, mean-rank order; bootstrap columns only when
-    there were samples enough to resample."""
+    there were samples enough to resample, the samples each node was judged on only where
+    some node was judged on fewer than all."""
     rows = []
+    fewer = any(v.get("samples", conf.samples) < conf.samples for v in conf.nodes.values())
     for name, v in conf.nodes.items():
         row = {"node": name, "rank": v["rank"], f"mean {conf.metric}": v["mean"], "spread (std)": v["std"],
                "min": v["min"], "max": v["max"]}
+        if fewer:
+            row["samples"] = v["samples"]
         if v["rank_low"] is not None:
             row["rank 5-95%"] = f"{v['rank_low']:g}-{v['rank_high']:g}"
             row[f"in top {conf.k}"] = f"{v['top_k_frequency']:.0%}"

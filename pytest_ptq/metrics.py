@@ -98,12 +98,14 @@ class Pooled:
     """One metric of several outputs (``specs`` of :func:`~pytest_ptq.outputs.parse_outputs`),
     each pooled over the samples added; :meth:`value` is the worst output's figure, the one
     a model is judged on. With ``per_sample``, :attr:`samples` lists each sample's own worst
-    output figure too, in the order added."""
+    output figure too, in the order added, over the outputs that held values on it (None where
+    none did), and :attr:`held` the names of those outputs, per sample."""
 
     def __init__(self, metric, specs, per_sample=False):
         self.metric, self.specs = metric, specs
         self.states = {s.name: metric.new() for s in specs}
         self.samples = [] if per_sample else None
+        self.held = [] if per_sample else None
         # values compared per output, and the shape of an output where it held none: a metric
         # reads no values as perfect, which only these tell apart from a measured 1.0
         self.sizes = {s.name: 0 for s in specs}
@@ -117,23 +119,29 @@ class Pooled:
         """One sample whose references :meth:`Reference.of_outputs` prepared (shared by the
         configs compared with them)."""
         m = self.metric
+        held = []
         for s in self.specs:
             ref = refs[s.name]
             shape = np.shape(ref.array if isinstance(ref, Reference) else ref)
             self.sizes[s.name] += math.prod(shape)
-            if not math.prod(shape):
+            if math.prod(shape):
+                held.append(s.name)
+            else:
                 self.shapes.setdefault(s.name, list(shape))
         if self.samples is None:
             for s in self.specs:
                 m.update(self.states[s.name], refs[s.name], s.take(out[s.tensor]))
             return
-        values = []
+        values = {}
         for s in self.specs:
             one = m.new()
             m.update(one, refs[s.name], s.take(out[s.tensor]))
             m.merge(self.states[s.name], one)
-            values.append(m.value(one))
-        self.samples.append(m.worst(values))
+            values[s.name] = m.value(one)
+        # an output holding no values on this sample (a detection of nothing) reads the perfect
+        # score of no values: left out of the sample's figure, which has none where all are
+        self.held.append(frozenset(held))
+        self.samples.append(m.worst(values[n] for n in held) if held else None)
 
     def merge(self, other):
         """Add the samples of ``other`` (same metric and outputs) into this one, in place."""
@@ -144,6 +152,7 @@ class Pooled:
                 self.shapes.setdefault(name, other.shapes[name])
         if self.samples is not None:
             self.samples.extend(other.samples)
+            self.held.extend(other.held)
 
     def copy(self):
         twin = Pooled(self.metric, self.specs, per_sample=self.samples is not None)

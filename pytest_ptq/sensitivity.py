@@ -363,9 +363,14 @@ def ranked(engine, scores, metric_objs, specs, samples, node_type, describe, con
     for name, pools in scores.items():
         per_output, empty = by_output(pools), pools[0].empty()
         entries[name] = {m.name: pool.value() for m, pool in zip(metric_objs, pools)}
+        hit = _reached(engine.qmodel, configs[name], specs, changes)
+        # a sample on which every output it reaches held no values compared none of its change:
+        # the other outputs' figure there (identical, perfect) is no figure of it
         result.details[name] = {**describe(name), "per_output": per_output,
-                                "per_sample": {m.name: pool.samples for m, pool in zip(metric_objs, pools)}}
-        why = _no_values(engine.qmodel, configs[name], specs, empty, changes)
+                                "per_sample": {m.name: [v if set(hit) & held else None
+                                                        for v, held in zip(pool.samples, pool.held)]
+                                               for m, pool in zip(metric_objs, pools)}}
+        why = _no_values(hit, specs, empty)
         if why:  # its samples' figures too compare nothing (confidence would read them as perfect)
             entries[name] = dict.fromkeys(entries[name])
             result.details[name]["no_values"] = why
@@ -377,13 +382,18 @@ def ranked(engine, scores, metric_objs, specs, samples, node_type, describe, con
     return result
 
 
-def _no_values(qm, quantized, specs, empty, changes):
-    """Why quantizing ``quantized`` changes no value compared: it reaches none of the outputs
-    of ``specs``, or those it reaches all are among ``empty`` (``{output: shape}`` of those
-    that held no values); "" where it reaches one holding values. ``changes``: ``{tensor:
-    names of the outputs computed from it}``."""
+def _reached(qm, quantized, specs, changes):
+    """The names of the outputs of ``specs`` that quantizing ``quantized`` may change, in their
+    order. ``changes``: ``{tensor: names of the outputs computed from it}``."""
     reached = set().union(*(changes.get(t, ()) for c in quantized for t in qm.calibration[c].outputs))
-    hit = [s.name for s in specs if s.name in reached]
+    return [s.name for s in specs if s.name in reached]
+
+
+def _no_values(hit, specs, empty):
+    """Why quantizing what reaches the outputs ``hit`` (:func:`_reached`) changes no value
+    compared: it reaches none of the outputs of ``specs``, or those it reaches all are among
+    ``empty`` (``{output: shape}`` of those that held no values); "" where it reaches one
+    holding values."""
     if not hit:
         return f"changes none of the outputs compared ({listed([s.name for s in specs], 3)})"
     if any(n not in empty for n in hit):
