@@ -357,3 +357,84 @@ def test_the_producer_check_score_refuses_outputs_holding_no_values(empty_tail, 
     score = output_score(Engine(str(empty_tail["model"]), empty_tail["data"]), str(empty_tail["root"] / "float.onnx"))
     assert score(None)["calibration"] == pytest.approx(builders.pooled_cosine([r["y"] for r in ref],
                                                                               [g["y"] for g in got]), abs=1e-6)
+
+
+# e holds rows on these samples only: Compress keeps the rows of x @ w2 where g > 0
+RAGGED_SIGNS = [1, -1, 1, 1, -1, -1]
+
+
+@pytest.fixture(scope="module")
+def ragged(tmp_path_factory):
+    """y = x @ w1 and e = Compress(x @ w2, g > 0), quantized by onnxruntime: e holds values on
+    some samples and none on the others, so w2's pair changes values compared on some samples
+    only; g, read by Greater alone, stays float."""
+    root = tmp_path_factory.mktemp("ragged")
+    rng = np.random.default_rng(0)
+    nodes = [helper.make_node("MatMul", ["x", "w1"], ["y"], name="m1"),
+             helper.make_node("MatMul", ["x", "w2"], ["m2"], name="m2"),
+             helper.make_node("Greater", ["g", "zero"], ["keep"], name="gt"),
+             helper.make_node("Compress", ["m2", "keep"], ["e"], name="cp", axis=0)]
+    inits = [numpy_helper.from_array(rng.standard_normal((16, 8)).astype(np.float32), "w1"),
+             numpy_helper.from_array(rng.standard_normal((16, 8)).astype(np.float32), "w2"),
+             numpy_helper.from_array(np.array(0, np.float32), "zero")]
+    graph = helper.make_graph(nodes, "ragged", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 16]),
+                                                helper.make_tensor_value_info("g", TensorProto.FLOAT, [4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 8]),
+                               helper.make_tensor_value_info("e", TensorProto.FLOAT, ["n", 8])], inits)
+    builders.save_model(graph, root / "float.onnx")
+    data = {"x": [rng.standard_normal((4, 16)).astype(np.float32) for _ in RAGGED_SIGNS],
+            "g": [s * (0.5 + np.abs(rng.standard_normal(4))).astype(np.float32) for s in RAGGED_SIGNS]}
+    builders.quantize(root / "float.onnx", root / "model.onnx", data)
+    feeds = [{"x": x, "g": g} for x, g in zip(data["x"], data["g"])]
+    return {"root": root, "model": root / "model.onnx", "data": data, "feeds": feeds}
+
+
+def per_sample_brute_force(setup, keep):
+    """Each sample's worst cosine over the outputs holding values on it, only ``keep``
+    quantized, from plain onnxruntime sessions on rewired models; None on a sample where no
+    output that ``keep`` changes on some sample holds values."""
+    ref = builders.run_model(builders.rewire(setup["model"], keep=()), setup["feeds"])
+    got = builders.run_model(builders.rewire(setup["model"], keep=set(keep)), setup["feeds"])
+    assert [r["e"].size > 0 for r in ref] == [s > 0 for s in RAGGED_SIGNS]  # the model is what the test is about
+    changed = {k for r, g in zip(ref, got) for k in r if not np.array_equal(r[k], g[k])}
+    out = []
+    for r, g in zip(ref, got):
+        held = [k for k in r if r[k].size]
+        out.append(min(_cosine(r[k], g[k]) for k in held) if changed & set(held) else None)
+    return out
+
+
+def test_a_sample_on_which_the_outputs_a_node_reaches_hold_no_values_has_no_figure_of_it(ragged):
+    sens = get_sensitivity_of_nodes(str(ragged["model"]), calibrated_data=ragged["data"], node_type="weight")
+    expected = {name: per_sample_brute_force(ragged, [name]) for name in sens}
+    assert [v is None for v in expected["w2_QuantizeLinear"]] == [s < 0 for s in RAGGED_SIGNS]
+    for name in sens:  # was: 1.0 on the samples where e held no rows, a perfect score nothing measured
+        got = sens.details[name]["per_sample"]["cosine-similarity"]
+        assert [v is None for v in got] == [v is None for v in expected[name]], name
+        assert [v for v in got if v is not None] == pytest.approx([v for v in expected[name] if v is not None],
+                                                                  abs=1e-6), name
+    conf = ranking_confidence(sens, k=1, resamples=50)
+    for name, v in conf.nodes.items():  # pooled over the samples judged only
+        judged = [x for x in expected[name] if x is not None]
+        assert v["samples"] == len(judged)
+        assert v["mean"] == pytest.approx(np.mean(judged), abs=1e-6)
+        assert (v["min"], v["max"]) == pytest.approx((min(judged), max(judged)), abs=1e-6)
+    means = {name: np.mean([x for x in expected[name] if x is not None]) for name in sens}
+    assert conf.top_k == [min(means, key=means.get)]
+    assert "'w2_QuantizeLinear' judged on fewer samples ('samples')" in conf.message
+    saved = Sensitivity.from_dict(json.loads(json.dumps(sens.to_dict())))
+    assert saved.details["w2_QuantizeLinear"]["per_sample"] == sens.details["w2_QuantizeLinear"]["per_sample"]
+
+
+def test_stages_give_no_per_sample_figure_where_the_outputs_hold_no_values(ragged):
+    from pytest_ptq.stages import localize_stages
+
+    report = localize_stages(str(ragged["root"] / "float.onnx"), str(ragged["model"]), ragged["data"],
+                             output_node="e", progress=False)
+    ref = builders.run_model(ragged["root"] / "float.onnx", ragged["feeds"])
+    got = builders.run_model(builders.rewire(ragged["model"], keep=set(builders.qdq_pairs(ragged["model"]))),
+                             ragged["feeds"])
+    fake = next(s for s in report.stages if s["stage"] == "fake-quant")["per_sample"]["cosine-similarity"]
+    want = [_cosine(r["e"], g["e"]) if r["e"].size else None for r, g in zip(ref, got)]
+    assert [v is None for v in fake] == [v is None for v in want]  # was: 1.0 on the empty samples
+    assert [v for v in fake if v is not None] == pytest.approx([v for v in want if v is not None], abs=1e-5)
