@@ -192,15 +192,29 @@ def screen(engine, node_types, metric_objs, specs, indices, budget_s=None, rank_
                 else:  # every node of the type: the whole ranking is on the wider samples
                     sens[t] = layer
         if wide < total:
+            unseen = {}
             for t in node_types:
-                top[t] = list((layers[t] or [sens[t]])[-1])[:confirm]
+                latest = (layers[t] or [sens[t]])[-1]
+                top[t] = list(latest)[:confirm]
                 confirm_configs.update({(t, name): configs[(t, name)] for name in top[t]})
+                # a node that compared no values only because the outputs it reaches held none on the
+                # samples so far may on the rest: "no values on any sample" would be said of a few
+                unseen.update({(t, n): configs[(t, n)] for n in sens[t] if (t, n) not in confirm_configs
+                               and "no_values" in (latest if n in latest else sens[t]).details[n]
+                               and scores[(t, n)][0].empty()})
+            # those the narrowing left out have the narrowing's samples still to score
+            behind = {c: q for c, q in unseen.items() if narrowed and c not in near}
+            between = [i for i in wider if i not in screened]
+            bar.total += len(behind) * len(between) + len(unseen) * len(others)
+            if behind:
+                merge_scores(scores, score_configs(engine, behind, metric_objs, specs, between, bar))
+            confirm_configs.update(unseen)
             more = score_configs(engine, confirm_configs, metric_objs, specs, others, bar)
     confidence, reordered = {}, {}
     if wide < total:
         for t in node_types:
             confirmed = rank(t, _merged(confirm_configs, t, scores, more), total)
-            reordered[t] = list(confirmed) != top[t]
+            reordered[t] = [n for n in confirmed if n in top[t]] != top[t]
             if len(confirmed) > 1:
                 confidence[t] = ranking_confidence(confirmed, k=min(5, len(confirmed)), annotate=False)
             layers[t].append(confirmed)
@@ -237,13 +251,15 @@ def _narrowing(k, total, kept, nodes, confirmed):
 def _layered(screened, layers):
     """``screened`` (every node on its samples) with the nodes of each narrower ranking in
     ``layers`` (most samples first: the confirmed, then the narrowed) first, in that
-    ranking's order and with its values; each entry's ``details["samples"]`` says which it has."""
+    ranking's order and with its values; each entry's ``details["samples"]`` says which it has.
+    Entries with no figure (``details["no_values"]``) come last, whichever ranking holds them."""
     out = read_from(Sensitivity(node_type=screened.node_type, metrics=screened.metrics, outputs=screened.outputs,
                                 samples=screened.samples, model=screened.model,
                                 confirmed=list(layers[0]), confirmed_samples=layers[0].samples), inputs_of(screened))
-    for source in [*layers, screened]:
-        for name, values in source.items():
-            if name not in out:
-                dict.__setitem__(out, name, values)
-                out.details[name] = {**source.details[name], "samples": source.samples}
+    for unmeasured in (False, True):  # a confirmed entry may have none: confirming scored it on the rest
+        for source in [*layers, screened]:
+            for name, values in source.items():
+                if name not in out and ("no_values" in source.details[name]) == unmeasured:
+                    dict.__setitem__(out, name, values)
+                    out.details[name] = {**source.details[name], "samples": source.samples}
     return out
