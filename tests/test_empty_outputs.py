@@ -438,3 +438,41 @@ def test_stages_give_no_per_sample_figure_where_the_outputs_hold_no_values(ragge
     want = [_cosine(r["e"], g["e"]) if r["e"].size else None for r, g in zip(ref, got)]
     assert [v is None for v in fake] == [v is None for v in want]  # was: 1.0 on the empty samples
     assert [v for v in fake if v is not None] == pytest.approx([v for v in want if v is not None], abs=1e-5)
+
+
+def _screened(setup, node_type, order, **kw):
+    from pytest_ptq.engine import Engine
+    from pytest_ptq.metrics import get_metrics
+    from pytest_ptq.outputs import parse_outputs
+    from pytest_ptq.screening import screen
+
+    engine = Engine(str(setup["model"]), setup["data"])
+    sens, how = screen(engine, [node_type], get_metrics(["cosine-similarity"]), parse_outputs(None, engine.qmodel),
+                       order, **kw)
+    return sens[node_type], how
+
+
+def test_screening_samples_holding_no_values_are_not_every_sample(ragged):
+    # screened on samples 1 and 4 (the first and last of the order), on which e holds no rows
+    order = [1, 5, 0, 2, 3, 4]
+    s, how = _screened(ragged, "weight", order, rank_samples=2, confirm=1)
+    assert how.samples == 2 and [RAGGED_SIGNS[i] for i in how.indices] == [-1, -1]
+    ref = builders.run_model(builders.rewire(ragged["model"], keep=()), ragged["feeds"])
+    for name in s:  # each on every sample, pooled over those holding values
+        got = builders.run_model(builders.rewire(ragged["model"], keep={name}), ragged["feeds"])
+        expected = min(builders.pooled_cosine([r[k] for r in ref], [g[k] for g in got]) for k in ("y", "e"))
+        # was: w2's "changes only 'e' (shape [0, 8]), which holds no values on any sample", and no figure
+        assert "no_values" not in s.details[name], name
+        assert s.details[name]["samples"] == len(order)
+        assert s[name]["cosine-similarity"] == pytest.approx(expected, abs=1e-6), name
+    assert "no values compared" not in s.table()
+
+
+def test_screening_says_no_values_on_any_sample_after_every_sample_and_lists_them_last(empty_tail):
+    s, how = _screened(empty_tail, "activation", list(range(N)), rank_samples=2, confirm=1)
+    assert how.samples == 2
+    unmeasured = [n for n in s if "no_values" in s.details[n]]
+    assert sorted(unmeasured) == ["e_QuantizeLinear", "m2_QuantizeLinear"] and list(s)[-2:] == unmeasured
+    for name in unmeasured:  # e, of shape [0, 8] on every sample, was looked at on every sample
+        assert s.details[name]["samples"] == N
+        assert s.details[name]["no_values"] == "changes only 'e' (shape [0, 8]), which holds no values on any sample"
