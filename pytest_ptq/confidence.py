@@ -23,7 +23,8 @@ from .tables import listed
 class Confidence(JsonResult):
     """How stable a sensitivity ranking is under resampling of the calibration samples.
 
-    ``nodes[name]``: ``mean``, ``std``, ``min``, ``max`` of the per-sample values, ``rank``
+    ``nodes[name]``: ``mean``, ``std``, ``min``, ``max`` of the per-sample values, ``samples``
+    (those judged: on the others the outputs its quantization reaches held no values), ``rank``
     (1 = most sensitive, by the mean over samples), ``rank_low``/``rank_high`` (the 5th and
     95th percentile of the bootstrap ranks) and ``top_k_frequency`` (share of resamples in
     which the node is in the top ``k``). ``top_k_set_frequency`` is the share of resamples
