@@ -4,10 +4,16 @@ A quantizer may apply a remedy otherwise than asked (a tensor asked at 16 bits l
 neighbour's exclusion taking a pair away) and change tensors it did not name; both the
 onnxruntime check and a producer's check report it by the same rules.
 
-A pair is found by its place: the float tensor it quantizes and its position in that tensor's
-requantize chain (0 for the chain's head or a lone pair). A chain puts two pairs on one float
-tensor, and the remedy names one of them: keyed by the tensor alone, the later pair hid the
-head, and raising the head read as not applied where the file had it at 16 bit.
+A pair is found by its place: the float tensor it quantizes, its position in that tensor's
+requantize chain (0 for the chain's head or a lone pair) and the operators reading it
+(through the chain's later pairs too: :meth:`~pytest_ptq.model.QuantModel.counts_for`). A
+chain puts two pairs on one float tensor, and the remedy names one of them: keyed by the
+tensor alone, the later pair hid the head, and raising the head read as not applied where the
+file had it at 16 bit. A quantizer may also give each reader of a tensor a pair of its own
+(ModelOpt, Quark, ``DedicatedQDQPair``), all at position 0: keyed by tensor and position, one
+hid the other, and the pair the remedy named, left in float, read as not applied. The readers
+are the float model's operators, the same in both re-quantized files, whatever those name
+their Q/DQ nodes.
 """
 
 from __future__ import annotations
@@ -15,25 +21,52 @@ from __future__ import annotations
 KINDS = ("float", "int16", "per-channel")
 
 
-def places(qmodel, tensor_of):
-    """``{(float tensor, chain position): calibration node}`` of ``qmodel``'s quantized tensors
-    (biases left out); ``tensor_of(c)``: the float tensor calibration node ``c`` quantizes."""
-    return {(tensor_of(c), qmodel.chain_position(c.name)): c for c in qmodel.calibration.values()
-            if c.role != "bias"}
+def places(qmodel, tensor_of, reader_of=lambda n: n):
+    """``{(float tensor, chain position, readers): calibration node}`` of ``qmodel``'s quantized
+    tensors (biases left out); ``tensor_of(c)``: the float tensor calibration node ``c``
+    quantizes; readers: :func:`readers` with ``reader_of``."""
+    return {(tensor_of(c), qmodel.chain_position(c.name), readers(qmodel, c.name, reader_of)): c
+            for c in qmodel.calibration.values() if c.role != "bias"}
+
+
+def readers(qmodel, name, reader_of=lambda n: n):
+    """The operators reading calibration node ``name`` directly or through the later pairs of
+    its requantize chain, as ``reader_of(node)`` names them in the float model (None: a node
+    the quantizer inserted, left out), sorted; () for a pair no operator reads."""
+    return tuple(sorted({r for r in map(reader_of, qmodel.counts_for(name)) if r is not None}))
+
+
+def _parts(place):
+    """``(tensor, position, readers)`` of a place; readers None where the place names none
+    (terms kept from before readers were recorded): every pair at that position."""
+    tensor, position, *rest = place
+    return tensor, position, (tuple(rest[0]) if rest and rest[0] is not None else None)
+
+
+def _meet(named, theirs):
+    """Whether a pair read by ``theirs`` is one of the pairs read by ``named`` (None: any)."""
+    return named is None or theirs is None or bool(set(named) & set(theirs)) or (not named and not theirs)
 
 
 def _read_at(pairs, place):
-    """The pair of ``pairs`` that the readers of ``place`` read: its own, else the last one
-    before it in the tensor's chain (a quantizer writing a shorter chain); None: float."""
-    tensor, position = place
-    return next((pairs[(tensor, p)] for p in range(position, -1, -1) if (tensor, p) in pairs), None)
+    """The pairs of ``pairs`` that the readers of ``place`` read: their own, else those last
+    before it in the tensor's chain (a quantizer writing a shorter chain); []: float."""
+    tensor, position, named = _parts(place)
+    for p in range(position, -1, -1):
+        found = [c for k, c in pairs.items() if _parts(k)[:2] == (tensor, p) and _meet(named, _parts(k)[2])]
+        if found:
+            return found
+    return []
 
 
-def _chains(pairs):
-    """``{tensor: [(bit, per channel) of each pair, first to last]}`` of :func:`places`."""
+def _reads(pairs):
+    """``{tensor: {reader: [(bit, per channel) of each pair it reads, first to last]}}`` of
+    :func:`places` (reader None: a pair no operator reads, or a place naming none)."""
     out = {}
-    for (tensor, _), c in sorted(pairs.items(), key=lambda item: item[0][1]):
-        out.setdefault(tensor, []).append((c.bit, c.per_channel))
+    for place, c in sorted(pairs.items(), key=lambda item: item[0][1]):
+        tensor, _, names = _parts(place)
+        for r in names or (None,):
+            out.setdefault(tensor, {}).setdefault(r, []).append((c.bit, c.per_channel))
     return out
 
 
@@ -41,25 +74,48 @@ def changes(before, after, expect, named=()):
     """``{"kept", "not_applied", "in_float", "collateral"}`` of a re-quantization.
 
     ``before`` / ``after``: :func:`places` of the quantized tensors without and with the
-    remedy; ``expect``: ``{kind: [(tensor, chain position)]}`` the remedy names (a missing
-    kind: none); ``named``: tensors it also touches without a check of its own. ``kept``: per
-    kind, tensor -> applied at every position named (a tensor asked at 16 bits or per channel
-    that came out float has more precision than asked: applied, and listed in ``in_float``);
-    ``collateral``: tensors not named whose chain of pairs it left in float or changed in
-    length, width or granularity. Lists sorted, of tensors.
+    remedy; ``expect``: ``{kind: [(tensor, chain position, readers)]}`` the remedy names (a
+    missing kind: none; readers as :func:`readers` gives them for the pair named, left out or
+    None: every pair at that position); ``named``: tensors it also touches without a check of
+    its own. ``kept``: per kind, tensor -> applied at every place named (a tensor asked at 16
+    bits or per channel that came out float has more precision than asked: applied, and listed
+    in ``in_float``); ``collateral``: tensors of which an operator the remedy did not name (nor
+    one reading the same chain of pairs before it) reads another chain of pairs, or float.
+    Lists sorted, of tensors.
     """
-    expect = {kind: list(expect.get(kind, ())) for kind in KINDS}
+    was, now = _reads(before), _reads(after)
+    spoken = {t: None for t in named}  # tensor -> readers named (None: all of them)
+
+    def known(place):
+        # readers the file before the remedy does not know (a quantizer naming its operators
+        # otherwise) name nothing: every pair at the place
+        tensor, position, names = _parts(place)
+        if names is not None and not any(r is None or r in names for r in was.get(tensor, {})):
+            names = None
+        return tensor, position, names
+
+    expect = {kind: [known(p) for p in expect.get(kind, ())] for kind in KINDS}
     applied = {"float": lambda d: d is None, "int16": lambda d: d is None or d.bit >= 16,
                "per-channel": lambda d: d is None or d.per_channel}
     kept = {kind: {} for kind in KINDS}
     for kind, asked in expect.items():
         for place in asked:
-            kept[kind][place[0]] = kept[kind].get(place[0], True) and applied[kind](_read_at(after, place))
-    every = {t for ts in expect.values() for t, _ in ts} | set(named)
-
-    was, now = _chains(before), _chains(after)
-    collateral = sorted(t for t in was if t not in every and was[t] != now.get(t))
+            tensor, _, names = place
+            ok = all(applied[kind](d) for d in _read_at(after, place) or [None])
+            kept[kind][tensor] = kept[kind].get(tensor, True) and ok
+            if tensor not in spoken or spoken[tensor] is not None:
+                # a remedy on a pair reaches every operator reading its chain (the head's readers)
+                chain = {r for c in _read_at(before, (tensor, 0, names)) for r in _readers_of(before, c)}
+                spoken[tensor] = None if names is None else set(spoken.get(tensor) or ()) | set(names) | chain
+    collateral = sorted(t for t, by in was.items()
+                        if any(by.get(r) != now.get(t, {}).get(r) for r in set(by) | set(now.get(t, {}))
+                               if t not in spoken or (spoken[t] is not None and r not in spoken[t])))
     return {"kept": kept, "not_applied": sorted(t for ts in kept.values() for t, ok in ts.items() if not ok),
-            "in_float": sorted({t for kind in ("int16", "per-channel") for t, p in expect[kind]
-                                if _read_at(after, (t, p)) is None}),
+            "in_float": sorted({p[0] for kind in ("int16", "per-channel") for p in expect[kind]
+                                if not _read_at(after, p)}),
             "collateral": collateral}
+
+
+def _readers_of(pairs, c):
+    """The readers of calibration node ``c``'s places in ``pairs`` (None for a place naming none)."""
+    return [r for k, d in pairs.items() if d is c for r in (_parts(k)[2] or (None,))]

@@ -139,20 +139,22 @@ def effect(terms, float_model, baseline_path, fixed_path):
         except NotQuantized:  # the terms left nothing quantized
             return {}
         names = ProducerNames(qm, key, float_model)
-        return places(qm, lambda c: names.tensor(c)[0])
+        return places(qm, lambda c: names.tensor(c)[0], names.node)
 
     return changes(quantized(baseline_path), quantized(fixed_path), expected_places(terms))
 
 
 def expected_places(terms):
-    """``{kind: [(tensor, chain position)]}``: each tensor ``terms`` expect of a kind, at the
-    position in its requantize chain of the pair they name it for (terms kept from before
-    positions were recorded: 0)."""
+    """``{kind: [(tensor, chain position, readers)]}``: each tensor ``terms`` expect of a kind,
+    at the position in its requantize chain of the pair they name it for, read by the operators
+    that pair reaches (terms kept from before positions were recorded: 0; before readers were:
+    None, every pair there)."""
     out = {}
     for kind, tensors in terms["expect"].items():
         for tensor in tensors:
-            at = {e.get("position", 0) for e in terms["nodes"].values() if e["tensor"] == tensor and e["kind"] == kind}
-            out.setdefault(kind, []).extend((tensor, p) for p in sorted(at or {0}))
+            at = {(e.get("position", 0), None if e.get("readers") is None else tuple(e["readers"]))
+                  for e in terms["nodes"].values() if e["tensor"] == tensor and e["kind"] == kind}
+            out.setdefault(kind, []).extend((tensor, p, r) for p, r in sorted(at or {(0, None)}, key=str))
     return out
 
 

@@ -51,6 +51,7 @@ from ..model.align import FOLDABLE, RESHAPING, TRANSPARENT, float_source
 from ..model.graph import name_nodes, sort_topologically
 from ..model.producers import KNOWN
 from .alternatives import float_input
+from .effect import readers
 from .result import MIXED, REMEDIES, override_text, producer_lines
 from .terms import chain_entry, chain_float_consequence, later_pair_note
 
@@ -235,8 +236,12 @@ def producer_terms(qmodel, remedy, nodes, axes=None, choices=None, float_model=N
              "lines": [], "notes": []}
     build = {"modelopt": _modelopt, "quark": _quark, "neural-compressor": _inc, "aimet": _aimet}[key]
     build(qmodel, names, kinds, axes, terms)
+    rewritten = len(names.rewritten)
     for name, entry in terms["nodes"].items():  # which pair of a requantize chain the re-quantized check compares
         entry["position"] = qmodel.chain_position(name)
+        # and which of a tensor's pairs, where each operator reading it has its own: those it reaches
+        entry["readers"] = list(readers(qmodel, name, names.node))
+    del names.rewritten[rewritten:]  # naming the readers is no term: their rewrites are no note of these terms
     for kind in REMEDIES:
         terms["expect"][kind] = list(dict.fromkeys(terms["expect"][kind]))
     if not names.fg.given:

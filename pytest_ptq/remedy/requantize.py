@@ -22,9 +22,9 @@ from ..model.graph import name_nodes
 from ..model.qdq import PER_CHANNEL_OPS
 from ..stages import SIMULATION_WARNING, simulation_warnings
 from ..tables import fmt
-from .effect import changes, places
+from .effect import changes, places, readers
 from .result import meets
-from .terms import float_tensor_name, quantize_static_kwargs, quantized_ops, quantizer_call
+from .terms import float_node_name, float_tensor_name, quantize_static_kwargs, quantized_ops, quantizer_call
 
 _QUANT_TYPES = {onnx.TensorProto.INT8: "QInt8", onnx.TensorProto.UINT8: "QUInt8",
                 onnx.TensorProto.INT16: "QInt16", onnx.TensorProto.UINT16: "QUInt16"}
@@ -621,15 +621,17 @@ def _effect(old, baseline, new, result):
     from the file's producer anyway (:func:`~.effect.changes`; per channel is checked on
     weights, which quantize_static quantizes per channel itself)."""
     def quantized(qm):
-        return places(qm, lambda c: float_tensor_name(qm, c))
+        return places(qm, lambda c: float_tensor_name(qm, c), float_node_name(qm))
 
     before, after = quantized(baseline), ({} if new is None else quantized(new))
     expect, named = {}, set()
     for n in result.nodes:
         kind, tensor = result.choices.get(n, result.remedy), float_tensor_name(old, old.calibration[n])
-        named.add(tensor)
         if kind != "per-channel" or old.calibration[n].kind == "weight":
-            expect.setdefault(kind, []).append((tensor, old.chain_position(n)))
+            # the operators it reaches tell it from another pair of the same tensor (one for each reader)
+            expect.setdefault(kind, []).append((tensor, old.chain_position(n), readers(old, n, float_node_name(old))))
+        else:  # touched without a check of its own
+            named.add(tensor)
     found = changes(before, after, expect, named)
     return {"collateral": found["collateral"], "not_applied": found["not_applied"]}
 

@@ -160,7 +160,7 @@ def onnxruntime_settings(qmodel, remedy, nodes, axes=None, choices=None):
     qmodel = getattr(qmodel, "qmodel", qmodel)  # an Engine's model
     axes, choices = axes or {}, choices or {}
     exclude, overrides, sim_only, per_channel, notes = set(), {}, [], False, []
-    rename = _float_node_name(qmodel)
+    rename = float_node_name(qmodel)
     nodes = params.names(nodes, "nodes") or []
     ops = quantized_ops(qmodel)
     for name in nodes:
@@ -211,7 +211,7 @@ def onnxruntime_settings(qmodel, remedy, nodes, axes=None, choices=None):
     return settings
 
 
-def _float_node_name(qmodel):
+def float_node_name(qmodel):
     """``rename(node)``: the float model's name of ``qmodel``'s normal node, as quantize_static
     reads it, or None for a node the quantizer inserted (which the float model lacks)."""
     alignment = getattr(qmodel, "alignment", None)
@@ -248,7 +248,7 @@ def chain_float_consequence(qmodel, c, excluded, tensor, name=lambda n: n):
 def _later_pair_float_note(qmodel, c, excluded):
     return later_pair_note(
         qmodel, c, chain_float_consequence(qmodel, c, excluded, float_tensor_name(qmodel, c),
-                                           _float_node_name(qmodel)),
+                                           float_node_name(qmodel)),
         "quantize_static puts one pair on a tensor for all its readers, and the later pair only from a 'convert' "
         "entry in TensorQuantOverrides: where the settings that made the model give the tensor one, dropping it "
         "removes that pair alone")

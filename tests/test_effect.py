@@ -1,0 +1,108 @@
+"""The re-quantized check (remedy/effect.py) on a tensor whose readers each read a pair of
+their own (ModelOpt's, Quark's and some onnxruntime exports, ``DedicatedQDQPair``): both
+pairs sit at the head of no chain (position 0) of one float tensor, and the check must tell
+the pair the remedy names from its neighbour. Every expectation is read from the files'
+protos directly: the chain of grids each operator reads."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import builders
+from pytest_ptq.model import QuantModel
+
+READERS = ("ma", "mb")
+
+
+def _net(path, a=8, b=8, pairs=True):
+    """x -> Relu -> t, read by Mul 'ma' through pair A and by Mul 'mb' through pair B, each of
+    ``a`` / ``b`` bits (None: that Mul reads t float); ``pairs`` False: the float model."""
+    inits = [numpy_helper.from_array(np.full([1, 4], 2, np.float32), "ca"),
+             numpy_helper.from_array(np.full([1, 4], 3, np.float32), "cb")]
+    nodes = [helper.make_node("Relu", ["x"], ["t"], name="relu")]
+    read = {}
+    for pair, bits, scale in (("A", a, 0.02), ("B", b, 0.05)):
+        if bits is None or not pairs:
+            read[pair] = "t"
+        else:
+            zero = np.uint8(0) if bits == 8 else np.uint16(0)
+            read[pair] = builders.add_pair(inits, nodes, "t", scale * 2.0 ** (8 - bits), zero, name=f"{pair}{bits}")
+    nodes += [helper.make_node("Mul", [read["A"], "ca"], ["ya"], name="ma"),
+              helper.make_node("Mul", [read["B"], "cb"], ["yb"], name="mb")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+                              [helper.make_tensor_value_info(y, TensorProto.FLOAT, [1, 4]) for y in ("ya", "yb")],
+                              inits)
+    return builders.save_model(graph, path)
+
+
+def _bits_read(path, reader):
+    """The bits of each pair operator ``reader`` reads its first input through, first to last,
+    from the proto: DequantizeLinear back to its QuantizeLinear, the codes' type from the zero point."""
+    model = onnx.load(str(path))
+    written = {o: n for n in model.graph.node for o in n.output}
+    inits = {i.name: i for i in model.graph.initializer}
+    tensor, bits = next(n for n in model.graph.node if n.name == reader).input[0], []
+    while tensor in written and written[tensor].op_type == "DequantizeLinear":
+        dq = written[tensor]
+        bits.insert(0, 8 * numpy_helper.to_array(inits[dq.input[2]]).itemsize)
+        tensor = written[dq.input[0]].input[0]
+    return bits
+
+
+VARIANTS = {"A float": {"a": None}, "A int16": {"a": 16}, "B int16": {"b": 16}, "both int16": {"a": 16, "b": 16},
+            "both float": {"a": None, "b": None}, "B float": {"b": None}}
+APPLIED = {"float": lambda bits: bits == [], "int16": lambda bits: bits == [] or bits[0] >= 16}
+
+
+def _expected(base, path, kind):
+    """``(not_applied, collateral)`` read from the protos: pair A (read by 'ma') is named;
+    collateral where 'mb' reads other grids than in the file without the remedy."""
+    return ([] if APPLIED[kind](_bits_read(path, "ma")) else ["t"],
+            ["t"] if _bits_read(path, "mb") != _bits_read(base, "mb") else [])
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+@pytest.mark.parametrize("kind", ["float", "int16"])
+def test_the_onnxruntime_check_tells_a_tensors_own_pairs_apart(tmp_path, variant, kind):
+    """Keyed by float tensor and chain position, the two pairs of 't' were one place and the
+    check compared whichever came last (B's): A left in float or raised read 'not applied', B
+    raised in its stead 'applied', and B changed beside A went unsaid. Each pair is known by the
+    operator it feeds now, the same in the file given and both re-quantized ones."""
+    from pytest_ptq.remedy.requantize import _effect
+
+    base, path = _net(tmp_path / "base.onnx"), _net(tmp_path / "after.onnx", **VARIANTS[variant])
+    given = QuantModel(str(base))
+    named = next(c.name for c in given.calibration.values() if given.feeds(c.name) == ["ma"])
+    not_applied, collateral = _expected(base, path, kind)
+    new = QuantModel(str(path)) if any(_bits_read(path, r) for r in READERS) else None  # None: nothing quantized
+    found = _effect(given, QuantModel(str(base)), new, SimpleNamespace(nodes=[named], choices={}, remedy=kind))
+    assert (found["not_applied"], found["collateral"]) == (not_applied, collateral), (variant, found)
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_a_producers_check_tells_a_tensors_own_pairs_apart(tmp_path, variant):
+    """The same two pairs in a file Quark made, its terms keeping A in float, read against the
+    float model: the check compared B and read A, gone, as 'not applied'."""
+    from test_producer_terms import _mark
+
+    from pytest_ptq.remedy import producer_terms
+    from pytest_ptq.remedy.producer_check import effect
+
+    fpath = _net(tmp_path / "float.onnx", pairs=False)
+    base, path = _net(tmp_path / "base.onnx"), _net(tmp_path / "after.onnx", **VARIANTS[variant])
+    model = onnx.load(str(base))
+    _mark(model, "quark")
+    onnx.save(model, str(tmp_path / "marked.onnx"))
+    given = QuantModel(str(tmp_path / "marked.onnx"), float_model=str(fpath))
+    assert given.made_by.key == "quark"
+    named = next(c.name for c in given.calibration.values() if given.feeds(c.name) == ["ma"])
+    terms = producer_terms(given, "float", [named], float_model=str(fpath))
+    not_applied, collateral = _expected(base, path, "float")
+    found = effect(terms, str(fpath), base, path)
+    assert (found["not_applied"], found["collateral"]) == (not_applied, collateral), (variant, found)
+    assert found["kept"]["float"] == {"t": not not_applied}
