@@ -416,11 +416,14 @@ def _fixes(qm, relevant, source):
         fixes.append({"kind": kinds.pop() if len(kinds) == 1 else "", "nodes": plain16, "short": "16-bit tensors",
                       "text": f"raise {_names(plain16)} to 16 bit ({_overrides_text(qm, plain16)}): {why}"})
     if groups["float"]:
-        excl = onnxruntime_settings(qm, "float", groups["float"])["nodes_to_exclude"]
+        kept = onnxruntime_settings(qm, "float", groups["float"])
         how = ("modelopt.onnx.quantization.quantize" if modelopt else quantizer_call(qm)) + \
-            f"(..., nodes_to_exclude={excl!r})"
+            f"(..., nodes_to_exclude={kept['nodes_to_exclude']!r})"
+        # where quantize_static's exclusion does otherwise than the simulation (a requantize
+        # chain's later pair takes its earlier ones): the settings' own note, as the remedy prints it
+        notes = "" if modelopt else "".join(f"; note: {n}" for n in kept.get("notes", ()))
         fixes.append({"kind": "", "nodes": groups["float"], "short": "keep nodes in float",
-                      "text": f"keep {_names(groups['float'])} in float: {how}"})
+                      "text": f"keep {_names(groups['float'])} in float: {how}{notes}"})
     # the verdict's kind first: fixing the other kind would not move the output much
     fixes.sort(key=lambda f: f["kind"] != source and not (source == "both" and f["kind"]))
     terms = ("NVIDIA Model Optimizer" if modelopt else

@@ -700,14 +700,16 @@ def _plan(items, relevant, source, structural_only=False, qm=None):
     floats = _calibration(qm, severe)
     if severe:
         # the nodes a re-quantization leaves out, as the float model names them
-        exclude = onnxruntime_settings(qm, "float", floats)["nodes_to_exclude"] if floats else []
+        kept = onnxruntime_settings(qm, "float", floats) if floats else {"nodes_to_exclude": []}
+        exclude = kept["nodes_to_exclude"]
         how = f"{quantizer_call(qm)}(..., nodes_to_exclude={exclude})" if exclude else "onnxruntime: nodes_to_exclude"
         # first where they cost far more than what the steps above fix (a mask's fill beside
         # outlier channels): fixing those first would leave most of the loss
         fixed = [it["badness"] for it in items if {f["node"] for f in it["findings"]} & handled]
         ahead = bool(steps) and max(it["badness"] for it in severe) >= DOMINANT * max(fixed, default=0.0)
         first = "if they still cost too much after that, " if steps and not ahead else ""
-        step = ("", f"{first}keep {_names([it['node'] for it in severe])} in float ({how}) and re-check the output")
+        step = ("", f"{first}keep {_names([it['node'] for it in severe])} in float ({how}) and re-check the output"
+                    + _notes(kept))
         if ahead:
             steps.insert(0, step)
         else:
@@ -729,10 +731,18 @@ def _plan(items, relevant, source, structural_only=False, qm=None):
                           "re-check"))
         choices.update(dict.fromkeys([c for c in _calibration(qm, wide) if qm.wider_type(qm.calibration[c])], "int16"))
     if len(wide) < len(rest):
+        others = _calibration(qm, [it for it in rest if it not in wide])
         steps.append(("", f"keep {_names([it['node'] for it in rest if it not in wide])} in float, or fix the model "
-                          "there, and re-check"))
+                          "there, and re-check" + (_notes(onnxruntime_settings(qm, "float", others)) if others else "")))
     choices.update(dict.fromkeys(floats, "float"))  # a node kept in float needs nothing else
     return [text for _, text in steps], choices
+
+
+def _notes(settings):
+    """The notes of onnxruntime ``settings`` that keep nodes in float, where quantize_static
+    does otherwise than the simulation (a requantize chain's later pair takes its earlier
+    pairs): the settings' own sentences, as the remedy prints them."""
+    return "".join(f"; note: {n}" for n in settings.get("notes", ()))
 
 
 def _calibration(qm, items):

@@ -618,6 +618,39 @@ def test_onnxruntimes_settings_for_a_chains_later_pair_kept_in_float_say_they_ta
     assert found["not_applied"] == [] and _read_by(fpath, "conv1") not in found["collateral"]
 
 
+def test_the_diagnosis_and_runalls_steps_for_a_chains_later_pair_kept_in_float_carry_the_settings_note(branched,
+                                                                                                      tmp_path):
+    """The diagnosis's fix and runall's next steps that keep the branched chain's later pair in
+    float named quantize_static's nodes_to_exclude and no more, though those exclusions leave
+    the tensor float for the Relu and conv1 alike, which read the coarse pair in the simulated
+    remedy: each carries the settings' note now, the sentence the remedy's summary prints."""
+    from pytest_ptq.diagnosis import _fixes
+    from pytest_ptq.remedy import onnxruntime_settings
+    from pytest_ptq.runall import _plan
+
+    fpath, data = _branched_float(branched)
+    qm = QuantModel(str(branched["model"]), float_model=str(fpath))
+    settings = onnxruntime_settings(qm, "float", ["fine_Q"])
+    out = builders.quantize(fpath, tmp_path / "float.onnx", data, nodes_to_exclude=settings["nodes_to_exclude"])
+    lost = _losing_earlier_pair(branched, fpath, out)
+    assert lost == {"relu", "conv1"}
+
+    def item(tries):
+        return {"node": "fine_Q", "kind": "activation", "badness": 0.2, "try": tries, "chosen": ["fine_Q"],
+                "inputs": [{"node": "fine_Q", "kind": "activation", "try": tries, "reason": "clips"}],
+                "findings": [{"node": "fine_Q", "kind": "activation", "try": ["keep in float"]}]}
+
+    severe, other = item(["keep in float"]), item(["per-channel", "keep in float"])  # other: no int16 to go to
+    fix = next(f["text"] for f in _fixes(qm, [severe], "activation")[0] if f["short"] == "keep nodes in float")
+    steps = [s for it in (severe, other) for s in _plan([it], [it], "activation", qm=qm)[0] if " in float" in s]
+    assert len(steps) == 2 and "or fix the model there" in steps[1], steps
+    for text in [fix, *steps]:
+        assert str(settings["nodes_to_exclude"]) in text or "nodes_to_exclude" not in text, text
+        note = text.partition("; note: ")[2]
+        assert note.startswith("fine_Q ") and "coarse_Q" in note and all(r in note for r in lost), text
+        assert note in settings["notes"], text  # one sentence, the settings' own
+
+
 @pytest.mark.parametrize("producer", ["quark", "inc"])
 def test_a_producers_terms_for_a_chains_later_pair_kept_in_float_say_they_take_the_earlier_one(branched, producer,
                                                                                                 tmp_path):
