@@ -1300,17 +1300,131 @@ def test_a_per_channel_table_gathered_and_reshaped_before_its_dequantizelinear_k
 def test_per_channel_codes_moved_where_their_channels_cannot_be_followed_are_refused_in_a_sentence(tmp_path, case):
     """A per-channel DequantizeLinear after an op whose channels cannot be followed back onto
     the codes (a Gather picking along the channel axis, a Reshape splitting it): one sentence
-    naming that op, the constant and why, not a run on misplaced scales."""
+    naming that op, the constant and why, not a run on misplaced scales; in the terms of the
+    file's format: codes a Gather of fixed indices moves are a static weight, whose file read as
+    dynamic and was told to be quantized again in QDQ format."""
     if case.startswith("gather"):
         q, _, _ = _transposed_codes_net(tmp_path, 4, 4, mover=("Gather", {"axis": 0}, {"idx": np.array([1, 0, 2, 3])}))
         run_model(q, {"x": np.ones((1, 4, 8, 8), np.float32)})  # onnxruntime runs it
-        why = r"Gather node 'w_move' moves integer constant 'codes', and a per-channel DequantizeLinear reads it " \
-              r"after a Gather 'w_move' along its channel axis: each of its output channels is whichever stored channel " \
-              r"the indices pick"
+        why = r"is in QDQ format and its Gather node 'w_move' moves integer constant 'codes', and a per-channel " \
+              r"DequantizeLinear reads it after a Gather 'w_move' along its channel axis: each of its output channels " \
+              r"is whichever stored channel the indices pick"
     else:
         q, _, _ = _table_net(tmp_path, [5, 2, 4], 2)
         run_model(q, {"ids": np.zeros((1, 5), np.int64)})
-        why = r"Gather node 'gather' moves integer constant 'codes', and a per-channel DequantizeLinear reads it " \
-              r"after a Reshape 'rows' that merges or splits its channel axis \(axis 2 of \[5, 2, 4\], from \[1, 5, 8\]\)"
-    with pytest.raises(PTQError, match=why + r".*; dequantize the stored codes along their own channel axis"):
+        why = r"is in dynamic format and its Gather node 'gather' moves integer constant 'codes', and a per-channel " \
+              r"DequantizeLinear reads it after a Reshape 'rows' that merges or splits its channel axis \(axis 2 of " \
+              r"\[5, 2, 4\], from \[1, 5, 8\]\)"
+    with pytest.raises(PTQError, match=why + r".*to analyse it, dequantize the stored codes along their own channel axis"
+                       ) as info:
         QuantModel(str(q))
+    # a static weight's codes moved by fixed indices: nothing in the file to quantize again
+    assert ("quantize the float model" in str(info.value)) == case.startswith("reshape")
+
+
+def _qdq_table_net(tmp_path, per_channel, weight_laid_out=False, seed=0):
+    """A QDQ file: an embedding table [20, 8] stored as int8 codes, Gather(ids [1, 5]), a
+    DequantizeLinear (per tensor, or per column along axis 2 of the gathered [1, 5, 8]), an
+    activation pair on the embeddings, then MatMul with a weight [8, 4]: a lone DQ of its int8
+    codes, or (``weight_laid_out``) its float values stored [4, 8] through QuantizeLinear
+    (per row), a Transpose and a DequantizeLinear (per column), as exporters that lay codes out
+    between Q and DQ write. Its float model: the float table through the same Gather, MatMul.
+    Returns the two files, the samples and the table's codes and scales."""
+    rng = np.random.default_rng(seed)
+    table = rng.standard_normal((20, 8)).astype(np.float32)
+    table[:, 3] *= 20  # one column far from the others: scales on the wrong channels show
+    w = (rng.standard_normal((8, 4)) * 0.5).astype(np.float32)
+    s = (np.abs(table).max(0) if per_channel else np.abs(table).max()) / np.float32(127)
+    s = np.asarray(s, np.float32)
+    codes = np.clip(np.round(table / s), -127, 127).astype(np.int8)
+    inits = [numpy_helper.from_array(codes, "codes"), numpy_helper.from_array(s, "s"),
+             numpy_helper.from_array(np.zeros(s.shape, np.int8), "z")]
+    nodes = [helper.make_node("Gather", ["codes", "ids"], ["g"], name="gather"),
+             helper.make_node("DequantizeLinear", ["g", "s", "z"], ["e"], name="table_DQ",
+                              **({"axis": 2} if per_channel else {}))]
+    e = builders.add_pair(inits, nodes, "e", np.abs(table).max() / 127, np.int8(0))
+    if weight_laid_out:
+        ws = (np.abs(w).max(0) / 127).astype(np.float32)
+        inits += [numpy_helper.from_array(np.ascontiguousarray(w.T), "wt"), numpy_helper.from_array(ws, "ws"),
+                  numpy_helper.from_array(np.zeros(4, np.int8), "wz")]
+        nodes += [helper.make_node("QuantizeLinear", ["wt", "ws", "wz"], ["wtq"], name="w_Q", axis=0),
+                  helper.make_node("Transpose", ["wtq"], ["wq"], name="w_T", perm=[1, 0]),
+                  helper.make_node("DequantizeLinear", ["wq", "ws", "wz"], ["wdq"], name="w_DQ", axis=1)]
+    else:
+        ws = np.float32(np.abs(w).max() / 127)
+        inits += [numpy_helper.from_array(np.clip(np.round(w / ws), -127, 127).astype(np.int8), "wq"),
+                  numpy_helper.from_array(np.asarray(ws), "ws"), numpy_helper.from_array(np.int8(0), "wz")]
+        nodes.append(helper.make_node("DequantizeLinear", ["wq", "ws", "wz"], ["wdq"], name="w_DQ"))
+    nodes.append(helper.make_node("MatMul", [e, "wdq"], ["y"], name="mm"))
+    io = ([helper.make_tensor_value_info("ids", TensorProto.INT64, [1, 5])],
+          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 5, 4])])
+    q = builders.save_model(helper.make_graph(nodes, "q", *io, inits), tmp_path / "q.onnx", opset=13)
+    f = builders.save_model(helper.make_graph(
+        [helper.make_node("Gather", ["table", "ids"], ["e"], name="gather"),
+         helper.make_node("MatMul", ["e", "w"], ["y"], name="mm")], "f", *io,
+        [numpy_helper.from_array(table, "table"), numpy_helper.from_array(w, "w")]), tmp_path / "f.onnx", opset=13)
+    samples = {"ids": [rng.integers(0, 20, (1, 5)).astype(np.int64) for _ in range(3)]}
+    return q, f, samples, codes, s
+
+
+@pytest.mark.parametrize("weight_laid_out", [False, True], ids=["lone DQ weight", "Q-Transpose-DQ weight"])
+@pytest.mark.parametrize("per_channel", [False, True], ids=["per-tensor", "per-channel"])
+def test_an_embedding_table_gathered_before_its_dequantizelinear_in_a_qdq_file_is_a_weight(tmp_path, per_channel,
+                                                                                         weight_laid_out):
+    """int8 table -> Gather(ids) -> DequantizeLinear in a file that also holds Q/DQ pairs: the
+    file read as QDQ and was left as it is, so the table's DequantizeLinear was no weight node
+    and stayed quantized in the float reference (the bypassed model 0.21 off the float one per
+    tensor, 0.06 per column), silently. The table is now dequantized before its Gather (along
+    its columns where the DequantizeLinear reads them) and is a weight of its own; a pair that
+    lays its codes out between Q and DQ stays the parser's (one pair, moved)."""
+    q, f, samples, codes, s = _qdq_table_net(tmp_path, per_channel, weight_laid_out)
+    assert formats_of(onnx.load(str(q))) == ("QDQ",)
+    engine = Engine(str(q), samples, float_model=str(f))
+    qm = engine.qmodel
+    assert qm.format == "QDQ"
+    assert sorted(c.name for c in qm.of_kind("weight")) == ["table_DQ", "w_Q" if weight_laid_out else "w_DQ"]
+    assert qm.alignment.unmatched_weights == []
+    assert any("Gather 'gather' -> DequantizeLinear 'table_DQ'" in n for n in qm.notes)
+    if weight_laid_out:
+        assert any("lay their codes out between QuantizeLinear and DequantizeLinear" in n for n in qm.notes)
+    # the table alone quantized, independently: the float model with its table decoded by numpy
+    decoded = (codes.astype(np.float32) * s).astype(np.float32)
+    alone = onnx.load(str(f))
+    alone.graph.initializer[0].CopyFrom(numpy_helper.from_array(decoded, "table"))
+    refs, tables = [], []
+    for i, ids in enumerate(samples["ids"]):
+        ref, given = run_model(f, {"ids": ids})["y"], run_model(q, {"ids": ids})["y"]
+        np.testing.assert_allclose(engine.run(i, ())["y"], ref, rtol=0, atol=1e-6)  # bypassed: the float model
+        np.testing.assert_allclose(engine.run(i, "all")["y"], given, rtol=0, atol=1e-6)  # quantized: the file
+        assert np.abs(given - ref).max() > 1e-3  # which differ
+        refs.append(ref)
+        tables.append(run_model(alone, {"ids": ids})["y"])
+    sens = get_sensitivity_of_nodes(engine, node_type="weight")
+    assert sens["table_DQ"]["cosine-similarity"] == pytest.approx(pooled_cosine(refs, tables), abs=1e-7)
+    assert sens["table_DQ"]["cosine-similarity"] < 1 - 1e-7  # costs something
+    if per_channel:
+        ours, numpys = _per_channel_max(engine, "table_DQ", decoded, 1, tmp_path)
+        np.testing.assert_allclose(ours, numpys, rtol=1e-6)
+
+
+def test_a_qdq_files_table_whose_channels_cannot_be_followed_is_refused_in_its_formats_terms(tmp_path):
+    """The QDQ file above with its table's DequantizeLinear per channel along the axis its
+    Gather picks (one scale per id position): refused in one sentence that says the file is QDQ
+    and what its export should store, not that it is in dynamic format and should be quantized
+    in QDQ format (it was not refused at all: the table stayed quantized in the float reference)."""
+    q, _, _, _, _ = _qdq_table_net(tmp_path, True)
+    model = onnx.load(str(q))
+    dq = next(n for n in model.graph.node if n.name == "table_DQ")
+    dq.attribute[0].i = 1
+    for init in model.graph.initializer:
+        if init.name in ("s", "z"):
+            init.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(init)[:5], init.name))
+    onnx.save(model, str(q))
+    run_model(q, {"ids": np.zeros((1, 5), np.int64)})  # onnxruntime runs it
+    with pytest.raises(PTQError) as info:
+        QuantModel(str(q))
+    said = str(info.value)
+    assert "is in QDQ format and its Gather node 'gather' moves integer constant 'codes'" in said
+    assert "after a Gather 'gather' along its channel axis" in said
+    assert "to analyse it, dequantize the stored codes along their own channel axis" in said
+    assert "dynamic" not in said and "quantize the float model" not in said

@@ -34,8 +34,12 @@ onnxruntime-genai's ``.../MatMulNBits`` becomes ``.../MatMul``), so names read a
 (and as ``nodes_to_exclude`` wants them). ``com.microsoft`` ``FusedConv`` / ``FusedGemm`` /
 ``FusedMatMul`` are split into the ops onnxruntime fused, so that each matches the float model.
 
-A model already in QDQ form is returned as it is. Anything this cannot rewrite is one
-sentence naming the op and the format.
+A model already in QDQ form is returned as it is, but for integer codes that nodes move
+before their DequantizeLinear where the parser cannot read them as a constant (an embedding
+table's codes -> Gather by ids -> DequantizeLinear, beside Q/DQ pairs): those are dequantized
+before the nodes that move them, as in a dynamic file, so that the table is a weight; its pairs
+stay the parser's. Anything this cannot rewrite is one sentence naming the op and the format,
+and what to do in that format's terms.
 """
 
 from __future__ import annotations
@@ -152,6 +156,9 @@ class Rewrite:
     # {float tensor of the rewrite: the float model's name for it}, where the file's own name
     # was taken (a DequantizeLinear after the integer op kept it): what a remedy must name
     float_names: dict = dataclasses.field(default_factory=dict)
+    # a QDQ file's DequantizeLinear nodes whose codes the rewrite dequantized before the nodes
+    # that move them: the graph departs from the file's there
+    moved: list = dataclasses.field(default_factory=list)
 
     @property
     def label(self):
@@ -194,7 +201,10 @@ def formats_of(model):
             if any(not c.op_type.endswith("QuantizeLinear") for c in consumers.get(n.output[0], ())):
                 laid_out_weights = True
         elif op.endswith("DequantizeLinear") and _source(n.input[0], producer, inits)[1]:
-            integer_tables = True  # quantize_dynamic's embedding, dequantized after a Gather and a Transpose
+            if _read_at_run_time(_moves(n.input[0], producer), inits, producer):
+                integer_tables = True  # quantize_dynamic's embedding, dequantized after a Gather and a Transpose
+            else:  # a weight's codes moved by constants alone (a Gather of fixed indices): static
+                laid_out_weights = True
         elif op.endswith("DequantizeLinear") and n.input[0] in producer:
             q = producer[n.input[0]]
             if q.op_type.endswith("QuantizeLinear") and not q.op_type.endswith("DequantizeLinear") and any(
@@ -216,6 +226,37 @@ def _source(tensor, producer, inits):
     while src is not None and src.op_type in MOVING and src.input and src.input[0] not in inits:
         src = producer.get(src.input[0])
     return src, src is not None and src.op_type in MOVING and bool(src.input) and src.input[0] in inits
+
+
+def _moves(tensor, producer):
+    """The nodes that move values from an initializer into ``tensor`` (see :func:`_source`),
+    first to last."""
+    chain, node = [], producer.get(tensor)
+    while node is not None and node.op_type in MOVING and node.input:
+        chain.append(node)
+        node = producer.get(node.input[0])
+    return chain[::-1]
+
+
+def _read_at_run_time(nodes, inits, producer):
+    """Whether any of ``nodes`` reads a further input computed at run time (a Gather's ids)."""
+    return any(i and i not in inits and getattr(producer.get(i), "op_type", "") != "Constant"
+               for n in nodes for i in n.input[1:])
+
+
+def _moved_codes(graph):
+    """``[(DequantizeLinear node, the nodes before it)]`` for each DequantizeLinear of
+    ``graph`` reading an integer initializer through nodes that move values (an embedding
+    table's Gather by ids, a Gather of fixed indices, then Transposes...) where the parser
+    cannot compute its codes as a constant (:func:`_laid_out_codes`): what the rewrite of a
+    QDQ file dequantizes before those nodes, so that the initializer is a weight."""
+    inits = {i.name for i in graph.initializer}
+    codes = {i.name for i in graph.initializer if i.data_type in _CODES}  # those the walk dequantizes
+    producer = {o: n for n in graph.node for o in n.output}
+    found = [(n, _moves(n.input[0], producer)) for n in graph.node
+             if n.op_type.endswith("DequantizeLinear") and n.input[0] not in inits
+             and not _laid_out_codes(n.input[0], producer, inits) and _source(n.input[0], producer, inits)[1]]
+    return [(n, chain) for n, chain in found if chain[0].input[0] in codes]
 
 
 def _laid_out_codes(tensor, producer, inits):
@@ -240,18 +281,16 @@ def _axis_before(node, axis, dims):
     if axis is None or isinstance(axis, str) or node.op_type == "Identity":
         return axis
     what = f"a per-channel DequantizeLinear reads it after a {node.op_type} {node.name!r}"
-    fix = ("; dequantize the stored codes along their own channel axis before that node in the export (a "
-           "DequantizeLinear of the initializer), or store them as the DequantizeLinear reads them")
     if node.op_type == "Transpose":
         perm = attribute(node, "perm")
         if perm is None:
-            return f"{what}, whose reversed dims the tool does not follow back onto the constant{fix}"
+            return f"{what}, whose reversed dims the tool does not follow back onto the constant"
         return int(perm[axis % len(perm)])
     out, data = dims(node.output[0]), dims(node.input[0])
     if node.op_type == "Gather" and len(node.input) > 1:
         indices = dims(node.input[1])
         if data is None or indices is None:
-            return f"{what}, whose input or indices have a rank the tool does not know{fix}"
+            return f"{what}, whose input or indices have a rank the tool does not know"
         along, picked = int(attribute(node, "axis", 0)) % len(data), len(indices)
         axis %= len(data) + picked - 1
         if axis < along:
@@ -259,14 +298,19 @@ def _axis_before(node, axis, dims):
         if axis >= along + picked:
             return axis - picked + 1
         return (f"{what} along its channel axis: each of its output channels is whichever stored channel the "
-                f"indices pick, so its scale belongs to no one stored channel{fix}")
+                "indices pick, so its scale belongs to no one stored channel")
     if node.op_type in LAYOUT_OPS and out is not None and None not in out:
         _, before = moved.undo(node, out, axis, data)
         if before is not None:
             return before
         return (f"{what} that merges or splits its channel axis (axis {axis % len(out)} of {out}, from "
-                f"{data}){fix}")
-    return f"{what}, whose channels the tool does not follow back onto the constant{fix}"
+                f"{data})")
+    return f"{what}, whose channels the tool does not follow back onto the constant"
+
+
+# what to do where a per-channel DequantizeLinear's channels cannot be followed back onto its codes
+_AXIS_FIX = ("dequantize the stored codes along their own channel axis before that node in the export (a "
+             "DequantizeLinear of the initializer), or store them as the DequantizeLinear reads them")
 
 
 def to_qdq(model, source="the model", arrays=None):
@@ -275,8 +319,23 @@ def to_qdq(model, source="the model", arrays=None):
     placeholder initializers (``{name: array}``, see :func:`.graph.load_light`)."""
     parts = formats_of(model)
     result = Rewrite(model, parts[0] if len(parts) == 1 else (MIXED if parts else QDQ), parts, [])
-    if parts in ((), (QDQ,)) and not any(n.domain == "com.microsoft" and n.op_type in _FUSED
-                                           for n in model.graph.node):
+    if parts in ((), (QDQ,)):
+        # its pairs stay as they are (a Q -> Reshape -> DQ chain is the parser's, see .moved);
+        # only codes that nodes move before their DequantizeLinear, which the parser cannot read
+        # as a constant (an embedding table gathered by ids), are dequantized before those nodes,
+        # so that the table is a weight whose bypass is its float value
+        moved = _moved_codes(model.graph)
+        if not moved and not any(n.domain == "com.microsoft" and n.op_type in _FUSED for n in model.graph.node):
+            return result
+        _Rewriter(model, source, result.label, result.notes, arrays or {}, result.float_names, static=moved).run()
+        result.moved = [dq.name or dq.output[0] for dq, _ in moved]
+        if moved:
+            shown = "; ".join(" -> ".join(f"{m.op_type} {m.name!r}" for m in (*chain, dq)) for dq, chain in moved[:2])
+            more = f"; and {len(moved) - 2} more" if len(moved) > 2 else ""
+            result.notes.append(
+                f"{len(moved)} DequantizeLinear node(s) of {source} read an integer initializer through nodes that move "
+                f"its values ({shown}{more}): each initializer is analysed as a weight, dequantized before those nodes "
+                "(the same values: they only move elements), so that bypassing it gives its float value")
         return result
     nbits = [n for n in model.graph.node if n.op_type == "MatMulNBits" and n.domain == "com.microsoft"]
     if nbits:
@@ -359,8 +418,16 @@ class _Quantized:
 class _Rewriter:
     """One walk over the graph in topological order, emitting the QDQ form of each node."""
 
-    def __init__(self, model, source, label, notes, arrays, float_names):
+    def __init__(self, model, source, label, notes, arrays, float_names, static=None):
         self.model, self.graph = model, model.graph
+        # a QDQ file's rewrite (see to_qdq; ``static``: its [(DequantizeLinear, the nodes moving
+        # its codes)]): its Q outputs are no quantized tensors of this walk, and of the nodes
+        # that move integer constants only those (keys) run on float values
+        self.static = None if static is None else {_key(m) for _, chain in static for m in chain}
+        # and the DequantizeLinear of such a constant keeps the name of the file's one, where it
+        # has one alone: the name the user sees of that weight
+        tables = [(chain[0].input[0], dq.name) for dq, chain in static or ()]
+        self.dq_names = {t: name for t, name in tables if name and [u for u, _ in tables].count(t) == 1}
         self.float_names = float_names  # filled by float_name (see Rewrite.float_names)
         self.arrays = arrays  # placeholders' values
         self.source, self.label = source, label
@@ -388,7 +455,9 @@ class _Rewriter:
         self.skip = set()  # keys of original nodes another node's rewrite absorbed
         self.touched = set()  # tensors whose consumers changed (dead-code candidates)
         self._shapes = None  # tensor -> its dims in the original graph (see _dims)
-        self.hints = self._hints()
+        # in a QDQ file, the parameters of the moved codes' own DequantizeLinear only (a tied
+        # table's other reader, a Transpose before another DequantizeLinear, stays the parser's)
+        self.hints = self._hints(None if static is None else [n for dq, chain in static for n in (*chain, dq)])
 
     # -- helpers -------------------------------------------------------------------------
     def fresh(self, base):
@@ -439,15 +508,25 @@ class _Rewriter:
         self.inits[name] = init
         return name
 
-    def fail(self, node, why):
-        fix = _FIX.get(node.op_type if node is not None else "", (
+    def fail(self, node, why, fix=None):
+        """Refuse ``node`` (None: the model) for ``why``; ``fix``: what the export should do
+        instead, where the node's own case says it."""
+        what = f"its {node.op_type} node {node.name or '(unnamed)'!r}" if node is not None else "it"
+        if self.static is not None:
+            # a QDQ file: nothing to quantize again, only how its export stores those codes
+            fix = fix or ("dequantize the integer initializer itself in the export (its DequantizeLinear before the "
+                          "nodes that move it), which pytest-ptq analyses as a weight")
+            raise PTQError(f"model {self.source} is in {self.label} format and {what} {why}; pytest-ptq dequantizes an "
+                           "integer initializer before the nodes that move it into its DequantizeLinear, but not "
+                           f"here; to analyse it, {fix}")
+        again = _FIX.get(node.op_type if node is not None else "", (
             "quantize the float model again with onnxruntime's MatMulNBitsQuantizer (either format; GPTQ without "
             "act-order), whose MatMulNBits nodes pytest-ptq analyses" if node is not None and node.op_type == "MatMulNBits" else
             "quantize the float model in QDQ format (quantize_static(..., quant_format=QuantFormat.QDQ))"))
-        what = f"its {node.op_type} node {node.name or '(unnamed)'!r}" if node is not None else "it"
         raise PTQError(f"model {self.source} is in {self.label} format and {what} {why}; pytest-ptq rewrites "
                        "onnxruntime's QLinear ops, QGemm, ConvInteger/MatMulInteger, MatMulNBits and its "
-                       f"dynamic-quantization ops into Q/DQ pairs but not this; to analyse it, {fix}")
+                       f"dynamic-quantization ops into Q/DQ pairs but not this; to analyse it, "
+                       f"{fix + ', or ' + again if fix else again}")
 
     def same_params(self, a, b):
         """True when scale/zero-point tensor names ``a`` and ``b`` hold the same values."""
@@ -456,14 +535,15 @@ class _Rewriter:
         va, vb = self.constant(a) if a else 0, self.constant(b) if b else 0
         return va is not None and vb is not None and np.array_equal(np.asarray(va), np.asarray(vb))
 
-    def _hints(self):
+    def _hints(self, nodes=None):
         """``{integer initializer: (scale, zero point, axis)}`` for integer constants that ops
         moving quantized values read (an embedding table before Gather, a weight's codes before
         a Transpose): their parameters are those the first quantized reader downstream gives.
         ``axis``: a per-channel DequantizeLinear's, as the constant lays it out (followed back
-        through Transposes), else None; a sentence where it cannot be followed."""
+        through Transposes), else None; a sentence where it cannot be followed. ``nodes``: those
+        to read, in topological order (default: all)."""
         hints = {}
-        for n in reversed(self.original):
+        for n in reversed(self.original if nodes is None else nodes):
             if n.op_type.endswith("DequantizeLinear"):
                 hints.setdefault(n.input[0], (n.input[1], n.input[2] if len(n.input) > 2 else "", self._dq_axis(n)))
             elif n.op_type in QLINEAR:
@@ -524,7 +604,7 @@ class _Rewriter:
         if key in self.dequantized:
             return self.dequantized[key]
         stem = base or self.stem(tensor)
-        name = self.fresh(f"{stem}_DequantizeLinear")
+        name = self.dq_names.pop(tensor, None) or self.fresh(f"{stem}_DequantizeLinear")
         out = self.fresh(f"{stem}_DequantizeLinear_Output")
         inputs = [tensor, scale] + ([zero_point] if zero_point else [])
         attrs = {"axis": axis} if axis is not None else {}
@@ -612,13 +692,16 @@ class _Rewriter:
                 self.unfuse_matmul(node)
             elif op.endswith("QuantizeLinear") and not op.endswith("DequantizeLinear"):
                 self.keep(node)
+                if self.static is not None:
+                    continue  # a QDQ file's pair, the parser's
                 axis = next((a.i for a in node.attribute if a.name == "axis"), None)
                 self.quantized[node.output[0]] = _Quantized(node.input[1], node.input[2] if len(node.input) > 2
                                                             else "", axis)
             elif op.endswith("DequantizeLinear"):
                 self.dequantize(node)
             elif any(i in self.quantized for i in node.input) or (
-                    node.input and node.input[0] in self.hints and self.integer_constant(node.input[0])):
+                    node.input and node.input[0] in self.hints and self.integer_constant(node.input[0])
+                    and (self.static is None or _key(node) in self.static)):
                 self.moving(node)
             else:
                 self.keep(node)
@@ -1093,7 +1176,7 @@ class _Rewriter:
             if info is None and self.integer_constant(t) and t in self.hints and (k == 0 or op == "Concat"):
                 s, z, axis = self.hints[t]
                 if isinstance(axis, str):
-                    self.fail(node, f"moves integer constant {t!r}, and {axis}")
+                    self.fail(node, f"moves integer constant {t!r}, and {axis}", _AXIS_FIX)
                 # the DequantizeLinear after it scales the channels along its own axis: the
                 # codes' axis holding them (a Transpose moves it)
                 ins[k] = self.float_of(node, t, s, z, None if axis is None else (lambda rank, a=axis: a % rank))

@@ -378,7 +378,9 @@ class QuantModel:
         self.model, self._format, self.format_label = rewrite.model, rewrite.format, rewrite.label
         # a tensor of the tool's copy -> the name the file and the float model give it (see shown_name)
         self.float_names = rewrite.float_names
-        self._given = None if self._format == formats.QDQ else model_or_file
+        # the file as onnxruntime runs it, where the tool's copy departs from it (a QDQ file's
+        # table dequantized before its Gather, see formats.to_qdq)
+        self._given = None if self._format == formats.QDQ and not rewrite.moved else model_or_file
         self.notes += rewrite.notes
         graph = self.model.graph
         if self.model.ir_version < 4:
@@ -1223,7 +1225,8 @@ class QuantModel:
 
     def as_given(self):
         """The model as its file holds it (QOperator, dynamic, or QDQ whose pairs lay their codes
-        out between Q and DQ, see :mod:`.moved`): what onnxruntime's integer kernels run. Any
+        out between Q and DQ, see :mod:`.moved`, or whose codes a Gather moves before their DQ,
+        see :func:`.formats.to_qdq`): what onnxruntime's integer kernels run. Any
         other QDQ model is :attr:`model` itself, not read again: the tool's other changes to it
         (a sorted graph, unique node names) change no kernel onnxruntime picks. Its nodes get
         unique names here too: onnxruntime refuses a file whose nodes share one, which the tool's
