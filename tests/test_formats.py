@@ -1246,9 +1246,10 @@ def test_per_channel_codes_a_gather_moves_along_another_axis_keep_their_channels
     np.testing.assert_allclose(ours, numpys, rtol=1e-6)
 
 
-def _table_net(tmp_path, shape, axis, seed=0):
+def _table_net(tmp_path, shape, axis, seed=0, reversed_=False):
     """An embedding table [20, 8] stored as int8 codes (per column), read by Gather(ids
-    [1, 5]), a Reshape of the rows to ``shape`` and a per-channel DequantizeLinear along
+    [1, 5]), a Reshape of the rows to ``shape`` (``reversed_``: a Transpose without perm,
+    which reverses the dims to ``shape`` [8, 5, 1]) and a per-channel DequantizeLinear along
     ``axis`` (the columns' scales, as many as that axis holds), then Tanh; its float model:
     the float table through the same Gather and Reshape. Returns the two files and samples."""
     rng = np.random.default_rng(seed)
@@ -1260,27 +1261,30 @@ def _table_net(tmp_path, shape, axis, seed=0):
     io = ([helper.make_tensor_value_info("ids", TensorProto.INT64, [1, 5])],
           [helper.make_tensor_value_info("y", TensorProto.FLOAT, shape)])
     shp = numpy_helper.from_array(np.array(shape, np.int64), "shp")
+    move = (lambda i, o: helper.make_node("Transpose", [i], [o], name="rows")) if reversed_ else (
+        lambda i, o: helper.make_node("Reshape", [i, "shp"], [o], name="rows"))
     q = helper.make_graph(
-        [helper.make_node("Gather", ["codes", "ids"], ["g"], name="gather"),
-         helper.make_node("Reshape", ["g", "shp"], ["r"], name="rows"),
+        [helper.make_node("Gather", ["codes", "ids"], ["g"], name="gather"), move("g", "r"),
          helper.make_node("DequantizeLinear", ["r", "s", "z"], ["e"], name="table_DQ", axis=axis),
          helper.make_node("Tanh", ["e"], ["y"], name="act")], "q", *io,
         [numpy_helper.from_array(codes, "codes"), numpy_helper.from_array(scales, "s"),
          numpy_helper.from_array(np.zeros(scales.shape, np.int8), "z"), shp])
     f = helper.make_graph(
-        [helper.make_node("Gather", ["table", "ids"], ["g"], name="gather"),
-         helper.make_node("Reshape", ["g", "shp"], ["e"], name="rows"),
+        [helper.make_node("Gather", ["table", "ids"], ["g"], name="gather"), move("g", "e"),
          helper.make_node("Tanh", ["e"], ["y"], name="act")], "f", *io, [numpy_helper.from_array(table, "table"), shp])
     samples = {"ids": [rng.integers(0, 20, (1, 5)).astype(np.int64) for _ in range(3)]}
     return (builders.save_model(q, tmp_path / "q.onnx", opset=13), builders.save_model(f, tmp_path / "f.onnx", opset=13),
             samples)
 
 
-def test_a_per_channel_table_gathered_and_reshaped_before_its_dequantizelinear_keeps_its_columns(tmp_path):
-    """An embedding table's codes -> Gather -> Reshape [1, 5, 8] to [5, 8] -> per-channel
-    DequantizeLinear along the columns: the columns stay an axis of their own through both, so
-    the rewrite dequantizes the table along its axis 1; it was refused."""
-    q, f, samples = _table_net(tmp_path, [5, 8], 1)
+@pytest.mark.parametrize("move", ["Reshape", "Transpose without perm"])
+def test_a_per_channel_table_gathered_and_reshaped_before_its_dequantizelinear_keeps_its_columns(tmp_path, move):
+    """An embedding table's codes -> Gather -> Reshape [1, 5, 8] to [5, 8] (or a Transpose
+    without perm: reversed, [8, 5, 1]) -> per-channel DequantizeLinear along the columns: the
+    columns stay an axis of their own through both, so the rewrite dequantizes the table along
+    its axis 1; it was refused (the Transpose: "whose reversed dims the tool does not follow")."""
+    q, f, samples = _table_net(tmp_path, [5, 8], 1) if move == "Reshape" else _table_net(tmp_path, [8, 5, 1], 0,
+                                                                                          reversed_=True)
     engine = Engine(str(q), samples, float_model=str(f))
     [c] = engine.qmodel.of_kind("weight")
     assert c.axis == 1 and engine.qmodel.alignment.unmatched_weights == []

@@ -281,12 +281,15 @@ def _axis_before(node, axis, dims):
     if axis is None or isinstance(axis, str) or node.op_type == "Identity":
         return axis
     what = f"a per-channel DequantizeLinear reads it after a {node.op_type} {node.name!r}"
+    out, data = dims(node.output[0]), dims(node.input[0])
     if node.op_type == "Transpose":
         perm = attribute(node, "perm")
-        if perm is None:
-            return f"{what}, whose reversed dims the tool does not follow back onto the constant"
+        if perm is None:  # the dims reversed, of the rank either side declares
+            rank = len(data) if data is not None else (len(out) if out is not None else None)
+            if rank is None:
+                return f"{what}, whose reversed dims are of a rank the tool does not know"
+            perm = list(range(rank))[::-1]
         return int(perm[axis % len(perm)])
-    out, data = dims(node.output[0]), dims(node.input[0])
     if node.op_type == "Gather" and len(node.input) > 1:
         indices = dims(node.input[1])
         if data is None or indices is None:
