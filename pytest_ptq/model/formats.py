@@ -330,7 +330,7 @@ def to_qdq(model, source="the model", arrays=None):
         moved = _moved_codes(model.graph)
         if not moved and not any(n.domain == "com.microsoft" and n.op_type in _FUSED for n in model.graph.node):
             return result
-        _Rewriter(model, source, result.label, result.notes, arrays or {}, result.float_names, static=moved).run()
+        _Rewriter(model, source, result.label, result.notes, arrays or {}, result.float_names, static=moved or None).run()
         result.moved = [dq.name or dq.output[0] for dq, _ in moved]
         if moved:
             shown = "; ".join(" -> ".join(f"{m.op_type} {m.name!r}" for m in (*chain, dq)) for dq, chain in moved[:2])
