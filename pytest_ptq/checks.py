@@ -207,23 +207,6 @@ def _meets(metric, value, threshold):
     return value >= threshold if metric.higher_is_better else value <= threshold
 
 
-def thresholds(spec):
-    """Normalise a threshold spec to ``{output or slice: value}``; ``""`` is the default.
-
-    ``spec``: a number (every output), a mapping (``""`` or ``"default"`` for the rest),
-    or None (nothing).
-    """
-    if spec is None:
-        return {}
-    if isinstance(spec, dict):
-        out = {}
-        for k, v in spec.items():
-            key = "" if k in ("", "default", None) else str(k)
-            out[key] = params.number(v, f"threshold for {key or 'the default'!r}")
-        return out
-    return {"": params.number(spec, "threshold")}
-
-
 def check_outputs(analysis, threshold, metric=COSINE, holdout=None):
     """Output ``metric`` of the quantized model vs float, each against its threshold.
 
@@ -232,7 +215,7 @@ def check_outputs(analysis, threshold, metric=COSINE, holdout=None):
     """
     m = get_metric(metric)
     th = {k: params.threshold(v, m.name, f"output {m.name} threshold{f' for {k!r}' if k else ''}")
-          for k, v in thresholds(threshold).items()}
+          for k, v in params.thresholds(threshold).items()}
     if not th:
         raise PTQError(f"no threshold for output {m.name}; pass a number or {{output: value}}")
     named = [k for k in th if k]
@@ -750,7 +733,8 @@ def check_data(analysis, max_severity="warning", holdout=None, threshold=None, m
     """
     params.severity(max_severity)
     m = get_metric(metric)
-    floors = {k: params.threshold(v, m.name, f"data check {m.name} threshold") for k, v in thresholds(threshold).items()}
+    floors = {k: params.threshold(v, m.name, f"data check {m.name} threshold")
+              for k, v in params.thresholds(threshold).items()}
     threshold = None
     for floor in floors.values():
         if threshold is None or m.worse(floor, threshold):

@@ -577,7 +577,7 @@ class ContractItem(pytest.Item):
         self.contract = contract
 
     def runtest(self):
-        from .checks import PTQ, ContractFailed, check_data, thresholds
+        from .checks import PTQ, ContractFailed, check_data
 
         session = ptq_session.get(self.config)
         c = self.contract
@@ -611,7 +611,7 @@ class ContractItem(pytest.Item):
             session.record(self, analysis, result)
         else:
             # the outputs its thresholds name (slices too) are kept beside the model's own
-            result = ptq.check_baseline(outputs=[k for k in thresholds(c.outputs) if k])
+            result = ptq.check_baseline(outputs=[k for k in params.thresholds(c.outputs) if k])
         if not result:
             raise ContractFailed(result)
 

@@ -255,6 +255,24 @@ def threshold(value, metric_name, what="threshold"):
     return result
 
 
+def thresholds(spec):
+    """Normalise a per-output threshold spec to ``{output or slice: value}``; ``""`` is the default
+    (the one form of the output checks, contracts and the remedy search's targets).
+
+    ``spec``: a number (every output), a mapping (``""`` or ``"default"`` for the rest),
+    or None (nothing).
+    """
+    if spec is None:
+        return {}
+    if isinstance(spec, dict):
+        out = {}
+        for k, v in spec.items():
+            key = "" if k in ("", "default", None) else str(k)
+            out[key] = number(v, f"threshold for {key or 'the default'!r}")
+        return out
+    return {"": number(spec, "threshold")}
+
+
 def numbers_list(value, what, positive=False):
     """None, a number, or a list of numbers (per-channel statistics) as a list of floats;
     ``positive``: each above 0 (a standard deviation)."""
