@@ -376,9 +376,12 @@ class Analysis:
         from .remedy.producer_check import producer_python
 
         name = self._judged_by(metric)
-        target = None if target is None else params.number(target, "target")
+        # a mapping is per output, as the output checks take it (read with the outputs by the search)
+        target = (params.thresholds(target) if isinstance(target, dict) else
+                  None if target is None else params.number(target, "target"))
+        target_key = _frozen(target) if isinstance(target, dict) else target
         # the producer's Python, where named, re-quantizes the remedy too: a result without its check is another
-        key = ("remedy", remedy, name, target, _frozen(outputs), budget, _frozen(candidates),
+        key = ("remedy", remedy, name, target_key, _frozen(outputs), budget, _frozen(candidates),
                None if holdout is None else str(holdout), evaluate, min_ratio, _frozen(costs), search,
                producer_python(self.qmodel.made_by.key))
         return self.cached(key, lambda: suggest_remedy(

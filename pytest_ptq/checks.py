@@ -1013,7 +1013,8 @@ class PTQ:
                 holdout=None, evaluate=None, min_ratio=None, costs=None, search="refine"):
         """The cheapest set of nodes to keep in float (``remedy="float"``), raise to 16 bit
         (``"int16"``), quantize per channel (``"per-channel"``) or any of these per node at
-        ``costs`` (``"mixed"``) so that ``metric`` meets ``target`` (default ``min_cosine``), or
+        ``costs`` (``"mixed"``) so that ``metric`` meets ``target`` (default ``min_cosine``; or
+        per output, ``{output or slice: value, "": default}`` as :meth:`check_outputs` takes it), or
         with ``evaluate(run, data) -> float`` the task score meets ``target`` or ``min_ratio``
         x float (default 0.99 x). Chosen on the calibration samples and accepted on held-out
         data (``holdout``, else the marker's or ``--ptq-holdout``; without any, on calibration

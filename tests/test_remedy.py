@@ -1321,3 +1321,64 @@ def test_an_output_that_stays_short_with_every_candidate_remedied_is_named_with_
     assert "output 'r2' reaches only" in why and f"{cos['r2']:.6g}" in why and "'prob'" not in why
     note = next(n for n in r.notes if n.startswith("with every candidate in float"))
     assert f"output 'r2' {cos['r2']:.6g}" in note and f"'prob' reaches {cos['prob']:.6g}" in note
+
+
+def test_per_output_targets_hold_each_output_to_its_own_and_find_a_smaller_set(tmp_path):
+    """A contract's per-output floors ({prob: strict, r2: loose}) could only be searched at the
+    strictest for every output, which sends the search after more than the contract asks:
+    given as the output checks take them, each output meets its own target, with fewer
+    nodes, checked by a plain onnxruntime session with the remedy's pairs bypassed."""
+    data = builders.samples(N)
+    fpath = builders.conv_net(tmp_path / "float.onnx", two_outputs=True)
+    # biases left float: bypassing a pair then touches that pair alone
+    qpath = builders.quantize(fpath, tmp_path / "qdq.onnx", data, extra_options={"QuantizeBias": False})
+    targets = {"prob": 0.99998, "default": 0.9995}  # the contract's form: r2 takes the default
+    own = {"prob": 0.99998, "r2": 0.9995}
+    kw = dict(remedy="float", float_model=str(fpath), requantize_check=False)
+    per = suggest_remedy(str(qpath), data, target=targets, **kw)
+    strictest = suggest_remedy(str(qpath), data, target=max(own.values()), **kw)
+    assert per.met and strictest.met
+    assert per.objective["targets"] == own and per.outputs == ["prob", "r2"]
+    assert 0 < len(per.nodes) < len(strictest.nodes), (per.nodes, strictest.nodes)
+    # independently: the remedy's pairs bypassed (weights back to float), every output pooled
+    # over the samples of each part against the float model, each against its own target
+    pairs = builders.qdq_pairs(qpath)
+    fixed = builders.rewire(qpath, keep=[p for p in pairs if p not in per.nodes], float_model=fpath)
+    for part, indices in (("calibration", range(N)), (per.judged_on, per.split[per.judged_on])):
+        feeds = [{k: v[i] for k, v in data.items()} for i in indices]
+        ref, out = builders.run_model(fpath, feeds), builders.run_model(fixed, feeds)
+        cos = {t: _cosine([o[t] for o in ref], [o[t] for o in out]) for t in own}
+        assert all(cos[t] >= own[t] for t in own), (part, cos)
+        assert per.figures[part]["outputs"]["after"] == pytest.approx(cos, abs=1e-6)
+        assert per.figures[part]["after"] == pytest.approx(min(cos.values()), abs=1e-6)
+    assert not per.failure() and "'prob' 0.99998, 'r2' 0.9995" in per.summary()
+    # one bar for every output: the search as with that number
+    same = suggest_remedy(str(qpath), data, target={"default": 0.99998}, **kw)
+    assert same.nodes == strictest.nodes and "targets" not in same.objective
+    with pytest.raises(PTQError, match="'r2' of output_node \\(-o\\) has no target"):
+        suggest_remedy(str(qpath), data, target={"prob": 0.9}, output_node=["prob", "r2"], **kw)
+
+
+def test_per_output_targets_on_the_command_line_and_an_output_that_stays_short_named_with_its_own(tmp_path, capsys):
+    """--target-cosine takes OUTPUT=VALUE as --cost takes KIND=COST; where an output cannot
+    reach its own target, the note and the exit sentence name it with that target."""
+    data = builders.samples(N)
+    fpath = builders.conv_net(tmp_path / "float.onnx", two_outputs=True, outlier_channel=3)
+    narrow = {k: [a * 0.1 for a in v] for k, v in data.items()}
+    qpath = builders.quantize(fpath, tmp_path / "qdq.onnx", narrow, extra_options={"QuantizeBias": False})
+    candidates = [p for p in builders.qdq_pairs(qpath) if p not in ("a2_QuantizeLinear", "r2_QuantizeLinear")]
+    folder = builders.save_folder(data, tmp_path / "calib")
+    rc = main(["suggest", str(qpath), str(folder), "--target-cosine", "prob=0.99", "r2=0.999", "--remedy", "float",
+               "--candidates", *candidates, "--no-requantize", "--no-save", "--quiet",
+               "--json", str(tmp_path / "r.json")])
+    out = capsys.readouterr().out
+    saved = json.loads((tmp_path / "r.json").read_text())
+    assert saved["objective"]["targets"] == {"prob": 0.99, "r2": 0.999}
+    search = saved["split"]["search"]
+    feeds = [{k: v[i] for k, v in data.items()} for i in search]
+    ref = builders.run_model(fpath, feeds)
+    every = builders.run_model(builders.rewire(qpath, keep=["a2_QuantizeLinear", "r2_QuantizeLinear"]), feeds)
+    r2 = _cosine([o["r2"] for o in ref], [o["r2"] for o in every])
+    assert r2 < 0.999 and rc == 1  # the case this test is about
+    assert f"output 'r2' {r2:.6g} of its 0.999" in out and "'prob' 0.99, 'r2' 0.999" in out
+    assert f"output 'r2' reaches only {r2:.6g} of its 0.999" in out.splitlines()[-1]

@@ -42,6 +42,35 @@ def _costs(values):
     return dict(values)
 
 
+def _target(validator):
+    """An argparse type of ``VALUE`` (every output) or ``OUTPUT=VALUE`` (an output or slice
+    ``name=out[:, 4:]``, or ``default`` for the outputs not named): ``(output or None, value)``.
+    The value follows the last '=', which a slice's name has before it."""
+    def parse(text):
+        key, sep, value = text.rpartition("=")
+        if sep and not key:
+            raise argparse.ArgumentTypeError(f"expected VALUE or OUTPUT=VALUE, got {text!r}")
+        try:
+            return (key if sep else None), validator(value, "")
+        except PTQError as exc:
+            raise argparse.ArgumentTypeError(f"{key + ': ' if sep else ''}{exc}") from None
+    return parse
+
+
+def _targets(values, option):
+    """The target the values of ``option`` give: one number, or ``{output: value}`` as the output
+    checks take it (a value alone is the ``default`` of the outputs not named)."""
+    if values is None:
+        return None
+    if len(values) == 1 and values[0][0] is None:
+        return values[0][1]
+    keys = [key or "default" for key, _ in values]
+    twice = next((k for k in keys if keys.count(k) > 1), None)
+    if twice is not None:  # the last would win in silence
+        raise PTQError(f"{option} gives {twice!r} twice (a value alone is the default); give each output once")
+    return dict(zip(keys, (value for _, value in values)))
+
+
 def _evaluate(spec):
     """The function of ``--evaluate FILE.py:NAME`` (relative to the working folder) or
     ``module:NAME``."""
@@ -61,17 +90,21 @@ def run(args):
     if evaluate is None and args.min_ratio is not None:
         raise PTQError("--min-ratio is a share of the float model's task score; give --evaluate FILE.py:FUNCTION "
                        "with it")
+    target_cosine, given = _targets(args.target_cosine, "--target-cosine"), _targets(args.target, "--target")
+    if evaluate is not None and isinstance(given, dict):
+        raise PTQError("with --evaluate, --target is one task score; per-output targets (OUTPUT=VALUE) are for an "
+                       "output metric")
     if evaluate is None and args.target is None and args.metric != "cosine-similarity":
         raise PTQError(f"--metric {args.metric} needs --target VALUE (--target-cosine is for cosine similarity)")
     if evaluate is not None and args.target_cosine is not None:
         raise PTQError("with --evaluate the target is the task score: give --target SCORE or --min-ratio R, "
                        "not --target-cosine")
     if evaluate is None:
-        metric = "cosine-similarity" if args.target is None else args.metric
-        target = args.target if args.target is not None else (
-            args.target_cosine if args.target_cosine is not None else params.DEFAULT_MIN_COSINE)
+        metric = "cosine-similarity" if given is None else args.metric
+        target = given if given is not None else (
+            target_cosine if target_cosine is not None else params.DEFAULT_MIN_COSINE)
     else:
-        metric, target = args.metric, args.target
+        metric, target = args.metric, given
     save_dir = None if args.no_save else args.save_dir
     result = suggest_remedy(a.engine(args), metric=metric, target=target, remedy=args.remedy,
                             output_node=args.output_node, data_num=args.data_num, budget=args.budget,
@@ -114,11 +147,15 @@ def run(args):
 def configure(p):
     a.add_model(p)
     g = p.add_mutually_exclusive_group()
-    g.add_argument("--target-cosine", type=a.cosine, default=None, metavar="C",
-                   help="cosine similarity the outputs must reach. Default: 0.99")
-    g.add_argument("--target", type=a.number, default=None, metavar="V",
-                   help="value of --metric the outputs must reach (instead of --target-cosine); with --evaluate, "
-                        "the task score the quantized model must reach")
+    per = ("; or per output, OUTPUT=VALUE for each (an output or a slice 'name=out[:, 4:]'; a value alone or "
+           "default=VALUE for the outputs not named, which are left out without one), as a contract's outputs: "
+           "each output must reach its own")
+    g.add_argument("--target-cosine", nargs="+", action=a.Listed, type=_target(params.cosine), default=None,
+                   metavar="[OUTPUT=]C", help=f"cosine similarity the outputs must reach{per}. Default: 0.99")
+    g.add_argument("--target", nargs="+", action=a.Listed, type=_target(params.number), default=None,
+                   metavar="[OUTPUT=]V",
+                   help=f"value of --metric the outputs must reach (instead of --target-cosine){per}; with "
+                        "--evaluate, the task score the quantized model must reach")
     a.add_metric(p, "metric for --target; with --evaluate, the output metric that ranks nodes")
     p.add_argument("--heldout", "--holdout", default=None, metavar="DIR",
                    help="held-out data (layouts of DATA): a set is accepted only when it meets the target there. "

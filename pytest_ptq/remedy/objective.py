@@ -1,5 +1,9 @@
 """What a remedy is judged by: an output metric against a target, or the user's task metric.
 
+An output metric's target is one number for every output compared, or one per output (the
+output checks' mapping, ``{"": 0.99, "logits": 0.999}``): a set then meets it when every
+output meets its own, so the search is not sent after more than a contract asks.
+
 A task metric is the accuracy check's contract, ``evaluate(run, data) -> float`` (higher is
 better). Its target is either a score (``target``) or a share of the float model's score on
 the same samples (``min_ratio``), so it differs between the search and the held-out data.
@@ -10,8 +14,9 @@ from __future__ import annotations
 import dataclasses
 
 from .. import params
-from ..errors import PTQError
-from ..metrics import COSINE, Metric, get_metrics
+from ..errors import PTQError, shown
+from ..metrics import COSINE, Metric, get_metrics, meets
+from ..outputs import parse_outputs
 from ..tables import threshold_text
 
 
@@ -24,6 +29,16 @@ class TaskMetric(Metric):
         self.name = name
 
 
+class Figure(float):
+    """The worst output's figure of a set (what is reported), with each output's own in
+    ``outputs``: what per-output targets judge."""
+
+    def __new__(cls, value, outputs=None):
+        figure = super().__new__(cls, value)
+        figure.outputs = outputs
+        return figure
+
+
 @dataclasses.dataclass
 class Objective:
     """The figure a remedy set is judged by, and the bar it must clear.
@@ -32,6 +47,8 @@ class Objective:
     ``guide``: the output metric that ranks nodes (the same as ``metric`` for output metrics:
     a task score is too coarse to rank single nodes). ``specs``: the outputs compared.
     ``target``: an absolute bar; ``min_ratio``: the bar as a share of the float score.
+    ``targets``: ``{output name: bar}`` where the outputs have bars of their own (``target``
+    is then the strictest of them, the headline); None where ``target`` is every output's.
     """
 
     metric: Metric
@@ -40,6 +57,7 @@ class Objective:
     target: float | None = None
     min_ratio: float | None = None
     evaluate: object = None
+    targets: dict | None = None
 
     @property
     def is_task(self):
@@ -50,7 +68,35 @@ class Objective:
         op = ">=" if self.metric.higher_is_better else "<="
         if self.min_ratio is not None:
             return f"{self.metric.name} {op} {threshold_text(self.min_ratio)} x float"
-        return f"{self.metric.name} {op} {threshold_text(self.target)}"
+        return f"{self.metric.name} {op} {targets_text(self.target, self.targets)}"
+
+    def figure(self, pool, data):
+        """The figure of a :class:`~pytest_ptq.metrics.Pooled` (``data``: its samples' data):
+        the worst output's, carrying each output's where the outputs have targets of their own."""
+        value = pool.judged(data)
+        return value if self.targets is None else Figure(value, pool.per_output())
+
+    def meets(self, value, target):
+        """``value`` (a :meth:`figure`) meets the bar ``target`` of its data: with per-output
+        targets, every output its own (a plain number, read back from a file, the strictest)."""
+        outputs = getattr(value, "outputs", None)
+        if self.targets is None or outputs is None:
+            return meets(self.metric, value, target)
+        return all(meets(self.metric, outputs[o], t) for o, t in self.targets.items())
+
+    def short(self, outputs):
+        """``{output: (value, its target)}`` of the outputs in ``outputs`` (``{output: value}``)
+        short of their own target."""
+        own = self.targets or {o: self.target for o in outputs}
+        return {o: (v, own[o]) for o, v in outputs.items() if not meets(self.metric, v, own[o])}
+
+    def key(self, value, metric):
+        """Sort key of a value of ``metric``, better last: with per-output targets the output
+        furthest short of (or least above) its own target decides, not the lowest figure."""
+        outputs = getattr(value, "outputs", None)
+        if self.targets is None or outputs is None or metric is not self.metric:
+            return metric.sort_key(value)
+        return min(metric.sort_key(outputs[o]) - metric.sort_key(t) for o, t in self.targets.items())
 
     def to_dict(self):
         out = {"metric": self.metric.name, "kind": "task" if self.is_task else "output"}
@@ -58,19 +104,41 @@ class Objective:
             out["min_ratio"] = self.min_ratio
         else:
             out["target"] = self.target
+            if self.targets is not None:
+                out["targets"] = dict(self.targets)
         if self.is_task:
             out["guide"] = self.guide.name
         return out
 
 
-def objective_for(metric, target, specs, evaluate=None, min_ratio=None):
-    """The :class:`Objective` of a search, its arguments validated once here.
+def targets_text(target, targets=None):
+    """``0.99``, or per output ``'logits' 0.999, 'boxes' 0.99``."""
+    if not targets:
+        return threshold_text(target)
+    return ", ".join(f"{o!r} {threshold_text(t)}" for o, t in targets.items())
 
-    Without ``evaluate``: ``metric`` must reach ``target`` (default 0.99 for cosine). With
-    it: the task score must reach ``target``, or ``min_ratio`` times the float score
-    (default 0.99 when neither is given); ``metric`` then only ranks the nodes.
+
+def objective_for(metric, target, output_node, engine, evaluate=None, min_ratio=None):
+    """The :class:`Objective` of a search on the outputs ``output_node`` of ``engine``, its
+    arguments validated once here.
+
+    Without ``evaluate``: ``metric`` must reach ``target`` (default 0.99 for cosine): a
+    number, or the output checks' mapping ``{output or slice: value, "": default}`` (see
+    :func:`per_output`). With it: the task score must reach ``target``, or ``min_ratio``
+    times the float score (default 0.99 when neither is given); ``metric`` then only ranks
+    the nodes.
     """
     guide = get_metrics(params.metric(metric))[0]  # one metric: a search reaches one target
+    if isinstance(target, dict):
+        if evaluate is not None:
+            raise PTQError("with evaluate= the target is one task score; per-output targets are for an output metric")
+        specs, targets = per_output(target, output_node, engine, guide)
+        if len(set(targets.values())) > 1:
+            strictest = (max if guide.higher_is_better else min)(targets.values())
+            return Objective(guide, guide, specs, target=strictest, targets=targets)
+        target = next(iter(targets.values()))  # one bar for all: the search as with a number
+    else:
+        specs = parse_outputs(output_node, engine)
     if evaluate is None:
         if min_ratio is not None:
             raise PTQError("min_ratio is a share of the float model's task score; give evaluate= with it, "
@@ -91,6 +159,30 @@ def objective_for(metric, target, specs, evaluate=None, min_ratio=None):
         return Objective(task, guide, specs, target=_number(target, "target"), evaluate=evaluate)
     ratio = params.DEFAULT_MIN_RATIO if min_ratio is None else params.ratio(min_ratio)
     return Objective(task, guide, specs, min_ratio=ratio, evaluate=evaluate)
+
+
+def per_output(target, output_node, engine, metric):
+    """``(specs, {output name: target})`` of a per-output ``target`` as the output checks read
+    theirs: each key an output or slice; the default (``""`` or ``"default"``) for the outputs of
+    ``output_node`` (None: the model's) that no key names whole. Without a default every output
+    of ``output_node`` must be named."""
+    given = {k: params.threshold(v, metric.name, f"target for {k or 'the default'!r}")
+             for k, v in params.thresholds(target).items()}
+    named = [k for k in given if k]
+    specs = parse_outputs(named, engine) if named else []
+    targets = {s.name: given[k] for s, k in zip(specs, named)}
+    whole = {s.tensor for s in specs if not s.index}
+    rest = [s for s in parse_outputs(output_node, engine) if s.name not in targets and s.tensor not in whole]
+    if rest and "" not in given and output_node is not None:
+        raise PTQError(f"output {rest[0].name!r} of output_node (-o) has no target: name it in the targets, or give a "
+                       "default ('default' / '')")
+    if "" in given:
+        specs += rest
+        targets.update((s.name, given[""]) for s in rest)
+    if not specs:
+        raise PTQError(f"the targets {shown(target)} name no output; name outputs (or slices) or give a default "
+                       "('default' / '')")
+    return specs, targets
 
 
 def _number(value, what):

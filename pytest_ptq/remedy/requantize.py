@@ -23,7 +23,7 @@ from ..model.qdq import PER_CHANNEL_OPS
 from ..stages import SIMULATION_WARNING, simulation_warnings
 from ..tables import fmt
 from .effect import changes, places, readers
-from .result import meets
+from .objective import targets_text
 from .terms import float_node_name, float_tensor_name, quantize_static_kwargs, quantized_ops, quantizer_call
 
 _QUANT_TYPES = {onnx.TensorProto.INT8: "QInt8", onnx.TensorProto.UINT8: "QUInt8",
@@ -308,7 +308,7 @@ def measure(parts, objective, float_model, result, save_dir, progress=False):
                     "than onnxruntime's MinMax with those options, so the check kept the model's own scales and zero "
                     "points for the tensors the remedy does not change (TensorQuantOverrides given to quantize_static "
                     "for the check only, not part of the settings)")
-            elif meets(objective.metric, judged_part["before"], judged_part["target"]) and not result.figures.get(
+            elif objective.meets(judged_part["before"], judged_part["target"]) and not result.figures.get(
                     result.judged_on, {}).get("met_before", False):
                 result.notes.append(
                     "re-quantizing without the settings already meets the target: quantize_dynamic calibrates nothing, "
@@ -384,7 +384,7 @@ def judged(figures, objective, judged_on):
     ``{before, after, target, ...}``) each marked ``met``; the values are calibration's, ``met``
     the judging part's."""
     for f in figures.values():
-        f["met"] = meets(objective.metric, f["after"], f["target"])
+        f["met"] = objective.meets(f["after"], f["target"])
     cal = figures["calibration"]
     return {"value": cal["after"], "baseline_value": cal["before"], "met": figures.get(judged_on, cal)["met"],
             "figures": figures}
@@ -425,10 +425,12 @@ def _deployed(parts, objective, path, base_path, measured, result):
             f"run as a plain onnxruntime session runs them (default options, on this machine), the file re-quantized "
             f"with these settings reads {fmt(value)} on {name}, worse than re-quantized without them ({fmt(before)}): "
             f"as deployed here the settings cost accuracy; {why}")
-    if figure["met"] and not meets(objective.metric, value, figure["target"]):
+    figure["deployed_met"] = objective.meets(value, figure["target"])
+    if figure["met"] and not figure["deployed_met"]:
+        bar = fmt(figure["target"]) if objective.targets is None else targets_text(objective.target, objective.targets)
         result.warnings.append(
             f"the re-quantized file, run as a plain onnxruntime session runs it (default options, on this machine), "
-            f"reads {fmt(value)} on {name}, short of the target {fmt(figure['target'])} that its simulation meets "
+            f"reads {fmt(value)} on {name}, short of the target {bar} that its simulation meets "
             f"({fmt(figure['after'])}): the verdict is the simulation's; {why}"
             + (", and deploy it with the setting that warning checks" if told else ""))
 
@@ -560,7 +562,7 @@ def _value(new, part, objective, read=None):
     for i in part.indices:
         values = new.run(i, "all", theirs)
         pool.add(part.engine.reference(i, tensors), {t: values[read[t]] for t in tensors})
-    return pool.judged(part)
+    return objective.figure(pool, part)
 
 
 def _reproduced(old, new, result):

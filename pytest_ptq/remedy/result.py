@@ -8,7 +8,7 @@ import json
 from ..metrics import get_metrics, meets
 from ..results import JsonResult
 from ..tables import format_table, threshold_text, warning_lines
-from .objective import TaskMetric
+from .objective import TaskMetric, targets_text
 
 REMEDIES = ("float", "int16", "per-channel")
 MIXED = "mixed"
@@ -137,10 +137,21 @@ class Remedy(JsonResult):
 
     @property
     def target_text(self):
-        """The target as the user gave it: ``0.99`` or ``0.99 x float``."""
+        """The target as the user gave it: ``0.99``, ``0.99 x float`` or per output
+        ``'logits' 0.999, 'boxes' 0.99``."""
         if self.objective.get("min_ratio") is not None:
             return f"{threshold_text(self.objective['min_ratio'])} x float"
-        return threshold_text(self.target)
+        return targets_text(self.target, self.objective.get("targets"))
+
+    def _short(self, outputs):
+        """``; output 'a' 0.998, short of its 0.999`` for each output of ``outputs`` (``{output:
+        value}``) short of its own target, with per-output targets; "" otherwise."""
+        targets = self.objective.get("targets")
+        if not targets or not outputs:
+            return ""
+        m = self.objective_metric
+        return "".join(f"; output {o!r} {_fmt(v)}, short of its {threshold_text(targets[o])}"
+                       for o, v in outputs.items() if o in targets and not meets(m, v, targets[o]))
 
     def needed_for(self, target):
         """The fewest nodes on the search curve whose value meets ``target``, or None."""
@@ -169,19 +180,22 @@ class Remedy(JsonResult):
             why = " before the budget ended" if self.budget_exhausted else ""
             return (f"no set found{why} meets the target {self.target_text} on {on}: the best, {len(self.nodes)} "
                     f"node(s), reaches {name} {_fmt(judged.get('after', self.value))}"
+                    + self._short(judged.get("outputs", {}).get("after"))
                     + (f" (target there {_fmt(judged['target'])})" if self.objective.get("min_ratio") is not None
                        and judged.get("target") is not None else "")
                     + ("; with every candidate " + WHAT[self.remedy] + " on the search samples, " + ", ".join(
-                        f"output {o!r} reaches only {_fmt(v)}" for o, v in self.ceiling_outputs.items())
+                        f"output {o!r} reaches only {_fmt(v)}" + (
+                            f" of its {threshold_text(self.objective['targets'][o])}" if self.objective.get("targets")
+                            else "") for o, v in self.ceiling_outputs.items())
                        if self.ceiling_outputs else ""))
         decisive = self.requantized
         if decisive and not decisive[1].get("met", True):
             by, mm = decisive
             judged = mm.get("figures", {}).get(self.judged_on, {})
             value = judged.get("after", mm.get("value"))
-            target = judged.get("target", self.target)
+            target = self.target_text if self.objective.get("targets") else _fmt(judged.get("target", self.target))
             return (f"re-quantized with {by}, the model reaches {name} {_fmt(value)} on {on}, short of the target "
-                    f"{_fmt(target)}")
+                    f"{target}")
         return None
 
     @property
@@ -211,11 +225,13 @@ class Remedy(JsonResult):
         rows = []
         order = [k for k in ("calibration", "search", "confirmation", "held-out") if k in self.figures]
         fitted = " chose part of the set" if self.judge_chose else ""  # no independent check then
+        # per-output targets: each output's, not the strictest alone (the headline's number)
+        bar = (lambda f: self.target_text) if self.objective.get("targets") else (lambda f: f["target"])
         for key in order:
             f = self.figures[key]
             rows.append({"data": f"{key} ({f['samples']}){fitted if key == self.judged_on else ''}",
                          "float": f.get("float"), "no remedy": f["before"],
-                         "remedy": f["after"], "target": f["target"], "met": "yes" if f["met"] else "no"})
+                         "remedy": f["after"], "target": bar(f), "met": "yes" if f["met"] else "no"})
         runs = [("onnxruntime", self.measured)]
         if self.producer_terms:
             runs.append((self.producer_terms["short"], self.producer_measured))
@@ -226,13 +242,13 @@ class Remedy(JsonResult):
                     f = figures[key]
                     rows.append({"data": f"{key}, re-quantized with {by}",
                                  "float": self.figures.get(key, {}).get("float"), "no remedy": f["before"],
-                                 "remedy": f["after"], "target": f["target"], "met": "yes" if f["met"] else "no"})
+                                 "remedy": f["after"], "target": bar(f), "met": "yes" if f["met"] else "no"})
                     if f.get("deployed") is not None:  # a plain session on this machine: read only
-                        met = meets(self.objective_metric, f["deployed"], f["target"])
+                        met = f.get("deployed_met", meets(self.objective_metric, f["deployed"], f["target"]))
                         rows.append({"data": f"{key}, that file in a plain onnxruntime session",
                                      "float": self.figures.get(key, {}).get("float"),
                                      "no remedy": f.get("deployed_before", ""), "remedy": f["deployed"],
-                                     "target": f["target"], "met": "yes" if met else "no"})
+                                     "target": bar(f), "met": "yes" if met else "no"})
         if not rows:
             return ""
         task = self.objective.get("kind") == "task"

@@ -7,7 +7,7 @@ from pathlib import Path
 from .. import guard, params
 from ..engine import engine_for
 from ..errors import FLOAT_MODEL_OPTION, PTQError, unknown
-from ..outputs import blind_warnings, parse_outputs
+from ..outputs import blind_warnings
 from ..progress import Progress
 from ..results import read_from
 from ..sensitivity import sample_indices
@@ -21,7 +21,7 @@ from .producer_check import PACKAGE, PYTHON_ENV, check_producer_terms, producer_
 from .producer_terms import producer_terms
 from .ranking import given_ranking, mixed_moves, rank
 from .requantize import judged, measure, score_parts, unreproducible
-from .result import DEFAULT_COSTS, MIXED, REMEDIES, WHAT, Remedy, meets
+from .result import DEFAULT_COSTS, MIXED, REMEDIES, WHAT, Remedy
 from .clock import Clock, OutOfTime
 from .scoring import Scorer, cost_of, pooled
 from .strategy import Search
@@ -64,7 +64,9 @@ def suggest_remedy(model_or_file, calibrated_data=None, target=None, metric="cos
     accepted only when it meets the target on ``heldout`` data (a folder, ``.npz`` or
     mapping like ``calibrated_data``) or, without it, on calibration samples it did not
     choose on (those beyond ``data_num``, else every third). The objective is ``metric``
-    (worst output, samples pooled) against ``target`` (default 0.99 cosine), or with
+    (worst output, samples pooled) against ``target`` (default 0.99 cosine; or per output,
+    ``{output or slice: value, "": default}`` as the output checks take it: every output
+    must meet its own, and the targets name the outputs compared), or with
     ``evaluate(run, data) -> float`` (the accuracy check's contract) the task score against
     ``target`` or ``min_ratio`` x the float score (default 0.99 x).
 
@@ -93,7 +95,8 @@ def suggest_remedy(model_or_file, calibrated_data=None, target=None, metric="cos
     if per_channel_activations and remedy not in ("per-channel", MIXED):
         raise PTQError(f"per_channel_activations (--per-channel-activations) widens a per-channel or mixed search; "
                        f"a {remedy!r} search has no per-channel remedy to give activations")
-    target = None if target is None else params.number(target, "target")
+    # a mapping is per output, as the output checks take it: read with the outputs, in objective_for
+    target = target if target is None or isinstance(target, dict) else params.number(target, "target")
     candidates = None if candidates is None else params.names(candidates, "candidates")
     clock = Clock(budget)
     engine = engine_for(model_or_file, calibrated_data, float_model=float_model)
@@ -116,8 +119,8 @@ def _suggest(engine, save_dir, clock, target, metric, remedy, output_node, data_
              heldout, evaluate, min_ratio, costs, search, also):
     float_model = float_model if float_model is not None else engine.float_model
     qm = engine.qmodel
-    specs = parse_outputs(output_node, engine)
-    objective = objective_for(metric, target, specs, evaluate, min_ratio)
+    objective = objective_for(metric, target, output_node, engine, evaluate, min_ratio)
+    specs = objective.specs
     costs = costs_for(remedy, costs)
     indices = sample_indices(engine, data_num)
     if remedy == MIXED and ranking is not None:
@@ -396,8 +399,9 @@ def _figures(result, lay, objective, scorer, judge, chosen):
             values = sc.final(base), sc.final(chosen)
         target = sc.target
         f = {"samples": len(part), "where": part.where, "before": values[0], "after": values[1], "target": target,
-             "met": meets(objective.metric, values[1], target),
-             "met_before": meets(objective.metric, values[0], target)}
+             "met": objective.meets(values[1], target), "met_before": objective.meets(values[0], target)}
+        if objective.targets is not None:  # which output stays short of its own target, read back
+            f["outputs"] = {"before": values[0].outputs, "after": values[1].outputs}
         if objective.is_task:
             guide = Scorer(part, objective, None, metric=objective.guide)
             f["float"] = sc.float_score()
@@ -432,7 +436,8 @@ def _not_holding(result, what, search, judged):
     if m.worse(s_before, s_after) and m.worse(j_after, j_before):
         return f"{what}: {figs}: worse than no remedy ({j_before:.6g})"
     if s_met and not j_met:
-        return f"{what}: {figs}: the gain does not hold, short of the target {target:.6g}"
+        bar = result.target_text if result.objective.get("targets") else f"{target:.6g}"  # each output's own
+        return f"{what}: {figs}: the gain does not hold, short of the target {bar}"
     return None
 
 

@@ -25,6 +25,7 @@ import itertools
 import math
 
 from ..tables import threshold_text
+from .objective import targets_text
 from .scoring import cost_of
 
 # Non-members tried in swap moves, and the largest sets tried with pair moves: bounds that
@@ -126,13 +127,16 @@ class Search:
                     "mixed": "at its strongest remedy"}[r.remedy]
             # the figure is the worst output's: with several, which one stays short is what to act on
             per = {} if self.S.task or len(self.S.specs) < 2 else self.S.pool(self.strongest).per_output()
-            r.ceiling_outputs = {o: v for o, v in per.items() if not self.S.meets(v)} or None
-            which = "" if not r.ceiling_outputs else " (" + "; ".join(
-                [f"output {o!r} {v:.6g}" for o, v in r.ceiling_outputs.items()]
-                + [f"{o!r} reaches {v:.6g}" for o, v in per.items() if o not in r.ceiling_outputs]) + ")"
+            short = self.S.objective.short(per)  # each output against its own target where it has one
+            r.ceiling_outputs = {o: v for o, (v, _) in short.items()} or None
+            own = self.S.objective.targets is not None
+            which = "" if not short else " (" + "; ".join(
+                [f"output {o!r} {v:.6g}" + (f" of its {threshold_text(t)}" if own else "")
+                 for o, (v, t) in short.items()]
+                + [f"{o!r} reaches {v:.6g}" for o, v in per.items() if o not in short]) + ")"
             # told before the search ends, so true whatever it finds: a subset can do better
             r.notes.append(f"with every candidate {what} together the {self.S.metric.name} is {r.ceiling:.6g} on the "
-                           f"search samples{which}, short of {threshold_text(self.S.target)}: some remedies cost accuracy "
+                           f"search samples{which}, short of {self._bar}: some remedies cost accuracy "
                            "elsewhere, so the search looks for a subset; where none meets the target, try another "
                            "remedy or check the data and the float model")
         order = self.first
@@ -140,7 +144,7 @@ class Search:
             # every node on its cheapest remedy together falls short where all at their
             # strongest meet: walking the cheap order would add every node and meet nothing
             r.notes.append(f"every candidate on its cheapest remedy reaches only {self.S.memo[frozenset(order)]:.6g} "
-                           f"on the search samples, short of {threshold_text(self.S.target)}: the greedy added each "
+                           f"on the search samples, short of {self._bar}: the greedy added each "
                            "node's strongest remedy instead, and cheaper kinds were tried after")
             order = self.strongest
         chosen, found = [], None
@@ -164,6 +168,10 @@ class Search:
                 chosen = trial
                 r.pruned.append(mv[0])
         return self._cheapen(frozenset(chosen), lambda s: self.S.meets(self.score(s)), self._moved)
+
+    @property
+    def _bar(self):
+        return targets_text(self.S.target, self.S.objective.targets)
 
     def _cheapen(self, cur, accepts, moved=None):
         """Each member, least promising first, on the cheapest kind of its menu ``accepts``
