@@ -456,18 +456,27 @@ class PTQSession:
             file, _, name = scored.source.rpartition(":")
             out.append(("its accuracy check", command(scored.holdout or holdout, [
                 "--evaluate", f"{_shown_path(file, here)}:{name}", "--min-ratio", threshold_text(scored.min_ratio)])))
-        # the target: the strictest floor among the outputs that failed (a passing output's
-        # stricter floor would send the search after more than the contract asks)
+        # the target: each output that failed at its own floor (the strictest where two checks
+        # hold it), as the contract names it; a passing output's floor, or another output's
+        # stricter one, would send the search after more than the contract asks
         checks = [r for r in results if r.kind == "outputs" and r.metric == "cosine-similarity" and r.thresholds]
         # no output check here (a nodes check alone failed, or -k left the outputs item out):
         # no floor of the contract's to aim at, and the nodes check names its own offenders
         ran_outputs = any(r.kind == "outputs" for r in results)
         if checks and all(checks) or not checks and (scored is not None or results and not ran_outputs):
             return out
-        floors = [r.thresholds[o] for r in checks for o in r.failing]
+        floors = {}
+        for r in checks:
+            for o in r.failing:
+                named = r.parts.get(o) or o
+                floors[named] = max(floors.get(named, r.thresholds[o]), r.thresholds[o])
+        if len(set(floors.values())) > 1:  # the outputs the targets name are those searched
+            out.append(("its output floors", command(holdout, ["--target-cosine", *(
+                f"{o}={threshold_text(t)}" for o, t in floors.items())])))
+            return out
         parts = self.failing_outputs(key.id)  # the search aims at the outputs (or slices) that failed
         out.append(("its output floors", command(holdout, ["--target-cosine", threshold_text(
-            max(floors) if floors else settings.min_cosine)], ["-o", *parts] if parts else [])))
+            max(floors.values()) if floors else settings.min_cosine)], ["-o", *parts] if parts else [])))
         return out
 
     def warnings_of(self, analysis):

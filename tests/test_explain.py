@@ -529,3 +529,41 @@ def test_sqnr_badness_is_the_noise_to_signal_power_ratio_and_ranks_like_cosine()
     assert decide({WEIGHT: 20.0, ACTIVATION: 30.0, ALL: 19.0}, "sqnr")[0] == "weight"
     # everything quantized at 40 dB: noise 1e-4 of the signal, under CLOSE: close to float
     assert decide({WEIGHT: 45.0, ACTIVATION: 42.0, ALL: 40.0}, "sqnr")[0] == "neither"
+
+
+def test_the_search_printed_holds_each_failing_output_to_its_own_floor(project, planted, monkeypatch):
+    """r2 and a slice of it both fail floors of their own: the search printed held both to the
+    stricter, more than the contract asks of the other; it now carries each output's floor
+    as the contract names it, and run, starts from the contract's outcome: each short of its
+    own floor on the held-out data, the figures those of a plain onnxruntime session."""
+    import json
+    import math
+    import shlex
+
+    from pytest_ptq.cli import main
+
+    feeds = feeds_of(builders.samples(N, seed=5))
+    ref = builders.run_model(keep_only(planted["root"] / "qw.onnx"), feeds)
+    out = builders.run_model(planted["root"] / "qw.onnx", feeds)
+    held = {"r2": pooled_cosine([r["r2"] for r in ref], [o["r2"] for o in out]),
+            "head": pooled_cosine([r["r2"][:, 0:4] for r in ref], [o["r2"][:, 0:4] for o in out])}
+    floor = math.ceil(held["head"] * 1e6) / 1e6 + 1e-6  # just above the slice's figure, below 1
+    floor = float(f"{floor:.6f}")
+    assert held["r2"] < 0.9999 and held["head"] < floor < 1 and floor != 0.9999
+    project.makefile(".ptq.yaml", both=CONTRACT.replace("outputs: {default: 0.9999}",
+                                                        f"outputs: {{r2: 0.9999, 'head=r2[:, 0:4]': {floor!r}}}")
+                     .replace("nodes: {threshold: 0.9999}\n", ""))
+    text = run(project, "-p", "no:xdist", "-k", "both.ptq.yaml").stdout.str()
+    assert "FAILED outputs" in text and "'r2'" in text and "'head'" in text, text
+    line = next(t for t in text.splitlines() if "meets its output floors" in t)
+    command = line[line.index("ptq-debug suggest"):]
+    assert command == ("ptq-debug suggest qw.onnx calib --heldout held --float-model float.onnx --target-cosine "
+                       f"r2=0.9999 'head=r2[:, 0:4]={floor!r}' --remedy mixed"), command
+    monkeypatch.chdir(project.path)
+    main(shlex.split(command)[1:] + ["--no-save", "--quiet", "--no-requantize", "--budget", "30", "--json", "r.json"])
+    saved = json.loads((project.path / "r.json").read_text())
+    assert saved["objective"]["targets"] == {"r2": 0.9999, "head": floor}
+    before = saved["figures"]["held-out"]["outputs"]["before"]
+    assert before == pytest.approx(held, abs=1e-6)
+    assert not saved["figures"]["held-out"]["met_before"]
+    assert before["r2"] < 0.9999 and before["head"] < floor
