@@ -1382,3 +1382,19 @@ def test_per_output_targets_on_the_command_line_and_an_output_that_stays_short_n
     assert r2 < 0.999 and rc == 1  # the case this test is about
     assert f"output 'r2' {r2:.6g} of its 0.999" in out and "'prob' 0.99, 'r2' 0.999" in out
     assert f"output 'r2' reaches only {r2:.6g} of its 0.999" in out.splitlines()[-1]
+
+
+def test_a_target_given_before_the_model_says_where_the_model_goes(tmp_path, capsys):
+    """--target-cosine takes every value after it (OUTPUT=VALUE ...): written before MODEL DATA,
+    as a single value was, it says to put them first or to write --target-cosine=VALUE, which
+    then reads MODEL and DATA as given."""
+    from pytest_ptq.cli import build_parser
+
+    qpath, folder = str(tmp_path / "qdq.onnx"), str(tmp_path / "calib")
+    with pytest.raises(SystemExit) as exc:
+        build_parser().parse_args(["suggest", "--target-cosine", "0.999", qpath, folder])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert f"got {qpath!r}" in err and "give MODEL and DATA before it, or write --target-cosine=VALUE" in err
+    args = build_parser().parse_args(["suggest", "--target-cosine=0.999", qpath, folder])
+    assert (args.target_cosine, args.model, args.data) == ([(None, 0.999)], qpath, folder)

@@ -42,7 +42,7 @@ def _costs(values):
     return dict(values)
 
 
-def _target(validator):
+def _target(validator, option):
     """An argparse type of ``VALUE`` (every output) or ``OUTPUT=VALUE`` (an output or slice
     ``name=out[:, 4:]``, or ``default`` for the outputs not named): ``(output or None, value)``.
     The value follows the last '=', which a slice's name has before it."""
@@ -53,7 +53,10 @@ def _target(validator):
         try:
             return (key if sep else None), validator(value, "")
         except PTQError as exc:
-            raise argparse.ArgumentTypeError(f"{key + ': ' if sep else ''}{exc}") from None
+            # the option takes every value after it, so MODEL and DATA written after it land here
+            hint = "" if sep else ("; it takes every value that follows it: give MODEL and DATA before it, or write "
+                                   f"{option}=VALUE")
+            raise argparse.ArgumentTypeError(f"{key + ': ' if sep else ''}{exc}{hint}") from None
     return parse
 
 
@@ -150,9 +153,9 @@ def configure(p):
     per = ("; or per output, OUTPUT=VALUE for each (an output or a slice 'name=out[:, 4:]'; a value alone or "
            "default=VALUE for the outputs not named, which are left out without one), as a contract's outputs: "
            "each output must reach its own")
-    g.add_argument("--target-cosine", nargs="+", action=a.Listed, type=_target(params.cosine), default=None,
-                   metavar="[OUTPUT=]C", help=f"cosine similarity the outputs must reach{per}. Default: 0.99")
-    g.add_argument("--target", nargs="+", action=a.Listed, type=_target(params.number), default=None,
+    g.add_argument("--target-cosine", nargs="+", action=a.Listed, type=_target(params.cosine, "--target-cosine"),
+                   default=None, metavar="[OUTPUT=]C", help=f"cosine similarity the outputs must reach{per}. Default: 0.99")
+    g.add_argument("--target", nargs="+", action=a.Listed, type=_target(params.number, "--target"), default=None,
                    metavar="[OUTPUT=]V",
                    help=f"value of --metric the outputs must reach (instead of --target-cosine){per}; with "
                         "--evaluate, the task score the quantized model must reach")
