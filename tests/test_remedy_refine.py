@@ -245,7 +245,7 @@ def test_the_overruled_search_set_says_what_pruning_dropped_from_the_curve():
     J = side({frozenset(): 0.970, first: 0.9705, final: 0.9915}, 0.99)
     curve = [{"nodes": 0, "value": 0.986}, {"nodes": 1, "value": 0.987}, {"nodes": 2, "value": 0.9902}]
     result = SimpleNamespace(remedy="per-channel", judged_on="held-out", met=True, curve=curve, warnings=[],
-                             notes=[], objective_metric=get_metrics("cosine-similarity")[0])
+                             notes=[], objective_metric=get_metrics("cosine-similarity")[0], objective={})
     _warn_chosen(result, SimpleNamespace(chosen=first, S=S, J=J), final)
     (told,) = result.warnings
     assert told.startswith("the set chosen on the search samples (1 node(s) quantized per channel: the search curve's first 2, "
