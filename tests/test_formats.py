@@ -1432,3 +1432,125 @@ def test_a_qdq_files_table_whose_channels_cannot_be_followed_is_refused_in_its_f
     assert "after a Gather 'gather' along its channel axis" in said
     assert "to analyse it, dequantize the stored codes along their own channel axis" in said
     assert "dynamic" not in said and "quantize the float model" not in said
+
+
+def _laid_out_weight_branch(model, fused):
+    """Add to ``model`` a branch ``y2 = x_dq @ W.T`` (x [1, 3, 8, 8]) whose weight W [8, 8] is
+    quantized per row (QuantizeLinear axis 0), transposed, and dequantized per column (axis 1),
+    as exporters lay codes out between Q and DQ; ``fused``: a com.microsoft FusedMatMul with
+    alpha 0.5 instead of the MatMul (as onnxruntime saves a MatMul and a Mul optimised).
+    Returns W, its scales and the branch's float factor."""
+    rng = np.random.default_rng(3)
+    w = (rng.standard_normal((8, 8)) * 0.5).astype(np.float32)
+    # rows far apart in size: a scale read along the wrong axis shows
+    w *= np.linspace(0.2, 3, 8, dtype=np.float32)[:, None]
+    s = (np.abs(w).max(axis=1) / 127).astype(np.float32)
+    g = model.graph
+    g.initializer.extend([numpy_helper.from_array(w, "W"), numpy_helper.from_array(s, "ws"),
+                          numpy_helper.from_array(np.zeros(8, np.int8), "wz")])
+    g.node.extend([helper.make_node("QuantizeLinear", ["W", "ws", "wz"], ["Wq"], name="W_Q", axis=0),
+                   helper.make_node("Transpose", ["Wq"], ["Wt"], name="W_T", perm=[1, 0]),
+                   helper.make_node("DequantizeLinear", ["Wt", "ws", "wz"], ["Wd"], name="W_DQ", axis=1)])
+    if fused:
+        g.node.append(helper.make_node("FusedMatMul", ["xd", "Wd"], ["y2"], name="mm2", domain="com.microsoft",
+                                       alpha=0.5))
+        model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
+    else:
+        g.node.append(helper.make_node("MatMul", ["xd", "Wd"], ["y2"], name="mm2"))
+    g.output.append(helper.make_tensor_value_info("y2", TensorProto.FLOAT, [1, 3, 8, 8]))
+    return w, s, 0.5 if fused else 1.0
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["QOperator beside it", "FusedMatMul in a QDQ file"])
+def test_per_channel_codes_transposed_between_q_and_dq_in_a_rewritten_file_keep_their_axis(fused):
+    """A per-channel Q -> Transpose -> DQ in a file the rewrite walks whole (QOperator ops beside
+    it, or a QDQ file with onnxruntime's fused ops): the Q's output was taken for a quantized
+    tensor and dequantized before the Transpose without its axis, so the quantized run read
+    each row with another row's scale (0.4 off the file, silently)."""
+    model = _mixed_model()
+    if fused:  # the QDQ Conv alone, its output quantized for nothing else
+        keep = [n for n in model.graph.node if n.op_type != "QLinearConv" and n.name not in (
+            "y_QuantizeLinear", "z_DequantizeLinear")]
+        del model.graph.node[:]
+        model.graph.node.extend(keep)
+        model.graph.output[0].CopyFrom(helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 6, 6]))
+    w, s, alpha = _laid_out_weight_branch(model, fused)
+    onnx.checker.check_model(model)
+    assert formats_of(model) == (("QDQ",) if fused else ("QDQ", "QOperator"))
+    data = fm.samples_of((1, 3, 8, 8), n=3)
+    engine = Engine(model, data)
+    assert engine.qmodel.calibration["W_Q"].per_channel
+    inits = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+    xs, xz = float(inits["xs"]), int(inits["xz"])
+    for i, x in enumerate(data["x"]):
+        given = run_model(model, {"x": x})["y2"]
+        np.testing.assert_allclose(engine.run(i, "all")["y2"], given, rtol=0, atol=1e-5)  # quantized: the file
+        # bypassed: the float computation, by numpy
+        ref = alpha * np.matmul(x.astype(np.float64), w.T.astype(np.float64))
+        np.testing.assert_allclose(engine.run(i, ())["y2"], ref, rtol=0, atol=1e-5)
+        # and the file, by numpy: each row of W on its own scale
+        codes = np.clip(np.round(w / s[:, None]), -128, 127)
+        xq = (np.clip(np.round(x / xs) + xz, 0, 255) - xz) * xs
+        np.testing.assert_allclose(given, alpha * np.matmul(xq, (codes * s[:, None]).T), rtol=0, atol=1e-5)
+
+
+def _fused_qdq_net(tmp_path):
+    """A float net (Conv, Conv-Relu-Conv, pooling, Gemm-Relu, MatMul-Mul(0.5), Gemm), quantized
+    by quantize_static in QDQ format with the middle nodes left float, then saved by an
+    onnxruntime session at ORT_ENABLE_EXTENDED keeping its Q/DQ (session.disable_quant_qdq,
+    constant folding off so that the weights keep their DequantizeLinear): the float nodes
+    become com.microsoft FusedConv, FusedGemm and FusedMatMul beside the Q/DQ pairs."""
+    import onnxruntime as ort
+
+    rng = np.random.default_rng(0)
+    c = lambda v, n: numpy_helper.from_array(np.asarray(v, np.float32), n)  # noqa: E731
+    inits = [c(rng.standard_normal((8, 3, 3, 3)) * 0.3, "w1"), c(rng.standard_normal(8) * 0.1, "b1"),
+             c(rng.standard_normal((8, 8, 3, 3)) * 0.2, "w2"), c(rng.standard_normal(8) * 0.1, "b2"),
+             c(rng.standard_normal((8, 8, 1, 1)) * 0.3, "w3"), c(rng.standard_normal((16, 8)) * 0.3, "wg"),
+             c(rng.standard_normal(16) * 0.1, "bg"), c(rng.standard_normal((16, 16)) * 0.3, "wm"), c(0.5, "half"),
+             c(rng.standard_normal((10, 16)) * 0.3, "wf")]
+    nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1], name="conv1"),
+             helper.make_node("Conv", ["c1", "w2", "b2"], ["c2"], pads=[1, 1, 1, 1], name="conv2"),
+             helper.make_node("Relu", ["c2"], ["r2"], name="relu2"),
+             helper.make_node("Conv", ["r2", "w3"], ["c3"], name="conv3"),
+             helper.make_node("GlobalAveragePool", ["c3"], ["g"], name="gap"),
+             helper.make_node("Flatten", ["g"], ["f"], name="flatten"),
+             helper.make_node("Gemm", ["f", "wg", "bg"], ["h"], transB=1, name="fc1"),
+             helper.make_node("Relu", ["h"], ["hr"], name="relu3"),
+             helper.make_node("MatMul", ["hr", "wm"], ["m0"], name="matmul"),
+             helper.make_node("Mul", ["m0", "half"], ["m"], name="scale"),
+             helper.make_node("Gemm", ["m", "wf"], ["y"], transB=1, name="fc2")]
+    graph = helper.make_graph(nodes, "fused", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 10])], inits)
+    f = builders.save_model(graph, tmp_path / "f.onnx")
+    data = fm.samples_of((1, 3, 8, 8))
+    builders.quantize(f, tmp_path / "qdq.onnx", data, keep_float=False, reduce_range=True,
+                      nodes_to_exclude=["conv2", "relu2", "conv3", "fc1", "relu3", "matmul", "scale"])
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+    so.optimized_model_filepath = str(tmp_path / "q.onnx")
+    so.add_session_config_entry("session.disable_quant_qdq", "1")
+    so.log_severity_level = 3
+    ort.InferenceSession(str(tmp_path / "qdq.onnx"), so, providers=["CPUExecutionProvider"],
+                         disabled_optimizers=["ConstantFolding"])
+    return f, tmp_path / "q.onnx", data
+
+
+def test_a_qdq_file_saved_with_onnxruntimes_fused_ops_runs_as_the_file_and_bypasses_to_the_float_model(tmp_path):
+    """The rewrite that splits FusedConv / FusedGemm / FusedMatMul in a QDQ file: its quantized
+    run is the file's, its bypassed run the float model's, both by plain sessions."""
+    f, q, data = _fused_qdq_net(tmp_path)
+    ops = {(n.domain, n.op_type) for n in onnx.load(str(q)).graph.node}
+    assert {("com.microsoft", op) for op in ("FusedConv", "FusedGemm", "FusedMatMul")} <= ops
+    assert ("", "QuantizeLinear") in ops and not any(op.startswith("QLinear") for _, op in ops)
+    assert formats_of(onnx.load(str(q))) == ("QDQ",)
+    engine = Engine(str(q), data, float_model=str(f))
+    qm = engine.qmodel
+    assert qm.format == "QDQ" and not qm.alignment.unmatched_weights
+    assert not {n.op_type for n in qm.model.graph.node} & {"FusedConv", "FusedGemm", "FusedMatMul"}
+    assert {c.kind for c in qm.calibration.values()} == {"weight", "activation"}
+    for i, x in enumerate(data["x"]):
+        given, ref = run_model(q, {"x": x})["y"], run_model(f, {"x": x})["y"]
+        np.testing.assert_allclose(engine.run(i, "all")["y"], given, rtol=0, atol=1e-5)  # quantized: the file
+        np.testing.assert_allclose(engine.run(i, ())["y"], ref, rtol=0, atol=1e-5)  # bypassed: the float model
+        assert np.abs(given - ref).max() > 1e-3  # which differ

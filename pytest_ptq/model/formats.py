@@ -1170,6 +1170,18 @@ class _Rewriter:
         if op not in MOVING and op not in SHAPE_ONLY:
             t = next(i for i in node.input if i in self.quantized or i in self.hints)
             self.fail(node, f"reads the quantized tensor {t!r}")
+        if any(self.quantized[t].real and self._per_channel(self.quantized[t]) for t in node.input
+               if t in self.quantized):
+            # a per-channel Q's codes laid out before their DequantizeLinear (a QDQ part's
+            # Q -> Transpose -> DQ): the node stays on the codes as the file has it, and the
+            # chain is the parser's (see .moved), which follows the channel axis through it;
+            # run on floats, the codes would be dequantized here without their axis (a moved
+            # table's float value, not real, was taken along the axis its hints followed back)
+            for t in node.input:
+                if t in self.quantized:
+                    self.materialize(t)
+            self.keep(node)
+            return
         ins = list(node.input)
         params = None
         for k, t in enumerate(ins):
@@ -1214,6 +1226,12 @@ class _Rewriter:
         if not self._keeps_grid(node):
             for t, _ in new:
                 self.materialize(t)
+
+    def _per_channel(self, info):
+        """Whether quantized tensor ``info`` has more than one scale (a computed one: where
+        its QuantizeLinear names an axis)."""
+        scale = self.constant(info.scale)
+        return np.size(scale) > 1 if scale is not None else info.axis is not None
 
     def _keeps_grid(self, node):
         if node.op_type in ("Resize", "Upsample"):
