@@ -145,24 +145,18 @@ def test_a_moved_pairs_settings_name_the_tensor_its_quantizer_read(net):
     assert set(settings["TensorQuantOverrides"]) == {q_inputs["x_Q"], q_inputs["c_Q"]}
 
 
-@pytest.mark.parametrize("kind", ["no perm", "per block"])
-def test_a_chain_through_a_transpose_the_tool_cannot_follow_is_said(tmp_path, kind):
-    """A per-channel Q through a Transpose without perm crashed (StopIteration); a per-block
-    one was moved with its axis alone, its scale left in the old layout, and refused."""
+def test_a_per_block_chain_through_a_transpose_is_said(tmp_path):
+    """A per-block Q through a Transpose was moved with its axis alone, its scale left in the
+    old layout, and refused."""
     w = (np.random.default_rng(0).standard_normal((4, 8)) * 0.3).astype(np.float32)
-    scale = np.full((4, 2) if kind == "per block" else (8,), 0.01, np.float32)
-    attrs = {"axis": 1, "block_size": 4} if kind == "per block" else {"axis": 0}
-    if kind == "no perm":
-        w = w.T.copy()
+    scale = np.full((4, 2), 0.01, np.float32)
     inits = [numpy_helper.from_array(w, "W"), numpy_helper.from_array(scale, "s"),
-             numpy_helper.from_array(np.zeros(scale.shape, np.int8), "z")]
-    nodes = [helper.make_node("QuantizeLinear", ["W", "s", "z"], ["wq"], name="w_Q", **attrs),
-             helper.make_node("Transpose", ["wq"], ["wt"], name="w_T", **({} if kind == "no perm" else {"perm": [1, 0]})),
-             helper.make_node("DequantizeLinear", ["wt", "s", "z"] if kind == "no perm" else ["wt", "sT", "zT"], ["wd"],
-                              name="w_DQ", **({"axis": 1} if kind == "no perm" else {"axis": 0, "block_size": 4})),
+             numpy_helper.from_array(np.zeros(scale.shape, np.int8), "z"),
+             numpy_helper.from_array(scale.T.copy(), "sT"), numpy_helper.from_array(np.zeros((2, 4), np.int8), "zT")]
+    nodes = [helper.make_node("QuantizeLinear", ["W", "s", "z"], ["wq"], name="w_Q", axis=1, block_size=4),
+             helper.make_node("Transpose", ["wq"], ["wt"], name="w_T", perm=[1, 0]),
+             helper.make_node("DequantizeLinear", ["wt", "sT", "zT"], ["wd"], name="w_DQ", axis=0, block_size=4),
              helper.make_node("MatMul", ["x", "wd"], ["y"], name="mm")]
-    if kind == "per block":
-        inits += [numpy_helper.from_array(scale.T.copy(), "sT"), numpy_helper.from_array(np.zeros((2, 4), np.int8), "zT")]
     graph = helper.make_graph(nodes, "t", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 8])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4])], inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)], ir_version=10)
@@ -170,8 +164,81 @@ def test_a_chain_through_a_transpose_the_tool_cannot_follow_is_said(tmp_path, ki
     path = tmp_path / "t.onnx"
     onnx.save(model, str(path))
     with pytest.raises(NotQuantized, match=r"QuantizeLinear 'w_Q' -> Transpose 'w_T' -> DequantizeLinear 'w_DQ': the "
-                                           r"tool does not follow a per-(channel|block) QuantizeLinear's"):
+                                           r"tool does not follow a per-block QuantizeLinear's"):
         QuantModel(str(path))
+
+
+def _reversed_net(path, case):
+    """A per-channel QuantizeLinear (axis 0, 8 scales) -> Transpose without perm ->
+    DequantizeLinear (axis 1) of an [8, 4] tensor: a weight W (``case`` "weight", then
+    ``y = x @ W.T``), or an activation r then ``y = r.T @ M``, r being Relu(a) of an input
+    declared [8, 4] ("inferred": onnx infers r's rank) or a Reshape of a [32] input by a
+    shape fed at run time ("declared after": the file declares the transposed codes' rank;
+    "unknown": nothing says it). Returns the float computation as a function of the feeds."""
+    rng = np.random.default_rng(0)
+    w = (rng.standard_normal((8, 4)) * np.linspace(0.2, 3, 8)[:, None]).astype(np.float32)  # rows apart
+    m = (rng.standard_normal((8, 3)) * 0.5).astype(np.float32)
+    s = (np.abs(w).max(1) / 127).astype(np.float32) if case == "weight" else np.linspace(0.01, 0.05, 8, dtype=np.float32)
+    inits = [numpy_helper.from_array(s, "s"), numpy_helper.from_array(np.zeros(8, np.int8), "z"),
+             numpy_helper.from_array(m, "M")]
+    f32 = TensorProto.FLOAT
+    if case == "weight":
+        inits.append(numpy_helper.from_array(w, "W"))
+        inputs, nodes, src = [helper.make_tensor_value_info("x", f32, [2, 4])], [], "W"
+    elif case == "inferred":
+        inputs, src = [helper.make_tensor_value_info("a", f32, [8, 4])], "r"
+        nodes = [helper.make_node("Relu", ["a"], ["r"], name="relu")]
+    else:
+        inputs, src = [helper.make_tensor_value_info("a", f32, [32]),
+                       helper.make_tensor_value_info("shape", TensorProto.INT64, [None])], "r"
+        nodes = [helper.make_node("Reshape", ["a", "shape"], ["r"], name="reshape")]
+    nodes += [helper.make_node("QuantizeLinear", [src, "s", "z"], ["q"], name="Q", axis=0),
+              helper.make_node("Transpose", ["q"], ["t"], name="T"),
+              helper.make_node("DequantizeLinear", ["t", "s", "z"], ["d"], name="DQ", axis=1),
+              helper.make_node("MatMul", ["x", "d"] if case == "weight" else ["d", "M"], ["y"], name="mm")]
+    known = [helper.make_tensor_value_info("t", TensorProto.INT8, ["n", "c"])] if case == "declared after" else []
+    graph = helper.make_graph(nodes, "reversed", inputs, [helper.make_tensor_value_info("y", f32, None)], inits,
+                              value_info=known)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8), str(path))
+    if case == "weight":
+        return lambda feeds: feeds["x"].astype(np.float64) @ w.T.astype(np.float64)
+    return lambda feeds: np.maximum(feeds["a"], 0).reshape(8, 4).T.astype(np.float64) @ m.astype(np.float64) if (
+        case == "inferred") else feeds["a"].reshape(8, 4).T.astype(np.float64) @ m.astype(np.float64)
+
+
+@pytest.mark.parametrize("case", ["weight", "inferred", "declared after"])
+def test_a_per_channel_pair_through_a_transpose_without_perm_follows_its_axis_where_the_rank_is_known(tmp_path, case):
+    """A Transpose without perm reverses its input's dims: a per-channel Q -> Transpose -> DQ
+    through one was left quantized in every configuration (or the file refused as holding no
+    pair) even where the file declares the rank or onnx infers it."""
+    path = tmp_path / "reversed.onnx"
+    floats = _reversed_net(path, case)
+    rng = np.random.default_rng(1)
+    if case == "weight":
+        feeds = [{"x": rng.standard_normal((2, 4)).astype(np.float32)} for _ in range(3)]
+    else:
+        feeds = [{"a": rng.standard_normal((8, 4) if case == "inferred" else (32,)).astype(np.float32),
+                  **({} if case == "inferred" else {"shape": np.array([8, 4], np.int64)})} for _ in range(3)]
+    engine = Engine(str(path), {k: [f[k] for f in feeds] for k in feeds[0]})
+    assert list(engine.qmodel.calibration) == ["Q"] and engine.qmodel.calibration["Q"].per_channel
+    for i, f in enumerate(feeds):
+        given = builders.run_model(path, f)["y"]
+        np.testing.assert_allclose(engine.run(i, "all")["y"], given, rtol=0, atol=1e-5)  # quantized: the file
+        np.testing.assert_allclose(engine.run(i, ())["y"], floats(f), rtol=0, atol=1e-5)  # bypassed: the float one
+        assert np.abs(given - floats(f)).max() > 1e-3  # which differ
+
+
+def test_a_per_channel_pair_through_a_transpose_without_perm_of_unknown_rank_is_said(tmp_path):
+    path = tmp_path / "reversed.onnx"
+    _reversed_net(path, "unknown")
+    with pytest.raises(NotQuantized) as err:
+        QuantModel(str(path))
+    said = str(err.value)
+    assert "\n" not in said and said.endswith(
+        "QuantizeLinear 'Q' -> Transpose 'T' -> DequantizeLinear 'DQ': the Transpose has no perm (it reverses its "
+        "input's dims) and neither the file nor onnx's shape inference gives the rank of 'r', so the tool cannot follow "
+        "a per-channel QuantizeLinear's axis through it and its Q and DQ stay quantized in every configuration, the "
+        "float reference included; give the Transpose its perm, or declare that tensor's shape, in the export")
 
 
 def shown_net(path):

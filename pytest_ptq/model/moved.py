@@ -6,7 +6,8 @@ QuantizeLinear rounds element by element, so moving such a node before the Q, on
 tensor, gives the same values; the tool's copy of the graph is rewritten so, and each such
 chain becomes an ordinary pair whose bypass runs the node on the float tensor, as the float
 model does. A per-channel Q moves only through an Identity or a Transpose (its axis follows
-the permutation), a per-block one through an Identity alone (its scale would need the same
+the permutation; without perm, the reversed dims of the rank the file declares or onnx
+infers), a per-block one through an Identity alone (its scale would need the same
 layout); through a reshaping node its channels would land on another axis, so such a chain
 is left as it is, said in one sentence naming its nodes.
 """
@@ -37,10 +38,11 @@ class Moved:
     names: dict = dataclasses.field(default_factory=dict)
 
 
-def hoist(graph, source, is_q, is_dq):
+def hoist(graph, source, is_q, is_dq, dims=lambda tensor: None):
     """Move every data-movement node between a Q and its DQs (``is_q``, ``is_dq``: the
-    predicates of :mod:`.qdq`) before the Q, in ``graph`` (sorted topologically; it stays so).
-    Returns a :class:`Moved`."""
+    predicates of :mod:`.qdq`) before the Q, in ``graph`` (sorted topologically; it stays so);
+    ``dims(tensor)``: its dims as declared or inferred (None where unknown), which a Transpose
+    without perm needs. Returns a :class:`Moved`."""
     order = list(graph.node)  # one wrapper per node: the indices below are by identity
     outputs = {o.name for o in graph.output}
     readers = defaultdict(list)
@@ -56,16 +58,25 @@ def hoist(graph, source, is_q, is_dq):
         chain = _chain(q, readers, outputs, is_dq)
         if not chain:
             continue
-        axes = _axes(q, chain, sizes)
-        end = readers[chain[-1].output[0]][0]  # a DQ, or the Clip before them
-        shown = " -> ".join(f"{n.op_type} {n.name!r}" for n in (q, *chain, end))
+        ends = readers[chain[-1].output[0]]
+        rank = _rank(q, chain, ends, dims)
+        axes = _axes(q, chain, sizes, rank)
+        shown = " -> ".join(f"{n.op_type} {n.name!r}" for n in (q, *chain, ends[0]))  # a DQ, or the Clip before them
         if axes is None:
+            blocks = attribute(q, "block_size", 0)
             blocker = next((m for m in chain if m.op_type != "Identity" and not (
-                m.op_type == "Transpose" and attribute(m, "perm") is not None and not attribute(q, "block_size", 0))),
+                m.op_type == "Transpose" and (attribute(m, "perm") is not None or rank is not None) and not blocks)),
                 chain[0])
             op = blocker.op_type
-            which = ("a per-block QuantizeLinear's scale" if attribute(q, "block_size", 0) else
+            which = ("a per-block QuantizeLinear's scale" if blocks else
                      "a per-channel QuantizeLinear's axis" if q.input[1] in sizes else "a computed scale's layout")
+            if op == "Transpose" and attribute(blocker, "perm") is None and not blocks:
+                left.append(f"{shown}: the Transpose has no perm (it reverses its input's dims) and neither the file "
+                            f"nor onnx's shape inference gives the rank of {q.input[0]!r}, so the tool cannot follow "
+                            f"{which} through it and its Q and DQ stay quantized in every configuration, the float "
+                            "reference included; give the Transpose its perm, or declare that tensor's shape, in the "
+                            "export")
+                continue
             left.append(f"{shown}: the tool does not follow {which} through a {op}, so its Q and DQ stay quantized "
                         f"in every configuration, the float reference included; put the {op} before the QuantizeLinear "
                         "(or after the DequantizeLinear) in the export")
@@ -125,9 +136,24 @@ def _chain(q, readers, outputs, is_dq):
     return []
 
 
-def _axes(q, chain, sizes):
+def _rank(q, chain, ends, dims):
+    """The rank of Q node ``q``'s tensor, as far as ``dims`` knows it: of its input or output,
+    or of any tensor after it that the chain's Identity and Transpose nodes (and ``ends``, its
+    DQs or Clip, after a chain of those alone) leave of the same rank; None where none says."""
+    same = [q.input[0], q.output[0]]
+    for m in chain:
+        if m.op_type not in ("Identity", "Transpose"):
+            break
+        same.append(m.output[0])
+    else:
+        same += [e.output[0] for e in ends if e.output]
+    return next((len(d) for d in map(dims, same) if d is not None), None)
+
+
+def _axes(q, chain, sizes, rank=None):
     """The axis Q node ``q`` quantizes along once moved past each node of ``chain`` (None each
-    for a per-tensor Q), or None where a node moves its channels onto another axis."""
+    for a per-tensor Q), or None where a node moves its channels onto another axis, or is a
+    Transpose without perm (reversing dims) of an unknown ``rank``."""
     per_tensor = sizes.get(q.input[1]) == 1 if len(q.input) > 1 else False
     if per_tensor and not attribute(q, "block_size", 0):
         return [None] * len(chain)
@@ -136,9 +162,9 @@ def _axes(q, chain, sizes):
     for m in chain:
         if m.op_type == "Transpose" and not blocks:
             perm = attribute(m, "perm")
-            if perm is None:
-                return None  # reversed dims of a rank not known here
-            perm = [int(p) for p in perm]
+            if perm is None and rank is None:
+                return None
+            perm = list(range(rank))[::-1] if perm is None else [int(p) for p in perm]
             axis = perm.index(axis % len(perm))
         elif m.op_type != "Identity":
             return None

@@ -416,7 +416,7 @@ class QuantModel:
         if self.resorted:
             self.notes.append("the graph was stored out of topological order; it is analysed sorted")
         # a Q -> Reshape (Identity, Transpose, ...) -> DQ chain is one pair: the node runs on the float tensor
-        hoisted = moved.hoist(graph, repr(self.source), is_q, is_dq)
+        hoisted = moved.hoist(graph, repr(self.source), is_q, is_dq, self._dims_as_loaded())
         self.notes += hoisted.notes
         if hoisted.names and self._given is None:  # a pair moved: the file is not the tool's copy
             # onnxruntime fuses the file's own layout, not the rewrite: an Add before an int8
@@ -639,7 +639,24 @@ class QuantModel:
                 "branch inputs fixed, or the loop unrolled) and quantize that")
 
     # -- parsing -------------------------------------------------------------------------
-    def _infer_types(self):
+    def _dims_as_loaded(self):
+        """``dims(tensor)``: its dims as the graph declares or onnx infers them (None each where
+        open, None where unknown), inferred once on the first call: a Transpose without perm
+        between a Q and its DQ needs its tensor's rank, which most graphs never ask."""
+        shapes = None
+
+        def dims(tensor):
+            nonlocal shapes
+            if shapes is None:
+                shapes = {v.name: declared_dims(v) for v in self._inferred_values()
+                          if v.type.HasField("tensor_type") and v.type.tensor_type.HasField("shape")}
+                shapes.update({i.name: list(i.dims) for i in self.model.graph.initializer})
+            return shapes.get(tensor)
+        return dims
+
+    def _inferred_values(self):
+        """The graph's value infos, inputs and outputs after onnx's shape inference (those it
+        declares where inference fails)."""
         # onnx infers no op of onnxruntime's domain, so 16-bit Q/DQ there (quantize_static's and
         # Quark's below opset 21) left every tensor after them untyped: one segment, and no
         # node output to probe. They are the standard ops, so they are inferred as those.
@@ -655,8 +672,11 @@ class QuantModel:
         finally:
             for n in contrib:
                 n.domain = "com.microsoft"
+        return values
+
+    def _infer_types(self):
         types, shapes = {}, {}
-        for v in values:
+        for v in self._inferred_values():
             if v.type.HasField("tensor_type") and v.type.tensor_type.elem_type:
                 types[v.name] = v.type.tensor_type.elem_type
                 if v.type.tensor_type.HasField("shape"):
