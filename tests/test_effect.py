@@ -106,3 +106,89 @@ def test_a_producers_check_tells_a_tensors_own_pairs_apart(tmp_path, variant):
     found = effect(terms, str(fpath), base, path)
     assert (found["not_applied"], found["collateral"]) == (not_applied, collateral), (variant, found)
     assert found["kept"]["float"] == {"t": not not_applied}
+
+
+def _both_inputs_net(path, a=8, b=8, pairs=True):
+    """x -> Relu -> t, read by one Add 'add' at both its inputs: input 0 through pair A, input 1
+    through pair B, each of ``a`` / ``b`` bits (None: that input reads t float); ``pairs``
+    False: the float model, Add(t, t). Both pairs: one float tensor, position 0, one reader."""
+    inits = []
+    nodes = [helper.make_node("Relu", ["x"], ["t"], name="relu")]
+    read = []
+    for pair, bits, scale in (("A", a, 0.02), ("B", b, 0.05)):
+        if bits is None or not pairs:
+            read.append("t")
+        else:
+            zero = np.uint8(0) if bits == 8 else np.uint16(0)
+            read.append(builders.add_pair(inits, nodes, "t", scale * 2.0 ** (8 - bits), zero, name=f"{pair}{bits}"))
+    nodes.append(helper.make_node("Add", read, ["y"], name="add"))
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])], inits)
+    return builders.save_model(graph, path)
+
+
+def _bits_at(path, reader, index):
+    """The bits of each pair ``reader`` reads its input ``index`` through, first to last, from
+    the proto (as :func:`_bits_read`)."""
+    model = onnx.load(str(path))
+    written = {o: n for n in model.graph.node for o in n.output}
+    inits = {i.name: i for i in model.graph.initializer}
+    tensor, bits = next(n for n in model.graph.node if n.name == reader).input[index], []
+    while tensor in written and written[tensor].op_type == "DequantizeLinear":
+        dq = written[tensor]
+        bits.insert(0, 8 * numpy_helper.to_array(inits[dq.input[2]]).itemsize)
+        tensor = written[dq.input[0]].input[0]
+    return bits
+
+
+def _expected_at(base, path, kind):
+    """``(not_applied, collateral)`` read from the protos: the pair the Add reads at input 0
+    (A) is named; collateral where input 1 reads other grids than without the remedy."""
+    return ([] if APPLIED[kind](_bits_at(path, "add", 0)) else ["t"],
+            ["t"] if _bits_at(path, "add", 1) != _bits_at(base, "add", 1) else [])
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+@pytest.mark.parametrize("kind", ["float", "int16"])
+def test_the_onnxruntime_check_tells_apart_the_pairs_one_operator_reads_at_two_inputs(tmp_path, variant, kind):
+    """Add(t through A, t through B): the two pairs share float tensor, chain position and
+    reader, and keyed by those they were one place, the check comparing whichever came last.
+    Each is known by the Add's input it feeds now, the same in every file made of Add(t, t)."""
+    from pytest_ptq.remedy.requantize import _effect
+
+    base, path = _both_inputs_net(tmp_path / "base.onnx"), _both_inputs_net(tmp_path / "after.onnx", **VARIANTS[variant])
+    given = QuantModel(str(base))
+    written = {o: n for n in onnx.load(str(base)).graph.node for o in n.output}
+    first = written[next(n for n in onnx.load(str(base)).graph.node if n.name == "add").input[0]].name
+    named = next(c.name for c in given.calibration.values() if first in {d.name for d in c.dq_nodes})
+    not_applied, collateral = _expected_at(base, path, kind)
+    new = QuantModel(str(path)) if any(_bits_at(path, "add", i) for i in (0, 1)) else None  # None: nothing quantized
+    found = _effect(given, QuantModel(str(base)), new, SimpleNamespace(nodes=[named], choices={}, remedy=kind))
+    assert (found["not_applied"], found["collateral"]) == (not_applied, collateral), (variant, found)
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_a_producers_check_tells_apart_the_pairs_one_operator_reads_at_two_inputs(tmp_path, variant):
+    """The same Add in a file Quark made, its terms keeping the pair of input 0 in float, read
+    against the float model Add(t, t), through the terms as JSON holds them."""
+    import json
+
+    from test_producer_terms import _mark
+
+    from pytest_ptq.remedy import producer_terms
+    from pytest_ptq.remedy.producer_check import effect
+
+    fpath = _both_inputs_net(tmp_path / "float.onnx", pairs=False)
+    base, path = _both_inputs_net(tmp_path / "base.onnx"), _both_inputs_net(tmp_path / "after.onnx", **VARIANTS[variant])
+    model = onnx.load(str(base))
+    _mark(model, "quark")
+    onnx.save(model, str(tmp_path / "marked.onnx"))
+    given = QuantModel(str(tmp_path / "marked.onnx"), float_model=str(fpath))
+    assert given.made_by.key == "quark"
+    written = {o: n for n in model.graph.node for o in n.output}
+    first = written[next(n for n in model.graph.node if n.name == "add").input[0]].name
+    named = next(c.name for c in given.calibration.values() if first in {d.name for d in c.dq_nodes})
+    terms = json.loads(json.dumps(producer_terms(given, "float", [named], float_model=str(fpath))))
+    not_applied, collateral = _expected_at(base, path, "float")
+    found = effect(terms, str(fpath), base, path)
+    assert (found["not_applied"], found["collateral"]) == (not_applied, collateral), (variant, found)

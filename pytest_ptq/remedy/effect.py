@@ -13,7 +13,10 @@ file had it at 16 bit. A quantizer may also give each reader of a tensor a pair 
 (ModelOpt, Quark, ``DedicatedQDQPair``), all at position 0: keyed by tensor and position, one
 hid the other, and the pair the remedy named, left in float, read as not applied. The readers
 are the float model's operators, the same in both re-quantized files, whatever those name
-their Q/DQ nodes.
+their Q/DQ nodes. One operator may read a tensor at two inputs, each through a pair of its own
+(``Add(t, t)``, ``Mul(t, t)``): tensor, position and operator the same, one pair hid the other,
+so a reader is an operator and the input it reads the pair at, ``(operator, input index)``; the
+index is the float operator's own, kept by every file quantized from it.
 """
 
 from __future__ import annotations
@@ -30,22 +33,43 @@ def places(qmodel, tensor_of, reader_of=lambda n: n):
 
 
 def readers(qmodel, name, reader_of=lambda n: n):
-    """The operators reading calibration node ``name`` directly or through the later pairs of
-    its requantize chain, as ``reader_of(node)`` names them in the float model (None: a node
-    the quantizer inserted, left out), sorted; () for a pair no operator reads."""
-    return tuple(sorted({r for r in map(reader_of, qmodel.counts_for(name)) if r is not None}))
+    """The inputs reading calibration node ``name`` directly or through the later pairs of its
+    requantize chain (and Casts between float types), as ``(operator, input index)`` with the
+    operator as ``reader_of(node)`` names it in the float model (None: a node the quantizer
+    inserted, left out), sorted; () for a pair no operator reads."""
+    tensors = set(qmodel.cast_on([o for p in qmodel.requantized_through(name) for o in qmodel.calibration[p].outputs]))
+    out = set()
+    for n in qmodel.counts_for(name):
+        op = reader_of(n)
+        if op is not None:
+            at = [i for i, t in enumerate(qmodel.normal[n].inputs) if t in tensors]
+            out.update((op, i) for i in at or [None])  # None: no input of its own found, any input
+    return tuple(sorted(out, key=lambda r: (r[0], -1 if r[1] is None else r[1])))
 
 
 def _parts(place):
     """``(tensor, position, readers)`` of a place; readers None where the place names none
-    (terms kept from before readers were recorded): every pair at that position."""
+    (terms kept from before readers were recorded): every pair at that position. A reader
+    named by its operator alone (terms kept from before input indices were) is
+    ``(operator, None)``: any input of it; one JSON held, a list, a tuple again."""
     tensor, position, *rest = place
-    return tensor, position, (tuple(rest[0]) if rest and rest[0] is not None else None)
+    if not rest or rest[0] is None:
+        return tensor, position, None
+    return tensor, position, tuple((r, None) if isinstance(r, str) else tuple(r) for r in rest[0])
+
+
+def _hit(a, b):
+    """Whether readers ``a`` and ``b`` are one input (an index None: any input of the operator)."""
+    return a == b or (a is not None and b is not None and a[0] == b[0] and None in (a[1], b[1]))
+
+
+def _among(r, readers):
+    return any(_hit(r, s) for s in readers)
 
 
 def _meet(named, theirs):
     """Whether a pair read by ``theirs`` is one of the pairs read by ``named`` (None: any)."""
-    return named is None or theirs is None or bool(set(named) & set(theirs)) or (not named and not theirs)
+    return named is None or theirs is None or any(_among(r, theirs) for r in named) or (not named and not theirs)
 
 
 def _read_at(pairs, place):
@@ -90,7 +114,7 @@ def changes(before, after, expect, named=()):
         # readers the file before the remedy does not know (a quantizer naming its operators
         # otherwise) name nothing: every pair at the place
         tensor, position, names = _parts(place)
-        if names is not None and not any(r is None or r in names for r in was.get(tensor, {})):
+        if names is not None and not any(r is None or _among(r, names) for r in was.get(tensor, {})):
             names = None
         return tensor, position, names
 
@@ -109,7 +133,7 @@ def changes(before, after, expect, named=()):
                 spoken[tensor] = None if names is None else set(spoken.get(tensor) or ()) | set(names) | chain
     collateral = sorted(t for t, by in was.items()
                         if any(by.get(r) != now.get(t, {}).get(r) for r in set(by) | set(now.get(t, {}))
-                               if t not in spoken or (spoken[t] is not None and r not in spoken[t])))
+                               if t not in spoken or (spoken[t] is not None and not _among(r, spoken[t]))))
     return {"kept": kept, "not_applied": sorted(t for ts in kept.values() for t, ok in ts.items() if not ok),
             "in_float": sorted({p[0] for kind in ("int16", "per-channel") for p in expect[kind]
                                 if not _read_at(after, p)}),

@@ -146,13 +146,15 @@ def effect(terms, float_model, baseline_path, fixed_path):
 
 def expected_places(terms):
     """``{kind: [(tensor, chain position, readers)]}``: each tensor ``terms`` expect of a kind,
-    at the position in its requantize chain of the pair they name it for, read by the operators
-    that pair reaches (terms kept from before positions were recorded: 0; before readers were:
-    None, every pair there)."""
+    at the position in its requantize chain of the pair they name it for, read by the operator
+    inputs that pair reaches (terms kept from before positions were recorded: 0; before readers
+    were: None, every pair there)."""
     out = {}
     for kind, tensors in terms["expect"].items():
         for tensor in tensors:
-            at = {(e.get("position", 0), None if e.get("readers") is None else tuple(e["readers"]))
+            # a reader is [operator, input index] as JSON holds it (an operator alone in older terms)
+            at = {(e.get("position", 0), None if e.get("readers") is None else
+                   tuple(r if isinstance(r, str) else tuple(r) for r in e["readers"]))
                   for e in terms["nodes"].values() if e["tensor"] == tensor and e["kind"] == kind}
             out.setdefault(kind, []).extend((tensor, p, r) for p, r in sorted(at or {(0, None)}, key=str))
     return out

@@ -239,8 +239,9 @@ def producer_terms(qmodel, remedy, nodes, axes=None, choices=None, float_model=N
     rewritten = len(names.rewritten)
     for name, entry in terms["nodes"].items():  # which pair of a requantize chain the re-quantized check compares
         entry["position"] = qmodel.chain_position(name)
-        # and which of a tensor's pairs, where each operator reading it has its own: those it reaches
-        entry["readers"] = list(readers(qmodel, name, names.node))
+        # and which of a tensor's pairs, where each operator reading it (or each input of one
+        # operator) has its own: the [operator, input index] it reaches
+        entry["readers"] = [list(r) for r in readers(qmodel, name, names.node)]
     del names.rewritten[rewritten:]  # naming the readers is no term: their rewrites are no note of these terms
     for kind in REMEDIES:
         terms["expect"][kind] = list(dict.fromkeys(terms["expect"][kind]))
