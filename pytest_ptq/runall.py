@@ -720,16 +720,18 @@ def _plan(items, relevant, source, structural_only=False, qm=None):
     if wide:
         # below 8 bits (int4 weights) the next step is 8 bits; a weight-only model's quantizer
         # (MatMulNBits, block-wise int4) takes no TensorQuantOverrides
-        narrow = any(qm.calibration[c].bit < 8 for c in _calibration(qm, wide))
+        raised = _calibration(qm, wide)
+        narrow = any(qm.calibration[c].bit < 8 for c in raised)
         if qm.weight_only:
             to, how = ("8 bits or more", "the weight-only quantizer's 8-bit setting for them, e.g. MatMulNBitsQuantizer's "
                        "customized_weight_config {MatMul: {'bits': 8}} with its RTN or GPTQ algorithm")
         else:
             to, how = (("int8 or int16", "TensorQuantOverrides with an 8- or 16-bit type") if narrow
                        else ("int16", "TensorQuantOverrides with a 16-bit type"))
+        # keeping them in float is advised too: where that departs from the simulation, the note
         steps.append(("", f"raise {_names([it['node'] for it in wide])} to {to} ({how}), or keep them in float, and "
-                          "re-check"))
-        choices.update(dict.fromkeys([c for c in _calibration(qm, wide) if qm.wider_type(qm.calibration[c])], "int16"))
+                          "re-check" + (_notes(onnxruntime_settings(qm, "float", raised)) if raised else "")))
+        choices.update(dict.fromkeys([c for c in raised if qm.wider_type(qm.calibration[c])], "int16"))
     if len(wide) < len(rest):
         others = _calibration(qm, [it for it in rest if it not in wide])
         steps.append(("", f"keep {_names([it['node'] for it in rest if it not in wide])} in float, or fix the model "

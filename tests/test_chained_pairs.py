@@ -651,6 +651,31 @@ def test_the_diagnosis_and_runalls_steps_for_a_chains_later_pair_kept_in_float_c
         assert note in settings["notes"], text  # one sentence, the settings' own
 
 
+def test_runalls_raise_or_keep_in_float_step_for_a_chains_later_pair_carries_the_settings_note(branched, tmp_path):
+    """runall's step that raises the branched chain's later pair to int16 'or keep them in float'
+    advised the float half with no word of what quantize_static's exclusion then does (the
+    tensor float for the Relu and conv1 alike, which read the coarse pair in the simulated
+    remedy): it carries the settings' note now, the sentence the remedy's summary prints."""
+    from pytest_ptq.remedy import onnxruntime_settings
+    from pytest_ptq.runall import _plan
+
+    fpath, data = _branched_float(branched)
+    qm = QuantModel(str(branched["model"]), float_model=str(fpath))
+    settings = onnxruntime_settings(qm, "float", ["fine_Q"])
+    out = builders.quantize(fpath, tmp_path / "float.onnx", data, nodes_to_exclude=settings["nodes_to_exclude"])
+    lost = _losing_earlier_pair(branched, fpath, out)
+    assert lost == {"relu", "conv1"}
+    tries = ["int16", "keep in float"]
+    item = {"node": "fine_Q", "kind": "activation", "badness": 0.2, "try": tries, "chosen": ["fine_Q"],
+            "inputs": [{"node": "fine_Q", "kind": "activation", "try": tries, "reason": "coarse"}],
+            "findings": [{"node": "fine_Q", "kind": "activation", "try": tries}]}
+    steps = [s for s in _plan([item], [item], "activation", qm=qm)[0] if "or keep them in float" in s]
+    assert len(steps) == 1, steps
+    note = steps[0].partition("; note: ")[2]
+    assert note.startswith("fine_Q ") and "coarse_Q" in note and all(r in note for r in lost), steps
+    assert note in settings["notes"], steps  # one sentence, the settings' own
+
+
 @pytest.mark.parametrize("producer", ["quark", "inc"])
 def test_a_producers_terms_for_a_chains_later_pair_kept_in_float_say_they_take_the_earlier_one(branched, producer,
                                                                                                 tmp_path):
