@@ -24,9 +24,10 @@ from pathlib import Path
 
 from .distribution import collect
 from .distribution.readings import advise
+from .errors import PTQError
 from .metrics import get_metric
 from .outputs import blind_warnings, parse_outputs
-from .remedy.producer_terms import PRODUCERS, producer_advice
+from .remedy.producer_terms import PRODUCERS, producer_advice, producer_terms
 from .remedy.result import override_text, snippet
 from .remedy.terms import onnxruntime_settings, per_channel_weights, quantizer_call
 from .results import JsonResult
@@ -215,7 +216,7 @@ def diagnose(engine, sensitivity, verdict, top=10, outputs=None, asked=None):
     matter = relevant(nodes)
     for it in nodes:
         it["relevant"] = it in matter
-    fixes, settings, snippet, terms, choices = _fixes(qm, matter, verdict.source)
+    fixes, settings, snippet, terms, choices = _fixes(qm, matter, verdict.source, engine.float_model)
     own = producer_advice(engine, choices) if qm.made_by.key != "modelopt" else []
     told = engine.warnings + blind_warnings(engine, specs, metric)
     return Diagnosis(model=qm.source, producer=qm.made_by.label, producer_key=qm.made_by.key, format=qm.format,
@@ -335,11 +336,11 @@ def _names(names, limit=4):
     return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
 
 
-def _fixes(qm, relevant, source):
+def _fixes(qm, relevant, source, float_model=None):
     """``(fixes, settings, snippet, terms, choices)`` for the relevant nodes, the verdict's kind
     first; ``choices``: the remedy each fix names per calibration node (``{node: "float" |
     "int16" | "per-channel"}``; 16 bit for a node to recalibrate, which no quantizer takes per
-    node)."""
+    node). ``float_model`` (path or ModelProto): names a producer's own notes as it names nodes."""
     groups = {"per-channel": [], "int16": [], "float": [], "recalibrate": [], "activation per-channel": [],
               "weight scale": []}
     for it in relevant:
@@ -419,9 +420,10 @@ def _fixes(qm, relevant, source):
         kept = onnxruntime_settings(qm, "float", groups["float"])
         how = ("modelopt.onnx.quantization.quantize" if modelopt else quantizer_call(qm)) + \
             f"(..., nodes_to_exclude={kept['nodes_to_exclude']!r})"
-        # where quantize_static's exclusion does otherwise than the simulation (a requantize
-        # chain's later pair takes its earlier ones): the settings' own note, as the remedy prints it
-        notes = "" if modelopt else "".join(f"; note: {n}" for n in kept.get("notes", ()))
+        # where the exclusion does otherwise than the simulation (a requantize chain's later pair
+        # takes its earlier ones): the note of the terms the fix is written in, as the remedy prints it
+        notes = "".join(f"; note: {n}" for n in (_own_notes(qm, groups["float"], float_model) if modelopt
+                                                  else kept.get("notes", ())))
         fixes.append({"kind": "", "nodes": groups["float"], "short": "keep nodes in float",
                       "text": f"keep {_names(groups['float'])} in float: {how}{notes}"})
     # the verdict's kind first: fixing the other kind would not move the output much
@@ -434,6 +436,18 @@ def _fixes(qm, relevant, source):
                **dict.fromkeys(groups["float"], "float")}
     call = snippet(settings, "modelopt.onnx.quantization.quantize", overrides=False) if modelopt else snippet(settings)
     return fixes, settings, call, terms, choices
+
+
+def _own_notes(qm, nodes, float_model):
+    """The notes of the producer's own terms on keeping ``nodes`` in float (a requantize chain's
+    later pair), for a fix written in those terms (Model Optimizer's, whose exclusion is not
+    quantize_static's and whose terms the diagnosis prints no other way); [] where they cannot
+    be given (the producer terms' advice says why)."""
+    try:
+        terms = producer_terms(qm, "float", nodes, float_model=float_model)
+    except PTQError:
+        return []
+    return [e["note"] for n in nodes if "note" in (e := terms["nodes"].get(n, {}))]
 
 
 def _verb(names, one, many):

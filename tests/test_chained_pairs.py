@@ -379,6 +379,43 @@ def test_model_optimizers_terms_for_a_branched_chains_later_pair_say_how_they_de
     assert "coarse_Q" in note and all(r in note for r in still - excluded), note
 
 
+def test_model_optimizers_diagnosis_for_a_chains_later_pair_kept_in_float_carries_its_own_note(branched, tmp_path):
+    """A Model Optimizer file's diagnosis keeps the branched chain's later pair in float in Model
+    Optimizer's terms and prints none of its producer terms, and its fix carried no note: not
+    that excluding conv1 takes the earlier pair from conv1 too, nor that the Relu, reading the
+    tensor through it in the simulated remedy, still does. It carries Model Optimizer's own note
+    now, the sentence of its terms, and not onnxruntime's, whose placement is not Model Optimizer's."""
+    from test_producer_terms import _mark
+
+    from pytest_ptq.diagnosis import _fixes
+    from pytest_ptq.remedy import onnxruntime_settings, producer_terms
+
+    model = onnx.load(str(branched["model"]))
+    _mark(model, "modelopt")
+    qpath, fpath = tmp_path / "marked.onnx", tmp_path / "float.onnx"
+    onnx.save(model, str(qpath))
+    onnx.save(builders.rewire(qpath), str(fpath))
+    qm = QuantModel(str(qpath), float_model=str(fpath))
+    assert qm.made_by.key == "modelopt"
+    # who reads the tensor through a pair in the simulated remedy (every pair but the later one)
+    tensor = _read_by(fpath, "conv1")
+    simulated = builders.rewire(qpath, keep=[p for p in builders.qdq_pairs(qpath) if p != "fine_Q"])
+    still = {r for r, bits in _chain_bits(simulated, tensor).items() if bits}
+    assert still == {"relu", "conv1"}
+    terms = producer_terms(qm, "float", ["fine_Q"], float_model=str(fpath))
+    excluded = set(terms["nodes"]["fine_Q"]["nodes"])
+    item = {"node": "fine_Q", "kind": "activation", "badness": 0.2, "try": ["keep in float"], "chosen": ["fine_Q"],
+            "inputs": [{"node": "fine_Q", "kind": "activation", "try": ["keep in float"], "reason": "clips"}],
+            "findings": [{"node": "fine_Q", "kind": "activation", "try": ["keep in float"]}]}
+    fix = next(f["text"] for f in _fixes(qm, [item], "activation", float_model=str(fpath))[0]
+               if f["short"] == "keep nodes in float")
+    assert fix.count("; note: ") == 1, fix
+    note = fix.partition("; note: ")[2]
+    assert note in terms["notes"], fix  # one sentence, Model Optimizer's terms' own
+    assert note.startswith("fine_Q ") and "coarse_Q" in note and all(r in note for r in still - excluded), fix
+    assert not set(onnxruntime_settings(qm, "float", ["fine_Q"]).get("notes", ())) & {note}, fix
+
+
 def test_list_nodes_names_the_operator_each_pair_counts_for(converted, branched, capsys, tmp_path):
     """list-nodes showed no consumer for the pairs on the model outputs (the Relu's and conv1's,
     which onnxruntime quantizes) that the node ranking counts in those operators' entries: each

@@ -375,7 +375,7 @@ def _later_pair_excluded(qm, names, c, terms):
     others = [n for n in dict.fromkeys(others) if n]
     if not others:
         terms["expect"]["float"].append(tensor)
-    terms["notes"].append(later_pair_note(
+    _chain_note(terms, c, later_pair_note(
         qm, c, f"excluding {', '.join(nodes)} leaves {'its' if len(nodes) == 1 else 'their'} input without the earlier "
         "pair too", "Model Optimizer puts one pair on an op's input: it has no term for the later pair alone")
         + (f"; {', '.join(others)} still {'reads' if len(others) == 1 else 'read'} {tensor} through {', '.join(earlier)}"
@@ -388,7 +388,15 @@ def _later_pair_note(qm, names, c, nodes, terms, why):
     chain's later pair in float: the whole tensor goes float, its earlier pairs with it."""
     if qm.requantizes(c.name) is not None:
         tensor, _ = names.tensor(c)
-        terms["notes"].append(later_pair_note(qm, c, chain_float_consequence(qm, c, nodes, tensor, names.node), why))
+        _chain_note(terms, c, later_pair_note(qm, c, chain_float_consequence(qm, c, nodes, tensor, names.node), why))
+
+
+def _chain_note(terms, c, note):
+    """``note`` on keeping ``c``, a requantize chain's later pair, in float: among the terms'
+    notes, and as its entry's ``note``, for whoever gives that pair's advice alone (the
+    diagnosis, for a producer whose terms its fix is written in)."""
+    terms["notes"].append(note)
+    terms["nodes"][c.name]["note"] = note
 
 
 def _by_op_type(fg, excluded):
