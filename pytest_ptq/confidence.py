@@ -29,8 +29,10 @@ class Confidence(JsonResult):
     95th percentile of the bootstrap ranks) and ``top_k_frequency`` (share of resamples in
     which the node is in the top ``k``). ``top_k_set_frequency`` is the share of resamples
     whose top-``k`` set equals ``top_k``; ``stable`` is whether it reaches ``stable_at``
-    (None with fewer than two samples, where nothing can be said). ``left_out``: the nodes
-    whose quantization changes no value compared (no figure in the ranking), not resampled.
+    (None with fewer than two samples, where nothing can be said). ``left_out``: the nodes whose quantization
+    changes no value compared (no figure in the ranking), not resampled; ``unconfirmed``: those
+    a screened ranking scored on fewer of its samples than the rest (the samples they lack
+    would be judged as missing values), not resampled.
     """
 
     metric: str
@@ -46,6 +48,7 @@ class Confidence(JsonResult):
     pooled_top_k: list
     message: str
     left_out: list = dataclasses.field(default_factory=list)
+    unconfirmed: list = dataclasses.field(default_factory=list)
 
     def __bool__(self):
         return bool(self.stable)
@@ -83,7 +86,13 @@ def ranking_confidence(sensitivity, k=5, resamples=1000, seed=0, metric=None, st
         raise PTQError("the sensitivity result ranks no node; nothing to assess")
     # a node changing no value compared has no figure, per sample neither: as 1.0 it read as the steadiest
     left_out = [n for n in sensitivity if "no_values" in sensitivity.details.get(n, {})]
-    names = [n for n in sensitivity if n not in left_out]
+    # a screened ranking's nodes scored on some of its samples only: their means over fewer
+    # samples set against the others' over all are no like-for-like comparison
+    unconfirmed = [n for n in sensitivity if n not in left_out and "scored_samples" in sensitivity.details.get(n, {})]
+    names = [n for n in sensitivity if n not in left_out and n not in unconfirmed]
+    if not names and unconfirmed:
+        raise PTQError(f"no node of the sensitivity result was scored on all its {len(sensitivity.sample_indices)} "
+                       "samples (a screened ranking that confirmed none); rank with confirm above 0 or on every sample")
     if not names:
         raise PTQError(f"no node of the sensitivity result has a figure: quantizing any of them "
                        f"{sensitivity.details[left_out[0]]['no_values']} (no values compared); rank it on outputs "
@@ -174,13 +183,16 @@ def ranking_confidence(sensitivity, k=5, resamples=1000, seed=0, metric=None, st
     if left_out:
         message += (f"; {len(left_out)} left out, whose quantization changes no value compared ({listed(left_out, 3)}): "
                     "no values compared")
+    if unconfirmed:
+        message += (f"; {len(unconfirmed)} left out, ranked on fewer of the {n_samples} samples than the rest "
+                    f"({listed(unconfirmed, 3)}): screening confirmed only the top on all")
     if set(top_k) != set(pooled_top_k):  # the set named is not the table's
         message += (f" (ranked by the mean over samples; the ranking shown pools them, and its top {k} differs: "
                     f"{', '.join(pooled_top_k)})")
     return read_from(Confidence(metric=m.name, samples=n_samples, k=k, resamples=int(resamples), top_k=top_k,
                                 top_k_set_frequency=set_freq, stable=stable, stable_at=stable_at,
                                 unstable_nodes=unstable, nodes=nodes, pooled_top_k=pooled_top_k, message=message,
-                                left_out=left_out),
+                                left_out=left_out, unconfirmed=unconfirmed),
                      inputs_of(sensitivity))
 
 

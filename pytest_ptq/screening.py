@@ -123,10 +123,13 @@ def screen(engine, node_types, metric_objs, specs, indices, budget_s=None, rank_
     start = time.perf_counter()
     configs = {(t, name): quantized for t in node_types for name, quantized in targets_for(engine, t).items()}
 
-    def rank(t, values, samples):
-        """The ranking of type ``t`` from ``{name: states}`` over ``samples`` samples."""
-        return ranked(engine, values, metric_objs, specs, samples, t,
-                      lambda name: describe(qm, name, t, configs[(t, name)]), {n: configs[(t, n)] for n in values})
+    def rank(t, values, scored):
+        """The ranking of type ``t`` from ``{name: states}`` over the samples ``scored`` (in the
+        order scored), its per-sample values laid on ``indices``: a column is the same sample in
+        every layer of the ranking, whichever order the samples were scored in."""
+        return ranked(engine, values, metric_objs, specs, scored, t,
+                      lambda name: describe(qm, name, t, configs[(t, name)]), {n: configs[(t, n)] for n in values},
+                      columns=indices)
 
     total = len(indices)
     desc = f"sensitivity ({', '.join(node_types)})"
@@ -176,17 +179,18 @@ def screen(engine, node_types, metric_objs, specs, indices, budget_s=None, rank_
         chosen = [wider[j] for j in spread(wide, k)]
         held, screened = set(wider), set(chosen)
         others = [i for i in indices if i not in held]
+        between = [i for i in wider if i not in screened]  # the narrowing's samples beyond the screening's
         rest = score_configs(engine, configs, metric_objs, specs, chosen[0 if one_pass else 1:], bar)
         scores = rest if one_pass else merge_scores(scores, rest)
         by_type = {t: {name: scores[(t, name)] for (tt, name) in configs if tt == t} for t in node_types}
-        sens = {t: rank(t, by_type[t], k) for t in node_types}
+        sens = {t: rank(t, by_type[t], chosen) for t in node_types}
         layers = {t: [] for t in node_types}  # narrower rankings over the screening's, widest samples first
         if narrowed:
             near = {(t, name): configs[(t, name)] for t in node_types for name in list(sens[t])[:keep[t]]}
-            more = score_configs(engine, near, metric_objs, specs, [i for i in wider if i not in screened], bar)
+            more = score_configs(engine, near, metric_objs, specs, between, bar)
             for t in node_types:
                 # merged into the screening's states: confirming adds the rest of the samples to them
-                layer = rank(t, _merged(near, t, scores, more), wide)
+                layer = rank(t, _merged(near, t, scores, more), chosen + between)
                 if keep[t] < counts[t]:
                     layers[t].append(layer)
                 else:  # every node of the type: the whole ranking is on the wider samples
@@ -204,7 +208,6 @@ def screen(engine, node_types, metric_objs, specs, indices, budget_s=None, rank_
                                and scores[(t, n)][0].empty()})
             # those the narrowing left out have the narrowing's samples still to score
             behind = {c: q for c, q in unseen.items() if narrowed and c not in near}
-            between = [i for i in wider if i not in screened]
             bar.total += len(behind) * len(between) + len(unseen) * len(others)
             if behind:
                 merge_scores(scores, score_configs(engine, behind, metric_objs, specs, between, bar))
@@ -213,12 +216,12 @@ def screen(engine, node_types, metric_objs, specs, indices, budget_s=None, rank_
     confidence, reordered = {}, {}
     if wide < total:
         for t in node_types:
-            confirmed = rank(t, _merged(confirm_configs, t, scores, more), total)
+            confirmed = rank(t, _merged(confirm_configs, t, scores, more), chosen + between + others)
             reordered[t] = [n for n in confirmed if n in top[t]] != top[t]
-            if len(confirmed) > 1:
+            if sum("no_values" not in confirmed.details[n] for n in confirmed) > 1:  # no figure: left out
                 confidence[t] = ranking_confidence(confirmed, k=min(5, len(confirmed)), annotate=False)
             layers[t].append(confirmed)
-    sens = {t: _layered(sens[t], layers[t][::-1]) if layers[t] else sens[t] for t in node_types}
+    sens = {t: _layered(sens[t], layers[t][::-1], top[t]) if layers[t] else sens[t] for t in node_types}
     return sens, Screening(samples=k, of=total, budget_s=budget_s if rank_samples is None else None,
                            confirmed=confirm if wide < total else 0, seconds=time.perf_counter() - start,
                            confidence=confidence, reordered=reordered, indices=tuple(chosen),
@@ -248,14 +251,17 @@ def _narrowing(k, total, kept, nodes, confirmed):
     return first, wide
 
 
-def _layered(screened, layers):
+def _layered(screened, layers, top):
     """``screened`` (every node on its samples) with the nodes of each narrower ranking in
     ``layers`` (most samples first: the confirmed, then the narrowed) first, in that
     ranking's order and with its values; each entry's ``details["samples"]`` says which it has.
-    Entries with no figure (``details["no_values"]``) come last, whichever ranking holds them."""
+    Entries with no figure (``details["no_values"]``) come last, whichever ranking holds them.
+    ``top``: the nodes confirmed as the top of the ranking (the confirmed ranking holds those
+    re-scored because their outputs held no values on the samples they were ranked on too)."""
     out = read_from(Sensitivity(node_type=screened.node_type, metrics=screened.metrics, outputs=screened.outputs,
                                 samples=screened.samples, model=screened.model,
-                                confirmed=list(layers[0]), confirmed_samples=layers[0].samples), inputs_of(screened))
+                                confirmed=[n for n in layers[0] if n in top], confirmed_samples=layers[0].samples,
+                                sample_indices=screened.sample_indices), inputs_of(screened))
     for unmeasured in (False, True):  # a confirmed entry may have none: confirming scored it on the rest
         for source in [*layers, screened]:
             for name, values in source.items():

@@ -22,7 +22,8 @@ from .progress import Progress
 from .results import json_restore, read_from, save_result
 from .tables import format_table, listed
 
-__all__ = ["Sensitivity", "get_sensitivity_of_nodes", "engine_for", "sample_indices", "rank_configs"]
+__all__ = ["Sensitivity", "get_sensitivity_of_nodes", "engine_for", "sample_indices", "rank_configs",
+           "reached_outputs"]
 
 
 def sample_indices(engine, data_num):
@@ -103,16 +104,21 @@ class Sensitivity(dict):
 
     ``details[node]`` holds ``per_output`` ({output: {metric: value}}), ``per_sample``
     ({metric: [value per sample]}) and descriptive fields (kind, threshold, bit, feeds).
+    ``sample_indices``: the sample of the data each per-sample column is, the same for every
+    node (empty in a ranking saved before they were recorded); a node scored on fewer of them
+    (a screened ranking) has None in the others' columns and lists its own in
+    ``details[node]["scored_samples"]``.
     ``samples``: the samples every node was scored on; ``confirmed``: the top nodes re-scored
     on all ``confirmed_samples`` samples (see :mod:`~pytest_ptq.screening`), first, in that order.
     """
 
     def __init__(self, node_type="node", metrics=(), outputs=(), samples=0, model="", details=None,
-                 confirmed=(), confirmed_samples=0):
+                 confirmed=(), confirmed_samples=0, sample_indices=()):
         super().__init__()
         self.node_type, self.metrics, self.outputs = node_type, list(metrics), list(outputs)
         self.samples, self.model, self.details = samples, model, dict(details or {})
         self.confirmed, self.confirmed_samples = list(confirmed), confirmed_samples
+        self.sample_indices = list(sample_indices)
 
     @property
     def ranking(self):
@@ -148,15 +154,8 @@ class Sensitivity(dict):
             if r["node"] in unmeasured:
                 r.update(dict.fromkeys(self.metrics, NO_VALUES))
         table = format_table(rows, cols, limit)
-        if self.confirmed:
-            narrowed = {}  # the nodes between, scored on more samples than the rest (screening.py)
-            for name in self:
-                n = self.details.get(name, {}).get("samples")
-                if n not in (None, self.samples, self.confirmed_samples):
-                    narrowed[n] = narrowed.get(n, 0) + 1
-            between = "".join(f", the next {count} on {n}" for n, count in narrowed.items())
-            table += (f"\n(the top {len(self.confirmed)} on all {self.confirmed_samples} samples{between}; the rest "
-                      f"ranked on {self.samples})")
+        if self.confirmed_samples:
+            table += f"\n({self._screened()})"
         alone = [n for n in self if "unowned" in self.details.get(n, {})]
         if alone:
             table += (f"\nQ/DQ: a pair no operator reads or computes ({', '.join(alone[:3])}"
@@ -174,12 +173,33 @@ class Sensitivity(dict):
                       f"there is ({len(broken)} node(s): {', '.join(broken[:3])}{' ...' if len(broken) > 3 else ''})")
         return table
 
+    def _screened(self):
+        """What a screened ranking scored its nodes on (screening.py), in the table's words."""
+        on, more = {}, 0  # the nodes with a figure beside the top (the no-values line names the others)
+        for name in self:
+            d = self.details.get(name, {})
+            if name in self.confirmed or "no_values" in d or d.get("samples") is None:
+                continue
+            if d["samples"] == self.confirmed_samples:  # re-scored: no values on the samples they were ranked on
+                more += 1
+            else:
+                on[d["samples"]] = on.get(d["samples"], 0) + 1
+        rest = on.pop(self.samples, 0)
+        parts = [f"the top {len(self.confirmed)} on all {self.confirmed_samples} samples"] if self.confirmed else []
+        if more:
+            parts.append(f"{more} more on all {self.confirmed_samples}, whose outputs held no values on the samples "
+                         "they were ranked on")
+        parts += [f"the next {count} on {n}" for n, count in on.items()]
+        return ", ".join(parts) + (f"; the rest ranked on {self.samples}" if rest else "")
+
     def to_dict(self):
         return {"tool": "pytest-ptq", "version": __version__, "model": self.model,
                 "node_type": self.node_type, "metrics": list(self.metrics), "outputs": list(self.outputs),
                 "samples": self.samples, "ranking": list(self),
+                **({"sample_indices": self.sample_indices} if self.sample_indices else {}),
                 "values": {k: dict(v) for k, v in self.items()}, "details": self.details,
-                **({"confirmed": self.confirmed, "confirmed_samples": self.confirmed_samples} if self.confirmed else {})}
+                **({"confirmed": self.confirmed, "confirmed_samples": self.confirmed_samples}
+                   if self.confirmed_samples else {})}
 
     def save(self, path):
         """Write the result as JSON (sorted keys, ranking order kept in ``ranking``)."""
@@ -200,7 +220,8 @@ class Sensitivity(dict):
         s = cls(node_type=d["node_type"], metrics=d["metrics"], outputs=d.get("outputs", []),
                 samples=d.get("samples", 0), model=d.get("model", ""),
                 details={k: _restored(v) for k, v in d.get("details", {}).items()},
-                confirmed=d.get("confirmed", ()), confirmed_samples=d.get("confirmed_samples", 0))
+                confirmed=d.get("confirmed", ()), confirmed_samples=d.get("confirmed_samples", 0),
+                sample_indices=d.get("sample_indices", ()))
         for name in d["ranking"]:
             dict.__setitem__(s, name, json_restore(d["values"][name]))
         return s
@@ -331,7 +352,7 @@ def rank_configs(engine, configs, metric_objs, specs, indices, node_type, descri
     parsed outputs; ``describe(label)`` gives each entry's descriptive details."""
     with Progress(len(indices) * len(configs), desc, enabled=progress) as bar:
         scores = score_configs(engine, configs, metric_objs, specs, indices, bar)
-    return ranked(engine, scores, metric_objs, specs, len(indices), node_type, describe, configs)
+    return ranked(engine, scores, metric_objs, specs, list(indices), node_type, describe, configs)
 
 
 def merge_scores(into, more):
@@ -343,43 +364,56 @@ def merge_scores(into, more):
     return into
 
 
-def ranked(engine, scores, metric_objs, specs, samples, node_type, describe, configs):
-    """The :class:`Sensitivity` of ``scores`` (from :func:`score_configs` on ``samples``
-    samples, of ``configs``: ``{label: calibration nodes quantized}``), worst first by the
-    first of ``metric_objs``. An entry whose quantization reaches only outputs that held no
-    values on any sample, or none of the outputs compared, has no figure (None, per sample
-    too; ``details[label]["no_values"]`` says why) and comes last: its metrics read no change
-    measured as a perfect score."""
+def ranked(engine, scores, metric_objs, specs, scored, node_type, describe, configs, columns=None):
+    """The :class:`Sensitivity` of ``scores`` (from :func:`score_configs` on the samples
+    ``scored``, in the order scored, of ``configs``: ``{label: calibration nodes quantized}``),
+    worst first by the first of ``metric_objs``. Per-sample values are laid on the samples
+    ``columns`` (default ``scored``), None in those not scored, so that a column is the same
+    sample for every ranking of them. An entry whose quantization reaches only outputs that
+    held no values on any sample, or none of the outputs compared, has no figure (None, per
+    sample too; ``details[label]["no_values"]`` says why) and comes last: its metrics read no
+    change measured as a perfect score."""
+    columns = list(scored if columns is None else columns)
     result = read_from(Sensitivity(node_type=node_type, metrics=[m.name for m in metric_objs],
-                                   outputs=[s.name for s in specs], samples=samples,
-                                   model=engine.qmodel.source), engine.inputs())
+                                   outputs=[s.name for s in specs], samples=len(scored),
+                                   model=engine.qmodel.source, sample_indices=columns), engine.inputs())
+    at = {i: j for j, i in enumerate(scored)}
+    place = [at.get(i) for i in columns]
+    fewer = {"scored_samples": [i for i in columns if i in at]} if len(at) < len(columns) else {}
     entries, unmeasured = {}, set()
-    # the outputs each tensor may change: every output's sources walked once, not every entry's
-    # consequences (a walk of the graph per entry, on a model of thousands of pairs)
-    changes = defaultdict(set)
-    for s in specs:
-        for t in engine.qmodel.upstream(s.tensor):
-            changes[t].add(s.name)
+    reached = reached_outputs(engine.qmodel, configs, specs, scores)
     for name, pools in scores.items():
         per_output, empty = by_output(pools), pools[0].empty()
         entries[name] = {m.name: pool.value() for m, pool in zip(metric_objs, pools)}
-        hit = _reached(engine.qmodel, configs[name], specs, changes)
+        hit = reached[name]
         # a sample on which every output it reaches held no values compared none of its change:
         # the other outputs' figure there (identical, perfect) is no figure of it
-        result.details[name] = {**describe(name), "per_output": per_output,
-                                "per_sample": {m.name: [v if set(hit) & held else None
-                                                        for v, held in zip(pool.samples, pool.held)]
+        result.details[name] = {**describe(name), "per_output": per_output, **fewer,
+                                "per_sample": {m.name: [None if j is None or not set(hit) & pool.held[j]
+                                                        else pool.samples[j] for j in place]
                                                for m, pool in zip(metric_objs, pools)}}
         why = _no_values(hit, specs, empty)
         if why:  # its samples' figures too compare nothing (confidence would read them as perfect)
             entries[name] = dict.fromkeys(entries[name])
             result.details[name]["no_values"] = why
-            result.details[name]["per_sample"] = {m.name: [None] * len(pool.samples) for m, pool in zip(metric_objs, pools)}
+            result.details[name]["per_sample"] = {m.name: [None] * len(columns) for m in metric_objs}
             unmeasured.add(name)
     first = metric_objs[0]
     for name in sorted(entries, key=lambda n: (1, 0) if n in unmeasured else (0, first.sort_key(entries[n][first.name]))):
         dict.__setitem__(result, name, entries[name])
     return result
+
+
+def reached_outputs(qm, configs, specs, labels=None):
+    """``{label: names of the outputs of specs that quantizing configs[label] may change}``,
+    in the order of ``specs``, for the labels ``labels`` (default: all of ``configs``)."""
+    # the outputs each tensor may change: every output's sources walked once, not every entry's
+    # consequences (a walk of the graph per entry, on a model of thousands of pairs)
+    changes = defaultdict(set)
+    for s in specs:
+        for t in qm.upstream(s.tensor):
+            changes[t].add(s.name)
+    return {label: _reached(qm, configs[label], specs, changes) for label in (configs if labels is None else labels)}
 
 
 def _reached(qm, quantized, specs, changes):

@@ -476,3 +476,38 @@ def test_screening_says_no_values_on_any_sample_after_every_sample_and_lists_the
     for name in unmeasured:  # e, of shape [0, 8] on every sample, was looked at on every sample
         assert s.details[name]["samples"] == N
         assert s.details[name]["no_values"] == "changes only 'e' (shape [0, 8]), which holds no values on any sample"
+
+
+def _screening_line(setup, s, how, confirm):
+    """The screening line of ``s`` as what was done makes it, from plain onnxruntime sessions
+    on rewired models: the top ``confirm`` on every sample, those whose changed outputs held
+    no values on the screened samples re-scored on every sample, the rest on the screened ones."""
+    ref = builders.run_model(builders.rewire(setup["model"], keep=()), setup["feeds"])
+    changed, measured = {}, set()
+    for name in s:
+        got = builders.run_model(builders.rewire(setup["model"], keep={name}), setup["feeds"])
+        changed[name] = {k for r, g in zip(ref, got) for k in r if not np.array_equal(r[k], g[k])}
+        if any(r[k].size for r in ref for k in changed[name]):
+            measured.add(name)  # has a figure: some output it changes holds values on some sample
+    seen = [n for n in measured if any(ref[i][k].size for i in how.indices for k in changed[n])]
+    top = min(confirm, len(seen))  # the screening ranks those with values first
+    blind = len(measured) - len(seen)  # no values on the screened samples, some on the rest
+    rest = len(seen) - top
+    n = len(setup["feeds"])
+    parts = [f"the top {top} on all {n} samples"] + (
+        [f"{blind} more on all {n}, whose outputs held no values on the samples they were ranked on"] if blind else [])
+    return "(" + ", ".join(parts) + (f"; the rest ranked on {how.samples})" if rest else ")")
+
+
+@pytest.mark.parametrize("fixture, node_type, order", [
+    ("empty_tail", "activation", list(range(N))),  # two never hold values: not among the top
+    ("ragged", "weight", [1, 5, 0, 2, 3, 4]),  # w2's e holds none on 1 and 4: re-scored, and no rest
+])
+def test_the_screening_line_says_what_was_done(fixture, node_type, order, request):
+    setup = request.getfixturevalue(fixture)
+    s, how = _screened(setup, node_type, order, rank_samples=2, confirm=1)
+    line = _screening_line(setup, s, how, 1)
+    # was: "(the top 3 on all 4 samples; the rest ranked on 2)" and "(the top 2 on all 6
+    # samples; the rest ranked on 2)", the nodes re-scored for holding no values counted in the top
+    assert line in s.table().splitlines()
+

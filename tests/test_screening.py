@@ -245,3 +245,85 @@ def independent_cosine(refs, tests):
     r = np.concatenate([np.ravel(v) for d in refs for v in d.values()]).astype(np.float64)
     t = np.concatenate([np.ravel(v) for d in tests for v in d.values()]).astype(np.float64)
     return float(r @ t / np.sqrt((r @ r) * (t @ t)))
+
+
+def _per_sample_brute_force(model, feeds, names):
+    """Each sample's own output cosine with only one pair kept, per pair, in the order of
+    ``feeds`` (plain onnxruntime sessions on rewired models, numpy cosine)."""
+    from test_plugin import keep_only
+
+    ref = builders.run_model(keep_only(model), feeds)
+    out = {}
+    for name in names:
+        got = builders.run_model(keep_only(model, {name}), feeds)
+        out[name] = [builders.pooled_cosine([r["prob"]], [g["prob"]]) for r, g in zip(ref, got)]
+    return out
+
+
+def _check_columns(s, expected, scored):
+    """Each node's per-sample list is by sample index: its own sample's value where it was
+    scored (``scored[name]``), None elsewhere."""
+    n = len(next(iter(expected.values())))
+    for name in sorted(expected, key=lambda name: -len(scored[name])):  # the confirmed first: all their values
+        want, got = expected[name], s.details[name]["per_sample"]["cosine-similarity"]
+        assert len(got) == n, name
+        assert [v is not None for v in got] == [i in scored[name] for i in range(n)], name
+        assert [v for v in got if v is not None] == pytest.approx([want[i] for i in scored[name]], abs=1e-5), name
+        if len(scored[name]) < n:
+            assert s.details[name]["scored_samples"] == sorted(scored[name]), name
+        else:
+            assert "scored_samples" not in s.details[name], name
+    assert s.sample_indices == list(range(n))
+
+
+def test_per_sample_values_of_a_screened_ranking_are_laid_by_sample_index(net):
+    """Screened on samples 0 and 5, the top confirmed on the rest: their lists ran 0, 5, 1, 2,
+    3, 4 beside the others' 0, 5, so a column was no sample the same for every node."""
+    sens, how = _screen(net, rank_samples=2, confirm=2)
+    s = sens["activation"]
+    expected = _per_sample_brute_force(net["model"], net["feeds"], list(s))
+    _check_columns(s, expected, {name: range(SAMPLES) if name in s.confirmed else how.indices for name in s})
+    again = Sensitivity.from_dict(json.loads(json.dumps(s.to_dict(), default=float)))
+    assert again.sample_indices == s.sample_indices
+    rest = next(name for name in s if name not in s.confirmed)
+    assert again.details[rest]["scored_samples"] == s.details[rest]["scored_samples"] == list(how.indices)
+
+
+def test_per_sample_values_of_a_narrowed_ranking_are_laid_by_sample_index(tmp_path, monkeypatch):
+    from pytest_ptq import screening
+
+    n = 12
+    setup = builders.narrow_conv_setup(tmp_path, n, seed=5)
+    monkeypatch.setattr(screening, "DEFAULT_BUDGET_SAMPLES", 4)
+    engine = Engine(setup["q"], setup["folder"])
+    sens, how = screen(engine, ["activation"], get_metrics(["cosine-similarity"]),
+                       parse_outputs(None, engine.qmodel), list(range(n)), confirm=1)
+    s = sens["activation"]
+    assert how.narrowed_samples == 6 and how.samples == 2
+    wide = (0, 2, 4, 7, 9, 11)  # spread over the data, holding the screening's 0 and 11
+    scored = {name: {n: range(n), 6: wide, 2: how.indices}[s.details[name]["samples"]] for name in s}
+    assert sorted(map(len, scored.values()))[-1] == n and {len(v) for v in scored.values()} == {2, 6, n}
+    _check_columns(s, _per_sample_brute_force(setup["q"], setup["feeds"], list(s)), scored)
+
+
+def test_confidence_of_a_screened_ranking_compares_the_confirmed_on_the_same_samples(net):
+    """ranking_confidence of a screened ranking refused it (lists of different lengths); it
+    resamples the nodes scored on every sample, by sample, and names the others."""
+    import numpy as np
+
+    from pytest_ptq.confidence import ranking_confidence
+
+    sens, how = _screen(net, rank_samples=2, confirm=3)
+    s = sens["activation"]
+    expected = _per_sample_brute_force(net["model"], net["feeds"], list(s))
+    conf = ranking_confidence(s, k=2, resamples=200)
+    assert list(conf.nodes) and set(conf.nodes) == set(s.confirmed)
+    assert conf.unconfirmed == [n for n in s if n not in s.confirmed] and conf.samples == SAMPLES
+    for name, v in conf.nodes.items():
+        assert v["samples"] == SAMPLES
+        assert v["mean"] == pytest.approx(np.mean(expected[name]), abs=1e-5), name
+        assert (v["min"], v["max"]) == pytest.approx((min(expected[name]), max(expected[name])), abs=1e-5), name
+    assert f"; {len(conf.unconfirmed)} left out, ranked on fewer of the {SAMPLES} samples than the rest" in conf.message
+    # the screening's own bootstrap of the confirmed: the same samples' values
+    for name, v in how.confidence["activation"].nodes.items():
+        assert v["mean"] == pytest.approx(np.mean(expected[name]), abs=1e-5), name
