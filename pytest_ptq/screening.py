@@ -35,7 +35,8 @@ from .engine.sanity import spread
 from .progress import Progress
 from .results import inputs_of, read_from
 from .params import KIND_WORDS
-from .sensitivity import Sensitivity, describe, merge_scores, ranked, score_configs, targets_for
+from .sensitivity import (Sensitivity, describe, held_outputs, merge_scores, ranked, reached_outputs, score_configs,
+                          targets_for)
 
 # The default budget: what ranking DEFAULT_BUDGET_SAMPLES samples takes, measured on the
 # first, and never more than DEFAULT_BUDGET_S. A budget in seconds alone ranked on more
@@ -206,6 +207,14 @@ def screen(engine, node_types, metric_objs, specs, indices, budget_s=None, rank_
                 unseen.update({(t, n): configs[(t, n)] for n in sens[t] if (t, n) not in confirm_configs
                                and "no_values" in (latest if n in latest else sens[t]).details[n]
                                and scores[(t, n)][0].empty()})
+            # one whose outputs hold no values in float on the rest either has none on any sample:
+            # said from the float references (computed for confirming anyway), not a run of it per sample
+            reached = reached_outputs(qm, configs, specs, unseen)
+            later = {"others": set(held_outputs(engine, specs, others)) if unseen else set(),
+                     "between": set(held_outputs(engine, specs, between)) if unseen and between else set()}
+            nowhere = {c for c in unseen if not set(reached[c]) & (
+                later["others"] if narrowed and c in near else later["others"] | later["between"])}
+            unseen = {c: q for c, q in unseen.items() if c not in nowhere}
             # those the narrowing left out have the narrowing's samples still to score
             behind = {c: q for c, q in unseen.items() if narrowed and c not in near}
             bar.total += len(behind) * len(between) + len(unseen) * len(others)
@@ -217,6 +226,7 @@ def screen(engine, node_types, metric_objs, specs, indices, budget_s=None, rank_
     if wide < total:
         for t in node_types:
             confirmed = rank(t, _merged(confirm_configs, t, scores, more), chosen + between + others)
+            _no_values_anywhere(confirmed, [n for n in sens[t] if (t, n) in nowhere], [*layers[t], sens[t]])
             reordered[t] = [n for n in confirmed if n in top[t]] != top[t]
             if sum("no_values" not in confirmed.details[n] for n in confirmed) > 1:  # no figure: left out
                 confidence[t] = ranking_confidence(confirmed, k=min(5, len(confirmed)), annotate=False)
@@ -249,6 +259,16 @@ def _narrowing(k, total, kept, nodes, confirmed):
     if first < 2 or wide >= total or narrowed > k * nodes + (total - k) * confirmed:
         return k, k
     return first, wide
+
+
+def _no_values_anywhere(confirmed, names, earlier):
+    """Add to the ``confirmed`` ranking the nodes ``names``, whose outputs held no values on
+    any of its samples (the float references said so on those they were not scored on), with
+    their entry in the first of the ``earlier`` rankings holding them: no figure, listed last."""
+    for name in names:
+        source = next(r for r in earlier if name in r)
+        dict.__setitem__(confirmed, name, source[name])
+        confirmed.details[name] = {k: v for k, v in source.details[name].items() if k != "scored_samples"}
 
 
 def _layered(screened, layers, top):

@@ -12,6 +12,8 @@ import json
 import math
 from pathlib import Path
 
+import numpy as np
+
 from . import __version__, params
 from .engine import engine_for
 from .errors import FLOAT_MODEL_OPTION, PTQError, shown, unknown
@@ -23,7 +25,7 @@ from .results import json_restore, read_from, save_result
 from .tables import format_table, listed
 
 __all__ = ["Sensitivity", "get_sensitivity_of_nodes", "engine_for", "sample_indices", "rank_configs",
-           "reached_outputs"]
+           "reached_outputs", "held_outputs"]
 
 
 def sample_indices(engine, data_num):
@@ -414,6 +416,21 @@ def reached_outputs(qm, configs, specs, labels=None):
         for t in qm.upstream(s.tensor):
             changes[t].add(s.name)
     return {label: _reached(qm, configs[label], specs, changes) for label in (configs if labels is None else labels)}
+
+
+def held_outputs(engine, specs, indices):
+    """The names of the outputs of ``specs`` that hold values in float on some of the samples
+    ``indices``, read from the float references (cached, in the groups scoring runs them in:
+    a ranking scoring these samples next computes none again)."""
+    from .engine.batching import split
+
+    tensors = list(dict.fromkeys(s.tensor for s in specs))
+    held = set()
+    for group in engine.batches(indices, tensors):
+        ref = engine.reference(group, tensors)
+        for one in split(ref, len(group)) if isinstance(group, tuple) else [ref]:
+            held.update(s.name for s in specs if np.size(s.take(one[s.tensor])))
+    return [s.name for s in specs if s.name in held]
 
 
 def _reached(qm, quantized, specs, changes):

@@ -511,3 +511,34 @@ def test_the_screening_line_says_what_was_done(fixture, node_type, order, reques
     # samples; the rest ranked on 2)", the nodes re-scored for holding no values counted in the top
     assert line in s.table().splitlines()
 
+
+def test_screening_runs_no_node_whose_outputs_hold_no_values_on_any_sample(empty_tail, monkeypatch):
+    """Those nodes were scored on every remaining sample before they were labelled; the float
+    references (computed for confirming anyway) say it: no extra run, float or quantized."""
+    from pytest_ptq import screening, sensitivity
+    from pytest_ptq.engine import Engine
+
+    from pytest_ptq.metrics import get_metrics
+    from pytest_ptq.outputs import parse_outputs
+
+    engine = Engine(str(empty_tail["model"]), empty_tail["data"])
+    runs, floats = [], []
+    real = sensitivity.score_configs
+    monkeypatch.setattr(screening, "score_configs",
+                        lambda e, configs, *a, **kw: runs.append(len(configs) * len(a[2])) or real(e, configs, *a, **kw))
+    original = Engine.run
+    monkeypatch.setattr(Engine, "run", lambda self, sample, quantized=(), *a, **kw: (
+        floats.append(len(sample) if isinstance(sample, tuple) else 1) if not quantized else None)
+        or original(self, sample, quantized, *a, **kw))
+    sens, how = screening.screen(engine, ["activation"], get_metrics(["cosine-similarity"]),
+                                 parse_outputs(None, engine.qmodel), list(range(N)), rank_samples=2, confirm=1)
+    s = sens["activation"]
+    unmeasured = [n for n in s if "no_values" in s.details[n]]
+    assert sorted(unmeasured) == ["e_QuantizeLinear", "m2_QuantizeLinear"]
+    # every node on the 2 screened samples, the top 1 on the other 2: was 4 * 2 + 3 * 2 = 14
+    assert sum(runs) == len(s) * how.samples + 1 * (N - how.samples) == 10
+    assert sum(floats) <= N  # each sample's float reference once at most
+    for name in unmeasured:
+        assert s.details[name]["samples"] == N and s.details[name]["per_sample"]["cosine-similarity"] == [None] * N
+        assert s.details[name]["no_values"] == "changes only 'e' (shape [0, 8]), which holds no values on any sample"
+
