@@ -27,9 +27,13 @@ class Confidence(JsonResult):
     (those judged: on the others the outputs its quantization reaches held no values), ``rank``
     (1 = most sensitive, by the mean over samples), ``rank_low``/``rank_high`` (the 5th and
     95th percentile of the bootstrap ranks) and ``top_k_frequency`` (share of resamples in
-    which the node is in the top ``k``). ``top_k_set_frequency`` is the share of resamples
-    whose top-``k`` set equals ``top_k``; ``stable`` is whether it reaches ``stable_at``
-    (None with fewer than two samples, where nothing can be said). ``left_out``: the nodes whose quantization
+    which the node is in the top ``k``). A resample holding none of the samples a node was
+    judged on gives it no rank: it is left out of that resample's comparison, and its rank
+    interval and ``top_k_frequency`` are over the resamples holding one (as the last of that
+    resample it read as the least sensitive node there). ``top_k_set_frequency`` is the share
+    of resamples whose top-``k`` set equals ``top_k`` (one missing a node of it does not: it
+    cannot show that set); ``stable`` is whether it reaches ``stable_at`` (None with fewer
+    than two samples, where nothing can be said). ``left_out``: the nodes whose quantization
     changes no value compared (no figure in the ranking), not resampled; ``unconfirmed``: those
     a screened ranking scored on fewer of its samples than the rest (the samples they lack
     would be judged as missing values), not resampled.
@@ -132,20 +136,26 @@ def ranking_confidence(sensitivity, k=5, resamples=1000, seed=0, metric=None, st
         # is the largest array
         boot = np.concatenate([_mean(keyed[:, picks[r:r + 256]].sum(axis=2), judged[:, picks[r:r + 256]].sum(axis=2))
                                for r in range(0, len(picks), 256)], axis=1)
+        # NaN (no sample judged in the resample) sorts last: the ranks of the others are those
+        # among the nodes judged there, and its own is none
+        seen = ~np.isnan(boot)
         boot_rank = np.argsort(np.argsort(boot, axis=0, kind="stable"), axis=0, kind="stable") + 1
-        in_top = boot_rank <= k
+        in_top = seen & (boot_rank <= k)
         top_set = set(order[:k].tolist())
         same_set = np.array([set(np.flatnonzero(in_top[:, r]).tolist()) == top_set
                              for r in range(in_top.shape[1])])
         set_freq = float(same_set.mean())
         stable = set_freq >= stable_at
-        freq = in_top.mean(axis=1)
-        low = np.percentile(boot_rank, 5, axis=1)
-        high = np.percentile(boot_rank, 95, axis=1)
+        counted = seen.sum(axis=1)
+        freq = _mean(in_top.sum(axis=1), counted)
+        low, high = (np.array([np.percentile(r[s], q) if s.any() else np.nan for r, s in zip(boot_rank, seen)])
+                     for q in (5, 95))
+        missing = float((~seen[order[:k]]).any(axis=0).mean())
         unstable = [names[i] for i in order if 1 - stable_at < freq[i] < stable_at]
     else:
         set_freq, stable, unstable = None, None, []
         freq = low = high = None
+        missing = 0.0
     for i in order:
         row = values[i]
         finite = row[np.isfinite(row)]
@@ -176,6 +186,9 @@ def ranking_confidence(sensitivity, k=5, resamples=1000, seed=0, metric=None, st
         message = (f"the top {k} is the same in only {set_freq:.0%} of {resamples} resamples of the "
                    f"{n_samples} samples{who}: do not trust its order, add samples or compare with "
                    "group sensitivity")
+    if missing:
+        message += (f"; {missing:.0%} of the resamples held no sample some node of the top {k} was judged on, "
+                    "and could not show that top")
     fewer = [names[i] for i in order if judged[i].sum() < n_samples]
     if fewer:
         message += (f"; {listed(fewer, 3)} judged on fewer samples ('samples'), those on which the outputs their "

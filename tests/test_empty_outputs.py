@@ -542,3 +542,23 @@ def test_screening_runs_no_node_whose_outputs_hold_no_values_on_any_sample(empty
         assert s.details[name]["samples"] == N and s.details[name]["per_sample"]["cosine-similarity"] == [None] * N
         assert s.details[name]["no_values"] == "changes only 'e' (shape [0, 8]), which holds no values on any sample"
 
+
+def test_a_resample_holding_no_sample_a_node_was_judged_on_leaves_it_out_of_that_comparison():
+    """a, judged on sample 0 only, is the most sensitive wherever it is judged; a resample of
+    the 4 samples misses sample 0 with probability (3/4)^4. There it has no rank: as the last
+    of those resamples it read as the least sensitive node (rank 3, in the top 1 in 68%)."""
+    values = {"a": [0.5, None, None, None], "b": [0.90, 0.91, 0.92, 0.93], "c": [0.95, 0.96, 0.97, 0.98]}
+    s = Sensitivity(node_type="activation", metrics=["cosine-similarity"], samples=4)
+    for name, per_sample in values.items():
+        dict.__setitem__(s, name, {"cosine-similarity": float(np.mean([v for v in per_sample if v is not None]))})
+        s.details[name] = {"per_sample": {"cosine-similarity": per_sample}}
+    conf = ranking_confidence(s, k=1, resamples=4000, seed=3)
+    miss = (3 / 4) ** 4  # a resample without sample 0
+    a, b, c = (conf.nodes[n] for n in "abc")
+    assert (a["rank_low"], a["rank_high"], a["top_k_frequency"]) == (1, 1, 1.0)
+    # b is the first where a is not judged, the second elsewhere; c the second or the third
+    assert b["top_k_frequency"] == pytest.approx(miss, abs=0.03) and (b["rank_low"], b["rank_high"]) == (1, 2)
+    assert (c["rank_low"], c["rank_high"], c["top_k_frequency"]) == (2, 3, 0.0)
+    # a resample without a cannot show the top {a}: it does not count as the same
+    assert conf.top_k == ["a"] and conf.top_k_set_frequency == pytest.approx(1 - miss, abs=0.03)
+    assert f"; {round(100 * conf.nodes['b']['top_k_frequency'])}% of the resamples held no sample" in conf.message
