@@ -27,7 +27,7 @@ from .distribution.readings import advise
 from .errors import PTQError
 from .metrics import get_metric
 from .outputs import blind_warnings, parse_outputs
-from .remedy.producer_terms import PRODUCERS, producer_advice, producer_terms
+from .remedy.producer_terms import MODELOPT_PER_CHANNEL, MODELOPT_QUANTIZE, PRODUCERS, kept_in_float, modelopt_call, producer_advice
 from .remedy.result import override_text, snippet
 from .remedy.terms import onnxruntime_settings, per_channel_weights, quantizer_call
 from .results import JsonResult
@@ -369,18 +369,23 @@ def _fixes(qm, relevant, source, float_model=None):
     if modelopt:  # Model Optimizer's int8 mode has no 16-bit override: those nodes stay in float
         groups["float"] += int16
         int16 = []
-    choices = {**{n: "float" for n in groups["float"]}, **{n: "int16" for n in int16}}
-    ort = onnxruntime_settings(qm, "mixed", list(choices), choices=choices) if choices else {
-        "nodes_to_exclude": [], "TensorQuantOverrides": {}}
-    settings = {"nodes_to_exclude": ort["nodes_to_exclude"], "TensorQuantOverrides": ort["TensorQuantOverrides"],
-                "quantizer": quantizer_call(qm)}
     per_channel = bool(groups["per-channel"])
-    if per_channel:
-        settings["per_channel"] = True
+    if modelopt:
+        # Model Optimizer's own exclusion (the readers of a pair, not quantize_static's producer
+        # and readers of a tensor), from its terms: the fix, its note and the snippet alike
+        kept, notes, failed = _modelopt_kept(qm, groups["float"], float_model)
+        settings = {**kept, "quantizer": MODELOPT_QUANTIZE}
+    else:
+        choices = {**{n: "float" for n in groups["float"]}, **{n: "int16" for n in int16}}
+        ort = onnxruntime_settings(qm, "mixed", list(choices), choices=choices) if choices else {
+            "nodes_to_exclude": [], "TensorQuantOverrides": {}}
+        settings = {"nodes_to_exclude": ort["nodes_to_exclude"], "TensorQuantOverrides": ort["TensorQuantOverrides"],
+                    "quantizer": quantizer_call(qm)}
+        if per_channel:
+            settings["per_channel"] = True
     fixes = []
     if per_channel:
-        what = ("keeps weights per channel by default; the ones below are per tensor: re-export them per channel"
-                if modelopt else per_channel_weights(qm))
+        what = MODELOPT_PER_CHANNEL if modelopt else per_channel_weights(qm)
         fixes.append({"kind": "weight", "nodes": groups["per-channel"], "short": "per-channel weights",
                       "text": f"per-channel weights ({what}): {_names(groups['per-channel'])} "
                               f"{_verb(groups['per-channel'], 'loses', 'lose')} channels to a per-tensor scale"})
@@ -417,15 +422,17 @@ def _fixes(qm, relevant, source, float_model=None):
         fixes.append({"kind": kinds.pop() if len(kinds) == 1 else "", "nodes": plain16, "short": "16-bit tensors",
                       "text": f"raise {_names(plain16)} to 16 bit ({_overrides_text(qm, plain16)}): {why}"})
     if groups["float"]:
-        kept = onnxruntime_settings(qm, "float", groups["float"])
-        how = ("modelopt.onnx.quantization.quantize" if modelopt else quantizer_call(qm)) + \
-            f"(..., nodes_to_exclude={kept['nodes_to_exclude']!r})"
+        if modelopt:
+            how = modelopt_call(settings) or f"Model Optimizer's nodes_to_exclude cannot be named ({failed})"
+        else:
+            kept = onnxruntime_settings(qm, "float", groups["float"])
+            how = f"{quantizer_call(qm)}(..., nodes_to_exclude={kept['nodes_to_exclude']!r})"
+            notes = kept.get("notes", ())
         # where the exclusion does otherwise than the simulation (a requantize chain's later pair
         # takes its earlier ones): the note of the terms the fix is written in, as the remedy prints it
-        notes = "".join(f"; note: {n}" for n in (_own_notes(qm, groups["float"], float_model) if modelopt
-                                                  else kept.get("notes", ())))
         fixes.append({"kind": "", "nodes": groups["float"], "short": "keep nodes in float",
-                      "text": f"keep {_names(groups['float'])} in float: {how}{notes}"})
+                      "text": f"keep {_names(groups['float'])} in float: {how}" + "".join(f"; note: {n}"
+                                                                                       for n in notes)})
     # the verdict's kind first: fixing the other kind would not move the output much
     fixes.sort(key=lambda f: f["kind"] != source and not (source == "both" and f["kind"]))
     terms = ("NVIDIA Model Optimizer" if modelopt else
@@ -434,20 +441,20 @@ def _fixes(qm, relevant, source, float_model=None):
     choices = {**dict.fromkeys(groups["per-channel"], "per-channel"),
                **dict.fromkeys(groups["int16"] + groups["activation per-channel"] + groups["recalibrate"], "int16"),
                **dict.fromkeys(groups["float"], "float")}
-    call = snippet(settings, "modelopt.onnx.quantization.quantize", overrides=False) if modelopt else snippet(settings)
+    call = modelopt_call(settings) if modelopt else snippet(settings)
     return fixes, settings, call, terms, choices
 
 
-def _own_notes(qm, nodes, float_model):
-    """The notes of the producer's own terms on keeping ``nodes`` in float (a requantize chain's
-    later pair), for a fix written in those terms (Model Optimizer's, whose exclusion is not
-    quantize_static's and whose terms the diagnosis prints no other way); [] where they cannot
-    be given (the producer terms' advice says why)."""
+def _modelopt_kept(qm, nodes, float_model):
+    """``(settings, notes, why not)``: Model Optimizer's settings keeping ``nodes`` in float and
+    its terms' notes on them, or none and the sentence saying why they cannot be named."""
+    if not nodes:
+        return {}, [], ""
     try:
-        terms = producer_terms(qm, "float", nodes, float_model=float_model)
-    except PTQError:
-        return []
-    return [e["note"] for n in nodes if "note" in (e := terms["nodes"].get(n, {}))]
+        kept, notes = kept_in_float(qm, nodes, float_model)
+    except PTQError as exc:
+        return {}, [], str(exc)
+    return {k: v for k, v in kept.items() if v}, notes, ""
 
 
 def _verb(names, one, many):

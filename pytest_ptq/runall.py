@@ -58,7 +58,7 @@ from .figures import kept_figure
 from .metrics import get_metrics
 from .outputs import OFFSET_BLIND, blind_warnings, far_from_zero, parse_outputs, parts_note
 from .progress import Progress
-from .remedy.producer_terms import producer_advice
+from .remedy.producer_terms import MODELOPT_PER_CHANNEL, kept_in_float, modelopt_call, producer_advice
 from .remedy.terms import onnxruntime_settings, per_channel_weights, quantizer_call, suggest_command
 from .results import json_safe
 from .engine import engine_for
@@ -489,12 +489,13 @@ def _verdict(engine, metric, three, sens, top_nodes, dist, boxes, curves, sample
             it["reasons"].append("the model stays close to float with everything quantized: nothing to do" if close
                                  else "it costs little next to the worst node: nothing to do")
     if source == "neither":
-        steps, choices = _plan(items, [], source, structural_only=True, qm=engine.qmodel)
+        steps, choices = _plan(items, [], source, structural_only=True, qm=engine.qmodel,
+                               float_model=engine.float_model)
         next_steps = ([] if blind is not None and blind.source != "neither" else
                       ["nothing urgent; if a task metric still drops, start from the top nodes listed here"]) \
             + [s + " (optional)" for s in steps]
     else:
-        next_steps, choices = _plan(items, matter, source, qm=engine.qmodel)
+        next_steps, choices = _plan(items, matter, source, qm=engine.qmodel, float_model=engine.float_model)
         next_steps[:0] = [_spread_step(k, *spread[k], suggest) for k in kinds if k in spread]
     # the same steps as the quantizer that made the model takes them, where it is not onnxruntime:
     # a heading, then its code and what it cannot express, a line each
@@ -656,11 +657,13 @@ def _names(names):
     return shown + (f" and {len(names) - 5} more" if len(names) > 5 else "")
 
 
-def _plan(items, relevant, source, structural_only=False, qm=None):
+def _plan(items, relevant, source, structural_only=False, qm=None, float_model=None):
     """``(next steps, choices)``: the steps in onnxruntime's terms, most effective first
     (per-channel weights, one switch for the whole model; per-node structure fixes; then int16
     and float for what stays sensitive), and the remedy each names per calibration node
-    (``{node: "per-channel" | "int16" | "float"}``, for :func:`producer_advice`)."""
+    (``{node: "per-channel" | "int16" | "float"}``, for :func:`producer_advice`). A Model
+    Optimizer model's nodes kept in float are in its own terms, as the diagnosis gives them
+    (``float_model``: names them as its terms do), and its int16, which it has not, is float."""
     # per-channel weights is one switch for the whole model: worth it for any ranked weight
     # when weights are (part of) the problem, otherwise only for nodes that matter
     def first(f):  # a weight exactly on its grid has nothing to try
@@ -676,7 +679,8 @@ def _plan(items, relevant, source, structural_only=False, qm=None):
     widen = {f["node"] for it in items for f in it["findings"] if "int16" in f["try"]}
     steps = []
     if weight_pc:
-        steps.append(("weight", f"quantize weights per channel ({per_channel_weights(qm)}): "
+        how = MODELOPT_PER_CHANNEL if qm is not None and qm.made_by.key == "modelopt" else per_channel_weights(qm)
+        steps.append(("weight", f"quantize weights per channel ({how}): "
                                 f"{_names(weight_pc)} {'loses' if len(weight_pc) == 1 else 'lose'} channels to a "
                                 "per-tensor scale"))
     if act_pc:
@@ -700,16 +704,15 @@ def _plan(items, relevant, source, structural_only=False, qm=None):
     floats = _calibration(qm, severe)
     if severe:
         # the nodes a re-quantization leaves out, as the float model names them
-        kept = onnxruntime_settings(qm, "float", floats) if floats else {"nodes_to_exclude": []}
-        exclude = kept["nodes_to_exclude"]
-        how = f"{quantizer_call(qm)}(..., nodes_to_exclude={exclude})" if exclude else "onnxruntime: nodes_to_exclude"
+        how, notes = _kept(qm, floats, float_model) if floats else ("", [])
+        how = how or "onnxruntime: nodes_to_exclude"
         # first where they cost far more than what the steps above fix (a mask's fill beside
         # outlier channels): fixing those first would leave most of the loss
         fixed = [it["badness"] for it in items if {f["node"] for f in it["findings"]} & handled]
         ahead = bool(steps) and max(it["badness"] for it in severe) >= DOMINANT * max(fixed, default=0.0)
         first = "if they still cost too much after that, " if steps and not ahead else ""
         step = ("", f"{first}keep {_names([it['node'] for it in severe])} in float ({how}) and re-check the output"
-                    + _notes(kept))
+                    + _notes(notes))
         if ahead:
             steps.insert(0, step)
         else:
@@ -722,29 +725,54 @@ def _plan(items, relevant, source, structural_only=False, qm=None):
         # (MatMulNBits, block-wise int4) takes no TensorQuantOverrides
         raised = _calibration(qm, wide)
         narrow = any(qm.calibration[c].bit < 8 for c in raised)
-        if qm.weight_only:
+        how, notes = _kept(qm, raised, float_model) if raised else ("", [])
+        own = qm.made_by.key == "modelopt" and not qm.weight_only
+        if own:
+            # Model Optimizer has no 16-bit integer mode: float is its one step (as in the diagnosis)
+            steps.append(("", f"keep {_names([it['node'] for it in wide])} in float "
+                              f"({how or 'Model Optimizer: nodes_to_exclude'}; Model Optimizer has no int16) and "
+                              "re-check" + _notes(notes)))
+            floats += raised
+        elif qm.weight_only:
             to, how = ("8 bits or more", "the weight-only quantizer's 8-bit setting for them, e.g. MatMulNBitsQuantizer's "
                        "customized_weight_config {MatMul: {'bits': 8}} with its RTN or GPTQ algorithm")
         else:
             to, how = (("int8 or int16", "TensorQuantOverrides with an 8- or 16-bit type") if narrow
                        else ("int16", "TensorQuantOverrides with a 16-bit type"))
-        # keeping them in float is advised too: where that departs from the simulation, the note
-        steps.append(("", f"raise {_names([it['node'] for it in wide])} to {to} ({how}), or keep them in float, and "
-                          "re-check" + (_notes(onnxruntime_settings(qm, "float", raised)) if raised else "")))
-        choices.update(dict.fromkeys([c for c in raised if qm.wider_type(qm.calibration[c])], "int16"))
+        if not own:
+            # keeping them in float is advised too: where that departs from the simulation, the note
+            steps.append(("", f"raise {_names([it['node'] for it in wide])} to {to} ({how}), or keep them in float, "
+                              "and re-check" + _notes(notes)))
+            choices.update(dict.fromkeys([c for c in raised if qm.wider_type(qm.calibration[c])], "int16"))
     if len(wide) < len(rest):
         others = _calibration(qm, [it for it in rest if it not in wide])
         steps.append(("", f"keep {_names([it['node'] for it in rest if it not in wide])} in float, or fix the model "
-                          "there, and re-check" + (_notes(onnxruntime_settings(qm, "float", others)) if others else "")))
+                          "there, and re-check" + (_notes(_kept(qm, others, float_model)[1]) if others else "")))
     choices.update(dict.fromkeys(floats, "float"))  # a node kept in float needs nothing else
     return [text for _, text in steps], choices
 
 
-def _notes(settings):
-    """The notes of onnxruntime ``settings`` that keep nodes in float, where quantize_static
-    does otherwise than the simulation (a requantize chain's later pair takes its earlier
-    pairs): the settings' own sentences, as the remedy prints them."""
-    return "".join(f"; note: {n}" for n in settings.get("notes", ()))
+def _kept(qm, nodes, float_model):
+    """``(call, notes)`` keeping calibration ``nodes`` in float in the terms the steps give it:
+    Model Optimizer's own for its models (it excludes a pair's readers, not quantize_static's
+    producer and readers of a tensor), from its terms; else onnxruntime's settings. ``call``:
+    "" where nothing is excluded; ``notes``: where the exclusion does otherwise than the
+    simulation (a requantize chain's later pair), the sentences of the terms that give it."""
+    if qm is not None and qm.made_by.key == "modelopt":
+        try:
+            settings, notes = kept_in_float(qm, nodes, float_model)
+        except PTQError as exc:
+            return f"Model Optimizer's nodes_to_exclude cannot be named: {exc}", []
+        return modelopt_call(settings), notes
+    kept = onnxruntime_settings(qm, "float", nodes)
+    exclude = kept["nodes_to_exclude"]
+    return (f"{quantizer_call(qm)}(..., nodes_to_exclude={exclude})" if exclude else ""), kept.get("notes", [])
+
+
+def _notes(notes):
+    """``notes`` on keeping nodes in float, where the exclusion does otherwise than the
+    simulation: their own sentences, as the remedy prints them."""
+    return "".join(f"; note: {n}" for n in notes)
 
 
 def _calibration(qm, items):

@@ -900,3 +900,54 @@ def test_a_producers_check_compares_the_chain_pair_its_terms_name(branched, tmp_
             found = effect(terms[pair], str(fpath), base, path)
             assert found["not_applied"] == ([] if applied else [tensor]), (pair, path, found)
             assert found["kept"]["int16"] == {tensor: applied}, (pair, path, found)
+
+
+def test_model_optimizers_fix_and_next_step_for_a_chains_later_pair_exclude_what_its_terms_exclude(branched,
+                                                                                                 tmp_path):
+    """A Model Optimizer model's diagnosis kept the branched chain's later pair in float with
+    modelopt.onnx.quantization.quantize(nodes_to_exclude=['conv0', 'conv1']), quantize_static's
+    list, beside the note of Model Optimizer's terms, which exclude conv1 alone ('excluding conv1
+    leaves its input ...'); runall's step named quantize_static with its own note. Replayed with
+    Model Optimizer's placement, conv0 excluded took its weight's pair too, which no remedy asked
+    for. The fix, its snippet and the step name the terms' list and carry its note."""
+    import conventions
+    from test_producer_terms import _listed, _mark, _modelopt_expand, _pairs_on
+
+    from pytest_ptq.diagnosis import _fixes
+    from pytest_ptq.remedy import producer_terms
+    from pytest_ptq.runall import _plan
+
+    model = onnx.load(str(branched["model"]))
+    _mark(model, "modelopt")
+    qpath, fpath = tmp_path / "marked.onnx", tmp_path / "float.onnx"
+    onnx.save(model, str(qpath))
+    onnx.save(builders.rewire(qpath), str(fpath))
+    data = {"x": [f["x"] for f in branched["feeds"]]}
+    qm = QuantModel(str(qpath), float_model=str(fpath))
+    assert qm.made_by.key == "modelopt"
+    terms = producer_terms(qm, "float", ["fine_Q"], float_model=str(fpath))
+    want, note = terms["settings"]["nodes_to_exclude"], terms["nodes"]["fine_Q"]["note"]
+
+    def replayed(names, out):
+        excluded = _modelopt_expand(fpath, {"nodes_to_exclude": names, "op_types_to_exclude": []})
+        return _pairs_on(conventions.make(fpath, tmp_path / out, data, "modelopt_int8_fp32", exclude=excluded))
+
+    base = replayed([], "base.onnx")
+    expected = replayed(want, "terms.onnx")
+    weight = _read_by(fpath, "conv0", 1)  # conv0's weight: no remedy here touches it
+    assert weight in base and weight in expected and _read_by(fpath, "conv1") in base
+    item = {"node": "fine_Q", "kind": "activation", "badness": 0.2, "try": ["keep in float"], "chosen": ["fine_Q"],
+            "inputs": [{"node": "fine_Q", "kind": "activation", "try": ["keep in float"], "reason": "clips"}],
+            "findings": [{"node": "fine_Q", "kind": "activation", "try": ["keep in float"]}]}
+    fixes, _, call, _, _ = _fixes(qm, [item], "activation", float_model=str(fpath))
+    fix = next(f["text"] for f in fixes if f["short"] == "keep nodes in float")
+
+    def check(text, k, noted=True):
+        listed = _listed(text)
+        assert listed == want, text
+        assert replayed(listed, f"face{k}.onnx") == expected, text
+        assert not noted or text.partition("; note: ")[2] == note, text  # the list's own terms' note
+
+    check(fix, 0)
+    check(call, 1, noted=False)
+    check(next(s for s in _plan([item], [item], "activation", qm=qm, float_model=str(fpath))[0] if " in float" in s), 2)

@@ -664,3 +664,91 @@ def test_terms_that_cannot_be_given_are_said_and_runall_finishes(outlier_made, t
     s = runall(str(made["inc"]), root / "calib", float_model=str(fpath), save_dir=tmp_path, top=3, progress=False)
     assert s["verdict"]["next_steps"][-1] == ("in Intel Neural Compressor's terms: none given (the float model's "
                                               "node 'conv1' has no counterpart)" + (" (optional)" if s["verdict"]["source"] == "neither" else ""))
+
+
+def _listed(text, key="nodes_to_exclude"):
+    """The list ``key=[...]`` a fix line or next step names, read back as Python."""
+    import ast
+
+    found = re.search(rf"{key}=(\[[^]]*\])", text)
+    return ast.literal_eval(found.group(1)) if found else None
+
+
+def _item(node, tries, kind="activation"):
+    return {"node": node, "kind": kind, "badness": 0.2, "try": tries, "chosen": [node],
+            "inputs": [{"node": node, "kind": kind, "try": tries, "reason": "coarse"}],
+            "findings": [{"node": node, "kind": kind, "try": tries}]}
+
+
+@pytest.mark.parametrize("tries", [["keep in float"], ["int16", "keep in float"]])
+def test_model_optimizers_fix_snippet_and_next_step_exclude_what_its_terms_exclude(made, tries, tmp_path):
+    """A Model Optimizer model's diagnosis wrote its fix (and its "all at once" snippet) as
+    modelopt.onnx.quantization.quantize with quantize_static's list, the tensor's producer
+    and readers (['conv2', 'add2'] for conv2's output, which add2 alone reads through the pair),
+    beside its terms' ['add2']; runall's step named quantize_static's list, or for a node to
+    raise to int16 TensorQuantOverrides, which Model Optimizer has not. Each names its terms'
+    list now, and replayed with Model Optimizer's placement it leaves the same pairs the terms
+    do, the tensor's gone."""
+
+    from pytest_ptq.diagnosis import _fixes
+    from pytest_ptq.runall import _plan
+
+    qpath, fpath, data = made("modelopt_int8_fp32", "modelopt", "conv")
+    qm = QuantModel(str(qpath), float_model=str(fpath))
+    pairs = {}
+
+    def replayed(names):
+        key = tuple(sorted(names))
+        if key not in pairs:
+            excluded = _modelopt_expand(fpath, {"nodes_to_exclude": names, "op_types_to_exclude": []})
+            pairs[key] = _pairs_on(conventions.make(fpath, tmp_path / f"{len(pairs)}.onnx", data, "modelopt_int8_fp32",
+                                                    exclude=excluded))
+        return pairs[key]
+
+    checked = 0
+    for c in qm.of_kind("activation"):
+        if c.producer not in qm.normal:
+            continue
+        terms = producer_terms(qm, "float", [c.name], float_model=str(fpath))
+        want, tensor = terms["settings"]["nodes_to_exclude"], terms["nodes"][c.name]["tensor"]
+        assert want and not terms["settings"]["op_types_to_exclude"], terms["settings"]
+        fixes, settings, call, _, _ = _fixes(qm, [_item(c.name, tries)], "activation", float_model=str(fpath))
+        fix = next(f["text"] for f in fixes if f["short"] == "keep nodes in float")
+
+        def check(text):
+            assert "modelopt.onnx.quantization.quantize(" in text and "quantize_static" not in text, text
+            listed = _listed(text)
+            assert listed == want, (c.name, text)
+            assert tensor not in replayed(listed) and replayed(listed) == replayed(want), (c.name, text)
+
+        check(fix)
+        check(call)
+        assert settings["nodes_to_exclude"] == want
+        steps = [s for s in _plan([_item(c.name, tries)], [_item(c.name, tries)], "activation", qm=qm,
+                                  float_model=str(fpath))[0] if " in float" in s]
+        assert len(steps) == 1, steps
+        check(steps[0])
+        checked += 1
+    assert checked >= 3
+
+
+def test_model_optimizers_next_step_for_per_tensor_weights_names_no_onnxruntime_switch(made):
+    """runall's step for per-tensor weights in a Model Optimizer model named quantize_static's
+    per_channel=True, where the diagnosis and Model Optimizer's terms say it has no such
+    setting (int8 weights per channel always): the step says what the diagnosis says."""
+    from pytest_ptq.diagnosis import _fixes
+    from pytest_ptq.runall import _plan
+
+    qpath, fpath, _ = made("modelopt_int8_fp32", "modelopt", "conv")
+    qm = QuantModel(str(qpath), float_model=str(fpath))
+    w = next(c for c in qm.of_kind("weight") if c.role != "bias")
+    it = _item(w.name, ["per-channel"], "weight")
+    terms = producer_terms(qm, "per-channel", [w.name], {w.name: 0}, float_model=str(fpath))
+    assert terms["unsupported"] and not terms["lines"]  # no term: nothing to set
+
+    def check(text):
+        assert "per_channel=True" not in text and "quantize_static" not in text, text
+        assert "Model Optimizer quantizes int8 weights per channel" in text, text
+
+    check(_fixes(qm, [it], "weight", float_model=str(fpath))[0][0]["text"])
+    check(_plan([it], [it], "weight", qm=qm, float_model=str(fpath))[0][0])

@@ -352,12 +352,36 @@ def _modelopt(qm, names, kinds, axes, terms):
         if op_types:
             cli.append("--op_types_to_exclude " + " ".join(op_types))
         terms["lines"].append(" ".join(cli))
-        kw = ([f"nodes_to_exclude={patterns!r}"] if patterns else []) + (
-            [f"op_types_to_exclude={op_types!r}"] if op_types else [])
-        terms["lines"].append("in Python: modelopt.onnx.quantization.quantize(..., " + ", ".join(kw) + ")")
+        terms["lines"].append("in Python: " + modelopt_call(terms["settings"]))
     if instead:
         shown = " ".join(shlex.quote(_pattern(n, every)) for n in dict.fromkeys(instead))
         terms["instead"] = f"--nodes_to_exclude {shown}"
+
+
+MODELOPT_QUANTIZE = "modelopt.onnx.quantization.quantize"
+# what per-channel weights come to with Model Optimizer, which has no per-channel switch to set
+MODELOPT_PER_CHANNEL = ("Model Optimizer quantizes int8 weights per channel by default; the ones below are per "
+                        "tensor: re-export them per channel")
+
+
+def modelopt_call(settings):
+    """Model Optimizer's ``settings`` (``nodes_to_exclude`` patterns, ``op_types_to_exclude``)
+    as its Python call, ready to paste; "" when they exclude nothing."""
+    kw = [f"{k}={settings[k]!r}" for k in ("nodes_to_exclude", "op_types_to_exclude") if settings.get(k)]
+    return f"{MODELOPT_QUANTIZE}(..., {', '.join(kw)})" if kw else ""
+
+
+def kept_in_float(qmodel, nodes, float_model=None):
+    """``(settings, notes)`` that keep calibration ``nodes`` in float in the terms of the
+    quantizer that made ``qmodel``, for advice written in those terms rather than onnxruntime's
+    (Model Optimizer's, whose placement is not quantize_static's): its settings and the notes of
+    the nodes' entries (a requantize chain's later pair), one source for every line that prints
+    them. Raises :class:`~pytest_ptq.errors.PTQError` where they cannot be named."""
+    terms = producer_terms(qmodel, "float", nodes, float_model=float_model)
+    if terms is None:
+        raise PTQError(f"{qmodel.made_by.label} has no terms of its own; use onnxruntime's settings")
+    notes = [e["note"] for n in nodes if "note" in (e := terms["nodes"].get(n, {}))]
+    return terms["settings"], list(dict.fromkeys(notes))
 
 
 def _later_pair_excluded(qm, names, c, terms):
