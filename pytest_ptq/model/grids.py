@@ -239,3 +239,67 @@ def dynamic_fake_quant(x):
     if scale == 0:
         return np.zeros(x.shape, np.float32)
     return fake_quant(x, GRIDS[TP.UINT8], scale, zp)
+
+
+# An integer grid found in float values (see integer_grid): at most this many codes apart
+# (int8's and uint8's 256; int4's 16 fit too), and each value within this share of a step
+# of its code (float32's rounding of code * scale is a few millionths of a step)
+FOUND_LEVELS = 256
+FOUND_TOLERANCE = 1e-4
+# slices of a weight read per axis: a few tell as well as all of them
+_FOUND_SLICES = 16
+_FOUND_ELEMENTS = 1 << 16  # elements read for one grid over the whole tensor
+
+
+def _slice_step(v):
+    """The step of the integer grid the values ``v`` (1-D float64, some non-zero) lie on, or
+    None. Every value is ``code * step`` with codes at most FOUND_LEVELS apart: the smallest
+    gap between them (or the smallest magnitude) is a whole number of steps, and the step
+    then fitted to all of them by least squares."""
+    nonzero = np.abs(v[v != 0])
+    levels = np.unique(v)
+    if levels.size > FOUND_LEVELS:
+        return None
+    gaps = np.diff(levels)
+    smallest = float(min(gaps.min(initial=np.inf), nonzero.min()))
+    for whole in range(1, 17):  # unused codes between the closest two values
+        step = smallest / whole
+        codes = np.rint(v / step)
+        if np.abs(v / step - codes).max() > 0.05 or codes.max() - codes.min() >= FOUND_LEVELS:
+            continue
+        step = float(np.dot(codes, v) / np.dot(codes, codes))
+        if np.abs(v - codes * step).max() <= FOUND_TOLERANCE * step:
+            return step
+    return None
+
+
+def integer_grid(values, min_levels=3):
+    """``(axis, picked, steps)`` where float ``values`` (a weight) lie on an integer grid: each value
+    a whole multiple of one step per tensor (``axis`` None) or per index of ``axis``, the
+    multiples at most FOUND_LEVELS apart, as a weight quantized to int8/uint8 (or fewer
+    bits) and dequantized holds; None where they do not, or tell nothing (fewer than
+    ``min_levels`` distinct values, or at most two elements a slice). ``picked``: the indices of ``axis``
+    read (a few spread over it; ``[None]`` per tensor), ``steps`` their grids' steps (0 for
+    an all-zero slice)."""
+    x = np.asarray(values)
+    if x.dtype.kind != "f" or x.size < 8 or not np.isfinite(x).all() or np.unique(x).size < min_levels:
+        return None
+    x = x.astype(np.float64)
+    for axis in [None, *range(x.ndim)]:
+        if axis is None:  # elements spread over the whole tensor, every channel among them
+            picked, parts = [None], [x.reshape(-1)[::max(1, x.size // _FOUND_ELEMENTS)]]
+        else:
+            if x.shape[axis] < 2 or x.size // x.shape[axis] < 3:
+                continue
+            picked = np.unique(np.linspace(0, x.shape[axis] - 1, min(x.shape[axis], _FOUND_SLICES)).astype(int))
+            parts = [np.take(x, k, axis=axis).reshape(-1) for k in picked]
+        steps = []
+        for part in parts:
+            step = _slice_step(part) if part.any() else 0.0  # an all-zero slice lies on every grid
+            if step is None:
+                break
+            steps.append(step)
+        else:
+            if any(steps):
+                return axis, list(picked), np.asarray(steps)
+    return None
