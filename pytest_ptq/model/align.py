@@ -33,6 +33,11 @@ keep its values:
 * a bias corrected by the quantizer: the weight decides the match, and the bias stays as
   quantized.
 
+A float constant an operator reads without a pair, where the float model's differs and it
+is that weight rounded onto an integer grid, is a weight whose DequantizeLinear onnxruntime's
+constant folding computed into the file (:attr:`Alignment.quantized_constants`): nothing can
+bypass it.
+
 Folds are compared with a tolerance for the quantizer's float32 arithmetic in its own
 order; where two float weights both fit, the closer one wins. What stays unmatched on either
 side is a rewrite by the quantizer (a Sigmoid replaced by HardSigmoid and Mul);
@@ -105,6 +110,11 @@ class Alignment:
     # inputs, the outputs of matched nodes and of an Identity passed through, not those of a
     # Cast or reshape passed through
     computes: dict = dataclasses.field(default_factory=dict)
+    # QDQ tensor -> the float model's weight it is, quantized: a float constant an operator
+    # reads without a pair whose values lie on an integer grid, rounded from that weight
+    # (onnxruntime's constant folding computed its DequantizeLinear into the file, see
+    # folded_weights); every configuration runs it quantized
+    quantized_constants: dict = dataclasses.field(default_factory=dict)
 
     @property
     def same_weights(self):
@@ -276,6 +286,7 @@ def align(qm, float_model):
         elif len(q_inputs) == len(f_inputs):
             tmatch[name] = f_inputs[k]
     nodes, fused, weights_at, folded, used, values, passed = {}, {}, {}, {}, set(), {}, set()
+    constants_at = {}  # (QDQ node, input index) -> the float constant its matched node reads there
     fold_outputs, fold_readers, reshaped = {}, {}, set()
     for n in qm.normal.values():
         proto = qm.node(n.name)
@@ -314,6 +325,8 @@ def align(qm, float_model):
         for k, e in enumerate(expect):
             if e[0] == "weight" and k < len(best.inputs) and best.inputs[k]:
                 weights_at.setdefault(e[1].name, []).append(best.inputs[k])
+            elif e[0] == "const" and k < len(best.inputs) and best.inputs[k]:
+                constants_at[n.name, k] = best.inputs[k]
     for c in qm.calibration.values():
         if c.kind == "activation" and c.name not in folded and c.input in tmatch:
             fold = _unread_fold(f, tmatch[c.input], used)
@@ -334,9 +347,49 @@ def align(qm, float_model):
                        unmatched_weights=unmatched, unmatched_float=unmatched_float, unmatched_qdq=unmatched_qdq,
                        weights_tried=tried, weights_fitted=fitted, fused=fused,
                        tensors={q: t for q, t in tmatch.items() if q != t}, fold_outputs=fold_outputs,
-                       computes={q: t for q, t in tmatch.items() if q not in reshaped})
+                       computes={q: t for q, t in tmatch.items() if q not in reshaped},
+                       quantized_constants=folded_weights(qm, f, constants_at))
     qm.alignment = result
     return result
+
+
+def folded_weights(qm, f, constants_at):
+    """``{QDQ tensor: float weight}`` for the weights whose quantization is folded into the
+    file: a float constant an operator reads without a pair (see
+    :meth:`~pytest_ptq.model.QuantModel.unpaired_weights`) that differs from the float
+    constant its matched node reads, lies on an integer grid (:func:`.grids.integer_grid`),
+    and is that float constant rounded onto it. ``constants_at``: ``(QDQ node, input index)
+    -> float constant`` of the matched nodes."""
+    out = {}
+    for node, k, tensor in qm.unpaired_weights():
+        fname = constants_at.get((node, k))
+        if fname is None or tensor in out:
+            continue
+        mine, fw = qm.constant(tensor), f.constant(fname)
+        if fw is None or np.shape(fw) != np.shape(mine) or np.asarray(fw).dtype.kind != "f":
+            continue
+        mine, fw = np.asarray(mine, np.float64), np.asarray(fw, np.float64)
+        if np.allclose(mine, fw, rtol=1e-6, atol=0):
+            continue  # the float model's own weight: nothing was quantized
+        grid = grids.integer_grid(mine)
+        if grid is not None and _rounded_from(mine, fw, *grid):
+            out[tensor] = float_source(fname)
+    return out
+
+
+def _rounded_from(mine, fw, axis, picked, steps):
+    """Whether ``mine`` is ``fw`` rounded onto the grid of ``steps`` (one per tensor, or one
+    per index ``picked`` of ``axis``): within half a step of it, or clipped (beyond it), for
+    FIT_SHARE of the elements of those slices."""
+    good = total = 0
+    for k, step in zip(picked, steps):
+        ours = mine if axis is None else np.take(mine, k, axis=axis)
+        theirs = fw if axis is None else np.take(fw, k, axis=axis)
+        top = np.abs(ours).max()
+        err = np.abs(ours - theirs)
+        good += int(np.count_nonzero((err <= step / 2 * 1.001 + 1e-7 * np.abs(theirs)) | (np.abs(theirs) > top)))
+        total += ours.size
+    return total > 0 and good >= FIT_SHARE * total
 
 
 def counterpart(qm, other, tensor):

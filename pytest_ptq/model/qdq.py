@@ -60,6 +60,11 @@ def is_fused(node):
 
 # onnxruntime quantizes the weight input of these ops per channel.
 PER_CHANNEL_OPS = {"Conv", "ConvTranspose", "Gemm", "MatMul"}
+# Distinct values a float weight read without a pair must hold, on an integer grid, for the
+# model alone to suggest a quantization folded into the file: a hand-made kernel (a mean
+# filter's 0 and +-1/81, a binomial blur's six multiples of 1/256) lies on a grid too, with
+# fewer; a dequantized int8 or int4 weight of a few dozen elements holds more.
+GRID_LEVELS = 8
 
 
 @dataclasses.dataclass
@@ -466,6 +471,7 @@ class QuantModel:
 
             align(self, float_model)
             self._note_lost_folds()
+        self._note_quantized_constants()
 
     def _refuse_axis_before_opset_13(self):
         """Q/DQ of the standard domain take an axis from opset 13: quantize_static(per_channel=True)
@@ -499,6 +505,39 @@ class QuantModel:
             f"range [{low:.4g}, {high:.4g}] does not{more}: the quantized model runs without that activation, which "
             "its figures count as quantization error; re-quantize keeping it (onnxruntime: "
             "extra_options={'QDQKeepRemovableActivations': True})")
+
+    def _note_quantized_constants(self):
+        """A note for the weights whose quantization onnxruntime's constant folding computed
+        into the file (a session saving ``optimized_model_filepath`` folds each weight's
+        DequantizeLinear of constant codes into a float initializer): no pair is left to
+        bypass, so every configuration, the bypassed one included, runs them quantized. With
+        the float model the alignment finds them (:func:`.align.folded_weights`); without,
+        a float constant on an integer grid read beside a pair is only a possibility."""
+        alignment = getattr(self, "alignment", None)
+        if alignment is not None:
+            found = list(alignment.quantized_constants)
+            if found:
+                self.notes.append(
+                    f"{_weights(self, found)} the file holds as float {'are' if len(found) > 1 else 'is'} the float "
+                    "model's weight(s) rounded onto an integer grid: the quantizer's DequantizeLinear of "
+                    f"{'them was' if len(found) > 1 else 'it was'} folded into the file (onnxruntime's constant "
+                    "folding, as when a session saves optimized_model_filepath), so no pair is left to bypass; "
+                    "their quantization error counts in every configuration, the bypassed (float) one included, and "
+                    "no ranking shows it; analyse the file saved before constant folding (the quantizer's own "
+                    "output, or one saved with graph_optimization_level ORT_DISABLE_ALL)")
+            return
+        if self.aligned:
+            return
+        found = list(dict.fromkeys(t for _, _, t in self.unpaired_weights()
+                                   if grids.integer_grid(self.constant(t), GRID_LEVELS) is not None))
+        if found:
+            self.notes.append(
+                f"{_weights(self, found)}, read without a pair beside quantized inputs, hold{'' if len(found) > 1 else 's'} "
+                "values on an integer grid (whole multiples of one step per tensor or channel, as a dequantized "
+                "int8 weight does): the quantizer's DequantizeLinear may have been folded into the file "
+                "(onnxruntime's constant folding, as when a session saves optimized_model_filepath), in which case "
+                "their quantization error counts in every configuration and cannot be bypassed; pass the float "
+                "model to tell, or analyse the file saved before constant folding")
 
     def _drop_unchanging_outputs(self):
         """Leave out of the tool's copy, with a note, the model outputs no configuration
@@ -1430,6 +1469,26 @@ class QuantModel:
             self._by_output = {o: c for c in self.calibration.values() for o in c.outputs}
         return self._by_output
 
+    def unpaired_weights(self):
+        """``[(node, input index, tensor)]``: the float constants (a matrix or more) that an
+        operator onnxruntime quantizes the weight of (Conv, ConvTranspose, Gemm, MatMul) reads
+        as its first or second input with no pair, where it reads the other of the two through
+        a pair. Such a weight's quantization may have been folded into the file: onnxruntime's
+        constant folding (a session saving ``optimized_model_filepath``) computes
+        DequantizeLinear(codes) into a float initializer holding the quantized values."""
+        by_output, out = self.by_output(), []
+        for n in self.normal.values():
+            if n.op_type not in PER_CHANNEL_OPS or len(n.inputs) < 2:
+                continue
+            for k, other in ((0, 1), (1, 0)):
+                tensor = n.inputs[k]
+                if tensor in by_output or other >= len(n.inputs) or n.inputs[other] not in by_output:
+                    continue
+                value = self.constant(tensor) if tensor else None
+                if value is not None and value.dtype.kind == "f" and value.ndim >= 2:
+                    out.append((n.name, k, tensor))
+        return out
+
     def folded_activation_suspects(self):
         """Activation pairs whose range starts at exactly 0 right after an op that can go
         negative, and which no Relu/Clip follows: where a quantizer that deletes Relu/Clip after
@@ -1454,6 +1513,14 @@ _ON_GRID_SAMPLE = 1 << 16
 # Ops after which a tensor can be negative.
 _SIGNED_PRODUCERS = {"Conv", "ConvTranspose", "Gemm", "MatMul", "Add", "Sub", "BatchNormalization",
                      "InstanceNormalization", "LayerNormalization", "Mul"}
+
+
+def _weights(qm, tensors):
+    """``weight 'a' (read by Conv 'c')``, or ``2 weights ('a' (...), 'b' (...))``, as the file names them."""
+    readers = {t: n for n, _, t in reversed(qm.unpaired_weights())}
+    shown = [f"{qm.shown_name(t)!r} (read by {qm.node(readers[t]).op_type} {readers[t]!r})" if t in readers
+             else repr(qm.shown_name(t)) for t in tensors]
+    return f"weight {shown[0]}" if len(shown) == 1 else f"{len(shown)} weights ({', '.join(shown)})"
 
 
 def _ops(ops, shown=3):
