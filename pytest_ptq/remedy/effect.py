@@ -72,12 +72,24 @@ def _meet(named, theirs):
     return named is None or theirs is None or any(_among(r, theirs) for r in named) or (not named and not theirs)
 
 
-def _read_at(pairs, place):
-    """The pairs of ``pairs`` that the readers of ``place`` read: their own, else those last
-    before it in the tensor's chain (a quantizer writing a shorter chain); []: float."""
+def _index(pairs):
+    """``{(tensor, chain position): [(readers, calibration node)]}`` of :func:`places`: a place
+    looked up here, not through every pair, keeps the check linear in a remedy naming
+    thousands of pairs of a large model."""
+    out = {}
+    for place, c in pairs.items():
+        tensor, position, names = _parts(place)
+        out.setdefault((tensor, position), []).append((names, c))
+    return out
+
+
+def _read_at(index, place):
+    """The pairs of ``index`` (:func:`_index`) that the readers of ``place`` read: their own,
+    else those last before it in the tensor's chain (a quantizer writing a shorter chain); []:
+    float."""
     tensor, position, named = _parts(place)
     for p in range(position, -1, -1):
-        found = [c for k, c in pairs.items() if _parts(k)[:2] == (tensor, p) and _meet(named, _parts(k)[2])]
+        found = [c for names, c in index.get((tensor, p), ()) if _meet(named, names)]
         if found:
             return found
     return []
@@ -108,6 +120,10 @@ def changes(before, after, expect, named=()):
     Lists sorted, of tensors.
     """
     was, now = _reads(before), _reads(after)
+    at_before, at_after = _index(before), _index(after)
+    readers_before = {}  # id of a calibration node -> the readers of its places before
+    for place, c in before.items():
+        readers_before.setdefault(id(c), []).extend(_parts(place)[2] or (None,))
     spoken = {t: None for t in named}  # tensor -> readers named (None: all of them)
 
     def known(place):
@@ -125,21 +141,17 @@ def changes(before, after, expect, named=()):
     for kind, asked in expect.items():
         for place in asked:
             tensor, _, names = place
-            ok = all(applied[kind](d) for d in _read_at(after, place) or [None])
+            ok = all(applied[kind](d) for d in _read_at(at_after, place) or [None])
             kept[kind][tensor] = kept[kind].get(tensor, True) and ok
             if tensor not in spoken or spoken[tensor] is not None:
                 # a remedy on a pair reaches every operator reading its chain (the head's readers)
-                chain = {r for c in _read_at(before, (tensor, 0, names)) for r in _readers_of(before, c)}
+                chain = {r for c in _read_at(at_before, (tensor, 0, names)) for r in readers_before[id(c)]}
                 spoken[tensor] = None if names is None else set(spoken.get(tensor) or ()) | set(names) | chain
     collateral = sorted(t for t, by in was.items()
                         if any(by.get(r) != now.get(t, {}).get(r) for r in set(by) | set(now.get(t, {}))
                                if t not in spoken or (spoken[t] is not None and not _among(r, spoken[t]))))
     return {"kept": kept, "not_applied": sorted(t for ts in kept.values() for t, ok in ts.items() if not ok),
             "in_float": sorted({p[0] for kind in ("int16", "per-channel") for p in expect[kind]
-                                if not _read_at(after, p)}),
+                                if not _read_at(at_after, p)}),
             "collateral": collateral}
 
-
-def _readers_of(pairs, c):
-    """The readers of calibration node ``c``'s places in ``pairs`` (None for a place naming none)."""
-    return [r for k, d in pairs.items() if d is c for r in (_parts(k)[2] or (None,))]
