@@ -280,21 +280,32 @@ def integer_grid(values, min_levels=3):
     bits) and dequantized holds; None where they do not, or tell nothing (fewer than
     ``min_levels`` distinct values, or at most two elements a slice). ``picked``: the indices of ``axis``
     read (a few spread over it; ``[None]`` per tensor), ``steps`` their grids' steps (0 for
-    an all-zero slice)."""
+    an all-zero slice). Read from at most _FOUND_ELEMENTS elements a part, spread over it: every
+    float weight read without a pair is looked at on load, and sorting a large one whole took
+    a good part of a second each."""
     x = np.asarray(values)
-    if x.dtype.kind != "f" or x.size < 8 or not np.isfinite(x).all() or np.unique(x).size < min_levels:
+    if x.dtype.kind != "f" or x.size < 8:
         return None
-    x = x.astype(np.float64)
+    spread_over = _spread(x.reshape(-1) if x.flags.c_contiguous else x.flat)  # no copy of the whole
+    if not np.isfinite(spread_over).all():
+        return None
+    distinct = np.unique(spread_over).size
+    if distinct < min_levels and spread_over.size < x.size:  # a few values sampled: count them all
+        distinct = np.unique(x).size
+    if distinct < min_levels:
+        return None
     for axis in [None, *range(x.ndim)]:
         if axis is None:  # elements spread over the whole tensor, every channel among them
-            picked, parts = [None], [x.reshape(-1)[::max(1, x.size // _FOUND_ELEMENTS)]]
+            picked, parts = [None], [spread_over]
         else:
             if x.shape[axis] < 2 or x.size // x.shape[axis] < 3:
                 continue
             picked = np.unique(np.linspace(0, x.shape[axis] - 1, min(x.shape[axis], _FOUND_SLICES)).astype(int))
-            parts = [np.take(x, k, axis=axis).reshape(-1) for k in picked]
+            parts = [_spread(np.take(x, k, axis=axis).reshape(-1)) for k in picked]
         steps = []
         for part in parts:
+            if not np.isfinite(part).all():
+                return None
             step = _slice_step(part) if part.any() else 0.0  # an all-zero slice lies on every grid
             if step is None:
                 break
@@ -303,3 +314,10 @@ def integer_grid(values, min_levels=3):
             if any(steps):
                 return axis, list(picked), np.asarray(steps)
     return None
+
+
+def _spread(flat):
+    """At most _FOUND_ELEMENTS elements of ``flat`` (1-D, or a flat iterator), spread evenly over
+    it, as float64."""
+    size = flat.size if hasattr(flat, "size") else len(flat)
+    return np.asarray(flat[::-(-size // _FOUND_ELEMENTS)], np.float64)
