@@ -365,15 +365,16 @@ def folded_weights(qm, f, constants_at):
         fname = constants_at.get((node, k))
         if fname is None or tensor in out:
             continue
-        mine, fw = qm.constant(tensor), f.constant(fname)
-        if fw is None or np.shape(fw) != np.shape(mine) or np.asarray(fw).dtype.kind != "f":
+        # read once and not kept: every weight read without a pair is looked at, on every load
+        stored, given = qm.transient_constant(tensor), f.constant(fname)
+        if given is None or np.shape(given) != np.shape(stored) or np.asarray(given).dtype.kind != "f":
             continue
-        mine, fw = np.asarray(mine, np.float64), np.asarray(fw, np.float64)
-        if np.allclose(mine, fw, rtol=1e-6, atol=0):
-            continue  # the float model's own weight: nothing was quantized
-        grid = grids.integer_grid(mine)
-        if grid is not None and _rounded_from(mine, fw, *grid):
-            out[tensor] = float_source(fname)
+        mine, fw = np.asarray(stored, np.float32), np.asarray(given, np.float32)  # no copy of a float32 weight
+        if not np.allclose(mine, fw, rtol=1e-6, atol=0):  # else the float model's own weight: nothing quantized
+            grid = grids.integer_grid(mine)
+            if grid is not None and _rounded_from(mine, fw, *grid):
+                out[tensor] = float_source(fname)
+        _hand_back(stored, given)
     return out
 
 

@@ -529,7 +529,7 @@ class QuantModel:
         if self.aligned:
             return
         found = list(dict.fromkeys(t for _, _, t in self.unpaired_weights()
-                                   if grids.integer_grid(self.constant(t), GRID_LEVELS) is not None))
+                                   if self._on_integer_grid(t)))
         if found:
             self.notes.append(
                 f"{_weights(self, found)}, read without a pair beside quantized inputs, hold{'' if len(found) > 1 else 's'} "
@@ -755,6 +755,15 @@ class QuantModel:
 
     def is_constant(self, name):
         return self.constant(name) is not None
+
+    def transient_constant(self, name):
+        """:meth:`constant` for one look (a check on load): a value not kept before is not kept
+        after, so that looking at every weight leaves no decoded copy of each beside the file."""
+        cached = name in self._constant_cache
+        value = self.constant(name)
+        if not cached and name not in self.shared:
+            self._constant_cache.pop(name, None)
+        return value
 
     def upstream(self, tensor):
         """The tensors ``tensor`` is computed from (itself included): what may change it."""
@@ -1319,12 +1328,9 @@ class QuantModel:
         if c.kind != "weight" or c.role == "bias" or g.kind != "int" or g.bits != 8 or c.block_size:
             return None
         if c.name not in self._reduced:
-            cached = c.input in self._constant_cache
-            x = self.constant(c.input)
+            x = self.transient_constant(c.input)  # as _mark_on_grid: no copy of every weight kept
             self._reduced[c.name] = self._half_grid(c, x)
             hand_back(mapping(x))
-            if not cached and c.input not in self.shared:  # as _mark_on_grid: no copy of every weight kept
-                self._constant_cache.pop(c.input, None)
         return self._reduced[c.name]
 
     def shown_grid(self, c):
@@ -1469,6 +1475,13 @@ class QuantModel:
             self._by_output = {o: c for c in self.calibration.values() for o in c.outputs}
         return self._by_output
 
+    def _on_integer_grid(self, tensor):
+        value = self.transient_constant(tensor)
+        try:
+            return grids.integer_grid(value, GRID_LEVELS) is not None
+        finally:
+            hand_back(mapping(value))
+
     def unpaired_weights(self):
         """``[(node, input index, tensor)]``: the float constants (a matrix or more) that an
         operator onnxruntime quantizes the weight of (Conv, ConvTranspose, Gemm, MatMul) reads
@@ -1484,8 +1497,13 @@ class QuantModel:
                 tensor = n.inputs[k]
                 if tensor in by_output or other >= len(n.inputs) or n.inputs[other] not in by_output:
                     continue
-                value = self.constant(tensor) if tensor else None
-                if value is not None and value.dtype.kind == "f" and value.ndim >= 2:
+                init = self.inits.get(tensor)
+                if init is not None:  # its type and rank read from the proto: decoding it would keep a copy
+                    weight = init.data_type in FLOAT_TYPES and len(init.dims) >= 2
+                else:
+                    value = self.constant(tensor) if tensor else None
+                    weight = value is not None and value.dtype.kind == "f" and value.ndim >= 2
+                if weight:
                     out.append((n.name, k, tensor))
         return out
 
