@@ -167,7 +167,7 @@ def _remedy(result, notes):
            "re-quantized with": decisive[0] if decisive else None, "baseline": result.baseline,
            "every candidate": result.ceiling}
     # the same search on two xdist workers finds the same nodes: one entry
-    entry = {"key": "|".join(["remedy", result.remedy, result.metric, str(result.target), ",".join(result.outputs),
+    entry = {"key": "|".join(["remedy", result.remedy, result.metric, result.target_text, ",".join(result.outputs),
                               ",".join(result.nodes)]),
              "row": row, "summary": result.summary(), "settings": result.settings, "image": None}
     if result.curve:
@@ -175,7 +175,7 @@ def _remedy(result, notes):
             with guard.scratch("ptq-remedy-") as tmp:
                 png = plot_remedy(result, tmp / "remedy.png")
                 entry["image"] = _image(png, f"Remedy search ({result.remedy}): {result.metric} with the k most "
-                                             f"sensitive nodes remedied, target {result.target}")
+                                             f"sensitive nodes remedied, target {result.target_text}")
         except (PTQError, ValueError, OSError) as exc:
             notes.append(f"remedy curve not shown: {exc}")
     return entry

@@ -39,9 +39,14 @@ def plot_remedy(result, path):
         if group:
             ax.scatter([c["cost"] for c in group], [c["value"] for c in group], marker="D", s=28, color=colour,
                        alpha=0.7, zorder=3, label=f"scored on {on}: {word}")
-    ax.axhline(result.target if result.objective.get("min_ratio") is None else
-               result.figures.get(result.judged_on, {}).get("target", result.target),
-               linestyle="--", color="tab:red", linewidth=1, label=f"target {result.target_text}")
+    if result.objective.get("targets"):
+        # the points are the worst output's figure, each output judged against its own target:
+        # no one line is the bar, so the targets are said, not drawn
+        ax.plot([], [], linestyle="none", label=f"targets per output: {result.target_text}")
+    else:
+        ax.axhline(result.target if result.objective.get("min_ratio") is None else
+                   result.figures.get(result.judged_on, {}).get("target", result.target),
+                   linestyle="--", color="tab:red", linewidth=1, label=f"target {result.target_text}")
     if result.value is not None:
         x = result.cost
         ax.scatter([x], [result.value], s=120, facecolors="none", edgecolors="tab:blue", linewidths=2, zorder=4,

@@ -69,9 +69,9 @@ class Remedy(JsonResult):
     ``figures``: per data set (``calibration``, ``search`` when split, ``held-out`` or
     ``confirmation``) ``{samples, before, after, target, met, ...}``. ``ceiling``: every
     candidate remedied, on the search samples; ``ceiling_outputs``: where it falls short of
-    the target with several outputs, ``{output: value}`` of those that stay short there. ``curve``: one point per greedy step on the
-    search samples, ``{"nodes": k, "cost": c, "added": name, "kind": kind, "value": v}``
-    with ``k = 0`` the baseline. ``confirmations``: every set scored on the judging data.
+    the target with several outputs, ``{output: value}`` of those that stay short there.
+    ``curve``: one point per greedy step on the search samples, ``{"nodes": k, "cost": c,
+    "added": name, "kind": kind, "value": v}`` with ``k = 0`` the baseline. ``confirmations``: every set scored on the judging data.
     ``refinements``: the moves that improved the greedy set. ``settings``:
     ``nodes_to_exclude``, ``TensorQuantOverrides`` (JSON form) and ``simulation_only`` (``notes`` where
     they do otherwise than the simulated remedy).
