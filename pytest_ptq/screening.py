@@ -58,7 +58,10 @@ NARROW_MIN = 3
 class Screening:
     """How the rankings were computed: on ``samples`` of ``of`` samples (chosen for
     ``budget_s`` seconds, or all of them when ``budget_s`` is None), the top ``confirmed``
-    of each re-scored on all ``of``; ``confidence[type]`` is the bootstrap of the confirmed
+    of each (the most asked) to be re-scored on all ``of``; ``top[type]`` how many were,
+    ``rescored[type]`` how many more were because their outputs held no values on the samples
+    they were ranked on (both read from the rankings, :meth:`Sensitivity.rescored`: a type of
+    fewer nodes than ``confirmed`` confirms fewer); ``confidence[type]`` is the bootstrap of the confirmed
     nodes (a :class:`~pytest_ptq.confidence.Confidence`), ``reordered[type]`` whether
     confirming changed their order, ``seconds`` what ranking and confirming took."""
 
@@ -73,10 +76,12 @@ class Screening:
     narrowed: dict = dataclasses.field(default_factory=dict)  # {type: nodes scored on narrowed_samples}
     narrowed_samples: int = 0
     held: int = 0  # the samples the data hold, where ``of`` are the first of them (data_num)
+    top: dict = dataclasses.field(default_factory=dict)
+    rescored: dict = dataclasses.field(default_factory=dict)
 
     def to_dict(self):
         return {"text": self.text(), "samples": self.samples, "of": self.of, "budget_s": self.budget_s, "confirmed": self.confirmed,
-                "narrowed": dict(self.narrowed), "narrowed_samples": self.narrowed_samples,
+                "top": dict(self.top), "rescored": dict(self.rescored), "narrowed": dict(self.narrowed), "narrowed_samples": self.narrowed_samples,
                 "seconds": round(self.seconds, 3), "reordered": dict(self.reordered),
                 "confidence": {t: {"stable": c.stable, "top_k": c.top_k, "top_k_set_frequency": c.top_k_set_frequency,
                                    "message": c.message} for t, c in self.confidence.items()}}
@@ -90,8 +95,30 @@ class Screening:
         budget = f" (what a {self.budget_s:.3g} s budget allows)" if self.budget_s is not None else ""
         narrowed = (f", the top {' and '.join(f'{n} {KIND_WORDS[t]}' for t, n in self.narrowed.items())} nodes on "
                     f"{self.narrowed_samples}" if self.narrowed else "")
-        return (f"rankings on {self.samples} of {pool.removeprefix('all ')} samples{budget}{narrowed}, the top {self.confirmed} of "
-                f"each confirmed on all {self.of}")
+        return (f"rankings on {self.samples} of {pool.removeprefix('all ')} samples{budget}{narrowed}, "
+                f"{self._confirmed_text()}")
+
+    def _confirmed_text(self):
+        """What was re-scored on all ``of`` samples, per node type where the types differ."""
+        counts = set(self.top.values())
+        if counts == {0} or not counts:
+            said = f"none confirmed on all {self.of}"
+        elif len(counts) == 1:
+            said = f"the top {counts.pop()}{' of each' if len(self.top) > 1 else ''} confirmed on all {self.of}"
+        else:
+            said = f"the top {_per_type(self.top)} confirmed on all {self.of}"
+        more = {t: n for t, n in self.rescored.items() if n}
+        if more:
+            said += (f", and {_per_type(more, 'more ')} on all {self.of}, whose outputs held no values on the samples "
+                     "they were ranked on")
+        return said
+
+
+def _per_type(counts, word=""):
+    """"3 weight and 10 activation nodes": ``{node type: count}``, the types counting none left out."""
+    shown = [(t, n) for t, n in counts.items() if n]
+    return (f"{' and '.join(f'{n} {word}{KIND_WORDS[t]}' for t, n in shown)} "
+            f"node{'' if len(shown) == 1 and shown[0][1] == 1 else 's'}")
 
 
 def samples_within(budget_s, first_s, total, min_samples, confirm_share):
@@ -232,11 +259,15 @@ def screen(engine, node_types, metric_objs, specs, indices, budget_s=None, rank_
                 confidence[t] = ranking_confidence(confirmed, k=min(5, len(confirmed)), annotate=False)
             layers[t].append(confirmed)
     sens = {t: _layered(sens[t], layers[t][::-1], top[t]) if layers[t] else sens[t] for t in node_types}
+    confirming = wide < total
     return sens, Screening(samples=k, of=total, budget_s=budget_s if rank_samples is None else None,
                            confirmed=confirm if wide < total else 0, seconds=time.perf_counter() - start,
                            confidence=confidence, reordered=reordered, indices=tuple(chosen),
                            narrowed={t: n for t, n in keep.items() if n} if narrowed else {},
-                           narrowed_samples=wide if narrowed else 0)
+                           narrowed_samples=wide if narrowed else 0,
+                           # what the rankings hold, not what was asked: the sentence says what was done
+                           top={t: len(sens[t].confirmed) for t in node_types} if confirming else {},
+                           rescored={t: len(sens[t].rescored()) for t in node_types} if confirming else {})
 
 
 def _merged(chosen, t, scores, more):

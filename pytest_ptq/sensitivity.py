@@ -175,24 +175,35 @@ class Sensitivity(dict):
                       f"there is ({len(broken)} node(s): {', '.join(broken[:3])}{' ...' if len(broken) > 3 else ''})")
         return table
 
+    def rescored(self):
+        """The nodes of a screened ranking (screening.py) re-scored on all ``confirmed_samples``
+        samples beside the ``confirmed`` top: their outputs held no values on the samples they
+        were ranked on. Those with no figure even so are not among them."""
+        if not self.confirmed_samples:
+            return []
+        return [name for name in self if name not in self.confirmed and "no_values" not in self.details.get(name, {})
+                and self.details.get(name, {}).get("samples") == self.confirmed_samples]
+
     def _screened(self):
         """What a screened ranking scored its nodes on (screening.py), in the table's words."""
-        on, more = {}, 0  # the nodes with a figure beside the top (the no-values line names the others)
+        more = len(self.rescored())
+        on = {}  # the nodes with a figure beside those on every sample (the no-values line names the others)
         for name in self:
             d = self.details.get(name, {})
-            if name in self.confirmed or "no_values" in d or d.get("samples") is None:
+            if name in self.confirmed or "no_values" in d or d.get("samples") in (None, self.confirmed_samples):
                 continue
-            if d["samples"] == self.confirmed_samples:  # re-scored: no values on the samples they were ranked on
-                more += 1
-            else:
-                on[d["samples"]] = on.get(d["samples"], 0) + 1
+            on[d["samples"]] = on.get(d["samples"], 0) + 1
         rest = on.pop(self.samples, 0)
         parts = [f"the top {len(self.confirmed)} on all {self.confirmed_samples} samples"] if self.confirmed else []
         if more:
             parts.append(f"{more} more on all {self.confirmed_samples}, whose outputs held no values on the samples "
                          "they were ranked on")
-        parts += [f"the next {count} on {n}" for n, count in on.items()]
-        return ", ".join(parts) + (f"; the rest ranked on {self.samples}" if rest else "")
+        ahead = bool(parts)
+        parts += [f"the {'next' if ahead or j else 'top'} {count} on {n}" for j, (n, count) in enumerate(on.items())]
+        if not parts:  # confirming none (confirm=0): no top for "the rest" to follow
+            return f"none confirmed on all {self.confirmed_samples} samples; every node ranked on {self.samples}"
+        return ("" if ahead else f"none confirmed on all {self.confirmed_samples} samples, ") + ", ".join(parts) + (
+            f"; the rest ranked on {self.samples}" if rest else "")
 
     def to_dict(self):
         return {"tool": "pytest-ptq", "version": __version__, "model": self.model,

@@ -478,10 +478,12 @@ def test_screening_says_no_values_on_any_sample_after_every_sample_and_lists_the
         assert s.details[name]["no_values"] == "changes only 'e' (shape [0, 8]), which holds no values on any sample"
 
 
-def _screening_line(setup, s, how, confirm):
-    """The screening line of ``s`` as what was done makes it, from plain onnxruntime sessions
-    on rewired models: the top ``confirm`` on every sample, those whose changed outputs held
-    no values on the screened samples re-scored on every sample, the rest on the screened ones."""
+def _screening_done(setup, s, how, confirm):
+    """``(top, more, rest)``: how many nodes of ``s`` screening confirmed on every sample, how
+    many more it re-scored on every sample and how many it left on the screened ones, from
+    plain onnxruntime sessions on rewired models: the top ``confirm`` of those whose changed
+    outputs held values on the screened samples, those that held none there but some on the
+    rest, the others with values."""
     ref = builders.run_model(builders.rewire(setup["model"], keep=()), setup["feeds"])
     changed, measured = {}, set()
     for name in s:
@@ -493,6 +495,12 @@ def _screening_line(setup, s, how, confirm):
     top = min(confirm, len(seen))  # the screening ranks those with values first
     blind = len(measured) - len(seen)  # no values on the screened samples, some on the rest
     rest = len(seen) - top
+    return top, blind, rest
+
+
+def _screening_line(setup, s, how, confirm):
+    """The screening line of ``s`` as what was done makes it (:func:`_screening_done`)."""
+    top, blind, rest = _screening_done(setup, s, how, confirm)
     n = len(setup["feeds"])
     parts = [f"the top {top} on all {n} samples"] + (
         [f"{blind} more on all {n}, whose outputs held no values on the samples they were ranked on"] if blind else [])
@@ -510,6 +518,18 @@ def test_the_screening_line_says_what_was_done(fixture, node_type, order, reques
     # was: "(the top 3 on all 4 samples; the rest ranked on 2)" and "(the top 2 on all 6
     # samples; the rest ranked on 2)", the nodes re-scored for holding no values counted in the top
     assert line in s.table().splitlines()
+
+
+def test_the_screening_sentence_counts_the_nodes_re_scored_for_holding_no_values(ragged):
+    # w2's e holds no rows on samples 1 and 4, those screened: it is re-scored on every sample, beside the top 1
+    s, how = _screened(ragged, "weight", [1, 5, 0, 2, 3, 4], rank_samples=2, confirm=1)
+    top, more, _ = _screening_done(ragged, s, how, 1)
+    assert more
+    n = len(ragged["feeds"])
+    # was: "the top 1 of each confirmed on all 6", silent on the one re-scored
+    assert how.text() == (f"rankings on 2 of {n} samples, the top {top} confirmed on all {n}, and {more} more "
+                          f"weight node{'s' if more > 1 else ''} on all {n}, whose outputs held no values on the "
+                          "samples they were ranked on")
 
 
 def test_screening_runs_no_node_whose_outputs_hold_no_values_on_any_sample(empty_tail, monkeypatch):

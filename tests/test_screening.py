@@ -327,3 +327,61 @@ def test_confidence_of_a_screened_ranking_compares_the_confirmed_on_the_same_sam
     # the screening's own bootstrap of the confirmed: the same samples' values
     for name, v in how.confidence["activation"].nodes.items():
         assert v["mean"] == pytest.approx(np.mean(expected[name]), abs=1e-5), name
+
+
+def _pairs_by_kind(model):
+    """``{"weight": n, "activation": n}``: the QuantizeLinear nodes of the model file reading
+    an initializer, and the rest."""
+    import onnx
+
+    graph = onnx.load(str(model)).graph
+    stored = {i.name for i in graph.initializer}
+    quantizers = [n for n in graph.node if n.op_type == "QuantizeLinear"]
+    weights = sum(n.input[0] in stored for n in quantizers)
+    return {"weight": weights, "activation": len(quantizers) - weights}
+
+
+def _screen_both(net, **kw):
+    engine = Engine(net["model"], net["folder"])
+    return screen(engine, ["weight", "activation"], get_metrics(["cosine-similarity"]),
+                  parse_outputs(None, engine.qmodel), list(range(SAMPLES)), **kw)
+
+
+def test_the_screening_sentence_says_how_many_of_each_type_were_confirmed(net):
+    pairs = _pairs_by_kind(net["model"])
+    assert pairs["weight"] < 5 < pairs["activation"]  # the model is what the test is about
+    sens, how = _screen_both(net, rank_samples=2, confirm=5)
+    every = independent_sensitivity(net["model"], net["feeds"], [*sens["weight"], *sens["activation"]])
+    for t, s in sens.items():  # those said confirmed carry their values on every sample
+        assert len(s.confirmed) == min(5, pairs[t])
+        for name in s.confirmed:
+            assert s.details[name]["samples"] == SAMPLES
+            assert s[name]["cosine-similarity"] == pytest.approx(every[name], abs=1e-5), name
+    # was: "the top 5 of each confirmed on all 6", of 3 weight nodes
+    assert how.text() == (f"rankings on 2 of {SAMPLES} samples, the top {pairs['weight']} weight and 5 activation "
+                          f"nodes confirmed on all {SAMPLES}")
+    assert how.to_dict()["top"] == {"weight": pairs["weight"], "activation": 5}
+
+
+def test_confirming_none_says_none_was(net):
+    sens, how = _screen_both(net, rank_samples=2, confirm=0)
+    assert all(not s.confirmed and all(s.details[n]["samples"] == 2 for n in s) for s in sens.values())
+    # was: "the top 0 of each confirmed on all 6" here and "(; the rest ranked on 2)" under each table
+    assert how.text() == f"rankings on 2 of {SAMPLES} samples, none confirmed on all {SAMPLES}"
+    for s in sens.values():
+        assert f"(none confirmed on all {SAMPLES} samples; every node ranked on 2)" in s.table().splitlines()
+
+
+def test_runall_says_how_many_of_each_type_were_confirmed_on_every_face(net, monkeypatch, capsys):
+    from pytest_ptq import screening
+
+    monkeypatch.setattr(screening, "DEFAULT_CONFIRM", 5)  # more than the net's weights, fewer than its activations
+    pairs = _pairs_by_kind(net["model"])
+    summary = runall(net["model"], net["folder"], save_dir=net["root"] / "out_confirmed", progress=True,
+                     time_budget=1e-9, top=1)
+    said = f"the top {min(5, pairs['weight'])} weight and 5 activation nodes confirmed on all {SAMPLES}"
+    for t in ("weight", "activation"):  # what the rankings saved hold
+        assert len(Sensitivity.load(summary["files"]["sensitivity"][t]).confirmed) == min(5, pairs[t])
+    assert summary["ranking"]["text"].endswith(said)
+    assert said in Path(summary["files"]["summary_md"]).read_text()
+    assert f"runall: {summary['ranking']['text']}\n" in capsys.readouterr().err
