@@ -150,6 +150,9 @@ def screen(engine, node_types, metric_objs, specs, indices, budget_s=None, rank_
     confirm = DEFAULT_CONFIRM if confirm is None else confirm
     start = time.perf_counter()
     configs = {(t, name): quantized for t in node_types for name, quantized in targets_for(engine, t).items()}
+    # a node is not run on a sample where the outputs it reaches hold no values: a run there
+    # compares nothing of it (every sample but the first, timed for the budget as a whole)
+    reaches = reached_outputs(qm, configs, specs)
 
     def rank(t, values, scored):
         """The ranking of type ``t`` from ``{name: states}`` over the samples ``scored`` (in the
@@ -208,14 +211,14 @@ def screen(engine, node_types, metric_objs, specs, indices, budget_s=None, rank_
         held, screened = set(wider), set(chosen)
         others = [i for i in indices if i not in held]
         between = [i for i in wider if i not in screened]  # the narrowing's samples beyond the screening's
-        rest = score_configs(engine, configs, metric_objs, specs, chosen[0 if one_pass else 1:], bar)
+        rest = score_configs(engine, configs, metric_objs, specs, chosen[0 if one_pass else 1:], bar, reaches=reaches)
         scores = rest if one_pass else merge_scores(scores, rest)
         by_type = {t: {name: scores[(t, name)] for (tt, name) in configs if tt == t} for t in node_types}
         sens = {t: rank(t, by_type[t], chosen) for t in node_types}
         layers = {t: [] for t in node_types}  # narrower rankings over the screening's, widest samples first
         if narrowed:
             near = {(t, name): configs[(t, name)] for t in node_types for name in list(sens[t])[:keep[t]]}
-            more = score_configs(engine, near, metric_objs, specs, between, bar)
+            more = score_configs(engine, near, metric_objs, specs, between, bar, reaches=reaches)
             for t in node_types:
                 # merged into the screening's states: confirming adds the rest of the samples to them
                 layer = rank(t, _merged(near, t, scores, more), chosen + between)
@@ -236,19 +239,18 @@ def screen(engine, node_types, metric_objs, specs, indices, budget_s=None, rank_
                                and scores[(t, n)][0].empty()})
             # one whose outputs hold no values in float on the rest either has none on any sample:
             # said from the float references (computed for confirming anyway), not a run of it per sample
-            reached = reached_outputs(qm, configs, specs, unseen)
             later = {"others": set(held_outputs(engine, specs, others)) if unseen else set(),
                      "between": set(held_outputs(engine, specs, between)) if unseen and between else set()}
-            nowhere = {c for c in unseen if not set(reached[c]) & (
+            nowhere = {c for c in unseen if not set(reaches[c]) & (
                 later["others"] if narrowed and c in near else later["others"] | later["between"])}
             unseen = {c: q for c, q in unseen.items() if c not in nowhere}
             # those the narrowing left out have the narrowing's samples still to score
             behind = {c: q for c, q in unseen.items() if narrowed and c not in near}
             bar.total += len(behind) * len(between) + len(unseen) * len(others)
             if behind:
-                merge_scores(scores, score_configs(engine, behind, metric_objs, specs, between, bar))
+                merge_scores(scores, score_configs(engine, behind, metric_objs, specs, between, bar, reaches=reaches))
             confirm_configs.update(unseen)
-            more = score_configs(engine, confirm_configs, metric_objs, specs, others, bar)
+            more = score_configs(engine, confirm_configs, metric_objs, specs, others, bar, reaches=reaches)
     confidence, reordered = {}, {}
     if wide < total:
         for t in node_types:

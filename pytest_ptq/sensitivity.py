@@ -284,7 +284,7 @@ def _restored(details):
     return {k: json_restore(v) if k in _MEASURED else v for k, v in details.items()}
 
 
-def score_configs(engine, configs, metrics, specs, indices, progress=None, alternative=False):
+def score_configs(engine, configs, metrics, specs, indices, progress=None, alternative=False, reaches=None):
     """Each config's metrics pooled over the samples: ``{label: [Pooled, one per metric, with
     its samples' own figures]}`` (:class:`~pytest_ptq.metrics.Pooled`).
 
@@ -295,6 +295,12 @@ def score_configs(engine, configs, metrics, specs, indices, progress=None, alter
     Per-sample figures follow ``indices``. Where each config compiles a form of its own
     (:attr:`Engine.config_major`), configs are the outer loop instead, so that it compiles
     once, not once per sample.
+
+    ``reaches``: ``{label: names of the outputs of specs it may change}`` (:func:`reached_outputs`),
+    or None. Where given, a config is not run on a sample (a group) on which none of those
+    outputs holds values in float: nothing it changes is compared there, and every other
+    output is the float one, so the sample is scored with the float reference as its output,
+    the figures a run gives, for no run.
     """
     from .engine.batching import split
 
@@ -304,17 +310,27 @@ def score_configs(engine, configs, metrics, specs, indices, progress=None, alter
     scratch, prepared = Scratch(), {}
 
     def references(group, count):
+        """``(float values, [{output: Reference}, one per sample])`` of ``group``."""
         # one group's at a time: in a sample-major loop every config compares with them
         if group not in prepared:
             prepared.clear()
             ref = engine.reference(group, tensors)
-            prepared[group] = [Reference.of_outputs(specs, one, scratch)
-                               for one in (split(ref, count) if count > 1 else [ref])]
+            prepared[group] = (ref, [Reference.of_outputs(specs, one, scratch)
+                                     for one in (split(ref, count) if count > 1 else [ref])])
         return prepared[group]
 
+    def counted(group):
+        return len(group) if isinstance(group, tuple) else 1
+
+    def runs(label, group):
+        """Whether ``label`` is run on ``group``: some output it may change holds values there."""
+        if reaches is None:
+            return True
+        return any(one[name].array.size for one in references(group, counted(group))[1] for name in reaches[label])
+
     def score(label, group, out):
-        count = len(group) if isinstance(group, tuple) else 1
-        for ref, got in zip(references(group, count), split(out, count) if count > 1 else [out]):
+        count = counted(group)
+        for ref, got in zip(references(group, count)[1], split(out, count) if count > 1 else [out]):
             for pool in pools[label]:
                 pool.add_prepared(ref, got)
         if progress is not None:
@@ -323,12 +339,18 @@ def score_configs(engine, configs, metrics, specs, indices, progress=None, alter
     if engine.config_major:
         for label, q in configs.items():
             for group in groups:
-                score(label, group, engine.run(group, q, tensors, alternative=q if alternative else ()))
+                score(label, group, engine.run(group, q, tensors, alternative=q if alternative else ())
+                      if runs(label, group) else references(group, counted(group))[0])
     else:
         for group in groups:
-            outs = engine.run_many(group, [(q, q if alternative else ()) for q in configs.values()], tensors)
-            for label, out in zip(configs, outs):
+            run = [label for label in configs if runs(label, group)]
+            outs = engine.run_many(group, [(configs[label], configs[label] if alternative else ()) for label in run],
+                                   tensors)
+            for label, out in zip(run, outs):
                 score(label, group, out)
+            for label in configs:
+                if label not in run:
+                    score(label, group, references(group, counted(group))[0])
     return pools
 
 

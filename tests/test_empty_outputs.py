@@ -563,6 +563,54 @@ def test_screening_runs_no_node_whose_outputs_hold_no_values_on_any_sample(empty
         assert s.details[name]["no_values"] == "changes only 'e' (shape [0, 8]), which holds no values on any sample"
 
 
+@pytest.mark.parametrize("node_type", ["weight", "activation", "node"])
+def test_screening_runs_no_node_on_a_sample_where_the_outputs_it_reaches_hold_no_values(ragged, monkeypatch,
+                                                                                        node_type):
+    """The nodes reaching e alone (w2's pairs) are run on the samples where e holds rows only:
+    elsewhere a run compares nothing of them and every other output is the float one. Their
+    figures are those of a run on every sample."""
+    from pytest_ptq import screening, sensitivity
+    from pytest_ptq.engine import Engine
+
+    order, n = list(range(len(RAGGED_SIGNS))), len(RAGGED_SIGNS)
+    quantized = []
+    original = Engine.run_many
+
+    def run_many(self, i, configs, tensors=None):
+        configs = list(configs)
+        quantized.append(len(configs) * (len(i) if isinstance(i, tuple) else 1))
+        return original(self, i, configs, tensors)
+
+    monkeypatch.setattr(Engine, "run_many", run_many)
+    s, how = _screened(ragged, node_type, order, rank_samples=2, confirm=10)  # every node confirmed
+    assert not Engine(str(ragged["model"]), ragged["data"]).config_major  # every config runs through run_many
+    runs, quantized[:] = sum(quantized), []
+    real = sensitivity.score_configs
+    # the full scoring this replaced: every node run on every sample
+    monkeypatch.setattr(screening, "score_configs", lambda *a, reaches=None, **kw: real(*a, **kw))
+    full, _ = _screened(ragged, node_type, order, rank_samples=2, confirm=10)
+    assert list(s) == list(full) and how.samples == 2
+    for name in s:
+        assert s[name] == full[name], name
+        assert s.details[name] == full.details[name], name
+    ref = builders.run_model(builders.rewire(ragged["model"], keep=()), ragged["feeds"])
+    blind = 0  # runs of a node on a sample where every output it changes on some sample holds no values
+    for name in s:
+        keep = set(s.details[name].get("calibration_nodes", [name]))
+        got = builders.run_model(builders.rewire(ragged["model"], keep=keep), ragged["feeds"])
+        expected = min(builders.pooled_cosine([r[k] for r in ref], [g[k] for g in got]) for k in ("y", "e"))
+        assert s[name]["cosine-similarity"] == pytest.approx(expected, abs=1e-6), name
+        got = s.details[name]["per_sample"]["cosine-similarity"]
+        want = per_sample_brute_force(ragged, keep)
+        assert [v is None for v in got] == [v is None for v in want], name
+        assert [v for v in got if v is not None] == pytest.approx([v for v in want if v is not None], abs=1e-6)
+        # the first sample is run for every node: it times the budget
+        blind += sum(v is None for v in want[1:])
+    assert blind  # some node reaches e alone: the model is what the test is about
+    # every node on every sample, the first included, less those where it changed nothing compared: was n per node
+    assert runs == len(s) * n - blind < sum(quantized) == len(s) * n
+
+
 def test_a_resample_holding_no_sample_a_node_was_judged_on_leaves_it_out_of_that_comparison():
     """a, judged on sample 0 only, is the most sensitive wherever it is judged; a resample of
     the 4 samples misses sample 0 with probability (3/4)^4. There it has no rank: as the last
