@@ -752,6 +752,57 @@ def test_a_producers_terms_for_a_chains_later_pair_kept_in_float_say_they_take_t
     assert found["not_applied"] == [] and tensor not in found["collateral"]
 
 
+def _pairs_on(path, tensor):
+    """The Q/DQ pairs (by their Q's name) on ``tensor`` in the proto: those quantizing it and
+    those re-quantizing what they dequantize, as far as the chain goes."""
+    model = builders.load(path)
+    readers = {}
+    for n in model.graph.node:
+        for i in n.input:
+            readers.setdefault(i, []).append(n)
+    on, todo = [], [tensor]
+    while todo:
+        for q in [n for n in readers.get(todo.pop(), ()) if n.op_type == "QuantizeLinear"]:
+            on.append(q.name)
+            todo += [d.output[0] for d in readers.get(q.output[0], ()) if d.op_type == "DequantizeLinear"]
+    return on
+
+
+def test_aimets_terms_for_a_chains_later_pair_kept_in_float_say_they_take_the_earlier_one(branched, tmp_path):
+    """aimet's terms for keeping the branched chain's later pair in float disable the quantizer
+    of the chain's tensor, aimet's one quantizer of it for every reader: replayed on the file
+    (every pair on the tensor removed), the Relu and conv1 lose the coarse pair the simulated
+    remedy kept. Quark's and Neural Compressor's terms said so in a note; aimet's said nothing:
+    its own note says so now."""
+    from test_producer_terms import _mark
+
+    from pytest_ptq.remedy import producer_terms
+    from pytest_ptq.remedy.result import producer_lines
+
+    fpath, _ = _branched_float(branched)
+    model = onnx.load(str(branched["model"]))
+    _mark(model, "aimet")
+    qpath = tmp_path / "marked.onnx"
+    onnx.save(model, str(qpath))
+    qm = QuantModel(str(qpath), float_model=str(fpath))
+    assert qm.made_by.key == "aimet"
+    terms = producer_terms(qm, "float", ["fine_Q"], float_model=str(fpath))
+    tensor = _chain_tensor(qpath, fpath, "fine_Q")
+    assert terms["settings"]["disable"] == [tensor] and tensor in terms["expect"]["float"]
+    assert f"for name in {[tensor]!r}: sim.qc_quantize_op_dict[name].enabled = False" in terms["lines"]
+    # the tensor's quantizer disabled: no pair on it is left, the earlier one included
+    gone = _pairs_on(qpath, _read_by(qpath, "coarse_Q"))
+    assert set(gone) == {"coarse_Q", "fine_Q"}
+    replayed = builders.rewire(qpath, keep=set(builders.qdq_pairs(qpath)) - set(gone))
+    lost = _losing_earlier_pair(branched, fpath, replayed)
+    assert lost == {"relu", "conv1"}
+    note = next(n for n in terms["notes"] if n.startswith("fine_Q "))  # was: no note
+    assert "coarse_Q" in note and all(r in note for r in lost) and "qc_quantize_op_dict" in note, note
+    assert f"disabling the quantizer of {tensor} keeps {tensor} in float" in note, note
+    assert terms["nodes"]["fine_Q"]["note"] == note
+    assert f"  note: {note}" in producer_lines(terms)
+
+
 def _marked_by_quark(branched, tmp_path):
     """The branched chain's float model and data, and its QDQ file marked as Quark's (model,
     path, QuantModel aligned with the float model)."""

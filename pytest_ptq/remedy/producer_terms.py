@@ -26,7 +26,8 @@ express, as read in its installed source (versions in tests/producers/README.md)
 * **Qualcomm aimet-onnx** (``QuantizationSimModel``): one quantizer per float tensor, named
   by the tensor: ``sim.qc_quantize_op_dict[name].enabled = False`` keeps it float,
   ``.set_bitwidth(16)`` raises it, ``.enable_per_channel_quantization()`` for a weight; set
-  before ``compute_encodings``.
+  before ``compute_encodings``. A requantize chain's pairs are one quantizer, so keeping its
+  later pair in float disables the whole tensor's, its earlier pairs with it: a note says so.
 
 Names: a remedy names calibration nodes of the QDQ graph; producers want the float model's
 nodes and tensors. With the float model the QDQ nodes are mapped onto it by
@@ -407,12 +408,15 @@ def _later_pair_excluded(qm, names, c, terms):
     return nodes
 
 
-def _later_pair_note(qm, names, c, nodes, terms, why):
-    """The note for a producer of onnxruntime's placement whose exclusion keeps a requantize
-    chain's later pair in float: the whole tensor goes float, its earlier pairs with it."""
+def _later_pair_note(qm, names, c, nodes, terms, why, action=None):
+    """The note for a producer whose exclusion (of ``nodes``, or ``action``: the words of what
+    its terms do instead) keeps a requantize chain's later pair in float with one pair, or one
+    quantizer, on a tensor for all its readers (onnxruntime's placement, aimet's quantizers):
+    the whole tensor goes float, its earlier pairs with it."""
     if qm.requantizes(c.name) is not None:
         tensor, _ = names.tensor(c)
-        _chain_note(terms, c, later_pair_note(qm, c, chain_float_consequence(qm, c, nodes, tensor, names.node), why))
+        _chain_note(terms, c, later_pair_note(qm, c, chain_float_consequence(qm, c, nodes, tensor, names.node, action),
+                                              why))
 
 
 def _chain_note(terms, c, note):
@@ -567,6 +571,11 @@ def _copied_from(qm, c):
     return c
 
 
+_AIMET_CHAIN = ("aimet-onnx's QuantizationSimModel has one quantizer per float tensor, sim.qc_quantize_op_dict[name], "
+                "which every reader of the tensor reads and .enabled = False turns off for all of them: it has no "
+                "term for the later pair alone")
+
+
 def _aimet(qm, names, kinds, axes, terms):
     disable, bitwidth, per_channel = [], {}, []
     for name, kind in kinds.items():
@@ -576,6 +585,7 @@ def _aimet(qm, names, kinds, axes, terms):
         if kind == "float":
             disable.append(tensor)
             terms["expect"]["float"].append(tensor)
+            _later_pair_note(qm, names, c, (), terms, _AIMET_CHAIN, action=f"disabling the quantizer of {tensor}")
         elif kind == "int16":
             bitwidth[tensor] = 16
             terms["expect"]["int16"].append(tensor)

@@ -234,14 +234,15 @@ def later_pair_note(qmodel, c, consequence, why):
             f"remedy kept ({why})")
 
 
-def chain_float_consequence(qmodel, c, excluded, tensor, name=lambda n: n):
+def chain_float_consequence(qmodel, c, excluded, tensor, name=lambda n: n, action=None):
     """What excluding ``excluded`` does to a requantize chain under onnxruntime's placement (a
     pair on a tensor while its producer or any reader is quantized, read by every reader):
     ``tensor`` float for every operator reading the chain (``name`` gives their names), its
-    earlier pairs gone too."""
+    earlier pairs gone too. ``action``: the words of what the terms do, where they exclude no
+    nodes (a quantizer of the tensor disabled, read by every reader as well)."""
     chain = qmodel.chain(c.name)
     readers = [m for m in dict.fromkeys(name(n) for n in qmodel.counts_for(chain[0])) if m]
-    return (f"excluding {', '.join(excluded)} keeps {tensor} in float for every operator reading it "
+    return (f"{action or 'excluding ' + ', '.join(excluded)} keeps {tensor} in float for every operator reading it "
             f"({', '.join(readers)}), without {', '.join(chain[:chain.index(c.name)])} too")
 
 
