@@ -58,7 +58,7 @@ from .figures import kept_figure
 from .metrics import get_metrics
 from .outputs import OFFSET_BLIND, blind_warnings, far_from_zero, parse_outputs, parts_note
 from .progress import Progress
-from .remedy.producer_terms import MODELOPT_PER_CHANNEL, kept_in_float, modelopt_call, producer_advice
+from .remedy.producer_terms import MODELOPT_PER_CHANNEL, PRODUCERS, kept_in_float, modelopt_call, producer_advice
 from .remedy.terms import onnxruntime_settings, per_channel_weights, quantizer_call, suggest_command
 from .results import json_safe
 from .engine import engine_for
@@ -496,7 +496,7 @@ def _verdict(engine, metric, three, sens, top_nodes, dist, boxes, curves, sample
             + [s + " (optional)" for s in steps]
     else:
         next_steps, choices = _plan(items, matter, source, qm=engine.qmodel, float_model=engine.float_model)
-        next_steps[:0] = [_spread_step(k, *spread[k], suggest) for k in kinds if k in spread]
+        next_steps[:0] = [_spread_step(k, *spread[k], suggest, _on_float(engine.qmodel)) for k in kinds if k in spread]
     # the same steps as the quantizer that made the model takes them, where it is not onnxruntime:
     # a heading, then its code and what it cannot express, a line each
     terms = producer_advice(engine, choices)
@@ -546,12 +546,13 @@ def _spread(qm, metric, three, samples, items, kinds):
     return out
 
 
-def _spread_step(kind, loss, worst, samples, decided, suggest):
+def _spread_step(kind, loss, worst, samples, decided, suggest, on=""):
+    """``on``: where onnxruntime's call runs (:func:`_on_float`)."""
     import shlex
 
     suggest = shlex.join([*suggest, "--remedy", "int16"])
-    wider = ("quantize_static(..., activation_type=QuantType.QUInt16)" if kind == "activation" else
-             "per-channel weights where they are per tensor, else quantize_static(..., weight_type=QuantType.QInt16)")
+    wider = (f"quantize_static(..., activation_type=QuantType.QUInt16){on}" if kind == "activation" else
+             f"per-channel weights where they are per tensor, else quantize_static(..., weight_type=QuantType.QInt16){on}")
     on = f"on the {samples} calibration sample(s) every node was ranked on"
     if loss < UNSEEN * decided:
         return (f"{kind} quantization alone loses {decided:.3g} where the verdict was decided but only {loss:.2g} "
@@ -680,6 +681,8 @@ def _plan(items, relevant, source, structural_only=False, qm=None, float_model=N
     steps = []
     if weight_pc:
         how = MODELOPT_PER_CHANNEL if qm is not None and qm.made_by.key == "modelopt" else per_channel_weights(qm)
+        if how == f"{quantizer_call(qm)}(..., per_channel=True)":  # the bare call, not a sentence saying where
+            how += _on_float(qm)
         steps.append(("weight", f"quantize weights per channel ({how}): "
                                 f"{_names(weight_pc)} {'loses' if len(weight_pc) == 1 else 'lose'} channels to a "
                                 "per-tensor scale"))
@@ -766,7 +769,15 @@ def _kept(qm, nodes, float_model):
         return modelopt_call(settings), notes
     kept = onnxruntime_settings(qm, "float", nodes)
     exclude = kept["nodes_to_exclude"]
-    return (f"{quantizer_call(qm)}(..., nodes_to_exclude={exclude})" if exclude else ""), kept.get("notes", [])
+    return (f"{quantizer_call(qm)}(..., nodes_to_exclude={exclude}){_on_float(qm)}" if exclude else ""), \
+        kept.get("notes", [])
+
+
+def _on_float(qm):
+    """" on the float model" where another quantizer made the model (Model Optimizer, Quark,
+    Neural Compressor, aimet: their own terms follow the steps): onnxruntime's call re-quantizes
+    the float model, and a step naming it alone read as a call on the file given."""
+    return " on the float model" if qm is not None and qm.made_by.key in PRODUCERS else ""
 
 
 def _notes(notes):

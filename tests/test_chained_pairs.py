@@ -7,6 +7,8 @@ reference is a plain onnxruntime session without graph optimisations.
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import onnx
 import pytest
@@ -801,6 +803,42 @@ def test_aimets_terms_for_a_chains_later_pair_kept_in_float_say_they_take_the_ea
     assert f"disabling the quantizer of {tensor} keeps {tensor} in float" in note, note
     assert terms["nodes"]["fine_Q"]["note"] == note
     assert f"  note: {note}" in producer_lines(terms)
+
+
+@pytest.mark.parametrize("producer", ["quark", "inc", "aimet"])
+def test_runalls_keep_in_float_step_for_another_quantizers_model_says_the_call_is_on_the_float_model(
+        branched, producer, tmp_path):
+    """runall's step keeping the branched chain's later pair in float, on a model Quark, Neural
+    Compressor or aimet made, named quantize_static(..., nodes_to_exclude=[...]) with no word of
+    where it runs (only the producer's block below said "names of the float model"): the
+    exclusion names the float model's nodes, and it is on the float model that quantize_static
+    leaves the tensor float, so the step says so."""
+    import ast
+
+    from test_producer_terms import _mark
+
+    from pytest_ptq.runall import _plan
+
+    fpath, data = _branched_float(branched)
+    model = onnx.load(str(branched["model"]))
+    _mark(model, producer)
+    if producer == "inc":  # Neural Compressor renames the nodes it quantizes '<name>_quant'
+        for n in model.graph.node:
+            if n.op_type not in ("QuantizeLinear", "DequantizeLinear"):
+                n.name += "_quant"
+    qpath = tmp_path / "marked.onnx"
+    onnx.save(model, str(qpath))
+    qm = QuantModel(str(qpath), float_model=str(fpath))
+    item = {"node": "fine_Q", "kind": "activation", "badness": 0.2, "try": ["keep in float"], "chosen": ["fine_Q"],
+            "inputs": [{"node": "fine_Q", "kind": "activation", "try": ["keep in float"], "reason": "clips"}],
+            "findings": [{"node": "fine_Q", "kind": "activation", "try": ["keep in float"]}]}
+    step = next(s for s in _plan([item], [item], "activation", qm=qm, float_model=str(fpath))[0] if " in float" in s)
+    call = re.search(r"quantize_static\(\.\.\., nodes_to_exclude=(\[.*?\])\)( on the float model)?", step)
+    assert call and call.group(2), step  # was: no " on the float model"
+    excluded = ast.literal_eval(call.group(1))
+    assert excluded and set(excluded) <= {n.name for n in onnx.load(str(fpath)).graph.node}, step
+    out = builders.quantize(fpath, tmp_path / "float.onnx", data, nodes_to_exclude=excluded)
+    assert not _chain_bits(out, _read_by(fpath, "conv1"))  # the tensor float there, as the step says
 
 
 def _marked_by_quark(branched, tmp_path):
