@@ -11,11 +11,14 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import pytest
+from onnx import numpy_helper
 
 import builders
 from pytest_ptq.engine.core import Engine
 from pytest_ptq.model import QuantModel
+from pytest_ptq.model import grids
 from pytest_ptq.model.grids import GRIDS, fake_quant, integer_grid
+from pytest_ptq.sensitivity import get_sensitivity_of_nodes
 
 FOLDED = "rounded onto an integer grid"
 POSSIBLY = "may have been folded into the file"
@@ -86,9 +89,10 @@ def test_weights_whose_dequantize_was_folded_into_the_file_are_named_with_the_fl
     assert len(notes) == 1
     every_init = {i.name for i in onnx.load(str(opt)).graph.initializer}
     assert _named(notes[0], every_init) == expected  # exactly those, no bias or scale
-    assert set(qm.alignment.quantized_constants) == expected
-    # what the note says: bypassing every pair leaves them quantized, so the bypassed file
-    # (every pair removed) is not the float model
+    assert set(qm.restored) == expected  # each put back behind a DequantizeLinear of its own
+    assert "analysed as restored pairs" in notes[0]
+    # why they must be: bypassing every pair of the file leaves them quantized, so the bypassed
+    # file (every pair removed) is not the float model
     feeds = {"x": folded["data"]["x"][0]}
     bypassed = builders.run_model(builders.rewire(opt), feeds)["prob"]
     reference = builders.run_model(folded["float"], feeds)["prob"]
@@ -97,6 +101,108 @@ def test_weights_whose_dequantize_was_folded_into_the_file_are_named_with_the_fl
     # contracts print
     engine = Engine(str(opt), str(folded["folder"]), float_model=str(folded["float"]))
     assert notes[0] in engine.warnings
+
+
+def _file_values(opt, float_path):
+    """``{float model initializer: the optimized file's value}`` for each constant the two
+    models' nodes of the same name read at the same input (weights and biases), read from
+    both protos."""
+    fmodel, model = onnx.load(str(float_path)), onnx.load(str(opt))
+    finits = {i.name for i in fmodel.graph.initializer}
+    stored = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+    nodes = {n.name: n for n in model.graph.node}
+    return {f: stored[nodes[n.name].input[k]] for n in fmodel.graph.node if n.name in nodes
+            for k, f in enumerate(n.input) if f in finits and k < len(nodes[n.name].input)
+            and nodes[n.name].input[k] in stored}
+
+
+def _float_with(float_path, values, outputs=()):
+    """The float model with the initializers ``values`` names holding those values: the
+    file's weights put in by hand (the file's Q/DQ pairs, and the Relus its optimization
+    deleted, left out: every pair bypassed); ``outputs``: inner tensors it outputs too."""
+    model = onnx.load(str(float_path))
+    model.graph.output.extend(onnx.helper.make_tensor_value_info(t, onnx.TensorProto.FLOAT, None) for t in outputs)
+    for init in model.graph.initializer:
+        if init.name in values:
+            init.CopyFrom(numpy_helper.from_array(np.asarray(values[init.name], np.float32), init.name))
+    return model
+
+
+@pytest.mark.parametrize("name", ["pairs", "lone_pc"])
+def test_a_folded_weight_is_restored_behind_a_dequantize_whose_codes_give_its_values_back(folded, name):
+    """The copy holds each folded weight as int8 codes, scale and zero point behind a
+    DequantizeLinear (per tensor, or per channel along the axis its grid lies on) whose
+    output is the file's values to the bit; the user's file is left as it is, and the file
+    as deployed (as_given) is that file."""
+    q, opt = folded["made"][name]
+    expected = folded_from_proto(q, opt)
+    before = opt.read_bytes()
+    qm = QuantModel(str(opt), float_model=str(folded["float"]))
+    assert set(qm.restored) == expected
+    stored = {i.name: numpy_helper.to_array(i) for i in onnx.load(str(opt)).graph.initializer}
+    for tensor, cname in qm.restored.items():
+        c = qm.calibration[cname]
+        assert c.q_node is None and c.kind == "weight" and c.outputs == [tensor]
+        codes = np.asarray(qm.constant(c.input))
+        assert codes.dtype == np.int8 and codes.shape == stored[tensor].shape
+        axis = integer_grid(stored[tensor])[0]
+        assert c.axis == axis
+        shape = [1] * codes.ndim
+        if axis is not None:
+            shape[axis] = -1
+        scale = np.asarray(c.scale, np.float32).reshape(shape if axis is not None else ())
+        zero = np.asarray(c.zero_point, np.int32).reshape(shape if axis is not None else ())
+        back = (codes.astype(np.int32) - zero).astype(np.float32) * scale  # DequantizeLinear, by hand
+        assert np.array_equal(back, stored[tensor])
+        assert qm.shown_name(c.input) == tensor  # shown as the file's weight
+    assert opt.read_bytes() == before
+    given = qm.as_given()
+    assert {n.op_type for n in given.graph.node} == {n.op_type for n in onnx.load(str(opt)).graph.node}
+    assert {i.name for i in given.graph.initializer} == set(stored)
+
+
+@pytest.mark.parametrize("name", ["pairs", "lone_pc"])
+def test_the_bypass_of_a_restored_weight_is_the_float_model_and_its_quantized_run_the_file(folded, name):
+    q, opt = folded["made"][name]
+    engine = Engine(str(opt), str(folded["folder"]), float_model=str(folded["float"]))
+    values = _file_values(opt, folded["float"])
+    weights = {"w1", "w2", "wf"}  # the float model's names of the folded weights
+    biases = _float_with(folded["float"], {t: v for t, v in values.items() if t not in weights})
+    for i in range(len(folded["data"]["x"])):
+        feeds = {"x": folded["data"]["x"][i]}
+        bypassed, quantized = engine.run(i, ())["prob"], engine.run(i, "all")["prob"]
+        # the file's biases stay as it holds them (int32-rounded): the float model to ~1e-5,
+        # the float model with the file's biases put in by hand to float32 rounding
+        np.testing.assert_allclose(bypassed, builders.run_model(folded["float"], feeds)["prob"], rtol=0, atol=2e-5)
+        np.testing.assert_allclose(bypassed, builders.run_model(biases, feeds)["prob"], rtol=0, atol=1e-6)
+        np.testing.assert_allclose(quantized, builders.run_model(opt, feeds)["prob"], rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", ["pairs", "lone_pc"])
+def test_the_sensitivity_of_a_restored_weight_is_the_file_with_only_it_quantized(folded, name):
+    """Each restored weight is ranked: its figure is the pooled cosine between the float model
+    with the file's biases and the same with that weight as the file holds it (put in by hand)."""
+    q, opt = folded["made"][name]
+    engine = Engine(str(opt), str(folded["folder"]), float_model=str(folded["float"]))
+    values = _file_values(opt, folded["float"])
+    weights = {"w1": "conv1", "w2": "conv2", "wf": "fc"}  # the float model's names, and their readers
+    # the logits: the softmax's probabilities move too little for a cosine to tell
+    result = get_sensitivity_of_nodes(engine, ["cosine-similarity"], node_type="weight", output_node="logits")
+    restored = engine.qmodel.restored
+    assert set(result) == set(restored.values()) and len(restored) == 3
+    nodes = {n.name: n for n in onnx.load(str(opt)).graph.node}
+    feeds = [{"x": x} for x in folded["data"]["x"]]
+    biases = {t: v for t, v in values.items() if t not in weights}
+    reference = [o["logits"] for o in builders.run_model(_float_with(folded["float"], biases, ["logits"]), feeds,
+                                                               outputs=["logits"])]
+    for fname, reader in weights.items():
+        only = builders.run_model(_float_with(folded["float"], {**biases, fname: values[fname]}, ["logits"]), feeds,
+                                  outputs=["logits"])
+        want = builders.pooled_cosine(reference, [o["logits"] for o in only])
+        assert want < 1 - 1e-8  # the weight's rounding shows (int8 weights lose little)
+        cname = restored[nodes[reader].input[1]]
+        got = result[cname]["cosine-similarity"]
+        assert abs(got - want) <= 1e-3 * (1 - want), (fname, got, want)  # the loss to 0.1 %
 
 
 @pytest.mark.parametrize("name", ["pairs", "lone_pc"])
@@ -177,3 +283,30 @@ def test_integer_grid_of_a_large_weight_reads_a_sample_of_it(monkeypatch):
     np.testing.assert_allclose(found[2], scale[found[1]], rtol=1e-5)
     assert integer_grid(w) is None
     assert max(sorted_sizes) <= 1 << 16, max(sorted_sizes)
+
+
+@pytest.mark.parametrize("qtype,axis,zero", [(onnx.TensorProto.INT8, None, 0), (onnx.TensorProto.INT8, 0, 0),
+                                             (onnx.TensorProto.UINT8, 0, 128), (onnx.TensorProto.UINT8, None, 30),
+                                             (onnx.TensorProto.INT4, 1, 0)])
+def test_stored_codes_give_a_dequantized_weight_back_bit_for_bit(qtype, axis, zero):
+    """int8 codes, float32 steps and int8 zero points whose DequantizeLinear (computed in
+    numpy here) is the dequantized weight exactly; a uint8 grid whose zero point leaves its
+    codes past int8's range (30: codes -30..225) is shifted into it."""
+    rng = np.random.default_rng(4)
+    w = (rng.standard_normal((6, 5, 3, 3)) * 0.2 + (0.3 if zero == 30 else 0)).astype(np.float32)
+    grid = GRIDS[qtype]
+    channels = 1 if axis is None else w.shape[axis]
+    scale = (rng.uniform(0.8, 1.2, channels) * np.abs(w).max() * 2 / (grid.qmax - grid.qmin)).astype(np.float32)
+    q = fake_quant(w, grid, scale, np.full(channels, float(zero)), axis=axis)
+    found = integer_grid(q)
+    assert found is not None and found[0] == axis
+    codes, steps, zeros = grids.stored_codes(q, axis)
+    assert codes.dtype == np.int8 and zeros.dtype == np.int8 and steps.dtype == np.float32
+    shape = [1] * q.ndim if axis is not None else []
+    if axis is not None:
+        shape[axis] = -1
+    back = (codes.astype(np.int32) - zeros.astype(np.int32).reshape(shape)).astype(np.float32) * steps.reshape(shape)
+    assert np.array_equal(back, q)
+    if zero == 30:
+        assert int(zeros) != 0  # shifted into int8's range
+    assert grids.stored_codes(rng.standard_normal((6, 5, 3, 3)).astype(np.float32), axis) is None

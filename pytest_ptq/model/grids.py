@@ -321,3 +321,64 @@ def _spread(flat):
     it, as float64."""
     size = flat.size if hasattr(flat, "size") else len(flat)
     return np.asarray(flat[::-(-size // _FOUND_ELEMENTS)], np.float64)
+
+
+def stored_codes(values, axis=None):
+    """``(codes, scale, zero_point)`` that a DequantizeLinear (``axis``: per tensor when None)
+    turns back into float32 ``values`` lying on an integer grid (see :func:`integer_grid`,
+    which finds the axis from a sample): int8 codes ``round(values / step) + zero_point``, the
+    steps (float32, one or one per index of ``axis``) and int8 zero points that keep the codes
+    in range; None where a part lies on no such grid, or its codes do not give the values back
+    within float32 rounding. Each step is the float32 number whose products with the codes are
+    the values, where one is (onnxruntime's constant folding computed them so): the
+    dequantized codes are the values bit for bit."""
+    x = np.asarray(values, np.float32)
+    if x.size == 0 or not np.isfinite(x).all():
+        return None
+    count = 1 if axis is None else x.shape[axis]
+    codes = np.empty(x.shape, np.int8)
+    steps, zeros = np.zeros(count, np.float32), np.zeros(count, np.int8)
+    for k in range(count):
+        part = x if axis is None else np.take(x, k, axis=axis)
+        v = part.reshape(-1).astype(np.float64)
+        step = _slice_step(v) if v.any() else 0.0
+        if step is None:
+            return None
+        whole = np.rint(v / step) if step else np.zeros_like(v)
+        if step:
+            steps[k] = _exact_step(part.reshape(-1), whole.astype(np.float32), step)
+            back = whole.astype(np.float32) * steps[k]
+            if np.abs(back - part.reshape(-1)).max() > 4 * np.spacing(np.abs(part).max()):
+                return None
+        low, high = whole.min(), whole.max()
+        # int8 holds 256 codes: the grid's own zero point shifts codes past its range (a uint8
+        # weight with zero point 128 holds -128..127 about 0; an asymmetric one is shifted)
+        zeros[k] = 0 if low >= -128 and high <= 127 else (-128 - low if low < -128 else 127 - high)
+        shifted = whole + zeros[k]
+        if shifted.min() < -128 or shifted.max() > 127:  # more than 256 codes
+            return None
+        stored = shifted.reshape(part.shape).astype(np.int8)
+        if axis is None:
+            codes[...] = stored
+        else:
+            index = [slice(None)] * x.ndim
+            index[axis] = k
+            codes[tuple(index)] = stored
+    if not steps.any():
+        return None
+    # an all-zero slice lies on every grid: any positive step gives its zeros back
+    steps[steps == 0] = np.median(steps[steps > 0])
+    if axis is None:
+        return codes, steps.reshape(()), zeros.reshape(())
+    return codes, steps, zeros
+
+
+def _exact_step(values, whole, step):
+    """The float32 step whose products with the codes ``whole`` (float32) are ``values`` for
+    the most elements: the fitted ``step``, or the ratio at the largest code, or their float32
+    neighbours."""
+    top = int(np.argmax(np.abs(whole)))
+    seeds = [np.float32(step), np.float32(values[top] / whole[top])]
+    candidates = {np.float32(s) for seed in seeds if seed > 0
+                  for s in (seed, np.nextafter(seed, np.float32(0)), np.nextafter(seed, np.float32(np.inf)))}
+    return max(sorted(candidates), key=lambda s: int(np.count_nonzero(whole * s == values)))

@@ -23,7 +23,7 @@ from onnx import numpy_helper
 
 from .. import params
 from ..errors import NotQuantized, PTQError, unknown
-from . import formats, grids, moved
+from . import folded, formats, grids, moved
 from .graph import (Unprovided, externalize, hand_back, load_light, load_model, mapping, name_nodes, node_refs,
                     restore, has_subgraphs, sort_topologically, subgraphs, declared_dims, attribute, laid_out,
                     LAYOUT_OPS)
@@ -430,6 +430,28 @@ class QuantModel:
             self._given = model_or_file
         self.float_names.update(hoisted.names)
         self._moved = hoisted.names  # a moved pair's float tensor -> the one its Q reads in the file (see file_layout)
+        # weights whose DequantizeLinear the file's constant folding computed away, put back
+        # (see .folded): tensor -> its DequantizeLinear, the calibration node it now is
+        self.restored = {}
+        said, outputs = len(self.notes), [onnx.ValueInfoProto.FromString(o.SerializeToString()) for o in graph.output]
+        self._parse(float_model, hoisted.left)
+        if self._unfold(outputs):
+            # parsed again with them put back: only for such a file, so that no other pays for it
+            del self.notes[said:]
+            del graph.output[:]
+            graph.output.extend(outputs)  # the parse leaves out those no configuration changes, with a note each
+            if self._given is None:  # the file runs its float initializers, the copy their codes
+                self._given = model_or_file
+            self._parse(float_model, hoisted.left)
+        self._note_quantized_constants()
+
+    def _parse(self, float_model, unmoved):
+        """Calibration nodes, normal nodes and the alignment with ``float_model`` (if any),
+        from the tool's copy of the graph; ``unmoved``: a sentence each for the chains between
+        a Q and its DQ that stay as they are (see :mod:`.moved`)."""
+        graph = self.model.graph
+        self._by_output = self._protos = None  # built on first use (see by_output, node), from this parse's graph
+        self.alignment = None
         self.inits = {i.name: i for i in graph.initializer}
         self.constants = {n.output[0]: n for n in graph.node if n.op_type == "Constant"}
         self.input_names = [i.name for i in graph.input if i.name not in self.inits]
@@ -451,10 +473,10 @@ class QuantModel:
             raise PTQError(f"model {self.source!r} holds no Q/DQ pair the tool recognises but custom ops "
                            f"{_ops(self.custom_ops)}; pytest-ptq analyses QuantizeLinear/DequantizeLinear pairs in any "
                            "domain and fused *QuantizeDequantize ops, so re-export it with one of those")
-        if not self.calibration and hoisted.left:  # quantized, though in no pair the tool can bypass
-            many = f" ({len(hoisted.left)} chains like this one)" if len(hoisted.left) > 1 else ""
+        if not self.calibration and unmoved:  # quantized, though in no pair the tool can bypass
+            many = f" ({len(unmoved)} chains like this one)" if len(unmoved) > 1 else ""
             raise NotQuantized(f"model {self.source!r} has no QuantizeLinear/DequantizeLinear pair the tool "
-                               f"analyses{many}: {hoisted.left[0]}")
+                               f"analyses{many}: {unmoved[0]}")
         if not self.calibration:
             raise NotQuantized(self._inside_control_flow() or (
                 f"model {self.source!r} has no QuantizeLinear/DequantizeLinear pairs; pass the calibrated QDQ model "
@@ -471,7 +493,6 @@ class QuantModel:
 
             align(self, float_model)
             self._note_lost_folds()
-        self._note_quantized_constants()
 
     def _refuse_axis_before_opset_13(self):
         """Q/DQ of the standard domain take an axis from opset 13: quantize_static(per_channel=True)
@@ -506,14 +527,54 @@ class QuantModel:
             "its figures count as quantization error; re-quantize keeping it (onnxruntime: "
             "extra_options={'QDQKeepRemovableActivations': True})")
 
+    def _unfold(self, outputs):
+        """Put back the weights the alignment found folded into the file (see :mod:`.folded`):
+        float32 initializers whose codes give their values back (per channel from opset 13,
+        where DequantizeLinear takes an axis), not listed among the graph's inputs (a value a
+        caller may override) nor its ``outputs`` (the file's). True where any was."""
+        found = self.alignment.quantized_constants if self.alignment is not None else {}
+        if not found:
+            return False
+        opset = next((o.version for o in self.model.opset_import if o.domain in ("", "ai.onnx")), 13)
+        listed = {i.name for i in self.model.graph.input} | {o.name for o in outputs}
+        weights = {}
+        for tensor in found:
+            init = self.inits.get(tensor)
+            if init is None or init.data_type != onnx.TensorProto.FLOAT or tensor in listed:
+                continue
+            value = self.constant(tensor)
+            grid = grids.integer_grid(value)
+            if grid is not None and (grid[0] is None or opset >= 13):
+                stored = grids.stored_codes(value, grid[0])
+                if stored is not None:
+                    weights[tensor] = (grid[0], *stored)
+        put_back = folded.unfold(self.model.graph, weights, self.shared)
+        self.restored = put_back.nodes
+        self.float_names.update(put_back.codes)  # the codes are the file's weight, quantized
+        return bool(self.restored)
+
     def _note_quantized_constants(self):
         """A note for the weights whose quantization onnxruntime's constant folding computed
         into the file (a session saving ``optimized_model_filepath`` folds each weight's
-        DequantizeLinear of constant codes into a float initializer): no pair is left to
-        bypass, so every configuration, the bypassed one included, runs them quantized. With
-        the float model the alignment finds them (:func:`.align.folded_weights`); without,
-        a float constant on an integer grid read beside a pair is only a possibility."""
-        alignment = getattr(self, "alignment", None)
+        DequantizeLinear of constant codes into a float initializer). With the float model the
+        alignment finds them (:func:`.align.folded_weights`) and the copy holds them as codes
+        behind a DequantizeLinear again (:attr:`restored`), analysed as any lone-DQ weight;
+        one that could not be put back runs quantized in every configuration, the bypassed one
+        included. Without the float model, a float constant on an integer grid read beside a
+        pair is only a possibility: a grid alone is no proof, and nothing is put back."""
+        if self.restored:
+            found = list(self.restored)
+            many = len(found) > 1
+            self.notes.append(
+                f"{_weights(self, found)} the file holds as float {'are' if many else 'is'} the float model's "
+                f"weight{'s' if many else ''} rounded onto an integer grid: the quantizer's DequantizeLinear of "
+                f"{'them was' if many else 'it was'} folded into the file (onnxruntime's constant folding, as when a "
+                f"session saves optimized_model_filepath); {'they are' if many else 'it is'} analysed as restored "
+                f"pair{'s' if many else ''}, int8 codes and scale read off the values behind a DequantizeLinear "
+                f"({', '.join(repr(self.restored[t]) for t in found)}) that gives the file's values back, so "
+                f"{'their' if many else 'its'} quantization error shows in the weight rankings and bypassing every "
+                "pair runs the float model's weights; runs of the file as deployed run it as given")
+        alignment = self.alignment
         if alignment is not None:
             found = list(alignment.quantized_constants)
             if found:
@@ -1387,7 +1448,7 @@ class QuantModel:
 
     def node(self, name):
         """The NodeProto of a node (normal or calibration) by name."""
-        if not hasattr(self, "_protos"):
+        if self._protos is None:
             self._protos = {n.name: n for n in self.model.graph.node}
         return self._protos[name]
 
@@ -1471,7 +1532,7 @@ class QuantModel:
 
     def by_output(self):
         """``{DQ output tensor: calibration node}``."""
-        if not hasattr(self, "_by_output"):
+        if self._by_output is None:
             self._by_output = {o: c for c in self.calibration.values() for o in c.outputs}
         return self._by_output
 
@@ -1536,6 +1597,7 @@ _SIGNED_PRODUCERS = {"Conv", "ConvTranspose", "Gemm", "MatMul", "Add", "Sub", "B
 def _weights(qm, tensors):
     """``weight 'a' (read by Conv 'c')``, or ``2 weights ('a' (...), 'b' (...))``, as the file names them."""
     readers = {t: n for n, _, t in reversed(qm.unpaired_weights())}
+    readers.update({t: qm.consumers[t][0].name for t in tensors if t not in readers and qm.consumers.get(t)})
     shown = [f"{qm.shown_name(t)!r} (read by {qm.node(readers[t]).op_type} {readers[t]!r})" if t in readers
              else repr(qm.shown_name(t)) for t in tensors]
     return f"weight {shown[0]}" if len(shown) == 1 else f"{len(shown)} weights ({', '.join(shown)})"
