@@ -6,6 +6,8 @@
 - :mod:`.qdq`: calibration nodes (Q/DQ pairs, lone DQs) and normal nodes (:class:`QuantModel`);
 - :mod:`.align`: the float model aligned by structure and values (float weights, folded
   activations, rewrites);
+- :mod:`.folded`: weights whose DequantizeLinear onnxruntime's constant folding computed into
+  the file, put back as codes behind one in the tool's copy (where the alignment finds them);
 - :mod:`.producers`: which quantizer made the file.
 
 A new producer convention goes here, recognised by structure and values.

@@ -35,8 +35,9 @@ keep its values:
 
 A float constant an operator reads without a pair, where the float model's differs and it
 is that weight rounded onto an integer grid, is a weight whose DequantizeLinear onnxruntime's
-constant folding computed into the file (:attr:`Alignment.quantized_constants`): nothing can
-bypass it.
+constant folding computed into the file (:attr:`Alignment.quantized_constants`): nothing in
+the file bypasses it, so the model puts its codes back behind a DequantizeLinear (see
+:mod:`.folded`) and is parsed and aligned again.
 
 Folds are compared with a tolerance for the quantizer's float32 arithmetic in its own
 order; where two float weights both fit, the closer one wins. What stays unmatched on either
@@ -115,6 +116,8 @@ class Alignment:
     # (onnxruntime's constant folding computed its DequantizeLinear into the file, see
     # folded_weights); every configuration runs it quantized
     quantized_constants: dict = dataclasses.field(default_factory=dict)
+    # ... and the axis of its grid's steps (None: one step for the tensor), as found there
+    quantized_axes: dict = dataclasses.field(default_factory=dict)
 
     @property
     def same_weights(self):
@@ -343,23 +346,25 @@ def align(qm, float_model):
         c.unfolded = [r for r in c.consumers if r not in readers and (r in nodes or r in fused)]
     rewrites, unmatched_float, unmatched_qdq = _rewrites(qm, f, {**nodes, **fused}, used, passed)
     rewrites += _stale_subgraph_reads(qm, folded)
+    quantized = folded_weights(qm, f, constants_at)
     result = Alignment(nodes=nodes, weights=weights, folded=folded, rewrites=rewrites,
                        unmatched_weights=unmatched, unmatched_float=unmatched_float, unmatched_qdq=unmatched_qdq,
                        weights_tried=tried, weights_fitted=fitted, fused=fused,
                        tensors={q: t for q, t in tmatch.items() if q != t}, fold_outputs=fold_outputs,
                        computes={q: t for q, t in tmatch.items() if q not in reshaped},
-                       quantized_constants=folded_weights(qm, f, constants_at))
+                       quantized_constants={t: fname for t, (fname, _) in quantized.items()},
+                       quantized_axes={t: axis for t, (_, axis) in quantized.items()})
     qm.alignment = result
     return result
 
 
 def folded_weights(qm, f, constants_at):
-    """``{QDQ tensor: float weight}`` for the weights whose quantization is folded into the
+    """``{QDQ tensor: (float weight, axis)}`` for the weights whose quantization is folded into the
     file: a float constant an operator reads without a pair (see
     :meth:`~pytest_ptq.model.QuantModel.unpaired_weights`) that differs from the float
     constant its matched node reads, lies on an integer grid (:func:`.grids.integer_grid`),
-    and is that float constant rounded onto it. ``constants_at``: ``(QDQ node, input index)
-    -> float constant`` of the matched nodes."""
+    and is that float constant rounded onto it (``axis``: of its grid's steps, None for one).
+    ``constants_at``: ``(QDQ node, input index) -> float constant`` of the matched nodes."""
     out = {}
     for node, k, tensor in qm.unpaired_weights():
         fname = constants_at.get((node, k))
@@ -373,7 +378,7 @@ def folded_weights(qm, f, constants_at):
         if not np.allclose(mine, fw, rtol=1e-6, atol=0):  # else the float model's own weight: nothing quantized
             grid = grids.integer_grid(mine)
             if grid is not None and _rounded_from(mine, fw, *grid):
-                out[tensor] = float_source(fname)
+                out[tensor] = float_source(fname), grid[0]
         _hand_back(stored, given)
     return out
 

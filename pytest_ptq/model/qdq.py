@@ -542,12 +542,13 @@ class QuantModel:
             init = self.inits.get(tensor)
             if init is None or init.data_type != onnx.TensorProto.FLOAT or tensor in listed:
                 continue
-            value = self.constant(tensor)
-            grid = grids.integer_grid(value)
-            if grid is not None and (grid[0] is None or opset >= 13):
-                stored = grids.stored_codes(value, grid[0])
+            axis = self.alignment.quantized_axes.get(tensor)
+            if axis is None or opset >= 13:
+                value = self.constant(tensor)
+                stored = grids.stored_codes(value, axis)
+                hand_back(mapping(value))  # read once: a weight left in its file goes back to it
                 if stored is not None:
-                    weights[tensor] = (grid[0], *stored)
+                    weights[tensor] = (axis, *stored)
         put_back = folded.unfold(self.model.graph, weights, self.shared)
         self.restored = put_back.nodes
         self.float_names.update(put_back.codes)  # the codes are the file's weight, quantized
