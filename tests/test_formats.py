@@ -1554,3 +1554,75 @@ def test_a_qdq_file_saved_with_onnxruntimes_fused_ops_runs_as_the_file_and_bypas
         np.testing.assert_allclose(engine.run(i, "all")["y"], given, rtol=0, atol=1e-5)  # quantized: the file
         np.testing.assert_allclose(engine.run(i, ())["y"], ref, rtol=0, atol=1e-5)  # bypassed: the float model
         assert np.abs(given - ref).max() > 1e-3  # which differ
+
+
+def _malformed(q, node, **attrs):
+    """File ``q`` with ``attrs`` of its node ``node`` set anew (an edit onnxruntime refuses)."""
+    model = onnx.load(str(q))
+    n = next(n for n in model.graph.node if n.name == node)
+    for name, value in attrs.items():
+        kept = [a for a in n.attribute if a.name != name]
+        del n.attribute[:]
+        n.attribute.extend([*kept, helper.make_attribute(name, value)])
+    onnx.save(model, str(q))
+    return q
+
+
+def _refused_by_onnxruntime(q, feeds):
+    """Whether a plain onnxruntime session refuses file ``q`` (to load it, or to run it on ``feeds``)."""
+    try:
+        run_model(q, feeds)
+    except Exception:  # noqa: BLE001 - onnxruntime's own error types differ between load and run
+        return True
+    return False
+
+
+_MALFORMED = {
+    # codes -> Transpose / Reshape -> DequantizeLinear, the layout node unable to apply to the codes
+    "perm repeats an axis": (lambda d: _malformed(_transposed_codes_net(d, 6, 6, stored=lambda a: a)[0], "w_move",
+                                                  perm=[0, 0, 2, 3]), "x",
+                             r"Transpose 'w_move' of '.*q\.onnx' cannot lay out constant 'codes' of shape \[6, 6, 3, 3\] "
+                             r"\(repeated axis in transpose\): the file is malformed"),
+    "perm names an axis past the rank": (
+        lambda d: _malformed(_transposed_codes_net(d, 6, 6)[0], "w_move", perm=[5, 0, 2, 3]), "x",
+        r"Transpose 'w_move' of .* cannot lay out constant 'codes' of shape \[6, 6, 3, 3\] \(axis 5 is out of bounds"),
+    "reshape to another size": (
+        lambda d: _transposed_codes_net(d, 6, 4, mover=("Reshape", {}, {"shp": np.array([6, 4, 3, 4], np.int64)}),
+                                        stored=lambda a: a.reshape(6, -1))[0], "x4",
+        r"Reshape 'w_move' of .* cannot lay out constant 'codes' of shape \[6, 36\] \(cannot reshape array of size 216"),
+    # a table gathered by ids, then a DequantizeLinear whose axis its input does not have: it was
+    # followed back wrapped onto the table's columns and analysed (reversed dims), or refused as
+    # a Gather along the channels (after a Reshape)
+    "table's DequantizeLinear axis past a Transpose without perm": (
+        lambda d: _malformed(_table_net(d, [8, 5, 1], 0, reversed_=True)[0], "table_DQ", axis=3), "ids",
+        r"DequantizeLinear 'table_DQ' of .* has axis 3 on its 3-D input 'r': out of range for that input"),
+    "table's DequantizeLinear axis past a Reshape": (
+        lambda d: _malformed(_table_net(d, [5, 8], 1)[0], "table_DQ", axis=2), "ids",
+        r"DequantizeLinear 'table_DQ' of .* has axis 2 on its 2-D input 'r': out of range for that input"),
+    # Q -> Transpose -> DQ of a weight: its Q's axis wrapped onto another one, analysed; a perm
+    # that is no permutation
+    "laid-out pair's Q axis past its input": (
+        lambda d: _malformed(_qdq_table_net(d, True, weight_laid_out=True)[0], "w_Q", axis=2), "ids",
+        r"QuantizeLinear 'w_Q' of .* has axis 2 on its 2-D input 'wt': out of range for that input"),
+    "laid-out pair's perm repeats an axis": (
+        lambda d: _malformed(_qdq_table_net(d, True, weight_laid_out=True)[0], "w_T", perm=[0, 0]), "ids",
+        r"Transpose 'w_T' of .* has perm \[0, 0\], not a permutation of the 2 axes of 'wtq': the file is malformed"),
+}
+
+
+@pytest.mark.parametrize("case", list(_MALFORMED))
+def test_a_file_whose_moved_codes_onnxruntime_refuses_is_refused_in_a_sentence_naming_the_node(tmp_path, case):
+    """Codes laid out or gathered before their DequantizeLinear by a node whose attributes do
+    not fit them (a perm that is no permutation, a Reshape to another size, an axis the tensor
+    does not have): onnxruntime refuses each file; the tool ended in numpy's traceback
+    ('repeated axis in transpose', 'cannot reshape array'), or wrapped the axis onto another one
+    and analysed the file on scales it does not use. One sentence now names the node and its
+    file, and nothing is computed."""
+    make, feed, why = _MALFORMED[case]
+    q = make(tmp_path)
+    feeds = {"x": {"x": np.ones((1, 6, 8, 8), np.float32)}, "x4": {"x": np.ones((1, 4, 8, 8), np.float32)},
+             "ids": {"ids": np.zeros((1, 5), np.int64)}}[feed]  # the inputs the file declares
+    assert _refused_by_onnxruntime(q, feeds)  # the case this test is about
+    with pytest.raises(PTQError, match=why) as info:
+        QuantModel(str(q))
+    assert "\n" not in str(info.value)

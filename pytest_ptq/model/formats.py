@@ -575,7 +575,14 @@ class _Rewriter:
             return None
         if attribute(node, "block_size", 0):
             return f"a per-block DequantizeLinear {node.name!r} reads its codes after it"
-        return int(attribute(node, "axis", 1))
+        axis, dims = int(attribute(node, "axis", 1)), self._dims(node.input[0])
+        if dims is not None and not -len(dims) <= axis < len(dims):
+            # followed back through the moves, the axis would wrap onto some channel of the codes
+            # and the file (which onnxruntime refuses) would be analysed on scales it does not use
+            raise PTQError(f"{node.op_type} {node.name!r} of {self.source} has axis {axis} on its {len(dims)}-D input "
+                           f"{node.input[0]!r}: out of range for that input; fix the export so that the axis indexes "
+                           "the channels of the quantized tensor")
+        return axis
 
     def _table_scale(self, product):
         """The factor of ``product`` (a Mul of two constant scales) that scales a per-tensor

@@ -68,9 +68,22 @@ def attribute(node, name, default=None):
 LAYOUT_OPS = ("Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten")
 
 
-def laid_out(node, x, constant):
+def laid_out(node, x, constant, source=None):
     """``node`` (one of :data:`LAYOUT_OPS`) applied to the constant ``x``, or None where its
-    other inputs are not constant."""
+    other inputs are not constant. A node that cannot apply to ``x`` (a perm that is no
+    permutation of its dims, a shape of another size) is refused in one sentence naming it
+    (``source``: the file, for that sentence)."""
+    try:
+        return _laid_out(node, x, constant)
+    except (ValueError, IndexError, TypeError) as exc:
+        # numpy's reason (repeated axis, sizes that differ) read where the file is, not a bug's traceback
+        of = f" of {source}" if source else ""
+        raise PTQError(f"{node.op_type} {node.name!r}{of} cannot lay out constant {node.input[0]!r} of shape "
+                       f"{list(np.shape(x))} ({exc}): the file is malformed (onnxruntime refuses it too); fix the "
+                       f"node's attributes or shape in the export") from None
+
+
+def _laid_out(node, x, constant):
     second = constant(node.input[1]) if len(node.input) > 1 and node.input[1] else None
     if node.op_type == "Reshape":
         if second is None:

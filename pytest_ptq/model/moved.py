@@ -20,6 +20,7 @@ from collections import defaultdict
 
 from onnx import helper
 
+from ..errors import PTQError
 from .graph import LAYOUT_OPS, attribute, node_refs
 
 MOVERS = ("Identity",) + LAYOUT_OPS
@@ -60,7 +61,7 @@ def hoist(graph, source, is_q, is_dq, dims=lambda tensor: None):
             continue
         ends = readers[chain[-1].output[0]]
         rank = _rank(q, chain, ends, dims)
-        axes = _axes(q, chain, sizes, rank)
+        axes = _axes(q, chain, sizes, rank, source)
         shown = " -> ".join(f"{n.op_type} {n.name!r}" for n in (q, *chain, ends[0]))  # a DQ, or the Clip before them
         if axes is None:
             blocks = attribute(q, "block_size", 0)
@@ -150,10 +151,12 @@ def _rank(q, chain, ends, dims):
     return next((len(d) for d in map(dims, same) if d is not None), None)
 
 
-def _axes(q, chain, sizes, rank=None):
+def _axes(q, chain, sizes, rank=None, source="the model"):
     """The axis Q node ``q`` quantizes along once moved past each node of ``chain`` (None each
     for a per-tensor Q), or None where a node moves its channels onto another axis, or is a
-    Transpose without perm (reversing dims) of an unknown ``rank``."""
+    Transpose without perm (reversing dims) of an unknown ``rank``. An axis outside the
+    tensor or a perm that is no permutation of its axes (a file onnxruntime refuses) is
+    refused in one sentence: wrapped, the channels would land on an axis the file never names."""
     per_tensor = sizes.get(q.input[1]) == 1 if len(q.input) > 1 else False
     if per_tensor and not attribute(q, "block_size", 0):
         return [None] * len(chain)
@@ -165,6 +168,14 @@ def _axes(q, chain, sizes, rank=None):
             if perm is None and rank is None:
                 return None
             perm = list(range(rank))[::-1] if perm is None else [int(p) for p in perm]
+            if sorted(perm) != list(range(len(perm))) or rank is not None and len(perm) != rank:
+                raise PTQError(f"Transpose {m.name!r} of {source} has perm {perm}, not a permutation of the "
+                               f"{rank if rank is not None else len(perm)} axes of {m.input[0]!r}: the file is "
+                               "malformed (onnxruntime refuses it too); fix the perm in the export")
+            if not -len(perm) <= axis < len(perm):
+                raise PTQError(f"{q.op_type} {q.name!r} of {source} has axis {axis} on its {len(perm)}-D input "
+                               f"{q.input[0]!r}: out of range for that input; fix the export so that the axis indexes "
+                               "the channels of the quantized tensor")
             axis = perm.index(axis % len(perm))
         elif m.op_type != "Identity":
             return None

@@ -811,7 +811,7 @@ class QuantModel:
         elif name in self.producer and self.producer[name].op_type in LAYOUT_OPS:
             node = self.producer[name]
             src = self.constant(node.input[0])
-            value = None if src is None else laid_out(node, np.asarray(src), self.constant)
+            value = None if src is None else laid_out(node, np.asarray(src), self.constant, repr(self.source))
         self._constant_cache[name] = value
         return value
 
