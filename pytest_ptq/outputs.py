@@ -57,7 +57,10 @@ class OutputSpec:
         except (IndexError, ValueError, TypeError) as exc:
             raise PTQError(f"output slice {self.name!r} does not fit {self.tensor!r}, of shape {list(np.shape(array))} "
                            f"here ({exc}); slice within that shape") from None
-        if not np.size(part):
+        # where the tensor holds no values on this sample (a detector's rows on an image with no
+        # detection) the slice has none either, as the whole output has none: no values compared here,
+        # as for the whole output; only a slice that selects none of values held is wrong
+        if not np.size(part) and np.size(array):
             raise PTQError(f"output slice {self.name!r} selects no values of {self.tensor!r}, of shape "
                            f"{list(np.shape(array))} here; slice within that shape")
         return part

@@ -426,6 +426,33 @@ def test_a_sample_on_which_the_outputs_a_node_reaches_hold_no_values_has_no_figu
     assert saved.details["w2_QuantizeLinear"]["per_sample"] == sens.details["w2_QuantizeLinear"]["per_sample"]
 
 
+
+def test_a_slice_of_an_output_holding_no_rows_on_some_samples_is_judged_on_the_others(ragged):
+    """A slice of the columns of e (a detector's box coordinates, 'boxes=out[:, 0:4]'), which
+    holds no rows on some samples: the slice was refused on those ("selects no values of 'e',
+    of shape [0, 8] here; slice within that shape"), though it is within the shape and the
+    whole output is judged on the samples holding values. It is now judged as the whole is: on
+    those samples, as plain onnxruntime sessions on rewired models give it."""
+    sens = get_sensitivity_of_nodes(str(ragged["model"]), calibrated_data=ragged["data"], node_type="weight",
+                                    output_node=["head=e[:, 0:2]"])
+    ref = builders.run_model(builders.rewire(ragged["model"], keep=()), ragged["feeds"])
+    got = builders.run_model(builders.rewire(ragged["model"], keep={"w2_QuantizeLinear"}), ragged["feeds"])
+    held = [i for i, r in enumerate(ref) if r["e"].size]
+    assert 0 < len(held) < len(ref)  # the case this test is about
+    pooled = builders.pooled_cosine([ref[i]["e"][:, 0:2] for i in held], [got[i]["e"][:, 0:2] for i in held])
+    assert sens.outputs == ["head"]
+    assert sens["w2_QuantizeLinear"]["cosine-similarity"] == pytest.approx(pooled, abs=1e-6)
+    per_sample = sens.details["w2_QuantizeLinear"]["per_sample"]["cosine-similarity"]
+    assert [v is None for v in per_sample] == [not r["e"].size for r in ref]
+    assert [v for v in per_sample if v is not None] == pytest.approx(
+        [_cosine(ref[i]["e"][:, 0:2], got[i]["e"][:, 0:2]) for i in held], abs=1e-6)
+    # w1 changes y alone, which the slice does not read: no figure
+    assert sens["w1_QuantizeLinear"]["cosine-similarity"] is None
+    # a slice selecting none of the rows held (along the axis the model leaves open) is still refused
+    with pytest.raises(PTQError, match=r"output slice 'e\[9:\]' selects no values of 'e', of shape \[4, 8\] here"):
+        get_sensitivity_of_nodes(str(ragged["model"]), calibrated_data=ragged["data"], node_type="weight",
+                                 output_node=["e[9:]"])
+
 def test_stages_give_no_per_sample_figure_where_the_outputs_hold_no_values(ragged):
     from pytest_ptq.stages import localize_stages
 
