@@ -380,6 +380,8 @@ def _outputs(value, metric, where):
         out = {}
         for k, v in value.items():
             key = "" if k in (None, "", "default") else str(k)
+            if key in out:  # 'default' and '' both: one would win in silence
+                raise ContractError(f"{where}: 'outputs' gives the default twice ('default' and ''); give it once")
             out[key] = _bound(v, f"outputs.{k}", metric, where)
         if not out:
             raise ContractError(f"{where}: 'outputs' is empty; give 'default: 0.99' or one threshold per output")

@@ -268,6 +268,9 @@ def thresholds(spec):
         out = {}
         for k, v in spec.items():
             key = "" if k in ("", "default", None) else str(k)
+            if key in out:  # '' and 'default' both given: one would win in silence
+                raise PTQError(f"the thresholds {shown(spec)} give the default twice ('default' and ''); give it "
+                               "once")
             out[key] = number(v, f"threshold for {key or 'the default'!r}")
         return out
     return {"": number(spec, "threshold")}

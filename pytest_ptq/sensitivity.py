@@ -232,7 +232,7 @@ class Sensitivity(dict):
         get_metrics(d["metrics"])  # a metric this version does not know is no ranking it can use
         s = cls(node_type=d["node_type"], metrics=d["metrics"], outputs=d.get("outputs", []),
                 samples=d.get("samples", 0), model=d.get("model", ""),
-                details={k: _restored(v) for k, v in d.get("details", {}).items()},
+                details={k: _restored(k, v) for k, v in d.get("details", {}).items()},
                 confirmed=d.get("confirmed", ()), confirmed_samples=d.get("confirmed_samples", 0),
                 sample_indices=d.get("sample_indices", ()))
         for name in d["ranking"]:
@@ -277,11 +277,23 @@ class Sensitivity(dict):
 _MEASURED = ("threshold", "spread", "rank_interval", "per_output", "per_sample")
 
 
-def _restored(details):
-    """One node's saved details, with the special floats back in its measurements only."""
+def _restored(node, details):
+    """One node's saved details, with the special floats back in its measurements only; its
+    per-sample values, which the confidence reads as numbers, checked to be numbers (None on a
+    sample where no values were compared): a file edited by hand is refused in one sentence."""
     if not isinstance(details, dict):
-        return details
-    return {k: json_restore(v) if k in _MEASURED else v for k, v in details.items()}
+        raise PTQError(f"the details of node {node!r} must be a mapping, got {shown(details)}")
+    out = {k: json_restore(v) if k in _MEASURED else v for k, v in details.items()}
+    per_sample = out.get("per_sample", {})
+    if not isinstance(per_sample, dict):
+        raise PTQError(f"the per-sample values of node {node!r} must be a mapping of metric names to lists, got "
+                       f"{shown(per_sample)}")
+    for metric, values in per_sample.items():
+        if not isinstance(values, list) or not all(
+                v is None or isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
+            raise PTQError(f"the per-sample {metric} values of node {node!r} must be a list of numbers (null where "
+                           f"no values were compared), got {shown(values)}")
+    return out
 
 
 def score_configs(engine, configs, metrics, specs, indices, progress=None, alternative=False, reaches=None):

@@ -594,6 +594,21 @@ API_CASES = [
      "cannot be read (it has no 'metrics' entry)"),
     ("load-sensitivity-deep", lambda: dbg.load_sensitivity(_json_file("[" * 100000 + "]" * 100000)),
      "cannot be read (RecursionError"),
+    # a saved ranking edited by hand: its per-sample values are what the confidence computes on
+    *((f"confidence-of-a-file-whose-{what}", lambda details=details: dbg.ranking_confidence(dbg.load_sensitivity(
+        _json_file(json.dumps({"ranking": ["a"], "values": {"a": {"cosine-similarity": 0.9}}, "node_type": "node",
+                               "metrics": ["cosine-similarity"], "details": {"a": details}})))), needle)
+      for what, details, needle in (
+          ("per-sample-value-is-text", {"per_sample": {"cosine-similarity": ["abc", None]}},
+           "the per-sample cosine-similarity values of node 'a' must be a list of numbers (null where no values"),
+          ("per-sample-values-are-a-number", {"per_sample": {"cosine-similarity": 0.9}},
+           "the per-sample cosine-similarity values of node 'a' must be a list of numbers"),
+          ("per-sample-is-null", {"per_sample": None},
+           "the per-sample values of node 'a' must be a mapping of metric names to lists, got None"),
+          ("details-are-a-list", [1], "the details of node 'a' must be a mapping, got [1]"))),
+    # '' and 'default' both name the default: one of them would win in silence
+    ("suggest-targets-give-the-default-twice", lambda: dbg.suggest_remedy(_engine(), target={"": 0.9, "default": 0.99}),
+     "give the default twice ('default' and ''); give it once"),
     ("accuracy-of-a-number", lambda: check_accuracy(Analysis(AnalysisKey("m.onnx", "calib"), "."), 3),
      "evaluate must be a function evaluate(run, data) -> float, got 3"),
     *((f"accuracy-min-ratio-{r}", lambda r=r: check_accuracy(Analysis(AnalysisKey("m.onnx", "calib"), "."),
@@ -900,6 +915,9 @@ PLUGIN_CASES = [
      ["is not valid YAML", "could not determine a constructor"], []),
     ("yaml-long-value", {"long.ptq.yaml": "model: m.onnx\ndata: calib\nbaseline: false\noutputs: " + "9" * 500 + "x\n"},
      [], 2, ["'outputs' must be a number", "..."], []),
+    ("yaml-outputs-default-twice", {"d.ptq.yaml": "model: m.onnx\ndata: calib\nbaseline: false\n"
+                                                  "outputs: {'': 0.9, default: 0.5}\n"}, [], 2,
+     ["contract 'd.ptq.yaml'", "'outputs' gives the default twice ('default' and ''); give it once"], []),
     ("yaml-model-is-a-folder", {"d.ptq.yaml": "model: calib\ndata: calib\nbaseline: false\n"}, [], 1,
      ["check outputs: model", "is a folder; pass the .onnx file"], []),
     ("yaml-evaluate-broken", {"e.ptq.yaml": "model: m.onnx\ndata: calib\nbaseline: false\n"
