@@ -356,17 +356,9 @@ def test_model_optimizers_terms_for_a_branched_chains_later_pair_say_how_they_de
     expected the chain's tensor to come out float, though the Relu reads it through the earlier
     pair, in the file and in the simulated remedy alike, and said nothing of conv1 losing the
     earlier pair, which the simulation keeps: the tensor is not expected float and a note says both."""
-    from test_producer_terms import _mark
-
     from pytest_ptq.remedy import producer_terms
 
-    model = onnx.load(str(branched["model"]))
-    _mark(model, "modelopt")
-    qpath, fpath = tmp_path / "marked.onnx", tmp_path / "float.onnx"
-    onnx.save(model, str(qpath))
-    onnx.save(builders.rewire(qpath), str(fpath))
-    qm = QuantModel(str(qpath), float_model=str(fpath))
-    assert qm.made_by.key == "modelopt"
+    qpath, fpath, qm = _marked_by_modelopt(branched, tmp_path)
     tensor = _read_by(fpath, "conv1")
     terms = producer_terms(qm, "float", ["fine_Q"], float_model=str(fpath))
     # the simulated remedy: every pair but the later one kept; who still reads the tensor through a pair
@@ -387,18 +379,10 @@ def test_model_optimizers_diagnosis_for_a_chains_later_pair_kept_in_float_carrie
     that excluding conv1 takes the earlier pair from conv1 too, nor that the Relu, reading the
     tensor through it in the simulated remedy, still does. It carries Model Optimizer's own note
     now, the sentence of its terms, and not onnxruntime's, whose placement is not Model Optimizer's."""
-    from test_producer_terms import _mark
-
     from pytest_ptq.diagnosis import _fixes
     from pytest_ptq.remedy import onnxruntime_settings, producer_terms
 
-    model = onnx.load(str(branched["model"]))
-    _mark(model, "modelopt")
-    qpath, fpath = tmp_path / "marked.onnx", tmp_path / "float.onnx"
-    onnx.save(model, str(qpath))
-    onnx.save(builders.rewire(qpath), str(fpath))
-    qm = QuantModel(str(qpath), float_model=str(fpath))
-    assert qm.made_by.key == "modelopt"
+    qpath, fpath, qm = _marked_by_modelopt(branched, tmp_path)
     # who reads the tensor through a pair in the simulated remedy (every pair but the later one)
     tensor = _read_by(fpath, "conv1")
     simulated = builders.rewire(qpath, keep=[p for p in builders.qdq_pairs(qpath) if p != "fine_Q"])
@@ -406,9 +390,7 @@ def test_model_optimizers_diagnosis_for_a_chains_later_pair_kept_in_float_carrie
     assert still == {"relu", "conv1"}
     terms = producer_terms(qm, "float", ["fine_Q"], float_model=str(fpath))
     excluded = set(terms["nodes"]["fine_Q"]["nodes"])
-    item = {"node": "fine_Q", "kind": "activation", "badness": 0.2, "try": ["keep in float"], "chosen": ["fine_Q"],
-            "inputs": [{"node": "fine_Q", "kind": "activation", "try": ["keep in float"], "reason": "clips"}],
-            "findings": [{"node": "fine_Q", "kind": "activation", "try": ["keep in float"]}]}
+    item = _later_pair_item(["keep in float"])
     fix = next(f["text"] for f in _fixes(qm, [item], "activation", float_model=str(fpath))[0]
                if f["short"] == "keep nodes in float")
     assert fix.count("; note: ") == 1, fix
@@ -617,6 +599,27 @@ def _branched_float(branched):
     return fpath, {"x": [f["x"] for f in branched["feeds"]]}
 
 
+def _later_pair_item(tries, reason="clips", found=("keep in float",)):
+    """A diagnosis item for the branched chain's later pair, an activation to ``tries``."""
+    return {"node": "fine_Q", "kind": "activation", "badness": 0.2, "try": list(tries), "chosen": ["fine_Q"],
+            "inputs": [{"node": "fine_Q", "kind": "activation", "try": list(tries), "reason": reason}],
+            "findings": [{"node": "fine_Q", "kind": "activation", "try": list(found)}]}
+
+
+def _later_pair_kept_in_float_by_onnxruntime(branched, tmp_path):
+    """The branched chain's QuantModel, onnxruntime's settings keeping its later pair in float,
+    and the operators that lose the earlier pair when quantize_static replays their exclusion."""
+    from pytest_ptq.remedy import onnxruntime_settings
+
+    fpath, data = _branched_float(branched)
+    qm = QuantModel(str(branched["model"]), float_model=str(fpath))
+    settings = onnxruntime_settings(qm, "float", ["fine_Q"])
+    out = builders.quantize(fpath, tmp_path / "float.onnx", data, nodes_to_exclude=settings["nodes_to_exclude"])
+    lost = _losing_earlier_pair(branched, fpath, out)
+    assert lost == {"relu", "conv1"}
+    return qm, settings, lost
+
+
 def _losing_earlier_pair(branched, fpath, requantized):
     """The operators that read the branched chain's tensor through its coarse pair in the simulated
     remedy (the file without its fine pair) and read it through no pair in ``requantized``."""
@@ -664,22 +667,10 @@ def test_the_diagnosis_and_runalls_steps_for_a_chains_later_pair_kept_in_float_c
     the tensor float for the Relu and conv1 alike, which read the coarse pair in the simulated
     remedy: each carries the settings' note now, the sentence the remedy's summary prints."""
     from pytest_ptq.diagnosis import _fixes
-    from pytest_ptq.remedy import onnxruntime_settings
     from pytest_ptq.runall import _plan
 
-    fpath, data = _branched_float(branched)
-    qm = QuantModel(str(branched["model"]), float_model=str(fpath))
-    settings = onnxruntime_settings(qm, "float", ["fine_Q"])
-    out = builders.quantize(fpath, tmp_path / "float.onnx", data, nodes_to_exclude=settings["nodes_to_exclude"])
-    lost = _losing_earlier_pair(branched, fpath, out)
-    assert lost == {"relu", "conv1"}
-
-    def item(tries):
-        return {"node": "fine_Q", "kind": "activation", "badness": 0.2, "try": tries, "chosen": ["fine_Q"],
-                "inputs": [{"node": "fine_Q", "kind": "activation", "try": tries, "reason": "clips"}],
-                "findings": [{"node": "fine_Q", "kind": "activation", "try": ["keep in float"]}]}
-
-    severe, other = item(["keep in float"]), item(["per-channel", "keep in float"])  # other: no int16 to go to
+    qm, settings, lost = _later_pair_kept_in_float_by_onnxruntime(branched, tmp_path)
+    severe, other = _later_pair_item(["keep in float"]), _later_pair_item(["per-channel", "keep in float"])  # other: no int16 to go to
     fix = next(f["text"] for f in _fixes(qm, [severe], "activation")[0] if f["short"] == "keep nodes in float")
     steps = [s for it in (severe, other) for s in _plan([it], [it], "activation", qm=qm)[0] if " in float" in s]
     assert len(steps) == 2 and "or fix the model there" in steps[1], steps
@@ -695,19 +686,11 @@ def test_runalls_raise_or_keep_in_float_step_for_a_chains_later_pair_carries_the
     advised the float half with no word of what quantize_static's exclusion then does (the
     tensor float for the Relu and conv1 alike, which read the coarse pair in the simulated
     remedy): it carries the settings' note now, the sentence the remedy's summary prints."""
-    from pytest_ptq.remedy import onnxruntime_settings
     from pytest_ptq.runall import _plan
 
-    fpath, data = _branched_float(branched)
-    qm = QuantModel(str(branched["model"]), float_model=str(fpath))
-    settings = onnxruntime_settings(qm, "float", ["fine_Q"])
-    out = builders.quantize(fpath, tmp_path / "float.onnx", data, nodes_to_exclude=settings["nodes_to_exclude"])
-    lost = _losing_earlier_pair(branched, fpath, out)
-    assert lost == {"relu", "conv1"}
+    qm, settings, lost = _later_pair_kept_in_float_by_onnxruntime(branched, tmp_path)
     tries = ["int16", "keep in float"]
-    item = {"node": "fine_Q", "kind": "activation", "badness": 0.2, "try": tries, "chosen": ["fine_Q"],
-            "inputs": [{"node": "fine_Q", "kind": "activation", "try": tries, "reason": "coarse"}],
-            "findings": [{"node": "fine_Q", "kind": "activation", "try": tries}]}
+    item = _later_pair_item(tries, reason="coarse", found=tries)
     steps = [s for s in _plan([item], [item], "activation", qm=qm)[0] if "or keep them in float" in s]
     assert len(steps) == 1, steps
     note = steps[0].partition("; note: ")[2]
@@ -723,21 +706,12 @@ def test_a_producers_terms_for_a_chains_later_pair_kept_in_float_say_they_take_t
     by quantize_static) leaves the tensor float for every reader, the Relu and conv1 losing the
     coarse pair the simulated remedy kept; they said nothing of it: a note says so, and the tensor is
     expected float, as the re-quantized check finds it."""
-    from test_producer_terms import _mark
-
     from pytest_ptq.remedy import producer_terms
     from pytest_ptq.remedy.producer_check import effect
     from pytest_ptq.remedy.result import producer_lines
 
     fpath, data = _branched_float(branched)
-    model = onnx.load(str(branched["model"]))
-    _mark(model, producer)
-    if producer == "inc":  # Neural Compressor renames the nodes it quantizes '<name>_quant'
-        for n in model.graph.node:
-            if n.op_type not in ("QuantizeLinear", "DequantizeLinear"):
-                n.name += "_quant"
-    qpath = tmp_path / "marked.onnx"
-    onnx.save(model, str(qpath))
+    _, qpath = _marked(branched, producer, tmp_path)
     qm = QuantModel(str(qpath), float_model=str(fpath))
     assert qm.made_by.key == {"inc": "neural-compressor"}.get(producer, producer)
     terms = producer_terms(qm, "float", ["fine_Q"], float_model=str(fpath))
@@ -776,16 +750,11 @@ def test_aimets_terms_for_a_chains_later_pair_kept_in_float_say_they_take_the_ea
     (every pair on the tensor removed), the Relu and conv1 lose the coarse pair the simulated
     remedy kept. Quark's and Neural Compressor's terms said so in a note; aimet's said nothing:
     its own note says so now."""
-    from test_producer_terms import _mark
-
     from pytest_ptq.remedy import producer_terms
     from pytest_ptq.remedy.result import producer_lines
 
     fpath, _ = _branched_float(branched)
-    model = onnx.load(str(branched["model"]))
-    _mark(model, "aimet")
-    qpath = tmp_path / "marked.onnx"
-    onnx.save(model, str(qpath))
+    _, qpath = _marked(branched, "aimet", tmp_path)
     qm = QuantModel(str(qpath), float_model=str(fpath))
     assert qm.made_by.key == "aimet"
     terms = producer_terms(qm, "float", ["fine_Q"], float_model=str(fpath))
@@ -815,23 +784,12 @@ def test_runalls_keep_in_float_step_for_another_quantizers_model_says_the_call_i
     leaves the tensor float, so the step says so."""
     import ast
 
-    from test_producer_terms import _mark
-
     from pytest_ptq.runall import _plan
 
     fpath, data = _branched_float(branched)
-    model = onnx.load(str(branched["model"]))
-    _mark(model, producer)
-    if producer == "inc":  # Neural Compressor renames the nodes it quantizes '<name>_quant'
-        for n in model.graph.node:
-            if n.op_type not in ("QuantizeLinear", "DequantizeLinear"):
-                n.name += "_quant"
-    qpath = tmp_path / "marked.onnx"
-    onnx.save(model, str(qpath))
+    _, qpath = _marked(branched, producer, tmp_path)
     qm = QuantModel(str(qpath), float_model=str(fpath))
-    item = {"node": "fine_Q", "kind": "activation", "badness": 0.2, "try": ["keep in float"], "chosen": ["fine_Q"],
-            "inputs": [{"node": "fine_Q", "kind": "activation", "try": ["keep in float"], "reason": "clips"}],
-            "findings": [{"node": "fine_Q", "kind": "activation", "try": ["keep in float"]}]}
+    item = _later_pair_item(["keep in float"])
     step = next(s for s in _plan([item], [item], "activation", qm=qm, float_model=str(fpath))[0] if " in float" in s)
     call = re.search(r"quantize_static\(\.\.\., nodes_to_exclude=(\[.*?\])\)( on the float model)?", step)
     assert call and call.group(2), step  # was: no " on the float model"
@@ -841,16 +799,38 @@ def test_runalls_keep_in_float_step_for_another_quantizers_model_says_the_call_i
     assert not _chain_bits(out, _read_by(fpath, "conv1"))  # the tensor float there, as the step says
 
 
+def _marked(branched, producer, tmp_path):
+    """The branched chain's QDQ file marked as ``producer``'s (Neural Compressor's: its nodes
+    renamed as it names them): the model and its path."""
+    from test_producer_terms import _mark
+
+    model = onnx.load(str(branched["model"]))
+    _mark(model, producer)
+    if producer == "inc":  # Neural Compressor renames the nodes it quantizes '<name>_quant'
+        for n in model.graph.node:
+            if n.op_type not in ("QuantizeLinear", "DequantizeLinear"):
+                n.name += "_quant"
+    qpath = tmp_path / "marked.onnx"
+    onnx.save(model, str(qpath))
+    return model, qpath
+
+
+def _marked_by_modelopt(branched, tmp_path):
+    """The branched chain's QDQ file marked as Model Optimizer's, its float model (the file
+    rewired) and its QuantModel aligned with that float model."""
+    _, qpath = _marked(branched, "modelopt", tmp_path)
+    fpath = tmp_path / "float.onnx"
+    onnx.save(builders.rewire(qpath), str(fpath))
+    qm = QuantModel(str(qpath), float_model=str(fpath))
+    assert qm.made_by.key == "modelopt"
+    return qpath, fpath, qm
+
+
 def _marked_by_quark(branched, tmp_path):
     """The branched chain's float model and data, and its QDQ file marked as Quark's (model,
     path, QuantModel aligned with the float model)."""
-    from test_producer_terms import _mark
-
     fpath, data = _branched_float(branched)
-    model = onnx.load(str(branched["model"]))
-    _mark(model, "quark")
-    qpath = tmp_path / "marked.onnx"
-    onnx.save(model, str(qpath))
+    model, qpath = _marked(branched, "quark", tmp_path)
     return fpath, data, model, qpath, QuantModel(str(qpath), float_model=str(fpath))
 
 
@@ -1000,20 +980,14 @@ def test_model_optimizers_fix_and_next_step_for_a_chains_later_pair_exclude_what
     Model Optimizer's placement, conv0 excluded took its weight's pair too, which no remedy asked
     for. The fix, its snippet and the step name the terms' list and carry its note."""
     import conventions
-    from test_producer_terms import _listed, _mark, _modelopt_expand, _pairs_on
+    from test_producer_terms import _listed, _modelopt_expand, _pairs_on
 
     from pytest_ptq.diagnosis import _fixes
     from pytest_ptq.remedy import producer_terms
     from pytest_ptq.runall import _plan
 
-    model = onnx.load(str(branched["model"]))
-    _mark(model, "modelopt")
-    qpath, fpath = tmp_path / "marked.onnx", tmp_path / "float.onnx"
-    onnx.save(model, str(qpath))
-    onnx.save(builders.rewire(qpath), str(fpath))
+    qpath, fpath, qm = _marked_by_modelopt(branched, tmp_path)
     data = {"x": [f["x"] for f in branched["feeds"]]}
-    qm = QuantModel(str(qpath), float_model=str(fpath))
-    assert qm.made_by.key == "modelopt"
     terms = producer_terms(qm, "float", ["fine_Q"], float_model=str(fpath))
     want, note = terms["settings"]["nodes_to_exclude"], terms["nodes"]["fine_Q"]["note"]
 
@@ -1025,9 +999,7 @@ def test_model_optimizers_fix_and_next_step_for_a_chains_later_pair_exclude_what
     expected = replayed(want, "terms.onnx")
     weight = _read_by(fpath, "conv0", 1)  # conv0's weight: no remedy here touches it
     assert weight in base and weight in expected and _read_by(fpath, "conv1") in base
-    item = {"node": "fine_Q", "kind": "activation", "badness": 0.2, "try": ["keep in float"], "chosen": ["fine_Q"],
-            "inputs": [{"node": "fine_Q", "kind": "activation", "try": ["keep in float"], "reason": "clips"}],
-            "findings": [{"node": "fine_Q", "kind": "activation", "try": ["keep in float"]}]}
+    item = _later_pair_item(["keep in float"])
     fixes, _, call, _, _ = _fixes(qm, [item], "activation", float_model=str(fpath))
     fix = next(f["text"] for f in fixes if f["short"] == "keep nodes in float")
 

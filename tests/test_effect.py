@@ -66,6 +66,18 @@ def _expected(base, path, kind):
             ["t"] if _bits_read(path, "mb") != _bits_read(base, "mb") else [])
 
 
+def _marked_by_quark(base, fpath, tmp_path):
+    """File ``base`` marked as Quark's, read against float model ``fpath``."""
+    from test_producer_terms import _mark
+
+    model = onnx.load(str(base))
+    _mark(model, "quark")
+    onnx.save(model, str(tmp_path / "marked.onnx"))
+    given = QuantModel(str(tmp_path / "marked.onnx"), float_model=str(fpath))
+    assert given.made_by.key == "quark"
+    return given
+
+
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
 @pytest.mark.parametrize("kind", ["float", "int16"])
 def test_the_onnxruntime_check_tells_a_tensors_own_pairs_apart(tmp_path, variant, kind):
@@ -88,18 +100,12 @@ def test_the_onnxruntime_check_tells_a_tensors_own_pairs_apart(tmp_path, variant
 def test_a_producers_check_tells_a_tensors_own_pairs_apart(tmp_path, variant):
     """The same two pairs in a file Quark made, its terms keeping A in float, read against the
     float model: the check compared B and read A, gone, as 'not applied'."""
-    from test_producer_terms import _mark
-
     from pytest_ptq.remedy import producer_terms
     from pytest_ptq.remedy.producer_check import effect
 
     fpath = _net(tmp_path / "float.onnx", pairs=False)
     base, path = _net(tmp_path / "base.onnx"), _net(tmp_path / "after.onnx", **VARIANTS[variant])
-    model = onnx.load(str(base))
-    _mark(model, "quark")
-    onnx.save(model, str(tmp_path / "marked.onnx"))
-    given = QuantModel(str(tmp_path / "marked.onnx"), float_model=str(fpath))
-    assert given.made_by.key == "quark"
+    given = _marked_by_quark(base, fpath, tmp_path)
     named = next(c.name for c in given.calibration.values() if given.feeds(c.name) == ["ma"])
     terms = producer_terms(given, "float", [named], float_model=str(fpath))
     not_applied, collateral = _expected(base, path, "float")
@@ -141,6 +147,15 @@ def _bits_at(path, reader, index):
     return bits
 
 
+def _pair_at(qm, path, reader, index):
+    """The pair of ``qm`` whose DequantizeLinear operator ``reader`` of file ``path`` reads at
+    input ``index``, found in the proto."""
+    nodes = onnx.load(str(path)).graph.node
+    written = {o: n for n in nodes for o in n.output}
+    dq = written[next(n for n in nodes if n.name == reader).input[index]].name
+    return next(c.name for c in qm.calibration.values() if dq in {d.name for d in c.dq_nodes})
+
+
 def _expected_at(base, path, kind):
     """``(not_applied, collateral)`` read from the protos: the pair the Add reads at input 0
     (A) is named; collateral where input 1 reads other grids than without the remedy."""
@@ -158,9 +173,7 @@ def test_the_onnxruntime_check_tells_apart_the_pairs_one_operator_reads_at_two_i
 
     base, path = _both_inputs_net(tmp_path / "base.onnx"), _both_inputs_net(tmp_path / "after.onnx", **VARIANTS[variant])
     given = QuantModel(str(base))
-    written = {o: n for n in onnx.load(str(base)).graph.node for o in n.output}
-    first = written[next(n for n in onnx.load(str(base)).graph.node if n.name == "add").input[0]].name
-    named = next(c.name for c in given.calibration.values() if first in {d.name for d in c.dq_nodes})
+    named = _pair_at(given, base, "add", 0)
     not_applied, collateral = _expected_at(base, path, kind)
     new = QuantModel(str(path)) if any(_bits_at(path, "add", i) for i in (0, 1)) else None  # None: nothing quantized
     found = _effect(given, QuantModel(str(base)), new, SimpleNamespace(nodes=[named], choices={}, remedy=kind))
@@ -173,21 +186,13 @@ def test_a_producers_check_tells_apart_the_pairs_one_operator_reads_at_two_input
     against the float model Add(t, t), through the terms as JSON holds them."""
     import json
 
-    from test_producer_terms import _mark
-
     from pytest_ptq.remedy import producer_terms
     from pytest_ptq.remedy.producer_check import effect
 
     fpath = _both_inputs_net(tmp_path / "float.onnx", pairs=False)
     base, path = _both_inputs_net(tmp_path / "base.onnx"), _both_inputs_net(tmp_path / "after.onnx", **VARIANTS[variant])
-    model = onnx.load(str(base))
-    _mark(model, "quark")
-    onnx.save(model, str(tmp_path / "marked.onnx"))
-    given = QuantModel(str(tmp_path / "marked.onnx"), float_model=str(fpath))
-    assert given.made_by.key == "quark"
-    written = {o: n for n in model.graph.node for o in n.output}
-    first = written[next(n for n in model.graph.node if n.name == "add").input[0]].name
-    named = next(c.name for c in given.calibration.values() if first in {d.name for d in c.dq_nodes})
+    given = _marked_by_quark(base, fpath, tmp_path)
+    named = _pair_at(given, base, "add", 0)
     terms = json.loads(json.dumps(producer_terms(given, "float", [named], float_model=str(fpath))))
     not_applied, collateral = _expected_at(base, path, "float")
     found = effect(terms, str(fpath), base, path)

@@ -969,6 +969,22 @@ def test_a_batch_normalization_between_pairs_is_not_named_as_running_integer_pro
     assert saturating_nodes(qm) == ["conv"]
 
 
+def _runs_are_the_file_and_the_float_model(engine, q, f, samples, atol, apart):
+    """Each sample's quantized run against a plain session on file ``q`` and its bypassed run
+    against one on float model ``f`` (output "y", within ``atol``), the two more than ``apart``
+    off each other; returns the float model's outputs and the file's."""
+    [(name, feeds)] = samples.items()
+    refs, files = [], []
+    for i, x in enumerate(feeds):
+        given, ref = run_model(q, {name: x})["y"], run_model(f, {name: x})["y"]
+        np.testing.assert_allclose(engine.run(i, "all")["y"], given, rtol=0, atol=atol)  # quantized: the file
+        np.testing.assert_allclose(engine.run(i, ())["y"], ref, rtol=0, atol=atol)  # bypassed: the float model
+        assert np.abs(given - ref).max() > apart  # which differ
+        refs.append(ref)
+        files.append(given)
+    return refs, files
+
+
 def test_a_dynamic_table_dequantized_after_the_ops_that_move_it_is_a_weight(tmp_path):
     """quantize_dynamic stores an embedding as uint8 and dequantizes it after Gather and a
     Transpose (before an op it does not quantize): that table was no weight node, stayed
@@ -989,11 +1005,7 @@ def test_a_dynamic_table_dequantized_after_the_ops_that_move_it_is_a_weight(tmp_
     samples = {"ids": [rng.integers(0, 20, (1, 5)).astype(np.int64) for _ in range(3)]}
     engine = Engine(str(q), samples, float_model=str(fpath))
     assert [c.name for c in engine.qmodel.of_kind("weight")] == ["emb_DequantizeLinear"]
-    for i, ids in enumerate(samples["ids"]):
-        ref, given = run_model(fpath, {"ids": ids})["y"], run_model(q, {"ids": ids})["y"]
-        np.testing.assert_allclose(engine.run(i, ())["y"], ref, rtol=0, atol=1e-6)  # bypassed: the float model
-        np.testing.assert_allclose(engine.run(i, "all")["y"], given, rtol=0, atol=1e-6)  # quantized: the file
-        assert np.abs(given - ref).max() > 1e-3  # which differ
+    _runs_are_the_file_and_the_float_model(engine, q, fpath, samples, atol=1e-6, apart=1e-3)
 
 
 def _transposed_codes_net(tmp_path, out_ch, in_ch, mover=("Transpose", {"perm": [1, 0, 2, 3]}, {}), seed=0,
@@ -1049,11 +1061,21 @@ def test_per_channel_codes_transposed_before_their_dequantizelinear_keep_their_c
     q, f, samples = _transposed_codes_net(tmp_path, 6, in_ch)
     engine = Engine(str(q), samples, float_model=str(f))
     assert [c.kind for c in engine.qmodel.calibration.values()] == ["weight"]
-    for i, x in enumerate(samples["x"]):
-        given, ref = run_model(q, {"x": x})["y"], run_model(f, {"x": x})["y"]
-        np.testing.assert_allclose(engine.run(i, "all")["y"], given, rtol=0, atol=1e-4)  # quantized: the file
-        np.testing.assert_allclose(engine.run(i, ())["y"], ref, rtol=0, atol=1e-4)  # bypassed: the float model
-        assert np.abs(given - ref).max() > 1e-2  # which differ
+    _runs_are_the_file_and_the_float_model(engine, q, f, samples, atol=1e-4, apart=1e-2)
+
+
+def _one_weight_ranked_as_the_file(q, f, samples, atol):
+    """The engine on file ``q`` and float model ``f``, its one pair (a weight, its float weight
+    found), and the weights' rankings, checked: the runs are the file's and the float model's,
+    and that weight's ranking is the file's pooled cosine against the float model (its one pair
+    quantized is the file itself)."""
+    engine = Engine(str(q), samples, float_model=str(f))
+    [c] = engine.qmodel.calibration.values()
+    assert c.kind == "weight" and engine.qmodel.alignment.unmatched_weights == []
+    refs, files = _runs_are_the_file_and_the_float_model(engine, q, f, samples, atol=atol, apart=1e-2)
+    sens = get_sensitivity_of_nodes(engine, node_type="weight")
+    assert sens[c.name]["cosine-similarity"] == pytest.approx(pooled_cosine(refs, files), abs=1e-7)
+    return engine, c, sens
 
 
 def _dequantized_then_transposed_net(tmp_path, per_channel, stored, float_scale=1.0, seed=0):
@@ -1100,20 +1122,7 @@ def test_a_weight_transposed_after_its_dequantizelinear_finds_its_float_weight(t
     one per-tensor, 0.14 per-channel), and the pair on grid read as costing nothing (cosine
     1 - 6e-15 against 0.999949 and 0.999992). The Transpose's permutation is now tried on the float weights."""
     q, f, samples = _dequantized_then_transposed_net(tmp_path, per_channel, stored)
-    engine = Engine(str(q), samples, float_model=str(f))
-    [c] = engine.qmodel.calibration.values()
-    assert c.kind == "weight" and engine.qmodel.alignment.unmatched_weights == []
-    refs, files = [], []
-    for i, x in enumerate(samples["x"]):
-        ref, given = run_model(f, {"x": x})["y"], run_model(q, {"x": x})["y"]
-        np.testing.assert_allclose(engine.run(i, ())["y"], ref, rtol=0, atol=1e-4)  # bypassed: the float model
-        np.testing.assert_allclose(engine.run(i, "all")["y"], given, rtol=0, atol=1e-4)  # quantized: the file
-        assert np.abs(given - ref).max() > 1e-2  # which differ
-        refs.append(ref)
-        files.append(given)
-    # its one pair quantized is the file itself
-    sens = get_sensitivity_of_nodes(engine, node_type="weight")
-    assert sens[c.name]["cosine-similarity"] == pytest.approx(pooled_cosine(refs, files), abs=1e-7)
+    _, c, sens = _one_weight_ranked_as_the_file(q, f, samples, atol=1e-4)
     assert sens[c.name]["cosine-similarity"] < 1 - 1e-6  # costs something: read as none, it was 1 - 6e-15
 
 
@@ -1161,20 +1170,7 @@ def test_a_weight_laid_out_by_shape_only_nodes_after_its_dequantizelinear_finds_
                             [numpy_helper.from_array(w, "w")])
     q, f = builders.save_model(qdq, tmp_path / "q.onnx", opset=13), builders.save_model(flt, tmp_path / "f.onnx", opset=13)
     samples = {"x": [rng.standard_normal((1, 4, 8, 8)).astype(np.float32) for _ in range(3)]}
-    engine = Engine(str(q), samples, float_model=str(f))
-    [c] = engine.qmodel.calibration.values()
-    assert c.kind == "weight" and engine.qmodel.alignment.unmatched_weights == []
-    refs, files = [], []
-    for i, x in enumerate(samples["x"]):
-        ref, given = run_model(f, {"x": x})["y"], run_model(q, {"x": x})["y"]
-        np.testing.assert_allclose(engine.run(i, ())["y"], ref, rtol=0, atol=1e-5)  # bypassed: the float model
-        np.testing.assert_allclose(engine.run(i, "all")["y"], given, rtol=0, atol=1e-5)  # quantized: the file
-        assert np.abs(given - ref).max() > 1e-2  # which differ
-        refs.append(ref)
-        files.append(given)
-    # its one weight quantized is the file itself
-    sens = get_sensitivity_of_nodes(engine, node_type="weight")
-    assert sens[c.name]["cosine-similarity"] == pytest.approx(pooled_cosine(refs, files), abs=1e-7)
+    engine, c, sens = _one_weight_ranked_as_the_file(q, f, samples, atol=1e-5)
     ours, numpys = _per_channel_max(engine, c.name, _decoded(q, "w_DQ"), axis, tmp_path)
     np.testing.assert_allclose(ours, numpys, rtol=1e-6)
 
@@ -1217,11 +1213,7 @@ def test_a_static_weight_whose_codes_are_laid_out_before_its_dequantizelinear_is
     qm = engine.qmodel
     assert (qm.format, qm.format_label, qm.made_by.name) == ("QDQ", "QDQ", "onnxruntime quantize_static")
     assert [c.name for c in qm.of_kind("weight")] == ["w_DQ"] and qm.alignment.unmatched_weights == []
-    for i, x in enumerate(samples["x"]):
-        given, ref = run_model(q, {"x": x})["y"], run_model(f, {"x": x})["y"]
-        np.testing.assert_allclose(engine.run(i, "all")["y"], given, rtol=0, atol=1e-4)  # quantized: the file
-        np.testing.assert_allclose(engine.run(i, ())["y"], ref, rtol=0, atol=1e-4)  # bypassed: the float model
-        assert np.abs(given - ref).max() > 1e-2  # which differ
+    _runs_are_the_file_and_the_float_model(engine, q, f, samples, atol=1e-4, apart=1e-2)
     ours, numpys = _per_channel_max(engine, "w_DQ", _decoded(q, "w_DQ"), 0, tmp_path)
     np.testing.assert_allclose(ours, numpys, rtol=1e-6)
 
@@ -1235,11 +1227,7 @@ def test_per_channel_codes_a_gather_moves_along_another_axis_keep_their_channels
     engine = Engine(str(q), samples, float_model=str(f))
     [c] = engine.qmodel.of_kind("weight")
     assert c.axis == 0 and engine.qmodel.alignment.unmatched_weights == []
-    for i, x in enumerate(samples["x"]):
-        given, ref = run_model(q, {"x": x})["y"], run_model(f, {"x": x})["y"]
-        np.testing.assert_allclose(engine.run(i, "all")["y"], given, rtol=0, atol=1e-4)  # quantized: the file
-        np.testing.assert_allclose(engine.run(i, ())["y"], ref, rtol=0, atol=1e-4)  # bypassed: the float model
-        assert np.abs(given - ref).max() > 1e-2  # which differ
+    _runs_are_the_file_and_the_float_model(engine, q, f, samples, atol=1e-4, apart=1e-2)
     # the codes dequantized before the Gather: its input, which the file's DequantizeLinear reads gathered
     decoded = _decoded(q, "w_DQ")[:, np.argsort([1, 0, 3, 2])]
     ours, numpys = _per_channel_max(engine, c.name, decoded, 0, tmp_path)
@@ -1288,11 +1276,7 @@ def test_a_per_channel_table_gathered_and_reshaped_before_its_dequantizelinear_k
     engine = Engine(str(q), samples, float_model=str(f))
     [c] = engine.qmodel.of_kind("weight")
     assert c.axis == 1 and engine.qmodel.alignment.unmatched_weights == []
-    for i, ids in enumerate(samples["ids"]):
-        given, ref = run_model(q, {"ids": ids})["y"], run_model(f, {"ids": ids})["y"]
-        np.testing.assert_allclose(engine.run(i, "all")["y"], given, rtol=0, atol=1e-6)  # quantized: the file
-        np.testing.assert_allclose(engine.run(i, ())["y"], ref, rtol=0, atol=1e-6)  # bypassed: the float model
-        assert np.abs(given - ref).max() > 1e-3  # which differ
+    _runs_are_the_file_and_the_float_model(engine, q, f, samples, atol=1e-6, apart=1e-3)
     model = onnx.load(str(q))
     inits = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
     decoded = inits["codes"].astype(np.float64) * inits["s"]  # the whole table, each column by its scale
@@ -1395,14 +1379,8 @@ def test_an_embedding_table_gathered_before_its_dequantizelinear_in_a_qdq_file_i
     decoded = (codes.astype(np.float32) * s).astype(np.float32)
     alone = onnx.load(str(f))
     alone.graph.initializer[0].CopyFrom(numpy_helper.from_array(decoded, "table"))
-    refs, tables = [], []
-    for i, ids in enumerate(samples["ids"]):
-        ref, given = run_model(f, {"ids": ids})["y"], run_model(q, {"ids": ids})["y"]
-        np.testing.assert_allclose(engine.run(i, ())["y"], ref, rtol=0, atol=1e-6)  # bypassed: the float model
-        np.testing.assert_allclose(engine.run(i, "all")["y"], given, rtol=0, atol=1e-6)  # quantized: the file
-        assert np.abs(given - ref).max() > 1e-3  # which differ
-        refs.append(ref)
-        tables.append(run_model(alone, {"ids": ids})["y"])
+    refs, _ = _runs_are_the_file_and_the_float_model(engine, q, f, samples, atol=1e-6, apart=1e-3)
+    tables = [run_model(alone, {"ids": ids})["y"] for ids in samples["ids"]]
     sens = get_sensitivity_of_nodes(engine, node_type="weight")
     assert sens["table_DQ"]["cosine-similarity"] == pytest.approx(pooled_cosine(refs, tables), abs=1e-7)
     assert sens["table_DQ"]["cosine-similarity"] < 1 - 1e-7  # costs something
@@ -1549,11 +1527,7 @@ def test_a_qdq_file_saved_with_onnxruntimes_fused_ops_runs_as_the_file_and_bypas
     assert qm.format == "QDQ" and not qm.alignment.unmatched_weights
     assert not {n.op_type for n in qm.model.graph.node} & {"FusedConv", "FusedGemm", "FusedMatMul"}
     assert {c.kind for c in qm.calibration.values()} == {"weight", "activation"}
-    for i, x in enumerate(data["x"]):
-        given, ref = run_model(q, {"x": x})["y"], run_model(f, {"x": x})["y"]
-        np.testing.assert_allclose(engine.run(i, "all")["y"], given, rtol=0, atol=1e-5)  # quantized: the file
-        np.testing.assert_allclose(engine.run(i, ())["y"], ref, rtol=0, atol=1e-5)  # bypassed: the float model
-        assert np.abs(given - ref).max() > 1e-3  # which differ
+    _runs_are_the_file_and_the_float_model(engine, q, f, data, atol=1e-5, apart=1e-3)
 
 
 def _malformed(q, node, **attrs):
