@@ -237,8 +237,10 @@ def add_save_dir(p, default="ptq_debug_output", writes="the files written"):
 
 def add_confidence(p):
     p.add_argument("--confidence", nargs="?", const=5, type=positive_int, default=None, metavar="K",
-                   help="also resample the samples (bootstrap) to print each node's spread over samples and "
-                        "whether the top K (default 5) order is stable; needs several samples")
+                   help="also resample the samples (bootstrap) to print each node's spread over the samples it "
+                        "was judged on (a 'samples' column where some node was judged on fewer: on the others "
+                        "the outputs it reaches held no values) and whether the top K (default 5) order is "
+                        "stable; needs several samples")
 
 
 def add_cache_dir(p):
