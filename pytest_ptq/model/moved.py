@@ -83,6 +83,10 @@ def hoist(graph, source, is_q, is_dq, dims=lambda tensor: None):
                         "(or after the DequantizeLinear) in the export")
             continue
         for m, axis in zip(chain, axes):
+            if m.op_type == "Transpose" and attribute(m, "perm") is None and rank is not None:
+                # its reversed dims written out: onnxruntime 1.28 aborts the process (no
+                # exception) loading a segment that holds the perm-less Transpose moved before the Q
+                m.attribute.append(helper.make_attribute("perm", list(range(rank))[::-1]))
             x, codes, out = q.input[0], q.output[0], m.output[0]
             fresh = f"{out}::float"
             while fresh in names:
