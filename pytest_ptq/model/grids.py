@@ -251,28 +251,6 @@ _FOUND_SLICES = 16
 _FOUND_ELEMENTS = 1 << 16  # elements read for one grid over the whole tensor
 
 
-def _slice_step(v):
-    """The step of the integer grid the values ``v`` (1-D float64, some non-zero) lie on, or
-    None. Every value is ``code * step`` with codes at most FOUND_LEVELS apart: the smallest
-    gap between them (or the smallest magnitude) is a whole number of steps, and the step
-    then fitted to all of them by least squares."""
-    nonzero = np.abs(v[v != 0])
-    levels = np.unique(v)
-    if levels.size > FOUND_LEVELS:
-        return None
-    gaps = np.diff(levels)
-    smallest = float(min(gaps.min(initial=np.inf), nonzero.min()))
-    for whole in range(1, 17):  # unused codes between the closest two values
-        step = smallest / whole
-        codes = np.rint(v / step)
-        if np.abs(v / step - codes).max() > 0.05 or codes.max() - codes.min() >= FOUND_LEVELS:
-            continue
-        step = float(np.dot(codes, v) / np.dot(codes, codes))
-        if np.abs(v - codes * step).max() <= FOUND_TOLERANCE * step:
-            return step
-    return None
-
-
 def integer_grid(values, min_levels=3):
     """``(axis, picked, steps)`` where float ``values`` (a weight) lie on an integer grid: each value
     a whole multiple of one step per tensor (``axis`` None) or per index of ``axis``, the
@@ -303,10 +281,10 @@ def integer_grid(values, min_levels=3):
             picked = np.unique(np.linspace(0, x.shape[axis] - 1, min(x.shape[axis], _FOUND_SLICES)).astype(int))
             parts = [_spread(np.take(x, k, axis=axis).reshape(-1)) for k in picked]
         steps = []
-        for part in parts:
+        for part in parts:  # a part at a time: the first off any grid settles the axis
             if not np.isfinite(part).all():
                 return None
-            step = _slice_step(part) if part.any() else 0.0  # an all-zero slice lies on every grid
+            step = _fitted_step(part) if part.any() else 0.0  # an all-zero slice lies on every grid
             if step is None:
                 break
             steps.append(step)
@@ -314,6 +292,18 @@ def integer_grid(values, min_levels=3):
             if any(steps):
                 return axis, list(picked), np.asarray(steps)
     return None
+
+
+def _fitted_step(v):
+    """The step of the integer grid the values ``v`` (1-D float64, some non-zero) lie on, or
+    None: the codes :func:`_grid_codes` finds, and the step fitted to them by least squares,
+    every value within FOUND_TOLERANCE of a step of its code."""
+    codes, found = _grid_codes(v[None, :])
+    if not found[0]:
+        return None
+    codes = codes[0].astype(np.float64)
+    step = float(np.dot(codes, v) / np.dot(codes, codes))
+    return step if np.abs(v - codes * step).max() <= FOUND_TOLERANCE * step else None
 
 
 def _spread(flat):
@@ -339,20 +329,9 @@ def stored_codes(values, axis=None):
         return None
     # a row a part, laid out in a row (reductions along strided memory ran several times slower)
     rows = np.ascontiguousarray(x.reshape(1, -1) if axis is None else np.moveaxis(x, axis, 0).reshape(x.shape[axis], -1))
-    magnitudes = np.abs(rows)
-    magnitudes[magnitudes == 0] = np.inf
-    # the smallest magnitude is a whole number of steps, few of them in a weight's row; the
-    # smallest gap between two values (a sort) only where it is not
-    codes, found = _row_codes(rows, magnitudes.min(axis=1))
-    del magnitudes
+    codes, found = _grid_codes(rows)
     if not found.all():
-        left = np.flatnonzero(~found)
-        gaps = np.diff(np.sort(rows[left], axis=1), axis=1)
-        gaps[gaps == 0] = np.inf
-        more, found[left] = _row_codes(rows[left], gaps.min(axis=1, initial=np.inf))
-        codes[left] = more
-        if not found.all():
-            return None
+        return None
     steps = _exact_steps(rows, codes)
     if not steps.any():
         return None
@@ -376,22 +355,44 @@ def stored_codes(values, axis=None):
     return np.moveaxis(codes.reshape(moved), 0, axis), steps, zeros
 
 
+def _grid_codes(rows):
+    """``(codes, found)``: each row of ``rows`` (float32 or float64) as whole multiples of a
+    step of its own, codes at most FOUND_LEVELS apart (float32; 0 for an all-zero row), and
+    which rows lie on such a grid. The smallest magnitude is a whole number of steps, few of
+    them in a weight's row; the smallest gap between two values (a sort) is tried only where
+    it is not."""
+    magnitudes = np.abs(rows)
+    magnitudes[magnitudes == 0] = np.inf
+    codes, found = _row_codes(rows, magnitudes.min(axis=1))
+    del magnitudes
+    if not found.all():
+        left = np.flatnonzero(~found)
+        gaps = np.diff(np.sort(rows[left], axis=1), axis=1)
+        gaps[gaps == 0] = np.inf
+        codes[left], found[left] = _row_codes(rows[left], gaps.min(axis=1, initial=np.inf))
+    return codes, found
+
+
 def _row_codes(rows, seeds):
-    """``(codes, found)``: each row of ``rows`` (float32) as whole multiples of ``seeds`` (a
+    """``(codes, found)``: each row of ``rows`` as whole multiples of ``seeds`` (a
     whole number of its grid's steps; inf for an all-zero row) divided by 1 to 16, codes at
     most FOUND_LEVELS apart (float32; 0 for an all-zero row), and which rows lie on one."""
     codes = np.zeros(rows.shape, np.float32)
     found = ~np.isfinite(seeds)
+    looking = ~found
     for whole in range(1, 17):  # unused codes between zero and the smallest value (or the closest two)
-        at = np.flatnonzero(~found)
+        at = np.flatnonzero(looking)
         if not at.size:
             break
         part = rows if at.size == len(rows) else rows[at]  # no copy of the whole on the first pass
         scaled = part / (seeds[at] / np.float32(whole))[:, None]
         ours = np.rint(scaled)
-        ok = (np.abs(scaled - ours).max(axis=1) <= 0.05) & (ours.max(axis=1) - ours.min(axis=1) < FOUND_LEVELS)
+        span = ours.max(axis=1) - ours.min(axis=1)
+        ok = (np.abs(scaled - ours).max(axis=1) <= 0.05) & (span < FOUND_LEVELS)
         codes[at[ok]] = ours[ok]
         found[at[ok]] = True
+        # a finer step only spreads the codes wider: a row FOUND_LEVELS codes wide is on no grid
+        looking[at[ok | (span >= FOUND_LEVELS)]] = False
     return codes, found
 
 
