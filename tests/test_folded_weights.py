@@ -61,6 +61,15 @@ def folded_from_proto(qpath, opt_path):
     return found
 
 
+def folded_biases_from_proto(qpath, opt_path):
+    """The initializers of the optimized file that stand where the quantized file computed a
+    DequantizeLinear of int32 codes (a Conv's or Gemm's bias), read from both protos."""
+    q, opt = onnx.load(str(qpath)), onnx.load(str(opt_path))
+    int32 = {i.name for i in q.graph.initializer if i.data_type == onnx.TensorProto.INT32}
+    dq_biases = {n.output[0] for n in q.graph.node if n.op_type == "DequantizeLinear" and n.input[0] in int32}
+    return {i.name for i in opt.graph.initializer if i.name in dq_biases}
+
+
 @pytest.fixture(scope="module")
 def folded(tmp_path_factory):
     root = tmp_path_factory.mktemp("folded")
@@ -82,14 +91,14 @@ def _named(note, tensors):
 @pytest.mark.parametrize("name", ["pairs", "lone_pc"])
 def test_weights_whose_dequantize_was_folded_into_the_file_are_named_with_the_float_model(folded, name):
     q, opt = folded["made"][name]
-    expected = folded_from_proto(q, opt)
-    assert len(expected) == 3  # both convs' and the Gemm's
+    expected, biases = folded_from_proto(q, opt), folded_biases_from_proto(q, opt)
+    assert len(expected) == 3 and len(biases) == 3  # both convs' and the Gemm's
     qm = QuantModel(str(opt), float_model=str(folded["float"]))
     notes = [n for n in qm.notes if FOLDED in n]
     assert len(notes) == 1
     every_init = {i.name for i in onnx.load(str(opt)).graph.initializer}
-    assert _named(notes[0], every_init) == expected  # exactly those, no bias or scale
-    assert set(qm.restored) == expected  # each put back behind a DequantizeLinear of its own
+    assert _named(notes[0], every_init) == expected | biases  # exactly those, no scale
+    assert set(qm.restored) == expected | biases  # each put back behind a DequantizeLinear of its own
     assert "analysed as restored pairs" in notes[0]
     # why they must be: bypassing every pair of the file leaves them quantized, so the bypassed
     # file (every pair removed) is not the float model
@@ -138,10 +147,10 @@ def test_a_folded_weight_is_restored_behind_a_dequantize_whose_codes_give_its_va
     expected = folded_from_proto(q, opt)
     before = opt.read_bytes()
     qm = QuantModel(str(opt), float_model=str(folded["float"]))
-    assert set(qm.restored) == expected
+    assert set(qm.restored) == expected | folded_biases_from_proto(q, opt)  # the biases: see test_folded_more
     stored = {i.name: numpy_helper.to_array(i) for i in onnx.load(str(opt)).graph.initializer}
-    for tensor, cname in qm.restored.items():
-        c = qm.calibration[cname]
+    for tensor in expected:
+        c = qm.calibration[qm.restored[tensor]]
         assert c.q_node is None and c.kind == "weight" and c.outputs == [tensor]
         codes = np.asarray(qm.constant(c.input))
         assert codes.dtype == np.int8 and codes.shape == stored[tensor].shape
@@ -165,23 +174,18 @@ def test_a_folded_weight_is_restored_behind_a_dequantize_whose_codes_give_its_va
 def test_the_bypass_of_a_restored_weight_is_the_float_model_and_its_quantized_run_the_file(folded, name):
     q, opt = folded["made"][name]
     engine = Engine(str(opt), str(folded["folder"]), float_model=str(folded["float"]))
-    values = _file_values(opt, folded["float"])
-    weights = {"w1", "w2", "wf"}  # the float model's names of the folded weights
-    biases = _float_with(folded["float"], {t: v for t, v in values.items() if t not in weights})
     for i in range(len(folded["data"]["x"])):
         feeds = {"x": folded["data"]["x"][i]}
         bypassed, quantized = engine.run(i, ())["prob"], engine.run(i, "all")["prob"]
-        # the file's biases stay as it holds them (int32-rounded): the float model to ~1e-5,
-        # the float model with the file's biases put in by hand to float32 rounding
-        np.testing.assert_allclose(bypassed, builders.run_model(folded["float"], feeds)["prob"], rtol=0, atol=2e-5)
-        np.testing.assert_allclose(bypassed, builders.run_model(biases, feeds)["prob"], rtol=0, atol=1e-6)
+        # the folded int32 biases are restored too: bypassed, the float model's to float32 rounding
+        np.testing.assert_allclose(bypassed, builders.run_model(folded["float"], feeds)["prob"], rtol=0, atol=1e-6)
         np.testing.assert_allclose(quantized, builders.run_model(opt, feeds)["prob"], rtol=0, atol=1e-6)
 
 
 @pytest.mark.parametrize("name", ["pairs", "lone_pc"])
 def test_the_sensitivity_of_a_restored_weight_is_the_file_with_only_it_quantized(folded, name):
-    """Each restored weight is ranked: its figure is the pooled cosine between the float model
-    with the file's biases and the same with that weight as the file holds it (put in by hand)."""
+    """Each restored weight (and bias) is ranked: a weight's figure is the pooled cosine between
+    the float model and the same with that weight as the file holds it (put in by hand)."""
     q, opt = folded["made"][name]
     engine = Engine(str(opt), str(folded["folder"]), float_model=str(folded["float"]))
     values = _file_values(opt, folded["float"])
@@ -189,14 +193,13 @@ def test_the_sensitivity_of_a_restored_weight_is_the_file_with_only_it_quantized
     # the logits: the softmax's probabilities move too little for a cosine to tell
     result = get_sensitivity_of_nodes(engine, ["cosine-similarity"], node_type="weight", output_node="logits")
     restored = engine.qmodel.restored
-    assert set(result) == set(restored.values()) and len(restored) == 3
+    assert set(result) == set(restored.values()) and len(restored) == 6  # three weights, three biases
     nodes = {n.name: n for n in onnx.load(str(opt)).graph.node}
     feeds = [{"x": x} for x in folded["data"]["x"]]
-    biases = {t: v for t, v in values.items() if t not in weights}
-    reference = [o["logits"] for o in builders.run_model(_float_with(folded["float"], biases, ["logits"]), feeds,
+    reference = [o["logits"] for o in builders.run_model(_float_with(folded["float"], {}, ["logits"]), feeds,
                                                                outputs=["logits"])]
     for fname, reader in weights.items():
-        only = builders.run_model(_float_with(folded["float"], {**biases, fname: values[fname]}, ["logits"]), feeds,
+        only = builders.run_model(_float_with(folded["float"], {fname: values[fname]}, ["logits"]), feeds,
                                   outputs=["logits"])
         want = builders.pooled_cosine(reference, [o["logits"] for o in only])
         assert want < 1 - 1e-8  # the weight's rounding shows (int8 weights lose little)

@@ -67,7 +67,7 @@ def unfold(graph, weights, shared):
         names = [fresh(f"{tensor}::{part}") for part in ("codes", "scale", "zero_point")]
         graph.initializer.extend([initializer(names[0], codes, shared),
                                   initializer(names[1], np.asarray(scale, np.float32), shared),
-                                  initializer(names[2], np.asarray(zero, np.int8), shared)])
+                                  initializer(names[2], np.asarray(zero), shared)])
         node = helper.make_node("DequantizeLinear", names, [tensor], name=fresh(f"{tensor}::DequantizeLinear"),
                                 **({} if axis is None else {"axis": int(axis)}))
         added.setdefault(first.get(tensor, 0), []).append(node)

@@ -415,3 +415,21 @@ def _exact_steps(rows, codes):
         if not at.size:
             break
     return best
+
+
+def bias_codes(values, scale):
+    """int32 codes whose DequantizeLinear (zero point 0) on ``scale`` (float32, one or one per
+    element of the 1-D ``values``) gives float32 ``values`` back bit for bit, or None: a bias
+    quantized on its reader's input scale times its weight scale (quantize_static's int32
+    bias) and folded into the file. Exactness is the test: a float bias off that grid, whose
+    codes run in the thousands, hardly ever lands on it in every element."""
+    x = np.asarray(values)
+    scale = np.asarray(scale, np.float32).reshape(-1)
+    if x.dtype != np.float32 or x.ndim != 1 or scale.size not in (1, x.size) or not (scale > 0).all():
+        return None
+    codes = np.rint(x.astype(np.float64) / scale)
+    if not np.isfinite(codes).all() or np.abs(codes).max(initial=0) >= 2 ** 31:
+        return None
+    if not np.array_equal(codes.astype(np.float32) * scale, x):
+        return None
+    return codes.astype(np.int32)

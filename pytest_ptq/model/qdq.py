@@ -549,10 +549,38 @@ class QuantModel:
                 hand_back(mapping(value))  # read once: a weight left in its file goes back to it
                 if stored is not None:
                     weights[tensor] = (axis, *stored)
+        for tensor in list(weights):
+            weights.update(self._folded_biases(tensor, weights[tensor], listed))
         put_back = folded.unfold(self.model.graph, weights, self.shared)
         self.restored = put_back.nodes
         self.float_names.update(put_back.codes)  # the codes are the file's weight, quantized
         return bool(self.restored)
+
+    def _folded_biases(self, weight, restored, listed):
+        """``{bias: (axis, codes, scale, zero_point)}`` for the float32 biases of the Conv/Gemm
+        nodes reading restored ``weight`` (``restored``: its axis, codes, scale, zero point)
+        whose values lie bit for bit on the int32 grid of the node's input scale times that
+        weight scale, zero point 0, as quantize_static quantizes a bias: folded with the weight,
+        and put back with it so that bypassing it runs the float model's bias."""
+        axis, _, steps, _ = restored
+        out = {}
+        for node in self.consumers.get(weight, ()):
+            if node.op_type not in ("Conv", "Gemm") or len(node.input) < 3 or node.input[1] != weight:
+                continue
+            bias, source = node.input[2], self.by_output().get(node.input[0])
+            init = self.inits.get(bias)
+            if (init is None or init.data_type != onnx.TensorProto.FLOAT or bias in listed or source is None
+                    or source.kind != "activation" or np.size(source.scale) != 1):
+                continue
+            channels = 0 if node.op_type == "Conv" or attribute(node, "transB", 0) else 1
+            if axis is not None and axis != channels:  # a weight's grid across its output channels only
+                continue
+            scale = np.float32(np.asarray(source.scale, np.float32).reshape(())) * np.asarray(steps, np.float32)
+            codes = grids.bias_codes(self.constant(bias), scale)
+            if codes is not None:
+                per = None if scale.size == 1 else 0
+                out[bias] = (per, codes, scale.reshape(() if per is None else -1), np.zeros(scale.shape, np.int32))
+        return out
 
     def _note_quantized_constants(self):
         """A note for the weights whose quantization onnxruntime's constant folding computed
@@ -564,15 +592,20 @@ class QuantModel:
         included. Without the float model, a float constant on an integer grid read beside a
         pair is only a possibility: a grid alone is no proof, and nothing is put back."""
         if self.restored:
-            found = list(self.restored)
+            biases = [t for t in self.restored if self.calibration[self.restored[t]].role == "bias"]
+            found = [t for t in self.restored if t not in biases]
             many = len(found) > 1
+            also = (f"; so {'are' if len(biases) > 1 else 'is'} the int32 bias{'es' if len(biases) > 1 else ''} of "
+                    f"{'their' if many else 'its'} reader{'s' if len(biases) > 1 else ''} "
+                    f"({', '.join(repr(self.shown_name(t)) for t in biases)}), on the grid of the input scale times the "
+                    "weight scale" if biases else "")
             self.notes.append(
                 f"{_weights(self, found)} the file holds as float {'are' if many else 'is'} the float model's "
                 f"weight{'s' if many else ''} rounded onto an integer grid: the quantizer's DequantizeLinear of "
                 f"{'them was' if many else 'it was'} folded into the file (onnxruntime's constant folding, as when a "
                 f"session saves optimized_model_filepath); {'they are' if many else 'it is'} analysed as restored "
                 f"pair{'s' if many else ''}, int8 codes and scale read off the values behind a DequantizeLinear "
-                f"({', '.join(repr(self.restored[t]) for t in found)}) that gives the file's values back, so "
+                f"({', '.join(repr(self.restored[t]) for t in found)}) that gives the file's values back{also}, so "
                 f"{'their' if many else 'its'} quantization error shows in the weight rankings and bypassing every "
                 "pair runs the float model's weights; runs of the file as deployed run it as given")
         alignment = self.alignment
