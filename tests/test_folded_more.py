@@ -86,3 +86,25 @@ def test_a_restored_bias_gives_the_file_values_back_bit_for_bit(hand_folded):
         assert not np.any(np.asarray(c.zero_point))
         back = codes.astype(np.float32) * np.asarray(c.scale, np.float32)
         assert np.array_equal(back, stored[tensor])
+
+
+def test_a_per_channel_folded_weight_below_opset_13_keeps_its_note_saying_why(tmp_path):
+    """DequantizeLinear takes an axis only from opset 13: a per-channel weight folded into a
+    file at opset 11 cannot be put back, and the note that it stays quantized says so."""
+    fp = builders.conv_net(tmp_path / "float.onnx")
+    q = builders.quantize(fp, tmp_path / "q.onnx", builders.samples(3), keep_float=False, per_channel=True)
+    types = fold_constant_dqs(q, tmp_path / "folded.onnx")
+    model = onnx.load(str(tmp_path / "folded.onnx"))
+    for o in model.opset_import:
+        if o.domain in ("", "ai.onnx"):
+            o.version = 11
+    onnx.save(model, str(tmp_path / "old.onnx"))
+    qm = QuantModel(str(tmp_path / "old.onnx"), float_model=str(fp))
+    weights = {t for t, dtype in types.items() if dtype == onnx.TensorProto.INT8}
+    assert not set(qm.restored) & weights
+    note = next(n for n in qm.notes if "no pair is left to bypass" in n)
+    per_channel = sorted(t for t in weights if qm.alignment.quantized_axes.get(t) is not None)
+    assert per_channel
+    why = "its grid is per channel and DequantizeLinear takes an axis only from opset 13 (the file is at opset 11)"
+    reasons = note[note.index("(not restored behind a DequantizeLinear: ") + 41:]
+    assert all(repr(t) in reasons.split(why)[0] for t in per_channel)

@@ -8,7 +8,14 @@ to be its own rounded onto an integer grid (:func:`.align.folded_weights`), the 
 again as the quantizer wrote it: int8 codes and their scale and zero point (read off the
 values, :func:`.grids.stored_codes`) behind a DequantizeLinear whose output keeps the
 weight's name, so every reader stays as it is. It is then a lone-DQ weight like any other,
-which the float model's weight bypasses. The user's file is never changed.
+which the float model's weight bypasses. A Conv's or Gemm's bias folded beside it is put back
+the same way as int32 codes on the input scale times the weight scale. The user's file is
+never changed.
+
+The DequantizeLinear, the calibration node rankings and reports show, is named
+``<weight>::DequantizeLinear`` after the tensor it gives back: the initializer a user finds
+in the file by that name, one per weight (a reader's name would repeat for a weight two nodes
+share, and for the bias beside it), and ``::`` says the node is the tool's, not the file's.
 """
 
 from __future__ import annotations

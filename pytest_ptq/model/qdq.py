@@ -533,6 +533,7 @@ class QuantModel:
         where DequantizeLinear takes an axis), not listed among the graph's inputs (a value a
         caller may override) nor its ``outputs`` (the file's). True where any was."""
         found = self.alignment.quantized_constants if self.alignment is not None else {}
+        self._unrestored = {}  # folded weight -> why it stays folded, for its note
         if not found:
             return False
         opset = next((o.version for o in self.model.opset_import if o.domain in ("", "ai.onnx")), 13)
@@ -540,15 +541,18 @@ class QuantModel:
         weights = {}
         for tensor in found:
             init = self.inits.get(tensor)
-            if init is None or init.data_type != onnx.TensorProto.FLOAT or tensor in listed:
-                continue
             axis = self.alignment.quantized_axes.get(tensor)
-            if axis is None or opset >= 13:
+            why = _unrestorable(init, axis, opset, tensor in listed)
+            if why is None:
                 value = self.constant(tensor)
                 stored = grids.stored_codes(value, axis)
                 hand_back(mapping(value))  # read once: a weight left in its file goes back to it
                 if stored is not None:
                     weights[tensor] = (axis, *stored)
+                else:
+                    why = "its values give no int8 codes back exactly"
+            if why is not None:
+                self._unrestored[tensor] = why
         for tensor in list(weights):
             weights.update(self._folded_biases(tensor, weights[tensor], listed))
         put_back = folded.unfold(self.model.graph, weights, self.shared)
@@ -581,6 +585,15 @@ class QuantModel:
                 per = None if scale.size == 1 else 0
                 out[bias] = (per, codes, scale.reshape(() if per is None else -1), np.zeros(scale.shape, np.int32))
         return out
+
+    def _why_unrestored(self, tensors):
+        """`` (not restored ...: 'w': why)`` for the folded weights ``tensors`` that :meth:`_unfold` left."""
+        by_reason = {}
+        for t in tensors:
+            if t in self._unrestored:
+                by_reason.setdefault(self._unrestored[t], []).append(repr(self.shown_name(t)))
+        said = [f"{', '.join(names)}: {why}" for why, names in by_reason.items()]
+        return f" (not restored behind a DequantizeLinear: {'; '.join(said)})" if said else ""
 
     def _note_quantized_constants(self):
         """A note for the weights whose quantization onnxruntime's constant folding computed
@@ -618,7 +631,7 @@ class QuantModel:
                     f"{'them was' if len(found) > 1 else 'it was'} folded into the file (onnxruntime's constant "
                     "folding, as when a session saves optimized_model_filepath), so no pair is left to bypass; "
                     "their quantization error counts in every configuration, the bypassed (float) one included, and "
-                    "no ranking shows it; analyse the file saved before constant folding (the quantizer's own "
+                    f"no ranking shows it{self._why_unrestored(found)}; analyse the file saved before constant folding (the quantizer's own "
                     "output, or one saved with graph_optimization_level ORT_DISABLE_ALL)")
             return
         if self.aligned:
@@ -1635,6 +1648,22 @@ def _weights(qm, tensors):
     shown = [f"{qm.shown_name(t)!r} (read by {qm.node(readers[t]).op_type} {readers[t]!r})" if t in readers
              else repr(qm.shown_name(t)) for t in tensors]
     return f"weight {shown[0]}" if len(shown) == 1 else f"{len(shown)} weights ({', '.join(shown)})"
+
+
+def _unrestorable(init, axis, opset, listed):
+    """Why a folded weight (its initializer, its grid's ``axis``) cannot be put back behind a
+    DequantizeLinear in a model of ``opset``, or None where it can."""
+    dtype = None if init is None else init.data_type
+    if dtype is None or listed:
+        return "it is no initializer of its own, or the graph lists it as an input or output"
+    if dtype == onnx.TensorProto.FLOAT16:
+        return ("DequantizeLinear gives float16 only from opset 19" + (f" and the file is at opset {opset}"
+                if opset < 19 else ", and pytest-ptq restores float32 weights only"))
+    if dtype != onnx.TensorProto.FLOAT:
+        return f"DequantizeLinear gives no {onnx.TensorProto.DataType.Name(dtype).lower()} output"
+    if axis is not None and opset < 13:
+        return f"its grid is per channel and DequantizeLinear takes an axis only from opset 13 (the file is at opset {opset})"
+    return None
 
 
 def _ops(ops, shown=3):
