@@ -328,6 +328,7 @@ def to_qdq(model, source="the model", arrays=None):
         # as a constant (an embedding table gathered by ids), are dequantized before those nodes,
         # so that the table is a weight whose bypass is its float value
         moved = _moved_codes(model.graph)
+        _refuse_untyped(model, moved, source)
         if not moved and not any(n.domain == "com.microsoft" and n.op_type in _FUSED for n in model.graph.node):
             return result
         _Rewriter(model, source, result.label, result.notes, arrays or {}, result.float_names, static=moved or None).run()
@@ -347,6 +348,30 @@ def to_qdq(model, source="the model", arrays=None):
         model = result.model = _raise_opset(model, 25 if 2 in bits else 21, source, result.label, nbits[0])
     _Rewriter(model, source, result.label, result.notes, arrays or {}, result.float_names).run()
     return result
+
+
+def _refuse_untyped(model, moved, source):
+    """Refuse a node of ``moved`` (see :func:`_moved_codes`) that reads the stored codes in a
+    type its schema does not take at the model's opset (int4 codes into a Gather, which takes
+    int4 from no opset): onnxruntime refuses such a file as malformed, and the rewrite would
+    dequantize the codes before that node and analyse a graph no runtime loads."""
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 1)
+    types = {i.name: i.data_type for i in model.graph.initializer}
+    for dq, chain in moved:
+        stored = TensorProto.DataType.Name(types[chain[0].input[0]]).lower()
+        for m in chain:
+            try:
+                schema = onnx.defs.get_schema(m.op_type, opset, m.domain or "")
+            except onnx.defs.SchemaError:
+                continue  # an op of no standard schema: onnxruntime's checker has nothing to say either
+            param = schema.inputs[0].type_str if schema.inputs else ""
+            allowed = next((c.allowed_type_strs for c in schema.type_constraints if c.type_param_str == param), None)
+            if allowed is not None and f"tensor({stored})" not in allowed:
+                raise PTQError(f"{m.op_type} node {m.name or '(unnamed)'!r} of {source} reads the {stored} codes "
+                               f"{chain[0].input[0]!r} (through to DequantizeLinear {dq.name or dq.output[0]!r}), "
+                               f"a type {m.op_type} does not take at opset {opset}: the file is malformed "
+                               "(onnxruntime refuses it too); store those codes as int8 or uint8, or dequantize "
+                               f"them before the {m.op_type}, in the export")
 
 
 def _raise_opset(model, target, source, label, node):
