@@ -54,3 +54,43 @@ def test_int4_codes_a_gather_moves_are_refused_as_onnxruntime_refuses_the_file(t
     samples = _gathered_table(ok, TensorProto.INT8)
     builders.run_model(ok, {"ids": samples["ids"][0]})  # onnxruntime runs it
     assert "table_DQ" in Engine(str(ok), samples).qmodel.calibration
+
+
+def _reversed_activation(path):
+    """Relu(a [8, 4]) -> Transpose without perm -> QuantizeLinear / DequantizeLinear per channel
+    (axis 1, 8 scales) -> MatMul M [8, 3], in the file's own layout (nothing between Q and
+    DQ). Returns the float computation of a feed."""
+    rng = np.random.default_rng(0)
+    m = (rng.standard_normal((8, 3)) * 0.5).astype(np.float32)
+    s = np.linspace(0.01, 0.05, 8, dtype=np.float32)
+    nodes = [helper.make_node("Relu", ["a"], ["r"], name="relu"), helper.make_node("Transpose", ["r"], ["t"], name="T"),
+             helper.make_node("QuantizeLinear", ["t", "s", "z"], ["q"], name="Q", axis=1),
+             helper.make_node("DequantizeLinear", ["q", "s", "z"], ["d"], name="DQ", axis=1),
+             helper.make_node("MatMul", ["d", "M"], ["y"], name="mm")]
+    inits = [numpy_helper.from_array(s, "s"), numpy_helper.from_array(np.zeros(8, np.int8), "z"),
+             numpy_helper.from_array(m, "M")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("a", TensorProto.FLOAT, [8, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8), str(path))
+    return lambda a: np.maximum(a, 0).T.astype(np.float64) @ m.astype(np.float64)
+
+
+def test_a_transpose_without_perm_beside_a_per_channel_pair_gets_its_perm_where_its_rank_is_known(tmp_path):
+    """onnxruntime 1.28 aborted the whole process (SIGABRT, no exception) loading this graph,
+    the file itself or any segment of it: a Transpose without perm of known rank before a
+    per-channel pair of the user's own graph (measured in a subprocess: rc 134; none where the
+    rank is unknown). Only Transposes the tool moved got their perm written; now every one whose
+    rank the file declares or onnx infers does, in the tool's copy, which runs as the file."""
+    path = tmp_path / "t.onnx"
+    floats = _reversed_activation(path)
+    inferred = onnx.shape_inference.infer_shapes(onnx.load(str(path))).graph
+    rank = next(len(v.type.tensor_type.shape.dim) for v in inferred.value_info if v.name == "r")
+    feeds = [np.random.default_rng(k).standard_normal((8, 4)).astype(np.float32) for k in range(3)]
+    engine = Engine(str(path), {"a": feeds})
+    [t] = [n for n in engine.qmodel.model.graph.node if n.op_type == "Transpose"]
+    assert [list(a.ints) for a in t.attribute if a.name == "perm"] == [list(range(rank))[::-1]]
+    for i, a in enumerate(feeds):
+        given = builders.run_model(path, {"a": a})["y"]
+        np.testing.assert_allclose(engine.run(i, "all")["y"], given, rtol=0, atol=1e-6)
+        np.testing.assert_allclose(engine.run(i, ())["y"], floats(a), rtol=0, atol=1e-5)
+        assert np.abs(given - floats(a)).max() > 1e-3

@@ -9,7 +9,9 @@ model does. A per-channel Q moves only through an Identity or a Transpose (its a
 the permutation; without perm, the reversed dims of the rank the file declares or onnx
 infers), a per-block one through an Identity alone (its scale would need the same
 layout); through a reshaping node its channels would land on another axis, so such a chain
-is left as it is, said in one sentence naming its nodes.
+is left as it is, said in one sentence naming its nodes. Every Transpose without perm in the
+tool's copy of the graph, moved or not, gets its reversed dims written where its rank is known
+(onnxruntime 1.28 aborts the process loading one beside a per-channel pair).
 """
 
 from __future__ import annotations
@@ -43,8 +45,10 @@ def hoist(graph, source, is_q, is_dq, dims=lambda tensor: None):
     """Move every data-movement node between a Q and its DQs (``is_q``, ``is_dq``: the
     predicates of :mod:`.qdq`) before the Q, in ``graph`` (sorted topologically; it stays so);
     ``dims(tensor)``: its dims as declared or inferred (None where unknown), which a Transpose
-    without perm needs. Returns a :class:`Moved`."""
+    without perm needs, and every Transpose without perm gets its perm written where that
+    rank is known. Returns a :class:`Moved`."""
     order = list(graph.node)  # one wrapper per node: the indices below are by identity
+    _write_perms(order, dims)
     outputs = {o.name for o in graph.output}
     readers = defaultdict(list)
     for n in order:
@@ -117,6 +121,19 @@ def hoist(graph, source, is_q, is_dq, dims=lambda tensor: None):
              "bypassed is the float computation"] if moved else []
     return Moved(notes=notes + [f"a chain left quantized in every configuration in {source}: {chain}" for chain in left],
                  left=left, names=renamed)
+
+
+def _write_perms(nodes, dims):
+    """Give each Transpose of ``nodes`` without perm its reversed dims, where ``dims`` knows the
+    rank of its input or output: onnxruntime 1.28 aborts the whole process (no exception)
+    loading a graph where such a Transpose meets a per-channel Q or DQ of known rank, the
+    user's own graph included, and the tool's copy of it is what every session loads."""
+    for n in nodes:
+        if n.op_type != "Transpose" or n.domain not in _DOMAINS or attribute(n, "perm") is not None:
+            continue
+        known = next((d for d in (dims(n.input[0]), dims(n.output[0])) if d is not None), None)
+        if known is not None:
+            n.attribute.append(helper.make_attribute("perm", list(range(len(known)))[::-1]))
 
 
 def _chain(q, readers, outputs, is_dq):
