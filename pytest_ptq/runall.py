@@ -496,7 +496,7 @@ def _verdict(engine, metric, three, sens, top_nodes, dist, boxes, curves, sample
             + [s + " (optional)" for s in steps]
     else:
         next_steps, choices = _plan(items, matter, source, qm=engine.qmodel, float_model=engine.float_model)
-        next_steps[:0] = [_spread_step(k, *spread[k], suggest, _on_float(engine.qmodel)) for k in kinds if k in spread]
+        next_steps[:0] = [_spread_step(k, *spread[k], suggest, engine.qmodel) for k in kinds if k in spread]
     # the same steps as the quantizer that made the model takes them, where it is not onnxruntime:
     # a heading, then its code and what it cannot express, a line each
     terms = producer_advice(engine, choices)
@@ -546,24 +546,44 @@ def _spread(qm, metric, three, samples, items, kinds):
     return out
 
 
-def _spread_step(kind, loss, worst, samples, decided, suggest, on=""):
-    """``on``: where onnxruntime's call runs (:func:`_on_float`)."""
+def _spread_step(kind, loss, worst, samples, decided, suggest, qm):
+    """The step for a ``kind`` whose loss no few nodes explain: every node of it wider, in the
+    terms of the call that makes ``qm``'s kind of model, or the search for the fewest."""
     import shlex
 
     suggest = shlex.join([*suggest, "--remedy", "int16"])
-    wider = (f"quantize_static(..., activation_type=QuantType.QUInt16){on}" if kind == "activation" else
-             f"per-channel weights where they are per tensor, else quantize_static(..., weight_type=QuantType.QInt16){on}")
+    wider = _wider_call(kind, qm)
     on = f"on the {samples} calibration sample(s) every node was ranked on"
     if loss < UNSEEN * decided:
         return (f"{kind} quantization alone loses {decided:.3g} where the verdict was decided but only {loss:.2g} "
                 f"{on}, and its worst node alone {worst:.2g}: those samples do not show the loss, so the {kind} "
                 "ranking may miss the nodes that cause it; rank on more samples (--rank-samples all) or on data like "
-                f"the deployment's, raise every {kind} to 16 bit ({wider}), or let `{suggest}` find the smallest set "
+                f"the deployment's, raise every {kind} to {wider}, or let `{suggest}` find the smallest set "
                 "that meets a target")
     return (f"{kind} quantization alone loses {loss:.3g} {on}, and its worst node alone {worst:.2g} "
             f"({worst / loss:.0%} of it): the loss is spread over many {kind} nodes, so fixing the few ranked here "
-            f"moves it little; raise every {kind} to 16 bit ({wider}), or let `{suggest}` find the smallest set "
+            f"moves it little; raise every {kind} to {wider}, or let `{suggest}` find the smallest set "
             "that meets a target")
+
+
+# a weight-only quantizer's next width (it has no 16 bit), for the nodes ``which`` names
+WEIGHT_ONLY_8_BITS = ("the weight-only quantizer's 8-bit setting {which}, e.g. MatMulNBitsQuantizer's "
+                      "customized_weight_config {{MatMul: {{'bits': 8}}}} with its RTN or GPTQ algorithm")
+
+
+def _wider_call(kind, qm):
+    """"<width> (<the call>)": every ``kind`` node of ``qm`` one step wider, as the quantizer of
+    its kind of model takes it: a weight-only quantizer's 8-bit setting (it has no 16 bit);
+    else quantize_static at 16 bit (quantize_dynamic takes no 16-bit type), in QDQ format
+    (given a QOperator format with one, quantize_static raises ValueError)."""
+    if qm.weight_only:
+        return f"8 bits ({WEIGHT_ONLY_8_BITS.format(which='for every weight')})"
+    arg = "activation_type=QuantType.QUInt16" if kind == "activation" else "weight_type=QuantType.QInt16"
+    if qm.format != "QDQ":
+        arg = "quant_format=QuantFormat.QDQ, " + arg
+    call = f"quantize_static(..., {arg}){_on_float(qm)}"
+    return f"16 bit ({call})" if kind == "activation" else \
+        f"16 bit (per-channel weights where they are per tensor, else {call})"
 
 
 def _advise(engine, metric, kind, rank, name, sens, dist, boxes, curves, scored=({}, {})):
@@ -737,8 +757,7 @@ def _plan(items, relevant, source, structural_only=False, qm=None, float_model=N
                               "re-check" + _notes(notes)))
             floats += raised
         elif qm.weight_only:
-            to, how = ("8 bits or more", "the weight-only quantizer's 8-bit setting for them, e.g. MatMulNBitsQuantizer's "
-                       "customized_weight_config {MatMul: {'bits': 8}} with its RTN or GPTQ algorithm")
+            to, how = ("8 bits or more", WEIGHT_ONLY_8_BITS.format(which="for them"))
         else:
             to, how = (("int8 or int16", "TensorQuantOverrides with an 8- or 16-bit type") if narrow
                        else ("int16", "TensorQuantOverrides with a 16-bit type"))

@@ -94,3 +94,62 @@ def test_a_transpose_without_perm_beside_a_per_channel_pair_gets_its_perm_where_
         np.testing.assert_allclose(engine.run(i, "all")["y"], given, rtol=0, atol=1e-6)
         np.testing.assert_allclose(engine.run(i, ())["y"], floats(a), rtol=0, atol=1e-5)
         assert np.abs(given - floats(a)).max() > 1e-3
+
+
+def _qoperator_and_weight_only(tmp_path):
+    """The conv net quantized by quantize_static in QOperator format, and one MatMulNBits
+    (K 64, N 8, 4-bit codes in blocks of 32, no zero points) as MatMulNBitsQuantizer writes
+    it: their QuantModels, and the float conv net and its samples."""
+    import format_models as fm
+
+    data = builders.samples(2)
+    fp = builders.conv_net(tmp_path / "conv.onnx")
+    qop = fm.quantize_qoperator(fp, tmp_path / "qop.onnx", data)
+    rng = np.random.default_rng(0)
+    codes = rng.integers(0, 16, (8, 64)).astype(np.uint8)
+    packed = (codes[:, 0::2] | (codes[:, 1::2] << 4)).astype(np.uint8).reshape(8, 2, 16)
+    inits = [numpy_helper.from_array(packed, "w_Q4"),
+             numpy_helper.from_array(rng.uniform(0.01, 0.1, 16).astype(np.float32), "w_scales")]
+    node = helper.make_node("MatMulNBits", ["x", "w_Q4", "w_scales"], ["y"], name="fc_Q4", domain="com.microsoft",
+                            K=64, N=8, bits=4, block_size=32)
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 64])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, 8])], inits)
+    nbits = tmp_path / "nbits.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid(
+        "com.microsoft", 1)], ir_version=10), str(nbits))
+    builders.run_model(nbits, {"x": np.ones((1, 64), np.float32)})  # onnxruntime runs it
+    return QuantModel(str(qop)), QuantModel(str(nbits)), fp, data
+
+
+def test_the_spread_step_names_the_call_that_can_widen_the_models_kind(tmp_path):
+    """runall's step for a loss spread over many nodes said quantize_static(..., weight_type=
+    QuantType.QInt16) for every model: a MatMulNBits model's quantizer has no 16 bit (its next
+    width is 8 bits, as the per-node steps say), and quantize_static raises for 16-bit types in
+    the QOperator format a QOperator model was made in. Each call is checked against
+    onnxruntime's quantizer itself."""
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+
+    from pytest_ptq.runall import _spread_step
+
+    qop, nbits, fp, data = _qoperator_and_weight_only(tmp_path)
+    assert (qop.format, nbits.weight_only) == ("QOperator", True)
+    step = _spread_step("weight", 0.1, 0.01, 2, 0.1, ["ptq-debug", "suggest"], nbits)
+    assert "raise every weight to 8 bits (the weight-only quantizer's 8-bit setting for every weight, e.g. " \
+           "MatMulNBitsQuantizer's customized_weight_config" in step and "quantize_static" not in step
+
+    class Reader(CalibrationDataReader):
+        def __init__(self):
+            self.it = iter([{"x": a} for a in data["x"]])
+
+        def get_next(self):
+            return next(self.it, None)
+
+    for kind, arg in (("activation", "activation_type"), ("weight", "weight_type")):
+        step = _spread_step(kind, 0.1, 0.01, 2, 0.1, ["ptq-debug", "suggest"], qop)
+        wide = {arg: QuantType.QUInt16 if kind == "activation" else QuantType.QInt16}
+        assert f"quantize_static(..., quant_format=QuantFormat.QDQ, {arg}=QuantType." in step, step
+        with pytest.raises(ValueError, match="QDQ"):  # the format the model was made in takes no 16 bit
+            quantize_static(str(fp), str(tmp_path / "no.onnx"), Reader(), quant_format=QuantFormat.QOperator, **wide)
+        quantize_static(str(fp), str(tmp_path / f"{kind}16.onnx"), Reader(), quant_format=QuantFormat.QDQ, **wide)
+        widened = QuantModel(str(tmp_path / f"{kind}16.onnx")).of_kind(kind)
+        assert {c.bit for c in widened if c.role != "bias"} == {16}
