@@ -153,3 +153,65 @@ def test_the_spread_step_names_the_call_that_can_widen_the_models_kind(tmp_path)
         quantize_static(str(fp), str(tmp_path / f"{kind}16.onnx"), Reader(), quant_format=QuantFormat.QDQ, **wide)
         widened = QuantModel(str(tmp_path / f"{kind}16.onnx")).of_kind(kind)
         assert {c.bit for c in widened if c.role != "bias"} == {16}
+
+
+def _qlinear_convs(path, weight_input, scales):
+    """QuantizeLinear(x [1, 4, 5, 5]) -> QLinearConv per output channel (4 scales each of
+    ``scales``) -> DequantizeLinear, one Conv per scale set, all reading one int8 weight
+    [4, 4, 3, 3]: a graph input ``w`` (``weight_input``) or an initializer through an Identity.
+    Returns the feeds of one run."""
+    rng = np.random.default_rng(0)
+    weight = rng.integers(-100, 100, (4, 4, 3, 3)).astype(np.int8)
+    inits = [numpy_helper.from_array(np.float32(0.02), "as"), numpy_helper.from_array(np.uint8(128), "az"),
+             numpy_helper.from_array(np.zeros(4, np.int8), "wz"), numpy_helper.from_array(np.float32(0.5), "ys"),
+             numpy_helper.from_array(np.uint8(128), "yz")]
+    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 5, 5])]
+    nodes = [helper.make_node("QuantizeLinear", ["x", "as", "az"], ["xq"], name="xq")]
+    if weight_input:
+        inputs.append(helper.make_tensor_value_info("w", TensorProto.INT8, [4, 4, 3, 3]))
+    else:
+        inits.append(numpy_helper.from_array(weight, "W"))
+        nodes.append(helper.make_node("Identity", ["W"], ["w"], name="id"))
+    outputs = []
+    for k, s in enumerate(scales):
+        inits.append(numpy_helper.from_array(np.asarray(s, np.float32), f"ws{k}"))
+        nodes += [helper.make_node("QLinearConv", ["xq", "as", "az", "w", f"ws{k}", "wz", "ys", "yz"], [f"yq{k}"],
+                                   name=f"conv{k}_quant"),
+                  helper.make_node("DequantizeLinear", [f"yq{k}", "ys", "yz"], [f"y{k}"], name=f"y{k}_dq")]
+        outputs.append(helper.make_tensor_value_info(f"y{k}", TensorProto.FLOAT, None))
+    onnx.save(helper.make_model(helper.make_graph(nodes, "g", inputs, outputs, inits),
+                                opset_imports=[helper.make_opsetid("", 13)], ir_version=8), str(path))
+    return {"x": rng.standard_normal((1, 4, 5, 5)).astype(np.float32), **({"w": weight} if weight_input else {})}
+
+
+def test_a_per_channel_weight_fed_at_run_time_is_dequantized_along_its_output_channels(tmp_path):
+    """A QLinearConv whose per-channel int8 weight is a graph input (not a constant): its
+    DequantizeLinear was written without an axis, so DequantizeLinear's default (1, the input
+    channels) scaled the weight: 39 off onnxruntime running the file where the two counts
+    agree, and refused by onnxruntime where they do not. The rewrite, run without onnxruntime's
+    QDQ fusion (which reads the axis from QLinearConv's rule), now equals the file."""
+    from pytest_ptq.model.formats import to_qdq
+
+    path = tmp_path / "conv.onnx"
+    feeds = _qlinear_convs(path, True, [np.linspace(0.01, 0.08, 4)])
+    given = builders.run_model(path, feeds, level="all")["y0"]
+    rewritten = to_qdq(onnx.load(str(path)), "conv").model
+    [dq] = [n for n in rewritten.graph.node if n.op_type == "DequantizeLinear" and n.input[0] == "w"]
+    assert [a.i for a in dq.attribute if a.name == "axis"] == [0]
+    np.testing.assert_allclose(builders.run_model(rewritten, feeds)["y0"], given, rtol=0, atol=1e-6)
+
+
+def test_per_channel_codes_two_readers_dequantize_with_other_scales_are_refused_not_requantized_per_tensor(tmp_path):
+    """int8 W -> Identity -> two QLinearConvs of different per-channel scales: the rewrite
+    dequantized W with one reader's scales and quantized it again for the other with no axis
+    (QuantizeLinear's default 1: the input channels), 34 and 12.5 off onnxruntime running the
+    file, silently. The axis it would need is not known there: one sentence naming the
+    Identity and what to do."""
+    path = tmp_path / "two.onnx"
+    feeds = _qlinear_convs(path, False, [np.linspace(0.01, 0.08, 4), np.linspace(0.03, 0.005, 4)])
+    builders.run_model(path, feeds, level="all")  # onnxruntime runs the file
+    with pytest.raises(PTQError) as info:
+        QuantModel(str(path))
+    said = str(info.value)
+    assert "\n" not in said and "its Identity node 'id' moves the per-channel codes 'w', which its readers " \
+        "dequantize with different scales" in said and "give every reader of those codes the same scales" in said

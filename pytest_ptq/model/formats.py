@@ -664,22 +664,30 @@ class _Rewriter:
         a lone DQ of an integer constant (per channel along ``axis_for(rank)``), the float of
         a tensor an op moved, or a DQ of the integer tensor."""
         if tensor in self.inits or tensor in self.constants:
-            value = self.constant(tensor)
-            s = self.constant(scale)
-            axis = None
-            if s is not None and np.size(s) > 1:
-                axis = axis_for(value.ndim) if axis_for else 0
-            return self.dq(tensor, scale, zero_point, axis)
+            return self.dq(tensor, scale, zero_point, self._axis(node, tensor, scale, axis_for))
         info = self.quantized.get(tensor)
         if info is None:
             if tensor in self.producer or tensor in self.inputs:
-                return self.dq(tensor, scale, zero_point)  # an integer graph input, say
+                # an integer graph input, say: per channel along the op's axis too (without
+                # one, DequantizeLinear's default axis 1 is the input channels of a Conv weight)
+                return self.dq(tensor, scale, zero_point, self._axis(node, tensor, scale, axis_for))
             self.fail(node, f"reads {tensor!r}, which nothing produces")
         if not info.real:
             if self.same_params(info.scale, scale) and self.same_params(info.zero_point, zero_point):
                 return info.float
             self.materialize(tensor)
-        return self.dq(tensor, scale, zero_point)
+        return self.dq(tensor, scale, zero_point, self._axis(node, tensor, scale, axis_for))
+
+    def _axis(self, node, tensor, scale, axis_for):
+        """The axis quantized input ``tensor`` of ``node`` is read along with constant ``scale``:
+        None for one scale (or a computed one), ``axis_for(rank)`` (default 0) for several; the
+        rank of a computed tensor from its types or shape inference, refused where unknown."""
+        s = self.constant(scale)
+        if s is None or np.size(s) < 2:
+            return None
+        value = self.constant(tensor)
+        rank = value.ndim if value is not None else self._rank(tensor, node)
+        return axis_for(rank) if axis_for else 0
 
     def materialize(self, tensor):
         """Make the integer tensor exist: quantize the float value an op moved."""
@@ -687,7 +695,17 @@ class _Rewriter:
         if info.real:
             return
         inputs = [info.float, info.scale] + ([info.zero_point] if info.zero_point else [])
-        self.emit("QuantizeLinear", inputs, [tensor], self.fresh(f"{info.float}_QuantizeLinear"))
+        attrs = {}
+        if self._per_channel(info):
+            # codes quantized again along the axis they were dequantized on: without one,
+            # QuantizeLinear's default axis 1 would scale other channels (a second reader of a
+            # moved weight's codes, with other scales, read them so, silently)
+            if info.axis is None:
+                self.fail(self.producer.get(tensor), f"moves the per-channel codes {tensor!r}, which its readers "
+                          "dequantize with different scales, along an axis the rewrite does not know",
+                          "give every reader of those codes the same scales")
+            attrs["axis"] = info.axis
+        self.emit("QuantizeLinear", inputs, [tensor], self.fresh(f"{info.float}_QuantizeLinear"), **attrs)
         info.real = True
 
     def quantize_output(self, value, out, scale, zero_point):
