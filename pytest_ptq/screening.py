@@ -35,7 +35,7 @@ from .engine.sanity import spread
 from .progress import Progress
 from .results import inputs_of, read_from
 from .params import KIND_WORDS
-from .sensitivity import (Sensitivity, describe, held_outputs, merge_scores, ranked, reached_outputs, score_configs,
+from .sensitivity import (Sensitivity, confirmed_text, describe, held_outputs, merge_scores, ranked, reached_outputs, score_configs,
                           targets_for)
 
 # The default budget: what ranking DEFAULT_BUDGET_SAMPLES samples takes, measured on the
@@ -96,29 +96,7 @@ class Screening:
         narrowed = (f", the top {' and '.join(f'{n} {KIND_WORDS[t]}' for t, n in self.narrowed.items())} nodes on "
                     f"{self.narrowed_samples}" if self.narrowed else "")
         return (f"rankings on {self.samples} of {pool.removeprefix('all ')} samples{budget}{narrowed}, "
-                f"{self._confirmed_text()}")
-
-    def _confirmed_text(self):
-        """What was re-scored on all ``of`` samples, per node type where the types differ."""
-        counts = set(self.top.values())
-        if counts == {0} or not counts:
-            said = f"none confirmed on all {self.of}"
-        elif len(counts) == 1:
-            said = f"the top {counts.pop()}{' of each' if len(self.top) > 1 else ''} confirmed on all {self.of}"
-        else:
-            said = f"the top {_per_type(self.top)} confirmed on all {self.of}"
-        more = {t: n for t, n in self.rescored.items() if n}
-        if more:
-            said += (f", and {_per_type(more, 'more ')} on all {self.of}, whose outputs held no values on the samples "
-                     "they were ranked on")
-        return said
-
-
-def _per_type(counts, word=""):
-    """"3 weight and 10 activation nodes": ``{node type: count}``, the types counting none left out."""
-    shown = [(t, n) for t, n in counts.items() if n]
-    return (f"{' and '.join(f'{n} {word}{KIND_WORDS[t]}' for t, n in shown)} "
-            f"node{'' if len(shown) == 1 and shown[0][1] == 1 else 's'}")
+                f"{confirmed_text(self.top, self.rescored, self.of)}")
 
 
 def samples_within(budget_s, first_s, total, min_samples, confirm_share):

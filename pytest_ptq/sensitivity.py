@@ -25,7 +25,7 @@ from .results import json_restore, read_from, save_result
 from .tables import format_table, listed
 
 __all__ = ["Sensitivity", "get_sensitivity_of_nodes", "engine_for", "sample_indices", "rank_configs",
-           "reached_outputs", "held_outputs"]
+           "reached_outputs", "held_outputs", "confirmed_text"]
 
 
 def sample_indices(engine, data_num):
@@ -186,7 +186,6 @@ class Sensitivity(dict):
 
     def _screened(self):
         """What a screened ranking scored its nodes on (screening.py), in the table's words."""
-        more = len(self.rescored())
         on = {}  # the nodes with a figure beside those on every sample (the no-values line names the others)
         for name in self:
             d = self.details.get(name, {})
@@ -194,16 +193,14 @@ class Sensitivity(dict):
                 continue
             on[d["samples"]] = on.get(d["samples"], 0) + 1
         rest = on.pop(self.samples, 0)
-        parts = [f"the top {len(self.confirmed)} on all {self.confirmed_samples} samples"] if self.confirmed else []
-        if more:
-            parts.append(f"{more} more on all {self.confirmed_samples}, whose outputs held no values on the samples "
-                         "they were ranked on")
-        ahead = bool(parts)
-        parts += [f"the {'next' if ahead or j else 'top'} {count} on {n}" for j, (n, count) in enumerate(on.items())]
-        if not parts:  # confirming none (confirm=0): no top for "the rest" to follow
-            return f"none confirmed on all {self.confirmed_samples} samples; every node ranked on {self.samples}"
-        return ("" if ahead else f"none confirmed on all {self.confirmed_samples} samples, ") + ", ".join(parts) + (
-            f"; the rest ranked on {self.samples}" if rest else "")
+        more = len(self.rescored())
+        # the sentence screening says of the whole run, of this ranking's type alone
+        said = confirmed_text({self.node_type: len(self.confirmed)}, {self.node_type: more}, self.confirmed_samples)
+        ahead = bool(self.confirmed or more)
+        parts = [said] + [f"the {'next' if ahead or j else 'top'} {count} on {n}" for j, (n, count) in enumerate(on.items())]
+        if len(parts) == 1 and not ahead:  # confirming none (confirm=0): no top for "the rest" to follow
+            return f"{said}; every node ranked on {self.samples}"
+        return ", ".join(parts) + (f"; the rest ranked on {self.samples}" if rest else "")
 
     def to_dict(self):
         return {"tool": "pytest-ptq", "version": __version__, "model": self.model,
@@ -294,6 +291,32 @@ def _restored(node, details):
             raise PTQError(f"the per-sample {metric} values of node {node!r} must be a list of numbers (null where "
                            f"no values were compared), got {shown(values)}")
     return out
+
+
+def confirmed_text(top, rescored, of):
+    """What screening (screening.py) re-scored on all ``of`` samples, in one clause: ``top``
+    and ``rescored`` are ``{node type: count}`` of the top confirmed and of those re-scored
+    because their outputs held no values on the samples they were ranked on; per node type
+    where the types differ. The run's sentence and each ranking's table line both say it."""
+    counts = set(top.values())
+    if counts == {0} or not counts:
+        said = f"none confirmed on all {of}"
+    elif len(counts) == 1:
+        said = f"the top {counts.pop()}{' of each' if len(top) > 1 else ''} confirmed on all {of}"
+    else:
+        said = f"the top {_per_type(top)} confirmed on all {of}"
+    more = {t: n for t, n in rescored.items() if n}
+    if more:
+        said += (f", and {_per_type(more, 'more ')} on all {of}, whose outputs held no values on the samples "
+                 "they were ranked on")
+    return said
+
+
+def _per_type(counts, word=""):
+    """"3 weight and 10 activation nodes": ``{node type: count}``, the types counting none left out."""
+    shown = [(t, n) for t, n in counts.items() if n]
+    return (f"{' and '.join(f'{n} {word}{params.KIND_WORDS.get(t, t)}' for t, n in shown)} "
+            f"node{'' if len(shown) == 1 and shown[0][1] == 1 else 's'}")
 
 
 def score_configs(engine, configs, metrics, specs, indices, progress=None, alternative=False, reaches=None):

@@ -529,9 +529,12 @@ def _screening_line(setup, s, how, confirm):
     """The screening line of ``s`` as what was done makes it (:func:`_screening_done`)."""
     top, blind, rest = _screening_done(setup, s, how, confirm)
     n = len(setup["feeds"])
-    parts = [f"the top {top} on all {n} samples"] + (
-        [f"{blind} more on all {n}, whose outputs held no values on the samples they were ranked on"] if blind else [])
-    return "(" + ", ".join(parts) + (f"; the rest ranked on {how.samples})" if rest else ")")
+    kind = {"weight": "weight", "activation": "activation", "node": "operator"}[s.node_type]
+    said = [f"the top {top} confirmed on all {n}" if top else f"none confirmed on all {n}"] + (
+        [f"and {blind} more {kind} node{'s' if blind > 1 else ''} on all {n}, whose outputs held no values on the "
+         "samples they were ranked on"] if blind else [])
+    end = f"; the rest ranked on {how.samples}" if rest else ""
+    return "(" + ", ".join(said) + end + ")", ", ".join(said)
 
 
 @pytest.mark.parametrize("fixture, node_type, order", [
@@ -541,7 +544,7 @@ def _screening_line(setup, s, how, confirm):
 def test_the_screening_line_says_what_was_done(fixture, node_type, order, request):
     setup = request.getfixturevalue(fixture)
     s, how = _screened(setup, node_type, order, rank_samples=2, confirm=1)
-    line = _screening_line(setup, s, how, 1)
+    line, _ = _screening_line(setup, s, how, 1)
     # was: "(the top 3 on all 4 samples; the rest ranked on 2)" and "(the top 2 on all 6
     # samples; the rest ranked on 2)", the nodes re-scored for holding no values counted in the top
     assert line in s.table().splitlines()
@@ -557,6 +560,17 @@ def test_the_screening_sentence_counts_the_nodes_re_scored_for_holding_no_values
     assert how.text() == (f"rankings on 2 of {n} samples, the top {top} confirmed on all {n}, and {more} more "
                           f"weight node{'s' if more > 1 else ''} on all {n}, whose outputs held no values on the "
                           "samples they were ranked on")
+
+
+def test_confirming_none_the_table_and_the_sentence_say_the_same_of_the_re_scored(ragged):
+    """confirm=0, w2 re-scored on every sample for holding no values on those screened: the
+    run's sentence said "none confirmed on all 6, and 1 more weight node ...", the table
+    line "(1 more on all 6, ...; the rest ranked on 2)", silent on none being confirmed."""
+    s, how = _screened(ragged, "weight", [1, 5, 0, 2, 3, 4], rank_samples=2, confirm=0)
+    line, said = _screening_line(ragged, s, how, 0)
+    assert said.startswith("none confirmed") and "1 more weight node" in said  # the case this test is about
+    assert line in s.table().splitlines()
+    assert how.text().endswith(said)
 
 
 def test_screening_runs_no_node_whose_outputs_hold_no_values_on_any_sample(empty_tail, monkeypatch):

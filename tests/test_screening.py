@@ -55,7 +55,7 @@ def test_confirmed_nodes_carry_their_all_sample_values_and_the_rest_their_screen
     # the confirmed are in their all-sample order; they were the top two on the screening samples
     assert every[names[0]] <= every[names[1]] + 1e-9
     assert set(names[:2]) == set(sorted(screened, key=screened.get)[:2])
-    assert "the top 2 on all 6 samples; the rest ranked on 2" in s.table()
+    assert "(the top 2 confirmed on all 6; the rest ranked on 2)" in s.table()
     again = Sensitivity.from_dict(json.loads(json.dumps(s.to_dict(), default=float)))
     assert again.confirmed == s.confirmed and again.confirmed_samples == SAMPLES
 
@@ -78,7 +78,7 @@ def test_a_budget_of_four_samples_narrows_half_on_every_node_and_three_times_as_
     # all 3 weights are that top: their ranking is on 6 samples
     weights = sens["weight"]
     assert weights.samples == 6 and [weights.details[w]["samples"] for w in weights] == [12, 6, 6]
-    assert "(the top 1 on all 12 samples; the rest ranked on 6)" in weights.table()
+    assert "(the top 1 confirmed on all 12; the rest ranked on 6)" in weights.table()
     assert how.indices == (0, 11)
     feeds = setup["feeds"]
     first = independent_sensitivity(setup["q"], [feeds[0], feeds[11]], names)
@@ -91,7 +91,7 @@ def test_a_budget_of_four_samples_narrows_half_on_every_node_and_three_times_as_
             assert s[name]["cosine-similarity"] == pytest.approx(values[name], abs=1e-5), name
             assert s.details[name]["samples"] == samples
     assert wide[names[1]] <= wide[names[2]] + 1e-9
-    assert "the top 1 on all 12 samples, the next 2 on 6; the rest ranked on 2" in s.table()
+    assert "(the top 1 confirmed on all 12, the next 2 on 6; the rest ranked on 2)" in s.table()
     assert how.text() == (f"rankings on 2 of 12 samples (what a {how.budget_s:.3g} s budget allows), the top 3 "
                           "weight and 3 activation nodes on 6, the top 1 of each confirmed on all 12")
 
@@ -369,7 +369,7 @@ def test_confirming_none_says_none_was(net):
     # was: "the top 0 of each confirmed on all 6" here and "(; the rest ranked on 2)" under each table
     assert how.text() == f"rankings on 2 of {SAMPLES} samples, none confirmed on all {SAMPLES}"
     for s in sens.values():
-        assert f"(none confirmed on all {SAMPLES} samples; every node ranked on 2)" in s.table().splitlines()
+        assert f"(none confirmed on all {SAMPLES}; every node ranked on 2)" in s.table().splitlines()
 
 
 def test_runall_says_how_many_of_each_type_were_confirmed_on_every_face(net, monkeypatch, capsys):
