@@ -124,22 +124,9 @@ def screen(engine, node_types, metric_objs, specs, indices, budget_s=None, rank_
     first, in their order over every sample, then the narrowed ones, each with
     ``details["samples"]``.
     """
-    qm = engine.qmodel
     confirm = DEFAULT_CONFIRM if confirm is None else confirm
     start = time.perf_counter()
     configs = {(t, name): quantized for t in node_types for name, quantized in targets_for(engine, t).items()}
-    # a node is not run on a sample where the outputs it reaches hold no values: a run there
-    # compares nothing of it (every sample but the first, timed for the budget as a whole)
-    reaches = reached_outputs(qm, configs, specs)
-
-    def rank(t, values, scored):
-        """The ranking of type ``t`` from ``{name: states}`` over the samples ``scored`` (in the
-        order scored), its per-sample values laid on ``indices``: a column is the same sample in
-        every layer of the ranking, whichever order the samples were scored in."""
-        return ranked(engine, values, metric_objs, specs, scored, t,
-                      lambda name: describe(qm, name, t, configs[(t, name)]), {n: configs[(t, n)] for n in values},
-                      columns=indices)
-
     total = len(indices)
     desc = f"sensitivity ({', '.join(node_types)})"
     # each config compiles a form of its own on a config-major engine: timing the first sample
@@ -156,8 +143,9 @@ def screen(engine, node_types, metric_objs, specs, indices, budget_s=None, rank_
     # the total is a bound until the first sample is timed and the samples to rank are known:
     # a time left read from it was ten times the truth
     with Progress(planned * len(configs), desc, enabled=progress, tentative=not one_pass) as bar:
+        run = _Scoring(engine, configs, metric_objs, specs, indices, bar)
         if one_pass:
-            k = max(1, planned)
+            k, scores = max(1, planned), None
         else:
             scores = score_configs(engine, configs, metric_objs, specs, indices[:1], bar)
             first_s = time.perf_counter() - start
@@ -170,8 +158,6 @@ def screen(engine, node_types, metric_objs, specs, indices, budget_s=None, rank_
             share = min(1.0, confirm * len(node_types) / max(1, len(configs)))
             k = max(1, min(total, rank_samples) if rank_samples is not None else total if small
                     else samples_within(budget_s, first_s, total, min_samples, share))
-        top = {}
-        confirm_configs = {}
         keep = {t: min(n, max(NARROW_MIN * confirm, math.ceil(NARROW_SHARE * n))) for t, n in counts.items()}
         k, wide = _narrowing(k, total, sum(keep.values()), len(configs), confirmed_count) \
             if rank_samples is None and not one_pass else (k, k)
@@ -189,65 +175,114 @@ def screen(engine, node_types, metric_objs, specs, indices, budget_s=None, rank_
         held, screened = set(wider), set(chosen)
         others = [i for i in indices if i not in held]
         between = [i for i in wider if i not in screened]  # the narrowing's samples beyond the screening's
-        rest = score_configs(engine, configs, metric_objs, specs, chosen[0 if one_pass else 1:], bar, reaches=reaches)
+        rest = run.score(configs, chosen[0 if one_pass else 1:])
         scores = rest if one_pass else merge_scores(scores, rest)
-        by_type = {t: {name: scores[(t, name)] for (tt, name) in configs if tt == t} for t in node_types}
-        sens = {t: rank(t, by_type[t], chosen) for t in node_types}
+        sens = {t: run.rank(t, {name: scores[(t, name)] for (tt, name) in configs if tt == t}, chosen)
+                for t in node_types}
+        near, narrower = _narrow(run, sens, scores, keep, chosen, between) if narrowed else ({}, {})
         layers = {t: [] for t in node_types}  # narrower rankings over the screening's, widest samples first
-        if narrowed:
-            near = {(t, name): configs[(t, name)] for t in node_types for name in list(sens[t])[:keep[t]]}
-            more = score_configs(engine, near, metric_objs, specs, between, bar, reaches=reaches)
-            for t in node_types:
-                # merged into the screening's states: confirming adds the rest of the samples to them
-                layer = rank(t, _merged(near, t, scores, more), chosen + between)
-                if keep[t] < counts[t]:
-                    layers[t].append(layer)
-                else:  # every node of the type: the whole ranking is on the wider samples
-                    sens[t] = layer
+        for t, layer in narrower.items():
+            if keep[t] < counts[t]:
+                layers[t].append(layer)
+            else:  # every node of the type: the whole ranking is on the wider samples
+                sens[t] = layer
+        top = {}
         if wide < total:
-            unseen = {}
-            for t in node_types:
-                latest = (layers[t] or [sens[t]])[-1]
-                top[t] = list(latest)[:confirm]
-                confirm_configs.update({(t, name): configs[(t, name)] for name in top[t]})
-                # a node that compared no values only because the outputs it reaches held none on the
-                # samples so far may on the rest: "no values on any sample" would be said of a few
-                unseen.update({(t, n): configs[(t, n)] for n in sens[t] if (t, n) not in confirm_configs
-                               and "no_values" in (latest if n in latest else sens[t]).details[n]
-                               and scores[(t, n)][0].empty()})
-            # one whose outputs hold no values in float on the rest either has none on any sample:
-            # said from the float references (computed for confirming anyway), not a run of it per sample
-            later = {"others": set(held_outputs(engine, specs, others)) if unseen else set(),
-                     "between": set(held_outputs(engine, specs, between)) if unseen and between else set()}
-            nowhere = {c for c in unseen if not set(reaches[c]) & (
-                later["others"] if narrowed and c in near else later["others"] | later["between"])}
-            unseen = {c: q for c, q in unseen.items() if c not in nowhere}
-            # those the narrowing left out have the narrowing's samples still to score
-            behind = {c: q for c, q in unseen.items() if narrowed and c not in near}
-            bar.total += len(behind) * len(between) + len(unseen) * len(others)
-            if behind:
-                merge_scores(scores, score_configs(engine, behind, metric_objs, specs, between, bar, reaches=reaches))
-            confirm_configs.update(unseen)
-            more = score_configs(engine, confirm_configs, metric_objs, specs, others, bar, reaches=reaches)
+            top = {t: list((layers[t] or [sens[t]])[-1])[:confirm] for t in node_types}
+            chosen_configs = {(t, name): configs[(t, name)] for t in node_types for name in top[t]}
+            rescore, nowhere = _rescored(run, sens, layers, scores, chosen_configs, near, between, others)
+            more = run.score({**chosen_configs, **rescore}, others)
     confidence, reordered = {}, {}
     if wide < total:
-        for t in node_types:
-            confirmed = rank(t, _merged(confirm_configs, t, scores, more), chosen + between + others)
-            _no_values_anywhere(confirmed, [n for n in sens[t] if (t, n) in nowhere], [*layers[t], sens[t]])
-            reordered[t] = [n for n in confirmed if n in top[t]] != top[t]
-            if sum("no_values" not in confirmed.details[n] for n in confirmed) > 1:  # no figure: left out
-                confidence[t] = ranking_confidence(confirmed, k=min(5, len(confirmed)), annotate=False)
-            layers[t].append(confirmed)
+        confidence, reordered = _confirm(run, sens, layers, top, scores, more, nowhere, chosen + between + others)
     sens = {t: _layered(sens[t], layers[t][::-1], top[t]) if layers[t] else sens[t] for t in node_types}
     confirming = wide < total
     return sens, Screening(samples=k, of=total, budget_s=budget_s if rank_samples is None else None,
-                           confirmed=confirm if wide < total else 0, seconds=time.perf_counter() - start,
+                           confirmed=confirm if confirming else 0, seconds=time.perf_counter() - start,
                            confidence=confidence, reordered=reordered, indices=tuple(chosen),
                            narrowed={t: n for t, n in keep.items() if n} if narrowed else {},
                            narrowed_samples=wide if narrowed else 0,
                            # what the rankings hold, not what was asked: the sentence says what was done
                            top={t: len(sens[t].confirmed) for t in node_types} if confirming else {},
                            rescored={t: len(sens[t].rescored()) for t in node_types} if confirming else {})
+
+
+class _Scoring:
+    """What a screening's steps score and rank with: ``configs`` (``{(type, name): calibration
+    nodes quantized}``) of ``engine`` on the samples ``indices``, counted on ``bar``."""
+
+    def __init__(self, engine, configs, metric_objs, specs, indices, bar):
+        self.engine, self.configs, self.metric_objs, self.specs = engine, configs, metric_objs, specs
+        self.indices, self.bar = indices, bar
+        # a node is not run on a sample where the outputs it reaches hold no values: a run there
+        # compares nothing of it (every sample but the first, timed for the budget as a whole)
+        self.reaches = reached_outputs(engine.qmodel, configs, specs)
+
+    def score(self, chosen, samples):
+        """:func:`score_configs` of ``chosen`` (some of ``configs``) on ``samples``."""
+        return score_configs(self.engine, chosen, self.metric_objs, self.specs, samples, self.bar, reaches=self.reaches)
+
+    def rank(self, t, values, scored):
+        """The ranking of type ``t`` from ``{name: states}`` over the samples ``scored`` (in the
+        order scored), its per-sample values laid on ``indices``: a column is the same sample in
+        every layer of the ranking, whichever order the samples were scored in."""
+        qm, configs = self.engine.qmodel, self.configs
+        return ranked(self.engine, values, self.metric_objs, self.specs, scored, t,
+                      lambda name: describe(qm, name, t, configs[(t, name)]), {n: configs[(t, n)] for n in values},
+                      columns=self.indices)
+
+
+def _narrow(run, sens, scores, keep, chosen, between):
+    """``(configs, {type: ranking})``: the top ``keep[type]`` of each screened ranking ``sens``,
+    and their ranking on the samples ``between`` too; their states in ``scores`` get those
+    samples (confirming adds the rest of the samples to them)."""
+    near = {(t, name): run.configs[(t, name)] for t in sens for name in list(sens[t])[:keep[t]]}
+    more = run.score(near, between)
+    return near, {t: run.rank(t, _merged(near, t, scores, more), chosen + between) for t in sens}
+
+
+def _rescored(run, sens, layers, scores, confirmed, near, between, others):
+    """``(configs, nowhere)``: the nodes beside the ``confirmed`` top to score on the samples
+    ``others`` too, and the labels of those whose outputs hold no values on any sample.
+
+    A node that compared no values only because the outputs it reaches held none on the
+    samples so far may on the rest: "no values on any sample" would be said of a few. One
+    whose outputs hold no values in float on the rest either has none on any sample: said from
+    the float references (computed for confirming anyway), not a run of it per sample. Those
+    the narrowing left out (not among ``near``, those it scored) are scored on its samples
+    ``between`` here."""
+    unseen = {}
+    for t, s in sens.items():
+        latest = (layers[t] or [s])[-1]
+        unseen.update({(t, n): run.configs[(t, n)] for n in s if (t, n) not in confirmed
+                       and "no_values" in (latest if n in latest else s).details[n] and scores[(t, n)][0].empty()})
+    if not unseen:
+        return {}, set()
+    later = set(held_outputs(run.engine, run.specs, others))
+    wider = later | (set(held_outputs(run.engine, run.specs, between)) if between else set())
+    # the narrowing's top were scored on its samples already: only the rest can show them values
+    nowhere = {c for c in unseen if not set(run.reaches[c]) & (later if c in near else wider)}
+    unseen = {c: q for c, q in unseen.items() if c not in nowhere}
+    behind = {c: q for c, q in unseen.items() if between and c not in near}
+    run.bar.total += len(behind) * len(between) + len(unseen) * len(others)
+    if behind:
+        merge_scores(scores, run.score(behind, between))
+    return unseen, nowhere
+
+
+def _confirm(run, sens, layers, top, scores, more, nowhere, every):
+    """``(confidence, reordered)`` per type, the ranking of each confirmed on the samples
+    ``every`` (``scores`` merged with ``more`` on the rest) appended to ``layers``; the nodes
+    ``nowhere`` (no values on any sample) listed in it with no figure."""
+    confidence, reordered = {}, {}
+    for t in sens:
+        confirmed = run.rank(t, _merged(more, t, scores, more), every)
+        _no_values_anywhere(confirmed, [n for n in sens[t] if (t, n) in nowhere], [*layers[t], sens[t]])
+        reordered[t] = [n for n in confirmed if n in top[t]] != top[t]
+        if sum("no_values" not in confirmed.details[n] for n in confirmed) > 1:  # no figure: left out
+            confidence[t] = ranking_confidence(confirmed, k=min(5, len(confirmed)), annotate=False)
+        layers[t].append(confirmed)
+    return confidence, reordered
 
 
 def _merged(chosen, t, scores, more):
