@@ -107,9 +107,10 @@ class Sensitivity(dict):
     ``details[node]`` holds ``per_output`` ({output: {metric: value}}), ``per_sample``
     ({metric: [value per sample]}) and descriptive fields (kind, threshold, bit, feeds).
     ``sample_indices``: the sample of the data each per-sample column is, the same for every
-    node (empty in a ranking saved before they were recorded); a node scored on fewer of them
-    (a screened ranking) has None in the others' columns and lists its own in
-    ``details[node]["scored_samples"]``.
+    node (empty in a screened ranking saved before they were recorded, whose lists ran in the
+    order scored; one on every sample saved then is read as on the first ``samples``); a node
+    scored on fewer of them (a screened ranking) has None in the others' columns and lists its
+    own in ``details[node]["scored_samples"]``.
     ``samples``: the samples every node was scored on; ``confirmed``: the top nodes re-scored
     on all ``confirmed_samples`` samples (see :mod:`~pytest_ptq.screening`), first, in that order.
     """
@@ -232,6 +233,11 @@ class Sensitivity(dict):
                 details={k: _restored(k, v) for k, v in d.get("details", {}).items()},
                 confirmed=d.get("confirmed", ()), confirmed_samples=d.get("confirmed_samples", 0),
                 sample_indices=d.get("sample_indices", ()))
+        if "sample_indices" not in d and not s.confirmed_samples and all(
+                len(v) == s.samples for det in s.details.values() for v in det.get("per_sample", {}).values()):
+            # saved before they were recorded: a ranking on every sample scored the first
+            # ``samples`` in order (a screened one's lists ran in the order scored: left unknown)
+            s.sample_indices = list(range(s.samples))
         for name in d["ranking"]:
             dict.__setitem__(s, name, json_restore(d["values"][name]))
         return s

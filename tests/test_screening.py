@@ -385,3 +385,32 @@ def test_runall_says_how_many_of_each_type_were_confirmed_on_every_face(net, mon
     assert summary["ranking"]["text"].endswith(said)
     assert said in Path(summary["files"]["summary_md"]).read_text()
     assert f"runall: {summary['ranking']['text']}\n" in capsys.readouterr().err
+
+
+def test_a_ranking_saved_before_sample_indices_reads_them_back_only_where_they_are_known(net, tmp_path):
+    """Files of an earlier release have no sample_indices. A ranking on every sample scored
+    them in order: its columns are samples 0..n-1 (read back as []). A screened one's lists ran
+    in the order scored: not claimed by sample, its confirmed nodes still resampled alike."""
+    import numpy as np
+
+    from pytest_ptq.confidence import ranking_confidence
+    from pytest_ptq.sensitivity import get_sensitivity_of_nodes
+
+    def saved_without_indices(s, name):
+        d = json.loads(Path(s.save(tmp_path / name)).read_text())
+        assert d.pop("sample_indices")  # the case this test is about
+        (tmp_path / name).write_text(json.dumps(d))
+        return Sensitivity.load(tmp_path / name)
+
+    plain = saved_without_indices(get_sensitivity_of_nodes(str(net["model"]), calibrated_data=net["folder"],
+                                                           node_type="activation"), "plain.json")
+    expected = _per_sample_brute_force(net["model"], net["feeds"], list(plain))
+    assert plain.sample_indices == list(range(len(net["feeds"])))
+    for name in plain:  # column j is sample j
+        assert plain.details[name]["per_sample"]["cosine-similarity"] == pytest.approx(expected[name], abs=1e-5), name
+    screened = saved_without_indices(_screen(net, rank_samples=2, confirm=2)[0]["activation"], "screened.json")
+    assert screened.sample_indices == []
+    conf = ranking_confidence(screened, k=1, resamples=50)
+    assert set(conf.nodes) == set(screened.confirmed)
+    for name, v in conf.nodes.items():
+        assert v["mean"] == pytest.approx(np.mean(expected[name]), abs=1e-5), name
