@@ -246,23 +246,25 @@ def _rescored(run, sens, layers, scores, confirmed, near, between, others):
     ``others`` too, and the labels of those whose outputs hold no values on any sample.
 
     A node that compared no values only because the outputs it reaches held none on the
-    samples so far may on the rest: "no values on any sample" would be said of a few. One
-    whose outputs hold no values in float on the rest either has none on any sample: said from
-    the float references (computed for confirming anyway), not a run of it per sample. Those
-    the narrowing left out (not among ``near``, those it scored) are scored on its samples
-    ``between`` here."""
+    samples so far may on the rest: "no values on any sample" would be said of a few. Scoring
+    it there runs it on no sample where its outputs hold none in float (:func:`score_configs`),
+    so one holding none on any sample costs no run, and the float references it reads are
+    those the confirmed top read. Those the narrowing left out (not among ``near``, those it
+    scored) are scored on its samples ``between`` here."""
     unseen = {}
     for t, s in sens.items():
         latest = (layers[t] or [s])[-1]
         unseen.update({(t, n): run.configs[(t, n)] for n in s if (t, n) not in confirmed
                        and "no_values" in (latest if n in latest else s).details[n] and scores[(t, n)][0].empty()})
-    if not unseen:
-        return {}, set()
-    later = set(held_outputs(run.engine, run.specs, others))
-    wider = later | (set(held_outputs(run.engine, run.specs, between)) if between else set())
-    # the narrowing's top were scored on its samples already: only the rest can show them values
-    nowhere = {c for c in unseen if not set(run.reaches[c]) & (later if c in near else wider)}
-    unseen = {c: q for c, q in unseen.items() if c not in nowhere}
+    nowhere = set()
+    if unseen and run.engine.config_major:
+        # there each config reads a sample's float reference itself, computed again where the
+        # cache has no room: the outputs held on the rest, read once, leave those with none out
+        later = set(held_outputs(run.engine, run.specs, others))
+        wider = later | (set(held_outputs(run.engine, run.specs, between)) if between else set())
+        # the narrowing's top were scored on its samples already: only the rest can show them values
+        nowhere = {c for c in unseen if not set(run.reaches[c]) & (later if c in near else wider)}
+        unseen = {c: q for c, q in unseen.items() if c not in nowhere}
     behind = {c: q for c, q in unseen.items() if between and c not in near}
     run.bar.total += len(behind) * len(between) + len(unseen) * len(others)
     if behind:

@@ -573,20 +573,26 @@ def test_confirming_none_the_table_and_the_sentence_say_the_same_of_the_re_score
     assert how.text().endswith(said)
 
 
-def test_screening_runs_no_node_whose_outputs_hold_no_values_on_any_sample(empty_tail, monkeypatch):
+@pytest.mark.parametrize("room", [True, False])
+def test_screening_runs_no_node_whose_outputs_hold_no_values_on_any_sample(empty_tail, monkeypatch, room):
     """Those nodes were scored on every remaining sample before they were labelled; the float
-    references (computed for confirming anyway) say it: no extra run, float or quantized."""
-    from pytest_ptq import screening, sensitivity
-    from pytest_ptq.engine import Engine
+    references (computed for confirming anyway) say it: no extra run, float or quantized. With
+    no room to keep float references, checking them first ran each remaining sample's twice."""
+    from pytest_ptq import screening
+    from pytest_ptq.engine import Engine, core
 
     from pytest_ptq.metrics import get_metrics
     from pytest_ptq.outputs import parse_outputs
 
+    if not room:
+        monkeypatch.setattr(core, "_REF_CACHE_BYTES", 0)
     engine = Engine(str(empty_tail["model"]), empty_tail["data"])
+    assert not engine.config_major  # every quantized run goes through run_many
     runs, floats = [], []
-    real = sensitivity.score_configs
-    monkeypatch.setattr(screening, "score_configs",
-                        lambda e, configs, *a, **kw: runs.append(len(configs) * len(a[2])) or real(e, configs, *a, **kw))
+    original_many = Engine.run_many
+    monkeypatch.setattr(Engine, "run_many", lambda self, i, configs, *a, **kw: (
+        runs.append(len(list(configs)) * (len(i) if isinstance(i, tuple) else 1))
+        or original_many(self, i, configs, *a, **kw)))
     original = Engine.run
     monkeypatch.setattr(Engine, "run", lambda self, sample, quantized=(), *a, **kw: (
         floats.append(len(sample) if isinstance(sample, tuple) else 1) if not quantized else None)
@@ -596,8 +602,9 @@ def test_screening_runs_no_node_whose_outputs_hold_no_values_on_any_sample(empty
     s = sens["activation"]
     unmeasured = [n for n in s if "no_values" in s.details[n]]
     assert sorted(unmeasured) == ["e_QuantizeLinear", "m2_QuantizeLinear"]
-    # every node on the 2 screened samples, the top 1 on the other 2: was 4 * 2 + 3 * 2 = 14
-    assert sum(runs) == len(s) * how.samples + 1 * (N - how.samples) == 10
+    # every node on the first sample (it times the budget), those holding values on the other
+    # screened one, the top 1 on the other 2: was 4 * 2 + 3 * 2 = 14 configs scored
+    assert sum(runs) == len(s) + (len(s) - len(unmeasured)) * (how.samples - 1) + 1 * (N - how.samples) == 8
     assert sum(floats) <= N  # each sample's float reference once at most
     for name in unmeasured:
         assert s.details[name]["samples"] == N and s.details[name]["per_sample"]["cosine-similarity"] == [None] * N
