@@ -36,9 +36,6 @@ def sample_indices(engine, data_num):
     return list(range(len(engine.data.first(data_num))))
 
 
-# what a node type's nodes are called in prose: "the top 30 node nodes" reads as a typo
-
-
 def targets_for(engine, node_type, interested_nodes=None):
     """``{target name: calibration nodes quantized}`` for a node type, in graph order (in the
     order given, with ``interested_nodes``)."""
