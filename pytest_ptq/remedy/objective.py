@@ -31,7 +31,14 @@ class TaskMetric(Metric):
 
 class Figure(float):
     """The worst output's figure of a set (what is reported), with each output's own in
-    ``outputs``: what per-output targets judge."""
+    ``outputs``: what per-output targets judge.
+
+    A float, not a ``(worst, per output)`` pair: the figure is shown, stored, sorted and
+    plotted as one number in every record of the search (the curve, the confirmations, the
+    refinements, the figures, the JSON), and only the judge (:meth:`Objective.meets`,
+    :meth:`Objective.key`) reads the outputs, so a pair would be unpacked at each of those
+    places for the judge's sake. Where a value lost its outputs (read back from a file), the
+    judge falls back to the strictest target, which asks no less than every output's own."""
 
     def __new__(cls, value, outputs=None):
         figure = super().__new__(cls, value)
