@@ -1319,7 +1319,7 @@ def test_an_output_that_stays_short_with_every_candidate_remedied_is_named_with_
     assert list(r.ceiling_outputs) == ["r2"] and r.ceiling_outputs["r2"] == pytest.approx(cos["r2"], abs=1e-6)
     why = r.failure()
     assert "output 'r2' reaches only" in why and f"{cos['r2']:.6g}" in why and "'prob'" not in why
-    note = next(n for n in r.notes if n.startswith("with every candidate in float"))
+    note = next(n for n in r.notes if n.startswith("with every candidate kept in float"))
     assert f"output 'r2' {cos['r2']:.6g}" in note and f"'prob' reaches {cos['prob']:.6g}" in note
 
 

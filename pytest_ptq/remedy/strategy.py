@@ -26,6 +26,7 @@ import math
 
 from ..tables import threshold_text
 from .objective import targets_text
+from .result import MIXED, WHAT
 from .scoring import cost_of
 
 # Non-members tried in swap moves, and the largest sets tried with pair moves: bounds that
@@ -123,8 +124,7 @@ class Search:
         r = self.result
         r.ceiling = self.score(self.strongest)
         if not self.S.meets(r.ceiling):
-            what = {"float": "in float", "int16": "at 16 bit", "per-channel": "per channel",
-                    "mixed": "at its strongest remedy"}[r.remedy]
+            what = WHAT[r.remedy] + (" (each at its strongest remedy)" if r.remedy == MIXED else "")
             # the figure is the worst output's: with several, which one stays short is what to act on
             per = {} if self.S.task or len(self.S.specs) < 2 else self.S.pool(self.strongest).per_output()
             short = self.S.objective.short(per)  # each output against its own target where it has one
