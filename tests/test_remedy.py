@@ -1398,3 +1398,62 @@ def test_a_target_given_before_the_model_says_where_the_model_goes(capsys):
     assert f"got {qpath!r}" in err and "give MODEL and DATA before it, or write --target-cosine=VALUE" in err
     args = build_parser().parse_args(["suggest", "--target-cosine=0.999", qpath, folder])
     assert (args.target_cosine, args.model, args.data) == ([(None, 0.999)], qpath, folder)
+
+
+def _per_output_net(tmp_path):
+    data = builders.samples(N)
+    fpath = builders.conv_net(tmp_path / "float.onnx", two_outputs=True)
+    # biases left float: bypassing a pair then touches that pair alone
+    qpath = builders.quantize(fpath, tmp_path / "qdq.onnx", data, extra_options={"QuantizeBias": False})
+    return data, fpath, qpath
+
+
+def test_per_output_targets_are_recorded_per_output_in_every_figure_and_answer_needed_for_per_output(tmp_path):
+    """With per-output targets, the figures' 'target', the re-quantized figures and needed_for
+    held the strictest target only (and the re-quantized figures no per-output values): each
+    record now carries each output's target and values, checked against plain onnxruntime
+    sessions (the curve's sets bypassed; the re-quantized file as written)."""
+    data, fpath, qpath = _per_output_net(tmp_path)
+    own = {"prob": 0.99998, "r2": 0.9995}
+    r = suggest_remedy(str(qpath), data, target=own, remedy="float", float_model=str(fpath), full_curve=True,
+                       save_dir=tmp_path / "out")
+    assert r.targets == own
+    for f in list(r.figures.values()) + list(r.measured["figures"].values()):
+        assert f["targets"] == own and set(f["outputs"]) == {"before", "after"}
+    # the re-quantized file, run in a plain session against the float model, output by output
+    for part, indices in (("calibration", range(N)), (r.judged_on, r.split[r.judged_on])):
+        feeds = [{k: v[i] for k, v in data.items()} for i in indices]
+        ref, out = builders.run_model(fpath, feeds), builders.run_model(r.measured["model"], feeds)
+        cos = {t: _cosine([o[t] for o in ref], [o[t] for o in out]) for t in own}
+        assert r.measured["figures"][part]["outputs"]["after"] == pytest.approx(cos, abs=1e-6)
+    # each curve point's outputs, the first k moves bypassed, on the search samples
+    feeds = [{k: v[i] for k, v in data.items()} for i in r.split["search"]]
+    ref = builders.run_model(fpath, feeds)
+    pairs = builders.qdq_pairs(qpath)
+    first = {}
+    for p in r.curve:
+        added = [q["added"] for q in r.curve[1:p["nodes"] + 1]]
+        out = builders.run_model(builders.rewire(qpath, keep=[q for q in pairs if q not in added], float_model=fpath),
+                                 feeds)
+        cos = {t: _cosine([o[t] for o in ref], [o[t] for o in out]) for t in own}
+        assert p["outputs"] == pytest.approx(cos, abs=1e-6)
+        for t in own:
+            if cos[t] >= own[t]:
+                first.setdefault(t, p["nodes"])
+    assert r.needed_for() == {t: first.get(t) for t in own}
+    assert r.needed_for(own["prob"]) == next(p["nodes"] for p in r.curve if min(p["outputs"].values()) >= own["prob"])
+    saved = json.loads(json.dumps(r.to_dict()))
+    assert saved["figures"]["calibration"]["targets"] == own and saved["curve"][0]["outputs"].keys() == own.keys()
+
+
+def test_the_judged_re_quantized_line_gives_each_outputs_target():
+    """producer_lines printed the judged part's strictest target for per-output targets."""
+    from pytest_ptq.remedy.result import producer_lines
+
+    terms = {"label": "Q", "short": "q", "names": "float model", "lines": ["x"], "unsupported": [], "notes": []}
+    figure = {"before": 0.9, "after": 0.99, "original": 0.8, "target": 0.999, "targets": {"a": 0.999, "b": 0.99}}
+    measured = {"kept": {}, "after": {"calibration": 0.99}, "before": {"calibration": 0.9},
+                "original": {"calibration": 0.8}, "figures": {"held-out": figure}}
+    line = producer_lines(terms, measured, judged_on="held-out")[-1]
+    assert line.endswith("target 'a' 0.999, 'b' 0.99)"), line
+

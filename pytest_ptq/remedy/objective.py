@@ -105,6 +105,15 @@ class Objective:
             return metric.sort_key(value)
         return min(metric.sort_key(outputs[o]) - metric.sort_key(t) for o, t in self.targets.items())
 
+    def by_output(self, before, after):
+        """What a figures record (``{before, after, target, ...}``) adds with per-output targets:
+        each output's target (``targets``) and its values before and after (``outputs``);
+        nothing where one target is every output's."""
+        if self.targets is None:
+            return {}
+        return {"targets": dict(self.targets),
+                "outputs": {"before": getattr(before, "outputs", None), "after": getattr(after, "outputs", None)}}
+
     def to_dict(self):
         out = {"metric": self.metric.name, "kind": "task" if self.is_task else "output"}
         if self.min_ratio is not None:

@@ -39,7 +39,7 @@ def plot_remedy(result, path):
         if group:
             ax.scatter([c["cost"] for c in group], [c["value"] for c in group], marker="D", s=28, color=colour,
                        alpha=0.7, zorder=3, label=f"scored on {on}: {word}")
-    if result.objective.get("targets"):
+    if result.targets:
         # the points are the worst output's figure, each output judged against its own target:
         # no one line is the bar, so the targets are said, not drawn
         ax.plot([], [], linestyle="none", label=f"targets per output: {result.target_text}")

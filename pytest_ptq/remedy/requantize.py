@@ -296,6 +296,8 @@ def measure(parts, objective, float_model, result, save_dir, progress=False):
                                 "its values there (the two files name that tensor differently)")
                     if isinstance(new, Engine):  # the file as a plain session runs it, against its simulation
                         result.warnings += [f"the re-quantized file: {w}" for w in simulation_warnings(new)]
+            for f in figures.values():  # each output's values and target, as the simulation's figures
+                f.update(objective.by_output(f["before"], f["after"]))
             measured.update(judged(figures, objective, result.judged_on))
             _deployed(parts, objective, fixed_path, base_path, measured, result)
             judged_part = figures.get(result.judged_on, figures["calibration"])

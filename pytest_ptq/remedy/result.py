@@ -64,14 +64,19 @@ class Remedy(JsonResult):
 
     ``nodes``: calibration nodes to remedy, most promising first; ``choices``: the kind of
     each (``float``, ``int16``, ``per-channel``), ``cost`` their total under ``costs``.
+    ``target``: the bar (a task's ``min_ratio``: that ratio); with per-output targets the
+    strictest, the headline, and each output's own in :attr:`targets`.
     ``value`` / ``baseline``: the objective with them remedied / with nothing remedied, on
     every calibration sample used (output metrics: worst output, samples pooled).
     ``figures``: per data set (``calibration``, ``search`` when split, ``held-out`` or
-    ``confirmation``) ``{samples, before, after, target, met, ...}``. ``ceiling``: every
+    ``confirmation``) ``{samples, before, after, target, met, ...}``, with per-output targets
+    also ``targets`` (each output's) and ``outputs`` (``{"before": {output: value}, "after":
+    ...}``), as in the re-quantized checks' figures. ``ceiling``: every
     candidate remedied, on the search samples; ``ceiling_outputs``: where it falls short of
     the target with several outputs, ``{output: value}`` of those that stay short there.
     ``curve``: one point per greedy step on the search samples, ``{"nodes": k, "cost": c,
-    "added": name, "kind": kind, "value": v}`` with ``k = 0`` the baseline. ``confirmations``: every set scored on the judging data.
+    "added": name, "kind": kind, "value": v}`` with ``k = 0`` the baseline (with per-output
+    targets also ``outputs``: each output's value). ``confirmations``: every set scored on the judging data.
     ``refinements``: the moves that improved the greedy set. ``settings``:
     ``nodes_to_exclude``, ``TensorQuantOverrides`` (JSON form) and ``simulation_only`` (``notes`` where
     they do otherwise than the simulated remedy).
@@ -136,30 +141,42 @@ class Remedy(JsonResult):
         return get_metrics(self.metric)[0]
 
     @property
+    def targets(self):
+        """``{output: its own target}`` where the outputs have targets of their own, else None."""
+        return self.objective.get("targets")
+
+    @property
     def target_text(self):
         """The target as the user gave it: ``0.99``, ``0.99 x float`` or per output
         ``'logits' 0.999, 'boxes' 0.99``."""
         if self.objective.get("min_ratio") is not None:
             return f"{threshold_text(self.objective['min_ratio'])} x float"
-        return targets_text(self.target, self.objective.get("targets"))
+        return targets_text(self.target, self.targets)
 
     def _short(self, outputs):
         """``; output 'a' 0.998, short of its 0.999`` for each output of ``outputs`` (``{output:
         value}``) short of its own target, with per-output targets; "" otherwise."""
-        targets = self.objective.get("targets")
+        targets = self.targets
         if not targets or not outputs:
             return ""
         m = self.objective_metric
         return "".join(f"; output {o!r} {_fmt(v)}, short of its {threshold_text(targets[o])}"
                        for o, v in outputs.items() if o in targets and not meets(m, v, targets[o]))
 
-    def needed_for(self, target):
-        """The fewest nodes on the search curve whose value meets ``target``, or None."""
+    def needed_for(self, target=None):
+        """The fewest nodes on the search curve whose value (the worst output's) meets
+        ``target`` (default: the search's), or None. With per-output targets and no ``target``,
+        per output: ``{output: the fewest nodes with which it meets its own target, or None}``
+        (0: it meets it with nothing remedied)."""
         m = self.objective_metric
-        for point in self.curve:
-            if point["value"] is not None and meets(m, point["value"], target):
-                return point["nodes"]
-        return None
+        if target is None and self.targets:
+            def first(o, t):
+                return next((p["nodes"] for p in self.curve if (p.get("outputs") or {}).get(o) is not None
+                             and meets(m, p["outputs"][o], t)), None)
+            return {o: first(o, t) for o, t in self.targets.items()}
+        if target is None:  # a ratio's bar on the samples the curve was scored on
+            target = self.figures.get("search", self.figures.get("calibration", {})).get("target", self.target)
+        return next((p["nodes"] for p in self.curve if p["value"] is not None and meets(m, p["value"], target)), None)
 
     def python_snippet(self):
         """The settings as quantize_static (quantize_dynamic) keyword arguments, ready to paste."""
@@ -185,7 +202,7 @@ class Remedy(JsonResult):
                        and judged.get("target") is not None else "")
                     + ("; with every candidate " + WHAT[self.remedy] + " on the search samples, " + ", ".join(
                         f"output {o!r} reaches only {_fmt(v)}" + (
-                            f" of its {threshold_text(self.objective['targets'][o])}" if self.objective.get("targets")
+                            f" of its {threshold_text(self.targets[o])}" if self.targets
                             else "") for o, v in self.ceiling_outputs.items())
                        if self.ceiling_outputs else ""))
         decisive = self.requantized
@@ -193,9 +210,8 @@ class Remedy(JsonResult):
             by, mm = decisive
             judged = mm.get("figures", {}).get(self.judged_on, {})
             value = judged.get("after", mm.get("value"))
-            target = self.target_text if self.objective.get("targets") else _fmt(judged.get("target", self.target))
             return (f"re-quantized with {by}, the model reaches {name} {_fmt(value)} on {on}, short of the target "
-                    f"{target}")
+                    f"{_bar({'target': self.target, 'targets': self.targets, **judged}, _fmt)}")
         return None
 
     @property
@@ -225,8 +241,11 @@ class Remedy(JsonResult):
         rows = []
         order = [k for k in ("calibration", "search", "confirmation", "held-out") if k in self.figures]
         fitted = " chose part of the set" if self.judge_chose else ""  # no independent check then
-        # per-output targets: each output's, not the strictest alone (the headline's number)
-        bar = (lambda f: self.target_text) if self.objective.get("targets") else (lambda f: f["target"])
+        # per-output targets: each output's, not the strictest alone (the headline's number); a
+        # record read back from before they were recorded, the search's
+        def bar(f):
+            return _bar({"targets": self.targets, **f})
+
         for key in order:
             f = self.figures[key]
             rows.append({"data": f"{key} ({f['samples']}){fitted if key == self.judged_on else ''}",
@@ -355,7 +374,7 @@ def producer_lines(terms, measured=None, metric="cosine-similarity", judged_on="
         if judged and judged_on != "calibration":
             lines.append(f"  on {_on(judged_on)}: {metric} {_fmt(judged['after'])} (without the terms "
                          f"{_fmt(judged['before'])}, the model as given {_fmt(judged['original'])}; target "
-                         f"{_fmt(judged['target'])})")
+                         f"{_bar(judged, _fmt)})")
         if m.get("not_applied"):
             lines.append(f"  not applied by {terms['short']}: " + ", ".join(m["not_applied"]))
         if m.get("in_float"):
@@ -363,6 +382,14 @@ def producer_lines(terms, measured=None, metric="cosine-similarity", judged_on="
         if m.get("collateral"):
             lines.append(f"  also changed by {terms['short']}: " + ", ".join(m["collateral"]))
     return lines
+
+
+def _bar(figure, number=lambda v: v):
+    """The target of a figures record as shown: each output's where it has ``targets``, else
+    its ``target`` (through ``number``)."""
+    if figure.get("targets"):
+        return targets_text(figure["target"], figure["targets"])
+    return number(figure["target"])
 
 
 def _on(judged_on):

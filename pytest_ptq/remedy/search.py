@@ -289,7 +289,9 @@ def _check_with_producer(engine, result, float_model, save_dir, parts, objective
         result.warnings.append(f"re-quantizing with {terms['short']} failed: {exc}")
         return
     figures = {name: {"samples": len(part), "original": measured["original"][name], "before": measured["before"][name],
-                      "after": measured["after"][name], "target": sc.target} for name, (part, sc) in parts.items()}
+                      "after": measured["after"][name], "target": sc.target,
+                      **objective.by_output(measured["before"][name], measured["after"][name])}
+               for name, (part, sc) in parts.items()}
     measured.update(judged(figures, objective, result.judged_on))
     result.producer_measured = measured
     _warn(result, figures, f"re-quantized with {terms['short']}: ")
@@ -399,9 +401,8 @@ def _figures(result, lay, objective, scorer, judge, chosen):
             values = sc.final(base), sc.final(chosen)
         target = sc.target
         f = {"samples": len(part), "where": part.where, "before": values[0], "after": values[1], "target": target,
-             "met": objective.meets(values[1], target), "met_before": objective.meets(values[0], target)}
-        if objective.targets is not None:  # which output stays short of its own target, read back
-            f["outputs"] = {"before": values[0].outputs, "after": values[1].outputs}
+             "met": objective.meets(values[1], target), "met_before": objective.meets(values[0], target),
+             **objective.by_output(*values)}  # which output stays short of its own target, read back
         if objective.is_task:
             guide = Scorer(part, objective, None, metric=objective.guide)
             f["float"] = sc.float_score()

@@ -105,7 +105,7 @@ class Search:
     def run(self):
         base = frozenset()
         value = self.score(base)
-        self.result.curve.append({"nodes": 0, "cost": 0.0, "added": None, "kind": None, "value": value})
+        self._point(base, None, value)
         chosen = base
         if not self.S.meets(value):
             self.moves()
@@ -151,8 +151,7 @@ class Search:
         for mv in order:
             chosen.append(mv)
             value = self.score(chosen)
-            r.curve.append({"nodes": len(chosen), "cost": cost_of(chosen, self.costs), "added": mv[0],
-                            "kind": mv[1], "value": value})
+            self._point(chosen, mv, value)
             if found is None and self.S.meets(value):
                 found = list(chosen)
                 if not self.full_curve:
@@ -168,6 +167,15 @@ class Search:
                 chosen = trial
                 r.pruned.append(mv[0])
         return self._cheapen(frozenset(chosen), lambda s: self.S.meets(self.score(s)), self._moved)
+
+    def _point(self, chosen, mv, value):
+        """A point of the search curve: the set ``chosen`` after adding the move ``mv`` (None:
+        the baseline), with each output's value where the outputs have targets of their own."""
+        point = {"nodes": len(chosen), "cost": cost_of(chosen, self.costs), "added": mv and mv[0],
+                 "kind": mv and mv[1], "value": value}
+        if getattr(value, "outputs", None) is not None:
+            point["outputs"] = value.outputs
+        self.result.curve.append(point)
 
     @property
     def _bar(self):
