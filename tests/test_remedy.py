@@ -1457,3 +1457,61 @@ def test_the_judged_re_quantized_line_gives_each_outputs_target():
     line = producer_lines(terms, measured, judged_on="held-out")[-1]
     assert line.endswith("target 'a' 0.999, 'b' 0.99)"), line
 
+
+def test_two_spellings_of_one_output_are_compared_once_at_the_stricter_target(tmp_path):
+    """'r2[:, 0:2]' and 'r2[:, :2]' (or an output named twice, refused as a repeat) were
+    two outputs compared twice, and a whole output named as 'r2[:]' was compared again under
+    the default's target: each is one output now, held to the stricter of its targets, its
+    figure the slice's cosine from a plain onnxruntime session."""
+    from pytest_ptq.engine import engine_for
+    from pytest_ptq.remedy.objective import objective_for
+
+    data, fpath, qpath = _per_output_net(tmp_path)
+    engine = engine_for(str(qpath), data)
+    o = objective_for("cosine-similarity", {"r2[:, 0:2]": 0.99, "r2[:, :2]": 0.999, "prob": 0.99}, None, engine)
+    assert [s.name for s in o.specs] == ["r2[:, 0:2]", "prob"] and o.targets == {"r2[:, 0:2]": 0.999, "prob": 0.99}
+    o = objective_for("cosine-similarity", {"r2[:]": 0.9, "default": 0.999}, None, engine)
+    assert [s.name for s in o.specs] == ["r2[:]", "prob"] and o.targets == {"r2[:]": 0.9, "prob": 0.999}
+    o = objective_for("cosine-similarity", 0.99, ["r2", "r2", "r2[..., :]", "r2[:, 0:2, :, :]", "r2[0:1, :2]"],
+                      engine)
+    assert [(s.name, s.tensor) for s in o.specs] == [("r2", "r2"), ("r2[:, 0:2, :, :]", "r2")]
+    r = suggest_remedy(str(qpath), data, target={"r2[:, 0:2]": 0.99, "r2[:, :2]": 0.9995, "prob": 0.99},
+                       remedy="float", requantize_check=False)
+    assert r.outputs == ["r2[:, 0:2]", "prob"] and r.targets == {"r2[:, 0:2]": 0.9995, "prob": 0.99}
+    feeds = [{k: v[i] for k, v in data.items()} for i in range(N)]
+    ref, out = builders.run_model(fpath, feeds), builders.run_model(qpath, feeds)
+    before = {"r2[:, 0:2]": _cosine([a["r2"][:, :2] for a in ref], [b["r2"][:, :2] for b in out]),
+              "prob": _cosine([a["prob"] for a in ref], [b["prob"] for b in out])}
+    assert r.figures["calibration"]["outputs"]["before"] == pytest.approx(before, abs=1e-6)
+
+
+def test_an_output_named_default_is_addressed_as_default_equals_default(tmp_path):
+    """'default' is the outputs not named: a model's output of that name had no way to get a
+    target of its own. It is 'default=default'; the bare key on such a model could mean
+    either and is refused in one sentence; on the command line a value alone is the default."""
+    from pytest_ptq.cli.remedy import _target, _targets
+    from pytest_ptq import params
+    from pytest_ptq.engine import engine_for
+    from pytest_ptq.remedy.objective import objective_for
+
+    data = builders.samples(N)
+    model = onnx.load(builders.conv_net(tmp_path / "conv.onnx", two_outputs=True))
+    for t in [n.output for n in model.graph.node] + [[o.name for o in model.graph.output]]:
+        for k, name in enumerate(t):
+            if name == "prob":
+                t[k] = "default"
+    model.graph.output[0].name = "default"
+    fpath = tmp_path / "float.onnx"
+    onnx.save(model, fpath)
+    qpath = builders.quantize(fpath, tmp_path / "qdq.onnx", data)
+    engine = engine_for(str(qpath), data)
+    o = objective_for("cosine-similarity", {"default=default": 0.9999, "": 0.99}, None, engine)
+    assert [(s.name, s.tensor) for s in o.specs] == [("default", "default"), ("r2", "r2")]
+    assert o.targets == {"default": 0.9999, "r2": 0.99}
+    with pytest.raises(PTQError, match="write 'default=default' for its target and ''"):
+        objective_for("cosine-similarity", {"default": 0.99, "r2": 0.999}, None, engine)
+    parse = _target(params.cosine, "--target-cosine")
+    given = _targets([parse("0.99"), parse("default=default=0.9999")], "--target-cosine")
+    assert objective_for("cosine-similarity", given, None, engine).targets == o.targets
+    with pytest.raises(PTQError, match="gives 'default' twice"):
+        _targets([parse("0.99"), parse("default=0.9")], "--target-cosine")

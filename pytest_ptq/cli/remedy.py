@@ -44,7 +44,8 @@ def _costs(values):
 
 def _target(validator, option):
     """An argparse type of ``VALUE`` (every output) or ``OUTPUT=VALUE`` (an output or slice
-    ``name=out[:, 4:]``, or ``default`` for the outputs not named): ``(output or None, value)``.
+    ``name=out[:, 4:]``, or ``default`` for the outputs not named; an output named ``default``
+    is ``default=default``): ``(output or None, value)``.
     The value follows the last '=', which a slice's name has before it."""
     def parse(text):
         key, sep, value = text.rpartition("=")
@@ -62,13 +63,15 @@ def _target(validator, option):
 
 def _targets(values, option):
     """The target the values of ``option`` give: one number, or ``{output: value}`` as the output
-    checks take it (a value alone is the ``default`` of the outputs not named)."""
+    checks take it (a value alone is the default of the outputs not named: ``""``, which
+    unlike ``default`` no output of the model can be named)."""
     if values is None:
         return None
     if len(values) == 1 and values[0][0] is None:
         return values[0][1]
-    keys = [key or "default" for key, _ in values]
-    twice = next((k for k in keys if keys.count(k) > 1), None)
+    keys = [key or "" for key, _ in values]
+    said = ["default" if k in ("", "default") else k for k in keys]  # the two spellings of the default
+    twice = next((k for k in said if said.count(k) > 1), None)
     if twice is not None:  # the last would win in silence
         raise PTQError(f"{option} gives {twice!r} twice (a value alone is the default); give each output once")
     return dict(zip(keys, (value for _, value in values)))
@@ -151,8 +154,8 @@ def configure(p):
     a.add_model(p)
     g = p.add_mutually_exclusive_group()
     per = ("; or per output, OUTPUT=VALUE for each (an output or a slice 'name=out[:, 4:]'; a value alone or "
-           "default=VALUE for the outputs not named, which are left out without one), as a contract's outputs: "
-           "each output must reach its own")
+           "default=VALUE for the outputs not named, which are left out without one; an output named 'default' is "
+           "default=default=VALUE), as a contract's outputs: each output must reach its own")
     g.add_argument("--target-cosine", nargs="+", action=a.Listed, type=_target(params.cosine, "--target-cosine"),
                    default=None, metavar="[OUTPUT=]C", help=f"cosine similarity the outputs must reach{per}. Default: 0.99")
     g.add_argument("--target", nargs="+", action=a.Listed, type=_target(params.number, "--target"), default=None,

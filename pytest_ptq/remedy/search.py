@@ -66,7 +66,8 @@ def suggest_remedy(model_or_file, calibrated_data=None, target=None, metric="cos
     choose on (those beyond ``data_num``, else every third). The objective is ``metric``
     (worst output, samples pooled) against ``target`` (default 0.99 cosine; or per output,
     ``{output or slice: value, "": default}`` as the output checks take it: every output
-    must meet its own, and the targets name the outputs compared), or with
+    must meet its own, and the targets name the outputs compared; an output named
+    ``default`` is ``default=default``), or with
     ``evaluate(run, data) -> float`` (the accuracy check's contract) the task score against
     ``target`` or ``min_ratio`` x the float score (default 0.99 x).
 
