@@ -273,7 +273,8 @@ def plot_curves(curves, path, title=None, annotate=3):
     """Write the curves as a PNG: operators in execution order on x, the metric on y; the
     ``annotate`` worst points of each curve are numbered on it and named in a side panel with
     the legend, so that no label covers a curve or another label."""
-    from .figures import axes_title, drawable, fit_labels, mark_points, side_legend, side_text, with_side_panel
+    from .figures import (axes_title, drawable, fit_labels, mark_points, panel_chars, side_legend, side_text,
+                          with_side_panel)
 
     plt = pyplot()
     m = get_metrics(curves.metric)[0]
@@ -308,15 +309,20 @@ def plot_curves(curves, path, title=None, annotate=3):
                     for i in range(len(curves.nodes)))
     if undefined:
         lines[:0] = [f"{undefined} operator(s) without a value", "(NaN: no finite float value", "to compare), not drawn", ""]
+    # names as wide as the panel's lines allow, beside their number and operator index (a
+    # fixed 26 characters cut the stage out of '/backbone/stage4/block3/conv1/Conv')
+    chars = panel_chars(side, fontsize=7.5)
+    index = len(f" (#{len(curves.nodes)})")
     empty = [curves.nodes.index(n) for n in curves.no_values or ()]
     if empty:  # a gap in every curve: said, not left for the reader to guess
-        shown_empty = fit_labels([drawable(curves.nodes[i]) for i in empty], 20)
+        shown_empty = fit_labels([drawable(curves.nodes[i]) for i in empty], chars - 2 - index)
         lines[:0] = [f"{len(empty)} operator(s) without a point", "(they read tensors holding", "no values on any sample):",
                      *(f"  {name} (#{i})" for name, i in zip(shown_empty[:5], empty)),
                      *([f"  and {len(empty) - 5} more"] if len(empty) > 5 else []), ""]
     # escaped before they are cut to fit: a glyph no font has, escaped after, ran past the width
-    names = dict(zip(order, fit_labels([drawable(curves.nodes[i]) for i in order], 26)))
-    labels = dict(zip(curves.values, fit_labels([drawable(label) for label in curves.values], 16)))
+    names = dict(zip(order, fit_labels([drawable(curves.nodes[i]) for i in order], chars - 3 - index)))
+    value = max((len(short(v)) for i in order for _, v in worst[i]), default=0)
+    labels = dict(zip(curves.values, fit_labels([drawable(label) for label in curves.values], chars - 4 - value)))
     for k, i in enumerate(order, 1):
         lines.append(f"{k:>2} {names[i]} (#{i})")
         lines += [f"   {labels.get(label, label)} {short(v)}" for label, v in worst[i]]

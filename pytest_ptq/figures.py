@@ -301,6 +301,9 @@ def fit_labels(texts, width):
     /backbone/stage4/block10~ and /backbone/stage4/block3~); texts still alike are numbered. A
     text given twice keeps one label."""
     texts = [str(t) for t in texts]
+    cut = _scope_cut(texts, width) if any(len(t) > width for t in texts) else 0
+    if cut:  # the scope every text shares tells none apart: its room goes to the rest
+        return fit_labels(["~" + t[cut:] for t in texts], width)
     out = [fit_label(t, width) for t in texts]
     clusters = {t: {t} for t in texts}  # the texts each was mistaken for, itself included
     for whole_start in (True, False, False):
@@ -332,17 +335,37 @@ def fit_labels(texts, width):
     return out
 
 
+def _scope_cut(texts, width):
+    """Where to cut the leading scope ('/backbone', '/model/encoder') that every one of
+    ``texts`` starts with: after as few of its parts as make the texts fit ``width`` with a
+    '~' for them, else after the whole scope, up to its last '/'; 0 where they share none."""
+    if len(set(texts)) < 2:
+        return 0
+    prefix = os.path.commonprefix(texts)
+    cuts = [i for i, ch in enumerate(prefix) if ch == "/" and i > 1]
+    longest = max(len(t) for t in texts)
+    return next((i for i in cuts if 1 + longest - i <= width), cuts[-1] if cuts else 0)
+
+
+def panel_chars(side, fontsize=8):
+    """How many monospace characters at ``fontsize`` one line of the side panel holds (what
+    :func:`side_text` writes there), measured on the figure."""
+    fig = side.figure
+    probe = side.text(0, 0, "M" * 10, fontsize=fontsize, family="monospace")
+    char = probe.get_window_extent(fig.canvas.get_renderer()).width / 10
+    probe.remove()
+    return max(12, int(side.get_window_extent().width * 0.98 / char))
+
+
 def side_legend(side, ax, fontsize=8):
     """``ax``'s legend at the top of the side panel, each label wrapped to the panel's width
     (a long one ran off the figure); returns the axes fraction just below it."""
-    import textwrap
-
     handles, labels = ax.get_legend_handles_labels()
     fig = side.figure
-    # characters that fit beside a legend handle: a monospace-ish estimate of 0.6 em per character
-    width = side.get_window_extent().width - 3.5 * fontsize * fig.dpi / 72
-    chars = max(12, int(width / (0.6 * fontsize * fig.dpi / 72)))
-    legend = side.legend(handles, ["\n".join(textwrap.wrap(label, chars)) or label for label in labels],
+    # the room beside a legend handle, in inches; wrap() keeps 0.3 inch of margin, given back
+    # here, and breaks a long node name after a '_', '.' or '/' of it, not inside a word
+    room = (side.get_window_extent().width - 3.5 * fontsize * fig.dpi / 72) / fig.dpi
+    legend = side.legend(handles, [wrap(label, room + 0.3, fontsize) or label for label in labels],
                          loc="upper left", fontsize=fontsize, frameon=False, borderaxespad=0)
     fig.canvas.draw()
     box = legend.get_window_extent().transformed(side.transAxes.inverted())

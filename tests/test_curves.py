@@ -743,3 +743,66 @@ def test_an_operator_cast_to_a_float16_model_output_is_read_as_the_rankings_scor
     assert curves.values["all"][0] == pytest.approx(brute, abs=1e-9)
     assert curves.local[0] == pytest.approx(brute, abs=1e-9)  # nothing upstream of the Conv
     assert ranked["conv"]["chebyshev"] == pytest.approx(brute, abs=1e-9)
+
+
+def _drawn_curves(monkeypatch, tmp_path, curves):
+    """The figure plot_curves draws, kept as it is saved."""
+    import pytest_ptq.curves as curves_module
+    from pytest_ptq.curves import plot_curves
+
+    kept = []
+    real_save = curves_module.save_figure
+
+    def save(fig, path, tight=True):
+        kept.append(fig)
+        return real_save(fig, path, tight=tight)
+
+    monkeypatch.setattr(curves_module, "save_figure", save)
+    plot_curves(curves, tmp_path / "c.png")
+    fig = kept[0]
+    fig.canvas.draw()
+    return fig
+
+
+def test_side_panel_names_keep_what_tells_scoped_names_apart(monkeypatch, tmp_path):
+    """ModelOpt-style names of a 500-node model ('/backbone/stage4/block3/conv1/Conv') read
+    '/backbon~block3/conv1/Conv': the stage, where the worst points differ, was cut away, and the
+    panel had room for more than it showed."""
+    from pytest_ptq.curves import Curves
+
+    nodes = [f"/backbone/stage{s}/block{b}/conv{c}/Conv" for s in range(1, 6) for b in range(1, 16) for c in range(1, 4)]
+    nodes += [f"/backbone/stage{s}/block{b}/scale/Mul" for s in range(1, 6) for b in range(1, 16)]
+    worst = [nodes.index(f"/backbone/stage{s}/block3/conv1/Conv") for s in (2, 4, 5)]
+    values = {"weight only": [0.5 if k in worst else 1.0 - 1e-4 * (k % 5) for k in range(len(nodes))],
+              "all but batch_norm_4.tmp_2_QuantizeLinear": [1.0 - 1e-4 * (k % 7) for k in range(len(nodes))]}
+    curves = Curves(metric="cosine-similarity", nodes=nodes, tensors=nodes, values=values, configs={}, samples=1)
+    fig = _drawn_curves(monkeypatch, tmp_path, curves)
+    side = fig.axes[1]
+    panel = side.get_window_extent()
+    text = side.texts[-1]
+    assert text.get_window_extent().x1 <= panel.x1 + 1, "the side text runs past the panel"
+    lines = text.get_text().splitlines()
+    for s in (2, 4, 5):  # each worst point's line says its stage and block, the part its name differs in
+        assert any(f"stage{s}/block3/conv1/Conv" in line for line in lines), (s, lines)
+    # a config's name uses the room the value lines have ('all but~ngLinear' said little)
+    shown = [line.split()[:-1] for line in lines if line.startswith("   all")]
+    assert shown and all(len(" ".join(words)) > 24 for words in shown), lines
+    # the legend wraps a long name between its parts (after '_' or '.'), not inside a word
+    legend = side.get_legend()
+    assert legend.get_window_extent().x1 <= fig.bbox.x1
+    label = next(t.get_text() for t in legend.get_texts() if "batch_norm" in t.get_text())
+    assert label.replace("\n", "") == "all but batch_norm_4.tmp_2_QuantizeLinear"
+    assert all(line[-1] in " _./" for line in label.splitlines()[:-1]), label
+
+
+def test_a_shared_scope_is_cut_only_as_far_as_the_width_needs():
+    """The worst points of one stage ('/backbone/stage4/block3/conv1/Conv', ...) lost their
+    stage once the whole shared scope was cut; the parts cut are those that make them fit."""
+    from pytest_ptq.figures import fit_labels
+
+    names = [f"/backbone/stage4/block{b}/conv{c}/Conv" for b, c in ((3, 1), (2, 2), (2, 3))]
+    labels = fit_labels(names, 29)
+    for name, label in zip(names, labels):
+        assert label.startswith("~") and name.endswith(label[1:]) and "stage4" in label, labels
+        assert len(label) <= 29
+    assert fit_labels(names, 40) == names
