@@ -1515,3 +1515,33 @@ def test_an_output_named_default_is_addressed_as_default_equals_default(tmp_path
     assert objective_for("cosine-similarity", given, None, engine).targets == o.targets
     with pytest.raises(PTQError, match="gives 'default' twice"):
         _targets([parse("0.99"), parse("default=0.9")], "--target-cosine")
+
+
+def test_the_remedy_figure_names_nodes_as_wide_as_its_panel_allows(tmp_path, monkeypatch):
+    """A fixed 24 characters read '~onv10_depthwise_weight~' in a panel that holds about 47;
+    the names of the greedy additions and of a set chosen off the greedy path keep what tells
+    them apart and stay inside the panel."""
+    from pytest_ptq.remedy import plot
+    from pytest_ptq.remedy.result import Remedy
+
+    drawn = []
+    monkeypatch.setattr(plot, "save_figure", lambda fig, path, tight=False: drawn.append(fig) or path)
+    names = [f"/backbone/stage{s}/block3/conv1/Conv_output_0_QuantizeLinear" for s in (2, 4, 5)]
+    curve = [{"nodes": k, "cost": k, "added": n, "kind": "float", "value": v}
+             for k, (n, v) in enumerate([(None, 0.98), (names[0], 0.985), (names[1], 0.989), (names[2], 0.995)])]
+    r = Remedy(remedy="float", metric="cosine-similarity", target=0.99, met=True, nodes=[names[2], names[0]],
+               value=0.995, baseline=0.98, ceiling=None, curve=curve, pruned=[], ranking=[], settings={},
+               model="m.onnx", samples=8)
+    plot.plot_remedy(r, tmp_path / "r.png")
+    fig = drawn[0]
+    fig.canvas.draw()
+    side = fig.axes[1]
+    text = side.texts[-1]
+    assert text.get_window_extent().x1 <= side.get_window_extent().x1 + 1, "the side text runs past the panel"
+    lines = text.get_text().splitlines()
+    chosen = lines[lines.index("chosen:") + 1:]
+    added = [line.split()[1] for line in lines[1:lines.index("chosen:") - 1]]
+    for s, name in zip((2, 4, 5), added):  # every addition's line names its stage, where the names differ
+        assert f"stage{s}" in name and len(name) > 24, added
+    shown = [line.split()[0] for line in chosen]
+    assert [s for s in (5, 2) for name in shown if f"stage{s}" in name] == [5, 2] and min(map(len, shown)) > 24, lines

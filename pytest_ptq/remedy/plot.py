@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..figures import axes_title, drawing, metric_label, pyplot, save_figure
+from .result import WHAT
 
 _ON = {"held-out": "held-out", "confirmation": "confirmation samples", "calibration": "calibration"}
 
@@ -14,7 +15,7 @@ def plot_remedy(result, path):
     """A PNG of the search: cost on x (nodes for a single remedy), the objective on y; the
     greedy path on the search samples, refinements, every set scored on the judging data,
     the chosen set on calibration and judging data, and the target dashed."""
-    from ..figures import fit_labels, mark_points, side_legend, side_text, with_side_panel
+    from ..figures import fit_labels, mark_points, panel_chars, side_legend, side_text, with_side_panel
     from ..tables import short
 
     plt = pyplot()
@@ -68,7 +69,7 @@ def plot_remedy(result, path):
                            label=f"that file in a plain onnxruntime\nsession (this machine), on {on}")
     axes_title(ax, f"Remedy search ({result.remedy}) on {Path(result.model).name}, {result.samples} calibration "
                    "sample(s)")
-    ax.set_xlabel(f"number of nodes {_DONE.get(result.remedy, 'remedied')}" if single else
+    ax.set_xlabel(f"number of nodes {WHAT.get(result.remedy, 'remedied')}" if single else
                   "cost of the set (" + ", ".join(f"{k} {v:g}" for k, v in result.costs.items()) + " per node)")
     ax.set_ylabel(metric_label(m))
     ax.ticklabel_format(axis="y", useOffset=False)
@@ -82,7 +83,11 @@ def plot_remedy(result, path):
     added = list(zip(pts, xs))[1:_NAMED + 1]
     mark_points(ax, [(x, p["value"]) for p, x in added], colour="tab:blue")
     below = side_legend(side, ax)
-    names = fit_labels([p["added"] for p, _ in added], 24)
+    # names as wide as the panel's lines allow beside their number and value (a fixed 24
+    # characters read '~onv10_depthwise_weight~' in a panel of 47)
+    chars = panel_chars(side, fontsize=7.5)
+    value = max((len(short(p["value"])) for p, _ in added), default=0)
+    names = fit_labels([p["added"] for p, _ in added], chars - 4 - value)
     lines = (["greedy additions, in order:"] + [f"{k:>2} {name} {short(p['value'])}"
                                                 for k, ((p, _), name) in enumerate(zip(added, names), 1)]
              if added else ["greedy additions: none (the budget", "ended before the first)"] if result.budget_exhausted
@@ -91,7 +96,8 @@ def plot_remedy(result, path):
         lines.append(f"   ... {len(pts) - 1 - len(added)} more")
     greedy = [p["added"] for p in pts[1:]]
     if result.nodes and list(result.nodes) != greedy[:len(result.nodes)]:  # chosen off the greedy path: named
-        chosen = fit_labels(result.nodes[:_NAMED], 24)
+        kind = max((len(str(result.choices.get(n, result.remedy))) for n in result.nodes[:_NAMED]), default=0)
+        chosen = fit_labels(result.nodes[:_NAMED], chars - 6 - kind)
         lines += ["", "chosen:"] + [f"   {name} ({result.choices.get(n, result.remedy)})"
                                     for n, name in zip(result.nodes, chosen)]
         if len(result.nodes) > _NAMED:
@@ -101,6 +107,5 @@ def plot_remedy(result, path):
 
 
 _NAMED = 12  # additions named beside the plot
-_DONE = {"float": "kept in float", "int16": "raised to 16 bit", "per-channel": "quantized per channel"}
 
 
