@@ -170,7 +170,7 @@ class CalibrationData:
         empty = set(self.indices)
         for name in expected:
             tt = qmodel.inputs[name].type.tensor_type
-            dims = declared_dims(qmodel.inputs[name]) or []
+            dims = declared_dims(qmodel.inputs[name])  # None: no shape declared, any rank
             dtype = NP_OF_ONNX.get(tt.elem_type)
             self.expected[name] = (dims, dtype)
             src = self.sources[name]

@@ -205,14 +205,18 @@ def _constant(st, name, dataset):
 
 def _shapes(st, name, dataset):
     """Samples of different shapes: an error where they differ on an axis the model fixes,
-    a note where only its open axes vary (sequence lengths, image sizes), which run one at a
-    time."""
+    a note where only its open axes vary (sequence lengths, image sizes) or the model declares
+    no shape at all, which run one at a time."""
     shapes = list(st.shapes)
     listed = ", ".join(str(list(s)) for s in shapes[:3])
     dims = st.spec.dims
     if dims is not None:  # a sample saved without its batch axis is read with one (data.py)
         shapes = [(1, *s) if len(s) == len(dims) - 1 else s for s in shapes]
     ranks = {len(s) for s in shapes}
+    if dims is None and len(ranks) == 1:  # no shape declared ("any rank"): nothing fixes an axis
+        return Finding("shape", "info", f"samples have different shapes ({listed}); the model declares no shape "
+                       f"for {name!r}, so they run one at a time", "nothing to do; samples of one shape can run "
+                       "stacked, which is faster", name, dataset)
     if dims is not None and ranks == {len(dims)}:
         varying = [k for k in range(len(dims)) if len({s[k] for s in shapes}) > 1]
         if all(dims[k] is None for k in varying):

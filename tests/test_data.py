@@ -496,6 +496,40 @@ def test_a_batch_declared_as_minus_one_is_left_open_as_onnxruntime_reads_it(tmp_
         load_data({"x": [np.zeros((16, 16), np.float32)]}, QuantModel(str(q)))
 
 
+def test_an_input_that_declares_no_shape_takes_samples_of_any_rank(tmp_path):
+    # a value info with a type and no shape field means "any rank" (legal ONNX); it was read as
+    # rank 0 and every sample refused ("the model expects rank 0 ([])")
+    import onnx
+
+    from pytest_ptq.datacheck import check_data
+
+    data = builders.samples(3)
+    f = builders.conv_net(tmp_path / "f.onnx")
+    q = builders.quantize(f, tmp_path / "q.onnx", data)
+    for path in (f, q):
+        model = onnx.load(path)
+        model.graph.input[0].type.tensor_type.ClearField("shape")
+        onnx.save(model, path)
+    node = "c2_QuantizeLinear"
+    from pytest_ptq.engine import Engine
+
+    engine = Engine(str(q), data, float_model=str(f), optimization="disable")
+    got = get_sensitivity_of_nodes(engine, ["mse"], node_type="activation", interested_nodes=[node])
+    feeds = [{"x": a} for a in data["x"]]
+    ref = np.concatenate([o["prob"].ravel() for o in builders.run_model(builders.rewire(q, float_model=f), feeds)])
+    test = np.concatenate([o["prob"].ravel() for o in builders.run_model(builders.rewire(q, keep={node}, float_model=f),
+                                                                           feeds)])
+    want = np.mean((test.astype(np.float64) - ref) ** 2)
+    # the error's RMS moves by at most the float32 summation-order difference (test_sensitivity's DELTA)
+    assert want > 0 and abs(np.sqrt(got[node]["mse"]) - np.sqrt(want)) <= 2e-7
+    # check-data takes any rank too, and samples of several sizes run one at a time, not refused
+    report = check_data(str(q), data, heldout=builders.samples(2, seed=9))
+    assert report.quantized is not None and not [x for x in report.findings if x.severity == "error"]
+    mixed = {"x": data["x"][:2] + builders.samples(1, size=20)["x"]}
+    shape = next(x for x in check_data(str(q), mixed).findings if x.check == "shape")
+    assert shape.severity == "info" and "declares no shape for 'x'" in shape.message
+
+
 def test_a_dimension_declared_zero_is_a_size_as_onnxruntime_reads_it():
     from onnx import TensorProto, helper
 
