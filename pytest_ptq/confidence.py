@@ -95,7 +95,8 @@ def ranking_confidence(sensitivity, k=5, resamples=1000, seed=0, metric=None, st
     unconfirmed = [n for n in sensitivity if n not in left_out and "scored_samples" in sensitivity.details.get(n, {})]
     names = [n for n in sensitivity if n not in left_out and n not in unconfirmed]
     if not names and unconfirmed:
-        raise PTQError(f"no node of the sensitivity result was scored on all its {len(sensitivity.sample_indices)} "
+        # confirmed_samples: every sample screening ranked on, kept where a file lost its sample_indices
+        raise PTQError(f"no node of the sensitivity result was scored on all its {sensitivity.confirmed_samples} "
                        "samples (a screened ranking that confirmed none); rank with confirm above 0 or on every sample")
     if not names:
         raise PTQError(f"no node of the sensitivity result has a figure: quantizing any of them "
@@ -111,6 +112,12 @@ def ranking_confidence(sensitivity, k=5, resamples=1000, seed=0, metric=None, st
         rows.append([np.nan if v is None else float(v) for v in per_sample])
         judged.append([v is not None for v in per_sample])
     lengths = {len(r) for r in rows}
+    if len(lengths) != 1 and not sensitivity.sample_indices:
+        # a screened ranking of a release before sample_indices: unequal lists in each node's own scoring order
+        raise PTQError(f"the sensitivity result is a screened ranking saved before per-sample values were laid by "
+                       f"sample (it has no sample_indices): its nodes' lists hold {min(lengths)} to {max(lengths)} "
+                       "values each in the order each node was scored, so no column is one sample for every node; "
+                       "rank it again with this release")
     if len(lengths) != 1:
         raise PTQError("nodes of the sensitivity result were scored on different numbers of samples; "
                        "recompute it in one run")

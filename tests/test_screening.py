@@ -414,3 +414,34 @@ def test_a_ranking_saved_before_sample_indices_reads_them_back_only_where_they_a
     assert set(conf.nodes) == set(screened.confirmed)
     for name, v in conf.nodes.items():
         assert v["mean"] == pytest.approx(np.mean(expected[name]), abs=1e-5), name
+
+
+def test_a_screened_ranking_whose_samples_are_unknown_is_refused_in_true_words(net, tmp_path):
+    """An earlier release saved a screened ranking without sample_indices, each node's list in
+    the order it was scored, of unequal lengths: refused as 'scored on different numbers of
+    samples; recompute it in one run', which it was. A file of this release with
+    sample_indices deleted that confirmed none was said to have 'all its 0 samples'."""
+    from pytest_ptq.confidence import ranking_confidence
+    from pytest_ptq.errors import PTQError
+
+    def edited(s, name, old_release):
+        d = json.loads(Path(s.save(tmp_path / name)).read_text())
+        assert d.pop("sample_indices")
+        if old_release:  # lists of the samples each node was scored on, in no sample's place
+            for det in d["details"].values():
+                det.pop("scored_samples", None)
+                det["per_sample"] = {m: [v for v in vals if v is not None] for m, vals in det["per_sample"].items()}
+        (tmp_path / name).write_text(json.dumps(d))
+        return d, Sensitivity.load(tmp_path / name)
+
+    d, old = edited(_screen(net, rank_samples=2, confirm=2)[0]["activation"], "old.json", True)
+    lengths = {len(det["per_sample"]["cosine-similarity"]) for det in d["details"].values()}
+    assert len(lengths) > 1  # the case this test is about
+    with pytest.raises(PTQError, match=rf"a screened ranking saved before per-sample values were laid by sample "
+                                       rf"\(it has no sample_indices\): its nodes' lists hold {min(lengths)} to "
+                                       rf"{max(lengths)} values .*rank it again with this release"):
+        ranking_confidence(old, k=1, resamples=50)
+    _, none = edited(_screen(net, rank_samples=2, confirm=0)[0]["activation"], "none.json", False)
+    with pytest.raises(PTQError, match=rf"scored on all its {len(net['feeds'])} samples \(a screened ranking that "
+                                       "confirmed none\\)"):
+        ranking_confidence(none, k=1, resamples=50)
