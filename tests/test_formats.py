@@ -152,6 +152,39 @@ def test_a_mixed_model_is_named_and_runs_as_onnxruntime_runs_it():
         assert np.abs(engine.run(i, "all")["z"] - ref).max() <= 0.03 + 1e-6  # one output step at most
 
 
+def test_the_dynamic_part_of_a_mixed_model_is_offered_no_int16(tmp_path):
+    # quantize_static on the first MatMul, quantize_dynamic on the second: the dynamic
+    # quantizer and the MatMulInteger's weight were offered int16, which the integer op cannot
+    # take and quantize_dynamic cannot produce (a dynamic model offers none)
+    from pytest_ptq.remedy.alternatives import candidates_for
+
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array((rng.standard_normal((16, 16)) * 0.3).astype(np.float32), "w1"),
+             numpy_helper.from_array((rng.standard_normal((16, 8)) * 0.3).astype(np.float32), "w2")]
+    nodes = [helper.make_node("MatMul", ["x", "w1"], ["h"], name="mm1"),
+             helper.make_node("Relu", ["h"], ["r"], name="relu"),
+             helper.make_node("MatMul", ["r", "w2"], ["y"], name="mm2")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, tmp_path / "f.onnx")
+    data = fm.samples_of((1, 16), n=4)
+    builders.quantize(tmp_path / "f.onnx", tmp_path / "s.onnx", data, nodes_to_exclude=["mm2"])
+    path = fm.quantize_dyn(tmp_path / "s.onnx", tmp_path / "mixed.onnx", op_types=["MatMul"], nodes_to_exclude=["mm1"])
+    proto = onnx.load(path)
+    stored = {i.name for i in proto.graph.initializer}
+    # what the integer ops read, from the file: the dynamic quantizer's input and the stored weights
+    dynamic = {n.input[0] for n in proto.graph.node if n.op_type == "DynamicQuantizeLinear"} | {
+        i for n in proto.graph.node if n.op_type in ("MatMulInteger", "ConvInteger") for i in n.input[:2] if i in stored}
+    engine = Engine(str(path), data)
+    qm = engine.qmodel
+    assert qm.format_label == "mixed (QDQ + dynamic)" and len(dynamic) == 2
+    assert {c.input for c in qm.calibration.values() if qm.wider_type(c) is None} == dynamic
+    offered = set(candidates_for(engine, "int16")[0])
+    assert offered and not {qm.calibration[n].input for n in offered} & dynamic
+
+
 def test_what_cannot_be_rewritten_is_one_sentence_naming_op_and_format():
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8])
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])

@@ -1484,8 +1484,13 @@ class QuantModel:
     def wider_type(self, c):
         """The integer type calibration node ``c`` can be widened to ("int16"), or None: it
         holds 16 bits already, sits on a float grid (fp8, whose wider form is float16), or the
-        model is dynamic (ConvInteger/MatMulInteger take 8-bit operands only)."""
-        if c.bit >= 16 or c.grid.is_float or self.format == "dynamic":
+        model is dynamic, or ``c`` is the dynamic part of a mixed one: a dynamic quantizer or a
+        weight beside one (ConvInteger/MatMulInteger take 8-bit operands only, and
+        quantize_dynamic has no 16-bit activation type)."""
+        if c.bit >= 16 or c.grid.is_float or self.format == "dynamic" or c.dynamic:
+            return None
+        beside = (q for n in c.consumers if n in self.normal for q in self.normal[n].calibration_inputs)
+        if c.kind == "weight" and any(self.calibration[q].dynamic for q in beside):
             return None
         return "int16"
 
