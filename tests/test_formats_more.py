@@ -56,19 +56,26 @@ def test_int4_codes_a_gather_moves_are_refused_as_onnxruntime_refuses_the_file(t
     assert "table_DQ" in Engine(str(ok), samples).qmodel.calibration
 
 
-def _reversed_activation(path):
+def _reversed_activation(path, moved=False):
     """Relu(a [8, 4]) -> Transpose without perm -> QuantizeLinear / DequantizeLinear per channel
     (axis 1, 8 scales) -> MatMul M [8, 3], in the file's own layout (nothing between Q and
-    DQ). Returns the float computation of a feed."""
+    DQ); with ``moved``, a per-tensor pair on its output whose codes a Reshape lays out between
+    Q and DQ. Returns the float computation of a feed."""
     rng = np.random.default_rng(0)
     m = (rng.standard_normal((8, 3)) * 0.5).astype(np.float32)
     s = np.linspace(0.01, 0.05, 8, dtype=np.float32)
     nodes = [helper.make_node("Relu", ["a"], ["r"], name="relu"), helper.make_node("Transpose", ["r"], ["t"], name="T"),
              helper.make_node("QuantizeLinear", ["t", "s", "z"], ["q"], name="Q", axis=1),
              helper.make_node("DequantizeLinear", ["q", "s", "z"], ["d"], name="DQ", axis=1),
-             helper.make_node("MatMul", ["d", "M"], ["y"], name="mm")]
+             helper.make_node("MatMul", ["d", "M"], ["y0" if moved else "y"], name="mm")]
     inits = [numpy_helper.from_array(s, "s"), numpy_helper.from_array(np.zeros(8, np.int8), "z"),
              numpy_helper.from_array(m, "M")]
+    if moved:
+        nodes += [helper.make_node("QuantizeLinear", ["y0", "s2", "z2"], ["q2"], name="Q2"),
+                  helper.make_node("Reshape", ["q2", "shape"], ["q2r"], name="R"),
+                  helper.make_node("DequantizeLinear", ["q2r", "s2", "z2"], ["y"], name="DQ2")]
+        inits += [numpy_helper.from_array(np.float32(0.05), "s2"), numpy_helper.from_array(np.int8(0), "z2"),
+                  numpy_helper.from_array(np.array([12], np.int64), "shape")]
     graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("a", TensorProto.FLOAT, [8, 4])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8), str(path))
@@ -94,6 +101,39 @@ def test_a_transpose_without_perm_beside_a_per_channel_pair_gets_its_perm_where_
         np.testing.assert_allclose(engine.run(i, "all")["y"], given, rtol=0, atol=1e-6)
         np.testing.assert_allclose(engine.run(i, ())["y"], floats(a), rtol=0, atol=1e-5)
         assert np.abs(given - floats(a)).max() > 1e-3
+
+
+def test_the_file_as_given_of_a_moved_pair_gets_the_perms_too(tmp_path):
+    """A file whose pair the tool moves is run as given (QuantModel.as_given: the simulation
+    warnings, stages, kernels) beside the tool's copy; it kept its Transpose without perm, and
+    onnxruntime 1.28 aborted the process building that session (rc 134 in a subprocess, in
+    simulation_warnings). The copy it hands out gets the reversed dims written; the file stays
+    as it is, and the session runs as the file does."""
+    from pytest_ptq.engine.runtime import make_session
+
+    path = tmp_path / "t.onnx"
+    _reversed_activation(path, moved=True)
+    before = path.read_bytes()
+    inferred = onnx.shape_inference.infer_shapes(onnx.load(str(path))).graph
+    rank = next(len(v.type.tensor_type.shape.dim) for v in inferred.value_info if v.name == "r")
+    feeds = [np.random.default_rng(k).standard_normal((8, 4)).astype(np.float32) for k in range(3)]
+    engine = Engine(str(path), {"a": feeds})
+    given = engine.qmodel.as_given()
+    assert [n.op_type for n in given.graph.node if n.op_type == "Reshape"]  # the file's layout, not the copy's
+    [t] = [n for n in given.graph.node if n.op_type == "Transpose"]
+    assert [list(a.ints) for a in t.attribute if a.name == "perm"] == [list(range(rank))[::-1]]
+    assert path.read_bytes() == before
+    # the session the simulation warnings build, against a plain one of the file with the perm
+    # its Transpose means written here (onnxruntime 1.28 aborts loading the file itself so)
+    import onnxruntime as ort
+
+    session = make_session(given, "all", ["CPUExecutionProvider"], fake_quant=False, disabled_optimizers=())
+    meant = onnx.load(str(path))
+    [t] = [n for n in meant.graph.node if n.op_type == "Transpose"]
+    t.attribute.append(helper.make_attribute("perm", list(range(rank))[::-1]))
+    plain = ort.InferenceSession(meant.SerializeToString(), providers=["CPUExecutionProvider"])
+    for a in feeds:
+        np.testing.assert_array_equal(session.run(["y"], {"a": a})[0], plain.run(["y"], {"a": a})[0])
 
 
 def _qoperator_and_weight_only(tmp_path):

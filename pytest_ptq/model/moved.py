@@ -48,7 +48,7 @@ def hoist(graph, source, is_q, is_dq, dims=lambda tensor: None):
     without perm needs, and every Transpose without perm gets its perm written where that
     rank is known. Returns a :class:`Moved`."""
     order = list(graph.node)  # one wrapper per node: the indices below are by identity
-    _write_perms(order, dims)
+    write_perms(order, dims)
     outputs = {o.name for o in graph.output}
     readers = defaultdict(list)
     for n in order:
@@ -123,7 +123,7 @@ def hoist(graph, source, is_q, is_dq, dims=lambda tensor: None):
                  left=left, names=renamed)
 
 
-def _write_perms(nodes, dims):
+def write_perms(nodes, dims):
     """Give each Transpose of ``nodes`` without perm its reversed dims, where ``dims`` knows the
     rank of its input or output: onnxruntime 1.28 aborts the whole process (no exception)
     loading a graph where such a Transpose meets a per-channel Q or DQ of known rank, the

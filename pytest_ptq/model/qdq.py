@@ -786,36 +786,38 @@ class QuantModel:
                 "branch inputs fixed, or the loop unrolled) and quantize that")
 
     # -- parsing -------------------------------------------------------------------------
-    def _dims_as_loaded(self):
-        """``dims(tensor)``: its dims as the graph declares or onnx infers them (None each where
-        open, None where unknown), inferred once on the first call: a Transpose without perm
-        between a Q and its DQ needs its tensor's rank, which most graphs never ask."""
+    def _dims_as_loaded(self, model=None):
+        """``dims(tensor)``: its dims as the graph of ``model`` (default the tool's copy) declares
+        or onnx infers them (None each where open, None where unknown), inferred once on the
+        first call: a Transpose without perm needs its tensor's rank, which most graphs never ask."""
+        model = self.model if model is None else model
         shapes = None
 
         def dims(tensor):
             nonlocal shapes
             if shapes is None:
-                shapes = {v.name: declared_dims(v) for v in self._inferred_values()
+                shapes = {v.name: declared_dims(v) for v in self._inferred_values(model)
                           if v.type.HasField("tensor_type") and v.type.tensor_type.HasField("shape")}
-                shapes.update({i.name: list(i.dims) for i in self.model.graph.initializer})
+                shapes.update({i.name: list(i.dims) for i in model.graph.initializer})
             return shapes.get(tensor)
         return dims
 
-    def _inferred_values(self):
+    def _inferred_values(self, model=None):
         """The graph's value infos, inputs and outputs after onnx's shape inference (those it
-        declares where inference fails)."""
+        declares where inference fails), of ``model`` (default the tool's copy)."""
+        model = self.model if model is None else model
         # onnx infers no op of onnxruntime's domain, so 16-bit Q/DQ there (quantize_static's and
         # Quark's below opset 21) left every tensor after them untyped: one segment, and no
         # node output to probe. They are the standard ops, so they are inferred as those.
-        contrib = [n for n in self.model.graph.node
+        contrib = [n for n in model.graph.node
                    if n.domain == "com.microsoft" and n.op_type in ("QuantizeLinear", "DequantizeLinear")]
         for n in contrib:
             n.domain = ""
         try:
-            inferred = onnx.shape_inference.infer_shapes(self.model, strict_mode=False)
+            inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
             values = list(inferred.graph.value_info) + list(inferred.graph.output) + list(inferred.graph.input)
         except Exception:  # inference is a help for typing outputs, never a requirement
-            values = list(self.model.graph.value_info) + list(self.model.graph.output) + list(self.model.graph.input)
+            values = list(model.graph.value_info) + list(model.graph.output) + list(model.graph.input)
         finally:
             for n in contrib:
                 n.domain = "com.microsoft"
@@ -1406,11 +1408,15 @@ class QuantModel:
         other QDQ model is :attr:`model` itself, not read again: the tool's other changes to it
         (a sorted graph, unique node names) change no kernel onnxruntime picks. Its nodes get
         unique names here too: onnxruntime refuses a file whose nodes share one, which the tool's
-        own copy runs with."""
+        own copy runs with; and each Transpose without perm of known rank its reversed dims, as
+        in the tool's copy (see :mod:`.moved`)."""
         if self._given is None:
             return self.model
         model = load_model(self._given)[0]  # a copy: the caller's proto stays as it is
         name_nodes(model.graph)
+        # onnxruntime 1.28 aborts the process loading a Transpose without perm of known rank beside
+        # a per-channel Q or DQ; its reversed dims, written, are what it runs (as in the tool's copy)
+        moved.write_perms(model.graph.node, self._dims_as_loaded(model))
         return model
 
     def aligned_with(self, float_model):
