@@ -241,17 +241,19 @@ def test_a_per_channel_weight_fed_at_run_time_is_dequantized_along_its_output_ch
     np.testing.assert_allclose(builders.run_model(rewritten, feeds)["y0"], given, rtol=0, atol=1e-6)
 
 
-def test_per_channel_codes_two_readers_dequantize_with_other_scales_are_refused_not_requantized_per_tensor(tmp_path):
+def test_per_channel_codes_two_readers_dequantize_with_other_scales_are_requantized_along_their_axis(tmp_path):
     """int8 W -> Identity -> two QLinearConvs of different per-channel scales: the rewrite
     dequantized W with one reader's scales and quantized it again for the other with no axis
     (QuantizeLinear's default 1: the input channels), 34 and 12.5 off onnxruntime running the
-    file, silently. The axis it would need is not known there: one sentence naming the
-    Identity and what to do."""
+    file, silently; then it refused the file, the axis not known there. The moved codes now
+    carry their readers' axis (the output channels): requantized along it, each reader reads
+    its own scales, and the rewrite equals the file."""
+    from pytest_ptq.model.formats import to_qdq
+
     path = tmp_path / "two.onnx"
     feeds = _qlinear_convs(path, False, [np.linspace(0.01, 0.08, 4), np.linspace(0.03, 0.005, 4)])
-    builders.run_model(path, feeds, level="all")  # onnxruntime runs the file
-    with pytest.raises(PTQError) as info:
-        QuantModel(str(path))
-    said = str(info.value)
-    assert "\n" not in said and "its Identity node 'id' moves the per-channel codes 'w', which its readers " \
-        "dequantize with different scales" in said and "give every reader of those codes the same scales" in said
+    given = builders.run_model(path, feeds, level="all")  # onnxruntime runs the file
+    rewritten = to_qdq(onnx.load(str(path)), "two").model
+    got = builders.run_model(rewritten, feeds)
+    for out in ("y0", "y1"):
+        np.testing.assert_allclose(got[out], given[out], rtol=0, atol=1e-6)

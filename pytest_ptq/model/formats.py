@@ -134,6 +134,25 @@ SHAPE_ONLY = {"Shape", "Size"}  # read only the shape of a quantized tensor, whi
 _CODES = (TensorProto.INT8, TensorProto.UINT8, TensorProto.INT16, TensorProto.UINT16, TensorProto.INT4,
           TensorProto.UINT4)
 
+# The integer reader's input (by position) whose several scales run along an axis other than 0,
+# as onnxruntime's kernels read them: a ConvTranspose weight's output channels (axis 1), a MatMul
+# B's columns (its last axis; a QGemm's B without transB is [K, N]); others read along axis 0
+_CHANNEL_AXIS = {"QLinearConvTranspose": (3, 1), "QLinearMatMul": (3, -1), "QGemm": (3, 1),
+                 "MatMulInteger": (1, -1), "MatMulIntegerToFloat": (1, -1), "DynamicQuantizeMatMul": (1, -1),
+                 "QAttention": (1, -1)}
+
+
+def _channel_axis(node, position):
+    """The axis (negative: from the last) along which integer op ``node`` reads several scales
+    of its input at ``position``."""
+    at, axis = _CHANNEL_AXIS.get(node.op_type, (None, 0))
+    if position != at:
+        return 0
+    if node.op_type == "QGemm" and attribute(node, "transB", 0):
+        return 0  # B stored [N, K]
+    return axis
+
+
 _FUSED = ("FusedConv", "FusedGemm", "FusedMatMul")  # com.microsoft fusions split back into their ops
 
 _ACTIVATIONS = {"Relu", "Tanh", "Sigmoid", "LeakyRelu", "HardSigmoid", "Clip", "Elu", "Selu", "Softplus",
@@ -271,16 +290,17 @@ def _laid_out_codes(tensor, producer, inits):
     return node.input[0] in inits or _laid_out_codes(node.input[0], producer, inits)
 
 
-def _axis_before(node, axis, dims):
+def _axis_before(node, axis, dims, reader):
     """Channel axis ``axis`` of moving ``node``'s output as its input lays it out (None stays
     None, a sentence stays as it is); ``dims``: a tensor's dims (None each where open, None
-    where unknown). The channels stay on one axis through an Identity, a Transpose with its
-    perm, a Gather along another axis, and a Reshape, Squeeze, Unsqueeze or Flatten that
-    keeps the channel axis a dimension of its own; elsewhere the answer is a sentence saying
-    why the channels cannot be followed back onto the constant."""
+    where unknown); ``reader``: the op type that reads the channels downstream. The channels
+    stay on one axis through an Identity, a Transpose with its perm, a Gather along another
+    axis, and a Reshape, Squeeze, Unsqueeze or Flatten that keeps the channel axis a dimension
+    of its own; elsewhere the answer is a sentence saying why the channels cannot be followed
+    back onto the constant."""
     if axis is None or isinstance(axis, str) or node.op_type == "Identity":
         return axis
-    what = f"a per-channel DequantizeLinear reads it after a {node.op_type} {node.name!r}"
+    what = f"a per-channel {reader} reads it after a {node.op_type} {node.name!r}"
     out, data = dims(node.output[0]), dims(node.input[0])
     if node.op_type == "Transpose":
         perm = attribute(node, "perm")
@@ -311,9 +331,9 @@ def _axis_before(node, axis, dims):
     return f"{what}, whose channels the tool does not follow back onto the constant"
 
 
-# what to do where a per-channel DequantizeLinear's channels cannot be followed back onto its codes
+# what to do where a per-channel reader's channels cannot be followed back onto its codes
 _AXIS_FIX = ("dequantize the stored codes along their own channel axis before that node in the export (a "
-             "DequantizeLinear of the initializer), or store them as the DequantizeLinear reads them")
+             "DequantizeLinear of the initializer), or store them as their per-channel reader reads them")
 
 
 def to_qdq(model, source="the model", arrays=None):
@@ -567,16 +587,22 @@ class _Rewriter:
         """``{integer initializer: (scale, zero point, axis)}`` for integer constants that ops
         moving quantized values read (an embedding table before Gather, a weight's codes before
         a Transpose): their parameters are those the first quantized reader downstream gives.
-        ``axis``: a per-channel DequantizeLinear's, as the constant lays it out (followed back
-        through Transposes), else None; a sentence where it cannot be followed. ``nodes``: those
-        to read, in topological order (default: all)."""
-        hints = {}
+        ``axis``: the axis a per-channel reader (a DequantizeLinear, a QLinear op) scales, as the
+        constant lays it out (followed back through Transposes), else None; a sentence where it
+        cannot be followed. ``nodes``: those to read, in topological order (default: all)."""
+        hints, readers = {}, {}  # readers: tensor -> (the reader its hint is from, whether through moves)
+
+        def give(t, hint, reader, moved):
+            if t not in hints:
+                hints[t], readers[t] = hint, (reader, moved)
+
         for n in reversed(self.original if nodes is None else nodes):
             if n.op_type.endswith("DequantizeLinear"):
-                hints.setdefault(n.input[0], (n.input[1], n.input[2] if len(n.input) > 2 else "", self._dq_axis(n)))
+                give(n.input[0], (n.input[1], n.input[2] if len(n.input) > 2 else "", self._dq_axis(n)), n, False)
             elif n.op_type in QLINEAR:
-                for t, s, z in self._quantized_inputs(n):
-                    hints.setdefault(t, (s, z, None))
+                for t, s, z, k in self._quantized_inputs(n):
+                    scale = self.constant(s) if s else None
+                    give(t, (s, z, _channel_axis(n, k) if np.size(scale) > 1 else None), n, False)
             elif n.op_type in INTEGER and len(n.input) > 2 and n.input[2]:
                 # an integer table read straight into ConvInteger/MatMulInteger (quantize_dynamic's
                 # embedding before a MatMul): its zero point is the op's, its scale the scalar
@@ -584,12 +610,13 @@ class _Rewriter:
                 scaled = self._scaled(n)
                 scale = self._table_scale(scaled[2]) if scaled is not None else None
                 if scale is not None:
-                    hints.setdefault(n.input[0], (scale, n.input[2], None))
+                    give(n.input[0], (scale, n.input[2], None), n, False)
             elif n.op_type in MOVING and n.input and n.output[0] in hints:
                 # through a chain of them (quantize_dynamic's table read by Gather, then a
                 # Transpose, then the DequantizeLinear)
                 s, z, axis = hints[n.output[0]]
-                hints.setdefault(n.input[0], (s, z, _axis_before(n, axis, self._dims)))
+                reader = readers[n.output[0]][0]
+                give(n.input[0], (s, z, _axis_before(n, axis, self._dims, reader.op_type)), reader, True)
         return hints
 
     def _dq_axis(self, node):
@@ -620,12 +647,13 @@ class _Rewriter:
         return next((t for t, size in zip(node.input, sizes) if size == 1), None)
 
     def _quantized_inputs(self, n):
+        """``[(tensor, scale, zero point, the tensor's input position)]`` of QLinear node ``n``."""
         spec = QLINEAR[n.op_type][0]
         if spec is None:  # QLinearConcat
             spec = [(k, k + 1, k + 2) for k in range(2, len(n.input), 3)]
         ins = list(n.input)
         get = lambda k: ins[k] if k < len(ins) else ""  # noqa: E731
-        return [(get(t), get(s), get(z)) for t, s, z in spec if get(t)]
+        return [(get(t), get(s), get(z), t) for t, s, z in spec if get(t)]
 
     # -- emitting ------------------------------------------------------------------------
     def emit(self, op, inputs, outputs, name, domain="", **attrs):
@@ -659,35 +687,35 @@ class _Rewriter:
                 return tensor[: -len(suffix)]
         return tensor
 
-    def float_of(self, node, tensor, scale, zero_point, axis_for=None):
+    def float_of(self, node, tensor, scale, zero_point, axis=0):
         """The float value of quantized input ``tensor`` read with ``scale``/``zero_point``:
-        a lone DQ of an integer constant (per channel along ``axis_for(rank)``), the float of
-        a tensor an op moved, or a DQ of the integer tensor."""
+        a lone DQ of an integer constant (per channel along ``axis``), the float of a tensor an
+        op moved, or a DQ of the integer tensor."""
         if tensor in self.inits or tensor in self.constants:
-            return self.dq(tensor, scale, zero_point, self._axis(node, tensor, scale, axis_for))
+            return self.dq(tensor, scale, zero_point, self._axis(node, tensor, scale, axis))
         info = self.quantized.get(tensor)
         if info is None:
             if tensor in self.producer or tensor in self.inputs:
                 # an integer graph input, say: per channel along the op's axis too (without
                 # one, DequantizeLinear's default axis 1 is the input channels of a Conv weight)
-                return self.dq(tensor, scale, zero_point, self._axis(node, tensor, scale, axis_for))
+                return self.dq(tensor, scale, zero_point, self._axis(node, tensor, scale, axis))
             self.fail(node, f"reads {tensor!r}, which nothing produces")
         if not info.real:
             if self.same_params(info.scale, scale) and self.same_params(info.zero_point, zero_point):
                 return info.float
             self.materialize(tensor)
-        return self.dq(tensor, scale, zero_point, self._axis(node, tensor, scale, axis_for))
+        return self.dq(tensor, scale, zero_point, self._axis(node, tensor, scale, axis))
 
-    def _axis(self, node, tensor, scale, axis_for):
+    def _axis(self, node, tensor, scale, axis):
         """The axis quantized input ``tensor`` of ``node`` is read along with constant ``scale``:
-        None for one scale (or a computed one), ``axis_for(rank)`` (default 0) for several; the
-        rank of a computed tensor from its types or shape inference, refused where unknown."""
+        None for one scale (or a computed one), ``axis`` counted from 0 for several; the rank of
+        a computed tensor from its types or shape inference, refused where unknown."""
         s = self.constant(scale)
         if s is None or np.size(s) < 2:
             return None
         value = self.constant(tensor)
         rank = value.ndim if value is not None else self._rank(tensor, node)
-        return axis_for(rank) if axis_for else 0
+        return axis % rank
 
     def materialize(self, tensor):
         """Make the integer tensor exist: quantize the float value an op moved."""
@@ -784,21 +812,11 @@ class _Rewriter:
         ins = list(node.input)
         attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
         channels_last = bool(attrs.pop("channels_last", 0))
-        trans_b = attrs.get("transB", 0)
-
-        def weight_axis(rank):
-            if op == "QLinearConvTranspose":
-                return 1
-            if op == "QGemm":
-                return 0 if trans_b else 1
-            if op == "QLinearMatMul":
-                return rank - 1
-            return 0
 
         floats = []
         quantized = self._quantized_inputs(node)
-        for k, (t, s, z) in enumerate(quantized):
-            floats.append(self.float_of(node, t, s, z, weight_axis if k == 1 else None))
+        for t, s, z, k in quantized:
+            floats.append(self.float_of(node, t, s, z, _channel_axis(node, k)))
         inputs = floats
         if op in ("QLinearConv", "QLinearConvTranspose") and len(ins) > 8 and ins[8]:
             inputs = floats + [self.bias(node, ins[8], [ins[1], ins[4]])]
@@ -873,8 +891,7 @@ class _Rewriter:
         if b_scale is None:
             self.fail(node, f"is scaled by {product!r}, which is not the product of its inputs' scales")
         fa = self.float_of(node, a, a_info.scale, a_zp)
-        rank_axis = (lambda rank: 0) if op == "ConvInteger" else (lambda rank: rank - 1)
-        fb = self.float_of(node, b, b_scale, b_zp, rank_axis)
+        fb = self.float_of(node, b, b_scale, b_zp, _channel_axis(node, 1))
         self.skip.update((_key(cast), _key(mul)))
         self.touched.add(product)
         inputs, value = [fa, fb], mul.output[0]
@@ -1006,7 +1023,7 @@ class _Rewriter:
         else:  # MatMulIntegerToFloat: A, B, a_scale, b_scale, a_zp, b_zp, bias
             aq, b, a_s, b_s, a_zp, b_zp, bias = ins[:7]
         fa = self.float_of(node, aq, a_s, a_zp)
-        fb = self.float_of(node, b, b_s, b_zp, lambda rank: rank - 1)
+        fb = self.float_of(node, b, b_s, b_zp, _channel_axis(node, 1))
         self.matmul(fa, fb, node.output[0], self.op_name(node), bias)
 
     def matmul(self, a, b, out, name, bias=""):
@@ -1106,7 +1123,7 @@ class _Rewriter:
         # input, weight, bias, input_scale, weight_scale, mask_index, input_zp, weight_zp, past
         ins = list(node.input) + [""] * 9
         fa = self.float_of(node, ins[0], ins[3], ins[6])
-        fw = self.float_of(node, ins[1], ins[4], ins[7], lambda rank: rank - 1)
+        fw = self.float_of(node, ins[1], ins[4], ins[7], _channel_axis(node, 1))
         attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
         inputs = [fa, fw, ins[2], ins[5], ins[8]]
         while inputs and not inputs[-1]:
@@ -1242,9 +1259,9 @@ class _Rewriter:
                 s, z, axis = self.hints[t]
                 if isinstance(axis, str):
                     self.fail(node, f"moves integer constant {t!r}, and {axis}", _AXIS_FIX)
-                # the DequantizeLinear after it scales the channels along its own axis: the
-                # codes' axis holding them (a Transpose moves it)
-                ins[k] = self.float_of(node, t, s, z, None if axis is None else (lambda rank, a=axis: a % rank))
+                # the reader after it (a DequantizeLinear, a QLinear op) scales the channels
+                # along its own axis: the codes' axis holding them (a Transpose moves it)
+                ins[k] = self.float_of(node, t, s, z, axis or 0)
                 params = params or (s, z, self.hints.get(node.output[0], (None, None, None))[2])
                 continue
             if info is None:
