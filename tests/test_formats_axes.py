@@ -115,6 +115,46 @@ def test_moved_per_channel_codes_are_dequantized_along_their_readers_axis(reader
         np.testing.assert_allclose(engine.run(i, ()).get("y"), ref, rtol=0, atol=1e-5)  # bypassed: its float weight
 
 
+def _shared_net(moved):
+    """One int8 [8, 8] constant read per channel by a QLinearMatMul (along its columns, axis 1)
+    and a QGemm with transB (along axis 0), with the same scales; ``moved``: each reads it
+    through an Identity of its own (its own scale initializer, of equal values)."""
+    rng = np.random.default_rng(0)
+    codes = rng.integers(-63, 64, (8, 8)).astype(np.int8)
+    scales = np.linspace(0.001, 0.01, 8).astype(np.float32)
+    inits = [_c(0.02, "xs"), _c(128, "xz", np.uint8), _c(0.05, "ys"), _c(128, "yz", np.uint8),
+             _c(codes, "codes", np.int8), _c(scales, "bs"), _c(np.zeros(8), "bz", np.int8), _c(scales, "bs2")]
+    nodes = [helper.make_node("QuantizeLinear", ["x", "xs", "xz"], ["xq"], name="x_Q")]
+    b1, b2, s2 = "codes", "codes", "bs"
+    if moved:
+        nodes += [helper.make_node("Identity", ["codes"], ["b1"], name="move1"),
+                  helper.make_node("Identity", ["codes"], ["b2"], name="move2")]
+        b1, b2, s2 = "b1", "b2", "bs2"
+    nodes += [helper.make_node("QLinearMatMul", ["xq", "xs", "xz", b1, "bs", "bz", "ys", "yz"], ["q1"], name="mm"),
+              helper.make_node("QGemm", ["xq", "xs", "xz", b2, s2, "bz", "", "ys", "yz"], ["q2"], name="gemm",
+                               domain="com.microsoft", transB=1),
+              helper.make_node("QLinearAdd", ["q1", "ys", "yz", "q2", "ys", "yz", "ys", "yz"], ["yq"], name="add",
+                               domain="com.microsoft"),
+              helper.make_node("DequantizeLinear", ["yq", "ys", "yz"], ["y"], name="y_DQ")]
+    samples = {"x": [rng.standard_normal((3, 8)).astype(np.float32)]}
+    return _model(nodes, inits, [3, 8], [3, 8]), samples
+
+
+@pytest.mark.parametrize("moved", [False, True], ids=["read directly", "each through an Identity"])
+def test_a_constant_two_readers_scale_along_different_axes_is_refused_in_a_sentence(moved):
+    """Both readers got one float value of the codes, dequantized along the first reader's
+    axis: the QGemm silently read each row on a column's scale (the quantized run 1.3 off the
+    file, which onnxruntime runs)."""
+    model, samples = _shared_net(moved)
+    run_model(model, {"x": samples["x"][0]})  # onnxruntime runs the file
+    with pytest.raises(PTQError) as info:
+        Engine(model, samples)
+    said = str(info.value)
+    assert "\n" not in said
+    assert "'codes'" in said and "'mm'" in said and "'gemm'" in said
+    assert "along axis 0" in said and "along axis 1" in said
+
+
 def test_moved_codes_whose_columns_a_reshape_merges_are_refused_naming_their_reader():
     """Codes stored flat [48] -> Reshape [6, 8] -> QLinearMatMul with a scale per column: no axis
     of the stored codes holds the columns. The refusal named a DequantizeLinear of the rewrite's

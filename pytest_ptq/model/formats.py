@@ -589,11 +589,14 @@ class _Rewriter:
         a Transpose): their parameters are those the first quantized reader downstream gives.
         ``axis``: the axis a per-channel reader (a DequantizeLinear, a QLinear op) scales, as the
         constant lays it out (followed back through Transposes), else None; a sentence where it
-        cannot be followed. ``nodes``: those to read, in topological order (default: all)."""
+        cannot be followed. ``nodes``: those to read, in topological order (default: all). Two
+        readers that want one float value of the codes along different axes are refused."""
         hints, readers = {}, {}  # readers: tensor -> (the reader its hint is from, whether through moves)
 
         def give(t, hint, reader, moved):
-            if t not in hints:
+            if t in hints:
+                self._one_axis(t, (hints[t], *readers[t]), (hint, reader, moved))
+            else:
                 hints[t], readers[t] = hint, (reader, moved)
 
         for n in reversed(self.original if nodes is None else nodes):
@@ -618,6 +621,34 @@ class _Rewriter:
                 reader = readers[n.output[0]][0]
                 give(n.input[0], (s, z, _axis_before(n, axis, self._dims, reader.op_type)), reader, True)
         return hints
+
+    def _one_axis(self, tensor, first, second):
+        """Refuse ``tensor`` where two of its quantized readers, each ``(hint, reader node,
+        whether through moves)``, read its codes per channel with the same scales along
+        different axes: the rewrite makes one float value of the codes for both (one
+        DequantizeLinear, the same scale tensors read directly; one before the moves, values)."""
+        (s1, z1, a1), r1, moved1 = first
+        (s2, z2, a2), r2, moved2 = second
+        if not isinstance(a1, int) or not isinstance(a2, int):
+            return
+        dims = self._dims(tensor)
+        if dims is not None:
+            a1, a2 = a1 % len(dims), a2 % len(dims)
+        elif (a1 < 0) != (a2 < 0):
+            return  # the same axis, maybe
+        if a1 == a2 or not (self.same_params(s1, s2) and self.same_params(z1, z2)):
+            return
+        if not (moved1 or moved2) and (s1, z1) != (s2, z2):
+            return  # each its own DequantizeLinear
+        root = tensor
+        while root in self.producer and self.producer[root].op_type in MOVING:
+            root = self.producer[root].input[0]
+        if not self.integer_constant(root):
+            return
+        where = f" (axes of {tensor!r}, which it moves into)" if root != tensor else ""
+        self.fail(r2, f"reads integer constant {root!r} per channel along axis {a2}, and its {r1.op_type} node "
+                  f"{r1.name or '(unnamed)'!r} along axis {a1}{where}, with the same scales, where the rewrite makes "
+                  "one float value of those codes", "store the codes once for each reader, laid out as it reads them")
 
     def _dq_axis(self, node):
         """The channel axis of DequantizeLinear ``node`` with more than one scale, else None;
