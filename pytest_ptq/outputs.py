@@ -18,6 +18,7 @@ import warnings
 
 import numpy as np
 
+from . import params
 from .errors import PTQError, PTQWarning, shown, unknown, user_level
 from .model.qdq import attribute
 
@@ -65,6 +66,52 @@ class OutputSpec:
                            f"{list(np.shape(array))} here; slice within that shape")
         return part
 
+    def view(self, qmodel):
+        """``(tensor, index)`` with the index written one way: slices as ``(start, stop, step)``
+        with the defaults filled in (the axis' extent where ``qmodel`` declares it), negative
+        integers counted from that end, and the trailing whole axes and ``...`` left off, so
+        that two spellings of the same values (``out[0:2]`` and ``out[:2]``, ``out`` and
+        ``out[:]``) compare equal."""
+        shape = qmodel.shapes.get(self.tensor) or None
+        index = list(self.index)
+        if Ellipsis in index and shape is not None and len(index) - 1 <= len(shape):
+            k = index.index(Ellipsis)
+            index[k:k + 1] = [slice(None)] * (len(shape) - len(index) + 1)
+        parts, axis = [], 0
+        for part in index:
+            dim = shape[axis] if shape is not None and axis < len(shape) and Ellipsis not in parts else None
+            dim = dim if isinstance(dim, int) and dim > 0 else None
+            if part is Ellipsis:
+                parts.append(part)
+                continue
+            if isinstance(part, slice):
+                if dim is not None:
+                    part = part.indices(dim)
+                else:
+                    step = 1 if part.step is None else part.step
+                    part = (0 if part.start is None and step > 0 else part.start, part.stop, step)
+                whole = part == ((0, dim, 1) if dim is not None else (0, None, 1))
+                parts.append(None if whole else part)
+            else:
+                parts.append(part % dim if dim is not None and part < 0 else part)
+            axis += 1
+        while parts and (parts[-1] is None or parts[-1] is Ellipsis):
+            parts.pop()
+        return self.tensor, tuple(parts)
+
+
+def distinct(specs, qmodel):
+    """``specs`` less those selecting the same values as an earlier one (``out[0:2]`` after
+    ``out[:2]``, ``out[:]`` after ``out``; :meth:`OutputSpec.view`): each output is compared
+    once, under its first name."""
+    seen, out = set(), []
+    for s in specs:
+        view = s.view(qmodel)
+        if view not in seen:
+            seen.add(view)
+            out.append(s)
+    return out
+
 
 def _parse_index(text, spec):
     parts = []
@@ -89,6 +136,20 @@ def _parse_index(text, spec):
             raise PTQError(f"output slice {spec!r} has a step of 0 in {part!r}; a step is a nonzero integer")
         parts.append(value)
     return tuple(parts)
+
+
+def is_named(name, qmodel):
+    """Whether ``qmodel`` has a tensor or normal node named exactly ``name``, which
+    :func:`parse_output` reads as that tensor before any slice syntax."""
+    return name in qmodel.producer or name in qmodel.input_names or name in qmodel.normal
+
+
+def key_of(name):
+    """The key that names the output ``name`` (a tensor, or a default part) in a per-output
+    mapping (a contract's ``outputs``, ``--target-cosine OUTPUT=VALUE``): the name itself, but
+    ``default=default`` for a tensor named ``default``, as the bare key is the outputs not
+    named (:func:`~pytest_ptq.params.thresholds`)."""
+    return "default=default" if name == "default" else name
 
 
 def parse_output(spec, qmodel):
@@ -147,7 +208,7 @@ def parse_outputs(output_node, model):
     """OutputSpecs for ``output_node`` (None = every float model output, or every output
     where none is float; a name; or a list). ``model``: a QuantModel, or an Engine with data,
     whose float values split a concatenated default output into its parts (see
-    :func:`parts`)."""
+    :func:`parts`). Two spellings of one output are one, under the first (:func:`distinct`)."""
     qmodel = getattr(model, "qmodel", model)
     if output_node is None:
         # a bool mask or integer ids passed through carry no quantization error a metric
@@ -165,17 +226,66 @@ def parse_outputs(output_node, model):
         else:
             raise PTQError(f"output_node must be an output name, a slice such as 'out[:, 0:4]' or a list of them, "
                            f"got {shown(output_node)}")
-        specs = [parse_output(o, qmodel) for o in items]
-        for tensor in dict.fromkeys(s.tensor for s in specs if not qmodel.is_float_tensor(s.tensor)):
-            warnings.warn(PTQOutputWarning(
-                f"output {tensor!r} holds {_type_name(qmodel, tensor)} values (ids or a mask?): an output metric of "
-                "them depends on how the ids are numbered (id 0 weighs nothing in a cosine); name the float tensor "
-                "they come from (the scores before an ArgMax), or count matching ids in an accuracy evaluate "
-                "function"), stacklevel=user_level())
+        specs = distinct(_parse_each(items, qmodel), qmodel)
+    return _named_once(specs)
+
+
+def _parse_each(items, qmodel):
+    specs = [parse_output(o, qmodel) for o in items]
+    for tensor in dict.fromkeys(s.tensor for s in specs if not qmodel.is_float_tensor(s.tensor)):
+        warnings.warn(PTQOutputWarning(
+            f"output {tensor!r} holds {_type_name(qmodel, tensor)} values (ids or a mask?): an output metric of "
+            "them depends on how the ids are numbered (id 0 weighs nothing in a cosine); name the float tensor "
+            "they come from (the scores before an ArgMax), or count matching ids in an accuracy evaluate "
+            "function"), stacklevel=user_level())
+    return specs
+
+
+def _named_once(specs):
     names = [s.name for s in specs]
-    if len(set(names)) != len(names):
+    if len(set(names)) != len(names):  # two views under one name: their figures would be one
         raise PTQError(f"output names {names} repeat; give each slice its own name with 'name=tensor[...]'")
     return specs
+
+
+def thresholds(spec, model):
+    """:func:`~pytest_ptq.params.thresholds` of ``spec`` on ``model``'s outputs: its key
+    ``default`` is the outputs not named, and refused where the model has a tensor or node so
+    named (that one is ``default=default``). The model is read only for that key."""
+    clash = None
+    if isinstance(spec, dict) and "default" in spec:
+        qmodel = getattr(model, "qmodel", model)
+        clash = qmodel.source if is_named("default", qmodel) else None
+    return params.thresholds(spec, clash)
+
+
+def targeted(given, model, metric):
+    """The outputs the keys of ``given`` (``{key: value}`` as :func:`thresholds` gives it) name,
+    as ``(specs, {name: value}, {name: key})``: keys naming the same values (``out[0:2]`` and
+    ``out[:2]``) are one output, under the first key, held to the strictest of their values
+    for ``metric`` (a :class:`~pytest_ptq.metrics.Metric`); the default ``""`` names none."""
+    keys = [k for k in given if k]
+    if not keys:
+        return [], {}, {}
+    qmodel = getattr(model, "qmodel", model)
+    each = _parse_each(keys, qmodel)
+    specs = _named_once(distinct(each, qmodel))
+    first = {s.view(qmodel): s.name for s in specs}
+    values, named = {}, {}
+    for s, k in zip(each, keys):  # the spellings of one output: every bar met is the strictest met
+        name = first[s.view(qmodel)]
+        values[name] = given[k] if name not in values or metric.worse(values[name], given[k]) else values[name]
+        named.setdefault(name, k)
+    return specs, values, named
+
+
+def others(candidates, specs, qmodel):
+    """``candidates`` (the default outputs, or those of ``output_node``) that ``specs`` leave:
+    not of a name they hold, the same values, or part of a tensor they name whole; each once."""
+    names = {s.name for s in specs}
+    views = {s.view(qmodel) for s in specs}
+    return distinct([c for c in candidates if c.name not in names and c.view(qmodel) not in views
+                     and (c.tensor, ()) not in views], qmodel)
 
 
 class PTQOutputWarning(PTQWarning):

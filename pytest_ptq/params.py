@@ -255,18 +255,24 @@ def threshold(value, metric_name, what="threshold"):
     return result
 
 
-def thresholds(spec):
+def thresholds(spec, clash=None):
     """Normalise a per-output threshold spec to ``{output or slice: value}``; ``""`` is the default
     (the one form of the output checks, contracts and the remedy search's targets).
 
-    ``spec``: a number (every output), a mapping (``""`` or ``"default"`` for the rest),
-    or None (nothing).
+    ``spec``: a number (every output), a mapping (``""`` or ``"default"`` for the rest: always;
+    a model's own tensor named ``default`` is keyed ``default=default``), or None (nothing).
+    ``clash``: the model (its file) where it has a tensor or node named ``default``: there the
+    bare key could mean either, and is refused.
     """
     if spec is None:
         return {}
     if isinstance(spec, dict):
         out = {}
         for k, v in spec.items():
+            if k == "default" and clash is not None:
+                raise PTQError(f"the thresholds {shown(spec)} give 'default', which {clash!r} also has a tensor or node "
+                               "named: write 'default=default' for its own and '' (on the command line a value "
+                               "alone) for the outputs not named")
             key = "" if k in ("", "default", None) else str(k)
             if key in out:  # '' and 'default' both given: one would win in silence
                 raise PTQError(f"the thresholds {shown(spec)} give the default twice ('default' and ''); give it "

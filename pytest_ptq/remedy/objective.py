@@ -16,7 +16,7 @@ import dataclasses
 from .. import params
 from ..errors import PTQError, shown
 from ..metrics import COSINE, Metric, get_metrics, meets
-from ..outputs import parse_outputs
+from ..outputs import others, parse_outputs, targeted, thresholds
 from ..tables import threshold_text
 
 
@@ -153,7 +153,7 @@ def objective_for(metric, target, output_node, engine, evaluate=None, min_ratio=
             return Objective(guide, guide, specs, target=strictest(guide, targets.values()), targets=targets)
         target = next(iter(targets.values()))  # one bar for all: the search as with a number
     else:
-        specs = outputs_of(output_node, engine)
+        specs = parse_outputs(output_node, engine)
     if evaluate is None:
         if min_ratio is not None:
             raise PTQError("min_ratio is a share of the float model's task score; give evaluate= with it, "
@@ -178,107 +178,31 @@ def objective_for(metric, target, output_node, engine, evaluate=None, min_ratio=
 
 def per_output(target, output_node, engine, metric):
     """``(specs, {output name: target})`` of a per-output ``target`` as the output checks read
-    theirs: each key an output or slice; the default (``""`` or ``"default"``) for the outputs of
-    ``output_node`` (None: the model's) that no key names whole. Without a default every output
-    of ``output_node`` must be named. Keys naming the same values (``out[0:2]`` and ``out[:2]``)
-    are one output, under the first key, held to the strictest of their targets.
-
-    ``"default"`` is always the default: a model's own tensor of that name is named
-    ``default=default`` (the slice syntax's ``name=tensor``), and the bare key is refused on
-    such a model, where it could mean either."""
+    theirs (:func:`~pytest_ptq.outputs.thresholds`, :func:`~pytest_ptq.outputs.targeted`):
+    each key an output or slice, two spellings of one output one output at the strictest of
+    their targets; the default (``""`` or ``"default"``, an output named ``default`` being
+    ``default=default``) for the outputs of ``output_node`` (None: the model's) that no key
+    names. Without a default every output of ``output_node`` must be named."""
     qmodel = getattr(engine, "qmodel", engine)
-    if "default" in target and ("default" in qmodel.producer or "default" in qmodel.input_names
-                                or "default" in qmodel.normal):
-        raise PTQError(f"the targets {shown(target)} give 'default', which {qmodel.source!r} also has a tensor or node "
-                       "named: write 'default=default' for its target and '' (on the command line a value alone) for "
-                       "the outputs not named")
     given = {k: params.threshold(v, metric.name, f"target for {k or 'the default'!r}")
-             for k, v in params.thresholds(target).items()}
-    named = [k for k in given if k]
-    parsed = [parse_outputs(k, engine)[0] for k in named]
-    specs = distinct(parsed, qmodel)
-    kept = {_view(s, qmodel): s.name for s in specs}
-    targets = {}
-    for s, k in zip(parsed, named):  # the spellings of one output: every bar met is the strictest met
-        name = kept[_view(s, qmodel)]
-        targets[name] = given[k] if name not in targets else strictest(metric, (targets[name], given[k]))
-    rest = [s for s in outputs_of(output_node, engine) if s.name not in targets and _view(s, qmodel) not in kept
-            and (s.tensor, ()) not in kept]
+             for k, v in thresholds(target, qmodel).items()}
+    specs, targets, _ = targeted(given, engine, metric)
+    rest = others(parse_outputs(output_node, engine), specs, qmodel)
     if rest and "" not in given and output_node is not None:
         raise PTQError(f"output {rest[0].name!r} of output_node (-o) has no target: name it in the targets, or give a "
                        "default ('default' / '')")
     if "" in given:
-        rest = distinct(rest, qmodel)
         specs += rest
         targets.update((s.name, given[""]) for s in rest)
     if not specs:
         raise PTQError(f"the targets {shown(target)} name no output; name outputs (or slices) or give a default "
                        "('default' / '')")
-    return _named_once(specs), targets
-
-
-def outputs_of(output_node, engine):
-    """The outputs ``output_node`` names (as :func:`~pytest_ptq.outputs.parse_outputs` reads
-    it), each compared once (:func:`distinct`): two spellings of one output are one output."""
-    items = output_node if isinstance(output_node, (list, tuple)) and output_node else [output_node]
-    return _named_once(distinct([s for o in items for s in parse_outputs(o, engine)], getattr(engine, "qmodel", engine)))
-
-
-def _named_once(specs):
-    names = [s.name for s in specs]
-    if len(set(names)) != len(names):  # two views under one name: their figures would be one
-        raise PTQError(f"output names {names} repeat; give each slice its own name with 'name=tensor[...]'")
-    return specs
+    return specs, targets
 
 
 def strictest(metric, values):
     """The strictest of targets of ``metric``: the highest where higher is better."""
     return (max if metric.higher_is_better else min)(values)
-
-
-def distinct(specs, qmodel):
-    """``specs`` less those selecting the same values as an earlier one (``out[0:2]`` after
-    ``out[:2]``, ``out[:]`` after ``out``): each is compared once, under its first name."""
-    seen, out = set(), []
-    for s in specs:
-        view = _view(s, qmodel)
-        if view not in seen:
-            seen.add(view)
-            out.append(s)
-    return out
-
-
-def _view(spec, qmodel):
-    """``(tensor, index)`` with the index written one way: slices as ``(start, stop, step)``
-    with the defaults filled in (the axis' extent where the model declares it), negative
-    integers counted from that end, and the trailing whole axes and ``...`` left off, so that
-    two spellings of the same values compare equal."""
-    shape = qmodel.shapes.get(spec.tensor) or None
-    index = list(spec.index)
-    if Ellipsis in index and shape is not None and len(index) - 1 <= len(shape):
-        k = index.index(Ellipsis)
-        index[k:k + 1] = [slice(None)] * (len(shape) - len(index) + 1)
-    parts, axis = [], 0
-    for part in index:
-        dim = shape[axis] if shape is not None and axis < len(shape) and Ellipsis not in parts else None
-        dim = dim if isinstance(dim, int) and dim > 0 else None
-        if part is Ellipsis:
-            parts.append(part)
-            continue
-        if isinstance(part, slice):
-            if dim is not None:
-                part = part.indices(dim)
-            else:
-                step = 1 if part.step is None else part.step
-                part = (0 if part.start is None and step > 0 else part.start, part.stop, step)
-            whole = part == ((0, dim, 1) if dim is not None else (0, None, 1))
-            parts.append(None if whole else part)
-        else:
-            parts.append(part % dim if dim is not None and part < 0 else part)
-        axis += 1
-    while parts and (parts[-1] is None or parts[-1] is Ellipsis):
-        parts.pop()
-    return spec.tensor, tuple(parts)
 
 
 def _number(value, what):
