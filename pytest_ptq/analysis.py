@@ -21,6 +21,7 @@ from .engine import Engine
 from .errors import InputRefused, PTQError, closest, raised_by_user
 from .metrics import Pooled, by_output, get_metric, get_metrics
 from .outputs import blind_warnings, far_from_zero, parse_outputs
+from .outputs import thresholds as output_thresholds
 from .progress import Progress
 from .sensitivity import get_sensitivity_of_nodes
 from .stages import simulation_warnings
@@ -377,7 +378,7 @@ class Analysis:
 
         name = self._judged_by(metric)
         # a mapping is per output, as the output checks take it (read with the outputs by the search)
-        target = (params.thresholds(target) if isinstance(target, dict) else
+        target = (output_thresholds(target, self) if isinstance(target, dict) else
                   None if target is None else params.number(target, "target"))
         target_key = _frozen(target) if isinstance(target, dict) else target
         # the producer's Python, where named, re-quantizes the remedy too: a result without its check is another

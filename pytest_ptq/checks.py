@@ -28,7 +28,8 @@ from .baseline import Baseline, BaselineError, compare, measure
 from .errors import PTQError, as_sentence, closest, user_level
 from .errors import shown as shown_value
 from .metrics import COSINE, NO_VALUES, get_metric, get_metrics, held_no_values
-from .outputs import parse_output, parse_outputs
+from .outputs import key_of, others, parse_output, targeted
+from .outputs import thresholds as output_thresholds
 from .tables import fmt, format_table, listed, printable, threshold_text
 
 # How many rows a failure message lists before it says "... N more".
@@ -215,29 +216,27 @@ def check_outputs(analysis, threshold, metric=COSINE, holdout=None):
     """
     m = get_metric(metric)
     th = {k: params.threshold(v, m.name, f"output {m.name} threshold{f' for {k!r}' if k else ''}")
-          for k, v in params.thresholds(threshold).items()}
+          for k, v in output_thresholds(threshold, analysis).items()}
     if not th:
         raise PTQError(f"no threshold for output {m.name}; pass a number or {{output: value}}")
-    named = [k for k in th if k]
-    specs = parse_outputs(named, analysis.qmodel) if named else []
-    limit = {s.name: th[k] for s, k in zip(specs, named)}
+    specs, limit, keys = targeted(th, analysis, m)
     metrics = analysis.output_metrics(specs, [m.name], holdout) if specs else None
     values = {name: vals[m.name] for name, vals in metrics.values.items()} if specs else {}
     empty = dict(metrics.empty) if specs else {}
-    if "" in th:  # the default outputs (a concatenation of parts of unlike size: each part) not named whole
+    if "" in th:  # the default outputs (a concatenation of parts of unlike size: each part) not named
         qm = analysis.qmodel
         if not any(qm.is_float_tensor(n) for n in qm.output_names):  # a check that could not fail
             said, source = qm.unjudged(qm.output_names[0])
             raise PTQError(f"{said}, and the model has no float output: name the tensor to judge in the check's "
                            f"outputs ({{{source or 'a float tensor'!r}: {threshold_text(th[''])}}}), or judge the ids "
                            "with an accuracy evaluate function")
-        whole = {s.tensor for s in specs if not s.index}
         metrics = analysis.output_metrics(None, [m.name], holdout)
-        for name, vals in metrics.values.items():
-            if name not in limit and parse_output(name, analysis.qmodel).tensor not in whole:
-                limit[name], values[name] = th[""], vals[m.name]
-                if name in metrics.empty:
-                    empty[name] = metrics.empty[name]
+        rest = others([parse_output(name, qm) for name in metrics.values], specs, qm)
+        for s in rest:
+            limit[s.name], values[s.name] = th[""], metrics.values[s.name][m.name]
+            keys[s.name] = key_of(s.name)
+            if s.name in metrics.empty:
+                empty[s.name] = metrics.empty[s.name]
     # an output that held no values reads a perfect score no comparison measured: not judged
     unjudged = {o: empty[o] for o in values if o in empty}
     if values and len(unjudged) == len(values):  # a check that could not fail
@@ -246,7 +245,7 @@ def check_outputs(analysis, threshold, metric=COSINE, holdout=None):
     return OutputResult(passed=ok, metric=m.name, values=values, thresholds=limit, samples=metrics.samples,
                         model=analysis.label, data=analysis.relative(metrics.data),
                         holdout=None if holdout is None else str(holdout),
-                        parts={s.name: k for s, k in zip(specs, named) if s.index}, unjudged=unjudged)
+                        parts={o: k for o, k in keys.items() if k != o}, unjudged=unjudged)
 
 
 # -- nodes ---------------------------------------------------------------------------------

@@ -120,12 +120,12 @@ class Contract:
         slice, ``p`` of ``p=prob[:, 1:]``, read as that slice), else those ``outputs`` names when
         it gives no default (the only ones the contract holds to a floor), else None (every
         output)."""
+        given = params.thresholds(self.outputs) if isinstance(self.outputs, dict) else {}
         if self.nodes is not None and self.nodes.get("outputs"):
-            given = self.outputs if isinstance(self.outputs, dict) else {}
             named = {k.partition("=")[0].strip(): k for k in given if "=" in k}
             return [named.get(o, o) for o in self.nodes["outputs"]]
-        if isinstance(self.outputs, dict) and "" not in self.outputs:
-            return list(self.outputs)
+        if given and "" not in given:
+            return list(given)
         return None
 
     @property
@@ -377,12 +377,11 @@ def _bound(value, key, metric, where):
 
 def _outputs(value, metric, where):
     if isinstance(value, dict):
-        out = {}
-        for k, v in value.items():
-            key = "" if k in (None, "", "default") else str(k)
-            if key in out:  # 'default' and '' both: one would win in silence
-                raise ContractError(f"{where}: 'outputs' gives the default twice ('default' and ''); give it once")
-            out[key] = _bound(v, f"outputs.{k}", metric, where)
+        # keys as written: 'default' is read against the model, which may have a tensor so named
+        # (outputs.thresholds), when the check runs
+        out = {"" if k is None else str(k): _bound(v, f"outputs.{k}", metric, where) for k, v in value.items()}
+        if "" in out and "default" in out:  # one would win in silence
+            raise ContractError(f"{where}: 'outputs' gives the default twice ('default' and ''); give it once")
         if not out:
             raise ContractError(f"{where}: 'outputs' is empty; give 'default: 0.99' or one threshold per output")
         return out

@@ -357,9 +357,12 @@ class PTQSession:
         outputs may be ones its contract holds to no floor that matters (a recurrent state
         beside the speech probability); None where no output check failed, or every output
         of the model failed whole (the default: the same)."""
+        from .outputs import key_of
+
+        # each as its check's key names it, which suggest reads back (default=default for a tensor 'default')
         failing = list(dict.fromkeys(r.parts.get(o) or o for r in self._results_of(model_id)
                                      if r.kind == "outputs" and not r for o in r.failing))
-        if not failing or set(failing) == set(self.analyses[model_id].output_names):
+        if not failing or set(failing) == {key_of(o) for o in self.analyses[model_id].output_names}:
             return None
         return failing
 

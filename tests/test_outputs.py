@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import warnings
 
 import numpy as np
@@ -784,3 +785,97 @@ def test_the_cli_warns_of_an_output_of_zeros_on_the_samples_its_data_num_pools(t
                      "--quiet"]) == 0
         err = capsys.readouterr().err
         assert (f"{ZERO_WARNING}: 'z' holds only zeros in float" in err) is warned, (data_num, err)
+
+
+def _two_outputs(tmp_path, rename=None):
+    """conv_net's two outputs (the feature map r2 and prob), int4 weights so that r2 loses;
+    ``rename``: r2's new name. ``(float path, quantized path, data, figures)``, the figures
+    pooled cosines of a plain onnxruntime session of each (and of r2's first two channels)
+    against the float one."""
+    data = builders.samples(4, seed=1)
+    model = onnx.load(builders.conv_net(tmp_path / "conv.onnx", outlier_channel=3, two_outputs=True))
+    r2 = rename or "r2"
+    for names in [n.output for n in model.graph.node] + [n.input for n in model.graph.node]:
+        for k, name in enumerate(names):
+            if name == "r2":
+                names[k] = r2
+    next(o for o in model.graph.output if o.name == "r2").name = r2
+    fpath = tmp_path / "float.onnx"
+    onnx.save(model, fpath)
+    qpath = builders.quantize(fpath, tmp_path / "q.onnx", data, weight_type="QInt4", activation_type="QUInt16")
+    builders.save_folder(data, tmp_path / "calib")
+    feeds = [{"x": a} for a in data["x"]]
+    ref, out = builders.run_model(fpath, feeds), builders.run_model(qpath, feeds)
+    return fpath, qpath, data, {
+        r2: builders.pooled_cosine([r[r2] for r in ref], [o[r2] for o in out]),
+        f"{r2}[:, :2]": builders.pooled_cosine([r[r2][:, :2] for r in ref], [o[r2][:, :2] for o in out]),
+        "prob": builders.pooled_cosine([r["prob"] for r in ref], [o["prob"] for o in out])}
+
+
+def test_two_spellings_of_one_output_are_checked_once_at_the_stricter_threshold(tmp_path, pytester):
+    """'r2[:, 0:2]' and 'r2[:, :2]' were two outputs checked twice, and a whole output named
+    'r2[:]' was checked again under the default's threshold: each is one output, under its
+    first key, held to the stricter threshold, in the checks API and in a contract file."""
+    from test_plugin import run
+
+    fpath, qpath, data, cos = _two_outputs(tmp_path)
+    analysis = Analysis(AnalysisKey(str(qpath), str(tmp_path / "calib"), str(fpath)), root=tmp_path)
+    r = check_outputs(analysis, {"r2[:, 0:2]": 0.0, "r2[:, :2]": 1.0, "prob": 0.0})
+    assert r.thresholds == {"r2[:, 0:2]": 1.0, "prob": 0.0} and not r.passed
+    assert r.values == pytest.approx({"r2[:, 0:2]": cos["r2[:, :2]"], "prob": cos["prob"]}, abs=1e-6)
+    r = check_outputs(analysis, {"r2[:]": 0.0, "": 1.0})
+    assert r.thresholds == {"r2[:]": 0.0, "prob": 1.0}
+    assert r.values == pytest.approx({"r2[:]": cos["r2"], "prob": cos["prob"]}, abs=1e-6)
+    for name in ("float.onnx", "q.onnx", "calib"):
+        (shutil.copytree if name == "calib" else shutil.copy)(tmp_path / name, pytester.path / name)
+    pytester.makefile(".ptq.yaml", c="model: q.onnx\ndata: calib\nfloat_model: float.onnx\nbaseline: false\n"
+                      "outputs: {'r2[:, :2]': 0.0, 'r2[:, 0:2]': 1.0}\n")
+    text = run(pytester, "-p", "no:xdist", "-k", "c.ptq.yaml").stdout.str()
+    assert f"'r2[:, :2]' {cos['r2[:, :2]']:.6f} (needs >= 1.000000)" in text, text
+    assert "'r2[:, 0:2]'" not in text, text
+
+
+def test_an_output_named_default_is_checked_as_default_equals_default_and_its_search_runs(tmp_path, pytester,
+                                                                                          monkeypatch):
+    """'default' in a contract's outputs is the outputs not named: a model's output named
+    'default' had no threshold of its own, and the search printed for it read
+    '--target-cosine default=V', which suggest refuses on such a model. 'default=default' is
+    that output in the contract and in the printed command, which runs and starts from the
+    contract's figures (a plain onnxruntime session's); the bare key is refused in one sentence."""
+    import json
+    import math
+    import shlex
+
+    from pytest_ptq.cli import main
+    from test_plugin import run
+
+    fpath, qpath, data, cos = _two_outputs(tmp_path, rename="default")
+    cos["head"] = cos.pop("default[:, :2]")
+    floors = {o: float(f"{math.ceil(cos[o] * 1e6) / 1e6 + 1e-6:.6f}") for o in ("default", "head")}
+    assert floors["default"] != floors["head"] and all(cos[o] < floors[o] < 1 for o in floors), (cos, floors)
+    analysis = Analysis(AnalysisKey(str(qpath), str(tmp_path / "calib"), str(fpath)), root=tmp_path)
+    r = check_outputs(analysis, {"default=default": floors["default"], "": 0.0})
+    assert r.thresholds == {"default": floors["default"], "prob": 0.0} and r.failing == ["default"]
+    assert r.values == pytest.approx({o: cos[o] for o in ("default", "prob")}, abs=1e-6)
+    with pytest.raises(PTQError, match="write 'default=default' for its own"):
+        check_outputs(analysis, {"default": 0.5, "prob": 0.5})
+    for name in ("float.onnx", "q.onnx", "calib"):
+        (shutil.copytree if name == "calib" else shutil.copy)(tmp_path / name, pytester.path / name)
+    common = "model: q.onnx\ndata: calib\nfloat_model: float.onnx\nbaseline: false\n"
+    pytester.makefile(".ptq.yaml", own=common + f"outputs: {{'default=default': {floors['default']!r}, "
+                      f"'head=default[:, :2]': {floors['head']!r}, '': 0.0}}\n",
+                      bare=common + "outputs: {default: 0.5}\n")
+    text = run(pytester, "-p", "no:xdist").stdout.str()
+    assert "bare.ptq.yaml), check outputs: the thresholds {'default': 0.5} give 'default', which" in text, text
+    assert "q.onnx' also has a tensor or node named: write 'default=default' for its own" in text, text
+    line = next(t for t in text.splitlines() if "meets its output floors" in t)
+    command = line[line.index("ptq-debug suggest"):]
+    assert command == ("ptq-debug suggest q.onnx calib --float-model float.onnx --target-cosine "
+                       f"default=default={floors['default']!r} 'head=default[:, :2]={floors['head']!r}' "
+                       "--remedy mixed"), command
+    monkeypatch.chdir(pytester.path)
+    main(shlex.split(command)[1:] + ["--no-save", "--quiet", "--no-requantize", "--budget", "30", "--json", "r.json"])
+    saved = json.loads((pytester.path / "r.json").read_text())
+    assert saved["objective"]["targets"] == floors
+    assert saved["figures"]["calibration"]["outputs"]["before"] == pytest.approx(
+        {o: cos[o] for o in floors}, abs=1e-6)
