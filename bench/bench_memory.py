@@ -4,7 +4,8 @@ Builds a QDQ model whose float weights total ``--weights-mib`` (a stack of MatMu
 per-channel int8 weight pairs and uint8 activation pairs, float weights kept behind the
 pairs, as quantize_static with AddQDQPairToWeight writes them; with ``--lone-dq`` the same
 stack quantized by quantize_static with its defaults, see :func:`build_lone_dq`; with
-``--conv``, a stack of convolutions that quantize_static quantizes, see :func:`build_conv`;
+``--folded``, that stack with its weights' DQs folded into float initializers, see
+:func:`build_folded`; with ``--conv``, a stack of convolutions that quantize_static quantizes, see :func:`build_conv`;
 with ``--deep``, a deep, narrow residual stack of 16 nodes a block, see :func:`build_deep`)
 and measures, each in a
 fresh process (peak resident set, VmHWM):
@@ -17,7 +18,7 @@ fresh process (peak resident set, VmHWM):
 and prints the ratios engine / plain (target <= 1.5 at any N); each figure is the median
 of --repeat processes.
 
-Usage: python bench/bench_memory.py [--weights-mib 192] [--samples 1 8] [--keep DIR] [--conv dq|pairs | --lone-dq]
+Usage: python bench/bench_memory.py [--weights-mib 192] [--samples 1 8] [--keep DIR] [--conv dq|pairs | --lone-dq | --folded]
        python bench/bench_memory.py --deep 500 [--keep DIR]
        python bench/bench_memory.py --vit pairs|dq [--samples 1 8]
        python bench/bench_memory.py --model QDQ.onnx --data DATA [--float-model FLOAT.onnx]
@@ -92,6 +93,41 @@ def build_lone_dq(folder, weights_mib):
     weights behind lone DequantizeLinear, external data): the engine needs the float model."""
     layers = build(folder, weights_mib, pairs=False, name="float.onnx")
     quantize(folder, [np.load(folder / "data" / "x" / f"{i}.npy") for i in range(2)], external=True)
+    return layers
+
+
+def build_folded(folder, weights_mib):
+    """The stack of :func:`build_lone_dq` with each weight's DequantizeLinear computed in numpy
+    into a float32 initializer (``model.onnx``, external data), as onnxruntime's constant
+    folding leaves it: the engine finds the weights folded and puts their DQs back."""
+    import onnx
+    from onnx import numpy_helper
+
+    layers = build_lone_dq(folder, weights_mib)
+    model = onnx.load(str(folder / "model.onnx"))
+    graph = model.graph
+    inits = {i.name: i for i in graph.initializer}
+    kept = []
+    for n in graph.node:
+        if n.op_type != "DequantizeLinear" or n.input[0] not in inits:
+            kept.append(n)
+            continue
+        codes, scale, zero = (numpy_helper.to_array(inits[t]) for t in n.input)
+        axis = next((a.i for a in n.attribute if a.name == "axis"), 1)
+        shape = [1] * codes.ndim
+        if scale.size > 1:
+            shape[axis] = -1
+        value = (codes.astype(np.int64) - zero.astype(np.int64).reshape(shape)).astype(np.float32)
+        graph.initializer.append(numpy_helper.from_array(value * scale.astype(np.float32).reshape(shape), n.output[0]))
+    del graph.node[:]
+    graph.node.extend(kept)
+    read = {t for n in graph.node for t in n.input}
+    left = [i for i in graph.initializer if i.name in read]
+    del graph.initializer[:]
+    graph.initializer.extend(left)
+    (folder / "model.onnx.data").unlink()
+    onnx.save(model, str(folder / "model.onnx"), save_as_external_data=True, location="model.onnx.data",
+              size_threshold=1024)
     return layers
 
 
@@ -231,6 +267,9 @@ def main(argv=None):
     p.add_argument("--lone-dq", action="store_true",
                    help="the MatMul stack quantized by quantize_static with its defaults instead: int8 weights "
                         "behind lone DQs, external data; the engine gets the float model")
+    p.add_argument("--folded", action="store_true",
+                   help="the --lone-dq stack with its weights' DequantizeLinear folded into float initializers "
+                        "(numpy), as onnxruntime's constant folding leaves them; the engine gets the float model")
     p.add_argument("--deep", type=int, default=None, metavar="BLOCKS",
                    help="a deep, narrow residual MatMul stack of BLOCKS blocks instead (16 nodes each, 64 wide): "
                         "what the engine costs per node")
@@ -272,6 +311,11 @@ def main(argv=None):
                 held = "behind Q/DQ pairs" if args.conv == "pairs" else "as int8 behind lone DQs"
                 print(f"model: {layers} 3x3 convolutions, {layers * CHANNELS * CHANNELS * 36 / 2**20:.0f} MiB of float "
                       f"weights inline, stored {held}; the float model given")
+            elif args.folded:
+                layers = build_folded(folder, args.weights_mib)
+                args.float_model = str(folder / "float.onnx")
+                print(f"model: {layers} MatMul layers, {layers * WIDTH * WIDTH * 4 / 2**20:.0f} MiB of float weights, "
+                      "stored as int8 DQs folded into float initializers (external data); the float model given")
             elif args.lone_dq:
                 layers = build_lone_dq(folder, args.weights_mib)
                 args.float_model = str(folder / "float.onnx")
