@@ -108,3 +108,21 @@ def test_a_per_channel_folded_weight_below_opset_13_keeps_its_note_saying_why(tm
     why = "its grid is per channel and DequantizeLinear takes an axis only from opset 13 (the file is at opset 11)"
     reasons = note[note.index("(not restored behind a DequantizeLinear: ") + 41:]
     assert all(repr(t) in reasons.split(why)[0] for t in per_channel)
+
+
+def test_a_weight_whose_search_overflows_loads_without_a_numpy_warning(tmp_path):
+    """A subnormal value beside large ones overflowed the grid search's division: numpy's
+    RuntimeWarning stopped a run under filterwarnings = error. Such a weight lies on no grid
+    its codes give back, and is read as float, quietly."""
+    import warnings
+
+    from pytest_ptq.model import grids
+
+    w = np.array([[1e-38, 3e38, 1.0], [1.0, -2.0, 3.0]], np.float32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert grids.stored_codes(w, axis=0) is None
+        assert grids.integer_grid(w) is None
+        # the rows that do lie on a grid are still found: the second row alone, step 1
+        codes, step, zero = grids.stored_codes(w[1:], axis=0)
+    assert np.array_equal((codes.astype(np.float32) - zero[:, None]) * step[:, None], w[1:])

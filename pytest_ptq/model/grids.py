@@ -251,6 +251,13 @@ _FOUND_SLICES = 16
 _FOUND_ELEMENTS = 1 << 16  # elements read for one grid over the whole tensor
 
 
+# a grid's search divides a weight's values by its smallest: a tiny (subnormal) value next to
+# large ones overflows to inf, which the checks read as no grid; numpy's warning of it
+# stopped a user's run under filterwarnings = error
+_quietly = np.errstate(over="ignore", divide="ignore", invalid="ignore")
+
+
+@_quietly
 def integer_grid(values, min_levels=3):
     """``(axis, picked, steps)`` where float ``values`` (a weight) lie on an integer grid: each value
     a whole multiple of one step per tensor (``axis`` None) or per index of ``axis``, the
@@ -313,6 +320,7 @@ def _spread(flat):
     return np.asarray(flat[::-(-size // _FOUND_ELEMENTS)], np.float64)
 
 
+@_quietly
 def stored_codes(values, axis=None):
     """``(codes, scale, zero_point)`` that a DequantizeLinear (``axis``: per tensor when None)
     turns back into float32 ``values`` lying on an integer grid (see :func:`integer_grid`,
