@@ -298,7 +298,11 @@ def _runall(engine, out, metrics, output_node, node_type, data_num, top, axis, p
     for name in ("summary.md", "summary.json", "acc_error.png", *(f"sensitivity_{t}.json" for t in types)):
         guard.claim(out / name)
     for name in ("distributions", "channelwise"):  # its own folders, unlike the one given, are never links
+        # nor a data folder (-s . beside one of that name) nor a file: refused now, not at their
+        # first figure after the rankings
+        guard.claim(out / name, "runall's folder", folder=True)
         guard.refuse_link(out / name, "runall's folder")
+        guard.check_writable(out / name, "runall's folder", folder=True)
     guard.makedirs(out)
     listing = _take_folder(out)
     timings, files, steps = {}, {"sensitivity": {}}, 4

@@ -929,3 +929,25 @@ def test_a_concat_of_float_tensors_owning_its_output_pair_has_that_pairs_error_a
     assert item["local"] == pytest.approx(builders.worst_cosine(ref, own), abs=1e-6)
     assert item["accumulated"] == pytest.approx(builders.worst_cosine(ref, every), abs=1e-6)
     assert "own at `cat`" in (tmp_path / "out" / "summary.md").read_text()
+
+
+@pytest.mark.parametrize("sub", ["distributions", "channelwise"])
+def test_a_data_folder_named_as_runalls_own_subfolder_is_refused_before_any_work(setup, tmp_path, sub):
+    """Data in ``<save_dir>/distributions`` (runall -s . beside it) were refused only when the
+    first figure went there, after the rankings, with summary and sensitivity files already
+    written beside the data; now before anything is written."""
+    data = builders.save_folder(setup["data"], tmp_path / sub)
+    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+    with pytest.raises(PTQError, match=f"'{re.escape(str(data))}' is the calibration data folder"):
+        runall(setup["qa"], data, save_dir=tmp_path, top=1, progress=False)
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before
+
+
+def test_a_file_where_runall_makes_its_subfolder_is_refused_before_any_work(setup, tmp_path):
+    """A file ``distributions`` in the folder given failed the run at its first figure, after
+    the rankings had written their files; now before anything is written."""
+    (tmp_path / "distributions").write_text("mine")
+    with pytest.raises(PTQError, match="runall's folder '.*distributions' is a file; give a folder"):
+        runall(setup["qa"], setup["folder"], save_dir=tmp_path, top=1, progress=False)
+    assert sorted(tmp_path.iterdir()) == [tmp_path / "distributions"]
+    assert (tmp_path / "distributions").read_text() == "mine"
