@@ -732,3 +732,29 @@ def test_a_smoothquant_weight_is_matched_to_its_float_model_through_the_activati
     got = debug.get_sensitivity_of_nodes(quantized, ["cosine-similarity"], {"x": xs}, node_type="weight",
                                          float_model=float_model)
     assert got["dq_w"]["cosine-similarity"] == pytest.approx(ref @ quant / np.sqrt((ref @ ref) * (quant @ quant)), abs=1e-6)
+
+
+def test_an_external_data_file_cut_short_is_refused_as_such(zoo, tmp_path):
+    """A truncated data file beside the model was refused with numpy's "mmap length is greater
+    than file size" and the advice to keep the file beside the model, which it was."""
+    out = tmp_path / "model.onnx"
+    onnx.save(onnx.load(str(zoo.qdq("qdq"))), str(out), save_as_external_data=True, all_tensors_to_one_file=True,
+              location="weights.bin", size_threshold=0)
+    size = (tmp_path / "weights.bin").stat().st_size
+    # the first tensor whose bytes the cut leaves incomplete, read from the protos themselves
+    cut = size // 2
+    proto = onnx.load(str(out), load_external_data=False)
+    spans = []
+    for init in proto.graph.initializer:
+        info = {e.key: e.value for e in init.external_data}
+        if info:
+            start = int(info.get("offset", 0))
+            spans.append((init.name, start, start + int(info["length"])))
+    name, start, end = next(s for s in spans if s[2] > cut)
+    with open(tmp_path / "weights.bin", "r+b") as f:
+        f.truncate(cut)
+    with pytest.raises(PTQError) as info:
+        QuantModel(out)
+    text = str(info.value)
+    assert f"keeps its data in bytes {start}..{end} of" in text and f"which holds {cut}: the file is cut short" in text
+    assert "mmap" not in text

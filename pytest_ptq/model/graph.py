@@ -330,6 +330,7 @@ def _mapped(init, folder, source):
     offset = int(info.get("offset", 0))
     if dtype.itemsize == 0 or init.data_type in PACKED:  # onnx unpacks them
         return numpy_helper.to_array(init, base_dir=folder or "")
+    _check_length(init, source, path, offset, offset + count * dtype.itemsize)
     try:
         key = _file_key(path) + (offset, dtype.str, shape)
         array = _LIVE.get(key)
@@ -345,6 +346,20 @@ def _mapped(init, folder, source):
         raise PTQError(f"initializer {init.name!r} of {source} keeps its data in {path!r}, which cannot be read "
                        f"({type(exc).__name__}: {exc}); keep the external data file beside the model") from None
     return array.reshape(shape)
+
+
+def _check_length(init, source, path, start, end):
+    """Refuse an external data file shorter than ``init``'s bytes ``start:end`` in one sentence
+    that says so (numpy's "mmap length is greater than file size" came with the advice to keep
+    a file beside the model that was there, cut short)."""
+    try:
+        size = os.path.getsize(path)
+    except OSError:  # missing or unreadable: the reading below says which
+        return
+    if size < end:
+        raise PTQError(f"initializer {init.name!r} of {source} keeps its data in bytes {start}..{end} of {path!r}, "
+                       f"which holds {size}: the file is cut short or comes from another save of the model; copy "
+                       "the model and its external data file again, together")
 
 
 # Descriptors kept free for everything else a run opens (sessions, data files, the report).
