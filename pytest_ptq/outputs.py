@@ -274,9 +274,20 @@ def targeted(given, model, metric):
     values, named = {}, {}
     for s, k in zip(each, keys):  # the spellings of one output: every bar met is the strictest met
         name = first[s.view(qmodel)]
-        values[name] = given[k] if name not in values or metric.worse(values[name], given[k]) else values[name]
+        values[name] = given[k] if name not in values else strictest(metric, (values[name], given[k]))
         named.setdefault(name, k)
     return specs, values, named
+
+
+def strictest(metric, values):
+    """The strictest of targets of ``metric`` (a :class:`~pytest_ptq.metrics.Metric`): the
+    best value, which meets every other; the first of equals."""
+    values = iter(values)
+    best = next(values)
+    for v in values:
+        if metric.worse(best, v):
+            best = v
+    return best
 
 
 def others(candidates, specs, qmodel):

@@ -16,7 +16,7 @@ import dataclasses
 from .. import params
 from ..errors import PTQError, shown
 from ..metrics import COSINE, Metric, get_metrics, meets
-from ..outputs import others, parse_outputs, targeted, thresholds
+from ..outputs import others, parse_outputs, strictest, targeted, thresholds
 from ..tables import threshold_text
 
 
@@ -198,11 +198,6 @@ def per_output(target, output_node, engine, metric):
         raise PTQError(f"the targets {shown(target)} name no output; name outputs (or slices) or give a default "
                        "('default' / '')")
     return specs, targets
-
-
-def strictest(metric, values):
-    """The strictest of targets of ``metric``: the highest where higher is better."""
-    return (max if metric.higher_is_better else min)(values)
 
 
 def _number(value, what):
