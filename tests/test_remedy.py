@@ -20,7 +20,7 @@ from pytest_ptq.remedy import scoring as remedy_mod
 from pytest_ptq.cli import main
 from pytest_ptq.errors import PTQError
 from pytest_ptq.model import QuantModel
-from pytest_ptq.remedy import onnxruntime_settings, quantize_static_kwargs, suggest_remedy
+from pytest_ptq.remedy import Remedy, onnxruntime_settings, quantize_static_kwargs, suggest_remedy
 
 N = 8
 SLICE = "c1[:, 0:3]"  # conv1's channels beside the outlier: where the starved weights show
@@ -1408,11 +1408,14 @@ def _per_output_net(tmp_path):
     return data, fpath, qpath
 
 
-def test_per_output_targets_are_recorded_per_output_in_every_figure_and_answer_needed_for_per_output(tmp_path):
+def test_per_output_targets_are_recorded_per_output_in_every_figure_and_answer_needed_per_output(tmp_path):
     """With per-output targets, the figures' 'target', the re-quantized figures and needed_for
     held the strictest target only (and the re-quantized figures no per-output values): each
     record now carries each output's target and values, checked against plain onnxruntime
-    sessions (the curve's sets bypassed; the re-quantized file as written)."""
+    sessions (the curve's sets bypassed; the re-quantized file as written). needed_for gave a
+    dict here, and on a record read back without the curve's outputs {output: None} ("never"):
+    it is one number (the strictest target), needed_per_output the dict, and a point without its
+    outputs is judged as the search judges such a value, its worst output against the strictest."""
     data, fpath, qpath = _per_output_net(tmp_path)
     own = {"prob": 0.99998, "r2": 0.9995}
     r = suggest_remedy(str(qpath), data, target=own, remedy="float", float_model=str(fpath), full_curve=True,
@@ -1430,20 +1433,33 @@ def test_per_output_targets_are_recorded_per_output_in_every_figure_and_answer_n
     feeds = [{k: v[i] for k, v in data.items()} for i in r.split["search"]]
     ref = builders.run_model(fpath, feeds)
     pairs = builders.qdq_pairs(qpath)
-    first = {}
+    first, worst = {}, []
     for p in r.curve:
         added = [q["added"] for q in r.curve[1:p["nodes"] + 1]]
         out = builders.run_model(builders.rewire(qpath, keep=[q for q in pairs if q not in added], float_model=fpath),
                                  feeds)
         cos = {t: _cosine([o[t] for o in ref], [o[t] for o in out]) for t in own}
         assert p["outputs"] == pytest.approx(cos, abs=1e-6)
+        worst.append((p["nodes"], min(cos.values())))
         for t in own:
             if cos[t] >= own[t]:
                 first.setdefault(t, p["nodes"])
-    assert r.needed_for() == {t: first.get(t) for t in own}
+    # the worst output against the strictest target (a margin clear of the figures' rounding)
+    strictest = max(own.values())
+    assert all(abs(v - strictest) > 1e-6 for _, v in worst)
+    by_worst = next((k for k, v in worst if v >= strictest), None)
+    assert by_worst is not None  # else "never" would pass for the fallback below
+    assert r.needed_per_output() == {t: first.get(t) for t in own}
+    assert r.needed_for() == by_worst
     assert r.needed_for(own["prob"]) == next(p["nodes"] for p in r.curve if min(p["outputs"].values()) >= own["prob"])
     saved = json.loads(json.dumps(r.to_dict()))
     assert saved["figures"]["calibration"]["targets"] == own and saved["curve"][0]["outputs"].keys() == own.keys()
+    # read back from a record without the curve's outputs: every output at the worst's first
+    for p in saved["curve"]:
+        del p["outputs"]
+    back = Remedy(**saved)
+    assert back.needed_per_output() == {t: by_worst for t in own}
+    assert back.needed_for() == by_worst
 
 
 def test_the_judged_re_quantized_line_gives_each_outputs_target():

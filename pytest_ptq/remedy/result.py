@@ -164,19 +164,28 @@ class Remedy(JsonResult):
                        for o, v in outputs.items() if o in targets and not meets(m, v, targets[o]))
 
     def needed_for(self, target=None):
-        """The fewest nodes on the search curve whose value (the worst output's) meets
-        ``target`` (default: the search's), or None. With per-output targets and no ``target``,
-        per output: ``{output: the fewest nodes with which it meets its own target, or None}``
-        (0: it meets it with nothing remedied)."""
-        m = self.objective_metric
-        if target is None and self.targets:
-            def first(o, t):
-                return next((p["nodes"] for p in self.curve if (p.get("outputs") or {}).get(o) is not None
-                             and meets(m, p["outputs"][o], t)), None)
-            return {o: first(o, t) for o, t in self.targets.items()}
+        """The fewest nodes on the search curve whose value (the worst output's) meets ``target``
+        (default: the search's bar, with per-output targets the strictest), or None. Each
+        output against its own target: :meth:`needed_per_output`."""
         if target is None:  # a ratio's bar on the samples the curve was scored on
             target = self.figures.get("search", self.figures.get("calibration", {})).get("target", self.target)
+        m = self.objective_metric
         return next((p["nodes"] for p in self.curve if p["value"] is not None and meets(m, p["value"], target)), None)
+
+    def needed_per_output(self):
+        """With per-output targets ``{output: the fewest nodes on the search curve with which it
+        meets its own target, or None}`` (0: it meets it with nothing remedied); ``{}`` where one
+        target is every output's (:meth:`needed_for` answers then). A curve point without its
+        outputs (a record from before they were kept) is judged as the search judges such a
+        value: the worst output against the strictest target, which asks no less than each own."""
+        m = self.objective_metric
+
+        def meets_own(p, o, t):
+            outputs = p.get("outputs")
+            return meets(m, outputs.get(o), t) if outputs else meets(m, p["value"], self.target)
+
+        return {o: next((p["nodes"] for p in self.curve if meets_own(p, o, t)), None)
+                for o, t in (self.targets or {}).items()}
 
     def python_snippet(self):
         """The settings as quantize_static (quantize_dynamic) keyword arguments, ready to paste."""
