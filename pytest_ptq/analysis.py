@@ -377,7 +377,8 @@ class Analysis:
         from .remedy.producer_check import producer_python
 
         name = self._judged_by(metric)
-        # a mapping is per output, as the output checks take it (read with the outputs by the search)
+        # a mapping is per output, as the output checks take it; read here for the key too, so
+        # that two spellings of one mapping ('default' / '', keys in another order) share one search
         target = (output_thresholds(target, self) if isinstance(target, dict) else
                   None if target is None else params.number(target, "target"))
         target_key = _frozen(target) if isinstance(target, dict) else target
