@@ -140,12 +140,25 @@ def _shared_net(moved):
     return _model(nodes, inits, [3, 8], [3, 8]), samples
 
 
-@pytest.mark.parametrize("moved", [False, True], ids=["read directly", "each through an Identity"])
-def test_a_constant_two_readers_scale_along_different_axes_is_refused_in_a_sentence(moved):
-    """Both readers got one float value of the codes, dequantized along the first reader's
-    axis: the QGemm silently read each row on a column's scale (the quantized run 1.3 off the
-    file, which onnxruntime runs)."""
-    model, samples = _shared_net(moved)
+def test_a_constant_two_readers_read_directly_along_different_axes_each_get_their_own_axis():
+    """The rewrite's DequantizeLinear cache left the axis out of its key, so the QGemm got the
+    QLinearMatMul's float value of the codes (each row on a column's scale), and the file was
+    then refused instead; now each reader dequantizes them along its own axis."""
+    model, samples = _shared_net(False)
+    codes = numpy_helper.to_array(next(i for i in model.graph.initializer if i.name == "codes")).astype(np.float64)
+    scales = numpy_helper.to_array(next(i for i in model.graph.initializer if i.name == "bs")).astype(np.float64)
+    engine = Engine(model, samples)
+    x = samples["x"][0]
+    np.testing.assert_allclose(engine.run(0, "all")["y"], run_model(model, {"x": x})["y"], rtol=0, atol=1e-6)
+    floats = x.astype(np.float64) @ (codes * scales) + x.astype(np.float64) @ (codes * scales[:, None]).T
+    np.testing.assert_allclose(engine.run(0, ())["y"], floats, rtol=0, atol=1e-5)
+
+
+def test_a_constant_two_readers_move_and_scale_along_different_axes_is_refused_in_a_sentence():
+    """Both readers got one float value of the codes, dequantized before their moves along the
+    first reader's axis: the QGemm silently read each row on a column's scale (the quantized run
+    1.3 off the file, which onnxruntime runs)."""
+    model, samples = _shared_net(True)
     run_model(model, {"x": samples["x"][0]})  # onnxruntime runs the file
     with pytest.raises(PTQError) as info:
         Engine(model, samples)

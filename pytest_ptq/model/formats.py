@@ -495,7 +495,7 @@ class _Rewriter:
         self.taken = {n.name for n in self.original} | set(self.producer) | set(self.inits) | self.inputs
         self.opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 13)
         self.quantized = {}  # integer tensor -> _Quantized
-        self.dequantized = {}  # (tensor, scale, zero point) -> float tensor
+        self.dequantized = {}  # (tensor, scale, zero point, axis) -> float tensor
         self.dynamic = {}  # float tensor -> its DynamicQuantizeLinear outputs
         self.run_biases = []  # float ops whose bias the model quantizes on every run
         self.input_quantized = []  # MatMulNBits nodes whose kernel quantizes their input (accuracy_level 4)
@@ -624,9 +624,9 @@ class _Rewriter:
 
     def _one_axis(self, tensor, first, second):
         """Refuse ``tensor`` where two of its quantized readers, each ``(hint, reader node,
-        whether through moves)``, read its codes per channel with the same scales along
-        different axes: the rewrite makes one float value of the codes for both (one
-        DequantizeLinear, the same scale tensors read directly; one before the moves, values)."""
+        whether through moves)``, one of them through moves, read its codes per channel with the
+        same scales along different axes: the codes are dequantized once before the moves, along
+        the one axis their hint holds (readers that read them directly get one each, see dq)."""
         (s1, z1, a1), r1, moved1 = first
         (s2, z2, a2), r2, moved2 = second
         if not isinstance(a1, int) or not isinstance(a2, int):
@@ -636,10 +636,8 @@ class _Rewriter:
             a1, a2 = a1 % len(dims), a2 % len(dims)
         elif (a1 < 0) != (a2 < 0):
             return  # the same axis, maybe
-        if a1 == a2 or not (self.same_params(s1, s2) and self.same_params(z1, z2)):
-            return
-        if not (moved1 or moved2) and (s1, z1) != (s2, z2):
-            return  # each its own DequantizeLinear
+        if not (moved1 or moved2) or a1 == a2 or not (self.same_params(s1, s2) and self.same_params(z1, z2)):
+            return  # read directly, each gets a DequantizeLinear of its own axis (see dq)
         root = tensor
         while root in self.producer and self.producer[root].op_type in MOVING:
             root = self.producer[root].input[0]
@@ -693,8 +691,9 @@ class _Rewriter:
         return node
 
     def dq(self, tensor, scale, zero_point, axis=None, base=None, block_size=0):
-        """The float tensor ``DequantizeLinear(tensor, scale, zero_point)``, made once."""
-        key = (tensor, scale, zero_point)
+        """The float tensor ``DequantizeLinear(tensor, scale, zero_point)`` along ``axis``, made
+        once: two readers of one per-channel constant along different axes get one each."""
+        key = (tensor, scale, zero_point, axis)
         if key in self.dequantized:
             return self.dequantized[key]
         stem = base or self.stem(tensor)
@@ -835,7 +834,12 @@ class _Rewriter:
                 return
             self.materialize(t)
         self.keep(node)
-        self.dequantized.setdefault((t, scale, zp), node.output[0])
+        # keyed as dq keys it, for a later reader of the same values to share; per channel only
+        # an initializer's, whose rank needs no shape inference (not per block: no reader's)
+        many, axis = np.size(self.constant(scale)) > 1, int(attribute(node, "axis", 1))
+        rank = len(self.inits[t].dims) if t in self.inits else None
+        if not many or rank is not None and not attribute(node, "block_size", 0) and -rank <= axis < rank:
+            self.dequantized.setdefault((t, scale, zp, axis % rank if many else None), node.output[0])
 
     def qlinear(self, node):
         op = node.op_type
