@@ -257,3 +257,29 @@ def test_per_channel_codes_two_readers_dequantize_with_other_scales_are_requanti
     got = builders.run_model(rewritten, feeds)
     for out in ("y0", "y1"):
         np.testing.assert_allclose(got[out], given[out], rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("perm", [None, [1, 0]], ids=["without perm", "with perm"])
+def test_a_transpose_whose_perm_the_tool_writes_is_named_in_a_note(tmp_path, perm):
+    """The file as deployed (as_given), and the tool's copy, run the user's perm-less Transpose
+    with its perm written, which onnxruntime 1.28 aborts loading: a deployment there would fail
+    where every run of the tool passed, and no note said so. Now one names it."""
+    path = tmp_path / "t.onnx"
+    _reversed_activation(path)
+    if perm is not None:
+        model = onnx.load(str(path))
+        transpose = next(n for n in model.graph.node if n.op_type == "Transpose")
+        transpose.attribute.append(helper.make_attribute("perm", perm))
+        onnx.save(model, str(path))
+    # the file's own Transposes without perm, read from its protos
+    bare = [n.name for n in onnx.load(str(path)).graph.node
+            if n.op_type == "Transpose" and not any(a.name == "perm" for a in n.attribute)]
+    qmodel = Engine(str(path), {"a": [np.ones((8, 4), np.float32)]}).qmodel
+    said = [n for n in qmodel.notes if "perm" in n]
+    assert all(any(a.name == "perm" for a in n.attribute) for n in qmodel.as_given().graph.node
+               if n.op_type == "Transpose")
+    if bare:
+        assert len(said) == 1 and all(repr(name) in said[0] for name in bare), qmodel.notes
+        assert "onnxruntime 1.28" in said[0] and "write perm in the export" in said[0]
+    else:
+        assert said == []

@@ -46,9 +46,9 @@ def hoist(graph, source, is_q, is_dq, dims=lambda tensor: None):
     predicates of :mod:`.qdq`) before the Q, in ``graph`` (sorted topologically; it stays so);
     ``dims(tensor)``: its dims as declared or inferred (None where unknown), which a Transpose
     without perm needs, and every Transpose without perm gets its perm written where that
-    rank is known. Returns a :class:`Moved`."""
+    rank is known (named in a note: the export should write it). Returns a :class:`Moved`."""
     order = list(graph.node)  # one wrapper per node: the indices below are by identity
-    write_perms(order, dims)
+    perms = _perms_note(write_perms(order, dims), source)
     outputs = {o.name for o in graph.output}
     readers = defaultdict(list)
     for n in order:
@@ -119,7 +119,7 @@ def hoist(graph, source, is_q, is_dq, dims=lambda tensor: None):
              f"({'; '.join(moved[:2])}{more}): each is analysed as one pair, that node moved onto the float tensor "
              "before its QuantizeLinear (the same values: QuantizeLinear rounds element by element), so that the pair "
              "bypassed is the float computation"] if moved else []
-    return Moved(notes=notes + [f"a chain left quantized in every configuration in {source}: {chain}" for chain in left],
+    return Moved(notes=perms + notes + [f"a chain left quantized in every configuration in {source}: {chain}" for chain in left],
                  left=left, names=renamed)
 
 
@@ -127,13 +127,30 @@ def write_perms(nodes, dims):
     """Give each Transpose of ``nodes`` without perm its reversed dims, where ``dims`` knows the
     rank of its input or output: onnxruntime 1.28 aborts the whole process (no exception)
     loading a graph where such a Transpose meets a per-channel Q or DQ of known rank, the
-    user's own graph included, and the tool's copy of it is what every session loads."""
+    user's own graph included, and the tool's copy of it is what every session loads. Returns
+    those it wrote into."""
+    written = []
     for n in nodes:
         if n.op_type != "Transpose" or n.domain not in _DOMAINS or attribute(n, "perm") is not None:
             continue
         known = next((d for d in (dims(n.input[0]), dims(n.output[0])) if d is not None), None)
         if known is not None:
             n.attribute.append(helper.make_attribute("perm", list(range(len(known)))[::-1]))
+            written.append(n)
+    return written
+
+
+def _perms_note(written, source):
+    """The note for the user's Transposes :func:`write_perms` gave a perm: every run, the file
+    as deployed included, has it written, so a deployment on onnxruntime 1.28 would not."""
+    if not written:
+        return []
+    shown = ", ".join(repr(n.name or n.output[0]) for n in written[:3])
+    more = f" and {len(written) - 3} more" if len(written) > 3 else ""
+    return [f"Transpose node(s) {shown}{more} of {source} have no perm attribute; every run of the tool, the file "
+            "as deployed included, runs them with their reversed dims written as their perm (the same values), "
+            "because onnxruntime 1.28 aborts the process loading such a Transpose beside a per-channel "
+            "QuantizeLinear/DequantizeLinear: write perm in the export"]
 
 
 def _chain(q, readers, outputs, is_dq):

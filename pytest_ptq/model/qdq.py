@@ -1415,7 +1415,8 @@ class QuantModel:
         model = load_model(self._given)[0]  # a copy: the caller's proto stays as it is
         name_nodes(model.graph)
         # onnxruntime 1.28 aborts the process loading a Transpose without perm of known rank beside
-        # a per-channel Q or DQ; its reversed dims, written, are what it runs (as in the tool's copy)
+        # a per-channel Q or DQ; its reversed dims, written, are what it runs (as in the tool's copy,
+        # whose notes name each such Transpose, see moved.hoist)
         moved.write_perms(model.graph.node, self._dims_as_loaded(model))
         return model
 
