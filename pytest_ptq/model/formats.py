@@ -370,12 +370,58 @@ def to_qdq(model, source="the model", arrays=None):
     return result
 
 
+def onnx_opset(model):
+    """The opset ``model`` imports for the standard domain; where it imports none (other
+    domains only), the latest, at which onnxruntime loads it and which onnx.helper.make_model
+    writes (the checker's opset 1 is for IR < 3 files importing nothing, which onnxruntime
+    refuses to load)."""
+    return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")),
+                onnx.defs.onnx_opset_version())
+
+
+def inferred_values(model):
+    """The value infos, inputs and outputs of ``model``'s graph after onnx's shape inference
+    (those it declares where inference fails)."""
+    # onnx infers no op of onnxruntime's domain, so 16-bit Q/DQ there (quantize_static's and
+    # Quark's below opset 21) left every tensor after them untyped: one segment, and no
+    # node output to probe. They are the standard ops, so they are inferred as those.
+    contrib = [n for n in model.graph.node
+               if n.domain == "com.microsoft" and n.op_type in ("QuantizeLinear", "DequantizeLinear")]
+    for n in contrib:
+        n.domain = ""
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
+        values = list(inferred.graph.value_info) + list(inferred.graph.output) + list(inferred.graph.input)
+    except Exception:  # inference is a help for typing outputs, never a requirement
+        values = list(model.graph.value_info) + list(model.graph.output) + list(model.graph.input)
+    finally:
+        for n in contrib:
+            n.domain = "com.microsoft"
+    return values
+
+
+def dims_of(model):
+    """``dims(tensor)``: its dims as ``model``'s graph declares them or onnx infers them (None
+    each where open; None where unknown), inferred on the first call, from the graph as it is
+    then: a Transpose without perm needs its tensor's rank, which most graphs never ask."""
+    shapes = None
+
+    def dims(tensor):
+        nonlocal shapes
+        if shapes is None:
+            shapes = {v.name: declared_dims(v) for v in inferred_values(model)
+                      if v.type.HasField("tensor_type") and v.type.tensor_type.HasField("shape")}
+            shapes.update({i.name: list(i.dims) for i in model.graph.initializer})
+        return shapes.get(tensor)
+    return dims
+
+
 def _refuse_untyped(model, moved, source):
     """Refuse a node of ``moved`` (see :func:`_moved_codes`) that reads the stored codes in a
     type its schema does not take at the model's opset (int4 codes into a Gather, which takes
     int4 from no opset): onnxruntime refuses such a file as malformed, and the rewrite would
     dequantize the codes before that node and analyse a graph no runtime loads."""
-    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 1)
+    opset = onnx_opset(model)
     types = {i.name: i.data_type for i in model.graph.initializer}
     for dq, chain in moved:
         stored = TensorProto.DataType.Name(types[chain[0].input[0]]).lower()
@@ -493,7 +539,7 @@ class _Rewriter:
                     self.consumers.setdefault(i, []).append(n)
         self.inputs = {i.name for i in self.graph.input}
         self.taken = {n.name for n in self.original} | set(self.producer) | set(self.inits) | self.inputs
-        self.opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 13)
+        self.opset = onnx_opset(model)
         self.quantized = {}  # integer tensor -> _Quantized
         self.dequantized = {}  # (tensor, scale, zero point, axis) -> float tensor
         self.dynamic = {}  # float tensor -> its DynamicQuantizeLinear outputs
@@ -502,7 +548,7 @@ class _Rewriter:
         self.nodes = []
         self.skip = set()  # keys of original nodes another node's rewrite absorbed
         self.touched = set()  # tensors whose consumers changed (dead-code candidates)
-        self._shapes = None  # tensor -> its dims in the original graph (see _dims)
+        self._dims = dims_of(model)  # of the original graph: the walk first asks before it replaces its nodes
         # in a QDQ file, the parameters of the moved codes' own DequantizeLinear only (a tied
         # table's other reader, a Transpose before another DequantizeLinear, stays the parser's)
         self.hints = self._hints(None if static is None else [n for dq, chain in static for n in (*chain, dq)])
@@ -884,19 +930,6 @@ class _Rewriter:
         if dims is None:
             self.fail(node or self.producer.get(tensor), f"reads {tensor!r}, whose rank is unknown")
         return len(dims)
-
-    def _dims(self, tensor):
-        """The dims of ``tensor`` in the original graph (None each where open) from its types
-        or shape inference, None where its shape is unknown."""
-        if self._shapes is None:
-            try:
-                graph = onnx.shape_inference.infer_shapes(self.model, strict_mode=False).graph
-            except Exception:  # inference helps; the graph's own value infos may suffice
-                graph = self.graph
-            self._shapes = {v.name: declared_dims(v) for v in list(graph.value_info) + list(graph.input)
-                            + list(graph.output) if v.type.tensor_type.HasField("shape")}
-            self._shapes.update({i.name: list(i.dims) for i in self.graph.initializer})
-        return self._shapes.get(tensor)
 
     def bias(self, node, bias, scales, alpha=1.0):
         """A lone DQ of an int32 bias, its scale the product of the input and weight scales

@@ -421,7 +421,7 @@ class QuantModel:
         if self.resorted:
             self.notes.append("the graph was stored out of topological order; it is analysed sorted")
         # a Q -> Reshape (Identity, Transpose, ...) -> DQ chain is one pair: the node runs on the float tensor
-        hoisted = moved.hoist(graph, repr(self.source), is_q, is_dq, self._dims_as_loaded())
+        hoisted = moved.hoist(graph, repr(self.source), is_q, is_dq, formats.dims_of(self.model))
         self.notes += hoisted.notes
         if hoisted.names and self._given is None:  # a pair moved: the file is not the tool's copy
             # onnxruntime fuses the file's own layout, not the rewrite: an Add before an int8
@@ -497,7 +497,7 @@ class QuantModel:
     def _refuse_axis_before_opset_13(self):
         """Q/DQ of the standard domain take an axis from opset 13: quantize_static(per_channel=True)
         on an older model writes one all the same, a file onnxruntime refuses to load."""
-        opset = next((o.version for o in self.model.opset_import if o.domain in ("", "ai.onnx")), 13)
+        opset = formats.onnx_opset(self.model)
         if opset >= 13:
             return
         node = next((n for n in self.model.graph.node if n.op_type in ("QuantizeLinear", "DequantizeLinear")
@@ -536,7 +536,7 @@ class QuantModel:
         self._unrestored = {}  # folded weight -> why it stays folded, for its note
         if not found:
             return False
-        opset = next((o.version for o in self.model.opset_import if o.domain in ("", "ai.onnx")), 13)
+        opset = formats.onnx_opset(self.model)
         listed = {i.name for i in self.model.graph.input} | {o.name for o in outputs}
         weights = {}
         for tensor in found:
@@ -786,46 +786,9 @@ class QuantModel:
                 "branch inputs fixed, or the loop unrolled) and quantize that")
 
     # -- parsing -------------------------------------------------------------------------
-    def _dims_as_loaded(self, model=None):
-        """``dims(tensor)``: its dims as the graph of ``model`` (default the tool's copy) declares
-        or onnx infers them (None each where open, None where unknown), inferred once on the
-        first call: a Transpose without perm needs its tensor's rank, which most graphs never ask."""
-        model = self.model if model is None else model
-        shapes = None
-
-        def dims(tensor):
-            nonlocal shapes
-            if shapes is None:
-                shapes = {v.name: declared_dims(v) for v in self._inferred_values(model)
-                          if v.type.HasField("tensor_type") and v.type.tensor_type.HasField("shape")}
-                shapes.update({i.name: list(i.dims) for i in model.graph.initializer})
-            return shapes.get(tensor)
-        return dims
-
-    def _inferred_values(self, model=None):
-        """The graph's value infos, inputs and outputs after onnx's shape inference (those it
-        declares where inference fails), of ``model`` (default the tool's copy)."""
-        model = self.model if model is None else model
-        # onnx infers no op of onnxruntime's domain, so 16-bit Q/DQ there (quantize_static's and
-        # Quark's below opset 21) left every tensor after them untyped: one segment, and no
-        # node output to probe. They are the standard ops, so they are inferred as those.
-        contrib = [n for n in model.graph.node
-                   if n.domain == "com.microsoft" and n.op_type in ("QuantizeLinear", "DequantizeLinear")]
-        for n in contrib:
-            n.domain = ""
-        try:
-            inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
-            values = list(inferred.graph.value_info) + list(inferred.graph.output) + list(inferred.graph.input)
-        except Exception:  # inference is a help for typing outputs, never a requirement
-            values = list(model.graph.value_info) + list(model.graph.output) + list(model.graph.input)
-        finally:
-            for n in contrib:
-                n.domain = "com.microsoft"
-        return values
-
     def _infer_types(self):
         types, shapes = {}, {}
-        for v in self._inferred_values():
+        for v in formats.inferred_values(self.model):
             if v.type.HasField("tensor_type") and v.type.tensor_type.elem_type:
                 types[v.name] = v.type.tensor_type.elem_type
                 if v.type.tensor_type.HasField("shape"):
@@ -1417,7 +1380,7 @@ class QuantModel:
         # onnxruntime 1.28 aborts the process loading a Transpose without perm of known rank beside
         # a per-channel Q or DQ; its reversed dims, written, are what it runs (as in the tool's copy,
         # whose notes name each such Transpose, see moved.hoist)
-        moved.write_perms(model.graph.node, self._dims_as_loaded(model))
+        moved.write_perms(model.graph.node, formats.dims_of(model))
         return model
 
     def aligned_with(self, float_model):
