@@ -537,11 +537,12 @@ UNSEEN = 0.01
 def _spread(qm, metric, three, samples, items, kinds):
     """``{kind: (loss of that kind alone, loss of its worst ranked node alone, samples, loss
     on the verdict's data)}`` for the verdict's ``kinds`` whose loss no single ranked node
-    explains (see :data:`SPREAD`), where some of its nodes are below 16 bits: both losses on
-    the ``samples`` calibration samples the rankings used, as the nodes were ranked on them."""
+    explains (see :data:`SPREAD`), where some of its nodes are below 16 bits on an integer grid
+    (a dynamic model's too: its step names the static call and the float search): both losses
+    on the ``samples`` calibration samples the rankings used, as the nodes were ranked on them."""
     ranked_on = three.ranking or three.values["calibration"]
     out = {}
-    for k in (k for k in kinds if any(qm.wider_type(c) for c in qm.of_kind(k))):  # 16-bit already: not this
+    for k in (k for k in kinds if any(c.bit < 16 and not c.grid.is_float for c in qm.of_kind(k))):
         loss, decided = (badness(metric, figures[f"{k} only"]) for figures in (ranked_on, three.figures))
         worst = max((it["badness"] for it in items if it["kind"] == k and not math.isnan(it["badness"])),
                     default=math.nan)
@@ -552,22 +553,25 @@ def _spread(qm, metric, three, samples, items, kinds):
 
 def _spread_step(kind, loss, worst, samples, decided, suggest, qm):
     """The step for a ``kind`` whose loss no few nodes explain: every node of it wider, in the
-    terms of the call that makes ``qm``'s kind of model, or the search for the fewest."""
+    terms of the call that makes ``qm``'s kind of model, or the search for the fewest: 16-bit
+    where some node of the kind can take it, else kept in float (a dynamic model's nodes and
+    the weights beside them take no 16-bit type, and suggest refuses int16 for them)."""
     import shlex
 
-    suggest = shlex.join([*suggest, "--remedy", "int16"])
+    remedy = "int16" if any(qm.wider_type(c) for c in qm.of_kind(kind)) else "float"
+    suggest = shlex.join([*suggest, "--remedy", remedy])
+    fewest = "the smallest set that meets" if remedy == "int16" else "the fewest nodes to keep in float that meet"
     wider = _wider_call(kind, qm)
     on = f"on the {samples} calibration sample(s) every node was ranked on"
     if loss < UNSEEN * decided:
         return (f"{kind} quantization alone loses {decided:.3g} where the verdict was decided but only {loss:.2g} "
                 f"{on}, and its worst node alone {worst:.2g}: those samples do not show the loss, so the {kind} "
                 "ranking may miss the nodes that cause it; rank on more samples (--rank-samples all) or on data like "
-                f"the deployment's, raise every {kind} to {wider}, or let `{suggest}` find the smallest set "
-                "that meets a target")
+                f"the deployment's, raise every {kind} to {wider}, or let `{suggest}` find {fewest} a "
+                "target")
     return (f"{kind} quantization alone loses {loss:.3g} {on}, and its worst node alone {worst:.2g} "
             f"({worst / loss:.0%} of it): the loss is spread over many {kind} nodes, so fixing the few ranked here "
-            f"moves it little; raise every {kind} to {wider}, or let `{suggest}` find the smallest set "
-            "that meets a target")
+            f"moves it little; raise every {kind} to {wider}, or let `{suggest}` find {fewest} a target")
 
 
 # a weight-only quantizer's next width (it has no 16 bit), for the nodes ``which`` names
