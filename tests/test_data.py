@@ -530,6 +530,40 @@ def test_an_input_that_declares_no_shape_takes_samples_of_any_rank(tmp_path):
     assert shape.severity == "info" and "declares no shape for 'x'" in shape.message
 
 
+
+def test_samples_of_different_ranks_for_an_input_of_no_shape_are_told_without_a_shape_it_lacks(tmp_path):
+    """A Q/DQ pair before ReduceMean(keepdims=0) takes any rank, and the model declares none:
+    samples of ranks 3 and 2 were told to take "the model's input shape", which it does not
+    declare. The finding names the ranks (numpy's), and what it says runs them does: the
+    ranking of the pair matches a plain session on each sample."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    from pytest_ptq.datacheck import check_data
+    from pytest_ptq.engine import Engine
+
+    inits, nodes = [], []
+    x = builders.add_pair(inits, nodes, "x", 0.02, np.uint8(128))
+    nodes.append(helper.make_node("ReduceMean", [x], ["y"], keepdims=0, name="mean"))
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, None)],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    q = tmp_path / "q.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), q)
+    rng = np.random.default_rng(0)
+    data = {"x": [rng.standard_normal(s).astype(np.float32) for s in ((1, 3, 4), (1, 3, 4), (1, 5))]}
+    shape = next(f for f in check_data(str(q), data).findings if f.check == "shape")
+    ranks = sorted({a.ndim for a in data["x"]})
+    assert f"samples have different ranks ({ranks[0]} and {ranks[1]}" in shape.message, shape.message
+    assert "declares no shape for 'x'" in shape.message and "model's input shape" not in shape.fix, shape.fix
+    assert len(shape.samples) == 1
+    # the rankings run each sample: x_Q's error as a plain session gives it, pair kept or bypassed
+    feeds = [{"x": a} for a in data["x"]]
+    got = get_sensitivity_of_nodes(Engine(str(q), data), ["mse"], node_type="activation")
+    test = np.array([builders.run_model(q, f)["y"] for f in feeds], np.float64)
+    ref = np.array([builders.run_model(builders.rewire(q), f)["y"] for f in feeds], np.float64)
+    want = np.mean((test - ref) ** 2)
+    assert want > 0 and got["x_Q"]["mse"] == pytest.approx(want, rel=1e-4)
+
 def test_a_dimension_declared_zero_is_a_size_as_onnxruntime_reads_it():
     from onnx import TensorProto, helper
 
