@@ -162,6 +162,7 @@ def screen(engine, node_types, metric_objs, specs, indices, budget_s=None, rank_
         k, wide = _narrowing(k, total, sum(keep.values()), len(configs), confirmed_count) \
             if rank_samples is None and not one_pass else (k, k)
         narrowed = wide > k
+        confirming = wide < total  # samples beyond the narrowing's: the top is scored on them too
         if k < total:
             # the bar now counts what is left for sure: the screening samples, the narrowing, the confirmation
             bar.total = (k * len(configs) + (wide - k) * (sum(keep.values()) if narrowed else len(configs))
@@ -187,16 +188,17 @@ def screen(engine, node_types, metric_objs, specs, indices, budget_s=None, rank_
             else:  # every node of the type: the whole ranking is on the wider samples
                 sens[t] = layer
         top = {}
-        if wide < total:
+        if confirming:
             top = {t: list((layers[t] or [sens[t]])[-1])[:confirm] for t in node_types}
             chosen_configs = {(t, name): configs[(t, name)] for t in node_types for name in top[t]}
             rescore, nowhere = _rescored(run, sens, layers, scores, chosen_configs, near, between, others)
-            more = run.score({**chosen_configs, **rescore}, others)
+            scored_configs = {**chosen_configs, **rescore}
+            more = run.score(scored_configs, others)
     confidence, reordered = {}, {}
-    if wide < total:
-        confidence, reordered = _confirm(run, sens, layers, top, scores, more, nowhere, chosen + between + others)
+    if confirming:
+        confidence, reordered = _confirm(run, sens, layers, top, scores, scored_configs, more, nowhere,
+                                         chosen + between + others)
     sens = {t: _layered(sens[t], layers[t][::-1], top[t]) if layers[t] else sens[t] for t in node_types}
-    confirming = wide < total
     return sens, Screening(samples=k, of=total, budget_s=budget_s if rank_samples is None else None,
                            confirmed=confirm if confirming else 0, seconds=time.perf_counter() - start,
                            confidence=confidence, reordered=reordered, indices=tuple(chosen),
@@ -272,13 +274,13 @@ def _rescored(run, sens, layers, scores, confirmed, near, between, others):
     return unseen, nowhere
 
 
-def _confirm(run, sens, layers, top, scores, more, nowhere, every):
-    """``(confidence, reordered)`` per type, the ranking of each confirmed on the samples
-    ``every`` (``scores`` merged with ``more`` on the rest) appended to ``layers``; the nodes
-    ``nowhere`` (no values on any sample) listed in it with no figure."""
+def _confirm(run, sens, layers, top, scores, configs, more, nowhere, every):
+    """``(confidence, reordered)`` per type, the ranking of the ``configs`` scored on the rest
+    confirmed on the samples ``every`` (``scores`` merged with ``more`` on the rest) appended
+    to ``layers``; the nodes ``nowhere`` (no values on any sample) listed in it with no figure."""
     confidence, reordered = {}, {}
     for t in sens:
-        confirmed = run.rank(t, _merged(more, t, scores, more), every)
+        confirmed = run.rank(t, _merged(configs, t, scores, more), every)
         _no_values_anywhere(confirmed, [n for n in sens[t] if (t, n) in nowhere], [*layers[t], sens[t]])
         reordered[t] = [n for n in confirmed if n in top[t]] != top[t]
         if sum("no_values" not in confirmed.details[n] for n in confirmed) > 1:  # no figure: left out
