@@ -294,13 +294,19 @@ def _around(text, start, end, width, whole_start=True):
     return ("~" if start > left else "") + text[start - left:end + room - left] + "~"
 
 
+# the fewest characters a label keeps: a narrow panel's line less a caller's fixed columns
+# (an index, a value) left one or none for the name, which read '/~' or '~3~'
+MIN_LABEL = 8
+
+
 def fit_labels(texts, width):
     """:func:`fit_label` of each of ``texts``, told apart: texts that would read the same show
     the part where all the texts they were mistaken for differ, and the ends around it (``~``
     where cut: /backbone/stage4/block10/attention/output/dense/MatMul and .../block3/... read
     /backbone/stage4/block10~ and /backbone/stage4/block3~); texts still alike are numbered. A
-    text given twice keeps one label."""
+    text given twice keeps one label. ``width`` is at least :data:`MIN_LABEL`."""
     texts = [str(t) for t in texts]
+    width = max(width, MIN_LABEL)
     cut = _scope_cut(texts, width) if any(len(t) > width for t in texts) else 0
     if cut:  # the scope every text shares tells none apart: its room goes to the rest
         return fit_labels(["~" + t[cut:] for t in texts], width)

@@ -347,6 +347,26 @@ def test_side_panel_names_that_differ_in_their_middle_stay_apart():
         assert all(len(x) <= width for x in labels), labels
 
 
+
+def test_a_label_keeps_eight_characters_however_little_room_a_caller_leaves():
+    """A narrow panel's 12 characters less a caller's index and value columns left a name one
+    character or none ('/~', 'c~ #2'): a label keeps 8, each piece of it between cuts a piece of
+    its name in order, the names told apart."""
+    from pytest_ptq.figures import fit_labels
+
+    names = ["/backbone/stage4/block10/attention/output/dense/MatMul",
+             "/backbone/stage4/block3/attention/output/dense/MatMul",
+             "conv1_weight_DequantizeLinear", "conv2_weight_DequantizeLinear"]
+    for width in (-3, 0, 1, 5):
+        labels = fit_labels(names, width)
+        assert len(set(labels)) == len(names) and all(len(x) <= 8 for x in labels), (width, labels)
+        for label, name in zip(labels, names):
+            shown = label.split(" #")[0]
+            assert len(shown.replace("~", "")) >= 4, (width, labels)  # '/~' showed one
+            at = 0
+            for piece in (p for p in shown.split("~") if p):
+                at = name.index(piece, at) + len(piece)  # raises where a piece is not the name's, in order
+
 def test_plot_names_the_worst_points_beside_the_axes(tmp_path):
     from pytest_ptq.curves import Curves, plot_curves
 
