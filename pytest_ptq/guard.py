@@ -28,6 +28,7 @@ import threading
 import time
 from pathlib import Path
 
+from . import onnxfile
 from .errors import PTQError
 from .errors import shown as _shown
 
@@ -43,6 +44,10 @@ def shown(value):
     return _shown(value, 240)
 
 
+# What the faces call a model they read (Inputs.add's ``what``): onnx reads a model of any
+# name, so its external data files are inputs whatever the model file is called.
+MODEL_ROLES = ("model file", "float model")
+
 _PROTECTED = contextvars.ContextVar("pytest_ptq_protected_inputs", default=None)
 
 
@@ -54,7 +59,7 @@ class Input:
     real: Path
     what: str  # "model file", "calibration data", ...
     folder: bool
-    model: bool = False  # an .onnx file: its external data files are inputs too
+    model: bool = False  # a model (by its role, whatever its name): its external data files are inputs too
 
 
 class Inputs:
@@ -72,7 +77,8 @@ class Inputs:
         given = os.fsdecode(os.fspath(path))
         resolved = real(given)
         folder = _isdir(resolved)
-        self.items.append(Input(given, resolved, what, folder, model=not folder and resolved.suffix.lower() == ".onnx"))
+        model = not folder and (what in MODEL_ROLES or resolved.suffix.lower() == ".onnx")
+        self.items.append(Input(given, resolved, what, folder, model=model))
         if folder:
             # a data folder's sub-folders may be symlinks into other trees: protect those too
             try:
@@ -141,16 +147,15 @@ class Inputs:
 
 
 def external_data_files(model_path):
-    """The external data files an .onnx file names (resolved); none when it cannot be read.
+    """The external data files a model file names (resolved); none when it cannot be read.
     One outside the model's folder, or not a regular file, is refused (see
     :func:`external_data_file`): the result cache hashes what this returns."""
     if not Path(model_path).is_file():  # a pipe would block, a device never end: the loader says so
         return []
     try:
-        import onnx
         from onnx.external_data_helper import _get_attribute_tensors, _get_initializer_tensors, uses_external_data
 
-        model = onnx.load(str(model_path), load_external_data=False)
+        model = onnxfile.read(model_path, external=False)
     except Exception:  # an unreadable model is reported by the loader, not here
         return []
     out = []

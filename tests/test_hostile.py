@@ -133,6 +133,12 @@ def _hardlink(target, link):
     return make
 
 
+def _copied(source, target):
+    def make(root):
+        shutil.copy(root / source, root / target)
+    return make
+
+
 def _suggest_setup(root):
     (root / "prev").mkdir()
     shutil.copy(root / "m.onnx", root / "prev" / "requantized_float.onnx")
@@ -253,6 +259,10 @@ CLI_CASES = [
     ("json-onto-float-model", None, SENS + ["--float-model", "f.onnx", "--json", "f.onnx"], ["is the float model"]),
     ("json-onto-external-data", None, ["get-sensitivity-of-nodes", "ext.onnx", "calib", "--json", "ext.onnx.data"],
      ["external data file 'ext.onnx.data' of the model file 'ext.onnx'"]),
+    # onnx reads a binary model named .json as JSON text: the guard read no external data then
+    ("json-onto-external-data-of-a-model-named-json", _copied("ext.onnx", "ext.json"),
+     ["check-data", "ext.json", "calib", "--json", "ext.onnx.data"],
+     ["external data file 'ext.onnx.data' of the model file 'ext.json'"]),
     ("save-dir-is-data", None, RUNALL + ["-s", "calib"], ["is the calibration data folder 'calib'"]),
     ("save-dir-inside-data", None, RUNALL + ["-s", "calib/out"], ["lies inside the calibration data folder"]),
     ("save-dir-dotdot-into-data", None, RUNALL + ["-s", "outdir/../calib/x/out"], ["inside the calibration data"]),
@@ -452,6 +462,22 @@ def test_a_negative_activation_scale_is_noted_and_its_threshold_said_to_be_its_m
 def _init(root, name):
     model = onnx.load(str(root / "m.onnx"))
     return next(onnx.numpy_helper.to_array(i) for i in model.graph.initializer if i.name == name)
+
+
+@pytest.mark.parametrize("name", ["m.json", "m.prototxt", "m.textproto", "m.onnxtxt"])
+def test_a_binary_model_is_read_whatever_its_extension(project, capsys, name):
+    """onnx picks a format by the extension: a binary model named .json was read as JSON
+    and refused, and its external data was neither protected nor hashed."""
+    shutil.copy(project / "m.onnx", project / name)
+    assert main(["list-nodes", "m.onnx"]) == 0
+    expected = capsys.readouterr().out
+    assert main(["list-nodes", name]) == 0, capsys.readouterr().err
+    assert capsys.readouterr().out == expected.replace("m.onnx", name)
+    shutil.copy(project / "ext.onnx", project / ("ext" + Path(name).suffix))
+    data = [project / e.value for t in onnx.load(str(project / "ext.onnx"), load_external_data=False).graph.initializer
+            for e in t.external_data if e.key == "location"]
+    from pytest_ptq import cache
+    assert cache.model_files(project / ("ext" + Path(name).suffix))[1:] == [data[0].resolve()]
 
 
 def test_cli_writes_only_its_declared_outputs(project, capsys):

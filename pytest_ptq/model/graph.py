@@ -19,7 +19,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from .. import params
+from .. import onnxfile, params
 from ..errors import PTQError, shown
 from ..guard import external_data_file
 
@@ -45,7 +45,7 @@ def load_model(model_or_file, what="model", external=True, parse=True):
     if not parse:
         return None, path
     try:
-        model = onnx.load(str(path), load_external_data=external)
+        model = onnxfile.read(path, external=external)
     except Exception as exc:  # onnx raises DecodeError, OSError, ... for a broken file
         first = str(exc).splitlines()[0] if str(exc) else ""
         raise PTQError(f"{what} file {str(path)!r} is not a readable ONNX model "
@@ -657,7 +657,7 @@ def load_mapped(path):
                     continue
             pieces.append(bytes(buf[head:vend]))
     except (ValueError, IndexError):
-        return None  # not a protobuf we can walk: onnx.load says why
+        return None  # not a protobuf we can walk: load_model says why
     if not changed:
         buf.release()
         return None
