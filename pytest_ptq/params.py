@@ -3,7 +3,10 @@ markers, and YAML contracts.
 
 Each takes the raw value (a Python value, or the text of a command line or ini file) and
 returns the clean one, or raises a :class:`~pytest_ptq.errors.PTQError` saying what is
-wrong with it; the faces only add where the value came from. This module imports no
+wrong with it; the faces only add where the value came from. A number is read from text
+only where every value is text: a command line or an ini file, whose parsers name the
+option or key themselves and so pass an empty ``what``. Elsewhere (a YAML contract's quoted
+'0.99', an API's ``"0.9"``) text is a mistake and refused, as a value of any other type is. This module imports no
 onnx or onnxruntime, so pytest start-up stays cheap.
 """
 
@@ -68,8 +71,21 @@ def _text(value):
     return value.strip() if isinstance(value, str) else value
 
 
+def _refuse_text(value, what, must):
+    """Refuse a number written as text where values have types (``what`` given, see the
+    module doc): YAML read '3' quoted as a string, which a check then compared as text."""
+    if not isinstance(value, str) or not what:
+        return
+    try:
+        float(value)
+    except ValueError:
+        return  # no number at all: the validator's own sentence says what to give
+    raise _fail(what, f"must be {must}, got the text {shown(value)}; write the number without quotes")
+
+
 def whole(value, what, minimum=None):
-    """An integer (``3``, ``"3"``, ``3.0``); bools, fractions and text are refused."""
+    """An integer (``3``, ``3.0``; ``"3"`` from a command line); bools and fractions are refused."""
+    _refuse_text(value, what, "a whole number")
     raw = _text(value)
     if isinstance(raw, bool):
         raise _fail(what, f"must be a whole number, got {shown(value)}")
@@ -115,6 +131,7 @@ def rank_samples(value, what="rank_samples"):
     "all", or a whole number >= 1. Returns None, "all" or an int."""
     if value is None or (isinstance(value, str) and value.strip().lower() == "all"):
         return None if value is None else "all"
+    _refuse_text(value, what, "a whole number >= 1 or 'all'")
     try:
         return positive_int(value, what)
     except PTQError:
@@ -145,6 +162,7 @@ def auto_count(value, what):
     """"auto" or a whole number >= 1 (``2``, ``"2"``). Returns "auto" or an int."""
     if isinstance(value, str) and value.strip() == "auto":
         return "auto"
+    _refuse_text(value, what, "'auto' or a whole number >= 1")
     try:
         return positive_int(value, what)
     except PTQError:
@@ -171,7 +189,8 @@ def providers(value, what="providers"):
 
 
 def number(value, what):
-    """A finite real number (``0.99``, ``"0.99"``); bools and NaN are refused."""
+    """A finite real number (``0.99``; ``"0.99"`` from a command line); bools and NaN are refused."""
+    _refuse_text(value, what, "a number")
     raw = _text(value)
     if isinstance(raw, bool):
         raise _fail(what, f"must be a number, got {shown(value)}")

@@ -43,19 +43,22 @@ def below(path, root):
         return False
 
 
-def cosine(text):
+# The numeric parsers read text of the command line and ini file (no ``what``: the option or
+# key is named around the message); a marker's values are Python's, named ``what="it"`` after
+# the key, where a number written as text is refused (see params).
+def cosine(text, what=""):
     """A cosine similarity threshold in [-1, 1]."""
-    return params.cosine(text)
+    return params.cosine(text, what)
 
 
-def non_negative(text):
+def non_negative(text, what=""):
     """A tolerance: a number >= 0."""
-    return params.non_negative(text)
+    return params.non_negative(text, what)
 
 
-def positive_int(text):
+def positive_int(text, what=""):
     """A count >= 1."""
-    return params.positive_int(text, "")
+    return params.positive_int(text, what)
 
 
 def node_type(text):
@@ -71,9 +74,9 @@ def memory(text):
     return params.memory_mode(text, "")
 
 
-def workers(text):
+def workers(text, what=""):
     """Configurations an engine runs at once: auto or a count >= 1."""
-    return params.auto_count(text, "")
+    return params.auto_count(text, what)
 
 
 def _path(text):
@@ -275,13 +278,16 @@ class Settings:
         return dataclasses.replace(self, **changes)
 
 
-def _parse(option, raw, where, base):
-    """Parse a raw ini/marker value; a path is made absolute against ``base``."""
+def _parse(option, raw, where, base, marker=False):
+    """Parse a raw ini/marker value; a path is made absolute against ``base``. ``marker``: the
+    value is Python's, not an ini file's text (a number given as text is refused)."""
     try:
         if option.is_path and not isinstance(raw, Path):
             # a list or a number is no path, and "" is not the test's folder
             raw = str(params.input_path(raw, ""))
             raw = raw if os.path.isabs(raw) else str(base / raw)
+        if marker and option.ini_type is not None:
+            return option.parse(raw, "it")
         return option.parse(raw)
     except PTQError as exc:
         raise PTQError(f"{where}: {exc}") from None
@@ -332,7 +338,8 @@ def apply_marker(settings, args, kwargs, base):
     changes = {}
     for key, raw in given.items():
         if key in BY_NAME and key not in SESSION_ONLY:
-            changes[key] = None if raw is None else _parse(BY_NAME[key], raw, f"ptq marker {key}={shown(raw)}", base)
+            changes[key] = None if raw is None else _parse(BY_NAME[key], raw, f"ptq marker {key}={shown(raw)}", base,
+                                                           marker=True)
         elif key == "baseline":
             if raw is not None and not isinstance(raw, (str, os.PathLike)):
                 raise PTQError(f"ptq marker baseline= must be a path, got {shown(raw)}")

@@ -294,6 +294,16 @@ def test_feeds_onnxruntime_refuses_from_the_users_evaluate_name_its_line_and_wha
      "contract 'bad.ptq.yaml' (*) sets 'threshold' twice (again at line 5); keep one"),
     ("model: ../models/model.onnx\ndata: ../models/calib\ntolerance: .inf\n",
      "contract 'bad.ptq.yaml': 'tolerance' must be a finite number, got inf"),
+    # a number quoted is text: refused the same way for every numeric key (data_num's was read)
+    *((f"model: ../models/model.onnx\ndata: ../models/calib\n{body}\n",
+       f"contract 'bad.ptq.yaml': {key!r} must be {must}, got the text {value!r}; write the number without quotes")
+      for body, key, value, must in [
+          ("data_num: '3'", "data_num", "3", "a whole number"),
+          ("outputs: '0.99'", "outputs", "0.99", "a number"),
+          ("outputs: {prob: '0.99'}", "outputs.prob", "0.99", "a number"),
+          ("nodes: {threshold: '0.9'}", "nodes.threshold", "0.9", "a number"),
+          ("tolerance: '0.1'", "tolerance", "0.1", "a number"),
+          ("accuracy: {evaluate: e.py:f, min_ratio: '0.9'}", "accuracy.min_ratio", "0.9", "a number")]),
     ("model: ../models/model.onnx\ndata: ../models/calib\naccuracy: {evaluate: e.py:f, min_ratio: 0}\n",
      "contract 'bad.ptq.yaml': 'accuracy.min_ratio' must be a share of the float model's score in (0, 10] such as "
      "0.99, got 0"),

@@ -716,6 +716,32 @@ def analysis(template):
     return Analysis(AnalysisKey(str(template / "m.onnx"), str(template / "calib")), template)
 
 
+def _score(run, data):
+    return 1.0
+
+
+@pytest.mark.parametrize("method,key,value,given", [
+    ("outputs", "threshold", 0.9, {}),
+    ("nodes", "threshold", 0.9, {}),
+    ("accuracy", "min_ratio", 0.9, {"evaluate": _score}),
+    ("baseline", "tolerance", 0.1, {"path": "b.json"}),
+    ("data", "threshold", 0.9, {"holdout": "held"}),
+    ("stages", "min_cosine", 0.9, {"float_model": "f.onnx"}),
+])
+def test_the_fixture_refuses_a_number_given_as_text(analysis, template, method, key, value, given):
+    """ptq.assert_outputs("0.9") passed: the threshold was read from the text, where a YAML
+    contract's quoted '0.99' was refused as a mistake."""
+    from pytest_ptq.checks import PTQ
+    from pytest_ptq.settings import Settings
+
+    given = {k: template / v if isinstance(v, str) else v for k, v in given.items()}
+    ptq = PTQ(analysis, Settings(), lambda result: None, template / "b.json", base=template)
+    getattr(ptq, f"check_{method}")(**given, **{key: value})  # the number itself is taken
+    with pytest.raises(PTQError) as exc:
+        getattr(ptq, f"assert_{method}")(**given, **{key: str(value)})
+    one_line(str(exc.value), f"got the text '{value}'; write the number without quotes")
+
+
 BAD_FIELDS = [
     ("outputs-text", {"outputs": "0.99"}, "has a malformed 'outputs': it must be a mapping of output names"),
     ("outputs-empty", {"outputs": {}}, "has a malformed 'outputs'"),

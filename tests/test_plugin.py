@@ -202,9 +202,9 @@ def test_a_report_that_fails_to_write_is_an_error_line_not_an_internal_error(pyt
 
 
 @pytest.mark.parametrize("flag, value, message", [
-    ("--ptq-min-cosine", "2", "a cosine threshold must lie in [[]-1, 1[]], got 2"),
-    ("--ptq-min-node-cosine", "high", "a cosine threshold must be a number, got 'high'"),
-    ("--ptq-tolerance", "-0.5", "a tolerance must be >= 0, got -0.5"),
+    ("--ptq-min-cosine", "2", "must lie in [[]-1, 1[]], got 2"),
+    ("--ptq-min-node-cosine", "high", "must be a number, got 'high'"),
+    ("--ptq-tolerance", "-0.5", "must be >= 0, got -0.5"),
     ("--ptq-data-num", "0", "must be at least 1, got 0"),
     ("--ptq-metric", "cosin", "unknown metric 'cosin'; did you mean*"),
     ("--ptq-node-type", "layer", "unknown node_type 'layer'; use one of 'node', 'weight', 'activation'"),
@@ -227,7 +227,7 @@ def test_bad_ini_value_names_the_key(pytester):
     pytester.makepyfile("def test_never_runs(): raise AssertionError")
     result = run(pytester)
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    result.stderr.fnmatch_lines(["*ini key ptq_tolerance = 'lots': a tolerance must be a number, got 'lots'*"])
+    result.stderr.fnmatch_lines(["*ini key ptq_tolerance = 'lots': must be a number, got 'lots'*"])
 
 
 # -- outputs -------------------------------------------------------------------------------
@@ -575,6 +575,23 @@ def test_numbers_in_pytests_own_toml_table(project):
     assert result.ret == 1
 
 
+@pytest.mark.parametrize("key, value, must", [("data_num", "3", "a whole number"), ("min_cosine", "0.9", "a number"),
+                                             ("min_node_cosine", "0.9", "a number"), ("tolerance", "0.1", "a number"),
+                                             ("top", "5", "a whole number")])
+def test_a_marker_refuses_a_number_given_as_text_which_an_ini_file_gives(tmp_path, key, value, must):
+    """A marker's values are Python's: "3" is a mistake there (as in a contract), while an
+    ini file's 3 is text and read."""
+    from pytest_ptq.errors import PTQError
+    from pytest_ptq.settings import BY_NAME, Settings, apply_marker
+
+    with pytest.raises(PTQError, match=re.escape(f"ptq marker {key}={value!r}: it must be {must}, got the text "
+                                                 f"{value!r}; write the number without quotes")):
+        apply_marker(Settings(), (), {key: value}, tmp_path)
+    number = float(value) if "." in value else int(value)
+    assert getattr(apply_marker(Settings(), (), {key: number}, tmp_path), key) == number
+    assert BY_NAME[key].parse(value) == number  # the ini file's text
+
+
 def test_bad_marker_argument_fails_the_test_in_one_sentence(project):
     project.makepyfile("""
         import pytest
@@ -594,7 +611,7 @@ def test_bad_marker_argument_fails_the_test_in_one_sentence(project):
     result.assert_outcomes(errors=3)
     result.stdout.fnmatch_lines([
         "*unknown ptq marker argument 'min_cosin'; did you mean 'min_cosine'*",
-        "*ptq marker min_cosine=3: a cosine threshold must lie in [[]-1, 1[]], got 3*",
+        "*ptq marker min_cosine=3: it must lie in [[]-1, 1[]], got 3*",
         "*no model to test: pass --ptq-model PATH, set ptq_model in [[]tool.pytest.ini_options[]], or mark*",
     ])
     result.stdout.no_fnmatch_line("*Traceback*")
@@ -603,7 +620,7 @@ def test_bad_marker_argument_fails_the_test_in_one_sentence(project):
     # the short summary repeats each error's first line (whole, not cut to the terminal's
     # width, where the CI variable is set): count in the report of the errors itself
     errors = result.stdout.str().split("short test summary info")[0]
-    assert errors.count("a cosine threshold must lie in") == 1
+    assert errors.count("it must lie in") == 1
 
 
 def test_marker_help_and_the_docs_carry_the_signature_the_marker_takes(pytester):
