@@ -383,6 +383,9 @@ def _outputs(value, metric, where):
         if not out:
             raise ContractError(f"{where}: 'outputs' is empty; give 'default: 0.99' or one threshold per output")
         return out
+    if isinstance(value, (list, tuple, set)):  # a threshold per output is a mapping, not a list
+        raise ContractError(f"{where}: 'outputs' must be a number, or a mapping {{output: value}} such as "
+                            f"{{prob: 0.99, default: 0.9}} for one per output, got {shown(value)}")
     return _bound(value, "outputs", metric, where)
 
 
@@ -451,7 +454,9 @@ def load_function(spec, base, label):
     if target.endswith(".py"):
         file = (base / target).resolve()
         if not file.is_file():
-            raise ContractError(f"{label} file {str(file)!r} does not exist")
+            raise ContractError(f"{label} file {str(file)!r} does not exist; write the path of the .py file "
+                                f"relative to {str(base)!r} (FILE.py:FUNCTION), or name an importable module "
+                                "(module:FUNCTION)")
         mod_name = f"ptq_contract_{abs(hash(str(file)))}"
         module = sys.modules.get(mod_name)
         if module is None:

@@ -364,6 +364,21 @@ def test_no_option_is_taken_for_another_by_a_prefix(paths, tmp_path, capsys):
     assert not (tmp_path / "p").exists()
 
 
+@pytest.mark.parametrize("command, option, given, message", [
+    ("plot-acc-error", "-q/--quantize-node", "[[]]", "must be a list of names or of lists of names, got []"),
+    ("plot-acc-error", "-nq/--non-quantize-node", "[['c2_QuantizeLinear'], []]",
+     "must be a list of names or of lists of names, got []"),
+    # a group where names belong: a traceback (unhashable list) before
+    ("plot-distribution", "-n/--nodes", "[['c2_QuantizeLinear']]", "must be a list of names, got ['c2_QuantizeLinear']"),
+])
+def test_a_seed_list_of_the_wrong_shape_names_the_option(paths, tmp_path, capsys, command, option, given, message):
+    """The analysis named its Python parameter (``quantize_node must be ...``), which no
+    command line has."""
+    err = _exits_2(capsys, [command, paths["model"], paths["data"], option.split("/")[0], given, "-s",
+                            str(tmp_path / "p")], f"argument {option}: {message}")
+    assert len(err.strip().splitlines()) == 1 and not (tmp_path / "p").exists()
+
+
 def test_a_list_option_given_twice_joins_its_lists(paths, tmp_path):
     """``-i A -i B`` ranked B alone, ``-m cosine-similarity -m mse`` reported mse alone."""
     out = tmp_path / "twice.json"

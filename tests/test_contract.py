@@ -275,6 +275,9 @@ def test_feeds_onnxruntime_refuses_from_the_users_evaluate_name_its_line_and_wha
      "bad.ptq.yaml)"),
     ("model: ../models/model.onnx\ndata: ../models/calib\noutputs:\n  prob: high\n",
      "contract 'bad.ptq.yaml': 'outputs.prob' must be a number, got 'high'"),
+    ("model: ../models/model.onnx\ndata: ../models/calib\noutputs: [0.99]\n",
+     "contract 'bad.ptq.yaml': 'outputs' must be a number, or a mapping {output: value} such as {prob: 0.99, "
+     "default: 0.9} for one per output, got [[]0.99[]]"),
     ("model: ../models/model.onnx\ndata: ../models/calib\nnodes: {outputs: 3}\n",
      "contract 'bad.ptq.yaml': 'nodes.outputs' must be a list of output names or slices, got 3"),
     ("model: ../models/model.onnx\ndata: ../models/calib\nmetric: mse\n",
@@ -331,7 +334,8 @@ def test_bad_paths_fail_the_items_in_one_sentence(project):
     result = run(project)
     result.assert_outcomes(passed=1, failed=2)
     result.stdout.fnmatch_lines([
-        "contract 'noeval.ptq.yaml': 'accuracy.evaluate' file '*nowhere.py' does not exist",
+        "contract 'noeval.ptq.yaml': 'accuracy.evaluate' file '*nowhere.py' does not exist; write the path of the .py "
+        "file relative to '*contracts' (FILE.py:FUNCTION), or name an importable module (module:FUNCTION)",
         "contract nomodel (nomodel.ptq.yaml), check outputs: model file '*missing.onnx' does not exist; *",
     ])
     assert "Traceback" not in result.stdout.str()

@@ -163,11 +163,26 @@ class Listed(argparse.Action):
 class SeedList(Listed):
     """A :class:`Listed` option that also takes the seed's bracketed Python list, quoted
     (``-q "[['Conv_2'], ['Conv_2', 'Conv_90']]"``) or as the shell splits it unquoted
-    (``-m [cosine-similarity, mse]``): stored as that list (of strings, or of lists of strings
-    for the seed's groups); other values as given."""
+    (``-m [cosine-similarity, mse]``): stored as that list (of strings; of lists of strings
+    too for :class:`SeedGroups`); other values as given. A list of another shape is refused
+    naming the option (the analysis named its Python parameter, ``quantize_node``)."""
+
+    nested = False
 
     def convert(self, values):
-        return seed_list(values)
+        value = seed_list(values)
+        try:
+            params.names(value, "", nested=self.nested)
+        except PTQError as exc:
+            raise argparse.ArgumentError(self, str(exc)) from None
+        return value
+
+
+class SeedGroups(SeedList):
+    """A :class:`SeedList` whose entries may be the seed's groups, lists of names quantized
+    together (``-q "[['Conv_2'], ['Conv_2', 'Conv_90']]"``)."""
+
+    nested = True
 
 
 class Metrics(SeedList):

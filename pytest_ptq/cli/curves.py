@@ -64,11 +64,11 @@ class _NotAnOption(argparse.Action):
 def configure(p):
     a.add_model(p)
     g = p.add_mutually_exclusive_group()
-    g.add_argument("-q", "--quantize-node", nargs="+", action=a.SeedList, default=None, metavar="NODE",
+    g.add_argument("-q", "--quantize-node", nargs="+", action=a.SeedGroups, default=None, metavar="NODE",
                    help="one config per entry with only it quantized: 'weight', 'activation', a node, "
                         "or 'a,b' for a group (also the seed's \"[['a'], ['a', 'b']]\" form). Default: everything "
                         "quantized")
-    g.add_argument("-nq", "--non-quantize-node", nargs="+", action=a.SeedList, default=None, metavar="NODE",
+    g.add_argument("-nq", "--non-quantize-node", nargs="+", action=a.SeedGroups, default=None, metavar="NODE",
                    help="one config per entry with everything but it quantized (the same forms)")
     # argparse matches a prefix of a one-dash option whatever allow_abbrev says: -n (the node
     # option of plot-distribution) read as -nq, the opposite configuration, in silence
