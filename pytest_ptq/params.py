@@ -407,6 +407,18 @@ def input_path(value, what):
     return path
 
 
+def data_path(value, what):
+    """Calibration or held-out data on disk (see :func:`~pytest_ptq.data.load_data`): an
+    existing folder, or an .npz file; anything else is refused before any model is read."""
+    path = input_path(value, what)
+    if path.is_dir() or path.is_file() and path.suffix == ".npz":
+        return path
+    if path.exists():
+        raise _fail(what, f"{shown(str(path))} is neither a folder nor an .npz file; give a folder with one sub-folder "
+                          "of .npy files per model input (or <input>.npy stacks), or an .npz with one key per input")
+    raise _fail(what, f"{shown(str(path))} does not exist")
+
+
 def node_type(value, what="node_type"):
     """One of :data:`NODE_TYPES`."""
     if not isinstance(value, str) or value not in NODE_TYPES:

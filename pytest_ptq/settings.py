@@ -91,6 +91,12 @@ def existing_path(text):
     return path.resolve()
 
 
+def data_path(text):
+    """Calibration or held-out data: an existing folder or .npz file, checked at start-up
+    (a file of another kind failed every test that read it)."""
+    return params.data_path(str(text), "").resolve()
+
+
 def existing_file(text):
     """A model or library path: an existing file, not a folder."""
     path = existing_path(text)
@@ -164,9 +170,9 @@ class Option:
 OPTIONS = [
     Option("model", existing_file, None, "calibrated QDQ model (.onnx) that the ptq fixtures analyse; with "
            "no test using them, a built-in contract checks it (see --ptq-no-default-contract)", "PATH", True),
-    Option("data", existing_path, None, "calibration data: a folder DIR/<input>/<i>.npy, a folder of "
+    Option("data", data_path, None, "calibration data: a folder DIR/<input>/<i>.npy, a folder of "
            "<input>.npy stacks, or an .npz", "PATH", True),
-    Option("holdout", existing_path, None, "held-out data for the output and accuracy checks and for "
+    Option("holdout", data_path, None, "held-out data for the output and accuracy checks and for "
            "accepting ptq.suggest's remedies (a YAML contract names its own), in the layouts of --ptq-data; "
            "node sensitivity and baselines stay on the calibration data", "PATH", True,
            shown="the calibration data", alias="heldout"),

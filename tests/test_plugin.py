@@ -222,6 +222,20 @@ def test_bad_option_values_are_rejected_at_startup(pytester, flag, value, messag
     result.stdout.no_fnmatch_line("*test_never_runs*")
 
 
+@pytest.mark.parametrize("flag", ["--ptq-data", "--ptq-holdout"])
+def test_data_that_is_no_folder_nor_npz_is_refused_at_startup(pytester, flag):
+    """A .npy file given as the data was refused by each test that read it, one failure per
+    test, where a bad --ptq-model stops the run at start-up."""
+    np.save(pytester.path / "x.npy", np.zeros((2, 3), np.float32))
+    pytester.makepyfile("def test_never_runs(): raise AssertionError")
+    for args in ([flag, "x.npy"], ["-o", f"ptq_{flag[6:]}=x.npy"]):
+        result = run(pytester, *args)
+        assert result.ret == pytest.ExitCode.USAGE_ERROR
+        result.stderr.fnmatch_lines([f"*{'argument ' + flag if args[0] == flag else 'ini key ptq_' + flag[6:]}*"
+                                     "x.npy* is neither a folder nor an .npz file; give a folder*"])
+        result.stdout.no_fnmatch_line("*test_never_runs*")
+
+
 def test_bad_ini_value_names_the_key(pytester):
     pytester.makeini("[pytest]\nptq_tolerance = lots\n")
     pytester.makepyfile("def test_never_runs(): raise AssertionError")
