@@ -733,7 +733,7 @@ def check_data(analysis, max_severity="warning", holdout=None, threshold=None, m
     params.severity(max_severity)
     m = get_metric(metric)
     floors = {k: params.threshold(v, m.name, f"data check {m.name} threshold")
-              for k, v in params.thresholds(threshold).items()}
+              for k, v in output_thresholds(threshold, analysis).items()}
     threshold = None
     for floor in floors.values():
         if threshold is None or m.worse(floor, threshold):

@@ -114,13 +114,11 @@ class Contract:
             inputs.add(self.path.parent / target, "evaluation file")
         return inputs
 
-    @property
-    def node_outputs(self):
+    def node_outputs(self, given):
         """The outputs the nodes check judges: ``nodes.outputs`` (a name that ``outputs`` gives a
         slice, ``p`` of ``p=prob[:, 1:]``, read as that slice), else those ``outputs`` names when
         it gives no default (the only ones the contract holds to a floor), else None (every
-        output)."""
-        given = params.thresholds(self.outputs) if isinstance(self.outputs, dict) else {}
+        output). ``given``: ``outputs`` as read on the model (:func:`~pytest_ptq.outputs.thresholds`)."""
         if self.nodes is not None and self.nodes.get("outputs"):
             named = {k.partition("=")[0].strip(): k for k in given if "=" in k}
             return [named.get(o, o) for o in self.nodes["outputs"]]
@@ -582,6 +580,7 @@ class ContractItem(pytest.Item):
 
     def runtest(self):
         from .checks import PTQ, ContractFailed, check_data
+        from .outputs import thresholds as output_thresholds
 
         session = ptq_session.get(self.config)
         c = self.contract
@@ -602,7 +601,8 @@ class ContractItem(pytest.Item):
                     f"{self.path.name}: nodes.threshold {c.nodes['threshold']} is read in {settings.metric} (the "
                     "session's --ptq-metric), as the contract names no metric; name it (nodes: {metric: ...}) to "
                     "keep the threshold's meaning whatever the command line says"))
-            result = ptq.check_nodes(c.nodes["threshold"], metric=c.nodes["metric"], outputs=c.node_outputs)
+            result = ptq.check_nodes(c.nodes["threshold"], metric=c.nodes["metric"],
+                                     outputs=c.node_outputs(output_thresholds(c.outputs, analysis)))
         elif self.name == "accuracy":
             fn = load_function(c.accuracy["evaluate"], c.path.parent, f"contract {self.path.name!r}: 'accuracy.evaluate'")
             result = ptq.check_accuracy(fn, c.accuracy["min_ratio"])
@@ -615,7 +615,7 @@ class ContractItem(pytest.Item):
             session.record(self, analysis, result)
         else:
             # the outputs its thresholds name (slices too) are kept beside the model's own
-            result = ptq.check_baseline(outputs=[k for k in params.thresholds(c.outputs) if k])
+            result = ptq.check_baseline(outputs=[k for k in output_thresholds(c.outputs, analysis) if k])
         if not result:
             raise ContractFailed(result)
 

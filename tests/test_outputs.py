@@ -879,3 +879,27 @@ def test_an_output_named_default_is_checked_as_default_equals_default_and_its_se
     assert saved["objective"]["targets"] == floors
     assert saved["figures"]["calibration"]["outputs"]["before"] == pytest.approx(
         {o: cos[o] for o in floors}, abs=1e-6)
+
+
+def test_every_contract_item_reading_the_outputs_refuses_a_bare_default_on_a_model_with_one(tmp_path, pytester):
+    """A bare 'default' on a model whose own output is named 'default' could mean either: the
+    outputs item refused it, but the nodes, data_check and baseline items read it without the
+    model as the outputs not named, and ran on in silence. Each refuses it in one sentence, as
+    does check_data of the checks API."""
+    from pytest_ptq.checks import check_data
+    from test_plugin import run
+
+    fpath, qpath, data, _ = _two_outputs(tmp_path, rename="default")
+    assert "default" in [o.name for o in onnx.load(qpath).graph.output]  # the proto, read directly
+    analysis = Analysis(AnalysisKey(str(qpath), str(tmp_path / "calib"), str(fpath)), root=tmp_path)
+    with pytest.raises(PTQError, match="write 'default=default' for its own"):
+        check_data(analysis, "error", None, {"default": 0.5})
+    for name in ("float.onnx", "q.onnx", "calib"):
+        (shutil.copytree if name == "calib" else shutil.copy)(tmp_path / name, pytester.path / name)
+    pytester.makefile(".ptq.yaml", bare="model: q.onnx\ndata: calib\nfloat_model: float.onnx\n"
+                      "outputs: {default: 0.5}\nnodes: 0.0\ndata_check: {max_severity: error}\n")
+    text = run(pytester, "-p", "no:xdist").stdout.str()
+    for item in ("outputs", "nodes", "data_check", "baseline"):
+        assert (f"bare.ptq.yaml), check {item}: the thresholds {{'default': 0.5}} give 'default', which "
+                in text), (item, text)
+    assert not (pytester.path / "bare.baseline.json").exists()
