@@ -352,17 +352,9 @@ def load_data(calibrated_data, qmodel=None, data_num=None, role="calibration", c
                        f"feed dicts {{input name: array}}, got {shown(calibrated_data)}; pass {{'<input name>': "
                        "array} with the samples along the array's first axis")
     else:
-        path = params.input_path(calibrated_data, f"{role} data")
-        if path.is_file() and path.suffix == ".npz":
-            data = CalibrationData(_open_npz(path, role), str(path), path, role)
-        elif path.is_dir():
-            data = CalibrationData(_open_dir(path, role), str(path), path, role)
-        elif path.exists():
-            raise PTQError(f"{role} data {str(path)!r} is neither a folder nor an .npz file; "
-                           "give a folder with one sub-folder of .npy files per model input")
-        else:
-            raise PTQError(f"{role} data {str(path)!r} does not exist; give a folder with one "
-                           "sub-folder of .npy files per model input")
+        path = params.data_path(calibrated_data, f"{role} data")
+        sources = _open_dir(path, role) if path.is_dir() else _open_npz(path, role)
+        data = CalibrationData(sources, str(path), path, role)
     data = data.first(data_num)
     if qmodel is not None:
         data.validate(qmodel)

@@ -650,3 +650,19 @@ def test_an_evaluation_function_editing_its_feeds_changes_no_other_pass_nor_the_
     assert centred(lambda feeds: engine.run(feeds, "all"), engine.data) == want[1]
     for a, k in zip(arrays, kept):
         np.testing.assert_array_equal(a, k)
+
+
+@pytest.mark.parametrize("name", ["x.npy", "missing"])
+def test_load_data_refuses_what_is_not_data_in_the_sentence_of_the_start_up_check(tmp_path, name):
+    """load_data had its own 'neither a folder nor an .npz' rule and sentence beside
+    params.data_path's (the start-up check of --ptq-data): one rule, one sentence."""
+    from pytest_ptq import params
+
+    path = tmp_path / name
+    if name.endswith(".npy"):
+        np.save(path, np.zeros((2, 3), np.float32))
+    with pytest.raises(PTQError) as said:
+        params.data_path(path, "held-out data")
+    with pytest.raises(PTQError) as exc:
+        load_data(path, role="held-out")
+    assert str(exc.value) == str(said.value)
