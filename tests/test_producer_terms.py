@@ -403,6 +403,47 @@ def test_a_producer_that_fails_or_is_missing_is_one_sentence(made, monkeypatch, 
     assert not (tmp_path / "x.onnx").exists()
 
 
+STUB_AIMET = '''
+"""A stand-in for aimet_onnx.quantsim: the model it is given, returned as the quantized one."""
+import types
+
+
+class QuantizationSimModel:
+    def __init__(self, model, **kw):
+        self.model, self.qc_quantize_op_dict = types.SimpleNamespace(model=model), {}
+
+    def compute_encodings(self, samples):
+        pass
+
+    def to_onnx_qdq(self, prequantize_constants=False):
+        return self.model.model
+'''
+
+
+def test_the_producer_script_reads_a_binary_float_model_named_json(tmp_path):
+    """The producer script reads the float model with onnx.load, which picks the format from
+    the extension: a binary model named .json reaches it as the copy the caller reads by
+    content and saves as float.onnx, so the producer is given that model, not a JSON error.
+    The real script runs in a Python with an aimet_onnx stand-in that returns its input."""
+    from pytest_ptq.data import load_data
+
+    model = onnx.load(str(builders.conv_net(tmp_path / "conv.onnx")))
+    fpath = tmp_path / "float.json"
+    fpath.write_bytes(model.SerializeToString())  # binary: onnx.save would write JSON here
+    (tmp_path / "stub" / "aimet_onnx").mkdir(parents=True)
+    (tmp_path / "stub" / "aimet_onnx" / "__init__.py").write_text("")
+    (tmp_path / "stub" / "aimet_onnx" / "quantsim.py").write_text(STUB_AIMET)
+    python = tmp_path / "python"
+    python.write_text(f"#!/bin/sh\nPYTHONPATH={str(tmp_path / 'stub')!r} exec {sys.executable!r} \"$@\"\n")
+    python.chmod(python.stat().st_mode | stat.S_IEXEC)
+    samples = load_data({"x": builders.samples(2)["x"]})
+    out = requantize_with_producer("aimet", fpath, samples, tmp_path / "out.onnx", python=str(python))
+    got = onnx.load(str(out))
+    assert [(n.op_type, list(n.input), list(n.output)) for n in got.graph.node] == \
+        [(n.op_type, list(n.input), list(n.output)) for n in model.graph.node]
+    assert {i.name: i.raw_data for i in got.graph.initializer} == {i.name: i.raw_data for i in model.graph.initializer}
+
+
 def test_recipes_follow_what_the_pairs_show(made):
     quark = QuantModel(str(made("quark_xint8", "quark", "conv")[0]))
     assert producer_recipe(quark) == {"config": "XINT8_QCONFIG"}  # power-of-two scales

@@ -6,7 +6,9 @@ environment (each pins an onnxruntime build of its own, so none shares pytest-pt
     python producer_script.py SPEC.json
 
 It imports the producer, onnx and numpy only, never pytest-ptq. SPEC holds ``producer``
-(modelopt, quark, neural-compressor, aimet), ``float`` and ``out`` (paths), ``samples`` (an
+(modelopt, quark, neural-compressor, aimet), ``float`` and ``out`` (paths; ``float`` a binary
+``.onnx`` copy the caller read by content, so onnx.load, which picks the format from the
+extension, and the producers read it whatever the user's file is named), ``samples`` (an
 ``.npz`` with one array per model input, samples stacked on a new first axis), ``recipe``
 (how the model was first quantized) and ``settings`` (the remedy's
 ``producer_terms()["settings"]``; empty for the baseline). A failure ends with one line on
