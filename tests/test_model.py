@@ -758,3 +758,44 @@ def test_an_external_data_file_cut_short_is_refused_as_such(zoo, tmp_path):
     text = str(info.value)
     assert f"keeps its data in bytes {start}..{end} of" in text and f"which holds {cut}: the file is cut short" in text
     assert "mmap" not in text
+
+
+def _varint3(v):
+    """``v`` as a three-byte protobuf varint that is also UTF-8 text (a two-byte character and
+    an ASCII one), or None."""
+    b = bytes([0x80 | (v & 0x7F), 0x80 | ((v >> 7) & 0x7F), v >> 14])
+    return b if 0xC2 <= b[0] <= 0xDF and b[1] <= 0xBF and b[2] < 0x80 and b[2] not in (0, 10, 13) else None
+
+
+def _walks_as_binary(text):
+    """``text`` (a textproto) behind a first comment line whose bytes walk as a binary ModelProto
+    holding a graph with a 64 KiB raw initializer (the rest of the text), then a field numbered
+    0 that no protobuf parser takes: still a text model onnx reads, by its extension."""
+    from pytest_ptq.model.graph import LARGE_BYTES
+
+    for raw in range(max(LARGE_BYTES, len(text) + 2), 1 << 21):
+        for n in range(1, 120):
+            if _varint3(raw) is None or n in (10, 13) or _varint3(raw + n + 8) is None or _varint3(raw + n + 12) is None:
+                continue
+            tensor = b"B" + bytes([n]) + b"w" * n + b"\x10\x01J" + _varint3(raw)  # name, FLOAT, raw_data
+            head = b"\n#" + b"x" * 35 + b":" + _varint3(raw + n + 12) + b"*" + _varint3(raw + n + 8) + tensor
+            body = b"\n" + text + b"#"
+            return head + body + b"z" * (raw - len(body)) + b"\x02 " + b"y" * 31 + b"\n"
+    raise AssertionError("no lengths fit")
+
+
+@pytest.mark.parametrize("external", [False, True])
+def test_a_text_model_whose_bytes_walk_as_protobuf_is_read_as_text(tmp_path, external):
+    """The memory-mapped loading walks a file's bytes as binary protobuf: a text model whose
+    first bytes walk as fields raised protobuf's DecodeError (a traceback) instead of being
+    read as the text it is. It lists the nodes the binary .onnx does, read by onnx directly."""
+    qpath = builders.quantize(builders.conv_net(tmp_path / "f.onnx"), tmp_path / "q.onnx", builders.samples(2))
+    model = onnx.load(str(qpath))
+    kw = {"save_as_external_data": True, "location": "t.data", "size_threshold": 0} if external else {}
+    onnx.save(model, str(tmp_path / "t.textproto"), **kw)
+    (tmp_path / "t.textproto").write_bytes(_walks_as_binary((tmp_path / "t.textproto").read_bytes()))
+    assert [n.name for n in onnx.load(str(tmp_path / "t.textproto")).graph.node] == [n.name for n in model.graph.node]
+    qm = QuantModel(str(tmp_path / "t.textproto"))
+    assert [n.name for n in qm.model.graph.node] == [n.name for n in model.graph.node]
+    assert {i.name: list(i.dims) for i in qm.model.graph.initializer} == \
+        {i.name: list(i.dims) for i in model.graph.initializer}

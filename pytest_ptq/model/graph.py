@@ -17,6 +17,7 @@ from collections import defaultdict
 
 import numpy as np
 import onnx
+from google.protobuf.message import DecodeError
 from onnx import numpy_helper
 
 from .. import onnxfile, params
@@ -631,7 +632,7 @@ def load_mapped(path):
     """``(model, {name: array})`` of an .onnx file whose large inline weights stay in the file:
     the model is parsed without them (placeholders in their place) and each is a read-only
     view on a memory map of the file, so loading costs no copy of the weights. None when the
-    file has no large inline weights (load it as usual)."""
+    file has no large inline weights or is not binary protobuf (load it as usual, by content)."""
     import mmap
 
     key = _file_key(path) + ("whole",)
@@ -662,7 +663,11 @@ def load_mapped(path):
         buf.release()
         return None
     model = onnx.ModelProto()
-    model.ParseFromString(b"".join(pieces))
+    try:
+        model.ParseFromString(b"".join(pieces))
+    except DecodeError:  # a text model whose first bytes happen to walk as fields: onnxfile.read reads it
+        buf.release()
+        return None
     arrays = {}
     for init in model.graph.initializer:
         if init.name in found and not init.HasField("raw_data"):
