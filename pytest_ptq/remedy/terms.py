@@ -27,6 +27,7 @@ from pathlib import Path
 from .. import params
 from ..errors import PTQError, unknown
 from ..model.align import float_source
+from ..model.formats import onnx_opset
 from .alternatives import symmetric_channels
 from .result import MIXED, REMEDIES
 
@@ -107,8 +108,8 @@ def per_channel_weights(qmodel):
                 "ask for their axis in extra_options['TensorQuantOverrides'] ({'axis': A}), which onnxruntime honours "
                 "only on initializers of ops it quantizes per channel"
                 + ("" if qmodel.format == "dynamic" else ", or raise them to int16"))
-    opset = next((o.version for o in qmodel.model.opset_import if o.domain in ("", "ai.onnx")), None)
-    if qmodel.format == "QDQ" and opset is not None and opset < 13:
+    opset = onnx_opset(qmodel.model)
+    if qmodel.format == "QDQ" and opset < 13:
         # quantize_static writes the axis all the same, and the model then fails to load
         return (f"{quantizer_call(qmodel)}(..., per_channel=True) on the float model converted to opset 13 first "
                 f"(onnx.version_converter.convert_version(model, 13)): at its opset {opset} DequantizeLinear takes no axis")
