@@ -414,9 +414,10 @@ def data_path(value, what):
     if path.is_dir() or path.is_file() and path.suffix == ".npz":
         return path
     if path.exists():
-        raise _fail(what, f"{shown(str(path))} is neither a folder nor an .npz file; give a folder with one sub-folder "
+        raise _fail(what, f"{shown(str(path), 240)} is neither a folder nor an .npz file; give a folder with one sub-folder "
                           "of .npy files per model input (or <input>.npy stacks), or an .npz with one key per input")
-    raise _fail(what, f"{shown(str(path))} does not exist")
+    raise _fail(what, f"{shown(str(path), 240)} does not exist; give a folder with one sub-folder of .npy files per model "
+                      "input (or <input>.npy stacks), or an .npz with one key per input")
 
 
 def node_type(value, what="node_type"):

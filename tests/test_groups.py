@@ -194,10 +194,10 @@ def test_a_ranking_from_anything_but_to_dict_is_one_sentence_and_a_table_limit_a
         Sensitivity.from_dict(None)
     s = _sens({"a": [0.5, 0.6], "b": [0.9, 0.8]})
     assert Sensitivity.from_dict(s.to_dict()) == s
-    for bad in (-1, "two", 1.5):
+    for bad in (-1, "two", 1.5, "1"):  # a number as text is a mistake in Python, as in a contract
         with pytest.raises(PTQError, match="limit must be"):
             s.table(bad)
-    assert "... 1 more" in s.table(1) and s.table("1") == s.table(1)
+    assert "... 1 more" in s.table(1)
 
 
 # -- command line -------------------------------------------------------------------------------
