@@ -196,6 +196,11 @@ class ChannelStats:
         arr = np.asarray(array)
         if self.shape is None:
             self.shape = list(arr.shape)
+        if arr.ndim != len(self.shape):
+            # a rank-agnostic graph run on samples of several ranks (an input that declares no
+            # shape): the axis of one rank is no channel axis of another
+            raise PTQError(f"its samples differ in rank ({len(self.shape)} axes in one, {arr.ndim} in another), so "
+                           "no axis holds the same channels in all of them; give samples of one rank to box-plot it")
         if arr.size == 0:  # a sample of an empty tensor (an empty Slice): no values, maybe no channels
             return
         block = np.moveaxis(arr, self.axis, 0).reshape(arr.shape[self.axis], -1).astype(np.float32)

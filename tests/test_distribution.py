@@ -1260,3 +1260,55 @@ def test_figures_drawn_from_two_threads_at_once(models, tmp_path):
     after = (matplotlib.rcParams["text.parse_math"], list(matplotlib.rcParams["font.sans-serif"]),
              list(warnings.filters))
     assert after == before
+
+
+def test_a_tensor_whose_samples_differ_in_rank_is_refused_its_box_plot_and_runall_boxes_the_rest(tmp_path, capsys):
+    """An input that declares no shape, before ReduceMean(keepdims=0), runs samples of ranks 3
+    and 2; the per-channel statistics took the rank-3 sample's channel axis 2 to the rank-2
+    one and ended in an internal AxisError (runall too). That tensor's box plot is refused in
+    one sentence naming the ranks; runall boxes the other pair's tensor, whose statistics match
+    numpy's over a plain session's values of it (a graph output of the float model)."""
+    from pytest_ptq.cli import main
+
+    inits, nodes = [], []
+    x = builders.add_pair(inits, nodes, "x", 0.02, np.uint8(128))
+    nodes.append(helper.make_node("ReduceMean", [x], ["y"], keepdims=0, name="mean"))
+    gain = np.array([1.0, 1.0, 20.0, 1.0], np.float32).reshape(1, 4, 1)  # channel 2 the outlier
+    inits.append(numpy_helper.from_array(gain, "gain"))
+    nodes.append(helper.make_node("Mul", ["z", "gain"], ["t"], name="scale"))
+    t = builders.add_pair(inits, nodes, "t", 0.2, np.uint8(128))
+    nodes.append(helper.make_node("Relu", [t], ["w"], name="relu"))
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, None),
+                                           helper.make_tensor_value_info("z", onnx.TensorProto.FLOAT, [1, 4, 6])],
+                              [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None),
+                               helper.make_tensor_value_info("w", onnx.TensorProto.FLOAT, None)], inits)
+    q = tmp_path / "q.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), q)
+    rng = np.random.default_rng(0)
+    data = {"x": [rng.standard_normal(s).astype(np.float32) for s in ((1, 3, 4), (1, 3, 4), (1, 5))],
+            "z": [rng.standard_normal((1, 4, 6)).astype(np.float32) for _ in range(3)]}
+    folder = builders.save_folder(data, tmp_path / "calib")
+
+    # axis 1: the gain's channels (inferred, the last axis would spread the outlier over every box)
+    assert main(["runall", str(q), str(folder), "-s", str(tmp_path / "out"), "--axis", "1", "--quiet"]) == 0
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    ranks = [a.ndim for a in data["x"]]
+    assert f"differ in rank ({ranks[0]} axes in one, {ranks[-1]} in another)" in summary["channelwise"]["x_Q"]["skipped"]
+    box = summary["channelwise"]["t_Q"]
+    runs = builders.run_model(builders.rewire(q, outputs=["t"]), [{"x": a, "z": b} for a, b in zip(data["x"], data["z"])])
+    assert box["axis"] == 1
+    values = np.concatenate([r["t"].transpose(1, 0, 2).reshape(4, -1) for r in runs], axis=1).astype(np.float64)
+    np.testing.assert_allclose(box["min"], values.min(axis=1), rtol=1e-6)
+    np.testing.assert_allclose(box["max"], values.max(axis=1), rtol=1e-6)
+    np.testing.assert_allclose(box["mean"], values.mean(axis=1), rtol=1e-5)
+    np.testing.assert_allclose(box["median"], np.median(values, axis=1), rtol=1e-5)
+    widest = np.abs(values).max(axis=1)
+    assert box["outlier_channels"] == [int(k) for k in np.flatnonzero(widest > channelwise.OUTLIER_K * np.median(widest))]
+    assert box["outlier_channels"]  # the gain's channel
+    assert box["values_per_channel"] == values.shape[1]
+    # alone, the command refuses it by name in one sentence, no internal error
+    capsys.readouterr()
+    assert main(["get-channelwise-data-distribution", str(q), str(folder), "-n", "x_Q", "-s", str(tmp_path / "box"),
+                 "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "input 'x' of 'x_Q': its samples differ in rank" in err and "Traceback" not in err, err
