@@ -742,8 +742,14 @@ def _plan(items, relevant, source, structural_only=False, qm=None, float_model=N
         fixed = [it["badness"] for it in items if {f["node"] for f in it["findings"]} & handled]
         ahead = bool(steps) and max(it["badness"] for it in severe) >= DOMINANT * max(fixed, default=0.0)
         first = "if they still cost too much after that, " if steps and not ahead else ""
-        step = ("", f"{first}keep {_names([it['node'] for it in severe])} in float ({how}) and re-check the output"
-                    + _notes(notes))
+        kept = _names([it['node'] for it in severe])
+        if any(qm.calibration[c].bit < 8 for c in floats) and qm.weight_only:  # floats: none without qm
+            # a weight-only quantizer's 8-bit blocks, which no remedy simulates (see QuantModel.wider_type)
+            text = (f"{first}raise {kept} to 8 bits or more ({WEIGHT_ONLY_8_BITS.format(which='for them')}), or keep "
+                    f"them in float ({how}), and re-check the output")
+        else:
+            text = f"{first}keep {kept} in float ({how}) and re-check the output"
+        step = ("", text + _notes(notes))
         if ahead:
             steps.insert(0, step)
         else:

@@ -340,3 +340,72 @@ def test_other_contrib_quantized_ops_are_one_sentence(op, fmt, why):
     assert msg.startswith(f"model '<ModelProto>' is in {fmt} format and its {op} node 'q' {why}")
     if op == "MatMulFpQ4":
         assert "export it with MatMulNBits" in msg
+
+
+def test_a_matmulnbits_weight_has_no_16_bit_form_to_be_offered():
+    """MatMulNBits packs 2, 4 or 8 bits (the file's ``bits``): the int16 remedy, simulated as
+    the same blocks on a 16-bit grid, is no model any quantizer writes, so no weight of it is
+    offered one."""
+    from pytest_ptq.remedy.alternatives import candidates_for
+
+    model, _ = _single(bits=4, k=64, n=8, block=32)
+    node = next(n for n in model.graph.node if n.op_type == "MatMulNBits")
+    assert {a.name: helper.get_attribute_value(a) for a in node.attribute}["bits"] == 4
+    engine = Engine(model, _samples(64))
+    weights = [c for c in engine.qmodel.calibration.values() if c.kind == "weight"]
+    assert weights and all(engine.qmodel.wider_type(c) is None for c in weights)
+    assert candidates_for(engine, "int16")[0] == []
+
+
+def test_runalls_search_for_a_spread_weight_loss_is_one_suggest_takes_and_a_quantizer_makes(tmp_path, capsys):
+    """A 4-bit model of onnxruntime's MatMulNBitsQuantizer whose loss is spread over its weights:
+    runall's step advised the quantizer's 8-bit setting but printed `suggest ... --remedy int16`,
+    16-bit blocks that no quantizer makes (MatMulNBits packs 2, 4 or 8 bits; the quantizer asserts
+    so). The weights have no wider type the remedies simulate: the search keeps nodes in float,
+    in suggest's wording, and the printed command runs through the CLI."""
+    import json
+    import shlex
+
+    nbits = pytest.importorskip("onnxruntime.quantization.matmul_nbits_quantizer")  # needs onnx_ir
+    from pytest_ptq.cli import main
+
+    rng = np.random.default_rng(0)
+    d, inits, nodes, t = 32, [], [], "x"
+    for k in range(8):
+        inits.append(numpy_helper.from_array((rng.standard_normal((d, d)) / np.sqrt(d)).astype(np.float32), f"W{k}"))
+        nodes.append(helper.make_node("MatMul", [t, f"W{k}"], [f"h{k}"], name=f"mm{k}"))
+        t = f"h{k}"
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, d])],
+                              [helper.make_tensor_value_info(t, TensorProto.FLOAT, [1, 8, d])], inits)
+    fp, q = tmp_path / "float.onnx", tmp_path / "q4.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), fp)
+    with pytest.raises(AssertionError, match="2, 4 or 8 bits"):
+        nbits.MatMulNBitsQuantizer(onnx.load(fp), bits=16)
+    quantizer = nbits.MatMulNBitsQuantizer(onnx.load(fp), bits=4, block_size=16, is_symmetric=True)
+    quantizer.process()
+    quantizer.model.save_model_to_file(str(q))
+    packed = [n for n in onnx.load(q).graph.node if n.op_type == "MatMulNBits"]
+    assert len(packed) == 8 and all(helper.get_attribute_value(a) == 4 for n in packed for a in n.attribute
+                                    if a.name == "bits")
+    qm = QuantModel(str(q))
+    assert all(qm.wider_type(c) is None for c in qm.calibration.values() if c.kind == "weight")
+    folder = builders.save_folder({"x": [rng.standard_normal((1, 8, d)).astype(np.float32) for _ in range(4)]},
+                                  tmp_path / "calib")
+
+    assert main(["runall", str(q), str(folder), "--float-model", str(fp), "-s", str(tmp_path / "out"), "--quiet"]) == 0
+    verdict = json.loads((tmp_path / "out" / "summary.json").read_text())["verdict"]
+    assert not any("int16" in it["try"] for it in verdict["nodes"])
+    step = next(s for s in verdict["next_steps"] if "spread over many weight nodes" in s)
+    assert "8 bits (the weight-only quantizer's 8-bit setting" in step
+    # the nodes it names are raised to the 8 bits it makes, or kept in float
+    assert any(s.startswith("raise `") and "to 8 bits or more (" in s and ", or keep them in float (MatMulNBitsQuantizer(" in s
+               for s in verdict["next_steps"]), verdict["next_steps"]
+    command = shlex.split(step.split("`")[1])
+    assert command[:2] == ["ptq-debug", "suggest"] and command[command.index("--remedy") + 1] == "float"
+    assert "find the fewest nodes to keep in float" in step
+    capsys.readouterr()
+    rc = main([*command[1:], "-s", str(tmp_path / "search"), "--quiet"])
+    out = capsys.readouterr()
+    assert rc in (0, 1) and "error" not in out.err, out.err  # 1: the target unmet, still a search run
+    assert "kept in float" in out.out
+    assert json.loads((tmp_path / "search" / "remedy_float.json").read_text())["remedy"] == "float"

@@ -203,11 +203,13 @@ def weight_issue(d, box=None):
                                      "codes: a few large weights set the scale -> per-channel weights")
     # too few levels even per channel: more bits where the type allows, else float
     more = [wider(d) or "keep in float", "fix the model"]
-    # below 8 bits, int8 is the next step a quantizer offers; int16 is what the remedies simulate
-    then = (f"{'int8 or ' if d['bit'] < 8 else ''}{wider(d)} weights" if wider(d) else "keep it in float")
+    # below 8 bits, int8 is the next step a quantizer offers (a weight-only one's 8-bit blocks too, which no
+    # remedy simulates); int16 is what the remedies simulate
+    then = (f"{'int8 or ' if d['bit'] < 8 else ''}{wider(d)} weights" if wider(d) else
+            "int8 weights or keep it in float" if d["bit"] < 8 else "keep it in float")
     if whole < WEAK_SQNR_DB:
         return more, (f"SQNR {whole:.1f} dB at {d['bit']} bits: too few levels for this weight -> "
-                      f"{'more bits (int8/int16)' if wider(d) else 'keep it in float'}, or QAT")
+                      f"{'more bits (int8/int16)' if wider(d) else then}, or QAT")
     if d.get("block_size"):
         even = f"even per block of {d['block_size']}"
     elif d["per_channel"] or splittable:

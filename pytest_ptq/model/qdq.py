@@ -1456,8 +1456,13 @@ class QuantModel:
         holds 16 bits already, sits on a float grid (fp8, whose wider form is float16), or the
         model is dynamic, or ``c`` is the dynamic part of a mixed one: a dynamic quantizer or a
         weight beside one (ConvInteger/MatMulInteger take 8-bit operands only, and
-        quantize_dynamic has no 16-bit activation type)."""
+        quantize_dynamic has no 16-bit activation type), or ``c`` is a block-wise weight:
+        MatMulNBits packs 2, 4 or 8 bits and the QDQ form MatMulNBitsQuantizer writes 4, so
+        no quantizer makes 16-bit blocks (its 8 bits are requantized blocks, not this range
+        on a finer grid, which is what the remedies simulate)."""
         if c.bit >= 16 or c.grid.is_float or self.format == "dynamic" or c.dynamic:
+            return None
+        if c.kind == "weight" and c.block_size:
             return None
         beside = (q for n in c.consumers if n in self.normal for q in self.normal[n].calibration_inputs)
         if c.kind == "weight" and any(self.calibration[q].dynamic for q in beside):
