@@ -206,8 +206,9 @@ def _constant(st, name, dataset):
 def _shapes(st, name, dataset):
     """Samples of different shapes: an error where they differ on an axis the model fixes,
     a note where only its open axes vary (sequence lengths, image sizes) or the model declares
-    no shape at all, which run one at a time; an error where it declares none but they differ
-    in rank: the rankings run them one at a time, the per-channel statistics cannot."""
+    no shape at all, which run one at a time; a warning where it declares none but they differ
+    in rank: the rankings run them one at a time, the per-channel box plots skip a tensor whose
+    rank follows them."""
     shapes = list(st.shapes)
     listed = ", ".join(str(list(s)) for s in shapes[:3])
     dims = st.spec.dims
@@ -228,12 +229,12 @@ def _shapes(st, name, dataset):
     common = st.shapes.most_common(1)[0][0]
     odd = [st.wheres[i] for i, s in st.sample_shapes.items() if s != common]
     if dims is None:  # the model runs each (a rank-agnostic graph); no declared shape to restore
-        return Finding("shape", "error", f"samples have different ranks ({' and '.join(map(str, sorted(ranks)))}: "
+        return Finding("shape", "warning", f"samples have different ranks ({' and '.join(map(str, sorted(ranks)))}: "
                        f"{listed}); the model declares no shape for {name!r} and the rankings and suggest run them "
-                       "one at a time, but the per-channel statistics (runall, get-channelwise-data-distribution) "
-                       f"need every sample of a tensor to have the same axes; {len(odd)} of {st.n} are not "
-                       f"{list(common)} as most are", f"save every sample with {len(common)} axes as most are, or "
-                       "leave the others out", name, dataset, odd[:_SHOWN])
+                       "one at a time, but a tensor whose rank follows them gets no per-channel box plot (runall, "
+                       f"get-channelwise-data-distribution); {len(odd)} of {st.n} are not {list(common)} as most are",
+                       f"save every sample with {len(common)} axes as most are, or leave the others out", name,
+                       dataset, odd[:_SHOWN])
     return Finding("shape", "error", f"samples have different shapes ({listed}); {len(odd)} of {st.n} are not "
                    f"{list(common)} as most are", "save every sample with the model's input shape", name, dataset,
                    odd[:_SHOWN])
