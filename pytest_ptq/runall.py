@@ -574,9 +574,12 @@ def _spread_step(kind, loss, worst, samples, decided, suggest, qm):
             f"moves it little; raise every {kind} to {wider}, or let `{suggest}` find {fewest} a target")
 
 
-# a weight-only quantizer's next width (it has no 16 bit), for the nodes ``which`` names
-WEIGHT_ONLY_8_BITS = ("the weight-only quantizer's 8-bit setting {which}, e.g. MatMulNBitsQuantizer's "
-                      "customized_weight_config {{MatMul: {{'bits': 8}}}} with its RTN or GPTQ algorithm")
+# a weight-only quantizer's next width (it has no 16 bit), for every weight or for the nodes
+# ``which`` names: onnxruntime's MatMulNBitsQuantizer takes one width a call, and a width per
+# node only in its RTN / GPTQ configs' customized_weight_config, keyed by node name
+WEIGHT_ONLY_8_BITS = "the weight-only quantizer's 8-bit setting for every weight, e.g. MatMulNBitsQuantizer(..., bits=8)"
+WEIGHT_ONLY_8_BITS_FOR = ("the weight-only quantizer's 8-bit setting for {which}, e.g. MatMulNBitsQuantizer's "
+                          "customized_weight_config {{node name: {{'bits': 8}}}} of its RTN or GPTQ algo_config")
 
 
 def _wider_call(kind, qm):
@@ -585,7 +588,7 @@ def _wider_call(kind, qm):
     else quantize_static at 16 bit (quantize_dynamic takes no 16-bit type), in QDQ format
     (given a QOperator format with one, quantize_static raises ValueError)."""
     if qm.weight_only:
-        return f"8 bits ({WEIGHT_ONLY_8_BITS.format(which='for every weight')})"
+        return f"8 bits ({WEIGHT_ONLY_8_BITS})"
     arg = "activation_type=QuantType.QUInt16" if kind == "activation" else "weight_type=QuantType.QInt16"
     if qm.format != "QDQ":
         arg = "quant_format=QuantFormat.QDQ, " + arg
@@ -745,7 +748,7 @@ def _plan(items, relevant, source, structural_only=False, qm=None, float_model=N
         kept = _names([it['node'] for it in severe])
         if any(qm.calibration[c].bit < 8 for c in floats) and qm.weight_only:  # floats: none without qm
             # a weight-only quantizer's 8-bit blocks, which no remedy simulates (see QuantModel.wider_type)
-            text = (f"{first}raise {kept} to 8 bits or more ({WEIGHT_ONLY_8_BITS.format(which='for them')}), or keep "
+            text = (f"{first}raise {kept} to 8 bits or more ({WEIGHT_ONLY_8_BITS_FOR.format(which='them')}), or keep "
                     f"them in float ({how}), and re-check the output")
         else:
             text = f"{first}keep {kept} in float ({how}) and re-check the output"
@@ -771,7 +774,7 @@ def _plan(items, relevant, source, structural_only=False, qm=None, float_model=N
                               "re-check" + _notes(notes)))
             floats += raised
         elif qm.weight_only:
-            to, how = ("8 bits or more", WEIGHT_ONLY_8_BITS.format(which="for them"))
+            to, how = ("8 bits or more", WEIGHT_ONLY_8_BITS_FOR.format(which="them"))
         else:
             to, how = (("int8 or int16", "TensorQuantOverrides with an 8- or 16-bit type") if narrow
                        else ("int16", "TensorQuantOverrides with a 16-bit type"))

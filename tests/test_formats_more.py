@@ -3,6 +3,8 @@ cannot hold there, and Transposes without perm beside per-channel pairs."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import onnx
 import pytest
@@ -175,7 +177,16 @@ def test_the_spread_step_names_the_call_that_can_widen_the_models_kind(tmp_path)
     assert (qop.format, nbits.weight_only) == ("QOperator", True)
     step = _spread_step("weight", 0.1, 0.01, 2, 0.1, ["ptq-debug", "suggest"], nbits)
     assert "raise every weight to 8 bits (the weight-only quantizer's 8-bit setting for every weight, e.g. " \
-           "MatMulNBitsQuantizer's customized_weight_config" in step and "quantize_static" not in step
+           "MatMulNBitsQuantizer(..., bits=8))" in step and "quantize_static" not in step
+    # the call named is one onnxruntime's quantizer takes (read from its source: importing it
+    # needs onnx_ir, which the test environment lacks)
+    import ast
+    import importlib.util
+
+    tree = ast.parse(Path(importlib.util.find_spec("onnxruntime.quantization.matmul_nbits_quantizer").origin).read_text())
+    init = next(f for c in ast.walk(tree) if isinstance(c, ast.ClassDef) and c.name == "MatMulNBitsQuantizer"
+                for f in c.body if isinstance(f, ast.FunctionDef) and f.name == "__init__")
+    assert "bits" in [a.arg for a in init.args.args]
 
     class Reader(CalibrationDataReader):
         def __init__(self):
