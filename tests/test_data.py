@@ -475,20 +475,27 @@ def test_data_for_an_input_with_a_stored_value_is_told_it_stays_as_calibrated(tm
         load_data({"x": [np.ones((1, 4), np.float32)], "s": [np.ones(1, np.float32)]}, model)
 
 
-def test_a_batch_declared_as_minus_one_is_left_open_as_onnxruntime_reads_it(tmp_path):
-    # Paddle's exports (PP-OCR's classifier) write dim_value -1 for a dynamic batch: batch-1
-    # samples were refused ("expects [-1, 3, 16, 16] (dim 0 differs)")
+def _conv_pair_with_input(tmp_path, edit):
+    """conv_net's float model and its quantize_static file, each with ``edit(input's tensor
+    type)`` applied, and their samples."""
     import onnx
-
-    from pytest_ptq.engine import Engine
 
     data = builders.samples(3)
     f = builders.conv_net(tmp_path / "f.onnx")
     q = builders.quantize(f, tmp_path / "q.onnx", data)
     for path in (f, q):
         model = onnx.load(path)
-        model.graph.input[0].type.tensor_type.shape.dim[0].dim_value = -1
+        edit(model.graph.input[0].type.tensor_type)
         onnx.save(model, path)
+    return f, q, data
+
+
+def test_a_batch_declared_as_minus_one_is_left_open_as_onnxruntime_reads_it(tmp_path):
+    # Paddle's exports (PP-OCR's classifier) write dim_value -1 for a dynamic batch: batch-1
+    # samples were refused ("expects [-1, 3, 16, 16] (dim 0 differs)")
+    from pytest_ptq.engine import Engine
+
+    f, q, data = _conv_pair_with_input(tmp_path, lambda t: setattr(t.shape.dim[0], "dim_value", -1))
     engine = Engine(str(q), data, float_model=str(f))
     feeds = {"x": data["x"][1]}
     np.testing.assert_array_equal(engine.run(1, "all")["prob"], builders.run_model(q, feeds)["prob"])
@@ -499,17 +506,10 @@ def test_a_batch_declared_as_minus_one_is_left_open_as_onnxruntime_reads_it(tmp_
 def test_an_input_that_declares_no_shape_takes_samples_of_any_rank(tmp_path):
     # a value info with a type and no shape field means "any rank" (legal ONNX); it was read as
     # rank 0 and every sample refused ("the model expects rank 0 ([])")
-    import onnx
 
     from pytest_ptq.datacheck import check_data
 
-    data = builders.samples(3)
-    f = builders.conv_net(tmp_path / "f.onnx")
-    q = builders.quantize(f, tmp_path / "q.onnx", data)
-    for path in (f, q):
-        model = onnx.load(path)
-        model.graph.input[0].type.tensor_type.ClearField("shape")
-        onnx.save(model, path)
+    f, q, data = _conv_pair_with_input(tmp_path, lambda t: t.ClearField("shape"))
     node = "c2_QuantizeLinear"
     from pytest_ptq.engine import Engine
 
