@@ -506,7 +506,6 @@ def test_a_batch_declared_as_minus_one_is_left_open_as_onnxruntime_reads_it(tmp_
 def test_an_input_that_declares_no_shape_takes_samples_of_any_rank(tmp_path):
     # a value info with a type and no shape field means "any rank" (legal ONNX); it was read as
     # rank 0 and every sample refused ("the model expects rank 0 ([])")
-
     from pytest_ptq.datacheck import check_data
 
     f, q, data = _conv_pair_with_input(tmp_path, lambda t: t.ClearField("shape"))
