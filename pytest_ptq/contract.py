@@ -376,8 +376,10 @@ def _outputs(value, metric, where):
         # keys as written: 'default' is read against the model, which may have a tensor so named
         # (outputs.thresholds), when the check runs
         out = {"" if k is None else str(k): _bound(v, f"outputs.{k}", metric, where) for k, v in value.items()}
-        if "" in out and "default" in out:  # one would win in silence
-            raise ContractError(f"{where}: 'outputs' gives the default twice ('default' and ''); give it once")
+        try:  # its keys refused here, before the model is read ('default' and '' both, say)
+            params.thresholds(out)
+        except PTQError as exc:
+            raise ContractError(f"{where}: 'outputs': {exc}") from None
         if not out:
             raise ContractError(f"{where}: 'outputs' is empty; give 'default: 0.99' or one threshold per output")
         return out

@@ -969,7 +969,8 @@ PLUGIN_CASES = [
      [], 2, ["'outputs' must be a number", "..."], []),
     ("yaml-outputs-default-twice", {"d.ptq.yaml": "model: m.onnx\ndata: calib\nbaseline: false\n"
                                                   "outputs: {'': 0.9, default: 0.5}\n"}, [], 2,
-     ["contract 'd.ptq.yaml'", "'outputs' gives the default twice ('default' and ''); give it once"], []),
+     ["contract 'd.ptq.yaml': 'outputs': the thresholds {'': 0.9, 'default': 0.5} give the default twice "
+      "('default' and ''); give it once"], []),
     ("yaml-model-is-a-folder", {"d.ptq.yaml": "model: calib\ndata: calib\nbaseline: false\n"}, [], 1,
      ["check outputs: model", "is a folder; pass the .onnx file"], []),
     ("yaml-evaluate-broken", {"e.ptq.yaml": "model: m.onnx\ndata: calib\nbaseline: false\n"

@@ -1529,8 +1529,12 @@ def test_an_output_named_default_is_addressed_as_default_equals_default(tmp_path
     parse = _target(params.cosine, "--target-cosine")
     given = _targets([parse("0.99"), parse("default=default=0.9999")], "--target-cosine")
     assert objective_for("cosine-similarity", given, None, engine).targets == o.targets
-    with pytest.raises(PTQError, match="gives 'default' twice"):
+    with pytest.raises(PTQError, match=r"^--target-cosine \(a value alone is the default ''\): the thresholds "
+                                       r"\{'': 0.99, 'default': 0.9\} give the default twice \('default' and ''\)"):
         _targets([parse("0.99"), parse("default=0.9")], "--target-cosine")
+    for twice, said in (("default=0.9", "'default' twice"), ("0.9", "two values alone")):
+        with pytest.raises(PTQError, match=f"^--target-cosine gives {said}"):
+            _targets([parse(twice), parse("r2=0.9"), parse(twice)], "--target-cosine")
 
 
 def test_the_remedy_figure_names_nodes_as_wide_as_its_panel_allows(tmp_path, monkeypatch):

@@ -70,11 +70,16 @@ def _targets(values, option):
     if len(values) == 1 and values[0][0] is None:
         return values[0][1]
     keys = [key or "" for key, _ in values]
-    said = ["default" if k in ("", "default") else k for k in keys]  # the two spellings of the default
-    twice = next((k for k in said if said.count(k) > 1), None)
+    twice = next((k for k in keys if keys.count(k) > 1), None)
     if twice is not None:  # the last would win in silence
-        raise PTQError(f"{option} gives {twice!r} twice (a value alone is the default); give each output once")
-    return dict(zip(keys, (value for _, value in values)))
+        said = "two values alone (each the default)" if twice == "" else f"{twice!r} twice"
+        raise PTQError(f"{option} gives {said}; give each output once")
+    given = dict(zip(keys, (value for _, value in values)))
+    try:  # its keys as the output checks refuse them ('default' beside a value alone, say)
+        params.thresholds(given)
+    except PTQError as exc:
+        raise PTQError(f"{option} (a value alone is the default ''): {exc}") from None
+    return given
 
 
 def _evaluate(spec):
