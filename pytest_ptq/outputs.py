@@ -15,6 +15,7 @@ import dataclasses
 import math
 import re
 import warnings
+from pathlib import Path
 
 import numpy as np
 
@@ -251,11 +252,13 @@ def _named_once(specs):
 def thresholds(spec, model):
     """:func:`~pytest_ptq.params.thresholds` of ``spec`` on ``model``'s outputs: its key
     ``default`` is the outputs not named, and refused where the model has a tensor or node so
-    named (that one is ``default=default``). The model is read only for that key."""
+    named (that one is ``default=default``). The model is read only for that key; the refusal
+    names it as the checks' messages do (an analysis's ``label``), else by its file name."""
     clash = None
     if isinstance(spec, dict) and "default" in spec:
         qmodel = getattr(model, "qmodel", model)
-        clash = qmodel.source if is_named("default", qmodel) else None
+        if is_named("default", qmodel):
+            clash = getattr(model, "label", None) or Path(qmodel.source).name
     return params.thresholds(spec, clash)
 
 
