@@ -12,6 +12,7 @@ A contract needs no Python::
     metric: cosine-similarity       # optional: metric of every threshold below
     outputs:                        # floor (similarity) or ceiling (error) per output
       default: 0.99                 # every output not named ("" works too)
+      # default=default: 0.999      # a model's own output named 'default' (were there one)
       "cls=prob[:, 4:]": 0.999      # an output slice
     nodes:                          # optional: no node more sensitive than this
       type: activation              # node | weight | activation
