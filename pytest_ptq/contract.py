@@ -44,6 +44,7 @@ calib`` checks a model in a project with no test file.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib
 import importlib.util
 import math
@@ -149,6 +150,23 @@ def _stem(path):
     return path.stem
 
 
+@functools.cache
+def _loader():
+    """PyYAML's safe loader, reading numbers as YAML 1.2 does: YAML 1.1 reads an unquoted
+    ``1e-3`` (no dot, or no sign in the exponent) as text, which a threshold then refused as a
+    number written in quotes."""
+    import re
+
+    import yaml
+
+    class Loader(yaml.SafeLoader):  # its own resolver table: SafeLoader's stays as it is
+        pass
+    Loader.add_implicit_resolver("tag:yaml.org,2002:float",
+                                 re.compile(r"^[-+]?(\.[0-9]+|[0-9]+(\.[0-9]*)?)([eE][-+]?[0-9]+)?$"),
+                                 list("-+.0123456789"))
+    return Loader
+
+
 def read_yaml(path, where):
     """The YAML document of ``path`` (safe types only), its size and its expanded size
     bounded before anything is built from it; raises :class:`ContractError`."""
@@ -166,7 +184,7 @@ def read_yaml(path, where):
         raise ContractError(f"{where} ({path}) cannot be read: {exc.strerror or type(exc).__name__}") from None
     except UnicodeDecodeError as exc:
         raise ContractError(f"{where} ({path}) is not UTF-8 text (byte {exc.start}); save it as UTF-8") from None
-    loader = yaml.SafeLoader(text)
+    loader = _loader()(text)
     try:
         node = loader.get_single_node()
         if node is None:

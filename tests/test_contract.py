@@ -434,6 +434,20 @@ def _loaded(tmp_path, body):
     return contract.load(path)
 
 
+@pytest.mark.parametrize("written", ["1e-3", "1E-3", "+2e3", "1e+2", "5e-7", "0.5", ".5", "3"])
+def test_a_number_in_scientific_notation_reads_as_the_number_it_is(tmp_path, written):
+    """YAML 1.1 (PyYAML) reads an unquoted 1e-3 as text, which the thresholds then refused as
+    a number written in quotes; written so it is the number Python reads from the same text,
+    and only quoted is it text."""
+    c = _loaded(tmp_path, f"metric: mse\noutputs: {{prob: {written}}}\ntolerance: {written}\n")
+    assert c.tolerance == float(written) and type(c.tolerance) is type(c.outputs["prob"])
+    assert c.outputs == {"prob": float(written)} and c.metric == "mse"
+    from pytest_ptq.contract import ContractError
+
+    with pytest.raises(ContractError, match="got the text '1e-3'; write the number without quotes"):
+        _loaded(tmp_path, "tolerance: '1e-3'\n")
+
+
 @pytest.mark.parametrize("body, node_outputs", [
     # the outputs a contract holds to a floor, where it gives no default
     ("outputs: {prob: 0.9}\nnodes: 0.5\n", ["prob"]),
