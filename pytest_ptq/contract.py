@@ -44,7 +44,6 @@ calib`` checks a model in a project with no test file.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import importlib
 import importlib.util
 import math
@@ -150,7 +149,6 @@ def _stem(path):
     return path.stem
 
 
-@functools.cache
 def _loader():
     """PyYAML's safe loader, reading numbers as YAML 1.2 does: YAML 1.1 reads an unquoted
     ``1e-3`` (no dot, or no sign in the exponent) as text, which a threshold then refused as a
@@ -159,6 +157,8 @@ def _loader():
 
     import yaml
 
+    # made per contract, not kept: pytest's in-process runs (pytester) import yaml afresh, whose
+    # errors a loader of the module before would not raise as the new module's
     class Loader(yaml.SafeLoader):  # its own resolver table: SafeLoader's stays as it is
         pass
     Loader.add_implicit_resolver("tag:yaml.org,2002:float",
