@@ -80,6 +80,9 @@ FUSING = ("Conv", "Gemm", "MatMul")
 AFFINE = ("Mul", "Add", "Sub", "Div")
 FUSED = "::fused::"  # marks the name of a float weight with the ops after its node folded in
 FLOAT_PREFIX = "ptq_float::"  # of the initializers that hold recovered float weights
+# elements of two weights compared at once where only whether they differ matters: the
+# temporaries of a part stay in cache (a part of 1 << 18 took twice as long as the whole)
+_COMPARED = 1 << 16
 # Ops whose every run differs: two of them on the same input are not one computation.
 _RANDOM = ("RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike", "Multinomial", "Bernoulli",
            "Dropout")
@@ -375,12 +378,36 @@ def folded_weights(qm, f, constants_at):
         if given is None or np.shape(given) != np.shape(stored) or np.asarray(given).dtype.kind != "f":
             continue
         mine, fw = np.asarray(stored, np.float32), np.asarray(given, np.float32)  # no copy of a float32 weight
-        if not np.allclose(mine, fw, rtol=1e-6, atol=0):  # else the float model's own weight: nothing quantized
+        if not _all_close(mine, fw, rtol=1e-6):  # else the float model's own weight: nothing quantized
             grid = grids.integer_grid(mine)
             if grid is not None and _rounded_from(mine, fw, *grid):
                 out[tensor] = float_source(fname), grid[0]
         _hand_back(stored, given)
     return out
+
+
+def _all_close(a, b, rtol):
+    """``np.allclose(a, b, rtol=rtol, atol=0)`` part by part (see :func:`_parts`), stopping at
+    the first part that differs: a folded weight differs at once, and comparing a large
+    weight whole made float temporaries several times its size on every load."""
+    return all(np.allclose(a[part], b[part], rtol=rtol, atol=0) for part in _parts(a.shape, _COMPARED))
+
+
+def _parts(shape, elements, lead=()):
+    """Index tuples that cut an array of ``shape`` into consecutive parts of at most
+    ``elements`` elements (of one row at least, where a row holds fewer), each a view
+    whatever the array's strides."""
+    if not shape:
+        yield lead
+        return
+    per_row = math.prod(shape[1:])
+    if per_row <= elements:
+        step = max(1, elements // max(per_row, 1))
+        for a in range(0, shape[0], step):
+            yield lead + (slice(a, a + step),)
+        return
+    for k in range(shape[0]):
+        yield from _parts(shape[1:], elements, lead + (k,))
 
 
 def _rounded_from(mine, fw, axis, picked, steps):
