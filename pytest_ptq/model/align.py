@@ -154,6 +154,9 @@ class _Float:
         self._values = {}  # constants read, and those derived by folding a chain (see _fused)
         self._slack = {}  # derived constant -> how far float32 rounding of its fold may move it
         self._static = {}  # tensor -> whether it is computed from shapes only
+        # (weight calibration node, constant) -> fit_of's answer (see _fit_to): the node
+        # matching asks it of a weight's candidates, the weight assignment again of the match
+        self.fitted = {}
         # a node computing what an earlier one computes from the same inputs (two Shapes of
         # one tensor, say) is one the quantizer's preprocessing may have merged (onnxruntime's
         # common subexpression elimination): its outputs stand for the earlier one's
@@ -820,7 +823,7 @@ def _fits_inputs(f, cand, expect, inputs=None):
                 # among nodes of one op reading one tensor (q, k and v projections), the one
                 # whose weight the quantized weight rounds to
                 mine = e[3]()
-                fit, far = fit_of(e[1], mine, value, f.slack(fin)) if mine is not None else (False, math.inf)
+                fit, far = _fit_to(f, e[1], mine, fin) if mine is not None else (False, math.inf)
                 score += fit
                 # a bias that does not round to the float one may be corrected by the
                 # quantizer (bias correction: AMD Quark, aimet): the weight decides
@@ -862,7 +865,7 @@ def _assign_weights(qm, f, weights_at, values):
         found = None
         for fname in dict.fromkeys(weights_at.get(c.name, ())):
             fw = f.constant(fname)
-            if fw is not None and fits(c, mine, fw, f.slack(fname)):
+            if fw is not None and _fit_to(f, c, mine, fname)[0]:
                 found = (fname, fw)
                 break
         smoothing = _smoothing(qm, c)
@@ -1008,6 +1011,15 @@ def _model_value(qm, c):
 def _needs_float(qm, c):
     """A lone DQ without a float weight, or a pair whose float weight is already on the grid."""
     return c.q_node is None or c.on_grid
+
+
+def _fit_to(f, c, mine, fname):
+    """:func:`fit_of` of weight ``c`` (its value ``mine``) and float constant ``fname`` of
+    ``f``, worked out once an alignment: each comparison reads both weights whole."""
+    key = (c.name, fname)
+    if key not in f.fitted:
+        f.fitted[key] = fit_of(c, mine, f.constant(fname), f.slack(fname))
+    return f.fitted[key]
 
 
 def fits(c, mine, fw, slack=0.0):
