@@ -562,16 +562,16 @@ def _spread_step(kind, loss, worst, samples, decided, suggest, qm):
     suggest = shlex.join([*suggest, "--remedy", remedy])
     fewest = "the smallest set that meets" if remedy == "int16" else "the fewest nodes to keep in float that meet"
     wider = _wider_call(kind, qm)
+    raise_all = f"raise every {kind} to {wider}, or " if wider else ""
     on = f"on the {samples} calibration sample(s) every node was ranked on"
     if loss < UNSEEN * decided:
         return (f"{kind} quantization alone loses {decided:.3g} where the verdict was decided but only {loss:.2g} "
                 f"{on}, and its worst node alone {worst:.2g}: those samples do not show the loss, so the {kind} "
                 "ranking may miss the nodes that cause it; rank on more samples (--rank-samples all) or on data like "
-                f"the deployment's, raise every {kind} to {wider}, or let `{suggest}` find {fewest} a "
-                "target")
+                f"the deployment's, {raise_all}let `{suggest}` find {fewest} a target")
     return (f"{kind} quantization alone loses {loss:.3g} {on}, and its worst node alone {worst:.2g} "
             f"({worst / loss:.0%} of it): the loss is spread over many {kind} nodes, so fixing the few ranked here "
-            f"moves it little; raise every {kind} to {wider}, or let `{suggest}` find {fewest} a target")
+            f"moves it little; {raise_all}let `{suggest}` find {fewest} a target")
 
 
 # a weight-only quantizer's next width (it has no 16 bit), for every weight or for the nodes
@@ -584,11 +584,13 @@ WEIGHT_ONLY_8_BITS_FOR = ("the weight-only quantizer's 8-bit setting for {which}
 
 def _wider_call(kind, qm):
     """"<width> (<the call>)": every ``kind`` node of ``qm`` one step wider, as the quantizer of
-    its kind of model takes it: a weight-only quantizer's 8-bit setting (it has no 16 bit);
+    its kind of model takes it: a weight-only quantizer's 8-bit setting (it has no 16 bit;
+    None where every weight is 8-bit already);
     else quantize_static at 16 bit (quantize_dynamic takes no 16-bit type), in QDQ format
     (given a QOperator format with one, quantize_static raises ValueError)."""
-    if qm.weight_only:
-        return f"8 bits ({WEIGHT_ONLY_8_BITS})"
+    if qm.weight_only:  # its widest is 8 bits: none wider for weights there already
+        narrow = any(c.bit < 8 for c in qm.of_kind(kind))
+        return f"8 bits ({WEIGHT_ONLY_8_BITS})" if narrow else None
     arg = "activation_type=QuantType.QUInt16" if kind == "activation" else "weight_type=QuantType.QInt16"
     if qm.format != "QDQ":
         arg = "quant_format=QuantFormat.QDQ, " + arg

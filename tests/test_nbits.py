@@ -357,6 +357,22 @@ def test_a_matmulnbits_weight_has_no_16_bit_form_to_be_offered():
     assert candidates_for(engine, "int16")[0] == []
 
 
+@pytest.mark.parametrize("bits", [4, 8])
+def test_runalls_spread_step_offers_8_bits_only_to_weights_below_them(bits):
+    """A weight-only quantizer's widest is 8 bits: weights at 8 bits already were told to
+    'raise every weight to 8 bits'; the step then offers the search for the fewest kept in
+    float alone, a search suggest takes."""
+    from pytest_ptq.runall import _spread_step
+
+    model, _ = _single(bits=bits, k=64, n=8, block=32)
+    node = next(n for n in model.graph.node if n.op_type == "MatMulNBits")
+    assert {a.name: helper.get_attribute_value(a) for a in node.attribute}["bits"] == bits  # read from the file
+    qm = Engine(model, _samples(64)).qmodel
+    step = _spread_step("weight", 0.1, 0.01, 2, 0.1, ["ptq-debug", "suggest"], qm)
+    assert ("raise every weight to 8 bits" in step) == (bits < 8), step
+    assert "`ptq-debug suggest --remedy float` find the fewest nodes to keep in float" in step, step
+
+
 def test_runalls_search_for_a_spread_weight_loss_is_one_suggest_takes_and_a_quantizer_makes(tmp_path, capsys):
     """A 4-bit model of onnxruntime's MatMulNBitsQuantizer whose loss is spread over its weights:
     runall's step advised the quantizer's 8-bit setting but printed `suggest ... --remedy int16`,
