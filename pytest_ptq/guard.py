@@ -153,19 +153,13 @@ def external_data_files(model_path):
     if not Path(model_path).is_file():  # a pipe would block, a device never end: the loader says so
         return []
     try:
-        from onnx.external_data_helper import _get_attribute_tensors, _get_initializer_tensors, uses_external_data
-
-        model = onnxfile.read(model_path, external=False)
+        # walked, not parsed: the plugin and the CLI ask this of every model once a run, and a
+        # parse held the model's inline weights twice over for a list they are no part of
+        found = onnxfile.external_locations(model_path)
     except Exception:  # an unreadable model is reported by the loader, not here
         return []
-    out = []
-    for kind, tensors in (("initializer", _get_initializer_tensors(model)), ("tensor", _get_attribute_tensors(model))):
-        for tensor in tensors:
-            if uses_external_data(tensor):
-                location = next((e.value for e in tensor.external_data if e.key == "location"), None)
-                if location:
-                    out.append(external_data_file(Path(model_path).parent, location,
-                                                  f"{kind} {tensor.name!r} of {shown(str(model_path))}"))
+    out = [external_data_file(Path(model_path).parent, location, f"{kind} {name!r} of {shown(str(model_path))}")
+           for kind, name, location in found]
     return list(dict.fromkeys(out))
 
 

@@ -549,17 +549,6 @@ def restore(model, shared):
 _GRAPH, _INITIALIZER, _DATA_TYPE, _NAME, _RAW = 7, 5, 2, 8, 9
 
 
-def _varint(buf, pos):
-    value, shift = 0, 0
-    while True:
-        byte = buf[pos]
-        pos += 1
-        value |= (byte & 0x7F) << shift
-        if byte < 0x80:
-            return value, pos
-        shift += 7
-
-
 def _encode(value):
     out = bytearray()
     while True:
@@ -572,28 +561,6 @@ def _encode(value):
             return bytes(out)
 
 
-def _fields(buf, start, end):
-    """``(field, wire type, header start, value start, value end)`` of a message's fields."""
-    pos = start
-    while pos < end:
-        head = pos
-        key, pos = _varint(buf, pos)
-        field, wire = key >> 3, key & 7
-        if wire == 0:
-            _, after = _varint(buf, pos)
-        elif wire == 1:
-            after = pos + 8
-        elif wire == 2:
-            length, pos = _varint(buf, pos)
-            after = pos + length
-        elif wire == 5:
-            after = pos + 4
-        else:
-            raise ValueError(f"unsupported protobuf wire type {wire}")
-        yield field, wire, head, pos, after
-        pos = after
-
-
 # Types whose raw data is not one element per item (packed, or variable length).
 _UNMAPPABLE = {onnx.TensorProto.STRING, onnx.TensorProto.UNDEFINED} | PACKED
 
@@ -602,11 +569,11 @@ def _without_raw(buf, start, end, found):
     """A TensorProto's bytes without its raw data when that is large (its place in the file
     noted in ``found``), or None to keep it as it is."""
     name, raw, dtype = None, None, onnx.TensorProto.UNDEFINED
-    for field, wire, head, vstart, vend in _fields(buf, start, end):
+    for field, wire, head, vstart, vend in onnxfile.fields(buf, start, end):
         if field == _NAME and wire == 2:
             name = bytes(buf[vstart:vend]).decode("utf-8")
         elif field == _DATA_TYPE and wire == 0:
-            dtype, _ = _varint(buf, vstart)
+            dtype, _ = onnxfile.varint(buf, vstart)
         elif field == _RAW and wire == 2 and vend - vstart >= LARGE_BYTES:
             raw = (head, vstart, vend)
     if raw is None or name is None or dtype in _UNMAPPABLE:
@@ -617,7 +584,7 @@ def _without_raw(buf, start, end, found):
 
 def _light_graph(buf, start, end, found):
     pieces, changed = [], False
-    for field, wire, head, vstart, vend in _fields(buf, start, end):
+    for field, wire, head, vstart, vend in onnxfile.fields(buf, start, end):
         if field == _INITIALIZER and wire == 2:
             tensor = _without_raw(buf, vstart, vend, found)
             if tensor is not None:
@@ -629,7 +596,7 @@ def _light_graph(buf, start, end, found):
 
 
 def load_mapped(path):
-    """``(model, {name: array})`` of an .onnx file whose large inline weights stay in the file:
+    """``(model, {name: array})`` of a model file whose large inline weights stay in the file:
     the model is parsed without them (placeholders in their place) and each is a read-only
     view on a memory map of the file, so loading costs no copy of the weights. None when the
     file has no large inline weights or is not binary protobuf (load it as usual, by content)."""
@@ -648,7 +615,7 @@ def load_mapped(path):
     buf = memoryview(mm)
     found, pieces, changed = {}, [], False
     try:
-        for field, wire, head, vstart, vend in _fields(buf, 0, len(buf)):
+        for field, wire, head, vstart, vend in onnxfile.fields(buf, 0, len(buf)):
             if field == _GRAPH and wire == 2:
                 graph = _light_graph(buf, vstart, vend, found)
                 if graph is not None:
