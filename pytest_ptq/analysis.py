@@ -116,8 +116,8 @@ class Analysis:
 
     def _files(self):
         """The files behind the engine's results, by role (the models' external data too)."""
-        files = {"model file": self.key.model, "calibration data": self.key.data,
-                 "float model": self.key.float_model, "custom-op library": self.key.custom_op_library}
+        files = {guard.MODEL_FILE: self.key.model, "calibration data": self.key.data,
+                 guard.FLOAT_MODEL: self.key.float_model, "custom-op library": self.key.custom_op_library}
         files.update({f"model data {i}": p for i, p in enumerate(model_files(self.key.model)[1:])})
         files.update({f"float model data {i}": p for i, p in enumerate(model_files(self.key.float_model)[1:])})
         return files
@@ -125,8 +125,8 @@ class Analysis:
     def inputs(self, *more):
         """What this analysis reads (model, data, float model) and the paths ``more`` (held-out
         data, say), as :class:`~pytest_ptq.guard.Inputs` for the output guard."""
-        inputs = (guard.Inputs().add(self.key.model, "model file").add(self.key.data, "calibration data")
-                  .add(self.key.float_model, "float model"))
+        inputs = (guard.Inputs().add(self.key.model, guard.MODEL_FILE).add(self.key.data, "calibration data")
+                  .add(self.key.float_model, guard.FLOAT_MODEL))
         for path in more:
             inputs.add(path, "held-out data")
         return inputs

@@ -44,9 +44,13 @@ def shown(value):
     return _shown(value, 240)
 
 
-# What the faces call a model they read (Inputs.add's ``what``): onnx reads a model of any
-# name, so its external data files are inputs whatever the model file is called.
-MODEL_ROLES = ("model file", "float model")
+# The roles (Inputs.add's ``what``) of the inputs that are models: onnx reads a model of any
+# name, so its external data files are inputs whatever the model file is called. Callers name
+# a model by these constants, never by words of their own, which would read as some other input
+# (no external data protected, none hashed); a new kind of model read gets its constant here.
+MODEL_FILE = "model file"
+FLOAT_MODEL = "float model"
+MODEL_ROLES = (MODEL_FILE, FLOAT_MODEL)
 
 _PROTECTED = contextvars.ContextVar("pytest_ptq_protected_inputs", default=None)
 
@@ -71,7 +75,8 @@ class Inputs:
         self._external = {}  # model path -> its external data files, read on demand
 
     def add(self, path, what):
-        """Add ``path`` (a file or folder; None, a ModelProto or a mapping is ignored)."""
+        """Add ``path`` (a file or folder; None, a ModelProto or a mapping is ignored) read as
+        ``what``; a model is added as one of :data:`MODEL_ROLES`."""
         if path is None or not isinstance(path, (str, os.PathLike)) or not os.fspath(path):
             return self
         given = os.fsdecode(os.fspath(path))

@@ -75,10 +75,10 @@ def inputs_of(result):
 def save_result(result, data, path, sort_keys=False):
     """:func:`write_json` of a result's ``data``, never onto what it was computed from
     (:func:`read_from`, and its ``model``, ``data``, ``heldout`` and ``float_model`` paths)."""
-    inputs = (guard.Inputs().add(getattr(result, "model", None), "model file")
+    inputs = (guard.Inputs().add(getattr(result, "model", None), guard.MODEL_FILE)
               .add(getattr(result, "data", None), "calibration data")
               .add(getattr(result, "heldout", None), "held-out data")
-              .add(getattr(result, "float_model", None), "float model")) | inputs_of(result)
+              .add(getattr(result, "float_model", None), guard.FLOAT_MODEL)) | inputs_of(result)
     with guard.protecting(inputs):
         return write_json(data, path, sort_keys=sort_keys)
 

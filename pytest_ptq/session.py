@@ -91,8 +91,8 @@ class PTQSession:
         """What the session's own options name as inputs (model, data, float model, held-out
         data), as :class:`~pytest_ptq.guard.Inputs`."""
         s = self.settings
-        return (guard.Inputs().add(s.model, "model file").add(s.data, "calibration data")
-                .add(s.float_model, "float model").add(s.holdout, "held-out data"))
+        return (guard.Inputs().add(s.model, guard.MODEL_FILE).add(s.data, "calibration data")
+                .add(s.float_model, guard.FLOAT_MODEL).add(s.holdout, "held-out data"))
 
     def _check_outputs(self):
         """--ptq-report and --ptq-baseline-dir against the inputs, before any work; a baseline

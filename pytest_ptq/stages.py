@@ -147,7 +147,7 @@ def localize_stages(float_model, calibrated_model, calibrated_data, metrics=("co
         # checked against the float model: another model's outputs would read as a rewrite
         engine = Engine(qm, data, float_model=fpath or fmodel)
     qmodel = qm.model
-    inputs = (guard.Inputs().add(fpath, "float model").add(qm.path, "model file")
+    inputs = (guard.Inputs().add(fpath, guard.FLOAT_MODEL).add(qm.path, guard.MODEL_FILE)
               .add(getattr(data, "path", None), "calibration data"))
     if save_dir is not None:
         save_dir = guard.output_path(save_dir, "save_dir", inputs, folder=True)

@@ -32,7 +32,7 @@ class Command:
 
 # What a command reads and writes, by argparse dest. main() guards every command through
 # these, so a command (also one added later) is covered by naming its options with them.
-INPUT_DESTS = {"model": "model file", "float_model": "float model", "float_model_path": "float model",
+INPUT_DESTS = {"model": guard.MODEL_FILE, "float_model": guard.FLOAT_MODEL, "float_model_path": guard.FLOAT_MODEL,
                "data": "calibration data", "heldout": "held-out data", "evaluate": "evaluation file"}
 STDOUT = "-"  # --json -: the JSON on standard output, everything else on standard error
 OUTPUT_DESTS = {"json": ("--json", False), "save_dir": ("-s/--save-dir", True),  # dest: (label, folder)

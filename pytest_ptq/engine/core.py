@@ -190,8 +190,8 @@ class Engine:
     # -- what it reads, and where an analysis may write ------------------------------------
     def inputs(self):
         """The files and folders this engine reads (:class:`~pytest_ptq.guard.Inputs`)."""
-        inputs = guard.Inputs().add(self.qmodel.path, "model file")
-        inputs.add(self.float_model, "float model")
+        inputs = guard.Inputs().add(self.qmodel.path, guard.MODEL_FILE)
+        inputs.add(self.float_model, guard.FLOAT_MODEL)
         for lib in self.libraries:
             inputs.add(lib, "custom-op library")
         if self.data is not None:

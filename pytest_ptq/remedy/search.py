@@ -101,7 +101,7 @@ def suggest_remedy(model_or_file, calibrated_data=None, target=None, metric="cos
     candidates = None if candidates is None else params.names(candidates, "candidates")
     clock = Clock(budget)
     engine = engine_for(model_or_file, calibrated_data, float_model=float_model)
-    also = guard.Inputs().add(float_model, "float model").add(heldout if isinstance(heldout, (str, Path)) else None,
+    also = guard.Inputs().add(float_model, guard.FLOAT_MODEL).add(heldout if isinstance(heldout, (str, Path)) else None,
                                                                "held-out data")
     with engine.writes(save_dir, also=also, optional=True) as out:
         if out is not None:  # the files named in advance, before the search
