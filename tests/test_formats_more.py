@@ -58,19 +58,20 @@ def test_int4_codes_a_gather_moves_are_refused_as_onnxruntime_refuses_the_file(t
     assert "table_DQ" in Engine(str(ok), samples).qmodel.calibration
 
 
-def _reversed_activation(path, moved=False):
+def _reversed_activation(path, moved=False, per_channel=True):
     """Relu(a [8, 4]) -> Transpose without perm -> QuantizeLinear / DequantizeLinear per channel
-    (axis 1, 8 scales) -> MatMul M [8, 3], in the file's own layout (nothing between Q and
-    DQ); with ``moved``, a per-tensor pair on its output whose codes a Reshape lays out between
-    Q and DQ. Returns the float computation of a feed."""
+    (axis 1, 8 scales; without ``per_channel``, one scale) -> MatMul M [8, 3], in the file's own
+    layout (nothing between Q and DQ); with ``moved``, a per-tensor pair on its output whose
+    codes a Reshape lays out between Q and DQ. Returns the float computation of a feed."""
     rng = np.random.default_rng(0)
     m = (rng.standard_normal((8, 3)) * 0.5).astype(np.float32)
-    s = np.linspace(0.01, 0.05, 8, dtype=np.float32)
+    s = np.linspace(0.01, 0.05, 8, dtype=np.float32) if per_channel else np.float32(0.03)
+    axis = {"axis": 1} if per_channel else {}
     nodes = [helper.make_node("Relu", ["a"], ["r"], name="relu"), helper.make_node("Transpose", ["r"], ["t"], name="T"),
-             helper.make_node("QuantizeLinear", ["t", "s", "z"], ["q"], name="Q", axis=1),
-             helper.make_node("DequantizeLinear", ["q", "s", "z"], ["d"], name="DQ", axis=1),
+             helper.make_node("QuantizeLinear", ["t", "s", "z"], ["q"], name="Q", **axis),
+             helper.make_node("DequantizeLinear", ["q", "s", "z"], ["d"], name="DQ", **axis),
              helper.make_node("MatMul", ["d", "M"], ["y0" if moved else "y"], name="mm")]
-    inits = [numpy_helper.from_array(s, "s"), numpy_helper.from_array(np.zeros(8, np.int8), "z"),
+    inits = [numpy_helper.from_array(s, "s"), numpy_helper.from_array(np.zeros(np.shape(s), np.int8), "z"),
              numpy_helper.from_array(m, "M")]
     if moved:
         nodes += [helper.make_node("QuantizeLinear", ["y0", "s2", "z2"], ["q2"], name="Q2"),
@@ -270,26 +271,30 @@ def test_per_channel_codes_two_readers_dequantize_with_other_scales_are_requanti
         np.testing.assert_allclose(got[out], given[out], rtol=0, atol=1e-6)
 
 
+@pytest.mark.parametrize("per_channel", [True, False], ids=["per-channel pair", "per-tensor pairs"])
 @pytest.mark.parametrize("perm", [None, [1, 0]], ids=["without perm", "with perm"])
-def test_a_transpose_whose_perm_the_tool_writes_is_named_in_a_note(tmp_path, perm):
+def test_a_transpose_whose_perm_the_tool_writes_is_named_in_a_note(tmp_path, perm, per_channel):
     """The file as deployed (as_given), and the tool's copy, run the user's perm-less Transpose
-    with its perm written, which onnxruntime 1.28 aborts loading: a deployment there would fail
-    where every run of the tool passed, and no note said so. Now one names it."""
+    with its perm written, which onnxruntime 1.28 aborts loading beside a per-channel pair: a
+    deployment there would fail where every run of the tool passed, and no note said so. Now one
+    names it; where every pair is per tensor it said the same, false for that model: no note."""
     path = tmp_path / "t.onnx"
-    _reversed_activation(path)
+    _reversed_activation(path, per_channel=per_channel)
     if perm is not None:
         model = onnx.load(str(path))
         transpose = next(n for n in model.graph.node if n.op_type == "Transpose")
         transpose.attribute.append(helper.make_attribute("perm", perm))
         onnx.save(model, str(path))
-    # the file's own Transposes without perm, read from its protos
-    bare = [n.name for n in onnx.load(str(path)).graph.node
-            if n.op_type == "Transpose" and not any(a.name == "perm" for a in n.attribute)]
+    # the file's own Transposes without perm, and whether a Q or DQ has more than one scale, read from its protos
+    graph = onnx.load(str(path)).graph
+    bare = [n.name for n in graph.node if n.op_type == "Transpose" and not any(a.name == "perm" for a in n.attribute)]
+    scales = {i.name: numpy_helper.to_array(i).size for i in graph.initializer}
+    wide = any(scales[n.input[1]] > 1 for n in graph.node if n.op_type in ("QuantizeLinear", "DequantizeLinear"))
     qmodel = Engine(str(path), {"a": [np.ones((8, 4), np.float32)]}).qmodel
     said = [n for n in qmodel.notes if "perm" in n]
     assert all(any(a.name == "perm" for a in n.attribute) for n in qmodel.as_given().graph.node
                if n.op_type == "Transpose")
-    if bare:
+    if bare and wide:
         assert len(said) == 1 and all(repr(name) in said[0] for name in bare), qmodel.notes
         assert "onnxruntime 1.28" in said[0] and "write perm in the export" in said[0]
     else:

@@ -46,15 +46,17 @@ def hoist(graph, source, is_q, is_dq, dims=lambda tensor: None):
     predicates of :mod:`.qdq`) before the Q, in ``graph`` (sorted topologically; it stays so);
     ``dims(tensor)``: its dims as declared or inferred (None where unknown), which a Transpose
     without perm needs, and every Transpose without perm gets its perm written where that
-    rank is known (named in a note: the export should write it). Returns a :class:`Moved`."""
+    rank is known (named in a note where the graph holds a per-channel or per-block pair, which
+    onnxruntime 1.28 aborts beside one: the export should write it). Returns a :class:`Moved`."""
     order = list(graph.node)  # one wrapper per node: the indices below are by identity
-    perms = _perms_note(write_perms(order, dims), source)
+    written = write_perms(order, dims)
     outputs = {o.name for o in graph.output}
     readers = defaultdict(list)
     for n in order:
         for r in node_refs(n):
             readers[r].append(n)
     sizes = _sizes(order, graph.initializer)
+    perms = _perms_note(written, source) if written and _wide_scale(order, sizes, is_q, is_dq, dims) else []
     names = {t for n in order for t in (*n.input, *n.output)} | {i.name for i in graph.input}
     moved, left, renamed = [], [], {}
     for q in list(order):
@@ -140,9 +142,25 @@ def write_perms(nodes, dims):
     return written
 
 
+def _wide_scale(nodes, sizes, is_q, is_dq, dims):
+    """Whether a Q or DQ of ``nodes`` has a scale of more than one element (per channel or per
+    block; one of unknown size is not counted): only beside such a pair does onnxruntime 1.28
+    abort loading a Transpose without perm."""
+    for n in nodes:
+        if len(n.input) > 1 and (is_q(n) or is_dq(n)):
+            size = sizes.get(n.input[1])
+            if size is None:
+                d = dims(n.input[1])
+                size = math.prod(d) if d is not None and all(isinstance(k, int) for k in d) else 1
+            if size > 1:
+                return True
+    return False
+
+
 def _perms_note(written, source):
-    """The note for the user's Transposes :func:`write_perms` gave a perm: every run, the file
-    as deployed included, has it written, so a deployment on onnxruntime 1.28 would not."""
+    """The note for the user's Transposes :func:`write_perms` gave a perm, in a graph with a
+    per-channel or per-block pair (:func:`_wide_scale`): every run, the file as deployed
+    included, has it written, so a deployment on onnxruntime 1.28 would not."""
     if not written:
         return []
     shown = ", ".join(repr(n.name or n.output[0]) for n in written[:3])
