@@ -71,21 +71,25 @@ def _text(value):
     return value.strip() if isinstance(value, str) else value
 
 
-def _refuse_text(value, what, must):
+def _refuse_text(value, what, must, integer=False):
     """Refuse a number written as text where values have types (``what`` given, see the
-    module doc): YAML read '3' quoted as a string, which a check then compared as text."""
+    module doc): YAML read '3' quoted as a string, which a check then compared as text.
+    ``integer``: a whole number is asked, so text of another number is left to the validator's
+    own sentence (without its quotes it would be refused all the same)."""
     if not isinstance(value, str) or not what:
         return
     try:
-        float(value)
+        number = float(value)
     except ValueError:
         return  # no number at all: the validator's own sentence says what to give
+    if integer and not (math.isfinite(number) and number.is_integer()):
+        return
     raise _fail(what, f"must be {must}, got the text {shown(value)}; write the number without quotes")
 
 
 def whole(value, what, minimum=None):
     """An integer (``3``, ``3.0``; ``"3"`` from a command line); bools and fractions are refused."""
-    _refuse_text(value, what, "a whole number")
+    _refuse_text(value, what, "a whole number", integer=True)
     raw = _text(value)
     if isinstance(raw, bool):
         raise _fail(what, f"must be a whole number, got {shown(value)}")
@@ -131,7 +135,7 @@ def rank_samples(value, what="rank_samples"):
     "all", or a whole number >= 1. Returns None, "all" or an int."""
     if value is None or (isinstance(value, str) and value.strip().lower() == "all"):
         return None if value is None else "all"
-    _refuse_text(value, what, "a whole number >= 1 or 'all'")
+    _refuse_text(value, what, "a whole number >= 1 or 'all'", integer=True)
     try:
         return positive_int(value, what)
     except PTQError:
@@ -162,7 +166,7 @@ def auto_count(value, what):
     """"auto" or a whole number >= 1 (``2``, ``"2"``). Returns "auto" or an int."""
     if isinstance(value, str) and value.strip() == "auto":
         return "auto"
-    _refuse_text(value, what, "'auto' or a whole number >= 1")
+    _refuse_text(value, what, "'auto' or a whole number >= 1", integer=True)
     try:
         return positive_int(value, what)
     except PTQError:
@@ -413,11 +417,9 @@ def data_path(value, what):
     path = input_path(value, what)
     if path.is_dir() or path.is_file() and path.suffix == ".npz":
         return path
-    if path.exists():
-        raise _fail(what, f"{shown(str(path), 240)} is neither a folder nor an .npz file; give a folder with one sub-folder "
-                          "of .npy files per model input (or <input>.npy stacks), or an .npz with one key per input")
-    raise _fail(what, f"{shown(str(path), 240)} does not exist; give a folder with one sub-folder of .npy files per model "
-                      "input (or <input>.npy stacks), or an .npz with one key per input")
+    wrong = "is neither a folder nor an .npz file" if path.exists() else "does not exist"
+    raise _fail(what, f"{shown(str(path), 240)} {wrong}; give a folder with one sub-folder of .npy files per model input "
+                      "(or <input>.npy stacks), or an .npz with one key per input")
 
 
 def node_type(value, what="node_type"):
