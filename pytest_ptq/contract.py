@@ -107,8 +107,8 @@ class Contract:
     def inputs(self):
         """What the contract's checks read: the contract itself, its model, data, float model,
         held-out data and evaluation file (:class:`~pytest_ptq.guard.Inputs`)."""
-        inputs = (guard.Inputs().add(self.path, "contract file").add(self.model, "model file")
-                  .add(self.data, "calibration data").add(self.float_model, "float model")
+        inputs = (guard.Inputs().add(self.path, "contract file").add(self.model, guard.MODEL_FILE)
+                  .add(self.data, "calibration data").add(self.float_model, guard.FLOAT_MODEL)
                   .add(self.holdout, "held-out data").add(self.custom_op_library, "custom-op library"))
         target, _, _ = (self.accuracy or {}).get("evaluate", "").rpartition(":")
         if target.endswith(".py"):
