@@ -35,8 +35,8 @@ from .engine.sanity import spread
 from .progress import Progress
 from .results import inputs_of, read_from
 from .params import KIND_WORDS
-from .sensitivity import (Sensitivity, confirmed_text, describe, held_outputs, merge_scores, ranked, reached_outputs, score_configs,
-                          targets_for)
+from .sensitivity import (Sensitivity, confirmed_text, describe, held_outputs, merge_scores, ranked, reached_outputs,
+                          score_configs, targets_for)
 
 # The default budget: what ranking DEFAULT_BUDGET_SAMPLES samples takes, measured on the
 # first, and never more than DEFAULT_BUDGET_S. A budget in seconds alone ranked on more

@@ -121,8 +121,8 @@ def hoist(graph, source, is_q, is_dq, dims=lambda tensor: None):
              f"({'; '.join(moved[:2])}{more}): each is analysed as one pair, that node moved onto the float tensor "
              "before its QuantizeLinear (the same values: QuantizeLinear rounds element by element), so that the pair "
              "bypassed is the float computation"] if moved else []
-    return Moved(notes=perms + notes + [f"a chain left quantized in every configuration in {source}: {chain}" for chain in left],
-                 left=left, names=renamed)
+    left_notes = [f"a chain left quantized in every configuration in {source}: {chain}" for chain in left]
+    return Moved(notes=perms + notes + left_notes, left=left, names=renamed)
 
 
 def write_perms(nodes, dims):

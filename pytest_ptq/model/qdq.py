@@ -631,8 +631,8 @@ class QuantModel:
                     f"{'them was' if len(found) > 1 else 'it was'} folded into the file (onnxruntime's constant "
                     "folding, as when a session saves optimized_model_filepath), so no pair is left to bypass; "
                     "their quantization error counts in every configuration, the bypassed (float) one included, and "
-                    f"no ranking shows it{self._why_unrestored(found)}; analyse the file saved before constant folding (the quantizer's own "
-                    "output, or one saved with graph_optimization_level ORT_DISABLE_ALL)")
+                    f"no ranking shows it{self._why_unrestored(found)}; analyse the file saved before constant "
+                    "folding (the quantizer's own output, or one saved with graph_optimization_level ORT_DISABLE_ALL)")
             return
         if self.aligned:
             return
@@ -1642,7 +1642,8 @@ def _unrestorable(init, axis, opset, listed):
     if dtype != onnx.TensorProto.FLOAT:
         return f"DequantizeLinear gives no {onnx.TensorProto.DataType.Name(dtype).lower()} output"
     if axis is not None and opset < 13:
-        return f"its grid is per channel and DequantizeLinear takes an axis only from opset 13 (the file is at opset {opset})"
+        return (f"its grid is per channel and DequantizeLinear takes an axis only from opset 13 (the file is at "
+                f"opset {opset})")
     return None
 
 
