@@ -65,7 +65,8 @@ def test_external_data_files_are_those_onnx_reads(tmp_path):
     path = _external_model(tmp_path, np.random.default_rng(0))
     expected = _listed_by_onnx(path)
     assert len(expected) == 5  # w, zero, b (in the If branch), k (a Constant), fk (the function's Constant)
-    assert guard.external_data_files(path) == expected
+    # the same files (the order of onnx's own listing changed between onnx 1.19 and 1.23)
+    assert sorted(guard.external_data_files(path)) == sorted(expected)
 
 
 def test_a_text_model_lists_its_external_data_too(tmp_path):
