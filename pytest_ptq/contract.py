@@ -159,8 +159,9 @@ def _loader():
 
     # made per contract, not kept: pytest's in-process runs (pytester) import yaml afresh, whose
     # errors a loader of the module before would not raise as the new module's
-    class Loader(yaml.SafeLoader):  # its own resolver table: SafeLoader's stays as it is
-        pass
+    class Loader(yaml.SafeLoader):
+        """SafeLoader with a resolver table of its own: SafeLoader's stays as it is."""
+
     Loader.add_implicit_resolver("tag:yaml.org,2002:float",
                                  re.compile(r"^[-+]?(\.[0-9]+|[0-9]+(\.[0-9]*)?)([eE][-+]?[0-9]+)?$"),
                                  list("-+.0123456789"))

@@ -413,7 +413,7 @@ class QuantizationSimModel:
         self.model, self.qc_quantize_op_dict = types.SimpleNamespace(model=model), {}
 
     def compute_encodings(self, samples):
-        pass
+        """Calibration: nothing to compute, the model goes back as it came."""
 
     def to_onnx_qdq(self, prequantize_constants=False):
         return self.model.model
